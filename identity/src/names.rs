@@ -1,0 +1,4 @@
+//! (being written)
+pub struct AgentMode;
+pub struct AgentName;
+pub struct Namespace;
