@@ -1,1 +1,8 @@
+//! Command-line front ends: `argocd-agent` (principal, agent) and `argocd-agentctl`.
 #![forbid(unsafe_code)]
+
+pub mod ctl;
+pub mod logging;
+
+/// Error type for command handlers: every failure is printed as one clear line.
+pub type CmdResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;

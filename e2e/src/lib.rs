@@ -1,1 +1,6 @@
+//! End-to-end support: the Kubernetes API test server and the harness that starts the real
+//! binaries, the development Workload API server, Envoy and fault-injecting proxies.
 #![forbid(unsafe_code)]
+
+pub mod harness;
+pub mod kube_server;

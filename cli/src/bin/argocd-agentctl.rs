@@ -1,1 +1,46 @@
-fn main() {}
+//! `argocd-agentctl`: operator and developer tooling for argocd-agent.
+
+use argocd_agent_cli::ctl;
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(name = "argocd-agentctl", version, about = "Tooling for argocd-agent")]
+struct Cli {
+    /// Log level filter (overridden by RUST_LOG).
+    #[arg(long, global = true, default_value = "info", env = "ARGOCD_AGENTCTL_LOG_LEVEL")]
+    log_level: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// SPIFFE identities: explain mapping rules, inspect the current SVID.
+    #[command(subcommand)]
+    Identity(ctl::identity::Command),
+    /// Development SPIFFE Workload API server.
+    #[command(subcommand)]
+    Spiffe(ctl::spiffe::Command),
+    /// Development helpers (Kubernetes API test server).
+    #[command(subcommand)]
+    Dev(ctl::dev::Command),
+    /// Service-mesh config generators (Envoy, Istio, Linkerd).
+    #[command(subcommand)]
+    Mesh(ctl::mesh::Command),
+}
+
+#[tokio::main]
+async fn main() {
+    let cli = Cli::parse();
+    argocd_agent_cli::logging::init(&cli.log_level, false);
+    let result = match cli.command {
+        Command::Identity(c) => ctl::identity::run(c).await,
+        Command::Spiffe(c) => ctl::spiffe::run(c).await,
+        Command::Dev(c) => ctl::dev::run(c).await,
+        Command::Mesh(c) => ctl::mesh::run(c).await,
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}

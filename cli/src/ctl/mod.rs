@@ -1,0 +1,6 @@
+//! `argocd-agentctl` subcommands, one module each.
+
+pub mod dev;
+pub mod identity;
+pub mod mesh;
+pub mod spiffe;

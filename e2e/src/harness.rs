@@ -1,0 +1,1 @@
+//! Harness for e2e tests (being written).

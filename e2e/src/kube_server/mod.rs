@@ -1,0 +1,1 @@
+//! Kubernetes API test server (being written).
