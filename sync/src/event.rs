@@ -1,0 +1,553 @@
+//! The typed event model and its CloudEvents 1.0 (protobuf) encoding.
+//!
+//! Every event on the stream is a CloudEvent of type `io.argoproj.argocd-agent.event.<verb>`
+//! with the standard `id`, `source` and `time` attributes set. Resource events carry the
+//! object as JSON in `binary_data` (`datacontenttype: application/json`) and name it in the
+//! extension attributes `resourcekind`, `resourcenamespace` and `resourcename`, so a receiver
+//! can authorize an event before it parses the payload.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use argocd_agent_proto::cloudevents::CloudEvent;
+use argocd_agent_proto::cloudevents::cloud_event::cloud_event_attribute_value::Attr;
+use argocd_agent_proto::cloudevents::cloud_event::{CloudEventAttributeValue, Data};
+use argocd_agent_proto::eventstream::{ErrorDetail, Hello, Welcome};
+use argocd_agent_proto::prost::Message;
+
+/// Prefix of every event type.
+pub const TYPE_PREFIX: &str = "io.argoproj.argocd-agent.event.";
+/// CloudEvents spec version we speak.
+pub const SPEC_VERSION: &str = "1.0";
+/// Wire protocol version of this build. Peers within
+/// [`PROTOCOL_MIN`]..=[`PROTOCOL_VERSION`] are accepted.
+pub const PROTOCOL_VERSION: u32 = 1;
+/// Oldest wire protocol version this build still accepts.
+pub const PROTOCOL_MIN: u32 = 1;
+
+const ATTR_TIME: &str = "time";
+const ATTR_CONTENT_TYPE: &str = "datacontenttype";
+const ATTR_KIND: &str = "resourcekind";
+const ATTR_NAMESPACE: &str = "resourcenamespace";
+const ATTR_NAME: &str = "resourcename";
+const ATTR_ACK: &str = "ackid";
+const ATTR_TRACEPARENT: &str = "traceparent";
+/// Longest accepted object/resource name (Kubernetes names are at most 253 bytes).
+const MAX_NAME: usize = 253;
+
+/// The verb of an event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EventType {
+    /// Agent's first message (payload [`Hello`]).
+    Hello,
+    /// Principal's answer (payload [`Welcome`]).
+    Welcome,
+    Create,
+    Delete,
+    SpecUpdate,
+    StatusUpdate,
+    SetOperation,
+    TerminateOperation,
+    /// Acknowledges the event named by `ackid`.
+    Processed,
+    /// Asks the peer to send the named resource again (spec-update, or delete if gone).
+    RequestUpdate,
+    RequestSyncedResourceList,
+    ResponseSyncedResource,
+    RequestResourceResync,
+    Ping,
+    Pong,
+    /// A refused or failed event (payload [`ErrorDetail`]).
+    Error,
+}
+
+impl EventType {
+    /// The verb as it appears after [`TYPE_PREFIX`].
+    pub fn verb(self) -> &'static str {
+        match self {
+            EventType::Hello => "hello",
+            EventType::Welcome => "welcome",
+            EventType::Create => "create",
+            EventType::Delete => "delete",
+            EventType::SpecUpdate => "spec-update",
+            EventType::StatusUpdate => "status-update",
+            EventType::SetOperation => "set-operation",
+            EventType::TerminateOperation => "terminate-operation",
+            EventType::Processed => "processed",
+            EventType::RequestUpdate => "request-update",
+            EventType::RequestSyncedResourceList => "request-synced-resource-list",
+            EventType::ResponseSyncedResource => "response-synced-resource",
+            EventType::RequestResourceResync => "request-resource-resync",
+            EventType::Ping => "ping",
+            EventType::Pong => "pong",
+            EventType::Error => "error",
+        }
+    }
+
+    /// Parses a full CloudEvent type string.
+    pub fn from_type(ty: &str) -> Option<EventType> {
+        let verb = ty.strip_prefix(TYPE_PREFIX)?;
+        Some(match verb {
+            "hello" => EventType::Hello,
+            "welcome" => EventType::Welcome,
+            "create" => EventType::Create,
+            "delete" => EventType::Delete,
+            "spec-update" => EventType::SpecUpdate,
+            "status-update" => EventType::StatusUpdate,
+            "set-operation" => EventType::SetOperation,
+            "terminate-operation" => EventType::TerminateOperation,
+            "processed" => EventType::Processed,
+            "request-update" => EventType::RequestUpdate,
+            "request-synced-resource-list" => EventType::RequestSyncedResourceList,
+            "response-synced-resource" => EventType::ResponseSyncedResource,
+            "request-resource-resync" => EventType::RequestResourceResync,
+            "ping" => EventType::Ping,
+            "pong" => EventType::Pong,
+            "error" => EventType::Error,
+            _ => return None,
+        })
+    }
+
+    /// Whether events of this type must be acknowledged with `processed`.
+    pub fn needs_ack(self) -> bool {
+        matches!(
+            self,
+            EventType::Create
+                | EventType::Delete
+                | EventType::SpecUpdate
+                | EventType::StatusUpdate
+                | EventType::SetOperation
+                | EventType::TerminateOperation
+        )
+    }
+}
+
+impl fmt::Display for EventType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.verb())
+    }
+}
+
+/// Kinds of resources that travel on the stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ResourceKind {
+    Application,
+    AppProject,
+}
+
+impl ResourceKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResourceKind::Application => "Application",
+            ResourceKind::AppProject => "AppProject",
+        }
+    }
+    pub fn parse(s: &str) -> Option<ResourceKind> {
+        match s {
+            "Application" => Some(ResourceKind::Application),
+            "AppProject" => Some(ResourceKind::AppProject),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for ResourceKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The resource an event is about.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ResourceRef {
+    pub kind: ResourceKind,
+    /// Hub namespace of the resource (the agent's namespace on the hub).
+    pub namespace: String,
+    pub name: String,
+}
+
+impl fmt::Display for ResourceRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}/{}", self.kind, self.namespace, self.name)
+    }
+}
+
+/// What an event carries.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Payload {
+    None,
+    /// A Kubernetes object (or a part of it, e.g. `{"status": ...}`) as JSON. Shared, so
+    /// queueing and resending do not copy objects.
+    Object(Arc<serde_json::Value>),
+    Hello(Hello),
+    Welcome(Welcome),
+    Error(ErrorDetail),
+}
+
+/// One event, decoded and validated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    pub id: String,
+    pub source: String,
+    pub time: SystemTime,
+    pub ty: EventType,
+    pub resource: Option<ResourceRef>,
+    /// For `processed` and `error`: the id of the event this answers.
+    pub ack_id: Option<String>,
+    /// W3C trace context, carried so traces can span both sides.
+    pub traceparent: Option<String>,
+    pub payload: Payload,
+}
+
+/// A CloudEvent that is not a valid argocd-agent event.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum EventError {
+    #[error("event {id:?}: unknown event type {ty:?}")]
+    UnknownType { id: String, ty: String },
+    #[error("event {id:?}: unsupported specversion {version:?}")]
+    SpecVersion { id: String, version: String },
+    #[error("event {id:?}: missing required attribute {attr}")]
+    Missing { id: String, attr: &'static str },
+    #[error("event {id:?}: attribute {attr} is invalid: {reason}")]
+    Invalid { id: String, attr: &'static str, reason: String },
+    #[error("event {id:?}: payload of {ty} event is invalid: {reason}")]
+    Payload { id: String, ty: EventType, reason: String },
+}
+
+impl Event {
+    /// A new event with a fresh id and the current time.
+    pub fn new(source: &str, ty: EventType, payload: Payload) -> Event {
+        Event {
+            id: uuid::Uuid::new_v4().to_string(),
+            source: source.to_owned(),
+            time: SystemTime::now(),
+            ty,
+            resource: None,
+            ack_id: None,
+            traceparent: None,
+            payload,
+        }
+    }
+
+    /// A resource event.
+    pub fn resource(source: &str, ty: EventType, resource: ResourceRef, payload: Payload) -> Event {
+        let mut e = Event::new(source, ty, payload);
+        e.resource = Some(resource);
+        e
+    }
+
+    /// The `processed` acknowledgement of `self`.
+    pub fn ack(&self, source: &str) -> Event {
+        let mut e = Event::new(source, EventType::Processed, Payload::None);
+        e.ack_id = Some(self.id.clone());
+        e.resource = self.resource.clone();
+        e
+    }
+
+    /// An `error` answer to `self`.
+    pub fn error_reply(&self, source: &str, reason: &str, message: String) -> Event {
+        let mut e = Event::new(
+            source,
+            EventType::Error,
+            Payload::Error(ErrorDetail {
+                reason: reason.to_owned(),
+                message,
+                event_id: self.id.clone(),
+            }),
+        );
+        e.ack_id = Some(self.id.clone());
+        e.resource = self.resource.clone();
+        e
+    }
+
+    /// The object payload, if any.
+    pub fn object(&self) -> Option<&Arc<serde_json::Value>> {
+        match &self.payload {
+            Payload::Object(o) => Some(o),
+            _ => None,
+        }
+    }
+
+    /// Encodes into the CloudEvents protobuf envelope.
+    pub fn to_cloud_event(&self) -> CloudEvent {
+        let mut attributes = HashMap::new();
+        let ts = prost_types::Timestamp::from(self.time);
+        attributes.insert(ATTR_TIME.to_owned(), attr(Attr::CeTimestamp(ts)));
+        if let Some(r) = &self.resource {
+            attributes.insert(ATTR_KIND.into(), attr(Attr::CeString(r.kind.as_str().into())));
+            attributes.insert(ATTR_NAMESPACE.into(), attr(Attr::CeString(r.namespace.clone())));
+            attributes.insert(ATTR_NAME.into(), attr(Attr::CeString(r.name.clone())));
+        }
+        if let Some(a) = &self.ack_id {
+            attributes.insert(ATTR_ACK.into(), attr(Attr::CeString(a.clone())));
+        }
+        if let Some(t) = &self.traceparent {
+            attributes.insert(ATTR_TRACEPARENT.into(), attr(Attr::CeString(t.clone())));
+        }
+        let data = match &self.payload {
+            Payload::None => None,
+            Payload::Object(v) => {
+                attributes.insert(
+                    ATTR_CONTENT_TYPE.into(),
+                    attr(Attr::CeString("application/json".into())),
+                );
+                Some(Data::BinaryData(serde_json::to_vec(v.as_ref()).unwrap_or_default()))
+            }
+            Payload::Hello(h) => Some(Data::BinaryData(h.encode_to_vec())),
+            Payload::Welcome(w) => Some(Data::BinaryData(w.encode_to_vec())),
+            Payload::Error(e) => Some(Data::BinaryData(e.encode_to_vec())),
+        };
+        if matches!(self.payload, Payload::Hello(_) | Payload::Welcome(_) | Payload::Error(_)) {
+            attributes.insert(
+                ATTR_CONTENT_TYPE.into(),
+                attr(Attr::CeString("application/protobuf".into())),
+            );
+        }
+        CloudEvent {
+            id: self.id.clone(),
+            source: self.source.clone(),
+            spec_version: SPEC_VERSION.into(),
+            r#type: format!("{TYPE_PREFIX}{}", self.ty.verb()),
+            attributes,
+            data,
+        }
+    }
+
+    /// Decodes and validates a CloudEvent received from the network.
+    pub fn from_cloud_event(ce: CloudEvent) -> Result<Event, EventError> {
+        let id = ce.id;
+        if id.is_empty() || id.len() > 128 {
+            return Err(EventError::Invalid {
+                id,
+                attr: "id",
+                reason: "must be 1 to 128 bytes".into(),
+            });
+        }
+        if ce.spec_version != SPEC_VERSION {
+            return Err(EventError::SpecVersion { id, version: ce.spec_version });
+        }
+        let Some(ty) = EventType::from_type(&ce.r#type) else {
+            return Err(EventError::UnknownType { id, ty: ce.r#type });
+        };
+        if ce.source.is_empty() {
+            return Err(EventError::Missing { id, attr: "source" });
+        }
+        let mut attrs = ce.attributes;
+        let time = match attrs.remove(ATTR_TIME).and_then(|a| a.attr) {
+            Some(Attr::CeTimestamp(ts)) => SystemTime::try_from(ts).map_err(|_| {
+                EventError::Invalid { id: id.clone(), attr: "time", reason: "out of range".into() }
+            })?,
+            Some(_) => {
+                return Err(EventError::Invalid {
+                    id,
+                    attr: "time",
+                    reason: "not a timestamp".into(),
+                });
+            }
+            None => SystemTime::now(),
+        };
+        let mut string_attr = |name: &'static str| -> Result<Option<String>, EventError> {
+            match attrs.remove(name).and_then(|a| a.attr) {
+                None => Ok(None),
+                Some(Attr::CeString(s)) | Some(Attr::CeUri(s)) | Some(Attr::CeUriRef(s)) => {
+                    Ok(Some(s))
+                }
+                Some(_) => Err(EventError::Invalid {
+                    id: id.clone(),
+                    attr: name,
+                    reason: "not a string".into(),
+                }),
+            }
+        };
+        let kind = string_attr(ATTR_KIND)?;
+        let namespace = string_attr(ATTR_NAMESPACE)?;
+        let name = string_attr(ATTR_NAME)?;
+        let ack_id = string_attr(ATTR_ACK)?;
+        let traceparent = string_attr(ATTR_TRACEPARENT)?;
+        let resource = match (kind, namespace, name) {
+            (None, None, None) => None,
+            (Some(k), Some(ns), Some(n)) => {
+                let Some(kind) = ResourceKind::parse(&k) else {
+                    return Err(EventError::Invalid {
+                        id,
+                        attr: ATTR_KIND,
+                        reason: format!("unknown kind {k:?}"),
+                    });
+                };
+                for (attr, v) in [(ATTR_NAMESPACE, &ns), (ATTR_NAME, &n)] {
+                    if v.is_empty() || v.len() > MAX_NAME {
+                        return Err(EventError::Invalid {
+                            id,
+                            attr,
+                            reason: format!("must be 1 to {MAX_NAME} bytes"),
+                        });
+                    }
+                }
+                Some(ResourceRef { kind, namespace: ns, name: n })
+            }
+            _ => {
+                return Err(EventError::Missing { id, attr: "resourcekind/namespace/name" });
+            }
+        };
+        let bytes = match ce.data {
+            None => None,
+            Some(Data::BinaryData(b)) => Some(b),
+            Some(Data::TextData(t)) => Some(t.into_bytes()),
+            Some(Data::ProtoData(_)) => {
+                return Err(EventError::Payload {
+                    id,
+                    ty,
+                    reason: "proto_data is not supported".into(),
+                });
+            }
+        };
+        let bad = |reason: String| EventError::Payload { id: id.clone(), ty, reason };
+        let payload = match ty {
+            EventType::Hello => Payload::Hello(
+                Hello::decode(bytes.as_deref().unwrap_or_default())
+                    .map_err(|e| bad(e.to_string()))?,
+            ),
+            EventType::Welcome => Payload::Welcome(
+                Welcome::decode(bytes.as_deref().unwrap_or_default())
+                    .map_err(|e| bad(e.to_string()))?,
+            ),
+            EventType::Error => Payload::Error(
+                ErrorDetail::decode(bytes.as_deref().unwrap_or_default())
+                    .map_err(|e| bad(e.to_string()))?,
+            ),
+            _ => match bytes {
+                None => Payload::None,
+                Some(b) if b.is_empty() => Payload::None,
+                Some(b) => {
+                    let v: serde_json::Value = serde_json::from_slice(&b)
+                        .map_err(|e| bad(format!("not JSON: {e}")))?;
+                    if !v.is_object() {
+                        return Err(bad("not a JSON object".into()));
+                    }
+                    Payload::Object(Arc::new(v))
+                }
+            },
+        };
+        let needs_resource = matches!(
+            ty,
+            EventType::Create
+                | EventType::Delete
+                | EventType::SpecUpdate
+                | EventType::StatusUpdate
+                | EventType::SetOperation
+                | EventType::TerminateOperation
+                | EventType::RequestUpdate
+        );
+        if needs_resource && resource.is_none() {
+            return Err(EventError::Missing { id, attr: "resourcekind/namespace/name" });
+        }
+        if matches!(ty, EventType::Create | EventType::SpecUpdate | EventType::StatusUpdate)
+            && !matches!(payload, Payload::Object(_))
+        {
+            return Err(EventError::Payload { id, ty, reason: "an object is required".into() });
+        }
+        if ty == EventType::Processed && ack_id.is_none() {
+            return Err(EventError::Missing { id, attr: ATTR_ACK });
+        }
+        Ok(Event { id, source: ce.source, time, ty, resource, ack_id, traceparent, payload })
+    }
+}
+
+fn attr(a: Attr) -> CloudEventAttributeValue {
+    CloudEventAttributeValue { attr: Some(a) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn app_ref() -> ResourceRef {
+        ResourceRef {
+            kind: ResourceKind::Application,
+            namespace: "agent-a".into(),
+            name: "guestbook".into(),
+        }
+    }
+
+    #[test]
+    fn resource_event_round_trips_through_cloudevent() {
+        let obj = json!({"metadata": {"name": "guestbook"}, "spec": {"x": 1, "unknown": [1, 2]}});
+        let e = Event::resource(
+            "spiffe://example.org/principal",
+            EventType::SpecUpdate,
+            app_ref(),
+            Payload::Object(Arc::new(obj)),
+        );
+        let ce = e.to_cloud_event();
+        assert_eq!(ce.r#type, "io.argoproj.argocd-agent.event.spec-update");
+        assert_eq!(ce.spec_version, "1.0");
+        assert!(!ce.id.is_empty());
+        assert!(ce.attributes.contains_key("time"));
+        let back = Event::from_cloud_event(ce).unwrap();
+        // Protobuf timestamps keep nanoseconds, so the whole event is equal.
+        assert_eq!(back, e);
+    }
+
+    #[test]
+    fn hello_and_ack_round_trip() {
+        let e = Event::new(
+            "agent",
+            EventType::Hello,
+            Payload::Hello(Hello { version: "0.1.0".into(), ..Default::default() }),
+        );
+        assert_eq!(Event::from_cloud_event(e.to_cloud_event()).unwrap(), e);
+        let ack = e.ack("principal");
+        let back = Event::from_cloud_event(ack.to_cloud_event()).unwrap();
+        assert_eq!(back.ack_id.as_deref(), Some(e.id.as_str()));
+    }
+
+    #[test]
+    fn unknown_type_is_refused() {
+        let mut ce = Event::new("a", EventType::Ping, Payload::None).to_cloud_event();
+        ce.r#type = "io.argoproj.argocd-agent.event.explode".into();
+        assert!(matches!(Event::from_cloud_event(ce), Err(EventError::UnknownType { .. })));
+    }
+
+    #[test]
+    fn malformed_payload_is_refused_not_panicking() {
+        let mut ce = Event::resource(
+            "a",
+            EventType::Create,
+            app_ref(),
+            Payload::Object(Arc::new(json!({}))),
+        )
+        .to_cloud_event();
+        ce.data = Some(Data::BinaryData(b"{not json".to_vec()));
+        assert!(matches!(Event::from_cloud_event(ce.clone()), Err(EventError::Payload { .. })));
+        ce.data = Some(Data::BinaryData(b"[1,2]".to_vec()));
+        assert!(matches!(Event::from_cloud_event(ce.clone()), Err(EventError::Payload { .. })));
+        ce.data = None;
+        assert!(matches!(Event::from_cloud_event(ce), Err(EventError::Payload { .. })));
+    }
+
+    #[test]
+    fn resource_event_without_resource_attributes_is_refused() {
+        let mut ce = Event::resource(
+            "a",
+            EventType::Delete,
+            app_ref(),
+            Payload::None,
+        )
+        .to_cloud_event();
+        ce.attributes.remove("resourcename");
+        assert!(matches!(Event::from_cloud_event(ce), Err(EventError::Missing { .. })));
+    }
+
+    #[test]
+    fn wrong_spec_version_and_empty_id_are_refused() {
+        let mut ce = Event::new("a", EventType::Ping, Payload::None).to_cloud_event();
+        ce.spec_version = "0.3".into();
+        assert!(matches!(Event::from_cloud_event(ce.clone()), Err(EventError::SpecVersion { .. })));
+        ce.spec_version = "1.0".into();
+        ce.id.clear();
+        assert!(matches!(Event::from_cloud_event(ce), Err(EventError::Invalid { .. })));
+    }
+}

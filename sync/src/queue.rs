@@ -1,0 +1,378 @@
+//! The per-peer outbound queue: keyed by resource, at most one unacknowledged event per
+//! resource and lane, newer updates replace queued older ones, a delete clears queued
+//! updates, and unacknowledged events are resent with backoff until a `processed` event
+//! names them.
+//!
+//! Memory is bounded by `max_pending` keys (one event per key) plus `max_in_flight` events;
+//! payloads are `Arc`s, so resending never copies an object.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::event::{Event, EventType, ResourceRef};
+
+/// Independent streams of changes for one resource: an object change never replaces a
+/// queued status change and vice versa.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Lane {
+    /// create, spec-update, delete
+    Object,
+    /// status-update
+    Status,
+    /// set-operation, terminate-operation
+    Operation,
+}
+
+impl Lane {
+    /// The lane of an event type (`None` for events that are not queued).
+    pub fn of(ty: EventType) -> Option<Lane> {
+        match ty {
+            EventType::Create | EventType::SpecUpdate | EventType::Delete => Some(Lane::Object),
+            EventType::StatusUpdate => Some(Lane::Status),
+            EventType::SetOperation | EventType::TerminateOperation => Some(Lane::Operation),
+            _ => None,
+        }
+    }
+}
+
+/// Key of a queued event.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct QueueKey {
+    pub resource: ResourceRef,
+    pub lane: Lane,
+}
+
+/// Limits of one queue.
+#[derive(Debug, Clone)]
+pub struct QueueLimits {
+    /// Distinct resource keys waiting to be sent.
+    pub max_pending: usize,
+    /// Events sent and not yet acknowledged.
+    pub max_in_flight: usize,
+    /// First resend delay; doubles up to `resend_max`.
+    pub resend_initial: Duration,
+    pub resend_max: Duration,
+}
+
+impl Default for QueueLimits {
+    fn default() -> Self {
+        QueueLimits {
+            max_pending: 100_000,
+            max_in_flight: 256,
+            resend_initial: Duration::from_secs(2),
+            resend_max: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Why an event could not be queued.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum QueueError {
+    #[error("queue full ({max} resources pending): dropped {ty} for {resource}; resync will repair it")]
+    Full { max: usize, ty: EventType, resource: ResourceRef },
+    #[error("event type {0} is not a queued resource event")]
+    NotQueued(EventType),
+}
+
+#[derive(Debug)]
+struct InFlight {
+    event: Event,
+    deadline: Instant,
+    attempts: u32,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    pending: HashMap<QueueKey, Event>,
+    order: VecDeque<QueueKey>,
+    in_flight: HashMap<QueueKey, InFlight>,
+    ids: HashMap<String, QueueKey>,
+}
+
+/// Outbound queue towards one peer. Shared between the producers (watch handlers) and the
+/// session's writer task.
+#[derive(Debug)]
+pub struct SendQueue {
+    state: Mutex<State>,
+    notify: Notify,
+    limits: QueueLimits,
+}
+
+impl SendQueue {
+    pub fn new(limits: QueueLimits) -> SendQueue {
+        SendQueue { state: Mutex::new(State::default()), notify: Notify::new(), limits }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // A poisoned lock only means another task panicked mid-update; the maps stay usable.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queues a resource event. A newer event for the same resource and lane replaces a queued
+    /// older one; a delete also drops queued status and operation events of that resource.
+    pub fn push(&self, event: Event) -> Result<(), QueueError> {
+        let lane = Lane::of(event.ty).ok_or(QueueError::NotQueued(event.ty))?;
+        let Some(resource) = event.resource.clone() else {
+            return Err(QueueError::NotQueued(event.ty));
+        };
+        let mut st = self.lock();
+        if event.ty == EventType::Delete {
+            for other in [Lane::Status, Lane::Operation] {
+                let k = QueueKey { resource: resource.clone(), lane: other };
+                if st.pending.remove(&k).is_some() {
+                    st.order.retain(|o| o != &k);
+                }
+            }
+        }
+        let key = QueueKey { resource, lane };
+        if let Some(slot) = st.pending.get_mut(&key) {
+            *slot = event;
+        } else {
+            if st.pending.len() >= self.limits.max_pending {
+                return Err(QueueError::Full {
+                    max: self.limits.max_pending,
+                    ty: event.ty,
+                    resource: key.resource,
+                });
+            }
+            st.pending.insert(key.clone(), event);
+            st.order.push_back(key);
+        }
+        drop(st);
+        self.notify.notify_one();
+        Ok(())
+    }
+
+    /// Marks the event with this id as delivered. Returns its key if it was in flight.
+    pub fn ack(&self, id: &str) -> Option<QueueKey> {
+        let mut st = self.lock();
+        let key = st.ids.remove(id)?;
+        st.in_flight.remove(&key);
+        drop(st);
+        self.notify.notify_one();
+        Some(key)
+    }
+
+    /// After a reconnect: everything in flight is sent again (unless a newer event for the
+    /// same key is already queued), in front of the rest.
+    pub fn requeue_in_flight(&self) {
+        let mut st = self.lock();
+        let in_flight: Vec<_> = st.in_flight.drain().collect();
+        st.ids.clear();
+        for (key, f) in in_flight {
+            if !st.pending.contains_key(&key) {
+                st.pending.insert(key.clone(), f.event);
+                st.order.push_front(key);
+            }
+        }
+        drop(st);
+        self.notify.notify_one();
+    }
+
+    /// Number of queued plus unacknowledged events.
+    pub fn len(&self) -> usize {
+        let st = self.lock();
+        st.pending.len() + st.in_flight.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Unacknowledged events.
+    pub fn in_flight(&self) -> usize {
+        self.lock().in_flight.len()
+    }
+
+    fn backoff(&self, attempts: u32) -> Duration {
+        let factor = 1u32.checked_shl(attempts.min(16)).unwrap_or(u32::MAX);
+        self.limits.resend_initial.saturating_mul(factor).min(self.limits.resend_max)
+    }
+
+    /// The next event to send now, or the instant at which one becomes due.
+    fn poll_next(&self, now: Instant) -> Result<Event, Option<Instant>> {
+        let mut st = self.lock();
+        // Resends first: they are the oldest work.
+        let mut earliest: Option<Instant> = None;
+        let mut due: Option<QueueKey> = None;
+        for (k, f) in &st.in_flight {
+            if f.deadline <= now {
+                due = Some(k.clone());
+                break;
+            }
+            earliest = Some(earliest.map_or(f.deadline, |e| e.min(f.deadline)));
+        }
+        if let Some(k) = due {
+            let attempts = st.in_flight.get(&k).map_or(0, |f| f.attempts) + 1;
+            let deadline = now + self.backoff(attempts);
+            if let Some(f) = st.in_flight.get_mut(&k) {
+                f.attempts = attempts;
+                f.deadline = deadline;
+                return Ok(f.event.clone());
+            }
+        }
+        if st.in_flight.len() < self.limits.max_in_flight {
+            let pos = {
+                let in_flight = &st.in_flight;
+                st.order.iter().position(|k| !in_flight.contains_key(k))
+            };
+            if let Some(pos) = pos {
+                if let Some(key) = st.order.remove(pos) {
+                    if let Some(event) = st.pending.remove(&key) {
+                        let deadline = now + self.backoff(0);
+                        st.ids.insert(event.id.clone(), key.clone());
+                        st.in_flight
+                            .insert(key, InFlight { event: event.clone(), deadline, attempts: 0 });
+                        return Ok(event);
+                    }
+                }
+            }
+        }
+        Err(earliest)
+    }
+
+    /// Waits for the next event to send (new, or due for resend). Cancel-safe.
+    pub async fn next(&self) -> Event {
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            match self.poll_next(Instant::now()) {
+                Ok(e) => return e,
+                Err(Some(deadline)) => {
+                    tokio::select! {
+                        _ = &mut notified => {}
+                        _ = tokio::time::sleep_until(deadline) => {}
+                    }
+                }
+                Err(None) => notified.await,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::{Payload, ResourceKind};
+    use serde_json::json;
+    use std::sync::Arc;
+
+    fn ev(ty: EventType, name: &str, v: i64) -> Event {
+        Event::resource(
+            "test",
+            ty,
+            ResourceRef {
+                kind: ResourceKind::Application,
+                namespace: "ns".into(),
+                name: name.into(),
+            },
+            Payload::Object(Arc::new(json!({"v": v}))),
+        )
+    }
+
+    fn q() -> SendQueue {
+        SendQueue::new(QueueLimits {
+            max_pending: 3,
+            max_in_flight: 10,
+            resend_initial: Duration::from_millis(50),
+            resend_max: Duration::from_millis(200),
+        })
+    }
+
+    fn val(e: &Event) -> i64 {
+        e.object().and_then(|o| o["v"].as_i64()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn newer_update_replaces_queued_older_one() {
+        let q = q();
+        q.push(ev(EventType::SpecUpdate, "a", 1)).unwrap();
+        q.push(ev(EventType::SpecUpdate, "a", 2)).unwrap();
+        assert_eq!(q.len(), 1);
+        assert_eq!(val(&q.next().await), 2);
+    }
+
+    #[tokio::test]
+    async fn at_most_one_unacknowledged_event_per_resource() {
+        let q = q();
+        q.push(ev(EventType::SpecUpdate, "a", 1)).unwrap();
+        let first = q.next().await;
+        q.push(ev(EventType::SpecUpdate, "a", 2)).unwrap();
+        q.push(ev(EventType::SpecUpdate, "b", 3)).unwrap();
+        // "a" is in flight, so "b" comes next even though "a" was queued first.
+        assert_eq!(val(&q.next().await), 3);
+        assert!(q.ack(&first.id).is_some());
+        assert_eq!(val(&q.next().await), 2);
+    }
+
+    #[tokio::test]
+    async fn delete_clears_queued_status_updates() {
+        let q = q();
+        q.push(ev(EventType::StatusUpdate, "a", 1)).unwrap();
+        q.push(ev(EventType::Delete, "a", 2)).unwrap();
+        assert_eq!(q.len(), 1);
+        assert_eq!(q.next().await.ty, EventType::Delete);
+    }
+
+    #[tokio::test]
+    async fn status_and_spec_lanes_do_not_replace_each_other() {
+        let q = q();
+        q.push(ev(EventType::SpecUpdate, "a", 1)).unwrap();
+        q.push(ev(EventType::StatusUpdate, "a", 2)).unwrap();
+        assert_eq!(q.len(), 2);
+    }
+
+    #[tokio::test]
+    async fn unacknowledged_event_is_resent_with_the_same_id() {
+        let q = q();
+        q.push(ev(EventType::Create, "a", 1)).unwrap();
+        let first = q.next().await;
+        let again = tokio::time::timeout(Duration::from_secs(2), q.next()).await.unwrap();
+        assert_eq!(first.id, again.id);
+        q.ack(&first.id);
+        assert!(q.is_empty());
+    }
+
+    #[tokio::test]
+    async fn full_queue_refuses_new_keys_but_accepts_replacements() {
+        let q = q();
+        for n in ["a", "b", "c"] {
+            q.push(ev(EventType::SpecUpdate, n, 1)).unwrap();
+        }
+        assert!(matches!(
+            q.push(ev(EventType::SpecUpdate, "d", 1)),
+            Err(QueueError::Full { .. })
+        ));
+        q.push(ev(EventType::SpecUpdate, "a", 9)).unwrap();
+    }
+
+    #[tokio::test]
+    async fn reconnect_requeues_in_flight_unless_newer_is_queued() {
+        let q = q();
+        q.push(ev(EventType::SpecUpdate, "a", 1)).unwrap();
+        q.push(ev(EventType::SpecUpdate, "b", 1)).unwrap();
+        let _ = q.next().await;
+        let _ = q.next().await;
+        q.push(ev(EventType::SpecUpdate, "a", 2)).unwrap();
+        q.requeue_in_flight();
+        assert_eq!(q.in_flight(), 0);
+        assert_eq!(q.len(), 2);
+        let mut vals = vec![val(&q.next().await), val(&q.next().await)];
+        vals.sort();
+        assert_eq!(vals, vec![1, 2]);
+    }
+
+    #[tokio::test]
+    async fn non_resource_events_are_not_queued() {
+        let q = q();
+        assert!(matches!(
+            q.push(Event::new("x", EventType::Ping, Payload::None)),
+            Err(QueueError::NotQueued(_))
+        ));
+    }
+}

@@ -1,0 +1,122 @@
+//! The resync plan: after a reconnect or a restart, the side that is the source of truth for
+//! a set of resources compares its spec checksums with the replica's and works out what to
+//! send and what the replica must delete. Deletions made while apart are therefore applied
+//! (the replica's extra copies are deleted) rather than resurrected.
+
+use std::collections::BTreeMap;
+
+use argocd_agent_proto::eventstream::{ResourceChecksum, ResyncState};
+
+/// Name -> spec checksum of one side's resources of one kind.
+pub type Checksums = BTreeMap<String, String>;
+
+/// hex sha256 of `data`.
+pub fn sha256_hex(data: &[u8]) -> String {
+    let d = ring::digest::digest(&ring::digest::SHA256, data);
+    d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Checksum of the sorted key list (what upstream compares to detect missing objects).
+pub fn key_list_checksum(checksums: &Checksums) -> String {
+    let mut joined = String::new();
+    for k in checksums.keys() {
+        joined.push_str(k);
+        joined.push('\n');
+    }
+    sha256_hex(joined.as_bytes())
+}
+
+/// Builds the wire form of one side's state.
+pub fn to_state(kind: &str, checksums: &Checksums) -> ResyncState {
+    ResyncState {
+        key_list_checksum: key_list_checksum(checksums),
+        resources: checksums
+            .iter()
+            .map(|(name, sum)| ResourceChecksum {
+                kind: kind.to_owned(),
+                name: name.clone(),
+                spec_checksum: sum.clone(),
+                version: String::new(),
+            })
+            .collect(),
+    }
+}
+
+/// Reads the peer's state for one kind, ignoring malformed entries.
+pub fn from_state(kind: &str, state: &ResyncState) -> Checksums {
+    state
+        .resources
+        .iter()
+        .filter(|r| r.kind == kind && !r.name.is_empty())
+        .map(|r| (r.name.clone(), r.spec_checksum.clone()))
+        .collect()
+}
+
+/// What differs between the source of truth and its replica.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct ResyncPlan {
+    /// Missing at the replica or different there: the source sends these.
+    pub send: Vec<String>,
+    /// Present at the replica only: the replica deletes these.
+    pub delete: Vec<String>,
+}
+
+impl ResyncPlan {
+    pub fn is_empty(&self) -> bool {
+        self.send.is_empty() && self.delete.is_empty()
+    }
+}
+
+/// Compares the source's checksums with the replica's.
+pub fn plan(source: &Checksums, replica: &Checksums) -> ResyncPlan {
+    let mut p = ResyncPlan::default();
+    if key_list_checksum(source) == key_list_checksum(replica)
+        && source.iter().zip(replica.iter()).all(|(a, b)| a == b)
+    {
+        return p;
+    }
+    for (name, sum) in source {
+        if replica.get(name) != Some(sum) {
+            p.send.push(name.clone());
+        }
+    }
+    for name in replica.keys() {
+        if !source.contains_key(name) {
+            p.delete.push(name.clone());
+        }
+    }
+    p
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn c(items: &[(&str, &str)]) -> Checksums {
+        items.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect()
+    }
+
+    #[test]
+    fn equal_sides_need_nothing() {
+        let a = c(&[("x", "1"), ("y", "2")]);
+        assert!(plan(&a, &a.clone()).is_empty());
+    }
+
+    #[test]
+    fn changed_and_missing_are_sent_and_extra_are_deleted() {
+        let src = c(&[("changed", "2"), ("missing", "1"), ("same", "1")]);
+        let rep = c(&[("changed", "1"), ("extra", "1"), ("same", "1")]);
+        let p = plan(&src, &rep);
+        assert_eq!(p.send, vec!["changed", "missing"]);
+        assert_eq!(p.delete, vec!["extra"]);
+    }
+
+    #[test]
+    fn state_round_trips_and_key_list_checksum_is_order_independent() {
+        let a = c(&[("b", "2"), ("a", "1")]);
+        let st = to_state("Application", &a);
+        assert_eq!(from_state("Application", &st), a);
+        assert!(from_state("AppProject", &st).is_empty());
+        assert_eq!(st.key_list_checksum, key_list_checksum(&c(&[("a", "x"), ("b", "y")])));
+    }
+}
