@@ -1,1 +1,45 @@
+//! Kubernetes backend of argocd-agent, shared by the principal (hub) and the agent
+//! (spoke).
+//!
+//! - [`client`] builds a [`kube::Client`] from the usual kubeconfig / in-cluster sources
+//!   with a client-side QPS/burst limit.
+//! - [`watch`] watches one [`Kind`] within a [`Scope`] and keeps a [`Cache`], emitting
+//!   de-duplicated [`Change`]s.
+//! - [`Resources`] reads and writes one kind with optimistic concurrency and writes
+//!   status only through `/status`.
+//! - [`object`] has helpers over [`DynamicObject`](kube::api::DynamicObject): checksums,
+//!   deletion state, the stripped copy that travels between clusters.
+//!
+//! Objects are always [`kube::api::DynamicObject`], so fields this crate does not model
+//! survive every read-modify-write.
 #![forbid(unsafe_code)]
+#![deny(missing_docs, rust_2018_idioms, unreachable_pub)]
+
+mod client;
+mod error;
+mod kind;
+pub mod object;
+mod ratelimit;
+mod resources;
+mod scope;
+mod watch;
+
+pub use client::{
+    ClientOptions, ConfigSource, DEFAULT_BURST, DEFAULT_QPS, client, client_from_config,
+    load_config,
+};
+pub use error::{Error, ObjectRef};
+pub use kind::{ARGOPROJ_GROUP, ARGOPROJ_VERSION, Kind};
+pub use ratelimit::{TokenBucket, TokenBucketLayer};
+pub use resources::{
+    DeleteOutcome, MAX_UPDATE_ATTEMPTS, Mutation, Resources, UpdateOutcome, ensure_namespace,
+};
+pub use scope::{Namespaces, Scope, is_sync_ignored};
+pub use watch::{Cache, Change, watch};
+
+/// Label that excludes an object from synchronisation (any value), as upstream
+/// argocd-agent. An object that gains it looks deleted to the sync engine.
+pub const IGNORE_SYNC_LABEL: &str = "argocd-agent.argoproj-labs.io/ignore-sync";
+
+/// Result type of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,215 @@
+//! Helpers over [`DynamicObject`]: deletion state, spec/status access, checksums and the
+//! copy of an object that travels between principal and agent.
+
+use kube::api::DynamicObject;
+use ring::digest;
+use serde_json::Value;
+
+/// True when the API server has set `metadata.deletionTimestamp`: the object is being
+/// deleted (finalizers still pending) but is not gone yet.
+pub fn is_being_deleted(obj: &DynamicObject) -> bool {
+    obj.metadata.deletion_timestamp.is_some()
+}
+
+/// The object's `.spec`, if any.
+pub fn spec(obj: &DynamicObject) -> Option<&Value> {
+    obj.data.get("spec")
+}
+
+/// The object's `.status`, if any.
+pub fn status(obj: &DynamicObject) -> Option<&Value> {
+    obj.data.get("status")
+}
+
+/// The object's top-level `.operation` (Argo CD sync request), if any.
+pub fn operation(obj: &DynamicObject) -> Option<&Value> {
+    obj.data.get("operation")
+}
+
+/// Hex SHA-256 of the canonical JSON (keys sorted, no whitespace) of `.spec`.
+///
+/// An object without a spec hashes as JSON `null`, so "no spec" is a stable value too.
+pub fn spec_checksum(obj: &DynamicObject) -> String {
+    checksum_of(spec(obj).unwrap_or(&Value::Null))
+}
+
+/// Hex SHA-256 of the canonical JSON of `value` (object keys sorted at every level).
+pub fn checksum_of(value: &Value) -> String {
+    let mut canonical = String::new();
+    write_canonical(value, &mut canonical);
+    hex_sha256(canonical.as_bytes())
+}
+
+/// Hex SHA-256 of the keys sorted and joined with `\n`: the same set of keys gives the
+/// same checksum whatever order they were collected in.
+pub fn key_list_checksum(keys: &[String]) -> String {
+    let mut sorted: Vec<&str> = keys.iter().map(String::as_str).collect();
+    sorted.sort_unstable();
+    hex_sha256(sorted.join("\n").as_bytes())
+}
+
+/// `namespace/name`, or `name` for cluster-scoped objects.
+pub fn object_key(obj: &DynamicObject) -> String {
+    let name = obj.metadata.name.as_deref().unwrap_or_default();
+    match obj.metadata.namespace.as_deref() {
+        Some(ns) if !ns.is_empty() => format!("{ns}/{name}"),
+        _ => name.to_string(),
+    }
+}
+
+/// A copy of `obj` fit to be sent to the other side and created or updated there.
+///
+/// Drops the metadata the receiving API server owns (`uid`, `resourceVersion`,
+/// `generation`, `creationTimestamp`, `managedFields`, `selfLink`, `deletionTimestamp`,
+/// `deletionGracePeriodSeconds`, `ownerReferences`: owners are objects of the sending
+/// cluster). Keeps name, namespace, labels, annotations, finalizers, `spec`, `status`,
+/// `operation` and every field this crate does not know about.
+pub fn strip_for_transfer(obj: &DynamicObject) -> DynamicObject {
+    let mut out = obj.clone();
+    let meta = &mut out.metadata;
+    meta.uid = None;
+    meta.resource_version = None;
+    meta.generation = None;
+    meta.creation_timestamp = None;
+    meta.managed_fields = None;
+    meta.self_link = None;
+    meta.deletion_timestamp = None;
+    meta.deletion_grace_period_seconds = None;
+    meta.owner_references = None;
+    out
+}
+
+// Hand-written because serde_json's key order depends on a crate feature
+// (`preserve_order`) that any crate in the build may switch on.
+fn write_canonical(value: &Value, out: &mut String) {
+    match value {
+        Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort_unstable();
+            out.push('{');
+            for (i, key) in keys.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&Value::String(key.clone()).to_string());
+                out.push(':');
+                write_canonical(&map[key], out);
+            }
+            out.push('}');
+        }
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_canonical(item, out);
+            }
+            out.push(']');
+        }
+        scalar => out.push_str(&scalar.to_string()),
+    }
+}
+
+fn hex_sha256(bytes: &[u8]) -> String {
+    let d = digest::digest(&digest::SHA256, bytes);
+    d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn app(value: Value) -> DynamicObject {
+        match serde_json::from_value(value) {
+            Ok(obj) => obj,
+            Err(e) => panic!("test object does not parse: {e}"),
+        }
+    }
+
+    #[test]
+    fn spec_checksum_ignores_key_order_but_not_values() {
+        let a = app(
+            json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+            "metadata": {"name": "a", "namespace": "n"},
+            "spec": {"project": "default", "source": {"repoURL": "r", "path": "p"}}}),
+        );
+        let b = app(
+            json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+            "metadata": {"name": "b", "namespace": "m"},
+            "spec": {"source": {"path": "p", "repoURL": "r"}, "project": "default"}}),
+        );
+        let c = app(
+            json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+            "metadata": {"name": "a", "namespace": "n"},
+            "spec": {"project": "other", "source": {"repoURL": "r", "path": "p"}}}),
+        );
+        assert_eq!(spec_checksum(&a), spec_checksum(&b));
+        assert_ne!(spec_checksum(&a), spec_checksum(&c));
+        assert_eq!(spec_checksum(&a).len(), 64);
+    }
+
+    #[test]
+    fn checksum_of_matches_known_sha256() {
+        // sha256 of the three bytes `{}`.
+        assert_eq!(
+            checksum_of(&json!({})),
+            "44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
+        );
+    }
+
+    #[test]
+    fn key_list_checksum_is_order_independent() {
+        let a = key_list_checksum(&["ns/b".into(), "ns/a".into()]);
+        let b = key_list_checksum(&["ns/a".into(), "ns/b".into()]);
+        assert_eq!(a, b);
+        // sha256("ns/a\nns/b")
+        assert_eq!(a, hex_sha256(b"ns/a\nns/b"));
+        assert_ne!(a, key_list_checksum(&["ns/a".into()]));
+    }
+
+    #[test]
+    fn strip_for_transfer_drops_server_owned_metadata_only() {
+        let obj = app(json!({
+            "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+            "metadata": {
+                "name": "guestbook", "namespace": "agent-a", "uid": "u-1",
+                "resourceVersion": "42", "generation": 3,
+                "creationTimestamp": "2024-01-01T00:00:00Z",
+                "deletionTimestamp": "2024-01-02T00:00:00Z",
+                "selfLink": "/x", "managedFields": [{"manager": "kubectl"}],
+                "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "o", "uid": "o-1"}],
+                "labels": {"l": "1"}, "annotations": {"a": "2"},
+                "finalizers": ["resources-finalizer.argocd.argoproj.io"]
+            },
+            "spec": {"project": "default", "futureField": {"x": 1}},
+            "status": {"sync": {"status": "Synced"}},
+            "operation": {"sync": {"revision": "HEAD"}},
+            "unknownTopLevel": true
+        }));
+        let stripped = strip_for_transfer(&obj);
+        let v = match serde_json::to_value(&stripped) {
+            Ok(v) => v,
+            Err(e) => panic!("serialize: {e}"),
+        };
+        assert_eq!(
+            v,
+            json!({
+                "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+                "metadata": {
+                    "name": "guestbook", "namespace": "agent-a",
+                    "labels": {"l": "1"}, "annotations": {"a": "2"},
+                    "finalizers": ["resources-finalizer.argocd.argoproj.io"]
+                },
+                "spec": {"project": "default", "futureField": {"x": 1}},
+                "status": {"sync": {"status": "Synced"}},
+                "operation": {"sync": {"revision": "HEAD"}},
+                "unknownTopLevel": true
+            })
+        );
+        assert!(is_being_deleted(&obj));
+        assert!(!is_being_deleted(&stripped));
+        assert_eq!(object_key(&obj), "agent-a/guestbook");
+    }
+}

@@ -1,0 +1,381 @@
+//! Reads and writes of one kind of object, with optimistic concurrency.
+//!
+//! Every update goes through `resourceVersion`: read, change, `PUT` with the version
+//! read; a `409 Conflict` means someone else wrote in between, so re-read and try again
+//! (at most [`MAX_UPDATE_ATTEMPTS`] times). Status is written only through the `/status`
+//! subresource, so a status write never touches spec and a spec write never touches
+//! status (the API server enforces that split for CRDs with a status subresource).
+
+use std::collections::BTreeMap;
+
+use kube::Client;
+use kube::api::{
+    Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams, TypeMeta,
+};
+use kube::core::ObjectMeta;
+use kube::discovery::ApiResource;
+use serde_json::Value;
+
+use crate::error::ObjectRef;
+use crate::object::is_being_deleted;
+use crate::scope::Scope;
+use crate::{Error, Kind};
+
+/// How many times [`Resources::update_with`] and [`Resources::replace_status`] PUT
+/// before giving up on conflicts.
+pub const MAX_UPDATE_ATTEMPTS: u32 = 5;
+
+/// What an update closure decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mutation {
+    /// The object was changed: write it.
+    Changed,
+    /// Nothing to write.
+    Unchanged,
+    /// The current state makes the update wrong: write nothing.
+    Abort,
+}
+
+/// Result of [`Resources::update_with`].
+#[derive(Debug, Clone)]
+pub enum UpdateOutcome {
+    /// Written; the object as the API server returned it.
+    Updated(DynamicObject),
+    /// The closure changed nothing; the object as read.
+    Unchanged(DynamicObject),
+    /// The closure aborted; the object as read.
+    Aborted(DynamicObject),
+}
+
+impl UpdateOutcome {
+    /// The object after the call (written, or as read).
+    pub fn object(&self) -> &DynamicObject {
+        match self {
+            Self::Updated(o) | Self::Unchanged(o) | Self::Aborted(o) => o,
+        }
+    }
+}
+
+/// Result of [`Resources::delete`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeleteOutcome {
+    /// The object is gone.
+    Deleted,
+    /// Finalizers hold the object: `deletionTimestamp` is set, it is being deleted.
+    Pending,
+    /// There was no such object.
+    NotFound,
+}
+
+/// Typed access to one [`Kind`] of object through the API server.
+#[derive(Clone)]
+pub struct Resources {
+    client: Client,
+    kind: Kind,
+    ar: ApiResource,
+}
+
+impl std::fmt::Debug for Resources {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Resources")
+            .field("kind", &self.kind)
+            .finish()
+    }
+}
+
+impl Resources {
+    /// Access to `kind` through `client`.
+    pub fn new(client: Client, kind: Kind) -> Self {
+        Self {
+            client,
+            ar: kind.api_resource(),
+            kind,
+        }
+    }
+
+    /// The kind these resources are.
+    pub fn kind(&self) -> Kind {
+        self.kind
+    }
+
+    fn object_ref(&self, namespace: Option<&str>, name: &str) -> ObjectRef {
+        ObjectRef::new(self.kind, namespace, name)
+    }
+
+    /// The API handle for `namespace`, refusing a namespace that does not fit the kind.
+    fn api(&self, namespace: Option<&str>, name: &str) -> Result<Api<DynamicObject>, Error> {
+        match (self.kind.namespaced(), namespace) {
+            (true, Some(ns)) if !ns.is_empty() => {
+                Ok(Api::namespaced_with(self.client.clone(), ns, &self.ar))
+            }
+            (false, None) => Ok(Api::all_with(self.client.clone(), &self.ar)),
+            (true, _) => Err(Error::InvalidRequest {
+                object: self.object_ref(namespace, name),
+                reason: "namespaced kind needs a namespace".to_string(),
+            }),
+            (false, Some(_)) => Err(Error::InvalidRequest {
+                object: self.object_ref(namespace, name),
+                reason: "cluster-scoped kind takes no namespace".to_string(),
+            }),
+        }
+    }
+
+    fn types(&self) -> TypeMeta {
+        TypeMeta {
+            api_version: self.ar.api_version.clone(),
+            kind: self.ar.kind.clone(),
+        }
+    }
+
+    /// The object, or `None` when it does not exist.
+    pub async fn get(
+        &self,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<Option<DynamicObject>, Error> {
+        let api = self.api(namespace, name)?;
+        match api.get(name).await {
+            Ok(obj) => Ok(Some(obj)),
+            Err(e) => match Error::from_kube(self.object_ref(namespace, name), e) {
+                err if err.is_not_found() => Ok(None),
+                err => Err(err),
+            },
+        }
+    }
+
+    /// Objects in `namespace` (`None`: all namespaces, or cluster-scoped), excluding
+    /// those labelled ignore-sync and filtered by the scope's label selector.
+    pub async fn list(
+        &self,
+        namespace: Option<&str>,
+        scope: &Scope,
+    ) -> Result<Vec<DynamicObject>, Error> {
+        let api = match namespace {
+            Some(ns) => Api::namespaced_with(self.client.clone(), ns, &self.ar),
+            None => Api::all_with(self.client.clone(), &self.ar),
+        };
+        let lp = ListParams::default().labels(&scope.server_label_selector());
+        let list = api
+            .list(&lp)
+            .await
+            .map_err(|e| Error::from_kube(self.object_ref(namespace, ""), e))?;
+        Ok(list
+            .items
+            .into_iter()
+            .filter(|o| !crate::scope::is_sync_ignored(o))
+            .collect())
+    }
+
+    /// Creates `obj` in its `metadata.namespace`. A `resourceVersion` on `obj` is
+    /// dropped (the API server refuses it on create). An existing object with the same
+    /// name gives [`Error::AlreadyExists`].
+    pub async fn create(&self, obj: &DynamicObject) -> Result<DynamicObject, Error> {
+        let name = obj.metadata.name.as_deref().unwrap_or_default();
+        let namespace = obj.metadata.namespace.as_deref();
+        let object = self.object_ref(namespace, name);
+        if name.is_empty() {
+            return Err(Error::InvalidRequest {
+                object,
+                reason: "object has no metadata.name".to_string(),
+            });
+        }
+        let api = self.api(namespace, name)?;
+        let mut body = obj.clone();
+        body.types = Some(self.types());
+        body.metadata.resource_version = None;
+        api.create(&PostParams::default(), &body)
+            .await
+            .map_err(|e| Error::from_kube(object, e))
+    }
+
+    /// Read-modify-write with optimistic concurrency.
+    ///
+    /// Reads the object, lets `mutate` change it, and `PUT`s it with the
+    /// `resourceVersion` it was read at. On `409 Conflict` the object is read again and
+    /// `mutate` runs again on the fresh copy, up to [`MAX_UPDATE_ATTEMPTS`] PUTs. The
+    /// closure cannot move the object: name, namespace and resourceVersion are reset
+    /// to what was read. A missing object is [`Error::NotFound`].
+    pub async fn update_with<F>(
+        &self,
+        namespace: Option<&str>,
+        name: &str,
+        mut mutate: F,
+    ) -> Result<UpdateOutcome, Error>
+    where
+        F: FnMut(&mut DynamicObject) -> Mutation,
+    {
+        let api = self.api(namespace, name)?;
+        let object = self.object_ref(namespace, name);
+        for attempt in 1..=MAX_UPDATE_ATTEMPTS {
+            let current = api
+                .get(name)
+                .await
+                .map_err(|e| Error::from_kube(object.clone(), e))?;
+            let mut desired = current.clone();
+            match mutate(&mut desired) {
+                Mutation::Unchanged => return Ok(UpdateOutcome::Unchanged(current)),
+                Mutation::Abort => return Ok(UpdateOutcome::Aborted(current)),
+                Mutation::Changed => {}
+            }
+            desired.metadata.name = current.metadata.name.clone();
+            desired.metadata.namespace = current.metadata.namespace.clone();
+            desired.metadata.resource_version = current.metadata.resource_version.clone();
+            desired.types = Some(self.types());
+            match api.replace(name, &PostParams::default(), &desired).await {
+                Ok(written) => return Ok(UpdateOutcome::Updated(written)),
+                Err(e) => match Error::from_kube(object.clone(), e) {
+                    err if err.is_conflict() => {
+                        tracing::debug!(%object, attempt, "update conflicted; re-reading");
+                    }
+                    err => return Err(err),
+                },
+            }
+        }
+        Err(Error::ConflictRetriesExhausted {
+            object,
+            attempts: MAX_UPDATE_ATTEMPTS,
+        })
+    }
+
+    /// Replaces `.status` through the `/status` subresource.
+    ///
+    /// Reads the object, sets `.status` to `status` (replacing it whole, unlike a merge
+    /// patch that would keep keys absent from `status`), and `PUT`s it to `/status` with
+    /// the `resourceVersion` read; conflicts are retried like [`Resources::update_with`].
+    /// If the status is already equal nothing is written. Returns the object after the call.
+    pub async fn replace_status(
+        &self,
+        namespace: Option<&str>,
+        name: &str,
+        status: Value,
+    ) -> Result<DynamicObject, Error> {
+        let api = self.api(namespace, name)?;
+        let object = self.object_ref(namespace, name);
+        for attempt in 1..=MAX_UPDATE_ATTEMPTS {
+            let mut current = api
+                .get(name)
+                .await
+                .map_err(|e| Error::from_kube(object.clone(), e))?;
+            if current.data.get("status") == Some(&status) {
+                return Ok(current);
+            }
+            current.types = Some(self.types());
+            if let Some(map) = current.data.as_object_mut() {
+                map.insert("status".to_string(), status.clone());
+            } else {
+                current.data = serde_json::json!({ "status": status.clone() });
+            }
+            match api
+                .replace_status(name, &PostParams::default(), &current)
+                .await
+            {
+                Ok(written) => return Ok(written),
+                Err(e) => match Error::from_kube(object.clone(), e) {
+                    err if err.is_conflict() => {
+                        tracing::debug!(%object, attempt, "status update conflicted; re-reading");
+                    }
+                    err => return Err(err),
+                },
+            }
+        }
+        Err(Error::ConflictRetriesExhausted {
+            object,
+            attempts: MAX_UPDATE_ATTEMPTS,
+        })
+    }
+
+    /// Applies a JSON merge patch (RFC 7386, `application/merge-patch+json`). No
+    /// `resourceVersion` check unless the patch itself carries `metadata.resourceVersion`.
+    pub async fn patch_merge(
+        &self,
+        namespace: Option<&str>,
+        name: &str,
+        patch: &Value,
+    ) -> Result<DynamicObject, Error> {
+        let api = self.api(namespace, name)?;
+        api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+            .map_err(|e| Error::from_kube(self.object_ref(namespace, name), e))
+    }
+
+    /// Deletes the object. Objects held by finalizers come back with `deletionTimestamp`
+    /// set and give [`DeleteOutcome::Pending`]; a missing object is not an error.
+    pub async fn delete(
+        &self,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<DeleteOutcome, Error> {
+        let api = self.api(namespace, name)?;
+        match api.delete(name, &DeleteParams::default()).await {
+            Ok(either) => Ok(match either.left() {
+                Some(obj)
+                    if is_being_deleted(&obj)
+                        && obj
+                            .metadata
+                            .finalizers
+                            .as_ref()
+                            .is_some_and(|f| !f.is_empty()) =>
+                {
+                    DeleteOutcome::Pending
+                }
+                _ => DeleteOutcome::Deleted,
+            }),
+            Err(e) => match Error::from_kube(self.object_ref(namespace, name), e) {
+                err if err.is_not_found() => Ok(DeleteOutcome::NotFound),
+                err => Err(err),
+            },
+        }
+    }
+
+    /// Removes every finalizer (merge patch `metadata.finalizers: null`), letting a
+    /// pending deletion finish. Returns `false` when the object does not exist.
+    pub async fn remove_finalizers(
+        &self,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<bool, Error> {
+        let patch = serde_json::json!({ "metadata": { "finalizers": null } });
+        match self.patch_merge(namespace, name, &patch).await {
+            Ok(_) => Ok(true),
+            Err(err) if err.is_not_found() => Ok(false),
+            Err(err) => Err(err),
+        }
+    }
+
+    /// Creates namespace `name` with `labels` unless it exists (see [`ensure_namespace`]).
+    pub async fn ensure_namespace(
+        &self,
+        name: &str,
+        labels: BTreeMap<String, String>,
+    ) -> Result<bool, Error> {
+        ensure_namespace(&self.client, name, labels).await
+    }
+}
+
+/// Creates namespace `name` with `labels` unless it exists; `true` when it was created.
+/// An existing namespace is left as it is (its labels are not changed).
+pub async fn ensure_namespace(
+    client: &Client,
+    name: &str,
+    labels: BTreeMap<String, String>,
+) -> Result<bool, Error> {
+    let namespaces = Resources::new(client.clone(), Kind::Namespace);
+    if namespaces.get(None, name).await?.is_some() {
+        return Ok(false);
+    }
+    let ns = DynamicObject {
+        types: None,
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            labels: (!labels.is_empty()).then_some(labels),
+            ..Default::default()
+        },
+        data: serde_json::json!({}),
+    };
+    match namespaces.create(&ns).await {
+        Ok(_) => Ok(true),
+        // Someone else created it between our read and our create.
+        Err(err) if err.is_already_exists() => Ok(false),
+        Err(err) => Err(err),
+    }
+}

@@ -1,0 +1,356 @@
+//! Watches with a local cache.
+//!
+//! Built on kube-runtime's [`watcher`](kube::runtime::watcher()): initial list, then a
+//! watch from the list's `resourceVersion` with bookmarks, resume after a dropped
+//! connection, re-list after `410 Gone`, exponential backoff between attempts. On top of
+//! that this module keeps a cache and turns every (re)list into the *differences*
+//! against it, so consumers see each change once: never a duplicate `Applied` for an
+//! unchanged `resourceVersion`, never a missed `Deleted` for an object that vanished
+//! while the watch was down.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, RwLock};
+
+use futures::stream::{self, BoxStream};
+use futures::{Stream, StreamExt};
+use kube::Client;
+use kube::api::{Api, DynamicObject};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use tokio::sync::watch as signal;
+
+use crate::Kind;
+use crate::scope::{Namespaces, Scope, is_sync_ignored};
+
+/// One change seen by a watch, after de-duplication against the cache.
+#[derive(Debug, Clone)]
+pub enum Change {
+    /// The object was created or changed (its `resourceVersion` differs from the cache).
+    Applied(Arc<DynamicObject>),
+    /// The object is gone, or gained the ignore-sync label, or left the selector.
+    Deleted(Arc<DynamicObject>),
+    /// The cache is complete: every watched namespace has been (re)listed.
+    Synced,
+}
+
+/// Cache key: namespace (empty for cluster-scoped objects) and name.
+type Key = (String, String);
+
+fn key_of(obj: &DynamicObject) -> Key {
+    (
+        obj.metadata.namespace.clone().unwrap_or_default(),
+        obj.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+#[derive(Debug)]
+struct CacheInner {
+    kind: Kind,
+    objects: RwLock<BTreeMap<Key, Arc<DynamicObject>>>,
+    synced: signal::Sender<bool>,
+}
+
+/// The objects a [`watch`] has seen, updated as its stream is polled.
+///
+/// Cheap to clone; all clones share one store. The cache changes only while the change
+/// stream is being polled, and it is updated *before* the matching [`Change`] is
+/// yielded, so a consumer reacting to a change reads the new state.
+#[derive(Debug, Clone)]
+pub struct Cache {
+    inner: Arc<CacheInner>,
+}
+
+impl Cache {
+    fn new(kind: Kind) -> Self {
+        let (synced, _) = signal::channel(false);
+        Self {
+            inner: Arc::new(CacheInner {
+                kind,
+                objects: RwLock::new(BTreeMap::new()),
+                synced,
+            }),
+        }
+    }
+
+    /// The kind of object this cache holds.
+    pub fn kind(&self) -> Kind {
+        self.inner.kind
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<Key, Arc<DynamicObject>>> {
+        // A poisoned lock means a panic elsewhere; the map itself is still consistent
+        // because every write is a single insert/remove.
+        self.inner.objects.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<Key, Arc<DynamicObject>>> {
+        self.inner
+            .objects
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The object `namespace/name` (`namespace` is `None` for cluster-scoped kinds).
+    pub fn get(&self, namespace: Option<&str>, name: &str) -> Option<Arc<DynamicObject>> {
+        self.read()
+            .get(&(namespace.unwrap_or_default().to_string(), name.to_string()))
+            .cloned()
+    }
+
+    /// Every cached object, ordered by namespace then name.
+    pub fn list(&self) -> Vec<Arc<DynamicObject>> {
+        self.read().values().cloned().collect()
+    }
+
+    /// The cached objects of one namespace, ordered by name.
+    pub fn list_namespace(&self, namespace: &str) -> Vec<Arc<DynamicObject>> {
+        self.read()
+            .range((namespace.to_string(), String::new())..)
+            .take_while(|((ns, _), _)| ns == namespace)
+            .map(|(_, o)| o.clone())
+            .collect()
+    }
+
+    /// Number of cached objects.
+    pub fn len(&self) -> usize {
+        self.read().len()
+    }
+
+    /// True when nothing is cached.
+    pub fn is_empty(&self) -> bool {
+        self.read().is_empty()
+    }
+
+    /// True once every watched namespace has completed its first list.
+    pub fn is_synced(&self) -> bool {
+        *self.inner.synced.borrow()
+    }
+
+    /// Waits until [`Cache::is_synced`]. Someone must be polling the change stream.
+    pub async fn wait_synced(&self) {
+        let mut rx = self.inner.synced.subscribe();
+        // The sender lives in `self`, so the channel cannot close while we wait.
+        let _ = rx.wait_for(|synced| *synced).await;
+    }
+}
+
+/// Per-watcher bookkeeping inside the merged stream.
+struct Partition {
+    /// Namespace this watcher covers, `None` for all namespaces / cluster-scoped.
+    namespace: Option<String>,
+    /// Objects listed so far during an ongoing (re)list.
+    listing: Option<HashMap<Key, DynamicObject>>,
+    synced: bool,
+}
+
+/// Turns raw watcher events into de-duplicated [`Change`]s and keeps the cache.
+struct Reconciler {
+    kind: Kind,
+    cache: Cache,
+    partitions: Vec<Partition>,
+}
+
+impl Reconciler {
+    fn handle(
+        &mut self,
+        idx: usize,
+        event: Result<Event<DynamicObject>, watcher::Error>,
+    ) -> Vec<Change> {
+        let Some(part) = self.partitions.get_mut(idx) else {
+            return Vec::new();
+        };
+        match event {
+            Err(err) => {
+                tracing::warn!(kind = %self.kind, namespace = ?part.namespace, error = %err,
+                    "watch interrupted; retrying with backoff");
+                Vec::new()
+            }
+            Ok(Event::Init) => {
+                part.listing = Some(HashMap::new());
+                Vec::new()
+            }
+            Ok(Event::InitApply(obj)) => {
+                if let Some(listing) = part.listing.as_mut()
+                    && !is_sync_ignored(&obj)
+                {
+                    listing.insert(key_of(&obj), obj);
+                }
+                Vec::new()
+            }
+            Ok(Event::InitDone) => {
+                let listed = part.listing.take().unwrap_or_default();
+                part.synced = true;
+                let namespace = part.namespace.clone();
+                let mut changes = self.reconcile_list(namespace.as_deref(), listed);
+                if self.partitions.iter().all(|p| p.synced) {
+                    self.cache.inner.synced.send_replace(true);
+                    changes.push(Change::Synced);
+                }
+                changes
+            }
+            Ok(Event::Apply(obj)) => {
+                let key = key_of(&obj);
+                if is_sync_ignored(&obj) {
+                    // Gaining the label must look like a deletion to the sync engine.
+                    return match self.cache.write().remove(&key) {
+                        Some(_) => vec![Change::Deleted(Arc::new(obj))],
+                        None => Vec::new(),
+                    };
+                }
+                let mut objects = self.cache.write();
+                if let Some(cached) = objects.get(&key)
+                    && same_version(cached, &obj)
+                {
+                    return Vec::new();
+                }
+                let obj = Arc::new(obj);
+                objects.insert(key, obj.clone());
+                vec![Change::Applied(obj)]
+            }
+            Ok(Event::Delete(obj)) => match self.cache.write().remove(&key_of(&obj)) {
+                Some(_) => vec![Change::Deleted(Arc::new(obj))],
+                // Never announced, so nothing to retract.
+                None => Vec::new(),
+            },
+        }
+    }
+
+    /// Replaces the cache contents of one partition with a fresh list, yielding only
+    /// what differs: vanished objects as `Deleted`, new or changed ones as `Applied`.
+    fn reconcile_list(
+        &self,
+        namespace: Option<&str>,
+        mut listed: HashMap<Key, DynamicObject>,
+    ) -> Vec<Change> {
+        let mut objects = self.cache.write();
+        let in_partition = |key: &Key| namespace.is_none_or(|ns| key.0 == ns);
+        let mut changes = Vec::new();
+        let stale: Vec<Key> = objects
+            .keys()
+            .filter(|k| in_partition(k) && !listed.contains_key(*k))
+            .cloned()
+            .collect();
+        for key in stale {
+            if let Some(gone) = objects.remove(&key) {
+                changes.push(Change::Deleted(gone));
+            }
+        }
+        let mut keys: Vec<Key> = listed.keys().cloned().collect();
+        keys.sort_unstable();
+        for key in keys {
+            let Some(obj) = listed.remove(&key) else {
+                continue;
+            };
+            if let Some(cached) = objects.get(&key)
+                && same_version(cached, &obj)
+            {
+                continue;
+            }
+            let obj = Arc::new(obj);
+            objects.insert(key, obj.clone());
+            changes.push(Change::Applied(obj));
+        }
+        changes
+    }
+}
+
+fn same_version(a: &DynamicObject, b: &DynamicObject) -> bool {
+    a.metadata.resource_version.is_some()
+        && a.metadata.resource_version == b.metadata.resource_version
+}
+
+type RawEvent = Result<Event<DynamicObject>, watcher::Error>;
+
+/// kube-runtime's watcher, restarted from a fresh list when the server refuses to
+/// *start* a watch with `410 Gone` (kube-runtime only re-lists on a 410 delivered inside
+/// the watch stream and would otherwise retry the expired resourceVersion forever).
+fn relisting_watcher(
+    api: Api<DynamicObject>,
+    config: watcher::Config,
+) -> BoxStream<'static, RawEvent> {
+    stream::unfold(None::<BoxStream<'static, RawEvent>>, move |current| {
+        let api = api.clone();
+        let config = config.clone();
+        async move {
+            let mut inner = current.unwrap_or_else(|| watcher::watcher(api, config).boxed());
+            let item = inner.next().await?;
+            let expired = matches!(
+                &item,
+                Err(watcher::Error::WatchStartFailed(kube::Error::Api(status))) if status.code == 410
+            );
+            Some((item, if expired { None } else { Some(inner) }))
+        }
+    })
+    .default_backoff()
+    .boxed()
+}
+
+/// Watches `kind` within `scope`, returning the cache and the stream of changes.
+///
+/// The stream never ends; errors are logged and retried with kube-runtime's default
+/// backoff. Objects labelled [`IGNORE_SYNC_LABEL`](crate::IGNORE_SYNC_LABEL) are
+/// excluded server-side (selector) and client-side (an object that gains the label is
+/// reported as `Deleted`). For [`Namespaces::Set`] one watch per namespace runs and
+/// `Synced` is emitted once all of them have listed.
+pub fn watch(
+    client: Client,
+    kind: Kind,
+    scope: Scope,
+) -> (Cache, impl Stream<Item = Change> + Send + 'static) {
+    let ar = kind.api_resource();
+    let config = watcher::Config::default().labels(&scope.server_label_selector());
+    let apis: Vec<(Option<String>, Api<DynamicObject>)> = if !kind.namespaced() {
+        vec![(None, Api::all_with(client, &ar))]
+    } else {
+        match &scope.namespaces {
+            Namespaces::All => vec![(None, Api::all_with(client, &ar))],
+            Namespaces::One(ns) => vec![(Some(ns.clone()), Api::namespaced_with(client, ns, &ar))],
+            Namespaces::Set(set) => {
+                let mut set = set.clone();
+                set.sort_unstable();
+                set.dedup();
+                set.into_iter()
+                    .map(|ns| {
+                        let api = Api::namespaced_with(client.clone(), &ns, &ar);
+                        (Some(ns), api)
+                    })
+                    .collect()
+            }
+        }
+    };
+    let cache = Cache::new(kind);
+    if apis.is_empty() {
+        // Watching an empty set of namespaces: trivially complete.
+        cache.inner.synced.send_replace(true);
+        let changes = stream::once(async { Change::Synced })
+            .chain(stream::pending())
+            .boxed();
+        return (cache, changes);
+    }
+    let mut partitions = Vec::with_capacity(apis.len());
+    let mut streams = Vec::with_capacity(apis.len());
+    for (idx, (namespace, api)) in apis.into_iter().enumerate() {
+        partitions.push(Partition {
+            namespace,
+            listing: None,
+            synced: false,
+        });
+        streams.push(
+            relisting_watcher(api, config.clone())
+                .map(move |ev| (idx, ev))
+                .boxed(),
+        );
+    }
+    let reconciler = Reconciler {
+        kind,
+        cache: cache.clone(),
+        partitions,
+    };
+    let changes = stream::select_all(streams)
+        .scan(reconciler, |rec, (idx, ev)| {
+            futures::future::ready(Some(rec.handle(idx, ev)))
+        })
+        .flat_map(stream::iter)
+        .boxed();
+    (cache, changes)
+}
