@@ -1,0 +1,122 @@
+//! The crate's error type.
+
+use crate::guard::GuardError;
+use crate::xfcc::XfccError;
+
+/// Why a mesh-forwarded identity (or a mesh setting) was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum MeshError {
+    /// The XFCC value does not parse.
+    #[error(transparent)]
+    Xfcc(#[from] XfccError),
+    /// The nearest XFCC element names no URI SAN.
+    #[error(
+        "x-forwarded-client-cert element {element} (added by the nearest proxy) has no URI SAN; the client certificate must carry a SPIFFE ID"
+    )]
+    XfccNoUri {
+        /// Index of the element.
+        element: usize,
+    },
+    /// The nearest XFCC element names several URI SANs.
+    #[error(
+        "x-forwarded-client-cert element {element} (added by the nearest proxy) has {} URI SANs {uris:?}; an SVID has exactly one",
+        uris.len()
+    )]
+    XfccSeveralUris {
+        /// Index of the element.
+        element: usize,
+        /// The URIs found.
+        uris: Vec<String>,
+    },
+    /// `By` of the nearest element is not the principal's own SPIFFE ID.
+    #[error(
+        "x-forwarded-client-cert was not added by a proxy holding the principal's identity: By is {found:?}, expected \"{expected}\""
+    )]
+    XfccByMismatch {
+        /// The configured SPIFFE ID.
+        expected: String,
+        /// What the element carries.
+        found: Option<String>,
+    },
+    /// A header value that should hold a SPIFFE ID does not.
+    #[error("{header}: {value:?} is not a valid SPIFFE ID: {reason}")]
+    InvalidSpiffeId {
+        /// The header it came from.
+        header: &'static str,
+        /// The value.
+        value: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A Linkerd identity that does not have the form
+    /// `<sa>.<ns>.serviceaccount.identity.<linkerd-ns>.<trust-domain>`.
+    #[error("l5d-client-id: {value:?} is not a Linkerd workload identity: {reason}")]
+    InvalidLinkerdId {
+        /// The value.
+        value: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// The identity header is absent: the request did not come through an mTLS-verifying
+    /// proxy.
+    #[error(
+        "request has no {header} header; header authentication needs the mesh proxy to forward the client identity"
+    )]
+    MissingHeader {
+        /// The header name.
+        header: String,
+    },
+    /// The identity header appears more than once; which one the proxy wrote is unknowable.
+    #[error("request has {count} {header} headers; exactly one is accepted")]
+    SeveralHeaderValues {
+        /// The header name.
+        header: String,
+        /// How many there were.
+        count: usize,
+    },
+    /// The identity header is not visible ASCII.
+    #[error("{header} header is not visible ASCII text")]
+    HeaderNotText {
+        /// The header name.
+        header: String,
+    },
+    /// A custom `header:<name>:<regex>` rule did not match or captured nothing.
+    #[error(
+        "{header} value {value:?} does not match {regex:?} (or its first group captured nothing)"
+    )]
+    NoMatch {
+        /// The header name.
+        header: String,
+        /// The header value.
+        value: String,
+        /// The configured expression.
+        regex: String,
+    },
+    /// An `--auth` value this crate does not understand.
+    #[error("invalid --auth {value:?}: {reason}")]
+    InvalidAuth {
+        /// The flag value.
+        value: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// An agent `--creds` value this crate does not understand.
+    #[error("invalid --creds {value:?}: {reason}")]
+    InvalidCreds {
+        /// The flag value.
+        value: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A request on the mTLS listener carries a mesh identity header.
+    #[error(
+        "request on the mTLS listener carries identity header {header}; identity headers are only accepted on the header-auth listener behind a mesh proxy"
+    )]
+    IdentityHeaderOnMtls {
+        /// The header name.
+        header: String,
+    },
+    /// A listener or peer address the trusted-proxy guard refuses.
+    #[error(transparent)]
+    Guard(#[from] GuardError),
+}
