@@ -1,1 +1,391 @@
-//! Kubernetes API test server (being written).
+//! Kubernetes API test server: an in-memory apiserver that follows the API contract written
+//! down in `docs/kube-test-server.md` (resourceVersions, watch with bookmarks and 410 Gone,
+//! conflicts, status subresource, patches, selectors, finalizers, `Status` errors, discovery),
+//! so the real binaries, kube-rs and kubectl can run against it where no cluster exists.
+//!
+//! ```no_run
+//! # async fn demo() -> std::io::Result<()> {
+//! use argocd_agent_e2e::kube_server::KubeTestServer;
+//! let server = KubeTestServer::start().await?;
+//! let dir = tempfile::tempdir()?;
+//! server.write_kubeconfig(&dir.path().join("kubeconfig"), "test")?;
+//! server.shutdown().await;
+//! # Ok(()) }
+//! ```
+
+mod http;
+mod protobuf;
+mod selector;
+mod status;
+mod store;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU16, AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::sync::watch;
+
+pub use selector::{FieldSelector, LabelSelector};
+pub use status::ApiError;
+
+/// A resource type the server serves, registered by group/version/plural.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResourceType {
+    /// API group; `""` for the core group.
+    pub group: String,
+    /// Version, e.g. `v1alpha1`.
+    pub version: String,
+    /// Plural (the URL segment), e.g. `applications`.
+    pub plural: String,
+    /// Singular name, e.g. `application`.
+    pub singular: String,
+    /// Kind, e.g. `Application`.
+    pub kind: String,
+    /// Whether objects live in namespaces.
+    pub namespaced: bool,
+    /// Whether the `/status` subresource exists (then main-resource writes keep `.status`).
+    pub status_subresource: bool,
+    /// Short names for kubectl (`app`).
+    pub short_names: Vec<String>,
+}
+
+impl ResourceType {
+    /// A resource type; `singular` is the lower-cased kind.
+    pub fn new(
+        group: &str,
+        version: &str,
+        plural: &str,
+        kind: &str,
+        namespaced: bool,
+        status_subresource: bool,
+    ) -> Self {
+        Self {
+            group: group.into(),
+            version: version.into(),
+            plural: plural.into(),
+            singular: kind.to_lowercase(),
+            kind: kind.into(),
+            namespaced,
+            status_subresource,
+            short_names: Vec::new(),
+        }
+    }
+
+    /// Adds kubectl short names.
+    pub fn with_short_names(mut self, names: &[&str]) -> Self {
+        self.short_names = names.iter().map(|s| s.to_string()).collect();
+        self
+    }
+
+    /// `group/version`, or `version` for the core group.
+    pub fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.clone()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+
+    /// `plural.group` (or `plural`), as in apiserver messages.
+    pub fn qualified_plural(&self) -> String {
+        if self.group.is_empty() {
+            self.plural.clone()
+        } else {
+            format!("{}.{}", self.plural, self.group)
+        }
+    }
+
+    /// The resources registered by default: `v1` namespaces, secrets, configmaps and
+    /// `argoproj.io/v1alpha1` applications (with `/status`) and appprojects.
+    pub fn defaults() -> Vec<ResourceType> {
+        vec![
+            ResourceType::new("", "v1", "namespaces", "Namespace", false, true)
+                .with_short_names(&["ns"]),
+            ResourceType::new("", "v1", "secrets", "Secret", true, false),
+            ResourceType::new("", "v1", "configmaps", "ConfigMap", true, false)
+                .with_short_names(&["cm"]),
+            ResourceType::new(
+                "argoproj.io",
+                "v1alpha1",
+                "applications",
+                "Application",
+                true,
+                true,
+            )
+            .with_short_names(&["app", "apps"]),
+            ResourceType::new(
+                "argoproj.io",
+                "v1alpha1",
+                "appprojects",
+                "AppProject",
+                true,
+                false,
+            )
+            .with_short_names(&["appproj", "appprojs"]),
+        ]
+    }
+}
+
+/// Server settings; [`Default`] gives what the docs describe.
+#[derive(Debug, Clone)]
+pub struct ServerOptions {
+    /// Resource types served (default: [`ResourceType::defaults`]).
+    pub resources: Vec<ResourceType>,
+    /// How many events the history keeps; watches from older RVs get 410 (default 1000).
+    pub history_limit: usize,
+    /// Silence after which a watch with `allowWatchBookmarks=true` gets a BOOKMARK (default 1 s).
+    pub bookmark_interval: Duration,
+    /// Create a missing namespace on the fly instead of answering 404 (default false, as a
+    /// real apiserver).
+    pub auto_create_namespaces: bool,
+    /// Namespaces that exist at start (default `default`, `kube-system`).
+    pub initial_namespaces: Vec<String>,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        Self {
+            resources: ResourceType::defaults(),
+            history_limit: 1000,
+            bookmark_interval: Duration::from_secs(1),
+            auto_create_namespaces: false,
+            initial_namespaces: vec!["default".into(), "kube-system".into()],
+        }
+    }
+}
+
+/// Fault-injection state shared by the handle and the request handler.
+struct Faults {
+    fail_remaining: AtomicUsize,
+    fail_status: AtomicU16,
+    latency_ms: AtomicU64,
+    /// Bumped to end every open watch.
+    drop_watches: watch::Sender<u64>,
+}
+
+/// Everything a request handler needs.
+struct Shared {
+    store: store::Store,
+    faults: Faults,
+    bookmark_interval: Duration,
+    addr: SocketAddr,
+    /// Set on shutdown so watches end and the server can drain.
+    shutdown: watch::Sender<bool>,
+}
+
+impl Shared {
+    fn drop_watches(&self) {
+        self.faults.drop_watches.send_modify(|g| *g += 1);
+    }
+}
+
+/// Handle to a running server. Dropping it, or [`KubeTestServer::shutdown`], stops it.
+pub struct KubeTestServer {
+    shared: Arc<Shared>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl KubeTestServer {
+    /// Starts a server with default options on `127.0.0.1:0`.
+    pub async fn start() -> std::io::Result<KubeTestServer> {
+        Self::start_on(
+            SocketAddr::from(([127, 0, 0, 1], 0)),
+            ServerOptions::default(),
+        )
+        .await
+    }
+
+    /// Starts a server on `addr` (port 0 picks a free port).
+    pub async fn start_on(
+        addr: SocketAddr,
+        options: ServerOptions,
+    ) -> std::io::Result<KubeTestServer> {
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        let store = store::Store::new(
+            options.resources,
+            options.history_limit,
+            options.auto_create_namespaces,
+        );
+        if let Some(ns_res) = store.find("", "v1", "namespaces") {
+            for ns in &options.initial_namespaces {
+                store
+                    .create(ns_res, "", serde_json::json!({"metadata": {"name": ns}}))
+                    .map_err(|e| {
+                        std::io::Error::new(
+                            std::io::ErrorKind::InvalidInput,
+                            format!("initial namespace {ns:?}: {e}"),
+                        )
+                    })?;
+            }
+        }
+        let (shutdown, mut shutdown_rx) = watch::channel(false);
+        let shared = Arc::new(Shared {
+            store,
+            faults: Faults {
+                fail_remaining: AtomicUsize::new(0),
+                fail_status: AtomicU16::new(500),
+                latency_ms: AtomicU64::new(0),
+                drop_watches: watch::channel(0).0,
+            },
+            bookmark_interval: options.bookmark_interval,
+            addr,
+            shutdown,
+        });
+        let app = http::router(shared.clone());
+        let task = tokio::spawn(async move {
+            let stop = async move {
+                let _ = shutdown_rx.wait_for(|s| *s).await;
+            };
+            if let Err(e) = axum::serve(listener, app)
+                .with_graceful_shutdown(stop)
+                .await
+            {
+                tracing::warn!(error = %e, "kube test server stopped with an error");
+            }
+        });
+        Ok(KubeTestServer {
+            shared,
+            task: Some(task),
+        })
+    }
+
+    /// Base URL, `http://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.shared.addr)
+    }
+
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.shared.addr
+    }
+
+    /// A kubeconfig with one cluster, user and context named `context_name`, namespace `default`.
+    pub fn kubeconfig_yaml(&self, context_name: &str) -> String {
+        kubeconfig_yaml(&self.url(), context_name)
+    }
+
+    /// Writes [`Self::kubeconfig_yaml`] to `path`.
+    pub fn write_kubeconfig(&self, path: &Path, context_name: &str) -> std::io::Result<()> {
+        std::fs::write(path, self.kubeconfig_yaml(context_name))
+    }
+
+    /// Ends every open watch stream now (clients see the stream close and must re-watch).
+    pub fn drop_watches(&self) {
+        self.shared.drop_watches();
+    }
+
+    /// Answers the next `n` API requests with a `Status` of HTTP code `status`
+    /// (429 also carries `Retry-After: 1`).
+    pub fn fail_next(&self, n: usize, status: u16) {
+        self.shared
+            .faults
+            .fail_status
+            .store(status, Ordering::SeqCst);
+        self.shared.faults.fail_remaining.store(n, Ordering::SeqCst);
+    }
+
+    /// Delays every API request by `d` (zero turns it off).
+    pub fn set_latency(&self, d: Duration) {
+        let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        self.shared.faults.latency_ms.store(ms, Ordering::SeqCst);
+    }
+
+    /// Forgets the event history, so a watch from any earlier resourceVersion gets 410.
+    pub fn compact_history(&self) {
+        self.shared.store.compact();
+    }
+
+    /// Current global resourceVersion.
+    pub fn resource_version(&self) -> u64 {
+        self.shared.store.current_rv()
+    }
+
+    /// One stored object (`ns` is ignored for cluster-scoped types), or `None`.
+    pub fn get_object(
+        &self,
+        group: &str,
+        version: &str,
+        plural: &str,
+        ns: &str,
+        name: &str,
+    ) -> Option<Value> {
+        let store = &self.shared.store;
+        let res = store.find(group, version, plural)?;
+        let ns = if store.resources[res].namespaced {
+            ns
+        } else {
+            ""
+        };
+        store.get(res, ns, name).ok()
+    }
+
+    /// Stored objects of a type, in one namespace or (`ns == None`) all.
+    pub fn list_objects(
+        &self,
+        group: &str,
+        version: &str,
+        plural: &str,
+        ns: Option<&str>,
+    ) -> Vec<Value> {
+        let store = &self.shared.store;
+        match store.find(group, version, plural) {
+            Some(res) => store.list(res, ns).0,
+            None => Vec::new(),
+        }
+    }
+
+    /// Stops the server: ends watches, closes the listener and waits for it to stop.
+    pub async fn shutdown(mut self) {
+        self.signal_stop();
+        if let Some(task) = self.task.take() {
+            // Bounded so a client holding a connection open cannot block a test.
+            if tokio::time::timeout(Duration::from_secs(5), task)
+                .await
+                .is_err()
+            {
+                tracing::warn!("kube test server did not stop within 5s");
+            }
+        }
+    }
+
+    fn signal_stop(&self) {
+        self.shared.shutdown.send_replace(true);
+        self.shared.drop_watches();
+    }
+}
+
+impl Drop for KubeTestServer {
+    fn drop(&mut self) {
+        self.signal_stop();
+    }
+}
+
+/// A kubeconfig for `server_url` with one cluster, user and context named `context_name`.
+pub fn kubeconfig_yaml(server_url: &str, context_name: &str) -> String {
+    // A JSON string is a valid YAML double-quoted scalar, so any name is safe.
+    let context_name = Value::String(context_name.to_string()).to_string();
+    format!(
+        "apiVersion: v1
+kind: Config
+clusters:
+- name: {context_name}
+  cluster:
+    server: {server_url}
+users:
+- name: {context_name}
+  user:
+    token: kube-test-server
+contexts:
+- name: {context_name}
+  context:
+    cluster: {context_name}
+    user: {context_name}
+    namespace: default
+current-context: {context_name}
+"
+    )
+}

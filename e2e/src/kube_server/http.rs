@@ -1,0 +1,855 @@
+//! HTTP front end: URL routing, query parameters, discovery documents, tables, watch streams
+//! and the `/_test/*` fault-injection endpoints.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::response::Response;
+use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::Shared;
+use super::selector::{FieldSelector, LabelSelector};
+use super::status::ApiError;
+use super::store::{DeleteOutcome, Event, EventType, PatchKind, Preconditions};
+
+/// Request bodies larger than this are refused (the apiserver's own limit is 3 MiB).
+const MAX_BODY: usize = 8 << 20;
+
+pub(super) fn router(shared: Arc<Shared>) -> Router {
+    Router::new().fallback(handle).with_state(shared)
+}
+
+fn json_response(code: u16, body: &Value) -> Response {
+    let mut resp = Response::new(Body::from(body.to_string()));
+    *resp.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+fn error_response(e: &ApiError) -> Response {
+    let mut resp = json_response(e.code, &e.to_status());
+    if e.code == 429 {
+        resp.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    resp
+}
+
+fn not_found_path() -> ApiError {
+    ApiError {
+        details: Some(json!({})),
+        ..ApiError::new(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+        )
+    }
+}
+
+fn method_not_allowed(method: &Method) -> ApiError {
+    ApiError::new(
+        405,
+        "MethodNotAllowed",
+        format!("the server does not allow this method on the requested resource ({method})"),
+    )
+}
+
+/// Query parameters, URL-decoded (`+` is a space, `%xx` decoded).
+struct Query(Vec<(String, String)>);
+
+impl Query {
+    fn get(&self, k: &str) -> Option<&str> {
+        self.0.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str())
+    }
+    fn flag(&self, k: &str) -> bool {
+        matches!(self.get(k), Some("true" | "1"))
+    }
+    fn rv(&self) -> Result<Option<u64>, ApiError> {
+        match self.get("resourceVersion") {
+            None | Some("") => Ok(None),
+            Some(s) => s.parse().map(Some).map_err(|_| {
+                ApiError::bad_request(format!("invalid resourceVersion {s:?}: not an integer"))
+            }),
+        }
+    }
+}
+
+/// Where a resource request points.
+struct Target {
+    res: usize,
+    /// `None`: across all namespaces (or a cluster-scoped collection).
+    ns: Option<String>,
+    name: Option<String>,
+    status: bool,
+}
+
+async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
+    let path = req.uri().path().to_string();
+    let query = Query(
+        url::form_urlencoded::parse(req.uri().query().unwrap_or("").as_bytes())
+            .into_owned()
+            .collect(),
+    );
+    if let Some(admin) = path.strip_prefix("/_test/") {
+        return match admin_request(&shared, req.method(), admin, &query) {
+            Ok(v) => json_response(200, &v),
+            Err(e) => error_response(&e),
+        };
+    }
+    let latency = shared.faults.latency_ms.load(Ordering::SeqCst);
+    if latency > 0 {
+        tokio::time::sleep(Duration::from_millis(latency)).await;
+    }
+    let take_failure = shared
+        .faults
+        .fail_remaining
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok();
+    if take_failure {
+        let code = shared.faults.fail_status.load(Ordering::SeqCst);
+        let reason = match code {
+            429 => "TooManyRequests",
+            500 => "InternalError",
+            503 => "ServiceUnavailable",
+            504 => "Timeout",
+            _ => "Unknown",
+        };
+        return error_response(&ApiError::new(
+            code,
+            reason,
+            format!("injected failure ({code}) from the kube test server"),
+        ));
+    }
+    match route(&shared, req, &path, &query).await {
+        Ok(r) => r,
+        Err(e) => error_response(&e),
+    }
+}
+
+fn admin_request(
+    shared: &Shared,
+    method: &Method,
+    what: &str,
+    q: &Query,
+) -> Result<Value, ApiError> {
+    if method != Method::POST {
+        return Err(method_not_allowed(method));
+    }
+    let num = |k: &str| -> Result<u64, ApiError> {
+        q.get(k)
+            .ok_or_else(|| ApiError::bad_request(format!("missing query parameter {k}")))?
+            .parse()
+            .map_err(|_| ApiError::bad_request(format!("query parameter {k} is not a number")))
+    };
+    match what {
+        "drop-watches" => shared.drop_watches(),
+        "compact" => shared.store.compact(),
+        "latency" => shared.faults.latency_ms.store(num("ms")?, Ordering::SeqCst),
+        "fail-next" => {
+            let status = u16::try_from(num("status")?)
+                .ok()
+                .filter(|s| (400..600).contains(s))
+                .ok_or_else(|| {
+                    ApiError::bad_request("status must be an HTTP error code (400-599)")
+                })?;
+            shared.faults.fail_status.store(status, Ordering::SeqCst);
+            let n = usize::try_from(num("n")?).unwrap_or(usize::MAX);
+            shared.faults.fail_remaining.store(n, Ordering::SeqCst);
+        }
+        _ => return Err(not_found_path()),
+    }
+    Ok(json!({"ok": true}))
+}
+
+async fn route(
+    shared: &Arc<Shared>,
+    req: Request,
+    path: &str,
+    q: &Query,
+) -> Result<Response, ApiError> {
+    let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    let get_only = |v: Value| {
+        if req.method() == Method::GET {
+            Ok(json_response(200, &v))
+        } else {
+            Err(method_not_allowed(req.method()))
+        }
+    };
+    let (group, version, rest) = match segs.as_slice() {
+        ["version"] => return get_only(version_doc()),
+        ["api"] => {
+            return get_only(json!({
+                "kind": "APIVersions",
+                "versions": ["v1"],
+                "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": shared.addr.to_string()}],
+            }));
+        }
+        // Aggregated discovery requests get the plain document with Content-Type
+        // application/json, which tells client-go to fall back to legacy discovery.
+        ["apis"] => return get_only(group_list(shared)),
+        ["apis", g] => {
+            return match group_doc(shared, g) {
+                Some(mut d) => {
+                    d["kind"] = json!("APIGroup");
+                    d["apiVersion"] = json!("v1");
+                    get_only(d)
+                }
+                None => Err(not_found_path()),
+            };
+        }
+        ["openapi", "v3"] => return get_only(openapi_index(shared)),
+        ["openapi", "v3", "api", "v1"] => return get_only(openapi_gv(shared, "", "v1")),
+        ["openapi", "v3", "apis", g, v] if shared.store.find_gv(g, v) => {
+            return get_only(openapi_gv(shared, g, v));
+        }
+        ["api", "v1", rest @ ..] => ("", "v1", rest),
+        ["apis", g, v, rest @ ..] => (*g, *v, rest),
+        _ => return Err(not_found_path()),
+    };
+    let store = &shared.store;
+    if rest.is_empty() {
+        if !store
+            .resources
+            .iter()
+            .any(|r| r.group == group && r.version == version)
+        {
+            return Err(not_found_path());
+        }
+        return get_only(resource_list(shared, group, version));
+    }
+    let target = match rest {
+        ["namespaces", ns, plural, tail @ ..]
+            if store
+                .find(group, version, plural)
+                .is_some_and(|r| store.resources[r].namespaced) =>
+        {
+            let res = store
+                .find(group, version, plural)
+                .ok_or_else(not_found_path)?;
+            parse_tail(shared, res, Some(ns.to_string()), tail)?
+        }
+        [plural, tail @ ..] => {
+            let res = store
+                .find(group, version, plural)
+                .ok_or_else(not_found_path)?;
+            if store.resources[res].namespaced {
+                if !tail.is_empty() {
+                    return Err(not_found_path());
+                }
+                parse_tail(shared, res, None, tail)?
+            } else {
+                parse_tail(shared, res, Some(String::new()), tail)?
+            }
+        }
+        [] => return Err(not_found_path()),
+    };
+    serve_resource(shared, req, target, q).await
+}
+
+fn parse_tail(
+    shared: &Shared,
+    res: usize,
+    ns: Option<String>,
+    tail: &[&str],
+) -> Result<Target, ApiError> {
+    let (name, status) = match tail {
+        [] => (None, false),
+        [name] => (Some(name.to_string()), false),
+        [name, "status"] if shared.store.resources[res].status_subresource => {
+            (Some(name.to_string()), true)
+        }
+        _ => return Err(not_found_path()),
+    };
+    Ok(Target {
+        res,
+        ns,
+        name,
+        status,
+    })
+}
+
+fn version_doc() -> Value {
+    json!({
+        "major": "1", "minor": "35", "gitVersion": "v1.35.0",
+        "gitCommit": "0000000000000000000000000000000000000000", "gitTreeState": "clean",
+        "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.25.0", "compiler": "gc",
+        "platform": "linux/amd64",
+    })
+}
+
+fn group_doc(shared: &Shared, group: &str) -> Option<Value> {
+    let mut versions: Vec<String> = Vec::new();
+    for r in shared.store.resources.iter().filter(|r| r.group == group) {
+        if !versions.contains(&r.version) {
+            versions.push(r.version.clone());
+        }
+    }
+    let first = versions.first()?.clone();
+    let gv = |v: &str| json!({"groupVersion": format!("{group}/{v}"), "version": v});
+    Some(json!({
+        "name": group,
+        "versions": versions.iter().map(|v| gv(v)).collect::<Vec<_>>(),
+        "preferredVersion": gv(&first),
+    }))
+}
+
+fn group_list(shared: &Shared) -> Value {
+    let mut groups: Vec<&str> = Vec::new();
+    for r in shared
+        .store
+        .resources
+        .iter()
+        .filter(|r| !r.group.is_empty())
+    {
+        if !groups.contains(&r.group.as_str()) {
+            groups.push(&r.group);
+        }
+    }
+    json!({
+        "kind": "APIGroupList",
+        "apiVersion": "v1",
+        "groups": groups.iter().filter_map(|g| group_doc(shared, g)).collect::<Vec<_>>(),
+    })
+}
+
+fn resource_list(shared: &Shared, group: &str, version: &str) -> Value {
+    let mut resources = Vec::new();
+    for r in shared
+        .store
+        .resources
+        .iter()
+        .filter(|r| r.group == group && r.version == version)
+    {
+        resources.push(json!({
+            "name": r.plural, "singularName": r.singular, "namespaced": r.namespaced, "kind": r.kind,
+            "verbs": ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"],
+            "shortNames": r.short_names,
+        }));
+        if r.status_subresource {
+            resources.push(json!({
+                "name": format!("{}/status", r.plural), "singularName": "", "namespaced": r.namespaced,
+                "kind": r.kind, "verbs": ["get", "patch", "update"],
+            }));
+        }
+    }
+    let gv = if group.is_empty() {
+        version.to_string()
+    } else {
+        format!("{group}/{version}")
+    };
+    json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources})
+}
+
+/// `/openapi/v3`: one document per group/version, as the apiserver lists them.
+fn openapi_index(shared: &Shared) -> Value {
+    let mut paths = serde_json::Map::new();
+    for r in &shared.store.resources {
+        let p = if r.group.is_empty() {
+            format!("api/{}", r.version)
+        } else {
+            format!("apis/{}/{}", r.group, r.version)
+        };
+        let url = format!("/openapi/v3/{p}?hash=0");
+        paths.insert(p, json!({"serverRelativeURL": url}));
+    }
+    json!({"paths": paths})
+}
+
+/// A minimal OpenAPI v3 document for a group/version: only the PATCH operations, each tagged
+/// with its group/version/kind and declaring the `fieldValidation` parameter. That is what
+/// kubectl's query-parameter check reads to choose server-side field validation instead of
+/// downloading schemas; the server keeps unknown fields (like `x-kubernetes-preserve-unknown-fields`).
+fn openapi_gv(shared: &Shared, group: &str, version: &str) -> Value {
+    let mut paths = serde_json::Map::new();
+    for r in shared
+        .store
+        .resources
+        .iter()
+        .filter(|r| r.group == group && r.version == version)
+    {
+        let prefix = if group.is_empty() {
+            format!("/api/{version}")
+        } else {
+            format!("/apis/{group}/{version}")
+        };
+        let path = if r.namespaced {
+            format!("{prefix}/namespaces/{{namespace}}/{}/{{name}}", r.plural)
+        } else {
+            format!("{prefix}/{}/{{name}}", r.plural)
+        };
+        let op = json!({
+            "operationId": format!("patch{}", r.kind),
+            "x-kubernetes-action": "patch",
+            "x-kubernetes-group-version-kind": {"group": group, "version": version, "kind": r.kind},
+            "parameters": [
+                {"name": "fieldValidation", "in": "query", "schema": {"type": "string", "uniqueItems": true}},
+                {"name": "fieldManager", "in": "query", "schema": {"type": "string", "uniqueItems": true}},
+                {"name": "dryRun", "in": "query", "schema": {"type": "string", "uniqueItems": true}},
+            ],
+            "responses": {"200": {"description": "OK"}},
+        });
+        paths.insert(path, json!({"patch": op}));
+    }
+    json!({
+        "openapi": "3.0.0",
+        "info": {"title": "Kubernetes", "version": "v1.35.0"},
+        "paths": paths,
+        "components": {"schemas": {}},
+    })
+}
+
+async fn read_body(req: Request) -> Result<(HeaderMap, Bytes), ApiError> {
+    let (parts, body) = req.into_parts();
+    let bytes = axum::body::to_bytes(body, MAX_BODY).await.map_err(|e| {
+        ApiError::new(
+            413,
+            "RequestEntityTooLarge",
+            format!("request body could not be read: {e}"),
+        )
+    })?;
+    Ok((parts.headers, bytes))
+}
+
+fn media_type(headers: &HeaderMap) -> String {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase()
+}
+
+/// Decodes a create/update body (JSON, or YAML when so declared).
+fn decode_object(headers: &HeaderMap, body: &[u8]) -> Result<Value, ApiError> {
+    match media_type(headers).as_str() {
+        "" | "application/json" | "*/*" => serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}"))),
+        "application/vnd.kubernetes.protobuf" => super::protobuf::decode(body).map_err(|e| {
+            ApiError::new(
+                415,
+                "UnsupportedMediaType",
+                format!("cannot decode the protobuf request body: {e}"),
+            )
+        }),
+        "application/yaml" => std::str::from_utf8(body)
+            .map_err(|e| e.to_string())
+            .and_then(|s| serde_saphyr::from_str(s).map_err(|e| e.to_string()))
+            .map_err(|e| ApiError::bad_request(format!("the request body is not valid YAML: {e}"))),
+        other => Err(ApiError::new(
+            415,
+            "UnsupportedMediaType",
+            format!(
+                "the body of the request was in an unknown format ({other}) - accepted media types include: application/json, application/yaml"
+            ),
+        )),
+    }
+}
+
+/// What `Accept: ...;as=Table` asks for.
+#[derive(Clone, Copy)]
+enum IncludeObject {
+    None,
+    Metadata,
+    Object,
+}
+
+fn wants_table(headers: &HeaderMap, q: &Query) -> Option<IncludeObject> {
+    let accept = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    // The first acceptable media type wins; kubectl lists Table first, JSON as fallback.
+    let first = accept.split(',').next().unwrap_or("");
+    if !first.split(';').any(|p| p.trim() == "as=Table") {
+        return None;
+    }
+    Some(match q.get("includeObject") {
+        Some("None") => IncludeObject::None,
+        Some("Object") => IncludeObject::Object,
+        _ => IncludeObject::Metadata,
+    })
+}
+
+fn human_age(created: Option<&str>) -> String {
+    let Some(ts) = created.and_then(|c| c.parse::<k8s_openapi::jiff::Timestamp>().ok()) else {
+        return "<unknown>".into();
+    };
+    let secs = (k8s_openapi::jiff::Timestamp::now().as_second() - ts.as_second()).max(0);
+    match secs {
+        s if s < 120 => format!("{s}s"),
+        s if s < 600 => format!("{}m{}s", s / 60, s % 60),
+        s if s < 3 * 3600 => format!("{}m", s / 60),
+        s if s < 8 * 3600 => format!("{}h{}m", s / 3600, (s % 3600) / 60),
+        s if s < 48 * 3600 => format!("{}h", s / 3600),
+        s => format!("{}d", s / 86400),
+    }
+}
+
+fn table(objects: &[Value], rv: u64, include: IncludeObject) -> Value {
+    let rows: Vec<Value> = objects
+        .iter()
+        .map(|o| {
+            let name = o
+                .pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            let age = human_age(
+                o.pointer("/metadata/creationTimestamp")
+                    .and_then(Value::as_str),
+            );
+            let mut row = json!({"cells": [name, age]});
+            match include {
+                IncludeObject::None => {}
+                IncludeObject::Object => row["object"] = o.clone(),
+                IncludeObject::Metadata => {
+                    row["object"] = json!({
+                        "kind": "PartialObjectMetadata",
+                        "apiVersion": "meta.k8s.io/v1",
+                        "metadata": o.get("metadata").cloned().unwrap_or(json!({})),
+                    })
+                }
+            }
+            row
+        })
+        .collect();
+    json!({
+        "kind": "Table",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": {"resourceVersion": rv.to_string()},
+        "columnDefinitions": [
+            {"name": "Name", "type": "string", "format": "name", "priority": 0,
+             "description": "Name must be unique within a namespace."},
+            {"name": "Age", "type": "string", "format": "", "priority": 0,
+             "description": "Time since the object was created."},
+        ],
+        "rows": rows,
+    })
+}
+
+struct Filter {
+    ns: Option<String>,
+    labels: LabelSelector,
+    fields: FieldSelector,
+}
+
+impl Filter {
+    fn from_query(target: &Target, q: &Query) -> Result<Self, ApiError> {
+        Ok(Self {
+            ns: target.ns.clone().filter(|n| !n.is_empty()),
+            labels: LabelSelector::parse(q.get("labelSelector").unwrap_or(""))
+                .map_err(|e| ApiError::bad_request(format!("unable to parse requirement: {e}")))?,
+            fields: FieldSelector::parse(q.get("fieldSelector").unwrap_or(""))
+                .map_err(ApiError::bad_request)?,
+        })
+    }
+    fn matches(&self, obj: &Value) -> bool {
+        let ns_ok = self.ns.as_deref().is_none_or(|ns| {
+            obj.pointer("/metadata/namespace").and_then(Value::as_str) == Some(ns)
+        });
+        ns_ok && self.labels.matches(obj) && self.fields.matches(obj)
+    }
+}
+
+async fn serve_resource(
+    shared: &Arc<Shared>,
+    req: Request,
+    t: Target,
+    q: &Query,
+) -> Result<Response, ApiError> {
+    let store = &shared.store;
+    let r = store.resources[t.res].clone();
+    let method = req.method().clone();
+    let table = wants_table(req.headers(), q);
+    let ns = t.ns.clone().unwrap_or_default();
+    let Some(name) = t.name.clone() else {
+        // Collection.
+        let filter = Filter::from_query(&t, q)?;
+        return match method {
+            Method::GET if q.flag("watch") => Ok(watch(shared.clone(), t.res, filter, q, table)?),
+            Method::GET => {
+                let (items, rv) = match (q.rv()?, q.get("resourceVersionMatch")) {
+                    (Some(at), Some("Exact")) => (
+                        store.list_at(t.res, t.ns.as_deref().filter(|n| !n.is_empty()), at)?,
+                        at,
+                    ),
+                    (_, Some(m)) if m != "NotOlderThan" && m != "Exact" => {
+                        return Err(ApiError::bad_request(format!(
+                            "unsupported resourceVersionMatch {m:?}"
+                        )));
+                    }
+                    _ => store.list(t.res, t.ns.as_deref().filter(|n| !n.is_empty())),
+                };
+                let items: Vec<Value> = items.into_iter().filter(|o| filter.matches(o)).collect();
+                if let Some(include) = table {
+                    return Ok(json_response(200, &table_of(&items, rv, include)));
+                }
+                Ok(json_response(
+                    200,
+                    &json!({
+                        "kind": format!("{}List", r.kind),
+                        "apiVersion": r.api_version(),
+                        "metadata": {"resourceVersion": rv.to_string()},
+                        "items": items,
+                    }),
+                ))
+            }
+            Method::POST if t.ns.is_some() => {
+                let (headers, body) = read_body(req).await?;
+                let obj = decode_object(&headers, &body)?;
+                Ok(json_response(201, &store.create(t.res, &ns, obj)?))
+            }
+            Method::DELETE => {
+                let (items, _) = store.list(t.res, t.ns.as_deref().filter(|n| !n.is_empty()));
+                let mut deleted = Vec::new();
+                for o in items.iter().filter(|o| filter.matches(o)) {
+                    let ons = o
+                        .pointer("/metadata/namespace")
+                        .and_then(Value::as_str)
+                        .unwrap_or("");
+                    let oname = o
+                        .pointer("/metadata/name")
+                        .and_then(Value::as_str)
+                        .unwrap_or("");
+                    match store.delete(t.res, ons, oname, &Preconditions::default()) {
+                        Ok(DeleteOutcome::Deleted(v) | DeleteOutcome::Pending(v)) => {
+                            deleted.push(v)
+                        }
+                        // Deleted concurrently: nothing left to do for it.
+                        Err(e) if e.code == 404 => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok(json_response(
+                    200,
+                    &json!({
+                        "kind": format!("{}List", r.kind), "apiVersion": r.api_version(),
+                        "metadata": {"resourceVersion": store.current_rv().to_string()}, "items": deleted,
+                    }),
+                ))
+            }
+            m => Err(method_not_allowed(&m)),
+        };
+    };
+    match method {
+        Method::GET => {
+            let obj = store.get(t.res, &ns, &name)?;
+            match table {
+                Some(include) => {
+                    let rv = obj
+                        .pointer("/metadata/resourceVersion")
+                        .and_then(Value::as_str)
+                        .and_then(|s| s.parse().ok())
+                        .unwrap_or(0);
+                    Ok(json_response(200, &table_of(&[obj], rv, include)))
+                }
+                None => Ok(json_response(200, &obj)),
+            }
+        }
+        Method::PUT => {
+            let (headers, body) = read_body(req).await?;
+            let obj = decode_object(&headers, &body)?;
+            Ok(json_response(
+                200,
+                &store.update(t.res, &ns, &name, obj, t.status)?,
+            ))
+        }
+        Method::PATCH => {
+            let (headers, body) = read_body(req).await?;
+            let kind = match media_type(&headers).as_str() {
+                "application/merge-patch+json" => PatchKind::Merge,
+                "application/json-patch+json" => PatchKind::Json,
+                "application/strategic-merge-patch+json" => PatchKind::Strategic,
+                "application/apply-patch+yaml" => PatchKind::Apply,
+                other => {
+                    return Err(ApiError::new(
+                        415,
+                        "UnsupportedMediaType",
+                        format!(
+                            "the body of the request was in an unknown format ({other}) - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json"
+                        ),
+                    ));
+                }
+            };
+            let existed = store.get(t.res, &ns, &name).is_ok();
+            let obj = store.patch(t.res, &ns, &name, kind, &body, t.status)?;
+            Ok(json_response(if existed { 200 } else { 201 }, &obj))
+        }
+        Method::DELETE if !t.status => {
+            let (_, body) = read_body(req).await?;
+            let mut pre = Preconditions::default();
+            if !body.is_empty() {
+                let opts: Value = serde_json::from_slice(&body).map_err(|e| {
+                    ApiError::bad_request(format!("the DeleteOptions body is not valid JSON: {e}"))
+                })?;
+                let s = |p: &str| opts.pointer(p).and_then(Value::as_str).map(str::to_string);
+                pre.uid = s("/preconditions/uid");
+                pre.resource_version = s("/preconditions/resourceVersion");
+            }
+            match store.delete(t.res, &ns, &name, &pre)? {
+                // The apiserver answers a Status for core resources that do not return the
+                // deleted object (secrets, configmaps) and the object for the others.
+                DeleteOutcome::Deleted(obj) if r.group.is_empty() && r.plural != "namespaces" => {
+                    Ok(json_response(
+                        200,
+                        &json!({
+                            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                            "details": {"name": name, "group": r.group, "kind": r.plural,
+                                        "uid": obj.pointer("/metadata/uid").cloned().unwrap_or(Value::Null)},
+                        }),
+                    ))
+                }
+                DeleteOutcome::Deleted(obj) | DeleteOutcome::Pending(obj) => {
+                    Ok(json_response(200, &obj))
+                }
+            }
+        }
+        m => Err(method_not_allowed(&m)),
+    }
+}
+
+fn table_of(objects: &[Value], rv: u64, include: IncludeObject) -> Value {
+    table(objects, rv, include)
+}
+
+/// One watch line.
+fn event_line(kind: &str, object: &Value) -> Bytes {
+    let mut s = json!({"type": kind, "object": object}).to_string();
+    s.push('\n');
+    Bytes::from(s)
+}
+
+fn watch(
+    shared: Arc<Shared>,
+    res: usize,
+    filter: Filter,
+    q: &Query,
+    table: Option<IncludeObject>,
+) -> Result<Response, ApiError> {
+    let start_rv = q.rv()?;
+    let bookmarks = q.flag("allowWatchBookmarks");
+    let timeout = match q.get("timeoutSeconds") {
+        Some(s) => Some(Duration::from_secs(s.parse().map_err(|_| {
+            ApiError::bad_request(format!("invalid timeoutSeconds {s:?}"))
+        })?)),
+        None => None,
+    };
+    let (tx, mut rx) = mpsc::channel::<Bytes>(64);
+    tokio::spawn(async move {
+        run_watch(shared, res, filter, start_rv, bookmarks, timeout, table, tx).await;
+    });
+    let stream =
+        futures::stream::poll_fn(move |cx| rx.poll_recv(cx).map(|o| o.map(Ok::<_, Infallible>)));
+    let mut resp = Response::new(Body::from_stream(stream));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    Ok(resp)
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_watch(
+    shared: Arc<Shared>,
+    res: usize,
+    filter: Filter,
+    start_rv: Option<u64>,
+    bookmarks: bool,
+    timeout: Option<Duration>,
+    table: Option<IncludeObject>,
+    tx: mpsc::Sender<Bytes>,
+) {
+    let store = &shared.store;
+    let r = store.resources[res].clone();
+    let mut rv_rx = store.subscribe();
+    let mut drop_rx = shared.faults.drop_watches.subscribe();
+    if *shared.shutdown.borrow() {
+        return;
+    }
+    let deadline = timeout.map(|t| Instant::now() + t);
+    let render = |o: &Value, rv: u64| match table {
+        Some(include) => table_of(std::slice::from_ref(o), rv, include),
+        None => o.clone(),
+    };
+    let mut last = match start_rv {
+        Some(rv) if rv > 0 => rv,
+        _ => {
+            rv_rx.borrow_and_update();
+            let (items, rv) = store.list(res, filter.ns.as_deref());
+            for o in items.iter().filter(|o| filter.matches(o)) {
+                if tx.send(event_line("ADDED", &render(o, rv))).await.is_err() {
+                    return;
+                }
+            }
+            rv
+        }
+    };
+    let mut last_sent = Instant::now();
+    loop {
+        rv_rx.borrow_and_update();
+        let (events, current) = match store.events_since(res, last) {
+            Ok(x) => x,
+            Err(e) => {
+                let _ = tx.send(event_line("ERROR", &e.to_status())).await;
+                return;
+            }
+        };
+        for e in &events {
+            if let Some(kind) = filtered_type(&filter, e) {
+                if tx
+                    .send(event_line(kind, &render(&e.object, e.rv)))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                last_sent = Instant::now();
+            }
+        }
+        last = last.max(current);
+        let bookmark_at = last_sent + shared.bookmark_interval;
+        let far = Instant::now() + Duration::from_secs(86400);
+        tokio::select! {
+            changed = rv_rx.changed() => if changed.is_err() { return },
+            _ = drop_rx.changed() => return,
+            _ = tokio::time::sleep_until(deadline.unwrap_or(far)) => return,
+            _ = tokio::time::sleep_until(bookmark_at), if bookmarks => {
+                let obj = json!({"kind": r.kind, "apiVersion": r.api_version(),
+                                 "metadata": {"resourceVersion": last.to_string()}});
+                if tx.send(event_line("BOOKMARK", &obj)).await.is_err() {
+                    return;
+                }
+                last_sent = Instant::now();
+            }
+            _ = tx.closed() => return,
+        }
+    }
+}
+
+/// The event type a watcher with this filter sees (objects moving in or out of the selection
+/// become ADDED / DELETED), or `None` if it sees nothing.
+fn filtered_type(filter: &Filter, e: &Event) -> Option<&'static str> {
+    let now = filter.matches(&e.object);
+    let before = e.prev.as_ref().is_some_and(|p| filter.matches(p));
+    match (e.kind, before, now) {
+        (EventType::Added, _, true) => Some("ADDED"),
+        (EventType::Modified, true, true) => Some("MODIFIED"),
+        (EventType::Modified, false, true) => Some("ADDED"),
+        (EventType::Modified, true, false) => Some("DELETED"),
+        (EventType::Deleted, b, n) if b || n => Some("DELETED"),
+        _ => None,
+    }
+}

@@ -1,0 +1,237 @@
+//! Label and field selectors as the apiserver parses them from `labelSelector` / `fieldSelector`.
+//!
+//! Written by hand: kube-rs only builds selectors (client side), it has no parser.
+
+use serde_json::Value;
+
+/// One label requirement.
+#[derive(Debug, Clone, PartialEq)]
+enum LabelReq {
+    Eq(String, String),
+    NotEq(String, String),
+    In(String, Vec<String>),
+    NotIn(String, Vec<String>),
+    Exists(String),
+    NotExists(String),
+}
+
+/// A parsed `labelSelector`: all requirements must hold.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LabelSelector(Vec<LabelReq>);
+
+/// One `fieldSelector` requirement on `metadata.name` or `metadata.namespace`.
+#[derive(Debug, Clone, PartialEq)]
+struct FieldReq {
+    field: String,
+    value: String,
+    equal: bool,
+}
+
+/// A parsed `fieldSelector`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FieldSelector(Vec<FieldReq>);
+
+/// Splits on commas that are not inside parentheses (`k in (a,b),x=y`).
+fn split_top_level(s: &str) -> Result<Vec<&str>, String> {
+    let mut parts = Vec::new();
+    let mut depth = 0i32;
+    let mut start = 0;
+    for (i, c) in s.char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => {
+                depth -= 1;
+                if depth < 0 {
+                    return Err(format!("unbalanced ')' in selector {s:?}"));
+                }
+            }
+            ',' if depth == 0 => {
+                parts.push(&s[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    if depth != 0 {
+        return Err(format!("unbalanced '(' in selector {s:?}"));
+    }
+    parts.push(&s[start..]);
+    Ok(parts)
+}
+
+/// Label keys: optional DNS prefix and `/`, then a name of alphanumerics, `-`, `_`, `.`.
+fn valid_key(k: &str) -> bool {
+    let name = k.rsplit_once('/').map_or(k, |(_, n)| n);
+    !name.is_empty()
+        && name.len() <= 63
+        && k.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'))
+}
+
+fn valid_value(v: &str) -> bool {
+    v.len() <= 63
+        && v.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+fn parse_set(rest: &str, whole: &str) -> Result<Vec<String>, String> {
+    let rest = rest.trim();
+    let inner = rest
+        .strip_prefix('(')
+        .and_then(|r| r.strip_suffix(')'))
+        .ok_or_else(|| format!("expected '(values)' in label selector requirement {whole:?}"))?;
+    let values: Vec<String> = inner.split(',').map(|v| v.trim().to_string()).collect();
+    if let Some(bad) = values.iter().find(|v| !valid_value(v)) {
+        return Err(format!("invalid label value {bad:?} in {whole:?}"));
+    }
+    Ok(values)
+}
+
+impl LabelSelector {
+    /// Parses an already URL-decoded selector; an empty string selects everything.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let mut reqs = Vec::new();
+        if s.trim().is_empty() {
+            return Ok(Self(reqs));
+        }
+        for part in split_top_level(s)? {
+            let p = part.trim();
+            if p.is_empty() {
+                return Err(format!("empty requirement in label selector {s:?}"));
+            }
+            let req = if let Some(k) = p.strip_prefix('!') {
+                LabelReq::NotExists(k.trim().to_string())
+            } else if let Some((k, v)) = p.split_once("!=") {
+                LabelReq::NotEq(k.trim().to_string(), v.trim().to_string())
+            } else if let Some((k, v)) = p.split_once("==") {
+                LabelReq::Eq(k.trim().to_string(), v.trim().to_string())
+            } else if let Some((k, v)) = p.split_once('=') {
+                LabelReq::Eq(k.trim().to_string(), v.trim().to_string())
+            } else if let Some((k, rest)) = p.split_once(" notin ") {
+                LabelReq::NotIn(k.trim().to_string(), parse_set(rest, p)?)
+            } else if let Some((k, rest)) = p.split_once(" in ") {
+                LabelReq::In(k.trim().to_string(), parse_set(rest, p)?)
+            } else {
+                LabelReq::Exists(p.to_string())
+            };
+            let (key, value) = match &req {
+                LabelReq::Eq(k, v) | LabelReq::NotEq(k, v) => (k, Some(v)),
+                LabelReq::In(k, _)
+                | LabelReq::NotIn(k, _)
+                | LabelReq::Exists(k)
+                | LabelReq::NotExists(k) => (k, None),
+            };
+            if !valid_key(key) {
+                return Err(format!("invalid label key {key:?} in selector {s:?}"));
+            }
+            if let Some(v) = value
+                && !valid_value(v)
+            {
+                return Err(format!("invalid label value {v:?} in selector {s:?}"));
+            }
+            reqs.push(req);
+        }
+        Ok(Self(reqs))
+    }
+
+    /// Whether the object's `metadata.labels` satisfy every requirement.
+    pub fn matches(&self, obj: &Value) -> bool {
+        let labels = obj.pointer("/metadata/labels");
+        let get = |k: &str| labels.and_then(|l| l.get(k)).and_then(Value::as_str);
+        self.0.iter().all(|r| match r {
+            LabelReq::Eq(k, v) => get(k) == Some(v.as_str()),
+            LabelReq::NotEq(k, v) => get(k) != Some(v.as_str()),
+            LabelReq::In(k, vs) => get(k).is_some_and(|x| vs.iter().any(|v| v == x)),
+            LabelReq::NotIn(k, vs) => get(k).is_none_or(|x| vs.iter().all(|v| v != x)),
+            LabelReq::Exists(k) => get(k).is_some(),
+            LabelReq::NotExists(k) => get(k).is_none(),
+        })
+    }
+}
+
+impl FieldSelector {
+    /// Parses an already URL-decoded selector; only `metadata.name` and `metadata.namespace`
+    /// are supported, as for custom resources on a real apiserver.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let mut reqs = Vec::new();
+        if s.trim().is_empty() {
+            return Ok(Self(reqs));
+        }
+        for part in s.split(',') {
+            let p = part.trim();
+            let (field, value, equal) = if let Some((f, v)) = p.split_once("!=") {
+                (f, v, false)
+            } else if let Some((f, v)) = p.split_once("==") {
+                (f, v, true)
+            } else if let Some((f, v)) = p.split_once('=') {
+                (f, v, true)
+            } else {
+                return Err(format!("invalid field selector requirement {p:?}"));
+            };
+            let field = field.trim();
+            if field != "metadata.name" && field != "metadata.namespace" {
+                return Err(format!("field label not supported: {field}"));
+            }
+            reqs.push(FieldReq {
+                field: field.to_string(),
+                value: value.trim().to_string(),
+                equal,
+            });
+        }
+        Ok(Self(reqs))
+    }
+
+    /// Whether the object satisfies every requirement (a missing namespace is `""`).
+    pub fn matches(&self, obj: &Value) -> bool {
+        self.0.iter().all(|r| {
+            let ptr = if r.field == "metadata.name" {
+                "/metadata/name"
+            } else {
+                "/metadata/namespace"
+            };
+            let actual = obj.pointer(ptr).and_then(Value::as_str).unwrap_or("");
+            (actual == r.value) == r.equal
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn obj(labels: Value) -> Value {
+        json!({"metadata": {"name": "a", "namespace": "ns", "labels": labels}})
+    }
+
+    #[test]
+    fn set_based_requirements_with_commas_inside_parentheses() {
+        let s = LabelSelector::parse("env in (prod, dev),tier notin (db),app,!legacy").unwrap();
+        assert!(s.matches(&obj(json!({"env": "dev", "tier": "web", "app": "x"}))));
+        assert!(!s.matches(&obj(json!({"env": "dev", "tier": "db", "app": "x"}))));
+        assert!(!s.matches(&obj(json!({"env": "dev", "app": "x", "legacy": "1"}))));
+        assert!(!s.matches(&obj(json!({"env": "qa", "app": "x"}))));
+    }
+
+    #[test]
+    fn equality_requirements() {
+        let s = LabelSelector::parse("a=1,b==2,c!=3").unwrap();
+        assert!(s.matches(&obj(json!({"a": "1", "b": "2"}))));
+        assert!(!s.matches(&obj(json!({"a": "1", "b": "2", "c": "3"}))));
+    }
+
+    #[test]
+    fn malformed_selectors_are_rejected() {
+        assert!(LabelSelector::parse("a in (b").is_err());
+        assert!(LabelSelector::parse("a=b c").is_err());
+        assert!(FieldSelector::parse("spec.x=1").is_err());
+    }
+
+    #[test]
+    fn field_selector_on_name_and_namespace() {
+        let s = FieldSelector::parse("metadata.name=a,metadata.namespace!=other").unwrap();
+        assert!(s.matches(&obj(json!({}))));
+        let s = FieldSelector::parse("metadata.name==b").unwrap();
+        assert!(!s.matches(&obj(json!({}))));
+    }
+}

@@ -1,0 +1,122 @@
+//! API errors and the `Status` bodies the apiserver sends for them.
+
+use serde_json::{Value, json};
+
+use super::ResourceType;
+
+/// An API failure: HTTP code, `reason` and message, sent as a `meta/v1` `Status`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    /// HTTP status code (also `Status.code`).
+    pub code: u16,
+    /// `Status.reason`, e.g. `NotFound`.
+    pub reason: &'static str,
+    /// Human-readable message, worded as the apiserver words it.
+    pub message: String,
+    /// `Status.details` (`name`, `group`, `kind`), when the error is about one object.
+    pub details: Option<Value>,
+}
+
+impl ApiError {
+    /// An error without details.
+    pub fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            reason,
+            message: message.into(),
+            details: None,
+        }
+    }
+
+    /// 400 BadRequest.
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(400, "BadRequest", message)
+    }
+
+    fn with_details(mut self, res: &ResourceType, name: &str, kind: &str) -> Self {
+        self.details = Some(json!({"name": name, "group": res.group, "kind": kind}));
+        self
+    }
+
+    /// 404 NotFound: `applications.argoproj.io "x" not found`.
+    pub fn not_found(res: &ResourceType, name: &str) -> Self {
+        Self::new(
+            404,
+            "NotFound",
+            format!("{} \"{name}\" not found", res.qualified_plural()),
+        )
+        .with_details(res, name, &res.plural)
+    }
+
+    /// 409 AlreadyExists.
+    pub fn already_exists(res: &ResourceType, name: &str) -> Self {
+        Self::new(
+            409,
+            "AlreadyExists",
+            format!("{} \"{name}\" already exists", res.qualified_plural()),
+        )
+        .with_details(res, name, &res.plural)
+    }
+
+    /// 409 Conflict on a stale resourceVersion or a failed delete precondition.
+    pub fn conflict(res: &ResourceType, name: &str, why: &str) -> Self {
+        Self::new(
+            409,
+            "Conflict",
+            format!(
+                "Operation cannot be fulfilled on {} \"{name}\": {why}",
+                res.qualified_plural()
+            ),
+        )
+        .with_details(res, name, &res.plural)
+    }
+
+    /// 422 Invalid: `Application.argoproj.io "x" is invalid: <field>: <why>`.
+    pub fn invalid(res: &ResourceType, name: &str, field_error: &str) -> Self {
+        let qualified_kind = if res.group.is_empty() {
+            res.kind.clone()
+        } else {
+            format!("{}.{}", res.kind, res.group)
+        };
+        Self::new(
+            422,
+            "Invalid",
+            format!("{qualified_kind} \"{name}\" is invalid: {field_error}"),
+        )
+        .with_details(res, name, &res.kind)
+    }
+
+    /// 410 Expired for a resourceVersion older than the event history.
+    pub fn expired(requested: u64, oldest: u64) -> Self {
+        Self::new(
+            410,
+            "Expired",
+            format!("too old resource version: {requested} ({oldest})"),
+        )
+    }
+
+    /// The `Status` object for this error.
+    pub fn to_status(&self) -> Value {
+        let mut status = json!({
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "code": self.code,
+        });
+        if let Some(d) = &self.details {
+            status["details"] = d.clone();
+        }
+        status
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}: {}", self.code, self.reason, self.message)
+    }
+}
+
+impl std::error::Error for ApiError {}

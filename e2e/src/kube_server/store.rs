@@ -1,0 +1,756 @@
+//! The in-memory object store: objects, the global resourceVersion and the event history.
+//!
+//! All writes go through [`Store`] under one lock, so every write gets the next
+//! resourceVersion and lands in the history in order, which is what watches replay.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Mutex;
+
+use serde_json::{Map, Value, json};
+use tokio::sync::watch;
+
+use super::ResourceType;
+use super::status::ApiError;
+
+/// Watch event type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventType {
+    /// Object created.
+    Added,
+    /// Object changed.
+    Modified,
+    /// Object removed.
+    Deleted,
+}
+
+/// One write, as kept in the history.
+#[derive(Debug, Clone)]
+pub struct Event {
+    /// resourceVersion of the write.
+    pub rv: u64,
+    /// Index of the resource type.
+    pub res: usize,
+    /// What happened.
+    pub kind: EventType,
+    /// The object after the write (for `Deleted`: its last state, with the new resourceVersion).
+    pub object: Value,
+    /// The object before the write (`None` for `Added`); used for selector transitions and
+    /// for rebuilding older states for `resourceVersionMatch=Exact`.
+    pub prev: Option<Value>,
+}
+
+type Key = (usize, String, String);
+
+struct Inner {
+    rv: u64,
+    objects: BTreeMap<Key, Value>,
+    history: VecDeque<Event>,
+    /// Every event with `rv > history_start` is in `history`.
+    history_start: u64,
+}
+
+/// How a patch body is to be applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PatchKind {
+    /// RFC 7386.
+    Merge,
+    /// RFC 6902.
+    Json,
+    /// Strategic merge patch, applied as a merge patch without `$` directives.
+    Strategic,
+    /// Server-side apply, applied as create-or-merge.
+    Apply,
+}
+
+/// What a delete did.
+pub enum DeleteOutcome {
+    /// The object is gone; its last state.
+    Deleted(Value),
+    /// The object has finalizers; it is marked for deletion and stays.
+    Pending(Value),
+}
+
+/// Optional delete preconditions (`DeleteOptions.preconditions`).
+#[derive(Debug, Default, Clone)]
+pub struct Preconditions {
+    /// Required uid.
+    pub uid: Option<String>,
+    /// Required resourceVersion.
+    pub resource_version: Option<String>,
+}
+
+/// The store.
+pub struct Store {
+    inner: Mutex<Inner>,
+    /// Current resourceVersion, for waking watches.
+    rv_tx: watch::Sender<u64>,
+    /// Registered resource types; indices are stable.
+    pub resources: Vec<ResourceType>,
+    history_limit: usize,
+    auto_create_namespaces: bool,
+}
+
+fn now() -> String {
+    k8s_openapi::jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
+}
+
+fn str_at<'a>(v: &'a Value, ptr: &str) -> Option<&'a str> {
+    v.pointer(ptr).and_then(Value::as_str)
+}
+
+fn meta_mut(obj: &mut Value) -> &mut Map<String, Value> {
+    if !obj.get("metadata").is_some_and(Value::is_object) {
+        obj["metadata"] = json!({});
+    }
+    match obj.get_mut("metadata") {
+        Some(Value::Object(m)) => m,
+        // Unreachable: metadata was made an object just above.
+        _ => unreachable!("metadata is an object"),
+    }
+}
+
+/// DNS-1123 subdomain (object names) or label (namespace names).
+fn name_error(name: &str, label: bool) -> Option<String> {
+    let max = if label { 63 } else { 253 };
+    let ok_char =
+        |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || (!label && c == '.');
+    let ends_ok = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    if name.len() <= max
+        && name.chars().all(ok_char)
+        && ends_ok(name.chars().next())
+        && ends_ok(name.chars().last())
+    {
+        return None;
+    }
+    let what = if label {
+        "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character"
+    } else {
+        "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character"
+    };
+    Some(format!("metadata.name: Invalid value: \"{name}\": {what}"))
+}
+
+/// The object without the fields that do not count for `generation`.
+fn spec_part(obj: &Value) -> Value {
+    let mut o = obj.clone();
+    if let Some(m) = o.as_object_mut() {
+        m.remove("metadata");
+        m.remove("status");
+    }
+    o
+}
+
+/// Drops strategic-merge-patch directives (`$patch`, `$setElementOrder/..`, ...), which a plain
+/// merge patch would otherwise store as fields.
+fn strip_directives(v: &mut Value) {
+    match v {
+        Value::Object(m) => {
+            m.retain(|k, _| !k.starts_with('$'));
+            m.values_mut().for_each(strip_directives);
+        }
+        Value::Array(a) => a.iter_mut().for_each(strip_directives),
+        _ => {}
+    }
+}
+
+impl Store {
+    /// An empty store with the given resource types.
+    pub fn new(
+        resources: Vec<ResourceType>,
+        history_limit: usize,
+        auto_create_namespaces: bool,
+    ) -> Self {
+        let (rv_tx, _) = watch::channel(0);
+        Self {
+            inner: Mutex::new(Inner {
+                rv: 0,
+                objects: BTreeMap::new(),
+                history: VecDeque::new(),
+                history_start: 0,
+            }),
+            rv_tx,
+            resources,
+            history_limit: history_limit.max(1),
+            auto_create_namespaces,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // A panic while holding the lock cannot leave a half-written object (writes are one
+        // insert + one push), so a poisoned lock is still consistent.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Receiver that changes on every write.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.rv_tx.subscribe()
+    }
+
+    /// Index of a resource type by group, version and plural.
+    pub fn find(&self, group: &str, version: &str, plural: &str) -> Option<usize> {
+        self.resources
+            .iter()
+            .position(|r| r.group == group && r.version == version && r.plural == plural)
+    }
+
+    /// Whether any resource of this group/version is served.
+    pub fn find_gv(&self, group: &str, version: &str) -> bool {
+        self.resources
+            .iter()
+            .any(|r| r.group == group && r.version == version)
+    }
+
+    fn namespace_res(&self) -> Option<usize> {
+        self.find("", "v1", "namespaces")
+    }
+
+    /// Current resourceVersion.
+    pub fn current_rv(&self) -> u64 {
+        self.lock().rv
+    }
+
+    /// Forgets the event history: watches and exact lists from older RVs get 410.
+    pub fn compact(&self) {
+        let mut g = self.lock();
+        g.history.clear();
+        g.history_start = g.rv;
+    }
+
+    fn commit(
+        &self,
+        g: &mut Inner,
+        res: usize,
+        kind: EventType,
+        mut object: Value,
+        prev: Option<Value>,
+    ) -> Value {
+        g.rv += 1;
+        let rv = g.rv;
+        meta_mut(&mut object).insert("resourceVersion".into(), Value::String(rv.to_string()));
+        let ns = str_at(&object, "/metadata/namespace")
+            .unwrap_or("")
+            .to_string();
+        let name = str_at(&object, "/metadata/name").unwrap_or("").to_string();
+        let key = (res, ns, name);
+        match kind {
+            EventType::Deleted => {
+                g.objects.remove(&key);
+            }
+            _ => {
+                g.objects.insert(key, object.clone());
+            }
+        }
+        g.history.push_back(Event {
+            rv,
+            res,
+            kind,
+            object: object.clone(),
+            prev,
+        });
+        while g.history.len() > self.history_limit {
+            if let Some(e) = g.history.pop_front() {
+                g.history_start = e.rv;
+            }
+        }
+        self.rv_tx.send_replace(rv);
+        object
+    }
+
+    /// One object.
+    pub fn get(&self, res: usize, ns: &str, name: &str) -> Result<Value, ApiError> {
+        self.lock()
+            .objects
+            .get(&(res, ns.to_string(), name.to_string()))
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(&self.resources[res], name))
+    }
+
+    /// Current objects of a type (in one namespace, or all when `ns` is `None`) and the RV
+    /// they are consistent with.
+    pub fn list(&self, res: usize, ns: Option<&str>) -> (Vec<Value>, u64) {
+        let g = self.lock();
+        let items = g
+            .objects
+            .iter()
+            .filter(|((r, n, _), _)| *r == res && ns.is_none_or(|ns| ns == n))
+            .map(|(_, v)| v.clone())
+            .collect();
+        (items, g.rv)
+    }
+
+    /// The objects as they were right after resourceVersion `at` (`resourceVersionMatch=Exact`).
+    pub fn list_at(&self, res: usize, ns: Option<&str>, at: u64) -> Result<Vec<Value>, ApiError> {
+        let g = self.lock();
+        if at < g.history_start {
+            return Err(ApiError::expired(at, g.history_start));
+        }
+        if at > g.rv {
+            return Err(ApiError::new(
+                504,
+                "Timeout",
+                format!("Too large resource version: {at}, current: {}", g.rv),
+            ));
+        }
+        let mut objects: BTreeMap<Key, Value> = g
+            .objects
+            .iter()
+            .filter(|((r, _, _), _)| *r == res)
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        // Undo every later write of this type, newest first.
+        for e in g.history.iter().rev().take_while(|e| e.rv > at) {
+            if e.res != res {
+                continue;
+            }
+            let obj = e.prev.as_ref().unwrap_or(&e.object);
+            let key = (
+                res,
+                str_at(obj, "/metadata/namespace").unwrap_or("").to_string(),
+                str_at(obj, "/metadata/name").unwrap_or("").to_string(),
+            );
+            match &e.prev {
+                Some(p) => {
+                    objects.insert(key, p.clone());
+                }
+                None => {
+                    objects.remove(&key);
+                }
+            }
+        }
+        Ok(objects
+            .into_iter()
+            .filter(|((_, n, _), _)| ns.is_none_or(|ns| ns == n))
+            .map(|(_, v)| v)
+            .collect())
+    }
+
+    /// Events of type `res` after `rv`, or 410 if the history no longer reaches back that far.
+    pub fn events_since(&self, res: usize, rv: u64) -> Result<(Vec<Event>, u64), ApiError> {
+        let g = self.lock();
+        if rv < g.history_start {
+            return Err(ApiError::expired(rv, g.history_start));
+        }
+        let events = g
+            .history
+            .iter()
+            .filter(|e| e.rv > rv && e.res == res)
+            .cloned()
+            .collect();
+        Ok((events, g.rv))
+    }
+
+    /// Checks kind/apiVersion/namespace/name of a request body against the URL.
+    fn check_body(
+        &self,
+        res: usize,
+        ns: &str,
+        body: &Value,
+        url_name: Option<&str>,
+    ) -> Result<(), ApiError> {
+        let r = &self.resources[res];
+        if !body.is_object() {
+            return Err(ApiError::bad_request(format!(
+                "the body of the request for {} is not a JSON object",
+                r.qualified_plural()
+            )));
+        }
+        if let Some(av) = body.get("apiVersion").and_then(Value::as_str)
+            && av != r.api_version()
+        {
+            return Err(ApiError::bad_request(format!(
+                "the API version in the data ({av}) does not match the expected API version ({})",
+                r.api_version()
+            )));
+        }
+        if let Some(k) = body.get("kind").and_then(Value::as_str)
+            && k != r.kind
+        {
+            return Err(ApiError::bad_request(format!(
+                "the kind in the data ({k}) does not match the expected kind ({})",
+                r.kind
+            )));
+        }
+        if let Some(bns) = str_at(body, "/metadata/namespace")
+            && !bns.is_empty()
+            && r.namespaced
+            && bns != ns
+        {
+            return Err(ApiError::bad_request(
+                "the namespace of the provided object does not match the namespace sent on the request",
+            ));
+        }
+        if let Some(url_name) = url_name {
+            let bname = str_at(body, "/metadata/name").unwrap_or("");
+            if bname != url_name {
+                return Err(ApiError::bad_request(format!(
+                    "the name of the object ({bname}) does not match the name on the URL ({url_name})"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// POST.
+    pub fn create(&self, res: usize, ns: &str, body: Value) -> Result<Value, ApiError> {
+        let mut g = self.lock();
+        self.create_locked(&mut g, res, ns, body)
+    }
+
+    fn create_locked(
+        &self,
+        g: &mut Inner,
+        res: usize,
+        ns: &str,
+        mut obj: Value,
+    ) -> Result<Value, ApiError> {
+        self.check_body(res, ns, &obj, None)?;
+        let r = &self.resources[res];
+        let is_namespace = Some(res) == self.namespace_res();
+        let meta = meta_mut(&mut obj);
+        let mut name = meta
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        if name.is_empty() {
+            let prefix = meta
+                .get("generateName")
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            if prefix.is_empty() {
+                return Err(ApiError::invalid(
+                    r,
+                    "",
+                    "metadata.name: Required value: name or generateName is required",
+                ));
+            }
+            const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+            let suffix: String = (0..5)
+                .map(|_| ALPHABET[fastrand::usize(..ALPHABET.len())] as char)
+                .collect();
+            name = format!("{prefix}{suffix}");
+        }
+        if let Some(e) = name_error(&name, is_namespace) {
+            return Err(ApiError::invalid(r, &name, &e));
+        }
+        meta.insert("name".into(), Value::String(name.clone()));
+        if r.namespaced {
+            meta.insert("namespace".into(), Value::String(ns.to_string()));
+        } else {
+            meta.remove("namespace");
+        }
+        meta.insert(
+            "uid".into(),
+            Value::String(uuid::Uuid::new_v4().to_string()),
+        );
+        meta.insert("creationTimestamp".into(), Value::String(now()));
+        meta.insert("generation".into(), json!(1));
+        for server_owned in [
+            "resourceVersion",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "selfLink",
+        ] {
+            meta.remove(server_owned);
+        }
+        let obj_map = obj
+            .as_object_mut()
+            .ok_or_else(|| ApiError::bad_request("body is not an object"))?;
+        obj_map.insert("apiVersion".into(), Value::String(r.api_version()));
+        obj_map.insert("kind".into(), Value::String(r.kind.clone()));
+        if r.status_subresource {
+            // The apiserver drops status on create when the status subresource is enabled.
+            obj_map.remove("status");
+        }
+        if is_namespace {
+            obj_map.insert("status".into(), json!({"phase": "Active"}));
+        }
+        let key = (
+            res,
+            if r.namespaced {
+                ns.to_string()
+            } else {
+                String::new()
+            },
+            name.clone(),
+        );
+        if g.objects.contains_key(&key) {
+            return Err(ApiError::already_exists(r, &name));
+        }
+        if r.namespaced
+            && let Some(nsr) = self.namespace_res()
+            && !g
+                .objects
+                .contains_key(&(nsr, String::new(), ns.to_string()))
+        {
+            if !self.auto_create_namespaces {
+                return Err(ApiError::not_found(&self.resources[nsr], ns));
+            }
+            self.create_locked(g, nsr, "", json!({"metadata": {"name": ns}}))?;
+        }
+        Ok(self.commit(g, res, EventType::Added, obj, None))
+    }
+
+    /// PUT on the object (`status_only == false`) or on its `/status`.
+    pub fn update(
+        &self,
+        res: usize,
+        ns: &str,
+        name: &str,
+        body: Value,
+        status_only: bool,
+    ) -> Result<Value, ApiError> {
+        self.check_body(res, ns, &body, Some(name))?;
+        let mut g = self.lock();
+        self.update_locked(&mut g, res, ns, name, body, status_only)
+    }
+
+    fn update_locked(
+        &self,
+        g: &mut Inner,
+        res: usize,
+        ns: &str,
+        name: &str,
+        new: Value,
+        status_only: bool,
+    ) -> Result<Value, ApiError> {
+        let r = &self.resources[res];
+        let old = g
+            .objects
+            .get(&(res, ns.to_string(), name.to_string()))
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(r, name))?;
+        let wanted_rv = str_at(&new, "/metadata/resourceVersion").unwrap_or("");
+        let old_rv = str_at(&old, "/metadata/resourceVersion").unwrap_or("");
+        if !wanted_rv.is_empty() && wanted_rv != old_rv {
+            return Err(ApiError::conflict(
+                r,
+                name,
+                "the object has been modified; please apply your changes to the latest version and try again",
+            ));
+        }
+        let mut merged;
+        if status_only {
+            merged = old.clone();
+            match new.get("status") {
+                Some(s) => merged["status"] = s.clone(),
+                None => {
+                    if let Some(m) = merged.as_object_mut() {
+                        m.remove("status");
+                    }
+                }
+            }
+        } else {
+            merged = new;
+            let obj_map = merged
+                .as_object_mut()
+                .ok_or_else(|| ApiError::bad_request("body is not an object"))?;
+            obj_map.insert("apiVersion".into(), Value::String(r.api_version()));
+            obj_map.insert("kind".into(), Value::String(r.kind.clone()));
+            if r.status_subresource {
+                match old.get("status") {
+                    Some(s) => {
+                        obj_map.insert("status".into(), s.clone());
+                    }
+                    None => {
+                        obj_map.remove("status");
+                    }
+                }
+            }
+            let old_meta = old.get("metadata").cloned().unwrap_or(json!({}));
+            let meta = meta_mut(&mut merged);
+            // Server-owned metadata cannot be changed by clients.
+            for k in [
+                "uid",
+                "creationTimestamp",
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+                "name",
+                "namespace",
+                "generation",
+            ] {
+                match old_meta.get(k) {
+                    Some(v) => meta.insert(k.into(), v.clone()),
+                    None => meta.remove(k),
+                };
+            }
+            if spec_part(&merged) != spec_part(&old) {
+                let generation = old
+                    .pointer("/metadata/generation")
+                    .and_then(Value::as_i64)
+                    .unwrap_or(0)
+                    + 1;
+                meta_mut(&mut merged).insert("generation".into(), json!(generation));
+            }
+        }
+        meta_mut(&mut merged).insert("resourceVersion".into(), Value::String(old_rv.to_string()));
+        let deleting = old.pointer("/metadata/deletionTimestamp").is_some();
+        let finalizers_empty = merged
+            .pointer("/metadata/finalizers")
+            .and_then(Value::as_array)
+            .is_none_or(|f| f.is_empty());
+        if deleting && finalizers_empty {
+            return Ok(self.commit(g, res, EventType::Deleted, merged, Some(old)));
+        }
+        if merged == old {
+            // No-op updates write nothing, as on a real apiserver.
+            return Ok(old);
+        }
+        Ok(self.commit(g, res, EventType::Modified, merged, Some(old)))
+    }
+
+    /// PATCH on the object or its `/status`.
+    pub fn patch(
+        &self,
+        res: usize,
+        ns: &str,
+        name: &str,
+        kind: PatchKind,
+        body: &[u8],
+        status_only: bool,
+    ) -> Result<Value, ApiError> {
+        let r = &self.resources[res];
+        let patch: Value = match kind {
+            PatchKind::Apply => serde_saphyr::from_str::<Value>(
+                std::str::from_utf8(body)
+                    .map_err(|e| ApiError::bad_request(format!("apply patch is not UTF-8: {e}")))?,
+            )
+            .map_err(|e| ApiError::bad_request(format!("error decoding YAML apply patch: {e}")))?,
+            _ => serde_json::from_slice(body).map_err(|e| {
+                ApiError::bad_request(format!(
+                    "error decoding patch for {} \"{name}\": {e}",
+                    r.qualified_plural()
+                ))
+            })?,
+        };
+        let mut g = self.lock();
+        let key = (res, ns.to_string(), name.to_string());
+        let Some(old) = g.objects.get(&key).cloned() else {
+            if kind == PatchKind::Apply && !status_only {
+                self.check_body(res, ns, &patch, Some(name))?;
+                return self.create_locked(&mut g, res, ns, patch);
+            }
+            return Err(ApiError::not_found(r, name));
+        };
+        let mut doc = old.clone();
+        match kind {
+            PatchKind::Merge | PatchKind::Apply => {
+                if !patch.is_object() {
+                    return Err(ApiError::bad_request("a merge patch must be a JSON object"));
+                }
+                json_patch::merge(&mut doc, &patch);
+            }
+            PatchKind::Strategic => {
+                let mut patch = patch;
+                strip_directives(&mut patch);
+                json_patch::merge(&mut doc, &patch);
+            }
+            PatchKind::Json => {
+                let ops: json_patch::Patch = serde_json::from_value(patch)
+                    .map_err(|e| ApiError::bad_request(format!("invalid JSON patch: {e}")))?;
+                json_patch::patch(&mut doc, &ops).map_err(|e| {
+                    ApiError::invalid(r, name, &format!("JSON patch could not be applied: {e}"))
+                })?;
+            }
+        }
+        self.check_body(res, ns, &doc, Some(name))?;
+        // A patch that does not touch resourceVersion is unconditional; one that sets it is a
+        // precondition, checked by the update.
+        self.update_locked(&mut g, res, ns, name, doc, status_only)
+    }
+
+    /// DELETE.
+    pub fn delete(
+        &self,
+        res: usize,
+        ns: &str,
+        name: &str,
+        pre: &Preconditions,
+    ) -> Result<DeleteOutcome, ApiError> {
+        let mut g = self.lock();
+        let out = self.delete_locked(&mut g, res, ns, name, pre)?;
+        if Some(res) == self.namespace_res() {
+            // No Terminating phase here: a namespace's objects go with it.
+            let contents: Vec<Key> = g
+                .objects
+                .keys()
+                .filter(|(r, n, _)| self.resources[*r].namespaced && n == name)
+                .cloned()
+                .collect();
+            for (r, n, o) in contents {
+                self.delete_locked(&mut g, r, &n, &o, &Preconditions::default())?;
+            }
+        }
+        Ok(out)
+    }
+
+    fn delete_locked(
+        &self,
+        g: &mut Inner,
+        res: usize,
+        ns: &str,
+        name: &str,
+        pre: &Preconditions,
+    ) -> Result<DeleteOutcome, ApiError> {
+        let r = &self.resources[res];
+        let old = g
+            .objects
+            .get(&(res, ns.to_string(), name.to_string()))
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(r, name))?;
+        if let Some(uid) = &pre.uid
+            && Some(uid.as_str()) != str_at(&old, "/metadata/uid")
+        {
+            return Err(ApiError::conflict(
+                r,
+                name,
+                &format!(
+                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                    str_at(&old, "/metadata/uid").unwrap_or("")
+                ),
+            ));
+        }
+        if let Some(rv) = &pre.resource_version
+            && Some(rv.as_str()) != str_at(&old, "/metadata/resourceVersion")
+        {
+            return Err(ApiError::conflict(
+                r,
+                name,
+                &format!(
+                    "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
+                    str_at(&old, "/metadata/resourceVersion").unwrap_or("")
+                ),
+            ));
+        }
+        let has_finalizers = old
+            .pointer("/metadata/finalizers")
+            .and_then(Value::as_array)
+            .is_some_and(|f| !f.is_empty());
+        if !has_finalizers {
+            let gone = self.commit(g, res, EventType::Deleted, old.clone(), Some(old));
+            return Ok(DeleteOutcome::Deleted(gone));
+        }
+        if old.pointer("/metadata/deletionTimestamp").is_some() {
+            return Ok(DeleteOutcome::Pending(old));
+        }
+        let mut marked = old.clone();
+        let generation = old
+            .pointer("/metadata/generation")
+            .and_then(Value::as_i64)
+            .unwrap_or(0)
+            + 1;
+        let meta = meta_mut(&mut marked);
+        meta.insert("deletionTimestamp".into(), Value::String(now()));
+        meta.insert("deletionGracePeriodSeconds".into(), json!(0));
+        meta.insert("generation".into(), json!(generation));
+        Ok(DeleteOutcome::Pending(self.commit(
+            g,
+            res,
+            EventType::Modified,
+            marked,
+            Some(old),
+        )))
+    }
+}
