@@ -1,1 +1,86 @@
-//! (being written)
+//! The peer's SPIFFE ID, read from a certificate chain rustls has already verified.
+
+use std::sync::Arc;
+
+use rustls_pki_types::CertificateDer;
+use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+use x509_parser::extensions::{GeneralName, ParsedExtension};
+
+use crate::id::SpiffeId;
+
+/// Why no SPIFFE ID could be read from a peer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PeerError {
+    /// The connection carries no client certificate (not TLS, or no verified chain).
+    #[error("no verified peer certificate on this connection")]
+    NoCertificate,
+    /// The leaf is not a parsable X.509 certificate.
+    #[error("peer leaf certificate cannot be parsed: {0}")]
+    Unparsable(String),
+    /// SVIDs carry exactly one URI SAN.
+    #[error("peer leaf certificate has {0} URI SANs; an X.509-SVID has exactly one")]
+    UriSanCount(usize),
+    /// The URI SAN is not a valid SPIFFE ID.
+    #[error("peer URI SAN {uri:?} is not a SPIFFE ID: {reason}")]
+    NotSpiffe {
+        /// The URI SAN.
+        uri: String,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// The leaf is a CA certificate, which an SVID leaf must not be.
+    #[error("peer leaf certificate for {0} is a CA certificate; an X.509-SVID leaf must not be")]
+    LeafIsCa(String),
+}
+
+/// The SPIFFE ID of a chain's leaf (the first certificate): exactly one URI SAN, which must be
+/// a SPIFFE ID, and the leaf must not be a CA.
+pub fn spiffe_id_from_chain(chain: &[CertificateDer<'_>]) -> Result<SpiffeId, PeerError> {
+    let leaf = chain.first().ok_or(PeerError::NoCertificate)?;
+    let (_, cert) = x509_parser::parse_x509_certificate(leaf.as_ref())
+        .map_err(|e| PeerError::Unparsable(e.to_string()))?;
+    let mut uris = Vec::new();
+    let mut is_ca = false;
+    for ext in cert.extensions() {
+        match ext.parsed_extension() {
+            ParsedExtension::SubjectAlternativeName(san) => {
+                for name in &san.general_names {
+                    if let GeneralName::URI(uri) = name {
+                        uris.push(uri.to_string());
+                    }
+                }
+            }
+            ParsedExtension::BasicConstraints(bc) => is_ca = bc.ca,
+            _ => {}
+        }
+    }
+    if uris.len() != 1 {
+        return Err(PeerError::UriSanCount(uris.len()));
+    }
+    let uri = uris.remove(0);
+    let id = SpiffeId::parse(&uri).map_err(|e| PeerError::NotSpiffe {
+        uri: uri.clone(),
+        reason: e.to_string(),
+    })?;
+    if is_ca {
+        return Err(PeerError::LeafIsCa(uri));
+    }
+    Ok(id)
+}
+
+/// The verified client chain of a tonic request served over [`crate::transport::tls_incoming`].
+/// (`Request::peer_certs` needs one of tonic's own TLS features; this reads the same
+/// connection info that tonic records for every `tokio_rustls` stream.)
+pub fn peer_certs<T>(request: &tonic::Request<T>) -> Option<Arc<Vec<CertificateDer<'static>>>> {
+    request
+        .extensions()
+        .get::<TlsConnectInfo<TcpConnectInfo>>()
+        .and_then(|info| info.peer_certs())
+}
+
+/// The SPIFFE ID of the client of a tonic request served over [`crate::transport::tls_incoming`]
+/// (rustls has verified the chain during the handshake).
+pub fn peer_spiffe_id<T>(request: &tonic::Request<T>) -> Result<SpiffeId, PeerError> {
+    let certs = peer_certs(request).ok_or(PeerError::NoCertificate)?;
+    spiffe_id_from_chain(&certs)
+}
