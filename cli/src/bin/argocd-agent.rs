@@ -1,1 +1,346 @@
-fn main() {}
+//! `argocd-agent`: the principal (hub) and the agent (spoke).
+//!
+//! Flags and environment variables follow upstream argocd-agent where the meaning is the
+//! same (`--listen-port`, `--auth`, `--agent-mode`, `ARGOCD_PRINCIPAL_*`, `ARGOCD_AGENT_*`).
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use argocd_agent_cli::CmdResult;
+use argocd_agent_identity::{AgentMode, SpiffeId, TrustDomain};
+use argocd_agent_kubernetes::ClientOptions;
+use argocd_agent_mesh::guard::HeaderListenerPolicy;
+use clap::{Args, Parser, Subcommand};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, Parser)]
+#[command(name = "argocd-agent", version, about = "SPIFFE-native argocd-agent: principal and agent")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the principal (hub side).
+    Principal(PrincipalArgs),
+    /// Run the agent (spoke side).
+    Agent(AgentArgs),
+}
+
+#[derive(Debug, Args)]
+struct KubeArgs {
+    /// Path to a kubeconfig (default: KUBECONFIG, in-cluster, ~/.kube/config).
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// Context in the kubeconfig.
+    #[arg(long)]
+    kube_context: Option<String>,
+    /// Client-side rate limit towards the Kubernetes API.
+    #[arg(long, default_value_t = argocd_agent_kubernetes::DEFAULT_QPS)]
+    kube_qps: f32,
+    #[arg(long, default_value_t = argocd_agent_kubernetes::DEFAULT_BURST)]
+    kube_burst: u32,
+}
+
+impl KubeArgs {
+    fn options(&self) -> ClientOptions {
+        ClientOptions {
+            kubeconfig: self.kubeconfig.clone(),
+            context: self.kube_context.clone(),
+            qps: self.kube_qps,
+            burst: self.kube_burst,
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+struct SvidArgs {
+    /// SPIFFE Workload API socket (default: SPIFFE_ENDPOINT_SOCKET).
+    #[arg(long, env = "SPIFFE_ENDPOINT_SOCKET")]
+    spiffe_endpoint_socket: Option<String>,
+    /// SVID certificate chain (PEM) instead of the Workload API.
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// SVID private key (PEM).
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Trust bundle(s) (PEM), `[trust-domain=]path`, repeatable.
+    #[arg(long = "root-ca")]
+    root_ca: Vec<String>,
+}
+
+fn parse_bundles(list: &[String]) -> Result<Vec<(Option<TrustDomain>, PathBuf)>, String> {
+    list.iter()
+        .map(|s| match s.split_once('=') {
+            Some((td, path)) => Ok((Some(TrustDomain::new(td).map_err(|e| e.to_string())?), PathBuf::from(path))),
+            None => Ok((None, PathBuf::from(s))),
+        })
+        .collect()
+}
+
+#[derive(Debug, Args)]
+struct PrincipalArgs {
+    #[arg(long, env = "ARGOCD_PRINCIPAL_LISTEN_HOST", default_value = "0.0.0.0")]
+    listen_host: IpAddr,
+    #[arg(long, env = "ARGOCD_PRINCIPAL_LISTEN_PORT", default_value_t = 8443)]
+    listen_port: u16,
+    /// `spiffe` (SVID mTLS, default), `mtls:uri:<regex>` (SVID mTLS plus an upstream-style
+    /// mapping rule), or header auth behind a mesh: `header:istio`, `header:envoy`,
+    /// `header:linkerd`, `header:<name>:<regex>`.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_AUTH", default_value = "spiffe")]
+    auth: String,
+    /// Identity mapping rules file (YAML), reloaded live.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_IDENTITY_RULES")]
+    identity_rules: Option<PathBuf>,
+    /// Extra mapping rules (see docs/identity.md), evaluated after the file's.
+    #[arg(long = "identity-rule")]
+    identity_rule: Vec<String>,
+    /// Accept client SVIDs only from these trust domains (default: any with a bundle).
+    #[arg(long = "trust-domain")]
+    trust_domain: Vec<String>,
+    #[command(flatten)]
+    svid: SvidArgs,
+    #[command(flatten)]
+    kube: KubeArgs,
+    /// Only Applications matching this label selector are synced.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_LABEL_SELECTOR")]
+    label_selector: Option<String>,
+    /// Create an agent's hub namespace on its first connect.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_NAMESPACE_CREATE_ENABLE")]
+    namespace_create_enable: bool,
+    /// Labels for created namespaces, `k=v`, repeatable.
+    #[arg(long = "namespace-create-label")]
+    namespace_create_label: Vec<String>,
+    /// Trusted proxy addresses allowed to send identity headers (header auth).
+    #[arg(long = "header-auth-trusted-proxy")]
+    header_auth_trusted_proxy: Vec<IpAddr>,
+    /// Allow header auth on a non-loopback listener (dangerous; warns at every start).
+    #[arg(long)]
+    insecure_header_auth_any_address: bool,
+    #[arg(long, env = "ARGOCD_PRINCIPAL_METRICS_PORT", default_value_t = 8000)]
+    metrics_port: u16,
+    /// Maximum gRPC message size in bytes.
+    #[arg(long, default_value_t = 4 * 1024 * 1024)]
+    max_message_size: usize,
+    /// Maximum unacknowledged events per agent.
+    #[arg(long, default_value_t = 256)]
+    max_in_flight: usize,
+    #[arg(long, env = "ARGOCD_PRINCIPAL_LOG_LEVEL", default_value = "info")]
+    log_level: String,
+    /// Log format: text or json.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_LOG_FORMAT", default_value = "text")]
+    log_format: String,
+}
+
+#[derive(Debug, Args)]
+struct AgentArgs {
+    /// `managed` or `autonomous`.
+    #[arg(long, env = "ARGOCD_AGENT_MODE", default_value = "managed")]
+    agent_mode: AgentMode,
+    #[arg(long, env = "ARGOCD_AGENT_REMOTE_SERVER")]
+    server_address: String,
+    #[arg(long, env = "ARGOCD_AGENT_REMOTE_PORT", default_value_t = 8443)]
+    server_port: u16,
+    /// `spiffe` (SVID mTLS, default) or `header:` (plaintext to the local mesh sidecar).
+    #[arg(long, env = "ARGOCD_AGENT_CREDS", default_value = "spiffe")]
+    creds: String,
+    /// The principal's SPIFFE ID; the agent refuses any other server.
+    #[arg(long, env = "ARGOCD_AGENT_PRINCIPAL_SPIFFE_ID")]
+    principal_spiffe_id: Option<String>,
+    /// Accept any principal ID from this trust domain (when no ID is pinned).
+    #[arg(long, env = "ARGOCD_AGENT_PRINCIPAL_TRUST_DOMAIN")]
+    principal_trust_domain: Option<String>,
+    /// Allow plaintext to a non-loopback sidecar address (dangerous).
+    #[arg(long)]
+    insecure_plaintext_any_address: bool,
+    #[command(flatten)]
+    svid: SvidArgs,
+    #[command(flatten)]
+    kube: KubeArgs,
+    /// Argo CD namespace on this cluster.
+    #[arg(long, env = "ARGOCD_AGENT_NAMESPACE", default_value = "argocd")]
+    namespace: String,
+    #[arg(long, env = "ARGOCD_AGENT_LABEL_SELECTOR")]
+    label_selector: Option<String>,
+    /// Heartbeat interval (keeps the stream alive through mesh idle timeouts).
+    #[arg(long, env = "ARGOCD_AGENT_KEEP_ALIVE_PING_INTERVAL", default_value = "30s", value_parser = parse_duration)]
+    keep_alive_ping_interval: Duration,
+    #[arg(long, env = "ARGOCD_AGENT_METRICS_PORT", default_value_t = 8181)]
+    metrics_port: u16,
+    #[arg(long, default_value_t = 4 * 1024 * 1024)]
+    max_message_size: usize,
+    #[arg(long, env = "ARGOCD_AGENT_LOG_LEVEL", default_value = "info")]
+    log_level: String,
+    #[arg(long, env = "ARGOCD_AGENT_LOG_FORMAT", default_value = "text")]
+    log_format: String,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (num, unit) = s.find(|c: char| !c.is_ascii_digit()).map(|i| s.split_at(i)).unwrap_or((s, "s"));
+    let n: u64 = num.parse().map_err(|_| format!("invalid duration {s:?}"))?;
+    Ok(match unit {
+        "ms" => Duration::from_millis(n),
+        "s" | "" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n * 60),
+        "h" => Duration::from_secs(n * 3600),
+        _ => return Err(format!("invalid duration unit in {s:?} (ms, s, m, h)")),
+    })
+}
+
+fn svid_principal(a: &SvidArgs) -> Result<argocd_agent_principal::SvidConfig, String> {
+    Ok(match (&a.tls_cert, &a.tls_key) {
+        (Some(cert), Some(key)) => argocd_agent_principal::SvidConfig::Files {
+            cert: cert.clone(),
+            key: key.clone(),
+            bundles: parse_bundles(&a.root_ca)?,
+        },
+        _ => argocd_agent_principal::SvidConfig::WorkloadApi { endpoint: a.spiffe_endpoint_socket.clone() },
+    })
+}
+
+fn svid_agent(a: &SvidArgs) -> Result<argocd_agent_agent::SvidConfig, String> {
+    Ok(match (&a.tls_cert, &a.tls_key) {
+        (Some(cert), Some(key)) => argocd_agent_agent::SvidConfig::Files {
+            cert: cert.clone(),
+            key: key.clone(),
+            bundles: parse_bundles(&a.root_ca)?,
+        },
+        _ => argocd_agent_agent::SvidConfig::WorkloadApi { endpoint: a.spiffe_endpoint_socket.clone() },
+    })
+}
+
+fn shutdown_token() -> CancellationToken {
+    let token = CancellationToken::new();
+    let t = token.clone();
+    tokio::spawn(async move {
+        #[cfg(unix)]
+        {
+            let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = tokio::signal::ctrl_c().await;
+                    t.cancel();
+                    return;
+                }
+            };
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
+        tracing::info!("shutting down");
+        t.cancel();
+    });
+    token
+}
+
+async fn run_principal(a: PrincipalArgs) -> CmdResult {
+    argocd_agent_cli::logging::init(&a.log_level, a.log_format == "json");
+    let mut rules = a.identity_rule.clone();
+    let auth = if let Some(rest) = a.auth.strip_prefix("mtls:") {
+        // Upstream form: the mapping rule is given with --auth.
+        rules.push(format!("mtls:{rest}"));
+        "spiffe".to_string()
+    } else {
+        a.auth.clone()
+    };
+    let trust_domains = a
+        .trust_domain
+        .iter()
+        .map(|t| TrustDomain::new(t))
+        .collect::<Result<Vec<_>, _>>()?;
+    let auth = if auth == "spiffe" {
+        argocd_agent_principal::AuthConfig::Mtls { svid: svid_principal(&a.svid)?, trust_domains }
+    } else if auth.starts_with("header:") {
+        argocd_agent_principal::AuthConfig::Header {
+            auth,
+            policy: HeaderListenerPolicy {
+                trusted_proxies: a.header_auth_trusted_proxy.clone(),
+                allow_non_loopback: a.insecure_header_auth_any_address,
+            },
+        }
+    } else {
+        return Err(format!("unknown --auth {auth:?}: use spiffe, mtls:uri:<regex> or header:<preset>").into());
+    };
+    let mut labels = BTreeMap::new();
+    for l in &a.namespace_create_label {
+        let (k, v) = l.split_once('=').ok_or_else(|| format!("--namespace-create-label {l:?}: expected k=v"))?;
+        labels.insert(k.to_owned(), v.to_owned());
+    }
+    let config = argocd_agent_principal::PrincipalConfig {
+        listen: SocketAddr::new(a.listen_host, a.listen_port),
+        auth,
+        rules_file: a.identity_rules.clone(),
+        rules,
+        kube: a.kube.options(),
+        label_selector: a.label_selector.clone(),
+        create_namespace: a.namespace_create_enable,
+        namespace_labels: labels,
+        metrics_listen: (a.metrics_port != 0).then(|| SocketAddr::from(([0, 0, 0, 0], a.metrics_port))),
+        max_message_size: a.max_message_size,
+        queue: argocd_agent_sync::QueueLimits { max_in_flight: a.max_in_flight, ..Default::default() },
+        ..Default::default()
+    };
+    let shutdown = shutdown_token();
+    let running = argocd_agent_principal::start(config, shutdown).await?;
+    tracing::info!(addr = %running.addr, metrics = ?running.metrics_addr, "principal started");
+    running.wait().await?;
+    Ok(())
+}
+
+async fn run_agent(a: AgentArgs) -> CmdResult {
+    argocd_agent_cli::logging::init(&a.log_level, a.log_format == "json");
+    let server = format!("{}:{}", a.server_address, a.server_port);
+    let transport = if a.creds.starts_with("header") {
+        if !argocd_agent_mesh::guard::is_loopback_host(&a.server_address) && !a.insecure_plaintext_any_address {
+            return Err(format!(
+                "--creds header: sends plaintext; {} is not a loopback address of a local sidecar (pass --insecure-plaintext-any-address to override)",
+                a.server_address
+            )
+            .into());
+        }
+        argocd_agent_agent::Transport::PlaintextToSidecar
+    } else if a.creds == "spiffe" || a.creds == "mtls" {
+        argocd_agent_agent::Transport::Mtls {
+            svid: svid_agent(&a.svid)?,
+            principal_id: a.principal_spiffe_id.as_deref().map(SpiffeId::parse).transpose()?,
+            principal_trust_domain: a.principal_trust_domain.as_deref().map(TrustDomain::new).transpose()?,
+        }
+    } else {
+        return Err(format!("unknown --creds {:?}: use spiffe or header:", a.creds).into());
+    };
+    let config = argocd_agent_agent::AgentConfig {
+        mode: a.agent_mode,
+        server,
+        transport,
+        namespace: a.namespace.clone(),
+        kube: a.kube.options(),
+        label_selector: a.label_selector.clone(),
+        heartbeat: a.keep_alive_ping_interval,
+        max_message_size: a.max_message_size,
+        metrics_listen: (a.metrics_port != 0).then(|| SocketAddr::from(([0, 0, 0, 0], a.metrics_port))),
+        ..Default::default()
+    };
+    let shutdown = shutdown_token();
+    let running = argocd_agent_agent::start(config, shutdown).await?;
+    running.wait().await;
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Principal(a) => run_principal(a).await,
+        Command::Agent(a) => run_agent(a).await,
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,120 @@
+//! Prometheus metrics of the principal, and the `/metrics` + `/healthz` HTTP endpoint.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EventLabels {
+    pub agent: String,
+    pub r#type: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AgentReasonLabels {
+    pub agent: String,
+    pub reason: String,
+}
+
+/// All metrics of the principal.
+#[derive(Clone)]
+pub struct Metrics {
+    pub connected_agents: Gauge,
+    pub events_received: Family<EventLabels, Counter>,
+    pub events_sent: Family<EventLabels, Counter>,
+    /// Streams refused before a session existed (unmapped ID, no client certificate, ...).
+    pub auth_failures: Family<ReasonLabels, Counter>,
+    /// Inbound events refused by authorization or validation.
+    pub events_refused: Family<AgentReasonLabels, Counter>,
+    /// Hub writes that failed.
+    pub hub_write_errors: Counter,
+    /// Events dropped because an agent's queue was full.
+    pub queue_full: Counter,
+    registry: Arc<Mutex<Registry>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("argocd_agent_principal");
+        let m = Metrics {
+            connected_agents: Gauge::default(),
+            events_received: Family::default(),
+            events_sent: Family::default(),
+            auth_failures: Family::default(),
+            events_refused: Family::default(),
+            hub_write_errors: Counter::default(),
+            queue_full: Counter::default(),
+            registry: Arc::new(Mutex::new(Registry::default())),
+        };
+        registry.register("connected_agents", "Agents with an open stream", m.connected_agents.clone());
+        registry.register("events_received", "Events received from agents", m.events_received.clone());
+        registry.register("events_sent", "Events sent to agents", m.events_sent.clone());
+        registry.register("auth_failures", "Streams refused at authentication", m.auth_failures.clone());
+        registry.register("events_refused", "Inbound events refused", m.events_refused.clone());
+        registry.register("hub_write_errors", "Failed writes to the hub cluster", m.hub_write_errors.clone());
+        registry.register("queue_full", "Events dropped on a full agent queue", m.queue_full.clone());
+        *m.registry.lock().unwrap_or_else(|p| p.into_inner()) = registry;
+        m
+    }
+
+    /// Text exposition format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        let reg = self.registry.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = prometheus_client::encoding::text::encode(&mut out, &reg);
+        out
+    }
+
+    pub fn refused(&self, agent: &str, reason: &str) {
+        self.events_refused
+            .get_or_create(&AgentReasonLabels { agent: agent.into(), reason: reason.into() })
+            .inc();
+    }
+
+    pub fn auth_failed(&self, reason: &str) {
+        self.auth_failures.get_or_create(&ReasonLabels { reason: reason.into() }).inc();
+    }
+}
+
+/// Serves `/metrics` and `/healthz` until the listener fails or the task is dropped.
+pub async fn serve(addr: SocketAddr, metrics: Metrics) -> std::io::Result<SocketAddr> {
+    use axum::routing::get;
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let local = listener.local_addr()?;
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let m = metrics.clone();
+                async move {
+                    (
+                        [(http::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+                        m.encode(),
+                    )
+                }
+            }),
+        )
+        .route("/healthz", get(|| async { "ok" }));
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!(error = %e, "metrics server stopped");
+        }
+    });
+    Ok(local)
+}
