@@ -1,1 +1,237 @@
-//! (being written)
+//! Authorization of every event an agent sends to the principal.
+//!
+//! One function, [`authorize`], decides; the rules, in the order they are checked:
+//!
+//! 1. the agent's mode must be one its mapping rule allows;
+//! 2. the action must flow in the direction the mode allows (agent -> principal):
+//!
+//!    | action                                      | managed | autonomous |
+//!    |---------------------------------------------|---------|------------|
+//!    | `Read`                                      | yes     | yes        |
+//!    | `UpdateStatus`                              | yes     | yes        |
+//!    | `Create`, `UpdateSpec`, `Delete`            | no      | yes        |
+//!    | `SetOperation`, `TerminateOperation`, `Refresh` | no  | no         |
+//!
+//!    Operations and refreshes flow hub -> spoke only; a managed agent's hub copy is the
+//!    source of truth for `.spec`, so it may only report status;
+//! 3. the object must be in the agent's own hub namespace;
+//! 4. if the object's owner is known, it must be this agent.
+
+// Denials are the rare path and carry everything a log line needs (identity, object,
+// reason); boxing them would only add noise at every call site.
+#![allow(clippy::result_large_err)]
+
+use std::fmt;
+
+use crate::mapping::AgentIdentity;
+use crate::names::{AgentMode, AllowedModes, Namespace};
+
+/// What an agent asks to do to an object on the hub.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Action {
+    /// Create an object (autonomous agents).
+    Create,
+    /// Replace or patch `.spec` (autonomous agents).
+    UpdateSpec,
+    /// Replace or patch `.status`.
+    UpdateStatus,
+    /// Delete an object (autonomous agents).
+    Delete,
+    /// Start a sync operation (hub -> spoke only).
+    SetOperation,
+    /// Terminate a running operation (hub -> spoke only).
+    TerminateOperation,
+    /// Request a refresh (hub -> spoke only).
+    Refresh,
+    /// Read an object.
+    Read,
+}
+
+impl Action {
+    /// The action as written in messages, e.g. `update-status`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Create => "create",
+            Action::UpdateSpec => "update-spec",
+            Action::UpdateStatus => "update-status",
+            Action::Delete => "delete",
+            Action::SetOperation => "set-operation",
+            Action::TerminateOperation => "terminate-operation",
+            Action::Refresh => "refresh",
+            Action::Read => "read",
+        }
+    }
+
+    /// Whether an agent in `mode` may send this action to the principal.
+    pub fn allowed_from_agent(self, mode: AgentMode) -> bool {
+        match self {
+            Action::Read | Action::UpdateStatus => true,
+            Action::Create | Action::UpdateSpec | Action::Delete => mode == AgentMode::Autonomous,
+            Action::SetOperation | Action::TerminateOperation | Action::Refresh => false,
+        }
+    }
+}
+
+impl fmt::Display for Action {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The object an event is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ObjectRef<'a> {
+    /// Kind, e.g. `Application`.
+    pub kind: &'a str,
+    /// Hub namespace.
+    pub namespace: &'a str,
+    /// Name.
+    pub name: &'a str,
+    /// The agent that owns it, if known.
+    pub owner: Option<&'a str>,
+}
+
+/// Why an event was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DeniedReason {
+    /// The object is not in the agent's namespace.
+    WrongNamespace {
+        /// The agent's own namespace.
+        own: Namespace,
+    },
+    /// The object belongs to another agent.
+    NotOwner {
+        /// Its owner.
+        owner: String,
+    },
+    /// The agent's mode does not allow this action from an agent.
+    ModeForbids {
+        /// The agent's mode.
+        mode: AgentMode,
+    },
+    /// The agent runs in a mode its mapping rule does not allow.
+    ModeNotAllowed {
+        /// The agent's mode.
+        mode: AgentMode,
+        /// What its rule allows.
+        allowed: AllowedModes,
+        /// The rule.
+        rule: String,
+    },
+}
+
+/// An event refused by [`authorize`]; the message names the agent, its SPIFFE ID, the
+/// action, the object and the reason.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct Denied {
+    /// The agent name.
+    pub agent: String,
+    /// The agent's SPIFFE ID.
+    pub spiffe_id: String,
+    /// What it tried.
+    pub action: Action,
+    /// The object's kind.
+    pub kind: String,
+    /// The object's namespace.
+    pub namespace: String,
+    /// The object's name.
+    pub name: String,
+    /// Why it was refused.
+    pub reason: DeniedReason,
+}
+
+impl Denied {
+    /// A short stable code for metrics labels: `WrongNamespace`, `NotOwner`, `ModeForbids`
+    /// or `ModeNotAllowed`.
+    pub fn reason_code(&self) -> &'static str {
+        match self.reason {
+            DeniedReason::WrongNamespace { .. } => "WrongNamespace",
+            DeniedReason::NotOwner { .. } => "NotOwner",
+            DeniedReason::ModeForbids { .. } => "ModeForbids",
+            DeniedReason::ModeNotAllowed { .. } => "ModeNotAllowed",
+        }
+    }
+}
+
+impl fmt::Display for Denied {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "agent \"{}\" ({}) may not {} {} \"{}/{}\": ",
+            self.agent,
+            self.spiffe_id,
+            self.action,
+            self.kind.to_ascii_lowercase(),
+            self.namespace,
+            self.name
+        )?;
+        match &self.reason {
+            DeniedReason::WrongNamespace { own } => write!(
+                f,
+                "namespace \"{}\" belongs to another agent (own namespace is \"{own}\")",
+                self.namespace
+            ),
+            DeniedReason::NotOwner { owner } => write!(f, "owned by agent \"{owner}\""),
+            DeniedReason::ModeForbids { mode } => match self.action {
+                Action::SetOperation | Action::TerminateOperation | Action::Refresh => write!(
+                    f,
+                    "{} flows from the principal to agents, never from an agent",
+                    self.action
+                ),
+                _ => write!(
+                    f,
+                    "a {mode} agent may only send status updates (the hub owns .spec)"
+                ),
+            },
+            DeniedReason::ModeNotAllowed {
+                mode,
+                allowed,
+                rule,
+            } => write!(
+                f,
+                "it runs in {mode} mode, but its mapping rule \"{rule}\" allows {allowed}"
+            ),
+        }
+    }
+}
+
+/// Decides whether the agent `identity`, running in `mode`, may perform `action` on `object`.
+/// Used for every inbound event; see the module docs for the rules.
+pub fn authorize(
+    identity: &AgentIdentity,
+    mode: AgentMode,
+    action: Action,
+    object: &ObjectRef<'_>,
+) -> Result<(), Denied> {
+    let deny = |reason| Denied {
+        agent: identity.agent.to_string(),
+        spiffe_id: identity.spiffe_id.to_string(),
+        action,
+        kind: object.kind.to_owned(),
+        namespace: object.namespace.to_owned(),
+        name: object.name.to_owned(),
+        reason,
+    };
+    if !identity.allowed_modes.allows(mode) {
+        return Err(deny(DeniedReason::ModeNotAllowed {
+            mode,
+            allowed: identity.allowed_modes,
+            rule: identity.rule.clone(),
+        }));
+    }
+    if !action.allowed_from_agent(mode) {
+        return Err(deny(DeniedReason::ModeForbids { mode }));
+    }
+    if object.namespace != identity.namespace.as_str() {
+        return Err(deny(DeniedReason::WrongNamespace {
+            own: identity.namespace.clone(),
+        }));
+    }
+    match object.owner {
+        Some(owner) if owner != identity.agent.as_str() => Err(deny(DeniedReason::NotOwner {
+            owner: owner.to_owned(),
+        })),
+        _ => Ok(()),
+    }
+}

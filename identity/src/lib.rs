@@ -19,3 +19,10 @@ pub mod transport;
 
 pub use id::{SpiffeId, TrustDomain};
 pub use names::{AgentMode, AgentName, Namespace};
+pub use source::{SvidSource, inspect};
+pub use svid::{SvidState, TrustBundles, X509Svid};
+pub use tls::PeerPolicy;
+pub use authz::{Action, Denied, ObjectRef, authorize};
+pub use id::IdError;
+pub use mapping::{AgentIdentity, LiveRules, MappingDenied, RuleError, RuleSet};
+pub use names::AllowedModes;

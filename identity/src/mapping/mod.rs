@@ -1,0 +1,553 @@
+//! Mapping rules: which agent (and which hub namespace) a SPIFFE ID is.
+//!
+//! Rules are ordered; the first rule whose pattern matches decides; an ID no rule matches is
+//! denied. Three kinds of rule exist:
+//!
+//! - **template**: `spiffe://{trust_domain}/ns/{ns}/sa/{sa}`. Each `{name}` placeholder in
+//!   the path matches text inside one path segment; `{trust_domain}` may only stand for the
+//!   whole trust domain. The `agent` and `namespace` output templates use the placeholders,
+//!   e.g. agent `{sa}`, namespace `argocd-{sa}`.
+//! - **regex** (upstream `mtls:uri:<regex>`): anchored over the whole ID; the first capture
+//!   group is the agent name (outputs may also use `{1}`, `{2}`, named groups `{name}`).
+//! - **exact**: one SPIFFE ID to one agent.
+//!
+//! The namespace defaults to the agent name (as upstream). Every rule may restrict the trust
+//! domains it applies to (`trustDomains`) and the modes the agent may run in (`mode`).
+//! A rule that matches but renders an invalid agent name or namespace **denies**: it does not
+//! fall through to later rules, because a later, broader rule would otherwise silently grant
+//! an identity the operator meant to handle specially. A rule that matches an ID from a trust
+//! domain it does not list is skipped and evaluation continues.
+//!
+//! ## YAML
+//!
+//! ```yaml
+//! rules:
+//!   - name: spire-k8s
+//!     template: "spiffe://{trust_domain}/ns/{ns}/sa/{sa}"
+//!     agent: "{sa}"
+//!     namespace: "argocd-{sa}"
+//!     trustDomains: ["example.org"]
+//!     mode: both
+//!   - name: legacy
+//!     regex: "^spiffe://example.org/agent/([a-z0-9-]+)$"
+//!   - exact: "spiffe://example.org/special"
+//!     agent: edge-1
+//!     mode: autonomous
+//! ```
+//!
+//! ## Flags
+//!
+//! - `mtls:uri:<regex>`
+//! - `template:<template>=><agent>[,namespace=<t>][,mode=<m>][,trustDomains=<a>|<b>][,name=<n>]`
+//! - `exact:<spiffe-id>=><agent>[,namespace=<t>][,mode=<m>][,name=<n>]`
+//!
+//! File rules come first, then flag rules. Unnamed file rules are called `rule-<n>`, unnamed
+//! flag rules `flag-<n>` (1-based).
+
+// Denials are the rare path and carry everything a log line needs (identity, object,
+// reason); boxing them would only add noise at every call site.
+#![allow(clippy::result_large_err)]
+
+mod live;
+mod rule;
+
+use std::fmt;
+use std::path::PathBuf;
+
+use crate::id::{SpiffeId, TrustDomain};
+use crate::names::{AgentMode, AgentName, AllowedModes, Namespace};
+
+pub use live::{LiveRules, RevokeCallback, SessionLister};
+use rule::{Rule, RuleMatch, RuleSpec};
+
+/// The agent a SPIFFE ID maps to, attached to a session.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct AgentIdentity {
+    /// The verified SPIFFE ID of the peer.
+    pub spiffe_id: SpiffeId,
+    /// The agent it is.
+    pub agent: AgentName,
+    /// The hub namespace that agent owns.
+    pub namespace: Namespace,
+    /// The modes the agent may run in.
+    pub allowed_modes: AllowedModes,
+    /// The name of the rule that produced this mapping (for logs).
+    pub rule: String,
+}
+
+impl AgentIdentity {
+    /// Checks that the agent may run in `mode`.
+    pub fn check_mode(&self, mode: AgentMode) -> Result<(), MappingDenied> {
+        if self.allowed_modes.allows(mode) {
+            return Ok(());
+        }
+        Err(MappingDenied {
+            spiffe_id: self.spiffe_id.clone(),
+            reason: DenyReason::ModeNotAllowed {
+                rule: self.rule.clone(),
+                agent: self.agent.clone(),
+                mode,
+                allowed: self.allowed_modes,
+            },
+        })
+    }
+}
+
+impl fmt::Display for AgentIdentity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "agent \"{}\" ({}) namespace \"{}\" modes {} (rule \"{}\")",
+            self.agent, self.spiffe_id, self.namespace, self.allowed_modes, self.rule
+        )
+    }
+}
+
+/// Why a SPIFFE ID is not (or no longer) admitted as an agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DenyReason {
+    /// No rule matched (`tried` rules were tried; 0 means none are configured).
+    NoRuleMatched {
+        /// How many rules were tried.
+        tried: usize,
+    },
+    /// A matching rule rendered an agent name that is not a DNS-1123 label.
+    InvalidAgentName {
+        /// The rule.
+        rule: String,
+        /// The rendered value.
+        value: String,
+        /// Which rule of DNS-1123 failed.
+        reason: String,
+    },
+    /// A matching rule rendered a namespace that is not a DNS-1123 label.
+    InvalidNamespace {
+        /// The rule.
+        rule: String,
+        /// The rendered value.
+        value: String,
+        /// Which rule of DNS-1123 failed.
+        reason: String,
+    },
+    /// The agent connected in a mode its rule does not allow.
+    ModeNotAllowed {
+        /// The rule.
+        rule: String,
+        /// The agent.
+        agent: AgentName,
+        /// The mode the agent asked for.
+        mode: AgentMode,
+        /// What the rule allows.
+        allowed: AllowedModes,
+    },
+    /// After a rules change the ID maps to a different agent or namespace.
+    Remapped {
+        /// The rule that now matches.
+        rule: String,
+        /// The agent and namespace of the live session.
+        was: (AgentName, Namespace),
+        /// The agent and namespace it maps to now.
+        now: (AgentName, Namespace),
+    },
+    /// After a rules change the ID's rule allows fewer modes than before; the session is
+    /// closed so the agent reconnects and its mode is checked again.
+    ModesNarrowed {
+        /// The rule that now matches.
+        rule: String,
+        /// What was allowed when the session started.
+        was: AllowedModes,
+        /// What is allowed now.
+        now: AllowedModes,
+    },
+}
+
+impl DenyReason {
+    /// A short stable code for metrics labels.
+    pub fn code(&self) -> &'static str {
+        match self {
+            DenyReason::NoRuleMatched { .. } => "NoRuleMatched",
+            DenyReason::InvalidAgentName { .. } => "InvalidAgentName",
+            DenyReason::InvalidNamespace { .. } => "InvalidNamespace",
+            DenyReason::ModeNotAllowed { .. } => "ModeNotAllowed",
+            DenyReason::Remapped { .. } => "Remapped",
+            DenyReason::ModesNarrowed { .. } => "ModesNarrowed",
+        }
+    }
+}
+
+impl fmt::Display for DenyReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DenyReason::NoRuleMatched { tried: 0 } => {
+                f.write_str("no mapping rules are configured")
+            }
+            DenyReason::NoRuleMatched { tried } => {
+                write!(f, "no rule matched ({tried} tried)")
+            }
+            DenyReason::InvalidAgentName {
+                rule,
+                value,
+                reason,
+            } => write!(
+                f,
+                "rule \"{rule}\" produced invalid agent name {value:?}: {reason}"
+            ),
+            DenyReason::InvalidNamespace {
+                rule,
+                value,
+                reason,
+            } => write!(
+                f,
+                "rule \"{rule}\" produced invalid namespace {value:?}: {reason}"
+            ),
+            DenyReason::ModeNotAllowed {
+                rule,
+                agent,
+                mode,
+                allowed,
+            } => write!(
+                f,
+                "agent \"{agent}\" may not run in {mode} mode: rule \"{rule}\" allows {allowed}"
+            ),
+            DenyReason::Remapped { rule, was, now } => write!(
+                f,
+                "rule \"{rule}\" now maps it to agent \"{}\" namespace \"{}\" (session is agent \"{}\" namespace \"{}\")",
+                now.0, now.1, was.0, was.1
+            ),
+            DenyReason::ModesNarrowed { rule, was, now } => write!(
+                f,
+                "rule \"{rule}\" now allows mode {now} (session started under {was})"
+            ),
+        }
+    }
+}
+
+/// A SPIFFE ID was refused as an agent; names the ID and the reason.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("SPIFFE ID {spiffe_id} denied: {reason}")]
+pub struct MappingDenied {
+    /// The refused ID.
+    pub spiffe_id: SpiffeId,
+    /// Why.
+    pub reason: DenyReason,
+}
+
+/// A rule file or flag that cannot be loaded.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RuleError {
+    /// The YAML does not parse or has the wrong shape.
+    #[error("mapping rules YAML: {0}")]
+    Yaml(String),
+    /// One rule of a YAML document is invalid.
+    #[error("mapping rule {index} (\"{name}\"): {reason}")]
+    Rule {
+        /// 1-based position in the file.
+        index: usize,
+        /// Its name (given or default).
+        name: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// One rule flag is invalid.
+    #[error("mapping rule flag {flag:?}: {reason}")]
+    Flag {
+        /// The flag as given (truncated when very long).
+        flag: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The rules file cannot be read.
+    #[error("mapping rules file {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// [`LiveRules::start`] was called outside a tokio runtime.
+    #[error("LiveRules::start must be called inside a tokio runtime")]
+    NoRuntime,
+    /// The rules file is invalid.
+    #[error("mapping rules file {}: {source}", path.display())]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong in it.
+        source: Box<RuleError>,
+    },
+}
+
+/// The top level of a rules file. `rules` is required so that an empty (or truncated while
+/// being written) file is an error, not "deny everyone".
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RuleFile {
+    rules: Vec<RuleSpec>,
+}
+
+/// Finds a rule whose name an earlier rule already uses: names exist to tell rules apart
+/// in logs. Returns its 1-based index, its name and the reason.
+fn duplicate_name(rules: &[Rule]) -> Option<(usize, String, String)> {
+    let mut seen = std::collections::BTreeMap::new();
+    for (i, r) in rules.iter().enumerate() {
+        if let Some(first) = seen.insert(r.name.as_str(), i + 1) {
+            return Some((
+                i + 1,
+                r.name.clone(),
+                format!("rule name \"{}\" is already used by rule {first}", r.name),
+            ));
+        }
+    }
+    None
+}
+
+/// An ordered, immutable list of mapping rules. Cheap to share in an `Arc`.
+#[derive(Debug, Clone, Default)]
+pub struct RuleSet {
+    rules: Vec<Rule>,
+}
+
+impl RuleSet {
+    /// Parses a YAML rules document (see the module docs for the format).
+    pub fn from_yaml(text: &str) -> Result<RuleSet, RuleError> {
+        let blank = text
+            .lines()
+            .all(|l| l.trim().is_empty() || l.trim_start().starts_with('#'));
+        if blank {
+            return Err(RuleError::Yaml(
+                "the document is empty; write `rules: []` to deny every SPIFFE ID".into(),
+            ));
+        }
+        let file: RuleFile =
+            serde_saphyr::from_str(text).map_err(|e| RuleError::Yaml(e.to_string()))?;
+        let mut rules = Vec::with_capacity(file.rules.len());
+        for (i, spec) in file.rules.into_iter().enumerate() {
+            let index = i + 1;
+            let default_name = format!("rule-{index}");
+            let shown = spec.name.clone().unwrap_or_else(|| default_name.clone());
+            let rule = rule::compile(spec, default_name).map_err(|reason| RuleError::Rule {
+                index,
+                name: shown,
+                reason,
+            })?;
+            rules.push(rule);
+        }
+        if let Some((index, name, reason)) = duplicate_name(&rules) {
+            return Err(RuleError::Rule {
+                index,
+                name,
+                reason,
+            });
+        }
+        Ok(RuleSet { rules })
+    }
+
+    /// Reads and parses a YAML rules file; errors name the file.
+    pub fn from_file(path: &std::path::Path) -> Result<RuleSet, RuleError> {
+        let text = std::fs::read_to_string(path).map_err(|source| RuleError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        RuleSet::from_yaml(&text).map_err(|e| RuleError::File {
+            path: path.to_owned(),
+            source: Box::new(e),
+        })
+    }
+
+    /// Parses rule flags (see the module docs for the syntax), in order.
+    pub fn from_flags(flags: &[String]) -> Result<RuleSet, RuleError> {
+        let mut rules = Vec::with_capacity(flags.len());
+        for (i, flag) in flags.iter().enumerate() {
+            rules.push(rule::parse_flag(flag, format!("flag-{}", i + 1))?);
+        }
+        if let Some((index, _, reason)) = duplicate_name(&rules) {
+            return Err(RuleError::Flag {
+                flag: crate::id::quote(&flags[index - 1]),
+                reason,
+            });
+        }
+        Ok(RuleSet { rules })
+    }
+
+    /// This set's rules followed by `other`'s.
+    pub fn append(mut self, other: RuleSet) -> RuleSet {
+        self.rules.extend(other.rules);
+        self
+    }
+
+    /// Whether there are no rules (every ID is denied).
+    pub fn is_empty(&self) -> bool {
+        self.rules.is_empty()
+    }
+
+    /// How many rules there are.
+    pub fn len(&self) -> usize {
+        self.rules.len()
+    }
+
+    /// Maps `id` to an agent: the first matching rule decides; no match denies.
+    pub fn map(&self, id: &SpiffeId) -> Result<AgentIdentity, MappingDenied> {
+        self.evaluate(id, None)
+    }
+
+    /// Like [`RuleSet::map`], and records what every rule did.
+    pub fn explain(&self, id: &SpiffeId) -> Explanation {
+        let mut steps = Vec::with_capacity(self.rules.len());
+        let decision = self.evaluate(id, Some(&mut steps));
+        Explanation {
+            spiffe_id: id.clone(),
+            steps,
+            decision,
+        }
+    }
+
+    fn evaluate(
+        &self,
+        id: &SpiffeId,
+        mut steps: Option<&mut Vec<RuleStep>>,
+    ) -> Result<AgentIdentity, MappingDenied> {
+        let mut record = |rule: &Rule, outcome: StepOutcome| {
+            if let Some(steps) = steps.as_deref_mut() {
+                steps.push(RuleStep {
+                    rule: rule.name.clone(),
+                    pattern: rule.matcher.to_string(),
+                    outcome,
+                });
+            }
+        };
+        let mut decision = None;
+        for rule in &self.rules {
+            if decision.is_some() {
+                record(rule, StepOutcome::NotEvaluated);
+                continue;
+            }
+            match rule.apply(id) {
+                RuleMatch::NoMatch => record(rule, StepOutcome::NoMatch),
+                RuleMatch::TrustDomainNotAllowed => record(
+                    rule,
+                    StepOutcome::TrustDomainNotAllowed {
+                        trust_domain: id.trust_domain().clone(),
+                        allowed: rule.trust_domains.clone(),
+                    },
+                ),
+                RuleMatch::Invalid(reason) => {
+                    record(rule, StepOutcome::Denied(reason.clone()));
+                    decision = Some(Err(MappingDenied {
+                        spiffe_id: id.clone(),
+                        reason,
+                    }));
+                }
+                RuleMatch::Mapped(agent, namespace) => {
+                    record(rule, StepOutcome::Matched);
+                    decision = Some(Ok(AgentIdentity {
+                        spiffe_id: id.clone(),
+                        agent,
+                        namespace,
+                        allowed_modes: rule.mode,
+                        rule: rule.name.clone(),
+                    }));
+                }
+            }
+        }
+        decision.unwrap_or_else(|| {
+            Err(MappingDenied {
+                spiffe_id: id.clone(),
+                reason: DenyReason::NoRuleMatched {
+                    tried: self.rules.len(),
+                },
+            })
+        })
+    }
+}
+
+/// What one rule did with an ID.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StepOutcome {
+    /// The pattern did not match.
+    NoMatch,
+    /// The pattern matched but the ID's trust domain is not in the rule's list; skipped.
+    TrustDomainNotAllowed {
+        /// The ID's trust domain.
+        trust_domain: TrustDomain,
+        /// The rule's list.
+        allowed: Vec<TrustDomain>,
+    },
+    /// The rule matched and decided: allowed.
+    Matched,
+    /// The rule matched and decided: denied.
+    Denied(DenyReason),
+    /// An earlier rule decided.
+    NotEvaluated,
+}
+
+/// One line of an [`Explanation`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleStep {
+    /// The rule's name.
+    pub rule: String,
+    /// The rule's pattern, e.g. `template spiffe://{trust_domain}/ns/{ns}/sa/{sa}`.
+    pub pattern: String,
+    /// What it did.
+    pub outcome: StepOutcome,
+}
+
+/// Every rule tried for one ID and the final decision (for `identity explain` and logs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Explanation {
+    /// The ID.
+    pub spiffe_id: SpiffeId,
+    /// One entry per rule, in order.
+    pub steps: Vec<RuleStep>,
+    /// What [`RuleSet::map`] returns.
+    pub decision: Result<AgentIdentity, MappingDenied>,
+}
+
+impl Explanation {
+    /// Whether the ID was allowed.
+    pub fn is_allowed(&self) -> bool {
+        self.decision.is_ok()
+    }
+}
+
+impl fmt::Display for Explanation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "SPIFFE ID: {}", self.spiffe_id)?;
+        if self.steps.is_empty() {
+            writeln!(f, "rules: none configured")?;
+        } else {
+            writeln!(f, "rules:")?;
+        }
+        for (i, s) in self.steps.iter().enumerate() {
+            let what = match &s.outcome {
+                StepOutcome::NoMatch => "no match".to_owned(),
+                StepOutcome::TrustDomainNotAllowed {
+                    trust_domain,
+                    allowed,
+                } => {
+                    let list: Vec<&str> = allowed.iter().map(TrustDomain::as_str).collect();
+                    format!(
+                        "skipped: trust domain \"{trust_domain}\" is not in trustDomains [{}]",
+                        list.join(", ")
+                    )
+                }
+                StepOutcome::Matched => "MATCHED".to_owned(),
+                StepOutcome::Denied(reason) => format!("matched, DENIED: {reason}"),
+                StepOutcome::NotEvaluated => "not evaluated (an earlier rule decided)".to_owned(),
+            };
+            writeln!(f, "  {}. {} ({}): {what}", i + 1, s.rule, s.pattern)?;
+        }
+        match &self.decision {
+            Ok(id) => {
+                writeln!(f, "decision: ALLOWED")?;
+                writeln!(f, "  rule:          {}", id.rule)?;
+                writeln!(f, "  agent:         {}", id.agent)?;
+                writeln!(f, "  namespace:     {}", id.namespace)?;
+                write!(f, "  allowed modes: {}", id.allowed_modes)
+            }
+            Err(d) => write!(f, "decision: DENIED: {}", d.reason),
+        }
+    }
+}

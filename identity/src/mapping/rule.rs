@@ -1,0 +1,485 @@
+//! One mapping rule: how it is written (YAML entry or flag), compiled once, and matched.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use regex::Regex;
+use serde::Deserialize;
+
+use crate::id::{IdError, SpiffeId, TrustDomain};
+use crate::names::{AgentName, AllowedModes, Namespace};
+
+use super::{DenyReason, RuleError};
+
+/// Placeholder every rule may use in its output templates: the ID's trust domain.
+const TD_PLACEHOLDER: &str = "trust_domain";
+
+/// One rule as written in the YAML file (`rules:` entries).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct RuleSpec {
+    pub(super) name: Option<String>,
+    pub(super) template: Option<String>,
+    pub(super) regex: Option<String>,
+    pub(super) exact: Option<String>,
+    pub(super) agent: Option<String>,
+    pub(super) namespace: Option<String>,
+    #[serde(default)]
+    pub(super) trust_domains: Vec<String>,
+    pub(super) mode: Option<String>,
+}
+
+/// How a rule recognises a SPIFFE ID.
+#[derive(Debug, Clone)]
+pub(super) enum Matcher {
+    /// `spiffe://{trust_domain}/ns/{ns}/sa/{sa}`, compiled to an anchored regex with one
+    /// named group per placeholder.
+    Template { source: String, regex: Regex },
+    /// Upstream-style regex over the whole ID; groups are `{1}`, `{2}`, ... and `{name}`.
+    Regex { source: String, regex: Regex },
+    /// Exactly this ID.
+    Exact(SpiffeId),
+}
+
+impl fmt::Display for Matcher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Matcher::Template { source, .. } => write!(f, "template {source}"),
+            Matcher::Regex { source, .. } => write!(f, "regex {source}"),
+            Matcher::Exact(id) => write!(f, "exact {id}"),
+        }
+    }
+}
+
+/// A piece of an output template.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Piece {
+    Literal(String),
+    Var(String),
+}
+
+/// An output template such as `argocd-{sa}`.
+#[derive(Debug, Clone)]
+pub(super) struct OutputTemplate {
+    source: String,
+    pieces: Vec<Piece>,
+}
+
+impl OutputTemplate {
+    fn render(&self, vars: &BTreeMap<String, String>) -> String {
+        let mut out = String::new();
+        for p in &self.pieces {
+            match p {
+                Piece::Literal(s) => out.push_str(s),
+                // Every variable was checked against the matcher's groups at load time; a
+                // group that did not participate in the match renders empty and then fails
+                // the DNS-1123 check with a clear reason.
+                Piece::Var(v) => out.push_str(vars.get(v).map(String::as_str).unwrap_or("")),
+            }
+        }
+        out
+    }
+}
+
+impl fmt::Display for OutputTemplate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.source)
+    }
+}
+
+/// A compiled rule.
+#[derive(Debug, Clone)]
+pub(super) struct Rule {
+    pub(super) name: String,
+    pub(super) matcher: Matcher,
+    pub(super) agent: OutputTemplate,
+    /// `None`: the namespace is the agent name (as upstream).
+    pub(super) namespace: Option<OutputTemplate>,
+    /// Empty: any trust domain.
+    pub(super) trust_domains: Vec<TrustDomain>,
+    pub(super) mode: AllowedModes,
+}
+
+/// The result of trying one rule against one ID.
+pub(super) enum RuleMatch {
+    NoMatch,
+    TrustDomainNotAllowed,
+    Mapped(AgentName, Namespace),
+    Invalid(DenyReason),
+}
+
+impl Rule {
+    /// Tries this rule against `id`.
+    pub(super) fn apply(&self, id: &SpiffeId) -> RuleMatch {
+        let mut vars = BTreeMap::new();
+        match &self.matcher {
+            Matcher::Exact(want) => {
+                if want != id {
+                    return RuleMatch::NoMatch;
+                }
+            }
+            Matcher::Template { regex, .. } | Matcher::Regex { regex, .. } => {
+                let Some(caps) = regex.captures(id.as_str()) else {
+                    return RuleMatch::NoMatch;
+                };
+                for (i, name) in regex.capture_names().enumerate().skip(1) {
+                    let value = caps
+                        .get(i)
+                        .map(|m| m.as_str().to_owned())
+                        .unwrap_or_default();
+                    if let Some(name) = name {
+                        vars.insert(name.to_owned(), value.clone());
+                    }
+                    vars.insert(i.to_string(), value);
+                }
+            }
+        }
+        if !self.trust_domains.is_empty() && !self.trust_domains.contains(id.trust_domain()) {
+            return RuleMatch::TrustDomainNotAllowed;
+        }
+        // Set last so a regex group named `trust_domain` cannot spoof it.
+        vars.insert(
+            TD_PLACEHOLDER.to_owned(),
+            id.trust_domain().as_str().to_owned(),
+        );
+        let agent_str = self.agent.render(&vars);
+        let agent = match AgentName::new(&agent_str) {
+            Ok(a) => a,
+            Err(e) => {
+                return RuleMatch::Invalid(DenyReason::InvalidAgentName {
+                    rule: self.name.clone(),
+                    value: agent_str,
+                    reason: name_reason(e),
+                });
+            }
+        };
+        let ns_str = match &self.namespace {
+            Some(t) => t.render(&vars),
+            None => agent_str,
+        };
+        match Namespace::new(&ns_str) {
+            Ok(ns) => RuleMatch::Mapped(agent, ns),
+            Err(e) => RuleMatch::Invalid(DenyReason::InvalidNamespace {
+                rule: self.name.clone(),
+                value: ns_str,
+                reason: name_reason(e),
+            }),
+        }
+    }
+}
+
+/// The rule-part of a name error, without repeating the value.
+fn name_reason(e: IdError) -> String {
+    match e {
+        IdError::Name { reason, .. } => reason,
+        other => other.to_string(),
+    }
+}
+
+/// Builds a rule from its written form; `default_name` is used when it has no `name`.
+pub(super) fn compile(spec: RuleSpec, default_name: String) -> Result<Rule, String> {
+    let name = match spec.name {
+        Some(n) if n.trim().is_empty() => return Err("`name` must not be empty".into()),
+        Some(n) => n,
+        None => default_name,
+    };
+    let (matcher, groups, default_agent) = match (spec.template, spec.regex, spec.exact) {
+        (Some(t), None, None) => {
+            let (regex, names) = compile_id_template(&t)?;
+            // A template that names an `{agent}` placeholder needs no `agent:` line.
+            let default_agent = names.contains("agent").then(|| "{agent}".to_owned());
+            (Matcher::Template { source: t, regex }, names, default_agent)
+        }
+        (None, Some(r), None) => {
+            let regex = Regex::new(&format!("^(?:{r})$"))
+                .map_err(|e| format!("regex {r:?} does not compile: {e}"))?;
+            let mut groups = BTreeSet::new();
+            for (i, n) in regex.capture_names().enumerate().skip(1) {
+                groups.insert(i.to_string());
+                if let Some(n) = n {
+                    groups.insert(n.to_owned());
+                }
+            }
+            // Upstream takes the agent name from the first capture group.
+            let default_agent = (regex.captures_len() > 1).then(|| "{1}".to_owned());
+            (Matcher::Regex { source: r, regex }, groups, default_agent)
+        }
+        (None, None, Some(e)) => {
+            let id = SpiffeId::parse(&e).map_err(|e| e.to_string())?;
+            (Matcher::Exact(id), BTreeSet::new(), None)
+        }
+        (None, None, None) => {
+            return Err("needs one of `template`, `regex` or `exact`".into());
+        }
+        _ => return Err("has more than one of `template`, `regex` and `exact`".into()),
+    };
+    let agent_src = match (spec.agent, default_agent) {
+        (Some(a), _) => a,
+        (None, Some(d)) => d,
+        (None, None) => {
+            return Err(match matcher {
+                Matcher::Regex { .. } => {
+                    "a regex rule needs a capture group for the agent name, or `agent`".into()
+                }
+                Matcher::Template { .. } => {
+                    "a template rule needs `agent` (or an `{agent}` placeholder)".into()
+                }
+                Matcher::Exact(_) => "an exact rule needs `agent`".into(),
+            });
+        }
+    };
+    let agent = compile_output("agent", &agent_src, &groups, |s| {
+        AgentName::new(s).map(drop)
+    })?;
+    let namespace = spec
+        .namespace
+        .map(|n| compile_output("namespace", &n, &groups, |s| Namespace::new(s).map(drop)))
+        .transpose()?;
+    let mut trust_domains = Vec::new();
+    for td in &spec.trust_domains {
+        trust_domains.push(TrustDomain::new(td).map_err(|e| e.to_string())?);
+    }
+    let mode = match spec.mode {
+        Some(m) => m.parse::<AllowedModes>().map_err(|e| e.to_string())?,
+        None => AllowedModes::Both,
+    };
+    Ok(Rule {
+        name,
+        matcher,
+        agent,
+        namespace,
+        trust_domains,
+        mode,
+    })
+}
+
+/// Splits `src` into literals and `{name}` placeholders.
+fn split_placeholders(src: &str) -> Result<Vec<Piece>, String> {
+    let mut pieces = Vec::new();
+    let mut rest = src;
+    while !rest.is_empty() {
+        match rest.find(['{', '}']) {
+            None => {
+                pieces.push(Piece::Literal(rest.to_owned()));
+                break;
+            }
+            Some(i) if rest.as_bytes()[i] == b'}' => {
+                return Err(format!("unmatched '}}' in {src:?}"));
+            }
+            Some(i) => {
+                if i > 0 {
+                    pieces.push(Piece::Literal(rest[..i].to_owned()));
+                }
+                let after = &rest[i + 1..];
+                let end = after
+                    .find('}')
+                    .ok_or_else(|| format!("unclosed '{{' in {src:?}"))?;
+                let var = &after[..end];
+                let valid =
+                    !var.is_empty() && var.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+                if !valid {
+                    return Err(format!(
+                        "placeholder {{{var}}} in {src:?} must be a name of letters, digits and '_'"
+                    ));
+                }
+                pieces.push(Piece::Var(var.to_owned()));
+                rest = &after[end + 1..];
+            }
+        }
+    }
+    Ok(pieces)
+}
+
+/// Compiles a SPIFFE ID template to an anchored regex; returns it with its placeholder names.
+fn compile_id_template(src: &str) -> Result<(Regex, BTreeSet<String>), String> {
+    let Some(rest) = src.strip_prefix("spiffe://") else {
+        return Err(format!("template {src:?} must start with \"spiffe://\""));
+    };
+    let (authority, path) = match rest.find('/') {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    let mut pattern = String::from("^spiffe://");
+    let mut names = BTreeSet::new();
+    // The structure (segments, characters) is checked by parsing a sample ID in which every
+    // placeholder is replaced by a valid segment.
+    let mut sample = String::from("spiffe://");
+    match split_placeholders(authority)?.as_slice() {
+        [Piece::Var(v)] if v == TD_PLACEHOLDER => {
+            pattern.push_str("(?P<trust_domain>[a-z0-9._-]+)");
+            sample.push_str("td");
+            names.insert(TD_PLACEHOLDER.to_owned());
+        }
+        [Piece::Literal(l)] => {
+            pattern.push_str(&regex::escape(l));
+            sample.push_str(l);
+        }
+        _ => {
+            return Err(format!(
+                "template {src:?}: the trust domain must be a literal or exactly {{trust_domain}}"
+            ));
+        }
+    }
+    for piece in split_placeholders(path)? {
+        match piece {
+            Piece::Literal(l) => {
+                pattern.push_str(&regex::escape(&l));
+                sample.push_str(&l);
+            }
+            Piece::Var(v) => {
+                if v == TD_PLACEHOLDER {
+                    return Err(format!(
+                        "template {src:?}: {{trust_domain}} may only stand for the trust domain"
+                    ));
+                }
+                if v.starts_with(|c: char| c.is_ascii_digit()) {
+                    return Err(format!(
+                        "template {src:?}: placeholder {{{v}}} must not start with a digit"
+                    ));
+                }
+                if !names.insert(v.clone()) {
+                    return Err(format!(
+                        "template {src:?}: placeholder {{{v}}} appears twice"
+                    ));
+                }
+                // One placeholder never crosses a '/': it matches within one segment.
+                pattern.push_str(&format!("(?P<{v}>[A-Za-z0-9._-]+)"));
+                sample.push('x');
+            }
+        }
+    }
+    pattern.push('$');
+    SpiffeId::parse(&sample)
+        .map_err(|e| format!("template {src:?} cannot match any valid SPIFFE ID: {e}"))?;
+    let regex =
+        Regex::new(&pattern).map_err(|e| format!("template {src:?} does not compile: {e}"))?;
+    Ok((regex, names))
+}
+
+/// Compiles an output template, checking that it only uses known placeholders and that its
+/// literal text can be part of a DNS-1123 label (otherwise the rule could never allow anyone).
+fn compile_output(
+    what: &str,
+    src: &str,
+    groups: &BTreeSet<String>,
+    validate: impl Fn(&str) -> Result<(), IdError>,
+) -> Result<OutputTemplate, String> {
+    let pieces = split_placeholders(src).map_err(|e| format!("{what}: {e}"))?;
+    if pieces.is_empty() {
+        return Err(format!("{what} must not be empty"));
+    }
+    let mut has_var = false;
+    for p in &pieces {
+        match p {
+            Piece::Var(v) => {
+                has_var = true;
+                if v != TD_PLACEHOLDER && !groups.contains(v) {
+                    let known: Vec<String> = groups
+                        .iter()
+                        .map(|g| format!("{{{g}}}"))
+                        .chain([format!("{{{TD_PLACEHOLDER}}}")])
+                        .collect();
+                    return Err(format!(
+                        "{what} {src:?} uses {{{v}}}, which the rule does not define (known: {})",
+                        known.join(", ")
+                    ));
+                }
+            }
+            Piece::Literal(l) => {
+                if let Some(c) = l
+                    .chars()
+                    .find(|c| !matches!(c, 'a'..='z' | '0'..='9' | '-'))
+                {
+                    return Err(format!(
+                        "{what} {src:?} contains {c:?}, which can never be part of a DNS-1123 label"
+                    ));
+                }
+            }
+        }
+    }
+    if !has_var {
+        validate(src).map_err(|e| e.to_string())?;
+    }
+    Ok(OutputTemplate {
+        source: src.to_owned(),
+        pieces,
+    })
+}
+
+/// Parses one rule flag (see the module docs of [`super`] for the syntax).
+pub(super) fn parse_flag(flag: &str, default_name: String) -> Result<Rule, RuleError> {
+    let err = |reason: String| RuleError::Flag {
+        flag: crate::id::quote(flag),
+        reason,
+    };
+    let mut spec = RuleSpec::default();
+    if let Some(re) = flag.strip_prefix("mtls:uri:") {
+        // The whole remainder is the regex: it may contain ',' and '=>', so no options.
+        spec.regex = Some(re.to_owned());
+    } else if let Some(rest) = flag.strip_prefix("template:") {
+        let (pattern, opts) = split_arrow(rest);
+        spec.template = Some(pattern.to_owned());
+        apply_options(&mut spec, opts).map_err(err)?;
+    } else if let Some(rest) = flag.strip_prefix("exact:") {
+        let (id, opts) = split_arrow(rest);
+        spec.exact = Some(id.to_owned());
+        apply_options(&mut spec, opts).map_err(err)?;
+    } else if flag.starts_with("mtls:") {
+        return Err(err(
+            "only the \"mtls:uri:<regex>\" form is supported (identities are SPIFFE IDs, not subjects)".into(),
+        ));
+    } else {
+        return Err(err(
+            "expected \"mtls:uri:<regex>\", \"template:<template>=><agent>[,option=value...]\" or \"exact:<spiffe-id>=><agent>[,option=value...]\"".into(),
+        ));
+    }
+    compile(spec, default_name).map_err(err)
+}
+
+/// Splits `<pattern>=><options>`; no arrow means no options.
+fn split_arrow(s: &str) -> (&str, Option<&str>) {
+    match s.split_once("=>") {
+        Some((p, o)) => (p, Some(o)),
+        None => (s, None),
+    }
+}
+
+/// Applies `<agent>[,namespace=..][,mode=..][,trustDomains=a|b][,name=..]`.
+fn apply_options(spec: &mut RuleSpec, opts: Option<&str>) -> Result<(), String> {
+    let Some(opts) = opts else {
+        return Ok(());
+    };
+    let mut parts = opts.split(',');
+    let agent = parts.next().unwrap_or_default();
+    if agent.contains('=') {
+        return Err(format!(
+            "the first item after \"=>\" is the agent template, got {agent:?}"
+        ));
+    }
+    if !agent.is_empty() {
+        spec.agent = Some(agent.to_owned());
+    }
+    let mut seen = BTreeSet::new();
+    for part in parts {
+        let (k, v) = part
+            .split_once('=')
+            .ok_or_else(|| format!("option {part:?} must be key=value"))?;
+        if !seen.insert(k) {
+            return Err(format!("option {k:?} given twice"));
+        }
+        match k {
+            "namespace" => spec.namespace = Some(v.to_owned()),
+            "mode" => spec.mode = Some(v.to_owned()),
+            "name" => spec.name = Some(v.to_owned()),
+            "trustDomains" => {
+                spec.trust_domains = v.split('|').map(str::to_owned).collect();
+            }
+            other => {
+                return Err(format!(
+                    "unknown option {other:?} (known: namespace, mode, trustDomains, name)"
+                ));
+            }
+        }
+    }
+    Ok(())
+}

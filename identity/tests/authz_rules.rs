@@ -1,0 +1,221 @@
+//! Authorization of inbound events: every rule and every deny reason.
+
+use argocd_agent_identity::authz::{Action, DeniedReason, ObjectRef, authorize};
+use argocd_agent_identity::mapping::{AgentIdentity, RuleSet};
+use argocd_agent_identity::{AgentMode, SpiffeId};
+
+const ALL: [Action; 8] = [
+    Action::Create,
+    Action::UpdateSpec,
+    Action::UpdateStatus,
+    Action::Delete,
+    Action::SetOperation,
+    Action::TerminateOperation,
+    Action::Refresh,
+    Action::Read,
+];
+
+fn identity(modes: &str) -> AgentIdentity {
+    let rules = RuleSet::from_flags(&[format!(
+        "template:spiffe://{{trust_domain}}/ns/{{ns}}/sa/{{sa}}=>{{sa}},namespace=argocd-{{sa}},mode={modes},name=spire"
+    )])
+    .unwrap();
+    rules
+        .map(&SpiffeId::parse("spiffe://example.org/ns/argocd/sa/edge-7").unwrap())
+        .unwrap()
+}
+
+fn own(name: &str) -> ObjectRef<'_> {
+    ObjectRef {
+        kind: "Application",
+        namespace: "argocd-edge-7",
+        name,
+        owner: None,
+    }
+}
+
+#[test]
+fn managed_agent_may_only_update_status_and_read() {
+    let who = identity("both");
+    for action in ALL {
+        let res = authorize(&who, AgentMode::Managed, action, &own("guestbook"));
+        let want_ok = matches!(action, Action::UpdateStatus | Action::Read);
+        assert_eq!(res.is_ok(), want_ok, "{action}: {res:?}");
+        if let Err(d) = res {
+            assert_eq!(d.reason_code(), "ModeForbids", "{action}");
+        }
+    }
+}
+
+#[test]
+fn managed_agent_cannot_create_apps_on_hub() {
+    let d = authorize(
+        &identity("both"),
+        AgentMode::Managed,
+        Action::Create,
+        &own("guestbook"),
+    )
+    .unwrap_err();
+    assert_eq!(
+        d.to_string(),
+        "agent \"edge-7\" (spiffe://example.org/ns/argocd/sa/edge-7) may not create application \
+         \"argocd-edge-7/guestbook\": a managed agent may only send status updates (the hub owns .spec)"
+    );
+}
+
+#[test]
+fn autonomous_agent_may_write_spec_and_status_but_not_operations() {
+    let who = identity("both");
+    for action in ALL {
+        let res = authorize(&who, AgentMode::Autonomous, action, &own("guestbook"));
+        let want_ok = !matches!(
+            action,
+            Action::SetOperation | Action::TerminateOperation | Action::Refresh
+        );
+        assert_eq!(res.is_ok(), want_ok, "{action}: {res:?}");
+    }
+}
+
+#[test]
+fn operations_from_an_agent_are_always_refused() {
+    let who = identity("both");
+    for mode in [AgentMode::Managed, AgentMode::Autonomous] {
+        for action in [
+            Action::SetOperation,
+            Action::TerminateOperation,
+            Action::Refresh,
+        ] {
+            let d = authorize(&who, mode, action, &own("guestbook")).unwrap_err();
+            assert_eq!(d.reason, DeniedReason::ModeForbids { mode });
+            let msg = d.to_string();
+            assert!(
+                msg.contains(&format!(
+                    "{action} flows from the principal to agents, never from an agent"
+                )),
+                "{msg}"
+            );
+        }
+    }
+}
+
+#[test]
+fn object_in_another_agents_namespace_is_refused_naming_all_parties() {
+    let d = authorize(
+        &identity("both"),
+        AgentMode::Managed,
+        Action::UpdateStatus,
+        &ObjectRef {
+            kind: "Application",
+            namespace: "agent-b",
+            name: "guestbook",
+            owner: None,
+        },
+    )
+    .unwrap_err();
+    assert_eq!(d.reason_code(), "WrongNamespace");
+    assert_eq!(
+        d.to_string(),
+        "agent \"edge-7\" (spiffe://example.org/ns/argocd/sa/edge-7) may not update-status \
+         application \"agent-b/guestbook\": namespace \"agent-b\" belongs to another agent \
+         (own namespace is \"argocd-edge-7\")"
+    );
+}
+
+#[test]
+fn reads_are_also_confined_to_the_own_namespace() {
+    let mut obj = own("guestbook");
+    obj.namespace = "agent-b";
+    let d = authorize(&identity("both"), AgentMode::Autonomous, Action::Read, &obj).unwrap_err();
+    assert_eq!(d.reason_code(), "WrongNamespace");
+}
+
+#[test]
+fn object_owned_by_another_agent_is_refused() {
+    let obj = ObjectRef {
+        owner: Some("agent-b"),
+        ..own("guestbook")
+    };
+    let d = authorize(
+        &identity("both"),
+        AgentMode::Autonomous,
+        Action::Delete,
+        &obj,
+    )
+    .unwrap_err();
+    assert_eq!(d.reason_code(), "NotOwner");
+    let msg = d.to_string();
+    assert!(
+        msg.contains("agent \"edge-7\"")
+            && msg.contains("spiffe://example.org/ns/argocd/sa/edge-7")
+            && msg.contains("may not delete application \"argocd-edge-7/guestbook\"")
+            && msg.contains("owned by agent \"agent-b\""),
+        "{msg}"
+    );
+    // Owned by itself: allowed.
+    let mine = ObjectRef {
+        owner: Some("edge-7"),
+        ..own("guestbook")
+    };
+    assert!(
+        authorize(
+            &identity("both"),
+            AgentMode::Autonomous,
+            Action::Delete,
+            &mine
+        )
+        .is_ok()
+    );
+}
+
+#[test]
+fn mode_not_allowed_by_mapping_rule_is_refused_for_every_action() {
+    let who = identity("managed");
+    for action in ALL {
+        let d = authorize(&who, AgentMode::Autonomous, action, &own("guestbook")).unwrap_err();
+        assert_eq!(d.reason_code(), "ModeNotAllowed", "{action}");
+        let msg = d.to_string();
+        assert!(
+            msg.contains("runs in autonomous mode, but its mapping rule \"spire\" allows managed"),
+            "{msg}"
+        );
+    }
+    assert!(authorize(&who, AgentMode::Managed, Action::UpdateStatus, &own("g")).is_ok());
+    let who = identity("autonomous");
+    let d = authorize(&who, AgentMode::Managed, Action::Read, &own("g")).unwrap_err();
+    assert_eq!(d.reason_code(), "ModeNotAllowed");
+}
+
+#[test]
+fn deny_reasons_map_to_their_codes() {
+    let who = identity("both");
+    let foreign = ObjectRef {
+        namespace: "x",
+        ..own("g")
+    };
+    let cases = [
+        (AgentMode::Managed, Action::Create, own("g"), "ModeForbids"),
+        (
+            AgentMode::Autonomous,
+            Action::Create,
+            foreign,
+            "WrongNamespace",
+        ),
+        (
+            AgentMode::Autonomous,
+            Action::Create,
+            ObjectRef {
+                owner: Some("other"),
+                ..own("g")
+            },
+            "NotOwner",
+        ),
+    ];
+    for (mode, action, obj, code) in cases {
+        assert_eq!(
+            authorize(&who, mode, action, &obj)
+                .unwrap_err()
+                .reason_code(),
+            code
+        );
+    }
+}
