@@ -1,0 +1,179 @@
+//! Mutual TLS between a tonic server and client using SVIDs from the development Workload API.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use argocd_agent_identity::devserver::DevCa;
+use argocd_agent_identity::tls::{PeerPolicy, TlsError};
+use argocd_agent_identity::{SvidSource, SvidState, TrustBundles};
+use support::*;
+
+/// A fixed source presenting `svid` and trusting `bundles`.
+fn fixed(svid: &argocd_agent_identity::devserver::IssuedSvid, bundles: TrustBundles) -> SvidSource {
+    SvidSource::fixed(SvidState {
+        svid: Arc::new(svid.to_x509_svid().expect("usable SVID")),
+        bundles: Arc::new(bundles),
+    })
+}
+
+fn bundles_of(cas: &[&DevCa]) -> TrustBundles {
+    let mut b = TrustBundles::new();
+    for ca in cas {
+        b.insert(ca.trust_domain().clone(), vec![ca.certificate().clone()])
+            .expect("bundle");
+    }
+    b
+}
+
+#[tokio::test]
+async fn mutual_tls_with_workload_api_svids_identifies_both_sides() {
+    let dir = tempfile::tempdir().unwrap();
+    let dev = dev_server(dir.path()).await;
+    let principal = source(dir.path(), "principal").await;
+    let agent = source(dir.path(), "agent").await;
+    assert_eq!(principal.current().unwrap().svid.spiffe_id().as_str(), PRINCIPAL);
+
+    let server = serve(&principal, PeerPolicy::Any).await;
+    let answer = try_version(server.addr, &agent, PeerPolicy::Exact(id(PRINCIPAL)))
+        .await
+        .expect("mutual TLS succeeds");
+    assert_eq!(answer.version, AGENT, "server sees the agent's SPIFFE ID");
+    let seen = server.seen();
+    assert_eq!(seen.len(), 1);
+    let (serial, _) = leaf_facts(agent.current().unwrap().svid.leaf().as_ref());
+    assert_eq!(seen[0].serial, serial, "server saw the agent's current certificate");
+    dev.shutdown().await;
+}
+
+#[tokio::test]
+async fn client_from_untrusted_trust_domain_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let dev = dev_server(dir.path()).await;
+    let principal = source(dir.path(), "principal").await;
+    let server = serve(&principal, PeerPolicy::Any).await;
+
+    // The client trusts the principal, but its own SVID comes from a trust domain the
+    // principal holds no bundle for.
+    let other = DevCa::ephemeral(td("other.org")).unwrap();
+    let svid = other
+        .issue_x509(&id("spiffe://other.org/agent"), Duration::from_secs(600))
+        .unwrap();
+    let client = fixed(&svid, bundles_of(&[dev.ca()]));
+    let result = try_version(server.addr, &client, PeerPolicy::Exact(id(PRINCIPAL))).await;
+    assert!(result.is_err(), "foreign client accepted: {result:?}");
+    assert!(server.seen().is_empty());
+
+    // Same ID string, but signed by a CA that merely claims to be example.org.
+    let rogue = DevCa::ephemeral(td("example.org")).unwrap();
+    let svid = rogue.issue_x509(&id(AGENT), Duration::from_secs(600)).unwrap();
+    let client = fixed(&svid, bundles_of(&[dev.ca()]));
+    let result = try_version(server.addr, &client, PeerPolicy::Exact(id(PRINCIPAL))).await;
+    assert!(result.is_err(), "client from a rogue CA accepted: {result:?}");
+    dev.shutdown().await;
+}
+
+#[tokio::test]
+async fn federated_client_verifies_against_its_own_trust_domain_bundle() {
+    let dir = tempfile::tempdir().unwrap();
+    let dev = dev_builder(dir.path())
+        .federate_with(td("partner.org"))
+        .serve()
+        .await
+        .unwrap();
+    let principal = source(dir.path(), "principal").await;
+    assert!(
+        principal
+            .current()
+            .unwrap()
+            .bundles
+            .get(&td("partner.org"))
+            .is_some(),
+        "federated bundle is part of the source state"
+    );
+    let partner_ca = dev.federated_ca(&td("partner.org")).unwrap().clone();
+    let svid = partner_ca
+        .issue_x509(&id("spiffe://partner.org/agent"), Duration::from_secs(600))
+        .unwrap();
+    let client = fixed(&svid, bundles_of(&[dev.ca()]));
+
+    let open = serve(&principal, PeerPolicy::Any).await;
+    let answer = try_version(open.addr, &client, PeerPolicy::Exact(id(PRINCIPAL)))
+        .await
+        .expect("federated client accepted");
+    assert_eq!(answer.version, "spiffe://partner.org/agent");
+
+    let own_only = serve(&principal, PeerPolicy::TrustDomains(vec![td("example.org")])).await;
+    let result = try_version(own_only.addr, &client, PeerPolicy::Exact(id(PRINCIPAL))).await;
+    assert!(result.is_err(), "policy must refuse the federated trust domain");
+    dev.shutdown().await;
+}
+
+#[tokio::test]
+async fn expired_client_certificate_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let dev = dev_server(dir.path()).await;
+    let principal = source(dir.path(), "principal").await;
+    let server = serve(&principal, PeerPolicy::Any).await;
+
+    let now = SystemTime::now();
+    let expired = dev
+        .ca()
+        .issue_x509_valid(
+            &id(AGENT),
+            now - Duration::from_secs(7200),
+            now - Duration::from_secs(3600),
+        )
+        .unwrap();
+    let client = fixed(&expired, bundles_of(&[dev.ca()]));
+    let result = try_version(server.addr, &client, PeerPolicy::Exact(id(PRINCIPAL))).await;
+    assert!(result.is_err(), "expired client accepted: {result:?}");
+    assert!(server.seen().is_empty());
+    dev.shutdown().await;
+}
+
+#[tokio::test]
+async fn server_with_valid_svid_but_wrong_id_is_not_accepted_as_principal() {
+    let dir = tempfile::tempdir().unwrap();
+    let dev = dev_server(dir.path()).await;
+    let agent = source(dir.path(), "agent").await;
+    // A workload of the same trust domain with a valid SVID pretends to be the principal.
+    let impostor = dev
+        .ca()
+        .issue_x509(&id("spiffe://example.org/ns/evil/sa/fake"), Duration::from_secs(600))
+        .unwrap();
+    let impostor_source = fixed(&impostor, bundles_of(&[dev.ca()]));
+    let server = serve(&impostor_source, PeerPolicy::Any).await;
+
+    let result = try_version(server.addr, &agent, PeerPolicy::Exact(id(PRINCIPAL))).await;
+    assert!(result.is_err(), "impostor accepted as principal: {result:?}");
+    assert!(server.seen().is_empty(), "no RPC reached the impostor");
+
+    // The refusal names both IDs.
+    let err = PeerPolicy::Exact(id(PRINCIPAL))
+        .check(&id("spiffe://example.org/ns/evil/sa/fake"))
+        .unwrap_err();
+    assert!(matches!(err, TlsError::NotAllowed { .. }));
+    assert_eq!(
+        err.to_string(),
+        format!("spiffe://example.org/ns/evil/sa/fake is not the pinned principal {PRINCIPAL}")
+    );
+    dev.shutdown().await;
+}
+
+#[tokio::test]
+async fn server_policy_one_of_refuses_other_clients_of_the_trust_domain() {
+    let dir = tempfile::tempdir().unwrap();
+    let dev = dev_server(dir.path()).await;
+    let principal = source(dir.path(), "principal").await;
+    let agent = source(dir.path(), "agent").await;
+    let server = serve(
+        &principal,
+        PeerPolicy::OneOf(vec![id("spiffe://example.org/ns/argocd/sa/someone-else")]),
+    )
+    .await;
+    let result = try_version(server.addr, &agent, PeerPolicy::Exact(id(PRINCIPAL))).await;
+    assert!(result.is_err(), "client outside the policy accepted: {result:?}");
+    dev.shutdown().await;
+}
