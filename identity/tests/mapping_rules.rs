@@ -490,3 +490,61 @@ fn explain_agrees_with_map() {
         assert_eq!(rules.explain(&i).decision, rules.map(&i), "{s}");
     }
 }
+
+/// The YAML examples in docs/identity.md are real: they parse and map as the doc says.
+#[test]
+fn documented_yaml_examples_parse_and_map_as_described() {
+    let doc = include_str!("../../docs/identity.md");
+    let blocks: Vec<&str> = doc
+        .split("```yaml\n")
+        .skip(1)
+        .map(|b| b.split("```").next().unwrap())
+        .collect();
+    assert_eq!(
+        blocks.len(),
+        2,
+        "expected two YAML examples in docs/identity.md"
+    );
+    let first = RuleSet::from_yaml(blocks[0]).unwrap();
+    let got = first
+        .map(&id("spiffe://example.org/ns/argocd/sa/edge-7"))
+        .unwrap();
+    assert_eq!(
+        (got.agent.as_str(), got.namespace.as_str()),
+        ("edge-7", "argocd-edge-7")
+    );
+
+    let second = RuleSet::from_yaml(blocks[1]).unwrap();
+    let cases = [
+        (
+            "spiffe://example.org/ns/edge-7/sa/argocd-agent",
+            "edge-7",
+            "edge-7",
+        ),
+        (
+            "spiffe://berlin.example.org/ns/argocd/sa/agent",
+            "berlin",
+            "berlin",
+        ),
+        (
+            "spiffe://example.org/ns/edge/sa/store-1",
+            "store-1",
+            "edge-store-1",
+        ),
+    ];
+    for (s, agent, ns) in cases {
+        let got = second.map(&id(s)).unwrap();
+        assert_eq!(
+            (got.agent.as_str(), got.namespace.as_str()),
+            (agent, ns),
+            "{s}"
+        );
+    }
+    assert_eq!(
+        second
+            .map(&id("spiffe://example.org/ns/edge/sa/store-1"))
+            .unwrap()
+            .allowed_modes,
+        AllowedModes::Managed
+    );
+}
