@@ -1,5 +1,5 @@
-//! Client-side token bucket (QPS with burst), as client-go's `--kube-api-qps` /
-//! `--kube-api-burst`, so a busy principal cannot flood the API server.
+//! Client-side token bucket (QPS with burst), the model of client-go's `QPS`/`Burst`,
+//! so a busy principal cannot flood the API server.
 //!
 //! Written by hand because tower's `RateLimit` is a fixed window without burst and
 //! no small, ring-free crate offers a tower layer with burst.
