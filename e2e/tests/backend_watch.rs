@@ -1,0 +1,278 @@
+//! The Kubernetes backend's watch against the Kubernetes API test server: objects are
+//! created, updated, labelled ignore-sync and deleted, the watch is dropped and the
+//! history compacted (forcing 410 Gone and a re-list), and the cache and the stream of
+//! changes must still match the server exactly, without missed or duplicated events.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use argocd_agent_e2e::kube_server::KubeTestServer;
+use argocd_agent_kubernetes::{
+    Cache, Change, ClientOptions, IGNORE_SYNC_LABEL, Kind, Mutation, Resources, Scope, client,
+    object::object_key, watch,
+};
+use futures::{Stream, StreamExt};
+use kube::api::DynamicObject;
+use serde_json::{Value, json};
+
+const NS: &str = "argocd";
+
+/// Every change seen, as (event, key, resourceVersion).
+#[derive(Default)]
+struct Log {
+    events: Vec<(String, String, String)>,
+}
+
+impl Log {
+    fn record(&mut self, change: &Change) {
+        match change {
+            Change::Applied(o) => self.events.push(("applied".into(), object_key(o), rv(o))),
+            Change::Deleted(o) => self.events.push(("deleted".into(), object_key(o), rv(o))),
+            Change::Synced => self
+                .events
+                .push(("synced".into(), String::new(), String::new())),
+        }
+    }
+}
+
+fn rv(obj: &DynamicObject) -> String {
+    obj.metadata.resource_version.clone().unwrap_or_default()
+}
+
+fn app(name: &str, path: &str) -> DynamicObject {
+    let v = json!({
+        "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"project": "default", "source": {"repoURL": "https://git.example/apps", "path": path},
+                 "destination": {"server": "https://kubernetes.default.svc", "namespace": "default"}}
+    });
+    match serde_json::from_value(v) {
+        Ok(o) => o,
+        Err(e) => panic!("test application does not parse: {e}"),
+    }
+}
+
+/// The server's view: key -> resourceVersion of every synced (not ignore-sync) application.
+fn server_state(server: &KubeTestServer) -> BTreeMap<String, String> {
+    server
+        .list_objects("argoproj.io", "v1alpha1", "applications", Some(NS))
+        .into_iter()
+        .filter(|o| {
+            o.pointer(&format!(
+                "/metadata/labels/{}",
+                IGNORE_SYNC_LABEL.replace('/', "~1")
+            ))
+            .is_none()
+        })
+        .map(|o| {
+            let s = |p: &str| {
+                o.pointer(p)
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string()
+            };
+            (
+                format!("{}/{}", s("/metadata/namespace"), s("/metadata/name")),
+                s("/metadata/resourceVersion"),
+            )
+        })
+        .collect()
+}
+
+fn cache_state(cache: &Cache) -> BTreeMap<String, String> {
+    cache
+        .list()
+        .iter()
+        .map(|o| (object_key(o), rv(o)))
+        .collect()
+}
+
+/// Polls the change stream until the cache equals the server's state (or 8 s pass).
+async fn settle(
+    changes: &mut (impl Stream<Item = Change> + Unpin),
+    cache: &Cache,
+    server: &KubeTestServer,
+    log: &mut Log,
+) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(8);
+    loop {
+        if cache.is_synced() && cache_state(cache) == server_state(server) {
+            // Drain whatever is already queued, then stop.
+            while let Ok(Some(c)) =
+                tokio::time::timeout(Duration::from_millis(200), changes.next()).await
+            {
+                log.record(&c);
+            }
+            if cache_state(cache) == server_state(server) {
+                return;
+            }
+        }
+        match tokio::time::timeout_at(deadline, changes.next()).await {
+            Ok(Some(c)) => log.record(&c),
+            Ok(None) => panic!("change stream ended"),
+            Err(_) => panic!(
+                "cache never matched the server\ncache:  {:?}\nserver: {:?}\nevents: {:?}",
+                cache_state(cache),
+                server_state(server),
+                log.events
+            ),
+        }
+    }
+}
+
+/// For each object the last event agrees with the final state, and no
+/// (object, resourceVersion) was announced as applied twice.
+fn check_log(log: &Log, server: &KubeTestServer) {
+    let mut applied: HashMap<(String, String), usize> = HashMap::new();
+    let mut last: BTreeMap<String, (String, String)> = BTreeMap::new();
+    for (ev, key, rv) in &log.events {
+        if ev == "synced" {
+            continue;
+        }
+        if ev == "applied" {
+            *applied.entry((key.clone(), rv.clone())).or_default() += 1;
+        }
+        last.insert(key.clone(), (ev.clone(), rv.clone()));
+    }
+    for ((key, rv), n) in &applied {
+        assert_eq!(
+            *n, 1,
+            "{key}@{rv} applied {n} times; events: {:?}",
+            log.events
+        );
+    }
+    let state = server_state(server);
+    for (key, (ev, rv)) in &last {
+        match state.get(key) {
+            Some(server_rv) => {
+                assert_eq!(
+                    (ev.as_str(), rv),
+                    ("applied", server_rv),
+                    "{key}: last event {ev}@{rv}"
+                )
+            }
+            None => assert_eq!(
+                ev, "deleted",
+                "{key} is gone but its last event is {ev}@{rv}"
+            ),
+        }
+    }
+    for key in state.keys() {
+        assert!(
+            last.contains_key(key),
+            "{key} exists on the server but was never announced"
+        );
+    }
+}
+
+#[tokio::test]
+async fn watch_cache_matches_server_through_drops_and_410_without_missed_or_duplicate_events() {
+    let server = match KubeTestServer::start().await {
+        Ok(s) => s,
+        Err(e) => panic!("kube test server: {e}"),
+    };
+    let dir = match tempfile::tempdir() {
+        Ok(d) => d,
+        Err(e) => panic!("tempdir: {e}"),
+    };
+    let kubeconfig = dir.path().join("kubeconfig");
+    if let Err(e) = server.write_kubeconfig(&kubeconfig, "hub") {
+        panic!("write kubeconfig: {e}");
+    }
+    let opts = ClientOptions {
+        kubeconfig: Some(kubeconfig),
+        context: Some("hub".into()),
+        ..Default::default()
+    };
+    let kube = match client(&opts).await {
+        Ok(c) => c,
+        Err(e) => panic!("client: {e}"),
+    };
+    let apps = Resources::new(kube.clone(), Kind::Application);
+    assert_eq!(
+        apps.ensure_namespace(NS, BTreeMap::new()).await.ok(),
+        Some(true)
+    );
+    for name in ["a", "b", "c"] {
+        if let Err(e) = apps.create(&app(name, name)).await {
+            panic!("create {name}: {e}");
+        }
+    }
+    let mut ignored = app("ignored", "x");
+    ignored.metadata.labels = Some(BTreeMap::from([(
+        IGNORE_SYNC_LABEL.to_string(),
+        "true".to_string(),
+    )]));
+    assert!(apps.create(&ignored).await.is_ok());
+
+    let (cache, changes) = watch(kube, Kind::Application, Scope::namespace(NS));
+    let mut changes = Box::pin(changes);
+    let mut log = Log::default();
+    settle(&mut changes, &cache, &server, &mut log).await;
+    assert!(log.events.iter().any(|e| e.0 == "synced"));
+    assert!(
+        cache.get(Some(NS), "ignored").is_none(),
+        "ignore-sync objects are never cached"
+    );
+
+    // Live changes while watching.
+    let set_path = |path: &'static str| {
+        move |o: &mut DynamicObject| {
+            o.data["spec"]["source"]["path"] = json!(path);
+            Mutation::Changed
+        }
+    };
+    assert!(
+        apps.update_with(Some(NS), "a", set_path("a2"))
+            .await
+            .is_ok()
+    );
+    assert!(apps.create(&app("d", "d")).await.is_ok());
+    assert!(apps.delete(Some(NS), "c").await.is_ok());
+    let label = json!({"metadata": {"labels": {IGNORE_SYNC_LABEL: "yes"}}});
+    assert!(apps.patch_merge(Some(NS), "b", &label).await.is_ok());
+    settle(&mut changes, &cache, &server, &mut log).await;
+    assert!(
+        cache.get(Some(NS), "b").is_none(),
+        "gaining ignore-sync looks like a deletion"
+    );
+
+    // Dropped watch: changes made while the stream is not polled arrive on re-watch.
+    server.drop_watches();
+    assert!(
+        apps.update_with(Some(NS), "d", set_path("d2"))
+            .await
+            .is_ok()
+    );
+    assert!(apps.create(&app("e", "e")).await.is_ok());
+    settle(&mut changes, &cache, &server, &mut log).await;
+
+    // Dropped watch plus compacted history: the re-watch gets 410 and the watcher re-lists;
+    // only the differences may come out.
+    server.drop_watches();
+    assert!(
+        apps.update_with(Some(NS), "a", set_path("a3"))
+            .await
+            .is_ok()
+    );
+    assert!(apps.delete(Some(NS), "d").await.is_ok());
+    assert!(apps.create(&app("f", "f")).await.is_ok());
+    let unlabel = json!({"metadata": {"labels": {IGNORE_SYNC_LABEL: null}}});
+    assert!(apps.patch_merge(Some(NS), "b", &unlabel).await.is_ok());
+    server.compact_history();
+    let synced_before = log.events.iter().filter(|e| e.0 == "synced").count();
+    settle(&mut changes, &cache, &server, &mut log).await;
+    let synced_after = log.events.iter().filter(|e| e.0 == "synced").count();
+    assert!(
+        synced_after > synced_before,
+        "410 must lead to a re-list; events: {:?}",
+        log.events
+    );
+
+    assert_eq!(
+        cache_state(&cache).keys().cloned().collect::<Vec<_>>(),
+        ["argocd/a", "argocd/b", "argocd/e", "argocd/f"]
+    );
+    check_log(&log, &server);
+    server.shutdown().await;
+}
