@@ -165,6 +165,10 @@ fn check_trust_domain(td: &str) -> Result<(), IdRule> {
     if td.contains('@') {
         return Err(IdRule::UserInfo);
     }
+    // An IP-literal ("[::1]") is a bad character, not a port.
+    if let Some(c) = td.chars().find(|c| matches!(c, '[' | ']')) {
+        return Err(IdRule::TrustDomainChar(c));
+    }
     if td.contains(':') {
         return Err(IdRule::Port);
     }
@@ -510,7 +514,7 @@ mod tests {
             ("spiffe://td/ü", IdRule::PathChar('ü')),
             ("spiffe://t d/x", IdRule::TrustDomainChar(' ')),
             ("spiffe://td!/x", IdRule::TrustDomainChar('!')),
-            ("spiffe://[::1]/x", IdRule::Port),
+            ("spiffe://[::1]/x", IdRule::TrustDomainChar('[')),
         ];
         for (input, want) in cases {
             assert_eq!(rule_of(input), want, "input {input:?}");

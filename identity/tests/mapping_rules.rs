@@ -380,6 +380,22 @@ fn bad_yaml_rules_are_rejected_with_index_name_and_reason() {
             "unclosed",
         ),
         (
+            "rules:\n  - template: spiffe://td/{a}\n    agent: \"{a}}\"\n",
+            "unmatched '}'",
+        ),
+        (
+            "rules:\n  - template: spiffe://td/{a-b}\n    agent: x\n",
+            "must be a name of letters",
+        ),
+        (
+            "rules:\n  - template: spiffe://td/x/{trust_domain}\n    agent: x\n",
+            "may only stand for the trust domain",
+        ),
+        (
+            "rules:\n  - template: http://td/{a}\n    agent: x\n",
+            "must start with",
+        ),
+        (
             "rules:\n  - exact: spiffe://td/x\n    agent: a\n    mode: sometimes\n",
             "invalid agent mode",
         ),
