@@ -276,3 +276,162 @@ async fn watch_cache_matches_server_through_drops_and_410_without_missed_or_dupl
     check_log(&log, &server);
     server.shutdown().await;
 }
+
+async fn started() -> (KubeTestServer, kube::Client, tempfile::TempDir) {
+    let server = match KubeTestServer::start().await {
+        Ok(s) => s,
+        Err(e) => panic!("kube test server: {e}"),
+    };
+    let dir = match tempfile::tempdir() {
+        Ok(d) => d,
+        Err(e) => panic!("tempdir: {e}"),
+    };
+    let kubeconfig = dir.path().join("kubeconfig");
+    if let Err(e) = server.write_kubeconfig(&kubeconfig, "hub") {
+        panic!("write kubeconfig: {e}");
+    }
+    let opts = ClientOptions {
+        kubeconfig: Some(kubeconfig),
+        ..Default::default()
+    };
+    match client(&opts).await {
+        Ok(c) => (server, c, dir),
+        Err(e) => panic!("client: {e}"),
+    }
+}
+
+#[tokio::test]
+async fn concurrent_update_with_loses_no_update_thanks_to_conflict_retries() {
+    let (server, kube, _dir) = started().await;
+    let apps = Resources::new(kube, Kind::Application);
+    assert_eq!(
+        apps.ensure_namespace(NS, BTreeMap::new()).await.ok(),
+        Some(true)
+    );
+    assert!(apps.create(&app("counter", "p")).await.is_ok());
+    // Four writers read the same version, so all but one conflict and must re-read.
+    let writers = (0..4).map(|_| {
+        let apps = apps.clone();
+        async move {
+            apps.update_with(Some(NS), "counter", |o| {
+                let n = o.data["spec"]["count"].as_u64().unwrap_or(0);
+                o.data["spec"]["count"] = json!(n + 1);
+                Mutation::Changed
+            })
+            .await
+        }
+    });
+    for result in futures::future::join_all(writers).await {
+        assert!(result.is_ok(), "{result:?}");
+    }
+    let stored = server.list_objects("argoproj.io", "v1alpha1", "applications", Some(NS));
+    assert_eq!(stored.len(), 1);
+    assert_eq!(stored[0]["spec"]["count"], 4, "every increment survives");
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn status_goes_through_subresource_and_finalizers_hold_deletion() {
+    let (server, kube, _dir) = started().await;
+    let apps = Resources::new(kube, Kind::Application);
+    assert_eq!(
+        apps.ensure_namespace(NS, BTreeMap::new()).await.ok(),
+        Some(true)
+    );
+    let mut held = app("held", "p");
+    held.metadata.finalizers = Some(vec!["resources-finalizer.argocd.argoproj.io".into()]);
+    assert!(apps.create(&held).await.is_ok());
+
+    let status = json!({"sync": {"status": "Synced"}, "health": {"status": "Healthy"}});
+    let written = apps.replace_status(Some(NS), "held", status.clone()).await;
+    assert!(
+        matches!(&written, Ok(o) if o.data["status"] == status),
+        "{written:?}"
+    );
+    // A status in a main-resource update is ignored by the server: only /status writes it.
+    let out = apps
+        .update_with(Some(NS), "held", |o| {
+            o.data["status"] = json!({"sync": {"status": "OutOfSync"}});
+            o.data["spec"]["project"] = json!("other");
+            Mutation::Changed
+        })
+        .await;
+    assert!(out.is_ok(), "{out:?}");
+    let stored = apps.get(Some(NS), "held").await.ok().flatten();
+    assert!(
+        matches!(&stored, Some(o) if o.data["status"] == status && o.data["spec"]["project"] == "other")
+    );
+
+    use argocd_agent_kubernetes::{DeleteOutcome, object::is_being_deleted};
+    assert_eq!(
+        apps.delete(Some(NS), "held").await.ok(),
+        Some(DeleteOutcome::Pending)
+    );
+    let pending = apps.get(Some(NS), "held").await.ok().flatten();
+    assert!(
+        matches!(&pending, Some(o) if is_being_deleted(o)),
+        "being deleted, not gone"
+    );
+    assert_eq!(
+        apps.remove_finalizers(Some(NS), "held").await.ok(),
+        Some(true)
+    );
+    assert!(matches!(apps.get(Some(NS), "held").await, Ok(None)));
+    assert_eq!(
+        apps.delete(Some(NS), "held").await.ok(),
+        Some(DeleteOutcome::NotFound)
+    );
+    assert_eq!(
+        apps.remove_finalizers(Some(NS), "held").await.ok(),
+        Some(false)
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn watch_of_namespace_set_recovers_from_server_errors() {
+    let (server, kube, _dir) = started().await;
+    let apps = Resources::new(kube.clone(), Kind::Application);
+    for ns in ["agent-a", "agent-b", "agent-c"] {
+        assert_eq!(
+            apps.ensure_namespace(ns, BTreeMap::new()).await.ok(),
+            Some(true)
+        );
+        let mut a = app("guestbook", ns);
+        a.metadata.namespace = Some(ns.into());
+        assert!(apps.create(&a).await.is_ok());
+    }
+    let scope = Scope {
+        namespaces: argocd_agent_kubernetes::Namespaces::Set(vec![
+            "agent-a".into(),
+            "agent-b".into(),
+        ]),
+        label_selector: None,
+    };
+    // The first list requests fail; the watch retries with backoff.
+    server.fail_next(1, 500);
+    let (cache, changes) = watch(kube, Kind::Application, scope);
+    let mut changes = Box::pin(changes);
+    let drive = async {
+        while let Some(c) = changes.next().await {
+            if matches!(c, Change::Synced) {
+                return;
+            }
+        }
+    };
+    assert!(
+        tokio::time::timeout(Duration::from_secs(8), drive)
+            .await
+            .is_ok(),
+        "never synced"
+    );
+    assert!(cache.is_synced());
+    let keys: Vec<String> = cache.list().iter().map(|o| object_key(o)).collect();
+    assert_eq!(
+        keys,
+        ["agent-a/guestbook", "agent-b/guestbook"],
+        "agent-c is outside the scope"
+    );
+    assert_eq!(cache.list_namespace("agent-b").len(), 1);
+    server.shutdown().await;
+}
