@@ -312,6 +312,8 @@ fn verify_signature(alg: &str, key: &Key, message: &[u8], sig: &[u8]) -> Result<
                 .verify(message, sig)
                 .map_err(|_| SigError::Invalid)
         }
+        // Algorithm and key type disagree (e.g. ES256 with an RSA or P-384 key).
+        ("ES256" | "ES384", _) => Err(SigError::Invalid),
         (_, Key::Rsa { n, e }) => {
             let params: &signature::RsaParameters = match alg {
                 "RS256" => &signature::RSA_PKCS1_2048_8192_SHA256,
@@ -326,8 +328,6 @@ fn verify_signature(alg: &str, key: &Key, message: &[u8], sig: &[u8]) -> Result<
                 .verify(params, message, sig)
                 .map_err(|_| SigError::Invalid)
         }
-        // Algorithm and key type disagree (e.g. ES256 with an RSA or P-384 key).
-        ("ES256" | "ES384", _) => Err(SigError::Invalid),
         _ => Err(SigError::Unsupported),
     }
 }

@@ -17,12 +17,12 @@ pub mod svid;
 pub mod tls;
 pub mod transport;
 
+pub use authz::{Action, Denied, ObjectRef, authorize};
+pub use id::IdError;
 pub use id::{SpiffeId, TrustDomain};
+pub use mapping::{AgentIdentity, LiveRules, MappingDenied, RuleError, RuleSet};
+pub use names::AllowedModes;
 pub use names::{AgentMode, AgentName, Namespace};
 pub use source::{SvidSource, inspect};
 pub use svid::{SvidState, TrustBundles, X509Svid};
 pub use tls::PeerPolicy;
-pub use authz::{Action, Denied, ObjectRef, authorize};
-pub use id::IdError;
-pub use mapping::{AgentIdentity, LiveRules, MappingDenied, RuleError, RuleSet};
-pub use names::AllowedModes;

@@ -62,7 +62,10 @@ async fn spiffe_crate_client_fetches_svid_and_bundles() {
         .expect("dev server validates its own token");
     assert_eq!(validated.spiffe_id().to_string(), AGENT);
     assert!(
-        client.validate_jwt_token("spiffe://example.org/other", &token).await.is_err(),
+        client
+            .validate_jwt_token("spiffe://example.org/other", &token)
+            .await
+            .is_err(),
         "wrong audience refused by ValidateJWTSVID"
     );
     dev.shutdown().await;
@@ -84,7 +87,11 @@ async fn call_without_security_header_is_invalid_argument() {
     request
         .metadata_mut()
         .insert("workload.spiffe.io", "true".parse().unwrap());
-    let mut stream = client.fetch_x509svid(request).await.expect("with header").into_inner();
+    let mut stream = client
+        .fetch_x509svid(request)
+        .await
+        .expect("with header")
+        .into_inner();
     let first = stream.message().await.expect("message").expect("some");
     assert_eq!(first.svids[0].spiffe_id, AGENT);
     dev.shutdown().await;
@@ -119,9 +126,10 @@ async fn uid_registrations_select_identity_by_caller_uid() {
 
     // On the other socket our uid entry still applies (uid-only entries match every socket),
     // but the socket's own entry is for another uid and is not handed out.
-    let client = spiffe::WorkloadApiClient::connect_to(format!("unix://{}", other_socket.display()))
-        .await
-        .unwrap();
+    let client =
+        spiffe::WorkloadApiClient::connect_to(format!("unix://{}", other_socket.display()))
+            .await
+            .unwrap();
     let svids = client.fetch_all_x509_svids().await.unwrap();
     let ids: Vec<String> = svids.iter().map(|s| s.spiffe_id().to_string()).collect();
     assert_eq!(ids, vec![AGENT.to_string()]);
@@ -213,7 +221,10 @@ async fn restart_on_same_socket_replaces_stale_socket_file() {
         .unwrap();
     assert!(client.fetch_x509_svid().await.is_ok());
     second.shutdown().await;
-    assert!(!dir.path().join("agent.sock").exists(), "shutdown removes sockets");
+    assert!(
+        !dir.path().join("agent.sock").exists(),
+        "shutdown removes sockets"
+    );
 }
 
 #[test]

@@ -33,7 +33,10 @@ async fn mutual_tls_with_workload_api_svids_identifies_both_sides() {
     let dev = dev_server(dir.path()).await;
     let principal = source(dir.path(), "principal").await;
     let agent = source(dir.path(), "agent").await;
-    assert_eq!(principal.current().unwrap().svid.spiffe_id().as_str(), PRINCIPAL);
+    assert_eq!(
+        principal.current().unwrap().svid.spiffe_id().as_str(),
+        PRINCIPAL
+    );
 
     let server = serve(&principal, PeerPolicy::Any).await;
     let answer = try_version(server.addr, &agent, PeerPolicy::Exact(id(PRINCIPAL)))
@@ -43,7 +46,10 @@ async fn mutual_tls_with_workload_api_svids_identifies_both_sides() {
     let seen = server.seen();
     assert_eq!(seen.len(), 1);
     let (serial, _) = leaf_facts(agent.current().unwrap().svid.leaf().as_ref());
-    assert_eq!(seen[0].serial, serial, "server saw the agent's current certificate");
+    assert_eq!(
+        seen[0].serial, serial,
+        "server saw the agent's current certificate"
+    );
     dev.shutdown().await;
 }
 
@@ -67,10 +73,15 @@ async fn client_from_untrusted_trust_domain_is_refused() {
 
     // Same ID string, but signed by a CA that merely claims to be example.org.
     let rogue = DevCa::ephemeral(td("example.org")).unwrap();
-    let svid = rogue.issue_x509(&id(AGENT), Duration::from_secs(600)).unwrap();
+    let svid = rogue
+        .issue_x509(&id(AGENT), Duration::from_secs(600))
+        .unwrap();
     let client = fixed(&svid, bundles_of(&[dev.ca()]));
     let result = try_version(server.addr, &client, PeerPolicy::Exact(id(PRINCIPAL))).await;
-    assert!(result.is_err(), "client from a rogue CA accepted: {result:?}");
+    assert!(
+        result.is_err(),
+        "client from a rogue CA accepted: {result:?}"
+    );
     dev.shutdown().await;
 }
 
@@ -104,9 +115,16 @@ async fn federated_client_verifies_against_its_own_trust_domain_bundle() {
         .expect("federated client accepted");
     assert_eq!(answer.version, "spiffe://partner.org/agent");
 
-    let own_only = serve(&principal, PeerPolicy::TrustDomains(vec![td("example.org")])).await;
+    let own_only = serve(
+        &principal,
+        PeerPolicy::TrustDomains(vec![td("example.org")]),
+    )
+    .await;
     let result = try_version(own_only.addr, &client, PeerPolicy::Exact(id(PRINCIPAL))).await;
-    assert!(result.is_err(), "policy must refuse the federated trust domain");
+    assert!(
+        result.is_err(),
+        "policy must refuse the federated trust domain"
+    );
     dev.shutdown().await;
 }
 
@@ -141,13 +159,19 @@ async fn server_with_valid_svid_but_wrong_id_is_not_accepted_as_principal() {
     // A workload of the same trust domain with a valid SVID pretends to be the principal.
     let impostor = dev
         .ca()
-        .issue_x509(&id("spiffe://example.org/ns/evil/sa/fake"), Duration::from_secs(600))
+        .issue_x509(
+            &id("spiffe://example.org/ns/evil/sa/fake"),
+            Duration::from_secs(600),
+        )
         .unwrap();
     let impostor_source = fixed(&impostor, bundles_of(&[dev.ca()]));
     let server = serve(&impostor_source, PeerPolicy::Any).await;
 
     let result = try_version(server.addr, &agent, PeerPolicy::Exact(id(PRINCIPAL))).await;
-    assert!(result.is_err(), "impostor accepted as principal: {result:?}");
+    assert!(
+        result.is_err(),
+        "impostor accepted as principal: {result:?}"
+    );
     assert!(server.seen().is_empty(), "no RPC reached the impostor");
 
     // The refusal names both IDs.
@@ -174,6 +198,9 @@ async fn server_policy_one_of_refuses_other_clients_of_the_trust_domain() {
     )
     .await;
     let result = try_version(server.addr, &agent, PeerPolicy::Exact(id(PRINCIPAL))).await;
-    assert!(result.is_err(), "client outside the policy accepted: {result:?}");
+    assert!(
+        result.is_err(),
+        "client outside the policy accepted: {result:?}"
+    );
     dev.shutdown().await;
 }

@@ -52,10 +52,11 @@ async fn rotation_keeps_open_stream_and_next_connection_presents_new_certificate
     let first = server.seen();
     assert_eq!(first.len(), 1);
     let old_serial = first[0].serial.clone();
+    let (principal_serial, _) = leaf_facts(principal.current().unwrap().svid.leaf().as_ref());
 
     dev.rotate_now().expect("rotation");
     let new_serial = wait_for_new_serial(&agent, &old_serial).await;
-    wait_for_new_serial(&principal, "").await;
+    wait_for_new_serial(&principal, &principal_serial).await;
 
     // The stream opened before the rotation keeps working.
     tx.send(event(2)).await.unwrap();

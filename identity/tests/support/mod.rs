@@ -185,11 +185,8 @@ pub async fn channel(
 }
 
 /// One Version RPC (where TLS 1.3 client-certificate refusals surface).
-pub async fn version(
-    channel: tonic::transport::Channel,
-) -> Result<VersionResponse, Status> {
-    let mut client =
-        argocd_agent_proto::version::version_client::VersionClient::new(channel);
+pub async fn version(channel: tonic::transport::Channel) -> Result<VersionResponse, Status> {
+    let mut client = argocd_agent_proto::version::version_client::VersionClient::new(channel);
     tokio::time::timeout(Duration::from_secs(5), client.version(VersionRequest {}))
         .await
         .map_err(|_| Status::deadline_exceeded("test timeout"))?
