@@ -1,1 +1,573 @@
-//! Harness for e2e tests (being written).
+//! The end-to-end harness: a full local topology made of the development Workload API
+//! server, Kubernetes API test servers for the hub and two spokes, and the real
+//! `argocd-agent` binaries (principal, a managed agent, an autonomous agent) as child
+//! processes. Used by the e2e tests and by `argocd-agentctl demo`.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use argocd_agent_identity::SpiffeId;
+use argocd_agent_identity::TrustDomain;
+use argocd_agent_identity::devserver::{DevWorkloadApi, DevWorkloadApiHandle};
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::discovery::ApiResource;
+use serde_json::{Value, json};
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::process::{Child, Command};
+
+use crate::kube_server::{KubeTestServer, ServerOptions};
+
+/// Trust domain of the local topology.
+pub const TRUST_DOMAIN: &str = "example.org";
+/// SPIFFE ID of the principal.
+pub const PRINCIPAL_ID: &str = "spiffe://example.org/ns/argocd/sa/argocd-agent-principal";
+/// Managed agent's name (and hub namespace).
+pub const MANAGED: &str = "agent-managed";
+/// Autonomous agent's name (and hub namespace).
+pub const AUTONOMOUS: &str = "agent-autonomous";
+/// Argo CD namespace on the spokes.
+pub const SPOKE_NS: &str = "argocd";
+/// The mapping rule of the topology: SPIRE-on-Kubernetes style IDs of service accounts in
+/// namespace `agents` map to the agent of the same name, in the hub namespace of that name.
+pub const RULE: &str = "template:spiffe://{trust_domain}/ns/agents/sa/{sa}=>{sa},namespace={sa},trustDomains=example.org";
+
+/// SPIFFE ID of an agent's workload.
+pub fn agent_id(agent: &str) -> String {
+    format!("spiffe://{TRUST_DOMAIN}/ns/agents/sa/{agent}")
+}
+
+/// Errors of the harness.
+pub type HarnessError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Path of a workspace binary; builds the CLI package if it is missing.
+pub fn binary(name: &str) -> Result<PathBuf, HarnessError> {
+    if let Ok(p) = std::env::var(format!("CARGO_BIN_EXE_{name}")) {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe()?;
+    let mut dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    let candidate = dir.join(name);
+    if candidate.exists() {
+        return Ok(candidate);
+    }
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = std::process::Command::new(cargo)
+        .args(["build", "-q", "-p", "argocd-agent-cli", "--bins"])
+        .status()?;
+    if !status.success() || !candidate.exists() {
+        return Err(format!(
+            "could not build {name} (looked for {})",
+            candidate.display()
+        )
+        .into());
+    }
+    Ok(candidate)
+}
+
+/// A child process with its log file, restartable with the same arguments.
+pub struct Proc {
+    pub name: String,
+    program: PathBuf,
+    args: Vec<String>,
+    envs: Vec<(String, String)>,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl Proc {
+    pub fn new(name: &str, program: PathBuf, args: Vec<String>, log: PathBuf) -> Proc {
+        Proc {
+            name: name.into(),
+            program,
+            args,
+            envs: vec![],
+            log,
+            child: None,
+        }
+    }
+
+    pub fn env(mut self, k: &str, v: &str) -> Proc {
+        self.envs.push((k.into(), v.into()));
+        self
+    }
+
+    /// Starts (or restarts) the process; output is appended to its log file.
+    pub fn start(&mut self) -> Result<(), HarnessError> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)?;
+        let err = log.try_clone()?;
+        let mut cmd = Command::new(&self.program);
+        cmd.args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log))
+            .stderr(Stdio::from(err))
+            .kill_on_drop(true);
+        for (k, v) in &self.envs {
+            cmd.env(k, v);
+        }
+        if std::env::var_os("RUST_LOG").is_none() {
+            cmd.env("RUST_LOG", "info");
+        }
+        self.child = Some(cmd.spawn()?);
+        Ok(())
+    }
+
+    /// Stops the process: SIGTERM, then SIGKILL after 5 s.
+    pub async fn stop(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        if let Some(pid) = child.id() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status()
+                .await;
+            if tokio::time::timeout(Duration::from_secs(5), child.wait())
+                .await
+                .is_ok()
+            {
+                return;
+            }
+        }
+        let _ = child.kill().await;
+    }
+
+    /// Kills the process at once (a crash).
+    pub async fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill().await;
+        }
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// The process's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+/// A TCP proxy that can cut every connection passing through it (mid-stream faults).
+pub struct TcpProxy {
+    pub addr: std::net::SocketAddr,
+    conns: Arc<Mutex<Vec<tokio::task::AbortHandle>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl TcpProxy {
+    pub async fn start(target: std::net::SocketAddr) -> std::io::Result<TcpProxy> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let conns: Arc<Mutex<Vec<tokio::task::AbortHandle>>> = Arc::default();
+        let c2 = conns.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let h = tokio::spawn(async move {
+                    if let Ok(mut outbound) = TcpStream::connect(target).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                        let _ = outbound.shutdown().await;
+                    }
+                });
+                c2.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(h.abort_handle());
+            }
+        });
+        Ok(TcpProxy { addr, conns, task })
+    }
+
+    /// Cuts every open connection (new ones are still accepted).
+    pub fn cut_all(&self) {
+        for h in self
+            .conns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+        {
+            h.abort();
+        }
+    }
+}
+
+impl Drop for TcpProxy {
+    fn drop(&mut self) {
+        self.cut_all();
+        self.task.abort();
+    }
+}
+
+/// Options of a topology.
+#[derive(Debug, Clone, Default)]
+pub struct TopologyOptions {
+    /// Directory for sockets, CA, kubeconfigs and logs (default: a temporary directory).
+    pub dir: Option<PathBuf>,
+    /// Route agents through a fault-injecting TCP proxy.
+    pub with_proxy: bool,
+    /// Extra arguments for the principal.
+    pub principal_args: Vec<String>,
+    /// Which agents to start (default both).
+    pub agents: Option<Vec<&'static str>>,
+}
+
+/// The whole local topology.
+pub struct Topology {
+    pub dir: PathBuf,
+    _tmp: Option<tempfile::TempDir>,
+    pub spiffe: DevWorkloadApiHandle,
+    pub hub: KubeTestServer,
+    pub managed_spoke: KubeTestServer,
+    pub autonomous_spoke: KubeTestServer,
+    pub principal: Proc,
+    pub managed: Option<Proc>,
+    pub autonomous: Option<Proc>,
+    pub principal_addr: std::net::SocketAddr,
+    pub proxy: Option<TcpProxy>,
+}
+
+fn free_port() -> std::io::Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?.port())
+}
+
+/// The `ApiResource` of Argo CD Applications.
+pub fn app_resource() -> ApiResource {
+    ApiResource {
+        group: "argoproj.io".into(),
+        version: "v1alpha1".into(),
+        api_version: "argoproj.io/v1alpha1".into(),
+        kind: "Application".into(),
+        plural: "applications".into(),
+    }
+}
+
+/// A kube client for a test server.
+pub fn kube_client(server: &KubeTestServer) -> Result<kube::Client, HarnessError> {
+    let url: http::Uri = server.url().parse()?;
+    let config = kube::Config::new(url);
+    Ok(kube::Client::try_from(config)?)
+}
+
+/// Applications in `ns` of a test server.
+pub fn apps(server: &KubeTestServer, ns: &str) -> Result<Api<DynamicObject>, HarnessError> {
+    Ok(Api::namespaced_with(
+        kube_client(server)?,
+        ns,
+        &app_resource(),
+    ))
+}
+
+/// A sample Argo CD Application.
+pub fn sample_app(name: &str, ns: &str, path: &str) -> DynamicObject {
+    let v = json!({
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "Application",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "project": "default",
+            "source": {
+                "repoURL": "https://github.com/argoproj/argocd-example-apps",
+                "path": path,
+                "targetRevision": "HEAD"
+            },
+            "destination": {"server": "https://kubernetes.default.svc", "namespace": name},
+            "syncPolicy": {"automated": {"prune": true}}
+        }
+    });
+    serde_json::from_value(v).expect("static sample is a valid object")
+}
+
+/// Creates a namespace on a test server.
+pub async fn create_namespace(server: &KubeTestServer, ns: &str) -> Result<(), HarnessError> {
+    let api: Api<DynamicObject> = Api::all_with(
+        kube_client(server)?,
+        &ApiResource {
+            group: String::new(),
+            version: "v1".into(),
+            api_version: "v1".into(),
+            kind: "Namespace".into(),
+            plural: "namespaces".into(),
+        },
+    );
+    let obj: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}
+    }))?;
+    match api.create(&PostParams::default(), &obj).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Polls `f` until it returns `Some`, or fails after `timeout` with `what`.
+pub async fn eventually<T, F, Fut>(
+    what: &str,
+    timeout: Duration,
+    mut f: F,
+) -> Result<T, HarnessError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = f().await {
+            return Ok(v);
+        }
+        if tokio::time::Instant::now() > deadline {
+            return Err(format!("timed out after {timeout:?} waiting for: {what}").into());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Reads an Application straight from a test server's store.
+pub fn stored_app(server: &KubeTestServer, ns: &str, name: &str) -> Option<Value> {
+    server.get_object("argoproj.io", "v1alpha1", "applications", Some(ns), name)
+}
+
+impl Topology {
+    /// Starts everything and waits until both agents are connected.
+    pub async fn start(opts: TopologyOptions) -> Result<Topology, HarnessError> {
+        let (dir, tmp) = match &opts.dir {
+            Some(d) => {
+                std::fs::create_dir_all(d)?;
+                (d.clone(), None)
+            }
+            None => {
+                let t = tempfile::Builder::new()
+                    .prefix("argocd-agent-e2e")
+                    .tempdir()?;
+                (t.path().to_path_buf(), Some(t))
+            }
+        };
+        let td = TrustDomain::new(TRUST_DOMAIN)?;
+        let spiffe = DevWorkloadApi::builder(dir.join("spiffe"), td)
+            .socket(dir.join("principal.sock"), SpiffeId::parse(PRINCIPAL_ID)?)
+            .socket(
+                dir.join("managed.sock"),
+                SpiffeId::parse(&agent_id(MANAGED))?,
+            )
+            .socket(
+                dir.join("autonomous.sock"),
+                SpiffeId::parse(&agent_id(AUTONOMOUS))?,
+            )
+            .serve()
+            .await?;
+
+        let kube_opts = || ServerOptions::default();
+        let hub = KubeTestServer::start_on("127.0.0.1:0".parse()?, kube_opts()).await?;
+        let managed_spoke = KubeTestServer::start_on("127.0.0.1:0".parse()?, kube_opts()).await?;
+        let autonomous_spoke =
+            KubeTestServer::start_on("127.0.0.1:0".parse()?, kube_opts()).await?;
+        hub.write_kubeconfig(&dir.join("hub.kubeconfig"), "hub")?;
+        managed_spoke.write_kubeconfig(&dir.join("managed.kubeconfig"), "managed")?;
+        autonomous_spoke.write_kubeconfig(&dir.join("autonomous.kubeconfig"), "autonomous")?;
+        for ns in [MANAGED, AUTONOMOUS] {
+            create_namespace(&hub, ns).await?;
+        }
+        create_namespace(&managed_spoke, SPOKE_NS).await?;
+        create_namespace(&autonomous_spoke, SPOKE_NS).await?;
+
+        let bin = binary("argocd-agent")?;
+        let port = free_port()?;
+        let principal_addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse()?;
+        let mut pargs: Vec<String> = vec![
+            "principal".into(),
+            "--listen-host".into(),
+            "127.0.0.1".into(),
+            "--listen-port".into(),
+            port.to_string(),
+            "--kubeconfig".into(),
+            dir.join("hub.kubeconfig").display().to_string(),
+            "--identity-rule".into(),
+            RULE.into(),
+            "--metrics-port".into(),
+            "0".into(),
+            "--spiffe-endpoint-socket".into(),
+            spiffe.endpoint(&dir.join("principal.sock")),
+        ];
+        pargs.extend(opts.principal_args.iter().cloned());
+        let mut principal = Proc::new("principal", bin.clone(), pargs, dir.join("principal.log"));
+        principal.start()?;
+        wait_port(principal_addr).await?;
+
+        let proxy = if opts.with_proxy {
+            Some(TcpProxy::start(principal_addr).await?)
+        } else {
+            None
+        };
+        let target = proxy.as_ref().map(|p| p.addr).unwrap_or(principal_addr);
+        let which = opts
+            .agents
+            .clone()
+            .unwrap_or_else(|| vec![MANAGED, AUTONOMOUS]);
+        let start_agent =
+            |agent: &str, mode: &str, sock: &str, kubeconfig: &str| -> Result<Proc, HarnessError> {
+                let args: Vec<String> = vec![
+                    "agent".into(),
+                    "--agent-mode".into(),
+                    mode.into(),
+                    "--server-address".into(),
+                    "127.0.0.1".into(),
+                    "--server-port".into(),
+                    target.port().to_string(),
+                    "--principal-spiffe-id".into(),
+                    PRINCIPAL_ID.into(),
+                    "--spiffe-endpoint-socket".into(),
+                    spiffe.endpoint(&dir.join(sock)),
+                    "--kubeconfig".into(),
+                    dir.join(kubeconfig).display().to_string(),
+                    "--namespace".into(),
+                    SPOKE_NS.into(),
+                    "--metrics-port".into(),
+                    "0".into(),
+                    "--keep-alive-ping-interval".into(),
+                    "5s".into(),
+                ];
+                let mut p = Proc::new(agent, bin.clone(), args, dir.join(format!("{agent}.log")));
+                p.start()?;
+                Ok(p)
+            };
+        let managed = if which.contains(&MANAGED) {
+            Some(start_agent(
+                MANAGED,
+                "managed",
+                "managed.sock",
+                "managed.kubeconfig",
+            )?)
+        } else {
+            None
+        };
+        let autonomous = if which.contains(&AUTONOMOUS) {
+            Some(start_agent(
+                AUTONOMOUS,
+                "autonomous",
+                "autonomous.sock",
+                "autonomous.kubeconfig",
+            )?)
+        } else {
+            None
+        };
+        let topo = Topology {
+            dir,
+            _tmp: tmp,
+            spiffe,
+            hub,
+            managed_spoke,
+            autonomous_spoke,
+            principal,
+            managed,
+            autonomous,
+            principal_addr,
+            proxy,
+        };
+        for agent in which {
+            topo.wait_connected(agent, Duration::from_secs(30)).await?;
+        }
+        Ok(topo)
+    }
+
+    /// Waits until the principal's log shows `agent` connected (after `since` bytes of log).
+    pub async fn wait_connected(&self, agent: &str, timeout: Duration) -> Result<(), HarnessError> {
+        let needle = format!("agent={agent}");
+        eventually(&format!("{agent} connected"), timeout, || {
+            let log = self.principal.log();
+            let n = log
+                .lines()
+                .filter(|l| l.contains("agent connected") && l.contains(&needle))
+                .count();
+            async move { (n > 0).then_some(()) }
+        })
+        .await
+        .map_err(|e| {
+            format!(
+                "{e}\n--- principal log ---\n{}",
+                tail(&self.principal.log(), 40)
+            )
+            .into()
+        })
+    }
+
+    /// Number of times `agent` has connected so far.
+    pub fn connect_count(&self, agent: &str) -> usize {
+        let needle = format!("agent={agent}");
+        self.principal
+            .log()
+            .lines()
+            .filter(|l| l.contains("agent connected") && l.contains(&needle))
+            .count()
+    }
+
+    /// All process logs, for failure messages.
+    pub fn logs(&self) -> String {
+        let mut out = format!("--- principal ---\n{}\n", tail(&self.principal.log(), 60));
+        for p in [&self.managed, &self.autonomous].into_iter().flatten() {
+            out.push_str(&format!("--- {} ---\n{}\n", p.name, tail(&p.log(), 60)));
+        }
+        out
+    }
+
+    /// Stops every process.
+    pub async fn stop(mut self) {
+        for p in [&mut self.managed, &mut self.autonomous]
+            .into_iter()
+            .flatten()
+        {
+            p.stop().await;
+        }
+        self.principal.stop().await;
+    }
+}
+
+fn tail(s: &str, n: usize) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+async fn wait_port(addr: std::net::SocketAddr) -> Result<(), HarnessError> {
+    eventually(
+        &format!("{addr} accepting connections"),
+        Duration::from_secs(30),
+        || async move { TcpStream::connect(addr).await.ok().map(|_| ()) },
+    )
+    .await
+}
+
+/// Merge-patches an object through the Kubernetes API (what `kubectl patch --type merge` does).
+pub async fn merge_patch(
+    api: &Api<DynamicObject>,
+    name: &str,
+    patch: Value,
+) -> Result<(), HarnessError> {
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+/// Writes `.status` through the status subresource (what Argo CD's controller does).
+pub async fn set_status(
+    api: &Api<DynamicObject>,
+    name: &str,
+    status: Value,
+) -> Result<(), HarnessError> {
+    api.patch_status(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(&json!({ "status": status })),
+    )
+    .await?;
+    Ok(())
+}
