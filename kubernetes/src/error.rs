@@ -115,15 +115,6 @@ pub enum Error {
         #[source]
         source: Box<kube::Error>,
     },
-    /// An object could not be (de)serialized to or from JSON.
-    #[error("{object}: malformed object: {source}")]
-    Malformed {
-        /// The object.
-        object: ObjectRef,
-        /// Underlying JSON error.
-        #[source]
-        source: serde_json::Error,
-    },
     /// The call itself was wrong (e.g. no namespace for a namespaced kind).
     #[error("{object}: invalid request: {reason}")]
     InvalidRequest {
@@ -201,7 +192,6 @@ impl Error {
             | Self::Invalid { object, .. }
             | Self::Api { object, .. }
             | Self::Request { object, .. }
-            | Self::Malformed { object, .. }
             | Self::InvalidRequest { object, .. } => Some(object),
             Self::Config(_) => None,
         }

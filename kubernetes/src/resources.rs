@@ -194,7 +194,9 @@ impl Resources {
     /// `resourceVersion` it was read at. On `409 Conflict` the object is read again and
     /// `mutate` runs again on the fresh copy, up to [`MAX_UPDATE_ATTEMPTS`] PUTs. The
     /// closure cannot move the object: name, namespace and resourceVersion are reset
-    /// to what was read. A missing object is [`Error::NotFound`].
+    /// to what was read. A missing object is [`Error::NotFound`]. For kinds with a status
+    /// subresource (Application) the API server ignores `.status` in this write: use
+    /// [`Resources::replace_status`].
     pub async fn update_with<F>(
         &self,
         namespace: Option<&str>,
