@@ -304,19 +304,19 @@ impl KubeTestServer {
         self.shared.store.current_rv()
     }
 
-    /// One stored object (`ns` is ignored for cluster-scoped types), or `None`.
+    /// One stored object, or `None`; `ns` is `None` (or ignored) for cluster-scoped types.
     pub fn get_object(
         &self,
         group: &str,
         version: &str,
         plural: &str,
-        ns: &str,
+        ns: Option<&str>,
         name: &str,
     ) -> Option<Value> {
         let store = &self.shared.store;
         let res = store.find(group, version, plural)?;
         let ns = if store.resources[res].namespaced {
-            ns
+            ns.unwrap_or("")
         } else {
             ""
         };

