@@ -726,3 +726,37 @@ async fn full_application_survives_get_update_and_strip_for_transfer() {
         object::checksum_of(&original["spec"])
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn wait_synced_returns_once_the_first_list_is_in_the_cache() {
+    let (client, _seen) = mock(vec![Reply::Json(
+        200,
+        app_list("10", vec![app("argocd", "a", "5")]),
+    )]);
+    let (cache, changes) = watch(client, Kind::Application, Scope::namespace("argocd"));
+    let reader = cache.clone();
+    let waiter = tokio::spawn(async move {
+        reader.wait_synced().await;
+        reader.get(Some("argocd"), "a").map(|o| rv(&o).to_string())
+    });
+    let driver = tokio::spawn(changes.for_each(|_| async {}));
+    let got = tokio::time::timeout(Duration::from_secs(5), waiter).await;
+    assert!(matches!(&got, Ok(Ok(Some(v))) if v == "5"), "{got:?}");
+    assert!(cache.is_synced());
+    driver.abort();
+}
+
+#[tokio::test(start_paused = true)]
+async fn delete_of_never_announced_object_yields_nothing() {
+    let (client, _seen) = mock(vec![
+        Reply::Json(200, app_list("10", vec![])),
+        Reply::Lines(vec![
+            json!({"type": "DELETED", "object": app("argocd", "ghost", "11")}),
+            json!({"type": "ADDED", "object": app("argocd", "real", "12")}),
+        ]),
+    ]);
+    let (_cache, changes) = watch(client, Kind::Application, Scope::namespace("argocd"));
+    let mut changes = Box::pin(changes);
+    let got = take_changes(&mut changes, 2).await;
+    assert_eq!(got, ["synced", "applied argocd/real@12"]);
+}
