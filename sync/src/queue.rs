@@ -147,14 +147,15 @@ impl SendQueue {
         Ok(())
     }
 
-    /// Marks the event with this id as delivered. Returns its key if it was in flight.
-    pub fn ack(&self, id: &str) -> Option<QueueKey> {
+    /// Marks the event with this id as delivered. Returns its key and type if it was in
+    /// flight.
+    pub fn ack(&self, id: &str) -> Option<(QueueKey, EventType)> {
         let mut st = self.lock();
         let key = st.ids.remove(id)?;
-        st.in_flight.remove(&key);
+        let ty = st.in_flight.remove(&key).map(|f| f.event.ty)?;
         drop(st);
         self.notify.notify_one();
-        Some(key)
+        Some((key, ty))
     }
 
     /// After a reconnect: everything in flight is sent again (unless a newer event for the
