@@ -1180,6 +1180,33 @@ mod kube_rs {
     }
 
     #[tokio::test]
+    async fn kube_rs_streaming_list_watcher_gets_initial_state() {
+        let (s, _http) = setup().await;
+        let api = apps(client(&s).await);
+        api.create(&PostParams::default(), &dynamic("one"))
+            .await
+            .unwrap();
+        let mut stream = watcher(api.clone(), watcher::Config::default().streaming_lists()).boxed();
+        let mut next = async || {
+            tokio::time::timeout(Duration::from_secs(5), stream.next())
+                .await
+                .expect("watcher event within 5s")
+                .expect("stream open")
+        };
+        assert!(matches!(next().await, Ok(watcher::Event::Init)));
+        assert!(
+            matches!(next().await, Ok(watcher::Event::InitApply(o)) if o.metadata.name.as_deref() == Some("one"))
+        );
+        assert!(matches!(next().await, Ok(watcher::Event::InitDone)));
+        api.create(&PostParams::default(), &dynamic("two"))
+            .await
+            .unwrap();
+        assert!(
+            matches!(next().await, Ok(watcher::Event::Apply(o)) if o.metadata.name.as_deref() == Some("two"))
+        );
+    }
+
+    #[tokio::test]
     async fn kube_rs_watcher_relists_after_410() {
         let (s, _http) = setup().await;
         let api = apps(client(&s).await);
@@ -1427,4 +1454,44 @@ spec:
                 .is_none()
         );
     }
+}
+
+#[tokio::test]
+async fn streaming_list_ends_initial_events_with_an_annotated_bookmark() {
+    let (_s, http) = setup().await;
+    http.post(APPS, app("s1")).await;
+    let q = "watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true";
+    let mut w = http.watch(&format!("{APPS}?{q}")).await;
+    assert_eq!(w.next().await["type"], "ADDED");
+    let end = w.next().await;
+    assert_eq!(end["type"], "BOOKMARK");
+    assert_eq!(
+        end["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"],
+        "true"
+    );
+    let r = http
+        .get(&format!("{APPS}?watch=true&sendInitialEvents=true"))
+        .await;
+    assert_status(&r, 422, "Invalid");
+}
+
+#[tokio::test]
+async fn shutdown_ends_watches_and_stops_listening() {
+    let (s, http) = setup().await;
+    let url = s.url();
+    let mut w = http
+        .watch(&format!(
+            "{APPS}?watch=true&resourceVersion={}",
+            s.resource_version()
+        ))
+        .await;
+    tokio::time::timeout(Duration::from_secs(6), s.shutdown())
+        .await
+        .expect("shutdown is prompt");
+    assert!(w.next_within(Duration::from_secs(1)).await.is_none());
+    let addr = url.trim_start_matches("http://").to_string();
+    assert!(
+        tokio::net::TcpStream::connect(addr).await.is_err(),
+        "listener closed"
+    );
 }

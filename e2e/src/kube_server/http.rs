@@ -739,17 +739,31 @@ fn watch(
     q: &Query,
     table: Option<IncludeObject>,
 ) -> Result<Response, ApiError> {
-    let start_rv = q.rv()?;
-    let bookmarks = q.flag("allowWatchBookmarks");
     let timeout = match q.get("timeoutSeconds") {
         Some(s) => Some(Duration::from_secs(s.parse().map_err(|_| {
             ApiError::bad_request(format!("invalid timeoutSeconds {s:?}"))
         })?)),
         None => None,
     };
+    let params = WatchParams {
+        start_rv: q.rv()?,
+        bookmarks: q.flag("allowWatchBookmarks"),
+        initial_events: q.flag("sendInitialEvents"),
+        timeout,
+        table,
+    };
+    if params.initial_events
+        && (q.get("resourceVersionMatch") != Some("NotOlderThan") || !params.bookmarks)
+    {
+        return Err(ApiError::new(
+            422,
+            "Invalid",
+            "sendInitialEvents=true requires resourceVersionMatch=NotOlderThan and allowWatchBookmarks=true",
+        ));
+    }
     let (tx, mut rx) = mpsc::channel::<Bytes>(64);
     tokio::spawn(async move {
-        run_watch(shared, res, filter, start_rv, bookmarks, timeout, table, tx).await;
+        run_watch(shared, res, filter, params, tx).await;
     });
     let stream =
         futures::stream::poll_fn(move |cx| rx.poll_recv(cx).map(|o| o.map(Ok::<_, Infallible>)));
@@ -761,17 +775,31 @@ fn watch(
     Ok(resp)
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Watch query parameters.
+struct WatchParams {
+    start_rv: Option<u64>,
+    bookmarks: bool,
+    /// `sendInitialEvents=true` (streaming list): synthetic ADDED events, then a BOOKMARK
+    /// annotated `k8s.io/initial-events-end`.
+    initial_events: bool,
+    timeout: Option<Duration>,
+    table: Option<IncludeObject>,
+}
+
 async fn run_watch(
     shared: Arc<Shared>,
     res: usize,
     filter: Filter,
-    start_rv: Option<u64>,
-    bookmarks: bool,
-    timeout: Option<Duration>,
-    table: Option<IncludeObject>,
+    params: WatchParams,
     tx: mpsc::Sender<Bytes>,
 ) {
+    let WatchParams {
+        start_rv,
+        bookmarks,
+        initial_events,
+        timeout,
+        table,
+    } = params;
     let store = &shared.store;
     let r = store.resources[res].clone();
     let mut rv_rx = store.subscribe();
@@ -785,12 +813,21 @@ async fn run_watch(
         None => o.clone(),
     };
     let mut last = match start_rv {
-        Some(rv) if rv > 0 => rv,
+        Some(rv) if rv > 0 && !initial_events => rv,
         _ => {
             rv_rx.borrow_and_update();
             let (items, rv) = store.list(res, filter.ns.as_deref());
             for o in items.iter().filter(|o| filter.matches(o)) {
                 if tx.send(event_line("ADDED", &render(o, rv))).await.is_err() {
+                    return;
+                }
+            }
+            if initial_events {
+                let end = json!({"kind": r.kind, "apiVersion": r.api_version(), "metadata": {
+                    "resourceVersion": rv.to_string(),
+                    "annotations": {"k8s.io/initial-events-end": "true"},
+                }});
+                if tx.send(event_line("BOOKMARK", &end)).await.is_err() {
                     return;
                 }
             }
