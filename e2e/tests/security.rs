@@ -1,0 +1,168 @@
+//! Identity and authorization at the stream level, with the real principal: an agent may act
+//! only on its own namespace; unmapped and foreign-trust-domain identities cannot open a stream.
+
+use std::time::Duration;
+
+use argocd_agent_e2e::harness::*;
+use argocd_agent_identity::devserver::DevCa;
+use argocd_agent_identity::source::SvidSource;
+use argocd_agent_identity::tls::{PeerPolicy, client_config};
+use argocd_agent_identity::transport::{ChannelOptions, connect};
+use argocd_agent_identity::{SpiffeId, TrustDomain};
+use argocd_agent_proto::eventstream::event_stream_client::EventStreamClient;
+use argocd_agent_proto::eventstream::{AgentMode, Hello};
+use argocd_agent_sync::{Event, EventType, Payload, ResourceKind, ResourceRef};
+use kube::api::PostParams;
+use serde_json::json;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+const T: Duration = Duration::from_secs(20);
+
+/// A hand-driven agent stream: sends hello, returns (sender, inbound stream, welcome).
+async fn open_stream(
+    source: &SvidSource,
+    addr: std::net::SocketAddr,
+    mode: AgentMode,
+) -> Result<(mpsc::Sender<argocd_agent_proto::cloudevents::CloudEvent>, tonic::Streaming<argocd_agent_proto::cloudevents::CloudEvent>, Event), HarnessError> {
+    let tls = client_config(source, PeerPolicy::Exact(SpiffeId::parse(PRINCIPAL_ID)?))?;
+    let channel = connect(&addr.to_string(), tls, "127.0.0.1", ChannelOptions::default()).await?;
+    let mut client = EventStreamClient::new(channel);
+    let (tx, rx) = mpsc::channel(16);
+    let hello = Event::new(
+        "test-client",
+        EventType::Hello,
+        Payload::Hello(Hello { mode: mode as i32, version: "test".into(), protocol_version: 1, ..Default::default() }),
+    );
+    tx.send(hello.to_cloud_event()).await?;
+    let mut inbound = client.subscribe(ReceiverStream::new(rx)).await?.into_inner();
+    let first = inbound.message().await?.ok_or("stream closed before welcome")?;
+    Ok((tx, inbound, Event::from_cloud_event(first)?))
+}
+
+/// Waits for the answer (processed or error) to the event with `id`.
+async fn answer_to(
+    inbound: &mut tonic::Streaming<argocd_agent_proto::cloudevents::CloudEvent>,
+    id: &str,
+) -> Result<Event, HarnessError> {
+    let deadline = tokio::time::Instant::now() + T;
+    loop {
+        let msg = tokio::time::timeout_at(deadline, inbound.message()).await??.ok_or("stream closed")?;
+        let e = Event::from_cloud_event(msg)?;
+        if e.ack_id.as_deref() == Some(id) {
+            return Ok(e);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_cannot_touch_another_agents_applications() {
+    let topo = Topology::start(TopologyOptions { agents: Some(vec![]), ..Default::default() }).await.unwrap();
+    let r: Result<(), HarnessError> = async {
+        // Agent B (managed) owns "victim" in its hub namespace.
+        let hub_b = apps(&topo.hub, MANAGED)?;
+        hub_b.create(&PostParams::default(), &sample_app("victim", MANAGED, "guestbook")).await?;
+        let before = stored_app(&topo.hub, MANAGED, "victim").ok_or("victim missing")?;
+
+        // Agent A is the autonomous agent's identity.
+        let source = SvidSource::workload_api(Some(topo.spiffe.endpoint(&topo.dir.join("autonomous.sock")))).await?;
+        source.wait_ready(T).await?;
+        let (tx, mut inbound, welcome) = open_stream(&source, topo.principal_addr, AgentMode::Autonomous).await?;
+        let Payload::Welcome(w) = &welcome.payload else { return Err("no welcome".into()) };
+        assert_eq!(w.agent_name, AUTONOMOUS);
+
+        let victim = ResourceRef { kind: ResourceKind::Application, namespace: MANAGED.into(), name: "victim".into() };
+        // Status for B's application.
+        let status = Event::resource("test-client", EventType::StatusUpdate, victim.clone(),
+            Payload::Object(std::sync::Arc::new(json!({"metadata": {"name": "victim"}, "status": {"health": {"status": "Degraded"}}}))));
+        tx.send(status.to_cloud_event()).await?;
+        let reply = answer_to(&mut inbound, &status.id).await?;
+        let Payload::Error(d) = &reply.payload else { return Err(format!("expected error, got {}", reply.ty).into()) };
+        assert_eq!(d.reason, "Forbidden");
+        assert!(d.message.contains(AUTONOMOUS) && d.message.contains(MANAGED), "message names both: {}", d.message);
+
+        // A create in B's namespace.
+        let mut obj = serde_json::to_value(sample_app("planted", MANAGED, "guestbook"))?;
+        obj["metadata"]["namespace"] = json!(MANAGED);
+        let create = Event::resource("test-client", EventType::Create,
+            ResourceRef { name: "planted".into(), ..victim.clone() }, Payload::Object(std::sync::Arc::new(obj)));
+        tx.send(create.to_cloud_event()).await?;
+        let reply = answer_to(&mut inbound, &create.id).await?;
+        assert!(matches!(&reply.payload, Payload::Error(d) if d.reason == "Forbidden"), "create refused: {reply:?}");
+
+        // B's objects are unchanged and nothing was planted.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let after = stored_app(&topo.hub, MANAGED, "victim").ok_or("victim vanished")?;
+        assert_eq!(before["metadata"]["resourceVersion"], after["metadata"]["resourceVersion"]);
+        assert!(after.get("status").is_none_or(|s| s.get("health").is_none()));
+        assert!(stored_app(&topo.hub, MANAGED, "planted").is_none());
+        // The refusal is logged with agent, object and reason.
+        eventually("refusal logged", T, || async {
+            topo.principal.log().lines().any(|l| l.contains("event refused") && l.contains("victim")).then_some(())
+        }).await?;
+        Ok(())
+    }
+    .await;
+    let logs = topo.logs();
+    topo.stop().await;
+    if let Err(e) = r {
+        panic!("{e}\n{logs}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unmapped_id_and_wrong_trust_domain_cannot_open_a_stream() {
+    let topo = Topology::start(TopologyOptions { agents: Some(vec![]), ..Default::default() }).await.unwrap();
+    let r: Result<(), HarnessError> = async {
+        let tmp = tempfile::tempdir()?;
+        let bundle = tmp.path().join("bundle.pem");
+        std::fs::write(&bundle, topo.spiffe.ca().certificate_pem())?;
+
+        // A valid SVID of the right trust domain whose ID matches no rule.
+        let intruder = SpiffeId::parse("spiffe://example.org/ns/other/sa/intruder")?;
+        let svid = topo.spiffe.ca().issue_x509(&intruder, Duration::from_secs(600))?;
+        let (cert, key) = (tmp.path().join("i.pem"), tmp.path().join("i.key"));
+        std::fs::write(&cert, svid.chain_pem())?;
+        std::fs::write(&key, svid.key_pem())?;
+        let source = SvidSource::pem_files(cert, key, vec![(None, bundle.clone())], Duration::from_secs(60))?;
+        source.wait_ready(T).await?;
+        match open_stream(&source, topo.principal_addr, AgentMode::Managed).await {
+            Ok(_) => return Err("unmapped identity opened a stream".into()),
+            Err(e) => {
+                let s = e.to_string();
+                assert!(s.contains("PermissionDenied") || s.contains("permission") || s.contains("rule"), "{s}");
+            }
+        }
+
+        // An SVID from another trust domain (its own CA), trusting the principal's bundle.
+        let evil = DevCa::ephemeral(TrustDomain::new("evil.org")?)?;
+        let foreign = SpiffeId::parse(&agent_id(MANAGED).replace("example.org", "evil.org"))?;
+        let svid = evil.issue_x509(&foreign, Duration::from_secs(600))?;
+        let (cert, key) = (tmp.path().join("e.pem"), tmp.path().join("e.key"));
+        std::fs::write(&cert, svid.chain_pem())?;
+        std::fs::write(&key, svid.key_pem())?;
+        let ebundle = tmp.path().join("ebundle.pem");
+        std::fs::write(&ebundle, format!("{}", evil.certificate_pem()))?;
+        let source = SvidSource::pem_files(
+            cert,
+            key,
+            vec![(Some(TrustDomain::new("example.org")?), bundle), (Some(TrustDomain::new("evil.org")?), ebundle)],
+            Duration::from_secs(60),
+        )?;
+        source.wait_ready(T).await?;
+        if open_stream(&source, topo.principal_addr, AgentMode::Managed).await.is_ok() {
+            return Err("foreign trust domain opened a stream".into());
+        }
+        // Both refusals are visible to the operator.
+        eventually("unmapped refusal logged", T, || async {
+            topo.principal.log().contains("intruder").then_some(())
+        }).await?;
+        Ok(())
+    }
+    .await;
+    let logs = topo.logs();
+    topo.stop().await;
+    if let Err(e) = r {
+        panic!("{e}\n{logs}");
+    }
+}
