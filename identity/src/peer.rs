@@ -84,3 +84,68 @@ pub fn peer_spiffe_id<T>(request: &tonic::Request<T>) -> Result<SpiffeId, PeerEr
     let certs = peer_certs(request).ok_or(PeerError::NoCertificate)?;
     spiffe_id_from_chain(&certs)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair, SanType};
+
+    fn cert(uris: &[&str], ca: bool) -> CertificateDer<'static> {
+        let mut params = CertificateParams::default();
+        params.subject_alt_names = uris
+            .iter()
+            .map(|u| SanType::URI(u.to_string().try_into().unwrap()))
+            .collect();
+        params.is_ca = if ca {
+            IsCa::Ca(BasicConstraints::Unconstrained)
+        } else {
+            IsCa::ExplicitNoCa
+        };
+        let key = KeyPair::generate().unwrap();
+        params.self_signed(&key).unwrap().der().clone()
+    }
+
+    #[test]
+    fn single_spiffe_uri_san_is_the_peer_id() {
+        let id = spiffe_id_from_chain(&[cert(&["spiffe://example.org/agent"], false)]).unwrap();
+        assert_eq!(id.as_str(), "spiffe://example.org/agent");
+    }
+
+    #[test]
+    fn leaf_with_zero_or_two_uri_sans_is_refused() {
+        assert_eq!(
+            spiffe_id_from_chain(&[cert(&[], false)]),
+            Err(PeerError::UriSanCount(0))
+        );
+        assert_eq!(
+            spiffe_id_from_chain(&[cert(
+                &["spiffe://example.org/a", "spiffe://example.org/b"],
+                false
+            )]),
+            Err(PeerError::UriSanCount(2))
+        );
+    }
+
+    #[test]
+    fn non_spiffe_uri_and_ca_leaf_are_refused() {
+        assert!(matches!(
+            spiffe_id_from_chain(&[cert(&["https://example.org/agent"], false)]),
+            Err(PeerError::NotSpiffe { .. })
+        ));
+        assert_eq!(
+            spiffe_id_from_chain(&[cert(&["spiffe://example.org/agent"], true)]),
+            Err(PeerError::LeafIsCa("spiffe://example.org/agent".into()))
+        );
+        assert_eq!(spiffe_id_from_chain(&[]), Err(PeerError::NoCertificate));
+        assert!(matches!(
+            spiffe_id_from_chain(&[CertificateDer::from(vec![1, 2, 3])]),
+            Err(PeerError::Unparsable(_))
+        ));
+    }
+
+    #[test]
+    fn request_without_tls_info_has_no_peer_id() {
+        let request = tonic::Request::new(());
+        assert_eq!(peer_spiffe_id(&request), Err(PeerError::NoCertificate));
+    }
+}

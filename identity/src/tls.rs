@@ -100,7 +100,7 @@ pub enum TlsError {
     },
     /// The chain does not verify against the bundle (bad signature, expired, not yet valid).
     #[error(
-        "certificate of {peer} does not verify against the bundle of {trust_domain:?}: {reason}"
+        "certificate of {peer} does not verify against the bundle of {trust_domain:?}: {source}"
     )]
     Chain {
         /// The peer's SPIFFE ID.
@@ -108,7 +108,7 @@ pub enum TlsError {
         /// Its trust domain.
         trust_domain: String,
         /// What rustls/webpki said (e.g. "certificate expired: ...").
-        reason: String,
+        source: rustls::Error,
     },
     /// The chain verified but the ID is not the one we accept.
     #[error("{peer} is not {policy}")]
@@ -285,10 +285,10 @@ impl SpiffeVerifier {
                 peer: id.as_str().to_string(),
                 trust_domain: td.as_str().to_string(),
             })?;
-        let chain_err = |e: rustls::Error| TlsError::Chain {
+        let chain_err = |source: rustls::Error| TlsError::Chain {
             peer: id.as_str().to_string(),
             trust_domain: td.as_str().to_string(),
-            reason: e.to_string(),
+            source,
         };
         match self.role {
             Role::Server => {
@@ -346,11 +346,15 @@ impl SpiffeVerifier {
     }
 }
 
-/// Keeps rustls' own certificate errors (so the right TLS alert is sent) and wraps ours.
+/// Keeps rustls' own certificate errors (so the right TLS alert, e.g. certificate_expired, is
+/// sent) and wraps ours.
 fn to_rustls(e: TlsError) -> rustls::Error {
-    rustls::Error::InvalidCertificate(rustls::CertificateError::Other(rustls::OtherError(
-        Arc::new(e),
-    )))
+    match e {
+        TlsError::Chain { source, .. } => source,
+        other => rustls::Error::InvalidCertificate(rustls::CertificateError::Other(
+            rustls::OtherError(Arc::new(other)),
+        )),
+    }
 }
 
 impl fmt::Debug for SpiffeVerifier {

@@ -213,3 +213,30 @@ fn rsa_signed_tokens_verify_with_ring_and_algorithm_confusion_is_refused() {
     let err = b.validate(&token, &id(PRINCIPAL)).unwrap_err();
     assert!(matches!(err, JwtError::BadSignature { .. }), "{err}");
 }
+
+#[tokio::test]
+async fn fetcher_refreshes_token_before_it_expires() {
+    let dir = tempfile::tempdir().unwrap();
+    let dev = dev_builder(dir.path())
+        .jwt_ttl(Duration::from_secs(2))
+        .serve()
+        .await
+        .unwrap();
+    let fetcher = JwtSvidFetcher::start(Some(endpoint(dir.path(), "agent")), id(PRINCIPAL))
+        .await
+        .unwrap();
+    let first = fetcher.token().unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let current = fetcher.token().expect("never without a valid token");
+        if current != first {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "token never refreshed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    dev.shutdown().await;
+}

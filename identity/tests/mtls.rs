@@ -204,3 +204,111 @@ async fn server_policy_one_of_refuses_other_clients_of_the_trust_domain() {
     );
     dev.shutdown().await;
 }
+
+#[tokio::test]
+async fn stalled_and_garbage_handshakes_do_not_block_or_stop_the_server() {
+    use tokio::io::AsyncWriteExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let dev = dev_server(dir.path()).await;
+    let principal = source(dir.path(), "principal").await;
+    let agent = source(dir.path(), "agent").await;
+    let server = serve(&principal, PeerPolicy::Any).await;
+
+    // A client that connects and never speaks, and one that sends garbage.
+    let _stalled = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let mut garbage = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    garbage.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+
+    let answer = tokio::time::timeout(
+        Duration::from_secs(3),
+        try_version(server.addr, &agent, PeerPolicy::Exact(id(PRINCIPAL))),
+    )
+    .await
+    .expect("not blocked by the stalled handshake")
+    .expect("server still serving");
+    assert_eq!(answer.version, AGENT);
+    dev.shutdown().await;
+}
+
+#[tokio::test]
+async fn client_without_certificate_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let dev = dev_server(dir.path()).await;
+    let principal = source(dir.path(), "principal").await;
+    let server = serve(&principal, PeerPolicy::Any).await;
+
+    // A client that accepts any server (so only the server can refuse) and presents no
+    // certificate.
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AcceptAnyServer(provider)))
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let result = async {
+        let channel = argocd_agent_identity::transport::connect(
+            &server.addr.to_string(),
+            Arc::new(config),
+            "localhost",
+            Default::default(),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        version(channel).await.map_err(|e| e.to_string())
+    }
+    .await;
+    assert!(result.is_err(), "anonymous client accepted: {result:?}");
+    assert!(server.seen().is_empty());
+    dev.shutdown().await;
+}
+
+/// Test-only verifier that accepts every server certificate.
+#[derive(Debug)]
+struct AcceptAnyServer(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for AcceptAnyServer {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &rustls_pki_types::CertificateDer<'_>,
+        _intermediates: &[rustls_pki_types::CertificateDer<'_>],
+        _server_name: &rustls_pki_types::ServerName<'_>,
+        _ocsp: &[u8],
+        _now: rustls_pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls_pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls_pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
