@@ -24,6 +24,8 @@ enum Command {
     /// Development helpers (Kubernetes API test server).
     #[command(subcommand)]
     Dev(ctl::dev::Command),
+    /// Run the whole topology locally (dev Workload API, hub + 2 spokes, principal, agents).
+    Demo(ctl::demo::DemoArgs),
     /// Service-mesh config generators (Envoy, Istio, Linkerd).
     #[command(subcommand)]
     Mesh(ctl::mesh::Command),
@@ -38,6 +40,7 @@ async fn main() {
         Command::Spiffe(c) => ctl::spiffe::run(c).await,
         Command::Dev(c) => ctl::dev::run(c).await,
         Command::Mesh(c) => ctl::mesh::run(c).await,
+        Command::Demo(a) => ctl::demo::run(a).await,
     };
     if let Err(e) = result {
         eprintln!("error: {e}");

@@ -1,5 +1,6 @@
 //! `argocd-agentctl` subcommands, one module each.
 
+pub mod demo;
 pub mod dev;
 pub mod identity;
 pub mod mesh;

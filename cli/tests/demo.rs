@@ -1,0 +1,20 @@
+//! The README's first command (`argocd-agentctl demo`) works: the topology starts and the
+//! sample Applications flow both ways.
+
+#[test]
+fn demo_check_passes() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_argocd-agentctl"))
+        .args(["demo", "--check", "--dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "demo --check failed\nstdout:\n{stdout}\nstderr:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("demo check passed"));
+    assert!(stdout.contains("edge-guestbook"));
+}
