@@ -1495,3 +1495,106 @@ async fn shutdown_ends_watches_and_stops_listening() {
         "listener closed"
     );
 }
+
+#[tokio::test]
+async fn list_pages_with_limit_and_continue_from_one_snapshot() {
+    let (s, http) = setup().await;
+    for n in ["a", "b", "c"] {
+        http.post(APPS, app(n)).await;
+    }
+    let p1 = http.get(&format!("{APPS}?limit=2")).await.body;
+    assert_eq!(p1["items"].as_array().unwrap().len(), 2);
+    assert_eq!(p1["metadata"]["remainingItemCount"], 1);
+    let token = p1["metadata"]["continue"]
+        .as_str()
+        .expect("continue token")
+        .to_string();
+    // A write between pages is not seen: the continuation serves the first page's snapshot.
+    http.post(APPS, app("d")).await;
+    let p2 = http
+        .get(&format!("{APPS}?limit=2&continue={token}"))
+        .await
+        .body;
+    let names: Vec<_> = p2["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["metadata"]["name"].clone())
+        .collect();
+    assert_eq!(names, vec![json!("c")]);
+    assert!(p2["metadata"].get("continue").is_none());
+    assert_eq!(
+        p2["metadata"]["resourceVersion"],
+        p1["metadata"]["resourceVersion"]
+    );
+    s.compact_history();
+    assert_status(
+        &http.get(&format!("{APPS}?limit=2&continue={token}")).await,
+        410,
+        "Expired",
+    );
+    assert_status(
+        &http.get(&format!("{APPS}?continue=garbage")).await,
+        400,
+        "BadRequest",
+    );
+}
+
+#[tokio::test]
+async fn dry_run_computes_but_does_not_store() {
+    let (s, http) = setup().await;
+    let before = s.resource_version();
+    let r = http.post(&format!("{APPS}?dryRun=All"), app("dry")).await;
+    assert_eq!(r.code, 201);
+    assert_eq!(r.body["metadata"]["name"], "dry");
+    assert!(
+        s.get_object(
+            "argoproj.io",
+            "v1alpha1",
+            "applications",
+            Some("argocd"),
+            "dry"
+        )
+        .is_none()
+    );
+    http.post(APPS, app("dry")).await;
+    let p = http
+        .patch(
+            &format!("{APPS}/dry?dryRun=All"),
+            "application/merge-patch+json",
+            r#"{"spec":{"project":"x"}}"#,
+        )
+        .await;
+    assert_eq!(p.body["spec"]["project"], "x");
+    assert_eq!(
+        http.get(&format!("{APPS}/dry")).await.body["spec"]["project"],
+        "default"
+    );
+    assert_eq!(
+        http.call(
+            Method::DELETE,
+            &format!("{APPS}/dry?dryRun=All"),
+            "",
+            "",
+            ""
+        )
+        .await
+        .code,
+        200
+    );
+    assert!(
+        s.get_object(
+            "argoproj.io",
+            "v1alpha1",
+            "applications",
+            Some("argocd"),
+            "dry"
+        )
+        .is_some()
+    );
+    assert_eq!(
+        s.resource_version(),
+        before + 1,
+        "only the real create wrote"
+    );
+}

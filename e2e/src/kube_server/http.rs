@@ -10,6 +10,7 @@ use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::response::Response;
+use base64::Engine as _;
 use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -575,34 +576,79 @@ async fn serve_resource(
     let method = req.method().clone();
     let table = wants_table(req.headers(), q);
     let ns = t.ns.clone().unwrap_or_default();
+    let dry_run = match q.get("dryRun") {
+        None | Some("") => false,
+        Some("All") => true,
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "unsupported dryRun value {other:?} (only All)"
+            )));
+        }
+    };
     let Some(name) = t.name.clone() else {
         // Collection.
         let filter = Filter::from_query(&t, q)?;
         return match method {
             Method::GET if q.flag("watch") => Ok(watch(shared.clone(), t.res, filter, q, table)?),
             Method::GET => {
-                let (items, rv) = match (q.rv()?, q.get("resourceVersionMatch")) {
-                    (Some(at), Some("Exact")) => (
-                        store.list_at(t.res, t.ns.as_deref().filter(|n| !n.is_empty()), at)?,
-                        at,
-                    ),
-                    (_, Some(m)) if m != "NotOlderThan" && m != "Exact" => {
-                        return Err(ApiError::bad_request(format!(
-                            "unsupported resourceVersionMatch {m:?}"
-                        )));
-                    }
-                    _ => store.list(t.res, t.ns.as_deref().filter(|n| !n.is_empty())),
+                let list_ns = t.ns.as_deref().filter(|n| !n.is_empty());
+                let limit = match q.get("limit") {
+                    Some(l) => l
+                        .parse::<usize>()
+                        .map_err(|_| ApiError::bad_request(format!("invalid limit {l:?}")))?,
+                    None => 0,
                 };
-                let items: Vec<Value> = items.into_iter().filter(|o| filter.matches(o)).collect();
+                let (items, rv, after) = match q.get("continue").filter(|c| !c.is_empty()) {
+                    // A continued list is served from the snapshot of its first page.
+                    Some(token) => {
+                        let (rv, after) = decode_continue(token)?;
+                        let items = store.list_at(t.res, list_ns, rv).map_err(|e| {
+                            if e.code == 410 {
+                                ApiError::new(410, "Expired", "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.")
+                            } else {
+                                e
+                            }
+                        })?;
+                        (items, rv, Some(after))
+                    }
+                    None => match (q.rv()?, q.get("resourceVersionMatch")) {
+                        (Some(at), Some("Exact")) => (store.list_at(t.res, list_ns, at)?, at, None),
+                        (_, Some(m)) if m != "NotOlderThan" && m != "Exact" => {
+                            return Err(ApiError::bad_request(format!(
+                                "unsupported resourceVersionMatch {m:?}"
+                            )));
+                        }
+                        _ => {
+                            let (items, rv) = store.list(t.res, list_ns);
+                            (items, rv, None)
+                        }
+                    },
+                };
+                let mut items: Vec<Value> = items
+                    .into_iter()
+                    .filter(|o| filter.matches(o))
+                    .filter(|o| after.as_ref().is_none_or(|a| &object_key(o) > a))
+                    .collect();
+                let mut meta = json!({"resourceVersion": rv.to_string()});
+                if limit > 0 && items.len() > limit {
+                    let remaining = items.len() - limit;
+                    items.truncate(limit);
+                    if let Some(last) = items.last() {
+                        meta["continue"] = json!(encode_continue(rv, &object_key(last)));
+                        meta["remainingItemCount"] = json!(remaining);
+                    }
+                }
                 if let Some(include) = table {
-                    return Ok(json_response(200, &table_of(&items, rv, include)));
+                    let mut t = table_of(&items, rv, include);
+                    t["metadata"] = meta;
+                    return Ok(json_response(200, &t));
                 }
                 Ok(json_response(
                     200,
                     &json!({
                         "kind": format!("{}List", r.kind),
                         "apiVersion": r.api_version(),
-                        "metadata": {"resourceVersion": rv.to_string()},
+                        "metadata": meta,
                         "items": items,
                     }),
                 ))
@@ -610,7 +656,7 @@ async fn serve_resource(
             Method::POST if t.ns.is_some() => {
                 let (headers, body) = read_body(req).await?;
                 let obj = decode_object(&headers, &body)?;
-                Ok(json_response(201, &store.create(t.res, &ns, obj)?))
+                Ok(json_response(201, &store.create(t.res, &ns, obj, dry_run)?))
             }
             Method::DELETE => {
                 let (items, _) = store.list(t.res, t.ns.as_deref().filter(|n| !n.is_empty()));
@@ -624,7 +670,7 @@ async fn serve_resource(
                         .pointer("/metadata/name")
                         .and_then(Value::as_str)
                         .unwrap_or("");
-                    match store.delete(t.res, ons, oname, &Preconditions::default()) {
+                    match store.delete(t.res, ons, oname, &Preconditions::default(), dry_run) {
                         Ok(DeleteOutcome::Deleted(v) | DeleteOutcome::Pending(v)) => {
                             deleted.push(v)
                         }
@@ -664,7 +710,7 @@ async fn serve_resource(
             let obj = decode_object(&headers, &body)?;
             Ok(json_response(
                 200,
-                &store.update(t.res, &ns, &name, obj, t.status)?,
+                &store.update(t.res, &ns, &name, obj, t.status, dry_run)?,
             ))
         }
         Method::PATCH => {
@@ -685,7 +731,7 @@ async fn serve_resource(
                 }
             };
             let existed = store.get(t.res, &ns, &name).is_ok();
-            let obj = store.patch(t.res, &ns, &name, kind, &body, t.status)?;
+            let obj = store.patch(t.res, &ns, &name, kind, &body, t.status, dry_run)?;
             Ok(json_response(if existed { 200 } else { 201 }, &obj))
         }
         Method::DELETE if !t.status => {
@@ -699,7 +745,7 @@ async fn serve_resource(
                 pre.uid = s("/preconditions/uid");
                 pre.resource_version = s("/preconditions/resourceVersion");
             }
-            match store.delete(t.res, &ns, &name, &pre)? {
+            match store.delete(t.res, &ns, &name, &pre, dry_run)? {
                 // The apiserver answers a Status for core resources that do not return the
                 // deleted object (secrets, configmaps) and the object for the others.
                 DeleteOutcome::Deleted(obj) if r.group.is_empty() && r.plural != "namespaces" => {
@@ -719,6 +765,35 @@ async fn serve_resource(
         }
         m => Err(method_not_allowed(&m)),
     }
+}
+
+/// `(namespace, name)`, the order lists are returned in.
+fn object_key(o: &Value) -> (String, String) {
+    let s = |p: &str| {
+        o.pointer(p)
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
+    (s("/metadata/namespace"), s("/metadata/name"))
+}
+
+/// Continue tokens carry the list's resourceVersion and the last key returned.
+fn encode_continue(rv: u64, after: &(String, String)) -> String {
+    let raw = json!({"rv": rv, "ns": after.0, "name": after.1}).to_string();
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(raw)
+}
+
+fn decode_continue(token: &str) -> Result<(u64, (String, String)), ApiError> {
+    let bad = || ApiError::bad_request(format!("invalid continue token {token:?}"));
+    let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(token)
+        .map_err(|_| bad())?;
+    let v: Value = serde_json::from_slice(&raw).map_err(|_| bad())?;
+    let rv = v["rv"].as_u64().ok_or_else(bad)?;
+    let ns = v["ns"].as_str().ok_or_else(bad)?.to_string();
+    let name = v["name"].as_str().ok_or_else(bad)?.to_string();
+    Ok((rv, (ns, name)))
 }
 
 fn table_of(objects: &[Value], rv: u64, include: IncludeObject) -> Value {

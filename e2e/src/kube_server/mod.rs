@@ -213,7 +213,12 @@ impl KubeTestServer {
         if let Some(ns_res) = store.find("", "v1", "namespaces") {
             for ns in &options.initial_namespaces {
                 store
-                    .create(ns_res, "", serde_json::json!({"metadata": {"name": ns}}))
+                    .create(
+                        ns_res,
+                        "",
+                        serde_json::json!({"metadata": {"name": ns}}),
+                        false,
+                    )
                     .map_err(|e| {
                         std::io::Error::new(
                             std::io::ErrorKind::InvalidInput,

@@ -47,6 +47,8 @@ struct Inner {
     history: VecDeque<Event>,
     /// Every event with `rv > history_start` is in `history`.
     history_start: u64,
+    /// Set for the duration of one `dryRun=All` request: writes are computed, not stored.
+    dry_run: bool,
 }
 
 /// How a patch body is to be applied.
@@ -169,6 +171,7 @@ impl Store {
                 objects: BTreeMap::new(),
                 history: VecDeque::new(),
                 history_start: 0,
+                dry_run: false,
             }),
             rv_tx,
             resources,
@@ -226,6 +229,13 @@ impl Store {
         mut object: Value,
         prev: Option<Value>,
     ) -> Value {
+        if g.dry_run {
+            // What the write would store; a created object has no resourceVersion yet.
+            if kind == EventType::Added {
+                meta_mut(&mut object).remove("resourceVersion");
+            }
+            return object;
+        }
         g.rv += 1;
         let rv = g.rv;
         meta_mut(&mut object).insert("resourceVersion".into(), Value::String(rv.to_string()));
@@ -393,8 +403,15 @@ impl Store {
     }
 
     /// POST.
-    pub fn create(&self, res: usize, ns: &str, body: Value) -> Result<Value, ApiError> {
+    pub fn create(
+        &self,
+        res: usize,
+        ns: &str,
+        body: Value,
+        dry_run: bool,
+    ) -> Result<Value, ApiError> {
         let mut g = self.lock();
+        g.dry_run = dry_run;
         self.create_locked(&mut g, res, ns, body)
     }
 
@@ -501,9 +518,11 @@ impl Store {
         name: &str,
         body: Value,
         status_only: bool,
+        dry_run: bool,
     ) -> Result<Value, ApiError> {
         self.check_body(res, ns, &body, Some(name))?;
         let mut g = self.lock();
+        g.dry_run = dry_run;
         self.update_locked(&mut g, res, ns, name, body, status_only)
     }
 
@@ -610,6 +629,7 @@ impl Store {
         kind: PatchKind,
         body: &[u8],
         status_only: bool,
+        dry_run: bool,
     ) -> Result<Value, ApiError> {
         let r = &self.resources[res];
         let patch: Value = match kind {
@@ -626,6 +646,7 @@ impl Store {
             })?,
         };
         let mut g = self.lock();
+        g.dry_run = dry_run;
         let key = (res, ns.to_string(), name.to_string());
         let Some(old) = g.objects.get(&key).cloned() else {
             if kind == PatchKind::Apply && !status_only {
@@ -668,8 +689,10 @@ impl Store {
         ns: &str,
         name: &str,
         pre: &Preconditions,
+        dry_run: bool,
     ) -> Result<DeleteOutcome, ApiError> {
         let mut g = self.lock();
+        g.dry_run = dry_run;
         let out = self.delete_locked(&mut g, res, ns, name, pre)?;
         if Some(res) == self.namespace_res() {
             // No Terminating phase here: a namespace's objects go with it.
