@@ -12,6 +12,42 @@ pub enum Command {
     /// Show which mapping rule a SPIFFE ID matches and the agent, namespace and modes it
     /// maps to, or why it is denied (every rule tried). Exits non-zero when denied.
     Explain(ExplainArgs),
+    /// Show the current SVID from the Workload API (or PEM files): SPIFFE ID, expiry, chain,
+    /// bundle trust domains.
+    Inspect(InspectArgs),
+}
+
+/// Arguments of `identity inspect`.
+#[derive(Debug, clap::Args)]
+pub struct InspectArgs {
+    /// Workload API socket (default: SPIFFE_ENDPOINT_SOCKET), e.g. unix:///run/spire/agent.sock.
+    #[arg(long, env = "SPIFFE_ENDPOINT_SOCKET")]
+    socket: Option<String>,
+    /// SVID certificate chain (PEM) instead of the Workload API.
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<std::path::PathBuf>,
+    /// SVID private key (PEM).
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<std::path::PathBuf>,
+    /// Trust bundle (PEM), repeatable.
+    #[arg(long = "root-ca")]
+    root_ca: Vec<std::path::PathBuf>,
+}
+
+async fn inspect(args: InspectArgs) -> crate::CmdResult {
+    use argocd_agent_identity::source::SvidSource;
+    let source = match (args.tls_cert, args.tls_key) {
+        (Some(cert), Some(key)) => SvidSource::pem_files(
+            cert,
+            key,
+            args.root_ca.into_iter().map(|p| (None, p)).collect(),
+            std::time::Duration::from_secs(3600),
+        )?,
+        _ => SvidSource::workload_api(args.socket).await?,
+    };
+    source.wait_ready(std::time::Duration::from_secs(15)).await?;
+    println!("{}", argocd_agent_identity::source::inspect(&source).await);
+    Ok(())
 }
 
 /// Arguments of `identity explain`.
@@ -36,6 +72,7 @@ pub struct ExplainArgs {
 pub async fn run(cmd: Command) -> crate::CmdResult {
     match cmd {
         Command::Explain(args) => explain(args),
+        Command::Inspect(args) => inspect(args).await,
     }
 }
 
