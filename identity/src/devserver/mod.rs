@@ -187,15 +187,13 @@ impl DevWorkloadApi {
         let issued = Shared::issue_all(&ca, &self.registrations, self.svid_ttl, 0)?;
         let (issued_tx, _) = watch::channel(Arc::new(issued));
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
-        // Entries without a socket are served on the default socket.
+        // uid-only entries apply on every socket; entries with no selector at all (possible
+        // only through the builder) belong to the default socket.
         let registrations = self
             .registrations
             .iter()
             .cloned()
             .map(|mut r| {
-                if r.socket.is_none() && r.uid.is_some() {
-                    // uid-only entries apply on every socket; nothing to rewrite.
-                }
                 if r.socket.is_none() && r.uid.is_none() {
                     r.socket = Some(default_socket.clone());
                 }
