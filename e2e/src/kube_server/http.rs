@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use super::Shared;
 use super::selector::{FieldSelector, LabelSelector};
 use super::status::ApiError;
-use super::store::{DeleteOutcome, Event, EventType, PatchKind, Preconditions};
+use super::store::{DeleteOutcome, Event, EventType, PatchKind, Preconditions, WriteMode};
 
 /// Request bodies larger than this are refused (the apiserver's own limit is 3 MiB).
 const MAX_BODY: usize = 8 << 20;
@@ -585,6 +585,10 @@ async fn serve_resource(
             )));
         }
     };
+    let mode = WriteMode {
+        status_only: t.status,
+        dry_run,
+    };
     let Some(name) = t.name.clone() else {
         // Collection.
         let filter = Filter::from_query(&t, q)?;
@@ -710,7 +714,7 @@ async fn serve_resource(
             let obj = decode_object(&headers, &body)?;
             Ok(json_response(
                 200,
-                &store.update(t.res, &ns, &name, obj, t.status, dry_run)?,
+                &store.update(t.res, &ns, &name, obj, mode)?,
             ))
         }
         Method::PATCH => {
@@ -731,7 +735,7 @@ async fn serve_resource(
                 }
             };
             let existed = store.get(t.res, &ns, &name).is_ok();
-            let obj = store.patch(t.res, &ns, &name, kind, &body, t.status, dry_run)?;
+            let obj = store.patch(t.res, &ns, &name, kind, &body, mode)?;
             Ok(json_response(if existed { 200 } else { 201 }, &obj))
         }
         Method::DELETE if !t.status => {

@@ -72,6 +72,15 @@ pub enum DeleteOutcome {
     Pending(Value),
 }
 
+/// How an update or patch is applied.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WriteMode {
+    /// The request is on the `/status` subresource: only `.status` changes.
+    pub status_only: bool,
+    /// `dryRun=All`: compute the result, store nothing.
+    pub dry_run: bool,
+}
+
 /// Optional delete preconditions (`DeleteOptions.preconditions`).
 #[derive(Debug, Default, Clone)]
 pub struct Preconditions {
@@ -517,9 +526,12 @@ impl Store {
         ns: &str,
         name: &str,
         body: Value,
-        status_only: bool,
-        dry_run: bool,
+        mode: WriteMode,
     ) -> Result<Value, ApiError> {
+        let WriteMode {
+            status_only,
+            dry_run,
+        } = mode;
         self.check_body(res, ns, &body, Some(name))?;
         let mut g = self.lock();
         g.dry_run = dry_run;
@@ -628,9 +640,12 @@ impl Store {
         name: &str,
         kind: PatchKind,
         body: &[u8],
-        status_only: bool,
-        dry_run: bool,
+        mode: WriteMode,
     ) -> Result<Value, ApiError> {
+        let WriteMode {
+            status_only,
+            dry_run,
+        } = mode;
         let r = &self.resources[res];
         let patch: Value = match kind {
             PatchKind::Apply => serde_saphyr::from_str::<Value>(
