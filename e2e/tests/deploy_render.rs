@@ -1,0 +1,616 @@
+//! Renders every kustomize base and overlay under `deploy/` with `kubectl kustomize` and checks
+//! the objects against the real binaries: every flag and environment variable a Deployment
+//! uses must exist in `argocd-agent <subcommand> --help`, the RBAC must grant what
+//! docs/kubernetes.md says, the example identity rules must load, and the committed mesh
+//! policies must match what `argocd-agentctl mesh` prints.
+#![forbid(unsafe_code)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use serde_json::Value;
+
+/// The workspace root (`e2e/..`).
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// kubectl from `KUBECTL`, the project virtualenv, or `PATH`; there is no other way to run
+/// the same kustomize that users run, so a missing kubectl fails the test.
+fn kubectl() -> PathBuf {
+    if let Some(p) = std::env::var_os("KUBECTL") {
+        return PathBuf::from(p);
+    }
+    let venv = workspace_root().join(".venv/bin/kubectl");
+    if venv.is_file() {
+        return venv;
+    }
+    let on_path = Command::new("kubectl")
+        .args(["version", "--client"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if on_path {
+        return PathBuf::from("kubectl");
+    }
+    panic!(
+        "kubectl not found (KUBECTL unset, no {}, none on PATH): run .ci/run once to install it into .venv",
+        venv.display()
+    );
+}
+
+/// Every directory under `deploy/` with a kustomization that can be built on its own
+/// (components are built through the overlays that use them).
+fn kustomize_dirs() -> Vec<PathBuf> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        let entries =
+            std::fs::read_dir(dir).unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()));
+        for entry in entries {
+            let path = entry
+                .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
+                .path();
+            if path.is_dir() {
+                walk(&path, out);
+            } else if path.file_name().is_some_and(|n| n == "kustomization.yaml") {
+                let text = std::fs::read_to_string(&path)
+                    .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+                if !text.lines().any(|l| l.trim() == "kind: Component") {
+                    out.push(dir.to_path_buf());
+                }
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(&workspace_root().join("deploy"), &mut out);
+    out.sort();
+    out
+}
+
+/// Path relative to `deploy/`, for messages and for telling principal from agent.
+fn rel(dir: &Path) -> String {
+    dir.strip_prefix(workspace_root().join("deploy"))
+        .unwrap_or(dir)
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Which component a kustomization deploys, from its path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Component {
+    Principal,
+    Agent,
+}
+
+fn component(dir: &Path) -> Component {
+    match dir.file_name().and_then(|n| n.to_str()) {
+        Some("principal") => Component::Principal,
+        Some("agent") => Component::Agent,
+        other => panic!(
+            "{}: kustomization directory must be named principal or agent, found {other:?}",
+            rel(dir)
+        ),
+    }
+}
+
+fn render(dir: &Path) -> Vec<Value> {
+    let out = Command::new(kubectl())
+        .arg("kustomize")
+        .arg(dir)
+        .output()
+        .unwrap_or_else(|e| panic!("running kubectl kustomize {}: {e}", rel(dir)));
+    assert!(
+        out.status.success(),
+        "kubectl kustomize {} failed: {}",
+        rel(dir),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let yaml = String::from_utf8(out.stdout)
+        .unwrap_or_else(|e| panic!("{}: output is not UTF-8: {e}", rel(dir)));
+    serde_saphyr::from_multiple::<Value>(&yaml)
+        .unwrap_or_else(|e| panic!("{}: output is not YAML: {e}", rel(dir)))
+}
+
+/// Rendered objects of every kustomization, computed once for all tests of this file.
+fn rendered() -> &'static BTreeMap<PathBuf, Vec<Value>> {
+    static CELL: OnceLock<BTreeMap<PathBuf, Vec<Value>>> = OnceLock::new();
+    CELL.get_or_init(|| {
+        kustomize_dirs()
+            .into_iter()
+            .map(|d| (d.clone(), render(&d)))
+            .collect()
+    })
+}
+
+fn str_at<'a>(obj: &'a Value, pointer: &str) -> Option<&'a str> {
+    obj.pointer(pointer).and_then(Value::as_str)
+}
+
+fn kind(obj: &Value) -> &str {
+    str_at(obj, "/kind").unwrap_or("")
+}
+
+fn name(obj: &Value) -> &str {
+    str_at(obj, "/metadata/name").unwrap_or("")
+}
+
+fn find<'a>(objects: &'a [Value], kind_: &str, name_: &str) -> Option<&'a Value> {
+    objects
+        .iter()
+        .find(|o| kind(o) == kind_ && name(o) == name_)
+}
+
+fn deployment(dir: &Path, objects: &[Value]) -> Value {
+    let deployments: Vec<&Value> = objects.iter().filter(|o| kind(o) == "Deployment").collect();
+    assert_eq!(
+        deployments.len(),
+        1,
+        "{}: expected exactly one Deployment",
+        rel(dir)
+    );
+    deployments[0].clone()
+}
+
+fn array<'a>(obj: &'a Value, pointer: &str) -> &'a [Value] {
+    obj.pointer(pointer)
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or(&[])
+}
+
+/// `argocd-agent <sub> --help`, once per subcommand.
+fn help(c: Component) -> &'static str {
+    static PRINCIPAL: OnceLock<String> = OnceLock::new();
+    static AGENT: OnceLock<String> = OnceLock::new();
+    let (cell, sub) = match c {
+        Component::Principal => (&PRINCIPAL, "principal"),
+        Component::Agent => (&AGENT, "agent"),
+    };
+    cell.get_or_init(|| {
+        let bin = argocd_agent_e2e::harness::binary("argocd-agent")
+            .unwrap_or_else(|e| panic!("argocd-agent binary: {e}"));
+        let out = Command::new(&bin)
+            .args([sub, "--help"])
+            .output()
+            .unwrap_or_else(|e| panic!("running {} {sub} --help: {e}", bin.display()));
+        assert!(
+            out.status.success(),
+            "{sub} --help failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    })
+}
+
+/// The flags `--help` lists (first token of each option line, without the value name).
+fn help_flags(help: &str) -> BTreeSet<String> {
+    help.lines()
+        .flat_map(|l| l.split([' ', ',']))
+        .filter(|t| t.starts_with("--") && t.len() > 2)
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn every_kustomization_is_found() {
+    let found: BTreeSet<String> = kustomize_dirs().iter().map(|d| rel(d)).collect();
+    for expected in [
+        "principal",
+        "agent",
+        "overlays/spire/principal",
+        "overlays/spire/agent",
+        "overlays/pem-files/principal",
+        "overlays/pem-files/agent",
+        "overlays/istio/principal",
+        "overlays/istio/agent",
+        "overlays/linkerd/principal",
+        "overlays/linkerd/agent",
+    ] {
+        assert!(
+            found.contains(expected),
+            "deploy/{expected} missing; found {found:?}"
+        );
+    }
+}
+
+#[test]
+fn every_rendered_object_is_complete_and_unique() {
+    for (dir, objects) in rendered() {
+        assert!(!objects.is_empty(), "{}: rendered nothing", rel(dir));
+        let mut seen = BTreeSet::new();
+        for obj in objects {
+            for field in ["/apiVersion", "/kind", "/metadata/name"] {
+                assert!(
+                    str_at(obj, field).is_some_and(|s| !s.is_empty()),
+                    "{}: object without {field}: {obj}",
+                    rel(dir)
+                );
+            }
+            let ns = str_at(obj, "/metadata/namespace").unwrap_or("").to_owned();
+            assert!(
+                seen.insert((kind(obj).to_owned(), ns, name(obj).to_owned())),
+                "{}: duplicate {} {}",
+                rel(dir),
+                kind(obj),
+                name(obj)
+            );
+        }
+    }
+}
+
+#[test]
+fn expected_kinds_are_present() {
+    for (dir, objects) in rendered() {
+        let kinds: BTreeSet<&str> = objects.iter().map(kind).collect();
+        let mut expected = vec![
+            "Deployment",
+            "ServiceAccount",
+            "Service",
+            "ConfigMap",
+            "Role",
+            "RoleBinding",
+        ];
+        if component(dir) == Component::Principal {
+            expected.extend(["ClusterRole", "ClusterRoleBinding"]);
+        }
+        for k in expected {
+            assert!(
+                kinds.contains(k),
+                "{}: no {k} rendered (kinds: {kinds:?})",
+                rel(dir)
+            );
+        }
+    }
+}
+
+#[test]
+fn overlays_put_every_namespaced_object_and_binding_subject_in_one_namespace() {
+    const CLUSTER_SCOPED: [&str; 3] = ["ClusterRole", "ClusterRoleBinding", "Namespace"];
+    for (dir, objects) in rendered()
+        .iter()
+        .filter(|(d, _)| rel(d).starts_with("overlays/"))
+    {
+        for obj in objects {
+            let ns = str_at(obj, "/metadata/namespace");
+            if CLUSTER_SCOPED.contains(&kind(obj)) {
+                assert!(
+                    ns.is_none(),
+                    "{}: cluster-scoped {} {} has a namespace",
+                    rel(dir),
+                    kind(obj),
+                    name(obj)
+                );
+            } else {
+                assert_eq!(
+                    ns,
+                    Some("argocd"),
+                    "{}: {} {} namespace",
+                    rel(dir),
+                    kind(obj),
+                    name(obj)
+                );
+            }
+            for subject in array(obj, "/subjects") {
+                assert_eq!(
+                    str_at(subject, "/namespace"),
+                    Some("argocd"),
+                    "{}: {} {} subject {subject} has no or another namespace",
+                    rel(dir),
+                    kind(obj),
+                    name(obj)
+                );
+                let sa = str_at(subject, "/name").unwrap_or("");
+                assert!(
+                    find(objects, "ServiceAccount", sa).is_some(),
+                    "{}: subject {sa} is not rendered",
+                    rel(dir)
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn deployment_args_and_env_exist_in_binary_help() {
+    for (dir, objects) in rendered() {
+        let c = component(dir);
+        let help = help(c);
+        let flags = help_flags(help);
+        let deploy = deployment(dir, objects);
+        let containers = array(&deploy, "/spec/template/spec/containers");
+        assert_eq!(containers.len(), 1, "{}: expected one container", rel(dir));
+        let container = &containers[0];
+        let args: Vec<&str> = array(container, "/args")
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        let sub = match c {
+            Component::Principal => "principal",
+            Component::Agent => "agent",
+        };
+        assert_eq!(
+            args.first().copied(),
+            Some(sub),
+            "{}: first arg must be the subcommand",
+            rel(dir)
+        );
+        for arg in args.iter().filter(|a| a.starts_with("--")) {
+            let flag = arg.split_once('=').map_or(*arg, |(f, _)| f);
+            assert!(
+                flags.contains(flag),
+                "{}: `{flag}` is not a flag of `argocd-agent {sub}`",
+                rel(dir)
+            );
+        }
+        for env in array(container, "/env") {
+            let var = str_at(env, "/name").unwrap_or("");
+            if help.contains(&format!("[env: {var}=")) {
+                continue;
+            }
+            // Anything else must only feed `$(VAR)` expansion in the args.
+            assert!(
+                args.iter().any(|a| a.contains(&format!("$({var})"))),
+                "{}: env {var} is neither read by `argocd-agent {sub}` nor used in args",
+                rel(dir)
+            );
+        }
+    }
+}
+
+#[test]
+fn params_configmap_keys_and_env_references_match() {
+    for (dir, objects) in rendered() {
+        let params = find(objects, "ConfigMap", "argocd-agent-params")
+            .unwrap_or_else(|| panic!("{}: no argocd-agent-params ConfigMap", rel(dir)));
+        let keys: BTreeSet<&str> = params
+            .pointer("/data")
+            .and_then(Value::as_object)
+            .map(|m| m.keys().map(String::as_str).collect())
+            .unwrap_or_default();
+        let deploy = deployment(dir, objects);
+        let mut referenced = BTreeSet::new();
+        for env in array(&deploy, "/spec/template/spec/containers/0/env") {
+            if let Some(r) = env.pointer("/valueFrom/configMapKeyRef") {
+                let cm = str_at(r, "/name").unwrap_or("");
+                assert!(
+                    find(objects, "ConfigMap", cm).is_some(),
+                    "{}: env refers to missing ConfigMap {cm}",
+                    rel(dir)
+                );
+                referenced.insert(str_at(r, "/key").unwrap_or(""));
+            }
+        }
+        // A key nothing reads is a typo or a setting that silently does nothing.
+        for key in &keys {
+            assert!(
+                referenced.contains(key),
+                "{}: params key {key} is not read by any env var",
+                rel(dir)
+            );
+        }
+        let prefix = match component(dir) {
+            Component::Principal => "principal.",
+            Component::Agent => "agent.",
+        };
+        assert!(
+            referenced.iter().all(|k| k.starts_with(prefix)),
+            "{}: keys must start with {prefix}",
+            rel(dir)
+        );
+        if component(dir) == Component::Agent {
+            assert!(
+                keys.contains("agent.server.address"),
+                "{}: agent.server.address is required",
+                rel(dir)
+            );
+        }
+        for (k, v) in params
+            .pointer("/data")
+            .and_then(Value::as_object)
+            .into_iter()
+            .flatten()
+        {
+            assert!(
+                v.as_str().is_some_and(|s| !s.is_empty()),
+                "{}: params key {k} is empty",
+                rel(dir)
+            );
+        }
+    }
+}
+
+#[test]
+fn volume_mounts_refer_to_rendered_volumes() {
+    for (dir, objects) in rendered() {
+        let deploy = deployment(dir, objects);
+        let volumes = array(&deploy, "/spec/template/spec/volumes");
+        let names: BTreeSet<&str> = volumes.iter().filter_map(|v| str_at(v, "/name")).collect();
+        for m in array(&deploy, "/spec/template/spec/containers/0/volumeMounts") {
+            let n = str_at(m, "/name").unwrap_or("");
+            assert!(
+                names.contains(n),
+                "{}: volumeMount {n} has no volume",
+                rel(dir)
+            );
+            assert_eq!(
+                m.pointer("/readOnly"),
+                Some(&Value::Bool(true)),
+                "{}: mount {n} must be read-only",
+                rel(dir)
+            );
+        }
+        for v in volumes {
+            if let Some(cm) = str_at(v, "/configMap/name") {
+                assert!(
+                    find(objects, "ConfigMap", cm).is_some(),
+                    "{}: volume uses missing ConfigMap {cm}",
+                    rel(dir)
+                );
+            }
+        }
+        let sc = deploy.pointer("/spec/template/spec/containers/0/securityContext");
+        assert_eq!(
+            sc.and_then(|s| s.pointer("/readOnlyRootFilesystem")),
+            Some(&Value::Bool(true)),
+            "{}: root filesystem must be read-only",
+            rel(dir)
+        );
+        assert_eq!(
+            deploy.pointer("/spec/template/spec/securityContext/runAsNonRoot"),
+            Some(&Value::Bool(true)),
+            "{}: must run as non-root",
+            rel(dir)
+        );
+    }
+}
+
+#[test]
+fn spire_overlays_mount_the_workload_api_and_pem_overlays_do_not() {
+    for (dir, objects) in rendered() {
+        let deploy = deployment(dir, objects);
+        let has_csi = array(&deploy, "/spec/template/spec/volumes")
+            .iter()
+            .any(|v| str_at(v, "/csi/driver") == Some("csi.spiffe.io"));
+        let r = rel(dir);
+        let wants_csi = !(r.contains("pem-files") || r.contains("istio") || r.contains("linkerd"));
+        assert_eq!(
+            has_csi, wants_csi,
+            "{r}: SPIFFE CSI volume present = {has_csi}"
+        );
+    }
+}
+
+fn grants(role: &Value, resource: &str, verb: &str) -> bool {
+    array(role, "/rules").iter().any(|rule| {
+        let has =
+            |field: &str, want: &str| array(rule, field).iter().any(|v| v.as_str() == Some(want));
+        has("/apiGroups", "argoproj.io") && has("/resources", resource) && has("/verbs", verb)
+    })
+}
+
+#[test]
+fn roles_grant_status_writes_on_applications() {
+    for (dir, objects) in rendered() {
+        let role = match component(dir) {
+            Component::Principal => find(objects, "ClusterRole", "argocd-agent-principal"),
+            Component::Agent => find(objects, "Role", "argocd-agent-agent"),
+        }
+        .unwrap_or_else(|| panic!("{}: role not rendered", rel(dir)));
+        for verb in ["update", "patch"] {
+            assert!(
+                grants(role, "applications/status", verb),
+                "{}: no {verb} on applications/status",
+                rel(dir)
+            );
+        }
+        for verb in ["get", "list", "watch", "create", "update", "delete"] {
+            assert!(
+                grants(role, "applications", verb),
+                "{}: no {verb} on applications",
+                rel(dir)
+            );
+        }
+    }
+}
+
+#[test]
+fn example_identity_rules_load_and_map_an_agent() {
+    for (dir, objects) in rendered()
+        .iter()
+        .filter(|(d, _)| component(d) == Component::Principal)
+    {
+        let cm = find(objects, "ConfigMap", "argocd-agent-identity-rules")
+            .unwrap_or_else(|| panic!("{}: no identity rules ConfigMap", rel(dir)));
+        let text = str_at(cm, "/data/rules.yaml")
+            .unwrap_or_else(|| panic!("{}: no rules.yaml key", rel(dir)));
+        let rules = argocd_agent_identity::RuleSet::from_yaml(text)
+            .unwrap_or_else(|e| panic!("{}: {e}", rel(dir)));
+        let id = argocd_agent_identity::SpiffeId::parse("spiffe://example.org/ns/argocd/sa/edge-1")
+            .expect("valid ID");
+        let mapped = rules
+            .map(&id)
+            .unwrap_or_else(|e| panic!("{}: {e}", rel(dir)));
+        assert_eq!(
+            (mapped.agent.as_str(), mapped.namespace.as_str()),
+            ("edge-1", "argocd-edge-1")
+        );
+        // The path the Deployment passes with --identity-rules is where the ConfigMap lands.
+        let deploy = deployment(dir, objects);
+        let args = array(&deploy, "/spec/template/spec/containers/0/args");
+        assert!(
+            args.iter()
+                .any(|a| a.as_str() == Some("--identity-rules=/etc/argocd-agent/rules/rules.yaml")),
+            "{}: --identity-rules not passed",
+            rel(dir)
+        );
+        let mounted = array(&deploy, "/spec/template/spec/containers/0/volumeMounts")
+            .iter()
+            .any(|m| str_at(m, "/mountPath") == Some("/etc/argocd-agent/rules"));
+        assert!(
+            mounted,
+            "{}: rules ConfigMap not mounted at /etc/argocd-agent/rules",
+            rel(dir)
+        );
+    }
+}
+
+#[test]
+fn committed_mesh_policies_match_the_generator() {
+    let ctl = argocd_agent_e2e::harness::binary("argocd-agentctl")
+        .unwrap_or_else(|e| panic!("argocd-agentctl: {e}"));
+    let cases: [(&str, &[&str]); 2] = [
+        (
+            "overlays/istio/principal/mesh-policy.yaml",
+            &[
+                "mesh",
+                "istio",
+                "--namespace",
+                "argocd",
+                "--port",
+                "8443",
+                "--upstream-port",
+                "8404",
+                "--trust-domain",
+                "cluster.local",
+            ],
+        ),
+        (
+            "overlays/linkerd/principal/mesh-policy.yaml",
+            &[
+                "mesh",
+                "linkerd",
+                "--namespace",
+                "argocd",
+                "--port",
+                "8443",
+                "--trust-domain",
+                "cluster.local",
+            ],
+        ),
+    ];
+    for (file, args) in cases {
+        let path = workspace_root().join("deploy").join(file);
+        let committed =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {file}: {e}"));
+        let out = Command::new(&ctl)
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("argocd-agentctl {args:?}: {e}"));
+        assert!(
+            out.status.success(),
+            "argocd-agentctl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let generated = String::from_utf8_lossy(&out.stdout);
+        let parse = |s: &str| {
+            serde_saphyr::from_multiple::<Value>(s).unwrap_or_else(|e| panic!("{file}: {e}"))
+        };
+        assert_eq!(
+            parse(&committed),
+            parse(&generated),
+            "deploy/{file} is stale: regenerate with argocd-agentctl {}",
+            args.join(" ")
+        );
+    }
+}
