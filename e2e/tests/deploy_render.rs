@@ -526,14 +526,32 @@ fn example_identity_rules_load_and_map_an_agent() {
             .unwrap_or_else(|| panic!("{}: no rules.yaml key", rel(dir)));
         let rules = argocd_agent_identity::RuleSet::from_yaml(text)
             .unwrap_or_else(|e| panic!("{}: {e}", rel(dir)));
-        let id = argocd_agent_identity::SpiffeId::parse("spiffe://example.org/ns/argocd/sa/edge-1")
+        for (id, agent, namespace) in [
+            ("spiffe://example.org/agent/edge-1", "edge-1", "edge-1"),
+            (
+                "spiffe://example.org/ns/argocd/sa/edge-2",
+                "edge-2",
+                "argocd-edge-2",
+            ),
+        ] {
+            let id = argocd_agent_identity::SpiffeId::parse(id).expect("valid ID");
+            let mapped = rules
+                .map(&id)
+                .unwrap_or_else(|e| panic!("{}: {e}", rel(dir)));
+            assert_eq!(
+                (mapped.agent.as_str(), mapped.namespace.as_str()),
+                (agent, namespace),
+                "{}: {id}",
+                rel(dir)
+            );
+        }
+        // Deny by default: another trust domain is not admitted.
+        let foreign = argocd_agent_identity::SpiffeId::parse("spiffe://other.org/agent/edge-1")
             .expect("valid ID");
-        let mapped = rules
-            .map(&id)
-            .unwrap_or_else(|e| panic!("{}: {e}", rel(dir)));
-        assert_eq!(
-            (mapped.agent.as_str(), mapped.namespace.as_str()),
-            ("edge-1", "argocd-edge-1")
+        assert!(
+            rules.map(&foreign).is_err(),
+            "{}: foreign trust domain admitted",
+            rel(dir)
         );
         // The path the Deployment passes with --identity-rules is where the ConfigMap lands.
         let deploy = deployment(dir, objects);
