@@ -886,6 +886,10 @@ async fn exact_list_rebuilds_an_earlier_state() {
     )
     .await;
     http.post(APPS, app("b")).await;
+    http.post(APPS, app("c")).await;
+    http.delete(&format!("{APPS}/c")).await;
+    // Deleted since: the exact list still shows it, in its state at that RV.
+    http.delete(&format!("{APPS}/a")).await;
     let r = http
         .get(&format!(
             "{APPS}?resourceVersion={}&resourceVersionMatch=Exact",
@@ -901,7 +905,7 @@ async fn exact_list_rebuilds_an_earlier_state() {
             rv(&a)
         ))
         .await;
-    assert_eq!(r.body["items"].as_array().unwrap().len(), 2);
+    assert_eq!(r.body["items"].as_array().unwrap().len(), 1, "only b exists now");
 }
 
 #[tokio::test]
