@@ -905,7 +905,11 @@ async fn exact_list_rebuilds_an_earlier_state() {
             rv(&a)
         ))
         .await;
-    assert_eq!(r.body["items"].as_array().unwrap().len(), 1, "only b exists now");
+    assert_eq!(
+        r.body["items"].as_array().unwrap().len(),
+        1,
+        "only b exists now"
+    );
 }
 
 #[tokio::test]
@@ -1239,7 +1243,6 @@ mod kube_rs {
         // write and forget the history: its re-watch from the last RV it saw must get 410
         // and it must list again to learn about the missed object.
         s.drop_watches();
-        tokio::time::sleep(Duration::from_millis(200)).await;
         api.create(&PostParams::default(), &dynamic("missed"))
             .await
             .unwrap();
