@@ -55,8 +55,8 @@ pub fn tail(s: &str, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
-/// Whether `log` shows a session of `agent` (the principal logs `agent connected` inside
-/// the session span that names the agent).
+/// How many sessions of `agent` the principal's `log` shows (the principal logs
+/// `agent connected` inside the session span that names the agent).
 pub fn connected_count(log: &str, agent: &str) -> usize {
     let needle = format!("agent={agent}");
     log.lines()
