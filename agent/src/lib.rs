@@ -45,6 +45,10 @@ pub enum Transport {
     Mtls { svid: SvidConfig, principal_id: Option<SpiffeId>, principal_trust_domain: Option<TrustDomain> },
     /// Plaintext HTTP/2 to the local mesh sidecar, which does mTLS (`--creds header:`).
     PlaintextToSidecar,
+    /// A JWT-SVID (audience = the principal's SPIFFE ID) from the Workload API as a bearer
+    /// token, for principals behind a TLS-terminating ingress. The connection to `server` is
+    /// plaintext HTTP/2: run it through a local TLS-originating proxy or sidecar.
+    JwtSvid { endpoint: Option<String>, audience: SpiffeId },
 }
 
 /// Agent configuration.
@@ -130,6 +134,7 @@ impl Running {
 enum Dialer {
     Mtls { config: Arc<rustls::ClientConfig>, _source: SvidSource },
     Plain,
+    Jwt(argocd_agent_identity::jwt::JwtSvidFetcher),
 }
 
 impl Dialer {
@@ -142,7 +147,7 @@ impl Dialer {
                     .await
                     .map_err(|e| SessionError::Connect(e.to_string()))
             }
-            Dialer::Plain => tonic::transport::Endpoint::from_shared(format!("http://{server}"))
+            Dialer::Plain | Dialer::Jwt(_) => tonic::transport::Endpoint::from_shared(format!("http://{server}"))
                 .map_err(|e| SessionError::Connect(e.to_string()))?
                 .http2_keep_alive_interval(keepalive)
                 .keep_alive_while_idle(true)
@@ -181,6 +186,12 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> Result<R
             (Dialer::Mtls { config, _source: source }, state.svid.spiffe_id().to_string())
         }
         Transport::PlaintextToSidecar => (Dialer::Plain, "argocd-agent-agent".to_string()),
+        Transport::JwtSvid { endpoint, audience } => {
+            let fetcher = argocd_agent_identity::jwt::JwtSvidFetcher::start(endpoint.clone(), audience.clone())
+                .await
+                .map_err(|e| AgentError::Svid(e.to_string()))?;
+            (Dialer::Jwt(fetcher), "argocd-agent-agent".to_string())
+        }
     };
 
     let client = argocd_agent_kubernetes::client(&config.kube).await?;
@@ -279,7 +290,15 @@ async fn session(spoke: &Spoke, dialer: &Dialer, config: &AgentConfig, connected
         }),
     );
     let _ = tx.send(hello.to_cloud_event()).await;
-    let mut inbound = client.subscribe(ReceiverStream::new(rx)).await?.into_inner();
+    let mut request = tonic::Request::new(ReceiverStream::new(rx));
+    if let Dialer::Jwt(fetcher) = dialer {
+        let token = fetcher.token().ok_or_else(|| SessionError::Connect("no JWT-SVID yet".into()))?;
+        let value = format!("Bearer {token}")
+            .parse()
+            .map_err(|_| SessionError::Connect("JWT-SVID is not a valid header value".into()))?;
+        request.metadata_mut().insert("authorization", value);
+    }
+    let mut inbound = client.subscribe(request).await?.into_inner();
     let first = inbound
         .message()
         .await?

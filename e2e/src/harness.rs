@@ -220,6 +220,8 @@ pub struct TopologyOptions {
     pub principal_args: Vec<String>,
     /// Which agents to start (default both).
     pub agents: Option<Vec<&'static str>>,
+    /// `--creds` of the agents (default `spiffe`: SVID mTLS).
+    pub agent_creds: Option<String>,
 }
 
 /// The whole local topology.
@@ -436,6 +438,8 @@ impl Topology {
                     "0".into(),
                     "--keep-alive-ping-interval".into(),
                     "5s".into(),
+                    "--creds".into(),
+                    opts.agent_creds.clone().unwrap_or_else(|| "spiffe".into()),
                 ];
                 let mut p = Proc::new(agent, bin.clone(), args, dir.join(format!("{agent}.log")));
                 p.start()?;
@@ -475,7 +479,11 @@ impl Topology {
             proxy,
         };
         for agent in which {
-            topo.wait_connected(agent, Duration::from_secs(30)).await?;
+            if let Err(e) = topo.wait_connected(agent, Duration::from_secs(30)).await {
+                let logs = topo.logs();
+                topo.stop().await;
+                return Err(format!("{e}\n{logs}").into());
+            }
         }
         Ok(topo)
     }

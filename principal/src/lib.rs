@@ -46,6 +46,10 @@ pub enum AuthConfig {
     Mtls { svid: SvidConfig, trust_domains: Vec<TrustDomain> },
     /// Identity forwarded by a mesh sidecar in a header, on a plaintext loopback listener.
     Header { auth: String, policy: HeaderListenerPolicy },
+    /// JWT-SVID bearer tokens (audience = `audience`, or the principal's own X.509-SVID ID),
+    /// validated against the JWT bundles from the Workload API at `endpoint`. The listener is
+    /// plaintext: TLS is terminated by the ingress in front of it.
+    Jwt { endpoint: Option<String>, audience: Option<argocd_agent_identity::SpiffeId> },
 }
 
 /// Principal configuration.
@@ -173,6 +177,25 @@ pub async fn start(config: PrincipalConfig, shutdown: CancellationToken) -> Resu
             }
             (Authenticator::Header { auth: Arc::new(parsed), policy: Arc::new(policy.clone()) }, None)
         }
+        AuthConfig::Jwt { .. } => (Authenticator::Mtls, None),
+    };
+    let (auth, svid_source) = match &config.auth {
+        AuthConfig::Jwt { endpoint, audience } => {
+            let audience = match audience {
+                Some(a) => a.clone(),
+                None => {
+                    let src = load_svid(&SvidConfig::WorkloadApi { endpoint: endpoint.clone() }).await?;
+                    let id = src.current().map(|s| s.svid.spiffe_id().clone());
+                    id.ok_or_else(|| PrincipalError::Svid("no X.509-SVID to take the JWT audience from".into()))?
+                }
+            };
+            let validator = argocd_agent_identity::jwt::JwtValidator::workload_api(endpoint.clone())
+                .await
+                .map_err(|e| PrincipalError::Svid(e.to_string()))?;
+            tracing::info!(%audience, "accepting JWT-SVID bearer tokens");
+            (Authenticator::Jwt { validator: Arc::new(validator), audience }, None)
+        }
+        _ => (auth, svid_source),
     };
     let source_id = svid_source
         .as_ref()
@@ -257,7 +280,7 @@ pub async fn start(config: PrincipalConfig, shutdown: CancellationToken) -> Resu
                     .map_err(PrincipalError::from)
             })
         }
-        AuthConfig::Header { .. } => {
+        AuthConfig::Header { .. } | AuthConfig::Jwt { .. } => {
             let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
             tokio::spawn(async move {
                 router

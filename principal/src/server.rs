@@ -27,6 +27,10 @@ pub enum Authenticator {
     Mtls,
     /// A header set by a trusted sidecar/proxy, on a plaintext loopback listener.
     Header { auth: Arc<HeaderAuth>, policy: Arc<HeaderListenerPolicy> },
+    /// A JWT-SVID bearer token whose audience is the principal's SPIFFE ID, validated
+    /// against the JWT bundles of the principal's own Workload API (for ingresses that
+    /// terminate TLS and cannot forward client certificates).
+    Jwt { validator: Arc<argocd_agent_identity::jwt::JwtValidator>, audience: SpiffeId },
 }
 
 impl Authenticator {
@@ -41,6 +45,18 @@ impl Authenticator {
                 }
                 argocd_agent_identity::peer::peer_spiffe_id(req)
                     .map_err(|e| (Status::unauthenticated(e.to_string()), "NoPeerIdentity"))
+            }
+            Authenticator::Jwt { validator, audience } => {
+                let value = headers
+                    .get(http::header::AUTHORIZATION)
+                    .and_then(|v| v.to_str().ok())
+                    .ok_or((Status::unauthenticated("missing authorization: Bearer <JWT-SVID>"), "NoToken"))?;
+                let token = value
+                    .strip_prefix("Bearer ")
+                    .ok_or((Status::unauthenticated("authorization is not a Bearer token"), "NoToken"))?;
+                validator
+                    .validate(token.trim(), audience)
+                    .map_err(|e| (Status::unauthenticated(format!("JWT-SVID refused: {e}")), "InvalidToken"))
             }
             Authenticator::Header { auth, policy } => {
                 if let Err(e) = guard::check_peer(req.remote_addr(), policy) {

@@ -88,10 +88,15 @@ struct PrincipalArgs {
     #[arg(long, env = "ARGOCD_PRINCIPAL_LISTEN_PORT", default_value_t = 8443)]
     listen_port: u16,
     /// `spiffe` (SVID mTLS, default), `mtls:uri:<regex>` (SVID mTLS plus an upstream-style
-    /// mapping rule), or header auth behind a mesh: `header:istio`, `header:envoy`,
-    /// `header:linkerd`, `header:<name>:<regex>`.
+    /// mapping rule), `jwt-svid` (JWT-SVID bearer tokens behind a TLS-terminating ingress),
+    /// or header auth behind a mesh: `header:istio`, `header:envoy`, `header:linkerd`,
+    /// `header:<name>:<regex>`.
     #[arg(long, env = "ARGOCD_PRINCIPAL_AUTH", default_value = "spiffe")]
     auth: String,
+    /// With `--auth jwt-svid`: the audience tokens must carry (default: the principal's own
+    /// X.509-SVID ID).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_JWT_AUDIENCE")]
+    jwt_audience: Option<String>,
     /// Identity mapping rules file (YAML), reloaded live.
     #[arg(long, env = "ARGOCD_PRINCIPAL_IDENTITY_RULES")]
     identity_rules: Option<PathBuf>,
@@ -144,7 +149,8 @@ struct AgentArgs {
     server_address: String,
     #[arg(long, env = "ARGOCD_AGENT_REMOTE_PORT", default_value_t = 8443)]
     server_port: u16,
-    /// `spiffe` (SVID mTLS, default) or `header:` (plaintext to the local mesh sidecar).
+    /// `spiffe` (SVID mTLS, default), `header:` (plaintext to the local mesh sidecar) or
+    /// `jwt-svid` (JWT-SVID bearer token, for a principal behind a TLS-terminating ingress).
     #[arg(long, env = "ARGOCD_AGENT_CREDS", default_value = "spiffe")]
     creds: String,
     /// The principal's SPIFFE ID; the agent refuses any other server.
@@ -256,6 +262,11 @@ async fn run_principal(a: PrincipalArgs) -> CmdResult {
         .collect::<Result<Vec<_>, _>>()?;
     let auth = if auth == "spiffe" {
         argocd_agent_principal::AuthConfig::Mtls { svid: svid_principal(&a.svid)?, trust_domains }
+    } else if auth == "jwt-svid" {
+        argocd_agent_principal::AuthConfig::Jwt {
+            endpoint: a.svid.spiffe_endpoint_socket.clone(),
+            audience: a.jwt_audience.as_deref().map(SpiffeId::parse).transpose()?,
+        }
     } else if auth.starts_with("header:") {
         argocd_agent_principal::AuthConfig::Header {
             auth,
@@ -305,6 +316,15 @@ async fn run_agent(a: AgentArgs) -> CmdResult {
             .into());
         }
         argocd_agent_agent::Transport::PlaintextToSidecar
+    } else if a.creds == "jwt-svid" {
+        let audience = a
+            .principal_spiffe_id
+            .as_deref()
+            .ok_or("--creds jwt-svid needs --principal-spiffe-id (the token's audience)")?;
+        argocd_agent_agent::Transport::JwtSvid {
+            endpoint: a.svid.spiffe_endpoint_socket.clone(),
+            audience: SpiffeId::parse(audience)?,
+        }
     } else if a.creds == "spiffe" || a.creds == "mtls" {
         argocd_agent_agent::Transport::Mtls {
             svid: svid_agent(&a.svid)?,
