@@ -18,6 +18,9 @@ pub const SPIRE_DEFAULT_SVID_NAME: &str = "default";
 /// `default_bundle_name`).
 pub const SPIRE_DEFAULT_BUNDLE_NAME: &str = "ROOTCA";
 
+/// Cap on concurrent agent connections in the generated bootstrap.
+pub const MAX_DOWNSTREAM_CONNECTIONS: u64 = 10_000;
+
 /// Where Envoy's downstream certificate and trust bundle come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EnvoyTls {
@@ -235,7 +238,18 @@ pub fn envoy_principal_config_value(opts: &EnvoyOptions) -> Value {
     let mut bootstrap = json!({
         // SDS needs a node identity; SPIRE ignores its value.
         "node": { "id": "argocd-agent-principal", "cluster": "argocd-agent" },
-        "static_resources": { "listeners": [listener], "clusters": clusters }
+        "static_resources": { "listeners": [listener], "clusters": clusters },
+        // An explicit cap on open downstream connections (Envoy warns without one): one
+        // long-lived connection per agent, so 10 000 leaves plenty of room.
+        "overload_manager": {
+            "resource_monitors": [{
+                "name": "envoy.resource_monitors.global_downstream_max_connections",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.resource_monitors.downstream_connections.v3.DownstreamConnectionsConfig",
+                    "max_active_downstream_connections": MAX_DOWNSTREAM_CONNECTIONS
+                }
+            }]
+        }
     });
     if let Some(admin) = &opts.admin {
         bootstrap["admin"] = json!({ "address": socket_address(admin) });
