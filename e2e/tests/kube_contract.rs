@@ -1005,8 +1005,26 @@ async fn table_responses_for_kubectl_get() {
     let accept = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json";
     let t = http.call(Method::GET, APPS, "", accept, "").await.body;
     assert_eq!(t["kind"], "Table");
-    assert_eq!(t["columnDefinitions"][0]["name"], "Name");
+    let titles: Vec<_> = t["columnDefinitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].clone())
+        .collect();
+    assert_eq!(
+        titles,
+        [
+            "Name",
+            "Sync Status",
+            "Health Status",
+            "Revision",
+            "Project",
+            "Age"
+        ]
+    );
     assert_eq!(t["rows"][0]["cells"][0], "t");
+    assert_eq!(t["rows"][0]["cells"][2], Value::Null, "no status yet");
+    assert_eq!(t["rows"][0]["cells"][4], "default");
     assert_eq!(t["rows"][0]["object"]["kind"], "PartialObjectMetadata");
     assert_eq!(t["rows"][0]["object"]["metadata"]["namespace"], "argocd");
     let plain = http
@@ -1368,6 +1386,10 @@ spec:
             all.contains("NAMESPACE") && all.contains("argocd") && all.contains("guestbook"),
             "{all}"
         );
+        assert!(
+            all.contains("SYNC STATUS") && all.contains("HEALTH STATUS"),
+            "{all}"
+        );
         let json: Value = serde_json::from_str(
             &k.run(&[
                 "get",
@@ -1604,4 +1626,23 @@ async fn dry_run_computes_but_does_not_store() {
         before + 1,
         "only the real create wrote"
     );
+}
+
+#[tokio::test]
+async fn secret_string_data_is_folded_into_data() {
+    let (_s, http) = setup().await;
+    let body = json!({"metadata": {"name": "s"}, "data": {"a": "eA=="}, "stringData": {"b": "hello", "a": "y"}});
+    let r = http.post("/api/v1/namespaces/argocd/secrets", body).await;
+    assert_eq!(r.code, 201);
+    assert_eq!(r.body["data"], json!({"a": "eQ==", "b": "aGVsbG8="}));
+    assert!(r.body.get("stringData").is_none());
+    let p = http
+        .patch(
+            "/api/v1/namespaces/argocd/secrets/s",
+            "application/merge-patch+json",
+            r#"{"stringData":{"c":"z"}}"#,
+        )
+        .await;
+    assert_eq!(p.body["data"]["c"], "eg==");
+    assert!(p.body.get("stringData").is_none());
 }

@@ -16,10 +16,10 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::Shared;
 use super::selector::{FieldSelector, LabelSelector};
 use super::status::ApiError;
 use super::store::{DeleteOutcome, Event, EventType, PatchKind, Preconditions, WriteMode};
+use super::{ResourceType, Shared};
 
 /// Request bodies larger than this are refused (the apiserver's own limit is 3 MiB).
 const MAX_BODY: usize = 8 << 20;
@@ -500,7 +500,14 @@ fn human_age(created: Option<&str>) -> String {
     }
 }
 
-fn table(objects: &[Value], rv: u64, include: IncludeObject) -> Value {
+/// The value at a simple JSONPath like `.status.sync.status` (what CRD printer columns use).
+fn json_path<'a>(o: &'a Value, path: &str) -> Option<&'a Value> {
+    path.trim_start_matches('.')
+        .split('.')
+        .try_fold(o, |v, seg| v.get(seg))
+}
+
+fn render_table(r: &ResourceType, objects: &[Value], rv: u64, include: IncludeObject) -> Value {
     let rows: Vec<Value> = objects
         .iter()
         .map(|o| {
@@ -512,7 +519,14 @@ fn table(objects: &[Value], rv: u64, include: IncludeObject) -> Value {
                 o.pointer("/metadata/creationTimestamp")
                     .and_then(Value::as_str),
             );
-            let mut row = json!({"cells": [name, age]});
+            let mut cells = vec![json!(name)];
+            cells.extend(
+                r.columns
+                    .iter()
+                    .map(|c| json_path(o, &c.json_path).cloned().unwrap_or(Value::Null)),
+            );
+            cells.push(json!(age));
+            let mut row = json!({"cells": cells});
             match include {
                 IncludeObject::None => {}
                 IncludeObject::Object => row["object"] = o.clone(),
@@ -527,16 +541,25 @@ fn table(objects: &[Value], rv: u64, include: IncludeObject) -> Value {
             row
         })
         .collect();
+    let mut columns = vec![
+        json!({"name": "Name", "type": "string", "format": "name", "priority": 0,
+                                  "description": "Name must be unique within a namespace."}),
+    ];
+    for c in &r.columns {
+        columns.push(
+            json!({"name": c.name, "type": "string", "format": "", "priority": c.priority,
+                            "description": format!("{} ({})", c.name, c.json_path)}),
+        );
+    }
+    columns.push(
+        json!({"name": "Age", "type": "string", "format": "", "priority": 0,
+                        "description": "Time since the object was created."}),
+    );
     json!({
         "kind": "Table",
         "apiVersion": "meta.k8s.io/v1",
         "metadata": {"resourceVersion": rv.to_string()},
-        "columnDefinitions": [
-            {"name": "Name", "type": "string", "format": "name", "priority": 0,
-             "description": "Name must be unique within a namespace."},
-            {"name": "Age", "type": "string", "format": "", "priority": 0,
-             "description": "Time since the object was created."},
-        ],
+        "columnDefinitions": columns,
         "rows": rows,
     })
 }
@@ -643,7 +666,7 @@ async fn serve_resource(
                     }
                 }
                 if let Some(include) = table {
-                    let mut t = table_of(&items, rv, include);
+                    let mut t = render_table(&r, &items, rv, include);
                     t["metadata"] = meta;
                     return Ok(json_response(200, &t));
                 }
@@ -704,7 +727,7 @@ async fn serve_resource(
                         .and_then(Value::as_str)
                         .and_then(|s| s.parse().ok())
                         .unwrap_or(0);
-                    Ok(json_response(200, &table_of(&[obj], rv, include)))
+                    Ok(json_response(200, &render_table(&r, &[obj], rv, include)))
                 }
                 None => Ok(json_response(200, &obj)),
             }
@@ -800,10 +823,6 @@ fn decode_continue(token: &str) -> Result<(u64, (String, String)), ApiError> {
     Ok((rv, (ns, name)))
 }
 
-fn table_of(objects: &[Value], rv: u64, include: IncludeObject) -> Value {
-    table(objects, rv, include)
-}
-
 /// One watch line.
 fn event_line(kind: &str, object: &Value) -> Bytes {
     let mut s = json!({"type": kind, "object": object}).to_string();
@@ -888,7 +907,7 @@ async fn run_watch(
     }
     let deadline = timeout.map(|t| Instant::now() + t);
     let render = |o: &Value, rv: u64| match table {
-        Some(include) => table_of(std::slice::from_ref(o), rv, include),
+        Some(include) => render_table(&r, std::slice::from_ref(o), rv, include),
         None => o.clone(),
     };
     let mut last = match start_rv {

@@ -50,6 +50,20 @@ pub struct ResourceType {
     pub status_subresource: bool,
     /// Short names for kubectl (`app`).
     pub short_names: Vec<String>,
+    /// Extra `kubectl get` columns between NAME and AGE, like a CRD's
+    /// `additionalPrinterColumns`.
+    pub columns: Vec<PrinterColumn>,
+}
+
+/// A `kubectl get` column taken from the object by a simple JSONPath (`.status.sync.status`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrinterColumn {
+    /// Column title.
+    pub name: String,
+    /// Dotted path into the object.
+    pub json_path: String,
+    /// 0: always shown; higher: only with `-o wide`.
+    pub priority: u32,
 }
 
 impl ResourceType {
@@ -71,12 +85,23 @@ impl ResourceType {
             namespaced,
             status_subresource,
             short_names: Vec::new(),
+            columns: Vec::new(),
         }
     }
 
     /// Adds kubectl short names.
     pub fn with_short_names(mut self, names: &[&str]) -> Self {
         self.short_names = names.iter().map(|s| s.to_string()).collect();
+        self
+    }
+
+    /// Adds a `kubectl get` column.
+    pub fn with_column(mut self, name: &str, json_path: &str, priority: u32) -> Self {
+        self.columns.push(PrinterColumn {
+            name: name.into(),
+            json_path: json_path.into(),
+            priority,
+        });
         self
     }
 
@@ -115,7 +140,12 @@ impl ResourceType {
                 true,
                 true,
             )
-            .with_short_names(&["app", "apps"]),
+            .with_short_names(&["app", "apps"])
+            // The columns of Argo CD's Application CRD.
+            .with_column("Sync Status", ".status.sync.status", 0)
+            .with_column("Health Status", ".status.health.status", 0)
+            .with_column("Revision", ".status.sync.revision", 10)
+            .with_column("Project", ".spec.project", 10),
             ResourceType::new(
                 "argoproj.io",
                 "v1alpha1",

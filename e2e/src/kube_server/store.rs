@@ -153,6 +153,28 @@ fn spec_part(obj: &Value) -> Value {
     o
 }
 
+/// Secrets: `stringData` is write-only; the apiserver base64-encodes it into `data`
+/// (overriding keys there) and never stores it.
+fn fold_string_data(secret: &mut Map<String, Value>) {
+    use base64::Engine as _;
+    let Some(Value::Object(string_data)) = secret.remove("stringData") else {
+        return;
+    };
+    if !secret.get("data").is_some_and(Value::is_object) {
+        secret.insert("data".into(), json!({}));
+    }
+    if let Some(Value::Object(data)) = secret.get_mut("data") {
+        for (k, v) in string_data {
+            let text = v
+                .as_str()
+                .map(str::to_string)
+                .unwrap_or_else(|| v.to_string());
+            let encoded = base64::engine::general_purpose::STANDARD.encode(text);
+            data.insert(k, Value::String(encoded));
+        }
+    }
+}
+
 /// Drops strategic-merge-patch directives (`$patch`, `$setElementOrder/..`, ...), which a plain
 /// merge patch would otherwise store as fields.
 fn strip_directives(v: &mut Value) {
@@ -486,6 +508,9 @@ impl Store {
             .ok_or_else(|| ApiError::bad_request("body is not an object"))?;
         obj_map.insert("apiVersion".into(), Value::String(r.api_version()));
         obj_map.insert("kind".into(), Value::String(r.kind.clone()));
+        if r.group.is_empty() && r.kind == "Secret" {
+            fold_string_data(obj_map);
+        }
         if r.status_subresource {
             // The apiserver drops status on create when the status subresource is enabled.
             obj_map.remove("status");
@@ -580,6 +605,9 @@ impl Store {
                 .ok_or_else(|| ApiError::bad_request("body is not an object"))?;
             obj_map.insert("apiVersion".into(), Value::String(r.api_version()));
             obj_map.insert("kind".into(), Value::String(r.kind.clone()));
+            if r.group.is_empty() && r.kind == "Secret" {
+                fold_string_data(obj_map);
+            }
             if r.status_subresource {
                 match old.get("status") {
                     Some(s) => {
