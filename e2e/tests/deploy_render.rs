@@ -632,3 +632,151 @@ fn committed_mesh_policies_match_the_generator() {
         );
     }
 }
+
+/// The environment a container would get: literal values, params ConfigMap keys (missing
+/// optional keys are left out, as the kubelet does) and the pod IP as 127.0.0.1.
+fn container_env(dir: &Path, objects: &[Value], container: &Value) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for env in array(container, "/env") {
+        let var = str_at(env, "/name").unwrap_or("").to_owned();
+        if let Some(v) = str_at(env, "/value") {
+            out.push((var, v.to_owned()));
+        } else if let Some(r) = env.pointer("/valueFrom/configMapKeyRef") {
+            let cm = find(objects, "ConfigMap", str_at(r, "/name").unwrap_or(""))
+                .unwrap_or_else(|| panic!("{}: env {var} refers to a missing ConfigMap", rel(dir)));
+            let key = str_at(r, "/key").unwrap_or("");
+            if let Some(v) = cm
+                .pointer("/data")
+                .and_then(|d| d.get(key))
+                .and_then(Value::as_str)
+            {
+                out.push((var, v.to_owned()));
+            }
+        } else if str_at(env, "/valueFrom/fieldRef/fieldPath") == Some("status.podIP") {
+            out.push((var, "127.0.0.1".to_owned()));
+        } else {
+            panic!("{}: env {var}: unsupported source {env}", rel(dir));
+        }
+    }
+    out
+}
+
+/// Settings that would make the test bind real ports: checked here, then replaced.
+const LISTEN_FLAGS: [&str; 3] = ["--listen-host", "--listen-port", "--metrics-port"];
+const LISTEN_ENV: [&str; 4] = [
+    "ARGOCD_PRINCIPAL_LISTEN_HOST",
+    "ARGOCD_PRINCIPAL_LISTEN_PORT",
+    "ARGOCD_PRINCIPAL_METRICS_PORT",
+    "ARGOCD_AGENT_METRICS_PORT",
+];
+
+fn check_listen_value(dir: &Path, setting: &str, value: &str) {
+    let ok = if setting.contains("HOST") || setting == "--listen-host" {
+        value.parse::<std::net::IpAddr>().is_ok()
+    } else {
+        value.parse::<u16>().is_ok()
+    };
+    assert!(ok, "{}: {setting}={value:?} is not valid", rel(dir));
+}
+
+/// Runs `argocd-agent` with a Deployment's args and environment (ports replaced by port 0 on
+/// 127.0.0.1, the rules file by a temp copy, a kubeconfig that does not exist). Accepted means
+/// every flag and value passed parsing and validation: the process either reached the start
+/// stage (and failed there on the missing SVID source or kubeconfig) or is still running.
+fn run_with_rendered_settings(dir: &Path, objects: &[Value]) -> Result<(), String> {
+    let tmp = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
+    let deploy = deployment(dir, objects);
+    let container = &array(&deploy, "/spec/template/spec/containers")[0];
+    let env = container_env(dir, objects, container);
+    let expand = |arg: &str| {
+        env.iter()
+            .fold(arg.to_owned(), |a, (k, v)| a.replace(&format!("$({k})"), v))
+    };
+    let mut args = Vec::new();
+    for arg in array(container, "/args").iter().filter_map(Value::as_str) {
+        let arg = expand(arg);
+        let (flag, value) = arg.split_once('=').unwrap_or((arg.as_str(), ""));
+        if LISTEN_FLAGS.contains(&flag) {
+            check_listen_value(dir, flag, value);
+        } else if flag == "--identity-rules" {
+            let cm = find(objects, "ConfigMap", "argocd-agent-identity-rules")
+                .ok_or_else(|| format!("{}: no rules ConfigMap", rel(dir)))?;
+            let rules = tmp.path().join("rules.yaml");
+            std::fs::write(&rules, str_at(cm, "/data/rules.yaml").unwrap_or(""))
+                .map_err(|e| format!("writing {}: {e}", rules.display()))?;
+            args.push(format!("--identity-rules={}", rules.display()));
+        } else {
+            args.push(arg.clone());
+        }
+    }
+    let principal = component(dir) == Component::Principal;
+    if principal {
+        args.extend(["--listen-host=127.0.0.1".into(), "--listen-port=0".into()]);
+    }
+    args.push("--metrics-port=0".into());
+    args.push(format!(
+        "--kubeconfig={}",
+        tmp.path().join("missing-kubeconfig").display()
+    ));
+    let bin = argocd_agent_e2e::harness::binary("argocd-agent").map_err(|e| e.to_string())?;
+    let mut cmd = Command::new(bin);
+    cmd.env_clear()
+        .args(&args)
+        .stdout(std::process::Stdio::null());
+    cmd.stderr(std::fs::File::create(tmp.path().join("stderr")).map_err(|e| e.to_string())?);
+    for (k, v) in &env {
+        if LISTEN_ENV.contains(&k.as_str()) {
+            check_listen_value(dir, k, v);
+        } else {
+            cmd.env(k, v);
+        }
+    }
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("spawning argocd-agent: {e}"))?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    let status = loop {
+        match child.try_wait().map_err(|e| e.to_string())? {
+            Some(status) => break Some(status),
+            None if std::time::Instant::now() >= deadline => {
+                // Still running (waiting for an SVID): parsing and validation passed.
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            None => std::thread::sleep(std::time::Duration::from_millis(50)),
+        }
+    };
+    let stderr = std::fs::read_to_string(tmp.path().join("stderr")).unwrap_or_default();
+    match status {
+        None => Ok(()),
+        Some(_)
+            if stderr.contains("error: SVID source") || stderr.contains("error: kubernetes") =>
+        {
+            Ok(())
+        }
+        Some(s) => Err(format!(
+            "{}: argocd-agent {} exited with {s}: {stderr}",
+            rel(dir),
+            args.join(" ")
+        )),
+    }
+}
+
+#[test]
+fn binary_accepts_every_rendered_deployment_configuration() {
+    // In parallel: a Workload API setup waits for its SVID until the 3 s deadline.
+    let handles: Vec<_> = rendered()
+        .iter()
+        .map(|(dir, objects)| std::thread::spawn(move || run_with_rendered_settings(dir, objects)))
+        .collect();
+    let errors: Vec<String> = handles
+        .into_iter()
+        .filter_map(|h| match h.join() {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(e),
+            Err(_) => Some("a check panicked (see above)".to_owned()),
+        })
+        .collect();
+    assert!(errors.is_empty(), "{}", errors.join("\n"));
+}
