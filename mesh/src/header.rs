@@ -167,6 +167,14 @@ impl HeaderAuth {
     }
 }
 
+impl std::str::FromStr for HeaderAuth {
+    type Err = MeshError;
+    /// Same as [`HeaderAuth::parse`] (for clap's `value_parser`).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        HeaderAuth::parse(s)
+    }
+}
+
 impl fmt::Display for HeaderAuth {
     /// Writes the `--auth` value this was parsed from.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -18,7 +18,8 @@ pub enum AgentTransport {
 
 impl AgentTransport {
     /// Parses an agent `--creds` value: `mtls`, `spiffe` (optionally with a suffix after
-    /// `:`, e.g. `mtls:any`) or `header:` / `header`.
+    /// `:`, e.g. `mtls:any`) or `header:` / `header`. Other methods (such as `jwt-svid`,
+    /// handled by the identity crate) are not mesh transports and are refused here.
     pub fn from_creds(value: &str) -> Result<AgentTransport, MeshError> {
         let method = value.split_once(':').map_or(value, |(m, _)| m);
         match method {
@@ -57,6 +58,14 @@ impl AgentTransport {
                 target: host.to_owned(),
             }),
         }
+    }
+}
+
+impl std::str::FromStr for AgentTransport {
+    type Err = MeshError;
+    /// Same as [`AgentTransport::from_creds`] (for clap's `value_parser`).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        AgentTransport::from_creds(s)
     }
 }
 
