@@ -33,8 +33,14 @@ use crate::spoke::Spoke;
 /// Where the agent's SVID comes from.
 #[derive(Debug, Clone)]
 pub enum SvidConfig {
-    WorkloadApi { endpoint: Option<String> },
-    Files { cert: PathBuf, key: PathBuf, bundles: Vec<(Option<TrustDomain>, PathBuf)> },
+    WorkloadApi {
+        endpoint: Option<String>,
+    },
+    Files {
+        cert: PathBuf,
+        key: PathBuf,
+        bundles: Vec<(Option<TrustDomain>, PathBuf)>,
+    },
 }
 
 /// How the agent reaches the principal.
@@ -42,13 +48,20 @@ pub enum SvidConfig {
 pub enum Transport {
     /// SVID mutual TLS straight to the principal; the principal must present `principal_id`
     /// (or any ID of `principal_trust_domain` when no ID is pinned).
-    Mtls { svid: SvidConfig, principal_id: Option<SpiffeId>, principal_trust_domain: Option<TrustDomain> },
+    Mtls {
+        svid: SvidConfig,
+        principal_id: Option<SpiffeId>,
+        principal_trust_domain: Option<TrustDomain>,
+    },
     /// Plaintext HTTP/2 to the local mesh sidecar, which does mTLS (`--creds header:`).
     PlaintextToSidecar,
     /// A JWT-SVID (audience = the principal's SPIFFE ID) from the Workload API as a bearer
     /// token, for principals behind a TLS-terminating ingress. The connection to `server` is
     /// plaintext HTTP/2: run it through a local TLS-originating proxy or sidecar.
-    JwtSvid { endpoint: Option<String>, audience: SpiffeId },
+    JwtSvid {
+        endpoint: Option<String>,
+        audience: SpiffeId,
+    },
 }
 
 /// Agent configuration.
@@ -103,7 +116,10 @@ pub enum AgentError {
     #[error("configuration: {0}")]
     Config(String),
     #[error("listener {addr}: {source}")]
-    Listen { addr: SocketAddr, source: std::io::Error },
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
 }
 
 /// One connection attempt's failure.
@@ -132,47 +148,76 @@ impl Running {
 }
 
 enum Dialer {
-    Mtls { config: Arc<rustls::ClientConfig>, _source: SvidSource },
+    Mtls {
+        config: Arc<rustls::ClientConfig>,
+        _source: SvidSource,
+    },
     Plain,
     Jwt(argocd_agent_identity::jwt::JwtSvidFetcher),
 }
 
 impl Dialer {
-    async fn connect(&self, server: &str, keepalive: Duration) -> Result<tonic::transport::Channel, SessionError> {
+    async fn connect(
+        &self,
+        server: &str,
+        keepalive: Duration,
+    ) -> Result<tonic::transport::Channel, SessionError> {
         match self {
             Dialer::Mtls { config, .. } => {
-                let host = server.rsplit_once(':').map(|(h, _)| h).unwrap_or(server).to_owned();
-                let opts = ChannelOptions { keepalive_interval: keepalive, ..ChannelOptions::default() };
+                let host = server
+                    .rsplit_once(':')
+                    .map(|(h, _)| h)
+                    .unwrap_or(server)
+                    .to_owned();
+                let opts = ChannelOptions {
+                    keepalive_interval: keepalive,
+                    ..ChannelOptions::default()
+                };
                 argocd_agent_identity::transport::connect(server, config.clone(), &host, opts)
                     .await
                     .map_err(|e| SessionError::Connect(e.to_string()))
             }
-            Dialer::Plain | Dialer::Jwt(_) => tonic::transport::Endpoint::from_shared(format!("http://{server}"))
-                .map_err(|e| SessionError::Connect(e.to_string()))?
-                .http2_keep_alive_interval(keepalive)
-                .keep_alive_while_idle(true)
-                .connect_timeout(Duration::from_secs(10))
-                .connect()
-                .await
-                .map_err(|e| SessionError::Connect(e.to_string())),
+            Dialer::Plain | Dialer::Jwt(_) => {
+                tonic::transport::Endpoint::from_shared(format!("http://{server}"))
+                    .map_err(|e| SessionError::Connect(e.to_string()))?
+                    .http2_keep_alive_interval(keepalive)
+                    .keep_alive_while_idle(true)
+                    .connect_timeout(Duration::from_secs(10))
+                    .connect()
+                    .await
+                    .map_err(|e| SessionError::Connect(e.to_string()))
+            }
         }
     }
 }
 
 /// Starts the agent; it runs until `shutdown` is cancelled.
-pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> Result<Running, AgentError> {
+pub async fn start(
+    config: AgentConfig,
+    shutdown: CancellationToken,
+) -> Result<Running, AgentError> {
     let (dialer, source_id) = match &config.transport {
-        Transport::Mtls { svid, principal_id, principal_trust_domain } => {
+        Transport::Mtls {
+            svid,
+            principal_id,
+            principal_trust_domain,
+        } => {
             let source = match svid {
                 SvidConfig::WorkloadApi { endpoint } => SvidSource::workload_api(endpoint.clone())
                     .await
                     .map_err(|e| AgentError::Svid(e.to_string()))?,
-                SvidConfig::Files { cert, key, bundles } => {
-                    SvidSource::pem_files(cert.clone(), key.clone(), bundles.clone(), Duration::from_secs(5))
-                        .map_err(|e| AgentError::Svid(e.to_string()))?
-                }
+                SvidConfig::Files { cert, key, bundles } => SvidSource::pem_files(
+                    cert.clone(),
+                    key.clone(),
+                    bundles.clone(),
+                    Duration::from_secs(5),
+                )
+                .map_err(|e| AgentError::Svid(e.to_string()))?,
             };
-            let state = source.wait_ready(Duration::from_secs(30)).await.map_err(|e| AgentError::Svid(e.to_string()))?;
+            let state = source
+                .wait_ready(Duration::from_secs(30))
+                .await
+                .map_err(|e| AgentError::Svid(e.to_string()))?;
             let policy = match (principal_id, principal_trust_domain) {
                 (Some(id), _) => PeerPolicy::Exact(id.clone()),
                 (None, Some(td)) => PeerPolicy::TrustDomains(vec![td.clone()]),
@@ -182,14 +227,24 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> Result<R
                     ));
                 }
             };
-            let config = argocd_agent_identity::tls::client_config(&source, policy).map_err(|e| AgentError::Svid(e.to_string()))?;
-            (Dialer::Mtls { config, _source: source }, state.svid.spiffe_id().to_string())
+            let config = argocd_agent_identity::tls::client_config(&source, policy)
+                .map_err(|e| AgentError::Svid(e.to_string()))?;
+            (
+                Dialer::Mtls {
+                    config,
+                    _source: source,
+                },
+                state.svid.spiffe_id().to_string(),
+            )
         }
         Transport::PlaintextToSidecar => (Dialer::Plain, "argocd-agent-agent".to_string()),
         Transport::JwtSvid { endpoint, audience } => {
-            let fetcher = argocd_agent_identity::jwt::JwtSvidFetcher::start(endpoint.clone(), audience.clone())
-                .await
-                .map_err(|e| AgentError::Svid(e.to_string()))?;
+            let fetcher = argocd_agent_identity::jwt::JwtSvidFetcher::start(
+                endpoint.clone(),
+                audience.clone(),
+            )
+            .await
+            .map_err(|e| AgentError::Svid(e.to_string()))?;
             (Dialer::Jwt(fetcher), "argocd-agent-agent".to_string())
         }
     };
@@ -220,7 +275,11 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> Result<R
 
     let connected = Arc::new(AtomicBool::new(false));
     let metrics_addr = match config.metrics_listen {
-        Some(addr) => Some(serve_health(addr, connected.clone()).await.map_err(|source| AgentError::Listen { addr, source })?),
+        Some(addr) => Some(
+            serve_health(addr, connected.clone())
+                .await
+                .map_err(|source| AgentError::Listen { addr, source })?,
+        ),
         None => None,
     };
 
@@ -260,7 +319,12 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> Result<R
             .instrument(span),
         )
     };
-    Ok(Running { connected, spoke, metrics_addr, done })
+    Ok(Running {
+        connected,
+        spoke,
+        metrics_addr,
+        done,
+    })
 }
 
 fn fastrand_f64() -> f64 {
@@ -268,7 +332,12 @@ fn fastrand_f64() -> f64 {
     (uuid::Uuid::new_v4().as_u128() % 1_000_000) as f64 / 1_000_000.0
 }
 
-async fn session(spoke: &Spoke, dialer: &Dialer, config: &AgentConfig, connected: &AtomicBool) -> Result<(), SessionError> {
+async fn session(
+    spoke: &Spoke,
+    dialer: &Dialer,
+    config: &AgentConfig,
+    connected: &AtomicBool,
+) -> Result<(), SessionError> {
     let channel = dialer.connect(&config.server, config.keepalive).await?;
     let mut client = EventStreamClient::new(channel)
         .max_decoding_message_size(config.max_message_size)
@@ -286,13 +355,18 @@ async fn session(spoke: &Spoke, dialer: &Dialer, config: &AgentConfig, connected
             version: env!("CARGO_PKG_VERSION").into(),
             protocol_version: PROTOCOL_VERSION,
             capabilities: vec!["resync.v1".into(), "operations.v1".into()],
-            state: Some(argocd_agent_sync::resync::to_state("Application", &spoke.checksums())),
+            state: Some(argocd_agent_sync::resync::to_state(
+                "Application",
+                &spoke.checksums(),
+            )),
         }),
     );
     let _ = tx.send(hello.to_cloud_event()).await;
     let mut request = tonic::Request::new(ReceiverStream::new(rx));
     if let Dialer::Jwt(fetcher) = dialer {
-        let token = fetcher.token().ok_or_else(|| SessionError::Connect("no JWT-SVID yet".into()))?;
+        let token = fetcher
+            .token()
+            .ok_or_else(|| SessionError::Connect("no JWT-SVID yet".into()))?;
         let value = format!("Bearer {token}")
             .parse()
             .map_err(|_| SessionError::Connect("JWT-SVID is not a valid header value".into()))?;
@@ -303,12 +377,19 @@ async fn session(spoke: &Spoke, dialer: &Dialer, config: &AgentConfig, connected
         .message()
         .await?
         .ok_or_else(|| SessionError::Protocol("stream closed before welcome".into()))?;
-    let welcome = Event::from_cloud_event(first).map_err(|e| SessionError::Protocol(e.to_string()))?;
+    let welcome =
+        Event::from_cloud_event(first).map_err(|e| SessionError::Protocol(e.to_string()))?;
     let Payload::Welcome(w) = welcome.payload else {
-        return Err(SessionError::Protocol(format!("expected welcome, got {}", welcome.ty)));
+        return Err(SessionError::Protocol(format!(
+            "expected welcome, got {}",
+            welcome.ty
+        )));
     };
     tracing::info!(agent = %w.agent_name, hub_namespace = %w.namespace, principal_version = %w.version, "connected to principal");
-    *spoke.hub_namespace.lock().unwrap_or_else(|p| p.into_inner()) = Some(w.namespace.clone());
+    *spoke
+        .hub_namespace
+        .lock()
+        .unwrap_or_else(|p| p.into_inner()) = Some(w.namespace.clone());
     spoke.queue.requeue_in_flight();
     spoke.after_welcome();
     connected.store(true, Ordering::Relaxed);

@@ -50,11 +50,21 @@ fn name_of(obj: &DynamicObject) -> String {
 }
 
 fn is_managed_copy(obj: &DynamicObject) -> bool {
-    obj.metadata.labels.as_ref().is_some_and(|l| l.contains_key(MANAGED_LABEL))
+    obj.metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(MANAGED_LABEL))
 }
 
 impl Spoke {
-    pub fn new(mode: AgentMode, namespace: String, source: String, apps: Resources, cache: Cache, queue: SendQueue) -> Spoke {
+    pub fn new(
+        mode: AgentMode,
+        namespace: String,
+        source: String,
+        apps: Resources,
+        cache: Cache,
+        queue: SendQueue,
+    ) -> Spoke {
         Spoke {
             mode,
             namespace,
@@ -112,7 +122,11 @@ impl Spoke {
     }
 
     fn app_ref(&self, name: &str) -> Option<ResourceRef> {
-        Some(ResourceRef { kind: ResourceKind::Application, namespace: self.hub_ns()?, name: name.into() })
+        Some(ResourceRef {
+            kind: ResourceKind::Application,
+            namespace: self.hub_ns()?,
+            name: name.into(),
+        })
     }
 
     fn push(&self, event: Event) {
@@ -134,15 +148,23 @@ impl Spoke {
 
     fn report_status(&self, obj: &DynamicObject) {
         let name = name_of(obj);
-        let Some(status) = object::status(obj).cloned() else { return };
+        let Some(status) = object::status(obj).cloned() else {
+            return;
+        };
         let sum = object::checksum_of(&status);
         if lock(&self.sent_status).get(&name) == Some(&sum) {
             return;
         }
         let Some(r) = self.app_ref(&name) else { return };
         lock(&self.sent_status).insert(name.clone(), sum);
-        self.push(Event::resource(&self.source, EventType::StatusUpdate, r,
-            Payload::Object(Arc::new(json!({"metadata": {"name": name}, "status": status})))));
+        self.push(Event::resource(
+            &self.source,
+            EventType::StatusUpdate,
+            r,
+            Payload::Object(Arc::new(
+                json!({"metadata": {"name": name}, "status": status}),
+            )),
+        ));
     }
 
     fn publish(&self, obj: &DynamicObject) {
@@ -156,7 +178,12 @@ impl Spoke {
         }
         let Some(r) = self.app_ref(&name) else { return };
         lock(&self.sent_object).insert(name, sum);
-        self.push(Event::resource(&self.source, EventType::SpecUpdate, r, Payload::Object(Arc::new(w))));
+        self.push(Event::resource(
+            &self.source,
+            EventType::SpecUpdate,
+            r,
+            Payload::Object(Arc::new(w)),
+        ));
     }
 
     /// Handles a change of a local Application.
@@ -200,7 +227,12 @@ impl Spoke {
                 if deleted {
                     lock(&self.sent_object).remove(&name);
                     if let Some(r) = self.app_ref(&name) {
-                        self.push(Event::resource(&self.source, EventType::Delete, r, Payload::None));
+                        self.push(Event::resource(
+                            &self.source,
+                            EventType::Delete,
+                            r,
+                            Payload::None,
+                        ));
                     }
                     return;
                 }
@@ -214,8 +246,8 @@ impl Spoke {
 
     /// Creates or updates the local copy of a managed Application from the principal's object.
     async fn upsert_local(&self, incoming: &Value) -> Result<(), String> {
-        let mut obj: DynamicObject =
-            serde_json::from_value(incoming.clone()).map_err(|e| format!("not a Kubernetes object: {e}"))?;
+        let mut obj: DynamicObject = serde_json::from_value(incoming.clone())
+            .map_err(|e| format!("not a Kubernetes object: {e}"))?;
         let name = name_of(&obj);
         if name.is_empty() {
             return Err("object has no name".into());
@@ -223,9 +255,15 @@ impl Spoke {
         obj.metadata.namespace = Some(self.namespace.clone());
         obj.metadata.resource_version = None;
         obj.metadata.uid = None;
-        obj.metadata.labels.get_or_insert_with(Default::default).insert(MANAGED_LABEL.into(), "true".into());
+        obj.metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert(MANAGED_LABEL.into(), "true".into());
         if obj.types.is_none() {
-            obj.types = Some(kube::api::TypeMeta { api_version: "argoproj.io/v1alpha1".into(), kind: "Application".into() });
+            obj.types = Some(kube::api::TypeMeta {
+                api_version: "argoproj.io/v1alpha1".into(),
+                kind: "Application".into(),
+            });
         }
         if let Some(m) = obj.data.as_object_mut() {
             // Status is the spoke's own; the operation comes as its own event.
@@ -233,7 +271,12 @@ impl Spoke {
             m.remove("operation");
         }
         let ns = self.namespace.clone();
-        match self.apps.get(Some(&ns), &name).await.map_err(|e| e.to_string())? {
+        match self
+            .apps
+            .get(Some(&ns), &name)
+            .await
+            .map_err(|e| e.to_string())?
+        {
             None => {
                 self.apps.create(&obj).await.map_err(|e| e.to_string())?;
             }
@@ -241,12 +284,24 @@ impl Spoke {
                 let want = obj;
                 self.apps
                     .update_with(Some(&ns), &name, move |cur| {
-                        let before = (cur.data.get("spec").cloned(), cur.metadata.labels.clone(), cur.metadata.annotations.clone());
+                        let before = (
+                            cur.data.get("spec").cloned(),
+                            cur.metadata.labels.clone(),
+                            cur.metadata.annotations.clone(),
+                        );
                         cur.data["spec"] = want.data.get("spec").cloned().unwrap_or(Value::Null);
                         cur.metadata.labels = want.metadata.labels.clone();
                         cur.metadata.annotations = want.metadata.annotations.clone();
-                        let after = (cur.data.get("spec").cloned(), cur.metadata.labels.clone(), cur.metadata.annotations.clone());
-                        if before == after { Mutation::Unchanged } else { Mutation::Changed }
+                        let after = (
+                            cur.data.get("spec").cloned(),
+                            cur.metadata.labels.clone(),
+                            cur.metadata.annotations.clone(),
+                        );
+                        if before == after {
+                            Mutation::Unchanged
+                        } else {
+                            Mutation::Changed
+                        }
                     })
                     .await
                     .map_err(|e| e.to_string())?;
@@ -267,8 +322,11 @@ impl Spoke {
     pub async fn on_principal_event(&self, event: &Event) -> Option<Event> {
         let resource = event.resource.clone()?;
         if Some(resource.namespace.as_str()) != self.hub_ns().as_deref() {
-            return Some(event.error_reply(&self.source, "Forbidden", format!(
-                "{resource} is not in this agent's hub namespace")));
+            return Some(event.error_reply(
+                &self.source,
+                "Forbidden",
+                format!("{resource} is not in this agent's hub namespace"),
+            ));
         }
         let name = resource.name.clone();
         let result: Result<(), String> = match (self.mode, event.ty) {
@@ -287,24 +345,31 @@ impl Spoke {
                 self.delete_local(&name).await
             }
             (_, EventType::SetOperation) => {
-                let op = event.object().and_then(|o| o.get("operation").cloned()).unwrap_or(Value::Null);
+                let op = event
+                    .object()
+                    .and_then(|o| o.get("operation").cloned())
+                    .unwrap_or(Value::Null);
                 self.apps
                     .patch_merge(Some(&self.namespace), &name, &json!({"operation": op}))
                     .await
                     .map(|_| ())
                     .map_err(|e| e.to_string())
             }
-            (_, EventType::TerminateOperation) => self
-                .apps
-                .replace_status_field(&self.namespace, &name)
-                .await,
+            (_, EventType::TerminateOperation) => {
+                self.apps.replace_status_field(&self.namespace, &name).await
+            }
             (AgentMode::Autonomous, EventType::RequestUpdate) => {
                 lock(&self.sent_object).remove(&name);
                 match self.cache.get(Some(&self.namespace), &name) {
                     Some(obj) if !is_being_deleted(&obj) => self.publish(&obj),
                     _ => {
                         if let Some(r) = self.app_ref(&name) {
-                            self.push(Event::resource(&self.source, EventType::Delete, r, Payload::None));
+                            self.push(Event::resource(
+                                &self.source,
+                                EventType::Delete,
+                                r,
+                                Payload::None,
+                            ));
                         }
                     }
                 }
@@ -339,6 +404,9 @@ impl TerminateOperation for Resources {
         };
         let mut status = object::status(&cur).cloned().unwrap_or_else(|| json!({}));
         status["operationState"]["phase"] = Value::String("Terminating".into());
-        self.replace_status(Some(ns), name, status).await.map(|_| ()).map_err(|e| e.to_string())
+        self.replace_status(Some(ns), name, status)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
     }
 }

@@ -50,7 +50,7 @@ async fn jwt_svid_agent_syncs_and_bad_tokens_are_refused() {
                 "expired",
                 Some(ca.issue_jwt_at(
                     &id,
-                    &[principal.clone()],
+                    std::slice::from_ref(&principal),
                     now - Duration::from_secs(600),
                     now - Duration::from_secs(300),
                 )?),

@@ -24,19 +24,43 @@ async fn open_stream(
     source: &SvidSource,
     addr: std::net::SocketAddr,
     mode: AgentMode,
-) -> Result<(mpsc::Sender<argocd_agent_proto::cloudevents::CloudEvent>, tonic::Streaming<argocd_agent_proto::cloudevents::CloudEvent>, Event), HarnessError> {
+) -> Result<
+    (
+        mpsc::Sender<argocd_agent_proto::cloudevents::CloudEvent>,
+        tonic::Streaming<argocd_agent_proto::cloudevents::CloudEvent>,
+        Event,
+    ),
+    HarnessError,
+> {
     let tls = client_config(source, PeerPolicy::Exact(SpiffeId::parse(PRINCIPAL_ID)?))?;
-    let channel = connect(&addr.to_string(), tls, "127.0.0.1", ChannelOptions::default()).await?;
+    let channel = connect(
+        &addr.to_string(),
+        tls,
+        "127.0.0.1",
+        ChannelOptions::default(),
+    )
+    .await?;
     let mut client = EventStreamClient::new(channel);
     let (tx, rx) = mpsc::channel(16);
     let hello = Event::new(
         "test-client",
         EventType::Hello,
-        Payload::Hello(Hello { mode: mode as i32, version: "test".into(), protocol_version: 1, ..Default::default() }),
+        Payload::Hello(Hello {
+            mode: mode as i32,
+            version: "test".into(),
+            protocol_version: 1,
+            ..Default::default()
+        }),
     );
     tx.send(hello.to_cloud_event()).await?;
-    let mut inbound = client.subscribe(ReceiverStream::new(rx)).await?.into_inner();
-    let first = inbound.message().await?.ok_or("stream closed before welcome")?;
+    let mut inbound = client
+        .subscribe(ReceiverStream::new(rx))
+        .await?
+        .into_inner();
+    let first = inbound
+        .message()
+        .await?
+        .ok_or("stream closed before welcome")?;
     Ok((tx, inbound, Event::from_cloud_event(first)?))
 }
 
@@ -47,7 +71,9 @@ async fn answer_to(
 ) -> Result<Event, HarnessError> {
     let deadline = tokio::time::Instant::now() + T;
     loop {
-        let msg = tokio::time::timeout_at(deadline, inbound.message()).await??.ok_or("stream closed")?;
+        let msg = tokio::time::timeout_at(deadline, inbound.message())
+            .await??
+            .ok_or("stream closed")?;
         let e = Event::from_cloud_event(msg)?;
         if e.ack_id.as_deref() == Some(id) {
             return Ok(e);
@@ -57,7 +83,12 @@ async fn answer_to(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_cannot_touch_another_agents_applications() {
-    let topo = Topology::start(TopologyOptions { agents: Some(vec![]), ..Default::default() }).await.unwrap();
+    let topo = Topology::start(TopologyOptions {
+        agents: Some(vec![]),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
     let r: Result<(), HarnessError> = async {
         // Agent B (managed) owns "victim" in its hub namespace.
         let hub_b = apps(&topo.hub, MANAGED)?;
@@ -112,7 +143,12 @@ async fn agent_cannot_touch_another_agents_applications() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unmapped_id_and_wrong_trust_domain_cannot_open_a_stream() {
-    let topo = Topology::start(TopologyOptions { agents: Some(vec![]), ..Default::default() }).await.unwrap();
+    let topo = Topology::start(TopologyOptions {
+        agents: Some(vec![]),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
     let r: Result<(), HarnessError> = async {
         let tmp = tempfile::tempdir()?;
         let bundle = tmp.path().join("bundle.pem");
@@ -120,17 +156,30 @@ async fn unmapped_id_and_wrong_trust_domain_cannot_open_a_stream() {
 
         // A valid SVID of the right trust domain whose ID matches no rule.
         let intruder = SpiffeId::parse("spiffe://example.org/ns/other/sa/intruder")?;
-        let svid = topo.spiffe.ca().issue_x509(&intruder, Duration::from_secs(600))?;
+        let svid = topo
+            .spiffe
+            .ca()
+            .issue_x509(&intruder, Duration::from_secs(600))?;
         let (cert, key) = (tmp.path().join("i.pem"), tmp.path().join("i.key"));
         std::fs::write(&cert, svid.chain_pem())?;
         std::fs::write(&key, svid.key_pem())?;
-        let source = SvidSource::pem_files(cert, key, vec![(None, bundle.clone())], Duration::from_secs(60))?;
+        let source = SvidSource::pem_files(
+            cert,
+            key,
+            vec![(None, bundle.clone())],
+            Duration::from_secs(60),
+        )?;
         source.wait_ready(T).await?;
         match open_stream(&source, topo.principal_addr, AgentMode::Managed).await {
             Ok(_) => return Err("unmapped identity opened a stream".into()),
             Err(e) => {
                 let s = e.to_string();
-                assert!(s.contains("PermissionDenied") || s.contains("permission") || s.contains("rule"), "{s}");
+                assert!(
+                    s.contains("PermissionDenied")
+                        || s.contains("permission")
+                        || s.contains("rule"),
+                    "{s}"
+                );
             }
         }
 
@@ -142,21 +191,28 @@ async fn unmapped_id_and_wrong_trust_domain_cannot_open_a_stream() {
         std::fs::write(&cert, svid.chain_pem())?;
         std::fs::write(&key, svid.key_pem())?;
         let ebundle = tmp.path().join("ebundle.pem");
-        std::fs::write(&ebundle, format!("{}", evil.certificate_pem()))?;
+        std::fs::write(&ebundle, evil.certificate_pem().to_string())?;
         let source = SvidSource::pem_files(
             cert,
             key,
-            vec![(Some(TrustDomain::new("example.org")?), bundle), (Some(TrustDomain::new("evil.org")?), ebundle)],
+            vec![
+                (Some(TrustDomain::new("example.org")?), bundle),
+                (Some(TrustDomain::new("evil.org")?), ebundle),
+            ],
             Duration::from_secs(60),
         )?;
         source.wait_ready(T).await?;
-        if open_stream(&source, topo.principal_addr, AgentMode::Managed).await.is_ok() {
+        if open_stream(&source, topo.principal_addr, AgentMode::Managed)
+            .await
+            .is_ok()
+        {
             return Err("foreign trust domain opened a stream".into());
         }
         // Both refusals are visible to the operator.
         eventually("unmapped refusal logged", T, || async {
             topo.principal.log().contains("intruder").then_some(())
-        }).await?;
+        })
+        .await?;
         Ok(())
     }
     .await;

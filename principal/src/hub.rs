@@ -76,7 +76,11 @@ pub struct Hub {
 }
 
 fn app_ref(namespace: &str, name: &str) -> ResourceRef {
-    ResourceRef { kind: ResourceKind::Application, namespace: namespace.into(), name: name.into() }
+    ResourceRef {
+        kind: ResourceKind::Application,
+        namespace: namespace.into(),
+        name: name.into(),
+    }
 }
 
 /// Wire form of a hub object: server-managed metadata removed, namespace = hub namespace.
@@ -163,10 +167,10 @@ impl Hub {
 
     /// Closes the current session of `agent`, if any.
     pub fn disconnect(&self, agent: &str) {
-        if let Some(state) = self.agent(agent) {
-            if let Some((_, token)) = lock(&state.session).take() {
-                token.cancel();
-            }
+        if let Some(state) = self.agent(agent)
+            && let Some((_, token)) = lock(&state.session).take()
+        {
+            token.cancel();
         }
     }
 
@@ -180,7 +184,9 @@ impl Hub {
         match self.namespaces.ensure_namespace(ns, labels).await {
             Ok(true) => tracing::info!(namespace = ns, agent, "created hub namespace for agent"),
             Ok(false) => {}
-            Err(e) => tracing::warn!(namespace = ns, agent, error = %e, "could not create namespace"),
+            Err(e) => {
+                tracing::warn!(namespace = ns, agent, error = %e, "could not create namespace")
+            }
         }
     }
 
@@ -226,17 +232,40 @@ impl Hub {
         drop(sent);
         for name in plan.send {
             if let Some(obj) = objects.get(&name) {
-                self.push(state, Event::resource(&self.source, EventType::SpecUpdate,
-                    app_ref(&ns, &name), Payload::Object(for_wire(obj))));
+                self.push(
+                    state,
+                    Event::resource(
+                        &self.source,
+                        EventType::SpecUpdate,
+                        app_ref(&ns, &name),
+                        Payload::Object(for_wire(obj)),
+                    ),
+                );
             }
         }
         for name in plan.delete {
-            self.push(state, Event::resource(&self.source, EventType::Delete, app_ref(&ns, &name), Payload::None));
+            self.push(
+                state,
+                Event::resource(
+                    &self.source,
+                    EventType::Delete,
+                    app_ref(&ns, &name),
+                    Payload::None,
+                ),
+            );
         }
         // Objects being deleted on the hub: the agent deletes its copy, then we finish.
         for (name, obj) in &objects {
             if is_being_deleted(obj) {
-                self.push(state, Event::resource(&self.source, EventType::Delete, app_ref(&ns, name), Payload::None));
+                self.push(
+                    state,
+                    Event::resource(
+                        &self.source,
+                        EventType::Delete,
+                        app_ref(&ns, name),
+                        Payload::None,
+                    ),
+                );
             }
         }
         for obj in objects.values() {
@@ -245,7 +274,11 @@ impl Hub {
     }
 
     /// Autonomous agent reconnected: ask for what differs, delete what it no longer has.
-    pub async fn resync_autonomous(&self, state: &AgentState, agent_state: &Checksums) -> Vec<Event> {
+    pub async fn resync_autonomous(
+        &self,
+        state: &AgentState,
+        agent_state: &Checksums,
+    ) -> Vec<Event> {
         let ns = state.namespace();
         let objects = self.hub_objects(&ns);
         let hub = self.hub_checksums(&ns);
@@ -266,22 +299,29 @@ impl Hub {
         }
         plan.send
             .into_iter()
-            .map(|name| Event::resource(&self.source, EventType::RequestUpdate, app_ref(&ns, &name), Payload::None))
+            .map(|name| {
+                Event::resource(
+                    &self.source,
+                    EventType::RequestUpdate,
+                    app_ref(&ns, &name),
+                    Payload::None,
+                )
+            })
             .collect()
     }
 
     /// Removes an autonomous agent's hub copy (finalizers first: the spoke already deleted it).
     async fn delete_hub_copy(&self, ns: &str, name: &str) {
-        if let Err(e) = self.apps.remove_finalizers(Some(&ns), name).await {
-            if !e.is_not_found() {
-                tracing::warn!(namespace = ns, name, error = %e, "could not remove finalizers");
-            }
+        if let Err(e) = self.apps.remove_finalizers(Some(ns), name).await
+            && !e.is_not_found()
+        {
+            tracing::warn!(namespace = ns, name, error = %e, "could not remove finalizers");
         }
-        if let Err(e) = self.apps.delete(Some(&ns), name).await {
-            if !e.is_not_found() {
-                self.metrics.hub_write_errors.inc();
-                tracing::warn!(namespace = ns, name, error = %e, "could not delete hub copy");
-            }
+        if let Err(e) = self.apps.delete(Some(ns), name).await
+            && !e.is_not_found()
+        {
+            self.metrics.hub_write_errors.inc();
+            tracing::warn!(namespace = ns, name, error = %e, "could not delete hub copy");
         }
     }
 
@@ -303,9 +343,20 @@ impl Hub {
             .pointer("/status/operationState/phase")
             .and_then(Value::as_str)
             == Some("Terminating");
-        let ty = if terminating { EventType::TerminateOperation } else { EventType::SetOperation };
-        self.push(state, Event::resource(&self.source, ty, app_ref(&ns, &name),
-            Payload::Object(Arc::new(json!({ "operation": op })))));
+        let ty = if terminating {
+            EventType::TerminateOperation
+        } else {
+            EventType::SetOperation
+        };
+        self.push(
+            state,
+            Event::resource(
+                &self.source,
+                ty,
+                app_ref(&ns, &name),
+                Payload::Object(Arc::new(json!({ "operation": op }))),
+            ),
+        );
     }
 
     /// Handles one change of a hub Application.
@@ -315,22 +366,41 @@ impl Hub {
             Change::Deleted(o) => (o, true),
             Change::Synced => return,
         };
-        let Some(ns) = obj.metadata.namespace.clone() else { return };
-        let Some(state) = self.agent_for_namespace(&ns) else { return };
+        let Some(ns) = obj.metadata.namespace.clone() else {
+            return;
+        };
+        let Some(state) = self.agent_for_namespace(&ns) else {
+            return;
+        };
         let name = name_of(&obj);
         match state.mode() {
             AgentMode::Managed => {
                 if deleted || is_being_deleted(&obj) {
                     lock(&state.sent_spec).remove(&name);
-                    self.push(&state, Event::resource(&self.source, EventType::Delete, app_ref(&ns, &name), Payload::None));
+                    self.push(
+                        &state,
+                        Event::resource(
+                            &self.source,
+                            EventType::Delete,
+                            app_ref(&ns, &name),
+                            Payload::None,
+                        ),
+                    );
                     return;
                 }
                 let sum = spec_checksum(&obj);
                 let changed = lock(&state.sent_spec).get(&name) != Some(&sum);
                 if changed {
                     lock(&state.sent_spec).insert(name.clone(), sum);
-                    self.push(&state, Event::resource(&self.source, EventType::SpecUpdate,
-                        app_ref(&ns, &name), Payload::Object(for_wire(&obj))));
+                    self.push(
+                        &state,
+                        Event::resource(
+                            &self.source,
+                            EventType::SpecUpdate,
+                            app_ref(&ns, &name),
+                            Payload::Object(for_wire(&obj)),
+                        ),
+                    );
                 }
                 self.forward_operation(&state, &obj);
             }
@@ -365,19 +435,38 @@ impl Hub {
     }
 
     /// Writes an object received from an autonomous agent into its hub namespace.
-    pub async fn upsert_from_agent(&self, ns: &str, agent: &str, incoming: &Value) -> Result<(), String> {
-        let name = incoming.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_owned();
+    pub async fn upsert_from_agent(
+        &self,
+        ns: &str,
+        agent: &str,
+        incoming: &Value,
+    ) -> Result<(), String> {
+        let name = incoming
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
         let mut obj: DynamicObject = serde_json::from_value(incoming.clone())
             .map_err(|e| format!("not a Kubernetes object: {e}"))?;
         obj.metadata.namespace = Some(ns.to_owned());
         obj.metadata.resource_version = None;
         obj.metadata.uid = None;
-        obj.metadata.labels.get_or_insert_with(Default::default).insert(AGENT_NAME_LABEL.into(), agent.into());
+        obj.metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert(AGENT_NAME_LABEL.into(), agent.into());
         if obj.types.is_none() {
-            obj.types = Some(kube::api::TypeMeta { api_version: "argoproj.io/v1alpha1".into(), kind: "Application".into() });
+            obj.types = Some(kube::api::TypeMeta {
+                api_version: "argoproj.io/v1alpha1".into(),
+                kind: "Application".into(),
+            });
         }
         let status = obj.data.get("status").cloned();
-        let existing = self.apps.get(Some(&ns), &name).await.map_err(|e| e.to_string())?;
+        let existing = self
+            .apps
+            .get(Some(ns), &name)
+            .await
+            .map_err(|e| e.to_string())?;
         match existing {
             None => {
                 if let Some(map) = obj.data.as_object_mut() {
@@ -393,7 +482,10 @@ impl Hub {
                 self.apps
                     .update_with(Some(ns), &name, move |cur| {
                         let before = cur.data.clone();
-                        let before_meta = (cur.metadata.labels.clone(), cur.metadata.annotations.clone());
+                        let before_meta = (
+                            cur.metadata.labels.clone(),
+                            cur.metadata.annotations.clone(),
+                        );
                         for key in ["spec", "operation"] {
                             match want.data.get(key) {
                                 Some(v) => {
@@ -408,7 +500,12 @@ impl Hub {
                         }
                         cur.metadata.labels = want.metadata.labels.clone();
                         cur.metadata.annotations = want.metadata.annotations.clone();
-                        if cur.data == before && (cur.metadata.labels.clone(), cur.metadata.annotations.clone()) == before_meta {
+                        if cur.data == before
+                            && (
+                                cur.metadata.labels.clone(),
+                                cur.metadata.annotations.clone(),
+                            ) == before_meta
+                        {
                             Mutation::Unchanged
                         } else {
                             Mutation::Changed
@@ -429,15 +526,19 @@ impl Hub {
 
     /// Writes `.status` of a hub Application through the status subresource.
     pub async fn write_status(&self, ns: &str, name: &str, status: Value) -> Result<(), String> {
-        if let Some(cur) = self.cache.get(Some(ns), name) {
-            if object::status(&cur) == Some(&status) {
-                return Ok(());
-            }
+        if let Some(cur) = self.cache.get(Some(ns), name)
+            && object::status(&cur) == Some(&status)
+        {
+            return Ok(());
         }
-        self.apps.replace_status(Some(&ns), name, status).await.map(|_| ()).map_err(|e| {
-            self.metrics.hub_write_errors.inc();
-            e.to_string()
-        })
+        self.apps
+            .replace_status(Some(ns), name, status)
+            .await
+            .map(|_| ())
+            .map_err(|e| {
+                self.metrics.hub_write_errors.inc();
+                e.to_string()
+            })
     }
 
     /// Called when the agent acknowledged an event of ours.
@@ -449,18 +550,21 @@ impl Hub {
                 // Delivered: the hub copy's `.operation` has done its job (the hub runs no
                 // application controller for agent namespaces); the agent reports progress
                 // in `.status.operationState`.
-                if let Err(e) = self.apps.patch_merge(Some(&ns), &name, &json!({"operation": null})).await {
-                    if !e.is_not_found() {
-                        tracing::warn!(namespace = %ns, name = %name, error = %e, "could not clear operation");
-                    }
+                if let Err(e) = self
+                    .apps
+                    .patch_merge(Some(&ns), &name, &json!({"operation": null}))
+                    .await
+                    && !e.is_not_found()
+                {
+                    tracing::warn!(namespace = %ns, name = %name, error = %e, "could not clear operation");
                 }
             }
             Lane::Object if ty == EventType::Delete && state.mode() == AgentMode::Managed => {
                 // The spoke deleted its copy: finish a pending hub deletion.
-                if let Some(obj) = self.cache.get(Some(&ns), &name) {
-                    if is_being_deleted(&obj) {
-                        let _ = self.apps.remove_finalizers(Some(&ns), &name).await;
-                    }
+                if let Some(obj) = self.cache.get(Some(&ns), &name)
+                    && is_being_deleted(&obj)
+                {
+                    let _ = self.apps.remove_finalizers(Some(&ns), &name).await;
                 }
             }
             _ => {}

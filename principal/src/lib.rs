@@ -36,20 +36,33 @@ pub enum SvidConfig {
     /// SPIFFE Workload API (endpoint, or `SPIFFE_ENDPOINT_SOCKET`).
     WorkloadApi { endpoint: Option<String> },
     /// PEM files (cert-manager, csi-driver-spiffe).
-    Files { cert: PathBuf, key: PathBuf, bundles: Vec<(Option<TrustDomain>, PathBuf)> },
+    Files {
+        cert: PathBuf,
+        key: PathBuf,
+        bundles: Vec<(Option<TrustDomain>, PathBuf)>,
+    },
 }
 
 /// How agents authenticate.
 #[derive(Debug, Clone)]
 pub enum AuthConfig {
     /// SVID mutual TLS on the listener.
-    Mtls { svid: SvidConfig, trust_domains: Vec<TrustDomain> },
+    Mtls {
+        svid: SvidConfig,
+        trust_domains: Vec<TrustDomain>,
+    },
     /// Identity forwarded by a mesh sidecar in a header, on a plaintext loopback listener.
-    Header { auth: String, policy: HeaderListenerPolicy },
+    Header {
+        auth: String,
+        policy: HeaderListenerPolicy,
+    },
     /// JWT-SVID bearer tokens (audience = `audience`, or the principal's own X.509-SVID ID),
     /// validated against the JWT bundles from the Workload API at `endpoint`. The listener is
     /// plaintext: TLS is terminated by the ingress in front of it.
-    Jwt { endpoint: Option<String>, audience: Option<argocd_agent_identity::SpiffeId> },
+    Jwt {
+        endpoint: Option<String>,
+        audience: Option<argocd_agent_identity::SpiffeId>,
+    },
 }
 
 /// Principal configuration.
@@ -107,7 +120,10 @@ pub enum PrincipalError {
     #[error("TLS: {0}")]
     Tls(String),
     #[error("listener {addr}: {source}")]
-    Listen { addr: SocketAddr, source: std::io::Error },
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
     #[error("header authentication: {0}")]
     Header(String),
     #[error("gRPC server: {0}")]
@@ -137,10 +153,13 @@ async fn load_svid(svid: &SvidConfig) -> Result<SvidSource, PrincipalError> {
         SvidConfig::WorkloadApi { endpoint } => SvidSource::workload_api(endpoint.clone())
             .await
             .map_err(|e| PrincipalError::Svid(e.to_string()))?,
-        SvidConfig::Files { cert, key, bundles } => {
-            SvidSource::pem_files(cert.clone(), key.clone(), bundles.clone(), Duration::from_secs(5))
-                .map_err(|e| PrincipalError::Svid(e.to_string()))?
-        }
+        SvidConfig::Files { cert, key, bundles } => SvidSource::pem_files(
+            cert.clone(),
+            key.clone(),
+            bundles.clone(),
+            Duration::from_secs(5),
+        )
+        .map_err(|e| PrincipalError::Svid(e.to_string()))?,
     };
     source
         .wait_ready(Duration::from_secs(30))
@@ -150,11 +169,20 @@ async fn load_svid(svid: &SvidConfig) -> Result<SvidSource, PrincipalError> {
 }
 
 /// Starts the principal; it runs until `shutdown` is cancelled.
-pub async fn start(config: PrincipalConfig, shutdown: CancellationToken) -> Result<Running, PrincipalError> {
-    let rules = LiveRules::start(config.rules_file.clone(), config.rules.clone(), config.rules_poll)
-        .map_err(|e| PrincipalError::Rules(e.to_string()))?;
+pub async fn start(
+    config: PrincipalConfig,
+    shutdown: CancellationToken,
+) -> Result<Running, PrincipalError> {
+    let rules = LiveRules::start(
+        config.rules_file.clone(),
+        config.rules.clone(),
+        config.rules_poll,
+    )
+    .map_err(|e| PrincipalError::Rules(e.to_string()))?;
     if rules.current().is_empty() {
-        tracing::warn!("no identity mapping rules configured: every agent will be refused (deny by default)");
+        tracing::warn!(
+            "no identity mapping rules configured: every agent will be refused (deny by default)"
+        );
     }
     let rules = Arc::new(rules);
 
@@ -169,13 +197,25 @@ pub async fn start(config: PrincipalConfig, shutdown: CancellationToken) -> Resu
     let (auth, svid_source) = match &config.auth {
         AuthConfig::Mtls { svid, .. } => (Authenticator::Mtls, Some(load_svid(svid).await?)),
         AuthConfig::Header { auth, policy } => {
-            let parsed = HeaderAuth::parse(auth).map_err(|e| PrincipalError::Header(e.to_string()))?;
-            match argocd_agent_mesh::guard::check_listen_addr(&ListenAddr::Tcp(config.listen), policy) {
-                Ok(Some(warning)) => tracing::warn!(%warning, "header authentication on a non-loopback listener"),
+            let parsed =
+                HeaderAuth::parse(auth).map_err(|e| PrincipalError::Header(e.to_string()))?;
+            match argocd_agent_mesh::guard::check_listen_addr(
+                &ListenAddr::Tcp(config.listen),
+                policy,
+            ) {
+                Ok(Some(warning)) => {
+                    tracing::warn!(%warning, "header authentication on a non-loopback listener")
+                }
                 Ok(None) => {}
                 Err(e) => return Err(PrincipalError::Header(e.to_string())),
             }
-            (Authenticator::Header { auth: Arc::new(parsed), policy: Arc::new(policy.clone()) }, None)
+            (
+                Authenticator::Header {
+                    auth: Arc::new(parsed),
+                    policy: Arc::new(policy.clone()),
+                },
+                None,
+            )
         }
         AuthConfig::Jwt { .. } => (Authenticator::Mtls, None),
     };
@@ -184,16 +224,28 @@ pub async fn start(config: PrincipalConfig, shutdown: CancellationToken) -> Resu
             let audience = match audience {
                 Some(a) => a.clone(),
                 None => {
-                    let src = load_svid(&SvidConfig::WorkloadApi { endpoint: endpoint.clone() }).await?;
+                    let src = load_svid(&SvidConfig::WorkloadApi {
+                        endpoint: endpoint.clone(),
+                    })
+                    .await?;
                     let id = src.current().map(|s| s.svid.spiffe_id().clone());
-                    id.ok_or_else(|| PrincipalError::Svid("no X.509-SVID to take the JWT audience from".into()))?
+                    id.ok_or_else(|| {
+                        PrincipalError::Svid("no X.509-SVID to take the JWT audience from".into())
+                    })?
                 }
             };
-            let validator = argocd_agent_identity::jwt::JwtValidator::workload_api(endpoint.clone())
-                .await
-                .map_err(|e| PrincipalError::Svid(e.to_string()))?;
+            let validator =
+                argocd_agent_identity::jwt::JwtValidator::workload_api(endpoint.clone())
+                    .await
+                    .map_err(|e| PrincipalError::Svid(e.to_string()))?;
             tracing::info!(%audience, "accepting JWT-SVID bearer tokens");
-            (Authenticator::Jwt { validator: Arc::new(validator), audience }, None)
+            (
+                Authenticator::Jwt {
+                    validator: Arc::new(validator),
+                    audience,
+                },
+                None,
+            )
         }
         _ => (auth, svid_source),
     };
@@ -242,8 +294,16 @@ pub async fn start(config: PrincipalConfig, shutdown: CancellationToken) -> Resu
 
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
-        .map_err(|source| PrincipalError::Listen { addr: config.listen, source })?;
-    let addr = listener.local_addr().map_err(|source| PrincipalError::Listen { addr: config.listen, source })?;
+        .map_err(|source| PrincipalError::Listen {
+            addr: config.listen,
+            source,
+        })?;
+    let addr = listener
+        .local_addr()
+        .map_err(|source| PrincipalError::Listen {
+            addr: config.listen,
+            source,
+        })?;
 
     let svc = EventStreamService {
         hub: hub.clone(),
@@ -268,7 +328,8 @@ pub async fn start(config: PrincipalConfig, shutdown: CancellationToken) -> Resu
             } else {
                 PeerPolicy::TrustDomains(trust_domains.clone())
             };
-            let source = svid_source.ok_or_else(|| PrincipalError::Svid("no SVID source".into()))?;
+            let source =
+                svid_source.ok_or_else(|| PrincipalError::Svid("no SVID source".into()))?;
             let tls = argocd_agent_identity::tls::server_config(&source, policy)
                 .map_err(|e| PrincipalError::Tls(e.to_string()))?;
             let incoming = argocd_agent_identity::transport::tls_incoming(listener, tls);
@@ -290,5 +351,10 @@ pub async fn start(config: PrincipalConfig, shutdown: CancellationToken) -> Resu
             })
         }
     };
-    Ok(Running { addr, metrics_addr, hub, done })
+    Ok(Running {
+        addr,
+        metrics_addr,
+        hub,
+        done,
+    })
 }

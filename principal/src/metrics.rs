@@ -62,13 +62,41 @@ impl Metrics {
             queue_full: Counter::default(),
             registry: Arc::new(Mutex::new(Registry::default())),
         };
-        registry.register("connected_agents", "Agents with an open stream", m.connected_agents.clone());
-        registry.register("events_received", "Events received from agents", m.events_received.clone());
-        registry.register("events_sent", "Events sent to agents", m.events_sent.clone());
-        registry.register("auth_failures", "Streams refused at authentication", m.auth_failures.clone());
-        registry.register("events_refused", "Inbound events refused", m.events_refused.clone());
-        registry.register("hub_write_errors", "Failed writes to the hub cluster", m.hub_write_errors.clone());
-        registry.register("queue_full", "Events dropped on a full agent queue", m.queue_full.clone());
+        registry.register(
+            "connected_agents",
+            "Agents with an open stream",
+            m.connected_agents.clone(),
+        );
+        registry.register(
+            "events_received",
+            "Events received from agents",
+            m.events_received.clone(),
+        );
+        registry.register(
+            "events_sent",
+            "Events sent to agents",
+            m.events_sent.clone(),
+        );
+        registry.register(
+            "auth_failures",
+            "Streams refused at authentication",
+            m.auth_failures.clone(),
+        );
+        registry.register(
+            "events_refused",
+            "Inbound events refused",
+            m.events_refused.clone(),
+        );
+        registry.register(
+            "hub_write_errors",
+            "Failed writes to the hub cluster",
+            m.hub_write_errors.clone(),
+        );
+        registry.register(
+            "queue_full",
+            "Events dropped on a full agent queue",
+            m.queue_full.clone(),
+        );
         *m.registry.lock().unwrap_or_else(|p| p.into_inner()) = registry;
         m
     }
@@ -83,12 +111,19 @@ impl Metrics {
 
     pub fn refused(&self, agent: &str, reason: &str) {
         self.events_refused
-            .get_or_create(&AgentReasonLabels { agent: agent.into(), reason: reason.into() })
+            .get_or_create(&AgentReasonLabels {
+                agent: agent.into(),
+                reason: reason.into(),
+            })
             .inc();
     }
 
     pub fn auth_failed(&self, reason: &str) {
-        self.auth_failures.get_or_create(&ReasonLabels { reason: reason.into() }).inc();
+        self.auth_failures
+            .get_or_create(&ReasonLabels {
+                reason: reason.into(),
+            })
+            .inc();
     }
 }
 
@@ -104,7 +139,10 @@ pub async fn serve(addr: SocketAddr, metrics: Metrics) -> std::io::Result<Socket
                 let m = metrics.clone();
                 async move {
                     (
-                        [(http::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+                        [(
+                            http::header::CONTENT_TYPE,
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        )],
                         m.encode(),
                     )
                 }

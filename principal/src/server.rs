@@ -5,8 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use argocd_agent_identity::mapping::LiveRules;
 use argocd_agent_identity::SpiffeId;
+use argocd_agent_identity::mapping::LiveRules;
 use argocd_agent_mesh::guard::{self, HeaderListenerPolicy};
 use argocd_agent_mesh::header::{HeaderAuth, HeaderIdentity};
 use argocd_agent_proto::cloudevents::CloudEvent;
@@ -26,11 +26,17 @@ pub enum Authenticator {
     /// The verified client SVID (rustls already checked chain, expiry and trust domain).
     Mtls,
     /// A header set by a trusted sidecar/proxy, on a plaintext loopback listener.
-    Header { auth: Arc<HeaderAuth>, policy: Arc<HeaderListenerPolicy> },
+    Header {
+        auth: Arc<HeaderAuth>,
+        policy: Arc<HeaderListenerPolicy>,
+    },
     /// A JWT-SVID bearer token whose audience is the principal's SPIFFE ID, validated
     /// against the JWT bundles of the principal's own Workload API (for ingresses that
     /// terminate TLS and cannot forward client certificates).
-    Jwt { validator: Arc<argocd_agent_identity::jwt::JwtValidator>, audience: SpiffeId },
+    Jwt {
+        validator: Arc<argocd_agent_identity::jwt::JwtValidator>,
+        audience: SpiffeId,
+    },
 }
 
 impl Authenticator {
@@ -41,22 +47,35 @@ impl Authenticator {
                 // A header identity on the mTLS listener is an attack or a misconfiguration:
                 // refuse it loudly rather than ignore it.
                 if let Err(e) = argocd_agent_mesh::reject_identity_headers(&headers) {
-                    return Err((Status::permission_denied(e.to_string()), "IdentityHeaderOnMtls"));
+                    return Err((
+                        Status::permission_denied(e.to_string()),
+                        "IdentityHeaderOnMtls",
+                    ));
                 }
                 argocd_agent_identity::peer::peer_spiffe_id(req)
                     .map_err(|e| (Status::unauthenticated(e.to_string()), "NoPeerIdentity"))
             }
-            Authenticator::Jwt { validator, audience } => {
+            Authenticator::Jwt {
+                validator,
+                audience,
+            } => {
                 let value = headers
                     .get(http::header::AUTHORIZATION)
                     .and_then(|v| v.to_str().ok())
-                    .ok_or((Status::unauthenticated("missing authorization: Bearer <JWT-SVID>"), "NoToken"))?;
-                let token = value
-                    .strip_prefix("Bearer ")
-                    .ok_or((Status::unauthenticated("authorization is not a Bearer token"), "NoToken"))?;
-                validator
-                    .validate(token.trim(), audience)
-                    .map_err(|e| (Status::unauthenticated(format!("JWT-SVID refused: {e}")), "InvalidToken"))
+                    .ok_or((
+                        Status::unauthenticated("missing authorization: Bearer <JWT-SVID>"),
+                        "NoToken",
+                    ))?;
+                let token = value.strip_prefix("Bearer ").ok_or((
+                    Status::unauthenticated("authorization is not a Bearer token"),
+                    "NoToken",
+                ))?;
+                validator.validate(token.trim(), audience).map_err(|e| {
+                    (
+                        Status::unauthenticated(format!("JWT-SVID refused: {e}")),
+                        "InvalidToken",
+                    )
+                })
             }
             Authenticator::Header { auth, policy } => {
                 if let Err(e) = guard::check_peer(req.remote_addr(), policy) {
@@ -111,7 +130,12 @@ impl EventStream for EventStreamService {
                 return Err(Status::permission_denied(denied.to_string()));
             }
         };
-        let rx = session::start(self.hub.clone(), identity, request.into_inner(), self.idle_timeout);
+        let rx = session::start(
+            self.hub.clone(),
+            identity,
+            request.into_inner(),
+            self.idle_timeout,
+        );
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 }
@@ -121,7 +145,10 @@ pub struct VersionService;
 
 #[tonic::async_trait]
 impl Version for VersionService {
-    async fn version(&self, _: Request<VersionRequest>) -> Result<Response<VersionResponse>, Status> {
+    async fn version(
+        &self,
+        _: Request<VersionRequest>,
+    ) -> Result<Response<VersionResponse>, Status> {
         Ok(Response::new(VersionResponse {
             version: env!("CARGO_PKG_VERSION").into(),
             protocol_min: PROTOCOL_MIN,

@@ -37,7 +37,8 @@ pub fn start(
     idle_timeout: Duration,
 ) -> mpsc::Receiver<Result<CloudEvent, Status>> {
     let (tx, rx) = mpsc::channel(64);
-    let span = tracing::info_span!("session", agent = %identity.agent, spiffe_id = %identity.spiffe_id);
+    let span =
+        tracing::info_span!("session", agent = %identity.agent, spiffe_id = %identity.spiffe_id);
     tokio::spawn(
         async move {
             if let Err(status) = run(hub, identity, inbound, tx.clone(), idle_timeout).await {
@@ -76,7 +77,9 @@ async fn run(
         Status::invalid_argument(format!("invalid hello: {e}"))
     })?;
     let Payload::Hello(hello) = &hello_event.payload else {
-        return Err(Status::failed_precondition("the first event must be a hello"));
+        return Err(Status::failed_precondition(
+            "the first event must be a hello",
+        ));
     };
     if hello.protocol_version < PROTOCOL_MIN || hello.protocol_version > PROTOCOL_VERSION {
         return Err(Status::failed_precondition(format!(
@@ -104,7 +107,11 @@ async fn run(
     let ns = state.namespace();
     hub.ensure_namespace(&ns, &agent).await;
     hub.metrics.connected_agents.inc();
-    let _guard = SessionGuard { hub: hub.clone(), state: state.clone(), session_id };
+    let _guard = SessionGuard {
+        hub: hub.clone(),
+        state: state.clone(),
+        session_id,
+    };
 
     let welcome = Event::new(
         &hub.source,
@@ -186,7 +193,10 @@ async fn send(
 ) -> Result<(), Status> {
     hub.metrics
         .events_sent
-        .get_or_create(&EventLabels { agent: agent.into(), r#type: event.ty.verb().into() })
+        .get_or_create(&EventLabels {
+            agent: agent.into(),
+            r#type: event.ty.verb().into(),
+        })
         .inc();
     tx.send(Ok(event.to_cloud_event()))
         .await
@@ -220,31 +230,44 @@ async fn handle_inbound(
         Err(e) => {
             hub.metrics.refused(agent, "Malformed");
             tracing::warn!(error = %e, "malformed event refused");
-            let reply = Event::new(&hub.source, EventType::Error, Payload::Error(pb::ErrorDetail {
-                reason: "Malformed".into(),
-                message: e.to_string(),
-                event_id: String::new(),
-            }));
+            let reply = Event::new(
+                &hub.source,
+                EventType::Error,
+                Payload::Error(pb::ErrorDetail {
+                    reason: "Malformed".into(),
+                    message: e.to_string(),
+                    event_id: String::new(),
+                }),
+            );
             return send(tx, hub, agent, reply).await;
         }
     };
     hub.metrics
         .events_received
-        .get_or_create(&EventLabels { agent: agent.into(), r#type: event.ty.verb().into() })
+        .get_or_create(&EventLabels {
+            agent: agent.into(),
+            r#type: event.ty.verb().into(),
+        })
         .inc();
     let span = tracing::debug_span!("event", id = %event.id, r#type = %event.ty);
     let _enter = span.enter();
 
     match event.ty {
         EventType::Ping => {
-            return send(tx, hub, agent, Event::new(&hub.source, EventType::Pong, Payload::None)).await;
+            return send(
+                tx,
+                hub,
+                agent,
+                Event::new(&hub.source, EventType::Pong, Payload::None),
+            )
+            .await;
         }
         EventType::Pong => return Ok(()),
         EventType::Processed => {
-            if let Some(id) = &event.ack_id {
-                if let Some((key, ty)) = state.queue.ack(id) {
-                    hub.on_ack(state, key, ty).await;
-                }
+            if let Some(id) = &event.ack_id
+                && let Some((key, ty)) = state.queue.ack(id)
+            {
+                hub.on_ack(state, key, ty).await;
             }
             return Ok(());
         }
@@ -259,14 +282,23 @@ async fn handle_inbound(
 
     let (Some(action), Some(resource)) = (action_of(event.ty), event.resource.clone()) else {
         hub.metrics.refused(agent, "UnexpectedEvent");
-        let reply = event.error_reply(&hub.source, "BadRequest", format!("{} events are not accepted from agents", event.ty));
+        let reply = event.error_reply(
+            &hub.source,
+            "BadRequest",
+            format!("{} events are not accepted from agents", event.ty),
+        );
         return send(tx, hub, agent, reply).await;
     };
     // The owner of a hub object is recorded in its agent-name label, when present.
     let owner = hub
         .cache
         .get(Some(&resource.namespace), &resource.name)
-        .and_then(|o| o.metadata.labels.as_ref().and_then(|l| l.get(AGENT_NAME_LABEL).cloned()));
+        .and_then(|o| {
+            o.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(AGENT_NAME_LABEL).cloned())
+        });
     let object = ObjectRef {
         kind: resource.kind.as_str(),
         namespace: &resource.namespace,
@@ -284,24 +316,40 @@ async fn handle_inbound(
         let name = obj.pointer("/metadata/name").and_then(|v| v.as_str());
         if name.is_some_and(|n| n != resource.name) {
             hub.metrics.refused(agent, "Invalid");
-            let reply = event.error_reply(&hub.source, "Invalid", format!("payload names {:?}, event names {resource}", name.unwrap_or_default()));
+            let reply = event.error_reply(
+                &hub.source,
+                "Invalid",
+                format!(
+                    "payload names {:?}, event names {resource}",
+                    name.unwrap_or_default()
+                ),
+            );
             return send(tx, hub, agent, reply).await;
         }
     }
 
     let result: Result<(), String> = match event.ty {
         EventType::StatusUpdate => {
-            let status = event.object().and_then(|o| o.get("status").cloned()).unwrap_or_default();
-            if hub.cache.get(Some(&resource.namespace), &resource.name).is_none() {
+            let status = event
+                .object()
+                .and_then(|o| o.get("status").cloned())
+                .unwrap_or_default();
+            if hub
+                .cache
+                .get(Some(&resource.namespace), &resource.name)
+                .is_none()
+            {
                 Err(format!("{resource} does not exist on the hub"))
             } else {
-                hub.write_status(&resource.namespace, &resource.name, status).await
+                hub.write_status(&resource.namespace, &resource.name, status)
+                    .await
             }
         }
         EventType::Create | EventType::SpecUpdate => {
             let obj = event.object().cloned().unwrap_or_default();
             lock(&state.desired).insert(resource.name.clone(), obj.clone());
-            hub.upsert_from_agent(&resource.namespace, agent, &obj).await
+            hub.upsert_from_agent(&resource.namespace, agent, &obj)
+                .await
         }
         EventType::Delete => {
             hub.delete_from_agent(state, &resource.name).await;
@@ -311,11 +359,25 @@ async fn handle_inbound(
             // A managed agent asks for one application again.
             match hub.cache.get(Some(&resource.namespace), &resource.name) {
                 Some(obj) => {
-                    let _ = state.queue.push(Event::resource(&hub.source, EventType::SpecUpdate, resource.clone(),
-                        Payload::Object(Arc::new(serde_json::to_value(argocd_agent_kubernetes::object::strip_for_transfer(&obj)).unwrap_or_default()))));
+                    let _ = state.queue.push(Event::resource(
+                        &hub.source,
+                        EventType::SpecUpdate,
+                        resource.clone(),
+                        Payload::Object(Arc::new(
+                            serde_json::to_value(
+                                argocd_agent_kubernetes::object::strip_for_transfer(&obj),
+                            )
+                            .unwrap_or_default(),
+                        )),
+                    ));
                 }
                 None => {
-                    let _ = state.queue.push(Event::resource(&hub.source, EventType::Delete, resource.clone(), Payload::None));
+                    let _ = state.queue.push(Event::resource(
+                        &hub.source,
+                        EventType::Delete,
+                        resource.clone(),
+                        Payload::None,
+                    ));
                 }
             }
             return Ok(());

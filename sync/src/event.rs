@@ -211,9 +211,17 @@ pub enum EventError {
     #[error("event {id:?}: missing required attribute {attr}")]
     Missing { id: String, attr: &'static str },
     #[error("event {id:?}: attribute {attr} is invalid: {reason}")]
-    Invalid { id: String, attr: &'static str, reason: String },
+    Invalid {
+        id: String,
+        attr: &'static str,
+        reason: String,
+    },
     #[error("event {id:?}: payload of {ty} event is invalid: {reason}")]
-    Payload { id: String, ty: EventType, reason: String },
+    Payload {
+        id: String,
+        ty: EventType,
+        reason: String,
+    },
 }
 
 impl Event {
@@ -276,8 +284,14 @@ impl Event {
         let ts = prost_types::Timestamp::from(self.time);
         attributes.insert(ATTR_TIME.to_owned(), attr(Attr::CeTimestamp(ts)));
         if let Some(r) = &self.resource {
-            attributes.insert(ATTR_KIND.into(), attr(Attr::CeString(r.kind.as_str().into())));
-            attributes.insert(ATTR_NAMESPACE.into(), attr(Attr::CeString(r.namespace.clone())));
+            attributes.insert(
+                ATTR_KIND.into(),
+                attr(Attr::CeString(r.kind.as_str().into())),
+            );
+            attributes.insert(
+                ATTR_NAMESPACE.into(),
+                attr(Attr::CeString(r.namespace.clone())),
+            );
             attributes.insert(ATTR_NAME.into(), attr(Attr::CeString(r.name.clone())));
         }
         if let Some(a) = &self.ack_id {
@@ -293,13 +307,18 @@ impl Event {
                     ATTR_CONTENT_TYPE.into(),
                     attr(Attr::CeString("application/json".into())),
                 );
-                Some(Data::BinaryData(serde_json::to_vec(v.as_ref()).unwrap_or_default()))
+                Some(Data::BinaryData(
+                    serde_json::to_vec(v.as_ref()).unwrap_or_default(),
+                ))
             }
             Payload::Hello(h) => Some(Data::BinaryData(h.encode_to_vec())),
             Payload::Welcome(w) => Some(Data::BinaryData(w.encode_to_vec())),
             Payload::Error(e) => Some(Data::BinaryData(e.encode_to_vec())),
         };
-        if matches!(self.payload, Payload::Hello(_) | Payload::Welcome(_) | Payload::Error(_)) {
+        if matches!(
+            self.payload,
+            Payload::Hello(_) | Payload::Welcome(_) | Payload::Error(_)
+        ) {
             attributes.insert(
                 ATTR_CONTENT_TYPE.into(),
                 attr(Attr::CeString("application/protobuf".into())),
@@ -326,7 +345,10 @@ impl Event {
             });
         }
         if ce.spec_version != SPEC_VERSION {
-            return Err(EventError::SpecVersion { id, version: ce.spec_version });
+            return Err(EventError::SpecVersion {
+                id,
+                version: ce.spec_version,
+            });
         }
         let Some(ty) = EventType::from_type(&ce.r#type) else {
             return Err(EventError::UnknownType { id, ty: ce.r#type });
@@ -336,9 +358,13 @@ impl Event {
         }
         let mut attrs = ce.attributes;
         let time = match attrs.remove(ATTR_TIME).and_then(|a| a.attr) {
-            Some(Attr::CeTimestamp(ts)) => SystemTime::try_from(ts).map_err(|_| {
-                EventError::Invalid { id: id.clone(), attr: "time", reason: "out of range".into() }
-            })?,
+            Some(Attr::CeTimestamp(ts)) => {
+                SystemTime::try_from(ts).map_err(|_| EventError::Invalid {
+                    id: id.clone(),
+                    attr: "time",
+                    reason: "out of range".into(),
+                })?
+            }
             Some(_) => {
                 return Err(EventError::Invalid {
                     id,
@@ -385,10 +411,17 @@ impl Event {
                         });
                     }
                 }
-                Some(ResourceRef { kind, namespace: ns, name: n })
+                Some(ResourceRef {
+                    kind,
+                    namespace: ns,
+                    name: n,
+                })
             }
             _ => {
-                return Err(EventError::Missing { id, attr: "resourcekind/namespace/name" });
+                return Err(EventError::Missing {
+                    id,
+                    attr: "resourcekind/namespace/name",
+                });
             }
         };
         let bytes = match ce.data {
@@ -403,7 +436,11 @@ impl Event {
                 });
             }
         };
-        let bad = |reason: String| EventError::Payload { id: id.clone(), ty, reason };
+        let bad = |reason: String| EventError::Payload {
+            id: id.clone(),
+            ty,
+            reason,
+        };
         let payload = match ty {
             EventType::Hello => Payload::Hello(
                 Hello::decode(bytes.as_deref().unwrap_or_default())
@@ -421,8 +458,8 @@ impl Event {
                 None => Payload::None,
                 Some(b) if b.is_empty() => Payload::None,
                 Some(b) => {
-                    let v: serde_json::Value = serde_json::from_slice(&b)
-                        .map_err(|e| bad(format!("not JSON: {e}")))?;
+                    let v: serde_json::Value =
+                        serde_json::from_slice(&b).map_err(|e| bad(format!("not JSON: {e}")))?;
                     if !v.is_object() {
                         return Err(bad("not a JSON object".into()));
                     }
@@ -441,17 +478,35 @@ impl Event {
                 | EventType::RequestUpdate
         );
         if needs_resource && resource.is_none() {
-            return Err(EventError::Missing { id, attr: "resourcekind/namespace/name" });
+            return Err(EventError::Missing {
+                id,
+                attr: "resourcekind/namespace/name",
+            });
         }
-        if matches!(ty, EventType::Create | EventType::SpecUpdate | EventType::StatusUpdate)
-            && !matches!(payload, Payload::Object(_))
+        if matches!(
+            ty,
+            EventType::Create | EventType::SpecUpdate | EventType::StatusUpdate
+        ) && !matches!(payload, Payload::Object(_))
         {
-            return Err(EventError::Payload { id, ty, reason: "an object is required".into() });
+            return Err(EventError::Payload {
+                id,
+                ty,
+                reason: "an object is required".into(),
+            });
         }
         if ty == EventType::Processed && ack_id.is_none() {
             return Err(EventError::Missing { id, attr: ATTR_ACK });
         }
-        Ok(Event { id, source: ce.source, time, ty, resource, ack_id, traceparent, payload })
+        Ok(Event {
+            id,
+            source: ce.source,
+            time,
+            ty,
+            resource,
+            ack_id,
+            traceparent,
+            payload,
+        })
     }
 }
 
@@ -496,7 +551,10 @@ mod tests {
         let e = Event::new(
             "agent",
             EventType::Hello,
-            Payload::Hello(Hello { version: "0.1.0".into(), ..Default::default() }),
+            Payload::Hello(Hello {
+                version: "0.1.0".into(),
+                ..Default::default()
+            }),
         );
         assert_eq!(Event::from_cloud_event(e.to_cloud_event()).unwrap(), e);
         let ack = e.ack("principal");
@@ -508,7 +566,10 @@ mod tests {
     fn unknown_type_is_refused() {
         let mut ce = Event::new("a", EventType::Ping, Payload::None).to_cloud_event();
         ce.r#type = "io.argoproj.argocd-agent.event.explode".into();
-        assert!(matches!(Event::from_cloud_event(ce), Err(EventError::UnknownType { .. })));
+        assert!(matches!(
+            Event::from_cloud_event(ce),
+            Err(EventError::UnknownType { .. })
+        ));
     }
 
     #[test]
@@ -521,33 +582,46 @@ mod tests {
         )
         .to_cloud_event();
         ce.data = Some(Data::BinaryData(b"{not json".to_vec()));
-        assert!(matches!(Event::from_cloud_event(ce.clone()), Err(EventError::Payload { .. })));
+        assert!(matches!(
+            Event::from_cloud_event(ce.clone()),
+            Err(EventError::Payload { .. })
+        ));
         ce.data = Some(Data::BinaryData(b"[1,2]".to_vec()));
-        assert!(matches!(Event::from_cloud_event(ce.clone()), Err(EventError::Payload { .. })));
+        assert!(matches!(
+            Event::from_cloud_event(ce.clone()),
+            Err(EventError::Payload { .. })
+        ));
         ce.data = None;
-        assert!(matches!(Event::from_cloud_event(ce), Err(EventError::Payload { .. })));
+        assert!(matches!(
+            Event::from_cloud_event(ce),
+            Err(EventError::Payload { .. })
+        ));
     }
 
     #[test]
     fn resource_event_without_resource_attributes_is_refused() {
-        let mut ce = Event::resource(
-            "a",
-            EventType::Delete,
-            app_ref(),
-            Payload::None,
-        )
-        .to_cloud_event();
+        let mut ce =
+            Event::resource("a", EventType::Delete, app_ref(), Payload::None).to_cloud_event();
         ce.attributes.remove("resourcename");
-        assert!(matches!(Event::from_cloud_event(ce), Err(EventError::Missing { .. })));
+        assert!(matches!(
+            Event::from_cloud_event(ce),
+            Err(EventError::Missing { .. })
+        ));
     }
 
     #[test]
     fn wrong_spec_version_and_empty_id_are_refused() {
         let mut ce = Event::new("a", EventType::Ping, Payload::None).to_cloud_event();
         ce.spec_version = "0.3".into();
-        assert!(matches!(Event::from_cloud_event(ce.clone()), Err(EventError::SpecVersion { .. })));
+        assert!(matches!(
+            Event::from_cloud_event(ce.clone()),
+            Err(EventError::SpecVersion { .. })
+        ));
         ce.spec_version = "1.0".into();
         ce.id.clear();
-        assert!(matches!(Event::from_cloud_event(ce), Err(EventError::Invalid { .. })));
+        assert!(matches!(
+            Event::from_cloud_event(ce),
+            Err(EventError::Invalid { .. })
+        ));
     }
 }

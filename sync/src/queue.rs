@@ -72,8 +72,14 @@ impl Default for QueueLimits {
 /// Why an event could not be queued.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum QueueError {
-    #[error("queue full ({max} resources pending): dropped {ty} for {resource}; resync will repair it")]
-    Full { max: usize, ty: EventType, resource: ResourceRef },
+    #[error(
+        "queue full ({max} resources pending): dropped {ty} for {resource}; resync will repair it"
+    )]
+    Full {
+        max: usize,
+        ty: EventType,
+        resource: ResourceRef,
+    },
     #[error("event type {0} is not a queued resource event")]
     NotQueued(EventType),
 }
@@ -104,7 +110,11 @@ pub struct SendQueue {
 
 impl SendQueue {
     pub fn new(limits: QueueLimits) -> SendQueue {
-        SendQueue { state: Mutex::new(State::default()), notify: Notify::new(), limits }
+        SendQueue {
+            state: Mutex::new(State::default()),
+            notify: Notify::new(),
+            limits,
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -122,7 +132,10 @@ impl SendQueue {
         let mut st = self.lock();
         if event.ty == EventType::Delete {
             for other in [Lane::Status, Lane::Operation] {
-                let k = QueueKey { resource: resource.clone(), lane: other };
+                let k = QueueKey {
+                    resource: resource.clone(),
+                    lane: other,
+                };
                 if st.pending.remove(&k).is_some() {
                     st.order.retain(|o| o != &k);
                 }
@@ -191,7 +204,10 @@ impl SendQueue {
 
     fn backoff(&self, attempts: u32) -> Duration {
         let factor = 1u32.checked_shl(attempts.min(16)).unwrap_or(u32::MAX);
-        self.limits.resend_initial.saturating_mul(factor).min(self.limits.resend_max)
+        self.limits
+            .resend_initial
+            .saturating_mul(factor)
+            .min(self.limits.resend_max)
     }
 
     /// The next event to send now, or the instant at which one becomes due.
@@ -221,16 +237,21 @@ impl SendQueue {
                 let in_flight = &st.in_flight;
                 st.order.iter().position(|k| !in_flight.contains_key(k))
             };
-            if let Some(pos) = pos {
-                if let Some(key) = st.order.remove(pos) {
-                    if let Some(event) = st.pending.remove(&key) {
-                        let deadline = now + self.backoff(0);
-                        st.ids.insert(event.id.clone(), key.clone());
-                        st.in_flight
-                            .insert(key, InFlight { event: event.clone(), deadline, attempts: 0 });
-                        return Ok(event);
-                    }
-                }
+            if let Some(pos) = pos
+                && let Some(key) = st.order.remove(pos)
+                && let Some(event) = st.pending.remove(&key)
+            {
+                let deadline = now + self.backoff(0);
+                st.ids.insert(event.id.clone(), key.clone());
+                st.in_flight.insert(
+                    key,
+                    InFlight {
+                        event: event.clone(),
+                        deadline,
+                        attempts: 0,
+                    },
+                );
+                return Ok(event);
             }
         }
         Err(earliest)
@@ -333,7 +354,9 @@ mod tests {
         let q = q();
         q.push(ev(EventType::Create, "a", 1)).unwrap();
         let first = q.next().await;
-        let again = tokio::time::timeout(Duration::from_secs(2), q.next()).await.unwrap();
+        let again = tokio::time::timeout(Duration::from_secs(2), q.next())
+            .await
+            .unwrap();
         assert_eq!(first.id, again.id);
         q.ack(&first.id);
         assert!(q.is_empty());

@@ -93,7 +93,10 @@ mod tests {
     use super::*;
 
     fn c(items: &[(&str, &str)]) -> Checksums {
-        items.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect()
+        items
+            .iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect()
     }
 
     #[test]
@@ -117,6 +120,9 @@ mod tests {
         let st = to_state("Application", &a);
         assert_eq!(from_state("Application", &st), a);
         assert!(from_state("AppProject", &st).is_empty());
-        assert_eq!(st.key_list_checksum, key_list_checksum(&c(&[("a", "x"), ("b", "y")])));
+        assert_eq!(
+            st.key_list_checksum,
+            key_list_checksum(&c(&[("a", "x"), ("b", "y")]))
+        );
     }
 }

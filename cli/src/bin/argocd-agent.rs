@@ -16,7 +16,11 @@ use clap::{Args, Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Parser)]
-#[command(name = "argocd-agent", version, about = "SPIFFE-native argocd-agent: principal and agent")]
+#[command(
+    name = "argocd-agent",
+    version,
+    about = "SPIFFE-native argocd-agent: principal and agent"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -75,7 +79,10 @@ struct SvidArgs {
 fn parse_bundles(list: &[String]) -> Result<Vec<(Option<TrustDomain>, PathBuf)>, String> {
     list.iter()
         .map(|s| match s.split_once('=') {
-            Some((td, path)) => Ok((Some(TrustDomain::new(td).map_err(|e| e.to_string())?), PathBuf::from(path))),
+            Some((td, path)) => Ok((
+                Some(TrustDomain::new(td).map_err(|e| e.to_string())?),
+                PathBuf::from(path),
+            )),
             None => Ok((None, PathBuf::from(s))),
         })
         .collect()
@@ -185,7 +192,10 @@ struct AgentArgs {
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    let (num, unit) = s.find(|c: char| !c.is_ascii_digit()).map(|i| s.split_at(i)).unwrap_or((s, "s"));
+    let (num, unit) = s
+        .find(|c: char| !c.is_ascii_digit())
+        .map(|i| s.split_at(i))
+        .unwrap_or((s, "s"));
     let n: u64 = num.parse().map_err(|_| format!("invalid duration {s:?}"))?;
     Ok(match unit {
         "ms" => Duration::from_millis(n),
@@ -203,7 +213,9 @@ fn svid_principal(a: &SvidArgs) -> Result<argocd_agent_principal::SvidConfig, St
             key: key.clone(),
             bundles: parse_bundles(&a.root_ca)?,
         },
-        _ => argocd_agent_principal::SvidConfig::WorkloadApi { endpoint: a.spiffe_endpoint_socket.clone() },
+        _ => argocd_agent_principal::SvidConfig::WorkloadApi {
+            endpoint: a.spiffe_endpoint_socket.clone(),
+        },
     })
 }
 
@@ -214,7 +226,9 @@ fn svid_agent(a: &SvidArgs) -> Result<argocd_agent_agent::SvidConfig, String> {
             key: key.clone(),
             bundles: parse_bundles(&a.root_ca)?,
         },
-        _ => argocd_agent_agent::SvidConfig::WorkloadApi { endpoint: a.spiffe_endpoint_socket.clone() },
+        _ => argocd_agent_agent::SvidConfig::WorkloadApi {
+            endpoint: a.spiffe_endpoint_socket.clone(),
+        },
     })
 }
 
@@ -224,14 +238,15 @@ fn shutdown_token() -> CancellationToken {
     tokio::spawn(async move {
         #[cfg(unix)]
         {
-            let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => {
-                    let _ = tokio::signal::ctrl_c().await;
-                    t.cancel();
-                    return;
-                }
-            };
+            let mut term =
+                match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                    Ok(s) => s,
+                    Err(_) => {
+                        let _ = tokio::signal::ctrl_c().await;
+                        t.cancel();
+                        return;
+                    }
+                };
             tokio::select! {
                 _ = tokio::signal::ctrl_c() => {}
                 _ = term.recv() => {}
@@ -261,7 +276,10 @@ async fn run_principal(a: PrincipalArgs) -> CmdResult {
         .map(|t| TrustDomain::new(t))
         .collect::<Result<Vec<_>, _>>()?;
     let auth = if auth == "spiffe" {
-        argocd_agent_principal::AuthConfig::Mtls { svid: svid_principal(&a.svid)?, trust_domains }
+        argocd_agent_principal::AuthConfig::Mtls {
+            svid: svid_principal(&a.svid)?,
+            trust_domains,
+        }
     } else if auth == "jwt-svid" {
         argocd_agent_principal::AuthConfig::Jwt {
             endpoint: a.svid.spiffe_endpoint_socket.clone(),
@@ -276,11 +294,16 @@ async fn run_principal(a: PrincipalArgs) -> CmdResult {
             },
         }
     } else {
-        return Err(format!("unknown --auth {auth:?}: use spiffe, mtls:uri:<regex> or header:<preset>").into());
+        return Err(format!(
+            "unknown --auth {auth:?}: use spiffe, mtls:uri:<regex> or header:<preset>"
+        )
+        .into());
     };
     let mut labels = BTreeMap::new();
     for l in &a.namespace_create_label {
-        let (k, v) = l.split_once('=').ok_or_else(|| format!("--namespace-create-label {l:?}: expected k=v"))?;
+        let (k, v) = l
+            .split_once('=')
+            .ok_or_else(|| format!("--namespace-create-label {l:?}: expected k=v"))?;
         labels.insert(k.to_owned(), v.to_owned());
     }
     let config = argocd_agent_principal::PrincipalConfig {
@@ -292,9 +315,13 @@ async fn run_principal(a: PrincipalArgs) -> CmdResult {
         label_selector: a.label_selector.clone(),
         create_namespace: a.namespace_create_enable,
         namespace_labels: labels,
-        metrics_listen: (a.metrics_port != 0).then(|| SocketAddr::from(([0, 0, 0, 0], a.metrics_port))),
+        metrics_listen: (a.metrics_port != 0)
+            .then(|| SocketAddr::from(([0, 0, 0, 0], a.metrics_port))),
         max_message_size: a.max_message_size,
-        queue: argocd_agent_sync::QueueLimits { max_in_flight: a.max_in_flight, ..Default::default() },
+        queue: argocd_agent_sync::QueueLimits {
+            max_in_flight: a.max_in_flight,
+            ..Default::default()
+        },
         ..Default::default()
     };
     let shutdown = shutdown_token();
@@ -308,7 +335,9 @@ async fn run_agent(a: AgentArgs) -> CmdResult {
     argocd_agent_cli::logging::init(&a.log_level, a.log_format == "json");
     let server = format!("{}:{}", a.server_address, a.server_port);
     let transport = if a.creds.starts_with("header") {
-        if !argocd_agent_mesh::guard::is_loopback_host(&a.server_address) && !a.insecure_plaintext_any_address {
+        if !argocd_agent_mesh::guard::is_loopback_host(&a.server_address)
+            && !a.insecure_plaintext_any_address
+        {
             return Err(format!(
                 "--creds header: sends plaintext; {} is not a loopback address of a local sidecar (pass --insecure-plaintext-any-address to override)",
                 a.server_address
@@ -328,8 +357,16 @@ async fn run_agent(a: AgentArgs) -> CmdResult {
     } else if a.creds == "spiffe" || a.creds == "mtls" {
         argocd_agent_agent::Transport::Mtls {
             svid: svid_agent(&a.svid)?,
-            principal_id: a.principal_spiffe_id.as_deref().map(SpiffeId::parse).transpose()?,
-            principal_trust_domain: a.principal_trust_domain.as_deref().map(TrustDomain::new).transpose()?,
+            principal_id: a
+                .principal_spiffe_id
+                .as_deref()
+                .map(SpiffeId::parse)
+                .transpose()?,
+            principal_trust_domain: a
+                .principal_trust_domain
+                .as_deref()
+                .map(TrustDomain::new)
+                .transpose()?,
         }
     } else {
         return Err(format!("unknown --creds {:?}: use spiffe or header:", a.creds).into());
@@ -343,7 +380,8 @@ async fn run_agent(a: AgentArgs) -> CmdResult {
         label_selector: a.label_selector.clone(),
         heartbeat: a.keep_alive_ping_interval,
         max_message_size: a.max_message_size,
-        metrics_listen: (a.metrics_port != 0).then(|| SocketAddr::from(([0, 0, 0, 0], a.metrics_port))),
+        metrics_listen: (a.metrics_port != 0)
+            .then(|| SocketAddr::from(([0, 0, 0, 0], a.metrics_port))),
         ..Default::default()
     };
     let shutdown = shutdown_token();

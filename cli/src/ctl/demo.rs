@@ -31,7 +31,12 @@ fn row(server: &KubeTestServer, ns: &str) -> Vec<[String; 5]> {
         .list_objects("argoproj.io", "v1alpha1", "applications", Some(ns))
         .iter()
         .map(|a| {
-            let s = |p: &str| a.pointer(p).and_then(Value::as_str).unwrap_or("-").to_owned();
+            let s = |p: &str| {
+                a.pointer(p)
+                    .and_then(Value::as_str)
+                    .unwrap_or("-")
+                    .to_owned()
+            };
             [
                 ns.to_owned(),
                 s("/metadata/name"),
@@ -59,7 +64,9 @@ fn table(topo: &Topology) -> String {
     ));
     for (cluster, server, ns) in sections {
         for [ns, name, rev, sync, health] in row(server, ns) {
-            out.push_str(&format!("{cluster:<24} {ns:<18} {name:<20} {rev:<10} {sync:<10} {health:<10}\n"));
+            out.push_str(&format!(
+                "{cluster:<24} {ns:<18} {name:<20} {rev:<10} {sync:<10} {health:<10}\n"
+            ));
         }
     }
     out
@@ -67,21 +74,37 @@ fn table(topo: &Topology) -> String {
 
 fn kubectl() -> String {
     let venv = PathBuf::from(".venv/bin/kubectl");
-    if venv.exists() { venv.display().to_string() } else { "kubectl".into() }
+    if venv.exists() {
+        venv.display().to_string()
+    } else {
+        "kubectl".into()
+    }
 }
 
 async fn check(topo: &Topology) -> Result<(), harness::HarnessError> {
     let t = Duration::from_secs(60);
-    harness::eventually("hub application reaches the managed spoke and reports Healthy", t, || async {
-        harness::stored_app(&topo.hub, MANAGED, "guestbook")
-            .filter(|a| a.pointer("/status/health/status") == Some(&Value::from("Healthy")))
-            .and(harness::stored_app(&topo.managed_spoke, SPOKE_NS, "guestbook"))
-    })
+    harness::eventually(
+        "hub application reaches the managed spoke and reports Healthy",
+        t,
+        || async {
+            harness::stored_app(&topo.hub, MANAGED, "guestbook")
+                .filter(|a| a.pointer("/status/health/status") == Some(&Value::from("Healthy")))
+                .and(harness::stored_app(
+                    &topo.managed_spoke,
+                    SPOKE_NS,
+                    "guestbook",
+                ))
+        },
+    )
     .await?;
-    harness::eventually("autonomous spoke application reaches the hub and reports Healthy", t, || async {
-        harness::stored_app(&topo.hub, AUTONOMOUS, "edge-guestbook")
-            .filter(|a| a.pointer("/status/health/status") == Some(&Value::from("Healthy")))
-    })
+    harness::eventually(
+        "autonomous spoke application reaches the hub and reports Healthy",
+        t,
+        || async {
+            harness::stored_app(&topo.hub, AUTONOMOUS, "edge-guestbook")
+                .filter(|a| a.pointer("/status/health/status") == Some(&Value::from("Healthy")))
+        },
+    )
     .await?;
     Ok(())
 }
@@ -91,7 +114,11 @@ pub async fn run(args: DemoArgs) -> crate::CmdResult {
     std::fs::create_dir_all(&args.dir)?;
     let dir = std::fs::canonicalize(&args.dir)?;
     eprintln!("starting the local topology in {} ...", dir.display());
-    let topo = Topology::start(TopologyOptions { dir: Some(dir.clone()), ..Default::default() }).await?;
+    let topo = Topology::start(TopologyOptions {
+        dir: Some(dir.clone()),
+        ..Default::default()
+    })
+    .await?;
 
     // Simulated Argo CD controllers on the spokes (they only write status).
     let managed_sim = spawn_sim(harness::apps(&topo.managed_spoke, SPOKE_NS)?);
@@ -99,10 +126,16 @@ pub async fn run(args: DemoArgs) -> crate::CmdResult {
 
     // Samples: one on the hub for the managed agent, one on the autonomous spoke.
     harness::apps(&topo.hub, MANAGED)?
-        .create(&PostParams::default(), &harness::sample_app("guestbook", MANAGED, "guestbook"))
+        .create(
+            &PostParams::default(),
+            &harness::sample_app("guestbook", MANAGED, "guestbook"),
+        )
         .await?;
     harness::apps(&topo.autonomous_spoke, SPOKE_NS)?
-        .create(&PostParams::default(), &harness::sample_app("edge-guestbook", SPOKE_NS, "helm-guestbook"))
+        .create(
+            &PostParams::default(),
+            &harness::sample_app("edge-guestbook", SPOKE_NS, "helm-guestbook"),
+        )
         .await?;
 
     if args.check {
@@ -114,7 +147,9 @@ pub async fn run(args: DemoArgs) -> crate::CmdResult {
         topo.stop().await;
         return match r {
             Ok(()) => {
-                println!("demo check passed: Applications flow hub -> managed spoke and autonomous spoke -> hub, status flows back");
+                println!(
+                    "demo check passed: Applications flow hub -> managed spoke and autonomous spoke -> hub, status flows back"
+                );
                 Ok(())
             }
             Err(e) => Err(format!("demo check failed: {e}\n{logs}").into()),
@@ -127,7 +162,9 @@ pub async fn run(args: DemoArgs) -> crate::CmdResult {
         d = dir.display()
     );
     let tty = std::io::stdout().is_terminal();
-    let deadline = args.exit_after.map(|s| tokio::time::Instant::now() + Duration::from_secs(s));
+    let deadline = args
+        .exit_after
+        .map(|s| tokio::time::Instant::now() + Duration::from_secs(s));
     let mut tick = tokio::time::interval(Duration::from_secs(2));
     loop {
         tokio::select! {
