@@ -2,7 +2,8 @@
 //! the objects against the real binaries: every flag and environment variable a Deployment
 //! uses must exist in `argocd-agent <subcommand> --help`, the RBAC must grant what
 //! docs/kubernetes.md says, the example identity rules must load, and the committed mesh
-//! policies must match what `argocd-agentctl mesh` prints.
+//! policies must match what `argocd-agentctl mesh` prints, and the binary must accept each
+//! Deployment's args and environment.
 #![forbid(unsafe_code)]
 
 use std::collections::{BTreeMap, BTreeSet};
