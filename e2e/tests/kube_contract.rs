@@ -1646,3 +1646,24 @@ async fn secret_string_data_is_folded_into_data() {
     assert_eq!(p.body["data"]["c"], "eg==");
     assert!(p.body.get("stringData").is_none());
 }
+
+#[tokio::test]
+async fn resource_version_from_the_future_is_504_too_large() {
+    let (s, http) = setup().await;
+    let future = s.resource_version() + 100;
+    let r = http
+        .get(&format!("{APPS}?watch=true&resourceVersion={future}"))
+        .await;
+    assert_status(&r, 504, "Timeout");
+    assert!(
+        r.body["message"]
+            .as_str()
+            .unwrap()
+            .contains("Too large resource version")
+    );
+    assert_status(
+        &http.get(&format!("{APPS}?resourceVersion={future}")).await,
+        504,
+        "Timeout",
+    );
+}

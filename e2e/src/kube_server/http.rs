@@ -616,7 +616,12 @@ async fn serve_resource(
         // Collection.
         let filter = Filter::from_query(&t, q)?;
         return match method {
-            Method::GET if q.flag("watch") => Ok(watch(shared.clone(), t.res, filter, q, table)?),
+            Method::GET if q.flag("watch") => {
+                if let Some(rv) = q.rv()? {
+                    wait_for_rv(shared, rv).await?;
+                }
+                Ok(watch(shared.clone(), t.res, filter, q, table)?)
+            }
             Method::GET => {
                 let list_ns = t.ns.as_deref().filter(|n| !n.is_empty());
                 let limit = match q.get("limit") {
@@ -625,6 +630,12 @@ async fn serve_resource(
                         .map_err(|_| ApiError::bad_request(format!("invalid limit {l:?}")))?,
                     None => 0,
                 };
+                if q.get("continue").is_none()
+                    && q.get("resourceVersionMatch") != Some("Exact")
+                    && let Some(rv) = q.rv()?
+                {
+                    wait_for_rv(shared, rv).await?;
+                }
                 let (items, rv, after) = match q.get("continue").filter(|c| !c.is_empty()) {
                     // A continued list is served from the snapshot of its first page.
                     Some(token) => {
@@ -828,6 +839,29 @@ fn event_line(kind: &str, object: &Value) -> Bytes {
     let mut s = json!({"type": kind, "object": object}).to_string();
     s.push('\n');
     Bytes::from(s)
+}
+
+/// A watch from a resourceVersion the server has not reached yet waits briefly, then fails
+/// with 504 `Too large resource version`, as the apiserver's watch cache does (this happens
+/// when a client keeps its RV across a server restart).
+async fn wait_for_rv(shared: &Shared, rv: u64) -> Result<(), ApiError> {
+    let mut rx = shared.store.subscribe();
+    let reached = tokio::time::timeout(Duration::from_secs(1), rx.wait_for(|cur| *cur >= rv)).await;
+    if matches!(reached, Ok(Ok(_))) || shared.store.current_rv() >= rv {
+        return Ok(());
+    }
+    let mut e = ApiError::new(
+        504,
+        "Timeout",
+        format!(
+            "Too large resource version: {rv}, current: {}",
+            shared.store.current_rv()
+        ),
+    );
+    e.details = Some(
+        json!({"causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}], "retryAfterSeconds": 1}),
+    );
+    Err(e)
 }
 
 fn watch(
