@@ -222,6 +222,8 @@ pub struct TopologyOptions {
     pub agents: Option<Vec<&'static str>>,
     /// `--creds` of the agents (default `spiffe`: SVID mTLS).
     pub agent_creds: Option<String>,
+    /// A mapping rules file for the principal instead of the `--identity-rule` flag.
+    pub rules_file: Option<PathBuf>,
 }
 
 /// The whole local topology.
@@ -394,13 +396,15 @@ impl Topology {
             port.to_string(),
             "--kubeconfig".into(),
             dir.join("hub.kubeconfig").display().to_string(),
-            "--identity-rule".into(),
-            RULE.into(),
             "--metrics-port".into(),
             "0".into(),
             "--spiffe-endpoint-socket".into(),
             spiffe.endpoint(&dir.join("principal.sock")),
         ];
+        match &opts.rules_file {
+            Some(f) => pargs.extend(["--identity-rules".into(), f.display().to_string()]),
+            None => pargs.extend(["--identity-rule".into(), RULE.into()]),
+        }
         pargs.extend(opts.principal_args.iter().cloned());
         let mut principal = Proc::new("principal", bin.clone(), pargs, dir.join("principal.log"));
         principal.start()?;

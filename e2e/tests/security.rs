@@ -222,3 +222,59 @@ async fn unmapped_id_and_wrong_trust_domain_cannot_open_a_stream() {
         panic!("{e}\n{logs}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_is_closed_when_rules_stop_mapping_its_identity() {
+    let rules_dir = tempfile::tempdir().unwrap();
+    let rules = rules_dir.path().join("rules.yaml");
+    let mapping = r#"rules:
+  - name: agents
+    template: "spiffe://{trust_domain}/ns/agents/sa/{sa}"
+    agent: "{sa}"
+    namespace: "{sa}"
+"#;
+    std::fs::write(&rules, mapping).unwrap();
+    let topo = Topology::start(TopologyOptions {
+        agents: Some(vec![MANAGED]),
+        rules_file: Some(rules.clone()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let r: Result<(), HarnessError> = async {
+        // The operator removes the agent's mapping: its live session is closed and it cannot
+        // come back.
+        std::fs::write(
+            &rules,
+            "rules:\n  - name: only-edge\n    exact: \"spiffe://example.org/ns/agents/sa/edge-1\"\n    agent: edge-1\n",
+        )?;
+        eventually("revoked session closed", T, || async {
+            topo.principal
+                .log()
+                .contains("identity no longer maps: closing session")
+                .then_some(())
+        })
+        .await?;
+        eventually("reconnect refused", T, || async {
+            topo.principal
+                .log()
+                .contains("stream refused: identity does not map to an agent")
+                .then_some(())
+        })
+        .await?;
+        // Mapping restored: the agent is admitted again.
+        let before = topo.connect_count(MANAGED);
+        std::fs::write(&rules, mapping)?;
+        eventually("agent admitted again", Duration::from_secs(40), || async {
+            (topo.connect_count(MANAGED) > before).then_some(())
+        })
+        .await?;
+        Ok(())
+    }
+    .await;
+    let logs = topo.logs();
+    topo.stop().await;
+    if let Err(e) = r {
+        panic!("{e}\n{logs}");
+    }
+}
