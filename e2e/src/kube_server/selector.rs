@@ -107,10 +107,17 @@ impl LabelSelector {
                 LabelReq::Eq(k.trim().to_string(), v.trim().to_string())
             } else if let Some((k, v)) = p.split_once('=') {
                 LabelReq::Eq(k.trim().to_string(), v.trim().to_string())
-            } else if let Some((k, rest)) = p.split_once(" notin ") {
-                LabelReq::NotIn(k.trim().to_string(), parse_set(rest, p)?)
-            } else if let Some((k, rest)) = p.split_once(" in ") {
-                LabelReq::In(k.trim().to_string(), parse_set(rest, p)?)
+            } else if let Some(paren) = p.find('(') {
+                // `key in (a,b)` / `key notin(a)`: the operator may touch the parenthesis.
+                let (head, set) = p.split_at(paren);
+                let head = head.trim_end();
+                if let Some(k) = head.strip_suffix(" notin") {
+                    LabelReq::NotIn(k.trim().to_string(), parse_set(set, p)?)
+                } else if let Some(k) = head.strip_suffix(" in") {
+                    LabelReq::In(k.trim().to_string(), parse_set(set, p)?)
+                } else {
+                    return Err(format!("expected 'in' or 'notin' before '(' in {p:?}"));
+                }
             } else {
                 LabelReq::Exists(p.to_string())
             };
@@ -206,7 +213,7 @@ mod tests {
 
     #[test]
     fn set_based_requirements_with_commas_inside_parentheses() {
-        let s = LabelSelector::parse("env in (prod, dev),tier notin (db),app,!legacy").unwrap();
+        let s = LabelSelector::parse("env in (prod, dev),tier notin(db),app,!legacy").unwrap();
         assert!(s.matches(&obj(json!({"env": "dev", "tier": "web", "app": "x"}))));
         assert!(!s.matches(&obj(json!({"env": "dev", "tier": "db", "app": "x"}))));
         assert!(!s.matches(&obj(json!({"env": "dev", "app": "x", "legacy": "1"}))));
@@ -223,6 +230,7 @@ mod tests {
     #[test]
     fn malformed_selectors_are_rejected() {
         assert!(LabelSelector::parse("a in (b").is_err());
+        assert!(LabelSelector::parse("a within (b)").is_err());
         assert!(LabelSelector::parse("a=b c").is_err());
         assert!(FieldSelector::parse("spec.x=1").is_err());
     }
