@@ -278,3 +278,57 @@ async fn session_is_closed_when_rules_stop_mapping_its_identity() {
         panic!("{e}\n{logs}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_style_header_regex_capturing_an_agent_name() {
+    let topo = Topology::start(TopologyOptions {
+        agents: Some(vec![]),
+        principal_args: vec!["--auth".into(), "header:x-agent-name:^([a-z0-9-]+)$".into()],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let r: Result<(), HarnessError> = async {
+        let open = |name: &'static str| async move {
+            let channel =
+                tonic::transport::Endpoint::from_shared(format!("http://{}", topo.principal_addr))?
+                    .connect()
+                    .await?;
+            let mut client = EventStreamClient::new(channel);
+            let hello = Event::new(
+                "test",
+                EventType::Hello,
+                Payload::Hello(Hello {
+                    mode: AgentMode::Managed as i32,
+                    protocol_version: 1,
+                    ..Default::default()
+                }),
+            );
+            let (tx, rx) = mpsc::channel(4);
+            tx.send(hello.to_cloud_event()).await?;
+            let mut req = tonic::Request::new(ReceiverStream::new(rx));
+            req.metadata_mut().insert("x-agent-name", name.parse()?);
+            let mut inbound = client.subscribe(req).await?.into_inner();
+            let first = inbound.message().await?.ok_or("closed")?;
+            drop(tx);
+            Ok::<Event, HarnessError>(Event::from_cloud_event(first)?)
+        };
+        let welcome = open(MANAGED).await?;
+        let Payload::Welcome(w) = welcome.payload else {
+            return Err("no welcome".into());
+        };
+        assert_eq!(
+            (w.agent_name.as_str(), w.namespace.as_str()),
+            (MANAGED, MANAGED)
+        );
+        // A capture that is not a valid agent name is refused.
+        assert!(open("Not_A_Label").await.is_err());
+        Ok(())
+    }
+    .await;
+    let logs = topo.logs();
+    topo.stop().await;
+    if let Err(e) = r {
+        panic!("{e}\n{logs}");
+    }
+}

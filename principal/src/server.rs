@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use argocd_agent_identity::SpiffeId;
-use argocd_agent_identity::mapping::LiveRules;
+use argocd_agent_identity::mapping::{AgentIdentity, LiveRules};
+use argocd_agent_identity::names::{AgentName, AllowedModes, Namespace};
 use argocd_agent_mesh::guard::{self, HeaderListenerPolicy};
 use argocd_agent_mesh::header::{HeaderAuth, HeaderIdentity};
 use argocd_agent_proto::cloudevents::CloudEvent;
@@ -40,7 +41,7 @@ pub enum Authenticator {
 }
 
 impl Authenticator {
-    fn identify<T>(&self, req: &Request<T>) -> Result<SpiffeId, (Status, &'static str)> {
+    fn identify<T>(&self, req: &Request<T>) -> Result<Caller, (Status, &'static str)> {
         let headers = req.metadata().clone().into_headers();
         match self {
             Authenticator::Mtls => {
@@ -53,6 +54,7 @@ impl Authenticator {
                     ));
                 }
                 argocd_agent_identity::peer::peer_spiffe_id(req)
+                    .map(Caller::Spiffe)
                     .map_err(|e| (Status::unauthenticated(e.to_string()), "NoPeerIdentity"))
             }
             Authenticator::Jwt {
@@ -70,32 +72,57 @@ impl Authenticator {
                     Status::unauthenticated("authorization is not a Bearer token"),
                     "NoToken",
                 ))?;
-                validator.validate(token.trim(), audience).map_err(|e| {
-                    (
-                        Status::unauthenticated(format!("JWT-SVID refused: {e}")),
-                        "InvalidToken",
-                    )
-                })
+                validator
+                    .validate(token.trim(), audience)
+                    .map(Caller::Spiffe)
+                    .map_err(|e| {
+                        (
+                            Status::unauthenticated(format!("JWT-SVID refused: {e}")),
+                            "InvalidToken",
+                        )
+                    })
             }
             Authenticator::Header { auth, policy } => {
                 if let Err(e) = guard::check_peer(req.remote_addr(), policy) {
                     return Err((Status::permission_denied(e.to_string()), "UntrustedProxy"));
                 }
                 match auth.identity_from_headers(&headers) {
-                    Ok(HeaderIdentity::Spiffe(id)) => Ok(id),
-                    Ok(HeaderIdentity::Name(name)) => SpiffeId::parse(&name).map_err(|e| {
-                        (
-                            Status::unauthenticated(format!(
-                                "header identity {name:?} is not a SPIFFE ID ({e}); write the header regex so that its capture group is the full SPIFFE ID"
-                            )),
-                            "BadHeaderIdentity",
-                        )
-                    }),
+                    Ok(HeaderIdentity::Spiffe(id)) => Ok(Caller::Spiffe(id)),
+                    Ok(HeaderIdentity::Name(name)) => Ok(Caller::Name(name)),
                     Err(e) => Err((Status::unauthenticated(e.to_string()), "BadHeaderIdentity")),
                 }
             }
         }
     }
+}
+
+/// Who a stream's caller is, before mapping.
+enum Caller {
+    Spiffe(SpiffeId),
+    /// An agent name from an upstream-style `header:<name>:<regex>` capture.
+    Name(String),
+}
+
+/// Upstream-compatible identity from a header regex capturing an agent name: the name must
+/// be a DNS-1123 label and is used as agent name and hub namespace; no SPIFFE rule applies.
+/// The SPIFFE ID recorded for logs is synthetic (`spiffe://header-identity.invalid/agent/<n>`).
+fn name_identity(name: &str) -> Result<AgentIdentity, Status> {
+    let bad = |e: argocd_agent_identity::IdError| {
+        Status::unauthenticated(format!(
+            "header identity {name:?} is not a valid agent name: {e}"
+        ))
+    };
+    let agent = AgentName::new(name).map_err(bad)?;
+    let namespace = Namespace::new(name).map_err(bad)?;
+    let spiffe_id = SpiffeId::parse(&format!("spiffe://header-identity.invalid/agent/{name}"))
+        .map_err(|e| Status::unauthenticated(e.to_string()))?;
+    Ok(AgentIdentity {
+        spiffe_id,
+        agent,
+        namespace,
+        allowed_modes: AllowedModes::Both,
+        rule: "header-name".into(),
+    })
 }
 
 /// `EventStream` implementation.
@@ -115,7 +142,20 @@ impl EventStream for EventStreamService {
         request: Request<Streaming<CloudEvent>>,
     ) -> Result<Response<Self::SubscribeStream>, Status> {
         let id = match self.auth.identify(&request) {
-            Ok(id) => id,
+            Ok(Caller::Spiffe(id)) => id,
+            Ok(Caller::Name(name)) => {
+                let identity = name_identity(&name).inspect_err(|s| {
+                    self.hub.metrics.auth_failed("BadHeaderIdentity");
+                    tracing::warn!(message = s.message(), "stream refused");
+                })?;
+                let rx = session::start(
+                    self.hub.clone(),
+                    identity,
+                    request.into_inner(),
+                    self.idle_timeout,
+                );
+                return Ok(Response::new(ReceiverStream::new(rx)));
+            }
             Err((status, reason)) => {
                 self.hub.metrics.auth_failed(reason);
                 tracing::warn!(reason, message = status.message(), peer = ?request.remote_addr(), "stream refused");
