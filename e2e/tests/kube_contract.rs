@@ -1667,3 +1667,20 @@ async fn resource_version_from_the_future_is_504_too_large() {
         "Timeout",
     );
 }
+
+#[tokio::test]
+async fn delete_collection_removes_the_selected_objects() {
+    let (s, http) = setup().await;
+    for (name, team) in [("x", "a"), ("y", "b"), ("z", "a")] {
+        let mut a = app(name);
+        a["metadata"]["labels"] = json!({"team": team});
+        http.post(APPS, a).await;
+    }
+    let r = http.delete(&format!("{APPS}?labelSelector=team%3Da")).await;
+    assert_eq!(r.code, 200);
+    assert_eq!(r.body["kind"], "ApplicationList");
+    assert_eq!(r.body["items"].as_array().unwrap().len(), 2);
+    let left = s.list_objects("argoproj.io", "v1alpha1", "applications", Some("argocd"));
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0]["metadata"]["name"], "y");
+}
