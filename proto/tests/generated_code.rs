@@ -6,8 +6,13 @@ use std::path::{Path, PathBuf};
 
 fn generate(out: &Path) {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let protos = ["cloudevents.proto", "eventstream.proto", "version.proto", "workload.proto"]
-        .map(|p| root.join("proto").join(p));
+    let protos = [
+        "cloudevents.proto",
+        "eventstream.proto",
+        "version.proto",
+        "workload.proto",
+    ]
+    .map(|p| root.join("proto").join(p));
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)

@@ -7,7 +7,12 @@ use clap::{Parser, Subcommand};
 #[command(name = "argocd-agentctl", version, about = "Tooling for argocd-agent")]
 struct Cli {
     /// Log level filter (overridden by RUST_LOG).
-    #[arg(long, global = true, default_value = "info", env = "ARGOCD_AGENTCTL_LOG_LEVEL")]
+    #[arg(
+        long,
+        global = true,
+        default_value = "info",
+        env = "ARGOCD_AGENTCTL_LOG_LEVEL"
+    )]
     log_level: String,
     #[command(subcommand)]
     command: Command,

@@ -45,7 +45,9 @@ async fn inspect(args: InspectArgs) -> crate::CmdResult {
         )?,
         _ => SvidSource::workload_api(args.socket).await?,
     };
-    source.wait_ready(std::time::Duration::from_secs(15)).await?;
+    source
+        .wait_ready(std::time::Duration::from_secs(15))
+        .await?;
     println!("{}", argocd_agent_identity::source::inspect(&source).await);
     Ok(())
 }
