@@ -7,7 +7,6 @@
 pub mod spoke;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -30,18 +29,7 @@ use tracing::Instrument;
 
 use crate::spoke::Spoke;
 
-/// Where the agent's SVID comes from.
-#[derive(Debug, Clone)]
-pub enum SvidConfig {
-    WorkloadApi {
-        endpoint: Option<String>,
-    },
-    Files {
-        cert: PathBuf,
-        key: PathBuf,
-        bundles: Vec<(Option<TrustDomain>, PathBuf)>,
-    },
-}
+pub use argocd_agent_identity::source::SvidConfig;
 
 /// How the agent reaches the principal.
 #[derive(Debug, Clone)]
@@ -202,18 +190,10 @@ pub async fn start(
             principal_id,
             principal_trust_domain,
         } => {
-            let source = match svid {
-                SvidConfig::WorkloadApi { endpoint } => SvidSource::workload_api(endpoint.clone())
-                    .await
-                    .map_err(|e| AgentError::Svid(e.to_string()))?,
-                SvidConfig::Files { cert, key, bundles } => SvidSource::pem_files(
-                    cert.clone(),
-                    key.clone(),
-                    bundles.clone(),
-                    Duration::from_secs(5),
-                )
-                .map_err(|e| AgentError::Svid(e.to_string()))?,
-            };
+            let source = svid
+                .load(Duration::from_secs(30))
+                .await
+                .map_err(|e| AgentError::Svid(e.to_string()))?;
             let state = source
                 .wait_ready(Duration::from_secs(30))
                 .await

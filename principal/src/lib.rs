@@ -30,18 +30,7 @@ use crate::hub::Hub;
 use crate::metrics::Metrics;
 use crate::server::{Authenticator, EventStreamService, VersionService};
 
-/// Where the principal's own SVID comes from.
-#[derive(Debug, Clone)]
-pub enum SvidConfig {
-    /// SPIFFE Workload API (endpoint, or `SPIFFE_ENDPOINT_SOCKET`).
-    WorkloadApi { endpoint: Option<String> },
-    /// PEM files (cert-manager, csi-driver-spiffe).
-    Files {
-        cert: PathBuf,
-        key: PathBuf,
-        bundles: Vec<(Option<TrustDomain>, PathBuf)>,
-    },
-}
+pub use argocd_agent_identity::source::SvidConfig;
 
 /// How agents authenticate.
 #[derive(Debug, Clone)]
@@ -149,23 +138,9 @@ impl Running {
 }
 
 async fn load_svid(svid: &SvidConfig) -> Result<SvidSource, PrincipalError> {
-    let source = match svid {
-        SvidConfig::WorkloadApi { endpoint } => SvidSource::workload_api(endpoint.clone())
-            .await
-            .map_err(|e| PrincipalError::Svid(e.to_string()))?,
-        SvidConfig::Files { cert, key, bundles } => SvidSource::pem_files(
-            cert.clone(),
-            key.clone(),
-            bundles.clone(),
-            Duration::from_secs(5),
-        )
-        .map_err(|e| PrincipalError::Svid(e.to_string()))?,
-    };
-    source
-        .wait_ready(Duration::from_secs(30))
+    svid.load(Duration::from_secs(30))
         .await
-        .map_err(|e| PrincipalError::Svid(e.to_string()))?;
-    Ok(source)
+        .map_err(|e| PrincipalError::Svid(e.to_string()))
 }
 
 /// Starts the principal; it runs until `shutdown` is cancelled.

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use argocd_agent_cli::CmdResult;
+use argocd_agent_identity::source::SvidConfig;
 use argocd_agent_identity::{AgentMode, SpiffeId, TrustDomain};
 use argocd_agent_kubernetes::ClientOptions;
 use argocd_agent_mesh::guard::HeaderListenerPolicy;
@@ -206,27 +207,14 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     })
 }
 
-fn svid_principal(a: &SvidArgs) -> Result<argocd_agent_principal::SvidConfig, String> {
+fn svid_config(a: &SvidArgs) -> Result<SvidConfig, String> {
     Ok(match (&a.tls_cert, &a.tls_key) {
-        (Some(cert), Some(key)) => argocd_agent_principal::SvidConfig::Files {
+        (Some(cert), Some(key)) => SvidConfig::Files {
             cert: cert.clone(),
             key: key.clone(),
             bundles: parse_bundles(&a.root_ca)?,
         },
-        _ => argocd_agent_principal::SvidConfig::WorkloadApi {
-            endpoint: a.spiffe_endpoint_socket.clone(),
-        },
-    })
-}
-
-fn svid_agent(a: &SvidArgs) -> Result<argocd_agent_agent::SvidConfig, String> {
-    Ok(match (&a.tls_cert, &a.tls_key) {
-        (Some(cert), Some(key)) => argocd_agent_agent::SvidConfig::Files {
-            cert: cert.clone(),
-            key: key.clone(),
-            bundles: parse_bundles(&a.root_ca)?,
-        },
-        _ => argocd_agent_agent::SvidConfig::WorkloadApi {
+        _ => SvidConfig::WorkloadApi {
             endpoint: a.spiffe_endpoint_socket.clone(),
         },
     })
@@ -277,7 +265,7 @@ async fn run_principal(a: PrincipalArgs) -> CmdResult {
         .collect::<Result<Vec<_>, _>>()?;
     let auth = if auth == "spiffe" {
         argocd_agent_principal::AuthConfig::Mtls {
-            svid: svid_principal(&a.svid)?,
+            svid: svid_config(&a.svid)?,
             trust_domains,
         }
     } else if auth == "jwt-svid" {
@@ -356,7 +344,7 @@ async fn run_agent(a: AgentArgs) -> CmdResult {
         }
     } else if a.creds == "spiffe" || a.creds == "mtls" {
         argocd_agent_agent::Transport::Mtls {
-            svid: svid_agent(&a.svid)?,
+            svid: svid_config(&a.svid)?,
             principal_id: a
                 .principal_spiffe_id
                 .as_deref()

@@ -20,6 +20,38 @@ pub(crate) use workload::resolve_endpoint;
 /// Environment variable naming the Workload API socket (`unix:///path`).
 pub const SPIFFE_ENDPOINT_SOCKET: &str = "SPIFFE_ENDPOINT_SOCKET";
 
+/// Where a workload's own SVID comes from (principal and agent configuration).
+#[derive(Debug, Clone)]
+pub enum SvidConfig {
+    /// SPIFFE Workload API (endpoint, or `SPIFFE_ENDPOINT_SOCKET`).
+    WorkloadApi { endpoint: Option<String> },
+    /// PEM files (cert-manager, csi-driver-spiffe), reloaded when they change.
+    Files {
+        cert: std::path::PathBuf,
+        key: std::path::PathBuf,
+        bundles: Vec<(Option<crate::TrustDomain>, std::path::PathBuf)>,
+    },
+}
+
+impl SvidConfig {
+    /// Builds the source and waits up to `timeout` for its first SVID.
+    pub async fn load(&self, timeout: Duration) -> Result<SvidSource, SourceError> {
+        let source = match self {
+            SvidConfig::WorkloadApi { endpoint } => {
+                SvidSource::workload_api(endpoint.clone()).await?
+            }
+            SvidConfig::Files { cert, key, bundles } => SvidSource::pem_files(
+                cert.clone(),
+                key.clone(),
+                bundles.clone(),
+                Duration::from_secs(5),
+            )?,
+        };
+        source.wait_ready(timeout).await?;
+        Ok(source)
+    }
+}
+
 /// Why a source could not be built or produced no SVID.
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
