@@ -191,7 +191,7 @@ async fn unmapped_id_and_wrong_trust_domain_cannot_open_a_stream() {
         std::fs::write(&cert, svid.chain_pem())?;
         std::fs::write(&key, svid.key_pem())?;
         let ebundle = tmp.path().join("ebundle.pem");
-        std::fs::write(&ebundle, &evil.certificate_pem())?;
+        std::fs::write(&ebundle, evil.certificate_pem())?;
         let source = SvidSource::pem_files(
             cert,
             key,
