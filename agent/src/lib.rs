@@ -287,7 +287,7 @@ pub async fn start(
                     if started.elapsed() > Duration::from_secs(30) {
                         backoff = config.backoff_initial;
                     }
-                    let jitter = backoff.mul_f64(fastrand_f64() * 0.5);
+                    let jitter = backoff.mul_f64(fastrand::f64() * 0.5);
                     let wait = backoff + jitter;
                     tokio::select! {
                         _ = shutdown.cancelled() => return,
@@ -305,11 +305,6 @@ pub async fn start(
         metrics_addr,
         done,
     })
-}
-
-fn fastrand_f64() -> f64 {
-    // Jitter only; no cryptographic use.
-    (uuid::Uuid::new_v4().as_u128() % 1_000_000) as f64 / 1_000_000.0
 }
 
 async fn session(

@@ -208,6 +208,18 @@ async fn unmapped_id_and_wrong_trust_domain_cannot_open_a_stream() {
         {
             return Err("foreign trust domain opened a stream".into());
         }
+        // Refused at the TLS layer: the principal holds no bundle for evil.org.
+        eventually(
+            "foreign trust domain refused at the handshake",
+            T,
+            || async {
+                topo.principal
+                    .log()
+                    .contains("TLS handshake failed")
+                    .then_some(())
+            },
+        )
+        .await?;
         // Both refusals are visible to the operator.
         eventually("unmapped refusal logged", T, || async {
             topo.principal.log().contains("intruder").then_some(())
@@ -283,7 +295,7 @@ async fn session_is_closed_when_rules_stop_mapping_its_identity() {
 async fn upstream_style_header_regex_capturing_an_agent_name() {
     let topo = Topology::start(TopologyOptions {
         agents: Some(vec![]),
-        principal_args: vec!["--auth".into(), "header:x-agent-name:^([a-z0-9-]+)$".into()],
+        principal_args: vec!["--auth".into(), "header:x-agent-name:^([^,]+)$".into()],
         ..Default::default()
     })
     .await
@@ -321,8 +333,12 @@ async fn upstream_style_header_regex_capturing_an_agent_name() {
             (w.agent_name.as_str(), w.namespace.as_str()),
             (MANAGED, MANAGED)
         );
-        // A capture that is not a valid agent name is refused.
-        assert!(open("Not_A_Label").await.is_err());
+        // A capture that is not a valid agent name (not a DNS-1123 label) is refused.
+        let err = open("Not_A_Label")
+            .await
+            .err()
+            .ok_or("invalid agent name admitted")?;
+        assert!(err.to_string().contains("not a valid agent name"), "{err}");
         Ok(())
     }
     .await;

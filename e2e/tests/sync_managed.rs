@@ -78,12 +78,16 @@ async fn run(topo: &Topology) -> Result<(), HarnessError> {
     })
     .await?;
 
-    // A local delete on the spoke is reverted.
+    // A local delete on the spoke is reverted: the application comes back as a new object.
+    let uid_before = stored_app(&topo.managed_spoke, SPOKE_NS, "guestbook")
+        .and_then(|a| a["metadata"]["uid"].as_str().map(str::to_owned))
+        .ok_or("spoke copy has no uid")?;
     spoke.delete("guestbook", &DeleteParams::default()).await?;
-    tokio::time::sleep(Duration::from_millis(300)).await;
     eventually("local delete reverted", T, || async {
-        stored_app(&topo.managed_spoke, SPOKE_NS, "guestbook")
-            .filter(|a| a["spec"]["source"]["targetRevision"] == "v2")
+        stored_app(&topo.managed_spoke, SPOKE_NS, "guestbook").filter(|a| {
+            a["spec"]["source"]["targetRevision"] == "v2"
+                && a["metadata"]["uid"].as_str() != Some(uid_before.as_str())
+        })
     })
     .await?;
 

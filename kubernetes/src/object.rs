@@ -40,14 +40,6 @@ pub fn checksum_of(value: &Value) -> String {
     hex_sha256(canonical.as_bytes())
 }
 
-/// Hex SHA-256 of the keys sorted and joined with `\n`: the same set of keys gives the
-/// same checksum whatever order they were collected in.
-pub fn key_list_checksum(keys: &[String]) -> String {
-    let mut sorted: Vec<&str> = keys.iter().map(String::as_str).collect();
-    sorted.sort_unstable();
-    hex_sha256(sorted.join("\n").as_bytes())
-}
-
 /// `namespace/name`, or `name` for cluster-scoped objects.
 pub fn object_key(obj: &DynamicObject) -> String {
     let name = obj.metadata.name.as_deref().unwrap_or_default();
@@ -157,16 +149,6 @@ mod tests {
             checksum_of(&json!({})),
             "44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
         );
-    }
-
-    #[test]
-    fn key_list_checksum_is_order_independent() {
-        let a = key_list_checksum(&["ns/b".into(), "ns/a".into()]);
-        let b = key_list_checksum(&["ns/a".into(), "ns/b".into()]);
-        assert_eq!(a, b);
-        // sha256("ns/a\nns/b")
-        assert_eq!(a, hex_sha256(b"ns/a\nns/b"));
-        assert_ne!(a, key_list_checksum(&["ns/a".into()]));
     }
 
     #[test]

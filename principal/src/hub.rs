@@ -207,20 +207,34 @@ impl Hub {
             .collect()
     }
 
-    /// Spec checksums of the hub objects in `ns` (not being deleted).
-    pub fn hub_checksums(&self, ns: &str) -> Checksums {
-        self.hub_objects(ns)
-            .into_iter()
+    /// Spec checksums of hub objects (those being deleted count as gone).
+    fn checksums(objects: &HashMap<String, Arc<DynamicObject>>) -> Checksums {
+        objects
+            .iter()
             .filter(|(_, o)| !is_being_deleted(o))
-            .map(|(n, o)| (n, spec_checksum(&o)))
+            .map(|(n, o)| (n.clone(), spec_checksum(o)))
             .collect()
+    }
+
+    /// Queues the current hub copy of `resource` for the agent (a delete when it is gone).
+    pub fn send_current(&self, state: &AgentState, resource: ResourceRef) {
+        let event = match self.cache.get(Some(&resource.namespace), &resource.name) {
+            Some(obj) if !is_being_deleted(&obj) => Event::resource(
+                &self.source,
+                EventType::SpecUpdate,
+                resource,
+                Payload::Object(for_wire(&obj)),
+            ),
+            _ => Event::resource(&self.source, EventType::Delete, resource, Payload::None),
+        };
+        self.push(state, event);
     }
 
     /// Queues everything a managed agent needs to converge on the hub state.
     pub fn resync_managed(&self, state: &AgentState, agent_state: &Checksums) {
         let ns = state.namespace();
         let objects = self.hub_objects(&ns);
-        let hub: Checksums = self.hub_checksums(&ns);
+        let hub = Self::checksums(&objects);
         let plan = argocd_agent_sync::resync::plan(&hub, agent_state);
         tracing::info!(agent = %state.agent(), send = plan.send.len(), delete = plan.delete.len(),
             "resync (managed): hub is the source");
@@ -281,7 +295,7 @@ impl Hub {
     ) -> Vec<Event> {
         let ns = state.namespace();
         let objects = self.hub_objects(&ns);
-        let hub = self.hub_checksums(&ns);
+        let hub = Self::checksums(&objects);
         let plan = argocd_agent_sync::resync::plan(agent_state, &hub);
         tracing::info!(agent = %state.agent(), request = plan.send.len(), delete = plan.delete.len(),
             "resync (autonomous): agent is the source");

@@ -1,7 +1,7 @@
 //! Prometheus metrics of the principal, and the `/metrics` + `/healthz` HTTP endpoint.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -40,7 +40,7 @@ pub struct Metrics {
     pub hub_write_errors: Counter,
     /// Events dropped because an agent's queue was full.
     pub queue_full: Counter,
-    registry: Arc<Mutex<Registry>>,
+    registry: Arc<Registry>,
 }
 
 impl Default for Metrics {
@@ -51,61 +51,61 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Metrics {
-        let mut registry = Registry::with_prefix("argocd_agent_principal");
-        let m = Metrics {
-            connected_agents: Gauge::default(),
-            events_received: Family::default(),
-            events_sent: Family::default(),
-            auth_failures: Family::default(),
-            events_refused: Family::default(),
-            hub_write_errors: Counter::default(),
-            queue_full: Counter::default(),
-            registry: Arc::new(Mutex::new(Registry::default())),
-        };
-        registry.register(
+        let connected_agents = Gauge::default();
+        let events_received = Family::<EventLabels, Counter>::default();
+        let events_sent = Family::<EventLabels, Counter>::default();
+        let auth_failures = Family::<ReasonLabels, Counter>::default();
+        let events_refused = Family::<AgentReasonLabels, Counter>::default();
+        let hub_write_errors = Counter::default();
+        let queue_full = Counter::default();
+        let mut r = Registry::with_prefix("argocd_agent_principal");
+        r.register(
             "connected_agents",
             "Agents with an open stream",
-            m.connected_agents.clone(),
+            connected_agents.clone(),
         );
-        registry.register(
+        r.register(
             "events_received",
             "Events received from agents",
-            m.events_received.clone(),
+            events_received.clone(),
         );
-        registry.register(
-            "events_sent",
-            "Events sent to agents",
-            m.events_sent.clone(),
-        );
-        registry.register(
+        r.register("events_sent", "Events sent to agents", events_sent.clone());
+        r.register(
             "auth_failures",
             "Streams refused at authentication",
-            m.auth_failures.clone(),
+            auth_failures.clone(),
         );
-        registry.register(
+        r.register(
             "events_refused",
             "Inbound events refused",
-            m.events_refused.clone(),
+            events_refused.clone(),
         );
-        registry.register(
+        r.register(
             "hub_write_errors",
             "Failed writes to the hub cluster",
-            m.hub_write_errors.clone(),
+            hub_write_errors.clone(),
         );
-        registry.register(
+        r.register(
             "queue_full",
             "Events dropped on a full agent queue",
-            m.queue_full.clone(),
+            queue_full.clone(),
         );
-        *m.registry.lock().unwrap_or_else(|p| p.into_inner()) = registry;
-        m
+        Metrics {
+            connected_agents,
+            events_received,
+            events_sent,
+            auth_failures,
+            events_refused,
+            hub_write_errors,
+            queue_full,
+            registry: Arc::new(r),
+        }
     }
 
     /// Text exposition format.
     pub fn encode(&self) -> String {
         let mut out = String::new();
-        let reg = self.registry.lock().unwrap_or_else(|p| p.into_inner());
-        let _ = prometheus_client::encoding::text::encode(&mut out, &reg);
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
     }
 

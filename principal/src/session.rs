@@ -347,9 +347,20 @@ async fn handle_inbound(
         }
         EventType::Create | EventType::SpecUpdate => {
             let obj = event.object().cloned().unwrap_or_default();
-            lock(&state.desired).insert(resource.name.clone(), obj.clone());
-            hub.upsert_from_agent(&resource.namespace, agent, &obj)
-                .await
+            // Recorded before the write, so the hub watch does not take our own write for a
+            // hub edit to revert; restored if the write fails.
+            let previous = lock(&state.desired).insert(resource.name.clone(), obj.clone());
+            let result = hub
+                .upsert_from_agent(&resource.namespace, agent, &obj)
+                .await;
+            if result.is_err() {
+                let mut desired = lock(&state.desired);
+                match previous {
+                    Some(p) => desired.insert(resource.name.clone(), p),
+                    None => desired.remove(&resource.name),
+                };
+            }
+            result
         }
         EventType::Delete => {
             hub.delete_from_agent(state, &resource.name).await;
@@ -357,29 +368,7 @@ async fn handle_inbound(
         }
         EventType::RequestUpdate => {
             // A managed agent asks for one application again.
-            match hub.cache.get(Some(&resource.namespace), &resource.name) {
-                Some(obj) => {
-                    let _ = state.queue.push(Event::resource(
-                        &hub.source,
-                        EventType::SpecUpdate,
-                        resource.clone(),
-                        Payload::Object(Arc::new(
-                            serde_json::to_value(
-                                argocd_agent_kubernetes::object::strip_for_transfer(&obj),
-                            )
-                            .unwrap_or_default(),
-                        )),
-                    ));
-                }
-                None => {
-                    let _ = state.queue.push(Event::resource(
-                        &hub.source,
-                        EventType::Delete,
-                        resource.clone(),
-                        Payload::None,
-                    ));
-                }
-            }
+            hub.send_current(state, resource.clone());
             return Ok(());
         }
         _ => Ok(()),

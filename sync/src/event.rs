@@ -109,19 +109,6 @@ impl EventType {
             _ => return None,
         })
     }
-
-    /// Whether events of this type must be acknowledged with `processed`.
-    pub fn needs_ack(self) -> bool {
-        matches!(
-            self,
-            EventType::Create
-                | EventType::Delete
-                | EventType::SpecUpdate
-                | EventType::StatusUpdate
-                | EventType::SetOperation
-                | EventType::TerminateOperation
-        )
-    }
 }
 
 impl fmt::Display for EventType {

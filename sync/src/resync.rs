@@ -70,11 +70,6 @@ impl ResyncPlan {
 /// Compares the source's checksums with the replica's.
 pub fn plan(source: &Checksums, replica: &Checksums) -> ResyncPlan {
     let mut p = ResyncPlan::default();
-    if key_list_checksum(source) == key_list_checksum(replica)
-        && source.iter().zip(replica.iter()).all(|(a, b)| a == b)
-    {
-        return p;
-    }
     for (name, sum) in source {
         if replica.get(name) != Some(sum) {
             p.send.push(name.clone());
