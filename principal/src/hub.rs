@@ -391,6 +391,7 @@ impl Hub {
             AgentMode::Managed => {
                 if deleted || is_being_deleted(&obj) {
                     lock(&state.sent_spec).remove(&name);
+                    lock(&state.sent_operation).remove(&name);
                     self.push(
                         &state,
                         Event::resource(
@@ -589,6 +590,7 @@ impl Hub {
     pub async fn delete_from_agent(&self, state: &AgentState, name: &str) {
         let ns = state.namespace();
         lock(&state.desired).remove(name);
+        lock(&state.sent_operation).remove(name);
         self.delete_hub_copy(&ns, name).await;
     }
 }
