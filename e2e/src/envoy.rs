@@ -22,7 +22,7 @@ use crate::harness::{
     AUTONOMOUS, HarnessError, PRINCIPAL_ID, Proc, RULE, SPOKE_NS, TRUST_DOMAIN, agent_id, binary,
     create_namespace, eventually,
 };
-use crate::kube_server::{KubeTestServer, ServerOptions};
+use argocd_agent_kube_test_server::{KubeTestServer, ServerOptions};
 
 /// The Envoy binary (`$ENVOY_BIN`, the project's `.venv`, or `PATH`), or an error telling
 /// how to install it. Tests that need Envoy fail with this error rather than pass.

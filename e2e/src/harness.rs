@@ -18,7 +18,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::process::{Child, Command};
 
-use crate::kube_server::{KubeTestServer, ServerOptions};
+use argocd_agent_kube_test_server::{KubeTestServer, ServerOptions};
 
 /// Trust domain of the local topology.
 pub const TRUST_DOMAIN: &str = "example.org";

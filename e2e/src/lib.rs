@@ -5,4 +5,3 @@
 pub mod envoy;
 pub mod fake_argocd;
 pub mod harness;
-pub mod kube_server;

@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use argocd_agent_e2e::kube_server::KubeTestServer;
+use argocd_agent_kube_test_server::KubeTestServer;
 use argocd_agent_kubernetes::{
     Cache, Change, ClientOptions, IGNORE_SYNC_LABEL, Kind, Mutation, Resources, Scope, client,
     object::object_key, watch,

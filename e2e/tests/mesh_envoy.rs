@@ -12,11 +12,11 @@ use std::time::Duration;
 
 use argocd_agent_e2e::envoy::*;
 use argocd_agent_e2e::harness::*;
-use argocd_agent_e2e::kube_server::{KubeTestServer, ServerOptions};
 use argocd_agent_identity::SpiffeId;
 use argocd_agent_identity::source::SvidSource;
 use argocd_agent_identity::tls::{PeerPolicy, client_config};
 use argocd_agent_identity::transport::{ChannelOptions, connect};
+use argocd_agent_kube_test_server::{KubeTestServer, ServerOptions};
 use argocd_agent_proto::eventstream::event_stream_client::EventStreamClient;
 use argocd_agent_proto::eventstream::{AgentMode, Hello};
 use argocd_agent_sync::{Event, EventType, Payload};

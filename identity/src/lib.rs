@@ -6,6 +6,7 @@
 #![deny(rust_2018_idioms, unused_must_use)]
 
 pub mod authz;
+#[cfg(feature = "devserver")]
 pub mod devserver;
 pub mod id;
 pub mod jwt;

@@ -17,22 +17,18 @@ pub const DEFAULT_QPS: f32 = 50.0;
 /// Default client-side burst (same as upstream argocd-agent).
 pub const DEFAULT_BURST: u32 = 100;
 
-/// How to reach the Kubernetes API server. Derives [`clap::Args`] so binaries can
-/// `#[command(flatten)]` it and get the usual flags.
-#[derive(Debug, Clone, PartialEq, clap::Args)]
+/// How to reach the Kubernetes API server (the binaries map `--kubeconfig`,
+/// `--kube-context`, `--kube-qps` and `--kube-burst` onto it).
+#[derive(Debug, Clone, PartialEq)]
 pub struct ClientOptions {
     /// Path to a kubeconfig file. Without it: `KUBECONFIG`, then in-cluster, then
     /// `~/.kube/config`.
-    #[arg(long = "kubeconfig", value_name = "PATH")]
     pub kubeconfig: Option<PathBuf>,
     /// Kubeconfig context to use instead of the current context.
-    #[arg(long = "kube-context", value_name = "NAME")]
     pub context: Option<String>,
     /// Client-side limit of requests per second to the API server (0 or less: no limit).
-    #[arg(long = "kube-qps", default_value_t = DEFAULT_QPS, value_name = "QPS")]
     pub qps: f32,
     /// Client-side burst of requests allowed above the QPS limit.
-    #[arg(long = "kube-burst", default_value_t = DEFAULT_BURST, value_name = "N")]
     pub burst: u32,
 }
 
@@ -148,37 +144,6 @@ pub async fn client(opts: &ClientOptions) -> Result<Client, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[derive(clap::Parser)]
-    struct Cli {
-        #[command(flatten)]
-        kube: ClientOptions,
-    }
-
-    #[test]
-    fn flags_parse_with_upstream_defaults() {
-        use clap::Parser;
-        let cli = Cli::try_parse_from(["x"]);
-        assert!(matches!(&cli, Ok(c) if c.kube == ClientOptions::default()));
-        let cli = Cli::try_parse_from([
-            "x",
-            "--kubeconfig",
-            "/k",
-            "--kube-context",
-            "hub",
-            "--kube-qps",
-            "5",
-            "--kube-burst",
-            "7",
-        ]);
-        let expected = ClientOptions {
-            kubeconfig: Some("/k".into()),
-            context: Some("hub".into()),
-            qps: 5.0,
-            burst: 7,
-        };
-        assert!(matches!(&cli, Ok(c) if c.kube == expected));
-    }
 
     #[test]
     fn kubeconfig_flag_wins_over_env_and_in_cluster() {

@@ -19,6 +19,7 @@ pub mod guard;
 pub mod header;
 pub mod keepalive;
 pub mod linkerd;
+#[cfg(feature = "test-util")]
 pub mod testing;
 pub mod transport;
 pub mod xfcc;

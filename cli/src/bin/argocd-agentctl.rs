@@ -24,12 +24,15 @@ enum Command {
     #[command(subcommand)]
     Identity(ctl::identity::Command),
     /// Development SPIFFE Workload API server.
+    #[cfg(feature = "dev-tools")]
     #[command(subcommand)]
     Spiffe(ctl::spiffe::Command),
     /// Development helpers (Kubernetes API test server).
+    #[cfg(feature = "dev-tools")]
     #[command(subcommand)]
     Dev(ctl::dev::Command),
     /// Run the whole topology locally (dev Workload API, hub + 2 spokes, principal, agents).
+    #[cfg(feature = "dev-tools")]
     Demo(ctl::demo::DemoArgs),
     /// Service-mesh config generators (Envoy, Istio, Linkerd).
     #[command(subcommand)]
@@ -42,9 +45,12 @@ async fn main() {
     argocd_agent_cli::logging::init(&cli.log_level, false);
     let result = match cli.command {
         Command::Identity(c) => ctl::identity::run(c).await,
+        #[cfg(feature = "dev-tools")]
         Command::Spiffe(c) => ctl::spiffe::run(c).await,
+        #[cfg(feature = "dev-tools")]
         Command::Dev(c) => ctl::dev::run(c).await,
         Command::Mesh(c) => ctl::mesh::run(c).await,
+        #[cfg(feature = "dev-tools")]
         Command::Demo(a) => ctl::demo::run(a).await,
     };
     if let Err(e) = result {

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use argocd_agent_e2e::harness::{self, AUTONOMOUS, MANAGED, SPOKE_NS, Topology, TopologyOptions};
-use argocd_agent_e2e::kube_server::KubeTestServer;
+use argocd_agent_kube_test_server::KubeTestServer;
 use kube::api::PostParams;
 use serde_json::Value;
 

@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use argocd_agent_e2e::kube_server::{KubeTestServer, ServerOptions};
+use argocd_agent_kube_test_server::{KubeTestServer, ServerOptions};
 
 /// Subcommands of `argocd-agentctl dev`.
 #[derive(Debug, clap::Subcommand)]

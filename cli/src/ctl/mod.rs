@@ -1,7 +1,10 @@
 //! `argocd-agentctl` subcommands, one module each.
 
+#[cfg(feature = "dev-tools")]
 pub mod demo;
+#[cfg(feature = "dev-tools")]
 pub mod dev;
 pub mod identity;
 pub mod mesh;
+#[cfg(feature = "dev-tools")]
 pub mod spiffe;

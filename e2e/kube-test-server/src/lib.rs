@@ -5,7 +5,7 @@
 //!
 //! ```no_run
 //! # async fn demo() -> std::io::Result<()> {
-//! use argocd_agent_e2e::kube_server::KubeTestServer;
+//! use argocd_agent_kube_test_server::KubeTestServer;
 //! let server = KubeTestServer::start().await?;
 //! let dir = tempfile::tempdir()?;
 //! server.write_kubeconfig(&dir.path().join("kubeconfig"), "test")?;

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use argocd_agent_e2e::kube_server::{KubeTestServer, ServerOptions};
+use argocd_agent_kube_test_server::{KubeTestServer, ServerOptions};
 use axum::body::Body;
 use futures::StreamExt;
 use http::{HeaderMap, Method, Request};
