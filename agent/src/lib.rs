@@ -2,8 +2,16 @@
 //! reconnects with exponential backoff and jitter, sends heartbeats, and keeps its local
 //! Applications in step with the hub in managed or autonomous mode. While disconnected it
 //! keeps working; changes are exchanged by resync on reconnect.
+//!
+//! Modules: [`dialer`] (how to reach the principal), [`connection`] (one stream: hello,
+//! welcome, events), [`spoke`] (what each event and local change means), [`health`]
+//! (`/healthz`, `/readyz`, `/metrics`).
 #![forbid(unsafe_code)]
 
+pub mod connection;
+pub mod dialer;
+pub mod error;
+pub mod health;
 pub mod spoke;
 
 use std::net::SocketAddr;
@@ -11,25 +19,27 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use argocd_agent_identity::names::AgentMode;
-use argocd_agent_identity::source::SvidSource;
-use argocd_agent_identity::tls::PeerPolicy;
-use argocd_agent_identity::transport::ChannelOptions;
-use argocd_agent_identity::{SpiffeId, TrustDomain};
+use argocd_agent_identity::{AgentMode, Namespace, SpiffeId, TrustDomain};
 use argocd_agent_kubernetes::{ClientOptions, Kind, Resources, Scope};
-use argocd_agent_proto::eventstream::event_stream_client::EventStreamClient;
-use argocd_agent_proto::eventstream::{self as pb, Hello};
-use argocd_agent_sync::event::PROTOCOL_VERSION;
-use argocd_agent_sync::{Event, EventType, Payload, QueueLimits, SendQueue};
+use argocd_agent_sync::{QueueLimits, SendQueue};
 use futures::StreamExt;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
+use crate::dialer::Dialer;
+use crate::health::HealthState;
 use crate::spoke::Spoke;
 
 pub use argocd_agent_identity::source::SvidConfig;
+pub use error::{AgentError, SessionError, SpokeError};
+
+/// How long shutdown waits for the agent's tasks to finish.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A session that lasted this long resets the reconnect backoff: reconnects stay cheap.
+const STABLE_SESSION: Duration = Duration::from_secs(30);
 
 /// How the agent reaches the principal.
 #[derive(Debug, Clone)]
@@ -94,87 +104,28 @@ impl Default for AgentConfig {
     }
 }
 
-/// Why the agent could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum AgentError {
-    #[error("kubernetes: {0}")]
-    Kube(#[from] argocd_agent_kubernetes::Error),
-    #[error("SVID source: {0}")]
-    Svid(String),
-    #[error("configuration: {0}")]
-    Config(String),
-    #[error("listener {addr}: {source}")]
-    Listen {
-        addr: SocketAddr,
-        source: std::io::Error,
-    },
-}
-
-/// One connection attempt's failure.
-#[derive(Debug, thiserror::Error)]
-enum SessionError {
-    #[error("connect: {0}")]
-    Connect(String),
-    #[error("principal refused the stream: {0}")]
-    Status(#[from] tonic::Status),
-    #[error("protocol: {0}")]
-    Protocol(String),
-}
-
 /// A running agent.
 pub struct Running {
     pub connected: Arc<AtomicBool>,
     pub spoke: Arc<Spoke>,
     pub metrics_addr: Option<SocketAddr>,
-    done: tokio::task::JoinHandle<()>,
+    tasks: TaskTracker,
+    shutdown: CancellationToken,
 }
 
 impl Running {
+    /// Waits for shutdown, then for the agent's tasks to drain.
     pub async fn wait(self) {
-        let _ = self.done.await;
-    }
-}
-
-enum Dialer {
-    Mtls {
-        config: Arc<rustls::ClientConfig>,
-        _source: SvidSource,
-    },
-    Plain,
-    Jwt(argocd_agent_identity::jwt::JwtSvidFetcher),
-}
-
-impl Dialer {
-    async fn connect(
-        &self,
-        server: &str,
-        keepalive: Duration,
-    ) -> Result<tonic::transport::Channel, SessionError> {
-        match self {
-            Dialer::Mtls { config, .. } => {
-                let host = server
-                    .rsplit_once(':')
-                    .map(|(h, _)| h)
-                    .unwrap_or(server)
-                    .to_owned();
-                let opts = ChannelOptions {
-                    keepalive_interval: keepalive,
-                    ..ChannelOptions::default()
-                };
-                argocd_agent_identity::transport::connect(server, config.clone(), &host, opts)
-                    .await
-                    .map_err(|e| SessionError::Connect(e.to_string()))
-            }
-            Dialer::Plain | Dialer::Jwt(_) => {
-                tonic::transport::Endpoint::from_shared(format!("http://{server}"))
-                    .map_err(|e| SessionError::Connect(e.to_string()))?
-                    .http2_keep_alive_interval(keepalive)
-                    .keep_alive_while_idle(true)
-                    .connect_timeout(Duration::from_secs(10))
-                    .connect()
-                    .await
-                    .map_err(|e| SessionError::Connect(e.to_string()))
-            }
+        self.shutdown.cancelled().await;
+        self.tasks.close();
+        if tokio::time::timeout(DRAIN_TIMEOUT, self.tasks.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                remaining = self.tasks.len(),
+                "shutdown: tasks still running after {DRAIN_TIMEOUT:?}"
+            );
         }
     }
 }
@@ -184,50 +135,10 @@ pub async fn start(
     config: AgentConfig,
     shutdown: CancellationToken,
 ) -> Result<Running, AgentError> {
-    let (dialer, source_id) = match &config.transport {
-        Transport::Mtls {
-            svid,
-            principal_id,
-            principal_trust_domain,
-        } => {
-            let source = svid
-                .load(Duration::from_secs(30))
-                .await
-                .map_err(|e| AgentError::Svid(e.to_string()))?;
-            let state = source
-                .wait_ready(Duration::from_secs(30))
-                .await
-                .map_err(|e| AgentError::Svid(e.to_string()))?;
-            let policy = match (principal_id, principal_trust_domain) {
-                (Some(id), _) => PeerPolicy::Exact(id.clone()),
-                (None, Some(td)) => PeerPolicy::TrustDomains(vec![td.clone()]),
-                (None, None) => {
-                    return Err(AgentError::Config(
-                        "refusing to connect without pinning the principal: set --principal-spiffe-id (or --principal-trust-domain)".into(),
-                    ));
-                }
-            };
-            let config = argocd_agent_identity::tls::client_config(&source, policy)
-                .map_err(|e| AgentError::Svid(e.to_string()))?;
-            (
-                Dialer::Mtls {
-                    config,
-                    _source: source,
-                },
-                state.svid.spiffe_id().to_string(),
-            )
-        }
-        Transport::PlaintextToSidecar => (Dialer::Plain, "argocd-agent-agent".to_string()),
-        Transport::JwtSvid { endpoint, audience } => {
-            let fetcher = argocd_agent_identity::jwt::JwtSvidFetcher::start(
-                endpoint.clone(),
-                audience.clone(),
-            )
-            .await
-            .map_err(|e| AgentError::Svid(e.to_string()))?;
-            (Dialer::Jwt(fetcher), "argocd-agent-agent".to_string())
-        }
-    };
+    let namespace = Namespace::new(&config.namespace)
+        .map_err(|e| AgentError::Config(format!("--namespace: {e}")))?;
+    let (dialer, source_id) = Dialer::from_transport(&config.transport).await?;
+    let tasks = TaskTracker::new();
 
     let client = argocd_agent_kubernetes::client(&config.kube).await?;
     let mut scope = Scope::namespace(config.namespace.clone());
@@ -237,7 +148,7 @@ pub async fn start(
     let (cache, changes) = argocd_agent_kubernetes::watch(client.clone(), Kind::Application, scope);
     let spoke = Arc::new(Spoke::new(
         config.mode,
-        config.namespace.clone(),
+        namespace,
         source_id,
         Resources::new(client, Kind::Application),
         cache,
@@ -245,208 +156,98 @@ pub async fn start(
     ));
     {
         let spoke = spoke.clone();
-        tokio::spawn(async move {
+        let shutdown = shutdown.clone();
+        tasks.spawn(async move {
             futures::pin_mut!(changes);
-            while let Some(change) = changes.next().await {
-                spoke.on_local_change(change).await;
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    change = changes.next() => match change {
+                        Some(change) => spoke.on_local_change(change).await,
+                        None => return,
+                    },
+                }
             }
         });
     }
 
     let connected = Arc::new(AtomicBool::new(false));
+    let (ready_tx, ready_rx) = watch::channel(false);
     let metrics_addr = match config.metrics_listen {
         Some(addr) => Some(
-            serve_health(addr, connected.clone())
-                .await
-                .map_err(|source| AgentError::Listen { addr, source })?,
+            health::serve(
+                addr,
+                HealthState {
+                    connected: connected.clone(),
+                    ready: ready_rx,
+                },
+                &tasks,
+                shutdown.clone(),
+            )
+            .await
+            .map_err(|source| AgentError::Listen { addr, source })?,
         ),
         None => None,
     };
 
-    let done = {
-        let spoke = spoke.clone();
-        let connected = connected.clone();
-        let span = tracing::info_span!("agent", mode = %config.mode, server = %config.server);
-        tokio::spawn(
-            async move {
-                spoke.cache.wait_synced().await;
-                spoke.seed_desired();
-                let mut backoff = config.backoff_initial;
-                loop {
-                    let started = tokio::time::Instant::now();
-                    let result = tokio::select! {
-                        _ = shutdown.cancelled() => return,
-                        r = session(&spoke, &dialer, &config, &connected) => r,
-                    };
-                    connected.store(false, Ordering::Relaxed);
-                    match result {
-                        Ok(()) => tracing::info!("stream closed by the principal; reconnecting"),
-                        Err(e) => tracing::warn!(error = %e, "connection to principal failed"),
-                    }
-                    // A session that lasted a while resets the backoff: reconnects stay cheap.
-                    if started.elapsed() > Duration::from_secs(30) {
-                        backoff = config.backoff_initial;
-                    }
-                    let jitter = backoff.mul_f64(fastrand::f64() * 0.5);
-                    let wait = backoff + jitter;
-                    tokio::select! {
-                        _ = shutdown.cancelled() => return,
-                        _ = tokio::time::sleep(wait) => {}
-                    }
-                    backoff = (backoff * 2).min(config.backoff_max);
-                }
-            }
-            .instrument(span),
+    let span = tracing::info_span!("agent", mode = %config.mode, server = %config.server);
+    tasks.spawn(
+        reconnect_loop(
+            spoke.clone(),
+            dialer,
+            config,
+            connected.clone(),
+            ready_tx,
+            shutdown.clone(),
         )
-    };
+        .instrument(span),
+    );
     Ok(Running {
         connected,
         spoke,
         metrics_addr,
-        done,
+        tasks,
+        shutdown,
     })
 }
 
-async fn session(
-    spoke: &Spoke,
-    dialer: &Dialer,
-    config: &AgentConfig,
-    connected: &AtomicBool,
-) -> Result<(), SessionError> {
-    let channel = dialer.connect(&config.server, config.keepalive).await?;
-    let mut client = EventStreamClient::new(channel)
-        .max_decoding_message_size(config.max_message_size)
-        .max_encoding_message_size(config.max_message_size);
-    let (tx, rx) = mpsc::channel(64);
-    let mode = match config.mode {
-        AgentMode::Managed => pb::AgentMode::Managed,
-        AgentMode::Autonomous => pb::AgentMode::Autonomous,
-    };
-    let hello = Event::new(
-        &spoke.source,
-        EventType::Hello,
-        Payload::Hello(Hello {
-            mode: mode as i32,
-            version: env!("CARGO_PKG_VERSION").into(),
-            protocol_version: PROTOCOL_VERSION,
-            capabilities: vec!["resync.v1".into(), "operations.v1".into()],
-            state: Some(argocd_agent_sync::resync::to_state(
-                "Application",
-                &spoke.checksums(),
-            )),
-        }),
-    );
-    let _ = tx.send(hello.to_cloud_event()).await;
-    let mut request = tonic::Request::new(ReceiverStream::new(rx));
-    if let Dialer::Jwt(fetcher) = dialer {
-        let token = fetcher
-            .token()
-            .ok_or_else(|| SessionError::Connect("no JWT-SVID yet".into()))?;
-        let value = format!("Bearer {token}")
-            .parse()
-            .map_err(|_| SessionError::Connect("JWT-SVID is not a valid header value".into()))?;
-        request.metadata_mut().insert("authorization", value);
+/// Connects, and reconnects with exponential backoff and jitter, until shutdown.
+async fn reconnect_loop(
+    spoke: Arc<Spoke>,
+    dialer: Dialer,
+    config: AgentConfig,
+    connected: Arc<AtomicBool>,
+    ready: watch::Sender<bool>,
+    shutdown: CancellationToken,
+) {
+    tokio::select! {
+        _ = shutdown.cancelled() => return,
+        _ = spoke.cache.wait_synced() => {}
     }
-    let mut inbound = client.subscribe(request).await?.into_inner();
-    let first = inbound
-        .message()
-        .await?
-        .ok_or_else(|| SessionError::Protocol("stream closed before welcome".into()))?;
-    let welcome =
-        Event::from_cloud_event(first).map_err(|e| SessionError::Protocol(e.to_string()))?;
-    let Payload::Welcome(w) = welcome.payload else {
-        return Err(SessionError::Protocol(format!(
-            "expected welcome, got {}",
-            welcome.ty
-        )));
-    };
-    tracing::info!(agent = %w.agent_name, hub_namespace = %w.namespace, principal_version = %w.version, "connected to principal");
-    *spoke
-        .hub_namespace
-        .lock()
-        .unwrap_or_else(|p| p.into_inner()) = Some(w.namespace.clone());
-    spoke.queue.requeue_in_flight();
-    spoke.after_welcome();
-    connected.store(true, Ordering::Relaxed);
-
-    let mut heartbeat = tokio::time::interval(config.heartbeat);
-    heartbeat.tick().await;
+    spoke.seed_desired();
+    ready.send_replace(true);
+    let mut backoff = config.backoff_initial;
     loop {
-        tokio::select! {
-            event = spoke.queue.next() => {
-                tx.send(event.to_cloud_event()).await.map_err(|_| SessionError::Protocol("stream closed".into()))?;
-            }
-            _ = heartbeat.tick() => {
-                let ping = Event::new(&spoke.source, EventType::Ping, Payload::None);
-                tx.send(ping.to_cloud_event()).await.map_err(|_| SessionError::Protocol("stream closed".into()))?;
-            }
-            msg = inbound.message() => {
-                let Some(ce) = msg? else { return Ok(()) };
-                let event = match Event::from_cloud_event(ce) {
-                    Ok(e) => e,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "malformed event from principal ignored");
-                        continue;
-                    }
-                };
-                match event.ty {
-                    EventType::Processed => {
-                        if let Some(id) = &event.ack_id {
-                            spoke.queue.ack(id);
-                        }
-                    }
-                    EventType::Error => {
-                        if let Payload::Error(d) = &event.payload {
-                            tracing::warn!(reason = %d.reason, message = %d.message, event_id = %d.event_id, "principal refused an event");
-                        }
-                        // A refused event is not retried: the principal gave a final answer.
-                        if let Some(id) = &event.ack_id {
-                            spoke.queue.ack(id);
-                        }
-                    }
-                    EventType::Pong | EventType::Ping => {}
-                    _ => {
-                        if let Some(reply) = spoke.on_principal_event(&event).await {
-                            tx.send(reply.to_cloud_event()).await.map_err(|_| SessionError::Protocol("stream closed".into()))?;
-                        }
-                    }
-                }
+        let started = tokio::time::Instant::now();
+        let result = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            r = connection::run(&spoke, &dialer, &config, &connected) => r,
+        };
+        connected.store(false, Ordering::Relaxed);
+        match result {
+            Ok(()) => tracing::info!("stream closed by the principal; reconnecting"),
+            Err(e) => {
+                tracing::warn!(error = %argocd_agent_sync::error_chain(&e), "connection to principal failed")
             }
         }
+        if started.elapsed() > STABLE_SESSION {
+            backoff = config.backoff_initial;
+        }
+        let wait = backoff + backoff.mul_f64(fastrand::f64() * 0.5);
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(wait) => {}
+        }
+        backoff = (backoff * 2).min(config.backoff_max);
     }
-}
-
-/// Serves `/healthz` (503 while disconnected from the principal) and `/metrics`.
-async fn serve_health(addr: SocketAddr, connected: Arc<AtomicBool>) -> std::io::Result<SocketAddr> {
-    use axum::routing::get;
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    let local = listener.local_addr()?;
-    let c2 = connected.clone();
-    let app = axum::Router::new()
-        .route(
-            "/healthz",
-            get(move || {
-                let up = connected.load(Ordering::Relaxed);
-                async move {
-                    if up {
-                        (http::StatusCode::OK, "ok")
-                    } else {
-                        (http::StatusCode::SERVICE_UNAVAILABLE, "not connected to principal")
-                    }
-                }
-            }),
-        )
-        .route(
-            "/metrics",
-            get(move || {
-                let up = c2.load(Ordering::Relaxed) as u8;
-                async move {
-                    format!("# TYPE argocd_agent_agent_connected gauge\nargocd_agent_agent_connected {up}\n# EOF\n")
-                }
-            }),
-        );
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    Ok(local)
 }

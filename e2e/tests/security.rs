@@ -102,7 +102,7 @@ async fn agent_cannot_touch_another_agents_applications() {
         let Payload::Welcome(w) = &welcome.payload else { return Err("no welcome".into()) };
         assert_eq!(w.agent_name, AUTONOMOUS);
 
-        let victim = ResourceRef { kind: ResourceKind::Application, namespace: MANAGED.into(), name: "victim".into() };
+        let victim = ResourceRef { kind: ResourceKind::Application, namespace: argocd_agent_identity::Namespace::new(MANAGED)?, name: "victim".into() };
         // Status for B's application.
         let status = Event::resource("test-client", EventType::StatusUpdate, victim.clone(),
             Payload::Object(std::sync::Arc::new(json!({"metadata": {"name": "victim"}, "status": {"health": {"status": "Degraded"}}}))));

@@ -23,8 +23,9 @@
 
 use std::fmt;
 
+use crate::client::ClientIdentity;
 use crate::mapping::AgentIdentity;
-use crate::names::{AgentMode, AllowedModes, Namespace};
+use crate::names::{AgentMode, AgentName, AllowedModes, Namespace, ResourceKind};
 
 /// What an agent asks to do to an object on the hub.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -82,13 +83,24 @@ impl fmt::Display for Action {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ObjectRef<'a> {
     /// Kind, e.g. `Application`.
-    pub kind: &'a str,
+    pub kind: ResourceKind,
     /// Hub namespace.
-    pub namespace: &'a str,
+    pub namespace: &'a Namespace,
     /// Name.
     pub name: &'a str,
-    /// The agent that owns it, if known.
-    pub owner: Option<&'a str>,
+    /// Who owns the object on the hub, if anyone is recorded.
+    pub owner: Owner<'a>,
+}
+
+/// The recorded owner of a hub object (its agent-name label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owner<'a> {
+    /// Nothing recorded (or the object does not exist yet).
+    Unknown,
+    /// Owned by this agent.
+    Agent(&'a AgentName),
+    /// The label holds something that is not an agent name: nobody may claim it.
+    Invalid(&'a str),
 }
 
 /// Why an event was refused.
@@ -100,9 +112,9 @@ pub enum DeniedReason {
         /// The agent's own namespace.
         own: Namespace,
     },
-    /// The object belongs to another agent.
+    /// The object belongs to another agent (or its owner label is not an agent name).
     NotOwner {
-        /// Its owner.
+        /// Its owner, as recorded.
         owner: String,
     },
     /// The agent's mode does not allow this action from an agent.
@@ -126,15 +138,15 @@ pub enum DeniedReason {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub struct Denied {
     /// The agent name.
-    pub agent: String,
-    /// The agent's SPIFFE ID.
-    pub spiffe_id: String,
+    pub agent: AgentName,
+    /// The caller (its SPIFFE ID).
+    pub client: ClientIdentity,
     /// What it tried.
     pub action: Action,
     /// The object's kind.
-    pub kind: String,
+    pub kind: ResourceKind,
     /// The object's namespace.
-    pub namespace: String,
+    pub namespace: Namespace,
     /// The object's name.
     pub name: String,
     /// Why it was refused.
@@ -160,9 +172,9 @@ impl fmt::Display for Denied {
             f,
             "agent \"{}\" ({}) may not {} {} \"{}/{}\": ",
             self.agent,
-            self.spiffe_id,
+            self.client,
             self.action,
-            self.kind.to_ascii_lowercase(),
+            self.kind.as_str().to_ascii_lowercase(),
             self.namespace,
             self.name
         )?;
@@ -205,11 +217,11 @@ pub fn authorize(
     object: &ObjectRef<'_>,
 ) -> Result<(), Denied> {
     let deny = |reason| Denied {
-        agent: identity.agent.to_string(),
-        spiffe_id: identity.spiffe_id.to_string(),
+        agent: identity.agent.clone(),
+        client: identity.client.clone(),
         action,
-        kind: object.kind.to_owned(),
-        namespace: object.namespace.to_owned(),
+        kind: object.kind,
+        namespace: object.namespace.clone(),
         name: object.name.to_owned(),
         reason,
     };
@@ -223,15 +235,19 @@ pub fn authorize(
     if !action.allowed_from_agent(mode) {
         return Err(deny(DeniedReason::ModeForbids { mode }));
     }
-    if object.namespace != identity.namespace.as_str() {
+    if *object.namespace != identity.namespace {
         return Err(deny(DeniedReason::WrongNamespace {
             own: identity.namespace.clone(),
         }));
     }
     match object.owner {
-        Some(owner) if owner != identity.agent.as_str() => Err(deny(DeniedReason::NotOwner {
-            owner: owner.to_owned(),
+        Owner::Unknown => Ok(()),
+        Owner::Agent(owner) if *owner == identity.agent => Ok(()),
+        Owner::Agent(owner) => Err(deny(DeniedReason::NotOwner {
+            owner: owner.to_string(),
         })),
-        _ => Ok(()),
+        Owner::Invalid(label) => Err(deny(DeniedReason::NotOwner {
+            owner: label.to_owned(),
+        })),
     }
 }

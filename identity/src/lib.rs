@@ -6,6 +6,7 @@
 #![deny(rust_2018_idioms, unused_must_use)]
 
 pub mod authz;
+pub mod client;
 #[cfg(feature = "devserver")]
 pub mod devserver;
 pub mod id;
@@ -18,12 +19,13 @@ pub mod svid;
 pub mod tls;
 pub mod transport;
 
-pub use authz::{Action, Denied, ObjectRef, authorize};
+pub use authz::{Action, Denied, ObjectRef, Owner, authorize};
+pub use client::ClientIdentity;
 pub use id::IdError;
 pub use id::{SpiffeId, TrustDomain};
 pub use mapping::{AgentIdentity, LiveRules, MappingDenied, RuleError, RuleSet};
 pub use names::AllowedModes;
-pub use names::{AgentMode, AgentName, Namespace};
+pub use names::{AgentMode, AgentName, Namespace, ResourceKind};
 pub use source::{SvidSource, inspect};
 pub use svid::{SvidState, TrustBundles, X509Svid};
 pub use tls::PeerPolicy;

@@ -120,6 +120,41 @@ label_type!(
     "namespace"
 );
 
+/// Kinds of Argo CD objects that travel between principal and agents, and that the
+/// authorization policy reasons about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ResourceKind {
+    /// `argoproj.io/v1alpha1` Application.
+    Application,
+    /// `argoproj.io/v1alpha1` AppProject.
+    AppProject,
+}
+
+impl ResourceKind {
+    /// The Kubernetes kind, e.g. `Application`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResourceKind::Application => "Application",
+            ResourceKind::AppProject => "AppProject",
+        }
+    }
+
+    /// Parses a Kubernetes kind; `None` for kinds that do not travel on the stream.
+    pub fn parse(s: &str) -> Option<ResourceKind> {
+        match s {
+            "Application" => Some(ResourceKind::Application),
+            "AppProject" => Some(ResourceKind::AppProject),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for ResourceKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Why a mode string was not understood.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid agent mode {input:?}: expected one of {expected}")]

@@ -3,10 +3,10 @@
 use std::sync::Arc;
 
 use rustls_pki_types::CertificateDer;
-use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 use x509_parser::extensions::{GeneralName, ParsedExtension};
 
 use crate::id::SpiffeId;
+use crate::transport::VerifiedPeer;
 
 /// Why no SPIFFE ID could be read from a peer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -68,21 +68,23 @@ pub fn spiffe_id_from_chain(chain: &[CertificateDer<'_>]) -> Result<SpiffeId, Pe
     Ok(id)
 }
 
+/// The verified client of a tonic request served over [`crate::transport::tls_incoming`]:
+/// established once per connection, at the handshake.
+pub fn verified_peer<T>(request: &tonic::Request<T>) -> Option<&VerifiedPeer> {
+    request.extensions().get::<VerifiedPeer>()
+}
+
 /// The verified client chain of a tonic request served over [`crate::transport::tls_incoming`].
-/// (`Request::peer_certs` needs one of tonic's own TLS features; this reads the same
-/// connection info that tonic records for every `tokio_rustls` stream.)
 pub fn peer_certs<T>(request: &tonic::Request<T>) -> Option<Arc<Vec<CertificateDer<'static>>>> {
-    request
-        .extensions()
-        .get::<TlsConnectInfo<TcpConnectInfo>>()
-        .and_then(|info| info.peer_certs())
+    verified_peer(request).map(|p| p.chain.clone())
 }
 
 /// The SPIFFE ID of the client of a tonic request served over [`crate::transport::tls_incoming`]
-/// (rustls has verified the chain during the handshake).
+/// (read once per connection from the chain rustls verified).
 pub fn peer_spiffe_id<T>(request: &tonic::Request<T>) -> Result<SpiffeId, PeerError> {
-    let certs = peer_certs(request).ok_or(PeerError::NoCertificate)?;
-    spiffe_id_from_chain(&certs)
+    verified_peer(request)
+        .and_then(|p| p.client.spiffe_id().cloned())
+        .ok_or(PeerError::NoCertificate)
 }
 
 #[cfg(test)]

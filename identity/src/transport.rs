@@ -1,6 +1,9 @@
 //! tonic over our rustls configs. tonic's built-in TLS cannot take a custom rustls config, so
 //! the server is fed a stream of already-handshaken TLS streams (`serve_with_incoming`) and
 //! the client dials through a connector that does TLS itself (`connect_with_connector`).
+//!
+//! Each accepted connection carries its verified client identity ([`VerifiedPeer`]) into
+//! every request made on it, so handlers never parse certificates again.
 
 use std::future::Future;
 use std::io;
@@ -9,15 +12,121 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use std::net::SocketAddr;
+
 use futures::Stream;
 use hyper_util::rt::TokioIo;
-use rustls_pki_types::ServerName;
+use rustls_pki_types::{CertificateDer, ServerName};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 use tokio_stream::wrappers::ReceiverStream;
 
+use crate::client::ClientIdentity;
+use crate::peer::spiffe_id_from_chain;
+
 /// How long a TLS handshake may take before the connection is dropped.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Default cap on TLS handshakes in progress at once: a reconnect storm of thousands of
+/// agents queues at the accept loop instead of starving established sessions of CPU.
+pub const DEFAULT_MAX_CONCURRENT_HANDSHAKES: usize = 256;
+
+/// The verified client of one TLS connection: read once from the chain rustls verified during
+/// the handshake, then attached to every request on that connection (tonic puts a stream's
+/// connect info into each request's extensions). rustls verifiers have no per-connection
+/// output, so the ID is read from the session after the handshake, as linkerd2-proxy does.
+#[derive(Debug, Clone)]
+pub struct VerifiedPeer {
+    /// The client's address.
+    pub remote_addr: SocketAddr,
+    /// Who the client is (the SPIFFE ID of its X.509-SVID).
+    pub client: ClientIdentity,
+    /// The verified chain, leaf first (for fingerprints and diagnostics).
+    pub chain: Arc<Vec<CertificateDer<'static>>>,
+}
+
+/// A server-side TLS connection whose client presented a verified SVID.
+pub struct VerifiedStream {
+    inner: tokio_rustls::server::TlsStream<TcpStream>,
+    peer: VerifiedPeer,
+}
+
+impl VerifiedStream {
+    /// Reads the client's identity from a completed handshake; `None` if the session has no
+    /// verified client certificate or its leaf is not an SVID (the verifier should already
+    /// have refused such a client).
+    fn new(
+        inner: tokio_rustls::server::TlsStream<TcpStream>,
+        remote_addr: SocketAddr,
+    ) -> Result<Self, crate::peer::PeerError> {
+        let chain: Vec<CertificateDer<'static>> = inner
+            .get_ref()
+            .1
+            .peer_certificates()
+            .map(|c| c.iter().map(|c| c.clone().into_owned()).collect())
+            .unwrap_or_default();
+        let id = spiffe_id_from_chain(&chain)?;
+        Ok(Self {
+            inner,
+            peer: VerifiedPeer {
+                remote_addr,
+                client: ClientIdentity::Spiffe(id),
+                chain: Arc::new(chain),
+            },
+        })
+    }
+
+    /// The verified client.
+    pub fn peer(&self) -> &VerifiedPeer {
+        &self.peer
+    }
+}
+
+impl tonic::transport::server::Connected for VerifiedStream {
+    type ConnectInfo = VerifiedPeer;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.peer.clone()
+    }
+}
+
+impl AsyncRead for VerifiedStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for VerifiedStream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
 
 /// Dialing failures.
 #[derive(Debug, thiserror::Error)]
@@ -67,17 +176,37 @@ impl Default for ChannelOptions {
 }
 
 /// Accepts TCP connections and runs each TLS handshake in its own task, yielding only
-/// completed handshakes: a slow or failed handshake neither blocks others nor ends the
-/// server (failures are logged). Feed the result to `Server::serve_with_incoming`.
+/// completed handshakes whose client presented a verified SVID: a slow or failed handshake
+/// neither blocks others nor ends the server (failures are logged). At most
+/// [`DEFAULT_MAX_CONCURRENT_HANDSHAKES`] handshakes run at once. Feed the result to
+/// `Server::serve_with_incoming`; handlers find the [`VerifiedPeer`] in request extensions.
 pub fn tls_incoming(
     listener: TcpListener,
     config: Arc<rustls::ServerConfig>,
-) -> impl Stream<Item = Result<tokio_rustls::server::TlsStream<TcpStream>, io::Error>> + Send + 'static
-{
+) -> impl Stream<Item = Result<VerifiedStream, io::Error>> + Send + 'static {
+    tls_incoming_with_limit(listener, config, DEFAULT_MAX_CONCURRENT_HANDSHAKES)
+}
+
+/// [`tls_incoming`] with an explicit cap on concurrent handshakes (at least 1).
+pub fn tls_incoming_with_limit(
+    listener: TcpListener,
+    config: Arc<rustls::ServerConfig>,
+    max_handshakes: usize,
+) -> impl Stream<Item = Result<VerifiedStream, io::Error>> + Send + 'static {
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     let acceptor = TlsAcceptor::from(config);
+    let permits = Arc::new(Semaphore::new(max_handshakes.max(1)));
     tokio::spawn(async move {
         loop {
+            // Wait for a handshake slot before accepting: excess connections wait in the
+            // kernel's backlog.
+            let permit = tokio::select! {
+                _ = tx.closed() => return,
+                p = permits.clone().acquire_owned() => match p {
+                    Ok(p) => p,
+                    Err(_) => return,
+                },
+            };
             let accepted = tokio::select! {
                 _ = tx.closed() => return,
                 accepted = listener.accept() => accepted,
@@ -95,10 +224,17 @@ pub fn tls_incoming(
             let acceptor = acceptor.clone();
             let tx = tx.clone();
             tokio::spawn(async move {
-                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                    Ok(Ok(tls)) => {
-                        let _ = tx.send(Ok(tls)).await;
-                    }
+                let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await;
+                drop(permit);
+                match handshake {
+                    Ok(Ok(tls)) => match VerifiedStream::new(tls, remote) {
+                        Ok(stream) => {
+                            let _ = tx.send(Ok(stream)).await;
+                        }
+                        Err(e) => {
+                            tracing::warn!(remote = %remote, error = %e, "TLS client without a usable SVID dropped")
+                        }
+                    },
                     Ok(Err(e)) => {
                         tracing::warn!(remote = %remote, error = %e, "TLS handshake failed")
                     }

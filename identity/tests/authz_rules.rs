@@ -1,8 +1,16 @@
 //! Authorization of inbound events: every rule and every deny reason.
 
-use argocd_agent_identity::authz::{Action, DeniedReason, ObjectRef, authorize};
+use std::sync::LazyLock;
+
+use argocd_agent_identity::authz::{Action, DeniedReason, ObjectRef, Owner, authorize};
 use argocd_agent_identity::mapping::{AgentIdentity, RuleSet};
-use argocd_agent_identity::{AgentMode, SpiffeId};
+use argocd_agent_identity::{AgentMode, AgentName, Namespace, ResourceKind, SpiffeId};
+
+static OWN_NS: LazyLock<Namespace> = LazyLock::new(|| Namespace::new("argocd-edge-7").unwrap());
+static AGENT_B_NS: LazyLock<Namespace> = LazyLock::new(|| Namespace::new("agent-b").unwrap());
+static X_NS: LazyLock<Namespace> = LazyLock::new(|| Namespace::new("x").unwrap());
+static AGENT_B: LazyLock<AgentName> = LazyLock::new(|| AgentName::new("agent-b").unwrap());
+static EDGE_7: LazyLock<AgentName> = LazyLock::new(|| AgentName::new("edge-7").unwrap());
 
 const ALL: [Action; 8] = [
     Action::Create,
@@ -27,10 +35,10 @@ fn identity(modes: &str) -> AgentIdentity {
 
 fn own(name: &str) -> ObjectRef<'_> {
     ObjectRef {
-        kind: "Application",
-        namespace: "argocd-edge-7",
+        kind: ResourceKind::Application,
+        namespace: &OWN_NS,
         name,
-        owner: None,
+        owner: Owner::Unknown,
     }
 }
 
@@ -105,10 +113,10 @@ fn object_in_another_agents_namespace_is_refused_naming_all_parties() {
         AgentMode::Managed,
         Action::UpdateStatus,
         &ObjectRef {
-            kind: "Application",
-            namespace: "agent-b",
+            kind: ResourceKind::Application,
+            namespace: &AGENT_B_NS,
             name: "guestbook",
-            owner: None,
+            owner: Owner::Unknown,
         },
     )
     .unwrap_err();
@@ -124,7 +132,7 @@ fn object_in_another_agents_namespace_is_refused_naming_all_parties() {
 #[test]
 fn reads_are_also_confined_to_the_own_namespace() {
     let mut obj = own("guestbook");
-    obj.namespace = "agent-b";
+    obj.namespace = &AGENT_B_NS;
     let d = authorize(&identity("both"), AgentMode::Autonomous, Action::Read, &obj).unwrap_err();
     assert_eq!(d.reason_code(), "WrongNamespace");
 }
@@ -132,7 +140,7 @@ fn reads_are_also_confined_to_the_own_namespace() {
 #[test]
 fn object_owned_by_another_agent_is_refused() {
     let obj = ObjectRef {
-        owner: Some("agent-b"),
+        owner: Owner::Agent(&AGENT_B),
         ..own("guestbook")
     };
     let d = authorize(
@@ -153,7 +161,7 @@ fn object_owned_by_another_agent_is_refused() {
     );
     // Owned by itself: allowed.
     let mine = ObjectRef {
-        owner: Some("edge-7"),
+        owner: Owner::Agent(&EDGE_7),
         ..own("guestbook")
     };
     assert!(
@@ -189,7 +197,7 @@ fn mode_not_allowed_by_mapping_rule_is_refused_for_every_action() {
 fn deny_reasons_map_to_their_codes() {
     let who = identity("both");
     let foreign = ObjectRef {
-        namespace: "x",
+        namespace: &X_NS,
         ..own("g")
     };
     let cases = [
@@ -204,7 +212,16 @@ fn deny_reasons_map_to_their_codes() {
             AgentMode::Autonomous,
             Action::Create,
             ObjectRef {
-                owner: Some("other"),
+                owner: Owner::Agent(&AGENT_B),
+                ..own("g")
+            },
+            "NotOwner",
+        ),
+        (
+            AgentMode::Autonomous,
+            Action::UpdateSpec,
+            ObjectRef {
+                owner: Owner::Invalid("Not_An_Agent"),
                 ..own("g")
             },
             "NotOwner",

@@ -40,8 +40,8 @@ fn spire_template_maps_service_account_to_agent_and_namespace() {
     assert_eq!(got.allowed_modes, AllowedModes::Both);
     assert_eq!(got.rule, "spire-k8s");
     assert_eq!(
-        got.spiffe_id.as_str(),
-        "spiffe://example.org/ns/argocd/sa/edge-7"
+        got.client.spiffe_id().map(|i| i.as_str()),
+        Some("spiffe://example.org/ns/argocd/sa/edge-7")
     );
 }
 
@@ -563,4 +563,23 @@ fn documented_yaml_examples_parse_and_map_as_described() {
             .allowed_modes,
         AllowedModes::Managed
     );
+}
+
+#[test]
+fn header_agent_name_maps_to_itself_and_survives_any_rules_change() {
+    use argocd_agent_identity::{AgentName, ClientIdentity};
+    let client = ClientIdentity::AgentName(AgentName::new("edge-9").unwrap());
+    let none = RuleSet::from_flags(&[]).unwrap();
+    let got = none.map_client(&client).unwrap();
+    assert_eq!(got.agent.as_str(), "edge-9");
+    assert_eq!(got.namespace.as_str(), "edge-9");
+    assert_eq!(got.allowed_modes, AllowedModes::Both);
+    assert_eq!(got.client, client);
+    // No SPIFFE rule applies to a header name, so a rules change never revokes it.
+    let other = RuleSet::from_yaml(EXAMPLE).unwrap();
+    assert!(other.recheck(&got).is_ok());
+    // A SPIFFE ID goes through the rules as `map` does.
+    let spiffe = ClientIdentity::Spiffe(id("spiffe://example.org/nobody"));
+    let denied = none.map_client(&spiffe).unwrap_err();
+    assert_eq!(denied.client, spiffe);
 }

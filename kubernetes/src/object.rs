@@ -49,6 +49,31 @@ pub fn object_key(obj: &DynamicObject) -> String {
     }
 }
 
+/// Turns an object received from the other side (JSON, as [`strip_for_transfer`] sent it)
+/// into this cluster's copy: placed in `namespace`, server-owned metadata cleared, marked
+/// with `label` (key, value). Unknown fields are kept. `.status` and `.operation` are left
+/// to the caller, which decides whose they are.
+pub fn received_copy(
+    incoming: &Value,
+    namespace: &str,
+    label: (&str, &str),
+) -> Result<DynamicObject, serde_json::Error> {
+    let mut obj: DynamicObject = serde_json::from_value(incoming.clone())?;
+    obj.metadata.namespace = Some(namespace.to_owned());
+    obj.metadata.resource_version = None;
+    obj.metadata.uid = None;
+    obj.metadata
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert(label.0.to_owned(), label.1.to_owned());
+    Ok(obj)
+}
+
+/// Removes a top-level field (e.g. `status`) and returns it.
+pub fn take_field(obj: &mut DynamicObject, field: &str) -> Option<Value> {
+    obj.data.as_object_mut().and_then(|m| m.remove(field))
+}
+
 /// A copy of `obj` fit to be sent to the other side and created or updated there.
 ///
 /// Drops the metadata the receiving API server owns (`uid`, `resourceVersion`,

@@ -56,6 +56,17 @@ impl UpdateOutcome {
     }
 }
 
+/// Result of [`Resources::upsert_copy`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpsertOutcome {
+    /// The copy did not exist and was created.
+    Created,
+    /// The copy existed and differed: updated.
+    Updated,
+    /// The copy already said the same.
+    Unchanged,
+}
+
 /// Result of [`Resources::delete`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeleteOutcome {
@@ -344,6 +355,67 @@ impl Resources {
         }
     }
 
+    /// Creates or updates this cluster's copy of an object whose source of truth is the
+    /// other side. `copy` is the object as it should be (see
+    /// [`crate::object::received_copy`]); an existing object gets the top-level `owned`
+    /// fields (e.g. `spec`, `operation`; absent ones are removed), labels and annotations
+    /// of `copy`, and keeps everything else (status, finalizers, fields others own). The
+    /// write is skipped when nothing differs.
+    pub async fn upsert_copy(
+        &self,
+        copy: &DynamicObject,
+        owned: &[&str],
+    ) -> Result<UpsertOutcome, Error> {
+        let name = copy.metadata.name.as_deref().unwrap_or_default();
+        let namespace = copy.metadata.namespace.as_deref();
+        if self.get(namespace, name).await?.is_none() {
+            return match self.create(copy).await {
+                Ok(_) => Ok(UpsertOutcome::Created),
+                // Created between our read and our create: fall through to an update.
+                Err(e) if e.is_already_exists() => self.update_copy(copy, owned).await,
+                Err(e) => Err(e),
+            };
+        }
+        self.update_copy(copy, owned).await
+    }
+
+    async fn update_copy(
+        &self,
+        copy: &DynamicObject,
+        owned: &[&str],
+    ) -> Result<UpsertOutcome, Error> {
+        let name = copy.metadata.name.as_deref().unwrap_or_default();
+        let namespace = copy.metadata.namespace.as_deref();
+        let outcome = self
+            .update_with(namespace, name, |cur| apply_owned(cur, copy, owned))
+            .await?;
+        Ok(match outcome {
+            UpdateOutcome::Updated(_) => UpsertOutcome::Updated,
+            UpdateOutcome::Unchanged(_) | UpdateOutcome::Aborted(_) => UpsertOutcome::Unchanged,
+        })
+    }
+
+    /// Terminates the running operation of an Argo CD Application the way
+    /// `argocd app terminate-op` does: `.status.operationState.phase = Terminating`.
+    pub async fn terminate_operation(&self, namespace: &str, name: &str) -> Result<(), Error> {
+        let Some(cur) = self.get(Some(namespace), name).await? else {
+            return Err(Error::NotFound {
+                object: self.object_ref(Some(namespace), name),
+                message: "no such application to terminate an operation of".into(),
+            });
+        };
+        let mut status = crate::object::status(&cur)
+            .cloned()
+            .unwrap_or_else(|| serde_json::json!({}));
+        if !status.is_object() {
+            status = serde_json::json!({});
+        }
+        status["operationState"]["phase"] = Value::String("Terminating".into());
+        self.replace_status(Some(namespace), name, status)
+            .await
+            .map(|_| ())
+    }
+
     /// Creates namespace `name` with `labels` unless it exists (see [`ensure_namespace`]).
     pub async fn ensure_namespace(
         &self,
@@ -351,6 +423,37 @@ impl Resources {
         labels: BTreeMap<String, String>,
     ) -> Result<bool, Error> {
         ensure_namespace(&self.client, name, labels).await
+    }
+}
+
+/// Copies the `owned` top-level fields, labels and annotations of `want` onto `cur`.
+fn apply_owned(cur: &mut DynamicObject, want: &DynamicObject, owned: &[&str]) -> Mutation {
+    let before = (
+        cur.data.clone(),
+        cur.metadata.labels.clone(),
+        cur.metadata.annotations.clone(),
+    );
+    for &field in owned {
+        match want.data.get(field) {
+            Some(v) => {
+                if let Some(m) = cur.data.as_object_mut() {
+                    m.insert(field.to_owned(), v.clone());
+                }
+            }
+            None => {
+                if let Some(m) = cur.data.as_object_mut() {
+                    m.remove(field);
+                }
+            }
+        }
+    }
+    cur.metadata.labels = want.metadata.labels.clone();
+    cur.metadata.annotations = want.metadata.annotations.clone();
+    let after = (&cur.data, &cur.metadata.labels, &cur.metadata.annotations);
+    if (&before.0, &before.1, &before.2) == after {
+        Mutation::Unchanged
+    } else {
+        Mutation::Changed
     }
 }
 
@@ -379,5 +482,61 @@ pub async fn ensure_namespace(
         // Someone else created it between our read and our create.
         Err(err) if err.is_already_exists() => Ok(false),
         Err(err) => Err(err),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn obj(v: Value) -> DynamicObject {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn copy_takes_owned_fields_labels_and_annotations_and_keeps_the_rest() {
+        let mut cur = obj(json!({
+            "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+            "metadata": {"name": "a", "namespace": "n", "labels": {"old": "1"},
+                         "finalizers": ["f"]},
+            "spec": {"x": 1}, "operation": {"sync": {}}, "status": {"health": "Healthy"},
+            "extra": true
+        }));
+        let want = obj(json!({
+            "metadata": {"name": "a", "namespace": "n", "labels": {"new": "2"},
+                         "annotations": {"a": "b"}},
+            "spec": {"x": 2}
+        }));
+        assert_eq!(
+            apply_owned(&mut cur, &want, &["spec", "operation"]),
+            Mutation::Changed
+        );
+        assert_eq!(cur.data["spec"], json!({"x": 2}));
+        assert!(
+            cur.data.get("operation").is_none(),
+            "absent owned field removed"
+        );
+        assert_eq!(cur.data["status"], json!({"health": "Healthy"}));
+        assert_eq!(cur.data["extra"], json!(true));
+        assert_eq!(cur.metadata.finalizers, Some(vec!["f".to_string()]));
+        assert_eq!(
+            cur.metadata.labels,
+            Some([("new".to_string(), "2".to_string())].into())
+        );
+        // A second application changes nothing.
+        assert_eq!(
+            apply_owned(&mut cur, &want, &["spec", "operation"]),
+            Mutation::Unchanged
+        );
+    }
+
+    #[test]
+    fn fields_not_owned_are_left_alone() {
+        let mut cur = obj(json!({"metadata": {"name": "a"}, "spec": {"x": 1},
+                                 "operation": {"sync": {}}}));
+        let want = obj(json!({"metadata": {"name": "a"}, "spec": {"x": 1}}));
+        assert_eq!(apply_owned(&mut cur, &want, &["spec"]), Mutation::Unchanged);
+        assert!(cur.data.get("operation").is_some());
     }
 }

@@ -9,6 +9,15 @@ pub enum MeshError {
     /// The XFCC value does not parse.
     #[error(transparent)]
     Xfcc(#[from] XfccError),
+    /// A custom header rule captured something that is neither a SPIFFE ID nor a valid
+    /// agent name (DNS-1123 label).
+    #[error("header identity {value:?} is not a valid agent name: {reason}")]
+    InvalidAgentName {
+        /// The captured value.
+        value: String,
+        /// Which rule it breaks.
+        reason: String,
+    },
     /// The nearest XFCC element names no URI SAN.
     #[error(
         "x-forwarded-client-cert element {element} (added by the nearest proxy) has no URI SAN; the client certificate must carry a SPIFFE ID"

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use argocd_agent_identity::SpiffeId;
+use argocd_agent_identity::{AgentName, ClientIdentity, SpiffeId};
 use http::{HeaderMap, HeaderName};
 use regex::Regex;
 
@@ -34,27 +34,6 @@ pub enum HeaderAuth {
         /// The expression; it has at least one capture group.
         regex: Regex,
     },
-}
-
-/// The identity a header carried.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum HeaderIdentity {
-    /// A SPIFFE ID: the principal runs it through its mapping rules, like an SVID.
-    Spiffe(SpiffeId),
-    /// From a `Custom` rule whose capture is not a `spiffe://` URI: an agent name, as in
-    /// upstream argocd-agent. The principal must validate it as an agent name (DNS-1123
-    /// label) and use it as the agent name and hub namespace directly; no SPIFFE mapping
-    /// rule applies.
-    Name(String),
-}
-
-impl fmt::Display for HeaderIdentity {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            HeaderIdentity::Spiffe(id) => write!(f, "{id}"),
-            HeaderIdentity::Name(n) => write!(f, "agent name {n:?}"),
-        }
-    }
 }
 
 impl HeaderAuth {
@@ -118,7 +97,7 @@ impl HeaderAuth {
     ///
     /// Exactly one value of the identity header must be present: with several, which one
     /// the proxy wrote cannot be known, so the request is refused.
-    pub fn identity_from_headers(&self, headers: &HeaderMap) -> Result<HeaderIdentity, MeshError> {
+    pub fn identity_from_headers(&self, headers: &HeaderMap) -> Result<ClientIdentity, MeshError> {
         self.identity_from_headers_checked(headers, None)
     }
 
@@ -130,16 +109,16 @@ impl HeaderAuth {
         &self,
         headers: &HeaderMap,
         principal_id: Option<&SpiffeId>,
-    ) -> Result<HeaderIdentity, MeshError> {
+    ) -> Result<ClientIdentity, MeshError> {
         let name = self.header_name();
         let value = single_header_value(headers, &name)?;
         match self {
             HeaderAuth::Istio | HeaderAuth::Envoy => {
-                identity_from_xfcc(value, principal_id).map(HeaderIdentity::Spiffe)
+                identity_from_xfcc(value, principal_id).map(ClientIdentity::Spiffe)
             }
             HeaderAuth::Linkerd => LinkerdId::parse(value)?
                 .to_spiffe_id()
-                .map(HeaderIdentity::Spiffe),
+                .map(ClientIdentity::Spiffe),
             HeaderAuth::Custom { header, regex } => {
                 let captured = regex
                     .captures(value)
@@ -153,14 +132,20 @@ impl HeaderAuth {
                     })?;
                 if captured.starts_with("spiffe://") {
                     SpiffeId::parse(captured)
-                        .map(HeaderIdentity::Spiffe)
+                        .map(ClientIdentity::Spiffe)
                         .map_err(|e| MeshError::InvalidSpiffeId {
                             header: "custom identity header",
                             value: captured.to_owned(),
                             reason: e.to_string(),
                         })
                 } else {
-                    Ok(HeaderIdentity::Name(captured.to_owned()))
+                    // Upstream-style: the capture is the agent name (and hub namespace).
+                    AgentName::new(captured)
+                        .map(ClientIdentity::AgentName)
+                        .map_err(|e| MeshError::InvalidAgentName {
+                            value: captured.to_owned(),
+                            reason: e.to_string(),
+                        })
                 }
             }
         }
@@ -246,8 +231,8 @@ mod tests {
         h
     }
 
-    fn spiffe(s: &str) -> HeaderIdentity {
-        HeaderIdentity::Spiffe(SpiffeId::parse(s).unwrap())
+    fn spiffe(s: &str) -> ClientIdentity {
+        ClientIdentity::Spiffe(SpiffeId::parse(s).unwrap())
     }
 
     #[test]
@@ -313,7 +298,7 @@ mod tests {
         let h = headers(&[("x-client", "id=edge-7")]);
         assert_eq!(
             auth.identity_from_headers(&h).unwrap(),
-            HeaderIdentity::Name("edge-7".into())
+            ClientIdentity::AgentName(AgentName::new("edge-7").unwrap())
         );
         let h = headers(&[("x-client", "nope")]);
         assert!(matches!(
@@ -324,6 +309,11 @@ mod tests {
         assert!(matches!(
             auth.identity_from_headers(&h),
             Err(MeshError::InvalidSpiffeId { .. })
+        ));
+        let h = headers(&[("x-client", "id=Edge_7")]);
+        assert!(matches!(
+            auth.identity_from_headers(&h),
+            Err(MeshError::InvalidAgentName { .. })
         ));
     }
 

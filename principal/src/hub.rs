@@ -1,86 +1,162 @@
-//! The hub side of synchronisation: per-agent state that outlives sessions, the watch of
-//! hub Applications across agent namespaces, and the writes that inbound events cause.
+//! The hub side of synchronisation: per-agent state that outlives sessions, hub changes
+//! routed to one worker per agent, and the writes that agents' events cause.
 //!
 //! Managed agents: the hub copy is the source of truth for `.spec`; changes become events in
 //! the agent's queue; the agent's status lands in the hub copy's `/status`.
 //! Autonomous agents: the agent's copy is the source of truth; hub edits are reverted from
 //! the last object the agent sent (`desired`).
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
 
-use argocd_agent_identity::mapping::AgentIdentity;
-use argocd_agent_identity::names::AgentMode;
+use argocd_agent_identity::{AgentIdentity, AgentMode, AgentName, Namespace, ResourceKind};
 use argocd_agent_kubernetes::object::{self, is_being_deleted, spec_checksum};
-use argocd_agent_kubernetes::{Cache, Change, Mutation, Resources};
+use argocd_agent_kubernetes::{Cache, Change, Resources};
 use argocd_agent_sync::queue::{Lane, QueueKey};
 use argocd_agent_sync::resync::Checksums;
-use argocd_agent_sync::{Event, EventType, Payload, ResourceKind, ResourceRef, SendQueue};
+use argocd_agent_sync::{Event, EventType, Payload, QueueLimits, ResourceRef, SendQueue};
 use futures::{Stream, StreamExt};
 use kube::api::DynamicObject;
 use serde_json::{Value, json};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
 
+use crate::error::{ApplyError, chain};
+use crate::inbound::Command;
 use crate::metrics::Metrics;
 
 /// Label put on hub copies of autonomous agents' Applications (and checked for ownership).
 pub const AGENT_NAME_LABEL: &str = "argocd-agent.argoproj-labs.io/agent-name";
 
+/// Hub changes waiting for one agent's worker, coalesced by object name: only the newest
+/// change of an object matters (every handler acts on the object's current state), so the
+/// inbox never holds more entries than the agent has objects.
+#[derive(Default)]
+struct ChangeInbox {
+    pending: Mutex<(VecDeque<String>, HashMap<String, Change>)>,
+    notify: Notify,
+}
+
+impl ChangeInbox {
+    fn push(&self, name: String, change: Change) {
+        let mut guard = lock(&self.pending);
+        let (order, latest) = &mut *guard;
+        if latest.insert(name.clone(), change).is_none() {
+            order.push_back(name);
+        }
+        drop(guard);
+        self.notify.notify_one();
+    }
+
+    fn drain(&self) -> Vec<Change> {
+        let mut guard = lock(&self.pending);
+        let (order, latest) = &mut *guard;
+        order.drain(..).filter_map(|n| latest.remove(&n)).collect()
+    }
+}
+
+/// Mutable state of one agent, behind one lock.
+struct AgentInner {
+    identity: AgentIdentity,
+    mode: AgentMode,
+    /// The current session: its id and the token that closes it.
+    session: Option<(u64, CancellationToken)>,
+    /// Autonomous: the last object the agent sent, by name (what hub edits are reverted to).
+    desired: HashMap<String, Arc<Value>>,
+    /// Managed: spec checksum last sent, by name (so hub status writes are not echoed back).
+    sent_spec: HashMap<String, String>,
+    /// Operations already forwarded, by name -> checksum of `.operation`.
+    sent_operation: HashMap<String, String>,
+}
+
 /// State of one agent, kept across its sessions.
 pub struct AgentState {
-    pub identity: Mutex<AgentIdentity>,
-    pub mode: Mutex<AgentMode>,
+    /// The agent's name (fixed: a new name is a new agent).
+    pub name: AgentName,
+    /// Events to the agent.
     pub queue: SendQueue,
-    /// Cancels the current session (replaced, revoked, or shut down).
-    pub session: Mutex<Option<(u64, CancellationToken)>>,
-    /// Autonomous: the last object the agent sent, by name (what hub edits are reverted to).
-    pub desired: Mutex<HashMap<String, Arc<Value>>>,
-    /// Managed: spec checksum last sent, by name (so hub status writes are not echoed back).
-    pub sent_spec: Mutex<HashMap<String, String>>,
-    /// Operations already forwarded, by name -> checksum of `.operation`.
-    pub sent_operation: Mutex<HashMap<String, String>>,
+    inner: Mutex<AgentInner>,
+    inbox: ChangeInbox,
 }
 
 impl AgentState {
-    pub fn namespace(&self) -> String {
-        lock(&self.identity).namespace.as_str().to_owned()
+    fn inner(&self) -> MutexGuard<'_, AgentInner> {
+        lock(&self.inner)
     }
-    pub fn agent(&self) -> String {
-        lock(&self.identity).agent.as_str().to_owned()
+    /// The agent's hub namespace.
+    pub fn namespace(&self) -> Namespace {
+        self.inner().identity.namespace.clone()
     }
+    /// The identity of its latest session.
+    pub fn identity(&self) -> AgentIdentity {
+        self.inner().identity.clone()
+    }
+    /// The mode of its latest session.
     pub fn mode(&self) -> AgentMode {
-        *lock(&self.mode)
+        self.inner().mode
     }
+    /// Whether a session is open.
     pub fn is_connected(&self) -> bool {
-        lock(&self.session).is_some()
+        self.inner().session.is_some()
     }
 }
 
-pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A poisoned lock only means a task panicked mid-update; the data stays usable.
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Shared state of the principal.
-pub struct Hub {
-    pub source: String,
-    pub apps: Resources,
-    pub cache: Cache,
-    pub agents: Mutex<HashMap<String, Arc<AgentState>>>,
-    pub by_namespace: Mutex<HashMap<String, String>>,
-    pub metrics: Metrics,
-    pub queue_limits: argocd_agent_sync::QueueLimits,
-    pub create_namespace: bool,
-    pub namespace_labels: BTreeMap<String, String>,
-    pub namespaces: Resources,
+/// Agents by name and by hub namespace, changed together under one lock.
+#[derive(Default)]
+struct Registry {
+    agents: HashMap<AgentName, Arc<AgentState>>,
+    by_namespace: HashMap<Namespace, AgentName>,
 }
 
-fn app_ref(namespace: &str, name: &str) -> ResourceRef {
-    ResourceRef {
-        kind: ResourceKind::Application,
-        namespace: namespace.into(),
-        name: name.into(),
-    }
+/// What the session does after a command was applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Applied {
+    /// Acknowledge the event.
+    Ack,
+    /// Send nothing (the answer is an event in the agent's queue).
+    Silent,
+}
+
+/// Shared state of the principal.
+pub struct Hub {
+    /// CloudEvents `source` of events we send (our SPIFFE ID when we have one).
+    pub source: String,
+    pub apps: Resources,
+    pub namespaces: Resources,
+    pub cache: Cache,
+    pub metrics: Metrics,
+    pub queue_limits: QueueLimits,
+    pub create_namespace: bool,
+    pub namespace_labels: BTreeMap<String, String>,
+    registry: Mutex<Registry>,
+    /// Per-agent workers; drained on shutdown.
+    tasks: TaskTracker,
+    shutdown: CancellationToken,
+}
+
+/// Everything [`Hub::new`] needs.
+pub struct HubParts {
+    pub source: String,
+    pub apps: Resources,
+    pub namespaces: Resources,
+    pub cache: Cache,
+    pub metrics: Metrics,
+    pub queue_limits: QueueLimits,
+    pub create_namespace: bool,
+    pub namespace_labels: BTreeMap<String, String>,
+    pub tasks: TaskTracker,
+    pub shutdown: CancellationToken,
+}
+
+fn app_ref(namespace: &Namespace, name: &str) -> ResourceRef {
+    ResourceRef::new(ResourceKind::Application, namespace.clone(), name)
 }
 
 /// Wire form of a hub object: server-managed metadata removed, namespace = hub namespace.
@@ -98,94 +174,138 @@ fn value_checksum(v: Option<&Value>) -> String {
 }
 
 impl Hub {
-    pub fn agent(&self, name: &str) -> Option<Arc<AgentState>> {
-        lock(&self.agents).get(name).cloned()
+    /// A hub with no agents yet.
+    pub fn new(parts: HubParts) -> Hub {
+        Hub {
+            source: parts.source,
+            apps: parts.apps,
+            namespaces: parts.namespaces,
+            cache: parts.cache,
+            metrics: parts.metrics,
+            queue_limits: parts.queue_limits,
+            create_namespace: parts.create_namespace,
+            namespace_labels: parts.namespace_labels,
+            registry: Mutex::new(Registry::default()),
+            tasks: parts.tasks,
+            shutdown: parts.shutdown,
+        }
     }
 
-    fn agent_for_namespace(&self, ns: &str) -> Option<Arc<AgentState>> {
-        let name = lock(&self.by_namespace).get(ns).cloned()?;
-        self.agent(&name)
+    /// The state of agent `name`, if it ever connected.
+    pub fn agent(&self, name: &AgentName) -> Option<Arc<AgentState>> {
+        lock(&self.registry).agents.get(name).cloned()
+    }
+
+    fn agent_for_namespace(&self, ns: &Namespace) -> Option<Arc<AgentState>> {
+        let registry = lock(&self.registry);
+        let name = registry.by_namespace.get(ns)?;
+        registry.agents.get(name).cloned()
+    }
+
+    /// The agent-name label of the hub object `resource`, if it exists and has one.
+    pub fn owner_label(&self, resource: &ResourceRef) -> Option<String> {
+        self.cache
+            .get(Some(resource.namespace.as_str()), &resource.name)
+            .and_then(|o| o.metadata.labels.as_ref()?.get(AGENT_NAME_LABEL).cloned())
     }
 
     /// Registers (or refreshes) an agent and returns its state. A new session replaces the
     /// old one: the old session's token is cancelled.
     pub fn attach(
-        &self,
+        self: &Arc<Self>,
         identity: AgentIdentity,
         mode: AgentMode,
         session_id: u64,
         token: CancellationToken,
     ) -> Arc<AgentState> {
-        let name = identity.agent.as_str().to_owned();
-        let ns = identity.namespace.as_str().to_owned();
-        let mut agents = lock(&self.agents);
-        let state = agents
-            .entry(name.clone())
-            .or_insert_with(|| {
-                Arc::new(AgentState {
-                    identity: Mutex::new(identity.clone()),
-                    mode: Mutex::new(mode),
+        let name = identity.agent.clone();
+        let ns = identity.namespace.clone();
+        let mut registry = lock(&self.registry);
+        let state = match registry.agents.get(&name) {
+            Some(s) => s.clone(),
+            None => {
+                let state = Arc::new(AgentState {
+                    name: name.clone(),
                     queue: SendQueue::new(self.queue_limits.clone()),
-                    session: Mutex::new(None),
-                    desired: Mutex::new(HashMap::new()),
-                    sent_spec: Mutex::new(HashMap::new()),
-                    sent_operation: Mutex::new(HashMap::new()),
-                })
-            })
-            .clone();
-        drop(agents);
-        let old_mode = std::mem::replace(&mut *lock(&state.mode), mode);
-        if old_mode != mode {
-            lock(&state.desired).clear();
-            lock(&state.sent_spec).clear();
-        }
-        *lock(&state.identity) = identity;
-        if let Some((_, old)) = lock(&state.session).replace((session_id, token)) {
+                    inner: Mutex::new(AgentInner {
+                        identity: identity.clone(),
+                        mode,
+                        session: None,
+                        desired: HashMap::new(),
+                        sent_spec: HashMap::new(),
+                        sent_operation: HashMap::new(),
+                    }),
+                    inbox: ChangeInbox::default(),
+                });
+                registry.agents.insert(name.clone(), state.clone());
+                self.spawn_worker(state.clone());
+                state
+            }
+        };
+        let old_session = {
+            let mut inner = state.inner();
+            if inner.mode != mode {
+                inner.desired.clear();
+                inner.sent_spec.clear();
+            }
+            inner.mode = mode;
+            // The rules may now map this agent to another namespace: forget the old route.
+            if inner.identity.namespace != ns {
+                registry.by_namespace.remove(&inner.identity.namespace);
+            }
+            inner.identity = identity;
+            inner.session.replace((session_id, token))
+        };
+        registry.by_namespace.insert(ns, name.clone());
+        drop(registry);
+        if let Some((_, old)) = old_session {
             tracing::info!(agent = %name, "new session replaces the previous one");
             old.cancel();
         }
-        lock(&self.by_namespace).insert(ns, name);
         state
     }
 
     /// Forgets the session if it is still the current one.
     pub fn detach(&self, state: &AgentState, session_id: u64) {
-        let mut s = lock(&state.session);
-        if s.as_ref().map(|(id, _)| *id) == Some(session_id) {
-            *s = None;
+        let mut inner = state.inner();
+        if inner.session.as_ref().map(|(id, _)| *id) == Some(session_id) {
+            inner.session = None;
         }
     }
 
     /// Live sessions' identities (for revocation checks).
     pub fn connected_identities(&self) -> Vec<AgentIdentity> {
-        lock(&self.agents)
+        lock(&self.registry)
+            .agents
             .values()
-            .filter(|a| a.is_connected())
-            .map(|a| lock(&a.identity).clone())
+            .filter_map(|a| {
+                let inner = a.inner();
+                inner.session.is_some().then(|| inner.identity.clone())
+            })
             .collect()
     }
 
     /// Closes the current session of `agent`, if any.
-    pub fn disconnect(&self, agent: &str) {
+    pub fn disconnect(&self, agent: &AgentName) {
         if let Some(state) = self.agent(agent)
-            && let Some((_, token)) = lock(&state.session).take()
+            && let Some((_, token)) = state.inner().session.take()
         {
             token.cancel();
         }
     }
 
     /// Creates the agent's hub namespace when configured to.
-    pub async fn ensure_namespace(&self, ns: &str, agent: &str) {
+    pub async fn ensure_namespace(&self, ns: &Namespace, agent: &AgentName) {
         if !self.create_namespace {
             return;
         }
         let mut labels = self.namespace_labels.clone();
-        labels.insert(AGENT_NAME_LABEL.into(), agent.into());
-        match self.namespaces.ensure_namespace(ns, labels).await {
-            Ok(true) => tracing::info!(namespace = ns, agent, "created hub namespace for agent"),
+        labels.insert(AGENT_NAME_LABEL.into(), agent.to_string());
+        match self.namespaces.ensure_namespace(ns.as_str(), labels).await {
+            Ok(true) => tracing::info!(namespace = %ns, %agent, "created hub namespace for agent"),
             Ok(false) => {}
             Err(e) => {
-                tracing::warn!(namespace = ns, agent, error = %e, "could not create namespace")
+                tracing::warn!(namespace = %ns, %agent, error = %chain(&e), "could not create namespace")
             }
         }
     }
@@ -193,14 +313,14 @@ impl Hub {
     fn push(&self, state: &AgentState, event: Event) {
         if let Err(e) = state.queue.push(event) {
             self.metrics.queue_full.inc();
-            tracing::warn!(agent = %state.agent(), error = %e, "event dropped");
+            tracing::warn!(agent = %state.name, error = %e, "event dropped");
         }
     }
 
     /// Hub objects of one namespace by name.
-    pub fn hub_objects(&self, ns: &str) -> HashMap<String, Arc<DynamicObject>> {
+    pub fn hub_objects(&self, ns: &Namespace) -> HashMap<String, Arc<DynamicObject>> {
         self.cache
-            .list_namespace(ns)
+            .list_namespace(ns.as_str())
             .into_iter()
             .filter(|o| !argocd_agent_kubernetes::is_sync_ignored(o))
             .map(|o| (name_of(&o), o))
@@ -218,7 +338,10 @@ impl Hub {
 
     /// Queues the current hub copy of `resource` for the agent (a delete when it is gone).
     pub fn send_current(&self, state: &AgentState, resource: ResourceRef) {
-        let event = match self.cache.get(Some(&resource.namespace), &resource.name) {
+        let event = match self
+            .cache
+            .get(Some(resource.namespace.as_str()), &resource.name)
+        {
             Some(obj) if !is_being_deleted(&obj) => Event::resource(
                 &self.source,
                 EventType::SpecUpdate,
@@ -230,56 +353,51 @@ impl Hub {
         self.push(state, event);
     }
 
+    fn push_delete(&self, state: &AgentState, ns: &Namespace, name: &str) {
+        self.push(
+            state,
+            Event::resource(
+                &self.source,
+                EventType::Delete,
+                app_ref(ns, name),
+                Payload::None,
+            ),
+        );
+    }
+
+    fn push_spec(&self, state: &AgentState, ns: &Namespace, obj: &DynamicObject) {
+        self.push(
+            state,
+            Event::resource(
+                &self.source,
+                EventType::SpecUpdate,
+                app_ref(ns, &name_of(obj)),
+                Payload::Object(for_wire(obj)),
+            ),
+        );
+    }
+
     /// Queues everything a managed agent needs to converge on the hub state.
     pub fn resync_managed(&self, state: &AgentState, agent_state: &Checksums) {
         let ns = state.namespace();
         let objects = self.hub_objects(&ns);
         let hub = Self::checksums(&objects);
         let plan = argocd_agent_sync::resync::plan(&hub, agent_state);
-        tracing::info!(agent = %state.agent(), send = plan.send.len(), delete = plan.delete.len(),
+        tracing::info!(agent = %state.name, send = plan.send.len(), delete = plan.delete.len(),
             "resync (managed): hub is the source");
-        let mut sent = lock(&state.sent_spec);
-        sent.clear();
-        for (name, sum) in &hub {
-            sent.insert(name.clone(), sum.clone());
-        }
-        drop(sent);
+        state.inner().sent_spec = hub.iter().map(|(n, s)| (n.clone(), s.clone())).collect();
         for name in plan.send {
             if let Some(obj) = objects.get(&name) {
-                self.push(
-                    state,
-                    Event::resource(
-                        &self.source,
-                        EventType::SpecUpdate,
-                        app_ref(&ns, &name),
-                        Payload::Object(for_wire(obj)),
-                    ),
-                );
+                self.push_spec(state, &ns, obj);
             }
         }
         for name in plan.delete {
-            self.push(
-                state,
-                Event::resource(
-                    &self.source,
-                    EventType::Delete,
-                    app_ref(&ns, &name),
-                    Payload::None,
-                ),
-            );
+            self.push_delete(state, &ns, &name);
         }
         // Objects being deleted on the hub: the agent deletes its copy, then we finish.
         for (name, obj) in &objects {
             if is_being_deleted(obj) {
-                self.push(
-                    state,
-                    Event::resource(
-                        &self.source,
-                        EventType::Delete,
-                        app_ref(&ns, name),
-                        Payload::None,
-                    ),
-                );
+                self.push_delete(state, &ns, name);
             }
         }
         for obj in objects.values() {
@@ -297,14 +415,14 @@ impl Hub {
         let objects = self.hub_objects(&ns);
         let hub = Self::checksums(&objects);
         let plan = argocd_agent_sync::resync::plan(agent_state, &hub);
-        tracing::info!(agent = %state.agent(), request = plan.send.len(), delete = plan.delete.len(),
+        tracing::info!(agent = %state.name, request = plan.send.len(), delete = plan.delete.len(),
             "resync (autonomous): agent is the source");
         {
-            let mut desired = lock(&state.desired);
-            desired.retain(|n, _| agent_state.contains_key(n));
+            let mut inner = state.inner();
+            inner.desired.retain(|n, _| agent_state.contains_key(n));
             for (name, obj) in &objects {
-                if agent_state.get(name) == hub.get(name) && !desired.contains_key(name) {
-                    desired.insert(name.clone(), for_wire(obj));
+                if agent_state.get(name) == hub.get(name) && !inner.desired.contains_key(name) {
+                    inner.desired.insert(name.clone(), for_wire(obj));
                 }
             }
         }
@@ -325,33 +443,36 @@ impl Hub {
     }
 
     /// Removes an autonomous agent's hub copy (finalizers first: the spoke already deleted it).
-    async fn delete_hub_copy(&self, ns: &str, name: &str) {
-        if let Err(e) = self.apps.remove_finalizers(Some(ns), name).await
+    async fn delete_hub_copy(&self, ns: &Namespace, name: &str) {
+        let ns = Some(ns.as_str());
+        if let Err(e) = self.apps.remove_finalizers(ns, name).await
             && !e.is_not_found()
         {
-            tracing::warn!(namespace = ns, name, error = %e, "could not remove finalizers");
+            tracing::warn!(error = %chain(&e), "could not remove finalizers");
         }
-        if let Err(e) = self.apps.delete(Some(ns), name).await
+        if let Err(e) = self.apps.delete(ns, name).await
             && !e.is_not_found()
         {
             self.metrics.hub_write_errors.inc();
-            tracing::warn!(namespace = ns, name, error = %e, "could not delete hub copy");
+            tracing::warn!(error = %chain(&e), "could not delete hub copy");
         }
     }
 
     /// Sends a hub-side `.operation` to the agent once.
     fn forward_operation(&self, state: &AgentState, obj: &DynamicObject) {
         let name = name_of(obj);
-        let ns = state.namespace();
         let Some(op) = object::operation(obj).filter(|v| !v.is_null()) else {
-            lock(&state.sent_operation).remove(&name);
+            state.inner().sent_operation.remove(&name);
             return;
         };
         let sum = value_checksum(Some(op));
-        if lock(&state.sent_operation).get(&name) == Some(&sum) {
-            return;
+        {
+            let mut inner = state.inner();
+            if inner.sent_operation.get(&name) == Some(&sum) {
+                return;
+            }
+            inner.sent_operation.insert(name.clone(), sum);
         }
-        lock(&state.sent_operation).insert(name.clone(), sum);
         let terminating = obj
             .data
             .pointer("/status/operationState/phase")
@@ -367,199 +488,240 @@ impl Hub {
             Event::resource(
                 &self.source,
                 ty,
-                app_ref(&ns, &name),
+                app_ref(&state.namespace(), &name),
                 Payload::Object(Arc::new(json!({ "operation": op }))),
             ),
         );
     }
 
-    /// Handles one change of a hub Application.
-    pub async fn on_hub_change(&self, change: Change) {
+    /// Hands one hub change to the worker of the agent that owns its namespace.
+    pub fn route(&self, change: Change) {
+        let obj = match &change {
+            Change::Applied(o) | Change::Deleted(o) => o,
+            Change::Synced => return,
+        };
+        let Some(ns) = obj
+            .metadata
+            .namespace
+            .as_deref()
+            .and_then(|n| Namespace::new(n).ok())
+        else {
+            return;
+        };
+        if let Some(state) = self.agent_for_namespace(&ns) {
+            state.inbox.push(name_of(obj), change);
+        }
+    }
+
+    /// One worker per agent applies its hub changes in order, so a slow hub write for one
+    /// agent never holds up another.
+    fn spawn_worker(self: &Arc<Self>, state: Arc<AgentState>) {
+        let hub = self.clone();
+        let span = tracing::info_span!("hub-changes", agent = %state.name);
+        self.tasks.spawn(
+            async move {
+                loop {
+                    tokio::select! {
+                        _ = hub.shutdown.cancelled() => return,
+                        _ = state.inbox.notify.notified() => {}
+                    }
+                    for change in state.inbox.drain() {
+                        hub.on_hub_change(&state, change).await;
+                    }
+                }
+            }
+            .instrument(span),
+        );
+    }
+
+    /// Handles one change of a hub Application in the agent's namespace.
+    pub async fn on_hub_change(&self, state: &AgentState, change: Change) {
         let (obj, deleted) = match change {
             Change::Applied(o) => (o, false),
             Change::Deleted(o) => (o, true),
             Change::Synced => return,
         };
-        let Some(ns) = obj.metadata.namespace.clone() else {
+        let ns = state.namespace();
+        if obj.metadata.namespace.as_deref() != Some(ns.as_str()) {
             return;
-        };
-        let Some(state) = self.agent_for_namespace(&ns) else {
-            return;
-        };
-        let name = name_of(&obj);
+        }
         match state.mode() {
-            AgentMode::Managed => {
-                if deleted || is_being_deleted(&obj) {
-                    lock(&state.sent_spec).remove(&name);
-                    lock(&state.sent_operation).remove(&name);
-                    self.push(
-                        &state,
-                        Event::resource(
-                            &self.source,
-                            EventType::Delete,
-                            app_ref(&ns, &name),
-                            Payload::None,
-                        ),
-                    );
-                    return;
-                }
-                let sum = spec_checksum(&obj);
-                let changed = lock(&state.sent_spec).get(&name) != Some(&sum);
-                if changed {
-                    lock(&state.sent_spec).insert(name.clone(), sum);
-                    self.push(
-                        &state,
-                        Event::resource(
-                            &self.source,
-                            EventType::SpecUpdate,
-                            app_ref(&ns, &name),
-                            Payload::Object(for_wire(&obj)),
-                        ),
-                    );
-                }
-                self.forward_operation(&state, &obj);
-            }
-            AgentMode::Autonomous => {
-                let desired = lock(&state.desired).get(&name).cloned();
-                let Some(desired) = desired else { return };
-                if deleted || is_being_deleted(&obj) {
-                    if is_being_deleted(&obj) && !deleted {
-                        // Hub deletion of an autonomous app: revert by letting it go and
-                        // recreating it from the agent's copy.
-                        let _ = self.apps.remove_finalizers(Some(&ns), &name).await;
-                        return;
-                    }
-                    tracing::info!(agent = %state.agent(), namespace = %ns, name = %name,
-                        "reverting hub deletion of autonomous application");
-                    if let Err(e) = self.upsert_from_agent(&ns, &state.agent(), &desired).await {
-                        tracing::warn!(namespace = %ns, name = %name, error = %e, "could not revert hub deletion");
-                    }
-                    return;
-                }
-                let want = value_checksum(desired.get("spec"));
-                if spec_checksum(&obj) != want {
-                    tracing::info!(agent = %state.agent(), namespace = %ns, name = %name,
-                        "reverting hub edit of autonomous application");
-                    if let Err(e) = self.upsert_from_agent(&ns, &state.agent(), &desired).await {
-                        tracing::warn!(namespace = %ns, name = %name, error = %e, "could not revert hub edit");
-                    }
-                }
-                self.forward_operation(&state, &obj);
-            }
+            AgentMode::Managed => self.on_managed_change(state, &ns, &obj, deleted),
+            AgentMode::Autonomous => self.on_autonomous_change(state, &ns, &obj, deleted).await,
         }
     }
 
-    /// Writes an object received from an autonomous agent into its hub namespace.
-    pub async fn upsert_from_agent(
+    /// Managed: hub spec changes and deletions go to the agent.
+    fn on_managed_change(
         &self,
-        ns: &str,
-        agent: &str,
-        incoming: &Value,
-    ) -> Result<(), String> {
-        let name = incoming
-            .pointer("/metadata/name")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_owned();
-        let mut obj: DynamicObject = serde_json::from_value(incoming.clone())
-            .map_err(|e| format!("not a Kubernetes object: {e}"))?;
-        obj.metadata.namespace = Some(ns.to_owned());
-        obj.metadata.resource_version = None;
-        obj.metadata.uid = None;
-        obj.metadata
-            .labels
-            .get_or_insert_with(Default::default)
-            .insert(AGENT_NAME_LABEL.into(), agent.into());
-        if obj.types.is_none() {
-            obj.types = Some(kube::api::TypeMeta {
-                api_version: "argoproj.io/v1alpha1".into(),
-                kind: "Application".into(),
-            });
+        state: &AgentState,
+        ns: &Namespace,
+        obj: &DynamicObject,
+        deleted: bool,
+    ) {
+        let name = name_of(obj);
+        if deleted || is_being_deleted(obj) {
+            {
+                let mut inner = state.inner();
+                inner.sent_spec.remove(&name);
+                inner.sent_operation.remove(&name);
+            }
+            self.push_delete(state, ns, &name);
+            return;
         }
-        let status = obj.data.get("status").cloned();
-        let existing = self
-            .apps
-            .get(Some(ns), &name)
+        let sum = spec_checksum(obj);
+        let changed = {
+            let mut inner = state.inner();
+            let changed = inner.sent_spec.get(&name) != Some(&sum);
+            if changed {
+                inner.sent_spec.insert(name.clone(), sum);
+            }
+            changed
+        };
+        if changed {
+            self.push_spec(state, ns, obj);
+        }
+        self.forward_operation(state, obj);
+    }
+
+    /// Autonomous: hub edits and deletions are reverted to what the agent sent.
+    async fn on_autonomous_change(
+        &self,
+        state: &AgentState,
+        ns: &Namespace,
+        obj: &DynamicObject,
+        deleted: bool,
+    ) {
+        let name = name_of(obj);
+        let desired = state.inner().desired.get(&name).cloned();
+        let Some(desired) = desired else { return };
+        let resource = app_ref(ns, &name);
+        if is_being_deleted(obj) && !deleted {
+            // Hub deletion of an autonomous app: let it go, then recreate it from the
+            // agent's copy when the deletion completes.
+            let _ = self.apps.remove_finalizers(Some(ns.as_str()), &name).await;
+            return;
+        }
+        let what = if deleted {
+            "deletion"
+        } else if spec_checksum(obj) != value_checksum(desired.get("spec")) {
+            "edit"
+        } else {
+            self.forward_operation(state, obj);
+            return;
+        };
+        tracing::info!(%resource, "reverting hub {what} of autonomous application");
+        if let Err(e) = self
+            .upsert_from_agent(&resource, &state.name, &desired)
             .await
-            .map_err(|e| e.to_string())?;
-        match existing {
-            None => {
-                if let Some(map) = obj.data.as_object_mut() {
-                    map.remove("status");
+        {
+            tracing::warn!(%resource, error = %chain(&e), "could not revert hub {what}");
+        }
+        if !deleted {
+            self.forward_operation(state, obj);
+        }
+    }
+
+    /// Applies an authorized command from the agent `state` (see [`crate::inbound`]).
+    pub async fn apply(&self, state: &AgentState, command: Command) -> Result<Applied, ApplyError> {
+        match command {
+            Command::WriteStatus { resource, status } => {
+                if self
+                    .cache
+                    .get(Some(resource.namespace.as_str()), &resource.name)
+                    .is_none()
+                {
+                    return Err(ApplyError::Missing { resource });
                 }
-                self.apps.create(&obj).await.map_err(|e| {
-                    self.metrics.hub_write_errors.inc();
-                    e.to_string()
-                })?;
+                self.write_status(&resource, status).await?;
             }
-            Some(_) => {
-                let want = obj.clone();
-                self.apps
-                    .update_with(Some(ns), &name, move |cur| {
-                        let before = cur.data.clone();
-                        let before_meta = (
-                            cur.metadata.labels.clone(),
-                            cur.metadata.annotations.clone(),
-                        );
-                        for key in ["spec", "operation"] {
-                            match want.data.get(key) {
-                                Some(v) => {
-                                    cur.data[key] = v.clone();
-                                }
-                                None => {
-                                    if let Some(m) = cur.data.as_object_mut() {
-                                        m.remove(key);
-                                    }
-                                }
-                            }
-                        }
-                        cur.metadata.labels = want.metadata.labels.clone();
-                        cur.metadata.annotations = want.metadata.annotations.clone();
-                        if cur.data == before
-                            && (
-                                cur.metadata.labels.clone(),
-                                cur.metadata.annotations.clone(),
-                            ) == before_meta
-                        {
-                            Mutation::Unchanged
-                        } else {
-                            Mutation::Changed
-                        }
-                    })
-                    .await
-                    .map_err(|e| {
-                        self.metrics.hub_write_errors.inc();
-                        e.to_string()
-                    })?;
+            Command::Upsert { resource, object } => {
+                // Recorded before the write, so the hub watch does not take our own write
+                // for a hub edit to revert; restored if the write fails.
+                let previous = state
+                    .inner()
+                    .desired
+                    .insert(resource.name.clone(), object.clone());
+                let result = self
+                    .upsert_from_agent(&resource, &state.name, &object)
+                    .await;
+                if result.is_err() {
+                    let mut inner = state.inner();
+                    match previous {
+                        Some(p) => inner.desired.insert(resource.name.clone(), p),
+                        None => inner.desired.remove(&resource.name),
+                    };
+                }
+                result?;
+            }
+            Command::Delete { resource } => {
+                {
+                    let mut inner = state.inner();
+                    inner.desired.remove(&resource.name);
+                    inner.sent_operation.remove(&resource.name);
+                }
+                self.delete_hub_copy(&resource.namespace, &resource.name)
+                    .await;
+            }
+            Command::ResendCurrent { resource } => {
+                self.send_current(state, resource);
+                return Ok(Applied::Silent);
             }
         }
+        Ok(Applied::Ack)
+    }
+
+    /// Writes an object received from an autonomous agent into its hub namespace.
+    async fn upsert_from_agent(
+        &self,
+        resource: &ResourceRef,
+        agent: &AgentName,
+        incoming: &Value,
+    ) -> Result<(), ApplyError> {
+        let mut copy = object::received_copy(
+            incoming,
+            resource.namespace.as_str(),
+            (AGENT_NAME_LABEL, agent.as_str()),
+        )
+        .map_err(|source| ApplyError::NotAnObject {
+            resource: resource.clone(),
+            source,
+        })?;
+        // Status goes through the status subresource, after the object exists.
+        let status = object::take_field(&mut copy, "status");
+        self.apps
+            .upsert_copy(&copy, &["spec", "operation"])
+            .await
+            .inspect_err(|_| {
+                self.metrics.hub_write_errors.inc();
+            })?;
         if let Some(status) = status.filter(|s| !s.is_null()) {
-            self.write_status(ns, &name, status).await?;
+            self.write_status(resource, status).await?;
         }
         Ok(())
     }
 
     /// Writes `.status` of a hub Application through the status subresource.
-    pub async fn write_status(&self, ns: &str, name: &str, status: Value) -> Result<(), String> {
-        if let Some(cur) = self.cache.get(Some(ns), name)
+    async fn write_status(&self, resource: &ResourceRef, status: Value) -> Result<(), ApplyError> {
+        let ns = Some(resource.namespace.as_str());
+        if let Some(cur) = self.cache.get(ns, &resource.name)
             && object::status(&cur) == Some(&status)
         {
             return Ok(());
         }
         self.apps
-            .replace_status(Some(ns), name, status)
+            .replace_status(ns, &resource.name, status)
             .await
-            .map(|_| ())
-            .map_err(|e| {
+            .inspect_err(|_| {
                 self.metrics.hub_write_errors.inc();
-                e.to_string()
-            })
+            })?;
+        Ok(())
     }
 
     /// Called when the agent acknowledged an event of ours.
     pub async fn on_ack(&self, state: &AgentState, key: QueueKey, ty: EventType) {
-        let ns = key.resource.namespace.clone();
-        let name = key.resource.name.clone();
+        let ns = Some(key.resource.namespace.as_str());
+        let name = key.resource.name.as_str();
         match key.lane {
             Lane::Operation => {
                 // Delivered: the hub copy's `.operation` has done its job (the hub runs no
@@ -567,39 +729,74 @@ impl Hub {
                 // in `.status.operationState`.
                 if let Err(e) = self
                     .apps
-                    .patch_merge(Some(&ns), &name, &json!({"operation": null}))
+                    .patch_merge(ns, name, &json!({"operation": null}))
                     .await
                     && !e.is_not_found()
                 {
-                    tracing::warn!(namespace = %ns, name = %name, error = %e, "could not clear operation");
+                    tracing::warn!(resource = %key.resource, error = %chain(&e), "could not clear operation");
                 }
             }
             Lane::Object if ty == EventType::Delete && state.mode() == AgentMode::Managed => {
                 // The spoke deleted its copy: finish a pending hub deletion.
-                if let Some(obj) = self.cache.get(Some(&ns), &name)
+                if let Some(obj) = self.cache.get(ns, name)
                     && is_being_deleted(&obj)
                 {
-                    let _ = self.apps.remove_finalizers(Some(&ns), &name).await;
+                    let _ = self.apps.remove_finalizers(ns, name).await;
                 }
             }
             _ => {}
         }
     }
-
-    /// Autonomous agent deleted an application.
-    pub async fn delete_from_agent(&self, state: &AgentState, name: &str) {
-        let ns = state.namespace();
-        lock(&state.desired).remove(name);
-        lock(&state.sent_operation).remove(name);
-        self.delete_hub_copy(&ns, name).await;
-    }
 }
 
-/// Runs the hub watch until the stream ends, routing changes to agents.
-pub async fn run_hub_watch(hub: Arc<Hub>, changes: impl Stream<Item = Change> + Send + 'static) {
+/// Runs the hub watch until the stream ends or shutdown, routing changes to agents' workers.
+pub async fn run_hub_watch(
+    hub: Arc<Hub>,
+    changes: impl Stream<Item = Change> + Send + 'static,
+    shutdown: CancellationToken,
+) {
     futures::pin_mut!(changes);
-    while let Some(change) = changes.next().await {
-        hub.on_hub_change(change).await;
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            change = changes.next() => match change {
+                Some(change) => hub.route(change),
+                None => break,
+            },
+        }
     }
     tracing::warn!("hub watch ended");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::api::DynamicObject;
+
+    fn change(name: &str, spec: i64) -> Change {
+        let obj: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+            "metadata": {"name": name, "namespace": "agent-a"}, "spec": {"v": spec}
+        }))
+        .unwrap();
+        Change::Applied(Arc::new(obj))
+    }
+
+    fn spec_of(c: &Change) -> i64 {
+        match c {
+            Change::Applied(o) | Change::Deleted(o) => o.data["spec"]["v"].as_i64().unwrap(),
+            Change::Synced => -1,
+        }
+    }
+
+    #[test]
+    fn inbox_keeps_the_newest_change_per_object_in_first_seen_order() {
+        let inbox = ChangeInbox::default();
+        inbox.push("a".into(), change("a", 1));
+        inbox.push("b".into(), change("b", 1));
+        inbox.push("a".into(), change("a", 2));
+        let drained = inbox.drain();
+        assert_eq!(drained.iter().map(spec_of).collect::<Vec<_>>(), vec![2, 1]);
+        assert!(inbox.drain().is_empty());
+    }
 }

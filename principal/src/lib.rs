@@ -1,146 +1,104 @@
 //! The principal (hub): accepts agent streams authenticated by SPIFFE identity, keeps one
 //! session per agent, sends hub changes to managed agents, writes what agents report into
 //! their hub namespaces, and refuses every event an agent's identity does not allow.
+//!
+//! Walk of one event: [`auth`] identifies the caller ([`argocd_agent_identity::ClientIdentity`])
+//! -> the mapping rules make it an [`argocd_agent_identity::AgentIdentity`] ([`server`]) ->
+//! [`session`] runs hello, welcome and resync -> each inbound event is decided by
+//! [`inbound::decide`] and applied by [`hub::Hub::apply`]; hub changes reach agents through
+//! [`hub::Hub::route`] and one worker per agent.
 #![forbid(unsafe_code)]
 
+pub mod auth;
+pub mod config;
+pub mod error;
 pub mod hub;
+pub mod inbound;
 pub mod metrics;
 pub mod server;
 pub mod session;
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use argocd_agent_identity::TrustDomain;
 use argocd_agent_identity::mapping::LiveRules;
 use argocd_agent_identity::source::SvidSource;
 use argocd_agent_identity::tls::PeerPolicy;
-use argocd_agent_kubernetes::{ClientOptions, Kind, Resources, Scope};
-use argocd_agent_mesh::guard::{HeaderListenerPolicy, ListenAddr};
-use argocd_agent_mesh::header::HeaderAuth;
+use argocd_agent_kubernetes::{Kind, Resources, Scope};
 use argocd_agent_proto::eventstream::event_stream_server::EventStreamServer;
 use argocd_agent_proto::version::version_server::VersionServer;
-use argocd_agent_sync::QueueLimits;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
-use crate::hub::Hub;
+use crate::auth::ListenerAuth;
+use crate::hub::{Hub, HubParts};
 use crate::metrics::Metrics;
-use crate::server::{Authenticator, EventStreamService, VersionService};
+use crate::server::{EventStreamService, VersionService};
+use crate::session::SessionContext;
 
 pub use argocd_agent_identity::source::SvidConfig;
+pub use config::{AuthConfig, PrincipalConfig};
+pub use error::{ApplyError, PrincipalError};
 
-/// How agents authenticate.
-#[derive(Debug, Clone)]
-pub enum AuthConfig {
-    /// SVID mutual TLS on the listener.
-    Mtls {
-        svid: SvidConfig,
-        trust_domains: Vec<TrustDomain>,
-    },
-    /// Identity forwarded by a mesh sidecar in a header, on a plaintext loopback listener.
-    Header {
-        auth: String,
-        policy: HeaderListenerPolicy,
-    },
-    /// JWT-SVID bearer tokens (audience = `audience`, or the principal's own X.509-SVID ID),
-    /// validated against the JWT bundles from the Workload API at `endpoint`. The listener is
-    /// plaintext: TLS is terminated by the ingress in front of it.
-    Jwt {
-        endpoint: Option<String>,
-        audience: Option<argocd_agent_identity::SpiffeId>,
-    },
-}
-
-/// Principal configuration.
-#[derive(Debug, Clone)]
-pub struct PrincipalConfig {
-    pub listen: SocketAddr,
-    pub auth: AuthConfig,
-    pub rules_file: Option<PathBuf>,
-    pub rules: Vec<String>,
-    pub rules_poll: Duration,
-    pub kube: ClientOptions,
-    /// Restricts which hub Applications are watched.
-    pub label_selector: Option<String>,
-    pub create_namespace: bool,
-    pub namespace_labels: BTreeMap<String, String>,
-    pub metrics_listen: Option<SocketAddr>,
-    pub max_message_size: usize,
-    pub queue: QueueLimits,
-    /// A session silent for longer than this is closed (agents send heartbeats).
-    pub idle_timeout: Duration,
-}
-
-impl Default for PrincipalConfig {
-    fn default() -> Self {
-        PrincipalConfig {
-            listen: SocketAddr::from(([0, 0, 0, 0], 8443)),
-            auth: AuthConfig::Mtls {
-                svid: SvidConfig::WorkloadApi { endpoint: None },
-                trust_domains: Vec::new(),
-            },
-            rules_file: None,
-            rules: Vec::new(),
-            rules_poll: Duration::from_secs(2),
-            kube: ClientOptions::default(),
-            label_selector: None,
-            create_namespace: false,
-            namespace_labels: BTreeMap::new(),
-            metrics_listen: Some(SocketAddr::from(([0, 0, 0, 0], 8000))),
-            max_message_size: 4 * 1024 * 1024,
-            queue: QueueLimits::default(),
-            idle_timeout: Duration::from_secs(120),
-        }
-    }
-}
-
-/// Why the principal could not start or stopped.
-#[derive(Debug, thiserror::Error)]
-pub enum PrincipalError {
-    #[error("kubernetes: {0}")]
-    Kube(#[from] argocd_agent_kubernetes::Error),
-    #[error("identity rules: {0}")]
-    Rules(String),
-    #[error("SVID source: {0}")]
-    Svid(String),
-    #[error("TLS: {0}")]
-    Tls(String),
-    #[error("listener {addr}: {source}")]
-    Listen {
-        addr: SocketAddr,
-        source: std::io::Error,
-    },
-    #[error("header authentication: {0}")]
-    Header(String),
-    #[error("gRPC server: {0}")]
-    Serve(#[from] tonic::transport::Error),
-}
+/// How long shutdown waits for sessions and workers to finish.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A started principal.
 pub struct Running {
     pub addr: SocketAddr,
     pub metrics_addr: Option<SocketAddr>,
     pub hub: Arc<Hub>,
+    tasks: TaskTracker,
     done: tokio::task::JoinHandle<Result<(), PrincipalError>>,
 }
 
 impl Running {
-    /// Waits until the server stops.
+    /// Waits until the server stops (after shutdown), then drains sessions and workers.
     pub async fn wait(self) -> Result<(), PrincipalError> {
-        match self.done.await {
-            Ok(r) => r,
-            Err(e) => Err(PrincipalError::Tls(format!("server task failed: {e}"))),
+        let served = self.done.await?;
+        self.tasks.close();
+        if tokio::time::timeout(DRAIN_TIMEOUT, self.tasks.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                remaining = self.tasks.len(),
+                "shutdown: tasks still running after {DRAIN_TIMEOUT:?}"
+            );
         }
+        served
     }
 }
 
-async fn load_svid(svid: &SvidConfig) -> Result<SvidSource, PrincipalError> {
-    svid.load(Duration::from_secs(30))
-        .await
-        .map_err(|e| PrincipalError::Svid(e.to_string()))
+/// Loads the mapping rules and closes sessions whose identity stops mapping.
+fn start_rules(config: &PrincipalConfig) -> Result<Arc<LiveRules>, PrincipalError> {
+    let rules = LiveRules::start(
+        config.rules_file.clone(),
+        config.rules.clone(),
+        config.rules_poll,
+    )
+    .map_err(PrincipalError::Rules)?;
+    if rules.current().is_empty() {
+        tracing::warn!(
+            "no identity mapping rules configured: every agent will be refused (deny by default)"
+        );
+    }
+    Ok(Arc::new(rules))
+}
+
+fn watch_revocations(rules: &LiveRules, hub: &Arc<Hub>) {
+    let (h1, h2) = (hub.clone(), hub.clone());
+    rules.on_revoked(
+        Arc::new(move || h1.connected_identities()),
+        Arc::new(move |identity, why| {
+            tracing::warn!(agent = %identity.agent, client = %identity.client, reason = %why,
+                "identity no longer maps: closing session");
+            h2.disconnect(&identity.agent);
+        }),
+    );
 }
 
 /// Starts the principal; it runs until `shutdown` is cancelled.
@@ -148,18 +106,9 @@ pub async fn start(
     config: PrincipalConfig,
     shutdown: CancellationToken,
 ) -> Result<Running, PrincipalError> {
-    let rules = LiveRules::start(
-        config.rules_file.clone(),
-        config.rules.clone(),
-        config.rules_poll,
-    )
-    .map_err(|e| PrincipalError::Rules(e.to_string()))?;
-    if rules.current().is_empty() {
-        tracing::warn!(
-            "no identity mapping rules configured: every agent will be refused (deny by default)"
-        );
-    }
-    let rules = Arc::new(rules);
+    let tasks = TaskTracker::new();
+    let rules = start_rules(&config)?;
+    let listener_auth = ListenerAuth::from_config(&config.auth, config.listen).await?;
 
     let client = argocd_agent_kubernetes::client(&config.kube).await?;
     let mut scope = Scope::all();
@@ -167,148 +116,116 @@ pub async fn start(
         scope = scope.with_label_selector(sel.clone());
     }
     let (cache, changes) = argocd_agent_kubernetes::watch(client.clone(), Kind::Application, scope);
-
     let metrics = Metrics::new();
-    let (auth, svid_source) = match &config.auth {
-        AuthConfig::Mtls { svid, .. } => (Authenticator::Mtls, Some(load_svid(svid).await?)),
-        AuthConfig::Header { auth, policy } => {
-            let parsed =
-                HeaderAuth::parse(auth).map_err(|e| PrincipalError::Header(e.to_string()))?;
-            match argocd_agent_mesh::guard::check_listen_addr(
-                &ListenAddr::Tcp(config.listen),
-                policy,
-            ) {
-                Ok(Some(warning)) => {
-                    tracing::warn!(%warning, "header authentication on a non-loopback listener")
-                }
-                Ok(None) => {}
-                Err(e) => return Err(PrincipalError::Header(e.to_string())),
-            }
-            (
-                Authenticator::Header {
-                    auth: Arc::new(parsed),
-                    policy: Arc::new(policy.clone()),
-                },
-                None,
-            )
-        }
-        AuthConfig::Jwt { .. } => (Authenticator::Mtls, None),
-    };
-    let (auth, svid_source) = match &config.auth {
-        AuthConfig::Jwt { endpoint, audience } => {
-            let audience = match audience {
-                Some(a) => a.clone(),
-                None => {
-                    let src = load_svid(&SvidConfig::WorkloadApi {
-                        endpoint: endpoint.clone(),
-                    })
-                    .await?;
-                    let id = src.current().map(|s| s.svid.spiffe_id().clone());
-                    id.ok_or_else(|| {
-                        PrincipalError::Svid("no X.509-SVID to take the JWT audience from".into())
-                    })?
-                }
-            };
-            let validator =
-                argocd_agent_identity::jwt::JwtValidator::workload_api(endpoint.clone())
-                    .await
-                    .map_err(|e| PrincipalError::Svid(e.to_string()))?;
-            tracing::info!(%audience, "accepting JWT-SVID bearer tokens");
-            (
-                Authenticator::Jwt {
-                    validator: Arc::new(validator),
-                    audience,
-                },
-                None,
-            )
-        }
-        _ => (auth, svid_source),
-    };
-    let source_id = svid_source
-        .as_ref()
-        .and_then(|s| s.current())
-        .map(|s| s.svid.spiffe_id().to_string())
-        .unwrap_or_else(|| "argocd-agent-principal".into());
-
-    let hub = Arc::new(Hub {
-        source: source_id,
+    let hub = Arc::new(Hub::new(HubParts {
+        source: source_id(listener_auth.svid.as_ref()),
         apps: Resources::new(client.clone(), Kind::Application),
-        namespaces: Resources::new(client.clone(), Kind::Namespace),
+        namespaces: Resources::new(client, Kind::Namespace),
         cache,
-        agents: Mutex::new(Default::default()),
-        by_namespace: Mutex::new(Default::default()),
         metrics: metrics.clone(),
         queue_limits: config.queue.clone(),
         create_namespace: config.create_namespace,
         namespace_labels: config.namespace_labels.clone(),
-    });
-    tokio::spawn(hub::run_hub_watch(hub.clone(), changes));
+        tasks: tasks.clone(),
+        shutdown: shutdown.clone(),
+    }));
+    tasks.spawn(hub::run_hub_watch(hub.clone(), changes, shutdown.clone()));
+    watch_revocations(&rules, &hub);
 
-    // Sessions whose identity no longer maps (rules changed) are closed.
-    {
-        let h1 = hub.clone();
-        let h2 = hub.clone();
-        rules.on_revoked(
-            Arc::new(move || h1.connected_identities()),
-            Arc::new(move |identity, why| {
-                tracing::warn!(agent = %identity.agent, spiffe_id = %identity.spiffe_id, reason = %why,
-                    "identity no longer maps: closing session");
-                h2.disconnect(identity.agent.as_str());
-            }),
-        );
-    }
-
+    let (ready_tx, ready_rx) = watch::channel(false);
     let metrics_addr = match config.metrics_listen {
         Some(addr) => Some(
-            metrics::serve(addr, metrics.clone())
+            metrics::serve(addr, metrics, ready_rx, &tasks, shutdown.clone())
                 .await
                 .map_err(|source| PrincipalError::Listen { addr, source })?,
         ),
         None => None,
     };
-
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .map_err(|source| PrincipalError::Listen {
-            addr: config.listen,
-            source,
-        })?;
+    let listener =
+        TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| PrincipalError::Listen {
+                addr: config.listen,
+                source,
+            })?;
     let addr = listener
         .local_addr()
         .map_err(|source| PrincipalError::Listen {
             addr: config.listen,
             source,
         })?;
+    {
+        // Ready once the hub watch has listed everything (the listener is bound already).
+        let hub = hub.clone();
+        tasks.spawn(async move {
+            hub.cache.wait_synced().await;
+            ready_tx.send_replace(true);
+        });
+    }
 
-    let svc = EventStreamService {
+    let sessions = SessionContext {
         hub: hub.clone(),
-        rules: rules.clone(),
-        auth: auth.clone(),
+        tasks: tasks.clone(),
+        shutdown: shutdown.clone(),
         idle_timeout: config.idle_timeout,
     };
-    let events = EventStreamServer::new(svc)
-        .max_decoding_message_size(config.max_message_size)
-        .max_encoding_message_size(config.max_message_size);
+    tracing::info!(%addr, auth = ?config.auth, "principal listening");
+    let done = serve(&config, listener, listener_auth, rules, sessions, shutdown)?;
+    Ok(Running {
+        addr,
+        metrics_addr,
+        hub,
+        tasks,
+        done,
+    })
+}
+
+/// CloudEvents `source` of our events: our SPIFFE ID when we have an SVID.
+fn source_id(svid: Option<&SvidSource>) -> String {
+    svid.and_then(|s| s.current())
+        .map(|s| s.svid.spiffe_id().to_string())
+        .unwrap_or_else(|| "argocd-agent-principal".into())
+}
+
+/// Serves gRPC on `listener` (TLS with SVIDs, or plaintext behind a mesh or ingress) until
+/// `shutdown`.
+fn serve(
+    config: &PrincipalConfig,
+    listener: TcpListener,
+    auth: ListenerAuth,
+    rules: Arc<LiveRules>,
+    sessions: SessionContext,
+    shutdown: CancellationToken,
+) -> Result<tokio::task::JoinHandle<Result<(), PrincipalError>>, PrincipalError> {
+    let events = EventStreamServer::new(EventStreamService {
+        sessions,
+        rules,
+        auth: auth.authenticator,
+    })
+    .max_decoding_message_size(config.max_message_size)
+    .max_encoding_message_size(config.max_message_size);
     let router = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .max_concurrent_streams(Some(config.max_concurrent_streams))
         .add_service(events)
         .add_service(VersionServer::new(VersionService));
-
-    tracing::info!(%addr, auth = ?config.auth, "principal listening");
-    let done = match &config.auth {
-        AuthConfig::Mtls { trust_domains, .. } => {
+    let handle = match (&config.auth, auth.svid) {
+        (config::AuthConfig::Mtls { trust_domains, .. }, Some(source)) => {
             let policy = if trust_domains.is_empty() {
                 PeerPolicy::Any
             } else {
                 PeerPolicy::TrustDomains(trust_domains.clone())
             };
-            let source =
-                svid_source.ok_or_else(|| PrincipalError::Svid("no SVID source".into()))?;
             let tls = argocd_agent_identity::tls::server_config(&source, policy)
-                .map_err(|e| PrincipalError::Tls(e.to_string()))?;
-            let incoming = argocd_agent_identity::transport::tls_incoming(listener, tls);
+                .map_err(PrincipalError::Tls)?;
+            let incoming = argocd_agent_identity::transport::tls_incoming_with_limit(
+                listener,
+                tls,
+                config.max_concurrent_handshakes,
+            );
             tokio::spawn(async move {
+                // The source feeds every handshake's certificate: keep it while serving.
                 let _keep = source;
                 router
                     .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
@@ -316,7 +233,7 @@ pub async fn start(
                     .map_err(PrincipalError::from)
             })
         }
-        AuthConfig::Header { .. } | AuthConfig::Jwt { .. } => {
+        _ => {
             let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
             tokio::spawn(async move {
                 router
@@ -326,10 +243,5 @@ pub async fn start(
             })
         }
     };
-    Ok(Running {
-        addr,
-        metrics_addr,
-        hub,
-        done,
-    })
+    Ok(handle)
 }

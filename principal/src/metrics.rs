@@ -109,10 +109,10 @@ impl Metrics {
         out
     }
 
-    pub fn refused(&self, agent: &str, reason: &str) {
+    pub fn refused(&self, agent: &argocd_agent_identity::AgentName, reason: &str) {
         self.events_refused
             .get_or_create(&AgentReasonLabels {
-                agent: agent.into(),
+                agent: agent.to_string(),
                 reason: reason.into(),
             })
             .inc();
@@ -127,8 +127,15 @@ impl Metrics {
     }
 }
 
-/// Serves `/metrics` and `/healthz` until the listener fails or the task is dropped.
-pub async fn serve(addr: SocketAddr, metrics: Metrics) -> std::io::Result<SocketAddr> {
+/// Serves `/metrics`, `/healthz` (liveness: the process serves HTTP) and `/readyz` (503
+/// until `ready` says the principal can serve agents) until `shutdown`.
+pub async fn serve(
+    addr: SocketAddr,
+    metrics: Metrics,
+    ready: tokio::sync::watch::Receiver<bool>,
+    tasks: &tokio_util::task::TaskTracker,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> std::io::Result<SocketAddr> {
     use axum::routing::get;
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
@@ -148,9 +155,28 @@ pub async fn serve(addr: SocketAddr, metrics: Metrics) -> std::io::Result<Socket
                 }
             }),
         )
-        .route("/healthz", get(|| async { "ok" }));
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
+        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/readyz",
+            get(move || {
+                let ready = *ready.borrow();
+                async move {
+                    if ready {
+                        (http::StatusCode::OK, "ready")
+                    } else {
+                        (
+                            http::StatusCode::SERVICE_UNAVAILABLE,
+                            "not ready: hub watch not synced or gRPC listener not serving",
+                        )
+                    }
+                }
+            }),
+        );
+    tasks.spawn(async move {
+        if let Err(e) = axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown.cancelled_owned())
+            .await
+        {
             tracing::error!(error = %e, "metrics server stopped");
         }
     });

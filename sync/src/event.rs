@@ -11,6 +11,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::SystemTime;
 
+use argocd_agent_identity::Namespace;
 use argocd_agent_proto::cloudevents::CloudEvent;
 use argocd_agent_proto::cloudevents::cloud_event::cloud_event_attribute_value::Attr;
 use argocd_agent_proto::cloudevents::cloud_event::{CloudEventAttributeValue, Data};
@@ -117,42 +118,29 @@ impl fmt::Display for EventType {
     }
 }
 
-/// Kinds of resources that travel on the stream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum ResourceKind {
-    Application,
-    AppProject,
-}
-
-impl ResourceKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ResourceKind::Application => "Application",
-            ResourceKind::AppProject => "AppProject",
-        }
-    }
-    pub fn parse(s: &str) -> Option<ResourceKind> {
-        match s {
-            "Application" => Some(ResourceKind::Application),
-            "AppProject" => Some(ResourceKind::AppProject),
-            _ => None,
-        }
-    }
-}
-
-impl fmt::Display for ResourceKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+/// Kinds of resources that travel on the stream (defined next to the authorization policy
+/// that reasons about them).
+pub use argocd_agent_identity::ResourceKind;
 
 /// The resource an event is about.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ResourceRef {
     pub kind: ResourceKind,
     /// Hub namespace of the resource (the agent's namespace on the hub).
-    pub namespace: String,
+    pub namespace: Namespace,
+    /// Object name (1 to 253 bytes; Kubernetes validates the rest on write).
     pub name: String,
+}
+
+impl ResourceRef {
+    /// A reference to an object of `kind` in hub namespace `namespace`.
+    pub fn new(kind: ResourceKind, namespace: Namespace, name: impl Into<String>) -> Self {
+        ResourceRef {
+            kind,
+            namespace,
+            name: name.into(),
+        }
+    }
 }
 
 impl fmt::Display for ResourceRef {
@@ -277,7 +265,7 @@ impl Event {
             );
             attributes.insert(
                 ATTR_NAMESPACE.into(),
-                attr(Attr::CeString(r.namespace.clone())),
+                attr(Attr::CeString(r.namespace.to_string())),
             );
             attributes.insert(ATTR_NAME.into(), attr(Attr::CeString(r.name.clone())));
         }
@@ -321,172 +309,31 @@ impl Event {
         }
     }
 
-    /// Decodes and validates a CloudEvent received from the network.
+    /// Decodes and validates a CloudEvent received from the network: envelope, attributes,
+    /// resource reference, payload, then the rules that tie them together.
     pub fn from_cloud_event(ce: CloudEvent) -> Result<Event, EventError> {
-        let id = ce.id;
-        if id.is_empty() || id.len() > 128 {
-            return Err(EventError::Invalid {
-                id,
-                attr: "id",
-                reason: "must be 1 to 128 bytes".into(),
-            });
-        }
-        if ce.spec_version != SPEC_VERSION {
-            return Err(EventError::SpecVersion {
-                id,
-                version: ce.spec_version,
-            });
-        }
-        let Some(ty) = EventType::from_type(&ce.r#type) else {
-            return Err(EventError::UnknownType { id, ty: ce.r#type });
+        let CloudEvent {
+            id,
+            source,
+            spec_version,
+            r#type,
+            attributes,
+            data,
+        } = ce;
+        let ty = check_envelope(&id, &source, &spec_version, &r#type)?;
+        let mut attrs = Attributes {
+            id: &id,
+            attrs: attributes,
         };
-        if ce.source.is_empty() {
-            return Err(EventError::Missing { id, attr: "source" });
-        }
-        let mut attrs = ce.attributes;
-        let time = match attrs.remove(ATTR_TIME).and_then(|a| a.attr) {
-            Some(Attr::CeTimestamp(ts)) => {
-                SystemTime::try_from(ts).map_err(|_| EventError::Invalid {
-                    id: id.clone(),
-                    attr: "time",
-                    reason: "out of range".into(),
-                })?
-            }
-            Some(_) => {
-                return Err(EventError::Invalid {
-                    id,
-                    attr: "time",
-                    reason: "not a timestamp".into(),
-                });
-            }
-            None => SystemTime::now(),
-        };
-        let mut string_attr = |name: &'static str| -> Result<Option<String>, EventError> {
-            match attrs.remove(name).and_then(|a| a.attr) {
-                None => Ok(None),
-                Some(Attr::CeString(s)) | Some(Attr::CeUri(s)) | Some(Attr::CeUriRef(s)) => {
-                    Ok(Some(s))
-                }
-                Some(_) => Err(EventError::Invalid {
-                    id: id.clone(),
-                    attr: name,
-                    reason: "not a string".into(),
-                }),
-            }
-        };
-        let kind = string_attr(ATTR_KIND)?;
-        let namespace = string_attr(ATTR_NAMESPACE)?;
-        let name = string_attr(ATTR_NAME)?;
-        let ack_id = string_attr(ATTR_ACK)?;
-        let traceparent = string_attr(ATTR_TRACEPARENT)?;
-        let resource = match (kind, namespace, name) {
-            (None, None, None) => None,
-            (Some(k), Some(ns), Some(n)) => {
-                let Some(kind) = ResourceKind::parse(&k) else {
-                    return Err(EventError::Invalid {
-                        id,
-                        attr: ATTR_KIND,
-                        reason: format!("unknown kind {k:?}"),
-                    });
-                };
-                for (attr, v) in [(ATTR_NAMESPACE, &ns), (ATTR_NAME, &n)] {
-                    if v.is_empty() || v.len() > MAX_NAME {
-                        return Err(EventError::Invalid {
-                            id,
-                            attr,
-                            reason: format!("must be 1 to {MAX_NAME} bytes"),
-                        });
-                    }
-                }
-                Some(ResourceRef {
-                    kind,
-                    namespace: ns,
-                    name: n,
-                })
-            }
-            _ => {
-                return Err(EventError::Missing {
-                    id,
-                    attr: "resourcekind/namespace/name",
-                });
-            }
-        };
-        let bytes = match ce.data {
-            None => None,
-            Some(Data::BinaryData(b)) => Some(b),
-            Some(Data::TextData(t)) => Some(t.into_bytes()),
-            Some(Data::ProtoData(_)) => {
-                return Err(EventError::Payload {
-                    id,
-                    ty,
-                    reason: "proto_data is not supported".into(),
-                });
-            }
-        };
-        let bad = |reason: String| EventError::Payload {
-            id: id.clone(),
-            ty,
-            reason,
-        };
-        let payload = match ty {
-            EventType::Hello => Payload::Hello(
-                Hello::decode(bytes.as_deref().unwrap_or_default())
-                    .map_err(|e| bad(e.to_string()))?,
-            ),
-            EventType::Welcome => Payload::Welcome(
-                Welcome::decode(bytes.as_deref().unwrap_or_default())
-                    .map_err(|e| bad(e.to_string()))?,
-            ),
-            EventType::Error => Payload::Error(
-                ErrorDetail::decode(bytes.as_deref().unwrap_or_default())
-                    .map_err(|e| bad(e.to_string()))?,
-            ),
-            _ => match bytes {
-                None => Payload::None,
-                Some(b) if b.is_empty() => Payload::None,
-                Some(b) => {
-                    let v: serde_json::Value =
-                        serde_json::from_slice(&b).map_err(|e| bad(format!("not JSON: {e}")))?;
-                    if !v.is_object() {
-                        return Err(bad("not a JSON object".into()));
-                    }
-                    Payload::Object(Arc::new(v))
-                }
-            },
-        };
-        let needs_resource = matches!(
-            ty,
-            EventType::Create
-                | EventType::Delete
-                | EventType::SpecUpdate
-                | EventType::StatusUpdate
-                | EventType::SetOperation
-                | EventType::TerminateOperation
-                | EventType::RequestUpdate
-        );
-        if needs_resource && resource.is_none() {
-            return Err(EventError::Missing {
-                id,
-                attr: "resourcekind/namespace/name",
-            });
-        }
-        if matches!(
-            ty,
-            EventType::Create | EventType::SpecUpdate | EventType::StatusUpdate
-        ) && !matches!(payload, Payload::Object(_))
-        {
-            return Err(EventError::Payload {
-                id,
-                ty,
-                reason: "an object is required".into(),
-            });
-        }
-        if ty == EventType::Processed && ack_id.is_none() {
-            return Err(EventError::Missing { id, attr: ATTR_ACK });
-        }
+        let time = attrs.time()?;
+        let resource = attrs.resource()?;
+        let ack_id = attrs.string(ATTR_ACK)?;
+        let traceparent = attrs.string(ATTR_TRACEPARENT)?;
+        let payload = decode_payload(&id, ty, data)?;
+        check_shape(&id, ty, resource.as_ref(), &payload, ack_id.as_ref())?;
         Ok(Event {
             id,
-            source: ce.source,
+            source,
             time,
             ty,
             resource,
@@ -495,6 +342,187 @@ impl Event {
             payload,
         })
     }
+}
+
+/// The CloudEvents envelope: id, specversion, a known type, a source.
+fn check_envelope(
+    id: &str,
+    source: &str,
+    spec_version: &str,
+    ty: &str,
+) -> Result<EventType, EventError> {
+    if id.is_empty() || id.len() > 128 {
+        return Err(EventError::Invalid {
+            id: id.to_owned(),
+            attr: "id",
+            reason: "must be 1 to 128 bytes".into(),
+        });
+    }
+    if spec_version != SPEC_VERSION {
+        return Err(EventError::SpecVersion {
+            id: id.to_owned(),
+            version: spec_version.to_owned(),
+        });
+    }
+    let Some(ty) = EventType::from_type(ty) else {
+        return Err(EventError::UnknownType {
+            id: id.to_owned(),
+            ty: ty.to_owned(),
+        });
+    };
+    if source.is_empty() {
+        return Err(EventError::Missing {
+            id: id.to_owned(),
+            attr: "source",
+        });
+    }
+    Ok(ty)
+}
+
+/// Extension attributes of one event, taken out one by one.
+struct Attributes<'a> {
+    id: &'a str,
+    attrs: HashMap<String, CloudEventAttributeValue>,
+}
+
+impl Attributes<'_> {
+    fn invalid(&self, attr: &'static str, reason: impl Into<String>) -> EventError {
+        EventError::Invalid {
+            id: self.id.to_owned(),
+            attr,
+            reason: reason.into(),
+        }
+    }
+
+    /// `time`: a timestamp; now when absent.
+    fn time(&mut self) -> Result<SystemTime, EventError> {
+        match self.attrs.remove(ATTR_TIME).and_then(|a| a.attr) {
+            Some(Attr::CeTimestamp(ts)) => {
+                SystemTime::try_from(ts).map_err(|_| self.invalid("time", "out of range"))
+            }
+            Some(_) => Err(self.invalid("time", "not a timestamp")),
+            None => Ok(SystemTime::now()),
+        }
+    }
+
+    fn string(&mut self, name: &'static str) -> Result<Option<String>, EventError> {
+        match self.attrs.remove(name).and_then(|a| a.attr) {
+            None => Ok(None),
+            Some(Attr::CeString(s)) | Some(Attr::CeUri(s)) | Some(Attr::CeUriRef(s)) => Ok(Some(s)),
+            Some(_) => Err(self.invalid(name, "not a string")),
+        }
+    }
+
+    /// `resourcekind`, `resourcenamespace`, `resourcename`: all three or none.
+    fn resource(&mut self) -> Result<Option<ResourceRef>, EventError> {
+        let kind = self.string(ATTR_KIND)?;
+        let namespace = self.string(ATTR_NAMESPACE)?;
+        let name = self.string(ATTR_NAME)?;
+        let (kind, namespace, name) = match (kind, namespace, name) {
+            (None, None, None) => return Ok(None),
+            (Some(k), Some(ns), Some(n)) => (k, ns, n),
+            _ => {
+                return Err(EventError::Missing {
+                    id: self.id.to_owned(),
+                    attr: "resourcekind/namespace/name",
+                });
+            }
+        };
+        let kind = ResourceKind::parse(&kind)
+            .ok_or_else(|| self.invalid(ATTR_KIND, format!("unknown kind {kind:?}")))?;
+        let namespace =
+            Namespace::new(&namespace).map_err(|e| self.invalid(ATTR_NAMESPACE, e.to_string()))?;
+        if name.is_empty() || name.len() > MAX_NAME {
+            return Err(self.invalid(ATTR_NAME, format!("must be 1 to {MAX_NAME} bytes")));
+        }
+        Ok(Some(ResourceRef {
+            kind,
+            namespace,
+            name,
+        }))
+    }
+}
+
+/// The payload: protobuf for hello/welcome/error, a JSON object (or nothing) otherwise.
+fn decode_payload(id: &str, ty: EventType, data: Option<Data>) -> Result<Payload, EventError> {
+    let bad = |reason: String| EventError::Payload {
+        id: id.to_owned(),
+        ty,
+        reason,
+    };
+    let bytes = match data {
+        None => None,
+        Some(Data::BinaryData(b)) => Some(b),
+        Some(Data::TextData(t)) => Some(t.into_bytes()),
+        Some(Data::ProtoData(_)) => return Err(bad("proto_data is not supported".into())),
+    };
+    let proto = bytes.as_deref().unwrap_or_default();
+    Ok(match ty {
+        EventType::Hello => Payload::Hello(Hello::decode(proto).map_err(|e| bad(e.to_string()))?),
+        EventType::Welcome => {
+            Payload::Welcome(Welcome::decode(proto).map_err(|e| bad(e.to_string()))?)
+        }
+        EventType::Error => {
+            Payload::Error(ErrorDetail::decode(proto).map_err(|e| bad(e.to_string()))?)
+        }
+        _ => match bytes {
+            None => Payload::None,
+            Some(b) if b.is_empty() => Payload::None,
+            Some(b) => {
+                let v: serde_json::Value =
+                    serde_json::from_slice(&b).map_err(|e| bad(format!("not JSON: {e}")))?;
+                if !v.is_object() {
+                    return Err(bad("not a JSON object".into()));
+                }
+                Payload::Object(Arc::new(v))
+            }
+        },
+    })
+}
+
+/// What each event type requires: resource events name a resource, object events carry an
+/// object, acknowledgements name the event they answer.
+fn check_shape(
+    id: &str,
+    ty: EventType,
+    resource: Option<&ResourceRef>,
+    payload: &Payload,
+    ack_id: Option<&String>,
+) -> Result<(), EventError> {
+    let needs_resource = matches!(
+        ty,
+        EventType::Create
+            | EventType::Delete
+            | EventType::SpecUpdate
+            | EventType::StatusUpdate
+            | EventType::SetOperation
+            | EventType::TerminateOperation
+            | EventType::RequestUpdate
+    );
+    if needs_resource && resource.is_none() {
+        return Err(EventError::Missing {
+            id: id.to_owned(),
+            attr: "resourcekind/namespace/name",
+        });
+    }
+    if matches!(
+        ty,
+        EventType::Create | EventType::SpecUpdate | EventType::StatusUpdate
+    ) && !matches!(payload, Payload::Object(_))
+    {
+        return Err(EventError::Payload {
+            id: id.to_owned(),
+            ty,
+            reason: "an object is required".into(),
+        });
+    }
+    if ty == EventType::Processed && ack_id.is_none() {
+        return Err(EventError::Missing {
+            id: id.to_owned(),
+            attr: ATTR_ACK,
+        });
+    }
+    Ok(())
 }
 
 fn attr(a: Attr) -> CloudEventAttributeValue {
@@ -509,7 +537,7 @@ mod tests {
     fn app_ref() -> ResourceRef {
         ResourceRef {
             kind: ResourceKind::Application,
-            namespace: "agent-a".into(),
+            namespace: argocd_agent_identity::Namespace::new("agent-a").unwrap(),
             name: "guestbook".into(),
         }
     }
@@ -609,6 +637,43 @@ mod tests {
         assert!(matches!(
             Event::from_cloud_event(ce),
             Err(EventError::Invalid { .. })
+        ));
+    }
+
+    #[test]
+    fn namespace_attribute_must_be_a_dns_label() {
+        for bad in ["Agent_A", "", "a/b", &"x".repeat(64)] {
+            let mut ce =
+                Event::resource("a", EventType::Delete, app_ref(), Payload::None).to_cloud_event();
+            ce.attributes.insert(
+                "resourcenamespace".into(),
+                attr(Attr::CeString(bad.to_string())),
+            );
+            assert!(
+                matches!(
+                    Event::from_cloud_event(ce),
+                    Err(EventError::Invalid {
+                        attr: "resourcenamespace",
+                        ..
+                    })
+                ),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn processed_without_ackid_and_spec_update_without_object_are_refused() {
+        let ce = Event::new("a", EventType::Processed, Payload::None).to_cloud_event();
+        assert!(matches!(
+            Event::from_cloud_event(ce),
+            Err(EventError::Missing { attr: "ackid", .. })
+        ));
+        let ce =
+            Event::resource("a", EventType::SpecUpdate, app_ref(), Payload::None).to_cloud_event();
+        assert!(matches!(
+            Event::from_cloud_event(ce),
+            Err(EventError::Payload { .. })
         ));
     }
 }

@@ -8,3 +8,16 @@ pub mod resync;
 
 pub use event::{Event, EventError, EventType, Payload, ResourceKind, ResourceRef};
 pub use queue::{QueueError, QueueLimits, SendQueue};
+
+/// Formats an error with its chain of causes, `outer: inner: root`: the message of the
+/// error events peers send each other, and of log lines.
+pub fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut out = err.to_string();
+    let mut cur = err.source();
+    while let Some(e) = cur {
+        out.push_str(": ");
+        out.push_str(&e.to_string());
+        cur = e.source();
+    }
+    out
+}

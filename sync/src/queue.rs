@@ -290,7 +290,7 @@ mod tests {
             ty,
             ResourceRef {
                 kind: ResourceKind::Application,
-                namespace: "ns".into(),
+                namespace: argocd_agent_identity::Namespace::new("ns").unwrap(),
                 name: name.into(),
             },
             Payload::Object(Arc::new(json!({"v": v}))),

@@ -386,7 +386,7 @@ async fn main() {
         Command::Agent(a) => run_agent(a).await,
     };
     if let Err(e) = result {
-        eprintln!("error: {e}");
+        eprintln!("error: {}", argocd_agent_sync::error_chain(&*e));
         std::process::exit(1);
     }
 }

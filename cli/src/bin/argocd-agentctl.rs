@@ -54,7 +54,7 @@ async fn main() {
         Command::Demo(a) => ctl::demo::run(a).await,
     };
     if let Err(e) = result {
-        eprintln!("error: {e}");
+        eprintln!("error: {}", argocd_agent_sync::error_chain(&*e));
         std::process::exit(1);
     }
 }

@@ -102,7 +102,7 @@ impl LiveRules {
                 for session in sessions() {
                     if let Err(denied) = rules.recheck(&session) {
                         tracing::warn!(
-                            spiffe_id = %session.spiffe_id,
+                            client = %session.client,
                             agent = %session.agent,
                             reason = %denied.reason,
                             "identity no longer maps after a rules change; revoking session"
@@ -135,9 +135,9 @@ impl RuleSet {
     /// Checks that a live session's identity still maps the same way under these rules:
     /// same agent, same namespace, and no mode it was allowed is now forbidden.
     pub fn recheck(&self, session: &AgentIdentity) -> Result<(), MappingDenied> {
-        let now = self.map(&session.spiffe_id)?;
+        let now = self.map_client(&session.client)?;
         let denied = |reason| MappingDenied {
-            spiffe_id: session.spiffe_id.clone(),
+            client: session.client.clone(),
             reason,
         };
         if now.agent != session.agent || now.namespace != session.namespace {

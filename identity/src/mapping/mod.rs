@@ -54,17 +54,22 @@ mod rule;
 use std::fmt;
 use std::path::PathBuf;
 
+use crate::client::ClientIdentity;
 use crate::id::{SpiffeId, TrustDomain};
 use crate::names::{AgentMode, AgentName, AllowedModes, Namespace};
 
 pub use live::{LiveRules, RevokeCallback, SessionLister};
 use rule::{Rule, RuleMatch, RuleSpec};
 
-/// The agent a SPIFFE ID maps to, attached to a session.
+/// Rule name recorded for identities that come from an upstream-style
+/// `header:<name>:<regex>` capture (no mapping rule applies to them).
+pub const HEADER_NAME_RULE: &str = "header-name";
+
+/// The agent a caller maps to, attached to a session.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct AgentIdentity {
-    /// The verified SPIFFE ID of the peer.
-    pub spiffe_id: SpiffeId,
+    /// The verified caller (usually its SPIFFE ID).
+    pub client: ClientIdentity,
     /// The agent it is.
     pub agent: AgentName,
     /// The hub namespace that agent owns.
@@ -82,7 +87,7 @@ impl AgentIdentity {
             return Ok(());
         }
         Err(MappingDenied {
-            spiffe_id: self.spiffe_id.clone(),
+            client: self.client.clone(),
             reason: DenyReason::ModeNotAllowed {
                 rule: self.rule.clone(),
                 agent: self.agent.clone(),
@@ -98,7 +103,7 @@ impl fmt::Display for AgentIdentity {
         write!(
             f,
             "agent \"{}\" ({}) namespace \"{}\" modes {} (rule \"{}\")",
-            self.agent, self.spiffe_id, self.namespace, self.allowed_modes, self.rule
+            self.agent, self.client, self.namespace, self.allowed_modes, self.rule
         )
     }
 }
@@ -223,12 +228,12 @@ impl fmt::Display for DenyReason {
     }
 }
 
-/// A SPIFFE ID was refused as an agent; names the ID and the reason.
+/// A caller was refused as an agent; names the caller and the reason.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("SPIFFE ID {spiffe_id} denied: {reason}")]
+#[error("{} denied: {reason}", .client.describe())]
 pub struct MappingDenied {
-    /// The refused ID.
-    pub spiffe_id: SpiffeId,
+    /// The refused caller.
+    pub client: ClientIdentity,
     /// Why.
     pub reason: DenyReason,
 }
@@ -392,6 +397,31 @@ impl RuleSet {
         self.evaluate(id, None)
     }
 
+    /// Maps any caller: a SPIFFE ID through the rules ([`RuleSet::map`]); an agent name from
+    /// an upstream-style header capture is its own agent and hub namespace, in either mode.
+    pub fn map_client(&self, client: &ClientIdentity) -> Result<AgentIdentity, MappingDenied> {
+        match client {
+            ClientIdentity::Spiffe(id) => self.map(id),
+            ClientIdentity::AgentName(agent) => {
+                let namespace = Namespace::new(agent.as_str()).map_err(|e| MappingDenied {
+                    client: client.clone(),
+                    reason: DenyReason::InvalidNamespace {
+                        rule: HEADER_NAME_RULE.into(),
+                        value: agent.to_string(),
+                        reason: e.to_string(),
+                    },
+                })?;
+                Ok(AgentIdentity {
+                    client: client.clone(),
+                    agent: agent.clone(),
+                    namespace,
+                    allowed_modes: AllowedModes::Both,
+                    rule: HEADER_NAME_RULE.into(),
+                })
+            }
+        }
+    }
+
     /// Like [`RuleSet::map`], and records what every rule did.
     pub fn explain(&self, id: &SpiffeId) -> Explanation {
         let mut steps = Vec::with_capacity(self.rules.len());
@@ -435,14 +465,14 @@ impl RuleSet {
                 RuleMatch::Invalid(reason) => {
                     record(rule, StepOutcome::Denied(reason.clone()));
                     decision = Some(Err(MappingDenied {
-                        spiffe_id: id.clone(),
+                        client: id.clone().into(),
                         reason,
                     }));
                 }
                 RuleMatch::Mapped(agent, namespace) => {
                     record(rule, StepOutcome::Matched);
                     decision = Some(Ok(AgentIdentity {
-                        spiffe_id: id.clone(),
+                        client: id.clone().into(),
                         agent,
                         namespace,
                         allowed_modes: rule.mode,
@@ -453,7 +483,7 @@ impl RuleSet {
         }
         decision.unwrap_or_else(|| {
             Err(MappingDenied {
-                spiffe_id: id.clone(),
+                client: id.clone().into(),
                 reason: DenyReason::NoRuleMatched {
                     tried: self.rules.len(),
                 },

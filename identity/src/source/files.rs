@@ -45,7 +45,7 @@ pub(super) fn start(
             if tx.is_closed() {
                 return;
             }
-            let current = match read_all(&paths) {
+            let current = match read_all_async(&paths).await {
                 Ok(b) => b,
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot re-read SVID files; keeping the last good SVID");
@@ -87,6 +87,25 @@ fn read_all(paths: &Paths) -> Result<FileBytes, SourceError> {
     let mut out = vec![read(&paths.cert_chain)?, read(&paths.key)?];
     for (_, p) in &paths.bundles {
         out.push(read(p)?);
+    }
+    Ok(out)
+}
+
+/// The polling task's read: through tokio's blocking pool, so a slow volume does not stall
+/// a runtime worker.
+async fn read_all_async(paths: &Paths) -> Result<FileBytes, SourceError> {
+    let read = |p: &PathBuf| {
+        let p = p.clone();
+        async move {
+            tokio::fs::read(&p).await.map_err(|e| SourceError::File {
+                path: p.display().to_string(),
+                reason: e.to_string(),
+            })
+        }
+    };
+    let mut out = vec![read(&paths.cert_chain).await?, read(&paths.key).await?];
+    for (_, p) in &paths.bundles {
+        out.push(read(p).await?);
     }
     Ok(out)
 }

@@ -1,0 +1,176 @@
+//! One connection to the principal: hello with this agent's resync state, welcome, then
+//! queued events and heartbeats out, the principal's events in.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use argocd_agent_identity::{AgentMode, Namespace};
+use argocd_agent_proto::eventstream::event_stream_client::EventStreamClient;
+use argocd_agent_proto::eventstream::{self as pb, Hello, Welcome};
+use argocd_agent_sync::event::PROTOCOL_VERSION;
+use argocd_agent_sync::{Event, EventType, Payload};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+use crate::AgentConfig;
+use crate::dialer::Dialer;
+use crate::error::SessionError;
+use crate::spoke::Spoke;
+
+/// Capabilities this agent asks for.
+const CAPABILITIES: &[&str] = &["resync.v1", "operations.v1"];
+
+/// Outbound messages buffered before the writer waits for the principal.
+const OUTBOUND_BUFFER: usize = 64;
+
+fn hello(spoke: &Spoke) -> Event {
+    let mode = match spoke.mode {
+        AgentMode::Managed => pb::AgentMode::Managed,
+        AgentMode::Autonomous => pb::AgentMode::Autonomous,
+    };
+    Event::new(
+        &spoke.source,
+        EventType::Hello,
+        Payload::Hello(Hello {
+            mode: mode as i32,
+            version: env!("CARGO_PKG_VERSION").into(),
+            protocol_version: PROTOCOL_VERSION,
+            capabilities: CAPABILITIES.iter().map(|c| c.to_string()).collect(),
+            state: Some(argocd_agent_sync::resync::to_state(
+                "Application",
+                &spoke.checksums(),
+            )),
+        }),
+    )
+}
+
+/// Checks the principal's first event: a welcome naming a valid hub namespace.
+fn check_welcome(event: Event) -> Result<(Welcome, Namespace), SessionError> {
+    let Payload::Welcome(w) = event.payload else {
+        return Err(SessionError::Protocol(format!(
+            "expected welcome, got {}",
+            event.ty
+        )));
+    };
+    let ns = Namespace::new(&w.namespace).map_err(|e| {
+        SessionError::Protocol(format!("welcome names an invalid hub namespace: {e}"))
+    })?;
+    Ok((w, ns))
+}
+
+/// Runs one connection until it ends.
+pub async fn run(
+    spoke: &Spoke,
+    dialer: &Dialer,
+    config: &AgentConfig,
+    connected: &AtomicBool,
+) -> Result<(), SessionError> {
+    let channel = dialer.connect(&config.server, config.keepalive).await?;
+    let mut client = EventStreamClient::new(channel)
+        .max_decoding_message_size(config.max_message_size)
+        .max_encoding_message_size(config.max_message_size);
+    let (tx, rx) = mpsc::channel(OUTBOUND_BUFFER);
+    tx.send(hello(spoke).to_cloud_event())
+        .await
+        .map_err(|_| SessionError::Closed)?;
+    let mut request = tonic::Request::new(ReceiverStream::new(rx));
+    dialer.authorize(&mut request)?;
+    let mut inbound = client.subscribe(request).await?.into_inner();
+    let first = inbound
+        .message()
+        .await?
+        .ok_or_else(|| SessionError::Protocol("stream closed before welcome".into()))?;
+    let welcome =
+        Event::from_cloud_event(first).map_err(|e| SessionError::Protocol(e.to_string()))?;
+    let (w, hub_ns) = check_welcome(welcome)?;
+    tracing::info!(agent = %w.agent_name, hub_namespace = %hub_ns, principal_version = %w.version, "connected to principal");
+    spoke.queue.requeue_in_flight();
+    spoke.after_welcome(hub_ns);
+    connected.store(true, Ordering::Relaxed);
+
+    let mut heartbeat = tokio::time::interval(config.heartbeat);
+    heartbeat.tick().await;
+    loop {
+        let out = tokio::select! {
+            event = spoke.queue.next() => Some(event),
+            _ = heartbeat.tick() => Some(Event::new(&spoke.source, EventType::Ping, Payload::None)),
+            msg = inbound.message() => {
+                let Some(ce) = msg? else { return Ok(()) };
+                match Event::from_cloud_event(ce) {
+                    Ok(event) => on_event(spoke, event).await,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "malformed event from principal ignored");
+                        None
+                    }
+                }
+            }
+        };
+        if let Some(event) = out {
+            tx.send(event.to_cloud_event())
+                .await
+                .map_err(|_| SessionError::Closed)?;
+        }
+    }
+}
+
+/// Handles one event from the principal; returns what to answer.
+async fn on_event(spoke: &Spoke, event: Event) -> Option<Event> {
+    match event.ty {
+        EventType::Processed => {
+            if let Some(id) = &event.ack_id {
+                spoke.queue.ack(id);
+            }
+            None
+        }
+        EventType::Error => {
+            if let Payload::Error(d) = &event.payload {
+                tracing::warn!(reason = %d.reason, message = %d.message, event_id = %d.event_id, "principal refused an event");
+            }
+            // A refused event is not retried: the principal gave a final answer.
+            if let Some(id) = &event.ack_id {
+                spoke.queue.ack(id);
+            }
+            None
+        }
+        EventType::Pong | EventType::Ping => None,
+        _ => spoke.on_principal_event(&event).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn welcome(ns: &str) -> Event {
+        Event::new(
+            "principal",
+            EventType::Welcome,
+            Payload::Welcome(Welcome {
+                version: "0.1.0".into(),
+                protocol_version: PROTOCOL_VERSION,
+                agent_name: "edge-1".into(),
+                namespace: ns.into(),
+                capabilities: vec![],
+                max_in_flight: 1,
+            }),
+        )
+    }
+
+    #[test]
+    fn welcome_must_name_a_valid_hub_namespace() {
+        let (_, ns) = check_welcome(welcome("edge-1")).unwrap();
+        assert_eq!(ns.as_str(), "edge-1");
+        assert!(matches!(
+            check_welcome(welcome("Not/A/Namespace")),
+            Err(SessionError::Protocol(_))
+        ));
+    }
+
+    #[test]
+    fn first_event_other_than_welcome_is_a_protocol_error() {
+        let ping = Event::new("principal", EventType::Ping, Payload::None);
+        assert!(matches!(
+            check_welcome(ping),
+            Err(SessionError::Protocol(m)) if m.contains("expected welcome")
+        ));
+    }
+}

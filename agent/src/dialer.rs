@@ -1,0 +1,115 @@
+//! How the agent reaches the principal: SVID mutual TLS pinned to the principal's SPIFFE
+//! ID, plaintext to a local mesh sidecar, or a JWT-SVID bearer token through a
+//! TLS-terminating ingress.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use argocd_agent_identity::jwt::JwtSvidFetcher;
+use argocd_agent_identity::source::SvidSource;
+use argocd_agent_identity::tls::PeerPolicy;
+use argocd_agent_identity::transport::ChannelOptions;
+
+use crate::Transport;
+use crate::error::{AgentError, SessionError};
+
+/// How long start-up waits for the agent's own SVID.
+const SVID_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A ready-to-dial transport, built once at start.
+pub enum Dialer {
+    Mtls {
+        config: Arc<rustls::ClientConfig>,
+        /// Feeds every handshake's certificate: kept while the agent runs.
+        _source: SvidSource,
+    },
+    Plain,
+    Jwt(JwtSvidFetcher),
+}
+
+impl Dialer {
+    /// Builds the dialer for `transport`; returns it with the CloudEvents `source` the
+    /// agent's events carry (its SPIFFE ID when it has an X.509-SVID).
+    pub async fn from_transport(transport: &Transport) -> Result<(Dialer, String), AgentError> {
+        match transport {
+            Transport::Mtls {
+                svid,
+                principal_id,
+                principal_trust_domain,
+            } => {
+                let policy = match (principal_id, principal_trust_domain) {
+                    (Some(id), _) => PeerPolicy::Exact(id.clone()),
+                    (None, Some(td)) => PeerPolicy::TrustDomains(vec![td.clone()]),
+                    (None, None) => {
+                        return Err(AgentError::Config(
+                            "refusing to connect without pinning the principal: set --principal-spiffe-id (or --principal-trust-domain)".into(),
+                        ));
+                    }
+                };
+                let source = svid.load(SVID_TIMEOUT).await.map_err(AgentError::Svid)?;
+                let state = source
+                    .wait_ready(SVID_TIMEOUT)
+                    .await
+                    .map_err(AgentError::Svid)?;
+                let config = argocd_agent_identity::tls::client_config(&source, policy)
+                    .map_err(AgentError::Tls)?;
+                Ok((
+                    Dialer::Mtls {
+                        config,
+                        _source: source,
+                    },
+                    state.svid.spiffe_id().to_string(),
+                ))
+            }
+            Transport::PlaintextToSidecar => Ok((Dialer::Plain, "argocd-agent-agent".into())),
+            Transport::JwtSvid { endpoint, audience } => {
+                let fetcher = JwtSvidFetcher::start(endpoint.clone(), audience.clone())
+                    .await
+                    .map_err(AgentError::Jwt)?;
+                Ok((Dialer::Jwt(fetcher), "argocd-agent-agent".into()))
+            }
+        }
+    }
+
+    /// Opens an HTTP/2 channel to `server` (`host:port`).
+    pub async fn connect(
+        &self,
+        server: &str,
+        keepalive: Duration,
+    ) -> Result<tonic::transport::Channel, SessionError> {
+        match self {
+            Dialer::Mtls { config, .. } => {
+                // SNI only; the principal is authenticated by its SPIFFE ID.
+                let host = server.rsplit_once(':').map_or(server, |(h, _)| h);
+                let opts = ChannelOptions {
+                    keepalive_interval: keepalive,
+                    ..ChannelOptions::default()
+                };
+                Ok(
+                    argocd_agent_identity::transport::connect(server, config.clone(), host, opts)
+                        .await?,
+                )
+            }
+            Dialer::Plain | Dialer::Jwt(_) => Ok(tonic::transport::Endpoint::from_shared(
+                format!("http://{server}"),
+            )?
+            .http2_keep_alive_interval(keepalive)
+            .keep_alive_while_idle(true)
+            .connect_timeout(Duration::from_secs(10))
+            .connect()
+            .await?),
+        }
+    }
+
+    /// Adds the credentials this transport sends with the stream request.
+    pub fn authorize<T>(&self, request: &mut tonic::Request<T>) -> Result<(), SessionError> {
+        if let Dialer::Jwt(fetcher) = self {
+            let token = fetcher.token().ok_or(SessionError::NoToken)?;
+            let value = format!("Bearer {token}")
+                .parse()
+                .map_err(|_| SessionError::BadToken)?;
+            request.metadata_mut().insert("authorization", value);
+        }
+        Ok(())
+    }
+}

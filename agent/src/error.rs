@@ -1,0 +1,87 @@
+//! The agent's errors: why it could not start, why one connection failed, and why an event
+//! from the principal could not be applied. Each keeps its cause.
+
+use std::net::SocketAddr;
+
+use argocd_agent_identity::AgentMode;
+use argocd_agent_sync::EventType;
+
+/// Why the agent could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// The spoke's Kubernetes API could not be reached or configured.
+    #[error("kubernetes")]
+    Kube(#[from] argocd_agent_kubernetes::Error),
+    /// The agent's SVID could not be loaded.
+    #[error("SVID source")]
+    Svid(#[source] argocd_agent_identity::source::SourceError),
+    /// The TLS client configuration could not be built.
+    #[error("TLS configuration")]
+    Tls(#[source] argocd_agent_identity::tls::TlsError),
+    /// The JWT-SVID fetcher could not start.
+    #[error("JWT-SVID")]
+    Jwt(#[source] argocd_agent_identity::jwt::JwtError),
+    /// The configuration is refused (message says why).
+    #[error("configuration: {0}")]
+    Config(String),
+    /// A listener could not be bound.
+    #[error("listener {addr}")]
+    Listen {
+        /// The address.
+        addr: SocketAddr,
+        /// The failure.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// One connection attempt's failure.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    /// Dialing the principal failed.
+    #[error("connect")]
+    Connect(#[from] argocd_agent_identity::transport::TransportError),
+    /// Dialing through the plaintext sidecar endpoint failed.
+    #[error("connect")]
+    Channel(#[from] tonic::transport::Error),
+    /// No JWT-SVID has been fetched yet.
+    #[error("no JWT-SVID yet")]
+    NoToken,
+    /// The JWT-SVID is not a valid header value.
+    #[error("JWT-SVID is not a valid authorization header value")]
+    BadToken,
+    /// The principal refused or ended the stream.
+    #[error("principal refused the stream")]
+    Status(#[from] tonic::Status),
+    /// The principal broke the protocol.
+    #[error("protocol: {0}")]
+    Protocol(String),
+    /// Our outbound stream closed.
+    #[error("stream closed")]
+    Closed,
+}
+
+/// Why an event from the principal could not be applied on the spoke.
+#[derive(Debug, thiserror::Error)]
+pub enum SpokeError {
+    /// The payload is not a Kubernetes object.
+    #[error("the payload is not a Kubernetes object")]
+    NotAnObject(#[source] serde_json::Error),
+    /// The payload has no `metadata.name`.
+    #[error("object has no name")]
+    NoName,
+    /// The payload names another object than the event.
+    #[error("payload does not name the event's resource {0:?}")]
+    NameMismatch(String),
+    /// This mode does not take this event.
+    #[error("{ty} is not accepted by a {mode} agent")]
+    NotAccepted {
+        /// The event type.
+        ty: EventType,
+        /// Our mode.
+        mode: AgentMode,
+    },
+    /// The spoke's API server refused the write.
+    #[error("spoke write failed")]
+    Kube(#[from] argocd_agent_kubernetes::Error),
+}

@@ -1,0 +1,83 @@
+//! The agent's HTTP endpoint: `/healthz` (503 while disconnected from the principal, as
+//! upstream), `/readyz` (503 until the agent has its SVID and its local cache is synced) and
+//! `/metrics`.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// What the endpoint reports.
+#[derive(Clone)]
+pub struct HealthState {
+    pub connected: Arc<AtomicBool>,
+    pub ready: watch::Receiver<bool>,
+}
+
+/// Binds `addr` and serves until `shutdown`.
+pub async fn serve(
+    addr: SocketAddr,
+    state: HealthState,
+    tasks: &TaskTracker,
+    shutdown: CancellationToken,
+) -> std::io::Result<SocketAddr> {
+    use axum::routing::get;
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let local = listener.local_addr()?;
+    let (c1, c2, ready) = (
+        state.connected.clone(),
+        state.connected.clone(),
+        state.ready.clone(),
+    );
+    let app = axum::Router::new()
+        .route(
+            "/healthz",
+            get(move || {
+                let up = c1.load(Ordering::Relaxed);
+                async move {
+                    if up {
+                        (http::StatusCode::OK, "ok")
+                    } else {
+                        (http::StatusCode::SERVICE_UNAVAILABLE, "not connected to principal")
+                    }
+                }
+            }),
+        )
+        .route(
+            "/readyz",
+            get(move || {
+                let ready = *ready.borrow();
+                async move {
+                    if ready {
+                        (http::StatusCode::OK, "ready")
+                    } else {
+                        (
+                            http::StatusCode::SERVICE_UNAVAILABLE,
+                            "not ready: local Application cache not synced",
+                        )
+                    }
+                }
+            }),
+        )
+        .route(
+            "/metrics",
+            get(move || {
+                let up = c2.load(Ordering::Relaxed) as u8;
+                async move {
+                    format!("# TYPE argocd_agent_agent_connected gauge\nargocd_agent_agent_connected {up}\n# EOF\n")
+                }
+            }),
+        );
+    tasks.spawn(async move {
+        if let Err(e) = axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown.cancelled_owned())
+            .await
+        {
+            tracing::error!(error = %e, "health server stopped");
+        }
+    });
+    Ok(local)
+}

@@ -1,0 +1,243 @@
+//! How the caller of a stream is authenticated, decided once per listener from the
+//! configuration: the verified client SVID carried with the TLS connection, a JWT-SVID
+//! bearer token, or a header set by a trusted mesh sidecar. Every method yields the same
+//! typed [`ClientIdentity`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use argocd_agent_identity::jwt::JwtValidator;
+use argocd_agent_identity::source::{SvidConfig, SvidSource};
+use argocd_agent_identity::{ClientIdentity, SpiffeId};
+use argocd_agent_mesh::guard::{self, HeaderListenerPolicy, ListenAddr};
+use argocd_agent_mesh::header::HeaderAuth;
+use std::net::SocketAddr;
+use tonic::{Request, Status};
+
+use crate::config::AuthConfig;
+use crate::error::PrincipalError;
+
+/// How long start-up waits for the principal's own SVID.
+const SVID_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How callers are identified on the principal's listener.
+#[derive(Clone)]
+pub enum Authenticator {
+    /// The verified client SVID, read once per connection at the TLS handshake.
+    Mtls,
+    /// A header set by a trusted sidecar/proxy, on a plaintext loopback listener.
+    Header {
+        auth: Arc<HeaderAuth>,
+        policy: Arc<HeaderListenerPolicy>,
+    },
+    /// A JWT-SVID bearer token whose audience is the principal's SPIFFE ID, validated
+    /// against the JWT bundles of the principal's own Workload API (for ingresses that
+    /// terminate TLS and cannot forward client certificates).
+    Jwt {
+        validator: Arc<JwtValidator>,
+        audience: SpiffeId,
+    },
+}
+
+/// A refused caller: the gRPC status to answer and a stable reason for the metric.
+#[derive(Debug)]
+pub struct AuthFailure {
+    pub status: Status,
+    pub reason: &'static str,
+}
+
+impl AuthFailure {
+    fn new(reason: &'static str, status: Status) -> Self {
+        Self { status, reason }
+    }
+}
+
+/// What the listener needs: the authenticator and, for mTLS, the principal's SVID source.
+pub struct ListenerAuth {
+    pub authenticator: Authenticator,
+    pub svid: Option<SvidSource>,
+}
+
+impl ListenerAuth {
+    /// Builds the authenticator for `config`, checking what must hold before serving
+    /// (header auth only on loopback unless overridden, an SVID to serve with).
+    pub async fn from_config(
+        config: &AuthConfig,
+        listen: SocketAddr,
+    ) -> Result<Self, PrincipalError> {
+        match config {
+            AuthConfig::Mtls { svid, .. } => Ok(ListenerAuth {
+                authenticator: Authenticator::Mtls,
+                svid: Some(
+                    svid.load(SVID_TIMEOUT)
+                        .await
+                        .map_err(PrincipalError::Svid)?,
+                ),
+            }),
+            AuthConfig::Header { auth, policy } => {
+                let parsed = HeaderAuth::parse(auth).map_err(PrincipalError::Header)?;
+                if let Some(warning) = guard::check_listen_addr(&ListenAddr::Tcp(listen), policy)
+                    .map_err(PrincipalError::Guard)?
+                {
+                    tracing::warn!(%warning, "header authentication on a non-loopback listener");
+                }
+                Ok(ListenerAuth {
+                    authenticator: Authenticator::Header {
+                        auth: Arc::new(parsed),
+                        policy: Arc::new(policy.clone()),
+                    },
+                    svid: None,
+                })
+            }
+            AuthConfig::Jwt { endpoint, audience } => {
+                let audience = match audience {
+                    Some(a) => a.clone(),
+                    None => {
+                        let own = SvidConfig::WorkloadApi {
+                            endpoint: endpoint.clone(),
+                        }
+                        .load(SVID_TIMEOUT)
+                        .await
+                        .map_err(PrincipalError::Svid)?;
+                        own.current()
+                            .map(|s| s.svid.spiffe_id().clone())
+                            .ok_or(PrincipalError::NoAudience)?
+                    }
+                };
+                let validator = JwtValidator::workload_api(endpoint.clone())
+                    .await
+                    .map_err(PrincipalError::Jwt)?;
+                tracing::info!(%audience, "accepting JWT-SVID bearer tokens");
+                Ok(ListenerAuth {
+                    authenticator: Authenticator::Jwt {
+                        validator: Arc::new(validator),
+                        audience,
+                    },
+                    svid: None,
+                })
+            }
+        }
+    }
+}
+
+impl Authenticator {
+    /// Who the caller of `req` is.
+    pub fn identify<T>(&self, req: &Request<T>) -> Result<ClientIdentity, AuthFailure> {
+        let headers = req.metadata().clone().into_headers();
+        match self {
+            Authenticator::Mtls => {
+                // A header identity on the mTLS listener is an attack or a misconfiguration:
+                // refuse it loudly rather than ignore it.
+                argocd_agent_mesh::reject_identity_headers(&headers).map_err(|e| {
+                    AuthFailure::new(
+                        "IdentityHeaderOnMtls",
+                        Status::permission_denied(e.to_string()),
+                    )
+                })?;
+                argocd_agent_identity::peer::verified_peer(req)
+                    .map(|peer| peer.client.clone())
+                    .ok_or_else(|| {
+                        AuthFailure::new(
+                            "NoPeerIdentity",
+                            Status::unauthenticated("no verified client SVID on this connection"),
+                        )
+                    })
+            }
+            Authenticator::Jwt {
+                validator,
+                audience,
+            } => {
+                let token = bearer_token(&headers).ok_or_else(|| {
+                    AuthFailure::new(
+                        "NoToken",
+                        Status::unauthenticated("missing authorization: Bearer <JWT-SVID>"),
+                    )
+                })?;
+                validator
+                    .validate(token, audience)
+                    .map(ClientIdentity::Spiffe)
+                    .map_err(|e| {
+                        AuthFailure::new(
+                            "InvalidToken",
+                            Status::unauthenticated(format!("JWT-SVID refused: {e}")),
+                        )
+                    })
+            }
+            Authenticator::Header { auth, policy } => {
+                guard::check_peer(req.remote_addr(), policy).map_err(|e| {
+                    AuthFailure::new("UntrustedProxy", Status::permission_denied(e.to_string()))
+                })?;
+                auth.identity_from_headers(&headers).map_err(|e| {
+                    AuthFailure::new("BadHeaderIdentity", Status::unauthenticated(e.to_string()))
+                })
+            }
+        }
+    }
+}
+
+/// The token of an `authorization: Bearer <token>` header.
+fn bearer_token(headers: &http::HeaderMap) -> Option<&str> {
+    headers
+        .get(http::header::AUTHORIZATION)?
+        .to_str()
+        .ok()?
+        .strip_prefix("Bearer ")
+        .map(str::trim)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_token_needs_the_bearer_scheme() {
+        let mut h = http::HeaderMap::new();
+        assert_eq!(bearer_token(&h), None);
+        h.insert(http::header::AUTHORIZATION, "Basic abc".parse().unwrap());
+        assert_eq!(bearer_token(&h), None);
+        h.insert(http::header::AUTHORIZATION, "Bearer  tok ".parse().unwrap());
+        assert_eq!(bearer_token(&h), Some("tok"));
+    }
+
+    #[test]
+    fn mtls_without_a_verified_peer_is_refused() {
+        let req = Request::new(());
+        let err = Authenticator::Mtls.identify(&req).unwrap_err();
+        assert_eq!(err.reason, "NoPeerIdentity");
+        assert_eq!(err.status.code(), tonic::Code::Unauthenticated);
+    }
+
+    #[test]
+    fn identity_headers_on_the_mtls_listener_are_refused() {
+        let mut req = Request::new(());
+        req.metadata_mut().insert(
+            "x-forwarded-client-cert",
+            "URI=spiffe://example.org/a".parse().unwrap(),
+        );
+        let err = Authenticator::Mtls.identify(&req).unwrap_err();
+        assert_eq!(err.reason, "IdentityHeaderOnMtls");
+        assert_eq!(err.status.code(), tonic::Code::PermissionDenied);
+    }
+
+    #[test]
+    fn header_identity_from_an_untrusted_peer_is_refused() {
+        let auth = Authenticator::Header {
+            auth: Arc::new(HeaderAuth::parse("header:envoy").unwrap()),
+            policy: Arc::new(HeaderListenerPolicy {
+                trusted_proxies: Vec::new(),
+                allow_non_loopback: false,
+            }),
+        };
+        let mut req = Request::new(());
+        req.extensions_mut()
+            .insert(tonic::transport::server::TcpConnectInfo {
+                local_addr: None,
+                remote_addr: Some("10.0.0.9:5000".parse().unwrap()),
+            });
+        req.metadata_mut().insert(
+            "x-forwarded-client-cert",
+            "URI=spiffe://example.org/a".parse().unwrap(),
+        );
+        assert_eq!(auth.identify(&req).unwrap_err().reason, "UntrustedProxy");
+    }
+}

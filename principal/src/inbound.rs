@@ -1,0 +1,392 @@
+//! What the principal does with one event from an agent, decided without side effects:
+//! authorization against the session's identity and mode, then validation of the payload.
+//! The session applies the decision ([`crate::hub::Hub::apply`]) and answers.
+
+use std::sync::Arc;
+
+use argocd_agent_identity::authz::{self, Action, ObjectRef, Owner};
+use argocd_agent_identity::{AgentIdentity, AgentMode, AgentName};
+use argocd_agent_proto::eventstream::ErrorDetail;
+use argocd_agent_sync::{Event, EventType, Payload, ResourceRef};
+use serde_json::Value;
+
+/// An authorized change to the hub.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Command {
+    /// Write the hub copy's `.status` (the object must exist on the hub).
+    WriteStatus {
+        resource: ResourceRef,
+        status: Value,
+    },
+    /// Create or update the hub copy from the agent's object (autonomous agents).
+    Upsert {
+        resource: ResourceRef,
+        object: Arc<Value>,
+    },
+    /// Delete the hub copy (autonomous agents).
+    Delete { resource: ResourceRef },
+    /// Queue the hub's current copy (or a delete) for the agent again.
+    ResendCurrent { resource: ResourceRef },
+}
+
+/// An event refused before anything was written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// Reason sent to the agent in the error event (`Forbidden`, `BadRequest`, `Invalid`).
+    pub reason: &'static str,
+    /// Reason code for the refused-events metric.
+    pub metric: &'static str,
+    /// What was wrong, naming the agent and the object.
+    pub message: String,
+}
+
+/// The outcome of [`decide`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// Answer a heartbeat.
+    Pong,
+    /// Nothing to do.
+    Ignore,
+    /// The agent acknowledged our event with this id.
+    Acked(String),
+    /// The agent reports that one of our events failed on its side.
+    PeerError(ErrorDetail),
+    /// Refuse with an error event.
+    Refuse(Refusal),
+    /// Apply this to the hub, then acknowledge.
+    Apply(Command),
+}
+
+fn action_of(ty: EventType) -> Option<Action> {
+    Some(match ty {
+        EventType::Create => Action::Create,
+        EventType::SpecUpdate => Action::UpdateSpec,
+        EventType::StatusUpdate => Action::UpdateStatus,
+        EventType::Delete => Action::Delete,
+        EventType::SetOperation => Action::SetOperation,
+        EventType::TerminateOperation => Action::TerminateOperation,
+        EventType::RequestUpdate => Action::Read,
+        _ => return None,
+    })
+}
+
+/// Decides what to do with `event` from the agent `identity` running in `mode`.
+/// `owner_label` is the agent-name label of the hub object the event names, if it has one.
+pub fn decide(
+    identity: &AgentIdentity,
+    mode: AgentMode,
+    event: &Event,
+    owner_label: Option<&str>,
+) -> Decision {
+    match event.ty {
+        EventType::Ping => return Decision::Pong,
+        EventType::Pong => return Decision::Ignore,
+        EventType::Processed => {
+            return event
+                .ack_id
+                .clone()
+                .map_or(Decision::Ignore, Decision::Acked);
+        }
+        EventType::Error => {
+            return match &event.payload {
+                Payload::Error(d) => Decision::PeerError(d.clone()),
+                _ => Decision::Ignore,
+            };
+        }
+        _ => {}
+    }
+    let (Some(action), Some(resource)) = (action_of(event.ty), event.resource.clone()) else {
+        return Decision::Refuse(Refusal {
+            reason: "BadRequest",
+            metric: "UnexpectedEvent",
+            message: format!("{} events are not accepted from agents", event.ty),
+        });
+    };
+    let owner_name = owner_label.map(AgentName::new);
+    let owner = match (&owner_name, owner_label) {
+        (Some(Ok(name)), _) => Owner::Agent(name),
+        (Some(Err(_)), Some(label)) => Owner::Invalid(label),
+        _ => Owner::Unknown,
+    };
+    let object = ObjectRef {
+        kind: resource.kind,
+        namespace: &resource.namespace,
+        name: &resource.name,
+        owner,
+    };
+    if let Err(denied) = authz::authorize(identity, mode, action, &object) {
+        return Decision::Refuse(Refusal {
+            reason: "Forbidden",
+            metric: denied.reason_code(),
+            message: denied.to_string(),
+        });
+    }
+    // An object payload must name the same object as the attributes.
+    if let Some(obj) = event.object() {
+        let name = obj.pointer("/metadata/name").and_then(Value::as_str);
+        if name.is_some_and(|n| n != resource.name) {
+            return Decision::Refuse(Refusal {
+                reason: "Invalid",
+                metric: "Invalid",
+                message: format!(
+                    "payload names {:?}, event names {resource}",
+                    name.unwrap_or_default()
+                ),
+            });
+        }
+    }
+    Decision::Apply(match event.ty {
+        EventType::StatusUpdate => Command::WriteStatus {
+            status: event
+                .object()
+                .and_then(|o| o.get("status").cloned())
+                .unwrap_or_default(),
+            resource,
+        },
+        EventType::Create | EventType::SpecUpdate => Command::Upsert {
+            object: event
+                .object()
+                .cloned()
+                .unwrap_or_else(|| Arc::new(Value::Null)),
+            resource,
+        },
+        EventType::Delete => Command::Delete { resource },
+        // RequestUpdate; operations were refused by authorization above.
+        _ => Command::ResendCurrent { resource },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use argocd_agent_identity::{ClientIdentity, Namespace, ResourceKind, RuleSet, SpiffeId};
+    use serde_json::json;
+
+    const NS: &str = "argocd-edge-7";
+
+    fn identity(modes: &str) -> AgentIdentity {
+        RuleSet::from_flags(&[format!(
+            "template:spiffe://{{trust_domain}}/sa/{{sa}}=>{{sa}},namespace=argocd-{{sa}},mode={modes}"
+        )])
+        .unwrap()
+        .map_client(&ClientIdentity::Spiffe(
+            SpiffeId::parse("spiffe://example.org/sa/edge-7").unwrap(),
+        ))
+        .unwrap()
+    }
+
+    fn app(ns: &str, name: &str) -> ResourceRef {
+        ResourceRef::new(ResourceKind::Application, Namespace::new(ns).unwrap(), name)
+    }
+
+    fn event(ty: EventType, ns: &str, name: &str, payload: Payload) -> Event {
+        Event::resource("spoke", ty, app(ns, name), payload)
+    }
+
+    fn object(name: &str) -> Payload {
+        Payload::Object(Arc::new(json!({
+            "metadata": {"name": name},
+            "spec": {"project": "default"},
+            "status": {"sync": {"status": "Synced"}}
+        })))
+    }
+
+    fn refused(d: Decision) -> Refusal {
+        match d {
+            Decision::Refuse(r) => r,
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn heartbeats_acks_and_peer_errors_need_no_authorization() {
+        let who = identity("both");
+        let ping = Event::new("spoke", EventType::Ping, Payload::None);
+        assert_eq!(
+            decide(&who, AgentMode::Managed, &ping, None),
+            Decision::Pong
+        );
+        let pong = Event::new("spoke", EventType::Pong, Payload::None);
+        assert_eq!(
+            decide(&who, AgentMode::Managed, &pong, None),
+            Decision::Ignore
+        );
+        let mut ack = Event::new("spoke", EventType::Processed, Payload::None);
+        ack.ack_id = Some("e-1".into());
+        assert_eq!(
+            decide(&who, AgentMode::Managed, &ack, None),
+            Decision::Acked("e-1".into())
+        );
+        let detail = ErrorDetail {
+            reason: "ApplyFailed".into(),
+            message: "boom".into(),
+            event_id: "e-2".into(),
+        };
+        let err = Event::new("spoke", EventType::Error, Payload::Error(detail.clone()));
+        assert_eq!(
+            decide(&who, AgentMode::Autonomous, &err, None),
+            Decision::PeerError(detail)
+        );
+    }
+
+    #[test]
+    fn managed_agent_status_update_becomes_a_status_write() {
+        let e = event(
+            EventType::StatusUpdate,
+            NS,
+            "guestbook",
+            object("guestbook"),
+        );
+        assert_eq!(
+            decide(&identity("both"), AgentMode::Managed, &e, None),
+            Decision::Apply(Command::WriteStatus {
+                resource: app(NS, "guestbook"),
+                status: json!({"sync": {"status": "Synced"}}),
+            })
+        );
+    }
+
+    #[test]
+    fn managed_agent_cannot_create_update_or_delete_on_the_hub() {
+        for ty in [EventType::Create, EventType::SpecUpdate, EventType::Delete] {
+            let e = event(ty, NS, "guestbook", object("guestbook"));
+            let r = refused(decide(&identity("both"), AgentMode::Managed, &e, None));
+            assert_eq!((r.reason, r.metric), ("Forbidden", "ModeForbids"), "{ty}");
+        }
+    }
+
+    #[test]
+    fn operations_from_agents_are_refused_in_both_modes() {
+        for mode in [AgentMode::Managed, AgentMode::Autonomous] {
+            for ty in [EventType::SetOperation, EventType::TerminateOperation] {
+                let e = event(ty, NS, "guestbook", Payload::None);
+                let r = refused(decide(&identity("both"), mode, &e, None));
+                assert_eq!(r.metric, "ModeForbids", "{mode} {ty}");
+            }
+        }
+    }
+
+    #[test]
+    fn autonomous_agent_writes_spec_and_deletes_its_own_objects() {
+        let who = identity("both");
+        for ty in [EventType::Create, EventType::SpecUpdate] {
+            let e = event(ty, NS, "guestbook", object("guestbook"));
+            assert!(matches!(
+                decide(&who, AgentMode::Autonomous, &e, Some("edge-7")),
+                Decision::Apply(Command::Upsert { .. })
+            ));
+        }
+        let e = event(EventType::Delete, NS, "guestbook", Payload::None);
+        assert_eq!(
+            decide(&who, AgentMode::Autonomous, &e, Some("edge-7")),
+            Decision::Apply(Command::Delete {
+                resource: app(NS, "guestbook")
+            })
+        );
+        let e = event(
+            EventType::StatusUpdate,
+            NS,
+            "guestbook",
+            object("guestbook"),
+        );
+        assert!(matches!(
+            decide(&who, AgentMode::Autonomous, &e, None),
+            Decision::Apply(Command::WriteStatus { .. })
+        ));
+    }
+
+    #[test]
+    fn request_update_resends_the_hub_copy_in_both_modes() {
+        for mode in [AgentMode::Managed, AgentMode::Autonomous] {
+            let e = event(EventType::RequestUpdate, NS, "guestbook", Payload::None);
+            assert_eq!(
+                decide(&identity("both"), mode, &e, None),
+                Decision::Apply(Command::ResendCurrent {
+                    resource: app(NS, "guestbook")
+                })
+            );
+        }
+    }
+
+    #[test]
+    fn another_agents_namespace_is_forbidden_for_every_event() {
+        for mode in [AgentMode::Managed, AgentMode::Autonomous] {
+            for ty in [
+                EventType::StatusUpdate,
+                EventType::SpecUpdate,
+                EventType::Create,
+                EventType::Delete,
+                EventType::RequestUpdate,
+            ] {
+                let e = event(ty, "agent-b", "guestbook", object("guestbook"));
+                let r = refused(decide(&identity("both"), mode, &e, None));
+                assert_eq!(r.reason, "Forbidden", "{mode} {ty}");
+                if ty == EventType::StatusUpdate || ty == EventType::RequestUpdate {
+                    assert_eq!(r.metric, "WrongNamespace", "{mode} {ty}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn objects_owned_by_another_agent_or_a_bad_label_are_forbidden() {
+        let who = identity("both");
+        let e = event(EventType::SpecUpdate, NS, "guestbook", object("guestbook"));
+        let r = refused(decide(&who, AgentMode::Autonomous, &e, Some("agent-b")));
+        assert_eq!(r.metric, "NotOwner");
+        assert!(
+            r.message.contains("owned by agent \"agent-b\""),
+            "{}",
+            r.message
+        );
+        let r = refused(decide(
+            &who,
+            AgentMode::Autonomous,
+            &e,
+            Some("Not An Agent"),
+        ));
+        assert_eq!(r.metric, "NotOwner");
+    }
+
+    #[test]
+    fn mode_outside_the_mapping_rule_is_forbidden() {
+        let e = event(
+            EventType::StatusUpdate,
+            NS,
+            "guestbook",
+            object("guestbook"),
+        );
+        let r = refused(decide(
+            &identity("autonomous"),
+            AgentMode::Managed,
+            &e,
+            None,
+        ));
+        assert_eq!(r.metric, "ModeNotAllowed");
+    }
+
+    #[test]
+    fn payload_naming_another_object_is_invalid() {
+        let e = event(EventType::SpecUpdate, NS, "guestbook", object("other"));
+        let r = refused(decide(&identity("both"), AgentMode::Autonomous, &e, None));
+        assert_eq!((r.reason, r.metric), ("Invalid", "Invalid"));
+    }
+
+    #[test]
+    fn hub_only_events_from_an_agent_are_bad_requests() {
+        let who = identity("both");
+        for ty in [
+            EventType::Hello,
+            EventType::Welcome,
+            EventType::RequestResourceResync,
+        ] {
+            let e = Event::new("spoke", ty, Payload::None);
+            let r = refused(decide(&who, AgentMode::Managed, &e, None));
+            assert_eq!(
+                (r.reason, r.metric),
+                ("BadRequest", "UnexpectedEvent"),
+                "{ty}"
+            );
+        }
+    }
+}
