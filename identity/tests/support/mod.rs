@@ -165,12 +165,13 @@ pub async fn serve(source: &SvidSource, policy: PeerPolicy) -> RunningServer {
     }
 }
 
-pub async fn channel(
+/// Dials the test server over SVID mTLS (a refusal may only surface at the first RPC).
+pub async fn dial(
     addr: SocketAddr,
     source: &SvidSource,
     pinned: PeerPolicy,
-) -> tonic::transport::Channel {
-    let config = client_config(source, pinned).expect("client config");
+) -> Result<tonic::transport::Channel, String> {
+    let config = client_config(source, pinned).map_err(|e| e.to_string())?;
     connect(
         &addr.to_string(),
         config,
@@ -181,7 +182,15 @@ pub async fn channel(
         },
     )
     .await
-    .expect("TCP + TLS connect")
+    .map_err(|e| e.to_string())
+}
+
+pub async fn channel(
+    addr: SocketAddr,
+    source: &SvidSource,
+    pinned: PeerPolicy,
+) -> tonic::transport::Channel {
+    dial(addr, source, pinned).await.expect("TCP + TLS connect")
 }
 
 /// One Version RPC (where TLS 1.3 client-certificate refusals surface).
@@ -199,18 +208,7 @@ pub async fn try_version(
     source: &SvidSource,
     pinned: PeerPolicy,
 ) -> Result<VersionResponse, String> {
-    let config = client_config(source, pinned).map_err(|e| e.to_string())?;
-    let channel = connect(
-        &addr.to_string(),
-        config,
-        "principal.argocd.svc",
-        ChannelOptions {
-            connect_timeout: Duration::from_secs(2),
-            ..ChannelOptions::default()
-        },
-    )
-    .await
-    .map_err(|e| e.to_string())?;
+    let channel = dial(addr, source, pinned).await?;
     version(channel).await.map_err(|e| e.to_string())
 }
 
