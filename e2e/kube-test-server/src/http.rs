@@ -108,6 +108,28 @@ async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
             Err(e) => error_response(&e),
         };
     }
+    let attrs = super::audit::resource_attributes(req.method(), &path, query.flag("watch"));
+    let user = shared.users.authenticate(req.headers());
+    let resp = match &user {
+        Err(e) => error_response(e),
+        Ok(user) => answer(&shared, req, &path, &query, user).await,
+    };
+    if let Some(mut a) = attrs {
+        a.user = user.ok();
+        a.code = resp.status().as_u16();
+        shared.requests.record(a);
+    }
+    resp
+}
+
+/// An authenticated request: injected faults first, then the API.
+async fn answer(
+    shared: &Arc<Shared>,
+    req: Request,
+    path: &str,
+    query: &Query,
+    user: &str,
+) -> Response {
     let latency = shared.faults.latency_ms.load(Ordering::SeqCst);
     if latency > 0 {
         tokio::time::sleep(Duration::from_millis(latency)).await;
@@ -132,7 +154,7 @@ async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
             format!("injected failure ({code}) from the kube test server"),
         ));
     }
-    match route(&shared, req, &path, &query).await {
+    match route(shared, req, path, query, user).await {
         Ok(r) => r,
         Err(e) => error_response(&e),
     }
@@ -178,6 +200,7 @@ async fn route(
     req: Request,
     path: &str,
     q: &Query,
+    _user: &str,
 ) -> Result<Response, ApiError> {
     let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
     let get_only = |v: Value| {

@@ -8,16 +8,24 @@
 //! use argocd_agent_kube_test_server::KubeTestServer;
 //! let server = KubeTestServer::start().await?;
 //! let dir = tempfile::tempdir()?;
+//! // Every kubeconfig carries a bearer token the server issued; requests without one get 401.
 //! server.write_kubeconfig(&dir.path().join("kubeconfig"), "test")?;
+//! server.write_kubeconfig_for_user(&dir.path().join("agent"), "test", "agent")?;
+//! // What each user asked for, as an RBAC authorizer sees it.
+//! let by_agent = server.requests().into_iter().filter(|r| r.user.as_deref() == Some("agent"));
+//! # drop(by_agent);
 //! server.shutdown().await;
 //! # Ok(()) }
 //! ```
 
+mod audit;
+mod auth;
 mod http;
 mod protobuf;
 mod selector;
 mod status;
 mod store;
+mod tls;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -28,6 +36,8 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::sync::watch;
 
+pub use audit::{REQUEST_LOG_LIMIT, RecordedRequest};
+pub use auth::User;
 pub use selector::{FieldSelector, LabelSelector};
 pub use status::ApiError;
 
@@ -173,6 +183,17 @@ pub struct ServerOptions {
     pub auto_create_namespaces: bool,
     /// Namespaces that exist at start (default `default`, `kube-system`).
     pub initial_namespaces: Vec<String>,
+    /// Users with fixed tokens (default none). Every kubeconfig the server writes also
+    /// registers its user with a random token on first use; a request with no token or an
+    /// unknown one is 401, as on a cluster without anonymous access.
+    pub users: Vec<User>,
+    /// Serve plain HTTP instead of HTTPS (default false). kube-rs sends bearer tokens over
+    /// plain HTTP, kubectl (client-go) does not, so kubectl needs the default.
+    pub plain_http: bool,
+    /// Demand a client certificate signed by the server's CA in the TLS handshake (default
+    /// false); kubeconfigs written by the server then carry one for their user. The bearer
+    /// token is still what names the user.
+    pub require_client_cert: bool,
 }
 
 impl Default for ServerOptions {
@@ -183,6 +204,9 @@ impl Default for ServerOptions {
             bookmark_interval: Duration::from_secs(1),
             auto_create_namespaces: false,
             initial_namespaces: vec!["default".into(), "kube-system".into()],
+            users: Vec::new(),
+            plain_http: false,
+            require_client_cert: false,
         }
     }
 }
@@ -199,6 +223,10 @@ struct Faults {
 /// Everything a request handler needs.
 struct Shared {
     store: store::Store,
+    users: auth::Users,
+    requests: audit::RequestLog,
+    /// `None` when serving plain HTTP.
+    tls: Option<tls::ServerTls>,
     faults: Faults,
     bookmark_interval: Duration,
     addr: SocketAddr,
@@ -257,9 +285,27 @@ impl KubeTestServer {
                     })?;
             }
         }
+        if options.plain_http && options.require_client_cert {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "require_client_cert needs TLS (plain_http is set)",
+            ));
+        }
+        let tls = if options.plain_http {
+            None
+        } else {
+            Some(tls::ServerTls::new(options.require_client_cert)?)
+        };
+        let users = auth::Users::default();
+        for u in &options.users {
+            users.register(u);
+        }
         let (shutdown, mut shutdown_rx) = watch::channel(false);
         let shared = Arc::new(Shared {
             store,
+            users,
+            requests: audit::RequestLog::default(),
+            tls,
             faults: Faults {
                 fail_remaining: AtomicUsize::new(0),
                 fail_status: AtomicU16::new(500),
@@ -271,26 +317,64 @@ impl KubeTestServer {
             shutdown,
         });
         let app = http::router(shared.clone());
-        let task = tokio::spawn(async move {
-            let stop = async move {
-                let _ = shutdown_rx.wait_for(|s| *s).await;
-            };
-            if let Err(e) = axum::serve(listener, app)
-                .with_graceful_shutdown(stop)
-                .await
-            {
-                tracing::warn!(error = %e, "kube test server stopped with an error");
+        let stop = async move {
+            let _ = shutdown_rx.wait_for(|s| *s).await;
+        };
+        let task = match &shared.tls {
+            Some(tls) => {
+                let served = axum::serve(tls.listen(listener)?, app).with_graceful_shutdown(stop);
+                tokio::spawn(async move {
+                    if let Err(e) = served.await {
+                        tracing::warn!(error = %e, "kube test server stopped with an error");
+                    }
+                })
             }
-        });
+            None => {
+                let served = axum::serve(listener, app).with_graceful_shutdown(stop);
+                tokio::spawn(async move {
+                    if let Err(e) = served.await {
+                        tracing::warn!(error = %e, "kube test server stopped with an error");
+                    }
+                })
+            }
+        };
         Ok(KubeTestServer {
             shared,
             task: Some(task),
         })
     }
 
-    /// Base URL, `http://127.0.0.1:<port>`.
+    /// Base URL, `https://127.0.0.1:<port>` (`http://` with [`ServerOptions::plain_http`]).
     pub fn url(&self) -> String {
-        format!("http://{}", self.shared.addr)
+        let scheme = if self.shared.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://{}", self.shared.addr)
+    }
+
+    /// The CA certificate (DER) clients must trust, `None` when serving plain HTTP.
+    pub fn ca_certificate_der(&self) -> Option<Vec<u8>> {
+        self.shared.tls.as_ref().map(|t| t.ca_der().to_vec())
+    }
+
+    /// The CA certificate (PEM), `None` when serving plain HTTP.
+    pub fn ca_certificate_pem(&self) -> Option<String> {
+        self.shared.tls.as_ref().map(|t| t.ca_pem().to_string())
+    }
+
+    /// A client certificate and key (PEM) for `user`, signed by the server's CA; `None` when
+    /// serving plain HTTP.
+    pub fn client_certificate_pem(&self, user: &str) -> Option<(String, String)> {
+        let tls = self.shared.tls.as_ref()?;
+        match tls.client_cert(user) {
+            Ok(c) => Some((c.cert_pem, c.key_pem)),
+            Err(e) => {
+                tracing::warn!(error = %e, user, "cannot issue a client certificate");
+                None
+            }
+        }
     }
 
     /// The bound address.
@@ -298,14 +382,64 @@ impl KubeTestServer {
         self.shared.addr
     }
 
-    /// A kubeconfig with one cluster, user and context named `context_name`, namespace `default`.
+    /// A kubeconfig with one cluster, user and context named `context_name`, namespace
+    /// `default`; the user (also named `context_name`) carries its bearer token.
     pub fn kubeconfig_yaml(&self, context_name: &str) -> String {
-        kubeconfig_yaml(&self.url(), context_name)
+        self.kubeconfig_yaml_for_user(context_name, context_name)
+    }
+
+    /// Like [`Self::kubeconfig_yaml`] for user `user` with its own token (issued on first use),
+    /// so requests of different clients can be told apart in [`Self::requests`].
+    pub fn kubeconfig_yaml_for_user(&self, context_name: &str, user: &str) -> String {
+        let tls = self.shared.tls.as_ref();
+        let client = tls
+            .filter(|t| t.require_client_cert)
+            .and_then(|_| self.client_certificate_pem(user));
+        render_kubeconfig(
+            &self.url(),
+            context_name,
+            user,
+            &self.token_for(user),
+            tls.map(|t| t.ca_pem()),
+            client.as_ref(),
+        )
     }
 
     /// Writes [`Self::kubeconfig_yaml`] to `path`.
     pub fn write_kubeconfig(&self, path: &Path, context_name: &str) -> std::io::Result<()> {
         std::fs::write(path, self.kubeconfig_yaml(context_name))
+    }
+
+    /// Writes [`Self::kubeconfig_yaml_for_user`] to `path`.
+    pub fn write_kubeconfig_for_user(
+        &self,
+        path: &Path,
+        context_name: &str,
+        user: &str,
+    ) -> std::io::Result<()> {
+        std::fs::write(path, self.kubeconfig_yaml_for_user(context_name, user))
+    }
+
+    /// The bearer token of `user`, issued on first use (for clients built without a
+    /// kubeconfig: send `Authorization: Bearer <token>`).
+    pub fn token_for(&self, user: &str) -> String {
+        self.shared.users.token_for(user)
+    }
+
+    /// Registers a user with a fixed token (replacing that user's earlier token).
+    pub fn add_user(&self, user: &User) {
+        self.shared.users.register(user);
+    }
+
+    /// Every resource request answered so far (discovery and OpenAPI excluded), oldest first;
+    /// the last [`REQUEST_LOG_LIMIT`] are kept.
+    pub fn requests(&self) -> Vec<RecordedRequest> {
+        self.shared.requests.snapshot()
+    }
+
+    /// Forgets the request log (e.g. after a test's setup).
+    pub fn clear_requests(&self) {
+        self.shared.requests.clear();
     }
 
     /// Ends every open watch stream now (clients see the stream close and must re-watch).
@@ -399,26 +533,53 @@ impl Drop for KubeTestServer {
     }
 }
 
-/// A kubeconfig for `server_url` with one cluster, user and context named `context_name`.
-pub fn kubeconfig_yaml(server_url: &str, context_name: &str) -> String {
+/// A kubeconfig for `server_url` with one cluster and context named `context_name` and one
+/// user `user` authenticated by bearer `token` (no CA: for plain HTTP or a system-trusted CA).
+pub fn kubeconfig_yaml(server_url: &str, context_name: &str, user: &str, token: &str) -> String {
+    render_kubeconfig(server_url, context_name, user, token, None, None)
+}
+
+fn render_kubeconfig(
+    server_url: &str,
+    context_name: &str,
+    user: &str,
+    token: &str,
+    ca_pem: Option<&str>,
+    client: Option<&(String, String)>,
+) -> String {
+    use base64::Engine as _;
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
     // A JSON string is a valid YAML double-quoted scalar, so any name is safe.
-    let context_name = Value::String(context_name.to_string()).to_string();
+    let quote = |s: &str| Value::String(s.to_string()).to_string();
+    let (context_name, user, token) = (quote(context_name), quote(user), quote(token));
+    let ca = ca_pem
+        .map(|p| format!("\n    certificate-authority-data: {}", b64(p)))
+        .unwrap_or_default();
+    let cert = client
+        .map(|(c, k)| {
+            format!(
+                "\n    client-certificate-data: {}\n    client-key-data: {}",
+                b64(c),
+                b64(k)
+            )
+        })
+        .unwrap_or_default();
     format!(
         "apiVersion: v1
 kind: Config
 clusters:
 - name: {context_name}
   cluster:
-    server: {server_url}
+    server: {server_url}{ca}
 users:
-- name: {context_name}
+- name: {user}
   user:
-    token: kube-test-server
+    token: {token}{cert}
 contexts:
 - name: {context_name}
   context:
     cluster: {context_name}
-    user: {context_name}
+    user: {user}
     namespace: default
 current-context: {context_name}
 "

@@ -19,6 +19,8 @@ const CMS: &str = "/api/v1/namespaces/argocd/configmaps";
 struct Http {
     client: Client<HttpConnector, Body>,
     base: String,
+    /// Bearer token sent with every request (`None`: anonymous).
+    token: Option<String>,
 }
 
 struct Resp {
@@ -32,6 +34,16 @@ impl Http {
         Self {
             client: Client::builder(TokioExecutor::new()).build_http(),
             base: server.url(),
+            token: Some(server.token_for("contract")),
+        }
+    }
+
+    /// The same server as another user (`None`: no credentials at all).
+    fn as_token(&self, token: Option<&str>) -> Self {
+        Self {
+            client: self.client.clone(),
+            base: self.base.clone(),
+            token: token.map(str::to_string),
         }
     }
 
@@ -51,6 +63,9 @@ impl Http {
         }
         if !accept.is_empty() {
             req = req.header("accept", accept);
+        }
+        if let Some(t) = &self.token {
+            req = req.header("authorization", format!("Bearer {t}"));
         }
         let req = req.body(Body::from(body.to_string())).expect("request");
         let resp = self
@@ -101,10 +116,11 @@ impl Http {
 
     /// Opens a watch and returns a reader of its events.
     async fn watch(&self, path_and_query: &str) -> Watch {
-        let req = Request::builder()
-            .uri(format!("{}{path_and_query}", self.base))
-            .body(Body::empty())
-            .expect("request");
+        let mut req = Request::builder().uri(format!("{}{path_and_query}", self.base));
+        if let Some(t) = &self.token {
+            req = req.header("authorization", format!("Bearer {t}"));
+        }
+        let req = req.body(Body::empty()).expect("request");
         let resp = self.client.request(req).await.expect("watch request");
         assert_eq!(resp.status().as_u16(), 200, "watch status");
         Watch {
@@ -157,9 +173,20 @@ fn rv(v: &Value) -> u64 {
         .expect("integer RV")
 }
 
+/// Options for a plain-HTTP server, for the raw HTTP client of these tests (TLS, the
+/// default, is tested through kube-rs and kubectl).
+fn plain() -> ServerOptions {
+    ServerOptions {
+        plain_http: true,
+        ..ServerOptions::default()
+    }
+}
+
 /// A server with namespace `argocd`.
 async fn setup() -> (KubeTestServer, Http) {
-    let server = KubeTestServer::start().await.expect("start");
+    let server = KubeTestServer::start_on("127.0.0.1:0".parse().unwrap(), plain())
+        .await
+        .expect("start");
     let http = Http::new(&server);
     let r = http
         .post(
@@ -273,6 +300,7 @@ async fn create_in_missing_namespace_is_404() {
 #[tokio::test]
 async fn auto_create_namespaces_option_creates_them() {
     let opts = ServerOptions {
+        plain_http: true,
         auto_create_namespaces: true,
         ..ServerOptions::default()
     };
@@ -763,6 +791,7 @@ async fn watch_with_selector_sees_objects_leave_and_enter_the_selection() {
 #[tokio::test]
 async fn watch_sends_bookmarks_when_idle_and_honours_timeout() {
     let opts = ServerOptions {
+        plain_http: true,
         bookmark_interval: Duration::from_millis(200),
         ..ServerOptions::default()
     };
@@ -838,6 +867,7 @@ async fn watch_from_compacted_history_gets_410_expired() {
 #[tokio::test]
 async fn history_is_bounded() {
     let opts = ServerOptions {
+        plain_http: true,
         history_limit: 3,
         ..ServerOptions::default()
     };
@@ -1683,4 +1713,215 @@ async fn delete_collection_removes_the_selected_objects() {
     let left = s.list_objects("argoproj.io", "v1alpha1", "applications", Some("argocd"));
     assert_eq!(left.len(), 1);
     assert_eq!(left[0]["metadata"]["name"], "y");
+}
+
+#[tokio::test]
+async fn requests_without_or_with_a_wrong_token_are_401_unauthorized() {
+    let (s, http) = setup().await;
+    for anonymous in [http.as_token(None), http.as_token(Some("not-issued"))] {
+        let r = anonymous.get(CMS).await;
+        assert_status(&r, 401, "Unauthorized");
+        // Discovery needs credentials too (no anonymous access, as with --anonymous-auth=false).
+        assert_eq!(anonymous.get("/api/v1").await.code, 401);
+    }
+    assert_eq!(http.get(CMS).await.code, 200);
+    // Fixed tokens from the options, and users added at run time.
+    s.add_user(&argocd_agent_kube_test_server::User::new("ci", "ci-token"));
+    assert_eq!(http.as_token(Some("ci-token")).get(CMS).await.code, 200);
+    let opts = ServerOptions {
+        plain_http: true,
+        users: vec![argocd_agent_kube_test_server::User::new("fixed", "t0")],
+        ..ServerOptions::default()
+    };
+    let s2 = KubeTestServer::start_on("127.0.0.1:0".parse().unwrap(), opts)
+        .await
+        .unwrap();
+    let h2 = Http::new(&s2).as_token(Some("t0"));
+    assert_eq!(h2.get("/api/v1/namespaces").await.code, 200);
+    assert_eq!(s2.requests().last().unwrap().user.as_deref(), Some("fixed"));
+}
+
+#[tokio::test]
+async fn request_log_records_what_an_rbac_authorizer_sees() {
+    use argocd_agent_kube_test_server::RecordedRequest;
+    let (s, http) = setup().await;
+    s.clear_requests();
+    http.get("/api/v1").await; // discovery: not recorded
+    assert_eq!(http.post(APPS, app("a")).await.code, 201);
+    assert_eq!(http.post(APPS, app("a")).await.code, 409);
+    let st = http
+        .patch(
+            &format!("{APPS}/a/status"),
+            "application/merge-patch+json",
+            r#"{"status":{"x":1}}"#,
+        )
+        .await;
+    assert_eq!(st.code, 200);
+    http.get(&format!("{APPS}?watch=true&timeoutSeconds=1"))
+        .await;
+    http.get("/apis/argoproj.io/v1alpha1/applications").await;
+    http.as_token(None).delete(&format!("{APPS}/a")).await;
+    http.delete(&format!("{CMS}")).await;
+    let rec = |user: Option<&str>,
+               verb: &str,
+               resource: &str,
+               sub: Option<&str>,
+               ns: Option<&str>,
+               name: Option<&str>,
+               code: u16| RecordedRequest {
+        user: user.map(str::to_string),
+        verb: verb.into(),
+        api_group: if resource == "configmaps" {
+            ""
+        } else {
+            "argoproj.io"
+        }
+        .into(),
+        resource: resource.into(),
+        subresource: sub.map(str::to_string),
+        namespace: ns.map(str::to_string),
+        name: name.map(str::to_string),
+        code,
+    };
+    let c = Some("contract");
+    assert_eq!(
+        s.requests(),
+        vec![
+            rec(c, "create", "applications", None, Some("argocd"), None, 201),
+            rec(c, "create", "applications", None, Some("argocd"), None, 409),
+            rec(
+                c,
+                "patch",
+                "applications",
+                Some("status"),
+                Some("argocd"),
+                Some("a"),
+                200
+            ),
+            rec(c, "watch", "applications", None, Some("argocd"), None, 200),
+            rec(c, "list", "applications", None, None, None, 200),
+            rec(
+                None,
+                "delete",
+                "applications",
+                None,
+                Some("argocd"),
+                Some("a"),
+                401
+            ),
+            rec(
+                c,
+                "deletecollection",
+                "configmaps",
+                None,
+                Some("argocd"),
+                None,
+                200
+            ),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn kubeconfigs_for_named_users_tell_clients_apart() {
+    let (s, _http) = setup().await;
+    let client = async |user: &str| {
+        let kc = kube::config::Kubeconfig::from_yaml(&s.kubeconfig_yaml_for_user("hub", user))
+            .expect("kubeconfig");
+        let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+            .await
+            .expect("config");
+        kube::Client::try_from(config).expect("client")
+    };
+    let principal: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+        kube::Api::namespaced(client("principal").await, "argocd");
+    let agent: kube::Api<k8s_openapi::api::core::v1::Secret> =
+        kube::Api::namespaced(client("agent").await, "argocd");
+    principal.list(&Default::default()).await.unwrap();
+    agent.get_opt("missing").await.unwrap();
+    assert_ne!(s.token_for("principal"), s.token_for("agent"));
+    let seen: Vec<(Option<String>, String, String, u16)> = s
+        .requests()
+        .into_iter()
+        .filter(|r| r.resource != "namespaces")
+        .map(|r| (r.user, r.verb, r.resource, r.code))
+        .collect();
+    assert_eq!(
+        seen,
+        vec![
+            (
+                Some("principal".into()),
+                "list".into(),
+                "configmaps".into(),
+                200
+            ),
+            (Some("agent".into()), "get".into(), "secrets".into(), 404),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn https_by_default_with_the_ca_in_every_kubeconfig() {
+    let s = KubeTestServer::start().await.unwrap();
+    assert!(s.url().starts_with("https://127.0.0.1:"), "{}", s.url());
+    let yaml = s.kubeconfig_yaml_for_user("hub", "principal");
+    assert!(yaml.contains("certificate-authority-data:"), "{yaml}");
+    let kc = kube::config::Kubeconfig::from_yaml(&yaml).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .unwrap();
+    let api: kube::Api<k8s_openapi::api::core::v1::Namespace> =
+        kube::Api::all(kube::Client::try_from(config).unwrap());
+    assert_eq!(api.list(&Default::default()).await.unwrap().items.len(), 2);
+    assert_eq!(s.requests()[0].user.as_deref(), Some("principal"));
+    // A plain-HTTP client cannot talk to it.
+    let plain = Http {
+        client: Client::builder(TokioExecutor::new()).build_http(),
+        base: s.url().replacen("https", "http", 1),
+        token: Some(s.token_for("principal")),
+    };
+    let r = plain
+        .client
+        .request(
+            Request::get(format!("{}/api/v1/namespaces", plain.base))
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await;
+    assert!(r.is_err() || r.is_ok_and(|r| r.status().as_u16() != 200));
+}
+
+#[tokio::test]
+async fn required_client_certificate_is_checked_in_the_handshake() {
+    let opts = ServerOptions {
+        require_client_cert: true,
+        ..ServerOptions::default()
+    };
+    let s = KubeTestServer::start_on("127.0.0.1:0".parse().unwrap(), opts)
+        .await
+        .unwrap();
+    let connect = async |yaml: String| {
+        let kc = kube::config::Kubeconfig::from_yaml(&yaml).unwrap();
+        let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+            .await
+            .unwrap();
+        let api: kube::Api<k8s_openapi::api::core::v1::Namespace> =
+            kube::Api::all(kube::Client::try_from(config).unwrap());
+        api.list(&Default::default()).await.map(|l| l.items.len())
+    };
+    let with_cert = s.kubeconfig_yaml_for_user("hub", "principal");
+    assert!(with_cert.contains("client-certificate-data:"));
+    assert_eq!(connect(with_cert.clone()).await.unwrap(), 2);
+    // The same kubeconfig without its client certificate is refused at the TLS layer.
+    let without: String = with_cert
+        .lines()
+        .filter(|l| !l.contains("client-certificate-data") && !l.contains("client-key-data"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert!(connect(without).await.is_err());
+    assert_eq!(
+        s.requests().len(),
+        1,
+        "a refused handshake never reaches the API"
+    );
 }
