@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use super::selector::{FieldSelector, LabelSelector};
 use super::status::ApiError;
 use super::store::{DeleteOutcome, Event, EventType, PatchKind, Preconditions, WriteMode};
-use super::{ResourceType, Shared};
+use super::{ColumnValue, ResourceType, Shared, Storage};
 
 /// Request bodies larger than this are refused (the apiserver's own limit is 3 MiB).
 const MAX_BODY: usize = 8 << 20;
@@ -67,10 +67,13 @@ fn method_not_allowed(method: &Method) -> ApiError {
 }
 
 /// Query parameters, URL-decoded (`+` is a space, `%xx` decoded).
-struct Query(Vec<(String, String)>);
+pub(super) struct Query(Vec<(String, String)>);
+
+/// Read access to the query for other modules.
+pub(super) type QueryView = Query;
 
 impl Query {
-    fn get(&self, k: &str) -> Option<&str> {
+    pub(super) fn get(&self, k: &str) -> Option<&str> {
         self.0.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str())
     }
     fn flag(&self, k: &str) -> bool {
@@ -93,6 +96,8 @@ struct Target {
     ns: Option<String>,
     name: Option<String>,
     status: bool,
+    /// A pod subresource other than status: `log` or `exec`.
+    pod_sub: Option<&'static str>,
 }
 
 async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
@@ -200,7 +205,7 @@ async fn route(
     req: Request,
     path: &str,
     q: &Query,
-    _user: &str,
+    user: &str,
 ) -> Result<Response, ApiError> {
     let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
     let get_only = |v: Value| {
@@ -278,7 +283,7 @@ async fn route(
         }
         [] => return Err(not_found_path()),
     };
-    serve_resource(shared, req, target, q).await
+    serve_resource(shared, req, target, q, user).await
 }
 
 fn parse_tail(
@@ -287,17 +292,20 @@ fn parse_tail(
     ns: Option<String>,
     tail: &[&str],
 ) -> Result<Target, ApiError> {
-    let (name, status) = match tail {
-        [] => (None, false),
-        [name] => (Some(name.to_string()), false),
-        [name, "status"] if shared.store.resources[res].status_subresource => {
-            (Some(name.to_string()), true)
-        }
+    let r = &shared.store.resources[res];
+    let is_pods = r.group.is_empty() && r.plural == "pods";
+    let (name, status, pod_sub) = match tail {
+        [] => (None, false, None),
+        [name] => (Some(name.to_string()), false, None),
+        [name, "status"] if r.status_subresource => (Some(name.to_string()), true, None),
+        [name, "log"] if is_pods => (Some(name.to_string()), false, Some("log")),
+        [name, "exec"] if is_pods => (Some(name.to_string()), false, Some("exec")),
         _ => return Err(not_found_path()),
     };
     Ok(Target {
         res,
         ns,
+        pod_sub,
         name,
         status,
     })
@@ -355,11 +363,37 @@ fn resource_list(shared: &Shared, group: &str, version: &str) -> Value {
         .iter()
         .filter(|r| r.group == group && r.version == version)
     {
-        resources.push(json!({
+        let verbs = match r.storage {
+            Storage::Objects => json!([
+                "create",
+                "delete",
+                "deletecollection",
+                "get",
+                "list",
+                "patch",
+                "update",
+                "watch"
+            ]),
+            Storage::Review => json!(["create"]),
+        };
+        let mut doc = json!({
             "name": r.plural, "singularName": r.singular, "namespaced": r.namespaced, "kind": r.kind,
-            "verbs": ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"],
-            "shortNames": r.short_names,
-        }));
+            "verbs": verbs, "shortNames": r.short_names,
+        });
+        if !r.categories.is_empty() {
+            doc["categories"] = json!(r.categories);
+        }
+        resources.push(doc);
+        if r.group.is_empty() && r.plural == "pods" {
+            resources.push(
+                json!({"name": "pods/log", "singularName": "", "namespaced": true,
+                "kind": "Pod", "verbs": ["get"]}),
+            );
+            resources.push(
+                json!({"name": "pods/exec", "singularName": "", "namespaced": true,
+                "kind": "PodExecOptions", "verbs": ["create", "get"]}),
+            );
+        }
         if r.status_subresource {
             resources.push(json!({
                 "name": format!("{}/status", r.plural), "singularName": "", "namespaced": r.namespaced,
@@ -509,10 +543,10 @@ fn wants_table(headers: &HeaderMap, q: &Query) -> Option<IncludeObject> {
 }
 
 fn human_age(created: Option<&str>) -> String {
-    let Some(ts) = created.and_then(|c| c.parse::<k8s_openapi::jiff::Timestamp>().ok()) else {
+    let Some(ts) = created.and_then(|c| c.parse::<jiff::Timestamp>().ok()) else {
         return "<unknown>".into();
     };
-    let secs = (k8s_openapi::jiff::Timestamp::now().as_second() - ts.as_second()).max(0);
+    let secs = (jiff::Timestamp::now().as_second() - ts.as_second()).max(0);
     match secs {
         s if s < 120 => format!("{s}s"),
         s if s < 600 => format!("{}m{}s", s / 60, s % 60),
@@ -543,11 +577,16 @@ fn render_table(r: &ResourceType, objects: &[Value], rv: u64, include: IncludeOb
                     .and_then(Value::as_str),
             );
             let mut cells = vec![json!(name)];
-            cells.extend(
-                r.columns
-                    .iter()
-                    .map(|c| json_path(o, &c.json_path).cloned().unwrap_or(Value::Null)),
-            );
+            cells.extend(r.columns.iter().map(|c| match c.value {
+                ColumnValue::Value => json_path(o, &c.json_path).cloned().unwrap_or(Value::Null),
+                ColumnValue::KeyCount => json!(
+                    c.json_path
+                        .split(',')
+                        .filter_map(|p| json_path(o, p.trim()).and_then(Value::as_object))
+                        .map(|m| m.len())
+                        .sum::<usize>()
+                ),
+            }));
             cells.push(json!(age));
             let mut row = json!({"cells": cells});
             match include {
@@ -569,8 +608,12 @@ fn render_table(r: &ResourceType, objects: &[Value], rv: u64, include: IncludeOb
                                   "description": "Name must be unique within a namespace."}),
     ];
     for c in &r.columns {
+        let ty = match c.value {
+            ColumnValue::Value => "string",
+            ColumnValue::KeyCount => "integer",
+        };
         columns.push(
-            json!({"name": c.name, "type": "string", "format": "", "priority": c.priority,
+            json!({"name": c.name, "type": ty, "format": "", "priority": c.priority,
                             "description": format!("{} ({})", c.name, c.json_path)}),
         );
     }
@@ -594,13 +637,16 @@ struct Filter {
 }
 
 impl Filter {
-    fn from_query(target: &Target, q: &Query) -> Result<Self, ApiError> {
+    fn from_query(r: &ResourceType, target: &Target, q: &Query) -> Result<Self, ApiError> {
         Ok(Self {
             ns: target.ns.clone().filter(|n| !n.is_empty()),
             labels: LabelSelector::parse(q.get("labelSelector").unwrap_or(""))
                 .map_err(|e| ApiError::bad_request(format!("unable to parse requirement: {e}")))?,
-            fields: FieldSelector::parse(q.get("fieldSelector").unwrap_or(""))
-                .map_err(ApiError::bad_request)?,
+            fields: FieldSelector::parse_for(
+                q.get("fieldSelector").unwrap_or(""),
+                &r.field_selectors,
+            )
+            .map_err(ApiError::bad_request)?,
         })
     }
     fn matches(&self, obj: &Value) -> bool {
@@ -616,10 +662,42 @@ async fn serve_resource(
     req: Request,
     t: Target,
     q: &Query,
+    user: &str,
 ) -> Result<Response, ApiError> {
     let store = &shared.store;
     let r = store.resources[t.res].clone();
     let method = req.method().clone();
+    if r.storage == Storage::Review {
+        return match (&method, &t.name) {
+            (&Method::POST, None) => {
+                let (headers, body) = read_body(req).await?;
+                let review = decode_object(&headers, &body)?;
+                Ok(json_response(
+                    201,
+                    &super::review::answer(&r, review, user)?,
+                ))
+            }
+            _ => Err(method_not_allowed(&method)),
+        };
+    }
+    match t.pod_sub {
+        Some("log") if method == Method::GET => {
+            let name = t.name.clone().unwrap_or_default();
+            let pod = store.get(t.res, t.ns.as_deref().unwrap_or(""), &name)?;
+            let text = super::pods::log(shared, &pod, q)?;
+            let mut resp = Response::new(Body::from(text));
+            resp.headers_mut()
+                .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+            return Ok(resp);
+        }
+        Some("exec") if method == Method::GET || method == Method::POST => {
+            let name = t.name.clone().unwrap_or_default();
+            store.get(t.res, t.ns.as_deref().unwrap_or(""), &name)?;
+            return Err(super::pods::exec(req.headers()));
+        }
+        Some(_) => return Err(method_not_allowed(&method)),
+        None => {}
+    }
     let table = wants_table(req.headers(), q);
     let ns = t.ns.clone().unwrap_or_default();
     let dry_run = match q.get("dryRun") {
@@ -637,7 +715,7 @@ async fn serve_resource(
     };
     let Some(name) = t.name.clone() else {
         // Collection.
-        let filter = Filter::from_query(&t, q)?;
+        let filter = Filter::from_query(&r, &t, q)?;
         return match method {
             Method::GET if q.flag("watch") => {
                 if let Some(rv) = q.rv()? {
@@ -720,6 +798,8 @@ async fn serve_resource(
                 Ok(json_response(201, &store.create(t.res, &ns, obj, dry_run)?))
             }
             Method::DELETE => {
+                let (_, body) = read_body(req).await?;
+                let dry_run = dry_run || body_dry_run(&delete_options(&body)?)?;
                 let (items, _) = store.list(t.res, t.ns.as_deref().filter(|n| !n.is_empty()));
                 let mut deleted = Vec::new();
                 for o in items.iter().filter(|o| filter.matches(o)) {
@@ -779,6 +859,14 @@ async fn serve_resource(
             let kind = match media_type(&headers).as_str() {
                 "application/merge-patch+json" => PatchKind::Merge,
                 "application/json-patch+json" => PatchKind::Json,
+                // CRDs have no strategic merge metadata: the apiserver refuses the type.
+                "application/strategic-merge-patch+json" if r.custom => {
+                    return Err(ApiError::new(
+                        415,
+                        "UnsupportedMediaType",
+                        "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml",
+                    ));
+                }
                 "application/strategic-merge-patch+json" => PatchKind::Strategic,
                 "application/apply-patch+yaml" => PatchKind::Apply,
                 other => {
@@ -797,15 +885,12 @@ async fn serve_resource(
         }
         Method::DELETE if !t.status => {
             let (_, body) = read_body(req).await?;
+            let opts = delete_options(&body)?;
             let mut pre = Preconditions::default();
-            if !body.is_empty() {
-                let opts: Value = serde_json::from_slice(&body).map_err(|e| {
-                    ApiError::bad_request(format!("the DeleteOptions body is not valid JSON: {e}"))
-                })?;
-                let s = |p: &str| opts.pointer(p).and_then(Value::as_str).map(str::to_string);
-                pre.uid = s("/preconditions/uid");
-                pre.resource_version = s("/preconditions/resourceVersion");
-            }
+            let s = |p: &str| opts.pointer(p).and_then(Value::as_str).map(str::to_string);
+            pre.uid = s("/preconditions/uid");
+            pre.resource_version = s("/preconditions/resourceVersion");
+            let dry_run = dry_run || body_dry_run(&opts)?;
             match store.delete(t.res, &ns, &name, &pre, dry_run)? {
                 // The apiserver answers a Status for core resources that do not return the
                 // deleted object (secrets, configmaps) and the object for the others.
@@ -825,6 +910,37 @@ async fn serve_resource(
             }
         }
         m => Err(method_not_allowed(&m)),
+    }
+}
+
+/// The `DeleteOptions` body (empty: none).
+fn delete_options(body: &[u8]) -> Result<Value, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(json!({}));
+    }
+    let opts: Value = serde_json::from_slice(body).map_err(|e| {
+        ApiError::bad_request(format!("the DeleteOptions body is not valid JSON: {e}"))
+    })?;
+    if !opts.is_object() {
+        return Err(ApiError::bad_request(
+            "the DeleteOptions body is not an object",
+        ));
+    }
+    Ok(opts)
+}
+
+/// `DeleteOptions.dryRun` (`["All"]`), which kubectl, client-go, the Python client and
+/// kube-rs send in the body rather than the query.
+fn body_dry_run(opts: &Value) -> Result<bool, ApiError> {
+    match opts.get("dryRun") {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Array(a)) if a.is_empty() => Ok(false),
+        Some(Value::Array(a)) if a.iter().all(|v| v == "All") => Ok(true),
+        Some(other) => Err(ApiError::new(
+            422,
+            "Invalid",
+            format!("dryRun: Unsupported value: {other}: supported values: \"All\""),
+        )),
     }
 }
 

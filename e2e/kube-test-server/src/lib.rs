@@ -21,11 +21,15 @@
 mod audit;
 mod auth;
 mod http;
+mod pods;
 mod protobuf;
+mod review;
 mod selector;
 mod status;
 mod store;
+mod strategic;
 mod tls;
+mod validation;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -38,6 +42,7 @@ use tokio::sync::watch;
 
 pub use audit::{REQUEST_LOG_LIMIT, RecordedRequest};
 pub use auth::User;
+pub use pods::POD_LOG_LIMIT;
 pub use selector::{FieldSelector, LabelSelector};
 pub use status::ApiError;
 
@@ -63,6 +68,30 @@ pub struct ResourceType {
     /// Extra `kubectl get` columns between NAME and AGE, like a CRD's
     /// `additionalPrinterColumns`.
     pub columns: Vec<PrinterColumn>,
+    /// A custom resource (CRD): `PUT` needs `metadata.resourceVersion`, strategic merge patch
+    /// is 415, `metadata.generation` is kept. [`ResourceType::new`] sets it for non-core groups;
+    /// [`ResourceType::built_in`] clears it.
+    pub custom: bool,
+    /// Whether the kind keeps `metadata.generation` (CRDs and kinds with a spec do;
+    /// ConfigMap, Secret, Namespace, Lease and Event do not).
+    pub generation: bool,
+    /// Discovery categories (`all` makes `kubectl get all` list the resource).
+    pub categories: Vec<String>,
+    /// `fieldSelector` fields besides `metadata.name` / `metadata.namespace`, with the JSON
+    /// pointer each one reads.
+    pub field_selectors: Vec<(String, String)>,
+    /// What the resource stores.
+    pub storage: Storage,
+}
+
+/// How a resource is served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Storage {
+    /// Objects are stored: every verb.
+    Objects,
+    /// A review: `create` only, answered from the request and never stored
+    /// (SelfSubjectAccessReview, SelfSubjectReview).
+    Review,
 }
 
 /// A `kubectl get` column taken from the object by a simple JSONPath (`.status.sync.status`).
@@ -70,10 +99,21 @@ pub struct ResourceType {
 pub struct PrinterColumn {
     /// Column title.
     pub name: String,
-    /// Dotted path into the object.
+    /// Dotted path into the object; for [`ColumnValue::KeyCount`], paths separated by `,`.
     pub json_path: String,
     /// 0: always shown; higher: only with `-o wide`.
     pub priority: u32,
+    /// What the cell shows.
+    pub value: ColumnValue,
+}
+
+/// What a printer column cell shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ColumnValue {
+    /// The value at the path.
+    Value,
+    /// The number of keys of the maps at the paths (ConfigMap and Secret `DATA`).
+    KeyCount,
 }
 
 impl ResourceType {
@@ -96,7 +136,50 @@ impl ResourceType {
             status_subresource,
             short_names: Vec::new(),
             columns: Vec::new(),
+            custom: !group.is_empty(),
+            generation: true,
+            categories: Vec::new(),
+            field_selectors: Vec::new(),
+            storage: Storage::Objects,
         }
+    }
+
+    /// A built-in kind (not a CRD); `generation` says whether it keeps `metadata.generation`.
+    pub fn built_in(mut self, generation: bool) -> Self {
+        self.custom = false;
+        self.generation = generation;
+        self
+    }
+
+    /// Adds discovery categories.
+    pub fn with_categories(mut self, categories: &[&str]) -> Self {
+        self.categories = categories.iter().map(|s| s.to_string()).collect();
+        self
+    }
+
+    /// Adds `fieldSelector` fields: `(field, JSON pointer)`.
+    pub fn with_field_selectors(mut self, fields: &[(&str, &str)]) -> Self {
+        self.field_selectors
+            .extend(fields.iter().map(|(f, p)| (f.to_string(), p.to_string())));
+        self
+    }
+
+    /// Makes this a create-only review resource.
+    pub fn review(mut self) -> Self {
+        self.storage = Storage::Review;
+        self.generation = false;
+        self
+    }
+
+    /// Adds a column counting the keys of the maps at `json_paths` (comma-separated).
+    pub fn with_key_count_column(mut self, name: &str, json_paths: &str) -> Self {
+        self.columns.push(PrinterColumn {
+            name: name.into(),
+            json_path: json_paths.into(),
+            priority: 0,
+            value: ColumnValue::KeyCount,
+        });
+        self
     }
 
     /// Adds kubectl short names.
@@ -111,6 +194,7 @@ impl ResourceType {
             name: name.into(),
             json_path: json_path.into(),
             priority,
+            value: ColumnValue::Value,
         });
         self
     }
@@ -133,15 +217,102 @@ impl ResourceType {
         }
     }
 
-    /// The resources registered by default: `v1` namespaces, secrets, configmaps and
-    /// `argoproj.io/v1alpha1` applications (with `/status`) and appprojects.
+    /// The resources registered by default: `v1` namespaces, secrets, configmaps, pods (with
+    /// `/status`, `/log`, `/exec`) and events; `coordination.k8s.io/v1` leases;
+    /// `events.k8s.io/v1` events; the self reviews of `authorization.k8s.io/v1` and
+    /// `authentication.k8s.io/v1`; `argoproj.io/v1alpha1` applications (with `/status`) and
+    /// appprojects.
     pub fn defaults() -> Vec<ResourceType> {
+        let involved = [
+            ("involvedObject.kind", "/involvedObject/kind"),
+            ("involvedObject.namespace", "/involvedObject/namespace"),
+            ("involvedObject.name", "/involvedObject/name"),
+            ("involvedObject.uid", "/involvedObject/uid"),
+            ("involvedObject.apiVersion", "/involvedObject/apiVersion"),
+            (
+                "involvedObject.resourceVersion",
+                "/involvedObject/resourceVersion",
+            ),
+            ("involvedObject.fieldPath", "/involvedObject/fieldPath"),
+            ("reason", "/reason"),
+            ("reportingComponent", "/reportingComponent"),
+            ("source", "/source/component"),
+            ("type", "/type"),
+        ];
         vec![
             ResourceType::new("", "v1", "namespaces", "Namespace", false, true)
-                .with_short_names(&["ns"]),
-            ResourceType::new("", "v1", "secrets", "Secret", true, false),
+                .built_in(false)
+                .with_short_names(&["ns"])
+                .with_column("Status", ".status.phase", 0)
+                .with_field_selectors(&[("status.phase", "/status/phase")]),
+            ResourceType::new("", "v1", "secrets", "Secret", true, false)
+                .built_in(false)
+                .with_column("Type", ".type", 0)
+                .with_key_count_column("Data", ".data")
+                .with_field_selectors(&[("type", "/type")]),
             ResourceType::new("", "v1", "configmaps", "ConfigMap", true, false)
-                .with_short_names(&["cm"]),
+                .built_in(false)
+                .with_short_names(&["cm"])
+                .with_key_count_column("Data", ".data,.binaryData"),
+            ResourceType::new("", "v1", "pods", "Pod", true, true)
+                .built_in(true)
+                .with_short_names(&["po"])
+                .with_categories(&["all"])
+                .with_column("Status", ".status.phase", 0)
+                .with_column("Node", ".spec.nodeName", 10)
+                .with_field_selectors(&[
+                    ("spec.nodeName", "/spec/nodeName"),
+                    ("spec.restartPolicy", "/spec/restartPolicy"),
+                    ("spec.schedulerName", "/spec/schedulerName"),
+                    ("spec.serviceAccountName", "/spec/serviceAccountName"),
+                    ("status.phase", "/status/phase"),
+                    ("status.podIP", "/status/podIP"),
+                    ("status.nominatedNodeName", "/status/nominatedNodeName"),
+                ]),
+            ResourceType::new("", "v1", "events", "Event", true, false)
+                .built_in(false)
+                .with_short_names(&["ev"])
+                .with_column("Type", ".type", 0)
+                .with_column("Reason", ".reason", 0)
+                .with_column("Message", ".message", 0)
+                .with_field_selectors(&involved),
+            ResourceType::new("coordination.k8s.io", "v1", "leases", "Lease", true, false)
+                .built_in(false)
+                .with_column("Holder", ".spec.holderIdentity", 0),
+            ResourceType::new("events.k8s.io", "v1", "events", "Event", true, false)
+                .built_in(false)
+                .with_short_names(&["ev"])
+                .with_column("Type", ".type", 0)
+                .with_column("Reason", ".reason", 0)
+                .with_field_selectors(&[
+                    ("regarding.kind", "/regarding/kind"),
+                    ("regarding.namespace", "/regarding/namespace"),
+                    ("regarding.name", "/regarding/name"),
+                    ("regarding.uid", "/regarding/uid"),
+                    ("reason", "/reason"),
+                    ("reportingController", "/reportingController"),
+                    ("type", "/type"),
+                ]),
+            ResourceType::new(
+                "authorization.k8s.io",
+                "v1",
+                "selfsubjectaccessreviews",
+                "SelfSubjectAccessReview",
+                false,
+                false,
+            )
+            .built_in(false)
+            .review(),
+            ResourceType::new(
+                "authentication.k8s.io",
+                "v1",
+                "selfsubjectreviews",
+                "SelfSubjectReview",
+                false,
+                false,
+            )
+            .built_in(false)
+            .review(),
             ResourceType::new(
                 "argoproj.io",
                 "v1alpha1",
@@ -227,6 +398,7 @@ struct Shared {
     requests: audit::RequestLog,
     /// `None` when serving plain HTTP.
     tls: Option<tls::ServerTls>,
+    pod_logs: pods::PodLogs,
     faults: Faults,
     bookmark_interval: Duration,
     addr: SocketAddr,
@@ -306,6 +478,7 @@ impl KubeTestServer {
             users,
             requests: audit::RequestLog::default(),
             tls,
+            pod_logs: pods::PodLogs::default(),
             faults: Faults {
                 fail_remaining: AtomicUsize::new(0),
                 fail_status: AtomicU16::new(500),
@@ -435,6 +608,12 @@ impl KubeTestServer {
     /// the last [`REQUEST_LOG_LIMIT`] are kept.
     pub fn requests(&self) -> Vec<RecordedRequest> {
         self.shared.requests.snapshot()
+    }
+
+    /// Sets what `GET pods/<pod>/log?container=<container>` answers (the tail of the last
+    /// [`POD_LOG_LIMIT`] bytes is kept).
+    pub fn set_pod_log(&self, ns: &str, pod: &str, container: &str, text: &str) {
+        self.shared.pod_logs.set(ns, pod, container, text);
     }
 
     /// Forgets the request log (e.g. after a test's setup).

@@ -107,6 +107,8 @@ fn object_meta(b: &[u8]) -> Result<Value, String> {
     let mut m = Map::new();
     for f in fields(b) {
         match f? {
+            // gogo-protobuf writes empty strings; JSON (omitempty) would leave them out.
+            (1 | 2 | 3, Field::Bytes([])) => {}
             (1, Field::Bytes(x)) => {
                 m.insert("name".into(), Value::String(string(x)?));
             }
@@ -177,6 +179,7 @@ pub fn decode(body: &[u8]) -> Result<Value, String> {
                 obj.insert("immutable".into(), Value::Bool(v != 0));
             }
             ("Secret", 2, Field::Bytes(x)) => insert_map(&mut obj, "data", map_entry(x, true)?),
+            ("Secret", 3, Field::Bytes([])) => {}
             ("Secret", 3, Field::Bytes(x)) => {
                 obj.insert("type".into(), Value::String(string(x)?));
             }
@@ -223,6 +226,20 @@ mod tests {
             v,
             json!({"apiVersion": "v1", "kind": "ConfigMap",
                    "metadata": {"name": "cm1", "labels": {"app": "x"}}, "data": {"k": "v"}})
+        );
+    }
+
+    #[test]
+    fn empty_strings_are_left_out_as_json_would() {
+        // gogo-protobuf writes name, generateName and namespace even when empty.
+        let meta = [len_field(1, b"cm1"), len_field(2, b""), len_field(3, b"")].concat();
+        let tm = [len_field(1, b"v1"), len_field(2, b"Secret")].concat();
+        let raw = [len_field(1, &meta), len_field(3, b"")].concat();
+        let body = [b"k8s\0".to_vec(), len_field(1, &tm), len_field(2, &raw)].concat();
+        let v = decode(&body).unwrap();
+        assert_eq!(
+            v,
+            json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "cm1"}})
         );
     }
 

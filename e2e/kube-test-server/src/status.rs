@@ -86,6 +86,24 @@ impl ApiError {
         .with_details(res, name, &res.kind)
     }
 
+    /// 403 Forbidden: a create in a namespace that is being deleted.
+    pub fn namespace_terminating(res: &ResourceType, name: &str, ns: &str) -> Self {
+        let message = format!(
+            "unable to create new content in namespace {ns} because it is being terminated"
+        );
+        let mut e = Self::new(
+            403,
+            "Forbidden",
+            format!(
+                "{} \"{name}\" is forbidden: {message}",
+                res.qualified_plural()
+            ),
+        );
+        e.details = Some(json!({"name": name, "group": res.group, "kind": res.plural,
+            "causes": [{"reason": "NamespaceTerminating", "message": message, "field": "metadata.namespace"}]}));
+        e
+    }
+
     /// 410 Expired for a resourceVersion older than the event history.
     pub fn expired(requested: u64, oldest: u64) -> Self {
         Self::new(

@@ -384,7 +384,27 @@ async fn stale_update_is_409_and_empty_resource_version_is_unconditional() {
             .unwrap()
             .contains("the object has been modified")
     );
+    // Custom resources need a resourceVersion on PUT (422); built-in kinds allow an
+    // unconditional update.
     stale["metadata"]["resourceVersion"] = json!("");
+    let r = http.put(&format!("{APPS}/u"), stale.clone()).await;
+    assert_status(&r, 422, "Invalid");
+    assert!(
+        r.body["message"]
+            .as_str()
+            .unwrap()
+            .contains("metadata.resourceVersion")
+    );
+    http.post(CMS, json!({"metadata": {"name": "u"}, "data": {"a": "1"}}))
+        .await;
+    let r = http
+        .put(
+            &format!("{CMS}/u"),
+            json!({"metadata": {"name": "u"}, "data": {"a": "2"}}),
+        )
+        .await;
+    assert_eq!(r.code, 200, "{}", r.body);
+    stale["metadata"]["resourceVersion"] = json!(updated.body["metadata"]["resourceVersion"]);
     let r = http.put(&format!("{APPS}/u"), stale).await;
     assert_eq!(r.code, 200);
     assert_eq!(r.body["spec"]["project"], "p2");
@@ -488,17 +508,6 @@ async fn merge_and_json_patches_follow_their_rfcs() {
         400,
         "BadRequest",
     );
-    // Strategic merge patch is answered as a merge patch, directives dropped.
-    let r = http
-        .patch(
-            &path,
-            "application/strategic-merge-patch+json",
-            r#"{"spec":{"project":"z","$retainKeys":["project"]}}"#,
-        )
-        .await;
-    assert_eq!(r.code, 200);
-    assert_eq!(r.body["spec"]["project"], "z");
-    assert!(r.body["spec"].get("$retainKeys").is_none());
     let r = http.patch(&path, "text/plain", "{}").await;
     assert_status(&r, 415, "UnsupportedMediaType");
     // A resourceVersion in the patch is a precondition.
@@ -951,7 +960,7 @@ async fn unknown_paths_and_verbs_get_status_errors() {
         "NotFound",
     );
     assert_status(
-        &http.get("/api/v1/namespaces/argocd/pods").await,
+        &http.get("/api/v1/namespaces/argocd/deployments").await,
         404,
         "NotFound",
     );
@@ -996,8 +1005,15 @@ async fn discovery_documents_describe_the_registered_resources() {
         "client-go falls back to legacy discovery"
     );
     assert_eq!(apis.body["kind"], "APIGroupList");
+    let argo = apis.body["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["name"] == "argoproj.io")
+        .unwrap()
+        .clone();
     assert_eq!(
-        apis.body["groups"][0]["preferredVersion"]["groupVersion"],
+        argo["preferredVersion"]["groupVersion"],
         "argoproj.io/v1alpha1"
     );
     assert_eq!(http.get("/apis/argoproj.io").await.body["kind"], "APIGroup");
@@ -1924,4 +1940,599 @@ async fn required_client_certificate_is_checked_in_the_handshake() {
         1,
         "a refused handshake never reaches the API"
     );
+}
+
+// ---- Round two (issue 9): one or more tests per numbered point. ----
+
+const SECRETS: &str = "/api/v1/namespaces/argocd/secrets";
+
+/// Point 1.
+#[tokio::test]
+async fn dry_run_delete_in_body_keeps_the_object() {
+    let (s, http) = setup().await;
+    http.post(APPS, app("keep")).await;
+    let rv_before = s.resource_version();
+    let r = http
+        .call(
+            Method::DELETE,
+            &format!("{APPS}/keep"),
+            "application/json",
+            "",
+            r#"{"kind":"DeleteOptions","apiVersion":"v1","dryRun":["All"]}"#,
+        )
+        .await;
+    assert_eq!(r.code, 200, "{}", r.body);
+    assert_eq!(r.body["metadata"]["name"], "keep");
+    assert!(
+        s.get_object(
+            "argoproj.io",
+            "v1alpha1",
+            "applications",
+            Some("argocd"),
+            "keep"
+        )
+        .is_some()
+    );
+    assert_eq!(s.resource_version(), rv_before, "nothing written");
+    // The collection form too.
+    let r = http
+        .call(
+            Method::DELETE,
+            APPS,
+            "application/json",
+            "",
+            r#"{"dryRun":["All"]}"#,
+        )
+        .await;
+    assert_eq!(r.code, 200);
+    assert_eq!(
+        s.list_objects("argoproj.io", "v1alpha1", "applications", None)
+            .len(),
+        1
+    );
+    let r = http
+        .call(
+            Method::DELETE,
+            &format!("{APPS}/keep"),
+            "application/json",
+            "",
+            r#"{"dryRun":["Some"]}"#,
+        )
+        .await;
+    assert_status(&r, 422, "Invalid");
+}
+
+/// Point 1, through kube-rs's `DeleteParams` (which puts dryRun in the body).
+#[tokio::test]
+async fn kube_rs_dry_run_delete_keeps_the_object() {
+    let (s, _http) = setup().await;
+    let kc = kube::config::Kubeconfig::from_yaml(&s.kubeconfig_yaml("t")).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .unwrap();
+    let api: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+        kube::Api::namespaced(kube::Client::try_from(config).unwrap(), "argocd");
+    let cm = serde_json::from_value(json!({"metadata": {"name": "c"}})).unwrap();
+    api.create(&Default::default(), &cm).await.unwrap();
+    api.delete(
+        "c",
+        &kube::api::DeleteParams {
+            dry_run: true,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert!(api.get_opt("c").await.unwrap().is_some());
+}
+
+/// Point 3.
+#[tokio::test]
+async fn strategic_merge_patch_is_415_on_custom_resources_and_honours_directives_on_built_ins() {
+    let (_s, http) = setup().await;
+    http.post(APPS, app("smp")).await;
+    let r = http
+        .patch(
+            &format!("{APPS}/smp"),
+            "application/strategic-merge-patch+json",
+            r#"{"spec":{"project":"z"}}"#,
+        )
+        .await;
+    assert_status(&r, 415, "UnsupportedMediaType");
+    http.post(
+        CMS,
+        json!({"metadata": {"name": "c", "finalizers": ["a/x"]}, "data": {"a": "1", "b": "2"}}),
+    )
+    .await;
+    let r = http
+        .patch(
+            &format!("{CMS}/c"),
+            "application/strategic-merge-patch+json",
+            r#"{"data":{"$patch":"replace","c":"3"},"metadata":{"finalizers":["a/y"]}}"#,
+        )
+        .await;
+    assert_eq!(r.code, 200, "{}", r.body);
+    assert_eq!(
+        r.body["data"],
+        json!({"c": "3"}),
+        "$patch: replace replaces the map"
+    );
+    assert_eq!(
+        r.body["metadata"]["finalizers"],
+        json!(["a/x", "a/y"]),
+        "finalizers merge as a set"
+    );
+    let r = http
+        .patch(
+            &format!("{CMS}/c"),
+            "application/strategic-merge-patch+json",
+            r#"{"metadata":{"$deleteFromPrimitiveList/finalizers":["a/x","a/y"]},"data":{"$patch":"delete"}}"#,
+        )
+        .await;
+    assert_eq!(r.code, 200, "{}", r.body);
+    assert!(r.body.get("data").is_none());
+}
+
+/// Point 4.
+#[tokio::test]
+async fn namespace_deletion_terminates_then_removes_it_when_empty() {
+    let (s, http) = setup().await;
+    let ns = http.get("/api/v1/namespaces/argocd").await.body;
+    assert_eq!(
+        ns["metadata"]["labels"]["kubernetes.io/metadata.name"],
+        "argocd"
+    );
+    assert_eq!(ns["spec"]["finalizers"], json!(["kubernetes"]));
+    let mut held = app("held");
+    held["metadata"]["finalizers"] = json!(["argocd.argoproj.io/test"]);
+    http.post(APPS, held).await;
+    http.post(CMS, json!({"metadata": {"name": "plain"}})).await;
+    let r = http.delete("/api/v1/namespaces/argocd").await;
+    assert_eq!(r.code, 200);
+    assert_eq!(r.body["status"]["phase"], "Terminating");
+    let ns = http.get("/api/v1/namespaces/argocd").await;
+    assert_eq!(
+        ns.code, 200,
+        "still there while an object with a finalizer lives in it"
+    );
+    assert_eq!(ns.body["status"]["phase"], "Terminating");
+    assert!(ns.body["metadata"]["deletionTimestamp"].is_string());
+    assert_eq!(
+        http.get(&format!("{CMS}/plain")).await.code,
+        404,
+        "contents are deleted"
+    );
+    let held = http.get(&format!("{APPS}/held")).await.body;
+    assert!(held["metadata"]["deletionTimestamp"].is_string());
+    let r = http.post(CMS, json!({"metadata": {"name": "late"}})).await;
+    assert_status(&r, 403, "Forbidden");
+    assert!(
+        r.body["message"]
+            .as_str()
+            .unwrap()
+            .contains("being terminated")
+    );
+    // Releasing the last finalizer empties the namespace; then it disappears.
+    let r = http
+        .patch(
+            &format!("{APPS}/held"),
+            "application/merge-patch+json",
+            r#"{"metadata":{"finalizers":null}}"#,
+        )
+        .await;
+    assert_eq!(r.code, 200, "{}", r.body);
+    assert_eq!(http.get("/api/v1/namespaces/argocd").await.code, 404);
+    assert!(
+        s.get_object("", "v1", "namespaces", None, "argocd")
+            .is_none()
+    );
+    // Created again afterwards, it is Active.
+    let r = http
+        .post(
+            "/api/v1/namespaces",
+            json!({"metadata": {"name": "argocd"}}),
+        )
+        .await;
+    assert_eq!(r.body["status"]["phase"], "Active");
+}
+
+/// Point 5.
+#[tokio::test]
+async fn new_finalizers_on_an_object_being_deleted_are_422() {
+    let (_s, http) = setup().await;
+    let mut a = app("f");
+    a["metadata"]["finalizers"] = json!(["example.com/one"]);
+    http.post(APPS, a).await;
+    http.delete(&format!("{APPS}/f")).await;
+    let r = http
+        .patch(
+            &format!("{APPS}/f"),
+            "application/json-patch+json",
+            r#"[{"op":"add","path":"/metadata/finalizers/-","value":"example.com/two"}]"#,
+        )
+        .await;
+    assert_status(&r, 422, "Invalid");
+    assert!(
+        r.body["message"]
+            .as_str()
+            .unwrap()
+            .contains("no new finalizers")
+    );
+    // Removing is fine.
+    let r = http
+        .patch(
+            &format!("{APPS}/f"),
+            "application/merge-patch+json",
+            r#"{"metadata":{"finalizers":[]}}"#,
+        )
+        .await;
+    assert_eq!(r.code, 200);
+}
+
+/// Point 6.
+#[tokio::test]
+async fn validation_refuses_what_the_apiserver_refuses() {
+    let (_s, http) = setup().await;
+    // Immutable ConfigMap: data cannot change, metadata can.
+    http.post(
+        CMS,
+        json!({"metadata": {"name": "imm"}, "data": {"a": "1"}, "immutable": true}),
+    )
+    .await;
+    let r = http
+        .patch(
+            &format!("{CMS}/imm"),
+            "application/merge-patch+json",
+            r#"{"data":{"a":"2"}}"#,
+        )
+        .await;
+    assert_status(&r, 422, "Invalid");
+    let r = http
+        .patch(
+            &format!("{CMS}/imm"),
+            "application/merge-patch+json",
+            r#"{"immutable":false}"#,
+        )
+        .await;
+    assert_status(&r, 422, "Invalid");
+    let r = http
+        .patch(
+            &format!("{CMS}/imm"),
+            "application/merge-patch+json",
+            r#"{"metadata":{"labels":{"a":"b"}}}"#,
+        )
+        .await;
+    assert_eq!(r.code, 200);
+    // Secrets: base64 data (400), keys (422).
+    let r = http
+        .post(
+            SECRETS,
+            json!({"metadata": {"name": "s"}, "data": {"k": "not base64!"}}),
+        )
+        .await;
+    assert_status(&r, 400, "BadRequest");
+    let r = http
+        .post(
+            SECRETS,
+            json!({"metadata": {"name": "s"}, "data": {"bad key": "YQ=="}}),
+        )
+        .await;
+    assert_status(&r, 422, "Invalid");
+    let r = http
+        .post(
+            CMS,
+            json!({"metadata": {"name": "k"}, "data": {"a/b": "1"}}),
+        )
+        .await;
+    assert_status(&r, 422, "Invalid");
+    // Labels and names.
+    let long = "x".repeat(64);
+    let r = http
+        .post(
+            CMS,
+            json!({"metadata": {"name": "l", "labels": {"a": long}}}),
+        )
+        .await;
+    assert_status(&r, 422, "Invalid");
+    assert!(
+        r.body["message"]
+            .as_str()
+            .unwrap()
+            .contains("63 characters")
+    );
+    for bad in ["a..b", "a.-b", "-a", "A"] {
+        let r = http.post(CMS, json!({"metadata": {"name": bad}})).await;
+        assert_status(&r, 422, "Invalid");
+    }
+    let r = http
+        .post(CMS, json!({"metadata": {"generateName": "Bad_"}}))
+        .await;
+    assert_status(&r, 422, "Invalid");
+    // PUT without resourceVersion on a custom resource.
+    http.post(APPS, app("put")).await;
+    let r = http.put(&format!("{APPS}/put"), app("put")).await;
+    assert_status(&r, 422, "Invalid");
+}
+
+/// Point 7.
+#[tokio::test]
+async fn defaults_match_the_apiserver() {
+    let (_s, http) = setup().await;
+    let r = http
+        .post(
+            SECRETS,
+            json!({"metadata": {"name": "s"}, "stringData": {"a": "b"}}),
+        )
+        .await;
+    assert_eq!(r.body["type"], "Opaque");
+    assert!(
+        r.body["metadata"].get("generation").is_none(),
+        "secrets have no generation"
+    );
+    let r = http.post(CMS, json!({"metadata": {"name": "c"}})).await;
+    assert!(r.body["metadata"].get("generation").is_none());
+    let ns = http.get("/api/v1/namespaces/argocd").await.body;
+    assert!(ns["metadata"].get("generation").is_none());
+    let a = http.post(APPS, app("g")).await.body;
+    assert_eq!(a["metadata"]["generation"], 1);
+    // A secret's type is immutable.
+    let r = http
+        .patch(
+            &format!("{SECRETS}/s"),
+            "application/merge-patch+json",
+            r#"{"type":"kubernetes.io/tls"}"#,
+        )
+        .await;
+    assert_status(&r, 422, "Invalid");
+}
+
+/// Point 8: leases, events (both groups), pods with log and exec.
+#[tokio::test]
+async fn leases_events_and_pods_are_served() {
+    let (s, http) = setup().await;
+    let lease = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": "principal-leader"},
+        "spec": {"holderIdentity": "principal-0", "leaseDurationSeconds": 15}});
+    let leases = "/apis/coordination.k8s.io/v1/namespaces/argocd/leases";
+    let created = http.post(leases, lease).await;
+    assert_eq!(created.code, 201, "{}", created.body);
+    // Lease takeover is an optimistic-concurrency update (built-in: PUT without RV allowed).
+    let mut taken = created.body.clone();
+    taken["spec"]["holderIdentity"] = json!("principal-1");
+    assert_eq!(
+        http.put(&format!("{leases}/principal-leader"), taken.clone())
+            .await
+            .code,
+        200
+    );
+    assert_status(
+        &http.put(&format!("{leases}/principal-leader"), taken).await,
+        409,
+        "Conflict",
+    );
+
+    let ev = json!({"metadata": {"name": "e1"}, "involvedObject": {"kind": "Application", "name": "guestbook", "namespace": "argocd"},
+        "reason": "Synced", "message": "ok", "type": "Normal"});
+    assert_eq!(
+        http.post("/api/v1/namespaces/argocd/events", ev).await.code,
+        201
+    );
+    let ev2 = json!({"apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"name": "e2"},
+        "regarding": {"kind": "Application", "name": "guestbook"}, "reason": "Synced", "note": "ok",
+        "type": "Normal", "action": "Sync", "reportingController": "argocd-agent", "reportingInstance": "a",
+        "eventTime": "2026-01-01T00:00:00.000000Z"});
+    assert_eq!(
+        http.post("/apis/events.k8s.io/v1/namespaces/argocd/events", ev2)
+            .await
+            .code,
+        201
+    );
+
+    let pods = "/api/v1/namespaces/argocd/pods";
+    let pod = json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "main", "image": "x"}, {"name": "side", "image": "y"}]}});
+    assert_eq!(http.post(pods, pod).await.code, 201);
+    s.set_pod_log("argocd", "p", "main", "one\ntwo\nthree\n");
+    let text = async |path: String| {
+        let resp = http
+            .client
+            .request(
+                Request::get(format!("{}{path}", http.base))
+                    .header(
+                        "authorization",
+                        format!("Bearer {}", http.token.clone().unwrap()),
+                    )
+                    .body(Body::empty())
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(resp.headers()["content-type"], "text/plain");
+        let bytes = axum::body::to_bytes(Body::new(resp.into_body()), 1 << 20)
+            .await
+            .unwrap();
+        String::from_utf8(bytes.to_vec()).unwrap()
+    };
+    assert_eq!(
+        text(format!("{pods}/p/log?container=main")).await,
+        "one\ntwo\nthree\n"
+    );
+    assert_eq!(
+        text(format!("{pods}/p/log?container=main&tailLines=2")).await,
+        "two\nthree\n"
+    );
+    assert_status(&http.get(&format!("{pods}/p/log")).await, 400, "BadRequest");
+    assert_status(
+        &http.get(&format!("{pods}/missing/log")).await,
+        404,
+        "NotFound",
+    );
+    assert_status(
+        &http
+            .post(&format!("{pods}/p/exec?command=ls"), json!({}))
+            .await,
+        400,
+        "BadRequest",
+    );
+    let rec = s.requests();
+    assert!(rec.iter().any(|r| r.resource == "pods"
+        && r.subresource.as_deref() == Some("log")
+        && r.verb == "get"));
+    assert!(rec.iter().any(|r| r.resource == "pods"
+        && r.subresource.as_deref() == Some("exec")
+        && r.verb == "create"));
+    let v1 = http.get("/api/v1").await.body;
+    let names: Vec<&str> = v1["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
+    for n in ["pods", "pods/log", "pods/exec", "pods/status", "events"] {
+        assert!(names.contains(&n), "{n} in {names:?}");
+    }
+}
+
+/// Point 8: self reviews.
+#[tokio::test]
+async fn self_reviews_answer_for_the_authenticated_user() {
+    let (_s, http) = setup().await;
+    let r = http
+        .post(
+            "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+            json!({"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                   "spec": {"resourceAttributes": {"verb": "get", "resource": "secrets", "namespace": "argocd"}}}),
+        )
+        .await;
+    assert_eq!(r.code, 201, "{}", r.body);
+    assert_eq!(r.body["status"]["allowed"], true);
+    let r = http
+        .post(
+            "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+            json!({"spec": {}}),
+        )
+        .await;
+    assert_status(&r, 422, "Invalid");
+    let r = http
+        .post(
+            "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+            json!({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}),
+        )
+        .await;
+    assert_eq!(r.code, 201);
+    assert_eq!(r.body["status"]["userInfo"]["username"], "contract");
+    assert_status(
+        &http
+            .get("/apis/authentication.k8s.io/v1/selfsubjectreviews")
+            .await,
+        405,
+        "MethodNotAllowed",
+    );
+}
+
+/// Point 9.
+#[tokio::test]
+async fn set_based_numeric_and_kind_specific_field_selectors() {
+    let (_s, http) = setup().await;
+    for (name, n) in [("a", "1"), ("b", "5"), ("c", "10")] {
+        http.post(CMS, json!({"metadata": {"name": name, "labels": {"n": n}}}))
+            .await;
+    }
+    let names = |r: &Resp| -> Vec<String> {
+        r.body["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| o["metadata"]["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(
+        names(&http.get(&format!("{CMS}?labelSelector=n%3E1,n%3C10")).await),
+        ["b"]
+    );
+    assert_status(
+        &http.get(&format!("{CMS}?labelSelector=n%3Ex")).await,
+        400,
+        "BadRequest",
+    );
+    http.post(SECRETS, json!({"metadata": {"name": "tls"}, "type": "kubernetes.io/tls", "data": {"tls.crt": "", "tls.key": ""}})).await;
+    http.post(SECRETS, json!({"metadata": {"name": "o"}})).await;
+    assert_eq!(
+        names(
+            &http
+                .get(&format!("{SECRETS}?fieldSelector=type%3DOpaque"))
+                .await
+        ),
+        ["o"]
+    );
+    assert_eq!(
+        names(
+            &http
+                .get(
+                    "/api/v1/namespaces?fieldSelector=status.phase%3DActive,metadata.name%3Dargocd"
+                )
+                .await
+        ),
+        ["argocd"]
+    );
+    http.post(
+        "/api/v1/namespaces/argocd/events",
+        json!({"metadata": {"name": "e"}, "involvedObject": {"kind": "Application", "name": "x"}}),
+    )
+    .await;
+    assert_eq!(
+        names(&http.get("/api/v1/namespaces/argocd/events?fieldSelector=involvedObject.kind%3DApplication,involvedObject.name%3Dx").await),
+        ["e"]
+    );
+    assert_status(
+        &http
+            .get(&format!("{CMS}?fieldSelector=type%3DOpaque"))
+            .await,
+        400,
+        "BadRequest",
+    );
+}
+
+/// Point 10.
+#[tokio::test]
+async fn tables_have_the_built_in_printer_columns() {
+    let (_s, http) = setup().await;
+    let accept = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json";
+    let table = async |path: &str| http.call(Method::GET, path, "", accept, "").await.body;
+    let titles = |t: &Value| -> Vec<String> {
+        t["columnDefinitions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    http.post(
+        CMS,
+        json!({"metadata": {"name": "c"}, "data": {"a": "1"}, "binaryData": {"b": "YQ=="}}),
+    )
+    .await;
+    let t = table(CMS).await;
+    assert_eq!(titles(&t), ["Name", "Data", "Age"]);
+    assert_eq!(t["rows"][0]["cells"][1], 2);
+    http.post(
+        SECRETS,
+        json!({"metadata": {"name": "s"}, "data": {"a": "YQ=="}}),
+    )
+    .await;
+    let t = table(SECRETS).await;
+    assert_eq!(titles(&t), ["Name", "Type", "Data", "Age"]);
+    assert_eq!(t["rows"][0]["cells"][1], "Opaque");
+    assert_eq!(t["rows"][0]["cells"][2], 1);
+    let t = table("/api/v1/namespaces/argocd").await;
+    assert_eq!(titles(&t), ["Name", "Status", "Age"]);
+    assert_eq!(t["rows"][0]["cells"][1], "Active");
+    let leases = "/apis/coordination.k8s.io/v1/namespaces/argocd/leases";
+    http.post(
+        leases,
+        json!({"metadata": {"name": "l"}, "spec": {"holderIdentity": "me"}}),
+    )
+    .await;
+    let t = table(leases).await;
+    assert_eq!(titles(&t), ["Name", "Holder", "Age"]);
+    assert_eq!(t["rows"][0]["cells"][1], "me");
 }
