@@ -517,6 +517,10 @@ fn decode_object(headers: &HeaderMap, body: &[u8]) -> Result<Value, ApiError> {
     }
 }
 
+fn is_apply(headers: &HeaderMap) -> bool {
+    media_type(headers) == "application/apply-patch+yaml"
+}
+
 /// What `Accept: ...;as=Table` asks for.
 #[derive(Clone, Copy)]
 enum IncludeObject {
@@ -709,9 +713,42 @@ async fn serve_resource(
             )));
         }
     };
+    // The apiserver defaults the field manager to the User-Agent's product.
+    let manager = match q.get("fieldManager").filter(|m| !m.is_empty()) {
+        Some(m) if m.len() > 128 => {
+            return Err(ApiError::new(
+                422,
+                "Invalid",
+                format!(
+                    "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Too long: may not be more than 128 bytes"
+                ),
+            ));
+        }
+        Some(m) => m.to_string(),
+        None if method == Method::PATCH && is_apply(req.headers()) => {
+            return Err(ApiError::new(
+                422,
+                "Invalid",
+                "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch",
+            ));
+        }
+        None => req
+            .headers()
+            .get(header::USER_AGENT)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|ua| ua.split('/').next())
+            .filter(|p| !p.is_empty())
+            .unwrap_or("unknown")
+            .to_string(),
+    };
     let mode = WriteMode {
         status_only: t.status,
         dry_run,
+        writer: super::managed_fields::Writer {
+            manager,
+            status: t.status,
+        },
+        force: q.flag("force"),
     };
     let Some(name) = t.name.clone() else {
         // Collection.
@@ -795,7 +832,10 @@ async fn serve_resource(
             Method::POST if t.ns.is_some() => {
                 let (headers, body) = read_body(req).await?;
                 let obj = decode_object(&headers, &body)?;
-                Ok(json_response(201, &store.create(t.res, &ns, obj, dry_run)?))
+                Ok(json_response(
+                    201,
+                    &store.create(t.res, &ns, obj, dry_run, &mode.writer)?,
+                ))
             }
             Method::DELETE => {
                 let (_, body) = read_body(req).await?;

@@ -21,6 +21,7 @@
 mod audit;
 mod auth;
 mod http;
+mod managed_fields;
 mod pods;
 mod protobuf;
 mod review;
@@ -448,6 +449,10 @@ impl KubeTestServer {
                         "",
                         serde_json::json!({"metadata": {"name": ns}}),
                         false,
+                        &managed_fields::Writer {
+                            manager: "kube-test-server".into(),
+                            status: false,
+                        },
                     )
                     .map_err(|e| {
                         std::io::Error::new(

@@ -104,6 +104,45 @@ impl ApiError {
         e
     }
 
+    /// 409 Conflict from server-side apply: fields owned by other managers, by path.
+    pub fn apply_conflict(
+        res: &ResourceType,
+        name: &str,
+        conflicts: &std::collections::BTreeMap<Vec<String>, Vec<String>>,
+    ) -> Self {
+        let dotted = |p: &[String]| -> String {
+            p.iter()
+                .map(|s| match (s.strip_prefix("f:"), s.strip_prefix("v:")) {
+                    (Some(f), _) => format!(".{f}"),
+                    (_, Some(v)) => format!("[{v}]"),
+                    _ => s.clone(),
+                })
+                .collect()
+        };
+        let mut causes = Vec::new();
+        let mut lines = Vec::new();
+        for (path, managers) in conflicts {
+            for m in managers {
+                let msg = format!("conflict with \"{m}\" using {}", res.api_version());
+                lines.push(format!("{msg}: {}", dotted(path)));
+                causes.push(json!({"reason": "FieldManagerConflict", "message": msg, "field": dotted(path)}));
+            }
+        }
+        let n = lines.len();
+        let mut e = Self::new(
+            409,
+            "Conflict",
+            format!(
+                "Apply failed with {n} conflict{}: {}",
+                if n == 1 { "" } else { "s" },
+                lines.join("\n")
+            ),
+        );
+        e.details =
+            Some(json!({"name": name, "group": res.group, "kind": res.plural, "causes": causes}));
+        e
+    }
+
     /// 410 Expired for a resourceVersion older than the event history.
     pub fn expired(requested: u64, oldest: u64) -> Self {
         Self::new(

@@ -10,6 +10,7 @@ use serde_json::{Map, Value, json};
 use tokio::sync::watch;
 
 use super::ResourceType;
+use super::managed_fields::{self, Writer};
 use super::status::ApiError;
 use super::validation;
 
@@ -61,7 +62,7 @@ pub enum PatchKind {
     Json,
     /// Strategic merge patch (built-in kinds only; see `strategic`).
     Strategic,
-    /// Server-side apply, applied as create-or-merge.
+    /// Server-side apply with field ownership (see `managed_fields`).
     Apply,
 }
 
@@ -74,12 +75,23 @@ pub enum DeleteOutcome {
 }
 
 /// How an update or patch is applied.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct WriteMode {
     /// The request is on the `/status` subresource: only `.status` changes.
     pub status_only: bool,
     /// `dryRun=All`: compute the result, store nothing.
     pub dry_run: bool,
+    /// The field manager, for `managedFields`.
+    pub writer: Writer,
+    /// `force=true`: server-side apply takes fields other managers own.
+    pub force: bool,
+}
+
+/// How a create records field ownership.
+enum FieldOp<'a> {
+    Update(&'a Writer),
+    Apply(&'a Writer),
+    Untracked,
 }
 
 /// Optional delete preconditions (`DeleteOptions.preconditions`).
@@ -447,10 +459,11 @@ impl Store {
         ns: &str,
         body: Value,
         dry_run: bool,
+        writer: &Writer,
     ) -> Result<Value, ApiError> {
         let mut g = self.lock();
         g.dry_run = dry_run;
-        self.create_locked(&mut g, res, ns, body)
+        self.create_locked(&mut g, res, ns, body, FieldOp::Update(writer))
     }
 
     fn create_locked(
@@ -459,6 +472,7 @@ impl Store {
         res: usize,
         ns: &str,
         mut obj: Value,
+        fields: FieldOp<'_>,
     ) -> Result<Value, ApiError> {
         self.check_body(res, ns, &obj, None)?;
         let r = &self.resources[res];
@@ -554,6 +568,12 @@ impl Store {
             }
         }
         validation::validate(r, &obj)?;
+        meta_mut(&mut obj).remove("managedFields");
+        match fields {
+            FieldOp::Update(w) => managed_fields::record_update(r, None, &mut obj, w, &now()),
+            FieldOp::Apply(w) => managed_fields::applied_on_create(r, &mut obj, w, &now()),
+            FieldOp::Untracked => {}
+        }
         let key = (
             res,
             if r.namespaced {
@@ -575,7 +595,13 @@ impl Store {
             if !self.auto_create_namespaces {
                 return Err(ApiError::not_found(&self.resources[nsr], ns));
             }
-            self.create_locked(g, nsr, "", json!({"metadata": {"name": ns}}))?;
+            self.create_locked(
+                g,
+                nsr,
+                "",
+                json!({"metadata": {"name": ns}}),
+                FieldOp::Untracked,
+            )?;
         }
         if r.namespaced
             && let Some(nsr) = self.namespace_res()
@@ -600,6 +626,8 @@ impl Store {
         let WriteMode {
             status_only,
             dry_run,
+            writer,
+            ..
         } = mode;
         self.check_body(res, ns, &body, Some(name))?;
         let r = &self.resources[res];
@@ -619,9 +647,11 @@ impl Store {
             ));
         }
         g.dry_run = dry_run;
-        self.update_locked(&mut g, res, ns, name, body, status_only)
+        self.update_locked(&mut g, res, ns, name, body, status_only, Some(&writer))
     }
 
+    /// `writer: None`: `new` already carries its `managedFields` (server-side apply).
+    #[allow(clippy::too_many_arguments)]
     fn update_locked(
         &self,
         g: &mut Inner,
@@ -630,6 +660,7 @@ impl Store {
         name: &str,
         new: Value,
         status_only: bool,
+        writer: Option<&Writer>,
     ) -> Result<Value, ApiError> {
         let r = &self.resources[res];
         let old = g
@@ -649,6 +680,12 @@ impl Store {
         let mut merged;
         if status_only {
             merged = old.clone();
+            if writer.is_none() {
+                match new.pointer("/metadata/managedFields") {
+                    Some(m) => meta_mut(&mut merged).insert("managedFields".into(), m.clone()),
+                    None => meta_mut(&mut merged).remove("managedFields"),
+                };
+            }
             match new.get("status") {
                 Some(s) => merged["status"] = s.clone(),
                 None => {
@@ -731,6 +768,18 @@ impl Store {
             }
         }
         meta_mut(&mut merged).insert("resourceVersion".into(), Value::String(old_rv.to_string()));
+        if let Some(w) = writer {
+            // Clients cannot write managedFields here; the server records the change.
+            match old.pointer("/metadata/managedFields") {
+                Some(m) => meta_mut(&mut merged).insert("managedFields".into(), m.clone()),
+                None => meta_mut(&mut merged).remove("managedFields"),
+            };
+            let w = Writer {
+                status: status_only,
+                ..w.clone()
+            };
+            managed_fields::record_update(r, Some(&old), &mut merged, &w, &now());
+        }
         validation::validate(r, &merged)?;
         validation::validate_update(r, &old, &merged)?;
         let deleting = old.pointer("/metadata/deletionTimestamp").is_some();
@@ -768,7 +817,13 @@ impl Store {
         let WriteMode {
             status_only,
             dry_run,
+            writer,
+            force,
         } = mode;
+        let writer = Writer {
+            status: status_only,
+            ..writer
+        };
         let r = &self.resources[res];
         let patch: Value = match kind {
             PatchKind::Apply => serde_saphyr::from_str::<Value>(
@@ -789,10 +844,20 @@ impl Store {
         let Some(old) = g.objects.get(&key).cloned() else {
             if kind == PatchKind::Apply && !status_only {
                 self.check_body(res, ns, &patch, Some(name))?;
-                return self.create_locked(&mut g, res, ns, patch);
+                return self.create_locked(&mut g, res, ns, patch, FieldOp::Apply(&writer));
             }
             return Err(ApiError::not_found(r, name));
         };
+        if kind == PatchKind::Apply {
+            if !patch.is_object() {
+                return Err(ApiError::bad_request(
+                    "an apply configuration must be an object",
+                ));
+            }
+            self.check_body(res, ns, &patch, Some(name))?;
+            let doc = managed_fields::apply(r, &old, &patch, &writer, force, &now())?;
+            return self.update_locked(&mut g, res, ns, name, doc, status_only, None);
+        }
         let mut doc = old.clone();
         match kind {
             PatchKind::Merge | PatchKind::Apply => {
@@ -817,7 +882,7 @@ impl Store {
         self.check_body(res, ns, &doc, Some(name))?;
         // A patch that does not touch resourceVersion is unconditional; one that sets it is a
         // precondition, checked by the update.
-        self.update_locked(&mut g, res, ns, name, doc, status_only)
+        self.update_locked(&mut g, res, ns, name, doc, status_only, Some(&writer))
     }
 
     /// DELETE.

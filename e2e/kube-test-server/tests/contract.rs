@@ -2536,3 +2536,118 @@ async fn tables_have_the_built_in_printer_columns() {
     assert_eq!(titles(&t), ["Name", "Holder", "Age"]);
     assert_eq!(t["rows"][0]["cells"][1], "me");
 }
+
+/// Point 2.
+#[tokio::test]
+async fn server_side_apply_tracks_field_ownership() {
+    let (_s, http) = setup().await;
+    let apply = async |manager: &str, force: bool, yaml: &str| {
+        let mut path = format!("{CMS}/owned?fieldManager={manager}");
+        if force {
+            path.push_str("&force=true");
+        }
+        http.patch(&path, "application/apply-patch+yaml", yaml)
+            .await
+    };
+    let cm = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: owned\n  labels: {team: a}\ndata:\n  a: '1'\n  b: '2'\n";
+    let r = apply("alice", false, cm).await;
+    assert_eq!(r.code, 201, "{}", r.body);
+    let mf = &r.body["metadata"]["managedFields"];
+    assert_eq!(mf[0]["manager"], "alice");
+    assert_eq!(mf[0]["operation"], "Apply");
+    assert_eq!(mf[0]["fieldsType"], "FieldsV1");
+    assert_eq!(
+        mf[0]["fieldsV1"],
+        json!({"f:data": {"f:a": {}, "f:b": {}}, "f:metadata": {"f:labels": {"f:team": {}}}})
+    );
+    // A second manager changing alice's field conflicts...
+    let bob = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: owned\ndata:\n  a: 'bob'\n";
+    let r = apply("bob", false, bob).await;
+    assert_status(&r, 409, "Conflict");
+    assert!(
+        r.body["message"]
+            .as_str()
+            .unwrap()
+            .contains("conflict with \"alice\""),
+        "{}",
+        r.body
+    );
+    assert_eq!(r.body["details"]["causes"][0]["field"], ".data.a");
+    // ...unless it forces, which takes the field.
+    let r = apply("bob", true, bob).await;
+    assert_eq!(r.code, 200, "{}", r.body);
+    assert_eq!(r.body["data"]["a"], "bob");
+    let managers: Vec<&str> = r.body["metadata"]["managedFields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["manager"].as_str().unwrap())
+        .collect();
+    assert_eq!(managers, ["alice", "bob"]);
+    // Fields alice stops applying are removed, unless someone else owns them.
+    let r = apply(
+        "alice",
+        false,
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: owned\ndata:\n  c: '3'\n",
+    )
+    .await;
+    assert_eq!(r.code, 200, "{}", r.body);
+    assert_eq!(r.body["data"], json!({"a": "bob", "c": "3"}));
+    assert!(
+        r.body["metadata"]
+            .get("labels")
+            .is_none_or(|l| l.get("team").is_none())
+    );
+    // A non-apply write takes ownership without conflict (operation Update).
+    let r = http
+        .patch(
+            &format!("{CMS}/owned?fieldManager=editor"),
+            "application/merge-patch+json",
+            r#"{"data":{"c":"edited"}}"#,
+        )
+        .await;
+    assert_eq!(r.code, 200);
+    let editor = r.body["metadata"]["managedFields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["manager"] == "editor")
+        .unwrap()
+        .clone();
+    assert_eq!(editor["operation"], "Update");
+    assert_eq!(editor["fieldsV1"], json!({"f:data": {"f:c": {}}}));
+    // Now alice re-applying c=3 conflicts with editor.
+    let r = apply(
+        "alice",
+        false,
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: owned\ndata:\n  c: '3'\n",
+    )
+    .await;
+    assert_status(&r, 409, "Conflict");
+    // Apply without a field manager is 422.
+    let r = http
+        .patch(&format!("{CMS}/owned"), "application/apply-patch+yaml", cm)
+        .await;
+    assert_status(&r, 422, "Invalid");
+    assert!(r.body["message"].as_str().unwrap().contains("fieldManager"));
+}
+
+/// Point 2: an apply that changes nothing writes nothing.
+#[tokio::test]
+async fn repeated_identical_apply_is_a_no_op() {
+    let (s, http) = setup().await;
+    let yaml = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: same\ndata:\n  a: '1'\n";
+    let path = format!("{CMS}/same?fieldManager=m");
+    assert_eq!(
+        http.patch(&path, "application/apply-patch+yaml", yaml)
+            .await
+            .code,
+        201
+    );
+    let rv = s.resource_version();
+    let r = http
+        .patch(&path, "application/apply-patch+yaml", yaml)
+        .await;
+    assert_eq!(r.code, 200);
+    assert_eq!(s.resource_version(), rv);
+}
