@@ -1,6 +1,7 @@
 //! Decoding of the protobuf request bodies kubectl sends for a few built-in kinds.
 //!
-//! kubectl's typed clients (`kubectl create namespace|configmap|secret`) send
+//! kubectl's typed clients (`kubectl create namespace|configmap|secret`, `kubectl auth
+//! can-i|whoami`) send
 //! `application/vnd.kubernetes.protobuf` and do not fall back to JSON, so the server decodes
 //! those three kinds into JSON. Hand-written because no crate here carries the Kubernetes
 //! protobuf schemas; only the fields a create needs are read (others are ignored).
@@ -132,7 +133,53 @@ fn object_meta(b: &[u8]) -> Result<Value, String> {
     Ok(Value::Object(m))
 }
 
-/// Decodes a protobuf-encoded Namespace, ConfigMap or Secret into its JSON form.
+/// Strings of a message by field number, e.g. `ResourceAttributes` (1 namespace, 2 verb, 3
+/// group, 4 version, 5 resource, 6 subresource, 7 name).
+fn string_fields(b: &[u8], names: &[(u64, &str)]) -> Result<Value, String> {
+    let mut m = Map::new();
+    for f in fields(b) {
+        if let (n, Field::Bytes(x)) = f?
+            && let Some((_, name)) = names.iter().find(|(k, _)| *k == n)
+            && !x.is_empty()
+        {
+            m.insert((*name).into(), Value::String(string(x)?));
+        }
+    }
+    Ok(Value::Object(m))
+}
+
+/// `SelfSubjectAccessReviewSpec`: 1 resourceAttributes, 2 nonResourceAttributes.
+fn access_review_spec(b: &[u8]) -> Result<Value, String> {
+    let mut spec = Map::new();
+    for f in fields(b) {
+        match f? {
+            (1, Field::Bytes(x)) => {
+                let attrs = string_fields(
+                    x,
+                    &[
+                        (1, "namespace"),
+                        (2, "verb"),
+                        (3, "group"),
+                        (4, "version"),
+                        (5, "resource"),
+                        (6, "subresource"),
+                        (7, "name"),
+                    ],
+                )?;
+                spec.insert("resourceAttributes".into(), attrs);
+            }
+            (2, Field::Bytes(x)) => {
+                let attrs = string_fields(x, &[(1, "path"), (2, "verb")])?;
+                spec.insert("nonResourceAttributes".into(), attrs);
+            }
+            _ => {}
+        }
+    }
+    Ok(Value::Object(spec))
+}
+
+/// Decodes a protobuf-encoded Namespace, ConfigMap, Secret, SelfSubjectAccessReview or
+/// SelfSubjectReview into its JSON form.
 pub fn decode(body: &[u8]) -> Result<Value, String> {
     let envelope = body
         .strip_prefix(b"k8s\0")
@@ -186,7 +233,11 @@ pub fn decode(body: &[u8]) -> Result<Value, String> {
             ("Secret", 4, Field::Bytes(x)) => {
                 insert_map(&mut obj, "stringData", map_entry(x, false)?)
             }
-            ("Namespace" | "ConfigMap" | "Secret", _, _) => {}
+            ("SelfSubjectAccessReview", 2, Field::Bytes(spec)) => {
+                obj.insert("spec".into(), access_review_spec(spec)?);
+            }
+            ("Namespace" | "ConfigMap" | "Secret" | "SelfSubjectAccessReview", _, _)
+            | ("SelfSubjectReview", _, _) => {}
             (other, _, _) => {
                 return Err(format!(
                     "protobuf bodies of kind {other:?} are not supported; send JSON"

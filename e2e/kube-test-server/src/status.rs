@@ -71,19 +71,35 @@ impl ApiError {
         .with_details(res, name, &res.plural)
     }
 
-    /// 422 Invalid: `Application.argoproj.io "x" is invalid: <field>: <why>`.
+    /// 422 Invalid: `Application.argoproj.io "x" is invalid: <field>: <why>`; the field error
+    /// is also a `details.causes` entry, which kubectl prints.
     pub fn invalid(res: &ResourceType, name: &str, field_error: &str) -> Self {
         let qualified_kind = if res.group.is_empty() {
             res.kind.clone()
         } else {
             format!("{}.{}", res.kind, res.group)
         };
-        Self::new(
+        let mut e = Self::new(
             422,
             "Invalid",
             format!("{qualified_kind} \"{name}\" is invalid: {field_error}"),
         )
-        .with_details(res, name, &res.kind)
+        .with_details(res, name, &res.kind);
+        let (field, message) = field_error.split_once(": ").unwrap_or(("", field_error));
+        let reason = [
+            ("Invalid value", "FieldValueInvalid"),
+            ("Forbidden", "FieldValueForbidden"),
+            ("Required value", "FieldValueRequired"),
+            ("Unsupported value", "FieldValueNotSupported"),
+            ("Too long", "FieldValueTooLong"),
+        ]
+        .iter()
+        .find(|(prefix, _)| message.starts_with(prefix))
+        .map_or("FieldValueInvalid", |(_, r)| r);
+        if let Some(d) = e.details.as_mut() {
+            d["causes"] = json!([{"reason": reason, "message": message, "field": field}]);
+        }
+        e
     }
 
     /// 403 Forbidden: a create in a namespace that is being deleted.
