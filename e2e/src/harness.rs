@@ -257,10 +257,14 @@ pub fn app_resource() -> ApiResource {
     }
 }
 
-/// A kube client for a test server.
+/// A kube client for a test server, authenticated as user `e2e` (the test itself, so its
+/// requests are not mistaken for the principal's or an agent's in `KubeTestServer::requests`).
 pub fn kube_client(server: &KubeTestServer) -> Result<kube::Client, HarnessError> {
     let url: http::Uri = server.url().parse()?;
-    let config = kube::Config::new(url);
+    let mut config = kube::Config::new(url);
+    let bearer = http::HeaderValue::try_from(format!("Bearer {}", server.token_for("e2e")))?;
+    config.headers.push((http::header::AUTHORIZATION, bearer));
+    config.root_cert = server.ca_certificate_der().map(|der| vec![der]);
     Ok(kube::Client::try_from(config)?)
 }
 

@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use super::selector::{FieldSelector, LabelSelector};
 use super::status::ApiError;
 use super::store::{DeleteOutcome, Event, EventType, PatchKind, Preconditions, WriteMode};
-use super::{ResourceType, Shared};
+use super::{ColumnValue, ResourceType, Shared, Storage};
 
 /// Request bodies larger than this are refused (the apiserver's own limit is 3 MiB).
 const MAX_BODY: usize = 8 << 20;
@@ -67,10 +67,13 @@ fn method_not_allowed(method: &Method) -> ApiError {
 }
 
 /// Query parameters, URL-decoded (`+` is a space, `%xx` decoded).
-struct Query(Vec<(String, String)>);
+pub(super) struct Query(Vec<(String, String)>);
+
+/// Read access to the query for other modules.
+pub(super) type QueryView = Query;
 
 impl Query {
-    fn get(&self, k: &str) -> Option<&str> {
+    pub(super) fn get(&self, k: &str) -> Option<&str> {
         self.0.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str())
     }
     fn flag(&self, k: &str) -> bool {
@@ -93,6 +96,8 @@ struct Target {
     ns: Option<String>,
     name: Option<String>,
     status: bool,
+    /// A pod subresource other than status: `log` or `exec`.
+    pod_sub: Option<&'static str>,
 }
 
 async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
@@ -108,6 +113,28 @@ async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
             Err(e) => error_response(&e),
         };
     }
+    let attrs = super::audit::resource_attributes(req.method(), &path, query.flag("watch"));
+    let user = shared.users.authenticate(req.headers());
+    let resp = match &user {
+        Err(e) => error_response(e),
+        Ok(user) => answer(&shared, req, &path, &query, user).await,
+    };
+    if let Some(mut a) = attrs {
+        a.user = user.ok();
+        a.code = resp.status().as_u16();
+        shared.requests.record(a);
+    }
+    resp
+}
+
+/// An authenticated request: injected faults first, then the API.
+async fn answer(
+    shared: &Arc<Shared>,
+    req: Request,
+    path: &str,
+    query: &Query,
+    user: &str,
+) -> Response {
     let latency = shared.faults.latency_ms.load(Ordering::SeqCst);
     if latency > 0 {
         tokio::time::sleep(Duration::from_millis(latency)).await;
@@ -132,7 +159,7 @@ async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
             format!("injected failure ({code}) from the kube test server"),
         ));
     }
-    match route(&shared, req, &path, &query).await {
+    match route(shared, req, path, query, user).await {
         Ok(r) => r,
         Err(e) => error_response(&e),
     }
@@ -178,6 +205,7 @@ async fn route(
     req: Request,
     path: &str,
     q: &Query,
+    user: &str,
 ) -> Result<Response, ApiError> {
     let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
     let get_only = |v: Value| {
@@ -255,7 +283,7 @@ async fn route(
         }
         [] => return Err(not_found_path()),
     };
-    serve_resource(shared, req, target, q).await
+    serve_resource(shared, req, target, q, user).await
 }
 
 fn parse_tail(
@@ -264,17 +292,20 @@ fn parse_tail(
     ns: Option<String>,
     tail: &[&str],
 ) -> Result<Target, ApiError> {
-    let (name, status) = match tail {
-        [] => (None, false),
-        [name] => (Some(name.to_string()), false),
-        [name, "status"] if shared.store.resources[res].status_subresource => {
-            (Some(name.to_string()), true)
-        }
+    let r = &shared.store.resources[res];
+    let is_pods = r.group.is_empty() && r.plural == "pods";
+    let (name, status, pod_sub) = match tail {
+        [] => (None, false, None),
+        [name] => (Some(name.to_string()), false, None),
+        [name, "status"] if r.status_subresource => (Some(name.to_string()), true, None),
+        [name, "log"] if is_pods => (Some(name.to_string()), false, Some("log")),
+        [name, "exec"] if is_pods => (Some(name.to_string()), false, Some("exec")),
         _ => return Err(not_found_path()),
     };
     Ok(Target {
         res,
         ns,
+        pod_sub,
         name,
         status,
     })
@@ -332,11 +363,37 @@ fn resource_list(shared: &Shared, group: &str, version: &str) -> Value {
         .iter()
         .filter(|r| r.group == group && r.version == version)
     {
-        resources.push(json!({
+        let verbs = match r.storage {
+            Storage::Objects => json!([
+                "create",
+                "delete",
+                "deletecollection",
+                "get",
+                "list",
+                "patch",
+                "update",
+                "watch"
+            ]),
+            Storage::Review => json!(["create"]),
+        };
+        let mut doc = json!({
             "name": r.plural, "singularName": r.singular, "namespaced": r.namespaced, "kind": r.kind,
-            "verbs": ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"],
-            "shortNames": r.short_names,
-        }));
+            "verbs": verbs, "shortNames": r.short_names,
+        });
+        if !r.categories.is_empty() {
+            doc["categories"] = json!(r.categories);
+        }
+        resources.push(doc);
+        if r.group.is_empty() && r.plural == "pods" {
+            resources.push(
+                json!({"name": "pods/log", "singularName": "", "namespaced": true,
+                "kind": "Pod", "verbs": ["get"]}),
+            );
+            resources.push(
+                json!({"name": "pods/exec", "singularName": "", "namespaced": true,
+                "kind": "PodExecOptions", "verbs": ["create", "get"]}),
+            );
+        }
         if r.status_subresource {
             resources.push(json!({
                 "name": format!("{}/status", r.plural), "singularName": "", "namespaced": r.namespaced,
@@ -460,6 +517,10 @@ fn decode_object(headers: &HeaderMap, body: &[u8]) -> Result<Value, ApiError> {
     }
 }
 
+fn is_apply(headers: &HeaderMap) -> bool {
+    media_type(headers) == "application/apply-patch+yaml"
+}
+
 /// What `Accept: ...;as=Table` asks for.
 #[derive(Clone, Copy)]
 enum IncludeObject {
@@ -486,10 +547,10 @@ fn wants_table(headers: &HeaderMap, q: &Query) -> Option<IncludeObject> {
 }
 
 fn human_age(created: Option<&str>) -> String {
-    let Some(ts) = created.and_then(|c| c.parse::<k8s_openapi::jiff::Timestamp>().ok()) else {
+    let Some(ts) = created.and_then(|c| c.parse::<jiff::Timestamp>().ok()) else {
         return "<unknown>".into();
     };
-    let secs = (k8s_openapi::jiff::Timestamp::now().as_second() - ts.as_second()).max(0);
+    let secs = (jiff::Timestamp::now().as_second() - ts.as_second()).max(0);
     match secs {
         s if s < 120 => format!("{s}s"),
         s if s < 600 => format!("{}m{}s", s / 60, s % 60),
@@ -520,11 +581,16 @@ fn render_table(r: &ResourceType, objects: &[Value], rv: u64, include: IncludeOb
                     .and_then(Value::as_str),
             );
             let mut cells = vec![json!(name)];
-            cells.extend(
-                r.columns
-                    .iter()
-                    .map(|c| json_path(o, &c.json_path).cloned().unwrap_or(Value::Null)),
-            );
+            cells.extend(r.columns.iter().map(|c| match c.value {
+                ColumnValue::Value => json_path(o, &c.json_path).cloned().unwrap_or(Value::Null),
+                ColumnValue::KeyCount => json!(
+                    c.json_path
+                        .split(',')
+                        .filter_map(|p| json_path(o, p.trim()).and_then(Value::as_object))
+                        .map(|m| m.len())
+                        .sum::<usize>()
+                ),
+            }));
             cells.push(json!(age));
             let mut row = json!({"cells": cells});
             match include {
@@ -546,8 +612,12 @@ fn render_table(r: &ResourceType, objects: &[Value], rv: u64, include: IncludeOb
                                   "description": "Name must be unique within a namespace."}),
     ];
     for c in &r.columns {
+        let ty = match c.value {
+            ColumnValue::Value => "string",
+            ColumnValue::KeyCount => "integer",
+        };
         columns.push(
-            json!({"name": c.name, "type": "string", "format": "", "priority": c.priority,
+            json!({"name": c.name, "type": ty, "format": "", "priority": c.priority,
                             "description": format!("{} ({})", c.name, c.json_path)}),
         );
     }
@@ -571,13 +641,16 @@ struct Filter {
 }
 
 impl Filter {
-    fn from_query(target: &Target, q: &Query) -> Result<Self, ApiError> {
+    fn from_query(r: &ResourceType, target: &Target, q: &Query) -> Result<Self, ApiError> {
         Ok(Self {
             ns: target.ns.clone().filter(|n| !n.is_empty()),
             labels: LabelSelector::parse(q.get("labelSelector").unwrap_or(""))
                 .map_err(|e| ApiError::bad_request(format!("unable to parse requirement: {e}")))?,
-            fields: FieldSelector::parse(q.get("fieldSelector").unwrap_or(""))
-                .map_err(ApiError::bad_request)?,
+            fields: FieldSelector::parse_for(
+                q.get("fieldSelector").unwrap_or(""),
+                &r.field_selectors,
+            )
+            .map_err(ApiError::bad_request)?,
         })
     }
     fn matches(&self, obj: &Value) -> bool {
@@ -593,10 +666,42 @@ async fn serve_resource(
     req: Request,
     t: Target,
     q: &Query,
+    user: &str,
 ) -> Result<Response, ApiError> {
     let store = &shared.store;
     let r = store.resources[t.res].clone();
     let method = req.method().clone();
+    if r.storage == Storage::Review {
+        return match (&method, &t.name) {
+            (&Method::POST, None) => {
+                let (headers, body) = read_body(req).await?;
+                let review = decode_object(&headers, &body)?;
+                Ok(json_response(
+                    201,
+                    &super::review::answer(&r, review, user)?,
+                ))
+            }
+            _ => Err(method_not_allowed(&method)),
+        };
+    }
+    match t.pod_sub {
+        Some("log") if method == Method::GET => {
+            let name = t.name.clone().unwrap_or_default();
+            let pod = store.get(t.res, t.ns.as_deref().unwrap_or(""), &name)?;
+            let text = super::pods::log(shared, &pod, q)?;
+            let mut resp = Response::new(Body::from(text));
+            resp.headers_mut()
+                .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+            return Ok(resp);
+        }
+        Some("exec") if method == Method::GET || method == Method::POST => {
+            let name = t.name.clone().unwrap_or_default();
+            store.get(t.res, t.ns.as_deref().unwrap_or(""), &name)?;
+            return Err(super::pods::exec(req.headers()));
+        }
+        Some(_) => return Err(method_not_allowed(&method)),
+        None => {}
+    }
     let table = wants_table(req.headers(), q);
     let ns = t.ns.clone().unwrap_or_default();
     let dry_run = match q.get("dryRun") {
@@ -608,13 +713,46 @@ async fn serve_resource(
             )));
         }
     };
+    // The apiserver defaults the field manager to the User-Agent's product.
+    let manager = match q.get("fieldManager").filter(|m| !m.is_empty()) {
+        Some(m) if m.len() > 128 => {
+            return Err(ApiError::new(
+                422,
+                "Invalid",
+                format!(
+                    "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Too long: may not be more than 128 bytes"
+                ),
+            ));
+        }
+        Some(m) => m.to_string(),
+        None if method == Method::PATCH && is_apply(req.headers()) => {
+            return Err(ApiError::new(
+                422,
+                "Invalid",
+                "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch",
+            ));
+        }
+        None => req
+            .headers()
+            .get(header::USER_AGENT)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|ua| ua.split('/').next())
+            .filter(|p| !p.is_empty())
+            .unwrap_or("unknown")
+            .to_string(),
+    };
     let mode = WriteMode {
         status_only: t.status,
         dry_run,
+        writer: super::managed_fields::Writer {
+            manager,
+            status: t.status,
+        },
+        force: q.flag("force"),
     };
     let Some(name) = t.name.clone() else {
         // Collection.
-        let filter = Filter::from_query(&t, q)?;
+        let filter = Filter::from_query(&r, &t, q)?;
         return match method {
             Method::GET if q.flag("watch") => {
                 if let Some(rv) = q.rv()? {
@@ -694,9 +832,14 @@ async fn serve_resource(
             Method::POST if t.ns.is_some() => {
                 let (headers, body) = read_body(req).await?;
                 let obj = decode_object(&headers, &body)?;
-                Ok(json_response(201, &store.create(t.res, &ns, obj, dry_run)?))
+                Ok(json_response(
+                    201,
+                    &store.create(t.res, &ns, obj, dry_run, &mode.writer)?,
+                ))
             }
             Method::DELETE => {
+                let (_, body) = read_body(req).await?;
+                let dry_run = dry_run || body_dry_run(&delete_options(&body)?)?;
                 let (items, _) = store.list(t.res, t.ns.as_deref().filter(|n| !n.is_empty()));
                 let mut deleted = Vec::new();
                 for o in items.iter().filter(|o| filter.matches(o)) {
@@ -756,6 +899,14 @@ async fn serve_resource(
             let kind = match media_type(&headers).as_str() {
                 "application/merge-patch+json" => PatchKind::Merge,
                 "application/json-patch+json" => PatchKind::Json,
+                // CRDs have no strategic merge metadata: the apiserver refuses the type.
+                "application/strategic-merge-patch+json" if r.custom => {
+                    return Err(ApiError::new(
+                        415,
+                        "UnsupportedMediaType",
+                        "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml",
+                    ));
+                }
                 "application/strategic-merge-patch+json" => PatchKind::Strategic,
                 "application/apply-patch+yaml" => PatchKind::Apply,
                 other => {
@@ -774,15 +925,12 @@ async fn serve_resource(
         }
         Method::DELETE if !t.status => {
             let (_, body) = read_body(req).await?;
+            let opts = delete_options(&body)?;
             let mut pre = Preconditions::default();
-            if !body.is_empty() {
-                let opts: Value = serde_json::from_slice(&body).map_err(|e| {
-                    ApiError::bad_request(format!("the DeleteOptions body is not valid JSON: {e}"))
-                })?;
-                let s = |p: &str| opts.pointer(p).and_then(Value::as_str).map(str::to_string);
-                pre.uid = s("/preconditions/uid");
-                pre.resource_version = s("/preconditions/resourceVersion");
-            }
+            let s = |p: &str| opts.pointer(p).and_then(Value::as_str).map(str::to_string);
+            pre.uid = s("/preconditions/uid");
+            pre.resource_version = s("/preconditions/resourceVersion");
+            let dry_run = dry_run || body_dry_run(&opts)?;
             match store.delete(t.res, &ns, &name, &pre, dry_run)? {
                 // The apiserver answers a Status for core resources that do not return the
                 // deleted object (secrets, configmaps) and the object for the others.
@@ -802,6 +950,37 @@ async fn serve_resource(
             }
         }
         m => Err(method_not_allowed(&m)),
+    }
+}
+
+/// The `DeleteOptions` body (empty: none).
+fn delete_options(body: &[u8]) -> Result<Value, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(json!({}));
+    }
+    let opts: Value = serde_json::from_slice(body).map_err(|e| {
+        ApiError::bad_request(format!("the DeleteOptions body is not valid JSON: {e}"))
+    })?;
+    if !opts.is_object() {
+        return Err(ApiError::bad_request(
+            "the DeleteOptions body is not an object",
+        ));
+    }
+    Ok(opts)
+}
+
+/// `DeleteOptions.dryRun` (`["All"]`), which kubectl, client-go, the Python client and
+/// kube-rs send in the body rather than the query.
+fn body_dry_run(opts: &Value) -> Result<bool, ApiError> {
+    match opts.get("dryRun") {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Array(a)) if a.is_empty() => Ok(false),
+        Some(Value::Array(a)) if a.iter().all(|v| v == "All") => Ok(true),
+        Some(other) => Err(ApiError::new(
+            422,
+            "Invalid",
+            format!("dryRun: Unsupported value: {other}: supported values: \"All\""),
+        )),
     }
 }
 

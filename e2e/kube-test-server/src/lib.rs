@@ -8,16 +8,29 @@
 //! use argocd_agent_kube_test_server::KubeTestServer;
 //! let server = KubeTestServer::start().await?;
 //! let dir = tempfile::tempdir()?;
+//! // Every kubeconfig carries a bearer token the server issued; requests without one get 401.
 //! server.write_kubeconfig(&dir.path().join("kubeconfig"), "test")?;
+//! server.write_kubeconfig_for_user(&dir.path().join("agent"), "test", "agent")?;
+//! // What each user asked for, as an RBAC authorizer sees it.
+//! let by_agent = server.requests().into_iter().filter(|r| r.user.as_deref() == Some("agent"));
+//! # drop(by_agent);
 //! server.shutdown().await;
 //! # Ok(()) }
 //! ```
 
+mod audit;
+mod auth;
 mod http;
+mod managed_fields;
+mod pods;
 mod protobuf;
+mod review;
 mod selector;
 mod status;
 mod store;
+mod strategic;
+mod tls;
+mod validation;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -28,6 +41,9 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::sync::watch;
 
+pub use audit::{REQUEST_LOG_LIMIT, RecordedRequest};
+pub use auth::User;
+pub use pods::POD_LOG_LIMIT;
 pub use selector::{FieldSelector, LabelSelector};
 pub use status::ApiError;
 
@@ -53,6 +69,30 @@ pub struct ResourceType {
     /// Extra `kubectl get` columns between NAME and AGE, like a CRD's
     /// `additionalPrinterColumns`.
     pub columns: Vec<PrinterColumn>,
+    /// A custom resource (CRD): `PUT` needs `metadata.resourceVersion`, strategic merge patch
+    /// is 415, `metadata.generation` is kept. [`ResourceType::new`] sets it for non-core groups;
+    /// [`ResourceType::built_in`] clears it.
+    pub custom: bool,
+    /// Whether the kind keeps `metadata.generation` (CRDs and kinds with a spec do;
+    /// ConfigMap, Secret, Namespace, Lease and Event do not).
+    pub generation: bool,
+    /// Discovery categories (`all` makes `kubectl get all` list the resource).
+    pub categories: Vec<String>,
+    /// `fieldSelector` fields besides `metadata.name` / `metadata.namespace`, with the JSON
+    /// pointer each one reads.
+    pub field_selectors: Vec<(String, String)>,
+    /// What the resource stores.
+    pub storage: Storage,
+}
+
+/// How a resource is served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Storage {
+    /// Objects are stored: every verb.
+    Objects,
+    /// A review: `create` only, answered from the request and never stored
+    /// (SelfSubjectAccessReview, SelfSubjectReview).
+    Review,
 }
 
 /// A `kubectl get` column taken from the object by a simple JSONPath (`.status.sync.status`).
@@ -60,10 +100,21 @@ pub struct ResourceType {
 pub struct PrinterColumn {
     /// Column title.
     pub name: String,
-    /// Dotted path into the object.
+    /// Dotted path into the object; for [`ColumnValue::KeyCount`], paths separated by `,`.
     pub json_path: String,
     /// 0: always shown; higher: only with `-o wide`.
     pub priority: u32,
+    /// What the cell shows.
+    pub value: ColumnValue,
+}
+
+/// What a printer column cell shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ColumnValue {
+    /// The value at the path.
+    Value,
+    /// The number of keys of the maps at the paths (ConfigMap and Secret `DATA`).
+    KeyCount,
 }
 
 impl ResourceType {
@@ -86,7 +137,50 @@ impl ResourceType {
             status_subresource,
             short_names: Vec::new(),
             columns: Vec::new(),
+            custom: !group.is_empty(),
+            generation: true,
+            categories: Vec::new(),
+            field_selectors: Vec::new(),
+            storage: Storage::Objects,
         }
+    }
+
+    /// A built-in kind (not a CRD); `generation` says whether it keeps `metadata.generation`.
+    pub fn built_in(mut self, generation: bool) -> Self {
+        self.custom = false;
+        self.generation = generation;
+        self
+    }
+
+    /// Adds discovery categories.
+    pub fn with_categories(mut self, categories: &[&str]) -> Self {
+        self.categories = categories.iter().map(|s| s.to_string()).collect();
+        self
+    }
+
+    /// Adds `fieldSelector` fields: `(field, JSON pointer)`.
+    pub fn with_field_selectors(mut self, fields: &[(&str, &str)]) -> Self {
+        self.field_selectors
+            .extend(fields.iter().map(|(f, p)| (f.to_string(), p.to_string())));
+        self
+    }
+
+    /// Makes this a create-only review resource.
+    pub fn review(mut self) -> Self {
+        self.storage = Storage::Review;
+        self.generation = false;
+        self
+    }
+
+    /// Adds a column counting the keys of the maps at `json_paths` (comma-separated).
+    pub fn with_key_count_column(mut self, name: &str, json_paths: &str) -> Self {
+        self.columns.push(PrinterColumn {
+            name: name.into(),
+            json_path: json_paths.into(),
+            priority: 0,
+            value: ColumnValue::KeyCount,
+        });
+        self
     }
 
     /// Adds kubectl short names.
@@ -101,6 +195,7 @@ impl ResourceType {
             name: name.into(),
             json_path: json_path.into(),
             priority,
+            value: ColumnValue::Value,
         });
         self
     }
@@ -123,15 +218,102 @@ impl ResourceType {
         }
     }
 
-    /// The resources registered by default: `v1` namespaces, secrets, configmaps and
-    /// `argoproj.io/v1alpha1` applications (with `/status`) and appprojects.
+    /// The resources registered by default: `v1` namespaces, secrets, configmaps, pods (with
+    /// `/status`, `/log`, `/exec`) and events; `coordination.k8s.io/v1` leases;
+    /// `events.k8s.io/v1` events; the self reviews of `authorization.k8s.io/v1` and
+    /// `authentication.k8s.io/v1`; `argoproj.io/v1alpha1` applications (with `/status`) and
+    /// appprojects.
     pub fn defaults() -> Vec<ResourceType> {
+        let involved = [
+            ("involvedObject.kind", "/involvedObject/kind"),
+            ("involvedObject.namespace", "/involvedObject/namespace"),
+            ("involvedObject.name", "/involvedObject/name"),
+            ("involvedObject.uid", "/involvedObject/uid"),
+            ("involvedObject.apiVersion", "/involvedObject/apiVersion"),
+            (
+                "involvedObject.resourceVersion",
+                "/involvedObject/resourceVersion",
+            ),
+            ("involvedObject.fieldPath", "/involvedObject/fieldPath"),
+            ("reason", "/reason"),
+            ("reportingComponent", "/reportingComponent"),
+            ("source", "/source/component"),
+            ("type", "/type"),
+        ];
         vec![
             ResourceType::new("", "v1", "namespaces", "Namespace", false, true)
-                .with_short_names(&["ns"]),
-            ResourceType::new("", "v1", "secrets", "Secret", true, false),
+                .built_in(false)
+                .with_short_names(&["ns"])
+                .with_column("Status", ".status.phase", 0)
+                .with_field_selectors(&[("status.phase", "/status/phase")]),
+            ResourceType::new("", "v1", "secrets", "Secret", true, false)
+                .built_in(false)
+                .with_column("Type", ".type", 0)
+                .with_key_count_column("Data", ".data")
+                .with_field_selectors(&[("type", "/type")]),
             ResourceType::new("", "v1", "configmaps", "ConfigMap", true, false)
-                .with_short_names(&["cm"]),
+                .built_in(false)
+                .with_short_names(&["cm"])
+                .with_key_count_column("Data", ".data,.binaryData"),
+            ResourceType::new("", "v1", "pods", "Pod", true, true)
+                .built_in(true)
+                .with_short_names(&["po"])
+                .with_categories(&["all"])
+                .with_column("Status", ".status.phase", 0)
+                .with_column("Node", ".spec.nodeName", 10)
+                .with_field_selectors(&[
+                    ("spec.nodeName", "/spec/nodeName"),
+                    ("spec.restartPolicy", "/spec/restartPolicy"),
+                    ("spec.schedulerName", "/spec/schedulerName"),
+                    ("spec.serviceAccountName", "/spec/serviceAccountName"),
+                    ("status.phase", "/status/phase"),
+                    ("status.podIP", "/status/podIP"),
+                    ("status.nominatedNodeName", "/status/nominatedNodeName"),
+                ]),
+            ResourceType::new("", "v1", "events", "Event", true, false)
+                .built_in(false)
+                .with_short_names(&["ev"])
+                .with_column("Type", ".type", 0)
+                .with_column("Reason", ".reason", 0)
+                .with_column("Message", ".message", 0)
+                .with_field_selectors(&involved),
+            ResourceType::new("coordination.k8s.io", "v1", "leases", "Lease", true, false)
+                .built_in(false)
+                .with_column("Holder", ".spec.holderIdentity", 0),
+            ResourceType::new("events.k8s.io", "v1", "events", "Event", true, false)
+                .built_in(false)
+                .with_short_names(&["ev"])
+                .with_column("Type", ".type", 0)
+                .with_column("Reason", ".reason", 0)
+                .with_field_selectors(&[
+                    ("regarding.kind", "/regarding/kind"),
+                    ("regarding.namespace", "/regarding/namespace"),
+                    ("regarding.name", "/regarding/name"),
+                    ("regarding.uid", "/regarding/uid"),
+                    ("reason", "/reason"),
+                    ("reportingController", "/reportingController"),
+                    ("type", "/type"),
+                ]),
+            ResourceType::new(
+                "authorization.k8s.io",
+                "v1",
+                "selfsubjectaccessreviews",
+                "SelfSubjectAccessReview",
+                false,
+                false,
+            )
+            .built_in(false)
+            .review(),
+            ResourceType::new(
+                "authentication.k8s.io",
+                "v1",
+                "selfsubjectreviews",
+                "SelfSubjectReview",
+                false,
+                false,
+            )
+            .built_in(false)
+            .review(),
             ResourceType::new(
                 "argoproj.io",
                 "v1alpha1",
@@ -173,6 +355,17 @@ pub struct ServerOptions {
     pub auto_create_namespaces: bool,
     /// Namespaces that exist at start (default `default`, `kube-system`).
     pub initial_namespaces: Vec<String>,
+    /// Users with fixed tokens (default none). Every kubeconfig the server writes also
+    /// registers its user with a random token on first use; a request with no token or an
+    /// unknown one is 401, as on a cluster without anonymous access.
+    pub users: Vec<User>,
+    /// Serve plain HTTP instead of HTTPS (default false). kube-rs sends bearer tokens over
+    /// plain HTTP, kubectl (client-go) does not, so kubectl needs the default.
+    pub plain_http: bool,
+    /// Demand a client certificate signed by the server's CA in the TLS handshake (default
+    /// false); kubeconfigs written by the server then carry one for their user. The bearer
+    /// token is still what names the user.
+    pub require_client_cert: bool,
 }
 
 impl Default for ServerOptions {
@@ -183,6 +376,9 @@ impl Default for ServerOptions {
             bookmark_interval: Duration::from_secs(1),
             auto_create_namespaces: false,
             initial_namespaces: vec!["default".into(), "kube-system".into()],
+            users: Vec::new(),
+            plain_http: false,
+            require_client_cert: false,
         }
     }
 }
@@ -199,6 +395,11 @@ struct Faults {
 /// Everything a request handler needs.
 struct Shared {
     store: store::Store,
+    users: auth::Users,
+    requests: audit::RequestLog,
+    /// `None` when serving plain HTTP.
+    tls: Option<tls::ServerTls>,
+    pod_logs: pods::PodLogs,
     faults: Faults,
     bookmark_interval: Duration,
     addr: SocketAddr,
@@ -248,6 +449,10 @@ impl KubeTestServer {
                         "",
                         serde_json::json!({"metadata": {"name": ns}}),
                         false,
+                        &managed_fields::Writer {
+                            manager: "kube-test-server".into(),
+                            status: false,
+                        },
                     )
                     .map_err(|e| {
                         std::io::Error::new(
@@ -257,9 +462,28 @@ impl KubeTestServer {
                     })?;
             }
         }
+        if options.plain_http && options.require_client_cert {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "require_client_cert needs TLS (plain_http is set)",
+            ));
+        }
+        let tls = if options.plain_http {
+            None
+        } else {
+            Some(tls::ServerTls::new(options.require_client_cert)?)
+        };
+        let users = auth::Users::default();
+        for u in &options.users {
+            users.register(u);
+        }
         let (shutdown, mut shutdown_rx) = watch::channel(false);
         let shared = Arc::new(Shared {
             store,
+            users,
+            requests: audit::RequestLog::default(),
+            tls,
+            pod_logs: pods::PodLogs::default(),
             faults: Faults {
                 fail_remaining: AtomicUsize::new(0),
                 fail_status: AtomicU16::new(500),
@@ -271,26 +495,64 @@ impl KubeTestServer {
             shutdown,
         });
         let app = http::router(shared.clone());
-        let task = tokio::spawn(async move {
-            let stop = async move {
-                let _ = shutdown_rx.wait_for(|s| *s).await;
-            };
-            if let Err(e) = axum::serve(listener, app)
-                .with_graceful_shutdown(stop)
-                .await
-            {
-                tracing::warn!(error = %e, "kube test server stopped with an error");
+        let stop = async move {
+            let _ = shutdown_rx.wait_for(|s| *s).await;
+        };
+        let task = match &shared.tls {
+            Some(tls) => {
+                let served = axum::serve(tls.listen(listener)?, app).with_graceful_shutdown(stop);
+                tokio::spawn(async move {
+                    if let Err(e) = served.await {
+                        tracing::warn!(error = %e, "kube test server stopped with an error");
+                    }
+                })
             }
-        });
+            None => {
+                let served = axum::serve(listener, app).with_graceful_shutdown(stop);
+                tokio::spawn(async move {
+                    if let Err(e) = served.await {
+                        tracing::warn!(error = %e, "kube test server stopped with an error");
+                    }
+                })
+            }
+        };
         Ok(KubeTestServer {
             shared,
             task: Some(task),
         })
     }
 
-    /// Base URL, `http://127.0.0.1:<port>`.
+    /// Base URL, `https://127.0.0.1:<port>` (`http://` with [`ServerOptions::plain_http`]).
     pub fn url(&self) -> String {
-        format!("http://{}", self.shared.addr)
+        let scheme = if self.shared.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://{}", self.shared.addr)
+    }
+
+    /// The CA certificate (DER) clients must trust, `None` when serving plain HTTP.
+    pub fn ca_certificate_der(&self) -> Option<Vec<u8>> {
+        self.shared.tls.as_ref().map(|t| t.ca_der().to_vec())
+    }
+
+    /// The CA certificate (PEM), `None` when serving plain HTTP.
+    pub fn ca_certificate_pem(&self) -> Option<String> {
+        self.shared.tls.as_ref().map(|t| t.ca_pem().to_string())
+    }
+
+    /// A client certificate and key (PEM) for `user`, signed by the server's CA; `None` when
+    /// serving plain HTTP.
+    pub fn client_certificate_pem(&self, user: &str) -> Option<(String, String)> {
+        let tls = self.shared.tls.as_ref()?;
+        match tls.client_cert(user) {
+            Ok(c) => Some((c.cert_pem, c.key_pem)),
+            Err(e) => {
+                tracing::warn!(error = %e, user, "cannot issue a client certificate");
+                None
+            }
+        }
     }
 
     /// The bound address.
@@ -298,14 +560,70 @@ impl KubeTestServer {
         self.shared.addr
     }
 
-    /// A kubeconfig with one cluster, user and context named `context_name`, namespace `default`.
+    /// A kubeconfig with one cluster, user and context named `context_name`, namespace
+    /// `default`; the user (also named `context_name`) carries its bearer token.
     pub fn kubeconfig_yaml(&self, context_name: &str) -> String {
-        kubeconfig_yaml(&self.url(), context_name)
+        self.kubeconfig_yaml_for_user(context_name, context_name)
+    }
+
+    /// Like [`Self::kubeconfig_yaml`] for user `user` with its own token (issued on first use),
+    /// so requests of different clients can be told apart in [`Self::requests`].
+    pub fn kubeconfig_yaml_for_user(&self, context_name: &str, user: &str) -> String {
+        let tls = self.shared.tls.as_ref();
+        let client = tls
+            .filter(|t| t.require_client_cert)
+            .and_then(|_| self.client_certificate_pem(user));
+        render_kubeconfig(
+            &self.url(),
+            context_name,
+            user,
+            &self.token_for(user),
+            tls.map(|t| t.ca_pem()),
+            client.as_ref(),
+        )
     }
 
     /// Writes [`Self::kubeconfig_yaml`] to `path`.
     pub fn write_kubeconfig(&self, path: &Path, context_name: &str) -> std::io::Result<()> {
         std::fs::write(path, self.kubeconfig_yaml(context_name))
+    }
+
+    /// Writes [`Self::kubeconfig_yaml_for_user`] to `path`.
+    pub fn write_kubeconfig_for_user(
+        &self,
+        path: &Path,
+        context_name: &str,
+        user: &str,
+    ) -> std::io::Result<()> {
+        std::fs::write(path, self.kubeconfig_yaml_for_user(context_name, user))
+    }
+
+    /// The bearer token of `user`, issued on first use (for clients built without a
+    /// kubeconfig: send `Authorization: Bearer <token>`).
+    pub fn token_for(&self, user: &str) -> String {
+        self.shared.users.token_for(user)
+    }
+
+    /// Registers a user with a fixed token (replacing that user's earlier token).
+    pub fn add_user(&self, user: &User) {
+        self.shared.users.register(user);
+    }
+
+    /// Every resource request answered so far (discovery and OpenAPI excluded), oldest first;
+    /// the last [`REQUEST_LOG_LIMIT`] are kept.
+    pub fn requests(&self) -> Vec<RecordedRequest> {
+        self.shared.requests.snapshot()
+    }
+
+    /// Sets what `GET pods/<pod>/log?container=<container>` answers (the tail of the last
+    /// [`POD_LOG_LIMIT`] bytes is kept).
+    pub fn set_pod_log(&self, ns: &str, pod: &str, container: &str, text: &str) {
+        self.shared.pod_logs.set(ns, pod, container, text);
+    }
+
+    /// Forgets the request log (e.g. after a test's setup).
+    pub fn clear_requests(&self) {
+        self.shared.requests.clear();
     }
 
     /// Ends every open watch stream now (clients see the stream close and must re-watch).
@@ -399,26 +717,53 @@ impl Drop for KubeTestServer {
     }
 }
 
-/// A kubeconfig for `server_url` with one cluster, user and context named `context_name`.
-pub fn kubeconfig_yaml(server_url: &str, context_name: &str) -> String {
+/// A kubeconfig for `server_url` with one cluster and context named `context_name` and one
+/// user `user` authenticated by bearer `token` (no CA: for plain HTTP or a system-trusted CA).
+pub fn kubeconfig_yaml(server_url: &str, context_name: &str, user: &str, token: &str) -> String {
+    render_kubeconfig(server_url, context_name, user, token, None, None)
+}
+
+fn render_kubeconfig(
+    server_url: &str,
+    context_name: &str,
+    user: &str,
+    token: &str,
+    ca_pem: Option<&str>,
+    client: Option<&(String, String)>,
+) -> String {
+    use base64::Engine as _;
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
     // A JSON string is a valid YAML double-quoted scalar, so any name is safe.
-    let context_name = Value::String(context_name.to_string()).to_string();
+    let quote = |s: &str| Value::String(s.to_string()).to_string();
+    let (context_name, user, token) = (quote(context_name), quote(user), quote(token));
+    let ca = ca_pem
+        .map(|p| format!("\n    certificate-authority-data: {}", b64(p)))
+        .unwrap_or_default();
+    let cert = client
+        .map(|(c, k)| {
+            format!(
+                "\n    client-certificate-data: {}\n    client-key-data: {}",
+                b64(c),
+                b64(k)
+            )
+        })
+        .unwrap_or_default();
     format!(
         "apiVersion: v1
 kind: Config
 clusters:
 - name: {context_name}
   cluster:
-    server: {server_url}
+    server: {server_url}{ca}
 users:
-- name: {context_name}
+- name: {user}
   user:
-    token: kube-test-server
+    token: {token}{cert}
 contexts:
 - name: {context_name}
   context:
     cluster: {context_name}
-    user: {context_name}
+    user: {user}
     namespace: default
 current-context: {context_name}
 "

@@ -1,6 +1,7 @@
 //! Decoding of the protobuf request bodies kubectl sends for a few built-in kinds.
 //!
-//! kubectl's typed clients (`kubectl create namespace|configmap|secret`) send
+//! kubectl's typed clients (`kubectl create namespace|configmap|secret`, `kubectl auth
+//! can-i|whoami`) send
 //! `application/vnd.kubernetes.protobuf` and do not fall back to JSON, so the server decodes
 //! those three kinds into JSON. Hand-written because no crate here carries the Kubernetes
 //! protobuf schemas; only the fields a create needs are read (others are ignored).
@@ -107,6 +108,8 @@ fn object_meta(b: &[u8]) -> Result<Value, String> {
     let mut m = Map::new();
     for f in fields(b) {
         match f? {
+            // gogo-protobuf writes empty strings; JSON (omitempty) would leave them out.
+            (1 | 2 | 3, Field::Bytes([])) => {}
             (1, Field::Bytes(x)) => {
                 m.insert("name".into(), Value::String(string(x)?));
             }
@@ -130,7 +133,53 @@ fn object_meta(b: &[u8]) -> Result<Value, String> {
     Ok(Value::Object(m))
 }
 
-/// Decodes a protobuf-encoded Namespace, ConfigMap or Secret into its JSON form.
+/// Strings of a message by field number, e.g. `ResourceAttributes` (1 namespace, 2 verb, 3
+/// group, 4 version, 5 resource, 6 subresource, 7 name).
+fn string_fields(b: &[u8], names: &[(u64, &str)]) -> Result<Value, String> {
+    let mut m = Map::new();
+    for f in fields(b) {
+        if let (n, Field::Bytes(x)) = f?
+            && let Some((_, name)) = names.iter().find(|(k, _)| *k == n)
+            && !x.is_empty()
+        {
+            m.insert((*name).into(), Value::String(string(x)?));
+        }
+    }
+    Ok(Value::Object(m))
+}
+
+/// `SelfSubjectAccessReviewSpec`: 1 resourceAttributes, 2 nonResourceAttributes.
+fn access_review_spec(b: &[u8]) -> Result<Value, String> {
+    let mut spec = Map::new();
+    for f in fields(b) {
+        match f? {
+            (1, Field::Bytes(x)) => {
+                let attrs = string_fields(
+                    x,
+                    &[
+                        (1, "namespace"),
+                        (2, "verb"),
+                        (3, "group"),
+                        (4, "version"),
+                        (5, "resource"),
+                        (6, "subresource"),
+                        (7, "name"),
+                    ],
+                )?;
+                spec.insert("resourceAttributes".into(), attrs);
+            }
+            (2, Field::Bytes(x)) => {
+                let attrs = string_fields(x, &[(1, "path"), (2, "verb")])?;
+                spec.insert("nonResourceAttributes".into(), attrs);
+            }
+            _ => {}
+        }
+    }
+    Ok(Value::Object(spec))
+}
+
+/// Decodes a protobuf-encoded Namespace, ConfigMap, Secret, SelfSubjectAccessReview or
+/// SelfSubjectReview into its JSON form.
 pub fn decode(body: &[u8]) -> Result<Value, String> {
     let envelope = body
         .strip_prefix(b"k8s\0")
@@ -177,13 +226,18 @@ pub fn decode(body: &[u8]) -> Result<Value, String> {
                 obj.insert("immutable".into(), Value::Bool(v != 0));
             }
             ("Secret", 2, Field::Bytes(x)) => insert_map(&mut obj, "data", map_entry(x, true)?),
+            ("Secret", 3, Field::Bytes([])) => {}
             ("Secret", 3, Field::Bytes(x)) => {
                 obj.insert("type".into(), Value::String(string(x)?));
             }
             ("Secret", 4, Field::Bytes(x)) => {
                 insert_map(&mut obj, "stringData", map_entry(x, false)?)
             }
-            ("Namespace" | "ConfigMap" | "Secret", _, _) => {}
+            ("SelfSubjectAccessReview", 2, Field::Bytes(spec)) => {
+                obj.insert("spec".into(), access_review_spec(spec)?);
+            }
+            ("Namespace" | "ConfigMap" | "Secret" | "SelfSubjectAccessReview", _, _)
+            | ("SelfSubjectReview", _, _) => {}
             (other, _, _) => {
                 return Err(format!(
                     "protobuf bodies of kind {other:?} are not supported; send JSON"
@@ -223,6 +277,20 @@ mod tests {
             v,
             json!({"apiVersion": "v1", "kind": "ConfigMap",
                    "metadata": {"name": "cm1", "labels": {"app": "x"}}, "data": {"k": "v"}})
+        );
+    }
+
+    #[test]
+    fn empty_strings_are_left_out_as_json_would() {
+        // gogo-protobuf writes name, generateName and namespace even when empty.
+        let meta = [len_field(1, b"cm1"), len_field(2, b""), len_field(3, b"")].concat();
+        let tm = [len_field(1, b"v1"), len_field(2, b"Secret")].concat();
+        let raw = [len_field(1, &meta), len_field(3, b"")].concat();
+        let body = [b"k8s\0".to_vec(), len_field(1, &tm), len_field(2, &raw)].concat();
+        let v = decode(&body).unwrap();
+        assert_eq!(
+            v,
+            json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "cm1"}})
         );
     }
 

@@ -13,16 +13,20 @@ enum LabelReq {
     NotIn(String, Vec<String>),
     Exists(String),
     NotExists(String),
+    /// `k>n`: the label is an integer greater than `n`.
+    Gt(String, i64),
+    /// `k<n`: the label is an integer less than `n`.
+    Lt(String, i64),
 }
 
 /// A parsed `labelSelector`: all requirements must hold.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct LabelSelector(Vec<LabelReq>);
 
-/// One `fieldSelector` requirement on `metadata.name` or `metadata.namespace`.
+/// One `fieldSelector` requirement: the field, the JSON pointer it reads, the value.
 #[derive(Debug, Clone, PartialEq)]
 struct FieldReq {
-    field: String,
+    pointer: String,
     value: String,
     equal: bool,
 }
@@ -74,6 +78,13 @@ fn valid_value(v: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
 }
 
+/// The integer operand of `>` / `<`.
+fn int_value(v: &str, whole: &str) -> Result<i64, String> {
+    v.trim()
+        .parse()
+        .map_err(|_| format!("for 'Gt', 'Lt' operators, the value must be an integer: {whole:?}"))
+}
+
 fn parse_set(rest: &str, whole: &str) -> Result<Vec<String>, String> {
     let rest = rest.trim();
     let inner = rest
@@ -107,6 +118,10 @@ impl LabelSelector {
                 LabelReq::Eq(k.trim().to_string(), v.trim().to_string())
             } else if let Some((k, v)) = p.split_once('=') {
                 LabelReq::Eq(k.trim().to_string(), v.trim().to_string())
+            } else if let Some((k, v)) = p.split_once('>') {
+                LabelReq::Gt(k.trim().to_string(), int_value(v, p)?)
+            } else if let Some((k, v)) = p.split_once('<') {
+                LabelReq::Lt(k.trim().to_string(), int_value(v, p)?)
             } else if let Some(paren) = p.find('(') {
                 // `key in (a,b)` / `key notin(a)`: the operator may touch the parenthesis.
                 let (head, set) = p.split_at(paren);
@@ -126,7 +141,9 @@ impl LabelSelector {
                 LabelReq::In(k, _)
                 | LabelReq::NotIn(k, _)
                 | LabelReq::Exists(k)
-                | LabelReq::NotExists(k) => (k, None),
+                | LabelReq::NotExists(k)
+                | LabelReq::Gt(k, _)
+                | LabelReq::Lt(k, _) => (k, None),
             };
             if !valid_key(key) {
                 return Err(format!("invalid label key {key:?} in selector {s:?}"));
@@ -152,14 +169,27 @@ impl LabelSelector {
             LabelReq::NotIn(k, vs) => get(k).is_none_or(|x| vs.iter().all(|v| v != x)),
             LabelReq::Exists(k) => get(k).is_some(),
             LabelReq::NotExists(k) => get(k).is_none(),
+            LabelReq::Gt(k, n) => get(k)
+                .and_then(|x| x.parse::<i64>().ok())
+                .is_some_and(|x| x > *n),
+            LabelReq::Lt(k, n) => get(k)
+                .and_then(|x| x.parse::<i64>().ok())
+                .is_some_and(|x| x < *n),
         })
     }
 }
 
 impl FieldSelector {
-    /// Parses an already URL-decoded selector; only `metadata.name` and `metadata.namespace`
-    /// are supported, as for custom resources on a real apiserver.
+    /// Parses an already URL-decoded selector that may only use `metadata.name` and
+    /// `metadata.namespace`, as for custom resources on a real apiserver.
     pub fn parse(s: &str) -> Result<Self, String> {
+        Self::parse_for(s, &[])
+    }
+
+    /// Parses a selector for a kind that also supports `fields`: `(field, JSON pointer)`
+    /// pairs, e.g. `("type", "/type")` for Secrets. Any other field is an error
+    /// (`field label not supported`), as on the apiserver.
+    pub fn parse_for(s: &str, fields: &[(String, String)]) -> Result<Self, String> {
         let mut reqs = Vec::new();
         if s.trim().is_empty() {
             return Ok(Self(reqs));
@@ -176,11 +206,17 @@ impl FieldSelector {
                 return Err(format!("invalid field selector requirement {p:?}"));
             };
             let field = field.trim();
-            if field != "metadata.name" && field != "metadata.namespace" {
-                return Err(format!("field label not supported: {field}"));
-            }
+            let pointer = match field {
+                "metadata.name" => "/metadata/name".to_string(),
+                "metadata.namespace" => "/metadata/namespace".to_string(),
+                other => fields
+                    .iter()
+                    .find(|(f, _)| f == other)
+                    .map(|(_, p)| p.clone())
+                    .ok_or_else(|| format!("field label not supported: {other}"))?,
+            };
             reqs.push(FieldReq {
-                field: field.to_string(),
+                pointer,
                 value: value.trim().to_string(),
                 equal,
             });
@@ -188,15 +224,15 @@ impl FieldSelector {
         Ok(Self(reqs))
     }
 
-    /// Whether the object satisfies every requirement (a missing namespace is `""`).
+    /// Whether the object satisfies every requirement (a missing field is `""`; booleans and
+    /// numbers compare by their text).
     pub fn matches(&self, obj: &Value) -> bool {
         self.0.iter().all(|r| {
-            let ptr = if r.field == "metadata.name" {
-                "/metadata/name"
-            } else {
-                "/metadata/namespace"
+            let actual = match obj.pointer(&r.pointer) {
+                Some(Value::String(s)) => s.clone(),
+                Some(Value::Null) | None => String::new(),
+                Some(v) => v.to_string(),
             };
-            let actual = obj.pointer(ptr).and_then(Value::as_str).unwrap_or("");
             (actual == r.value) == r.equal
         })
     }
@@ -233,6 +269,17 @@ mod tests {
         assert!(LabelSelector::parse("a within (b)").is_err());
         assert!(LabelSelector::parse("a=b c").is_err());
         assert!(FieldSelector::parse("spec.x=1").is_err());
+    }
+
+    #[test]
+    fn greater_and_less_than_compare_integers() {
+        let s = LabelSelector::parse("replicas>2,replicas<10").unwrap();
+        assert!(s.matches(&obj(json!({"replicas": "5"}))));
+        assert!(!s.matches(&obj(json!({"replicas": "2"}))));
+        assert!(!s.matches(&obj(json!({"replicas": "10"}))));
+        assert!(!s.matches(&obj(json!({"replicas": "x"}))));
+        assert!(!s.matches(&obj(json!({}))));
+        assert!(LabelSelector::parse("a>b").is_err());
     }
 
     #[test]

@@ -71,19 +71,92 @@ impl ApiError {
         .with_details(res, name, &res.plural)
     }
 
-    /// 422 Invalid: `Application.argoproj.io "x" is invalid: <field>: <why>`.
+    /// 422 Invalid: `Application.argoproj.io "x" is invalid: <field>: <why>`; the field error
+    /// is also a `details.causes` entry, which kubectl prints.
     pub fn invalid(res: &ResourceType, name: &str, field_error: &str) -> Self {
         let qualified_kind = if res.group.is_empty() {
             res.kind.clone()
         } else {
             format!("{}.{}", res.kind, res.group)
         };
-        Self::new(
+        let mut e = Self::new(
             422,
             "Invalid",
             format!("{qualified_kind} \"{name}\" is invalid: {field_error}"),
         )
-        .with_details(res, name, &res.kind)
+        .with_details(res, name, &res.kind);
+        let (field, message) = field_error.split_once(": ").unwrap_or(("", field_error));
+        let reason = [
+            ("Invalid value", "FieldValueInvalid"),
+            ("Forbidden", "FieldValueForbidden"),
+            ("Required value", "FieldValueRequired"),
+            ("Unsupported value", "FieldValueNotSupported"),
+            ("Too long", "FieldValueTooLong"),
+        ]
+        .iter()
+        .find(|(prefix, _)| message.starts_with(prefix))
+        .map_or("FieldValueInvalid", |(_, r)| r);
+        if let Some(d) = e.details.as_mut() {
+            d["causes"] = json!([{"reason": reason, "message": message, "field": field}]);
+        }
+        e
+    }
+
+    /// 403 Forbidden: a create in a namespace that is being deleted.
+    pub fn namespace_terminating(res: &ResourceType, name: &str, ns: &str) -> Self {
+        let message = format!(
+            "unable to create new content in namespace {ns} because it is being terminated"
+        );
+        let mut e = Self::new(
+            403,
+            "Forbidden",
+            format!(
+                "{} \"{name}\" is forbidden: {message}",
+                res.qualified_plural()
+            ),
+        );
+        e.details = Some(json!({"name": name, "group": res.group, "kind": res.plural,
+            "causes": [{"reason": "NamespaceTerminating", "message": message, "field": "metadata.namespace"}]}));
+        e
+    }
+
+    /// 409 Conflict from server-side apply: fields owned by other managers, by path.
+    pub fn apply_conflict(
+        res: &ResourceType,
+        name: &str,
+        conflicts: &std::collections::BTreeMap<Vec<String>, Vec<String>>,
+    ) -> Self {
+        let dotted = |p: &[String]| -> String {
+            p.iter()
+                .map(|s| match (s.strip_prefix("f:"), s.strip_prefix("v:")) {
+                    (Some(f), _) => format!(".{f}"),
+                    (_, Some(v)) => format!("[{v}]"),
+                    _ => s.clone(),
+                })
+                .collect()
+        };
+        let mut causes = Vec::new();
+        let mut lines = Vec::new();
+        for (path, managers) in conflicts {
+            for m in managers {
+                let msg = format!("conflict with \"{m}\" using {}", res.api_version());
+                lines.push(format!("{msg}: {}", dotted(path)));
+                causes.push(json!({"reason": "FieldManagerConflict", "message": msg, "field": dotted(path)}));
+            }
+        }
+        let n = lines.len();
+        let mut e = Self::new(
+            409,
+            "Conflict",
+            format!(
+                "Apply failed with {n} conflict{}: {}",
+                if n == 1 { "" } else { "s" },
+                lines.join("\n")
+            ),
+        );
+        e.details =
+            Some(json!({"name": name, "group": res.group, "kind": res.plural, "causes": causes}));
+        e
     }
 
     /// 410 Expired for a resourceVersion older than the event history.

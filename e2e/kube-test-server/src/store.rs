@@ -10,7 +10,9 @@ use serde_json::{Map, Value, json};
 use tokio::sync::watch;
 
 use super::ResourceType;
+use super::managed_fields::{self, Writer};
 use super::status::ApiError;
+use super::validation;
 
 /// Watch event type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,9 +60,9 @@ pub enum PatchKind {
     Merge,
     /// RFC 6902.
     Json,
-    /// Strategic merge patch, applied as a merge patch without `$` directives.
+    /// Strategic merge patch (built-in kinds only; see `strategic`).
     Strategic,
-    /// Server-side apply, applied as create-or-merge.
+    /// Server-side apply with field ownership (see `managed_fields`).
     Apply,
 }
 
@@ -73,12 +75,23 @@ pub enum DeleteOutcome {
 }
 
 /// How an update or patch is applied.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct WriteMode {
     /// The request is on the `/status` subresource: only `.status` changes.
     pub status_only: bool,
     /// `dryRun=All`: compute the result, store nothing.
     pub dry_run: bool,
+    /// The field manager, for `managedFields`.
+    pub writer: Writer,
+    /// `force=true`: server-side apply takes fields other managers own.
+    pub force: bool,
+}
+
+/// How a create records field ownership.
+enum FieldOp<'a> {
+    Update(&'a Writer),
+    Apply(&'a Writer),
+    Untracked,
 }
 
 /// Optional delete preconditions (`DeleteOptions.preconditions`).
@@ -102,7 +115,7 @@ pub struct Store {
 }
 
 fn now() -> String {
-    k8s_openapi::jiff::Timestamp::now()
+    jiff::Timestamp::now()
         .strftime("%Y-%m-%dT%H:%M:%SZ")
         .to_string()
 }
@@ -120,27 +133,6 @@ fn meta_mut(obj: &mut Value) -> &mut Map<String, Value> {
         // Unreachable: metadata was made an object just above.
         _ => unreachable!("metadata is an object"),
     }
-}
-
-/// DNS-1123 subdomain (object names) or label (namespace names).
-fn name_error(name: &str, label: bool) -> Option<String> {
-    let max = if label { 63 } else { 253 };
-    let ok_char =
-        |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || (!label && c == '.');
-    let ends_ok = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
-    if name.len() <= max
-        && name.chars().all(ok_char)
-        && ends_ok(name.chars().next())
-        && ends_ok(name.chars().last())
-    {
-        return None;
-    }
-    let what = if label {
-        "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character"
-    } else {
-        "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character"
-    };
-    Some(format!("metadata.name: Invalid value: \"{name}\": {what}"))
 }
 
 /// The object without the fields that do not count for `generation`.
@@ -175,17 +167,38 @@ fn fold_string_data(secret: &mut Map<String, Value>) {
     }
 }
 
-/// Drops strategic-merge-patch directives (`$patch`, `$setElementOrder/..`, ...), which a plain
-/// merge patch would otherwise store as fields.
-fn strip_directives(v: &mut Value) {
-    match v {
-        Value::Object(m) => {
-            m.retain(|k, _| !k.starts_with('$'));
-            m.values_mut().for_each(strip_directives);
-        }
-        Value::Array(a) => a.iter_mut().for_each(strip_directives),
-        _ => {}
+/// Delete preconditions (`DeleteOptions.preconditions`): 409 when they do not hold.
+fn check_preconditions(
+    r: &ResourceType,
+    name: &str,
+    old: &Value,
+    pre: &Preconditions,
+) -> Result<(), ApiError> {
+    if let Some(uid) = &pre.uid
+        && Some(uid.as_str()) != str_at(old, "/metadata/uid")
+    {
+        return Err(ApiError::conflict(
+            r,
+            name,
+            &format!(
+                "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                str_at(old, "/metadata/uid").unwrap_or("")
+            ),
+        ));
     }
+    if let Some(rv) = &pre.resource_version
+        && Some(rv.as_str()) != str_at(old, "/metadata/resourceVersion")
+    {
+        return Err(ApiError::conflict(
+            r,
+            name,
+            &format!(
+                "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
+                str_at(old, "/metadata/resourceVersion").unwrap_or("")
+            ),
+        ));
+    }
+    Ok(())
 }
 
 impl Store {
@@ -296,6 +309,12 @@ impl Store {
             }
         }
         self.rv_tx.send_replace(rv);
+        if kind == EventType::Deleted && self.resources[res].namespaced {
+            let ns = str_at(&object, "/metadata/namespace")
+                .unwrap_or("")
+                .to_string();
+            self.finalize_namespace(g, &ns);
+        }
         object
     }
 
@@ -440,10 +459,11 @@ impl Store {
         ns: &str,
         body: Value,
         dry_run: bool,
+        writer: &Writer,
     ) -> Result<Value, ApiError> {
         let mut g = self.lock();
         g.dry_run = dry_run;
-        self.create_locked(&mut g, res, ns, body)
+        self.create_locked(&mut g, res, ns, body, FieldOp::Update(writer))
     }
 
     fn create_locked(
@@ -452,6 +472,7 @@ impl Store {
         res: usize,
         ns: &str,
         mut obj: Value,
+        fields: FieldOp<'_>,
     ) -> Result<Value, ApiError> {
         self.check_body(res, ns, &obj, None)?;
         let r = &self.resources[res];
@@ -480,7 +501,7 @@ impl Store {
                 .collect();
             name = format!("{prefix}{suffix}");
         }
-        if let Some(e) = name_error(&name, is_namespace) {
+        if let Some(e) = validation::name_error(&name, is_namespace) {
             return Err(ApiError::invalid(r, &name, &e));
         }
         meta.insert("name".into(), Value::String(name.clone()));
@@ -494,7 +515,21 @@ impl Store {
             Value::String(uuid::Uuid::new_v4().to_string()),
         );
         meta.insert("creationTimestamp".into(), Value::String(now()));
-        meta.insert("generation".into(), json!(1));
+        if r.generation {
+            meta.insert("generation".into(), json!(1));
+        } else {
+            meta.remove("generation");
+        }
+        if is_namespace {
+            // The NamespaceDefaultLabelName admission: the name as an immutable label.
+            let labels = meta.entry("labels").or_insert_with(|| json!({}));
+            if let Some(l) = labels.as_object_mut() {
+                l.insert(
+                    "kubernetes.io/metadata.name".into(),
+                    Value::String(name.clone()),
+                );
+            }
+        }
         for server_owned in [
             "resourceVersion",
             "deletionTimestamp",
@@ -509,7 +544,15 @@ impl Store {
         obj_map.insert("apiVersion".into(), Value::String(r.api_version()));
         obj_map.insert("kind".into(), Value::String(r.kind.clone()));
         if r.group.is_empty() && r.kind == "Secret" {
+            validation::check_secret_base64(r, &Value::Object(obj_map.clone()))?;
             fold_string_data(obj_map);
+            if obj_map
+                .get("type")
+                .and_then(Value::as_str)
+                .is_none_or(str::is_empty)
+            {
+                obj_map.insert("type".into(), json!("Opaque"));
+            }
         }
         if r.status_subresource {
             // The apiserver drops status on create when the status subresource is enabled.
@@ -517,6 +560,19 @@ impl Store {
         }
         if is_namespace {
             obj_map.insert("status".into(), json!({"phase": "Active"}));
+            if !obj_map
+                .get("spec")
+                .is_some_and(|s| s.get("finalizers").is_some())
+            {
+                obj_map.insert("spec".into(), json!({"finalizers": ["kubernetes"]}));
+            }
+        }
+        validation::validate(r, &obj)?;
+        meta_mut(&mut obj).remove("managedFields");
+        match fields {
+            FieldOp::Update(w) => managed_fields::record_update(r, None, &mut obj, w, &now()),
+            FieldOp::Apply(w) => managed_fields::applied_on_create(r, &mut obj, w, &now()),
+            FieldOp::Untracked => {}
         }
         let key = (
             res,
@@ -539,7 +595,21 @@ impl Store {
             if !self.auto_create_namespaces {
                 return Err(ApiError::not_found(&self.resources[nsr], ns));
             }
-            self.create_locked(g, nsr, "", json!({"metadata": {"name": ns}}))?;
+            self.create_locked(
+                g,
+                nsr,
+                "",
+                json!({"metadata": {"name": ns}}),
+                FieldOp::Untracked,
+            )?;
+        }
+        if r.namespaced
+            && let Some(nsr) = self.namespace_res()
+            && g.objects
+                .get(&(nsr, String::new(), ns.to_string()))
+                .is_some_and(|n| n.pointer("/metadata/deletionTimestamp").is_some())
+        {
+            return Err(ApiError::namespace_terminating(r, &name, ns));
         }
         Ok(self.commit(g, res, EventType::Added, obj, None))
     }
@@ -556,13 +626,32 @@ impl Store {
         let WriteMode {
             status_only,
             dry_run,
+            writer,
+            ..
         } = mode;
         self.check_body(res, ns, &body, Some(name))?;
+        let r = &self.resources[res];
         let mut g = self.lock();
+        if !g
+            .objects
+            .contains_key(&(res, ns.to_string(), name.to_string()))
+        {
+            return Err(ApiError::not_found(r, name));
+        }
+        if r.custom && str_at(&body, "/metadata/resourceVersion").is_none_or(str::is_empty) {
+            // CRDs do not allow unconditional updates (built-in kinds mostly do).
+            return Err(ApiError::invalid(
+                r,
+                name,
+                "metadata.resourceVersion: Invalid value: 0x0: must be specified for an update",
+            ));
+        }
         g.dry_run = dry_run;
-        self.update_locked(&mut g, res, ns, name, body, status_only)
+        self.update_locked(&mut g, res, ns, name, body, status_only, Some(&writer))
     }
 
+    /// `writer: None`: `new` already carries its `managedFields` (server-side apply).
+    #[allow(clippy::too_many_arguments)]
     fn update_locked(
         &self,
         g: &mut Inner,
@@ -571,6 +660,7 @@ impl Store {
         name: &str,
         new: Value,
         status_only: bool,
+        writer: Option<&Writer>,
     ) -> Result<Value, ApiError> {
         let r = &self.resources[res];
         let old = g
@@ -590,6 +680,12 @@ impl Store {
         let mut merged;
         if status_only {
             merged = old.clone();
+            if writer.is_none() {
+                match new.pointer("/metadata/managedFields") {
+                    Some(m) => meta_mut(&mut merged).insert("managedFields".into(), m.clone()),
+                    None => meta_mut(&mut merged).remove("managedFields"),
+                };
+            }
             match new.get("status") {
                 Some(s) => merged["status"] = s.clone(),
                 None => {
@@ -606,7 +702,34 @@ impl Store {
             obj_map.insert("apiVersion".into(), Value::String(r.api_version()));
             obj_map.insert("kind".into(), Value::String(r.kind.clone()));
             if r.group.is_empty() && r.kind == "Secret" {
+                validation::check_secret_base64(r, &Value::Object(obj_map.clone()))?;
                 fold_string_data(obj_map);
+                if obj_map
+                    .get("type")
+                    .and_then(Value::as_str)
+                    .is_none_or(str::is_empty)
+                {
+                    obj_map.insert("type".into(), json!("Opaque"));
+                }
+            }
+            if Some(res) == self.namespace_res() {
+                // The name label cannot be changed or removed; spec.finalizers only changes
+                // through the namespace controller (`/finalize` is not served).
+                match old.get("spec") {
+                    Some(spec) => obj_map.insert("spec".into(), spec.clone()),
+                    None => obj_map.remove("spec"),
+                };
+                let labels = obj_map
+                    .entry("metadata")
+                    .or_insert_with(|| json!({}))
+                    .as_object_mut()
+                    .map(|m| m.entry("labels").or_insert_with(|| json!({})));
+                if let Some(Value::Object(l)) = labels {
+                    l.insert(
+                        "kubernetes.io/metadata.name".into(),
+                        Value::String(name.to_string()),
+                    );
+                }
             }
             if r.status_subresource {
                 match old.get("status") {
@@ -635,7 +758,7 @@ impl Store {
                     None => meta.remove(k),
                 };
             }
-            if spec_part(&merged) != spec_part(&old) {
+            if r.generation && spec_part(&merged) != spec_part(&old) {
                 let generation = old
                     .pointer("/metadata/generation")
                     .and_then(Value::as_i64)
@@ -645,12 +768,33 @@ impl Store {
             }
         }
         meta_mut(&mut merged).insert("resourceVersion".into(), Value::String(old_rv.to_string()));
+        if let Some(w) = writer {
+            // Clients cannot write managedFields here; the server records the change.
+            match old.pointer("/metadata/managedFields") {
+                Some(m) => meta_mut(&mut merged).insert("managedFields".into(), m.clone()),
+                None => meta_mut(&mut merged).remove("managedFields"),
+            };
+            let w = Writer {
+                status: status_only,
+                ..w.clone()
+            };
+            managed_fields::record_update(r, Some(&old), &mut merged, &w, &now());
+        }
+        validation::validate(r, &merged)?;
+        validation::validate_update(r, &old, &merged)?;
         let deleting = old.pointer("/metadata/deletionTimestamp").is_some();
         let finalizers_empty = merged
             .pointer("/metadata/finalizers")
             .and_then(Value::as_array)
             .is_none_or(|f| f.is_empty());
-        if deleting && finalizers_empty {
+        let spec_finalizers_empty = merged
+            .pointer("/spec/finalizers")
+            .and_then(Value::as_array)
+            .is_none_or(|f| f.is_empty());
+        if deleting
+            && finalizers_empty
+            && (Some(res) != self.namespace_res() || spec_finalizers_empty)
+        {
             return Ok(self.commit(g, res, EventType::Deleted, merged, Some(old)));
         }
         if merged == old {
@@ -673,7 +817,13 @@ impl Store {
         let WriteMode {
             status_only,
             dry_run,
+            writer,
+            force,
         } = mode;
+        let writer = Writer {
+            status: status_only,
+            ..writer
+        };
         let r = &self.resources[res];
         let patch: Value = match kind {
             PatchKind::Apply => serde_saphyr::from_str::<Value>(
@@ -694,10 +844,20 @@ impl Store {
         let Some(old) = g.objects.get(&key).cloned() else {
             if kind == PatchKind::Apply && !status_only {
                 self.check_body(res, ns, &patch, Some(name))?;
-                return self.create_locked(&mut g, res, ns, patch);
+                return self.create_locked(&mut g, res, ns, patch, FieldOp::Apply(&writer));
             }
             return Err(ApiError::not_found(r, name));
         };
+        if kind == PatchKind::Apply {
+            if !patch.is_object() {
+                return Err(ApiError::bad_request(
+                    "an apply configuration must be an object",
+                ));
+            }
+            self.check_body(res, ns, &patch, Some(name))?;
+            let doc = managed_fields::apply(r, &old, &patch, &writer, force, &now())?;
+            return self.update_locked(&mut g, res, ns, name, doc, status_only, None);
+        }
         let mut doc = old.clone();
         match kind {
             PatchKind::Merge | PatchKind::Apply => {
@@ -707,9 +867,9 @@ impl Store {
                 json_patch::merge(&mut doc, &patch);
             }
             PatchKind::Strategic => {
-                let mut patch = patch;
-                strip_directives(&mut patch);
-                json_patch::merge(&mut doc, &patch);
+                super::strategic::apply(&mut doc, &patch).map_err(|e| {
+                    ApiError::bad_request(format!("invalid strategic merge patch: {e}"))
+                })?;
             }
             PatchKind::Json => {
                 let ops: json_patch::Patch = serde_json::from_value(patch)
@@ -722,7 +882,7 @@ impl Store {
         self.check_body(res, ns, &doc, Some(name))?;
         // A patch that does not touch resourceVersion is unconditional; one that sets it is a
         // precondition, checked by the update.
-        self.update_locked(&mut g, res, ns, name, doc, status_only)
+        self.update_locked(&mut g, res, ns, name, doc, status_only, Some(&writer))
     }
 
     /// DELETE.
@@ -736,20 +896,96 @@ impl Store {
     ) -> Result<DeleteOutcome, ApiError> {
         let mut g = self.lock();
         g.dry_run = dry_run;
-        let out = self.delete_locked(&mut g, res, ns, name, pre)?;
         if Some(res) == self.namespace_res() {
-            // No Terminating phase here: a namespace's objects go with it.
-            let contents: Vec<Key> = g
-                .objects
-                .keys()
-                .filter(|(r, n, _)| self.resources[*r].namespaced && n == name)
-                .cloned()
-                .collect();
-            for (r, n, o) in contents {
-                self.delete_locked(&mut g, r, &n, &o, &Preconditions::default())?;
+            return self.delete_namespace(&mut g, res, name, pre);
+        }
+        self.delete_locked(&mut g, res, ns, name, pre)
+    }
+
+    /// A namespace goes `Terminating` (deletionTimestamp, phase), its contents are deleted,
+    /// and it disappears once it is empty and its finalizers are gone — what the namespace
+    /// controller does, done synchronously here.
+    fn delete_namespace(
+        &self,
+        g: &mut Inner,
+        res: usize,
+        name: &str,
+        pre: &Preconditions,
+    ) -> Result<DeleteOutcome, ApiError> {
+        let r = &self.resources[res];
+        let old = g
+            .objects
+            .get(&(res, String::new(), name.to_string()))
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(r, name))?;
+        check_preconditions(r, name, &old, pre)?;
+        if old.pointer("/metadata/deletionTimestamp").is_some() {
+            return Ok(DeleteOutcome::Pending(old));
+        }
+        let mut marked = old.clone();
+        meta_mut(&mut marked).insert("deletionTimestamp".into(), Value::String(now()));
+        meta_mut(&mut marked).insert("deletionGracePeriodSeconds".into(), json!(0));
+        marked["status"] = json!({"phase": "Terminating"});
+        let marked = self.commit(g, res, EventType::Modified, marked, Some(old));
+        if g.dry_run {
+            return Ok(DeleteOutcome::Pending(marked));
+        }
+        let contents: Vec<Key> = g
+            .objects
+            .keys()
+            .filter(|(r, n, _)| self.resources[*r].namespaced && n == name)
+            .cloned()
+            .collect();
+        for (r, n, o) in contents {
+            match self.delete_locked(g, r, &n, &o, &Preconditions::default()) {
+                Ok(_) => {}
+                Err(e) if e.code == 404 => {}
+                Err(e) => return Err(e),
             }
         }
-        Ok(out)
+        self.finalize_namespace(g, name);
+        Ok(DeleteOutcome::Pending(marked))
+    }
+
+    /// Removes a terminating namespace once nothing is left in it: first the `kubernetes`
+    /// spec finalizer, then (without metadata finalizers) the namespace itself.
+    fn finalize_namespace(&self, g: &mut Inner, ns: &str) {
+        let Some(nsr) = self.namespace_res() else {
+            return;
+        };
+        let key = (nsr, String::new(), ns.to_string());
+        let Some(current) = g.objects.get(&key).cloned() else {
+            return;
+        };
+        if current.pointer("/metadata/deletionTimestamp").is_none()
+            || g.objects
+                .keys()
+                .any(|(r, n, _)| self.resources[*r].namespaced && n == ns)
+        {
+            return;
+        }
+        let mut finalized = current.clone();
+        if finalized
+            .pointer("/spec/finalizers")
+            .and_then(Value::as_array)
+            .is_some_and(|f| !f.is_empty())
+        {
+            finalized["spec"]["finalizers"] = json!([]);
+            finalized = self.commit(g, nsr, EventType::Modified, finalized, Some(current));
+        }
+        let has_finalizers = finalized
+            .pointer("/metadata/finalizers")
+            .and_then(Value::as_array)
+            .is_some_and(|f| !f.is_empty());
+        if !has_finalizers {
+            self.commit(
+                g,
+                nsr,
+                EventType::Deleted,
+                finalized.clone(),
+                Some(finalized),
+            );
+        }
     }
 
     fn delete_locked(
@@ -766,30 +1002,7 @@ impl Store {
             .get(&(res, ns.to_string(), name.to_string()))
             .cloned()
             .ok_or_else(|| ApiError::not_found(r, name))?;
-        if let Some(uid) = &pre.uid
-            && Some(uid.as_str()) != str_at(&old, "/metadata/uid")
-        {
-            return Err(ApiError::conflict(
-                r,
-                name,
-                &format!(
-                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
-                    str_at(&old, "/metadata/uid").unwrap_or("")
-                ),
-            ));
-        }
-        if let Some(rv) = &pre.resource_version
-            && Some(rv.as_str()) != str_at(&old, "/metadata/resourceVersion")
-        {
-            return Err(ApiError::conflict(
-                r,
-                name,
-                &format!(
-                    "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
-                    str_at(&old, "/metadata/resourceVersion").unwrap_or("")
-                ),
-            ));
-        }
+        check_preconditions(r, name, &old, pre)?;
         let has_finalizers = old
             .pointer("/metadata/finalizers")
             .and_then(Value::as_array)
@@ -810,7 +1023,9 @@ impl Store {
         let meta = meta_mut(&mut marked);
         meta.insert("deletionTimestamp".into(), Value::String(now()));
         meta.insert("deletionGracePeriodSeconds".into(), json!(0));
-        meta.insert("generation".into(), json!(generation));
+        if r.generation {
+            meta.insert("generation".into(), json!(generation));
+        }
         Ok(DeleteOutcome::Pending(self.commit(
             g,
             res,
