@@ -70,6 +70,9 @@ pub enum SpokeError {
     /// The payload has no `metadata.name`.
     #[error("object has no name")]
     NoName,
+    /// The event names an object outside this agent's hub namespace.
+    #[error("{0} is not in this agent's hub namespace")]
+    WrongNamespace(String),
     /// The payload names another object than the event.
     #[error("payload does not name the event's resource {0:?}")]
     NameMismatch(String),

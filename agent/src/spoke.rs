@@ -301,27 +301,25 @@ impl Spoke {
 
     /// Handles one event from the principal. Returns the reply to send, if any.
     pub async fn on_principal_event(&self, event: &Event) -> Option<Event> {
-        let resource = event.resource.clone()?;
-        if Some(&resource.namespace) != self.hub_namespace().as_ref() {
-            return Some(event.error_reply(
-                &self.source,
-                "Forbidden",
-                format!("{resource} is not in this agent's hub namespace"),
-            ));
-        }
-        let result = match (self.mode, event.ty) {
-            (_, EventType::RequestUpdate) if self.mode == AgentMode::Autonomous => {
+        let resource = event.resource.as_ref()?;
+        let result = match plan(self.mode, self.hub_namespace().as_ref(), event) {
+            Ok(Command::Republish) => {
                 self.republish(&resource.name);
                 return None;
             }
-            (mode, ty) => self.apply(mode, ty, &resource.name, event).await,
+            Ok(command) => self.apply(&resource.name, command).await,
+            Err(e) => Err(e),
         };
         Some(match result {
             Ok(()) => event.ack(&self.source),
             Err(e) => {
                 let message = argocd_agent_sync::error_chain(&e);
                 tracing::warn!(object = %resource, r#type = %event.ty, error = %message, "could not apply event");
-                event.error_reply(&self.source, "ApplyFailed", message)
+                let reason = match e {
+                    SpokeError::WrongNamespace(_) => "Forbidden",
+                    _ => "ApplyFailed",
+                };
+                event.error_reply(&self.source, reason, message)
             }
         })
     }
@@ -335,24 +333,14 @@ impl Spoke {
         }
     }
 
-    async fn apply(
-        &self,
-        mode: AgentMode,
-        ty: EventType,
-        name: &str,
-        event: &Event,
-    ) -> Result<(), SpokeError> {
+    async fn apply(&self, name: &str, command: Command) -> Result<(), SpokeError> {
         let ns = self.namespace.as_str();
-        match (mode, ty) {
-            (AgentMode::Managed, EventType::Create | EventType::SpecUpdate) => {
-                let obj = event.object().cloned().unwrap_or_default();
-                if obj.pointer("/metadata/name").and_then(Value::as_str) != Some(name) {
-                    return Err(SpokeError::NameMismatch(name.to_owned()));
-                }
+        match command {
+            Command::Upsert(obj) => {
                 self.inner().desired.insert(name.to_owned(), obj.clone());
                 self.upsert_local(&obj).await
             }
-            (AgentMode::Managed, EventType::Delete) => {
+            Command::Delete => {
                 {
                     let mut inner = self.inner();
                     inner.desired.remove(name);
@@ -360,21 +348,166 @@ impl Spoke {
                 }
                 self.delete_local(name).await
             }
-            (_, EventType::SetOperation) => {
-                let op = event
-                    .object()
-                    .and_then(|o| o.get("operation").cloned())
-                    .unwrap_or(Value::Null);
+            Command::SetOperation(op) => {
                 self.apps
                     .patch_merge(Some(ns), name, &json!({"operation": op}))
                     .await?;
                 Ok(())
             }
-            (_, EventType::TerminateOperation) => {
+            Command::TerminateOperation => {
                 self.apps.terminate_operation(ns, name).await?;
                 Ok(())
             }
-            (mode, ty) => Err(SpokeError::NotAccepted { ty, mode }),
+            Command::Republish => Ok(()),
         }
+    }
+}
+
+/// What an event from the principal asks of the spoke.
+#[derive(Debug, Clone, PartialEq)]
+enum Command {
+    /// Managed: create or update the local copy.
+    Upsert(Arc<Value>),
+    /// Managed: delete the local copy.
+    Delete,
+    /// Set `.operation` (a sync requested on the hub).
+    SetOperation(Value),
+    /// Terminate the running operation.
+    TerminateOperation,
+    /// Autonomous: publish the local object again (or its deletion).
+    Republish,
+}
+
+/// Decides what an event from the principal means for a spoke in `mode` whose hub namespace
+/// is `hub_ns`, without side effects.
+fn plan(mode: AgentMode, hub_ns: Option<&Namespace>, event: &Event) -> Result<Command, SpokeError> {
+    let Some(resource) = &event.resource else {
+        return Err(SpokeError::NotAccepted { ty: event.ty, mode });
+    };
+    if Some(&resource.namespace) != hub_ns {
+        return Err(SpokeError::WrongNamespace(resource.to_string()));
+    }
+    match (mode, event.ty) {
+        (AgentMode::Managed, EventType::Create | EventType::SpecUpdate) => {
+            let obj = event.object().cloned().unwrap_or_default();
+            if obj.pointer("/metadata/name").and_then(Value::as_str) != Some(resource.name.as_str())
+            {
+                return Err(SpokeError::NameMismatch(resource.name.clone()));
+            }
+            Ok(Command::Upsert(obj))
+        }
+        (AgentMode::Managed, EventType::Delete) => Ok(Command::Delete),
+        (_, EventType::SetOperation) => Ok(Command::SetOperation(
+            event
+                .object()
+                .and_then(|o| o.get("operation").cloned())
+                .unwrap_or(Value::Null),
+        )),
+        (_, EventType::TerminateOperation) => Ok(Command::TerminateOperation),
+        (AgentMode::Autonomous, EventType::RequestUpdate) => Ok(Command::Republish),
+        (mode, ty) => Err(SpokeError::NotAccepted { ty, mode }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ns(s: &str) -> Namespace {
+        Namespace::new(s).unwrap()
+    }
+
+    fn event(ty: EventType, ns_: &str, payload: Payload) -> Event {
+        Event::resource(
+            "principal",
+            ty,
+            ResourceRef::new(ResourceKind::Application, ns(ns_), "guestbook"),
+            payload,
+        )
+    }
+
+    fn app(name: &str) -> Payload {
+        Payload::Object(Arc::new(json!({"metadata": {"name": name}, "spec": {}})))
+    }
+
+    #[test]
+    fn managed_spoke_applies_specs_and_deletes_from_its_hub_namespace() {
+        let hub = ns("edge-1");
+        let e = event(EventType::SpecUpdate, "edge-1", app("guestbook"));
+        assert!(matches!(
+            plan(AgentMode::Managed, Some(&hub), &e),
+            Ok(Command::Upsert(_))
+        ));
+        let e = event(EventType::Delete, "edge-1", Payload::None);
+        assert_eq!(
+            plan(AgentMode::Managed, Some(&hub), &e).unwrap(),
+            Command::Delete
+        );
+    }
+
+    #[test]
+    fn events_for_another_hub_namespace_are_refused_in_both_modes() {
+        let hub = ns("edge-1");
+        for mode in [AgentMode::Managed, AgentMode::Autonomous] {
+            let e = event(EventType::SetOperation, "edge-2", Payload::None);
+            assert!(matches!(
+                plan(mode, Some(&hub), &e),
+                Err(SpokeError::WrongNamespace(_))
+            ));
+            // Before the first welcome nothing is accepted.
+            assert!(matches!(
+                plan(mode, None, &e),
+                Err(SpokeError::WrongNamespace(_))
+            ));
+        }
+    }
+
+    #[test]
+    fn autonomous_spoke_refuses_spec_and_delete_from_the_hub() {
+        let hub = ns("edge-1");
+        for ty in [EventType::Create, EventType::SpecUpdate, EventType::Delete] {
+            let e = event(ty, "edge-1", app("guestbook"));
+            assert!(
+                matches!(
+                    plan(AgentMode::Autonomous, Some(&hub), &e),
+                    Err(SpokeError::NotAccepted { .. })
+                ),
+                "{ty}"
+            );
+        }
+    }
+
+    #[test]
+    fn operations_reach_both_modes_and_request_update_only_autonomous() {
+        let hub = ns("edge-1");
+        let op = Payload::Object(Arc::new(json!({"operation": {"sync": {}}})));
+        for mode in [AgentMode::Managed, AgentMode::Autonomous] {
+            let e = event(EventType::SetOperation, "edge-1", op.clone());
+            assert_eq!(
+                plan(mode, Some(&hub), &e).unwrap(),
+                Command::SetOperation(json!({"sync": {}}))
+            );
+            let e = event(EventType::TerminateOperation, "edge-1", Payload::None);
+            assert_eq!(
+                plan(mode, Some(&hub), &e).unwrap(),
+                Command::TerminateOperation
+            );
+        }
+        let e = event(EventType::RequestUpdate, "edge-1", Payload::None);
+        assert_eq!(
+            plan(AgentMode::Autonomous, Some(&hub), &e).unwrap(),
+            Command::Republish
+        );
+        assert!(plan(AgentMode::Managed, Some(&hub), &e).is_err());
+    }
+
+    #[test]
+    fn payload_naming_another_object_is_refused() {
+        let hub = ns("edge-1");
+        let e = event(EventType::SpecUpdate, "edge-1", app("other"));
+        assert!(matches!(
+            plan(AgentMode::Managed, Some(&hub), &e),
+            Err(SpokeError::NameMismatch(_))
+        ));
     }
 }

@@ -570,15 +570,8 @@ impl Hub {
             return;
         }
         let sum = spec_checksum(obj);
-        let changed = {
-            let mut inner = state.inner();
-            let changed = inner.sent_spec.get(&name) != Some(&sum);
-            if changed {
-                inner.sent_spec.insert(name.clone(), sum);
-            }
-            changed
-        };
-        if changed {
+        let previous = state.inner().sent_spec.insert(name, sum.clone());
+        if previous != Some(sum) {
             self.push_spec(state, ns, obj);
         }
         self.forward_operation(state, obj);
