@@ -719,9 +719,7 @@ async fn serve_resource(
             return Err(ApiError::new(
                 422,
                 "Invalid",
-                format!(
-                    "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Too long: may not be more than 128 bytes"
-                ),
+                "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Too long: may not be more than 128 bytes",
             ));
         }
         Some(m) => m.to_string(),

@@ -109,7 +109,7 @@ fn object_meta(b: &[u8]) -> Result<Value, String> {
     for f in fields(b) {
         match f? {
             // gogo-protobuf writes empty strings; JSON (omitempty) would leave them out.
-            (1 | 2 | 3, Field::Bytes([])) => {}
+            (1..=3, Field::Bytes([])) => {}
             (1, Field::Bytes(x)) => {
                 m.insert("name".into(), Value::String(string(x)?));
             }

@@ -560,9 +560,9 @@ impl Store {
         }
         if is_namespace {
             obj_map.insert("status".into(), json!({"phase": "Active"}));
-            if !obj_map
+            if obj_map
                 .get("spec")
-                .is_some_and(|s| s.get("finalizers").is_some())
+                .is_none_or(|s| s.get("finalizers").is_none())
             {
                 obj_map.insert("spec".into(), json!({"finalizers": ["kubernetes"]}));
             }

@@ -1433,9 +1433,9 @@ spec:
                 .await
                 .contains("namespace/argocd created")
         );
-        assert!(k.run(&["apply", "-f", &app_file]).await.contains("created"));
+        assert!(k.run(&["apply", "-f", app_file]).await.contains("created"));
         assert!(
-            k.run(&["apply", "-f", &app_file])
+            k.run(&["apply", "-f", app_file])
                 .await
                 .contains("unchanged")
         );
@@ -2044,7 +2044,7 @@ async fn request_log_records_what_an_rbac_authorizer_sees() {
         .await;
     http.get("/apis/argoproj.io/v1alpha1/applications").await;
     http.as_token(None).delete(&format!("{APPS}/a")).await;
-    http.delete(&format!("{CMS}")).await;
+    http.delete(CMS).await;
     let rec = |user: Option<&str>,
                verb: &str,
                resource: &str,
