@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 #[derive(Debug, Parser)]
 #[command(
     name = "argocd-agent",
-    version,
+    version = argocd_agent_cli::version::text(),
     about = "SPIFFE-native argocd-agent: principal and agent"
 )]
 struct Cli {
