@@ -251,6 +251,7 @@ fn expected_kinds_are_present() {
             "ConfigMap",
             "Role",
             "RoleBinding",
+            "NetworkPolicy",
         ];
         if component(dir) == Component::Principal {
             expected.extend(["ClusterRole", "ClusterRoleBinding"]);
@@ -663,7 +664,12 @@ fn container_env(dir: &Path, objects: &[Value], container: &Value) -> Vec<(Strin
 }
 
 /// Settings that would make the test bind real ports: checked here, then replaced.
-const LISTEN_FLAGS: [&str; 3] = ["--listen-host", "--listen-port", "--metrics-port"];
+const LISTEN_FLAGS: [&str; 4] = [
+    "--listen-host",
+    "--listen-port",
+    "--metrics-host",
+    "--metrics-port",
+];
 const LISTEN_ENV: [&str; 4] = [
     "ARGOCD_PRINCIPAL_LISTEN_HOST",
     "ARGOCD_PRINCIPAL_LISTEN_PORT",
@@ -672,7 +678,7 @@ const LISTEN_ENV: [&str; 4] = [
 ];
 
 fn check_listen_value(dir: &Path, setting: &str, value: &str) {
-    let ok = if setting.contains("HOST") || setting == "--listen-host" {
+    let ok = if setting.contains("HOST") || setting.ends_with("-host") {
         value.parse::<std::net::IpAddr>().is_ok()
     } else {
         value.parse::<u16>().is_ok()
@@ -780,4 +786,237 @@ fn binary_accepts_every_rendered_deployment_configuration() {
         })
         .collect();
     assert!(errors.is_empty(), "{}", errors.join("\n"));
+}
+
+/// The pod template's single container.
+fn container(deploy: &Value) -> &Value {
+    &array(deploy, "/spec/template/spec/containers")[0]
+}
+
+/// Number of a named container port.
+fn container_port(dir: &Path, container: &Value, port_name: &str) -> u64 {
+    array(container, "/ports")
+        .iter()
+        .find(|p| str_at(p, "/name") == Some(port_name))
+        .and_then(|p| p.pointer("/containerPort"))
+        .and_then(Value::as_u64)
+        .unwrap_or_else(|| panic!("{}: no container port named {port_name}", rel(dir)))
+}
+
+/// Whether the overlay puts the pod in a mesh, and which one.
+fn mesh(dir: &Path) -> Option<&'static str> {
+    let r = rel(dir);
+    if r.contains("istio") {
+        Some("istio")
+    } else if r.contains("linkerd") {
+        Some("linkerd")
+    } else {
+        None
+    }
+}
+
+#[test]
+fn network_policies_admit_grpc_on_the_listener_and_metrics_only_from_monitoring() {
+    for (dir, objects) in rendered() {
+        let deploy = deployment(dir, objects);
+        let c = container(&deploy);
+        let pod_labels = deploy
+            .pointer("/spec/template/metadata/labels")
+            .and_then(Value::as_object)
+            .cloned()
+            .unwrap_or_default();
+        let policies: Vec<&Value> = objects
+            .iter()
+            .filter(|o| kind(o) == "NetworkPolicy")
+            .collect();
+        assert_eq!(policies.len(), 1, "{}: one NetworkPolicy", rel(dir));
+        let np = policies[0];
+        let selector = np
+            .pointer("/spec/podSelector/matchLabels")
+            .and_then(Value::as_object)
+            .unwrap_or_else(|| panic!("{}: NetworkPolicy without matchLabels", rel(dir)));
+        assert!(!selector.is_empty(), "{}: selects every pod", rel(dir));
+        for (k, v) in selector {
+            assert_eq!(
+                pod_labels.get(k),
+                Some(v),
+                "{}: NetworkPolicy selector {k}={v} does not select the Deployment's pods",
+                rel(dir)
+            );
+        }
+        assert_eq!(
+            np.pointer("/spec/policyTypes"),
+            Some(&serde_json::json!(["Ingress"])),
+            "{}: policyTypes",
+            rel(dir)
+        );
+        // Every rule names ports, and every named port is one of the container's.
+        let mut admitted: BTreeMap<String, Option<Value>> = BTreeMap::new();
+        for rule in array(np, "/spec/ingress") {
+            let ports = array(rule, "/ports");
+            assert!(
+                !ports.is_empty(),
+                "{}: an ingress rule without ports admits every port: {rule}",
+                rel(dir)
+            );
+            for p in ports {
+                let name = str_at(p, "/port")
+                    .unwrap_or_else(|| panic!("{}: use named ports: {p}", rel(dir)));
+                container_port(dir, c, name);
+                admitted.insert(name.to_owned(), rule.pointer("/from").cloned());
+            }
+        }
+        let monitoring = serde_json::json!([{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]);
+        assert_eq!(
+            admitted.get("metrics"),
+            Some(&Some(monitoring)),
+            "{}: metrics must be admitted from the monitoring namespace only",
+            rel(dir)
+        );
+        match component(dir) {
+            Component::Agent => assert_eq!(
+                admitted.keys().collect::<Vec<_>>(),
+                ["metrics"],
+                "{}: the agent accepts nothing but metrics/health",
+                rel(dir)
+            ),
+            Component::Principal => {
+                assert_eq!(
+                    admitted.keys().collect::<Vec<_>>(),
+                    ["grpc", "metrics"],
+                    "{}: the principal accepts gRPC and metrics only",
+                    rel(dir)
+                );
+                let from = admitted["grpc"].clone();
+                let gateway = |ns: &str, key: &str, value: &str| {
+                    Some(serde_json::json!([{
+                        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+                        "podSelector": {"matchLabels": {key: value}}
+                    }]))
+                };
+                let want = match mesh(dir) {
+                    None => None,
+                    Some("istio") => gateway("istio-system", "istio", "eastwestgateway"),
+                    Some(_) => gateway("linkerd-multicluster", "app", "linkerd-gateway"),
+                };
+                assert_eq!(from, want, "{}: sources admitted to gRPC", rel(dir));
+                // The NetworkPolicy's grpc port is the one the Service sends agents to.
+                let svc = find(objects, "Service", "argocd-agent-principal")
+                    .unwrap_or_else(|| panic!("{}: no principal Service", rel(dir)));
+                assert!(
+                    array(svc, "/spec/ports")
+                        .iter()
+                        .any(|p| str_at(p, "/targetPort") == Some("grpc")),
+                    "{}: the Service does not target the grpc port",
+                    rel(dir)
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn metrics_and_health_bind_the_pod_ip_on_the_declared_port() {
+    for (dir, objects) in rendered() {
+        let deploy = deployment(dir, objects);
+        let c = container(&deploy);
+        let args: Vec<&str> = array(c, "/args").iter().filter_map(Value::as_str).collect();
+        assert!(
+            args.contains(&"--metrics-host=$(POD_IP)"),
+            "{}: metrics must bind the pod IP: {args:?}",
+            rel(dir)
+        );
+        let pod_ip = array(c, "/env")
+            .iter()
+            .filter(|e| str_at(e, "/name") == Some("POD_IP"))
+            .collect::<Vec<_>>();
+        assert_eq!(pod_ip.len(), 1, "{}: one POD_IP variable", rel(dir));
+        assert_eq!(
+            str_at(pod_ip[0], "/valueFrom/fieldRef/fieldPath"),
+            Some("status.podIP"),
+            "{}: POD_IP source",
+            rel(dir)
+        );
+        // The port the binary binds (params) is the declared container port.
+        let key = match component(dir) {
+            Component::Principal => "principal.metrics.port",
+            Component::Agent => "agent.metrics.port",
+        };
+        let params = find(objects, "ConfigMap", "argocd-agent-params").expect("params");
+        let port = str_at(params, &format!("/data/{key}"))
+            .unwrap_or_else(|| panic!("{}: no {key}", rel(dir)));
+        assert_eq!(
+            port.parse::<u64>().ok(),
+            Some(container_port(dir, c, "metrics")),
+            "{}: {key} differs from the metrics container port",
+            rel(dir)
+        );
+        // Under Istio, metrics bypass the sidecar (no mesh identity needed to scrape).
+        if mesh(dir) == Some("istio") {
+            assert_eq!(
+                str_at(
+                    &deploy,
+                    "/spec/template/metadata/annotations/traffic.sidecar.istio.io~1excludeInboundPorts"
+                ),
+                Some(port),
+                "{}: metrics port not excluded from the sidecar",
+                rel(dir)
+            );
+        }
+    }
+}
+
+fn probe<'a>(dir: &Path, c: &'a Value, which: &str) -> &'a Value {
+    c.pointer(&format!("/{which}"))
+        .unwrap_or_else(|| panic!("{}: no {which}", rel(dir)))
+}
+
+fn http_path<'a>(p: &'a Value) -> Option<&'a str> {
+    (str_at(p, "/httpGet/port") == Some("metrics"))
+        .then(|| str_at(p, "/httpGet/path"))
+        .flatten()
+}
+
+#[test]
+fn probes_wait_for_the_first_svid_and_readiness_uses_readyz() {
+    for (dir, objects) in rendered() {
+        let deploy = deployment(dir, objects);
+        let c = container(&deploy);
+        let startup = probe(dir, c, "startupProbe");
+        let readiness = probe(dir, c, "readinessProbe");
+        let liveness = probe(dir, c, "livenessProbe");
+        // Start-up may wait minutes for SPIRE to attest the pod before liveness applies.
+        let num = |p: &Value, f: &str, default: u64| {
+            p.pointer(f).and_then(Value::as_u64).unwrap_or(default)
+        };
+        let budget = num(startup, "/periodSeconds", 10) * num(startup, "/failureThreshold", 3);
+        assert!(
+            budget >= 120,
+            "{}: startupProbe allows only {budget}s for the first SVID",
+            rel(dir)
+        );
+        assert_eq!(
+            http_path(readiness),
+            Some("/readyz"),
+            "{}: readiness must use /readyz: {readiness}",
+            rel(dir)
+        );
+        match component(dir) {
+            Component::Principal => {
+                assert_eq!(http_path(startup), Some("/healthz"), "{}", rel(dir));
+                assert_eq!(http_path(liveness), Some("/healthz"), "{}", rel(dir));
+            }
+            Component::Agent => {
+                // A disconnected agent must not be restarted: listener checks only.
+                for p in [startup, liveness] {
+                    assert_eq!(
+                        str_at(p, "/tcpSocket/port"),
+                        Some("metrics"),
+                        "{}: agent start-up/liveness: {p}",
+                        rel(dir)
+                    );
+                }
+            }
+        }
+    }
 }
