@@ -528,14 +528,38 @@ fn example_identity_rules_load_and_map_an_agent() {
             .unwrap_or_else(|| panic!("{}: no rules.yaml key", rel(dir)));
         let rules = argocd_agent_identity::RuleSet::from_yaml(text)
             .unwrap_or_else(|e| panic!("{}: {e}", rel(dir)));
-        for (id, agent, namespace) in [
-            ("spiffe://example.org/agent/edge-1", "edge-1", "edge-1"),
+        // The mesh overlays list their agents (exact rules, shared with the mesh policy);
+        // the others ship the pattern rules of the base.
+        let (cases, unknown): (&[(&str, &str, &str)], &str) = if mesh(dir).is_some() {
             (
-                "spiffe://example.org/ns/argocd/sa/edge-2",
-                "edge-2",
-                "argocd-edge-2",
-            ),
-        ] {
+                &[
+                    (
+                        "spiffe://cluster.local/ns/argocd/sa/argocd-agent-agent-edge-1",
+                        "edge-1",
+                        "edge-1",
+                    ),
+                    (
+                        "spiffe://cluster.local/ns/argocd/sa/argocd-agent-agent-edge-2",
+                        "edge-2",
+                        "edge-2",
+                    ),
+                ],
+                "spiffe://cluster.local/ns/argocd/sa/argocd-agent-agent-edge-3",
+            )
+        } else {
+            (
+                &[
+                    ("spiffe://example.org/agent/edge-1", "edge-1", "edge-1"),
+                    (
+                        "spiffe://example.org/ns/argocd/sa/edge-2",
+                        "edge-2",
+                        "argocd-edge-2",
+                    ),
+                ],
+                "spiffe://other.org/agent/edge-1",
+            )
+        };
+        for &(id, agent, namespace) in cases {
             let id = argocd_agent_identity::SpiffeId::parse(id).expect("valid ID");
             let mapped = rules
                 .map(&id)
@@ -547,9 +571,8 @@ fn example_identity_rules_load_and_map_an_agent() {
                 rel(dir)
             );
         }
-        // Deny by default: another trust domain is not admitted.
-        let foreign = argocd_agent_identity::SpiffeId::parse("spiffe://other.org/agent/edge-1")
-            .expect("valid ID");
+        // Deny by default: an ID no rule lists is not admitted.
+        let foreign = argocd_agent_identity::SpiffeId::parse(unknown).expect("valid ID");
         assert!(
             rules.map(&foreign).is_err(),
             "{}: foreign trust domain admitted",
@@ -579,10 +602,17 @@ fn example_identity_rules_load_and_map_an_agent() {
 fn committed_mesh_policies_match_the_generator() {
     let ctl = argocd_agent_e2e::harness::binary("argocd-agentctl")
         .unwrap_or_else(|e| panic!("argocd-agentctl: {e}"));
-    let cases: [(&str, &[&str]); 2] = [
+    let rules = |mesh: &str| {
+        workspace_root()
+            .join(format!("deploy/overlays/{mesh}/principal/rules.yaml"))
+            .display()
+            .to_string()
+    };
+    let (istio_rules, linkerd_rules) = (rules("istio"), rules("linkerd"));
+    let cases: [(&str, Vec<&str>); 2] = [
         (
             "overlays/istio/principal/mesh-policy.yaml",
-            &[
+            vec![
                 "mesh",
                 "istio",
                 "--namespace",
@@ -591,21 +621,21 @@ fn committed_mesh_policies_match_the_generator() {
                 "8443",
                 "--upstream-port",
                 "8404",
-                "--trust-domain",
-                "cluster.local",
+                "--agents-from-rules",
+                &istio_rules,
             ],
         ),
         (
             "overlays/linkerd/principal/mesh-policy.yaml",
-            &[
+            vec![
                 "mesh",
                 "linkerd",
                 "--namespace",
                 "argocd",
                 "--port",
                 "8443",
-                "--trust-domain",
-                "cluster.local",
+                "--agents-from-rules",
+                &linkerd_rules,
             ],
         ),
     ];
@@ -614,7 +644,7 @@ fn committed_mesh_policies_match_the_generator() {
         let committed =
             std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {file}: {e}"));
         let out = Command::new(&ctl)
-            .args(args)
+            .args(&args)
             .output()
             .unwrap_or_else(|e| panic!("argocd-agentctl {args:?}: {e}"));
         assert!(
@@ -1017,6 +1047,80 @@ fn probes_wait_for_the_first_svid_and_readiness_uses_readyz() {
                     );
                 }
             }
+        }
+    }
+}
+
+#[test]
+fn mesh_policies_admit_exactly_the_agents_the_identity_rules_map() {
+    for (dir, objects) in rendered()
+        .iter()
+        .filter(|(d, _)| component(d) == Component::Principal && mesh(d).is_some())
+    {
+        // The rules the principal loads are the overlay's rules.yaml, the generator's input.
+        let file = dir.join("rules.yaml");
+        let text = std::fs::read_to_string(&file)
+            .unwrap_or_else(|e| panic!("{}: reading rules.yaml: {e}", rel(dir)));
+        let cm = find(objects, "ConfigMap", "argocd-agent-identity-rules")
+            .unwrap_or_else(|| panic!("{}: no identity rules ConfigMap", rel(dir)));
+        assert_eq!(
+            str_at(cm, "/data/rules.yaml"),
+            Some(text.as_str()),
+            "{}: the rules ConfigMap is not rules.yaml",
+            rel(dir)
+        );
+        let rules = argocd_agent_identity::RuleSet::from_yaml(&text)
+            .unwrap_or_else(|e| panic!("{}: {e}", rel(dir)));
+        let rule_count = text.matches("exact:").count();
+        // The identities the mesh admits, as SPIFFE IDs.
+        let admitted: Vec<String> = match mesh(dir) {
+            Some("istio") => {
+                let ap = find(objects, "AuthorizationPolicy", "argocd-agent-principal")
+                    .unwrap_or_else(|| panic!("{}: no AuthorizationPolicy", rel(dir)));
+                array(ap, "/spec/rules")
+                    .iter()
+                    .flat_map(|r| array(r, "/from"))
+                    .flat_map(|f| array(f, "/source/principals"))
+                    .filter_map(Value::as_str)
+                    .map(|p| format!("spiffe://{p}"))
+                    .collect()
+            }
+            _ => {
+                let auth = find(objects, "MeshTLSAuthentication", "argocd-agent-principal")
+                    .unwrap_or_else(|| panic!("{}: no MeshTLSAuthentication", rel(dir)));
+                array(auth, "/spec/identities")
+                    .iter()
+                    .filter_map(Value::as_str)
+                    .map(|i| {
+                        // <sa>.<ns>.serviceaccount.identity.linkerd.<td>
+                        let (sa_ns, td) = i
+                            .split_once(".serviceaccount.identity.linkerd.")
+                            .unwrap_or_else(|| panic!("{}: identity {i}", rel(dir)));
+                        let (sa, ns) = sa_ns
+                            .split_once('.')
+                            .unwrap_or_else(|| panic!("{}: identity {i}", rel(dir)));
+                        format!("spiffe://{td}/ns/{ns}/sa/{sa}")
+                    })
+                    .collect()
+            }
+        };
+        assert!(
+            admitted.iter().all(|a| !a.contains('*')),
+            "{}: the mesh admits a wildcard: {admitted:?}",
+            rel(dir)
+        );
+        assert_eq!(
+            admitted.len(),
+            rule_count,
+            "{}: the mesh admits {admitted:?}, the rules list {rule_count} agents",
+            rel(dir)
+        );
+        for id in &admitted {
+            let parsed = argocd_agent_identity::SpiffeId::parse(id)
+                .unwrap_or_else(|e| panic!("{}: {id}: {e}", rel(dir)));
+            rules.map(&parsed).unwrap_or_else(|e| {
+                panic!("{}: the mesh admits {id}, the rules deny it: {e}", rel(dir))
+            });
         }
     }
 }
