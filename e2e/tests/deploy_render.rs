@@ -207,6 +207,7 @@ fn every_kustomization_is_found() {
         "overlays/istio/agent",
         "overlays/linkerd/principal",
         "overlays/linkerd/agent",
+        "examples/gateway-api/principal",
     ] {
         assert!(
             found.contains(expected),
@@ -271,7 +272,7 @@ fn overlays_put_every_namespaced_object_and_binding_subject_in_one_namespace() {
     const CLUSTER_SCOPED: [&str; 3] = ["ClusterRole", "ClusterRoleBinding", "Namespace"];
     for (dir, objects) in rendered()
         .iter()
-        .filter(|(d, _)| rel(d).starts_with("overlays/"))
+        .filter(|(d, _)| rel(d).starts_with("overlays/") || rel(d).starts_with("examples/"))
     {
         for obj in objects {
             let ns = str_at(obj, "/metadata/namespace");
@@ -1121,6 +1122,111 @@ fn mesh_policies_admit_exactly_the_agents_the_identity_rules_map() {
             rules.map(&parsed).unwrap_or_else(|e| {
                 panic!("{}: the mesh admits {id}, the rules deny it: {e}", rel(dir))
             });
+        }
+    }
+}
+
+#[test]
+fn spire_and_pem_principals_are_reachable_from_other_clusters_with_client_certificates_kept() {
+    for (dir, objects) in rendered()
+        .iter()
+        .filter(|(d, _)| component(d) == Component::Principal)
+    {
+        let r = rel(dir);
+        let load_balancers: Vec<&Value> = objects
+            .iter()
+            .filter(|o| kind(o) == "Service" && str_at(o, "/spec/type") == Some("LoadBalancer"))
+            .collect();
+        let gateways: Vec<&Value> = objects.iter().filter(|o| kind(o) == "Gateway").collect();
+        let routes: Vec<&Value> = objects.iter().filter(|o| kind(o) == "TLSRoute").collect();
+        if r == "principal" || mesh(dir).is_some() {
+            // The base leaves exposure to the overlays; meshes bring their own gateways.
+            assert!(
+                load_balancers.is_empty() && gateways.is_empty(),
+                "{r}: unexpected exposure"
+            );
+            continue;
+        }
+        // Exposure is layer 4 or TLS passthrough only: the principal terminates TLS and
+        // verifies the agent's client certificate itself (--auth spiffe).
+        let params = find(objects, "ConfigMap", "argocd-agent-params").expect("params");
+        assert_eq!(
+            str_at(params, "/data/principal.auth"),
+            Some("spiffe"),
+            "{r}: the principal must verify client certificates itself"
+        );
+        assert_eq!(
+            load_balancers.len() + gateways.len(),
+            1,
+            "{r}: exactly one way in from other clusters (LoadBalancer or Gateway)"
+        );
+        let deploy = deployment(dir, objects);
+        let grpc = container_port(dir, container(&deploy), "grpc");
+        let svc_port_to_grpc = |svc: &Value, port: u64| {
+            array(svc, "/spec/ports").iter().any(|p| {
+                p.pointer("/port").and_then(Value::as_u64) == Some(port)
+                    && (str_at(p, "/targetPort") == Some("grpc")
+                        || p.pointer("/targetPort").and_then(Value::as_u64) == Some(grpc))
+            })
+        };
+        for lb in &load_balancers {
+            let ports = array(lb, "/spec/ports");
+            assert_eq!(ports.len(), 1, "{r}: the LoadBalancer exposes gRPC only");
+            assert!(
+                svc_port_to_grpc(lb, 8443),
+                "{r}: LoadBalancer must target grpc"
+            );
+            assert_eq!(
+                lb.pointer("/spec/selector/app.kubernetes.io~1name")
+                    .and_then(Value::as_str),
+                Some("argocd-agent-principal"),
+                "{r}: LoadBalancer selector"
+            );
+        }
+        for gw in &gateways {
+            let listeners = array(gw, "/spec/listeners");
+            assert!(!listeners.is_empty(), "{r}: Gateway without listeners");
+            for l in listeners {
+                assert_eq!(str_at(l, "/protocol"), Some("TLS"), "{r}: {l}");
+                assert_eq!(
+                    str_at(l, "/tls/mode"),
+                    Some("Passthrough"),
+                    "{r}: a terminating Gateway would drop the client certificate: {l}"
+                );
+            }
+            assert_eq!(routes.len(), 1, "{r}: one TLSRoute");
+            let route = routes[0];
+            let parent = &array(route, "/spec/parentRefs")[0];
+            assert_eq!(str_at(parent, "/name"), Some(name(gw)), "{r}: parentRef");
+            let section = str_at(parent, "/sectionName").unwrap_or("");
+            let listener = listeners
+                .iter()
+                .find(|l| str_at(l, "/name") == Some(section))
+                .unwrap_or_else(|| panic!("{r}: no listener {section}"));
+            let hostnames: Vec<&str> = array(route, "/spec/hostnames")
+                .iter()
+                .filter_map(Value::as_str)
+                .collect();
+            assert_eq!(
+                hostnames,
+                [str_at(listener, "/hostname").unwrap_or("")],
+                "{r}: the route's SNI host name must be the listener's"
+            );
+            for backend in array(route, "/spec/rules")
+                .iter()
+                .flat_map(|rule| array(rule, "/backendRefs"))
+            {
+                let svc = find(objects, "Service", str_at(backend, "/name").unwrap_or(""))
+                    .unwrap_or_else(|| panic!("{r}: backend {backend} is not rendered"));
+                let port = backend
+                    .pointer("/port")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(0);
+                assert!(
+                    svc_port_to_grpc(svc, port),
+                    "{r}: backend {backend} does not reach the grpc port"
+                );
+            }
         }
     }
 }
