@@ -1,7 +1,7 @@
 //! Renders every kustomize base and overlay under `deploy/` with `kubectl kustomize` and checks
 //! the objects against the real binaries: every flag and environment variable a Deployment
-//! uses must exist in `argocd-agent <subcommand> --help`, the RBAC must grant what
-//! docs/kubernetes.md says, the example identity rules must load, and the committed mesh
+//! uses must exist in `argocd-agent <subcommand> --help`, the RBAC must grant exactly what
+//! docs/deploy.md lists (tests/rbac.rs proves the code needs no more), the example identity rules must load, and the committed mesh
 //! policies must match what `argocd-agentctl mesh` prints, and the binary must accept each
 //! Deployment's args and environment.
 #![forbid(unsafe_code)]
@@ -250,19 +250,30 @@ fn expected_kinds_are_present() {
             "ServiceAccount",
             "Service",
             "ConfigMap",
-            "Role",
-            "RoleBinding",
             "NetworkPolicy",
         ];
-        if component(dir) == Component::Principal {
-            expected.extend(["ClusterRole", "ClusterRoleBinding"]);
-        }
+        // The principal works across agent namespaces (ClusterRole), the agent only in its
+        // own (Role); neither gets the other kind.
+        let (wanted, unwanted) = match component(dir) {
+            Component::Principal => (
+                ["ClusterRole", "ClusterRoleBinding"],
+                ["Role", "RoleBinding"],
+            ),
+            Component::Agent => (
+                ["Role", "RoleBinding"],
+                ["ClusterRole", "ClusterRoleBinding"],
+            ),
+        };
+        expected.extend(wanted);
         for k in expected {
             assert!(
                 kinds.contains(k),
                 "{}: no {k} rendered (kinds: {kinds:?})",
                 rel(dir)
             );
+        }
+        for k in unwanted {
+            assert!(!kinds.contains(k), "{}: unexpected {k}", rel(dir));
         }
     }
 }
@@ -484,36 +495,60 @@ fn spire_overlays_mount_the_workload_api_and_pem_overlays_do_not() {
     }
 }
 
-fn grants(role: &Value, resource: &str, verb: &str) -> bool {
-    array(role, "/rules").iter().any(|rule| {
-        let has =
-            |field: &str, want: &str| array(rule, field).iter().any(|v| v.as_str() == Some(want));
-        has("/apiGroups", "argoproj.io") && has("/resources", resource) && has("/verbs", verb)
-    })
+/// A role's rules as (apiGroup, resource, verb, resourceNames) tuples.
+fn rule_tuples(role: &Value) -> BTreeSet<(String, String, String, Vec<String>)> {
+    let mut out = BTreeSet::new();
+    for rule in array(role, "/rules") {
+        let list = |f: &str| -> Vec<String> {
+            array(rule, f)
+                .iter()
+                .filter_map(Value::as_str)
+                .map(str::to_owned)
+                .collect()
+        };
+        for g in list("/apiGroups") {
+            for r in list("/resources") {
+                for v in list("/verbs") {
+                    out.insert((g.clone(), r.clone(), v, list("/resourceNames")));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The documented table (docs/deploy.md, docs/kubernetes.md); tests/rbac.rs proves the code
+/// needs no more. Secrets, ConfigMaps and AppProjects are absent on purpose.
+fn expected_rules(c: Component) -> BTreeSet<(String, String, String, Vec<String>)> {
+    let mut rows: Vec<(&str, &str, &str)> = [
+        "get", "list", "watch", "create", "update", "patch", "delete",
+    ]
+    .into_iter()
+    .map(|v| ("argoproj.io", "applications", v))
+    .collect();
+    rows.push(("argoproj.io", "applications/status", "update"));
+    if c == Component::Principal {
+        rows.extend([("", "namespaces", "get"), ("", "namespaces", "create")]);
+    }
+    rows.into_iter()
+        .map(|(g, r, v)| (g.to_owned(), r.to_owned(), v.to_owned(), Vec::new()))
+        .collect()
 }
 
 #[test]
-fn roles_grant_status_writes_on_applications() {
+fn roles_grant_exactly_the_documented_least_privilege_rules() {
     for (dir, objects) in rendered() {
         let role = match component(dir) {
             Component::Principal => find(objects, "ClusterRole", "argocd-agent-principal"),
             Component::Agent => find(objects, "Role", "argocd-agent-agent"),
         }
         .unwrap_or_else(|| panic!("{}: role not rendered", rel(dir)));
-        for verb in ["update", "patch"] {
-            assert!(
-                grants(role, "applications/status", verb),
-                "{}: no {verb} on applications/status",
-                rel(dir)
-            );
-        }
-        for verb in ["get", "list", "watch", "create", "update", "delete"] {
-            assert!(
-                grants(role, "applications", verb),
-                "{}: no {verb} on applications",
-                rel(dir)
-            );
-        }
+        assert_eq!(
+            rule_tuples(role),
+            expected_rules(component(dir)),
+            "{}: role rules differ from the documented least-privilege table",
+            rel(dir)
+        );
     }
 }
 
