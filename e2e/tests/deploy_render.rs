@@ -1037,7 +1037,7 @@ fn probe<'a>(dir: &Path, c: &'a Value, which: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("{}: no {which}", rel(dir)))
 }
 
-fn http_path<'a>(p: &'a Value) -> Option<&'a str> {
+fn http_path(p: &Value) -> Option<&str> {
     (str_at(p, "/httpGet/port") == Some("metrics"))
         .then(|| str_at(p, "/httpGet/path"))
         .flatten()
