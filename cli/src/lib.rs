@@ -3,6 +3,7 @@
 
 pub mod ctl;
 pub mod logging;
+pub mod version;
 
 /// Error type for command handlers: every failure is printed as one clear line.
 pub type CmdResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;

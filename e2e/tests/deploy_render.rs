@@ -1,7 +1,7 @@
 //! Renders every kustomize base and overlay under `deploy/` with `kubectl kustomize` and checks
 //! the objects against the real binaries: every flag and environment variable a Deployment
-//! uses must exist in `argocd-agent <subcommand> --help`, the RBAC must grant what
-//! docs/kubernetes.md says, the example identity rules must load, and the committed mesh
+//! uses must exist in `argocd-agent <subcommand> --help`, the RBAC must grant exactly what
+//! docs/deploy.md lists (tests/rbac.rs proves the code needs no more), the example identity rules must load, and the committed mesh
 //! policies must match what `argocd-agentctl mesh` prints, and the binary must accept each
 //! Deployment's args and environment.
 #![forbid(unsafe_code)]
@@ -207,6 +207,7 @@ fn every_kustomization_is_found() {
         "overlays/istio/agent",
         "overlays/linkerd/principal",
         "overlays/linkerd/agent",
+        "examples/gateway-api/principal",
     ] {
         assert!(
             found.contains(expected),
@@ -249,18 +250,30 @@ fn expected_kinds_are_present() {
             "ServiceAccount",
             "Service",
             "ConfigMap",
-            "Role",
-            "RoleBinding",
+            "NetworkPolicy",
         ];
-        if component(dir) == Component::Principal {
-            expected.extend(["ClusterRole", "ClusterRoleBinding"]);
-        }
+        // The principal works across agent namespaces (ClusterRole), the agent only in its
+        // own (Role); neither gets the other kind.
+        let (wanted, unwanted) = match component(dir) {
+            Component::Principal => (
+                ["ClusterRole", "ClusterRoleBinding"],
+                ["Role", "RoleBinding"],
+            ),
+            Component::Agent => (
+                ["Role", "RoleBinding"],
+                ["ClusterRole", "ClusterRoleBinding"],
+            ),
+        };
+        expected.extend(wanted);
         for k in expected {
             assert!(
                 kinds.contains(k),
                 "{}: no {k} rendered (kinds: {kinds:?})",
                 rel(dir)
             );
+        }
+        for k in unwanted {
+            assert!(!kinds.contains(k), "{}: unexpected {k}", rel(dir));
         }
     }
 }
@@ -270,7 +283,7 @@ fn overlays_put_every_namespaced_object_and_binding_subject_in_one_namespace() {
     const CLUSTER_SCOPED: [&str; 3] = ["ClusterRole", "ClusterRoleBinding", "Namespace"];
     for (dir, objects) in rendered()
         .iter()
-        .filter(|(d, _)| rel(d).starts_with("overlays/"))
+        .filter(|(d, _)| rel(d).starts_with("overlays/") || rel(d).starts_with("examples/"))
     {
         for obj in objects {
             let ns = str_at(obj, "/metadata/namespace");
@@ -482,36 +495,60 @@ fn spire_overlays_mount_the_workload_api_and_pem_overlays_do_not() {
     }
 }
 
-fn grants(role: &Value, resource: &str, verb: &str) -> bool {
-    array(role, "/rules").iter().any(|rule| {
-        let has =
-            |field: &str, want: &str| array(rule, field).iter().any(|v| v.as_str() == Some(want));
-        has("/apiGroups", "argoproj.io") && has("/resources", resource) && has("/verbs", verb)
-    })
+/// A role's rules as (apiGroup, resource, verb, resourceNames) tuples.
+fn rule_tuples(role: &Value) -> BTreeSet<(String, String, String, Vec<String>)> {
+    let mut out = BTreeSet::new();
+    for rule in array(role, "/rules") {
+        let list = |f: &str| -> Vec<String> {
+            array(rule, f)
+                .iter()
+                .filter_map(Value::as_str)
+                .map(str::to_owned)
+                .collect()
+        };
+        for g in list("/apiGroups") {
+            for r in list("/resources") {
+                for v in list("/verbs") {
+                    out.insert((g.clone(), r.clone(), v, list("/resourceNames")));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The documented table (docs/deploy.md, docs/kubernetes.md); tests/rbac.rs proves the code
+/// needs no more. Secrets, ConfigMaps and AppProjects are absent on purpose.
+fn expected_rules(c: Component) -> BTreeSet<(String, String, String, Vec<String>)> {
+    let mut rows: Vec<(&str, &str, &str)> = [
+        "get", "list", "watch", "create", "update", "patch", "delete",
+    ]
+    .into_iter()
+    .map(|v| ("argoproj.io", "applications", v))
+    .collect();
+    rows.push(("argoproj.io", "applications/status", "update"));
+    if c == Component::Principal {
+        rows.extend([("", "namespaces", "get"), ("", "namespaces", "create")]);
+    }
+    rows.into_iter()
+        .map(|(g, r, v)| (g.to_owned(), r.to_owned(), v.to_owned(), Vec::new()))
+        .collect()
 }
 
 #[test]
-fn roles_grant_status_writes_on_applications() {
+fn roles_grant_exactly_the_documented_least_privilege_rules() {
     for (dir, objects) in rendered() {
         let role = match component(dir) {
             Component::Principal => find(objects, "ClusterRole", "argocd-agent-principal"),
             Component::Agent => find(objects, "Role", "argocd-agent-agent"),
         }
         .unwrap_or_else(|| panic!("{}: role not rendered", rel(dir)));
-        for verb in ["update", "patch"] {
-            assert!(
-                grants(role, "applications/status", verb),
-                "{}: no {verb} on applications/status",
-                rel(dir)
-            );
-        }
-        for verb in ["get", "list", "watch", "create", "update", "delete"] {
-            assert!(
-                grants(role, "applications", verb),
-                "{}: no {verb} on applications",
-                rel(dir)
-            );
-        }
+        assert_eq!(
+            rule_tuples(role),
+            expected_rules(component(dir)),
+            "{}: role rules differ from the documented least-privilege table",
+            rel(dir)
+        );
     }
 }
 
@@ -527,14 +564,38 @@ fn example_identity_rules_load_and_map_an_agent() {
             .unwrap_or_else(|| panic!("{}: no rules.yaml key", rel(dir)));
         let rules = argocd_agent_identity::RuleSet::from_yaml(text)
             .unwrap_or_else(|e| panic!("{}: {e}", rel(dir)));
-        for (id, agent, namespace) in [
-            ("spiffe://example.org/agent/edge-1", "edge-1", "edge-1"),
+        // The mesh overlays list their agents (exact rules, shared with the mesh policy);
+        // the others ship the pattern rules of the base.
+        let (cases, unknown): (&[(&str, &str, &str)], &str) = if mesh(dir).is_some() {
             (
-                "spiffe://example.org/ns/argocd/sa/edge-2",
-                "edge-2",
-                "argocd-edge-2",
-            ),
-        ] {
+                &[
+                    (
+                        "spiffe://cluster.local/ns/argocd/sa/argocd-agent-agent-edge-1",
+                        "edge-1",
+                        "edge-1",
+                    ),
+                    (
+                        "spiffe://cluster.local/ns/argocd/sa/argocd-agent-agent-edge-2",
+                        "edge-2",
+                        "edge-2",
+                    ),
+                ],
+                "spiffe://cluster.local/ns/argocd/sa/argocd-agent-agent-edge-3",
+            )
+        } else {
+            (
+                &[
+                    ("spiffe://example.org/agent/edge-1", "edge-1", "edge-1"),
+                    (
+                        "spiffe://example.org/ns/argocd/sa/edge-2",
+                        "edge-2",
+                        "argocd-edge-2",
+                    ),
+                ],
+                "spiffe://other.org/agent/edge-1",
+            )
+        };
+        for &(id, agent, namespace) in cases {
             let id = argocd_agent_identity::SpiffeId::parse(id).expect("valid ID");
             let mapped = rules
                 .map(&id)
@@ -546,9 +607,8 @@ fn example_identity_rules_load_and_map_an_agent() {
                 rel(dir)
             );
         }
-        // Deny by default: another trust domain is not admitted.
-        let foreign = argocd_agent_identity::SpiffeId::parse("spiffe://other.org/agent/edge-1")
-            .expect("valid ID");
+        // Deny by default: an ID no rule lists is not admitted.
+        let foreign = argocd_agent_identity::SpiffeId::parse(unknown).expect("valid ID");
         assert!(
             rules.map(&foreign).is_err(),
             "{}: foreign trust domain admitted",
@@ -578,10 +638,17 @@ fn example_identity_rules_load_and_map_an_agent() {
 fn committed_mesh_policies_match_the_generator() {
     let ctl = argocd_agent_e2e::harness::binary("argocd-agentctl")
         .unwrap_or_else(|e| panic!("argocd-agentctl: {e}"));
-    let cases: [(&str, &[&str]); 2] = [
+    let rules = |mesh: &str| {
+        workspace_root()
+            .join(format!("deploy/overlays/{mesh}/principal/rules.yaml"))
+            .display()
+            .to_string()
+    };
+    let (istio_rules, linkerd_rules) = (rules("istio"), rules("linkerd"));
+    let cases: [(&str, Vec<&str>); 2] = [
         (
             "overlays/istio/principal/mesh-policy.yaml",
-            &[
+            vec![
                 "mesh",
                 "istio",
                 "--namespace",
@@ -590,21 +657,21 @@ fn committed_mesh_policies_match_the_generator() {
                 "8443",
                 "--upstream-port",
                 "8404",
-                "--trust-domain",
-                "cluster.local",
+                "--agents-from-rules",
+                &istio_rules,
             ],
         ),
         (
             "overlays/linkerd/principal/mesh-policy.yaml",
-            &[
+            vec![
                 "mesh",
                 "linkerd",
                 "--namespace",
                 "argocd",
                 "--port",
                 "8443",
-                "--trust-domain",
-                "cluster.local",
+                "--agents-from-rules",
+                &linkerd_rules,
             ],
         ),
     ];
@@ -613,7 +680,7 @@ fn committed_mesh_policies_match_the_generator() {
         let committed =
             std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {file}: {e}"));
         let out = Command::new(&ctl)
-            .args(args)
+            .args(&args)
             .output()
             .unwrap_or_else(|e| panic!("argocd-agentctl {args:?}: {e}"));
         assert!(
@@ -663,7 +730,12 @@ fn container_env(dir: &Path, objects: &[Value], container: &Value) -> Vec<(Strin
 }
 
 /// Settings that would make the test bind real ports: checked here, then replaced.
-const LISTEN_FLAGS: [&str; 3] = ["--listen-host", "--listen-port", "--metrics-port"];
+const LISTEN_FLAGS: [&str; 4] = [
+    "--listen-host",
+    "--listen-port",
+    "--metrics-host",
+    "--metrics-port",
+];
 const LISTEN_ENV: [&str; 4] = [
     "ARGOCD_PRINCIPAL_LISTEN_HOST",
     "ARGOCD_PRINCIPAL_LISTEN_PORT",
@@ -672,7 +744,7 @@ const LISTEN_ENV: [&str; 4] = [
 ];
 
 fn check_listen_value(dir: &Path, setting: &str, value: &str) {
-    let ok = if setting.contains("HOST") || setting == "--listen-host" {
+    let ok = if setting.contains("HOST") || setting.ends_with("-host") {
         value.parse::<std::net::IpAddr>().is_ok()
     } else {
         value.parse::<u16>().is_ok()
@@ -780,4 +852,416 @@ fn binary_accepts_every_rendered_deployment_configuration() {
         })
         .collect();
     assert!(errors.is_empty(), "{}", errors.join("\n"));
+}
+
+/// The pod template's single container.
+fn container(deploy: &Value) -> &Value {
+    &array(deploy, "/spec/template/spec/containers")[0]
+}
+
+/// Number of a named container port.
+fn container_port(dir: &Path, container: &Value, port_name: &str) -> u64 {
+    array(container, "/ports")
+        .iter()
+        .find(|p| str_at(p, "/name") == Some(port_name))
+        .and_then(|p| p.pointer("/containerPort"))
+        .and_then(Value::as_u64)
+        .unwrap_or_else(|| panic!("{}: no container port named {port_name}", rel(dir)))
+}
+
+/// Whether the overlay puts the pod in a mesh, and which one.
+fn mesh(dir: &Path) -> Option<&'static str> {
+    let r = rel(dir);
+    if r.contains("istio") {
+        Some("istio")
+    } else if r.contains("linkerd") {
+        Some("linkerd")
+    } else {
+        None
+    }
+}
+
+#[test]
+fn network_policies_admit_grpc_on_the_listener_and_metrics_only_from_monitoring() {
+    for (dir, objects) in rendered() {
+        let deploy = deployment(dir, objects);
+        let c = container(&deploy);
+        let pod_labels = deploy
+            .pointer("/spec/template/metadata/labels")
+            .and_then(Value::as_object)
+            .cloned()
+            .unwrap_or_default();
+        let policies: Vec<&Value> = objects
+            .iter()
+            .filter(|o| kind(o) == "NetworkPolicy")
+            .collect();
+        assert_eq!(policies.len(), 1, "{}: one NetworkPolicy", rel(dir));
+        let np = policies[0];
+        let selector = np
+            .pointer("/spec/podSelector/matchLabels")
+            .and_then(Value::as_object)
+            .unwrap_or_else(|| panic!("{}: NetworkPolicy without matchLabels", rel(dir)));
+        assert!(!selector.is_empty(), "{}: selects every pod", rel(dir));
+        for (k, v) in selector {
+            assert_eq!(
+                pod_labels.get(k),
+                Some(v),
+                "{}: NetworkPolicy selector {k}={v} does not select the Deployment's pods",
+                rel(dir)
+            );
+        }
+        assert_eq!(
+            np.pointer("/spec/policyTypes"),
+            Some(&serde_json::json!(["Ingress"])),
+            "{}: policyTypes",
+            rel(dir)
+        );
+        // Every rule names ports, and every named port is one of the container's.
+        let mut admitted: BTreeMap<String, Option<Value>> = BTreeMap::new();
+        for rule in array(np, "/spec/ingress") {
+            let ports = array(rule, "/ports");
+            assert!(
+                !ports.is_empty(),
+                "{}: an ingress rule without ports admits every port: {rule}",
+                rel(dir)
+            );
+            for p in ports {
+                let name = str_at(p, "/port")
+                    .unwrap_or_else(|| panic!("{}: use named ports: {p}", rel(dir)));
+                container_port(dir, c, name);
+                admitted.insert(name.to_owned(), rule.pointer("/from").cloned());
+            }
+        }
+        let monitoring = serde_json::json!([{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]);
+        assert_eq!(
+            admitted.get("metrics"),
+            Some(&Some(monitoring)),
+            "{}: metrics must be admitted from the monitoring namespace only",
+            rel(dir)
+        );
+        match component(dir) {
+            Component::Agent => assert_eq!(
+                admitted.keys().collect::<Vec<_>>(),
+                ["metrics"],
+                "{}: the agent accepts nothing but metrics/health",
+                rel(dir)
+            ),
+            Component::Principal => {
+                assert_eq!(
+                    admitted.keys().collect::<Vec<_>>(),
+                    ["grpc", "metrics"],
+                    "{}: the principal accepts gRPC and metrics only",
+                    rel(dir)
+                );
+                let from = admitted["grpc"].clone();
+                let gateway = |ns: &str, key: &str, value: &str| {
+                    Some(serde_json::json!([{
+                        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+                        "podSelector": {"matchLabels": {key: value}}
+                    }]))
+                };
+                let want = match mesh(dir) {
+                    None => None,
+                    Some("istio") => gateway("istio-system", "istio", "eastwestgateway"),
+                    Some(_) => gateway("linkerd-multicluster", "app", "linkerd-gateway"),
+                };
+                assert_eq!(from, want, "{}: sources admitted to gRPC", rel(dir));
+                // The NetworkPolicy's grpc port is the one the Service sends agents to.
+                let svc = find(objects, "Service", "argocd-agent-principal")
+                    .unwrap_or_else(|| panic!("{}: no principal Service", rel(dir)));
+                assert!(
+                    array(svc, "/spec/ports")
+                        .iter()
+                        .any(|p| str_at(p, "/targetPort") == Some("grpc")),
+                    "{}: the Service does not target the grpc port",
+                    rel(dir)
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn metrics_and_health_bind_the_pod_ip_on_the_declared_port() {
+    for (dir, objects) in rendered() {
+        let deploy = deployment(dir, objects);
+        let c = container(&deploy);
+        let args: Vec<&str> = array(c, "/args").iter().filter_map(Value::as_str).collect();
+        assert!(
+            args.contains(&"--metrics-host=$(POD_IP)"),
+            "{}: metrics must bind the pod IP: {args:?}",
+            rel(dir)
+        );
+        let pod_ip = array(c, "/env")
+            .iter()
+            .filter(|e| str_at(e, "/name") == Some("POD_IP"))
+            .collect::<Vec<_>>();
+        assert_eq!(pod_ip.len(), 1, "{}: one POD_IP variable", rel(dir));
+        assert_eq!(
+            str_at(pod_ip[0], "/valueFrom/fieldRef/fieldPath"),
+            Some("status.podIP"),
+            "{}: POD_IP source",
+            rel(dir)
+        );
+        // The port the binary binds (params) is the declared container port.
+        let key = match component(dir) {
+            Component::Principal => "principal.metrics.port",
+            Component::Agent => "agent.metrics.port",
+        };
+        let params = find(objects, "ConfigMap", "argocd-agent-params").expect("params");
+        let port = str_at(params, &format!("/data/{key}"))
+            .unwrap_or_else(|| panic!("{}: no {key}", rel(dir)));
+        assert_eq!(
+            port.parse::<u64>().ok(),
+            Some(container_port(dir, c, "metrics")),
+            "{}: {key} differs from the metrics container port",
+            rel(dir)
+        );
+        // Under Istio, metrics bypass the sidecar (no mesh identity needed to scrape).
+        if mesh(dir) == Some("istio") {
+            assert_eq!(
+                str_at(
+                    &deploy,
+                    "/spec/template/metadata/annotations/traffic.sidecar.istio.io~1excludeInboundPorts"
+                ),
+                Some(port),
+                "{}: metrics port not excluded from the sidecar",
+                rel(dir)
+            );
+        }
+    }
+}
+
+fn probe<'a>(dir: &Path, c: &'a Value, which: &str) -> &'a Value {
+    c.pointer(&format!("/{which}"))
+        .unwrap_or_else(|| panic!("{}: no {which}", rel(dir)))
+}
+
+fn http_path(p: &Value) -> Option<&str> {
+    (str_at(p, "/httpGet/port") == Some("metrics"))
+        .then(|| str_at(p, "/httpGet/path"))
+        .flatten()
+}
+
+#[test]
+fn probes_wait_for_the_first_svid_and_readiness_uses_readyz() {
+    for (dir, objects) in rendered() {
+        let deploy = deployment(dir, objects);
+        let c = container(&deploy);
+        let startup = probe(dir, c, "startupProbe");
+        let readiness = probe(dir, c, "readinessProbe");
+        let liveness = probe(dir, c, "livenessProbe");
+        // Start-up may wait minutes for SPIRE to attest the pod before liveness applies.
+        let num = |p: &Value, f: &str, default: u64| {
+            p.pointer(f).and_then(Value::as_u64).unwrap_or(default)
+        };
+        let budget = num(startup, "/periodSeconds", 10) * num(startup, "/failureThreshold", 3);
+        assert!(
+            budget >= 120,
+            "{}: startupProbe allows only {budget}s for the first SVID",
+            rel(dir)
+        );
+        assert_eq!(
+            http_path(readiness),
+            Some("/readyz"),
+            "{}: readiness must use /readyz: {readiness}",
+            rel(dir)
+        );
+        match component(dir) {
+            Component::Principal => {
+                assert_eq!(http_path(startup), Some("/healthz"), "{}", rel(dir));
+                assert_eq!(http_path(liveness), Some("/healthz"), "{}", rel(dir));
+            }
+            Component::Agent => {
+                // A disconnected agent must not be restarted: listener checks only.
+                for p in [startup, liveness] {
+                    assert_eq!(
+                        str_at(p, "/tcpSocket/port"),
+                        Some("metrics"),
+                        "{}: agent start-up/liveness: {p}",
+                        rel(dir)
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn mesh_policies_admit_exactly_the_agents_the_identity_rules_map() {
+    for (dir, objects) in rendered()
+        .iter()
+        .filter(|(d, _)| component(d) == Component::Principal && mesh(d).is_some())
+    {
+        // The rules the principal loads are the overlay's rules.yaml, the generator's input.
+        let file = dir.join("rules.yaml");
+        let text = std::fs::read_to_string(&file)
+            .unwrap_or_else(|e| panic!("{}: reading rules.yaml: {e}", rel(dir)));
+        let cm = find(objects, "ConfigMap", "argocd-agent-identity-rules")
+            .unwrap_or_else(|| panic!("{}: no identity rules ConfigMap", rel(dir)));
+        assert_eq!(
+            str_at(cm, "/data/rules.yaml"),
+            Some(text.as_str()),
+            "{}: the rules ConfigMap is not rules.yaml",
+            rel(dir)
+        );
+        let rules = argocd_agent_identity::RuleSet::from_yaml(&text)
+            .unwrap_or_else(|e| panic!("{}: {e}", rel(dir)));
+        let rule_count = text.matches("exact:").count();
+        // The identities the mesh admits, as SPIFFE IDs.
+        let admitted: Vec<String> = match mesh(dir) {
+            Some("istio") => {
+                let ap = find(objects, "AuthorizationPolicy", "argocd-agent-principal")
+                    .unwrap_or_else(|| panic!("{}: no AuthorizationPolicy", rel(dir)));
+                array(ap, "/spec/rules")
+                    .iter()
+                    .flat_map(|r| array(r, "/from"))
+                    .flat_map(|f| array(f, "/source/principals"))
+                    .filter_map(Value::as_str)
+                    .map(|p| format!("spiffe://{p}"))
+                    .collect()
+            }
+            _ => {
+                let auth = find(objects, "MeshTLSAuthentication", "argocd-agent-principal")
+                    .unwrap_or_else(|| panic!("{}: no MeshTLSAuthentication", rel(dir)));
+                array(auth, "/spec/identities")
+                    .iter()
+                    .filter_map(Value::as_str)
+                    .map(|i| {
+                        // <sa>.<ns>.serviceaccount.identity.linkerd.<td>
+                        let (sa_ns, td) = i
+                            .split_once(".serviceaccount.identity.linkerd.")
+                            .unwrap_or_else(|| panic!("{}: identity {i}", rel(dir)));
+                        let (sa, ns) = sa_ns
+                            .split_once('.')
+                            .unwrap_or_else(|| panic!("{}: identity {i}", rel(dir)));
+                        format!("spiffe://{td}/ns/{ns}/sa/{sa}")
+                    })
+                    .collect()
+            }
+        };
+        assert!(
+            admitted.iter().all(|a| !a.contains('*')),
+            "{}: the mesh admits a wildcard: {admitted:?}",
+            rel(dir)
+        );
+        assert_eq!(
+            admitted.len(),
+            rule_count,
+            "{}: the mesh admits {admitted:?}, the rules list {rule_count} agents",
+            rel(dir)
+        );
+        for id in &admitted {
+            let parsed = argocd_agent_identity::SpiffeId::parse(id)
+                .unwrap_or_else(|e| panic!("{}: {id}: {e}", rel(dir)));
+            rules.map(&parsed).unwrap_or_else(|e| {
+                panic!("{}: the mesh admits {id}, the rules deny it: {e}", rel(dir))
+            });
+        }
+    }
+}
+
+#[test]
+fn spire_and_pem_principals_are_reachable_from_other_clusters_with_client_certificates_kept() {
+    for (dir, objects) in rendered()
+        .iter()
+        .filter(|(d, _)| component(d) == Component::Principal)
+    {
+        let r = rel(dir);
+        let load_balancers: Vec<&Value> = objects
+            .iter()
+            .filter(|o| kind(o) == "Service" && str_at(o, "/spec/type") == Some("LoadBalancer"))
+            .collect();
+        let gateways: Vec<&Value> = objects.iter().filter(|o| kind(o) == "Gateway").collect();
+        let routes: Vec<&Value> = objects.iter().filter(|o| kind(o) == "TLSRoute").collect();
+        if r == "principal" || mesh(dir).is_some() {
+            // The base leaves exposure to the overlays; meshes bring their own gateways.
+            assert!(
+                load_balancers.is_empty() && gateways.is_empty(),
+                "{r}: unexpected exposure"
+            );
+            continue;
+        }
+        // Exposure is layer 4 or TLS passthrough only: the principal terminates TLS and
+        // verifies the agent's client certificate itself (--auth spiffe).
+        let params = find(objects, "ConfigMap", "argocd-agent-params").expect("params");
+        assert_eq!(
+            str_at(params, "/data/principal.auth"),
+            Some("spiffe"),
+            "{r}: the principal must verify client certificates itself"
+        );
+        assert_eq!(
+            load_balancers.len() + gateways.len(),
+            1,
+            "{r}: exactly one way in from other clusters (LoadBalancer or Gateway)"
+        );
+        let deploy = deployment(dir, objects);
+        let grpc = container_port(dir, container(&deploy), "grpc");
+        let svc_port_to_grpc = |svc: &Value, port: u64| {
+            array(svc, "/spec/ports").iter().any(|p| {
+                p.pointer("/port").and_then(Value::as_u64) == Some(port)
+                    && (str_at(p, "/targetPort") == Some("grpc")
+                        || p.pointer("/targetPort").and_then(Value::as_u64) == Some(grpc))
+            })
+        };
+        for lb in &load_balancers {
+            let ports = array(lb, "/spec/ports");
+            assert_eq!(ports.len(), 1, "{r}: the LoadBalancer exposes gRPC only");
+            assert!(
+                svc_port_to_grpc(lb, 8443),
+                "{r}: LoadBalancer must target grpc"
+            );
+            assert_eq!(
+                lb.pointer("/spec/selector/app.kubernetes.io~1name")
+                    .and_then(Value::as_str),
+                Some("argocd-agent-principal"),
+                "{r}: LoadBalancer selector"
+            );
+        }
+        for gw in &gateways {
+            let listeners = array(gw, "/spec/listeners");
+            assert!(!listeners.is_empty(), "{r}: Gateway without listeners");
+            for l in listeners {
+                assert_eq!(str_at(l, "/protocol"), Some("TLS"), "{r}: {l}");
+                assert_eq!(
+                    str_at(l, "/tls/mode"),
+                    Some("Passthrough"),
+                    "{r}: a terminating Gateway would drop the client certificate: {l}"
+                );
+            }
+            assert_eq!(routes.len(), 1, "{r}: one TLSRoute");
+            let route = routes[0];
+            let parent = &array(route, "/spec/parentRefs")[0];
+            assert_eq!(str_at(parent, "/name"), Some(name(gw)), "{r}: parentRef");
+            let section = str_at(parent, "/sectionName").unwrap_or("");
+            let listener = listeners
+                .iter()
+                .find(|l| str_at(l, "/name") == Some(section))
+                .unwrap_or_else(|| panic!("{r}: no listener {section}"));
+            let hostnames: Vec<&str> = array(route, "/spec/hostnames")
+                .iter()
+                .filter_map(Value::as_str)
+                .collect();
+            assert_eq!(
+                hostnames,
+                [str_at(listener, "/hostname").unwrap_or("")],
+                "{r}: the route's SNI host name must be the listener's"
+            );
+            for backend in array(route, "/spec/rules")
+                .iter()
+                .flat_map(|rule| array(rule, "/backendRefs"))
+            {
+                let svc = find(objects, "Service", str_at(backend, "/name").unwrap_or(""))
+                    .unwrap_or_else(|| panic!("{r}: backend {backend} is not rendered"));
+                let port = backend
+                    .pointer("/port")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(0);
+                assert!(
+                    svc_port_to_grpc(svc, port),
+                    "{r}: backend {backend} does not reach the grpc port"
+                );
+            }
+        }
+    }
 }

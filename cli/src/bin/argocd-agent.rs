@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 #[derive(Debug, Parser)]
 #[command(
     name = "argocd-agent",
-    version,
+    version = argocd_agent_cli::version::text(),
     about = "SPIFFE-native argocd-agent: principal and agent"
 )]
 struct Cli {
@@ -133,6 +133,11 @@ struct PrincipalArgs {
     /// Allow header auth on a non-loopback listener (dangerous; warns at every start).
     #[arg(long)]
     insecure_header_auth_any_address: bool,
+    /// Address of the `/metrics`, `/healthz` and `/readyz` listener (the pod IP in the
+    /// manifests, loopback when only a local sidecar scrapes).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_METRICS_HOST", default_value = "0.0.0.0")]
+    metrics_host: IpAddr,
+    /// Port of the metrics and health listener; 0 turns it off.
     #[arg(long, env = "ARGOCD_PRINCIPAL_METRICS_PORT", default_value_t = 8000)]
     metrics_port: u16,
     /// Maximum gRPC message size in bytes.
@@ -182,6 +187,11 @@ struct AgentArgs {
     /// Heartbeat interval (keeps the stream alive through mesh idle timeouts).
     #[arg(long, env = "ARGOCD_AGENT_KEEP_ALIVE_PING_INTERVAL", default_value = "30s", value_parser = parse_duration)]
     keep_alive_ping_interval: Duration,
+    /// Address of the `/metrics`, `/healthz` and `/readyz` listener (the pod IP in the
+    /// manifests, loopback when only a local sidecar scrapes).
+    #[arg(long, env = "ARGOCD_AGENT_METRICS_HOST", default_value = "0.0.0.0")]
+    metrics_host: IpAddr,
+    /// Port of the metrics and health listener; 0 turns it off.
     #[arg(long, env = "ARGOCD_AGENT_METRICS_PORT", default_value_t = 8181)]
     metrics_port: u16,
     #[arg(long, default_value_t = 4 * 1024 * 1024)]
@@ -304,7 +314,7 @@ async fn run_principal(a: PrincipalArgs) -> CmdResult {
         create_namespace: a.namespace_create_enable,
         namespace_labels: labels,
         metrics_listen: (a.metrics_port != 0)
-            .then(|| SocketAddr::from(([0, 0, 0, 0], a.metrics_port))),
+            .then(|| SocketAddr::new(a.metrics_host, a.metrics_port)),
         max_message_size: a.max_message_size,
         queue: argocd_agent_sync::QueueLimits {
             max_in_flight: a.max_in_flight,
@@ -369,7 +379,7 @@ async fn run_agent(a: AgentArgs) -> CmdResult {
         heartbeat: a.keep_alive_ping_interval,
         max_message_size: a.max_message_size,
         metrics_listen: (a.metrics_port != 0)
-            .then(|| SocketAddr::from(([0, 0, 0, 0], a.metrics_port))),
+            .then(|| SocketAddr::new(a.metrics_host, a.metrics_port)),
         ..Default::default()
     };
     let shutdown = shutdown_token();

@@ -4,7 +4,11 @@ use argocd_agent_cli::ctl;
 use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
-#[command(name = "argocd-agentctl", version, about = "Tooling for argocd-agent")]
+#[command(
+    name = "argocd-agentctl",
+    version = argocd_agent_cli::version::text(),
+    about = "Tooling for argocd-agent"
+)]
 struct Cli {
     /// Log level filter (overridden by RUST_LOG).
     #[arg(
@@ -37,6 +41,8 @@ enum Command {
     /// Service-mesh config generators (Envoy, Istio, Linkerd).
     #[command(subcommand)]
     Mesh(ctl::mesh::Command),
+    /// Print the version, the git commit and the protocol versions this build speaks.
+    Version,
 }
 
 #[tokio::main]
@@ -50,6 +56,10 @@ async fn main() {
         #[cfg(feature = "dev-tools")]
         Command::Dev(c) => ctl::dev::run(c).await,
         Command::Mesh(c) => ctl::mesh::run(c).await,
+        Command::Version => {
+            println!("argocd-agentctl {}", argocd_agent_cli::version::text());
+            Ok(())
+        }
         #[cfg(feature = "dev-tools")]
         Command::Demo(a) => ctl::demo::run(a).await,
     };

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use argocd_agent_identity::{SpiffeId, TrustDomain};
+use argocd_agent_identity::{RuleSet, SpiffeId, TrustDomain};
 use argocd_agent_mesh::guard::{HeaderListenerPolicy, ListenAddr, check_listen_addr};
 use argocd_agent_mesh::{
     AllowedAgents, EnvoyOptions, EnvoyTls, IstioOptions, LinkerdOptions, envoy_principal_config,
@@ -34,6 +34,12 @@ pub struct AgentsArgs {
     /// Accept exactly this agent SPIFFE ID (repeatable).
     #[arg(long = "agent-id", value_name = "SPIFFE_ID")]
     pub agent_ids: Vec<String>,
+    /// Accept exactly the SPIFFE IDs of the `exact` rules in this identity rules file (the
+    /// file the principal loads with --identity-rules), so the mesh admits the same agents
+    /// as the principal. Pattern rules (template, regex) are refused: a mesh policy needs a
+    /// finite list.
+    #[arg(long = "agents-from-rules", value_name = "RULES_FILE")]
+    pub rules_file: Option<PathBuf>,
 }
 
 /// Where Envoy gets its certificates.
@@ -130,9 +136,49 @@ pub struct LinkerdArgs {
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
+/// The SPIFFE IDs of the `exact` rules of an identity rules file, each checked to be
+/// admitted by the whole rule set (an earlier rule could shadow or deny it).
+pub fn agent_ids_from_rules(text: &str) -> Result<Vec<SpiffeId>, Error> {
+    let rules = RuleSet::from_yaml(text)?;
+    let doc: serde_json::Value = serde_saphyr::from_str(text)?;
+    let list = doc
+        .get("rules")
+        .and_then(serde_json::Value::as_array)
+        .ok_or("the rules file has no rules list")?;
+    let mut ids = Vec::new();
+    for (i, rule) in list.iter().enumerate() {
+        let name = rule
+            .get("name")
+            .and_then(serde_json::Value::as_str)
+            .map_or_else(|| format!("rule-{}", i + 1), str::to_owned);
+        let Some(exact) = rule.get("exact").and_then(serde_json::Value::as_str) else {
+            return Err(format!(
+                "rule {name:?} is a pattern, not one identity: a mesh policy generated from the rules needs exact rules only (or use --trust-domain / --agent-id)"
+            )
+            .into());
+        };
+        let id = SpiffeId::parse(exact)?;
+        rules
+            .map(&id)
+            .map_err(|e| format!("rule {name:?}: {id} is not admitted by the rules: {e}"))?;
+        ids.push(id);
+    }
+    if ids.is_empty() {
+        return Err("the rules file admits no agent".into());
+    }
+    Ok(ids)
+}
+
 fn allowed(args: &AgentsArgs) -> Result<AllowedAgents, Error> {
     if let Some(td) = &args.trust_domain {
         return Ok(AllowedAgents::TrustDomain(TrustDomain::new(td)?));
+    }
+    if let Some(path) = &args.rules_file {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("reading {}: {e}", path.display()))?;
+        return Ok(AllowedAgents::Ids(
+            agent_ids_from_rules(&text).map_err(|e| format!("{}: {e}", path.display()))?,
+        ));
     }
     let ids = args
         .agent_ids
@@ -287,6 +333,48 @@ mod tests {
         .unwrap();
         assert!(out.contains("edge.example/ns/argocd/sa/agent-1"), "{out}");
         assert!(out.contains("app: principal"), "{out}");
+    }
+
+    const EXACT_RULES: &str = "rules:\n  - name: edge-1\n    exact: spiffe://cluster.local/ns/argocd/sa/edge-1\n    agent: edge-1\n  - name: edge-2\n    exact: spiffe://cluster.local/ns/argocd/sa/edge-2\n    agent: edge-2\n";
+
+    #[test]
+    fn mesh_policy_from_rules_admits_exactly_the_exact_rule_ids() {
+        let ids = agent_ids_from_rules(EXACT_RULES).unwrap();
+        let ids: Vec<String> = ids.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            ids,
+            [
+                "spiffe://cluster.local/ns/argocd/sa/edge-1",
+                "spiffe://cluster.local/ns/argocd/sa/edge-2"
+            ]
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("rules.yaml");
+        std::fs::write(&file, EXACT_RULES).unwrap();
+        let out = render_args(&["istio", "--agents-from-rules", file.to_str().unwrap()]).unwrap();
+        assert!(out.contains("cluster.local/ns/argocd/sa/edge-1"), "{out}");
+        assert!(out.contains("cluster.local/ns/argocd/sa/edge-2"), "{out}");
+        assert!(!out.contains("cluster.local/*"), "{out}");
+        let out = render_args(&["linkerd", "--agents-from-rules", file.to_str().unwrap()]).unwrap();
+        assert!(
+            out.contains("edge-2.argocd.serviceaccount.identity.linkerd.cluster.local"),
+            "{out}"
+        );
+        assert!(!out.contains("\"*."), "{out}");
+    }
+
+    #[test]
+    fn mesh_policy_from_rules_refuses_pattern_rules_and_denied_ids() {
+        let pattern = "rules:\n  - name: any-sa\n    template: \"spiffe://{trust_domain}/ns/{ns}/sa/{sa}\"\n    agent: \"{sa}\"\n";
+        let err = agent_ids_from_rules(pattern).unwrap_err().to_string();
+        assert!(err.contains("\"any-sa\" is a pattern"), "{err}");
+        // An exact rule the principal would still deny (here: its namespace renders as
+        // "cluster.local", not a DNS-1123 label) must not be admitted by the mesh.
+        let denied = "rules:\n  - name: edge-1\n    exact: spiffe://cluster.local/ns/argocd/sa/edge-1\n    agent: edge-1\n    namespace: \"{trust_domain}\"\n";
+        RuleSet::from_yaml(denied).expect("the rules themselves load");
+        let err = agent_ids_from_rules(denied).unwrap_err().to_string();
+        assert!(err.contains("is not admitted by the rules"), "{err}");
+        assert!(agent_ids_from_rules("rules: []\n").is_err());
     }
 
     #[test]
