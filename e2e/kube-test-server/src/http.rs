@@ -237,6 +237,7 @@ async fn route(
                 None => Err(not_found_path()),
             };
         }
+        ["openapi", "v2"] => return get_only(super::openapi::v2(&shared.store.resources)),
         ["openapi", "v3"] => return get_only(openapi_index(shared)),
         ["openapi", "v3", "api", "v1"] => return get_only(openapi_gv(shared, "", "v1")),
         ["openapi", "v3", "apis", g, v] if shared.store.find_gv(g, v) => {
@@ -424,12 +425,14 @@ fn openapi_index(shared: &Shared) -> Value {
     json!({"paths": paths})
 }
 
-/// A minimal OpenAPI v3 document for a group/version: only the PATCH operations, each tagged
-/// with its group/version/kind and declaring the `fieldValidation` parameter. That is what
-/// kubectl's query-parameter check reads to choose server-side field validation instead of
-/// downloading schemas; the server keeps unknown fields (like `x-kubernetes-preserve-unknown-fields`).
+/// The OpenAPI v3 document of a group/version: each kind's schema in `components.schemas`
+/// (what `kubectl explain` reads) and its PATCH operation, tagged with its group/version/kind
+/// and declaring the `fieldValidation` parameter (what kubectl's query-parameter check reads
+/// to leave field validation to the server). The operations declare no request body, so
+/// kubectl picks its patch type by its built-in rule (merge patch for custom resources).
 fn openapi_gv(shared: &Shared, group: &str, version: &str) -> Value {
     let mut paths = serde_json::Map::new();
+    let mut schemas = serde_json::Map::new();
     for r in shared
         .store
         .resources
@@ -458,12 +461,16 @@ fn openapi_gv(shared: &Shared, group: &str, version: &str) -> Value {
             "responses": {"200": {"description": "OK"}},
         });
         paths.insert(path, json!({"patch": op}));
+        schemas.insert(
+            super::openapi::schema_name(r),
+            super::openapi::definition(r),
+        );
     }
     json!({
         "openapi": "3.0.0",
         "info": {"title": "Kubernetes", "version": "v1.35.0"},
         "paths": paths,
-        "components": {"schemas": {}},
+        "components": {"schemas": schemas},
     })
 }
 
@@ -830,9 +837,10 @@ async fn serve_resource(
             Method::POST if t.ns.is_some() => {
                 let (headers, body) = read_body(req).await?;
                 let obj = decode_object(&headers, &body)?;
-                Ok(json_response(
-                    201,
-                    &store.create(t.res, &ns, obj, dry_run, &mode.writer)?,
+                let warnings = field_validation(&r, q, &obj)?;
+                Ok(with_warnings(
+                    json_response(201, &store.create(t.res, &ns, obj, dry_run, &mode.writer)?),
+                    &warnings,
                 ))
             }
             Method::DELETE => {
@@ -887,9 +895,10 @@ async fn serve_resource(
         Method::PUT => {
             let (headers, body) = read_body(req).await?;
             let obj = decode_object(&headers, &body)?;
-            Ok(json_response(
-                200,
-                &store.update(t.res, &ns, &name, obj, mode)?,
+            let warnings = field_validation(&r, q, &obj)?;
+            Ok(with_warnings(
+                json_response(200, &store.update(t.res, &ns, &name, obj, mode)?),
+                &warnings,
             ))
         }
         Method::PATCH => {
@@ -917,9 +926,24 @@ async fn serve_resource(
                     ));
                 }
             };
+            // The patch's own fields are checked (a JSON patch names paths, not fields).
+            let patch_fields = match kind {
+                PatchKind::Json => None,
+                PatchKind::Apply => std::str::from_utf8(&body)
+                    .ok()
+                    .and_then(|s| serde_saphyr::from_str::<Value>(s).ok()),
+                _ => serde_json::from_slice::<Value>(&body).ok(),
+            };
+            let warnings = match &patch_fields {
+                Some(p) => field_validation(&r, q, p)?,
+                None => Vec::new(),
+            };
             let existed = store.get(t.res, &ns, &name).is_ok();
             let obj = store.patch(t.res, &ns, &name, kind, &body, mode)?;
-            Ok(json_response(if existed { 200 } else { 201 }, &obj))
+            Ok(with_warnings(
+                json_response(if existed { 200 } else { 201 }, &obj),
+                &warnings,
+            ))
         }
         Method::DELETE if !t.status => {
             let (_, body) = read_body(req).await?;
@@ -949,6 +973,43 @@ async fn serve_resource(
         }
         m => Err(method_not_allowed(&m)),
     }
+}
+
+/// `fieldValidation` (default `Warn`, as on the apiserver) against the kind's OpenAPI schema:
+/// `Strict` refuses unknown fields with 400, `Warn` returns them as warnings, `Ignore` skips.
+fn field_validation(r: &ResourceType, q: &Query, obj: &Value) -> Result<Vec<String>, ApiError> {
+    let strict = match q.get("fieldValidation").unwrap_or("Warn") {
+        "Ignore" => return Ok(Vec::new()),
+        "Warn" | "" => false,
+        "Strict" => true,
+        other => {
+            return Err(ApiError::bad_request(format!(
+                "fieldValidation {other:?} is invalid: must be one of Ignore, Warn or Strict"
+            )));
+        }
+    };
+    let unknown: Vec<String> = super::openapi::unknown_fields(obj, &super::openapi::schema(r))
+        .into_iter()
+        .map(|f| format!("unknown field {f:?}"))
+        .collect();
+    if strict && !unknown.is_empty() {
+        return Err(ApiError::bad_request(format!(
+            "strict decoding error: {}",
+            unknown.join(", ")
+        )));
+    }
+    Ok(unknown)
+}
+
+/// Adds `Warning: 299 - "..."` headers, as the apiserver does for `fieldValidation=Warn`.
+fn with_warnings(mut resp: Response, warnings: &[String]) -> Response {
+    for w in warnings {
+        let text = format!("299 - \"{}\"", w.replace('\\', "\\\\").replace('"', "\\\""));
+        if let Ok(v) = HeaderValue::from_str(&text) {
+            resp.headers_mut().append("warning", v);
+        }
+    }
+    resp
 }
 
 /// The `DeleteOptions` body (empty: none).
