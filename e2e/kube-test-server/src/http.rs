@@ -419,10 +419,23 @@ fn openapi_index(shared: &Shared) -> Value {
         } else {
             format!("apis/{}/{}", r.group, r.version)
         };
-        let url = format!("/openapi/v3/{p}?hash=0");
+        // The hash is of the document's content (the apiserver uses its SHA-512), so clients
+        // that cache per URL (kubectl's disk cache) never reuse a stale document.
+        let (g, v) = (r.group.as_str(), r.version.as_str());
+        let url = format!(
+            "/openapi/v3/{p}?hash={:016X}",
+            fnv1a(openapi_gv(shared, g, v).to_string().as_bytes())
+        );
         paths.insert(p, json!({"serverRelativeURL": url}));
     }
     json!({"paths": paths})
+}
+
+/// 64-bit FNV-1a.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// The OpenAPI v3 document of a group/version: each kind's schema in `components.schemas`

@@ -215,6 +215,9 @@ fn application() -> Value {
             ),
         ],
     );
+    // Argo CD's CRD requires these two.
+    let mut spec = spec;
+    spec["required"] = json!(["destination", "project"]);
     top(
         "Application is a definition of Application resource.",
         &[
