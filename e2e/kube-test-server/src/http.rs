@@ -850,7 +850,7 @@ async fn serve_resource(
             Method::POST if t.ns.is_some() => {
                 let (headers, body) = read_body(req).await?;
                 let obj = decode_object(&headers, &body)?;
-                let warnings = field_validation(&r, q, &obj)?;
+                let warnings = field_validation(&r, q, Some(&obj), "CreateOptions")?;
                 Ok(with_warnings(
                     json_response(201, &store.create(t.res, &ns, obj, dry_run, &mode.writer)?),
                     &warnings,
@@ -908,7 +908,7 @@ async fn serve_resource(
         Method::PUT => {
             let (headers, body) = read_body(req).await?;
             let obj = decode_object(&headers, &body)?;
-            let warnings = field_validation(&r, q, &obj)?;
+            let warnings = field_validation(&r, q, Some(&obj), "UpdateOptions")?;
             Ok(with_warnings(
                 json_response(200, &store.update(t.res, &ns, &name, obj, mode)?),
                 &warnings,
@@ -947,10 +947,7 @@ async fn serve_resource(
                     .and_then(|s| serde_saphyr::from_str::<Value>(s).ok()),
                 _ => serde_json::from_slice::<Value>(&body).ok(),
             };
-            let warnings = match &patch_fields {
-                Some(p) => field_validation(&r, q, p)?,
-                None => Vec::new(),
-            };
+            let warnings = field_validation(&r, q, patch_fields.as_ref(), "PatchOptions")?;
             let existed = store.get(t.res, &ns, &name).is_ok();
             let obj = store.patch(t.res, &ns, &name, kind, &body, mode)?;
             Ok(with_warnings(
@@ -989,17 +986,31 @@ async fn serve_resource(
 }
 
 /// `fieldValidation` (default `Warn`, as on the apiserver) against the kind's OpenAPI schema:
-/// `Strict` refuses unknown fields with 400, `Warn` returns them as warnings, `Ignore` skips.
-fn field_validation(r: &ResourceType, q: &Query, obj: &Value) -> Result<Vec<String>, ApiError> {
-    let strict = match q.get("fieldValidation").unwrap_or("Warn") {
+/// `Strict` refuses unknown fields with 400, `Warn` returns them as warnings, `Ignore` skips;
+/// another directive is 422 on the write's `options` kind, as upstream's
+/// `ValidateFieldValidation` words it. `obj: None` (a JSON patch) checks only the directive.
+fn field_validation(
+    r: &ResourceType,
+    q: &Query,
+    obj: Option<&Value>,
+    options: &str,
+) -> Result<Vec<String>, ApiError> {
+    let strict = match q.get("fieldValidation").unwrap_or("") {
         "Ignore" => return Ok(Vec::new()),
         "Warn" | "" => false,
         "Strict" => true,
         other => {
-            return Err(ApiError::bad_request(format!(
-                "fieldValidation {other:?} is invalid: must be one of Ignore, Warn or Strict"
-            )));
+            return Err(ApiError::new(
+                422,
+                "Invalid",
+                format!(
+                    "{options}.meta.k8s.io \"\" is invalid: fieldValidation: Unsupported value: {other:?}: supported values: \"\", \"Ignore\", \"Strict\", \"Warn\""
+                ),
+            ));
         }
+    };
+    let Some(obj) = obj else {
+        return Ok(Vec::new());
     };
     let unknown: Vec<String> = super::openapi::unknown_fields(obj, &super::openapi::schema(r))
         .into_iter()

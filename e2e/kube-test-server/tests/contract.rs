@@ -1241,7 +1241,20 @@ async fn strict_field_validation_refuses_unknown_fields() {
     let bad = http
         .post(&format!("{CMS}?fieldValidation=Loose"), json!({}))
         .await;
-    assert_eq!(bad.code, 400);
+    assert_eq!(bad.code, 422);
+    assert_eq!(
+        bad.body["message"],
+        r#"CreateOptions.meta.k8s.io "" is invalid: fieldValidation: Unsupported value: "Loose": supported values: "", "Ignore", "Strict", "Warn""#
+    );
+    // No directive means Warn, as on the apiserver.
+    let default = http
+        .post(
+            CMS,
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "d"}, "x": 1}),
+        )
+        .await;
+    assert_eq!(default.code, 201);
+    assert_eq!(default.headers["warning"], r#"299 - "unknown field \"x\"""#);
 }
 
 #[tokio::test]
