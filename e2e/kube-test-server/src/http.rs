@@ -237,6 +237,26 @@ async fn route(
                 None => Err(not_found_path()),
             };
         }
+        ["openapi", "v2"]
+            if req.method() == Method::GET
+                && req
+                    .headers()
+                    .get(header::ACCEPT)
+                    .and_then(|a| a.to_str().ok())
+                    .is_some_and(|a| a.contains("protobuf") && !a.contains("json")) =>
+        {
+            // client-go asks for protobuf only and parses whatever comes back as protobuf.
+            let mut resp = Response::new(Body::from(super::openapi::v2_protobuf(
+                &shared.store.resources,
+            )));
+            resp.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static(
+                    "application/com.github.proto-openapi.spec.v2.v1.0+protobuf",
+                ),
+            );
+            return Ok(resp);
+        }
         ["openapi", "v2"] => return get_only(super::openapi::v2(&shared.store.resources)),
         ["openapi", "v3"] => return get_only(openapi_index(shared)),
         ["openapi", "v3", "api", "v1"] => return get_only(openapi_gv(shared, "", "v1")),

@@ -449,6 +449,97 @@ pub fn v2(resources: &[ResourceType]) -> Value {
     })
 }
 
+/// The `/openapi/v2` document in gnostic's protobuf encoding (`openapi_v2.Document`), which is
+/// the only form client-go's `OpenAPISchema()` reads. Only the schema keywords we write are
+/// encoded: description, format, required, additionalProperties, type, items, properties and
+/// vendor extensions (as YAML, i.e. JSON, text).
+pub fn v2_protobuf(resources: &[ResourceType]) -> Vec<u8> {
+    let mut info = Vec::new();
+    pb_string(&mut info, 1, "Kubernetes");
+    pb_string(&mut info, 2, "v1.35.0");
+    let mut defs = Vec::new();
+    for r in resources {
+        let mut named = Vec::new();
+        pb_string(&mut named, 1, &schema_name(r));
+        pb_bytes(&mut named, 2, &pb_schema(&definition(r)));
+        pb_bytes(&mut defs, 1, &named);
+    }
+    let mut doc = Vec::new();
+    pb_string(&mut doc, 1, "2.0");
+    pb_bytes(&mut doc, 2, &info);
+    pb_bytes(&mut doc, 8, &[]);
+    pb_bytes(&mut doc, 9, &defs);
+    doc
+}
+
+fn pb_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn pb_bytes(out: &mut Vec<u8>, field: u64, b: &[u8]) {
+    pb_varint(out, (field << 3) | 2);
+    pb_varint(out, b.len() as u64);
+    out.extend_from_slice(b);
+}
+
+fn pb_string(out: &mut Vec<u8>, field: u64, s: &str) {
+    pb_bytes(out, field, s.as_bytes());
+}
+
+/// `openapi_v2.Schema`.
+fn pb_schema(s: &Value) -> Vec<u8> {
+    let mut out = Vec::new();
+    if let Some(f) = s["format"].as_str() {
+        pb_string(&mut out, 2, f);
+    }
+    if let Some(d) = s["description"].as_str() {
+        pb_string(&mut out, 4, d);
+    }
+    for r in s["required"].as_array().into_iter().flatten() {
+        pb_string(&mut out, 19, r.as_str().unwrap_or_default());
+    }
+    if let Some(a) = s.get("additionalProperties").filter(|a| a.is_object()) {
+        let mut item = Vec::new();
+        pb_bytes(&mut item, 1, &pb_schema(a));
+        pb_bytes(&mut out, 21, &item);
+    }
+    if let Some(t) = s["type"].as_str() {
+        let mut item = Vec::new();
+        pb_string(&mut item, 1, t);
+        pb_bytes(&mut out, 22, &item);
+    }
+    if let Some(i) = s.get("items") {
+        let mut item = Vec::new();
+        pb_bytes(&mut item, 1, &pb_schema(i));
+        pb_bytes(&mut out, 23, &item);
+    }
+    if let Some(props) = s["properties"].as_object() {
+        let mut p = Vec::new();
+        for (k, v) in props {
+            let mut named = Vec::new();
+            pb_string(&mut named, 1, k);
+            pb_bytes(&mut named, 2, &pb_schema(v));
+            pb_bytes(&mut p, 1, &named);
+        }
+        pb_bytes(&mut out, 25, &p);
+    }
+    if let Some(o) = s.as_object() {
+        for (k, v) in o.iter().filter(|(k, _)| k.starts_with("x-")) {
+            let mut any = Vec::new();
+            pb_string(&mut any, 2, &v.to_string());
+            let mut named = Vec::new();
+            pb_string(&mut named, 1, k);
+            pb_bytes(&mut named, 2, &any);
+            pb_bytes(&mut out, 31, &named);
+        }
+    }
+    out
+}
+
 /// Unknown fields of `value` against `schema`, as the apiserver words them (`spec.foo`,
 /// `spec.containers[0].bar`). Keys starting with `$` (strategic merge directives) are skipped.
 pub fn unknown_fields(value: &Value, schema: &Value) -> Vec<String> {

@@ -1644,6 +1644,22 @@ spec:
         );
         let out = k.run(&["explain", "configmap.data"]).await;
         assert!(out.contains("data"), "{out}");
+        let out = k.run(&["explain", "appproject.spec", "--recursive"]).await;
+        assert!(out.contains("sourceRepos"), "{out}");
+        // The Swagger 2.0 document, as older kubectl versions read it.
+        let out = k
+            .run(&[
+                "explain",
+                "application.spec",
+                "--output=plaintext-openapiv2",
+            ])
+            .await;
+        assert!(
+            out.contains("destination") && out.contains("source"),
+            "{out}"
+        );
+        let out = k.run(&["explain", "pods.spec"]).await;
+        assert!(out.contains("containers"), "{out}");
     }
 
     #[tokio::test]
