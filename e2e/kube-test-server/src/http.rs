@@ -237,6 +237,27 @@ async fn route(
                 None => Err(not_found_path()),
             };
         }
+        ["openapi", "v2"]
+            if req.method() == Method::GET
+                && req
+                    .headers()
+                    .get(header::ACCEPT)
+                    .and_then(|a| a.to_str().ok())
+                    .is_some_and(|a| a.contains("protobuf") && !a.contains("json")) =>
+        {
+            // client-go asks for protobuf only and parses whatever comes back as protobuf.
+            let mut resp = Response::new(Body::from(super::openapi::v2_protobuf(
+                &shared.store.resources,
+            )));
+            resp.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static(
+                    "application/com.github.proto-openapi.spec.v2.v1.0+protobuf",
+                ),
+            );
+            return Ok(resp);
+        }
+        ["openapi", "v2"] => return get_only(super::openapi::v2(&shared.store.resources)),
         ["openapi", "v3"] => return get_only(openapi_index(shared)),
         ["openapi", "v3", "api", "v1"] => return get_only(openapi_gv(shared, "", "v1")),
         ["openapi", "v3", "apis", g, v] if shared.store.find_gv(g, v) => {
@@ -418,18 +439,33 @@ fn openapi_index(shared: &Shared) -> Value {
         } else {
             format!("apis/{}/{}", r.group, r.version)
         };
-        let url = format!("/openapi/v3/{p}?hash=0");
+        // The hash is of the document's content (the apiserver uses its SHA-512), so clients
+        // that cache per URL (kubectl's disk cache) never reuse a stale document.
+        let (g, v) = (r.group.as_str(), r.version.as_str());
+        let url = format!(
+            "/openapi/v3/{p}?hash={:016X}",
+            fnv1a(openapi_gv(shared, g, v).to_string().as_bytes())
+        );
         paths.insert(p, json!({"serverRelativeURL": url}));
     }
     json!({"paths": paths})
 }
 
-/// A minimal OpenAPI v3 document for a group/version: only the PATCH operations, each tagged
-/// with its group/version/kind and declaring the `fieldValidation` parameter. That is what
-/// kubectl's query-parameter check reads to choose server-side field validation instead of
-/// downloading schemas; the server keeps unknown fields (like `x-kubernetes-preserve-unknown-fields`).
+/// 64-bit FNV-1a.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// The OpenAPI v3 document of a group/version: each kind's schema in `components.schemas`
+/// (what `kubectl explain` reads) and its PATCH operation, tagged with its group/version/kind
+/// and declaring the `fieldValidation` parameter (what kubectl's query-parameter check reads
+/// to leave field validation to the server). The operations declare no request body, so
+/// kubectl picks its patch type by its built-in rule (merge patch for custom resources).
 fn openapi_gv(shared: &Shared, group: &str, version: &str) -> Value {
     let mut paths = serde_json::Map::new();
+    let mut schemas = serde_json::Map::new();
     for r in shared
         .store
         .resources
@@ -458,12 +494,16 @@ fn openapi_gv(shared: &Shared, group: &str, version: &str) -> Value {
             "responses": {"200": {"description": "OK"}},
         });
         paths.insert(path, json!({"patch": op}));
+        schemas.insert(
+            super::openapi::schema_name(r),
+            super::openapi::definition(r),
+        );
     }
     json!({
         "openapi": "3.0.0",
         "info": {"title": "Kubernetes", "version": "v1.35.0"},
         "paths": paths,
-        "components": {"schemas": {}},
+        "components": {"schemas": schemas},
     })
 }
 
@@ -830,9 +870,10 @@ async fn serve_resource(
             Method::POST if t.ns.is_some() => {
                 let (headers, body) = read_body(req).await?;
                 let obj = decode_object(&headers, &body)?;
-                Ok(json_response(
-                    201,
-                    &store.create(t.res, &ns, obj, dry_run, &mode.writer)?,
+                let warnings = field_validation(&r, q, Some(&obj), "CreateOptions")?;
+                Ok(with_warnings(
+                    json_response(201, &store.create(t.res, &ns, obj, dry_run, &mode.writer)?),
+                    &warnings,
                 ))
             }
             Method::DELETE => {
@@ -887,9 +928,10 @@ async fn serve_resource(
         Method::PUT => {
             let (headers, body) = read_body(req).await?;
             let obj = decode_object(&headers, &body)?;
-            Ok(json_response(
-                200,
-                &store.update(t.res, &ns, &name, obj, mode)?,
+            let warnings = field_validation(&r, q, Some(&obj), "UpdateOptions")?;
+            Ok(with_warnings(
+                json_response(200, &store.update(t.res, &ns, &name, obj, mode)?),
+                &warnings,
             ))
         }
         Method::PATCH => {
@@ -917,9 +959,21 @@ async fn serve_resource(
                     ));
                 }
             };
+            // The patch's own fields are checked (a JSON patch names paths, not fields).
+            let patch_fields = match kind {
+                PatchKind::Json => None,
+                PatchKind::Apply => std::str::from_utf8(&body)
+                    .ok()
+                    .and_then(|s| serde_saphyr::from_str::<Value>(s).ok()),
+                _ => serde_json::from_slice::<Value>(&body).ok(),
+            };
+            let warnings = field_validation(&r, q, patch_fields.as_ref(), "PatchOptions")?;
             let existed = store.get(t.res, &ns, &name).is_ok();
             let obj = store.patch(t.res, &ns, &name, kind, &body, mode)?;
-            Ok(json_response(if existed { 200 } else { 201 }, &obj))
+            Ok(with_warnings(
+                json_response(if existed { 200 } else { 201 }, &obj),
+                &warnings,
+            ))
         }
         Method::DELETE if !t.status => {
             let (_, body) = read_body(req).await?;
@@ -949,6 +1003,57 @@ async fn serve_resource(
         }
         m => Err(method_not_allowed(&m)),
     }
+}
+
+/// `fieldValidation` (default `Warn`, as on the apiserver) against the kind's OpenAPI schema:
+/// `Strict` refuses unknown fields with 400, `Warn` returns them as warnings, `Ignore` skips;
+/// another directive is 422 on the write's `options` kind, as upstream's
+/// `ValidateFieldValidation` words it. `obj: None` (a JSON patch) checks only the directive.
+fn field_validation(
+    r: &ResourceType,
+    q: &Query,
+    obj: Option<&Value>,
+    options: &str,
+) -> Result<Vec<String>, ApiError> {
+    let strict = match q.get("fieldValidation").unwrap_or("") {
+        "Ignore" => return Ok(Vec::new()),
+        "Warn" | "" => false,
+        "Strict" => true,
+        other => {
+            return Err(ApiError::new(
+                422,
+                "Invalid",
+                format!(
+                    "{options}.meta.k8s.io \"\" is invalid: fieldValidation: Unsupported value: {other:?}: supported values: \"\", \"Ignore\", \"Strict\", \"Warn\""
+                ),
+            ));
+        }
+    };
+    let Some(obj) = obj else {
+        return Ok(Vec::new());
+    };
+    let unknown: Vec<String> = super::openapi::unknown_fields(obj, &super::openapi::schema(r))
+        .into_iter()
+        .map(|f| format!("unknown field {f:?}"))
+        .collect();
+    if strict && !unknown.is_empty() {
+        return Err(ApiError::bad_request(format!(
+            "strict decoding error: {}",
+            unknown.join(", ")
+        )));
+    }
+    Ok(unknown)
+}
+
+/// Adds `Warning: 299 - "..."` headers, as the apiserver does for `fieldValidation=Warn`.
+fn with_warnings(mut resp: Response, warnings: &[String]) -> Response {
+    for w in warnings {
+        let text = format!("299 - \"{}\"", w.replace('\\', "\\\\").replace('"', "\\\""));
+        if let Ok(v) = HeaderValue::from_str(&text) {
+            resp.headers_mut().append("warning", v);
+        }
+    }
+    resp
 }
 
 /// The `DeleteOptions` body (empty: none).

@@ -22,6 +22,7 @@ mod audit;
 mod auth;
 mod http;
 mod managed_fields;
+mod openapi;
 mod pods;
 mod protobuf;
 mod review;

@@ -1045,6 +1045,219 @@ async fn discovery_documents_describe_the_registered_resources() {
 }
 
 #[tokio::test]
+async fn openapi_v3_discovery_and_group_documents_describe_the_served_kinds() {
+    let (_s, http) = setup().await;
+    let index = http.get("/openapi/v3").await;
+    assert_eq!(index.code, 200);
+    let paths = index.body["paths"].as_object().expect("paths");
+    let expected: &[(&str, &[&str])] = &[
+        (
+            "api/v1",
+            &["Namespace", "Secret", "ConfigMap", "Pod", "Event"],
+        ),
+        ("apis/coordination.k8s.io/v1", &["Lease"]),
+        ("apis/events.k8s.io/v1", &["Event"]),
+        ("apis/authorization.k8s.io/v1", &["SelfSubjectAccessReview"]),
+        ("apis/authentication.k8s.io/v1", &["SelfSubjectReview"]),
+        ("apis/argoproj.io/v1alpha1", &["Application", "AppProject"]),
+    ];
+    assert_eq!(paths.len(), expected.len(), "{paths:?}");
+    for (gv, kinds) in expected {
+        let url = paths[*gv]["serverRelativeURL"]
+            .as_str()
+            .expect("serverRelativeURL");
+        assert!(url.starts_with(&format!("/openapi/v3/{gv}?hash=")), "{url}");
+        let doc = http.get(url).await;
+        assert_eq!(doc.code, 200, "{url}");
+        assert!(doc.body["openapi"].as_str().unwrap().starts_with("3."));
+        let schemas = doc.body["components"]["schemas"].as_object().unwrap();
+        for kind in *kinds {
+            let (name, s) = schemas
+                .iter()
+                .find(|(_, s)| s["x-kubernetes-group-version-kind"][0]["kind"] == *kind)
+                .unwrap_or_else(|| panic!("{kind} in {gv}: {schemas:?}"));
+            let api_version = gv.trim_start_matches("api/").trim_start_matches("apis/");
+            let gvk = &s["x-kubernetes-group-version-kind"][0];
+            let got = if gvk["group"] == "" {
+                gvk["version"].as_str().unwrap().to_string()
+            } else {
+                format!(
+                    "{}/{}",
+                    gvk["group"].as_str().unwrap(),
+                    gvk["version"].as_str().unwrap()
+                )
+            };
+            assert_eq!(got, api_version, "{name}");
+            assert_eq!(s["properties"]["metadata"]["type"], "object", "{name}");
+        }
+    }
+    let argo = http.get("/openapi/v3/apis/argoproj.io/v1alpha1").await.body;
+    let app = &argo["components"]["schemas"]["io.argoproj.v1alpha1.Application"];
+    assert!(app["properties"]["spec"]["properties"]["destination"].is_object());
+    assert_eq!(
+        app["properties"]["spec"]["properties"]["source"]["properties"]["helm"]["properties"]["valuesObject"]
+            ["x-kubernetes-preserve-unknown-fields"],
+        true
+    );
+    assert_eq!(
+        http.get("/openapi/v3/apis/nothing.example/v1").await.code,
+        404
+    );
+}
+
+#[tokio::test]
+async fn openapi_v2_has_definitions_for_the_served_kinds() {
+    let (_s, http) = setup().await;
+    let doc = http.get("/openapi/v2").await;
+    assert_eq!(doc.code, 200);
+    assert_eq!(doc.body["swagger"], "2.0");
+    let defs = doc.body["definitions"].as_object().unwrap();
+    for (name, group, kind) in [
+        ("io.k8s.api.core.v1.ConfigMap", "", "ConfigMap"),
+        ("io.k8s.api.core.v1.Secret", "", "Secret"),
+        ("io.k8s.api.core.v1.Namespace", "", "Namespace"),
+        ("io.k8s.api.core.v1.Pod", "", "Pod"),
+        (
+            "io.k8s.api.coordination.v1.Lease",
+            "coordination.k8s.io",
+            "Lease",
+        ),
+        ("io.k8s.api.events.v1.Event", "events.k8s.io", "Event"),
+        (
+            "io.argoproj.v1alpha1.Application",
+            "argoproj.io",
+            "Application",
+        ),
+        (
+            "io.argoproj.v1alpha1.AppProject",
+            "argoproj.io",
+            "AppProject",
+        ),
+    ] {
+        let d = &defs[name];
+        assert_eq!(
+            d["x-kubernetes-group-version-kind"][0]["group"], group,
+            "{name}"
+        );
+        assert_eq!(
+            d["x-kubernetes-group-version-kind"][0]["kind"], kind,
+            "{name}"
+        );
+    }
+    assert!(
+        defs.values()
+            .all(|d| d["x-kubernetes-group-version-kind"].is_array())
+    );
+}
+
+#[tokio::test]
+async fn strict_field_validation_refuses_unknown_fields() {
+    let (_s, http) = setup().await;
+    let with_unknown = |name: &str| {
+        json!({
+            "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+            "metadata": {"name": name},
+            "spec": {"project": "default", "foo": 1, "destination": {"server": "s", "bar": 2}},
+        })
+    };
+    let strict = http
+        .post(&format!("{APPS}?fieldValidation=Strict"), with_unknown("s"))
+        .await;
+    assert_eq!(strict.code, 400, "{:?}", strict.body);
+    assert_eq!(strict.body["reason"], "BadRequest");
+    let msg = strict.body["message"].as_str().unwrap();
+    assert!(
+        msg.starts_with("strict decoding error:")
+            && msg.contains(r#"unknown field "spec.foo""#)
+            && msg.contains(r#"unknown field "spec.destination.bar""#),
+        "{msg}"
+    );
+    assert_eq!(http.get(&format!("{APPS}/s")).await.code, 404);
+
+    let warn = http
+        .post(&format!("{APPS}?fieldValidation=Warn"), with_unknown("w"))
+        .await;
+    assert_eq!(warn.code, 201, "{:?}", warn.body);
+    let warnings: Vec<_> = warn
+        .headers
+        .get_all("warning")
+        .iter()
+        .map(|v| v.to_str().unwrap().to_string())
+        .collect();
+    assert!(
+        warnings.contains(&r#"299 - "unknown field \"spec.foo\"""#.to_string()),
+        "{warnings:?}"
+    );
+    let ignore = http
+        .post(&format!("{APPS}?fieldValidation=Ignore"), with_unknown("i"))
+        .await;
+    assert_eq!(ignore.code, 201);
+    assert!(ignore.headers.get("warning").is_none());
+
+    // Under `x-kubernetes-preserve-unknown-fields` anything goes.
+    let preserved = json!({
+        "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+        "metadata": {"name": "p", "labels": {"any": "label"}},
+        "spec": {"project": "default",
+                 "source": {"repoURL": "r", "helm": {"valuesObject": {"free": {"form": [1]}}}}},
+        "status": {"anything": true},
+        "operation": {"sync": {"revision": "HEAD"}},
+    });
+    let ok = http
+        .post(&format!("{APPS}?fieldValidation=Strict"), preserved)
+        .await;
+    assert_eq!(ok.code, 201, "{:?}", ok.body);
+    assert!(ok.headers.get("warning").is_none());
+
+    // Patches are checked too, and built-in kinds as well.
+    let patch = http
+        .patch(
+            &format!("{APPS}/p?fieldValidation=Strict"),
+            "application/merge-patch+json",
+            r#"{"spec":{"bogus":true}}"#,
+        )
+        .await;
+    assert_eq!(patch.code, 400, "{:?}", patch.body);
+    assert!(
+        patch.body["message"]
+            .as_str()
+            .unwrap()
+            .contains(r#"unknown field "spec.bogus""#)
+    );
+    let cm = http
+        .post(
+            &format!("{CMS}?fieldValidation=Strict"),
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"},
+                   "data": {"a": "1"}, "dataa": {}}),
+        )
+        .await;
+    assert_eq!(cm.code, 400, "{:?}", cm.body);
+    assert!(
+        cm.body["message"]
+            .as_str()
+            .unwrap()
+            .contains(r#"unknown field "dataa""#)
+    );
+    let bad = http
+        .post(&format!("{CMS}?fieldValidation=Loose"), json!({}))
+        .await;
+    assert_eq!(bad.code, 422);
+    assert_eq!(
+        bad.body["message"],
+        r#"CreateOptions.meta.k8s.io "" is invalid: fieldValidation: Unsupported value: "Loose": supported values: "", "Ignore", "Strict", "Warn""#
+    );
+    // No directive means Warn, as on the apiserver.
+    let default = http
+        .post(
+            CMS,
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "d"}, "x": 1}),
+        )
+        .await;
+    assert_eq!(default.code, 201);
+    assert_eq!(default.headers["warning"], r#"299 - "unknown field \"x\"""#);
+}
+
+#[tokio::test]
 async fn table_responses_for_kubectl_get() {
     let (_s, http) = setup().await;
     http.post(APPS, app("t")).await;
@@ -1413,8 +1626,69 @@ metadata:
 spec:
   project: default
   destination: {server: https://kubernetes.default.svc, namespace: guestbook}
-  x-unknown: {kept: true}
+  source: {repoURL: https://example.com/repo, helm: {valuesObject: {x-unknown: {kept: true}}}}
 ";
+
+    #[tokio::test]
+    async fn kubectl_explain_application_spec_works() {
+        let server = KubeTestServer::start().await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        server.write_kubeconfig(&kubeconfig, "kube-test").unwrap();
+        let Some(bin) = find_kubectl() else { return };
+        let k = Kubectl { bin, kubeconfig };
+        let out = k.run(&["explain", "application.spec"]).await;
+        assert!(
+            out.contains("destination") && out.contains("source"),
+            "{out}"
+        );
+        let out = k.run(&["explain", "configmap.data"]).await;
+        assert!(out.contains("data"), "{out}");
+        let out = k.run(&["explain", "appproject.spec", "--recursive"]).await;
+        assert!(out.contains("sourceRepos"), "{out}");
+        // The Swagger 2.0 document, as older kubectl versions read it.
+        let out = k
+            .run(&[
+                "explain",
+                "application.spec",
+                "--output=plaintext-openapiv2",
+            ])
+            .await;
+        assert!(
+            out.contains("destination") && out.contains("source"),
+            "{out}"
+        );
+        let out = k.run(&["explain", "pods.spec"]).await;
+        assert!(out.contains("containers"), "{out}");
+    }
+
+    #[tokio::test]
+    async fn kubectl_apply_validate_strict_refuses_unknown_fields() {
+        let server = KubeTestServer::start().await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        server.write_kubeconfig(&kubeconfig, "kube-test").unwrap();
+        let Some(bin) = find_kubectl() else { return };
+        let k = Kubectl { bin, kubeconfig };
+        k.run(&["create", "namespace", "argocd"]).await;
+        let file = dir.path().join("bad.yaml");
+        std::fs::write(
+            &file,
+            APP_YAML.replace("  project: default\n", "  project: default\n  foo: 1\n"),
+        )
+        .unwrap();
+        let file = file.to_str().unwrap();
+        let (code, _, err) = k
+            .session_step(&["apply", "--validate=strict", "-f", file])
+            .await;
+        assert_ne!(code, 0);
+        assert!(err.contains(r#"unknown field "spec.foo""#), "{err}");
+        let (code, out, err) = k
+            .session_step(&["apply", "--validate=warn", "-f", file])
+            .await;
+        assert_eq!(code, 0, "{out}{err}");
+        assert!(err.contains(r#"unknown field "spec.foo""#), "{err}");
+    }
 
     #[tokio::test]
     async fn real_kubectl_creates_applies_gets_patches_watches_and_deletes() {
@@ -1461,7 +1735,11 @@ spec:
             .await,
         )
         .unwrap();
-        assert_eq!(json["spec"]["x-unknown"], json!({"kept": true}));
+        // `valuesObject` preserves unknown fields (Argo CD's CRD marks it so).
+        assert_eq!(
+            json["spec"]["source"]["helm"]["valuesObject"]["x-unknown"],
+            json!({"kept": true})
+        );
         assert_eq!(json["metadata"]["generation"], 1);
 
         let mut watch = k
