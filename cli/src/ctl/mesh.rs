@@ -84,9 +84,11 @@ pub struct EnvoyArgs {
     pub agents: AgentsArgs,
 }
 
-/// Flags of `mesh istio`.
+type Labels = BTreeMap<String, String>;
+
+/// Flags shared by the Kubernetes-object generators (`mesh istio`, `mesh linkerd`).
 #[derive(Debug, clap::Args)]
-pub struct IstioArgs {
+pub struct PrincipalObjectArgs {
     /// Namespace of the principal.
     #[arg(long, default_value = "argocd")]
     pub namespace: String,
@@ -97,6 +99,22 @@ pub struct IstioArgs {
     /// `app.kubernetes.io/name=argocd-agent-principal`).
     #[arg(long = "selector", value_name = "KEY=VALUE")]
     pub selector: Vec<String>,
+}
+
+impl PrincipalObjectArgs {
+    /// Namespace, name and (when given) pod selector of the generated objects.
+    fn into_parts(self) -> Result<(String, String, Option<Labels>), Error> {
+        let selector = selector(&self.selector)?;
+        Ok((self.namespace, self.name, selector))
+    }
+}
+
+/// Flags of `mesh istio`.
+#[derive(Debug, clap::Args)]
+pub struct IstioArgs {
+    /// Where the principal runs and what the generated objects are called.
+    #[command(flatten)]
+    pub principal: PrincipalObjectArgs,
     /// Port agents connect to.
     #[arg(long, default_value_t = 8443)]
     pub port: u16,
@@ -114,15 +132,9 @@ pub struct IstioArgs {
 /// Flags of `mesh linkerd`.
 #[derive(Debug, clap::Args)]
 pub struct LinkerdArgs {
-    /// Namespace of the principal.
-    #[arg(long, default_value = "argocd")]
-    pub namespace: String,
-    /// Name of the generated objects.
-    #[arg(long, default_value = "argocd-agent-principal")]
-    pub name: String,
-    /// Pod label selecting the principal, `key=value` (repeatable).
-    #[arg(long = "selector", value_name = "KEY=VALUE")]
-    pub selector: Vec<String>,
+    /// Where the principal runs and what the generated objects are called.
+    #[command(flatten)]
+    pub principal: PrincipalObjectArgs,
     /// The principal's header-auth port.
     #[arg(long, default_value_t = 8443)]
     pub port: u16,
@@ -239,12 +251,13 @@ pub fn render(cmd: Command) -> Result<String, Error> {
         }
         Command::Istio(a) => {
             let mut opts = IstioOptions::new(allowed(&a.agents)?);
+            let (namespace, name, sel) = a.principal.into_parts()?;
             opts.host = a
                 .host
-                .unwrap_or_else(|| format!("{}.{}.svc.cluster.local", a.name, a.namespace));
-            opts.namespace = a.namespace;
-            opts.name = a.name;
-            if let Some(sel) = selector(&a.selector)? {
+                .unwrap_or_else(|| format!("{name}.{namespace}.svc.cluster.local"));
+            opts.namespace = namespace;
+            opts.name = name;
+            if let Some(sel) = sel {
                 opts.selector = sel;
             }
             opts.port = a.port;
@@ -253,9 +266,10 @@ pub fn render(cmd: Command) -> Result<String, Error> {
         }
         Command::Linkerd(a) => {
             let mut opts = LinkerdOptions::new(allowed(&a.agents)?);
-            opts.namespace = a.namespace;
-            opts.name = a.name;
-            if let Some(sel) = selector(&a.selector)? {
+            let (namespace, name, sel) = a.principal.into_parts()?;
+            opts.namespace = namespace;
+            opts.name = name;
+            if let Some(sel) = sel {
                 opts.selector = sel;
             }
             opts.port = a.port;
