@@ -239,6 +239,9 @@ pub struct Topology {
     pub autonomous: Option<Proc>,
     pub principal_addr: std::net::SocketAddr,
     pub proxy: Option<TcpProxy>,
+    /// Port of each process's `/metrics`, `/healthz`, `/readyz` endpoint on 127.0.0.1, by
+    /// `"principal"` or agent name.
+    pub metrics_ports: std::collections::HashMap<String, u16>,
 }
 
 fn free_port() -> std::io::Result<u16> {
@@ -391,6 +394,8 @@ impl Topology {
 
         let bin = binary("argocd-agent")?;
         let port = free_port()?;
+        let mut metrics_ports = std::collections::HashMap::new();
+        metrics_ports.insert("principal".to_string(), free_port()?);
         let principal_addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse()?;
         let mut pargs: Vec<String> = vec![
             "principal".into(),
@@ -400,8 +405,10 @@ impl Topology {
             port.to_string(),
             "--kubeconfig".into(),
             dir.join("hub.kubeconfig").display().to_string(),
+            "--metrics-host".into(),
+            "127.0.0.1".into(),
             "--metrics-port".into(),
-            "0".into(),
+            metrics_ports["principal"].to_string(),
             "--spiffe-endpoint-socket".into(),
             spiffe.endpoint(&dir.join("principal.sock")),
         ];
@@ -424,6 +431,9 @@ impl Topology {
             .agents
             .clone()
             .unwrap_or_else(|| vec![MANAGED, AUTONOMOUS]);
+        for agent in [MANAGED, AUTONOMOUS] {
+            metrics_ports.insert(agent.to_string(), free_port()?);
+        }
         let start_agent =
             |agent: &str, mode: &str, sock: &str, kubeconfig: &str| -> Result<Proc, HarnessError> {
                 let args: Vec<String> = vec![
@@ -442,8 +452,10 @@ impl Topology {
                     dir.join(kubeconfig).display().to_string(),
                     "--namespace".into(),
                     SPOKE_NS.into(),
+                    "--metrics-host".into(),
+                    "127.0.0.1".into(),
                     "--metrics-port".into(),
-                    "0".into(),
+                    metrics_ports[agent].to_string(),
                     "--keep-alive-ping-interval".into(),
                     "5s".into(),
                     "--creds".into(),
@@ -485,6 +497,7 @@ impl Topology {
             autonomous,
             principal_addr,
             proxy,
+            metrics_ports,
         };
         for agent in which {
             if let Err(e) = topo.wait_connected(agent, Duration::from_secs(30)).await {

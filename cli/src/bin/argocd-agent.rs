@@ -384,6 +384,7 @@ async fn run_agent(a: AgentArgs) -> CmdResult {
     };
     let shutdown = shutdown_token();
     let running = argocd_agent_agent::start(config, shutdown).await?;
+    tracing::info!(metrics = ?running.metrics_addr, "agent started");
     running.wait().await;
     Ok(())
 }
