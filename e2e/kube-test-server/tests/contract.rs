@@ -1663,6 +1663,96 @@ spec:
     }
 
     #[tokio::test]
+    async fn pods_exec_streams_stdout_stderr_and_exit_code_over_websocket() {
+        let server = KubeTestServer::start().await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        server.write_kubeconfig(&kubeconfig, "kube-test").unwrap();
+        let Some(bin) = find_kubectl() else { return };
+        let k = Kubectl { bin, kubeconfig };
+        k.run(&["create", "namespace", "demo"]).await;
+        let file = dir.path().join("pod.yaml");
+        std::fs::write(
+            &file,
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: web, namespace: demo}\nspec: {containers: [{name: app, image: nginx}]}\n",
+        )
+        .unwrap();
+        k.run(&["apply", "-f", file.to_str().unwrap()]).await;
+        server.clear_requests();
+
+        let (code, out, err) = k
+            .session_step(&["exec", "-n", "demo", "web", "--", "echo", "hello"])
+            .await;
+        assert_eq!((code, out.as_str()), (0, "hello\n"), "{err}");
+        let exec = server
+            .requests()
+            .into_iter()
+            .find(|r| r.subresource.as_deref() == Some("exec"))
+            .expect("exec recorded");
+        assert_eq!(
+            (exec.verb.as_str(), exec.resource.as_str(), exec.code),
+            ("create", "pods", 101)
+        );
+
+        let (code, _, err) = k
+            .session_step(&["exec", "-n", "demo", "web", "--", "sh", "-c", "exit 3"])
+            .await;
+        assert_eq!(code, 3, "{err}");
+
+        let (code, _, err) = k
+            .session_step(&["exec", "-n", "demo", "web", "--", "nosuch", "x"])
+            .await;
+        assert_eq!(code, 127);
+        assert!(err.contains("nosuch: command not found"), "{err}");
+
+        let mut child = k
+            .command(&["exec", "-i", "-n", "demo", "web", "--", "cat"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        {
+            use tokio::io::AsyncWriteExt;
+            let mut stdin = child.stdin.take().unwrap();
+            stdin.write_all(b"data\n").await.unwrap();
+        }
+        let out = tokio::time::timeout(Duration::from_secs(20), child.wait_with_output())
+            .await
+            .expect("kubectl exec -i cat timed out")
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "data\n");
+
+        // A registered handler sees the command and stdin.
+        server.set_exec_handler("demo", "web", |cmd, stdin| {
+            (
+                format!("{}|{}", cmd.join(","), String::from_utf8_lossy(stdin)).into_bytes(),
+                b"warn\n".to_vec(),
+                0,
+            )
+        });
+        let (code, out, err) = k
+            .session_step(&["exec", "-n", "demo", "web", "-c", "app", "--", "run", "a b"])
+            .await;
+        assert_eq!((code, out.as_str()), (0, "run,a b|"), "{err}");
+        assert_eq!(err, "warn\n");
+
+        let (code, _, err) = k
+            .session_step(&["exec", "-n", "demo", "missing", "--", "echo", "hi"])
+            .await;
+        assert_ne!(code, 0);
+        assert!(
+            err.contains("NotFound") || err.contains("not found"),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
     async fn kubectl_apply_validate_strict_refuses_unknown_fields() {
         let server = KubeTestServer::start().await.unwrap();
         let dir = tempfile::tempdir().unwrap();
