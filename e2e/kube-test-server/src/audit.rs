@@ -155,6 +155,27 @@ mod tests {
     }
 
     #[test]
+    fn pod_exec_is_recorded_as_create_for_get_and_post() {
+        for m in [Method::GET, Method::POST] {
+            assert_eq!(
+                attrs(m, "/api/v1/namespaces/demo/pods/web/exec", false),
+                (
+                    "create".into(),
+                    "".into(),
+                    "pods".into(),
+                    s("exec"),
+                    s("demo"),
+                    s("web")
+                )
+            );
+        }
+        assert_eq!(
+            attrs(Method::GET, "/api/v1/namespaces/demo/pods/web/log", false).0,
+            "get"
+        );
+    }
+
+    #[test]
     fn verbs_and_scopes_follow_request_info() {
         assert_eq!(
             attrs(
