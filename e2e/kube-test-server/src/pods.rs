@@ -286,3 +286,52 @@ pub async fn run_exec(mut ws: axum::extract::ws::WebSocket, req: ExecRequest) {
     let wait = async { while let Some(Ok(_)) = ws.recv().await {} };
     let _ = tokio::time::timeout(std::time::Duration::from_secs(5), wait).await;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(cmd: &[&str], stdin: &[u8]) -> (String, String, i32) {
+        let argv: Vec<String> = cmd.iter().map(|s| s.to_string()).collect();
+        let (out, err, code) = simulate("web", "app", &argv, stdin);
+        (
+            String::from_utf8(out).unwrap(),
+            String::from_utf8(err).unwrap(),
+            code,
+        )
+    }
+
+    #[test]
+    fn built_in_commands_are_simulated() {
+        assert_eq!(
+            run(&["echo", "a", "b"], b""),
+            ("a b\n".into(), "".into(), 0)
+        );
+        assert_eq!(run(&["/bin/cat"], b"in"), ("in".into(), "".into(), 0));
+        assert_eq!(run(&["false"], b"").2, 1);
+        assert_eq!(run(&["true"], b"").2, 0);
+        assert_eq!(run(&["sh", "-c", "exit 3"], b"").2, 3);
+        assert_eq!(run(&["sh", "-c", "exit"], b"").2, 0);
+        assert_eq!(run(&["sh", "-c", "exit x"], b"").2, 2);
+        assert_eq!(run(&["sh", "-c", "echo hi"], b"").0, "hi\n");
+        assert!(run(&["env"], b"").0.contains("HOSTNAME=web\n"));
+        assert_eq!(
+            run(&["ls", "/"], b""),
+            ("".into(), "ls: command not found\n".into(), 127)
+        );
+    }
+
+    #[test]
+    fn exit_status_matches_the_kubelet_error_channel() {
+        assert_eq!(
+            exit_status(0),
+            serde_json::json!({"metadata": {}, "status": "Success"})
+        );
+        let s = exit_status(3);
+        assert_eq!(s["reason"], "NonZeroExitCode");
+        assert_eq!(
+            s["details"]["causes"],
+            serde_json::json!([{"reason": "ExitCode", "message": "3"}])
+        );
+    }
+}
