@@ -61,6 +61,15 @@ pub fn resource_attributes(method: &Method, path: &str, watch: bool) -> Option<R
     };
     let verb = match (method, name.is_some()) {
         (&Method::GET | &Method::HEAD, _) if watch => "watch".to_string(),
+        // The apiserver authorizes WebSocket upgrades of pods/exec, attach and portforward
+        // (GET) as `create` as well (AuthorizePodWebsocketUpgradeCreatePermission); `create`
+        // is what an RBAC rule must grant, so that is what is recorded.
+        (&Method::GET, true)
+            if resource == "pods"
+                && matches!(subresource, Some("exec" | "attach" | "portforward")) =>
+        {
+            "create".to_string()
+        }
         (&Method::GET | &Method::HEAD, true) => "get".to_string(),
         (&Method::GET | &Method::HEAD, false) => "list".to_string(),
         (&Method::POST, _) => "create".to_string(),
@@ -143,6 +152,27 @@ mod tests {
 
     fn s(x: &str) -> Option<String> {
         Some(x.to_string())
+    }
+
+    #[test]
+    fn pod_exec_is_recorded_as_create_for_get_and_post() {
+        for m in [Method::GET, Method::POST] {
+            assert_eq!(
+                attrs(m, "/api/v1/namespaces/demo/pods/web/exec", false),
+                (
+                    "create".into(),
+                    "".into(),
+                    "pods".into(),
+                    s("exec"),
+                    s("demo"),
+                    s("web")
+                )
+            );
+        }
+        assert_eq!(
+            attrs(Method::GET, "/api/v1/namespaces/demo/pods/web/log", false).0,
+            "get"
+        );
     }
 
     #[test]

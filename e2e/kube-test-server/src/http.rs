@@ -736,8 +736,38 @@ async fn serve_resource(
         }
         Some("exec") if method == Method::GET || method == Method::POST => {
             let name = t.name.clone().unwrap_or_default();
-            store.get(t.res, t.ns.as_deref().unwrap_or(""), &name)?;
-            return Err(super::pods::exec(req.headers()));
+            let pod = store.get(t.res, t.ns.as_deref().unwrap_or(""), &name)?;
+            let command: Vec<String> =
+                q.0.iter()
+                    .filter(|(k, _)| k == "command")
+                    .map(|(_, v)| v.clone())
+                    .collect();
+            let exec = super::pods::exec_request(shared, &pod, q, command)?;
+            let (mut parts, body) = req.into_parts();
+            if !parts.headers.contains_key(header::UPGRADE) {
+                return Err(ApiError::bad_request("Upgrade request required"));
+            }
+            let ws = <axum::extract::ws::WebSocketUpgrade as axum::extract::FromRequestParts<()>>::from_request_parts(&mut parts, &())
+                .await
+                .map_err(|e| ApiError::bad_request(format!("unable to upgrade connection: {e}")))?;
+            let offered = parts
+                .headers
+                .get(header::SEC_WEBSOCKET_PROTOCOL)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("");
+            if !offered
+                .split(',')
+                .any(|p| super::pods::EXEC_PROTOCOLS.contains(&p.trim()))
+            {
+                return Err(ApiError::bad_request(format!(
+                    "unable to upgrade: no supported subprotocol in {offered:?} (served: {})",
+                    super::pods::EXEC_PROTOCOLS.join(", ")
+                )));
+            }
+            drop(body);
+            return Ok(ws
+                .protocols(super::pods::EXEC_PROTOCOLS)
+                .on_upgrade(move |socket| super::pods::run_exec(socket, exec)));
         }
         Some(_) => return Err(method_not_allowed(&method)),
         None => {}

@@ -401,6 +401,7 @@ struct Shared {
     /// `None` when serving plain HTTP.
     tls: Option<tls::ServerTls>,
     pod_logs: pods::PodLogs,
+    exec_handlers: pods::ExecHandlers,
     faults: Faults,
     bookmark_interval: Duration,
     addr: SocketAddr,
@@ -485,6 +486,7 @@ impl KubeTestServer {
             requests: audit::RequestLog::default(),
             tls,
             pod_logs: pods::PodLogs::default(),
+            exec_handlers: pods::ExecHandlers::default(),
             faults: Faults {
                 fail_remaining: AtomicUsize::new(0),
                 fail_status: AtomicU16::new(500),
@@ -620,6 +622,21 @@ impl KubeTestServer {
     /// [`POD_LOG_LIMIT`] bytes is kept).
     pub fn set_pod_log(&self, ns: &str, pod: &str, container: &str, text: &str) {
         self.shared.pod_logs.set(ns, pod, container, text);
+    }
+
+    /// Sets what `pods/<pod>/exec` runs in namespace `ns` (every container): the handler gets
+    /// the command (argv) and all of stdin, and returns `(stdout, stderr, exit_code)`.
+    /// Without one, a built-in simulation answers (`echo`, `cat`, `env`, `true`, `false`,
+    /// `sh -c 'exit N'`; anything else exits 127 with `<cmd>: command not found`).
+    pub fn set_exec_handler(
+        &self,
+        ns: &str,
+        pod: &str,
+        handler: impl Fn(&[String], &[u8]) -> (Vec<u8>, Vec<u8>, i32) + Send + Sync + 'static,
+    ) {
+        self.shared
+            .exec_handlers
+            .set(ns, pod, std::sync::Arc::new(handler));
     }
 
     /// Forgets the request log (e.g. after a test's setup).

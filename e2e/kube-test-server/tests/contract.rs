@@ -1544,6 +1544,126 @@ mod kube_rs {
     }
 }
 
+/// `pods/exec` at the WebSocket level: subprotocol negotiation, channel bytes, the v5 close
+/// signal, the error-channel Status and errors answered before the upgrade.
+#[tokio::test]
+async fn pods_exec_websocket_frames_follow_the_channel_protocol() {
+    use futures::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::{Message, client::IntoClientRequest};
+    let (server, http) = setup().await;
+    let r = http
+        .post(
+            "/api/v1/namespaces/argocd/pods",
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web"},
+                   "spec": {"containers": [{"name": "app", "image": "nginx"}]}}),
+        )
+        .await;
+    assert_eq!(r.code, 201, "{}", r.body);
+    let base = "/api/v1/namespaces/argocd/pods";
+    // Errors come as a Status before any upgrade.
+    assert_status(
+        &http.get(&format!("{base}/nope/exec?command=ls")).await,
+        404,
+        "NotFound",
+    );
+    assert_status(
+        &http.get(&format!("{base}/web/exec")).await,
+        400,
+        "BadRequest",
+    );
+    assert_status(
+        &http
+            .get(&format!("{base}/web/exec?command=ls&container=db"))
+            .await,
+        400,
+        "BadRequest",
+    );
+    assert_status(
+        &http.get(&format!("{base}/web/exec?command=ls")).await,
+        400,
+        "BadRequest",
+    );
+
+    let token = server.token_for("contract");
+    let connect = |query: &str, protocols: &str| {
+        let url = format!("ws://{}{base}/web/exec?{query}", server.addr());
+        let mut req = url.into_client_request().unwrap();
+        req.headers_mut()
+            .insert("Authorization", format!("Bearer {token}").parse().unwrap());
+        req.headers_mut()
+            .insert("Sec-WebSocket-Protocol", protocols.parse().unwrap());
+        let addr = server.addr();
+        async move {
+            let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+            tokio_tungstenite::client_async(req, tcp).await.unwrap()
+        }
+    };
+    let (mut ws, resp) = connect(
+        "command=cat&stdin=true&stdout=true&stderr=true",
+        "v5.channel.k8s.io, v4.channel.k8s.io, v3.channel.k8s.io",
+    )
+    .await;
+    assert_eq!(
+        resp.headers()["sec-websocket-protocol"],
+        "v5.channel.k8s.io"
+    );
+    ws.send(Message::binary(b"\x00ab".to_vec())).await.unwrap();
+    ws.send(Message::binary(b"\x00c".to_vec())).await.unwrap();
+    ws.send(Message::binary(vec![255, 0])).await.unwrap();
+    let mut frames = Vec::new();
+    let mut close = None;
+    while let Some(Ok(m)) = ws.next().await {
+        match m {
+            Message::Binary(b) => frames.push(b.to_vec()),
+            Message::Close(c) => {
+                close = c;
+                break;
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(frames[0], b"\x01abc");
+    assert_eq!(frames[1][0], 3);
+    let status: Value = serde_json::from_slice(&frames[1][1..]).unwrap();
+    assert_eq!(status, json!({"metadata": {}, "status": "Success"}));
+    assert_eq!(u16::from(close.expect("close frame").code), 1000);
+
+    let (mut ws, resp) = connect(
+        "command=sh&command=-c&command=exit%207&stdout=true&stderr=true",
+        "v4.channel.k8s.io",
+    )
+    .await;
+    assert_eq!(
+        resp.headers()["sec-websocket-protocol"],
+        "v4.channel.k8s.io"
+    );
+    let mut error = None;
+    while let Some(Ok(m)) = ws.next().await {
+        if let Message::Binary(b) = m
+            && b.first() == Some(&3)
+        {
+            error = Some(serde_json::from_slice::<Value>(&b[1..]).unwrap());
+        }
+    }
+    let error = error.expect("a status on the error channel");
+    assert_eq!(error["status"], "Failure");
+    assert_eq!(error["reason"], "NonZeroExitCode");
+    assert_eq!(
+        error["details"]["causes"],
+        json!([{"reason": "ExitCode", "message": "7"}])
+    );
+    let exec: Vec<_> = server
+        .requests()
+        .into_iter()
+        .filter(|r| r.subresource.as_deref() == Some("exec") && r.code == 101)
+        .collect();
+    assert_eq!(exec.len(), 2);
+    assert!(
+        exec.iter()
+            .all(|r| r.verb == "create" && r.user.as_deref() == Some("contract"))
+    );
+}
+
 mod kubectl {
     use super::*;
     use std::path::PathBuf;
@@ -1660,6 +1780,96 @@ spec:
         );
         let out = k.run(&["explain", "pods.spec"]).await;
         assert!(out.contains("containers"), "{out}");
+    }
+
+    #[tokio::test]
+    async fn pods_exec_streams_stdout_stderr_and_exit_code_over_websocket() {
+        let server = KubeTestServer::start().await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        server.write_kubeconfig(&kubeconfig, "kube-test").unwrap();
+        let Some(bin) = find_kubectl() else { return };
+        let k = Kubectl { bin, kubeconfig };
+        k.run(&["create", "namespace", "demo"]).await;
+        let file = dir.path().join("pod.yaml");
+        std::fs::write(
+            &file,
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: web, namespace: demo}\nspec: {containers: [{name: app, image: nginx}]}\n",
+        )
+        .unwrap();
+        k.run(&["apply", "-f", file.to_str().unwrap()]).await;
+        server.clear_requests();
+
+        let (code, out, err) = k
+            .session_step(&["exec", "-n", "demo", "web", "--", "echo", "hello"])
+            .await;
+        assert_eq!((code, out.as_str()), (0, "hello\n"), "{err}");
+        let exec = server
+            .requests()
+            .into_iter()
+            .find(|r| r.subresource.as_deref() == Some("exec"))
+            .expect("exec recorded");
+        assert_eq!(
+            (exec.verb.as_str(), exec.resource.as_str(), exec.code),
+            ("create", "pods", 101)
+        );
+
+        let (code, _, err) = k
+            .session_step(&["exec", "-n", "demo", "web", "--", "sh", "-c", "exit 3"])
+            .await;
+        assert_eq!(code, 3, "{err}");
+
+        let (code, _, err) = k
+            .session_step(&["exec", "-n", "demo", "web", "--", "nosuch", "x"])
+            .await;
+        assert_eq!(code, 127);
+        assert!(err.contains("nosuch: command not found"), "{err}");
+
+        let mut child = k
+            .command(&["exec", "-i", "-n", "demo", "web", "--", "cat"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        {
+            use tokio::io::AsyncWriteExt;
+            let mut stdin = child.stdin.take().unwrap();
+            stdin.write_all(b"data\n").await.unwrap();
+        }
+        let out = tokio::time::timeout(Duration::from_secs(20), child.wait_with_output())
+            .await
+            .expect("kubectl exec -i cat timed out")
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "data\n");
+
+        // A registered handler sees the command and stdin.
+        server.set_exec_handler("demo", "web", |cmd, stdin| {
+            (
+                format!("{}|{}", cmd.join(","), String::from_utf8_lossy(stdin)).into_bytes(),
+                b"warn\n".to_vec(),
+                0,
+            )
+        });
+        let (code, out, err) = k
+            .session_step(&["exec", "-n", "demo", "web", "-c", "app", "--", "run", "a b"])
+            .await;
+        assert_eq!((code, out.as_str()), (0, "run,a b|"), "{err}");
+        assert_eq!(err, "warn\n");
+
+        let (code, _, err) = k
+            .session_step(&["exec", "-n", "demo", "missing", "--", "echo", "hi"])
+            .await;
+        assert_ne!(code, 0);
+        assert!(
+            err.contains("NotFound") || err.contains("not found"),
+            "{err}"
+        );
     }
 
     #[tokio::test]
