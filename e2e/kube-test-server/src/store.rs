@@ -541,19 +541,7 @@ impl Store {
         let obj_map = obj
             .as_object_mut()
             .ok_or_else(|| ApiError::bad_request("body is not an object"))?;
-        obj_map.insert("apiVersion".into(), Value::String(r.api_version()));
-        obj_map.insert("kind".into(), Value::String(r.kind.clone()));
-        if r.group.is_empty() && r.kind == "Secret" {
-            validation::check_secret_base64(r, &Value::Object(obj_map.clone()))?;
-            fold_string_data(obj_map);
-            if obj_map
-                .get("type")
-                .and_then(Value::as_str)
-                .is_none_or(str::is_empty)
-            {
-                obj_map.insert("type".into(), json!("Opaque"));
-            }
-        }
+        set_type_and_secret_defaults(r, obj_map)?;
         if r.status_subresource {
             // The apiserver drops status on create when the status subresource is enabled.
             obj_map.remove("status");
@@ -699,19 +687,7 @@ impl Store {
             let obj_map = merged
                 .as_object_mut()
                 .ok_or_else(|| ApiError::bad_request("body is not an object"))?;
-            obj_map.insert("apiVersion".into(), Value::String(r.api_version()));
-            obj_map.insert("kind".into(), Value::String(r.kind.clone()));
-            if r.group.is_empty() && r.kind == "Secret" {
-                validation::check_secret_base64(r, &Value::Object(obj_map.clone()))?;
-                fold_string_data(obj_map);
-                if obj_map
-                    .get("type")
-                    .and_then(Value::as_str)
-                    .is_none_or(str::is_empty)
-                {
-                    obj_map.insert("type".into(), json!("Opaque"));
-                }
-            }
+            set_type_and_secret_defaults(r, obj_map)?;
             if Some(res) == self.namespace_res() {
                 // The name label cannot be changed or removed; spec.finalizers only changes
                 // through the namespace controller (`/finalize` is not served).
@@ -1034,4 +1010,26 @@ impl Store {
             Some(old),
         )))
     }
+}
+
+/// Every write: `apiVersion` and `kind` from the resource; for Secrets, `data` must be
+/// base64, `stringData` is folded into `data`, and `type` defaults to `Opaque`.
+fn set_type_and_secret_defaults(
+    r: &ResourceType,
+    obj_map: &mut serde_json::Map<String, Value>,
+) -> Result<(), ApiError> {
+    obj_map.insert("apiVersion".into(), Value::String(r.api_version()));
+    obj_map.insert("kind".into(), Value::String(r.kind.clone()));
+    if r.group.is_empty() && r.kind == "Secret" {
+        validation::check_secret_base64(r, &Value::Object(obj_map.clone()))?;
+        fold_string_data(obj_map);
+        if obj_map
+            .get("type")
+            .and_then(Value::as_str)
+            .is_none_or(str::is_empty)
+        {
+            obj_map.insert("type".into(), json!("Opaque"));
+        }
+    }
+    Ok(())
 }
