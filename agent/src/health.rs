@@ -81,3 +81,50 @@ pub async fn serve(
     });
     Ok(local)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn status(addr: SocketAddr, path: &str) -> u16 {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        out.split_whitespace().nth(1).unwrap().parse().unwrap()
+    }
+
+    #[tokio::test]
+    async fn readyz_follows_the_cache_and_healthz_the_connection() {
+        let (tx, rx) = watch::channel(false);
+        let connected = Arc::new(AtomicBool::new(false));
+        let tasks = TaskTracker::new();
+        let shutdown = CancellationToken::new();
+        let state = HealthState {
+            connected: connected.clone(),
+            ready: rx,
+        };
+        let addr = serve(
+            "127.0.0.1:0".parse().unwrap(),
+            state,
+            &tasks,
+            shutdown.clone(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(status(addr, "/readyz").await, 503);
+        assert_eq!(status(addr, "/healthz").await, 503);
+        tx.send_replace(true);
+        connected.store(true, Ordering::Relaxed);
+        assert_eq!(status(addr, "/readyz").await, 200);
+        assert_eq!(status(addr, "/healthz").await, 200);
+        shutdown.cancel();
+        tasks.close();
+        tasks.wait().await;
+    }
+}

@@ -433,18 +433,12 @@ fn apply_owned(cur: &mut DynamicObject, want: &DynamicObject, owned: &[&str]) ->
         cur.metadata.labels.clone(),
         cur.metadata.annotations.clone(),
     );
-    for &field in owned {
-        match want.data.get(field) {
-            Some(v) => {
-                if let Some(m) = cur.data.as_object_mut() {
-                    m.insert(field.to_owned(), v.clone());
-                }
-            }
-            None => {
-                if let Some(m) = cur.data.as_object_mut() {
-                    m.remove(field);
-                }
-            }
+    if let Some(m) = cur.data.as_object_mut() {
+        for &field in owned {
+            match want.data.get(field) {
+                Some(v) => m.insert(field.to_owned(), v.clone()),
+                None => m.remove(field),
+            };
         }
     }
     cur.metadata.labels = want.metadata.labels.clone();

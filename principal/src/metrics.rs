@@ -182,3 +182,45 @@ pub async fn serve(
     });
     Ok(local)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn status(addr: SocketAddr, path: &str) -> u16 {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        out.split_whitespace().nth(1).unwrap().parse().unwrap()
+    }
+
+    #[tokio::test]
+    async fn readyz_follows_readiness_while_healthz_stays_up() {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        let tasks = tokio_util::task::TaskTracker::new();
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let addr = serve(
+            "127.0.0.1:0".parse().unwrap(),
+            Metrics::new(),
+            rx,
+            &tasks,
+            shutdown.clone(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(status(addr, "/readyz").await, 503);
+        assert_eq!(status(addr, "/healthz").await, 200);
+        tx.send_replace(true);
+        assert_eq!(status(addr, "/readyz").await, 200);
+        assert_eq!(status(addr, "/metrics").await, 200);
+        shutdown.cancel();
+        tasks.close();
+        tasks.wait().await;
+    }
+}

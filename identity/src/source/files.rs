@@ -27,11 +27,11 @@ pub(super) fn start(
     poll: Duration,
 ) -> Result<SvidSource, SourceError> {
     let handle = tokio::runtime::Handle::try_current().map_err(|_| SourceError::NoRuntime)?;
-    let paths = Paths {
+    let paths = Arc::new(Paths {
         cert_chain,
         key,
         bundles,
-    };
+    });
     let (bytes, state) = load(&paths)?;
     let description = format!("PEM files {}", paths.cert_chain.display());
     let (tx, rx) = watch::channel(Some(Arc::new(state)));
@@ -45,7 +45,13 @@ pub(super) fn start(
             if tx.is_closed() {
                 return;
             }
-            let current = match read_all_async(&paths).await {
+            // On tokio's blocking pool: a slow volume must not stall a runtime worker.
+            let reader = paths.clone();
+            let read = tokio::task::spawn_blocking(move || read_all(&reader))
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|r| r.map_err(|e| e.to_string()));
+            let current = match read {
                 Ok(b) => b,
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot re-read SVID files; keeping the last good SVID");
@@ -87,25 +93,6 @@ fn read_all(paths: &Paths) -> Result<FileBytes, SourceError> {
     let mut out = vec![read(&paths.cert_chain)?, read(&paths.key)?];
     for (_, p) in &paths.bundles {
         out.push(read(p)?);
-    }
-    Ok(out)
-}
-
-/// The polling task's read: through tokio's blocking pool, so a slow volume does not stall
-/// a runtime worker.
-async fn read_all_async(paths: &Paths) -> Result<FileBytes, SourceError> {
-    let read = |p: &PathBuf| {
-        let p = p.clone();
-        async move {
-            tokio::fs::read(&p).await.map_err(|e| SourceError::File {
-                path: p.display().to_string(),
-                reason: e.to_string(),
-            })
-        }
-    };
-    let mut out = vec![read(&paths.cert_chain).await?, read(&paths.key).await?];
-    for (_, p) in &paths.bundles {
-        out.push(read(p).await?);
     }
     Ok(out)
 }
