@@ -3,19 +3,26 @@
 //! One function, [`authorize`], decides; the rules, in the order they are checked:
 //!
 //! 1. the agent's mode must be one its mapping rule allows;
-//! 2. the action must flow in the direction the mode allows (agent -> principal):
+//! 2. the action must flow in the direction the mode allows for the object's kind
+//!    (agent -> principal):
 //!
-//!    | action                                      | managed | autonomous |
-//!    |---------------------------------------------|---------|------------|
-//!    | `Read`                                      | yes     | yes        |
-//!    | `UpdateStatus`                              | yes     | yes        |
-//!    | `Create`, `UpdateSpec`, `Delete`            | no      | yes        |
-//!    | `SetOperation`, `TerminateOperation`, `Refresh` | no  | no         |
+//!    | kind          | action                                          | managed | autonomous |
+//!    |---------------|-------------------------------------------------|---------|------------|
+//!    | Application   | `Read`, `UpdateStatus`                          | yes     | yes        |
+//!    | Application   | `Create`, `UpdateSpec`, `Delete`                | no      | yes        |
+//!    | AppProject    | `Read`                                          | yes     | yes        |
+//!    | AppProject    | `Create`, `UpdateSpec`, `Delete`                | no      | yes        |
+//!    | Repository, GPGKeys | `Read`                                    | yes     | no         |
+//!    | any           | `SetOperation`, `TerminateOperation`, `Refresh` | no      | no         |
+//!    | any other combination                                           | no      | no         |
 //!
 //!    Operations and refreshes flow hub -> spoke only; a managed agent's hub copy is the
-//!    source of truth for `.spec`, so it may only report status;
+//!    source of truth for `.spec`, so it may only report status; projects, repositories
+//!    and GPG keys flow from the hub to managed agents, and only an autonomous agent's own
+//!    projects flow up;
 //! 3. the object must be in the agent's own hub namespace;
-//! 4. if the object's owner is known, it must be this agent.
+//! 4. if the object's owner is known, it must be this agent (an object created on the hub
+//!    by someone else belongs to nobody an agent may claim).
 
 // Denials are the rare path and carry everything a log line needs (identity, object,
 // reason); boxing them would only add noise at every call site.
@@ -63,12 +70,20 @@ impl Action {
         }
     }
 
-    /// Whether an agent in `mode` may send this action to the principal.
-    pub fn allowed_from_agent(self, mode: AgentMode) -> bool {
-        match self {
-            Action::Read | Action::UpdateStatus => true,
-            Action::Create | Action::UpdateSpec | Action::Delete => mode == AgentMode::Autonomous,
-            Action::SetOperation | Action::TerminateOperation | Action::Refresh => false,
+    /// Whether an agent in `mode` may send this action on an object of `kind` to the
+    /// principal (the table in the module docs).
+    pub fn allowed_from_agent(self, mode: AgentMode, kind: ResourceKind) -> bool {
+        let autonomous = mode == AgentMode::Autonomous;
+        match (kind, self) {
+            (_, Action::SetOperation | Action::TerminateOperation | Action::Refresh) => false,
+            (ResourceKind::Application, Action::Read | Action::UpdateStatus) => true,
+            (ResourceKind::AppProject, Action::Read) => true,
+            (
+                ResourceKind::Application | ResourceKind::AppProject,
+                Action::Create | Action::UpdateSpec | Action::Delete,
+            ) => autonomous,
+            (ResourceKind::Repository | ResourceKind::GpgKeys, Action::Read) => !autonomous,
+            _ => false,
         }
     }
 }
@@ -101,6 +116,9 @@ pub enum Owner<'a> {
     Agent(&'a AgentName),
     /// The label holds something that is not an agent name: nobody may claim it.
     Invalid(&'a str),
+    /// The object exists on the hub and was not written by an agent (e.g. an AppProject an
+    /// administrator created): no agent may claim it.
+    Hub,
 }
 
 /// Why an event was refused.
@@ -117,6 +135,8 @@ pub enum DeniedReason {
         /// Its owner, as recorded.
         owner: String,
     },
+    /// The object exists on the hub and was not written by an agent.
+    CreatedOnHub,
     /// The agent's mode does not allow this action from an agent.
     ModeForbids {
         /// The agent's mode.
@@ -159,7 +179,7 @@ impl Denied {
     pub fn reason_code(&self) -> &'static str {
         match self.reason {
             DeniedReason::WrongNamespace { .. } => "WrongNamespace",
-            DeniedReason::NotOwner { .. } => "NotOwner",
+            DeniedReason::NotOwner { .. } | DeniedReason::CreatedOnHub => "NotOwner",
             DeniedReason::ModeForbids { .. } => "ModeForbids",
             DeniedReason::ModeNotAllowed { .. } => "ModeNotAllowed",
         }
@@ -185,11 +205,26 @@ impl fmt::Display for Denied {
                 self.namespace
             ),
             DeniedReason::NotOwner { owner } => write!(f, "owned by agent \"{owner}\""),
-            DeniedReason::ModeForbids { mode } => match self.action {
-                Action::SetOperation | Action::TerminateOperation | Action::Refresh => write!(
+            DeniedReason::CreatedOnHub => write!(
+                f,
+                "it was created on the hub, not by an agent, and no agent may change it"
+            ),
+            DeniedReason::ModeForbids { mode } => match (self.action, self.kind) {
+                (Action::SetOperation | Action::TerminateOperation | Action::Refresh, _) => {
+                    write!(
+                        f,
+                        "{} flows from the principal to agents, never from an agent",
+                        self.action
+                    )
+                }
+                (_, ResourceKind::AppProject) => write!(
                     f,
-                    "{} flows from the principal to agents, never from an agent",
-                    self.action
+                    "projects flow from the hub to {mode} agents; only an autonomous agent's own projects flow up"
+                ),
+                (_, ResourceKind::Repository | ResourceKind::GpgKeys) => write!(
+                    f,
+                    "{}s flow from the hub to managed agents only; no agent may write them on the hub",
+                    self.kind.as_str().to_ascii_lowercase()
                 ),
                 _ => write!(
                     f,
@@ -232,7 +267,7 @@ pub fn authorize(
             rule: identity.rule.clone(),
         }));
     }
-    if !action.allowed_from_agent(mode) {
+    if !action.allowed_from_agent(mode, object.kind) {
         return Err(deny(DeniedReason::ModeForbids { mode }));
     }
     if *object.namespace != identity.namespace {
@@ -249,5 +284,6 @@ pub fn authorize(
         Owner::Invalid(label) => Err(deny(DeniedReason::NotOwner {
             owner: label.to_owned(),
         })),
+        Owner::Hub => Err(deny(DeniedReason::CreatedOnHub)),
     }
 }

@@ -128,6 +128,11 @@ pub enum ResourceKind {
     Application,
     /// `argoproj.io/v1alpha1` AppProject.
     AppProject,
+    /// An Argo CD repository or repository-credential template: a `v1` Secret labelled
+    /// `argocd.argoproj.io/secret-type: repository | repo-creds`.
+    Repository,
+    /// Argo CD's GPG public keys: the `v1` ConfigMap `argocd-gpg-keys-cm`.
+    GpgKeys,
 }
 
 impl ResourceKind {
@@ -136,14 +141,26 @@ impl ResourceKind {
         match self {
             ResourceKind::Application => "Application",
             ResourceKind::AppProject => "AppProject",
+            ResourceKind::Repository => "Repository",
+            ResourceKind::GpgKeys => "GPGKeys",
         }
     }
+
+    /// Every kind, in a stable order.
+    pub const ALL: [ResourceKind; 4] = [
+        ResourceKind::Application,
+        ResourceKind::AppProject,
+        ResourceKind::Repository,
+        ResourceKind::GpgKeys,
+    ];
 
     /// Parses a Kubernetes kind; `None` for kinds that do not travel on the stream.
     pub fn parse(s: &str) -> Option<ResourceKind> {
         match s {
             "Application" => Some(ResourceKind::Application),
             "AppProject" => Some(ResourceKind::AppProject),
+            "Repository" => Some(ResourceKind::Repository),
+            "GPGKeys" => Some(ResourceKind::GpgKeys),
             _ => None,
         }
     }

@@ -236,3 +236,104 @@ fn deny_reasons_map_to_their_codes() {
         );
     }
 }
+
+fn own_kind(kind: ResourceKind, owner: Owner<'_>) -> ObjectRef<'_> {
+    ObjectRef {
+        kind,
+        namespace: &OWN_NS,
+        name: "team-a",
+        owner,
+    }
+}
+
+#[test]
+fn every_kind_follows_the_direction_table_in_both_modes() {
+    let who = identity("both");
+    for kind in ResourceKind::ALL {
+        for mode in [AgentMode::Managed, AgentMode::Autonomous] {
+            for action in ALL {
+                let res = authorize(&who, mode, action, &own_kind(kind, Owner::Unknown));
+                let autonomous = mode == AgentMode::Autonomous;
+                let want_ok = match (kind, action) {
+                    (_, Action::SetOperation | Action::TerminateOperation | Action::Refresh) => {
+                        false
+                    }
+                    (ResourceKind::Application, Action::Read | Action::UpdateStatus) => true,
+                    (ResourceKind::AppProject, Action::Read) => true,
+                    (ResourceKind::AppProject, Action::UpdateStatus) => false,
+                    (
+                        ResourceKind::Application | ResourceKind::AppProject,
+                        Action::Create | Action::UpdateSpec | Action::Delete,
+                    ) => autonomous,
+                    (ResourceKind::Repository | ResourceKind::GpgKeys, Action::Read) => {
+                        !autonomous
+                    }
+                    (ResourceKind::Repository | ResourceKind::GpgKeys, _) => false,
+                    _ => unreachable!(),
+                };
+                assert_eq!(res.is_ok(), want_ok, "{kind} {mode} {action}: {res:?}");
+                if let Err(d) = res {
+                    assert_eq!(d.reason_code(), "ModeForbids");
+                    assert_eq!(d.kind, kind);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn denials_of_config_kinds_name_the_kind_and_the_flow() {
+    let who = identity("both");
+    let d = authorize(
+        &who,
+        AgentMode::Managed,
+        Action::Create,
+        &own_kind(ResourceKind::AppProject, Owner::Unknown),
+    )
+    .unwrap_err();
+    let msg = d.to_string();
+    assert!(msg.contains("may not create appproject \"argocd-edge-7/team-a\""), "{msg}");
+    assert!(msg.contains("projects flow from the hub"), "{msg}");
+    let d = authorize(
+        &who,
+        AgentMode::Autonomous,
+        Action::UpdateSpec,
+        &own_kind(ResourceKind::Repository, Owner::Unknown),
+    )
+    .unwrap_err();
+    let msg = d.to_string();
+    assert!(msg.contains("may not update-spec repository"), "{msg}");
+    assert!(msg.contains("no agent may write them on the hub"), "{msg}");
+}
+
+#[test]
+fn a_hub_created_project_cannot_be_claimed_by_an_autonomous_agent() {
+    let who = identity("both");
+    let d = authorize(
+        &who,
+        AgentMode::Autonomous,
+        Action::UpdateSpec,
+        &own_kind(ResourceKind::AppProject, Owner::Hub),
+    )
+    .unwrap_err();
+    assert_eq!(d.reason, DeniedReason::CreatedOnHub);
+    assert_eq!(d.reason_code(), "NotOwner");
+    assert!(d.to_string().contains("created on the hub"), "{d}");
+    let b = authorize(
+        &who,
+        AgentMode::Autonomous,
+        Action::UpdateSpec,
+        &own_kind(ResourceKind::AppProject, Owner::Agent(&AGENT_B)),
+    )
+    .unwrap_err();
+    assert_eq!(b.reason_code(), "NotOwner");
+    assert!(
+        authorize(
+            &who,
+            AgentMode::Autonomous,
+            Action::UpdateSpec,
+            &own_kind(ResourceKind::AppProject, Owner::Agent(&EDGE_7)),
+        )
+        .is_ok()
+    );
+}
