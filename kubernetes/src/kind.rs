@@ -2,6 +2,7 @@
 
 use std::fmt;
 
+use argocd_agent_identity::ResourceKind;
 use kube::discovery::ApiResource;
 
 /// A kind of object the principal or the agent works with.
@@ -83,6 +84,33 @@ impl Kind {
             Kind::Secret => "Secret",
             Kind::ConfigMap => "ConfigMap",
             Kind::Namespace => "Namespace",
+        }
+    }
+}
+
+impl Kind {
+    /// The top-level fields that are an object's content, the part one side owns and the
+    /// other copies: `spec` for Argo CD objects, `type` and `data` for Secrets, `data` and
+    /// `binaryData` for ConfigMaps.
+    pub fn content_fields(&self) -> &'static [&'static str] {
+        match self {
+            Kind::Application | Kind::AppProject => &["spec"],
+            Kind::Secret => &["type", "data"],
+            Kind::ConfigMap => &["data", "binaryData"],
+            Kind::Namespace => &[],
+        }
+    }
+}
+
+/// The Kubernetes kind that stores each kind of object that travels between principal and
+/// agent (repositories are Secrets, GPG keys a ConfigMap).
+impl From<ResourceKind> for Kind {
+    fn from(kind: ResourceKind) -> Kind {
+        match kind {
+            ResourceKind::Application => Kind::Application,
+            ResourceKind::AppProject => Kind::AppProject,
+            ResourceKind::Repository => Kind::Secret,
+            ResourceKind::GpgKeys => Kind::ConfigMap,
         }
     }
 }

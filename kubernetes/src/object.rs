@@ -3,6 +3,8 @@
 
 use kube::api::DynamicObject;
 use ring::digest;
+
+use crate::Kind;
 use serde_json::Value;
 
 /// True when the API server has set `metadata.deletionTimestamp`: the object is being
@@ -31,6 +33,22 @@ pub fn operation(obj: &DynamicObject) -> Option<&Value> {
 /// An object without a spec hashes as JSON `null`, so "no spec" is a stable value too.
 pub fn spec_checksum(obj: &DynamicObject) -> String {
     checksum_of(spec(obj).unwrap_or(&Value::Null))
+}
+
+/// Hex SHA-256 of an object's content ([`Kind::content_fields`]) given as JSON: for kinds
+/// whose content is `spec` it equals [`spec_checksum`]; otherwise it covers the content
+/// fields together (absent ones as absent).
+pub fn content_checksum(kind: Kind, obj: &Value) -> String {
+    match kind.content_fields() {
+        ["spec"] => checksum_of(obj.get("spec").unwrap_or(&Value::Null)),
+        fields => {
+            let content: serde_json::Map<String, Value> = fields
+                .iter()
+                .filter_map(|f| Some(((*f).to_owned(), obj.get(*f)?.clone())))
+                .collect();
+            checksum_of(&Value::Object(content))
+        }
+    }
 }
 
 /// Hex SHA-256 of the canonical JSON of `value` (object keys sorted at every level).
@@ -218,5 +236,36 @@ mod tests {
         assert!(is_being_deleted(&obj));
         assert!(!is_being_deleted(&stripped));
         assert_eq!(object_key(&obj), "agent-a/guestbook");
+    }
+}
+
+#[cfg(test)]
+mod content_tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn content_checksum_of_argo_kinds_is_the_spec_checksum() {
+        let obj: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "argoproj.io/v1alpha1", "kind": "AppProject",
+            "metadata": {"name": "p", "labels": {"x": "y"}}, "spec": {"sourceRepos": ["*"]}
+        }))
+        .unwrap();
+        let v = serde_json::to_value(&obj).unwrap();
+        assert_eq!(content_checksum(Kind::AppProject, &v), spec_checksum(&obj));
+    }
+
+    #[test]
+    fn content_checksum_of_secrets_covers_type_and_data_only() {
+        let a = json!({"metadata": {"name": "r", "labels": {"a": "1"}}, "type": "Opaque", "data": {"url": "eA=="}});
+        let b = json!({"metadata": {"name": "r", "labels": {"a": "2"}}, "type": "Opaque", "data": {"url": "eA=="}});
+        let c = json!({"metadata": {"name": "r"}, "type": "Opaque", "data": {"url": "eQ=="}});
+        assert_eq!(content_checksum(Kind::Secret, &a), content_checksum(Kind::Secret, &b));
+        assert_ne!(content_checksum(Kind::Secret, &a), content_checksum(Kind::Secret, &c));
+        let cm = json!({"data": {"k": "v"}});
+        assert_ne!(
+            content_checksum(Kind::ConfigMap, &cm),
+            content_checksum(Kind::ConfigMap, &json!({"data": {"k": "w"}}))
+        );
     }
 }

@@ -15,6 +15,7 @@ pub mod error;
 pub mod hub;
 pub mod inbound;
 pub mod metrics;
+pub mod projects;
 pub mod server;
 pub mod session;
 
