@@ -42,8 +42,11 @@ pub struct PrincipalConfig {
     pub rules: Vec<String>,
     pub rules_poll: Duration,
     pub kube: ClientOptions,
-    /// Restricts which hub Applications are watched.
+    /// Restricts which hub objects (of every kind) are watched.
     pub label_selector: Option<String>,
+    /// Argo CD's namespace on the hub: where AppProjects, repository Secrets and the GPG
+    /// keys ConfigMap live (`--namespace`, as upstream).
+    pub argocd_namespace: String,
     pub create_namespace: bool,
     pub namespace_labels: BTreeMap<String, String>,
     pub metrics_listen: Option<SocketAddr>,
@@ -70,6 +73,7 @@ impl Default for PrincipalConfig {
             rules_poll: Duration::from_secs(2),
             kube: ClientOptions::default(),
             label_selector: None,
+            argocd_namespace: "argocd".into(),
             create_namespace: false,
             namespace_labels: BTreeMap::new(),
             metrics_listen: Some(SocketAddr::from(([0, 0, 0, 0], 8000))),

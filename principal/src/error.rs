@@ -32,6 +32,9 @@ pub enum PrincipalError {
     /// Header authentication refused on this listener (not loopback).
     #[error("header authentication listener")]
     Guard(#[source] argocd_agent_mesh::guard::GuardError),
+    /// The configuration is refused (message says why).
+    #[error("configuration: {0}")]
+    Config(String),
     /// A listener could not be bound.
     #[error("listener {addr}")]
     Listen {
@@ -64,6 +67,12 @@ pub enum ApplyError {
     /// A status update for an object the hub does not have.
     #[error("{resource} does not exist on the hub")]
     Missing {
+        /// The object.
+        resource: ResourceRef,
+    },
+    /// A command this kind of object does not take (authorization lets none through).
+    #[error("{resource}: not something an agent can change on the hub")]
+    Unsupported {
         /// The object.
         resource: ResourceRef,
     },

@@ -7,6 +7,7 @@
 //! the last object the agent sent (`desired`).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use argocd_agent_identity::{AgentIdentity, AgentMode, AgentName, Namespace, ResourceKind};
@@ -26,39 +27,57 @@ use tracing::Instrument;
 use crate::error::{ApplyError, chain};
 use crate::inbound::Command;
 use crate::metrics::Metrics;
+use crate::objects::{ConfigKey, ConfigObjects, OwnerRecord};
+use crate::projects;
 
 /// Label put on hub copies of autonomous agents' Applications (and checked for ownership).
 pub const AGENT_NAME_LABEL: &str = "argocd-agent.argoproj-labs.io/agent-name";
 
-/// Hub changes waiting for one agent's worker, coalesced by object name: only the newest
-/// change of an object matters (every handler acts on the object's current state), so the
-/// inbox never holds more entries than the agent has objects.
+type InboxKey = (ResourceKind, String);
+
+/// Hub changes waiting for one agent's worker, coalesced by kind and object name: only the
+/// newest change of an object matters (every handler acts on the object's current state),
+/// so the inbox never holds more entries than the agent has objects. A change of the hub's
+/// configuration objects is one flag: the worker re-evaluates the agent's whole set.
 #[derive(Default)]
 struct ChangeInbox {
-    pending: Mutex<(VecDeque<String>, HashMap<String, Change>)>,
+    pending: Mutex<(VecDeque<InboxKey>, HashMap<InboxKey, Change>)>,
+    config_dirty: AtomicBool,
     notify: Notify,
 }
 
 impl ChangeInbox {
-    fn push(&self, name: String, change: Change) {
+    fn push(&self, key: InboxKey, change: Change) {
         let mut guard = lock(&self.pending);
         let (order, latest) = &mut *guard;
-        if latest.insert(name.clone(), change).is_none() {
-            order.push_back(name);
+        if latest.insert(key.clone(), change).is_none() {
+            order.push_back(key);
         }
         drop(guard);
         self.notify.notify_one();
     }
 
-    fn drain(&self) -> Vec<Change> {
+    fn drain(&self) -> Vec<(InboxKey, Change)> {
         let mut guard = lock(&self.pending);
         let (order, latest) = &mut *guard;
-        order.drain(..).filter_map(|n| latest.remove(&n)).collect()
+        order
+            .drain(..)
+            .filter_map(|k| latest.remove(&k).map(|c| (k, c)))
+            .collect()
+    }
+
+    fn mark_config_dirty(&self) {
+        self.config_dirty.store(true, Ordering::Release);
+        self.notify.notify_one();
+    }
+
+    fn take_config_dirty(&self) -> bool {
+        self.config_dirty.swap(false, Ordering::AcqRel)
     }
 }
 
 /// Mutable state of one agent, behind one lock.
-struct AgentInner {
+pub(crate) struct AgentInner {
     identity: AgentIdentity,
     mode: AgentMode,
     /// The current session: its id and the token that closes it.
@@ -69,6 +88,10 @@ struct AgentInner {
     sent_spec: HashMap<String, String>,
     /// Operations already forwarded, by name -> checksum of `.operation`.
     sent_operation: HashMap<String, String>,
+    /// Managed: configuration objects last sent (kind, name) -> content checksum.
+    pub(crate) sent_config: HashMap<ConfigKey, String>,
+    /// Autonomous: the agent's projects as it sent them, by their name on the spoke.
+    pub(crate) desired_projects: HashMap<String, Arc<Value>>,
 }
 
 /// State of one agent, kept across its sessions.
@@ -82,8 +105,16 @@ pub struct AgentState {
 }
 
 impl AgentState {
-    fn inner(&self) -> MutexGuard<'_, AgentInner> {
+    pub(crate) fn inner(&self) -> MutexGuard<'_, AgentInner> {
         lock(&self.inner)
+    }
+    /// Hands a hub change of one of this agent's objects to its worker.
+    pub(crate) fn push_change(&self, kind: ResourceKind, name: String, change: Change) {
+        self.inbox.push((kind, name), change);
+    }
+    /// Tells the worker to re-evaluate the agent's configuration objects.
+    pub(crate) fn mark_config_dirty(&self) {
+        self.inbox.mark_config_dirty();
     }
     /// The agent's hub namespace.
     pub fn namespace(&self) -> Namespace {
@@ -135,6 +166,8 @@ pub struct Hub {
     pub queue_limits: QueueLimits,
     pub create_namespace: bool,
     pub namespace_labels: BTreeMap<String, String>,
+    /// AppProjects, repositories and GPG keys.
+    pub config: ConfigObjects,
     registry: Mutex<Registry>,
     /// Per-agent workers; drained on shutdown.
     tasks: TaskTracker,
@@ -151,6 +184,7 @@ pub struct HubParts {
     pub queue_limits: QueueLimits,
     pub create_namespace: bool,
     pub namespace_labels: BTreeMap<String, String>,
+    pub config: ConfigObjects,
     pub tasks: TaskTracker,
     pub shutdown: CancellationToken,
 }
@@ -173,6 +207,30 @@ fn value_checksum(v: Option<&Value>) -> String {
     object::checksum_of(v.unwrap_or(&Value::Null))
 }
 
+/// Autonomous: an agent's Application as the hub holds it, its project renamed to the hub
+/// copy of the agent's project (`<agent>-<project>`).
+fn hub_form(agent: &AgentName, app: &Value) -> Value {
+    let mut out = app.clone();
+    if let Some(spec) = out.get_mut("spec").and_then(Value::as_object_mut) {
+        let project = spec.get("project").and_then(Value::as_str).unwrap_or_default();
+        let renamed = projects::hub_project_ref(agent, project);
+        spec.insert("project".into(), Value::String(renamed));
+    }
+    out
+}
+
+/// Autonomous: the inverse of [`hub_form`].
+fn agent_form(agent: &AgentName, app: &Value) -> Value {
+    let mut out = app.clone();
+    if let Some(spec) = out.get_mut("spec").and_then(Value::as_object_mut)
+        && let Some(project) = spec.get("project").and_then(Value::as_str)
+    {
+        let original = projects::spoke_project_ref(agent, project).to_owned();
+        spec.insert("project".into(), Value::String(original));
+    }
+    out
+}
+
 impl Hub {
     /// A hub with no agents yet.
     pub fn new(parts: HubParts) -> Hub {
@@ -185,6 +243,7 @@ impl Hub {
             queue_limits: parts.queue_limits,
             create_namespace: parts.create_namespace,
             namespace_labels: parts.namespace_labels,
+            config: parts.config,
             registry: Mutex::new(Registry::default()),
             tasks: parts.tasks,
             shutdown: parts.shutdown,
@@ -196,17 +255,34 @@ impl Hub {
         lock(&self.registry).agents.get(name).cloned()
     }
 
+    /// Every agent that ever connected.
+    pub fn agents(&self) -> Vec<Arc<AgentState>> {
+        lock(&self.registry).agents.values().cloned().collect()
+    }
+
     fn agent_for_namespace(&self, ns: &Namespace) -> Option<Arc<AgentState>> {
         let registry = lock(&self.registry);
         let name = registry.by_namespace.get(ns)?;
         registry.agents.get(name).cloned()
     }
 
-    /// The agent-name label of the hub object `resource`, if it exists and has one.
-    pub fn owner_label(&self, resource: &ResourceRef) -> Option<String> {
-        self.cache
-            .get(Some(resource.namespace.as_str()), &resource.name)
-            .and_then(|o| o.metadata.labels.as_ref()?.get(AGENT_NAME_LABEL).cloned())
+    /// What the hub records about the owner of the object an event of `agent` about
+    /// `resource` would write: the Application in its hub namespace, or for AppProjects the
+    /// hub copy `<agent>-<name>` in Argo CD's namespace. Other kinds are never written.
+    pub fn owner_record(&self, agent: &AgentName, resource: &ResourceRef) -> OwnerRecord {
+        match resource.kind {
+            ResourceKind::Application => {
+                match self.cache.get(Some(resource.namespace.as_str()), &resource.name) {
+                    None => OwnerRecord::Absent,
+                    Some(o) => match o.metadata.labels.as_ref().and_then(|l| l.get(AGENT_NAME_LABEL)) {
+                        Some(l) => OwnerRecord::Label(l.clone()),
+                        None => OwnerRecord::Unlabelled,
+                    },
+                }
+            }
+            ResourceKind::AppProject => self.config.project_owner(agent, &resource.name),
+            ResourceKind::Repository | ResourceKind::GpgKeys => OwnerRecord::Absent,
+        }
     }
 
     /// Registers (or refreshes) an agent and returns its state. A new session replaces the
@@ -234,6 +310,8 @@ impl Hub {
                         desired: HashMap::new(),
                         sent_spec: HashMap::new(),
                         sent_operation: HashMap::new(),
+                        sent_config: HashMap::new(),
+                        desired_projects: HashMap::new(),
                     }),
                     inbox: ChangeInbox::default(),
                 });
@@ -247,6 +325,8 @@ impl Hub {
             if inner.mode != mode {
                 inner.desired.clear();
                 inner.sent_spec.clear();
+                inner.sent_config.clear();
+                inner.desired_projects.clear();
             }
             inner.mode = mode;
             // The rules may now map this agent to another namespace: forget the old route.
@@ -310,7 +390,7 @@ impl Hub {
         }
     }
 
-    fn push(&self, state: &AgentState, event: Event) {
+    pub(crate) fn push(&self, state: &AgentState, event: Event) {
         if let Err(e) = state.queue.push(event) {
             self.metrics.queue_full.inc();
             tracing::warn!(agent = %state.name, error = %e, "event dropped");
@@ -333,6 +413,22 @@ impl Hub {
             .iter()
             .filter(|(_, o)| !is_being_deleted(o))
             .map(|(n, o)| (n.clone(), spec_checksum(o)))
+            .collect()
+    }
+
+    /// Autonomous: checksums of hub copies in the agent's form (project names as on the
+    /// spoke), comparable with the checksums the agent sends.
+    fn agent_form_checksums(
+        agent: &AgentName,
+        objects: &HashMap<String, Arc<DynamicObject>>,
+    ) -> Checksums {
+        objects
+            .iter()
+            .filter(|(_, o)| !is_being_deleted(o))
+            .map(|(n, o)| {
+                let v = agent_form(agent, &for_wire(o));
+                (n.clone(), value_checksum(v.get("spec")))
+            })
             .collect()
     }
 
@@ -413,7 +509,7 @@ impl Hub {
     ) -> Vec<Event> {
         let ns = state.namespace();
         let objects = self.hub_objects(&ns);
-        let hub = Self::checksums(&objects);
+        let hub = Self::agent_form_checksums(&state.name, &objects);
         let plan = argocd_agent_sync::resync::plan(agent_state, &hub);
         tracing::info!(agent = %state.name, request = plan.send.len(), delete = plan.delete.len(),
             "resync (autonomous): agent is the source");
@@ -422,7 +518,9 @@ impl Hub {
             inner.desired.retain(|n, _| agent_state.contains_key(n));
             for (name, obj) in &objects {
                 if agent_state.get(name) == hub.get(name) && !inner.desired.contains_key(name) {
-                    inner.desired.insert(name.clone(), for_wire(obj));
+                    inner
+                        .desired
+                        .insert(name.clone(), Arc::new(agent_form(&state.name, &for_wire(obj))));
                 }
             }
         }
@@ -509,7 +607,7 @@ impl Hub {
             return;
         };
         if let Some(state) = self.agent_for_namespace(&ns) {
-            state.inbox.push(name_of(obj), change);
+            state.push_change(ResourceKind::Application, name_of(obj), change);
         }
     }
 
@@ -525,8 +623,16 @@ impl Hub {
                         _ = hub.shutdown.cancelled() => return,
                         _ = state.inbox.notify.notified() => {}
                     }
-                    for change in state.inbox.drain() {
-                        hub.on_hub_change(&state, change).await;
+                    for ((kind, name), change) in state.inbox.drain() {
+                        match kind {
+                            ResourceKind::AppProject => {
+                                hub.on_autonomous_project_change(&state, &name, change).await
+                            }
+                            _ => hub.on_hub_change(&state, change).await,
+                        }
+                    }
+                    if state.inbox.take_config_dirty() {
+                        hub.reconcile_config(&state);
                     }
                 }
             }
@@ -597,7 +703,8 @@ impl Hub {
         }
         let what = if deleted {
             "deletion"
-        } else if spec_checksum(obj) != value_checksum(desired.get("spec")) {
+        } else if spec_checksum(obj) != value_checksum(hub_form(&state.name, &desired).get("spec"))
+        {
             "edit"
         } else {
             self.forward_operation(state, obj);
@@ -617,6 +724,15 @@ impl Hub {
 
     /// Applies an authorized command from the agent `state` (see [`crate::inbound`]).
     pub async fn apply(&self, state: &AgentState, command: Command) -> Result<Applied, ApplyError> {
+        let kind = match &command {
+            Command::WriteStatus { resource, .. }
+            | Command::Upsert { resource, .. }
+            | Command::Delete { resource }
+            | Command::ResendCurrent { resource } => resource.kind,
+        };
+        if kind != ResourceKind::Application {
+            return self.apply_config(state, command).await;
+        }
         match command {
             Command::WriteStatus { resource, status } => {
                 if self
@@ -664,6 +780,29 @@ impl Hub {
         Ok(Applied::Ack)
     }
 
+    /// An authorized command about a configuration object (authorization already refused
+    /// every write but an autonomous agent's own projects).
+    async fn apply_config(&self, state: &AgentState, command: Command) -> Result<Applied, ApplyError> {
+        match command {
+            Command::Upsert { resource, object } if resource.kind == ResourceKind::AppProject => {
+                self.upsert_project_from_agent(state, &resource.name, &object)
+                    .await?;
+                Ok(Applied::Ack)
+            }
+            Command::Delete { resource } if resource.kind == ResourceKind::AppProject => {
+                self.delete_project_from_agent(state, &resource.name).await;
+                Ok(Applied::Ack)
+            }
+            Command::ResendCurrent { resource } => {
+                self.send_current_config(state, resource);
+                Ok(Applied::Silent)
+            }
+            Command::WriteStatus { resource, .. }
+            | Command::Upsert { resource, .. }
+            | Command::Delete { resource } => Err(ApplyError::Unsupported { resource }),
+        }
+    }
+
     /// Writes an object received from an autonomous agent into its hub namespace.
     async fn upsert_from_agent(
         &self,
@@ -672,7 +811,7 @@ impl Hub {
         incoming: &Value,
     ) -> Result<(), ApplyError> {
         let mut copy = object::received_copy(
-            incoming,
+            &hub_form(agent, incoming),
             resource.namespace.as_str(),
             (AGENT_NAME_LABEL, agent.as_str()),
         )
@@ -761,6 +900,26 @@ pub async fn run_hub_watch(
     tracing::warn!("hub watch ended");
 }
 
+/// Runs one watch of the hub's configuration objects until shutdown.
+pub async fn run_config_watch(
+    hub: Arc<Hub>,
+    kind: ResourceKind,
+    changes: impl Stream<Item = Change> + Send + 'static,
+    shutdown: CancellationToken,
+) {
+    futures::pin_mut!(changes);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            change = changes.next() => match change {
+                Some(change) => hub.route_config(kind, change),
+                None => break,
+            },
+        }
+    }
+    tracing::warn!(%kind, "hub watch ended");
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -785,11 +944,15 @@ mod tests {
     #[test]
     fn inbox_keeps_the_newest_change_per_object_in_first_seen_order() {
         let inbox = ChangeInbox::default();
-        inbox.push("a".into(), change("a", 1));
-        inbox.push("b".into(), change("b", 1));
-        inbox.push("a".into(), change("a", 2));
+        let key = |n: &str| (ResourceKind::Application, n.to_owned());
+        inbox.push(key("a"), change("a", 1));
+        inbox.push(key("b"), change("b", 1));
+        inbox.push(key("a"), change("a", 2));
         let drained = inbox.drain();
-        assert_eq!(drained.iter().map(spec_of).collect::<Vec<_>>(), vec![2, 1]);
+        assert_eq!(
+            drained.iter().map(|(_, c)| spec_of(c)).collect::<Vec<_>>(),
+            vec![2, 1]
+        );
         assert!(inbox.drain().is_empty());
     }
 }

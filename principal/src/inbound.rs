@@ -5,10 +5,12 @@
 use std::sync::Arc;
 
 use argocd_agent_identity::authz::{self, Action, ObjectRef, Owner};
-use argocd_agent_identity::{AgentIdentity, AgentMode, AgentName};
+use argocd_agent_identity::{AgentIdentity, AgentMode, AgentName, ResourceKind};
 use argocd_agent_proto::eventstream::ErrorDetail;
 use argocd_agent_sync::{Event, EventType, Payload, ResourceRef};
 use serde_json::Value;
+
+pub use crate::objects::OwnerRecord;
 
 /// An authorized change to the hub.
 #[derive(Debug, Clone, PartialEq)]
@@ -71,12 +73,12 @@ fn action_of(ty: EventType) -> Option<Action> {
 }
 
 /// Decides what to do with `event` from the agent `identity` running in `mode`.
-/// `owner_label` is the agent-name label of the hub object the event names, if it has one.
+/// `owner` is what the hub records about the object the event would write.
 pub fn decide(
     identity: &AgentIdentity,
     mode: AgentMode,
     event: &Event,
-    owner_label: Option<&str>,
+    owner: &OwnerRecord,
 ) -> Decision {
     match event.ty {
         EventType::Ping => return Decision::Pong,
@@ -102,10 +104,16 @@ pub fn decide(
             message: format!("{} events are not accepted from agents", event.ty),
         });
     };
-    let owner_name = owner_label.map(AgentName::new);
-    let owner = match (&owner_name, owner_label) {
-        (Some(Ok(name)), _) => Owner::Agent(name),
-        (Some(Err(_)), Some(label)) => Owner::Invalid(label),
+    let owner_name = match owner {
+        OwnerRecord::Label(l) => AgentName::new(l).ok(),
+        _ => None,
+    };
+    let owner = match (owner, &owner_name) {
+        (OwnerRecord::Label(_), Some(name)) => Owner::Agent(name),
+        (OwnerRecord::Label(label), None) => Owner::Invalid(label),
+        // An Application in the agent's namespace without a label is adopted; any other
+        // object created on the hub belongs to no agent.
+        (OwnerRecord::Unlabelled, _) if resource.kind != ResourceKind::Application => Owner::Hub,
         _ => Owner::Unknown,
     };
     let object = ObjectRef {
@@ -203,18 +211,18 @@ mod tests {
         let who = identity("both");
         let ping = Event::new("spoke", EventType::Ping, Payload::None);
         assert_eq!(
-            decide(&who, AgentMode::Managed, &ping, None),
+            decide(&who, AgentMode::Managed, &ping, &OwnerRecord::Absent),
             Decision::Pong
         );
         let pong = Event::new("spoke", EventType::Pong, Payload::None);
         assert_eq!(
-            decide(&who, AgentMode::Managed, &pong, None),
+            decide(&who, AgentMode::Managed, &pong, &OwnerRecord::Absent),
             Decision::Ignore
         );
         let mut ack = Event::new("spoke", EventType::Processed, Payload::None);
         ack.ack_id = Some("e-1".into());
         assert_eq!(
-            decide(&who, AgentMode::Managed, &ack, None),
+            decide(&who, AgentMode::Managed, &ack, &OwnerRecord::Absent),
             Decision::Acked("e-1".into())
         );
         let detail = ErrorDetail {
@@ -224,7 +232,7 @@ mod tests {
         };
         let err = Event::new("spoke", EventType::Error, Payload::Error(detail.clone()));
         assert_eq!(
-            decide(&who, AgentMode::Autonomous, &err, None),
+            decide(&who, AgentMode::Autonomous, &err, &OwnerRecord::Absent),
             Decision::PeerError(detail)
         );
     }
@@ -238,7 +246,7 @@ mod tests {
             object("guestbook"),
         );
         assert_eq!(
-            decide(&identity("both"), AgentMode::Managed, &e, None),
+            decide(&identity("both"), AgentMode::Managed, &e, &OwnerRecord::Absent),
             Decision::Apply(Command::WriteStatus {
                 resource: app(NS, "guestbook"),
                 status: json!({"sync": {"status": "Synced"}}),
@@ -250,7 +258,7 @@ mod tests {
     fn managed_agent_cannot_create_update_or_delete_on_the_hub() {
         for ty in [EventType::Create, EventType::SpecUpdate, EventType::Delete] {
             let e = event(ty, NS, "guestbook", object("guestbook"));
-            let r = refused(decide(&identity("both"), AgentMode::Managed, &e, None));
+            let r = refused(decide(&identity("both"), AgentMode::Managed, &e, &OwnerRecord::Absent));
             assert_eq!((r.reason, r.metric), ("Forbidden", "ModeForbids"), "{ty}");
         }
     }
@@ -260,7 +268,7 @@ mod tests {
         for mode in [AgentMode::Managed, AgentMode::Autonomous] {
             for ty in [EventType::SetOperation, EventType::TerminateOperation] {
                 let e = event(ty, NS, "guestbook", Payload::None);
-                let r = refused(decide(&identity("both"), mode, &e, None));
+                let r = refused(decide(&identity("both"), mode, &e, &OwnerRecord::Absent));
                 assert_eq!(r.metric, "ModeForbids", "{mode} {ty}");
             }
         }
@@ -272,13 +280,13 @@ mod tests {
         for ty in [EventType::Create, EventType::SpecUpdate] {
             let e = event(ty, NS, "guestbook", object("guestbook"));
             assert!(matches!(
-                decide(&who, AgentMode::Autonomous, &e, Some("edge-7")),
+                decide(&who, AgentMode::Autonomous, &e, &OwnerRecord::Label("edge-7".into())),
                 Decision::Apply(Command::Upsert { .. })
             ));
         }
         let e = event(EventType::Delete, NS, "guestbook", Payload::None);
         assert_eq!(
-            decide(&who, AgentMode::Autonomous, &e, Some("edge-7")),
+            decide(&who, AgentMode::Autonomous, &e, &OwnerRecord::Label("edge-7".into())),
             Decision::Apply(Command::Delete {
                 resource: app(NS, "guestbook")
             })
@@ -290,7 +298,7 @@ mod tests {
             object("guestbook"),
         );
         assert!(matches!(
-            decide(&who, AgentMode::Autonomous, &e, None),
+            decide(&who, AgentMode::Autonomous, &e, &OwnerRecord::Absent),
             Decision::Apply(Command::WriteStatus { .. })
         ));
     }
@@ -300,7 +308,7 @@ mod tests {
         for mode in [AgentMode::Managed, AgentMode::Autonomous] {
             let e = event(EventType::RequestUpdate, NS, "guestbook", Payload::None);
             assert_eq!(
-                decide(&identity("both"), mode, &e, None),
+                decide(&identity("both"), mode, &e, &OwnerRecord::Absent),
                 Decision::Apply(Command::ResendCurrent {
                     resource: app(NS, "guestbook")
                 })
@@ -319,7 +327,7 @@ mod tests {
                 EventType::RequestUpdate,
             ] {
                 let e = event(ty, "agent-b", "guestbook", object("guestbook"));
-                let r = refused(decide(&identity("both"), mode, &e, None));
+                let r = refused(decide(&identity("both"), mode, &e, &OwnerRecord::Absent));
                 assert_eq!(r.reason, "Forbidden", "{mode} {ty}");
                 if ty == EventType::StatusUpdate || ty == EventType::RequestUpdate {
                     assert_eq!(r.metric, "WrongNamespace", "{mode} {ty}");
@@ -332,7 +340,7 @@ mod tests {
     fn objects_owned_by_another_agent_or_a_bad_label_are_forbidden() {
         let who = identity("both");
         let e = event(EventType::SpecUpdate, NS, "guestbook", object("guestbook"));
-        let r = refused(decide(&who, AgentMode::Autonomous, &e, Some("agent-b")));
+        let r = refused(decide(&who, AgentMode::Autonomous, &e, &OwnerRecord::Label("agent-b".into())));
         assert_eq!(r.metric, "NotOwner");
         assert!(
             r.message.contains("owned by agent \"agent-b\""),
@@ -343,7 +351,7 @@ mod tests {
             &who,
             AgentMode::Autonomous,
             &e,
-            Some("Not An Agent"),
+            &OwnerRecord::Label("Not An Agent".into()),
         ));
         assert_eq!(r.metric, "NotOwner");
     }
@@ -360,7 +368,7 @@ mod tests {
             &identity("autonomous"),
             AgentMode::Managed,
             &e,
-            None,
+            &OwnerRecord::Absent,
         ));
         assert_eq!(r.metric, "ModeNotAllowed");
     }
@@ -368,7 +376,7 @@ mod tests {
     #[test]
     fn payload_naming_another_object_is_invalid() {
         let e = event(EventType::SpecUpdate, NS, "guestbook", object("other"));
-        let r = refused(decide(&identity("both"), AgentMode::Autonomous, &e, None));
+        let r = refused(decide(&identity("both"), AgentMode::Autonomous, &e, &OwnerRecord::Absent));
         assert_eq!((r.reason, r.metric), ("Invalid", "Invalid"));
     }
 
@@ -381,12 +389,71 @@ mod tests {
             EventType::RequestResourceResync,
         ] {
             let e = Event::new("spoke", ty, Payload::None);
-            let r = refused(decide(&who, AgentMode::Managed, &e, None));
+            let r = refused(decide(&who, AgentMode::Managed, &e, &OwnerRecord::Absent));
             assert_eq!(
                 (r.reason, r.metric),
                 ("BadRequest", "UnexpectedEvent"),
                 "{ty}"
             );
+        }
+    }
+
+    fn project_event(ty: EventType, name: &str) -> Event {
+        Event::resource(
+            "spoke",
+            ty,
+            ResourceRef::new(ResourceKind::AppProject, Namespace::new(NS).unwrap(), name),
+            Payload::Object(Arc::new(json!({"metadata": {"name": name}, "spec": {}}))),
+        )
+    }
+
+    #[test]
+    fn projects_an_admin_created_on_the_hub_cannot_be_overwritten_by_an_agent() {
+        let e = project_event(EventType::SpecUpdate, "team");
+        let who = identity("both");
+        let r = refused(decide(&who, AgentMode::Autonomous, &e, &OwnerRecord::Unlabelled));
+        assert_eq!(r.metric, "NotOwner");
+        assert!(r.message.contains("created on the hub"), "{}", r.message);
+        let r = refused(decide(
+            &who,
+            AgentMode::Autonomous,
+            &e,
+            &OwnerRecord::Label("agent-b".into()),
+        ));
+        assert_eq!(r.metric, "NotOwner");
+        assert!(matches!(
+            decide(&who, AgentMode::Autonomous, &e, &OwnerRecord::Label("edge-7".into())),
+            Decision::Apply(Command::Upsert { .. })
+        ));
+        // A managed agent may not write projects at all.
+        let r = refused(decide(&who, AgentMode::Managed, &e, &OwnerRecord::Absent));
+        assert_eq!(r.metric, "ModeForbids");
+        assert!(r.message.contains("appproject"), "{}", r.message);
+    }
+
+    #[test]
+    fn repositories_and_gpg_keys_are_only_read_by_managed_agents() {
+        let who = identity("both");
+        for kind in [ResourceKind::Repository, ResourceKind::GpgKeys] {
+            let r = |ty| {
+                Event::resource(
+                    "spoke",
+                    ty,
+                    ResourceRef::new(kind, Namespace::new(NS).unwrap(), "x"),
+                    Payload::None,
+                )
+            };
+            for mode in [AgentMode::Managed, AgentMode::Autonomous] {
+                for ty in [EventType::Create, EventType::SpecUpdate, EventType::Delete, EventType::StatusUpdate] {
+                    let d = refused(decide(&who, mode, &r(ty), &OwnerRecord::Absent));
+                    assert_eq!(d.metric, "ModeForbids", "{kind} {mode} {ty}");
+                }
+            }
+            assert!(matches!(
+                decide(&who, AgentMode::Managed, &r(EventType::RequestUpdate), &OwnerRecord::Absent),
+                Decision::Apply(Command::ResendCurrent { .. })
+            ));
+            refused(decide(&who, AgentMode::Autonomous, &r(EventType::RequestUpdate), &OwnerRecord::Absent));
         }
     }
 }

@@ -15,6 +15,7 @@ pub mod error;
 pub mod hub;
 pub mod inbound;
 pub mod metrics;
+pub mod objects;
 pub mod projects;
 pub mod server;
 pub mod session;
@@ -36,6 +37,9 @@ use tokio_util::task::TaskTracker;
 
 use crate::auth::ListenerAuth;
 use crate::hub::{Hub, HubParts};
+use crate::objects::ConfigObjects;
+use argocd_agent_identity::{Namespace, ResourceKind};
+use futures::StreamExt;
 use crate::metrics::Metrics;
 use crate::server::{EventStreamService, VersionService};
 use crate::session::SessionContext;
@@ -112,11 +116,42 @@ pub async fn start(
     let listener_auth = ListenerAuth::from_config(&config.auth, config.listen).await?;
 
     let client = argocd_agent_kubernetes::client(&config.kube).await?;
-    let mut scope = Scope::all();
-    if let Some(sel) = &config.label_selector {
-        scope = scope.with_label_selector(sel.clone());
-    }
-    let (cache, changes) = argocd_agent_kubernetes::watch(client.clone(), Kind::Application, scope);
+    let argocd_ns = Namespace::new(&config.argocd_namespace)
+        .map_err(|e| PrincipalError::Config(format!("--namespace: {e}")))?;
+    let scoped = |scope: Scope, extra: Option<&str>| {
+        let selector: Vec<&str> = extra
+            .into_iter()
+            .chain(config.label_selector.as_deref())
+            .collect();
+        if selector.is_empty() {
+            scope
+        } else {
+            scope.with_label_selector(selector.join(","))
+        }
+    };
+    let (cache, changes) = argocd_agent_kubernetes::watch(
+        client.clone(),
+        Kind::Application,
+        scoped(Scope::all(), None),
+    );
+    let in_argocd = || Scope::namespace(argocd_ns.to_string());
+    let (projects, project_changes) =
+        argocd_agent_kubernetes::watch(client.clone(), Kind::AppProject, scoped(in_argocd(), None));
+    let (repositories, repository_changes) = argocd_agent_kubernetes::watch(
+        client.clone(),
+        Kind::Secret,
+        scoped(in_argocd(), Some(objects::REPOSITORY_SELECTOR)),
+    );
+    let (gpg_keys, gpg_changes) =
+        argocd_agent_kubernetes::watch(client.clone(), Kind::ConfigMap, scoped(in_argocd(), None));
+    let config_objects = ConfigObjects {
+        namespace: argocd_ns,
+        by_namespace: true,
+        projects,
+        repositories,
+        gpg_keys,
+        project_writer: Resources::new(client.clone(), Kind::AppProject),
+    };
     let metrics = Metrics::new();
     let hub = Arc::new(Hub::new(HubParts {
         source: source_id(listener_auth.svid.as_ref()),
@@ -127,10 +162,18 @@ pub async fn start(
         queue_limits: config.queue.clone(),
         create_namespace: config.create_namespace,
         namespace_labels: config.namespace_labels.clone(),
+        config: config_objects,
         tasks: tasks.clone(),
         shutdown: shutdown.clone(),
     }));
     tasks.spawn(hub::run_hub_watch(hub.clone(), changes, shutdown.clone()));
+    for (kind, stream) in [
+        (ResourceKind::AppProject, project_changes.boxed()),
+        (ResourceKind::Repository, repository_changes.boxed()),
+        (ResourceKind::GpgKeys, gpg_changes.boxed()),
+    ] {
+        tasks.spawn(hub::run_config_watch(hub.clone(), kind, stream, shutdown.clone()));
+    }
     watch_revocations(&rules, &hub);
 
     let (ready_tx, ready_rx) = watch::channel(false);
@@ -160,6 +203,7 @@ pub async fn start(
         let hub = hub.clone();
         tasks.spawn(async move {
             hub.cache.wait_synced().await;
+            hub.config.wait_synced().await;
             ready_tx.send_replace(true);
         });
     }

@@ -2,11 +2,13 @@
 //! decided ([`crate::inbound::decide`]) and applied in order, and outbound events drained
 //! from the agent's queue.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use argocd_agent_identity::{AgentIdentity, AgentMode};
+use argocd_agent_identity::{AgentIdentity, AgentMode, ResourceKind};
+use argocd_agent_sync::resync::{self, Checksums};
 use argocd_agent_proto::cloudevents::CloudEvent;
 use argocd_agent_proto::eventstream::{self as pb, Hello, Welcome};
 use argocd_agent_sync::event::{PROTOCOL_MIN, PROTOCOL_VERSION};
@@ -20,7 +22,7 @@ use tracing::Instrument;
 
 use crate::error::chain;
 use crate::hub::{AgentState, Applied, Hub};
-use crate::inbound::{Decision, decide};
+use crate::inbound::{Decision, OwnerRecord, decide};
 use crate::metrics::EventLabels;
 
 static SESSION_IDS: AtomicU64 = AtomicU64::new(1);
@@ -154,10 +156,15 @@ async fn run(
     let hub = &ctx.hub;
     // 1. Hello.
     let (hello, mode) = receive_hello(hub, &identity, &mut inbound).await?;
-    let agent_checksums = argocd_agent_sync::resync::from_state(
-        "Application",
-        &hello.state.clone().unwrap_or_default(),
-    );
+    let resync_state = hello.state.clone().unwrap_or_default();
+    let agent_checksums: BTreeMap<ResourceKind, Checksums> = ResourceKind::ALL
+        .into_iter()
+        .map(|k| (k, resync::from_state(k.as_str(), &resync_state)))
+        .collect();
+    let app_checksums = agent_checksums
+        .get(&ResourceKind::Application)
+        .cloned()
+        .unwrap_or_default();
     tracing::info!(%mode, agent_version = %hello.version, "agent connected");
 
     // 2. Register (replacing any previous session) and welcome.
@@ -176,11 +183,21 @@ async fn run(
 
     // 3. Resync.
     hub.cache.wait_synced().await;
+    hub.config.wait_synced().await;
     state.queue.requeue_in_flight();
     match mode {
-        AgentMode::Managed => hub.resync_managed(&state, &agent_checksums),
+        AgentMode::Managed => {
+            hub.resync_managed(&state, &app_checksums);
+            hub.resync_config(&state, &agent_checksums);
+        }
         AgentMode::Autonomous => {
-            for e in hub.resync_autonomous(&state, &agent_checksums).await {
+            let projects = agent_checksums
+                .get(&ResourceKind::AppProject)
+                .cloned()
+                .unwrap_or_default();
+            let mut requests = hub.resync_autonomous_projects(&state, &projects).await;
+            requests.extend(hub.resync_autonomous(&state, &app_checksums).await);
+            for e in requests {
                 send(tx, hub, &state, e).await?;
             }
         }
@@ -271,8 +288,11 @@ async fn handle_inbound(
             r#type: event.ty.verb().into(),
         })
         .inc();
-    let owner = event.resource.as_ref().and_then(|r| hub.owner_label(r));
-    let reply = match decide(identity, mode, &event, owner.as_deref()) {
+    let owner = event
+        .resource
+        .as_ref()
+        .map_or(OwnerRecord::Absent, |r| hub.owner_record(&identity.agent, r));
+    let reply = match decide(identity, mode, &event, &owner) {
         Decision::Pong => Some(Event::new(&hub.source, EventType::Pong, Payload::None)),
         Decision::Ignore => None,
         Decision::Acked(id) => {

@@ -118,9 +118,14 @@ struct PrincipalArgs {
     svid: SvidArgs,
     #[command(flatten)]
     kube: KubeArgs,
-    /// Only Applications matching this label selector are synced.
+    /// Only hub objects (Applications, AppProjects, repository Secrets, GPG keys) matching
+    /// this label selector are synced.
     #[arg(long, env = "ARGOCD_PRINCIPAL_LABEL_SELECTOR")]
     label_selector: Option<String>,
+    /// Argo CD's namespace on the hub: where AppProjects, repository Secrets and
+    /// `argocd-gpg-keys-cm` live.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_NAMESPACE", default_value = "argocd")]
+    namespace: String,
     /// Create an agent's hub namespace on its first connect.
     #[arg(long, env = "ARGOCD_PRINCIPAL_NAMESPACE_CREATE_ENABLE")]
     namespace_create_enable: bool,
@@ -311,6 +316,7 @@ async fn run_principal(a: PrincipalArgs) -> CmdResult {
         rules,
         kube: a.kube.options(),
         label_selector: a.label_selector.clone(),
+        argocd_namespace: a.namespace.clone(),
         create_namespace: a.namespace_create_enable,
         namespace_labels: labels,
         metrics_listen: (a.metrics_port != 0)

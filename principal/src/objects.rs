@@ -1,0 +1,454 @@
+//! Argo CD's configuration objects around the Application: AppProjects, repository and
+//! repository-credential Secrets, and the GPG keys ConfigMap.
+//!
+//! Managed agents: the hub is the source of truth. For each managed agent the principal
+//! works out the set of objects it must hold ([`ConfigObjects::desired_for`]: matching
+//! projects as their agent copies, repositories of those projects, the GPG keys), and keeps
+//! the agent's copies equal to that set: new and changed objects are sent, objects that
+//! leave the set are deleted there (so a project change revokes repositories).
+//!
+//! Autonomous agents: their AppProjects flow up and land in the hub's Argo CD namespace as
+//! `<agent>-<project>` ([`crate::projects::hub_copy`]); hub edits of those copies are
+//! reverted. Repositories and GPG keys never flow to or from autonomous agents.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use argocd_agent_identity::{AgentMode, AgentName, Namespace, ResourceKind};
+use argocd_agent_kubernetes::object::{self, content_checksum, is_being_deleted};
+use argocd_agent_kubernetes::{Cache, Change, Kind, Resources};
+use argocd_agent_sync::resync::{self, Checksums};
+use argocd_agent_sync::{Event, EventType, Payload, ResourceRef};
+use kube::api::DynamicObject;
+use serde_json::{Value, json};
+
+use crate::error::{ApplyError, chain};
+use crate::hub::{AGENT_NAME_LABEL, AgentState, Hub};
+use crate::projects;
+
+/// Label that marks repository Secrets (`repository`) and credential templates (`repo-creds`).
+pub const SECRET_TYPE_LABEL: &str = "argocd.argoproj.io/secret-type";
+/// Label selector of the Secrets the principal distributes.
+pub const REPOSITORY_SELECTOR: &str = "argocd.argoproj.io/secret-type in (repository,repo-creds)";
+/// The ConfigMap holding Argo CD's GPG public keys.
+pub const GPG_KEYS_CONFIGMAP: &str = "argocd-gpg-keys-cm";
+/// Annotation on the hub copy of an autonomous agent's project: the checksum of the spec the
+/// agent sent, so resync after a principal restart compares like with like.
+pub const SOURCE_CHECKSUM_ANNOTATION: &str = "argocd-agent.argoproj-labs.io/source-checksum";
+/// Annotation kubectl writes with the whole applied object; for Secrets that includes the
+/// credentials in clear, so it never leaves the hub.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// One configuration object of an agent: kind and name (its name on the spoke).
+pub type ConfigKey = (ResourceKind, String);
+
+/// The hub's configuration objects: watched caches of the Argo CD namespace.
+pub struct ConfigObjects {
+    /// Argo CD's namespace on the hub (where projects, repositories and GPG keys live).
+    pub namespace: Namespace,
+    /// Agents map to Applications by hub namespace (the default); `false` with
+    /// destination-based mapping, where `sourceNamespaces` does not route projects.
+    pub by_namespace: bool,
+    pub projects: Cache,
+    pub repositories: Cache,
+    pub gpg_keys: Cache,
+    /// Writes AppProjects (autonomous agents' hub copies).
+    pub project_writer: Resources,
+}
+
+/// Wire form of a hub object for an agent: server-managed metadata, namespace and
+/// kubectl's last-applied annotation removed.
+fn wire(obj: &DynamicObject) -> Value {
+    let mut stripped = object::strip_for_transfer(obj);
+    stripped.metadata.namespace = None;
+    if let Some(a) = stripped.metadata.annotations.as_mut() {
+        a.remove(LAST_APPLIED);
+    }
+    serde_json::to_value(&stripped).unwrap_or(Value::Null)
+}
+
+fn name_of(obj: &DynamicObject) -> String {
+    obj.metadata.name.clone().unwrap_or_default()
+}
+
+fn agent_label(obj: &DynamicObject) -> Option<&str> {
+    obj.metadata
+        .labels
+        .as_ref()?
+        .get(AGENT_NAME_LABEL)
+        .map(String::as_str)
+}
+
+/// Objects that take part in distribution: not being deleted, not labelled ignore-sync.
+fn live(obj: &DynamicObject) -> bool {
+    !is_being_deleted(obj) && !argocd_agent_kubernetes::is_sync_ignored(obj)
+}
+
+impl ConfigObjects {
+    /// Whether every cache has listed once.
+    pub fn is_synced(&self) -> bool {
+        self.projects.is_synced() && self.repositories.is_synced() && self.gpg_keys.is_synced()
+    }
+
+    /// Waits until every cache has listed once.
+    pub async fn wait_synced(&self) {
+        self.projects.wait_synced().await;
+        self.repositories.wait_synced().await;
+        self.gpg_keys.wait_synced().await;
+    }
+
+    fn in_namespace(&self, cache: &Cache) -> Vec<Arc<DynamicObject>> {
+        cache
+            .list_namespace(self.namespace.as_str())
+            .into_iter()
+            .filter(|o| live(o))
+            .collect()
+    }
+
+    /// What the managed agent `agent` (hub namespace `ns`) must hold, as wire objects.
+    pub fn desired_for(&self, agent: &AgentName, ns: &Namespace) -> BTreeMap<ConfigKey, Arc<Value>> {
+        let mut out = BTreeMap::new();
+        let mut projects_sent = BTreeSet::new();
+        for p in self.in_namespace(&self.projects) {
+            // Hub copies of autonomous agents' projects belong to those agents.
+            if agent_label(&p).is_some() {
+                continue;
+            }
+            let w = wire(&p);
+            if projects::matches_agent(&w, agent, ns, self.by_namespace) {
+                let name = name_of(&p);
+                projects_sent.insert(name.clone());
+                out.insert(
+                    (ResourceKind::AppProject, name),
+                    Arc::new(projects::spoke_copy(&w, agent, self.by_namespace)),
+                );
+            }
+        }
+        for s in self.in_namespace(&self.repositories) {
+            let w = wire(&s);
+            if projects::repository_project(&w).is_some_and(|p| projects_sent.contains(&p)) {
+                out.insert((ResourceKind::Repository, name_of(&s)), Arc::new(w));
+            }
+        }
+        if let Some(cm) = self
+            .gpg_keys
+            .get(Some(self.namespace.as_str()), GPG_KEYS_CONFIGMAP)
+            .filter(|o| live(o))
+        {
+            out.insert((ResourceKind::GpgKeys, name_of(&cm)), Arc::new(wire(&cm)));
+        }
+        out
+    }
+
+    /// Hub copies of the autonomous agent `agent`'s projects, by their name on the spoke.
+    fn autonomous_projects(&self, agent: &AgentName) -> HashMap<String, Arc<DynamicObject>> {
+        self.projects
+            .list_namespace(self.namespace.as_str())
+            .into_iter()
+            .filter(|p| agent_label(p) == Some(agent.as_str()))
+            .filter_map(|p| {
+                let name = name_of(&p);
+                let spoke = name.strip_prefix(agent.as_str())?.strip_prefix('-')?;
+                Some((spoke.to_owned(), p.clone()))
+            })
+            .collect()
+    }
+
+    /// The owner record of the hub object an agent's event about `resource` would write.
+    /// For AppProjects that is the hub copy `<agent>-<name>` in Argo CD's namespace.
+    pub fn project_owner(&self, agent: &AgentName, name: &str) -> OwnerRecord {
+        match self
+            .projects
+            .get(Some(self.namespace.as_str()), &projects::hub_name(agent, name))
+        {
+            None => OwnerRecord::Absent,
+            Some(p) => match agent_label(&p) {
+                Some(l) => OwnerRecord::Label(l.to_owned()),
+                None => OwnerRecord::Unlabelled,
+            },
+        }
+    }
+}
+
+/// What the hub records about who owns an object an agent wants to write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OwnerRecord {
+    /// The object does not exist on the hub.
+    Absent,
+    /// It exists without an agent-name label (created on the hub).
+    Unlabelled,
+    /// Its agent-name label.
+    Label(String),
+}
+
+fn checksum(kind: ResourceKind, obj: &Value) -> String {
+    content_checksum(Kind::from(kind), obj)
+}
+
+impl Hub {
+    fn config_event(&self, state: &AgentState, key: &ConfigKey, obj: Option<&Arc<Value>>) -> Event {
+        let resource = ResourceRef::new(key.0, state.namespace(), key.1.clone());
+        match obj {
+            Some(o) => Event::resource(
+                &self.source,
+                EventType::SpecUpdate,
+                resource,
+                Payload::Object(o.clone()),
+            ),
+            None => Event::resource(&self.source, EventType::Delete, resource, Payload::None),
+        }
+    }
+
+    /// Managed agent: sends what changed in its set of configuration objects since the last
+    /// call, and deletes what left the set.
+    pub fn reconcile_config(&self, state: &AgentState) {
+        if state.mode() != AgentMode::Managed || !state.is_connected() {
+            return;
+        }
+        let desired = self.config.desired_for(&state.name, &state.namespace());
+        let mut events = Vec::new();
+        {
+            let mut inner = state.inner();
+            for (key, obj) in &desired {
+                let sum = checksum(key.0, obj);
+                if inner.sent_config.get(key) != Some(&sum) {
+                    inner.sent_config.insert(key.clone(), sum);
+                    events.push(self.config_event(state, key, Some(obj)));
+                }
+            }
+            let gone: Vec<ConfigKey> = inner
+                .sent_config
+                .keys()
+                .filter(|k| !desired.contains_key(*k))
+                .cloned()
+                .collect();
+            for key in gone {
+                inner.sent_config.remove(&key);
+                tracing::info!(agent = %state.name, kind = %key.0, name = %key.1,
+                    "object no longer meant for this agent: deleting its copy");
+                events.push(self.config_event(state, &key, None));
+            }
+        }
+        for e in events {
+            self.push(state, e);
+        }
+    }
+
+    /// Managed agent connected: compares its copies (checksums by kind) with what it must
+    /// hold, sends what is missing or different, deletes what it must not have.
+    pub fn resync_config(&self, state: &AgentState, agent: &BTreeMap<ResourceKind, Checksums>) {
+        let desired = self.config.desired_for(&state.name, &state.namespace());
+        let mut sums: HashMap<ConfigKey, String> = HashMap::new();
+        for (key, obj) in &desired {
+            sums.insert(key.clone(), checksum(key.0, obj));
+        }
+        let mut events = Vec::new();
+        for kind in [ResourceKind::AppProject, ResourceKind::Repository, ResourceKind::GpgKeys] {
+            let hub: Checksums = sums
+                .iter()
+                .filter(|((k, _), _)| *k == kind)
+                .map(|((_, n), s)| (n.clone(), s.clone()))
+                .collect();
+            let empty = Checksums::new();
+            let plan = resync::plan(&hub, agent.get(&kind).unwrap_or(&empty));
+            tracing::info!(agent = %state.name, %kind, send = plan.send.len(), delete = plan.delete.len(),
+                "resync (managed): hub is the source");
+            for name in plan.send {
+                let key = (kind, name);
+                events.push(self.config_event(state, &key, desired.get(&key)));
+            }
+            for name in plan.delete {
+                events.push(self.config_event(state, &(kind, name), None));
+            }
+        }
+        state.inner().sent_config = sums;
+        for e in events {
+            self.push(state, e);
+        }
+    }
+
+    /// A managed agent asked for one configuration object again: the current copy, or a
+    /// delete when it is not (or no longer) meant for this agent.
+    pub fn send_current_config(&self, state: &AgentState, resource: ResourceRef) {
+        let desired = self.config.desired_for(&state.name, &state.namespace());
+        let key = (resource.kind, resource.name.clone());
+        let event = self.config_event(state, &key, desired.get(&key));
+        self.push(state, event);
+    }
+
+    /// A hub configuration object changed: every connected managed agent re-evaluates its
+    /// set (in its own worker); an autonomous agent's project copy goes to that agent.
+    pub fn route_config(&self, kind: ResourceKind, change: Change) {
+        let obj = match &change {
+            Change::Applied(o) | Change::Deleted(o) => o.clone(),
+            Change::Synced => return,
+        };
+        if obj.metadata.namespace.as_deref() != Some(self.config.namespace.as_str()) {
+            return;
+        }
+        if kind == ResourceKind::AppProject
+            && let Some(owner) = agent_label(&obj).and_then(|l| AgentName::new(l).ok())
+        {
+            if let Some(state) = self.agent(&owner)
+                && state.mode() == AgentMode::Autonomous
+            {
+                state.push_change(kind, name_of(&obj), change);
+            }
+            return;
+        }
+        for state in self.agents() {
+            if state.mode() == AgentMode::Managed && state.is_connected() {
+                state.mark_config_dirty();
+            }
+        }
+    }
+
+    /// Autonomous agent: its project `name` (agent form) as the hub copy should be.
+    fn autonomous_project_copy(&self, state: &AgentState, incoming: &Value) -> Result<DynamicObject, ApplyError> {
+        let ns = state.namespace();
+        let mut hub = projects::hub_copy(incoming, &state.name, &ns);
+        let sum = checksum(ResourceKind::AppProject, incoming);
+        if let Some(meta) = hub.get_mut("metadata").and_then(Value::as_object_mut) {
+            meta.remove("status");
+            let annotations = meta.entry("annotations").or_insert_with(|| json!({}));
+            if let Some(a) = annotations.as_object_mut() {
+                a.insert(SOURCE_CHECKSUM_ANNOTATION.into(), json!(sum));
+                a.remove(LAST_APPLIED);
+            }
+        }
+        let resource = ResourceRef::new(ResourceKind::AppProject, ns, projects::hub_name(&state.name, &name_of_value(incoming)));
+        object::received_copy(
+            &hub,
+            self.config.namespace.as_str(),
+            (AGENT_NAME_LABEL, state.name.as_str()),
+        )
+        .map_err(|source| ApplyError::NotAnObject { resource, source })
+    }
+
+    /// Writes an autonomous agent's project into the hub's Argo CD namespace.
+    pub async fn upsert_project_from_agent(
+        &self,
+        state: &AgentState,
+        name: &str,
+        incoming: &Arc<Value>,
+    ) -> Result<(), ApplyError> {
+        let copy = self.autonomous_project_copy(state, incoming)?;
+        // Recorded first, so our own write is not taken for a hub edit to revert.
+        let previous = state.inner().desired_projects.insert(name.to_owned(), incoming.clone());
+        let result = self.config.project_writer.upsert_copy(&copy, &["spec"]).await;
+        if let Err(e) = result {
+            self.metrics.hub_write_errors.inc();
+            let mut inner = state.inner();
+            match previous {
+                Some(p) => inner.desired_projects.insert(name.to_owned(), p),
+                None => inner.desired_projects.remove(name),
+            };
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
+    /// Deletes the hub copy of an autonomous agent's project.
+    pub async fn delete_project_from_agent(&self, state: &AgentState, name: &str) {
+        state.inner().desired_projects.remove(name);
+        let hub_name = projects::hub_name(&state.name, name);
+        let ns = Some(self.config.namespace.as_str());
+        let _ = self.config.project_writer.remove_finalizers(ns, &hub_name).await;
+        if let Err(e) = self.config.project_writer.delete(ns, &hub_name).await
+            && !e.is_not_found()
+        {
+            self.metrics.hub_write_errors.inc();
+            tracing::warn!(project = %hub_name, error = %chain(&e), "could not delete hub project");
+        }
+    }
+
+    /// Autonomous agent connected: asks for its projects that are missing or different on
+    /// the hub, deletes hub copies of projects it no longer has.
+    pub async fn resync_autonomous_projects(&self, state: &AgentState, agent: &Checksums) -> Vec<Event> {
+        let copies = self.config.autonomous_projects(&state.name);
+        let hub: Checksums = copies
+            .iter()
+            .filter(|(_, o)| !is_being_deleted(o))
+            .map(|(n, o)| {
+                let sum = o
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(SOURCE_CHECKSUM_ANNOTATION))
+                    .cloned()
+                    .unwrap_or_default();
+                (n.clone(), sum)
+            })
+            .collect();
+        let plan = resync::plan(agent, &hub);
+        tracing::info!(agent = %state.name, request = plan.send.len(), delete = plan.delete.len(),
+            "resync (autonomous projects): agent is the source");
+        {
+            // What hub edits are reverted to until the agent sends its projects again: the
+            // hub copies that are already equal.
+            let mut inner = state.inner();
+            inner.desired_projects.retain(|n, _| agent.contains_key(n));
+        }
+        for name in &plan.delete {
+            self.delete_project_from_agent(state, name).await;
+        }
+        let ns = state.namespace();
+        plan.send
+            .into_iter()
+            .map(|name| {
+                Event::resource(
+                    &self.source,
+                    EventType::RequestUpdate,
+                    ResourceRef::new(ResourceKind::AppProject, ns.clone(), name),
+                    Payload::None,
+                )
+            })
+            .collect()
+    }
+
+    /// A hub copy of an autonomous agent's project changed: reverts edits and deletions to
+    /// what the agent sent.
+    pub async fn on_autonomous_project_change(&self, state: &AgentState, hub_name: &str, change: Change) {
+        let (obj, deleted) = match change {
+            Change::Applied(o) => (o, false),
+            Change::Deleted(o) => (o, true),
+            Change::Synced => return,
+        };
+        let Some(name) = hub_name
+            .strip_prefix(state.name.as_str())
+            .and_then(|r| r.strip_prefix('-'))
+        else {
+            return;
+        };
+        let desired = state.inner().desired_projects.get(name).cloned();
+        let Some(desired) = desired else { return };
+        if is_being_deleted(&obj) && !deleted {
+            let _ = self
+                .config
+                .project_writer
+                .remove_finalizers(Some(self.config.namespace.as_str()), hub_name)
+                .await;
+            return;
+        }
+        let want = match self.autonomous_project_copy(state, &desired) {
+            Ok(c) => c,
+            Err(_) => return,
+        };
+        if !deleted && object::spec(&obj) == object::spec(&want) {
+            return;
+        }
+        let what = if deleted { "deletion" } else { "edit" };
+        tracing::info!(project = %hub_name, "reverting hub {what} of autonomous agent's project");
+        if let Err(e) = self.config.project_writer.upsert_copy(&want, &["spec"]).await {
+            self.metrics.hub_write_errors.inc();
+            tracing::warn!(project = %hub_name, error = %chain(&e), "could not revert hub {what}");
+        }
+    }
+}
+
+fn name_of_value(v: &Value) -> String {
+    v.pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned()
+}
