@@ -12,6 +12,7 @@ pub mod connection;
 pub mod dialer;
 pub mod error;
 pub mod health;
+pub mod objects;
 pub mod spoke;
 
 use std::net::SocketAddr;
@@ -19,7 +20,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use argocd_agent_identity::{AgentMode, Namespace, SpiffeId, TrustDomain};
+use argocd_agent_identity::{AgentMode, Namespace, ResourceKind, SpiffeId, TrustDomain};
 use argocd_agent_kubernetes::{ClientOptions, Kind, Resources, Scope};
 use argocd_agent_sync::{QueueLimits, SendQueue};
 use futures::StreamExt;
@@ -145,7 +146,32 @@ pub async fn start(
     if let Some(sel) = &config.label_selector {
         scope = scope.with_label_selector(sel.clone());
     }
-    let (cache, changes) = argocd_agent_kubernetes::watch(client.clone(), Kind::Application, scope);
+    let (cache, changes) =
+        argocd_agent_kubernetes::watch(client.clone(), Kind::Application, scope.clone());
+    let mut config_kinds = Vec::new();
+    let mut config_changes = Vec::new();
+    for &kind in objects::kinds_for(config.mode) {
+        let mut kind_scope = scope.clone();
+        if kind == ResourceKind::Repository {
+            let selector = [
+                Some(objects::REPOSITORY_SELECTOR),
+                config.label_selector.as_deref(),
+            ]
+            .into_iter()
+            .flatten()
+            .collect::<Vec<_>>()
+            .join(",");
+            kind_scope = kind_scope.with_label_selector(selector);
+        }
+        let (kind_cache, kind_stream) =
+            argocd_agent_kubernetes::watch(client.clone(), Kind::from(kind), kind_scope);
+        config_kinds.push(objects::ConfigKind {
+            kind,
+            resources: Resources::new(client.clone(), Kind::from(kind)),
+            cache: kind_cache,
+        });
+        config_changes.push((kind, kind_stream));
+    }
     let spoke = Arc::new(Spoke::new(
         config.mode,
         namespace,
@@ -153,7 +179,24 @@ pub async fn start(
         Resources::new(client, Kind::Application),
         cache,
         SendQueue::new(QueueLimits::default()),
+        objects::ConfigKinds::new(config_kinds),
     ));
+    for (kind, kind_stream) in config_changes {
+        let spoke = spoke.clone();
+        let shutdown = shutdown.clone();
+        tasks.spawn(async move {
+            futures::pin_mut!(kind_stream);
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    change = kind_stream.next() => match change {
+                        Some(change) => spoke.on_local_config_change(kind, change).await,
+                        None => return,
+                    },
+                }
+            }
+        });
+    }
     {
         let spoke = spoke.clone();
         let shutdown = shutdown.clone();
@@ -222,7 +265,10 @@ async fn reconnect_loop(
 ) {
     tokio::select! {
         _ = shutdown.cancelled() => return,
-        _ = spoke.cache.wait_synced() => {}
+        _ = async {
+            spoke.cache.wait_synced().await;
+            spoke.config.wait_synced().await;
+        } => {}
     }
     spoke.seed_desired();
     ready.send_replace(true);

@@ -18,6 +18,7 @@ use kube::api::DynamicObject;
 use serde_json::{Value, json};
 
 use crate::error::SpokeError;
+use crate::objects::ConfigKinds;
 
 /// Label the agent puts on Applications it received from the principal (managed mode).
 pub const MANAGED_LABEL: &str = "argocd-agent.argoproj-labs.io/managed-by-principal";
@@ -51,6 +52,8 @@ pub struct Spoke {
     pub cache: Cache,
     /// Events to the principal.
     pub queue: SendQueue,
+    /// AppProjects, repositories and GPG keys.
+    pub(crate) config: ConfigKinds,
     inner: Mutex<SpokeInner>,
 }
 
@@ -78,6 +81,7 @@ impl Spoke {
         apps: Resources,
         cache: Cache,
         queue: SendQueue,
+        config: ConfigKinds,
     ) -> Spoke {
         Spoke {
             mode,
@@ -86,6 +90,7 @@ impl Spoke {
             apps,
             cache,
             queue,
+            config,
             inner: Mutex::new(SpokeInner::default()),
         }
     }
@@ -126,6 +131,7 @@ impl Spoke {
         if self.mode != AgentMode::Managed {
             return;
         }
+        self.seed_config_desired();
         let local = self.local();
         let mut inner = self.inner();
         for (name, obj) in local {
@@ -172,6 +178,7 @@ impl Spoke {
             inner.sent_status.clear();
             inner.sent_object.clear();
         }
+        self.reset_published_config();
         if self.mode == AgentMode::Managed {
             for obj in self.local().values() {
                 self.report_status(obj);
@@ -302,6 +309,9 @@ impl Spoke {
     /// Handles one event from the principal. Returns the reply to send, if any.
     pub async fn on_principal_event(&self, event: &Event) -> Option<Event> {
         let resource = event.resource.as_ref()?;
+        if resource.kind != ResourceKind::Application {
+            return self.on_config_event(event, resource).await;
+        }
         let result = match plan(self.mode, self.hub_namespace().as_ref(), event) {
             Ok(Command::Republish) => {
                 self.republish(&resource.name);

@@ -265,11 +265,8 @@ fn every_kind_follows_the_direction_table_in_both_modes() {
                         ResourceKind::Application | ResourceKind::AppProject,
                         Action::Create | Action::UpdateSpec | Action::Delete,
                     ) => autonomous,
-                    (ResourceKind::Repository | ResourceKind::GpgKeys, Action::Read) => {
-                        !autonomous
-                    }
+                    (ResourceKind::Repository | ResourceKind::GpgKeys, Action::Read) => !autonomous,
                     (ResourceKind::Repository | ResourceKind::GpgKeys, _) => false,
-                    _ => unreachable!(),
                 };
                 assert_eq!(res.is_ok(), want_ok, "{kind} {mode} {action}: {res:?}");
                 if let Err(d) = res {
@@ -292,7 +289,10 @@ fn denials_of_config_kinds_name_the_kind_and_the_flow() {
     )
     .unwrap_err();
     let msg = d.to_string();
-    assert!(msg.contains("may not create appproject \"argocd-edge-7/team-a\""), "{msg}");
+    assert!(
+        msg.contains("may not create appproject \"argocd-edge-7/team-a\""),
+        "{msg}"
+    );
     assert!(msg.contains("projects flow from the hub"), "{msg}");
     let d = authorize(
         &who,

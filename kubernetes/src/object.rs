@@ -260,8 +260,14 @@ mod content_tests {
         let a = json!({"metadata": {"name": "r", "labels": {"a": "1"}}, "type": "Opaque", "data": {"url": "eA=="}});
         let b = json!({"metadata": {"name": "r", "labels": {"a": "2"}}, "type": "Opaque", "data": {"url": "eA=="}});
         let c = json!({"metadata": {"name": "r"}, "type": "Opaque", "data": {"url": "eQ=="}});
-        assert_eq!(content_checksum(Kind::Secret, &a), content_checksum(Kind::Secret, &b));
-        assert_ne!(content_checksum(Kind::Secret, &a), content_checksum(Kind::Secret, &c));
+        assert_eq!(
+            content_checksum(Kind::Secret, &a),
+            content_checksum(Kind::Secret, &b)
+        );
+        assert_ne!(
+            content_checksum(Kind::Secret, &a),
+            content_checksum(Kind::Secret, &c)
+        );
         let cm = json!({"data": {"k": "v"}});
         assert_ne!(
             content_checksum(Kind::ConfigMap, &cm),

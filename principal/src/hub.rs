@@ -212,7 +212,10 @@ fn value_checksum(v: Option<&Value>) -> String {
 fn hub_form(agent: &AgentName, app: &Value) -> Value {
     let mut out = app.clone();
     if let Some(spec) = out.get_mut("spec").and_then(Value::as_object_mut) {
-        let project = spec.get("project").and_then(Value::as_str).unwrap_or_default();
+        let project = spec
+            .get("project")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
         let renamed = projects::hub_project_ref(agent, project);
         spec.insert("project".into(), Value::String(renamed));
     }
@@ -272,9 +275,17 @@ impl Hub {
     pub fn owner_record(&self, agent: &AgentName, resource: &ResourceRef) -> OwnerRecord {
         match resource.kind {
             ResourceKind::Application => {
-                match self.cache.get(Some(resource.namespace.as_str()), &resource.name) {
+                match self
+                    .cache
+                    .get(Some(resource.namespace.as_str()), &resource.name)
+                {
                     None => OwnerRecord::Absent,
-                    Some(o) => match o.metadata.labels.as_ref().and_then(|l| l.get(AGENT_NAME_LABEL)) {
+                    Some(o) => match o
+                        .metadata
+                        .labels
+                        .as_ref()
+                        .and_then(|l| l.get(AGENT_NAME_LABEL))
+                    {
                         Some(l) => OwnerRecord::Label(l.clone()),
                         None => OwnerRecord::Unlabelled,
                     },
@@ -518,9 +529,10 @@ impl Hub {
             inner.desired.retain(|n, _| agent_state.contains_key(n));
             for (name, obj) in &objects {
                 if agent_state.get(name) == hub.get(name) && !inner.desired.contains_key(name) {
-                    inner
-                        .desired
-                        .insert(name.clone(), Arc::new(agent_form(&state.name, &for_wire(obj))));
+                    inner.desired.insert(
+                        name.clone(),
+                        Arc::new(agent_form(&state.name, &for_wire(obj))),
+                    );
                 }
             }
         }
@@ -626,7 +638,8 @@ impl Hub {
                     for ((kind, name), change) in state.inbox.drain() {
                         match kind {
                             ResourceKind::AppProject => {
-                                hub.on_autonomous_project_change(&state, &name, change).await
+                                hub.on_autonomous_project_change(&state, &name, change)
+                                    .await
                             }
                             _ => hub.on_hub_change(&state, change).await,
                         }
@@ -782,7 +795,11 @@ impl Hub {
 
     /// An authorized command about a configuration object (authorization already refused
     /// every write but an autonomous agent's own projects).
-    async fn apply_config(&self, state: &AgentState, command: Command) -> Result<Applied, ApplyError> {
+    async fn apply_config(
+        &self,
+        state: &AgentState,
+        command: Command,
+    ) -> Result<Applied, ApplyError> {
         match command {
             Command::Upsert { resource, object } if resource.kind == ResourceKind::AppProject => {
                 self.upsert_project_from_agent(state, &resource.name, &object)

@@ -246,7 +246,12 @@ mod tests {
             object("guestbook"),
         );
         assert_eq!(
-            decide(&identity("both"), AgentMode::Managed, &e, &OwnerRecord::Absent),
+            decide(
+                &identity("both"),
+                AgentMode::Managed,
+                &e,
+                &OwnerRecord::Absent
+            ),
             Decision::Apply(Command::WriteStatus {
                 resource: app(NS, "guestbook"),
                 status: json!({"sync": {"status": "Synced"}}),
@@ -258,7 +263,12 @@ mod tests {
     fn managed_agent_cannot_create_update_or_delete_on_the_hub() {
         for ty in [EventType::Create, EventType::SpecUpdate, EventType::Delete] {
             let e = event(ty, NS, "guestbook", object("guestbook"));
-            let r = refused(decide(&identity("both"), AgentMode::Managed, &e, &OwnerRecord::Absent));
+            let r = refused(decide(
+                &identity("both"),
+                AgentMode::Managed,
+                &e,
+                &OwnerRecord::Absent,
+            ));
             assert_eq!((r.reason, r.metric), ("Forbidden", "ModeForbids"), "{ty}");
         }
     }
@@ -280,13 +290,23 @@ mod tests {
         for ty in [EventType::Create, EventType::SpecUpdate] {
             let e = event(ty, NS, "guestbook", object("guestbook"));
             assert!(matches!(
-                decide(&who, AgentMode::Autonomous, &e, &OwnerRecord::Label("edge-7".into())),
+                decide(
+                    &who,
+                    AgentMode::Autonomous,
+                    &e,
+                    &OwnerRecord::Label("edge-7".into())
+                ),
                 Decision::Apply(Command::Upsert { .. })
             ));
         }
         let e = event(EventType::Delete, NS, "guestbook", Payload::None);
         assert_eq!(
-            decide(&who, AgentMode::Autonomous, &e, &OwnerRecord::Label("edge-7".into())),
+            decide(
+                &who,
+                AgentMode::Autonomous,
+                &e,
+                &OwnerRecord::Label("edge-7".into())
+            ),
             Decision::Apply(Command::Delete {
                 resource: app(NS, "guestbook")
             })
@@ -340,7 +360,12 @@ mod tests {
     fn objects_owned_by_another_agent_or_a_bad_label_are_forbidden() {
         let who = identity("both");
         let e = event(EventType::SpecUpdate, NS, "guestbook", object("guestbook"));
-        let r = refused(decide(&who, AgentMode::Autonomous, &e, &OwnerRecord::Label("agent-b".into())));
+        let r = refused(decide(
+            &who,
+            AgentMode::Autonomous,
+            &e,
+            &OwnerRecord::Label("agent-b".into()),
+        ));
         assert_eq!(r.metric, "NotOwner");
         assert!(
             r.message.contains("owned by agent \"agent-b\""),
@@ -376,7 +401,12 @@ mod tests {
     #[test]
     fn payload_naming_another_object_is_invalid() {
         let e = event(EventType::SpecUpdate, NS, "guestbook", object("other"));
-        let r = refused(decide(&identity("both"), AgentMode::Autonomous, &e, &OwnerRecord::Absent));
+        let r = refused(decide(
+            &identity("both"),
+            AgentMode::Autonomous,
+            &e,
+            &OwnerRecord::Absent,
+        ));
         assert_eq!((r.reason, r.metric), ("Invalid", "Invalid"));
     }
 
@@ -411,7 +441,12 @@ mod tests {
     fn projects_an_admin_created_on_the_hub_cannot_be_overwritten_by_an_agent() {
         let e = project_event(EventType::SpecUpdate, "team");
         let who = identity("both");
-        let r = refused(decide(&who, AgentMode::Autonomous, &e, &OwnerRecord::Unlabelled));
+        let r = refused(decide(
+            &who,
+            AgentMode::Autonomous,
+            &e,
+            &OwnerRecord::Unlabelled,
+        ));
         assert_eq!(r.metric, "NotOwner");
         assert!(r.message.contains("created on the hub"), "{}", r.message);
         let r = refused(decide(
@@ -422,7 +457,12 @@ mod tests {
         ));
         assert_eq!(r.metric, "NotOwner");
         assert!(matches!(
-            decide(&who, AgentMode::Autonomous, &e, &OwnerRecord::Label("edge-7".into())),
+            decide(
+                &who,
+                AgentMode::Autonomous,
+                &e,
+                &OwnerRecord::Label("edge-7".into())
+            ),
             Decision::Apply(Command::Upsert { .. })
         ));
         // A managed agent may not write projects at all.
@@ -444,16 +484,31 @@ mod tests {
                 )
             };
             for mode in [AgentMode::Managed, AgentMode::Autonomous] {
-                for ty in [EventType::Create, EventType::SpecUpdate, EventType::Delete, EventType::StatusUpdate] {
+                for ty in [
+                    EventType::Create,
+                    EventType::SpecUpdate,
+                    EventType::Delete,
+                    EventType::StatusUpdate,
+                ] {
                     let d = refused(decide(&who, mode, &r(ty), &OwnerRecord::Absent));
                     assert_eq!(d.metric, "ModeForbids", "{kind} {mode} {ty}");
                 }
             }
             assert!(matches!(
-                decide(&who, AgentMode::Managed, &r(EventType::RequestUpdate), &OwnerRecord::Absent),
+                decide(
+                    &who,
+                    AgentMode::Managed,
+                    &r(EventType::RequestUpdate),
+                    &OwnerRecord::Absent
+                ),
                 Decision::Apply(Command::ResendCurrent { .. })
             ));
-            refused(decide(&who, AgentMode::Autonomous, &r(EventType::RequestUpdate), &OwnerRecord::Absent));
+            refused(decide(
+                &who,
+                AgentMode::Autonomous,
+                &r(EventType::RequestUpdate),
+                &OwnerRecord::Absent,
+            ));
         }
     }
 }

@@ -37,12 +37,12 @@ use tokio_util::task::TaskTracker;
 
 use crate::auth::ListenerAuth;
 use crate::hub::{Hub, HubParts};
-use crate::objects::ConfigObjects;
-use argocd_agent_identity::{Namespace, ResourceKind};
-use futures::StreamExt;
 use crate::metrics::Metrics;
+use crate::objects::ConfigObjects;
 use crate::server::{EventStreamService, VersionService};
 use crate::session::SessionContext;
+use argocd_agent_identity::{Namespace, ResourceKind};
+use futures::StreamExt;
 
 pub use argocd_agent_identity::source::SvidConfig;
 pub use config::{AuthConfig, PrincipalConfig};
@@ -172,7 +172,12 @@ pub async fn start(
         (ResourceKind::Repository, repository_changes.boxed()),
         (ResourceKind::GpgKeys, gpg_changes.boxed()),
     ] {
-        tasks.spawn(hub::run_config_watch(hub.clone(), kind, stream, shutdown.clone()));
+        tasks.spawn(hub::run_config_watch(
+            hub.clone(),
+            kind,
+            stream,
+            shutdown.clone(),
+        ));
     }
     watch_revocations(&rules, &hub);
 

@@ -106,7 +106,11 @@ impl ConfigObjects {
     }
 
     /// What the managed agent `agent` (hub namespace `ns`) must hold, as wire objects.
-    pub fn desired_for(&self, agent: &AgentName, ns: &Namespace) -> BTreeMap<ConfigKey, Arc<Value>> {
+    pub fn desired_for(
+        &self,
+        agent: &AgentName,
+        ns: &Namespace,
+    ) -> BTreeMap<ConfigKey, Arc<Value>> {
         let mut out = BTreeMap::new();
         let mut projects_sent = BTreeSet::new();
         for p in self.in_namespace(&self.projects) {
@@ -157,10 +161,10 @@ impl ConfigObjects {
     /// The owner record of the hub object an agent's event about `resource` would write.
     /// For AppProjects that is the hub copy `<agent>-<name>` in Argo CD's namespace.
     pub fn project_owner(&self, agent: &AgentName, name: &str) -> OwnerRecord {
-        match self
-            .projects
-            .get(Some(self.namespace.as_str()), &projects::hub_name(agent, name))
-        {
+        match self.projects.get(
+            Some(self.namespace.as_str()),
+            &projects::hub_name(agent, name),
+        ) {
             None => OwnerRecord::Absent,
             Some(p) => match agent_label(&p) {
                 Some(l) => OwnerRecord::Label(l.to_owned()),
@@ -243,7 +247,11 @@ impl Hub {
             sums.insert(key.clone(), checksum(key.0, obj));
         }
         let mut events = Vec::new();
-        for kind in [ResourceKind::AppProject, ResourceKind::Repository, ResourceKind::GpgKeys] {
+        for kind in [
+            ResourceKind::AppProject,
+            ResourceKind::Repository,
+            ResourceKind::GpgKeys,
+        ] {
             let hub: Checksums = sums
                 .iter()
                 .filter(|((k, _), _)| *k == kind)
@@ -304,7 +312,11 @@ impl Hub {
     }
 
     /// Autonomous agent: its project `name` (agent form) as the hub copy should be.
-    fn autonomous_project_copy(&self, state: &AgentState, incoming: &Value) -> Result<DynamicObject, ApplyError> {
+    fn autonomous_project_copy(
+        &self,
+        state: &AgentState,
+        incoming: &Value,
+    ) -> Result<DynamicObject, ApplyError> {
         let ns = state.namespace();
         let mut hub = projects::hub_copy(incoming, &state.name, &ns);
         let sum = checksum(ResourceKind::AppProject, incoming);
@@ -316,7 +328,11 @@ impl Hub {
                 a.remove(LAST_APPLIED);
             }
         }
-        let resource = ResourceRef::new(ResourceKind::AppProject, ns, projects::hub_name(&state.name, &name_of_value(incoming)));
+        let resource = ResourceRef::new(
+            ResourceKind::AppProject,
+            ns,
+            projects::hub_name(&state.name, &name_of_value(incoming)),
+        );
         object::received_copy(
             &hub,
             self.config.namespace.as_str(),
@@ -334,8 +350,15 @@ impl Hub {
     ) -> Result<(), ApplyError> {
         let copy = self.autonomous_project_copy(state, incoming)?;
         // Recorded first, so our own write is not taken for a hub edit to revert.
-        let previous = state.inner().desired_projects.insert(name.to_owned(), incoming.clone());
-        let result = self.config.project_writer.upsert_copy(&copy, &["spec"]).await;
+        let previous = state
+            .inner()
+            .desired_projects
+            .insert(name.to_owned(), incoming.clone());
+        let result = self
+            .config
+            .project_writer
+            .upsert_copy(&copy, &["spec"])
+            .await;
         if let Err(e) = result {
             self.metrics.hub_write_errors.inc();
             let mut inner = state.inner();
@@ -353,7 +376,11 @@ impl Hub {
         state.inner().desired_projects.remove(name);
         let hub_name = projects::hub_name(&state.name, name);
         let ns = Some(self.config.namespace.as_str());
-        let _ = self.config.project_writer.remove_finalizers(ns, &hub_name).await;
+        let _ = self
+            .config
+            .project_writer
+            .remove_finalizers(ns, &hub_name)
+            .await;
         if let Err(e) = self.config.project_writer.delete(ns, &hub_name).await
             && !e.is_not_found()
         {
@@ -364,7 +391,11 @@ impl Hub {
 
     /// Autonomous agent connected: asks for its projects that are missing or different on
     /// the hub, deletes hub copies of projects it no longer has.
-    pub async fn resync_autonomous_projects(&self, state: &AgentState, agent: &Checksums) -> Vec<Event> {
+    pub async fn resync_autonomous_projects(
+        &self,
+        state: &AgentState,
+        agent: &Checksums,
+    ) -> Vec<Event> {
         let copies = self.config.autonomous_projects(&state.name);
         let hub: Checksums = copies
             .iter()
@@ -408,7 +439,12 @@ impl Hub {
 
     /// A hub copy of an autonomous agent's project changed: reverts edits and deletions to
     /// what the agent sent.
-    pub async fn on_autonomous_project_change(&self, state: &AgentState, hub_name: &str, change: Change) {
+    pub async fn on_autonomous_project_change(
+        &self,
+        state: &AgentState,
+        hub_name: &str,
+        change: Change,
+    ) {
         let (obj, deleted) = match change {
             Change::Applied(o) => (o, false),
             Change::Deleted(o) => (o, true),
@@ -439,7 +475,12 @@ impl Hub {
         }
         let what = if deleted { "deletion" } else { "edit" };
         tracing::info!(project = %hub_name, "reverting hub {what} of autonomous agent's project");
-        if let Err(e) = self.config.project_writer.upsert_copy(&want, &["spec"]).await {
+        if let Err(e) = self
+            .config
+            .project_writer
+            .upsert_copy(&want, &["spec"])
+            .await
+        {
             self.metrics.hub_write_errors.inc();
             tracing::warn!(project = %hub_name, error = %chain(&e), "could not revert hub {what}");
         }

@@ -141,7 +141,14 @@ pub fn hub_name(agent: &AgentName, project: &str) -> String {
 
 /// The project an autonomous agent's Application refers to on the hub.
 pub fn hub_project_ref(agent: &AgentName, project: &str) -> String {
-    hub_name(agent, if project.is_empty() { DEFAULT_PROJECT } else { project })
+    hub_name(
+        agent,
+        if project.is_empty() {
+            DEFAULT_PROJECT
+        } else {
+            project
+        },
+    )
 }
 
 /// The spoke's project name for a hub project reference of the autonomous agent `agent`
@@ -195,7 +202,12 @@ pub fn hub_copy(project: &Value, agent: &AgentName, namespace: &Namespace) -> Va
 /// `p, proj:<project>:<role>, <resource>, <action>, <project>/<app>, <effect>` becomes
 /// `p, proj:<agent>-<project>:<role>, <resource>, <action>, <agent>-<project>/<ns>/<app>, <effect>`.
 /// The object is rewritten only for application-scoped resources; other lines keep it.
-pub fn rewrite_policy(line: &str, project: &str, agent: &AgentName, namespace: &Namespace) -> String {
+pub fn rewrite_policy(
+    line: &str,
+    project: &str,
+    agent: &AgentName,
+    namespace: &Namespace,
+) -> String {
     let mut fields: Vec<String> = line.split(',').map(|f| f.trim().to_owned()).collect();
     if fields.len() < 6 || fields[0] != "p" {
         return line.to_owned();
@@ -221,7 +233,10 @@ pub fn rewrite_policy(line: &str, project: &str, agent: &AgentName, namespace: &
 /// The project a repository secret is scoped to: `data.project` (base64, as the API server
 /// stores it) or `stringData.project`. `None` for unscoped repositories, which stay on the hub.
 pub fn repository_project(secret: &Value) -> Option<String> {
-    if let Some(p) = secret.pointer("/stringData/project").and_then(Value::as_str) {
+    if let Some(p) = secret
+        .pointer("/stringData/project")
+        .and_then(Value::as_str)
+    {
         return Some(p.to_owned()).filter(|p| !p.is_empty());
     }
     let encoded = secret.pointer("/data/project").and_then(Value::as_str)?;
@@ -276,8 +291,18 @@ mod tests {
             json!({"sourceNamespaces": ["*"],
                    "destinations": [{"server": "https://proxy:9090?agentName=edge-*", "namespace": "*"}]}),
         );
-        assert!(matches_agent(&by_server, &agent("edge-1"), &ns("edge-1"), true));
-        assert!(!matches_agent(&by_server, &agent("core-1"), &ns("core-1"), true));
+        assert!(matches_agent(
+            &by_server,
+            &agent("edge-1"),
+            &ns("edge-1"),
+            true
+        ));
+        assert!(!matches_agent(
+            &by_server,
+            &agent("core-1"),
+            &ns("core-1"),
+            true
+        ));
     }
 
     #[test]
@@ -293,7 +318,10 @@ mod tests {
 
     #[test]
     fn the_default_project_goes_everywhere() {
-        let p = project("default", json!({"destinations": [{"server": "*", "namespace": "*"}]}));
+        let p = project(
+            "default",
+            json!({"destinations": [{"server": "*", "namespace": "*"}]}),
+        );
         assert!(matches_agent(&p, &agent("x"), &ns("y"), true));
     }
 
@@ -314,9 +342,11 @@ mod tests {
         assert!(c["spec"].get("sourceNamespaces").is_none());
         assert!(c["spec"].get("roles").is_none());
         assert_eq!(c["spec"]["sourceRepos"], json!(["*"]));
-        assert!(spoke_copy(&p, &agent("agent-a"), false)["spec"]
-            .get("sourceNamespaces")
-            .is_some());
+        assert!(
+            spoke_copy(&p, &agent("agent-a"), false)["spec"]
+                .get("sourceNamespaces")
+                .is_some()
+        );
     }
 
     #[test]
@@ -366,6 +396,9 @@ mod tests {
         let s = json!({"stringData": {"project": "team"}});
         assert_eq!(repository_project(&s).as_deref(), Some("team"));
         assert_eq!(repository_project(&json!({"data": {"url": "eA=="}})), None);
-        assert_eq!(repository_project(&json!({"data": {"project": "!!"}})), None);
+        assert_eq!(
+            repository_project(&json!({"data": {"project": "!!"}})),
+            None
+        );
     }
 }

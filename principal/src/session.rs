@@ -8,10 +8,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use argocd_agent_identity::{AgentIdentity, AgentMode, ResourceKind};
-use argocd_agent_sync::resync::{self, Checksums};
 use argocd_agent_proto::cloudevents::CloudEvent;
 use argocd_agent_proto::eventstream::{self as pb, Hello, Welcome};
 use argocd_agent_sync::event::{PROTOCOL_MIN, PROTOCOL_VERSION};
+use argocd_agent_sync::resync::{self, Checksums};
 use argocd_agent_sync::{Event, EventType, Payload};
 use futures::{Stream, StreamExt};
 use tokio::sync::mpsc;
@@ -288,10 +288,9 @@ async fn handle_inbound(
             r#type: event.ty.verb().into(),
         })
         .inc();
-    let owner = event
-        .resource
-        .as_ref()
-        .map_or(OwnerRecord::Absent, |r| hub.owner_record(&identity.agent, r));
+    let owner = event.resource.as_ref().map_or(OwnerRecord::Absent, |r| {
+        hub.owner_record(&identity.agent, r)
+    });
     let reply = match decide(identity, mode, &event, &owner) {
         Decision::Pong => Some(Event::new(&hub.source, EventType::Pong, Payload::None)),
         Decision::Ignore => None,
