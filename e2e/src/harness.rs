@@ -30,6 +30,8 @@ pub const MANAGED: &str = "agent-managed";
 pub const AUTONOMOUS: &str = "agent-autonomous";
 /// Argo CD namespace on the spokes.
 pub const SPOKE_NS: &str = "argocd";
+/// Argo CD namespace on the hub (AppProjects, repository Secrets, GPG keys).
+pub const HUB_ARGOCD_NS: &str = "argocd";
 /// The mapping rule of the topology: SPIRE-on-Kubernetes style IDs of service accounts in
 /// namespace `agents` map to the agent of the same name, in the hub namespace of that name.
 pub const RULE: &str = "template:spiffe://{trust_domain}/ns/agents/sa/{sa}=>{sa},namespace={sa},trustDomains=example.org";
@@ -280,6 +282,61 @@ pub fn apps(server: &KubeTestServer, ns: &str) -> Result<Api<DynamicObject>, Har
     ))
 }
 
+/// The `ApiResource` of a kind: `("argoproj.io", "AppProject", "appprojects")`,
+/// `("", "Secret", "secrets")`, ...
+pub fn resource(group: &str, kind: &str, plural: &str) -> ApiResource {
+    let (version, api_version) = if group.is_empty() {
+        ("v1".to_owned(), "v1".to_owned())
+    } else {
+        ("v1alpha1".to_owned(), format!("{group}/v1alpha1"))
+    };
+    ApiResource {
+        group: group.into(),
+        version,
+        api_version,
+        kind: kind.into(),
+        plural: plural.into(),
+    }
+}
+
+/// AppProjects in `ns` of a test server.
+pub fn projects(server: &KubeTestServer, ns: &str) -> Result<Api<DynamicObject>, HarnessError> {
+    let ar = resource("argoproj.io", "AppProject", "appprojects");
+    Ok(Api::namespaced_with(kube_client(server)?, ns, &ar))
+}
+
+/// Secrets in `ns` of a test server.
+pub fn secrets(server: &KubeTestServer, ns: &str) -> Result<Api<DynamicObject>, HarnessError> {
+    let ar = resource("", "Secret", "secrets");
+    Ok(Api::namespaced_with(kube_client(server)?, ns, &ar))
+}
+
+/// ConfigMaps in `ns` of a test server.
+pub fn configmaps(server: &KubeTestServer, ns: &str) -> Result<Api<DynamicObject>, HarnessError> {
+    let ar = resource("", "ConfigMap", "configmaps");
+    Ok(Api::namespaced_with(kube_client(server)?, ns, &ar))
+}
+
+/// Reads an AppProject straight from a test server's store.
+pub fn stored_project(server: &KubeTestServer, ns: &str, name: &str) -> Option<Value> {
+    server.get_object("argoproj.io", "v1alpha1", "appprojects", Some(ns), name)
+}
+
+/// Reads a Secret straight from a test server's store.
+pub fn stored_secret(server: &KubeTestServer, ns: &str, name: &str) -> Option<Value> {
+    server.get_object("", "v1", "secrets", Some(ns), name)
+}
+
+/// Reads a ConfigMap straight from a test server's store.
+pub fn stored_configmap(server: &KubeTestServer, ns: &str, name: &str) -> Option<Value> {
+    server.get_object("", "v1", "configmaps", Some(ns), name)
+}
+
+/// An object from JSON (for `Api::create`).
+pub fn object(v: Value) -> DynamicObject {
+    serde_json::from_value(v).expect("test object is a valid Kubernetes object")
+}
+
 /// A sample Argo CD Application.
 pub fn sample_app(name: &str, ns: &str, path: &str) -> DynamicObject {
     let v = json!({
@@ -386,7 +443,7 @@ impl Topology {
         hub.write_kubeconfig(&dir.join("hub.kubeconfig"), "hub")?;
         managed_spoke.write_kubeconfig(&dir.join("managed.kubeconfig"), "managed")?;
         autonomous_spoke.write_kubeconfig(&dir.join("autonomous.kubeconfig"), "autonomous")?;
-        for ns in [MANAGED, AUTONOMOUS] {
+        for ns in [MANAGED, AUTONOMOUS, HUB_ARGOCD_NS] {
             create_namespace(&hub, ns).await?;
         }
         create_namespace(&managed_spoke, SPOKE_NS).await?;

@@ -190,8 +190,8 @@ fn checksum(kind: ResourceKind, obj: &Value) -> String {
 }
 
 impl Hub {
-    fn config_event(&self, state: &AgentState, key: &ConfigKey, obj: Option<&Arc<Value>>) -> Event {
-        let resource = ResourceRef::new(key.0, state.namespace(), key.1.clone());
+    fn config_event(&self, ns: &Namespace, key: &ConfigKey, obj: Option<&Arc<Value>>) -> Event {
+        let resource = ResourceRef::new(key.0, ns.clone(), key.1.clone());
         match obj {
             Some(o) => Event::resource(
                 &self.source,
@@ -209,7 +209,9 @@ impl Hub {
         if state.mode() != AgentMode::Managed || !state.is_connected() {
             return;
         }
-        let desired = self.config.desired_for(&state.name, &state.namespace());
+        let ns = state.namespace();
+        let desired = self.config.desired_for(&state.name, &ns);
+        tracing::debug!(agent = %state.name, objects = desired.len(), "configuration objects re-evaluated");
         let mut events = Vec::new();
         {
             let mut inner = state.inner();
@@ -217,7 +219,7 @@ impl Hub {
                 let sum = checksum(key.0, obj);
                 if inner.sent_config.get(key) != Some(&sum) {
                     inner.sent_config.insert(key.clone(), sum);
-                    events.push(self.config_event(state, key, Some(obj)));
+                    events.push(self.config_event(&ns, key, Some(obj)));
                 }
             }
             let gone: Vec<ConfigKey> = inner
@@ -230,7 +232,7 @@ impl Hub {
                 inner.sent_config.remove(&key);
                 tracing::info!(agent = %state.name, kind = %key.0, name = %key.1,
                     "object no longer meant for this agent: deleting its copy");
-                events.push(self.config_event(state, &key, None));
+                events.push(self.config_event(&ns, &key, None));
             }
         }
         for e in events {
@@ -241,7 +243,8 @@ impl Hub {
     /// Managed agent connected: compares its copies (checksums by kind) with what it must
     /// hold, sends what is missing or different, deletes what it must not have.
     pub fn resync_config(&self, state: &AgentState, agent: &BTreeMap<ResourceKind, Checksums>) {
-        let desired = self.config.desired_for(&state.name, &state.namespace());
+        let ns = state.namespace();
+        let desired = self.config.desired_for(&state.name, &ns);
         let mut sums: HashMap<ConfigKey, String> = HashMap::new();
         for (key, obj) in &desired {
             sums.insert(key.clone(), checksum(key.0, obj));
@@ -263,10 +266,10 @@ impl Hub {
                 "resync (managed): hub is the source");
             for name in plan.send {
                 let key = (kind, name);
-                events.push(self.config_event(state, &key, desired.get(&key)));
+                events.push(self.config_event(&ns, &key, desired.get(&key)));
             }
             for name in plan.delete {
-                events.push(self.config_event(state, &(kind, name), None));
+                events.push(self.config_event(&ns, &(kind, name), None));
             }
         }
         state.inner().sent_config = sums;
@@ -278,9 +281,10 @@ impl Hub {
     /// A managed agent asked for one configuration object again: the current copy, or a
     /// delete when it is not (or no longer) meant for this agent.
     pub fn send_current_config(&self, state: &AgentState, resource: ResourceRef) {
-        let desired = self.config.desired_for(&state.name, &state.namespace());
+        let ns = state.namespace();
+        let desired = self.config.desired_for(&state.name, &ns);
         let key = (resource.kind, resource.name.clone());
-        let event = self.config_event(state, &key, desired.get(&key));
+        let event = self.config_event(&ns, &key, desired.get(&key));
         self.push(state, event);
     }
 
@@ -294,6 +298,7 @@ impl Hub {
         if obj.metadata.namespace.as_deref() != Some(self.config.namespace.as_str()) {
             return;
         }
+        tracing::debug!(%kind, name = %name_of(&obj), "hub configuration object changed");
         if kind == ResourceKind::AppProject
             && let Some(owner) = agent_label(&obj).and_then(|l| AgentName::new(l).ok())
         {
