@@ -348,3 +348,141 @@ async fn upstream_style_header_regex_capturing_an_agent_name() {
         panic!("{e}\n{logs}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_cannot_write_projects_repositories_or_gpg_keys_they_do_not_own() {
+    let topo = Topology::start(TopologyOptions {
+        agents: Some(vec![]),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let r: Result<(), HarnessError> = async {
+        // An administrator's project on the hub whose name an autonomous agent could aim at.
+        let claimed = format!("{AUTONOMOUS}-claimed");
+        projects(&topo.hub, HUB_ARGOCD_NS)?
+            .create(
+                &PostParams::default(),
+                &object(json!({
+                "apiVersion": "argoproj.io/v1alpha1", "kind": "AppProject",
+                "metadata": {"name": claimed, "namespace": HUB_ARGOCD_NS},
+                "spec": {"sourceRepos": ["https://git.example/admin/*"]}})),
+            )
+            .await?;
+        let before =
+            stored_project(&topo.hub, HUB_ARGOCD_NS, &claimed).ok_or("admin project missing")?;
+        let object_for = |name: &str| {
+            Payload::Object(std::sync::Arc::new(json!({
+                "metadata": {"name": name},
+                "spec": {"sourceRepos": ["*"]},
+                "data": {"url": "aHR0cHM6Ly9ldmls"}
+            })))
+        };
+        let ns = |n: &str| argocd_agent_identity::Namespace::new(n).unwrap();
+
+        // The managed agent may write no project, repository or GPG keys.
+        let source =
+            SvidSource::workload_api(Some(topo.spiffe.endpoint(&topo.dir.join("managed.sock"))))
+                .await?;
+        source.wait_ready(T).await?;
+        let (tx, mut inbound, _) =
+            open_stream(&source, topo.principal_addr, AgentMode::Managed).await?;
+        for (kind, ty, name) in [
+            (ResourceKind::AppProject, EventType::SpecUpdate, "team"),
+            (ResourceKind::AppProject, EventType::Delete, "team"),
+            (ResourceKind::Repository, EventType::Create, "planted-repo"),
+            (
+                ResourceKind::GpgKeys,
+                EventType::SpecUpdate,
+                "argocd-gpg-keys-cm",
+            ),
+        ] {
+            let e = Event::resource(
+                "test-client",
+                ty,
+                ResourceRef::new(kind, ns(MANAGED), name),
+                object_for(name),
+            );
+            tx.send(e.to_cloud_event()).await?;
+            let reply = answer_to(&mut inbound, &e.id).await?;
+            let Payload::Error(d) = &reply.payload else {
+                return Err(format!("{kind} {ty}: expected error, got {}", reply.ty).into());
+            };
+            assert_eq!(d.reason, "Forbidden", "{kind} {ty}: {}", d.message);
+            assert!(
+                d.message.contains(&kind.as_str().to_ascii_lowercase()),
+                "denial names the kind: {}",
+                d.message
+            );
+        }
+        drop(tx);
+
+        // The autonomous agent may not take over the admin's project, nor write in another
+        // agent's namespace, nor write repositories.
+        let source = SvidSource::workload_api(Some(
+            topo.spiffe.endpoint(&topo.dir.join("autonomous.sock")),
+        ))
+        .await?;
+        source.wait_ready(T).await?;
+        let (tx, mut inbound, _) =
+            open_stream(&source, topo.principal_addr, AgentMode::Autonomous).await?;
+        for (kind, namespace, name, want) in [
+            (
+                ResourceKind::AppProject,
+                AUTONOMOUS,
+                "claimed",
+                "created on the hub",
+            ),
+            (
+                ResourceKind::AppProject,
+                MANAGED,
+                "elsewhere",
+                "belongs to another agent",
+            ),
+            (
+                ResourceKind::Repository,
+                AUTONOMOUS,
+                "planted-repo",
+                "no agent may write them",
+            ),
+        ] {
+            let e = Event::resource(
+                "test-client",
+                EventType::SpecUpdate,
+                ResourceRef::new(kind, ns(namespace), name),
+                object_for(name),
+            );
+            tx.send(e.to_cloud_event()).await?;
+            let reply = answer_to(&mut inbound, &e.id).await?;
+            let Payload::Error(d) = &reply.payload else {
+                return Err(format!("{kind}: expected error, got {}", reply.ty).into());
+            };
+            assert_eq!(d.reason, "Forbidden", "{kind}: {}", d.message);
+            assert!(d.message.contains(want), "{kind}: {}", d.message);
+        }
+
+        // Nothing changed on the hub.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let after =
+            stored_project(&topo.hub, HUB_ARGOCD_NS, &claimed).ok_or("admin project vanished")?;
+        assert_eq!(
+            before["metadata"]["resourceVersion"],
+            after["metadata"]["resourceVersion"]
+        );
+        assert!(
+            stored_project(&topo.hub, HUB_ARGOCD_NS, &format!("{AUTONOMOUS}-elsewhere")).is_none()
+        );
+        assert!(
+            stored_project(&topo.hub, HUB_ARGOCD_NS, &format!("{MANAGED}-elsewhere")).is_none()
+        );
+        assert!(stored_secret(&topo.hub, HUB_ARGOCD_NS, "planted-repo").is_none());
+        assert!(stored_secret(&topo.hub, MANAGED, "planted-repo").is_none());
+        Ok(())
+    }
+    .await;
+    let logs = topo.logs();
+    topo.stop().await;
+    if let Err(e) = r {
+        panic!("{e}\n{logs}");
+    }
+}
