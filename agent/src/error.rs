@@ -84,6 +84,9 @@ pub enum SpokeError {
         /// Our mode.
         mode: AgentMode,
     },
+    /// A local object of that name is not the principal's and may not be adopted.
+    #[error("{0}")]
+    AdoptionRefused(String),
     /// The spoke's API server refused the write.
     #[error("spoke write failed")]
     Kube(#[from] argocd_agent_kubernetes::Error),

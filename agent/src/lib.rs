@@ -13,6 +13,7 @@ pub mod dialer;
 pub mod error;
 pub mod health;
 pub mod objects;
+pub mod policy;
 pub mod spoke;
 
 use std::net::SocketAddr;
@@ -80,6 +81,8 @@ pub struct AgentConfig {
     pub backoff_max: Duration,
     pub max_message_size: usize,
     pub metrics_listen: Option<SocketAddr>,
+    /// Adoption, source-UID mismatch and recreate policies (managed mode).
+    pub policies: policy::Policies,
 }
 
 impl Default for AgentConfig {
@@ -101,6 +104,7 @@ impl Default for AgentConfig {
             backoff_max: Duration::from_secs(30),
             max_message_size: 4 * 1024 * 1024,
             metrics_listen: Some(SocketAddr::from(([0, 0, 0, 0], 8181))),
+            policies: policy::Policies::default(),
         }
     }
 }
@@ -172,7 +176,7 @@ pub async fn start(
         });
         config_changes.push((kind, kind_stream));
     }
-    let spoke = Arc::new(Spoke::new(
+    let mut spoke = Spoke::new(
         config.mode,
         namespace,
         source_id,
@@ -180,7 +184,9 @@ pub async fn start(
         cache,
         SendQueue::new(QueueLimits::default()),
         objects::ConfigKinds::new(config_kinds),
-    ));
+    );
+    spoke.policies = config.policies;
+    let spoke = Arc::new(spoke);
     for (kind, kind_stream) in config_changes {
         let spoke = spoke.clone();
         let shutdown = shutdown.clone();

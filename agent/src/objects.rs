@@ -161,6 +161,7 @@ impl Spoke {
                     name: name_of(&o),
                     spec_checksum: checksum(kind, &as_value(&o)),
                     version: String::new(),
+                    source_uid: crate::spoke::source_uid(&o).unwrap_or_default(),
                 });
             }
         }
@@ -198,11 +199,7 @@ impl Spoke {
                 self.republish_config(resource.kind, &resource.name);
                 return None;
             }
-            Ok(ConfigCommand::Upsert(obj)) => {
-                lock(&self.config.desired)
-                    .insert((resource.kind, resource.name.clone()), obj.clone());
-                self.upsert_config(resource.kind, &obj).await
-            }
+            Ok(ConfigCommand::Upsert(obj)) => self.apply_config_upsert(resource, obj).await,
             Ok(ConfigCommand::Delete) => {
                 lock(&self.config.desired).remove(&(resource.kind, resource.name.clone()));
                 self.delete_config(resource.kind, &resource.name).await
@@ -222,6 +219,19 @@ impl Spoke {
                 event.error_reply(&self.source, reason, message)
             }
         })
+    }
+
+    async fn apply_config_upsert(
+        &self,
+        resource: &ResourceRef,
+        obj: Arc<Value>,
+    ) -> Result<(), SpokeError> {
+        if let Some(k) = self.config.get(resource.kind) {
+            let local = k.cache.get(Some(self.namespace.as_str()), &resource.name);
+            self.prepare_write(&k.resources, local, &obj).await?;
+        }
+        lock(&self.config.desired).insert((resource.kind, resource.name.clone()), obj.clone());
+        self.upsert_config(resource.kind, &obj).await
     }
 
     async fn upsert_config(&self, kind: ResourceKind, incoming: &Value) -> Result<(), SpokeError> {

@@ -19,6 +19,7 @@ use serde_json::{Value, json};
 
 use crate::error::SpokeError;
 use crate::objects::ConfigKinds;
+use crate::policy::{self, Policies, RecreateAction, WritePlan};
 
 /// Label the agent puts on Applications it received from the principal (managed mode).
 pub const MANAGED_LABEL: &str = "argocd-agent.argoproj-labs.io/managed-by-principal";
@@ -54,6 +55,8 @@ pub struct Spoke {
     pub queue: SendQueue,
     /// AppProjects, repositories and GPG keys.
     pub(crate) config: ConfigKinds,
+    /// Adoption, source-UID mismatch and recreate policies (managed mode).
+    pub policies: Policies,
     inner: Mutex<SpokeInner>,
 }
 
@@ -61,11 +64,20 @@ fn name_of(obj: &DynamicObject) -> String {
     obj.metadata.name.clone().unwrap_or_default()
 }
 
-fn is_managed_copy(obj: &DynamicObject) -> bool {
+pub(crate) fn is_managed_copy(obj: &DynamicObject) -> bool {
     obj.metadata
         .labels
         .as_ref()
         .is_some_and(|l| l.contains_key(MANAGED_LABEL))
+}
+
+/// The source-uid annotation of a managed copy.
+pub(crate) fn source_uid(obj: &DynamicObject) -> Option<String> {
+    obj.metadata
+        .annotations
+        .as_ref()?
+        .get(object::SOURCE_UID_ANNOTATION)
+        .cloned()
 }
 
 /// Wire form of a local object (server-managed metadata removed).
@@ -91,6 +103,7 @@ impl Spoke {
             cache,
             queue,
             config,
+            policies: Policies::default(),
             inner: Mutex::new(SpokeInner::default()),
         }
     }
@@ -122,6 +135,14 @@ impl Spoke {
             .into_iter()
             .filter(|(_, o)| !is_being_deleted(o))
             .map(|(n, o)| (n, spec_checksum(&o)))
+            .collect()
+    }
+
+    /// Managed: the hub UID each local copy was made from (its source-uid annotation).
+    pub fn source_uids(&self) -> argocd_agent_sync::resync::SourceUids {
+        self.local()
+            .into_iter()
+            .filter_map(|(n, o)| Some((n, source_uid(&o)?)))
             .collect()
     }
 
@@ -259,11 +280,77 @@ impl Spoke {
             return;
         };
         tracing::info!(name = %name, "reverting local {what} of managed application");
-        if let Err(e) = self.upsert_local(&desired).await {
-            tracing::warn!(name = %name, error = %e, "could not revert local {what}");
+        match self.upsert_local(&desired).await {
+            Ok(()) if deleted => self.after_recreate(&name).await,
+            Ok(()) => {}
+            Err(e) => tracing::warn!(name = %name, error = %e, "could not revert local {what}"),
         }
         if !deleted {
             self.report_status(obj);
+        }
+    }
+
+    /// `--on-application-recreate`: what follows the recreation of a locally deleted
+    /// Application.
+    async fn after_recreate(&self, name: &str) {
+        let ns = Some(self.namespace.as_str());
+        let result = match self.policies.on_recreate {
+            RecreateAction::Ignore => return,
+            RecreateAction::ClearStatus => match self.apps.get(ns, name).await {
+                Ok(Some(cur)) => match object::status(&cur) {
+                    Some(status) if status.get("operationState").is_some() => {
+                        let mut status = status.clone();
+                        if let Some(m) = status.as_object_mut() {
+                            m.remove("operationState");
+                        }
+                        self.apps.replace_status(ns, name, status).await.map(|_| ())
+                    }
+                    _ => Ok(()),
+                },
+                Ok(None) => Ok(()),
+                Err(e) => Err(e),
+            },
+            RecreateAction::Resync => self
+                .apps
+                .patch_merge(
+                    ns,
+                    name,
+                    &json!({"operation": {"initiatedBy": {"username": "argocd-agent"}, "sync": {}}}),
+                )
+                .await
+                .map(|_| ()),
+        };
+        match result {
+            Ok(()) => {
+                tracing::info!(%name, action = %self.policies.on_recreate, "recreated application handled")
+            }
+            Err(e) => {
+                tracing::warn!(%name, action = %self.policies.on_recreate, error = %argocd_agent_sync::error_chain(&e), "could not handle recreated application")
+            }
+        }
+    }
+
+    /// Managed: before the principal's object is written over a local one, applies the
+    /// adoption and source-UID mismatch policies ([`policy::plan_write`]).
+    pub(crate) async fn prepare_write(
+        &self,
+        resources: &Resources,
+        local: Option<Arc<DynamicObject>>,
+        incoming: &Value,
+    ) -> Result<(), SpokeError> {
+        let is_ours = local.as_deref().is_some_and(is_managed_copy);
+        match policy::plan_write(&self.policies, local.as_deref(), is_ours, incoming) {
+            WritePlan::Upsert => Ok(()),
+            WritePlan::Refuse(why) => Err(SpokeError::AdoptionRefused(why)),
+            WritePlan::Recreate => {
+                let name = local.as_deref().map(name_of).unwrap_or_default();
+                tracing::info!(kind = %resources.kind(), %name, "the hub object was recreated: recreating the local copy");
+                match resources.delete(Some(self.namespace.as_str()), &name).await {
+                    Ok(_) => Ok(()),
+                    Err(e) if e.is_not_found() => Ok(()),
+                    Err(e) => Err(e.into()),
+                }
+            }
         }
     }
 
@@ -347,6 +434,8 @@ impl Spoke {
         let ns = self.namespace.as_str();
         match command {
             Command::Upsert(obj) => {
+                let local = self.cache.get(Some(ns), name);
+                self.prepare_write(&self.apps, local, &obj).await?;
                 self.inner().desired.insert(name.to_owned(), obj.clone());
                 self.upsert_local(&obj).await
             }

@@ -220,6 +220,8 @@ pub struct TopologyOptions {
     pub with_proxy: bool,
     /// Extra arguments for the principal.
     pub principal_args: Vec<String>,
+    /// Extra arguments for every agent.
+    pub agent_args: Vec<String>,
     /// Which agents to start (default both).
     pub agents: Option<Vec<&'static str>>,
     /// `--creds` of the agents (default `spiffe`: SVID mTLS).
@@ -518,6 +520,10 @@ impl Topology {
                     "--creds".into(),
                     opts.agent_creds.clone().unwrap_or_else(|| "spiffe".into()),
                 ];
+                let args = args
+                    .into_iter()
+                    .chain(opts.agent_args.iter().cloned())
+                    .collect();
                 let mut p = Proc::new(agent, bin.clone(), args, dir.join(format!("{agent}.log")));
                 p.start()?;
                 Ok(p)

@@ -35,6 +35,25 @@ pub fn spec_checksum(obj: &DynamicObject) -> String {
     checksum_of(spec(obj).unwrap_or(&Value::Null))
 }
 
+/// Annotation on a managed copy: the UID of the object it was copied from on the hub, so
+/// the spoke can tell an object deleted and recreated on the hub from an update (as
+/// upstream argocd-agent).
+pub const SOURCE_UID_ANNOTATION: &str = "argocd.argoproj.io/source-uid";
+
+/// [`strip_for_transfer`] plus [`SOURCE_UID_ANNOTATION`] set to the object's UID: the form
+/// in which the source of truth sends an object to a managed copy.
+pub fn stamped_for_transfer(obj: &DynamicObject) -> DynamicObject {
+    let uid = obj.metadata.uid.clone();
+    let mut out = strip_for_transfer(obj);
+    if let Some(uid) = uid {
+        out.metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(SOURCE_UID_ANNOTATION.to_owned(), uid);
+    }
+    out
+}
+
 /// Hex SHA-256 of an object's content ([`Kind::content_fields`]) given as JSON: for kinds
 /// whose content is `spec` it equals [`spec_checksum`]; otherwise it covers the content
 /// fields together (absent ones as absent).

@@ -199,6 +199,12 @@ fn for_wire(obj: &DynamicObject) -> Arc<Value> {
     Arc::new(serde_json::to_value(&stripped).unwrap_or(Value::Null))
 }
 
+/// Wire form of a hub object for a managed agent: [`for_wire`] plus the hub UID
+/// (`argocd.argoproj.io/source-uid`).
+fn for_managed_wire(obj: &DynamicObject) -> Arc<Value> {
+    Arc::new(serde_json::to_value(object::stamped_for_transfer(obj)).unwrap_or(Value::Null))
+}
+
 fn name_of(obj: &DynamicObject) -> String {
     obj.metadata.name.clone().unwrap_or_default()
 }
@@ -453,7 +459,7 @@ impl Hub {
                 &self.source,
                 EventType::SpecUpdate,
                 resource,
-                Payload::Object(for_wire(&obj)),
+                Payload::Object(for_managed_wire(&obj)),
             ),
             _ => Event::resource(&self.source, EventType::Delete, resource, Payload::None),
         };
@@ -479,17 +485,31 @@ impl Hub {
                 &self.source,
                 EventType::SpecUpdate,
                 app_ref(ns, &name_of(obj)),
-                Payload::Object(for_wire(obj)),
+                Payload::Object(for_managed_wire(obj)),
             ),
         );
     }
 
     /// Queues everything a managed agent needs to converge on the hub state.
-    pub fn resync_managed(&self, state: &AgentState, agent_state: &Checksums) {
+    pub fn resync_managed(
+        &self,
+        state: &AgentState,
+        agent_state: &Checksums,
+        agent_uids: &argocd_agent_sync::resync::SourceUids,
+    ) {
         let ns = state.namespace();
         let objects = self.hub_objects(&ns);
         let hub = Self::checksums(&objects);
-        let plan = argocd_agent_sync::resync::plan(&hub, agent_state);
+        let mut plan = argocd_agent_sync::resync::plan(&hub, agent_state);
+        let hub_uids = objects
+            .iter()
+            .filter_map(|(n, o)| Some((n.clone(), o.metadata.uid.clone()?)))
+            .collect();
+        for name in argocd_agent_sync::resync::stale_copies(&hub_uids, agent_uids) {
+            if !plan.send.contains(&name) {
+                plan.send.push(name);
+            }
+        }
         tracing::info!(agent = %state.name, send = plan.send.len(), delete = plan.delete.len(),
             "resync (managed): hub is the source");
         state.inner().sent_spec = hub.iter().map(|(n, s)| (n.clone(), s.clone())).collect();

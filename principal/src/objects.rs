@@ -17,7 +17,7 @@ use std::sync::Arc;
 use argocd_agent_identity::{AgentMode, AgentName, Namespace, ResourceKind};
 use argocd_agent_kubernetes::object::{self, content_checksum, is_being_deleted};
 use argocd_agent_kubernetes::{Cache, Change, Kind, Resources};
-use argocd_agent_sync::resync::{self, Checksums};
+use argocd_agent_sync::resync::{self, Checksums, SourceUids};
 use argocd_agent_sync::{Event, EventType, Payload, ResourceRef};
 use kube::api::DynamicObject;
 use serde_json::{Value, json};
@@ -57,9 +57,10 @@ pub struct ConfigObjects {
 }
 
 /// Wire form of a hub object for an agent: server-managed metadata, namespace and
-/// kubectl's last-applied annotation removed.
+/// kubectl's last-applied annotation removed, the hub UID recorded
+/// (`argocd.argoproj.io/source-uid`).
 fn wire(obj: &DynamicObject) -> Value {
-    let mut stripped = object::strip_for_transfer(obj);
+    let mut stripped = object::stamped_for_transfer(obj);
     stripped.metadata.namespace = None;
     if let Some(a) = stripped.metadata.annotations.as_mut() {
         a.remove(LAST_APPLIED);
@@ -242,7 +243,12 @@ impl Hub {
 
     /// Managed agent connected: compares its copies (checksums by kind) with what it must
     /// hold, sends what is missing or different, deletes what it must not have.
-    pub fn resync_config(&self, state: &AgentState, agent: &BTreeMap<ResourceKind, Checksums>) {
+    pub fn resync_config(
+        &self,
+        state: &AgentState,
+        agent: &BTreeMap<ResourceKind, Checksums>,
+        agent_uids: &BTreeMap<ResourceKind, SourceUids>,
+    ) {
         let ns = state.namespace();
         let desired = self.config.desired_for(&state.name, &ns);
         let mut sums: HashMap<ConfigKey, String> = HashMap::new();
@@ -261,7 +267,24 @@ impl Hub {
                 .map(|((_, n), s)| (n.clone(), s.clone()))
                 .collect();
             let empty = Checksums::new();
-            let plan = resync::plan(&hub, agent.get(&kind).unwrap_or(&empty));
+            let mut plan = resync::plan(&hub, agent.get(&kind).unwrap_or(&empty));
+            let hub_uids: SourceUids = desired
+                .iter()
+                .filter(|((k, _), _)| *k == kind)
+                .filter_map(|((_, n), o)| {
+                    let uid = o
+                        .pointer("/metadata/annotations")?
+                        .get(object::SOURCE_UID_ANNOTATION)?
+                        .as_str()?;
+                    Some((n.clone(), uid.to_owned()))
+                })
+                .collect();
+            let no_uids = SourceUids::new();
+            for name in resync::stale_copies(&hub_uids, agent_uids.get(&kind).unwrap_or(&no_uids)) {
+                if !plan.send.contains(&name) {
+                    plan.send.push(name);
+                }
+            }
             tracing::info!(agent = %state.name, %kind, send = plan.send.len(), delete = plan.delete.len(),
                 "resync (managed): hub is the source");
             for name in plan.send {

@@ -11,7 +11,7 @@ use argocd_agent_identity::{AgentIdentity, AgentMode, ResourceKind};
 use argocd_agent_proto::cloudevents::CloudEvent;
 use argocd_agent_proto::eventstream::{self as pb, Hello, Welcome};
 use argocd_agent_sync::event::{PROTOCOL_MIN, PROTOCOL_VERSION};
-use argocd_agent_sync::resync::{self, Checksums};
+use argocd_agent_sync::resync::{self, Checksums, SourceUids};
 use argocd_agent_sync::{Event, EventType, Payload};
 use futures::{Stream, StreamExt};
 use tokio::sync::mpsc;
@@ -165,6 +165,10 @@ async fn run(
         .get(&ResourceKind::Application)
         .cloned()
         .unwrap_or_default();
+    let agent_uids: BTreeMap<ResourceKind, SourceUids> = ResourceKind::ALL
+        .into_iter()
+        .map(|k| (k, resync::source_uids_from_state(k.as_str(), &resync_state)))
+        .collect();
     tracing::info!(%mode, agent_version = %hello.version, "agent connected");
 
     // 2. Register (replacing any previous session) and welcome.
@@ -187,8 +191,12 @@ async fn run(
     state.queue.requeue_in_flight();
     match mode {
         AgentMode::Managed => {
-            hub.resync_managed(&state, &app_checksums);
-            hub.resync_config(&state, &agent_checksums);
+            let app_uids = agent_uids
+                .get(&ResourceKind::Application)
+                .cloned()
+                .unwrap_or_default();
+            hub.resync_managed(&state, &app_checksums, &app_uids);
+            hub.resync_config(&state, &agent_checksums, &agent_uids);
         }
         AgentMode::Autonomous => {
             let projects = agent_checksums

@@ -37,6 +37,7 @@ pub fn to_state(kind: &str, checksums: &Checksums) -> ResyncState {
                 name: name.clone(),
                 spec_checksum: sum.clone(),
                 version: String::new(),
+                source_uid: String::new(),
             })
             .collect(),
     }
@@ -49,6 +50,29 @@ pub fn from_state(kind: &str, state: &ResyncState) -> Checksums {
         .iter()
         .filter(|r| r.kind == kind && !r.name.is_empty())
         .map(|r| (r.name.clone(), r.spec_checksum.clone()))
+        .collect()
+}
+
+/// Name -> UID of the source object a replica's copy was made from.
+pub type SourceUids = BTreeMap<String, String>;
+
+/// Reads the source UIDs the peer reports for one kind (entries without one are skipped).
+pub fn source_uids_from_state(kind: &str, state: &ResyncState) -> SourceUids {
+    state
+        .resources
+        .iter()
+        .filter(|r| r.kind == kind && !r.name.is_empty() && !r.source_uid.is_empty())
+        .map(|r| (r.name.clone(), r.source_uid.clone()))
+        .collect()
+}
+
+/// Copies made from another source object than the current one of the same name (deleted
+/// and recreated while apart): the source resends these even when the specs are equal.
+pub fn stale_copies(source: &SourceUids, replica: &SourceUids) -> Vec<String> {
+    replica
+        .iter()
+        .filter(|(name, uid)| source.get(*name).is_some_and(|s| s != *uid))
+        .map(|(name, _)| name.clone())
         .collect()
 }
 
@@ -86,6 +110,19 @@ pub fn plan(source: &Checksums, replica: &Checksums) -> ResyncPlan {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn copies_of_a_recreated_source_are_stale() {
+        let source: SourceUids = [("a", "uid-1"), ("b", "uid-9")]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        let replica: SourceUids = [("a", "uid-1"), ("b", "uid-2"), ("c", "uid-3")]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        assert_eq!(stale_copies(&source, &replica), vec!["b".to_owned()]);
+    }
 
     fn c(items: &[(&str, &str)]) -> Checksums {
         items

@@ -189,6 +189,28 @@ struct AgentArgs {
     namespace: String,
     #[arg(long, env = "ARGOCD_AGENT_LABEL_SELECTOR")]
     label_selector: Option<String>,
+    /// Managed mode: take over (`always`) or refuse (`never`) a local object of the same
+    /// name the principal did not create. Per object: annotation
+    /// `argocd.argoproj.io/adoption-policy` on the hub copy.
+    #[arg(long, env = "ARGOCD_AGENT_ADOPTION_POLICY", default_value = "always")]
+    adoption_policy: argocd_agent_agent::policy::AdoptionPolicy,
+    /// Managed mode: when the hub object was recreated (new UID), `recreate` the local copy
+    /// or `upsert` it in place. Per object: annotation
+    /// `argocd.argoproj.io/source-uid-mismatch-policy`.
+    #[arg(
+        long,
+        env = "ARGOCD_AGENT_SOURCE_UID_MISMATCH_POLICY",
+        default_value = "recreate"
+    )]
+    source_uid_mismatch_policy: argocd_agent_agent::policy::MismatchPolicy,
+    /// Managed mode: after recreating an Application deleted on the spoke, `ignore`,
+    /// `clear-status` (drop the stale operation state) or `resync` (start a sync).
+    #[arg(
+        long,
+        env = "ARGOCD_AGENT_ON_APPLICATION_RECREATE",
+        default_value = "ignore"
+    )]
+    on_application_recreate: argocd_agent_agent::policy::RecreateAction,
     /// Heartbeat interval (keeps the stream alive through mesh idle timeouts).
     #[arg(long, env = "ARGOCD_AGENT_KEEP_ALIVE_PING_INTERVAL", default_value = "30s", value_parser = parse_duration)]
     keep_alive_ping_interval: Duration,
@@ -386,6 +408,11 @@ async fn run_agent(a: AgentArgs) -> CmdResult {
         max_message_size: a.max_message_size,
         metrics_listen: (a.metrics_port != 0)
             .then(|| SocketAddr::new(a.metrics_host, a.metrics_port)),
+        policies: argocd_agent_agent::policy::Policies {
+            adoption: a.adoption_policy,
+            mismatch: a.source_uid_mismatch_policy,
+            on_recreate: a.on_application_recreate,
+        },
         ..Default::default()
     };
     let shutdown = shutdown_token();

@@ -62,6 +62,11 @@ pub struct ResourceChecksum {
     /// Opaque generation marker (resourceVersion on the side that sent it).
     #[prost(string, tag = "4")]
     pub version: ::prost::alloc::string::String,
+    /// Managed copies: the UID of the hub object the copy was made from (its
+    /// `argocd.argoproj.io/source-uid` annotation), so a hub object deleted and recreated
+    /// while the agent was away is resent even when its spec is unchanged.
+    #[prost(string, tag = "5")]
+    pub source_uid: ::prost::alloc::string::String,
 }
 /// Payload of an `error` event.
 #[allow(clippy::all)]
