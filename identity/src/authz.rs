@@ -137,6 +137,11 @@ pub enum DeniedReason {
     },
     /// The object exists on the hub and was not written by an agent.
     CreatedOnHub,
+    /// Destination-based mapping: the Application's destination is another agent (or none).
+    NotDestination {
+        /// `spec.destination.name` of the hub Application, if any.
+        destination: Option<String>,
+    },
     /// The agent's mode does not allow this action from an agent.
     ModeForbids {
         /// The agent's mode.
@@ -180,6 +185,7 @@ impl Denied {
         match self.reason {
             DeniedReason::WrongNamespace { .. } => "WrongNamespace",
             DeniedReason::NotOwner { .. } | DeniedReason::CreatedOnHub => "NotOwner",
+            DeniedReason::NotDestination { .. } => "NotDestination",
             DeniedReason::ModeForbids { .. } => "ModeForbids",
             DeniedReason::ModeNotAllowed { .. } => "ModeNotAllowed",
         }
@@ -205,6 +211,16 @@ impl fmt::Display for Denied {
                 self.namespace
             ),
             DeniedReason::NotOwner { owner } => write!(f, "owned by agent \"{owner}\""),
+            DeniedReason::NotDestination {
+                destination: Some(d),
+            } => write!(
+                f,
+                "its destination is agent \"{d}\" (destination-based mapping)"
+            ),
+            DeniedReason::NotDestination { destination: None } => write!(
+                f,
+                "it does not exist on the hub or names no destination (destination-based mapping)"
+            ),
             DeniedReason::CreatedOnHub => write!(
                 f,
                 "it was created on the hub, not by an agent, and no agent may change it"
@@ -243,6 +259,78 @@ impl fmt::Display for Denied {
     }
 }
 
+/// With destination-based mapping (managed agents): like [`authorize`], except that rules 3
+/// and 4 become one: the hub Application's `spec.destination.name` (`destination`) must be
+/// this agent, whatever namespace the Application lives in. Unlike upstream, a status update
+/// for an Application bound to another agent is refused.
+pub fn authorize_by_destination(
+    identity: &AgentIdentity,
+    mode: AgentMode,
+    action: Action,
+    object: &ObjectRef<'_>,
+    destination: Option<&str>,
+) -> Result<(), Denied> {
+    check_mode_and_direction(identity, mode, action, object)?;
+    if destination == Some(identity.agent.as_str()) {
+        return Ok(());
+    }
+    Err(denial(
+        identity,
+        action,
+        object,
+        DeniedReason::NotDestination {
+            destination: destination.map(str::to_owned),
+        },
+    ))
+}
+
+fn denial(
+    identity: &AgentIdentity,
+    action: Action,
+    object: &ObjectRef<'_>,
+    reason: DeniedReason,
+) -> Denied {
+    Denied {
+        agent: identity.agent.clone(),
+        client: identity.client.clone(),
+        action,
+        kind: object.kind,
+        namespace: object.namespace.clone(),
+        name: object.name.to_owned(),
+        reason,
+    }
+}
+
+/// Rules 1 and 2 of the module docs.
+fn check_mode_and_direction(
+    identity: &AgentIdentity,
+    mode: AgentMode,
+    action: Action,
+    object: &ObjectRef<'_>,
+) -> Result<(), Denied> {
+    if !identity.allowed_modes.allows(mode) {
+        return Err(denial(
+            identity,
+            action,
+            object,
+            DeniedReason::ModeNotAllowed {
+                mode,
+                allowed: identity.allowed_modes,
+                rule: identity.rule.clone(),
+            },
+        ));
+    }
+    if !action.allowed_from_agent(mode, object.kind) {
+        return Err(denial(
+            identity,
+            action,
+            object,
+            DeniedReason::ModeForbids { mode },
+        ));
+    }
+    Ok(())
+}
+
 /// Decides whether the agent `identity`, running in `mode`, may perform `action` on `object`.
 /// Used for every inbound event; see the module docs for the rules.
 pub fn authorize(
@@ -260,16 +348,7 @@ pub fn authorize(
         name: object.name.to_owned(),
         reason,
     };
-    if !identity.allowed_modes.allows(mode) {
-        return Err(deny(DeniedReason::ModeNotAllowed {
-            mode,
-            allowed: identity.allowed_modes,
-            rule: identity.rule.clone(),
-        }));
-    }
-    if !action.allowed_from_agent(mode, object.kind) {
-        return Err(deny(DeniedReason::ModeForbids { mode }));
-    }
+    check_mode_and_direction(identity, mode, action, object)?;
     if *object.namespace != identity.namespace {
         return Err(deny(DeniedReason::WrongNamespace {
             own: identity.namespace.clone(),

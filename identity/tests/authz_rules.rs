@@ -337,3 +337,46 @@ fn a_hub_created_project_cannot_be_claimed_by_an_autonomous_agent() {
         .is_ok()
     );
 }
+
+#[test]
+fn destination_mapping_accepts_only_the_agent_the_application_is_bound_to() {
+    let who = identity("both");
+    let in_x = ObjectRef {
+        kind: ResourceKind::Application,
+        namespace: &X_NS,
+        name: "guestbook",
+        owner: Owner::Unknown,
+    };
+    // Any namespace, as long as the destination is this agent.
+    assert!(
+        authz_dest(&who, Action::UpdateStatus, &in_x, Some("edge-7")).is_ok(),
+        "own destination"
+    );
+    let d = authz_dest(&who, Action::UpdateStatus, &in_x, Some("agent-b")).unwrap_err();
+    assert_eq!(d.reason_code(), "NotDestination");
+    assert!(
+        d.to_string()
+            .contains("its destination is agent \"agent-b\""),
+        "{d}"
+    );
+    let d = authz_dest(&who, Action::UpdateStatus, &in_x, None).unwrap_err();
+    assert_eq!(d.reason_code(), "NotDestination");
+    // Direction rules still apply.
+    let d = authz_dest(&who, Action::UpdateSpec, &in_x, Some("edge-7")).unwrap_err();
+    assert_eq!(d.reason_code(), "ModeForbids");
+}
+
+fn authz_dest(
+    who: &AgentIdentity,
+    action: Action,
+    object: &ObjectRef<'_>,
+    destination: Option<&str>,
+) -> Result<(), argocd_agent_identity::authz::Denied> {
+    argocd_agent_identity::authz::authorize_by_destination(
+        who,
+        AgentMode::Managed,
+        action,
+        object,
+        destination,
+    )
+}
