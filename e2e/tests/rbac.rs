@@ -1,6 +1,9 @@
 //! Least privilege, proven: runs the principal and both agents through the e2e scenarios
 //! (managed and autonomous create / edit / delete / status / operation, drift revert, hub
-//! namespace auto-create, resync after a restart of either side), records every request each
+//! namespace auto-create, resync after a restart of either side; AppProjects, repository
+//! Secrets and the GPG keys ConfigMap distributed to the managed agent, reverted there and
+//! deleted; an autonomous agent's AppProject copied to the hub, reverted there and deleted),
+//! records every request each
 //! of them makes to its Kubernetes API test server, and authorizes each one against the RBAC
 //! that `kubectl kustomize deploy/overlays/spire/{principal,agent}` renders, the way the
 //! apiserver's RBAC authorizer would. A request the rules do not grant fails the test; a
