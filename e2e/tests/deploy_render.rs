@@ -252,16 +252,17 @@ fn expected_kinds_are_present() {
             "ConfigMap",
             "NetworkPolicy",
         ];
-        // The principal works across agent namespaces (ClusterRole), the agent only in its
-        // own (Role); neither gets the other kind.
-        let (wanted, unwanted) = match component(dir) {
+        // The principal works across agent namespaces (ClusterRole) and in Argo CD's own
+        // namespace (Role: AppProjects, repository Secrets, the GPG keys ConfigMap); the
+        // agent only in its own namespace (Role), never cluster-wide.
+        let (wanted, unwanted): (&[&str], &[&str]) = match component(dir) {
             Component::Principal => (
-                ["ClusterRole", "ClusterRoleBinding"],
-                ["Role", "RoleBinding"],
+                &["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"],
+                &[],
             ),
             Component::Agent => (
-                ["Role", "RoleBinding"],
-                ["ClusterRole", "ClusterRoleBinding"],
+                &["Role", "RoleBinding"],
+                &["ClusterRole", "ClusterRoleBinding"],
             ),
         };
         expected.extend(wanted);
@@ -517,18 +518,52 @@ fn rule_tuples(role: &Value) -> BTreeSet<(String, String, String, Vec<String>)> 
     out
 }
 
+const ALL_VERBS: [&str; 7] = [
+    "get", "list", "watch", "create", "update", "patch", "delete",
+];
+
 /// The documented table (docs/deploy.md, docs/kubernetes.md); tests/rbac.rs proves the code
-/// needs no more. Secrets, ConfigMaps and AppProjects are absent on purpose.
-fn expected_rules(c: Component) -> BTreeSet<(String, String, String, Vec<String>)> {
-    let mut rows: Vec<(&str, &str, &str)> = [
-        "get", "list", "watch", "create", "update", "patch", "delete",
-    ]
-    .into_iter()
-    .map(|v| ("argoproj.io", "applications", v))
-    .collect();
-    rows.push(("argoproj.io", "applications/status", "update"));
-    if c == Component::Principal {
-        rows.extend([("", "namespaces", "get"), ("", "namespaces", "create")]);
+/// needs no more. Per role kind: the principal's ClusterRole (Applications across agent
+/// namespaces, namespaces) and its Role in Argo CD's namespace (AppProjects, read-only
+/// repository Secrets and ConfigMaps); the agent's Role in its own namespace. The principal
+/// never gets Secrets or ConfigMaps cluster-wide, and never writes them.
+fn expected_rules(
+    c: Component,
+    role_kind: &str,
+) -> BTreeSet<(String, String, String, Vec<String>)> {
+    let mut rows: Vec<(&str, &str, &str)> = Vec::new();
+    let applications = |rows: &mut Vec<(&str, &str, &str)>| {
+        rows.extend(ALL_VERBS.map(|v| ("argoproj.io", "applications", v)));
+        rows.push(("argoproj.io", "applications/status", "update"));
+    };
+    match (c, role_kind) {
+        (Component::Principal, "ClusterRole") => {
+            applications(&mut rows);
+            rows.extend([("", "namespaces", "get"), ("", "namespaces", "create")]);
+        }
+        (Component::Principal, "Role") => {
+            rows.extend(ALL_VERBS.map(|v| ("argoproj.io", "appprojects", v)));
+            for r in ["secrets", "configmaps"] {
+                rows.extend([("", r, "list"), ("", r, "watch")]);
+            }
+        }
+        (Component::Agent, "Role") => {
+            applications(&mut rows);
+            // Copies are written whole (get, create, update), never patched.
+            for (g, r) in [
+                ("argoproj.io", "appprojects"),
+                ("", "secrets"),
+                ("", "configmaps"),
+            ] {
+                rows.extend(
+                    ALL_VERBS
+                        .into_iter()
+                        .filter(|v| *v != "patch")
+                        .map(|v| (g, r, v)),
+                );
+            }
+        }
+        _ => panic!("no {role_kind} expected for {c:?}"),
     }
     rows.into_iter()
         .map(|(g, r, v)| (g.to_owned(), r.to_owned(), v.to_owned(), Vec::new()))
@@ -538,17 +573,64 @@ fn expected_rules(c: Component) -> BTreeSet<(String, String, String, Vec<String>
 #[test]
 fn roles_grant_exactly_the_documented_least_privilege_rules() {
     for (dir, objects) in rendered() {
-        let role = match component(dir) {
-            Component::Principal => find(objects, "ClusterRole", "argocd-agent-principal"),
-            Component::Agent => find(objects, "Role", "argocd-agent-agent"),
+        let (name_, kinds): (&str, &[&str]) = match component(dir) {
+            Component::Principal => ("argocd-agent-principal", &["ClusterRole", "Role"]),
+            Component::Agent => ("argocd-agent-agent", &["Role"]),
+        };
+        for role_kind in kinds {
+            let role = find(objects, role_kind, name_)
+                .unwrap_or_else(|| panic!("{}: {role_kind} {name_} not rendered", rel(dir)));
+            assert_eq!(
+                rule_tuples(role),
+                expected_rules(component(dir), role_kind),
+                "{}: {role_kind} {name_} rules differ from the documented least-privilege table",
+                rel(dir)
+            );
         }
-        .unwrap_or_else(|| panic!("{}: role not rendered", rel(dir)));
-        assert_eq!(
-            rule_tuples(role),
-            expected_rules(component(dir)),
-            "{}: role rules differ from the documented least-privilege table",
-            rel(dir)
-        );
+        // Every role is one of the audited ones, and every binding binds one of them to the
+        // component's own service account.
+        for obj in objects {
+            match kind(obj) {
+                "Role" | "ClusterRole" => assert!(
+                    name(obj) == name_ && kinds.contains(&kind(obj)),
+                    "{}: unexpected {} {}",
+                    rel(dir),
+                    kind(obj),
+                    name(obj)
+                ),
+                "RoleBinding" | "ClusterRoleBinding" => {
+                    let role_kind = str_at(obj, "/roleRef/kind").unwrap_or("");
+                    assert_eq!(
+                        (role_kind, str_at(obj, "/roleRef/name")),
+                        (
+                            if kind(obj) == "RoleBinding" {
+                                "Role"
+                            } else {
+                                "ClusterRole"
+                            },
+                            Some(name_)
+                        ),
+                        "{}: {} {} binds another role",
+                        rel(dir),
+                        kind(obj),
+                        name(obj)
+                    );
+                    let subjects: Vec<Option<&str>> = array(obj, "/subjects")
+                        .iter()
+                        .map(|s| str_at(s, "/name"))
+                        .collect();
+                    assert_eq!(
+                        subjects,
+                        vec![Some(name_)],
+                        "{}: {} {} subjects",
+                        rel(dir),
+                        kind(obj),
+                        name(obj)
+                    );
+                }
+                _ => {}
+            }
+        }
     }
 }
 
