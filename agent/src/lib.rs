@@ -83,6 +83,9 @@ pub struct AgentConfig {
     pub metrics_listen: Option<SocketAddr>,
     /// Adoption, source-UID mismatch and recreate policies (managed mode).
     pub policies: policy::Policies,
+    /// Destination-based mapping (managed mode): Applications keep their hub namespace on
+    /// this cluster (`--destination-based-mapping`, as on the principal).
+    pub destination_based_mapping: bool,
 }
 
 impl Default for AgentConfig {
@@ -105,6 +108,7 @@ impl Default for AgentConfig {
             max_message_size: 4 * 1024 * 1024,
             metrics_listen: Some(SocketAddr::from(([0, 0, 0, 0], 8181))),
             policies: policy::Policies::default(),
+            destination_based_mapping: false,
         }
     }
 }
@@ -150,8 +154,20 @@ pub async fn start(
     if let Some(sel) = &config.label_selector {
         scope = scope.with_label_selector(sel.clone());
     }
+    let across_namespaces = config.destination_based_mapping && config.mode == AgentMode::Managed;
+    let app_scope = if across_namespaces {
+        // Managed copies in every namespace: those the principal wrote.
+        let selector = [Some(spoke::MANAGED_LABEL), config.label_selector.as_deref()]
+            .into_iter()
+            .flatten()
+            .collect::<Vec<_>>()
+            .join(",");
+        Scope::all().with_label_selector(selector)
+    } else {
+        scope.clone()
+    };
     let (cache, changes) =
-        argocd_agent_kubernetes::watch(client.clone(), Kind::Application, scope.clone());
+        argocd_agent_kubernetes::watch(client.clone(), Kind::Application, app_scope);
     let mut config_kinds = Vec::new();
     let mut config_changes = Vec::new();
     for &kind in objects::kinds_for(config.mode) {
@@ -186,6 +202,7 @@ pub async fn start(
         objects::ConfigKinds::new(config_kinds),
     );
     spoke.policies = config.policies;
+    spoke.by_destination = config.destination_based_mapping;
     let spoke = Arc::new(spoke);
     for (kind, kind_stream) in config_changes {
         let spoke = spoke.clone();

@@ -57,6 +57,9 @@ pub struct Spoke {
     pub(crate) config: ConfigKinds,
     /// Adoption, source-UID mismatch and recreate policies (managed mode).
     pub policies: Policies,
+    /// Destination-based mapping (managed mode): Applications keep their hub namespace on
+    /// the spoke, so the agent works across namespaces.
+    pub by_destination: bool,
     inner: Mutex<SpokeInner>,
 }
 
@@ -104,6 +107,7 @@ impl Spoke {
             queue,
             config,
             policies: Policies::default(),
+            by_destination: false,
             inner: Mutex::new(SpokeInner::default()),
         }
     }
@@ -119,13 +123,55 @@ impl Spoke {
         }
     }
 
-    /// Local objects that take part in sync, by name.
+    /// Whether Applications live in their hub namespaces (destination-based mapping).
+    fn across_namespaces(&self) -> bool {
+        self.by_destination && self.mode == AgentMode::Managed
+    }
+
+    /// Key of a local Application in the spoke's maps and the hello: its name, or
+    /// `<namespace>/<name>` with destination-based mapping (as the principal keys them).
+    fn key_of(&self, obj: &DynamicObject) -> String {
+        if self.across_namespaces() {
+            format!("{}/{}", obj.metadata.namespace.as_deref().unwrap_or_default(), name_of(obj))
+        } else {
+            name_of(obj)
+        }
+    }
+
+    /// The hub reference of a key of [`Spoke::key_of`].
+    fn key_ref(&self, key: &str) -> Option<ResourceRef> {
+        match key.split_once('/') {
+            Some((ns, name)) if self.across_namespaces() => Some(ResourceRef::new(
+                ResourceKind::Application,
+                Namespace::new(ns).ok()?,
+                name,
+            )),
+            Some(_) => None,
+            None => self.app_ref(key),
+        }
+    }
+
+    /// The spoke namespace of an Application the principal names: its hub namespace with
+    /// destination-based mapping, else the agent's Argo CD namespace.
+    fn local_namespace<'a>(&'a self, resource: &'a ResourceRef) -> &'a str {
+        if self.across_namespaces() {
+            resource.namespace.as_str()
+        } else {
+            self.namespace.as_str()
+        }
+    }
+
+    /// Local objects that take part in sync, by key.
     fn local(&self) -> HashMap<String, Arc<DynamicObject>> {
-        self.cache
-            .list_namespace(self.namespace.as_str())
+        let objects = if self.across_namespaces() {
+            self.cache.list()
+        } else {
+            self.cache.list_namespace(self.namespace.as_str())
+        };
+        objects
             .into_iter()
             .filter(|o| self.relevant(o) && !argocd_agent_kubernetes::is_sync_ignored(o))
-            .map(|o| (name_of(&o), o))
+            .map(|o| (self.key_of(&o), o))
             .collect()
     }
 
@@ -208,13 +254,14 @@ impl Spoke {
     }
 
     fn report_status(&self, obj: &DynamicObject) {
+        let key = self.key_of(obj);
         let name = name_of(obj);
         let Some(status) = object::status(obj).cloned() else {
             return;
         };
-        let Some(r) = self.app_ref(&name) else { return };
+        let Some(r) = self.key_ref(&key) else { return };
         let sum = object::checksum_of(&status);
-        if self.inner().sent_status.insert(name.clone(), sum.clone()) == Some(sum) {
+        if self.inner().sent_status.insert(key, sum.clone()) == Some(sum) {
             return;
         }
         self.push(Event::resource(
@@ -251,7 +298,9 @@ impl Spoke {
             Change::Deleted(o) => (o, true),
             Change::Synced => return,
         };
-        if obj.metadata.namespace.as_deref() != Some(self.namespace.as_str()) {
+        if !self.across_namespaces()
+            && obj.metadata.namespace.as_deref() != Some(self.namespace.as_str())
+        {
             return;
         }
         match self.mode {
@@ -262,7 +311,8 @@ impl Spoke {
 
     /// Managed: local edits and deletions are reverted; status goes up.
     async fn on_managed_change(&self, obj: &DynamicObject, deleted: bool) {
-        let name = name_of(obj);
+        let name = self.key_of(obj);
+        let ns = obj.metadata.namespace.clone().unwrap_or_default();
         let desired = self.inner().desired.get(&name).cloned();
         let Some(desired) = desired else { return };
         if is_being_deleted(obj) && !deleted {
@@ -280,8 +330,8 @@ impl Spoke {
             return;
         };
         tracing::info!(name = %name, "reverting local {what} of managed application");
-        match self.upsert_local(&desired).await {
-            Ok(()) if deleted => self.after_recreate(&name).await,
+        match self.upsert_local(&desired, &ns).await {
+            Ok(()) if deleted => self.after_recreate(&ns, &name_of(obj)).await,
             Ok(()) => {}
             Err(e) => tracing::warn!(name = %name, error = %e, "could not revert local {what}"),
         }
@@ -292,8 +342,8 @@ impl Spoke {
 
     /// `--on-application-recreate`: what follows the recreation of a locally deleted
     /// Application.
-    async fn after_recreate(&self, name: &str) {
-        let ns = Some(self.namespace.as_str());
+    async fn after_recreate(&self, ns: &str, name: &str) {
+        let ns = Some(ns);
         let result = match self.policies.on_recreate {
             RecreateAction::Ignore => return,
             RecreateAction::ClearStatus => match self.apps.get(ns, name).await {
@@ -344,8 +394,12 @@ impl Spoke {
             WritePlan::Refuse(why) => Err(SpokeError::AdoptionRefused(why)),
             WritePlan::Recreate => {
                 let name = local.as_deref().map(name_of).unwrap_or_default();
+                let ns = local
+                    .as_deref()
+                    .and_then(|l| l.metadata.namespace.clone())
+                    .unwrap_or_else(|| self.namespace.to_string());
                 tracing::info!(kind = %resources.kind(), %name, "the hub object was recreated: recreating the local copy");
-                match resources.delete(Some(self.namespace.as_str()), &name).await {
+                match resources.delete(Some(&ns), &name).await {
                     Ok(_) => Ok(()),
                     Err(e) if e.is_not_found() => Ok(()),
                     Err(e) => Err(e.into()),
@@ -371,10 +425,9 @@ impl Spoke {
     }
 
     /// Creates or updates the local copy of a managed Application from the principal's object.
-    async fn upsert_local(&self, incoming: &Value) -> Result<(), SpokeError> {
-        let mut copy =
-            object::received_copy(incoming, self.namespace.as_str(), (MANAGED_LABEL, "true"))
-                .map_err(SpokeError::NotAnObject)?;
+    async fn upsert_local(&self, incoming: &Value, ns: &str) -> Result<(), SpokeError> {
+        let mut copy = object::received_copy(incoming, ns, (MANAGED_LABEL, "true"))
+            .map_err(SpokeError::NotAnObject)?;
         if name_of(&copy).is_empty() {
             return Err(SpokeError::NoName);
         }
@@ -385,8 +438,8 @@ impl Spoke {
         Ok(())
     }
 
-    async fn delete_local(&self, name: &str) -> Result<(), SpokeError> {
-        match self.apps.delete(Some(self.namespace.as_str()), name).await {
+    async fn delete_local(&self, ns: &str, name: &str) -> Result<(), SpokeError> {
+        match self.apps.delete(Some(ns), name).await {
             Ok(_) => Ok(()),
             Err(e) if e.is_not_found() => Ok(()),
             Err(e) => Err(e.into()),
@@ -399,12 +452,17 @@ impl Spoke {
         if resource.kind != ResourceKind::Application {
             return self.on_config_event(event, resource).await;
         }
-        let result = match plan(self.mode, self.hub_namespace().as_ref(), event) {
+        let result = match plan(
+            self.mode,
+            self.hub_namespace().as_ref(),
+            self.across_namespaces(),
+            event,
+        ) {
             Ok(Command::Republish) => {
                 self.republish(&resource.name);
                 return None;
             }
-            Ok(command) => self.apply(&resource.name, command).await,
+            Ok(command) => self.apply(resource, command).await,
             Err(e) => Err(e),
         };
         Some(match result {
@@ -430,22 +488,28 @@ impl Spoke {
         }
     }
 
-    async fn apply(&self, name: &str, command: Command) -> Result<(), SpokeError> {
-        let ns = self.namespace.as_str();
+    async fn apply(&self, resource: &ResourceRef, command: Command) -> Result<(), SpokeError> {
+        let ns = self.local_namespace(resource);
+        let name = resource.name.as_str();
+        let key = if self.across_namespaces() {
+            format!("{ns}/{name}")
+        } else {
+            name.to_owned()
+        };
         match command {
             Command::Upsert(obj) => {
                 let local = self.cache.get(Some(ns), name);
                 self.prepare_write(&self.apps, local, &obj).await?;
-                self.inner().desired.insert(name.to_owned(), obj.clone());
-                self.upsert_local(&obj).await
+                self.inner().desired.insert(key, obj.clone());
+                self.upsert_local(&obj, ns).await
             }
             Command::Delete => {
                 {
                     let mut inner = self.inner();
-                    inner.desired.remove(name);
-                    inner.sent_status.remove(name);
+                    inner.desired.remove(&key);
+                    inner.sent_status.remove(&key);
                 }
-                self.delete_local(name).await
+                self.delete_local(ns, name).await
             }
             Command::SetOperation(op) => {
                 self.apps
@@ -479,11 +543,23 @@ enum Command {
 
 /// Decides what an event from the principal means for a spoke in `mode` whose hub namespace
 /// is `hub_ns`, without side effects.
-fn plan(mode: AgentMode, hub_ns: Option<&Namespace>, event: &Event) -> Result<Command, SpokeError> {
+/// With `across_namespaces` (destination-based mapping, managed) any hub namespace is
+/// accepted once the principal has welcomed us.
+fn plan(
+    mode: AgentMode,
+    hub_ns: Option<&Namespace>,
+    across_namespaces: bool,
+    event: &Event,
+) -> Result<Command, SpokeError> {
     let Some(resource) = &event.resource else {
         return Err(SpokeError::NotAccepted { ty: event.ty, mode });
     };
-    if Some(&resource.namespace) != hub_ns {
+    let namespace_ok = match hub_ns {
+        Some(_) if across_namespaces && mode == AgentMode::Managed => true,
+        Some(ns) => *ns == resource.namespace,
+        None => false,
+    };
+    if !namespace_ok {
         return Err(SpokeError::WrongNamespace(resource.to_string()));
     }
     match (mode, event.ty) {
@@ -534,12 +610,12 @@ mod tests {
         let hub = ns("edge-1");
         let e = event(EventType::SpecUpdate, "edge-1", app("guestbook"));
         assert!(matches!(
-            plan(AgentMode::Managed, Some(&hub), &e),
+            plan(AgentMode::Managed, Some(&hub), false, &e),
             Ok(Command::Upsert(_))
         ));
         let e = event(EventType::Delete, "edge-1", Payload::None);
         assert_eq!(
-            plan(AgentMode::Managed, Some(&hub), &e).unwrap(),
+            plan(AgentMode::Managed, Some(&hub), false, &e).unwrap(),
             Command::Delete
         );
     }
@@ -550,12 +626,12 @@ mod tests {
         for mode in [AgentMode::Managed, AgentMode::Autonomous] {
             let e = event(EventType::SetOperation, "edge-2", Payload::None);
             assert!(matches!(
-                plan(mode, Some(&hub), &e),
+                plan(mode, Some(&hub), false, &e),
                 Err(SpokeError::WrongNamespace(_))
             ));
             // Before the first welcome nothing is accepted.
             assert!(matches!(
-                plan(mode, None, &e),
+                plan(mode, None, false, &e),
                 Err(SpokeError::WrongNamespace(_))
             ));
         }
@@ -568,7 +644,7 @@ mod tests {
             let e = event(ty, "edge-1", app("guestbook"));
             assert!(
                 matches!(
-                    plan(AgentMode::Autonomous, Some(&hub), &e),
+                    plan(AgentMode::Autonomous, Some(&hub), false, &e),
                     Err(SpokeError::NotAccepted { .. })
                 ),
                 "{ty}"
@@ -583,21 +659,44 @@ mod tests {
         for mode in [AgentMode::Managed, AgentMode::Autonomous] {
             let e = event(EventType::SetOperation, "edge-1", op.clone());
             assert_eq!(
-                plan(mode, Some(&hub), &e).unwrap(),
+                plan(mode, Some(&hub), false, &e).unwrap(),
                 Command::SetOperation(json!({"sync": {}}))
             );
             let e = event(EventType::TerminateOperation, "edge-1", Payload::None);
             assert_eq!(
-                plan(mode, Some(&hub), &e).unwrap(),
+                plan(mode, Some(&hub), false, &e).unwrap(),
                 Command::TerminateOperation
             );
         }
         let e = event(EventType::RequestUpdate, "edge-1", Payload::None);
         assert_eq!(
-            plan(AgentMode::Autonomous, Some(&hub), &e).unwrap(),
+            plan(AgentMode::Autonomous, Some(&hub), false, &e).unwrap(),
             Command::Republish
         );
-        assert!(plan(AgentMode::Managed, Some(&hub), &e).is_err());
+        assert!(plan(AgentMode::Managed, Some(&hub), false, &e).is_err());
+    }
+
+    #[test]
+    fn destination_mapping_accepts_any_hub_namespace_for_managed_agents_only() {
+        let hub = ns("edge-1");
+        let e = event(EventType::SpecUpdate, "team-apps", app("guestbook"));
+        assert!(matches!(
+            plan(AgentMode::Managed, Some(&hub), true, &e),
+            Ok(Command::Upsert(_))
+        ));
+        assert!(matches!(
+            plan(AgentMode::Managed, Some(&hub), false, &e),
+            Err(SpokeError::WrongNamespace(_))
+        ));
+        assert!(matches!(
+            plan(AgentMode::Managed, None, true, &e),
+            Err(SpokeError::WrongNamespace(_))
+        ));
+        let op = event(EventType::SetOperation, "team-apps", Payload::None);
+        assert!(matches!(
+            plan(AgentMode::Autonomous, Some(&hub), true, &op),
+            Err(SpokeError::WrongNamespace(_))
+        ));
     }
 
     #[test]
@@ -605,7 +704,7 @@ mod tests {
         let hub = ns("edge-1");
         let e = event(EventType::SpecUpdate, "edge-1", app("other"));
         assert!(matches!(
-            plan(AgentMode::Managed, Some(&hub), &e),
+            plan(AgentMode::Managed, Some(&hub), false, &e),
             Err(SpokeError::NameMismatch(_))
         ));
     }

@@ -47,6 +47,9 @@ pub struct PrincipalConfig {
     /// Argo CD's namespace on the hub: where AppProjects, repository Secrets and the GPG
     /// keys ConfigMap live (`--namespace`, as upstream).
     pub argocd_namespace: String,
+    /// Managed agents' Applications are chosen by `spec.destination.name` instead of by hub
+    /// namespace (`--destination-based-mapping`).
+    pub destination_based_mapping: bool,
     pub create_namespace: bool,
     pub namespace_labels: BTreeMap<String, String>,
     pub metrics_listen: Option<SocketAddr>,
@@ -74,6 +77,7 @@ impl Default for PrincipalConfig {
             kube: ClientOptions::default(),
             label_selector: None,
             argocd_namespace: "argocd".into(),
+            destination_based_mapping: false,
             create_namespace: false,
             namespace_labels: BTreeMap::new(),
             metrics_listen: Some(SocketAddr::from(([0, 0, 0, 0], 8000))),

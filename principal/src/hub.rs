@@ -168,6 +168,12 @@ pub struct Hub {
     pub namespace_labels: BTreeMap<String, String>,
     /// AppProjects, repositories and GPG keys.
     pub config: ConfigObjects,
+    /// Destination-based mapping: a managed agent's Applications are those whose
+    /// `spec.destination.name` names it, in any hub namespace.
+    pub by_destination: bool,
+    /// Destination-based mapping: the agent each Application was last routed to, so a
+    /// destination change becomes a delete on the old agent and a create on the new one.
+    placements: Mutex<HashMap<(String, String), AgentName>>,
     registry: Mutex<Registry>,
     /// Per-agent workers; drained on shutdown.
     tasks: TaskTracker,
@@ -185,6 +191,7 @@ pub struct HubParts {
     pub create_namespace: bool,
     pub namespace_labels: BTreeMap<String, String>,
     pub config: ConfigObjects,
+    pub by_destination: bool,
     pub tasks: TaskTracker,
     pub shutdown: CancellationToken,
 }
@@ -203,6 +210,20 @@ fn for_wire(obj: &DynamicObject) -> Arc<Value> {
 /// (`argocd.argoproj.io/source-uid`).
 fn for_managed_wire(obj: &DynamicObject) -> Arc<Value> {
     Arc::new(serde_json::to_value(object::stamped_for_transfer(obj)).unwrap_or(Value::Null))
+}
+
+/// `spec.destination.name` of an Application.
+pub fn destination_of(obj: &DynamicObject) -> Option<&str> {
+    obj.data
+        .pointer("/spec/destination/name")
+        .and_then(Value::as_str)
+        .filter(|d| !d.is_empty())
+}
+
+/// The reference of a hub Application (its own namespace and name).
+fn obj_ref(obj: &DynamicObject) -> Option<ResourceRef> {
+    let ns = Namespace::new(obj.metadata.namespace.as_deref()?).ok()?;
+    Some(app_ref(&ns, obj.metadata.name.as_deref()?))
 }
 
 fn name_of(obj: &DynamicObject) -> String {
@@ -253,10 +274,58 @@ impl Hub {
             create_namespace: parts.create_namespace,
             namespace_labels: parts.namespace_labels,
             config: parts.config,
+            by_destination: parts.by_destination,
+            placements: Mutex::new(HashMap::new()),
             registry: Mutex::new(Registry::default()),
             tasks: parts.tasks,
             shutdown: parts.shutdown,
         }
+    }
+
+    /// Key of a managed agent's Application in its maps and resync checksums: the name, or
+    /// `<namespace>/<name>` with destination-based mapping (an agent's Applications may then
+    /// live in several hub namespaces; `/` never occurs in names).
+    fn app_key(&self, obj: &DynamicObject) -> String {
+        let name = name_of(obj);
+        if self.by_destination {
+            format!(
+                "{}/{name}",
+                obj.metadata.namespace.as_deref().unwrap_or_default()
+            )
+        } else {
+            name
+        }
+    }
+
+    /// The reference a key of [`Hub::app_key`] stands for.
+    fn key_ref(&self, ns: &Namespace, key: &str) -> Option<ResourceRef> {
+        match key.split_once('/') {
+            Some((kns, name)) if self.by_destination => {
+                Some(app_ref(&Namespace::new(kns).ok()?, name))
+            }
+            Some(_) => None,
+            None => Some(app_ref(ns, key)),
+        }
+    }
+
+    /// Whether the Applications of `state` are chosen by destination rather than namespace.
+    fn routes_by_destination(&self, state: &AgentState) -> bool {
+        self.by_destination && state.mode() == AgentMode::Managed
+    }
+
+    /// A managed agent's hub Applications by key: those in its hub namespace, or with
+    /// destination-based mapping those whose destination names it.
+    fn managed_objects(&self, state: &AgentState) -> HashMap<String, Arc<DynamicObject>> {
+        if !self.routes_by_destination(state) {
+            return self.hub_objects(&state.namespace());
+        }
+        self.cache
+            .list()
+            .into_iter()
+            .filter(|o| !argocd_agent_kubernetes::is_sync_ignored(o))
+            .filter(|o| destination_of(o) == Some(state.name.as_str()))
+            .map(|o| (self.app_key(&o), o))
+            .collect()
     }
 
     /// The state of agent `name`, if it ever connected.
@@ -466,25 +535,21 @@ impl Hub {
         self.push(state, event);
     }
 
-    fn push_delete(&self, state: &AgentState, ns: &Namespace, name: &str) {
+    fn push_delete(&self, state: &AgentState, resource: ResourceRef) {
         self.push(
             state,
-            Event::resource(
-                &self.source,
-                EventType::Delete,
-                app_ref(ns, name),
-                Payload::None,
-            ),
+            Event::resource(&self.source, EventType::Delete, resource, Payload::None),
         );
     }
 
-    fn push_spec(&self, state: &AgentState, ns: &Namespace, obj: &DynamicObject) {
+    fn push_spec(&self, state: &AgentState, obj: &DynamicObject) {
+        let Some(resource) = obj_ref(obj) else { return };
         self.push(
             state,
             Event::resource(
                 &self.source,
                 EventType::SpecUpdate,
-                app_ref(ns, &name_of(obj)),
+                resource,
                 Payload::Object(for_managed_wire(obj)),
             ),
         );
@@ -498,7 +563,7 @@ impl Hub {
         agent_uids: &argocd_agent_sync::resync::SourceUids,
     ) {
         let ns = state.namespace();
-        let objects = self.hub_objects(&ns);
+        let objects = self.managed_objects(state);
         let hub = Self::checksums(&objects);
         let mut plan = argocd_agent_sync::resync::plan(&hub, agent_state);
         let hub_uids = objects
@@ -513,18 +578,22 @@ impl Hub {
         tracing::info!(agent = %state.name, send = plan.send.len(), delete = plan.delete.len(),
             "resync (managed): hub is the source");
         state.inner().sent_spec = hub.iter().map(|(n, s)| (n.clone(), s.clone())).collect();
-        for name in plan.send {
-            if let Some(obj) = objects.get(&name) {
-                self.push_spec(state, &ns, obj);
+        for key in plan.send {
+            if let Some(obj) = objects.get(&key) {
+                self.push_spec(state, obj);
             }
         }
-        for name in plan.delete {
-            self.push_delete(state, &ns, &name);
+        for key in plan.delete {
+            if let Some(r) = self.key_ref(&ns, &key) {
+                self.push_delete(state, r);
+            }
         }
         // Objects being deleted on the hub: the agent deletes its copy, then we finish.
-        for (name, obj) in &objects {
-            if is_being_deleted(obj) {
-                self.push_delete(state, &ns, name);
+        for obj in objects.values() {
+            if is_being_deleted(obj)
+                && let Some(r) = obj_ref(obj)
+            {
+                self.push_delete(state, r);
             }
         }
         for obj in objects.values() {
@@ -590,7 +659,7 @@ impl Hub {
 
     /// Sends a hub-side `.operation` to the agent once.
     fn forward_operation(&self, state: &AgentState, obj: &DynamicObject) {
-        let name = name_of(obj);
+        let name = self.app_key(obj);
         let Some(op) = object::operation(obj).filter(|v| !v.is_null()) else {
             state.inner().sent_operation.remove(&name);
             return;
@@ -618,7 +687,7 @@ impl Hub {
             Event::resource(
                 &self.source,
                 ty,
-                app_ref(&state.namespace(), &name),
+                obj_ref(obj).unwrap_or_else(|| app_ref(&state.namespace(), &name)),
                 Payload::Object(Arc::new(json!({ "operation": op }))),
             ),
         );
@@ -638,8 +707,58 @@ impl Hub {
         else {
             return;
         };
-        if let Some(state) = self.agent_for_namespace(&ns) {
-            state.push_change(ResourceKind::Application, name_of(obj), change);
+        let by_namespace = self.agent_for_namespace(&ns);
+        if !self.by_destination
+            || by_namespace
+                .as_ref()
+                .is_some_and(|s| s.mode() == AgentMode::Autonomous)
+        {
+            if let Some(state) = by_namespace {
+                state.push_change(ResourceKind::Application, name_of(obj), change);
+            }
+            return;
+        }
+        self.route_by_destination(ns, change);
+    }
+
+    /// Destination-based mapping: the Application goes to the managed agent its destination
+    /// names; when that changes, the previous agent gets a deletion.
+    fn route_by_destination(&self, ns: Namespace, change: Change) {
+        let (obj, deleted) = match &change {
+            Change::Applied(o) => (o.clone(), false),
+            Change::Deleted(o) => (o.clone(), true),
+            Change::Synced => return,
+        };
+        let key = (ns.to_string(), name_of(&obj));
+        let target = if deleted {
+            None
+        } else {
+            destination_of(&obj)
+                .and_then(|d| AgentName::new(d).ok())
+                .and_then(|d| self.agent(&d))
+                .filter(|s| s.mode() == AgentMode::Managed)
+        };
+        let previous = {
+            let mut placements = lock(&self.placements);
+            match &target {
+                Some(t) => placements.insert(key.clone(), t.name.clone()),
+                None => placements.remove(&key),
+            }
+        };
+        let app_key = self.app_key(&obj);
+        if let Some(prev) = previous.filter(|p| target.as_ref().is_none_or(|t| &t.name != p))
+            && let Some(prev_state) = self.agent(&prev)
+        {
+            tracing::info!(application = %app_key, from = %prev, to = ?target.as_ref().map(|t| t.name.to_string()),
+                "destination changed: deleting the application on the previous agent");
+            prev_state.push_change(
+                ResourceKind::Application,
+                app_key.clone(),
+                Change::Deleted(obj.clone()),
+            );
+        }
+        if let Some(t) = target {
+            t.push_change(ResourceKind::Application, app_key, change);
         }
     }
 
@@ -681,7 +800,9 @@ impl Hub {
             Change::Synced => return,
         };
         let ns = state.namespace();
-        if obj.metadata.namespace.as_deref() != Some(ns.as_str()) {
+        if !self.routes_by_destination(state)
+            && obj.metadata.namespace.as_deref() != Some(ns.as_str())
+        {
             return;
         }
         match state.mode() {
@@ -698,20 +819,22 @@ impl Hub {
         obj: &DynamicObject,
         deleted: bool,
     ) {
-        let name = name_of(obj);
+        let name = self.app_key(obj);
         if deleted || is_being_deleted(obj) {
             {
                 let mut inner = state.inner();
                 inner.sent_spec.remove(&name);
                 inner.sent_operation.remove(&name);
             }
-            self.push_delete(state, ns, &name);
+            if let Some(r) = obj_ref(obj).or_else(|| self.key_ref(ns, &name)) {
+                self.push_delete(state, r);
+            }
             return;
         }
         let sum = spec_checksum(obj);
         let previous = state.inner().sent_spec.insert(name, sum.clone());
         if previous != Some(sum) {
-            self.push_spec(state, ns, obj);
+            self.push_spec(state, obj);
         }
         self.forward_operation(state, obj);
     }

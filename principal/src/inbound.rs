@@ -31,6 +31,16 @@ pub enum Command {
     ResendCurrent { resource: ResourceRef },
 }
 
+/// How the object an event names is tied to an agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Placement {
+    /// By the agent's hub namespace (the default).
+    Namespace,
+    /// Destination-based mapping (managed Applications): by the hub Application's
+    /// `spec.destination.name`, `None` when it does not exist or names none.
+    Destination(Option<String>),
+}
+
 /// An event refused before anything was written.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
@@ -79,6 +89,7 @@ pub fn decide(
     mode: AgentMode,
     event: &Event,
     owner: &OwnerRecord,
+    placement: &Placement,
 ) -> Decision {
     match event.ty {
         EventType::Ping => return Decision::Pong,
@@ -122,7 +133,13 @@ pub fn decide(
         name: &resource.name,
         owner,
     };
-    if let Err(denied) = authz::authorize(identity, mode, action, &object) {
+    let verdict = match placement {
+        Placement::Namespace => authz::authorize(identity, mode, action, &object),
+        Placement::Destination(d) => {
+            authz::authorize_by_destination(identity, mode, action, &object, d.as_deref())
+        }
+    };
+    if let Err(denied) = verdict {
         return Decision::Refuse(Refusal {
             reason: "Forbidden",
             metric: denied.reason_code(),
@@ -211,18 +228,36 @@ mod tests {
         let who = identity("both");
         let ping = Event::new("spoke", EventType::Ping, Payload::None);
         assert_eq!(
-            decide(&who, AgentMode::Managed, &ping, &OwnerRecord::Absent),
+            decide(
+                &who,
+                AgentMode::Managed,
+                &ping,
+                &OwnerRecord::Absent,
+                &Placement::Namespace
+            ),
             Decision::Pong
         );
         let pong = Event::new("spoke", EventType::Pong, Payload::None);
         assert_eq!(
-            decide(&who, AgentMode::Managed, &pong, &OwnerRecord::Absent),
+            decide(
+                &who,
+                AgentMode::Managed,
+                &pong,
+                &OwnerRecord::Absent,
+                &Placement::Namespace
+            ),
             Decision::Ignore
         );
         let mut ack = Event::new("spoke", EventType::Processed, Payload::None);
         ack.ack_id = Some("e-1".into());
         assert_eq!(
-            decide(&who, AgentMode::Managed, &ack, &OwnerRecord::Absent),
+            decide(
+                &who,
+                AgentMode::Managed,
+                &ack,
+                &OwnerRecord::Absent,
+                &Placement::Namespace
+            ),
             Decision::Acked("e-1".into())
         );
         let detail = ErrorDetail {
@@ -232,7 +267,13 @@ mod tests {
         };
         let err = Event::new("spoke", EventType::Error, Payload::Error(detail.clone()));
         assert_eq!(
-            decide(&who, AgentMode::Autonomous, &err, &OwnerRecord::Absent),
+            decide(
+                &who,
+                AgentMode::Autonomous,
+                &err,
+                &OwnerRecord::Absent,
+                &Placement::Namespace
+            ),
             Decision::PeerError(detail)
         );
     }
@@ -250,7 +291,8 @@ mod tests {
                 &identity("both"),
                 AgentMode::Managed,
                 &e,
-                &OwnerRecord::Absent
+                &OwnerRecord::Absent,
+                &Placement::Namespace
             ),
             Decision::Apply(Command::WriteStatus {
                 resource: app(NS, "guestbook"),
@@ -268,6 +310,7 @@ mod tests {
                 AgentMode::Managed,
                 &e,
                 &OwnerRecord::Absent,
+                &Placement::Namespace,
             ));
             assert_eq!((r.reason, r.metric), ("Forbidden", "ModeForbids"), "{ty}");
         }
@@ -278,7 +321,13 @@ mod tests {
         for mode in [AgentMode::Managed, AgentMode::Autonomous] {
             for ty in [EventType::SetOperation, EventType::TerminateOperation] {
                 let e = event(ty, NS, "guestbook", Payload::None);
-                let r = refused(decide(&identity("both"), mode, &e, &OwnerRecord::Absent));
+                let r = refused(decide(
+                    &identity("both"),
+                    mode,
+                    &e,
+                    &OwnerRecord::Absent,
+                    &Placement::Namespace,
+                ));
                 assert_eq!(r.metric, "ModeForbids", "{mode} {ty}");
             }
         }
@@ -294,7 +343,8 @@ mod tests {
                     &who,
                     AgentMode::Autonomous,
                     &e,
-                    &OwnerRecord::Label("edge-7".into())
+                    &OwnerRecord::Label("edge-7".into()),
+                    &Placement::Namespace
                 ),
                 Decision::Apply(Command::Upsert { .. })
             ));
@@ -305,7 +355,8 @@ mod tests {
                 &who,
                 AgentMode::Autonomous,
                 &e,
-                &OwnerRecord::Label("edge-7".into())
+                &OwnerRecord::Label("edge-7".into()),
+                &Placement::Namespace
             ),
             Decision::Apply(Command::Delete {
                 resource: app(NS, "guestbook")
@@ -318,7 +369,13 @@ mod tests {
             object("guestbook"),
         );
         assert!(matches!(
-            decide(&who, AgentMode::Autonomous, &e, &OwnerRecord::Absent),
+            decide(
+                &who,
+                AgentMode::Autonomous,
+                &e,
+                &OwnerRecord::Absent,
+                &Placement::Namespace
+            ),
             Decision::Apply(Command::WriteStatus { .. })
         ));
     }
@@ -328,7 +385,13 @@ mod tests {
         for mode in [AgentMode::Managed, AgentMode::Autonomous] {
             let e = event(EventType::RequestUpdate, NS, "guestbook", Payload::None);
             assert_eq!(
-                decide(&identity("both"), mode, &e, &OwnerRecord::Absent),
+                decide(
+                    &identity("both"),
+                    mode,
+                    &e,
+                    &OwnerRecord::Absent,
+                    &Placement::Namespace
+                ),
                 Decision::Apply(Command::ResendCurrent {
                     resource: app(NS, "guestbook")
                 })
@@ -347,7 +410,13 @@ mod tests {
                 EventType::RequestUpdate,
             ] {
                 let e = event(ty, "agent-b", "guestbook", object("guestbook"));
-                let r = refused(decide(&identity("both"), mode, &e, &OwnerRecord::Absent));
+                let r = refused(decide(
+                    &identity("both"),
+                    mode,
+                    &e,
+                    &OwnerRecord::Absent,
+                    &Placement::Namespace,
+                ));
                 assert_eq!(r.reason, "Forbidden", "{mode} {ty}");
                 if ty == EventType::StatusUpdate || ty == EventType::RequestUpdate {
                     assert_eq!(r.metric, "WrongNamespace", "{mode} {ty}");
@@ -365,6 +434,7 @@ mod tests {
             AgentMode::Autonomous,
             &e,
             &OwnerRecord::Label("agent-b".into()),
+            &Placement::Namespace,
         ));
         assert_eq!(r.metric, "NotOwner");
         assert!(
@@ -377,6 +447,7 @@ mod tests {
             AgentMode::Autonomous,
             &e,
             &OwnerRecord::Label("Not An Agent".into()),
+            &Placement::Namespace,
         ));
         assert_eq!(r.metric, "NotOwner");
     }
@@ -394,6 +465,7 @@ mod tests {
             AgentMode::Managed,
             &e,
             &OwnerRecord::Absent,
+            &Placement::Namespace,
         ));
         assert_eq!(r.metric, "ModeNotAllowed");
     }
@@ -406,6 +478,7 @@ mod tests {
             AgentMode::Autonomous,
             &e,
             &OwnerRecord::Absent,
+            &Placement::Namespace,
         ));
         assert_eq!((r.reason, r.metric), ("Invalid", "Invalid"));
     }
@@ -419,7 +492,13 @@ mod tests {
             EventType::RequestResourceResync,
         ] {
             let e = Event::new("spoke", ty, Payload::None);
-            let r = refused(decide(&who, AgentMode::Managed, &e, &OwnerRecord::Absent));
+            let r = refused(decide(
+                &who,
+                AgentMode::Managed,
+                &e,
+                &OwnerRecord::Absent,
+                &Placement::Namespace,
+            ));
             assert_eq!(
                 (r.reason, r.metric),
                 ("BadRequest", "UnexpectedEvent"),
@@ -446,6 +525,7 @@ mod tests {
             AgentMode::Autonomous,
             &e,
             &OwnerRecord::Unlabelled,
+            &Placement::Namespace,
         ));
         assert_eq!(r.metric, "NotOwner");
         assert!(r.message.contains("created on the hub"), "{}", r.message);
@@ -454,6 +534,7 @@ mod tests {
             AgentMode::Autonomous,
             &e,
             &OwnerRecord::Label("agent-b".into()),
+            &Placement::Namespace,
         ));
         assert_eq!(r.metric, "NotOwner");
         assert!(matches!(
@@ -461,12 +542,19 @@ mod tests {
                 &who,
                 AgentMode::Autonomous,
                 &e,
-                &OwnerRecord::Label("edge-7".into())
+                &OwnerRecord::Label("edge-7".into()),
+                &Placement::Namespace
             ),
             Decision::Apply(Command::Upsert { .. })
         ));
         // A managed agent may not write projects at all.
-        let r = refused(decide(&who, AgentMode::Managed, &e, &OwnerRecord::Absent));
+        let r = refused(decide(
+            &who,
+            AgentMode::Managed,
+            &e,
+            &OwnerRecord::Absent,
+            &Placement::Namespace,
+        ));
         assert_eq!(r.metric, "ModeForbids");
         assert!(r.message.contains("appproject"), "{}", r.message);
     }
@@ -490,7 +578,13 @@ mod tests {
                     EventType::Delete,
                     EventType::StatusUpdate,
                 ] {
-                    let d = refused(decide(&who, mode, &r(ty), &OwnerRecord::Absent));
+                    let d = refused(decide(
+                        &who,
+                        mode,
+                        &r(ty),
+                        &OwnerRecord::Absent,
+                        &Placement::Namespace,
+                    ));
                     assert_eq!(d.metric, "ModeForbids", "{kind} {mode} {ty}");
                 }
             }
@@ -499,7 +593,8 @@ mod tests {
                     &who,
                     AgentMode::Managed,
                     &r(EventType::RequestUpdate),
-                    &OwnerRecord::Absent
+                    &OwnerRecord::Absent,
+                    &Placement::Namespace
                 ),
                 Decision::Apply(Command::ResendCurrent { .. })
             ));
@@ -508,6 +603,7 @@ mod tests {
                 AgentMode::Autonomous,
                 &r(EventType::RequestUpdate),
                 &OwnerRecord::Absent,
+                &Placement::Namespace,
             ));
         }
     }

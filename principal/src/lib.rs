@@ -146,7 +146,7 @@ pub async fn start(
         argocd_agent_kubernetes::watch(client.clone(), Kind::ConfigMap, scoped(in_argocd(), None));
     let config_objects = ConfigObjects {
         namespace: argocd_ns,
-        by_namespace: true,
+        by_namespace: !config.destination_based_mapping,
         projects,
         repositories,
         gpg_keys,
@@ -163,6 +163,7 @@ pub async fn start(
         create_namespace: config.create_namespace,
         namespace_labels: config.namespace_labels.clone(),
         config: config_objects,
+        by_destination: config.destination_based_mapping,
         tasks: tasks.clone(),
         shutdown: shutdown.clone(),
     }));

@@ -22,7 +22,7 @@ use tracing::Instrument;
 
 use crate::error::chain;
 use crate::hub::{AgentState, Applied, Hub};
-use crate::inbound::{Decision, OwnerRecord, decide};
+use crate::inbound::{Decision, OwnerRecord, Placement, decide};
 use crate::metrics::EventLabels;
 
 static SESSION_IDS: AtomicU64 = AtomicU64::new(1);
@@ -299,7 +299,21 @@ async fn handle_inbound(
     let owner = event.resource.as_ref().map_or(OwnerRecord::Absent, |r| {
         hub.owner_record(&identity.agent, r)
     });
-    let reply = match decide(identity, mode, &event, &owner) {
+    let placement = match &event.resource {
+        Some(r)
+            if hub.by_destination
+                && mode == AgentMode::Managed
+                && r.kind == ResourceKind::Application =>
+        {
+            Placement::Destination(
+                hub.cache
+                    .get(Some(r.namespace.as_str()), &r.name)
+                    .and_then(|o| crate::hub::destination_of(&o).map(str::to_owned)),
+            )
+        }
+        _ => Placement::Namespace,
+    };
+    let reply = match decide(identity, mode, &event, &owner, &placement) {
         Decision::Pong => Some(Event::new(&hub.source, EventType::Pong, Payload::None)),
         Decision::Ignore => None,
         Decision::Acked(id) => {
