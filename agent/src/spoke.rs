@@ -132,7 +132,11 @@ impl Spoke {
     /// `<namespace>/<name>` with destination-based mapping (as the principal keys them).
     fn key_of(&self, obj: &DynamicObject) -> String {
         if self.across_namespaces() {
-            format!("{}/{}", obj.metadata.namespace.as_deref().unwrap_or_default(), name_of(obj))
+            format!(
+                "{}/{}",
+                obj.metadata.namespace.as_deref().unwrap_or_default(),
+                name_of(obj)
+            )
         } else {
             name_of(obj)
         }

@@ -126,6 +126,10 @@ struct PrincipalArgs {
     /// `argocd-gpg-keys-cm` live.
     #[arg(long, env = "ARGOCD_PRINCIPAL_NAMESPACE", default_value = "argocd")]
     namespace: String,
+    /// Managed agents' Applications are chosen by `spec.destination.name` (any hub
+    /// namespace) instead of by the agent's hub namespace. Set it on the agents too.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_DESTINATION_BASED_MAPPING")]
+    destination_based_mapping: bool,
     /// Create an agent's hub namespace on its first connect.
     #[arg(long, env = "ARGOCD_PRINCIPAL_NAMESPACE_CREATE_ENABLE")]
     namespace_create_enable: bool,
@@ -211,6 +215,10 @@ struct AgentArgs {
         default_value = "ignore"
     )]
     on_application_recreate: argocd_agent_agent::policy::RecreateAction,
+    /// Managed mode, with the principal's flag of the same name: Applications keep their
+    /// hub namespace on this cluster (the namespaces must exist here).
+    #[arg(long, env = "ARGOCD_AGENT_DESTINATION_BASED_MAPPING")]
+    destination_based_mapping: bool,
     /// Heartbeat interval (keeps the stream alive through mesh idle timeouts).
     #[arg(long, env = "ARGOCD_AGENT_KEEP_ALIVE_PING_INTERVAL", default_value = "30s", value_parser = parse_duration)]
     keep_alive_ping_interval: Duration,
@@ -339,6 +347,7 @@ async fn run_principal(a: PrincipalArgs) -> CmdResult {
         kube: a.kube.options(),
         label_selector: a.label_selector.clone(),
         argocd_namespace: a.namespace.clone(),
+        destination_based_mapping: a.destination_based_mapping,
         create_namespace: a.namespace_create_enable,
         namespace_labels: labels,
         metrics_listen: (a.metrics_port != 0)
@@ -413,6 +422,7 @@ async fn run_agent(a: AgentArgs) -> CmdResult {
             mismatch: a.source_uid_mismatch_policy,
             on_recreate: a.on_application_recreate,
         },
+        destination_based_mapping: a.destination_based_mapping,
         ..Default::default()
     };
     let shutdown = shutdown_token();
