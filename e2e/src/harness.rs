@@ -222,6 +222,9 @@ pub struct TopologyOptions {
     pub principal_args: Vec<String>,
     /// Extra arguments for every agent.
     pub agent_args: Vec<String>,
+    /// Mode of the second agent (`agent-autonomous`, autonomous by default): `managed` gives
+    /// a topology with two managed agents.
+    pub second_agent_mode: Option<&'static str>,
     /// Which agents to start (default both).
     pub agents: Option<Vec<&'static str>>,
     /// `--creds` of the agents (default `spiffe`: SVID mTLS).
@@ -541,7 +544,7 @@ impl Topology {
         let autonomous = if which.contains(&AUTONOMOUS) {
             Some(start_agent(
                 AUTONOMOUS,
-                "autonomous",
+                opts.second_agent_mode.unwrap_or("autonomous"),
                 "autonomous.sock",
                 "autonomous.kubeconfig",
             )?)

@@ -486,3 +486,83 @@ async fn agents_cannot_write_projects_repositories_or_gpg_keys_they_do_not_own()
         panic!("{e}\n{logs}");
     }
 }
+
+/// Destination-based mapping with two managed agents: an Application in a shared hub
+/// namespace goes to the agent its destination names (in the same namespace on that spoke),
+/// moves as a delete and a create when the destination changes, and only the bound agent's
+/// status is accepted (upstream accepts status from any agent here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn destination_mapping_routes_by_destination_and_accepts_status_only_from_the_bound_agent() {
+    let flag = || vec!["--destination-based-mapping".to_string()];
+    let mut topo = Topology::start(TopologyOptions {
+        principal_args: flag(),
+        agent_args: flag(),
+        second_agent_mode: Some("managed"),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let r: Result<(), HarnessError> = async {
+        const SHARED: &str = "team-apps";
+        for server in [&topo.hub, &topo.managed_spoke, &topo.autonomous_spoke] {
+            create_namespace(server, SHARED).await?;
+        }
+        let (first, second) = (&topo.managed_spoke, &topo.autonomous_spoke);
+        let hub = apps(&topo.hub, SHARED)?;
+        let mut app = sample_app("guestbook", SHARED, "guestbook");
+        app.data["spec"]["destination"] = json!({"name": MANAGED, "namespace": "guestbook"});
+        hub.create(&PostParams::default(), &app).await?;
+        eventually("application reaches the agent its destination names, same namespace", T, || async {
+            stored_app(first, SHARED, "guestbook")
+        })
+        .await?;
+        assert!(stored_app(second, SHARED, "guestbook").is_none());
+
+        // Status from the bound agent lands on the hub.
+        set_status(&apps(first, SHARED)?, "guestbook", json!({"health": {"status": "Healthy"}})).await?;
+        eventually("bound agent's status reaches the hub", T, || async {
+            stored_app(&topo.hub, SHARED, "guestbook").filter(|a| a["status"]["health"]["status"] == "Healthy")
+        })
+        .await?;
+
+        // A status update from the other managed agent is refused and changes nothing.
+        let second_agent = topo.autonomous.as_mut().ok_or("no second agent")?;
+        second_agent.stop().await;
+        let source = SvidSource::workload_api(Some(topo.spiffe.endpoint(&topo.dir.join("autonomous.sock")))).await?;
+        source.wait_ready(T).await?;
+        let (tx, mut inbound, _) = open_stream(&source, topo.principal_addr, AgentMode::Managed).await?;
+        let forged = Event::resource(
+            "test-client",
+            EventType::StatusUpdate,
+            ResourceRef::new(ResourceKind::Application, argocd_agent_identity::Namespace::new(SHARED)?, "guestbook"),
+            Payload::Object(std::sync::Arc::new(json!({"metadata": {"name": "guestbook"}, "status": {"health": {"status": "Degraded"}}}))),
+        );
+        tx.send(forged.to_cloud_event()).await?;
+        let reply = answer_to(&mut inbound, &forged.id).await?;
+        let Payload::Error(d) = &reply.payload else { return Err(format!("expected error, got {}", reply.ty).into()) };
+        assert_eq!(d.reason, "Forbidden");
+        assert!(d.message.contains(&format!("its destination is agent \"{MANAGED}\"")), "{}", d.message);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(stored_app(&topo.hub, SHARED, "guestbook").unwrap()["status"]["health"]["status"], "Healthy");
+        drop(tx);
+        drop(inbound);
+        let before = topo.connect_count(AUTONOMOUS);
+        topo.autonomous.as_mut().ok_or("no second agent")?.start()?;
+        eventually("second agent back", T, || async { (topo.connect_count(AUTONOMOUS) > before).then_some(()) }).await?;
+
+        // A destination change moves the application: deleted on the first, created on the second.
+        merge_patch(&hub, "guestbook", json!({"spec": {"destination": {"name": AUTONOMOUS}}})).await?;
+        eventually("application moved to the new destination's agent", T, || async {
+            (stored_app(first, SHARED, "guestbook").is_none() && stored_app(second, SHARED, "guestbook").is_some())
+                .then_some(())
+        })
+        .await?;
+        Ok(())
+    }
+    .await;
+    let logs = topo.logs();
+    topo.stop().await;
+    if let Err(e) = r {
+        panic!("{e}\n{logs}");
+    }
+}
