@@ -1,5 +1,7 @@
 //! The README's first command (`argocd-agentctl demo`) works: the topology starts and the
-//! sample Applications flow both ways.
+//! sample Applications flow both ways, the hub's project `team-a` and its repository
+//! `team-a-repo` reach the managed spoke, and the autonomous spoke's project `edge` shows up
+//! on the hub as `agent-autonomous-edge`.
 
 #[test]
 fn demo_check_passes() {
@@ -17,4 +19,12 @@ fn demo_check_passes() {
     );
     assert!(stdout.contains("demo check passed"));
     assert!(stdout.contains("edge-guestbook"));
+    for line in [
+        "projects on spoke agent-managed (argocd): default, team-a",
+        "repositories on spoke agent-managed (argocd): team-a-repo",
+        "projects on hub (argocd): agent-autonomous-edge, default, team-a",
+        "repositories on spoke agent-autonomous (argocd): -",
+    ] {
+        assert!(stdout.contains(line), "missing {line:?} in\n{stdout}");
+    }
 }

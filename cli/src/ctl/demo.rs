@@ -1,16 +1,28 @@
 //! `argocd-agentctl demo`: the whole topology on this machine. A development Workload API
 //! server, Kubernetes API test servers for the hub and two spokes, the principal, a managed
-//! and an autonomous agent (real `argocd-agent` processes), sample Applications, and a live
-//! table of where each Application is and what state it reports.
+//! and an autonomous agent (real `argocd-agent` processes), sample Applications, AppProjects
+//! and a repository Secret, and a live table of where each Application is, what state it
+//! reports, and which projects and repositories each cluster holds.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use argocd_agent_e2e::harness::{self, AUTONOMOUS, MANAGED, SPOKE_NS, Topology, TopologyOptions};
+use argocd_agent_e2e::harness::{
+    self, AUTONOMOUS, HUB_ARGOCD_NS, MANAGED, SPOKE_NS, Topology, TopologyOptions,
+};
 use argocd_agent_kube_test_server::KubeTestServer;
 use kube::api::PostParams;
-use serde_json::Value;
+use serde_json::{Value, json};
+
+/// The hub project the managed sample Application uses.
+const TEAM_PROJECT: &str = "team-a";
+/// The repository Secret of [`TEAM_PROJECT`] (fake credentials).
+const TEAM_REPO: &str = "team-a-repo";
+/// The project created locally on the autonomous spoke; on the hub it is
+/// `agent-autonomous-edge`.
+const EDGE_PROJECT: &str = "edge";
+const SECRET_TYPE_LABEL: &str = "argocd.argoproj.io/secret-type";
 
 /// Arguments of `argocd-agentctl demo`.
 #[derive(Debug, clap::Args)]
@@ -21,13 +33,14 @@ pub struct DemoArgs {
     /// Stop after this many seconds (default: run until Ctrl-C).
     #[arg(long)]
     exit_after: Option<u64>,
-    /// Verify that the sample Applications flow both ways, then exit (0 on success).
+    /// Verify that the sample Applications, projects and repository flow where they should,
+    /// then exit (0 on success).
     #[arg(long)]
     check: bool,
 }
 
-fn row(server: &KubeTestServer, ns: &str) -> Vec<[String; 5]> {
-    let mut rows: Vec<[String; 5]> = server
+fn row(server: &KubeTestServer, ns: &str) -> Vec<[String; 6]> {
+    let mut rows: Vec<[String; 6]> = server
         .list_objects("argoproj.io", "v1alpha1", "applications", Some(ns))
         .iter()
         .map(|a| {
@@ -40,6 +53,7 @@ fn row(server: &KubeTestServer, ns: &str) -> Vec<[String; 5]> {
             [
                 ns.to_owned(),
                 s("/metadata/name"),
+                s("/spec/project"),
                 s("/spec/source/targetRevision"),
                 s("/status/sync/status"),
                 s("/status/health/status"),
@@ -59,17 +73,145 @@ fn table(topo: &Topology) -> String {
         ("spoke agent-autonomous", &topo.autonomous_spoke, SPOKE_NS),
     ];
     out.push_str(&format!(
-        "{:<24} {:<18} {:<20} {:<10} {:<10} {:<10}\n",
-        "CLUSTER", "NAMESPACE", "NAME", "REVISION", "SYNC", "HEALTH"
+        "{:<24} {:<18} {:<16} {:<22} {:<10} {:<10} {:<10}\n",
+        "CLUSTER", "NAMESPACE", "NAME", "PROJECT", "REVISION", "SYNC", "HEALTH"
     ));
     for (cluster, server, ns) in sections {
-        for [ns, name, rev, sync, health] in row(server, ns) {
+        for [ns, name, project, rev, sync, health] in row(server, ns) {
             out.push_str(&format!(
-                "{cluster:<24} {ns:<18} {name:<20} {rev:<10} {sync:<10} {health:<10}\n"
+                "{cluster:<24} {ns:<18} {name:<16} {project:<22} {rev:<10} {sync:<10} {health:<10}\n"
             ));
         }
     }
+    out.push('\n');
+    let clusters: [(&str, &KubeTestServer, &str); 3] = [
+        ("hub", &topo.hub, HUB_ARGOCD_NS),
+        ("spoke agent-managed", &topo.managed_spoke, SPOKE_NS),
+        ("spoke agent-autonomous", &topo.autonomous_spoke, SPOKE_NS),
+    ];
+    for (cluster, server, ns) in clusters {
+        out.push_str(&format!(
+            "projects on {cluster} ({ns}): {}\n",
+            join(project_names(server, ns))
+        ));
+        out.push_str(&format!(
+            "repositories on {cluster} ({ns}): {}\n",
+            join(repository_names(server, ns))
+        ));
+    }
     out
+}
+
+fn join(names: Vec<String>) -> String {
+    if names.is_empty() {
+        "-".into()
+    } else {
+        names.join(", ")
+    }
+}
+
+fn names(objects: impl Iterator<Item = Value>) -> Vec<String> {
+    let mut names: Vec<String> = objects
+        .filter_map(|o| {
+            o.pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+        })
+        .collect();
+    names.sort();
+    names
+}
+
+/// AppProjects in `ns`, by name.
+fn project_names(server: &KubeTestServer, ns: &str) -> Vec<String> {
+    names(
+        server
+            .list_objects("argoproj.io", "v1alpha1", "appprojects", Some(ns))
+            .into_iter(),
+    )
+}
+
+/// Repository and repo-creds Secrets in `ns`, by name (never their data).
+fn repository_names(server: &KubeTestServer, ns: &str) -> Vec<String> {
+    names(
+        server
+            .list_objects("", "v1", "secrets", Some(ns))
+            .into_iter()
+            .filter(|s| {
+                matches!(
+                    s.pointer("/metadata/labels")
+                        .and_then(|l| l.get(SECRET_TYPE_LABEL))
+                        .and_then(Value::as_str),
+                    Some("repository" | "repo-creds")
+                )
+            }),
+    )
+}
+
+/// The project of the managed sample: it goes to `agent-managed` (destination name and
+/// source namespace match), and only there.
+fn team_project() -> kube::api::DynamicObject {
+    harness::object(json!({
+        "apiVersion": "argoproj.io/v1alpha1", "kind": "AppProject",
+        "metadata": {"name": TEAM_PROJECT, "namespace": HUB_ARGOCD_NS},
+        "spec": {
+            "description": "team A's applications on agent-managed",
+            "sourceNamespaces": [MANAGED],
+            "sourceRepos": ["*"],
+            "destinations": [{"name": MANAGED, "namespace": "*", "server": "*"}]
+        }
+    }))
+}
+
+/// Argo CD's built-in project, as an Argo CD install has it on the hub; it goes to every
+/// managed agent.
+fn default_project() -> kube::api::DynamicObject {
+    harness::object(json!({
+        "apiVersion": "argoproj.io/v1alpha1", "kind": "AppProject",
+        "metadata": {"name": "default", "namespace": HUB_ARGOCD_NS},
+        "spec": {
+            "sourceRepos": ["*"],
+            "destinations": [{"namespace": "*", "server": "*"}],
+            "clusterResourceWhitelist": [{"group": "*", "kind": "*"}]
+        }
+    }))
+}
+
+/// A private repository of [`TEAM_PROJECT`]. The credentials are fake: the URL is under the
+/// reserved `.invalid` domain and nothing ever clones it.
+fn team_repository() -> kube::api::DynamicObject {
+    harness::object(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": TEAM_REPO, "namespace": HUB_ARGOCD_NS,
+                     "labels": {SECRET_TYPE_LABEL: "repository"}},
+        "type": "Opaque",
+        "stringData": {
+            "type": "git",
+            "project": TEAM_PROJECT,
+            "url": "https://git.example.invalid/team-a/apps.git",
+            "username": "demo",
+            "password": "fake-demo-token-not-a-secret"
+        }
+    }))
+}
+
+/// A project created locally on the autonomous spoke.
+fn edge_project() -> kube::api::DynamicObject {
+    harness::object(json!({
+        "apiVersion": "argoproj.io/v1alpha1", "kind": "AppProject",
+        "metadata": {"name": EDGE_PROJECT, "namespace": SPOKE_NS},
+        "spec": {
+            "description": "edge applications, defined on the autonomous spoke",
+            "sourceRepos": ["*"],
+            "destinations": [{"name": "in-cluster", "namespace": "*",
+                              "server": "https://kubernetes.default.svc"}]
+        }
+    }))
+}
+
+fn with_project(mut app: kube::api::DynamicObject, project: &str) -> kube::api::DynamicObject {
+    app.data["spec"]["project"] = json!(project);
+    app
 }
 
 fn kubectl() -> String {
@@ -83,8 +225,9 @@ fn kubectl() -> String {
 
 async fn check(topo: &Topology) -> Result<(), harness::HarnessError> {
     let t = Duration::from_secs(60);
+    let managed_label = "argocd-agent.argoproj-labs.io/managed-by-principal";
     harness::eventually(
-        "hub application reaches the managed spoke and reports Healthy",
+        "hub application reaches the managed spoke (project team-a) and reports Healthy",
         t,
         || async {
             harness::stored_app(&topo.hub, MANAGED, "guestbook")
@@ -94,18 +237,79 @@ async fn check(topo: &Topology) -> Result<(), harness::HarnessError> {
                     SPOKE_NS,
                     "guestbook",
                 ))
+                .filter(|a| a["spec"]["project"] == TEAM_PROJECT)
         },
     )
     .await?;
     harness::eventually(
-        "autonomous spoke application reaches the hub and reports Healthy",
+        "projects default and team-a reach the managed spoke, team-a pointed at in-cluster",
+        t,
+        || async {
+            harness::stored_project(&topo.managed_spoke, SPOKE_NS, "default")?;
+            harness::stored_project(&topo.managed_spoke, SPOKE_NS, TEAM_PROJECT).filter(|p| {
+                p["metadata"]["labels"][managed_label] == "true"
+                    && p["spec"]["destinations"]
+                        == json!([{"name": "in-cluster", "namespace": "*",
+                                   "server": "https://kubernetes.default.svc"}])
+                    && p["spec"].get("sourceNamespaces").is_none()
+            })
+        },
+    )
+    .await?;
+    harness::eventually(
+        "repository team-a-repo reaches the managed spoke",
+        t,
+        || async {
+            harness::stored_secret(&topo.managed_spoke, SPOKE_NS, TEAM_REPO)
+                .filter(|s| s["metadata"]["labels"][managed_label] == "true")
+        },
+    )
+    .await?;
+    let hub_edge = format!("{AUTONOMOUS}-{EDGE_PROJECT}");
+    harness::eventually(
+        "autonomous spoke application reaches the hub (project agent-autonomous-edge) and reports Healthy",
         t,
         || async {
             harness::stored_app(&topo.hub, AUTONOMOUS, "edge-guestbook")
                 .filter(|a| a.pointer("/status/health/status") == Some(&Value::from("Healthy")))
+                .filter(|a| a["spec"]["project"] == hub_edge.as_str())
         },
     )
     .await?;
+    harness::eventually(
+        "autonomous spoke's project lands on the hub as agent-autonomous-edge",
+        t,
+        || async {
+            harness::stored_project(&topo.hub, HUB_ARGOCD_NS, &hub_edge).filter(|p| {
+                p["metadata"]["labels"]["argocd-agent.argoproj-labs.io/agent-name"] == AUTONOMOUS
+                    && p["spec"]["sourceNamespaces"] == json!([AUTONOMOUS])
+            })
+        },
+    )
+    .await?;
+    let spoke_app = harness::stored_app(&topo.autonomous_spoke, SPOKE_NS, "edge-guestbook")
+        .ok_or("edge-guestbook disappeared from the autonomous spoke")?;
+    if spoke_app["spec"]["project"] != EDGE_PROJECT {
+        return Err(format!(
+            "edge-guestbook on the autonomous spoke should keep project {EDGE_PROJECT}, has {}",
+            spoke_app["spec"]["project"]
+        )
+        .into());
+    }
+    // Nothing goes to autonomous agents; credentials stay out of the logs.
+    let auto = &topo.autonomous_spoke;
+    if harness::stored_secret(auto, SPOKE_NS, TEAM_REPO).is_some()
+        || harness::stored_project(auto, SPOKE_NS, TEAM_PROJECT).is_some()
+    {
+        return Err("a hub project or repository reached the autonomous spoke".into());
+    }
+    let mut logs = topo.principal.log();
+    if let Some(p) = &topo.managed {
+        logs.push_str(&p.log());
+    }
+    if logs.contains("fake-demo-token-not-a-secret") {
+        return Err("the repository password appears in a log".into());
+    }
     Ok(())
 }
 
@@ -124,17 +328,36 @@ pub async fn run(args: DemoArgs) -> crate::CmdResult {
     let managed_sim = spawn_sim(harness::apps(&topo.managed_spoke, SPOKE_NS)?);
     let autonomous_sim = spawn_sim(harness::apps(&topo.autonomous_spoke, SPOKE_NS)?);
 
-    // Samples: one on the hub for the managed agent, one on the autonomous spoke.
+    // Samples. On the hub, in Argo CD's namespace: the default project, project team-a for
+    // the managed agent and a (fake) private repository of team-a; in the managed agent's
+    // namespace: guestbook, in project team-a. On the autonomous spoke: project edge and
+    // edge-guestbook in it.
+    let pp = PostParams::default();
+    let hub_projects = harness::projects(&topo.hub, HUB_ARGOCD_NS)?;
+    hub_projects.create(&pp, &default_project()).await?;
+    hub_projects.create(&pp, &team_project()).await?;
+    harness::secrets(&topo.hub, HUB_ARGOCD_NS)?
+        .create(&pp, &team_repository())
+        .await?;
     harness::apps(&topo.hub, MANAGED)?
         .create(
-            &PostParams::default(),
-            &harness::sample_app("guestbook", MANAGED, "guestbook"),
+            &pp,
+            &with_project(
+                harness::sample_app("guestbook", MANAGED, "guestbook"),
+                TEAM_PROJECT,
+            ),
         )
+        .await?;
+    harness::projects(&topo.autonomous_spoke, SPOKE_NS)?
+        .create(&pp, &edge_project())
         .await?;
     harness::apps(&topo.autonomous_spoke, SPOKE_NS)?
         .create(
-            &PostParams::default(),
-            &harness::sample_app("edge-guestbook", SPOKE_NS, "helm-guestbook"),
+            &pp,
+            &with_project(
+                harness::sample_app("edge-guestbook", SPOKE_NS, "helm-guestbook"),
+                EDGE_PROJECT,
+            ),
         )
         .await?;
 
@@ -148,7 +371,7 @@ pub async fn run(args: DemoArgs) -> crate::CmdResult {
         return match r {
             Ok(()) => {
                 println!(
-                    "demo check passed: Applications flow hub -> managed spoke and autonomous spoke -> hub, status flows back"
+                    "demo check passed: Applications flow hub -> managed spoke and autonomous spoke -> hub, status flows back; project team-a and repository team-a-repo reached the managed spoke; project edge is agent-autonomous-edge on the hub"
                 );
                 Ok(())
             }
@@ -158,7 +381,7 @@ pub async fn run(args: DemoArgs) -> crate::CmdResult {
 
     let k = kubectl();
     let help = format!(
-        "Try (in another terminal):\n  {k} --kubeconfig {d}/hub.kubeconfig -n {MANAGED} edit application guestbook\n  {k} --kubeconfig {d}/hub.kubeconfig -n {MANAGED} apply -f my-app.yaml\n  {k} --kubeconfig {d}/managed.kubeconfig -n {SPOKE_NS} get applications -w\n  {k} --kubeconfig {d}/autonomous.kubeconfig -n {SPOKE_NS} delete application edge-guestbook\nLogs: {d}/principal.log, {d}/{MANAGED}.log, {d}/{AUTONOMOUS}.log. Ctrl-C stops everything.\n",
+        "Try (in another terminal):\n  {k} --kubeconfig {d}/hub.kubeconfig -n {MANAGED} edit application guestbook\n  {k} --kubeconfig {d}/hub.kubeconfig -n {MANAGED} apply -f my-app.yaml\n  {k} --kubeconfig {d}/managed.kubeconfig -n {SPOKE_NS} get applications -w\n  {k} --kubeconfig {d}/autonomous.kubeconfig -n {SPOKE_NS} delete application edge-guestbook\n  {k} --kubeconfig {d}/managed.kubeconfig -n {SPOKE_NS} get appprojects,secrets   # team-a, team-a-repo from the hub\n  {k} --kubeconfig {d}/managed.kubeconfig -n {SPOKE_NS} delete secret {TEAM_REPO}   # comes back\n  {k} --kubeconfig {d}/hub.kubeconfig -n {HUB_ARGOCD_NS} get appprojects   # {AUTONOMOUS}-{EDGE_PROJECT} from the autonomous spoke\nLogs: {d}/principal.log, {d}/{MANAGED}.log, {d}/{AUTONOMOUS}.log. Ctrl-C stops everything.\n",
         d = dir.display()
     );
     let tty = std::io::stdout().is_terminal();
