@@ -223,7 +223,7 @@ impl fmt::Display for Denied {
             ),
             DeniedReason::CreatedOnHub => write!(
                 f,
-                "it was created on the hub, not by an agent, and no agent may change it"
+                "the hub object it maps to was created on the hub, not by an agent, and no agent may change it"
             ),
             DeniedReason::ModeForbids { mode } => match (self.action, self.kind) {
                 (Action::SetOperation | Action::TerminateOperation | Action::Refresh, _) => {

@@ -64,6 +64,9 @@ fn wire(obj: &DynamicObject) -> Value {
     stripped.metadata.namespace = None;
     if let Some(a) = stripped.metadata.annotations.as_mut() {
         a.remove(LAST_APPLIED);
+        if a.is_empty() {
+            stripped.metadata.annotations = None;
+        }
     }
     serde_json::to_value(&stripped).unwrap_or(Value::Null)
 }
