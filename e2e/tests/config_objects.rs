@@ -144,6 +144,9 @@ async fn managed_agent_receives_its_projects_repositories_and_gpg_keys() {
         hub_secrets.create(&pp, &repo_secret("team-creds", "repo-creds", "team", "https://git.example/")).await?;
         hub_secrets.create(&pp, &repo_secret("edge-repo", "repository", "edge-only", "https://git.example/edge")).await?;
         hub_secrets.create(&pp, &repo_secret("late-repo", "repository", "late", "https://git.example/late")).await?;
+        let mut ignored = repo_secret("ignored-repo", "repository", "team", "https://git.example/ignored");
+        ignored.metadata.labels.get_or_insert_with(Default::default).insert(IGNORE_SYNC.into(), "true".into());
+        hub_secrets.create(&pp, &ignored).await?;
         let repo = eventually("team's repository reaches the managed spoke", T, || async {
             stored_secret(spoke, SPOKE_NS, "team-repo")
         })
@@ -176,7 +179,7 @@ async fn managed_agent_receives_its_projects_repositories_and_gpg_keys() {
             ["edge-only", "denied", "ignored"]
                 .iter()
                 .any(|p| stored_project(spoke, SPOKE_NS, p).is_some())
-                || ["edge-repo", "late-repo"]
+                || ["edge-repo", "late-repo", "ignored-repo"]
                     .iter()
                     .any(|s| stored_secret(spoke, SPOKE_NS, s).is_some())
         })
@@ -235,8 +238,14 @@ async fn managed_agent_receives_its_projects_repositories_and_gpg_keys() {
             .then_some(())
         })
         .await?;
-        // Local objects the principal never sent are left alone.
         assert!(stored_project(spoke, SPOKE_NS, "late").is_some());
+
+        // A repository that gains the ignore-sync label looks deleted: its copy goes.
+        merge_patch(&hub_secrets, "late-repo", json!({"metadata": {"labels": {IGNORE_SYNC: "true"}}})).await?;
+        eventually("repository labelled ignore-sync leaves the spoke", T, || async {
+            stored_secret(spoke, SPOKE_NS, "late-repo").is_none().then_some(())
+        })
+        .await?;
 
         // Secret data never appears in the logs.
         for log in [topo.principal.log(), topo.managed.as_ref().map(|p| p.log()).unwrap_or_default()] {
@@ -395,4 +404,51 @@ async fn autonomous_projects_are_renamed_on_the_hub_and_kept_read_only() {
         Ok(())
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_kind_converges_after_the_connection_is_cut() {
+    let mut topo = Topology::start(TopologyOptions {
+        agents: Some(vec![MANAGED]),
+        with_proxy: true,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let r: Result<(), HarnessError> = async {
+        let hub_projects = projects(&topo.hub, HUB_ARGOCD_NS)?;
+        let hub_secrets = secrets(&topo.hub, HUB_ARGOCD_NS)?;
+        let spoke = &topo.managed_spoke;
+        let pp = PostParams::default();
+        hub_projects.create(&pp, &project("team", team_spec())).await?;
+        hub_secrets.create(&pp, &repo_secret("team-repo", "repository", "team", "https://git.example/a")).await?;
+        eventually("objects reach the spoke", T, || async { stored_secret(spoke, SPOKE_NS, "team-repo") }).await?;
+        let before = topo.connect_count(MANAGED);
+        // Cut mid-stream and change every kind at once.
+        topo.proxy.as_ref().ok_or("no proxy")?.cut_all();
+        merge_patch(&hub_secrets, "team-repo", json!({"stringData": {"url": "https://git.example/b"}})).await?;
+        hub_projects
+            .create(&pp, &project("second", json!({"sourceNamespaces": ["*"],
+                "destinations": [{"name": MANAGED, "namespace": "*", "server": "*"}]})))
+            .await?;
+        configmaps(&topo.hub, HUB_ARGOCD_NS)?
+            .create(&pp, &object(json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "argocd-gpg-keys-cm", "namespace": HUB_ARGOCD_NS}, "data": {"K": "v"}})))
+            .await?;
+        eventually("agent reconnected", T, || async { (topo.connect_count(MANAGED) > before).then_some(()) }).await?;
+        eventually("every kind converges after the cut", T, || async {
+            (stored_secret(spoke, SPOKE_NS, "team-repo").is_some_and(|s| s["data"]["url"] == b64("https://git.example/b"))
+                && stored_project(spoke, SPOKE_NS, "second").is_some()
+                && stored_configmap(spoke, SPOKE_NS, "argocd-gpg-keys-cm").is_some())
+            .then_some(())
+        })
+        .await?;
+        Ok(())
+    }
+    .await;
+    let logs = topo.logs();
+    topo.stop().await;
+    if let Err(e) = r {
+        panic!("{e}\n{logs}");
+    }
 }

@@ -21,9 +21,28 @@ const IN_CLUSTER_SERVER: &str = "https://kubernetes.default.svc";
 /// Role policy resources whose object field names `<project>/<application>`.
 const APP_SCOPED_RESOURCES: [&str; 4] = ["applications", "applicationsets", "logs", "exec"];
 
+/// Compiled globs: every agent is matched against the same few project patterns on each
+/// project change, so each pattern is compiled once (bounded; cleared when full).
+static GLOBS: std::sync::LazyLock<
+    std::sync::Mutex<std::collections::HashMap<String, Option<regex::Regex>>>,
+> = std::sync::LazyLock::new(Default::default);
+const MAX_CACHED_GLOBS: usize = 4096;
+
 /// Shell-style glob (`*` any run, `?` one character) over the whole string, as Argo CD
 /// matches destination names. Built on the regex crate (no glob crate is in the tree).
 pub fn glob_match(pattern: &str, s: &str) -> bool {
+    let mut cache = GLOBS.lock().unwrap_or_else(|p| p.into_inner());
+    if cache.len() >= MAX_CACHED_GLOBS && !cache.contains_key(pattern) {
+        cache.clear();
+    }
+    cache
+        .entry(pattern.to_owned())
+        .or_insert_with(|| compile_glob(pattern))
+        .as_ref()
+        .is_some_and(|r| r.is_match(s))
+}
+
+fn compile_glob(pattern: &str) -> Option<regex::Regex> {
     let mut re = String::with_capacity(pattern.len() + 8);
     re.push('^');
     for c in pattern.chars() {
@@ -34,7 +53,7 @@ pub fn glob_match(pattern: &str, s: &str) -> bool {
         }
     }
     re.push('$');
-    regex::Regex::new(&re).is_ok_and(|r| r.is_match(s))
+    regex::Regex::new(&re).ok()
 }
 
 fn destinations(spec: &Value) -> impl Iterator<Item = &Map<String, Value>> {
