@@ -408,7 +408,7 @@ async fn autonomous_projects_are_renamed_on_the_hub_and_kept_read_only() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_kind_converges_after_the_connection_is_cut() {
-    let mut topo = Topology::start(TopologyOptions {
+    let topo = Topology::start(TopologyOptions {
         agents: Some(vec![MANAGED]),
         with_proxy: true,
         ..Default::default()
