@@ -368,6 +368,14 @@ async fn autonomous_projects_are_renamed_on_the_hub_and_kept_read_only() {
             stored_project(&topo.hub, HUB_ARGOCD_NS, &format!("{AUTONOMOUS}-doomed"))
         })
         .await?;
+        spoke_projects
+            .create(&pp, &object(json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "AppProject",
+                "metadata": {"name": "steady", "namespace": SPOKE_NS}, "spec": {"sourceRepos": ["*"]}})))
+            .await?;
+        eventually("steady project lands", T, || async {
+            stored_project(&topo.hub, HUB_ARGOCD_NS, &format!("{AUTONOMOUS}-steady"))
+        })
+        .await?;
         topo.principal.stop().await;
         merge_patch(&spoke_projects, "local", json!({"spec": {"description": "v3"}})).await?;
         spoke_projects.delete("doomed", &DeleteParams::default()).await?;
@@ -386,6 +394,14 @@ async fn autonomous_projects_are_renamed_on_the_hub_and_kept_read_only() {
                 && stored_project(&topo.hub, HUB_ARGOCD_NS, &format!("{AUTONOMOUS}-doomed")).is_none()
                 && stored_project(&topo.hub, HUB_ARGOCD_NS, &format!("{AUTONOMOUS}-fresh")).is_some())
             .then_some(())
+        })
+        .await?;
+
+        // A project unchanged while the principal was down is still kept read-only on the hub.
+        merge_patch(&hub_projects, &format!("{AUTONOMOUS}-steady"), json!({"spec": {"sourceRepos": ["https://x/*"]}})).await?;
+        eventually("hub edit of an unchanged project reverted after a principal restart", T, || async {
+            stored_project(&topo.hub, HUB_ARGOCD_NS, &format!("{AUTONOMOUS}-steady"))
+                .filter(|p| p["spec"]["sourceRepos"] == json!(["*"]))
         })
         .await?;
 

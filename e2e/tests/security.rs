@@ -550,6 +550,15 @@ async fn destination_mapping_routes_by_destination_and_accepts_status_only_from_
         topo.autonomous.as_mut().ok_or("no second agent")?.start()?;
         eventually("second agent back", T, || async { (topo.connect_count(AUTONOMOUS) > before).then_some(()) }).await?;
 
+        // After a principal restart the principal still knows where the application is.
+        topo.principal.stop().await;
+        let (m, a) = (topo.connect_count(MANAGED), topo.connect_count(AUTONOMOUS));
+        topo.principal.start()?;
+        eventually("both agents back after a principal restart", Duration::from_secs(40), || async {
+            (topo.connect_count(MANAGED) > m && topo.connect_count(AUTONOMOUS) > a).then_some(())
+        })
+        .await?;
+
         // A destination change moves the application: deleted on the first, created on the second.
         merge_patch(&hub, "guestbook", json!({"spec": {"destination": {"name": AUTONOMOUS}}})).await?;
         eventually("application moved to the new destination's agent", T, || async {

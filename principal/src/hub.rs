@@ -577,6 +577,15 @@ impl Hub {
         }
         tracing::info!(agent = %state.name, send = plan.send.len(), delete = plan.delete.len(),
             "resync (managed): hub is the source");
+        if self.routes_by_destination(state) {
+            // Known from now on, so a later destination change deletes this agent's copy.
+            let mut placements = lock(&self.placements);
+            for obj in objects.values() {
+                if let (Some(ns), Some(name)) = (&obj.metadata.namespace, &obj.metadata.name) {
+                    placements.insert((ns.clone(), name.clone()), state.name.clone());
+                }
+            }
+        }
         state.inner().sent_spec = hub.iter().map(|(n, s)| (n.clone(), s.clone())).collect();
         for key in plan.send {
             if let Some(obj) = objects.get(&key) {

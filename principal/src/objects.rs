@@ -442,15 +442,20 @@ impl Hub {
                 (n.clone(), sum)
             })
             .collect();
-        let plan = resync::plan(agent, &hub);
-        tracing::info!(agent = %state.name, request = plan.send.len(), delete = plan.delete.len(),
-            "resync (autonomous projects): agent is the source");
+        let mut plan = resync::plan(agent, &hub);
         {
-            // What hub edits are reverted to until the agent sends its projects again: the
-            // hub copies that are already equal.
             let mut inner = state.inner();
             inner.desired_projects.retain(|n, _| agent.contains_key(n));
+            // Hub edits are reverted to the agent's own object, which the principal only
+            // has once the agent sent it (not after a principal restart): ask for those too.
+            for name in agent.keys() {
+                if !inner.desired_projects.contains_key(name) && !plan.send.contains(name) {
+                    plan.send.push(name.clone());
+                }
+            }
         }
+        tracing::info!(agent = %state.name, request = plan.send.len(), delete = plan.delete.len(),
+            "resync (autonomous projects): agent is the source");
         for name in &plan.delete {
             self.delete_project_from_agent(state, name).await;
         }
