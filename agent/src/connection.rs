@@ -88,6 +88,7 @@ pub async fn run(
     spoke.queue.requeue_in_flight();
     spoke.after_welcome(hub_ns);
     connected.store(true, Ordering::Relaxed);
+    spoke.metrics.connection(true);
 
     let mut heartbeat = tokio::time::interval(config.heartbeat);
     heartbeat.tick().await;
@@ -107,6 +108,7 @@ pub async fn run(
             }
         };
         if let Some(event) = out {
+            spoke.metrics.event(true, event.ty.verb());
             tx.send(event.to_cloud_event())
                 .await
                 .map_err(|_| SessionError::Closed)?;
@@ -116,6 +118,7 @@ pub async fn run(
 
 /// Handles one event from the principal; returns what to answer.
 async fn on_event(spoke: &Spoke, event: Event) -> Option<Event> {
+    spoke.metrics.event(false, event.ty.verb());
     match event.ty {
         EventType::Processed => {
             if let Some(id) = &event.ack_id {
@@ -134,7 +137,24 @@ async fn on_event(spoke: &Spoke, event: Event) -> Option<Event> {
             None
         }
         EventType::Pong | EventType::Ping => None,
-        _ => spoke.on_principal_event(&event).await,
+        _ => {
+            let started = std::time::Instant::now();
+            let reply = spoke.on_principal_event(&event).await;
+            if let Some(r) = &event.resource {
+                let ok = reply.as_ref().is_none_or(|e| e.ty != EventType::Error);
+                let since_queued = std::time::SystemTime::now()
+                    .duration_since(event.time)
+                    .ok()
+                    .map(|d| d.as_secs_f64());
+                spoke.metrics.applied(
+                    r.kind.as_str(),
+                    ok,
+                    started.elapsed().as_secs_f64(),
+                    since_queued,
+                );
+            }
+            reply
+        }
     }
 }
 

@@ -28,6 +28,14 @@ pub enum Dialer {
 }
 
 impl Dialer {
+    /// The X.509-SVID source of an mTLS dialer.
+    pub fn svid(&self) -> Option<&SvidSource> {
+        match self {
+            Dialer::Mtls { _source, .. } => Some(_source),
+            _ => None,
+        }
+    }
+
     /// Builds the dialer for `transport`; returns it with the CloudEvents `source` the
     /// agent's events carry (its SPIFFE ID when it has an X.509-SVID).
     pub async fn from_transport(transport: &Transport) -> Result<(Dialer, String), AgentError> {

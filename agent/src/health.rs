@@ -15,6 +15,7 @@ use tokio_util::task::TaskTracker;
 pub struct HealthState {
     pub connected: Arc<AtomicBool>,
     pub ready: watch::Receiver<bool>,
+    pub metrics: crate::metrics::Metrics,
 }
 
 /// Binds `addr` and serves until `shutdown`.
@@ -27,10 +28,10 @@ pub async fn serve(
     use axum::routing::get;
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
-    let (c1, c2, ready) = (
-        state.connected.clone(),
+    let (c1, ready, metrics) = (
         state.connected.clone(),
         state.ready.clone(),
+        state.metrics.clone(),
     );
     let app = axum::Router::new()
         .route(
@@ -41,7 +42,10 @@ pub async fn serve(
                     if up {
                         (http::StatusCode::OK, "ok")
                     } else {
-                        (http::StatusCode::SERVICE_UNAVAILABLE, "not connected to principal")
+                        (
+                            http::StatusCode::SERVICE_UNAVAILABLE,
+                            "not connected to principal",
+                        )
                     }
                 }
             }),
@@ -65,9 +69,15 @@ pub async fn serve(
         .route(
             "/metrics",
             get(move || {
-                let up = c2.load(Ordering::Relaxed) as u8;
+                let body = metrics.encode();
                 async move {
-                    format!("# TYPE argocd_agent_agent_connected gauge\nargocd_agent_agent_connected {up}\n# EOF\n")
+                    (
+                        [(
+                            http::header::CONTENT_TYPE,
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        )],
+                        body,
+                    )
                 }
             }),
         );
@@ -108,6 +118,7 @@ mod tests {
         let state = HealthState {
             connected: connected.clone(),
             ready: rx,
+            metrics: crate::metrics::Metrics::new(),
         };
         let addr = serve(
             "127.0.0.1:0".parse().unwrap(),

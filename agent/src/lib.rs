@@ -12,6 +12,7 @@ pub mod connection;
 pub mod dialer;
 pub mod error;
 pub mod health;
+pub mod metrics;
 pub mod objects;
 pub mod policy;
 pub mod spoke;
@@ -203,6 +204,9 @@ pub async fn start(
     );
     spoke.policies = config.policies;
     spoke.by_destination = config.destination_based_mapping;
+    if let Some(svid) = dialer.svid() {
+        spoke.metrics.follow_svid(svid);
+    }
     let spoke = Arc::new(spoke);
     for (kind, kind_stream) in config_changes {
         let spoke = spoke.clone();
@@ -246,6 +250,7 @@ pub async fn start(
                 HealthState {
                     connected: connected.clone(),
                     ready: ready_rx,
+                    metrics: spoke.metrics.clone(),
                 },
                 &tasks,
                 shutdown.clone(),
@@ -303,6 +308,15 @@ async fn reconnect_loop(
             r = connection::run(&spoke, &dialer, &config, &connected) => r,
         };
         connected.store(false, Ordering::Relaxed);
+        spoke.metrics.connection(false);
+        if let Err(SessionError::Status(s)) = &result
+            && matches!(
+                s.code(),
+                tonic::Code::PermissionDenied | tonic::Code::Unauthenticated
+            )
+        {
+            spoke.metrics.auth_failures.inc();
+        }
         match result {
             Ok(()) => tracing::info!("stream closed by the principal; reconnecting"),
             Err(e) => {

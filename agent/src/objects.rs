@@ -352,14 +352,12 @@ impl Spoke {
         if lock(&self.config.published).insert((kind, name), sum.clone()) == Some(sum) {
             return;
         }
-        if let Err(e) = self.queue.push(Event::resource(
+        self.push(Event::resource(
             &self.source,
             EventType::SpecUpdate,
             r,
             Payload::Object(Arc::new(w)),
-        )) {
-            tracing::warn!(error = %e, "event to principal dropped");
-        }
+        ));
     }
 
     /// Autonomous: the principal asks for one project again.

@@ -60,6 +60,8 @@ pub struct Spoke {
     /// Destination-based mapping (managed mode): Applications keep their hub namespace on
     /// the spoke, so the agent works across namespaces.
     pub by_destination: bool,
+    /// The agent's metrics.
+    pub metrics: crate::metrics::Metrics,
     inner: Mutex<SpokeInner>,
 }
 
@@ -108,6 +110,7 @@ impl Spoke {
             config,
             policies: Policies::default(),
             by_destination: false,
+            metrics: crate::metrics::Metrics::new(),
             inner: Mutex::new(SpokeInner::default()),
         }
     }
@@ -223,8 +226,9 @@ impl Spoke {
         ))
     }
 
-    fn push(&self, event: Event) {
+    pub(crate) fn push(&self, event: Event) {
         if let Err(e) = self.queue.push(event) {
+            self.metrics.events_discarded.inc();
             tracing::warn!(error = %e, "event to principal dropped");
         }
     }

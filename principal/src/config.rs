@@ -50,6 +50,8 @@ pub struct PrincipalConfig {
     /// Managed agents' Applications are chosen by `spec.destination.name` instead of by hub
     /// namespace (`--destination-based-mapping`).
     pub destination_based_mapping: bool,
+    /// Agents that get their own label value in per-agent metrics; later ones share `other`.
+    pub metrics_max_agent_labels: usize,
     pub create_namespace: bool,
     pub namespace_labels: BTreeMap<String, String>,
     pub metrics_listen: Option<SocketAddr>,
@@ -78,6 +80,7 @@ impl Default for PrincipalConfig {
             label_selector: None,
             argocd_namespace: "argocd".into(),
             destination_based_mapping: false,
+            metrics_max_agent_labels: crate::metrics::DEFAULT_MAX_AGENT_LABELS,
             create_namespace: false,
             namespace_labels: BTreeMap::new(),
             metrics_listen: Some(SocketAddr::from(([0, 0, 0, 0], 8000))),

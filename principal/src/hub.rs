@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use argocd_agent_identity::{AgentIdentity, AgentMode, AgentName, Namespace, ResourceKind};
 use argocd_agent_kubernetes::object::{self, is_being_deleted, spec_checksum};
-use argocd_agent_kubernetes::{Cache, Change, Resources};
+use argocd_agent_kubernetes::{Cache, Change, Resources, UpsertOutcome};
 use argocd_agent_sync::queue::{Lane, QueueKey};
 use argocd_agent_sync::resync::Checksums;
 use argocd_agent_sync::{Event, EventType, Payload, QueueLimits, ResourceRef, SendQueue};
@@ -26,7 +26,7 @@ use tracing::Instrument;
 
 use crate::error::{ApplyError, chain};
 use crate::inbound::Command;
-use crate::metrics::Metrics;
+use crate::metrics::{HubWrite, Metrics};
 use crate::objects::{ConfigKey, ConfigObjects, OwnerRecord};
 use crate::projects;
 
@@ -658,11 +658,16 @@ impl Hub {
         {
             tracing::warn!(error = %chain(&e), "could not remove finalizers");
         }
-        if let Err(e) = self.apps.delete(ns, name).await
-            && !e.is_not_found()
-        {
-            self.metrics.hub_write_errors.inc();
-            tracing::warn!(error = %chain(&e), "could not delete hub copy");
+        match self.apps.delete(ns, name).await {
+            Ok(argocd_agent_kubernetes::DeleteOutcome::NotFound) => {}
+            Ok(_) => self
+                .metrics
+                .hub_write(ResourceKind::Application, HubWrite::Deleted),
+            Err(e) if e.is_not_found() => {}
+            Err(e) => {
+                self.metrics.hub_write_errors.inc();
+                tracing::warn!(error = %chain(&e), "could not delete hub copy");
+            }
         }
     }
 
@@ -990,16 +995,27 @@ impl Hub {
         })?;
         // Status goes through the status subresource, after the object exists.
         let status = object::take_field(&mut copy, "status");
-        self.apps
+        let outcome = self
+            .apps
             .upsert_copy(&copy, &["spec", "operation"])
             .await
             .inspect_err(|_| {
                 self.metrics.hub_write_errors.inc();
             })?;
+        self.count_upsert(ResourceKind::Application, outcome);
         if let Some(status) = status.filter(|s| !s.is_null()) {
             self.write_status(resource, status).await?;
         }
         Ok(())
+    }
+
+    /// Counts a hub write made by an upsert.
+    pub(crate) fn count_upsert(&self, kind: ResourceKind, outcome: UpsertOutcome) {
+        match outcome {
+            UpsertOutcome::Created => self.metrics.hub_write(kind, HubWrite::Created),
+            UpsertOutcome::Updated => self.metrics.hub_write(kind, HubWrite::Updated),
+            UpsertOutcome::Unchanged => {}
+        }
     }
 
     /// Writes `.status` of a hub Application through the status subresource.

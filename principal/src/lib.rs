@@ -152,7 +152,10 @@ pub async fn start(
         gpg_keys,
         project_writer: Resources::new(client.clone(), Kind::AppProject),
     };
-    let metrics = Metrics::new();
+    let metrics = Metrics::with_agent_label_limit(config.metrics_max_agent_labels);
+    if let Some(svid) = &listener_auth.svid {
+        metrics.follow_svid(svid);
+    }
     let hub = Arc::new(Hub::new(HubParts {
         source: source_id(listener_auth.svid.as_ref()),
         apps: Resources::new(client.clone(), Kind::Application),

@@ -1,7 +1,11 @@
 //! Prometheus metrics of the principal, and the `/metrics` + `/healthz` HTTP endpoint.
 
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+
+use argocd_agent_identity::ResourceKind;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -26,20 +30,93 @@ pub struct AgentReasonLabels {
     pub reason: String,
 }
 
-/// All metrics of the principal.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AgentNameLabels {
+    pub agent_name: String,
+}
+
+/// Labels of `principal_event_processing_time`, as upstream.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProcessingLabels {
+    pub status: String,
+    pub agent_name: String,
+    pub resource_type: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModeLabels {
+    pub mode: String,
+}
+
+/// A write the principal made to the hub, counted per kind as upstream does
+/// (`principal_applications_created`, ...).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum HubWrite {
+    Created,
+    Updated,
+    Deleted,
+}
+
+/// Bounds per-agent label values: the first `max` agents seen get their own series, later
+/// ones share `other`, so 10,000 agents never mean 10,000 series per metric.
+pub struct AgentLabels {
+    max: usize,
+    seen: Mutex<HashSet<String>>,
+}
+
+/// Label value for agents beyond the per-agent limit.
+pub const OTHER_AGENTS: &str = "other";
+
+impl AgentLabels {
+    fn label(&self, agent: &str) -> String {
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        if seen.contains(agent) {
+            return agent.to_owned();
+        }
+        if seen.len() < self.max {
+            seen.insert(agent.to_owned());
+            return agent.to_owned();
+        }
+        OTHER_AGENTS.to_owned()
+    }
+}
+
+/// Default of `--metrics-max-agent-labels`.
+pub const DEFAULT_MAX_AGENT_LABELS: usize = 100;
+
+/// All metrics of the principal. Names follow upstream argocd-agent where it has the
+/// metric (counters carry the OpenMetrics `_total` suffix), `argocd_principal_*` otherwise.
 #[derive(Clone)]
 pub struct Metrics {
+    /// `argocd_principal_connected_agents`.
     pub connected_agents: Gauge,
+    /// `principal_events_received_total{agent,type}`.
     pub events_received: Family<EventLabels, Counter>,
+    /// `principal_events_sent_total{agent,type}`.
     pub events_sent: Family<EventLabels, Counter>,
-    /// Streams refused before a session existed (unmapped ID, no client certificate, ...).
+    /// `principal_event_processing_time{status,agent_name,resource_type}` (seconds).
+    pub event_processing: Family<ProcessingLabels, Histogram>,
+    /// `argocd_principal_agent_connections_total{agent_name}`.
+    pub agent_connections: Family<AgentNameLabels, Counter>,
+    /// Streams refused before a session existed (unmapped ID, no client certificate, ...):
+    /// `argocd_principal_auth_failures_total{reason}`.
     pub auth_failures: Family<ReasonLabels, Counter>,
-    /// Inbound events refused by authorization or validation.
+    /// Inbound events refused by authorization or validation:
+    /// `argocd_principal_events_refused_total{agent,reason}`.
     pub events_refused: Family<AgentReasonLabels, Counter>,
-    /// Hub writes that failed.
+    /// `argocd_principal_hub_write_errors_total`.
     pub hub_write_errors: Counter,
-    /// Events dropped because an agent's queue was full.
+    /// Events dropped because an agent's queue was full:
+    /// `argocd_principal_event_writer_events_discarded_total`.
     pub queue_full: Counter,
+    /// `argocd_principal_resync_duration_seconds{mode}`.
+    pub resync_duration: Family<ModeLabels, Histogram>,
+    /// `argocd_principal_svid_expiry_timestamp_seconds`: notAfter of the serving SVID.
+    pub svid_expiry: Gauge,
+    /// `argocd_principal_svid_rotations_total`.
+    pub svid_rotations: Counter,
+    hub_writes: Arc<HashMap<(ResourceKind, HubWrite), Counter>>,
+    agent_labels: Arc<AgentLabels>,
     registry: Arc<Registry>,
 }
 
@@ -49,55 +126,132 @@ impl Default for Metrics {
     }
 }
 
+fn seconds_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 16))
+}
+
 impl Metrics {
     pub fn new() -> Metrics {
+        Self::with_agent_label_limit(DEFAULT_MAX_AGENT_LABELS)
+    }
+
+    /// Metrics whose per-agent labels are limited to `max_agent_labels` agents.
+    pub fn with_agent_label_limit(max_agent_labels: usize) -> Metrics {
+        let mut r = Registry::default();
         let connected_agents = Gauge::default();
-        let events_received = Family::<EventLabels, Counter>::default();
-        let events_sent = Family::<EventLabels, Counter>::default();
-        let auth_failures = Family::<ReasonLabels, Counter>::default();
-        let events_refused = Family::<AgentReasonLabels, Counter>::default();
-        let hub_write_errors = Counter::default();
-        let queue_full = Counter::default();
-        let mut r = Registry::with_prefix("argocd_agent_principal");
         r.register(
-            "connected_agents",
+            "argocd_principal_connected_agents",
             "Agents with an open stream",
             connected_agents.clone(),
         );
+        let events_received = Family::<EventLabels, Counter>::default();
         r.register(
-            "events_received",
+            "principal_events_received",
             "Events received from agents",
             events_received.clone(),
         );
-        r.register("events_sent", "Events sent to agents", events_sent.clone());
+        let events_sent = Family::<EventLabels, Counter>::default();
         r.register(
-            "auth_failures",
-            "Streams refused at authentication",
+            "principal_events_sent",
+            "Events sent to agents",
+            events_sent.clone(),
+        );
+        let event_processing = Family::<ProcessingLabels, Histogram>::new_with_constructor(
+            seconds_histogram as fn() -> Histogram,
+        );
+        r.register(
+            "principal_event_processing_time",
+            "Time to process an inbound event, in seconds",
+            event_processing.clone(),
+        );
+        let agent_connections = Family::<AgentNameLabels, Counter>::default();
+        r.register(
+            "argocd_principal_agent_connections",
+            "Sessions opened, per agent",
+            agent_connections.clone(),
+        );
+        let auth_failures = Family::<ReasonLabels, Counter>::default();
+        r.register(
+            "argocd_principal_auth_failures",
+            "Streams refused at authentication or mapping, by reason",
             auth_failures.clone(),
         );
+        let events_refused = Family::<AgentReasonLabels, Counter>::default();
         r.register(
-            "events_refused",
-            "Inbound events refused",
+            "argocd_principal_events_refused",
+            "Inbound events refused, by agent and reason",
             events_refused.clone(),
         );
+        let hub_write_errors = Counter::default();
         r.register(
-            "hub_write_errors",
+            "argocd_principal_hub_write_errors",
             "Failed writes to the hub cluster",
             hub_write_errors.clone(),
         );
+        let queue_full = Counter::default();
         r.register(
-            "queue_full",
-            "Events dropped on a full agent queue",
+            "argocd_principal_event_writer_events_discarded",
+            "Events dropped on a full agent queue (resync repairs them)",
             queue_full.clone(),
         );
+        let resync_duration = Family::<ModeLabels, Histogram>::new_with_constructor(
+            seconds_histogram as fn() -> Histogram,
+        );
+        r.register(
+            "argocd_principal_resync_duration_seconds",
+            "Time from hello to the resync plan queued, in seconds",
+            resync_duration.clone(),
+        );
+        let svid_expiry = Gauge::default();
+        r.register(
+            "argocd_principal_svid_expiry_timestamp_seconds",
+            "notAfter of the principal's X.509-SVID (Unix seconds)",
+            svid_expiry.clone(),
+        );
+        let svid_rotations = Counter::default();
+        r.register(
+            "argocd_principal_svid_rotations",
+            "X.509-SVID updates received",
+            svid_rotations.clone(),
+        );
+        let mut hub_writes = HashMap::new();
+        for (kind, plural) in [
+            (ResourceKind::Application, "applications"),
+            (ResourceKind::AppProject, "app_projects"),
+            (ResourceKind::Repository, "repositories"),
+        ] {
+            for (op, verb) in [
+                (HubWrite::Created, "created"),
+                (HubWrite::Updated, "updated"),
+                (HubWrite::Deleted, "deleted"),
+            ] {
+                let c = Counter::default();
+                r.register(
+                    format!("principal_{plural}_{verb}"),
+                    format!("{} {verb} on the hub by the principal", kind.as_str()),
+                    c.clone(),
+                );
+                hub_writes.insert((kind, op), c);
+            }
+        }
         Metrics {
             connected_agents,
             events_received,
             events_sent,
+            event_processing,
+            agent_connections,
             auth_failures,
             events_refused,
             hub_write_errors,
             queue_full,
+            resync_duration,
+            svid_expiry,
+            svid_rotations,
+            hub_writes: Arc::new(hub_writes),
+            agent_labels: Arc::new(AgentLabels {
+                max: max_agent_labels,
+                seen: Mutex::new(HashSet::new()),
+            }),
             registry: Arc::new(r),
         }
     }
@@ -109,10 +263,15 @@ impl Metrics {
         out
     }
 
+    /// The label value for `agent` (bounded, see [`AgentLabels`]).
+    pub fn agent_label(&self, agent: &str) -> String {
+        self.agent_labels.label(agent)
+    }
+
     pub fn refused(&self, agent: &argocd_agent_identity::AgentName, reason: &str) {
         self.events_refused
             .get_or_create(&AgentReasonLabels {
-                agent: agent.to_string(),
+                agent: self.agent_label(agent.as_str()),
                 reason: reason.into(),
             })
             .inc();
@@ -124,6 +283,62 @@ impl Metrics {
                 reason: reason.into(),
             })
             .inc();
+    }
+
+    /// Counts an event received from or sent to `agent`.
+    pub fn event(&self, sent: bool, agent: &str, ty: &str) {
+        let labels = EventLabels {
+            agent: self.agent_label(agent),
+            r#type: ty.into(),
+        };
+        let family = if sent {
+            &self.events_sent
+        } else {
+            &self.events_received
+        };
+        family.get_or_create(&labels).inc();
+    }
+
+    /// Records how long one inbound event took.
+    pub fn processed(&self, agent: &str, resource_type: &str, ok: bool, seconds: f64) {
+        self.event_processing
+            .get_or_create(&ProcessingLabels {
+                status: if ok { "success" } else { "failure" }.into(),
+                agent_name: self.agent_label(agent),
+                resource_type: resource_type.into(),
+            })
+            .observe(seconds);
+    }
+
+    /// Counts a session opened by `agent`.
+    pub fn connected(&self, agent: &str) {
+        self.agent_connections
+            .get_or_create(&AgentNameLabels {
+                agent_name: self.agent_label(agent),
+            })
+            .inc();
+    }
+
+    /// Counts a write the principal made to the hub.
+    pub fn hub_write(&self, kind: ResourceKind, op: HubWrite) {
+        if let Some(c) = self.hub_writes.get(&(kind, op)) {
+            c.inc();
+        }
+    }
+
+    /// Follows an SVID source: expiry gauge and rotation counter.
+    pub fn follow_svid(&self, source: &argocd_agent_identity::source::SvidSource) {
+        let (expiry, rotations) = (self.svid_expiry.clone(), self.svid_rotations.clone());
+        source.on_update(move |state| {
+            let t = state
+                .svid
+                .not_after()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs() as i64)
+                .unwrap_or(0);
+            expiry.set(t);
+            rotations.inc();
+        });
     }
 }
 

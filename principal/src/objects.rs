@@ -412,7 +412,16 @@ impl Hub {
             .project_writer
             .remove_finalizers(ns, &hub_name)
             .await;
-        if let Err(e) = self.config.project_writer.delete(ns, &hub_name).await
+        let result = self.config.project_writer.delete(ns, &hub_name).await;
+        if matches!(
+            result,
+            Ok(argocd_agent_kubernetes::DeleteOutcome::Deleted
+                | argocd_agent_kubernetes::DeleteOutcome::Pending)
+        ) {
+            self.metrics
+                .hub_write(ResourceKind::AppProject, crate::metrics::HubWrite::Deleted);
+        }
+        if let Err(e) = result
             && !e.is_not_found()
         {
             self.metrics.hub_write_errors.inc();

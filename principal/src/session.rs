@@ -23,7 +23,6 @@ use tracing::Instrument;
 use crate::error::chain;
 use crate::hub::{AgentState, Applied, Hub};
 use crate::inbound::{Decision, OwnerRecord, Placement, decide};
-use crate::metrics::EventLabels;
 
 static SESSION_IDS: AtomicU64 = AtomicU64::new(1);
 
@@ -178,6 +177,7 @@ async fn run(
     hub.ensure_namespace(&identity.namespace, &identity.agent)
         .await;
     hub.metrics.connected_agents.inc();
+    hub.metrics.connected(identity.agent.as_str());
     let _guard = SessionGuard {
         hub: hub.clone(),
         state: state.clone(),
@@ -186,6 +186,7 @@ async fn run(
     send(tx, hub, &state, welcome(hub, &identity, &hello)).await?;
 
     // 3. Resync.
+    let resync_started = std::time::Instant::now();
     hub.cache.wait_synced().await;
     hub.config.wait_synced().await;
     state.queue.requeue_in_flight();
@@ -210,6 +211,12 @@ async fn run(
             }
         }
     }
+    hub.metrics
+        .resync_duration
+        .get_or_create(&crate::metrics::ModeLabels {
+            mode: mode.as_str().into(),
+        })
+        .observe(resync_started.elapsed().as_secs_f64());
 
     // 4. Exchange events.
     let mut last_seen = tokio::time::Instant::now();
@@ -251,12 +258,7 @@ impl Drop for SessionGuard {
 
 async fn send(tx: &Outbound, hub: &Hub, state: &AgentState, event: Event) -> Result<(), Status> {
     hub.metrics
-        .events_sent
-        .get_or_create(&EventLabels {
-            agent: state.name.to_string(),
-            r#type: event.ty.verb().into(),
-        })
-        .inc();
+        .event(true, state.name.as_str(), event.ty.verb());
     tx.send(Ok(event.to_cloud_event()))
         .await
         .map_err(|_| Status::cancelled("agent stream closed"))
@@ -289,13 +291,8 @@ async fn handle_inbound(
             return send(tx, hub, state, reply).await;
         }
     };
-    hub.metrics
-        .events_received
-        .get_or_create(&EventLabels {
-            agent: agent.to_string(),
-            r#type: event.ty.verb().into(),
-        })
-        .inc();
+    hub.metrics.event(false, agent.as_str(), event.ty.verb());
+    let started = std::time::Instant::now();
     let owner = event.resource.as_ref().map_or(OwnerRecord::Absent, |r| {
         hub.owner_record(&identity.agent, r)
     });
@@ -341,6 +338,15 @@ async fn handle_inbound(
             }
         },
     };
+    if let Some(r) = &event.resource {
+        let ok = reply.as_ref().is_none_or(|e| e.ty != EventType::Error);
+        hub.metrics.processed(
+            agent.as_str(),
+            r.kind.as_str(),
+            ok,
+            started.elapsed().as_secs_f64(),
+        );
+    }
     match reply {
         Some(reply) => send(tx, hub, state, reply).await,
         None => Ok(()),

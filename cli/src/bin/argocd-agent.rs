@@ -130,6 +130,14 @@ struct PrincipalArgs {
     /// namespace) instead of by the agent's hub namespace. Set it on the agents too.
     #[arg(long, env = "ARGOCD_PRINCIPAL_DESTINATION_BASED_MAPPING")]
     destination_based_mapping: bool,
+    /// Per-agent metric labels for at most this many agents; later agents share the label
+    /// value `other`, so series stay bounded with thousands of agents.
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_METRICS_MAX_AGENT_LABELS",
+        default_value_t = 100
+    )]
+    metrics_max_agent_labels: usize,
     /// Create an agent's hub namespace on its first connect.
     #[arg(long, env = "ARGOCD_PRINCIPAL_NAMESPACE_CREATE_ENABLE")]
     namespace_create_enable: bool,
@@ -348,6 +356,7 @@ async fn run_principal(a: PrincipalArgs) -> CmdResult {
         label_selector: a.label_selector.clone(),
         argocd_namespace: a.namespace.clone(),
         destination_based_mapping: a.destination_based_mapping,
+        metrics_max_agent_labels: a.metrics_max_agent_labels,
         create_namespace: a.namespace_create_enable,
         namespace_labels: labels,
         metrics_listen: (a.metrics_port != 0)

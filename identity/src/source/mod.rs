@@ -198,6 +198,22 @@ impl SvidSource {
         self.rx.clone()
     }
 
+    /// Calls `f` with the current state (if any) and with every new one, from a task that
+    /// ends with the source. Used by metrics (expiry, rotations).
+    pub fn on_update(&self, f: impl Fn(&SvidState) + Send + 'static) {
+        let mut rx = self.rx.clone();
+        tokio::spawn(async move {
+            loop {
+                if let Some(state) = rx.borrow_and_update().clone() {
+                    f(&state);
+                }
+                if rx.changed().await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+
     /// Where this source reads from, for logs.
     pub fn description(&self) -> &str {
         &self.description
