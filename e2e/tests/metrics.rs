@@ -1,0 +1,316 @@
+//! `/metrics` of the real principal and agent, read by an independent parser (the Python
+//! Prometheus client's OpenMetrics parser, installed by `.ci/run`): the listed series exist
+//! and move after a create, a status report, an autonomous write and a disconnect.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use argocd_agent_e2e::harness::*;
+use kube::api::PostParams;
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const T: Duration = Duration::from_secs(20);
+
+/// One sample: name, labels, value.
+#[derive(Debug, Clone)]
+struct Sample {
+    name: String,
+    labels: serde_json::Map<String, Value>,
+    value: f64,
+}
+
+fn python() -> PathBuf {
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
+    if venv.is_file() {
+        venv
+    } else {
+        PathBuf::from("python3")
+    }
+}
+
+/// Parses an OpenMetrics exposition with `prometheus_client.openmetrics.parser` (strict: a
+/// malformed exposition fails the test).
+fn parse(text: &str) -> Result<Vec<Sample>, HarnessError> {
+    const SCRIPT: &str = r#"
+import json, sys
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
+out = []
+for fam in text_string_to_metric_families(sys.stdin.read()):
+    for s in fam.samples:
+        out.append([s.name, s.labels, s.value])
+print(json.dumps(out))
+"#;
+    let mut child = std::process::Command::new(python())
+        .args(["-c", SCRIPT])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("python with prometheus_client (run .ci/run once): {e}"))?;
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .ok_or("stdin")?
+        .write_all(text.as_bytes())?;
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        return Err(format!(
+            "the OpenMetrics parser refused the exposition: {}\n{text}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+        .into());
+    }
+    let rows: Vec<(String, serde_json::Map<String, Value>, f64)> =
+        serde_json::from_slice(&out.stdout)?;
+    Ok(rows
+        .into_iter()
+        .map(|(name, labels, value)| Sample {
+            name,
+            labels,
+            value,
+        })
+        .collect())
+}
+
+async fn scrape(port: u16) -> Result<Vec<Sample>, HarnessError> {
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).await?;
+    let body = raw
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b)
+        .unwrap_or_default();
+    parse(body)
+}
+
+/// Sum of the samples named `name` whose labels include `labels`.
+fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    let matching: Vec<&Sample> = samples
+        .iter()
+        .filter(|s| s.name == name)
+        .filter(|s| {
+            labels
+                .iter()
+                .all(|(k, v)| s.labels.get(*k).and_then(Value::as_str) == Some(*v))
+        })
+        .collect();
+    (!matching.is_empty()).then(|| matching.iter().map(|s| s.value).sum())
+}
+
+async fn until(
+    what: &str,
+    port: u16,
+    name: &'static str,
+    labels: &'static [(&'static str, &'static str)],
+    ok: impl Fn(f64) -> bool,
+) -> Result<(), HarnessError> {
+    eventually(what, T, || async {
+        let samples = scrape(port).await.ok()?;
+        value(&samples, name, labels).filter(|v| ok(*v)).map(|_| ())
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn principal_and_agent_metrics_exist_and_move() {
+    let mut topo = Topology::start(TopologyOptions::default()).await.unwrap();
+    let r: Result<(), HarnessError> = async {
+        let p = topo.metrics_ports["principal"];
+        let m = topo.metrics_ports[MANAGED];
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_secs() as f64;
+
+        // Connections and identities.
+        until(
+            "both agents connected",
+            p,
+            "argocd_principal_connected_agents",
+            &[],
+            |v| v == 2.0,
+        )
+        .await?;
+        until(
+            "connections counted per agent",
+            p,
+            "argocd_principal_agent_connections_total",
+            &[("agent_name", MANAGED)],
+            |v| v >= 1.0,
+        )
+        .await?;
+        until(
+            "agent connection status",
+            m,
+            "argocd_agent_connection_status",
+            &[],
+            |v| v == 1.0,
+        )
+        .await?;
+        until(
+            "agent connections",
+            m,
+            "argocd_agent_connections_total",
+            &[],
+            |v| v >= 1.0,
+        )
+        .await?;
+        let ps = scrape(p).await?;
+        assert!(
+            value(&ps, "argocd_principal_svid_expiry_timestamp_seconds", &[])
+                .is_some_and(|t| t > now),
+            "principal SVID expiry"
+        );
+        assert!(value(&ps, "argocd_principal_svid_rotations_total", &[]).is_some_and(|v| v >= 1.0));
+        let ms = scrape(m).await?;
+        assert!(
+            value(&ms, "argocd_agent_svid_expiry_timestamp_seconds", &[]).is_some_and(|t| t > now),
+            "agent SVID expiry"
+        );
+        // Upstream's families are all present, even at zero.
+        for name in [
+            "principal_applications_created_total",
+            "principal_app_projects_deleted_total",
+            "principal_repositories_updated_total",
+            "argocd_principal_event_writer_events_discarded_total",
+            "argocd_principal_hub_write_errors_total",
+        ] {
+            assert!(value(&ps, name, &[]).is_some(), "{name} missing");
+        }
+        for name in [
+            "argocd_agent_auth_failures_total",
+            "argocd_agent_event_writer_events_discarded_total",
+            "argocd_agent_connection_start_timestamp_seconds",
+        ] {
+            assert!(value(&ms, name, &[]).is_some(), "{name} missing");
+        }
+
+        // A hub create reaches the agent: sent, received, applied, latency observed.
+        apps(&topo.hub, MANAGED)?
+            .create(
+                &PostParams::default(),
+                &sample_app("guestbook", MANAGED, "guestbook"),
+            )
+            .await?;
+        eventually("app on spoke", T, || async {
+            stored_app(&topo.managed_spoke, SPOKE_NS, "guestbook")
+        })
+        .await?;
+        until(
+            "principal sent a spec-update",
+            p,
+            "principal_events_sent_total",
+            &[("agent", MANAGED), ("type", "spec-update")],
+            |v| v >= 1.0,
+        )
+        .await?;
+        until(
+            "agent received it",
+            m,
+            "agent_events_received_total",
+            &[("type", "spec-update")],
+            |v| v >= 1.0,
+        )
+        .await?;
+        until(
+            "agent applied it",
+            m,
+            "agent_event_processing_time_count",
+            &[("resource_type", "Application"), ("status", "success")],
+            |v| v >= 1.0,
+        )
+        .await?;
+        until(
+            "propagation latency observed",
+            m,
+            "agent_event_propagation_latency_seconds_count",
+            &[("resource_type", "Application")],
+            |v| v >= 1.0,
+        )
+        .await?;
+
+        // Status from the spoke: received and processed by the principal.
+        set_status(
+            &apps(&topo.managed_spoke, SPOKE_NS)?,
+            "guestbook",
+            json!({"health": {"status": "Healthy"}}),
+        )
+        .await?;
+        until(
+            "principal received the status",
+            p,
+            "principal_events_received_total",
+            &[("agent", MANAGED), ("type", "status-update")],
+            |v| v >= 1.0,
+        )
+        .await?;
+        until(
+            "principal processed it",
+            p,
+            "principal_event_processing_time_count",
+            &[
+                ("agent_name", MANAGED),
+                ("resource_type", "Application"),
+                ("status", "success"),
+            ],
+            |v| v >= 1.0,
+        )
+        .await?;
+
+        // An autonomous create is a hub write the principal counts.
+        apps(&topo.autonomous_spoke, SPOKE_NS)?
+            .create(
+                &PostParams::default(),
+                &sample_app("edge", SPOKE_NS, "guestbook"),
+            )
+            .await?;
+        until(
+            "hub application created by the principal",
+            p,
+            "principal_applications_created_total",
+            &[],
+            |v| v >= 1.0,
+        )
+        .await?;
+        until(
+            "resync durations observed",
+            p,
+            "argocd_principal_resync_duration_seconds_count",
+            &[("mode", "autonomous")],
+            |v| v >= 1.0,
+        )
+        .await?;
+
+        // A disconnect shows on both sides.
+        topo.managed
+            .as_mut()
+            .ok_or("no managed agent")?
+            .stop()
+            .await;
+        until(
+            "one agent left",
+            p,
+            "argocd_principal_connected_agents",
+            &[],
+            |v| v == 1.0,
+        )
+        .await?;
+        Ok(())
+    }
+    .await;
+    let logs = topo.logs();
+    topo.stop().await;
+    if let Err(e) = r {
+        panic!("{e}\n{logs}");
+    }
+}
+
+#[test]
+fn the_parser_refuses_a_malformed_exposition() {
+    assert!(parse("# TYPE x counter\nx_total{a=\"b\" 1\n# EOF\n").is_err());
+    let ok = parse("# TYPE x counter\nx_total{a=\"b\"} 2\n# EOF\n").unwrap();
+    assert_eq!(value(&ok, "x_total", &[("a", "b")]), Some(2.0));
+}
