@@ -74,17 +74,89 @@ print(json.dumps(out))
         .collect())
 }
 
-async fn scrape(port: u16) -> Result<Vec<Sample>, HarnessError> {
+async fn scrape_text(port: u16) -> Result<String, HarnessError> {
     let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
     s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         .await?;
     let mut raw = String::new();
     s.read_to_string(&mut raw).await?;
-    let body = raw
+    Ok(raw
         .split_once("\r\n\r\n")
-        .map(|(_, b)| b)
-        .unwrap_or_default();
-    parse(body)
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default())
+}
+
+async fn scrape(port: u16) -> Result<Vec<Sample>, HarnessError> {
+    parse(&scrape_text(port).await?)
+}
+
+/// Every sample name an exposition can carry, from its `# TYPE` lines (families without
+/// samples yet included): counters `_total`, histograms `_bucket`/`_count`/`_sum`.
+fn exposed_names(text: &str) -> std::collections::BTreeSet<String> {
+    let mut out = std::collections::BTreeSet::new();
+    for line in text.lines() {
+        let mut f = line.split_whitespace();
+        if (f.next(), f.next()) != (Some("#"), Some("TYPE")) {
+            continue;
+        }
+        let (Some(name), Some(ty)) = (f.next(), f.next()) else {
+            continue;
+        };
+        match ty {
+            "counter" => {
+                out.insert(format!("{name}_total"));
+            }
+            "histogram" => {
+                for suffix in ["_bucket", "_count", "_sum"] {
+                    out.insert(format!("{name}{suffix}"));
+                }
+            }
+            _ => {
+                out.insert(name.to_owned());
+            }
+        }
+    }
+    out
+}
+
+/// Metric names used in PromQL expressions (identifiers of our namespaces).
+fn promql_metrics(expr: &str) -> Vec<String> {
+    // Label names (in `by (...)`, `without (...)` and matchers) are not metrics.
+    let labels = regex::Regex::new(r"(by|without)\s*\([^)]*\)|\{[^}]*\}").unwrap();
+    let expr = labels.replace_all(expr, " ");
+    let re = regex::Regex::new(r"[a-zA-Z_:][a-zA-Z0-9_:]*").unwrap();
+    re.find_iter(&expr)
+        .map(|m| m.as_str().to_owned())
+        .filter(|t| {
+            t.starts_with("argocd_") || t.starts_with("principal_") || t.starts_with("agent_")
+        })
+        .collect()
+}
+
+/// The expressions of `deploy/observability`: the PrometheusRule's and the dashboard's.
+fn asset_expressions() -> Result<Vec<String>, HarnessError> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/observability");
+    let rule: Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(dir.join("prometheusrule.yaml"))?)?;
+    let mut exprs: Vec<String> = rule["spec"]["groups"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default())
+        .filter_map(|r| r["expr"].as_str().map(str::to_owned))
+        .collect();
+    let dash: Value = serde_json::from_str(&std::fs::read_to_string(
+        dir.join("grafana-dashboard.json"),
+    )?)?;
+    exprs.extend(
+        dash["panels"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|p| p["targets"].as_array().cloned().unwrap_or_default())
+            .filter_map(|t| t["expr"].as_str().map(str::to_owned)),
+    );
+    Ok(exprs)
 }
 
 /// Sum of the samples named `name` whose labels include `labels`.
@@ -283,6 +355,24 @@ async fn principal_and_agent_metrics_exist_and_move() {
             |v| v >= 1.0,
         )
         .await?;
+
+        // Every metric the shipped alerts and dashboard use is one the binaries export.
+        let mut exported = exposed_names(&scrape_text(p).await?);
+        exported.extend(exposed_names(&scrape_text(m).await?));
+        let exprs = asset_expressions()?;
+        assert!(
+            exprs.len() >= 10,
+            "alerts and panels found: {}",
+            exprs.len()
+        );
+        for expr in &exprs {
+            for name in promql_metrics(expr) {
+                assert!(
+                    exported.contains(&name),
+                    "{name} (in `{expr}`) is not exported; exported: {exported:?}"
+                );
+            }
+        }
 
         // A disconnect shows on both sides.
         topo.managed

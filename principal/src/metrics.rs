@@ -81,6 +81,32 @@ impl AgentLabels {
     }
 }
 
+/// Reasons streams are refused at authentication or mapping (`argocd_principal_auth_failures`),
+/// exported at zero from the start so rates and alerts work before the first failure.
+pub const AUTH_FAILURE_REASONS: [&str; 8] = [
+    "NoPeerIdentity",
+    "IdentityHeaderOnMtls",
+    "NoToken",
+    "InvalidToken",
+    "UntrustedProxy",
+    "BadHeaderIdentity",
+    "Unmapped",
+    "ModeNotAllowed",
+];
+
+/// Reasons inbound events are refused (`argocd_principal_events_refused`), exported at zero
+/// for each agent when it first connects.
+pub const REFUSAL_REASONS: [&str; 8] = [
+    "WrongNamespace",
+    "NotOwner",
+    "ModeForbids",
+    "ModeNotAllowed",
+    "NotDestination",
+    "Malformed",
+    "Invalid",
+    "UnexpectedEvent",
+];
+
 /// Default of `--metrics-max-agent-labels`.
 pub const DEFAULT_MAX_AGENT_LABELS: usize = 100;
 
@@ -234,6 +260,11 @@ impl Metrics {
                 hub_writes.insert((kind, op), c);
             }
         }
+        for reason in AUTH_FAILURE_REASONS {
+            auth_failures.get_or_create(&ReasonLabels {
+                reason: reason.into(),
+            });
+        }
         Metrics {
             connected_agents,
             events_received,
@@ -310,12 +341,17 @@ impl Metrics {
             .observe(seconds);
     }
 
-    /// Counts a session opened by `agent`.
+    /// Counts a session opened by `agent` (and exports its refusal counters at zero).
     pub fn connected(&self, agent: &str) {
+        let label = self.agent_label(agent);
+        for reason in REFUSAL_REASONS {
+            self.events_refused.get_or_create(&AgentReasonLabels {
+                agent: label.clone(),
+                reason: reason.into(),
+            });
+        }
         self.agent_connections
-            .get_or_create(&AgentNameLabels {
-                agent_name: self.agent_label(agent),
-            })
+            .get_or_create(&AgentNameLabels { agent_name: label })
             .inc();
     }
 
