@@ -261,7 +261,7 @@ impl Metrics {
             }
         }
         for reason in AUTH_FAILURE_REASONS {
-            auth_failures.get_or_create(&ReasonLabels {
+            let _ = auth_failures.get_or_create(&ReasonLabels {
                 reason: reason.into(),
             });
         }
@@ -345,7 +345,7 @@ impl Metrics {
     pub fn connected(&self, agent: &str) {
         let label = self.agent_label(agent);
         for reason in REFUSAL_REASONS {
-            self.events_refused.get_or_create(&AgentReasonLabels {
+            let _ = self.events_refused.get_or_create(&AgentReasonLabels {
                 agent: label.clone(),
                 reason: reason.into(),
             });
