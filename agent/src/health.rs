@@ -14,14 +14,37 @@ use tokio_util::task::TaskTracker;
 #[derive(Clone)]
 pub struct HealthState {
     pub connected: Arc<AtomicBool>,
+    /// The local caches have listed once.
     pub ready: watch::Receiver<bool>,
+    /// With SVID mTLS: the agent's SVID source (ready only with an unexpired SVID).
+    pub svid: Option<argocd_agent_identity::source::SvidSource>,
     pub metrics: crate::metrics::Metrics,
 }
 
-/// Binds `addr` and serves until `shutdown`.
+impl HealthState {
+    /// `Ok`, or every reason the agent is not ready.
+    pub fn readiness(&self) -> Result<(), String> {
+        let mut reasons = Vec::new();
+        if !*self.ready.borrow() {
+            reasons.push("local caches (Applications, AppProjects, repositories, GPG keys) have not listed yet".to_owned());
+        }
+        if let Some(Err(e)) = self.svid.as_ref().map(|s| s.readiness()) {
+            reasons.push(e);
+        }
+        if reasons.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("not ready: {}", reasons.join("; ")))
+        }
+    }
+}
+
+/// Binds `addr` and serves `/healthz`, `/readyz` and (with `with_metrics`) `/metrics` until
+/// `shutdown`.
 pub async fn serve(
     addr: SocketAddr,
     state: HealthState,
+    with_metrics: bool,
     tasks: &TaskTracker,
     shutdown: CancellationToken,
 ) -> std::io::Result<SocketAddr> {
@@ -30,7 +53,7 @@ pub async fn serve(
     let local = listener.local_addr()?;
     let (c1, ready, metrics) = (
         state.connected.clone(),
-        state.ready.clone(),
+        state.clone(),
         state.metrics.clone(),
     );
     let app = axum::Router::new()
@@ -53,20 +76,19 @@ pub async fn serve(
         .route(
             "/readyz",
             get(move || {
-                let ready = *ready.borrow();
+                let verdict = ready.readiness();
                 async move {
-                    if ready {
-                        (http::StatusCode::OK, "ready")
-                    } else {
-                        (
-                            http::StatusCode::SERVICE_UNAVAILABLE,
-                            "not ready: local Application cache not synced",
-                        )
+                    match verdict {
+                        Ok(()) => (http::StatusCode::OK, "ready".to_owned()),
+                        Err(why) => (http::StatusCode::SERVICE_UNAVAILABLE, why),
                     }
                 }
             }),
-        )
-        .route(
+        );
+    let app = if !with_metrics {
+        app
+    } else {
+        app.route(
             "/metrics",
             get(move || {
                 let body = metrics.encode();
@@ -80,7 +102,8 @@ pub async fn serve(
                     )
                 }
             }),
-        );
+        )
+    };
     tasks.spawn(async move {
         if let Err(e) = axum::serve(listener, app)
             .with_graceful_shutdown(shutdown.cancelled_owned())
@@ -118,11 +141,13 @@ mod tests {
         let state = HealthState {
             connected: connected.clone(),
             ready: rx,
+            svid: None,
             metrics: crate::metrics::Metrics::new(),
         };
         let addr = serve(
             "127.0.0.1:0".parse().unwrap(),
             state,
+            true,
             &tasks,
             shutdown.clone(),
         )

@@ -82,6 +82,8 @@ pub struct AgentConfig {
     pub backoff_max: Duration,
     pub max_message_size: usize,
     pub metrics_listen: Option<SocketAddr>,
+    /// An extra listener for `/healthz` and `/readyz` only (upstream's `--healthz-port`).
+    pub healthz_listen: Option<SocketAddr>,
     /// Adoption, source-UID mismatch and recreate policies (managed mode).
     pub policies: policy::Policies,
     /// Destination-based mapping (managed mode): Applications keep their hub namespace on
@@ -108,6 +110,7 @@ impl Default for AgentConfig {
             backoff_max: Duration::from_secs(30),
             max_message_size: 4 * 1024 * 1024,
             metrics_listen: Some(SocketAddr::from(([0, 0, 0, 0], 8181))),
+            healthz_listen: None,
             policies: policy::Policies::default(),
             destination_based_mapping: false,
         }
@@ -243,23 +246,25 @@ pub async fn start(
 
     let connected = Arc::new(AtomicBool::new(false));
     let (ready_tx, ready_rx) = watch::channel(false);
+    let health_state = HealthState {
+        connected: connected.clone(),
+        ready: ready_rx,
+        svid: dialer.svid().cloned(),
+        metrics: spoke.metrics.clone(),
+    };
     let metrics_addr = match config.metrics_listen {
         Some(addr) => Some(
-            health::serve(
-                addr,
-                HealthState {
-                    connected: connected.clone(),
-                    ready: ready_rx,
-                    metrics: spoke.metrics.clone(),
-                },
-                &tasks,
-                shutdown.clone(),
-            )
-            .await
-            .map_err(|source| AgentError::Listen { addr, source })?,
+            health::serve(addr, health_state.clone(), true, &tasks, shutdown.clone())
+                .await
+                .map_err(|source| AgentError::Listen { addr, source })?,
         ),
         None => None,
     };
+    if let Some(addr) = config.healthz_listen {
+        health::serve(addr, health_state, false, &tasks, shutdown.clone())
+            .await
+            .map_err(|source| AgentError::Listen { addr, source })?;
+    }
 
     let span = tracing::info_span!("agent", mode = %config.mode, server = %config.server);
     tasks.spawn(

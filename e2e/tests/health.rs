@@ -67,3 +67,47 @@ async fn readyz_and_healthz_answer_on_both_binaries() {
         panic!("{e}\n{logs}");
     }
 }
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Upstream's `--healthz-port`: `/healthz` and `/readyz` (not `/metrics`) on their own port,
+/// and a not-ready answer that says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthz_port_serves_probes_only_and_readyz_explains_itself() {
+    let (pp, ap) = (free_port(), free_port());
+    let topo = Topology::start(TopologyOptions {
+        agents: Some(vec![MANAGED]),
+        principal_args: vec!["--healthz-port".into(), pp.to_string()],
+        agent_args: vec!["--healthz-port".into(), ap.to_string()],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let r: Result<(), HarnessError> = async {
+        for (who, port) in [("principal", pp), ("agent", ap)] {
+            eventually(&format!("{who} /readyz on the healthz port"), T, || async {
+                (status(port, "/readyz").await == Some(200)).then_some(())
+            })
+            .await?;
+            assert_eq!(status(port, "/healthz").await, Some(200), "{who}");
+            assert_eq!(
+                status(port, "/metrics").await,
+                Some(404),
+                "{who}: probes only"
+            );
+        }
+        Ok(())
+    }
+    .await;
+    let logs = topo.logs();
+    topo.stop().await;
+    if let Err(e) = r {
+        panic!("{e}\n{logs}");
+    }
+}

@@ -55,6 +55,9 @@ pub struct PrincipalConfig {
     pub create_namespace: bool,
     pub namespace_labels: BTreeMap<String, String>,
     pub metrics_listen: Option<SocketAddr>,
+    /// An extra listener for `/healthz` and `/readyz` only (upstream's `--healthz-port`);
+    /// both are always served on the metrics listener too.
+    pub healthz_listen: Option<SocketAddr>,
     pub max_message_size: usize,
     pub queue: QueueLimits,
     /// A session silent for longer than this is closed (agents send heartbeats).
@@ -84,6 +87,7 @@ impl Default for PrincipalConfig {
             create_namespace: false,
             namespace_labels: BTreeMap::new(),
             metrics_listen: Some(SocketAddr::from(([0, 0, 0, 0], 8000))),
+            healthz_listen: None,
             max_message_size: 4 * 1024 * 1024,
             queue: QueueLimits::default(),
             idle_timeout: Duration::from_secs(120),

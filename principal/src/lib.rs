@@ -186,14 +186,29 @@ pub async fn start(
     watch_revocations(&rules, &hub);
 
     let (ready_tx, ready_rx) = watch::channel(false);
+    let readiness = metrics::Readiness {
+        synced: ready_rx,
+        svid: listener_auth.svid.clone(),
+    };
     let metrics_addr = match config.metrics_listen {
         Some(addr) => Some(
-            metrics::serve(addr, metrics, ready_rx, &tasks, shutdown.clone())
-                .await
-                .map_err(|source| PrincipalError::Listen { addr, source })?,
+            metrics::serve(
+                addr,
+                Some(metrics),
+                readiness.clone(),
+                &tasks,
+                shutdown.clone(),
+            )
+            .await
+            .map_err(|source| PrincipalError::Listen { addr, source })?,
         ),
         None => None,
     };
+    if let Some(addr) = config.healthz_listen {
+        metrics::serve(addr, None, readiness, &tasks, shutdown.clone())
+            .await
+            .map_err(|source| PrincipalError::Listen { addr, source })?;
+    }
     let listener =
         TcpListener::bind(config.listen)
             .await

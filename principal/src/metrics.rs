@@ -380,18 +380,62 @@ impl Metrics {
 
 /// Serves `/metrics`, `/healthz` (liveness: the process serves HTTP) and `/readyz` (503
 /// until `ready` says the principal can serve agents) until `shutdown`.
+/// What `/readyz` checks: the hub watches have listed (`synced`) and, with SVID mTLS, the
+/// principal has an unexpired SVID to serve handshakes with.
+#[derive(Clone)]
+pub struct Readiness {
+    pub synced: tokio::sync::watch::Receiver<bool>,
+    pub svid: Option<argocd_agent_identity::source::SvidSource>,
+}
+
+impl Readiness {
+    /// `Ok`, or every reason the principal is not ready.
+    pub fn check(&self) -> Result<(), String> {
+        let mut reasons = Vec::new();
+        if !*self.synced.borrow() {
+            reasons.push(
+                "hub watches (Applications, AppProjects, repository Secrets, ConfigMaps) have not listed yet"
+                    .to_owned(),
+            );
+        }
+        if let Some(Err(e)) = self.svid.as_ref().map(|s| s.readiness()) {
+            reasons.push(e);
+        }
+        if reasons.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("not ready: {}", reasons.join("; ")))
+        }
+    }
+}
+
+/// Serves `/metrics` (when `metrics` is given), `/healthz` and `/readyz` on `addr`.
 pub async fn serve(
     addr: SocketAddr,
-    metrics: Metrics,
-    ready: tokio::sync::watch::Receiver<bool>,
+    metrics: Option<Metrics>,
+    ready: Readiness,
     tasks: &tokio_util::task::TaskTracker,
     shutdown: tokio_util::sync::CancellationToken,
 ) -> std::io::Result<SocketAddr> {
     use axum::routing::get;
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
-    let app = axum::Router::new()
+    let mut app = axum::Router::new()
+        .route("/healthz", get(|| async { "ok" }))
         .route(
+            "/readyz",
+            get(move || {
+                let verdict = ready.check();
+                async move {
+                    match verdict {
+                        Ok(()) => (http::StatusCode::OK, "ready".to_owned()),
+                        Err(why) => (http::StatusCode::SERVICE_UNAVAILABLE, why),
+                    }
+                }
+            }),
+        );
+    if let Some(metrics) = metrics {
+        app = app.route(
             "/metrics",
             get(move || {
                 let m = metrics.clone();
@@ -405,24 +449,8 @@ pub async fn serve(
                     )
                 }
             }),
-        )
-        .route("/healthz", get(|| async { "ok" }))
-        .route(
-            "/readyz",
-            get(move || {
-                let ready = *ready.borrow();
-                async move {
-                    if ready {
-                        (http::StatusCode::OK, "ready")
-                    } else {
-                        (
-                            http::StatusCode::SERVICE_UNAVAILABLE,
-                            "not ready: hub watch not synced or gRPC listener not serving",
-                        )
-                    }
-                }
-            }),
         );
+    }
     tasks.spawn(async move {
         if let Err(e) = axum::serve(listener, app)
             .with_graceful_shutdown(shutdown.cancelled_owned())
@@ -458,8 +486,11 @@ mod tests {
         let shutdown = tokio_util::sync::CancellationToken::new();
         let addr = serve(
             "127.0.0.1:0".parse().unwrap(),
-            Metrics::new(),
-            rx,
+            Some(Metrics::new()),
+            Readiness {
+                synced: rx,
+                svid: None,
+            },
             &tasks,
             shutdown.clone(),
         )
@@ -473,5 +504,34 @@ mod tests {
         shutdown.cancel();
         tasks.close();
         tasks.wait().await;
+    }
+
+    #[test]
+    fn readiness_names_every_reason() {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        let r = Readiness {
+            synced: rx,
+            svid: None,
+        };
+        let why = r.check().unwrap_err();
+        assert!(why.starts_with("not ready: hub watches"), "{why}");
+        tx.send_replace(true);
+        assert!(r.check().is_ok());
+    }
+
+    #[test]
+    fn per_agent_labels_are_bounded() {
+        let m = Metrics::with_agent_label_limit(2);
+        assert_eq!(m.agent_label("a"), "a");
+        assert_eq!(m.agent_label("b"), "b");
+        assert_eq!(m.agent_label("c"), OTHER_AGENTS);
+        assert_eq!(m.agent_label("a"), "a");
+        m.event(true, "c", "spec-update");
+        m.event(true, "d", "spec-update");
+        let text = m.encode();
+        assert!(
+            text.contains("principal_events_sent_total{agent=\"other\",type=\"spec-update\"} 2"),
+            "{text}"
+        );
     }
 }

@@ -157,6 +157,10 @@ struct PrincipalArgs {
     /// Port of the metrics and health listener; 0 turns it off.
     #[arg(long, env = "ARGOCD_PRINCIPAL_METRICS_PORT", default_value_t = 8000)]
     metrics_port: u16,
+    /// Also serve `/healthz` and `/readyz` on this port (upstream's `--healthz-port`; 0: only
+    /// on the metrics port). Binds `--metrics-host`.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_HEALTH_CHECK_PORT", default_value_t = 0)]
+    healthz_port: u16,
     /// Maximum gRPC message size in bytes.
     #[arg(long, default_value_t = 4 * 1024 * 1024)]
     max_message_size: usize,
@@ -237,6 +241,10 @@ struct AgentArgs {
     /// Port of the metrics and health listener; 0 turns it off.
     #[arg(long, env = "ARGOCD_AGENT_METRICS_PORT", default_value_t = 8181)]
     metrics_port: u16,
+    /// Also serve `/healthz` and `/readyz` on this port (upstream's `--healthz-port`; 0: only
+    /// on the metrics port). Binds `--metrics-host`.
+    #[arg(long, env = "ARGOCD_AGENT_HEALTH_CHECK_PORT", default_value_t = 0)]
+    healthz_port: u16,
     #[arg(long, default_value_t = 4 * 1024 * 1024)]
     max_message_size: usize,
     #[arg(long, env = "ARGOCD_AGENT_LOG_LEVEL", default_value = "info")]
@@ -361,6 +369,8 @@ async fn run_principal(a: PrincipalArgs) -> CmdResult {
         namespace_labels: labels,
         metrics_listen: (a.metrics_port != 0)
             .then(|| SocketAddr::new(a.metrics_host, a.metrics_port)),
+        healthz_listen: (a.healthz_port != 0)
+            .then(|| SocketAddr::new(a.metrics_host, a.healthz_port)),
         max_message_size: a.max_message_size,
         queue: argocd_agent_sync::QueueLimits {
             max_in_flight: a.max_in_flight,
@@ -426,6 +436,8 @@ async fn run_agent(a: AgentArgs) -> CmdResult {
         max_message_size: a.max_message_size,
         metrics_listen: (a.metrics_port != 0)
             .then(|| SocketAddr::new(a.metrics_host, a.metrics_port)),
+        healthz_listen: (a.healthz_port != 0)
+            .then(|| SocketAddr::new(a.metrics_host, a.healthz_port)),
         policies: argocd_agent_agent::policy::Policies {
             adoption: a.adoption_policy,
             mismatch: a.source_uid_mismatch_policy,

@@ -214,6 +214,20 @@ impl SvidSource {
         });
     }
 
+    /// Why this source cannot serve a handshake now (no SVID yet, or the current one has
+    /// expired), for readiness probes; `Ok` when it can.
+    pub fn readiness(&self) -> Result<(), String> {
+        match self.current() {
+            None => Err(format!("no X.509-SVID yet from {}", self.description)),
+            Some(s) if s.svid.is_expired_at(std::time::SystemTime::now()) => Err(format!(
+                "X.509-SVID {} expired (rotation from {} stopped)",
+                s.svid.spiffe_id(),
+                self.description
+            )),
+            Some(_) => Ok(()),
+        }
+    }
+
     /// Where this source reads from, for logs.
     pub fn description(&self) -> &str {
         &self.description
