@@ -324,6 +324,14 @@ async fn reconnect_loop(
         }
         match result {
             Ok(()) => tracing::info!("stream closed by the principal; reconnecting"),
+            Err(SessionError::Status(s))
+                if argocd_agent_identity::transport::is_connection_loss(&s) =>
+            {
+                tracing::warn!(
+                    reason = s.message(),
+                    "connection to the principal lost; reconnecting"
+                )
+            }
             Err(e) => {
                 tracing::warn!(error = %argocd_agent_sync::error_chain(&e), "connection to principal failed")
             }

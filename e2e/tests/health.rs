@@ -111,3 +111,58 @@ async fn healthz_port_serves_probes_only_and_readyz_explains_itself() {
         panic!("{e}\n{logs}");
     }
 }
+
+/// A lost connection is logged as one, on both sides, not as a refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_connections_are_logged_as_lost() {
+    let mut topo = Topology::start(TopologyOptions {
+        agents: Some(vec![MANAGED]),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let r: Result<(), HarnessError> = async {
+        // The agent stops normally: the principal sees its connection go.
+        let agent = topo.managed.as_mut().ok_or("no agent")?;
+        agent.stop().await;
+        eventually("principal logs the agent's departure", T, || async {
+            topo.principal
+                .log()
+                .contains("agent disconnected")
+                .then_some(())
+        })
+        .await?;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let plog = topo.principal.log();
+        assert!(!plog.contains("session ended with error"), "{plog}");
+        // The principal is killed: the agent says the connection was lost.
+        let before = topo.connect_count(MANAGED);
+        topo.managed.as_mut().ok_or("no agent")?.start()?;
+        eventually("agent reconnected", T, || async {
+            (topo.connect_count(MANAGED) > before).then_some(())
+        })
+        .await?;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        topo.principal.kill().await;
+        let agent = topo.managed.as_ref().ok_or("no agent")?;
+        eventually("agent logs a lost connection", T, || async {
+            agent
+                .log()
+                .contains("connection to the principal lost")
+                .then_some(())
+        })
+        .await?;
+        assert!(
+            !agent.log().contains("principal refused the stream"),
+            "{}",
+            agent.log()
+        );
+        Ok(())
+    }
+    .await;
+    let logs = topo.logs();
+    topo.stop().await;
+    if let Err(e) = r {
+        panic!("{e}\n{logs}");
+    }
+}

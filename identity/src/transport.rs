@@ -350,3 +350,59 @@ pub fn connect_lazy(
     Ok(endpoint(addr, &opts)?
         .connect_with_connector_lazy(connector(config, server_name.to_string())))
 }
+
+/// Whether a gRPC status only says the connection went away (the peer process exited, the
+/// network or a proxy cut it) rather than that the peer refused something: logs then say
+/// "connection lost" instead of blaming the peer.
+pub fn is_connection_loss(status: &tonic::Status) -> bool {
+    use std::error::Error as _;
+    if !matches!(
+        status.code(),
+        tonic::Code::Unknown
+            | tonic::Code::Unavailable
+            | tonic::Code::Cancelled
+            | tonic::Code::Internal
+    ) {
+        return false;
+    }
+    let mut text = status.message().to_ascii_lowercase();
+    let mut cur = status.source();
+    while let Some(e) = cur {
+        text.push(' ');
+        text.push_str(&e.to_string().to_ascii_lowercase());
+        cur = e.source();
+    }
+    [
+        "h2 protocol error",
+        "connection reset",
+        "broken pipe",
+        "transport error",
+        "connection closed",
+        "error reading a body from connection",
+        "stream no longer needed",
+        "unexpected eof",
+    ]
+    .iter()
+    .any(|needle| text.contains(needle))
+}
+
+#[cfg(test)]
+mod connection_loss_tests {
+    use super::is_connection_loss;
+
+    #[test]
+    fn transport_failures_are_connection_loss_and_refusals_are_not() {
+        assert!(is_connection_loss(&tonic::Status::unknown(
+            "h2 protocol error: error reading a body from connection"
+        )));
+        assert!(is_connection_loss(&tonic::Status::unavailable(
+            "transport error"
+        )));
+        assert!(!is_connection_loss(&tonic::Status::permission_denied(
+            "h2 protocol error"
+        )));
+        assert!(!is_connection_loss(&tonic::Status::unavailable(
+            "principal shutting down"
+        )));
+    }
+}

@@ -61,9 +61,15 @@ pub fn start(
                 r = run(&ctx, identity, inbound, &tx) => r,
                 _ = ctx.shutdown.cancelled() => Err(Status::unavailable("principal shutting down")),
             };
-            if let Err(status) = result {
-                tracing::warn!(code = ?status.code(), message = status.message(), "session ended with error");
-                let _ = tx.send(Err(status)).await;
+            match result {
+                Err(status) if argocd_agent_identity::transport::is_connection_loss(&status) => {
+                    tracing::info!(reason = status.message(), "connection to the agent lost");
+                }
+                Err(status) => {
+                    tracing::warn!(code = ?status.code(), message = status.message(), "session ended with error");
+                    let _ = tx.send(Err(status)).await;
+                }
+                Ok(()) => {}
             }
         }
         .instrument(span),
