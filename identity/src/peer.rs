@@ -68,6 +68,14 @@ pub fn spiffe_id_from_chain(chain: &[CertificateDer<'_>]) -> Result<SpiffeId, Pe
     Ok(id)
 }
 
+/// The notAfter of a chain's leaf (when the peer's SVID expires); `None` if unparsable.
+pub fn not_after_from_chain(chain: &[CertificateDer<'_>]) -> Option<std::time::SystemTime> {
+    let leaf = chain.first()?;
+    let (_, cert) = x509_parser::parse_x509_certificate(leaf.as_ref()).ok()?;
+    let secs = u64::try_from(cert.validity().not_after.timestamp()).ok()?;
+    Some(std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs))
+}
+
 /// The verified client of a tonic request served over [`crate::transport::tls_incoming`]:
 /// established once per connection, at the handshake.
 pub fn verified_peer<T>(request: &tonic::Request<T>) -> Option<&VerifiedPeer> {

@@ -149,6 +149,11 @@ struct PrincipalArgs {
     /// Port of the metrics and health listener; 0 turns it off.
     #[arg(long, env = "ARGOCD_PRINCIPAL_METRICS_PORT", default_value_t = 8000)]
     metrics_port: u16,
+    /// Operator API (`argocd-agentctl agent ...`): loopback `host:port` or `unix:///path`;
+    /// `off` turns it off. Plaintext and unauthenticated: local operators only (kubectl exec
+    /// or port-forward); a non-loopback address is refused.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_ADMIN_ADDRESS", default_value = argocd_agent_principal::config::DEFAULT_ADMIN_ADDRESS)]
+    admin_address: String,
     /// Maximum gRPC message size in bytes.
     #[arg(long, default_value_t = 4 * 1024 * 1024)]
     max_message_size: usize,
@@ -352,6 +357,13 @@ async fn run_principal(a: PrincipalArgs) -> CmdResult {
         namespace_labels: labels,
         metrics_listen: (a.metrics_port != 0)
             .then(|| SocketAddr::new(a.metrics_host, a.metrics_port)),
+        admin_listen: match a.admin_address.as_str() {
+            "off" | "" => None,
+            addr => Some(
+                addr.parse()
+                    .map_err(|e: String| format!("--admin-address: {e}"))?,
+            ),
+        },
         max_message_size: a.max_message_size,
         queue: argocd_agent_sync::QueueLimits {
             max_in_flight: a.max_in_flight,
@@ -361,7 +373,7 @@ async fn run_principal(a: PrincipalArgs) -> CmdResult {
     };
     let shutdown = shutdown_token();
     let running = argocd_agent_principal::start(config, shutdown).await?;
-    tracing::info!(addr = %running.addr, metrics = ?running.metrics_addr, "principal started");
+    tracing::info!(addr = %running.addr, metrics = ?running.metrics_addr, admin = ?running.admin_addr.as_ref().map(ToString::to_string), "principal started");
     running.wait().await?;
     Ok(())
 }
