@@ -79,8 +79,17 @@ async fn agentctl_lists_inspects_and_disconnects_agents() {
                     return Err(format!("{name}.{field}: want {want}, got {a}").into());
                 }
             }
-            for field in ["connectedSince", "remoteAddress", "agentVersion", "lastEvent", "svidExpiry"] {
-                if a.get(field).and_then(Value::as_str).is_none_or(str::is_empty) {
+            for field in [
+                "connectedSince",
+                "remoteAddress",
+                "agentVersion",
+                "lastEvent",
+                "svidExpiry",
+            ] {
+                if a.get(field)
+                    .and_then(Value::as_str)
+                    .is_none_or(str::is_empty)
+                {
                     return Err(format!("{name}: {field} missing in {a}").into());
                 }
             }
@@ -90,7 +99,10 @@ async fn agentctl_lists_inspects_and_disconnects_agents() {
         let out = ctl(&admin, &["list"]).await?;
         let table = String::from_utf8_lossy(&out.stdout).to_string();
         if !out.status.success()
-            || !table.lines().next().is_some_and(|h| h.starts_with("NAME") && h.contains("MODE"))
+            || !table
+                .lines()
+                .next()
+                .is_some_and(|h| h.starts_with("NAME") && h.contains("MODE"))
             || !table.contains(MANAGED)
             || !table.contains(AUTONOMOUS)
         {
@@ -100,22 +112,30 @@ async fn agentctl_lists_inspects_and_disconnects_agents() {
         // 3. YAML and inspect.
         let out = ctl(&admin, &["inspect", MANAGED, "-o", "yaml"]).await?;
         let yaml = String::from_utf8_lossy(&out.stdout).to_string();
-        if !out.status.success() || !yaml.contains(&agent_id(MANAGED)) || !yaml.contains("mode: managed") {
+        if !out.status.success()
+            || !yaml.contains(&agent_id(MANAGED))
+            || !yaml.contains("mode: managed")
+        {
             return Err(format!("inspect -o yaml: {}", text(&out)).into());
         }
 
         // 4. Disconnect: the session closes and the agent reconnects.
         let before = topo.connect_count(MANAGED);
         let out = ctl(&admin, &["disconnect", MANAGED]).await?;
-        if !out.status.success() || !String::from_utf8_lossy(&out.stdout).contains("session closed") {
+        if !out.status.success() || !String::from_utf8_lossy(&out.stdout).contains("session closed")
+        {
             return Err(format!("disconnect: {}", text(&out)).into());
         }
-        eventually("the principal logs the operator's disconnect", T, || async {
-            topo.principal
-                .log()
-                .contains("session closed by an operator")
-                .then_some(())
-        })
+        eventually(
+            "the principal logs the operator's disconnect",
+            T,
+            || async {
+                topo.principal
+                    .log()
+                    .contains("session closed by an operator")
+                    .then_some(())
+            },
+        )
         .await?;
         eventually("agent-managed reconnects", T, || async {
             (topo.connect_count(MANAGED) > before).then_some(())
@@ -139,7 +159,9 @@ async fn agentctl_lists_inspects_and_disconnects_agents() {
         // 6. No principal at the address: non-zero exit naming the address.
         let out = ctl("127.0.0.1:1", &["list"]).await?;
         let stderr = String::from_utf8_lossy(&out.stderr);
-        if out.status.success() || !stderr.contains("cannot reach the principal's admin API at 127.0.0.1:1") {
+        if out.status.success()
+            || !stderr.contains("cannot reach the principal's admin API at 127.0.0.1:1")
+        {
             return Err(format!("list against nothing: {}", text(&out)).into());
         }
         Ok::<_, HarnessError>(())
@@ -165,7 +187,8 @@ async fn admin_api_on_a_unix_socket() {
     .await
     .unwrap();
     let r = async {
-        let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&sock)?.permissions());
+        let mode =
+            std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&sock)?.permissions());
         if mode & 0o077 != 0 {
             return Err(format!("admin socket is mode {mode:o}; want owner only").into());
         }

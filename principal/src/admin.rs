@@ -89,8 +89,7 @@ impl Admin for AdminService {
         request: Request<ListAgentsRequest>,
     ) -> Result<Response<ListAgentsResponse>, Status> {
         check_local(&request)?;
-        let mut agents: Vec<AgentInfo> =
-            self.hub.agents().iter().map(|s| agent_info(s)).collect();
+        let mut agents: Vec<AgentInfo> = self.hub.agents().iter().map(|s| agent_info(s)).collect();
         agents.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(Response::new(ListAgentsResponse { agents }))
     }
@@ -128,7 +127,8 @@ pub async fn serve(
         addr: address.to_string(),
         source,
     };
-    let router = tonic::transport::Server::builder().add_service(AdminServer::new(AdminService { hub }));
+    let router =
+        tonic::transport::Server::builder().add_service(AdminServer::new(AdminService { hub }));
     match address {
         AdminAddress::Tcp(addr) => {
             if !addr.ip().is_loopback() {
@@ -158,11 +158,8 @@ pub async fn serve(
             }
             let listener = UnixListener::bind(path).map_err(listen_error)?;
             // Owner only: the socket is the whole access control.
-            std::fs::set_permissions(
-                path,
-                std::os::unix::fs::PermissionsExt::from_mode(0o600),
-            )
-            .map_err(listen_error)?;
+            std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+                .map_err(listen_error)?;
             let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
             let cleanup = path.clone();
             tasks.spawn(async move {

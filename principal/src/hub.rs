@@ -169,9 +169,8 @@ impl AgentState {
     /// When the last event was received from the agent.
     pub fn last_event(&self) -> Option<std::time::SystemTime> {
         let ms = self.last_event_ms.load(Ordering::Relaxed);
-        (ms > 0).then(|| {
-            std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.unsigned_abs())
-        })
+        (ms > 0)
+            .then(|| std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.unsigned_abs()))
     }
 }
 

@@ -44,7 +44,9 @@ impl EventStream for EventStreamService {
         })?;
         let peer = argocd_agent_identity::peer::verified_peer(&request);
         let info = SessionInfo {
-            remote_addr: peer.map(|p| p.remote_addr).or_else(|| request.remote_addr()),
+            remote_addr: peer
+                .map(|p| p.remote_addr)
+                .or_else(|| request.remote_addr()),
             svid_expiry: peer
                 .and_then(|p| argocd_agent_identity::peer::not_after_from_chain(&p.chain)),
             ..SessionInfo::default()

@@ -182,9 +182,18 @@ pub fn details(a: &Agent) -> String {
         ("Mapping rule", a.rule.clone()),
         ("Hub namespace", a.namespace.clone()),
         ("Connected", a.connected.to_string()),
-        ("Connected since", a.connected_since.clone().unwrap_or_else(dash)),
-        ("Remote address", a.remote_address.clone().unwrap_or_else(dash)),
-        ("Agent version", a.agent_version.clone().unwrap_or_else(dash)),
+        (
+            "Connected since",
+            a.connected_since.clone().unwrap_or_else(dash),
+        ),
+        (
+            "Remote address",
+            a.remote_address.clone().unwrap_or_else(dash),
+        ),
+        (
+            "Agent version",
+            a.agent_version.clone().unwrap_or_else(dash),
+        ),
         ("Last event", a.last_event.clone().unwrap_or_else(dash)),
         ("Queue depth", a.queue_depth.to_string()),
         ("In flight", a.in_flight.to_string()),
@@ -197,7 +206,11 @@ pub fn details(a: &Agent) -> String {
         .collect()
 }
 
-fn render<T: Serialize>(value: &T, output: Output, table: impl FnOnce() -> String) -> crate::CmdResult {
+fn render<T: Serialize>(
+    value: &T,
+    output: Output,
+    table: impl FnOnce() -> String,
+) -> crate::CmdResult {
     let text = match output {
         Output::Table => table(),
         Output::Json => serde_json::to_string_pretty(value)? + "\n",
@@ -306,7 +319,10 @@ pub async fn run(command: Command) -> crate::CmdResult {
             };
             render(&out, a.admin.output, || {
                 if was_connected {
-                    format!("{}: session closed (the agent reconnects on its own)\n", a.name)
+                    format!(
+                        "{}: session closed (the agent reconnects on its own)\n",
+                        a.name
+                    )
                 } else {
                     format!("{}: was not connected; nothing to close\n", a.name)
                 }
