@@ -122,6 +122,16 @@ mod tests {
     }
 
     #[test]
+    fn not_after_is_read_from_the_leaf() {
+        // rcgen's default validity ends on 4096-01-01T00:00:00Z.
+        let t = not_after_from_chain(&[cert(&["spiffe://example.org/agent"], false)]).unwrap();
+        let secs = t.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+        assert_eq!(secs, 67_090_118_400);
+        assert_eq!(not_after_from_chain(&[]), None);
+        assert_eq!(not_after_from_chain(&[CertificateDer::from(vec![1, 2, 3])]), None);
+    }
+
+    #[test]
     fn leaf_with_zero_or_two_uri_sans_is_refused() {
         assert_eq!(
             spiffe_id_from_chain(&[cert(&[], false)]),
