@@ -128,7 +128,10 @@ mod tests {
         let secs = t.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
         assert_eq!(secs, 67_090_118_400);
         assert_eq!(not_after_from_chain(&[]), None);
-        assert_eq!(not_after_from_chain(&[CertificateDer::from(vec![1, 2, 3])]), None);
+        assert_eq!(
+            not_after_from_chain(&[CertificateDer::from(vec![1, 2, 3])]),
+            None
+        );
     }
 
     #[test]
