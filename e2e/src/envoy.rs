@@ -320,7 +320,7 @@ impl MeshTopology {
 }
 
 /// Arguments of a principal with `--auth header:envoy` on `listen`, the topology's mapping
-/// rule and no metrics listener.
+/// rule and no metrics or admin listener.
 pub fn header_principal_args(kubeconfig: &Path, listen: SocketAddr) -> Vec<String> {
     vec![
         "principal".into(),
@@ -336,5 +336,7 @@ pub fn header_principal_args(kubeconfig: &Path, listen: SocketAddr) -> Vec<Strin
         RULE.into(),
         "--metrics-port".into(),
         "0".into(),
+        "--admin-address".into(),
+        "off".into(),
     ]
 }

@@ -249,6 +249,8 @@ pub struct Topology {
     /// Port of each process's `/metrics`, `/healthz`, `/readyz` endpoint on 127.0.0.1, by
     /// `"principal"` or agent name.
     pub metrics_ports: std::collections::HashMap<String, u16>,
+    /// The principal's `--admin-address` (operator API).
+    pub admin_address: String,
 }
 
 fn free_port() -> std::io::Result<u16> {
@@ -478,6 +480,19 @@ impl Topology {
             Some(f) => pargs.extend(["--identity-rules".into(), f.display().to_string()]),
             None => pargs.extend(["--identity-rule".into(), RULE.into()]),
         }
+        // The operator API on a free loopback port, unless the test chose one.
+        let admin_address = match opts
+            .principal_args
+            .iter()
+            .position(|a| a == "--admin-address")
+        {
+            Some(i) => opts.principal_args.get(i + 1).cloned().unwrap_or_default(),
+            None => {
+                let a = format!("127.0.0.1:{}", free_port()?);
+                pargs.extend(["--admin-address".into(), a.clone()]);
+                a
+            }
+        };
         pargs.extend(opts.principal_args.iter().cloned());
         let mut principal = Proc::new("principal", bin.clone(), pargs, dir.join("principal.log"));
         principal.start()?;
@@ -564,6 +579,7 @@ impl Topology {
             principal_addr,
             proxy,
             metrics_ports,
+            admin_address,
         };
         for agent in which {
             if let Err(e) = topo.wait_connected(agent, Duration::from_secs(30)).await {

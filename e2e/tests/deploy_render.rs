@@ -866,7 +866,11 @@ fn run_with_rendered_settings(dir: &Path, objects: &[Value]) -> Result<(), Strin
     }
     let principal = component(dir) == Component::Principal;
     if principal {
-        args.extend(["--listen-host=127.0.0.1".into(), "--listen-port=0".into()]);
+        args.extend([
+            "--listen-host=127.0.0.1".into(),
+            "--listen-port=0".into(),
+            "--admin-address=off".into(),
+        ]);
     }
     args.push("--metrics-port=0".into());
     args.push(format!(

@@ -68,6 +68,14 @@ pub fn spiffe_id_from_chain(chain: &[CertificateDer<'_>]) -> Result<SpiffeId, Pe
     Ok(id)
 }
 
+/// The notAfter of a chain's leaf (when the peer's SVID expires); `None` if unparsable.
+pub fn not_after_from_chain(chain: &[CertificateDer<'_>]) -> Option<std::time::SystemTime> {
+    let leaf = chain.first()?;
+    let (_, cert) = x509_parser::parse_x509_certificate(leaf.as_ref()).ok()?;
+    let secs = u64::try_from(cert.validity().not_after.timestamp()).ok()?;
+    Some(std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs))
+}
+
 /// The verified client of a tonic request served over [`crate::transport::tls_incoming`]:
 /// established once per connection, at the handshake.
 pub fn verified_peer<T>(request: &tonic::Request<T>) -> Option<&VerifiedPeer> {
@@ -111,6 +119,19 @@ mod tests {
     fn single_spiffe_uri_san_is_the_peer_id() {
         let id = spiffe_id_from_chain(&[cert(&["spiffe://example.org/agent"], false)]).unwrap();
         assert_eq!(id.as_str(), "spiffe://example.org/agent");
+    }
+
+    #[test]
+    fn not_after_is_read_from_the_leaf() {
+        // rcgen's default validity ends on 4096-01-01T00:00:00Z.
+        let t = not_after_from_chain(&[cert(&["spiffe://example.org/agent"], false)]).unwrap();
+        let secs = t.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+        assert_eq!(secs, 67_090_118_400);
+        assert_eq!(not_after_from_chain(&[]), None);
+        assert_eq!(
+            not_after_from_chain(&[CertificateDer::from(vec![1, 2, 3])]),
+            None
+        );
     }
 
     #[test]

@@ -33,6 +33,49 @@ pub enum AuthConfig {
     },
 }
 
+/// Where the operator (admin) API listens: loopback TCP or a Unix socket. Plaintext and
+/// unauthenticated: only local operators (`kubectl exec`, `kubectl port-forward`) reach it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AdminAddress {
+    /// A loopback TCP address (anything else is refused at start).
+    Tcp(SocketAddr),
+    /// A Unix socket path (`unix:///path`).
+    Unix(PathBuf),
+}
+
+impl std::str::FromStr for AdminAddress {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if let Some(path) = s.strip_prefix("unix://") {
+            if path.is_empty() {
+                return Err("unix:// needs a socket path (unix:///run/admin.sock)".into());
+            }
+            return Ok(AdminAddress::Unix(PathBuf::from(path)));
+        }
+        let addr: SocketAddr = s
+            .parse()
+            .map_err(|e| format!("{s:?}: expected host:port or unix:///path ({e})"))?;
+        if !addr.ip().is_loopback() {
+            return Err(format!(
+                "{addr}: the admin API is plaintext and unauthenticated; it listens on loopback or a Unix socket only"
+            ));
+        }
+        Ok(AdminAddress::Tcp(addr))
+    }
+}
+
+impl std::fmt::Display for AdminAddress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AdminAddress::Tcp(a) => write!(f, "{a}"),
+            AdminAddress::Unix(p) => write!(f, "unix://{}", p.display()),
+        }
+    }
+}
+
+/// The default admin address: `127.0.0.1:8001`.
+pub const DEFAULT_ADMIN_ADDRESS: &str = "127.0.0.1:8001";
+
 /// Principal configuration.
 #[derive(Debug, Clone)]
 pub struct PrincipalConfig {
@@ -58,6 +101,8 @@ pub struct PrincipalConfig {
     /// An extra listener for `/healthz` and `/readyz` only (upstream's `--healthz-port`);
     /// both are always served on the metrics listener too.
     pub healthz_listen: Option<SocketAddr>,
+    /// The operator API's listener (`--admin-address`); `None` turns it off.
+    pub admin_listen: Option<AdminAddress>,
     pub max_message_size: usize,
     pub queue: QueueLimits,
     /// A session silent for longer than this is closed (agents send heartbeats).
@@ -88,6 +133,8 @@ impl Default for PrincipalConfig {
             namespace_labels: BTreeMap::new(),
             metrics_listen: Some(SocketAddr::from(([0, 0, 0, 0], 8000))),
             healthz_listen: None,
+            // Off for embedders; the binary's `--admin-address` defaults to DEFAULT_ADMIN_ADDRESS.
+            admin_listen: None,
             max_message_size: 4 * 1024 * 1024,
             queue: QueueLimits::default(),
             idle_timeout: Duration::from_secs(120),
@@ -95,5 +142,30 @@ impl Default for PrincipalConfig {
                 argocd_agent_identity::transport::DEFAULT_MAX_CONCURRENT_HANDSHAKES,
             max_concurrent_streams: 16,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn admin_address_is_loopback_or_unix_socket() {
+        assert_eq!(
+            DEFAULT_ADMIN_ADDRESS.parse::<AdminAddress>().unwrap(),
+            AdminAddress::Tcp("127.0.0.1:8001".parse().unwrap())
+        );
+        assert_eq!(
+            "[::1]:9".parse::<AdminAddress>().unwrap().to_string(),
+            "[::1]:9"
+        );
+        assert_eq!(
+            "unix:///run/a.sock".parse::<AdminAddress>().unwrap(),
+            AdminAddress::Unix("/run/a.sock".into())
+        );
+        let err = "0.0.0.0:8001".parse::<AdminAddress>().unwrap_err();
+        assert!(err.contains("loopback"), "{err}");
+        assert!("unix://".parse::<AdminAddress>().is_err());
+        assert!("localhost".parse::<AdminAddress>().is_err());
     }
 }

@@ -44,6 +44,15 @@ pub enum PrincipalError {
         #[source]
         source: std::io::Error,
     },
+    /// The admin listener could not be bound.
+    #[error("admin listener {addr}")]
+    AdminListen {
+        /// The address (`host:port` or `unix://path`).
+        addr: String,
+        /// The failure.
+        #[source]
+        source: std::io::Error,
+    },
     /// The gRPC server failed.
     #[error("gRPC server")]
     Serve(#[from] tonic::transport::Error),

@@ -7,7 +7,7 @@
 //! the last object the agent sent (`desired`).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use argocd_agent_identity::{AgentIdentity, AgentMode, AgentName, Namespace, ResourceKind};
@@ -92,6 +92,20 @@ pub(crate) struct AgentInner {
     pub(crate) sent_config: HashMap<ConfigKey, String>,
     /// Autonomous: the agent's projects as it sent them, by their name on the spoke.
     pub(crate) desired_projects: HashMap<String, Arc<Value>>,
+    /// What the operator API shows about the current (or last) session.
+    session_info: SessionInfo,
+}
+
+/// What is known about an agent's current (or last) session, for the operator API.
+#[derive(Debug, Clone, Default)]
+pub struct SessionInfo {
+    pub connected_since: Option<std::time::SystemTime>,
+    /// The peer address (the sidecar's or the ingress's when one sits in front).
+    pub remote_addr: Option<std::net::SocketAddr>,
+    /// The agent's version, from its hello.
+    pub agent_version: String,
+    /// notAfter of the client certificate, when the session is mutual TLS.
+    pub svid_expiry: Option<std::time::SystemTime>,
 }
 
 /// State of one agent, kept across its sessions.
@@ -102,6 +116,8 @@ pub struct AgentState {
     pub queue: SendQueue,
     inner: Mutex<AgentInner>,
     inbox: ChangeInbox,
+    /// Last event received from the agent, Unix milliseconds (0: none yet).
+    last_event_ms: AtomicI64,
 }
 
 impl AgentState {
@@ -131,6 +147,30 @@ impl AgentState {
     /// Whether a session is open.
     pub fn is_connected(&self) -> bool {
         self.inner().session.is_some()
+    }
+    /// Records what the operator API shows about session `session_id`, if it is current.
+    pub fn set_session_info(&self, session_id: u64, info: SessionInfo) {
+        let mut inner = self.inner();
+        if inner.session.as_ref().map(|(id, _)| *id) == Some(session_id) {
+            inner.session_info = info;
+        }
+    }
+    /// What is known about the current (or last) session.
+    pub fn session_info(&self) -> SessionInfo {
+        self.inner().session_info.clone()
+    }
+    /// Records that an event was received from the agent now.
+    pub fn touch(&self) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        self.last_event_ms.store(now, Ordering::Relaxed);
+    }
+    /// When the last event was received from the agent.
+    pub fn last_event(&self) -> Option<std::time::SystemTime> {
+        let ms = self.last_event_ms.load(Ordering::Relaxed);
+        (ms > 0)
+            .then(|| std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.unsigned_abs()))
     }
 }
 
@@ -398,8 +438,10 @@ impl Hub {
                         sent_operation: HashMap::new(),
                         sent_config: HashMap::new(),
                         desired_projects: HashMap::new(),
+                        session_info: SessionInfo::default(),
                     }),
                     inbox: ChangeInbox::default(),
+                    last_event_ms: AtomicI64::new(0),
                 });
                 registry.agents.insert(name.clone(), state.clone());
                 self.spawn_worker(state.clone());
@@ -451,13 +493,15 @@ impl Hub {
             .collect()
     }
 
-    /// Closes the current session of `agent`, if any.
-    pub fn disconnect(&self, agent: &AgentName) {
+    /// Closes the current session of `agent`, if any; returns whether one was open.
+    pub fn disconnect(&self, agent: &AgentName) -> bool {
         if let Some(state) = self.agent(agent)
             && let Some((_, token)) = state.inner().session.take()
         {
             token.cancel();
+            return true;
         }
+        false
     }
 
     /// Creates the agent's hub namespace when configured to.

@@ -9,6 +9,7 @@
 //! [`hub::Hub::route`] and one worker per agent.
 #![forbid(unsafe_code)]
 
+pub mod admin;
 pub mod auth;
 pub mod config;
 pub mod error;
@@ -45,7 +46,7 @@ use argocd_agent_identity::{Namespace, ResourceKind};
 use futures::StreamExt;
 
 pub use argocd_agent_identity::source::SvidConfig;
-pub use config::{AuthConfig, PrincipalConfig};
+pub use config::{AdminAddress, AuthConfig, PrincipalConfig};
 pub use error::{ApplyError, PrincipalError};
 
 /// How long shutdown waits for sessions and workers to finish.
@@ -55,6 +56,8 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct Running {
     pub addr: SocketAddr,
     pub metrics_addr: Option<SocketAddr>,
+    /// Where the operator API listens (`None`: turned off).
+    pub admin_addr: Option<config::AdminAddress>,
     pub hub: Arc<Hub>,
     tasks: TaskTracker,
     done: tokio::task::JoinHandle<Result<(), PrincipalError>>,
@@ -209,6 +212,14 @@ pub async fn start(
             .await
             .map_err(|source| PrincipalError::Listen { addr, source })?;
     }
+    let admin_addr = match &config.admin_listen {
+        Some(address) => {
+            let bound = admin::serve(address, hub.clone(), &tasks, shutdown.clone()).await?;
+            tracing::info!(admin = %bound, "admin API listening (plaintext, local operators only)");
+            Some(bound)
+        }
+        None => None,
+    };
     let listener =
         TcpListener::bind(config.listen)
             .await
@@ -243,6 +254,7 @@ pub async fn start(
     Ok(Running {
         addr,
         metrics_addr,
+        admin_addr,
         hub,
         tasks,
         done,

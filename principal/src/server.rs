@@ -13,6 +13,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::auth::Authenticator;
+use crate::hub::SessionInfo;
 use crate::session::{self, SessionContext};
 
 /// `EventStream` implementation.
@@ -41,7 +42,16 @@ impl EventStream for EventStreamService {
             tracing::warn!(%client, reason = %denied, "stream refused: identity does not map to an agent");
             Status::permission_denied(denied.to_string())
         })?;
-        let rx = session::start(&self.sessions, identity, request.into_inner());
+        let peer = argocd_agent_identity::peer::verified_peer(&request);
+        let info = SessionInfo {
+            remote_addr: peer
+                .map(|p| p.remote_addr)
+                .or_else(|| request.remote_addr()),
+            svid_expiry: peer
+                .and_then(|p| argocd_agent_identity::peer::not_after_from_chain(&p.chain)),
+            ..SessionInfo::default()
+        };
+        let rx = session::start(&self.sessions, identity, info, request.into_inner());
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 }

@@ -21,7 +21,7 @@ use tonic::Status;
 use tracing::Instrument;
 
 use crate::error::chain;
-use crate::hub::{AgentState, Applied, Hub};
+use crate::hub::{AgentState, Applied, Hub, SessionInfo};
 use crate::inbound::{Decision, OwnerRecord, Placement, decide};
 
 static SESSION_IDS: AtomicU64 = AtomicU64::new(1);
@@ -46,10 +46,12 @@ pub struct SessionContext {
 
 type Outbound = mpsc::Sender<Result<CloudEvent, Status>>;
 
-/// Starts a session for an authenticated identity. Returns the outbound stream.
+/// Starts a session for an authenticated identity; `peer` holds what the connection tells
+/// about it (address, certificate expiry). Returns the outbound stream.
 pub fn start(
     ctx: &SessionContext,
     identity: AgentIdentity,
+    peer: SessionInfo,
     inbound: impl Stream<Item = Result<CloudEvent, Status>> + Send + Unpin + 'static,
 ) -> mpsc::Receiver<Result<CloudEvent, Status>> {
     let (tx, rx) = mpsc::channel(OUTBOUND_BUFFER);
@@ -58,7 +60,7 @@ pub fn start(
     ctx.tasks.clone().spawn(
         async move {
             let result = tokio::select! {
-                r = run(&ctx, identity, inbound, &tx) => r,
+                r = run(&ctx, identity, peer, inbound, &tx) => r,
                 _ = ctx.shutdown.cancelled() => Err(Status::unavailable("principal shutting down")),
             };
             match result {
@@ -155,6 +157,7 @@ fn welcome(hub: &Hub, identity: &AgentIdentity, hello: &Hello) -> Event {
 async fn run(
     ctx: &SessionContext,
     identity: AgentIdentity,
+    peer: SessionInfo,
     mut inbound: impl Stream<Item = Result<CloudEvent, Status>> + Send + Unpin + 'static,
     tx: &Outbound,
 ) -> Result<(), Status> {
@@ -180,6 +183,15 @@ async fn run(
     let session_id = SESSION_IDS.fetch_add(1, Ordering::Relaxed);
     let token = CancellationToken::new();
     let state = hub.attach(identity.clone(), mode, session_id, token.clone());
+    state.touch();
+    state.set_session_info(
+        session_id,
+        SessionInfo {
+            connected_since: Some(std::time::SystemTime::now()),
+            agent_version: hello.version.clone(),
+            ..peer
+        },
+    );
     hub.ensure_namespace(&identity.namespace, &identity.agent)
         .await;
     hub.metrics.connected_agents.inc();
@@ -237,6 +249,7 @@ async fn run(
             msg = inbound.next() => {
                 let Some(msg) = msg else { return Ok(()) };
                 last_seen = tokio::time::Instant::now();
+                state.touch();
                 handle_inbound(hub, &state, &identity, mode, msg?, tx).await?;
             }
             _ = idle_check.tick() => {

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 fn generate(out: &Path) {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let protos = [
+        "admin.proto",
         "cloudevents.proto",
         "eventstream.proto",
         "version.proto",

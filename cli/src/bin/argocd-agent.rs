@@ -161,6 +161,11 @@ struct PrincipalArgs {
     /// on the metrics port). Binds `--metrics-host`.
     #[arg(long, env = "ARGOCD_PRINCIPAL_HEALTH_CHECK_PORT", default_value_t = 0)]
     healthz_port: u16,
+    /// Operator API (`argocd-agentctl agent ...`): loopback `host:port` or `unix:///path`;
+    /// `off` turns it off. Plaintext and unauthenticated: local operators only (kubectl exec
+    /// or port-forward); a non-loopback address is refused.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_ADMIN_ADDRESS", default_value = argocd_agent_principal::config::DEFAULT_ADMIN_ADDRESS)]
+    admin_address: String,
     /// Maximum gRPC message size in bytes.
     #[arg(long, default_value_t = 4 * 1024 * 1024)]
     max_message_size: usize,
@@ -371,6 +376,13 @@ async fn run_principal(a: PrincipalArgs) -> CmdResult {
             .then(|| SocketAddr::new(a.metrics_host, a.metrics_port)),
         healthz_listen: (a.healthz_port != 0)
             .then(|| SocketAddr::new(a.metrics_host, a.healthz_port)),
+        admin_listen: match a.admin_address.as_str() {
+            "off" | "" => None,
+            addr => Some(
+                addr.parse()
+                    .map_err(|e: String| format!("--admin-address: {e}"))?,
+            ),
+        },
         max_message_size: a.max_message_size,
         queue: argocd_agent_sync::QueueLimits {
             max_in_flight: a.max_in_flight,
@@ -380,7 +392,7 @@ async fn run_principal(a: PrincipalArgs) -> CmdResult {
     };
     let shutdown = shutdown_token();
     let running = argocd_agent_principal::start(config, shutdown).await?;
-    tracing::info!(addr = %running.addr, metrics = ?running.metrics_addr, "principal started");
+    tracing::info!(addr = %running.addr, metrics = ?running.metrics_addr, admin = ?running.admin_addr.as_ref().map(ToString::to_string), "principal started");
     running.wait().await?;
     Ok(())
 }

@@ -24,6 +24,9 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Agents as a running principal sees them (its admin API): list, inspect, disconnect.
+    #[command(subcommand)]
+    Agent(ctl::agent::Command),
     /// SPIFFE identities: explain mapping rules, inspect the current SVID.
     #[command(subcommand)]
     Identity(ctl::identity::Command),
@@ -50,6 +53,7 @@ async fn main() {
     let cli = Cli::parse();
     argocd_agent_cli::logging::init(&cli.log_level, false);
     let result = match cli.command {
+        Command::Agent(c) => ctl::agent::run(c).await,
         Command::Identity(c) => ctl::identity::run(c).await,
         #[cfg(feature = "dev-tools")]
         Command::Spiffe(c) => ctl::spiffe::run(c).await,

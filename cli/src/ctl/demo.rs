@@ -381,8 +381,9 @@ pub async fn run(args: DemoArgs) -> crate::CmdResult {
 
     let k = kubectl();
     let help = format!(
-        "Try (in another terminal):\n  {k} --kubeconfig {d}/hub.kubeconfig -n {MANAGED} edit application guestbook\n  {k} --kubeconfig {d}/hub.kubeconfig -n {MANAGED} apply -f my-app.yaml\n  {k} --kubeconfig {d}/managed.kubeconfig -n {SPOKE_NS} get applications -w\n  {k} --kubeconfig {d}/autonomous.kubeconfig -n {SPOKE_NS} delete application edge-guestbook\n  {k} --kubeconfig {d}/managed.kubeconfig -n {SPOKE_NS} get appprojects,secrets   # team-a, team-a-repo from the hub\n  {k} --kubeconfig {d}/managed.kubeconfig -n {SPOKE_NS} delete secret {TEAM_REPO}   # comes back\n  {k} --kubeconfig {d}/hub.kubeconfig -n {HUB_ARGOCD_NS} get appprojects   # {AUTONOMOUS}-{EDGE_PROJECT} from the autonomous spoke\nLogs: {d}/principal.log, {d}/{MANAGED}.log, {d}/{AUTONOMOUS}.log. Ctrl-C stops everything.\n",
-        d = dir.display()
+        "Try (in another terminal):\n  {k} --kubeconfig {d}/hub.kubeconfig -n {MANAGED} edit application guestbook\n  {k} --kubeconfig {d}/hub.kubeconfig -n {MANAGED} apply -f my-app.yaml\n  {k} --kubeconfig {d}/managed.kubeconfig -n {SPOKE_NS} get applications -w\n  {k} --kubeconfig {d}/autonomous.kubeconfig -n {SPOKE_NS} delete application edge-guestbook\n  {k} --kubeconfig {d}/managed.kubeconfig -n {SPOKE_NS} get appprojects,secrets   # team-a, team-a-repo from the hub\n  {k} --kubeconfig {d}/managed.kubeconfig -n {SPOKE_NS} delete secret {TEAM_REPO}   # comes back\n  {k} --kubeconfig {d}/hub.kubeconfig -n {HUB_ARGOCD_NS} get appprojects   # {AUTONOMOUS}-{EDGE_PROJECT} from the autonomous spoke\n  argocd-agentctl agent list --principal-admin-address {admin}   # agents as the principal sees them\nLogs: {d}/principal.log, {d}/{MANAGED}.log, {d}/{AUTONOMOUS}.log. Ctrl-C stops everything.\n",
+        d = dir.display(),
+        admin = topo.admin_address
     );
     let tty = std::io::stdout().is_terminal();
     let deadline = args

@@ -1,5 +1,6 @@
 //! `argocd-agentctl` subcommands, one module each.
 
+pub mod agent;
 #[cfg(feature = "dev-tools")]
 pub mod demo;
 #[cfg(feature = "dev-tools")]

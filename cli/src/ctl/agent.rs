@@ -1,0 +1,384 @@
+//! `argocd-agentctl agent`: agents as a running principal sees them, through its admin API
+//! (`--admin-address` of the principal: loopback TCP or a Unix socket, plaintext).
+
+use std::time::Duration;
+
+use argocd_agent_proto::admin::admin_client::AdminClient;
+use argocd_agent_proto::admin::{
+    AgentInfo, DisconnectAgentRequest, InspectAgentRequest, ListAgentsRequest,
+};
+use serde::Serialize;
+use tonic::transport::{Channel, Endpoint};
+
+/// Subcommands of `argocd-agentctl agent`.
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// Every agent the principal has seen since it started, connected or not.
+    List(ListArgs),
+    /// One agent in detail. Exits non-zero if the principal does not know it.
+    Inspect(NameArgs),
+    /// Closes the agent's current session; the agent reconnects on its own (and resyncs).
+    Disconnect(NameArgs),
+}
+
+/// Where the principal's admin API is.
+#[derive(Debug, clap::Args)]
+pub struct AdminArgs {
+    /// The principal's admin API: `host:port` (reach a pod's with `kubectl port-forward`)
+    /// or `unix:///path` (with `kubectl exec`).
+    #[arg(
+        long,
+        env = "ARGOCD_AGENTCTL_PRINCIPAL_ADMIN_ADDRESS",
+        default_value = "127.0.0.1:8001"
+    )]
+    principal_admin_address: String,
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
+    output: Output,
+}
+
+/// Output formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    Table,
+    Json,
+    Yaml,
+}
+
+/// Arguments of `agent list`.
+#[derive(Debug, clap::Args)]
+pub struct ListArgs {
+    #[command(flatten)]
+    admin: AdminArgs,
+}
+
+/// Arguments of `agent inspect` and `agent disconnect`.
+#[derive(Debug, clap::Args)]
+pub struct NameArgs {
+    /// The agent's name.
+    name: String,
+    #[command(flatten)]
+    admin: AdminArgs,
+}
+
+/// One agent, as printed (JSON / YAML field names are stable).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Agent {
+    pub name: String,
+    pub mode: String,
+    /// The client identity the agent authenticated with (its SPIFFE ID).
+    pub client: String,
+    /// The mapping rule that mapped it.
+    pub rule: String,
+    pub namespace: String,
+    pub connected: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub connected_since: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub remote_address: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent_version: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_event: Option<String>,
+    pub queue_depth: u64,
+    pub in_flight: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub svid_expiry: Option<String>,
+}
+
+fn time(ms: i64) -> Option<String> {
+    (ms > 0)
+        .then(|| jiff::Timestamp::from_millisecond(ms).ok())
+        .flatten()
+        .map(|t| t.round(jiff::Unit::Second).unwrap_or(t).to_string())
+}
+
+fn non_empty(s: String) -> Option<String> {
+    (!s.is_empty()).then_some(s)
+}
+
+impl From<AgentInfo> for Agent {
+    fn from(a: AgentInfo) -> Self {
+        Agent {
+            name: a.name,
+            mode: a.mode,
+            client: a.client,
+            rule: a.rule,
+            namespace: a.namespace,
+            connected: a.connected,
+            connected_since: time(a.connected_since_unix_ms),
+            remote_address: non_empty(a.remote_address),
+            agent_version: non_empty(a.agent_version),
+            last_event: time(a.last_event_unix_ms),
+            queue_depth: a.queue_depth,
+            in_flight: a.in_flight,
+            svid_expiry: time(a.svid_expiry_unix_ms),
+        }
+    }
+}
+
+/// The agents as a table: a header, then one row per agent, columns aligned.
+pub fn table(agents: &[Agent]) -> String {
+    let header = [
+        "NAME",
+        "MODE",
+        "CONNECTED",
+        "SINCE",
+        "VERSION",
+        "QUEUE",
+        "NAMESPACE",
+        "RULE",
+        "CLIENT",
+    ];
+    let dash = || "-".to_string();
+    let rows: Vec<Vec<String>> = agents
+        .iter()
+        .map(|a| {
+            vec![
+                a.name.clone(),
+                a.mode.clone(),
+                a.connected.to_string(),
+                a.connected_since.clone().unwrap_or_else(dash),
+                a.agent_version.clone().unwrap_or_else(dash),
+                format!("{}/{}", a.queue_depth, a.in_flight),
+                a.namespace.clone(),
+                a.rule.clone(),
+                a.client.clone(),
+            ]
+        })
+        .collect();
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.len());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let mut out = String::new();
+        for (i, (cell, w)) in cells.iter().zip(&widths).enumerate() {
+            if i + 1 == cells.len() {
+                out.push_str(cell);
+            } else {
+                out.push_str(&format!("{cell:<w$}   "));
+            }
+        }
+        out.trim_end().to_string() + "\n"
+    };
+    let mut out = line(header.iter().map(|h| h.to_string()).collect());
+    for row in rows {
+        out.push_str(&line(row));
+    }
+    out
+}
+
+/// One agent in detail, `key: value` lines.
+pub fn details(a: &Agent) -> String {
+    let dash = || "-".to_string();
+    let fields = [
+        ("Name", a.name.clone()),
+        ("Mode", a.mode.clone()),
+        ("Client (SPIFFE ID)", a.client.clone()),
+        ("Mapping rule", a.rule.clone()),
+        ("Hub namespace", a.namespace.clone()),
+        ("Connected", a.connected.to_string()),
+        (
+            "Connected since",
+            a.connected_since.clone().unwrap_or_else(dash),
+        ),
+        (
+            "Remote address",
+            a.remote_address.clone().unwrap_or_else(dash),
+        ),
+        (
+            "Agent version",
+            a.agent_version.clone().unwrap_or_else(dash),
+        ),
+        ("Last event", a.last_event.clone().unwrap_or_else(dash)),
+        ("Queue depth", a.queue_depth.to_string()),
+        ("In flight", a.in_flight.to_string()),
+        ("SVID expiry", a.svid_expiry.clone().unwrap_or_else(dash)),
+    ];
+    let w = fields.iter().map(|(k, _)| k.len()).max().unwrap_or(0) + 1;
+    fields
+        .iter()
+        .map(|(k, v)| format!("{:<w$} {v}\n", format!("{k}:")))
+        .collect()
+}
+
+fn render<T: Serialize>(
+    value: &T,
+    output: Output,
+    table: impl FnOnce() -> String,
+) -> crate::CmdResult {
+    let text = match output {
+        Output::Table => table(),
+        Output::Json => serde_json::to_string_pretty(value)? + "\n",
+        Output::Yaml => serde_saphyr::to_string(value)?,
+    };
+    print!("{text}");
+    Ok(())
+}
+
+/// Connects to the admin API at `address` (`host:port` or `unix:///path`).
+async fn connect(address: &str) -> Result<AdminClient<Channel>, String> {
+    let unreachable = |e: &dyn std::error::Error| {
+        format!(
+            "cannot reach the principal's admin API at {address}: {} (is the principal running with --admin-address {address}? from outside the pod use kubectl port-forward)",
+            argocd_agent_sync::error_chain(e)
+        )
+    };
+    let channel = if let Some(path) = address.strip_prefix("unix://") {
+        let path = std::path::PathBuf::from(path);
+        Endpoint::from_static("http://admin.local")
+            .connect_timeout(Duration::from_secs(5))
+            .connect_with_connector(tower::service_fn(move |_: http_uri::Uri| {
+                let path = path.clone();
+                async move {
+                    let stream = tokio::net::UnixStream::connect(path).await?;
+                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+                }
+            }))
+            .await
+            .map_err(|e| unreachable(&e))?
+    } else {
+        if address.contains("://") {
+            return Err(format!(
+                "--principal-admin-address {address:?}: expected host:port or unix:///path"
+            ));
+        }
+        Endpoint::from_shared(format!("http://{address}"))
+            .map_err(|e| format!("--principal-admin-address {address:?}: {e}"))?
+            .connect_timeout(Duration::from_secs(5))
+            .connect()
+            .await
+            .map_err(|e| unreachable(&e))?
+    };
+    Ok(AdminClient::new(channel))
+}
+
+/// The admin API's refusal as one line.
+fn status(what: &str, s: tonic::Status) -> String {
+    match s.code() {
+        tonic::Code::NotFound | tonic::Code::InvalidArgument => s.message().to_string(),
+        code => format!("{what}: {code:?}: {}", s.message()),
+    }
+}
+
+mod http_uri {
+    pub use tonic::codegen::http::Uri;
+}
+
+/// Runs an `agent` subcommand.
+pub async fn run(command: Command) -> crate::CmdResult {
+    match command {
+        Command::List(a) => {
+            let mut client = connect(&a.admin.principal_admin_address).await?;
+            let agents: Vec<Agent> = client
+                .list_agents(ListAgentsRequest {})
+                .await
+                .map_err(|s| status("listing agents", s))?
+                .into_inner()
+                .agents
+                .into_iter()
+                .map(Agent::from)
+                .collect();
+            render(&agents, a.admin.output, || table(&agents))
+        }
+        Command::Inspect(a) => {
+            let mut client = connect(&a.admin.principal_admin_address).await?;
+            let agent: Agent = client
+                .inspect_agent(InspectAgentRequest {
+                    name: a.name.clone(),
+                })
+                .await
+                .map_err(|s| status(&format!("inspecting agent {:?}", a.name), s))?
+                .into_inner()
+                .into();
+            render(&agent, a.admin.output, || details(&agent))
+        }
+        Command::Disconnect(a) => {
+            let mut client = connect(&a.admin.principal_admin_address).await?;
+            let was_connected = client
+                .disconnect_agent(DisconnectAgentRequest {
+                    name: a.name.clone(),
+                })
+                .await
+                .map_err(|s| status(&format!("disconnecting agent {:?}", a.name), s))?
+                .into_inner()
+                .was_connected;
+            #[derive(Serialize)]
+            #[serde(rename_all = "camelCase")]
+            struct Disconnected<'a> {
+                name: &'a str,
+                was_connected: bool,
+            }
+            let out = Disconnected {
+                name: &a.name,
+                was_connected,
+            };
+            render(&out, a.admin.output, || {
+                if was_connected {
+                    format!(
+                        "{}: session closed (the agent reconnects on its own)\n",
+                        a.name
+                    )
+                } else {
+                    format!("{}: was not connected; nothing to close\n", a.name)
+                }
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn agent(name: &str, connected: bool) -> Agent {
+        Agent::from(AgentInfo {
+            name: name.into(),
+            mode: "managed".into(),
+            client: format!("spiffe://example.org/ns/agents/sa/{name}"),
+            rule: "rule-0".into(),
+            namespace: name.into(),
+            connected,
+            connected_since_unix_ms: if connected { 1_700_000_000_123 } else { 0 },
+            agent_version: "0.1.0".into(),
+            queue_depth: 2,
+            in_flight: 1,
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn times_are_rfc3339_and_unknowns_are_left_out() {
+        let a = agent("edge-1", true);
+        assert_eq!(a.connected_since.as_deref(), Some("2023-11-14T22:13:20Z"));
+        let json = serde_json::to_value(agent("edge-2", false)).unwrap();
+        assert!(json.get("connectedSince").is_none(), "{json}");
+        assert!(json.get("remoteAddress").is_none(), "{json}");
+        assert_eq!(json["queueDepth"], 2);
+    }
+
+    #[test]
+    fn table_has_a_header_and_aligned_rows() {
+        let t = table(&[agent("edge-1", true), agent("a-much-longer-name", false)]);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines.len(), 3, "{t}");
+        assert!(lines[0].starts_with("NAME "), "{t}");
+        let col = lines[0].find("MODE").unwrap();
+        assert_eq!(lines[1].find("managed"), Some(col), "{t}");
+        assert_eq!(lines[2].find("managed"), Some(col), "{t}");
+        assert!(lines[2].contains("false"), "{t}");
+        assert!(lines[1].contains("2/1"), "{t}");
+    }
+
+    #[test]
+    fn details_name_every_field() {
+        let d = details(&agent("edge-1", false));
+        assert!(d.contains("Client (SPIFFE ID):"), "{d}");
+        assert!(d.contains("Connected since:"), "{d}");
+        assert!(d.contains("Mapping rule:"), "{d}");
+    }
+}

@@ -1,0 +1,210 @@
+//! The operator CLI against a running principal: `argocd-agentctl agent list / inspect /
+//! disconnect` through the principal's admin API (`--admin-address`).
+
+use std::process::Output;
+use std::time::Duration;
+
+use argocd_agent_e2e::harness::*;
+use serde_json::Value;
+
+const T: Duration = Duration::from_secs(30);
+
+async fn ctl(admin: &str, args: &[&str]) -> Result<Output, HarnessError> {
+    let out = tokio::process::Command::new(binary("argocd-agentctl")?)
+        .arg("agent")
+        .args(args)
+        .args(["--principal-admin-address", admin])
+        .output()
+        .await?;
+    Ok(out)
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+async fn list_json(admin: &str) -> Result<Vec<Value>, HarnessError> {
+    let out = ctl(admin, &["list", "-o", "json"]).await?;
+    if !out.status.success() {
+        return Err(format!("agent list failed: {}", text(&out)).into());
+    }
+    let v: Value = serde_json::from_slice(&out.stdout)?;
+    Ok(v.as_array().cloned().unwrap_or_default())
+}
+
+fn find<'a>(agents: &'a [Value], name: &str) -> Option<&'a Value> {
+    agents.iter().find(|a| a["name"] == name)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agentctl_lists_inspects_and_disconnects_agents() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port();
+    let admin = format!("127.0.0.1:{port}");
+    let topo = Topology::start(TopologyOptions {
+        principal_args: vec!["--admin-address".into(), admin.clone()],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    assert_eq!(topo.admin_address, admin);
+    let r = async {
+        // 1. JSON: both agents, their SPIFFE IDs, the rule, the mode, connected.
+        let agents = eventually("both agents listed as connected", T, || async {
+            let agents = list_json(&admin).await.ok()?;
+            [MANAGED, AUTONOMOUS]
+                .iter()
+                .all(|n| find(&agents, n).is_some_and(|a| a["connected"] == true))
+                .then_some(agents)
+        })
+        .await?;
+        for (name, mode) in [(MANAGED, "managed"), (AUTONOMOUS, "autonomous")] {
+            let a = find(&agents, name).unwrap();
+            let expect = [
+                ("client", Value::from(agent_id(name))),
+                ("rule", "flag-1".into()),
+                ("mode", mode.into()),
+                ("namespace", name.into()),
+                ("connected", true.into()),
+            ];
+            for (field, want) in expect {
+                if a[field] != want {
+                    return Err(format!("{name}.{field}: want {want}, got {a}").into());
+                }
+            }
+            for field in [
+                "connectedSince",
+                "remoteAddress",
+                "agentVersion",
+                "lastEvent",
+                "svidExpiry",
+            ] {
+                if a.get(field)
+                    .and_then(Value::as_str)
+                    .is_none_or(str::is_empty)
+                {
+                    return Err(format!("{name}: {field} missing in {a}").into());
+                }
+            }
+        }
+
+        // 2. Table: a header and both names.
+        let out = ctl(&admin, &["list"]).await?;
+        let table = String::from_utf8_lossy(&out.stdout).to_string();
+        if !out.status.success()
+            || !table
+                .lines()
+                .next()
+                .is_some_and(|h| h.starts_with("NAME") && h.contains("MODE"))
+            || !table.contains(MANAGED)
+            || !table.contains(AUTONOMOUS)
+        {
+            return Err(format!("table output: {}", text(&out)).into());
+        }
+
+        // 3. YAML and inspect.
+        let out = ctl(&admin, &["inspect", MANAGED, "-o", "yaml"]).await?;
+        let yaml = String::from_utf8_lossy(&out.stdout).to_string();
+        if !out.status.success()
+            || !yaml.contains(&agent_id(MANAGED))
+            || !yaml.contains("mode: managed")
+        {
+            return Err(format!("inspect -o yaml: {}", text(&out)).into());
+        }
+
+        // 4. Disconnect: the session closes and the agent reconnects.
+        let before = topo.connect_count(MANAGED);
+        let out = ctl(&admin, &["disconnect", MANAGED]).await?;
+        if !out.status.success() || !String::from_utf8_lossy(&out.stdout).contains("session closed")
+        {
+            return Err(format!("disconnect: {}", text(&out)).into());
+        }
+        eventually(
+            "the principal logs the operator's disconnect",
+            T,
+            || async {
+                topo.principal
+                    .log()
+                    .contains("session closed by an operator")
+                    .then_some(())
+            },
+        )
+        .await?;
+        eventually("agent-managed reconnects", T, || async {
+            (topo.connect_count(MANAGED) > before).then_some(())
+        })
+        .await?;
+        eventually("agent-managed listed as connected again", T, || async {
+            let agents = list_json(&admin).await.ok()?;
+            find(&agents, MANAGED)
+                .is_some_and(|a| a["connected"] == true)
+                .then_some(())
+        })
+        .await?;
+
+        // 5. An unknown agent: non-zero exit, a clear message.
+        let out = ctl(&admin, &["inspect", "nope"]).await?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if out.status.success() || !stderr.contains("\"nope\" is unknown to this principal") {
+            return Err(format!("inspect nope: {}", text(&out)).into());
+        }
+
+        // 6. No principal at the address: non-zero exit naming the address.
+        let out = ctl("127.0.0.1:1", &["list"]).await?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if out.status.success()
+            || !stderr.contains("cannot reach the principal's admin API at 127.0.0.1:1")
+        {
+            return Err(format!("list against nothing: {}", text(&out)).into());
+        }
+        Ok::<_, HarnessError>(())
+    }
+    .await;
+    let logs = topo.logs();
+    topo.stop().await;
+    if let Err(e) = r {
+        panic!("{e}\n{logs}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_api_on_a_unix_socket() {
+    let sock_dir = tempfile::tempdir().unwrap();
+    let sock = sock_dir.path().join("admin.sock");
+    let admin = format!("unix://{}", sock.display());
+    let topo = Topology::start(TopologyOptions {
+        principal_args: vec!["--admin-address".into(), admin.clone()],
+        agents: Some(vec![MANAGED]),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let r = async {
+        let mode =
+            std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&sock)?.permissions());
+        if mode & 0o077 != 0 {
+            return Err(format!("admin socket is mode {mode:o}; want owner only").into());
+        }
+        eventually("agent-managed listed over the Unix socket", T, || async {
+            let agents = list_json(&admin).await.ok()?;
+            find(&agents, MANAGED)
+                .is_some_and(|a| a["connected"] == true && a["client"] == agent_id(MANAGED))
+                .then_some(())
+        })
+        .await?;
+        Ok::<_, HarnessError>(())
+    }
+    .await;
+    let logs = topo.logs();
+    topo.stop().await;
+    if let Err(e) = r {
+        panic!("{e}\n{logs}");
+    }
+}

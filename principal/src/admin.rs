@@ -1,0 +1,177 @@
+//! The operator API (`argocdagent.admin.v1.Admin`): list, inspect and disconnect agents.
+//!
+//! It is served on its own plaintext listener, on loopback TCP or a Unix socket only: the
+//! operators who use it reach it with `kubectl exec` or `kubectl port-forward`, so whoever
+//! can connect is already trusted with the pod. A network-exposed admin API is not
+//! supported (a non-loopback `--admin-address` is refused at start).
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use argocd_agent_identity::AgentName;
+use argocd_agent_proto::admin::admin_server::{Admin, AdminServer};
+use argocd_agent_proto::admin::{
+    AgentInfo, DisconnectAgentRequest, DisconnectAgentResponse, InspectAgentRequest,
+    ListAgentsRequest, ListAgentsResponse,
+};
+use tokio::net::{TcpListener, UnixListener};
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+
+use crate::config::AdminAddress;
+use crate::error::PrincipalError;
+use crate::hub::{AgentState, Hub};
+
+/// `Admin` implementation over the hub's agent registry.
+pub struct AdminService {
+    pub hub: Arc<Hub>,
+}
+
+fn unix_ms(t: Option<SystemTime>) -> i64 {
+    t.and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// What the operator API shows about one agent.
+pub fn agent_info(state: &AgentState) -> AgentInfo {
+    let identity = state.identity();
+    let session = state.session_info();
+    AgentInfo {
+        name: state.name.to_string(),
+        mode: state.mode().to_string(),
+        client: identity.client.to_string(),
+        rule: identity.rule.clone(),
+        namespace: identity.namespace.to_string(),
+        connected: state.is_connected(),
+        connected_since_unix_ms: unix_ms(session.connected_since),
+        remote_address: session
+            .remote_addr
+            .map(|a| a.to_string())
+            .unwrap_or_default(),
+        agent_version: session.agent_version,
+        last_event_unix_ms: unix_ms(state.last_event()),
+        queue_depth: state.queue.len() as u64,
+        in_flight: state.queue.in_flight() as u64,
+        svid_expiry_unix_ms: unix_ms(session.svid_expiry),
+    }
+}
+
+/// Refuses callers that are not local (defence in depth: the listener is loopback already;
+/// Unix socket callers carry no TCP address and are local by construction).
+fn check_local<T>(request: &Request<T>) -> Result<(), Status> {
+    match request.remote_addr() {
+        Some(addr) if !addr.ip().is_loopback() => Err(Status::permission_denied(
+            "the admin API only answers local callers",
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn agent_name(name: &str) -> Result<AgentName, Status> {
+    AgentName::new(name)
+        .map_err(|e| Status::invalid_argument(format!("{name:?} is not a valid agent name: {e}")))
+}
+
+impl AdminService {
+    fn find(&self, name: &str) -> Result<Arc<AgentState>, Status> {
+        self.hub.agent(&agent_name(name)?).ok_or_else(|| {
+            Status::not_found(format!(
+                "agent {name:?} is unknown to this principal (it has not connected since the principal started)"
+            ))
+        })
+    }
+}
+
+#[tonic::async_trait]
+impl Admin for AdminService {
+    async fn list_agents(
+        &self,
+        request: Request<ListAgentsRequest>,
+    ) -> Result<Response<ListAgentsResponse>, Status> {
+        check_local(&request)?;
+        let mut agents: Vec<AgentInfo> = self.hub.agents().iter().map(|s| agent_info(s)).collect();
+        agents.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(Response::new(ListAgentsResponse { agents }))
+    }
+
+    async fn inspect_agent(
+        &self,
+        request: Request<InspectAgentRequest>,
+    ) -> Result<Response<AgentInfo>, Status> {
+        check_local(&request)?;
+        let state = self.find(&request.get_ref().name)?;
+        Ok(Response::new(agent_info(&state)))
+    }
+
+    async fn disconnect_agent(
+        &self,
+        request: Request<DisconnectAgentRequest>,
+    ) -> Result<Response<DisconnectAgentResponse>, Status> {
+        check_local(&request)?;
+        let state = self.find(&request.get_ref().name)?;
+        let was_connected = self.hub.disconnect(&state.name);
+        tracing::info!(agent = %state.name, was_connected, "session closed by an operator (admin API)");
+        Ok(Response::new(DisconnectAgentResponse { was_connected }))
+    }
+}
+
+/// Binds the admin listener and serves the operator API until `shutdown`. Returns the bound
+/// address (`host:port` or `unix://path`).
+pub async fn serve(
+    address: &AdminAddress,
+    hub: Arc<Hub>,
+    tasks: &tokio_util::task::TaskTracker,
+    shutdown: CancellationToken,
+) -> Result<AdminAddress, PrincipalError> {
+    let listen_error = |source| PrincipalError::AdminListen {
+        addr: address.to_string(),
+        source,
+    };
+    let router =
+        tonic::transport::Server::builder().add_service(AdminServer::new(AdminService { hub }));
+    match address {
+        AdminAddress::Tcp(addr) => {
+            if !addr.ip().is_loopback() {
+                return Err(PrincipalError::Config(format!(
+                    "--admin-address {addr}: the admin API listens on loopback or a Unix socket only"
+                )));
+            }
+            let listener = TcpListener::bind(addr).await.map_err(listen_error)?;
+            let bound = listener.local_addr().map_err(listen_error)?;
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            tasks.spawn(async move {
+                if let Err(e) = router
+                    .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
+                    .await
+                {
+                    tracing::error!(error = %e, "admin API stopped");
+                }
+            });
+            Ok(AdminAddress::Tcp(bound))
+        }
+        AdminAddress::Unix(path) => {
+            // A socket left by a previous run would make bind fail.
+            if std::fs::symlink_metadata(path)
+                .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()))
+            {
+                let _ = std::fs::remove_file(path);
+            }
+            let listener = UnixListener::bind(path).map_err(listen_error)?;
+            // Owner only: the socket is the whole access control.
+            std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+                .map_err(listen_error)?;
+            let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+            let cleanup = path.clone();
+            tasks.spawn(async move {
+                if let Err(e) = router
+                    .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
+                    .await
+                {
+                    tracing::error!(error = %e, "admin API stopped");
+                }
+                let _ = std::fs::remove_file(cleanup);
+            });
+            Ok(address.clone())
+        }
+    }
+}
