@@ -86,6 +86,50 @@ pub fn set_parent(span: &tracing::Span, event: &Event) {
     }
 }
 
+/// Fills the object fields an [`event_span!`] declares and makes the span a child of the
+/// trace context the event carries. Not for direct use.
+#[doc(hidden)]
+pub fn adopt(span: &tracing::Span, event: &Event) {
+    if span.is_disabled() {
+        return;
+    }
+    if let Some(r) = &event.resource {
+        span.record("object.kind", r.kind.as_str());
+        span.record("object.namespace", r.namespace.as_str());
+        span.record("object.name", r.name.as_str());
+    }
+    set_parent(span, event);
+}
+
+/// A span about one event on the stream: a trace root in `tracing` terms (not a child of the
+/// long-lived session span), continuing the trace the event carries if any. Fields: the
+/// event's type and id, the object's kind, namespace and name (never the payload), plus
+/// the extra fields given. Heartbeats (`ping`, `pong`) get `DEBUG` spans, which are not
+/// exported.
+#[macro_export]
+macro_rules! event_span {
+    ($name:literal, $event:expr $(, $($field:tt)+)?) => {{
+        let event: &$crate::Event = $event;
+        let span = if matches!(event.ty, $crate::EventType::Ping | $crate::EventType::Pong) {
+            ::tracing::debug_span!(parent: None, $name,
+                "event.type" = event.ty.verb(), "event.id" = %event.id,
+                "object.kind" = ::tracing::field::Empty,
+                "object.namespace" = ::tracing::field::Empty,
+                "object.name" = ::tracing::field::Empty
+                $(, $($field)+)?)
+        } else {
+            ::tracing::info_span!(parent: None, $name,
+                "event.type" = event.ty.verb(), "event.id" = %event.id,
+                "object.kind" = ::tracing::field::Empty,
+                "object.namespace" = ::tracing::field::Empty,
+                "object.name" = ::tracing::field::Empty
+                $(, $($field)+)?)
+        };
+        $crate::trace::adopt(&span, event);
+        span
+    }};
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
