@@ -34,6 +34,8 @@ use crate::projects;
 pub const AGENT_NAME_LABEL: &str = "argocd-agent.argoproj-labs.io/agent-name";
 
 type InboxKey = (ResourceKind, String);
+/// A hub change and the span that routed it.
+type Routed = (Change, tracing::Span);
 
 /// Hub changes waiting for one agent's worker, coalesced by kind and object name: only the
 /// newest change of an object matters (every handler acts on the object's current state),
@@ -42,10 +44,7 @@ type InboxKey = (ResourceKind, String);
 #[derive(Default)]
 struct ChangeInbox {
     /// With each change, the span that routed it (the parent of its handling).
-    pending: Mutex<(
-        VecDeque<InboxKey>,
-        HashMap<InboxKey, (Change, tracing::Span)>,
-    )>,
+    pending: Mutex<(VecDeque<InboxKey>, HashMap<InboxKey, Routed>)>,
     config_dirty: AtomicBool,
     notify: Notify,
 }
@@ -1155,7 +1154,7 @@ mod tests {
         inbox.push(key("a"), change("a", 2));
         let drained = inbox.drain();
         assert_eq!(
-            drained.iter().map(|(_, c)| spec_of(c)).collect::<Vec<_>>(),
+            drained.iter().map(|(_, c, _)| spec_of(c)).collect::<Vec<_>>(),
             vec![2, 1]
         );
         assert!(inbox.drain().is_empty());
