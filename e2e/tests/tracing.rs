@@ -16,6 +16,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 };
 use opentelemetry_proto::tonic::common::v1::KeyValue;
 use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
+use serde_json::json;
 
 const T: Duration = Duration::from_secs(20);
 const PRINCIPAL_SERVICE: &str = "argocd-agent-principal";
@@ -264,6 +265,54 @@ async fn one_trace_from_the_hub_watch_to_the_spoke_write() {
             },
         )
         .await?;
+
+        // The reverse: the spoke's status, up to the principal's hub write, in one trace.
+        set_status(
+            &apps(&topo.managed_spoke, SPOKE_NS)?,
+            name,
+            json!({"health": {"status": "Healthy"}}),
+        )
+        .await?;
+        let chain = eventually(
+            "a trace from the spoke's status to the hub write",
+            T,
+            || {
+                let spans = collector.spans();
+                async move {
+                    spans
+                        .iter()
+                        .filter(|s| {
+                            s.service == PRINCIPAL_SERVICE
+                                && s.name == "principal.hub_write"
+                                && s.attr("op") == Some("status")
+                                && s.attr("object.name") == Some(name)
+                        })
+                        .map(|leaf| {
+                            ancestry(&spans, leaf)
+                                .into_iter()
+                                .cloned()
+                                .collect::<Vec<_>>()
+                        })
+                        .find(|chain| {
+                            chain.last().is_some_and(|root| {
+                                root.service == AGENT_SERVICE
+                                    && root.name == "agent.local_change"
+                                    && root.parent_span_id.is_empty()
+                            })
+                        })
+                }
+            },
+        )
+        .await?;
+        let refs: Vec<&Received> = chain.iter().collect();
+        eprintln!("status trace: {}", describe(&refs));
+        assert!(
+            chain.iter().any(|s| s.name == "principal.handle_inbound"
+                && s.attr("event.type") == Some("status-update")
+                && s.attr("rule").is_some()),
+            "{}",
+            describe(&refs)
+        );
         Ok::<_, HarnessError>(())
     }
     .await;

@@ -1154,7 +1154,10 @@ mod tests {
         inbox.push(key("a"), change("a", 2));
         let drained = inbox.drain();
         assert_eq!(
-            drained.iter().map(|(_, c, _)| spec_of(c)).collect::<Vec<_>>(),
+            drained
+                .iter()
+                .map(|(_, c, _)| spec_of(c))
+                .collect::<Vec<_>>(),
             vec![2, 1]
         );
         assert!(inbox.drain().is_empty());
