@@ -585,6 +585,22 @@ mod tests {
     }
 
     #[test]
+    fn trace_context_extensions_round_trip_and_oversized_ones_are_dropped() {
+        let mut e = Event::new("agent", EventType::Ping, Payload::None);
+        e.traceparent = Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into());
+        e.tracestate = Some("vendor=value".into());
+        let ce = e.to_cloud_event();
+        assert!(ce.attributes.contains_key("traceparent"));
+        assert!(ce.attributes.contains_key("tracestate"));
+        assert_eq!(Event::from_cloud_event(ce).unwrap(), e);
+
+        e.tracestate = Some("x".repeat(MAX_TRACE_HEADER + 1));
+        let back = Event::from_cloud_event(e.to_cloud_event()).unwrap();
+        assert_eq!(back.tracestate, None, "oversized tracestate ignored");
+        assert_eq!(back.traceparent, e.traceparent, "the event itself is kept");
+    }
+
+    #[test]
     fn hello_and_ack_round_trip() {
         let e = Event::new(
             "agent",
