@@ -101,7 +101,7 @@ pub async fn run(
                 match Event::from_cloud_event(ce) {
                     Ok(event) => {
                         let span = argocd_agent_sync::event_span!("agent.receive", &event,
-                            agent = %spoke.source);
+                            source = %spoke.source);
                         on_event(spoke, event).instrument(span).await
                     }
                     Err(e) => {
@@ -114,7 +114,7 @@ pub async fn run(
         if let Some(mut event) = out {
             // A child of the span the event was created in (a local change, or the handling
             // of the principal's event it answers); the principal continues from here.
-            let span = argocd_agent_sync::event_span!("agent.send", &event, agent = %spoke.source);
+            let span = argocd_agent_sync::event_span!("agent.send", &event, source = %spoke.source);
             argocd_agent_sync::trace::inject_span(&mut event, &span);
             tx.send(event.to_cloud_event())
                 .instrument(span)

@@ -311,7 +311,7 @@ impl Spoke {
             return;
         }
         let span = tracing::info_span!(parent: None, "agent.local_change",
-            agent = %self.source,
+            source = %self.source,
             "object.kind" = ResourceKind::Application.as_str(),
             "object.namespace" = obj.metadata.namespace.as_deref().unwrap_or_default(),
             "object.name" = obj.metadata.name.as_deref().unwrap_or_default(),
