@@ -10,6 +10,7 @@ use argocd_agent_sync::event::PROTOCOL_VERSION;
 use argocd_agent_sync::{Event, EventType, Payload};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
+use tracing::Instrument;
 
 use crate::AgentConfig;
 use crate::dialer::Dialer;
@@ -99,7 +100,11 @@ pub async fn run(
             msg = inbound.message() => {
                 let Some(ce) = msg? else { return Ok(()) };
                 match Event::from_cloud_event(ce) {
-                    Ok(event) => on_event(spoke, event).await,
+                    Ok(event) => {
+                        let span = argocd_agent_sync::event_span!("agent.receive", &event,
+                            source = %spoke.source);
+                        on_event(spoke, event).instrument(span).await
+                    }
                     Err(e) => {
                         tracing::warn!(error = %e, "malformed event from principal ignored");
                         None
@@ -107,9 +112,14 @@ pub async fn run(
                 }
             }
         };
-        if let Some(event) = out {
+        if let Some(mut event) = out {
             spoke.metrics.event(true, event.ty.verb());
+            // A child of the span the event was created in (a local change, or the handling
+            // of the principal's event it answers); the principal continues from here.
+            let span = argocd_agent_sync::event_span!("agent.send", &event, source = %spoke.source);
+            argocd_agent_sync::trace::inject_span(&mut event, &span);
             tx.send(event.to_cloud_event())
+                .instrument(span)
                 .await
                 .map_err(|_| SessionError::Closed)?;
         }

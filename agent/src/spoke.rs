@@ -16,6 +16,7 @@ use argocd_agent_sync::resync::Checksums;
 use argocd_agent_sync::{Event, EventType, Payload, ResourceRef, SendQueue};
 use kube::api::DynamicObject;
 use serde_json::{Value, json};
+use tracing::Instrument;
 
 use crate::error::SpokeError;
 use crate::objects::ConfigKinds;
@@ -300,6 +301,8 @@ impl Spoke {
     }
 
     /// Handles a change of a local Application.
+    /// Span `agent.local_change`: the root of the trace of what the change sends up
+    /// (status, or an autonomous agent's object).
     pub async fn on_local_change(&self, change: Change) {
         let (obj, deleted) = match change {
             Change::Applied(o) => (o, false),
@@ -311,10 +314,20 @@ impl Spoke {
         {
             return;
         }
-        match self.mode {
-            AgentMode::Managed => self.on_managed_change(&obj, deleted).await,
-            AgentMode::Autonomous => self.on_autonomous_change(&obj, deleted),
+        let span = tracing::info_span!(parent: None, "agent.local_change",
+            source = %self.source,
+            "object.kind" = ResourceKind::Application.as_str(),
+            "object.namespace" = obj.metadata.namespace.as_deref().unwrap_or_default(),
+            "object.name" = obj.metadata.name.as_deref().unwrap_or_default(),
+            change = if deleted { "deleted" } else { "applied" });
+        async {
+            match self.mode {
+                AgentMode::Managed => self.on_managed_change(&obj, deleted).await,
+                AgentMode::Autonomous => self.on_autonomous_change(&obj, deleted),
+            }
         }
+        .instrument(span)
+        .await
     }
 
     /// Managed: local edits and deletions are reverted; status goes up.
@@ -442,12 +455,20 @@ impl Spoke {
         // Status is the spoke's own; the operation comes as its own event.
         object::take_field(&mut copy, "status");
         object::take_field(&mut copy, "operation");
-        self.apps.upsert_copy(&copy, &["spec"]).await?;
+        self.apps
+            .upsert_copy(&copy, &["spec"])
+            .instrument(spoke_write_span("upsert", ns, &name_of(&copy)))
+            .await?;
         Ok(())
     }
 
     async fn delete_local(&self, ns: &str, name: &str) -> Result<(), SpokeError> {
-        match self.apps.delete(Some(ns), name).await {
+        match self
+            .apps
+            .delete(Some(ns), name)
+            .instrument(spoke_write_span("delete", ns, name))
+            .await
+        {
             Ok(_) => Ok(()),
             Err(e) if e.is_not_found() => Ok(()),
             Err(e) => Err(e.into()),
@@ -470,7 +491,10 @@ impl Spoke {
                 self.republish(&resource.name);
                 return None;
             }
-            Ok(command) => self.apply(resource, command).await,
+            Ok(command) => {
+                let span = tracing::info_span!("agent.apply", command = command.name());
+                self.apply(resource, command).instrument(span).await
+            }
             Err(e) => Err(e),
         };
         Some(match result {
@@ -522,16 +546,31 @@ impl Spoke {
             Command::SetOperation(op) => {
                 self.apps
                     .patch_merge(Some(ns), name, &json!({"operation": op}))
+                    .instrument(spoke_write_span("set-operation", ns, name))
                     .await?;
                 Ok(())
             }
             Command::TerminateOperation => {
-                self.apps.terminate_operation(ns, name).await?;
+                self.apps
+                    .terminate_operation(ns, name)
+                    .instrument(spoke_write_span("terminate-operation", ns, name))
+                    .await?;
                 Ok(())
             }
             Command::Republish => Ok(()),
         }
     }
+}
+
+/// Span `agent.spoke_write` around one write to the spoke's API server.
+fn spoke_write_span(op: &'static str, ns: &str, name: &str) -> tracing::Span {
+    tracing::info_span!(
+        "agent.spoke_write",
+        op,
+        "object.kind" = ResourceKind::Application.as_str(),
+        "object.namespace" = ns,
+        "object.name" = name
+    )
 }
 
 /// What an event from the principal asks of the spoke.
@@ -547,6 +586,19 @@ enum Command {
     TerminateOperation,
     /// Autonomous: publish the local object again (or its deletion).
     Republish,
+}
+
+impl Command {
+    /// For span fields.
+    fn name(&self) -> &'static str {
+        match self {
+            Command::Upsert(_) => "upsert",
+            Command::Delete => "delete",
+            Command::SetOperation(_) => "set-operation",
+            Command::TerminateOperation => "terminate-operation",
+            Command::Republish => "republish",
+        }
+    }
 }
 
 /// Decides what an event from the principal means for a spoke in `mode` whose hub namespace

@@ -3,6 +3,7 @@
 
 pub mod ctl;
 pub mod logging;
+pub mod telemetry;
 pub mod version;
 
 /// Error type for command handlers: every failure is printed as one clear line.

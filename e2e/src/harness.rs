@@ -231,6 +231,8 @@ pub struct TopologyOptions {
     pub agent_creds: Option<String>,
     /// A mapping rules file for the principal instead of the `--identity-rule` flag.
     pub rules_file: Option<PathBuf>,
+    /// Extra environment variables for the principal and every agent.
+    pub envs: Vec<(String, String)>,
 }
 
 /// The whole local topology.
@@ -494,7 +496,13 @@ impl Topology {
             }
         };
         pargs.extend(opts.principal_args.iter().cloned());
-        let mut principal = Proc::new("principal", bin.clone(), pargs, dir.join("principal.log"));
+        let with_envs = |p: Proc| opts.envs.iter().fold(p, |p, (k, v)| p.env(k, v));
+        let mut principal = with_envs(Proc::new(
+            "principal",
+            bin.clone(),
+            pargs,
+            dir.join("principal.log"),
+        ));
         principal.start()?;
         wait_port(principal_addr).await?;
 
@@ -542,7 +550,12 @@ impl Topology {
                     .into_iter()
                     .chain(opts.agent_args.iter().cloned())
                     .collect();
-                let mut p = Proc::new(agent, bin.clone(), args, dir.join(format!("{agent}.log")));
+                let mut p = with_envs(Proc::new(
+                    agent,
+                    bin.clone(),
+                    args,
+                    dir.join(format!("{agent}.log")),
+                ));
                 p.start()?;
                 Ok(p)
             };

@@ -34,6 +34,8 @@ use crate::projects;
 pub const AGENT_NAME_LABEL: &str = "argocd-agent.argoproj-labs.io/agent-name";
 
 type InboxKey = (ResourceKind, String);
+/// A hub change and the span that routed it.
+type Routed = (Change, tracing::Span);
 
 /// Hub changes waiting for one agent's worker, coalesced by kind and object name: only the
 /// newest change of an object matters (every handler acts on the object's current state),
@@ -41,28 +43,30 @@ type InboxKey = (ResourceKind, String);
 /// configuration objects is one flag: the worker re-evaluates the agent's whole set.
 #[derive(Default)]
 struct ChangeInbox {
-    pending: Mutex<(VecDeque<InboxKey>, HashMap<InboxKey, Change>)>,
+    /// With each change, the span that routed it (the parent of its handling).
+    pending: Mutex<(VecDeque<InboxKey>, HashMap<InboxKey, Routed>)>,
     config_dirty: AtomicBool,
     notify: Notify,
 }
 
 impl ChangeInbox {
     fn push(&self, key: InboxKey, change: Change) {
+        let origin = tracing::Span::current();
         let mut guard = lock(&self.pending);
         let (order, latest) = &mut *guard;
-        if latest.insert(key.clone(), change).is_none() {
+        if latest.insert(key.clone(), (change, origin)).is_none() {
             order.push_back(key);
         }
         drop(guard);
         self.notify.notify_one();
     }
 
-    fn drain(&self) -> Vec<(InboxKey, Change)> {
+    fn drain(&self) -> Vec<(InboxKey, Change, tracing::Span)> {
         let mut guard = lock(&self.pending);
         let (order, latest) = &mut *guard;
         order
             .drain(..)
-            .filter_map(|k| latest.remove(&k).map(|c| (k, c)))
+            .filter_map(|k| latest.remove(&k).map(|(c, origin)| (k, c, origin)))
             .collect()
     }
 
@@ -520,7 +524,13 @@ impl Hub {
         }
     }
 
-    pub(crate) fn push(&self, state: &AgentState, event: Event) {
+    /// Queues an event for the agent. Span `principal.enqueue`: a child of the span the
+    /// event was created in; the queued event carries its context, so the eventual send
+    /// (maybe much later, maybe resent) joins the same trace.
+    pub(crate) fn push(&self, state: &AgentState, mut event: Event) {
+        let span = argocd_agent_sync::event_span!("principal.enqueue", &event, agent = %state.name);
+        argocd_agent_sync::trace::inject_span(&mut event, &span);
+        let _entered = span.enter();
         if let Err(e) = state.queue.push(event) {
             self.metrics.queue_full.inc();
             tracing::warn!(agent = %state.name, error = %e, "event dropped");
@@ -753,10 +763,18 @@ impl Hub {
 
     /// Hands one hub change to the worker of the agent that owns its namespace.
     pub fn route(&self, change: Change) {
-        let obj = match &change {
-            Change::Applied(o) | Change::Deleted(o) => o,
+        let (obj, what) = match &change {
+            Change::Applied(o) => (o, "applied"),
+            Change::Deleted(o) => (o, "deleted"),
             Change::Synced => return,
         };
+        // The root of a hub change's trace; the inbox keeps it as the handling's parent.
+        let span = tracing::info_span!(parent: None, "principal.route",
+            "object.kind" = ResourceKind::Application.as_str(),
+            "object.namespace" = obj.metadata.namespace.as_deref().unwrap_or_default(),
+            "object.name" = obj.metadata.name.as_deref().unwrap_or_default(),
+            change = what);
+        let _entered = span.enter();
         let Some(ns) = obj
             .metadata
             .namespace
@@ -832,13 +850,17 @@ impl Hub {
                         _ = hub.shutdown.cancelled() => return,
                         _ = state.inbox.notify.notified() => {}
                     }
-                    for ((kind, name), change) in state.inbox.drain() {
+                    for ((kind, name), change, origin) in state.inbox.drain() {
+                        let span = tracing::info_span!(parent: &origin, "principal.hub_change",
+                            agent = %state.name, "object.kind" = kind.as_str(), "object.name" = %name);
+                        drop(origin);
                         match kind {
                             ResourceKind::AppProject => {
                                 hub.on_autonomous_project_change(&state, &name, change)
+                                    .instrument(span)
                                     .await
                             }
-                            _ => hub.on_hub_change(&state, change).await,
+                            _ => hub.on_hub_change(&state, change).instrument(span).await,
                         }
                     }
                     if state.inbox.take_config_dirty() {
@@ -1042,6 +1064,7 @@ impl Hub {
         let outcome = self
             .apps
             .upsert_copy(&copy, &["spec", "operation"])
+            .instrument(hub_write_span("upsert", resource))
             .await
             .inspect_err(|_| {
                 self.metrics.hub_write_errors.inc();
@@ -1072,6 +1095,7 @@ impl Hub {
         }
         self.apps
             .replace_status(ns, &resource.name, status)
+            .instrument(hub_write_span("status", resource))
             .await
             .inspect_err(|_| {
                 self.metrics.hub_write_errors.inc();
@@ -1108,6 +1132,17 @@ impl Hub {
             _ => {}
         }
     }
+}
+
+/// Span `principal.hub_write` around one write to the hub's API server.
+fn hub_write_span(op: &'static str, resource: &ResourceRef) -> tracing::Span {
+    tracing::info_span!(
+        "principal.hub_write",
+        op,
+        "object.kind" = resource.kind.as_str(),
+        "object.namespace" = resource.namespace.as_str(),
+        "object.name" = resource.name.as_str()
+    )
 }
 
 /// Runs the hub watch until the stream ends or shutdown, routing changes to agents' workers.
@@ -1179,7 +1214,10 @@ mod tests {
         inbox.push(key("a"), change("a", 2));
         let drained = inbox.drain();
         assert_eq!(
-            drained.iter().map(|(_, c)| spec_of(c)).collect::<Vec<_>>(),
+            drained
+                .iter()
+                .map(|(_, c, _)| spec_of(c))
+                .collect::<Vec<_>>(),
             vec![2, 1]
         );
         assert!(inbox.drain().is_empty());

@@ -213,6 +213,10 @@ impl Hub {
         if state.mode() != AgentMode::Managed || !state.is_connected() {
             return;
         }
+        // The root of the trace of configuration objects (re)sent after a hub change.
+        let span =
+            tracing::info_span!(parent: None, "principal.reconcile_config", agent = %state.name);
+        let _entered = span.enter();
         let ns = state.namespace();
         let desired = self.config.desired_for(&state.name, &ns);
         tracing::debug!(agent = %state.name, objects = desired.len(), "configuration objects re-evaluated");

@@ -275,10 +275,21 @@ impl Drop for SessionGuard {
     }
 }
 
-async fn send(tx: &Outbound, hub: &Hub, state: &AgentState, event: Event) -> Result<(), Status> {
+/// Sends one event. Span `principal.send`: a child of the span the event was created (or
+/// queued) in; the event then carries the send span's context to the agent.
+async fn send(
+    tx: &Outbound,
+    hub: &Hub,
+    state: &AgentState,
+    mut event: Event,
+) -> Result<(), Status> {
+    let span = argocd_agent_sync::event_span!("principal.send", &event,
+        agent = %state.name, client = %state.identity().client);
+    argocd_agent_sync::trace::inject_span(&mut event, &span);
     hub.metrics
         .event(true, state.name.as_str(), event.ty.verb());
     tx.send(Ok(event.to_cloud_event()))
+        .instrument(span)
         .await
         .map_err(|_| Status::cancelled("agent stream closed"))
 }
@@ -311,6 +322,24 @@ async fn handle_inbound(
         }
     };
     hub.metrics.event(false, agent.as_str(), event.ty.verb());
+    let span = argocd_agent_sync::event_span!("principal.handle_inbound", &event,
+        agent = %identity.agent, client = %identity.client, rule = %identity.rule);
+    handle_event(hub, state, identity, mode, event, tx)
+        .instrument(span)
+        .await
+}
+
+/// Decides and applies one decoded inbound event, then answers it (span
+/// `principal.handle_inbound`, a child of the agent's span that sent it).
+async fn handle_event(
+    hub: &Hub,
+    state: &AgentState,
+    identity: &AgentIdentity,
+    mode: AgentMode,
+    event: Event,
+    tx: &Outbound,
+) -> Result<(), Status> {
+    let agent = &identity.agent;
     let started = std::time::Instant::now();
     let owner = event.resource.as_ref().map_or(OwnerRecord::Absent, |r| {
         hub.owner_record(&identity.agent, r)

@@ -35,6 +35,9 @@ const ATTR_NAMESPACE: &str = "resourcenamespace";
 const ATTR_NAME: &str = "resourcename";
 const ATTR_ACK: &str = "ackid";
 const ATTR_TRACEPARENT: &str = "traceparent";
+const ATTR_TRACESTATE: &str = "tracestate";
+/// Longest accepted `traceparent` / `tracestate` value (W3C: 55 and 512 characters).
+const MAX_TRACE_HEADER: usize = 1024;
 /// Longest accepted object/resource name (Kubernetes names are at most 253 bytes).
 const MAX_NAME: usize = 253;
 
@@ -171,8 +174,11 @@ pub struct Event {
     pub resource: Option<ResourceRef>,
     /// For `processed` and `error`: the id of the event this answers.
     pub ack_id: Option<String>,
-    /// W3C trace context, carried so traces can span both sides.
+    /// W3C trace context (`traceparent`), carried so traces can span both sides. Set by
+    /// [`Event::new`] from the current span (see [`crate::trace`]).
     pub traceparent: Option<String>,
+    /// W3C `tracestate` accompanying `traceparent` (vendor-specific trace data).
+    pub tracestate: Option<String>,
     pub payload: Payload,
 }
 
@@ -200,9 +206,11 @@ pub enum EventError {
 }
 
 impl Event {
-    /// A new event with a fresh id and the current time.
+    /// A new event with a fresh id and the current time. Created inside a traced span, it
+    /// carries that span's trace context (`traceparent` / `tracestate`), so the peer's
+    /// handling of it joins the same trace even when it waits in a queue first.
     pub fn new(source: &str, ty: EventType, payload: Payload) -> Event {
-        Event {
+        let mut e = Event {
             id: uuid::Uuid::new_v4().to_string(),
             source: source.to_owned(),
             time: SystemTime::now(),
@@ -210,8 +218,11 @@ impl Event {
             resource: None,
             ack_id: None,
             traceparent: None,
+            tracestate: None,
             payload,
-        }
+        };
+        crate::trace::inject_current(&mut e);
+        e
     }
 
     /// A resource event.
@@ -275,6 +286,9 @@ impl Event {
         if let Some(t) = &self.traceparent {
             attributes.insert(ATTR_TRACEPARENT.into(), attr(Attr::CeString(t.clone())));
         }
+        if let Some(t) = &self.tracestate {
+            attributes.insert(ATTR_TRACESTATE.into(), attr(Attr::CeString(t.clone())));
+        }
         let data = match &self.payload {
             Payload::None => None,
             Payload::Object(v) => {
@@ -328,7 +342,8 @@ impl Event {
         let time = attrs.time()?;
         let resource = attrs.resource()?;
         let ack_id = attrs.string(ATTR_ACK)?;
-        let traceparent = attrs.string(ATTR_TRACEPARENT)?;
+        let traceparent = attrs.trace_header(ATTR_TRACEPARENT)?;
+        let tracestate = attrs.trace_header(ATTR_TRACESTATE)?;
         let payload = decode_payload(&id, ty, data)?;
         check_shape(&id, ty, resource.as_ref(), &payload, ack_id.as_ref())?;
         Ok(Event {
@@ -339,6 +354,7 @@ impl Event {
             resource,
             ack_id,
             traceparent,
+            tracestate,
             payload,
         })
     }
@@ -411,6 +427,13 @@ impl Attributes<'_> {
             Some(Attr::CeString(s)) | Some(Attr::CeUri(s)) | Some(Attr::CeUriRef(s)) => Ok(Some(s)),
             Some(_) => Err(self.invalid(name, "not a string")),
         }
+    }
+
+    /// `traceparent` / `tracestate`: optional strings. Oversized values are dropped (the
+    /// event still counts; only its trace link is lost); the content is only ever parsed by
+    /// the trace propagator, which ignores what it cannot read.
+    fn trace_header(&mut self, name: &'static str) -> Result<Option<String>, EventError> {
+        Ok(self.string(name)?.filter(|v| v.len() <= MAX_TRACE_HEADER))
     }
 
     /// `resourcekind`, `resourcenamespace`, `resourcename`: all three or none.
@@ -559,6 +582,22 @@ mod tests {
         let back = Event::from_cloud_event(ce).unwrap();
         // Protobuf timestamps keep nanoseconds, so the whole event is equal.
         assert_eq!(back, e);
+    }
+
+    #[test]
+    fn trace_context_extensions_round_trip_and_oversized_ones_are_dropped() {
+        let mut e = Event::new("agent", EventType::Ping, Payload::None);
+        e.traceparent = Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into());
+        e.tracestate = Some("vendor=value".into());
+        let ce = e.to_cloud_event();
+        assert!(ce.attributes.contains_key("traceparent"));
+        assert!(ce.attributes.contains_key("tracestate"));
+        assert_eq!(Event::from_cloud_event(ce).unwrap(), e);
+
+        e.tracestate = Some("x".repeat(MAX_TRACE_HEADER + 1));
+        let back = Event::from_cloud_event(e.to_cloud_event()).unwrap();
+        assert_eq!(back.tracestate, None, "oversized tracestate ignored");
+        assert_eq!(back.traceparent, e.traceparent, "the event itself is kept");
     }
 
     #[test]

@@ -5,6 +5,7 @@
 pub mod event;
 pub mod queue;
 pub mod resync;
+pub mod trace;
 
 pub use event::{Event, EventError, EventType, Payload, ResourceKind, ResourceRef};
 pub use queue::{QueueError, QueueLimits, SendQueue};

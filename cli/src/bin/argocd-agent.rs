@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use argocd_agent_cli::CmdResult;
+use argocd_agent_cli::telemetry::OtlpOptions;
 use argocd_agent_identity::source::SvidConfig;
 use argocd_agent_identity::{AgentMode, SpiffeId, TrustDomain};
 use argocd_agent_kubernetes::ClientOptions;
@@ -177,6 +178,13 @@ struct PrincipalArgs {
     /// Log format: text or json.
     #[arg(long, env = "ARGOCD_PRINCIPAL_LOG_FORMAT", default_value = "text")]
     log_format: String,
+    /// OpenTelemetry collector (OTLP/gRPC) to export traces to, e.g.
+    /// `https://collector:4317` (default: OTEL_EXPORTER_OTLP_ENDPOINT; none: no tracing).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_OTLP_ADDRESS")]
+    otlp_address: Option<String>,
+    /// Talk to the collector in plaintext instead of TLS.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_OTLP_INSECURE")]
+    otlp_insecure: bool,
 }
 
 #[derive(Debug, Args)]
@@ -256,6 +264,13 @@ struct AgentArgs {
     log_level: String,
     #[arg(long, env = "ARGOCD_AGENT_LOG_FORMAT", default_value = "text")]
     log_format: String,
+    /// OpenTelemetry collector (OTLP/gRPC) to export traces to, e.g.
+    /// `https://collector:4317` (default: OTEL_EXPORTER_OTLP_ENDPOINT; none: no tracing).
+    #[arg(long, env = "ARGOCD_AGENT_OTLP_ADDRESS")]
+    otlp_address: Option<String>,
+    /// Talk to the collector in plaintext instead of TLS.
+    #[arg(long, env = "ARGOCD_AGENT_OTLP_INSECURE")]
+    otlp_insecure: bool,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -314,8 +329,37 @@ fn shutdown_token() -> CancellationToken {
     token
 }
 
+/// Sets up logging and, when configured, trace export; runs `body`; flushes the traces.
+async fn with_telemetry(
+    log_level: &str,
+    log_format: &str,
+    otlp: OtlpOptions,
+    body: impl Future<Output = CmdResult>,
+) -> CmdResult {
+    let telemetry = argocd_agent_cli::telemetry::init_provider(&otlp)?;
+    argocd_agent_cli::logging::init_with_telemetry(
+        log_level,
+        log_format == "json",
+        telemetry.as_ref(),
+    );
+    let result = body.await;
+    if let Some(t) = telemetry {
+        t.shutdown().await;
+    }
+    result
+}
+
 async fn run_principal(a: PrincipalArgs) -> CmdResult {
-    argocd_agent_cli::logging::init(&a.log_level, a.log_format == "json");
+    let otlp = OtlpOptions {
+        address: a.otlp_address.clone(),
+        insecure: a.otlp_insecure,
+        default_service_name: "argocd-agent-principal",
+    };
+    let (level, format) = (a.log_level.clone(), a.log_format.clone());
+    with_telemetry(&level, &format, otlp, serve_principal(a)).await
+}
+
+async fn serve_principal(a: PrincipalArgs) -> CmdResult {
     let mut rules = a.identity_rule.clone();
     let auth = if let Some(rest) = a.auth.strip_prefix("mtls:") {
         // Upstream form: the mapping rule is given with --auth.
@@ -398,7 +442,16 @@ async fn run_principal(a: PrincipalArgs) -> CmdResult {
 }
 
 async fn run_agent(a: AgentArgs) -> CmdResult {
-    argocd_agent_cli::logging::init(&a.log_level, a.log_format == "json");
+    let otlp = OtlpOptions {
+        address: a.otlp_address.clone(),
+        insecure: a.otlp_insecure,
+        default_service_name: "argocd-agent-agent",
+    };
+    let (level, format) = (a.log_level.clone(), a.log_format.clone());
+    with_telemetry(&level, &format, otlp, serve_agent(a)).await
+}
+
+async fn serve_agent(a: AgentArgs) -> CmdResult {
     let server = format!("{}:{}", a.server_address, a.server_port);
     let transport = if a.creds.starts_with("header") {
         if !argocd_agent_mesh::guard::is_loopback_host(&a.server_address)

@@ -1,0 +1,405 @@
+//! OpenTelemetry tracing for both binaries: an OTLP/gRPC span exporter behind a bounded
+//! batch processor, fed by a `tracing-opentelemetry` layer (see `docs/observability.md`).
+//!
+//! Off unless `--otlp-address` or `OTEL_EXPORTER_OTLP_ENDPOINT` /
+//! `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` is set: then no layer is installed, spans carry no
+//! OpenTelemetry context and events no `traceparent`.
+//!
+//! Export never blocks the sync path: ended spans go into the batch processor's bounded
+//! queue (`OTEL_BSP_MAX_QUEUE_SIZE`, default 2048) and are dropped when it is full; a
+//! background thread exports them. Spans lost either way are counted ([`SpanCounts`]) and
+//! logged when export starts failing, when it recovers, and at shutdown.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use opentelemetry::Context;
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_otlp::{WithExportConfig, WithTonicConfig};
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::trace::{
+    BatchSpanProcessor, SdkTracerProvider, Span, SpanData, SpanExporter, SpanProcessor,
+};
+
+/// Default per-export timeout (`OTEL_EXPORTER_OTLP_TIMEOUT` overrides it).
+const EXPORT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long shutdown waits for the last spans to be exported.
+const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Tracing settings from the command line.
+#[derive(Debug, Clone, Default)]
+pub struct OtlpOptions {
+    /// `--otlp-address`: the collector's OTLP/gRPC endpoint.
+    pub address: Option<String>,
+    /// `--otlp-insecure`: plaintext gRPC instead of TLS.
+    pub insecure: bool,
+    /// `service.name` when neither `OTEL_SERVICE_NAME` nor `OTEL_RESOURCE_ATTRIBUTES` sets it.
+    pub default_service_name: &'static str,
+}
+
+/// Where and how to export.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    pub url: String,
+    pub tls: bool,
+}
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+/// Resolves the endpoint: the flag first, then the standard environment variables. With
+/// the flag, `--otlp-insecure` selects plaintext (an `http://` address requires it);
+/// from the environment, the scheme decides (`http://` plaintext, `https://` TLS) and a
+/// scheme-less address uses TLS unless `--otlp-insecure` or `OTEL_EXPORTER_OTLP_INSECURE=true`.
+pub fn resolve_endpoint(
+    opts: &OtlpOptions,
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<Option<Endpoint>, String> {
+    let (raw, from_flag) = match &opts.address {
+        Some(a) if !a.trim().is_empty() => (a.trim().to_owned(), true),
+        _ => match env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+            .or_else(|| env("OTEL_EXPORTER_OTLP_ENDPOINT"))
+        {
+            Some(a) => (a.trim().to_owned(), false),
+            None => return Ok(None),
+        },
+    };
+    let env_insecure = env("OTEL_EXPORTER_OTLP_INSECURE").is_some_and(|v| v == "true");
+    let (scheme, rest) = match raw.split_once("://") {
+        Some((s, r)) => (Some(s.to_ascii_lowercase()), r.to_owned()),
+        None => (None, raw.clone()),
+    };
+    let tls = match scheme.as_deref() {
+        Some("http") if from_flag && !opts.insecure => {
+            return Err(format!(
+                "--otlp-address {raw:?} is plaintext: add --otlp-insecure, or use https://"
+            ));
+        }
+        Some("http") => false,
+        Some("https") => !opts.insecure,
+        None => !(opts.insecure || (!from_flag && env_insecure)),
+        Some(other) => {
+            return Err(format!(
+                "OTLP endpoint {raw:?}: unsupported scheme {other:?} (http or https)"
+            ));
+        }
+    };
+    if rest.is_empty() {
+        return Err(format!("OTLP endpoint {raw:?} names no host"));
+    }
+    let url = format!("{}://{rest}", if tls { "https" } else { "http" });
+    Ok(Some(Endpoint { url, tls }))
+}
+
+/// Span counters of one provider, for the exporter's health.
+#[derive(Debug, Default)]
+pub struct SpanCounts {
+    /// Spans ended and handed to the batch processor.
+    pub ended: AtomicU64,
+    /// Spans the collector accepted.
+    pub exported: AtomicU64,
+    /// Spans in batches whose export failed (collector unreachable, timeout, refused).
+    pub failed: AtomicU64,
+    failing: AtomicBool,
+}
+
+impl SpanCounts {
+    /// Spans dropped because the queue was full: ended, but neither exported nor failed
+    /// (exact once the processor has been flushed, e.g. after shutdown).
+    pub fn dropped(&self) -> u64 {
+        self.ended
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.exported.load(Ordering::Relaxed))
+            .saturating_sub(self.failed.load(Ordering::Relaxed))
+    }
+}
+
+/// Counts what the exporter delivers and loses; logs when export starts and stops failing.
+#[derive(Debug)]
+struct CountingExporter<E> {
+    inner: E,
+    counts: Arc<SpanCounts>,
+}
+
+impl<E: SpanExporter> SpanExporter for CountingExporter<E> {
+    fn export(
+        &self,
+        batch: Vec<SpanData>,
+    ) -> impl std::future::Future<Output = OTelSdkResult> + Send {
+        let n = batch.len() as u64;
+        let counts = self.counts.clone();
+        let fut = self.inner.export(batch);
+        async move {
+            let result = fut.await;
+            match &result {
+                Ok(()) => {
+                    counts.exported.fetch_add(n, Ordering::Relaxed);
+                    if counts.failing.swap(false, Ordering::Relaxed) {
+                        tracing::info!(
+                            failed_spans = counts.failed.load(Ordering::Relaxed),
+                            "span export recovered"
+                        );
+                    }
+                }
+                Err(e) => {
+                    let failed = counts.failed.fetch_add(n, Ordering::Relaxed) + n;
+                    if !counts.failing.swap(true, Ordering::Relaxed) {
+                        tracing::warn!(error = %e, failed_spans = failed,
+                            "span export failing: spans are dropped until the collector is reachable");
+                    } else {
+                        tracing::debug!(error = %e, failed_spans = failed, "span export failed");
+                    }
+                }
+            }
+            result
+        }
+    }
+
+    fn shutdown_with_timeout(&mut self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn force_flush(&mut self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.inner.set_resource(resource);
+    }
+}
+
+/// Counts ended spans in front of the batch processor.
+#[derive(Debug)]
+struct CountingProcessor {
+    inner: BatchSpanProcessor,
+    counts: Arc<SpanCounts>,
+}
+
+impl SpanProcessor for CountingProcessor {
+    fn on_start(&self, span: &mut Span, cx: &Context) {
+        self.inner.on_start(span, cx);
+    }
+
+    fn on_end(&self, span: SpanData) {
+        self.counts.ended.fetch_add(1, Ordering::Relaxed);
+        self.inner.on_end(span);
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.inner.set_resource(resource);
+    }
+}
+
+/// The running tracer provider; [`Telemetry::shutdown`] flushes it.
+pub struct Telemetry {
+    provider: SdkTracerProvider,
+    pub counts: Arc<SpanCounts>,
+}
+
+impl Telemetry {
+    /// Flushes queued spans (bounded by a timeout) and stops the exporter.
+    pub async fn shutdown(self) {
+        let Telemetry { provider, counts } = self;
+        // The batch processor's flush blocks its caller; keep it off the async workers.
+        let result =
+            tokio::task::spawn_blocking(move || provider.shutdown_with_timeout(SHUTDOWN_TIMEOUT))
+                .await;
+        let ended = counts.ended.load(Ordering::Relaxed);
+        let exported = counts.exported.load(Ordering::Relaxed);
+        let failed = counts.failed.load(Ordering::Relaxed);
+        let dropped = counts.dropped();
+        if failed > 0 || dropped > 0 {
+            tracing::warn!(
+                ended,
+                exported,
+                failed,
+                dropped,
+                "tracing stopped; some spans were not exported"
+            );
+        } else {
+            tracing::debug!(ended, exported, "tracing stopped");
+        }
+        if let Ok(Err(e)) = result {
+            tracing::debug!(error = %e, "tracer provider shutdown");
+        }
+    }
+}
+
+fn resource(default_service_name: &str) -> Resource {
+    let named = env("OTEL_SERVICE_NAME").is_some()
+        || env("OTEL_RESOURCE_ATTRIBUTES").is_some_and(|a| {
+            a.split(',')
+                .any(|kv| kv.trim_start().starts_with("service.name="))
+        });
+    // `Resource::builder` reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES itself.
+    let builder = Resource::builder();
+    if named {
+        builder.build()
+    } else {
+        builder
+            .with_service_name(default_service_name.to_owned())
+            .build()
+    }
+}
+
+/// Builds the exporter and provider when an endpoint is configured. Must run inside the
+/// tokio runtime (the gRPC channel is created there, connecting lazily). The sampler comes
+/// from `OTEL_TRACES_SAMPLER` / `OTEL_TRACES_SAMPLER_ARG` (default: parent-based,
+/// always on), the batch settings from `OTEL_BSP_*`.
+pub fn init_provider(opts: &OtlpOptions) -> Result<Option<Telemetry>, String> {
+    let Some(endpoint) = resolve_endpoint(opts, env)? else {
+        return Ok(None);
+    };
+    let mut builder = opentelemetry_otlp::SpanExporter::builder()
+        .with_tonic()
+        .with_endpoint(endpoint.url.clone());
+    if env("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT").is_none()
+        && env("OTEL_EXPORTER_OTLP_TIMEOUT").is_none()
+    {
+        builder = builder.with_timeout(EXPORT_TIMEOUT);
+    }
+    if endpoint.tls {
+        builder = builder.with_tls_config(
+            opentelemetry_otlp::tonic_types::transport::ClientTlsConfig::new().with_native_roots(),
+        );
+    }
+    let exporter = builder
+        .build()
+        .map_err(|e| format!("OTLP exporter for {}: {e}", endpoint.url))?;
+    let counts = Arc::new(SpanCounts::default());
+    let processor = CountingProcessor {
+        inner: BatchSpanProcessor::builder(CountingExporter {
+            inner: exporter,
+            counts: counts.clone(),
+        })
+        .build(),
+        counts: counts.clone(),
+    };
+    let provider = SdkTracerProvider::builder()
+        .with_span_processor(processor)
+        .with_resource(resource(opts.default_service_name))
+        .build();
+    Ok(Some(Telemetry { provider, counts }))
+}
+
+/// The `tracing` layer that turns spans into OpenTelemetry spans of `telemetry`'s provider.
+/// Only this project's spans and events at `INFO` and above are exported, whatever the log
+/// level: never those of the exporter's own stack (gRPC, HTTP/2), so exporting never
+/// produces spans to export.
+pub fn layer<S>(telemetry: &Telemetry) -> impl tracing_subscriber::Layer<S> + 'static
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    use tracing_subscriber::Layer as _;
+    let tracer = telemetry.provider.tracer("argocd-agent");
+    tracing_opentelemetry::layer()
+        .with_tracer(tracer)
+        .with_filter(tracing_subscriber::filter::filter_fn(|meta| {
+            let t = meta.target();
+            *meta.level() <= tracing::Level::INFO
+                && t.starts_with("argocd_agent")
+                && !t.starts_with("argocd_agent_cli::telemetry")
+        }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(address: Option<&str>, insecure: bool) -> OtlpOptions {
+        OtlpOptions {
+            address: address.map(str::to_owned),
+            insecure,
+            default_service_name: "svc",
+        }
+    }
+
+    fn ep(url: &str, tls: bool) -> Option<Endpoint> {
+        Some(Endpoint {
+            url: url.into(),
+            tls,
+        })
+    }
+
+    #[test]
+    fn nothing_configured_means_no_exporter() {
+        assert_eq!(resolve_endpoint(&opts(None, false), |_| None), Ok(None));
+        assert_eq!(resolve_endpoint(&opts(Some(" "), true), |_| None), Ok(None));
+    }
+
+    #[test]
+    fn flag_address_uses_tls_unless_insecure() {
+        let none = |_: &str| None;
+        assert_eq!(
+            resolve_endpoint(&opts(Some("http://c:4317"), true), none),
+            Ok(ep("http://c:4317", false))
+        );
+        assert_eq!(
+            resolve_endpoint(&opts(Some("c:4317"), false), none),
+            Ok(ep("https://c:4317", true))
+        );
+        assert_eq!(
+            resolve_endpoint(&opts(Some("c:4317"), true), none),
+            Ok(ep("http://c:4317", false))
+        );
+        assert!(resolve_endpoint(&opts(Some("http://c:4317"), false), none).is_err());
+        assert!(resolve_endpoint(&opts(Some("ftp://c"), true), none).is_err());
+    }
+
+    #[test]
+    fn environment_endpoint_follows_its_scheme() {
+        let e = |vars: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                vars.iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        assert_eq!(
+            resolve_endpoint(
+                &opts(None, false),
+                e(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317")])
+            ),
+            Ok(ep("http://c:4317", false))
+        );
+        assert_eq!(
+            resolve_endpoint(
+                &opts(None, false),
+                e(&[
+                    ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317"),
+                    ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "https://t:4317")
+                ])
+            ),
+            Ok(ep("https://t:4317", true))
+        );
+        assert_eq!(
+            resolve_endpoint(
+                &opts(None, false),
+                e(&[
+                    ("OTEL_EXPORTER_OTLP_ENDPOINT", "c:4317"),
+                    ("OTEL_EXPORTER_OTLP_INSECURE", "true")
+                ])
+            ),
+            Ok(ep("http://c:4317", false))
+        );
+        // The flag wins over the environment.
+        assert_eq!(
+            resolve_endpoint(
+                &opts(Some("http://f:1"), true),
+                e(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "https://c:4317")])
+            ),
+            Ok(ep("http://f:1", false))
+        );
+    }
+}
