@@ -99,6 +99,23 @@ pub fn adopt(span: &tracing::Span, event: &Event) {
         span.record("object.name", r.name.as_str());
     }
     set_parent(span, event);
+    record_ids(span, event);
+}
+
+/// Records `trace_id` and `span_id` on the span, so log lines inside it (JSON logs carry the
+/// current span's fields) can be joined with the trace: the span's own ids when tracing is
+/// on, else the trace id the event carries from the peer.
+fn record_ids(span: &tracing::Span, event: &Event) {
+    let own = span.context().span().span_context().clone();
+    if own.is_valid() {
+        span.record("trace_id", own.trace_id().to_string());
+        span.record("span_id", own.span_id().to_string());
+        return;
+    }
+    let remote = extract(event).span().span_context().clone();
+    if remote.is_valid() {
+        span.record("trace_id", remote.trace_id().to_string());
+    }
 }
 
 /// A span about one event on the stream: a trace root in `tracing` terms (not a child of the
@@ -115,14 +132,18 @@ macro_rules! event_span {
                 "event.type" = event.ty.verb(), "event.id" = %event.id,
                 "object.kind" = ::tracing::field::Empty,
                 "object.namespace" = ::tracing::field::Empty,
-                "object.name" = ::tracing::field::Empty
+                "object.name" = ::tracing::field::Empty,
+                trace_id = ::tracing::field::Empty,
+                span_id = ::tracing::field::Empty
                 $(, $($field)+)?)
         } else {
             ::tracing::info_span!(parent: None, $name,
                 "event.type" = event.ty.verb(), "event.id" = %event.id,
                 "object.kind" = ::tracing::field::Empty,
                 "object.namespace" = ::tracing::field::Empty,
-                "object.name" = ::tracing::field::Empty
+                "object.name" = ::tracing::field::Empty,
+                trace_id = ::tracing::field::Empty,
+                span_id = ::tracing::field::Empty
                 $(, $($field)+)?)
         };
         $crate::trace::adopt(&span, event);
@@ -165,6 +186,52 @@ mod tests {
             let got = receiver.context().span().span_context().clone();
             assert_eq!(got.trace_id(), sent.trace_id());
             assert_ne!(got.span_id(), sent.span_id());
+        });
+    }
+
+    #[derive(Clone, Default)]
+    struct Buf(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn json_log_lines_inside_an_event_span_carry_the_trace_id() {
+        let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder().build();
+        let buf = Buf::default();
+        let out = buf.clone();
+        let subscriber = tracing_subscriber::registry()
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")))
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .json()
+                    .with_writer(move || out.clone()),
+            );
+        tracing::subscriber::with_default(subscriber, || {
+            let sender = tracing::info_span!("sender");
+            let event = sender.in_scope(|| Event::new("src", EventType::Ping, Payload::None));
+            let trace_id = sender
+                .context()
+                .span()
+                .span_context()
+                .trace_id()
+                .to_string();
+            let mut decoded = Event::from_cloud_event(event.to_cloud_event()).unwrap();
+            decoded.ty = EventType::Create;
+            let span = crate::event_span!("receive", &decoded);
+            span.in_scope(|| tracing::info!("applied"));
+            let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+            assert!(
+                text.contains(&format!("\"trace_id\":\"{trace_id}\"")),
+                "{text}"
+            );
+            assert!(text.contains("\"span_id\":\""), "{text}");
         });
     }
 }
