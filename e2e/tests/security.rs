@@ -477,6 +477,23 @@ async fn agents_cannot_write_projects_repositories_or_gpg_keys_they_do_not_own()
         );
         assert!(stored_secret(&topo.hub, HUB_ARGOCD_NS, "planted-repo").is_none());
         assert!(stored_secret(&topo.hub, MANAGED, "planted-repo").is_none());
+        // Every refusal is counted per agent and reason.
+        let metrics = http_get(topo.metrics_ports["principal"], "/metrics").await?;
+        for (agent, reason) in [
+            (MANAGED, "ModeForbids"),
+            (AUTONOMOUS, "NotOwner"),
+            (AUTONOMOUS, "WrongNamespace"),
+        ] {
+            let line = format!(
+                "argocd_principal_events_refused_total{{agent=\"{agent}\",reason=\"{reason}\"}}"
+            );
+            let count: f64 = metrics
+                .lines()
+                .find_map(|l| l.strip_prefix(&line))
+                .and_then(|v| v.trim().parse().ok())
+                .ok_or_else(|| format!("{line} missing:\n{metrics}"))?;
+            assert!(count >= 1.0, "{line} = {count}");
+        }
         Ok(())
     }
     .await;
@@ -574,4 +591,18 @@ async fn destination_mapping_routes_by_destination_and_accepts_status_only_from_
     if let Err(e) = r {
         panic!("{e}\n{logs}");
     }
+}
+
+/// Body of `GET path` on 127.0.0.1:`port`.
+async fn http_get(port: u16, path: &str) -> Result<String, HarnessError> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).await?;
+    Ok(raw
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default())
 }
