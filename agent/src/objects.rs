@@ -206,19 +206,7 @@ impl Spoke {
             }
             Err(e) => Err(e),
         };
-        Some(match result {
-            Ok(()) => event.ack(&self.source),
-            Err(e) => {
-                // Names only: the payload may be a Secret.
-                let message = argocd_agent_sync::error_chain(&e);
-                tracing::warn!(object = %resource, r#type = %event.ty, error = %message, "could not apply event");
-                let reason = match e {
-                    SpokeError::WrongNamespace(_) => "Forbidden",
-                    _ => "ApplyFailed",
-                };
-                event.error_reply(&self.source, reason, message)
-            }
-        })
+        Some(self.answer(event, resource, result))
     }
 
     async fn apply_config_upsert(

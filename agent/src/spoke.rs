@@ -497,7 +497,18 @@ impl Spoke {
             }
             Err(e) => Err(e),
         };
-        Some(match result {
+        Some(self.answer(event, resource, result))
+    }
+
+    /// The answer to an event from the principal: `processed`, or an `error` naming the
+    /// object (never the payload, which may be a Secret) and the cause.
+    pub(crate) fn answer(
+        &self,
+        event: &Event,
+        resource: &ResourceRef,
+        result: Result<(), SpokeError>,
+    ) -> Event {
+        match result {
             Ok(()) => event.ack(&self.source),
             Err(e) => {
                 let message = argocd_agent_sync::error_chain(&e);
@@ -508,7 +519,7 @@ impl Spoke {
                 };
                 event.error_reply(&self.source, reason, message)
             }
-        })
+        }
     }
 
     /// Autonomous: the principal asks for one application again.

@@ -339,15 +339,7 @@ pub fn authorize(
     action: Action,
     object: &ObjectRef<'_>,
 ) -> Result<(), Denied> {
-    let deny = |reason| Denied {
-        agent: identity.agent.clone(),
-        client: identity.client.clone(),
-        action,
-        kind: object.kind,
-        namespace: object.namespace.clone(),
-        name: object.name.to_owned(),
-        reason,
-    };
+    let deny = |reason| denial(identity, action, object, reason);
     check_mode_and_direction(identity, mode, action, object)?;
     if *object.namespace != identity.namespace {
         return Err(deny(DeniedReason::WrongNamespace {

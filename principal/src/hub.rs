@@ -1145,27 +1145,10 @@ fn hub_write_span(op: &'static str, resource: &ResourceRef) -> tracing::Span {
     )
 }
 
-/// Runs the hub watch until the stream ends or shutdown, routing changes to agents' workers.
+/// Runs one hub watch of `kind` until the stream ends or shutdown, routing its changes to
+/// agents' workers (Applications by namespace or destination, configuration objects to the
+/// agents they concern).
 pub async fn run_hub_watch(
-    hub: Arc<Hub>,
-    changes: impl Stream<Item = Change> + Send + 'static,
-    shutdown: CancellationToken,
-) {
-    futures::pin_mut!(changes);
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            change = changes.next() => match change {
-                Some(change) => hub.route(change),
-                None => break,
-            },
-        }
-    }
-    tracing::warn!("hub watch ended");
-}
-
-/// Runs one watch of the hub's configuration objects until shutdown.
-pub async fn run_config_watch(
     hub: Arc<Hub>,
     kind: ResourceKind,
     changes: impl Stream<Item = Change> + Send + 'static,
@@ -1176,6 +1159,7 @@ pub async fn run_config_watch(
         tokio::select! {
             _ = shutdown.cancelled() => return,
             change = changes.next() => match change {
+                Some(change) if kind == ResourceKind::Application => hub.route(change),
                 Some(change) => hub.route_config(kind, change),
                 None => break,
             },

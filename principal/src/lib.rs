@@ -173,13 +173,13 @@ pub async fn start(
         tasks: tasks.clone(),
         shutdown: shutdown.clone(),
     }));
-    tasks.spawn(hub::run_hub_watch(hub.clone(), changes, shutdown.clone()));
     for (kind, stream) in [
+        (ResourceKind::Application, changes.boxed()),
         (ResourceKind::AppProject, project_changes.boxed()),
         (ResourceKind::Repository, repository_changes.boxed()),
         (ResourceKind::GpgKeys, gpg_changes.boxed()),
     ] {
-        tasks.spawn(hub::run_config_watch(
+        tasks.spawn(hub::run_hub_watch(
             hub.clone(),
             kind,
             stream,
