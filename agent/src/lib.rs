@@ -244,6 +244,18 @@ pub async fn start(
         });
     }
 
+    {
+        let (spoke, shutdown) = (spoke.clone(), shutdown.clone());
+        tasks.spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(5));
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tick.tick() => spoke.metrics.sample_queue(&spoke.queue),
+                }
+            }
+        });
+    }
     let connected = Arc::new(AtomicBool::new(false));
     let (ready_tx, ready_rx) = watch::channel(false);
     let health_state = HealthState {

@@ -58,6 +58,10 @@ pub struct Metrics {
     pub svid_expiry: Gauge,
     /// `argocd_agent_svid_rotations_total`.
     pub svid_rotations: Counter,
+    /// `argocd_agent_queue_depth`: events to the principal queued or unacknowledged.
+    pub queue_depth: Gauge,
+    /// `argocd_agent_event_resends_total`.
+    pub resends: Counter,
     registry: Arc<Registry>,
 }
 
@@ -140,7 +144,21 @@ impl Metrics {
             "X.509-SVID updates received",
             svid_rotations.clone(),
         );
+        let queue_depth = Gauge::default();
+        r.register(
+            "argocd_agent_queue_depth",
+            "Events to the principal queued or waiting for an acknowledgement",
+            queue_depth.clone(),
+        );
+        let resends = Counter::default();
+        r.register(
+            "argocd_agent_event_resends",
+            "Events sent again because no acknowledgement came in time",
+            resends.clone(),
+        );
         Metrics {
+            queue_depth,
+            resends,
             events_received,
             events_sent,
             event_processing,
@@ -190,6 +208,15 @@ impl Metrics {
                 })
                 .observe(latency);
         }
+    }
+
+    /// Copies the queue's depth and resend total into the metrics.
+    pub fn sample_queue(&self, queue: &argocd_agent_sync::SendQueue) {
+        self.queue_depth
+            .set(i64::try_from(queue.len()).unwrap_or(i64::MAX));
+        let total = queue.resends();
+        let counted = self.resends.get();
+        self.resends.inc_by(total.saturating_sub(counted));
     }
 
     /// The connection came up (`true`) or went down.

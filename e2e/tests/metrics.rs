@@ -249,6 +249,8 @@ async fn principal_and_agent_metrics_exist_and_move() {
             "principal_repositories_updated_total",
             "argocd_principal_event_writer_events_discarded_total",
             "argocd_principal_hub_write_errors_total",
+            "argocd_principal_queue_depth",
+            "argocd_principal_event_resends_total",
         ] {
             assert!(value(&ps, name, &[]).is_some(), "{name} missing");
         }
@@ -256,6 +258,8 @@ async fn principal_and_agent_metrics_exist_and_move() {
             "argocd_agent_auth_failures_total",
             "argocd_agent_event_writer_events_discarded_total",
             "argocd_agent_connection_start_timestamp_seconds",
+            "argocd_agent_queue_depth",
+            "argocd_agent_event_resends_total",
         ] {
             assert!(value(&ms, name, &[]).is_some(), "{name} missing");
         }

@@ -1145,6 +1145,27 @@ fn hub_write_span(op: &'static str, resource: &ResourceRef) -> tracing::Span {
     )
 }
 
+/// Every few seconds, sums the agents' queues into the queue-depth gauge and the resend
+/// counter (queues live as long as the principal, so their resend totals only grow).
+pub async fn sample_queues(hub: Arc<Hub>, shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
+    let mut counted = 0u64;
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let agents = hub.agents();
+        let depth: usize = agents.iter().map(|a| a.queue.len()).sum();
+        let resends: u64 = agents.iter().map(|a| a.queue.resends()).sum();
+        hub.metrics
+            .queue_depth
+            .set(i64::try_from(depth).unwrap_or(i64::MAX));
+        hub.metrics.resends.inc_by(resends.saturating_sub(counted));
+        counted = counted.max(resends);
+    }
+}
+
 /// Runs one hub watch of `kind` until the stream ends or shutdown, routing its changes to
 /// agents' workers (Applications by namespace or destination, configuration objects to the
 /// agents they concern).

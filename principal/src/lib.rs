@@ -187,6 +187,7 @@ pub async fn start(
         ));
     }
     watch_revocations(&rules, &hub);
+    tasks.spawn(hub::sample_queues(hub.clone(), shutdown.clone()));
 
     let (ready_tx, ready_rx) = watch::channel(false);
     let readiness = metrics::Readiness {

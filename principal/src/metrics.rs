@@ -141,6 +141,10 @@ pub struct Metrics {
     pub svid_expiry: Gauge,
     /// `argocd_principal_svid_rotations_total`.
     pub svid_rotations: Counter,
+    /// `argocd_principal_queue_depth`: events queued or unacknowledged, all agents.
+    pub queue_depth: Gauge,
+    /// `argocd_principal_event_resends_total`: events sent again for lack of an ack.
+    pub resends: Counter,
     hub_writes: Arc<HashMap<(ResourceKind, HubWrite), Counter>>,
     agent_labels: Arc<AgentLabels>,
     registry: Arc<Registry>,
@@ -240,6 +244,18 @@ impl Metrics {
             "X.509-SVID updates received",
             svid_rotations.clone(),
         );
+        let queue_depth = Gauge::default();
+        r.register(
+            "argocd_principal_queue_depth",
+            "Events queued or waiting for an acknowledgement, all agents",
+            queue_depth.clone(),
+        );
+        let resends = Counter::default();
+        r.register(
+            "argocd_principal_event_resends",
+            "Events sent again because no acknowledgement came in time",
+            resends.clone(),
+        );
         let mut hub_writes = HashMap::new();
         for (kind, plural) in [
             (ResourceKind::Application, "applications"),
@@ -278,6 +294,8 @@ impl Metrics {
             resync_duration,
             svid_expiry,
             svid_rotations,
+            queue_depth,
+            resends,
             hub_writes: Arc::new(hub_writes),
             agent_labels: Arc::new(AgentLabels {
                 max: max_agent_labels,

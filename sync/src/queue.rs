@@ -106,6 +106,7 @@ pub struct SendQueue {
     state: Mutex<State>,
     notify: Notify,
     limits: QueueLimits,
+    resends: std::sync::atomic::AtomicU64,
 }
 
 impl SendQueue {
@@ -114,6 +115,7 @@ impl SendQueue {
             state: Mutex::new(State::default()),
             notify: Notify::new(),
             limits,
+            resends: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -197,6 +199,11 @@ impl SendQueue {
         self.len() == 0
     }
 
+    /// Events sent again because no acknowledgement came in time, since the queue was made.
+    pub fn resends(&self) -> u64 {
+        self.resends.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Unacknowledged events.
     pub fn in_flight(&self) -> usize {
         self.lock().in_flight.len()
@@ -229,6 +236,8 @@ impl SendQueue {
             if let Some(f) = st.in_flight.get_mut(&k) {
                 f.attempts = attempts;
                 f.deadline = deadline;
+                self.resends
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 return Ok(f.event.clone());
             }
         }
@@ -358,6 +367,7 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(first.id, again.id);
+        assert_eq!(q.resends(), 1);
         q.ack(&first.id);
         assert!(q.is_empty());
     }
