@@ -21,7 +21,7 @@ pub enum Dialer {
     Mtls {
         config: Arc<rustls::ClientConfig>,
         /// Feeds every handshake's certificate: kept while the agent runs.
-        _source: SvidSource,
+        source: SvidSource,
     },
     Plain,
     Jwt(JwtSvidFetcher),
@@ -31,7 +31,7 @@ impl Dialer {
     /// The X.509-SVID source of an mTLS dialer.
     pub fn svid(&self) -> Option<&SvidSource> {
         match self {
-            Dialer::Mtls { _source, .. } => Some(_source),
+            Dialer::Mtls { source, .. } => Some(source),
             _ => None,
         }
     }
@@ -62,10 +62,7 @@ impl Dialer {
                 let config = argocd_agent_identity::tls::client_config(&source, policy)
                     .map_err(AgentError::Tls)?;
                 Ok((
-                    Dialer::Mtls {
-                        config,
-                        _source: source,
-                    },
+                    Dialer::Mtls { config, source },
                     state.svid.spiffe_id().to_string(),
                 ))
             }

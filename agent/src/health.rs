@@ -163,4 +163,19 @@ mod tests {
         tasks.close();
         tasks.wait().await;
     }
+
+    #[test]
+    fn readiness_says_why_not() {
+        let (tx, rx) = watch::channel(false);
+        let state = HealthState {
+            connected: Arc::new(AtomicBool::new(true)),
+            ready: rx,
+            svid: None,
+            metrics: crate::metrics::Metrics::new(),
+        };
+        let why = state.readiness().unwrap_err();
+        assert!(why.starts_with("not ready: local caches"), "{why}");
+        tx.send_replace(true);
+        assert!(state.readiness().is_ok());
+    }
 }

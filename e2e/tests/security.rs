@@ -81,6 +81,31 @@ async fn answer_to(
     }
 }
 
+/// The SVID source of one of the topology's Workload API sockets, ready.
+async fn agent_svid(topo: &Topology, sock: &str) -> Result<SvidSource, HarnessError> {
+    let source = SvidSource::workload_api(Some(topo.spiffe.endpoint(&topo.dir.join(sock)))).await?;
+    source.wait_ready(T).await?;
+    Ok(source)
+}
+
+/// Sends `event` and returns the error the principal answers it with (anything else fails).
+async fn refusal(
+    tx: &mpsc::Sender<argocd_agent_proto::cloudevents::CloudEvent>,
+    inbound: &mut tonic::Streaming<argocd_agent_proto::cloudevents::CloudEvent>,
+    event: &Event,
+) -> Result<argocd_agent_proto::eventstream::ErrorDetail, HarnessError> {
+    tx.send(event.to_cloud_event()).await?;
+    let reply = answer_to(inbound, &event.id).await?;
+    match reply.payload {
+        Payload::Error(d) => Ok(d),
+        _ => Err(format!(
+            "{} {:?}: expected an error, got {}",
+            event.ty, event.resource, reply.ty
+        )
+        .into()),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_cannot_touch_another_agents_applications() {
     let topo = Topology::start(TopologyOptions {
@@ -381,10 +406,7 @@ async fn agents_cannot_write_projects_repositories_or_gpg_keys_they_do_not_own()
         let ns = |n: &str| argocd_agent_identity::Namespace::new(n).unwrap();
 
         // The managed agent may write no project, repository or GPG keys.
-        let source =
-            SvidSource::workload_api(Some(topo.spiffe.endpoint(&topo.dir.join("managed.sock"))))
-                .await?;
-        source.wait_ready(T).await?;
+        let source = agent_svid(&topo, "managed.sock").await?;
         let (tx, mut inbound, _) =
             open_stream(&source, topo.principal_addr, AgentMode::Managed).await?;
         for (kind, ty, name) in [
@@ -403,11 +425,7 @@ async fn agents_cannot_write_projects_repositories_or_gpg_keys_they_do_not_own()
                 ResourceRef::new(kind, ns(MANAGED), name),
                 object_for(name),
             );
-            tx.send(e.to_cloud_event()).await?;
-            let reply = answer_to(&mut inbound, &e.id).await?;
-            let Payload::Error(d) = &reply.payload else {
-                return Err(format!("{kind} {ty}: expected error, got {}", reply.ty).into());
-            };
+            let d = refusal(&tx, &mut inbound, &e).await?;
             assert_eq!(d.reason, "Forbidden", "{kind} {ty}: {}", d.message);
             assert!(
                 d.message.contains(&kind.as_str().to_ascii_lowercase()),
@@ -419,11 +437,7 @@ async fn agents_cannot_write_projects_repositories_or_gpg_keys_they_do_not_own()
 
         // The autonomous agent may not take over the admin's project, nor write in another
         // agent's namespace, nor write repositories.
-        let source = SvidSource::workload_api(Some(
-            topo.spiffe.endpoint(&topo.dir.join("autonomous.sock")),
-        ))
-        .await?;
-        source.wait_ready(T).await?;
+        let source = agent_svid(&topo, "autonomous.sock").await?;
         let (tx, mut inbound, _) =
             open_stream(&source, topo.principal_addr, AgentMode::Autonomous).await?;
         for (kind, namespace, name, want) in [
@@ -452,11 +466,7 @@ async fn agents_cannot_write_projects_repositories_or_gpg_keys_they_do_not_own()
                 ResourceRef::new(kind, ns(namespace), name),
                 object_for(name),
             );
-            tx.send(e.to_cloud_event()).await?;
-            let reply = answer_to(&mut inbound, &e.id).await?;
-            let Payload::Error(d) = &reply.payload else {
-                return Err(format!("{kind}: expected error, got {}", reply.ty).into());
-            };
+            let d = refusal(&tx, &mut inbound, &e).await?;
             assert_eq!(d.reason, "Forbidden", "{kind}: {}", d.message);
             assert!(d.message.contains(want), "{kind}: {}", d.message);
         }
@@ -545,8 +555,7 @@ async fn destination_mapping_routes_by_destination_and_accepts_status_only_from_
         // A status update from the other managed agent is refused and changes nothing.
         let second_agent = topo.autonomous.as_mut().ok_or("no second agent")?;
         second_agent.stop().await;
-        let source = SvidSource::workload_api(Some(topo.spiffe.endpoint(&topo.dir.join("autonomous.sock")))).await?;
-        source.wait_ready(T).await?;
+        let source = agent_svid(&topo, "autonomous.sock").await?;
         let (tx, mut inbound, _) = open_stream(&source, topo.principal_addr, AgentMode::Managed).await?;
         let forged = Event::resource(
             "test-client",
@@ -554,9 +563,7 @@ async fn destination_mapping_routes_by_destination_and_accepts_status_only_from_
             ResourceRef::new(ResourceKind::Application, argocd_agent_identity::Namespace::new(SHARED)?, "guestbook"),
             Payload::Object(std::sync::Arc::new(json!({"metadata": {"name": "guestbook"}, "status": {"health": {"status": "Degraded"}}}))),
         );
-        tx.send(forged.to_cloud_event()).await?;
-        let reply = answer_to(&mut inbound, &forged.id).await?;
-        let Payload::Error(d) = &reply.payload else { return Err(format!("expected error, got {}", reply.ty).into()) };
+        let d = refusal(&tx, &mut inbound, &forged).await?;
         assert_eq!(d.reason, "Forbidden");
         assert!(d.message.contains(&format!("its destination is agent \"{MANAGED}\"")), "{}", d.message);
         tokio::time::sleep(Duration::from_millis(300)).await;

@@ -147,14 +147,14 @@ pub async fn start(
     );
     let (gpg_keys, gpg_changes) =
         argocd_agent_kubernetes::watch(client.clone(), Kind::ConfigMap, scoped(in_argocd(), None));
-    let config_objects = ConfigObjects {
-        namespace: argocd_ns,
-        by_namespace: !config.destination_based_mapping,
+    let config_objects = ConfigObjects::new(
+        argocd_ns,
+        !config.destination_based_mapping,
         projects,
         repositories,
         gpg_keys,
-        project_writer: Resources::new(client.clone(), Kind::AppProject),
-    };
+        Resources::new(client.clone(), Kind::AppProject),
+    );
     let metrics = Metrics::with_agent_label_limit(config.metrics_max_agent_labels);
     if let Some(svid) = &listener_auth.svid {
         metrics.follow_svid(svid);

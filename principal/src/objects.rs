@@ -54,7 +54,20 @@ pub struct ConfigObjects {
     pub gpg_keys: Cache,
     /// Writes AppProjects (autonomous agents' hub copies).
     pub project_writer: Resources,
+    /// Wire forms by hub UID, valid for one resourceVersion: every managed agent
+    /// re-evaluates its set on each change, and the conversion is the same for all of them.
+    wire_cache: std::sync::Mutex<HashMap<String, (String, Wire)>>,
 }
+
+/// A hub object in wire form, with the project a repository Secret names.
+#[derive(Clone)]
+struct Wire {
+    value: Arc<Value>,
+    project: Option<String>,
+}
+
+/// Bound of the wire cache; cleared when full (deleted objects' entries go with it).
+const MAX_WIRE_CACHE: usize = 4096;
 
 /// Wire form of a hub object for an agent: server-managed metadata, namespace and
 /// kubectl's last-applied annotation removed, the hub UID recorded
@@ -89,6 +102,49 @@ fn live(obj: &DynamicObject) -> bool {
 }
 
 impl ConfigObjects {
+    /// The configuration objects of Argo CD's hub namespace `namespace`, watched by the
+    /// three caches.
+    pub fn new(
+        namespace: Namespace,
+        by_namespace: bool,
+        projects: Cache,
+        repositories: Cache,
+        gpg_keys: Cache,
+        project_writer: Resources,
+    ) -> ConfigObjects {
+        ConfigObjects {
+            namespace,
+            by_namespace,
+            projects,
+            repositories,
+            gpg_keys,
+            project_writer,
+            wire_cache: Default::default(),
+        }
+    }
+
+    /// The wire form of a hub object, converted once per resourceVersion.
+    fn wire_of(&self, obj: &DynamicObject) -> Wire {
+        let uid = obj.metadata.uid.clone().unwrap_or_default();
+        let rv = obj.metadata.resource_version.clone().unwrap_or_default();
+        let mut cache = self.wire_cache.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((cached_rv, w)) = cache.get(&uid)
+            && *cached_rv == rv
+            && !uid.is_empty()
+        {
+            return w.clone();
+        }
+        let value = wire(obj);
+        let w = Wire {
+            project: projects::repository_project(&value),
+            value: Arc::new(value),
+        };
+        if cache.len() >= MAX_WIRE_CACHE {
+            cache.clear();
+        }
+        cache.insert(uid, (rv, w.clone()));
+        w
+    }
     /// Whether every cache has listed once.
     pub fn is_synced(&self) -> bool {
         self.projects.is_synced() && self.repositories.is_synced() && self.gpg_keys.is_synced()
@@ -122,7 +178,7 @@ impl ConfigObjects {
             if agent_label(&p).is_some() {
                 continue;
             }
-            let w = wire(&p);
+            let w = self.wire_of(&p).value;
             if projects::matches_agent(&w, agent, ns, self.by_namespace) {
                 let name = name_of(&p);
                 projects_sent.insert(name.clone());
@@ -133,9 +189,9 @@ impl ConfigObjects {
             }
         }
         for s in self.in_namespace(&self.repositories) {
-            let w = wire(&s);
-            if projects::repository_project(&w).is_some_and(|p| projects_sent.contains(&p)) {
-                out.insert((ResourceKind::Repository, name_of(&s)), Arc::new(w));
+            let w = self.wire_of(&s);
+            if w.project.is_some_and(|p| projects_sent.contains(&p)) {
+                out.insert((ResourceKind::Repository, name_of(&s)), w.value);
             }
         }
         if let Some(cm) = self
@@ -143,7 +199,10 @@ impl ConfigObjects {
             .get(Some(self.namespace.as_str()), GPG_KEYS_CONFIGMAP)
             .filter(|o| live(o))
         {
-            out.insert((ResourceKind::GpgKeys, name_of(&cm)), Arc::new(wire(&cm)));
+            out.insert(
+                (ResourceKind::GpgKeys, name_of(&cm)),
+                self.wire_of(&cm).value,
+            );
         }
         out
     }
