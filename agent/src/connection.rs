@@ -36,12 +36,7 @@ fn hello(spoke: &Spoke) -> Event {
             version: env!("CARGO_PKG_VERSION").into(),
             protocol_version: PROTOCOL_VERSION,
             capabilities: CAPABILITIES.iter().map(|c| c.to_string()).collect(),
-            state: Some({
-                let mut state =
-                    argocd_agent_sync::resync::to_state("Application", &spoke.checksums());
-                state.resources.extend(spoke.config_checksums());
-                state
-            }),
+            state: Some(spoke.hello_state()),
         }),
     )
 }

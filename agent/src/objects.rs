@@ -9,7 +9,7 @@
 //! and GPG keys stay local.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use argocd_agent_identity::{AgentMode, Namespace, ResourceKind};
 use argocd_agent_kubernetes::object::{self, content_checksum, is_being_deleted};
@@ -20,7 +20,7 @@ use kube::api::DynamicObject;
 use serde_json::Value;
 
 use crate::error::SpokeError;
-use crate::spoke::{MANAGED_LABEL, Spoke};
+use crate::spoke::{MANAGED_LABEL, Spoke, lock};
 
 /// Label selector of the repository Secrets the agent watches.
 pub const REPOSITORY_SELECTOR: &str = "argocd.argoproj.io/secret-type in (repository,repo-creds)";
@@ -42,10 +42,6 @@ pub struct ConfigKinds {
     desired: Mutex<HashMap<Key, Arc<Value>>>,
     /// Autonomous: checksum of the last object published, by kind and name.
     published: Mutex<HashMap<Key, String>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn name_of(obj: &DynamicObject) -> String {
@@ -179,6 +175,32 @@ impl Spoke {
                 lock(&self.config.desired)
                     .entry((kind, name_of(&o)))
                     .or_insert_with(|| Arc::new(as_value(&o)));
+            }
+        }
+    }
+
+    /// Autonomous: local projects the principal cannot know from the hello (changed while
+    /// the handshake was in flight).
+    pub(crate) fn publish_config_changed_since_hello(&self, said: &[ResourceChecksum]) {
+        for &kind in kinds_for(self.mode) {
+            let local = self.config_objects(kind);
+            let said_of_kind: HashMap<&str, &str> = said
+                .iter()
+                .filter(|r| r.kind == kind.as_str())
+                .map(|r| (r.name.as_str(), r.spec_checksum.as_str()))
+                .collect();
+            for o in &local {
+                let name = name_of(o);
+                if said_of_kind.get(name.as_str()).copied()
+                    != Some(checksum(kind, &as_value(o)).as_str())
+                {
+                    self.publish_config(kind, o);
+                }
+            }
+            for name in said_of_kind.keys() {
+                if !local.iter().any(|o| name_of(o) == *name) {
+                    self.push_config_delete(kind, name);
+                }
             }
         }
     }

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use argocd_agent_identity::{AgentMode, Namespace, ResourceKind};
 use argocd_agent_kubernetes::object::{self, is_being_deleted, spec_checksum};
 use argocd_agent_kubernetes::{Cache, Change, Resources};
+use argocd_agent_proto::eventstream::{ResourceChecksum, ResyncState};
 use argocd_agent_sync::resync::Checksums;
 use argocd_agent_sync::{Event, EventType, Payload, ResourceRef, SendQueue};
 use kube::api::DynamicObject;
@@ -25,7 +26,7 @@ use crate::policy::{self, Policies, RecreateAction, WritePlan};
 /// Label the agent puts on Applications it received from the principal (managed mode).
 pub const MANAGED_LABEL: &str = "argocd-agent.argoproj-labs.io/managed-by-principal";
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A poisoned lock only means a task panicked mid-update; the data stays usable.
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -41,6 +42,9 @@ struct SpokeInner {
     sent_status: HashMap<String, String>,
     /// Autonomous: checksum of the last object published, by name.
     sent_object: HashMap<String, String>,
+    /// What the last hello said this agent holds (Applications and configuration objects),
+    /// so changes made while the handshake was in flight are published after the welcome.
+    hello: Option<(Checksums, Vec<ResourceChecksum>)>,
 }
 
 /// The agent's local state.
@@ -248,17 +252,54 @@ impl Spoke {
     /// Called after each welcome: remember the hub namespace, report what the principal
     /// needs from us.
     pub fn after_welcome(&self, hub_namespace: Namespace) {
-        {
+        let hello = {
             let mut inner = self.inner();
             inner.hub_namespace = Some(hub_namespace);
             inner.sent_status.clear();
             inner.sent_object.clear();
-        }
+            inner.hello.take()
+        };
         self.reset_published_config();
-        if self.mode == AgentMode::Managed {
-            for obj in self.local().values() {
-                self.report_status(obj);
+        match self.mode {
+            AgentMode::Managed => {
+                for obj in self.local().values() {
+                    self.report_status(obj);
+                }
             }
+            AgentMode::Autonomous => {
+                if let Some((apps, config)) = hello {
+                    self.publish_changed_since_hello(&apps);
+                    self.publish_config_changed_since_hello(&config);
+                }
+            }
+        }
+    }
+
+    /// The resync state for the hello, remembered until the welcome.
+    pub fn hello_state(&self) -> ResyncState {
+        let apps = self.checksums();
+        let config = self.config_checksums();
+        let mut state = argocd_agent_sync::resync::to_state("Application", &apps);
+        let uids = self.source_uids();
+        for r in &mut state.resources {
+            r.source_uid = uids.get(&r.name).cloned().unwrap_or_default();
+        }
+        state.resources.extend(config.iter().cloned());
+        self.inner().hello = Some((apps, config));
+        state
+    }
+
+    /// Autonomous: local changes the principal cannot know from the hello (made while the
+    /// handshake was in flight, when there was no hub namespace to publish them under).
+    fn publish_changed_since_hello(&self, said: &Checksums) {
+        let local = self.local();
+        for (name, obj) in &local {
+            if !is_being_deleted(obj) && said.get(name) != Some(&spec_checksum(obj)) {
+                self.publish(obj);
+            }
+        }
+        for name in said.keys().filter(|n| !local.contains_key(*n)) {
+            self.push_delete(name);
         }
     }
 

@@ -115,8 +115,11 @@ async fn a_hub_app_recreated_while_the_agent_was_away_is_recreated_or_updated_on
             hub_uid.as_str()
         );
 
-        // While the agent is down, both are deleted and created again with the same spec.
+        // While the agent and the principal are down (so no queued delete survives; only
+        // the source UIDs in the hello tell the copies are stale), both are deleted and
+        // created again with the same spec.
         topo.managed.as_mut().ok_or("no agent")?.stop().await;
+        topo.principal.stop().await;
         for name in ["recreated", "upserted"] {
             hub.delete(name, &DeleteParams::default()).await?;
         }
@@ -126,6 +129,7 @@ async fn a_hub_app_recreated_while_the_agent_was_away_is_recreated_or_updated_on
         let new_hub_uid = uid(&stored_app(&topo.hub, MANAGED, "recreated").unwrap());
         assert_ne!(hub_uid, new_hub_uid);
         let before = topo.connect_count(MANAGED);
+        topo.principal.start()?;
         topo.managed.as_mut().ok_or("no agent")?.start()?;
         eventually("agent reconnected", T, || async {
             (topo.connect_count(MANAGED) > before).then_some(())
