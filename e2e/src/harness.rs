@@ -482,7 +482,8 @@ impl Topology {
             Some(f) => pargs.extend(["--identity-rules".into(), f.display().to_string()]),
             None => pargs.extend(["--identity-rule".into(), RULE.into()]),
         }
-        // The operator API on a free loopback port, unless the test chose one.
+        // The operator API on a Unix socket in the topology's directory (no TCP port that a
+        // parallel test could take between choosing and binding it), unless the test chose.
         let admin_address = match opts
             .principal_args
             .iter()
@@ -490,7 +491,7 @@ impl Topology {
         {
             Some(i) => opts.principal_args.get(i + 1).cloned().unwrap_or_default(),
             None => {
-                let a = format!("127.0.0.1:{}", free_port()?);
+                let a = format!("unix://{}", dir.join("admin.sock").display());
                 pargs.extend(["--admin-address".into(), a.clone()]);
                 a
             }
