@@ -24,6 +24,9 @@ use argocd_agent_kube_test_server::{KubeTestServer, ServerOptions};
 pub const TRUST_DOMAIN: &str = "example.org";
 /// SPIFFE ID of the principal.
 pub const PRINCIPAL_ID: &str = "spiffe://example.org/ns/argocd/sa/argocd-agent-principal";
+/// SPIFFE ID of an operator's workload (`operator.sock` in the topology directory); no rule of
+/// the default topology maps it, so it is an operator only where a test adds an admin rule.
+pub const OPERATOR_ID: &str = "spiffe://example.org/ns/platform/sa/operator";
 /// Managed agent's name (and hub namespace).
 pub const MANAGED: &str = "agent-managed";
 /// Autonomous agent's name (and hub namespace).
@@ -433,6 +436,7 @@ impl Topology {
         let td = TrustDomain::new(TRUST_DOMAIN)?;
         let spiffe = DevWorkloadApi::builder(dir.join("spiffe"), td)
             .socket(dir.join("principal.sock"), SpiffeId::parse(PRINCIPAL_ID)?)
+            .socket(dir.join("operator.sock"), SpiffeId::parse(OPERATOR_ID)?)
             .socket(
                 dir.join("managed.sock"),
                 SpiffeId::parse(&agent_id(MANAGED))?,
@@ -695,4 +699,18 @@ pub async fn set_status(
     )
     .await?;
     Ok(())
+}
+
+/// Body of `GET path` on 127.0.0.1:`port`.
+pub async fn http_get(port: u16, path: &str) -> Result<String, HarnessError> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).await?;
+    Ok(raw
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default())
 }

@@ -208,3 +208,112 @@ async fn admin_api_on_a_unix_socket() {
         panic!("{e}\n{logs}");
     }
 }
+
+/// `argocd-agentctl agent ...` against the principal's agent listener over mTLS, with the
+/// SVID of the workload behind `socket` (a file in the topology directory).
+async fn ctl_mtls(topo: &Topology, socket: &str, args: &[&str]) -> Result<Output, HarnessError> {
+    let endpoint = topo.spiffe.endpoint(&topo.dir.join(socket));
+    let out = tokio::process::Command::new(binary("argocd-agentctl")?)
+        .arg("agent")
+        .args(args)
+        .args([
+            "--principal-address",
+            &topo.principal_addr.to_string(),
+            "--spiffe-endpoint-socket",
+            &endpoint,
+            "--principal-spiffe-id",
+            PRINCIPAL_ID,
+        ])
+        .output()
+        .await?;
+    Ok(out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_api_over_mtls_is_for_spiffe_ids_with_an_admin_rule() {
+    let topo = Topology::start(TopologyOptions {
+        principal_args: vec![
+            "--identity-rule".into(),
+            format!("admin:{OPERATOR_ID},name=operators"),
+        ],
+        agents: Some(vec![MANAGED]),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let r = async {
+        // 1. The operator's SVID: agents listed, over the agent listener.
+        eventually("the operator lists agent-managed over mTLS", T, || async {
+            let out = ctl_mtls(&topo, "operator.sock", &["list", "-o", "json"])
+                .await
+                .ok()?;
+            let agents: Vec<Value> = serde_json::from_slice(&out.stdout).ok()?;
+            find(&agents, MANAGED)
+                .is_some_and(|a| a["connected"] == true && a["client"] == agent_id(MANAGED))
+                .then_some(())
+        })
+        .await?;
+
+        // 2. An agent's SVID is no operator: refused, naming the rule it matched.
+        let out = ctl_mtls(&topo, "managed.sock", &["list"]).await?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if out.status.success()
+            || !stderr.contains("PermissionDenied")
+            || !stderr.contains("role: admin")
+            || !stderr.contains("agent rule \"flag-1\"")
+        {
+            return Err(format!("agent SVID against the admin API: {}", text(&out)).into());
+        }
+        let out = ctl_mtls(&topo, "managed.sock", &["disconnect", AUTONOMOUS]).await?;
+        if out.status.success() {
+            return Err(format!("agent SVID disconnected someone: {}", text(&out)).into());
+        }
+        eventually("the refusal is logged and counted", T, || async {
+            let metrics = http_get(topo.metrics_ports["principal"], "/metrics")
+                .await
+                .ok()?;
+            (topo.principal.log().contains("admin call refused")
+                && metrics.contains("argocd_principal_auth_failures_total{reason=\"NotAdmin\"} 2"))
+            .then_some(())
+        })
+        .await?;
+
+        // 3. The operator disconnects the agent; it reconnects; the log names the operator.
+        let before = topo.connect_count(MANAGED);
+        let out = ctl_mtls(&topo, "operator.sock", &["disconnect", MANAGED]).await?;
+        if !out.status.success() {
+            return Err(format!("operator disconnect: {}", text(&out)).into());
+        }
+        eventually("agent-managed reconnects", T, || async {
+            (topo.connect_count(MANAGED) > before).then_some(())
+        })
+        .await?;
+        if !topo
+            .principal
+            .log()
+            .lines()
+            .any(|l| l.contains("session closed by an operator") && l.contains(OPERATOR_ID))
+        {
+            return Err("the disconnect log line does not name the operator".into());
+        }
+
+        // 4. Without pinning the principal the CLI refuses to dial.
+        let out = tokio::process::Command::new(binary("argocd-agentctl")?)
+            .args(["agent", "list", "--principal-address"])
+            .arg(topo.principal_addr.to_string())
+            .output()
+            .await?;
+        if out.status.success()
+            || !String::from_utf8_lossy(&out.stderr).contains("--principal-spiffe-id")
+        {
+            return Err(format!("unpinned dial: {}", text(&out)).into());
+        }
+        Ok::<_, HarnessError>(())
+    }
+    .await;
+    let logs = topo.logs();
+    topo.stop().await;
+    if let Err(e) = r {
+        panic!("{e}\n{logs}");
+    }
+}

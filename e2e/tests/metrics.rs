@@ -8,7 +8,6 @@ use std::time::Duration;
 use argocd_agent_e2e::harness::*;
 use kube::api::PostParams;
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const T: Duration = Duration::from_secs(20);
 
@@ -75,15 +74,7 @@ print(json.dumps(out))
 }
 
 async fn scrape_text(port: u16) -> Result<String, HarnessError> {
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .await?;
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).await?;
-    Ok(raw
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default())
+    http_get(port, "/metrics").await
 }
 
 async fn scrape(port: u16) -> Result<Vec<Sample>, HarnessError> {

@@ -599,17 +599,3 @@ async fn destination_mapping_routes_by_destination_and_accepts_status_only_from_
         panic!("{e}\n{logs}");
     }
 }
-
-/// Body of `GET path` on 127.0.0.1:`port`.
-async fn http_get(port: u16, path: &str) -> Result<String, HarnessError> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
-        .await?;
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).await?;
-    Ok(raw
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default())
-}

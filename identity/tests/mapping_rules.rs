@@ -583,3 +583,128 @@ fn header_agent_name_maps_to_itself_and_survives_any_rules_change() {
     let denied = none.map_client(&spiffe).unwrap_err();
     assert_eq!(denied.client, spiffe);
 }
+
+const WITH_ADMIN: &str = r#"
+rules:
+  - name: operators
+    template: "spiffe://example.org/ns/platform/sa/{sa}"
+    role: admin
+  - name: agents
+    template: "spiffe://example.org/ns/{ns}/sa/{sa}"
+    agent: "{sa}"
+"#;
+
+#[test]
+fn an_admin_rule_grants_the_admin_api_and_never_an_agent_session() {
+    let rules = RuleSet::from_yaml(WITH_ADMIN).unwrap();
+    assert!(rules.has_admin_rules());
+    let operator = id("spiffe://example.org/ns/platform/sa/alice");
+    assert_eq!(
+        rules.authorize_admin(&operator.clone().into()).unwrap(),
+        "operators"
+    );
+    let denied = rules.map(&operator).unwrap_err();
+    assert_eq!(
+        denied.reason,
+        DenyReason::AdminRole {
+            rule: "operators".into()
+        }
+    );
+    assert!(denied.to_string().contains("never connect as an agent"));
+}
+
+#[test]
+fn an_agent_identity_is_refused_by_the_admin_api() {
+    let rules = RuleSet::from_yaml(WITH_ADMIN).unwrap();
+    let agent = id("spiffe://example.org/ns/argocd/sa/edge-1");
+    assert_eq!(rules.map(&agent).unwrap().agent.as_str(), "edge-1");
+    let denied = rules.authorize_admin(&agent.into()).unwrap_err();
+    assert_eq!(
+        denied.reason,
+        DenyReason::NotAdmin {
+            rule: Some("agents".into())
+        }
+    );
+    let stranger = id("spiffe://other.org/x");
+    assert_eq!(
+        rules.authorize_admin(&stranger.into()).unwrap_err().reason,
+        DenyReason::NoRuleMatched { tried: 2 }
+    );
+    // An agent name captured from a header is never an operator.
+    let header = argocd_agent_identity::ClientIdentity::AgentName(
+        argocd_agent_identity::AgentName::new("edge-1").unwrap(),
+    );
+    assert_eq!(
+        rules.authorize_admin(&header).unwrap_err().reason,
+        DenyReason::NotAdmin { rule: None }
+    );
+}
+
+#[test]
+fn first_match_decides_between_admin_and_agent_rules() {
+    // An agent rule above the admin rule wins for IDs both match: no admin access.
+    let rules = RuleSet::from_flags(&flags(&[
+        "template:spiffe://example.org/ns/{ns}/sa/{sa}=>{sa}",
+        "admin:spiffe://example.org/ns/platform/sa/alice",
+    ]))
+    .unwrap();
+    let alice = id("spiffe://example.org/ns/platform/sa/alice");
+    assert!(rules.authorize_admin(&alice.clone().into()).is_err());
+    assert_eq!(rules.map(&alice).unwrap().agent.as_str(), "alice");
+}
+
+#[test]
+fn admin_rules_as_flags_and_their_mistakes() {
+    let rules = RuleSet::from_flags(&flags(&[
+        "admin:spiffe://example.org/ops/bob,name=bob",
+        "template:spiffe://example.org/ops/{who}=>,role=admin,trustDomains=example.org",
+    ]))
+    .unwrap();
+    assert_eq!(
+        rules
+            .authorize_admin(&id("spiffe://example.org/ops/bob").into())
+            .unwrap(),
+        "bob"
+    );
+    assert_eq!(
+        rules
+            .authorize_admin(&id("spiffe://example.org/ops/carol").into())
+            .unwrap(),
+        "flag-2"
+    );
+    assert!(
+        !RuleSet::from_flags(&flags(&["exact:spiffe://example.org/a=>edge-1"]))
+            .unwrap()
+            .has_admin_rules()
+    );
+    let err = RuleSet::from_yaml(
+        "rules:\n  - exact: spiffe://example.org/a\n    agent: edge-1\n    role: admin\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("remove `agent`"), "{err}");
+    let err = RuleSet::from_yaml("rules:\n  - exact: spiffe://example.org/a\n    role: root\n")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("not one of: agent, admin"), "{err}");
+    let err = RuleSet::from_flags(&flags(&["admin:spiffe://example.org/a,mode=managed"]))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("remove `mode`"), "{err}");
+}
+
+#[test]
+fn explain_names_the_admin_rule() {
+    let rules = RuleSet::from_yaml(WITH_ADMIN).unwrap();
+    let text = rules
+        .explain(&id("spiffe://example.org/ns/platform/sa/alice"))
+        .to_string();
+    assert!(text.contains("gives the admin role"), "{text}");
+    assert!(matches!(
+        rules
+            .explain(&id("spiffe://example.org/ns/platform/sa/alice"))
+            .steps[0]
+            .outcome,
+        StepOutcome::Denied(DenyReason::AdminRole { .. })
+    ));
+}

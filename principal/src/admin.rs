@@ -1,14 +1,19 @@
 //! The operator API (`argocdagent.admin.v1.Admin`): list, inspect and disconnect agents.
 //!
-//! It is served on its own plaintext listener, on loopback TCP or a Unix socket only: the
-//! operators who use it reach it with `kubectl exec` or `kubectl port-forward`, so whoever
-//! can connect is already trusted with the pod. A network-exposed admin API is not
-//! supported (a non-loopback `--admin-address` is refused at start).
+//! It is served in two places:
+//!
+//! - on the principal's agent listener, where every call is authenticated like an agent
+//!   stream (client SVID, JWT-SVID or mesh header) and allowed only when the caller's SPIFFE
+//!   ID matches a mapping rule with `role: admin`; agent identities are refused;
+//! - on its own plaintext listener (`--admin-address`), on loopback TCP or a Unix socket
+//!   only: whoever can connect there (`kubectl exec`, `kubectl port-forward`) is already
+//!   trusted with the pod. A non-loopback `--admin-address` is refused at start.
 
 use std::sync::Arc;
 use std::time::SystemTime;
 
 use argocd_agent_identity::AgentName;
+use argocd_agent_identity::mapping::LiveRules;
 use argocd_agent_proto::admin::admin_server::{Admin, AdminServer};
 use argocd_agent_proto::admin::{
     AgentInfo, DisconnectAgentRequest, DisconnectAgentResponse, InspectAgentRequest,
@@ -18,13 +23,26 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
+use crate::auth::Authenticator;
 use crate::config::AdminAddress;
 use crate::error::PrincipalError;
 use crate::hub::{AgentState, Hub};
 
+/// Who may call the admin API on a listener.
+pub enum AdminAccess {
+    /// The local admin listener: callers on loopback or the Unix socket.
+    Local,
+    /// The agent listener: authenticated callers whose SPIFFE ID has an admin rule.
+    Rules {
+        auth: Authenticator,
+        rules: Arc<LiveRules>,
+    },
+}
+
 /// `Admin` implementation over the hub's agent registry.
 pub struct AdminService {
     pub hub: Arc<Hub>,
+    pub access: AdminAccess,
 }
 
 fn unix_ms(t: Option<SystemTime>) -> i64 {
@@ -67,6 +85,34 @@ fn check_local<T>(request: &Request<T>) -> Result<(), Status> {
     }
 }
 
+impl AdminService {
+    /// Checks the caller of `request`; returns who it is, for the audit log line.
+    fn authorize<T>(&self, request: &Request<T>, call: &'static str) -> Result<String, Status> {
+        match &self.access {
+            AdminAccess::Local => {
+                check_local(request)?;
+                Ok("local".into())
+            }
+            AdminAccess::Rules { auth, rules } => {
+                let metrics = &self.hub.metrics;
+                let client = auth.identify(request).map_err(|failure| {
+                    metrics.auth_failed(failure.reason);
+                    tracing::warn!(call, reason = failure.reason, message = failure.status.message(), peer = ?request.remote_addr(), "admin call refused");
+                    failure.status
+                })?;
+                match rules.current().authorize_admin(&client) {
+                    Ok(rule) => Ok(format!("{client} (rule {rule})")),
+                    Err(denied) => {
+                        metrics.auth_failed("NotAdmin");
+                        tracing::warn!(call, %client, reason = %denied.reason, "admin call refused");
+                        Err(Status::permission_denied(denied.to_string()))
+                    }
+                }
+            }
+        }
+    }
+}
+
 fn agent_name(name: &str) -> Result<AgentName, Status> {
     AgentName::new(name)
         .map_err(|e| Status::invalid_argument(format!("{name:?} is not a valid agent name: {e}")))
@@ -88,7 +134,8 @@ impl Admin for AdminService {
         &self,
         request: Request<ListAgentsRequest>,
     ) -> Result<Response<ListAgentsResponse>, Status> {
-        check_local(&request)?;
+        let caller = self.authorize(&request, "ListAgents")?;
+        tracing::debug!(%caller, "admin: list agents");
         let mut agents: Vec<AgentInfo> = self.hub.agents().iter().map(|s| agent_info(s)).collect();
         agents.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(Response::new(ListAgentsResponse { agents }))
@@ -98,7 +145,8 @@ impl Admin for AdminService {
         &self,
         request: Request<InspectAgentRequest>,
     ) -> Result<Response<AgentInfo>, Status> {
-        check_local(&request)?;
+        let caller = self.authorize(&request, "InspectAgent")?;
+        tracing::debug!(%caller, agent = %request.get_ref().name, "admin: inspect agent");
         let state = self.find(&request.get_ref().name)?;
         Ok(Response::new(agent_info(&state)))
     }
@@ -107,10 +155,10 @@ impl Admin for AdminService {
         &self,
         request: Request<DisconnectAgentRequest>,
     ) -> Result<Response<DisconnectAgentResponse>, Status> {
-        check_local(&request)?;
+        let caller = self.authorize(&request, "DisconnectAgent")?;
         let state = self.find(&request.get_ref().name)?;
         let was_connected = self.hub.disconnect(&state.name);
-        tracing::info!(agent = %state.name, was_connected, "session closed by an operator (admin API)");
+        tracing::info!(agent = %state.name, was_connected, %caller, "session closed by an operator (admin API)");
         Ok(Response::new(DisconnectAgentResponse { was_connected }))
     }
 }
@@ -127,8 +175,10 @@ pub async fn serve(
         addr: address.to_string(),
         source,
     };
-    let router =
-        tonic::transport::Server::builder().add_service(AdminServer::new(AdminService { hub }));
+    let router = tonic::transport::Server::builder().add_service(AdminServer::new(AdminService {
+        hub,
+        access: AdminAccess::Local,
+    }));
     match address {
         AdminAddress::Tcp(addr) => {
             if !addr.ip().is_loopback() {

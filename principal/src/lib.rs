@@ -279,6 +279,14 @@ fn serve(
     sessions: SessionContext,
     shutdown: CancellationToken,
 ) -> Result<tokio::task::JoinHandle<Result<(), PrincipalError>>, PrincipalError> {
+    // The operator API on the agent listener: only SPIFFE IDs with an admin rule.
+    let admin = argocd_agent_proto::admin::admin_server::AdminServer::new(admin::AdminService {
+        hub: sessions.hub.clone(),
+        access: admin::AdminAccess::Rules {
+            auth: auth.authenticator.clone(),
+            rules: rules.clone(),
+        },
+    });
     let events = EventStreamServer::new(EventStreamService {
         sessions,
         rules,
@@ -291,6 +299,7 @@ fn serve(
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
         .max_concurrent_streams(Some(config.max_concurrent_streams))
         .add_service(events)
+        .add_service(admin)
         .add_service(VersionServer::new(VersionService));
     let handle = match (&config.auth, auth.svid) {
         (config::AuthConfig::Mtls { trust_domains, .. }, Some(source)) => {

@@ -1,5 +1,7 @@
-//! `argocd-agentctl agent`: agents as a running principal sees them, through its admin API
-//! (`--admin-address` of the principal: loopback TCP or a Unix socket, plaintext).
+//! `argocd-agentctl agent`: agents as a running principal sees them, through its admin API:
+//! either the principal's local admin listener (`--admin-address` of the principal: loopback
+//! TCP or a Unix socket, plaintext), or its agent listener over SVID mTLS, where the caller's
+//! SPIFFE ID must match a mapping rule with `role: admin`.
 
 use std::time::Duration;
 
@@ -32,6 +34,29 @@ pub struct AdminArgs {
         default_value = "127.0.0.1:8001"
     )]
     principal_admin_address: String,
+    /// The principal's agent listener (`host:port`), dialled over mTLS with this workload's
+    /// X.509-SVID from the Workload API; its SPIFFE ID needs a mapping rule with
+    /// `role: admin`. Replaces --principal-admin-address.
+    #[arg(
+        long,
+        env = "ARGOCD_AGENTCTL_PRINCIPAL_ADDRESS",
+        conflicts_with = "principal_admin_address"
+    )]
+    principal_address: Option<String>,
+    /// The Workload API socket (`unix:///path`) for --principal-address; defaults to
+    /// SPIFFE_ENDPOINT_SOCKET.
+    #[arg(long, requires = "principal_address")]
+    spiffe_endpoint_socket: Option<String>,
+    /// The principal's SPIFFE ID (pins the server for --principal-address).
+    #[arg(long, requires = "principal_address")]
+    principal_spiffe_id: Option<String>,
+    /// Accept any principal SVID from this trust domain instead of pinning one SPIFFE ID.
+    #[arg(
+        long,
+        requires = "principal_address",
+        conflicts_with = "principal_spiffe_id"
+    )]
+    principal_trust_domain: Option<String>,
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
     output: Output,
@@ -220,8 +245,84 @@ fn render<T: Serialize>(
     Ok(())
 }
 
-/// Connects to the admin API at `address` (`host:port` or `unix:///path`).
-async fn connect(address: &str) -> Result<AdminClient<Channel>, String> {
+/// A client of the admin API; keeps the SVID source of an mTLS connection alive.
+struct Client {
+    api: AdminClient<Channel>,
+    _svid: Option<argocd_agent_identity::source::SvidSource>,
+}
+
+impl std::ops::Deref for Client {
+    type Target = AdminClient<Channel>;
+    fn deref(&self) -> &Self::Target {
+        &self.api
+    }
+}
+
+impl std::ops::DerefMut for Client {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.api
+    }
+}
+
+/// Connects where `args` say: the agent listener over mTLS, or the local admin listener.
+async fn connect(args: &AdminArgs) -> Result<Client, String> {
+    match &args.principal_address {
+        Some(address) => connect_mtls(address, args).await,
+        None => Ok(Client {
+            api: connect_local(&args.principal_admin_address).await?,
+            _svid: None,
+        }),
+    }
+}
+
+/// Dials the principal's agent listener with this workload's SVID.
+async fn connect_mtls(address: &str, args: &AdminArgs) -> Result<Client, String> {
+    use argocd_agent_identity::tls::PeerPolicy;
+    let policy = match (&args.principal_spiffe_id, &args.principal_trust_domain) {
+        (Some(id), _) => PeerPolicy::Exact(
+            argocd_agent_identity::SpiffeId::parse(id)
+                .map_err(|e| format!("--principal-spiffe-id: {e}"))?,
+        ),
+        (None, Some(td)) => PeerPolicy::TrustDomains(vec![
+            argocd_agent_identity::TrustDomain::new(td)
+                .map_err(|e| format!("--principal-trust-domain: {e}"))?,
+        ]),
+        (None, None) => {
+            return Err(
+                "--principal-address needs the principal pinned: set --principal-spiffe-id (or --principal-trust-domain)".into(),
+            );
+        }
+    };
+    let source = argocd_agent_identity::source::SvidConfig::WorkloadApi {
+        endpoint: args.spiffe_endpoint_socket.clone(),
+    }
+    .load(Duration::from_secs(10))
+    .await
+    .map_err(|e| format!("no X.509-SVID for this workload: {e}"))?;
+    let config = argocd_agent_identity::tls::client_config(&source, policy)
+        .map_err(|e| format!("TLS configuration: {e}"))?;
+    let host = address.rsplit_once(':').map_or(address, |(h, _)| h);
+    let channel = argocd_agent_identity::transport::connect(
+        address,
+        config,
+        host,
+        argocd_agent_identity::transport::ChannelOptions::default(),
+    )
+    .await
+    .map_err(|e| {
+        format!(
+            "cannot reach the principal at {address}: {}",
+            argocd_agent_sync::error_chain(&e)
+        )
+    })?;
+    Ok(Client {
+        api: AdminClient::new(channel),
+        _svid: Some(source),
+    })
+}
+
+/// Connects to the local admin API at `address` (`host:port` or `unix:///path`).
+async fn connect_local(address: &str) -> Result<AdminClient<Channel>, String> {
     let unreachable = |e: &dyn std::error::Error| {
         format!(
             "cannot reach the principal's admin API at {address}: {} (is the principal running with --admin-address {address}? from outside the pod use kubectl port-forward)",
@@ -273,7 +374,7 @@ mod http_uri {
 pub async fn run(command: Command) -> crate::CmdResult {
     match command {
         Command::List(a) => {
-            let mut client = connect(&a.admin.principal_admin_address).await?;
+            let mut client = connect(&a.admin).await?;
             let agents: Vec<Agent> = client
                 .list_agents(ListAgentsRequest {})
                 .await
@@ -286,7 +387,7 @@ pub async fn run(command: Command) -> crate::CmdResult {
             render(&agents, a.admin.output, || table(&agents))
         }
         Command::Inspect(a) => {
-            let mut client = connect(&a.admin.principal_admin_address).await?;
+            let mut client = connect(&a.admin).await?;
             let agent: Agent = client
                 .inspect_agent(InspectAgentRequest {
                     name: a.name.clone(),
@@ -298,7 +399,7 @@ pub async fn run(command: Command) -> crate::CmdResult {
             render(&agent, a.admin.output, || details(&agent))
         }
         Command::Disconnect(a) => {
-            let mut client = connect(&a.admin.principal_admin_address).await?;
+            let mut client = connect(&a.admin).await?;
             let was_connected = client
                 .disconnect_agent(DisconnectAgentRequest {
                     name: a.name.clone(),

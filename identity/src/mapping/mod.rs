@@ -11,6 +11,10 @@
 //!   group is the agent name (outputs may also use `{1}`, `{2}`, named groups `{name}`).
 //! - **exact**: one SPIFFE ID to one agent.
 //!
+//! A rule with `role: admin` maps to no agent: the IDs it matches are operators, who may call
+//! the principal's admin API (`argocd-agentctl agent ...`) over the mTLS listener and may never
+//! open an agent stream. Agent rules grant no admin access. First match decides for both.
+//!
 //! The namespace defaults to the agent name (as upstream). Every rule may restrict the trust
 //! domains it applies to (`trustDomains`) and the modes the agent may run in (`mode`).
 //! A rule that matches but renders an invalid agent name or namespace **denies**: it does not
@@ -33,6 +37,9 @@
 //!   - exact: "spiffe://example.org/special"
 //!     agent: edge-1
 //!     mode: autonomous
+//!   - name: operators
+//!     template: "spiffe://example.org/ns/platform/sa/{sa}"
+//!     role: admin
 //! ```
 //!
 //! ## Flags
@@ -40,6 +47,8 @@
 //! - `mtls:uri:<regex>`
 //! - `template:<template>=><agent>[,namespace=<t>][,mode=<m>][,trustDomains=<a>|<b>][,name=<n>]`
 //! - `exact:<spiffe-id>=><agent>[,namespace=<t>][,mode=<m>][,name=<n>]`
+//! - `admin:<spiffe-id>[,name=<n>]` (an operator; `role=admin` also works as an option of
+//!   `template:` and `exact:` rules with an empty agent, e.g. `template:<t>=>,role=admin`)
 //!
 //! File rules come first, then flag rules. Unnamed file rules are called `rule-<n>`, unnamed
 //! flag rules `flag-<n>` (1-based).
@@ -59,7 +68,7 @@ use crate::id::{SpiffeId, TrustDomain};
 use crate::names::{AgentMode, AgentName, AllowedModes, Namespace};
 
 pub use live::{LiveRules, RevokeCallback, SessionLister};
-use rule::{Rule, RuleMatch, RuleSpec};
+use rule::{Rule, RuleMatch, RuleSpec, Target};
 
 /// Rule name recorded for identities that come from an upstream-style
 /// `header:<name>:<regex>` capture (no mapping rule applies to them).
@@ -155,6 +164,17 @@ pub enum DenyReason {
         /// The agent and namespace it maps to now.
         now: (AgentName, Namespace),
     },
+    /// The matching rule gives the admin role: an operator identity never connects as an
+    /// agent.
+    AdminRole {
+        /// The rule.
+        rule: String,
+    },
+    /// The caller asked for the admin API but its identity has no admin rule.
+    NotAdmin {
+        /// The agent rule that matched it, if any.
+        rule: Option<String>,
+    },
     /// After a rules change the ID's rule allows fewer modes than before; the session is
     /// closed so the agent reconnects and its mode is checked again.
     ModesNarrowed {
@@ -177,6 +197,8 @@ impl DenyReason {
             DenyReason::ModeNotAllowed { .. } => "ModeNotAllowed",
             DenyReason::Remapped { .. } => "Remapped",
             DenyReason::ModesNarrowed { .. } => "ModesNarrowed",
+            DenyReason::AdminRole { .. } => "AdminRole",
+            DenyReason::NotAdmin { .. } => "NotAdmin",
         }
     }
 }
@@ -220,6 +242,17 @@ impl fmt::Display for DenyReason {
                 "rule \"{rule}\" now maps it to agent \"{}\" namespace \"{}\" (session is agent \"{}\" namespace \"{}\")",
                 now.0, now.1, was.0, was.1
             ),
+            DenyReason::AdminRole { rule } => write!(
+                f,
+                "rule \"{rule}\" gives the admin role: an operator identity may call the admin API but never connect as an agent"
+            ),
+            DenyReason::NotAdmin { rule: Some(rule) } => write!(
+                f,
+                "the admin API needs a rule with role: admin; this identity matches agent rule \"{rule}\""
+            ),
+            DenyReason::NotAdmin { rule: None } => {
+                f.write_str("the admin API needs a rule with role: admin; this identity is no SPIFFE ID an admin rule can match")
+            }
             DenyReason::ModesNarrowed { rule, was, now } => write!(
                 f,
                 "rule \"{rule}\" now allows mode {now} (session started under {was})"
@@ -422,6 +455,37 @@ impl RuleSet {
         }
     }
 
+    /// Whether `client` may call the admin API: the first rule that matches its SPIFFE ID
+    /// decides, and only a `role: admin` rule allows. Returns that rule's name.
+    pub fn authorize_admin(&self, client: &ClientIdentity) -> Result<String, MappingDenied> {
+        let denied = |reason| MappingDenied {
+            client: client.clone(),
+            reason,
+        };
+        let ClientIdentity::Spiffe(id) = client else {
+            return Err(denied(DenyReason::NotAdmin { rule: None }));
+        };
+        for rule in &self.rules {
+            match rule.apply(id) {
+                RuleMatch::NoMatch | RuleMatch::TrustDomainNotAllowed => continue,
+                RuleMatch::Admin => return Ok(rule.name.clone()),
+                RuleMatch::Mapped(..) | RuleMatch::Invalid(_) => {
+                    return Err(denied(DenyReason::NotAdmin {
+                        rule: Some(rule.name.clone()),
+                    }));
+                }
+            }
+        }
+        Err(denied(DenyReason::NoRuleMatched {
+            tried: self.rules.len(),
+        }))
+    }
+
+    /// Whether any rule gives the admin role.
+    pub fn has_admin_rules(&self) -> bool {
+        self.rules.iter().any(|r| matches!(r.target, Target::Admin))
+    }
+
     /// Like [`RuleSet::map`], and records what every rule did.
     pub fn explain(&self, id: &SpiffeId) -> Explanation {
         let mut steps = Vec::with_capacity(self.rules.len());
@@ -469,13 +533,23 @@ impl RuleSet {
                         reason,
                     }));
                 }
-                RuleMatch::Mapped(agent, namespace) => {
+                RuleMatch::Admin => {
+                    let reason = DenyReason::AdminRole {
+                        rule: rule.name.clone(),
+                    };
+                    record(rule, StepOutcome::Denied(reason.clone()));
+                    decision = Some(Err(MappingDenied {
+                        client: id.clone().into(),
+                        reason,
+                    }));
+                }
+                RuleMatch::Mapped(agent, namespace, allowed_modes) => {
                     record(rule, StepOutcome::Matched);
                     decision = Some(Ok(AgentIdentity {
                         client: id.clone().into(),
                         agent,
                         namespace,
-                        allowed_modes: rule.mode,
+                        allowed_modes,
                         rule: rule.name.clone(),
                     }));
                 }

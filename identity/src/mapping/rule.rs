@@ -27,6 +27,8 @@ pub(super) struct RuleSpec {
     #[serde(default)]
     pub(super) trust_domains: Vec<String>,
     pub(super) mode: Option<String>,
+    /// `agent` (default) or `admin`.
+    pub(super) role: Option<String>,
 }
 
 /// How a rule recognises a SPIFFE ID.
@@ -87,24 +89,36 @@ impl fmt::Display for OutputTemplate {
     }
 }
 
+/// What a matching rule grants.
+#[derive(Debug, Clone)]
+pub(super) enum Target {
+    /// The ID is this agent, with this hub namespace, in these modes.
+    Agent {
+        agent: OutputTemplate,
+        /// `None`: the namespace is the agent name (as upstream).
+        namespace: Option<OutputTemplate>,
+        mode: AllowedModes,
+    },
+    /// The ID is an operator: it may call the admin API, never connect as an agent.
+    Admin,
+}
+
 /// A compiled rule.
 #[derive(Debug, Clone)]
 pub(super) struct Rule {
     pub(super) name: String,
     pub(super) matcher: Matcher,
-    pub(super) agent: OutputTemplate,
-    /// `None`: the namespace is the agent name (as upstream).
-    pub(super) namespace: Option<OutputTemplate>,
+    pub(super) target: Target,
     /// Empty: any trust domain.
     pub(super) trust_domains: Vec<TrustDomain>,
-    pub(super) mode: AllowedModes,
 }
 
 /// The result of trying one rule against one ID.
 pub(super) enum RuleMatch {
     NoMatch,
     TrustDomainNotAllowed,
-    Mapped(AgentName, Namespace),
+    Mapped(AgentName, Namespace, AllowedModes),
+    Admin,
     Invalid(DenyReason),
 }
 
@@ -142,7 +156,15 @@ impl Rule {
             TD_PLACEHOLDER.to_owned(),
             id.trust_domain().as_str().to_owned(),
         );
-        let agent_str = self.agent.render(&vars);
+        let (agent, namespace, mode) = match &self.target {
+            Target::Admin => return RuleMatch::Admin,
+            Target::Agent {
+                agent,
+                namespace,
+                mode,
+            } => (agent, namespace, *mode),
+        };
+        let agent_str = agent.render(&vars);
         let agent = match AgentName::new(&agent_str) {
             Ok(a) => a,
             Err(e) => {
@@ -153,12 +175,12 @@ impl Rule {
                 });
             }
         };
-        let ns_str = match &self.namespace {
+        let ns_str = match namespace {
             Some(t) => t.render(&vars),
             None => agent_str,
         };
         match Namespace::new(&ns_str) {
-            Ok(ns) => RuleMatch::Mapped(agent, ns),
+            Ok(ns) => RuleMatch::Mapped(agent, ns, mode),
             Err(e) => RuleMatch::Invalid(DenyReason::InvalidNamespace {
                 rule: self.name.clone(),
                 value: ns_str,
@@ -213,6 +235,35 @@ pub(super) fn compile(spec: RuleSpec, default_name: String) -> Result<Rule, Stri
         }
         _ => return Err("has more than one of `template`, `regex` and `exact`".into()),
     };
+    let mut trust_domains = Vec::new();
+    for td in &spec.trust_domains {
+        trust_domains.push(TrustDomain::new(td).map_err(|e| e.to_string())?);
+    }
+    match spec.role.as_deref() {
+        None | Some("agent") => {}
+        Some("admin") => {
+            for (field, given) in [
+                ("agent", spec.agent.is_some()),
+                ("namespace", spec.namespace.is_some()),
+                ("mode", spec.mode.is_some()),
+            ] {
+                if given {
+                    return Err(format!(
+                        "an admin rule maps to no agent: remove `{field}` (role: admin grants the operator API only)"
+                    ));
+                }
+            }
+            return Ok(Rule {
+                name,
+                matcher,
+                target: Target::Admin,
+                trust_domains,
+            });
+        }
+        Some(other) => {
+            return Err(format!("role {other:?} is not one of: agent, admin"));
+        }
+    }
     let agent_src = match (spec.agent, default_agent) {
         (Some(a), _) => a,
         (None, Some(d)) => d,
@@ -235,10 +286,6 @@ pub(super) fn compile(spec: RuleSpec, default_name: String) -> Result<Rule, Stri
         .namespace
         .map(|n| compile_output("namespace", &n, &groups, |s| Namespace::new(s).map(drop)))
         .transpose()?;
-    let mut trust_domains = Vec::new();
-    for td in &spec.trust_domains {
-        trust_domains.push(TrustDomain::new(td).map_err(|e| e.to_string())?);
-    }
     let mode = match spec.mode {
         Some(m) => m.parse::<AllowedModes>().map_err(|e| e.to_string())?,
         None => AllowedModes::Both,
@@ -246,10 +293,12 @@ pub(super) fn compile(spec: RuleSpec, default_name: String) -> Result<Rule, Stri
     Ok(Rule {
         name,
         matcher,
-        agent,
-        namespace,
+        target: Target::Agent {
+            agent,
+            namespace,
+            mode,
+        },
         trust_domains,
-        mode,
     })
 }
 
@@ -420,6 +469,17 @@ pub(super) fn parse_flag(flag: &str, default_name: String) -> Result<Rule, RuleE
         let (pattern, opts) = split_arrow(rest);
         spec.template = Some(pattern.to_owned());
         apply_options(&mut spec, opts).map_err(err)?;
+    } else if let Some(rest) = flag.strip_prefix("admin:") {
+        // `admin:<spiffe-id>[,name=<n>]`: one operator identity.
+        let (id, opts) = match rest.split_once(',') {
+            Some((id, opts)) => (id, Some(opts)),
+            None => (rest, None),
+        };
+        spec.exact = Some(id.to_owned());
+        spec.role = Some("admin".into());
+        if let Some(opts) = opts {
+            apply_options(&mut spec, Some(&format!(",{opts}"))).map_err(err)?;
+        }
     } else if let Some(rest) = flag.strip_prefix("exact:") {
         let (id, opts) = split_arrow(rest);
         spec.exact = Some(id.to_owned());
@@ -430,7 +490,7 @@ pub(super) fn parse_flag(flag: &str, default_name: String) -> Result<Rule, RuleE
         ));
     } else {
         return Err(err(
-            "expected \"mtls:uri:<regex>\", \"template:<template>=><agent>[,option=value...]\" or \"exact:<spiffe-id>=><agent>[,option=value...]\"".into(),
+            "expected \"mtls:uri:<regex>\", \"template:<template>=><agent>[,option=value...]\", \"exact:<spiffe-id>=><agent>[,option=value...]\" or \"admin:<spiffe-id>\"".into(),
         ));
     }
     compile(spec, default_name).map_err(err)
@@ -444,7 +504,7 @@ fn split_arrow(s: &str) -> (&str, Option<&str>) {
     }
 }
 
-/// Applies `<agent>[,namespace=..][,mode=..][,trustDomains=a|b][,name=..]`.
+/// Applies `<agent>[,namespace=..][,mode=..][,trustDomains=a|b][,name=..][,role=..]`.
 fn apply_options(spec: &mut RuleSpec, opts: Option<&str>) -> Result<(), String> {
     let Some(opts) = opts else {
         return Ok(());
@@ -471,12 +531,13 @@ fn apply_options(spec: &mut RuleSpec, opts: Option<&str>) -> Result<(), String> 
             "namespace" => spec.namespace = Some(v.to_owned()),
             "mode" => spec.mode = Some(v.to_owned()),
             "name" => spec.name = Some(v.to_owned()),
+            "role" => spec.role = Some(v.to_owned()),
             "trustDomains" => {
                 spec.trust_domains = v.split('|').map(str::to_owned).collect();
             }
             other => {
                 return Err(format!(
-                    "unknown option {other:?} (known: namespace, mode, trustDomains, name)"
+                    "unknown option {other:?} (known: namespace, mode, trustDomains, name, role)"
                 ));
             }
         }
