@@ -74,6 +74,9 @@ impl Default for Metrics {
 impl Metrics {
     pub fn new() -> Metrics {
         let mut r = Registry::default();
+        r.register_collector(Box::new(argocd_agent_sync::trace::SpanCollector {
+            prefix: "argocd_agent",
+        }));
         let events_received = Family::<TypeLabels, Counter>::default();
         r.register(
             "agent_events_received",

@@ -7,12 +7,15 @@
 //!
 //! Export never blocks the sync path: ended spans go into the batch processor's bounded
 //! queue (`OTEL_BSP_MAX_QUEUE_SIZE`, default 2048) and are dropped when it is full; a
-//! background thread exports them. Spans lost either way are counted ([`SpanCounts`]) and
-//! logged when export starts failing, when it recovers, and at shutdown.
+//! background thread exports them. Spans lost either way are counted
+//! ([`argocd_agent_sync::trace::SpanCounts`], exported on `/metrics` as
+//! `<binary>_trace_spans_total{outcome}`) and logged when export starts failing, when it
+//! recovers, and at shutdown.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+
+use argocd_agent_sync::trace::{SpanCounts, span_counts};
 
 use opentelemetry::Context;
 use opentelemetry::trace::TracerProvider as _;
@@ -20,13 +23,16 @@ use opentelemetry_otlp::{WithExportConfig, WithTonicConfig};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{
-    BatchSpanProcessor, SdkTracerProvider, Span, SpanData, SpanExporter, SpanProcessor,
+    BatchConfigBuilder, BatchSpanProcessor, SdkTracerProvider, Span, SpanData, SpanExporter,
+    SpanProcessor,
 };
 
 /// Default per-export timeout (`OTEL_EXPORTER_OTLP_TIMEOUT` overrides it).
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long shutdown waits for the last spans to be exported.
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default export queue size (`OTEL_BSP_MAX_QUEUE_SIZE` overrides it), as the SDK's.
+const MAX_QUEUE: u64 = 2048;
 
 /// Tracing settings from the command line.
 #[derive(Debug, Clone, Default)]
@@ -94,34 +100,14 @@ pub fn resolve_endpoint(
     Ok(Some(Endpoint { url, tls }))
 }
 
-/// Span counters of one provider, for the exporter's health.
-#[derive(Debug, Default)]
-pub struct SpanCounts {
-    /// Spans ended and handed to the batch processor.
-    pub ended: AtomicU64,
-    /// Spans the collector accepted.
-    pub exported: AtomicU64,
-    /// Spans in batches whose export failed (collector unreachable, timeout, refused).
-    pub failed: AtomicU64,
-    failing: AtomicBool,
-}
-
-impl SpanCounts {
-    /// Spans dropped because the queue was full: ended, but neither exported nor failed
-    /// (exact once the processor has been flushed, e.g. after shutdown).
-    pub fn dropped(&self) -> u64 {
-        self.ended
-            .load(Ordering::Relaxed)
-            .saturating_sub(self.exported.load(Ordering::Relaxed))
-            .saturating_sub(self.failed.load(Ordering::Relaxed))
-    }
-}
+/// Whether the last export failed (to log the change, not every failure).
+static FAILING: AtomicBool = AtomicBool::new(false);
 
 /// Counts what the exporter delivers and loses; logs when export starts and stops failing.
 #[derive(Debug)]
 struct CountingExporter<E> {
     inner: E,
-    counts: Arc<SpanCounts>,
+    counts: &'static SpanCounts,
 }
 
 impl<E: SpanExporter> SpanExporter for CountingExporter<E> {
@@ -130,14 +116,14 @@ impl<E: SpanExporter> SpanExporter for CountingExporter<E> {
         batch: Vec<SpanData>,
     ) -> impl std::future::Future<Output = OTelSdkResult> + Send {
         let n = batch.len() as u64;
-        let counts = self.counts.clone();
+        let counts = self.counts;
         let fut = self.inner.export(batch);
         async move {
             let result = fut.await;
             match &result {
                 Ok(()) => {
                     counts.exported.fetch_add(n, Ordering::Relaxed);
-                    if counts.failing.swap(false, Ordering::Relaxed) {
+                    if FAILING.swap(false, Ordering::Relaxed) {
                         tracing::info!(
                             failed_spans = counts.failed.load(Ordering::Relaxed),
                             "span export recovered"
@@ -146,7 +132,7 @@ impl<E: SpanExporter> SpanExporter for CountingExporter<E> {
                 }
                 Err(e) => {
                     let failed = counts.failed.fetch_add(n, Ordering::Relaxed) + n;
-                    if !counts.failing.swap(true, Ordering::Relaxed) {
+                    if !FAILING.swap(true, Ordering::Relaxed) {
                         tracing::warn!(error = %e, failed_spans = failed,
                             "span export failing: spans are dropped until the collector is reachable");
                     } else {
@@ -171,11 +157,15 @@ impl<E: SpanExporter> SpanExporter for CountingExporter<E> {
     }
 }
 
-/// Counts ended spans in front of the batch processor.
+/// Counts ended spans in front of the batch processor, and drops (counting them) those that
+/// would not fit its queue: the SDK drops silently, so the bound is kept here. Its own queue is
+/// never smaller than what is admitted (spans in an export in progress are counted as queued
+/// here but have left its queue).
 #[derive(Debug)]
 struct CountingProcessor {
     inner: BatchSpanProcessor,
-    counts: Arc<SpanCounts>,
+    counts: &'static SpanCounts,
+    max_queue: u64,
 }
 
 impl SpanProcessor for CountingProcessor {
@@ -184,6 +174,10 @@ impl SpanProcessor for CountingProcessor {
     }
 
     fn on_end(&self, span: SpanData) {
+        if self.counts.queued() >= self.max_queue {
+            self.counts.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
         self.counts.ended.fetch_add(1, Ordering::Relaxed);
         self.inner.on_end(span);
     }
@@ -204,7 +198,7 @@ impl SpanProcessor for CountingProcessor {
 /// The running tracer provider; [`Telemetry::shutdown`] flushes it.
 pub struct Telemetry {
     provider: SdkTracerProvider,
-    pub counts: Arc<SpanCounts>,
+    pub counts: &'static SpanCounts,
 }
 
 impl Telemetry {
@@ -218,7 +212,7 @@ impl Telemetry {
         let ended = counts.ended.load(Ordering::Relaxed);
         let exported = counts.exported.load(Ordering::Relaxed);
         let failed = counts.failed.load(Ordering::Relaxed);
-        let dropped = counts.dropped();
+        let dropped = counts.dropped.load(Ordering::Relaxed);
         if failed > 0 || dropped > 0 {
             tracing::warn!(
                 ended,
@@ -277,14 +271,24 @@ pub fn init_provider(opts: &OtlpOptions) -> Result<Option<Telemetry>, String> {
     let exporter = builder
         .build()
         .map_err(|e| format!("OTLP exporter for {}: {e}", endpoint.url))?;
-    let counts = Arc::new(SpanCounts::default());
+    let counts = span_counts();
+    let max_queue = env("OTEL_BSP_MAX_QUEUE_SIZE")
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(MAX_QUEUE);
     let processor = CountingProcessor {
         inner: BatchSpanProcessor::builder(CountingExporter {
             inner: exporter,
-            counts: counts.clone(),
+            counts,
         })
+        .with_batch_config(
+            BatchConfigBuilder::default()
+                .with_max_queue_size(usize::try_from(max_queue).unwrap_or(usize::MAX))
+                .build(),
+        )
         .build(),
-        counts: counts.clone(),
+        counts,
+        max_queue,
     };
     let provider = SdkTracerProvider::builder()
         .with_span_processor(processor)

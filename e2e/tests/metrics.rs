@@ -233,6 +233,19 @@ async fn principal_and_agent_metrics_exist_and_move() {
             value(&ms, "argocd_agent_svid_expiry_timestamp_seconds", &[]).is_some_and(|t| t > now),
             "agent SVID expiry"
         );
+        // Tracing is off here: the span counters exist (parsed by the independent parser) at 0.
+        for (samples, name) in [
+            (&ps, "argocd_principal_trace_spans_total"),
+            (&ms, "argocd_agent_trace_spans_total"),
+        ] {
+            for outcome in ["exported", "failed", "dropped"] {
+                assert_eq!(
+                    value(samples, name, &[("outcome", outcome)]),
+                    Some(0.0),
+                    "{name}{{outcome={outcome}}}"
+                );
+            }
+        }
         // Upstream's families are all present, even at zero.
         for name in [
             "principal_applications_created_total",

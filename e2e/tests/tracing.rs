@@ -313,6 +313,18 @@ async fn one_trace_from_the_hub_watch_to_the_spoke_write() {
             "{}",
             describe(&refs)
         );
+        // What the collector received is what /metrics says was exported, and none lost.
+        for (process, prefix) in [("principal", "argocd_principal"), (MANAGED, "argocd_agent")] {
+            let exported = span_outcome(&topo, process, prefix, "exported").await?;
+            let lost = span_outcome(&topo, process, prefix, "failed").await?
+                + span_outcome(&topo, process, prefix, "dropped").await?;
+            if exported == 0 || lost != 0 {
+                return Err(format!(
+                    "{process}: {exported} spans exported, {lost} lost; want >0 and 0"
+                )
+                .into());
+            }
+        }
         Ok::<_, HarnessError>(())
     }
     .await;
@@ -330,32 +342,48 @@ async fn an_unreachable_collector_does_not_hold_up_the_sync() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap()
     };
+    // A queue of 4 spans: a burst of changes overflows it.
+    let mut envs = fast_export();
+    envs.push(("OTEL_BSP_MAX_QUEUE_SIZE".into(), "4".into()));
     let topo = Topology::start(TopologyOptions {
         agents: Some(vec![MANAGED]),
         principal_args: otlp_args(&closed.to_string()),
         agent_args: otlp_args(&closed.to_string()),
-        envs: fast_export(),
+        envs,
         ..Default::default()
     })
     .await
     .unwrap();
     let r = async {
-        let name = "untraced-app";
-        apps(&topo.hub, MANAGED)?
-            .create(
-                &PostParams::default(),
-                &sample_app(name, MANAGED, "guestbook"),
-            )
+        let names: Vec<String> = (0..5).map(|i| format!("untraced-app-{i}")).collect();
+        for name in &names {
+            apps(&topo.hub, MANAGED)?
+                .create(
+                    &PostParams::default(),
+                    &sample_app(name, MANAGED, "guestbook"),
+                )
+                .await?;
+        }
+        for name in &names {
+            eventually("application on the spoke", T, || async {
+                stored_app(&topo.managed_spoke, SPOKE_NS, name)
+            })
             .await?;
-        eventually("application on the spoke", T, || async {
-            stored_app(&topo.managed_spoke, SPOKE_NS, name)
-        })
-        .await?;
+        }
         // The exporter was on, and said so when it could not deliver.
         eventually("export failures logged", T, || async {
             topo.logs().contains("span export failing").then_some(())
         })
         .await?;
+        // ... and counted what it lost on both sides: failed exports and queue overflow.
+        for (process, prefix) in [("principal", "argocd_principal"), (MANAGED, "argocd_agent")] {
+            for outcome in ["failed", "dropped"] {
+                eventually(&format!("{process} counts {outcome} spans"), T, || async {
+                    (span_outcome(&topo, process, prefix, outcome).await.ok()? > 0).then_some(())
+                })
+                .await?;
+            }
+        }
         Ok::<_, HarnessError>(())
     }
     .await;
@@ -364,4 +392,21 @@ async fn an_unreachable_collector_does_not_hold_up_the_sync() {
     if let Err(e) = r {
         panic!("{e}\n{logs}");
     }
+}
+
+/// `<prefix>_trace_spans_total{outcome}` on `process`'s `/metrics`.
+async fn span_outcome(
+    topo: &Topology,
+    process: &str,
+    prefix: &str,
+    outcome: &str,
+) -> Result<u64, HarnessError> {
+    let text = http_get(topo.metrics_ports[process], "/metrics").await?;
+    let series = format!("{prefix}_trace_spans_total{{outcome=\"{outcome}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&series))
+        .ok_or_else(|| format!("{process}: no {series:?} in /metrics:\n{text}"))?
+        .trim()
+        .parse::<u64>()
+        .map_err(|e| format!("{process}: {series}: {e}").into())
 }

@@ -81,9 +81,10 @@ impl AgentLabels {
     }
 }
 
-/// Reasons streams are refused at authentication or mapping (`argocd_principal_auth_failures`),
+/// Reasons streams (and admin calls: `NotAdmin`) are refused at authentication or mapping
+/// (`argocd_principal_auth_failures`),
 /// exported at zero from the start so rates and alerts work before the first failure.
-pub const AUTH_FAILURE_REASONS: [&str; 8] = [
+pub const AUTH_FAILURE_REASONS: [&str; 9] = [
     "NoPeerIdentity",
     "IdentityHeaderOnMtls",
     "NoToken",
@@ -92,6 +93,7 @@ pub const AUTH_FAILURE_REASONS: [&str; 8] = [
     "BadHeaderIdentity",
     "Unmapped",
     "ModeNotAllowed",
+    "NotAdmin",
 ];
 
 /// Reasons inbound events are refused (`argocd_principal_events_refused`), exported at zero
@@ -168,6 +170,9 @@ impl Metrics {
     /// Metrics whose per-agent labels are limited to `max_agent_labels` agents.
     pub fn with_agent_label_limit(max_agent_labels: usize) -> Metrics {
         let mut r = Registry::default();
+        r.register_collector(Box::new(argocd_agent_sync::trace::SpanCollector {
+            prefix: "argocd_principal",
+        }));
         let connected_agents = Gauge::default();
         r.register(
             "argocd_principal_connected_agents",
