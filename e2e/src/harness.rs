@@ -152,6 +152,11 @@ impl Proc {
         }
     }
 
+    /// The running process's id.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(Child::id)
+    }
+
     /// Whether the process is still running.
     pub fn is_running(&mut self) -> bool {
         self.child
@@ -666,7 +671,7 @@ fn tail(s: &str, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
-async fn wait_port(addr: std::net::SocketAddr) -> Result<(), HarnessError> {
+pub async fn wait_port(addr: std::net::SocketAddr) -> Result<(), HarnessError> {
     eventually(
         &format!("{addr} accepting connections"),
         Duration::from_secs(30),

@@ -2,6 +2,7 @@
 //! binaries, the development Workload API server, Envoy and fault-injecting proxies.
 #![forbid(unsafe_code)]
 
+pub mod bench;
 pub mod envoy;
 pub mod fake_argocd;
 pub mod harness;

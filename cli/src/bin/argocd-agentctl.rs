@@ -41,6 +41,9 @@ enum Command {
     /// Run the whole topology locally (dev Workload API, hub + 2 spokes, principal, agents).
     #[cfg(feature = "dev-tools")]
     Demo(ctl::demo::DemoArgs),
+    /// Load generator: a real principal and N simulated agents (docs/benchmarks.md).
+    #[cfg(feature = "dev-tools")]
+    Bench(ctl::bench::BenchArgs),
     /// Service-mesh config generators (Envoy, Istio, Linkerd).
     #[command(subcommand)]
     Mesh(ctl::mesh::Command),
@@ -66,6 +69,8 @@ async fn main() {
         }
         #[cfg(feature = "dev-tools")]
         Command::Demo(a) => ctl::demo::run(a).await,
+        #[cfg(feature = "dev-tools")]
+        Command::Bench(a) => ctl::bench::run(a).await,
     };
     if let Err(e) = result {
         eprintln!("error: {}", argocd_agent_sync::error_chain(&*e));

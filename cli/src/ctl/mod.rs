@@ -2,6 +2,8 @@
 
 pub mod agent;
 #[cfg(feature = "dev-tools")]
+pub mod bench;
+#[cfg(feature = "dev-tools")]
 pub mod demo;
 #[cfg(feature = "dev-tools")]
 pub mod dev;

@@ -1,0 +1,101 @@
+//! `argocd-agentctl bench <scenario>`: the load generator (`argocd_agent_e2e::bench`). A real
+//! principal process against a Kubernetes API test server as hub, and N simulated agents in
+//! this process, each with its own SVID, TLS connection and stream. Prints one table row per
+//! run and, with `--json`, appends the row as one JSON line to a file. See
+//! `docs/benchmarks.md`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use argocd_agent_e2e::bench::{self, BenchOptions, Scenario};
+
+/// Scenarios.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum ScenarioArg {
+    /// N agents connect: time to all connected, idle bytes per agent, idle CPU.
+    Connect,
+    /// kill -9 and restart the principal under N agents: time to reconnected and resynced.
+    Storm,
+    /// Hub write to agent and agent status to hub, one at a time: p50/p99/max.
+    Fanout,
+    /// Events per second both ways, next to a raw tonic stream over the same TLS.
+    Throughput,
+    /// Every SVID (agents and principal) rotated every 2 s under load: drops and losses.
+    Rotation,
+}
+
+impl From<ScenarioArg> for Scenario {
+    fn from(s: ScenarioArg) -> Scenario {
+        match s {
+            ScenarioArg::Connect => Scenario::Connect,
+            ScenarioArg::Storm => Scenario::Storm,
+            ScenarioArg::Fanout => Scenario::Fanout,
+            ScenarioArg::Throughput => Scenario::Throughput,
+            ScenarioArg::Rotation => Scenario::Rotation,
+        }
+    }
+}
+
+/// Arguments of `argocd-agentctl bench`.
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    /// What to measure.
+    #[arg(value_enum)]
+    scenario: ScenarioArg,
+    /// Simulated agents. Each needs one file descriptor here and one in the principal
+    /// (the run raises RLIMIT_NOFILE to the hard limit and says if it is too low).
+    #[arg(long, default_value_t = 100)]
+    agents: usize,
+    /// Changes or events (fanout, throughput).
+    #[arg(long, default_value_t = 200)]
+    changes: usize,
+    /// Application payload size in bytes (throughput).
+    #[arg(long, default_value_t = 6144)]
+    payload_bytes: usize,
+    /// Idle phase (connect) or run length (rotation), seconds.
+    #[arg(long, default_value_t = 10)]
+    seconds: u64,
+    /// Heartbeat interval of the simulated agents, seconds (the agent's default: 30).
+    #[arg(long, default_value_t = 30)]
+    heartbeat: u64,
+    /// Concurrent hub writers.
+    #[arg(long, default_value_t = 16)]
+    writers: usize,
+    /// Keep logs and kubeconfigs here (default: a temporary directory).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Append the result as one JSON line to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Extra principal argument (repeat), e.g. --principal-arg=--kube-qps=200.
+    #[arg(long = "principal-arg", allow_hyphen_values = true)]
+    principal_args: Vec<String>,
+}
+
+/// Runs one scenario and prints its row.
+pub async fn run(a: BenchArgs) -> crate::CmdResult {
+    let opts = BenchOptions {
+        agents: a.agents.max(1),
+        changes: a.changes.max(1),
+        payload_bytes: a.payload_bytes,
+        duration: Duration::from_secs(a.seconds),
+        heartbeat: Duration::from_secs(a.heartbeat.max(1)),
+        writers: a.writers.max(1),
+        dir: a.dir,
+        principal_args: a.principal_args,
+    };
+    let report = bench::run(a.scenario.into(), &opts)
+        .await
+        .map_err(|e| format!("bench {}: {e}", Scenario::from(a.scenario).name()))?;
+    print!("{}", report.table());
+    if let Some(path) = a.json {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        writeln!(f, "{}", report.json()).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(())
+}

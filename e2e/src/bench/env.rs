@@ -1,0 +1,305 @@
+//! What every scenario runs against: a Kubernetes API test server as hub (in this process),
+//! the development Workload API server (the principal's SVID, and the CA that issues every
+//! simulated agent's), and a real `argocd-agent principal` as a separate process, whose RSS
+//! and CPU time are read from `/proc`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use argocd_agent_identity::devserver::{DevWorkloadApi, DevWorkloadApiHandle};
+use argocd_agent_identity::svid::{SvidState, TrustBundles};
+use argocd_agent_identity::{SpiffeId, TrustDomain};
+use argocd_agent_kube_test_server::{KubeTestServer, ServerOptions};
+
+use crate::harness::{HarnessError, PRINCIPAL_ID, Proc, TRUST_DOMAIN, binary, http_get, wait_port};
+
+/// The mapping rule of a bench run: `spiffe://example.org/ns/agents/sa/<agent>` is agent
+/// `<agent>` with hub namespace `<agent>` (one template rule for every simulated agent).
+pub const BENCH_RULE: &str = "template:spiffe://{trust_domain}/ns/agents/sa/{sa}=>{sa},namespace={sa},trustDomains=example.org";
+
+/// One reading of a process in `/proc`.
+#[derive(Debug, Clone, Copy)]
+pub struct ProcSample {
+    /// Resident set size, bytes.
+    pub rss: u64,
+    /// User + system CPU time.
+    pub cpu: Duration,
+    /// When it was read.
+    pub at: Instant,
+}
+
+impl ProcSample {
+    /// Reads `/proc/<pid>/status` (VmRSS) and `/proc/<pid>/stat` (utime, stime).
+    pub fn read(pid: u32) -> Result<ProcSample, HarnessError> {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+        let rss_kib: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .ok_or("no VmRSS in /proc/<pid>/status")?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+        // Fields after the command name, which is in parentheses and may contain spaces:
+        // state is field 3, utime 14, stime 15 (proc(5)).
+        let rest = stat
+            .rsplit_once(')')
+            .map(|(_, r)| r)
+            .ok_or("unreadable /proc/<pid>/stat")?;
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let ticks = |i: usize| -> Result<u64, HarnessError> {
+            Ok(fields
+                .get(i)
+                .ok_or("short /proc/<pid>/stat")?
+                .parse::<u64>()?)
+        };
+        let total = ticks(11)? + ticks(12)?;
+        let hz = rustix::param::clock_ticks_per_second().max(1);
+        Ok(ProcSample {
+            rss: rss_kib * 1024,
+            cpu: Duration::from_nanos(total.saturating_mul(1_000_000_000) / hz),
+            at: Instant::now(),
+        })
+    }
+
+    /// CPU use between `earlier` and `self`, in percent of one core.
+    pub fn cpu_percent_since(&self, earlier: &ProcSample) -> f64 {
+        let wall = self.at.duration_since(earlier.at).as_secs_f64();
+        if wall <= 0.0 {
+            return 0.0;
+        }
+        self.cpu.saturating_sub(earlier.cpu).as_secs_f64() / wall * 100.0
+    }
+}
+
+/// Raises this process's soft `RLIMIT_NOFILE` to the hard limit (children inherit it) and
+/// checks that `needed` descriptors fit. Returns the limit in force.
+pub fn raise_nofile(needed: u64) -> Result<u64, HarnessError> {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut limit = getrlimit(Resource::Nofile);
+    if limit.current != limit.maximum {
+        limit.current = limit.maximum;
+        setrlimit(Resource::Nofile, limit)
+            .map_err(|e| format!("raising RLIMIT_NOFILE to the hard limit: {e}"))?;
+    }
+    let have = limit.current.unwrap_or(u64::MAX);
+    if have < needed {
+        return Err(format!(
+            "this run needs about {needed} file descriptors per process (one TCP connection per simulated agent, in this process and in the principal), but RLIMIT_NOFILE is {have}: raise the hard limit (ulimit -Hn) or use fewer agents"
+        )
+        .into());
+    }
+    Ok(have)
+}
+
+/// The hub, the Workload API server and the principal process.
+pub struct BenchEnv {
+    pub dir: PathBuf,
+    _tmp: Option<tempfile::TempDir>,
+    pub spiffe: DevWorkloadApiHandle,
+    pub hub: KubeTestServer,
+    pub principal: Proc,
+    pub principal_addr: SocketAddr,
+    pub metrics_port: u16,
+    bundles: Arc<TrustBundles>,
+}
+
+fn free_port() -> std::io::Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?.port())
+}
+
+impl BenchEnv {
+    /// Starts the hub and the principal (with `extra_args`), and waits until the principal
+    /// answers on its metrics port.
+    pub async fn start(
+        dir: Option<PathBuf>,
+        extra_args: &[String],
+    ) -> Result<BenchEnv, HarnessError> {
+        let (dir, tmp) = match dir {
+            Some(d) => {
+                std::fs::create_dir_all(&d)?;
+                (d, None)
+            }
+            None => {
+                let t = tempfile::Builder::new()
+                    .prefix("argocd-agent-bench")
+                    .tempdir()?;
+                (t.path().to_path_buf(), Some(t))
+            }
+        };
+        let td = TrustDomain::new(TRUST_DOMAIN)?;
+        let spiffe = DevWorkloadApi::builder(dir.join("spiffe"), td.clone())
+            .socket(dir.join("principal.sock"), SpiffeId::parse(PRINCIPAL_ID)?)
+            .serve()
+            .await?;
+        let mut bundles = TrustBundles::new();
+        bundles.insert(td, vec![spiffe.ca().certificate().clone()])?;
+        let hub =
+            KubeTestServer::start_on("127.0.0.1:0".parse()?, ServerOptions::default()).await?;
+        hub.write_kubeconfig(&dir.join("hub.kubeconfig"), "hub")?;
+        crate::harness::create_namespace(&hub, crate::harness::HUB_ARGOCD_NS).await?;
+        let port = free_port()?;
+        let metrics_port = free_port()?;
+        let principal_addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
+        let mut args: Vec<String> = vec![
+            "principal".into(),
+            "--listen-host".into(),
+            "127.0.0.1".into(),
+            "--listen-port".into(),
+            port.to_string(),
+            "--kubeconfig".into(),
+            dir.join("hub.kubeconfig").display().to_string(),
+            "--metrics-host".into(),
+            "127.0.0.1".into(),
+            "--metrics-port".into(),
+            metrics_port.to_string(),
+            "--spiffe-endpoint-socket".into(),
+            spiffe.endpoint(&dir.join("principal.sock")),
+            "--identity-rule".into(),
+            BENCH_RULE.into(),
+            "--admin-address".into(),
+            format!("unix://{}", dir.join("admin.sock").display()),
+        ];
+        args.extend(extra_args.iter().cloned());
+        let mut principal = Proc::new(
+            "principal",
+            binary("argocd-agent")?,
+            args,
+            dir.join("principal.log"),
+        )
+        .env("RUST_LOG", "warn");
+        principal.start()?;
+        wait_port(principal_addr).await?;
+        let env = BenchEnv {
+            dir,
+            _tmp: tmp,
+            spiffe,
+            hub,
+            principal,
+            principal_addr,
+            metrics_port,
+            bundles: Arc::new(bundles),
+        };
+        env.wait_ready(Duration::from_secs(60)).await?;
+        Ok(env)
+    }
+
+    /// Waits until the principal's `/readyz` answers 200 (hub caches synced).
+    pub async fn wait_ready(&self, timeout: Duration) -> Result<(), HarnessError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(body) = http_get(self.metrics_port, "/readyz").await
+                && body.trim() == "ready"
+            {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "principal not ready after {timeout:?}; log:\n{}",
+                    tail(&self.principal.log(), 40)
+                )
+                .into());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// An X.509-SVID for `id` from the run's CA, with the trust bundle, valid for `ttl`.
+    pub fn svid(&self, id: &SpiffeId, ttl: Duration) -> Result<Arc<SvidState>, HarnessError> {
+        let issued = self.spiffe.ca().issue_x509(id, ttl)?;
+        Ok(Arc::new(SvidState {
+            svid: Arc::new(issued.to_x509_svid()?),
+            bundles: self.bundles.clone(),
+        }))
+    }
+
+    /// The principal's process reading.
+    pub fn sample(&self) -> Result<ProcSample, HarnessError> {
+        ProcSample::read(self.principal.pid().ok_or("the principal is not running")?)
+    }
+
+    /// The value of an unlabelled metric of the principal (`name` as exposed).
+    pub async fn metric(&self, name: &str) -> Result<f64, HarnessError> {
+        let text = http_get(self.metrics_port, "/metrics").await?;
+        metric_value(&text, name).ok_or_else(|| format!("no metric {name}").into())
+    }
+
+    /// Requests the principal made to the hub, counted by `verb resource[/subresource]`.
+    pub fn principal_requests(&self) -> std::collections::BTreeMap<String, u64> {
+        let mut out = std::collections::BTreeMap::new();
+        for r in self.hub.requests() {
+            if r.user.as_deref() == Some("e2e") {
+                continue;
+            }
+            let key = match &r.subresource {
+                Some(sub) => format!("{} {}/{sub}", r.verb, r.resource),
+                None => format!("{} {}", r.verb, r.resource),
+            };
+            *out.entry(key).or_insert(0) += 1;
+        }
+        out
+    }
+
+    /// Kills the principal at once (`kill -9`).
+    pub async fn kill_principal(&mut self) {
+        self.principal.kill().await;
+    }
+
+    /// Starts the principal again with the same arguments and waits until it is ready.
+    pub async fn restart_principal(&mut self) -> Result<(), HarnessError> {
+        self.principal.start()?;
+        wait_port(self.principal_addr).await?;
+        self.wait_ready(Duration::from_secs(60)).await
+    }
+
+    /// Stops everything.
+    pub async fn stop(mut self) {
+        self.principal.stop().await;
+        self.hub.shutdown().await;
+    }
+}
+
+/// Sum of the samples of `name` (any labels) in a Prometheus text exposition.
+pub fn metric_value(text: &str, name: &str) -> Option<f64> {
+    let mut found = None;
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix(name) else {
+            continue;
+        };
+        let value = if let Some(r) = rest.strip_prefix('{') {
+            r.rsplit_once("} ").map(|(_, v)| v)
+        } else {
+            rest.strip_prefix(' ')
+        };
+        if let Some(v) = value.and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok()) {
+            *found.get_or_insert(0.0) += v;
+        }
+    }
+    found
+}
+
+/// The last `n` lines of `text`.
+pub fn tail(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metric_values_are_summed_over_labels() {
+        let text = "# HELP x y\nfoo_total{a=\"1\"} 2\nfoo_total{a=\"2\"} 3\nfoo 7\nfoobar 1\n";
+        assert_eq!(metric_value(text, "foo_total"), Some(5.0));
+        assert_eq!(metric_value(text, "foo"), Some(7.0));
+        assert_eq!(metric_value(text, "nope"), None);
+    }
+
+    #[test]
+    fn this_process_can_be_sampled() {
+        let s = ProcSample::read(std::process::id()).unwrap();
+        assert!(s.rss > 0);
+    }
+}

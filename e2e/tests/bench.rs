@@ -1,0 +1,93 @@
+//! Smoke runs of every load-generator scenario (`argocd-agentctl bench`): a real principal
+//! and a few simulated agents, a few seconds each, so the load generator never rots. No
+//! timing is asserted here; the figures live in docs/benchmarks.md.
+
+use std::time::Duration;
+
+use argocd_agent_e2e::bench::{self, BenchOptions, Report, Scenario};
+use serde_json::Value;
+
+fn opts() -> BenchOptions {
+    BenchOptions {
+        agents: 12,
+        changes: 24,
+        payload_bytes: 4096,
+        duration: Duration::from_secs(3),
+        heartbeat: Duration::from_secs(1),
+        writers: 4,
+        ..BenchOptions::default()
+    }
+}
+
+async fn smoke(scenario: Scenario) -> Report {
+    let report = bench::run(scenario, &opts())
+        .await
+        .unwrap_or_else(|e| panic!("bench {}: {e}", scenario.name()));
+    eprint!("{}", report.table());
+    report
+}
+
+fn get(r: &Report, key: &str) -> Value {
+    r.json()
+        .get(key)
+        .cloned()
+        .unwrap_or_else(|| panic!("{} has no {key}: {}", r.scenario, r.json()))
+}
+
+fn num(r: &Report, key: &str) -> f64 {
+    get(r, key)
+        .as_f64()
+        .unwrap_or_else(|| panic!("{key} is not a number"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_smoke() {
+    let r = smoke(Scenario::Connect).await;
+    assert_eq!(num(&r, "agents"), 12.0);
+    assert_eq!(num(&r, "dropped_streams"), 0.0);
+    assert!(num(&r, "rss_connected_mib") > 0.0);
+    let table = r.table();
+    assert!(table.starts_with("scenario") && table.contains("connect"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn storm_smoke() {
+    let r = smoke(Scenario::Storm).await;
+    // Every agent came back with a new session and the changes made while the principal
+    // was down (checked inside the scenario: every agent holds the new spec).
+    assert!(num(&r, "sessions") >= 12.0);
+    assert!(num(&r, "resynced_s") >= num(&r, "reconnected_s"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fanout_smoke() {
+    let r = smoke(Scenario::Fanout).await;
+    assert_eq!(num(&r, "changes"), 24.0);
+    assert!(num(&r, "hub_to_agent_max_ms") >= num(&r, "hub_to_agent_p50_ms"));
+    assert!(num(&r, "agent_to_hub_max_ms") > 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn throughput_smoke() {
+    let r = smoke(Scenario::Throughput).await;
+    assert_eq!(num(&r, "refused"), 0.0);
+    assert!(num(&r, "event_bytes") >= 4096.0);
+    for k in [
+        "to_agents_per_s",
+        "floor_to_agents_per_s",
+        "to_principal_per_s",
+        "floor_to_principal_per_s",
+    ] {
+        assert!(num(&r, k) > 0.0, "{k}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rotation_smoke() {
+    let r = smoke(Scenario::Rotation).await;
+    assert!(num(&r, "rotations") >= 1.0);
+    assert_eq!(num(&r, "dropped_streams"), 0.0);
+    assert_eq!(num(&r, "failed_handshakes"), 0.0);
+    assert_eq!(num(&r, "refused_events"), 0.0);
+    assert_eq!(num(&r, "lost_changes"), 0.0);
+}
