@@ -21,8 +21,7 @@ use crate::object::is_being_deleted;
 use crate::scope::Scope;
 use crate::{Error, Kind};
 
-/// How many times [`Resources::update_with`] and [`Resources::replace_status`] PUT
-/// before giving up on conflicts.
+/// How many times [`Resources::update_with`] PUTs before giving up on conflicts.
 pub const MAX_UPDATE_ATTEMPTS: u32 = 5;
 
 /// What an update closure decided.
@@ -250,12 +249,11 @@ impl Resources {
         })
     }
 
-    /// Replaces `.status` through the `/status` subresource.
-    ///
-    /// Reads the object, sets `.status` to `status` (replacing it whole, unlike a merge
-    /// patch that would keep keys absent from `status`), and `PUT`s it to `/status` with
-    /// the `resourceVersion` read; conflicts are retried like [`Resources::update_with`].
-    /// If the status is already equal nothing is written. Returns the object after the call.
+    /// Replaces `.status` through the `/status` subresource, whole (keys absent from
+    /// `status` are removed, unlike a merge patch), in one request: a JSON patch
+    /// `[{"op": "add", "path": "/status", "value": status}]` ("add" replaces an existing
+    /// member). No read, no `resourceVersion`, so no conflicts: the status belongs to one
+    /// writer. Returns the object after the call.
     pub async fn replace_status(
         &self,
         namespace: Option<&str>,
@@ -263,38 +261,16 @@ impl Resources {
         status: Value,
     ) -> Result<DynamicObject, Error> {
         let api = self.api(namespace, name)?;
-        let object = self.object_ref(namespace, name);
-        for attempt in 1..=MAX_UPDATE_ATTEMPTS {
-            let mut current = api
-                .get(name)
-                .await
-                .map_err(|e| Error::from_kube(object.clone(), e))?;
-            if current.data.get("status") == Some(&status) {
-                return Ok(current);
-            }
-            current.types = Some(self.types());
-            if let Some(map) = current.data.as_object_mut() {
-                map.insert("status".to_string(), status.clone());
-            } else {
-                current.data = serde_json::json!({ "status": status.clone() });
-            }
-            match api
-                .replace_status(name, &PostParams::default(), &current)
-                .await
-            {
-                Ok(written) => return Ok(written),
-                Err(e) => match Error::from_kube(object.clone(), e) {
-                    err if err.is_conflict() => {
-                        tracing::debug!(%object, attempt, "status update conflicted; re-reading");
-                    }
-                    err => return Err(err),
-                },
-            }
-        }
-        Err(Error::ConflictRetriesExhausted {
-            object,
-            attempts: MAX_UPDATE_ATTEMPTS,
-        })
+        let patch: json_patch::Patch = serde_json::from_value(serde_json::json!([
+            {"op": "add", "path": "/status", "value": status}
+        ]))
+        .map_err(|e| Error::Invalid {
+            object: self.object_ref(namespace, name),
+            message: format!("status patch: {e}"),
+        })?;
+        api.patch_status(name, &PatchParams::default(), &Patch::<()>::Json(patch))
+            .await
+            .map_err(|e| Error::from_kube(self.object_ref(namespace, name), e))
     }
 
     /// Applies a JSON merge patch (RFC 7386, `application/merge-patch+json`). No
@@ -396,24 +372,26 @@ impl Resources {
     }
 
     /// Terminates the running operation of an Argo CD Application the way
-    /// `argocd app terminate-op` does: `.status.operationState.phase = Terminating`.
+    /// `argocd app terminate-op` does: `.status.operationState.phase = Terminating`, as a
+    /// merge patch of the status subresource (nothing else in the status is touched, so a
+    /// concurrent status write is not lost).
     pub async fn terminate_operation(&self, namespace: &str, name: &str) -> Result<(), Error> {
-        let Some(cur) = self.get(Some(namespace), name).await? else {
-            return Err(Error::NotFound {
-                object: self.object_ref(Some(namespace), name),
-                message: "no such application to terminate an operation of".into(),
-            });
-        };
-        let mut status = crate::object::status(&cur)
-            .cloned()
-            .unwrap_or_else(|| serde_json::json!({}));
-        if !status.is_object() {
-            status = serde_json::json!({});
-        }
-        status["operationState"]["phase"] = Value::String("Terminating".into());
-        self.replace_status(Some(namespace), name, status)
+        let object = self.object_ref(Some(namespace), name);
+        let api = self.api(Some(namespace), name)?;
+        let patch = serde_json::json!({"status": {"operationState": {"phase": "Terminating"}}});
+        match api
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
-            .map(|_| ())
+        {
+            Ok(_) => Ok(()),
+            Err(e) => match Error::from_kube(object.clone(), e) {
+                Error::NotFound { .. } => Err(Error::NotFound {
+                    object,
+                    message: "no such application to terminate an operation of".into(),
+                }),
+                other => Err(other),
+            },
+        }
     }
 
     /// Creates namespace `name` with `labels` unless it exists (see [`ensure_namespace`]).

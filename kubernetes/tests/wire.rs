@@ -459,31 +459,31 @@ async fn update_with_unchanged_or_abort_writes_nothing() {
 }
 
 #[tokio::test]
-async fn replace_status_writes_to_status_subresource_with_resource_version() {
+async fn replace_status_is_one_json_patch_of_the_status_subresource() {
     let mut written = app("argocd", "a", "6");
     written["status"] = json!({"sync": {"status": "Synced"}});
-    let (client, mut seen) = mock(vec![
-        Reply::Json(200, app("argocd", "a", "5")),
-        Reply::Json(409, status(409, "Conflict")),
-        Reply::Json(200, app("argocd", "a", "5")),
-        Reply::Json(200, written),
-    ]);
+    let (client, mut seen) = mock(vec![Reply::Json(200, written)]);
     let res = Resources::new(client, Kind::Application);
     let out = res
         .replace_status(Some("argocd"), "a", json!({"sync": {"status": "Synced"}}))
         .await;
     assert!(matches!(&out, Ok(o) if rv(o) == "6"), "{out:?}");
-    let _get = next_seen(&mut seen).await;
-    let put = next_seen(&mut seen).await;
-    assert_eq!(put.method, "PUT");
+    let patch = next_seen(&mut seen).await;
+    assert_eq!(patch.method, "PATCH");
     assert_eq!(
-        put.path,
+        patch.path,
         "/apis/argoproj.io/v1alpha1/namespaces/argocd/applications/a/status"
     );
-    assert_eq!(put.body["metadata"]["resourceVersion"], "5");
-    assert_eq!(put.body["status"], json!({"sync": {"status": "Synced"}}));
-    let _get = next_seen(&mut seen).await;
-    assert!(next_seen(&mut seen).await.path.ends_with("/status"));
+    assert_eq!(
+        patch.content_type.as_deref(),
+        Some("application/json-patch+json")
+    );
+    // "add" replaces the whole status: keys the new status lacks are gone.
+    assert_eq!(
+        patch.body,
+        json!([{"op": "add", "path": "/status", "value": {"sync": {"status": "Synced"}}}])
+    );
+    assert!(seen.try_recv().is_err(), "one request, no read");
 }
 
 #[tokio::test]
