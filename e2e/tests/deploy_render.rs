@@ -534,7 +534,7 @@ fn expected_rules(
     let mut rows: Vec<(&str, &str, &str)> = Vec::new();
     let applications = |rows: &mut Vec<(&str, &str, &str)>| {
         rows.extend(ALL_VERBS.map(|v| ("argoproj.io", "applications", v)));
-        rows.push(("argoproj.io", "applications/status", "update"));
+        rows.push(("argoproj.io", "applications/status", "patch"));
     };
     match (c, role_kind) {
         (Component::Principal, "ClusterRole") => {

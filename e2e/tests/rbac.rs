@@ -397,7 +397,7 @@ async fn principal_and_agents_only_make_requests_their_rbac_grants() {
                 "list applications",
                 "watch applications",
                 "create applications",
-                "update applications/status",
+                "patch applications/status",
                 "create namespaces",
                 "list appprojects",
                 "watch appprojects",
