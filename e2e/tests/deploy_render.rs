@@ -539,7 +539,12 @@ fn expected_rules(
     match (c, role_kind) {
         (Component::Principal, "ClusterRole") => {
             applications(&mut rows);
-            rows.extend([("", "namespaces", "get"), ("", "namespaces", "create")]);
+            rows.extend([
+                ("", "namespaces", "get"),
+                ("", "namespaces", "list"),
+                ("", "namespaces", "watch"),
+                ("", "namespaces", "create"),
+            ]);
         }
         (Component::Principal, "Role") => {
             rows.extend(ALL_VERBS.map(|v| ("argoproj.io", "appprojects", v)));

@@ -399,6 +399,8 @@ async fn principal_and_agents_only_make_requests_their_rbac_grants() {
                 "create applications",
                 "patch applications/status",
                 "create namespaces",
+                "list namespaces",
+                "watch namespaces",
                 "list appprojects",
                 "watch appprojects",
                 "create appprojects",

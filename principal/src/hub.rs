@@ -209,6 +209,7 @@ pub struct Hub {
     pub metrics: Metrics,
     pub queue_limits: QueueLimits,
     pub create_namespace: bool,
+    namespace_cache: Option<Cache>,
     pub namespace_labels: BTreeMap<String, String>,
     /// AppProjects, repositories and GPG keys.
     pub config: ConfigObjects,
@@ -233,6 +234,9 @@ pub struct HubParts {
     pub metrics: Metrics,
     pub queue_limits: QueueLimits,
     pub create_namespace: bool,
+    /// The hub's namespaces (watched when `create_namespace` is set): a namespace known to
+    /// exist costs no API call on connect.
+    pub namespace_cache: Option<Cache>,
     pub namespace_labels: BTreeMap<String, String>,
     pub config: ConfigObjects,
     pub by_destination: bool,
@@ -316,6 +320,7 @@ impl Hub {
             metrics: parts.metrics,
             queue_limits: parts.queue_limits,
             create_namespace: parts.create_namespace,
+            namespace_cache: parts.namespace_cache,
             namespace_labels: parts.namespace_labels,
             config: parts.config,
             by_destination: parts.by_destination,
@@ -511,6 +516,12 @@ impl Hub {
     /// Creates the agent's hub namespace when configured to.
     pub async fn ensure_namespace(&self, ns: &Namespace, agent: &AgentName) {
         if !self.create_namespace {
+            return;
+        }
+        if let Some(cache) = &self.namespace_cache
+            && cache.is_synced()
+            && cache.get(None, ns.as_str()).is_some()
+        {
             return;
         }
         let mut labels = self.namespace_labels.clone();

@@ -159,6 +159,26 @@ pub async fn start(
     if let Some(svid) = &listener_auth.svid {
         metrics.follow_svid(svid);
     }
+    // With namespace creation on, the hub's namespaces are watched: connecting agents whose
+    // namespace exists cost no API call (a restart storm of 10,000 agents would otherwise
+    // be 10,000 reads at --kube-qps).
+    let namespace_cache = if config.create_namespace {
+        let (cache, changes) =
+            argocd_agent_kubernetes::watch(client.clone(), Kind::Namespace, Scope::all());
+        let stop = shutdown.clone();
+        tasks.spawn(async move {
+            futures::pin_mut!(changes);
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    c = changes.next() => if c.is_none() { return },
+                }
+            }
+        });
+        Some(cache)
+    } else {
+        None
+    };
     let hub = Arc::new(Hub::new(HubParts {
         source: source_id(listener_auth.svid.as_ref()),
         apps: Resources::new(client.clone(), Kind::Application),
@@ -167,6 +187,7 @@ pub async fn start(
         metrics: metrics.clone(),
         queue_limits: config.queue.clone(),
         create_namespace: config.create_namespace,
+        namespace_cache,
         namespace_labels: config.namespace_labels.clone(),
         config: config_objects,
         by_destination: config.destination_based_mapping,
