@@ -3,6 +3,15 @@
 //! updates, and unacknowledged events are resent with backoff until a `processed` event
 //! names them.
 //!
+//! Resends adapt to the peer: the stream is reliable (HTTP/2 over TCP), so an event is only
+//! lost if the peer dropped it or the connection broke (a reconnect requeues everything in
+//! flight). The first resend waits the larger of `resend_initial` and a timeout learned from
+//! acknowledgement round trips (SRTT + 4·RTTVAR, as TCP's RTO; samples of resent events are
+//! not used). When that time has passed, the event is resent only if the peer skipped it
+//! (an event sent after it was acknowledged) or went quiet (no acknowledgement within one
+//! timeout); a peer that is still acknowledging older work is merely slow, and resending to
+//! it would only double the traffic it is already behind on.
+//!
 //! Memory is bounded by `max_pending` keys (one event per key) plus `max_in_flight` events;
 //! payloads are `Arc`s, so resending never copies an object.
 
@@ -89,6 +98,37 @@ struct InFlight {
     event: Event,
     deadline: Instant,
     attempts: u32,
+    /// Send order (first send), to tell a skipped event from a slow peer.
+    seq: u64,
+    /// When it was first sent (for the round-trip estimate).
+    sent: Instant,
+}
+
+/// Round-trip estimate from acknowledgements (RFC 6298's SRTT and RTTVAR).
+#[derive(Debug, Default, Clone, Copy)]
+struct Rtt {
+    srtt: Option<Duration>,
+    rttvar: Duration,
+}
+
+impl Rtt {
+    fn sample(&mut self, r: Duration) {
+        match self.srtt {
+            None => {
+                self.srtt = Some(r);
+                self.rttvar = r / 2;
+            }
+            Some(srtt) => {
+                let diff = srtt.abs_diff(r);
+                self.rttvar = (self.rttvar * 3 + diff) / 4;
+                self.srtt = Some((srtt * 7 + r) / 8);
+            }
+        }
+    }
+
+    fn timeout(&self) -> Option<Duration> {
+        self.srtt.map(|s| s + self.rttvar * 4)
+    }
 }
 
 #[derive(Debug, Default)]
@@ -97,6 +137,11 @@ struct State {
     order: VecDeque<QueueKey>,
     in_flight: HashMap<QueueKey, InFlight>,
     ids: HashMap<String, QueueKey>,
+    next_seq: u64,
+    /// Highest send order acknowledged.
+    acked_seq: Option<u64>,
+    last_ack: Option<Instant>,
+    rtt: Rtt,
 }
 
 /// Outbound queue towards one peer. Shared between the producers (watch handlers) and the
@@ -167,7 +212,14 @@ impl SendQueue {
     pub fn ack(&self, id: &str) -> Option<(QueueKey, EventType)> {
         let mut st = self.lock();
         let key = st.ids.remove(id)?;
-        let ty = st.in_flight.remove(&key).map(|f| f.event.ty)?;
+        let f = st.in_flight.remove(&key)?;
+        let now = Instant::now();
+        if f.attempts == 0 {
+            st.rtt.sample(now.saturating_duration_since(f.sent));
+        }
+        st.acked_seq = Some(st.acked_seq.map_or(f.seq, |a| a.max(f.seq)));
+        st.last_ack = Some(now);
+        let ty = f.event.ty;
         drop(st);
         self.notify.notify_one();
         Some((key, ty))
@@ -209,12 +261,28 @@ impl SendQueue {
         self.lock().in_flight.len()
     }
 
-    fn backoff(&self, attempts: u32) -> Duration {
+    /// The resend timeout before the first resend: `resend_initial`, or the learned one
+    /// when the peer is slower.
+    fn base_timeout(&self, st: &State) -> Duration {
+        st.rtt
+            .timeout()
+            .map_or(self.limits.resend_initial, |t| {
+                t.max(self.limits.resend_initial)
+            })
+            .min(self.limits.resend_max)
+    }
+
+    fn backoff(&self, st: &State, attempts: u32) -> Duration {
         let factor = 1u32.checked_shl(attempts.min(16)).unwrap_or(u32::MAX);
-        self.limits
-            .resend_initial
+        self.base_timeout(st)
             .saturating_mul(factor)
             .min(self.limits.resend_max)
+    }
+
+    /// The current resend timeout (what an event sent now would wait before a resend).
+    pub fn resend_timeout(&self) -> Duration {
+        let st = self.lock();
+        self.base_timeout(&st)
     }
 
     /// The next event to send now, or the instant at which one becomes due.
@@ -231,8 +299,22 @@ impl SendQueue {
             earliest = Some(earliest.map_or(f.deadline, |e| e.min(f.deadline)));
         }
         if let Some(k) = due {
-            let attempts = st.in_flight.get(&k).map_or(0, |f| f.attempts) + 1;
-            let deadline = now + self.backoff(attempts);
+            let timeout = self.base_timeout(&st);
+            let (seq, attempts) = st.in_flight.get(&k).map_or((0, 0), |f| (f.seq, f.attempts));
+            let skipped = st.acked_seq.is_some_and(|a| a > seq);
+            let progressing = st
+                .last_ack
+                .is_some_and(|t| now.saturating_duration_since(t) < timeout);
+            if !skipped && progressing {
+                // The peer is working through older events: wait another timeout.
+                if let Some(f) = st.in_flight.get_mut(&k) {
+                    f.deadline = now + timeout;
+                }
+                drop(st);
+                return self.poll_next(now);
+            }
+            let attempts = attempts + 1;
+            let deadline = now + self.backoff(&st, attempts);
             if let Some(f) = st.in_flight.get_mut(&k) {
                 f.attempts = attempts;
                 f.deadline = deadline;
@@ -250,7 +332,9 @@ impl SendQueue {
                 && let Some(key) = st.order.remove(pos)
                 && let Some(event) = st.pending.remove(&key)
             {
-                let deadline = now + self.backoff(0);
+                let deadline = now + self.backoff(&st, 0);
+                let seq = st.next_seq;
+                st.next_seq += 1;
                 st.ids.insert(event.id.clone(), key.clone());
                 st.in_flight.insert(
                     key,
@@ -258,6 +342,8 @@ impl SendQueue {
                         event: event.clone(),
                         deadline,
                         attempts: 0,
+                        seq,
+                        sent: now,
                     },
                 );
                 return Ok(event);
@@ -370,6 +456,67 @@ mod tests {
         assert_eq!(q.resends(), 1);
         q.ack(&first.id);
         assert!(q.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_peer_that_keeps_acknowledging_older_events_gets_no_resends() {
+        let q = Arc::new(q());
+        for n in ["a", "b", "c"] {
+            q.push(ev(EventType::SpecUpdate, n, 1)).unwrap();
+        }
+        let a = q.next().await;
+        let b = q.next().await;
+        let c = q.next().await;
+        // The writer keeps asking for work, as a session does.
+        let writer = {
+            let q = q.clone();
+            tokio::spawn(async move {
+                loop {
+                    q.next().await;
+                }
+            })
+        };
+        // The peer acknowledges one event every 40 ms (each resend timeout is 50 ms, so "b"
+        // and "c" are past it before their acknowledgements come).
+        for e in [&a, &b, &c] {
+            tokio::time::sleep(Duration::from_millis(40)).await;
+            assert!(q.ack(&e.id).is_some());
+        }
+        writer.abort();
+        assert_eq!(q.resends(), 0, "a slow but working peer was resent to");
+        assert!(q.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_event_the_peer_skipped_is_resent() {
+        let q = q();
+        q.push(ev(EventType::SpecUpdate, "a", 1)).unwrap();
+        q.push(ev(EventType::SpecUpdate, "b", 1)).unwrap();
+        let a = q.next().await;
+        let b = q.next().await;
+        // "b" (sent after "a") is acknowledged, "a" never is: "a" was dropped.
+        q.ack(&b.id);
+        let again = tokio::time::timeout(Duration::from_secs(1), q.next())
+            .await
+            .unwrap();
+        assert_eq!(again.id, a.id);
+        assert_eq!(q.resends(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_resend_timeout_follows_a_slow_peer_round_trip() {
+        let q = q();
+        assert_eq!(q.resend_timeout(), Duration::from_millis(50));
+        for i in 0..8 {
+            q.push(ev(EventType::SpecUpdate, "a", i)).unwrap();
+            let e = q.next().await;
+            tokio::time::advance(Duration::from_millis(120)).await;
+            q.ack(&e.id);
+        }
+        // Learned from 120 ms round trips, capped at resend_max (200 ms).
+        let t = q.resend_timeout();
+        assert!(t > Duration::from_millis(120), "{t:?}");
+        assert!(t <= Duration::from_millis(200), "{t:?}");
     }
 
     #[tokio::test]
