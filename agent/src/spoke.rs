@@ -496,8 +496,9 @@ impl Spoke {
         // Status is the spoke's own; the operation comes as its own event.
         object::take_field(&mut copy, "status");
         object::take_field(&mut copy, "operation");
+        let known = self.cache.known(Some(ns), &name_of(&copy));
         self.apps
-            .upsert_copy(&copy, &["spec"])
+            .upsert_copy_known(&copy, &["spec"], known)
             .instrument(spoke_write_span("upsert", ns, &name_of(&copy)))
             .await?;
         Ok(())

@@ -32,7 +32,7 @@ pub use error::{Error, ObjectRef};
 pub use kind::{ARGOPROJ_GROUP, ARGOPROJ_VERSION, Kind};
 pub use ratelimit::{TokenBucket, TokenBucketLayer};
 pub use resources::{
-    DeleteOutcome, MAX_UPDATE_ATTEMPTS, Mutation, Resources, UpdateOutcome, UpsertOutcome,
+    DeleteOutcome, Known, MAX_UPDATE_ATTEMPTS, Mutation, Resources, UpdateOutcome, UpsertOutcome,
     ensure_namespace,
 };
 pub use scope::{Namespaces, Scope, is_sync_ignored};

@@ -55,6 +55,18 @@ impl UpdateOutcome {
     }
 }
 
+/// What the caller's watch cache knows about an object before a write (see
+/// [`Resources::upsert_copy_known`]).
+#[derive(Debug, Clone)]
+pub enum Known {
+    /// No synced cache: read the object first.
+    Unknown,
+    /// A synced cache does not have it: create it.
+    Absent,
+    /// A synced cache has this version: update from it.
+    Present(std::sync::Arc<DynamicObject>),
+}
+
 /// Result of [`Resources::upsert_copy`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum UpsertOutcome {
@@ -211,6 +223,22 @@ impl Resources {
         &self,
         namespace: Option<&str>,
         name: &str,
+        mutate: F,
+    ) -> Result<UpdateOutcome, Error>
+    where
+        F: FnMut(&mut DynamicObject) -> Mutation,
+    {
+        self.update_from(namespace, name, None, mutate).await
+    }
+
+    /// [`Resources::update_with`] whose first attempt starts from `first` (a watch cache's
+    /// copy) instead of a read: an unchanged object costs no request, a changed one one PUT;
+    /// a stale copy conflicts and the loop continues with reads.
+    pub async fn update_from<F>(
+        &self,
+        namespace: Option<&str>,
+        name: &str,
+        mut first: Option<DynamicObject>,
         mut mutate: F,
     ) -> Result<UpdateOutcome, Error>
     where
@@ -219,10 +247,13 @@ impl Resources {
         let api = self.api(namespace, name)?;
         let object = self.object_ref(namespace, name);
         for attempt in 1..=MAX_UPDATE_ATTEMPTS {
-            let current = api
-                .get(name)
-                .await
-                .map_err(|e| Error::from_kube(object.clone(), e))?;
+            let current = match first.take() {
+                Some(cached) => cached,
+                None => api
+                    .get(name)
+                    .await
+                    .map_err(|e| Error::from_kube(object.clone(), e))?,
+            };
             let mut desired = current.clone();
             match mutate(&mut desired) {
                 Mutation::Unchanged => return Ok(UpdateOutcome::Unchanged(current)),
@@ -342,28 +373,53 @@ impl Resources {
         copy: &DynamicObject,
         owned: &[&str],
     ) -> Result<UpsertOutcome, Error> {
-        let name = copy.metadata.name.as_deref().unwrap_or_default();
-        let namespace = copy.metadata.namespace.as_deref();
-        if self.get(namespace, name).await?.is_none() {
-            return match self.create(copy).await {
+        self.upsert_copy_known(copy, owned, Known::Unknown).await
+    }
+
+    /// [`Resources::upsert_copy`] informed by the caller's watch cache: `Absent` creates
+    /// at once (one request), `Present` updates from the cached version (no request when
+    /// nothing differs, one PUT otherwise); a cache that is behind costs a conflict or an
+    /// `AlreadyExists` and falls back to reading. `Unknown` reads first (two requests).
+    pub async fn upsert_copy_known(
+        &self,
+        copy: &DynamicObject,
+        owned: &[&str],
+        known: Known,
+    ) -> Result<UpsertOutcome, Error> {
+        let create = || async {
+            match self.create(copy).await {
                 Ok(_) => Ok(UpsertOutcome::Created),
-                // Created between our read and our create: fall through to an update.
-                Err(e) if e.is_already_exists() => self.update_copy(copy, owned).await,
+                // Created meanwhile (or the cache is behind): update it instead.
+                Err(e) if e.is_already_exists() => self.update_copy(copy, owned, None).await,
                 Err(e) => Err(e),
-            };
+            }
+        };
+        match known {
+            Known::Absent => create().await,
+            Known::Present(cached) => {
+                match self.update_copy(copy, owned, Some((*cached).clone())).await {
+                    // Deleted since the cache saw it.
+                    Err(e) if e.is_not_found() => create().await,
+                    other => other,
+                }
+            }
+            Known::Unknown => match self.update_copy(copy, owned, None).await {
+                Err(e) if e.is_not_found() => create().await,
+                other => other,
+            },
         }
-        self.update_copy(copy, owned).await
     }
 
     async fn update_copy(
         &self,
         copy: &DynamicObject,
         owned: &[&str],
+        first: Option<DynamicObject>,
     ) -> Result<UpsertOutcome, Error> {
         let name = copy.metadata.name.as_deref().unwrap_or_default();
         let namespace = copy.metadata.namespace.as_deref();
         let outcome = self
-            .update_with(namespace, name, |cur| apply_owned(cur, copy, owned))
+            .update_from(namespace, name, first, |cur| apply_owned(cur, copy, owned))
             .await?;
         Ok(match outcome {
             UpdateOutcome::Updated(_) => UpsertOutcome::Updated,

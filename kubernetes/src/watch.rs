@@ -97,6 +97,18 @@ impl Cache {
             .cloned()
     }
 
+    /// What this cache knows of `namespace/name` for a write (see
+    /// [`crate::Resources::upsert_copy_known`]): nothing before the first list completed.
+    pub fn known(&self, namespace: Option<&str>, name: &str) -> crate::Known {
+        if !self.is_synced() {
+            return crate::Known::Unknown;
+        }
+        match self.get(namespace, name) {
+            Some(o) => crate::Known::Present(o),
+            None => crate::Known::Absent,
+        }
+    }
+
     /// Every cached object, ordered by namespace then name.
     pub fn list(&self) -> Vec<Arc<DynamicObject>> {
         self.read().values().cloned().collect()

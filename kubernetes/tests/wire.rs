@@ -760,3 +760,111 @@ async fn delete_of_never_announced_object_yields_nothing() {
     let got = take_changes(&mut changes, 2).await;
     assert_eq!(got, ["synced", "applied argocd/real@12"]);
 }
+
+fn dyn_obj(v: Value) -> DynamicObject {
+    serde_json::from_value(v).unwrap()
+}
+
+#[tokio::test]
+async fn upsert_known_absent_is_one_create() {
+    let (client, mut seen) = mock(vec![Reply::Json(201, app("argocd", "a", "1"))]);
+    let res = Resources::new(client, Kind::Application);
+    let copy = dyn_obj(app("argocd", "a", ""));
+    let out = res
+        .upsert_copy_known(&copy, &["spec"], argocd_agent_kubernetes::Known::Absent)
+        .await;
+    assert_eq!(
+        out.ok(),
+        Some(argocd_agent_kubernetes::UpsertOutcome::Created)
+    );
+    assert_eq!(next_seen(&mut seen).await.method, "POST");
+    assert!(seen.try_recv().is_err(), "one request");
+}
+
+#[tokio::test]
+async fn upsert_known_present_and_equal_costs_no_request() {
+    let (client, mut seen) = mock(vec![]);
+    let res = Resources::new(client, Kind::Application);
+    let cached = std::sync::Arc::new(dyn_obj(app("argocd", "a", "7")));
+    let copy = dyn_obj(app("argocd", "a", ""));
+    let out = res
+        .upsert_copy_known(
+            &copy,
+            &["spec"],
+            argocd_agent_kubernetes::Known::Present(cached),
+        )
+        .await;
+    assert_eq!(
+        out.ok(),
+        Some(argocd_agent_kubernetes::UpsertOutcome::Unchanged)
+    );
+    assert!(seen.try_recv().is_err(), "no request");
+}
+
+#[tokio::test]
+async fn upsert_known_present_is_one_put_from_the_cached_version_and_a_stale_one_rereads() {
+    let mut changed = app("argocd", "a", "");
+    changed["spec"]["source"]["path"] = json!("elsewhere");
+    // Fresh cache: one PUT carrying the cached resourceVersion.
+    let (client, mut seen) = mock(vec![Reply::Json(200, app("argocd", "a", "8"))]);
+    let res = Resources::new(client, Kind::Application);
+    let cached = std::sync::Arc::new(dyn_obj(app("argocd", "a", "7")));
+    let out = res
+        .upsert_copy_known(
+            &dyn_obj(changed.clone()),
+            &["spec"],
+            argocd_agent_kubernetes::Known::Present(cached.clone()),
+        )
+        .await;
+    assert_eq!(
+        out.ok(),
+        Some(argocd_agent_kubernetes::UpsertOutcome::Updated)
+    );
+    let put = next_seen(&mut seen).await;
+    assert_eq!(put.method, "PUT");
+    assert_eq!(put.body["metadata"]["resourceVersion"], "7");
+    assert_eq!(put.body["spec"]["source"]["path"], "elsewhere");
+    assert!(seen.try_recv().is_err(), "one request");
+
+    // Stale cache: the PUT conflicts, the object is read, the PUT is repeated.
+    let (client, mut seen) = mock(vec![
+        Reply::Json(409, status(409, "Conflict")),
+        Reply::Json(200, app("argocd", "a", "9")),
+        Reply::Json(200, app("argocd", "a", "10")),
+    ]);
+    let res = Resources::new(client, Kind::Application);
+    let out = res
+        .upsert_copy_known(
+            &dyn_obj(changed),
+            &["spec"],
+            argocd_agent_kubernetes::Known::Present(cached),
+        )
+        .await;
+    assert_eq!(
+        out.ok(),
+        Some(argocd_agent_kubernetes::UpsertOutcome::Updated)
+    );
+    assert_eq!(next_seen(&mut seen).await.method, "PUT");
+    assert_eq!(next_seen(&mut seen).await.method, "GET");
+    let put = next_seen(&mut seen).await;
+    assert_eq!(put.method, "PUT");
+    assert_eq!(put.body["metadata"]["resourceVersion"], "9");
+}
+
+#[tokio::test]
+async fn upsert_unknown_of_a_missing_object_reads_then_creates() {
+    let (client, mut seen) = mock(vec![
+        Reply::Json(404, status(404, "NotFound")),
+        Reply::Json(201, app("argocd", "a", "1")),
+    ]);
+    let res = Resources::new(client, Kind::Application);
+    let out = res
+        .upsert_copy(&dyn_obj(app("argocd", "a", "")), &["spec"])
+        .await;
+    assert_eq!(
+        out.ok(),
+        Some(argocd_agent_kubernetes::UpsertOutcome::Created)
+    );
+    assert_eq!(next_seen(&mut seen).await.method, "GET");
+    assert_eq!(next_seen(&mut seen).await.method, "POST");
+}

@@ -1074,7 +1074,12 @@ impl Hub {
         let status = object::take_field(&mut copy, "status");
         let outcome = self
             .apps
-            .upsert_copy(&copy, &["spec", "operation"])
+            .upsert_copy_known(
+                &copy,
+                &["spec", "operation"],
+                self.cache
+                    .known(Some(resource.namespace.as_str()), &resource.name),
+            )
             .instrument(hub_write_span("upsert", resource))
             .await
             .inspect_err(|_| {
