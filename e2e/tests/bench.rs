@@ -91,3 +91,11 @@ async fn rotation_smoke() {
     assert_eq!(num(&r, "refused_events"), 0.0);
     assert_eq!(num(&r, "lost_changes"), 0.0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_smoke() {
+    let r = smoke(Scenario::Bulk).await;
+    assert_eq!(num(&r, "ops"), 24.0);
+    assert!(num(&r, "managed_converged_s") >= num(&r, "managed_write_s"));
+    assert!(num(&r, "autonomous_converged_s") >= num(&r, "autonomous_write_s"));
+}

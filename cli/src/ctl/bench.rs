@@ -22,6 +22,9 @@ pub enum ScenarioArg {
     Throughput,
     /// Every SVID (agents and principal) rotated every 2 s under load: drops and losses.
     Rotation,
+    /// The demo topology with real agent processes: --changes mixed operations on the hub
+    /// (managed) and on the spoke (autonomous); time until the other side is equal.
+    Bulk,
 }
 
 impl From<ScenarioArg> for Scenario {
@@ -32,6 +35,7 @@ impl From<ScenarioArg> for Scenario {
             ScenarioArg::Fanout => Scenario::Fanout,
             ScenarioArg::Throughput => Scenario::Throughput,
             ScenarioArg::Rotation => Scenario::Rotation,
+            ScenarioArg::Bulk => Scenario::Bulk,
         }
     }
 }

@@ -33,6 +33,9 @@ pub enum Scenario {
     Throughput,
     /// Every SVID rotated during a run: dropped streams and failed events.
     Rotation,
+    /// The demo topology with real agent processes: mixed creates, edits and deletes, as a
+    /// user's script makes them; time until the other side equals the side written.
+    Bulk,
 }
 
 impl Scenario {
@@ -43,6 +46,7 @@ impl Scenario {
             Scenario::Fanout => "fanout",
             Scenario::Throughput => "throughput",
             Scenario::Rotation => "rotation",
+            Scenario::Bulk => "bulk",
         }
     }
 }
@@ -151,6 +155,7 @@ pub async fn run(scenario: Scenario, opts: &BenchOptions) -> Result<Report, Harn
         Scenario::Fanout => fanout(opts).await,
         Scenario::Throughput => throughput(opts).await,
         Scenario::Rotation => rotation(opts).await,
+        Scenario::Bulk => bulk(opts).await,
     }
 }
 
@@ -807,4 +812,111 @@ async fn rotation(opts: &BenchOptions) -> Result<Report, HarnessError> {
         (env, r)
     })
     .await
+}
+
+/// Name -> spec checksum of the Applications of one namespace of a test server, without
+/// `spec.project` (an autonomous agent's project is `<agent>-<project>` on the hub).
+fn spec_sums(
+    server: &argocd_agent_kube_test_server::KubeTestServer,
+    ns: &str,
+) -> std::collections::BTreeMap<String, String> {
+    server
+        .list_objects("argoproj.io", "v1alpha1", "applications", Some(ns))
+        .into_iter()
+        .filter(|a| a.pointer("/metadata/deletionTimestamp").is_none())
+        .filter_map(|a| {
+            let name = a.pointer("/metadata/name")?.as_str()?.to_owned();
+            let mut spec = a.get("spec").cloned().unwrap_or_default();
+            if let Some(m) = spec.as_object_mut() {
+                m.remove("project");
+            }
+            Some((name, argocd_agent_kubernetes::object::checksum_of(&spec)))
+        })
+        .collect()
+}
+
+/// `ops` sequential operations on `api` (a third creates, a third edits, a third deletes,
+/// interleaved), as a user's script against the Kubernetes API makes them.
+async fn mixed_ops(api: &Api<DynamicObject>, ns: &str, ops: usize) -> Result<(), HarnessError> {
+    let mut live: Vec<usize> = Vec::new();
+    let mut next = 0usize;
+    for j in 0..ops {
+        match j % 3 {
+            0 => {
+                let app: DynamicObject =
+                    serde_json::from_value(bench_app(&format!("bulk-{next}"), ns, "v1", 512))?;
+                api.create(&PostParams::default(), &app).await?;
+                live.push(next);
+                next += 1;
+            }
+            1 if !live.is_empty() => {
+                let i = live[(j * 7919) % live.len()];
+                merge_patch(
+                    api,
+                    &format!("bulk-{i}"),
+                    json!({"spec": {"source": {"targetRevision": format!("e{j}")}}}),
+                )
+                .await?;
+            }
+            _ if live.len() > 1 => {
+                let i = live.remove((j * 104_729) % live.len());
+                api.delete(&format!("bulk-{i}"), &Default::default())
+                    .await?;
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+async fn bulk(opts: &BenchOptions) -> Result<Report, HarnessError> {
+    use crate::harness::{AUTONOMOUS, MANAGED, SPOKE_NS, Topology, TopologyOptions, apps};
+    let ops = opts.changes;
+    let topo = Topology::start(TopologyOptions {
+        dir: opts.dir.clone(),
+        principal_args: opts.principal_args.clone(),
+        ..Default::default()
+    })
+    .await?;
+    let r = async {
+        let mut r = Report::new(Scenario::Bulk);
+        r.put("ops", ops);
+        // Managed: the user writes to the hub; the managed spoke must follow.
+        let started = Instant::now();
+        mixed_ops(&apps(&topo.hub, MANAGED)?, MANAGED, ops).await?;
+        let written = started.elapsed();
+        let want = spec_sums(&topo.hub, MANAGED);
+        until(
+            "the managed spoke equal to the hub",
+            Duration::from_secs(300),
+            || spec_sums(&topo.managed_spoke, SPOKE_NS) == want,
+        )
+        .await?;
+        r.put("managed_write_s", round2(written.as_secs_f64()));
+        r.put(
+            "managed_converged_s",
+            round2(started.elapsed().as_secs_f64()),
+        );
+        // Autonomous: the user writes to the spoke; the hub must follow.
+        let started = Instant::now();
+        mixed_ops(&apps(&topo.autonomous_spoke, SPOKE_NS)?, SPOKE_NS, ops).await?;
+        let written = started.elapsed();
+        let want = spec_sums(&topo.autonomous_spoke, SPOKE_NS);
+        until(
+            "the hub equal to the autonomous spoke",
+            Duration::from_secs(300),
+            || spec_sums(&topo.hub, AUTONOMOUS) == want,
+        )
+        .await?;
+        r.put("autonomous_write_s", round2(written.as_secs_f64()));
+        r.put(
+            "autonomous_converged_s",
+            round2(started.elapsed().as_secs_f64()),
+        );
+        Ok(r)
+    }
+    .await;
+    let logs = topo.logs();
+    topo.stop().await;
+    r.map_err(|e: HarnessError| format!("{e}\n{}", env::tail(&logs, 40)).into())
 }
