@@ -171,6 +171,16 @@ fn round2(x: f64) -> f64 {
 async fn until(
     what: &str,
     timeout: Duration,
+    f: impl FnMut() -> bool,
+) -> Result<Duration, HarnessError> {
+    poll_until(what, timeout, Duration::from_millis(20), f).await
+}
+
+/// [`until`] polling every `every` (latency measurements poll every millisecond).
+async fn poll_until(
+    what: &str,
+    timeout: Duration,
+    every: Duration,
     mut f: impl FnMut() -> bool,
 ) -> Result<Duration, HarnessError> {
     let started = Instant::now();
@@ -178,7 +188,7 @@ async fn until(
         if started.elapsed() > timeout {
             return Err(format!("timed out after {timeout:?} waiting for {what}").into());
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(every).await;
     }
     Ok(started.elapsed())
 }
@@ -580,7 +590,7 @@ async fn fanout(opts: &BenchOptions) -> Result<Report, HarnessError> {
                     json!({"sync": {"status": "Synced", "revision": marker}, "health": {"status": "Healthy"}}),
                 )?;
                 let ns = sim_name(i);
-                until(&format!("status {marker} of {ns}/{name} on the hub"), Duration::from_secs(30), || {
+                poll_until(&format!("status {marker} of {ns}/{name} on the hub"), Duration::from_secs(30), Duration::from_millis(1), || {
                     crate::harness::stored_app(&env.hub, &ns, &name)
                         .and_then(|a| a.pointer("/status/sync/revision").cloned())
                         .is_some_and(|r| r == marker.as_str())
