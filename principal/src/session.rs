@@ -30,7 +30,11 @@ static SESSION_IDS: AtomicU64 = AtomicU64::new(1);
 const HELLO_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Capabilities this principal offers.
-pub const CAPABILITIES: &[&str] = &["resync.v1", "operations.v1"];
+pub const CAPABILITIES: &[&str] = &[
+    "resync.v1",
+    "operations.v1",
+    argocd_agent_sync::redis::CAPABILITY,
+];
 
 /// Outbound messages buffered per session before the writer waits for the agent.
 const OUTBOUND_BUFFER: usize = 64;
@@ -42,6 +46,8 @@ pub struct SessionContext {
     pub tasks: TaskTracker,
     pub shutdown: CancellationToken,
     pub idle_timeout: Duration,
+    /// Requests (Redis proxy) waiting for one agent's answers at once.
+    pub max_requests_in_flight: usize,
 }
 
 type Outbound = mpsc::Sender<Result<CloudEvent, Status>>;
@@ -201,7 +207,17 @@ async fn run(
         state: state.clone(),
         session_id,
     };
-    send(tx, hub, &state, welcome(hub, &identity, &hello)).await?;
+    let welcome = welcome(hub, &identity, &hello);
+    let (direct_tx, mut direct_rx) = mpsc::channel(OUTBOUND_BUFFER);
+    if let Payload::Welcome(w) = &welcome.payload {
+        state.set_link(Arc::new(crate::link::AgentLink::new(
+            session_id,
+            direct_tx,
+            ctx.max_requests_in_flight,
+            w.capabilities.clone(),
+        )));
+    }
+    send(tx, hub, &state, welcome).await?;
 
     // 3. Resync.
     let resync_started = std::time::Instant::now();
@@ -246,6 +262,7 @@ async fn run(
             }
             _ = tx.closed() => return Ok(()),
             event = state.queue.next() => send(tx, hub, &state, event).await?,
+            Some(event) = direct_rx.recv() => send(tx, hub, &state, event).await?,
             msg = inbound.next() => {
                 let Some(msg) = msg else { return Ok(()) };
                 last_seen = tokio::time::Instant::now();
@@ -269,6 +286,7 @@ struct SessionGuard {
 
 impl Drop for SessionGuard {
     fn drop(&mut self) {
+        self.state.clear_link(self.session_id);
         self.hub.detach(&self.state, self.session_id);
         self.hub.metrics.connected_agents.dec();
         tracing::info!("agent disconnected");
@@ -340,6 +358,18 @@ async fn handle_event(
     tx: &Outbound,
 ) -> Result<(), Status> {
     let agent = &identity.agent;
+    // Answers to this session's requests: matched by request id within the session only,
+    // so an agent can only answer what was asked of it.
+    if matches!(event.ty, EventType::RedisResponse | EventType::RedisPush) {
+        // An error ends a subscription; single answers end their request anyway.
+        let last = matches!(&event.payload, Payload::RedisResponse(r)
+            if matches!(r.result, Some(pb::redis_response::Result::Error(_))));
+        let delivered = state.link().is_some_and(|l| l.answer(event, last));
+        if !delivered {
+            tracing::debug!("answer to an unknown or finished request dropped");
+        }
+        return Ok(());
+    }
     let started = std::time::Instant::now();
     let owner = event.resource.as_ref().map_or(OwnerRecord::Absent, |r| {
         hub.owner_record(&identity.agent, r)

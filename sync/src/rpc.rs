@@ -26,7 +26,8 @@ pub enum RpcError {
 
 /// Requests waiting for answers of type `T`, by request id.
 pub struct Pending<T> {
-    waiting: Mutex<Option<HashMap<String, mpsc::Sender<T>>>>,
+    /// Each waiting request's sender and whether it is a stream (many answers).
+    waiting: Mutex<Option<HashMap<String, (mpsc::Sender<T>, bool)>>>,
     limit: usize,
 }
 
@@ -54,9 +55,14 @@ impl<T> Pending<T> {
         })
     }
 
-    /// Registers request `id`; its answers (up to `buffer` unread) arrive on the ticket.
+    /// Registers request `id`; its answer arrives on the ticket. `stream`: `Some(buffer)`
+    /// for a request with many answers (up to `buffer` unread), `None` for one answer.
     /// Dropping the ticket forgets the request.
-    pub fn register(self: &Arc<Self>, id: &str, buffer: usize) -> Result<Ticket<T>, RpcError> {
+    pub fn register(
+        self: &Arc<Self>,
+        id: &str,
+        stream: Option<usize>,
+    ) -> Result<Ticket<T>, RpcError> {
         let mut guard = lock(&self.waiting);
         let Some(waiting) = guard.as_mut() else {
             return Err(RpcError::Disconnected);
@@ -64,8 +70,8 @@ impl<T> Pending<T> {
         if waiting.len() >= self.limit {
             return Err(RpcError::TooMany { limit: self.limit });
         }
-        let (tx, rx) = mpsc::channel(buffer.max(1));
-        waiting.insert(id.to_owned(), tx);
+        let (tx, rx) = mpsc::channel(stream.unwrap_or(1).max(1));
+        waiting.insert(id.to_owned(), (tx, stream.is_some()));
         Ok(Ticket {
             id: id.to_owned(),
             pending: self.clone(),
@@ -73,16 +79,17 @@ impl<T> Pending<T> {
         })
     }
 
-    /// Hands an answer to request `id`. `last`: the request is finished with this answer
-    /// (a unary reply, or the end of a stream).
+    /// Hands an answer to request `id`. A single-answer request is finished by it; a stream
+    /// only when `last`.
     pub fn deliver(&self, id: &str, answer: T, last: bool) -> Delivery {
         let mut guard = lock(&self.waiting);
         let Some(waiting) = guard.as_mut() else {
             return Delivery::Unknown;
         };
-        let Some(tx) = waiting.get(id) else {
+        let Some((tx, stream)) = waiting.get(id) else {
             return Delivery::Unknown;
         };
+        let last = last || !stream;
         let result = match tx.try_send(answer) {
             Ok(()) => Delivery::Delivered,
             Err(mpsc::error::TrySendError::Full(_)) => Delivery::Full,
@@ -166,10 +173,10 @@ mod tests {
     #[tokio::test]
     async fn answer_reaches_the_request_with_its_id() {
         let p = Pending::new(4);
-        let mut a = p.register("a", 1).unwrap();
-        let mut b = p.register("b", 1).unwrap();
-        assert_eq!(p.deliver("b", 2, true), Delivery::Delivered);
-        assert_eq!(p.deliver("a", 1, true), Delivery::Delivered);
+        let mut a = p.register("a", None).unwrap();
+        let mut b = p.register("b", None).unwrap();
+        assert_eq!(p.deliver("b", 2, false), Delivery::Delivered);
+        assert_eq!(p.deliver("a", 1, false), Delivery::Delivered);
         assert_eq!(a.answer(T).await, Ok(1));
         assert_eq!(b.answer(T).await, Ok(2));
         assert!(p.is_empty(), "unary requests are forgotten once answered");
@@ -179,18 +186,18 @@ mod tests {
     #[tokio::test]
     async fn close_fails_waiting_requests_at_once_and_refuses_new_ones() {
         let p: Arc<Pending<u8>> = Pending::new(4);
-        let mut a = p.register("a", 1).unwrap();
+        let mut a = p.register("a", None).unwrap();
         p.close();
         assert_eq!(a.answer(T).await, Err(RpcError::Disconnected));
-        assert!(matches!(p.register("b", 1), Err(RpcError::Disconnected)));
+        assert!(matches!(p.register("b", None), Err(RpcError::Disconnected)));
     }
 
     #[tokio::test]
     async fn limit_and_timeout_are_enforced_and_dropped_tickets_free_their_slot() {
         let p: Arc<Pending<u8>> = Pending::new(1);
-        let mut a = p.register("a", 1).unwrap();
+        let mut a = p.register("a", None).unwrap();
         assert_eq!(
-            p.register("b", 1).err(),
+            p.register("b", None).err(),
             Some(RpcError::TooMany { limit: 1 })
         );
         assert!(matches!(
@@ -198,13 +205,13 @@ mod tests {
             Err(RpcError::Timeout(_))
         ));
         drop(a);
-        assert!(p.register("b", 1).is_ok());
+        assert!(p.register("b", None).is_ok());
     }
 
     #[tokio::test]
     async fn stream_answers_arrive_in_order_and_overflow_is_dropped() {
         let p = Pending::new(1);
-        let mut s = p.register("s", 2).unwrap();
+        let mut s = p.register("s", Some(2)).unwrap();
         assert_eq!(p.deliver("s", 1, false), Delivery::Delivered);
         assert_eq!(p.deliver("s", 2, false), Delivery::Delivered);
         assert_eq!(p.deliver("s", 3, false), Delivery::Full);

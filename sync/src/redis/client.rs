@@ -15,8 +15,8 @@ use tokio::net::TcpStream;
 use super::resp::{self, Frame, FrameReader, Protocol, RespError};
 
 /// A byte stream to Redis (TCP or TLS over TCP).
-pub trait Io: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
-impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Io for T {}
+pub trait Io: AsyncRead + AsyncWrite + Unpin + Send + Sync + 'static {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + Sync + 'static> Io for T {}
 
 /// How long connecting (TCP and TLS) may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);

@@ -156,6 +156,12 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         decode(&mut self.buf, protocol, self.limit)
     }
 
+    /// Reads more bytes; false at end of stream.
+    pub async fn fill(&mut self) -> Result<bool, RespError> {
+        self.buf.reserve(READ_CHUNK);
+        Ok(self.io.read_buf(&mut self.buf).await? > 0)
+    }
+
     /// The next frame; `None` at a clean end of stream.
     pub async fn next(&mut self, protocol: Protocol) -> Result<Option<Frame>, RespError> {
         loop {
