@@ -67,6 +67,8 @@ pub struct Spoke {
     pub by_destination: bool,
     /// The agent's metrics.
     pub metrics: crate::metrics::Metrics,
+    /// This cluster's Redis, when the agent serves the principal's Redis proxy.
+    pub redis: Option<Arc<crate::redis::SpokeRedis>>,
     inner: Mutex<SpokeInner>,
 }
 
@@ -116,6 +118,7 @@ impl Spoke {
             policies: Policies::default(),
             by_destination: false,
             metrics: crate::metrics::Metrics::new(),
+            redis: None,
             inner: Mutex::new(SpokeInner::default()),
         }
     }
@@ -171,6 +174,29 @@ impl Spoke {
         } else {
             self.namespace.as_str()
         }
+    }
+
+    /// Argo CD's instance name (the part of its cache keys naming an Application) of the
+    /// local copy of the Application the principal names, if this agent holds it: the name
+    /// in Argo CD's namespace, `<namespace>_<name>` elsewhere.
+    pub fn redis_instance(&self, resource: &ResourceRef) -> Option<String> {
+        if resource.kind != ResourceKind::Application {
+            return None;
+        }
+        if !self.across_namespaces() && self.hub_namespace().as_ref() != Some(&resource.namespace)
+        {
+            return None;
+        }
+        let ns = self.local_namespace(resource);
+        let obj = self.cache.get(Some(ns), &resource.name)?;
+        if !self.relevant(&obj) {
+            return None;
+        }
+        Some(if ns == self.namespace.as_str() {
+            resource.name.clone()
+        } else {
+            format!("{ns}_{}", resource.name)
+        })
     }
 
     /// Local objects that take part in sync, by key.

@@ -149,3 +149,22 @@ impl RedisConn {
         self.next().await
     }
 }
+
+/// TLS for a Redis-speaking listener from a PEM certificate chain and key (read once at
+/// start).
+pub fn server_tls(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>, String> {
+    let chain = rustls_pki_types::CertificateDer::pem_file_iter(cert)
+        .map_err(|e| format!("{}: {e}", cert.display()))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("{}: {e}", cert.display()))?;
+    let key_der = rustls_pki_types::PrivateKeyDer::from_pem_file(key)
+        .map_err(|e| format!("{}: {e}", key.display()))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_no_client_auth()
+        .with_single_cert(chain, key_der)
+        .map_err(|e| format!("{}: {e}", cert.display()))?;
+    Ok(Arc::new(config))
+}
