@@ -5,3 +5,4 @@
 pub mod envoy;
 pub mod fake_argocd;
 pub mod harness;
+pub mod redis;

@@ -116,6 +116,28 @@ enum Reply {
     Error(String),
 }
 
+/// What fills a reply slot. Local replies are encoded when written, in the protocol the
+/// connection speaks by then (a pipelined `HELLO 3` before them has been answered).
+enum Out {
+    /// Bytes from the hub Redis, unchanged.
+    Raw(Bytes),
+    Reply(Reply),
+    /// A `subscribe` / `unsubscribe` confirmation with the subscription count.
+    PubSub(&'static str, Bytes, i64),
+}
+
+impl Out {
+    fn encode(self, protocol: Protocol) -> Bytes {
+        match self {
+            Out::Raw(b) => b,
+            Out::Reply(r) => r.encode(protocol),
+            Out::PubSub(kind, channel, count) => {
+                resp::pubsub(protocol, kind, &channel, PubSub::Count(count))
+            }
+        }
+    }
+}
+
 impl Reply {
     fn encode(&self, protocol: Protocol) -> Bytes {
         match self {
@@ -215,7 +237,7 @@ enum SlotKind {
 
 struct UpstreamSlot {
     kind: SlotKind,
-    tx: oneshot::Sender<Bytes>,
+    tx: oneshot::Sender<Out>,
 }
 
 /// State shared by one connection's tasks.
@@ -244,7 +266,7 @@ struct Subscription {
 struct Conn {
     proxy: Arc<Proxy>,
     shared: Arc<Shared>,
-    slots: mpsc::Sender<oneshot::Receiver<Bytes>>,
+    slots: mpsc::Sender<oneshot::Receiver<Out>>,
     oob: mpsc::Sender<Bytes>,
     upstream: WriteHalf<Box<dyn argocd_agent_sync::redis::client::Io>>,
     /// The hub Redis leg is in pub/sub mode (a subscribe was forwarded).
@@ -277,7 +299,7 @@ impl Proxy {
         let (slots_tx, slots_rx) = mpsc::channel(self.config.max_in_flight_per_connection.max(1));
         let (oob_tx, oob_rx) = mpsc::channel(OOB_BUFFER);
         let closed = shutdown.child_token();
-        let writer = tokio::spawn(write_client(client_w, slots_rx, oob_rx));
+        let writer = tokio::spawn(write_client(client_w, slots_rx, oob_rx, shared.clone()));
         let upstream_task = tokio::spawn(read_upstream(
             FrameReader::new(upstream_r, self.config.max_value_size),
             shared.clone(),
@@ -450,16 +472,16 @@ impl Conn {
                 Ok(Some(f)) => f,
                 Ok(None) => return Ok(()),
                 Err(e @ (RespError::Malformed(_) | RespError::TooLarge { .. })) => {
-                    self.ready(resp::error(&format!("ERR Protocol error: {e}")))
+                    self.ready(Out::Reply(Reply::Error(format!("ERR Protocol error: {e}"))))
                         .await;
                     return Err(e);
                 }
                 Err(e) => return Err(e),
             };
             let Some(args) = frame.command().filter(|a| !a.is_empty()) else {
-                self.ready(resp::error(
-                    "ERR Protocol error: expected a command (an array of bulk strings)",
-                ))
+                self.ready(Out::Reply(Reply::Error(
+                    "ERR Protocol error: expected a command (an array of bulk strings)".into(),
+                )))
                 .await;
                 continue;
             };
@@ -491,9 +513,9 @@ impl Conn {
     }
 
     /// Queues a reply that is ready now.
-    async fn ready(&self, bytes: Bytes) {
+    async fn ready(&self, out: Out) {
         let (tx, rx) = oneshot::channel();
-        let _ = tx.send(bytes);
+        let _ = tx.send(out);
         let _ = self.slots.send(rx).await;
     }
 
@@ -521,11 +543,9 @@ impl Conn {
     async fn local_get(&self, key: AppKey) {
         let (tx, rx) = oneshot::channel();
         let proxy = self.proxy.clone();
-        let shared = self.shared.clone();
         self.proxy.tasks.spawn(
             async move {
-                let reply = proxy.get(&key).await;
-                let _ = tx.send(reply.encode(shared.protocol()));
+                let _ = tx.send(Out::Reply(proxy.get(&key).await));
             }
             .instrument(tracing::Span::current()),
         );
@@ -550,19 +570,14 @@ impl Conn {
                 match self.start_subscription(channel.clone(), &key).await {
                     Ok(()) => {}
                     Err(reply) => {
-                        self.ready(reply.encode(self.shared.protocol())).await;
+                        self.ready(Out::Reply(reply)).await;
                         continue;
                     }
                 }
             }
             let count = i64::try_from(self.subscriptions.len()).unwrap_or(i64::MAX);
-            let frame = resp::pubsub(
-                self.shared.protocol(),
-                "subscribe",
-                channel,
-                PubSub::Count(count),
-            );
-            self.ready(frame).await;
+            self.ready(Out::PubSub("subscribe", channel.clone(), count))
+                .await;
         }
         Ok(())
     }
@@ -668,13 +683,7 @@ impl Conn {
                 s.stop.cancel();
             }
             let count = i64::try_from(self.subscriptions.len()).unwrap_or(i64::MAX);
-            let frame = resp::pubsub(
-                self.shared.protocol(),
-                "unsubscribe",
-                &channel,
-                PubSub::Count(count),
-            );
-            self.ready(frame).await;
+            self.ready(Out::PubSub("unsubscribe", channel, count)).await;
         }
         Ok(())
     }
@@ -683,10 +692,11 @@ impl Conn {
 /// Writes replies in command order, and out-of-band frames as they come.
 async fn write_client<W: AsyncWrite + Unpin>(
     mut w: W,
-    mut slots: mpsc::Receiver<oneshot::Receiver<Bytes>>,
+    mut slots: mpsc::Receiver<oneshot::Receiver<Out>>,
     mut oob: mpsc::Receiver<Bytes>,
+    shared: Arc<Shared>,
 ) -> std::io::Result<()> {
-    let mut current: Option<oneshot::Receiver<Bytes>> = None;
+    let mut current: Option<oneshot::Receiver<Out>> = None;
     loop {
         tokio::select! {
             biased;
@@ -696,8 +706,8 @@ async fn write_client<W: AsyncWrite + Unpin>(
             }
             reply = async { current.as_mut().expect("guarded").await }, if current.is_some() => {
                 current = None;
-                if let Ok(bytes) = reply {
-                    w.write_all(&bytes).await?;
+                if let Ok(out) = reply {
+                    w.write_all(&out.encode(shared.protocol())).await?;
                     w.flush().await?;
                 }
             }
@@ -756,7 +766,7 @@ async fn read_upstream<R: AsyncRead + Unpin>(
                     SlotKind::Hello(p) if !frame.is_error() => *lock(&shared.protocol) = p,
                     _ => {}
                 }
-                let _ = slot.tx.send(frame.raw);
+                let _ = slot.tx.send(Out::Raw(frame.raw));
             }
             None => {
                 if oob.send(frame.raw).await.is_err() {

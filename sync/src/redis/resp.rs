@@ -3,8 +3,8 @@
 //! module only adds buffering, the limit, and one view over both protocol versions.
 
 use bytes::{Bytes, BytesMut};
-use redis_protocol::resp2::types::BytesFrame as Frame2;
-use redis_protocol::resp3::types::BytesFrame as Frame3;
+pub use redis_protocol::resp2::types::BytesFrame as Frame2;
+pub use redis_protocol::resp3::types::BytesFrame as Frame3;
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 /// The RESP version a connection speaks (RESP3 after a successful `HELLO 3`).
@@ -149,6 +149,11 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             buf: BytesMut::with_capacity(READ_CHUNK),
             limit,
         }
+    }
+
+    /// The underlying stream.
+    pub fn get_mut(&mut self) -> &mut R {
+        &mut self.io
     }
 
     /// Decodes one frame from what is buffered, if complete.
