@@ -15,7 +15,9 @@ use argocd_agent_identity::Namespace;
 use argocd_agent_proto::cloudevents::CloudEvent;
 use argocd_agent_proto::cloudevents::cloud_event::cloud_event_attribute_value::Attr;
 use argocd_agent_proto::cloudevents::cloud_event::{CloudEventAttributeValue, Data};
-use argocd_agent_proto::eventstream::{ErrorDetail, Hello, RedisRequest, RedisResponse, Welcome};
+use argocd_agent_proto::eventstream::{
+    ClusterCacheInfo, ErrorDetail, Hello, RedisRequest, RedisResponse, Welcome,
+};
 use argocd_agent_proto::prost::Message;
 
 /// Prefix of every event type.
@@ -74,6 +76,8 @@ pub enum EventType {
     /// Agent -> principal: a message of the subscription named by `ackid` (payload
     /// [`RedisResponse`]).
     RedisPush,
+    /// Agent -> principal: its cluster's cache counts (payload [`ClusterCacheInfo`]).
+    ClusterCacheInfoUpdate,
 }
 
 impl EventType {
@@ -99,6 +103,7 @@ impl EventType {
             EventType::RedisRequest => "redis-request",
             EventType::RedisResponse => "redis-response",
             EventType::RedisPush => "redis-push",
+            EventType::ClusterCacheInfoUpdate => "cluster-cache-info-update",
         }
     }
 
@@ -125,6 +130,7 @@ impl EventType {
             "redis-request" => EventType::RedisRequest,
             "redis-response" => EventType::RedisResponse,
             "redis-push" => EventType::RedisPush,
+            "cluster-cache-info-update" => EventType::ClusterCacheInfoUpdate,
             _ => return None,
         })
     }
@@ -179,6 +185,7 @@ pub enum Payload {
     Error(ErrorDetail),
     RedisRequest(RedisRequest),
     RedisResponse(RedisResponse),
+    ClusterCacheInfo(ClusterCacheInfo),
 }
 
 /// One event, decoded and validated.
@@ -322,6 +329,7 @@ impl Event {
             Payload::Error(e) => Some(Data::BinaryData(e.encode_to_vec())),
             Payload::RedisRequest(r) => Some(Data::BinaryData(r.encode_to_vec())),
             Payload::RedisResponse(r) => Some(Data::BinaryData(r.encode_to_vec())),
+            Payload::ClusterCacheInfo(c) => Some(Data::BinaryData(c.encode_to_vec())),
         };
         if matches!(
             self.payload,
@@ -330,6 +338,7 @@ impl Event {
                 | Payload::Error(_)
                 | Payload::RedisRequest(_)
                 | Payload::RedisResponse(_)
+                | Payload::ClusterCacheInfo(_)
         ) {
             attributes.insert(
                 ATTR_CONTENT_TYPE.into(),
@@ -516,6 +525,9 @@ fn decode_payload(id: &str, ty: EventType, data: Option<Data>) -> Result<Payload
         }
         EventType::RedisResponse | EventType::RedisPush => Payload::RedisResponse(
             RedisResponse::decode(proto).map_err(|e| bad(e.to_string()))?,
+        ),
+        EventType::ClusterCacheInfoUpdate => Payload::ClusterCacheInfo(
+            ClusterCacheInfo::decode(proto).map_err(|e| bad(e.to_string()))?,
         ),
         _ => match bytes {
             None => Payload::None,

@@ -123,6 +123,27 @@ pub mod redis_response {
         Error(::prost::alloc::string::String),
     }
 }
+/// Payload of a `cluster-cache-info-update` (agent -> principal, every
+/// `--cache-refresh-interval`): what the agent's cluster looks like to its Argo CD, for the
+/// cluster info the hub's Argo CD shows.
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ClusterCacheInfo {
+    /// Applications the agent holds.
+    #[prost(int64, tag = "1")]
+    pub applications_count: i64,
+    /// From the agent's Argo CD cluster cache (0 when unknown).
+    #[prost(int64, tag = "2")]
+    pub apis_count: i64,
+    #[prost(int64, tag = "3")]
+    pub resources_count: i64,
+    /// When that cache last synced (RFC 3339), if known.
+    #[prost(string, tag = "4")]
+    pub last_cache_sync_time: ::prost::alloc::string::String,
+    /// The cluster's Kubernetes version, if known.
+    #[prost(string, tag = "5")]
+    pub server_version: ::prost::alloc::string::String,
+}
 #[allow(clippy::all)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]
 #[repr(i32)]

@@ -4,6 +4,7 @@
 //! TLS and AUTH ([`client`]).
 
 pub mod client;
+pub mod clusterinfo;
 pub mod key;
 pub mod resp;
 
