@@ -103,8 +103,14 @@ pub async fn run(
     let (direct_tx, mut direct_rx) = mpsc::channel(OUTBOUND_BUFFER);
     let requests = tokio_util::sync::CancellationToken::new();
     let _end_requests = requests.clone().drop_guard();
+    let mut cache_report = tokio::time::interval(config.cache_refresh_interval);
+    cache_report.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let out = tokio::select! {
+            _ = cache_report.tick() => {
+                report_cache_info(spoke, &direct_tx);
+                None
+            }
             event = spoke.queue.next() => Some(event),
             Some(event) = direct_rx.recv() => Some(event),
             _ = heartbeat.tick() => Some(Event::new(&spoke.source, EventType::Ping, Payload::None)),
@@ -140,6 +146,26 @@ pub async fn run(
                 .map_err(|_| SessionError::Closed)?;
         }
     }
+}
+
+/// Sends the cluster's cache counts (read from the cluster's Redis when configured) beside
+/// the queue; a report that cannot be queued at once is skipped (the next one follows).
+fn report_cache_info(spoke: &Spoke, out: &mpsc::Sender<Event>) {
+    let apps = i64::try_from(spoke.app_count()).unwrap_or(i64::MAX);
+    let (redis, source, out) = (spoke.redis.clone(), spoke.source.clone(), out.clone());
+    tokio::spawn(async move {
+        let mut info = match redis {
+            Some(r) => r.cluster_counts().await,
+            None => pb::ClusterCacheInfo::default(),
+        };
+        info.applications_count = apps;
+        let event = Event::new(
+            &source,
+            EventType::ClusterCacheInfoUpdate,
+            Payload::ClusterCacheInfo(info),
+        );
+        let _ = out.try_send(event);
+    });
 }
 
 /// Starts answering a Redis request (without holding up the stream); without a configured

@@ -93,6 +93,8 @@ pub struct AgentConfig {
     /// This cluster's Redis, to answer the principal's Redis proxy (`--redis-addr`; `None`:
     /// the agent does not announce the capability).
     pub redis: Option<redis::RedisConfig>,
+    /// How often the agent reports its cluster's cache counts (`--cache-refresh-interval`).
+    pub cache_refresh_interval: Duration,
 }
 
 impl Default for AgentConfig {
@@ -118,6 +120,7 @@ impl Default for AgentConfig {
             policies: policy::Policies::default(),
             destination_based_mapping: false,
             redis: None,
+            cache_refresh_interval: Duration::from_secs(10),
         }
     }
 }

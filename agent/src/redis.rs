@@ -9,7 +9,10 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use argocd_agent_proto::eventstream::{RedisCommand, RedisRequest, RedisResponse, redis_response};
+use argocd_agent_proto::eventstream::{
+    ClusterCacheInfo, RedisCommand, RedisRequest, RedisResponse, redis_response,
+};
+use argocd_agent_sync::redis::clusterinfo::{self, Compression};
 use argocd_agent_sync::redis::{AppKey, AppKeyKind, RedisConn, RedisEndpoint};
 use argocd_agent_sync::{Event, EventType, Payload};
 use tokio::sync::mpsc;
@@ -236,6 +239,36 @@ impl SpokeRedis {
             this.forget(&request.id);
         });
         redis_response::Result::Nil(true)
+    }
+
+    /// This cluster's cache counts as its Argo CD recorded them (its cluster info for the
+    /// in-cluster server, compressed or not); zeros when unknown.
+    pub async fn cluster_counts(&self) -> ClusterCacheInfo {
+        let mut info = ClusterCacheInfo::default();
+        for compression in [Compression::Gzip, Compression::None] {
+            let key = clusterinfo::key(clusterinfo::IN_CLUSTER, compression);
+            let redis_response::Result::Value(bytes) = self.get(&key).await else {
+                continue;
+            };
+            let Some(doc) = clusterinfo::decode(&bytes, compression) else {
+                continue;
+            };
+            let int = |p: &str| doc.pointer(p).and_then(serde_json::Value::as_i64).unwrap_or(0);
+            info.apis_count = int("/cacheInfo/apisCount");
+            info.resources_count = int("/cacheInfo/resourcesCount");
+            info.last_cache_sync_time = doc
+                .pointer("/cacheInfo/lastCacheSyncTime")
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or_default()
+                .to_owned();
+            info.server_version = doc
+                .pointer("/serverVersion")
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or_default()
+                .to_owned();
+            break;
+        }
+        info
     }
 
     fn forget(&self, id: &str) {

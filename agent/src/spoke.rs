@@ -199,6 +199,11 @@ impl Spoke {
         })
     }
 
+    /// Applications this agent holds.
+    pub fn app_count(&self) -> usize {
+        self.local().len()
+    }
+
     /// Local objects that take part in sync, by key.
     fn local(&self) -> HashMap<String, Arc<DynamicObject>> {
         let objects = if self.across_namespaces() {

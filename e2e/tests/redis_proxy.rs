@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use argocd_agent_e2e::harness::*;
 use argocd_agent_e2e::redis::{RedisServer, redis_cli, redis_cli_bin};
+use argocd_agent_sync::redis::clusterinfo::{self, Compression};
 use argocd_agent_sync::redis::resp::Value;
 use argocd_agent_sync::redis::{Frame, FrameReader, Protocol, RedisConn, RedisEndpoint};
 use kube::api::PostParams;
@@ -110,6 +111,7 @@ async fn redis_proxy_routes_application_keys_to_the_owning_agent() {
             "--redis-proxy-request-timeout".into(),
             "5s".into(),
         ],
+        agent_args: vec!["--cache-refresh-interval".into(), "1s".into()],
         per_agent_args: vec![
             (MANAGED, vec!["--redis-addr".into(), managed_redis.addr()]),
             (AUTONOMOUS, vec!["--redis-addr".into(), autonomous_redis.addr()]),
@@ -239,8 +241,43 @@ async fn redis_proxy_routes_application_keys_to_the_owning_agent() {
         assert!(seen.contains(&"message".to_owned()), "{seen:?}");
         assert!(seen.contains(&channel), "{seen:?}");
 
-        // 7. Agent offline: a prompt error, never a hang.
-        topo.managed.as_mut().unwrap().stop().await;
+        // 7. Cluster info: Successful with the agent's counts (Applications it holds; APIs
+        // and resources from its Argo CD's own cluster info) where argocd-server reads it.
+        let spoke_info = serde_json::json!({
+            "connectionState": {"status": "Successful"},
+            "cacheInfo": {"resourcesCount": 42, "apisCount": 7},
+            "serverVersion": "1.33",
+        });
+        set(managed_redis, &clusterinfo::key(clusterinfo::IN_CLUSTER, Compression::Gzip),
+            &clusterinfo::encode(&spoke_info, Compression::Gzip)).await;
+        let hub_key = clusterinfo::key(
+            &format!("https://argocd-agent-resource-proxy:9090?agentName={MANAGED}"),
+            Compression::Gzip,
+        );
+        let info = |want: &'static str| {
+            let hub_key = hub_key.clone();
+            let hub_redis = &hub_redis;
+            async move {
+                let v = conn(hub_redis).await.command(&[b"GET", hub_key.as_bytes()]).await.ok()?;
+                let doc = clusterinfo::decode(&v.into_value().ok()??, Compression::Gzip)?;
+                (doc["connectionState"]["status"] == want).then_some(doc)
+            }
+        };
+        let doc = eventually("cluster info Successful with counts", T, || async {
+            info("Successful").await.filter(|d| d["cacheInfo"]["resourcesCount"] == 42)
+        })
+        .await?;
+        assert_eq!(doc["applicationsCount"], 1, "{doc}");
+        assert_eq!(doc["cacheInfo"]["apisCount"], 7, "{doc}");
+        assert_eq!(doc["serverVersion"], "1.33", "{doc}");
+
+        // 8. Agent offline: a prompt error, never a hang; cluster info Failed within 5 s.
+        // Killed, not stopped: the agent gets no chance to say goodbye.
+        let cut = Instant::now();
+        topo.managed.as_mut().unwrap().kill().await;
+        eventually("cluster info Failed", Duration::from_secs(5), || info("Failed")).await?;
+        let failed_after = cut.elapsed();
+        assert!(failed_after < Duration::from_secs(5), "Failed after {failed_after:?}");
         eventually("the principal saw the managed agent leave", T, || async {
             let (out, _, _) = cli_get(proxy_port, &[], &tree_key).await;
             out.contains("not connected").then_some(())

@@ -11,6 +11,7 @@
 
 pub mod admin;
 pub mod auth;
+pub mod clusterinfo;
 pub mod config;
 pub mod error;
 pub mod hub;
@@ -225,6 +226,16 @@ pub async fn start(
         }
         None => None,
     };
+    // Agents' cluster info goes to the hub Redis the proxy fronts.
+    let cluster_info = config.redis_proxy.as_ref().map(|r| {
+        let writer = clusterinfo::ClusterInfoWriter::new(
+            r.upstream.clone(),
+            r.compression,
+            r.cluster_server_template.clone(),
+        );
+        tasks.spawn(writer.clone().refresh(hub.clone(), shutdown.clone()));
+        writer
+    });
     let redis_proxy_addr = match &config.redis_proxy {
         Some(redis) => Some(
             redisproxy::serve(redis.clone(), hub.clone(), &tasks, shutdown.clone())
@@ -264,6 +275,7 @@ pub async fn start(
         tasks: tasks.clone(),
         shutdown: shutdown.clone(),
         idle_timeout: config.idle_timeout,
+        cluster_info: cluster_info.clone(),
         max_requests_in_flight: config
             .redis_proxy
             .as_ref()

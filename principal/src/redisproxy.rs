@@ -64,6 +64,10 @@ pub struct RedisProxyConfig {
     pub idle_timeout: Duration,
     /// Client connections at once.
     pub max_connections: usize,
+    /// The hub Argo CD's Redis compression (for the cluster info the principal writes).
+    pub compression: argocd_agent_sync::redis::clusterinfo::Compression,
+    /// Server URL of an agent's cluster in Argo CD (`{agent}` is replaced by its name).
+    pub cluster_server_template: String,
 }
 
 impl Default for RedisProxyConfig {
@@ -81,6 +85,8 @@ impl Default for RedisProxyConfig {
             request_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(30 * 60),
             max_connections: 1024,
+            compression: Default::default(),
+            cluster_server_template: crate::clusterinfo::DEFAULT_SERVER_TEMPLATE.into(),
         }
     }
 }

@@ -233,6 +233,22 @@ struct RedisProxyArgs {
     /// Close client connections silent for this long (never while subscribed).
     #[arg(long, default_value = "30m", value_parser = parse_duration)]
     redis_proxy_idle_timeout: Duration,
+    /// The hub Argo CD's Redis compression (`redis.compression`): `gzip` or `none`; the
+    /// agents' cluster info is written in it.
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_REDIS_COMPRESSION_TYPE",
+        default_value = "gzip"
+    )]
+    redis_compression_type: argocd_agent_sync::redis::clusterinfo::Compression,
+    /// Server URL of an agent's cluster in Argo CD (its cluster Secret's `server`);
+    /// `{agent}` is replaced by the agent's name. Cluster info is written under it.
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_CLUSTER_SERVER_URL_TEMPLATE",
+        default_value = argocd_agent_principal::clusterinfo::DEFAULT_SERVER_TEMPLATE
+    )]
+    cluster_server_url_template: String,
 }
 
 impl RedisProxyArgs {
@@ -270,6 +286,8 @@ impl RedisProxyArgs {
             max_in_flight_per_agent: self.redis_proxy_max_in_flight_per_agent,
             request_timeout: self.redis_proxy_request_timeout,
             idle_timeout: self.redis_proxy_idle_timeout,
+            compression: self.redis_compression_type,
+            cluster_server_template: self.cluster_server_url_template.clone(),
             ..Default::default()
         }))
     }
@@ -294,6 +312,10 @@ struct AgentRedisArgs {
     /// Largest value read and sent to the principal, in bytes.
     #[arg(long, default_value_t = 64 * 1024 * 1024)]
     redis_max_value_size: usize,
+    /// How often to report this cluster's cache counts (Applications; APIs and resources
+    /// from the cluster's Redis) for the hub's cluster info.
+    #[arg(long, env = "ARGOCD_AGENT_CACHE_REFRESH_INTERVAL", default_value = "10s", value_parser = parse_duration)]
+    cache_refresh_interval: Duration,
 }
 
 impl AgentRedisArgs {
@@ -665,6 +687,10 @@ async fn serve_agent(a: AgentArgs) -> CmdResult {
         },
         destination_based_mapping: a.destination_based_mapping,
         redis: a.redis.config()?,
+        cache_refresh_interval: match a.redis.cache_refresh_interval {
+            d if d.is_zero() => return Err("--cache-refresh-interval must be above 0".into()),
+            d => d,
+        },
         ..Default::default()
     };
     let shutdown = shutdown_token();
