@@ -253,7 +253,11 @@ impl SpokeRedis {
             let Some(doc) = clusterinfo::decode(&bytes, compression) else {
                 continue;
             };
-            let int = |p: &str| doc.pointer(p).and_then(serde_json::Value::as_i64).unwrap_or(0);
+            let int = |p: &str| {
+                doc.pointer(p)
+                    .and_then(serde_json::Value::as_i64)
+                    .unwrap_or(0)
+            };
             info.apis_count = int("/cacheInfo/apisCount");
             info.resources_count = int("/cacheInfo/resourcesCount");
             info.last_cache_sync_time = doc

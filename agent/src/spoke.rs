@@ -183,8 +183,7 @@ impl Spoke {
         if resource.kind != ResourceKind::Application {
             return None;
         }
-        if !self.across_namespaces() && self.hub_namespace().as_ref() != Some(&resource.namespace)
-        {
+        if !self.across_namespaces() && self.hub_namespace().as_ref() != Some(&resource.namespace) {
             return None;
         }
         let ns = self.local_namespace(resource);

@@ -114,7 +114,10 @@ async fn redis_proxy_routes_application_keys_to_the_owning_agent() {
         agent_args: vec!["--cache-refresh-interval".into(), "1s".into()],
         per_agent_args: vec![
             (MANAGED, vec!["--redis-addr".into(), managed_redis.addr()]),
-            (AUTONOMOUS, vec!["--redis-addr".into(), autonomous_redis.addr()]),
+            (
+                AUTONOMOUS,
+                vec!["--redis-addr".into(), autonomous_redis.addr()],
+            ),
         ],
         ..Default::default()
     })
@@ -141,25 +144,63 @@ async fn redis_proxy_routes_application_keys_to_the_owning_agent() {
 
         // Each spoke's Argo CD writes keys with its own instance names (Applications in
         // Argo CD's namespace: the bare name).
-        set(&managed_redis, &format!("app|resources-tree|guestbook{SUFFIX}"), TREE).await;
-        set(&autonomous_redis, "app|resources-tree|edge|1.8.3", b"edge-tree").await;
+        set(
+            &managed_redis,
+            &format!("app|resources-tree|guestbook{SUFFIX}"),
+            TREE,
+        )
+        .await;
+        set(
+            &autonomous_redis,
+            "app|resources-tree|edge|1.8.3",
+            b"edge-tree",
+        )
+        .await;
         // Traps: the same names in the wrong places must never be served.
-        set(&autonomous_redis, &format!("app|resources-tree|guestbook{SUFFIX}"), b"WRONG-agent").await;
-        set(&hub_redis, &format!("app|resources-tree|{MANAGED}_guestbook{SUFFIX}"), b"WRONG-hub").await;
+        set(
+            &autonomous_redis,
+            &format!("app|resources-tree|guestbook{SUFFIX}"),
+            b"WRONG-agent",
+        )
+        .await;
+        set(
+            &hub_redis,
+            &format!("app|resources-tree|{MANAGED}_guestbook{SUFFIX}"),
+            b"WRONG-hub",
+        )
+        .await;
         set(&hub_redis, "plain-key", b"hub-value").await;
 
         let tree_key = format!("app|resources-tree|{MANAGED}_guestbook{SUFFIX}");
         // 1. GET through the proxy returns the managed spoke's bytes, unchanged.
         let (_, raw, _) = cli_get(proxy_port, &[], &tree_key).await;
         assert_eq!(&raw[..raw.len() - 1], TREE, "redis-cli GET of the tree key");
-        let (edge, _, _) = cli_get(proxy_port, &[], &format!("app|resources-tree|{AUTONOMOUS}_edge|1.8.3")).await;
-        assert_eq!(edge, "edge-tree", "autonomous agent's key from its own Redis");
+        let (edge, _, _) = cli_get(
+            proxy_port,
+            &[],
+            &format!("app|resources-tree|{AUTONOMOUS}_edge|1.8.3"),
+        )
+        .await;
+        assert_eq!(
+            edge, "edge-tree",
+            "autonomous agent's key from its own Redis"
+        );
 
         // 2. Ownership: an Application that does not exist in a namespace is a cache miss,
         // never another agent's value; unknown Applications too.
-        let (miss, _, _) = cli_get(proxy_port, &[], &format!("app|resources-tree|{AUTONOMOUS}_guestbook{SUFFIX}")).await;
+        let (miss, _, _) = cli_get(
+            proxy_port,
+            &[],
+            &format!("app|resources-tree|{AUTONOMOUS}_guestbook{SUFFIX}"),
+        )
+        .await;
         assert_eq!(miss, "", "guestbook is not the autonomous agent's: nil");
-        let (miss, _, _) = cli_get(proxy_port, &[], &format!("app|managed-resources|{MANAGED}_nope")).await;
+        let (miss, _, _) = cli_get(
+            proxy_port,
+            &[],
+            &format!("app|managed-resources|{MANAGED}_nope"),
+        )
+        .await;
         assert_eq!(miss, "");
 
         // 3. Everything else reaches the hub Redis, writes included.
@@ -167,7 +208,10 @@ async fn redis_proxy_routes_application_keys_to_the_owning_agent() {
         assert_eq!(plain, "hub-value");
         let out = redis_cli(proxy_port, &[b"SET", b"via-proxy", b"1"]).await?;
         assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "OK");
-        let v = conn(&hub_redis).await.command(&[b"GET", b"via-proxy"]).await?;
+        let v = conn(&hub_redis)
+            .await
+            .command(&[b"GET", b"via-proxy"])
+            .await?;
         assert_eq!(v.into_value().unwrap().as_deref(), Some(&b"1"[..]));
 
         // 4. RESP3: redis-cli -3, and a raw HELLO 3 client pipelining hub and agent commands.
@@ -177,14 +221,38 @@ async fn redis_proxy_routes_application_keys_to_the_owning_agent() {
         let mut pipeline = cmd(&[b"HELLO", b"3"]);
         pipeline.extend(cmd(&[b"GET", tree_key.as_bytes()]));
         pipeline.extend(cmd(&[b"GET", b"plain-key"]));
-        pipeline.extend(cmd(&[b"GET", format!("app|managed-resources|{MANAGED}_nope").as_bytes()]));
+        pipeline.extend(cmd(&[
+            b"GET",
+            format!("app|managed-resources|{MANAGED}_nope").as_bytes(),
+        ]));
         pipeline.extend(cmd(&[b"PING"]));
         raw.send(&pipeline).await;
         let hello = raw.frame(Protocol::Resp3).await;
-        assert!(matches!(hello.value, Value::V3(_)) && !hello.is_error(), "{hello:?}");
-        assert_eq!(raw.frame(Protocol::Resp3).await.into_value().unwrap().as_deref(), Some(TREE));
-        assert_eq!(raw.frame(Protocol::Resp3).await.into_value().unwrap().as_deref(), Some(&b"hub-value"[..]));
-        assert_eq!(&raw.frame(Protocol::Resp3).await.raw[..], b"_\r\n", "RESP3 null");
+        assert!(
+            matches!(hello.value, Value::V3(_)) && !hello.is_error(),
+            "{hello:?}"
+        );
+        assert_eq!(
+            raw.frame(Protocol::Resp3)
+                .await
+                .into_value()
+                .unwrap()
+                .as_deref(),
+            Some(TREE)
+        );
+        assert_eq!(
+            raw.frame(Protocol::Resp3)
+                .await
+                .into_value()
+                .unwrap()
+                .as_deref(),
+            Some(&b"hub-value"[..])
+        );
+        assert_eq!(
+            &raw.frame(Protocol::Resp3).await.raw[..],
+            b"_\r\n",
+            "RESP3 null"
+        );
         assert_eq!(&raw.frame(Protocol::Resp3).await.raw[..], b"+PONG\r\n");
 
         // 5. RESP2 pipelining: replies in command order, agent and hub interleaved.
@@ -196,8 +264,22 @@ async fn redis_proxy_routes_application_keys_to_the_owning_agent() {
         }
         raw.send(&pipeline).await;
         for _ in 0..20 {
-            assert_eq!(raw.frame(Protocol::Resp2).await.into_value().unwrap().as_deref(), Some(TREE));
-            assert_eq!(raw.frame(Protocol::Resp2).await.into_value().unwrap().as_deref(), Some(&b"hub-value"[..]));
+            assert_eq!(
+                raw.frame(Protocol::Resp2)
+                    .await
+                    .into_value()
+                    .unwrap()
+                    .as_deref(),
+                Some(TREE)
+            );
+            assert_eq!(
+                raw.frame(Protocol::Resp2)
+                    .await
+                    .into_value()
+                    .unwrap()
+                    .as_deref(),
+                Some(&b"hub-value"[..])
+            );
         }
         // A malformed frame gets a RESP error, not a hang or a crash.
         let mut bad = Raw::connect(proxy_port).await;
@@ -208,7 +290,14 @@ async fn redis_proxy_routes_application_keys_to_the_owning_agent() {
         // publishes on its own key name when the tree changes.
         let channel = format!("app|managed-resources|{MANAGED}_guestbook|1.8.3");
         let mut sub = tokio::process::Command::new(redis_cli_bin()?)
-            .args(["-h", "127.0.0.1", "-p", &proxy_port.to_string(), "SUBSCRIBE", &channel])
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &proxy_port.to_string(),
+                "SUBSCRIBE",
+                &channel,
+            ])
             .stdout(std::process::Stdio::piped())
             .kill_on_drop(true)
             .spawn()?;
@@ -218,9 +307,14 @@ async fn redis_proxy_routes_application_keys_to_the_owning_agent() {
             let spoke_key = "app|managed-resources|guestbook|1.8.3";
             async move {
                 let mut spoke = conn(managed_redis).await;
-                let n = spoke.command(&[b"PUBLISH", spoke_key.as_bytes(), b"changed"]).await.ok()?;
+                let n = spoke
+                    .command(&[b"PUBLISH", spoke_key.as_bytes(), b"changed"])
+                    .await
+                    .ok()?;
                 match n.value {
-                    Value::V2(argocd_agent_sync::redis::resp::Frame2::Integer(n)) if n > 0 => Some(()),
+                    Value::V2(argocd_agent_sync::redis::resp::Frame2::Integer(n)) if n > 0 => {
+                        Some(())
+                    }
                     _ => None,
                 }
             }
@@ -248,8 +342,12 @@ async fn redis_proxy_routes_application_keys_to_the_owning_agent() {
             "cacheInfo": {"resourcesCount": 42, "apisCount": 7},
             "serverVersion": "1.33",
         });
-        set(managed_redis, &clusterinfo::key(clusterinfo::IN_CLUSTER, Compression::Gzip),
-            &clusterinfo::encode(&spoke_info, Compression::Gzip)).await;
+        set(
+            managed_redis,
+            &clusterinfo::key(clusterinfo::IN_CLUSTER, Compression::Gzip),
+            &clusterinfo::encode(&spoke_info, Compression::Gzip),
+        )
+        .await;
         let hub_key = clusterinfo::key(
             &format!("https://argocd-agent-resource-proxy:9090?agentName={MANAGED}"),
             Compression::Gzip,
@@ -258,13 +356,19 @@ async fn redis_proxy_routes_application_keys_to_the_owning_agent() {
             let hub_key = hub_key.clone();
             let hub_redis = &hub_redis;
             async move {
-                let v = conn(hub_redis).await.command(&[b"GET", hub_key.as_bytes()]).await.ok()?;
+                let v = conn(hub_redis)
+                    .await
+                    .command(&[b"GET", hub_key.as_bytes()])
+                    .await
+                    .ok()?;
                 let doc = clusterinfo::decode(&v.into_value().ok()??, Compression::Gzip)?;
                 (doc["connectionState"]["status"] == want).then_some(doc)
             }
         };
         let doc = eventually("cluster info Successful with counts", T, || async {
-            info("Successful").await.filter(|d| d["cacheInfo"]["resourcesCount"] == 42)
+            info("Successful")
+                .await
+                .filter(|d| d["cacheInfo"]["resourcesCount"] == 42)
         })
         .await?;
         assert_eq!(doc["applicationsCount"], 1, "{doc}");
@@ -275,9 +379,15 @@ async fn redis_proxy_routes_application_keys_to_the_owning_agent() {
         // Killed, not stopped: the agent gets no chance to say goodbye.
         let cut = Instant::now();
         topo.managed.as_mut().unwrap().kill().await;
-        eventually("cluster info Failed", Duration::from_secs(5), || info("Failed")).await?;
+        eventually("cluster info Failed", Duration::from_secs(5), || {
+            info("Failed")
+        })
+        .await?;
         let failed_after = cut.elapsed();
-        assert!(failed_after < Duration::from_secs(5), "Failed after {failed_after:?}");
+        assert!(
+            failed_after < Duration::from_secs(5),
+            "Failed after {failed_after:?}"
+        );
         eventually("the principal saw the managed agent leave", T, || async {
             let (out, _, _) = cli_get(proxy_port, &[], &tree_key).await;
             out.contains("not connected").then_some(())
@@ -288,9 +398,17 @@ async fn redis_proxy_routes_application_keys_to_the_owning_agent() {
         assert!(took < Duration::from_secs(2), "offline error took {took:?}");
         // The subscribed client is closed so it subscribes again later.
         let ended = tokio::time::timeout(Duration::from_secs(10), sub.wait()).await;
-        assert!(ended.is_ok(), "subscribed client not closed after the agent left");
+        assert!(
+            ended.is_ok(),
+            "subscribed client not closed after the agent left"
+        );
         // Other agents and the hub keep working.
-        let (edge, _, _) = cli_get(proxy_port, &[], &format!("app|resources-tree|{AUTONOMOUS}_edge|1.8.3")).await;
+        let (edge, _, _) = cli_get(
+            proxy_port,
+            &[],
+            &format!("app|resources-tree|{AUTONOMOUS}_edge|1.8.3"),
+        )
+        .await;
         assert_eq!(edge, "edge-tree");
         Ok::<(), HarnessError>(())
     }

@@ -34,7 +34,11 @@ pub enum Connection {
 }
 
 /// The cluster info document (Argo CD's `ClusterInfo` JSON).
-pub fn document(connection: &Connection, counts: Option<&ClusterCacheInfo>, now: SystemTime) -> Value {
+pub fn document(
+    connection: &Connection,
+    counts: Option<&ClusterCacheInfo>,
+    now: SystemTime,
+) -> Value {
     let at = jiff::Timestamp::try_from(now)
         .map(|t| t.to_string())
         .unwrap_or_default();
@@ -74,7 +78,11 @@ pub struct ClusterInfoWriter {
 }
 
 impl ClusterInfoWriter {
-    pub fn new(endpoint: RedisEndpoint, compression: Compression, server_template: String) -> Arc<Self> {
+    pub fn new(
+        endpoint: RedisEndpoint,
+        compression: Compression,
+        server_template: String,
+    ) -> Arc<Self> {
         Arc::new(ClusterInfoWriter {
             endpoint,
             compression,
@@ -175,14 +183,22 @@ mod tests {
             last_cache_sync_time: "2026-01-01T00:00:00Z".into(),
             server_version: "1.33".into(),
         };
-        let d = document(&Connection::Successful, Some(&counts), SystemTime::UNIX_EPOCH);
+        let d = document(
+            &Connection::Successful,
+            Some(&counts),
+            SystemTime::UNIX_EPOCH,
+        );
         assert_eq!(d["connectionState"]["status"], "Successful");
         assert_eq!(d["connectionState"]["attemptedAt"], "1970-01-01T00:00:00Z");
         assert_eq!(d["applicationsCount"], 3);
         assert_eq!(d["cacheInfo"]["resourcesCount"], 42);
         assert_eq!(d["cacheInfo"]["apisCount"], 7);
         assert_eq!(d["serverVersion"], "1.33");
-        let d = document(&Connection::Failed("gone".into()), None, SystemTime::UNIX_EPOCH);
+        let d = document(
+            &Connection::Failed("gone".into()),
+            None,
+            SystemTime::UNIX_EPOCH,
+        );
         assert_eq!(d["connectionState"]["status"], "Failed");
         assert_eq!(d["connectionState"]["message"], "gone");
         assert_eq!(d["applicationsCount"], 0);

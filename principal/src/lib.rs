@@ -279,7 +279,9 @@ pub async fn start(
         max_requests_in_flight: config
             .redis_proxy
             .as_ref()
-            .map_or(redisproxy::DEFAULT_AGENT_IN_FLIGHT, |r| r.max_in_flight_per_agent),
+            .map_or(redisproxy::DEFAULT_AGENT_IN_FLIGHT, |r| {
+                r.max_in_flight_per_agent
+            }),
     };
     tracing::info!(%addr, auth = ?config.auth, "principal listening");
     let done = serve(&config, listener, listener_auth, rules, sessions, shutdown)?;

@@ -294,7 +294,10 @@ impl Proxy {
             Err(e) => {
                 tracing::warn!(upstream = %self.config.upstream.addr, error = %e, "Redis proxy: hub Redis unreachable");
                 self.hub.metrics.redis_proxy("hub", "error");
-                let msg = format!("ERR hub Redis {} unreachable: {e}", self.config.upstream.addr);
+                let msg = format!(
+                    "ERR hub Redis {} unreachable: {e}",
+                    self.config.upstream.addr
+                );
                 let _ = client_w.write_all(&resp::error(&msg)).await;
                 let _ = client_w.shutdown().await;
                 return;
@@ -406,9 +409,10 @@ impl Proxy {
             (Decision::Forward, Some(link)) => link,
         };
         let event = self.request_event(key, command, "");
-        let mut ticket = link.request(event.clone(), stream).await.map_err(|e| {
-            refused(format!("ERR agent {agent:?}: {e}"))
-        })?;
+        let mut ticket = link
+            .request(event.clone(), stream)
+            .await
+            .map_err(|e| refused(format!("ERR agent {agent:?}: {e}")))?;
         match ticket.answer(self.config.request_timeout).await {
             Ok(answer) => Ok((link, ticket, answer)),
             Err(e) => {
@@ -559,9 +563,8 @@ impl Conn {
     }
 
     async fn subscribe(&mut self, channels: &[Bytes]) -> Result<(), RespError> {
-        let (apps, others): (Vec<&Bytes>, Vec<&Bytes>) = channels
-            .iter()
-            .partition(|c| AppKey::parse(c).is_some());
+        let (apps, others): (Vec<&Bytes>, Vec<&Bytes>) =
+            channels.iter().partition(|c| AppKey::parse(c).is_some());
         if !others.is_empty() {
             let mut args: Vec<&[u8]> = vec![b"SUBSCRIBE"];
             args.extend(others.iter().map(|c| c.as_ref()));
@@ -615,7 +618,9 @@ impl Conn {
         self.proxy.hub.metrics.redis_proxy("agent", "forwarded");
         let stop = self.closed.child_token();
         let (oob, shared, closed) = (self.oob.clone(), self.shared.clone(), self.closed.clone());
-        let unsubscribe = self.proxy.request_event(key, RedisCommand::Unsubscribe, ticket.id());
+        let unsubscribe = self
+            .proxy
+            .request_event(key, RedisCommand::Unsubscribe, ticket.id());
         let key_text = key.to_string();
         let stop2 = stop.clone();
         let map_key = channel.clone();

@@ -306,9 +306,8 @@ impl Drop for SessionGuard {
         {
             let agent = self.state.name.clone();
             tokio::spawn(async move {
-                let failed = crate::clusterinfo::Connection::Failed(
-                    crate::clusterinfo::DISCONNECTED.into(),
-                );
+                let failed =
+                    crate::clusterinfo::Connection::Failed(crate::clusterinfo::DISCONNECTED.into());
                 writer.write(&agent, failed).await
             });
         }

@@ -523,9 +523,9 @@ fn decode_payload(id: &str, ty: EventType, data: Option<Data>) -> Result<Payload
         EventType::RedisRequest => {
             Payload::RedisRequest(RedisRequest::decode(proto).map_err(|e| bad(e.to_string()))?)
         }
-        EventType::RedisResponse | EventType::RedisPush => Payload::RedisResponse(
-            RedisResponse::decode(proto).map_err(|e| bad(e.to_string()))?,
-        ),
+        EventType::RedisResponse | EventType::RedisPush => {
+            Payload::RedisResponse(RedisResponse::decode(proto).map_err(|e| bad(e.to_string()))?)
+        }
         EventType::ClusterCacheInfoUpdate => Payload::ClusterCacheInfo(
             ClusterCacheInfo::decode(proto).map_err(|e| bad(e.to_string()))?,
         ),
@@ -685,7 +685,10 @@ mod tests {
             }),
         );
         resp.ack_id = Some(req.id.clone());
-        assert_eq!(Event::from_cloud_event(resp.to_cloud_event()).unwrap(), resp);
+        assert_eq!(
+            Event::from_cloud_event(resp.to_cloud_event()).unwrap(),
+            resp
+        );
         resp.ack_id = None;
         assert!(matches!(
             Event::from_cloud_event(resp.to_cloud_event()),

@@ -24,10 +24,18 @@ pub enum RpcError {
     Disconnected,
 }
 
+/// One waiting request: where its answers go, and whether it is a stream (many answers).
+struct Waiter<T> {
+    tx: mpsc::Sender<T>,
+    stream: bool,
+}
+
+/// Requests waiting for answers of type `T`, by request id; `None` once closed.
+type Waiting<T> = Option<HashMap<String, Waiter<T>>>;
+
 /// Requests waiting for answers of type `T`, by request id.
 pub struct Pending<T> {
-    /// Each waiting request's sender and whether it is a stream (many answers).
-    waiting: Mutex<Option<HashMap<String, (mpsc::Sender<T>, bool)>>>,
+    waiting: Mutex<Waiting<T>>,
     limit: usize,
 }
 
@@ -71,7 +79,13 @@ impl<T> Pending<T> {
             return Err(RpcError::TooMany { limit: self.limit });
         }
         let (tx, rx) = mpsc::channel(stream.unwrap_or(1).max(1));
-        waiting.insert(id.to_owned(), (tx, stream.is_some()));
+        waiting.insert(
+            id.to_owned(),
+            Waiter {
+                tx,
+                stream: stream.is_some(),
+            },
+        );
         Ok(Ticket {
             id: id.to_owned(),
             pending: self.clone(),
@@ -86,7 +100,7 @@ impl<T> Pending<T> {
         let Some(waiting) = guard.as_mut() else {
             return Delivery::Unknown;
         };
-        let Some((tx, stream)) = waiting.get(id) else {
+        let Some(Waiter { tx, stream }) = waiting.get(id) else {
             return Delivery::Unknown;
         };
         let last = last || !stream;

@@ -254,17 +254,26 @@ struct RedisProxyArgs {
 impl RedisProxyArgs {
     fn config(
         &self,
-    ) -> Result<Option<argocd_agent_principal::redisproxy::RedisProxyConfig>, String>
-    {
+    ) -> Result<Option<argocd_agent_principal::redisproxy::RedisProxyConfig>, String> {
         if self.disable_redis_proxy {
             return Ok(None);
         }
         let listen = parse_listen(&self.redis_proxy_address)
             .map_err(|e| format!("--redis-proxy-address: {e}"))?;
-        let tls = match (&self.redis_proxy_tls_cert_path, &self.redis_proxy_tls_key_path) {
-            (Some(cert), Some(key)) => Some(argocd_agent_sync::redis::client::server_tls(cert, key)?),
+        let tls = match (
+            &self.redis_proxy_tls_cert_path,
+            &self.redis_proxy_tls_key_path,
+        ) {
+            (Some(cert), Some(key)) => {
+                Some(argocd_agent_sync::redis::client::server_tls(cert, key)?)
+            }
             (None, None) => None,
-            _ => return Err("--redis-proxy-tls-cert-path and --redis-proxy-tls-key-path go together".to_owned()),
+            _ => {
+                return Err(
+                    "--redis-proxy-tls-cert-path and --redis-proxy-tls-key-path go together"
+                        .to_owned(),
+                );
+            }
         };
         let upstream_tls = match &self.redis_server_tls_ca_path {
             Some(ca) => Some(argocd_agent_sync::redis::RedisTls::from_ca_file(
@@ -319,9 +328,7 @@ struct AgentRedisArgs {
 }
 
 impl AgentRedisArgs {
-    fn config(
-        &self,
-    ) -> Result<Option<argocd_agent_agent::redis::RedisConfig>, String> {
+    fn config(&self) -> Result<Option<argocd_agent_agent::redis::RedisConfig>, String> {
         let Some(addr) = &self.redis_addr else {
             return Ok(None);
         };

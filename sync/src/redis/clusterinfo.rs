@@ -80,7 +80,10 @@ mod tests {
             key("https://x:9090?agentName=a", Compression::Gzip),
             "cluster|info|https://x:9090?agentName=a|1.8.3.gz"
         );
-        assert_eq!(key(IN_CLUSTER, Compression::None), "cluster|info|https://kubernetes.default.svc|1.8.3");
+        assert_eq!(
+            key(IN_CLUSTER, Compression::None),
+            "cluster|info|https://kubernetes.default.svc|1.8.3"
+        );
         let v = serde_json::json!({"applicationsCount": 3});
         for c in [Compression::Gzip, Compression::None] {
             let bytes = encode(&v, c);

@@ -195,10 +195,20 @@ pub fn decode(
         return Ok(None);
     }
     let decoded = match protocol {
-        Protocol::Resp2 => redis_protocol::resp2::decode::decode_bytes_mut(buf)
-            .map(|o| o.map(|(f, _, raw)| Frame { raw, value: Value::V2(f) })),
-        Protocol::Resp3 => redis_protocol::resp3::decode::complete::decode_bytes_mut(buf)
-            .map(|o| o.map(|(f, _, raw)| Frame { raw, value: Value::V3(f) })),
+        Protocol::Resp2 => redis_protocol::resp2::decode::decode_bytes_mut(buf).map(|o| {
+            o.map(|(f, _, raw)| Frame {
+                raw,
+                value: Value::V2(f),
+            })
+        }),
+        Protocol::Resp3 => {
+            redis_protocol::resp3::decode::complete::decode_bytes_mut(buf).map(|o| {
+                o.map(|(f, _, raw)| Frame {
+                    raw,
+                    value: Value::V3(f),
+                })
+            })
+        }
     };
     match decoded {
         Ok(Some(f)) if f.raw.len() > limit => Err(RespError::TooLarge { limit }),
@@ -315,7 +325,10 @@ mod tests {
     fn pipelined_commands_decode_one_by_one_and_keep_their_bytes() {
         let mut b = buf(b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n*1\r\n$4\r\nPING\r\n*1\r\n$4\r\nPI");
         let f = decode(&mut b, Protocol::Resp2, 1024).unwrap().unwrap();
-        assert_eq!(f.command().unwrap(), vec![Bytes::from("GET"), Bytes::from("k")]);
+        assert_eq!(
+            f.command().unwrap(),
+            vec![Bytes::from("GET"), Bytes::from("k")]
+        );
         assert_eq!(&f.raw[..], b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n");
         let f = decode(&mut b, Protocol::Resp2, 1024).unwrap().unwrap();
         assert_eq!(f.command().unwrap(), vec![Bytes::from("PING")]);
@@ -365,7 +378,12 @@ mod tests {
         assert_eq!(&nil(Protocol::Resp3)[..], b"_\r\n");
         assert_eq!(&bulk(Protocol::Resp2, Bytes::from("v"))[..], b"$1\r\nv\r\n");
         assert_eq!(&error("ERR a\r\nb")[..], b"-ERR a  b\r\n");
-        let p = pubsub(Protocol::Resp3, "message", b"c", PubSub::Message(Bytes::new()));
+        let p = pubsub(
+            Protocol::Resp3,
+            "message",
+            b"c",
+            PubSub::Message(Bytes::new()),
+        );
         assert_eq!(&p[..], b">3\r\n$7\r\nmessage\r\n$1\r\nc\r\n$0\r\n\r\n");
         let s = pubsub(Protocol::Resp2, "subscribe", b"c", PubSub::Count(1));
         assert_eq!(&s[..], b"*3\r\n$9\r\nsubscribe\r\n$1\r\nc\r\n:1\r\n");
