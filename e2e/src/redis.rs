@@ -74,6 +74,51 @@ impl RedisServer {
         Ok(RedisServer { port, proc })
     }
 
+    /// Starts `redis-server` serving TLS only (certificate and key PEM files, no client
+    /// certificates required).
+    pub async fn start_tls(
+        dir: &Path,
+        name: &str,
+        cert: &Path,
+        key: &Path,
+        ca: &Path,
+    ) -> Result<RedisServer, HarnessError> {
+        let bin = redis_server_bin()?;
+        let port = free_loopback_port()?;
+        let args = [
+            "--port",
+            "0",
+            "--tls-port",
+            &port.to_string(),
+            "--tls-cert-file",
+            &cert.display().to_string(),
+            "--tls-key-file",
+            &key.display().to_string(),
+            "--tls-ca-cert-file",
+            &ca.display().to_string(),
+            "--tls-auth-clients",
+            "no",
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            &dir.display().to_string(),
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        let mut proc = Proc::new(name, bin, args, dir.join(format!("{name}.log")));
+        proc.start()?;
+        wait_listening(
+            format!("127.0.0.1:{port}").parse()?,
+            Duration::from_secs(10),
+        )
+        .await?;
+        Ok(RedisServer { port, proc })
+    }
+
     /// `127.0.0.1:<port>`.
     pub fn addr(&self) -> String {
         format!("127.0.0.1:{}", self.port)

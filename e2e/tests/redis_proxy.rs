@@ -419,3 +419,148 @@ async fn redis_proxy_routes_application_keys_to_the_owning_agent() {
     }
     topo.stop().await;
 }
+
+/// A CA and a certificate for `localhost` / 127.0.0.1 it signed, as PEM files in `dir`:
+/// (ca, cert, key).
+fn tls_files(
+    dir: &std::path::Path,
+) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, SanType};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    // Distinct names: a leaf named like its issuer looks self-issued to OpenSSL.
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "redis test CA");
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::from_ca_cert_der(ca.der(), ca_key).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "localhost");
+    params
+        .subject_alt_names
+        .push(SanType::IpAddress(std::net::IpAddr::from([127, 0, 0, 1])));
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    let paths = (dir.join("ca.pem"), dir.join("tls.pem"), dir.join("tls.key"));
+    std::fs::write(&paths.0, ca.pem()).unwrap();
+    std::fs::write(&paths.1, cert.pem()).unwrap();
+    std::fs::write(&paths.2, key.serialize_pem()).unwrap();
+    paths
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_proxy_speaks_tls_on_both_legs() {
+    redis_cli_bin().unwrap();
+    let dir = tempfile::Builder::new()
+        .prefix("argocd-agent-redis-tls")
+        .tempdir()
+        .unwrap();
+    let (ca, cert, key) = tls_files(dir.path());
+    let hub_redis = RedisServer::start_tls(dir.path(), "redis-hub", &cert, &key, &ca)
+        .await
+        .unwrap();
+    let spoke_redis = RedisServer::start_tls(dir.path(), "redis-managed", &cert, &key, &ca)
+        .await
+        .unwrap();
+    let proxy_port = argocd_agent_e2e::envoy::free_loopback_port().unwrap();
+    let path = |p: &std::path::Path| p.display().to_string();
+    let topo = Topology::start(TopologyOptions {
+        dir: Some(dir.path().join("topology")),
+        agents: Some(vec![MANAGED]),
+        principal_args: vec![
+            "--redis-proxy-address".into(),
+            format!("127.0.0.1:{proxy_port}"),
+            "--redis-server-address".into(),
+            hub_redis.addr(),
+            "--redis-server-tls-ca-path".into(),
+            path(&ca),
+            "--redis-proxy-tls-cert-path".into(),
+            path(&cert),
+            "--redis-proxy-tls-key-path".into(),
+            path(&key),
+        ],
+        per_agent_args: vec![(
+            MANAGED,
+            vec![
+                "--redis-addr".into(),
+                spoke_redis.addr(),
+                "--redis-tls-ca-path".into(),
+                path(&ca),
+            ],
+        )],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let r = async {
+        apps(&topo.hub, MANAGED)?
+            .create(
+                &PostParams::default(),
+                &sample_app("guestbook", MANAGED, "guestbook"),
+            )
+            .await?;
+        eventually("guestbook on the managed spoke", T, || async {
+            stored_app(&topo.managed_spoke, SPOKE_NS, "guestbook")
+        })
+        .await?;
+        let tls_cli = |args: Vec<String>| {
+            let ca = path(&ca);
+            async move {
+                tokio::process::Command::new(redis_cli_bin().unwrap())
+                    .args(["--tls", "--cacert", &ca, "-h", "127.0.0.1", "-p"])
+                    .arg(proxy_port.to_string())
+                    .args(args)
+                    .output()
+                    .await
+                    .map(|o| String::from_utf8_lossy(&o.stdout).trim_end().to_owned())
+            }
+        };
+        // Seed both Redis servers through TLS too (redis-cli against each server).
+        for (port, k, v) in [
+            (hub_redis.port, "plain-key", "hub-over-tls"),
+            (
+                spoke_redis.port,
+                "app|resources-tree|guestbook|1.8.3",
+                "tree-over-tls",
+            ),
+        ] {
+            let out = tokio::process::Command::new(redis_cli_bin()?)
+                .args([
+                    "--tls",
+                    "--cacert",
+                    &path(&ca),
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    &port.to_string(),
+                    "SET",
+                    k,
+                    v,
+                ])
+                .output()
+                .await?;
+            assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "OK", "{out:?}");
+        }
+        let plain = tls_cli(vec!["GET".into(), "plain-key".into()]).await?;
+        assert_eq!(plain, "hub-over-tls");
+        let tree = tls_cli(vec![
+            "GET".into(),
+            format!("app|resources-tree|{MANAGED}_guestbook|1.8.3"),
+        ])
+        .await?;
+        assert_eq!(tree, "tree-over-tls");
+        // Plaintext to a TLS listener gets nothing useful (and no hang of the proxy).
+        let out = redis_cli(proxy_port, &[b"PING"]).await?;
+        assert_ne!(String::from_utf8_lossy(&out.stdout).trim(), "PONG");
+        Ok::<(), HarnessError>(())
+    }
+    .await;
+    if let Err(e) = &r {
+        eprintln!("{}", topo.logs());
+        panic!("{e}");
+    }
+    topo.stop().await;
+}
