@@ -309,7 +309,7 @@ impl Proxy {
         let (oob_tx, oob_rx) = mpsc::channel(OOB_BUFFER);
         let closed = shutdown.child_token();
         let writer = tokio::spawn(write_client(client_w, slots_rx, oob_rx, shared.clone()));
-        let upstream_task = tokio::spawn(read_upstream(
+        let mut upstream_task = tokio::spawn(read_upstream(
             FrameReader::new(upstream_r, self.config.max_value_size),
             shared.clone(),
             oob_tx.clone(),
@@ -325,24 +325,28 @@ impl Proxy {
             closed: closed.clone(),
         };
         let reader = FrameReader::new(client_r, self.config.max_value_size);
-        let upstream_done = async {
-            let _ = (&mut { upstream_task }).await;
-        };
         tokio::select! {
             r = conn.serve(reader) => {
                 if let Err(e) = r {
                     tracing::debug!(error = %e, "Redis proxy connection ended");
                 }
             }
-            _ = upstream_done => tracing::debug!("hub Redis closed the connection"),
+            _ = &mut upstream_task => tracing::debug!("hub Redis closed the connection"),
             _ = closed.cancelled() => {}
         }
         for (_, s) in conn.subscriptions.drain() {
             s.stop.cancel();
         }
-        // Let the replies already owed leave, then close.
+        // Let the replies already owed leave, then close both legs.
         drop(conn);
-        let _ = tokio::time::timeout(self.config.request_timeout, writer).await;
+        let writer_abort = writer.abort_handle();
+        if tokio::time::timeout(self.config.request_timeout, writer)
+            .await
+            .is_err()
+        {
+            writer_abort.abort();
+        }
+        upstream_task.abort();
     }
 
     /// The owner of an Application key's Application, with the decision about it.

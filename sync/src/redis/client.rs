@@ -114,7 +114,7 @@ impl RedisEndpoint {
             };
             if reply.is_error() {
                 let msg = reply.into_value().err().unwrap_or_default();
-                return Err(RespError::Malformed(format!("AUTH refused: {msg}")));
+                return Err(RespError::Refused(format!("AUTH: {msg}")));
             }
         }
         Ok(conn)

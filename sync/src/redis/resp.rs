@@ -22,6 +22,8 @@ pub enum RespError {
     Malformed(String),
     #[error("frame larger than the limit of {limit} bytes")]
     TooLarge { limit: usize },
+    #[error("refused by the server: {0}")]
+    Refused(String),
     #[error("connection error: {0}")]
     Io(#[from] std::io::Error),
 }
