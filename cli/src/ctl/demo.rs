@@ -323,7 +323,9 @@ struct DemoRedis {
 }
 
 impl DemoRedis {
-    async fn start(dir: &std::path::Path) -> Result<Option<DemoRedis>, Box<dyn std::error::Error + Send + Sync>> {
+    async fn start(
+        dir: &std::path::Path,
+    ) -> Result<Option<DemoRedis>, Box<dyn std::error::Error + Send + Sync>> {
         use argocd_agent_e2e::redis::{RedisServer, redis_server_bin};
         if redis_server_bin().is_err() {
             eprintln!("redis-server is not on PATH: the demo runs without the Redis proxy");
@@ -334,9 +336,7 @@ impl DemoRedis {
             proxy_port: argocd_agent_e2e::envoy::free_loopback_port()?,
             hub: start("redis-hub").await.map_err(|e| e.to_string())?,
             managed: start("redis-managed").await.map_err(|e| e.to_string())?,
-            autonomous: start("redis-autonomous")
-                .await
-                .map_err(|e| e.to_string())?,
+            autonomous: start("redis-autonomous").await.map_err(|e| e.to_string())?,
         }))
     }
 
@@ -349,7 +349,10 @@ impl DemoRedis {
         ]);
         options.per_agent_args = vec![
             (MANAGED, vec!["--redis-addr".into(), self.managed.addr()]),
-            (AUTONOMOUS, vec!["--redis-addr".into(), self.autonomous.addr()]),
+            (
+                AUTONOMOUS,
+                vec!["--redis-addr".into(), self.autonomous.addr()],
+            ),
         ];
     }
 
