@@ -124,6 +124,7 @@ enum Reply {
 
 /// What fills a reply slot. Local replies are encoded when written, in the protocol the
 /// connection speaks by then (a pipelined `HELLO 3` before them has been answered).
+#[derive(Debug)]
 enum Out {
     /// Bytes from the hub Redis, unchanged.
     Raw(Bytes),
@@ -803,6 +804,105 @@ mod tests {
         assert_eq!(decide(true, false, true), Decision::Offline);
         assert_eq!(decide(true, true, false), Decision::Unsupported);
         assert_eq!(decide(true, true, true), Decision::Forward);
+    }
+
+    use tokio::io::AsyncReadExt;
+
+    fn slot(shared: &Shared, kind: SlotKind) -> oneshot::Receiver<Out> {
+        let (tx, rx) = oneshot::channel();
+        lock(&shared.upstream).push_back(UpstreamSlot { kind, tx });
+        rx
+    }
+
+    fn raw(out: Out) -> Bytes {
+        match out {
+            Out::Raw(b) => b,
+            _ => panic!("not raw"),
+        }
+    }
+
+    #[tokio::test]
+    async fn hub_replies_fill_slots_in_order_switch_protocol_and_pushes_go_out_of_band() {
+        let shared = Arc::new(Shared::default());
+        let hello = slot(&shared, SlotKind::Hello(Protocol::Resp3));
+        let get = slot(&shared, SlotKind::Reply);
+        let (mut hub, upstream) = tokio::io::duplex(4096);
+        let (oob_tx, mut oob) = mpsc::channel(8);
+        let task = tokio::spawn(read_upstream(
+            FrameReader::new(upstream, 1024),
+            shared.clone(),
+            oob_tx,
+        ));
+        // A RESP3 map (only valid once HELLO 3 is known), an invalidation push, a value.
+        hub.write_all(b"%1\r\n$5\r\nproto\r\n:3\r\n>2\r\n$10\r\ninvalidate\r\n_\r\n$1\r\nx\r\n")
+            .await
+            .unwrap();
+        assert_eq!(&raw(hello.await.unwrap())[..2], b"%1");
+        assert_eq!(&raw(get.await.unwrap())[..], b"$1\r\nx\r\n");
+        assert_eq!(&oob.recv().await.unwrap()[..2], b">2");
+        assert_eq!(shared.protocol(), Protocol::Resp3);
+        drop(hub);
+        task.await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn after_a_subscribe_every_hub_frame_is_out_of_band() {
+        let shared = Arc::new(Shared::default());
+        let sub = slot(&shared, SlotKind::Subscribe);
+        let (mut hub, upstream) = tokio::io::duplex(4096);
+        let (oob_tx, mut oob) = mpsc::channel(8);
+        tokio::spawn(read_upstream(
+            FrameReader::new(upstream, 1024),
+            shared.clone(),
+            oob_tx,
+        ));
+        hub.write_all(
+            b"*3\r\n$9\r\nsubscribe\r\n$1\r\na\r\n:1\r\n*3\r\n$9\r\nsubscribe\r\n$1\r\nb\r\n:2\r\n",
+        )
+        .await
+        .unwrap();
+        assert!(raw(sub.await.unwrap()).starts_with(b"*3\r\n$9\r\nsubscribe\r\n$1\r\na"));
+        assert!(oob.recv().await.unwrap().ends_with(b"b\r\n:2\r\n"));
+    }
+
+    #[tokio::test]
+    async fn malformed_hub_frames_end_the_reader_with_an_error() {
+        let shared = Arc::new(Shared::default());
+        let _get = slot(&shared, SlotKind::Reply);
+        let (mut hub, upstream) = tokio::io::duplex(4096);
+        let (oob_tx, _oob) = mpsc::channel(8);
+        let task = tokio::spawn(read_upstream(
+            FrameReader::new(upstream, 1024),
+            shared,
+            oob_tx,
+        ));
+        hub.write_all(b"$abc\r\n").await.unwrap();
+        assert!(matches!(task.await.unwrap(), Err(RespError::Malformed(_))));
+    }
+
+    #[tokio::test]
+    async fn the_writer_keeps_command_order_and_encodes_local_replies_when_written() {
+        let shared = Arc::new(Shared::default());
+        let (slots_tx, slots_rx) = mpsc::channel(8);
+        let (_oob_tx, oob_rx) = mpsc::channel(8);
+        let (client, mut out) = tokio::io::duplex(4096);
+        let writer = tokio::spawn(write_client(client, slots_rx, oob_rx, shared.clone()));
+        let (first_tx, first) = oneshot::channel();
+        let (second_tx, second) = oneshot::channel();
+        slots_tx.send(first).await.unwrap();
+        slots_tx.send(second).await.unwrap();
+        drop(slots_tx);
+        // The second (local) reply is ready first; the first (HELLO 3) switches the protocol.
+        second_tx.send(Out::Reply(Reply::Nil)).unwrap();
+        tokio::task::yield_now().await;
+        *lock(&shared.protocol) = Protocol::Resp3;
+        first_tx
+            .send(Out::Raw(Bytes::from_static(b"+OK\r\n")))
+            .unwrap();
+        writer.await.unwrap().unwrap();
+        let mut got = Vec::new();
+        out.read_to_end(&mut got).await.unwrap();
+        assert_eq!(got, b"+OK\r\n_\r\n");
     }
 
     #[test]
