@@ -18,6 +18,9 @@ use argocd_agent_sync::{Event, EventType, Payload};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use argocd_agent_identity::{Namespace, ResourceKind};
+use argocd_agent_sync::ResourceRef;
+
 use crate::spoke::Spoke;
 
 /// Subscriptions one agent keeps at once.
@@ -38,6 +41,37 @@ pub struct SpokeRedis {
     config: RedisConfig,
     reads: tokio::sync::Mutex<Option<RedisConn>>,
     subscriptions: Mutex<HashMap<String, CancellationToken>>,
+}
+
+/// Argo CD's instance name on this cluster of the Application the principal names, if this
+/// agent holds it (`holds(namespace, name)`): the Application must be in the agent's hub
+/// namespace (or, with destination-based mapping, keeps its hub namespace here); its
+/// instance name is the bare name in the agent's Argo CD namespace, `<ns>_<name>` elsewhere.
+pub fn instance_name(
+    resource: &ResourceRef,
+    across_namespaces: bool,
+    hub_namespace: Option<&Namespace>,
+    argocd_namespace: &Namespace,
+    holds: impl Fn(&str, &str) -> bool,
+) -> Option<String> {
+    if resource.kind != ResourceKind::Application {
+        return None;
+    }
+    let local_ns = if across_namespaces {
+        resource.namespace.as_str()
+    } else if hub_namespace == Some(&resource.namespace) {
+        argocd_namespace.as_str()
+    } else {
+        return None;
+    };
+    if !holds(local_ns, &resource.name) {
+        return None;
+    }
+    Some(if local_ns == argocd_namespace.as_str() {
+        resource.name.clone()
+    } else {
+        format!("{local_ns}_{}", resource.name)
+    })
 }
 
 /// The suffix the principal sent is one Argo CD writes: empty, `.gz`, or `|...` (shard,
@@ -317,6 +351,53 @@ pub fn answer(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn ns(s: &str) -> Namespace {
+        Namespace::new(s).unwrap()
+    }
+
+    fn app(namespace: &str, name: &str) -> ResourceRef {
+        ResourceRef::new(ResourceKind::Application, ns(namespace), name)
+    }
+
+    #[test]
+    fn only_held_applications_of_the_agents_hub_namespace_are_served() {
+        let argocd = ns("argocd");
+        let mine = ns("agent-a");
+        let holds = |n: &str, name: &str| n == "argocd" && name == "guestbook";
+        let name = |r: &ResourceRef| instance_name(r, false, Some(&mine), &argocd, holds);
+        assert_eq!(
+            name(&app("agent-a", "guestbook")).as_deref(),
+            Some("guestbook")
+        );
+        assert_eq!(
+            name(&app("agent-b", "guestbook")),
+            None,
+            "another agent's namespace"
+        );
+        assert_eq!(name(&app("agent-a", "other")), None, "not held here");
+        let project = ResourceRef::new(ResourceKind::AppProject, mine.clone(), "guestbook");
+        assert_eq!(name(&project), None);
+        assert_eq!(
+            instance_name(&app("agent-a", "guestbook"), false, None, &argocd, holds),
+            None,
+            "before the first welcome nothing is served"
+        );
+    }
+
+    #[test]
+    fn destination_mapping_keeps_the_hub_namespace_in_the_instance_name() {
+        let argocd = ns("argocd");
+        let holds = |n: &str, name: &str| n == "team-x" && name == "web";
+        assert_eq!(
+            instance_name(&app("team-x", "web"), true, None, &argocd, holds).as_deref(),
+            Some("team-x_web")
+        );
+        assert_eq!(
+            instance_name(&app("team-y", "web"), true, None, &argocd, holds),
+            None
+        );
+    }
 
     #[test]
     fn only_suffixes_argo_cd_writes_are_accepted() {

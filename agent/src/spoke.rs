@@ -180,22 +180,17 @@ impl Spoke {
     /// local copy of the Application the principal names, if this agent holds it: the name
     /// in Argo CD's namespace, `<namespace>_<name>` elsewhere.
     pub fn redis_instance(&self, resource: &ResourceRef) -> Option<String> {
-        if resource.kind != ResourceKind::Application {
-            return None;
-        }
-        if !self.across_namespaces() && self.hub_namespace().as_ref() != Some(&resource.namespace) {
-            return None;
-        }
-        let ns = self.local_namespace(resource);
-        let obj = self.cache.get(Some(ns), &resource.name)?;
-        if !self.relevant(&obj) {
-            return None;
-        }
-        Some(if ns == self.namespace.as_str() {
-            resource.name.clone()
-        } else {
-            format!("{ns}_{}", resource.name)
-        })
+        crate::redis::instance_name(
+            resource,
+            self.across_namespaces(),
+            self.hub_namespace().as_ref(),
+            &self.namespace,
+            |ns, name| {
+                self.cache
+                    .get(Some(ns), name)
+                    .is_some_and(|o| self.relevant(&o))
+            },
+        )
     }
 
     /// Applications this agent holds.
