@@ -35,7 +35,17 @@ fn hello(spoke: &Spoke) -> Event {
             mode: mode as i32,
             version: env!("CARGO_PKG_VERSION").into(),
             protocol_version: PROTOCOL_VERSION,
-            capabilities: CAPABILITIES.iter().map(|c| c.to_string()).collect(),
+            capabilities: CAPABILITIES
+                .iter()
+                .copied()
+                .chain(
+                    spoke
+                        .redis
+                        .is_some()
+                        .then_some(argocd_agent_sync::redis::CAPABILITY),
+                )
+                .map(str::to_owned)
+                .collect(),
             state: Some(spoke.hello_state()),
         }),
     )
@@ -88,13 +98,30 @@ pub async fn run(
 
     let mut heartbeat = tokio::time::interval(config.heartbeat);
     heartbeat.tick().await;
+    // Answers to the principal's requests (Redis), sent beside the queue; the token ends
+    // this connection's subscriptions.
+    let (direct_tx, mut direct_rx) = mpsc::channel(OUTBOUND_BUFFER);
+    let requests = tokio_util::sync::CancellationToken::new();
+    let _end_requests = requests.clone().drop_guard();
+    let mut cache_report = tokio::time::interval(config.cache_refresh_interval);
+    cache_report.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let out = tokio::select! {
+            _ = cache_report.tick() => {
+                report_cache_info(spoke, &direct_tx);
+                None
+            }
             event = spoke.queue.next() => Some(event),
+            Some(event) = direct_rx.recv() => Some(event),
             _ = heartbeat.tick() => Some(Event::new(&spoke.source, EventType::Ping, Payload::None)),
             msg = inbound.message() => {
                 let Some(ce) = msg? else { return Ok(()) };
                 match Event::from_cloud_event(ce) {
+                    Ok(event) if event.ty == EventType::RedisRequest => {
+                        spoke.metrics.event(false, event.ty.verb());
+                        serve_redis(spoke, event, &direct_tx, &requests);
+                        None
+                    }
                     Ok(event) => {
                         let span = argocd_agent_sync::event_span!("agent.receive", &event,
                             source = %spoke.source);
@@ -119,6 +146,57 @@ pub async fn run(
                 .map_err(|_| SessionError::Closed)?;
         }
     }
+}
+
+/// Sends the cluster's cache counts (read from the cluster's Redis when configured) beside
+/// the queue; a report that cannot be queued at once is skipped (the next one follows).
+fn report_cache_info(spoke: &Spoke, out: &mpsc::Sender<Event>) {
+    let apps = i64::try_from(spoke.app_count()).unwrap_or(i64::MAX);
+    let (redis, source, out) = (spoke.redis.clone(), spoke.source.clone(), out.clone());
+    tokio::spawn(async move {
+        let mut info = match redis {
+            Some(r) => r.cluster_counts().await,
+            None => pb::ClusterCacheInfo::default(),
+        };
+        info.applications_count = apps;
+        let event = Event::new(
+            &source,
+            EventType::ClusterCacheInfoUpdate,
+            Payload::ClusterCacheInfo(info),
+        );
+        let _ = out.try_send(event);
+    });
+}
+
+/// Starts answering a Redis request (without holding up the stream); without a configured
+/// Redis the request gets an error answer.
+fn serve_redis(
+    spoke: &Spoke,
+    event: Event,
+    out: &mpsc::Sender<Event>,
+    connection: &tokio_util::sync::CancellationToken,
+) {
+    let Some(redis) = spoke.redis.clone() else {
+        let e = crate::redis::answer(
+            &spoke.source,
+            &event,
+            EventType::RedisResponse,
+            pb::redis_response::Result::Error(
+                "this agent has no Redis configured (--redis-addr)".into(),
+            ),
+        );
+        let _ = out.try_send(e);
+        return;
+    };
+    // What the request may touch is decided here, against the spoke's current state.
+    let request = crate::redis::SpokeRedis::prepare(spoke, &event);
+    let source = spoke.source.clone();
+    let (out, connection) = (out.clone(), connection.clone());
+    tokio::spawn(async move {
+        redis
+            .handle(request, &source, event, out, &connection)
+            .await;
+    });
 }
 
 /// Handles one event from the principal; returns what to answer.

@@ -15,6 +15,7 @@ pub mod health;
 pub mod metrics;
 pub mod objects;
 pub mod policy;
+pub mod redis;
 pub mod spoke;
 
 use std::net::SocketAddr;
@@ -89,6 +90,11 @@ pub struct AgentConfig {
     /// Destination-based mapping (managed mode): Applications keep their hub namespace on
     /// this cluster (`--destination-based-mapping`, as on the principal).
     pub destination_based_mapping: bool,
+    /// This cluster's Redis, to answer the principal's Redis proxy (`--redis-addr`; `None`:
+    /// the agent does not announce the capability).
+    pub redis: Option<redis::RedisConfig>,
+    /// How often the agent reports its cluster's cache counts (`--cache-refresh-interval`).
+    pub cache_refresh_interval: Duration,
 }
 
 impl Default for AgentConfig {
@@ -113,6 +119,8 @@ impl Default for AgentConfig {
             healthz_listen: None,
             policies: policy::Policies::default(),
             destination_based_mapping: false,
+            redis: None,
+            cache_refresh_interval: Duration::from_secs(10),
         }
     }
 }
@@ -207,6 +215,7 @@ pub async fn start(
     );
     spoke.policies = config.policies;
     spoke.by_destination = config.destination_based_mapping;
+    spoke.redis = config.redis.clone().map(redis::SpokeRedis::new);
     if let Some(svid) = dialer.svid() {
         spoke.metrics.follow_svid(svid);
     }

@@ -67,6 +67,8 @@ pub struct Spoke {
     pub by_destination: bool,
     /// The agent's metrics.
     pub metrics: crate::metrics::Metrics,
+    /// This cluster's Redis, when the agent serves the principal's Redis proxy.
+    pub redis: Option<Arc<crate::redis::SpokeRedis>>,
     inner: Mutex<SpokeInner>,
 }
 
@@ -116,6 +118,7 @@ impl Spoke {
             policies: Policies::default(),
             by_destination: false,
             metrics: crate::metrics::Metrics::new(),
+            redis: None,
             inner: Mutex::new(SpokeInner::default()),
         }
     }
@@ -171,6 +174,28 @@ impl Spoke {
         } else {
             self.namespace.as_str()
         }
+    }
+
+    /// Argo CD's instance name (the part of its cache keys naming an Application) of the
+    /// local copy of the Application the principal names, if this agent holds it: the name
+    /// in Argo CD's namespace, `<namespace>_<name>` elsewhere.
+    pub fn redis_instance(&self, resource: &ResourceRef) -> Option<String> {
+        crate::redis::instance_name(
+            resource,
+            self.across_namespaces(),
+            self.hub_namespace().as_ref(),
+            &self.namespace,
+            |ns, name| {
+                self.cache
+                    .get(Some(ns), name)
+                    .is_some_and(|o| self.relevant(&o))
+            },
+        )
+    }
+
+    /// Applications this agent holds.
+    pub fn app_count(&self) -> usize {
+        self.local().len()
     }
 
     /// Local objects that take part in sync, by key.

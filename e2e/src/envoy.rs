@@ -320,7 +320,7 @@ impl MeshTopology {
 }
 
 /// Arguments of a principal with `--auth header:envoy` on `listen`, the topology's mapping
-/// rule and no metrics or admin listener.
+/// rule and no metrics, admin or Redis proxy listener.
 pub fn header_principal_args(kubeconfig: &Path, listen: SocketAddr) -> Vec<String> {
     vec![
         "principal".into(),
@@ -338,5 +338,6 @@ pub fn header_principal_args(kubeconfig: &Path, listen: SocketAddr) -> Vec<Strin
         "0".into(),
         "--admin-address".into(),
         "off".into(),
+        "--disable-redis-proxy".into(),
     ]
 }

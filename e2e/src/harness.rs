@@ -241,6 +241,8 @@ pub struct TopologyOptions {
     pub rules_file: Option<PathBuf>,
     /// Extra environment variables for the principal and every agent.
     pub envs: Vec<(String, String)>,
+    /// Extra arguments for one agent (by name), after `agent_args`.
+    pub per_agent_args: Vec<(&'static str, Vec<String>)>,
 }
 
 /// The whole local topology.
@@ -505,6 +507,15 @@ impl Topology {
                 a
             }
         };
+        // The Redis proxy is on by default (as upstream's) on :6379; tests that want it
+        // choose a port.
+        if !opts
+            .principal_args
+            .iter()
+            .any(|a| a == "--redis-proxy-address")
+        {
+            pargs.push("--disable-redis-proxy".into());
+        }
         pargs.extend(opts.principal_args.iter().cloned());
         let with_envs = |p: Proc| opts.envs.iter().fold(p, |p, (k, v)| p.env(k, v));
         let mut principal = with_envs(Proc::new(
@@ -556,9 +567,15 @@ impl Topology {
                     "--creds".into(),
                     opts.agent_creds.clone().unwrap_or_else(|| "spiffe".into()),
                 ];
+                let own = opts
+                    .per_agent_args
+                    .iter()
+                    .filter(|(name, _)| *name == agent)
+                    .flat_map(|(_, a)| a.iter().cloned());
                 let args = args
                     .into_iter()
                     .chain(opts.agent_args.iter().cloned())
+                    .chain(own)
                     .collect();
                 let mut p = with_envs(Proc::new(
                     agent,

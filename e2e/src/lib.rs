@@ -6,3 +6,4 @@ pub mod bench;
 pub mod envoy;
 pub mod fake_argocd;
 pub mod harness;
+pub mod redis;

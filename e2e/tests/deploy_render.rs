@@ -1040,8 +1040,15 @@ fn network_policies_admit_grpc_on_the_listener_and_metrics_only_from_monitoring(
             Component::Principal => {
                 assert_eq!(
                     admitted.keys().collect::<Vec<_>>(),
-                    ["grpc", "metrics"],
-                    "{}: the principal accepts gRPC and metrics only",
+                    ["grpc", "metrics", "redis-proxy"],
+                    "{}: the principal accepts gRPC, metrics and the Redis proxy only",
+                    rel(dir)
+                );
+                let argocd_server = serde_json::json!([{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "argocd-server"}}}]);
+                assert_eq!(
+                    admitted.get("redis-proxy"),
+                    Some(&Some(argocd_server)),
+                    "{}: the Redis proxy must be admitted from argocd-server only",
                     rel(dir)
                 );
                 let from = admitted["grpc"].clone();

@@ -111,6 +111,8 @@ pub struct PrincipalConfig {
     pub max_concurrent_handshakes: usize,
     /// HTTP/2 streams one connection may open at once (an agent needs one or two).
     pub max_concurrent_streams: u32,
+    /// The Redis proxy in front of argocd-server (`None`: off).
+    pub redis_proxy: Option<crate::redisproxy::RedisProxyConfig>,
 }
 
 impl Default for PrincipalConfig {
@@ -141,6 +143,7 @@ impl Default for PrincipalConfig {
             max_concurrent_handshakes:
                 argocd_agent_identity::transport::DEFAULT_MAX_CONCURRENT_HANDSHAKES,
             max_concurrent_streams: 16,
+            redis_proxy: None,
         }
     }
 }

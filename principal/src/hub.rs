@@ -122,6 +122,8 @@ pub struct AgentState {
     inbox: ChangeInbox,
     /// Last event received from the agent, Unix milliseconds (0: none yet).
     last_event_ms: AtomicI64,
+    /// Requests to the current session (none while disconnected).
+    link: Mutex<Option<Arc<crate::link::AgentLink>>>,
 }
 
 impl AgentState {
@@ -147,6 +149,25 @@ impl AgentState {
     /// The mode of its latest session.
     pub fn mode(&self) -> AgentMode {
         self.inner().mode
+    }
+    /// The request link of the current session, if connected.
+    pub fn link(&self) -> Option<Arc<crate::link::AgentLink>> {
+        lock(&self.link).clone()
+    }
+    /// Installs the request link of a new session (failing the previous one's requests).
+    pub fn set_link(&self, link: Arc<crate::link::AgentLink>) {
+        if let Some(old) = lock(&self.link).replace(link) {
+            old.close();
+        }
+    }
+    /// Removes the link of session `session_id`, if still current, failing its requests.
+    pub fn clear_link(&self, session_id: u64) {
+        let mut guard = lock(&self.link);
+        if guard.as_ref().is_some_and(|l| l.session_id == session_id)
+            && let Some(old) = guard.take()
+        {
+            old.close();
+        }
     }
     /// Whether a session is open.
     pub fn is_connected(&self) -> bool {
@@ -382,6 +403,25 @@ impl Hub {
         lock(&self.registry).agents.get(name).cloned()
     }
 
+    /// The agent that serves Application `ns/name`: with destination-based mapping the
+    /// managed agent it was placed on, otherwise the agent owning hub namespace `ns`.
+    /// `None` when the Application does not exist or nobody owns it.
+    pub fn app_owner(&self, ns: &Namespace, name: &str) -> Option<Arc<AgentState>> {
+        self.cache.get(Some(ns.as_str()), name)?;
+        let by_namespace = self.agent_for_namespace(ns);
+        if !self.by_destination
+            || by_namespace
+                .as_ref()
+                .is_some_and(|s| s.mode() == AgentMode::Autonomous)
+        {
+            return by_namespace;
+        }
+        let placed = lock(&self.placements)
+            .get(&(ns.to_string(), name.to_owned()))
+            .cloned()?;
+        self.agent(&placed)
+    }
+
     /// Every agent that ever connected.
     pub fn agents(&self) -> Vec<Arc<AgentState>> {
         lock(&self.registry).agents.values().cloned().collect()
@@ -451,6 +491,7 @@ impl Hub {
                     }),
                     inbox: ChangeInbox::default(),
                     last_event_ms: AtomicI64::new(0),
+                    link: Mutex::new(None),
                 });
                 registry.agents.insert(name.clone(), state.clone());
                 self.spawn_worker(state.clone());

@@ -11,13 +11,16 @@
 
 pub mod admin;
 pub mod auth;
+pub mod clusterinfo;
 pub mod config;
 pub mod error;
 pub mod hub;
 pub mod inbound;
+pub mod link;
 pub mod metrics;
 pub mod objects;
 pub mod projects;
+pub mod redisproxy;
 pub mod server;
 pub mod session;
 
@@ -58,6 +61,8 @@ pub struct Running {
     pub metrics_addr: Option<SocketAddr>,
     /// Where the operator API listens (`None`: turned off).
     pub admin_addr: Option<config::AdminAddress>,
+    /// Where the Redis proxy listens (`None`: turned off).
+    pub redis_proxy_addr: Option<SocketAddr>,
     pub hub: Arc<Hub>,
     tasks: TaskTracker,
     done: tokio::task::JoinHandle<Result<(), PrincipalError>>,
@@ -242,6 +247,27 @@ pub async fn start(
         }
         None => None,
     };
+    // Agents' cluster info goes to the hub Redis the proxy fronts.
+    let cluster_info = config.redis_proxy.as_ref().map(|r| {
+        let writer = clusterinfo::ClusterInfoWriter::new(
+            r.upstream.clone(),
+            r.compression,
+            r.cluster_server_template.clone(),
+        );
+        tasks.spawn(writer.clone().refresh(hub.clone(), shutdown.clone()));
+        writer
+    });
+    let redis_proxy_addr = match &config.redis_proxy {
+        Some(redis) => Some(
+            redisproxy::serve(redis.clone(), hub.clone(), &tasks, shutdown.clone())
+                .await
+                .map_err(|source| PrincipalError::Listen {
+                    addr: redis.listen,
+                    source,
+                })?,
+        ),
+        None => None,
+    };
     let listener =
         TcpListener::bind(config.listen)
             .await
@@ -270,6 +296,13 @@ pub async fn start(
         tasks: tasks.clone(),
         shutdown: shutdown.clone(),
         idle_timeout: config.idle_timeout,
+        cluster_info: cluster_info.clone(),
+        max_requests_in_flight: config
+            .redis_proxy
+            .as_ref()
+            .map_or(redisproxy::DEFAULT_AGENT_IN_FLIGHT, |r| {
+                r.max_in_flight_per_agent
+            }),
     };
     tracing::info!(%addr, auth = ?config.auth, "principal listening");
     let done = serve(&config, listener, listener_auth, rules, sessions, shutdown)?;
@@ -277,6 +310,7 @@ pub async fn start(
         addr,
         metrics_addr,
         admin_addr,
+        redis_proxy_addr,
         hub,
         tasks,
         done,

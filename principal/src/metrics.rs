@@ -43,6 +43,16 @@ pub struct ProcessingLabels {
     pub resource_type: String,
 }
 
+/// Labels of `argocd_principal_redis_proxy_requests_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RedisProxyLabels {
+    /// `agent` (an Application's key, answered through its agent) or `hub` (passed through).
+    pub route: String,
+    /// `forwarded`, `nil` (no owner), `refused` (agent offline, limit, key not served),
+    /// `error` (agent or connection failure).
+    pub result: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ModeLabels {
     pub mode: String,
@@ -147,6 +157,9 @@ pub struct Metrics {
     pub queue_depth: Gauge,
     /// `argocd_principal_event_resends_total`: events sent again for lack of an ack.
     pub resends: Counter,
+    /// `argocd_principal_redis_proxy_requests_total{route,result}`: commands the Redis proxy
+    /// handled.
+    pub redis_proxy_requests: Family<RedisProxyLabels, Counter>,
     hub_writes: Arc<HashMap<(ResourceKind, HubWrite), Counter>>,
     agent_labels: Arc<AgentLabels>,
     registry: Arc<Registry>,
@@ -286,7 +299,14 @@ impl Metrics {
                 reason: reason.into(),
             });
         }
+        let redis_proxy_requests = Family::<RedisProxyLabels, Counter>::default();
+        r.register(
+            "argocd_principal_redis_proxy_requests",
+            "Commands handled by the Redis proxy, by route (agent, hub) and result",
+            redis_proxy_requests.clone(),
+        );
         Metrics {
+            redis_proxy_requests,
             connected_agents,
             events_received,
             events_sent,
@@ -308,6 +328,16 @@ impl Metrics {
             }),
             registry: Arc::new(r),
         }
+    }
+
+    /// Counts one command of the Redis proxy.
+    pub fn redis_proxy(&self, route: &str, result: &str) {
+        self.redis_proxy_requests
+            .get_or_create(&RedisProxyLabels {
+                route: route.into(),
+                result: result.into(),
+            })
+            .inc();
     }
 
     /// Text exposition format.

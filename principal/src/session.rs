@@ -30,7 +30,11 @@ static SESSION_IDS: AtomicU64 = AtomicU64::new(1);
 const HELLO_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Capabilities this principal offers.
-pub const CAPABILITIES: &[&str] = &["resync.v1", "operations.v1"];
+pub const CAPABILITIES: &[&str] = &[
+    "resync.v1",
+    "operations.v1",
+    argocd_agent_sync::redis::CAPABILITY,
+];
 
 /// Outbound messages buffered per session before the writer waits for the agent.
 const OUTBOUND_BUFFER: usize = 64;
@@ -42,6 +46,10 @@ pub struct SessionContext {
     pub tasks: TaskTracker,
     pub shutdown: CancellationToken,
     pub idle_timeout: Duration,
+    /// Writes agents' cluster info into the hub Redis (with the Redis proxy).
+    pub cluster_info: Option<Arc<crate::clusterinfo::ClusterInfoWriter>>,
+    /// Requests (Redis proxy) waiting for one agent's answers at once.
+    pub max_requests_in_flight: usize,
 }
 
 type Outbound = mpsc::Sender<Result<CloudEvent, Status>>;
@@ -200,8 +208,27 @@ async fn run(
         hub: hub.clone(),
         state: state.clone(),
         session_id,
+        cluster_info: ctx.cluster_info.clone(),
     };
-    send(tx, hub, &state, welcome(hub, &identity, &hello)).await?;
+    if let Some(writer) = ctx.cluster_info.clone() {
+        let agent = identity.agent.clone();
+        ctx.tasks.spawn(async move {
+            writer
+                .write(&agent, crate::clusterinfo::Connection::Successful)
+                .await
+        });
+    }
+    let welcome = welcome(hub, &identity, &hello);
+    let (direct_tx, mut direct_rx) = mpsc::channel(OUTBOUND_BUFFER);
+    if let Payload::Welcome(w) = &welcome.payload {
+        state.set_link(Arc::new(crate::link::AgentLink::new(
+            session_id,
+            direct_tx,
+            ctx.max_requests_in_flight,
+            w.capabilities.clone(),
+        )));
+    }
+    send(tx, hub, &state, welcome).await?;
 
     // 3. Resync.
     let resync_started = std::time::Instant::now();
@@ -246,11 +273,12 @@ async fn run(
             }
             _ = tx.closed() => return Ok(()),
             event = state.queue.next() => send(tx, hub, &state, event).await?,
+            Some(event) = direct_rx.recv() => send(tx, hub, &state, event).await?,
             msg = inbound.next() => {
                 let Some(msg) = msg else { return Ok(()) };
                 last_seen = tokio::time::Instant::now();
                 state.touch();
-                handle_inbound(hub, &state, &identity, mode, msg?, tx).await?;
+                handle_inbound(hub, ctx.cluster_info.as_ref(), &state, &identity, mode, msg?, tx).await?;
             }
             _ = idle_check.tick() => {
                 if last_seen.elapsed() > ctx.idle_timeout {
@@ -265,11 +293,24 @@ struct SessionGuard {
     hub: Arc<Hub>,
     state: Arc<AgentState>,
     session_id: u64,
+    cluster_info: Option<Arc<crate::clusterinfo::ClusterInfoWriter>>,
 }
 
 impl Drop for SessionGuard {
     fn drop(&mut self) {
+        self.state.clear_link(self.session_id);
         self.hub.detach(&self.state, self.session_id);
+        // Failed at once, unless a newer session of the agent took over.
+        if let Some(writer) = self.cluster_info.clone()
+            && !self.state.is_connected()
+        {
+            let agent = self.state.name.clone();
+            tokio::spawn(async move {
+                let failed =
+                    crate::clusterinfo::Connection::Failed(crate::clusterinfo::DISCONNECTED.into());
+                writer.write(&agent, failed).await
+            });
+        }
         self.hub.metrics.connected_agents.dec();
         tracing::info!("agent disconnected");
     }
@@ -297,6 +338,7 @@ async fn send(
 /// Decodes, decides and applies one inbound event, then answers it.
 async fn handle_inbound(
     hub: &Hub,
+    cluster_info: Option<&Arc<crate::clusterinfo::ClusterInfoWriter>>,
     state: &AgentState,
     identity: &AgentIdentity,
     mode: AgentMode,
@@ -324,7 +366,7 @@ async fn handle_inbound(
     hub.metrics.event(false, agent.as_str(), event.ty.verb());
     let span = argocd_agent_sync::event_span!("principal.handle_inbound", &event,
         agent = %identity.agent, client = %identity.client, rule = %identity.rule);
-    handle_event(hub, state, identity, mode, event, tx)
+    handle_event(hub, cluster_info, state, identity, mode, event, tx)
         .instrument(span)
         .await
 }
@@ -333,6 +375,7 @@ async fn handle_inbound(
 /// `principal.handle_inbound`, a child of the agent's span that sent it).
 async fn handle_event(
     hub: &Hub,
+    cluster_info: Option<&Arc<crate::clusterinfo::ClusterInfoWriter>>,
     state: &AgentState,
     identity: &AgentIdentity,
     mode: AgentMode,
@@ -340,6 +383,32 @@ async fn handle_event(
     tx: &Outbound,
 ) -> Result<(), Status> {
     let agent = &identity.agent;
+    // Answers to this session's requests: matched by request id within the session only,
+    // so an agent can only answer what was asked of it.
+    if matches!(event.ty, EventType::RedisResponse | EventType::RedisPush) {
+        // An error ends a subscription; single answers end their request anyway.
+        let last = matches!(&event.payload, Payload::RedisResponse(r)
+            if matches!(r.result, Some(pb::redis_response::Result::Error(_))));
+        let delivered = state.link().is_some_and(|l| l.answer(event, last));
+        if !delivered {
+            tracing::debug!("answer to an unknown or finished request dropped");
+        }
+        return Ok(());
+    }
+    if event.ty == EventType::ClusterCacheInfoUpdate {
+        if let (Payload::ClusterCacheInfo(counts), Some(writer)) =
+            (&event.payload, cluster_info.cloned())
+        {
+            writer.set_counts(agent, counts.clone());
+            let agent = agent.clone();
+            tokio::spawn(async move {
+                writer
+                    .write(&agent, crate::clusterinfo::Connection::Successful)
+                    .await
+            });
+        }
+        return Ok(());
+    }
     let started = std::time::Instant::now();
     let owner = event.resource.as_ref().map_or(OwnerRecord::Absent, |r| {
         hub.owner_record(&identity.agent, r)

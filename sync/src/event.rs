@@ -15,7 +15,9 @@ use argocd_agent_identity::Namespace;
 use argocd_agent_proto::cloudevents::CloudEvent;
 use argocd_agent_proto::cloudevents::cloud_event::cloud_event_attribute_value::Attr;
 use argocd_agent_proto::cloudevents::cloud_event::{CloudEventAttributeValue, Data};
-use argocd_agent_proto::eventstream::{ErrorDetail, Hello, Welcome};
+use argocd_agent_proto::eventstream::{
+    ClusterCacheInfo, ErrorDetail, Hello, RedisRequest, RedisResponse, Welcome,
+};
 use argocd_agent_proto::prost::Message;
 
 /// Prefix of every event type.
@@ -65,6 +67,17 @@ pub enum EventType {
     Pong,
     /// A refused or failed event (payload [`ErrorDetail`]).
     Error,
+    /// Principal -> agent: read or subscribe to a key of the agent's Redis (payload
+    /// [`RedisRequest`], the Application in the resource attributes).
+    RedisRequest,
+    /// Agent -> principal: the answer to the `redis-request` named by `ackid` (payload
+    /// [`RedisResponse`]).
+    RedisResponse,
+    /// Agent -> principal: a message of the subscription named by `ackid` (payload
+    /// [`RedisResponse`]).
+    RedisPush,
+    /// Agent -> principal: its cluster's cache counts (payload [`ClusterCacheInfo`]).
+    ClusterCacheInfoUpdate,
 }
 
 impl EventType {
@@ -87,6 +100,10 @@ impl EventType {
             EventType::Ping => "ping",
             EventType::Pong => "pong",
             EventType::Error => "error",
+            EventType::RedisRequest => "redis-request",
+            EventType::RedisResponse => "redis-response",
+            EventType::RedisPush => "redis-push",
+            EventType::ClusterCacheInfoUpdate => "cluster-cache-info-update",
         }
     }
 
@@ -110,6 +127,10 @@ impl EventType {
             "ping" => EventType::Ping,
             "pong" => EventType::Pong,
             "error" => EventType::Error,
+            "redis-request" => EventType::RedisRequest,
+            "redis-response" => EventType::RedisResponse,
+            "redis-push" => EventType::RedisPush,
+            "cluster-cache-info-update" => EventType::ClusterCacheInfoUpdate,
             _ => return None,
         })
     }
@@ -162,6 +183,9 @@ pub enum Payload {
     Hello(Hello),
     Welcome(Welcome),
     Error(ErrorDetail),
+    RedisRequest(RedisRequest),
+    RedisResponse(RedisResponse),
+    ClusterCacheInfo(ClusterCacheInfo),
 }
 
 /// One event, decoded and validated.
@@ -303,10 +327,18 @@ impl Event {
             Payload::Hello(h) => Some(Data::BinaryData(h.encode_to_vec())),
             Payload::Welcome(w) => Some(Data::BinaryData(w.encode_to_vec())),
             Payload::Error(e) => Some(Data::BinaryData(e.encode_to_vec())),
+            Payload::RedisRequest(r) => Some(Data::BinaryData(r.encode_to_vec())),
+            Payload::RedisResponse(r) => Some(Data::BinaryData(r.encode_to_vec())),
+            Payload::ClusterCacheInfo(c) => Some(Data::BinaryData(c.encode_to_vec())),
         };
         if matches!(
             self.payload,
-            Payload::Hello(_) | Payload::Welcome(_) | Payload::Error(_)
+            Payload::Hello(_)
+                | Payload::Welcome(_)
+                | Payload::Error(_)
+                | Payload::RedisRequest(_)
+                | Payload::RedisResponse(_)
+                | Payload::ClusterCacheInfo(_)
         ) {
             attributes.insert(
                 ATTR_CONTENT_TYPE.into(),
@@ -488,6 +520,15 @@ fn decode_payload(id: &str, ty: EventType, data: Option<Data>) -> Result<Payload
         EventType::Error => {
             Payload::Error(ErrorDetail::decode(proto).map_err(|e| bad(e.to_string()))?)
         }
+        EventType::RedisRequest => {
+            Payload::RedisRequest(RedisRequest::decode(proto).map_err(|e| bad(e.to_string()))?)
+        }
+        EventType::RedisResponse | EventType::RedisPush => {
+            Payload::RedisResponse(RedisResponse::decode(proto).map_err(|e| bad(e.to_string()))?)
+        }
+        EventType::ClusterCacheInfoUpdate => Payload::ClusterCacheInfo(
+            ClusterCacheInfo::decode(proto).map_err(|e| bad(e.to_string()))?,
+        ),
         _ => match bytes {
             None => Payload::None,
             Some(b) if b.is_empty() => Payload::None,
@@ -521,6 +562,7 @@ fn check_shape(
             | EventType::SetOperation
             | EventType::TerminateOperation
             | EventType::RequestUpdate
+            | EventType::RedisRequest
     );
     if needs_resource && resource.is_none() {
         return Err(EventError::Missing {
@@ -539,7 +581,11 @@ fn check_shape(
             reason: "an object is required".into(),
         });
     }
-    if ty == EventType::Processed && ack_id.is_none() {
+    if matches!(
+        ty,
+        EventType::Processed | EventType::RedisResponse | EventType::RedisPush
+    ) && ack_id.is_none()
+    {
         return Err(EventError::Missing {
             id: id.to_owned(),
             attr: ATTR_ACK,
@@ -614,6 +660,43 @@ mod tests {
         let ack = e.ack("principal");
         let back = Event::from_cloud_event(ack.to_cloud_event()).unwrap();
         assert_eq!(back.ack_id.as_deref(), Some(e.id.as_str()));
+    }
+
+    #[test]
+    fn redis_request_and_response_round_trip_and_responses_need_their_request_id() {
+        use argocd_agent_proto::eventstream::{RedisCommand, redis_response};
+        let req = Event::resource(
+            "principal",
+            EventType::RedisRequest,
+            app_ref(),
+            Payload::RedisRequest(RedisRequest {
+                command: RedisCommand::Get as i32,
+                key_kind: "resources-tree".into(),
+                key_suffix: "|1.8.3.gz".into(),
+                subscription_id: String::new(),
+            }),
+        );
+        assert_eq!(Event::from_cloud_event(req.to_cloud_event()).unwrap(), req);
+        let mut resp = Event::new(
+            "agent",
+            EventType::RedisResponse,
+            Payload::RedisResponse(RedisResponse {
+                result: Some(redis_response::Result::Value(b"\x1f\x8b".to_vec())),
+            }),
+        );
+        resp.ack_id = Some(req.id.clone());
+        assert_eq!(
+            Event::from_cloud_event(resp.to_cloud_event()).unwrap(),
+            resp
+        );
+        resp.ack_id = None;
+        assert!(matches!(
+            Event::from_cloud_event(resp.to_cloud_event()),
+            Err(EventError::Missing { attr: "ackid", .. })
+        ));
+        let mut no_app = req.clone();
+        no_app.resource = None;
+        assert!(Event::from_cloud_event(no_app.to_cloud_event()).is_err());
     }
 
     #[test]

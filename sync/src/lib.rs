@@ -4,7 +4,9 @@
 
 pub mod event;
 pub mod queue;
+pub mod redis;
 pub mod resync;
+pub mod rpc;
 pub mod trace;
 
 pub use event::{Event, EventError, EventType, Payload, ResourceKind, ResourceRef};

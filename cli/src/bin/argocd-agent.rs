@@ -170,6 +170,8 @@ struct PrincipalArgs {
     /// Maximum gRPC message size in bytes.
     #[arg(long, default_value_t = 4 * 1024 * 1024)]
     max_message_size: usize,
+    #[command(flatten)]
+    redis: RedisProxyArgs,
     /// Maximum unacknowledged events per agent.
     #[arg(long, default_value_t = 256)]
     max_in_flight: usize,
@@ -185,6 +187,185 @@ struct PrincipalArgs {
     /// Talk to the collector in plaintext instead of TLS.
     #[arg(long, env = "ARGOCD_PRINCIPAL_OTLP_INSECURE")]
     otlp_insecure: bool,
+}
+
+/// The Redis proxy in front of argocd-server (docs/redis-proxy.md).
+#[derive(Debug, Args)]
+struct RedisProxyArgs {
+    /// Turn the Redis proxy off.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_DISABLE_REDIS_PROXY")]
+    disable_redis_proxy: bool,
+    /// Where argocd-server connects (`redis.server` in argocd-cmd-params-cm): `[host]:port`.
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_REDIS_PROXY_ADDRESS",
+        default_value = ":6379"
+    )]
+    redis_proxy_address: String,
+    /// The hub's Redis (`host:port`): every command that is not an agent's Application key.
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_REDIS_SERVER_ADDRESS",
+        default_value = "argocd-redis:6379"
+    )]
+    redis_server_address: String,
+    /// Connect to the hub Redis with TLS, trusting the CA certificates in this PEM file.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_REDIS_SERVER_TLS_CA_PATH")]
+    redis_server_tls_ca_path: Option<PathBuf>,
+    /// Serve the proxy with TLS: PEM certificate chain (with `--redis-proxy-tls-key`).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_REDIS_PROXY_TLS_CERT_PATH")]
+    redis_proxy_tls_cert_path: Option<PathBuf>,
+    /// PEM private key of `--redis-proxy-tls-cert-path`.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_REDIS_PROXY_TLS_KEY_PATH")]
+    redis_proxy_tls_key_path: Option<PathBuf>,
+    /// Largest RESP frame accepted and largest value an agent may return, in bytes.
+    #[arg(long, default_value_t = 64 * 1024 * 1024)]
+    redis_proxy_max_value_size: usize,
+    /// Commands of one client connection waiting for replies at once.
+    #[arg(long, default_value_t = 128)]
+    redis_proxy_max_in_flight: usize,
+    /// Requests waiting for one agent's answers at once (more get an error).
+    #[arg(long, default_value_t = 256)]
+    redis_proxy_max_in_flight_per_agent: usize,
+    /// How long an agent may take to answer.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    redis_proxy_request_timeout: Duration,
+    /// Close client connections silent for this long (never while subscribed).
+    #[arg(long, default_value = "30m", value_parser = parse_duration)]
+    redis_proxy_idle_timeout: Duration,
+    /// The hub Argo CD's Redis compression (`redis.compression`): `gzip` or `none`; the
+    /// agents' cluster info is written in it.
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_REDIS_COMPRESSION_TYPE",
+        default_value = "gzip"
+    )]
+    redis_compression_type: argocd_agent_sync::redis::clusterinfo::Compression,
+    /// Server URL of an agent's cluster in Argo CD (its cluster Secret's `server`);
+    /// `{agent}` is replaced by the agent's name. Cluster info is written under it.
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_CLUSTER_SERVER_URL_TEMPLATE",
+        default_value = argocd_agent_principal::clusterinfo::DEFAULT_SERVER_TEMPLATE
+    )]
+    cluster_server_url_template: String,
+}
+
+impl RedisProxyArgs {
+    fn config(
+        &self,
+    ) -> Result<Option<argocd_agent_principal::redisproxy::RedisProxyConfig>, String> {
+        if self.disable_redis_proxy {
+            return Ok(None);
+        }
+        let listen = parse_listen(&self.redis_proxy_address)
+            .map_err(|e| format!("--redis-proxy-address: {e}"))?;
+        let tls = match (
+            &self.redis_proxy_tls_cert_path,
+            &self.redis_proxy_tls_key_path,
+        ) {
+            (Some(cert), Some(key)) => {
+                Some(argocd_agent_sync::redis::client::server_tls(cert, key)?)
+            }
+            (None, None) => None,
+            _ => {
+                return Err(
+                    "--redis-proxy-tls-cert-path and --redis-proxy-tls-key-path go together"
+                        .to_owned(),
+                );
+            }
+        };
+        let upstream_tls = match &self.redis_server_tls_ca_path {
+            Some(ca) => Some(argocd_agent_sync::redis::RedisTls::from_ca_file(
+                ca,
+                host_of(&self.redis_server_address),
+            )?),
+            None => None,
+        };
+        Ok(Some(argocd_agent_principal::redisproxy::RedisProxyConfig {
+            listen,
+            upstream: argocd_agent_sync::redis::RedisEndpoint {
+                addr: self.redis_server_address.clone(),
+                tls: upstream_tls,
+                ..Default::default()
+            },
+            tls,
+            max_value_size: self.redis_proxy_max_value_size,
+            max_in_flight_per_connection: self.redis_proxy_max_in_flight,
+            max_in_flight_per_agent: self.redis_proxy_max_in_flight_per_agent,
+            request_timeout: self.redis_proxy_request_timeout,
+            idle_timeout: self.redis_proxy_idle_timeout,
+            compression: self.redis_compression_type,
+            cluster_server_template: self.cluster_server_url_template.clone(),
+            ..Default::default()
+        }))
+    }
+}
+
+/// This cluster's Redis, which the agent reads for the principal's Redis proxy.
+#[derive(Debug, Args)]
+struct AgentRedisArgs {
+    /// This cluster's Redis (`host:port`, Argo CD's `argocd-redis:6379`); without it the
+    /// agent does not serve the principal's Redis proxy.
+    #[arg(long, env = "ARGOCD_AGENT_REDIS_ADDRESS")]
+    redis_addr: Option<String>,
+    /// Redis ACL user name (with `--redis-password`).
+    #[arg(long, env = "ARGOCD_AGENT_REDIS_USERNAME")]
+    redis_username: Option<String>,
+    /// Redis password (Argo CD's `redis-password`); prefer the environment variable.
+    #[arg(long, env = "ARGOCD_AGENT_REDIS_PASSWORD", hide_env_values = true)]
+    redis_password: Option<String>,
+    /// Connect with TLS, trusting the CA certificates in this PEM file.
+    #[arg(long, env = "ARGOCD_AGENT_REDIS_TLS_CA_PATH")]
+    redis_tls_ca_path: Option<PathBuf>,
+    /// Largest value read and sent to the principal, in bytes.
+    #[arg(long, default_value_t = 64 * 1024 * 1024)]
+    redis_max_value_size: usize,
+    /// How often to report this cluster's cache counts (Applications; APIs and resources
+    /// from the cluster's Redis) for the hub's cluster info.
+    #[arg(long, env = "ARGOCD_AGENT_CACHE_REFRESH_INTERVAL", default_value = "10s", value_parser = parse_duration)]
+    cache_refresh_interval: Duration,
+}
+
+impl AgentRedisArgs {
+    fn config(&self) -> Result<Option<argocd_agent_agent::redis::RedisConfig>, String> {
+        let Some(addr) = &self.redis_addr else {
+            return Ok(None);
+        };
+        let tls = match &self.redis_tls_ca_path {
+            Some(ca) => Some(argocd_agent_sync::redis::RedisTls::from_ca_file(
+                ca,
+                host_of(addr),
+            )?),
+            None => None,
+        };
+        Ok(Some(argocd_agent_agent::redis::RedisConfig {
+            endpoint: argocd_agent_sync::redis::RedisEndpoint {
+                addr: addr.clone(),
+                username: self.redis_username.clone(),
+                password: self.redis_password.clone(),
+                tls,
+            },
+            max_value_size: self.redis_max_value_size,
+        }))
+    }
+}
+
+/// `[host]:port` (empty host: every address) as a socket address.
+fn parse_listen(s: &str) -> Result<SocketAddr, String> {
+    if let Some(port) = s.strip_prefix(':') {
+        let port: u16 = port.parse().map_err(|e| format!("{s:?}: {e}"))?;
+        return Ok(SocketAddr::from(([0, 0, 0, 0], port)));
+    }
+    s.parse().map_err(|e| format!("{s:?}: {e}"))
+}
+
+/// The host part of `host:port` (the name a TLS certificate must carry).
+fn host_of(addr: &str) -> &str {
+    addr.rsplit_once(':')
+        .map_or(addr, |(h, _)| h)
+        .trim_start_matches('[')
+        .trim_end_matches(']')
 }
 
 #[derive(Debug, Args)]
@@ -260,6 +441,8 @@ struct AgentArgs {
     healthz_port: u16,
     #[arg(long, default_value_t = 4 * 1024 * 1024)]
     max_message_size: usize,
+    #[command(flatten)]
+    redis: AgentRedisArgs,
     #[arg(long, env = "ARGOCD_AGENT_LOG_LEVEL", default_value = "info")]
     log_level: String,
     #[arg(long, env = "ARGOCD_AGENT_LOG_FORMAT", default_value = "text")]
@@ -432,11 +615,12 @@ async fn serve_principal(a: PrincipalArgs) -> CmdResult {
             max_in_flight: a.max_in_flight,
             ..Default::default()
         },
+        redis_proxy: a.redis.config()?,
         ..Default::default()
     };
     let shutdown = shutdown_token();
     let running = argocd_agent_principal::start(config, shutdown).await?;
-    tracing::info!(addr = %running.addr, metrics = ?running.metrics_addr, admin = ?running.admin_addr.as_ref().map(ToString::to_string), "principal started");
+    tracing::info!(addr = %running.addr, metrics = ?running.metrics_addr, redis_proxy = ?running.redis_proxy_addr, admin = ?running.admin_addr.as_ref().map(ToString::to_string), "principal started");
     running.wait().await?;
     Ok(())
 }
@@ -509,6 +693,11 @@ async fn serve_agent(a: AgentArgs) -> CmdResult {
             on_recreate: a.on_application_recreate,
         },
         destination_based_mapping: a.destination_based_mapping,
+        redis: a.redis.config()?,
+        cache_refresh_interval: match a.redis.cache_refresh_interval {
+            d if d.is_zero() => return Err("--cache-refresh-interval must be above 0".into()),
+            d => d,
+        },
         ..Default::default()
     };
     let shutdown = shutdown_token();

@@ -313,16 +313,84 @@ async fn check(topo: &Topology) -> Result<(), harness::HarnessError> {
     Ok(())
 }
 
+/// Real Redis servers (hub and one per spoke) behind the principal's Redis proxy, when
+/// `redis-server` is on PATH; the demo runs without them otherwise.
+struct DemoRedis {
+    proxy_port: u16,
+    hub: argocd_agent_e2e::redis::RedisServer,
+    managed: argocd_agent_e2e::redis::RedisServer,
+    autonomous: argocd_agent_e2e::redis::RedisServer,
+}
+
+impl DemoRedis {
+    async fn start(
+        dir: &std::path::Path,
+    ) -> Result<Option<DemoRedis>, Box<dyn std::error::Error + Send + Sync>> {
+        use argocd_agent_e2e::redis::{RedisServer, redis_server_bin};
+        if redis_server_bin().is_err() {
+            eprintln!("redis-server is not on PATH: the demo runs without the Redis proxy");
+            return Ok(None);
+        }
+        let start = |name: &'static str| RedisServer::start(dir, name);
+        Ok(Some(DemoRedis {
+            proxy_port: argocd_agent_e2e::envoy::free_loopback_port()?,
+            hub: start("redis-hub").await.map_err(|e| e.to_string())?,
+            managed: start("redis-managed").await.map_err(|e| e.to_string())?,
+            autonomous: start("redis-autonomous").await.map_err(|e| e.to_string())?,
+        }))
+    }
+
+    fn configure(&self, options: &mut TopologyOptions) {
+        options.principal_args.extend([
+            "--redis-proxy-address".into(),
+            format!("127.0.0.1:{}", self.proxy_port),
+            "--redis-server-address".into(),
+            self.hub.addr(),
+        ]);
+        options.per_agent_args = vec![
+            (MANAGED, vec!["--redis-addr".into(), self.managed.addr()]),
+            (
+                AUTONOMOUS,
+                vec!["--redis-addr".into(), self.autonomous.addr()],
+            ),
+        ];
+    }
+
+    /// What the managed spoke's Argo CD would have written for guestbook.
+    async fn seed(&self) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        let mut conn = argocd_agent_sync::redis::RedisEndpoint {
+            addr: self.managed.addr(),
+            ..Default::default()
+        }
+        .connect(1 << 20)
+        .await?;
+        conn.command(&[
+            b"SET",
+            b"app|resources-tree|guestbook",
+            br#"{"nodes":[{"kind":"Deployment","name":"guestbook-ui"}]}"#,
+        ])
+        .await?;
+        Ok(())
+    }
+}
+
 /// Runs the demo.
 pub async fn run(args: DemoArgs) -> crate::CmdResult {
     std::fs::create_dir_all(&args.dir)?;
     let dir = std::fs::canonicalize(&args.dir)?;
     eprintln!("starting the local topology in {} ...", dir.display());
-    let topo = Topology::start(TopologyOptions {
+    let redis = DemoRedis::start(&dir).await?;
+    let mut options = TopologyOptions {
         dir: Some(dir.clone()),
         ..Default::default()
-    })
-    .await?;
+    };
+    if let Some(r) = &redis {
+        r.configure(&mut options);
+    }
+    let topo = Topology::start(options).await?;
+    if let Some(r) = &redis {
+        r.seed().await?;
+    }
 
     // Simulated Argo CD controllers on the spokes (they only write status).
     let managed_sim = spawn_sim(harness::apps(&topo.managed_spoke, SPOKE_NS)?);
@@ -385,6 +453,14 @@ pub async fn run(args: DemoArgs) -> crate::CmdResult {
         d = dir.display(),
         admin = topo.admin_address
     );
+    let help = match &redis {
+        Some(r) => format!(
+            "{help}Redis proxy (argocd-server's view of the spokes' Redis):\n  redis-cli -p {p} GET 'app|resources-tree|{MANAGED}_guestbook'   # the managed spoke's value, through the principal\n  redis-cli -p {p} SUBSCRIBE 'app|managed-resources|{MANAGED}_guestbook'   # then: redis-cli -p {m} PUBLISH 'app|managed-resources|guestbook' x\n",
+            p = r.proxy_port,
+            m = r.managed.port
+        ),
+        None => help,
+    };
     let tty = std::io::stdout().is_terminal();
     let deadline = args
         .exit_after

@@ -160,6 +160,8 @@ impl BenchEnv {
             BENCH_RULE.into(),
             "--admin-address".into(),
             format!("unix://{}", dir.join("admin.sock").display()),
+            // No Redis in a bench run (and no fixed port 6379 to collide on).
+            "--disable-redis-proxy".into(),
         ];
         args.extend(extra_args.iter().cloned());
         let mut principal = Proc::new(

@@ -81,6 +81,69 @@ pub struct ErrorDetail {
     #[prost(string, tag = "3")]
     pub event_id: ::prost::alloc::string::String,
 }
+/// Payload of a `redis-request` (principal -> agent, capability "redis.v1"). The event names
+/// the Application the key belongs to in its resource attributes (kind, hub namespace,
+/// name); the agent rebuilds the key with that Application's instance name on its cluster.
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct RedisRequest {
+    #[prost(enumeration = "RedisCommand", tag = "1")]
+    pub command: i32,
+    /// The Argo CD cache key kind: "managed-resources" or "resources-tree".
+    #[prost(string, tag = "2")]
+    pub key_kind: ::prost::alloc::string::String,
+    /// What follows the instance name in the key (shard, cache version, ".gz"), verbatim.
+    #[prost(string, tag = "3")]
+    pub key_suffix: ::prost::alloc::string::String,
+    /// UNSUBSCRIBE: the id of the SUBSCRIBE request.
+    #[prost(string, tag = "4")]
+    pub subscription_id: ::prost::alloc::string::String,
+}
+/// Payload of a `redis-response` (the answer to the request named by `ackid`) and of a
+/// `redis-push` (a message of the subscription named by `ackid`).
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct RedisResponse {
+    #[prost(oneof = "redis_response::Result", tags = "1, 2, 3")]
+    pub result: ::core::option::Option<redis_response::Result>,
+}
+/// Nested message and enum types in `RedisResponse`.
+pub mod redis_response {
+    #[allow(clippy::all)]
+    #[derive(Clone, PartialEq, Eq, Hash, ::prost::Oneof)]
+    pub enum Result {
+        /// The value (GET) or the published message (push).
+        #[prost(bytes, tag = "1")]
+        Value(::prost::alloc::vec::Vec<u8>),
+        /// The key does not exist (GET), or the request succeeded without a value.
+        #[prost(bool, tag = "2")]
+        Nil(bool),
+        /// The request failed; the subscription (if any) has ended.
+        #[prost(string, tag = "3")]
+        Error(::prost::alloc::string::String),
+    }
+}
+/// Payload of a `cluster-cache-info-update` (agent -> principal, every
+/// `--cache-refresh-interval`): what the agent's cluster looks like to its Argo CD, for the
+/// cluster info the hub's Argo CD shows.
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ClusterCacheInfo {
+    /// Applications the agent holds.
+    #[prost(int64, tag = "1")]
+    pub applications_count: i64,
+    /// From the agent's Argo CD cluster cache (0 when unknown).
+    #[prost(int64, tag = "2")]
+    pub apis_count: i64,
+    #[prost(int64, tag = "3")]
+    pub resources_count: i64,
+    /// When that cache last synced (RFC 3339), if known.
+    #[prost(string, tag = "4")]
+    pub last_cache_sync_time: ::prost::alloc::string::String,
+    /// The cluster's Kubernetes version, if known.
+    #[prost(string, tag = "5")]
+    pub server_version: ::prost::alloc::string::String,
+}
 #[allow(clippy::all)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]
 #[repr(i32)]
@@ -107,6 +170,44 @@ impl AgentMode {
             "AGENT_MODE_UNSPECIFIED" => Some(Self::Unspecified),
             "AGENT_MODE_MANAGED" => Some(Self::Managed),
             "AGENT_MODE_AUTONOMOUS" => Some(Self::Autonomous),
+            _ => None,
+        }
+    }
+}
+/// What a `redis-request` asks the agent to do with a key of its cluster's Redis.
+#[allow(clippy::all)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]
+#[repr(i32)]
+pub enum RedisCommand {
+    Unspecified = 0,
+    /// Read the key's value.
+    Get = 1,
+    /// Stream the messages published on the key's channel (Argo CD publishes on a key's name
+    /// when it changes) as `redis-push` events until unsubscribed or disconnected.
+    Subscribe = 2,
+    /// End the subscription named by `subscription_id`.
+    Unsubscribe = 3,
+}
+impl RedisCommand {
+    /// String value of the enum field names used in the ProtoBuf definition.
+    ///
+    /// The values are not transformed in any way and thus are considered stable
+    /// (if the ProtoBuf definition does not change) and safe for programmatic use.
+    pub fn as_str_name(&self) -> &'static str {
+        match self {
+            Self::Unspecified => "REDIS_COMMAND_UNSPECIFIED",
+            Self::Get => "REDIS_COMMAND_GET",
+            Self::Subscribe => "REDIS_COMMAND_SUBSCRIBE",
+            Self::Unsubscribe => "REDIS_COMMAND_UNSUBSCRIBE",
+        }
+    }
+    /// Creates an enum from field names used in the ProtoBuf definition.
+    pub fn from_str_name(value: &str) -> ::core::option::Option<Self> {
+        match value {
+            "REDIS_COMMAND_UNSPECIFIED" => Some(Self::Unspecified),
+            "REDIS_COMMAND_GET" => Some(Self::Get),
+            "REDIS_COMMAND_SUBSCRIBE" => Some(Self::Subscribe),
+            "REDIS_COMMAND_UNSUBSCRIBE" => Some(Self::Unsubscribe),
             _ => None,
         }
     }

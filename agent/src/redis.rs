@@ -1,0 +1,411 @@
+//! Answers the principal's Redis requests from this cluster's Redis (the one the local
+//! Argo CD application controller writes): `GET` of an Application's cache key, and
+//! subscriptions to the key's channel, on which Argo CD publishes when the value changes.
+//!
+//! The principal routes a request only to the agent owning the Application; the agent
+//! checks again and serves only keys of Applications it holds, rebuilt with the
+//! Application's instance name on this cluster (never a key the principal spelled out).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use argocd_agent_proto::eventstream::{
+    ClusterCacheInfo, RedisCommand, RedisRequest, RedisResponse, redis_response,
+};
+use argocd_agent_sync::redis::clusterinfo::{self, Compression};
+use argocd_agent_sync::redis::{AppKey, AppKeyKind, RedisConn, RedisEndpoint};
+use argocd_agent_sync::{Event, EventType, Payload};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use argocd_agent_identity::{Namespace, ResourceKind};
+use argocd_agent_sync::ResourceRef;
+
+use crate::spoke::Spoke;
+
+/// Subscriptions one agent keeps at once.
+const MAX_SUBSCRIPTIONS: usize = 1024;
+/// Longest key suffix accepted (shard, cache version, `.gz`).
+const MAX_SUFFIX: usize = 64;
+
+/// This cluster's Redis (`--redis-addr`).
+#[derive(Clone, Debug)]
+pub struct RedisConfig {
+    pub endpoint: RedisEndpoint,
+    /// Largest value read and sent to the principal.
+    pub max_value_size: usize,
+}
+
+/// The Redis side of the agent: a connection for reads, one per subscription.
+pub struct SpokeRedis {
+    config: RedisConfig,
+    reads: tokio::sync::Mutex<Option<RedisConn>>,
+    subscriptions: Mutex<HashMap<String, CancellationToken>>,
+}
+
+/// Argo CD's instance name on this cluster of the Application the principal names, if this
+/// agent holds it (`holds(namespace, name)`): the Application must be in the agent's hub
+/// namespace (or, with destination-based mapping, keeps its hub namespace here); its
+/// instance name is the bare name in the agent's Argo CD namespace, `<ns>_<name>` elsewhere.
+pub fn instance_name(
+    resource: &ResourceRef,
+    across_namespaces: bool,
+    hub_namespace: Option<&Namespace>,
+    argocd_namespace: &Namespace,
+    holds: impl Fn(&str, &str) -> bool,
+) -> Option<String> {
+    if resource.kind != ResourceKind::Application {
+        return None;
+    }
+    let local_ns = if across_namespaces {
+        resource.namespace.as_str()
+    } else if hub_namespace == Some(&resource.namespace) {
+        argocd_namespace.as_str()
+    } else {
+        return None;
+    };
+    if !holds(local_ns, &resource.name) {
+        return None;
+    }
+    Some(if local_ns == argocd_namespace.as_str() {
+        resource.name.clone()
+    } else {
+        format!("{local_ns}_{}", resource.name)
+    })
+}
+
+/// The suffix the principal sent is one Argo CD writes: empty, `.gz`, or `|...` (shard,
+/// cache version); anything else could turn the key into another Application's.
+fn valid_suffix(suffix: &str) -> bool {
+    suffix.len() <= MAX_SUFFIX
+        && (suffix.is_empty() || suffix == ".gz" || suffix.starts_with('|'))
+        && suffix
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'|' | b'.' | b'-' | b'+' | b'_'))
+}
+
+impl SpokeRedis {
+    pub fn new(config: RedisConfig) -> Arc<SpokeRedis> {
+        Arc::new(SpokeRedis {
+            config,
+            reads: tokio::sync::Mutex::new(None),
+            subscriptions: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The local key a request names, if this agent may serve it.
+    fn local_key(spoke: &Spoke, event: &Event, req: &RedisRequest) -> Result<String, String> {
+        let resource = event
+            .resource
+            .as_ref()
+            .ok_or("request names no application")?;
+        let kind = AppKeyKind::parse(&req.key_kind)
+            .ok_or_else(|| format!("unknown key kind {:?}", req.key_kind))?;
+        if !valid_suffix(&req.key_suffix) {
+            return Err(format!("invalid key suffix {:?}", req.key_suffix));
+        }
+        let instance = spoke.redis_instance(resource).ok_or_else(|| {
+            format!(
+                "application {}/{} is not held by this agent",
+                resource.namespace, resource.name
+            )
+        })?;
+        Ok(AppKey::with_instance(kind, &instance, &req.key_suffix))
+    }
+
+    /// Decides what a `redis-request` may do, against the spoke's current Applications.
+    pub fn prepare(spoke: &Spoke, event: &Event) -> Request {
+        let Payload::RedisRequest(req) = &event.payload else {
+            return Request::Refused("not a Redis request".into());
+        };
+        let command = RedisCommand::try_from(req.command).unwrap_or(RedisCommand::Unspecified);
+        if command == RedisCommand::Unsubscribe {
+            return Request::Unsubscribe(req.subscription_id.clone());
+        }
+        match (command, Self::local_key(spoke, event, req)) {
+            (_, Err(reason)) => Request::Refused(reason),
+            (RedisCommand::Get, Ok(key)) => Request::Get(key),
+            (RedisCommand::Subscribe, Ok(key)) => Request::Subscribe(key),
+            (_, Ok(_)) => Request::Refused(format!("unsupported Redis command {}", req.command)),
+        }
+    }
+
+    /// Carries out a prepared request; answers go to `out`. Subscriptions end with
+    /// `connection` (the stream to the principal).
+    pub async fn handle(
+        self: &Arc<Self>,
+        request: Request,
+        source: &str,
+        event: Event,
+        out: mpsc::Sender<Event>,
+        connection: &CancellationToken,
+    ) {
+        let result = match request {
+            Request::Unsubscribe(id) => {
+                if let Some(stop) = self
+                    .subscriptions
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&id)
+                {
+                    stop.cancel();
+                }
+                return;
+            }
+            Request::Refused(reason) => {
+                tracing::warn!(app = ?event.resource.as_ref().map(|r| r.to_string()), %reason, "Redis request refused");
+                error(reason)
+            }
+            Request::Get(key) => self.get(&key).await,
+            Request::Subscribe(key) => {
+                self.subscribe(source, &event, key, out.clone(), connection)
+                    .await
+            }
+        };
+        let _ = out
+            .send(answer(source, &event, EventType::RedisResponse, result))
+            .await;
+    }
+
+    async fn get(&self, key: &str) -> redis_response::Result {
+        let mut guard = self.reads.lock().await;
+        // One retry on a fresh connection: the cached one may have been closed by Redis.
+        for attempt in 0..2 {
+            if guard.is_none() {
+                match self
+                    .config
+                    .endpoint
+                    .connect(self.config.max_value_size)
+                    .await
+                {
+                    Ok(c) => *guard = Some(c),
+                    Err(e) => return error(format!("cluster Redis unreachable: {e}")),
+                }
+            }
+            let Some(conn) = guard.as_mut() else { continue };
+            match conn.command(&[b"GET", key.as_bytes()]).await {
+                Ok(frame) => {
+                    return match frame.into_value() {
+                        Ok(Some(v)) => redis_response::Result::Value(v.to_vec()),
+                        Ok(None) => redis_response::Result::Nil(true),
+                        Err(e) => error(format!("cluster Redis: {e}")),
+                    };
+                }
+                Err(e) => {
+                    *guard = None;
+                    if attempt == 1 {
+                        return error(format!("cluster Redis: {e}"));
+                    }
+                }
+            }
+        }
+        error("cluster Redis unreachable".into())
+    }
+
+    /// Subscribes on a connection of its own; the confirmation is the returned result, the
+    /// messages follow as `redis-push` events until unsubscribed or disconnected.
+    async fn subscribe(
+        self: &Arc<Self>,
+        source: &str,
+        event: &Event,
+        key: String,
+        out: mpsc::Sender<Event>,
+        connection: &CancellationToken,
+    ) -> redis_response::Result {
+        let stop = connection.child_token();
+        {
+            let mut subs = self.subscriptions.lock().unwrap_or_else(|p| p.into_inner());
+            if subs.len() >= MAX_SUBSCRIPTIONS {
+                return error(format!(
+                    "too many subscriptions (limit {MAX_SUBSCRIPTIONS})"
+                ));
+            }
+            subs.insert(event.id.clone(), stop.clone());
+        }
+        let mut conn = match self
+            .config
+            .endpoint
+            .connect(self.config.max_value_size)
+            .await
+        {
+            Ok(c) => c,
+            Err(e) => {
+                self.forget(&event.id);
+                return error(format!("cluster Redis unreachable: {e}"));
+            }
+        };
+        match conn.command(&[b"SUBSCRIBE", key.as_bytes()]).await {
+            Ok(f) if !f.is_error() => {}
+            Ok(f) => {
+                self.forget(&event.id);
+                return error(format!(
+                    "cluster Redis refused SUBSCRIBE: {}",
+                    f.into_value().err().unwrap_or_default()
+                ));
+            }
+            Err(e) => {
+                self.forget(&event.id);
+                return error(format!("cluster Redis: {e}"));
+            }
+        }
+        let request = event.clone();
+        let source = source.to_owned();
+        let this = self.clone();
+        tokio::spawn(async move {
+            loop {
+                let frame = tokio::select! {
+                    _ = stop.cancelled() => break,
+                    f = conn.next() => f,
+                };
+                let result = match frame {
+                    Ok(f) => match f.into_message() {
+                        Some(payload) => redis_response::Result::Value(payload.to_vec()),
+                        None => continue,
+                    },
+                    Err(e) => error(format!("cluster Redis subscription lost: {e}")),
+                };
+                let end = matches!(result, redis_response::Result::Error(_));
+                let push = answer(&source, &request, EventType::RedisPush, result);
+                if out.send(push).await.is_err() || end {
+                    break;
+                }
+            }
+            this.forget(&request.id);
+        });
+        redis_response::Result::Nil(true)
+    }
+
+    /// This cluster's cache counts as its Argo CD recorded them (its cluster info for the
+    /// in-cluster server, compressed or not); zeros when unknown.
+    pub async fn cluster_counts(&self) -> ClusterCacheInfo {
+        let mut info = ClusterCacheInfo::default();
+        for compression in [Compression::Gzip, Compression::None] {
+            let key = clusterinfo::key(clusterinfo::IN_CLUSTER, compression);
+            let redis_response::Result::Value(bytes) = self.get(&key).await else {
+                continue;
+            };
+            let Some(doc) = clusterinfo::decode(&bytes, compression) else {
+                continue;
+            };
+            let int = |p: &str| {
+                doc.pointer(p)
+                    .and_then(serde_json::Value::as_i64)
+                    .unwrap_or(0)
+            };
+            info.apis_count = int("/cacheInfo/apisCount");
+            info.resources_count = int("/cacheInfo/resourcesCount");
+            info.last_cache_sync_time = doc
+                .pointer("/cacheInfo/lastCacheSyncTime")
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or_default()
+                .to_owned();
+            info.server_version = doc
+                .pointer("/serverVersion")
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or_default()
+                .to_owned();
+            break;
+        }
+        info
+    }
+
+    fn forget(&self, id: &str) {
+        self.subscriptions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
+    }
+}
+
+fn error(message: String) -> redis_response::Result {
+    redis_response::Result::Error(message)
+}
+
+/// What a request may do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    Get(String),
+    Subscribe(String),
+    Unsubscribe(String),
+    Refused(String),
+}
+
+/// The answer (or push) to `request`.
+pub fn answer(
+    source: &str,
+    request: &Event,
+    ty: EventType,
+    result: redis_response::Result,
+) -> Event {
+    let mut e = Event::new(
+        source,
+        ty,
+        Payload::RedisResponse(RedisResponse {
+            result: Some(result),
+        }),
+    );
+    e.ack_id = Some(request.id.clone());
+    e
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ns(s: &str) -> Namespace {
+        Namespace::new(s).unwrap()
+    }
+
+    fn app(namespace: &str, name: &str) -> ResourceRef {
+        ResourceRef::new(ResourceKind::Application, ns(namespace), name)
+    }
+
+    #[test]
+    fn only_held_applications_of_the_agents_hub_namespace_are_served() {
+        let argocd = ns("argocd");
+        let mine = ns("agent-a");
+        let holds = |n: &str, name: &str| n == "argocd" && name == "guestbook";
+        let name = |r: &ResourceRef| instance_name(r, false, Some(&mine), &argocd, holds);
+        assert_eq!(
+            name(&app("agent-a", "guestbook")).as_deref(),
+            Some("guestbook")
+        );
+        assert_eq!(
+            name(&app("agent-b", "guestbook")),
+            None,
+            "another agent's namespace"
+        );
+        assert_eq!(name(&app("agent-a", "other")), None, "not held here");
+        let project = ResourceRef::new(ResourceKind::AppProject, mine.clone(), "guestbook");
+        assert_eq!(name(&project), None);
+        assert_eq!(
+            instance_name(&app("agent-a", "guestbook"), false, None, &argocd, holds),
+            None,
+            "before the first welcome nothing is served"
+        );
+    }
+
+    #[test]
+    fn destination_mapping_keeps_the_hub_namespace_in_the_instance_name() {
+        let argocd = ns("argocd");
+        let holds = |n: &str, name: &str| n == "team-x" && name == "web";
+        assert_eq!(
+            instance_name(&app("team-x", "web"), true, None, &argocd, holds).as_deref(),
+            Some("team-x_web")
+        );
+        assert_eq!(
+            instance_name(&app("team-y", "web"), true, None, &argocd, holds),
+            None
+        );
+    }
+
+    #[test]
+    fn only_suffixes_argo_cd_writes_are_accepted() {
+        for ok in ["", ".gz", "|1.8.3", "|2|1.8.3.gz", "|v2.14.0+abc"] {
+            assert!(valid_suffix(ok), "{ok:?}");
+        }
+        for bad in ["x", "-other", "_other", "|a b", "\r\n", &"|1".repeat(40)] {
+            assert!(!valid_suffix(bad), "{bad:?}");
+        }
+    }
+}

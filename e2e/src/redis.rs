@@ -1,0 +1,136 @@
+//! Real Redis servers for the Redis proxy tests: one process per server, on a free loopback
+//! port, without persistence, stopped with the test.
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::time::Duration;
+
+use crate::envoy::{free_loopback_port, wait_listening};
+use crate::harness::{HarnessError, Proc};
+
+fn on_path(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(name))
+            .find(|p| p.is_file())
+    })
+}
+
+/// The `redis-server` binary (`$REDIS_SERVER_BIN` or `PATH`), or an error telling how to
+/// install it. Tests that need Redis fail with this error rather than pass.
+pub fn redis_server_bin() -> Result<PathBuf, HarnessError> {
+    std::env::var_os("REDIS_SERVER_BIN")
+        .map(PathBuf::from)
+        .or_else(|| on_path("redis-server"))
+        .ok_or_else(|| {
+            "redis-server not found: set REDIS_SERVER_BIN or run .ci/run (it installs the Debian package redis-server)".into()
+        })
+}
+
+/// The `redis-cli` binary (`$REDIS_CLI_BIN` or `PATH`).
+pub fn redis_cli_bin() -> Result<PathBuf, HarnessError> {
+    std::env::var_os("REDIS_CLI_BIN")
+        .map(PathBuf::from)
+        .or_else(|| on_path("redis-cli"))
+        .ok_or_else(|| {
+            "redis-cli not found: set REDIS_CLI_BIN or run .ci/run (the redis-server package brings it)".into()
+        })
+}
+
+/// A running `redis-server`.
+pub struct RedisServer {
+    pub port: u16,
+    pub proc: Proc,
+}
+
+impl RedisServer {
+    /// Starts `redis-server` on a free loopback port; its log goes to `<dir>/<name>.log`.
+    pub async fn start(dir: &Path, name: &str) -> Result<RedisServer, HarnessError> {
+        let bin = redis_server_bin()?;
+        let port = free_loopback_port()?;
+        let args = [
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            &dir.display().to_string(),
+            "--dbfilename",
+            &format!("{name}.rdb"),
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        let mut proc = Proc::new(name, bin, args, dir.join(format!("{name}.log")));
+        proc.start()?;
+        wait_listening(
+            format!("127.0.0.1:{port}").parse()?,
+            Duration::from_secs(10),
+        )
+        .await?;
+        Ok(RedisServer { port, proc })
+    }
+
+    /// Starts `redis-server` serving TLS only (certificate and key PEM files, no client
+    /// certificates required).
+    pub async fn start_tls(
+        dir: &Path,
+        name: &str,
+        cert: &Path,
+        key: &Path,
+        ca: &Path,
+    ) -> Result<RedisServer, HarnessError> {
+        let bin = redis_server_bin()?;
+        let port = free_loopback_port()?;
+        let args = [
+            "--port",
+            "0",
+            "--tls-port",
+            &port.to_string(),
+            "--tls-cert-file",
+            &cert.display().to_string(),
+            "--tls-key-file",
+            &key.display().to_string(),
+            "--tls-ca-cert-file",
+            &ca.display().to_string(),
+            "--tls-auth-clients",
+            "no",
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            &dir.display().to_string(),
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        let mut proc = Proc::new(name, bin, args, dir.join(format!("{name}.log")));
+        proc.start()?;
+        wait_listening(
+            format!("127.0.0.1:{port}").parse()?,
+            Duration::from_secs(10),
+        )
+        .await?;
+        Ok(RedisServer { port, proc })
+    }
+
+    /// `127.0.0.1:<port>`.
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+}
+
+/// Runs `redis-cli -p <port> <args>` and returns its output.
+pub async fn redis_cli(port: u16, args: &[&[u8]]) -> Result<Output, HarnessError> {
+    let mut cmd = tokio::process::Command::new(redis_cli_bin()?);
+    cmd.args(["-h", "127.0.0.1", "-p", &port.to_string()]);
+    for a in args {
+        cmd.arg(std::ffi::OsStr::new(&*String::from_utf8_lossy(a)));
+    }
+    Ok(cmd.output().await?)
+}

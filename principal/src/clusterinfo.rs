@@ -1,0 +1,206 @@
+//! Each agent's cluster in Argo CD's cluster info: the hub's Argo CD shows a cluster's
+//! connection state and cache counts from Redis (`cluster|info|<server>`), which its own
+//! controller never writes for agent clusters. The principal writes it: Successful with the
+//! agent's latest counts while connected, Failed as soon as the session ends.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use argocd_agent_identity::AgentName;
+use argocd_agent_proto::eventstream::ClusterCacheInfo;
+use argocd_agent_sync::redis::clusterinfo::{self, Compression};
+use argocd_agent_sync::redis::{RedisConn, RedisEndpoint};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::hub::Hub;
+
+/// How long a written cluster info lives in Redis (Argo CD's own expiration).
+const EXPIRATION: Duration = Duration::from_secs(600);
+/// How often every agent's cluster info is written again (well within the expiration).
+const REFRESH: Duration = Duration::from_secs(60);
+/// Placeholder in the server URL template.
+pub const AGENT_PLACEHOLDER: &str = "{agent}";
+/// Default server URL of an agent's cluster (its cluster Secret's `server`), as upstream.
+pub const DEFAULT_SERVER_TEMPLATE: &str =
+    "https://argocd-agent-resource-proxy:9090?agentName={agent}";
+
+/// The connection state of an agent's cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Connection {
+    Successful,
+    Failed(String),
+}
+
+/// The cluster info document (Argo CD's `ClusterInfo` JSON).
+pub fn document(
+    connection: &Connection,
+    counts: Option<&ClusterCacheInfo>,
+    now: SystemTime,
+) -> Value {
+    let at = jiff::Timestamp::try_from(now)
+        .map(|t| t.to_string())
+        .unwrap_or_default();
+    let (status, message) = match connection {
+        Connection::Successful => ("Successful", String::new()),
+        Connection::Failed(m) => ("Failed", m.clone()),
+    };
+    let c = counts.cloned().unwrap_or_default();
+    let mut cache = json!({});
+    if c.resources_count > 0 {
+        cache["resourcesCount"] = c.resources_count.into();
+    }
+    if c.apis_count > 0 {
+        cache["apisCount"] = c.apis_count.into();
+    }
+    if !c.last_cache_sync_time.is_empty() {
+        cache["lastCacheSyncTime"] = c.last_cache_sync_time.clone().into();
+    }
+    let mut doc = json!({
+        "connectionState": {"status": status, "message": message, "attemptedAt": at},
+        "cacheInfo": cache,
+        "applicationsCount": c.applications_count,
+    });
+    if !c.server_version.is_empty() {
+        doc["serverVersion"] = c.server_version.into();
+    }
+    doc
+}
+
+/// Writes agents' cluster info into the hub Redis.
+pub struct ClusterInfoWriter {
+    endpoint: RedisEndpoint,
+    compression: Compression,
+    server_template: String,
+    conn: tokio::sync::Mutex<Option<RedisConn>>,
+    counts: Mutex<HashMap<AgentName, ClusterCacheInfo>>,
+}
+
+impl ClusterInfoWriter {
+    pub fn new(
+        endpoint: RedisEndpoint,
+        compression: Compression,
+        server_template: String,
+    ) -> Arc<Self> {
+        Arc::new(ClusterInfoWriter {
+            endpoint,
+            compression,
+            server_template,
+            conn: tokio::sync::Mutex::new(None),
+            counts: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The server URL of `agent`'s cluster.
+    pub fn server_url(&self, agent: &AgentName) -> String {
+        self.server_template
+            .replace(AGENT_PLACEHOLDER, agent.as_str())
+    }
+
+    /// Records the agent's latest counts.
+    pub fn set_counts(&self, agent: &AgentName, counts: ClusterCacheInfo) {
+        self.counts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(agent.clone(), counts);
+    }
+
+    /// Writes `agent`'s cluster info with its latest counts.
+    pub async fn write(&self, agent: &AgentName, connection: Connection) {
+        let counts = self
+            .counts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(agent)
+            .cloned();
+        let doc = document(&connection, counts.as_ref(), SystemTime::now());
+        let key = clusterinfo::key(&self.server_url(agent), self.compression);
+        let value = clusterinfo::encode(&doc, self.compression);
+        let ttl = EXPIRATION.as_secs().to_string();
+        let mut guard = self.conn.lock().await;
+        for _ in 0..2 {
+            if guard.is_none() {
+                match self.endpoint.connect(1 << 20).await {
+                    Ok(c) => *guard = Some(c),
+                    Err(e) => {
+                        tracing::warn!(agent = %agent, error = %e, "cluster info: hub Redis unreachable");
+                        return;
+                    }
+                }
+            }
+            let Some(conn) = guard.as_mut() else { return };
+            match conn
+                .command(&[b"SET", key.as_bytes(), &value, b"EX", ttl.as_bytes()])
+                .await
+            {
+                Ok(reply) if !reply.is_error() => {
+                    tracing::debug!(agent = %agent, state = ?connection, "cluster info written");
+                    return;
+                }
+                Ok(reply) => {
+                    tracing::warn!(agent = %agent, reply = ?reply.into_value(), "cluster info: hub Redis refused SET");
+                    return;
+                }
+                Err(_) => *guard = None,
+            }
+        }
+    }
+
+    /// Writes every agent's cluster info again, periodically, until `shutdown`.
+    pub async fn refresh(self: Arc<Self>, hub: Arc<Hub>, shutdown: CancellationToken) {
+        let mut tick = tokio::time::interval(REFRESH);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            for state in hub.agents() {
+                let connection = if state.is_connected() {
+                    Connection::Successful
+                } else {
+                    Connection::Failed(DISCONNECTED.into())
+                };
+                self.write(&state.name, connection).await;
+            }
+        }
+    }
+}
+
+/// The message of a Failed state after a disconnect.
+pub const DISCONNECTED: &str = "agent is not connected to the principal";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn document_carries_state_and_counts_as_argo_cd_reads_them() {
+        let counts = ClusterCacheInfo {
+            applications_count: 3,
+            apis_count: 7,
+            resources_count: 42,
+            last_cache_sync_time: "2026-01-01T00:00:00Z".into(),
+            server_version: "1.33".into(),
+        };
+        let d = document(
+            &Connection::Successful,
+            Some(&counts),
+            SystemTime::UNIX_EPOCH,
+        );
+        assert_eq!(d["connectionState"]["status"], "Successful");
+        assert_eq!(d["connectionState"]["attemptedAt"], "1970-01-01T00:00:00Z");
+        assert_eq!(d["applicationsCount"], 3);
+        assert_eq!(d["cacheInfo"]["resourcesCount"], 42);
+        assert_eq!(d["cacheInfo"]["apisCount"], 7);
+        assert_eq!(d["serverVersion"], "1.33");
+        let d = document(
+            &Connection::Failed("gone".into()),
+            None,
+            SystemTime::UNIX_EPOCH,
+        );
+        assert_eq!(d["connectionState"]["status"], "Failed");
+        assert_eq!(d["connectionState"]["message"], "gone");
+        assert_eq!(d["applicationsCount"], 0);
+    }
+}

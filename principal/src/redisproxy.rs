@@ -1,0 +1,917 @@
+//! The Redis proxy in front of argocd-server.
+//!
+//! argocd-server reads each Application's resource tree and managed resources from Redis,
+//! but with agents the application controller that writes them runs on the spoke. The proxy
+//! speaks RESP2 and RESP3 to argocd-server: `GET` and `SUBSCRIBE` of an Application's cache
+//! keys (`app|managed-resources|<ns>_<name>...`, `app|resources-tree|<ns>_<name>...`) go to
+//! the agent that owns `<ns>/<name>` over its stream; every other command goes to the hub
+//! Redis byte for byte (HELLO, AUTH, CLIENT, PING, pipelines, pushes).
+//!
+//! Per connection, replies leave in the order the commands came: each command gets a slot
+//! in an ordered queue that either the hub Redis's next reply or the agent's answer fills.
+//! Out-of-band frames (RESP3 pushes, pub/sub messages) are written as they come.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use argocd_agent_identity::ResourceKind;
+use argocd_agent_proto::eventstream::{RedisCommand, RedisRequest, redis_response};
+use argocd_agent_sync::redis::resp::{self, PubSub};
+use argocd_agent_sync::redis::{AppKey, FrameReader, Protocol, RedisEndpoint, RespError};
+use argocd_agent_sync::rpc::Ticket;
+use argocd_agent_sync::{Event, EventType, Payload, ResourceRef};
+use bytes::Bytes;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, WriteHalf};
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
+
+use crate::hub::Hub;
+use crate::link::AgentLink;
+
+/// Requests waiting for one agent's answers at once, by default.
+pub const DEFAULT_AGENT_IN_FLIGHT: usize = 256;
+/// Pushes buffered per subscription before newer ones are dropped (Argo CD's messages only
+/// say "changed", so a dropped one changes nothing while another is queued).
+const SUBSCRIPTION_BUFFER: usize = 16;
+/// Out-of-band frames buffered per client connection.
+const OOB_BUFFER: usize = 256;
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Configuration of the Redis proxy.
+#[derive(Clone, Debug)]
+pub struct RedisProxyConfig {
+    /// Where argocd-server connects (`--redis-proxy-address`).
+    pub listen: SocketAddr,
+    /// The hub's Redis (`--redis-server-address`).
+    pub upstream: RedisEndpoint,
+    /// TLS towards argocd-server (`None`: plaintext).
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// Largest frame accepted from either side, and largest value an agent may return.
+    pub max_value_size: usize,
+    /// Commands of one client connection waiting for replies at once (pipelining beyond
+    /// this waits).
+    pub max_in_flight_per_connection: usize,
+    /// Requests waiting for one agent's answers at once (more get an error).
+    pub max_in_flight_per_agent: usize,
+    /// How long an agent may take to answer.
+    pub request_timeout: Duration,
+    /// A client connection silent for this long is closed (not while subscribed).
+    pub idle_timeout: Duration,
+    /// Client connections at once.
+    pub max_connections: usize,
+    /// The hub Argo CD's Redis compression (for the cluster info the principal writes).
+    pub compression: argocd_agent_sync::redis::clusterinfo::Compression,
+    /// Server URL of an agent's cluster in Argo CD (`{agent}` is replaced by its name).
+    pub cluster_server_template: String,
+}
+
+impl Default for RedisProxyConfig {
+    fn default() -> Self {
+        RedisProxyConfig {
+            listen: SocketAddr::from(([0, 0, 0, 0], 6379)),
+            upstream: RedisEndpoint {
+                addr: "argocd-redis:6379".into(),
+                ..Default::default()
+            },
+            tls: None,
+            max_value_size: 64 * 1024 * 1024,
+            max_in_flight_per_connection: 128,
+            max_in_flight_per_agent: DEFAULT_AGENT_IN_FLIGHT,
+            request_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(30 * 60),
+            max_connections: 1024,
+            compression: Default::default(),
+            cluster_server_template: crate::clusterinfo::DEFAULT_SERVER_TEMPLATE.into(),
+        }
+    }
+}
+
+/// What to do with a command for an Application's key, given its owner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Nobody owns the Application (or it does not exist): a cache miss.
+    Nil,
+    /// The owner is not connected: an error at once.
+    Offline,
+    /// The owner did not announce the Redis capability: an error at once.
+    Unsupported,
+    /// Ask the owner.
+    Forward,
+}
+
+/// The rule: the owner answers, if it can; nobody else ever does.
+pub fn decide(owner_known: bool, connected: bool, capable: bool) -> Decision {
+    match (owner_known, connected, capable) {
+        (false, _, _) => Decision::Nil,
+        (true, false, _) => Decision::Offline,
+        (true, true, false) => Decision::Unsupported,
+        (true, true, true) => Decision::Forward,
+    }
+}
+
+/// An answer the proxy writes itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Reply {
+    Nil,
+    Value(Bytes),
+    Error(String),
+}
+
+/// What fills a reply slot. Local replies are encoded when written, in the protocol the
+/// connection speaks by then (a pipelined `HELLO 3` before them has been answered).
+#[derive(Debug)]
+enum Out {
+    /// Bytes from the hub Redis, unchanged.
+    Raw(Bytes),
+    Reply(Reply),
+    /// A `subscribe` / `unsubscribe` confirmation with the subscription count.
+    PubSub(&'static str, Bytes, i64),
+}
+
+impl Out {
+    fn encode(self, protocol: Protocol) -> Bytes {
+        match self {
+            Out::Raw(b) => b,
+            Out::Reply(r) => r.encode(protocol),
+            Out::PubSub(kind, channel, count) => {
+                resp::pubsub(protocol, kind, &channel, PubSub::Count(count))
+            }
+        }
+    }
+}
+
+impl Reply {
+    fn encode(&self, protocol: Protocol) -> Bytes {
+        match self {
+            Reply::Nil => resp::nil(protocol),
+            Reply::Value(v) => resp::bulk(protocol, v.clone()),
+            Reply::Error(m) => resp::error(m),
+        }
+    }
+}
+
+struct Proxy {
+    hub: Arc<Hub>,
+    config: RedisProxyConfig,
+    tasks: TaskTracker,
+}
+
+/// Starts the proxy; returns the bound address.
+pub async fn serve(
+    config: RedisProxyConfig,
+    hub: Arc<Hub>,
+    tasks: &TaskTracker,
+    shutdown: CancellationToken,
+) -> std::io::Result<SocketAddr> {
+    let listener = TcpListener::bind(config.listen).await?;
+    let addr = listener.local_addr()?;
+    let proxy = Arc::new(Proxy {
+        hub,
+        config,
+        tasks: tasks.clone(),
+    });
+    let limit = Arc::new(Semaphore::new(proxy.config.max_connections));
+    tracing::info!(%addr, upstream = %proxy.config.upstream.addr, tls = proxy.config.tls.is_some(),
+        "Redis proxy listening");
+    let tasks2 = tasks.clone();
+    tasks.spawn(async move {
+        loop {
+            let (stream, peer) = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                r = listener.accept() => match r {
+                    Ok(s) => s,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "Redis proxy accept failed");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                },
+            };
+            let Ok(permit) = limit.clone().try_acquire_owned() else {
+                tracing::warn!(%peer, "Redis proxy: too many connections, refusing");
+                continue;
+            };
+            let _ = stream.set_nodelay(true);
+            let proxy = proxy.clone();
+            let shutdown = shutdown.clone();
+            let span = tracing::debug_span!("redis-proxy", %peer);
+            tasks2.spawn(
+                async move {
+                    let _permit = permit;
+                    match proxy.config.tls.clone() {
+                        None => proxy.connection(stream, shutdown).await,
+                        Some(tls) => {
+                            let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+                            match tokio::time::timeout(
+                                TLS_HANDSHAKE_TIMEOUT,
+                                acceptor.accept(stream),
+                            )
+                            .await
+                            {
+                                Ok(Ok(s)) => proxy.connection(s, shutdown).await,
+                                Ok(Err(e)) => {
+                                    tracing::warn!(error = %e, "Redis proxy TLS handshake failed")
+                                }
+                                Err(_) => tracing::warn!("Redis proxy TLS handshake timed out"),
+                            }
+                        }
+                    }
+                }
+                .instrument(span),
+            );
+        }
+    });
+    Ok(addr)
+}
+
+/// What the next reply of the hub Redis answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SlotKind {
+    Reply,
+    /// `HELLO <version>`: a successful reply switches the connection's protocol.
+    Hello(Protocol),
+    /// A subscribe command: the connection enters pub/sub mode, where every frame of the
+    /// hub Redis is out of band.
+    Subscribe,
+    /// An unsubscribe: one frame, a push in RESP3.
+    PubSubReply,
+}
+
+struct UpstreamSlot {
+    kind: SlotKind,
+    tx: oneshot::Sender<Out>,
+}
+
+/// State shared by one connection's tasks.
+#[derive(Default)]
+struct Shared {
+    protocol: Mutex<Protocol>,
+    upstream: Mutex<VecDeque<UpstreamSlot>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Shared {
+    fn protocol(&self) -> Protocol {
+        *lock(&self.protocol)
+    }
+}
+
+/// One local subscription of a client connection.
+struct Subscription {
+    stop: CancellationToken,
+}
+
+/// The client-facing side of one connection.
+struct Conn {
+    proxy: Arc<Proxy>,
+    shared: Arc<Shared>,
+    slots: mpsc::Sender<oneshot::Receiver<Out>>,
+    oob: mpsc::Sender<Bytes>,
+    upstream: WriteHalf<Box<dyn argocd_agent_sync::redis::client::Io>>,
+    /// The hub Redis leg is in pub/sub mode (a subscribe was forwarded).
+    upstream_pubsub: bool,
+    subscriptions: HashMap<Bytes, Subscription>,
+    /// Ends the connection (an agent subscription lost its session).
+    closed: CancellationToken,
+}
+
+impl Proxy {
+    async fn connection<C: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
+        self: Arc<Self>,
+        client: C,
+        shutdown: CancellationToken,
+    ) {
+        let (client_r, mut client_w) = tokio::io::split(client);
+        let upstream = match self.config.upstream.connect_io().await {
+            Ok(u) => u,
+            Err(e) => {
+                tracing::warn!(upstream = %self.config.upstream.addr, error = %e, "Redis proxy: hub Redis unreachable");
+                self.hub.metrics.redis_proxy("hub", "error");
+                let msg = format!(
+                    "ERR hub Redis {} unreachable: {e}",
+                    self.config.upstream.addr
+                );
+                let _ = client_w.write_all(&resp::error(&msg)).await;
+                let _ = client_w.shutdown().await;
+                return;
+            }
+        };
+        let (upstream_r, upstream_w) = tokio::io::split(upstream);
+        let shared = Arc::new(Shared::default());
+        let (slots_tx, slots_rx) = mpsc::channel(self.config.max_in_flight_per_connection.max(1));
+        let (oob_tx, oob_rx) = mpsc::channel(OOB_BUFFER);
+        let closed = shutdown.child_token();
+        let writer = tokio::spawn(write_client(client_w, slots_rx, oob_rx, shared.clone()));
+        let mut upstream_task = tokio::spawn(read_upstream(
+            FrameReader::new(upstream_r, self.config.max_value_size),
+            shared.clone(),
+            oob_tx.clone(),
+        ));
+        let mut conn = Conn {
+            proxy: self.clone(),
+            shared,
+            slots: slots_tx,
+            oob: oob_tx,
+            upstream: upstream_w,
+            upstream_pubsub: false,
+            subscriptions: HashMap::new(),
+            closed: closed.clone(),
+        };
+        let reader = FrameReader::new(client_r, self.config.max_value_size);
+        tokio::select! {
+            r = conn.serve(reader) => {
+                if let Err(e) = r {
+                    tracing::debug!(error = %e, "Redis proxy connection ended");
+                }
+            }
+            _ = &mut upstream_task => tracing::debug!("hub Redis closed the connection"),
+            _ = closed.cancelled() => {}
+        }
+        for (_, s) in conn.subscriptions.drain() {
+            s.stop.cancel();
+        }
+        // Let the replies already owed leave, then close both legs.
+        drop(conn);
+        let writer_abort = writer.abort_handle();
+        if tokio::time::timeout(self.config.request_timeout, writer)
+            .await
+            .is_err()
+        {
+            writer_abort.abort();
+        }
+        upstream_task.abort();
+    }
+
+    /// The owner of an Application key's Application, with the decision about it.
+    fn route(&self, key: &AppKey) -> (Decision, Option<Arc<AgentLink>>, String) {
+        let owner = self.hub.app_owner(&key.namespace, &key.name);
+        let link = owner.as_ref().and_then(|o| o.link());
+        let capable = link
+            .as_ref()
+            .is_some_and(|l| l.has(argocd_agent_sync::redis::CAPABILITY));
+        let decision = decide(owner.is_some(), link.is_some(), capable);
+        let name = owner.map(|o| o.name.to_string()).unwrap_or_default();
+        (decision, link, name)
+    }
+
+    fn request_event(&self, key: &AppKey, command: RedisCommand, subscription: &str) -> Event {
+        Event::resource(
+            &self.hub.source,
+            EventType::RedisRequest,
+            ResourceRef::new(
+                ResourceKind::Application,
+                key.namespace.clone(),
+                key.name.clone(),
+            ),
+            Payload::RedisRequest(RedisRequest {
+                command: command as i32,
+                key_kind: key.kind.as_str().into(),
+                key_suffix: key.suffix.clone(),
+                subscription_id: subscription.into(),
+            }),
+        )
+    }
+
+    /// Sends a request to the key's owner: the link and the ticket of its answers, or the
+    /// reply that ends the command here.
+    async fn ask(
+        &self,
+        key: &AppKey,
+        command: RedisCommand,
+        stream: Option<usize>,
+    ) -> Result<(Arc<AgentLink>, Ticket<Event>, Event), Reply> {
+        let (decision, link, agent) = self.route(key);
+        let refused = |msg: String| {
+            self.hub.metrics.redis_proxy("agent", "refused");
+            tracing::debug!(%key, %agent, reason = %msg, "Redis proxy refused a key");
+            Reply::Error(msg)
+        };
+        let link = match (decision, link) {
+            (Decision::Nil, _) => {
+                self.hub.metrics.redis_proxy("agent", "nil");
+                return Err(Reply::Nil);
+            }
+            (Decision::Offline, _) | (_, None) => {
+                return Err(refused(format!(
+                    "ERR agent {agent:?} owning application {}/{} is not connected",
+                    key.namespace, key.name
+                )));
+            }
+            (Decision::Unsupported, _) => {
+                return Err(refused(format!(
+                    "ERR agent {agent:?} does not serve Redis requests (no {} capability)",
+                    argocd_agent_sync::redis::CAPABILITY
+                )));
+            }
+            (Decision::Forward, Some(link)) => link,
+        };
+        let event = self.request_event(key, command, "");
+        let mut ticket = link
+            .request(event.clone(), stream)
+            .await
+            .map_err(|e| refused(format!("ERR agent {agent:?}: {e}")))?;
+        match ticket.answer(self.config.request_timeout).await {
+            Ok(answer) => Ok((link, ticket, answer)),
+            Err(e) => {
+                self.hub.metrics.redis_proxy("agent", "error");
+                tracing::warn!(%key, %agent, error = %e, "Redis request to agent failed");
+                Err(Reply::Error(format!("ERR agent {agent:?}: {e}")))
+            }
+        }
+    }
+
+    /// `GET` of an Application key.
+    async fn get(&self, key: &AppKey) -> Reply {
+        let answer = match self.ask(key, RedisCommand::Get, None).await {
+            Ok((_, _, answer)) => answer,
+            Err(reply) => return reply,
+        };
+        let reply = self.reply_of(key, &answer);
+        let result = match &reply {
+            Reply::Error(_) => "error",
+            Reply::Nil => "nil",
+            Reply::Value(_) => "forwarded",
+        };
+        self.hub.metrics.redis_proxy("agent", result);
+        reply
+    }
+
+    fn reply_of(&self, key: &AppKey, answer: &Event) -> Reply {
+        let Payload::RedisResponse(r) = &answer.payload else {
+            return Reply::Error("ERR agent sent an invalid answer".into());
+        };
+        match &r.result {
+            Some(redis_response::Result::Value(v)) if v.len() > self.config.max_value_size => {
+                tracing::warn!(%key, size = v.len(), limit = self.config.max_value_size, "value from agent over the size limit");
+                Reply::Error(format!(
+                    "ERR value of {key} is larger than the proxy's limit of {} bytes",
+                    self.config.max_value_size
+                ))
+            }
+            Some(redis_response::Result::Value(v)) => Reply::Value(Bytes::copy_from_slice(v)),
+            Some(redis_response::Result::Error(e)) => Reply::Error(format!("ERR agent: {e}")),
+            Some(redis_response::Result::Nil(_)) | None => Reply::Nil,
+        }
+    }
+}
+
+impl Conn {
+    /// Reads the client's commands until it leaves.
+    async fn serve<R: AsyncRead + Unpin>(
+        &mut self,
+        mut reader: FrameReader<R>,
+    ) -> Result<(), RespError> {
+        loop {
+            let idle = self.subscriptions.is_empty() && !self.upstream_pubsub;
+            let next = reader.next(Protocol::Resp2);
+            let frame = if idle {
+                match tokio::time::timeout(self.proxy.config.idle_timeout, next).await {
+                    Ok(r) => r,
+                    Err(_) => {
+                        tracing::debug!("idle Redis proxy connection closed");
+                        return Ok(());
+                    }
+                }
+            } else {
+                next.await
+            };
+            let frame = match frame {
+                Ok(Some(f)) => f,
+                Ok(None) => return Ok(()),
+                Err(e @ (RespError::Malformed(_) | RespError::TooLarge { .. })) => {
+                    self.ready(Out::Reply(Reply::Error(format!("ERR Protocol error: {e}"))))
+                        .await;
+                    return Err(e);
+                }
+                Err(e) => return Err(e),
+            };
+            let Some(args) = frame.command().filter(|a| !a.is_empty()) else {
+                self.ready(Out::Reply(Reply::Error(
+                    "ERR Protocol error: expected a command (an array of bulk strings)".into(),
+                )))
+                .await;
+                continue;
+            };
+            let name = args[0].to_ascii_uppercase();
+            match name.as_slice() {
+                b"GET" if args.len() == 2 => match AppKey::parse(&args[1]) {
+                    Some(key) => self.local_get(key).await,
+                    None => self.forward(&frame.raw, SlotKind::Reply).await?,
+                },
+                b"SUBSCRIBE" if args.len() > 1 => self.subscribe(&args[1..]).await?,
+                b"UNSUBSCRIBE" => self.unsubscribe(&frame.raw, &args[1..]).await?,
+                b"PSUBSCRIBE" | b"SSUBSCRIBE" => {
+                    self.forward(&frame.raw, SlotKind::Subscribe).await?
+                }
+                b"PUNSUBSCRIBE" | b"SUNSUBSCRIBE" => {
+                    self.forward(&frame.raw, SlotKind::PubSubReply).await?
+                }
+                b"HELLO" => {
+                    let version = match args.get(1).map(|v| v.as_ref()) {
+                        Some(b"3") => Protocol::Resp3,
+                        Some(b"2") => Protocol::Resp2,
+                        _ => self.shared.protocol(),
+                    };
+                    self.forward(&frame.raw, SlotKind::Hello(version)).await?
+                }
+                _ => self.forward(&frame.raw, SlotKind::Reply).await?,
+            }
+        }
+    }
+
+    /// Queues a reply that is ready now.
+    async fn ready(&self, out: Out) {
+        let (tx, rx) = oneshot::channel();
+        let _ = tx.send(out);
+        let _ = self.slots.send(rx).await;
+    }
+
+    /// Passes a command to the hub Redis unchanged; its reply fills the next slot.
+    async fn forward(&mut self, raw: &Bytes, kind: SlotKind) -> Result<(), RespError> {
+        self.proxy.hub.metrics.redis_proxy("hub", "forwarded");
+        if self.upstream_pubsub {
+            // In pub/sub mode every frame of the hub Redis is out of band.
+            self.upstream.write_all(raw).await?;
+            self.upstream.flush().await?;
+            return Ok(());
+        }
+        let (tx, rx) = oneshot::channel();
+        lock(&self.shared.upstream).push_back(UpstreamSlot { kind, tx });
+        self.upstream.write_all(raw).await?;
+        self.upstream.flush().await?;
+        if kind == SlotKind::Subscribe {
+            self.upstream_pubsub = true;
+        }
+        let _ = self.slots.send(rx).await;
+        Ok(())
+    }
+
+    /// `GET` of an Application key: the owner's answer fills the slot.
+    async fn local_get(&self, key: AppKey) {
+        let (tx, rx) = oneshot::channel();
+        let proxy = self.proxy.clone();
+        self.proxy.tasks.spawn(
+            async move {
+                let _ = tx.send(Out::Reply(proxy.get(&key).await));
+            }
+            .instrument(tracing::Span::current()),
+        );
+        let _ = self.slots.send(rx).await;
+    }
+
+    async fn subscribe(&mut self, channels: &[Bytes]) -> Result<(), RespError> {
+        let (apps, others): (Vec<&Bytes>, Vec<&Bytes>) =
+            channels.iter().partition(|c| AppKey::parse(c).is_some());
+        if !others.is_empty() {
+            let mut args: Vec<&[u8]> = vec![b"SUBSCRIBE"];
+            args.extend(others.iter().map(|c| c.as_ref()));
+            self.forward(&resp::command(&args), SlotKind::Subscribe)
+                .await?;
+        }
+        for channel in apps {
+            let Some(key) = AppKey::parse(channel) else {
+                continue;
+            };
+            if !self.subscriptions.contains_key(channel) {
+                match self.start_subscription(channel.clone(), &key).await {
+                    Ok(()) => {}
+                    Err(reply) => {
+                        self.ready(Out::Reply(reply)).await;
+                        continue;
+                    }
+                }
+            }
+            let count = i64::try_from(self.subscriptions.len()).unwrap_or(i64::MAX);
+            self.ready(Out::PubSub("subscribe", channel.clone(), count))
+                .await;
+        }
+        Ok(())
+    }
+
+    /// Subscribes through the key's owner and forwards its pushes as pub/sub messages.
+    async fn start_subscription(&mut self, channel: Bytes, key: &AppKey) -> Result<(), Reply> {
+        let (link, mut ticket, answer) = match self
+            .proxy
+            .ask(key, RedisCommand::Subscribe, Some(SUBSCRIPTION_BUFFER))
+            .await
+        {
+            Ok(x) => x,
+            // Nobody owns it: a subscription that never fires, as on a plain Redis.
+            Err(Reply::Nil) => {
+                self.subscriptions.insert(
+                    channel,
+                    Subscription {
+                        stop: CancellationToken::new(),
+                    },
+                );
+                return Ok(());
+            }
+            Err(reply) => return Err(reply),
+        };
+        if let Reply::Error(e) = self.proxy.reply_of(key, &answer) {
+            self.proxy.hub.metrics.redis_proxy("agent", "error");
+            return Err(Reply::Error(e));
+        }
+        self.proxy.hub.metrics.redis_proxy("agent", "forwarded");
+        let stop = self.closed.child_token();
+        let (oob, shared, closed) = (self.oob.clone(), self.shared.clone(), self.closed.clone());
+        let unsubscribe = self
+            .proxy
+            .request_event(key, RedisCommand::Unsubscribe, ticket.id());
+        let key_text = key.to_string();
+        let stop2 = stop.clone();
+        let map_key = channel.clone();
+        self.proxy.tasks.spawn(
+            async move {
+                loop {
+                    tokio::select! {
+                        _ = stop2.cancelled() => {
+                            link.notify(unsubscribe);
+                            return;
+                        }
+                        push = ticket.next() => {
+                            let Some(push) = push else {
+                                // The agent's session ended: close the client so it
+                                // subscribes again (go-redis does) and gets a fresh answer.
+                                tracing::info!(key = %key_text, "agent session ended: closing subscribed Redis client");
+                                closed.cancel();
+                                return;
+                            };
+                            let payload = match push.payload {
+                                Payload::RedisResponse(r) => match r.result {
+                                    Some(redis_response::Result::Value(v)) => Bytes::from(v),
+                                    Some(redis_response::Result::Error(e)) => {
+                                        tracing::warn!(key = %key_text, error = %e, "agent ended a subscription");
+                                        closed.cancel();
+                                        return;
+                                    }
+                                    _ => Bytes::new(),
+                                },
+                                _ => continue,
+                            };
+                            let frame = resp::pubsub(shared.protocol(), "message", &channel, PubSub::Message(payload));
+                            if oob.send(frame).await.is_err() {
+                                link.notify(unsubscribe);
+                                return;
+                            }
+                        }
+                    }
+                }
+            }
+            .instrument(tracing::Span::current()),
+        );
+        self.subscriptions.insert(map_key, Subscription { stop });
+        Ok(())
+    }
+
+    async fn unsubscribe(&mut self, raw: &Bytes, channels: &[Bytes]) -> Result<(), RespError> {
+        let local: Vec<Bytes> = if channels.is_empty() {
+            self.subscriptions.keys().cloned().collect()
+        } else {
+            channels
+                .iter()
+                .filter(|c| AppKey::parse(c).is_some())
+                .cloned()
+                .collect()
+        };
+        let others: Vec<&Bytes> = channels
+            .iter()
+            .filter(|c| AppKey::parse(c).is_none())
+            .collect();
+        if channels.is_empty() && (local.is_empty() || self.upstream_pubsub) {
+            self.forward(raw, SlotKind::PubSubReply).await?;
+        } else if !others.is_empty() {
+            let mut args: Vec<&[u8]> = vec![b"UNSUBSCRIBE"];
+            args.extend(others.iter().map(|c| c.as_ref()));
+            self.forward(&resp::command(&args), SlotKind::PubSubReply)
+                .await?;
+        }
+        for channel in local {
+            if let Some(s) = self.subscriptions.remove(&channel) {
+                s.stop.cancel();
+            }
+            let count = i64::try_from(self.subscriptions.len()).unwrap_or(i64::MAX);
+            self.ready(Out::PubSub("unsubscribe", channel, count)).await;
+        }
+        Ok(())
+    }
+}
+
+/// Writes replies in command order, and out-of-band frames as they come.
+async fn write_client<W: AsyncWrite + Unpin>(
+    mut w: W,
+    mut slots: mpsc::Receiver<oneshot::Receiver<Out>>,
+    mut oob: mpsc::Receiver<Bytes>,
+    shared: Arc<Shared>,
+) -> std::io::Result<()> {
+    let mut current: Option<oneshot::Receiver<Out>> = None;
+    loop {
+        tokio::select! {
+            biased;
+            Some(frame) = oob.recv() => {
+                w.write_all(&frame).await?;
+                w.flush().await?;
+            }
+            reply = async { current.as_mut().expect("guarded").await }, if current.is_some() => {
+                current = None;
+                if let Ok(out) = reply {
+                    w.write_all(&out.encode(shared.protocol())).await?;
+                    w.flush().await?;
+                }
+            }
+            next = slots.recv(), if current.is_none() => match next {
+                Some(rx) => current = Some(rx),
+                None => {
+                    w.shutdown().await?;
+                    return Ok(());
+                }
+            },
+        }
+    }
+}
+
+/// Reads the hub Redis's frames: each fills the oldest waiting slot, except out-of-band
+/// pushes and everything after the connection entered pub/sub mode.
+async fn read_upstream<R: AsyncRead + Unpin>(
+    mut reader: FrameReader<R>,
+    shared: Arc<Shared>,
+    oob: mpsc::Sender<Bytes>,
+) -> Result<(), RespError> {
+    let mut pubsub = false;
+    loop {
+        // The protocol is chosen when the bytes are there: the slot of the command they
+        // answer is always queued before the command is sent.
+        let head = lock(&shared.upstream).front().map(|s| s.kind);
+        let protocol = match head {
+            Some(SlotKind::Hello(p)) => p,
+            _ => shared.protocol(),
+        };
+        let Some(frame) = reader.decode(protocol)? else {
+            if !reader.fill().await? {
+                return Ok(());
+            }
+            continue;
+        };
+        if pubsub {
+            if oob.send(frame.raw).await.is_err() {
+                return Ok(());
+            }
+            continue;
+        }
+        let slot = {
+            let mut queue = lock(&shared.upstream);
+            match queue.front().map(|s| s.kind) {
+                Some(SlotKind::Subscribe | SlotKind::PubSubReply) => queue.pop_front(),
+                _ if frame.is_push() => None,
+                Some(_) => queue.pop_front(),
+                None => None,
+            }
+        };
+        match slot {
+            Some(slot) => {
+                match slot.kind {
+                    SlotKind::Subscribe if !frame.is_error() => pubsub = true,
+                    SlotKind::Hello(p) if !frame.is_error() => *lock(&shared.protocol) = p,
+                    _ => {}
+                }
+                let _ = slot.tx.send(Out::Raw(frame.raw));
+            }
+            None => {
+                if oob.send(frame.raw).await.is_err() {
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_connected_capable_owner_is_asked() {
+        assert_eq!(decide(false, false, false), Decision::Nil);
+        assert_eq!(decide(false, true, true), Decision::Nil);
+        assert_eq!(decide(true, false, true), Decision::Offline);
+        assert_eq!(decide(true, true, false), Decision::Unsupported);
+        assert_eq!(decide(true, true, true), Decision::Forward);
+    }
+
+    use tokio::io::AsyncReadExt;
+
+    fn slot(shared: &Shared, kind: SlotKind) -> oneshot::Receiver<Out> {
+        let (tx, rx) = oneshot::channel();
+        lock(&shared.upstream).push_back(UpstreamSlot { kind, tx });
+        rx
+    }
+
+    fn raw(out: Out) -> Bytes {
+        match out {
+            Out::Raw(b) => b,
+            _ => panic!("not raw"),
+        }
+    }
+
+    #[tokio::test]
+    async fn hub_replies_fill_slots_in_order_switch_protocol_and_pushes_go_out_of_band() {
+        let shared = Arc::new(Shared::default());
+        let hello = slot(&shared, SlotKind::Hello(Protocol::Resp3));
+        let get = slot(&shared, SlotKind::Reply);
+        let (mut hub, upstream) = tokio::io::duplex(4096);
+        let (oob_tx, mut oob) = mpsc::channel(8);
+        let task = tokio::spawn(read_upstream(
+            FrameReader::new(upstream, 1024),
+            shared.clone(),
+            oob_tx,
+        ));
+        // A RESP3 map (only valid once HELLO 3 is known), an invalidation push, a value.
+        hub.write_all(b"%1\r\n$5\r\nproto\r\n:3\r\n>2\r\n$10\r\ninvalidate\r\n_\r\n$1\r\nx\r\n")
+            .await
+            .unwrap();
+        assert_eq!(&raw(hello.await.unwrap())[..2], b"%1");
+        assert_eq!(&raw(get.await.unwrap())[..], b"$1\r\nx\r\n");
+        assert_eq!(&oob.recv().await.unwrap()[..2], b">2");
+        assert_eq!(shared.protocol(), Protocol::Resp3);
+        drop(hub);
+        task.await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn after_a_subscribe_every_hub_frame_is_out_of_band() {
+        let shared = Arc::new(Shared::default());
+        let sub = slot(&shared, SlotKind::Subscribe);
+        let (mut hub, upstream) = tokio::io::duplex(4096);
+        let (oob_tx, mut oob) = mpsc::channel(8);
+        tokio::spawn(read_upstream(
+            FrameReader::new(upstream, 1024),
+            shared.clone(),
+            oob_tx,
+        ));
+        hub.write_all(
+            b"*3\r\n$9\r\nsubscribe\r\n$1\r\na\r\n:1\r\n*3\r\n$9\r\nsubscribe\r\n$1\r\nb\r\n:2\r\n",
+        )
+        .await
+        .unwrap();
+        assert!(raw(sub.await.unwrap()).starts_with(b"*3\r\n$9\r\nsubscribe\r\n$1\r\na"));
+        assert!(oob.recv().await.unwrap().ends_with(b"b\r\n:2\r\n"));
+    }
+
+    #[tokio::test]
+    async fn malformed_hub_frames_end_the_reader_with_an_error() {
+        let shared = Arc::new(Shared::default());
+        let _get = slot(&shared, SlotKind::Reply);
+        let (mut hub, upstream) = tokio::io::duplex(4096);
+        let (oob_tx, _oob) = mpsc::channel(8);
+        let task = tokio::spawn(read_upstream(
+            FrameReader::new(upstream, 1024),
+            shared,
+            oob_tx,
+        ));
+        hub.write_all(b"$abc\r\n").await.unwrap();
+        assert!(matches!(task.await.unwrap(), Err(RespError::Malformed(_))));
+    }
+
+    #[tokio::test]
+    async fn the_writer_keeps_command_order_and_encodes_local_replies_when_written() {
+        let shared = Arc::new(Shared::default());
+        let (slots_tx, slots_rx) = mpsc::channel(8);
+        let (_oob_tx, oob_rx) = mpsc::channel(8);
+        let (client, mut out) = tokio::io::duplex(4096);
+        let writer = tokio::spawn(write_client(client, slots_rx, oob_rx, shared.clone()));
+        let (first_tx, first) = oneshot::channel();
+        let (second_tx, second) = oneshot::channel();
+        slots_tx.send(first).await.unwrap();
+        slots_tx.send(second).await.unwrap();
+        drop(slots_tx);
+        // The second (local) reply is ready first; the first (HELLO 3) switches the protocol.
+        second_tx.send(Out::Reply(Reply::Nil)).unwrap();
+        tokio::task::yield_now().await;
+        *lock(&shared.protocol) = Protocol::Resp3;
+        first_tx
+            .send(Out::Raw(Bytes::from_static(b"+OK\r\n")))
+            .unwrap();
+        writer.await.unwrap().unwrap();
+        let mut got = Vec::new();
+        out.read_to_end(&mut got).await.unwrap();
+        assert_eq!(got, b"+OK\r\n_\r\n");
+    }
+
+    #[test]
+    fn replies_are_encoded_in_the_connection_protocol() {
+        assert_eq!(&Reply::Nil.encode(Protocol::Resp2)[..], b"$-1\r\n");
+        assert_eq!(&Reply::Nil.encode(Protocol::Resp3)[..], b"_\r\n");
+        assert_eq!(
+            &Reply::Error("ERR x".into()).encode(Protocol::Resp3)[..],
+            b"-ERR x\r\n"
+        );
+    }
+}

@@ -1,0 +1,170 @@
+//! A small Redis connection: TCP or TLS (rustls with ring, as everywhere in this project),
+//! optional AUTH, commands and frames. The agent reads its cluster's Redis with it; the
+//! principal's proxy uses [`RedisEndpoint::connect_io`] for its hub Redis leg. (The
+//! maintained Redis clients pull in a second TLS stack or crypto provider.)
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustls_pki_types::ServerName;
+use rustls_pki_types::pem::PemObject;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
+use tokio::net::TcpStream;
+
+use super::resp::{self, Frame, FrameReader, Protocol, RespError};
+
+/// A byte stream to Redis (TCP or TLS over TCP).
+pub trait Io: AsyncRead + AsyncWrite + Unpin + Send + Sync + 'static {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + Sync + 'static> Io for T {}
+
+/// How long connecting (TCP and TLS) may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// TLS towards a Redis server.
+#[derive(Clone)]
+pub struct RedisTls {
+    pub config: Arc<rustls::ClientConfig>,
+    pub server_name: ServerName<'static>,
+}
+
+impl std::fmt::Debug for RedisTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RedisTls({:?})", self.server_name)
+    }
+}
+
+impl RedisTls {
+    /// TLS that trusts the CA certificates in PEM file `ca` and expects `server_name`.
+    pub fn from_ca_file(ca: &Path, server_name: &str) -> Result<RedisTls, String> {
+        let mut roots = rustls::RootCertStore::empty();
+        let certs = rustls_pki_types::CertificateDer::pem_file_iter(ca)
+            .map_err(|e| format!("{}: {e}", ca.display()))?;
+        for cert in certs {
+            let cert = cert.map_err(|e| format!("{}: {e}", ca.display()))?;
+            roots
+                .add(cert)
+                .map_err(|e| format!("{}: {e}", ca.display()))?;
+        }
+        if roots.is_empty() {
+            return Err(format!("{}: no CA certificate", ca.display()));
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let server_name = ServerName::try_from(server_name.to_owned())
+            .map_err(|e| format!("{server_name:?}: {e}"))?;
+        Ok(RedisTls {
+            config: Arc::new(config),
+            server_name,
+        })
+    }
+}
+
+/// Where a Redis server is and how to log in.
+#[derive(Clone, Debug, Default)]
+pub struct RedisEndpoint {
+    /// `host:port`.
+    pub addr: String,
+    pub username: Option<String>,
+    pub password: Option<String>,
+    pub tls: Option<RedisTls>,
+}
+
+impl RedisEndpoint {
+    /// Opens the byte stream (TCP, then TLS when configured); no command is sent.
+    pub async fn connect_io(&self) -> std::io::Result<Box<dyn Io>> {
+        let tcp = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&self.addr))
+            .await
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+        tcp.set_nodelay(true)?;
+        match &self.tls {
+            None => Ok(Box::new(tcp)),
+            Some(tls) => {
+                let connector = tokio_rustls::TlsConnector::from(tls.config.clone());
+                let stream = tokio::time::timeout(
+                    CONNECT_TIMEOUT,
+                    connector.connect(tls.server_name.clone(), tcp),
+                )
+                .await
+                .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+                Ok(Box::new(stream))
+            }
+        }
+    }
+
+    /// Connects and logs in (AUTH when a password is set).
+    pub async fn connect(&self, limit: usize) -> Result<RedisConn, RespError> {
+        let io = self.connect_io().await?;
+        let (r, w) = tokio::io::split(io);
+        let mut conn = RedisConn {
+            reader: FrameReader::new(r, limit),
+            writer: w,
+        };
+        if let Some(password) = &self.password {
+            let reply = match &self.username {
+                Some(user) => {
+                    conn.command(&[b"AUTH", user.as_bytes(), password.as_bytes()])
+                        .await?
+                }
+                None => conn.command(&[b"AUTH", password.as_bytes()]).await?,
+            };
+            if reply.is_error() {
+                let msg = reply.into_value().err().unwrap_or_default();
+                return Err(RespError::Refused(format!("AUTH: {msg}")));
+            }
+        }
+        Ok(conn)
+    }
+}
+
+/// A RESP2 connection to Redis.
+pub struct RedisConn {
+    reader: FrameReader<ReadHalf<Box<dyn Io>>>,
+    writer: WriteHalf<Box<dyn Io>>,
+}
+
+impl RedisConn {
+    /// Sends a command without waiting for the reply.
+    pub async fn send(&mut self, args: &[&[u8]]) -> Result<(), RespError> {
+        self.writer.write_all(&resp::command(args)).await?;
+        self.writer.flush().await?;
+        Ok(())
+    }
+
+    /// The next frame from the server (an error at end of stream).
+    pub async fn next(&mut self) -> Result<Frame, RespError> {
+        self.reader
+            .next(Protocol::Resp2)
+            .await?
+            .ok_or_else(|| RespError::Io(std::io::ErrorKind::UnexpectedEof.into()))
+    }
+
+    /// Sends a command and reads its reply.
+    pub async fn command(&mut self, args: &[&[u8]]) -> Result<Frame, RespError> {
+        self.send(args).await?;
+        self.next().await
+    }
+}
+
+/// TLS for a Redis-speaking listener from a PEM certificate chain and key (read once at
+/// start).
+pub fn server_tls(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>, String> {
+    let chain = rustls_pki_types::CertificateDer::pem_file_iter(cert)
+        .map_err(|e| format!("{}: {e}", cert.display()))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("{}: {e}", cert.display()))?;
+    let key_der = rustls_pki_types::PrivateKeyDer::from_pem_file(key)
+        .map_err(|e| format!("{}: {e}", key.display()))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_no_client_auth()
+        .with_single_cert(chain, key_der)
+        .map_err(|e| format!("{}: {e}", cert.display()))?;
+    Ok(Arc::new(config))
+}
