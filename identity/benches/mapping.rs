@@ -74,8 +74,8 @@ fn mapping(c: &mut Criterion) {
         assert_eq!(rules.len(), RULES);
         let first = id_for(kind_of(set, 0), 0);
         let last = id_for(kind_of(set, RULES - 1), RULES - 1);
-        let none = SpiffeId::parse("spiffe://edge.example/cluster/c9999/ns/argocd/sa/agent-x")
-            .unwrap();
+        let none =
+            SpiffeId::parse("spiffe://edge.example/cluster/c9999/ns/argocd/sa/agent-x").unwrap();
         assert_eq!(rules.map(&first).unwrap().rule, "cluster-0000");
         assert_eq!(rules.map(&last).unwrap().rule, "cluster-0999");
         assert!(rules.map(&none).is_err());

@@ -77,7 +77,9 @@ fn xfcc(c: &mut Criterion) {
     let principal = SpiffeId::parse(PRINCIPAL).unwrap();
     let value = three_elements();
     assert_eq!(
-        identity_from_xfcc(&value, Some(&principal)).unwrap().as_str(),
+        identity_from_xfcc(&value, Some(&principal))
+            .unwrap()
+            .as_str(),
         AGENT
     );
     g.throughput(Throughput::Bytes(value.len() as u64));
@@ -93,7 +95,12 @@ fn xfcc(c: &mut Criterion) {
         b.iter(|| LinkerdId::parse(black_box(value)).unwrap())
     });
     g.bench_function("to_spiffe_id/l5d_client_id", |b| {
-        b.iter(|| LinkerdId::parse(black_box(value)).unwrap().to_spiffe_id().unwrap())
+        b.iter(|| {
+            LinkerdId::parse(black_box(value))
+                .unwrap()
+                .to_spiffe_id()
+                .unwrap()
+        })
     });
     g.finish();
 }

@@ -64,7 +64,9 @@ fn resync(c: &mut Criterion) {
     g.bench_function("key_list_checksum/10k", |b| {
         b.iter(|| key_list_checksum(black_box(&src)))
     });
-    g.bench_function("to_state/10k", |b| b.iter(|| to_state(KIND, black_box(&src))));
+    g.bench_function("to_state/10k", |b| {
+        b.iter(|| to_state(KIND, black_box(&src)))
+    });
     g.bench_function("from_state/10k", |b| {
         b.iter(|| from_state(KIND, black_box(&state)))
     });
