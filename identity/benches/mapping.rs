@@ -1,7 +1,7 @@
 //! Mapping a SPIFFE ID through 1,000 rules, as the principal does for every new agent
 //! stream: the ID matched by the first rule, by the last rule (every rule tried), and by
 //! none (every rule tried, then denied). Rule sets of only exact rules, only templates, and
-//! both interleaved; plus loading such a set from YAML and from flags.
+//! both interleaved; a single rule as the baseline; loading 1,000 rules from YAML and flags.
 
 // `RuleSet::map` returns its denials by value (see the mapping module); so does the bench.
 #![allow(clippy::result_large_err)]
@@ -87,6 +87,22 @@ fn mapping(c: &mut Criterion) {
                 b.iter(|| rules.map(black_box(id)))
             });
         }
+    }
+    g.finish();
+
+    // Baseline: the same matches with a single rule, to show what the other 999 cost.
+    let mut g = c.benchmark_group("mapping/map_1_rule");
+    for kind in [Kind::Exact, Kind::Template] {
+        let name = match kind {
+            Kind::Exact => "exact",
+            Kind::Template => "template",
+        };
+        let rules = RuleSet::from_yaml(&format!("rules:\n{}", yaml_rule(kind, 0))).unwrap();
+        let id = id_for(kind, 0);
+        assert_eq!(rules.map(&id).unwrap().rule, "cluster-0000");
+        g.bench_with_input(BenchmarkId::new(name, "match"), &id, |b, id| {
+            b.iter(|| rules.map(black_box(id)))
+        });
     }
     g.finish();
 
