@@ -265,7 +265,33 @@ pub struct Topology {
     pub admin_address: String,
 }
 
-fn free_port() -> std::io::Result<u16> {
+/// The arguments every test principal starts with: listen on 127.0.0.1:`port`, the hub
+/// kubeconfig, metrics and health on 127.0.0.1:`metrics_port`, SVIDs from `spiffe_endpoint`.
+pub fn principal_args(
+    port: u16,
+    kubeconfig: &Path,
+    metrics_port: u16,
+    spiffe_endpoint: &str,
+) -> Vec<String> {
+    vec![
+        "principal".into(),
+        "--listen-host".into(),
+        "127.0.0.1".into(),
+        "--listen-port".into(),
+        port.to_string(),
+        "--kubeconfig".into(),
+        kubeconfig.display().to_string(),
+        "--metrics-host".into(),
+        "127.0.0.1".into(),
+        "--metrics-port".into(),
+        metrics_port.to_string(),
+        "--spiffe-endpoint-socket".into(),
+        spiffe_endpoint.into(),
+    ]
+}
+
+/// A free TCP port on 127.0.0.1 (free now; a parallel test may take it before it is bound).
+pub fn free_port() -> std::io::Result<u16> {
     let l = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok(l.local_addr()?.port())
 }
@@ -474,21 +500,12 @@ impl Topology {
         let mut metrics_ports = std::collections::HashMap::new();
         metrics_ports.insert("principal".to_string(), free_port()?);
         let principal_addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse()?;
-        let mut pargs: Vec<String> = vec![
-            "principal".into(),
-            "--listen-host".into(),
-            "127.0.0.1".into(),
-            "--listen-port".into(),
-            port.to_string(),
-            "--kubeconfig".into(),
-            dir.join("hub.kubeconfig").display().to_string(),
-            "--metrics-host".into(),
-            "127.0.0.1".into(),
-            "--metrics-port".into(),
-            metrics_ports["principal"].to_string(),
-            "--spiffe-endpoint-socket".into(),
-            spiffe.endpoint(&dir.join("principal.sock")),
-        ];
+        let mut pargs = principal_args(
+            port,
+            &dir.join("hub.kubeconfig"),
+            metrics_ports["principal"],
+            &spiffe.endpoint(&dir.join("principal.sock")),
+        );
         match &opts.rules_file {
             Some(f) => pargs.extend(["--identity-rules".into(), f.display().to_string()]),
             None => pargs.extend(["--identity-rule".into(), RULE.into()]),

@@ -13,7 +13,9 @@ use argocd_agent_identity::svid::{SvidState, TrustBundles};
 use argocd_agent_identity::{SpiffeId, TrustDomain};
 use argocd_agent_kube_test_server::{KubeTestServer, ServerOptions};
 
-use crate::harness::{HarnessError, PRINCIPAL_ID, Proc, TRUST_DOMAIN, binary, http_get, wait_port};
+use crate::harness::{
+    HarnessError, PRINCIPAL_ID, Proc, TRUST_DOMAIN, binary, free_port, http_get, wait_port,
+};
 
 /// The mapping rule of a bench run: `spiffe://example.org/ns/agents/sa/<agent>` is agent
 /// `<agent>` with hub namespace `<agent>` (one template rule for every simulated agent).
@@ -104,11 +106,6 @@ pub struct BenchEnv {
     bundles: Arc<TrustBundles>,
 }
 
-fn free_port() -> std::io::Result<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(l.local_addr()?.port())
-}
-
 impl BenchEnv {
     /// Starts the hub and the principal (with `extra_args`), and waits until the principal
     /// answers on its metrics port.
@@ -142,27 +139,20 @@ impl BenchEnv {
         let port = free_port()?;
         let metrics_port = free_port()?;
         let principal_addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
-        let mut args: Vec<String> = vec![
-            "principal".into(),
-            "--listen-host".into(),
-            "127.0.0.1".into(),
-            "--listen-port".into(),
-            port.to_string(),
-            "--kubeconfig".into(),
-            dir.join("hub.kubeconfig").display().to_string(),
-            "--metrics-host".into(),
-            "127.0.0.1".into(),
-            "--metrics-port".into(),
-            metrics_port.to_string(),
-            "--spiffe-endpoint-socket".into(),
-            spiffe.endpoint(&dir.join("principal.sock")),
+        let mut args = crate::harness::principal_args(
+            port,
+            &dir.join("hub.kubeconfig"),
+            metrics_port,
+            &spiffe.endpoint(&dir.join("principal.sock")),
+        );
+        args.extend([
             "--identity-rule".into(),
             BENCH_RULE.into(),
             "--admin-address".into(),
             format!("unix://{}", dir.join("admin.sock").display()),
             // No Redis in a bench run (and no fixed port 6379 to collide on).
             "--disable-redis-proxy".into(),
-        ];
+        ]);
         args.extend(extra_args.iter().cloned());
         let mut principal = Proc::new(
             "principal",

@@ -879,8 +879,28 @@ async fn mixed_ops(api: &Api<DynamicObject>, ns: &str, ops: usize) -> Result<(),
     Ok(())
 }
 
+/// `ops` mixed operations on `written` (server, namespace); returns how long the writes took
+/// and how long until `follower` held the same Applications, both from the first write.
+async fn bulk_phase(
+    written: (&argocd_agent_kube_test_server::KubeTestServer, &str),
+    follower: (&argocd_agent_kube_test_server::KubeTestServer, &str),
+    ops: usize,
+) -> Result<(Duration, Duration), HarnessError> {
+    let started = Instant::now();
+    mixed_ops(&crate::harness::apps(written.0, written.1)?, written.1, ops).await?;
+    let write_time = started.elapsed();
+    let want = spec_sums(written.0, written.1);
+    until(
+        &format!("{} equal to what was written", follower.1),
+        Duration::from_secs(300),
+        || spec_sums(follower.0, follower.1) == want,
+    )
+    .await?;
+    Ok((write_time, started.elapsed()))
+}
+
 async fn bulk(opts: &BenchOptions) -> Result<Report, HarnessError> {
-    use crate::harness::{AUTONOMOUS, MANAGED, SPOKE_NS, Topology, TopologyOptions, apps};
+    use crate::harness::{AUTONOMOUS, MANAGED, SPOKE_NS, Topology, TopologyOptions};
     let ops = opts.changes;
     let topo = Topology::start(TopologyOptions {
         dir: opts.dir.clone(),
@@ -892,37 +912,19 @@ async fn bulk(opts: &BenchOptions) -> Result<Report, HarnessError> {
         let mut r = Report::new(Scenario::Bulk);
         r.put("ops", ops);
         // Managed: the user writes to the hub; the managed spoke must follow.
-        let started = Instant::now();
-        mixed_ops(&apps(&topo.hub, MANAGED)?, MANAGED, ops).await?;
-        let written = started.elapsed();
-        let want = spec_sums(&topo.hub, MANAGED);
-        until(
-            "the managed spoke equal to the hub",
-            Duration::from_secs(300),
-            || spec_sums(&topo.managed_spoke, SPOKE_NS) == want,
-        )
-        .await?;
+        let (written, converged) =
+            bulk_phase((&topo.hub, MANAGED), (&topo.managed_spoke, SPOKE_NS), ops).await?;
         r.put("managed_write_s", round2(written.as_secs_f64()));
-        r.put(
-            "managed_converged_s",
-            round2(started.elapsed().as_secs_f64()),
-        );
+        r.put("managed_converged_s", round2(converged.as_secs_f64()));
         // Autonomous: the user writes to the spoke; the hub must follow.
-        let started = Instant::now();
-        mixed_ops(&apps(&topo.autonomous_spoke, SPOKE_NS)?, SPOKE_NS, ops).await?;
-        let written = started.elapsed();
-        let want = spec_sums(&topo.autonomous_spoke, SPOKE_NS);
-        until(
-            "the hub equal to the autonomous spoke",
-            Duration::from_secs(300),
-            || spec_sums(&topo.hub, AUTONOMOUS) == want,
+        let (written, converged) = bulk_phase(
+            (&topo.autonomous_spoke, SPOKE_NS),
+            (&topo.hub, AUTONOMOUS),
+            ops,
         )
         .await?;
         r.put("autonomous_write_s", round2(written.as_secs_f64()));
-        r.put(
-            "autonomous_converged_s",
-            round2(started.elapsed().as_secs_f64()),
-        );
+        r.put("autonomous_converged_s", round2(converged.as_secs_f64()));
         Ok(r)
     }
     .await;
