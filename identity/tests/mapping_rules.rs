@@ -708,3 +708,37 @@ fn explain_names_the_admin_rule() {
         StepOutcome::Denied(DenyReason::AdminRole { .. })
     ));
 }
+
+#[test]
+fn a_thousand_template_rules_keep_first_match_order_and_explain_every_rule() {
+    let mut yaml = String::from("rules:\n");
+    for i in 0..1000 {
+        yaml.push_str(&format!(
+            "  - name: r{i}\n    template: \"spiffe://example.org/site-{i}/{{sa}}\"\n    agent: \"s{i}-{{sa}}\"\n"
+        ));
+    }
+    // A later rule that also matches site-999 IDs must not win over r999.
+    yaml.push_str("  - name: catch-all\n    regex: \"spiffe://example.org/site-[0-9]+/(.+)\"\n");
+    let rules = RuleSet::from_yaml(&yaml).unwrap();
+    let got = rules
+        .map(&id("spiffe://example.org/site-999/edge"))
+        .unwrap();
+    assert_eq!(
+        (got.rule.as_str(), got.agent.as_str()),
+        ("r999", "s999-edge")
+    );
+    let got = rules.map(&id("spiffe://example.org/site-5/edge")).unwrap();
+    assert_eq!(got.rule, "r5");
+    assert_eq!(
+        rules
+            .map(&id("spiffe://example.org/other/edge"))
+            .unwrap_err()
+            .reason,
+        DenyReason::NoRuleMatched { tried: 1001 }
+    );
+    let explained = rules.explain(&id("spiffe://example.org/site-3/edge"));
+    assert_eq!(explained.steps.len(), 1001);
+    assert_eq!(explained.steps[3].outcome, StepOutcome::Matched);
+    assert_eq!(explained.steps[2].outcome, StepOutcome::NoMatch);
+    assert_eq!(explained.steps[1000].outcome, StepOutcome::NotEvaluated);
+}

@@ -43,6 +43,16 @@ pub(super) enum Matcher {
     Exact(SpiffeId),
 }
 
+impl Matcher {
+    /// The regex of a template or regex rule (for the rule set's one-pass prefilter).
+    pub(super) fn pattern(&self) -> Option<&str> {
+        match self {
+            Matcher::Template { regex, .. } | Matcher::Regex { regex, .. } => Some(regex.as_str()),
+            Matcher::Exact(_) => None,
+        }
+    }
+}
+
 impl fmt::Display for Matcher {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
