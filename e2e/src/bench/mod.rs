@@ -305,6 +305,32 @@ fn fleet(env: &BenchEnv, agents: Vec<Arc<SimAgent>>, opts: &BenchOptions) -> Fle
     )
 }
 
+/// `opts.agents` simulated agents, started, and every one connected.
+async fn connected_fleet(env: &BenchEnv, opts: &BenchOptions) -> Result<Fleet, HarnessError> {
+    let n = opts.agents;
+    let fleet = fleet(env, make_agents(env, n)?, opts);
+    until("every agent connected", scaled(n), || {
+        fleet.connected() == n
+    })
+    .await?;
+    Ok(fleet)
+}
+
+/// [`connected_fleet`] with one Application per agent (`app-<i>` at revision `v1`, ~`pad`
+/// bytes) on the hub, created first, and held by every agent before this returns.
+async fn settled_fleet(
+    env: &BenchEnv,
+    opts: &BenchOptions,
+    pad: usize,
+) -> Result<Fleet, HarnessError> {
+    let n = opts.agents;
+    create_namespaces(env, n).await?;
+    create_apps(env, n, 0..n, "v1", pad, opts.writers).await?;
+    let fleet = connected_fleet(env, opts).await?;
+    wait_holding(&fleet, "v1", pad, scaled(n)).await?;
+    Ok(fleet)
+}
+
 async fn start_env(opts: &BenchOptions) -> Result<BenchEnv, HarnessError> {
     BenchEnv::start(opts.dir.clone(), &opts.principal_args).await
 }
@@ -446,14 +472,7 @@ async fn storm(opts: &BenchOptions) -> Result<Report, HarnessError> {
     let pad = 512;
     with_env(opts, |mut env| async move {
         let r = async {
-            create_namespaces(&env, n).await?;
-            create_apps(&env, n, 0..n, "v1", pad, opts.writers).await?;
-            let fleet = fleet(&env, make_agents(&env, n)?, opts);
-            until("every agent connected", scaled(n), || {
-                fleet.connected() == n
-            })
-            .await?;
-            wait_holding(&fleet, "v1", pad, scaled(n)).await?;
+            let fleet = settled_fleet(&env, opts, pad).await?;
             let sessions_before = fleet
                 .stats
                 .sessions
@@ -544,11 +563,7 @@ async fn fanout(opts: &BenchOptions) -> Result<Report, HarnessError> {
     let pad = 512;
     with_env(opts, |env| async move {
         let r = async {
-            create_namespaces(&env, n).await?;
-            create_apps(&env, n, 0..n, "v1", pad, opts.writers).await?;
-            let fleet = fleet(&env, make_agents(&env, n)?, opts);
-            until("every agent connected", scaled(n), || fleet.connected() == n).await?;
-            wait_holding(&fleet, "v1", pad, scaled(n)).await?;
+            let fleet = settled_fleet(&env, opts, pad).await?;
             let client = kube_client(&env.hub)?;
 
             // Hub -> agent: one spec change at a time, to a different agent each time.
@@ -626,11 +641,7 @@ async fn throughput(opts: &BenchOptions) -> Result<Report, HarnessError> {
     with_env(opts, |env| async move {
         let r = async {
             create_namespaces(&env, n).await?;
-            let fleet = fleet(&env, make_agents(&env, n)?, opts);
-            until("every agent connected", scaled(n), || {
-                fleet.connected() == n
-            })
-            .await?;
+            let fleet = connected_fleet(&env, opts).await?;
 
             // Principal -> agents: m new Applications of ~pad bytes, written by `writers`.
             let base = fleet.stats.events_in.load(Relaxed);
@@ -719,14 +730,7 @@ async fn rotation(opts: &BenchOptions) -> Result<Report, HarnessError> {
     let pad = 512;
     with_env(opts, |env| async move {
         let r = async {
-            create_namespaces(&env, n).await?;
-            create_apps(&env, n, 0..n, "v1", pad, opts.writers).await?;
-            let fleet = fleet(&env, make_agents(&env, n)?, opts);
-            until("every agent connected", scaled(n), || {
-                fleet.connected() == n
-            })
-            .await?;
-            wait_holding(&fleet, "v1", pad, scaled(n)).await?;
+            let fleet = settled_fleet(&env, opts, pad).await?;
             let sessions_before = fleet.stats.sessions.load(Relaxed);
             let client = kube_client(&env.hub)?;
 
