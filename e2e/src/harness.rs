@@ -290,12 +290,6 @@ pub fn principal_args(
     ]
 }
 
-/// A free TCP port on 127.0.0.1 (free now; a parallel test may take it before it is bound).
-pub fn free_port() -> std::io::Result<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(l.local_addr()?.port())
-}
-
 /// The `ApiResource` of Argo CD Applications.
 pub fn app_resource() -> ApiResource {
     ApiResource {
@@ -496,9 +490,9 @@ impl Topology {
         create_namespace(&autonomous_spoke, SPOKE_NS).await?;
 
         let bin = binary("argocd-agent")?;
-        let port = free_port()?;
+        let port = crate::envoy::free_loopback_port()?;
         let mut metrics_ports = std::collections::HashMap::new();
-        metrics_ports.insert("principal".to_string(), free_port()?);
+        metrics_ports.insert("principal".to_string(), crate::envoy::free_loopback_port()?);
         let principal_addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse()?;
         let mut pargs = principal_args(
             port,
@@ -555,7 +549,7 @@ impl Topology {
             .clone()
             .unwrap_or_else(|| vec![MANAGED, AUTONOMOUS]);
         for agent in [MANAGED, AUTONOMOUS] {
-            metrics_ports.insert(agent.to_string(), free_port()?);
+            metrics_ports.insert(agent.to_string(), crate::envoy::free_loopback_port()?);
         }
         let start_agent =
             |agent: &str, mode: &str, sock: &str, kubeconfig: &str| -> Result<Proc, HarnessError> {

@@ -46,32 +46,15 @@ pub struct RedisServer {
 impl RedisServer {
     /// Starts `redis-server` on a free loopback port; its log goes to `<dir>/<name>.log`.
     pub async fn start(dir: &Path, name: &str) -> Result<RedisServer, HarnessError> {
-        let bin = redis_server_bin()?;
         let port = free_loopback_port()?;
-        let args = [
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            &dir.display().to_string(),
-            "--dbfilename",
-            &format!("{name}.rdb"),
-        ]
-        .map(str::to_owned)
-        .to_vec();
-        let mut proc = Proc::new(name, bin, args, dir.join(format!("{name}.log")));
-        proc.start()?;
-        wait_listening(
-            format!("127.0.0.1:{port}").parse()?,
-            Duration::from_secs(10),
+        let rdb = format!("{name}.rdb");
+        Self::spawn(
+            dir,
+            name,
+            port,
+            &["--port", &port.to_string(), "--dbfilename", &rdb],
         )
-        .await?;
-        Ok(RedisServer { port, proc })
+        .await
     }
 
     /// Starts `redis-server` serving TLS only (certificate and key PEM files, no client
@@ -83,21 +66,40 @@ impl RedisServer {
         key: &Path,
         ca: &Path,
     ) -> Result<RedisServer, HarnessError> {
-        let bin = redis_server_bin()?;
         let port = free_loopback_port()?;
-        let args = [
-            "--port",
-            "0",
-            "--tls-port",
-            &port.to_string(),
-            "--tls-cert-file",
-            &cert.display().to_string(),
-            "--tls-key-file",
-            &key.display().to_string(),
-            "--tls-ca-cert-file",
-            &ca.display().to_string(),
-            "--tls-auth-clients",
-            "no",
+        Self::spawn(
+            dir,
+            name,
+            port,
+            &[
+                "--port",
+                "0",
+                "--tls-port",
+                &port.to_string(),
+                "--tls-cert-file",
+                &cert.display().to_string(),
+                "--tls-key-file",
+                &key.display().to_string(),
+                "--tls-ca-cert-file",
+                &ca.display().to_string(),
+                "--tls-auth-clients",
+                "no",
+            ],
+        )
+        .await
+    }
+
+    /// Runs `redis-server` with `listen` (its port options) on loopback, without
+    /// persistence, and waits until `port` accepts connections.
+    async fn spawn(
+        dir: &Path,
+        name: &str,
+        port: u16,
+        listen: &[&str],
+    ) -> Result<RedisServer, HarnessError> {
+        let bin = redis_server_bin()?;
+        let dir_arg = dir.display().to_string();
+        let common = [
             "--bind",
             "127.0.0.1",
             "--save",
@@ -105,10 +107,13 @@ impl RedisServer {
             "--appendonly",
             "no",
             "--dir",
-            &dir.display().to_string(),
-        ]
-        .map(str::to_owned)
-        .to_vec();
+            &dir_arg,
+        ];
+        let args = listen
+            .iter()
+            .chain(common.iter())
+            .map(|a| (*a).to_owned())
+            .collect();
         let mut proc = Proc::new(name, bin, args, dir.join(format!("{name}.log")));
         proc.start()?;
         wait_listening(

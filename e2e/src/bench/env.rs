@@ -13,9 +13,7 @@ use argocd_agent_identity::svid::{SvidState, TrustBundles};
 use argocd_agent_identity::{SpiffeId, TrustDomain};
 use argocd_agent_kube_test_server::{KubeTestServer, ServerOptions};
 
-use crate::harness::{
-    HarnessError, PRINCIPAL_ID, Proc, TRUST_DOMAIN, binary, free_port, http_get, wait_port,
-};
+use crate::harness::{HarnessError, PRINCIPAL_ID, Proc, TRUST_DOMAIN, binary, http_get, wait_port};
 
 /// The mapping rule of a bench run: `spiffe://example.org/ns/agents/sa/<agent>` is agent
 /// `<agent>` with hub namespace `<agent>` (one template rule for every simulated agent).
@@ -136,8 +134,8 @@ impl BenchEnv {
             KubeTestServer::start_on("127.0.0.1:0".parse()?, ServerOptions::default()).await?;
         hub.write_kubeconfig(&dir.join("hub.kubeconfig"), "hub")?;
         crate::harness::create_namespace(&hub, crate::harness::HUB_ARGOCD_NS).await?;
-        let port = free_port()?;
-        let metrics_port = free_port()?;
+        let port = crate::envoy::free_loopback_port()?;
+        let metrics_port = crate::envoy::free_loopback_port()?;
         let principal_addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
         let mut args = crate::harness::principal_args(
             port,

@@ -283,6 +283,22 @@ async fn create_apps(
         .collect()
 }
 
+/// Points agent `i`'s `app-<i>` on the hub at `revision` (a spec change, through the API).
+async fn set_revision(
+    client: &kube::Client,
+    i: usize,
+    revision: String,
+) -> Result<(), HarnessError> {
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), &sim_name(i), &app_resource());
+    merge_patch(
+        &api,
+        &format!("app-{i}"),
+        json!({"spec": {"source": {"targetRevision": revision}}}),
+    )
+    .await
+}
+
 /// Issues SVIDs and builds `n` simulated agents.
 fn make_agents(env: &BenchEnv, n: usize) -> Result<Vec<Arc<SimAgent>>, HarnessError> {
     (0..n)
@@ -487,18 +503,7 @@ async fn storm(opts: &BenchOptions) -> Result<Report, HarnessError> {
             // has to bring each agent the new spec through resync.
             let client = kube_client(&env.hub)?;
             futures::stream::iter(0..n)
-                .map(|i| {
-                    let api: Api<DynamicObject> =
-                        Api::namespaced_with(client.clone(), &sim_name(i), &app_resource());
-                    async move {
-                        merge_patch(
-                            &api,
-                            &format!("app-{i}"),
-                            json!({"spec": {"source": {"targetRevision": "v2"}}}),
-                        )
-                        .await
-                    }
-                })
+                .map(|i| set_revision(&client, i, "v2".into()))
                 .buffer_unordered(opts.writers.max(1))
                 .collect::<Vec<_>>()
                 .await
@@ -572,15 +577,8 @@ async fn fanout(opts: &BenchOptions) -> Result<Report, HarnessError> {
             for j in 0..m {
                 let i = (j * 7919) % n;
                 let marker = format!("r{j}");
-                let api: Api<DynamicObject> =
-                    Api::namespaced_with(client.clone(), &sim_name(i), &app_resource());
                 let t = Instant::now();
-                merge_patch(
-                    &api,
-                    &format!("app-{i}"),
-                    json!({"spec": {"source": {"targetRevision": marker}}}),
-                )
-                .await?;
+                set_revision(&client, i, marker).await?;
                 writes.push((format!("app-{i}@r{j}"), t));
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
@@ -744,14 +742,7 @@ async fn rotation(opts: &BenchOptions) -> Result<Report, HarnessError> {
             let mut next_rotation = Instant::now() + Duration::from_secs(2);
             while started.elapsed() < opts.duration {
                 let i = (changes * 7919) % n;
-                let api: Api<DynamicObject> =
-                    Api::namespaced_with(client.clone(), &sim_name(i), &app_resource());
-                merge_patch(
-                    &api,
-                    &format!("app-{i}"),
-                    json!({"spec": {"source": {"targetRevision": format!("c{changes}")}}}),
-                )
-                .await?;
+                set_revision(&client, i, format!("c{changes}")).await?;
                 changes += 1;
                 if Instant::now() >= next_rotation {
                     env.spiffe.rotate_now()?;
