@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use argocd_agent_identity::{AgentMode, Namespace, ResourceKind};
 use argocd_agent_kubernetes::object::{self, is_being_deleted, spec_checksum};
-use argocd_agent_kubernetes::{Cache, Change, Resources};
+use argocd_agent_kubernetes::{Cache, Change, Known, Resources};
 use argocd_agent_proto::eventstream::{ResourceChecksum, ResyncState};
 use argocd_agent_sync::resync::Checksums;
 use argocd_agent_sync::{Event, EventType, Payload, ResourceRef, SendQueue};
@@ -417,7 +417,8 @@ impl Spoke {
             return;
         };
         tracing::info!(name = %name, "reverting local {what} of managed application");
-        match self.upsert_local(&desired, &ns).await {
+        let known = self.cache.known(Some(&ns), &name_of(obj));
+        match self.upsert_local(&desired, &ns, known).await {
             Ok(()) if deleted => self.after_recreate(&ns, &name_of(obj)).await,
             Ok(()) => {}
             Err(e) => tracing::warn!(name = %name, error = %e, "could not revert local {what}"),
@@ -468,16 +469,17 @@ impl Spoke {
     }
 
     /// Managed: before the principal's object is written over a local one, applies the
-    /// adoption and source-UID mismatch policies ([`policy::plan_write`]).
+    /// adoption and source-UID mismatch policies ([`policy::plan_write`]). Returns whether
+    /// it deleted the local object (the watch cache still holds it until the watch says so).
     pub(crate) async fn prepare_write(
         &self,
         resources: &Resources,
         local: Option<Arc<DynamicObject>>,
         incoming: &Value,
-    ) -> Result<(), SpokeError> {
+    ) -> Result<bool, SpokeError> {
         let is_ours = local.as_deref().is_some_and(is_managed_copy);
         match policy::plan_write(&self.policies, local.as_deref(), is_ours, incoming) {
-            WritePlan::Upsert => Ok(()),
+            WritePlan::Upsert => Ok(false),
             WritePlan::Refuse(why) => Err(SpokeError::AdoptionRefused(why)),
             WritePlan::Recreate => {
                 let name = local.as_deref().map(name_of).unwrap_or_default();
@@ -487,8 +489,8 @@ impl Spoke {
                     .unwrap_or_else(|| self.namespace.to_string());
                 tracing::info!(kind = %resources.kind(), %name, "the hub object was recreated: recreating the local copy");
                 match resources.delete(Some(&ns), &name).await {
-                    Ok(_) => Ok(()),
-                    Err(e) if e.is_not_found() => Ok(()),
+                    Ok(_) => Ok(true),
+                    Err(e) if e.is_not_found() => Ok(true),
                     Err(e) => Err(e.into()),
                 }
             }
@@ -512,7 +514,14 @@ impl Spoke {
     }
 
     /// Creates or updates the local copy of a managed Application from the principal's object.
-    async fn upsert_local(&self, incoming: &Value, ns: &str) -> Result<(), SpokeError> {
+    /// `known` is what the watch cache says of the local object ([`Known::Unknown`] when the
+    /// cache cannot be trusted, e.g. right after this agent deleted it).
+    async fn upsert_local(
+        &self,
+        incoming: &Value,
+        ns: &str,
+        known: Known,
+    ) -> Result<(), SpokeError> {
         let mut copy = object::received_copy(incoming, ns, (MANAGED_LABEL, "true"))
             .map_err(SpokeError::NotAnObject)?;
         if name_of(&copy).is_empty() {
@@ -521,7 +530,6 @@ impl Spoke {
         // Status is the spoke's own; the operation comes as its own event.
         object::take_field(&mut copy, "status");
         object::take_field(&mut copy, "operation");
-        let known = self.cache.known(Some(ns), &name_of(&copy));
         self.apps
             .upsert_copy_known(&copy, &["spec"], known)
             .instrument(spoke_write_span("upsert", ns, &name_of(&copy)))
@@ -609,9 +617,14 @@ impl Spoke {
         match command {
             Command::Upsert(obj) => {
                 let local = self.cache.get(Some(ns), name);
-                self.prepare_write(&self.apps, local, &obj).await?;
+                let deleted = self.prepare_write(&self.apps, local, &obj).await?;
                 self.inner().desired.insert(key, obj.clone());
-                self.upsert_local(&obj, ns).await
+                let known = if deleted {
+                    Known::Unknown
+                } else {
+                    self.cache.known(Some(ns), name)
+                };
+                self.upsert_local(&obj, ns, known).await
             }
             Command::Delete => {
                 {
