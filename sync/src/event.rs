@@ -16,7 +16,8 @@ use argocd_agent_proto::cloudevents::CloudEvent;
 use argocd_agent_proto::cloudevents::cloud_event::cloud_event_attribute_value::Attr;
 use argocd_agent_proto::cloudevents::cloud_event::{CloudEventAttributeValue, Data};
 use argocd_agent_proto::eventstream::{
-    ClusterCacheInfo, ErrorDetail, Hello, RedisRequest, RedisResponse, Welcome,
+    ClusterCacheInfo, ErrorDetail, Hello, LogRequest, RedisRequest, RedisResponse, ResourceRequest,
+    ResourceResponse, TerminalRequest, Welcome,
 };
 use argocd_agent_proto::prost::Message;
 
@@ -78,6 +79,18 @@ pub enum EventType {
     RedisPush,
     /// Agent -> principal: its cluster's cache counts (payload [`ClusterCacheInfo`]).
     ClusterCacheInfoUpdate,
+    /// Principal -> agent: one Kubernetes API request of the resource proxy (payload
+    /// [`ResourceRequest`]).
+    ResourceRequest,
+    /// Agent -> principal: the answer to the `resource-request` (or a refused
+    /// `log-request`/`terminal-request`) named by `ackid` (payload [`ResourceResponse`]).
+    ResourceResponse,
+    /// Principal -> agent: stream a container log on a `Tunnel.Logs` stream (payload
+    /// [`LogRequest`]).
+    LogRequest,
+    /// Principal -> agent: open an exec session on a `Tunnel.Terminal` stream (payload
+    /// [`TerminalRequest`]).
+    TerminalRequest,
 }
 
 impl EventType {
@@ -104,6 +117,10 @@ impl EventType {
             EventType::RedisResponse => "redis-response",
             EventType::RedisPush => "redis-push",
             EventType::ClusterCacheInfoUpdate => "cluster-cache-info-update",
+            EventType::ResourceRequest => "resource-request",
+            EventType::ResourceResponse => "resource-response",
+            EventType::LogRequest => "log-request",
+            EventType::TerminalRequest => "terminal-request",
         }
     }
 
@@ -131,6 +148,10 @@ impl EventType {
             "redis-response" => EventType::RedisResponse,
             "redis-push" => EventType::RedisPush,
             "cluster-cache-info-update" => EventType::ClusterCacheInfoUpdate,
+            "resource-request" => EventType::ResourceRequest,
+            "resource-response" => EventType::ResourceResponse,
+            "log-request" => EventType::LogRequest,
+            "terminal-request" => EventType::TerminalRequest,
             _ => return None,
         })
     }
@@ -186,6 +207,10 @@ pub enum Payload {
     RedisRequest(RedisRequest),
     RedisResponse(RedisResponse),
     ClusterCacheInfo(ClusterCacheInfo),
+    ResourceRequest(ResourceRequest),
+    ResourceResponse(ResourceResponse),
+    LogRequest(LogRequest),
+    TerminalRequest(TerminalRequest),
 }
 
 /// One event, decoded and validated.
@@ -330,6 +355,10 @@ impl Event {
             Payload::RedisRequest(r) => Some(Data::BinaryData(r.encode_to_vec())),
             Payload::RedisResponse(r) => Some(Data::BinaryData(r.encode_to_vec())),
             Payload::ClusterCacheInfo(c) => Some(Data::BinaryData(c.encode_to_vec())),
+            Payload::ResourceRequest(r) => Some(Data::BinaryData(r.encode_to_vec())),
+            Payload::ResourceResponse(r) => Some(Data::BinaryData(r.encode_to_vec())),
+            Payload::LogRequest(r) => Some(Data::BinaryData(r.encode_to_vec())),
+            Payload::TerminalRequest(r) => Some(Data::BinaryData(r.encode_to_vec())),
         };
         if matches!(
             self.payload,
@@ -339,6 +368,10 @@ impl Event {
                 | Payload::RedisRequest(_)
                 | Payload::RedisResponse(_)
                 | Payload::ClusterCacheInfo(_)
+                | Payload::ResourceRequest(_)
+                | Payload::ResourceResponse(_)
+                | Payload::LogRequest(_)
+                | Payload::TerminalRequest(_)
         ) {
             attributes.insert(
                 ATTR_CONTENT_TYPE.into(),
@@ -529,6 +562,18 @@ fn decode_payload(id: &str, ty: EventType, data: Option<Data>) -> Result<Payload
         EventType::ClusterCacheInfoUpdate => Payload::ClusterCacheInfo(
             ClusterCacheInfo::decode(proto).map_err(|e| bad(e.to_string()))?,
         ),
+        EventType::ResourceRequest => Payload::ResourceRequest(
+            ResourceRequest::decode(proto).map_err(|e| bad(e.to_string()))?,
+        ),
+        EventType::ResourceResponse => Payload::ResourceResponse(
+            ResourceResponse::decode(proto).map_err(|e| bad(e.to_string()))?,
+        ),
+        EventType::LogRequest => {
+            Payload::LogRequest(LogRequest::decode(proto).map_err(|e| bad(e.to_string()))?)
+        }
+        EventType::TerminalRequest => Payload::TerminalRequest(
+            TerminalRequest::decode(proto).map_err(|e| bad(e.to_string()))?,
+        ),
         _ => match bytes {
             None => Payload::None,
             Some(b) if b.is_empty() => Payload::None,
@@ -583,7 +628,10 @@ fn check_shape(
     }
     if matches!(
         ty,
-        EventType::Processed | EventType::RedisResponse | EventType::RedisPush
+        EventType::Processed
+            | EventType::RedisResponse
+            | EventType::RedisPush
+            | EventType::ResourceResponse
     ) && ack_id.is_none()
     {
         return Err(EventError::Missing {
@@ -697,6 +745,71 @@ mod tests {
         let mut no_app = req.clone();
         no_app.resource = None;
         assert!(Event::from_cloud_event(no_app.to_cloud_event()).is_err());
+    }
+
+    #[test]
+    fn resource_proxy_events_round_trip_and_responses_need_their_request_id() {
+        let requests = [
+            Event::new(
+                "principal",
+                EventType::ResourceRequest,
+                Payload::ResourceRequest(ResourceRequest {
+                    method: "PATCH".into(),
+                    path: "/apis/apps/v1/namespaces/web/deployments/front".into(),
+                    query: "fieldManager=argocd".into(),
+                    content_type: "application/merge-patch+json".into(),
+                    accept: "application/json".into(),
+                    body: br#"{"spec":{"replicas":2}}"#.to_vec(),
+                }),
+            ),
+            Event::new(
+                "principal",
+                EventType::LogRequest,
+                Payload::LogRequest(LogRequest {
+                    namespace: "web".into(),
+                    pod: "front-1".into(),
+                    follow: true,
+                    tail_lines: 10,
+                    timestamps: true,
+                    ..Default::default()
+                }),
+            ),
+            Event::new(
+                "principal",
+                EventType::TerminalRequest,
+                Payload::TerminalRequest(TerminalRequest {
+                    session_id: "4f1c".into(),
+                    namespace: "web".into(),
+                    pod: "front-1".into(),
+                    command: vec!["sh".into()],
+                    stdin: true,
+                    tty: true,
+                    ..Default::default()
+                }),
+            ),
+        ];
+        for req in &requests {
+            assert_eq!(&Event::from_cloud_event(req.to_cloud_event()).unwrap(), req);
+        }
+        let mut resp = Event::new(
+            "agent",
+            EventType::ResourceResponse,
+            Payload::ResourceResponse(ResourceResponse {
+                status: 403,
+                content_type: "application/json".into(),
+                body: b"{}".to_vec(),
+            }),
+        );
+        resp.ack_id = Some(requests[0].id.clone());
+        assert_eq!(
+            Event::from_cloud_event(resp.to_cloud_event()).unwrap(),
+            resp
+        );
+        resp.ack_id = None;
+        assert!(matches!(
+            Event::from_cloud_event(resp.to_cloud_event()),
+            Err(EventError::Missing { attr: "ackid", .. })
+        ));
     }
 
     #[test]

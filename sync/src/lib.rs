@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 pub mod event;
+pub mod proxy;
 pub mod queue;
 pub mod redis;
 pub mod resync;

@@ -144,6 +144,148 @@ pub struct ClusterCacheInfo {
     #[prost(string, tag = "5")]
     pub server_version: ::prost::alloc::string::String,
 }
+/// Payload of a `resource-request` (principal -> agent, capability "resource-proxy.v1"): one
+/// Kubernetes API request from the hub's resource proxy, performed by the agent against its
+/// own cluster if its rules allow it. Answered by a `resource-response` naming it in `ackid`.
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ResourceRequest {
+    /// GET, POST, PATCH or DELETE.
+    #[prost(string, tag = "1")]
+    pub method: ::prost::alloc::string::String,
+    /// The Kubernetes API path without the proxy's `/agents/<name>` prefix, e.g.
+    /// `/api/v1/namespaces/guestbook/pods/web-0`.
+    #[prost(string, tag = "2")]
+    pub path: ::prost::alloc::string::String,
+    /// The raw query string (without `?`).
+    #[prost(string, tag = "3")]
+    pub query: ::prost::alloc::string::String,
+    /// The request's Content-Type and Accept headers (nothing else is forwarded).
+    #[prost(string, tag = "4")]
+    pub content_type: ::prost::alloc::string::String,
+    #[prost(string, tag = "5")]
+    pub accept: ::prost::alloc::string::String,
+    #[prost(bytes = "vec", tag = "6")]
+    pub body: ::prost::alloc::vec::Vec<u8>,
+}
+/// Payload of a `resource-response`: the answer to the `resource-request`, `log-request` or
+/// `terminal-request` named by `ackid` (for the last two only when they were refused or
+/// failed before their stream opened).
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ResourceResponse {
+    /// HTTP status code.
+    #[prost(uint32, tag = "1")]
+    pub status: u32,
+    #[prost(string, tag = "2")]
+    pub content_type: ::prost::alloc::string::String,
+    #[prost(bytes = "vec", tag = "3")]
+    pub body: ::prost::alloc::vec::Vec<u8>,
+}
+/// Payload of a `log-request` (principal -> agent, capability "resource-proxy.v1"): stream a
+/// container's log. The agent answers on a `Tunnel.Logs` stream whose first message names
+/// this event's id (or with a `resource-response` when it refuses).
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct LogRequest {
+    #[prost(string, tag = "1")]
+    pub namespace: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub pod: ::prost::alloc::string::String,
+    #[prost(string, tag = "3")]
+    pub container: ::prost::alloc::string::String,
+    #[prost(bool, tag = "4")]
+    pub follow: bool,
+    /// Negative: unset.
+    #[prost(int64, tag = "5")]
+    pub tail_lines: i64,
+    #[prost(int64, tag = "6")]
+    pub since_seconds: i64,
+    #[prost(int64, tag = "7")]
+    pub limit_bytes: i64,
+    /// RFC 3339; empty: unset.
+    #[prost(string, tag = "8")]
+    pub since_time: ::prost::alloc::string::String,
+    #[prost(bool, tag = "9")]
+    pub previous: bool,
+    /// Whether the agent prefixes lines with their timestamps. The principal always asks for
+    /// them (so a follow stream can resume after a reconnect without repeating lines) and
+    /// strips them again when the client did not ask.
+    #[prost(bool, tag = "10")]
+    pub timestamps: bool,
+}
+/// Payload of a `terminal-request` (principal -> agent, capability "resource-proxy.v1"):
+/// open an exec session. The agent answers on a `Tunnel.Terminal` stream whose first frame
+/// carries `session_id` (or with a `resource-response` when it refuses).
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct TerminalRequest {
+    #[prost(string, tag = "1")]
+    pub session_id: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub namespace: ::prost::alloc::string::String,
+    #[prost(string, tag = "3")]
+    pub pod: ::prost::alloc::string::String,
+    #[prost(string, tag = "4")]
+    pub container: ::prost::alloc::string::String,
+    #[prost(string, repeated, tag = "5")]
+    pub command: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    #[prost(bool, tag = "6")]
+    pub stdin: bool,
+    #[prost(bool, tag = "7")]
+    pub stdout: bool,
+    #[prost(bool, tag = "8")]
+    pub stderr: bool,
+    #[prost(bool, tag = "9")]
+    pub tty: bool,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct LogMessage {
+    #[prost(oneof = "log_message::Message", tags = "1, 2")]
+    pub message: ::core::option::Option<log_message::Message>,
+}
+/// Nested message and enum types in `LogMessage`.
+pub mod log_message {
+    #[allow(clippy::all)]
+    #[derive(Clone, PartialEq, Eq, Hash, ::prost::Oneof)]
+    pub enum Message {
+        #[prost(message, tag = "1")]
+        Start(super::LogStart),
+        /// Whole lines (each ending in `\n`), RFC3339Nano timestamp first when requested.
+        #[prost(bytes, tag = "2")]
+        Data(::prost::alloc::vec::Vec<u8>),
+    }
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct LogStart {
+    /// The `log-request` this stream answers.
+    #[prost(string, tag = "1")]
+    pub request_id: ::prost::alloc::string::String,
+    /// HTTP status of the log request on the agent's cluster; anything but 200 ends the stream
+    /// after `body`.
+    #[prost(uint32, tag = "2")]
+    pub status: u32,
+    #[prost(string, tag = "3")]
+    pub content_type: ::prost::alloc::string::String,
+    #[prost(bytes = "vec", tag = "4")]
+    pub body: ::prost::alloc::vec::Vec<u8>,
+}
+#[allow(clippy::all)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct LogClosed {}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct TerminalFrame {
+    /// First frame from the agent: the `terminal-request`'s session id. Empty afterwards.
+    #[prost(string, tag = "1")]
+    pub session_id: ::prost::alloc::string::String,
+    #[prost(uint32, tag = "2")]
+    pub channel: u32,
+    #[prost(bytes = "vec", tag = "3")]
+    pub data: ::prost::alloc::vec::Vec<u8>,
+}
 #[allow(clippy::all)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]
 #[repr(i32)]
@@ -529,6 +671,397 @@ pub mod event_stream_server {
     /// Generated gRPC service name
     pub const SERVICE_NAME: &str = "argocdagent.eventstream.v1.EventStream";
     impl<T> tonic::server::NamedService for EventStreamServer<T> {
+        const NAME: &'static str = SERVICE_NAME;
+    }
+}
+/// Generated client implementations.
+pub mod tunnel_client {
+    #![allow(
+        unused_variables,
+        dead_code,
+        missing_docs,
+        clippy::wildcard_imports,
+        clippy::let_unit_value,
+    )]
+    use tonic::codegen::*;
+    use tonic::codegen::http::Uri;
+    /// Streams an agent opens to the principal on request (the principal never dials an agent).
+    /// Each is authenticated like the event stream and accepted only from the agent the request
+    /// was sent to.
+    #[derive(Debug, Clone)]
+    pub struct TunnelClient<T> {
+        inner: tonic::client::Grpc<T>,
+    }
+    impl TunnelClient<tonic::transport::Channel> {
+        /// Attempt to create a new client by connecting to a given endpoint.
+        pub async fn connect<D>(dst: D) -> Result<Self, tonic::transport::Error>
+        where
+            D: TryInto<tonic::transport::Endpoint>,
+            D::Error: Into<StdError>,
+        {
+            let conn = tonic::transport::Endpoint::new(dst)?.connect().await?;
+            Ok(Self::new(conn))
+        }
+    }
+    impl<T> TunnelClient<T>
+    where
+        T: tonic::client::GrpcService<tonic::body::Body>,
+        T::Error: Into<StdError>,
+        T::ResponseBody: Body<Data = Bytes> + std::marker::Send + 'static,
+        <T::ResponseBody as Body>::Error: Into<StdError> + std::marker::Send,
+    {
+        pub fn new(inner: T) -> Self {
+            let inner = tonic::client::Grpc::new(inner);
+            Self { inner }
+        }
+        pub fn with_origin(inner: T, origin: Uri) -> Self {
+            let inner = tonic::client::Grpc::with_origin(inner, origin);
+            Self { inner }
+        }
+        pub fn with_interceptor<F>(
+            inner: T,
+            interceptor: F,
+        ) -> TunnelClient<InterceptedService<T, F>>
+        where
+            F: tonic::service::Interceptor,
+            T::ResponseBody: Default,
+            T: tonic::codegen::Service<
+                http::Request<tonic::body::Body>,
+                Response = http::Response<
+                    <T as tonic::client::GrpcService<tonic::body::Body>>::ResponseBody,
+                >,
+            >,
+            <T as tonic::codegen::Service<
+                http::Request<tonic::body::Body>,
+            >>::Error: Into<StdError> + std::marker::Send + std::marker::Sync,
+        {
+            TunnelClient::new(InterceptedService::new(inner, interceptor))
+        }
+        /// Compress requests with the given encoding.
+        ///
+        /// This requires the server to support it otherwise it might respond with an
+        /// error.
+        #[must_use]
+        pub fn send_compressed(mut self, encoding: CompressionEncoding) -> Self {
+            self.inner = self.inner.send_compressed(encoding);
+            self
+        }
+        /// Enable decompressing responses.
+        #[must_use]
+        pub fn accept_compressed(mut self, encoding: CompressionEncoding) -> Self {
+            self.inner = self.inner.accept_compressed(encoding);
+            self
+        }
+        /// Limits the maximum size of a decoded message.
+        ///
+        /// Default: `4MB`
+        #[must_use]
+        pub fn max_decoding_message_size(mut self, limit: usize) -> Self {
+            self.inner = self.inner.max_decoding_message_size(limit);
+            self
+        }
+        /// Limits the maximum size of an encoded message.
+        ///
+        /// Default: `usize::MAX`
+        #[must_use]
+        pub fn max_encoding_message_size(mut self, limit: usize) -> Self {
+            self.inner = self.inner.max_encoding_message_size(limit);
+            self
+        }
+        /// A container log: first message `start`, then `data` chunks. The principal answers (and
+        /// the agent stops) when the reader has gone away.
+        pub async fn logs(
+            &mut self,
+            request: impl tonic::IntoStreamingRequest<Message = super::LogMessage>,
+        ) -> std::result::Result<tonic::Response<super::LogClosed>, tonic::Status> {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/argocdagent.eventstream.v1.Tunnel/Logs",
+            );
+            let mut req = request.into_streaming_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("argocdagent.eventstream.v1.Tunnel", "Logs"));
+            self.inner.client_streaming(req, path, codec).await
+        }
+        /// An exec session, frames as the Kubernetes `v5.channel.k8s.io` protocol numbers its
+        /// channels: 0 stdin, 1 stdout, 2 stderr, 3 error/exit status (a metav1.Status as JSON),
+        /// 4 resize (`{"Width":w,"Height":h}`), 255 close (data: the channel closed, 0 = stdin).
+        pub async fn terminal(
+            &mut self,
+            request: impl tonic::IntoStreamingRequest<Message = super::TerminalFrame>,
+        ) -> std::result::Result<
+            tonic::Response<tonic::codec::Streaming<super::TerminalFrame>>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/argocdagent.eventstream.v1.Tunnel/Terminal",
+            );
+            let mut req = request.into_streaming_request();
+            req.extensions_mut()
+                .insert(
+                    GrpcMethod::new("argocdagent.eventstream.v1.Tunnel", "Terminal"),
+                );
+            self.inner.streaming(req, path, codec).await
+        }
+    }
+}
+/// Generated server implementations.
+pub mod tunnel_server {
+    #![allow(
+        unused_variables,
+        dead_code,
+        missing_docs,
+        clippy::wildcard_imports,
+        clippy::let_unit_value,
+    )]
+    use tonic::codegen::*;
+    /// Generated trait containing gRPC methods that should be implemented for use with TunnelServer.
+    #[async_trait]
+    pub trait Tunnel: std::marker::Send + std::marker::Sync + 'static {
+        /// A container log: first message `start`, then `data` chunks. The principal answers (and
+        /// the agent stops) when the reader has gone away.
+        async fn logs(
+            &self,
+            request: tonic::Request<tonic::Streaming<super::LogMessage>>,
+        ) -> std::result::Result<tonic::Response<super::LogClosed>, tonic::Status>;
+        /// Server streaming response type for the Terminal method.
+        type TerminalStream: tonic::codegen::tokio_stream::Stream<
+                Item = std::result::Result<super::TerminalFrame, tonic::Status>,
+            >
+            + std::marker::Send
+            + 'static;
+        /// An exec session, frames as the Kubernetes `v5.channel.k8s.io` protocol numbers its
+        /// channels: 0 stdin, 1 stdout, 2 stderr, 3 error/exit status (a metav1.Status as JSON),
+        /// 4 resize (`{"Width":w,"Height":h}`), 255 close (data: the channel closed, 0 = stdin).
+        async fn terminal(
+            &self,
+            request: tonic::Request<tonic::Streaming<super::TerminalFrame>>,
+        ) -> std::result::Result<tonic::Response<Self::TerminalStream>, tonic::Status>;
+    }
+    /// Streams an agent opens to the principal on request (the principal never dials an agent).
+    /// Each is authenticated like the event stream and accepted only from the agent the request
+    /// was sent to.
+    #[derive(Debug)]
+    pub struct TunnelServer<T> {
+        inner: Arc<T>,
+        accept_compression_encodings: EnabledCompressionEncodings,
+        send_compression_encodings: EnabledCompressionEncodings,
+        max_decoding_message_size: Option<usize>,
+        max_encoding_message_size: Option<usize>,
+    }
+    impl<T> TunnelServer<T> {
+        pub fn new(inner: T) -> Self {
+            Self::from_arc(Arc::new(inner))
+        }
+        pub fn from_arc(inner: Arc<T>) -> Self {
+            Self {
+                inner,
+                accept_compression_encodings: Default::default(),
+                send_compression_encodings: Default::default(),
+                max_decoding_message_size: None,
+                max_encoding_message_size: None,
+            }
+        }
+        pub fn with_interceptor<F>(
+            inner: T,
+            interceptor: F,
+        ) -> InterceptedService<Self, F>
+        where
+            F: tonic::service::Interceptor,
+        {
+            InterceptedService::new(Self::new(inner), interceptor)
+        }
+        /// Enable decompressing requests with the given encoding.
+        #[must_use]
+        pub fn accept_compressed(mut self, encoding: CompressionEncoding) -> Self {
+            self.accept_compression_encodings.enable(encoding);
+            self
+        }
+        /// Compress responses with the given encoding, if the client supports it.
+        #[must_use]
+        pub fn send_compressed(mut self, encoding: CompressionEncoding) -> Self {
+            self.send_compression_encodings.enable(encoding);
+            self
+        }
+        /// Limits the maximum size of a decoded message.
+        ///
+        /// Default: `4MB`
+        #[must_use]
+        pub fn max_decoding_message_size(mut self, limit: usize) -> Self {
+            self.max_decoding_message_size = Some(limit);
+            self
+        }
+        /// Limits the maximum size of an encoded message.
+        ///
+        /// Default: `usize::MAX`
+        #[must_use]
+        pub fn max_encoding_message_size(mut self, limit: usize) -> Self {
+            self.max_encoding_message_size = Some(limit);
+            self
+        }
+    }
+    impl<T, B> tonic::codegen::Service<http::Request<B>> for TunnelServer<T>
+    where
+        T: Tunnel,
+        B: Body + std::marker::Send + 'static,
+        B::Error: Into<StdError> + std::marker::Send + 'static,
+    {
+        type Response = http::Response<tonic::body::Body>;
+        type Error = std::convert::Infallible;
+        type Future = BoxFuture<Self::Response, Self::Error>;
+        fn poll_ready(
+            &mut self,
+            _cx: &mut Context<'_>,
+        ) -> Poll<std::result::Result<(), Self::Error>> {
+            Poll::Ready(Ok(()))
+        }
+        fn call(&mut self, req: http::Request<B>) -> Self::Future {
+            match req.uri().path() {
+                "/argocdagent.eventstream.v1.Tunnel/Logs" => {
+                    #[allow(non_camel_case_types)]
+                    struct LogsSvc<T: Tunnel>(pub Arc<T>);
+                    impl<
+                        T: Tunnel,
+                    > tonic::server::ClientStreamingService<super::LogMessage>
+                    for LogsSvc<T> {
+                        type Response = super::LogClosed;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<tonic::Streaming<super::LogMessage>>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Tunnel>::logs(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = LogsSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.client_streaming(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/argocdagent.eventstream.v1.Tunnel/Terminal" => {
+                    #[allow(non_camel_case_types)]
+                    struct TerminalSvc<T: Tunnel>(pub Arc<T>);
+                    impl<T: Tunnel> tonic::server::StreamingService<super::TerminalFrame>
+                    for TerminalSvc<T> {
+                        type Response = super::TerminalFrame;
+                        type ResponseStream = T::TerminalStream;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::ResponseStream>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<
+                                tonic::Streaming<super::TerminalFrame>,
+                            >,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Tunnel>::terminal(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = TerminalSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.streaming(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                _ => {
+                    Box::pin(async move {
+                        let mut response = http::Response::new(
+                            tonic::body::Body::default(),
+                        );
+                        let headers = response.headers_mut();
+                        headers
+                            .insert(
+                                tonic::Status::GRPC_STATUS,
+                                (tonic::Code::Unimplemented as i32).into(),
+                            );
+                        headers
+                            .insert(
+                                http::header::CONTENT_TYPE,
+                                tonic::metadata::GRPC_CONTENT_TYPE,
+                            );
+                        Ok(response)
+                    })
+                }
+            }
+        }
+    }
+    impl<T> Clone for TunnelServer<T> {
+        fn clone(&self) -> Self {
+            let inner = self.inner.clone();
+            Self {
+                inner,
+                accept_compression_encodings: self.accept_compression_encodings,
+                send_compression_encodings: self.send_compression_encodings,
+                max_decoding_message_size: self.max_decoding_message_size,
+                max_encoding_message_size: self.max_encoding_message_size,
+            }
+        }
+    }
+    /// Generated gRPC service name
+    pub const SERVICE_NAME: &str = "argocdagent.eventstream.v1.Tunnel";
+    impl<T> tonic::server::NamedService for TunnelServer<T> {
         const NAME: &'static str = SERVICE_NAME;
     }
 }
