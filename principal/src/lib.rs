@@ -21,8 +21,10 @@ pub mod metrics;
 pub mod objects;
 pub mod projects;
 pub mod redisproxy;
+pub mod resourceproxy;
 pub mod server;
 pub mod session;
+pub mod tunnel;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
