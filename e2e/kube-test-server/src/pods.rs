@@ -294,6 +294,10 @@ fn rfc3339_nano_fixed(t: Timestamp) -> String {
 struct Budget(Option<u64>);
 
 impl Budget {
+    fn spent(&self) -> bool {
+        self.0 == Some(0)
+    }
+
     /// The part of `s` that fits; `None` once the budget is spent.
     fn take(&mut self, s: String) -> Option<Bytes> {
         match &mut self.0 {
@@ -388,6 +392,9 @@ impl Follower {
                 return;
             }
         }
+        if self.budget.spent() {
+            return;
+        }
         let mut writes = self.shared.store.subscribe();
         let mut stop = self.shared.shutdown.subscribe();
         loop {
@@ -398,7 +405,7 @@ impl Follower {
                 let Some(chunk) = self.budget.take(render(&line, self.timestamps)) else {
                     return;
                 };
-                if tx.send(chunk).await.is_err() {
+                if tx.send(chunk).await.is_err() || self.budget.spent() {
                     return;
                 }
             }
