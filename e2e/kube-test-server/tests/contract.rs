@@ -1892,6 +1892,28 @@ spec:
         .unwrap();
         k.run(&["apply", "-f", file.to_str().unwrap()]).await;
         server.set_pod_log("demo", "web", "app", "a\nb\nc\n");
+        let ev = dir.path().join("events.yaml");
+        std::fs::write(
+            &ev,
+            "apiVersion: v1\nkind: Event\nmetadata: {name: web.1, namespace: demo}\ninvolvedObject: {kind: Pod, name: web, namespace: demo}\nreason: Started\nmessage: started container app\ntype: Normal\n---\napiVersion: v1\nkind: Event\nmetadata: {name: other.1, namespace: demo}\ninvolvedObject: {kind: Pod, name: other, namespace: demo}\nreason: Pulled\nmessage: pulled\ntype: Normal\n",
+        )
+        .unwrap();
+        k.run(&["create", "-f", ev.to_str().unwrap()]).await;
+        let out = k.run(&["get", "events", "-n", "demo"]).await;
+        assert!(out.contains("Started") && out.contains("Pulled"), "{out}");
+        let out = k
+            .run(&[
+                "get",
+                "events",
+                "-n",
+                "demo",
+                "--field-selector",
+                "involvedObject.name=web",
+                "-o",
+                "name",
+            ])
+            .await;
+        assert_eq!(out, "event/web.1\n");
 
         assert_eq!(k.run(&["logs", "-n", "demo", "web"]).await, "a\nb\nc\n");
         let out = k
