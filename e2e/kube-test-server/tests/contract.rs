@@ -1995,6 +1995,73 @@ spec:
     }
 
     #[tokio::test]
+    async fn kubectl_exec_it_under_a_pty_gets_a_prompt_and_the_exit_code() {
+        use tokio::io::AsyncWriteExt;
+        let server = KubeTestServer::start().await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        server.write_kubeconfig(&kubeconfig, "kube-test").unwrap();
+        let Some(bin) = find_kubectl() else { return };
+        if !std::path::Path::new("/usr/bin/script").is_file() {
+            eprintln!("SKIPPED: script(1) not found (util-linux), needed for a pty");
+            return;
+        }
+        let k = Kubectl {
+            bin: bin.clone(),
+            kubeconfig: kubeconfig.clone(),
+        };
+        k.run(&["create", "namespace", "demo"]).await;
+        let file = dir.path().join("pod.yaml");
+        std::fs::write(
+            &file,
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: web, namespace: demo}\nspec: {containers: [{name: app, image: nginx, workingDir: /srv}]}\n",
+        )
+        .unwrap();
+        k.run(&["apply", "-f", file.to_str().unwrap()]).await;
+        let cmd = format!(
+            "{} --kubeconfig {} exec -it -n demo web -- sh",
+            bin.display(),
+            kubeconfig.display()
+        );
+        let mut child = Command::new("/usr/bin/script")
+            .args(["-qec", &cmd, "/dev/null"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        // Wait for the session to start before typing (as a user would).
+        let started = async {
+            while server
+                .exec_sessions()
+                .first()
+                .is_none_or(|s| s.resizes.is_empty())
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(20), started)
+            .await
+            .expect("kubectl exec -it started with a terminal size");
+        stdin.write_all(b"pwd\r").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        stdin.write_all(b"exit 4\r").await.unwrap();
+        let out = tokio::time::timeout(Duration::from_secs(20), child.wait_with_output())
+            .await
+            .expect("kubectl exec -it timed out")
+            .unwrap();
+        drop(stdin);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(4), "{text}");
+        assert!(text.contains("# pwd\r\n/srv\r\n# "), "{text:?}");
+        let s = &server.exec_sessions()[0];
+        assert!(s.tty && s.stdin, "{s:?}");
+        assert_eq!(s.exit_code, Some(4));
+    }
+
+    #[tokio::test]
     async fn kubectl_apply_validate_strict_refuses_unknown_fields() {
         let server = KubeTestServer::start().await.unwrap();
         let dir = tempfile::tempdir().unwrap();
