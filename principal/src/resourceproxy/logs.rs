@@ -210,11 +210,17 @@ pub(super) async fn serve(
         let mut cursor = LogCursor::default();
         let mut pending = Vec::new();
         let mut tunnel = first;
+        let mut session = link.session_id;
         loop {
             match pump(tunnel, &mut cursor, p.timestamps, &tx, &mut pending).await {
-                Ended::Done | Ended::ClientGone => return,
-                Ended::Broken if !p.follow => return,
-                Ended::Broken => {}
+                Ended::ClientGone => return,
+                Ended::Done | Ended::Broken if !p.follow => return,
+                // An agent ends its log streams when its session ends: a followed log that
+                // ends while the session it was opened in is gone resumes.
+                Ended::Done if proxy.link(&agent).map(|l| l.session_id) == Some(session) => {
+                    return;
+                }
+                Ended::Done | Ended::Broken => {}
             }
             // Followed: wait for the agent to come back, then resume after the last line.
             pending.clear();
@@ -230,6 +236,7 @@ pub(super) async fn serve(
                     match open(&proxy, &agent, &link, request).await {
                         Ok(t) if t.start.status == 200 => {
                             tracing::info!(agent = %agent, pod = ?pod, "followed log resumed after reconnect");
+                            session = link.session_id;
                             break t;
                         }
                         Ok(_) | Err(_) => return,
