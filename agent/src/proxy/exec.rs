@@ -49,7 +49,9 @@ fn frame(channel: u32, data: Vec<u8>) -> TerminalFrame {
 /// on success, the failure Status as the cluster sent it otherwise.
 pub fn status_json(status: Option<&Status>) -> Vec<u8> {
     let mut v = match status {
-        Some(s) if s.status.as_deref() == Some("Success") => json!({"metadata": {}, "status": "Success"}),
+        Some(s) if s.status.as_deref() == Some("Success") => {
+            json!({"metadata": {}, "status": "Success"})
+        }
         Some(s) => serde_json::to_value(s).unwrap_or_else(|_| failure("exec failed")),
         None => failure("the exec ended without a status"),
     };
@@ -167,7 +169,9 @@ pub(super) async fn serve(
             return;
         }
         Err(_) => {
-            let body = failure("the exec did not start in time").to_string().into_bytes();
+            let body = failure("the exec did not start in time")
+                .to_string()
+                .into_bytes();
             let _ = tx.send(frame(STATUS, body)).await;
             return;
         }
@@ -233,7 +237,10 @@ async fn bridge(
 
 /// Reads from an output that is still open; `None` at its end (or when absent: then it
 /// never resolves, so the select waits on the others).
-async fn read_some<R: tokio::io::AsyncRead + Unpin>(r: &mut Option<R>, buf: &mut [u8]) -> Option<usize> {
+async fn read_some<R: tokio::io::AsyncRead + Unpin>(
+    r: &mut Option<R>,
+    buf: &mut [u8],
+) -> Option<usize> {
     match r {
         Some(r) => match r.read(buf).await {
             Ok(0) | Err(_) => None,

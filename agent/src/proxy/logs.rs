@@ -171,7 +171,14 @@ pub(super) async fn serve(
     tokio::pin!(call);
     let body = match response {
         Ok(r) if r.status() == http::StatusCode::OK => {
-            if !forward(&tx, start(id, 200, "text/plain".into(), Vec::new()), &mut call, connection).await {
+            if !forward(
+                &tx,
+                start(id, 200, "text/plain".into(), Vec::new()),
+                &mut call,
+                connection,
+            )
+            .await
+            {
                 return;
             }
             r.into_body()
@@ -191,7 +198,14 @@ pub(super) async fn serve(
         Err(message) => {
             tracing::warn!(namespace = ?req.namespace, pod = ?req.pod, error = %message, "container log request failed");
             let failed = Answer::status(502, &message);
-            if forward(&tx, start(id, 502, failed.content_type, failed.body.to_vec()), &mut call, connection).await {
+            if forward(
+                &tx,
+                start(id, 502, failed.content_type, failed.body.to_vec()),
+                &mut call,
+                connection,
+            )
+            .await
+            {
                 drop(tx);
                 close(&mut call, connection).await;
             }
@@ -272,12 +286,11 @@ mod tests {
     #[test]
     fn a_full_buffer_flushes_its_whole_lines() {
         let mut b = LineBuffer::default();
-        let line = vec![b'x'; 1000];
+        let mut line = vec![b'x'; 1000];
+        line.push(b'\n');
         let mut sent = Vec::new();
         for _ in 0..40 {
-            let mut l = line.clone();
-            l.push(b'\n');
-            if let Some(chunk) = b.push(&l) {
+            if let Some(chunk) = b.push(&line) {
                 sent.push(chunk);
             }
         }

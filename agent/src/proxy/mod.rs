@@ -19,7 +19,7 @@ use argocd_agent_sync::{Event, EventType, Payload};
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use kube::api::{Api, ApiResource, DynamicObject};
-use kube::core::GroupVersionKind;
+use kube::core::GroupVersion;
 use kube::discovery::Scope;
 use serde_json::Value;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
@@ -213,7 +213,12 @@ impl Proxy {
         failure.answer()
     }
 
-    async fn perform(&self, apps: &Apps, req: &ResourceRequest, plan: rules::Plan) -> Result<Answer, Failure> {
+    async fn perform(
+        &self,
+        apps: &Apps,
+        req: &ResourceRequest,
+        plan: rules::Plan,
+    ) -> Result<Answer, Failure> {
         let original = || {
             self.send(
                 &req.method,
@@ -264,8 +269,9 @@ impl Proxy {
                 self.filter_list(apps, &r, answer).await
             }
             rules::Plan::Create(r) => {
-                let body: Value = serde_json::from_slice(&req.body)
-                    .map_err(|_| Failure::Forbidden("a create body must be a JSON object".into()))?;
+                let body: Value = serde_json::from_slice(&req.body).map_err(|_| {
+                    Failure::Forbidden("a create body must be a JSON object".into())
+                })?;
                 let meta = body.get("metadata").cloned().unwrap_or(Value::Null);
                 let ns = meta
                     .get("namespace")
@@ -285,7 +291,11 @@ impl Proxy {
 
     /// GETs the named object as JSON: `Ok(Some(answer))` passes a failed GET on (a 404
     /// stays a 404), `Ok(None)` means the object is managed, `Err` that it is not.
-    async fn check_named(&self, apps: &Apps, r: &rules::ResourcePath) -> Result<Option<Answer>, Failure> {
+    async fn check_named(
+        &self,
+        apps: &Apps,
+        r: &rules::ResourcePath,
+    ) -> Result<Option<Answer>, Failure> {
         let Some(path) = r.object_path() else {
             return Err(Failure::Forbidden("no object named".into()));
         };
@@ -307,7 +317,12 @@ impl Proxy {
 
     /// Keeps the managed items of a List or rows of a Table; everything else of the list
     /// (resourceVersion, continue, columns) stays.
-    async fn filter_list(&self, apps: &Apps, r: &rules::ResourcePath, answer: Answer) -> Result<Answer, Failure> {
+    async fn filter_list(
+        &self,
+        apps: &Apps,
+        r: &rules::ResourcePath,
+        answer: Answer,
+    ) -> Result<Answer, Failure> {
         let mut body: Value = serde_json::from_slice(&answer.body)
             .map_err(|e| Failure::Upstream(format!("unreadable list: {e}")))?;
         let Some(entries) = rules::entries_mut(&mut body) else {
@@ -330,8 +345,8 @@ impl Proxy {
         }
         let mut keep = keep.into_iter();
         entries.retain(|_| keep.next().unwrap_or(false));
-        let body = serde_json::to_vec(&body)
-            .map_err(|e| Failure::Upstream(format!("list: {e}")))?;
+        let body =
+            serde_json::to_vec(&body).map_err(|e| Failure::Upstream(format!("list: {e}")))?;
         Ok(Answer {
             body: body.into(),
             ..answer
@@ -340,7 +355,9 @@ impl Proxy {
 
     /// Rules (a), (b) and (c) for one object.
     pub async fn is_managed(&self, apps: &Apps, metadata: &Value, namespace: Option<&str>) -> bool {
-        OwnerWalk::new(self, apps).managed(metadata, namespace).await
+        OwnerWalk::new(self, apps)
+            .managed(metadata, namespace)
+            .await
     }
 
     /// Performs one request against the cluster, forwarding only Content-Type and Accept;
@@ -363,22 +380,26 @@ impl Proxy {
         read_answer(response, self.config.max_body).await
     }
 
-    /// The resource of `apiVersion`+`kind`, from discovery (remembered).
+    /// The resource of `apiVersion`+`kind`, from discovery (every kind of a group
+    /// version is remembered at once).
     async fn resolve(&self, api_version: &str, kind: &str) -> Option<(ApiResource, bool)> {
         let key = format!("{api_version}/{kind}");
         if let Some(found) = lock(&self.kinds).get(&key) {
             return Some(found.clone());
         }
         let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
-        let gvk = GroupVersionKind::gvk(group, version, kind);
-        match kube::discovery::pinned_kind(&self.client, &gvk).await {
-            Ok((ar, caps)) => {
-                let found = (ar, caps.scope == Scope::Namespaced);
+        let gv = GroupVersion::gv(group, version);
+        match kube::discovery::pinned_group(&self.client, &gv).await {
+            Ok(g) => {
                 let mut kinds = lock(&self.kinds);
-                if kinds.len() < MAX_DISCOVERED_KINDS {
-                    kinds.insert(key, found.clone());
+                for (ar, caps) in g.versioned_resources(version) {
+                    if kinds.len() >= MAX_DISCOVERED_KINDS {
+                        break;
+                    }
+                    let k = format!("{api_version}/{}", ar.kind);
+                    kinds.insert(k, (ar, caps.scope == Scope::Namespaced));
                 }
-                Some(found)
+                kinds.get(&key).cloned()
             }
             Err(e) => {
                 tracing::debug!(api_version = ?api_version, kind = ?kind, error = %e, "owner kind not resolved");
@@ -509,7 +530,10 @@ fn build_request(
 }
 
 /// Reads a response up to `max` bytes of body; a larger body is a 502.
-async fn read_answer(response: http::Response<kube::client::Body>, max: usize) -> Result<Answer, Failure> {
+async fn read_answer(
+    response: http::Response<kube::client::Body>,
+    max: usize,
+) -> Result<Answer, Failure> {
     let (parts, body) = response.into_parts();
     let content_type = parts
         .headers
@@ -538,7 +562,11 @@ async fn read_limited(body: kube::client::Body, max: usize) -> Result<Bytes, Fai
 
 /// A `resource-response` event answering the request `id`.
 pub fn response_event(source: &str, id: &str, response: ResourceResponse) -> Event {
-    let mut e = Event::new(source, EventType::ResourceResponse, Payload::ResourceResponse(response));
+    let mut e = Event::new(
+        source,
+        EventType::ResourceResponse,
+        Payload::ResourceResponse(response),
+    );
     e.ack_id = Some(id.to_string());
     e
 }
@@ -657,7 +685,13 @@ pub fn serve(
 
 /// Checks that a pod is managed before a log or exec stream: `Err` is the answer to send
 /// instead (403, or the GET's failure such as 404).
-async fn check_pod(proxy: &Proxy, apps: &Apps, namespace: &str, pod: &str, verb: &str) -> Result<(), Answer> {
+async fn check_pod(
+    proxy: &Proxy,
+    apps: &Apps,
+    namespace: &str,
+    pod: &str,
+    verb: &str,
+) -> Result<(), Answer> {
     let path = format!("/api/v1/namespaces/{namespace}/pods/{pod}");
     let refuse = |f: Failure| {
         proxy.count(verb, f.outcome());
@@ -665,8 +699,19 @@ async fn check_pod(proxy: &Proxy, apps: &Apps, namespace: &str, pod: &str, verb:
         f.answer()
     };
     let r = match rules::parse_path(&path) {
-        Ok(rules::ApiPath::Resource(r)) if r.namespace.is_some() && r.name.is_some() && r.subresource.is_none() && r.plural == "pods" => r,
-        _ => return Err(refuse(Failure::Forbidden("invalid namespace or pod name".into()))),
+        Ok(rules::ApiPath::Resource(r))
+            if r.namespace.is_some()
+                && r.name.is_some()
+                && r.subresource.is_none()
+                && r.plural == "pods" =>
+        {
+            r
+        }
+        _ => {
+            return Err(refuse(Failure::Forbidden(
+                "invalid namespace or pod name".into(),
+            )));
+        }
     };
     match proxy.check_named(apps, &r).await {
         Ok(None) => Ok(()),

@@ -238,7 +238,11 @@ fn resource_path(group: &str, version: &str, rest: &[&str]) -> Result<ApiPath, S
 /// true: anything but empty, `0` and `false`).
 pub fn is_watch(query: &str) -> bool {
     url::form_urlencoded::parse(query.as_bytes()).any(|(k, v)| {
-        k == "watch" && !matches!(v.as_ref(), "" | "0" | "false" | "False" | "FALSE" | "f" | "F")
+        k == "watch"
+            && !matches!(
+                v.as_ref(),
+                "" | "0" | "false" | "False" | "FALSE" | "f" | "F"
+            )
     })
 }
 
@@ -405,10 +409,7 @@ mod tests {
     fn marks_by_label_and_tracking_id() {
         let apps = apps();
         let table: Vec<(Value, bool)> = vec![
-            (
-                json!({"labels": {INSTANCE_LABEL: "guestbook"}}),
-                true,
-            ),
+            (json!({"labels": {INSTANCE_LABEL: "guestbook"}}), true),
             (json!({"labels": {INSTANCE_LABEL: "team-a_web"}}), true),
             (json!({"labels": {INSTANCE_LABEL: "web"}}), true),
             (json!({"labels": {INSTANCE_LABEL: "other"}}), false),
@@ -430,7 +431,10 @@ mod tests {
                 json!({"annotations": {TRACKING_ANNOTATION: ":apps/Deployment:default/web"}}),
                 false,
             ),
-            (json!({"annotations": {TRACKING_ANNOTATION: "guestbook"}}), true),
+            (
+                json!({"annotations": {TRACKING_ANNOTATION: "guestbook"}}),
+                true,
+            ),
             (json!({"labels": {INSTANCE_LABEL: 5}}), false),
             (json!({}), false),
             (json!(null), false),
@@ -460,10 +464,16 @@ mod tests {
         assert!(owner_refs(&json!({"ownerReferences": "nope"})).is_empty());
     }
 
-    fn res(group: &str, ns: Option<&str>, plural: &str, name: Option<&str>, sub: Option<&str>) -> ApiPath {
+    fn res(
+        group: &str,
+        ns: Option<&str>,
+        plural: &str,
+        name: Option<&str>,
+        sub: Option<&str>,
+    ) -> ApiPath {
         ApiPath::Resource(ResourcePath {
             group: group.into(),
-            version: if group.is_empty() { "v1" } else { "v1" }.into(),
+            version: "v1".into(),
             namespace: ns.map(Into::into),
             plural: plural.into(),
             name: name.map(Into::into),
@@ -486,7 +496,10 @@ mod tests {
         ] {
             assert_eq!(parse_path(p), Ok(ApiPath::Discovery), "{p}");
         }
-        assert_eq!(parse_path("/api/v1/pods"), Ok(res("", None, "pods", None, None)));
+        assert_eq!(
+            parse_path("/api/v1/pods"),
+            Ok(res("", None, "pods", None, None))
+        );
         assert_eq!(
             parse_path("/api/v1/namespaces/ns/pods/web-0"),
             Ok(res("", Some("ns"), "pods", Some("web-0"), None))
@@ -513,7 +526,13 @@ mod tests {
         );
         assert_eq!(
             parse_path("/apis/rbac.authorization.k8s.io/v1/clusterroles/system:view"),
-            Ok(res("rbac.authorization.k8s.io", None, "clusterroles", Some("system:view"), None))
+            Ok(res(
+                "rbac.authorization.k8s.io",
+                None,
+                "clusterroles",
+                Some("system:view"),
+                None
+            ))
         );
         for bad in [
             "",
@@ -541,25 +560,56 @@ mod tests {
     fn plans_requests() {
         let ok = |m: &str, p: &str, q: &str| plan(m, p, q);
         assert_eq!(ok("GET", "/apis", ""), Ok(Plan::PassThrough));
-        assert_eq!(ok("GET", "/openapi/v3/apis/apps/v1", "hash=x"), Ok(Plan::PassThrough));
+        assert_eq!(
+            ok("GET", "/openapi/v3/apis/apps/v1", "hash=x"),
+            Ok(Plan::PassThrough)
+        );
         assert!(ok("POST", "/apis", "").is_err());
-        assert!(matches!(ok("GET", "/api/v1/namespaces/n/pods", "limit=5"), Ok(Plan::List(_))));
-        assert!(matches!(ok("GET", "/api/v1/namespaces/n/pods/p", ""), Ok(Plan::Get(_))));
-        assert!(matches!(ok("GET", "/api/v1/namespaces/n/pods/p/status", ""), Ok(Plan::Get(_))));
-        assert_eq!(ok("GET", "/api/v1/namespaces/n/events", ""), Ok(Plan::PassThrough));
+        assert!(matches!(
+            ok("GET", "/api/v1/namespaces/n/pods", "limit=5"),
+            Ok(Plan::List(_))
+        ));
+        assert!(matches!(
+            ok("GET", "/api/v1/namespaces/n/pods/p", ""),
+            Ok(Plan::Get(_))
+        ));
+        assert!(matches!(
+            ok("GET", "/api/v1/namespaces/n/pods/p/status", ""),
+            Ok(Plan::Get(_))
+        ));
+        assert_eq!(
+            ok("GET", "/api/v1/namespaces/n/events", ""),
+            Ok(Plan::PassThrough)
+        );
         assert_eq!(ok("GET", "/api/v1/events", ""), Ok(Plan::PassThrough));
         assert_eq!(
             ok("GET", "/apis/events.k8s.io/v1/namespaces/n/events/e1", ""),
             Ok(Plan::PassThrough)
         );
-        assert!(matches!(ok("DELETE", "/api/v1/namespaces/n/events/e1", ""), Ok(Plan::Delete(_))));
-        assert!(matches!(ok("PATCH", "/apis/apps/v1/namespaces/n/deployments/d", ""), Ok(Plan::Patch(_))));
-        assert!(matches!(ok("DELETE", "/api/v1/namespaces/n/pods/p", ""), Ok(Plan::Delete(_))));
-        assert!(matches!(ok("POST", "/apis/batch/v1/namespaces/n/jobs", ""), Ok(Plan::Create(_))));
+        assert!(matches!(
+            ok("DELETE", "/api/v1/namespaces/n/events/e1", ""),
+            Ok(Plan::Delete(_))
+        ));
+        assert!(matches!(
+            ok("PATCH", "/apis/apps/v1/namespaces/n/deployments/d", ""),
+            Ok(Plan::Patch(_))
+        ));
+        assert!(matches!(
+            ok("DELETE", "/api/v1/namespaces/n/pods/p", ""),
+            Ok(Plan::Delete(_))
+        ));
+        assert!(matches!(
+            ok("POST", "/apis/batch/v1/namespaces/n/jobs", ""),
+            Ok(Plan::Create(_))
+        ));
         for (m, p, q) in [
             ("GET", "/api/v1/namespaces/n/pods", "watch=true"),
             ("GET", "/api/v1/namespaces/n/pods", "watch=1"),
-            ("GET", "/api/v1/namespaces/n/pods/p", "labelSelector=a&watch=true"),
+            (
+                "GET",
+                "/api/v1/namespaces/n/pods/p",
+                "labelSelector=a&watch=true",
+            ),
             ("GET", "/api/v1/watch/namespaces/n/pods", ""),
             ("PUT", "/api/v1/namespaces/n/pods/p", ""),
             ("OPTIONS", "/api", ""),
@@ -612,13 +662,17 @@ mod tests {
         assert!(!accepts_plain_json(
             "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
         ));
-        assert!(!accepts_plain_json("application/vnd.kubernetes.protobuf,application/json"));
+        assert!(!accepts_plain_json(
+            "application/vnd.kubernetes.protobuf,application/json"
+        ));
         assert_eq!(
             json_accept("application/vnd.kubernetes.protobuf,application/json"),
             "application/json"
         );
         assert_eq!(
-            json_accept("application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json"),
+            json_accept(
+                "application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json"
+            ),
             "application/json;as=Table;v=v1;g=meta.k8s.io, application/json;as=Table;v=v1beta1;g=meta.k8s.io, application/json"
         );
         assert_eq!(json_accept(""), "application/json");

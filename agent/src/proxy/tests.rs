@@ -23,7 +23,10 @@ type Routes = HashMap<(String, String), (u16, &'static str, Vec<u8>)>;
 
 /// A mock API server answering by `(method, path?query)`; unknown routes get a 404
 /// Status. Returns the proxy and the requests seen.
-fn mock(routes: Vec<(&str, &str, u16, Value)>, config: ProxyConfig) -> (Proxy, Arc<Mutex<Vec<Seen>>>) {
+fn mock(
+    routes: Vec<(&str, &str, u16, Value)>,
+    config: ProxyConfig,
+) -> (Proxy, Arc<Mutex<Vec<Seen>>>) {
     let mut table: Routes = HashMap::new();
     for (m, uri, status, body) in routes {
         table.insert(
@@ -37,7 +40,11 @@ fn mock(routes: Vec<(&str, &str, u16, Value)>, config: ProxyConfig) -> (Proxy, A
     tokio::spawn(async move {
         while let Some((req, send)) = handle.next_request().await {
             let (parts, _) = req.into_parts();
-            let uri = parts.uri.path_and_query().map(|p| p.to_string()).unwrap_or_default();
+            let uri = parts
+                .uri
+                .path_and_query()
+                .map(|p| p.to_string())
+                .unwrap_or_default();
             log.lock().unwrap().push(Seen {
                 method: parts.method.to_string(),
                 uri: uri.clone(),
@@ -46,7 +53,11 @@ fn mock(routes: Vec<(&str, &str, u16, Value)>, config: ProxyConfig) -> (Proxy, A
             let (status, ct, body) = table
                 .get(&(parts.method.to_string(), uri))
                 .cloned()
-                .unwrap_or((404, "application/json", rules::status_body(404, "NotFound", "not found")));
+                .unwrap_or((
+                    404,
+                    "application/json",
+                    rules::status_body(404, "NotFound", "not found"),
+                ));
             let resp = Response::builder()
                 .status(status)
                 .header(http::header::CONTENT_TYPE, ct)
@@ -72,9 +83,17 @@ fn req(method: &str, path: &str, query: &str, accept: &str, body: Value) -> Reso
         method: method.into(),
         path: path.into(),
         query: query.into(),
-        content_type: if body.is_null() { String::new() } else { "application/json".into() },
+        content_type: if body.is_null() {
+            String::new()
+        } else {
+            "application/json".into()
+        },
         accept: accept.into(),
-        body: if body.is_null() { Vec::new() } else { body.to_string().into_bytes() },
+        body: if body.is_null() {
+            Vec::new()
+        } else {
+            body.to_string().into_bytes()
+        },
     }
 }
 
@@ -97,10 +116,20 @@ const DEPLOY: &str = "/apis/apps/v1/namespaces/ns/deployments/web";
 #[tokio::test]
 async fn a_managed_object_is_served() {
     let (p, seen) = mock(
-        vec![("GET", DEPLOY, 200, json!({"kind": "Deployment", "metadata": managed_meta("web")}))],
+        vec![(
+            "GET",
+            DEPLOY,
+            200,
+            json!({"kind": "Deployment", "metadata": managed_meta("web")}),
+        )],
         ProxyConfig::default(),
     );
-    let r = p.handle_resource(&apps(), &req("GET", DEPLOY, "", "application/json", Value::Null)).await;
+    let r = p
+        .handle_resource(
+            &apps(),
+            &req("GET", DEPLOY, "", "application/json", Value::Null),
+        )
+        .await;
     assert_eq!(r.status, 200);
     assert_eq!(body(&r)["kind"], "Deployment");
     assert_eq!(count(&p, "get", "allowed"), 1);
@@ -115,10 +144,17 @@ async fn a_managed_object_is_served() {
 #[tokio::test]
 async fn an_unmanaged_object_is_refused_and_a_missing_one_stays_404() {
     let (p, _) = mock(
-        vec![("GET", DEPLOY, 200, json!({"kind": "Deployment", "metadata": {"name": "web", "namespace": "ns"}}))],
+        vec![(
+            "GET",
+            DEPLOY,
+            200,
+            json!({"kind": "Deployment", "metadata": {"name": "web", "namespace": "ns"}}),
+        )],
         ProxyConfig::default(),
     );
-    let r = p.handle_resource(&apps(), &req("GET", DEPLOY, "", "", Value::Null)).await;
+    let r = p
+        .handle_resource(&apps(), &req("GET", DEPLOY, "", "", Value::Null))
+        .await;
     assert_eq!(r.status, 403);
     let b = body(&r);
     assert_eq!(b["kind"], "Status");
@@ -126,7 +162,16 @@ async fn an_unmanaged_object_is_refused_and_a_missing_one_stays_404() {
     assert_eq!(b["code"], 403);
     assert_eq!(count(&p, "get", "forbidden"), 1);
     let r = p
-        .handle_resource(&apps(), &req("GET", "/apis/apps/v1/namespaces/ns/deployments/gone", "", "", Value::Null))
+        .handle_resource(
+            &apps(),
+            &req(
+                "GET",
+                "/apis/apps/v1/namespaces/ns/deployments/gone",
+                "",
+                "",
+                Value::Null,
+            ),
+        )
         .await;
     assert_eq!(r.status, 404);
 }
@@ -135,10 +180,17 @@ async fn an_unmanaged_object_is_refused_and_a_missing_one_stays_404() {
 async fn a_table_get_is_checked_first_then_performed() {
     let table = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json";
     let (p, seen) = mock(
-        vec![("GET", DEPLOY, 200, json!({"kind": "Deployment", "metadata": managed_meta("web")}))],
+        vec![(
+            "GET",
+            DEPLOY,
+            200,
+            json!({"kind": "Deployment", "metadata": managed_meta("web")}),
+        )],
         ProxyConfig::default(),
     );
-    let r = p.handle_resource(&apps(), &req("GET", DEPLOY, "", table, Value::Null)).await;
+    let r = p
+        .handle_resource(&apps(), &req("GET", DEPLOY, "", table, Value::Null))
+        .await;
     assert_eq!(r.status, 200);
     let seen = seen.lock().unwrap().clone();
     assert_eq!(seen.len(), 2);
@@ -149,21 +201,21 @@ async fn a_table_get_is_checked_first_then_performed() {
 #[tokio::test]
 async fn lists_and_tables_are_filtered() {
     let list = json!({"kind": "PodList", "apiVersion": "v1",
-        "metadata": {"resourceVersion": "42", "continue": "next"},
-        "items": [
-            {"metadata": managed_meta("a")},
-            {"metadata": {"name": "b", "namespace": "ns"}},
-            {"metadata": {"name": "c", "namespace": "ns",
-                "annotations": {"argocd.argoproj.io/tracking-id": "guestbook:/Pod:ns/c"}}},
-        ]});
+    "metadata": {"resourceVersion": "42", "continue": "next"},
+    "items": [
+        {"metadata": managed_meta("a")},
+        {"metadata": {"name": "b", "namespace": "ns"}},
+        {"metadata": {"name": "c", "namespace": "ns",
+            "annotations": {"argocd.argoproj.io/tracking-id": "guestbook:/Pod:ns/c"}}},
+    ]});
     let table = json!({"kind": "Table", "apiVersion": "meta.k8s.io/v1",
-        "metadata": {"resourceVersion": "42"},
-        "columnDefinitions": [{"name": "Name"}],
-        "rows": [
-            {"cells": ["a"], "object": {"metadata": managed_meta("a")}},
-            {"cells": ["b"], "object": {"metadata": {"name": "b"}}},
-            {"cells": ["x"]},
-        ]});
+    "metadata": {"resourceVersion": "42"},
+    "columnDefinitions": [{"name": "Name"}],
+    "rows": [
+        {"cells": ["a"], "object": {"metadata": managed_meta("a")}},
+        {"cells": ["b"], "object": {"metadata": {"name": "b"}}},
+        {"cells": ["x"]},
+    ]});
     let (p, seen) = mock(
         vec![
             ("GET", "/api/v1/namespaces/ns/pods?limit=3", 200, list),
@@ -174,22 +226,42 @@ async fn lists_and_tables_are_filtered() {
     let r = p
         .handle_resource(
             &apps(),
-            &req("GET", "/api/v1/namespaces/ns/pods", "limit=3", "application/vnd.kubernetes.protobuf,application/json", Value::Null),
+            &req(
+                "GET",
+                "/api/v1/namespaces/ns/pods",
+                "limit=3",
+                "application/vnd.kubernetes.protobuf,application/json",
+                Value::Null,
+            ),
         )
         .await;
     assert_eq!(r.status, 200);
     let b = body(&r);
-    let names: Vec<&str> = b["items"].as_array().unwrap().iter().map(|i| i["metadata"]["name"].as_str().unwrap()).collect();
+    let names: Vec<&str> = b["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["metadata"]["name"].as_str().unwrap())
+        .collect();
     assert_eq!(names, ["a", "c"]);
     assert_eq!(b["metadata"]["continue"], "next");
     assert_eq!(b["metadata"]["resourceVersion"], "42");
     // The list was asked for as JSON only, so it can be filtered.
-    assert_eq!(seen.lock().unwrap()[0].headers.get("accept").unwrap(), "application/json");
+    assert_eq!(
+        seen.lock().unwrap()[0].headers.get("accept").unwrap(),
+        "application/json"
+    );
 
     let r = p
         .handle_resource(
             &apps(),
-            &req("GET", "/api/v1/namespaces/ns/configmaps", "", "application/json;as=Table;v=v1;g=meta.k8s.io", Value::Null),
+            &req(
+                "GET",
+                "/api/v1/namespaces/ns/configmaps",
+                "",
+                "application/json;as=Table;v=v1;g=meta.k8s.io",
+                Value::Null,
+            ),
         )
         .await;
     let b = body(&r);
@@ -203,7 +275,12 @@ async fn lists_and_tables_are_filtered() {
 async fn a_patch_of_an_unmanaged_object_is_refused_before_it_is_sent() {
     let (p, seen) = mock(
         vec![
-            ("GET", DEPLOY, 200, json!({"kind": "Deployment", "metadata": {"name": "web"}})),
+            (
+                "GET",
+                DEPLOY,
+                200,
+                json!({"kind": "Deployment", "metadata": {"name": "web"}}),
+            ),
             ("PATCH", DEPLOY, 200, json!({"kind": "Deployment"})),
         ],
         ProxyConfig::default(),
@@ -220,18 +297,32 @@ async fn a_patch_of_an_unmanaged_object_is_refused_before_it_is_sent() {
 async fn a_patch_of_a_managed_object_is_performed_with_its_content_type() {
     let (p, seen) = mock(
         vec![
-            ("GET", DEPLOY, 200, json!({"kind": "Deployment", "metadata": managed_meta("web")})),
+            (
+                "GET",
+                DEPLOY,
+                200,
+                json!({"kind": "Deployment", "metadata": managed_meta("web")}),
+            ),
             ("PATCH", DEPLOY, 200, json!({"kind": "Deployment"})),
         ],
         ProxyConfig::default(),
     );
-    let mut patch = req("PATCH", DEPLOY, "", "application/json", json!({"spec": {"replicas": 0}}));
+    let mut patch = req(
+        "PATCH",
+        DEPLOY,
+        "",
+        "application/json",
+        json!({"spec": {"replicas": 0}}),
+    );
     patch.content_type = "application/merge-patch+json".into();
     let r = p.handle_resource(&apps(), &patch).await;
     assert_eq!(r.status, 200);
     let seen = seen.lock().unwrap().clone();
     assert_eq!(seen[1].method, "PATCH");
-    assert_eq!(seen[1].headers.get("content-type").unwrap(), "application/merge-patch+json");
+    assert_eq!(
+        seen[1].headers.get("content-type").unwrap(),
+        "application/merge-patch+json"
+    );
 }
 
 const APPS_V1: &str = r#"{"kind":"APIResourceList","apiVersion":"v1","groupVersion":"apps/v1","resources":[
@@ -252,25 +343,63 @@ async fn owners_are_followed_to_a_managed_deployment() {
     let deploy = json!({"kind": "Deployment", "metadata": deploy_meta});
     let (p, seen) = mock(
         vec![
-            ("GET", "/apis/apps/v1", 200, serde_json::from_str(APPS_V1).unwrap()),
+            (
+                "GET",
+                "/apis/apps/v1",
+                200,
+                serde_json::from_str(APPS_V1).unwrap(),
+            ),
             ("GET", "/api/v1/namespaces/ns/pods/web-1-x", 200, pod),
             ("GET", "/api/v1/namespaces/ns/pods/stray", 200, stray),
-            ("GET", "/apis/apps/v1/namespaces/ns/replicasets/web-1", 200, rs),
-            ("GET", "/apis/apps/v1/namespaces/ns/replicasets/other", 200, other),
+            (
+                "GET",
+                "/apis/apps/v1/namespaces/ns/replicasets/web-1",
+                200,
+                rs,
+            ),
+            (
+                "GET",
+                "/apis/apps/v1/namespaces/ns/replicasets/other",
+                200,
+                other,
+            ),
             ("GET", DEPLOY, 200, deploy),
         ],
         ProxyConfig::default(),
     );
     let r = p
-        .handle_resource(&apps(), &req("GET", "/api/v1/namespaces/ns/pods/web-1-x", "", "", Value::Null))
+        .handle_resource(
+            &apps(),
+            &req(
+                "GET",
+                "/api/v1/namespaces/ns/pods/web-1-x",
+                "",
+                "",
+                Value::Null,
+            ),
+        )
         .await;
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     let r = p
-        .handle_resource(&apps(), &req("GET", "/api/v1/namespaces/ns/pods/stray", "", "", Value::Null))
+        .handle_resource(
+            &apps(),
+            &req(
+                "GET",
+                "/api/v1/namespaces/ns/pods/stray",
+                "",
+                "",
+                Value::Null,
+            ),
+        )
         .await;
     assert_eq!(r.status, 403);
     // Discovery of apps/v1 is asked once and remembered.
-    let discovery = seen.lock().unwrap().iter().filter(|s| s.uri == "/apis/apps/v1").count();
+    let discovery = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|s| s.uri == "/apis/apps/v1")
+        .count();
     assert_eq!(discovery, 1);
 }
 
@@ -282,13 +411,28 @@ async fn an_owner_with_another_uid_does_not_count() {
     deploy_meta["uid"] = json!("new-uid");
     let (p, _) = mock(
         vec![
-            ("GET", "/apis/apps/v1", 200, serde_json::from_str(APPS_V1).unwrap()),
+            (
+                "GET",
+                "/apis/apps/v1",
+                200,
+                serde_json::from_str(APPS_V1).unwrap(),
+            ),
             ("GET", "/api/v1/namespaces/ns/pods/p", 200, pod),
-            ("GET", DEPLOY, 200, json!({"kind": "Deployment", "metadata": deploy_meta})),
+            (
+                "GET",
+                DEPLOY,
+                200,
+                json!({"kind": "Deployment", "metadata": deploy_meta}),
+            ),
         ],
         ProxyConfig::default(),
     );
-    let r = p.handle_resource(&apps(), &req("GET", "/api/v1/namespaces/ns/pods/p", "", "", Value::Null)).await;
+    let r = p
+        .handle_resource(
+            &apps(),
+            &req("GET", "/api/v1/namespaces/ns/pods/p", "", "", Value::Null),
+        )
+        .await;
     assert_eq!(r.status, 403);
 }
 
@@ -299,24 +443,65 @@ async fn creates_must_carry_a_mark_or_a_managed_owner() {
      {"name":"jobs","singularName":"job","namespaced":true,"kind":"Job","verbs":["get","create"]}]}"#;
     let (p, seen) = mock(
         vec![
-            ("GET", "/apis/batch/v1", 200, serde_json::from_str(BATCH_V1).unwrap()),
-            ("GET", "/apis/batch/v1/namespaces/ns/cronjobs/nightly", 200, json!({"kind": "CronJob", "metadata": managed_meta("nightly")})),
-            ("POST", "/apis/batch/v1/namespaces/ns/jobs", 201, json!({"kind": "Job"})),
+            (
+                "GET",
+                "/apis/batch/v1",
+                200,
+                serde_json::from_str(BATCH_V1).unwrap(),
+            ),
+            (
+                "GET",
+                "/apis/batch/v1/namespaces/ns/cronjobs/nightly",
+                200,
+                json!({"kind": "CronJob", "metadata": managed_meta("nightly")}),
+            ),
+            (
+                "POST",
+                "/apis/batch/v1/namespaces/ns/jobs",
+                201,
+                json!({"kind": "Job"}),
+            ),
         ],
         ProxyConfig::default(),
     );
     let job = json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "nightly-manual",
         "ownerReferences": [{"apiVersion": "batch/v1", "kind": "CronJob", "name": "nightly"}]}});
-    let r = p.handle_resource(&apps(), &req("POST", "/apis/batch/v1/namespaces/ns/jobs", "", "", job)).await;
+    let r = p
+        .handle_resource(
+            &apps(),
+            &req("POST", "/apis/batch/v1/namespaces/ns/jobs", "", "", job),
+        )
+        .await;
     assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
     let loose = json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "loose"}});
-    let r = p.handle_resource(&apps(), &req("POST", "/apis/batch/v1/namespaces/ns/jobs", "", "", loose)).await;
-    assert_eq!(r.status, 403);
     let r = p
-        .handle_resource(&apps(), &req("POST", "/apis/batch/v1/namespaces/ns/jobs", "", "", json!("not an object")))
+        .handle_resource(
+            &apps(),
+            &req("POST", "/apis/batch/v1/namespaces/ns/jobs", "", "", loose),
+        )
         .await;
     assert_eq!(r.status, 403);
-    assert_eq!(seen.lock().unwrap().iter().filter(|s| s.method == "POST").count(), 1);
+    let r = p
+        .handle_resource(
+            &apps(),
+            &req(
+                "POST",
+                "/apis/batch/v1/namespaces/ns/jobs",
+                "",
+                "",
+                json!("not an object"),
+            ),
+        )
+        .await;
+    assert_eq!(r.status, 403);
+    assert_eq!(
+        seen.lock()
+            .unwrap()
+            .iter()
+            .filter(|s| s.method == "POST")
+            .count(),
+        1
+    );
     assert_eq!(count(&p, "create", "forbidden"), 2);
 }
 
@@ -331,7 +516,9 @@ async fn refused_shapes_never_reach_the_cluster() {
         ("GET", "/api/v1/namespaces/ns%2Fsecrets/pods", ""),
         ("DELETE", "/api/v1/namespaces/ns/pods", ""),
     ] {
-        let r = p.handle_resource(&apps(), &req(m, path, q, "", Value::Null)).await;
+        let r = p
+            .handle_resource(&apps(), &req(m, path, q, "", Value::Null))
+            .await;
         assert_eq!(r.status, 403, "{m} {path}?{q}");
         assert_eq!(body(&r)["reason"], "Forbidden");
     }
@@ -343,29 +530,48 @@ async fn discovery_and_events_pass_through() {
     let (p, _) = mock(
         vec![
             ("GET", "/apis", 200, json!({"kind": "APIGroupList"})),
-            ("GET", "/api/v1/namespaces/ns/events", 200, json!({"kind": "EventList", "items": [{"metadata": {"name": "e"}}]})),
+            (
+                "GET",
+                "/api/v1/namespaces/ns/events",
+                200,
+                json!({"kind": "EventList", "items": [{"metadata": {"name": "e"}}]}),
+            ),
         ],
         ProxyConfig::default(),
     );
-    let r = p.handle_resource(&apps(), &req("GET", "/apis", "", "", Value::Null)).await;
+    let r = p
+        .handle_resource(&apps(), &req("GET", "/apis", "", "", Value::Null))
+        .await;
     assert_eq!(r.status, 200);
     let r = p
-        .handle_resource(&apps(), &req("GET", "/api/v1/namespaces/ns/events", "", "", Value::Null))
+        .handle_resource(
+            &apps(),
+            &req("GET", "/api/v1/namespaces/ns/events", "", "", Value::Null),
+        )
         .await;
     assert_eq!(body(&r)["items"].as_array().unwrap().len(), 1);
 }
 
 #[tokio::test]
 async fn large_responses_become_502() {
-    let big: Vec<Value> = (0..200).map(|i| json!({"metadata": {"name": format!("item-{i}")}})).collect();
+    let big: Vec<Value> = (0..200)
+        .map(|i| json!({"metadata": {"name": format!("item-{i}")}}))
+        .collect();
     let (p, _) = mock(
-        vec![("GET", "/apis", 200, json!({"kind": "APIGroupList", "groups": big}))],
+        vec![(
+            "GET",
+            "/apis",
+            200,
+            json!({"kind": "APIGroupList", "groups": big}),
+        )],
         ProxyConfig {
             max_body: 1024,
             ..ProxyConfig::default()
         },
     );
-    let r = p.handle_resource(&apps(), &req("GET", "/apis", "", "", Value::Null)).await;
+    let r = p
+        .handle_resource(&apps(), &req("GET", "/apis", "", "", Value::Null))
+        .await;
     assert_eq!(r.status, 502);
     assert_eq!(body(&r)["message"], "response too large");
     assert_eq!(count(&p, "get", "error"), 1);
@@ -390,7 +596,9 @@ async fn slow_requests_time_out_and_slots_are_limited() {
         },
         Metrics::new(),
     );
-    let r = p.handle_resource(&apps(), &req("GET", "/apis", "", "", Value::Null)).await;
+    let r = p
+        .handle_resource(&apps(), &req("GET", "/apis", "", "", Value::Null))
+        .await;
     assert_eq!(r.status, 504);
     let slot = p.try_request_slot();
     assert!(slot.is_some());
@@ -401,11 +609,7 @@ async fn slow_requests_time_out_and_slots_are_limited() {
 
 #[test]
 fn response_events_answer_the_request() {
-    let e = response_event(
-        "agent",
-        "req-1",
-        Answer::status(403, "no").into_response(),
-    );
+    let e = response_event("agent", "req-1", Answer::status(403, "no").into_response());
     assert_eq!(e.ty, EventType::ResourceResponse);
     assert_eq!(e.ack_id.as_deref(), Some("req-1"));
     let Payload::ResourceResponse(r) = &e.payload else {
