@@ -44,6 +44,12 @@ fn hello(spoke: &Spoke) -> Event {
                         .is_some()
                         .then_some(argocd_agent_sync::redis::CAPABILITY),
                 )
+                .chain(
+                    spoke
+                        .proxy
+                        .is_some()
+                        .then_some(argocd_agent_sync::proxy::CAPABILITY),
+                )
                 .map(str::to_owned)
                 .collect(),
             state: Some(spoke.hello_state()),
@@ -73,6 +79,7 @@ pub async fn run(
     connected: &AtomicBool,
 ) -> Result<(), SessionError> {
     let channel = dialer.connect(&config.server, config.keepalive).await?;
+    let tunnel_channel = channel.clone();
     let mut client = EventStreamClient::new(channel)
         .max_decoding_message_size(config.max_message_size)
         .max_encoding_message_size(config.max_message_size);
@@ -120,6 +127,20 @@ pub async fn run(
                     Ok(event) if event.ty == EventType::RedisRequest => {
                         spoke.metrics.event(false, event.ty.verb());
                         serve_redis(spoke, event, &direct_tx, &requests);
+                        None
+                    }
+                    Ok(event) if matches!(
+                        event.ty,
+                        EventType::ResourceRequest | EventType::LogRequest | EventType::TerminalRequest
+                    ) => {
+                        spoke.metrics.event(false, event.ty.verb());
+                        crate::proxy::serve(spoke, event, &direct_tx, &requests, || {
+                            crate::proxy::Tunnel::new(
+                                tunnel_channel.clone(),
+                                dialer,
+                                config.max_message_size,
+                            )
+                        });
                         None
                     }
                     Ok(event) => {

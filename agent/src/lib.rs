@@ -15,6 +15,7 @@ pub mod health;
 pub mod metrics;
 pub mod objects;
 pub mod policy;
+pub mod proxy;
 pub mod redis;
 pub mod spoke;
 
@@ -95,6 +96,16 @@ pub struct AgentConfig {
     pub redis: Option<redis::RedisConfig>,
     /// How often the agent reports its cluster's cache counts (`--cache-refresh-interval`).
     pub cache_refresh_interval: Duration,
+    /// Serve the principal's resource proxy (requests, logs, exec; capability
+    /// `resource-proxy.v1`).
+    pub resource_proxy: bool,
+    /// Largest Kubernetes API response body the resource proxy passes on (larger: 502).
+    pub resource_proxy_max_body: usize,
+    /// Resource proxy requests served at once (and, separately, log and exec streams);
+    /// more are answered 429.
+    pub resource_proxy_max_concurrent: usize,
+    /// How long one resource proxy request may take (504 after).
+    pub resource_proxy_timeout: Duration,
 }
 
 impl Default for AgentConfig {
@@ -121,6 +132,10 @@ impl Default for AgentConfig {
             destination_based_mapping: false,
             redis: None,
             cache_refresh_interval: Duration::from_secs(10),
+            resource_proxy: true,
+            resource_proxy_max_body: proxy::DEFAULT_MAX_BODY,
+            resource_proxy_max_concurrent: proxy::DEFAULT_MAX_CONCURRENT,
+            resource_proxy_timeout: proxy::DEFAULT_TIMEOUT,
         }
     }
 }
@@ -204,6 +219,7 @@ pub async fn start(
         });
         config_changes.push((kind, kind_stream));
     }
+    let proxy_client = client.clone();
     let mut spoke = Spoke::new(
         config.mode,
         namespace,
@@ -216,6 +232,18 @@ pub async fn start(
     spoke.policies = config.policies;
     spoke.by_destination = config.destination_based_mapping;
     spoke.redis = config.redis.clone().map(redis::SpokeRedis::new);
+    if config.resource_proxy {
+        let limits = proxy::ProxyConfig {
+            max_body: config.resource_proxy_max_body,
+            max_concurrent: config.resource_proxy_max_concurrent,
+            timeout: config.resource_proxy_timeout,
+        };
+        spoke.proxy = Some(Arc::new(proxy::Proxy::new(
+            proxy_client,
+            limits,
+            spoke.metrics.clone(),
+        )));
+    }
     if let Some(svid) = dialer.svid() {
         spoke.metrics.follow_svid(svid);
     }

@@ -26,6 +26,12 @@ pub struct ResourceTypeLabels {
     pub resource_type: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProxyLabels {
+    pub verb: String,
+    pub outcome: String,
+}
+
 fn seconds_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.001, 2.0, 16))
 }
@@ -62,6 +68,10 @@ pub struct Metrics {
     pub queue_depth: Gauge,
     /// `argocd_agent_event_resends_total`.
     pub resends: Counter,
+    /// `argocd_agent_resource_proxy_requests_total{verb,outcome}`: resource proxy requests
+    /// (verbs get, list, create, patch, delete, log, exec, update, other) by outcome
+    /// (allowed, forbidden, error).
+    pub resource_proxy_requests: Family<ProxyLabels, Counter>,
     registry: Arc<Registry>,
 }
 
@@ -159,7 +169,14 @@ impl Metrics {
             "Events sent again because no acknowledgement came in time",
             resends.clone(),
         );
+        let resource_proxy_requests = Family::<ProxyLabels, Counter>::default();
+        r.register(
+            "argocd_agent_resource_proxy_requests",
+            "Resource proxy requests from the principal, by verb and outcome (allowed, forbidden, error)",
+            resource_proxy_requests.clone(),
+        );
         Metrics {
+            resource_proxy_requests,
             queue_depth,
             resends,
             events_received,
@@ -193,6 +210,16 @@ impl Metrics {
         };
         family
             .get_or_create(&TypeLabels { r#type: ty.into() })
+            .inc();
+    }
+
+    /// Counts one resource proxy request.
+    pub fn resource_proxy(&self, verb: &str, outcome: &str) {
+        self.resource_proxy_requests
+            .get_or_create(&ProxyLabels {
+                verb: verb.into(),
+                outcome: outcome.into(),
+            })
             .inc();
     }
 

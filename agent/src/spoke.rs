@@ -69,6 +69,8 @@ pub struct Spoke {
     pub metrics: crate::metrics::Metrics,
     /// This cluster's Redis, when the agent serves the principal's Redis proxy.
     pub redis: Option<Arc<crate::redis::SpokeRedis>>,
+    /// The resource proxy, when the agent serves it.
+    pub proxy: Option<Arc<crate::proxy::Proxy>>,
     inner: Mutex<SpokeInner>,
 }
 
@@ -118,6 +120,7 @@ impl Spoke {
             policies: Policies::default(),
             by_destination: false,
             metrics: crate::metrics::Metrics::new(),
+            proxy: None,
             redis: None,
             inner: Mutex::new(SpokeInner::default()),
         }
@@ -191,6 +194,20 @@ impl Spoke {
                     .is_some_and(|o| self.relevant(&o))
             },
         )
+    }
+
+    /// `(namespace, name)` of the Applications this agent holds (for the resource proxy's
+    /// "managed by Argo CD on this spoke").
+    pub fn held_applications(&self) -> Vec<(String, String)> {
+        self.local()
+            .into_values()
+            .map(|o| {
+                (
+                    o.metadata.namespace.clone().unwrap_or_default(),
+                    name_of(&o),
+                )
+            })
+            .collect()
     }
 
     /// Applications this agent holds.

@@ -1,0 +1,727 @@
+//! The agent's side of the resource proxy (capability `resource-proxy.v1`): the principal
+//! forwards Kubernetes API requests (`resource-request`), container logs (`log-request`)
+//! and exec sessions (`terminal-request`) for this agent's cluster over the event stream;
+//! the agent decides with its own [`rules`] what it serves, performs the request with its
+//! own Kubernetes client, and answers with a `resource-response` event (requests, refusals)
+//! or on a `Tunnel` stream it opens to the principal (logs, exec).
+
+pub mod exec;
+pub mod logs;
+pub mod rules;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use argocd_agent_proto::eventstream::tunnel_client::TunnelClient;
+use argocd_agent_proto::eventstream::{ResourceRequest, ResourceResponse};
+use argocd_agent_sync::{Event, EventType, Payload};
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use kube::api::{Api, ApiResource, DynamicObject};
+use kube::core::GroupVersion;
+use kube::discovery::Scope;
+use serde_json::Value;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio_util::sync::CancellationToken;
+
+use crate::dialer::Dialer;
+use crate::error::SessionError;
+use crate::metrics::Metrics;
+use crate::spoke::{Spoke, lock};
+
+pub use rules::Apps;
+
+/// Largest response body the agent passes on by default (`resource_proxy_max_body`).
+pub const DEFAULT_MAX_BODY: usize = 8 * 1024 * 1024;
+/// Requests served at once by default (`resource_proxy_max_concurrent`).
+pub const DEFAULT_MAX_CONCURRENT: usize = 32;
+/// How long one request may take by default (`resource_proxy_timeout`).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Owner objects fetched while deciding one request (a list's items share them).
+const MAX_OWNER_FETCHES: usize = 64;
+/// Kinds remembered from discovery.
+const MAX_DISCOVERED_KINDS: usize = 512;
+
+/// Limits of the resource proxy.
+#[derive(Debug, Clone)]
+pub struct ProxyConfig {
+    /// Largest response body passed on; larger ones become a 502.
+    pub max_body: usize,
+    /// Requests served at once (and, separately, log and exec streams open at once);
+    /// more are answered 429 at once.
+    pub max_concurrent: usize,
+    /// How long one request may take (504 after).
+    pub timeout: Duration,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        ProxyConfig {
+            max_body: DEFAULT_MAX_BODY,
+            max_concurrent: DEFAULT_MAX_CONCURRENT,
+            timeout: DEFAULT_TIMEOUT,
+        }
+    }
+}
+
+/// One answer: HTTP status, content type, body.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answer {
+    pub status: u16,
+    pub content_type: String,
+    pub body: Bytes,
+}
+
+impl Answer {
+    /// A Kubernetes `Status` failure.
+    pub fn status(code: u16, message: &str) -> Answer {
+        Answer {
+            status: code,
+            content_type: "application/json".into(),
+            body: rules::status_body(code, rules::reason_for(code), message).into(),
+        }
+    }
+
+    fn ok(&self) -> bool {
+        (200..300).contains(&self.status)
+    }
+
+    fn into_response(self) -> ResourceResponse {
+        ResourceResponse {
+            status: u32::from(self.status),
+            content_type: self.content_type,
+            body: self.body.to_vec(),
+        }
+    }
+}
+
+/// Why a request failed on the agent's side.
+#[derive(Debug)]
+enum Failure {
+    /// The agent's rules refuse it (403).
+    Forbidden(String),
+    /// Bad input (400).
+    BadRequest(String),
+    /// The cluster could not be reached or answered nonsense (502).
+    Upstream(String),
+}
+
+impl Failure {
+    fn answer(&self) -> Answer {
+        match self {
+            Failure::Forbidden(m) => Answer::status(403, m),
+            Failure::BadRequest(m) => Answer::status(400, m),
+            Failure::Upstream(m) => Answer::status(502, m),
+        }
+    }
+
+    fn outcome(&self) -> &'static str {
+        match self {
+            Failure::Forbidden(_) => "forbidden",
+            _ => "error",
+        }
+    }
+}
+
+/// The resource proxy of one agent: its cluster client, limits and discovery cache.
+pub struct Proxy {
+    client: kube::Client,
+    config: ProxyConfig,
+    metrics: Metrics,
+    requests: Arc<Semaphore>,
+    streams: Arc<Semaphore>,
+    /// `apiVersion/kind` -> resource and whether it is namespaced.
+    kinds: Mutex<HashMap<String, (ApiResource, bool)>>,
+}
+
+impl Proxy {
+    pub fn new(client: kube::Client, config: ProxyConfig, metrics: Metrics) -> Proxy {
+        let n = config.max_concurrent.max(1);
+        Proxy {
+            client,
+            config,
+            metrics,
+            requests: Arc::new(Semaphore::new(n)),
+            streams: Arc::new(Semaphore::new(n)),
+            kinds: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn client(&self) -> &kube::Client {
+        &self.client
+    }
+
+    pub fn config(&self) -> &ProxyConfig {
+        &self.config
+    }
+
+    fn count(&self, verb: &str, outcome: &str) {
+        self.metrics.resource_proxy(verb, outcome);
+    }
+
+    /// A slot for one request, if fewer than the limit are being served.
+    pub fn try_request_slot(&self) -> Option<OwnedSemaphorePermit> {
+        self.requests.clone().try_acquire_owned().ok()
+    }
+
+    /// A slot for one log or exec stream.
+    pub fn try_stream_slot(&self) -> Option<OwnedSemaphorePermit> {
+        self.streams.clone().try_acquire_owned().ok()
+    }
+
+    /// Serves one `resource-request` against this cluster, within the timeout.
+    pub async fn handle_resource(&self, apps: &Apps, req: &ResourceRequest) -> ResourceResponse {
+        match tokio::time::timeout(self.config.timeout, self.serve_resource(apps, req)).await {
+            Ok(answer) => answer.into_response(),
+            Err(_) => {
+                self.count(rules::method_verb(&req.method), "error");
+                tracing::warn!(method = ?req.method, path = ?req.path, "resource proxy request timed out");
+                Answer::status(504, "the request timed out on the agent").into_response()
+            }
+        }
+    }
+
+    async fn serve_resource(&self, apps: &Apps, req: &ResourceRequest) -> Answer {
+        let plan = match rules::plan(&req.method, &req.path, &req.query) {
+            Ok(p) => p,
+            Err(reason) => {
+                let verb = rules::method_verb(&req.method);
+                return self.refuse(verb, req, Failure::Forbidden(reason));
+            }
+        };
+        let verb = plan.verb();
+        match self.perform(apps, req, plan).await {
+            Ok(answer) => {
+                self.count(verb, "allowed");
+                answer
+            }
+            Err(f) => self.refuse(verb, req, f),
+        }
+    }
+
+    fn refuse(&self, verb: &str, req: &ResourceRequest, failure: Failure) -> Answer {
+        self.count(verb, failure.outcome());
+        match &failure {
+            Failure::Forbidden(reason) => {
+                tracing::warn!(method = ?req.method, path = ?req.path, reason = ?reason, "resource proxy request refused")
+            }
+            Failure::BadRequest(m) | Failure::Upstream(m) => {
+                tracing::warn!(method = ?req.method, path = ?req.path, error = ?m, "resource proxy request failed")
+            }
+        }
+        failure.answer()
+    }
+
+    async fn perform(
+        &self,
+        apps: &Apps,
+        req: &ResourceRequest,
+        plan: rules::Plan,
+    ) -> Result<Answer, Failure> {
+        let original = || {
+            self.send(
+                &req.method,
+                &req.path,
+                &req.query,
+                Some(&req.content_type),
+                &req.accept,
+                req.body.clone(),
+            )
+        };
+        match plan {
+            rules::Plan::PassThrough => original().await,
+            rules::Plan::Get(r) => {
+                if r.subresource.is_none() && rules::accepts_plain_json(&req.accept) {
+                    // The answer itself can be checked.
+                    let answer = original().await?;
+                    if !answer.ok() {
+                        return Ok(answer);
+                    }
+                    let obj: Value = serde_json::from_slice(&answer.body)
+                        .map_err(|e| Failure::Upstream(format!("unreadable object: {e}")))?;
+                    let meta = obj.get("metadata").cloned().unwrap_or(Value::Null);
+                    return if self.is_managed(apps, &meta, r.namespace.as_deref()).await {
+                        Ok(answer)
+                    } else {
+                        Err(not_managed(&r))
+                    };
+                }
+                if let Some(refused) = self.check_named(apps, &r).await? {
+                    return Ok(refused);
+                }
+                original().await
+            }
+            rules::Plan::Patch(r) | rules::Plan::Delete(r) => {
+                if let Some(refused) = self.check_named(apps, &r).await? {
+                    return Ok(refused);
+                }
+                original().await
+            }
+            rules::Plan::List(r) => {
+                let accept = rules::json_accept(&req.accept);
+                let answer = self
+                    .send("GET", &req.path, &req.query, None, &accept, Vec::new())
+                    .await?;
+                if !answer.ok() {
+                    return Ok(answer);
+                }
+                self.filter_list(apps, &r, answer).await
+            }
+            rules::Plan::Create(r) => {
+                let body: Value = serde_json::from_slice(&req.body).map_err(|_| {
+                    Failure::Forbidden("a create body must be a JSON object".into())
+                })?;
+                let meta = body.get("metadata").cloned().unwrap_or(Value::Null);
+                let ns = meta
+                    .get("namespace")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
+                    .or(r.namespace.clone());
+                if !self.is_managed(apps, &meta, ns.as_deref()).await {
+                    return Err(Failure::Forbidden(format!(
+                        "the new {} is not managed by an Argo CD Application on this cluster",
+                        r.plural
+                    )));
+                }
+                original().await
+            }
+        }
+    }
+
+    /// GETs the named object as JSON: `Ok(Some(answer))` passes a failed GET on (a 404
+    /// stays a 404), `Ok(None)` means the object is managed, `Err` that it is not.
+    async fn check_named(
+        &self,
+        apps: &Apps,
+        r: &rules::ResourcePath,
+    ) -> Result<Option<Answer>, Failure> {
+        let Some(path) = r.object_path() else {
+            return Err(Failure::Forbidden("no object named".into()));
+        };
+        let answer = self
+            .send("GET", &path, "", None, "application/json", Vec::new())
+            .await?;
+        if !answer.ok() {
+            return Ok(Some(answer));
+        }
+        let obj: Value = serde_json::from_slice(&answer.body)
+            .map_err(|e| Failure::Upstream(format!("unreadable object: {e}")))?;
+        let meta = obj.get("metadata").cloned().unwrap_or(Value::Null);
+        if self.is_managed(apps, &meta, r.namespace.as_deref()).await {
+            Ok(None)
+        } else {
+            Err(not_managed(r))
+        }
+    }
+
+    /// Keeps the managed items of a List or rows of a Table; everything else of the list
+    /// (resourceVersion, continue, columns) stays.
+    async fn filter_list(
+        &self,
+        apps: &Apps,
+        r: &rules::ResourcePath,
+        answer: Answer,
+    ) -> Result<Answer, Failure> {
+        let mut body: Value = serde_json::from_slice(&answer.body)
+            .map_err(|e| Failure::Upstream(format!("unreadable list: {e}")))?;
+        let Some(entries) = rules::entries_mut(&mut body) else {
+            return Err(Failure::Upstream("the answer is not a list".into()));
+        };
+        let mut walk = OwnerWalk::new(self, apps);
+        let mut keep = Vec::with_capacity(entries.len());
+        for entry in entries.iter() {
+            let managed = match rules::entry_metadata(entry) {
+                Some(meta) => {
+                    let ns = meta
+                        .get("namespace")
+                        .and_then(Value::as_str)
+                        .or(r.namespace.as_deref());
+                    walk.managed(meta, ns).await
+                }
+                None => false,
+            };
+            keep.push(managed);
+        }
+        let mut keep = keep.into_iter();
+        entries.retain(|_| keep.next().unwrap_or(false));
+        let body =
+            serde_json::to_vec(&body).map_err(|e| Failure::Upstream(format!("list: {e}")))?;
+        Ok(Answer {
+            body: body.into(),
+            ..answer
+        })
+    }
+
+    /// Rules (a), (b) and (c) for one object.
+    pub async fn is_managed(&self, apps: &Apps, metadata: &Value, namespace: Option<&str>) -> bool {
+        OwnerWalk::new(self, apps)
+            .managed(metadata, namespace)
+            .await
+    }
+
+    /// Performs one request against the cluster, forwarding only Content-Type and Accept;
+    /// the body is read up to the limit.
+    async fn send(
+        &self,
+        method: &str,
+        path: &str,
+        query: &str,
+        content_type: Option<&str>,
+        accept: &str,
+        body: Vec<u8>,
+    ) -> Result<Answer, Failure> {
+        let request = build_request(method, path, query, content_type, accept, body)?;
+        let response = self
+            .client
+            .send(request)
+            .await
+            .map_err(|e| Failure::Upstream(format!("kubernetes API: {e}")))?;
+        read_answer(response, self.config.max_body).await
+    }
+
+    /// The resource of `apiVersion`+`kind`, from discovery (every kind of a group
+    /// version is remembered at once).
+    async fn resolve(&self, api_version: &str, kind: &str) -> Option<(ApiResource, bool)> {
+        let key = format!("{api_version}/{kind}");
+        if let Some(found) = lock(&self.kinds).get(&key) {
+            return Some(found.clone());
+        }
+        let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+        let gv = GroupVersion::gv(group, version);
+        match kube::discovery::pinned_group(&self.client, &gv).await {
+            Ok(g) => {
+                let mut kinds = lock(&self.kinds);
+                for (ar, caps) in g.versioned_resources(version) {
+                    if kinds.len() >= MAX_DISCOVERED_KINDS {
+                        break;
+                    }
+                    let k = format!("{api_version}/{}", ar.kind);
+                    kinds.insert(k, (ar, caps.scope == Scope::Namespaced));
+                }
+                kinds.get(&key).cloned()
+            }
+            Err(e) => {
+                tracing::debug!(api_version = ?api_version, kind = ?kind, error = %e, "owner kind not resolved");
+                None
+            }
+        }
+    }
+
+    /// The metadata of an owner object, if it exists and still has the referenced uid.
+    async fn fetch_owner(&self, owner: &rules::OwnerRef, namespace: Option<&str>) -> Option<Value> {
+        let (ar, namespaced) = self.resolve(&owner.api_version, &owner.kind).await?;
+        let api: Api<DynamicObject> = match (namespaced, namespace) {
+            (true, Some(ns)) => Api::namespaced_with(self.client.clone(), ns, &ar),
+            (true, None) => return None,
+            (false, _) => Api::all_with(self.client.clone(), &ar),
+        };
+        let obj = api.get_opt(&owner.name).await.ok()??;
+        if let (Some(want), Some(got)) = (&owner.uid, &obj.metadata.uid)
+            && want != got
+        {
+            return None;
+        }
+        serde_json::to_value(&obj.metadata).ok()
+    }
+}
+
+fn not_managed(r: &rules::ResourcePath) -> Failure {
+    Failure::Forbidden(format!(
+        "{} {:?} is not managed by an Argo CD Application on this cluster",
+        r.plural,
+        r.name.as_deref().unwrap_or_default()
+    ))
+}
+
+/// Follows owner references (at most [`rules::MAX_OWNER_HOPS`]) to decide rule (c);
+/// owners fetched once serve every item of a list.
+struct OwnerWalk<'a> {
+    proxy: &'a Proxy,
+    apps: &'a Apps,
+    /// Owners fetched: `(namespace, apiVersion, kind, name)` -> metadata.
+    fetched: HashMap<(Option<String>, String, String, String), Option<Value>>,
+}
+
+impl<'a> OwnerWalk<'a> {
+    fn new(proxy: &'a Proxy, apps: &'a Apps) -> Self {
+        OwnerWalk {
+            proxy,
+            apps,
+            fetched: HashMap::new(),
+        }
+    }
+
+    async fn managed(&mut self, metadata: &Value, namespace: Option<&str>) -> bool {
+        if self.apps.is_empty() {
+            return false;
+        }
+        let mut frontier = vec![metadata.clone()];
+        for hop in 0..=rules::MAX_OWNER_HOPS {
+            if frontier.iter().any(|m| rules::marked(m, self.apps)) {
+                return true;
+            }
+            if hop == rules::MAX_OWNER_HOPS {
+                break;
+            }
+            let mut next = Vec::new();
+            for meta in &frontier {
+                for owner in rules::owner_refs(meta) {
+                    let key = (
+                        namespace.map(str::to_owned),
+                        owner.api_version.clone(),
+                        owner.kind.clone(),
+                        owner.name.clone(),
+                    );
+                    let found = match self.fetched.get(&key) {
+                        Some(found) => found.clone(),
+                        None if self.fetched.len() >= MAX_OWNER_FETCHES => None,
+                        None => {
+                            let found = self.proxy.fetch_owner(&owner, namespace).await;
+                            self.fetched.insert(key, found.clone());
+                            found
+                        }
+                    };
+                    next.extend(found);
+                }
+            }
+            if next.is_empty() {
+                break;
+            }
+            frontier = next;
+        }
+        false
+    }
+}
+
+/// Builds the request to the cluster: method, path and query, Content-Type and Accept,
+/// nothing else (no impersonation or authorization headers are ever forwarded).
+fn build_request(
+    method: &str,
+    path: &str,
+    query: &str,
+    content_type: Option<&str>,
+    accept: &str,
+    body: Vec<u8>,
+) -> Result<http::Request<kube::client::Body>, Failure> {
+    let uri = if query.is_empty() {
+        path.to_string()
+    } else {
+        format!("{path}?{query}")
+    };
+    let uri: http::Uri = uri
+        .parse()
+        .map_err(|_| Failure::BadRequest("invalid path or query".into()))?;
+    let method = http::Method::from_bytes(method.as_bytes())
+        .map_err(|_| Failure::BadRequest("invalid method".into()))?;
+    let mut b = http::Request::builder().method(method).uri(uri);
+    if let Some(ct) = content_type.filter(|c| !c.is_empty()) {
+        let v = http::HeaderValue::from_str(ct)
+            .map_err(|_| Failure::BadRequest("invalid Content-Type".into()))?;
+        b = b.header(http::header::CONTENT_TYPE, v);
+    }
+    if !accept.is_empty() {
+        let v = http::HeaderValue::from_str(accept)
+            .map_err(|_| Failure::BadRequest("invalid Accept".into()))?;
+        b = b.header(http::header::ACCEPT, v);
+    }
+    b.body(kube::client::Body::from(body))
+        .map_err(|e| Failure::BadRequest(format!("invalid request: {e}")))
+}
+
+/// Reads a response up to `max` bytes of body; a larger body is a 502.
+async fn read_answer(
+    response: http::Response<kube::client::Body>,
+    max: usize,
+) -> Result<Answer, Failure> {
+    let (parts, body) = response.into_parts();
+    let content_type = parts
+        .headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    let body = read_limited(body, max).await?;
+    Ok(Answer {
+        status: parts.status.as_u16(),
+        content_type,
+        body,
+    })
+}
+
+/// Collects a body of at most `max` bytes.
+async fn read_limited(body: kube::client::Body, max: usize) -> Result<Bytes, Failure> {
+    match http_body_util::Limited::new(body, max).collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            Err(Failure::Upstream("response too large".into()))
+        }
+        Err(e) => Err(Failure::Upstream(format!("reading the response: {e}"))),
+    }
+}
+
+/// A `resource-response` event answering the request `id`.
+pub fn response_event(source: &str, id: &str, response: ResourceResponse) -> Event {
+    let mut e = Event::new(
+        source,
+        EventType::ResourceResponse,
+        Payload::ResourceResponse(response),
+    );
+    e.ack_id = Some(id.to_string());
+    e
+}
+
+/// A client for `Tunnel` streams on the connection's channel, with the credentials the
+/// event stream is opened with.
+#[derive(Clone)]
+pub struct Tunnel {
+    client: TunnelClient<tonic::transport::Channel>,
+    authorization: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
+}
+
+impl Tunnel {
+    /// Captures the dialer's current credentials (a fresh JWT-SVID when that transport is
+    /// used) for the streams opened for one request.
+    pub fn new(
+        channel: tonic::transport::Channel,
+        dialer: &Dialer,
+        max_message_size: usize,
+    ) -> Result<Tunnel, SessionError> {
+        let mut probe = tonic::Request::new(());
+        dialer.authorize(&mut probe)?;
+        Ok(Tunnel {
+            client: TunnelClient::new(channel)
+                .max_decoding_message_size(max_message_size)
+                .max_encoding_message_size(max_message_size),
+            authorization: probe.metadata().get("authorization").cloned(),
+        })
+    }
+
+    /// Wraps `message` in a request carrying the credentials.
+    pub fn request<T>(&self, message: T) -> tonic::Request<T> {
+        let mut r = tonic::Request::new(message);
+        if let Some(a) = &self.authorization {
+            r.metadata_mut().insert("authorization", a.clone());
+        }
+        r
+    }
+
+    pub fn client(&self) -> TunnelClient<tonic::transport::Channel> {
+        self.client.clone()
+    }
+}
+
+/// The Applications this spoke holds, by the names their objects carry.
+pub fn spoke_apps(spoke: &Spoke) -> Apps {
+    Apps::new(spoke.held_applications())
+}
+
+/// Starts serving a resource-proxy event from the principal (without holding up the
+/// stream): answers go to `out`, log and exec streams end with `connection`.
+pub fn serve(
+    spoke: &Spoke,
+    event: Event,
+    out: &mpsc::Sender<Event>,
+    connection: &CancellationToken,
+    tunnel: impl FnOnce() -> Result<Tunnel, SessionError>,
+) {
+    let source = spoke.source.clone();
+    let id = event.id.clone();
+    let Some(proxy) = spoke.proxy.clone() else {
+        let answer = Answer::status(501, "this agent does not serve the resource proxy");
+        let _ = out.try_send(response_event(&source, &id, answer.into_response()));
+        return;
+    };
+    let apps = spoke_apps(spoke);
+    let out = out.clone();
+    match event.payload {
+        Payload::ResourceRequest(req) => {
+            let Some(slot) = proxy.try_request_slot() else {
+                proxy.count(rules::method_verb(&req.method), "error");
+                let answer = Answer::status(429, "too many resource proxy requests at once");
+                let _ = out.try_send(response_event(&source, &id, answer.into_response()));
+                return;
+            };
+            tokio::spawn(async move {
+                let response = proxy.handle_resource(&apps, &req).await;
+                drop(slot);
+                let _ = out.send(response_event(&source, &id, response)).await;
+            });
+        }
+        Payload::LogRequest(req) => {
+            let Some(slot) = proxy.try_stream_slot() else {
+                proxy.count("log", "error");
+                let answer = Answer::status(429, "too many log and exec streams at once");
+                let _ = out.try_send(response_event(&source, &id, answer.into_response()));
+                return;
+            };
+            let tunnel = tunnel();
+            let connection = connection.clone();
+            tokio::spawn(async move {
+                logs::serve(&proxy, &apps, tunnel, &source, &id, req, &out, &connection).await;
+                drop(slot);
+            });
+        }
+        Payload::TerminalRequest(req) => {
+            let Some(slot) = proxy.try_stream_slot() else {
+                proxy.count("exec", "error");
+                let answer = Answer::status(429, "too many log and exec streams at once");
+                let _ = out.try_send(response_event(&source, &id, answer.into_response()));
+                return;
+            };
+            let tunnel = tunnel();
+            let connection = connection.clone();
+            tokio::spawn(async move {
+                exec::serve(&proxy, &apps, tunnel, &source, &id, req, &out, &connection).await;
+                drop(slot);
+            });
+        }
+        _ => {
+            let answer = Answer::status(400, "not a resource proxy request");
+            let _ = out.try_send(response_event(&source, &id, answer.into_response()));
+        }
+    }
+}
+
+/// Checks that a pod is managed before a log or exec stream: `Err` is the answer to send
+/// instead (403, or the GET's failure such as 404).
+async fn check_pod(
+    proxy: &Proxy,
+    apps: &Apps,
+    namespace: &str,
+    pod: &str,
+    verb: &str,
+) -> Result<(), Answer> {
+    let path = format!("/api/v1/namespaces/{namespace}/pods/{pod}");
+    let refuse = |f: Failure| {
+        proxy.count(verb, f.outcome());
+        tracing::warn!(verb, namespace = ?namespace, pod = ?pod, failure = ?f, "resource proxy stream refused");
+        f.answer()
+    };
+    let r = match rules::parse_path(&path) {
+        Ok(rules::ApiPath::Resource(r))
+            if r.namespace.is_some()
+                && r.name.is_some()
+                && r.subresource.is_none()
+                && r.plural == "pods" =>
+        {
+            r
+        }
+        _ => {
+            return Err(refuse(Failure::Forbidden(
+                "invalid namespace or pod name".into(),
+            )));
+        }
+    };
+    match proxy.check_named(apps, &r).await {
+        Ok(None) => Ok(()),
+        Ok(Some(answer)) => {
+            proxy.count(verb, "error");
+            Err(answer)
+        }
+        Err(f) => Err(refuse(f)),
+    }
+}
+
+#[cfg(test)]
+mod tests;

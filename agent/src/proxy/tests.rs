@@ -1,0 +1,619 @@
+//! Resource requests against a `tower_test` mock API server: what the agent sends to its
+//! cluster and what it answers.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use argocd_agent_proto::eventstream::ResourceRequest;
+use http::{Request, Response};
+use kube::client::Body;
+use serde_json::{Value, json};
+
+use super::*;
+
+/// One request as the mock server saw it.
+#[derive(Debug, Clone)]
+struct Seen {
+    method: String,
+    uri: String,
+    headers: http::HeaderMap,
+}
+
+type Routes = HashMap<(String, String), (u16, &'static str, Vec<u8>)>;
+
+/// A mock API server answering by `(method, path?query)`; unknown routes get a 404
+/// Status. Returns the proxy and the requests seen.
+fn mock(
+    routes: Vec<(&str, &str, u16, Value)>,
+    config: ProxyConfig,
+) -> (Proxy, Arc<Mutex<Vec<Seen>>>) {
+    let mut table: Routes = HashMap::new();
+    for (m, uri, status, body) in routes {
+        table.insert(
+            (m.to_string(), uri.to_string()),
+            (status, "application/json", body.to_string().into_bytes()),
+        );
+    }
+    let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    tokio::spawn(async move {
+        while let Some((req, send)) = handle.next_request().await {
+            let (parts, _) = req.into_parts();
+            let uri = parts
+                .uri
+                .path_and_query()
+                .map(|p| p.to_string())
+                .unwrap_or_default();
+            log.lock().unwrap().push(Seen {
+                method: parts.method.to_string(),
+                uri: uri.clone(),
+                headers: parts.headers.clone(),
+            });
+            let (status, ct, body) = table
+                .get(&(parts.method.to_string(), uri))
+                .cloned()
+                .unwrap_or((
+                    404,
+                    "application/json",
+                    rules::status_body(404, "NotFound", "not found"),
+                ));
+            let resp = Response::builder()
+                .status(status)
+                .header(http::header::CONTENT_TYPE, ct)
+                .body(Body::from(body))
+                .unwrap();
+            send.send_response(resp);
+        }
+    });
+    let client = kube::Client::new(svc, "default");
+    (Proxy::new(client, config, Metrics::new()), seen)
+}
+
+fn apps() -> Apps {
+    Apps::new([("argocd", "guestbook")])
+}
+
+fn managed_meta(name: &str) -> Value {
+    json!({"name": name, "namespace": "ns", "labels": {"app.kubernetes.io/instance": "guestbook"}})
+}
+
+fn req(method: &str, path: &str, query: &str, accept: &str, body: Value) -> ResourceRequest {
+    ResourceRequest {
+        method: method.into(),
+        path: path.into(),
+        query: query.into(),
+        content_type: if body.is_null() {
+            String::new()
+        } else {
+            "application/json".into()
+        },
+        accept: accept.into(),
+        body: if body.is_null() {
+            Vec::new()
+        } else {
+            body.to_string().into_bytes()
+        },
+    }
+}
+
+fn body(r: &argocd_agent_proto::eventstream::ResourceResponse) -> Value {
+    serde_json::from_slice(&r.body).unwrap()
+}
+
+fn count(p: &Proxy, verb: &str, outcome: &str) -> u64 {
+    p.metrics
+        .resource_proxy_requests
+        .get_or_create(&crate::metrics::ProxyLabels {
+            verb: verb.into(),
+            outcome: outcome.into(),
+        })
+        .get()
+}
+
+const DEPLOY: &str = "/apis/apps/v1/namespaces/ns/deployments/web";
+
+#[tokio::test]
+async fn a_managed_object_is_served() {
+    let (p, seen) = mock(
+        vec![(
+            "GET",
+            DEPLOY,
+            200,
+            json!({"kind": "Deployment", "metadata": managed_meta("web")}),
+        )],
+        ProxyConfig::default(),
+    );
+    let r = p
+        .handle_resource(
+            &apps(),
+            &req("GET", DEPLOY, "", "application/json", Value::Null),
+        )
+        .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(body(&r)["kind"], "Deployment");
+    assert_eq!(count(&p, "get", "allowed"), 1);
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 1);
+    // Only Accept is forwarded (no impersonation, no authorization).
+    assert_eq!(seen[0].headers.get("accept").unwrap(), "application/json");
+    assert!(seen[0].headers.get("impersonate-user").is_none());
+    assert!(seen[0].headers.get("authorization").is_none());
+}
+
+#[tokio::test]
+async fn an_unmanaged_object_is_refused_and_a_missing_one_stays_404() {
+    let (p, _) = mock(
+        vec![(
+            "GET",
+            DEPLOY,
+            200,
+            json!({"kind": "Deployment", "metadata": {"name": "web", "namespace": "ns"}}),
+        )],
+        ProxyConfig::default(),
+    );
+    let r = p
+        .handle_resource(&apps(), &req("GET", DEPLOY, "", "", Value::Null))
+        .await;
+    assert_eq!(r.status, 403);
+    let b = body(&r);
+    assert_eq!(b["kind"], "Status");
+    assert_eq!(b["reason"], "Forbidden");
+    assert_eq!(b["code"], 403);
+    assert_eq!(count(&p, "get", "forbidden"), 1);
+    let r = p
+        .handle_resource(
+            &apps(),
+            &req(
+                "GET",
+                "/apis/apps/v1/namespaces/ns/deployments/gone",
+                "",
+                "",
+                Value::Null,
+            ),
+        )
+        .await;
+    assert_eq!(r.status, 404);
+}
+
+#[tokio::test]
+async fn a_table_get_is_checked_first_then_performed() {
+    let table = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json";
+    let (p, seen) = mock(
+        vec![(
+            "GET",
+            DEPLOY,
+            200,
+            json!({"kind": "Deployment", "metadata": managed_meta("web")}),
+        )],
+        ProxyConfig::default(),
+    );
+    let r = p
+        .handle_resource(&apps(), &req("GET", DEPLOY, "", table, Value::Null))
+        .await;
+    assert_eq!(r.status, 200);
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[0].headers.get("accept").unwrap(), "application/json");
+    assert_eq!(seen[1].headers.get("accept").unwrap(), table);
+}
+
+#[tokio::test]
+async fn lists_and_tables_are_filtered() {
+    let list = json!({"kind": "PodList", "apiVersion": "v1",
+    "metadata": {"resourceVersion": "42", "continue": "next"},
+    "items": [
+        {"metadata": managed_meta("a")},
+        {"metadata": {"name": "b", "namespace": "ns"}},
+        {"metadata": {"name": "c", "namespace": "ns",
+            "annotations": {"argocd.argoproj.io/tracking-id": "guestbook:/Pod:ns/c"}}},
+    ]});
+    let table = json!({"kind": "Table", "apiVersion": "meta.k8s.io/v1",
+    "metadata": {"resourceVersion": "42"},
+    "columnDefinitions": [{"name": "Name"}],
+    "rows": [
+        {"cells": ["a"], "object": {"metadata": managed_meta("a")}},
+        {"cells": ["b"], "object": {"metadata": {"name": "b"}}},
+        {"cells": ["x"]},
+    ]});
+    let (p, seen) = mock(
+        vec![
+            ("GET", "/api/v1/namespaces/ns/pods?limit=3", 200, list),
+            ("GET", "/api/v1/namespaces/ns/configmaps", 200, table),
+        ],
+        ProxyConfig::default(),
+    );
+    let r = p
+        .handle_resource(
+            &apps(),
+            &req(
+                "GET",
+                "/api/v1/namespaces/ns/pods",
+                "limit=3",
+                "application/vnd.kubernetes.protobuf,application/json",
+                Value::Null,
+            ),
+        )
+        .await;
+    assert_eq!(r.status, 200);
+    let b = body(&r);
+    let names: Vec<&str> = b["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["a", "c"]);
+    assert_eq!(b["metadata"]["continue"], "next");
+    assert_eq!(b["metadata"]["resourceVersion"], "42");
+    // The list was asked for as JSON only, so it can be filtered.
+    assert_eq!(
+        seen.lock().unwrap()[0].headers.get("accept").unwrap(),
+        "application/json"
+    );
+
+    let r = p
+        .handle_resource(
+            &apps(),
+            &req(
+                "GET",
+                "/api/v1/namespaces/ns/configmaps",
+                "",
+                "application/json;as=Table;v=v1;g=meta.k8s.io",
+                Value::Null,
+            ),
+        )
+        .await;
+    let b = body(&r);
+    assert_eq!(b["rows"].as_array().unwrap().len(), 1);
+    assert_eq!(b["rows"][0]["cells"][0], "a");
+    assert_eq!(b["columnDefinitions"][0]["name"], "Name");
+    assert_eq!(count(&p, "list", "allowed"), 2);
+}
+
+#[tokio::test]
+async fn a_patch_of_an_unmanaged_object_is_refused_before_it_is_sent() {
+    let (p, seen) = mock(
+        vec![
+            (
+                "GET",
+                DEPLOY,
+                200,
+                json!({"kind": "Deployment", "metadata": {"name": "web"}}),
+            ),
+            ("PATCH", DEPLOY, 200, json!({"kind": "Deployment"})),
+        ],
+        ProxyConfig::default(),
+    );
+    let mut patch = req("PATCH", DEPLOY, "", "", json!({"spec": {"replicas": 0}}));
+    patch.content_type = "application/merge-patch+json".into();
+    let r = p.handle_resource(&apps(), &patch).await;
+    assert_eq!(r.status, 403);
+    assert!(seen.lock().unwrap().iter().all(|s| s.method == "GET"));
+    assert_eq!(count(&p, "patch", "forbidden"), 1);
+}
+
+#[tokio::test]
+async fn a_patch_of_a_managed_object_is_performed_with_its_content_type() {
+    let (p, seen) = mock(
+        vec![
+            (
+                "GET",
+                DEPLOY,
+                200,
+                json!({"kind": "Deployment", "metadata": managed_meta("web")}),
+            ),
+            ("PATCH", DEPLOY, 200, json!({"kind": "Deployment"})),
+        ],
+        ProxyConfig::default(),
+    );
+    let mut patch = req(
+        "PATCH",
+        DEPLOY,
+        "",
+        "application/json",
+        json!({"spec": {"replicas": 0}}),
+    );
+    patch.content_type = "application/merge-patch+json".into();
+    let r = p.handle_resource(&apps(), &patch).await;
+    assert_eq!(r.status, 200);
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen[1].method, "PATCH");
+    assert_eq!(
+        seen[1].headers.get("content-type").unwrap(),
+        "application/merge-patch+json"
+    );
+}
+
+const APPS_V1: &str = r#"{"kind":"APIResourceList","apiVersion":"v1","groupVersion":"apps/v1","resources":[
+ {"name":"deployments","singularName":"deployment","namespaced":true,"kind":"Deployment","verbs":["get","list"]},
+ {"name":"replicasets","singularName":"replicaset","namespaced":true,"kind":"ReplicaSet","verbs":["get","list"]}]}"#;
+
+#[tokio::test]
+async fn owners_are_followed_to_a_managed_deployment() {
+    let pod = json!({"kind": "Pod", "metadata": {"name": "web-1-x", "namespace": "ns",
+        "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-1", "uid": "rs-uid", "controller": true}]}});
+    let stray = json!({"kind": "Pod", "metadata": {"name": "stray", "namespace": "ns",
+        "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "other", "uid": "o-uid", "controller": true}]}});
+    let rs = json!({"kind": "ReplicaSet", "metadata": {"name": "web-1", "namespace": "ns", "uid": "rs-uid",
+        "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "web", "uid": "d-uid", "controller": true}]}});
+    let other = json!({"kind": "ReplicaSet", "metadata": {"name": "other", "namespace": "ns", "uid": "o-uid"}});
+    let mut deploy_meta = managed_meta("web");
+    deploy_meta["uid"] = json!("d-uid");
+    let deploy = json!({"kind": "Deployment", "metadata": deploy_meta});
+    let (p, seen) = mock(
+        vec![
+            (
+                "GET",
+                "/apis/apps/v1",
+                200,
+                serde_json::from_str(APPS_V1).unwrap(),
+            ),
+            ("GET", "/api/v1/namespaces/ns/pods/web-1-x", 200, pod),
+            ("GET", "/api/v1/namespaces/ns/pods/stray", 200, stray),
+            (
+                "GET",
+                "/apis/apps/v1/namespaces/ns/replicasets/web-1",
+                200,
+                rs,
+            ),
+            (
+                "GET",
+                "/apis/apps/v1/namespaces/ns/replicasets/other",
+                200,
+                other,
+            ),
+            ("GET", DEPLOY, 200, deploy),
+        ],
+        ProxyConfig::default(),
+    );
+    let r = p
+        .handle_resource(
+            &apps(),
+            &req(
+                "GET",
+                "/api/v1/namespaces/ns/pods/web-1-x",
+                "",
+                "",
+                Value::Null,
+            ),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let r = p
+        .handle_resource(
+            &apps(),
+            &req(
+                "GET",
+                "/api/v1/namespaces/ns/pods/stray",
+                "",
+                "",
+                Value::Null,
+            ),
+        )
+        .await;
+    assert_eq!(r.status, 403);
+    // Discovery of apps/v1 is asked once and remembered.
+    let discovery = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|s| s.uri == "/apis/apps/v1")
+        .count();
+    assert_eq!(discovery, 1);
+}
+
+#[tokio::test]
+async fn an_owner_with_another_uid_does_not_count() {
+    let pod = json!({"kind": "Pod", "metadata": {"name": "p", "namespace": "ns",
+        "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "web", "uid": "old-uid"}]}});
+    let mut deploy_meta = managed_meta("web");
+    deploy_meta["uid"] = json!("new-uid");
+    let (p, _) = mock(
+        vec![
+            (
+                "GET",
+                "/apis/apps/v1",
+                200,
+                serde_json::from_str(APPS_V1).unwrap(),
+            ),
+            ("GET", "/api/v1/namespaces/ns/pods/p", 200, pod),
+            (
+                "GET",
+                DEPLOY,
+                200,
+                json!({"kind": "Deployment", "metadata": deploy_meta}),
+            ),
+        ],
+        ProxyConfig::default(),
+    );
+    let r = p
+        .handle_resource(
+            &apps(),
+            &req("GET", "/api/v1/namespaces/ns/pods/p", "", "", Value::Null),
+        )
+        .await;
+    assert_eq!(r.status, 403);
+}
+
+#[tokio::test]
+async fn creates_must_carry_a_mark_or_a_managed_owner() {
+    const BATCH_V1: &str = r#"{"kind":"APIResourceList","apiVersion":"v1","groupVersion":"batch/v1","resources":[
+     {"name":"cronjobs","singularName":"cronjob","namespaced":true,"kind":"CronJob","verbs":["get"]},
+     {"name":"jobs","singularName":"job","namespaced":true,"kind":"Job","verbs":["get","create"]}]}"#;
+    let (p, seen) = mock(
+        vec![
+            (
+                "GET",
+                "/apis/batch/v1",
+                200,
+                serde_json::from_str(BATCH_V1).unwrap(),
+            ),
+            (
+                "GET",
+                "/apis/batch/v1/namespaces/ns/cronjobs/nightly",
+                200,
+                json!({"kind": "CronJob", "metadata": managed_meta("nightly")}),
+            ),
+            (
+                "POST",
+                "/apis/batch/v1/namespaces/ns/jobs",
+                201,
+                json!({"kind": "Job"}),
+            ),
+        ],
+        ProxyConfig::default(),
+    );
+    let job = json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "nightly-manual",
+        "ownerReferences": [{"apiVersion": "batch/v1", "kind": "CronJob", "name": "nightly"}]}});
+    let r = p
+        .handle_resource(
+            &apps(),
+            &req("POST", "/apis/batch/v1/namespaces/ns/jobs", "", "", job),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
+    let loose = json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "loose"}});
+    let r = p
+        .handle_resource(
+            &apps(),
+            &req("POST", "/apis/batch/v1/namespaces/ns/jobs", "", "", loose),
+        )
+        .await;
+    assert_eq!(r.status, 403);
+    let r = p
+        .handle_resource(
+            &apps(),
+            &req(
+                "POST",
+                "/apis/batch/v1/namespaces/ns/jobs",
+                "",
+                "",
+                json!("not an object"),
+            ),
+        )
+        .await;
+    assert_eq!(r.status, 403);
+    assert_eq!(
+        seen.lock()
+            .unwrap()
+            .iter()
+            .filter(|s| s.method == "POST")
+            .count(),
+        1
+    );
+    assert_eq!(count(&p, "create", "forbidden"), 2);
+}
+
+#[tokio::test]
+async fn refused_shapes_never_reach_the_cluster() {
+    let (p, seen) = mock(vec![], ProxyConfig::default());
+    for (m, path, q) in [
+        ("GET", "/api/v1/namespaces/ns/pods", "watch=true"),
+        ("PUT", DEPLOY, ""),
+        ("GET", "/api/v1/namespaces/ns/pods/p/log", ""),
+        ("GET", "/api/v1/namespaces/ns/pods/../secrets", ""),
+        ("GET", "/api/v1/namespaces/ns%2Fsecrets/pods", ""),
+        ("DELETE", "/api/v1/namespaces/ns/pods", ""),
+    ] {
+        let r = p
+            .handle_resource(&apps(), &req(m, path, q, "", Value::Null))
+            .await;
+        assert_eq!(r.status, 403, "{m} {path}?{q}");
+        assert_eq!(body(&r)["reason"], "Forbidden");
+    }
+    assert!(seen.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn discovery_and_events_pass_through() {
+    let (p, _) = mock(
+        vec![
+            ("GET", "/apis", 200, json!({"kind": "APIGroupList"})),
+            (
+                "GET",
+                "/api/v1/namespaces/ns/events",
+                200,
+                json!({"kind": "EventList", "items": [{"metadata": {"name": "e"}}]}),
+            ),
+        ],
+        ProxyConfig::default(),
+    );
+    let r = p
+        .handle_resource(&apps(), &req("GET", "/apis", "", "", Value::Null))
+        .await;
+    assert_eq!(r.status, 200);
+    let r = p
+        .handle_resource(
+            &apps(),
+            &req("GET", "/api/v1/namespaces/ns/events", "", "", Value::Null),
+        )
+        .await;
+    assert_eq!(body(&r)["items"].as_array().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn large_responses_become_502() {
+    let big: Vec<Value> = (0..200)
+        .map(|i| json!({"metadata": {"name": format!("item-{i}")}}))
+        .collect();
+    let (p, _) = mock(
+        vec![(
+            "GET",
+            "/apis",
+            200,
+            json!({"kind": "APIGroupList", "groups": big}),
+        )],
+        ProxyConfig {
+            max_body: 1024,
+            ..ProxyConfig::default()
+        },
+    );
+    let r = p
+        .handle_resource(&apps(), &req("GET", "/apis", "", "", Value::Null))
+        .await;
+    assert_eq!(r.status, 502);
+    assert_eq!(body(&r)["message"], "response too large");
+    assert_eq!(count(&p, "get", "error"), 1);
+}
+
+#[tokio::test]
+async fn slow_requests_time_out_and_slots_are_limited() {
+    // A server that never answers.
+    let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    tokio::spawn(async move {
+        let mut parked = Vec::new();
+        while let Some((_, send)) = handle.next_request().await {
+            parked.push(send);
+        }
+    });
+    let p = Proxy::new(
+        kube::Client::new(svc, "default"),
+        ProxyConfig {
+            timeout: std::time::Duration::from_millis(50),
+            max_concurrent: 1,
+            ..ProxyConfig::default()
+        },
+        Metrics::new(),
+    );
+    let r = p
+        .handle_resource(&apps(), &req("GET", "/apis", "", "", Value::Null))
+        .await;
+    assert_eq!(r.status, 504);
+    let slot = p.try_request_slot();
+    assert!(slot.is_some());
+    assert!(p.try_request_slot().is_none());
+    drop(slot);
+    assert!(p.try_request_slot().is_some());
+}
+
+#[test]
+fn response_events_answer_the_request() {
+    let e = response_event("agent", "req-1", Answer::status(403, "no").into_response());
+    assert_eq!(e.ty, EventType::ResourceResponse);
+    assert_eq!(e.ack_id.as_deref(), Some("req-1"));
+    let Payload::ResourceResponse(r) = &e.payload else {
+        panic!("not a resource response");
+    };
+    assert_eq!(r.status, 403);
+}
