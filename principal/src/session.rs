@@ -393,6 +393,12 @@ async fn handle_event(
     let agent = &identity.agent;
     // Answers to this session's requests: matched by request id within the session only,
     // so an agent can only answer what was asked of it.
+    if event.ty == EventType::ResourceResponse {
+        if !state.link().is_some_and(|l| l.answer(event, true)) {
+            tracing::debug!("resource proxy answer to an unknown or finished request dropped");
+        }
+        return Ok(());
+    }
     if matches!(event.ty, EventType::RedisResponse | EventType::RedisPush) {
         // An error ends a subscription; single answers end their request anyway.
         let last = matches!(&event.payload, Payload::RedisResponse(r)

@@ -162,10 +162,14 @@ pub(super) async fn serve(
         r = tokio::time::timeout(proxy.config.timeout, api.exec(&req.pod, req.command.clone(), &params)) => r,
     };
     let process = match started {
-        Ok(Ok(p)) => p,
+        Ok(Ok(p)) => {
+            tracing::info!(namespace = ?req.namespace, pod = ?req.pod, session = ?req.session_id, "exec session started");
+            p
+        }
         Ok(Err(e)) => {
             tracing::warn!(namespace = ?req.namespace, pod = ?req.pod, error = %e, "exec failed to start");
             let _ = tx.send(frame(STATUS, start_failure(&e))).await;
+            finish(tx, inbound).await;
             return;
         }
         Err(_) => {
@@ -173,6 +177,7 @@ pub(super) async fn serve(
                 .to_string()
                 .into_bytes();
             let _ = tx.send(frame(STATUS, body)).await;
+            finish(tx, inbound).await;
             return;
         }
     };
@@ -216,7 +221,8 @@ async fn bridge(
             },
             msg = inbound.message() => match msg {
                 Ok(Some(f)) => on_frame(f, &mut stdin, &mut resize).await,
-                Ok(None) | Err(_) => {
+                other => {
+                    tracing::info!(end = ?other.err(), "the principal ended the exec session");
                     // The principal ended its side: the session is over.
                     process.abort();
                     return;
@@ -232,7 +238,21 @@ async fn bridge(
         },
         None => None,
     };
-    let _ = tx.send(frame(STATUS, status_json(status.as_ref()))).await;
+    let sent = tx
+        .send(frame(STATUS, status_json(status.as_ref())))
+        .await
+        .is_ok();
+    tracing::info!(status_sent = sent, "exec session ended");
+    finish(tx, inbound).await;
+}
+
+/// Ends our side of the stream and waits (briefly) for the principal to end its side:
+/// dropping the call at once would reset the HTTP/2 stream and could discard the last
+/// frames (the output and the exit status) before they reach the principal.
+async fn finish(tx: mpsc::Sender<TerminalFrame>, mut inbound: tonic::Streaming<TerminalFrame>) {
+    drop(tx);
+    let drain = async { while let Ok(Some(_)) = inbound.message().await {} };
+    let _ = tokio::time::timeout(STATUS_WAIT, drain).await;
 }
 
 /// Reads from an output that is still open; `None` at its end (or when absent: then it

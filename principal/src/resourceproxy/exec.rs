@@ -193,6 +193,8 @@ where
     } = tunnel;
     let deadline = tokio::time::Instant::now() + max;
     let mut to_agent = Some(to_agent);
+    // Frames from the client and from the agent, for the closing log line.
+    let mut frames = (0u64, 0u64);
     let why = loop {
         tokio::select! {
             _ = tokio::time::sleep_until(deadline) => {
@@ -208,6 +210,8 @@ where
             from_client = ws.next() => match from_client {
                 Some(Ok(Message::Binary(b))) => {
                     let Some((&channel, data)) = b.split_first() else { continue };
+                    tracing::debug!(channel, bytes = data.len(), "terminal frame from the client");
+                    frames.0 += 1;
                     // Only stdin, resize and close travel toward the container.
                     if !matches!(channel, 0 | 4 | 255) {
                         continue;
@@ -228,6 +232,8 @@ where
             from_agent = stream.message() => match from_agent {
                 Ok(Some(f)) => {
                     let Ok(channel) = u8::try_from(f.channel) else { continue };
+                    tracing::debug!(channel, bytes = f.data.len(), "terminal frame to the client");
+                    frames.1 += 1;
                     let mut out = Vec::with_capacity(f.data.len() + 1);
                     out.push(channel);
                     out.extend_from_slice(&f.data);
@@ -256,7 +262,10 @@ where
         while let Some(Ok(_)) = ws.next().await {}
     })
     .await;
-    why
+    format!(
+        "{why} ({} frames from the client, {} from the agent)",
+        frames.0, frames.1
+    )
 }
 
 #[cfg(test)]
