@@ -404,7 +404,10 @@ async fn kubectl_reaches_managed_and_autonomous_spokes_through_the_principal_and
             .is_err()
     );
 
-    // 7. The agent offline: 502.
+    // 7. A terminal session's UUID presented by another agent: refused; the session goes on.
+    replayed_session_is_refused(&topo, &managed_kc).await;
+
+    // 8. The agent offline: 502.
     let mut topo = topo;
     if let Some(p) = topo.autonomous.as_mut() {
         p.stop().await;
@@ -423,6 +426,92 @@ async fn kubectl_reaches_managed_and_autonomous_spokes_through_the_principal_and
     .expect("an offline agent is reported");
     assert!(!o.status.success());
     topo.stop().await;
+}
+
+/// Opens an interactive exec through the proxy, takes its session UUID from the principal's
+/// log, and presents it on a `Tunnel.Terminal` stream with the autonomous agent's SVID.
+async fn replayed_session_is_refused(topo: &Topology, kubeconfig: &Path) {
+    use argocd_agent_identity::source::SvidSource;
+    use argocd_agent_identity::tls::{PeerPolicy, client_config};
+    use argocd_agent_identity::transport::{ChannelOptions, connect};
+    use argocd_agent_proto::eventstream::TerminalFrame;
+    use argocd_agent_proto::eventstream::tunnel_client::TunnelClient;
+    use tokio::io::AsyncWriteExt;
+
+    let before = topo.logs().matches("terminal session opened").count();
+    let mut shell = tokio::process::Command::new(kubectl())
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["exec", "-i", "web-0", "-n", APP_NS, "--", "sh"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let session = eventually(
+        "the interactive session's id in the principal's log",
+        T,
+        || async {
+            let log = std::fs::read_to_string(topo.dir.join("principal.log")).unwrap_or_default();
+            log.lines()
+                .filter(|l| l.contains("terminal session opened"))
+                .nth(before)
+                .and_then(|l| l.split("session=").nth(1))
+                .and_then(|r| r.split_whitespace().next())
+                .map(str::to_owned)
+        },
+    )
+    .await
+    .unwrap();
+    let source = SvidSource::workload_api(Some(
+        topo.spiffe.endpoint(&topo.dir.join("autonomous.sock")),
+    ))
+    .await
+    .unwrap();
+    source.wait_ready(T).await.unwrap();
+    let tls = client_config(
+        &source,
+        PeerPolicy::Exact(argocd_agent_identity::SpiffeId::parse(PRINCIPAL_ID).unwrap()),
+    )
+    .unwrap();
+    let channel = connect(
+        &topo.principal_addr.to_string(),
+        tls,
+        "127.0.0.1",
+        ChannelOptions::default(),
+    )
+    .await
+    .unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(TerminalFrame {
+        session_id: session.clone(),
+        channel: 0,
+        data: Vec::new(),
+    })
+    .await
+    .unwrap();
+    let replay = TunnelClient::new(channel)
+        .terminal(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await;
+    let status = replay.expect_err("another agent must not attach to the session");
+    assert!(
+        matches!(
+            status.code(),
+            tonic::Code::PermissionDenied | tonic::Code::NotFound
+        ),
+        "{status:?}"
+    );
+    // The real session is unaffected.
+    let mut stdin = shell.stdin.take().unwrap();
+    stdin.write_all(b"whoami\nexit\n").await.unwrap();
+    drop(stdin);
+    let out = tokio::time::timeout(T, shell.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "root");
 }
 
 fn which(cmd: &str) -> bool {
