@@ -374,6 +374,137 @@ impl DemoRedis {
     }
 }
 
+/// Where the resource proxy listens, and the spoke workloads it shows.
+struct DemoProxy {
+    port: u16,
+}
+
+/// The namespace of the sample workloads on the spokes.
+const WORKLOAD_NS: &str = "guestbook";
+
+impl DemoProxy {
+    fn configure(&self, options: &mut TopologyOptions) {
+        options.principal_args.extend([
+            "--enable-resource-proxy".into(),
+            "--resource-proxy-address".into(),
+            format!("127.0.0.1:{}", self.port),
+            "--enable-self-cluster-registration".into(),
+        ]);
+    }
+
+    /// What Argo CD would have deployed for `app` on `spoke`: a ConfigMap and a Pod with
+    /// Argo CD's tracking label, the Pod writing a log line every 2 s.
+    async fn seed(spoke: &KubeTestServer, app: &str) -> Result<(), harness::HarnessError> {
+        harness::create_namespace(spoke, WORKLOAD_NS).await?;
+        let client = harness::kube_client(spoke)?;
+        let core = |kind: &str, plural: &str| {
+            kube::Api::<kube::api::DynamicObject>::namespaced_with(
+                client.clone(),
+                WORKLOAD_NS,
+                &kube::api::ApiResource {
+                    group: String::new(),
+                    version: "v1".into(),
+                    api_version: "v1".into(),
+                    kind: kind.into(),
+                    plural: plural.into(),
+                },
+            )
+        };
+        let labels = json!({"app.kubernetes.io/instance": app});
+        let pp = PostParams::default();
+        core("ConfigMap", "configmaps")
+            .create(
+                &pp,
+                &harness::object(json!({"apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": format!("{app}-config"), "labels": labels},
+                    "data": {"greeting": "hello from the spoke"}})),
+            )
+            .await?;
+        core("Pod", "pods")
+            .create(
+                &pp,
+                &harness::object(json!({"apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": format!("{app}-ui"), "labels": labels,
+                        "annotations": {"kube-test-server.argocd-agent.io/log-every": "2s"}},
+                    "spec": {"containers": [{"name": "ui", "image": "gcr.io/google-samples/gb-frontend:v5"}]}})),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Writes `<dir>/<agent>.proxy.kubeconfig` from the agent's cluster secret (once the
+    /// principal has created it).
+    async fn kubeconfig(dir: &std::path::Path, agent: &str) -> Result<PathBuf, String> {
+        let path = dir.join(format!("{agent}.proxy.kubeconfig"));
+        let args = crate::ctl::agent::KubeconfigArgs {
+            name: agent.into(),
+            namespace: HUB_ARGOCD_NS.into(),
+            kubeconfig: Some(dir.join("hub.kubeconfig")),
+            kube_context: None,
+            output: Some(path.clone()),
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            match crate::ctl::agent::kubeconfig(&args).await {
+                Ok(text) => {
+                    std::fs::write(&path, text).map_err(|e| e.to_string())?;
+                    return Ok(path);
+                }
+                Err(e) if tokio::time::Instant::now() > deadline => return Err(e),
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+    }
+}
+
+/// kubectl through the resource proxy, as argocd-server reaches the spokes.
+async fn check_proxy(kubeconfig: &std::path::Path, app: &str) -> Result<(), String> {
+    let k = kubectl();
+    let run = |args: Vec<String>| {
+        let k = k.clone();
+        async move {
+            let out = tokio::process::Command::new(&k)
+                .arg("--kubeconfig")
+                .arg(kubeconfig)
+                .args(["-n", WORKLOAD_NS])
+                .args(&args)
+                .output()
+                .await
+                .map_err(|e| format!("running {k}: {e}"))?;
+            if out.status.success() {
+                Ok(String::from_utf8_lossy(&out.stdout).to_string())
+            } else {
+                Err(format!(
+                    "kubectl {}: {}",
+                    args.join(" "),
+                    String::from_utf8_lossy(&out.stderr)
+                ))
+            }
+        }
+    };
+    let pods = run(vec![
+        "get".into(),
+        "pods".into(),
+        "-o".into(),
+        "name".into(),
+    ])
+    .await?;
+    if !pods.contains(&format!("pod/{app}-ui")) {
+        return Err(format!("the proxy listed {pods:?}"));
+    }
+    let pwd = run(vec![
+        "exec".into(),
+        format!("{app}-ui"),
+        "--".into(),
+        "pwd".into(),
+    ])
+    .await?;
+    if pwd.trim() != "/" {
+        return Err(format!("exec pwd answered {pwd:?}"));
+    }
+    Ok(())
+}
+
 /// Runs the demo.
 pub async fn run(args: DemoArgs) -> crate::CmdResult {
     std::fs::create_dir_all(&args.dir)?;
@@ -387,10 +518,18 @@ pub async fn run(args: DemoArgs) -> crate::CmdResult {
     if let Some(r) = &redis {
         r.configure(&mut options);
     }
+    let proxy = DemoProxy {
+        port: argocd_agent_e2e::envoy::free_loopback_port()?,
+    };
+    proxy.configure(&mut options);
     let topo = Topology::start(options).await?;
     if let Some(r) = &redis {
         r.seed().await?;
     }
+    DemoProxy::seed(&topo.managed_spoke, "guestbook").await?;
+    DemoProxy::seed(&topo.autonomous_spoke, "edge-guestbook").await?;
+    let managed_kc = DemoProxy::kubeconfig(&dir, MANAGED).await?;
+    let autonomous_kc = DemoProxy::kubeconfig(&dir, AUTONOMOUS).await?;
 
     // Simulated Argo CD controllers on the spokes (they only write status).
     let managed_sim = spawn_sim(harness::apps(&topo.managed_spoke, SPOKE_NS)?);
@@ -430,7 +569,21 @@ pub async fn run(args: DemoArgs) -> crate::CmdResult {
         .await?;
 
     if args.check {
-        let r = check(&topo).await;
+        let mut r = check(&topo).await;
+        if r.is_ok()
+            && std::process::Command::new(kubectl())
+                .arg("version")
+                .arg("--client")
+                .output()
+                .is_ok()
+        {
+            r = async {
+                check_proxy(&managed_kc, "guestbook").await?;
+                check_proxy(&autonomous_kc, "edge-guestbook").await
+            }
+            .await
+            .map_err(|e| format!("resource proxy: {e}").into());
+        }
         println!("{}", table(&topo));
         managed_sim.abort();
         autonomous_sim.abort();
@@ -439,7 +592,7 @@ pub async fn run(args: DemoArgs) -> crate::CmdResult {
         return match r {
             Ok(()) => {
                 println!(
-                    "demo check passed: Applications flow hub -> managed spoke and autonomous spoke -> hub, status flows back; project team-a and repository team-a-repo reached the managed spoke; project edge is agent-autonomous-edge on the hub"
+                    "demo check passed: Applications flow hub -> managed spoke and autonomous spoke -> hub, status flows back; project team-a and repository team-a-repo reached the managed spoke; project edge is agent-autonomous-edge on the hub; kubectl reaches both spokes through the resource proxy"
                 );
                 Ok(())
             }
@@ -461,6 +614,12 @@ pub async fn run(args: DemoArgs) -> crate::CmdResult {
         ),
         None => help,
     };
+    let help = format!(
+        "{help}Resource proxy (kubectl as argocd-server reaches the spokes; kubeconfigs from each agent's cluster secret):\n  {k} --kubeconfig {m} -n {WORKLOAD_NS} get pods,configmaps\n  {k} --kubeconfig {m} -n {WORKLOAD_NS} logs -f guestbook-ui\n  {k} --kubeconfig {m} -n {WORKLOAD_NS} exec -it guestbook-ui -- sh   # try: pwd, ls /etc, cat /etc/motd, exit\n  {k} --kubeconfig {a} -n {WORKLOAD_NS} get configmap edge-guestbook-config -o yaml\n  argocd-agentctl agent kubeconfig {MANAGED} --kubeconfig {d}/hub.kubeconfig   # how those kubeconfigs are made\n",
+        m = managed_kc.display(),
+        a = autonomous_kc.display(),
+        d = dir.display(),
+    );
     let tty = std::io::stdout().is_terminal();
     let deadline = args
         .exit_after
