@@ -31,9 +31,9 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the principal (hub side).
-    Principal(PrincipalArgs),
+    Principal(Box<PrincipalArgs>),
     /// Run the agent (spoke side).
-    Agent(AgentArgs),
+    Agent(Box<AgentArgs>),
 }
 
 #[derive(Debug, Args)]
@@ -806,8 +806,8 @@ async fn serve_agent(a: AgentArgs) -> CmdResult {
 async fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Principal(a) => run_principal(a).await,
-        Command::Agent(a) => run_agent(a).await,
+        Command::Principal(a) => run_principal(*a).await,
+        Command::Agent(a) => run_agent(*a).await,
     };
     if let Err(e) = result {
         eprintln!("error: {}", argocd_agent_sync::error_chain(&*e));

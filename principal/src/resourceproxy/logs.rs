@@ -4,6 +4,9 @@
 //! keeps the client's response open for `log_resume_timeout`, asks the agent again from the
 //! last second it passed on, and drops the lines it already sent ([`LogCursor`]).
 
+// A refusal is the HTTP response to send; it is built once and moved, not worth a box.
+#![allow(clippy::result_large_err)]
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

@@ -15,6 +15,9 @@
 //! 429 beyond the per-agent concurrency limit; 502 while the agent is offline; 504 when it
 //! does not answer in time.
 
+// A refusal is the HTTP response to send; it is built once and moved, not worth a box.
+#![allow(clippy::result_large_err)]
+
 pub mod credentials;
 mod exec;
 mod logs;
