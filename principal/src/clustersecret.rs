@@ -31,8 +31,12 @@ pub const MANAGED_BY_ANNOTATION: &str = "argocd-agent.argoproj-labs.io/managed-b
 /// When the token inside expires (RFC 3339).
 pub const TOKEN_EXPIRES_ANNOTATION: &str = "argocd-agent.argoproj-labs.io/token-expires";
 const MANAGED_BY: &str = "principal";
-/// How often secrets are checked for renewal and CA changes.
+/// How often secrets are checked for renewal and CA changes (more often for short tokens).
 const REFRESH: Duration = Duration::from_secs(60);
+
+fn refresh_interval(token_ttl: Duration) -> Duration {
+    (token_ttl / 6).clamp(Duration::from_millis(100), REFRESH)
+}
 
 /// Name of an agent's cluster secret.
 pub fn secret_name(agent: &AgentName) -> String {
@@ -217,7 +221,7 @@ impl ClusterSecrets {
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
-                _ = tokio::time::sleep(REFRESH) => {}
+                _ = tokio::time::sleep(refresh_interval(self.config.token_ttl)) => {}
                 changed = ca.changed() => if changed.is_err() { return },
             }
             let list = ListParams::default()

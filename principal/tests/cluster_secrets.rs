@@ -1,0 +1,133 @@
+//! Agents' Argo CD cluster secrets against the Kubernetes API test server: created once,
+//! current while valid, renewed before the token expires and when the CA data changes, and
+//! someone else's secret for the agent left alone.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use argocd_agent_identity::AgentName;
+use argocd_agent_kube_test_server::KubeTestServer;
+use argocd_agent_principal::clustersecret::{ClusterSecrets, Ensured};
+use argocd_agent_principal::resourceproxy::ResourceProxyConfig;
+use argocd_agent_principal::resourceproxy::credentials::ProxyKeys;
+use base64::Engine as _;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use kube::api::{Api, ObjectMeta, PostParams};
+use serde_json::Value;
+
+async fn setup() -> (KubeTestServer, kube::Client) {
+    let server = KubeTestServer::start().await.unwrap();
+    let mut config = kube::Config::new(server.url().parse().unwrap());
+    config.headers.push((
+        http::header::AUTHORIZATION,
+        format!("Bearer {}", server.token_for("principal"))
+            .parse()
+            .unwrap(),
+    ));
+    config.root_cert = server.ca_certificate_der().map(|der| vec![der]);
+    let client = kube::Client::try_from(config).unwrap();
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            name: Some("argocd".into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
+    (server, client)
+}
+
+fn config_of(s: &Secret) -> Value {
+    serde_json::from_slice(&s.data.as_ref().unwrap()["config"].0).unwrap()
+}
+
+#[tokio::test]
+async fn cluster_secrets_are_created_renewed_and_others_left_alone() {
+    let (_server, client) = setup().await;
+    let keys = Arc::new(
+        ProxyKeys::load_or_create(client.clone(), "argocd")
+            .await
+            .unwrap(),
+    );
+    // The keys survive a restart: a second load reads the same Secret.
+    let again = ProxyKeys::load_or_create(client.clone(), "argocd")
+        .await
+        .unwrap();
+    assert_eq!(again.ca_pem(), keys.ca_pem());
+    let mut config = ResourceProxyConfig::new(
+        "127.0.0.1:9090".parse().unwrap(),
+        "https://proxy.argocd.svc:9090".into(),
+    );
+    config.token_ttl = Duration::from_secs(3);
+    let (ca_tx, ca_rx) = tokio::sync::watch::channel(keys.ca_pem().to_owned());
+    let secrets = ClusterSecrets::new(client.clone(), "argocd", keys.clone(), config, ca_rx);
+    let agent = AgentName::new("edge-1").unwrap();
+    let api: Api<Secret> = Api::namespaced(client.clone(), "argocd");
+
+    assert_eq!(secrets.ensure(&agent).await.unwrap(), Ensured::Created);
+    let s = api.get("cluster-edge-1").await.unwrap();
+    let labels = s.metadata.labels.clone().unwrap();
+    assert_eq!(labels["argocd.argoproj.io/secret-type"], "cluster");
+    assert_eq!(labels["argocd-agent.argoproj-labs.io/agent-name"], "edge-1");
+    let data = s.data.clone().unwrap();
+    assert_eq!(
+        String::from_utf8(data["server"].0.clone()).unwrap(),
+        "https://proxy.argocd.svc:9090/agents/edge-1"
+    );
+    let c = config_of(&s);
+    let token = c["bearerToken"].as_str().unwrap().to_owned();
+    assert_eq!(keys.verify(&token, SystemTime::now()).unwrap(), agent);
+    let ca = base64::engine::general_purpose::STANDARD
+        .decode(c["tlsClientConfig"]["caData"].as_str().unwrap())
+        .unwrap();
+    assert_eq!(String::from_utf8(ca).unwrap(), keys.ca_pem());
+
+    // Current while the token is young.
+    assert_eq!(secrets.ensure(&agent).await.unwrap(), Ensured::Current);
+    // Renewed in the last third of the token's life (3 s: after 2 s).
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    assert_eq!(secrets.ensure(&agent).await.unwrap(), Ensured::Renewed);
+    let renewed = config_of(&api.get("cluster-edge-1").await.unwrap());
+    assert_ne!(renewed["bearerToken"], c["bearerToken"]);
+    assert_eq!(secrets.ensure(&agent).await.unwrap(), Ensured::Current);
+    // The CA data follows the serving certificate's CA.
+    ca_tx.send_replace("-----BEGIN CERTIFICATE-----\nrotated\n-----END CERTIFICATE-----\n".into());
+    assert_eq!(secrets.ensure(&agent).await.unwrap(), Ensured::Renewed);
+    let rotated = config_of(&api.get("cluster-edge-1").await.unwrap());
+    let ca = base64::engine::general_purpose::STANDARD
+        .decode(rotated["tlsClientConfig"]["caData"].as_str().unwrap())
+        .unwrap();
+    assert!(String::from_utf8(ca).unwrap().contains("rotated"));
+
+    // A secret someone else made for an agent wins.
+    let other = AgentName::new("edge-2").unwrap();
+    let manual = Secret {
+        metadata: ObjectMeta {
+            name: Some("my-edge-2".into()),
+            labels: Some(
+                [
+                    (
+                        "argocd.argoproj.io/secret-type".to_string(),
+                        "cluster".to_string(),
+                    ),
+                    (
+                        "argocd-agent.argoproj-labs.io/agent-name".to_string(),
+                        "edge-2".to_string(),
+                    ),
+                ]
+                .into(),
+            ),
+            ..Default::default()
+        },
+        string_data: Some([("server".to_string(), "https://elsewhere".to_string())].into()),
+        ..Default::default()
+    };
+    api.create(&PostParams::default(), &manual).await.unwrap();
+    assert_eq!(secrets.ensure(&other).await.unwrap(), Ensured::LeftAlone);
+    assert!(api.get_opt("cluster-edge-2").await.unwrap().is_none());
+    let kept = api.get("my-edge-2").await.unwrap();
+    assert_eq!(kept.data.unwrap()["server"].0, b"https://elsewhere");
+}
