@@ -36,6 +36,8 @@ const TUNNEL_BUFFER: usize = 8;
 const READ_CHUNK: usize = 32 * 1024;
 /// How long the agent waits for the exec's final status once its output ended.
 const STATUS_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long the agent waits for the principal to end its side after the agent ended.
+const CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 fn frame(channel: u32, data: Vec<u8>) -> TerminalFrame {
     TerminalFrame {
@@ -104,7 +106,7 @@ pub fn attach_params(req: &TerminalRequest) -> AttachParams {
 
 /// Serves one `terminal-request` (see the module documentation).
 #[allow(clippy::too_many_arguments)]
-pub(super) async fn serve(
+pub async fn serve(
     proxy: &Proxy,
     apps: &super::Apps,
     tunnel: Result<Tunnel, SessionError>,
@@ -148,7 +150,7 @@ pub(super) async fn serve(
         _ = connection.cancelled() => return,
         r = client.terminal(tunnel.request(ReceiverStream::new(rx))) => r,
     };
-    let inbound = match inbound {
+    let mut inbound = match inbound {
         Ok(r) => r.into_inner(),
         Err(status) => {
             tracing::warn!(code = ?status.code(), message = ?status.message(), "the principal refused the exec stream");
@@ -166,6 +168,7 @@ pub(super) async fn serve(
         Ok(Err(e)) => {
             tracing::warn!(namespace = ?req.namespace, pod = ?req.pod, error = %e, "exec failed to start");
             let _ = tx.send(frame(STATUS, start_failure(&e))).await;
+            finish(tx, &mut inbound, connection).await;
             return;
         }
         Err(_) => {
@@ -173,10 +176,34 @@ pub(super) async fn serve(
                 .to_string()
                 .into_bytes();
             let _ = tx.send(frame(STATUS, body)).await;
+            finish(tx, &mut inbound, connection).await;
             return;
         }
     };
     bridge(process, inbound, tx, connection).await;
+}
+
+/// Ends the agent's side, then waits (briefly) for the principal to end its side: the
+/// frames still queued are only delivered while the call lives (dropping its response
+/// would reset the stream).
+async fn finish(
+    tx: mpsc::Sender<TerminalFrame>,
+    inbound: &mut tonic::Streaming<TerminalFrame>,
+    connection: &CancellationToken,
+) {
+    drop(tx);
+    let deadline = tokio::time::sleep(CLOSE_WAIT);
+    tokio::pin!(deadline);
+    loop {
+        tokio::select! {
+            _ = &mut deadline => return,
+            _ = connection.cancelled() => return,
+            msg = inbound.message() => match msg {
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => return,
+            },
+        }
+    }
 }
 
 /// Moves frames between the principal and the exec until the exec ends (then sends its
@@ -233,6 +260,7 @@ async fn bridge(
         None => None,
     };
     let _ = tx.send(frame(STATUS, status_json(status.as_ref()))).await;
+    finish(tx, &mut inbound, connection).await;
 }
 
 /// Reads from an output that is still open; `None` at its end (or when absent: then it

@@ -131,7 +131,7 @@ async fn forward<F: Future>(
 
 /// Serves one `log-request` (see the module documentation).
 #[allow(clippy::too_many_arguments)]
-pub(super) async fn serve(
+pub async fn serve(
     proxy: &Proxy,
     apps: &super::Apps,
     tunnel: Result<Tunnel, SessionError>,
