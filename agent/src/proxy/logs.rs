@@ -161,7 +161,10 @@ pub async fn serve(
     let response = match request {
         Ok(send) => tokio::select! {
             _ = connection.cancelled() => return,
-            r = send => r.map_err(|e| format!("kubernetes API: {e}")),
+            r = tokio::time::timeout(proxy.config.timeout, send) => match r {
+                Ok(r) => r.map_err(|e| format!("kubernetes API: {e}")),
+                Err(_) => Err("the log request timed out".to_string()),
+            },
         },
         Err(_) => Err("invalid log request".to_string()),
     };
