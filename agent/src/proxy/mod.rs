@@ -640,7 +640,7 @@ pub fn serve(
     let id = event.id.clone();
     let Some(proxy) = spoke.proxy.clone() else {
         let answer = Answer::status(501, "this agent does not serve the resource proxy");
-        answer_soon(&out, response_event(&source, &id, answer.into_response()));
+        answer_soon(out, response_event(&source, &id, answer.into_response()));
         return;
     };
     let apps = spoke_apps(spoke);
