@@ -34,8 +34,6 @@ pub const CLOSE: u32 = 255;
 const TUNNEL_BUFFER: usize = 8;
 /// Largest stdout/stderr chunk per frame.
 const READ_CHUNK: usize = 32 * 1024;
-/// How long the agent waits for the exec's final status once its output ended.
-const STATUS_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// How long the agent waits for the principal to end its side after the agent ended.
 const CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -214,53 +212,68 @@ async fn bridge(
     tx: mpsc::Sender<TerminalFrame>,
     connection: &CancellationToken,
 ) {
-    let status = process.take_status();
+    let mut status = process.take_status().map(Box::pin);
     let mut stdin = process.stdin();
     let mut stdout = process.stdout();
     let mut stderr = process.stderr();
     let mut resize = process.terminal_size();
     let mut out_buf = vec![0u8; READ_CHUNK];
     let mut err_buf = vec![0u8; READ_CHUNK];
-    while stdout.is_some() || stderr.is_some() {
-        tokio::select! {
-            _ = connection.cancelled() => {
-                process.abort();
-                return;
-            }
+    let final_status = loop {
+        let outputs_done = stdout.is_none() && stderr.is_none();
+        let out = tokio::select! {
+            _ = connection.cancelled() => None,
             n = read_some(&mut stdout, &mut out_buf) => match n {
-                Some(n) => if tx.send(frame(STDOUT, out_buf[..n].to_vec())).await.is_err() {
-                    process.abort();
-                    return;
-                },
-                None => stdout = None,
+                Some(n) => Some(frame(STDOUT, out_buf[..n].to_vec())),
+                None => { stdout = None; continue; }
             },
             n = read_some(&mut stderr, &mut err_buf) => match n {
-                Some(n) => if tx.send(frame(STDERR, err_buf[..n].to_vec())).await.is_err() {
-                    process.abort();
-                    return;
-                },
-                None => stderr = None,
+                Some(n) => Some(frame(STDERR, err_buf[..n].to_vec())),
+                None => { stderr = None; continue; }
             },
             msg = inbound.message() => match msg {
-                Ok(Some(f)) => on_frame(f, &mut stdin, &mut resize).await,
-                Ok(None) | Err(_) => {
-                    // The principal ended its side: the session is over.
-                    process.abort();
-                    return;
-                }
+                Ok(Some(f)) => { on_frame(f, &mut stdin, &mut resize).await; continue; }
+                // The principal ended its side: the session is over.
+                Ok(None) | Err(_) => None,
             },
+            // The status once all output has been passed on (kube resolves it with `None`
+            // when the exec's connection ends without one).
+            s = async {
+                match status.as_mut() {
+                    Some(s) => s.await,
+                    None => None,
+                }
+            }, if outputs_done => break s,
+        };
+        let Some(out) = out else {
+            process.abort();
+            return;
+        };
+        if !send_frame(&tx, out, connection).await {
+            process.abort();
+            return;
         }
-    }
-    drop(stdin);
-    let status = match status {
-        Some(s) => tokio::select! {
-            _ = connection.cancelled() => { process.abort(); return; }
-            s = tokio::time::timeout(STATUS_WAIT, s) => s.ok().flatten(),
-        },
-        None => None,
     };
-    let _ = tx.send(frame(STATUS, status_json(status.as_ref()))).await;
+    drop(stdin);
+    let _ = send_frame(
+        &tx,
+        frame(STATUS, status_json(final_status.as_ref())),
+        connection,
+    )
+    .await;
     finish(tx, &mut inbound, connection).await;
+}
+
+/// Sends a frame to the principal unless the connection ends first; `false`: stop.
+async fn send_frame(
+    tx: &mpsc::Sender<TerminalFrame>,
+    f: TerminalFrame,
+    connection: &CancellationToken,
+) -> bool {
+    tokio::select! {
+        sent = tx.send(f) => sent.is_ok(),
+        _ = connection.cancelled() => false,
+    }
 }
 
 /// Reads from an output that is still open; `None` at its end (or when absent: then it

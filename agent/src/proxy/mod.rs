@@ -273,12 +273,16 @@ impl Proxy {
                     Failure::Forbidden("a create body must be a JSON object".into())
                 })?;
                 let meta = body.get("metadata").cloned().unwrap_or(Value::Null);
-                let ns = meta
-                    .get("namespace")
-                    .and_then(Value::as_str)
-                    .map(str::to_owned)
-                    .or(r.namespace.clone());
-                if !self.is_managed(apps, &meta, ns.as_deref()).await {
+                let body_ns = meta.get("namespace").and_then(Value::as_str);
+                if let (Some(b), Some(p)) = (body_ns, r.namespace.as_deref())
+                    && b != p
+                {
+                    return Err(Failure::Forbidden(format!(
+                        "the object's namespace {b:?} is not the request's {p:?}"
+                    )));
+                }
+                let ns = r.namespace.as_deref().or(body_ns);
+                if !self.is_managed(apps, &meta, ns).await {
                     return Err(Failure::Forbidden(format!(
                         "the new {} is not managed by an Argo CD Application on this cluster",
                         r.plural
