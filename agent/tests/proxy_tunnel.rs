@@ -456,3 +456,95 @@ async fn resource_requests_against_a_real_api_server() {
     let t: Value = serde_json::from_slice(&r.body).unwrap();
     assert_eq!(t["kind"], "Table");
 }
+
+/// Runs one exec to its end and returns the frames the principal got.
+async fn run_exec(s: &mut Setup, req: TerminalRequest) -> Vec<TerminalFrame> {
+    let (out, _answers) = mpsc::channel(4);
+    let token = CancellationToken::new();
+    tokio::time::timeout(
+        Duration::from_secs(20),
+        proxy::exec::serve(
+            &s.proxy,
+            &apps(),
+            Ok(tunnel(s)),
+            "agent",
+            "t",
+            req,
+            &out,
+            &token,
+        ),
+    )
+    .await
+    .expect("exec ends");
+    let mut frames = Vec::new();
+    while let Ok(Some(f)) = tokio::time::timeout(Duration::from_secs(2), s.frames.recv()).await {
+        let done = f.channel == 3;
+        frames.push(f);
+        if done {
+            break;
+        }
+    }
+    frames
+}
+
+#[tokio::test]
+async fn an_exec_that_cannot_start_ends_with_a_failure_status() {
+    let mut s = setup(Vec::new()).await;
+    let frames = run_exec(
+        &mut s,
+        TerminalRequest {
+            session_id: "sess-3".into(),
+            namespace: "default".into(),
+            pod: "web-0".into(),
+            container: "no-such-container".into(),
+            command: vec!["true".into()],
+            stdout: true,
+            ..Default::default()
+        },
+    )
+    .await;
+    assert_eq!(frames.len(), 2, "{frames:?}");
+    assert_eq!(frames[1].channel, 3);
+    let status: Value = serde_json::from_slice(&frames[1].data).unwrap();
+    assert_eq!(status["status"], "Failure");
+    assert!(
+        status["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("no-such-container")),
+        "{status}"
+    );
+}
+
+#[tokio::test]
+async fn an_exec_without_output_still_reports_its_status() {
+    let to_agent = vec![
+        TerminalFrame {
+            session_id: String::new(),
+            channel: 0,
+            data: b"ignored".to_vec(),
+        },
+        TerminalFrame {
+            session_id: String::new(),
+            channel: 255,
+            data: vec![0],
+        },
+    ];
+    let mut s = setup(to_agent).await;
+    let frames = run_exec(
+        &mut s,
+        TerminalRequest {
+            session_id: "sess-4".into(),
+            namespace: "default".into(),
+            pod: "web-0".into(),
+            container: "app".into(),
+            command: vec!["cat".into()],
+            stdin: true,
+            ..Default::default()
+        },
+    )
+    .await;
+    let last = frames.last().expect("frames");
+    assert_eq!(last.channel, 3, "{frames:?}");
+    let status: Value = serde_json::from_slice(&last.data).unwrap();
+    assert_eq!(status["status"], "Success");
+}
