@@ -159,8 +159,12 @@ fn response(e: Event) -> (String, u32, Value) {
 #[tokio::test]
 async fn a_managed_pods_log_streams_in_lines_and_others_are_refused() {
     let mut s = setup(Vec::new()).await;
-    s.kube
-        .set_pod_log("default", "web-0", "app", "first line\nsecond line\nthird");
+    s.kube.set_pod_log(
+        "default",
+        "web-0",
+        "app",
+        "first line\nsecond line\nthird\n",
+    );
     let (out, mut answers) = mpsc::channel(4);
     let token = CancellationToken::new();
     let req = LogRequest {
@@ -198,7 +202,7 @@ async fn a_managed_pods_log_streams_in_lines_and_others_are_refused() {
         .collect();
     assert_eq!(
         String::from_utf8_lossy(&data),
-        "first line\nsecond line\nthird"
+        "first line\nsecond line\nthird\n"
     );
     assert!(
         answers.try_recv().is_err(),

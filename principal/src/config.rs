@@ -113,6 +113,8 @@ pub struct PrincipalConfig {
     pub max_concurrent_streams: u32,
     /// The Redis proxy in front of argocd-server (`None`: off).
     pub redis_proxy: Option<crate::redisproxy::RedisProxyConfig>,
+    /// The resource proxy argocd-server uses as each agent's cluster (`None`: off).
+    pub resource_proxy: Option<crate::resourceproxy::ResourceProxyConfig>,
 }
 
 impl Default for PrincipalConfig {
@@ -144,6 +146,7 @@ impl Default for PrincipalConfig {
                 argocd_agent_identity::transport::DEFAULT_MAX_CONCURRENT_HANDSHAKES,
             max_concurrent_streams: 16,
             redis_proxy: None,
+            resource_proxy: None,
         }
     }
 }

@@ -12,6 +12,7 @@
 pub mod admin;
 pub mod auth;
 pub mod clusterinfo;
+pub mod clustersecret;
 pub mod config;
 pub mod error;
 pub mod hub;
@@ -21,8 +22,10 @@ pub mod metrics;
 pub mod objects;
 pub mod projects;
 pub mod redisproxy;
+pub mod resourceproxy;
 pub mod server;
 pub mod session;
+pub mod tunnel;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -63,6 +66,8 @@ pub struct Running {
     pub admin_addr: Option<config::AdminAddress>,
     /// Where the Redis proxy listens (`None`: turned off).
     pub redis_proxy_addr: Option<SocketAddr>,
+    /// Where the resource proxy listens (`None`: turned off).
+    pub resource_proxy_addr: Option<SocketAddr>,
     pub hub: Arc<Hub>,
     tasks: TaskTracker,
     done: tokio::task::JoinHandle<Result<(), PrincipalError>>,
@@ -187,7 +192,7 @@ pub async fn start(
     let hub = Arc::new(Hub::new(HubParts {
         source: source_id(listener_auth.svid.as_ref()),
         apps: Resources::new(client.clone(), Kind::Application),
-        namespaces: Resources::new(client, Kind::Namespace),
+        namespaces: Resources::new(client.clone(), Kind::Namespace),
         cache,
         metrics: metrics.clone(),
         queue_limits: config.queue.clone(),
@@ -247,13 +252,40 @@ pub async fn start(
         }
         None => None,
     };
-    // Agents' cluster info goes to the hub Redis the proxy fronts.
+    let tunnels = Arc::new(tunnel::Tunnels::default());
+    let (resource_proxy_addr, resource_proxy_url, cluster_secrets) = match &config.resource_proxy {
+        Some(rp) => {
+            let (addr, url, secrets) = start_resource_proxy(
+                rp,
+                client.clone(),
+                &config.argocd_namespace,
+                listener_auth.svid.as_ref(),
+                hub.clone(),
+                tunnels.clone(),
+                &tasks,
+                shutdown.clone(),
+            )
+            .await?;
+            (Some(addr), Some(url), secrets)
+        }
+        None => (None, None, None),
+    };
+    // Agents' cluster info goes to the hub Redis the proxy fronts, under each cluster's
+    // server URL (the resource proxy's when it is on and no template was given).
     let cluster_info = config.redis_proxy.as_ref().map(|r| {
-        let writer = clusterinfo::ClusterInfoWriter::new(
-            r.upstream.clone(),
-            r.compression,
-            r.cluster_server_template.clone(),
-        );
+        let template = match &resource_proxy_url {
+            Some(url) if r.cluster_server_template == clusterinfo::DEFAULT_SERVER_TEMPLATE => {
+                format!(
+                    "{}{}{}",
+                    url.trim_end_matches('/'),
+                    resourceproxy::AGENT_PREFIX,
+                    clusterinfo::AGENT_PLACEHOLDER
+                )
+            }
+            _ => r.cluster_server_template.clone(),
+        };
+        let writer =
+            clusterinfo::ClusterInfoWriter::new(r.upstream.clone(), r.compression, template);
         tasks.spawn(writer.clone().refresh(hub.clone(), shutdown.clone()));
         writer
     });
@@ -302,19 +334,119 @@ pub async fn start(
             .as_ref()
             .map_or(redisproxy::DEFAULT_AGENT_IN_FLIGHT, |r| {
                 r.max_in_flight_per_agent
-            }),
+            })
+            .max(
+                config
+                    .resource_proxy
+                    .as_ref()
+                    .map_or(0, |r| r.max_in_flight_per_agent),
+            ),
+        cluster_secrets,
     };
     tracing::info!(%addr, auth = ?config.auth, "principal listening");
-    let done = serve(&config, listener, listener_auth, rules, sessions, shutdown)?;
+    let done = serve(
+        &config,
+        listener,
+        listener_auth,
+        rules,
+        sessions,
+        tunnels,
+        shutdown,
+    )?;
     Ok(Running {
         addr,
         metrics_addr,
         admin_addr,
         redis_proxy_addr,
+        resource_proxy_addr,
         hub,
         tasks,
         done,
     })
+}
+
+/// Starts the resource proxy: keys from the hub, the serving certificate, the listener,
+/// and (with self-registration) the cluster secrets keeper.
+#[allow(clippy::too_many_arguments)]
+async fn start_resource_proxy(
+    rp: &resourceproxy::ResourceProxyConfig,
+    client: kube::Client,
+    argocd_namespace: &str,
+    svid: Option<&SvidSource>,
+    hub: Arc<Hub>,
+    tunnels: Arc<tunnel::Tunnels>,
+    tasks: &TaskTracker,
+    shutdown: CancellationToken,
+) -> Result<
+    (
+        SocketAddr,
+        String,
+        Option<Arc<clustersecret::ClusterSecrets>>,
+    ),
+    PrincipalError,
+> {
+    let proxy_err = |e: resourceproxy::credentials::KeyError| PrincipalError::Config(e.to_string());
+    let keys = Arc::new(
+        resourceproxy::credentials::ProxyKeys::load_or_create(client.clone(), argocd_namespace)
+            .await
+            .map_err(proxy_err)?,
+    );
+    let listener = TcpListener::bind(rp.listen)
+        .await
+        .map_err(|source| PrincipalError::Listen {
+            addr: rp.listen,
+            source,
+        })?;
+    let addr = listener
+        .local_addr()
+        .map_err(|source| PrincipalError::Listen {
+            addr: rp.listen,
+            source,
+        })?;
+    // Without a configured URL: the bound address (loopback for an unspecified one).
+    let mut rp = rp.clone();
+    if rp.url.is_empty() {
+        let ip = if addr.ip().is_unspecified() {
+            std::net::IpAddr::from([127, 0, 0, 1])
+        } else {
+            addr.ip()
+        };
+        rp.url = format!("https://{}", SocketAddr::new(ip, addr.port()));
+    }
+    let host = rp.host();
+    let mut hostnames = rp.hostnames.clone();
+    if !hostnames.contains(&host) {
+        hostnames.insert(0, host.clone());
+    }
+    let serving = resourceproxy::tls::start(
+        rp.tls,
+        &host,
+        &hostnames,
+        rp.cert_lifetime,
+        keys.clone(),
+        svid,
+        shutdown.clone(),
+    )
+    .map_err(proxy_err)?;
+    let tls = resourceproxy::tls::server_config(serving.cert.clone())
+        .map_err(|e| PrincipalError::Config(format!("resource proxy TLS: {e}")))?;
+    let secrets = rp.self_cluster_registration.then(|| {
+        let secrets = clustersecret::ClusterSecrets::new(
+            client,
+            argocd_namespace,
+            keys.clone(),
+            rp.clone(),
+            serving.ca_pem.clone(),
+        );
+        tasks.spawn(secrets.clone().refresh(shutdown.clone()));
+        secrets
+    });
+    let url = rp.url.clone();
+    let proxy = resourceproxy::Proxy::new(hub, keys, tunnels, rp.clone());
+    resourceproxy::serve(proxy, listener, tls, tasks, shutdown);
+    tracing::info!(%addr, url = %rp.url, tls = serving.mode, self_registration = rp.self_cluster_registration,
+        "resource proxy listening");
+    Ok((addr, url, secrets))
 }
 
 /// CloudEvents `source` of our events: our SPIFFE ID when we have an SVID.
@@ -332,6 +464,7 @@ fn serve(
     auth: ListenerAuth,
     rules: Arc<LiveRules>,
     sessions: SessionContext,
+    tunnels: Arc<tunnel::Tunnels>,
     shutdown: CancellationToken,
 ) -> Result<tokio::task::JoinHandle<Result<(), PrincipalError>>, PrincipalError> {
     // The operator API on the agent listener: only SPIFFE IDs with an admin rule.
@@ -342,6 +475,15 @@ fn serve(
             rules: rules.clone(),
         },
     });
+    let tunnel =
+        argocd_agent_proto::eventstream::tunnel_server::TunnelServer::new(tunnel::TunnelService {
+            tunnels,
+            rules: rules.clone(),
+            auth: auth.authenticator.clone(),
+            metrics: sessions.hub.metrics.clone(),
+        })
+        .max_decoding_message_size(config.max_message_size)
+        .max_encoding_message_size(config.max_message_size);
     let events = EventStreamServer::new(EventStreamService {
         sessions,
         rules,
@@ -354,6 +496,7 @@ fn serve(
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
         .max_concurrent_streams(Some(config.max_concurrent_streams))
         .add_service(events)
+        .add_service(tunnel)
         .add_service(admin)
         .add_service(VersionServer::new(VersionService));
     let handle = match (&config.auth, auth.svid) {

@@ -43,6 +43,17 @@ pub struct ProcessingLabels {
     pub resource_type: String,
 }
 
+/// Labels of `argocd_principal_resource_proxy_requests_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResourceProxyLabels {
+    /// The agent the request was for (bounded like every agent label).
+    pub agent: String,
+    /// `request` (a Kubernetes API call), `log` or `exec`.
+    pub kind: String,
+    /// The HTTP status answered (101 for an exec session that was opened).
+    pub code: String,
+}
+
 /// Labels of `argocd_principal_redis_proxy_requests_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RedisProxyLabels {
@@ -94,7 +105,7 @@ impl AgentLabels {
 /// Reasons streams (and admin calls: `NotAdmin`) are refused at authentication or mapping
 /// (`argocd_principal_auth_failures`),
 /// exported at zero from the start so rates and alerts work before the first failure.
-pub const AUTH_FAILURE_REASONS: [&str; 9] = [
+pub const AUTH_FAILURE_REASONS: [&str; 11] = [
     "NoPeerIdentity",
     "IdentityHeaderOnMtls",
     "NoToken",
@@ -104,6 +115,8 @@ pub const AUTH_FAILURE_REASONS: [&str; 9] = [
     "Unmapped",
     "ModeNotAllowed",
     "NotAdmin",
+    "WrongAgent",
+    "ProxyCredential",
 ];
 
 /// Reasons inbound events are refused (`argocd_principal_events_refused`), exported at zero
@@ -160,6 +173,9 @@ pub struct Metrics {
     /// `argocd_principal_redis_proxy_requests_total{route,result}`: commands the Redis proxy
     /// handled.
     pub redis_proxy_requests: Family<RedisProxyLabels, Counter>,
+    /// `argocd_principal_resource_proxy_requests_total{agent,kind,code}`: requests the
+    /// resource proxy answered.
+    pub resource_proxy_requests: Family<ResourceProxyLabels, Counter>,
     hub_writes: Arc<HashMap<(ResourceKind, HubWrite), Counter>>,
     agent_labels: Arc<AgentLabels>,
     registry: Arc<Registry>,
@@ -305,8 +321,15 @@ impl Metrics {
             "Commands handled by the Redis proxy, by route (agent, hub) and result",
             redis_proxy_requests.clone(),
         );
+        let resource_proxy_requests = Family::<ResourceProxyLabels, Counter>::default();
+        r.register(
+            "argocd_principal_resource_proxy_requests",
+            "Requests the resource proxy answered, by agent, kind (request, log, exec) and HTTP status",
+            resource_proxy_requests.clone(),
+        );
         Metrics {
             redis_proxy_requests,
+            resource_proxy_requests,
             connected_agents,
             events_received,
             events_sent,
@@ -328,6 +351,17 @@ impl Metrics {
             }),
             registry: Arc::new(r),
         }
+    }
+
+    /// Counts one answer of the resource proxy.
+    pub fn resource_proxy(&self, agent: &str, kind: &str, code: u16) {
+        self.resource_proxy_requests
+            .get_or_create(&ResourceProxyLabels {
+                agent: self.agent_label(agent),
+                kind: kind.into(),
+                code: code.to_string(),
+            })
+            .inc();
     }
 
     /// Counts one command of the Redis proxy.

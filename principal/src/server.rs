@@ -31,17 +31,12 @@ impl EventStream for EventStreamService {
         &self,
         request: Request<Streaming<CloudEvent>>,
     ) -> Result<Response<Self::SubscribeStream>, Status> {
-        let metrics = &self.sessions.hub.metrics;
-        let client = self.auth.identify(&request).map_err(|failure| {
-            metrics.auth_failed(failure.reason);
-            tracing::warn!(reason = failure.reason, message = failure.status.message(), peer = ?request.remote_addr(), "stream refused");
-            failure.status
-        })?;
-        let identity = self.rules.current().map_client(&client).map_err(|denied| {
-            metrics.auth_failed("Unmapped");
-            tracing::warn!(%client, reason = %denied, "stream refused: identity does not map to an agent");
-            Status::permission_denied(denied.to_string())
-        })?;
+        let identity = identify_agent(
+            &self.auth,
+            &self.rules,
+            &self.sessions.hub.metrics,
+            &request,
+        )?;
         let peer = argocd_agent_identity::peer::verified_peer(&request);
         let info = SessionInfo {
             remote_addr: peer
@@ -54,6 +49,26 @@ impl EventStream for EventStreamService {
         let rx = session::start(&self.sessions, identity, info, request.into_inner());
         Ok(Response::new(ReceiverStream::new(rx)))
     }
+}
+
+/// Authenticates the caller of an agent RPC and maps it to its agent with the live rules
+/// (the event stream and the tunnels the agent opens); refusals are logged and counted.
+pub fn identify_agent<T>(
+    auth: &Authenticator,
+    rules: &LiveRules,
+    metrics: &crate::metrics::Metrics,
+    request: &Request<T>,
+) -> Result<argocd_agent_identity::AgentIdentity, Status> {
+    let client = auth.identify(request).map_err(|failure| {
+        metrics.auth_failed(failure.reason);
+        tracing::warn!(reason = failure.reason, message = failure.status.message(), peer = ?request.remote_addr(), "stream refused");
+        failure.status
+    })?;
+    rules.current().map_client(&client).map_err(|denied| {
+        metrics.auth_failed("Unmapped");
+        tracing::warn!(%client, reason = %denied, "stream refused: identity does not map to an agent");
+        Status::permission_denied(denied.to_string())
+    })
 }
 
 /// `Version` implementation.

@@ -34,6 +34,7 @@ pub const CAPABILITIES: &[&str] = &[
     "resync.v1",
     "operations.v1",
     argocd_agent_sync::redis::CAPABILITY,
+    argocd_agent_sync::proxy::CAPABILITY,
 ];
 
 /// Outbound messages buffered per session before the writer waits for the agent.
@@ -50,6 +51,8 @@ pub struct SessionContext {
     pub cluster_info: Option<Arc<crate::clusterinfo::ClusterInfoWriter>>,
     /// Requests (Redis proxy) waiting for one agent's answers at once.
     pub max_requests_in_flight: usize,
+    /// Agents' Argo CD cluster secrets (self-registration with the resource proxy).
+    pub cluster_secrets: Option<Arc<crate::clustersecret::ClusterSecrets>>,
 }
 
 type Outbound = mpsc::Sender<Result<CloudEvent, Status>>;
@@ -217,6 +220,11 @@ async fn run(
                 .write(&agent, crate::clusterinfo::Connection::Successful)
                 .await
         });
+    }
+    if let Some(secrets) = ctx.cluster_secrets.clone() {
+        let agent = identity.agent.clone();
+        ctx.tasks
+            .spawn(async move { secrets.ensure_logged(&agent).await });
     }
     let welcome = welcome(hub, &identity, &hello);
     let (direct_tx, mut direct_rx) = mpsc::channel(OUTBOUND_BUFFER);

@@ -172,6 +172,8 @@ struct PrincipalArgs {
     max_message_size: usize,
     #[command(flatten)]
     redis: RedisProxyArgs,
+    #[command(flatten)]
+    resource_proxy: ResourceProxyArgs,
     /// Maximum unacknowledged events per agent.
     #[arg(long, default_value_t = 256)]
     max_in_flight: usize,
@@ -249,6 +251,98 @@ struct RedisProxyArgs {
         default_value = argocd_agent_principal::clusterinfo::DEFAULT_SERVER_TEMPLATE
     )]
     cluster_server_url_template: String,
+}
+
+#[derive(Debug, Args)]
+struct ResourceProxyArgs {
+    /// Serve the resource proxy: the HTTPS endpoint argocd-server (and kubectl) uses as each
+    /// agent's cluster, tunnelled through the agent's stream.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_ENABLE_RESOURCE_PROXY")]
+    enable_resource_proxy: bool,
+    /// Where the resource proxy listens: `[host]:port`.
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_RESOURCE_PROXY_ADDRESS",
+        default_value = ":9090"
+    )]
+    resource_proxy_address: String,
+    /// The URL clients reach the proxy at (cluster secrets hold `<url>/agents/<agent>`);
+    /// default `https://<listen address>` (127.0.0.1 for an unspecified address).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_RESOURCE_PROXY_URL")]
+    resource_proxy_url: Option<String>,
+    /// Extra names (DNS or IP) of the certificate the principal issues for the proxy; the
+    /// URL's host is always one.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        env = "ARGOCD_PRINCIPAL_RESOURCE_PROXY_HOSTNAMES"
+    )]
+    resource_proxy_hostnames: Vec<String>,
+    /// `svid`: serve the principal's SVID (it must carry the URL's host as a DNS SAN);
+    /// `issued`: a certificate from the principal's own CA; `auto`: the SVID when it names
+    /// the host, else issued.
+    #[arg(
+        long,
+        default_value = "auto",
+        env = "ARGOCD_PRINCIPAL_RESOURCE_PROXY_TLS"
+    )]
+    resource_proxy_tls: argocd_agent_principal::resourceproxy::tls::ServingMode,
+    /// Lifetime of the per-agent tokens in cluster secrets (renewed at two thirds).
+    #[arg(long, default_value = "24h", value_parser = parse_duration)]
+    resource_proxy_token_ttl: Duration,
+    /// How long an agent may take to answer a request (504 after).
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    resource_proxy_request_timeout: Duration,
+    /// Largest request body (413 above).
+    #[arg(long, default_value_t = 4 << 20)]
+    resource_proxy_max_body: usize,
+    /// Requests, log streams and terminal sessions at once per agent (429 above).
+    #[arg(long, default_value_t = 32)]
+    resource_proxy_max_in_flight_per_agent: usize,
+    /// Close a terminal session without traffic for this long.
+    #[arg(long, default_value = "30m", value_parser = parse_duration)]
+    terminal_idle_timeout: Duration,
+    /// Close a terminal session after this long in any case.
+    #[arg(long, default_value = "4h", value_parser = parse_duration)]
+    terminal_max_duration: Duration,
+    /// Create each agent's Argo CD cluster secret when it first connects, and keep its
+    /// token and CA data current (needs the resource proxy).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_ENABLE_SELF_CLUSTER_REGISTRATION")]
+    enable_self_cluster_registration: bool,
+}
+
+impl ResourceProxyArgs {
+    fn config(
+        &self,
+    ) -> Result<Option<argocd_agent_principal::resourceproxy::ResourceProxyConfig>, String> {
+        if !self.enable_resource_proxy {
+            if self.enable_self_cluster_registration {
+                return Err(
+                    "--enable-self-cluster-registration needs --enable-resource-proxy".into(),
+                );
+            }
+            return Ok(None);
+        }
+        let listen = parse_listen(&self.resource_proxy_address)
+            .map_err(|e| format!("--resource-proxy-address: {e}"))?;
+        let url = self.resource_proxy_url.clone().unwrap_or_default();
+        if !url.is_empty() && !url.starts_with("https://") {
+            return Err(format!(
+                "--resource-proxy-url {url:?}: must be an https:// URL"
+            ));
+        }
+        let mut c = argocd_agent_principal::resourceproxy::ResourceProxyConfig::new(listen, url);
+        c.hostnames = self.resource_proxy_hostnames.clone();
+        c.tls = self.resource_proxy_tls;
+        c.token_ttl = self.resource_proxy_token_ttl;
+        c.request_timeout = self.resource_proxy_request_timeout;
+        c.max_body = self.resource_proxy_max_body;
+        c.max_in_flight_per_agent = self.resource_proxy_max_in_flight_per_agent.max(1);
+        c.terminal_idle_timeout = self.terminal_idle_timeout;
+        c.terminal_max_duration = self.terminal_max_duration;
+        c.self_cluster_registration = self.enable_self_cluster_registration;
+        Ok(Some(c))
+    }
 }
 
 impl RedisProxyArgs {
@@ -616,6 +710,7 @@ async fn serve_principal(a: PrincipalArgs) -> CmdResult {
             ..Default::default()
         },
         redis_proxy: a.redis.config()?,
+        resource_proxy: a.resource_proxy.config()?,
         ..Default::default()
     };
     let shutdown = shutdown_token();

@@ -21,6 +21,101 @@ pub enum Command {
     Inspect(NameArgs),
     /// Closes the agent's current session; the agent reconnects on its own (and resyncs).
     Disconnect(NameArgs),
+    /// Writes a kubeconfig from the agent's Argo CD cluster secret on the hub, so kubectl
+    /// reaches the agent's cluster through the principal's resource proxy exactly as
+    /// argocd-server does.
+    Kubeconfig(KubeconfigArgs),
+}
+
+/// `argocd-agentctl agent kubeconfig`.
+#[derive(Debug, clap::Args)]
+pub struct KubeconfigArgs {
+    /// The agent.
+    pub name: String,
+    /// Argo CD's namespace on the hub (where cluster secrets live).
+    #[arg(long, short = 'n', default_value = "argocd")]
+    pub namespace: String,
+    /// Kubeconfig of the hub (default: KUBECONFIG, in-cluster, ~/.kube/config).
+    #[arg(long)]
+    pub kubeconfig: Option<std::path::PathBuf>,
+    /// Context in the hub kubeconfig.
+    #[arg(long)]
+    pub kube_context: Option<String>,
+    /// Write here instead of standard output (mode 0600).
+    #[arg(long, short = 'o')]
+    pub output: Option<std::path::PathBuf>,
+}
+
+/// The agent's cluster secret (found by the agent-name label) as a kubeconfig.
+pub async fn kubeconfig(a: &KubeconfigArgs) -> Result<String, String> {
+    use k8s_openapi::api::core::v1::Secret;
+    let opts = argocd_agent_kubernetes::ClientOptions {
+        kubeconfig: a.kubeconfig.clone(),
+        context: a.kube_context.clone(),
+        ..Default::default()
+    };
+    let client = argocd_agent_kubernetes::client(&opts)
+        .await
+        .map_err(|e| format!("hub Kubernetes API: {e}"))?;
+    let api: kube::Api<Secret> = kube::Api::namespaced(client, &a.namespace);
+    let selector = format!(
+        "argocd.argoproj.io/secret-type=cluster,argocd-agent.argoproj-labs.io/agent-name={}",
+        a.name
+    );
+    let list = api
+        .list(&kube::api::ListParams::default().labels(&selector))
+        .await
+        .map_err(|e| format!("listing cluster secrets in {}: {e}", a.namespace))?;
+    let secret = match list.items.as_slice() {
+        [one] => one,
+        [] => {
+            return Err(format!(
+                "no cluster secret for agent {:?} in namespace {} (is --enable-self-cluster-registration on, and has the agent connected?)",
+                a.name, a.namespace
+            ));
+        }
+        many => {
+            return Err(format!(
+                "{} cluster secrets are labelled for agent {:?}; expected one",
+                many.len(),
+                a.name
+            ));
+        }
+    };
+    let field = |k: &str| {
+        secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get(k))
+            .and_then(|b| String::from_utf8(b.0.clone()).ok())
+            .ok_or_else(|| format!("the cluster secret has no {k:?}"))
+    };
+    let server = field("server")?;
+    let config: serde_json::Value = serde_json::from_str(&field("config")?)
+        .map_err(|e| format!("the cluster secret's config is not JSON: {e}"))?;
+    let token = config
+        .get("bearerToken")
+        .and_then(|t| t.as_str())
+        .ok_or("the cluster secret's config has no bearerToken")?;
+    let ca = config
+        .pointer("/tlsClientConfig/caData")
+        .and_then(|t| t.as_str())
+        .unwrap_or_default();
+    let context = format!("agent-{}", a.name);
+    let mut cluster = serde_json::json!({"server": server});
+    if !ca.is_empty() {
+        cluster["certificate-authority-data"] = ca.into();
+    }
+    let doc = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": context, "cluster": cluster}],
+        "users": [{"name": context, "user": {"token": token}}],
+        "contexts": [{"name": context, "context": {"cluster": context, "user": context}}],
+        "current-context": context,
+    });
+    // JSON is YAML; kubectl reads either.
+    serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())
 }
 
 /// Where the principal's admin API is.
@@ -359,6 +454,16 @@ async fn connect_local(address: &str) -> Result<AdminClient<Channel>, String> {
 }
 
 /// The admin API's refusal as one line.
+/// Writes a file only its owner can read (it holds a credential).
+fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
+    opts.open(path)?.write_all(text.as_bytes())
+}
+
 fn status(what: &str, s: tonic::Status) -> String {
     match s.code() {
         tonic::Code::NotFound | tonic::Code::InvalidArgument => s.message().to_string(),
@@ -373,6 +478,18 @@ mod http_uri {
 /// Runs an `agent` subcommand.
 pub async fn run(command: Command) -> crate::CmdResult {
     match command {
+        Command::Kubeconfig(a) => {
+            let text = kubeconfig(&a).await?;
+            match &a.output {
+                None => println!("{text}"),
+                Some(path) => {
+                    write_private(path, &text)
+                        .map_err(|e| format!("writing {}: {e}", path.display()))?;
+                    eprintln!("wrote {} (context agent-{})", path.display(), a.name);
+                }
+            }
+            Ok(())
+        }
         Command::List(a) => {
             let mut client = connect(&a.admin).await?;
             let agents: Vec<Agent> = client

@@ -728,8 +728,15 @@ async fn serve_resource(
         Some("log") if method == Method::GET => {
             let name = t.name.clone().unwrap_or_default();
             let pod = store.get(t.res, t.ns.as_deref().unwrap_or(""), &name)?;
-            let text = super::pods::log(shared, &pod, q)?;
-            let mut resp = Response::new(Body::from(text));
+            let body = match super::pods::log(shared, &pod, q)? {
+                super::pods::LogBody::Text(text) => Body::from(text),
+                super::pods::LogBody::Follow(mut rx) => {
+                    Body::from_stream(futures::stream::poll_fn(move |cx| {
+                        rx.poll_recv(cx).map(|o| o.map(Ok::<_, Infallible>))
+                    }))
+                }
+            };
+            let mut resp = Response::new(body);
             resp.headers_mut()
                 .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
             return Ok(resp);
@@ -742,32 +749,8 @@ async fn serve_resource(
                     .filter(|(k, _)| k == "command")
                     .map(|(_, v)| v.clone())
                     .collect();
-            let exec = super::pods::exec_request(shared, &pod, q, command)?;
-            let (mut parts, body) = req.into_parts();
-            if !parts.headers.contains_key(header::UPGRADE) {
-                return Err(ApiError::bad_request("Upgrade request required"));
-            }
-            let ws = <axum::extract::ws::WebSocketUpgrade as axum::extract::FromRequestParts<()>>::from_request_parts(&mut parts, &())
-                .await
-                .map_err(|e| ApiError::bad_request(format!("unable to upgrade connection: {e}")))?;
-            let offered = parts
-                .headers
-                .get(header::SEC_WEBSOCKET_PROTOCOL)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("");
-            if !offered
-                .split(',')
-                .any(|p| super::pods::EXEC_PROTOCOLS.contains(&p.trim()))
-            {
-                return Err(ApiError::bad_request(format!(
-                    "unable to upgrade: no supported subprotocol in {offered:?} (served: {})",
-                    super::pods::EXEC_PROTOCOLS.join(", ")
-                )));
-            }
-            drop(body);
-            return Ok(ws
-                .protocols(super::pods::EXEC_PROTOCOLS)
-                .on_upgrade(move |socket| super::pods::run_exec(socket, exec)));
+            let exec = super::exec::exec_request(shared, &pod, q, command)?;
+            return upgrade_exec(req, exec);
         }
         Some(_) => return Err(method_not_allowed(&method)),
         None => {}
@@ -1147,6 +1130,89 @@ fn decode_continue(token: &str) -> Result<(u64, (String, String)), ApiError> {
 }
 
 /// One watch line.
+/// Upgrades `pods/<name>/exec` to a WebSocket (RFC 6455 over hyper's upgrade) speaking
+/// the best `channel.k8s.io` protocol the client offers, and runs the session on it.
+fn upgrade_exec(mut req: Request, exec: super::exec::ExecRequest) -> Result<Response, ApiError> {
+    use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
+    use tokio_tungstenite::tungstenite::protocol::Role;
+    let headers = req.headers();
+    if !headers.contains_key(header::UPGRADE) {
+        return Err(ApiError::bad_request("Upgrade request required"));
+    }
+    let has = |name: header::HeaderName, token: &str| {
+        headers.get_all(name).iter().any(|v| {
+            v.to_str()
+                .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
+        })
+    };
+    if !has(header::UPGRADE, "websocket") || !has(header::CONNECTION, "upgrade") {
+        return Err(ApiError::bad_request(
+            "unable to upgrade connection: not a WebSocket upgrade",
+        ));
+    }
+    if headers
+        .get(header::SEC_WEBSOCKET_VERSION)
+        .is_none_or(|v| v.as_bytes() != b"13")
+    {
+        return Err(ApiError::bad_request(
+            "unable to upgrade connection: Sec-WebSocket-Version must be 13",
+        ));
+    }
+    let Some(key) = headers.get(header::SEC_WEBSOCKET_KEY) else {
+        return Err(ApiError::bad_request(
+            "unable to upgrade connection: missing Sec-WebSocket-Key",
+        ));
+    };
+    let accept = derive_accept_key(key.as_bytes());
+    let offered: Vec<String> = headers
+        .get_all(header::SEC_WEBSOCKET_PROTOCOL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|p| p.trim().to_string())
+        .collect();
+    let Some(protocol) = super::exec::EXEC_PROTOCOLS
+        .iter()
+        .find(|p| offered.iter().any(|o| o == *p))
+    else {
+        return Err(ApiError::bad_request(format!(
+            "unable to upgrade: no supported subprotocol in {:?} (served: {})",
+            offered.join(", "),
+            super::exec::EXEC_PROTOCOLS.join(", ")
+        )));
+    };
+    let Some(on_upgrade) = req.extensions_mut().remove::<hyper::upgrade::OnUpgrade>() else {
+        return Err(ApiError::bad_request(
+            "unable to upgrade connection: the connection cannot be upgraded",
+        ));
+    };
+    tokio::spawn(async move {
+        match on_upgrade.await {
+            Ok(upgraded) => {
+                let io = hyper_util::rt::TokioIo::new(upgraded);
+                let ws =
+                    tokio_tungstenite::WebSocketStream::from_raw_socket(io, Role::Server, None)
+                        .await;
+                super::exec::run_exec(ws, exec).await;
+            }
+            Err(e) => tracing::debug!(error = %e, "pods/exec upgrade failed"),
+        }
+    });
+    let mut resp = Response::new(Body::empty());
+    *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    let h = resp.headers_mut();
+    h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+    h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+    h.insert(
+        header::SEC_WEBSOCKET_PROTOCOL,
+        HeaderValue::from_static(protocol),
+    );
+    if let Ok(v) = HeaderValue::from_str(&accept) {
+        h.insert(header::SEC_WEBSOCKET_ACCEPT, v);
+    }
+    Ok(resp)
+}
+
 fn event_line(kind: &str, object: &Value) -> Bytes {
     let mut s = json!({"type": kind, "object": object}).to_string();
     s.push('\n');

@@ -20,6 +20,7 @@
 
 mod audit;
 mod auth;
+mod exec;
 mod http;
 mod managed_fields;
 mod openapi;
@@ -44,7 +45,8 @@ use tokio::sync::watch;
 
 pub use audit::{REQUEST_LOG_LIMIT, RecordedRequest};
 pub use auth::User;
-pub use pods::POD_LOG_LIMIT;
+pub use exec::{ExecSession, MOTD};
+pub use pods::{LOG_EVERY_ANNOTATION, POD_LOG_LIMIT};
 pub use selector::{FieldSelector, LabelSelector};
 pub use status::ApiError;
 
@@ -401,7 +403,8 @@ struct Shared {
     /// `None` when serving plain HTTP.
     tls: Option<tls::ServerTls>,
     pod_logs: pods::PodLogs,
-    exec_handlers: pods::ExecHandlers,
+    exec_handlers: exec::ExecHandlers,
+    exec_sessions: exec::ExecSessions,
     faults: Faults,
     bookmark_interval: Duration,
     addr: SocketAddr,
@@ -486,7 +489,8 @@ impl KubeTestServer {
             requests: audit::RequestLog::default(),
             tls,
             pod_logs: pods::PodLogs::default(),
-            exec_handlers: pods::ExecHandlers::default(),
+            exec_handlers: exec::ExecHandlers::default(),
+            exec_sessions: exec::ExecSessions::default(),
             faults: Faults {
                 fail_remaining: AtomicUsize::new(0),
                 fail_status: AtomicU16::new(500),
@@ -497,6 +501,7 @@ impl KubeTestServer {
             addr,
             shutdown,
         });
+        tokio::spawn(pods::run_log_generators(shared.clone()));
         let app = http::router(shared.clone());
         let stop = async move {
             let _ = shutdown_rx.wait_for(|s| *s).await;
@@ -618,16 +623,22 @@ impl KubeTestServer {
         self.shared.requests.snapshot()
     }
 
-    /// Sets what `GET pods/<pod>/log?container=<container>` answers (the tail of the last
-    /// [`POD_LOG_LIMIT`] bytes is kept).
+    /// Replaces the log of one container with `text`'s lines, stamped now (UTC, ns); at most
+    /// [`POD_LOG_LIMIT`] bytes are kept (the oldest lines go first).
     pub fn set_pod_log(&self, ns: &str, pod: &str, container: &str, text: &str) {
         self.shared.pod_logs.set(ns, pod, container, text);
     }
 
+    /// Appends `text`'s lines to one container's log, stamped now, and sends them to every
+    /// `follow=true` reader of that log.
+    pub fn append_pod_log(&self, ns: &str, pod: &str, container: &str, text: &str) {
+        self.shared.pod_logs.append(ns, pod, container, text);
+    }
+
     /// Sets what `pods/<pod>/exec` runs in namespace `ns` (every container): the handler gets
-    /// the command (argv) and all of stdin, and returns `(stdout, stderr, exit_code)`.
-    /// Without one, a built-in simulation answers (`echo`, `cat`, `env`, `true`, `false`,
-    /// `sh -c 'exit N'`; anything else exits 127 with `<cmd>: command not found`).
+    /// the command (argv) and all of stdin, and returns `(stdout, stderr, exit_code)`; it
+    /// runs once stdin has ended. Without one, the built-in commands answer (see
+    /// `docs/kube-test-server.md`; anything else exits 127 with `<cmd>: command not found`).
     pub fn set_exec_handler(
         &self,
         ns: &str,
@@ -637,6 +648,12 @@ impl KubeTestServer {
         self.shared
             .exec_handlers
             .set(ns, pod, std::sync::Arc::new(handler));
+    }
+
+    /// Every `pods/<pod>/exec` session so far, oldest first, as it stands now (a running
+    /// session has `exit_code: None` and the resizes received so far).
+    pub fn exec_sessions(&self) -> Vec<ExecSession> {
+        self.shared.exec_sessions.snapshot()
     }
 
     /// Forgets the request log (e.g. after a test's setup).

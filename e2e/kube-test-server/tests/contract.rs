@@ -1622,9 +1622,11 @@ async fn pods_exec_websocket_frames_follow_the_channel_protocol() {
             _ => {}
         }
     }
-    assert_eq!(frames[0], b"\x01abc");
-    assert_eq!(frames[1][0], 3);
-    let status: Value = serde_json::from_slice(&frames[1][1..]).unwrap();
+    // `cat` with stdin is interactive: each stdin frame comes back as it arrives.
+    assert_eq!(frames[0], b"\x01ab");
+    assert_eq!(frames[1], b"\x01c");
+    assert_eq!(frames[2][0], 3);
+    let status: Value = serde_json::from_slice(&frames[2][1..]).unwrap();
     assert_eq!(status, json!({"metadata": {}, "status": "Success"}));
     assert_eq!(u16::from(close.expect("close frame").code), 1000);
 
@@ -1870,6 +1872,193 @@ spec:
             err.contains("NotFound") || err.contains("not found"),
             "{err}"
         );
+    }
+
+    #[tokio::test]
+    async fn kubectl_logs_follow_and_exec_shell_work_as_on_a_cluster() {
+        use tokio::io::AsyncWriteExt;
+        let server = KubeTestServer::start().await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        server.write_kubeconfig(&kubeconfig, "kube-test").unwrap();
+        let Some(bin) = find_kubectl() else { return };
+        let k = Kubectl { bin, kubeconfig };
+        k.run(&["create", "namespace", "demo"]).await;
+        let file = dir.path().join("pod.yaml");
+        std::fs::write(
+            &file,
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: web, namespace: demo}\nspec: {containers: [{name: app, image: nginx, workingDir: /srv}]}\n",
+        )
+        .unwrap();
+        k.run(&["apply", "-f", file.to_str().unwrap()]).await;
+        server.set_pod_log("demo", "web", "app", "a\nb\nc\n");
+        let ev = dir.path().join("events.yaml");
+        std::fs::write(
+            &ev,
+            "apiVersion: v1\nkind: Event\nmetadata: {name: web.1, namespace: demo}\ninvolvedObject: {kind: Pod, name: web, namespace: demo}\nreason: Started\nmessage: started container app\ntype: Normal\n---\napiVersion: v1\nkind: Event\nmetadata: {name: other.1, namespace: demo}\ninvolvedObject: {kind: Pod, name: other, namespace: demo}\nreason: Pulled\nmessage: pulled\ntype: Normal\n",
+        )
+        .unwrap();
+        k.run(&["create", "-f", ev.to_str().unwrap()]).await;
+        let out = k.run(&["get", "events", "-n", "demo"]).await;
+        assert!(out.contains("Started") && out.contains("Pulled"), "{out}");
+        let out = k
+            .run(&[
+                "get",
+                "events",
+                "-n",
+                "demo",
+                "--field-selector",
+                "involvedObject.name=web",
+                "-o",
+                "name",
+            ])
+            .await;
+        assert_eq!(out, "event/web.1\n");
+
+        assert_eq!(k.run(&["logs", "-n", "demo", "web"]).await, "a\nb\nc\n");
+        let out = k
+            .run(&[
+                "logs",
+                "-n",
+                "demo",
+                "web",
+                "--timestamps",
+                "--since=1h",
+                "--tail=2",
+            ])
+            .await;
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 2, "{out}");
+        assert!(
+            lines[0].ends_with("Z b") && lines[1].ends_with("Z c"),
+            "{out}"
+        );
+
+        // logs -f: the existing lines, then appended ones; killed after reading them.
+        let mut child = k
+            .command(&["logs", "-f", "-n", "demo", "web"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut reader = BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut seen = Vec::new();
+        let read = async {
+            while seen.len() < 5 {
+                if seen.len() == 3 {
+                    server.append_pod_log("demo", "web", "app", "d\ne\n");
+                }
+                match reader.next_line().await {
+                    Ok(Some(l)) => seen.push(l),
+                    _ => break,
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(20), read)
+            .await
+            .expect("kubectl logs -f timed out");
+        assert_eq!(seen, ["a", "b", "c", "d", "e"]);
+        child.kill().await.unwrap();
+
+        let (code, out, err) = k
+            .session_step(&["exec", "-n", "demo", "web", "--", "pwd"])
+            .await;
+        assert_eq!((code, out.as_str()), (0, "/srv\n"), "{err}");
+
+        let mut child = k
+            .command(&["exec", "-i", "-n", "demo", "web", "--", "sh"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(b"pwd\nwhoami\nexit 3\n").await.unwrap();
+        let out = tokio::time::timeout(Duration::from_secs(20), child.wait_with_output())
+            .await
+            .expect("kubectl exec -i sh timed out")
+            .unwrap();
+        drop(stdin);
+        assert_eq!(
+            out.status.code(),
+            Some(3),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "/srv\nroot\n");
+        let sessions = server.exec_sessions();
+        let sh = sessions.last().expect("a session");
+        assert_eq!(
+            (sh.command.as_slice(), sh.exit_code),
+            (&["sh".to_string()][..], Some(3))
+        );
+    }
+
+    #[tokio::test]
+    async fn kubectl_exec_it_under_a_pty_gets_a_prompt_and_the_exit_code() {
+        use tokio::io::AsyncWriteExt;
+        let server = KubeTestServer::start().await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        server.write_kubeconfig(&kubeconfig, "kube-test").unwrap();
+        let Some(bin) = find_kubectl() else { return };
+        if !std::path::Path::new("/usr/bin/script").is_file() {
+            eprintln!("SKIPPED: script(1) not found (util-linux), needed for a pty");
+            return;
+        }
+        let k = Kubectl {
+            bin: bin.clone(),
+            kubeconfig: kubeconfig.clone(),
+        };
+        k.run(&["create", "namespace", "demo"]).await;
+        let file = dir.path().join("pod.yaml");
+        std::fs::write(
+            &file,
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: web, namespace: demo}\nspec: {containers: [{name: app, image: nginx, workingDir: /srv}]}\n",
+        )
+        .unwrap();
+        k.run(&["apply", "-f", file.to_str().unwrap()]).await;
+        let cmd = format!(
+            "{} --kubeconfig {} exec -it -n demo web -- sh",
+            bin.display(),
+            kubeconfig.display()
+        );
+        let mut child = Command::new("/usr/bin/script")
+            .args(["-qec", &cmd, "/dev/null"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        // Wait for the session to start before typing (as a user would).
+        let started = async {
+            while server
+                .exec_sessions()
+                .first()
+                .is_none_or(|s| s.resizes.is_empty())
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(20), started)
+            .await
+            .expect("kubectl exec -it started with a terminal size");
+        stdin.write_all(b"pwd\r").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        stdin.write_all(b"exit 4\r").await.unwrap();
+        let out = tokio::time::timeout(Duration::from_secs(20), child.wait_with_output())
+            .await
+            .expect("kubectl exec -it timed out")
+            .unwrap();
+        drop(stdin);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(4), "{text}");
+        assert!(text.contains("# pwd\r\n/srv\r\n# "), "{text:?}");
+        let s = &server.exec_sessions()[0];
+        assert!(s.tty && s.stdin, "{s:?}");
+        assert_eq!(s.exit_code, Some(4));
     }
 
     #[tokio::test]
@@ -3405,4 +3594,452 @@ async fn repeated_identical_apply_is_a_no_op() {
         .await;
     assert_eq!(r.code, 200);
     assert_eq!(s.resource_version(), rv);
+}
+
+/// `GET` answering text: status and body.
+async fn get_text(http: &Http, path: &str) -> (u16, String) {
+    let req = Request::get(format!("{}{path}", http.base))
+        .header(
+            "authorization",
+            format!("Bearer {}", http.token.clone().unwrap_or_default()),
+        )
+        .body(Body::empty())
+        .unwrap();
+    let resp = http.client.request(req).await.unwrap();
+    let code = resp.status().as_u16();
+    let bytes = axum::body::to_bytes(Body::new(resp.into_body()), 1 << 22)
+        .await
+        .unwrap();
+    (code, String::from_utf8(bytes.to_vec()).unwrap())
+}
+
+/// Opens a streaming `GET` (e.g. `follow=true`) and returns the body's chunks.
+async fn open_stream(http: &Http, path: &str) -> Watch {
+    http.watch(path).await
+}
+
+impl Watch {
+    /// Reads until `n` complete lines arrived (or 5 s passed) and returns them.
+    async fn lines(&mut self, n: usize) -> Vec<String> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while self.buf.iter().filter(|b| **b == b'\n').count() < n {
+            match tokio::time::timeout_at(deadline, self.stream.next()).await {
+                Ok(Some(Ok(chunk))) => self.buf.extend_from_slice(&chunk),
+                _ => break,
+            }
+        }
+        let text = String::from_utf8_lossy(&self.buf).to_string();
+        let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+        lines.truncate(n);
+        let used: usize = lines.iter().map(|l| l.len() + 1).sum();
+        self.buf.drain(..used.min(self.buf.len()));
+        lines
+    }
+
+    /// True when the stream ends within `wait` (nothing else arriving).
+    async fn ends_within(&mut self, wait: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            match tokio::time::timeout_at(deadline, self.stream.next()).await {
+                Ok(None) | Ok(Some(Err(_))) => return true,
+                Ok(Some(Ok(chunk))) => self.buf.extend_from_slice(&chunk),
+                Err(_) => return false,
+            }
+        }
+    }
+}
+
+async fn create_pod(http: &Http, pod: Value) {
+    let r = http.post("/api/v1/namespaces/argocd/pods", pod).await;
+    assert_eq!(r.code, 201, "{}", r.body);
+}
+
+#[tokio::test]
+async fn pod_logs_honour_every_pod_log_option() {
+    let (s, http) = setup().await;
+    create_pod(
+        &http,
+        json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "main", "image": "x"}]}}),
+    )
+    .await;
+    let log = "/api/v1/namespaces/argocd/pods/p/log";
+    let before = jiff::Timestamp::now();
+    s.set_pod_log("argocd", "p", "main", "one\ntwo\nthree\n");
+    assert_eq!(
+        get_text(&http, log).await,
+        (200, "one\ntwo\nthree\n".into())
+    );
+    assert_eq!(
+        get_text(&http, &format!("{log}?tailLines=2")).await.1,
+        "two\nthree\n"
+    );
+    assert_eq!(get_text(&http, &format!("{log}?tailLines=0")).await.1, "");
+    assert_eq!(
+        get_text(&http, &format!("{log}?limitBytes=6")).await.1,
+        "one\ntw"
+    );
+    // timestamps: RFC3339Nano with 9 digits, then one space.
+    let (_, stamped) = get_text(&http, &format!("{log}?timestamps=true&tailLines=1")).await;
+    let (ts, rest) = stamped.split_once(' ').expect("a timestamp prefix");
+    assert_eq!(rest, "three\n");
+    assert!(
+        ts.ends_with('Z') && ts.len() == "2026-11-23T10:00:00.123456789Z".len(),
+        "{ts}"
+    );
+    let t: jiff::Timestamp = ts.parse().unwrap();
+    assert!(t >= before && t <= jiff::Timestamp::now(), "{t}");
+    // sinceTime / sinceSeconds select by append time.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let cut = jiff::Timestamp::now();
+    s.append_pod_log("argocd", "p", "main", "four\n");
+    let since = format!("{log}?sinceTime={}", cut.to_string().replace(':', "%3A"));
+    assert_eq!(get_text(&http, &since).await.1, "four\n");
+    let since = format!("{log}?sinceTime={}", before.to_string().replace(':', "%3A"));
+    assert_eq!(get_text(&http, &since).await.1, "one\ntwo\nthree\nfour\n");
+    assert_eq!(
+        get_text(&http, &format!("{log}?sinceSeconds=3600")).await.1,
+        "one\ntwo\nthree\nfour\n"
+    );
+    // Errors, as the apiserver answers them.
+    let both = http
+        .get(&format!(
+            "{log}?sinceSeconds=10&sinceTime=2026-01-01T00:00:00Z"
+        ))
+        .await;
+    assert_status(&both, 422, "Invalid");
+    assert!(
+        both.body["message"]
+            .as_str()
+            .unwrap()
+            .contains("at most one of `sinceTime` or `sinceSeconds` may be specified"),
+        "{}",
+        both.body
+    );
+    for bad in ["tailLines=-1", "limitBytes=0", "sinceSeconds=0"] {
+        assert_status(&http.get(&format!("{log}?{bad}")).await, 422, "Invalid");
+    }
+    for bad in [
+        "tailLines=x",
+        "limitBytes=1.5",
+        "sinceSeconds=",
+        "sinceTime=yesterday",
+        "follow=maybe",
+    ] {
+        assert_status(&http.get(&format!("{log}?{bad}")).await, 400, "BadRequest");
+    }
+    let prev = http.get(&format!("{log}?previous=true")).await;
+    assert_status(&prev, 400, "BadRequest");
+    assert_eq!(
+        prev.body["message"],
+        "previous terminated container \"main\" in pod \"p\" not found"
+    );
+    assert_status(
+        &http.get("/api/v1/namespaces/argocd/pods/nope/log").await,
+        404,
+        "NotFound",
+    );
+}
+
+#[tokio::test]
+async fn following_a_log_streams_appended_lines_until_the_pod_is_deleted() {
+    let (s, http) = setup().await;
+    create_pod(
+        &http,
+        json!({"metadata": {"name": "f"}, "spec": {"containers": [{"name": "app", "image": "x"}]}}),
+    )
+    .await;
+    s.set_pod_log("argocd", "f", "app", "old1\nold2\nold3\n");
+    let mut stream = open_stream(
+        &http,
+        "/api/v1/namespaces/argocd/pods/f/log?follow=true&tailLines=1",
+    )
+    .await;
+    assert_eq!(stream.lines(1).await, ["old3"]);
+    s.append_pod_log("argocd", "f", "app", "new1\n");
+    assert_eq!(stream.lines(1).await, ["new1"]);
+    s.append_pod_log("argocd", "f", "app", "new2\nnew3\n");
+    assert_eq!(stream.lines(2).await, ["new2", "new3"]);
+    // A second follower with timestamps and a byte limit.
+    let mut limited = open_stream(
+        &http,
+        "/api/v1/namespaces/argocd/pods/f/log?follow=1&tailLines=0&limitBytes=8",
+    )
+    .await;
+    s.append_pod_log("argocd", "f", "app", "abcdefghij\n");
+    assert_eq!(stream.lines(1).await, ["abcdefghij"]);
+    assert!(limited.ends_within(Duration::from_secs(3)).await);
+    assert_eq!(limited.buf, b"abcdefgh");
+    // Deleting the pod ends the stream.
+    assert_eq!(
+        http.delete("/api/v1/namespaces/argocd/pods/f").await.code,
+        200
+    );
+    assert!(stream.ends_within(Duration::from_secs(3)).await);
+    assert!(
+        stream.buf.is_empty(),
+        "{:?}",
+        String::from_utf8_lossy(&stream.buf)
+    );
+}
+
+#[tokio::test]
+async fn log_every_annotation_generates_numbered_lines_while_the_pod_exists() {
+    let (_s, http) = setup().await;
+    create_pod(
+        &http,
+        json!({"metadata": {"name": "g", "annotations": {"kube-test-server.argocd-agent.io/log-every": "50ms"}},
+               "spec": {"containers": [{"name": "a", "image": "x"}, {"name": "b", "image": "y"}]}}),
+    )
+    .await;
+    let mut stream = open_stream(
+        &http,
+        "/api/v1/namespaces/argocd/pods/g/log?container=b&follow=true",
+    )
+    .await;
+    assert_eq!(
+        stream.lines(3).await,
+        ["line 1 from g/b", "line 2 from g/b", "line 3 from g/b"]
+    );
+    let (_, a) = get_text(&http, "/api/v1/namespaces/argocd/pods/g/log?container=a").await;
+    assert!(a.starts_with("line 1 from g/a\nline 2 from g/a\n"), "{a}");
+    // Removing the annotation stops the generator.
+    let r = http
+        .patch(
+            "/api/v1/namespaces/argocd/pods/g",
+            "application/merge-patch+json",
+            r#"{"metadata":{"annotations":{"kube-test-server.argocd-agent.io/log-every":null}}}"#,
+        )
+        .await;
+    assert_eq!(r.code, 200, "{}", r.body);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (_, before) = get_text(&http, "/api/v1/namespaces/argocd/pods/g/log?container=a").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (_, after) = get_text(&http, "/api/v1/namespaces/argocd/pods/g/log?container=a").await;
+    assert_eq!(before, after);
+    assert_eq!(
+        http.delete("/api/v1/namespaces/argocd/pods/g").await.code,
+        200
+    );
+    assert!(stream.ends_within(Duration::from_secs(3)).await);
+}
+
+/// A raw `v5.channel.k8s.io` exec client.
+struct ExecClient {
+    ws: tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>,
+}
+
+impl ExecClient {
+    async fn open(server: &KubeTestServer, pod: &str, query: &str) -> Self {
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+        let url = format!(
+            "ws://{}/api/v1/namespaces/argocd/pods/{pod}/exec?{query}",
+            server.addr()
+        );
+        let mut req = url.into_client_request().unwrap();
+        let token = server.token_for("contract");
+        req.headers_mut()
+            .insert("Authorization", format!("Bearer {token}").parse().unwrap());
+        req.headers_mut().insert(
+            "Sec-WebSocket-Protocol",
+            "v5.channel.k8s.io".parse().unwrap(),
+        );
+        let tcp = tokio::net::TcpStream::connect(server.addr()).await.unwrap();
+        let (ws, resp) = tokio_tungstenite::client_async(req, tcp).await.unwrap();
+        assert_eq!(
+            resp.headers()["sec-websocket-protocol"],
+            "v5.channel.k8s.io"
+        );
+        Self { ws }
+    }
+
+    async fn send(&mut self, channel: u8, data: &[u8]) {
+        use futures::SinkExt;
+        let mut f = vec![channel];
+        f.extend_from_slice(data);
+        self.ws
+            .send(tokio_tungstenite::tungstenite::Message::binary(f))
+            .await
+            .unwrap();
+    }
+
+    /// The next frame (channel, data) within 3 s; `None` at the end.
+    async fn frame(&mut self) -> Option<(u8, Vec<u8>)> {
+        use tokio_tungstenite::tungstenite::Message;
+        loop {
+            match tokio::time::timeout(Duration::from_secs(3), self.ws.next()).await {
+                Ok(Some(Ok(Message::Binary(b)))) if !b.is_empty() => {
+                    return Some((b[0], b[1..].to_vec()));
+                }
+                Ok(Some(Ok(Message::Close(_)))) | Ok(None) | Ok(Some(Err(_))) => return None,
+                Ok(Some(Ok(_))) => {}
+                Err(_) => panic!("no exec frame within 3s"),
+            }
+        }
+    }
+
+    /// Channel 1 output until `want` was seen (panics after 3 s).
+    async fn stdout_until(&mut self, want: &str) -> String {
+        let mut out = String::new();
+        while !out.contains(want) {
+            match self.frame().await {
+                Some((1, d)) => out.push_str(&String::from_utf8_lossy(&d)),
+                Some(_) => {}
+                None => panic!("stream ended before {want:?}; got {out:?}"),
+            }
+        }
+        out
+    }
+
+    /// Everything until the end: (stdout, stderr, error-channel status).
+    async fn finish(&mut self) -> (String, String, Option<Value>) {
+        let (mut out, mut err, mut status) = (String::new(), String::new(), None);
+        while let Some((ch, d)) = self.frame().await {
+            match ch {
+                1 => out.push_str(&String::from_utf8_lossy(&d)),
+                2 => err.push_str(&String::from_utf8_lossy(&d)),
+                3 => status = Some(serde_json::from_slice(&d).unwrap()),
+                _ => {}
+            }
+        }
+        (out, err, status)
+    }
+}
+
+fn exit_code(status: &Option<Value>) -> i32 {
+    let s = status.as_ref().expect("an exit status");
+    if s["status"] == "Success" {
+        return 0;
+    }
+    s["details"]["causes"][0]["message"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn exec_built_ins_see_a_small_fixed_container() {
+    let (s, http) = setup().await;
+    create_pod(
+        &http,
+        json!({"metadata": {"name": "web"}, "spec": {"containers": [{"name": "app", "image": "x", "workingDir": "/srv/app"}]}}),
+    )
+    .await;
+    let run = async |cmd: &[&str]| {
+        let q: Vec<String> = cmd
+            .iter()
+            .map(|c| format!("command={}", c.replace(' ', "%20").replace('/', "%2F")))
+            .collect();
+        let mut c = ExecClient::open(&s, "web", &q.join("&")).await;
+        let (out, err, status) = c.finish().await;
+        (out, err, exit_code(&status))
+    };
+    assert_eq!(run(&["pwd"]).await, ("/srv/app\n".into(), "".into(), 0));
+    assert_eq!(run(&["whoami"]).await.0, "root\n");
+    assert_eq!(run(&["hostname"]).await.0, "web\n");
+    assert_eq!(run(&["ls", "/"]).await.0, "bin\netc\ntmp\n");
+    assert_eq!(run(&["ls", "/etc"]).await.0, "hostname\nmotd\n");
+    assert_eq!(run(&["cat", "/etc/hostname"]).await.0, "web\n");
+    assert_eq!(
+        run(&["sh", "-c", "cat /etc/motd"]).await.0,
+        argocd_agent_kube_test_server::MOTD
+    );
+    assert_eq!(run(&["sh", "-c", "pwd"]).await.0, "/srv/app\n");
+    let (_, err, code) = run(&["cat", "/nope"]).await;
+    assert_eq!(
+        (err.as_str(), code),
+        ("cat: /nope: No such file or directory\n", 1)
+    );
+    let sessions = s.exec_sessions();
+    assert_eq!(sessions.len(), 9);
+    assert_eq!(sessions[0].command, ["pwd"]);
+    assert_eq!(sessions[0].container, "app");
+    assert_eq!(sessions[0].exit_code, Some(0));
+    assert_eq!(sessions[8].exit_code, Some(1));
+}
+
+#[tokio::test]
+async fn interactive_sh_and_cat_answer_as_input_arrives() {
+    let (s, http) = setup().await;
+    create_pod(
+        &http,
+        json!({"metadata": {"name": "web"}, "spec": {"containers": [{"name": "app", "image": "x"}]}}),
+    )
+    .await;
+    // sh without a tty: each line runs at once, no prompt, no echo.
+    let mut c = ExecClient::open(&s, "web", "command=sh&stdin=true&stdout=true&stderr=true").await;
+    c.send(0, b"pw").await;
+    c.send(0, b"d\n").await;
+    assert_eq!(c.stdout_until("\n").await, "/\n");
+    c.send(0, b"whoami\nnosuch\n").await;
+    assert_eq!(c.stdout_until("root\n").await, "root\n");
+    match c.frame().await {
+        Some((2, e)) => assert_eq!(e, b"nosuch: command not found\n"),
+        other => panic!("{other:?}"),
+    }
+    c.send(0, b"exit 3\n").await;
+    let (out, _, status) = c.finish().await;
+    assert_eq!((out.as_str(), exit_code(&status)), ("", 3));
+
+    // sh with a tty: prompt, echo, \r\n line endings, resizes recorded, end of stdin is 0.
+    let mut c = ExecClient::open(
+        &s,
+        "web",
+        "command=sh&stdin=true&stdout=true&stderr=false&tty=true",
+    )
+    .await;
+    c.send(4, br#"{"Width":80,"Height":24}"#).await;
+    assert_eq!(c.stdout_until("# ").await, "# ");
+    c.send(0, b"hostname\r").await;
+    assert_eq!(c.stdout_until("web\r\n# ").await, "hostname\r\nweb\r\n# ");
+    c.send(4, br#"{"Width":100,"Height":30}"#).await;
+    c.send(255, &[0]).await;
+    let (_, _, status) = c.finish().await;
+    assert_eq!(exit_code(&status), 0);
+
+    // cat echoes every frame as it comes.
+    let mut c = ExecClient::open(&s, "web", "command=cat&stdin=true&stdout=true").await;
+    c.send(0, b"partial").await;
+    assert_eq!(c.stdout_until("partial").await, "partial");
+    c.send(0, b" line\n").await;
+    assert_eq!(c.stdout_until("\n").await, " line\n");
+    c.send(255, &[0]).await;
+    assert_eq!(exit_code(&c.finish().await.2), 0);
+
+    let sessions = s.exec_sessions();
+    assert_eq!(sessions.len(), 3);
+    assert_eq!(
+        (sessions[0].tty, sessions[0].stdin, sessions[0].exit_code),
+        (false, true, Some(3))
+    );
+    assert!(sessions[1].tty);
+    assert_eq!(sessions[1].resizes, [(80, 24), (100, 30)]);
+    assert_eq!(sessions[1].exit_code, Some(0));
+    assert_eq!(sessions[2].command, ["cat"]);
+}
+
+#[tokio::test]
+async fn core_events_list_by_involved_object_name() {
+    let (_s, http) = setup().await;
+    for (name, obj) in [("e1", "guestbook"), ("e2", "other"), ("e3", "guestbook")] {
+        let ev = json!({"metadata": {"name": name},
+            "involvedObject": {"kind": "Pod", "name": obj, "namespace": "argocd"},
+            "reason": "Started", "message": "started", "type": "Normal"});
+        assert_eq!(
+            http.post("/api/v1/namespaces/argocd/events", ev).await.code,
+            201
+        );
+    }
+    let r = http
+        .get("/api/v1/namespaces/argocd/events?fieldSelector=involvedObject.name%3Dguestbook")
+        .await;
+    assert_eq!(r.code, 200, "{}", r.body);
+    assert_eq!(r.body["kind"], "EventList");
+    let names: Vec<&str> = r.body["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["e1", "e3"]);
 }

@@ -1,0 +1,446 @@
+//! The resource proxy end to end: the real principal (with `--enable-resource-proxy
+//! --enable-self-cluster-registration`), a managed and an autonomous agent, and the real
+//! `kubectl` using the kubeconfig `argocd-agentctl agent kubeconfig` writes from each
+//! agent's cluster secret — exactly what argocd-server would use.
+//!
+//! kubectl comes from `KUBECTL`, the project virtualenv or PATH (`.ci/run` installs it).
+
+use std::path::{Path, PathBuf};
+use std::process::{Output, Stdio};
+use std::time::Duration;
+
+use argocd_agent_e2e::harness::*;
+use kube::api::{Api, DynamicObject, PostParams};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+const T: Duration = Duration::from_secs(30);
+const APP_NS: &str = "guestbook";
+
+fn kubectl() -> PathBuf {
+    if let Some(p) = std::env::var_os("KUBECTL") {
+        return PathBuf::from(p);
+    }
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/kubectl");
+    if venv.is_file() {
+        return venv;
+    }
+    PathBuf::from("kubectl")
+}
+
+async fn run_kubectl(kubeconfig: &Path, args: &[&str]) -> Output {
+    tokio::process::Command::new(kubectl())
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("running kubectl: {e} (run .ci/run once to install it)"))
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout: {}\nstderr: {}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn api(
+    server: &argocd_agent_kube_test_server::KubeTestServer,
+    plural: &str,
+    kind: &str,
+) -> Api<DynamicObject> {
+    Api::namespaced_with(
+        kube_client(server).unwrap(),
+        APP_NS,
+        &kube::api::ApiResource {
+            group: String::new(),
+            version: "v1".into(),
+            api_version: "v1".into(),
+            kind: kind.into(),
+            plural: plural.into(),
+        },
+    )
+}
+
+/// A ConfigMap and a Pod Argo CD manages for Application `app` (label tracking), and a
+/// ConfigMap it does not manage, on `spoke`.
+async fn seed(spoke: &argocd_agent_kube_test_server::KubeTestServer, app: &str) {
+    create_namespace(spoke, APP_NS).await.unwrap();
+    let cms = api(spoke, "configmaps", "ConfigMap");
+    for (name, labels) in [
+        ("web-config", json!({"app.kubernetes.io/instance": app})),
+        ("unmanaged", json!({})),
+    ] {
+        let cm = object(json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": APP_NS, "labels": labels},
+            "data": {"greeting": "hello"}}));
+        cms.create(&PostParams::default(), &cm).await.unwrap();
+    }
+    let pod = object(json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "web-0", "namespace": APP_NS,
+            "labels": {"app.kubernetes.io/instance": app}},
+        "spec": {"containers": [{"name": "web", "image": "nginx"}]}}));
+    api(spoke, "pods", "Pod")
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap();
+    spoke.set_pod_log(APP_NS, "web-0", "web", "first line\nsecond line\n");
+}
+
+/// Runs `argocd-agentctl agent kubeconfig` for `agent` against the hub.
+async fn agent_kubeconfig(topo: &Topology, agent: &str) -> PathBuf {
+    let out_path = topo.dir.join(format!("{agent}.proxy.kubeconfig"));
+    let out = tokio::process::Command::new(binary("argocd-agentctl").unwrap())
+        .args(["agent", "kubeconfig", agent, "--kubeconfig"])
+        .arg(topo.dir.join("hub.kubeconfig"))
+        .arg("-o")
+        .arg(&out_path)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "agentctl agent kubeconfig: {}",
+        text(&out)
+    );
+    out_path
+}
+
+fn kubeconfig_token(path: &Path) -> (String, String) {
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    (
+        v["clusters"][0]["cluster"]["server"]
+            .as_str()
+            .unwrap()
+            .to_owned(),
+        v["users"][0]["user"]["token"].as_str().unwrap().to_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kubectl_reaches_managed_and_autonomous_spokes_through_the_principal_and_nothing_else() {
+    let port = argocd_agent_e2e::envoy::free_loopback_port().unwrap();
+    let topo = Topology::start(TopologyOptions {
+        principal_args: vec![
+            "--enable-resource-proxy".into(),
+            "--resource-proxy-address".into(),
+            format!("127.0.0.1:{port}"),
+            "--enable-self-cluster-registration".into(),
+            "--resource-proxy-request-timeout".into(),
+            "10s".into(),
+        ],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    topo.wait_connected(MANAGED, T).await.unwrap();
+    topo.wait_connected(AUTONOMOUS, T).await.unwrap();
+
+    // Applications each agent holds: hub-authored for the managed one, local for the other.
+    apps(&topo.hub, MANAGED)
+        .unwrap()
+        .create(
+            &PostParams::default(),
+            &sample_app("web", MANAGED, "guestbook"),
+        )
+        .await
+        .unwrap();
+    apps(&topo.autonomous_spoke, SPOKE_NS)
+        .unwrap()
+        .create(
+            &PostParams::default(),
+            &sample_app("shop", SPOKE_NS, "guestbook"),
+        )
+        .await
+        .unwrap();
+    eventually("the managed Application on its spoke", T, || async {
+        stored_app(&topo.managed_spoke, SPOKE_NS, "web")
+    })
+    .await
+    .expect("the managed Application reaches its spoke");
+    seed(&topo.managed_spoke, "web").await;
+    seed(&topo.autonomous_spoke, "shop").await;
+
+    // 1. Cluster secrets, created on connect, pointing at the proxy.
+    for agent in [MANAGED, AUTONOMOUS] {
+        let secret = eventually("a cluster secret", T, || async {
+            stored_secret(&topo.hub, HUB_ARGOCD_NS, &format!("cluster-{agent}"))
+        })
+        .await
+        .unwrap_or_else(|e| panic!("no cluster secret for {agent}: {e}"));
+        assert_eq!(
+            secret["metadata"]["labels"]["argocd.argoproj.io/secret-type"],
+            "cluster"
+        );
+        assert_eq!(
+            secret["metadata"]["labels"]["argocd-agent.argoproj-labs.io/agent-name"],
+            agent
+        );
+    }
+    let managed_kc = agent_kubeconfig(&topo, MANAGED).await;
+    let autonomous_kc = agent_kubeconfig(&topo, AUTONOMOUS).await;
+    let (managed_url, managed_token) = kubeconfig_token(&managed_kc);
+    assert_eq!(
+        managed_url,
+        format!("https://127.0.0.1:{port}/agents/{MANAGED}")
+    );
+
+    // 2. Reads and writes of managed objects, on both spokes.
+    for (kc, spoke) in [
+        (&managed_kc, &topo.managed_spoke),
+        (&autonomous_kc, &topo.autonomous_spoke),
+    ] {
+        let o = run_kubectl(kc, &["get", "configmap", "web-config", "-n", APP_NS]).await;
+        assert!(o.status.success(), "get: {}", text(&o));
+        assert!(String::from_utf8_lossy(&o.stdout).contains("web-config"));
+        let o = run_kubectl(
+            kc,
+            &["get", "configmap", "web-config", "-n", APP_NS, "-o", "yaml"],
+        )
+        .await;
+        assert!(o.status.success(), "get -o yaml: {}", text(&o));
+        assert!(
+            String::from_utf8_lossy(&o.stdout).contains("greeting: hello"),
+            "{}",
+            text(&o)
+        );
+        // A list shows only what Argo CD manages.
+        let o = run_kubectl(kc, &["get", "configmaps", "-n", APP_NS, "-o", "name"]).await;
+        assert!(o.status.success(), "list: {}", text(&o));
+        let listed = String::from_utf8_lossy(&o.stdout).to_string();
+        assert!(
+            listed.contains("configmap/web-config") && !listed.contains("unmanaged"),
+            "{listed}"
+        );
+        let o = run_kubectl(
+            kc,
+            &[
+                "patch",
+                "configmap",
+                "web-config",
+                "-n",
+                APP_NS,
+                "--type",
+                "merge",
+                "-p",
+                r#"{"data":{"greeting":"patched"}}"#,
+            ],
+        )
+        .await;
+        assert!(o.status.success(), "patch: {}", text(&o));
+        let cm = api(spoke, "configmaps", "ConfigMap")
+            .get("web-config")
+            .await
+            .unwrap();
+        assert_eq!(cm.data["data"]["greeting"], "patched");
+        // Not managed by Argo CD: 403, and unchanged.
+        let o = run_kubectl(kc, &["get", "configmap", "unmanaged", "-n", APP_NS]).await;
+        assert!(!o.status.success(), "unmanaged get must fail: {}", text(&o));
+        assert!(
+            String::from_utf8_lossy(&o.stderr)
+                .to_lowercase()
+                .contains("forbidden"),
+            "{}",
+            text(&o)
+        );
+        let o = run_kubectl(kc, &["delete", "configmap", "unmanaged", "-n", APP_NS]).await;
+        assert!(
+            !o.status.success(),
+            "unmanaged delete must fail: {}",
+            text(&o)
+        );
+        assert!(
+            api(spoke, "configmaps", "ConfigMap")
+                .get("unmanaged")
+                .await
+                .is_ok()
+        );
+        // Logs, and exec.
+        let o = run_kubectl(kc, &["logs", "web-0", "-n", APP_NS]).await;
+        assert!(o.status.success(), "logs: {}", text(&o));
+        assert_eq!(
+            String::from_utf8_lossy(&o.stdout),
+            "first line\nsecond line\n"
+        );
+        let o = run_kubectl(kc, &["exec", "web-0", "-n", APP_NS, "--", "pwd"]).await;
+        assert!(o.status.success(), "exec pwd: {}", text(&o));
+        assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "/");
+    }
+
+    // 3. logs -f: lines appended on the spoke arrive, nothing repeats.
+    let mut follow = tokio::process::Command::new(kubectl())
+        .arg("--kubeconfig")
+        .arg(&managed_kc)
+        .args(["logs", "-f", "web-0", "-n", APP_NS])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(follow.stdout.take().unwrap()).lines();
+    let mut seen = Vec::new();
+    for i in 0..2 {
+        seen.push(
+            tokio::time::timeout(T, lines.next_line())
+                .await
+                .unwrap()
+                .unwrap()
+                .unwrap_or_else(|| panic!("line {i}")),
+        );
+    }
+    topo.managed_spoke
+        .append_pod_log(APP_NS, "web-0", "web", "third line\n");
+    seen.push(
+        tokio::time::timeout(T, lines.next_line())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap(),
+    );
+    assert_eq!(seen, ["first line", "second line", "third line"]);
+    // The agent's connection is cut: the follow resumes without repeating a line.
+    let _ = http_post_admin_disconnect(&topo, MANAGED).await;
+    topo.managed_spoke
+        .append_pod_log(APP_NS, "web-0", "web", "fourth line\n");
+    let next = tokio::time::timeout(T, lines.next_line())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(next, "fourth line", "after the reconnect");
+    follow.kill().await.ok();
+
+    // 4. exec -it under a pty.
+    if which("script") {
+        let cmd = format!(
+            "{} --kubeconfig {} exec -it web-0 -n {APP_NS} -- sh",
+            kubectl().display(),
+            managed_kc.display()
+        );
+        let mut child = tokio::process::Command::new("script")
+            .args(["-qec", &cmd, "/dev/null"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        use tokio::io::AsyncWriteExt;
+        let mut stdin = child.stdin.take().unwrap();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        stdin.write_all(b"whoami\n").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        stdin.write_all(b"exit 3\n").await.unwrap();
+        let out = tokio::time::timeout(T, child.wait_with_output())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("root"),
+            "{}",
+            text(&out)
+        );
+        assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    } else {
+        eprintln!("skipping exec -it: `script` (util-linux) is not installed");
+    }
+
+    // 5. Agent A's credential with agent B's URL: refused, nothing on B changes.
+    let b_url = format!("https://127.0.0.1:{port}/agents/{AUTONOMOUS}");
+    let forged = topo.dir.join("forged.kubeconfig");
+    let ca = serde_json::from_str::<Value>(&std::fs::read_to_string(&managed_kc).unwrap()).unwrap()
+        ["clusters"][0]["cluster"]["certificate-authority-data"]
+        .clone();
+    std::fs::write(
+        &forged,
+        json!({"apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": "b", "cluster": {"server": b_url, "certificate-authority-data": ca}}],
+            "users": [{"name": "a", "user": {"token": managed_token}}],
+            "contexts": [{"name": "x", "context": {"cluster": "b", "user": "a"}}],
+            "current-context": "x"})
+        .to_string(),
+    )
+    .unwrap();
+    let o = run_kubectl(
+        &forged,
+        &["delete", "configmap", "web-config", "-n", APP_NS],
+    )
+    .await;
+    assert!(
+        !o.status.success(),
+        "cross-agent delete must fail: {}",
+        text(&o)
+    );
+    assert!(
+        String::from_utf8_lossy(&o.stderr)
+            .to_lowercase()
+            .contains("forbidden"),
+        "{}",
+        text(&o)
+    );
+    assert!(
+        api(&topo.autonomous_spoke, "configmaps", "ConfigMap")
+            .get("web-config")
+            .await
+            .is_ok()
+    );
+
+    // 6. Delete through the proxy.
+    let o = run_kubectl(
+        &managed_kc,
+        &["delete", "configmap", "web-config", "-n", APP_NS],
+    )
+    .await;
+    assert!(o.status.success(), "delete: {}", text(&o));
+    assert!(
+        api(&topo.managed_spoke, "configmaps", "ConfigMap")
+            .get("web-config")
+            .await
+            .is_err()
+    );
+
+    // 7. The agent offline: 502.
+    let mut topo = topo;
+    if let Some(p) = topo.autonomous.as_mut() {
+        p.stop().await;
+    }
+    let o = eventually("the offline agent reported", T, || async {
+        let o = run_kubectl(
+            &autonomous_kc,
+            &["get", "configmap", "web-config", "-n", APP_NS],
+        )
+        .await;
+        let err = String::from_utf8_lossy(&o.stderr).to_string();
+        (err.contains("not connected") || err.contains("502")).then_some(o)
+    })
+    .await
+    .expect("an offline agent is reported");
+    assert!(!o.status.success());
+    topo.stop().await;
+}
+
+fn which(cmd: &str) -> bool {
+    std::process::Command::new("sh")
+        .args(["-c", &format!("command -v {cmd}")])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// Cuts the agent's session through the principal's admin API (it reconnects by itself).
+async fn http_post_admin_disconnect(topo: &Topology, agent: &str) -> bool {
+    let out = tokio::process::Command::new(binary("argocd-agentctl").unwrap())
+        .args([
+            "agent",
+            "disconnect",
+            agent,
+            "--admin-address",
+            &topo.admin_address,
+        ])
+        .output()
+        .await
+        .unwrap();
+    out.status.success()
+}

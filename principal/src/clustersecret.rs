@@ -1,0 +1,245 @@
+//! Argo CD cluster secrets for agents (`--enable-self-cluster-registration`): the hub's
+//! argocd-server reaches each spoke through the resource proxy, as the cluster its secret
+//! describes. The principal creates `cluster-<agent>` in the Argo CD namespace when the
+//! agent first connects, and keeps it current: the per-agent bearer token is renewed at two
+//! thirds of its life, and the CA data follows the proxy's serving certificate.
+//!
+//! Only secrets the principal made (annotation `argocd-agent.argoproj-labs.io/managed-by:
+//! principal`) are touched. A cluster secret for the agent made by anyone else — found by
+//! its name or by the agent-name label — wins and is left alone.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use argocd_agent_identity::AgentName;
+use base64::Engine as _;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, ListParams, ObjectMeta, PostParams};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::resourceproxy::ResourceProxyConfig;
+use crate::resourceproxy::credentials::ProxyKeys;
+
+/// Argo CD's label marking cluster secrets.
+pub const SECRET_TYPE_LABEL: &str = "argocd.argoproj.io/secret-type";
+/// The agent a cluster secret is for (upstream's label).
+pub const AGENT_NAME_LABEL: &str = "argocd-agent.argoproj-labs.io/agent-name";
+/// Marks secrets the principal manages.
+pub const MANAGED_BY_ANNOTATION: &str = "argocd-agent.argoproj-labs.io/managed-by";
+/// When the token inside expires (RFC 3339).
+pub const TOKEN_EXPIRES_ANNOTATION: &str = "argocd-agent.argoproj-labs.io/token-expires";
+const MANAGED_BY: &str = "principal";
+/// How often secrets are checked for renewal and CA changes.
+const REFRESH: Duration = Duration::from_secs(60);
+
+/// Name of an agent's cluster secret.
+pub fn secret_name(agent: &AgentName) -> String {
+    format!("cluster-{}", agent.as_str())
+}
+
+/// What [`ClusterSecrets::ensure`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ensured {
+    Created,
+    Renewed,
+    Current,
+    /// Someone else's secret for this agent exists.
+    LeftAlone,
+}
+
+/// Keeps agents' cluster secrets.
+pub struct ClusterSecrets {
+    api: Api<Secret>,
+    keys: Arc<ProxyKeys>,
+    config: ResourceProxyConfig,
+    ca_pem: watch::Receiver<String>,
+}
+
+fn is_ours(s: &Secret) -> bool {
+    s.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(MANAGED_BY_ANNOTATION))
+        .is_some_and(|v| v == MANAGED_BY)
+}
+
+fn expires(s: &Secret) -> Option<SystemTime> {
+    let at = s
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(TOKEN_EXPIRES_ANNOTATION)?;
+    let ts: jiff::Timestamp = at.parse().ok()?;
+    Some(SystemTime::from(ts))
+}
+
+fn field(s: &Secret, key: &str) -> Option<String> {
+    s.data
+        .as_ref()?
+        .get(key)
+        .and_then(|b| String::from_utf8(b.0.clone()).ok())
+}
+
+impl ClusterSecrets {
+    pub fn new(
+        client: kube::Client,
+        namespace: &str,
+        keys: Arc<ProxyKeys>,
+        config: ResourceProxyConfig,
+        ca_pem: watch::Receiver<String>,
+    ) -> Arc<Self> {
+        Arc::new(ClusterSecrets {
+            api: Api::namespaced(client, namespace),
+            keys,
+            config,
+            ca_pem,
+        })
+    }
+
+    /// The secret for `agent` with a fresh token.
+    fn desired(&self, agent: &AgentName, now: SystemTime) -> Secret {
+        let token = self.keys.mint(agent, self.config.token_ttl, now);
+        let ca = self.ca_pem.borrow().clone();
+        let config = serde_json::json!({
+            "bearerToken": token.value,
+            "tlsClientConfig": {
+                "insecure": false,
+                "caData": base64::engine::general_purpose::STANDARD.encode(ca.as_bytes()),
+            },
+        });
+        let expires = jiff::Timestamp::try_from(token.expires)
+            .map(|t| t.to_string())
+            .unwrap_or_default();
+        Secret {
+            metadata: ObjectMeta {
+                name: Some(secret_name(agent)),
+                labels: Some(BTreeMap::from([
+                    (SECRET_TYPE_LABEL.into(), "cluster".into()),
+                    (AGENT_NAME_LABEL.into(), agent.to_string()),
+                ])),
+                annotations: Some(BTreeMap::from([
+                    (MANAGED_BY_ANNOTATION.into(), MANAGED_BY.into()),
+                    (TOKEN_EXPIRES_ANNOTATION.into(), expires),
+                ])),
+                ..ObjectMeta::default()
+            },
+            string_data: Some(BTreeMap::from([
+                ("name".into(), agent.to_string()),
+                ("server".into(), self.config.agent_url(agent)),
+                ("config".into(), config.to_string()),
+            ])),
+            type_: Some("Opaque".into()),
+            ..Secret::default()
+        }
+    }
+
+    /// Whether our secret must be rewritten: the token is in the last third of its life,
+    /// or the CA data or server URL changed.
+    fn stale(&self, s: &Secret, agent: &AgentName, now: SystemTime) -> bool {
+        let renew_at = expires(s).map(|e| e.checked_sub(self.config.token_ttl / 3).unwrap_or(e));
+        if renew_at.is_none_or(|r| now >= r) {
+            return true;
+        }
+        if field(s, "server").as_deref() != Some(self.config.agent_url(agent).as_str()) {
+            return true;
+        }
+        let ca = base64::engine::general_purpose::STANDARD.encode(self.ca_pem.borrow().as_bytes());
+        let current_ca = field(s, "config")
+            .and_then(|c| serde_json::from_str::<serde_json::Value>(&c).ok())
+            .and_then(|c| {
+                c.pointer("/tlsClientConfig/caData")?
+                    .as_str()
+                    .map(str::to_owned)
+            });
+        current_ca.as_deref() != Some(ca.as_str())
+    }
+
+    /// Creates or renews `agent`'s cluster secret; leaves someone else's alone.
+    pub async fn ensure(&self, agent: &AgentName) -> Result<Ensured, kube::Error> {
+        let now = SystemTime::now();
+        let labelled = self
+            .api
+            .list(&ListParams::default().labels(&format!("{AGENT_NAME_LABEL}={}", agent.as_str())))
+            .await?;
+        if labelled.items.iter().any(|s| !is_ours(s)) {
+            return Ok(Ensured::LeftAlone);
+        }
+        let name = secret_name(agent);
+        match self.api.get_opt(&name).await? {
+            None => {
+                match self
+                    .api
+                    .create(&PostParams::default(), &self.desired(agent, now))
+                    .await
+                {
+                    Ok(_) => Ok(Ensured::Created),
+                    Err(kube::Error::Api(s)) if s.code == 409 => Ok(Ensured::Current),
+                    Err(e) => Err(e),
+                }
+            }
+            Some(s) if !is_ours(&s) => Ok(Ensured::LeftAlone),
+            Some(s) if !self.stale(&s, agent, now) => Ok(Ensured::Current),
+            Some(s) => {
+                let mut next = self.desired(agent, now);
+                next.metadata.resource_version = s.metadata.resource_version.clone();
+                // stringData replaces the three keys; anything else stored stays.
+                next.data = s.data.clone();
+                self.api
+                    .replace(&name, &PostParams::default(), &next)
+                    .await?;
+                Ok(Ensured::Renewed)
+            }
+        }
+    }
+
+    /// Creates or renews, logging the outcome.
+    pub async fn ensure_logged(&self, agent: &AgentName) {
+        match self.ensure(agent).await {
+            Ok(Ensured::Created) => {
+                tracing::info!(agent = %agent, secret = %secret_name(agent), "cluster secret created")
+            }
+            Ok(Ensured::Renewed) => {
+                tracing::info!(agent = %agent, secret = %secret_name(agent), "cluster secret renewed")
+            }
+            Ok(Ensured::LeftAlone) => tracing::debug!(agent = %agent,
+                "a cluster secret for this agent exists and is not the principal's: left alone"),
+            Ok(Ensured::Current) => {}
+            Err(e) => tracing::warn!(agent = %agent, error = %e, "cluster secret not written"),
+        }
+    }
+
+    /// Renews the principal's cluster secrets until `shutdown` (every minute, and at once
+    /// when the CA data changes).
+    pub async fn refresh(self: Arc<Self>, shutdown: CancellationToken) {
+        let mut ca = self.ca_pem.clone();
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(REFRESH) => {}
+                changed = ca.changed() => if changed.is_err() { return },
+            }
+            let list = ListParams::default()
+                .labels(&format!("{SECRET_TYPE_LABEL}=cluster,{AGENT_NAME_LABEL}"));
+            let secrets = match self.api.list(&list).await {
+                Ok(l) => l.items,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cluster secrets: list failed");
+                    continue;
+                }
+            };
+            for s in secrets.iter().filter(|s| is_ours(s)) {
+                let agent = s
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(AGENT_NAME_LABEL))
+                    .and_then(|a| AgentName::new(a).ok());
+                if let Some(agent) = agent {
+                    self.ensure_logged(&agent).await;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,296 @@
+//! `pods/<pod>/exec` through the proxy: the client's WebSocket (`v5.channel.k8s.io`, or
+//! `v4.channel.k8s.io` for older clients) is bridged frame by frame to a `Tunnel.Terminal`
+//! stream the agent opens for this session, and from there to its cluster's exec API.
+//!
+//! The session id is a fresh UUID bound to the agent the request went to; the agent's
+//! stream must name it and come from that agent's identity ([`crate::tunnel`]). Sessions
+//! end when either side closes, after `terminal_idle_timeout` without traffic, and after
+//! `terminal_max_duration` in any case (the client then gets a Failure status on the error
+//! channel saying why).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use argocd_agent_proto::eventstream::{TerminalFrame, TerminalRequest};
+use argocd_agent_sync::{Event, EventType, Payload};
+use futures::{SinkExt, StreamExt};
+use http::{HeaderValue, Request, Response, StatusCode, header};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, frame::coding::CloseCode};
+
+use super::{Admitted, Body, Proxy, from_agent, full, rpc_failure, status};
+use crate::tunnel::TerminalTunnel;
+
+/// Subprotocols served, preferred first.
+const PROTOCOLS: [&str; 2] = ["v5.channel.k8s.io", "v4.channel.k8s.io"];
+/// Channel of the exec's final status.
+const ERROR_CHANNEL: u8 = 3;
+
+/// The exec request's parameters.
+fn request(query: &str, session_id: &str, namespace: &str, pod: &str) -> TerminalRequest {
+    let mut r = TerminalRequest {
+        session_id: session_id.to_owned(),
+        namespace: namespace.to_owned(),
+        pod: pod.to_owned(),
+        stdout: true,
+        stderr: true,
+        ..TerminalRequest::default()
+    };
+    let flag = |v: &str| matches!(v, "true" | "1");
+    for (k, v) in url::form_urlencoded::parse(query.as_bytes()) {
+        match k.as_ref() {
+            "command" => r.command.push(v.into_owned()),
+            "container" => r.container = v.into_owned(),
+            "stdin" => r.stdin = flag(&v),
+            "stdout" => r.stdout = flag(&v),
+            "stderr" => r.stderr = flag(&v),
+            "tty" => r.tty = flag(&v),
+            _ => {}
+        }
+    }
+    r
+}
+
+/// The subprotocol to answer with, from the client's offer.
+fn choose_protocol(offered: &str) -> Option<&'static str> {
+    let offered: Vec<&str> = offered.split(',').map(str::trim).collect();
+    PROTOCOLS.into_iter().find(|p| offered.contains(p))
+}
+
+/// A Failure status on the error channel, as the kubelet writes one.
+fn failure_frame(message: &str) -> Vec<u8> {
+    let mut f = vec![ERROR_CHANNEL];
+    f.extend_from_slice(
+        serde_json::json!({"metadata": {}, "status": "Failure", "message": message,
+            "reason": "InternalError"})
+        .to_string()
+        .as_bytes(),
+    );
+    f
+}
+
+pub(super) async fn serve(
+    proxy: Arc<Proxy>,
+    admitted: Admitted,
+    namespace: String,
+    pod: String,
+    mut req: Request<Incoming>,
+) -> Response<Body> {
+    let get = |h: &str| {
+        req.headers()
+            .get(h)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned()
+    };
+    if !get("upgrade").eq_ignore_ascii_case("websocket") {
+        return status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            "Upgrade request required (exec is served over WebSocket, v5.channel.k8s.io)",
+        );
+    }
+    let key = get("sec-websocket-key");
+    let Some(protocol) = choose_protocol(&get("sec-websocket-protocol")) else {
+        return status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            "no supported subprotocol offered (v5.channel.k8s.io or v4.channel.k8s.io)",
+        );
+    };
+    let session_id = uuid::Uuid::new_v4().to_string();
+    let query = req.uri().query().unwrap_or("").to_owned();
+    let terminal = request(&query, &session_id, &namespace, &pod);
+    if terminal.command.is_empty() {
+        return status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            "you must specify at least 1 command",
+        );
+    }
+    let Admitted {
+        agent,
+        link,
+        permit,
+    } = admitted;
+    let command = terminal.command.clone();
+    let event = Event::new(
+        &proxy.hub.source,
+        EventType::TerminalRequest,
+        Payload::TerminalRequest(terminal),
+    );
+    let expected = proxy.tunnels.expect_terminal(&session_id, &agent);
+    let mut refusal = match link.request(event, None).await {
+        Ok(t) => t,
+        Err(e) => return rpc_failure(&agent, e),
+    };
+    let tunnel = tokio::select! {
+        tunnel = expected.arrived() => match tunnel {
+            Some(t) => t,
+            None => return super::offline(&agent),
+        },
+        answer = refusal.answer(proxy.config.request_timeout) => return match answer {
+            Ok(Event { payload: Payload::ResourceResponse(r), .. }) => from_agent(&r),
+            Ok(_) => status(StatusCode::BAD_GATEWAY, "InternalError", "unexpected answer"),
+            Err(e) => rpc_failure(&agent, e),
+        },
+    };
+    drop(refusal);
+    tracing::info!(agent = %agent, session = %session_id, namespace = ?namespace, pod = ?pod,
+        command = ?command, "terminal session opened");
+    let upgrade = hyper::upgrade::on(&mut req);
+    let (idle, max) = (
+        proxy.config.terminal_idle_timeout,
+        proxy.config.terminal_max_duration,
+    );
+    tokio::spawn(async move {
+        let _permit = permit;
+        let upgraded = match upgrade.await {
+            Ok(u) => u,
+            Err(e) => {
+                tracing::warn!(session = %session_id, error = %e, "terminal session: upgrade failed");
+                return;
+            }
+        };
+        let ws = WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, None).await;
+        let started = std::time::Instant::now();
+        let why = bridge(ws, tunnel, idle, max).await;
+        tracing::info!(agent = %agent, session = %session_id, seconds = started.elapsed().as_secs(),
+            "terminal session closed: {why}");
+    });
+    let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
+    let mut r = Response::new(full(Vec::new()));
+    *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    let h = r.headers_mut();
+    h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+    h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+    h.insert(
+        header::SEC_WEBSOCKET_PROTOCOL,
+        HeaderValue::from_static(protocol),
+    );
+    if let Ok(v) = HeaderValue::from_str(&accept) {
+        h.insert(header::SEC_WEBSOCKET_ACCEPT, v);
+    }
+    r
+}
+
+/// Moves frames both ways until one side ends or a time limit passes; says why it ended.
+async fn bridge<S>(
+    mut ws: WebSocketStream<S>,
+    tunnel: TerminalTunnel,
+    idle: Duration,
+    max: Duration,
+) -> String
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let TerminalTunnel {
+        mut stream,
+        to_agent,
+    } = tunnel;
+    let deadline = tokio::time::Instant::now() + max;
+    let mut to_agent = Some(to_agent);
+    let why = loop {
+        tokio::select! {
+            _ = tokio::time::sleep_until(deadline) => {
+                let _ = ws.send(Message::Binary(failure_frame(&format!(
+                    "terminal session closed after the maximum of {max:?}")).into())).await;
+                break format!("maximum duration {max:?} reached");
+            }
+            _ = tokio::time::sleep(idle) => {
+                let _ = ws.send(Message::Binary(failure_frame(&format!(
+                    "terminal session closed after {idle:?} without input or output")).into())).await;
+                break format!("idle for {idle:?}");
+            }
+            from_client = ws.next() => match from_client {
+                Some(Ok(Message::Binary(b))) => {
+                    let Some((&channel, data)) = b.split_first() else { continue };
+                    // Only stdin, resize and close travel toward the container.
+                    if !matches!(channel, 0 | 4 | 255) {
+                        continue;
+                    }
+                    let frame = TerminalFrame { session_id: String::new(), channel: channel.into(), data: data.to_vec() };
+                    if let Some(tx) = &to_agent
+                        && tx.send(Ok(frame)).await.is_err() {
+                        break "the agent ended the session".into();
+                    }
+                }
+                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => {
+                    // The client is gone: ending our side tells the agent to stop.
+                    to_agent = None;
+                    break "the client closed the session".into();
+                }
+                Some(Ok(_)) => {}
+            },
+            from_agent = stream.message() => match from_agent {
+                Ok(Some(f)) => {
+                    let Ok(channel) = u8::try_from(f.channel) else { continue };
+                    let mut out = Vec::with_capacity(f.data.len() + 1);
+                    out.push(channel);
+                    out.extend_from_slice(&f.data);
+                    if ws.send(Message::Binary(out.into())).await.is_err() {
+                        break "the client went away".into();
+                    }
+                }
+                Ok(None) => break "the command ended".into(),
+                Err(e) => {
+                    let _ = ws.send(Message::Binary(failure_frame(&format!(
+                        "the agent's connection ended: {}", e.message())).into())).await;
+                    break "the agent's connection ended".into();
+                }
+            },
+        }
+    };
+    drop(to_agent);
+    let _ = ws
+        .send(Message::Close(Some(CloseFrame {
+            code: CloseCode::Normal,
+            reason: "".into(),
+        })))
+        .await;
+    // Let the client answer the close, briefly.
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        while let Some(Ok(_)) = ws.next().await {}
+    })
+    .await;
+    why
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_newest_offered_subprotocol_is_chosen() {
+        assert_eq!(
+            choose_protocol("v4.channel.k8s.io, v5.channel.k8s.io"),
+            Some("v5.channel.k8s.io")
+        );
+        assert_eq!(
+            choose_protocol("v4.channel.k8s.io"),
+            Some("v4.channel.k8s.io")
+        );
+        assert_eq!(
+            choose_protocol("channel.k8s.io, base64.channel.k8s.io"),
+            None
+        );
+        assert_eq!(choose_protocol(""), None);
+    }
+
+    #[test]
+    fn exec_parameters_follow_the_kubernetes_query() {
+        let r = request(
+            "command=sh&command=-c&command=echo%20hi&container=app&stdin=true&tty=true&stderr=false",
+            "s",
+            "ns",
+            "pod",
+        );
+        assert_eq!(r.command, ["sh", "-c", "echo hi"]);
+        assert_eq!(r.container, "app");
+        assert!(r.stdin && r.tty && r.stdout && !r.stderr);
+        assert_eq!(r.session_id, "s");
+    }
+}

@@ -1,0 +1,618 @@
+//! The resource proxy: an HTTPS endpoint shaped like a Kubernetes API server that the hub's
+//! argocd-server (and kubectl, with `argocd-agentctl agent kubeconfig`) uses as each spoke's
+//! cluster. A request for `/agents/<agent>/<kubernetes path>` must carry that agent's
+//! bearer token (from its cluster secret); it goes to that agent as a `resource-request` on
+//! its event stream, the agent performs it against its own cluster under its own rules
+//! (only objects Argo CD manages there), and its answer comes back. Container logs and
+//! exec sessions travel on streams the agent opens ([`crate::tunnel`]).
+//!
+//! Every request, log stream and terminal session is bound to exactly one agent: the
+//! token's agent must be the URL's agent, a tunnel is accepted only from the agent the
+//! request went to, and a session id is single-use.
+//!
+//! Answers: 401 without a valid token; 403 for a token of another agent, a watch, a method
+//! or path the proxy does not serve, or the agent's refusal; 413 for a body over the limit;
+//! 429 beyond the per-agent concurrency limit; 502 while the agent is offline; 504 when it
+//! does not answer in time.
+
+pub mod credentials;
+mod exec;
+mod logs;
+pub mod tls;
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use argocd_agent_identity::AgentName;
+use argocd_agent_proto::eventstream::{ResourceRequest, ResourceResponse};
+use argocd_agent_sync::rpc::RpcError;
+use argocd_agent_sync::{Event, EventType, Payload};
+use bytes::Bytes;
+use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::hub::Hub;
+use crate::link::AgentLink;
+use crate::tunnel::Tunnels;
+use credentials::ProxyKeys;
+
+/// Default listen address (upstream's port).
+pub const DEFAULT_ADDRESS: &str = "0.0.0.0:9090";
+/// URL path prefix naming the agent.
+pub const AGENT_PREFIX: &str = "/agents/";
+/// How long a TLS handshake may take.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Resource proxy settings.
+#[derive(Debug, Clone)]
+pub struct ResourceProxyConfig {
+    pub listen: SocketAddr,
+    /// Base URL clients reach the proxy at (cluster secrets hold `<url>/agents/<agent>`).
+    pub url: String,
+    /// Names of the issued serving certificate (DNS names or IPs); the URL's host is added.
+    pub hostnames: Vec<String>,
+    pub tls: tls::ServingMode,
+    /// Lifetime of an issued serving certificate.
+    pub cert_lifetime: Duration,
+    /// Lifetime of the per-agent tokens in cluster secrets (renewed at two thirds).
+    pub token_ttl: Duration,
+    /// How long an agent has to answer a request (504 after).
+    pub request_timeout: Duration,
+    /// Largest request body accepted (413 above).
+    pub max_body: usize,
+    /// Requests, log streams and terminal sessions at once per agent (429 above).
+    pub max_in_flight_per_agent: usize,
+    /// A terminal session with no traffic either way for this long is closed.
+    pub terminal_idle_timeout: Duration,
+    /// A terminal session is closed after this long in any case.
+    pub terminal_max_duration: Duration,
+    /// How long a followed log waits for its agent to come back.
+    pub log_resume_timeout: Duration,
+    /// Create (and keep current) each agent's Argo CD cluster secret on connect.
+    pub self_cluster_registration: bool,
+}
+
+impl ResourceProxyConfig {
+    /// Defaults listening on `listen`, reachable at `url`.
+    pub fn new(listen: SocketAddr, url: String) -> Self {
+        ResourceProxyConfig {
+            listen,
+            url,
+            hostnames: Vec::new(),
+            tls: tls::ServingMode::Auto,
+            cert_lifetime: Duration::from_secs(30 * 24 * 3600),
+            token_ttl: Duration::from_secs(24 * 3600),
+            request_timeout: Duration::from_secs(30),
+            max_body: 4 << 20,
+            max_in_flight_per_agent: 32,
+            terminal_idle_timeout: Duration::from_secs(30 * 60),
+            terminal_max_duration: Duration::from_secs(4 * 3600),
+            log_resume_timeout: Duration::from_secs(60),
+            self_cluster_registration: false,
+        }
+    }
+
+    /// The URL's host (what the serving certificate must name).
+    pub fn host(&self) -> String {
+        url::Url::parse(&self.url)
+            .ok()
+            .and_then(|u| u.host_str().map(|h| h.trim_matches(['[', ']']).to_owned()))
+            .unwrap_or_else(|| "localhost".into())
+    }
+
+    /// The cluster URL of `agent`.
+    pub fn agent_url(&self, agent: &AgentName) -> String {
+        format!(
+            "{}{AGENT_PREFIX}{}",
+            self.url.trim_end_matches('/'),
+            agent.as_str()
+        )
+    }
+}
+
+/// Response body of the proxy.
+pub type Body = BoxBody<Bytes, std::io::Error>;
+
+fn full(bytes: impl Into<Bytes>) -> Body {
+    Full::new(bytes.into()).map_err(|e| match e {}).boxed()
+}
+
+/// A Kubernetes `Status` answer.
+pub fn status(code: StatusCode, reason: &str, message: impl Into<String>) -> Response<Body> {
+    let message = message.into();
+    let body = serde_json::json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {},
+        "status": "Failure", "message": message, "reason": reason, "code": code.as_u16(),
+    });
+    let mut r = Response::new(full(body.to_string()));
+    *r.status_mut() = code;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+/// The answer an agent sent for a request.
+pub(crate) fn from_agent(answer: &ResourceResponse) -> Response<Body> {
+    let code = u16::try_from(answer.status)
+        .ok()
+        .and_then(|c| StatusCode::from_u16(c).ok())
+        .unwrap_or(StatusCode::BAD_GATEWAY);
+    let mut r = Response::new(full(answer.body.clone()));
+    *r.status_mut() = code;
+    if let Ok(ct) = HeaderValue::from_str(&answer.content_type)
+        && !answer.content_type.is_empty()
+    {
+        r.headers_mut().insert(header::CONTENT_TYPE, ct);
+    }
+    r
+}
+
+/// The failure of a request the agent did not answer.
+pub(crate) fn rpc_failure(agent: &AgentName, e: RpcError) -> Response<Body> {
+    match e {
+        RpcError::Timeout(t) => status(
+            StatusCode::GATEWAY_TIMEOUT,
+            "Timeout",
+            format!("agent {agent} did not answer within {t:?}"),
+        ),
+        RpcError::TooMany { limit } => status(
+            StatusCode::TOO_MANY_REQUESTS,
+            "TooManyRequests",
+            format!("agent {agent} has {limit} requests in flight"),
+        ),
+        RpcError::Disconnected => offline(agent),
+    }
+}
+
+pub(crate) fn offline(agent: &AgentName) -> Response<Body> {
+    status(
+        StatusCode::BAD_GATEWAY,
+        "ServiceUnavailable",
+        format!("agent {agent} is not connected"),
+    )
+}
+
+/// What a request asks for, after the proxy's own checks.
+#[derive(Debug, PartialEq, Eq)]
+enum Route {
+    /// An API call the agent performs.
+    Api,
+    Log {
+        namespace: String,
+        pod: String,
+    },
+    Exec {
+        namespace: String,
+        pod: String,
+    },
+}
+
+/// The proxy's coarse rules (the agent applies its own, finer ones).
+fn route(method: &Method, path: &str, query: &str) -> Result<Route, String> {
+    if ![Method::GET, Method::POST, Method::PATCH, Method::DELETE].contains(method) {
+        return Err(format!(
+            "{method} is not served by the resource proxy (get, list, create, patch, delete only)"
+        ));
+    }
+    if url::form_urlencoded::parse(query.as_bytes())
+        .any(|(k, v)| k == "watch" && matches!(v.as_ref(), "true" | "1"))
+    {
+        return Err("watch is not served by the resource proxy".into());
+    }
+    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    if !path.starts_with('/')
+        || segments
+            .iter()
+            .any(|s| s.is_empty() || *s == "." || *s == ".." || s.contains('%'))
+            && path != "/"
+    {
+        return Err(format!("path {path:?} is not served by the resource proxy"));
+    }
+    match segments.as_slice() {
+        ["api" | "apis" | "version" | "openapi", ..] => {}
+        _ => return Err(format!("path {path:?} is not served by the resource proxy")),
+    }
+    if segments.contains(&"watch") && segments.len() > 2 {
+        return Err("watch is not served by the resource proxy".into());
+    }
+    match segments.as_slice() {
+        ["api", "v1", "namespaces", ns, "pods", pod, "log"] if method == Method::GET => {
+            Ok(Route::Log {
+                namespace: ns.to_string(),
+                pod: pod.to_string(),
+            })
+        }
+        ["api", "v1", "namespaces", ns, "pods", pod, "exec"]
+            if matches!(*method, Method::GET | Method::POST) =>
+        {
+            Ok(Route::Exec {
+                namespace: ns.to_string(),
+                pod: pod.to_string(),
+            })
+        }
+        [
+            ..,
+            "attach" | "portforward" | "proxy" | "log" | "exec" | "eviction",
+        ] => Err(format!(
+            "subresource {:?} is not served by the resource proxy",
+            segments.last().unwrap_or(&"")
+        )),
+        _ => Ok(Route::Api),
+    }
+}
+
+/// The proxy's shared state.
+pub struct Proxy {
+    pub hub: Arc<Hub>,
+    pub keys: Arc<ProxyKeys>,
+    pub tunnels: Arc<Tunnels>,
+    pub config: ResourceProxyConfig,
+    limits: Mutex<HashMap<AgentName, Arc<Semaphore>>>,
+}
+
+/// A connected agent's link and one of its concurrency permits.
+pub(crate) struct Admitted {
+    pub agent: AgentName,
+    pub link: Arc<AgentLink>,
+    pub permit: OwnedSemaphorePermit,
+}
+
+impl Proxy {
+    pub fn new(
+        hub: Arc<Hub>,
+        keys: Arc<ProxyKeys>,
+        tunnels: Arc<Tunnels>,
+        config: ResourceProxyConfig,
+    ) -> Arc<Proxy> {
+        Arc::new(Proxy {
+            hub,
+            keys,
+            tunnels,
+            config,
+            limits: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The agent's current link, if it is connected and serves the proxy.
+    pub(crate) fn link(&self, agent: &AgentName) -> Option<Arc<AgentLink>> {
+        self.hub
+            .agent(agent)
+            .and_then(|s| s.link())
+            .filter(|l| l.has(argocd_agent_sync::proxy::CAPABILITY))
+    }
+
+    fn permit(&self, agent: &AgentName) -> Option<OwnedSemaphorePermit> {
+        let sem = self
+            .limits
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(agent.clone())
+            .or_insert_with(|| Arc::new(Semaphore::new(self.config.max_in_flight_per_agent)))
+            .clone();
+        sem.try_acquire_owned().ok()
+    }
+
+    /// The agent a request is for, from its token and URL; the rest of the path.
+    fn authenticate<'p>(
+        &self,
+        req: &Request<Incoming>,
+        path: &'p str,
+    ) -> Result<(AgentName, &'p str), Response<Body>> {
+        let token = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim);
+        let Some(token) = token else {
+            return Err(status(
+                StatusCode::UNAUTHORIZED,
+                "Unauthorized",
+                "a bearer token from the agent's cluster secret is required",
+            ));
+        };
+        let agent = self.keys.verify(token, SystemTime::now()).map_err(|e| {
+            self.hub.metrics.auth_failed("ProxyCredential");
+            tracing::warn!(error = %e, "resource proxy request refused: bad token");
+            status(StatusCode::UNAUTHORIZED, "Unauthorized", e.to_string())
+        })?;
+        let Some(rest) = path.strip_prefix(AGENT_PREFIX) else {
+            // Upstream-style cluster URLs (`?agentName=` is dropped by client-go): the
+            // token alone names the agent.
+            return Ok((agent, path));
+        };
+        let (named, rest) = match rest.find('/') {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => (rest, "/"),
+        };
+        if named != agent.as_str() {
+            self.hub.metrics.auth_failed("WrongAgent");
+            tracing::warn!(token_agent = %agent, url_agent = ?named,
+                "resource proxy request refused: the token is for another agent");
+            return Err(status(
+                StatusCode::FORBIDDEN,
+                "Forbidden",
+                format!("this credential is for agent {agent}, not {named:?}"),
+            ));
+        }
+        Ok((agent, rest))
+    }
+
+    /// Admits a request for `agent`: connected, serving the proxy, under its limit.
+    pub(crate) fn admit(&self, agent: &AgentName) -> Result<Admitted, Response<Body>> {
+        let link = self.link(agent).ok_or_else(|| offline(agent))?;
+        let permit = self.permit(agent).ok_or_else(|| {
+            status(
+                StatusCode::TOO_MANY_REQUESTS,
+                "TooManyRequests",
+                format!(
+                    "agent {agent} already has {} proxied requests in flight",
+                    self.config.max_in_flight_per_agent
+                ),
+            )
+        })?;
+        Ok(Admitted {
+            agent: agent.clone(),
+            link,
+            permit,
+        })
+    }
+
+    async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
+        let path = req.uri().path().to_owned();
+        let (agent, rest) = match self.authenticate(&req, &path) {
+            Ok(a) => a,
+            Err(r) => return r,
+        };
+        let query = req.uri().query().unwrap_or("").to_owned();
+        let route = match route(req.method(), rest, &query) {
+            Ok(r) => r,
+            Err(why) => {
+                tracing::warn!(agent = %agent, method = %req.method(), path = ?rest, "resource proxy request refused: {why}");
+                self.hub
+                    .metrics
+                    .resource_proxy(agent.as_str(), "request", 403);
+                return status(StatusCode::FORBIDDEN, "Forbidden", why);
+            }
+        };
+        let kind = match route {
+            Route::Api => "request",
+            Route::Log { .. } => "log",
+            Route::Exec { .. } => "exec",
+        };
+        let admitted = match self.admit(&agent) {
+            Ok(a) => a,
+            Err(r) => {
+                self.hub
+                    .metrics
+                    .resource_proxy(agent.as_str(), kind, r.status().as_u16());
+                return r;
+            }
+        };
+        let response = match route {
+            Route::Api => self.api(admitted, req, rest.to_owned(), query).await,
+            Route::Log { namespace, pod } => {
+                logs::serve(self.clone(), admitted, namespace, pod, &query).await
+            }
+            Route::Exec { namespace, pod } => {
+                exec::serve(self.clone(), admitted, namespace, pod, req).await
+            }
+        };
+        self.hub
+            .metrics
+            .resource_proxy(agent.as_str(), kind, response.status().as_u16());
+        response
+    }
+
+    async fn api(
+        &self,
+        admitted: Admitted,
+        req: Request<Incoming>,
+        path: String,
+        query: String,
+    ) -> Response<Body> {
+        let header = |h: header::HeaderName| {
+            req.headers()
+                .get(h)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_owned()
+        };
+        let (content_type, accept) = (header(header::CONTENT_TYPE), header(header::ACCEPT));
+        let method = req.method().to_string();
+        let body = match Limited::new(req.into_body(), self.config.max_body)
+            .collect()
+            .await
+        {
+            Ok(b) => b.to_bytes(),
+            Err(_) => {
+                return status(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "RequestEntityTooLarge",
+                    format!(
+                        "request body larger than {} bytes (or unreadable)",
+                        self.config.max_body
+                    ),
+                );
+            }
+        };
+        let event = Event::new(
+            &self.hub.source,
+            EventType::ResourceRequest,
+            Payload::ResourceRequest(ResourceRequest {
+                method,
+                path,
+                query,
+                content_type,
+                accept,
+                body: body.to_vec(),
+            }),
+        );
+        let Admitted {
+            agent,
+            link,
+            permit: _permit,
+        } = admitted;
+        let mut ticket = match link.request(event, None).await {
+            Ok(t) => t,
+            Err(e) => return rpc_failure(&agent, e),
+        };
+        match ticket.answer(self.config.request_timeout).await {
+            Ok(Event {
+                payload: Payload::ResourceResponse(r),
+                ..
+            }) => from_agent(&r),
+            Ok(other) => status(
+                StatusCode::BAD_GATEWAY,
+                "InternalError",
+                format!("agent {agent} answered with a {} event", other.ty),
+            ),
+            Err(e) => rpc_failure(&agent, e),
+        }
+    }
+}
+
+/// Serves the proxy on `listener` until `shutdown`.
+pub fn serve(
+    proxy: Arc<Proxy>,
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    tasks: &TaskTracker,
+    shutdown: CancellationToken,
+) {
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let conns = tasks.clone();
+    tasks.spawn(async move {
+        loop {
+            let (tcp, peer) = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                accepted = listener.accept() => match accepted {
+                    Ok(a) => a,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "resource proxy: accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+            };
+            let (acceptor, proxy, stop) = (acceptor.clone(), proxy.clone(), shutdown.clone());
+            conns.spawn(async move {
+                let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await
+                {
+                    Ok(Ok(tls)) => tls,
+                    Ok(Err(e)) => {
+                        tracing::debug!(%peer, error = %e, "resource proxy: TLS handshake failed");
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::debug!(%peer, "resource proxy: TLS handshake timed out");
+                        return;
+                    }
+                };
+                let service = hyper::service::service_fn(move |req| {
+                    let proxy = proxy.clone();
+                    async move { Ok::<_, Infallible>(proxy.handle(req).await) }
+                });
+                let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls), service);
+                tokio::select! {
+                    _ = stop.cancelled() => {}
+                    r = conn => if let Err(e) = r {
+                        tracing::debug!(%peer, error = %e, "resource proxy connection ended");
+                    },
+                }
+            });
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_proxy_serves_reads_writes_logs_and_exec_only() {
+        let ok = |m: Method, p: &str, q: &str| route(&m, p, q);
+        assert_eq!(
+            ok(Method::GET, "/api/v1/namespaces/a/pods", ""),
+            Ok(Route::Api)
+        );
+        assert_eq!(ok(Method::GET, "/apis", ""), Ok(Route::Api));
+        assert_eq!(ok(Method::GET, "/version", ""), Ok(Route::Api));
+        assert_eq!(
+            ok(
+                Method::PATCH,
+                "/apis/apps/v1/namespaces/a/deployments/d",
+                ""
+            ),
+            Ok(Route::Api)
+        );
+        assert_eq!(
+            ok(
+                Method::GET,
+                "/api/v1/namespaces/a/pods/p/log",
+                "follow=true"
+            ),
+            Ok(Route::Log {
+                namespace: "a".into(),
+                pod: "p".into()
+            })
+        );
+        assert_eq!(
+            ok(
+                Method::POST,
+                "/api/v1/namespaces/a/pods/p/exec",
+                "command=pwd"
+            ),
+            Ok(Route::Exec {
+                namespace: "a".into(),
+                pod: "p".into()
+            })
+        );
+        for (m, p, q) in [
+            (Method::PUT, "/api/v1/namespaces/a/configmaps/c", ""),
+            (Method::GET, "/api/v1/namespaces/a/pods", "watch=true"),
+            (Method::GET, "/api/v1/namespaces/a/pods", "watch=1&x=y"),
+            (Method::GET, "/api/v1/watch/namespaces/a/pods", ""),
+            (Method::GET, "/api/v1/namespaces/a/pods/p/portforward", ""),
+            (Method::GET, "/api/v1/namespaces/a/pods/p/attach", ""),
+            (Method::GET, "/api/v1/namespaces/a/services/s/proxy", ""),
+            (Method::GET, "/api/v1/namespaces/../secrets", ""),
+            (Method::GET, "/api/v1/namespaces/a%2Fb/secrets", ""),
+            (Method::GET, "/api//v1", ""),
+            (Method::GET, "/healthz", ""),
+            (Method::GET, "/logs", ""),
+            (Method::POST, "/api/v1/namespaces/a/pods/p/log", ""),
+        ] {
+            assert!(route(&m, p, q).is_err(), "{m} {p}?{q}");
+        }
+    }
+
+    #[test]
+    fn agent_urls_carry_the_agent_prefix() {
+        let c = ResourceProxyConfig::new(
+            "127.0.0.1:9090".parse().unwrap(),
+            "https://proxy.argocd.svc:9090/".into(),
+        );
+        assert_eq!(
+            c.agent_url(&AgentName::new("edge-1").unwrap()),
+            "https://proxy.argocd.svc:9090/agents/edge-1"
+        );
+        assert_eq!(c.host(), "proxy.argocd.svc");
+        let v6 =
+            ResourceProxyConfig::new("[::1]:9090".parse().unwrap(), "https://[::1]:9090".into());
+        assert_eq!(v6.host(), "::1");
+    }
+}
