@@ -291,6 +291,43 @@ mod tests {
         ));
     }
 
+    #[tokio::test]
+    async fn hello_offers_the_resource_proxy_when_it_is_served() {
+        use argocd_agent_kubernetes::{Kind, Resources, Scope};
+        let (svc, _api) = tower_test::mock::pair::<
+            http::Request<kube::client::Body>,
+            http::Response<kube::client::Body>,
+        >();
+        let client = kube::Client::new(svc, "default");
+        let (cache, _changes) = argocd_agent_kubernetes::watch(
+            client.clone(),
+            Kind::Application,
+            Scope::namespace("argocd"),
+        );
+        let mut spoke = Spoke::new(
+            AgentMode::Managed,
+            Namespace::new("argocd").unwrap(),
+            "agent".into(),
+            Resources::new(client.clone(), Kind::Application),
+            cache,
+            argocd_agent_sync::SendQueue::new(argocd_agent_sync::QueueLimits::default()),
+            crate::objects::ConfigKinds::new(Vec::new()),
+        );
+        let offers = |s: &Spoke| match hello(s).payload {
+            Payload::Hello(h) => h
+                .capabilities
+                .contains(&argocd_agent_sync::proxy::CAPABILITY.to_string()),
+            _ => false,
+        };
+        assert!(!offers(&spoke));
+        spoke.proxy = Some(std::sync::Arc::new(crate::proxy::Proxy::new(
+            client,
+            crate::proxy::ProxyConfig::default(),
+            crate::metrics::Metrics::new(),
+        )));
+        assert!(offers(&spoke));
+    }
+
     #[test]
     fn first_event_other_than_welcome_is_a_protocol_error() {
         let ping = Event::new("principal", EventType::Ping, Payload::None);

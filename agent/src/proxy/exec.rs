@@ -34,8 +34,8 @@ pub const CLOSE: u32 = 255;
 const TUNNEL_BUFFER: usize = 8;
 /// Largest stdout/stderr chunk per frame.
 const READ_CHUNK: usize = 32 * 1024;
-/// How long the agent waits for the exec's final status once its output ended.
-const STATUS_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long the agent waits for the principal to end its side after the agent ended.
+const CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 fn frame(channel: u32, data: Vec<u8>) -> TerminalFrame {
     TerminalFrame {
@@ -104,7 +104,7 @@ pub fn attach_params(req: &TerminalRequest) -> AttachParams {
 
 /// Serves one `terminal-request` (see the module documentation).
 #[allow(clippy::too_many_arguments)]
-pub(super) async fn serve(
+pub async fn serve(
     proxy: &Proxy,
     apps: &super::Apps,
     tunnel: Result<Tunnel, SessionError>,
@@ -148,7 +148,7 @@ pub(super) async fn serve(
         _ = connection.cancelled() => return,
         r = client.terminal(tunnel.request(ReceiverStream::new(rx))) => r,
     };
-    let inbound = match inbound {
+    let mut inbound = match inbound {
         Ok(r) => r.into_inner(),
         Err(status) => {
             tracing::warn!(code = ?status.code(), message = ?status.message(), "the principal refused the exec stream");
@@ -162,14 +162,11 @@ pub(super) async fn serve(
         r = tokio::time::timeout(proxy.config.timeout, api.exec(&req.pod, req.command.clone(), &params)) => r,
     };
     let process = match started {
-        Ok(Ok(p)) => {
-            tracing::info!(namespace = ?req.namespace, pod = ?req.pod, session = ?req.session_id, "exec session started");
-            p
-        }
+        Ok(Ok(p)) => p,
         Ok(Err(e)) => {
             tracing::warn!(namespace = ?req.namespace, pod = ?req.pod, error = %e, "exec failed to start");
             let _ = tx.send(frame(STATUS, start_failure(&e))).await;
-            finish(tx, inbound).await;
+            finish(tx, &mut inbound, connection).await;
             return;
         }
         Err(_) => {
@@ -177,11 +174,34 @@ pub(super) async fn serve(
                 .to_string()
                 .into_bytes();
             let _ = tx.send(frame(STATUS, body)).await;
-            finish(tx, inbound).await;
+            finish(tx, &mut inbound, connection).await;
             return;
         }
     };
     bridge(process, inbound, tx, connection).await;
+}
+
+/// Ends the agent's side, then waits (briefly) for the principal to end its side: the
+/// frames still queued are only delivered while the call lives (dropping its response
+/// would reset the stream).
+async fn finish(
+    tx: mpsc::Sender<TerminalFrame>,
+    inbound: &mut tonic::Streaming<TerminalFrame>,
+    connection: &CancellationToken,
+) {
+    drop(tx);
+    let deadline = tokio::time::sleep(CLOSE_WAIT);
+    tokio::pin!(deadline);
+    loop {
+        tokio::select! {
+            _ = &mut deadline => return,
+            _ = connection.cancelled() => return,
+            msg = inbound.message() => match msg {
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => return,
+            },
+        }
+    }
 }
 
 /// Moves frames between the principal and the exec until the exec ends (then sends its
@@ -192,67 +212,68 @@ async fn bridge(
     tx: mpsc::Sender<TerminalFrame>,
     connection: &CancellationToken,
 ) {
-    let status = process.take_status();
+    let mut status = process.take_status().map(Box::pin);
     let mut stdin = process.stdin();
     let mut stdout = process.stdout();
     let mut stderr = process.stderr();
     let mut resize = process.terminal_size();
     let mut out_buf = vec![0u8; READ_CHUNK];
     let mut err_buf = vec![0u8; READ_CHUNK];
-    while stdout.is_some() || stderr.is_some() {
-        tokio::select! {
-            _ = connection.cancelled() => {
-                process.abort();
-                return;
-            }
+    let final_status = loop {
+        let outputs_done = stdout.is_none() && stderr.is_none();
+        let out = tokio::select! {
+            _ = connection.cancelled() => None,
             n = read_some(&mut stdout, &mut out_buf) => match n {
-                Some(n) => if tx.send(frame(STDOUT, out_buf[..n].to_vec())).await.is_err() {
-                    process.abort();
-                    return;
-                },
-                None => stdout = None,
+                Some(n) => Some(frame(STDOUT, out_buf[..n].to_vec())),
+                None => { stdout = None; continue; }
             },
             n = read_some(&mut stderr, &mut err_buf) => match n {
-                Some(n) => if tx.send(frame(STDERR, err_buf[..n].to_vec())).await.is_err() {
-                    process.abort();
-                    return;
-                },
-                None => stderr = None,
+                Some(n) => Some(frame(STDERR, err_buf[..n].to_vec())),
+                None => { stderr = None; continue; }
             },
             msg = inbound.message() => match msg {
-                Ok(Some(f)) => on_frame(f, &mut stdin, &mut resize).await,
-                other => {
-                    tracing::info!(end = ?other.err(), "the principal ended the exec session");
-                    // The principal ended its side: the session is over.
-                    process.abort();
-                    return;
-                }
+                Ok(Some(f)) => { on_frame(f, &mut stdin, &mut resize).await; continue; }
+                // The principal ended its side: the session is over.
+                Ok(None) | Err(_) => None,
             },
+            // The status once all output has been passed on (kube resolves it with `None`
+            // when the exec's connection ends without one).
+            s = async {
+                match status.as_mut() {
+                    Some(s) => s.await,
+                    None => None,
+                }
+            }, if outputs_done => break s,
+        };
+        let Some(out) = out else {
+            process.abort();
+            return;
+        };
+        if !send_frame(&tx, out, connection).await {
+            process.abort();
+            return;
         }
-    }
-    drop(stdin);
-    let status = match status {
-        Some(s) => tokio::select! {
-            _ = connection.cancelled() => { process.abort(); return; }
-            s = tokio::time::timeout(STATUS_WAIT, s) => s.ok().flatten(),
-        },
-        None => None,
     };
-    let sent = tx
-        .send(frame(STATUS, status_json(status.as_ref())))
-        .await
-        .is_ok();
-    tracing::info!(status_sent = sent, "exec session ended");
-    finish(tx, inbound).await;
+    drop(stdin);
+    let _ = send_frame(
+        &tx,
+        frame(STATUS, status_json(final_status.as_ref())),
+        connection,
+    )
+    .await;
+    finish(tx, &mut inbound, connection).await;
 }
 
-/// Ends our side of the stream and waits (briefly) for the principal to end its side:
-/// dropping the call at once would reset the HTTP/2 stream and could discard the last
-/// frames (the output and the exit status) before they reach the principal.
-async fn finish(tx: mpsc::Sender<TerminalFrame>, mut inbound: tonic::Streaming<TerminalFrame>) {
-    drop(tx);
-    let drain = async { while let Ok(Some(_)) = inbound.message().await {} };
-    let _ = tokio::time::timeout(STATUS_WAIT, drain).await;
+/// Sends a frame to the principal unless the connection ends first; `false`: stop.
+async fn send_frame(
+    tx: &mpsc::Sender<TerminalFrame>,
+    f: TerminalFrame,
+    connection: &CancellationToken,
+) -> bool {
+    tokio::select! {
+        sent = tx.send(f) => sent.is_ok(),
+        _ = connection.cancelled() => false,
+    }
 }
 
 /// Reads from an output that is still open; `None` at its end (or when absent: then it

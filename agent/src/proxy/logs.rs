@@ -131,7 +131,7 @@ async fn forward<F: Future>(
 
 /// Serves one `log-request` (see the module documentation).
 #[allow(clippy::too_many_arguments)]
-pub(super) async fn serve(
+pub async fn serve(
     proxy: &Proxy,
     apps: &super::Apps,
     tunnel: Result<Tunnel, SessionError>,
@@ -161,7 +161,10 @@ pub(super) async fn serve(
     let response = match request {
         Ok(send) => tokio::select! {
             _ = connection.cancelled() => return,
-            r = send => r.map_err(|e| format!("kubernetes API: {e}")),
+            r = tokio::time::timeout(proxy.config.timeout, send) => match r {
+                Ok(r) => r.map_err(|e| format!("kubernetes API: {e}")),
+                Err(_) => Err("the log request timed out".to_string()),
+            },
         },
         Err(_) => Err("invalid log request".to_string()),
     };

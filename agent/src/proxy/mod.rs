@@ -273,12 +273,16 @@ impl Proxy {
                     Failure::Forbidden("a create body must be a JSON object".into())
                 })?;
                 let meta = body.get("metadata").cloned().unwrap_or(Value::Null);
-                let ns = meta
-                    .get("namespace")
-                    .and_then(Value::as_str)
-                    .map(str::to_owned)
-                    .or(r.namespace.clone());
-                if !self.is_managed(apps, &meta, ns.as_deref()).await {
+                let body_ns = meta.get("namespace").and_then(Value::as_str);
+                if let (Some(b), Some(p)) = (body_ns, r.namespace.as_deref())
+                    && b != p
+                {
+                    return Err(Failure::Forbidden(format!(
+                        "the object's namespace {b:?} is not the request's {p:?}"
+                    )));
+                }
+                let ns = r.namespace.as_deref().or(body_ns);
+                if !self.is_managed(apps, &meta, ns).await {
                     return Err(Failure::Forbidden(format!(
                         "the new {} is not managed by an Argo CD Application on this cluster",
                         r.plural
@@ -560,6 +564,17 @@ async fn read_limited(body: kube::client::Body, max: usize) -> Result<Bytes, Fai
     }
 }
 
+/// Sends an immediate answer (a refusal) without holding up the stream, even when the
+/// outbound channel is momentarily full.
+fn answer_soon(out: &mpsc::Sender<Event>, event: Event) {
+    if let Err(mpsc::error::TrySendError::Full(event)) = out.try_send(event) {
+        let out = out.clone();
+        tokio::spawn(async move {
+            let _ = out.send(event).await;
+        });
+    }
+}
+
 /// A `resource-response` event answering the request `id`.
 pub fn response_event(source: &str, id: &str, response: ResourceResponse) -> Event {
     let mut e = Event::new(
@@ -629,7 +644,7 @@ pub fn serve(
     let id = event.id.clone();
     let Some(proxy) = spoke.proxy.clone() else {
         let answer = Answer::status(501, "this agent does not serve the resource proxy");
-        let _ = out.try_send(response_event(&source, &id, answer.into_response()));
+        answer_soon(out, response_event(&source, &id, answer.into_response()));
         return;
     };
     let apps = spoke_apps(spoke);
@@ -639,7 +654,7 @@ pub fn serve(
             let Some(slot) = proxy.try_request_slot() else {
                 proxy.count(rules::method_verb(&req.method), "error");
                 let answer = Answer::status(429, "too many resource proxy requests at once");
-                let _ = out.try_send(response_event(&source, &id, answer.into_response()));
+                answer_soon(&out, response_event(&source, &id, answer.into_response()));
                 return;
             };
             tokio::spawn(async move {
@@ -652,7 +667,7 @@ pub fn serve(
             let Some(slot) = proxy.try_stream_slot() else {
                 proxy.count("log", "error");
                 let answer = Answer::status(429, "too many log and exec streams at once");
-                let _ = out.try_send(response_event(&source, &id, answer.into_response()));
+                answer_soon(&out, response_event(&source, &id, answer.into_response()));
                 return;
             };
             let tunnel = tunnel();
@@ -666,7 +681,7 @@ pub fn serve(
             let Some(slot) = proxy.try_stream_slot() else {
                 proxy.count("exec", "error");
                 let answer = Answer::status(429, "too many log and exec streams at once");
-                let _ = out.try_send(response_event(&source, &id, answer.into_response()));
+                answer_soon(&out, response_event(&source, &id, answer.into_response()));
                 return;
             };
             let tunnel = tunnel();
@@ -678,7 +693,7 @@ pub fn serve(
         }
         _ => {
             let answer = Answer::status(400, "not a resource proxy request");
-            let _ = out.try_send(response_event(&source, &id, answer.into_response()));
+            answer_soon(&out, response_event(&source, &id, answer.into_response()));
         }
     }
 }
