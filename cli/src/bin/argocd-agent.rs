@@ -396,6 +396,23 @@ impl RedisProxyArgs {
     }
 }
 
+/// The agent's side of the principal's resource proxy (docs/resource-proxy-agent.md).
+#[derive(Debug, Args)]
+struct AgentResourceProxyArgs {
+    /// Do not serve the principal's resource proxy (its requests are then answered 502).
+    #[arg(long, env = "ARGOCD_AGENT_DISABLE_RESOURCE_PROXY")]
+    disable_resource_proxy: bool,
+    /// Largest response passed back to the proxy (502 above).
+    #[arg(long, default_value_t = argocd_agent_agent::proxy::DEFAULT_MAX_BODY)]
+    resource_proxy_max_body: usize,
+    /// Proxied requests, and log and exec streams, at once (429 above).
+    #[arg(long, default_value_t = argocd_agent_agent::proxy::DEFAULT_MAX_CONCURRENT)]
+    resource_proxy_max_concurrent: usize,
+    /// How long one proxied request may take on this cluster (504 after).
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    resource_proxy_timeout: Duration,
+}
+
 /// This cluster's Redis, which the agent reads for the principal's Redis proxy.
 #[derive(Debug, Args)]
 struct AgentRedisArgs {
@@ -537,6 +554,8 @@ struct AgentArgs {
     max_message_size: usize,
     #[command(flatten)]
     redis: AgentRedisArgs,
+    #[command(flatten)]
+    resource_proxy: AgentResourceProxyArgs,
     #[arg(long, env = "ARGOCD_AGENT_LOG_LEVEL", default_value = "info")]
     log_level: String,
     #[arg(long, env = "ARGOCD_AGENT_LOG_FORMAT", default_value = "text")]
@@ -789,6 +808,10 @@ async fn serve_agent(a: AgentArgs) -> CmdResult {
         },
         destination_based_mapping: a.destination_based_mapping,
         redis: a.redis.config()?,
+        resource_proxy: !a.resource_proxy.disable_resource_proxy,
+        resource_proxy_max_body: a.resource_proxy.resource_proxy_max_body,
+        resource_proxy_max_concurrent: a.resource_proxy.resource_proxy_max_concurrent.max(1),
+        resource_proxy_timeout: a.resource_proxy.resource_proxy_timeout,
         cache_refresh_interval: match a.redis.cache_refresh_interval {
             d if d.is_zero() => return Err("--cache-refresh-interval must be above 0".into()),
             d => d,
