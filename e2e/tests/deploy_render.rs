@@ -551,6 +551,13 @@ fn expected_rules(
             for r in ["secrets", "configmaps"] {
                 rows.extend([("", r, "list"), ("", r, "watch")]);
             }
+            // The resource proxy's keys Secret (read or created once) and agents' cluster
+            // secrets (created, renewed by update).
+            rows.extend([
+                ("", "secrets", "get"),
+                ("", "secrets", "create"),
+                ("", "secrets", "update"),
+            ]);
         }
         (Component::Agent, "Role") => {
             applications(&mut rows);
