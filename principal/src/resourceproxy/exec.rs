@@ -272,6 +272,89 @@ where
 mod tests {
     use super::*;
 
+    use argocd_agent_proto::prost::Message as _;
+    use bytes::Bytes;
+    use http_body_util::StreamBody;
+    use hyper::body::Frame;
+    use tokio::sync::mpsc;
+
+    /// A frame as gRPC puts it on the wire (uncompressed, length-prefixed).
+    fn grpc(f: TerminalFrame) -> Result<Frame<Bytes>, std::convert::Infallible> {
+        let body = f.encode_to_vec();
+        let mut out = vec![0u8];
+        out.extend_from_slice(&(body.len() as u32).to_be_bytes());
+        out.extend_from_slice(&body);
+        Ok(Frame::data(out.into()))
+    }
+
+    fn frame(channel: u32, data: &[u8]) -> TerminalFrame {
+        TerminalFrame {
+            session_id: String::new(),
+            channel,
+            data: data.to_vec(),
+        }
+    }
+
+    #[tokio::test]
+    async fn frames_cross_both_ways_and_an_idle_session_is_closed_with_a_reason() {
+        let (client_io, server_io) = tokio::io::duplex(1 << 16);
+        let server = WebSocketStream::from_raw_socket(server_io, Role::Server, None).await;
+        let mut client = WebSocketStream::from_raw_socket(client_io, Role::Client, None).await;
+        let (agent_tx, agent_rx) = mpsc::channel(8);
+        let stream = tonic::Streaming::new_request(
+            tonic_prost::ProstDecoder::<TerminalFrame>::default(),
+            StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(agent_rx)),
+            None,
+            None,
+        );
+        let (to_agent, mut at_agent) = mpsc::channel(8);
+        let bridged = tokio::spawn(bridge(
+            server,
+            TerminalTunnel { stream, to_agent },
+            Duration::from_millis(300),
+            Duration::from_secs(60),
+        ));
+        // Agent -> client, channel byte first.
+        agent_tx.send(grpc(frame(1, b"hi\n"))).await.unwrap();
+        let m = client.next().await.unwrap().unwrap();
+        assert_eq!(m.into_data().as_ref(), b"\x01hi\n");
+        // Client -> agent: stdin, resize and close pass; output channels do not.
+        for f in [&b"\x00x"[..], b"\x01y", b"\x04{}", b"\xff\x00"] {
+            client
+                .send(Message::Binary(f.to_vec().into()))
+                .await
+                .unwrap();
+        }
+        let got: Vec<(u32, Vec<u8>)> = [
+            at_agent.recv().await.unwrap().unwrap(),
+            at_agent.recv().await.unwrap().unwrap(),
+            at_agent.recv().await.unwrap().unwrap(),
+        ]
+        .into_iter()
+        .map(|f| (f.channel, f.data))
+        .collect();
+        assert_eq!(
+            got,
+            [(0, b"x".to_vec()), (4, b"{}".to_vec()), (255, vec![0])]
+        );
+        // Then nothing either way: the client is told why, and the session closes.
+        let m = client.next().await.unwrap().unwrap().into_data();
+        assert_eq!(m[0], ERROR_CHANNEL);
+        let status: serde_json::Value = serde_json::from_slice(&m[1..]).unwrap();
+        assert_eq!(status["status"], "Failure");
+        assert!(
+            status["message"]
+                .as_str()
+                .unwrap()
+                .contains("without input or output")
+        );
+        while let Some(Ok(_)) = client.next().await {}
+        let why = bridged.await.unwrap();
+        assert!(why.starts_with("idle"), "{why}");
+        // The agent's side ended with the session.
+        assert!(at_agent.recv().await.is_none());
+    }
+
     #[test]
     fn the_newest_offered_subprotocol_is_chosen() {
         assert_eq!(
