@@ -290,6 +290,19 @@ pub fn principal_args(
     ]
 }
 
+/// kubectl from `KUBECTL`, else the project virtualenv (`.ci/run` installs it there), else
+/// `kubectl` on PATH.
+pub fn kubectl() -> PathBuf {
+    if let Some(p) = std::env::var_os("KUBECTL") {
+        return PathBuf::from(p);
+    }
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/kubectl");
+    if venv.is_file() {
+        return venv;
+    }
+    PathBuf::from("kubectl")
+}
+
 /// The `ApiResource` of Argo CD Applications.
 pub fn app_resource() -> ApiResource {
     ApiResource {

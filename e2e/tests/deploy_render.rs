@@ -21,12 +21,9 @@ fn workspace_root() -> PathBuf {
 /// kubectl from `KUBECTL`, the project virtualenv, or `PATH`; there is no other way to run
 /// the same kustomize that users run, so a missing kubectl fails the test.
 fn kubectl() -> PathBuf {
-    if let Some(p) = std::env::var_os("KUBECTL") {
-        return PathBuf::from(p);
-    }
-    let venv = workspace_root().join(".venv/bin/kubectl");
-    if venv.is_file() {
-        return venv;
+    let found = argocd_agent_e2e::harness::kubectl();
+    if found != Path::new("kubectl") {
+        return found;
     }
     let on_path = Command::new("kubectl")
         .args(["version", "--client"])
@@ -37,8 +34,7 @@ fn kubectl() -> PathBuf {
         return PathBuf::from("kubectl");
     }
     panic!(
-        "kubectl not found (KUBECTL unset, no {}, none on PATH): run .ci/run once to install it into .venv",
-        venv.display()
+        "kubectl not found (KUBECTL unset, no .venv/bin/kubectl, none on PATH): run .ci/run once to install it into .venv"
     );
 }
 

@@ -29,17 +29,6 @@ fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-fn kubectl() -> PathBuf {
-    if let Some(p) = std::env::var_os("KUBECTL") {
-        return PathBuf::from(p);
-    }
-    let venv = workspace_root().join(".venv/bin/kubectl");
-    if venv.is_file() {
-        return venv;
-    }
-    PathBuf::from("kubectl")
-}
-
 fn render(dir: &str) -> Vec<Value> {
     let out = Command::new(kubectl())
         .arg("kustomize")

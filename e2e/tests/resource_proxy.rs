@@ -17,17 +17,6 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 const T: Duration = Duration::from_secs(30);
 const APP_NS: &str = "guestbook";
 
-fn kubectl() -> PathBuf {
-    if let Some(p) = std::env::var_os("KUBECTL") {
-        return PathBuf::from(p);
-    }
-    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/kubectl");
-    if venv.is_file() {
-        return venv;
-    }
-    PathBuf::from("kubectl")
-}
-
 async fn run_kubectl(kubeconfig: &Path, args: &[&str]) -> Output {
     tokio::process::Command::new(kubectl())
         .arg("--kubeconfig")

@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
-use super::{Answer, Proxy, Tunnel, check_pod, response_event};
+use super::{Answer, Proxy, Tunnel, response_event};
 use crate::error::SessionError;
 
 pub const STDIN: u32 = 0;
@@ -120,20 +120,14 @@ pub async fn serve(
         let _ = answer(Answer::status(400, "no command given")).await;
         return;
     }
-    if let Err(refused) = check_pod(proxy, apps, &req.namespace, &req.pod, "exec").await {
-        let _ = answer(refused).await;
-        return;
-    }
-    let tunnel = match tunnel {
-        Ok(t) => t,
-        Err(e) => {
-            proxy.count("exec", "error");
-            tracing::warn!(error = %e, "no credentials for an exec stream");
-            let _ = answer(Answer::status(503, "the agent cannot open an exec stream")).await;
-            return;
-        }
-    };
-    proxy.count("exec", "allowed");
+    let tunnel =
+        match super::admit_stream(proxy, apps, tunnel, "exec", &req.namespace, &req.pod).await {
+            Ok(t) => t,
+            Err(refused) => {
+                let _ = answer(refused).await;
+                return;
+            }
+        };
     let (tx, rx) = mpsc::channel(TUNNEL_BUFFER);
     let first = TerminalFrame {
         session_id: req.session_id.clone(),

@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
-use super::{Answer, Proxy, Tunnel, check_pod, response_event};
+use super::{Answer, Proxy, Tunnel, response_event};
 use crate::error::SessionError;
 
 /// Buffered whole lines are sent at least this often.
@@ -142,20 +142,14 @@ pub async fn serve(
     connection: &CancellationToken,
 ) {
     let answer = |a: Answer| out.send(response_event(source, id, a.into_response()));
-    if let Err(refused) = check_pod(proxy, apps, &req.namespace, &req.pod, "log").await {
-        let _ = answer(refused).await;
-        return;
-    }
-    let tunnel = match tunnel {
-        Ok(t) => t,
-        Err(e) => {
-            proxy.count("log", "error");
-            tracing::warn!(error = %e, "no credentials for a log stream");
-            let _ = answer(Answer::status(503, "the agent cannot open a log stream")).await;
-            return;
-        }
-    };
-    proxy.count("log", "allowed");
+    let tunnel =
+        match super::admit_stream(proxy, apps, tunnel, "log", &req.namespace, &req.pod).await {
+            Ok(t) => t,
+            Err(refused) => {
+                let _ = answer(refused).await;
+                return;
+            }
+        };
     let request = super::build_request("GET", &log_path(&req), "", None, "", Vec::new())
         .map(|r| proxy.client.send(r));
     let response = match request {

@@ -663,9 +663,13 @@ pub fn serve(
                 let _ = out.send(response_event(&source, &id, response)).await;
             });
         }
-        Payload::LogRequest(req) => {
+        payload @ (Payload::LogRequest(_) | Payload::TerminalRequest(_)) => {
+            let what = match payload {
+                Payload::LogRequest(_) => "log",
+                _ => "exec",
+            };
             let Some(slot) = proxy.try_stream_slot() else {
-                proxy.count("log", "error");
+                proxy.count(what, "error");
                 let answer = Answer::status(429, "too many log and exec streams at once");
                 answer_soon(&out, response_event(&source, &id, answer.into_response()));
                 return;
@@ -673,21 +677,17 @@ pub fn serve(
             let tunnel = tunnel();
             let connection = connection.clone();
             tokio::spawn(async move {
-                logs::serve(&proxy, &apps, tunnel, &source, &id, req, &out, &connection).await;
-                drop(slot);
-            });
-        }
-        Payload::TerminalRequest(req) => {
-            let Some(slot) = proxy.try_stream_slot() else {
-                proxy.count("exec", "error");
-                let answer = Answer::status(429, "too many log and exec streams at once");
-                answer_soon(&out, response_event(&source, &id, answer.into_response()));
-                return;
-            };
-            let tunnel = tunnel();
-            let connection = connection.clone();
-            tokio::spawn(async move {
-                exec::serve(&proxy, &apps, tunnel, &source, &id, req, &out, &connection).await;
+                match payload {
+                    Payload::LogRequest(req) => {
+                        logs::serve(&proxy, &apps, tunnel, &source, &id, req, &out, &connection)
+                            .await
+                    }
+                    Payload::TerminalRequest(req) => {
+                        exec::serve(&proxy, &apps, tunnel, &source, &id, req, &out, &connection)
+                            .await
+                    }
+                    _ => {}
+                }
                 drop(slot);
             });
         }
@@ -696,6 +696,26 @@ pub fn serve(
             answer_soon(&out, response_event(&source, &id, answer.into_response()));
         }
     }
+}
+
+/// Admits a log (`what` = "log") or exec ("exec") stream of `pod`: the pod must be managed
+/// and the tunnel's credentials ready. `Err` is the refusal to answer with instead.
+pub(crate) async fn admit_stream(
+    proxy: &Proxy,
+    apps: &Apps,
+    tunnel: Result<Tunnel, SessionError>,
+    what: &'static str,
+    namespace: &str,
+    pod: &str,
+) -> Result<Tunnel, Answer> {
+    check_pod(proxy, apps, namespace, pod, what).await?;
+    let tunnel = tunnel.map_err(|e| {
+        proxy.count(what, "error");
+        tracing::warn!(error = %e, "no credentials for a {what} stream");
+        Answer::status(503, &format!("the agent cannot open a {what} stream"))
+    })?;
+    proxy.count(what, "allowed");
+    Ok(tunnel)
 }
 
 /// Checks that a pod is managed before a log or exec stream: `Err` is the answer to send
