@@ -236,11 +236,17 @@ impl Spoke {
         resource: &ResourceRef,
         obj: Arc<Value>,
     ) -> Result<(), SpokeError> {
+        // Set before a recreate deletes the local copy (see `Spoke::apply`): a revert of
+        // that deletion must restore this object, not the previous one.
+        let key = (resource.kind, resource.name.clone());
+        let previous = lock(&self.config.desired).insert(key.clone(), obj.clone());
         if let Some(k) = self.config.get(resource.kind) {
             let local = k.cache.get(Some(self.namespace.as_str()), &resource.name);
-            self.prepare_write(&k.resources, local, &obj).await?;
+            if let Err(e) = self.prepare_write(&k.resources, local, &obj).await {
+                crate::spoke::restore(&mut lock(&self.config.desired), key, previous);
+                return Err(e);
+            }
         }
-        lock(&self.config.desired).insert((resource.kind, resource.name.clone()), obj.clone());
         self.upsert_config(resource.kind, &obj).await
     }
 

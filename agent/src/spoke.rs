@@ -634,8 +634,18 @@ impl Spoke {
         match command {
             Command::Upsert(obj) => {
                 let local = self.cache.get(Some(ns), name);
-                let deleted = self.prepare_write(&self.apps, local, &obj).await?;
-                self.inner().desired.insert(key, obj.clone());
+                // What local changes are reverted to from now on, set before a recreate
+                // deletes the local copy: the watch may report that deletion (and revert
+                // it) before the delete call returns here, and a revert to the previous
+                // object would overwrite this write.
+                let previous = self.inner().desired.insert(key.clone(), obj.clone());
+                let deleted = match self.prepare_write(&self.apps, local, &obj).await {
+                    Ok(deleted) => deleted,
+                    Err(e) => {
+                        restore(&mut self.inner().desired, key, previous);
+                        return Err(e);
+                    }
+                };
                 let known = if deleted {
                     Known::Unknown
                 } else {
@@ -668,6 +678,18 @@ impl Spoke {
             Command::Republish => Ok(()),
         }
     }
+}
+
+/// Puts back what `map` held under `key` before an insert that did not take effect.
+pub(crate) fn restore<K: std::hash::Hash + Eq, V>(
+    map: &mut HashMap<K, V>,
+    key: K,
+    previous: Option<V>,
+) {
+    match previous {
+        Some(p) => map.insert(key, p),
+        None => map.remove(&key),
+    };
 }
 
 /// Span `agent.spoke_write` around one write to the spoke's API server.
