@@ -318,6 +318,15 @@ fn hub_form(agent: &AgentName, app: &Value) -> Value {
     out
 }
 
+/// Whether `obj` is a hub copy that `agent` wrote (autonomous mode).
+fn written_by(obj: &DynamicObject, agent: &AgentName) -> bool {
+    obj.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(AGENT_NAME_LABEL))
+        .is_some_and(|l| l == agent.as_str())
+}
+
 /// Autonomous: the inverse of [`hub_form`].
 fn agent_form(agent: &AgentName, app: &Value) -> Value {
     let mut out = app.clone();
@@ -723,7 +732,10 @@ impl Hub {
         agent_state: &Checksums,
     ) -> Vec<Event> {
         let ns = state.namespace();
-        let objects = self.hub_objects(&ns);
+        // Only the copies this agent wrote: hub-authored objects in its namespace are never
+        // requested from it nor deleted because it lacks them.
+        let mut objects = self.hub_objects(&ns);
+        objects.retain(|_, o| written_by(o, &state.name));
         let hub = Self::agent_form_checksums(&state.name, &objects);
         let plan = argocd_agent_sync::resync::plan(agent_state, &hub);
         tracing::info!(agent = %state.name, request = plan.send.len(), delete = plan.delete.len(),

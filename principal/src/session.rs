@@ -238,30 +238,45 @@ async fn run(
     }
     send(tx, hub, &state, welcome).await?;
 
-    // 3. Resync.
+    // 3. Resync. It can be long (an autonomous agent's hub deletes): it stops as soon as
+    // the session is replaced or revoked, or the agent goes away, so an abandoned session
+    // never goes on writing to the hub.
     let resync_started = std::time::Instant::now();
-    hub.cache.wait_synced().await;
-    hub.config.wait_synced().await;
-    state.queue.requeue_in_flight();
-    match mode {
-        AgentMode::Managed => {
-            let app_uids = agent_uids
-                .get(&ResourceKind::Application)
-                .cloned()
-                .unwrap_or_default();
-            hub.resync_managed(&state, &app_checksums, &app_uids);
-            hub.resync_config(&state, &agent_checksums, &agent_uids);
-        }
-        AgentMode::Autonomous => {
-            let projects = agent_checksums
-                .get(&ResourceKind::AppProject)
-                .cloned()
-                .unwrap_or_default();
-            let mut requests = hub.resync_autonomous_projects(&state, &projects).await;
-            requests.extend(hub.resync_autonomous(&state, &app_checksums).await);
-            for e in requests {
-                send(tx, hub, &state, e).await?;
+    let resync = async {
+        hub.cache.wait_synced().await;
+        hub.config.wait_synced().await;
+        state.queue.requeue_in_flight();
+        match mode {
+            AgentMode::Managed => {
+                let app_uids = agent_uids
+                    .get(&ResourceKind::Application)
+                    .cloned()
+                    .unwrap_or_default();
+                hub.resync_managed(&state, &app_checksums, &app_uids);
+                hub.resync_config(&state, &agent_checksums, &agent_uids);
             }
+            AgentMode::Autonomous => {
+                let projects = agent_checksums
+                    .get(&ResourceKind::AppProject)
+                    .cloned()
+                    .unwrap_or_default();
+                let mut requests = hub.resync_autonomous_projects(&state, &projects).await;
+                requests.extend(hub.resync_autonomous(&state, &app_checksums).await);
+                for e in requests {
+                    send(tx, hub, &state, e).await?;
+                }
+            }
+        }
+        Ok::<(), Status>(())
+    };
+    tokio::select! {
+        r = resync => r?,
+        _ = token.cancelled() => {
+            return Err(Status::aborted("session closed by the principal during resync (replaced by a newer session, or identity revoked)"));
+        }
+        _ = tx.closed() => {
+            tracing::info!("the agent went away during resync: resync abandoned");
+            return Ok(());
         }
     }
     hub.metrics

@@ -1,0 +1,138 @@
+//! Sessions under abuse by one legitimate identity: an autonomous agent's resync never
+//! deletes hub-authored Applications in its namespace, and sessions abandoned during resync
+//! (or replaced by a newer one) stop at once — the connected-agents gauge comes back to the
+//! real agents, and the newest session of an identity is the live one.
+
+use std::time::Duration;
+
+use argocd_agent_e2e::harness::*;
+use argocd_agent_identity::SpiffeId;
+use argocd_agent_identity::source::SvidSource;
+use argocd_agent_identity::tls::{PeerPolicy, client_config};
+use argocd_agent_identity::transport::{ChannelOptions, connect};
+use argocd_agent_proto::eventstream::event_stream_client::EventStreamClient;
+use argocd_agent_proto::eventstream::{AgentMode, Hello};
+use argocd_agent_sync::{Event, EventType, Payload};
+use kube::api::PostParams;
+
+const T: Duration = Duration::from_secs(30);
+
+/// The principal's `argocd_principal_connected_agents`.
+async fn connected(topo: &Topology) -> f64 {
+    let text = http_get(topo.metrics_ports["principal"], "/metrics")
+        .await
+        .unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix("argocd_principal_connected_agents "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(-1.0)
+}
+
+/// Opens a session as the autonomous agent's identity with an empty spoke, and returns once
+/// the principal has welcomed it (the resync starts right after).
+async fn empty_autonomous_session(
+    source: &SvidSource,
+    addr: std::net::SocketAddr,
+) -> (
+    tokio::sync::mpsc::Sender<argocd_agent_proto::cloudevents::CloudEvent>,
+    tonic::Streaming<argocd_agent_proto::cloudevents::CloudEvent>,
+) {
+    let tls = client_config(
+        source,
+        PeerPolicy::Exact(SpiffeId::parse(PRINCIPAL_ID).unwrap()),
+    )
+    .unwrap();
+    let channel = connect(
+        &addr.to_string(),
+        tls,
+        "127.0.0.1",
+        ChannelOptions::default(),
+    )
+    .await
+    .unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let hello = Event::new(
+        "abuser",
+        EventType::Hello,
+        Payload::Hello(Hello {
+            mode: AgentMode::Autonomous as i32,
+            version: "test".into(),
+            protocol_version: 1,
+            ..Default::default()
+        }),
+    );
+    tx.send(hello.to_cloud_event()).await.unwrap();
+    let mut inbound = EventStreamClient::new(channel)
+        .subscribe(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let welcome = inbound.message().await.unwrap().expect("a welcome");
+    assert!(welcome.r#type.ends_with(".welcome"), "{}", welcome.r#type);
+    (tx, inbound)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn hub_authored_apps_survive_autonomous_resyncs_and_abandoned_sessions_end() {
+    let topo = Topology::start(TopologyOptions::default()).await.unwrap();
+    topo.wait_connected(MANAGED, T).await.unwrap();
+    topo.wait_connected(AUTONOMOUS, T).await.unwrap();
+    // Applications authored on the hub, in the autonomous agent's namespace.
+    let hub_apps = apps(&topo.hub, AUTONOMOUS).unwrap();
+    for i in 0..20 {
+        hub_apps
+            .create(
+                &PostParams::default(),
+                &sample_app(&format!("hub-made-{i}"), AUTONOMOUS, "guestbook"),
+            )
+            .await
+            .unwrap();
+    }
+
+    // Sessions with the autonomous identity and an empty spoke, each dropped right after
+    // its welcome (during its resync), then one left open.
+    let source = SvidSource::workload_api(Some(
+        topo.spiffe.endpoint(&topo.dir.join("autonomous.sock")),
+    ))
+    .await
+    .unwrap();
+    source.wait_ready(T).await.unwrap();
+    for _ in 0..15 {
+        let session = empty_autonomous_session(&source, topo.principal_addr).await;
+        drop(session);
+    }
+    let (_tx, mut last) = empty_autonomous_session(&source, topo.principal_addr).await;
+
+    // Nothing the hub authored was deleted by those resyncs.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for i in 0..20 {
+        assert!(
+            stored_app(&topo.hub, AUTONOMOUS, &format!("hub-made-{i}")).is_some(),
+            "hub-made-{i} was deleted by an autonomous resync"
+        );
+    }
+    // Every abandoned or replaced session ended: the gauge counts the managed agent and
+    // the one live autonomous session.
+    eventually("abandoned sessions end", T, || async {
+        (connected(&topo).await == 2.0).then_some(())
+    })
+    .await
+    .unwrap();
+    // The newest session is the live one: the real agent's session (replaced) reconnects
+    // and replaces ours in turn, which is closed by the principal.
+    let closed = tokio::time::timeout(T, async {
+        loop {
+            match last.message().await {
+                Ok(Some(_)) => continue,
+                other => return other.map(|_| ()),
+            }
+        }
+    })
+    .await
+    .expect("the replaced session is closed");
+    if let Err(status) = closed {
+        assert_eq!(status.code(), tonic::Code::Aborted, "{status:?}");
+    }
+    topo.wait_connected(AUTONOMOUS, T).await.unwrap();
+    topo.stop().await;
+}
