@@ -367,7 +367,9 @@ async fn client_that_never_speaks_http2_is_closed_after_the_preface_timeout() {
 
     // The preface is replayed to the server, and the verified peer is still attached.
     let mut good = dial().await;
-    good.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await.unwrap();
+    good.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .await
+        .unwrap();
     good.flush().await.unwrap();
     let mut stream = tokio::time::timeout(Duration::from_secs(5), incoming.next())
         .await

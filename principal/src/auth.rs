@@ -276,7 +276,10 @@ mod tests {
         let auth = jwt_authenticator();
         for (name, value) in [
             ("x-forwarded-client-cert", "URI=spiffe://example.org/a"),
-            ("l5d-client-id", "a.ns.serviceaccount.identity.linkerd.cluster.local"),
+            (
+                "l5d-client-id",
+                "a.ns.serviceaccount.identity.linkerd.cluster.local",
+            ),
         ] {
             let mut req = Request::new(());
             req.metadata_mut()
