@@ -23,6 +23,10 @@ const INITIAL_TIMEOUT: Duration = Duration::from_secs(15);
 const MIN_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
 
+/// Clock skew tolerated between the token's issuer and the validator: a token whose `nbf`
+/// (not before) or `iat` (issued at) lies more than this in the future is refused.
+pub const CLOCK_SKEW: Duration = Duration::from_secs(60);
+
 /// JWT-SVID failures. Messages name the subject and the reason.
 #[derive(Debug, thiserror::Error)]
 pub enum JwtError {
@@ -63,6 +67,18 @@ pub enum JwtError {
         sub: String,
         /// The `exp` claim.
         exp: i64,
+    },
+    /// `nbf` or `iat` lies further in the future than [`CLOCK_SKEW`] allows.
+    #[error("JWT-SVID for {sub} is not valid yet: {claim} is {at} (unix seconds), now is {now}")]
+    NotYetValid {
+        /// The token's subject.
+        sub: String,
+        /// The claim (`nbf` or `iat`).
+        claim: &'static str,
+        /// Its value.
+        at: i64,
+        /// The validator's clock.
+        now: i64,
     },
     /// The audience is not in `aud`.
     #[error("JWT-SVID for {sub} is for audience {aud:?}, not {expected:?}")]
@@ -221,7 +237,8 @@ impl JwtBundles {
     }
 
     /// Validates `token`: signature against the bundle of the subject's trust domain by `kid`,
-    /// `aud` contains `audience`, `exp` after `now`, `sub` a SPIFFE ID.
+    /// `aud` contains `audience`, `exp` after `now`, `nbf` and `iat` (when present) not later
+    /// than `now` plus [`CLOCK_SKEW`], `sub` a SPIFFE ID.
     pub fn validate_claims(
         &self,
         token: &str,
@@ -279,6 +296,24 @@ impl JwtBundles {
             .unwrap_or(0);
         if now_secs >= exp {
             return Err(JwtError::Expired { sub, exp });
+        }
+        for claim in ["nbf", "iat"] {
+            let Some(value) = claims.get(claim) else {
+                continue;
+            };
+            // NumericDate: seconds, possibly fractional.
+            let at = value
+                .as_f64()
+                .ok_or_else(|| JwtError::Malformed(format!("{claim} is not a number")))?
+                .floor() as i64;
+            if at > now_secs.saturating_add(CLOCK_SKEW.as_secs() as i64) {
+                return Err(JwtError::NotYetValid {
+                    sub,
+                    claim,
+                    at,
+                    now: now_secs,
+                });
+            }
         }
         if !parsed.audience().iter().any(|a| a == audience) {
             return Err(JwtError::WrongAudience {

@@ -29,7 +29,9 @@ pub enum PeerError {
         reason: String,
     },
     /// The leaf is a CA certificate, which an SVID leaf must not be.
-    #[error("peer leaf certificate for {0} is a CA certificate; an X.509-SVID leaf must not be")]
+    #[error(
+        "peer leaf certificate with URI SAN {0:?} is a CA certificate; an X.509-SVID leaf must not be"
+    )]
     LeafIsCa(String),
 }
 

@@ -88,22 +88,23 @@ pub enum TlsError {
     /// The peer's leaf is not a valid SVID.
     #[error("peer certificate is not an X.509-SVID: {0}")]
     Peer(#[from] PeerError),
-    /// No bundle for the peer's trust domain.
+    /// No bundle for the peer's trust domain. The ID is only what the certificate claims.
     #[error(
-        "peer {peer} is from trust domain {trust_domain:?}, for which there is no trust bundle"
+        "certificate claiming {peer:?} (not verified) is from trust domain {trust_domain:?}, for which there is no trust bundle"
     )]
     UnknownTrustDomain {
-        /// The peer's SPIFFE ID.
+        /// The SPIFFE ID the certificate claims (not verified).
         peer: String,
         /// Its trust domain.
         trust_domain: String,
     },
     /// The chain does not verify against the bundle (bad signature, expired, not yet valid).
+    /// The ID is only what the certificate claims.
     #[error(
-        "certificate of {peer} does not verify against the bundle of {trust_domain:?}: {source}"
+        "certificate claiming {peer:?} (not verified) does not verify against the bundle of {trust_domain:?}: {source}"
     )]
     Chain {
-        /// The peer's SPIFFE ID.
+        /// The SPIFFE ID the certificate claims (not verified).
         peer: String,
         /// Its trust domain.
         trust_domain: String,
@@ -335,11 +336,13 @@ impl SpiffeVerifier {
                 Ok(())
             }
             Err(e) => {
-                tracing::warn!(
-                    role = self.role.name(),
-                    "refused TLS {}: {e}",
-                    self.role.name()
-                );
+                // rustls gives a verifier no peer address. On the server side the accept loop
+                // (`transport::tls_incoming`) logs the refusal with it, so this line is only
+                // detail; the agent has a single peer and logs it here.
+                match self.role {
+                    Role::Client => tracing::debug!("refused TLS client: {e}"),
+                    Role::Server => tracing::warn!("refused TLS server: {e}"),
+                }
                 Err(to_rustls(e))
             }
         }

@@ -29,6 +29,14 @@ use crate::peer::spiffe_id_from_chain;
 /// How long a TLS handshake may take before the connection is dropped.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long a client may take, after its TLS handshake, to send the HTTP/2 client preface.
+/// Authorization runs at the first RPC, so without this limit any certificate from the bundle
+/// could hold a connection open forever without ever speaking HTTP/2.
+pub const PREFACE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The HTTP/2 client connection preface (RFC 9113, section 3.4).
+const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
 /// Default cap on TLS handshakes in progress at once: a reconnect storm of thousands of
 /// agents queues at the accept loop instead of starving established sessions of CPU.
 pub const DEFAULT_MAX_CONCURRENT_HANDSHAKES: usize = 256;
@@ -47,10 +55,14 @@ pub struct VerifiedPeer {
     pub chain: Arc<Vec<CertificateDer<'static>>>,
 }
 
-/// A server-side TLS connection whose client presented a verified SVID.
+/// A server-side TLS connection whose client presented a verified SVID (and sent the HTTP/2
+/// client preface, which reads replay first).
 pub struct VerifiedStream {
     inner: tokio_rustls::server::TlsStream<TcpStream>,
     peer: VerifiedPeer,
+    /// Bytes already read from `inner` (the preface) that reads return before `inner`'s.
+    prefix: Vec<u8>,
+    prefix_pos: usize,
 }
 
 impl VerifiedStream {
@@ -75,7 +87,36 @@ impl VerifiedStream {
                 client: ClientIdentity::Spiffe(id),
                 chain: Arc::new(chain),
             },
+            prefix: Vec::new(),
+            prefix_pos: 0,
         })
+    }
+
+    /// Reads the HTTP/2 client preface and keeps it for the server to read again. Fails on
+    /// the first byte that differs, or if the connection ends first.
+    async fn read_preface(&mut self) -> io::Result<()> {
+        use tokio::io::AsyncReadExt as _;
+        let mut buf = [0u8; H2_PREFACE.len()];
+        let mut filled = 0;
+        while filled < buf.len() {
+            let n = self.inner.read(&mut buf[filled..]).await?;
+            if n == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!("connection closed after {filled} bytes of the HTTP/2 preface"),
+                ));
+            }
+            if buf[filled..filled + n] != H2_PREFACE[filled..filled + n] {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "not an HTTP/2 client preface",
+                ));
+            }
+            filled += n;
+        }
+        self.prefix = buf.to_vec();
+        self.prefix_pos = 0;
+        Ok(())
     }
 
     /// The verified client.
@@ -98,7 +139,15 @@ impl AsyncRead for VerifiedStream {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_read(cx, buf)
+        let this = &mut *self;
+        let pending = &this.prefix[this.prefix_pos..];
+        if !pending.is_empty() {
+            let n = pending.len().min(buf.remaining());
+            buf.put_slice(&pending[..n]);
+            this.prefix_pos += n;
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.inner).poll_read(cx, buf)
     }
 }
 
@@ -176,8 +225,9 @@ impl Default for ChannelOptions {
 }
 
 /// Accepts TCP connections and runs each TLS handshake in its own task, yielding only
-/// completed handshakes whose client presented a verified SVID: a slow or failed handshake
-/// neither blocks others nor ends the server (failures are logged). At most
+/// completed handshakes whose client presented a verified SVID and then sent the HTTP/2
+/// client preface within [`PREFACE_TIMEOUT`]: a slow or failed handshake neither blocks
+/// others nor ends the server (failures are logged with the peer address). At most
 /// [`DEFAULT_MAX_CONCURRENT_HANDSHAKES`] handshakes run at once. Feed the result to
 /// `Server::serve_with_incoming`; handlers find the [`VerifiedPeer`] in request extensions.
 pub fn tls_incoming(
@@ -193,6 +243,44 @@ pub fn tls_incoming_with_limit(
     config: Arc<rustls::ServerConfig>,
     max_handshakes: usize,
 ) -> impl Stream<Item = Result<VerifiedStream, io::Error>> + Send + 'static {
+    tls_incoming_with_options(
+        listener,
+        config,
+        IncomingOptions {
+            max_handshakes,
+            ..IncomingOptions::default()
+        },
+    )
+}
+
+/// Limits of [`tls_incoming_with_options`].
+#[derive(Clone, Debug)]
+pub struct IncomingOptions {
+    /// TLS handshakes in progress at once (at least 1).
+    pub max_handshakes: usize,
+    /// How long a client may take after its handshake to send the HTTP/2 client preface.
+    pub preface_timeout: Duration,
+}
+
+impl Default for IncomingOptions {
+    fn default() -> Self {
+        Self {
+            max_handshakes: DEFAULT_MAX_CONCURRENT_HANDSHAKES,
+            preface_timeout: PREFACE_TIMEOUT,
+        }
+    }
+}
+
+/// [`tls_incoming`] with explicit limits.
+pub fn tls_incoming_with_options(
+    listener: TcpListener,
+    config: Arc<rustls::ServerConfig>,
+    opts: IncomingOptions,
+) -> impl Stream<Item = Result<VerifiedStream, io::Error>> + Send + 'static {
+    let IncomingOptions {
+        max_handshakes,
+        preface_timeout,
+    } = opts;
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     let acceptor = TlsAcceptor::from(config);
     let permits = Arc::new(Semaphore::new(max_handshakes.max(1)));
@@ -225,21 +313,35 @@ pub fn tls_incoming_with_limit(
             let tx = tx.clone();
             tokio::spawn(async move {
                 let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await;
+                // The slot is for the handshake only, not for waiting on the client.
                 drop(permit);
-                match handshake {
+                let mut stream = match handshake {
                     Ok(Ok(tls)) => match VerifiedStream::new(tls, remote) {
-                        Ok(stream) => {
-                            let _ = tx.send(Ok(stream)).await;
-                        }
+                        Ok(stream) => stream,
                         Err(e) => {
-                            tracing::warn!(remote = %remote, error = %e, "TLS client without a usable SVID dropped")
+                            tracing::warn!(remote = %remote, error = %e, "TLS client without a usable SVID dropped");
+                            return;
                         }
                     },
                     Ok(Err(e)) => {
-                        tracing::warn!(remote = %remote, error = %e, "TLS handshake failed")
+                        tracing::warn!(remote = %remote, error = %e, "TLS handshake failed");
+                        return;
                     }
                     Err(_) => {
-                        tracing::warn!(remote = %remote, "TLS handshake timed out after {HANDSHAKE_TIMEOUT:?}")
+                        tracing::warn!(remote = %remote, "TLS handshake timed out after {HANDSHAKE_TIMEOUT:?}");
+                        return;
+                    }
+                };
+                // The client's ID is verified by now; dropping the stream closes the connection.
+                match tokio::time::timeout(preface_timeout, stream.read_preface()).await {
+                    Ok(Ok(())) => {
+                        let _ = tx.send(Ok(stream)).await;
+                    }
+                    Ok(Err(e)) => {
+                        tracing::warn!(remote = %remote, client = %stream.peer.client, error = %e, "TLS client closed: no HTTP/2 client preface")
+                    }
+                    Err(_) => {
+                        tracing::warn!(remote = %remote, client = %stream.peer.client, "TLS client closed: no HTTP/2 client preface within {preface_timeout:?}")
                     }
                 }
             });

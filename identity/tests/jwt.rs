@@ -240,3 +240,47 @@ async fn fetcher_refreshes_token_before_it_expires() {
     }
     dev.shutdown().await;
 }
+
+#[test]
+fn token_not_valid_yet_is_refused_beyond_the_clock_skew() {
+    use argocd_agent_identity::jwt::CLOCK_SKEW;
+    let ca = DevCa::ephemeral(td("example.org")).unwrap();
+    let now = unix_now();
+    let skew = CLOCK_SKEW.as_secs() as i64;
+    let token = |extra: serde_json::Value| {
+        let mut claims = serde_json::json!({
+            "sub": AGENT,
+            "aud": [PRINCIPAL],
+            "exp": now + 3600,
+        });
+        claims
+            .as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        ca.sign_jwt(&claims).unwrap()
+    };
+    let check = |extra| bundles(&ca).validate(&token(extra), &id(PRINCIPAL));
+
+    // Within the tolerated skew, or in the past: accepted.
+    for extra in [
+        serde_json::json!({"nbf": now - 10, "iat": now - 10}),
+        serde_json::json!({"nbf": now + skew / 2, "iat": now + skew / 2}),
+        serde_json::json!({"nbf": (now - 5) as f64 + 0.5}),
+    ] {
+        let accepted = check(extra.clone()).unwrap_or_else(|e| panic!("{extra}: {e}"));
+        assert_eq!(accepted.as_str(), AGENT);
+    }
+    // Not valid for another hour: refused, whichever claim says so.
+    for (claim, extra) in [
+        ("nbf", serde_json::json!({"nbf": now + 3000, "iat": now})),
+        ("iat", serde_json::json!({"iat": now + 3000})),
+    ] {
+        let err = check(extra).unwrap_err();
+        assert!(
+            matches!(&err, JwtError::NotYetValid { claim: c, .. } if *c == claim),
+            "{err}"
+        );
+    }
+    let err = check(serde_json::json!({"nbf": "soon"})).unwrap_err();
+    assert!(matches!(err, JwtError::Malformed(_)), "{err}");
+}

@@ -312,3 +312,75 @@ impl rustls::client::danger::ServerCertVerifier for AcceptAnyServer {
         self.0.signature_verification_algorithms.supported_schemes()
     }
 }
+
+#[tokio::test]
+async fn client_that_never_speaks_http2_is_closed_after_the_preface_timeout() {
+    use argocd_agent_identity::tls::{client_config, server_config};
+    use argocd_agent_identity::transport::{IncomingOptions, tls_incoming_with_options};
+    use futures::StreamExt as _;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    let ca = DevCa::ephemeral(td("example.org")).unwrap();
+    let issue = |who: &str| ca.issue_x509(&id(who), Duration::from_secs(3600)).unwrap();
+    let principal = fixed(&issue(PRINCIPAL), bundles_of(&[&ca]));
+    let agent = fixed(&issue(AGENT), bundles_of(&[&ca]));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut incoming = Box::pin(tls_incoming_with_options(
+        listener,
+        server_config(&principal, PeerPolicy::Any).unwrap(),
+        IncomingOptions {
+            preface_timeout: Duration::from_millis(300),
+            ..IncomingOptions::default()
+        },
+    ));
+    let connector = tokio_rustls::TlsConnector::from(
+        client_config(&agent, PeerPolicy::Exact(id(PRINCIPAL))).unwrap(),
+    );
+    let dial = || async {
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+        connector.connect(name, tcp).await.expect("TLS handshake")
+    };
+    let mut buf = [0u8; 16];
+
+    // A valid SVID that completes the handshake and then says nothing is closed.
+    let mut silent = dial().await;
+    let read = tokio::time::timeout(Duration::from_secs(5), silent.read(&mut buf))
+        .await
+        .expect("server closes a silent connection within the preface timeout");
+    assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+
+    // So is one that speaks something other than HTTP/2.
+    let mut http1 = dial().await;
+    http1.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+    let read = tokio::time::timeout(Duration::from_secs(5), http1.read(&mut buf))
+        .await
+        .expect("server closes a non-HTTP/2 connection");
+    assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(100), incoming.next())
+            .await
+            .is_err(),
+        "neither connection reaches the server"
+    );
+
+    // The preface is replayed to the server, and the verified peer is still attached.
+    let mut good = dial().await;
+    good.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .await
+        .unwrap();
+    good.flush().await.unwrap();
+    let mut stream = tokio::time::timeout(Duration::from_secs(5), incoming.next())
+        .await
+        .expect("preface accepted")
+        .expect("stream open")
+        .expect("connection");
+    assert_eq!(
+        stream.peer().client.spiffe_id().map(|i| i.as_str()),
+        Some(AGENT)
+    );
+    let mut replayed = [0u8; 24];
+    stream.read_exact(&mut replayed).await.unwrap();
+    assert_eq!(&replayed, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
+}

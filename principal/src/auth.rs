@@ -147,6 +147,30 @@ impl Authenticator {
                 validator,
                 audience,
             } => {
+                // As on the mTLS listener: the identity comes from the token, so a forwarded
+                // identity header is an ingress/mesh misconfiguration or an attempt to be
+                // taken for someone else; refuse it visibly rather than ignore it.
+                if let Some(name) = argocd_agent_mesh::IDENTITY_HEADERS
+                    .iter()
+                    .find(|name| headers.contains_key(**name))
+                {
+                    return Err(AuthFailure::new(
+                        "IdentityHeaderOnJwt",
+                        Status::permission_denied(format!(
+                            "request on the JWT-SVID listener carries identity header {name}; identity headers are only accepted on the header-auth listener behind a mesh proxy"
+                        )),
+                    ));
+                }
+                // Which of several tokens an intermediary added or checked is unknowable.
+                let count = headers.get_all(http::header::AUTHORIZATION).iter().count();
+                if count > 1 {
+                    return Err(AuthFailure::new(
+                        "InvalidToken",
+                        Status::unauthenticated(format!(
+                            "request has {count} authorization headers; exactly one is accepted"
+                        )),
+                    ));
+                }
                 let token = bearer_token(&headers).ok_or_else(|| {
                     AuthFailure::new(
                         "NoToken",
@@ -217,6 +241,64 @@ mod tests {
         let err = Authenticator::Mtls.identify(&req).unwrap_err();
         assert_eq!(err.reason, "IdentityHeaderOnMtls");
         assert_eq!(err.status.code(), tonic::Code::PermissionDenied);
+    }
+
+    /// A JWT authenticator whose bundles hold no key: a request never gets as far as a valid
+    /// token, so each test sees the refusal that comes first.
+    fn jwt_authenticator() -> Authenticator {
+        Authenticator::Jwt {
+            validator: Arc::new(JwtValidator::from_bundles(Default::default())),
+            audience: SpiffeId::parse("spiffe://example.org/principal").unwrap(),
+        }
+    }
+
+    #[test]
+    fn two_authorization_headers_on_the_jwt_listener_are_refused() {
+        let auth = jwt_authenticator();
+        let mut req = Request::new(());
+        req.metadata_mut()
+            .append("authorization", "Bearer a.b.c".parse().unwrap());
+        assert_eq!(auth.identify(&req).unwrap_err().reason, "InvalidToken");
+        req.metadata_mut()
+            .append("authorization", "Bearer d.e.f".parse().unwrap());
+        let err = auth.identify(&req).unwrap_err();
+        assert_eq!(err.reason, "InvalidToken");
+        assert_eq!(err.status.code(), tonic::Code::Unauthenticated);
+        assert!(
+            err.status.message().contains("2 authorization headers"),
+            "{}",
+            err.status.message()
+        );
+    }
+
+    #[test]
+    fn identity_headers_on_the_jwt_listener_are_refused() {
+        let auth = jwt_authenticator();
+        for (name, value) in [
+            ("x-forwarded-client-cert", "URI=spiffe://example.org/a"),
+            (
+                "l5d-client-id",
+                "a.ns.serviceaccount.identity.linkerd.cluster.local",
+            ),
+        ] {
+            let mut req = Request::new(());
+            req.metadata_mut()
+                .insert("authorization", "Bearer a.b.c".parse().unwrap());
+            req.metadata_mut().insert(name, value.parse().unwrap());
+            let err = auth.identify(&req).unwrap_err();
+            assert_eq!(err.reason, "IdentityHeaderOnJwt", "{name}");
+            assert_eq!(err.status.code(), tonic::Code::PermissionDenied);
+            assert!(err.status.message().contains(name));
+        }
+        // Without one, the token itself is what fails.
+        let mut req = Request::new(());
+        req.metadata_mut()
+            .insert("authorization", "Bearer a.b.c".parse().unwrap());
+        assert_eq!(auth.identify(&req).unwrap_err().reason, "InvalidToken");
+        assert_eq!(
+            auth.identify(&Request::new(())).unwrap_err().reason,
+            "NoToken"
+        );
     }
 
     #[test]

@@ -105,9 +105,10 @@ impl AgentLabels {
 /// Reasons streams (and admin calls: `NotAdmin`) are refused at authentication or mapping
 /// (`argocd_principal_auth_failures`),
 /// exported at zero from the start so rates and alerts work before the first failure.
-pub const AUTH_FAILURE_REASONS: [&str; 11] = [
+pub const AUTH_FAILURE_REASONS: [&str; 12] = [
     "NoPeerIdentity",
     "IdentityHeaderOnMtls",
+    "IdentityHeaderOnJwt",
     "NoToken",
     "InvalidToken",
     "UntrustedProxy",

@@ -341,13 +341,18 @@ impl DevCa {
                 .map(|d| d.as_secs())
                 .unwrap_or(0)
         };
-        let header = serde_json::json!({"alg": "ES256", "kid": self.jwt_kid, "typ": "JWT"});
-        let claims = serde_json::json!({
+        self.sign_jwt(&serde_json::json!({
             "sub": id.as_str(),
             "aud": audience,
             "exp": secs(expires_at),
             "iat": secs(issued_at),
-        });
+        }))
+    }
+
+    /// Signs arbitrary `claims` as an ES256 JWT with this trust domain's JWT key (for tests of
+    /// claims the issuing helpers do not set, such as `nbf`).
+    pub fn sign_jwt(&self, claims: &serde_json::Value) -> Result<String, DevServerError> {
+        let header = serde_json::json!({"alg": "ES256", "kid": self.jwt_kid, "typ": "JWT"});
         let signing_input = format!(
             "{}.{}",
             URL_SAFE_NO_PAD.encode(header.to_string()),
