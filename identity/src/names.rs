@@ -47,6 +47,51 @@ fn check_label(what: &'static str, input: &str) -> Result<(), IdError> {
     Ok(())
 }
 
+/// Longest DNS-1123 subdomain (the longest Kubernetes object name).
+pub const MAX_SUBDOMAIN_LEN: usize = 253;
+
+/// Checks a Kubernetes object name: a DNS-1123 subdomain (lowercase a-z, 0-9, `-` and
+/// `.`, starting and ending with a letter or digit, at most 253 bytes) — the rule for the
+/// names of Applications, AppProjects, Secrets and ConfigMaps. Such a name is safe in a
+/// request path and in a log line.
+///
+/// ```
+/// use argocd_agent_identity::names::check_object_name;
+/// assert!(check_object_name("guestbook.v2").is_ok());
+/// assert!(check_object_name("../status").is_err());
+/// ```
+pub fn check_object_name(input: &str) -> Result<(), IdError> {
+    let err = |reason: String| IdError::Name {
+        what: "object name",
+        input: quote(input),
+        reason,
+    };
+    if input.is_empty() {
+        return Err(err("must not be empty".into()));
+    }
+    if input.len() > MAX_SUBDOMAIN_LEN {
+        return Err(err(format!(
+            "is {} bytes long, the maximum is {MAX_SUBDOMAIN_LEN}",
+            input.len()
+        )));
+    }
+    if let Some(c) = input
+        .chars()
+        .find(|c| !matches!(c, 'a'..='z' | '0'..='9' | '-' | '.'))
+    {
+        return Err(err(format!(
+            "must be a DNS-1123 subdomain (lowercase a-z, 0-9, '-' and '.'), found {c:?}"
+        )));
+    }
+    let alnum = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+    if !alnum(input.chars().next()) || !alnum(input.chars().last()) {
+        return Err(err(
+            "must start and end with a lowercase letter or digit".into()
+        ));
+    }
+    Ok(())
+}
+
 macro_rules! label_type {
     ($(#[$doc:meta])* $name:ident, $what:literal) => {
         $(#[$doc])*
@@ -143,6 +188,25 @@ impl ResourceKind {
             ResourceKind::AppProject => "AppProject",
             ResourceKind::Repository => "Repository",
             ResourceKind::GpgKeys => "GPGKeys",
+        }
+    }
+
+    /// The `kind` of the Kubernetes objects that store this kind (repositories are
+    /// Secrets, GPG keys a ConfigMap).
+    pub fn object_kind(self) -> &'static str {
+        match self {
+            ResourceKind::Application => "Application",
+            ResourceKind::AppProject => "AppProject",
+            ResourceKind::Repository => "Secret",
+            ResourceKind::GpgKeys => "ConfigMap",
+        }
+    }
+
+    /// The `apiVersion` of the Kubernetes objects that store this kind.
+    pub fn object_api_version(self) -> &'static str {
+        match self {
+            ResourceKind::Application | ResourceKind::AppProject => "argoproj.io/v1alpha1",
+            ResourceKind::Repository | ResourceKind::GpgKeys => "v1",
         }
     }
 
@@ -316,6 +380,34 @@ mod tests {
             assert!(msg.contains(why), "{bad}: {msg}");
             let msg = Namespace::new(bad).unwrap_err().to_string();
             assert!(msg.starts_with("invalid namespace"), "{msg}");
+        }
+    }
+
+    #[test]
+    fn object_names_are_dns1123_subdomains() {
+        let long = "x".repeat(MAX_SUBDOMAIN_LEN);
+        for ok in ["a", "guestbook", "my.app-1", "0", long.as_str(), "argocd-gpg-keys-cm"] {
+            assert!(check_object_name(ok).is_ok(), "{ok}");
+        }
+        let too_long = "x".repeat(MAX_SUBDOMAIN_LEN + 1);
+        for bad in [
+            "",
+            "../etc",
+            "a/status",
+            "app?watch=1",
+            "a\nforged log line",
+            "a\0b",
+            "Guestbook",
+            "-a",
+            "a.",
+            ".a",
+            "a b",
+            "\u{e9}t\u{e9}",
+            too_long.as_str(),
+        ] {
+            let msg = check_object_name(bad).unwrap_err().to_string();
+            assert!(msg.starts_with("invalid object name"), "{bad:?}: {msg}");
+            assert!(!msg.contains('\n') && !msg.contains('\0'), "{msg:?}");
         }
     }
 

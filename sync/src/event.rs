@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use argocd_agent_identity::Namespace;
+use argocd_agent_identity::names::check_object_name;
 use argocd_agent_proto::cloudevents::CloudEvent;
 use argocd_agent_proto::cloudevents::cloud_event::cloud_event_attribute_value::Attr;
 use argocd_agent_proto::cloudevents::cloud_event::{CloudEventAttributeValue, Data};
@@ -41,8 +42,6 @@ const ATTR_TRACEPARENT: &str = "traceparent";
 const ATTR_TRACESTATE: &str = "tracestate";
 /// Longest accepted `traceparent` / `tracestate` value (W3C: 55 and 512 characters).
 const MAX_TRACE_HEADER: usize = 1024;
-/// Longest accepted object/resource name (Kubernetes names are at most 253 bytes).
-const MAX_NAME: usize = 253;
 
 /// The verb of an event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -173,7 +172,8 @@ pub struct ResourceRef {
     pub kind: ResourceKind,
     /// Hub namespace of the resource (the agent's namespace on the hub).
     pub namespace: Namespace,
-    /// Object name (1 to 253 bytes; Kubernetes validates the rest on write).
+    /// Object name: a DNS-1123 subdomain, checked on decode
+    /// ([`argocd_agent_identity::names::check_object_name`]).
     pub name: String,
 }
 
@@ -411,6 +411,9 @@ impl Event {
         let tracestate = attrs.trace_header(ATTR_TRACESTATE)?;
         let payload = decode_payload(&id, ty, data)?;
         check_shape(&id, ty, resource.as_ref(), &payload, ack_id.as_ref())?;
+        if let (Some(resource), Payload::Object(obj)) = (&resource, &payload) {
+            check_object_identity(&id, resource, obj)?;
+        }
         Ok(Event {
             id,
             source,
@@ -520,9 +523,7 @@ impl Attributes<'_> {
             .ok_or_else(|| self.invalid(ATTR_KIND, format!("unknown kind {kind:?}")))?;
         let namespace =
             Namespace::new(&namespace).map_err(|e| self.invalid(ATTR_NAMESPACE, e.to_string()))?;
-        if name.is_empty() || name.len() > MAX_NAME {
-            return Err(self.invalid(ATTR_NAME, format!("must be 1 to {MAX_NAME} bytes")));
-        }
+        check_object_name(&name).map_err(|e| self.invalid(ATTR_NAME, e.to_string()))?;
         Ok(Some(ResourceRef {
             kind,
             namespace,
@@ -640,6 +641,61 @@ fn check_shape(
         });
     }
     Ok(())
+}
+
+/// An object payload is the object the attributes name: its `apiVersion` and `kind`, when
+/// present, are those of the resource kind's Kubernetes objects, and its `metadata.name`,
+/// when present, is the resource name. Otherwise an event authorized for one object could
+/// write another (e.g. an Application sent as an `AppProject` event).
+fn check_object_identity(
+    id: &str,
+    resource: &ResourceRef,
+    obj: &serde_json::Value,
+) -> Result<(), EventError> {
+    let invalid = |attr: &'static str, reason: String| EventError::Invalid {
+        id: id.to_owned(),
+        attr,
+        reason,
+    };
+    let field = |pointer: &str, expected: &str| match obj.pointer(pointer) {
+        None => Ok(()),
+        Some(serde_json::Value::String(s)) if s == expected => Ok(()),
+        Some(other) => Err(format!(
+            "payload {pointer} is {}, {} expects {expected:?}",
+            brief(other),
+            resource.kind
+        )),
+    };
+    field("/kind", resource.kind.object_kind())
+        .and_then(|()| field("/apiVersion", resource.kind.object_api_version()))
+        .map_err(|reason| invalid(ATTR_KIND, reason))?;
+    match obj.pointer("/metadata/name") {
+        None => Ok(()),
+        Some(serde_json::Value::String(n)) if *n == resource.name => Ok(()),
+        Some(other) => Err(invalid(
+            ATTR_NAME,
+            format!(
+                "payload names {}, the event {:?}",
+                brief(other),
+                resource.name
+            ),
+        )),
+    }
+}
+
+/// A JSON value for an error message: escaped, and cut after 80 bytes.
+fn brief(v: &serde_json::Value) -> String {
+    const MAX: usize = 80;
+    let mut s = v.to_string();
+    if s.len() > MAX {
+        let mut end = MAX;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+        s.push('…');
+    }
+    s
 }
 
 fn attr(a: Attr) -> CloudEventAttributeValue {
@@ -894,6 +950,103 @@ mod tests {
                 ),
                 "{bad:?}"
             );
+        }
+    }
+
+    #[test]
+    fn resource_name_attribute_must_be_a_dns1123_subdomain() {
+        for ok in ["guestbook", "my.app-2", "0"] {
+            let mut ce =
+                Event::resource("a", EventType::Delete, app_ref(), Payload::None).to_cloud_event();
+            ce.attributes
+                .insert("resourcename".into(), attr(Attr::CeString(ok.to_string())));
+            assert!(Event::from_cloud_event(ce).is_ok(), "{ok:?}");
+        }
+        let long = "x".repeat(254);
+        for bad in [
+            "",
+            "..",
+            "../../secrets/x",
+            "guestbook/status",
+            "guestbook?dryRun=All",
+            "a\nlevel=ERROR forged",
+            "a\0",
+            "Guestbook",
+            "-a",
+            long.as_str(),
+        ] {
+            let mut ce =
+                Event::resource("a", EventType::Delete, app_ref(), Payload::None).to_cloud_event();
+            ce.attributes
+                .insert("resourcename".into(), attr(Attr::CeString(bad.to_string())));
+            let err = Event::from_cloud_event(ce).unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    EventError::Invalid {
+                        attr: "resourcename",
+                        ..
+                    }
+                ),
+                "{bad:?}: {err}"
+            );
+            assert!(!err.to_string().contains('\n'), "{err}");
+        }
+    }
+
+    #[test]
+    fn object_payload_must_be_the_object_the_attributes_name() {
+        let project_ref = ResourceRef {
+            kind: ResourceKind::AppProject,
+            ..app_ref()
+        };
+        let event = |r: &ResourceRef, obj: serde_json::Value| {
+            Event::from_cloud_event(
+                Event::resource("a", EventType::Create, r.clone(), Payload::Object(Arc::new(obj)))
+                    .to_cloud_event(),
+            )
+        };
+        let app = json!({
+            "apiVersion": "argoproj.io/v1alpha1",
+            "kind": "Application",
+            "metadata": {"name": "guestbook"},
+        });
+        assert!(event(&app_ref(), app.clone()).is_ok());
+        // Partial payloads (status updates) name nothing and are fine.
+        assert!(event(&app_ref(), json!({"status": {}})).is_ok());
+        let repo_ref = ResourceRef {
+            kind: ResourceKind::Repository,
+            ..app_ref()
+        };
+        let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "guestbook"}});
+        assert!(event(&repo_ref, secret.clone()).is_ok());
+        let gpg_ref = ResourceRef {
+            kind: ResourceKind::GpgKeys,
+            ..app_ref()
+        };
+        let cm = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "guestbook"}});
+        assert!(event(&gpg_ref, cm).is_ok());
+
+        let refused = [
+            // Kind confusion: an Application authorized as an AppProject.
+            (project_ref.clone(), app.clone(), "resourcekind"),
+            (app_ref(), secret, "resourcekind"),
+            (repo_ref.clone(), app.clone(), "resourcekind"),
+            (app_ref(), json!({"kind": "AppProject"}), "resourcekind"),
+            (app_ref(), json!({"kind": 7}), "resourcekind"),
+            (app_ref(), json!({"apiVersion": "v1", "kind": "Application"}), "resourcekind"),
+            (repo_ref, json!({"apiVersion": "argoproj.io/v1alpha1"}), "resourcekind"),
+            (app_ref(), json!({"metadata": {"name": "other"}}), "resourcename"),
+            (app_ref(), json!({"metadata": {"name": null}}), "resourcename"),
+            (app_ref(), json!({"kind": "x".repeat(10_000)}), "resourcekind"),
+        ];
+        for (r, obj, which) in refused {
+            let err = event(&r, obj.clone()).unwrap_err();
+            assert!(
+                matches!(&err, EventError::Invalid { attr, .. } if *attr == which),
+                "{obj}: {err}"
+            );
+            assert!(err.to_string().len() < 400, "{err}");
         }
     }
 
