@@ -386,7 +386,14 @@ mod tests {
     #[test]
     fn object_names_are_dns1123_subdomains() {
         let long = "x".repeat(MAX_SUBDOMAIN_LEN);
-        for ok in ["a", "guestbook", "my.app-1", "0", long.as_str(), "argocd-gpg-keys-cm"] {
+        for ok in [
+            "a",
+            "guestbook",
+            "my.app-1",
+            "0",
+            long.as_str(),
+            "argocd-gpg-keys-cm",
+        ] {
             assert!(check_object_name(ok).is_ok(), "{ok}");
         }
         let too_long = "x".repeat(MAX_SUBDOMAIN_LEN + 1);

@@ -106,6 +106,16 @@ pub fn received_copy(
     Ok(obj)
 }
 
+/// Drops what ties an object to the cluster it came from: `metadata.finalizers` (they
+/// name controllers of that cluster, and one nobody here removes would block deletion for
+/// ever) and `metadata.ownerReferences` (owners are objects of that cluster). For copies
+/// a side writes on behalf of the other, e.g. the hub copy of an autonomous agent's
+/// object.
+pub fn drop_foreign_bindings(obj: &mut DynamicObject) {
+    obj.metadata.finalizers = None;
+    obj.metadata.owner_references = None;
+}
+
 /// Removes a top-level field (e.g. `status`) and returns it.
 pub fn take_field(obj: &mut DynamicObject, field: &str) -> Option<Value> {
     obj.data.as_object_mut().and_then(|m| m.remove(field))
@@ -180,6 +190,23 @@ mod tests {
             Ok(obj) => obj,
             Err(e) => panic!("test object does not parse: {e}"),
         }
+    }
+
+    #[test]
+    fn drop_foreign_bindings_removes_finalizers_and_owners_only() {
+        let mut obj = app(
+            json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+            "metadata": {"name": "a", "namespace": "n", "labels": {"l": "v"},
+                "finalizers": ["x.example.com/f"],
+                "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "p", "uid": "u"}]},
+            "spec": {"project": "default"}}),
+        );
+        drop_foreign_bindings(&mut obj);
+        assert_eq!(obj.metadata.finalizers, None);
+        assert_eq!(obj.metadata.owner_references, None);
+        assert_eq!(obj.metadata.name.as_deref(), Some("a"));
+        assert!(obj.metadata.labels.is_some());
+        assert_eq!(obj.data["spec"]["project"], json!("default"));
     }
 
     #[test]

@@ -327,6 +327,23 @@ fn written_by(obj: &DynamicObject, agent: &AgentName) -> bool {
         .is_some_and(|l| l == agent.as_str())
 }
 
+/// Autonomous: the hub copy of the Application `incoming` an agent reports, in its hub
+/// namespace `ns`, labelled with the agent. The agent's finalizers and owner references
+/// are dropped: they belong to its cluster (an update keeps what the hub copy has).
+fn hub_copy_of_agent_app(
+    agent: &AgentName,
+    ns: &Namespace,
+    incoming: &Value,
+) -> Result<DynamicObject, serde_json::Error> {
+    let mut copy = object::received_copy(
+        &hub_form(agent, incoming),
+        ns.as_str(),
+        (AGENT_NAME_LABEL, agent.as_str()),
+    )?;
+    object::drop_foreign_bindings(&mut copy);
+    Ok(copy)
+}
+
 /// Autonomous: the inverse of [`hub_form`].
 fn agent_form(agent: &AgentName, app: &Value) -> Value {
     let mut out = app.clone();
@@ -1114,15 +1131,13 @@ impl Hub {
         agent: &AgentName,
         incoming: &Value,
     ) -> Result<(), ApplyError> {
-        let mut copy = object::received_copy(
-            &hub_form(agent, incoming),
-            resource.namespace.as_str(),
-            (AGENT_NAME_LABEL, agent.as_str()),
-        )
-        .map_err(|source| ApplyError::NotAnObject {
-            resource: resource.clone(),
-            source,
-        })?;
+        let mut copy =
+            hub_copy_of_agent_app(agent, &resource.namespace, incoming).map_err(|source| {
+                ApplyError::NotAnObject {
+                    resource: resource.clone(),
+                    source,
+                }
+            })?;
         // Status goes through the status subresource, after the object exists.
         let status = object::take_field(&mut copy, "status");
         let outcome = self
@@ -1277,6 +1292,34 @@ mod tests {
             Change::Applied(o) | Change::Deleted(o) => o.data["spec"]["v"].as_i64().unwrap(),
             Change::Synced => -1,
         }
+    }
+
+    #[test]
+    fn hub_copy_of_an_agent_app_drops_its_finalizers_and_owners() {
+        let agent = AgentName::new("edge-7").unwrap();
+        let ns = Namespace::new("argocd-edge-7").unwrap();
+        let incoming = json!({
+            "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+            "metadata": {
+                "name": "guestbook", "namespace": "argocd",
+                "finalizers": ["resources-finalizer.argocd.argoproj.io", "example.com/block-forever"],
+                "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "owner",
+                                     "uid": "0f6e7c3a-0000-0000-0000-000000000000"}],
+                "labels": {"team": "a"}
+            },
+            "spec": {"project": "default"}
+        });
+        let copy = hub_copy_of_agent_app(&agent, &ns, &incoming).unwrap();
+        assert_eq!(copy.metadata.finalizers, None);
+        assert_eq!(copy.metadata.owner_references, None);
+        assert_eq!(copy.metadata.namespace.as_deref(), Some("argocd-edge-7"));
+        let labels = copy.metadata.labels.unwrap_or_default();
+        assert_eq!(labels.get("team").map(String::as_str), Some("a"));
+        assert_eq!(
+            labels.get(AGENT_NAME_LABEL).map(String::as_str),
+            Some("edge-7")
+        );
+        assert_eq!(copy.data["spec"]["project"], json!("edge-7-default"));
     }
 
     #[test]

@@ -427,12 +427,15 @@ impl Hub {
             ns,
             projects::hub_name(&state.name, &name_of_value(incoming)),
         );
-        object::received_copy(
+        let mut copy = object::received_copy(
             &hub,
             self.config.namespace.as_str(),
             (AGENT_NAME_LABEL, state.name.as_str()),
         )
-        .map_err(|source| ApplyError::NotAnObject { resource, source })
+        .map_err(|source| ApplyError::NotAnObject { resource, source })?;
+        // The agent's finalizers and owners belong to its cluster.
+        object::drop_foreign_bindings(&mut copy);
+        Ok(copy)
     }
 
     /// Writes an autonomous agent's project into the hub's Argo CD namespace.

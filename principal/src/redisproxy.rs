@@ -649,7 +649,7 @@ impl Conn {
                                 Payload::RedisResponse(r) => match r.result {
                                     Some(redis_response::Result::Value(v)) => Bytes::from(v),
                                     Some(redis_response::Result::Error(e)) => {
-                                        tracing::warn!(key = %key_text, error = %e, "agent ended a subscription");
+                                        tracing::warn!(key = %key_text, error = ?e, "agent ended a subscription");
                                         closed.cancel();
                                         return;
                                     }

@@ -76,10 +76,10 @@ pub fn start(
             };
             match result {
                 Err(status) if argocd_agent_identity::transport::is_connection_loss(&status) => {
-                    tracing::info!(reason = status.message(), "connection to the agent lost");
+                    tracing::info!(reason = ?status.message(), "connection to the agent lost");
                 }
                 Err(status) => {
-                    tracing::warn!(code = ?status.code(), message = status.message(), "session ended with error");
+                    tracing::warn!(code = ?status.code(), message = ?status.message(), "session ended with error");
                     let _ = tx.send(Err(status)).await;
                 }
                 Ok(()) => {}
@@ -103,7 +103,7 @@ fn mode_from_wire(m: i32) -> Option<AgentMode> {
 fn check_hello(hello: &Hello, identity: &AgentIdentity) -> Result<AgentMode, Status> {
     if hello.protocol_version < PROTOCOL_MIN || hello.protocol_version > PROTOCOL_VERSION {
         return Err(Status::failed_precondition(format!(
-            "agent speaks protocol {}, this principal accepts {PROTOCOL_MIN}..={PROTOCOL_VERSION} (agent version {}, principal version {})",
+            "agent speaks protocol {}, this principal accepts {PROTOCOL_MIN}..={PROTOCOL_VERSION} (agent version {:?}, principal version {})",
             hello.protocol_version,
             hello.version,
             env!("CARGO_PKG_VERSION")
@@ -139,7 +139,7 @@ async fn receive_hello(
     let mode = check_hello(&hello, identity).inspect_err(|status| {
         if status.code() == tonic::Code::PermissionDenied {
             hub.metrics.auth_failed("ModeNotAllowed");
-            tracing::warn!(reason = status.message(), "agent mode refused");
+            tracing::warn!(reason = ?status.message(), "agent mode refused");
         }
     })?;
     Ok((hello, mode))
@@ -188,7 +188,7 @@ async fn run(
         .into_iter()
         .map(|k| (k, resync::source_uids_from_state(k.as_str(), &resync_state)))
         .collect();
-    tracing::info!(%mode, agent_version = %hello.version, "agent connected");
+    tracing::info!(%mode, agent_version = ?hello.version, "agent connected");
 
     // 2. Register (replacing any previous session) and welcome.
     let session_id = SESSION_IDS.fetch_add(1, Ordering::Relaxed);
@@ -373,7 +373,7 @@ async fn handle_inbound(
         Ok(e) => e,
         Err(e) => {
             hub.metrics.refused(agent, "Malformed");
-            tracing::warn!(error = %e, "malformed event refused");
+            tracing::warn!(error = ?e.to_string(), "malformed event refused");
             let reply = Event::new(
                 &hub.source,
                 EventType::Error,
@@ -466,12 +466,12 @@ async fn handle_event(
             None
         }
         Decision::PeerError(d) => {
-            tracing::warn!(reason = %d.reason, message = %d.message, event_id = %d.event_id, "agent reported an error");
+            tracing::warn!(reason = ?d.reason, message = ?d.message, event_id = ?d.event_id, "agent reported an error");
             None
         }
         Decision::Refuse(r) => {
             hub.metrics.refused(agent, r.metric);
-            tracing::warn!(object = ?event.resource, reason = r.metric, message = %r.message, "event refused");
+            tracing::warn!(object = ?event.resource, reason = r.metric, message = ?r.message, "event refused");
             Some(event.error_reply(&hub.source, r.reason, r.message))
         }
         Decision::Apply(command) => match hub.apply(state, command).await {
@@ -479,7 +479,7 @@ async fn handle_event(
             Ok(Applied::Silent) => None,
             Err(e) => {
                 let message = chain(&e);
-                tracing::warn!(object = ?event.resource, error = %message, "could not apply event");
+                tracing::warn!(object = ?event.resource, error = ?message, "could not apply event");
                 Some(event.error_reply(&hub.source, "ApplyFailed", message))
             }
         },
@@ -534,10 +534,15 @@ mod tests {
         .unwrap_err();
         assert_eq!(err.code(), tonic::Code::FailedPrecondition);
         assert!(
-            err.message().contains("agent version 9.9.9"),
+            err.message().contains("agent version \"9.9.9\""),
             "{}",
             err.message()
         );
+        // The agent's version string is quoted, so it cannot forge a line of the log.
+        let mut forged = hello(PROTOCOL_VERSION + 1, pb::AgentMode::Managed);
+        forged.version = "1\nlevel=ERROR forged".into();
+        let err = check_hello(&forged, &identity("both")).unwrap_err();
+        assert!(!err.message().contains('\n'), "{}", err.message());
     }
 
     #[test]

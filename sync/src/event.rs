@@ -1002,8 +1002,13 @@ mod tests {
         };
         let event = |r: &ResourceRef, obj: serde_json::Value| {
             Event::from_cloud_event(
-                Event::resource("a", EventType::Create, r.clone(), Payload::Object(Arc::new(obj)))
-                    .to_cloud_event(),
+                Event::resource(
+                    "a",
+                    EventType::Create,
+                    r.clone(),
+                    Payload::Object(Arc::new(obj)),
+                )
+                .to_cloud_event(),
             )
         };
         let app = json!({
@@ -1018,13 +1023,15 @@ mod tests {
             kind: ResourceKind::Repository,
             ..app_ref()
         };
-        let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "guestbook"}});
+        let secret =
+            json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "guestbook"}});
         assert!(event(&repo_ref, secret.clone()).is_ok());
         let gpg_ref = ResourceRef {
             kind: ResourceKind::GpgKeys,
             ..app_ref()
         };
-        let cm = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "guestbook"}});
+        let cm =
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "guestbook"}});
         assert!(event(&gpg_ref, cm).is_ok());
 
         let refused = [
@@ -1034,11 +1041,31 @@ mod tests {
             (repo_ref.clone(), app.clone(), "resourcekind"),
             (app_ref(), json!({"kind": "AppProject"}), "resourcekind"),
             (app_ref(), json!({"kind": 7}), "resourcekind"),
-            (app_ref(), json!({"apiVersion": "v1", "kind": "Application"}), "resourcekind"),
-            (repo_ref, json!({"apiVersion": "argoproj.io/v1alpha1"}), "resourcekind"),
-            (app_ref(), json!({"metadata": {"name": "other"}}), "resourcename"),
-            (app_ref(), json!({"metadata": {"name": null}}), "resourcename"),
-            (app_ref(), json!({"kind": "x".repeat(10_000)}), "resourcekind"),
+            (
+                app_ref(),
+                json!({"apiVersion": "v1", "kind": "Application"}),
+                "resourcekind",
+            ),
+            (
+                repo_ref,
+                json!({"apiVersion": "argoproj.io/v1alpha1"}),
+                "resourcekind",
+            ),
+            (
+                app_ref(),
+                json!({"metadata": {"name": "other"}}),
+                "resourcename",
+            ),
+            (
+                app_ref(),
+                json!({"metadata": {"name": null}}),
+                "resourcename",
+            ),
+            (
+                app_ref(),
+                json!({"kind": "x".repeat(10_000)}),
+                "resourcekind",
+            ),
         ];
         for (r, obj, which) in refused {
             let err = event(&r, obj.clone()).unwrap_err();
