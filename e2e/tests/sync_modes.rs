@@ -102,17 +102,26 @@ async fn scenario(c: &Case<'_>) -> Result<(), HarnessError> {
     let name = "guestbook";
     let (from, to) = (c.source.what, c.mirror.what);
 
-    // A create on the source side reaches the mirror.
-    source
-        .create(
-            &PostParams::default(),
-            &sample_app(name, c.source.ns, "guestbook"),
-        )
-        .await?;
-    eventually(&format!("{from} create reaches the {to}"), T, || async {
+    // A create on the source side reaches the mirror. An autonomous spoke's finalizer
+    // names a controller of the spoke: the hub copy does not get it.
+    let mut app = sample_app(name, c.source.ns, "guestbook");
+    let autonomous = c.agent != MANAGED;
+    if autonomous {
+        app.metadata.finalizers = Some(vec!["e2e.example.com/spoke-only".into()]);
+    }
+    source.create(&PostParams::default(), &app).await?;
+    let copy = eventually(&format!("{from} create reaches the {to}"), T, || async {
         c.mirror.stored(name)
     })
     .await?;
+    if autonomous {
+        assert_eq!(
+            copy["metadata"]["finalizers"],
+            Value::Null,
+            "the spoke's finalizer was copied to the hub: {copy}"
+        );
+        merge_patch(&source, name, json!({"metadata": {"finalizers": null}})).await?;
+    }
 
     // An edit on the source side reaches the mirror.
     merge_patch(
