@@ -146,6 +146,22 @@ async fn agent_cannot_touch_another_agents_applications() {
         let reply = answer_to(&mut inbound, &create.id).await?;
         assert!(matches!(&reply.payload, Payload::Error(d) if d.reason == "Forbidden"), "create refused: {reply:?}");
 
+        // A name that is not a DNS-1123 subdomain, and an Application sent as an
+        // AppProject: refused at decode, answered with the refused event's id.
+        let own_ns = argocd_agent_identity::Namespace::new(AUTONOMOUS)?;
+        let traversal = Event::resource("test-client", EventType::Create,
+            ResourceRef { kind: ResourceKind::Application, namespace: own_ns.clone(), name: "../victim".into() },
+            Payload::Object(std::sync::Arc::new(json!({"metadata": {"name": "../victim"}, "spec": {}}))));
+        let confused = Event::resource("test-client", EventType::Create,
+            ResourceRef { kind: ResourceKind::AppProject, namespace: own_ns, name: "planted".into() },
+            Payload::Object(std::sync::Arc::new(serde_json::to_value(sample_app("planted", AUTONOMOUS, "guestbook"))?)));
+        for bad in [&traversal, &confused] {
+            tx.send(bad.to_cloud_event()).await?;
+            let reply = answer_to(&mut inbound, &bad.id).await?;
+            assert!(matches!(&reply.payload, Payload::Error(d) if d.reason == "Malformed" && d.event_id == bad.id),
+                "malformed event refused with its id: {reply:?}");
+        }
+
         // B's objects are unchanged and nothing was planted.
         tokio::time::sleep(Duration::from_millis(300)).await;
         let after = stored_app(&topo.hub, MANAGED, "victim").ok_or("victim vanished")?;

@@ -39,6 +39,8 @@ pub const CAPABILITIES: &[&str] = &[
 
 /// Outbound messages buffered per session before the writer waits for the agent.
 const OUTBOUND_BUFFER: usize = 64;
+/// Longest event id echoed back in a `Malformed` refusal.
+const MAX_ECHOED_ID: usize = 256;
 
 /// Where a session runs: the hub, the task tracker it is drained with, and its limits.
 #[derive(Clone)]
@@ -369,20 +371,24 @@ async fn handle_inbound(
     tx: &Outbound,
 ) -> Result<(), Status> {
     let agent = &identity.agent;
+    // The refused event's id, so the agent can tell which event it was (and stop resending
+    // it); an id too long to be one is not echoed.
+    let id = (ce.id.len() <= MAX_ECHOED_ID).then(|| ce.id.clone());
     let event = match Event::from_cloud_event(ce) {
         Ok(e) => e,
         Err(e) => {
             hub.metrics.refused(agent, "Malformed");
             tracing::warn!(error = ?e.to_string(), "malformed event refused");
-            let reply = Event::new(
+            let mut reply = Event::new(
                 &hub.source,
                 EventType::Error,
                 Payload::Error(pb::ErrorDetail {
                     reason: "Malformed".into(),
                     message: e.to_string(),
-                    event_id: String::new(),
+                    event_id: id.clone().unwrap_or_default(),
                 }),
             );
+            reply.ack_id = id.filter(|i| !i.is_empty());
             return send(tx, hub, state, reply).await;
         }
     };
