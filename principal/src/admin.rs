@@ -100,6 +100,19 @@ impl AdminService {
                     tracing::warn!(call, reason = failure.reason, message = failure.status.message(), peer = ?request.remote_addr(), "admin call refused");
                     failure.status
                 })?;
+                let fingerprint = crate::server::client_fingerprint(request);
+                if let Some(why) = self
+                    .hub
+                    .blocklist
+                    .current()
+                    .denies(&client, fingerprint.as_deref())
+                {
+                    metrics.auth_failed("Blocked");
+                    tracing::warn!(call, %client, reason = %why, "admin call refused: identity blocked");
+                    return Err(Status::permission_denied(format!(
+                        "identity blocked: {why}"
+                    )));
+                }
                 match rules.current().authorize_admin(&client) {
                     Ok(rule) => Ok(format!("{client} (rule {rule})")),
                     Err(denied) => {

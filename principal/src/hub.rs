@@ -110,6 +110,8 @@ pub struct SessionInfo {
     pub agent_version: String,
     /// notAfter of the client certificate, when the session is mutual TLS.
     pub svid_expiry: Option<std::time::SystemTime>,
+    /// SHA-256 of the client certificate, when the session is mutual TLS (blocklist).
+    pub fingerprint: Option<String>,
 }
 
 /// State of one agent, kept across its sessions.
@@ -224,6 +226,8 @@ pub enum Applied {
 pub struct Hub {
     /// CloudEvents `source` of events we send (our SPIFFE ID when we have one).
     pub source: String,
+    /// Identities that may not connect (the `argocd-agent-blocklist` ConfigMap).
+    pub blocklist: crate::blocklist::LiveBlocklist,
     pub apps: Resources,
     pub namespaces: Resources,
     pub cache: Cache,
@@ -371,6 +375,7 @@ impl Hub {
             namespace_labels: parts.namespace_labels,
             config: parts.config,
             by_destination: parts.by_destination,
+            blocklist: crate::blocklist::LiveBlocklist::default(),
             placements: Mutex::new(HashMap::new()),
             registry: Mutex::new(Registry::default()),
             tasks: parts.tasks,

@@ -11,6 +11,7 @@
 
 pub mod admin;
 pub mod auth;
+pub mod blocklist;
 pub mod clusterinfo;
 pub mod clustersecret;
 pub mod config;
@@ -119,6 +120,40 @@ fn watch_revocations(rules: &LiveRules, hub: &Arc<Hub>) {
     );
 }
 
+/// Keeps the blocklist current from its ConfigMap and closes the sessions it denies.
+async fn enforce_blocklist(
+    hub: Arc<Hub>,
+    configmaps: argocd_agent_kubernetes::Cache,
+    namespace: String,
+    changed: Arc<tokio::sync::Notify>,
+    shutdown: CancellationToken,
+) {
+    configmaps.wait_synced().await;
+    loop {
+        let cm = configmaps.get(Some(&namespace), blocklist::CONFIGMAP);
+        let list = blocklist::Blocklist::from_configmap(cm.as_deref());
+        if hub.blocklist.set(list) {
+            tracing::info!(configmap = blocklist::CONFIGMAP, "blocklist updated");
+            let list = hub.blocklist.current();
+            for state in hub.agents().into_iter().filter(|s| s.is_connected()) {
+                let identity = state.identity();
+                let fingerprint = state.session_info().fingerprint;
+                if let Some(why) = list.denies(&identity.client, fingerprint.as_deref())
+                    && hub.disconnect(&state.name)
+                {
+                    hub.metrics.auth_failed("Blocked");
+                    tracing::warn!(agent = %state.name, client = %identity.client, reason = %why,
+                        "session closed: identity blocked");
+                }
+            }
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = changed.notified() => {}
+        }
+    }
+}
+
 /// Starts the principal; it runs until `shutdown` is cancelled.
 pub async fn start(
     config: PrincipalConfig,
@@ -157,6 +192,22 @@ pub async fn start(
     );
     let (gpg_keys, gpg_changes) =
         argocd_agent_kubernetes::watch(client.clone(), Kind::ConfigMap, scoped(in_argocd(), None));
+    // The blocklist ConfigMap is one of the Argo CD namespace's ConfigMaps, already watched.
+    let blocklist_changed = Arc::new(tokio::sync::Notify::new());
+    let blocklist_cache = gpg_keys.clone();
+    let gpg_changes = {
+        let notify = blocklist_changed.clone();
+        gpg_changes.inspect(move |c| {
+            let name = match c {
+                argocd_agent_kubernetes::Change::Applied(o)
+                | argocd_agent_kubernetes::Change::Deleted(o) => o.metadata.name.as_deref(),
+                argocd_agent_kubernetes::Change::Synced => None,
+            };
+            if name == Some(blocklist::CONFIGMAP) {
+                notify.notify_one();
+            }
+        })
+    };
     let config_objects = ConfigObjects::new(
         argocd_ns,
         !config.destination_based_mapping,
@@ -218,6 +269,13 @@ pub async fn start(
         ));
     }
     watch_revocations(&rules, &hub);
+    tasks.spawn(enforce_blocklist(
+        hub.clone(),
+        blocklist_cache,
+        config.argocd_namespace.clone(),
+        blocklist_changed,
+        shutdown.clone(),
+    ));
     tasks.spawn(hub::sample_queues(hub.clone(), shutdown.clone()));
 
     let (ready_tx, ready_rx) = watch::channel(false);
@@ -480,7 +538,7 @@ fn serve(
             tunnels,
             rules: rules.clone(),
             auth: auth.authenticator.clone(),
-            metrics: sessions.hub.metrics.clone(),
+            hub: sessions.hub.clone(),
         })
         .max_decoding_message_size(config.max_message_size)
         .max_encoding_message_size(config.max_message_size);

@@ -105,7 +105,7 @@ impl AgentLabels {
 /// Reasons streams (and admin calls: `NotAdmin`) are refused at authentication or mapping
 /// (`argocd_principal_auth_failures`),
 /// exported at zero from the start so rates and alerts work before the first failure.
-pub const AUTH_FAILURE_REASONS: [&str; 12] = [
+pub const AUTH_FAILURE_REASONS: [&str; 13] = [
     "NoPeerIdentity",
     "IdentityHeaderOnMtls",
     "IdentityHeaderOnJwt",
@@ -118,6 +118,7 @@ pub const AUTH_FAILURE_REASONS: [&str; 12] = [
     "NotAdmin",
     "WrongAgent",
     "ProxyCredential",
+    "Blocked",
 ];
 
 /// Reasons inbound events are refused (`argocd_principal_events_refused`), exported at zero

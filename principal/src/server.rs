@@ -31,12 +31,7 @@ impl EventStream for EventStreamService {
         &self,
         request: Request<Streaming<CloudEvent>>,
     ) -> Result<Response<Self::SubscribeStream>, Status> {
-        let identity = identify_agent(
-            &self.auth,
-            &self.rules,
-            &self.sessions.hub.metrics,
-            &request,
-        )?;
+        let identity = identify_agent(&self.auth, &self.rules, &self.sessions.hub, &request)?;
         let peer = argocd_agent_identity::peer::verified_peer(&request);
         let info = SessionInfo {
             remote_addr: peer
@@ -44,6 +39,7 @@ impl EventStream for EventStreamService {
                 .or_else(|| request.remote_addr()),
             svid_expiry: peer
                 .and_then(|p| argocd_agent_identity::peer::not_after_from_chain(&p.chain)),
+            fingerprint: client_fingerprint(&request),
             ..SessionInfo::default()
         };
         let rx = session::start(&self.sessions, identity, info, request.into_inner());
@@ -51,23 +47,46 @@ impl EventStream for EventStreamService {
     }
 }
 
-/// Authenticates the caller of an agent RPC and maps it to its agent with the live rules
-/// (the event stream and the tunnels the agent opens); refusals are logged and counted.
+/// Authenticates the caller of an agent RPC, refuses identities on the blocklist, and maps
+/// it to its agent with the live rules (the event stream and the tunnels the agent opens);
+/// refusals are logged and counted.
 pub fn identify_agent<T>(
     auth: &Authenticator,
     rules: &LiveRules,
-    metrics: &crate::metrics::Metrics,
+    hub: &crate::hub::Hub,
     request: &Request<T>,
 ) -> Result<argocd_agent_identity::AgentIdentity, Status> {
+    let metrics = &hub.metrics;
     let client = auth.identify(request).map_err(|failure| {
         metrics.auth_failed(failure.reason);
         tracing::warn!(reason = failure.reason, message = failure.status.message(), peer = ?request.remote_addr(), "stream refused");
         failure.status
     })?;
+    let fingerprint = client_fingerprint(request);
+    if let Some(why) = hub
+        .blocklist
+        .current()
+        .denies(&client, fingerprint.as_deref())
+    {
+        metrics.auth_failed("Blocked");
+        tracing::warn!(%client, peer = ?request.remote_addr(), reason = %why, "stream refused: identity blocked");
+        return Err(Status::permission_denied(format!(
+            "identity blocked: {why}"
+        )));
+    }
     rules.current().map_client(&client).map_err(|denied| {
         metrics.auth_failed("Unmapped");
         tracing::warn!(%client, reason = %denied, "stream refused: identity does not map to an agent");
         Status::permission_denied(denied.to_string())
+    })
+}
+
+/// SHA-256 of the verified client certificate, on the mTLS listener.
+pub fn client_fingerprint<T>(request: &Request<T>) -> Option<String> {
+    argocd_agent_identity::peer::verified_peer(request).and_then(|p| {
+        p.chain
+            .first()
+            .map(|leaf| crate::blocklist::fingerprint(leaf.as_ref()))
     })
 }
 

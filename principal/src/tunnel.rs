@@ -23,7 +23,6 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::auth::Authenticator;
-use crate::metrics::Metrics;
 
 /// Frames buffered toward the agent of one exec session.
 const TERMINAL_BUFFER: usize = 64;
@@ -170,7 +169,7 @@ pub struct TunnelService {
     pub tunnels: Arc<Tunnels>,
     pub rules: Arc<LiveRules>,
     pub auth: Authenticator,
-    pub metrics: Metrics,
+    pub hub: Arc<crate::hub::Hub>,
 }
 
 impl TunnelService {
@@ -181,7 +180,7 @@ impl TunnelService {
                 Status::not_found(format!("no {what} request {id:?} is waiting"))
             }
             AttachError::WrongAgent { expected } => {
-                self.metrics.auth_failed("WrongAgent");
+                self.hub.metrics.auth_failed("WrongAgent");
                 tracing::warn!(agent = %agent, expected = %expected, id = ?id,
                     "{what} stream refused: the request was sent to another agent");
                 Status::permission_denied(format!(
@@ -198,8 +197,7 @@ impl Tunnel for TunnelService {
         &self,
         request: Request<Streaming<LogMessage>>,
     ) -> Result<Response<LogClosed>, Status> {
-        let identity =
-            crate::server::identify_agent(&self.auth, &self.rules, &self.metrics, &request)?;
+        let identity = crate::server::identify_agent(&self.auth, &self.rules, &self.hub, &request)?;
         let mut stream = request.into_inner();
         let start = match stream.message().await? {
             Some(LogMessage {
@@ -235,8 +233,7 @@ impl Tunnel for TunnelService {
         &self,
         request: Request<Streaming<TerminalFrame>>,
     ) -> Result<Response<Self::TerminalStream>, Status> {
-        let identity =
-            crate::server::identify_agent(&self.auth, &self.rules, &self.metrics, &request)?;
+        let identity = crate::server::identify_agent(&self.auth, &self.rules, &self.hub, &request)?;
         let mut stream = request.into_inner();
         let first = stream
             .message()
