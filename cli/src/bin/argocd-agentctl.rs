@@ -27,6 +27,10 @@ enum Command {
     /// Agents as a running principal sees them (its admin API): list, inspect, disconnect.
     #[command(subcommand)]
     Agent(ctl::agent::Command),
+    /// Revocation by identity: the hub's blocklist of SPIFFE IDs, prefixes and certificate
+    /// fingerprints (add, remove, list).
+    #[command(subcommand)]
+    Blocklist(ctl::blocklist::Command),
     /// SPIFFE identities: explain mapping rules, inspect the current SVID.
     #[command(subcommand)]
     Identity(ctl::identity::Command),
@@ -57,6 +61,7 @@ async fn main() {
     argocd_agent_cli::logging::init(&cli.log_level, false);
     let result = match cli.command {
         Command::Agent(c) => ctl::agent::run(c).await,
+        Command::Blocklist(c) => ctl::blocklist::run(c).await,
         Command::Identity(c) => ctl::identity::run(c).await,
         #[cfg(feature = "dev-tools")]
         Command::Spiffe(c) => ctl::spiffe::run(c).await,

@@ -3,6 +3,7 @@
 pub mod agent;
 #[cfg(feature = "dev-tools")]
 pub mod bench;
+pub mod blocklist;
 #[cfg(feature = "dev-tools")]
 pub mod demo;
 #[cfg(feature = "dev-tools")]
