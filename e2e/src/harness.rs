@@ -290,6 +290,20 @@ pub fn principal_args(
     ]
 }
 
+/// When a process first logged a line containing `what` at or after `since` (from the log
+/// line's own timestamp, so the figure does not depend on how often a test polls).
+pub fn logged_at(
+    log: &str,
+    what: &str,
+    since: std::time::SystemTime,
+) -> Option<std::time::SystemTime> {
+    log.lines().filter(|l| l.contains(what)).find_map(|l| {
+        let ts: jiff::Timestamp = l.split_whitespace().next()?.parse().ok()?;
+        let at = std::time::SystemTime::from(ts);
+        (at >= since).then_some(at)
+    })
+}
+
 /// kubectl from `KUBECTL`, else the project virtualenv (`.ci/run` installs it there), else
 /// `kubectl` on PATH.
 pub fn kubectl() -> PathBuf {

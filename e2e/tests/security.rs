@@ -297,17 +297,19 @@ async fn session_is_closed_when_rules_stop_mapping_its_identity() {
     let r: Result<(), HarnessError> = async {
         // The operator removes the agent's mapping: its live session is closed and it cannot
         // come back.
+        let written = std::time::SystemTime::now();
         std::fs::write(
             &rules,
             "rules:\n  - name: only-edge\n    exact: \"spiffe://example.org/ns/agents/sa/edge-1\"\n    agent: edge-1\n",
         )?;
-        eventually("revoked session closed", T, || async {
-            topo.principal
-                .log()
-                .contains("identity no longer maps: closing session")
-                .then_some(())
+        let closed = eventually("revoked session closed", T, || async {
+            logged_at(&topo.principal.log(), "identity no longer maps: closing session", written)
         })
         .await?;
+        println!(
+            "rule revocation: rules file write to session closed in {} ms",
+            closed.duration_since(written).unwrap_or_default().as_millis()
+        );
         eventually("reconnect refused", T, || async {
             topo.principal
                 .log()

@@ -127,7 +127,7 @@ impl Default for PrincipalConfig {
             },
             rules_file: None,
             rules: Vec::new(),
-            rules_poll: Duration::from_secs(2),
+            rules_poll: Duration::from_millis(250),
             kube: ClientOptions::default(),
             label_selector: None,
             argocd_namespace: "argocd".into(),
