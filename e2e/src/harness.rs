@@ -691,6 +691,20 @@ impl Topology {
     }
 
     /// Number of times `agent` has connected so far.
+    /// A ready X.509-SVID source on one of the topology's Workload API sockets
+    /// (`managed.sock`, `autonomous.sock`, `operator.sock`, ...), to act as that workload.
+    pub async fn svid_source(
+        &self,
+        socket: &str,
+    ) -> Result<argocd_agent_identity::source::SvidSource, HarnessError> {
+        let source = argocd_agent_identity::source::SvidSource::workload_api(Some(
+            self.spiffe.endpoint(&self.dir.join(socket)),
+        ))
+        .await?;
+        source.wait_ready(Duration::from_secs(30)).await?;
+        Ok(source)
+    }
+
     pub fn connect_count(&self, agent: &str) -> usize {
         let needle = format!("agent={agent}");
         self.principal

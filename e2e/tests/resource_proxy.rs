@@ -420,7 +420,6 @@ async fn kubectl_reaches_managed_and_autonomous_spokes_through_the_principal_and
 /// Opens an interactive exec through the proxy, takes its session UUID from the principal's
 /// log, and presents it on a `Tunnel.Terminal` stream with the autonomous agent's SVID.
 async fn replayed_session_is_refused(topo: &Topology, kubeconfig: &Path) {
-    use argocd_agent_identity::source::SvidSource;
     use argocd_agent_identity::tls::{PeerPolicy, client_config};
     use argocd_agent_identity::transport::{ChannelOptions, connect};
     use argocd_agent_proto::eventstream::TerminalFrame;
@@ -453,12 +452,7 @@ async fn replayed_session_is_refused(topo: &Topology, kubeconfig: &Path) {
     )
     .await
     .unwrap();
-    let source = SvidSource::workload_api(Some(
-        topo.spiffe.endpoint(&topo.dir.join("autonomous.sock")),
-    ))
-    .await
-    .unwrap();
-    source.wait_ready(T).await.unwrap();
+    let source = topo.svid_source("autonomous.sock").await.unwrap();
     let tls = client_config(
         &source,
         PeerPolicy::Exact(argocd_agent_identity::SpiffeId::parse(PRINCIPAL_ID).unwrap()),

@@ -7,7 +7,6 @@
 use std::time::{Duration, SystemTime};
 
 use argocd_agent_e2e::harness::*;
-use argocd_agent_identity::source::SvidSource;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ObjectMeta, PostParams};
 
@@ -95,12 +94,8 @@ async fn a_blocklisted_identity_is_cut_off_within_a_second_and_stays_out() {
     .unwrap();
 
     // 5. Upstream-style: the autonomous agent's certificate fingerprint.
-    let source = SvidSource::workload_api(Some(
-        topo.spiffe.endpoint(&topo.dir.join("autonomous.sock")),
-    ))
-    .await
-    .unwrap();
-    let state = source.wait_ready(T).await.unwrap();
+    let source = topo.svid_source("autonomous.sock").await.unwrap();
+    let state = source.current().expect("a ready source");
     let fingerprint = argocd_agent_principal::blocklist::fingerprint(state.svid.leaf().as_ref());
     let since = SystemTime::now();
     agentctl(&topo, &["add", "--fingerprint", &fingerprint]).await;

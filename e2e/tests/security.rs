@@ -83,9 +83,7 @@ async fn answer_to(
 
 /// The SVID source of one of the topology's Workload API sockets, ready.
 async fn agent_svid(topo: &Topology, sock: &str) -> Result<SvidSource, HarnessError> {
-    let source = SvidSource::workload_api(Some(topo.spiffe.endpoint(&topo.dir.join(sock)))).await?;
-    source.wait_ready(T).await?;
-    Ok(source)
+    topo.svid_source(sock).await
 }
 
 /// Sends `event` and returns the error the principal answers it with (anything else fails).

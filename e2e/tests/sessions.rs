@@ -91,12 +91,7 @@ async fn hub_authored_apps_survive_autonomous_resyncs_and_abandoned_sessions_end
 
     // Sessions with the autonomous identity and an empty spoke, each dropped right after
     // its welcome (during its resync), then one left open.
-    let source = SvidSource::workload_api(Some(
-        topo.spiffe.endpoint(&topo.dir.join("autonomous.sock")),
-    ))
-    .await
-    .unwrap();
-    source.wait_ready(T).await.unwrap();
+    let source = topo.svid_source("autonomous.sock").await.unwrap();
     for _ in 0..15 {
         let session = empty_autonomous_session(&source, topo.principal_addr).await;
         drop(session);

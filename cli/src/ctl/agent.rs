@@ -32,15 +32,8 @@ pub enum Command {
 pub struct KubeconfigArgs {
     /// The agent.
     pub name: String,
-    /// Argo CD's namespace on the hub (where cluster secrets live).
-    #[arg(long, short = 'n', default_value = "argocd")]
-    pub namespace: String,
-    /// Kubeconfig of the hub (default: KUBECONFIG, in-cluster, ~/.kube/config).
-    #[arg(long)]
-    pub kubeconfig: Option<std::path::PathBuf>,
-    /// Context in the hub kubeconfig.
-    #[arg(long)]
-    pub kube_context: Option<String>,
+    #[command(flatten)]
+    pub hub: crate::ctl::HubArgs,
     /// Write here instead of standard output (mode 0600).
     #[arg(long, short = 'o')]
     pub output: Option<std::path::PathBuf>,
@@ -49,15 +42,7 @@ pub struct KubeconfigArgs {
 /// The agent's cluster secret (found by the agent-name label) as a kubeconfig.
 pub async fn kubeconfig(a: &KubeconfigArgs) -> Result<String, String> {
     use k8s_openapi::api::core::v1::Secret;
-    let opts = argocd_agent_kubernetes::ClientOptions {
-        kubeconfig: a.kubeconfig.clone(),
-        context: a.kube_context.clone(),
-        ..Default::default()
-    };
-    let client = argocd_agent_kubernetes::client(&opts)
-        .await
-        .map_err(|e| format!("hub Kubernetes API: {e}"))?;
-    let api: kube::Api<Secret> = kube::Api::namespaced(client, &a.namespace);
+    let api: kube::Api<Secret> = kube::Api::namespaced(a.hub.client().await?, &a.hub.namespace);
     let selector = format!(
         "argocd.argoproj.io/secret-type=cluster,argocd-agent.argoproj-labs.io/agent-name={}",
         a.name
@@ -65,13 +50,13 @@ pub async fn kubeconfig(a: &KubeconfigArgs) -> Result<String, String> {
     let list = api
         .list(&kube::api::ListParams::default().labels(&selector))
         .await
-        .map_err(|e| format!("listing cluster secrets in {}: {e}", a.namespace))?;
+        .map_err(|e| format!("listing cluster secrets in {}: {e}", a.hub.namespace))?;
     let secret = match list.items.as_slice() {
         [one] => one,
         [] => {
             return Err(format!(
                 "no cluster secret for agent {:?} in namespace {} (is --enable-self-cluster-registration on, and has the agent connected?)",
-                a.name, a.namespace
+                a.name, a.hub.namespace
             ));
         }
         many => {

@@ -7,6 +7,8 @@ use argocd_agent_principal::blocklist::{
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ObjectMeta, PostParams};
 
+use crate::ctl::HubArgs;
+
 /// Subcommands of `argocd-agentctl blocklist`.
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
@@ -16,20 +18,6 @@ pub enum Command {
     Remove(EntryArgs),
     /// Prints the list.
     List(HubArgs),
-}
-
-/// Where the hub is.
-#[derive(Debug, clap::Args)]
-pub struct HubArgs {
-    /// Argo CD's namespace on the hub (where the principal runs).
-    #[arg(long, short = 'n', default_value = "argocd")]
-    pub namespace: String,
-    /// Kubeconfig of the hub (default: KUBECONFIG, in-cluster, ~/.kube/config).
-    #[arg(long)]
-    pub kubeconfig: Option<std::path::PathBuf>,
-    /// Context in the hub kubeconfig.
-    #[arg(long)]
-    pub kube_context: Option<String>,
 }
 
 /// One entry.
@@ -79,15 +67,7 @@ impl EntryArgs {
 }
 
 async fn api(h: &HubArgs) -> Result<Api<ConfigMap>, String> {
-    let opts = argocd_agent_kubernetes::ClientOptions {
-        kubeconfig: h.kubeconfig.clone(),
-        context: h.kube_context.clone(),
-        ..Default::default()
-    };
-    let client = argocd_agent_kubernetes::client(&opts)
-        .await
-        .map_err(|e| format!("hub Kubernetes API: {e}"))?;
-    Ok(Api::namespaced(client, &h.namespace))
+    Ok(Api::namespaced(h.client().await?, &h.namespace))
 }
 
 /// Adds (`add`) or removes an entry; returns whether the list changed. Retries on conflict.

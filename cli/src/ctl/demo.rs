@@ -438,9 +438,11 @@ impl DemoProxy {
         let path = dir.join(format!("{agent}.proxy.kubeconfig"));
         let args = crate::ctl::agent::KubeconfigArgs {
             name: agent.into(),
-            namespace: HUB_ARGOCD_NS.into(),
-            kubeconfig: Some(dir.join("hub.kubeconfig")),
-            kube_context: None,
+            hub: crate::ctl::HubArgs {
+                namespace: HUB_ARGOCD_NS.into(),
+                kubeconfig: Some(dir.join("hub.kubeconfig")),
+                kube_context: None,
+            },
             output: Some(path.clone()),
         };
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
