@@ -25,6 +25,8 @@ use crate::tunnel::LogTunnel;
 
 /// Chunks buffered toward the client.
 const CLIENT_BUFFER: usize = 16;
+/// Largest partial line kept while waiting for its newline.
+const MAX_PENDING: usize = 2 << 20;
 
 /// The client's log parameters.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -169,6 +171,11 @@ async fn pump(
                 (false, Some((_, text))) => out.extend_from_slice(text),
                 _ => out.extend_from_slice(&line),
             }
+        }
+        // A line longer than any kubelet writes (the agent cuts its lines at 1 MiB) is
+        // passed on as it is, so a peer that never sends a newline cannot grow the buffer.
+        if pending.len() > MAX_PENDING {
+            out.append(pending);
         }
         if !out.is_empty() && tx.send(Ok(Frame::data(Bytes::from(out)))).await.is_err() {
             break Ended::ClientGone;
