@@ -290,6 +290,67 @@ pub fn principal_args(
     ]
 }
 
+/// An mTLS channel to the principal at `addr` with `source`'s SVID, pinned to the
+/// principal's SPIFFE ID: what a hand-driven agent (or an impostor) dials.
+pub async fn dial_principal(
+    source: &argocd_agent_identity::source::SvidSource,
+    addr: std::net::SocketAddr,
+) -> Result<tonic::transport::Channel, HarnessError> {
+    let tls = argocd_agent_identity::tls::client_config(
+        source,
+        argocd_agent_identity::tls::PeerPolicy::Exact(SpiffeId::parse(PRINCIPAL_ID)?),
+    )?;
+    Ok(argocd_agent_identity::transport::connect(
+        &addr.to_string(),
+        tls,
+        "127.0.0.1",
+        argocd_agent_identity::transport::ChannelOptions::default(),
+    )
+    .await?)
+}
+
+/// The two ends of a hand-driven agent stream: events to send, events received.
+pub type AgentStream = (
+    tokio::sync::mpsc::Sender<argocd_agent_proto::cloudevents::CloudEvent>,
+    tonic::Streaming<argocd_agent_proto::cloudevents::CloudEvent>,
+);
+
+/// A hand-driven agent stream: dials the principal, sends a hello in `mode` (with no resync
+/// state: an empty spoke), and returns the stream with the principal's first answer (the
+/// welcome, when admitted).
+pub async fn open_agent_stream(
+    source: &argocd_agent_identity::source::SvidSource,
+    addr: std::net::SocketAddr,
+    mode: argocd_agent_proto::eventstream::AgentMode,
+) -> Result<(AgentStream, argocd_agent_sync::Event), HarnessError> {
+    use argocd_agent_sync::{Event, EventType, Payload};
+    let channel = dial_principal(source, addr).await?;
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    let hello = Event::new(
+        "test-client",
+        EventType::Hello,
+        Payload::Hello(argocd_agent_proto::eventstream::Hello {
+            mode: mode as i32,
+            version: "test".into(),
+            protocol_version: 1,
+            ..Default::default()
+        }),
+    );
+    tx.send(hello.to_cloud_event())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut inbound =
+        argocd_agent_proto::eventstream::event_stream_client::EventStreamClient::new(channel)
+            .subscribe(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await?
+            .into_inner();
+    let first = inbound
+        .message()
+        .await?
+        .ok_or("stream closed before welcome")?;
+    Ok(((tx, inbound), Event::from_cloud_event(first)?))
+}
+
 /// When a process first logged a line containing `what` at or after `since` (from the log
 /// line's own timestamp, so the figure does not depend on how often a test polls).
 pub fn logged_at(

@@ -420,8 +420,6 @@ async fn kubectl_reaches_managed_and_autonomous_spokes_through_the_principal_and
 /// Opens an interactive exec through the proxy, takes its session UUID from the principal's
 /// log, and presents it on a `Tunnel.Terminal` stream with the autonomous agent's SVID.
 async fn replayed_session_is_refused(topo: &Topology, kubeconfig: &Path) {
-    use argocd_agent_identity::tls::{PeerPolicy, client_config};
-    use argocd_agent_identity::transport::{ChannelOptions, connect};
     use argocd_agent_proto::eventstream::TerminalFrame;
     use argocd_agent_proto::eventstream::tunnel_client::TunnelClient;
     use tokio::io::AsyncWriteExt;
@@ -453,19 +451,7 @@ async fn replayed_session_is_refused(topo: &Topology, kubeconfig: &Path) {
     .await
     .unwrap();
     let source = topo.svid_source("autonomous.sock").await.unwrap();
-    let tls = client_config(
-        &source,
-        PeerPolicy::Exact(argocd_agent_identity::SpiffeId::parse(PRINCIPAL_ID).unwrap()),
-    )
-    .unwrap();
-    let channel = connect(
-        &topo.principal_addr.to_string(),
-        tls,
-        "127.0.0.1",
-        ChannelOptions::default(),
-    )
-    .await
-    .unwrap();
+    let channel = dial_principal(&source, topo.principal_addr).await.unwrap();
     let (tx, rx) = tokio::sync::mpsc::channel(4);
     tx.send(TerminalFrame {
         session_id: session.clone(),

@@ -6,8 +6,6 @@ use std::time::Duration;
 use argocd_agent_e2e::harness::*;
 use argocd_agent_identity::devserver::DevCa;
 use argocd_agent_identity::source::SvidSource;
-use argocd_agent_identity::tls::{PeerPolicy, client_config};
-use argocd_agent_identity::transport::{ChannelOptions, connect};
 use argocd_agent_identity::{SpiffeId, TrustDomain};
 use argocd_agent_proto::eventstream::event_stream_client::EventStreamClient;
 use argocd_agent_proto::eventstream::{AgentMode, Hello};
@@ -32,36 +30,8 @@ async fn open_stream(
     ),
     HarnessError,
 > {
-    let tls = client_config(source, PeerPolicy::Exact(SpiffeId::parse(PRINCIPAL_ID)?))?;
-    let channel = connect(
-        &addr.to_string(),
-        tls,
-        "127.0.0.1",
-        ChannelOptions::default(),
-    )
-    .await?;
-    let mut client = EventStreamClient::new(channel);
-    let (tx, rx) = mpsc::channel(16);
-    let hello = Event::new(
-        "test-client",
-        EventType::Hello,
-        Payload::Hello(Hello {
-            mode: mode as i32,
-            version: "test".into(),
-            protocol_version: 1,
-            ..Default::default()
-        }),
-    );
-    tx.send(hello.to_cloud_event()).await?;
-    let mut inbound = client
-        .subscribe(ReceiverStream::new(rx))
-        .await?
-        .into_inner();
-    let first = inbound
-        .message()
-        .await?
-        .ok_or("stream closed before welcome")?;
-    Ok((tx, inbound, Event::from_cloud_event(first)?))
+    let ((tx, inbound), welcome) = open_agent_stream(source, addr, mode).await?;
+    Ok((tx, inbound, welcome))
 }
 
 /// Waits for the answer (processed or error) to the event with `id`.

@@ -6,13 +6,9 @@
 use std::time::Duration;
 
 use argocd_agent_e2e::harness::*;
-use argocd_agent_identity::SpiffeId;
 use argocd_agent_identity::source::SvidSource;
-use argocd_agent_identity::tls::{PeerPolicy, client_config};
-use argocd_agent_identity::transport::{ChannelOptions, connect};
-use argocd_agent_proto::eventstream::event_stream_client::EventStreamClient;
-use argocd_agent_proto::eventstream::{AgentMode, Hello};
-use argocd_agent_sync::{Event, EventType, Payload};
+use argocd_agent_proto::eventstream::AgentMode;
+use argocd_agent_sync::EventType;
 use kube::api::PostParams;
 
 const T: Duration = Duration::from_secs(30);
@@ -30,46 +26,12 @@ async fn connected(topo: &Topology) -> f64 {
 
 /// Opens a session as the autonomous agent's identity with an empty spoke, and returns once
 /// the principal has welcomed it (the resync starts right after).
-async fn empty_autonomous_session(
-    source: &SvidSource,
-    addr: std::net::SocketAddr,
-) -> (
-    tokio::sync::mpsc::Sender<argocd_agent_proto::cloudevents::CloudEvent>,
-    tonic::Streaming<argocd_agent_proto::cloudevents::CloudEvent>,
-) {
-    let tls = client_config(
-        source,
-        PeerPolicy::Exact(SpiffeId::parse(PRINCIPAL_ID).unwrap()),
-    )
-    .unwrap();
-    let channel = connect(
-        &addr.to_string(),
-        tls,
-        "127.0.0.1",
-        ChannelOptions::default(),
-    )
-    .await
-    .unwrap();
-    let (tx, rx) = tokio::sync::mpsc::channel(4);
-    let hello = Event::new(
-        "abuser",
-        EventType::Hello,
-        Payload::Hello(Hello {
-            mode: AgentMode::Autonomous as i32,
-            version: "test".into(),
-            protocol_version: 1,
-            ..Default::default()
-        }),
-    );
-    tx.send(hello.to_cloud_event()).await.unwrap();
-    let mut inbound = EventStreamClient::new(channel)
-        .subscribe(tokio_stream::wrappers::ReceiverStream::new(rx))
+async fn empty_autonomous_session(source: &SvidSource, addr: std::net::SocketAddr) -> AgentStream {
+    let (stream, welcome) = open_agent_stream(source, addr, AgentMode::Autonomous)
         .await
-        .unwrap()
-        .into_inner();
-    let welcome = inbound.message().await.unwrap().expect("a welcome");
-    assert!(welcome.r#type.ends_with(".welcome"), "{}", welcome.r#type);
-    (tx, inbound)
+        .unwrap();
+    assert_eq!(welcome.ty, EventType::Welcome);
+    stream
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
