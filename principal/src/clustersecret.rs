@@ -59,6 +59,9 @@ pub struct ClusterSecrets {
     keys: Arc<ProxyKeys>,
     config: ResourceProxyConfig,
     ca_pem: watch::Receiver<String>,
+    /// Agents whose cluster secret is known to exist (ours or someone else's): their
+    /// connects cost no API call; the periodic pass keeps ours current.
+    known: std::sync::Mutex<std::collections::HashSet<AgentName>>,
 }
 
 fn is_ours(s: &Secret) -> bool {
@@ -99,6 +102,7 @@ impl ClusterSecrets {
             keys,
             config,
             ca_pem,
+            known: Default::default(),
         })
     }
 
@@ -184,66 +188,106 @@ impl ClusterSecrets {
                 }
             }
             Some(s) if !is_ours(&s) => Ok(Ensured::LeftAlone),
-            Some(s) if !self.stale(&s, agent, now) => Ok(Ensured::Current),
-            Some(s) => {
-                let mut next = self.desired(agent, now);
-                next.metadata.resource_version = s.metadata.resource_version.clone();
-                // stringData replaces the three keys; anything else stored stays.
-                next.data = s.data.clone();
-                self.api
-                    .replace(&name, &PostParams::default(), &next)
-                    .await?;
-                Ok(Ensured::Renewed)
-            }
+            Some(s) => self.renew_if_stale(&s, agent, now).await,
         }
     }
 
-    /// Creates or renews, logging the outcome.
+    /// Rewrites our secret `s` for `agent` when it is stale.
+    async fn renew_if_stale(
+        &self,
+        s: &Secret,
+        agent: &AgentName,
+        now: SystemTime,
+    ) -> Result<Ensured, kube::Error> {
+        if !self.stale(s, agent, now) {
+            return Ok(Ensured::Current);
+        }
+        let mut next = self.desired(agent, now);
+        next.metadata.resource_version = s.metadata.resource_version.clone();
+        // stringData replaces the three keys; anything else stored stays.
+        next.data = s.data.clone();
+        self.api
+            .replace(&secret_name(agent), &PostParams::default(), &next)
+            .await?;
+        Ok(Ensured::Renewed)
+    }
+
+    fn known(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<AgentName>> {
+        self.known.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// On connect: creates the agent's secret unless one is known to exist (a reconnect
+    /// storm of registered agents then costs no API call), logging the outcome.
     pub async fn ensure_logged(&self, agent: &AgentName) {
-        match self.ensure(agent).await {
-            Ok(Ensured::Created) => {
-                tracing::info!(agent = %agent, secret = %secret_name(agent), "cluster secret created")
-            }
-            Ok(Ensured::Renewed) => {
-                tracing::info!(agent = %agent, secret = %secret_name(agent), "cluster secret renewed")
-            }
-            Ok(Ensured::LeftAlone) => tracing::debug!(agent = %agent,
-                "a cluster secret for this agent exists and is not the principal's: left alone"),
-            Ok(Ensured::Current) => {}
-            Err(e) => tracing::warn!(agent = %agent, error = %e, "cluster secret not written"),
+        if self.known().contains(agent) {
+            return;
         }
+        let outcome = self.ensure(agent).await;
+        if outcome.is_ok() {
+            self.known().insert(agent.clone());
+        }
+        log_outcome(agent, outcome);
     }
 
-    /// Renews the principal's cluster secrets until `shutdown` (every minute, and at once
-    /// when the CA data changes).
+    /// Renews the principal's cluster secrets until `shutdown`: at once, then every minute
+    /// (more often for short tokens) and when the CA data changes. One list per pass; only
+    /// stale secrets are written.
     pub async fn refresh(self: Arc<Self>, shutdown: CancellationToken) {
         let mut ca = self.ca_pem.clone();
         loop {
+            self.pass().await;
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep(refresh_interval(self.config.token_ttl)) => {}
                 changed = ca.changed() => if changed.is_err() { return },
             }
-            let list = ListParams::default()
-                .labels(&format!("{SECRET_TYPE_LABEL}=cluster,{AGENT_NAME_LABEL}"));
-            let secrets = match self.api.list(&list).await {
-                Ok(l) => l.items,
-                Err(e) => {
-                    tracing::warn!(error = %e, "cluster secrets: list failed");
-                    continue;
-                }
+        }
+    }
+
+    /// One renewal pass over every cluster secret labelled for an agent.
+    pub async fn pass(&self) {
+        let list = ListParams::default()
+            .labels(&format!("{SECRET_TYPE_LABEL}=cluster,{AGENT_NAME_LABEL}"));
+        let secrets = match self.api.list(&list).await {
+            Ok(l) => l.items,
+            Err(e) => {
+                tracing::warn!(error = %e, "cluster secrets: list failed");
+                return;
+            }
+        };
+        let now = SystemTime::now();
+        let mut known = std::collections::HashSet::new();
+        for s in &secrets {
+            let Some(agent) = s
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(AGENT_NAME_LABEL))
+                .and_then(|a| AgentName::new(a).ok())
+            else {
+                continue;
             };
-            for s in secrets.iter().filter(|s| is_ours(s)) {
-                let agent = s
-                    .metadata
-                    .labels
-                    .as_ref()
-                    .and_then(|l| l.get(AGENT_NAME_LABEL))
-                    .and_then(|a| AgentName::new(a).ok());
-                if let Some(agent) = agent {
-                    self.ensure_logged(&agent).await;
-                }
+            known.insert(agent.clone());
+            if is_ours(s) && s.metadata.name.as_deref() == Some(secret_name(&agent).as_str()) {
+                log_outcome(&agent, self.renew_if_stale(s, &agent, now).await);
             }
         }
+        // Deleted secrets are forgotten: the agent's next connect creates one again.
+        *self.known() = known;
+    }
+}
+
+fn log_outcome(agent: &AgentName, outcome: Result<Ensured, kube::Error>) {
+    match outcome {
+        Ok(Ensured::Created) => {
+            tracing::info!(agent = %agent, secret = %secret_name(agent), "cluster secret created")
+        }
+        Ok(Ensured::Renewed) => {
+            tracing::info!(agent = %agent, secret = %secret_name(agent), "cluster secret renewed")
+        }
+        Ok(Ensured::LeftAlone) => tracing::debug!(agent = %agent,
+            "a cluster secret for this agent exists and is not the principal's: left alone"),
+        Ok(Ensured::Current) => {}
+        Err(e) => tracing::warn!(agent = %agent, error = %e, "cluster secret not written"),
     }
 }

@@ -46,7 +46,7 @@ fn config_of(s: &Secret) -> Value {
 
 #[tokio::test]
 async fn cluster_secrets_are_created_renewed_and_others_left_alone() {
-    let (_server, client) = setup().await;
+    let (server, client) = setup().await;
     let keys = Arc::new(
         ProxyKeys::load_or_create(client.clone(), "argocd")
             .await
@@ -101,6 +101,23 @@ async fn cluster_secrets_are_created_renewed_and_others_left_alone() {
         .decode(rotated["tlsClientConfig"]["caData"].as_str().unwrap())
         .unwrap();
     assert!(String::from_utf8(ca).unwrap().contains("rotated"));
+
+    // Known secrets cost a reconnect no API call; one pass lists once and renews only
+    // what is stale; a deleted secret is forgotten and made again on the next connect.
+    secrets.ensure_logged(&agent).await;
+    server.clear_requests();
+    secrets.ensure_logged(&agent).await;
+    assert!(server.requests().is_empty(), "{:?}", server.requests());
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    secrets.pass().await;
+    let verbs: Vec<String> = server.requests().iter().map(|r| r.verb.clone()).collect();
+    assert_eq!(verbs, ["list", "update"], "one list, one renewal");
+    api.delete("cluster-edge-1", &Default::default())
+        .await
+        .unwrap();
+    secrets.pass().await;
+    secrets.ensure_logged(&agent).await;
+    assert!(api.get_opt("cluster-edge-1").await.unwrap().is_some());
 
     // A secret someone else made for an agent wins.
     let other = AgentName::new("edge-2").unwrap();
