@@ -66,7 +66,7 @@ pub fn connected_count(log: &str, agent: &str) -> usize {
 
 /// The `--base-id` of each Envoy started by this process must differ from any other Envoy
 /// on the machine (tests run in parallel); the process id keeps parallel test binaries apart.
-fn next_base_id() -> u32 {
+pub fn next_base_id() -> u32 {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     (std::process::id() % 100_000) * 10 + NEXT.fetch_add(1, Ordering::Relaxed) % 10
 }

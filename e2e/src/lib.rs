@@ -5,5 +5,6 @@
 pub mod bench;
 pub mod envoy;
 pub mod fake_argocd;
+pub mod ha;
 pub mod harness;
 pub mod redis;

@@ -21,6 +21,8 @@ pub enum Kind {
     ConfigMap,
     /// Core `Namespace` (`v1`, cluster-scoped).
     Namespace,
+    /// `Lease` (`coordination.k8s.io/v1`, namespaced): principal replicas' sessions.
+    Lease,
 }
 
 /// API group of the Argo CD custom resources.
@@ -30,12 +32,13 @@ pub const ARGOPROJ_VERSION: &str = "v1alpha1";
 
 impl Kind {
     /// Every kind, in a stable order (useful for tests and RBAC listings).
-    pub const ALL: [Kind; 5] = [
+    pub const ALL: [Kind; 6] = [
         Kind::Application,
         Kind::AppProject,
         Kind::Secret,
         Kind::ConfigMap,
         Kind::Namespace,
+        Kind::Lease,
     ];
 
     /// The API resource (group, version, kind, plural) used to build request paths.
@@ -56,6 +59,7 @@ impl Kind {
             Kind::Secret => ("", "v1", "Secret", "secrets"),
             Kind::ConfigMap => ("", "v1", "ConfigMap", "configmaps"),
             Kind::Namespace => ("", "v1", "Namespace", "namespaces"),
+            Kind::Lease => ("coordination.k8s.io", "v1", "Lease", "leases"),
         };
         let api_version = if group.is_empty() {
             version.to_string()
@@ -84,6 +88,7 @@ impl Kind {
             Kind::Secret => "Secret",
             Kind::ConfigMap => "ConfigMap",
             Kind::Namespace => "Namespace",
+            Kind::Lease => "Lease",
         }
     }
 }
@@ -94,7 +99,7 @@ impl Kind {
     /// `binaryData` for ConfigMaps.
     pub fn content_fields(&self) -> &'static [&'static str] {
         match self {
-            Kind::Application | Kind::AppProject => &["spec"],
+            Kind::Application | Kind::AppProject | Kind::Lease => &["spec"],
             Kind::Secret => &["type", "data"],
             Kind::ConfigMap => &["data", "binaryData"],
             Kind::Namespace => &[],

@@ -115,6 +115,8 @@ pub struct PrincipalConfig {
     pub redis_proxy: Option<crate::redisproxy::RedisProxyConfig>,
     /// The resource proxy argocd-server uses as each agent's cluster (`None`: off).
     pub resource_proxy: Option<crate::resourceproxy::ResourceProxyConfig>,
+    /// Replicas coordinated through Leases (`--ha`; `None`: a single principal).
+    pub ha: Option<crate::ha::HaConfig>,
 }
 
 impl Default for PrincipalConfig {
@@ -147,6 +149,7 @@ impl Default for PrincipalConfig {
             max_concurrent_streams: 16,
             redis_proxy: None,
             resource_proxy: None,
+            ha: None,
         }
     }
 }

@@ -98,6 +98,8 @@ pub(crate) struct AgentInner {
     pub(crate) desired_projects: HashMap<String, Arc<Value>>,
     /// What the operator API shows about the current (or last) session.
     session_info: SessionInfo,
+    /// Why the principal closed the current session, told to the agent.
+    close_reason: Option<String>,
 }
 
 /// What is known about an agent's current (or last) session, for the operator API.
@@ -143,6 +145,10 @@ impl AgentState {
     /// The agent's hub namespace.
     pub fn namespace(&self) -> Namespace {
         self.inner().identity.namespace.clone()
+    }
+    /// Why the principal closed the session, if it said (taken once).
+    pub(crate) fn take_close_reason(&self) -> Option<String> {
+        self.inner().close_reason.take()
     }
     /// The identity of its latest session.
     pub fn identity(&self) -> AgentIdentity {
@@ -519,6 +525,7 @@ impl Hub {
                         sent_config: HashMap::new(),
                         desired_projects: HashMap::new(),
                         session_info: SessionInfo::default(),
+                        close_reason: None,
                     }),
                     inbox: ChangeInbox::default(),
                     last_event_ms: AtomicI64::new(0),
@@ -576,11 +583,19 @@ impl Hub {
 
     /// Closes the current session of `agent`, if any; returns whether one was open.
     pub fn disconnect(&self, agent: &AgentName) -> bool {
-        if let Some(state) = self.agent(agent)
-            && let Some((_, token)) = state.inner().session.take()
-        {
-            token.cancel();
-            return true;
+        self.close_session(agent, None)
+    }
+
+    /// Closes the current session of `agent` telling it `reason` (the agent logs it and
+    /// reconnects); returns whether one was open.
+    pub fn close_session(&self, agent: &AgentName, reason: Option<String>) -> bool {
+        if let Some(state) = self.agent(agent) {
+            let mut inner = state.inner();
+            if let Some((_, token)) = inner.session.take() {
+                inner.close_reason = reason;
+                token.cancel();
+                return true;
+            }
         }
         false
     }

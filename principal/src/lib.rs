@@ -16,6 +16,7 @@ pub mod clusterinfo;
 pub mod clustersecret;
 pub mod config;
 pub mod error;
+pub mod ha;
 pub mod hub;
 pub mod inbound;
 pub mod link;
@@ -268,6 +269,16 @@ pub async fn start(
             shutdown.clone(),
         ));
     }
+    let leases = config.ha.clone().map(|ha| {
+        ha::Leases::start(
+            client.clone(),
+            &config.argocd_namespace,
+            ha,
+            hub.clone(),
+            &tasks,
+            shutdown.clone(),
+        )
+    });
     watch_revocations(&rules, &hub);
     tasks.spawn(enforce_blocklist(
         hub.clone(),
@@ -282,6 +293,7 @@ pub async fn start(
     let readiness = metrics::Readiness {
         synced: ready_rx,
         svid: listener_auth.svid.clone(),
+        leases: leases.clone(),
     };
     let metrics_addr = match config.metrics_listen {
         Some(addr) => Some(
@@ -324,6 +336,9 @@ pub async fn start(
                 shutdown.clone(),
             )
             .await?;
+            if let Some(leases) = &leases {
+                leases.set_resource_proxy_url(&url);
+            }
             (Some(addr), Some(url), secrets)
         }
         None => (None, None, None),
@@ -400,6 +415,7 @@ pub async fn start(
                     .map_or(0, |r| r.max_in_flight_per_agent),
             ),
         cluster_secrets,
+        leases,
     };
     tracing::info!(%addr, auth = ?config.auth, "principal listening");
     let done = serve(

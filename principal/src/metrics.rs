@@ -64,6 +64,17 @@ pub struct RedisProxyLabels {
     pub result: String,
 }
 
+/// Labels of `argocd_principal_lease_writes_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LeaseWriteLabels {
+    /// `agent` (one agent's session) or `replica` (a replica's liveness).
+    pub lease: String,
+    /// `create`, `acquire`, `renew`, `takeover-request`, `handover` or `release`.
+    pub op: String,
+    /// `ok`, `conflict` or `error`.
+    pub result: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ModeLabels {
     pub mode: String,
@@ -178,6 +189,13 @@ pub struct Metrics {
     /// `argocd_principal_resource_proxy_requests_total{agent,kind,code}`: requests the
     /// resource proxy answered.
     pub resource_proxy_requests: Family<ResourceProxyLabels, Counter>,
+    /// `argocd_principal_lease_writes_total{lease,op,result}`: writes to the hub's Leases
+    /// (replicas only).
+    pub lease_writes: Family<LeaseWriteLabels, Counter>,
+    /// `argocd_principal_sessions_deferred_total{reason}`: sessions this replica turned away
+    /// or closed so another replica serves them (`HeldElsewhere`, `Rebalance`, `LeaseLost`,
+    /// `Fenced`, `HandedOver`).
+    pub sessions_deferred: Family<ReasonLabels, Counter>,
     hub_writes: Arc<HashMap<(ResourceKind, HubWrite), Counter>>,
     agent_labels: Arc<AgentLabels>,
     registry: Arc<Registry>,
@@ -329,7 +347,21 @@ impl Metrics {
             "Requests the resource proxy answered, by agent, kind (request, log, exec) and HTTP status",
             resource_proxy_requests.clone(),
         );
+        let lease_writes = Family::<LeaseWriteLabels, Counter>::default();
+        r.register(
+            "argocd_principal_lease_writes",
+            "Writes to the hub's coordination.k8s.io Leases, by lease (agent, replica), operation and result",
+            lease_writes.clone(),
+        );
+        let sessions_deferred = Family::<ReasonLabels, Counter>::default();
+        r.register(
+            "argocd_principal_sessions_deferred",
+            "Sessions turned away or closed so that another replica serves the agent, by reason",
+            sessions_deferred.clone(),
+        );
         Metrics {
+            lease_writes,
+            sessions_deferred,
             redis_proxy_requests,
             resource_proxy_requests,
             connected_agents,
@@ -362,6 +394,26 @@ impl Metrics {
                 agent: self.agent_label(agent),
                 kind: kind.into(),
                 code: code.to_string(),
+            })
+            .inc();
+    }
+
+    /// Counts one write to a Lease.
+    pub fn lease_write(&self, lease: &str, op: &str, result: &str) {
+        self.lease_writes
+            .get_or_create(&LeaseWriteLabels {
+                lease: lease.into(),
+                op: op.into(),
+                result: result.into(),
+            })
+            .inc();
+    }
+
+    /// Counts a session another replica is left to serve.
+    pub fn deferred(&self, reason: &str) {
+        self.sessions_deferred
+            .get_or_create(&ReasonLabels {
+                reason: reason.into(),
             })
             .inc();
     }
@@ -475,6 +527,8 @@ impl Metrics {
 pub struct Readiness {
     pub synced: tokio::sync::watch::Receiver<bool>,
     pub svid: Option<argocd_agent_identity::source::SvidSource>,
+    /// With replicas: the replica Lease must be fresh.
+    pub leases: Option<Arc<crate::ha::Leases>>,
 }
 
 impl Readiness {
@@ -488,6 +542,9 @@ impl Readiness {
             );
         }
         if let Some(Err(e)) = self.svid.as_ref().map(|s| s.readiness()) {
+            reasons.push(e);
+        }
+        if let Some(Err(e)) = self.leases.as_ref().map(|l| l.ready()) {
             reasons.push(e);
         }
         if reasons.is_empty() {
@@ -579,6 +636,7 @@ mod tests {
             Readiness {
                 synced: rx,
                 svid: None,
+                leases: None,
             },
             &tasks,
             shutdown.clone(),
@@ -601,6 +659,7 @@ mod tests {
         let r = Readiness {
             synced: rx,
             svid: None,
+            leases: None,
         };
         let why = r.check().unwrap_err();
         assert!(why.starts_with("not ready: hub watches"), "{why}");

@@ -55,6 +55,8 @@ pub struct SessionContext {
     pub max_requests_in_flight: usize,
     /// Agents' Argo CD cluster secrets (self-registration with the resource proxy).
     pub cluster_secrets: Option<Arc<crate::clustersecret::ClusterSecrets>>,
+    /// Replicas: the agent Leases that make one session per agent across replicas.
+    pub leases: Option<Arc<crate::ha::Leases>>,
 }
 
 type Outbound = mpsc::Sender<Result<CloudEvent, Status>>;
@@ -190,12 +192,23 @@ async fn run(
         .into_iter()
         .map(|k| (k, resync::source_uids_from_state(k.as_str(), &resync_state)))
         .collect();
-    tracing::info!(%mode, agent_version = ?hello.version, "agent connected");
 
-    // 2. Register (replacing any previous session) and welcome.
+    // 2. With replicas, take the agent's Lease (another replica hands it over first), then
+    // register (replacing any previous session here) and welcome.
     let session_id = SESSION_IDS.fetch_add(1, Ordering::Relaxed);
+    let lease = match &ctx.leases {
+        Some(leases) => Some(leases.acquire(&identity.agent, session_id).await?),
+        None => None,
+    };
     let token = CancellationToken::new();
     let state = hub.attach(identity.clone(), mode, session_id, token.clone());
+    if let Some(leases) = &ctx.leases
+        && leases.handover_pending(&identity.agent, session_id)
+    {
+        // Asked for between taking the Lease and registering: this session yields.
+        hub.close_session(&identity.agent, Some("the agent connected to another principal replica".into()));
+    }
+    tracing::info!(%mode, agent_version = ?hello.version, "agent connected");
     state.touch();
     state.set_session_info(
         session_id,
@@ -214,6 +227,7 @@ async fn run(
         state: state.clone(),
         session_id,
         cluster_info: ctx.cluster_info.clone(),
+        _lease: lease,
     };
     if let Some(writer) = ctx.cluster_info.clone() {
         let agent = identity.agent.clone();
@@ -274,7 +288,7 @@ async fn run(
     tokio::select! {
         r = resync => r?,
         _ = token.cancelled() => {
-            return Err(Status::aborted("session closed by the principal during resync (replaced by a newer session, or identity revoked)"));
+            return Err(closed_by_principal(&state, " during resync"));
         }
         _ = tx.closed() => {
             tracing::info!("the agent went away during resync: resync abandoned");
@@ -294,7 +308,7 @@ async fn run(
     loop {
         tokio::select! {
             _ = token.cancelled() => {
-                return Err(Status::aborted("session closed by the principal (replaced by a newer session, or identity revoked)"));
+                return Err(closed_by_principal(&state, ""));
             }
             _ = tx.closed() => return Ok(()),
             event = state.queue.next() => send(tx, hub, &state, event).await?,
@@ -314,11 +328,27 @@ async fn run(
     }
 }
 
+/// The status a session closed by the principal ends with: the reason it gave (a replica
+/// handing the agent over, rebalancing), or the usual ones.
+fn closed_by_principal(state: &AgentState, when: &str) -> Status {
+    match state.take_close_reason() {
+        Some(reason) => Status::unavailable(format!(
+            "session closed by the principal{when}: {reason}"
+        )),
+        None => Status::aborted(format!(
+            "session closed by the principal{when} (replaced by a newer session, or identity revoked)"
+        )),
+    }
+}
+
 struct SessionGuard {
     hub: Arc<Hub>,
     state: Arc<AgentState>,
     session_id: u64,
     cluster_info: Option<Arc<crate::clusterinfo::ClusterInfoWriter>>,
+    /// Dropped after the fields above: the Lease is released (or handed over) only once
+    /// this session is detached.
+    _lease: Option<crate::ha::LeaseGuard>,
 }
 
 impl Drop for SessionGuard {

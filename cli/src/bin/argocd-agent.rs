@@ -174,6 +174,8 @@ struct PrincipalArgs {
     redis: RedisProxyArgs,
     #[command(flatten)]
     resource_proxy: ResourceProxyArgs,
+    #[command(flatten)]
+    ha: HaArgs,
     /// Maximum unacknowledged events per agent.
     #[arg(long, default_value_t = 256)]
     max_in_flight: usize,
@@ -309,6 +311,59 @@ struct ResourceProxyArgs {
     /// token and CA data current (needs the resource proxy).
     #[arg(long, env = "ARGOCD_PRINCIPAL_ENABLE_SELF_CLUSTER_REGISTRATION")]
     enable_self_cluster_registration: bool,
+}
+
+#[derive(Debug, Args)]
+struct HaArgs {
+    /// Run as one of several active replicas: every agent's session is recorded in a
+    /// `coordination.k8s.io` Lease on the hub (see docs/ha.md), so an agent has one live
+    /// session across all replicas and a dead replica's agents are taken over.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_HA")]
+    ha: bool,
+    /// This replica's name in Leases (default: `POD_NAME`, else the host name).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_REPLICA_ID")]
+    replica_id: Option<String>,
+    /// A replica whose Lease is not renewed for this long is gone: its agents are taken
+    /// over (renewed every fifth of it).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    replica_lease_duration: Duration,
+    /// Duration of agent Leases (renewed at a random point between a third and two thirds
+    /// of it: N agents cost about 2N/duration writes per second).
+    #[arg(long, default_value = "15m", value_parser = parse_duration)]
+    agent_lease_duration: Duration,
+    /// Do not move agents to even out the replicas' load.
+    #[arg(long)]
+    no_rebalance: bool,
+    /// Agents a replica may hold above its fair share before it sheds some.
+    #[arg(long, default_value_t = 1)]
+    rebalance_slack: usize,
+    /// How often a replica compares its share with the others'.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    rebalance_interval: Duration,
+    /// Sessions a replica closes per rebalance round at most.
+    #[arg(long, default_value_t = 10)]
+    rebalance_batch: usize,
+}
+
+impl HaArgs {
+    fn config(&self) -> Result<Option<argocd_agent_principal::ha::HaConfig>, String> {
+        if !self.ha {
+            return Ok(None);
+        }
+        let replica = self
+            .replica_id
+            .clone()
+            .unwrap_or_else(argocd_agent_principal::ha::default_replica_id);
+        let mut c = argocd_agent_principal::ha::HaConfig::new(replica);
+        c.replica_lease_duration = self.replica_lease_duration;
+        c.agent_lease_duration = self.agent_lease_duration;
+        c.rebalance = !self.no_rebalance;
+        c.rebalance_slack = self.rebalance_slack;
+        c.rebalance_interval = self.rebalance_interval;
+        c.rebalance_batch = self.rebalance_batch.max(1);
+        c.validate()?;
+        Ok(Some(c))
+    }
 }
 
 impl ResourceProxyArgs {
@@ -730,6 +785,7 @@ async fn serve_principal(a: PrincipalArgs) -> CmdResult {
         },
         redis_proxy: a.redis.config()?,
         resource_proxy: a.resource_proxy.config()?,
+        ha: a.ha.config()?,
         ..Default::default()
     };
     let shutdown = shutdown_token();

@@ -1,0 +1,265 @@
+//! Principal high availability, end to end with real processes: three principal replicas
+//! (`--ha`) against one hub Kubernetes API test server, a real Envoy spreading six agents
+//! (four managed, two autonomous) across them. Kill -9 one replica: its agents are served by
+//! the others and every object converges; no agent ever has two live sessions; no change
+//! made during the failover is lost; the restarted replica gets its share back.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use argocd_agent_e2e::ha::{HaOptions, HaTopology};
+use argocd_agent_e2e::harness::*;
+use kube::api::{DeleteParams, ListParams, PostParams};
+use serde_json::json;
+
+const REPLICAS: usize = 3;
+
+fn agents() -> Vec<(String, &'static str)> {
+    (0..6)
+        .map(|i| {
+            let mode = if i < 4 { "managed" } else { "autonomous" };
+            (format!("agent-ha-{i}"), mode)
+        })
+        .collect()
+}
+
+/// Application name -> source path in `ns` on `server`.
+async fn paths(server: &argocd_agent_kube_test_server::KubeTestServer, ns: &str) -> BTreeMap<String, String> {
+    let Ok(api) = apps(server, ns) else {
+        return BTreeMap::new();
+    };
+    match api.list(&ListParams::default()).await {
+        Ok(list) => list
+            .items
+            .into_iter()
+            .map(|o| {
+                let path = o.data["spec"]["source"]["path"].as_str().unwrap_or_default().to_string();
+                (o.metadata.name.unwrap_or_default(), path)
+            })
+            .collect(),
+        Err(_) => BTreeMap::new(),
+    }
+}
+
+/// Whether every agent's spoke and hub namespace hold the same Applications (name and
+/// path), and the authoring side holds `expected`.
+async fn converged(
+    topo: &HaTopology,
+    expected: &BTreeMap<String, BTreeMap<String, String>>,
+) -> Result<(), String> {
+    for (agent, want) in expected {
+        let hub = paths(&topo.hub, agent).await;
+        let spoke = paths(&topo.spokes[agent], SPOKE_NS).await;
+        if &hub != want || &spoke != want {
+            return Err(format!("{agent}: want {want:?}, hub {hub:?}, spoke {spoke:?}"));
+        }
+    }
+    Ok(())
+}
+
+async fn wait_converged(
+    topo: &HaTopology,
+    expected: &BTreeMap<String, BTreeMap<String, String>>,
+    timeout: Duration,
+) -> Result<(), String> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match converged(topo, expected).await {
+            Ok(()) => return Ok(()),
+            Err(e) if Instant::now() > deadline => return Err(e),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+/// Waits until every replica serves exactly `per` agents (by the Leases and by the logs).
+async fn wait_balanced(topo: &HaTopology, per: usize, timeout: Duration) -> Result<(), String> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let holders = topo.holders().await.unwrap_or_default();
+        let served = topo.served();
+        let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+        for replica in holders.values() {
+            *counts.entry(replica.clone()).or_default() += 1;
+        }
+        let by_lease = counts.len() == REPLICAS && counts.values().all(|n| *n == per);
+        let by_log = served.len() == REPLICAS && served.values().all(|a| a.len() == per);
+        if holders.len() == 6 && by_lease && by_log {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!("not balanced: leases {counts:?}, sessions {served:?}"));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn metric_sum(port: u16, prefix: &str) -> f64 {
+    http_get(port, "/metrics")
+        .await
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_replicas_fail_over_without_losing_anything_or_doubling_sessions() {
+    let dir = std::env::var_os("E2E_DIR").map(std::path::PathBuf::from);
+    let mut topo = HaTopology::start(HaOptions {
+        replicas: REPLICAS,
+        agents: agents(),
+        principal_args: vec![
+            "--replica-lease-duration".into(),
+            "3s".into(),
+            "--rebalance-interval".into(),
+            "1s".into(),
+            "--rebalance-slack".into(),
+            "0".into(),
+        ],
+        dir,
+    })
+    .await
+    .unwrap();
+    let result = scenario(&mut topo).await;
+    if let Err(e) = &result {
+        eprintln!("{e}\n{}", topo.logs());
+    }
+    let overlaps = topo.overlapping_sessions();
+    topo.stop().await;
+    result.unwrap();
+    assert!(overlaps.is_empty(), "agents with two live sessions at once: {overlaps:#?}");
+}
+
+async fn scenario(topo: &mut HaTopology) -> Result<(), String> {
+    let e = |e: Box<dyn std::error::Error + Send + Sync>| e.to_string();
+    // 1. Envoy spreads the agents; the replicas even out to two each.
+    wait_balanced(topo, 2, Duration::from_secs(60)).await?;
+    eprintln!("balanced: {:?}", topo.served());
+
+    // 2. Applications: authored on the hub for managed agents, on the spoke for autonomous.
+    let mut expected: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+    for (agent, mode) in topo.modes.clone() {
+        let (server, ns) = if mode == "managed" {
+            (&topo.hub, agent.as_str())
+        } else {
+            (&topo.spokes[&agent], SPOKE_NS)
+        };
+        let api = apps(server, ns).map_err(e)?;
+        for name in ["app-a", "app-b"] {
+            api.create(&PostParams::default(), &sample_app(name, ns, "guestbook"))
+                .await
+                .map_err(|x| x.to_string())?;
+            expected
+                .entry(agent.clone())
+                .or_default()
+                .insert(name.to_string(), "guestbook".into());
+        }
+    }
+    wait_converged(topo, &expected, Duration::from_secs(30)).await?;
+
+    // 3. kill -9 the replica serving agent-ha-0, then change objects of its agents (and
+    // others) while they move.
+    let holders = topo.holders().await.map_err(e)?;
+    let victim_name = holders["agent-ha-0"].clone();
+    let victim = topo
+        .replicas
+        .iter()
+        .position(|r| r.name == victim_name)
+        .ok_or("victim replica not found")?;
+    let moved: Vec<String> = holders
+        .iter()
+        .filter(|(_, r)| **r == victim_name)
+        .map(|(a, _)| a.clone())
+        .collect();
+    let killed = Instant::now();
+    topo.kill_replica(victim).await;
+    eprintln!("killed {victim_name}, which served {moved:?}");
+    for (agent, mode) in topo.modes.clone() {
+        let (server, ns) = if mode == "managed" {
+            (&topo.hub, agent.as_str())
+        } else {
+            (&topo.spokes[&agent], SPOKE_NS)
+        };
+        let api = apps(server, ns).map_err(e)?;
+        // Every agent: one edit, one delete, one create.
+        merge_patch(&api, "app-a", json!({"spec": {"source": {"path": "helm-guestbook"}}}))
+            .await
+            .map_err(e)?;
+        api.delete("app-b", &DeleteParams::default())
+            .await
+            .map_err(|x| x.to_string())?;
+        api.create(&PostParams::default(), &sample_app("app-c", ns, "kustomize-guestbook"))
+            .await
+            .map_err(|x| x.to_string())?;
+        let want = expected.get_mut(&agent).unwrap();
+        want.insert("app-a".into(), "helm-guestbook".into());
+        want.remove("app-b");
+        want.insert("app-c".into(), "kustomize-guestbook".into());
+    }
+    // Served again: the moved agents hold Leases of live replicas and have sessions there.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let holders = topo.holders().await.unwrap_or_default();
+        let served = topo.served();
+        let all_back = moved.iter().all(|a| {
+            holders.get(a).is_some_and(|r| *r != victim_name)
+                && served.iter().any(|(r, agents)| *r != victim_name && agents.contains(a))
+        });
+        if all_back {
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err(format!("moved agents not served again: leases {holders:?}, sessions {served:?}"));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let served_after = killed.elapsed();
+    wait_converged(topo, &expected, Duration::from_secs(60)).await?;
+    let converged_after = killed.elapsed();
+    eprintln!(
+        "failover: {} agents served by the survivors {:.2}s after kill -9, every object equal after {:.2}s",
+        moved.len(),
+        served_after.as_secs_f64(),
+        converged_after.as_secs_f64()
+    );
+
+    // 4. Restart the replica: the load evens out again as agents are moved to it.
+    topo.restart_replica(victim).await.map_err(e)?;
+    let restarted = Instant::now();
+    wait_balanced(topo, 2, Duration::from_secs(60)).await?;
+    eprintln!(
+        "rebalanced to two agents per replica {:.2}s after restart: {:?}",
+        restarted.elapsed().as_secs_f64(),
+        topo.served()
+    );
+    // A last round of edits reaches every spoke (or hub) through the new layout.
+    for (agent, mode) in topo.modes.clone() {
+        let (server, ns) = if mode == "managed" {
+            (&topo.hub, agent.as_str())
+        } else {
+            (&topo.spokes[&agent], SPOKE_NS)
+        };
+        let api = apps(server, ns).map_err(e)?;
+        merge_patch(&api, "app-c", json!({"spec": {"source": {"path": "blue-green"}}}))
+            .await
+            .map_err(e)?;
+        expected
+            .get_mut(&agent)
+            .unwrap()
+            .insert("app-c".into(), "blue-green".into());
+    }
+    wait_converged(topo, &expected, Duration::from_secs(30)).await?;
+
+    // Lease writes were counted; a handover or takeover happened for each moved agent.
+    let mut writes = 0.0;
+    for r in &topo.replicas {
+        writes += metric_sum(r.metrics_port, "argocd_principal_lease_writes_total").await;
+    }
+    eprintln!("lease writes counted by the live replicas: {writes}");
+    if writes <= 0.0 {
+        return Err("no lease writes counted".into());
+    }
+    Ok(())
+}
