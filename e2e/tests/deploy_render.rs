@@ -554,6 +554,11 @@ fn expected_rules(
                 ("", "secrets", "create"),
                 ("", "secrets", "update"),
             ]);
+            // Replicas' and agents' Leases (--ha).
+            rows.extend(
+                ["get", "list", "watch", "create", "update"]
+                    .map(|v| ("coordination.k8s.io", "leases", v)),
+            );
         }
         (Component::Agent, "Role") => {
             applications(&mut rows);
@@ -792,7 +797,7 @@ fn committed_mesh_policies_match_the_generator() {
 }
 
 /// The environment a container would get: literal values, params ConfigMap keys (missing
-/// optional keys are left out, as the kubelet does) and the pod IP as 127.0.0.1.
+/// optional keys are left out, as the kubelet does), the pod IP as 127.0.0.1 and a pod name.
 fn container_env(dir: &Path, objects: &[Value], container: &Value) -> Vec<(String, String)> {
     let mut out = Vec::new();
     for env in array(container, "/env") {
@@ -812,6 +817,8 @@ fn container_env(dir: &Path, objects: &[Value], container: &Value) -> Vec<(Strin
             }
         } else if str_at(env, "/valueFrom/fieldRef/fieldPath") == Some("status.podIP") {
             out.push((var, "127.0.0.1".to_owned()));
+        } else if str_at(env, "/valueFrom/fieldRef/fieldPath") == Some("metadata.name") {
+            out.push((var, "argocd-agent-principal-7c9f-x2x4q".to_owned()));
         } else {
             panic!("{}: env {var}: unsupported source {env}", rel(dir));
         }

@@ -351,7 +351,13 @@ async fn principal_and_agents_only_make_requests_their_rbac_grants() {
     std::fs::write(&rules_file, RULES).expect("writing rules");
     let mut topo = Topology::start(TopologyOptions {
         rules_file: Some(rules_file),
-        principal_args: vec!["--namespace-create-enable".into()],
+        // As deployed: a replica (Leases for itself and each session).
+        principal_args: vec![
+            "--namespace-create-enable".into(),
+            "--ha".into(),
+            "--replica-id".into(),
+            "principal-0".into(),
+        ],
         ..Default::default()
     })
     .await
