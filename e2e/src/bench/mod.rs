@@ -400,9 +400,12 @@ async fn connect(opts: &BenchOptions) -> Result<Report, HarnessError> {
             let connect_time = connected_at.unwrap_or_default();
             // Settle, then measure an idle period with default heartbeats.
             tokio::time::sleep(Duration::from_secs(2)).await;
+            const LEASE_WRITES: &str = "argocd_principal_lease_writes_total";
+            let leases_connected = env.metric(LEASE_WRITES).await.unwrap_or(0.0);
             let idle_start = env.sample()?;
             tokio::time::sleep(opts.duration).await;
             let idle_end = env.sample()?;
+            let leases_idle = env.metric(LEASE_WRITES).await.unwrap_or(0.0) - leases_connected;
             let bench_rss = ProcSample::read(std::process::id())?.rss;
             let dropped = fleet
                 .stats
@@ -441,6 +444,14 @@ async fn connect(opts: &BenchOptions) -> Result<Report, HarnessError> {
                 round2(idle_end.cpu_percent_since(&idle_start)),
             );
             r.put("idle_s", opts.duration.as_secs());
+            if leases_connected > 0.0 {
+                // With --ha: Lease writes to connect everyone, and per second while idle.
+                r.put("lease_writes_connect", leases_connected as u64);
+                r.put(
+                    "lease_writes_idle_per_s",
+                    round2(leases_idle / opts.duration.as_secs_f64().max(1e-9)),
+                );
+            }
             r.put("rss_after_disconnect_mib", round2(mib(after.rss)));
             r.put("dropped_streams", dropped);
             r.put("svid_issue_s", round2(issue_time.as_secs_f64()));
