@@ -61,6 +61,10 @@ pub const REPLICA_LEASE_PREFIX: &str = "argocd-agent-replica-";
 pub const DEFAULT_REPLICA_LEASE: Duration = Duration::from_secs(10);
 /// Default of `--agent-lease-duration`.
 pub const DEFAULT_AGENT_LEASE: Duration = Duration::from_secs(15 * 60);
+/// Default of `--lease-qps`.
+pub const DEFAULT_LEASE_QPS: f32 = 500.0;
+/// Default of `--lease-burst`.
+pub const DEFAULT_LEASE_BURST: u32 = 1000;
 /// Agent Leases renewed per tick at most (a burst after a long stall is spread).
 const RENEWS_PER_TICK: usize = 200;
 
@@ -79,6 +83,10 @@ pub struct HaConfig {
     /// How often a replica compares its share (sheds at most `rebalance_batch` per round).
     pub rebalance_interval: Duration,
     pub rebalance_batch: usize,
+    /// Client-side limit of Lease requests per second (their own budget, apart from
+    /// `--kube-qps`: a reconnect storm is one Lease write per agent).
+    pub lease_qps: f32,
+    pub lease_burst: u32,
 }
 
 impl HaConfig {
@@ -92,6 +100,8 @@ impl HaConfig {
             rebalance_slack: 1,
             rebalance_interval: Duration::from_secs(5),
             rebalance_batch: 10,
+            lease_qps: DEFAULT_LEASE_QPS,
+            lease_burst: DEFAULT_LEASE_BURST,
         }
     }
 
@@ -587,10 +597,12 @@ impl Leases {
             // Register for changes before reading, so a handover written after the read
             // wakes us.
             let notified = self.changed.notified();
-            let cached = self.cache.get(Some(&self.namespace), &name);
-            let current = match cached {
-                Some(c) => Some((*c).clone()),
-                None => self
+            // The watch cache decides when it is complete: a first connect costs one create,
+            // a reconnect one update (a stale cache costs a conflict and a read).
+            let current = match self.cache.known(Some(&self.namespace), &name) {
+                argocd_agent_kubernetes::Known::Present(c) => Some((*c).clone()),
+                argocd_agent_kubernetes::Known::Absent => None,
+                argocd_agent_kubernetes::Known::Unknown => self
                     .api
                     .get(Some(&self.namespace), &name)
                     .await

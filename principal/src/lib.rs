@@ -269,16 +269,31 @@ pub async fn start(
             shutdown.clone(),
         ));
     }
-    let leases = config.ha.clone().map(|ha| {
-        ha::Leases::start(
-            client.clone(),
-            &config.argocd_namespace,
-            ha,
-            hub.clone(),
-            &tasks,
-            shutdown.clone(),
-        )
-    });
+    let lease_client = match &config.ha {
+        Some(ha) => Some(
+            argocd_agent_kubernetes::client(&argocd_agent_kubernetes::ClientOptions {
+                qps: ha.lease_qps,
+                burst: ha.lease_burst,
+                ..config.kube.clone()
+            })
+            .await?,
+        ),
+        None => None,
+    };
+    let leases = config
+        .ha
+        .clone()
+        .zip(lease_client)
+        .map(|(ha, lease_client)| {
+            ha::Leases::start(
+                lease_client,
+                &config.argocd_namespace,
+                ha,
+                hub.clone(),
+                &tasks,
+                shutdown.clone(),
+            )
+        });
     watch_revocations(&rules, &hub);
     tasks.spawn(enforce_blocklist(
         hub.clone(),

@@ -343,6 +343,13 @@ struct HaArgs {
     /// Sessions a replica closes per rebalance round at most.
     #[arg(long, default_value_t = 10)]
     rebalance_batch: usize,
+    /// Client-side limit of Lease requests per second, apart from --kube-qps (every
+    /// session start is one Lease write: a reconnect storm of N agents is N writes).
+    #[arg(long, default_value_t = argocd_agent_principal::ha::DEFAULT_LEASE_QPS)]
+    lease_qps: f32,
+    /// Burst of Lease requests above --lease-qps.
+    #[arg(long, default_value_t = argocd_agent_principal::ha::DEFAULT_LEASE_BURST)]
+    lease_burst: u32,
 }
 
 impl HaArgs {
@@ -361,6 +368,8 @@ impl HaArgs {
         c.rebalance_slack = self.rebalance_slack;
         c.rebalance_interval = self.rebalance_interval;
         c.rebalance_batch = self.rebalance_batch.max(1);
+        c.lease_qps = self.lease_qps;
+        c.lease_burst = self.lease_burst;
         c.validate()?;
         Ok(Some(c))
     }

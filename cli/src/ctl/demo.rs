@@ -89,6 +89,10 @@ fn table(topo: &Topology) -> String {
         ("spoke agent-managed", &topo.managed_spoke, SPOKE_NS),
         ("spoke agent-autonomous", &topo.autonomous_spoke, SPOKE_NS),
     ];
+    out.push_str(&format!(
+        "sessions (Leases on the hub): {}\n",
+        join(session_leases(&topo.hub))
+    ));
     for (cluster, server, ns) in clusters {
         out.push_str(&format!(
             "projects on {cluster} ({ns}): {}\n",
@@ -99,6 +103,31 @@ fn table(topo: &Topology) -> String {
             join(repository_names(server, ns))
         ));
     }
+    out
+}
+
+/// `agent -> replica (moves)` for every agent Lease on the hub.
+fn session_leases(hub: &KubeTestServer) -> Vec<String> {
+    let mut out: Vec<String> = hub
+        .list_objects("coordination.k8s.io", "v1", "leases", Some(HUB_ARGOCD_NS))
+        .into_iter()
+        .filter(|l| l["metadata"]["labels"][argocd_agent_principal::ha::LEASE_LABEL] == "agent")
+        .map(|l| {
+            let agent = l["metadata"]["labels"][argocd_agent_principal::ha::AGENT_LABEL]
+                .as_str()
+                .unwrap_or("?")
+                .to_owned();
+            let holder = l["spec"]["holderIdentity"].as_str().unwrap_or("");
+            let replica = if holder.is_empty() {
+                "nobody".to_owned()
+            } else {
+                argocd_agent_principal::ha::replica_of(holder).to_owned()
+            };
+            let moves = l["spec"]["leaseTransitions"].as_i64().unwrap_or(0);
+            format!("{agent} -> {replica} ({moves} moves)")
+        })
+        .collect();
+    out.sort();
     out
 }
 
@@ -225,6 +254,15 @@ fn kubectl() -> String {
 
 async fn check(topo: &Topology) -> Result<(), harness::HarnessError> {
     let t = Duration::from_secs(60);
+    harness::eventually(
+        "each agent's session is recorded in a Lease held by principal-0",
+        t,
+        || async {
+            let leases = session_leases(&topo.hub);
+            (leases.len() == 2 && leases.iter().all(|l| l.contains("-> principal-0"))).then_some(())
+        },
+    )
+    .await?;
     let managed_label = "argocd-agent.argoproj-labs.io/managed-by-principal";
     harness::eventually(
         "hub application reaches the managed spoke (project team-a) and reports Healthy",
@@ -524,6 +562,10 @@ pub async fn run(args: DemoArgs) -> crate::CmdResult {
         port: argocd_agent_e2e::envoy::free_loopback_port()?,
     };
     proxy.configure(&mut options);
+    // The principal runs as a replica (docs/ha.md): each session holds a Lease on the hub.
+    options
+        .principal_args
+        .extend(["--ha".into(), "--replica-id".into(), "principal-0".into()]);
     let topo = Topology::start(options).await?;
     if let Some(r) = &redis {
         r.seed().await?;
