@@ -65,6 +65,8 @@ pub const DEFAULT_AGENT_LEASE: Duration = Duration::from_secs(15 * 60);
 pub const DEFAULT_LEASE_QPS: f32 = 500.0;
 /// Default of `--lease-burst`.
 pub const DEFAULT_LEASE_BURST: u32 = 1000;
+/// How often Leases held in our name without a session are looked for.
+const ORPHAN_SWEEP: Duration = Duration::from_secs(10);
 /// Agent Leases renewed per tick at most (a burst after a long stall is spread).
 const RENEWS_PER_TICK: usize = 200;
 
@@ -275,6 +277,8 @@ pub struct Leases {
     hub: Arc<Hub>,
     held: Mutex<HashMap<AgentName, Held>>,
     acquiring: Mutex<HashSet<AgentName>>,
+    releasing: Mutex<HashSet<AgentName>>,
+    shares_cache: Mutex<Option<(Instant, Shares)>>,
     /// Replica Lease name -> (resourceVersion, when we first saw it).
     observed: Mutex<HashMap<String, (Option<u64>, Instant)>>,
     /// Last successful renewal of our replica Lease.
@@ -389,6 +393,8 @@ impl Leases {
             hub,
             held: Mutex::new(HashMap::new()),
             acquiring: Mutex::new(HashSet::new()),
+            releasing: Mutex::new(HashSet::new()),
+            shares_cache: Mutex::new(None),
             observed: Mutex::new(HashMap::new()),
             renewed: Mutex::new(None),
             fenced: AtomicBool::new(false),
@@ -495,28 +501,37 @@ impl Leases {
     }
 
     /// Live replicas' holder identities (ourselves included unless fenced).
-    fn live_replicas(&self) -> Vec<String> {
-        self.cache
-            .list_namespace(&self.namespace)
+    fn live_replicas(&self, leases: &[Arc<DynamicObject>]) -> Vec<String> {
+        leases
             .iter()
             .filter(|l| lease_label(l) == Some("replica"))
-            .filter_map(|l| LeaseView::of(l).holder)
+            .filter_map(|l| holder_str(l))
             .filter(|h| self.alive(h))
+            .map(str::to_owned)
             .collect()
     }
 
-    /// Agents per live replica, from the agent Leases.
+    /// Agents per live replica, from the agent Leases; computed at most once a second
+    /// (a reconnect storm asks once per session), with our own count always current.
     pub fn shares(&self) -> Shares {
-        let live = self.live_replicas();
-        let now = jiff::Timestamp::now();
-        let leases = self.cache.list_namespace(&self.namespace);
-        let holders = leases
-            .iter()
-            .filter(|l| lease_label(l) == Some("agent"))
-            .map(|l| LeaseView::of(l))
-            .filter(|v| !v.expired(now, Duration::from_secs(5)))
-            .filter_map(|v| v.holder);
-        let mut shares = Shares::compute(&live, holders);
+        let fresh = lock(&self.shares_cache)
+            .as_ref()
+            .filter(|(at, _)| at.elapsed() < Duration::from_secs(1))
+            .map(|(_, s)| s.clone());
+        let mut shares = match fresh {
+            Some(s) => s,
+            None => {
+                let leases = self.cache.list_namespace(&self.namespace);
+                let live = self.live_replicas(&leases);
+                let holders = leases
+                    .iter()
+                    .filter(|l| lease_label(l) == Some("agent"))
+                    .filter_map(|l| holder_str(l).map(str::to_owned));
+                let s = Shares::compute(&live, holders);
+                *lock(&self.shares_cache) = Some((Instant::now(), s.clone()));
+                s
+            }
+        };
         // What we hold counts as we know it (the cache may lag our own writes).
         let mine = lock(&self.held).len();
         shares.held.insert(self.me.clone(), mine);
@@ -555,17 +570,20 @@ impl Leases {
         }
         lock(&self.acquiring).insert(agent.clone());
         let result = self.acquire_loop(agent, session).await;
+        // Held before no longer acquiring: the orphan sweep must never see neither.
+        if let Ok(rv) = &result {
+            lock(&self.held).insert(
+                agent.clone(),
+                Held {
+                    session,
+                    rv: *rv,
+                    next_renew: Instant::now() + self.renew_after(),
+                    handover_to: None,
+                },
+            );
+        }
         lock(&self.acquiring).remove(agent);
-        let rv = result?;
-        lock(&self.held).insert(
-            agent.clone(),
-            Held {
-                session,
-                rv,
-                next_renew: Instant::now() + self.renew_after(),
-                handover_to: None,
-            },
-        );
+        result?;
         Ok(LeaseGuard {
             leases: self.clone(),
             agent: agent.clone(),
@@ -593,6 +611,12 @@ impl Leases {
             + self.cfg.replica_lease_duration
             + Duration::from_secs(2).max(self.cfg.replica_lease_duration / 2);
         let mut asked = false;
+        // A session of this agent that just ended here is still releasing the Lease: let
+        // it finish, so its write does not clear the holder we are about to write.
+        while lock(&self.releasing).contains(agent) && Instant::now() < deadline {
+            let notified = self.changed.notified();
+            let _ = tokio::time::timeout(Duration::from_millis(50), notified).await;
+        }
         loop {
             // Register for changes before reading, so a handover written after the read
             // wakes us.
@@ -761,7 +785,9 @@ impl Leases {
                 _ => return, // a newer session of this agent (here) holds it now
             }
         };
+        lock(&self.releasing).insert(agent.clone());
         self.write_release(agent, handover_to).await;
+        lock(&self.releasing).remove(agent);
         self.changed.notify_waiters();
     }
 
@@ -904,6 +930,7 @@ impl Leases {
         let mut tick = tokio::time::interval(replica_every.min(Duration::from_secs(1)));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_replica_write: Option<Instant> = None;
+        let mut last_sweep = Instant::now();
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => {
@@ -917,7 +944,10 @@ impl Leases {
                 self.renew_replica().await;
             }
             self.renew_agents().await;
-            self.release_orphans().await;
+            if last_sweep.elapsed() >= ORPHAN_SWEEP {
+                last_sweep = Instant::now();
+                self.release_orphans().await;
+            }
         }
     }
 
@@ -1077,11 +1107,12 @@ impl Leases {
         let orphans: Vec<AgentName> = {
             let held = lock(&self.held);
             let acquiring = lock(&self.acquiring);
+            let releasing = lock(&self.releasing);
             self.cache
                 .list_namespace(&self.namespace)
                 .iter()
                 .filter(|l| lease_label(l) == Some("agent"))
-                .filter(|l| LeaseView::of(l).holder.as_deref() == Some(self.me.as_str()))
+                .filter(|l| holder_str(l) == Some(self.me.as_str()))
                 .filter_map(|l| {
                     l.metadata
                         .labels
@@ -1089,7 +1120,9 @@ impl Leases {
                         .and_then(|m| m.get(AGENT_LABEL))
                         .and_then(|a| AgentName::new(a).ok())
                 })
-                .filter(|a| !held.contains_key(a) && !acquiring.contains(a))
+                .filter(|a| {
+                    !held.contains_key(a) && !acquiring.contains(a) && !releasing.contains(a)
+                })
                 .collect()
         };
         for agent in orphans {
@@ -1165,6 +1198,15 @@ impl Leases {
             })
             .await;
     }
+}
+
+/// The holder identity, read without decoding the whole spec (scans of every Lease).
+fn holder_str(obj: &DynamicObject) -> Option<&str> {
+    obj.data
+        .get("spec")?
+        .get("holderIdentity")?
+        .as_str()
+        .filter(|h| !h.is_empty())
 }
 
 fn lease_label(obj: &DynamicObject) -> Option<&str> {
