@@ -284,7 +284,9 @@ impl HaTopology {
         let mut out = BTreeMap::new();
         for lease in api.list(&Default::default()).await?.items {
             let labels = lease.metadata.labels.clone().unwrap_or_default();
-            if labels.get("argocd-agent.argoproj-labs.io/lease").map(String::as_str)
+            if labels
+                .get("argocd-agent.argoproj-labs.io/lease")
+                .map(String::as_str)
                 != Some("agent")
             {
                 continue;
@@ -394,8 +396,12 @@ impl HaTopology {
                 if a.agent != b.agent || a.replica == b.replica {
                     continue;
                 }
-                let a_end = a.end.unwrap_or(SystemTime::UNIX_EPOCH + Duration::from_secs(u32::MAX as u64));
-                let b_end = b.end.unwrap_or(SystemTime::UNIX_EPOCH + Duration::from_secs(u32::MAX as u64));
+                let a_end = a
+                    .end
+                    .unwrap_or(SystemTime::UNIX_EPOCH + Duration::from_secs(u32::MAX as u64));
+                let b_end = b
+                    .end
+                    .unwrap_or(SystemTime::UNIX_EPOCH + Duration::from_secs(u32::MAX as u64));
                 if a.start < b_end && b.start < a_end {
                     out.push((a.clone(), b.clone()));
                 }
@@ -420,7 +426,11 @@ impl HaTopology {
     pub fn logs(&self) -> String {
         let mut out = String::new();
         for r in &self.replicas {
-            out.push_str(&format!("--- {} ---\n{}\n", r.name, tail(&r.proc.log(), 50)));
+            out.push_str(&format!(
+                "--- {} ---\n{}\n",
+                r.name,
+                tail(&r.proc.log(), 50)
+            ));
         }
         for p in &self.agents {
             out.push_str(&format!("--- {} ---\n{}\n", p.name, tail(&p.log(), 15)));
@@ -476,7 +486,10 @@ mod tests {
     fn envoy_config_lists_every_replica() {
         let c = envoy_tcp_config(
             "127.0.0.1:1".parse().unwrap(),
-            &["127.0.0.1:2".parse().unwrap(), "127.0.0.1:3".parse().unwrap()],
+            &[
+                "127.0.0.1:2".parse().unwrap(),
+                "127.0.0.1:3".parse().unwrap(),
+            ],
         );
         assert!(c.contains("port_value: 2") && c.contains("port_value: 3"));
         assert!(c.contains("ROUND_ROBIN") && c.contains("tcp_proxy"));

@@ -24,7 +24,10 @@ fn agents() -> Vec<(String, &'static str)> {
 }
 
 /// Application name -> source path in `ns` on `server`.
-async fn paths(server: &argocd_agent_kube_test_server::KubeTestServer, ns: &str) -> BTreeMap<String, String> {
+async fn paths(
+    server: &argocd_agent_kube_test_server::KubeTestServer,
+    ns: &str,
+) -> BTreeMap<String, String> {
     let Ok(api) = apps(server, ns) else {
         return BTreeMap::new();
     };
@@ -33,7 +36,10 @@ async fn paths(server: &argocd_agent_kube_test_server::KubeTestServer, ns: &str)
             .items
             .into_iter()
             .map(|o| {
-                let path = o.data["spec"]["source"]["path"].as_str().unwrap_or_default().to_string();
+                let path = o.data["spec"]["source"]["path"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
                 (o.metadata.name.unwrap_or_default(), path)
             })
             .collect(),
@@ -51,7 +57,9 @@ async fn converged(
         let hub = paths(&topo.hub, agent).await;
         let spoke = paths(&topo.spokes[agent], SPOKE_NS).await;
         if &hub != want || &spoke != want {
-            return Err(format!("{agent}: want {want:?}, hub {hub:?}, spoke {spoke:?}"));
+            return Err(format!(
+                "{agent}: want {want:?}, hub {hub:?}, spoke {spoke:?}"
+            ));
         }
     }
     Ok(())
@@ -88,7 +96,9 @@ async fn wait_balanced(topo: &HaTopology, per: usize, timeout: Duration) -> Resu
             return Ok(());
         }
         if Instant::now() > deadline {
-            return Err(format!("not balanced: leases {counts:?}, sessions {served:?}"));
+            return Err(format!(
+                "not balanced: leases {counts:?}, sessions {served:?}"
+            ));
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -129,7 +139,10 @@ async fn three_replicas_fail_over_without_losing_anything_or_doubling_sessions()
     let overlaps = topo.overlapping_sessions();
     topo.stop().await;
     result.unwrap();
-    assert!(overlaps.is_empty(), "agents with two live sessions at once: {overlaps:#?}");
+    assert!(
+        overlaps.is_empty(),
+        "agents with two live sessions at once: {overlaps:#?}"
+    );
 }
 
 async fn scenario(topo: &mut HaTopology) -> Result<(), String> {
@@ -184,15 +197,22 @@ async fn scenario(topo: &mut HaTopology) -> Result<(), String> {
         };
         let api = apps(server, ns).map_err(e)?;
         // Every agent: one edit, one delete, one create.
-        merge_patch(&api, "app-a", json!({"spec": {"source": {"path": "helm-guestbook"}}}))
-            .await
-            .map_err(e)?;
+        merge_patch(
+            &api,
+            "app-a",
+            json!({"spec": {"source": {"path": "helm-guestbook"}}}),
+        )
+        .await
+        .map_err(e)?;
         api.delete("app-b", &DeleteParams::default())
             .await
             .map_err(|x| x.to_string())?;
-        api.create(&PostParams::default(), &sample_app("app-c", ns, "kustomize-guestbook"))
-            .await
-            .map_err(|x| x.to_string())?;
+        api.create(
+            &PostParams::default(),
+            &sample_app("app-c", ns, "kustomize-guestbook"),
+        )
+        .await
+        .map_err(|x| x.to_string())?;
         let want = expected.get_mut(&agent).unwrap();
         want.insert("app-a".into(), "helm-guestbook".into());
         want.remove("app-b");
@@ -205,13 +225,17 @@ async fn scenario(topo: &mut HaTopology) -> Result<(), String> {
         let served = topo.served();
         let all_back = moved.iter().all(|a| {
             holders.get(a).is_some_and(|r| *r != victim_name)
-                && served.iter().any(|(r, agents)| *r != victim_name && agents.contains(a))
+                && served
+                    .iter()
+                    .any(|(r, agents)| *r != victim_name && agents.contains(a))
         });
         if all_back {
             break;
         }
         if Instant::now() > deadline {
-            return Err(format!("moved agents not served again: leases {holders:?}, sessions {served:?}"));
+            return Err(format!(
+                "moved agents not served again: leases {holders:?}, sessions {served:?}"
+            ));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -242,9 +266,13 @@ async fn scenario(topo: &mut HaTopology) -> Result<(), String> {
             (&topo.spokes[&agent], SPOKE_NS)
         };
         let api = apps(server, ns).map_err(e)?;
-        merge_patch(&api, "app-c", json!({"spec": {"source": {"path": "blue-green"}}}))
-            .await
-            .map_err(e)?;
+        merge_patch(
+            &api,
+            "app-c",
+            json!({"spec": {"source": {"path": "blue-green"}}}),
+        )
+        .await
+        .map_err(e)?;
         expected
             .get_mut(&agent)
             .unwrap()

@@ -113,7 +113,9 @@ impl HaConfig {
             return Err("--replica-lease-duration must be at least 1s".into());
         }
         if self.agent_lease_duration < self.replica_lease_duration {
-            return Err("--agent-lease-duration must not be shorter than --replica-lease-duration".into());
+            return Err(
+                "--agent-lease-duration must not be shorter than --replica-lease-duration".into(),
+            );
         }
         Ok(())
     }
@@ -134,7 +136,11 @@ pub fn default_replica_id() -> String {
         .take(63)
         .collect();
     id = id.trim_matches('-').to_string();
-    if id.is_empty() { "principal".into() } else { id }
+    if id.is_empty() {
+        "principal".into()
+    } else {
+        id
+    }
 }
 
 /// What a Lease says, read from its `spec`.
@@ -214,7 +220,10 @@ fn set_spec(obj: &mut DynamicObject, f: impl FnOnce(&mut LeaseSpec)) {
 }
 
 fn set_annotation(obj: &mut DynamicObject, key: &str, value: Option<&str>) {
-    let annotations = obj.metadata.annotations.get_or_insert_with(Default::default);
+    let annotations = obj
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default);
     match value {
         Some(v) => {
             annotations.insert(key.into(), v.into());
@@ -427,7 +436,9 @@ impl Leases {
 
     /// The holder identity serving `agent`, when a live replica holds its Lease.
     pub fn holder_of(&self, agent: &AgentName) -> Option<String> {
-        let lease = self.cache.get(Some(&self.namespace), &agent_lease_name(agent))?;
+        let lease = self
+            .cache
+            .get(Some(&self.namespace), &agent_lease_name(agent))?;
         let view = LeaseView::of(&lease);
         let holder = view.holder.clone()?;
         (self.alive(&holder) && !view.expired(jiff::Timestamp::now(), Duration::from_secs(5)))
@@ -436,9 +447,10 @@ impl Leases {
 
     /// The resource proxy URL a live replica published, by holder identity.
     pub fn resource_proxy_url_of(&self, holder: &str) -> Option<String> {
-        let lease = self
-            .cache
-            .get(Some(&self.namespace), &replica_lease_name(replica_of(holder)))?;
+        let lease = self.cache.get(
+            Some(&self.namespace),
+            &replica_lease_name(replica_of(holder)),
+        )?;
         if LeaseView::of(&lease).holder.as_deref() != Some(holder) {
             return None;
         }
@@ -676,7 +688,9 @@ impl Leases {
                     .await;
                 match asked_now {
                     Ok(UpdateOutcome::Updated(_)) => {
-                        self.hub.metrics.lease_write("agent", "takeover-request", "ok");
+                        self.hub
+                            .metrics
+                            .lease_write("agent", "takeover-request", "ok");
                         tracing::info!(%agent, holder = %holder,
                             "agent is held by another replica: asked it to hand the agent over");
                         asked = true;
@@ -907,7 +921,8 @@ impl Leases {
         let result = if cached.is_none()
             && matches!(self.api.get(Some(&self.namespace), &name).await, Ok(None))
         {
-            let mut obj = DynamicObject::new(&name, &Kind::Lease.api_resource()).within(&self.namespace);
+            let mut obj =
+                DynamicObject::new(&name, &Kind::Lease.api_resource()).within(&self.namespace);
             obj.metadata.labels = Some([(LEASE_LABEL.to_string(), "replica".to_string())].into());
             if let Some(url) = &url {
                 set_annotation(&mut obj, RESOURCE_PROXY_ANNOTATION, Some(url));
@@ -1172,27 +1187,42 @@ mod tests {
         // After a failover: a and b hold three each, c (restarted) none.
         let holders = ids(&["a_1", "a_1", "a_1", "b_1", "b_1", "b_1", "dead_0"]);
         let s = Shares::compute(&live, holders.into_iter());
-        assert_eq!(s.fair, 2, "six agents on three live replicas (the dead one's lease ignored)");
+        assert_eq!(
+            s.fair, 2,
+            "six agents on three live replicas (the dead one's lease ignored)"
+        );
         assert_eq!(s.excess("a_1", 0), 1);
         assert_eq!(s.excess("a_1", 1), 0, "slack tolerates one above");
         assert_eq!(s.excess("c_1", 0), 0);
         assert!(s.someone_below("a_1"));
         // Balanced: nobody sheds.
-        let s = Shares::compute(&live, ids(&["a_1", "a_1", "b_1", "b_1", "c_1", "c_1"]).into_iter());
+        let s = Shares::compute(
+            &live,
+            ids(&["a_1", "a_1", "b_1", "b_1", "c_1", "c_1"]).into_iter(),
+        );
         assert_eq!(s.excess("a_1", 0), 0);
         assert!(!s.someone_below("a_1"));
         // Agents arriving one by one: a replica with one is not above the share of four on
         // three replicas (two), so the fourth agent is welcome anywhere but at two.
         let s = Shares::compute(&live, ids(&["a_1", "b_1", "c_1"]).into_iter()).with_newcomer(true);
         assert_eq!(s.fair, 2);
-        assert!(!s.turns_away("a_1", 0), "one plus the newcomer is the share: accept");
+        assert!(
+            !s.turns_away("a_1", 0),
+            "one plus the newcomer is the share: accept"
+        );
         let s = Shares::compute(&live, ids(&["a_1", "a_1", "b_1", "c_1", "c_1"]).into_iter())
             .with_newcomer(true);
-        assert!(s.turns_away("a_1", 0), "a would hold three of six while b has one");
+        assert!(
+            s.turns_away("a_1", 0),
+            "a would hold three of six while b has one"
+        );
         assert!(!s.turns_away("a_1", 1), "unless one above is tolerated");
         assert!(!s.turns_away("b_1", 0));
         // Everyone above: nobody has room, nobody sheds.
-        let s = Shares::compute(&ids(&["a_1", "b_1"]), ids(&["a_1", "a_1", "a_1", "b_1", "b_1", "b_1"]).into_iter());
+        let s = Shares::compute(
+            &ids(&["a_1", "b_1"]),
+            ids(&["a_1", "a_1", "a_1", "b_1", "b_1", "b_1"]).into_iter(),
+        );
         assert_eq!(s.excess("a_1", 0), 0);
     }
 
@@ -1221,7 +1251,9 @@ mod tests {
         assert_eq!(v.resource_version, Some(42));
         let now = jiff::Timestamp::now();
         assert!(!v.expired(now, Duration::ZERO));
-        let later = now.checked_add(jiff::SignedDuration::from_secs(11)).unwrap();
+        let later = now
+            .checked_add(jiff::SignedDuration::from_secs(11))
+            .unwrap();
         assert!(v.expired(later, Duration::ZERO));
         assert!(!v.expired(later, Duration::from_secs(5)), "skew tolerated");
         // A released lease has no holder and is free.

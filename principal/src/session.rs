@@ -206,7 +206,10 @@ async fn run(
         && leases.handover_pending(&identity.agent, session_id)
     {
         // Asked for between taking the Lease and registering: this session yields.
-        hub.close_session(&identity.agent, Some("the agent connected to another principal replica".into()));
+        hub.close_session(
+            &identity.agent,
+            Some("the agent connected to another principal replica".into()),
+        );
     }
     tracing::info!(%mode, agent_version = ?hello.version, "agent connected");
     state.touch();
@@ -332,9 +335,9 @@ async fn run(
 /// handing the agent over, rebalancing), or the usual ones.
 fn closed_by_principal(state: &AgentState, when: &str) -> Status {
     match state.take_close_reason() {
-        Some(reason) => Status::unavailable(format!(
-            "session closed by the principal{when}: {reason}"
-        )),
+        Some(reason) => {
+            Status::unavailable(format!("session closed by the principal{when}: {reason}"))
+        }
         None => Status::aborted(format!(
             "session closed by the principal{when} (replaced by a newer session, or identity revoked)"
         )),
