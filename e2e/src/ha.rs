@@ -32,6 +32,9 @@ pub struct HaOptions {
     pub agents: Vec<(String, &'static str)>,
     /// Extra arguments for every replica (after `--ha --replica-id principal-<i>`).
     pub principal_args: Vec<String>,
+    /// Extra arguments of replica `i` (`per_replica_args[i]`, after `principal_args`);
+    /// missing entries add nothing.
+    pub per_replica_args: Vec<Vec<String>>,
     /// Where logs, sockets and kubeconfigs go (default: a temporary directory).
     pub dir: Option<PathBuf>,
 }
@@ -165,6 +168,7 @@ impl HaTopology {
                 name.clone(),
             ]);
             args.extend(opts.principal_args.iter().cloned());
+            args.extend(opts.per_replica_args.get(i).into_iter().flatten().cloned());
             let mut proc = Proc::new(&name, bin.clone(), args, dir.join(format!("{name}.log")));
             proc.start()?;
             replicas.push(Replica {
