@@ -119,14 +119,23 @@ fn kubeconfig_for(topo: &HaTopology, kubeconfig: &Value, agent: &str, port: u16)
     path
 }
 
-/// HTTP status of a GET with curl (to set headers kubectl does not).
+/// HTTP status and body of a request with curl (headers kubectl does not set; `-`
+/// arguments are passed as they are).
 async fn curl_status(url: &str, token: &str, ca: &Path, extra: &[&str]) -> (u16, String) {
     let mut cmd = tokio::process::Command::new("curl");
     cmd.args(["-sS", "-o", "-", "-w", "\n%{http_code}", "--cacert"])
         .arg(ca)
         .args(["-H", &format!("Authorization: Bearer {token}")]);
-    for h in extra {
-        cmd.args(["-H", h]);
+    let mut extra = extra.iter();
+    while let Some(a) = extra.next() {
+        if a.starts_with('-') {
+            cmd.arg(a);
+            if matches!(*a, "-X" | "--data-binary") {
+                cmd.arg(extra.next().unwrap());
+            }
+        } else {
+            cmd.args(["-H", a]);
+        }
     }
     let out = cmd.arg(url).output().await.expect("curl");
     let s = String::from_utf8_lossy(&out.stdout).to_string();
@@ -335,6 +344,55 @@ async fn scenario(topo: &HaTopology, ports: &[u16]) -> Result<(), String> {
             let (code, body) = curl_status(&url, &token, &ca_path, &[]).await;
             if code != 200 {
                 return Err(format!("{via}: curl: {code} {body}"));
+            }
+
+            // Writes: kubectl's patch, and a chunked HTTP/1.1 body streamed through.
+            let patch = format!(r#"{{"data":{{"kubectl-{i}":"{replica}"}}}}"#);
+            let o = run_kubectl(
+                &kc,
+                &[
+                    "patch",
+                    "configmap",
+                    "web-config",
+                    "-n",
+                    APP_NS,
+                    "--type",
+                    "merge",
+                    "-p",
+                    &patch,
+                ],
+            )
+            .await;
+            if !o.status.success() {
+                return Err(format!("{via}: patch: {}", text(&o)));
+            }
+            let chunked = format!(r#"{{"data":{{"chunked-{i}":"{replica}"}}}}"#);
+            let (code, body) = curl_status(
+                &url,
+                &token,
+                &ca_path,
+                &[
+                    "Transfer-Encoding: chunked",
+                    "Content-Type: application/merge-patch+json",
+                    "--http1.1",
+                    "-X",
+                    "PATCH",
+                    "--data-binary",
+                    &chunked,
+                ],
+            )
+            .await;
+            if code != 200 {
+                return Err(format!("{via}: chunked patch: {code} {body}"));
+            }
+            let stored = core_api(&topo.spokes[agent], "configmaps", "ConfigMap")
+                .get("web-config")
+                .await
+                .map_err(|e| e.to_string())?;
+            for key in [format!("kubectl-{i}"), format!("chunked-{i}")] {
+                if stored.data["data"][&key] != replica.as_str() {
+                    return Err(format!("{via}: {key} not written: {:?}", stored.data));
+                }
             }
         }
     }
