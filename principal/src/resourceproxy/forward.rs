@@ -12,6 +12,7 @@
 // A refusal is the HTTP response to send; it is built once and moved, not worth a box.
 #![allow(clippy::result_large_err)]
 
+use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -21,7 +22,8 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode, Uri, Version};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
+use hyper::client::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName};
 use tokio::net::TcpStream;
@@ -165,9 +167,19 @@ pub struct Forwarder {
     pub leases: Arc<Leases>,
     /// The CA clients trust for the proxy (the same for every replica).
     ca_pem: watch::Receiver<String>,
-    tls: Mutex<Option<(String, Arc<rustls::ClientConfig>)>>,
+    /// Client TLS configurations (HTTP/2, HTTP/1.1) built from `ca_pem`.
+    tls: Mutex<Option<(String, TlsConfigs)>>,
+    /// One HTTP/2 connection per replica (by authority), shared by every forwarded request
+    /// but upgrades (which need HTTP/1.1 and a connection of their own).
+    pool: Mutex<HashMap<String, http2::SendRequest<Incoming>>>,
     /// How long the target may take to answer with a response head.
     answer_timeout: Duration,
+}
+
+#[derive(Clone)]
+struct TlsConfigs {
+    h2: Arc<rustls::ClientConfig>,
+    h1: Arc<rustls::ClientConfig>,
 }
 
 impl Forwarder {
@@ -180,6 +192,7 @@ impl Forwarder {
             leases,
             ca_pem,
             tls: Mutex::new(None),
+            pool: Mutex::new(HashMap::new()),
             answer_timeout,
         }
     }
@@ -207,9 +220,9 @@ impl Forwarder {
         }
     }
 
-    fn client_config(&self) -> Result<Arc<rustls::ClientConfig>, String> {
+    fn client_configs(&self) -> Result<TlsConfigs, String> {
         let pem = self.ca_pem.borrow().clone();
-        let mut cached = self.tls.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cached = lock(&self.tls);
         if let Some((p, c)) = cached.as_ref()
             && *p == pem
         {
@@ -225,29 +238,31 @@ impl Forwarder {
         if roots.is_empty() {
             return Err("resource proxy CA: no certificate".into());
         }
-        let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
-        let config = Arc::new(config);
-        *cached = Some((pem, config.clone()));
-        Ok(config)
+        let config = |alpn: &[u8]| -> Result<Arc<rustls::ClientConfig>, String> {
+            let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+                rustls::crypto::ring::default_provider(),
+            ))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .with_root_certificates(roots.clone())
+            .with_no_client_auth();
+            config.alpn_protocols = vec![alpn.to_vec()];
+            Ok(Arc::new(config))
+        };
+        let configs = TlsConfigs {
+            h2: config(b"h2")?,
+            h1: config(b"http/1.1")?,
+        };
+        *cached = Some((pem, configs.clone()));
+        Ok(configs)
     }
 
-    /// Sends `req` to the replica at `base` and returns its answer (streamed), or the
-    /// reason it could not be reached.
-    pub(crate) async fn forward(
+    /// A TLS connection to the target, verified against the proxy CA and the URL's host.
+    async fn connect(
         &self,
-        mut req: Request<Incoming>,
-        base: &str,
-    ) -> Result<Response<Body>, String> {
-        let target = Target::new(base, req.uri())?;
-        let upgrade = is_upgrade(req.headers());
-        let tls = self.client_config()?;
+        target: &Target,
+        tls: Arc<rustls::ClientConfig>,
+    ) -> Result<tokio_rustls::client::TlsStream<TcpStream>, String> {
         let name = ServerName::try_from(target.host.clone())
             .map_err(|e| format!("replica URL host {:?}: {e}", target.host))?;
         let connect = async {
@@ -260,15 +275,111 @@ impl Forwarder {
                 .await
                 .map_err(|e| format!("TLS with {}: {e}", target.authority))
         };
-        let stream = tokio::time::timeout(CONNECT_TIMEOUT, connect)
+        tokio::time::timeout(CONNECT_TIMEOUT, connect)
             .await
             .map_err(|_| {
                 format!(
                     "connecting to {} timed out after {CONNECT_TIMEOUT:?}",
                     target.authority
                 )
-            })??;
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            })?
+    }
+
+    /// The shared HTTP/2 connection to the target, ready for a request (a new one when
+    /// there is none or it closed).
+    async fn h2_sender(
+        &self,
+        target: &Target,
+        tls: Arc<rustls::ClientConfig>,
+    ) -> Result<http2::SendRequest<Incoming>, String> {
+        let pooled = lock(&self.pool).get(&target.authority).cloned();
+        if let Some(mut sender) = pooled {
+            if sender.ready().await.is_ok() {
+                return Ok(sender);
+            }
+            lock(&self.pool).remove(&target.authority);
+        }
+        let stream = self.connect(target, tls).await?;
+        let (mut sender, conn) = http2::Builder::new(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .keep_alive_interval(Some(Duration::from_secs(30)))
+            .keep_alive_timeout(Duration::from_secs(10))
+            .handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| format!("HTTP/2 with {}: {e}", target.authority))?;
+        let authority = target.authority.clone();
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(replica = %authority, error = %e,
+                    "resource proxy: connection to another replica ended");
+            }
+        });
+        sender
+            .ready()
+            .await
+            .map_err(|e| format!("HTTP/2 with {}: {e}", target.authority))?;
+        lock(&self.pool).insert(target.authority.clone(), sender.clone());
+        Ok(sender)
+    }
+
+    /// Sends `req` to the replica at `base` and returns its answer (streamed), or the
+    /// reason it could not be reached.
+    pub(crate) async fn forward(
+        &self,
+        req: Request<Incoming>,
+        base: &str,
+    ) -> Result<Response<Body>, String> {
+        let target = Target::new(base, req.uri())?;
+        let tls = self.client_configs()?;
+        let timeout = |what: &str| {
+            format!(
+                "{} did not {what} within {:?}",
+                target.authority, self.answer_timeout
+            )
+        };
+        if is_upgrade(req.headers()) {
+            return tokio::time::timeout(self.answer_timeout, self.upgrade(req, &target, tls.h1))
+                .await
+                .map_err(|_| timeout("switch protocols"))?;
+        }
+        let (parts, body) = req.into_parts();
+        let uri: Uri = format!("https://{}{}", target.authority, target.uri)
+            .parse()
+            .map_err(|e| format!("request URI: {e}"))?;
+        let mut out = Request::new(body);
+        *out.method_mut() = parts.method;
+        *out.uri_mut() = uri;
+        *out.version_mut() = Version::HTTP_2;
+        let mut headers = outbound_headers(&parts.headers, false, &target.authority, self.me());
+        headers.remove(header::HOST);
+        *out.headers_mut() = headers;
+        let resp = tokio::time::timeout(self.answer_timeout, async {
+            let mut sender = self.h2_sender(&target, tls.h2).await?;
+            sender
+                .send_request(out)
+                .await
+                .map_err(|e| format!("request to {}: {e}", target.authority))
+        })
+        .await
+        .map_err(|_| timeout("answer"))??;
+        let (mut parts, body) = resp.into_parts();
+        strip_hop_by_hop(&mut parts.headers, false);
+        Ok(Response::from_parts(
+            parts,
+            body.map_err(std::io::Error::other).boxed(),
+        ))
+    }
+
+    /// Forwards an upgrade (exec's WebSocket) on a connection of its own, then copies the
+    /// two upgraded connections into each other.
+    async fn upgrade(
+        &self,
+        mut req: Request<Incoming>,
+        target: &Target,
+        tls: Arc<rustls::ClientConfig>,
+    ) -> Result<Response<Body>, String> {
+        let stream = self.connect(target, tls).await?;
+        let (mut sender, conn) = http1::handshake(TokioIo::new(stream))
             .await
             .map_err(|e| format!("HTTP with {}: {e}", target.authority))?;
         tokio::spawn(async move {
@@ -276,25 +387,19 @@ impl Forwarder {
                 tracing::debug!(error = %e, "resource proxy: forwarded connection ended");
             }
         });
-        let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
+        let client_upgrade = hyper::upgrade::on(&mut req);
         let (parts, body) = req.into_parts();
         let mut out = Request::new(body);
         *out.method_mut() = parts.method;
         *out.uri_mut() = target.uri.clone();
         *out.version_mut() = Version::HTTP_11;
-        *out.headers_mut() =
-            outbound_headers(&parts.headers, upgrade, &target.authority, self.me());
-        let mut resp = tokio::time::timeout(self.answer_timeout, sender.send_request(out))
+        *out.headers_mut() = outbound_headers(&parts.headers, true, &target.authority, self.me());
+        let mut resp = sender
+            .send_request(out)
             .await
-            .map_err(|_| {
-                format!(
-                    "{} did not answer within {:?}",
-                    target.authority, self.answer_timeout
-                )
-            })?
             .map_err(|e| format!("request to {}: {e}", target.authority))?;
         let switching = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
-        if let (true, Some(client_upgrade)) = (switching, client_upgrade) {
+        if switching {
             let upstream = hyper::upgrade::on(&mut resp);
             tokio::spawn(async move {
                 let (client, upstream) = match tokio::join!(client_upgrade, upstream) {
@@ -320,6 +425,10 @@ impl Forwarder {
         };
         Ok(Response::from_parts(parts, body))
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The answer when forwarding failed.
