@@ -467,9 +467,7 @@ pub struct Session {
 fn field(line: &str, key: &str) -> Option<String> {
     let at = line.find(key)? + key.len();
     let rest = &line[at..];
-    let end = rest
-        .find(|c: char| c == ' ' || c == '}' || c == ',')
-        .unwrap_or(rest.len());
+    let end = rest.find([' ', '}', ',']).unwrap_or(rest.len());
     let v = rest[..end].trim_matches('"');
     (!v.is_empty()).then(|| v.to_string())
 }
