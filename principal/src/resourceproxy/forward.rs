@@ -447,6 +447,29 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_failed_forward_is_a_502_status_naming_the_replica() {
+        let r = failed(
+            &AgentName::new("edge-1").unwrap(),
+            "principal-2",
+            "connection refused",
+        );
+        assert_eq!(r.status(), StatusCode::BAD_GATEWAY);
+        let body = futures::executor::block_on(r.into_body().collect())
+            .unwrap()
+            .to_bytes();
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["kind"], "Status");
+        assert_eq!(v["code"], 502);
+        let message = v["message"].as_str().unwrap();
+        assert!(
+            message.contains("edge-1")
+                && message.contains("principal-2")
+                && message.contains("connection refused"),
+            "{message}"
+        );
+    }
+
+    #[test]
     fn the_replica_url_defaults_to_the_pod_ip_then_the_bound_address() {
         let any: SocketAddr = "0.0.0.0:9090".parse().unwrap();
         assert_eq!(
