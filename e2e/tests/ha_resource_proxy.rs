@@ -324,6 +324,38 @@ async fn scenario(topo: &HaTopology, ports: &[u16]) -> Result<(), String> {
                 return Err(format!("{via}: exec pwd: {}", text(&o)));
             }
 
+            // An interactive exec: stdin one way, stdout and the exit status the other.
+            let mut shell = tokio::process::Command::new(kubectl())
+                .arg("--kubeconfig")
+                .arg(&kc)
+                .args(["exec", "-i", "web-0", "-n", APP_NS, "--", "sh"])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .kill_on_drop(true)
+                .spawn()
+                .unwrap();
+            {
+                use tokio::io::AsyncWriteExt;
+                let mut stdin = shell.stdin.take().unwrap();
+                stdin.write_all(b"whoami\necho via ").await.unwrap();
+                stdin
+                    .write_all(format!("{replica}\nexit 3\n").as_bytes())
+                    .await
+                    .unwrap();
+            }
+            let o = tokio::time::timeout(T, shell.wait_with_output())
+                .await
+                .map_err(|_| format!("{via}: exec -i sh did not end"))?
+                .unwrap();
+            let out = String::from_utf8_lossy(&o.stdout).to_string();
+            if o.status.code() != Some(3)
+                || !out.contains("root")
+                || !out.contains(&format!("via {replica}"))
+            {
+                return Err(format!("{via}: exec -i sh: {}", text(&o)));
+            }
+
             // A request already forwarded once is not forwarded again.
             let url = format!(
                 "https://127.0.0.1:{port}/agents/{agent}/api/v1/namespaces/{APP_NS}/configmaps/web-config"
