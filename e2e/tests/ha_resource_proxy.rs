@@ -166,7 +166,7 @@ async fn every_replica_answers_for_every_agent_by_forwarding_to_the_one_serving_
     let ports: Vec<u16> = (0..REPLICAS)
         .map(|_| free_loopback_port().unwrap())
         .collect();
-    let topo = HaTopology::start(HaOptions {
+    let mut topo = HaTopology::start(HaOptions {
         replicas: REPLICAS,
         agents: AGENTS.iter().map(|a| (a.to_string(), "managed")).collect(),
         principal_args: vec![
@@ -185,7 +185,7 @@ async fn every_replica_answers_for_every_agent_by_forwarding_to_the_one_serving_
     })
     .await
     .unwrap();
-    let result = scenario(&topo, &ports).await;
+    let result = scenario(&mut topo, &ports).await;
     if let Err(e) = result {
         let logs = topo.logs();
         topo.stop().await;
@@ -194,7 +194,7 @@ async fn every_replica_answers_for_every_agent_by_forwarding_to_the_one_serving_
     topo.stop().await;
 }
 
-async fn scenario(topo: &HaTopology, ports: &[u16]) -> Result<(), String> {
+async fn scenario(topo: &mut HaTopology, ports: &[u16]) -> Result<(), String> {
     // Every agent has a session (and its Lease) on some replica.
     let deadline = Instant::now() + T;
     let holders = loop {
@@ -443,6 +443,48 @@ async fn scenario(topo: &HaTopology, ports: &[u16]) -> Result<(), String> {
                 r.name
             ));
         }
+    }
+
+    // The replica serving the first agent dies (kill -9): once another one took the agent
+    // over, every surviving replica answers for it again.
+    let agent = AGENTS[0];
+    let dead = topo
+        .replicas
+        .iter()
+        .position(|r| r.name == holders[agent])
+        .unwrap();
+    topo.kill_replica(dead).await;
+    let kubeconfig = agent_kubeconfig(topo, agent).await;
+    for (i, port) in ports.iter().enumerate().filter(|(i, _)| *i != dead) {
+        let kc = kubeconfig_for(topo, &kubeconfig, agent, *port);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let o = run_kubectl(&kc, &["get", "configmap", "web-config", "-n", APP_NS]).await;
+            if o.status.success() {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "{agent} via {} after {} died: {}",
+                    topo.replicas[i].name,
+                    topo.replicas[dead].name,
+                    text(&o)
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        let o = run_kubectl(&kc, &["exec", "web-0", "-n", APP_NS, "--", "pwd"]).await;
+        if !o.status.success() {
+            return Err(format!(
+                "{agent} via {}: exec after failover: {}",
+                topo.replicas[i].name,
+                text(&o)
+            ));
+        }
+    }
+    let now = topo.holders().await.unwrap_or_default();
+    if now.get(agent) == Some(&holders[agent]) {
+        return Err(format!("{agent} still held by the dead replica: {now:?}"));
     }
     Ok(())
 }
