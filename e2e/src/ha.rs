@@ -32,6 +32,9 @@ pub struct HaOptions {
     pub agents: Vec<(String, &'static str)>,
     /// Extra arguments for every replica (after `--ha --replica-id principal-<i>`).
     pub principal_args: Vec<String>,
+    /// Extra arguments of replica `i` (`per_replica_args[i]`, after `principal_args`);
+    /// missing entries add nothing.
+    pub per_replica_args: Vec<Vec<String>>,
     /// Where logs, sockets and kubeconfigs go (default: a temporary directory).
     pub dir: Option<PathBuf>,
 }
@@ -172,6 +175,7 @@ impl HaTopology {
                 name.clone(),
             ]);
             args.extend(opts.principal_args.iter().cloned());
+            args.extend(opts.per_replica_args.get(i).into_iter().flatten().cloned());
             let mut proc = Proc::new(&name, bin.clone(), args, dir.join(format!("{name}.log")));
             proc.start()?;
             replicas.push(Replica {
@@ -470,9 +474,7 @@ pub struct Session {
 fn field(line: &str, key: &str) -> Option<String> {
     let at = line.find(key)? + key.len();
     let rest = &line[at..];
-    let end = rest
-        .find(|c: char| c == ' ' || c == '}' || c == ',')
-        .unwrap_or(rest.len());
+    let end = rest.find([' ', '}', ',']).unwrap_or(rest.len());
     let v = rest[..end].trim_matches('"');
     (!v.is_empty()).then(|| v.to_string())
 }

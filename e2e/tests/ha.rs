@@ -128,6 +128,7 @@ async fn three_replicas_fail_over_without_losing_anything_or_doubling_sessions()
             "--rebalance-slack".into(),
             "0".into(),
         ],
+        per_replica_args: vec![],
         dir,
     })
     .await

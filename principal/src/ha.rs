@@ -887,22 +887,22 @@ impl Leases {
             return; // our own write, or older
         }
         match (view.holder.as_deref(), view.takeover.as_deref()) {
-            (Some(holder), Some(requester)) if holder == self.me && requester != self.me => {
-                if h.handover_to.is_none() {
-                    h.handover_to = Some(requester.to_string());
-                    drop(held);
-                    self.hub.metrics.deferred("HandedOver");
-                    tracing::info!(%agent, to = %requester,
-                        "another replica asked for this agent (it reconnected there): closing our session and handing the agent over");
-                    let reason = format!(
-                        "the agent opened a session on principal replica {}",
-                        replica_of(requester)
-                    );
-                    if !self.hub.close_session(&agent, Some(reason)) {
-                        // No session left here (it is ending): the guard hands over.
-                    }
-                }
+            (Some(holder), Some(requester))
+                if holder == self.me && requester != self.me && h.handover_to.is_none() =>
+            {
+                h.handover_to = Some(requester.to_string());
+                drop(held);
+                self.hub.metrics.deferred("HandedOver");
+                tracing::info!(%agent, to = %requester,
+                    "another replica asked for this agent (it reconnected there): closing our session and handing the agent over");
+                let reason = format!(
+                    "the agent opened a session on principal replica {}",
+                    replica_of(requester)
+                );
+                // Without a session left here (it is ending), the guard hands over.
+                self.hub.close_session(&agent, Some(reason));
             }
+            (Some(holder), Some(_)) if holder == self.me => {} // handover under way
             (holder, _) if holder != Some(self.me.as_str()) => {
                 let holder = holder.unwrap_or("nobody").to_string();
                 held.remove(&agent);

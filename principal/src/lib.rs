@@ -347,13 +347,11 @@ pub async fn start(
                 listener_auth.svid.as_ref(),
                 hub.clone(),
                 tunnels.clone(),
+                leases.clone(),
                 &tasks,
                 shutdown.clone(),
             )
             .await?;
-            if let Some(leases) = &leases {
-                leases.set_resource_proxy_url(&url);
-            }
             (Some(addr), Some(url), secrets)
         }
         None => (None, None, None),
@@ -464,6 +462,7 @@ async fn start_resource_proxy(
     svid: Option<&SvidSource>,
     hub: Arc<Hub>,
     tunnels: Arc<tunnel::Tunnels>,
+    leases: Option<Arc<ha::Leases>>,
     tasks: &TaskTracker,
     shutdown: CancellationToken,
 ) -> Result<
@@ -502,14 +501,28 @@ async fn start_resource_proxy(
         };
         rp.url = format!("https://{}", SocketAddr::new(ip, addr.port()));
     }
+    // With replicas: this replica's own URL, which the others forward to.
+    if leases.is_some() && rp.replica_url.is_empty() {
+        let pod_ip = std::env::var("POD_IP")
+            .ok()
+            .filter(|s| !s.trim().is_empty());
+        rp.replica_url = resourceproxy::forward::default_replica_url(pod_ip.as_deref(), addr);
+    }
     let host = rp.host();
     let mut hostnames = rp.hostnames.clone();
     if !hostnames.contains(&host) {
         hostnames.insert(0, host.clone());
     }
+    let replica_host = leases.as_ref().map(|_| rp.replica_host());
+    if let Some(r) = &replica_host
+        && !hostnames.contains(r)
+    {
+        hostnames.push(r.clone());
+    }
     let serving = resourceproxy::tls::start(
         rp.tls,
         &host,
+        replica_host.as_deref(),
         &hostnames,
         rp.cert_lifetime,
         keys.clone(),
@@ -531,10 +544,18 @@ async fn start_resource_proxy(
         secrets
     });
     let url = rp.url.clone();
-    let proxy = resourceproxy::Proxy::new(hub, keys, tunnels, rp.clone());
+    let forwarder = leases.map(|leases| {
+        leases.set_resource_proxy_url(&rp.replica_url);
+        resourceproxy::forward::Forwarder::new(
+            leases,
+            serving.ca_pem.clone(),
+            rp.request_timeout + Duration::from_secs(5),
+        )
+    });
+    let proxy = resourceproxy::Proxy::new(hub, keys, tunnels, rp.clone(), forwarder);
     resourceproxy::serve(proxy, listener, tls, tasks, shutdown);
-    tracing::info!(%addr, url = %rp.url, tls = serving.mode, self_registration = rp.self_cluster_registration,
-        "resource proxy listening");
+    tracing::info!(%addr, url = %rp.url, replica_url = %rp.replica_url, tls = serving.mode,
+        self_registration = rp.self_cluster_registration, "resource proxy listening");
     Ok((addr, url, secrets))
 }
 

@@ -189,6 +189,10 @@ pub struct Metrics {
     /// `argocd_principal_resource_proxy_requests_total{agent,kind,code}`: requests the
     /// resource proxy answered.
     pub resource_proxy_requests: Family<ResourceProxyLabels, Counter>,
+    /// `argocd_principal_resource_proxy_forwarded_total{agent,kind,code}`: requests the
+    /// resource proxy forwarded to the replica serving the agent (replicas only), by the
+    /// status that replica answered (502 when it could not be reached).
+    pub resource_proxy_forwarded: Family<ResourceProxyLabels, Counter>,
     /// `argocd_principal_lease_writes_total{lease,op,result}`: writes to the hub's Leases
     /// (replicas only).
     pub lease_writes: Family<LeaseWriteLabels, Counter>,
@@ -347,6 +351,12 @@ impl Metrics {
             "Requests the resource proxy answered, by agent, kind (request, log, exec) and HTTP status",
             resource_proxy_requests.clone(),
         );
+        let resource_proxy_forwarded = Family::<ResourceProxyLabels, Counter>::default();
+        r.register(
+            "argocd_principal_resource_proxy_forwarded",
+            "Resource proxy requests forwarded to the replica serving the agent, by agent, kind and HTTP status",
+            resource_proxy_forwarded.clone(),
+        );
         let lease_writes = Family::<LeaseWriteLabels, Counter>::default();
         r.register(
             "argocd_principal_lease_writes",
@@ -364,6 +374,7 @@ impl Metrics {
             sessions_deferred,
             redis_proxy_requests,
             resource_proxy_requests,
+            resource_proxy_forwarded,
             connected_agents,
             events_received,
             events_sent,
@@ -385,6 +396,17 @@ impl Metrics {
             }),
             registry: Arc::new(r),
         }
+    }
+
+    /// Counts one request forwarded to another replica's resource proxy.
+    pub fn resource_proxy_forwarded(&self, agent: &str, kind: &str, code: u16) {
+        self.resource_proxy_forwarded
+            .get_or_create(&ResourceProxyLabels {
+                agent: self.agent_label(agent),
+                kind: kind.into(),
+                code: code.to_string(),
+            })
+            .inc();
     }
 
     /// Counts one answer of the resource proxy.

@@ -272,6 +272,11 @@ struct ResourceProxyArgs {
     /// default `https://<listen address>` (127.0.0.1 for an unspecified address).
     #[arg(long, env = "ARGOCD_PRINCIPAL_RESOURCE_PROXY_URL")]
     resource_proxy_url: Option<String>,
+    /// With `--ha`: this replica's own resource proxy URL, which other replicas forward
+    /// requests for its agents to (published on its replica Lease; the serving certificate
+    /// names its host); default `https://$POD_IP:<port>`, else the listen address.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_RESOURCE_PROXY_REPLICA_URL")]
+    resource_proxy_replica_url: Option<String>,
     /// Extra names (DNS or IP) of the certificate the principal issues for the proxy; the
     /// URL's host is always one.
     #[arg(
@@ -395,7 +400,14 @@ impl ResourceProxyArgs {
                 "--resource-proxy-url {url:?}: must be an https:// URL"
             ));
         }
+        let replica_url = self.resource_proxy_replica_url.clone().unwrap_or_default();
+        if !replica_url.is_empty() && !replica_url.starts_with("https://") {
+            return Err(format!(
+                "--resource-proxy-replica-url {replica_url:?}: must be an https:// URL"
+            ));
+        }
         let mut c = argocd_agent_principal::resourceproxy::ResourceProxyConfig::new(listen, url);
+        c.replica_url = replica_url;
         c.hostnames = self.resource_proxy_hostnames.clone();
         c.tls = self.resource_proxy_tls;
         c.token_ttl = self.resource_proxy_token_ttl;

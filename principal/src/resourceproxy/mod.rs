@@ -14,12 +14,16 @@
 //! or path the proxy does not serve, or the agent's refusal; 413 for a body over the limit;
 //! 429 beyond the per-agent concurrency limit; 502 while the agent is offline; 504 when it
 //! does not answer in time.
+//!
+//! With several replicas (`--ha`), a request for an agent another live replica serves is
+//! forwarded there ([`forward`]).
 
 // A refusal is the HTTP response to send; it is built once and moved, not worth a box.
 #![allow(clippy::result_large_err)]
 
 pub mod credentials;
 mod exec;
+pub mod forward;
 mod logs;
 pub mod tls;
 
@@ -62,6 +66,9 @@ pub struct ResourceProxyConfig {
     pub listen: SocketAddr,
     /// Base URL clients reach the proxy at (cluster secrets hold `<url>/agents/<agent>`).
     pub url: String,
+    /// This replica's own URL, which other replicas forward to (published on its replica
+    /// Lease); empty: `https://$POD_IP:<port>`, else the bound address.
+    pub replica_url: String,
     /// Names of the issued serving certificate (DNS names or IPs); the URL's host is added.
     pub hostnames: Vec<String>,
     pub tls: tls::ServingMode,
@@ -91,6 +98,7 @@ impl ResourceProxyConfig {
         ResourceProxyConfig {
             listen,
             url,
+            replica_url: String::new(),
             hostnames: Vec::new(),
             tls: tls::ServingMode::Auto,
             cert_lifetime: Duration::from_secs(30 * 24 * 3600),
@@ -107,12 +115,24 @@ impl ResourceProxyConfig {
 
     /// The URL's host (what the serving certificate must name).
     pub fn host(&self) -> String {
-        url::Url::parse(&self.url)
-            .ok()
-            .and_then(|u| u.host_str().map(|h| h.trim_matches(['[', ']']).to_owned()))
-            .unwrap_or_else(|| "localhost".into())
+        url_host(&self.url)
     }
 
+    /// The replica URL's host.
+    pub fn replica_host(&self) -> String {
+        url_host(&self.replica_url)
+    }
+}
+
+/// A URL's host (without IPv6 brackets); `localhost` when it has none.
+fn url_host(url: &str) -> String {
+    url::Url::parse(url)
+        .ok()
+        .and_then(|u| u.host_str().map(|h| h.trim_matches(['[', ']']).to_owned()))
+        .unwrap_or_else(|| "localhost".into())
+}
+
+impl ResourceProxyConfig {
     /// The cluster URL of `agent`.
     pub fn agent_url(&self, agent: &AgentName) -> String {
         format!(
@@ -262,6 +282,8 @@ pub struct Proxy {
     pub keys: Arc<ProxyKeys>,
     pub tunnels: Arc<Tunnels>,
     pub config: ResourceProxyConfig,
+    /// With replicas: forwards requests for agents served elsewhere.
+    pub forwarder: Option<forward::Forwarder>,
     limits: Mutex<HashMap<AgentName, Arc<Semaphore>>>,
 }
 
@@ -278,12 +300,14 @@ impl Proxy {
         keys: Arc<ProxyKeys>,
         tunnels: Arc<Tunnels>,
         config: ResourceProxyConfig,
+        forwarder: Option<forward::Forwarder>,
     ) -> Arc<Proxy> {
         Arc::new(Proxy {
             hub,
             keys,
             tunnels,
             config,
+            forwarder,
             limits: Mutex::new(HashMap::new()),
         })
     }
@@ -395,6 +419,29 @@ impl Proxy {
             Route::Log { .. } => "log",
             Route::Exec { .. } => "exec",
         };
+        if let Some(forwarder) = &self.forwarder
+            && self.link(&agent).is_none()
+        {
+            if let Some(by) = req.headers().get(forward::FORWARDED_BY) {
+                tracing::debug!(agent = %agent, forwarded_by = ?by,
+                    "resource proxy: forwarded request for an agent not connected here");
+            } else {
+                match forwarder.target(&agent) {
+                    Ok(Some((holder, url))) => {
+                        return self.forward(forwarder, agent, kind, holder, url, req).await;
+                    }
+                    Ok(None) => {}
+                    Err(why) => {
+                        tracing::warn!(agent = %agent, kind, "resource proxy: not forwarded: {why}");
+                        self.hub
+                            .metrics
+                            .resource_proxy_forwarded(agent.as_str(), kind, 502);
+                        self.hub.metrics.resource_proxy(agent.as_str(), kind, 502);
+                        return status(StatusCode::BAD_GATEWAY, "ServiceUnavailable", why);
+                    }
+                }
+            }
+        }
         let admitted = match self.admit(&agent) {
             Ok(a) => a,
             Err(r) => {
@@ -416,6 +463,35 @@ impl Proxy {
         self.hub
             .metrics
             .resource_proxy(agent.as_str(), kind, response.status().as_u16());
+        response
+    }
+
+    /// Forwards a request to the replica (`holder`, at `url`) serving its agent.
+    async fn forward(
+        &self,
+        forwarder: &forward::Forwarder,
+        agent: AgentName,
+        kind: &'static str,
+        holder: String,
+        url: String,
+        req: Request<Incoming>,
+    ) -> Response<Body> {
+        let replica = crate::ha::replica_of(&holder).to_owned();
+        tracing::debug!(agent = %agent, kind, %replica, %url, method = %req.method(),
+            path = req.uri().path(), "resource proxy: forwarding to the replica serving the agent");
+        let response = match forwarder.forward(req, &url).await {
+            Ok(r) => r,
+            Err(why) => {
+                tracing::warn!(agent = %agent, kind, %replica, %url, error = %why,
+                    "resource proxy: forwarding failed");
+                forward::failed(&agent, &replica, &why)
+            }
+        };
+        let code = response.status().as_u16();
+        self.hub
+            .metrics
+            .resource_proxy_forwarded(agent.as_str(), kind, code);
+        self.hub.metrics.resource_proxy(agent.as_str(), kind, code);
         response
     }
 

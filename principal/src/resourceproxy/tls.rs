@@ -107,10 +107,14 @@ pub struct Serving {
     pub mode: &'static str,
 }
 
-/// Chooses and starts the serving certificate for `host` (the URL's host).
+/// Chooses and starts the serving certificate for `host` (the URL's host) and, with
+/// replicas, `replica_host` (the host other replicas forward to: `auto` serves the SVID only
+/// when it names both).
+#[allow(clippy::too_many_arguments)]
 pub fn start(
     mode: ServingMode,
     host: &str,
+    replica_host: Option<&str>,
     hostnames: &[String],
     lifetime: Duration,
     keys: Arc<ProxyKeys>,
@@ -121,12 +125,21 @@ pub fn start(
     let svid_names = svid_state.as_deref().map(dns_names).unwrap_or_default();
     let use_svid = match mode {
         ServingMode::Issued => false,
-        ServingMode::Auto => svid_names.iter().any(|n| n == host),
+        ServingMode::Auto => {
+            svid_names.iter().any(|n| n == host)
+                && replica_host.is_none_or(|r| svid_names.iter().any(|n| n == r))
+        }
         ServingMode::Svid => {
             if !svid_names.iter().any(|n| n == host) {
                 return Err(KeyError::Invalid(format!(
                     "--resource-proxy-tls svid: the principal's SVID has no DNS SAN {host:?} (it has {svid_names:?})"
                 )));
+            }
+            if let Some(r) = replica_host
+                && !svid_names.iter().any(|n| n == r)
+            {
+                tracing::warn!(replica_host = r, svid_names = ?svid_names,
+                    "the principal's SVID does not name this replica's resource proxy host: other replicas cannot forward to it");
             }
             true
         }
