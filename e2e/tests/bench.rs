@@ -51,6 +51,26 @@ async fn connect_smoke() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_smoke_as_a_replica_counts_lease_writes() {
+    let mut o = opts();
+    o.principal_args = [
+        "--ha",
+        "--replica-lease-duration=1s",
+        "--agent-lease-duration=2s",
+    ]
+    .map(String::from)
+    .to_vec();
+    let r = bench::run(Scenario::Connect, &o)
+        .await
+        .unwrap_or_else(|e| panic!("bench connect --ha: {e}"));
+    eprint!("{}", r.table());
+    assert_eq!(num(&r, "dropped_streams"), 0.0);
+    // One Lease per agent (plus the replica's own), then renewals while idle.
+    assert!(num(&r, "lease_writes_connect") >= 13.0);
+    assert!(num(&r, "lease_writes_idle_per_s") > 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn storm_smoke() {
     let r = smoke(Scenario::Storm).await;
     // Every agent came back with a new session and the changes made while the principal

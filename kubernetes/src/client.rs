@@ -135,6 +135,24 @@ pub fn client_from_config(config: Config, opts: &ClientOptions) -> Result<Client
     }
 }
 
+/// [`client`] that also keeps at most `max_in_flight` requests (so connections) open at
+/// once: a burst of writes waits for a connection instead of opening hundreds.
+pub async fn bounded_client(opts: &ClientOptions, max_in_flight: usize) -> Result<Client, Error> {
+    let config = load_config(opts).await?;
+    let builder = ClientBuilder::try_from(config)
+        .map_err(|e| Error::Config(format!("building HTTP client: {e}")))?
+        .with_layer(&tower::limit::ConcurrencyLimitLayer::new(
+            max_in_flight.max(1),
+        ));
+    if opts.qps > 0.0 {
+        Ok(builder
+            .with_layer(&TokenBucketLayer::new(opts.qps, opts.burst))
+            .build())
+    } else {
+        Ok(builder.build())
+    }
+}
+
 /// Loads the configuration ([`load_config`]) and builds a rate-limited client.
 pub async fn client(opts: &ClientOptions) -> Result<Client, Error> {
     let config = load_config(opts).await?;

@@ -25,8 +25,8 @@ mod scope;
 mod watch;
 
 pub use client::{
-    ClientOptions, ConfigSource, DEFAULT_BURST, DEFAULT_QPS, client, client_from_config,
-    load_config,
+    ClientOptions, ConfigSource, DEFAULT_BURST, DEFAULT_QPS, bounded_client, client,
+    client_from_config, load_config,
 };
 pub use error::{Error, ObjectRef};
 pub use kind::{ARGOPROJ_GROUP, ARGOPROJ_VERSION, Kind};

@@ -65,6 +65,8 @@ pub const DEFAULT_AGENT_LEASE: Duration = Duration::from_secs(15 * 60);
 pub const DEFAULT_LEASE_QPS: f32 = 500.0;
 /// Default of `--lease-burst`.
 pub const DEFAULT_LEASE_BURST: u32 = 1000;
+/// Lease requests in flight at once (each one a connection to the hub API at most).
+pub const LEASE_REQUESTS_IN_FLIGHT: usize = 16;
 /// How often Leases held in our name without a session are looked for.
 const ORPHAN_SWEEP: Duration = Duration::from_secs(10);
 /// Agent Leases renewed per tick at most (a burst after a long stall is spread).
@@ -555,8 +557,11 @@ impl Leases {
             )));
         }
         let already_mine = lock(&self.held).contains_key(agent);
-        if self.cfg.rebalance && !already_mine {
-            let shares = self.shares().with_newcomer(self.holder_of(agent).is_none());
+        // Only a newcomer is turned away: an agent another live replica serves is moving
+        // (its old connection is dead, or it is a second session), and the newest session
+        // wins; shedding evens out moves.
+        if self.cfg.rebalance && !already_mine && self.holder_of(agent).is_none() {
+            let shares = self.shares().with_newcomer(true);
             let mine = shares.held.get(&self.me).copied().unwrap_or(0);
             if shares.turns_away(&self.me, self.cfg.rebalance_slack) {
                 self.hub.metrics.deferred("Rebalance");

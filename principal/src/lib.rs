@@ -271,11 +271,14 @@ pub async fn start(
     }
     let lease_client = match &config.ha {
         Some(ha) => Some(
-            argocd_agent_kubernetes::client(&argocd_agent_kubernetes::ClientOptions {
-                qps: ha.lease_qps,
-                burst: ha.lease_burst,
-                ..config.kube.clone()
-            })
+            argocd_agent_kubernetes::bounded_client(
+                &argocd_agent_kubernetes::ClientOptions {
+                    qps: ha.lease_qps,
+                    burst: ha.lease_burst,
+                    ..config.kube.clone()
+                },
+                ha::LEASE_REQUESTS_IN_FLIGHT,
+            )
             .await?,
         ),
         None => None,
