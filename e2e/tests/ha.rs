@@ -151,6 +151,29 @@ async fn scenario(topo: &mut HaTopology) -> Result<(), String> {
     // 1. Envoy spreads the agents; the replicas even out to two each.
     wait_balanced(topo, 2, Duration::from_secs(60)).await?;
     eprintln!("balanced: {:?}", topo.served());
+    // What an operator sees: every replica live with two agents, every agent served.
+    let out = std::process::Command::new(binary("argocd-agentctl").map_err(e)?)
+        .args(["replicas", "--agents", "-n", HUB_ARGOCD_NS, "--kubeconfig"])
+        .arg(topo.dir.join("hub.kubeconfig"))
+        .output()
+        .map_err(|x| x.to_string())?;
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    eprintln!("{text}");
+    let live_rows = text
+        .lines()
+        .filter(|l| {
+            l.starts_with("principal-") && l.contains(" live ") && l.trim_end().ends_with(" 2")
+        })
+        .count();
+    if !out.status.success()
+        || live_rows != REPLICAS
+        || !text.contains("agents: 6 with a Lease, 0 not connected")
+    {
+        return Err(format!(
+            "argocd-agentctl replicas: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
 
     // 2. Applications: authored on the hub for managed agents, on the spoke for autonomous.
     let mut expected: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();

@@ -31,6 +31,8 @@ enum Command {
     /// fingerprints (add, remove, list).
     #[command(subcommand)]
     Blocklist(ctl::blocklist::Command),
+    /// Principal replicas (`--ha`) and the agents each serves, from the hub's Leases.
+    Replicas(ctl::replicas::ReplicasArgs),
     /// SPIFFE identities: explain mapping rules, inspect the current SVID.
     #[command(subcommand)]
     Identity(ctl::identity::Command),
@@ -62,6 +64,7 @@ async fn main() {
     let result = match cli.command {
         Command::Agent(c) => ctl::agent::run(c).await,
         Command::Blocklist(c) => ctl::blocklist::run(c).await,
+        Command::Replicas(a) => ctl::replicas::run(a).await,
         Command::Identity(c) => ctl::identity::run(c).await,
         #[cfg(feature = "dev-tools")]
         Command::Spiffe(c) => ctl::spiffe::run(c).await,

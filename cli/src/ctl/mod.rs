@@ -10,6 +10,7 @@ pub mod demo;
 pub mod dev;
 pub mod identity;
 pub mod mesh;
+pub mod replicas;
 #[cfg(feature = "dev-tools")]
 pub mod spiffe;
 
