@@ -23,7 +23,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use argocd_agent_identity::ResourceKind;
+use argocd_agent_identity::{AgentName, ResourceKind};
 use argocd_agent_proto::eventstream::{RedisCommand, RedisRequest, redis_response};
 use argocd_agent_sync::redis::resp::{self, PubSub};
 use argocd_agent_sync::redis::{AppKey, FrameReader, Protocol, RedisEndpoint, RespError};
@@ -170,6 +170,13 @@ impl Reply {
             Reply::Error(m) => resp::error(m),
         }
     }
+}
+
+/// Another replica serving a key's agent.
+struct ReplicaTarget {
+    agent: String,
+    replica: String,
+    addr: String,
 }
 
 struct Proxy {
@@ -476,40 +483,51 @@ impl Proxy {
         ))
     }
 
-    /// When the key's agent is not connected here but another live replica serves it: that
-    /// replica and its Redis proxy address, or the reply when it published none.
-    fn replica_for(
-        &self,
-        key: &AppKey,
-        forwarded: bool,
-    ) -> Option<Result<(String, String), Reply>> {
+    /// When the key's agent is not connected here but another live replica serves it: where
+    /// to ask, or the reply when that replica published no address.
+    ///
+    /// The agent is the Application's owner when this replica knows it (it served the agent
+    /// once); otherwise, by the usual identity rules, the agent named like the hub
+    /// namespace. Either way the replica asked decides ownership itself from its own
+    /// sessions (a wrong guess gets nil or "not connected" there, never another agent's
+    /// value).
+    fn replica_for(&self, key: &AppKey, forwarded: bool) -> Option<Result<ReplicaTarget, Reply>> {
         let peers = self.peers.as_ref()?;
-        let owner = self.hub.app_owner(&key.namespace, &key.name)?;
-        if owner.link().is_some() {
+        if forwarded {
             return None;
         }
-        match peers.route(&owner.name, forwarded) {
+        let agent = match self.hub.app_owner(&key.namespace, &key.name) {
+            Some(owner) if owner.link().is_some() => return None,
+            Some(owner) => owner.name.clone(),
+            None => {
+                self.hub
+                    .cache
+                    .get(Some(key.namespace.as_str()), &key.name)?;
+                AgentName::new(key.namespace.as_str()).ok()?
+            }
+        };
+        match peers.route(&agent, forwarded) {
             PeerRoute::Local => None,
-            PeerRoute::Replica { replica, addr } => Some(Ok((replica, addr))),
+            PeerRoute::Replica { replica, addr } => Some(Ok(ReplicaTarget {
+                agent: agent.to_string(),
+                replica,
+                addr,
+            })),
             PeerRoute::NoAddress { replica } => {
                 self.hub.metrics.redis_proxy("replica", "error");
-                tracing::warn!(%key, agent = %owner.name, %replica,
+                tracing::warn!(%key, %agent, %replica,
                     "Redis proxy: the replica serving the agent published no Redis proxy address");
-                Some(Err(Self::offline(owner.name.as_str(), key)))
+                Some(Err(Self::offline(agent.as_str(), key)))
             }
         }
     }
 
     /// The reply when another replica could not be asked.
-    fn unreachable(&self, key: &AppKey, replica: &str, addr: &str, error: &str) -> Reply {
+    fn unreachable(&self, key: &AppKey, target: &ReplicaTarget, error: &str) -> Reply {
         self.hub.metrics.redis_proxy("replica", "error");
-        tracing::warn!(%key, %replica, %addr, %error, "Redis proxy: could not forward to the replica serving the agent");
-        let agent = self
-            .hub
-            .app_owner(&key.namespace, &key.name)
-            .map(|o| o.name.to_string())
-            .unwrap_or_default();
-        Self::offline(&agent, key)
+        tracing::warn!(%key, agent = %target.agent, replica = %target.replica, addr = %target.addr,
+            %error, "Redis proxy: could not forward to the replica serving the agent");
+        Self::offline(&target.agent, key)
     }
 
     /// `GET` of an Application key.
@@ -517,15 +535,16 @@ impl Proxy {
         match self.replica_for(key, forwarded) {
             None => {}
             Some(Err(reply)) => return reply,
-            Some(Ok((replica, addr))) => {
+            Some(Ok(target)) => {
                 let peers = self.peers.as_ref().expect("replica_for needs peers");
-                return match peers.get(&addr, &key.to_string()).await {
+                let replica = &target.replica;
+                return match peers.get(&target.addr, &key.to_string()).await {
                     Ok(reply) => {
                         self.hub.metrics.redis_proxy("replica", "forwarded");
                         tracing::debug!(%key, %replica, "Redis GET answered by another replica");
                         reply
                     }
-                    Err(e) => self.unreachable(key, &replica, &addr, &e),
+                    Err(e) => self.unreachable(key, &target, &e),
                 };
             }
         }
@@ -705,10 +724,8 @@ impl Conn {
         match self.proxy.replica_for(key, self.forwarded) {
             None => {}
             Some(Err(reply)) => return Err(reply),
-            Some(Ok((replica, addr))) => {
-                return self
-                    .start_replica_subscription(channel, key, &replica, &addr)
-                    .await;
+            Some(Ok(target)) => {
+                return self.start_replica_subscription(channel, key, &target).await;
             }
         }
         let (link, mut ticket, answer) = match self
@@ -790,24 +807,23 @@ impl Conn {
         &mut self,
         channel: Bytes,
         key: &AppKey,
-        replica: &str,
-        addr: &str,
+        target: &ReplicaTarget,
     ) -> Result<(), Reply> {
         let peers = self.proxy.peers.as_ref().expect("replica_for needs peers");
-        let mut conn = match peers.subscribe(addr, &channel).await {
+        let replica = target.replica.clone();
+        let mut conn = match peers.subscribe(&target.addr, &channel).await {
             Ok(Ok(conn)) => conn,
             Ok(Err(reply)) => {
                 self.proxy.hub.metrics.redis_proxy("replica", "forwarded");
                 return Err(reply);
             }
-            Err(e) => return Err(self.proxy.unreachable(key, replica, addr, &e)),
+            Err(e) => return Err(self.proxy.unreachable(key, target, &e)),
         };
         self.proxy.hub.metrics.redis_proxy("replica", "forwarded");
         tracing::debug!(%key, %replica, "Redis SUBSCRIBE relayed from another replica");
         let stop = self.closed.child_token();
         let (oob, shared, closed) = (self.oob.clone(), self.shared.clone(), self.closed.clone());
         let key_text = key.to_string();
-        let replica = replica.to_owned();
         let stop2 = stop.clone();
         let map_key = channel.clone();
         self.proxy.tasks.spawn(
