@@ -399,6 +399,46 @@ mod tests {
         );
     }
 
+    /// Writes a self-signed certificate and key for `name`; returns their paths.
+    fn self_signed(dir: &Path, name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+        let c = rcgen::generate_simple_self_signed(vec![name.to_owned()]).unwrap();
+        let (cert, key) = (
+            dir.join(format!("{name}.crt")),
+            dir.join(format!("{name}.key")),
+        );
+        std::fs::write(&cert, c.cert.pem()).unwrap();
+        std::fs::write(&key, c.signing_key.serialize_pem()).unwrap();
+        (cert, key)
+    }
+
+    async fn handshake(server_cert: &Path, server_key: &Path, pinned: &Path) -> bool {
+        let server = argocd_agent_sync::redis::client::server_tls(server_cert, server_key).unwrap();
+        let client = pinned_replica_tls(pinned).unwrap();
+        let (a, b) = tokio::io::duplex(64 * 1024);
+        let accept = tokio::spawn(async move {
+            let _ = tokio_rustls::TlsAcceptor::from(server).accept(a).await;
+        });
+        // The name is not checked: replicas are reached by pod IP.
+        let name = ServerName::try_from("10.0.0.7").unwrap();
+        let ok = tokio_rustls::TlsConnector::from(client)
+            .connect(name, b)
+            .await
+            .is_ok();
+        accept.abort();
+        ok
+    }
+
+    #[tokio::test]
+    async fn replicas_trust_exactly_the_certificate_they_serve() {
+        let dir = std::env::temp_dir().join(format!("redis-replica-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (ours, our_key) = self_signed(&dir, "redis-proxy.example");
+        let (theirs, their_key) = self_signed(&dir, "other.example");
+        assert!(handshake(&ours, &our_key, &ours).await);
+        assert!(!handshake(&theirs, &their_key, &ours).await);
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
     #[test]
     fn host_of_strips_port_and_brackets() {
         assert_eq!(host_of("10.0.0.1:6379"), "10.0.0.1");
