@@ -53,28 +53,64 @@ fn tree(agent: &str) -> Vec<u8> {
     format!("\x1f tree of web on {agent}").into_bytes()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn every_replica_redis_proxy_answers_for_every_agent() {
+fn replica_metric(result: &str) -> String {
+    format!("argocd_principal_redis_proxy_requests_total{{route=\"replica\",result=\"{result}\"}}")
+}
+
+async fn metric_sum(port: u16, prefix: &str) -> f64 {
+    http_get(port, "/metrics")
+        .await
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Redis servers (hub, one per agent) and the replicas, each with its own Redis proxy.
+struct Setup {
+    _dir: tempfile::TempDir,
+    _hub_redis: RedisServer,
+    spoke_redis: BTreeMap<&'static str, RedisServer>,
+    ports: Vec<u16>,
+    topo: HaTopology,
+}
+
+/// With `unreachable`, every replica publishes a Redis proxy address nobody listens on.
+async fn start(replicas: usize, agents: &[&'static str], unreachable: bool) -> Setup {
     let dir = tempfile::Builder::new()
         .prefix("argocd-agent-ha-redis")
         .tempdir()
         .unwrap();
     let hub_redis = RedisServer::start(dir.path(), "redis-hub").await.unwrap();
     let mut spoke_redis = BTreeMap::new();
-    for agent in AGENTS {
+    for agent in agents {
         spoke_redis.insert(
-            agent,
+            *agent,
             RedisServer::start(dir.path(), &format!("redis-{agent}"))
                 .await
                 .unwrap(),
         );
     }
-    let ports: Vec<u16> = (0..REPLICAS)
+    let ports: Vec<u16> = (0..replicas)
         .map(|_| free_loopback_port().unwrap())
         .collect();
+    let per_replica_args = ports
+        .iter()
+        .map(|p| {
+            let mut args = vec!["--redis-proxy-address".into(), format!("127.0.0.1:{p}")];
+            if unreachable {
+                args.extend([
+                    "--redis-proxy-replica-address".into(),
+                    format!("127.0.0.1:{}", free_loopback_port().unwrap()),
+                ]);
+            }
+            args
+        })
+        .collect();
     let topo = HaTopology::start(HaOptions {
-        replicas: REPLICAS,
-        agents: AGENTS.iter().map(|a| (a.to_string(), "managed")).collect(),
+        replicas,
+        agents: agents.iter().map(|a| (a.to_string(), "managed")).collect(),
         principal_args: vec![
             "--replica-lease-duration".into(),
             "3s".into(),
@@ -83,11 +119,8 @@ async fn every_replica_redis_proxy_answers_for_every_agent() {
             "--redis-proxy-request-timeout".into(),
             "5s".into(),
         ],
-        per_replica_args: ports
-            .iter()
-            .map(|p| vec!["--redis-proxy-address".into(), format!("127.0.0.1:{p}")])
-            .collect(),
-        per_agent_args: AGENTS
+        per_replica_args,
+        per_agent_args: agents
             .iter()
             .map(|a| {
                 (
@@ -100,7 +133,18 @@ async fn every_replica_redis_proxy_answers_for_every_agent() {
     })
     .await
     .unwrap();
-    let result = scenario(&topo, &ports, &spoke_redis).await;
+    Setup {
+        _dir: dir,
+        _hub_redis: hub_redis,
+        spoke_redis,
+        ports,
+        topo,
+    }
+}
+
+/// Runs a scenario; on failure, panics with the processes' logs.
+async fn finish(setup: Setup, result: Result<(), String>) {
+    let topo = setup.topo;
     if let Err(e) = result {
         let logs = topo.logs();
         topo.stop().await;
@@ -109,15 +153,24 @@ async fn every_replica_redis_proxy_answers_for_every_agent() {
     topo.stop().await;
 }
 
-async fn scenario(
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_replica_redis_proxy_answers_for_every_agent() {
+    let setup = start(REPLICAS, &AGENTS, false).await;
+    let result = scenario(&setup.topo, &setup.ports, &setup.spoke_redis).await;
+    finish(setup, result).await;
+}
+
+/// Waits for every agent's session, creates Application `web` for each and seeds its
+/// spoke's Redis with the tree key; returns the serving replica of each agent.
+async fn prepare(
     topo: &HaTopology,
-    ports: &[u16],
-    spoke_redis: &BTreeMap<&str, RedisServer>,
-) -> Result<(), String> {
+    agents: &[&'static str],
+    spoke_redis: &BTreeMap<&'static str, RedisServer>,
+) -> Result<BTreeMap<String, String>, String> {
     let deadline = Instant::now() + T;
     let holders = loop {
         let h = topo.holders().await.unwrap_or_default();
-        if AGENTS.iter().all(|a| h.contains_key(*a)) {
+        if agents.iter().all(|a| h.contains_key(*a)) {
             break h;
         }
         if Instant::now() > deadline {
@@ -126,8 +179,7 @@ async fn scenario(
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     eprintln!("holders: {holders:?}");
-
-    for agent in AGENTS {
+    for agent in agents {
         apps(&topo.hub, agent)
             .map_err(|e| e.to_string())?
             .create(
@@ -137,9 +189,9 @@ async fn scenario(
             .await
             .map_err(|e| e.to_string())?;
     }
-    for agent in AGENTS {
+    for agent in agents {
         eventually("the Application on its spoke", T, || async {
-            stored_app(&topo.spokes[agent], SPOKE_NS, "web")
+            stored_app(&topo.spokes[*agent], SPOKE_NS, "web")
         })
         .await
         .map_err(|e| format!("{agent}: {e}"))?;
@@ -152,6 +204,15 @@ async fn scenario(
             .map_err(|e| e.to_string())?;
         assert!(!r.is_error(), "SET on the spoke: {r:?}");
     }
+    Ok(holders)
+}
+
+async fn scenario(
+    topo: &HaTopology,
+    ports: &[u16],
+    spoke_redis: &BTreeMap<&'static str, RedisServer>,
+) -> Result<(), String> {
+    let holders = prepare(topo, &AGENTS, spoke_redis).await?;
 
     // 1. GET of each agent's tree key through every replica: the spoke's bytes.
     for agent in AGENTS {
@@ -271,6 +332,83 @@ async fn scenario(
             }
         }
         eprintln!("SUBSCRIBE ok: {agent} via {}", topo.replicas[other].name);
+    }
+
+    // 4. The forwarding replicas counted what they forwarded.
+    for r in &topo.replicas {
+        if holders.values().all(|h| h == &r.name) {
+            continue;
+        }
+        let n = metric_sum(r.metrics_port, &replica_metric("forwarded")).await;
+        if n < 1.0 {
+            return Err(format!("{}: {} = {n}", r.name, replica_metric("forwarded")));
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unreachable_replica_is_answered_as_an_offline_agent() {
+    const AGENT: &str = "agent-hr-u";
+    let setup = start(2, &[AGENT], true).await;
+    let result = unreachable_scenario(&setup).await;
+    finish(setup, result).await;
+}
+
+async fn unreachable_scenario(setup: &Setup) -> Result<(), String> {
+    let agent = "agent-hr-u";
+    let topo = &setup.topo;
+    let holders = prepare(topo, &[agent], &setup.spoke_redis).await?;
+    let serving = topo
+        .replicas
+        .iter()
+        .position(|r| r.name == holders[agent])
+        .unwrap();
+    let other = 1 - serving;
+    let key = format!("app|resources-tree|{agent}_web{SUFFIX}");
+    // The serving replica answers itself.
+    let port = setup.ports[serving];
+    eventually("GET through the serving replica", T, || {
+        let key = key.clone();
+        async move {
+            let mut c = proxy(port).await.ok()?;
+            (get(&mut c, &key).await == Ok(Some(tree(agent)))).then_some(())
+        }
+    })
+    .await
+    .map_err(|e| e.to_string())?;
+    // The other one cannot reach it: "not connected", as for an offline agent.
+    let mut c = proxy(setup.ports[other]).await?;
+    let deadline = Instant::now() + T;
+    loop {
+        match get(&mut c, &key).await {
+            Err(e) if e.contains("not connected") => break,
+            got => {
+                if Instant::now() > deadline {
+                    return Err(format!("GET through the non-serving replica: {got:?}"));
+                }
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        }
+    }
+    let mut sub = proxy(setup.ports[other]).await?;
+    let channel = format!("app|managed-resources|{agent}_web|1.8.3");
+    let reply = sub
+        .command(&[b"SUBSCRIBE", channel.as_bytes()])
+        .await
+        .map_err(|e| e.to_string())?;
+    let text = format!("{reply:?}");
+    if !reply.is_error() || !text.contains("not connected") {
+        return Err(format!("SUBSCRIBE through the non-serving replica: {text}"));
+    }
+    let errors = metric_sum(topo.replicas[other].metrics_port, &replica_metric("error")).await;
+    if errors < 2.0 {
+        return Err(format!("{} = {errors}", replica_metric("error")));
+    }
+    let logs = std::fs::read_to_string(topo.dir.join(format!("{}.log", topo.replicas[other].name)))
+        .unwrap_or_default();
+    if !logs.contains("could not forward to the replica serving the agent") {
+        return Err("no warning about the unreachable replica".into());
     }
     Ok(())
 }
