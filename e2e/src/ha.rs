@@ -35,6 +35,8 @@ pub struct HaOptions {
     /// Extra arguments of replica `i` (`per_replica_args[i]`, after `principal_args`);
     /// missing entries add nothing.
     pub per_replica_args: Vec<Vec<String>>,
+    /// Extra arguments of an agent, by name (after the harness's own).
+    pub per_agent_args: BTreeMap<String, Vec<String>>,
     /// Where logs, sockets and kubeconfigs go (default: a temporary directory).
     pub dir: Option<PathBuf>,
 }
@@ -164,18 +166,26 @@ impl HaTopology {
                 metrics_port,
                 &spiffe.endpoint(&dir.join("principal.sock")),
             );
+            let extra: Vec<String> = opts
+                .principal_args
+                .iter()
+                .chain(opts.per_replica_args.get(i).into_iter().flatten())
+                .cloned()
+                .collect();
+            // The Redis proxy only when the test gives it an address.
+            if !extra.iter().any(|a| a == "--redis-proxy-address") {
+                args.push("--disable-redis-proxy".into());
+            }
             args.extend([
                 "--identity-rule".into(),
                 RULE.into(),
-                "--disable-redis-proxy".into(),
                 "--admin-address".into(),
                 "off".into(),
                 "--ha".into(),
                 "--replica-id".into(),
                 name.clone(),
             ]);
-            args.extend(opts.principal_args.iter().cloned());
-            args.extend(opts.per_replica_args.get(i).into_iter().flatten().cloned());
+            args.extend(extra);
             let mut proc = Proc::new(&name, bin.clone(), args, dir.join(format!("{name}.log")));
             proc.start()?;
             replicas.push(Replica {
@@ -218,7 +228,10 @@ impl HaTopology {
             envoy_addr,
             agents: vec![],
         };
-        match topo.start_rest(&bin, &opts.agents).await {
+        match topo
+            .start_rest(&bin, &opts.agents, &opts.per_agent_args)
+            .await
+        {
             Ok(()) => Ok(topo),
             Err(e) => {
                 let logs = topo.logs();
@@ -232,6 +245,7 @@ impl HaTopology {
         &mut self,
         bin: &std::path::Path,
         agents: &[(String, &'static str)],
+        per_agent_args: &BTreeMap<String, Vec<String>>,
     ) -> Result<(), HarnessError> {
         for r in &self.replicas {
             wait_listening(r.addr, Duration::from_secs(30)).await?;
@@ -239,7 +253,7 @@ impl HaTopology {
         self.envoy.start()?;
         wait_listening(self.envoy_addr, Duration::from_secs(30)).await?;
         for (agent, mode) in agents {
-            let args: Vec<String> = vec![
+            let mut args: Vec<String> = vec![
                 "agent".into(),
                 "--agent-mode".into(),
                 (*mode).into(),
@@ -266,6 +280,7 @@ impl HaTopology {
                 "--keep-alive-ping-interval".into(),
                 "5s".into(),
             ];
+            args.extend(per_agent_args.get(agent).into_iter().flatten().cloned());
             let mut p = Proc::new(
                 agent,
                 bin.to_path_buf(),

@@ -1054,11 +1054,15 @@ fn network_policies_admit_grpc_on_the_listener_and_metrics_only_from_monitoring(
                     "{}: the principal accepts gRPC, metrics and the Redis proxy only",
                     rel(dir)
                 );
-                let argocd_server = serde_json::json!([{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "argocd-server"}}}]);
+                // argocd-server, and the other replicas forwarding keys (--ha).
+                let redis_clients = serde_json::json!([
+                    {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "argocd-server"}}},
+                    {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "argocd-agent-principal"}}}
+                ]);
                 assert_eq!(
                     admitted.get("redis-proxy"),
-                    Some(&Some(argocd_server)),
-                    "{}: the Redis proxy must be admitted from argocd-server only",
+                    Some(&Some(redis_clients)),
+                    "{}: the Redis proxy must be admitted from argocd-server and the principal's replicas only",
                     rel(dir)
                 );
                 let from = admitted["grpc"].clone();

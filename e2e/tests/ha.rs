@@ -129,6 +129,7 @@ async fn three_replicas_fail_over_without_losing_anything_or_doubling_sessions()
             "0".into(),
         ],
         per_replica_args: vec![],
+        per_agent_args: Default::default(),
         dir,
     })
     .await

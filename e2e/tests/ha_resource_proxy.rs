@@ -181,6 +181,7 @@ async fn every_replica_answers_for_every_agent_by_forwarding_to_the_one_serving_
             .iter()
             .map(|p| vec!["--resource-proxy-address".into(), format!("127.0.0.1:{p}")])
             .collect(),
+        per_agent_args: Default::default(),
         dir: std::env::var_os("E2E_DIR").map(PathBuf::from),
     })
     .await

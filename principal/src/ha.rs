@@ -50,6 +50,9 @@ pub const LEASE_LABEL: &str = "argocd-agent.argoproj-labs.io/lease";
 pub const TAKEOVER_ANNOTATION: &str = "argocd-agent.argoproj-labs.io/takeover-requested-by";
 /// Annotation on a replica Lease: the replica's resource proxy URL (for other replicas).
 pub const RESOURCE_PROXY_ANNOTATION: &str = "argocd-agent.argoproj-labs.io/resource-proxy-url";
+/// Annotation on a replica Lease: the replica's Redis proxy address (`host:port`, for other
+/// replicas).
+pub const REDIS_PROXY_ANNOTATION: &str = "argocd-agent.argoproj-labs.io/redis-proxy-address";
 /// Agent label on agent Leases (the same label the hub namespace carries).
 pub const AGENT_LABEL: &str = crate::hub::AGENT_NAME_LABEL;
 /// Name prefix of agent Leases.
@@ -287,6 +290,7 @@ pub struct Leases {
     renewed: Mutex<Option<Instant>>,
     fenced: AtomicBool,
     resource_proxy_url: Mutex<Option<String>>,
+    redis_proxy_address: Mutex<Option<String>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -401,6 +405,7 @@ impl Leases {
             renewed: Mutex::new(None),
             fenced: AtomicBool::new(false),
             resource_proxy_url: Mutex::new(None),
+            redis_proxy_address: Mutex::new(None),
         });
         tracing::info!(replica = %leases.cfg.replica, holder = %leases.me, namespace,
             replica_lease = ?leases.cfg.replica_lease_duration, agent_lease = ?leases.cfg.agent_lease_duration,
@@ -436,6 +441,28 @@ impl Leases {
     /// Published on the replica Lease so other replicas can forward resource proxy calls.
     pub fn set_resource_proxy_url(&self, url: &str) {
         *lock(&self.resource_proxy_url) = Some(url.to_string());
+    }
+
+    /// Published on the replica Lease so other replicas can forward Redis proxy commands.
+    pub fn set_redis_proxy_address(&self, addr: &str) {
+        *lock(&self.redis_proxy_address) = Some(addr.to_string());
+    }
+
+    /// The Redis proxy address a live replica published, by holder identity.
+    pub fn redis_proxy_address_of(&self, holder: &str) -> Option<String> {
+        let lease = self.cache.get(
+            Some(&self.namespace),
+            &replica_lease_name(replica_of(holder)),
+        )?;
+        if LeaseView::of(&lease).holder.as_deref() != Some(holder) {
+            return None;
+        }
+        lease
+            .metadata
+            .annotations
+            .as_ref()?
+            .get(REDIS_PROXY_ANNOTATION)
+            .cloned()
     }
 
     /// Readiness: the replica Lease was renewed recently.
@@ -960,6 +987,7 @@ impl Leases {
         let name = replica_lease_name(&self.cfg.replica);
         let me = self.me.clone();
         let url = lock(&self.resource_proxy_url).clone();
+        let redis = lock(&self.redis_proxy_address).clone();
         let duration = secs(self.cfg.replica_lease_duration);
         let cached = self
             .cache
@@ -973,6 +1001,9 @@ impl Leases {
             obj.metadata.labels = Some([(LEASE_LABEL.to_string(), "replica".to_string())].into());
             if let Some(url) = &url {
                 set_annotation(&mut obj, RESOURCE_PROXY_ANNOTATION, Some(url));
+            }
+            if let Some(redis) = &redis {
+                set_annotation(&mut obj, REDIS_PROXY_ANNOTATION, Some(redis));
             }
             set_spec(&mut obj, |s| {
                 s.holder_identity = Some(me.clone());
@@ -996,6 +1027,7 @@ impl Leases {
                         s.lease_duration_seconds = Some(duration);
                     });
                     set_annotation(obj, RESOURCE_PROXY_ANNOTATION, url.as_deref());
+                    set_annotation(obj, REDIS_PROXY_ANNOTATION, redis.as_deref());
                     Mutation::Changed
                 })
                 .await

@@ -380,12 +380,18 @@ pub async fn start(
     });
     let redis_proxy_addr = match &config.redis_proxy {
         Some(redis) => Some(
-            redisproxy::serve(redis.clone(), hub.clone(), &tasks, shutdown.clone())
-                .await
-                .map_err(|source| PrincipalError::Listen {
-                    addr: redis.listen,
-                    source,
-                })?,
+            redisproxy::serve(
+                redis.clone(),
+                hub.clone(),
+                leases.clone(),
+                &tasks,
+                shutdown.clone(),
+            )
+            .await
+            .map_err(|source| PrincipalError::Listen {
+                addr: redis.listen,
+                source,
+            })?,
         ),
         None => None,
     };

@@ -10,13 +10,20 @@
 //! Per connection, replies leave in the order the commands came: each command gets a slot
 //! in an ordered queue that either the hub Redis's next reply or the agent's answer fills.
 //! Out-of-band frames (RESP3 pushes, pub/sub messages) are written as they come.
+//!
+//! With several replicas, a key whose agent is served by another replica is asked there
+//! (see [`replica`]).
+
+mod replica;
+
+pub use replica::{FORWARDED_NAME, default_replica_address, pinned_replica_tls};
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use argocd_agent_identity::ResourceKind;
+use argocd_agent_identity::{AgentName, ResourceKind};
 use argocd_agent_proto::eventstream::{RedisCommand, RedisRequest, redis_response};
 use argocd_agent_sync::redis::resp::{self, PubSub};
 use argocd_agent_sync::redis::{AppKey, FrameReader, Protocol, RedisEndpoint, RespError};
@@ -30,8 +37,10 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
+use crate::ha::Leases;
 use crate::hub::Hub;
 use crate::link::AgentLink;
+use replica::{PeerRoute, Peers};
 
 /// Requests waiting for one agent's answers at once, by default.
 pub const DEFAULT_AGENT_IN_FLIGHT: usize = 256;
@@ -68,6 +77,12 @@ pub struct RedisProxyConfig {
     pub compression: argocd_agent_sync::redis::clusterinfo::Compression,
     /// Server URL of an agent's cluster in Argo CD (`{agent}` is replaced by its name).
     pub cluster_server_template: String,
+    /// With `--ha`: the address (`host:port`) other replicas reach this proxy at; `None`:
+    /// `$POD_IP:<port>`, else the bound address.
+    pub replica_address: Option<String>,
+    /// With `--ha` and TLS: how to trust the other replicas' proxies
+    /// ([`pinned_replica_tls`]).
+    pub replica_tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 impl Default for RedisProxyConfig {
@@ -87,6 +102,8 @@ impl Default for RedisProxyConfig {
             max_connections: 1024,
             compression: Default::default(),
             cluster_server_template: crate::clusterinfo::DEFAULT_SERVER_TEMPLATE.into(),
+            replica_address: None,
+            replica_tls: None,
         }
     }
 }
@@ -155,25 +172,52 @@ impl Reply {
     }
 }
 
+/// Another replica serving a key's agent.
+struct ReplicaTarget {
+    agent: String,
+    replica: String,
+    addr: String,
+}
+
 struct Proxy {
     hub: Arc<Hub>,
     config: RedisProxyConfig,
     tasks: TaskTracker,
+    /// With `--ha`: the other replicas' proxies.
+    peers: Option<Peers>,
 }
 
-/// Starts the proxy; returns the bound address.
+/// Starts the proxy; returns the bound address. With `leases` (`--ha`), the proxy's
+/// replica address is published on the replica Lease and keys of agents served by other
+/// replicas are asked there.
 pub async fn serve(
     config: RedisProxyConfig,
     hub: Arc<Hub>,
+    leases: Option<Arc<Leases>>,
     tasks: &TaskTracker,
     shutdown: CancellationToken,
 ) -> std::io::Result<SocketAddr> {
     let listener = TcpListener::bind(config.listen).await?;
     let addr = listener.local_addr()?;
+    let peers = leases.map(|leases| {
+        let published = config.replica_address.clone().unwrap_or_else(|| {
+            let pod_ip = std::env::var("POD_IP").ok();
+            default_replica_address(pod_ip.as_deref(), addr)
+        });
+        tracing::info!(address = %published, "Redis proxy: replica address for the other replicas");
+        leases.set_redis_proxy_address(&published);
+        Peers::new(
+            leases,
+            config.replica_tls.clone(),
+            config.max_value_size,
+            config.request_timeout,
+        )
+    });
     let proxy = Arc::new(Proxy {
         hub,
         config,
         tasks: tasks.clone(),
+        peers,
     });
     let limit = Arc::new(Semaphore::new(proxy.config.max_connections));
     tracing::info!(%addr, upstream = %proxy.config.upstream.addr, tls = proxy.config.tls.is_some(),
@@ -281,6 +325,8 @@ struct Conn {
     subscriptions: HashMap<Bytes, Subscription>,
     /// Ends the connection (an agent subscription lost its session).
     closed: CancellationToken,
+    /// The connection comes from another replica: keys are answered here, never forwarded.
+    forwarded: bool,
 }
 
 impl Proxy {
@@ -324,6 +370,7 @@ impl Proxy {
             upstream_pubsub: false,
             subscriptions: HashMap::new(),
             closed: closed.clone(),
+            forwarded: false,
         };
         let reader = FrameReader::new(client_r, self.config.max_value_size);
         tokio::select! {
@@ -400,10 +447,10 @@ impl Proxy {
                 return Err(Reply::Nil);
             }
             (Decision::Offline, _) | (_, None) => {
-                return Err(refused(format!(
-                    "ERR agent {agent:?} owning application {}/{} is not connected",
-                    key.namespace, key.name
-                )));
+                let Reply::Error(msg) = Self::offline(&agent, key) else {
+                    unreachable!("offline is an error")
+                };
+                return Err(refused(msg));
             }
             (Decision::Unsupported, _) => {
                 return Err(refused(format!(
@@ -428,8 +475,79 @@ impl Proxy {
         }
     }
 
+    /// The reply for a key whose owner is not connected.
+    fn offline(agent: &str, key: &AppKey) -> Reply {
+        Reply::Error(format!(
+            "ERR agent {agent:?} owning application {}/{} is not connected",
+            key.namespace, key.name
+        ))
+    }
+
+    /// When the key's agent is not connected here but another live replica serves it: where
+    /// to ask, or the reply when that replica published no address.
+    ///
+    /// The agent is the Application's owner when this replica knows it (it served the agent
+    /// once); otherwise, by the usual identity rules, the agent named like the hub
+    /// namespace. Either way the replica asked decides ownership itself from its own
+    /// sessions (a wrong guess gets nil or "not connected" there, never another agent's
+    /// value).
+    fn replica_for(&self, key: &AppKey, forwarded: bool) -> Option<Result<ReplicaTarget, Reply>> {
+        let peers = self.peers.as_ref()?;
+        if forwarded {
+            return None;
+        }
+        let agent = match self.hub.app_owner(&key.namespace, &key.name) {
+            Some(owner) if owner.link().is_some() => return None,
+            Some(owner) => owner.name.clone(),
+            None => {
+                self.hub
+                    .cache
+                    .get(Some(key.namespace.as_str()), &key.name)?;
+                AgentName::new(key.namespace.as_str()).ok()?
+            }
+        };
+        match peers.route(&agent, forwarded) {
+            PeerRoute::Local => None,
+            PeerRoute::Replica { replica, addr } => Some(Ok(ReplicaTarget {
+                agent: agent.to_string(),
+                replica,
+                addr,
+            })),
+            PeerRoute::NoAddress { replica } => {
+                self.hub.metrics.redis_proxy("replica", "error");
+                tracing::warn!(%key, %agent, %replica,
+                    "Redis proxy: the replica serving the agent published no Redis proxy address");
+                Some(Err(Self::offline(agent.as_str(), key)))
+            }
+        }
+    }
+
+    /// The reply when another replica could not be asked.
+    fn unreachable(&self, key: &AppKey, target: &ReplicaTarget, error: &str) -> Reply {
+        self.hub.metrics.redis_proxy("replica", "error");
+        tracing::warn!(%key, agent = %target.agent, replica = %target.replica, addr = %target.addr,
+            %error, "Redis proxy: could not forward to the replica serving the agent");
+        Self::offline(&target.agent, key)
+    }
+
     /// `GET` of an Application key.
-    async fn get(&self, key: &AppKey) -> Reply {
+    async fn get(&self, key: &AppKey, forwarded: bool) -> Reply {
+        match self.replica_for(key, forwarded) {
+            None => {}
+            Some(Err(reply)) => return reply,
+            Some(Ok(target)) => {
+                let peers = self.peers.as_ref().expect("replica_for needs peers");
+                let replica = &target.replica;
+                return match peers.get(&target.addr, &key.to_string()).await {
+                    Ok(reply) => {
+                        self.hub.metrics.redis_proxy("replica", "forwarded");
+                        tracing::debug!(%key, %replica, "Redis GET answered by another replica");
+                        reply
+                    }
+                    Err(e) => self.unreachable(key, &target, &e),
+                };
+            }
+        }
         let answer = match self.ask(key, RedisCommand::Get, None).await {
             Ok((_, _, answer)) => answer,
             Err(reply) => return reply,
@@ -507,6 +625,10 @@ impl Conn {
                     None => self.forward(&frame.raw, SlotKind::Reply).await?,
                 },
                 b"SUBSCRIBE" if args.len() > 1 => self.subscribe(&args[1..]).await?,
+                b"CLIENT" if replica::is_forward_marker(&args) => {
+                    self.forwarded = true;
+                    self.ready(Out::Raw(Bytes::from_static(b"+OK\r\n"))).await;
+                }
                 b"UNSUBSCRIBE" => self.unsubscribe(&frame.raw, &args[1..]).await?,
                 b"PSUBSCRIBE" | b"SSUBSCRIBE" => {
                     self.forward(&frame.raw, SlotKind::Subscribe).await?
@@ -558,9 +680,10 @@ impl Conn {
     async fn local_get(&self, key: AppKey) {
         let (tx, rx) = oneshot::channel();
         let proxy = self.proxy.clone();
+        let forwarded = self.forwarded;
         self.proxy.tasks.spawn(
             async move {
-                let _ = tx.send(Out::Reply(proxy.get(&key).await));
+                let _ = tx.send(Out::Reply(proxy.get(&key, forwarded).await));
             }
             .instrument(tracing::Span::current()),
         );
@@ -598,6 +721,13 @@ impl Conn {
 
     /// Subscribes through the key's owner and forwards its pushes as pub/sub messages.
     async fn start_subscription(&mut self, channel: Bytes, key: &AppKey) -> Result<(), Reply> {
+        match self.proxy.replica_for(key, self.forwarded) {
+            None => {}
+            Some(Err(reply)) => return Err(reply),
+            Some(Ok(target)) => {
+                return self.start_replica_subscription(channel, key, &target).await;
+            }
+        }
         let (link, mut ticket, answer) = match self
             .proxy
             .ask(key, RedisCommand::Subscribe, Some(SUBSCRIPTION_BUFFER))
@@ -660,6 +790,65 @@ impl Conn {
                             let frame = resp::pubsub(shared.protocol(), "message", &channel, PubSub::Message(payload));
                             if oob.send(frame).await.is_err() {
                                 link.notify(unsubscribe);
+                                return;
+                            }
+                        }
+                    }
+                }
+            }
+            .instrument(tracing::Span::current()),
+        );
+        self.subscriptions.insert(map_key, Subscription { stop });
+        Ok(())
+    }
+
+    /// Subscribes through the replica serving the key's agent and relays its messages.
+    async fn start_replica_subscription(
+        &mut self,
+        channel: Bytes,
+        key: &AppKey,
+        target: &ReplicaTarget,
+    ) -> Result<(), Reply> {
+        let peers = self.proxy.peers.as_ref().expect("replica_for needs peers");
+        let replica = target.replica.clone();
+        let mut conn = match peers.subscribe(&target.addr, &channel).await {
+            Ok(Ok(conn)) => conn,
+            Ok(Err(reply)) => {
+                self.proxy.hub.metrics.redis_proxy("replica", "forwarded");
+                return Err(reply);
+            }
+            Err(e) => return Err(self.proxy.unreachable(key, target, &e)),
+        };
+        self.proxy.hub.metrics.redis_proxy("replica", "forwarded");
+        tracing::debug!(%key, %replica, "Redis SUBSCRIBE relayed from another replica");
+        let stop = self.closed.child_token();
+        let (oob, shared, closed) = (self.oob.clone(), self.shared.clone(), self.closed.clone());
+        let key_text = key.to_string();
+        let stop2 = stop.clone();
+        let map_key = channel.clone();
+        self.proxy.tasks.spawn(
+            async move {
+                loop {
+                    tokio::select! {
+                        // Closing the connection ends the subscription on the target.
+                        _ = stop2.cancelled() => return,
+                        frame = conn.next() => {
+                            let frame = match frame {
+                                Ok(f) => f,
+                                Err(e) => {
+                                    // As when an agent's session ends: the client subscribes
+                                    // again and is routed afresh.
+                                    tracing::info!(key = %key_text, %replica, error = %e,
+                                        "replica subscription ended: closing subscribed Redis client");
+                                    closed.cancel();
+                                    return;
+                                }
+                            };
+                            let Some(payload) = frame.into_message() else {
+                                continue;
+                            };
+                            let frame = resp::pubsub(shared.protocol(), "message", &channel, PubSub::Message(payload));
+                            if oob.send(frame).await.is_err() {
                                 return;
                             }
                         }

@@ -237,6 +237,11 @@ struct RedisProxyArgs {
     /// Close client connections silent for this long (never while subscribed).
     #[arg(long, default_value = "30m", value_parser = parse_duration)]
     redis_proxy_idle_timeout: Duration,
+    /// With `--ha`: the address (`host:port`) other replicas reach this replica's Redis proxy
+    /// at, to forward keys of the agents it serves (published on its replica Lease);
+    /// default `$POD_IP:<port>`, else the listen address.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_REDIS_PROXY_REPLICA_ADDRESS")]
+    redis_proxy_replica_address: Option<String>,
     /// The hub Argo CD's Redis compression (`redis.compression`): `gzip` or `none`; the
     /// agents' cluster info is written in it.
     #[arg(
@@ -445,6 +450,26 @@ impl RedisProxyArgs {
                 );
             }
         };
+        // Replicas serve the same certificate: each trusts exactly that one in the others.
+        let replica_tls = match &self.redis_proxy_tls_cert_path {
+            Some(cert) if tls.is_some() => Some(
+                argocd_agent_principal::redisproxy::pinned_replica_tls(cert)?,
+            ),
+            _ => None,
+        };
+        let replica_address = self
+            .redis_proxy_replica_address
+            .as_deref()
+            .map(str::trim)
+            .filter(|a| !a.is_empty())
+            .map(str::to_owned);
+        if let Some(a) = &replica_address
+            && !a.contains(':')
+        {
+            return Err(format!(
+                "--redis-proxy-replica-address {a:?}: expected host:port"
+            ));
+        }
         let upstream_tls = match &self.redis_server_tls_ca_path {
             Some(ca) => Some(argocd_agent_sync::redis::RedisTls::from_ca_file(
                 ca,
@@ -467,6 +492,8 @@ impl RedisProxyArgs {
             idle_timeout: self.redis_proxy_idle_timeout,
             compression: self.redis_compression_type,
             cluster_server_template: self.cluster_server_url_template.clone(),
+            replica_address,
+            replica_tls,
             ..Default::default()
         }))
     }
