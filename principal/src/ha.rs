@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use argocd_agent_identity::AgentName;
+use argocd_agent_identity::{AgentName, Namespace};
 use argocd_agent_kubernetes::{Cache, Change, Kind, Mutation, Resources, Scope, UpdateOutcome};
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::LeaseSpec;
@@ -48,6 +48,9 @@ pub const LEASE_LABEL: &str = "argocd-agent.argoproj-labs.io/lease";
 /// Annotation a replica sets on an agent Lease held by another live replica: its holder
 /// identity, asking for the agent to be handed over.
 pub const TAKEOVER_ANNOTATION: &str = "argocd-agent.argoproj-labs.io/takeover-requested-by";
+/// Annotation on an agent Lease: the agent's hub namespace (any replica can tell whose an
+/// Application is, also for agents it never served).
+pub const HUB_NAMESPACE_ANNOTATION: &str = "argocd-agent.argoproj-labs.io/hub-namespace";
 /// Annotation on a replica Lease: the replica's resource proxy URL (for other replicas).
 pub const RESOURCE_PROXY_ANNOTATION: &str = "argocd-agent.argoproj-labs.io/resource-proxy-url";
 /// Annotation on a replica Lease: the replica's Redis proxy address (`host:port`, for other
@@ -284,6 +287,8 @@ pub struct Leases {
     acquiring: Mutex<HashSet<AgentName>>,
     releasing: Mutex<HashSet<AgentName>>,
     shares_cache: Mutex<Option<(Instant, Shares)>>,
+    /// Hub namespace -> agent, from the agent Leases' annotation.
+    by_namespace: Mutex<HashMap<String, AgentName>>,
     /// Replica Lease name -> (resourceVersion, when we first saw it).
     observed: Mutex<HashMap<String, (Option<u64>, Instant)>>,
     /// Last successful renewal of our replica Lease.
@@ -401,6 +406,7 @@ impl Leases {
             acquiring: Mutex::new(HashSet::new()),
             releasing: Mutex::new(HashSet::new()),
             shares_cache: Mutex::new(None),
+            by_namespace: Mutex::new(HashMap::new()),
             observed: Mutex::new(HashMap::new()),
             renewed: Mutex::new(None),
             fenced: AtomicBool::new(false),
@@ -490,6 +496,12 @@ impl Leases {
             .then_some(holder)
     }
 
+    /// The agent whose hub namespace is `namespace`, as its Lease says (any agent that ever
+    /// had a session on any replica).
+    pub fn agent_for_namespace(&self, namespace: &str) -> Option<AgentName> {
+        lock(&self.by_namespace).get(namespace).cloned()
+    }
+
     /// The resource proxy URL a live replica published, by holder identity.
     pub fn resource_proxy_url_of(&self, holder: &str) -> Option<String> {
         let lease = self.cache.get(
@@ -574,6 +586,7 @@ impl Leases {
     pub async fn acquire(
         self: &Arc<Self>,
         agent: &AgentName,
+        namespace: &Namespace,
         session: u64,
     ) -> Result<LeaseGuard, Status> {
         if self.fenced.load(Ordering::Acquire) || lock(&self.renewed).is_none() {
@@ -601,7 +614,7 @@ impl Leases {
             }
         }
         lock(&self.acquiring).insert(agent.clone());
-        let result = self.acquire_loop(agent, session).await;
+        let result = self.acquire_loop(agent, namespace, session).await;
         // Held before no longer acquiring: the orphan sweep must never see neither.
         if let Ok(rv) = &result {
             lock(&self.held).insert(
@@ -637,7 +650,12 @@ impl Leases {
         d / 3 + d.mul_f64(fastrand::f64() / 3.0)
     }
 
-    async fn acquire_loop(&self, agent: &AgentName, session: u64) -> Result<u64, Status> {
+    async fn acquire_loop(
+        &self,
+        agent: &AgentName,
+        namespace: &Namespace,
+        session: u64,
+    ) -> Result<u64, Status> {
         let name = agent_lease_name(agent);
         let deadline = Instant::now()
             + self.cfg.replica_lease_duration
@@ -665,7 +683,11 @@ impl Leases {
                     .map_err(|e| self.lease_error("get", &e))?,
             };
             let Some(current) = current else {
-                match self.api.create(&self.new_agent_lease(agent)).await {
+                match self
+                    .api
+                    .create(&self.new_agent_lease(agent, namespace))
+                    .await
+                {
                     Ok(created) => {
                         self.hub.metrics.lease_write("agent", "create", "ok");
                         tracing::debug!(%agent, session, "agent Lease created");
@@ -710,6 +732,7 @@ impl Leases {
                             s.lease_duration_seconds = Some(secs(self.cfg.agent_lease_duration));
                         });
                         set_annotation(obj, TAKEOVER_ANNOTATION, None);
+                        set_annotation(obj, HUB_NAMESPACE_ANNOTATION, Some(namespace.as_str()));
                         Mutation::Changed
                     })
                     .await;
@@ -787,7 +810,7 @@ impl Leases {
         ))
     }
 
-    fn new_agent_lease(&self, agent: &AgentName) -> DynamicObject {
+    fn new_agent_lease(&self, agent: &AgentName, namespace: &Namespace) -> DynamicObject {
         let mut obj = DynamicObject::new(&agent_lease_name(agent), &Kind::Lease.api_resource())
             .within(&self.namespace);
         obj.metadata.labels = Some(
@@ -797,6 +820,7 @@ impl Leases {
             ]
             .into(),
         );
+        set_annotation(&mut obj, HUB_NAMESPACE_ANNOTATION, Some(namespace.as_str()));
         set_spec(&mut obj, |s| {
             s.holder_identity = Some(self.me.clone());
             s.acquire_time = Some(now_micro());
@@ -885,7 +909,18 @@ impl Leases {
                         *entry = (version, Instant::now());
                     }
                 }
-                Some("agent") => self.on_agent_lease(obj),
+                Some("agent") => {
+                    if let (Some(ns), Some(agent)) = (
+                        obj.metadata
+                            .annotations
+                            .as_ref()
+                            .and_then(|a| a.get(HUB_NAMESPACE_ANNOTATION)),
+                        agent_of(obj),
+                    ) {
+                        lock(&self.by_namespace).insert(ns.clone(), agent);
+                    }
+                    self.on_agent_lease(obj)
+                }
                 _ => {}
             },
             Change::Deleted(obj) => {
@@ -1244,6 +1279,14 @@ fn holder_str(obj: &DynamicObject) -> Option<&str> {
         .get("holderIdentity")?
         .as_str()
         .filter(|h| !h.is_empty())
+}
+
+fn agent_of(obj: &DynamicObject) -> Option<AgentName> {
+    obj.metadata
+        .labels
+        .as_ref()?
+        .get(AGENT_LABEL)
+        .and_then(|a| AgentName::new(a).ok())
 }
 
 fn lease_label(obj: &DynamicObject) -> Option<&str> {

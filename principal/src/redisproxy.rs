@@ -487,8 +487,8 @@ impl Proxy {
     /// to ask, or the reply when that replica published no address.
     ///
     /// The agent is the Application's owner when this replica knows it (it served the agent
-    /// once); otherwise, by the usual identity rules, the agent named like the hub
-    /// namespace. Either way the replica asked decides ownership itself from its own
+    /// once); otherwise the agent whose Lease names this hub namespace, else (no Lease yet)
+    /// the agent named like the hub namespace. Either way the replica asked decides ownership itself from its own
     /// sessions (a wrong guess gets nil or "not connected" there, never another agent's
     /// value).
     fn replica_for(&self, key: &AppKey, forwarded: bool) -> Option<Result<ReplicaTarget, Reply>> {
@@ -503,7 +503,10 @@ impl Proxy {
                 self.hub
                     .cache
                     .get(Some(key.namespace.as_str()), &key.name)?;
-                AgentName::new(key.namespace.as_str()).ok()?
+                match peers.leases.agent_for_namespace(key.namespace.as_str()) {
+                    Some(agent) => agent,
+                    None => AgentName::new(key.namespace.as_str()).ok()?,
+                }
             }
         };
         match peers.route(&agent, forwarded) {

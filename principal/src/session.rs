@@ -197,7 +197,11 @@ async fn run(
     // register (replacing any previous session here) and welcome.
     let session_id = SESSION_IDS.fetch_add(1, Ordering::Relaxed);
     let lease = match &ctx.leases {
-        Some(leases) => Some(leases.acquire(&identity.agent, session_id).await?),
+        Some(leases) => Some(
+            leases
+                .acquire(&identity.agent, &identity.namespace, session_id)
+                .await?,
+        ),
         None => None,
     };
     let token = CancellationToken::new();

@@ -77,6 +77,10 @@ fn replica(client: &kube::Client, name: &str, shutdown: &CancellationToken) -> A
     Leases::start(client.clone(), "argocd", cfg, hub, &tasks, shutdown.clone())
 }
 
+fn ns(n: &str) -> Namespace {
+    Namespace::new(n).unwrap()
+}
+
 async fn lease(client: &kube::Client, agent: &str) -> Option<Lease> {
     Api::<Lease>::namespaced(client.clone(), "argocd")
         .get_opt(&format!("{}{agent}", ha::AGENT_LEASE_PREFIX))
@@ -117,7 +121,7 @@ async fn a_second_replica_gets_the_agent_only_after_the_first_session_ended() {
     ready(&b).await;
     let agent = AgentName::new("edge-1").unwrap();
 
-    let guard_a = a.acquire(&agent, 1).await.unwrap();
+    let guard_a = a.acquire(&agent, &ns("edge-1"), 1).await.unwrap();
     let l = lease(&client, "edge-1").await.unwrap();
     assert_eq!(
         l.spec.as_ref().unwrap().holder_identity.as_deref(),
@@ -127,7 +131,7 @@ async fn a_second_replica_gets_the_agent_only_after_the_first_session_ended() {
     // B asks for it while A's session lives: B waits, and the Lease carries its request.
     let b2 = b.clone();
     let ag = agent.clone();
-    let pending = tokio::spawn(async move { b2.acquire(&ag, 7).await.map(|_g| ()) });
+    let pending = tokio::spawn(async move { b2.acquire(&ag, &ns("edge-1"), 7).await });
     let b_holder = b.holder().to_string();
     until("B's takeover request on the Lease", || {
         let client = client.clone();
@@ -152,7 +156,7 @@ async fn a_second_replica_gets_the_agent_only_after_the_first_session_ended() {
 
     // A's session ends: A writes B as holder, and B's session may start.
     drop(guard_a);
-    tokio::time::timeout(Duration::from_secs(5), pending)
+    let guard_b = tokio::time::timeout(Duration::from_secs(5), pending)
         .await
         .expect("B acquired after A's session ended")
         .unwrap()
@@ -168,7 +172,8 @@ async fn a_second_replica_gets_the_agent_only_after_the_first_session_ended() {
             .contains_key(ha::TAKEOVER_ANNOTATION),
         "the request is cleared once handed over"
     );
-    // B's guard was dropped inside the task: the Lease is released (no holder).
+    // B's session ends: the Lease is released (no holder).
+    drop(guard_b);
     until("Lease released", || {
         let client = client.clone();
         async move {
@@ -188,7 +193,7 @@ async fn a_replica_that_cannot_renew_fences_itself_until_it_can() {
     let a = replica(&client, "principal-a", &stop);
     ready(&a).await;
     let agent = AgentName::new("edge-2").unwrap();
-    let _guard = a.acquire(&agent, 1).await.unwrap();
+    let _guard = a.acquire(&agent, &ns("edge-2"), 1).await.unwrap();
 
     // The hub API fails every request for a while (longer than the 1 s replica Lease).
     server.fail_next(usize::MAX, 500);
@@ -196,7 +201,7 @@ async fn a_replica_that_cannot_renew_fences_itself_until_it_can() {
     let not_ready = a.ready().unwrap_err();
     assert!(not_ready.contains("not renewed"), "{not_ready}");
     let refused = a
-        .acquire(&AgentName::new("edge-3").unwrap(), 2)
+        .acquire(&AgentName::new("edge-3").unwrap(), &ns("edge-3"), 2)
         .await
         .err()
         .expect("a fenced replica refuses sessions");
@@ -212,7 +217,7 @@ async fn a_replica_that_cannot_renew_fences_itself_until_it_can() {
     server.fail_next(0, 500);
     ready(&a).await;
     assert!(a.alive(a.holder()));
-    a.acquire(&AgentName::new("edge-3").unwrap(), 3)
+    a.acquire(&AgentName::new("edge-3").unwrap(), &ns("edge-3"), 3)
         .await
         .expect("accepting again once renewed");
     stop.cancel();
