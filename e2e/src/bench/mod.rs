@@ -333,12 +333,22 @@ fn fleet(env: &BenchEnv, agents: Vec<Arc<SimAgent>>, opts: &BenchOptions) -> Fle
 
 /// `opts.agents` simulated agents, started, and every one connected.
 async fn connected_fleet(env: &BenchEnv, opts: &BenchOptions) -> Result<Fleet, HarnessError> {
+    connected_fleet_within(env, opts, scaled(opts.agents)).await
+}
+
+/// [`connected_fleet`], waiting at most `timeout` for the last agent.
+async fn connected_fleet_within(
+    env: &BenchEnv,
+    opts: &BenchOptions,
+    timeout: Duration,
+) -> Result<Fleet, HarnessError> {
     let n = opts.agents;
     let fleet = fleet(env, make_agents(env, n)?, opts);
-    until("every agent connected", scaled(n), || {
-        fleet.connected() == n
-    })
-    .await?;
+    if let Err(e) = until("every agent connected", timeout, || fleet.connected() == n).await {
+        let connected = fleet.connected();
+        fleet.stop().await;
+        return Err(format!("{e} ({connected} of {n})").into());
+    }
     Ok(fleet)
 }
 
@@ -349,10 +359,20 @@ async fn settled_fleet(
     opts: &BenchOptions,
     pad: usize,
 ) -> Result<Fleet, HarnessError> {
+    settled_fleet_within(env, opts, pad, scaled(opts.agents)).await
+}
+
+/// [`settled_fleet`], waiting at most `timeout` for every agent to connect.
+async fn settled_fleet_within(
+    env: &BenchEnv,
+    opts: &BenchOptions,
+    pad: usize,
+    timeout: Duration,
+) -> Result<Fleet, HarnessError> {
     let n = opts.agents;
     create_namespaces(env, n).await?;
     create_apps(env, n, 0..n, "v1", pad, opts.writers).await?;
-    let fleet = connected_fleet(env, opts).await?;
+    let fleet = connected_fleet_within(env, opts, timeout).await?;
     wait_holding(&fleet, "v1", pad, scaled(n)).await?;
     Ok(fleet)
 }
@@ -603,7 +623,11 @@ async fn failover(opts: &BenchOptions) -> Result<Report, HarnessError> {
     let lease = replica_lease_arg(&opts.principal_args).unwrap_or_else(|| "10s".into());
     with_replicas(opts, replicas, |mut env| async move {
         let r = async {
-            let fleet = settled_fleet(&env, opts, pad).await?;
+            // Replicas turn sessions away above their share of the agents (by the Leases they
+            // have seen), so a whole fleet connecting at once takes a while to settle.
+            let settling = Instant::now();
+            let fleet = settled_fleet_within(&env, opts, pad, scaled(n) * 5).await?;
+            let settled = settling.elapsed();
             // Where every agent is before the crash (rebalancing may have moved some while
             // the fleet settled).
             let before: Vec<Option<usize>> =
@@ -664,6 +688,7 @@ async fn failover(opts: &BenchOptions) -> Result<Report, HarnessError> {
             r.put("agents", n);
             r.put("replicas", replicas);
             r.put("replica_lease", lease);
+            r.put("settle_s", round2(settled.as_secs_f64()));
             r.put("on_killed_replica", on_killed);
             r.put("hub_writes_s", round2(written.as_secs_f64()));
             r.put("reconnected_s", round2(reconnected.as_secs_f64()));
