@@ -25,6 +25,9 @@ pub enum ScenarioArg {
     /// The demo topology with real agent processes: --changes mixed operations on the hub
     /// (managed) and on the spoke (autonomous); time until the other side is equal.
     Bulk,
+    /// --replicas principal replicas (--ha) under N agents spread across them: kill -9 one;
+    /// time until its agents have sessions on the others and until all are resynced.
+    Failover,
 }
 
 impl From<ScenarioArg> for Scenario {
@@ -36,6 +39,7 @@ impl From<ScenarioArg> for Scenario {
             ScenarioArg::Throughput => Scenario::Throughput,
             ScenarioArg::Rotation => Scenario::Rotation,
             ScenarioArg::Bulk => Scenario::Bulk,
+            ScenarioArg::Failover => Scenario::Failover,
         }
     }
 }
@@ -65,6 +69,10 @@ pub struct BenchArgs {
     /// Concurrent hub writers.
     #[arg(long, default_value_t = 16)]
     writers: usize,
+    /// Principal replicas (failover; at least 2). Pass --replica-lease-duration (default
+    /// 10s) with --principal-arg.
+    #[arg(long, default_value_t = 3)]
+    replicas: usize,
     /// Keep logs and kubeconfigs here (default: a temporary directory).
     #[arg(long)]
     dir: Option<PathBuf>,
@@ -87,6 +95,7 @@ pub async fn run(a: BenchArgs) -> crate::CmdResult {
         writers: a.writers.max(1),
         dir: a.dir,
         principal_args: a.principal_args,
+        replicas: a.replicas.max(2),
     };
     let report = bench::run(a.scenario.into(), &opts)
         .await

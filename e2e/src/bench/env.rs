@@ -92,7 +92,15 @@ pub fn raise_nofile(needed: u64) -> Result<u64, HarnessError> {
     Ok(have)
 }
 
-/// The hub, the Workload API server and the principal process.
+/// A further principal replica of a run with several (`--ha --replica-id principal-<i>`).
+pub struct Replica {
+    pub proc: Proc,
+    pub addr: SocketAddr,
+    pub metrics_port: u16,
+}
+
+/// The hub, the Workload API server and the principal process (with [`BenchEnv::start_ha`],
+/// replica `principal-0`, and the other replicas in `replicas`).
 pub struct BenchEnv {
     pub dir: PathBuf,
     _tmp: Option<tempfile::TempDir>,
@@ -101,7 +109,52 @@ pub struct BenchEnv {
     pub principal: Proc,
     pub principal_addr: SocketAddr,
     pub metrics_port: u16,
+    /// Replicas 1.. of a run with several (empty otherwise).
+    pub replicas: Vec<Replica>,
     bundles: Arc<TrustBundles>,
+}
+
+/// A principal process (not started) named `name`, its address and metrics port; `suffix`
+/// tells its admin socket and log apart from the other replicas' (empty for the first).
+fn principal_proc(
+    dir: &std::path::Path,
+    spiffe: &DevWorkloadApiHandle,
+    suffix: &str,
+    extra_args: &[String],
+) -> Result<Replica, HarnessError> {
+    let port = crate::envoy::free_loopback_port()?;
+    let metrics_port = crate::envoy::free_loopback_port()?;
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
+    let mut args = crate::harness::principal_args(
+        port,
+        &dir.join("hub.kubeconfig"),
+        metrics_port,
+        &spiffe.endpoint(&dir.join("principal.sock")),
+    );
+    args.extend([
+        "--identity-rule".into(),
+        BENCH_RULE.into(),
+        "--admin-address".into(),
+        format!(
+            "unix://{}",
+            dir.join(format!("admin{suffix}.sock")).display()
+        ),
+        // No Redis in a bench run (and no fixed port 6379 to collide on).
+        "--disable-redis-proxy".into(),
+    ]);
+    args.extend(extra_args.iter().cloned());
+    let proc = Proc::new(
+        &format!("principal{suffix}"),
+        binary("argocd-agent")?,
+        args,
+        dir.join(format!("principal{suffix}.log")),
+    )
+    .env("RUST_LOG", "warn");
+    Ok(Replica {
+        proc,
+        addr,
+        metrics_port,
+    })
 }
 
 impl BenchEnv {
@@ -110,6 +163,17 @@ impl BenchEnv {
     pub async fn start(
         dir: Option<PathBuf>,
         extra_args: &[String],
+    ) -> Result<BenchEnv, HarnessError> {
+        BenchEnv::start_ha(dir, extra_args, 1).await
+    }
+
+    /// [`BenchEnv::start`] with `replicas` principal processes: with more than one, each runs
+    /// with `--ha --replica-id principal-<i>` (plus `extra_args`) on its own listen and
+    /// metrics port, and all are ready when this returns.
+    pub async fn start_ha(
+        dir: Option<PathBuf>,
+        extra_args: &[String],
+        replicas: usize,
     ) -> Result<BenchEnv, HarnessError> {
         let (dir, tmp) = match dir {
             Some(d) => {
@@ -134,65 +198,45 @@ impl BenchEnv {
             KubeTestServer::start_on("127.0.0.1:0".parse()?, ServerOptions::default()).await?;
         hub.write_kubeconfig(&dir.join("hub.kubeconfig"), "hub")?;
         crate::harness::create_namespace(&hub, crate::harness::HUB_ARGOCD_NS).await?;
-        let port = crate::envoy::free_loopback_port()?;
-        let metrics_port = crate::envoy::free_loopback_port()?;
-        let principal_addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
-        let mut args = crate::harness::principal_args(
-            port,
-            &dir.join("hub.kubeconfig"),
-            metrics_port,
-            &spiffe.endpoint(&dir.join("principal.sock")),
-        );
-        args.extend([
-            "--identity-rule".into(),
-            BENCH_RULE.into(),
-            "--admin-address".into(),
-            format!("unix://{}", dir.join("admin.sock").display()),
-            // No Redis in a bench run (and no fixed port 6379 to collide on).
-            "--disable-redis-proxy".into(),
-        ]);
-        args.extend(extra_args.iter().cloned());
-        let mut principal = Proc::new(
-            "principal",
-            binary("argocd-agent")?,
-            args,
-            dir.join("principal.log"),
-        )
-        .env("RUST_LOG", "warn");
-        principal.start()?;
-        wait_port(principal_addr).await?;
+        let mut first = principal_proc(&dir, &spiffe, "", &replica_args(extra_args, 0, replicas))?;
+        first.proc.start()?;
+        let mut others = Vec::new();
+        for i in 1..replicas {
+            let mut r = principal_proc(
+                &dir,
+                &spiffe,
+                &format!("-{i}"),
+                &replica_args(extra_args, i, replicas),
+            )?;
+            r.proc.start()?;
+            others.push(r);
+        }
+        wait_port(first.addr).await?;
+        for r in &others {
+            wait_port(r.addr).await?;
+        }
         let env = BenchEnv {
             dir,
             _tmp: tmp,
             spiffe,
             hub,
-            principal,
-            principal_addr,
-            metrics_port,
+            principal: first.proc,
+            principal_addr: first.addr,
+            metrics_port: first.metrics_port,
+            replicas: others,
             bundles: Arc::new(bundles),
         };
+        env.wait_ready(Duration::from_secs(60)).await?;
+        for r in &env.replicas {
+            wait_ready_on(r.metrics_port, &r.proc, Duration::from_secs(60)).await?;
+        }
         env.wait_ready(Duration::from_secs(60)).await?;
         Ok(env)
     }
 
     /// Waits until the principal's `/readyz` answers 200 (hub caches synced).
     pub async fn wait_ready(&self, timeout: Duration) -> Result<(), HarnessError> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Ok(body) = http_get(self.metrics_port, "/readyz").await
-                && body.trim() == "ready"
-            {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                return Err(format!(
-                    "principal not ready after {timeout:?}; log:\n{}",
-                    tail(&self.principal.log(), 40)
-                )
-                .into());
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_ready_on(self.metrics_port, &self.principal, timeout).await
     }
 
     /// An X.509-SVID for `id` from the run's CA, with the trust bundle, valid for `ttl`.
@@ -243,10 +287,75 @@ impl BenchEnv {
         self.wait_ready(Duration::from_secs(60)).await
     }
 
+    /// The sum of an unlabelled metric over replicas 1.. (those of [`BenchEnv::start_ha`]).
+    pub async fn replicas_metric(&self, name: &str) -> Result<f64, HarnessError> {
+        let mut sum = 0.0;
+        for r in &self.replicas {
+            let text = http_get(r.metrics_port, "/metrics").await?;
+            sum += metric_value(&text, name).ok_or_else(|| format!("no metric {name}"))?;
+        }
+        Ok(sum)
+    }
+
+    /// Every principal process's log tail (`n` lines each), named.
+    pub fn logs(&self, n: usize) -> String {
+        let mut out = tail(&self.principal.log(), n);
+        for r in &self.replicas {
+            out.push_str(&format!(
+                "\n--- {} ---\n{}",
+                r.proc.name,
+                tail(&r.proc.log(), n)
+            ));
+        }
+        out
+    }
+
     /// Stops everything.
     pub async fn stop(mut self) {
         self.principal.stop().await;
+        for r in &mut self.replicas {
+            r.proc.stop().await;
+        }
         self.hub.shutdown().await;
+    }
+}
+
+/// The arguments of replica `i` of `replicas`: with several, `--ha` (unless `extra` has it)
+/// and `--replica-id principal-<i>`, then `extra`.
+fn replica_args(extra: &[String], i: usize, replicas: usize) -> Vec<String> {
+    let mut args = Vec::new();
+    if replicas > 1 {
+        if !extra.iter().any(|a| a == "--ha") {
+            args.push("--ha".to_owned());
+        }
+        args.extend(["--replica-id".to_owned(), format!("principal-{i}")]);
+    }
+    args.extend(extra.iter().cloned());
+    args
+}
+
+/// Waits until the principal on `metrics_port` answers 200 on `/readyz` (hub caches synced).
+async fn wait_ready_on(
+    metrics_port: u16,
+    proc: &Proc,
+    timeout: Duration,
+) -> Result<(), HarnessError> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Ok(body) = http_get(metrics_port, "/readyz").await
+            && body.trim() == "ready"
+        {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "{} not ready after {timeout:?}; log:\n{}",
+                proc.name,
+                tail(&proc.log(), 40)
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

@@ -36,6 +36,9 @@ pub enum Scenario {
     /// The demo topology with real agent processes: mixed creates, edits and deletes, as a
     /// user's script makes them; time until the other side equals the side written.
     Bulk,
+    /// Active-active replicas (`--ha`) under N agents spread across them: `kill -9` one;
+    /// time until its agents have sessions on the others and until every agent is resynced.
+    Failover,
 }
 
 impl Scenario {
@@ -47,6 +50,7 @@ impl Scenario {
             Scenario::Throughput => "throughput",
             Scenario::Rotation => "rotation",
             Scenario::Bulk => "bulk",
+            Scenario::Failover => "failover",
         }
     }
 }
@@ -70,6 +74,8 @@ pub struct BenchOptions {
     pub dir: Option<PathBuf>,
     /// Extra principal arguments.
     pub principal_args: Vec<String>,
+    /// Principal replicas (failover).
+    pub replicas: usize,
 }
 
 impl Default for BenchOptions {
@@ -83,6 +89,7 @@ impl Default for BenchOptions {
             writers: 16,
             dir: None,
             principal_args: Vec::new(),
+            replicas: 3,
         }
     }
 }
@@ -156,6 +163,7 @@ pub async fn run(scenario: Scenario, opts: &BenchOptions) -> Result<Report, Harn
         Scenario::Throughput => throughput(opts).await,
         Scenario::Rotation => rotation(opts).await,
         Scenario::Bulk => bulk(opts).await,
+        Scenario::Failover => failover(opts).await,
     }
 }
 
@@ -314,7 +322,9 @@ fn fleet(env: &BenchEnv, agents: Vec<Arc<SimAgent>>, opts: &BenchOptions) -> Fle
     Fleet::start(
         agents,
         FleetConfig {
-            principal: env.principal_addr,
+            principals: std::iter::once(env.principal_addr)
+                .chain(env.replicas.iter().map(|r| r.addr))
+                .collect(),
             heartbeat: opts.heartbeat,
             keepalive: Duration::from_secs(30),
         },
@@ -323,12 +333,22 @@ fn fleet(env: &BenchEnv, agents: Vec<Arc<SimAgent>>, opts: &BenchOptions) -> Fle
 
 /// `opts.agents` simulated agents, started, and every one connected.
 async fn connected_fleet(env: &BenchEnv, opts: &BenchOptions) -> Result<Fleet, HarnessError> {
+    connected_fleet_within(env, opts, scaled(opts.agents)).await
+}
+
+/// [`connected_fleet`], waiting at most `timeout` for the last agent.
+async fn connected_fleet_within(
+    env: &BenchEnv,
+    opts: &BenchOptions,
+    timeout: Duration,
+) -> Result<Fleet, HarnessError> {
     let n = opts.agents;
     let fleet = fleet(env, make_agents(env, n)?, opts);
-    until("every agent connected", scaled(n), || {
-        fleet.connected() == n
-    })
-    .await?;
+    if let Err(e) = until("every agent connected", timeout, || fleet.connected() == n).await {
+        let connected = fleet.connected();
+        fleet.stop().await;
+        return Err(format!("{e} ({connected} of {n})").into());
+    }
     Ok(fleet)
 }
 
@@ -339,16 +359,22 @@ async fn settled_fleet(
     opts: &BenchOptions,
     pad: usize,
 ) -> Result<Fleet, HarnessError> {
+    settled_fleet_within(env, opts, pad, scaled(opts.agents)).await
+}
+
+/// [`settled_fleet`], waiting at most `timeout` for every agent to connect.
+async fn settled_fleet_within(
+    env: &BenchEnv,
+    opts: &BenchOptions,
+    pad: usize,
+    timeout: Duration,
+) -> Result<Fleet, HarnessError> {
     let n = opts.agents;
     create_namespaces(env, n).await?;
     create_apps(env, n, 0..n, "v1", pad, opts.writers).await?;
-    let fleet = connected_fleet(env, opts).await?;
+    let fleet = connected_fleet_within(env, opts, timeout).await?;
     wait_holding(&fleet, "v1", pad, scaled(n)).await?;
     Ok(fleet)
-}
-
-async fn start_env(opts: &BenchOptions) -> Result<BenchEnv, HarnessError> {
-    BenchEnv::start(opts.dir.clone(), &opts.principal_args).await
 }
 
 /// Runs `f`, and stops the environment however it went (the principal log's tail joins an
@@ -358,11 +384,24 @@ where
     F: FnOnce(BenchEnv) -> Fut,
     Fut: std::future::Future<Output = (BenchEnv, Result<Report, HarnessError>)>,
 {
-    let env = start_env(opts).await?;
+    with_replicas(opts, 1, f).await
+}
+
+/// [`with_env`] with `replicas` principal processes ([`BenchEnv::start_ha`]).
+async fn with_replicas<F, Fut>(
+    opts: &BenchOptions,
+    replicas: usize,
+    f: F,
+) -> Result<Report, HarnessError>
+where
+    F: FnOnce(BenchEnv) -> Fut,
+    Fut: std::future::Future<Output = (BenchEnv, Result<Report, HarnessError>)>,
+{
+    let env = BenchEnv::start_ha(opts.dir.clone(), &opts.principal_args, replicas).await?;
     let (env, result) = f(env).await;
-    let log = env.principal.log();
+    let log = env.logs(30);
     env.stop().await;
-    result.map_err(|e| format!("{e}\nprincipal log (tail):\n{}", env::tail(&log, 30)).into())
+    result.map_err(|e| format!("{e}\nprincipal log (tail):\n{log}").into())
 }
 
 async fn connect(opts: &BenchOptions) -> Result<Report, HarnessError> {
@@ -552,6 +591,115 @@ async fn storm(opts: &BenchOptions) -> Result<Report, HarnessError> {
             );
             r.put("sessions", sessions);
             r.put("failed_attempts", failed);
+            Ok(r)
+        }
+        .await;
+        (env, r)
+    })
+    .await
+}
+
+/// The value of `--replica-lease-duration` in `args` (`--flag=v` or `--flag v`), if given.
+fn replica_lease_arg(args: &[String]) -> Option<String> {
+    const FLAG: &str = "--replica-lease-duration";
+    args.iter().enumerate().rev().find_map(|(i, a)| {
+        if let Some(v) = a.strip_prefix(FLAG).and_then(|r| r.strip_prefix('=')) {
+            Some(v.to_owned())
+        } else if a == FLAG {
+            args.get(i + 1).cloned()
+        } else {
+            None
+        }
+    })
+}
+
+async fn failover(opts: &BenchOptions) -> Result<Report, HarnessError> {
+    use std::sync::atomic::Ordering::Relaxed;
+    const CONNECTED: &str = "argocd_principal_connected_agents";
+    const LEASE_WRITES: &str = "argocd_principal_lease_writes_total";
+    let n = opts.agents;
+    let replicas = opts.replicas.max(2);
+    let pad = 512;
+    let lease = replica_lease_arg(&opts.principal_args).unwrap_or_else(|| "10s".into());
+    with_replicas(opts, replicas, |mut env| async move {
+        let r = async {
+            // Replicas turn sessions away above their share of the agents (by the Leases they
+            // have seen), so a whole fleet connecting at once takes a while to settle.
+            let settling = Instant::now();
+            let fleet = settled_fleet_within(&env, opts, pad, scaled(n) * 5).await?;
+            let settled = settling.elapsed();
+            // Where every agent is before the crash (rebalancing may have moved some while
+            // the fleet settled).
+            let before: Vec<Option<usize>> =
+                fleet.agents.iter().map(|a| a.principal_index()).collect();
+            let on_killed = before.iter().filter(|&&p| p == Some(0)).count();
+            let sessions_before = fleet.stats.sessions.load(Relaxed);
+            let failed_before = fleet.stats.failed_attempts.load(Relaxed);
+            let leases_before = env.replicas_metric(LEASE_WRITES).await?;
+
+            let killed = Instant::now();
+            env.kill_principal().await;
+            // Right away, every Application changes on the hub: the agents that move get the
+            // new spec through resync on their new replica, the others through the watch.
+            let client = kube_client(&env.hub)?;
+            futures::stream::iter(0..n)
+                .map(|i| set_revision(&client, i, "v2".into()))
+                .buffer_unordered(opts.writers.max(1))
+                .collect::<Vec<_>>()
+                .await
+                .into_iter()
+                .collect::<Result<Vec<()>, _>>()?;
+            let written = killed.elapsed();
+
+            // Reconnected: every agent has a live session on a survivor, by its own count
+            // and by the survivors'.
+            let deadline = scaled(n) + Duration::from_secs(60);
+            let reconnected = loop {
+                if fleet.connected() == n
+                    && fleet.agents.iter().all(|a| a.principal_index() != Some(0))
+                    && env.replicas_metric(CONNECTED).await.unwrap_or(0.0) as usize == n
+                {
+                    break killed.elapsed();
+                }
+                if killed.elapsed() > deadline {
+                    return Err(format!(
+                        "{} of {n} agents connected {:?} after the kill (survivors count {})",
+                        fleet.connected(),
+                        killed.elapsed(),
+                        env.replicas_metric(CONNECTED).await.unwrap_or(-1.0)
+                    )
+                    .into());
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            };
+            wait_holding(&fleet, "v2", pad, deadline).await?;
+            let resynced = killed.elapsed().max(reconnected);
+            let leases_after = env.replicas_metric(LEASE_WRITES).await?;
+            let moved = fleet
+                .agents
+                .iter()
+                .zip(&before)
+                .filter(|(a, b)| a.principal_index() != **b)
+                .count();
+            let sessions = fleet.stats.sessions.load(Relaxed) - sessions_before;
+            let failed = fleet.stats.failed_attempts.load(Relaxed) - failed_before;
+            fleet.stop().await;
+            let mut r = Report::new(Scenario::Failover);
+            r.put("agents", n);
+            r.put("replicas", replicas);
+            r.put("replica_lease", lease);
+            r.put("settle_s", round2(settled.as_secs_f64()));
+            r.put("on_killed_replica", on_killed);
+            r.put("hub_writes_s", round2(written.as_secs_f64()));
+            r.put("reconnected_s", round2(reconnected.as_secs_f64()));
+            r.put("resynced_s", round2(resynced.as_secs_f64()));
+            r.put("moved", moved);
+            r.put("sessions", sessions);
+            r.put("failed_attempts", failed);
+            r.put(
+                "lease_writes",
+                (leases_after - leases_before).max(0.0) as u64,
+            );
             Ok(r)
         }
         .await;

@@ -117,6 +117,9 @@ pub struct SimAgent {
     outbox_rx: tokio::sync::Mutex<mpsc::UnboundedReceiver<Event>>,
     /// Closes the current session without stopping the agent (it reconnects).
     kick: Mutex<CancellationToken>,
+    /// Index in [`FleetConfig::principals`] of the live session's principal (`usize::MAX`
+    /// while there is none).
+    on: AtomicUsize,
 }
 
 impl SimAgent {
@@ -138,6 +141,7 @@ impl SimAgent {
             outbox_tx,
             outbox_rx: tokio::sync::Mutex::new(outbox_rx),
             kick: Mutex::new(CancellationToken::new()),
+            on: AtomicUsize::new(usize::MAX),
         }))
     }
 
@@ -182,6 +186,12 @@ impl SimAgent {
         self.outbox_tx
             .send(event)
             .map_err(|_| "the agent stopped".into())
+    }
+
+    /// Index in [`FleetConfig::principals`] of the principal serving the agent's live
+    /// session, if it has one.
+    pub fn principal_index(&self) -> Option<usize> {
+        Some(self.on.load(Ordering::Relaxed)).filter(|&i| i != usize::MAX)
     }
 
     /// Closes the current session; the agent reconnects at once.
@@ -259,7 +269,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// Where and how the fleet connects.
 #[derive(Clone)]
 pub struct FleetConfig {
-    pub principal: std::net::SocketAddr,
+    /// The principal's address, or the replicas' (as behind a Service): agent `i` dials
+    /// `principals[i % len]` first and moves to the next one after every failed attempt or
+    /// ended session.
+    pub principals: Vec<std::net::SocketAddr>,
     /// Heartbeat (ping event) interval; the real agent's default is 30 s.
     pub heartbeat: Duration,
     /// HTTP/2 keepalive; the real agent's default is 30 s.
@@ -282,9 +295,10 @@ impl Fleet {
         let arrivals = Arc::new(Arrivals::default());
         let shutdown = CancellationToken::new();
         let tasks = tokio_util::task::TaskTracker::new();
-        for agent in &agents {
+        for (i, agent) in agents.iter().enumerate() {
             tasks.spawn(run(
                 agent.clone(),
+                i,
                 config.clone(),
                 stats.clone(),
                 arrivals.clone(),
@@ -316,12 +330,15 @@ impl Fleet {
 /// One agent: sessions, reconnecting with backoff, until shutdown.
 async fn run(
     agent: Arc<SimAgent>,
+    index: usize,
     config: FleetConfig,
     stats: Arc<Stats>,
     arrivals: Arc<Arrivals>,
     shutdown: CancellationToken,
 ) {
     let mut backoff = BACKOFF_INITIAL;
+    let count = config.principals.len().max(1);
+    let mut target = index % count;
     loop {
         let kick = {
             let mut k = lock(&agent.kick);
@@ -333,8 +350,10 @@ async fn run(
         let started = Instant::now();
         let result = tokio::select! {
             _ = shutdown.cancelled() => return,
-            r = session(&agent, &config, &stats, &arrivals, &kick) => r,
+            r = session(&agent, target, &config, &stats, &arrivals, &kick) => r,
         };
+        // Whatever ended, the next attempt goes to the next principal (one: the same).
+        target = (target + 1) % count;
         match result {
             Ok(Ended::Kicked) => {
                 backoff = BACKOFF_INITIAL;
@@ -367,17 +386,20 @@ enum Ended {
     Kicked,
 }
 
-/// Decrements the connected count when a live session ends, however it ends.
-struct Live<'a>(&'a Stats);
+/// Decrements the connected count (and forgets the agent's principal) when a live session
+/// ends, however it ends.
+struct Live<'a>(&'a Stats, &'a SimAgent);
 
 impl Drop for Live<'_> {
     fn drop(&mut self) {
+        self.1.on.store(usize::MAX, Ordering::Relaxed);
         self.0.connected.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
 async fn session(
     agent: &SimAgent,
+    target: usize,
     config: &FleetConfig,
     stats: &Stats,
     arrivals: &Arrivals,
@@ -388,7 +410,11 @@ async fn session(
         ..ChannelOptions::default()
     };
     let channel = argocd_agent_identity::transport::connect(
-        &config.principal.to_string(),
+        &config
+            .principals
+            .get(target)
+            .ok_or("no principal address")?
+            .to_string(),
         agent.tls.clone(),
         "localhost",
         opts,
@@ -415,8 +441,9 @@ async fn session(
     };
     *lock(&agent.hub_ns) = Some(Namespace::new(&w.namespace)?);
     stats.sessions.fetch_add(1, Ordering::Relaxed);
+    agent.on.store(target, Ordering::Relaxed);
     stats.connected.fetch_add(1, Ordering::Relaxed);
-    let _live = Live(stats);
+    let _live = Live(stats, agent);
     let mut outbox = agent.outbox_rx.lock().await;
     let mut heartbeat = tokio::time::interval(config.heartbeat);
     heartbeat.tick().await;
