@@ -20,8 +20,8 @@
 //! - A replica that cannot renew its own Lease for a whole duration closes its sessions
 //!   and refuses new ones (others will take its agents over); `/readyz` fails sooner.
 //! - **Rebalancing**: a replica above its fair share (agents / live replicas, plus
-//!   `--rebalance-slack`) while another is below it closes a few sessions per round and
-//!   turns away new ones; the agents reconnect through the Service and land elsewhere.
+//!   `--rebalance-slack`) two rounds in a row while another is below it closes a few
+//!   sessions per round; the agents reconnect through the Service and land elsewhere.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -344,22 +344,6 @@ impl Shares {
         Shares { held, fair }
     }
 
-    /// The shares once one more agent (not held by a live replica yet) is counted.
-    pub fn with_newcomer(mut self, newcomer: bool) -> Shares {
-        if newcomer {
-            let total: usize = self.held.values().sum::<usize>() + 1;
-            self.fair = total.div_ceil(self.held.len().max(1));
-        }
-        self
-    }
-
-    /// Whether `me` should turn a newcomer away: taking it would put `me` above its share
-    /// (plus `slack`) while another live replica is below it.
-    pub fn turns_away(&self, me: &str, slack: usize) -> bool {
-        let mine = self.held.get(me).copied().unwrap_or(0);
-        mine + 1 > self.fair.saturating_add(slack) && self.someone_below(me)
-    }
-
     /// Whether a live replica other than `me` is below its fair share.
     pub fn someone_below(&self, me: &str) -> bool {
         self.held.iter().any(|(r, n)| r != me && *n < self.fair)
@@ -559,7 +543,7 @@ impl Leases {
             .as_ref()
             .filter(|(at, _)| at.elapsed() < Duration::from_secs(1))
             .map(|(_, s)| s.clone());
-        let mut shares = match fresh {
+        let mut shares: Shares = match fresh {
             Some(s) => s,
             None => {
                 let leases = self.cache.list_namespace(&self.namespace);
@@ -573,9 +557,10 @@ impl Leases {
                 s
             }
         };
-        // What we hold counts as we know it (the cache may lag our own writes).
-        let mine = lock(&self.held).len();
-        shares.held.insert(self.me.clone(), mine);
+        // Every replica counted from the same view (the Leases in the cache), ours too: a
+        // fresh count of our own against stale counts of the others would make every
+        // replica look above its share while agents are arriving.
+        shares.held.entry(self.me.clone()).or_insert(0);
         let total: usize = shares.held.values().sum();
         shares.fair = total.div_ceil(shares.held.len().max(1));
         shares
@@ -595,23 +580,6 @@ impl Leases {
                 "principal replica {} cannot renew its Lease on the hub: reconnect to another replica",
                 self.cfg.replica
             )));
-        }
-        let already_mine = lock(&self.held).contains_key(agent);
-        // Only a newcomer is turned away: an agent another live replica serves is moving
-        // (its old connection is dead, or it is a second session), and the newest session
-        // wins; shedding evens out moves.
-        if self.cfg.rebalance && !already_mine && self.holder_of(agent).is_none() {
-            let shares = self.shares().with_newcomer(true);
-            let mine = shares.held.get(&self.me).copied().unwrap_or(0);
-            if shares.turns_away(&self.me, self.cfg.rebalance_slack) {
-                self.hub.metrics.deferred("Rebalance");
-                tracing::info!(agent = %agent, held = mine, fair = shares.fair,
-                    "session turned away: this replica holds more than its share and another has room");
-                return Err(Status::unavailable(format!(
-                    "principal replica {} holds {mine} agents, over its share of {}: reconnect to reach another replica",
-                    self.cfg.replica, shares.fair
-                )));
-            }
         }
         lock(&self.acquiring).insert(agent.clone());
         let result = self.acquire_loop(agent, namespace, session).await;
@@ -1206,6 +1174,9 @@ impl Leases {
     /// Compares our share with the others' and sheds a few sessions when above it.
     async fn rebalance_loop(self: Arc<Self>, shutdown: CancellationToken) {
         self.cache.wait_synced().await;
+        // Shed only when above the share two rounds in a row: arrivals and the watch's lag
+        // make single readings noisy.
+        let mut above_before = false;
         loop {
             let jitter = self
                 .cfg
@@ -1222,9 +1193,12 @@ impl Leases {
             let excess = shares
                 .excess(&self.me, self.cfg.rebalance_slack)
                 .min(self.cfg.rebalance_batch);
-            if excess == 0 {
+            let above = excess > 0;
+            if !(above && above_before) {
+                above_before = above;
                 continue;
             }
+            above_before = false;
             let victims: Vec<AgentName> = lock(&self.held)
                 .iter()
                 .filter(|(_, h)| h.handover_to.is_none())
@@ -1336,22 +1310,6 @@ mod tests {
         );
         assert_eq!(s.excess("a_1", 0), 0);
         assert!(!s.someone_below("a_1"));
-        // Agents arriving one by one: a replica with one is not above the share of four on
-        // three replicas (two), so the fourth agent is welcome anywhere but at two.
-        let s = Shares::compute(&live, ids(&["a_1", "b_1", "c_1"]).into_iter()).with_newcomer(true);
-        assert_eq!(s.fair, 2);
-        assert!(
-            !s.turns_away("a_1", 0),
-            "one plus the newcomer is the share: accept"
-        );
-        let s = Shares::compute(&live, ids(&["a_1", "a_1", "b_1", "c_1", "c_1"]).into_iter())
-            .with_newcomer(true);
-        assert!(
-            s.turns_away("a_1", 0),
-            "a would hold three of six while b has one"
-        );
-        assert!(!s.turns_away("a_1", 1), "unless one above is tolerated");
-        assert!(!s.turns_away("b_1", 0));
         // Everyone above: nobody has room, nobody sheds.
         let s = Shares::compute(
             &ids(&["a_1", "b_1"]),
