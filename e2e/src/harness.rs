@@ -378,6 +378,43 @@ pub fn kubectl() -> PathBuf {
     PathBuf::from("kubectl")
 }
 
+/// Runs kubectl (see [`kubectl`]) with `--kubeconfig kubeconfig` and `args`, stdin closed.
+pub async fn run_kubectl(kubeconfig: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(kubectl())
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("running kubectl: {e} (run .ci/run once to install it)"))
+}
+
+/// Exit code, stdout and stderr of a finished command, for failure messages.
+pub fn output_text(o: &std::process::Output) -> String {
+    format!(
+        "exit {:?}\nstdout: {}\nstderr: {}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// A core (`v1`) kind of objects in namespace `ns` of a test server.
+pub fn core_api(server: &KubeTestServer, ns: &str, plural: &str, kind: &str) -> Api<DynamicObject> {
+    Api::namespaced_with(
+        kube_client(server).expect("client of a test server"),
+        ns,
+        &ApiResource {
+            group: String::new(),
+            version: "v1".into(),
+            api_version: "v1".into(),
+            kind: kind.into(),
+            plural: plural.into(),
+        },
+    )
+}
+
 /// The `ApiResource` of Argo CD Applications.
 pub fn app_resource() -> ApiResource {
     ApiResource {

@@ -7,14 +7,14 @@
 //! kubectl comes from `KUBECTL`, the project virtualenv or PATH (`.ci/run` installs it).
 
 use std::path::{Path, PathBuf};
-use std::process::{Output, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use argocd_agent_e2e::envoy::free_loopback_port;
 use argocd_agent_e2e::ha::{HaOptions, HaTopology};
 use argocd_agent_e2e::harness::*;
 use base64::Engine as _;
-use kube::api::{Api, DynamicObject, PostParams};
+use kube::api::PostParams;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
@@ -23,44 +23,6 @@ const REPLICAS: usize = 3;
 const APP_NS: &str = "guestbook";
 const AGENTS: [&str; 2] = ["agent-ha-0", "agent-ha-1"];
 
-async fn run_kubectl(kubeconfig: &Path, args: &[&str]) -> Output {
-    tokio::process::Command::new(kubectl())
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .await
-        .unwrap_or_else(|e| panic!("running kubectl: {e} (run .ci/run once to install it)"))
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout: {}\nstderr: {}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-fn core_api(
-    server: &argocd_agent_kube_test_server::KubeTestServer,
-    plural: &str,
-    kind: &str,
-) -> Api<DynamicObject> {
-    Api::namespaced_with(
-        kube_client(server).unwrap(),
-        APP_NS,
-        &kube::api::ApiResource {
-            group: String::new(),
-            version: "v1".into(),
-            api_version: "v1".into(),
-            kind: kind.into(),
-            plural: plural.into(),
-        },
-    )
-}
-
 /// A ConfigMap and a Pod (with a log) Argo CD manages for Application `app` on `spoke`.
 async fn seed(spoke: &argocd_agent_kube_test_server::KubeTestServer, app: &str, agent: &str) {
     create_namespace(spoke, APP_NS).await.unwrap();
@@ -68,7 +30,7 @@ async fn seed(spoke: &argocd_agent_kube_test_server::KubeTestServer, app: &str, 
         "metadata": {"name": "web-config", "namespace": APP_NS,
             "labels": {"app.kubernetes.io/instance": app}},
         "data": {"served": agent}}));
-    core_api(spoke, "configmaps", "ConfigMap")
+    core_api(spoke, APP_NS, "configmaps", "ConfigMap")
         .create(&PostParams::default(), &cm)
         .await
         .unwrap();
@@ -76,7 +38,7 @@ async fn seed(spoke: &argocd_agent_kube_test_server::KubeTestServer, app: &str, 
         "metadata": {"name": "web-0", "namespace": APP_NS,
             "labels": {"app.kubernetes.io/instance": app}},
         "spec": {"containers": [{"name": "web", "image": "nginx"}]}}));
-    core_api(spoke, "pods", "Pod")
+    core_api(spoke, APP_NS, "pods", "Pod")
         .create(&PostParams::default(), &pod)
         .await
         .unwrap();
@@ -103,7 +65,7 @@ async fn agent_kubeconfig(topo: &HaTopology, agent: &str) -> Value {
     assert!(
         out.status.success(),
         "agentctl agent kubeconfig: {}",
-        text(&out)
+        output_text(&out)
     );
     serde_json::from_str(&std::fs::read_to_string(&out_path).unwrap()).unwrap()
 }
@@ -272,20 +234,20 @@ async fn scenario(topo: &mut HaTopology, ports: &[u16]) -> Result<(), String> {
                     break;
                 }
                 if Instant::now() > deadline {
-                    return Err(format!("{via}: get: {}", text(&o)));
+                    return Err(format!("{via}: get: {}", output_text(&o)));
                 }
                 tokio::time::sleep(Duration::from_millis(300)).await;
             }
             let o = run_kubectl(&kc, &["get", "pods", "-n", APP_NS, "-o", "name"]).await;
             if !o.status.success() || !String::from_utf8_lossy(&o.stdout).contains("pod/web-0") {
-                return Err(format!("{via}: list pods: {}", text(&o)));
+                return Err(format!("{via}: list pods: {}", output_text(&o)));
             }
 
             // A log.
             let o = run_kubectl(&kc, &["logs", "web-0", "-n", APP_NS]).await;
             let out = String::from_utf8_lossy(&o.stdout).to_string();
             if !o.status.success() || !out.contains(&format!("first line of {agent}")) {
-                return Err(format!("{via}: logs: {}", text(&o)));
+                return Err(format!("{via}: logs: {}", output_text(&o)));
             }
 
             // A followed log: a line appended on the spoke arrives while the stream is open.
@@ -322,7 +284,7 @@ async fn scenario(topo: &mut HaTopology, ports: &[u16]) -> Result<(), String> {
             // Exec (a WebSocket upgrade, forwarded).
             let o = run_kubectl(&kc, &["exec", "web-0", "-n", APP_NS, "--", "pwd"]).await;
             if !o.status.success() || String::from_utf8_lossy(&o.stdout).trim() != "/" {
-                return Err(format!("{via}: exec pwd: {}", text(&o)));
+                return Err(format!("{via}: exec pwd: {}", output_text(&o)));
             }
 
             // An interactive exec: stdin one way, stdout and the exit status the other.
@@ -354,7 +316,7 @@ async fn scenario(topo: &mut HaTopology, ports: &[u16]) -> Result<(), String> {
                 || !out.contains("root")
                 || !out.contains(&format!("via {replica}"))
             {
-                return Err(format!("{via}: exec -i sh: {}", text(&o)));
+                return Err(format!("{via}: exec -i sh: {}", output_text(&o)));
             }
 
             // A request already forwarded once is not forwarded again.
@@ -397,7 +359,7 @@ async fn scenario(topo: &mut HaTopology, ports: &[u16]) -> Result<(), String> {
             )
             .await;
             if !o.status.success() {
-                return Err(format!("{via}: patch: {}", text(&o)));
+                return Err(format!("{via}: patch: {}", output_text(&o)));
             }
             let chunked = format!(r#"{{"data":{{"chunked-{i}":"{replica}"}}}}"#);
             let (code, body) = curl_status(
@@ -418,7 +380,7 @@ async fn scenario(topo: &mut HaTopology, ports: &[u16]) -> Result<(), String> {
             if code != 200 {
                 return Err(format!("{via}: chunked patch: {code} {body}"));
             }
-            let stored = core_api(&topo.spokes[agent], "configmaps", "ConfigMap")
+            let stored = core_api(&topo.spokes[agent], APP_NS, "configmaps", "ConfigMap")
                 .get("web-config")
                 .await
                 .map_err(|e| e.to_string())?;
@@ -469,7 +431,7 @@ async fn scenario(topo: &mut HaTopology, ports: &[u16]) -> Result<(), String> {
                     "{agent} via {} after {} died: {}",
                     topo.replicas[i].name,
                     topo.replicas[dead].name,
-                    text(&o)
+                    output_text(&o)
                 ));
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
@@ -479,7 +441,7 @@ async fn scenario(topo: &mut HaTopology, ports: &[u16]) -> Result<(), String> {
             return Err(format!(
                 "{agent} via {}: exec after failover: {}",
                 topo.replicas[i].name,
-                text(&o)
+                output_text(&o)
             ));
         }
     }

@@ -6,7 +6,7 @@
 //! kubectl comes from `KUBECTL`, the project virtualenv or PATH (`.ci/run` installs it).
 
 use std::path::{Path, PathBuf};
-use std::process::{Output, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use argocd_agent_e2e::harness::*;
@@ -17,42 +17,12 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 const T: Duration = Duration::from_secs(30);
 const APP_NS: &str = "guestbook";
 
-async fn run_kubectl(kubeconfig: &Path, args: &[&str]) -> Output {
-    tokio::process::Command::new(kubectl())
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .await
-        .unwrap_or_else(|e| panic!("running kubectl: {e} (run .ci/run once to install it)"))
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout: {}\nstderr: {}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
 fn api(
     server: &argocd_agent_kube_test_server::KubeTestServer,
     plural: &str,
     kind: &str,
 ) -> Api<DynamicObject> {
-    Api::namespaced_with(
-        kube_client(server).unwrap(),
-        APP_NS,
-        &kube::api::ApiResource {
-            group: String::new(),
-            version: "v1".into(),
-            api_version: "v1".into(),
-            kind: kind.into(),
-            plural: plural.into(),
-        },
-    )
+    core_api(server, APP_NS, plural, kind)
 }
 
 /// A ConfigMap and a Pod Argo CD manages for Application `app` (label tracking), and a
@@ -94,7 +64,7 @@ async fn agent_kubeconfig(topo: &Topology, agent: &str) -> PathBuf {
     assert!(
         out.status.success(),
         "agentctl agent kubeconfig: {}",
-        text(&out)
+        output_text(&out)
     );
     out_path
 }
@@ -186,22 +156,22 @@ async fn kubectl_reaches_managed_and_autonomous_spokes_through_the_principal_and
         (&autonomous_kc, &topo.autonomous_spoke),
     ] {
         let o = run_kubectl(kc, &["get", "configmap", "web-config", "-n", APP_NS]).await;
-        assert!(o.status.success(), "get: {}", text(&o));
+        assert!(o.status.success(), "get: {}", output_text(&o));
         assert!(String::from_utf8_lossy(&o.stdout).contains("web-config"));
         let o = run_kubectl(
             kc,
             &["get", "configmap", "web-config", "-n", APP_NS, "-o", "yaml"],
         )
         .await;
-        assert!(o.status.success(), "get -o yaml: {}", text(&o));
+        assert!(o.status.success(), "get -o yaml: {}", output_text(&o));
         assert!(
             String::from_utf8_lossy(&o.stdout).contains("greeting: hello"),
             "{}",
-            text(&o)
+            output_text(&o)
         );
         // A list shows only what Argo CD manages.
         let o = run_kubectl(kc, &["get", "configmaps", "-n", APP_NS, "-o", "name"]).await;
-        assert!(o.status.success(), "list: {}", text(&o));
+        assert!(o.status.success(), "list: {}", output_text(&o));
         let listed = String::from_utf8_lossy(&o.stdout).to_string();
         assert!(
             listed.contains("configmap/web-config") && !listed.contains("unmanaged"),
@@ -222,7 +192,7 @@ async fn kubectl_reaches_managed_and_autonomous_spokes_through_the_principal_and
             ],
         )
         .await;
-        assert!(o.status.success(), "patch: {}", text(&o));
+        assert!(o.status.success(), "patch: {}", output_text(&o));
         let cm = api(spoke, "configmaps", "ConfigMap")
             .get("web-config")
             .await
@@ -230,19 +200,23 @@ async fn kubectl_reaches_managed_and_autonomous_spokes_through_the_principal_and
         assert_eq!(cm.data["data"]["greeting"], "patched");
         // Not managed by Argo CD: 403, and unchanged.
         let o = run_kubectl(kc, &["get", "configmap", "unmanaged", "-n", APP_NS]).await;
-        assert!(!o.status.success(), "unmanaged get must fail: {}", text(&o));
+        assert!(
+            !o.status.success(),
+            "unmanaged get must fail: {}",
+            output_text(&o)
+        );
         assert!(
             String::from_utf8_lossy(&o.stderr)
                 .to_lowercase()
                 .contains("forbidden"),
             "{}",
-            text(&o)
+            output_text(&o)
         );
         let o = run_kubectl(kc, &["delete", "configmap", "unmanaged", "-n", APP_NS]).await;
         assert!(
             !o.status.success(),
             "unmanaged delete must fail: {}",
-            text(&o)
+            output_text(&o)
         );
         assert!(
             api(spoke, "configmaps", "ConfigMap")
@@ -252,13 +226,13 @@ async fn kubectl_reaches_managed_and_autonomous_spokes_through_the_principal_and
         );
         // Logs, and exec.
         let o = run_kubectl(kc, &["logs", "web-0", "-n", APP_NS]).await;
-        assert!(o.status.success(), "logs: {}", text(&o));
+        assert!(o.status.success(), "logs: {}", output_text(&o));
         assert_eq!(
             String::from_utf8_lossy(&o.stdout),
             "first line\nsecond line\n"
         );
         let o = run_kubectl(kc, &["exec", "web-0", "-n", APP_NS, "--", "pwd"]).await;
-        assert!(o.status.success(), "exec pwd: {}", text(&o));
+        assert!(o.status.success(), "exec pwd: {}", output_text(&o));
         assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "/");
     }
 
@@ -332,9 +306,9 @@ async fn kubectl_reaches_managed_and_autonomous_spokes_through_the_principal_and
         assert!(
             String::from_utf8_lossy(&out.stdout).contains("root"),
             "{}",
-            text(&out)
+            output_text(&out)
         );
-        assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+        assert_eq!(out.status.code(), Some(3), "{}", output_text(&out));
     } else {
         eprintln!("skipping exec -it: `script` (util-linux) is not installed");
     }
@@ -363,14 +337,14 @@ async fn kubectl_reaches_managed_and_autonomous_spokes_through_the_principal_and
     assert!(
         !o.status.success(),
         "cross-agent delete must fail: {}",
-        text(&o)
+        output_text(&o)
     );
     assert!(
         String::from_utf8_lossy(&o.stderr)
             .to_lowercase()
             .contains("forbidden"),
         "{}",
-        text(&o)
+        output_text(&o)
     );
     assert!(
         api(&topo.autonomous_spoke, "configmaps", "ConfigMap")
@@ -385,7 +359,7 @@ async fn kubectl_reaches_managed_and_autonomous_spokes_through_the_principal_and
         &["delete", "configmap", "web-config", "-n", APP_NS],
     )
     .await;
-    assert!(o.status.success(), "delete: {}", text(&o));
+    assert!(o.status.success(), "delete: {}", output_text(&o));
     assert!(
         api(&topo.managed_spoke, "configmaps", "ConfigMap")
             .get("web-config")
@@ -479,7 +453,7 @@ async fn replayed_session_is_refused(topo: &Topology, kubeconfig: &Path) {
         .await
         .unwrap()
         .unwrap();
-    assert!(out.status.success(), "{}", text(&out));
+    assert!(out.status.success(), "{}", output_text(&out));
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "root");
 }
 

@@ -6,39 +6,16 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use argocd_agent_identity::AgentName;
-use argocd_agent_kube_test_server::KubeTestServer;
 use argocd_agent_principal::clustersecret::{ClusterSecrets, Ensured};
 use argocd_agent_principal::resourceproxy::ResourceProxyConfig;
 use argocd_agent_principal::resourceproxy::credentials::ProxyKeys;
 use base64::Engine as _;
-use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ObjectMeta, PostParams};
 use serde_json::Value;
 
-async fn setup() -> (KubeTestServer, kube::Client) {
-    let server = KubeTestServer::start().await.unwrap();
-    let mut config = kube::Config::new(server.url().parse().unwrap());
-    config.headers.push((
-        http::header::AUTHORIZATION,
-        format!("Bearer {}", server.token_for("principal"))
-            .parse()
-            .unwrap(),
-    ));
-    config.root_cert = server.ca_certificate_der().map(|der| vec![der]);
-    let client = kube::Client::try_from(config).unwrap();
-    let ns = Namespace {
-        metadata: ObjectMeta {
-            name: Some("argocd".into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns)
-        .await
-        .unwrap();
-    (server, client)
-}
+mod common;
+use common::setup;
 
 fn config_of(s: &Secret) -> Value {
     serde_json::from_slice(&s.data.as_ref().unwrap()["config"].0).unwrap()

@@ -7,42 +7,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use argocd_agent_identity::{AgentName, Namespace};
-use argocd_agent_kube_test_server::KubeTestServer;
 use argocd_agent_kubernetes::{Kind, Resources, Scope};
 use argocd_agent_principal::ha::{self, HaConfig, Leases};
 use argocd_agent_principal::hub::{Hub, HubParts};
 use argocd_agent_principal::metrics::Metrics;
 use argocd_agent_principal::objects::ConfigObjects;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Namespace as CoreNamespace;
-use kube::api::{Api, ObjectMeta, PostParams};
+use kube::api::Api;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-async fn setup() -> (KubeTestServer, kube::Client) {
-    let server = KubeTestServer::start().await.unwrap();
-    let mut config = kube::Config::new(server.url().parse().unwrap());
-    config.headers.push((
-        http::header::AUTHORIZATION,
-        format!("Bearer {}", server.token_for("principal"))
-            .parse()
-            .unwrap(),
-    ));
-    config.root_cert = server.ca_certificate_der().map(|der| vec![der]);
-    let client = kube::Client::try_from(config).unwrap();
-    let ns = CoreNamespace {
-        metadata: ObjectMeta {
-            name: Some("argocd".into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    Api::<CoreNamespace>::all(client.clone())
-        .create(&PostParams::default(), &ns)
-        .await
-        .unwrap();
-    (server, client)
-}
+mod common;
+use common::setup;
 
 /// A hub and its Leases, as one replica runs them.
 fn replica(client: &kube::Client, name: &str, shutdown: &CancellationToken) -> Arc<Leases> {
