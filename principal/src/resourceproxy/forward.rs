@@ -13,7 +13,7 @@
 #![allow(clippy::result_large_err)]
 
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -40,17 +40,11 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The default URL of this replica's resource proxy: `https://$POD_IP:<port>` when the pod
 /// IP is known, else the bound address (loopback for an unspecified one).
 pub fn default_replica_url(pod_ip: Option<&str>, bound: SocketAddr) -> String {
-    let ip = pod_ip
-        .map(str::trim)
-        .and_then(|s| s.parse::<IpAddr>().ok())
-        .unwrap_or_else(|| {
-            if bound.ip().is_unspecified() {
-                IpAddr::from([127, 0, 0, 1])
-            } else {
-                bound.ip()
-            }
-        });
-    format!("https://{}", SocketAddr::new(ip, bound.port()))
+    // The same address the Redis proxy publishes for its port.
+    format!(
+        "https://{}",
+        crate::redisproxy::default_replica_address(pod_ip, bound)
+    )
 }
 
 /// Where a request goes: the replica's address, TLS name and the request URI.
