@@ -440,18 +440,23 @@ impl Leases {
 
     /// The Redis proxy address a live replica published, by holder identity.
     pub fn redis_proxy_address_of(&self, holder: &str) -> Option<String> {
+        self.published_by(holder, REDIS_PROXY_ANNOTATION)
+    }
+
+    /// An annotation of `holder`'s replica Lease, while `holder` is its current holder.
+    fn published_by(&self, holder: &str, annotation: &str) -> Option<String> {
         let lease = self.cache.get(
             Some(&self.namespace),
             &replica_lease_name(replica_of(holder)),
         )?;
-        if LeaseView::of(&lease).holder.as_deref() != Some(holder) {
+        if holder_str(&lease) != Some(holder) {
             return None;
         }
         lease
             .metadata
             .annotations
             .as_ref()?
-            .get(REDIS_PROXY_ANNOTATION)
+            .get(annotation)
             .cloned()
     }
 
@@ -488,19 +493,7 @@ impl Leases {
 
     /// The resource proxy URL a live replica published, by holder identity.
     pub fn resource_proxy_url_of(&self, holder: &str) -> Option<String> {
-        let lease = self.cache.get(
-            Some(&self.namespace),
-            &replica_lease_name(replica_of(holder)),
-        )?;
-        if LeaseView::of(&lease).holder.as_deref() != Some(holder) {
-            return None;
-        }
-        lease
-            .metadata
-            .annotations
-            .as_ref()?
-            .get(RESOURCE_PROXY_ANNOTATION)
-            .cloned()
+        self.published_by(holder, RESOURCE_PROXY_ANNOTATION)
     }
 
     /// Whether the replica with holder identity `holder` renewed its Lease within its
