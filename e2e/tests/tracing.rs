@@ -355,15 +355,22 @@ async fn an_unreachable_collector_does_not_hold_up_the_sync() {
     .await
     .unwrap();
     let r = async {
-        let names: Vec<String> = (0..5).map(|i| format!("untraced-app-{i}")).collect();
-        for name in &names {
-            apps(&topo.hub, MANAGED)?
-                .create(
-                    &PostParams::default(),
-                    &sample_app(name, MANAGED, "guestbook"),
-                )
-                .await?;
-        }
+        // Twenty at once: a burst of spans well beyond the queue of 4, however slow the
+        // machine (created one by one under load, five changes could fit between exports).
+        let names: Vec<String> = (0..20).map(|i| format!("untraced-app-{i}")).collect();
+        let hub_apps = apps(&topo.hub, MANAGED)?;
+        futures::future::try_join_all(names.iter().map(|name| {
+            let hub_apps = hub_apps.clone();
+            async move {
+                hub_apps
+                    .create(
+                        &PostParams::default(),
+                        &sample_app(name, MANAGED, "guestbook"),
+                    )
+                    .await
+            }
+        }))
+        .await?;
         for name in &names {
             eventually("application on the spoke", T, || async {
                 stored_app(&topo.managed_spoke, SPOKE_NS, name)
