@@ -378,6 +378,33 @@ pub fn kubectl() -> PathBuf {
     PathBuf::from("kubectl")
 }
 
+/// The sum of every series of `name` (a metric name, or one labelled series) on the
+/// `/metrics` endpoint at 127.0.0.1:`port`; 0 when absent or unreachable.
+pub async fn metric_sum(port: u16, name: &str) -> f64 {
+    let text = http_get(port, "/metrics").await.unwrap_or_default();
+    crate::bench::env::metric_value(&text, name).unwrap_or(0.0)
+}
+
+/// Runs `argocd-agentctl agent kubeconfig <agent>` against the hub kubeconfig in `dir`;
+/// returns the path of the resource proxy kubeconfig it wrote.
+pub async fn agent_kubeconfig(dir: &Path, agent: &str) -> PathBuf {
+    let out_path = dir.join(format!("{agent}.proxy.kubeconfig"));
+    let out = Command::new(binary("argocd-agentctl").expect("argocd-agentctl"))
+        .args(["agent", "kubeconfig", agent, "--kubeconfig"])
+        .arg(dir.join("hub.kubeconfig"))
+        .arg("-o")
+        .arg(&out_path)
+        .output()
+        .await
+        .expect("running argocd-agentctl");
+    assert!(
+        out.status.success(),
+        "agentctl agent kubeconfig: {}",
+        output_text(&out)
+    );
+    out_path
+}
+
 /// Runs kubectl (see [`kubectl`]) with `--kubeconfig kubeconfig` and `args`, stdin closed.
 pub async fn run_kubectl(kubeconfig: &Path, args: &[&str]) -> std::process::Output {
     Command::new(kubectl())

@@ -104,16 +104,6 @@ async fn wait_balanced(topo: &HaTopology, per: usize, timeout: Duration) -> Resu
     }
 }
 
-async fn metric_sum(port: u16, prefix: &str) -> f64 {
-    http_get(port, "/metrics")
-        .await
-        .unwrap_or_default()
-        .lines()
-        .filter(|l| l.starts_with(prefix))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_replicas_fail_over_without_losing_anything_or_doubling_sessions() {
     let dir = std::env::var_os("E2E_DIR").map(std::path::PathBuf::from);

@@ -57,16 +57,6 @@ fn replica_metric(result: &str) -> String {
     format!("argocd_principal_redis_proxy_requests_total{{route=\"replica\",result=\"{result}\"}}")
 }
 
-async fn metric_sum(port: u16, prefix: &str) -> f64 {
-    http_get(port, "/metrics")
-        .await
-        .unwrap_or_default()
-        .lines()
-        .filter(|l| l.starts_with(prefix))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 /// Redis servers (hub, one per agent) and the replicas, each with its own Redis proxy.
 struct Setup {
     _dir: tempfile::TempDir,

@@ -23,6 +23,12 @@ const REPLICAS: usize = 3;
 const APP_NS: &str = "guestbook";
 const AGENTS: [&str; 2] = ["agent-ha-0", "agent-ha-1"];
 
+/// The resource proxy kubeconfig `argocd-agentctl agent kubeconfig` writes for `agent`.
+async fn kubeconfig_json(topo: &HaTopology, agent: &str) -> Value {
+    let path = agent_kubeconfig(&topo.dir, agent).await;
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
 /// A ConfigMap and a Pod (with a log) Argo CD manages for Application `app` on `spoke`.
 async fn seed(spoke: &argocd_agent_kube_test_server::KubeTestServer, app: &str, agent: &str) {
     create_namespace(spoke, APP_NS).await.unwrap();
@@ -48,26 +54,6 @@ async fn seed(spoke: &argocd_agent_kube_test_server::KubeTestServer, app: &str, 
         "web",
         &format!("first line of {agent}\nsecond line\n"),
     );
-}
-
-/// Runs `argocd-agentctl agent kubeconfig` for `agent` against the hub; returns the
-/// kubeconfig (JSON).
-async fn agent_kubeconfig(topo: &HaTopology, agent: &str) -> Value {
-    let out_path = topo.dir.join(format!("{agent}.proxy.kubeconfig"));
-    let out = tokio::process::Command::new(binary("argocd-agentctl").unwrap())
-        .args(["agent", "kubeconfig", agent, "--kubeconfig"])
-        .arg(topo.dir.join("hub.kubeconfig"))
-        .arg("-o")
-        .arg(&out_path)
-        .output()
-        .await
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "agentctl agent kubeconfig: {}",
-        output_text(&out)
-    );
-    serde_json::from_str(&std::fs::read_to_string(&out_path).unwrap()).unwrap()
 }
 
 /// `kubeconfig` pointed at replica `i`'s resource proxy (`port`), written to the topology's
@@ -103,16 +89,6 @@ async fn curl_status(url: &str, token: &str, ca: &Path, extra: &[&str]) -> (u16,
     let s = String::from_utf8_lossy(&out.stdout).to_string();
     let (body, code) = s.rsplit_once('\n').unwrap_or(("", &s));
     (code.trim().parse().unwrap_or(0), body.to_string())
-}
-
-async fn metric_sum(port: u16, prefix: &str) -> f64 {
-    http_get(port, "/metrics")
-        .await
-        .unwrap_or_default()
-        .lines()
-        .filter(|l| l.starts_with(prefix))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 async fn next_line(lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>) -> String {
@@ -198,7 +174,7 @@ async fn scenario(topo: &mut HaTopology, ports: &[u16]) -> Result<(), String> {
 
     for agent in AGENTS {
         let holder = &holders[agent];
-        let kubeconfig = agent_kubeconfig(topo, agent).await;
+        let kubeconfig = kubeconfig_json(topo, agent).await;
         let token = kubeconfig["users"][0]["user"]["token"]
             .as_str()
             .unwrap()
@@ -417,7 +393,7 @@ async fn scenario(topo: &mut HaTopology, ports: &[u16]) -> Result<(), String> {
         .position(|r| r.name == holders[agent])
         .unwrap();
     topo.kill_replica(dead).await;
-    let kubeconfig = agent_kubeconfig(topo, agent).await;
+    let kubeconfig = kubeconfig_json(topo, agent).await;
     for (i, port) in ports.iter().enumerate().filter(|(i, _)| *i != dead) {
         let kc = kubeconfig_for(topo, &kubeconfig, agent, *port);
         let deadline = Instant::now() + Duration::from_secs(60);

@@ -50,25 +50,6 @@ async fn seed(spoke: &argocd_agent_kube_test_server::KubeTestServer, app: &str) 
     spoke.set_pod_log(APP_NS, "web-0", "web", "first line\nsecond line\n");
 }
 
-/// Runs `argocd-agentctl agent kubeconfig` for `agent` against the hub.
-async fn agent_kubeconfig(topo: &Topology, agent: &str) -> PathBuf {
-    let out_path = topo.dir.join(format!("{agent}.proxy.kubeconfig"));
-    let out = tokio::process::Command::new(binary("argocd-agentctl").unwrap())
-        .args(["agent", "kubeconfig", agent, "--kubeconfig"])
-        .arg(topo.dir.join("hub.kubeconfig"))
-        .arg("-o")
-        .arg(&out_path)
-        .output()
-        .await
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "agentctl agent kubeconfig: {}",
-        output_text(&out)
-    );
-    out_path
-}
-
 fn kubeconfig_token(path: &Path) -> (String, String) {
     let v: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     (
@@ -142,8 +123,8 @@ async fn kubectl_reaches_managed_and_autonomous_spokes_through_the_principal_and
             agent
         );
     }
-    let managed_kc = agent_kubeconfig(&topo, MANAGED).await;
-    let autonomous_kc = agent_kubeconfig(&topo, AUTONOMOUS).await;
+    let managed_kc = agent_kubeconfig(&topo.dir, MANAGED).await;
+    let autonomous_kc = agent_kubeconfig(&topo.dir, AUTONOMOUS).await;
     let (managed_url, managed_token) = kubeconfig_token(&managed_kc);
     assert_eq!(
         managed_url,
