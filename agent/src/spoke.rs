@@ -356,13 +356,17 @@ impl Spoke {
         if self.inner().sent_status.insert(key, sum.clone()) == Some(sum) {
             return;
         }
+        // A managed copy names the hub object it was made from, so the principal can tell
+        // the status of a copy it has since replaced.
+        let mut metadata = json!({ "name": name });
+        if let Some(uid) = source_uid(obj) {
+            metadata["annotations"] = json!({ object::SOURCE_UID_ANNOTATION: uid });
+        }
         self.push(Event::resource(
             &self.source,
             EventType::StatusUpdate,
             r,
-            Payload::Object(Arc::new(
-                json!({"metadata": {"name": name}, "status": status}),
-            )),
+            Payload::Object(Arc::new(json!({"metadata": metadata, "status": status}))),
         ));
     }
 

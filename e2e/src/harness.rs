@@ -170,11 +170,45 @@ impl Proc {
     }
 }
 
-/// A TCP proxy that can cut every connection passing through it (mid-stream faults).
+/// A TCP proxy that injects link faults: it cuts every connection passing through it
+/// (mid-stream faults), delays every chunk it forwards, or takes the link down (new
+/// connections are accepted and closed at once, as a dropped route looks to a dialer).
 pub struct TcpProxy {
     pub addr: std::net::SocketAddr,
     conns: Arc<Mutex<Vec<tokio::task::AbortHandle>>>,
+    faults: Arc<LinkFaults>,
     task: tokio::task::JoinHandle<()>,
+}
+
+#[derive(Default)]
+struct LinkFaults {
+    delay_ms: std::sync::atomic::AtomicU64,
+    down: std::sync::atomic::AtomicBool,
+}
+
+/// Copies `from` to `to`, sleeping the proxy's current delay before each chunk.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    faults: Arc<LinkFaults>,
+) {
+    use std::sync::atomic::Ordering;
+    use tokio::io::AsyncReadExt;
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let delay = faults.delay_ms.load(Ordering::Relaxed);
+        if delay > 0 {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown().await;
 }
 
 impl TcpProxy {
@@ -182,21 +216,35 @@ impl TcpProxy {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let conns: Arc<Mutex<Vec<tokio::task::AbortHandle>>> = Arc::default();
-        let c2 = conns.clone();
+        let faults: Arc<LinkFaults> = Arc::default();
+        let (c2, f2) = (conns.clone(), faults.clone());
         let task = tokio::spawn(async move {
-            while let Ok((mut inbound, _)) = listener.accept().await {
+            while let Ok((inbound, _)) = listener.accept().await {
+                if f2.down.load(std::sync::atomic::Ordering::SeqCst) {
+                    drop(inbound);
+                    continue;
+                }
+                let f3 = f2.clone();
                 let h = tokio::spawn(async move {
-                    if let Ok(mut outbound) = TcpStream::connect(target).await {
-                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
-                        let _ = outbound.shutdown().await;
+                    let _ = inbound.set_nodelay(true);
+                    if let Ok(outbound) = TcpStream::connect(target).await {
+                        let _ = outbound.set_nodelay(true);
+                        let (ir, iw) = inbound.into_split();
+                        let (or, ow) = outbound.into_split();
+                        tokio::join!(pump(ir, ow, f3.clone()), pump(or, iw, f3));
                     }
                 });
-                c2.lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push(h.abort_handle());
+                let mut conns = c2.lock().unwrap_or_else(|p| p.into_inner());
+                conns.retain(|h| !h.is_finished());
+                conns.push(h.abort_handle());
             }
         });
-        Ok(TcpProxy { addr, conns, task })
+        Ok(TcpProxy {
+            addr,
+            conns,
+            faults,
+            task,
+        })
     }
 
     /// Cuts every open connection (new ones are still accepted).
@@ -208,6 +256,24 @@ impl TcpProxy {
             .drain(..)
         {
             h.abort();
+        }
+    }
+
+    /// Delays every forwarded chunk, both ways, by `d` (zero: no delay).
+    pub fn set_delay(&self, d: Duration) {
+        let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        self.faults
+            .delay_ms
+            .store(ms, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Takes the link down (cutting open connections and closing new ones) or up again.
+    pub fn set_down(&self, down: bool) {
+        self.faults
+            .down
+            .store(down, std::sync::atomic::Ordering::SeqCst);
+        if down {
+            self.cut_all();
         }
     }
 }

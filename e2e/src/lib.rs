@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 pub mod bench;
+pub mod chaos;
 pub mod envoy;
 pub mod fake_argocd;
 pub mod ha;

@@ -92,6 +92,8 @@ pub(crate) struct AgentInner {
     sent_spec: HashMap<String, String>,
     /// Operations already forwarded, by name -> checksum of `.operation`.
     sent_operation: HashMap<String, String>,
+    /// Names whose terminate request (phase `Terminating` on the hub) was forwarded.
+    sent_terminate: std::collections::HashSet<String>,
     /// Managed: configuration objects last sent (kind, name) -> content checksum.
     pub(crate) sent_config: HashMap<ConfigKey, String>,
     /// Autonomous: the agent's projects as it sent them, by their name on the spoke.
@@ -522,6 +524,7 @@ impl Hub {
                         desired: HashMap::new(),
                         sent_spec: HashMap::new(),
                         sent_operation: HashMap::new(),
+                        sent_terminate: Default::default(),
                         sent_config: HashMap::new(),
                         desired_projects: HashMap::new(),
                         session_info: SessionInfo::default(),
@@ -792,6 +795,13 @@ impl Hub {
         for name in &plan.delete {
             self.delete_hub_copy(&ns, name).await;
         }
+        // Hub operations not yet delivered (set while no session was up, or queued in a
+        // principal that since restarted) go out now.
+        for (name, obj) in &objects {
+            if !plan.delete.contains(name) {
+                self.forward_operation(state, obj);
+            }
+        }
         plan.send
             .into_iter()
             .map(|name| {
@@ -826,40 +836,56 @@ impl Hub {
         }
     }
 
-    /// Sends a hub-side `.operation` to the agent once.
+    /// Sends a hub-side `.operation` to the agent once, and a terminate request (the hub's
+    /// `.status.operationState.phase` turning `Terminating`, what `argocd app terminate-op`
+    /// writes) once, also after the operation itself was delivered and cleared on the hub.
     fn forward_operation(&self, state: &AgentState, obj: &DynamicObject) {
         let name = self.app_key(obj);
-        let Some(op) = object::operation(obj).filter(|v| !v.is_null()) else {
-            state.inner().sent_operation.remove(&name);
-            return;
-        };
-        let sum = value_checksum(Some(op));
-        {
-            let mut inner = state.inner();
-            if inner.sent_operation.get(&name) == Some(&sum) {
-                return;
-            }
-            inner.sent_operation.insert(name.clone(), sum);
-        }
+        let op = object::operation(obj).filter(|v| !v.is_null());
         let terminating = obj
             .data
             .pointer("/status/operationState/phase")
             .and_then(Value::as_str)
             == Some("Terminating");
-        let ty = if terminating {
-            EventType::TerminateOperation
-        } else {
-            EventType::SetOperation
+        let (send_op, send_terminate) = {
+            let mut inner = state.inner();
+            let send_op = match op {
+                Some(op) => {
+                    let sum = value_checksum(Some(op));
+                    inner.sent_operation.insert(name.clone(), sum.clone()) != Some(sum)
+                }
+                None => {
+                    inner.sent_operation.remove(&name);
+                    false
+                }
+            };
+            let send_terminate = if terminating {
+                inner.sent_terminate.insert(name.clone())
+            } else {
+                inner.sent_terminate.remove(&name);
+                false
+            };
+            (send_op, send_terminate)
         };
-        self.push(
-            state,
-            Event::resource(
-                &self.source,
-                ty,
-                obj_ref(obj).unwrap_or_else(|| app_ref(&state.namespace(), &name)),
-                Payload::Object(Arc::new(json!({ "operation": op }))),
-            ),
-        );
+        let resource = || obj_ref(obj).unwrap_or_else(|| app_ref(&state.namespace(), &name));
+        if let (true, Some(op)) = (send_op, op) {
+            let payload = Payload::Object(Arc::new(json!({ "operation": op })));
+            self.push(
+                state,
+                Event::resource(&self.source, EventType::SetOperation, resource(), payload),
+            );
+        }
+        if send_terminate {
+            self.push(
+                state,
+                Event::resource(
+                    &self.source,
+                    EventType::TerminateOperation,
+                    resource(),
+                    Payload::None,
+                ),
+            );
+        }
     }
 
     /// Hands one hub change to the worker of the agent that owns its namespace.
@@ -1006,6 +1032,7 @@ impl Hub {
                 let mut inner = state.inner();
                 inner.sent_spec.remove(&name);
                 inner.sent_operation.remove(&name);
+                inner.sent_terminate.remove(&name);
             }
             if let Some(r) = obj_ref(obj).or_else(|| self.key_ref(ns, &name)) {
                 self.push_delete(state, r);
@@ -1071,13 +1098,25 @@ impl Hub {
             return self.apply_config(state, command).await;
         }
         match command {
-            Command::WriteStatus { resource, status } => {
-                if self
+            Command::WriteStatus {
+                resource,
+                status,
+                source_uid,
+            } => {
+                let Some(cur) = self
                     .cache
                     .get(Some(resource.namespace.as_str()), &resource.name)
-                    .is_none()
-                {
+                else {
                     return Err(ApplyError::Missing { resource });
+                };
+                // The status of a copy of an earlier hub object of this name (deleted and
+                // created again since): the agent replaces that copy next, so the status
+                // describes nothing on the hub any more.
+                if let Some(uid) = source_uid
+                    && cur.metadata.uid.as_deref().is_some_and(|u| u != uid)
+                {
+                    tracing::debug!(%resource, source_uid = %uid, "status of a replaced hub object ignored");
+                    return Ok(Applied::Ack);
                 }
                 self.write_status(&resource, status).await?;
             }
@@ -1099,12 +1138,22 @@ impl Hub {
                     };
                 }
                 result?;
+                // A hub operation set while this object was unknown here (after a restart,
+                // before the agent's resync) goes out now: an unchanged upsert makes no
+                // hub change that would forward it.
+                if let Some(cur) = self
+                    .cache
+                    .get(Some(resource.namespace.as_str()), &resource.name)
+                {
+                    self.forward_operation(state, &cur);
+                }
             }
             Command::Delete { resource } => {
                 {
                     let mut inner = state.inner();
                     inner.desired.remove(&resource.name);
                     inner.sent_operation.remove(&resource.name);
+                    inner.sent_terminate.remove(&resource.name);
                 }
                 self.delete_hub_copy(&resource.namespace, &resource.name)
                     .await;
@@ -1160,11 +1209,14 @@ impl Hub {
             })?;
         // Status goes through the status subresource, after the object exists.
         let status = object::take_field(&mut copy, "status");
+        // `.operation` on the hub copy is the hub's request to the spoke (`argocd app sync`
+        // there), not the spoke's: the spoke's own would overwrite one not yet delivered.
+        object::take_field(&mut copy, "operation");
         let outcome = self
             .apps
             .upsert_copy_known(
                 &copy,
-                &["spec", "operation"],
+                &["spec"],
                 self.cache
                     .known(Some(resource.namespace.as_str()), &resource.name),
             )
@@ -1174,8 +1226,20 @@ impl Hub {
                 self.metrics.hub_write_errors.inc();
             })?;
         self.count_upsert(ResourceKind::Application, outcome);
-        if let Some(status) = status.filter(|s| !s.is_null()) {
-            self.write_status(resource, status).await?;
+        match status.filter(|s| !s.is_null()) {
+            Some(status) => self.write_status(resource, status).await?,
+            // The spoke copy has no status (created again under this name, say): neither
+            // has the hub copy, whatever an earlier object of this name reported.
+            None => {
+                let stale = self
+                    .cache
+                    .get(Some(resource.namespace.as_str()), &resource.name)
+                    .and_then(|cur| object::status(&cur).cloned())
+                    .is_some_and(|s| s.as_object().is_some_and(|m| !m.is_empty()));
+                if stale {
+                    self.write_status(resource, json!({})).await?;
+                }
+            }
         }
         Ok(())
     }
@@ -1186,6 +1250,39 @@ impl Hub {
             UpsertOutcome::Created => self.metrics.hub_write(kind, HubWrite::Created),
             UpsertOutcome::Updated => self.metrics.hub_write(kind, HubWrite::Updated),
             UpsertOutcome::Unchanged => {}
+        }
+    }
+
+    /// Removes the hub copy's `.operation` if it is still `delivered`, with a precondition
+    /// on the resourceVersion it was read at (so an operation set meanwhile survives).
+    async fn clear_delivered_operation(
+        &self,
+        ns: Option<&str>,
+        name: &str,
+        delivered: Option<&Value>,
+    ) {
+        let Some(delivered) = delivered else { return };
+        for _ in 0..3 {
+            let Some(cur) = self.cache.get(ns, name) else {
+                return;
+            };
+            if object::operation(&cur) != Some(delivered) {
+                return;
+            }
+            let rv = cur.metadata.resource_version.clone().unwrap_or_default();
+            let patch = json!({"metadata": {"resourceVersion": rv}, "operation": null});
+            match self.apps.patch_merge(ns, name, &patch).await {
+                Ok(_) => return,
+                Err(e) if e.is_not_found() => return,
+                // The cache was behind, or something else changed the object: look again.
+                Err(e) if e.is_conflict() => {
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+                Err(e) => {
+                    tracing::warn!(namespace = ns.unwrap_or_default(), name, error = %chain(&e), "could not clear operation");
+                    return;
+                }
+            }
         }
     }
 
@@ -1208,22 +1305,18 @@ impl Hub {
     }
 
     /// Called when the agent acknowledged an event of ours.
-    pub async fn on_ack(&self, state: &AgentState, key: QueueKey, ty: EventType) {
+    pub async fn on_ack(&self, state: &AgentState, key: QueueKey, delivered: &Event) {
         let ns = Some(key.resource.namespace.as_str());
         let name = key.resource.name.as_str();
+        let ty = delivered.ty;
         match key.lane {
-            Lane::Operation => {
+            Lane::Operation if ty == EventType::SetOperation => {
                 // Delivered: the hub copy's `.operation` has done its job (the hub runs no
                 // application controller for agent namespaces); the agent reports progress
-                // in `.status.operationState`.
-                if let Err(e) = self
-                    .apps
-                    .patch_merge(ns, name, &json!({"operation": null}))
-                    .await
-                    && !e.is_not_found()
-                {
-                    tracing::warn!(resource = %key.resource, error = %chain(&e), "could not clear operation");
-                }
+                // in `.status.operationState`. Only that operation is cleared: a newer one
+                // set on the hub meanwhile is still to be delivered.
+                let op = delivered.object().and_then(|o| o.get("operation")).cloned();
+                self.clear_delivered_operation(ns, name, op.as_ref()).await;
             }
             Lane::Object if ty == EventType::Delete && state.mode() == AgentMode::Managed => {
                 // The spoke deleted its copy: finish a pending hub deletion.

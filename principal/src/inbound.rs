@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use argocd_agent_identity::authz::{self, Action, ObjectRef, Owner};
 use argocd_agent_identity::{AgentIdentity, AgentMode, AgentName, ResourceKind};
+use argocd_agent_kubernetes::object::SOURCE_UID_ANNOTATION;
 use argocd_agent_proto::eventstream::ErrorDetail;
 use argocd_agent_sync::{Event, EventType, Payload, ResourceRef};
 use serde_json::Value;
@@ -19,6 +20,9 @@ pub enum Command {
     WriteStatus {
         resource: ResourceRef,
         status: Value,
+        /// The hub UID the agent's copy was made from (managed copies), when the agent
+        /// says: a status of a copy of an earlier hub object of the same name is stale.
+        source_uid: Option<String>,
     },
     /// Create or update the hub copy from the agent's object (autonomous agents).
     Upsert {
@@ -166,6 +170,15 @@ pub fn decide(
                 .object()
                 .and_then(|o| o.get("status").cloned())
                 .unwrap_or_default(),
+            source_uid: event
+                .object()
+                .and_then(|o| {
+                    o.get("metadata")?
+                        .get("annotations")?
+                        .get(SOURCE_UID_ANNOTATION)
+                })
+                .and_then(Value::as_str)
+                .map(str::to_owned),
             resource,
         },
         EventType::Create | EventType::SpecUpdate => Command::Upsert {
@@ -297,8 +310,30 @@ mod tests {
             Decision::Apply(Command::WriteStatus {
                 resource: app(NS, "guestbook"),
                 status: json!({"sync": {"status": "Synced"}}),
+                source_uid: None,
             })
         );
+        // A managed copy says which hub object it was made from.
+        let e = event(
+            EventType::StatusUpdate,
+            NS,
+            "guestbook",
+            Payload::Object(Arc::new(json!({
+                "metadata": {"name": "guestbook",
+                             "annotations": {"argocd.argoproj.io/source-uid": "uid-1"}},
+                "status": {"sync": {"status": "Synced"}}
+            }))),
+        );
+        assert!(matches!(
+            decide(
+                &identity("both"),
+                AgentMode::Managed,
+                &e,
+                &OwnerRecord::Absent,
+                &Placement::Namespace
+            ),
+            Decision::Apply(Command::WriteStatus { source_uid: Some(u), .. }) if u == "uid-1"
+        ));
     }
 
     #[test]

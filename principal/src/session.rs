@@ -503,8 +503,8 @@ async fn handle_event(
         Decision::Pong => Some(Event::new(&hub.source, EventType::Pong, Payload::None)),
         Decision::Ignore => None,
         Decision::Acked(id) => {
-            if let Some((key, ty)) = state.queue.ack(&id) {
-                hub.on_ack(state, key, ty).await;
+            if let Some((key, delivered)) = state.queue.ack(&id) {
+                hub.on_ack(state, key, &delivered).await;
             }
             None
         }

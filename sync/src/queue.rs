@@ -32,8 +32,11 @@ pub enum Lane {
     Object,
     /// status-update
     Status,
-    /// set-operation, terminate-operation
+    /// set-operation
     Operation,
+    /// terminate-operation (its own lane: a terminate request neither replaces nor is
+    /// replaced by an operation set after or before it)
+    Terminate,
 }
 
 impl Lane {
@@ -42,7 +45,8 @@ impl Lane {
         match ty {
             EventType::Create | EventType::SpecUpdate | EventType::Delete => Some(Lane::Object),
             EventType::StatusUpdate => Some(Lane::Status),
-            EventType::SetOperation | EventType::TerminateOperation => Some(Lane::Operation),
+            EventType::SetOperation => Some(Lane::Operation),
+            EventType::TerminateOperation => Some(Lane::Terminate),
             _ => None,
         }
     }
@@ -178,7 +182,7 @@ impl SendQueue {
         };
         let mut st = self.lock();
         if event.ty == EventType::Delete {
-            for other in [Lane::Status, Lane::Operation] {
+            for other in [Lane::Status, Lane::Operation, Lane::Terminate] {
                 let k = QueueKey {
                     resource: resource.clone(),
                     lane: other,
@@ -207,9 +211,9 @@ impl SendQueue {
         Ok(())
     }
 
-    /// Marks the event with this id as delivered. Returns its key and type if it was in
-    /// flight.
-    pub fn ack(&self, id: &str) -> Option<(QueueKey, EventType)> {
+    /// Marks the event with this id as delivered. Returns its key and the event delivered
+    /// if it was in flight.
+    pub fn ack(&self, id: &str) -> Option<(QueueKey, Event)> {
         let mut st = self.lock();
         let key = st.ids.remove(id)?;
         let f = st.in_flight.remove(&key)?;
@@ -219,10 +223,9 @@ impl SendQueue {
         }
         st.acked_seq = Some(st.acked_seq.map_or(f.seq, |a| a.max(f.seq)));
         st.last_ack = Some(now);
-        let ty = f.event.ty;
         drop(st);
         self.notify.notify_one();
-        Some((key, ty))
+        Some((key, f.event))
     }
 
     /// After a reconnect: everything in flight is sent again (unless a newer event for the

@@ -50,6 +50,10 @@ enum Command {
     /// Load generator: a real principal and N simulated agents (docs/benchmarks.md).
     #[cfg(feature = "dev-tools")]
     Bench(ctl::bench::BenchArgs),
+    /// Chaos run: seeded operations under seeded faults, then every object checked
+    /// (docs/reliability.md).
+    #[cfg(feature = "dev-tools")]
+    Chaos(ctl::chaos::ChaosArgs),
     /// Service-mesh config generators (Envoy, Istio, Linkerd).
     #[command(subcommand)]
     Mesh(ctl::mesh::Command),
@@ -79,6 +83,8 @@ async fn main() {
         Command::Demo(a) => ctl::demo::run(a).await,
         #[cfg(feature = "dev-tools")]
         Command::Bench(a) => ctl::bench::run(a).await,
+        #[cfg(feature = "dev-tools")]
+        Command::Chaos(a) => ctl::chaos::run(a).await,
     };
     if let Err(e) = result {
         eprintln!("error: {}", argocd_agent_sync::error_chain(&*e));

@@ -5,6 +5,8 @@ pub mod agent;
 pub mod bench;
 pub mod blocklist;
 #[cfg(feature = "dev-tools")]
+pub mod chaos;
+#[cfg(feature = "dev-tools")]
 pub mod demo;
 #[cfg(feature = "dev-tools")]
 pub mod dev;
