@@ -220,6 +220,20 @@ fn serve_redis(
     });
 }
 
+/// Reason of the principal's error event for an event over its rate limit.
+const TOO_MANY_REQUESTS: &str = "TooManyRequests";
+
+/// At most one warning a second about rate-limited events (a flood of refusals would
+/// otherwise be a flood of log lines).
+fn rate_limit_log_due() -> bool {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    LAST.swap(now, Ordering::Relaxed) != now
+}
+
 /// Handles one event from the principal; returns what to answer.
 async fn on_event(spoke: &Spoke, event: Event) -> Option<Event> {
     spoke.metrics.event(false, event.ty.verb());
@@ -231,12 +245,33 @@ async fn on_event(spoke: &Spoke, event: Event) -> Option<Event> {
             None
         }
         EventType::Error => {
-            if let Payload::Error(d) = &event.payload {
-                tracing::warn!(reason = %d.reason, message = %d.message, event_id = %d.event_id, "principal refused an event");
-            }
-            // A refused event is not retried: the principal gave a final answer.
-            if let Some(id) = &event.ack_id {
-                spoke.queue.ack(id);
+            let reason = match &event.payload {
+                Payload::Error(d) => d.reason.as_str(),
+                _ => "",
+            };
+            match (reason, &event.ack_id) {
+                // Over the principal's rate limit: not an answer about the change itself,
+                // so it stays queued and is resent after a backoff (never dropped).
+                (TOO_MANY_REQUESTS, Some(id)) => {
+                    if spoke.queue.retry_later(id) && rate_limit_log_due() {
+                        tracing::warn!(event_id = %id, "principal is rate limiting this agent: events are resent later");
+                    }
+                }
+                // A delete of an object the hub does not have: the outcome the delete
+                // wanted (a resend after a lost acknowledgement ends here too).
+                ("NotFound", Some(id)) => {
+                    tracing::info!(object = ?event.resource, event_id = %id, "delete: the hub has no such object");
+                    spoke.queue.ack(id);
+                }
+                (_, id) => {
+                    if let Payload::Error(d) = &event.payload {
+                        tracing::warn!(reason = %d.reason, message = %d.message, event_id = %d.event_id, "principal refused an event");
+                    }
+                    // A refused event is not retried: the principal gave a final answer.
+                    if let Some(id) = id {
+                        spoke.queue.ack(id);
+                    }
+                }
             }
             None
         }
