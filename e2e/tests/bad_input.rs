@@ -96,7 +96,10 @@ async fn a_flood_from_one_agent_is_refused_early_and_does_not_slow_another_agent
         // The managed agent's Application, on its spoke.
         let hub_managed = apps(&topo.hub, MANAGED)?;
         hub_managed
-            .create(&PostParams::default(), &sample_app("steady", MANAGED, "guestbook"))
+            .create(
+                &PostParams::default(),
+                &sample_app("steady", MANAGED, "guestbook"),
+            )
             .await?;
         let spoke_managed = apps(&topo.managed_spoke, SPOKE_NS)?;
         eventually("managed app reaches the spoke", T, || async {
@@ -139,18 +142,24 @@ async fn a_flood_from_one_agent_is_refused_early_and_does_not_slow_another_agent
         let (answers_tx, mut answers_rx) = mpsc::unbounded_channel::<(String, String, Instant)>();
         let reader = tokio::spawn(async move {
             while let Ok(Some(msg)) = inbound.message().await {
-                let Ok(e) = Event::from_cloud_event(msg) else { continue };
+                let Ok(e) = Event::from_cloud_event(msg) else {
+                    continue;
+                };
                 let Some(id) = e.ack_id.clone() else { continue };
                 if let Payload::Error(d) = &e.payload {
                     assert_eq!(d.event_id, id, "the error names the refused event");
                 }
-                if answers_tx.send((id, answer_kind(&e), Instant::now())).is_err() {
+                if answers_tx
+                    .send((id, answer_kind(&e), Instant::now()))
+                    .is_err()
+                {
                     break;
                 }
             }
         });
 
         // (a) Refusals arrive at once.
+        let mut answers: HashMap<String, String> = HashMap::new();
         let (first_id, first_kind, _) = loop {
             let a = tokio::time::timeout(T, answers_rx.recv())
                 .await?
@@ -158,10 +167,14 @@ async fn a_flood_from_one_agent_is_refused_early_and_does_not_slow_another_agent
             if a.1 != "processed" {
                 break a;
             }
+            answers.insert(a.0, a.1);
         };
         assert_eq!(first_kind, "TooManyRequests", "first refusal of {first_id}");
         let first_refusal = started.elapsed();
-        assert!(first_refusal < Duration::from_secs(5), "first refusal after {first_refusal:?}");
+        assert!(
+            first_refusal < Duration::from_secs(5),
+            "first refusal after {first_refusal:?}"
+        );
 
         // (d) Meanwhile the managed agent's status reaches the hub at normal latency.
         let edited = Instant::now();
@@ -171,10 +184,14 @@ async fn a_flood_from_one_agent_is_refused_early_and_does_not_slow_another_agent
             json!({"sync": {"status": "Synced"}, "health": {"status": "Healthy"}}),
         )
         .await?;
-        eventually("the other agent's status reaches the hub during the flood", T, || async {
-            stored_app(&topo.hub, MANAGED, "steady")
-                .filter(|a| a["status"]["health"]["status"] == "Healthy")
-        })
+        eventually(
+            "the other agent's status reaches the hub during the flood",
+            T,
+            || async {
+                stored_app(&topo.hub, MANAGED, "steady")
+                    .filter(|a| a["status"]["health"]["status"] == "Healthy")
+            },
+        )
         .await?;
         let other_latency = edited.elapsed();
         let flooding_still = !flooder.is_finished();
@@ -182,15 +199,20 @@ async fn a_flood_from_one_agent_is_refused_early_and_does_not_slow_another_agent
         let (sent_count, tx) = flooder.await?;
         let flood_sent = started.elapsed();
         assert!(sent_count >= FLOOD);
-        assert!(flooding_still, "the flood was over before the other agent's edit");
-        assert!(other_latency < Duration::from_secs(2), "the other agent's status took {other_latency:?} during the flood");
+        assert!(
+            flooding_still,
+            "the flood was over before the other agent's edit"
+        );
+        assert!(
+            other_latency < Duration::from_secs(2),
+            "the other agent's status took {other_latency:?} during the flood"
+        );
 
         // Every event is answered, quickly: processed or TooManyRequests.
         let mut sent: HashMap<String, String> = HashMap::new();
         while let Ok(s) = sent_rx.try_recv() {
             sent.insert(s.0, s.1);
         }
-        let mut answers: HashMap<String, String> = HashMap::new();
         answers.insert(first_id, first_kind);
         let mut last_answer = Instant::now();
         while answers.len() < sent.len() {
@@ -223,8 +245,15 @@ async fn a_flood_from_one_agent_is_refused_early_and_does_not_slow_another_agent
             "{} processed in {all_answered:?}, at most {allowed} allowed",
             processed.len()
         );
-        assert!(processed.len() >= BURST as usize, "the burst passes: {}", processed.len());
-        assert!(all_answered < Duration::from_secs(60), "the flood took {all_answered:?}");
+        assert!(
+            processed.len() >= BURST as usize,
+            "the burst passes: {}",
+            processed.len()
+        );
+        assert!(
+            all_answered < Duration::from_secs(60),
+            "the flood took {all_answered:?}"
+        );
         eprintln!(
             "flood: {} events sent in {flood_sent:?}, all answered in {all_answered:?} \
              ({} processed, {refused} refused); first refusal after {first_refusal:?}; \
@@ -234,8 +263,15 @@ async fn a_flood_from_one_agent_is_refused_early_and_does_not_slow_another_agent
         );
 
         // (b) The metric counts the refusals.
-        let counted = metric_sum(principal_metrics, &refused_series(AUTONOMOUS, "RateLimited")).await;
-        assert_eq!(counted, refused as f64, "refused-events metric (RateLimited)");
+        let counted = metric_sum(
+            principal_metrics,
+            &refused_series(AUTONOMOUS, "RateLimited"),
+        )
+        .await;
+        assert_eq!(
+            counted, refused as f64,
+            "refused-events metric (RateLimited)"
+        );
         // (c) The log says so, once a second at most, with counts.
         let log = topo.principal.log();
         let lines: Vec<&str> = log
@@ -244,7 +280,11 @@ async fn a_flood_from_one_agent_is_refused_early_and_does_not_slow_another_agent
             .collect();
         assert!(!lines.is_empty(), "no rate-limit log line");
         let secs = all_answered.as_secs() as usize + 2;
-        assert!(lines.len() <= secs, "{} rate-limit lines in {secs} s", lines.len());
+        assert!(
+            lines.len() <= secs,
+            "{} rate-limit lines in {secs} s",
+            lines.len()
+        );
         // (e) The hub holds exactly what was accepted: the processed creates, nothing else.
         let hub_after: HashSet<String> = topo
             .hub
@@ -286,16 +326,23 @@ async fn a_real_agents_rate_limited_changes_are_resent_until_they_arrive() {
         let names: Vec<String> = (0..12).map(|i| format!("burst-{i}")).collect();
         for n in &names {
             spoke
-                .create(&PostParams::default(), &sample_app(n, SPOKE_NS, "guestbook"))
+                .create(
+                    &PostParams::default(),
+                    &sample_app(n, SPOKE_NS, "guestbook"),
+                )
                 .await?;
         }
         // More changes than the burst at once: some are refused, and every one arrives.
-        eventually("every rate-limited create reaches the hub", Duration::from_secs(60), || async {
-            names
-                .iter()
-                .all(|n| stored_app(&topo.hub, AUTONOMOUS, n).is_some())
-                .then_some(())
-        })
+        eventually(
+            "every rate-limited create reaches the hub",
+            Duration::from_secs(60),
+            || async {
+                names
+                    .iter()
+                    .all(|n| stored_app(&topo.hub, AUTONOMOUS, n).is_some())
+                    .then_some(())
+            },
+        )
         .await?;
         let refused = metric_sum(
             topo.metrics_ports["principal"],
@@ -329,7 +376,10 @@ async fn deletes_of_missing_names_are_not_found_and_hub_authored_apps_are_never_
     let r: Result<(), HarnessError> = async {
         let hub_apps = apps(&topo.hub, AUTONOMOUS)?;
         hub_apps
-            .create(&PostParams::default(), &sample_app("hub-made", AUTONOMOUS, "guestbook"))
+            .create(
+                &PostParams::default(),
+                &sample_app("hub-made", AUTONOMOUS, "guestbook"),
+            )
             .await?;
         let hub_made = stored_app(&topo.hub, AUTONOMOUS, "hub-made").ok_or("hub-made missing")?;
         let source = topo.svid_source("autonomous.sock").await?;
@@ -339,33 +389,65 @@ async fn deletes_of_missing_names_are_not_found_and_hub_authored_apps_are_never_
         let send = |e: &Event| tx.send(e.to_cloud_event());
 
         // A delete of a name the hub never had: NotFound, naming the event.
-        let ghost = Event::resource("test-client", EventType::Delete, own_app("ghost"), Payload::None);
+        let ghost = Event::resource(
+            "test-client",
+            EventType::Delete,
+            own_app("ghost"),
+            Payload::None,
+        );
         send(&ghost).await?;
         let reply = answer_to(&mut inbound, &ghost.id).await?;
         let Payload::Error(d) = &reply.payload else {
             return Err(format!("expected NotFound, got {}", reply.ty).into());
         };
-        assert_eq!((d.reason.as_str(), d.event_id.as_str()), ("NotFound", ghost.id.as_str()));
+        assert_eq!(
+            (d.reason.as_str(), d.event_id.as_str()),
+            ("NotFound", ghost.id.as_str())
+        );
         assert!(d.message.contains("ghost"), "{}", d.message);
 
         // Create, delete (processed), then the same delete again, as after a lost
         // acknowledgement: NotFound, a final answer rather than a failure.
         let create = create_event("mine");
         send(&create).await?;
-        assert_eq!(answer_kind(&answer_to(&mut inbound, &create.id).await?), "processed");
-        eventually("mine on the hub", T, || async { stored_app(&topo.hub, AUTONOMOUS, "mine") }).await?;
-        let delete = Event::resource("test-client", EventType::Delete, own_app("mine"), Payload::None);
+        assert_eq!(
+            answer_kind(&answer_to(&mut inbound, &create.id).await?),
+            "processed"
+        );
+        eventually("mine on the hub", T, || async {
+            stored_app(&topo.hub, AUTONOMOUS, "mine")
+        })
+        .await?;
+        let delete = Event::resource(
+            "test-client",
+            EventType::Delete,
+            own_app("mine"),
+            Payload::None,
+        );
         send(&delete).await?;
-        assert_eq!(answer_kind(&answer_to(&mut inbound, &delete.id).await?), "processed");
+        assert_eq!(
+            answer_kind(&answer_to(&mut inbound, &delete.id).await?),
+            "processed"
+        );
         eventually("mine deleted", T, || async {
-            stored_app(&topo.hub, AUTONOMOUS, "mine").is_none().then_some(())
+            stored_app(&topo.hub, AUTONOMOUS, "mine")
+                .is_none()
+                .then_some(())
         })
         .await?;
         send(&delete).await?;
-        assert_eq!(answer_kind(&answer_to(&mut inbound, &delete.id).await?), "NotFound");
+        assert_eq!(
+            answer_kind(&answer_to(&mut inbound, &delete.id).await?),
+            "NotFound"
+        );
 
         // A delete of an Application authored on the hub: refused, the object stays.
-        let hub_delete = Event::resource("test-client", EventType::Delete, own_app("hub-made"), Payload::None);
+        let hub_delete = Event::resource(
+            "test-client",
+            EventType::Delete,
+            own_app("hub-made"),
+            Payload::None,
+        );
         send(&hub_delete).await?;
         let reply = answer_to(&mut inbound, &hub_delete.id).await?;
         let Payload::Error(d) = &reply.payload else {
@@ -375,13 +457,26 @@ async fn deletes_of_missing_names_are_not_found_and_hub_authored_apps_are_never_
         assert!(d.message.contains("created on the hub"), "{}", d.message);
         tokio::time::sleep(Duration::from_millis(300)).await;
         let after = stored_app(&topo.hub, AUTONOMOUS, "hub-made").ok_or("hub-made was deleted")?;
-        assert_eq!(after["metadata"]["resourceVersion"], hub_made["metadata"]["resourceVersion"]);
-        assert!(after["metadata"].get("deletionTimestamp").is_none_or(Value::is_null));
+        assert_eq!(
+            after["metadata"]["resourceVersion"],
+            hub_made["metadata"]["resourceVersion"]
+        );
+        assert!(
+            after["metadata"]
+                .get("deletionTimestamp")
+                .is_none_or(Value::is_null)
+        );
 
         // Metrics and log.
         let port = topo.metrics_ports["principal"];
-        assert_eq!(metric_sum(port, &refused_series(AUTONOMOUS, "NotFound")).await, 2.0);
-        assert_eq!(metric_sum(port, &refused_series(AUTONOMOUS, "NotOwner")).await, 1.0);
+        assert_eq!(
+            metric_sum(port, &refused_series(AUTONOMOUS, "NotFound")).await,
+            2.0
+        );
+        assert_eq!(
+            metric_sum(port, &refused_series(AUTONOMOUS, "NotOwner")).await,
+            1.0
+        );
         eventually("NotFound logged", T, || async {
             topo.principal
                 .log()

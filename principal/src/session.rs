@@ -453,7 +453,8 @@ async fn refuse_rate_limited(
     tx: &Outbound,
 ) -> Result<(), Status> {
     let limit = hub.event_rate;
-    hub.metrics.refused(&state.name, crate::ratelimit::RATE_LIMITED);
+    hub.metrics
+        .refused(&state.name, crate::ratelimit::RATE_LIMITED);
     if let Some(refused) = log {
         tracing::warn!(
             refused,

@@ -549,7 +549,11 @@ mod tests {
         assert!(q.retry_later(&a.id));
         let third = q.next().await;
         assert_eq!(third.id, a.id);
-        assert!(t1.elapsed() >= Duration::from_millis(100), "{:?}", t1.elapsed());
+        assert!(
+            t1.elapsed() >= Duration::from_millis(100),
+            "{:?}",
+            t1.elapsed()
+        );
         assert!(q.ack(&a.id).is_some());
         assert!(q.is_empty());
         assert!(!q.retry_later("unknown"), "an id not in flight");

@@ -144,7 +144,10 @@ fn principal_proc(
     ]);
     // The bench measures the principal's capacity: the per-agent event rate limit (a
     // policy, tested in e2e/tests/bad_input.rs) is off unless a run sets it.
-    if !extra_args.iter().any(|a| a.starts_with("--agent-event-rate")) {
+    if !extra_args
+        .iter()
+        .any(|a| a.starts_with("--agent-event-rate"))
+    {
         args.extend(["--agent-event-rate".into(), "0".into()]);
     }
     args.extend(extra_args.iter().cloned());
