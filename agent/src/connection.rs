@@ -363,6 +363,67 @@ mod tests {
         assert!(offers(&spoke));
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn rate_limited_events_stay_queued_other_refusals_are_final() {
+        use argocd_agent_kubernetes::{Kind, Resources, Scope};
+        use argocd_agent_sync::{ResourceKind, ResourceRef};
+        let (svc, _api) = tower_test::mock::pair::<
+            http::Request<kube::client::Body>,
+            http::Response<kube::client::Body>,
+        >();
+        let client = kube::Client::new(svc, "default");
+        let (cache, _changes) =
+            argocd_agent_kubernetes::watch(client.clone(), Kind::Application, Scope::all());
+        let spoke = Spoke::new(
+            AgentMode::Autonomous,
+            Namespace::new("argocd").unwrap(),
+            "agent".into(),
+            Resources::new(client, Kind::Application),
+            cache,
+            argocd_agent_sync::SendQueue::new(argocd_agent_sync::QueueLimits::default()),
+            crate::objects::ConfigKinds::new(Vec::new()),
+        );
+        let change = |name: &str| {
+            Event::resource(
+                "agent",
+                EventType::Delete,
+                ResourceRef::new(
+                    ResourceKind::Application,
+                    Namespace::new("agent").unwrap(),
+                    name,
+                ),
+                Payload::None,
+            )
+        };
+        for name in ["limited", "gone", "forbidden"] {
+            spoke.queue.push(change(name)).unwrap();
+        }
+        let sent: Vec<Event> = vec![
+            spoke.queue.next().await,
+            spoke.queue.next().await,
+            spoke.queue.next().await,
+        ];
+        let by_name = |n: &str| {
+            sent.iter()
+                .find(|e| e.resource.as_ref().is_some_and(|r| r.name == n))
+                .unwrap()
+        };
+        for (name, reason) in [
+            ("limited", "TooManyRequests"),
+            ("gone", "NotFound"),
+            ("forbidden", "Forbidden"),
+        ] {
+            let reply = by_name(name).error_reply("principal", reason, "no".into());
+            assert!(on_event(&spoke, reply).await.is_none());
+        }
+        // Only the rate-limited change is still in flight, and it comes back.
+        assert_eq!(spoke.queue.len(), 1);
+        let again = tokio::time::timeout(std::time::Duration::from_secs(5), spoke.queue.next())
+            .await
+            .expect("the rate-limited change is resent");
+        assert_eq!(again.id, by_name("limited").id);
+    }
+
     #[test]
     fn first_event_other_than_welcome_is_a_protocol_error() {
         let ping = Event::new("principal", EventType::Ping, Payload::None);
