@@ -220,6 +220,20 @@ fn serve_redis(
     });
 }
 
+/// Reason of the principal's error event for an event over its rate limit.
+const TOO_MANY_REQUESTS: &str = "TooManyRequests";
+
+/// At most one warning a second about rate-limited events (a flood of refusals would
+/// otherwise be a flood of log lines).
+fn rate_limit_log_due() -> bool {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    LAST.swap(now, Ordering::Relaxed) != now
+}
+
 /// Handles one event from the principal; returns what to answer.
 async fn on_event(spoke: &Spoke, event: Event) -> Option<Event> {
     spoke.metrics.event(false, event.ty.verb());
@@ -231,12 +245,33 @@ async fn on_event(spoke: &Spoke, event: Event) -> Option<Event> {
             None
         }
         EventType::Error => {
-            if let Payload::Error(d) = &event.payload {
-                tracing::warn!(reason = %d.reason, message = %d.message, event_id = %d.event_id, "principal refused an event");
-            }
-            // A refused event is not retried: the principal gave a final answer.
-            if let Some(id) = &event.ack_id {
-                spoke.queue.ack(id);
+            let reason = match &event.payload {
+                Payload::Error(d) => d.reason.as_str(),
+                _ => "",
+            };
+            match (reason, &event.ack_id) {
+                // Over the principal's rate limit: not an answer about the change itself,
+                // so it stays queued and is resent after a backoff (never dropped).
+                (TOO_MANY_REQUESTS, Some(id)) => {
+                    if spoke.queue.retry_later(id) && rate_limit_log_due() {
+                        tracing::warn!(event_id = %id, "principal is rate limiting this agent: events are resent later");
+                    }
+                }
+                // A delete of an object the hub does not have: the outcome the delete
+                // wanted (a resend after a lost acknowledgement ends here too).
+                ("NotFound", Some(id)) => {
+                    tracing::info!(object = ?event.resource, event_id = %id, "delete: the hub has no such object");
+                    spoke.queue.ack(id);
+                }
+                (_, id) => {
+                    if let Payload::Error(d) = &event.payload {
+                        tracing::warn!(reason = %d.reason, message = %d.message, event_id = %d.event_id, "principal refused an event");
+                    }
+                    // A refused event is not retried: the principal gave a final answer.
+                    if let Some(id) = id {
+                        spoke.queue.ack(id);
+                    }
+                }
             }
             None
         }
@@ -326,6 +361,67 @@ mod tests {
             crate::metrics::Metrics::new(),
         )));
         assert!(offers(&spoke));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn rate_limited_events_stay_queued_other_refusals_are_final() {
+        use argocd_agent_kubernetes::{Kind, Resources, Scope};
+        use argocd_agent_sync::{ResourceKind, ResourceRef};
+        let (svc, _api) = tower_test::mock::pair::<
+            http::Request<kube::client::Body>,
+            http::Response<kube::client::Body>,
+        >();
+        let client = kube::Client::new(svc, "default");
+        let (cache, _changes) =
+            argocd_agent_kubernetes::watch(client.clone(), Kind::Application, Scope::all());
+        let spoke = Spoke::new(
+            AgentMode::Autonomous,
+            Namespace::new("argocd").unwrap(),
+            "agent".into(),
+            Resources::new(client, Kind::Application),
+            cache,
+            argocd_agent_sync::SendQueue::new(argocd_agent_sync::QueueLimits::default()),
+            crate::objects::ConfigKinds::new(Vec::new()),
+        );
+        let change = |name: &str| {
+            Event::resource(
+                "agent",
+                EventType::Delete,
+                ResourceRef::new(
+                    ResourceKind::Application,
+                    Namespace::new("agent").unwrap(),
+                    name,
+                ),
+                Payload::None,
+            )
+        };
+        for name in ["limited", "gone", "forbidden"] {
+            spoke.queue.push(change(name)).unwrap();
+        }
+        let sent: Vec<Event> = vec![
+            spoke.queue.next().await,
+            spoke.queue.next().await,
+            spoke.queue.next().await,
+        ];
+        let by_name = |n: &str| {
+            sent.iter()
+                .find(|e| e.resource.as_ref().is_some_and(|r| r.name == n))
+                .unwrap()
+        };
+        for (name, reason) in [
+            ("limited", "TooManyRequests"),
+            ("gone", "NotFound"),
+            ("forbidden", "Forbidden"),
+        ] {
+            let reply = by_name(name).error_reply("principal", reason, "no".into());
+            assert!(on_event(&spoke, reply).await.is_none());
+        }
+        // Only the rate-limited change is still in flight, and it comes back.
+        assert_eq!(spoke.queue.len(), 1);
+        let again = tokio::time::timeout(std::time::Duration::from_secs(5), spoke.queue.next())
+            .await
+            .expect("the rate-limited change is resent");
+        assert_eq!(again.id, by_name("limited").id);
     }
 
     #[test]

@@ -105,6 +105,8 @@ pub struct PrincipalConfig {
     pub admin_listen: Option<AdminAddress>,
     pub max_message_size: usize,
     pub queue: QueueLimits,
+    /// Each agent's inbound event rate limit (`--agent-event-rate`, `--agent-event-burst`).
+    pub event_rate: crate::ratelimit::EventRate,
     /// A session silent for longer than this is closed (agents send heartbeats).
     pub idle_timeout: Duration,
     /// TLS handshakes in progress at once (a reconnect storm queues beyond this).
@@ -143,6 +145,7 @@ impl Default for PrincipalConfig {
             admin_listen: None,
             max_message_size: 4 * 1024 * 1024,
             queue: QueueLimits::default(),
+            event_rate: crate::ratelimit::EventRate::default(),
             idle_timeout: Duration::from_secs(120),
             max_concurrent_handshakes:
                 argocd_agent_identity::transport::DEFAULT_MAX_CONCURRENT_HANDSHAKES,

@@ -130,6 +130,9 @@ pub struct AgentState {
     last_event_ms: AtomicI64,
     /// Requests to the current session (none while disconnected).
     link: Mutex<Option<Arc<crate::link::AgentLink>>>,
+    /// The agent's inbound event rate limit: per agent, not per session, so reconnecting
+    /// does not refill it.
+    limiter: Mutex<crate::ratelimit::EventLimiter>,
 }
 
 impl AgentState {
@@ -143,6 +146,10 @@ impl AgentState {
     /// Tells the worker to re-evaluate the agent's configuration objects.
     pub(crate) fn mark_config_dirty(&self) {
         self.inbox.mark_config_dirty();
+    }
+    /// Takes one token of the agent's inbound event rate limit.
+    pub fn check_rate(&self) -> crate::ratelimit::Verdict {
+        lock(&self.limiter).check(std::time::Instant::now())
     }
     /// The agent's hub namespace.
     pub fn namespace(&self) -> Namespace {
@@ -228,6 +235,10 @@ pub enum Applied {
     Ack,
     /// Send nothing (the answer is an event in the agent's queue).
     Silent,
+    /// A delete of an object the hub does not have: answered with an error event
+    /// `NotFound` naming the event, which the agent takes as done (a delete resent after a
+    /// lost acknowledgement ends there too, instead of being retried).
+    NotFound,
 }
 
 /// Shared state of the principal.
@@ -241,6 +252,8 @@ pub struct Hub {
     pub cache: Cache,
     pub metrics: Metrics,
     pub queue_limits: QueueLimits,
+    /// Each agent's inbound event rate limit.
+    pub event_rate: crate::ratelimit::EventRate,
     pub create_namespace: bool,
     namespace_cache: Option<Cache>,
     pub namespace_labels: BTreeMap<String, String>,
@@ -266,6 +279,8 @@ pub struct HubParts {
     pub cache: Cache,
     pub metrics: Metrics,
     pub queue_limits: QueueLimits,
+    /// Each agent's inbound event rate limit (`--agent-event-rate`, `--agent-event-burst`).
+    pub event_rate: crate::ratelimit::EventRate,
     pub create_namespace: bool,
     /// The hub's namespaces (watched when `create_namespace` is set): a namespace known to
     /// exist costs no API call on connect.
@@ -378,6 +393,7 @@ impl Hub {
             cache: parts.cache,
             metrics: parts.metrics,
             queue_limits: parts.queue_limits,
+            event_rate: parts.event_rate,
             create_namespace: parts.create_namespace,
             namespace_cache: parts.namespace_cache,
             namespace_labels: parts.namespace_labels,
@@ -533,6 +549,10 @@ impl Hub {
                     inbox: ChangeInbox::default(),
                     last_event_ms: AtomicI64::new(0),
                     link: Mutex::new(None),
+                    limiter: Mutex::new(crate::ratelimit::EventLimiter::new(
+                        self.event_rate,
+                        std::time::Instant::now(),
+                    )),
                 });
                 registry.agents.insert(name.clone(), state.clone());
                 self.spawn_worker(state.clone());
@@ -793,7 +813,7 @@ impl Hub {
             }
         }
         for name in &plan.delete {
-            self.delete_hub_copy(&ns, name).await;
+            let _ = self.delete_hub_copy(&ns, name).await;
         }
         // Hub operations not yet delivered (set while no session was up, or queued in a
         // principal that since restarted) go out now.
@@ -816,7 +836,8 @@ impl Hub {
     }
 
     /// Removes an autonomous agent's hub copy (finalizers first: the spoke already deleted it).
-    async fn delete_hub_copy(&self, ns: &Namespace, name: &str) {
+    /// Returns `false` when the API server had no such object.
+    async fn delete_hub_copy(&self, ns: &Namespace, name: &str) -> bool {
         let ns = Some(ns.as_str());
         if let Err(e) = self.apps.remove_finalizers(ns, name).await
             && !e.is_not_found()
@@ -824,14 +845,17 @@ impl Hub {
             tracing::warn!(error = %chain(&e), "could not remove finalizers");
         }
         match self.apps.delete(ns, name).await {
-            Ok(argocd_agent_kubernetes::DeleteOutcome::NotFound) => {}
-            Ok(_) => self
-                .metrics
-                .hub_write(ResourceKind::Application, HubWrite::Deleted),
-            Err(e) if e.is_not_found() => {}
+            Ok(argocd_agent_kubernetes::DeleteOutcome::NotFound) => false,
+            Ok(_) => {
+                self.metrics
+                    .hub_write(ResourceKind::Application, HubWrite::Deleted);
+                true
+            }
+            Err(e) if e.is_not_found() => false,
             Err(e) => {
                 self.metrics.hub_write_errors.inc();
                 tracing::warn!(error = %chain(&e), "could not delete hub copy");
+                true
             }
         }
     }
@@ -1155,8 +1179,12 @@ impl Hub {
                     inner.sent_operation.remove(&resource.name);
                     inner.sent_terminate.remove(&resource.name);
                 }
-                self.delete_hub_copy(&resource.namespace, &resource.name)
-                    .await;
+                if !self
+                    .delete_hub_copy(&resource.namespace, &resource.name)
+                    .await
+                {
+                    return Ok(Applied::NotFound);
+                }
             }
             Command::ResendCurrent { resource } => {
                 self.send_current(state, resource);
@@ -1180,8 +1208,11 @@ impl Hub {
                 Ok(Applied::Ack)
             }
             Command::Delete { resource } if resource.kind == ResourceKind::AppProject => {
-                self.delete_project_from_agent(state, &resource.name).await;
-                Ok(Applied::Ack)
+                if self.delete_project_from_agent(state, &resource.name).await {
+                    Ok(Applied::Ack)
+                } else {
+                    Ok(Applied::NotFound)
+                }
             }
             Command::ResendCurrent { resource } => {
                 self.send_current_config(state, resource);

@@ -126,9 +126,14 @@ pub fn decide(
     let owner = match (owner, &owner_name) {
         (OwnerRecord::Label(_), Some(name)) => Owner::Agent(name),
         (OwnerRecord::Label(label), None) => Owner::Invalid(label),
-        // An Application in the agent's namespace without a label is adopted; any other
-        // object created on the hub belongs to no agent.
-        (OwnerRecord::Unlabelled, _) if resource.kind != ResourceKind::Application => Owner::Hub,
+        // An Application in the agent's namespace without a label is adopted by a write
+        // (which labels it), but never deleted: a hub-authored Application is not the
+        // agent's to remove. Any other object created on the hub belongs to no agent.
+        (OwnerRecord::Unlabelled, _)
+            if resource.kind != ResourceKind::Application || action == Action::Delete =>
+        {
+            Owner::Hub
+        }
         _ => Owner::Unknown,
     };
     let object = ObjectRef {
@@ -485,6 +490,46 @@ mod tests {
             &Placement::Namespace,
         ));
         assert_eq!(r.metric, "NotOwner");
+    }
+
+    #[test]
+    fn hub_authored_applications_are_never_deleted_by_an_agent() {
+        let who = identity("both");
+        let e = event(EventType::Delete, NS, "guestbook", Payload::None);
+        let r = refused(decide(
+            &who,
+            AgentMode::Autonomous,
+            &e,
+            &OwnerRecord::Unlabelled,
+            &Placement::Namespace,
+        ));
+        assert_eq!((r.reason, r.metric), ("Forbidden", "NotOwner"));
+        assert!(r.message.contains("created on the hub"), "{}", r.message);
+        // A write still adopts it (and labels it); a delete of a name the hub does not
+        // have goes on to the hub (answered NotFound there).
+        let up = event(EventType::SpecUpdate, NS, "guestbook", object("guestbook"));
+        assert!(matches!(
+            decide(
+                &who,
+                AgentMode::Autonomous,
+                &up,
+                &OwnerRecord::Unlabelled,
+                &Placement::Namespace
+            ),
+            Decision::Apply(Command::Upsert { .. })
+        ));
+        assert_eq!(
+            decide(
+                &who,
+                AgentMode::Autonomous,
+                &e,
+                &OwnerRecord::Absent,
+                &Placement::Namespace
+            ),
+            Decision::Apply(Command::Delete {
+                resource: app(NS, "guestbook")
+            })
+        );
     }
 
     #[test]

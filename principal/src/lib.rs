@@ -23,6 +23,7 @@ pub mod link;
 pub mod metrics;
 pub mod objects;
 pub mod projects;
+pub mod ratelimit;
 pub mod redisproxy;
 pub mod resourceproxy;
 pub mod server;
@@ -248,6 +249,7 @@ pub async fn start(
         cache,
         metrics: metrics.clone(),
         queue_limits: config.queue.clone(),
+        event_rate: config.event_rate,
         create_namespace: config.create_namespace,
         namespace_cache,
         namespace_labels: config.namespace_labels.clone(),

@@ -134,7 +134,7 @@ pub const AUTH_FAILURE_REASONS: [&str; 13] = [
 
 /// Reasons inbound events are refused (`argocd_principal_events_refused`), exported at zero
 /// for each agent when it first connects.
-pub const REFUSAL_REASONS: [&str; 8] = [
+pub const REFUSAL_REASONS: [&str; 10] = [
     "WrongNamespace",
     "NotOwner",
     "ModeForbids",
@@ -143,6 +143,8 @@ pub const REFUSAL_REASONS: [&str; 8] = [
     "Malformed",
     "Invalid",
     "UnexpectedEvent",
+    crate::ratelimit::RATE_LIMITED,
+    "NotFound",
 ];
 
 /// Default of `--metrics-max-agent-labels`.

@@ -468,8 +468,9 @@ impl Hub {
         Ok(())
     }
 
-    /// Deletes the hub copy of an autonomous agent's project.
-    pub async fn delete_project_from_agent(&self, state: &AgentState, name: &str) {
+    /// Deletes the hub copy of an autonomous agent's project. Returns `false` when the API
+    /// server had no such object.
+    pub async fn delete_project_from_agent(&self, state: &AgentState, name: &str) -> bool {
         state.inner().desired_projects.remove(name);
         let hub_name = projects::hub_name(&state.name, name);
         let ns = Some(self.config.namespace.as_str());
@@ -487,11 +488,15 @@ impl Hub {
             self.metrics
                 .hub_write(ResourceKind::AppProject, crate::metrics::HubWrite::Deleted);
         }
-        if let Err(e) = result
-            && !e.is_not_found()
-        {
-            self.metrics.hub_write_errors.inc();
-            tracing::warn!(project = %hub_name, error = %chain(&e), "could not delete hub project");
+        match result {
+            Ok(argocd_agent_kubernetes::DeleteOutcome::NotFound) => false,
+            Err(e) if e.is_not_found() => false,
+            Err(e) => {
+                self.metrics.hub_write_errors.inc();
+                tracing::warn!(project = %hub_name, error = %chain(&e), "could not delete hub project");
+                true
+            }
+            Ok(_) => true,
         }
     }
 
@@ -532,7 +537,7 @@ impl Hub {
         tracing::info!(agent = %state.name, request = plan.send.len(), delete = plan.delete.len(),
             "resync (autonomous projects): agent is the source");
         for name in &plan.delete {
-            self.delete_project_from_agent(state, name).await;
+            let _ = self.delete_project_from_agent(state, name).await;
         }
         let ns = state.namespace();
         plan.send

@@ -430,11 +430,45 @@ async fn handle_inbound(
         }
     };
     hub.metrics.event(false, agent.as_str(), event.ty.verb());
+    if crate::ratelimit::is_limited(event.ty)
+        && let crate::ratelimit::Verdict::Refused { log } = state.check_rate()
+    {
+        return refuse_rate_limited(hub, state, event, log, tx).await;
+    }
     let span = argocd_agent_sync::event_span!("principal.handle_inbound", &event,
         agent = %identity.agent, client = %identity.client, rule = %identity.rule);
     handle_event(hub, cluster_info, state, identity, mode, event, tx)
         .instrument(span)
         .await
+}
+
+/// Refuses an event over the agent's rate limit before anything touches the hub: an error
+/// event `TooManyRequests` naming it (the agent resends it later), the refused-events metric
+/// (`RateLimited`) and, at most once a second per agent, a log line with the count.
+async fn refuse_rate_limited(
+    hub: &Hub,
+    state: &AgentState,
+    event: Event,
+    log: Option<u64>,
+    tx: &Outbound,
+) -> Result<(), Status> {
+    let limit = hub.event_rate;
+    hub.metrics
+        .refused(&state.name, crate::ratelimit::RATE_LIMITED);
+    if let Some(refused) = log {
+        tracing::warn!(
+            refused,
+            rate = limit.rate,
+            burst = limit.burst,
+            "agent over its event rate limit: events refused with TooManyRequests"
+        );
+    }
+    let message = format!(
+        "agent {} is over its event rate limit ({} events/s, burst {}): resend later",
+        state.name, limit.rate, limit.burst
+    );
+    let reply = event.error_reply(&hub.source, crate::ratelimit::TOO_MANY_REQUESTS, message);
+    send(tx, hub, state, reply).await
 }
 
 /// Decides and applies one decoded inbound event, then answers it (span
@@ -520,6 +554,17 @@ async fn handle_event(
         Decision::Apply(command) => match hub.apply(state, command).await {
             Ok(Applied::Ack) => Some(event.ack(&hub.source)),
             Ok(Applied::Silent) => None,
+            Ok(Applied::NotFound) => {
+                // Not a failure worth a warning: an agent resending a delete after a lost
+                // acknowledgement lands here.
+                hub.metrics.refused(agent, "NotFound");
+                tracing::info!(object = ?event.resource, "delete of an object the hub does not have: answered NotFound");
+                let message = match &event.resource {
+                    Some(r) => format!("{r} does not exist on the hub (already deleted)"),
+                    None => "no such object on the hub".into(),
+                };
+                Some(event.error_reply(&hub.source, "NotFound", message))
+            }
             Err(e) => {
                 let message = chain(&e);
                 tracing::warn!(object = ?event.resource, error = ?message, "could not apply event");

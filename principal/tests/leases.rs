@@ -31,6 +31,7 @@ fn replica(client: &kube::Client, name: &str, shutdown: &CancellationToken) -> A
         cache: watch(Kind::Application, Scope::all()),
         metrics: Metrics::new(),
         queue_limits: Default::default(),
+        event_rate: Default::default(),
         create_namespace: false,
         namespace_cache: None,
         namespace_labels: Default::default(),

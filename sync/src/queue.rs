@@ -106,6 +106,9 @@ struct InFlight {
     seq: u64,
     /// When it was first sent (for the round-trip estimate).
     sent: Instant,
+    /// The peer asked for it again later ([`SendQueue::retry_later`]): resent at the
+    /// deadline even while the peer acknowledges other events.
+    retry: bool,
 }
 
 /// Round-trip estimate from acknowledgements (RFC 6298's SRTT and RTTVAR).
@@ -228,6 +231,37 @@ impl SendQueue {
         Some((key, f.event))
     }
 
+    /// The peer refused the event with this id for now (rate limited): it is sent again
+    /// after the backoff of its attempts so far (the first wait is the resend timeout, then
+    /// doubling with each resend up to `resend_max`), unless a newer
+    /// event for the same resource is already queued, which then replaces it. Never
+    /// dropped: the change is delivered once the peer accepts it. Returns whether the id
+    /// was in flight.
+    pub fn retry_later(&self, id: &str) -> bool {
+        let mut st = self.lock();
+        let Some(key) = st.ids.get(id).cloned() else {
+            return false;
+        };
+        if st.pending.contains_key(&key) {
+            // Superseded: the queued newer event goes out instead (one in flight per key).
+            st.ids.remove(id);
+            st.in_flight.remove(&key);
+            drop(st);
+            self.notify.notify_one();
+            return true;
+        }
+        let attempts = st.in_flight.get(&key).map_or(0, |f| f.attempts);
+        let deadline = Instant::now() + self.backoff(&st, attempts);
+        if let Some(f) = st.in_flight.get_mut(&key) {
+            // The resend at the deadline counts an attempt, so repeated refusals back off.
+            f.deadline = deadline;
+            f.retry = true;
+        }
+        drop(st);
+        self.notify.notify_one();
+        true
+    }
+
     /// After a reconnect: everything in flight is sent again (unless a newer event for the
     /// same key is already queued), in front of the rest.
     pub fn requeue_in_flight(&self) {
@@ -308,7 +342,8 @@ impl SendQueue {
             let progressing = st
                 .last_ack
                 .is_some_and(|t| now.saturating_duration_since(t) < timeout);
-            if !skipped && progressing {
+            let retry = st.in_flight.get(&k).is_some_and(|f| f.retry);
+            if !skipped && progressing && !retry {
                 // The peer is working through older events: wait another timeout.
                 if let Some(f) = st.in_flight.get_mut(&k) {
                     f.deadline = now + timeout;
@@ -321,6 +356,7 @@ impl SendQueue {
             if let Some(f) = st.in_flight.get_mut(&k) {
                 f.attempts = attempts;
                 f.deadline = deadline;
+                f.retry = false;
                 self.resends
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 return Ok(f.event.clone());
@@ -347,6 +383,7 @@ impl SendQueue {
                         attempts: 0,
                         seq,
                         sent: now,
+                        retry: false,
                     },
                 );
                 return Ok(event);
@@ -488,6 +525,56 @@ mod tests {
         writer.abort();
         assert_eq!(q.resends(), 0, "a slow but working peer was resent to");
         assert!(q.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_rate_limited_event_is_resent_later_with_backoff_even_while_others_are_acked() {
+        let q = Arc::new(q());
+        for n in ["a", "b"] {
+            q.push(ev(EventType::SpecUpdate, n, 1)).unwrap();
+        }
+        let a = q.next().await;
+        let b = q.next().await;
+        let t0 = Instant::now();
+        // "a" is refused for now; "b" is acknowledged (the peer is progressing, which would
+        // hold back an ordinary resend).
+        assert!(q.retry_later(&a.id));
+        assert!(q.ack(&b.id).is_some());
+        let again = q.next().await;
+        assert_eq!(again.id, a.id, "the refused event, not dropped");
+        let first_wait = t0.elapsed();
+        assert!(
+            first_wait >= Duration::from_millis(50) && first_wait < Duration::from_millis(100),
+            "{first_wait:?}"
+        );
+        // Refused again: the next wait doubles.
+        let t1 = Instant::now();
+        assert!(q.retry_later(&a.id));
+        let third = q.next().await;
+        assert_eq!(third.id, a.id);
+        assert!(
+            t1.elapsed() >= Duration::from_millis(100),
+            "{:?}",
+            t1.elapsed()
+        );
+        assert!(q.ack(&a.id).is_some());
+        assert!(q.is_empty());
+        assert!(!q.retry_later("unknown"), "an id not in flight");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_rate_limited_event_superseded_by_a_queued_newer_one_gives_way_to_it() {
+        let q = q();
+        q.push(ev(EventType::SpecUpdate, "a", 1)).unwrap();
+        let first = q.next().await;
+        q.push(ev(EventType::SpecUpdate, "a", 2)).unwrap();
+        assert!(q.retry_later(&first.id));
+        let next = tokio::time::timeout(Duration::from_millis(10), q.next())
+            .await
+            .expect("the newer event goes out at once");
+        assert_eq!(val(&next), 2);
+        assert_ne!(next.id, first.id);
+        assert_eq!(q.len(), 1);
     }
 
     #[tokio::test(start_paused = true)]

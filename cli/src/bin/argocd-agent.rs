@@ -179,6 +179,14 @@ struct PrincipalArgs {
     /// Maximum unacknowledged events per agent.
     #[arg(long, default_value_t = 256)]
     max_in_flight: usize,
+    /// Inbound write events (create, spec-update, status-update, delete, request-update)
+    /// accepted per second from one agent; events over it are refused with
+    /// `TooManyRequests` before any hub write, and the agent resends them later. 0: no limit.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_AGENT_EVENT_RATE", default_value_t = argocd_agent_principal::ratelimit::DEFAULT_EVENT_RATE)]
+    agent_event_rate: f64,
+    /// Events one agent may send at once above --agent-event-rate.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_AGENT_EVENT_BURST", default_value_t = argocd_agent_principal::ratelimit::DEFAULT_EVENT_BURST)]
+    agent_event_burst: u32,
     #[arg(long, env = "ARGOCD_PRINCIPAL_LOG_LEVEL", default_value = "info")]
     log_level: String,
     /// Log format: text or json.
@@ -830,6 +838,19 @@ async fn serve_principal(a: PrincipalArgs) -> CmdResult {
         queue: argocd_agent_sync::QueueLimits {
             max_in_flight: a.max_in_flight,
             ..Default::default()
+        },
+        event_rate: {
+            if !(a.agent_event_rate >= 0.0 && a.agent_event_rate.is_finite()) {
+                return Err(format!(
+                    "--agent-event-rate: {} is not a rate (events per second, 0: no limit)",
+                    a.agent_event_rate
+                )
+                .into());
+            }
+            argocd_agent_principal::ratelimit::EventRate {
+                rate: a.agent_event_rate,
+                burst: a.agent_event_burst,
+            }
         },
         redis_proxy: a.redis.config()?,
         resource_proxy: a.resource_proxy.config()?,

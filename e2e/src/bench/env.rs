@@ -142,6 +142,14 @@ fn principal_proc(
         // No Redis in a bench run (and no fixed port 6379 to collide on).
         "--disable-redis-proxy".into(),
     ]);
+    // The bench measures the principal's capacity: the per-agent event rate limit (a
+    // policy, tested in e2e/tests/bad_input.rs) is off unless a run sets it.
+    if !extra_args
+        .iter()
+        .any(|a| a.starts_with("--agent-event-rate"))
+    {
+        args.extend(["--agent-event-rate".into(), "0".into()]);
+    }
     args.extend(extra_args.iter().cloned());
     let proc = Proc::new(
         &format!("principal{suffix}"),
