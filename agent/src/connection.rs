@@ -71,32 +71,46 @@ fn check_welcome(event: Event) -> Result<(Welcome, Namespace), SessionError> {
     Ok((w, ns))
 }
 
-/// Runs one connection until it ends.
+/// How long a shutting-down agent waits for the principal to acknowledge the events it
+/// has in flight (it applies and answers the principal's events meanwhile).
+const DRAIN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Runs one connection until it ends, or until `shutdown`: then it stops sending new
+/// events, finishes and answers what the principal sends, and waits (up to
+/// [`DRAIN_GRACE`]) for acknowledgements of the events in flight.
 pub async fn run(
     spoke: &Spoke,
     dialer: &Dialer,
     config: &AgentConfig,
     connected: &AtomicBool,
+    shutdown: &tokio_util::sync::CancellationToken,
 ) -> Result<(), SessionError> {
-    let channel = dialer.connect(&config.server, config.keepalive).await?;
-    let tunnel_channel = channel.clone();
-    let mut client = EventStreamClient::new(channel)
-        .max_decoding_message_size(config.max_message_size)
-        .max_encoding_message_size(config.max_message_size);
-    let (tx, rx) = mpsc::channel(OUTBOUND_BUFFER);
-    tx.send(hello(spoke).to_cloud_event())
-        .await
-        .map_err(|_| SessionError::Closed)?;
-    let mut request = tonic::Request::new(ReceiverStream::new(rx));
-    dialer.authorize(&mut request)?;
-    let mut inbound = client.subscribe(request).await?.into_inner();
-    let first = inbound
-        .message()
-        .await?
-        .ok_or_else(|| SessionError::Protocol("stream closed before welcome".into()))?;
-    let welcome =
-        Event::from_cloud_event(first).map_err(|e| SessionError::Protocol(e.to_string()))?;
-    let (w, hub_ns) = check_welcome(welcome)?;
+    let setup = async {
+        let channel = dialer.connect(&config.server, config.keepalive).await?;
+        let tunnel_channel = channel.clone();
+        let mut client = EventStreamClient::new(channel)
+            .max_decoding_message_size(config.max_message_size)
+            .max_encoding_message_size(config.max_message_size);
+        let (tx, rx) = mpsc::channel(OUTBOUND_BUFFER);
+        tx.send(hello(spoke).to_cloud_event())
+            .await
+            .map_err(|_| SessionError::Closed)?;
+        let mut request = tonic::Request::new(ReceiverStream::new(rx));
+        dialer.authorize(&mut request)?;
+        let mut inbound = client.subscribe(request).await?.into_inner();
+        let first = inbound
+            .message()
+            .await?
+            .ok_or_else(|| SessionError::Protocol("stream closed before welcome".into()))?;
+        let welcome =
+            Event::from_cloud_event(first).map_err(|e| SessionError::Protocol(e.to_string()))?;
+        let (w, hub_ns) = check_welcome(welcome)?;
+        Ok::<_, SessionError>((tunnel_channel, tx, inbound, w, hub_ns))
+    };
+    let (tunnel_channel, tx, mut inbound, w, hub_ns) = tokio::select! {
+        r = setup => r?,
+        _ = shutdown.cancelled() => return Ok(()),
+    };
     tracing::info!(agent = %w.agent_name, hub_namespace = %hub_ns, principal_version = %w.version, "connected to principal");
     spoke.queue.requeue_in_flight();
     spoke.after_welcome(hub_ns);
@@ -112,15 +126,29 @@ pub async fn run(
     let _end_requests = requests.clone().drop_guard();
     let mut cache_report = tokio::time::interval(config.cache_refresh_interval);
     cache_report.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut draining: Option<tokio::time::Instant> = None;
     loop {
+        if draining.is_some() && spoke.queue.in_flight() == 0 {
+            tracing::info!("shutting down: every event in flight was acknowledged");
+            break;
+        }
         let out = tokio::select! {
-            _ = cache_report.tick() => {
+            _ = shutdown.cancelled(), if draining.is_none() => {
+                tracing::info!(in_flight = spoke.queue.in_flight(), "shutting down: no new events; waiting for acknowledgements");
+                draining = Some(tokio::time::Instant::now() + DRAIN_GRACE);
+                None
+            }
+            _ = tokio::time::sleep_until(draining.unwrap_or_else(tokio::time::Instant::now)), if draining.is_some() => {
+                tracing::warn!(in_flight = spoke.queue.in_flight(), "shutting down: events still unacknowledged after {DRAIN_GRACE:?} (sent again after the restart)");
+                break;
+            }
+            _ = cache_report.tick(), if draining.is_none() => {
                 report_cache_info(spoke, &direct_tx);
                 None
             }
-            event = spoke.queue.next() => Some(event),
+            event = spoke.queue.next(), if draining.is_none() => Some(event),
             Some(event) = direct_rx.recv() => Some(event),
-            _ = heartbeat.tick() => Some(Event::new(&spoke.source, EventType::Ping, Payload::None)),
+            _ = heartbeat.tick(), if draining.is_none() => Some(Event::new(&spoke.source, EventType::Ping, Payload::None)),
             msg = inbound.message() => {
                 let Some(ce) = msg? else { return Ok(()) };
                 match Event::from_cloud_event(ce) {
@@ -167,6 +195,15 @@ pub async fn run(
                 .map_err(|_| SessionError::Closed)?;
         }
     }
+    // Draining done: end our side of the stream, and wait (briefly) for the principal to
+    // end its side, which it does after reading everything we sent, the last answers
+    // included. Exiting at once could lose them in buffers.
+    drop(tx);
+    let _ = tokio::time::timeout(DRAIN_GRACE, async {
+        while let Ok(Some(_)) = inbound.message().await {}
+    })
+    .await;
+    Ok(())
 }
 
 /// Sends the cluster's cache counts (read from the cluster's Redis when configured) beside

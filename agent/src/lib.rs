@@ -357,11 +357,13 @@ async fn reconnect_loop(
     let mut backoff = config.backoff_initial;
     loop {
         let started = tokio::time::Instant::now();
-        let result = tokio::select! {
-            _ = shutdown.cancelled() => return,
-            r = connection::run(&spoke, &dialer, &config, &connected) => r,
-        };
+        // The connection watches for shutdown itself, so it can drain first.
+        let result = connection::run(&spoke, &dialer, &config, &connected, &shutdown).await;
         connected.store(false, Ordering::Relaxed);
+        if shutdown.is_cancelled() {
+            spoke.metrics.connection(false);
+            return;
+        }
         spoke.metrics.connection(false);
         if let Err(SessionError::Status(s)) = &result
             && matches!(

@@ -74,10 +74,9 @@ pub fn start(
     let ctx = ctx.clone();
     ctx.tasks.clone().spawn(
         async move {
-            let result = tokio::select! {
-                r = run(&ctx, identity, peer, inbound, &tx) => r,
-                _ = ctx.shutdown.cancelled() => Err(Status::unavailable("principal shutting down")),
-            };
+            // The session watches for shutdown itself: between events, so the event being
+            // applied when SIGTERM arrives is finished and answered first.
+            let result = run(&ctx, identity, peer, inbound, &tx).await;
             match result {
                 Err(status) if argocd_agent_identity::transport::is_connection_loss(&status) => {
                     tracing::info!(reason = ?status.message(), "connection to the agent lost");
@@ -178,7 +177,10 @@ async fn run(
 ) -> Result<(), Status> {
     let hub = &ctx.hub;
     // 1. Hello.
-    let (hello, mode) = receive_hello(hub, &identity, &mut inbound).await?;
+    let (hello, mode) = tokio::select! {
+        r = receive_hello(hub, &identity, &mut inbound) => r?,
+        _ = ctx.shutdown.cancelled() => return Err(shutting_down()),
+    };
     let resync_state = hello.state.clone().unwrap_or_default();
     let agent_checksums: BTreeMap<ResourceKind, Checksums> = ResourceKind::ALL
         .into_iter()
@@ -297,6 +299,7 @@ async fn run(
         _ = token.cancelled() => {
             return Err(closed_by_principal(&state, " during resync"));
         }
+        _ = ctx.shutdown.cancelled() => return Err(shutting_down()),
         _ = tx.closed() => {
             tracing::info!("the agent went away during resync: resync abandoned");
             return Ok(());
@@ -317,6 +320,12 @@ async fn run(
             _ = token.cancelled() => {
                 return Err(closed_by_principal(&state, ""));
             }
+            // Checked between events only: an inbound event is applied and answered before
+            // the session ends (graceful shutdown drains what is in progress).
+            _ = ctx.shutdown.cancelled() => {
+                tracing::info!("principal shutting down: session closed after the last event was answered");
+                return Err(shutting_down());
+            }
             _ = tx.closed() => return Ok(()),
             event = state.queue.next() => send(tx, hub, &state, event).await?,
             Some(event) = direct_rx.recv() => send(tx, hub, &state, event).await?,
@@ -333,6 +342,12 @@ async fn run(
             }
         }
     }
+}
+
+/// The status sessions end with when the principal stops (the agent reconnects, to another
+/// replica or to this one restarted).
+fn shutting_down() -> Status {
+    Status::unavailable("principal shutting down")
 }
 
 /// The status a session closed by the principal ends with: the reason it gave (a replica
