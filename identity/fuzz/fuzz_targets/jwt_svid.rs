@@ -36,9 +36,8 @@ fn fixture() -> &'static Fixture {
     F.get_or_init(|| {
         let rng = SystemRandom::new();
         let pkcs8 = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng).unwrap();
-        let key =
-            EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, pkcs8.as_ref(), &rng)
-                .unwrap();
+        let key = EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, pkcs8.as_ref(), &rng)
+            .unwrap();
         let point = key.public_key().as_ref();
         let jwks = serde_json::json!({"keys": [{
             "kty": "EC", "crv": "P-256", "kid": "k1",
@@ -94,7 +93,10 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(sub, Some(valid.spiffe_id.as_str()));
         let aud = &valid.claims["aud"];
         assert!(
-            aud == AUDIENCE || aud.as_array().is_some_and(|a| a.iter().any(|x| x == AUDIENCE)),
+            aud == AUDIENCE
+                || aud
+                    .as_array()
+                    .is_some_and(|a| a.iter().any(|x| x == AUDIENCE)),
             "accepted for the wrong audience: {aud}"
         );
     }

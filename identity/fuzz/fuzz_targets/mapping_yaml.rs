@@ -23,7 +23,10 @@ fuzz_target!(|data: &[u8]| {
             let id = SpiffeId::parse(id).expect("fixed IDs are valid");
             let mapped = rules.map(&id);
             let explained = rules.explain(&id);
-            assert_eq!(mapped, explained.decision, "map and explain disagree for {id}");
+            assert_eq!(
+                mapped, explained.decision,
+                "map and explain disagree for {id}"
+            );
             let _ = explained.to_string();
             let _ = rules.authorize_admin(&id.clone().into());
         }

@@ -44,7 +44,13 @@ const TYPES: &[&str] = &[
     "log-request",
     "terminal-request",
 ];
-const KINDS: &[&str] = &["Application", "AppProject", "Repository", "GPGKeys", "Bogus"];
+const KINDS: &[&str] = &[
+    "Application",
+    "AppProject",
+    "Repository",
+    "GPGKeys",
+    "Bogus",
+];
 
 fn attr(a: Attr) -> CloudEventAttributeValue {
     CloudEventAttributeValue { attr: Some(a) }
@@ -69,7 +75,10 @@ fn structured(data: &[u8]) -> Option<CloudEvent> {
     if flags & 2 != 0 {
         let k = KINDS[usize::from(*kind) % KINDS.len()];
         attributes.insert("resourcekind".to_owned(), attr(Attr::CeString(k.into())));
-        attributes.insert("resourcenamespace".to_owned(), attr(Attr::CeString(namespace)));
+        attributes.insert(
+            "resourcenamespace".to_owned(),
+            attr(Attr::CeString(namespace)),
+        );
         attributes.insert("resourcename".to_owned(), attr(Attr::CeString(name)));
     }
     if flags & 4 != 0 {
@@ -81,7 +90,9 @@ fn structured(data: &[u8]) -> Option<CloudEvent> {
     let data = match flags >> 4 & 3 {
         0 => None,
         1 => Some(Data::BinaryData(payload)),
-        2 => Some(Data::TextData(String::from_utf8_lossy(&payload).into_owned())),
+        2 => Some(Data::TextData(
+            String::from_utf8_lossy(&payload).into_owned(),
+        )),
         _ => Some(Data::ProtoData(prost_types::Any::default())),
     };
     Some(CloudEvent {

@@ -35,9 +35,17 @@ fuzz_target!(|data: &[u8]| {
     }
     let op = BodyOp::ALL[usize::from(*op) % (BodyOp::ALL.len() + 1)];
     if let Ok((written, stored)) = fuzzing::write_body(plural, op, media, body) {
-        assert_eq!(written, stored, "a GET does not return what the write returned");
-        let rv = written.pointer("/metadata/resourceVersion").and_then(Value::as_str);
-        assert!(rv.is_some_and(|rv| !rv.is_empty()), "no resourceVersion: {written}");
+        assert_eq!(
+            written, stored,
+            "a GET does not return what the write returned"
+        );
+        let rv = written
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str);
+        assert!(
+            rv.is_some_and(|rv| !rv.is_empty()),
+            "no resourceVersion: {written}"
+        );
         if op != BodyOp::Create {
             assert_eq!(written.pointer("/metadata/name"), Some(&Value::from("obj")));
         }
