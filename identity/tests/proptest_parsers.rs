@@ -37,7 +37,7 @@ proptest! {
         let _ = TrustDomain::new(&s);
         let _ = AgentName::new(&s);
         let _ = RuleSet::from_yaml(&s);
-        let _ = RuleSet::from_flags(&[s.clone()]);
+        let _ = RuleSet::from_flags(std::slice::from_ref(&s));
         let _ = JwtBundles::default().validate_claims(&s, "spiffe://example.org/p", UNIX_EPOCH);
     }
 
