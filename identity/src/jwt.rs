@@ -248,9 +248,6 @@ impl JwtBundles {
         // Structure, required claims and header fields are checked by the spiffe crate.
         let parsed =
             JwtSvid::parse_insecure(token).map_err(|e| JwtError::Malformed(e.to_string()))?;
-        let sub = parsed.spiffe_id().to_string();
-        let spiffe_id =
-            SpiffeId::parse(&sub).map_err(|e| JwtError::Malformed(format!("sub: {e}")))?;
         let mut parts = token.split('.');
         let (Some(header_b64), Some(claims_b64), Some(sig_b64), None) =
             (parts.next(), parts.next(), parts.next(), parts.next())
@@ -266,6 +263,15 @@ impl JwtBundles {
             serde_json::from_slice(&b64(claims_b64, "claims").map_err(JwtError::Malformed)?)
                 .map_err(|e| JwtError::Malformed(format!("claims: {e}")))?;
         let signature = b64(sig_b64, "signature").map_err(JwtError::Malformed)?;
+        // `sub` exactly as signed: the spiffe crate lowercases the trust domain of the ID it
+        // returns, and an identity must never be normalised into another one.
+        let sub = claims
+            .get("sub")
+            .and_then(|s| s.as_str())
+            .ok_or_else(|| JwtError::Malformed("no sub".into()))?
+            .to_string();
+        let spiffe_id =
+            SpiffeId::parse(&sub).map_err(|e| JwtError::Malformed(format!("sub: {e}")))?;
         let alg = header
             .get("alg")
             .and_then(|a| a.as_str())

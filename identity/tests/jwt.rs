@@ -284,3 +284,20 @@ fn token_not_valid_yet_is_refused_beyond_the_clock_skew() {
     let err = check(serde_json::json!({"nbf": "soon"})).unwrap_err();
     assert!(matches!(err, JwtError::Malformed(_)), "{err}");
 }
+
+/// Found by the `jwt_svid` fuzz target: the spiffe crate lowercases the trust domain of `sub`,
+/// so a token for `spiffe://eXample.org/...` was accepted as `spiffe://example.org/...`.
+/// A `sub` that is not a valid SPIFFE ID as written is malformed.
+#[test]
+fn subject_with_an_uppercase_trust_domain_is_refused_not_normalised() {
+    let ca = DevCa::ephemeral(td("example.org")).unwrap();
+    let token = ca
+        .sign_jwt(&serde_json::json!({
+            "sub": "spiffe://eXample.org/agent",
+            "aud": [PRINCIPAL],
+            "exp": unix_now() + 3600,
+        }))
+        .unwrap();
+    let err = bundles(&ca).validate(&token, &id(PRINCIPAL)).unwrap_err();
+    assert!(matches!(err, JwtError::Malformed(_)), "{err}");
+}

@@ -533,7 +533,12 @@ fn media_type(headers: &HeaderMap) -> String {
 
 /// Decodes a create/update body (JSON, or YAML when so declared).
 fn decode_object(headers: &HeaderMap, body: &[u8]) -> Result<Value, ApiError> {
-    match media_type(headers).as_str() {
+    decode_object_as(&media_type(headers), body)
+}
+
+/// [`decode_object`] for a media type already taken from the headers (also for `fuzzing`).
+pub(crate) fn decode_object_as(media_type: &str, body: &[u8]) -> Result<Value, ApiError> {
+    match media_type {
         "" | "application/json" | "*/*" => serde_json::from_slice(body)
             .map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}"))),
         "application/vnd.kubernetes.protobuf" => super::protobuf::decode(body).map_err(|e| {

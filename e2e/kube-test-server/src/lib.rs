@@ -21,6 +21,8 @@
 mod audit;
 mod auth;
 mod exec;
+#[doc(hidden)]
+pub mod fuzzing;
 mod http;
 mod managed_fields;
 mod openapi;
