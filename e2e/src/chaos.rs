@@ -333,18 +333,7 @@ fn agent_name(i: usize) -> (String, Mode) {
 /// Runs a chaos run and reports what it found (an `Err` only when the topology could not
 /// be built).
 pub async fn run(opts: &ChaosOptions) -> Result<ChaosReport, HarnessError> {
-    let (dir, tmp) = match &opts.dir {
-        Some(d) => {
-            std::fs::create_dir_all(d)?;
-            (d.clone(), None)
-        }
-        None => {
-            let t = tempfile::Builder::new()
-                .prefix("argocd-agent-chaos")
-                .tempdir()?;
-            (t.path().to_path_buf(), Some(t))
-        }
-    };
+    let (dir, tmp) = crate::harness::work_dir(opts.dir.as_deref(), "argocd-agent-chaos")?;
     let agents: Vec<(String, Mode)> = (0..opts.agents.max(1)).map(agent_name).collect();
     let ctx = Arc::new(start(&dir, &agents).await?);
     let result = drive_and_check(&ctx, opts).await;

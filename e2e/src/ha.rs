@@ -116,18 +116,7 @@ pub fn envoy_tcp_config(listen: SocketAddr, upstreams: &[SocketAddr]) -> String 
 impl HaTopology {
     pub async fn start(opts: HaOptions) -> Result<HaTopology, HarnessError> {
         let envoy_program = envoy_bin()?;
-        let (dir, tmp) = match &opts.dir {
-            Some(d) => {
-                std::fs::create_dir_all(d)?;
-                (d.clone(), None)
-            }
-            None => {
-                let t = tempfile::Builder::new()
-                    .prefix("argocd-agent-e2e-ha")
-                    .tempdir()?;
-                (t.path().to_path_buf(), Some(t))
-            }
-        };
+        let (dir, tmp) = crate::harness::work_dir(opts.dir.as_deref(), "argocd-agent-e2e-ha")?;
         let td = TrustDomain::new(TRUST_DOMAIN)?;
         let mut builder = DevWorkloadApi::builder(dir.join("spiffe"), td)
             .socket(dir.join("principal.sock"), SpiffeId::parse(PRINCIPAL_ID)?);

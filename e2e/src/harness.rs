@@ -636,6 +636,33 @@ pub async fn create_namespace(server: &KubeTestServer, ns: &str) -> Result<(), H
     }
 }
 
+/// The working directory of a topology: `dir` (created if missing), or a new temporary
+/// directory named with `prefix`, removed when the returned guard is dropped.
+pub fn work_dir(
+    dir: Option<&Path>,
+    prefix: &str,
+) -> Result<(PathBuf, Option<tempfile::TempDir>), HarnessError> {
+    match dir {
+        Some(d) => {
+            std::fs::create_dir_all(d)?;
+            Ok((d.to_path_buf(), None))
+        }
+        None => {
+            let t = tempfile::Builder::new().prefix(prefix).tempdir()?;
+            Ok((t.path().to_path_buf(), Some(t)))
+        }
+    }
+}
+
+/// `spec.source.targetRevision` of a stored Application.
+pub fn target_revision(app: Option<Value>) -> Option<String> {
+    app.and_then(|a| {
+        a["spec"]["source"]["targetRevision"]
+            .as_str()
+            .map(str::to_owned)
+    })
+}
+
 /// Polls `f` until it returns `Some`, or fails after `timeout` with `what`.
 pub async fn eventually<T, F, Fut>(
     what: &str,
@@ -666,18 +693,7 @@ pub fn stored_app(server: &KubeTestServer, ns: &str, name: &str) -> Option<Value
 impl Topology {
     /// Starts everything and waits until both agents are connected.
     pub async fn start(opts: TopologyOptions) -> Result<Topology, HarnessError> {
-        let (dir, tmp) = match &opts.dir {
-            Some(d) => {
-                std::fs::create_dir_all(d)?;
-                (d.clone(), None)
-            }
-            None => {
-                let t = tempfile::Builder::new()
-                    .prefix("argocd-agent-e2e")
-                    .tempdir()?;
-                (t.path().to_path_buf(), Some(t))
-            }
-        };
+        let (dir, tmp) = work_dir(opts.dir.as_deref(), "argocd-agent-e2e")?;
         let td = TrustDomain::new(TRUST_DOMAIN)?;
         let spiffe = DevWorkloadApi::builder(dir.join("spiffe"), td)
             .socket(dir.join("principal.sock"), SpiffeId::parse(PRINCIPAL_ID)?)
@@ -912,6 +928,15 @@ impl Topology {
             out.push_str(&format!("--- {} ---\n{}\n", p.name, tail(&p.log(), 60)));
         }
         out
+    }
+
+    /// Stops every process; with `r` an error, then panics with it and every log.
+    pub async fn finish(self, r: Result<(), HarnessError>) {
+        let logs = self.logs();
+        self.stop().await;
+        if let Err(e) = r {
+            panic!("{e}\n{logs}");
+        }
     }
 
     /// Stops every process.

@@ -14,22 +14,6 @@ const T: Duration = Duration::from_secs(30);
 /// How long the slowed API server holds every request.
 const SLOW: Duration = Duration::from_millis(1500);
 
-async fn finish(topo: Topology, r: Result<(), HarnessError>) {
-    let logs = topo.logs();
-    topo.stop().await;
-    if let Err(e) = r {
-        panic!("{e}\n{logs}");
-    }
-}
-
-fn rev(app: Option<serde_json::Value>) -> Option<String> {
-    app.and_then(|a| {
-        a["spec"]["source"]["targetRevision"]
-            .as_str()
-            .map(str::to_owned)
-    })
-}
-
 /// The value of one series (`family{labels}`) whose labels include all of `labels`.
 async fn series(port: u16, family: &str, labels: &[&str]) -> f64 {
     let text = http_get(port, "/metrics").await.unwrap_or_default();
@@ -80,7 +64,7 @@ async fn sigterm_on_the_agent_finishes_and_acknowledges_the_event_being_applied(
 
         // The write landed, and the principal got the acknowledgement from the stopping
         // agent (it is not restarted: nothing else could have sent it).
-        let spoke = rev(stored_app(&topo.managed_spoke, SPOKE_NS, "drain"));
+        let spoke = target_revision(stored_app(&topo.managed_spoke, SPOKE_NS, "drain"));
         assert_eq!(
             spoke.as_deref(),
             Some("during-shutdown"),
@@ -100,7 +84,7 @@ async fn sigterm_on_the_agent_finishes_and_acknowledges_the_event_being_applied(
         Ok(())
     }
     .await;
-    finish(topo, r).await;
+    topo.finish(r).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -142,7 +126,7 @@ async fn sigterm_on_the_principal_finishes_and_acknowledges_the_event_being_appl
         topo.hub.set_latency(Duration::ZERO);
         eprintln!("principal stopped {took:?} after SIGTERM");
 
-        let hub = rev(stored_app(&topo.hub, AUTONOMOUS, "drain"));
+        let hub = target_revision(stored_app(&topo.hub, AUTONOMOUS, "drain"));
         assert_eq!(hub.as_deref(), Some("during-shutdown"), "edit not written");
         // The agent got the acknowledgement from the principal that was stopping (it is
         // not restarted).
@@ -160,5 +144,5 @@ async fn sigterm_on_the_principal_finishes_and_acknowledges_the_event_being_appl
         Ok(())
     }
     .await;
-    finish(topo, r).await;
+    topo.finish(r).await;
 }

@@ -8,22 +8,6 @@ use serde_json::json;
 
 const T: Duration = Duration::from_secs(30);
 
-async fn finish(topo: Topology, r: Result<(), HarnessError>) {
-    let logs = topo.logs();
-    topo.stop().await;
-    if let Err(e) = r {
-        panic!("{e}\n{logs}");
-    }
-}
-
-fn rev(topo_store: Option<serde_json::Value>) -> Option<String> {
-    topo_store.and_then(|a| {
-        a["spec"]["source"]["targetRevision"]
-            .as_str()
-            .map(str::to_owned)
-    })
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn managed_spoke_converges_after_agent_restart() {
     let mut topo = Topology::start(TopologyOptions {
@@ -69,7 +53,7 @@ async fn managed_spoke_converges_after_agent_restart() {
         })
         .await?;
         eventually("edit made while away applied", T, || async {
-            (rev(stored_app(&topo.managed_spoke, SPOKE_NS, "keep-edit")).as_deref()
+            (target_revision(stored_app(&topo.managed_spoke, SPOKE_NS, "keep-edit")).as_deref()
                 == Some("while-away"))
             .then_some(())
         })
@@ -92,7 +76,7 @@ async fn managed_spoke_converges_after_agent_restart() {
         Ok(())
     }
     .await;
-    finish(topo, r).await;
+    topo.finish(r).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -143,8 +127,9 @@ async fn hub_converges_after_principal_restart() {
         })
         .await?;
         eventually("edit made while away applied", T, || async {
-            (rev(stored_app(&topo.hub, AUTONOMOUS, "keep-edit")).as_deref() == Some("while-away"))
-                .then_some(())
+            (target_revision(stored_app(&topo.hub, AUTONOMOUS, "keep-edit")).as_deref()
+                == Some("while-away"))
+            .then_some(())
         })
         .await?;
         eventually("delete made while away applied", T, || async {
@@ -160,7 +145,7 @@ async fn hub_converges_after_principal_restart() {
         Ok(())
     }
     .await;
-    finish(topo, r).await;
+    topo.finish(r).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -228,13 +213,15 @@ async fn both_sides_converge_after_connection_cut_mid_stream() {
         })
         .await?;
         eventually("managed side converged", T, || async {
-            (rev(stored_app(&topo.managed_spoke, SPOKE_NS, "m1")).as_deref() == Some("after-cut")
+            (target_revision(stored_app(&topo.managed_spoke, SPOKE_NS, "m1")).as_deref()
+                == Some("after-cut")
                 && stored_app(&topo.managed_spoke, SPOKE_NS, "m2").is_some())
             .then_some(())
         })
         .await?;
         eventually("autonomous side converged", T, || async {
-            (rev(stored_app(&topo.hub, AUTONOMOUS, "a1")).as_deref() == Some("after-cut")
+            (target_revision(stored_app(&topo.hub, AUTONOMOUS, "a1")).as_deref()
+                == Some("after-cut")
                 && stored_app(&topo.hub, AUTONOMOUS, "a2").is_some())
             .then_some(())
         })
@@ -242,5 +229,5 @@ async fn both_sides_converge_after_connection_cut_mid_stream() {
         Ok(())
     }
     .await;
-    finish(topo, r).await;
+    topo.finish(r).await;
 }

@@ -102,13 +102,19 @@ pub async fn run(a: BenchArgs) -> crate::CmdResult {
         .map_err(|e| format!("bench {}: {e}", Scenario::from(a.scenario).name()))?;
     print!("{}", report.table());
     if let Some(path) = a.json {
-        use std::io::Write;
-        let mut f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        writeln!(f, "{}", report.json()).map_err(|e| format!("{}: {e}", path.display()))?;
+        append_json_line(&path, &report.json().to_string())?;
     }
+    Ok(())
+}
+
+/// Appends `line` and a newline to the file at `path` (created if missing): one run per line.
+pub(crate) fn append_json_line(path: &std::path::Path, line: &str) -> crate::CmdResult {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    writeln!(f, "{line}").map_err(|e| format!("{}: {e}", path.display()))?;
     Ok(())
 }

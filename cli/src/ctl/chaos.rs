@@ -67,13 +67,7 @@ pub async fn run(a: ChaosArgs) -> crate::CmdResult {
         .map_err(|e| format!("chaos seed {}: {e}", a.seed))?;
     print!("{}", report.table());
     if let Some(path) = a.json {
-        use std::io::Write;
-        let mut f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        writeln!(f, "{}", report.json()).map_err(|e| format!("{}: {e}", path.display()))?;
+        super::bench::append_json_line(&path, &report.json())?;
     }
     if report.passed() {
         Ok(())
