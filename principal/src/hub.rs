@@ -1284,6 +1284,31 @@ impl Hub {
         }
     }
 
+    /// Keeps a terminate requested on the hub (`argocd app terminate-op`: operation phase
+    /// `Terminating`) in the status the spoke reports, until the spoke has taken it up (its
+    /// phase is `Terminating` too) or the operation ended there. Otherwise a status report
+    /// written a moment after the request would erase it before it was forwarded (and a
+    /// principal restart in between would lose it).
+    fn keep_pending_terminate(hub: Option<&Value>, incoming: &mut Value) {
+        let phase = |s: &Value| {
+            s.pointer("/operationState/phase")
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+        };
+        let Some(hub) = hub else { return };
+        if phase(hub).as_deref() != Some("Terminating") {
+            return;
+        }
+        let still_running = matches!(phase(incoming).as_deref(), None | Some("Running"));
+        if let (true, Some(m), Some(op)) = (
+            still_running,
+            incoming.as_object_mut(),
+            hub.get("operationState"),
+        ) {
+            m.insert("operationState".into(), op.clone());
+        }
+    }
+
     /// Removes the hub copy's `.operation` if it is still `delivered`, with a precondition
     /// on the resourceVersion it was read at (so an operation set meanwhile survives).
     async fn clear_delivered_operation(
@@ -1318,12 +1343,18 @@ impl Hub {
     }
 
     /// Writes `.status` of a hub Application through the status subresource.
-    async fn write_status(&self, resource: &ResourceRef, status: Value) -> Result<(), ApplyError> {
+    async fn write_status(
+        &self,
+        resource: &ResourceRef,
+        mut status: Value,
+    ) -> Result<(), ApplyError> {
         let ns = Some(resource.namespace.as_str());
-        if let Some(cur) = self.cache.get(ns, &resource.name)
-            && object::status(&cur) == Some(&status)
-        {
-            return Ok(());
+        let cur = self.cache.get(ns, &resource.name);
+        if let Some(cur) = &cur {
+            Self::keep_pending_terminate(object::status(cur), &mut status);
+            if object::status(cur) == Some(&status) {
+                return Ok(());
+            }
         }
         self.apps
             .replace_status(ns, &resource.name, status)
@@ -1436,6 +1467,40 @@ mod tests {
             Change::Applied(o) | Change::Deleted(o) => o.data["spec"]["v"].as_i64().unwrap(),
             Change::Synced => -1,
         }
+    }
+
+    #[test]
+    fn a_pending_terminate_survives_the_spokes_status_until_taken_up() {
+        let hub = json!({"sync": {"status": "Synced"},
+                         "operationState": {"phase": "Terminating", "startedAt": "t0"}});
+        // The spoke still runs the operation (or reports none yet): the request stays.
+        for phase in [json!({"phase": "Running", "startedAt": "t0"}), Value::Null] {
+            let mut incoming = json!({"sync": {"status": "OutOfSync"}});
+            if !phase.is_null() {
+                incoming["operationState"] = phase;
+            }
+            Hub::keep_pending_terminate(Some(&hub), &mut incoming);
+            assert_eq!(incoming["operationState"]["phase"], "Terminating");
+            assert_eq!(
+                incoming["sync"]["status"], "OutOfSync",
+                "the rest is the spoke's"
+            );
+        }
+        // Taken up, or ended there: the spoke's state wins.
+        for phase in ["Terminating", "Failed", "Succeeded"] {
+            let mut incoming = json!({"operationState": {"phase": phase, "message": "m"}});
+            Hub::keep_pending_terminate(Some(&hub), &mut incoming);
+            assert_eq!(incoming["operationState"]["phase"], phase);
+            assert_eq!(incoming["operationState"]["message"], "m");
+        }
+        // No terminate on the hub: nothing to keep.
+        let mut incoming = json!({"operationState": {"phase": "Running"}});
+        Hub::keep_pending_terminate(
+            Some(&json!({"operationState": {"phase": "Running"}})),
+            &mut incoming,
+        );
+        Hub::keep_pending_terminate(None, &mut incoming);
+        assert_eq!(incoming["operationState"]["phase"], "Running");
     }
 
     #[test]
