@@ -171,14 +171,16 @@ async fn previous_version_managed_agent_keeps_syncing() {
         let hub = apps(&topo.hub, MANAGED)?;
         let name = "compat-managed";
 
-        // Create on the hub -> a create event carrying the object.
+        // Create on the hub -> the object, as an upsert (this principal, like the previous
+        // one, sends hub objects as spec-update, which an agent applies as create-or-update).
         hub.create(
             &PostParams::default(),
             &sample_app(name, MANAGED, "guestbook"),
         )
         .await?;
         let created = receive(&tx, &mut inbound, "the create", |e| {
-            e.ty == EventType::Create && e.resource.as_ref().is_some_and(|r| r.name == name)
+            matches!(e.ty, EventType::Create | EventType::SpecUpdate)
+                && e.resource.as_ref().is_some_and(|r| r.name == name)
         })
         .await?;
         assert_eq!(path_of(&created).as_deref(), Some("guestbook"));
