@@ -118,7 +118,11 @@ async fn receive(
         if want(&e) {
             return Ok(e);
         }
-        seen.push(format!("{} {:?}", e.ty, e.resource.as_ref().map(|r| &r.name)));
+        seen.push(format!(
+            "{} {:?}",
+            e.ty,
+            e.resource.as_ref().map(|r| &r.name)
+        ));
     }
 }
 
@@ -240,6 +244,20 @@ async fn previous_version_managed_agent_keeps_syncing() {
             Some(json!("compat-rev")),
             "{op:?}"
         );
+
+        // `argocd app terminate-op` on the hub -> a terminate-operation (now without payload;
+        // the previous agent never read the payload of this event, only its resource).
+        set_status(
+            &hub,
+            name,
+            json!({"operationState": {"phase": "Terminating"}}),
+        )
+        .await?;
+        receive(&tx, &mut inbound, "the terminate-operation", |e| {
+            e.ty == EventType::TerminateOperation
+                && e.resource.as_ref().is_some_and(|r| r.name == name)
+        })
+        .await?;
 
         // Delete on the hub -> a delete event; acknowledged, the hub object goes.
         hub.delete(name, &DeleteParams::default()).await?;
@@ -400,7 +418,11 @@ impl EventStream for OldPrincipal {
                 payload: Payload::Hello(h),
                 ..
             }) => h,
-            _ => return Err(Status::failed_precondition("the first event must be a hello")),
+            _ => {
+                return Err(Status::failed_precondition(
+                    "the first event must be a hello",
+                ));
+            }
         };
         let (to_agent, rx) = mpsc::channel(64);
         let welcome = Event::new(
