@@ -424,6 +424,14 @@ impl EventStream for OldPrincipal {
                 ));
             }
         };
+        // The previous release's range: it spoke (and accepted) PROTOCOL_MIN at most. A
+        // build that raises its own version without a fallback fails here.
+        if hello.protocol_version != PROTOCOL_MIN {
+            return Err(Status::failed_precondition(format!(
+                "agent speaks protocol {}, this principal accepts {PROTOCOL_MIN}..={PROTOCOL_MIN}",
+                hello.protocol_version
+            )));
+        }
         let (to_agent, rx) = mpsc::channel(64);
         let welcome = Event::new(
             OLD_PRINCIPAL,
@@ -569,11 +577,12 @@ async fn this_agent_keeps_syncing_against_a_previous_version_principal() {
             .await
             .map_err(|_| "the agent did not connect to the older principal")?
             .ok_or("server stopped")?;
-        // This agent speaks a version the older principal accepts (its range ends at
-        // PROTOCOL_MIN at worst).
+        // Admitted (the fake checks the previous release's range); the agent offers its
+        // capabilities, which the older principal did not grant.
+        assert_eq!(s.hello.protocol_version, PROTOCOL_MIN, "{:?}", s.hello);
         assert!(
-            s.hello.protocol_version >= PROTOCOL_MIN,
-            "agent hello {:?}",
+            s.hello.capabilities.iter().any(|c| c == "resync.v1"),
+            "{:?}",
             s.hello
         );
         let spoke = apps(&topo.managed_spoke, SPOKE_NS)?;
