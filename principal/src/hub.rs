@@ -786,10 +786,14 @@ impl Hub {
     }
 
     /// Autonomous agent reconnected: ask for what differs, delete what it no longer has.
+    ///
+    /// `agent_state` is `None` for an agent that sent no resync state (one of the previous
+    /// protocol version): what it holds is unknown, so none of its hub copies is deleted
+    /// (nor forgotten as its desired state); its events keep them current.
     pub async fn resync_autonomous(
         &self,
         state: &AgentState,
-        agent_state: &Checksums,
+        agent_state: Option<&Checksums>,
     ) -> Vec<Event> {
         let ns = state.namespace();
         // Only the copies this agent wrote: hub-authored objects in its namespace are never
@@ -797,6 +801,13 @@ impl Hub {
         let mut objects = self.hub_objects(&ns);
         objects.retain(|_, o| written_by(o, &state.name));
         let hub = Self::agent_form_checksums(&state.name, &objects);
+        let Some(agent_state) = agent_state else {
+            tracing::info!(agent = %state.name, "resync (autonomous): the agent sent no resync state; its hub copies are kept");
+            for obj in objects.values() {
+                self.forward_operation(state, obj);
+            }
+            return Vec::new();
+        };
         let plan = argocd_agent_sync::resync::plan(agent_state, &hub);
         tracing::info!(agent = %state.name, request = plan.send.len(), delete = plan.delete.len(),
             "resync (autonomous): agent is the source");

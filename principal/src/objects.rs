@@ -505,8 +505,13 @@ impl Hub {
     pub async fn resync_autonomous_projects(
         &self,
         state: &AgentState,
-        agent: &Checksums,
+        agent: Option<&Checksums>,
     ) -> Vec<Event> {
+        // No resync state (an agent of the previous protocol version): what it holds is
+        // unknown, so its hub copies are kept.
+        let Some(agent) = agent else {
+            return Vec::new();
+        };
         let copies = self.config.autonomous_projects(&state.name);
         let hub: Checksums = copies
             .iter()

@@ -285,8 +285,16 @@ async fn run(
                     .get(&ResourceKind::AppProject)
                     .cloned()
                     .unwrap_or_default();
-                let mut requests = hub.resync_autonomous_projects(&state, &projects).await;
-                requests.extend(hub.resync_autonomous(&state, &app_checksums).await);
+                // An agent of the previous protocol version may send no resync state:
+                // that is "unknown", not "holds nothing" (which would delete its hub copies).
+                let known = hello.state.is_some();
+                let mut requests = hub
+                    .resync_autonomous_projects(&state, known.then_some(&projects))
+                    .await;
+                requests.extend(
+                    hub.resync_autonomous(&state, known.then_some(&app_checksums))
+                        .await,
+                );
                 for e in requests {
                     send(tx, hub, &state, e).await?;
                 }
