@@ -425,6 +425,7 @@ pub async fn start(
         tasks: tasks.clone(),
         shutdown: shutdown.clone(),
         idle_timeout: config.idle_timeout,
+        hello_timeout: config.hello_timeout,
         cluster_info: cluster_info.clone(),
         max_requests_in_flight: config
             .redis_proxy

@@ -134,7 +134,7 @@ pub const AUTH_FAILURE_REASONS: [&str; 13] = [
 
 /// Reasons inbound events are refused (`argocd_principal_events_refused`), exported at zero
 /// for each agent when it first connects.
-pub const REFUSAL_REASONS: [&str; 10] = [
+pub const REFUSAL_REASONS: [&str; 14] = [
     "WrongNamespace",
     "NotOwner",
     "ModeForbids",
@@ -145,6 +145,10 @@ pub const REFUSAL_REASONS: [&str; 10] = [
     "UnexpectedEvent",
     crate::ratelimit::RATE_LIMITED,
     "NotFound",
+    crate::session::HELLO_TIMEOUT,
+    crate::session::TOO_LARGE,
+    crate::session::UNDECODABLE,
+    crate::session::NOT_READING,
 ];
 
 /// Default of `--metrics-max-agent-labels`.
