@@ -69,6 +69,26 @@ struct Outbound {
     send_timeout: Duration,
 }
 
+/// Why an outbound event could not be handed to the agent's stream.
+#[derive(Debug, PartialEq, Eq)]
+enum SendFailure {
+    /// The stream is gone.
+    Closed,
+    /// The agent took nothing for the send timeout.
+    NotReading,
+}
+
+impl Outbound {
+    /// Hands one message to the stream, waiting at most the send timeout for room.
+    async fn send(&self, msg: Result<CloudEvent, Status>) -> Result<(), SendFailure> {
+        match tokio::time::timeout(self.send_timeout, self.tx.send(msg)).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(SendFailure::Closed),
+            Err(_) => Err(SendFailure::NotReading),
+        }
+    }
+}
+
 /// Starts a session for an authenticated identity; `peer` holds what the connection tells
 /// about it (address, certificate expiry). Returns the outbound stream.
 pub fn start(
@@ -452,12 +472,10 @@ async fn send(
     argocd_agent_sync::trace::inject_span(&mut event, &span);
     hub.metrics
         .event(true, state.name.as_str(), event.ty.verb());
-    match tokio::time::timeout(tx.send_timeout, tx.tx.send(Ok(event.to_cloud_event())))
-        .instrument(span)
-        .await
-    {
-        Ok(r) => r.map_err(|_| Status::cancelled("agent stream closed")),
-        Err(_) => {
+    match tx.send(Ok(event.to_cloud_event())).instrument(span).await {
+        Ok(()) => Ok(()),
+        Err(SendFailure::Closed) => Err(Status::cancelled("agent stream closed")),
+        Err(SendFailure::NotReading) => {
             hub.metrics.refused(&state.name, NOT_READING);
             tracing::warn!(timeout = ?tx.send_timeout, "agent takes no events: session closed");
             Err(Status::deadline_exceeded(format!(
@@ -702,6 +720,26 @@ mod tests {
         forged.version = "1\nlevel=ERROR forged".into();
         let err = check_hello(&forged, &identity("both")).unwrap_err();
         assert!(!err.message().contains('\n'), "{}", err.message());
+    }
+
+    #[tokio::test]
+    async fn an_agent_that_takes_nothing_fails_the_send_after_the_timeout() {
+        let (tx, mut rx) = mpsc::channel(1);
+        let out = Outbound {
+            tx,
+            send_timeout: Duration::from_millis(200),
+        };
+        let msg = || Ok(CloudEvent::default());
+        assert_eq!(out.send(msg()).await, Ok(()));
+        // The buffer is full and nobody reads: the send gives up, it does not wait forever.
+        let started = std::time::Instant::now();
+        assert_eq!(out.send(msg()).await, Err(SendFailure::NotReading));
+        assert!(started.elapsed() >= Duration::from_millis(200));
+        // Once the agent reads, sends go through again; once it is gone, they fail at once.
+        assert!(rx.recv().await.is_some());
+        assert_eq!(out.send(msg()).await, Ok(()));
+        drop(rx);
+        assert_eq!(out.send(msg()).await, Err(SendFailure::Closed));
     }
 
     #[test]
