@@ -80,13 +80,17 @@ async fn final_status(
 async fn managed_agent_syncs(topo: &Topology, name: &str) -> Result<(), HarnessError> {
     let started = Instant::now();
     apps(&topo.hub, MANAGED)?
-        .create(&PostParams::default(), &sample_app(name, MANAGED, "guestbook"))
+        .create(
+            &PostParams::default(),
+            &sample_app(name, MANAGED, "guestbook"),
+        )
         .await?;
     eventually("the legitimate agent syncs", T, || async {
         stored_app(&topo.managed_spoke, SPOKE_NS, name)
     })
     .await?;
     let took = started.elapsed();
+    eprintln!("legitimate agent: {name} reached the spoke in {took:?}");
     assert!(took < NORMAL, "{name} took {took:?} to reach the spoke");
     Ok(())
 }
@@ -96,13 +100,17 @@ async fn managed_agent_syncs(topo: &Topology, name: &str) -> Result<(), HarnessE
 async fn autonomous_agent_syncs(topo: &Topology, name: &str) -> Result<(), HarnessError> {
     let started = Instant::now();
     apps(&topo.autonomous_spoke, SPOKE_NS)?
-        .create(&PostParams::default(), &sample_app(name, SPOKE_NS, "guestbook"))
+        .create(
+            &PostParams::default(),
+            &sample_app(name, SPOKE_NS, "guestbook"),
+        )
         .await?;
     eventually("the legitimate agent syncs", T, || async {
         stored_app(&topo.hub, AUTONOMOUS, name)
     })
     .await?;
     let took = started.elapsed();
+    eprintln!("legitimate agent: {name} reached the hub in {took:?}");
     assert!(took < NORMAL, "{name} took {took:?} to reach the hub");
     Ok(())
 }
@@ -187,9 +195,8 @@ async fn raw_stream(
     for f in frames {
         tx.send(f).await?;
     }
-    let path = http::uri::PathAndQuery::from_static(
-        "/argocdagent.eventstream.v1.EventStream/Subscribe",
-    );
+    let path =
+        http::uri::PathAndQuery::from_static("/argocdagent.eventstream.v1.EventStream/Subscribe");
     let resp = grpc
         .streaming(tonic::Request::new(ReceiverStream::new(rx)), path, RawCodec)
         .await;
@@ -325,7 +332,11 @@ async fn malformed_events_tricky_names_garbage_and_oversized_messages_are_refuse
         let mut obj: Value = serde_json::to_value(sample_app("wrong-api", AUTONOMOUS, "x"))?;
         obj["apiVersion"] = json!("v1");
         ce.data = Some(Data::TextData(obj.to_string()));
-        cases.push(("payload apiVersion contradicts the event".into(), ce, "apiVersion"));
+        cases.push((
+            "payload apiVersion contradicts the event".into(),
+            ce,
+            "apiVersion",
+        ));
         let mut ce = create_ce("unknown-kind");
         set_attr(&mut ce, "resourcekind", "Pod");
         cases.push(("unknown resource kind".into(), ce, "unknown kind"));
@@ -375,7 +386,10 @@ async fn malformed_events_tricky_names_garbage_and_oversized_messages_are_refuse
         .await?;
         let log = topo.principal.log();
         assert!(
-            log.lines().filter(|l| l.contains("malformed event refused")).count() >= cases.len(),
+            log.lines()
+                .filter(|l| l.contains("malformed event refused"))
+                .count()
+                >= cases.len(),
             "one log line per refused event"
         );
         assert!(
@@ -384,7 +398,11 @@ async fn malformed_events_tricky_names_garbage_and_oversized_messages_are_refuse
                 .all(|l| l.contains("malformed event refused")),
             "a name with a newline forged a log line"
         );
-        assert_eq!(autonomous_hub_apps(&topo), hub_apps_before, "nothing stored");
+        assert_eq!(
+            autonomous_hub_apps(&topo),
+            hub_apps_before,
+            "nothing stored"
+        );
         assert_eq!(
             hub_writes(&topo, AUTONOMOUS, None),
             writes_before,
@@ -394,8 +412,16 @@ async fn malformed_events_tricky_names_garbage_and_oversized_messages_are_refuse
         let unexpected_before =
             metric_sum(port, &refused_series(AUTONOMOUS, "UnexpectedEvent")).await;
         for e in [
-            Event::new("test-client", EventType::RequestSyncedResourceList, Payload::None),
-            Event::new("test-client", EventType::RequestResourceResync, Payload::None),
+            Event::new(
+                "test-client",
+                EventType::RequestSyncedResourceList,
+                Payload::None,
+            ),
+            Event::new(
+                "test-client",
+                EventType::RequestResourceResync,
+                Payload::None,
+            ),
         ] {
             tx.send(e.to_cloud_event()).await?;
             let reply = answer_to(&mut inbound, &e.id).await?;
@@ -422,8 +448,7 @@ async fn malformed_events_tricky_names_garbage_and_oversized_messages_are_refuse
 
         // Bytes that are not a protobuf CloudEvent, after a valid hello: the stream ends
         // with InvalidArgument, counted `Undecodable`.
-        let undecodable_before =
-            metric_sum(port, &refused_series(AUTONOMOUS, "Undecodable")).await;
+        let undecodable_before = metric_sum(port, &refused_series(AUTONOMOUS, "Undecodable")).await;
         let garbage = vec![0xff, 0xff, 0xff, 0xff, 0x0f, 0x0a, 0x99];
         let status = raw_stream(
             dial_principal(&source, topo.principal_addr).await?,
@@ -616,6 +641,10 @@ async fn slowloris_without_hello_or_without_reading_is_closed_and_bounded() {
         })
         .await?;
         let rss_after = rss_kib(pid);
+        eprintln!(
+            "principal RSS {rss_before} KiB before, {rss_after} KiB after; stuck session closed after {:?}",
+            stuck_started.elapsed()
+        );
         assert!(
             rss_after < rss_before + 200 * 1024,
             "principal RSS grew from {rss_before} KiB to {rss_after} KiB"
@@ -660,8 +689,7 @@ async fn many_concurrent_streams_of_one_identity_leave_one_live_session_the_newe
         let mut closed = 0;
         let mut live = Vec::new();
         for (tx, mut inbound) in streams {
-            match tokio::time::timeout(Duration::from_secs(3), final_status(&mut inbound)).await
-            {
+            match tokio::time::timeout(Duration::from_secs(3), final_status(&mut inbound)).await {
                 Ok(status) => {
                     let status = status?;
                     assert_eq!(status.code(), tonic::Code::Aborted, "{status:?}");
@@ -682,7 +710,10 @@ async fn many_concurrent_streams_of_one_identity_leave_one_live_session_the_newe
         // The live one gets the agent's events.
         let (_tx, mut inbound) = live.pop().ok_or("no live session")?;
         apps(&topo.hub, MANAGED)?
-            .create(&PostParams::default(), &sample_app("to-live", MANAGED, "guestbook"))
+            .create(
+                &PostParams::default(),
+                &sample_app("to-live", MANAGED, "guestbook"),
+            )
             .await?;
         tokio::time::timeout(T, async {
             loop {
@@ -698,7 +729,10 @@ async fn many_concurrent_streams_of_one_identity_leave_one_live_session_the_newe
         let status = final_status(&mut inbound).await?;
         assert_eq!(status.code(), tonic::Code::Aborted, "{status:?}");
         apps(&topo.hub, MANAGED)?
-            .create(&PostParams::default(), &sample_app("to-newest", MANAGED, "guestbook"))
+            .create(
+                &PostParams::default(),
+                &sample_app("to-newest", MANAGED, "guestbook"),
+            )
             .await?;
         tokio::time::timeout(T, async {
             loop {
@@ -767,14 +801,20 @@ async fn a_replayed_jwt_svid_opens_a_session_that_replaces_the_first() {
         assert_eq!(w2.ty, EventType::Welcome);
         let status = final_status(&mut first).await?;
         assert_eq!(status.code(), tonic::Code::Aborted, "{status:?}");
-        assert!(status.message().contains("replaced by a newer session"), "{status:?}");
+        assert!(
+            status.message().contains("replaced by a newer session"),
+            "{status:?}"
+        );
         eventually("one session for the replayed identity", T, || async {
             (connected(&topo).await == 2.0).then_some(())
         })
         .await?;
         // The replayed session is the live one: it receives the agent's objects.
         apps(&topo.hub, MANAGED)?
-            .create(&PostParams::default(), &sample_app("via-replay", MANAGED, "guestbook"))
+            .create(
+                &PostParams::default(),
+                &sample_app("via-replay", MANAGED, "guestbook"),
+            )
             .await?;
         tokio::time::timeout(T, async {
             loop {
@@ -796,7 +836,10 @@ async fn a_replayed_jwt_svid_opens_a_session_that_replaces_the_first() {
         )?;
         match jwt_stream(topo.principal_addr, &expired).await {
             Ok(_) => return Err("an expired token opened a session".into()),
-            Err(e) => assert!(e.to_string().contains("nauthenticated") || e.to_string().contains("expired"), "{e}"),
+            Err(e) => assert!(
+                e.to_string().contains("nauthenticated") || e.to_string().contains("expired"),
+                "{e}"
+            ),
         }
         autonomous_agent_syncs(&topo, "after-replay").await?;
         Ok(())
@@ -843,11 +886,23 @@ async fn every_application_verb_on_another_agents_object_is_forbidden() {
             Payload::Object(Arc::new(o))
         };
         let table: Vec<(EventType, Payload)> = vec![
-            (EventType::Create, obj(json!({"spec": {"project": "default"}}))),
-            (EventType::SpecUpdate, obj(json!({"spec": {"project": "stolen"}}))),
-            (EventType::StatusUpdate, obj(json!({"status": {"health": {"status": "Degraded"}}}))),
+            (
+                EventType::Create,
+                obj(json!({"spec": {"project": "default"}})),
+            ),
+            (
+                EventType::SpecUpdate,
+                obj(json!({"spec": {"project": "stolen"}})),
+            ),
+            (
+                EventType::StatusUpdate,
+                obj(json!({"status": {"health": {"status": "Degraded"}}})),
+            ),
             (EventType::Delete, Payload::None),
-            (EventType::SetOperation, obj(json!({"operation": {"sync": {"revision": "HEAD"}}}))),
+            (
+                EventType::SetOperation,
+                obj(json!({"operation": {"sync": {"revision": "HEAD"}}})),
+            ),
             (EventType::TerminateOperation, Payload::None),
             (EventType::RequestUpdate, Payload::None),
         ];
