@@ -853,7 +853,7 @@ async fn a_replayed_jwt_svid_opens_a_session_that_replaces_the_first() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn every_application_verb_on_another_agents_object_is_forbidden() {
+async fn every_verb_on_another_agents_objects_of_every_kind_is_forbidden() {
     let topo = Topology::start(TopologyOptions {
         agents: Some(vec![MANAGED]),
         ..Default::default()
@@ -871,6 +871,8 @@ async fn every_application_verb_on_another_agents_object_is_forbidden() {
         tokio::time::sleep(Duration::from_secs(1)).await;
         let before = stored_app(&topo.hub, MANAGED, "victim").ok_or("victim missing")?;
         let writes_before = hub_writes(&topo, MANAGED, Some("victim"));
+        let hub_argocd_writes_before = hub_writes(&topo, HUB_ARGOCD_NS, None);
+        let managed_writes_before = hub_writes(&topo, MANAGED, None);
         let refused_before = metric_sum(port, &refused_series(AUTONOMOUS, "WrongNamespace")).await
             + metric_sum(port, &refused_series(AUTONOMOUS, "NotOwner")).await
             + metric_sum(port, &refused_series(AUTONOMOUS, "ModeForbids")).await;
@@ -916,11 +918,57 @@ async fn every_application_verb_on_another_agents_object_is_forbidden() {
             assert_eq!(d.reason, "Forbidden", "{ty}: {d:?}");
             assert_eq!(d.event_id, e.id, "{ty}");
         }
+        // Each config kind, every verb, in the other agent's namespace: the managed agent's
+        // project, repository and GPG keys (which no agent may write anyway).
+        let config_obj = |kind: ResourceKind, name: &str| {
+            Payload::Object(Arc::new(json!({
+                "apiVersion": kind.object_api_version(), "kind": kind.object_kind(),
+                "metadata": {"name": name},
+                "spec": {"sourceRepos": ["*"]},
+                "data": {"url": "aHR0cHM6Ly9ldmls"},
+            })))
+        };
+        let mut config_rows = 0.0;
+        for (kind, name) in [
+            (ResourceKind::AppProject, "team"),
+            (ResourceKind::Repository, "repo"),
+            (ResourceKind::GpgKeys, "argocd-gpg-keys-cm"),
+        ] {
+            for ty in [
+                EventType::Create,
+                EventType::SpecUpdate,
+                EventType::StatusUpdate,
+                EventType::Delete,
+                EventType::SetOperation,
+                EventType::TerminateOperation,
+                EventType::RequestUpdate,
+            ] {
+                let payload = match ty {
+                    EventType::Create | EventType::SpecUpdate | EventType::StatusUpdate => {
+                        config_obj(kind, name)
+                    }
+                    _ => Payload::None,
+                };
+                let target = ResourceRef {
+                    kind,
+                    namespace: Namespace::new(MANAGED)?,
+                    name: name.into(),
+                };
+                let e = Event::resource("test-client", ty, target, payload);
+                tx.send(e.to_cloud_event()).await?;
+                let reply = answer_to(&mut inbound, &e.id).await?;
+                let Payload::Error(d) = &reply.payload else {
+                    return Err(format!("{kind} {ty}: expected an error, got {}", reply.ty).into());
+                };
+                assert_eq!(d.reason, "Forbidden", "{kind} {ty}: {d:?}");
+                config_rows += 1.0;
+            }
+        }
         eventually("refusals counted", T, || async {
             let now = metric_sum(port, &refused_series(AUTONOMOUS, "WrongNamespace")).await
                 + metric_sum(port, &refused_series(AUTONOMOUS, "NotOwner")).await
                 + metric_sum(port, &refused_series(AUTONOMOUS, "ModeForbids")).await;
-            (now >= refused_before + 7.0).then_some(())
+            (now >= refused_before + 7.0 + config_rows).then_some(())
         })
         .await?;
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -933,6 +981,12 @@ async fn every_application_verb_on_another_agents_object_is_forbidden() {
             writes_before,
             "no hub write for a refused event"
         );
+        assert_eq!(
+            hub_writes(&topo, HUB_ARGOCD_NS, None),
+            hub_argocd_writes_before,
+            "no project, repository or GPG key written"
+        );
+        assert_eq!(hub_writes(&topo, MANAGED, None), managed_writes_before);
         assert!(
             topo.principal
                 .log()
