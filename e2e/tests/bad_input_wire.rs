@@ -563,6 +563,10 @@ async fn slowloris_without_hello_or_without_reading_is_closed_and_bounded() {
         let port = topo.metrics_ports["principal"];
         autonomous_agent_syncs(&topo, "before").await?;
         let source = topo.svid_source("managed.sock").await?;
+        // (0) A TCP connection that never starts its TLS handshake (checked at the end: the
+        // principal drops it after its 10 s handshake timeout).
+        let mut silent_tcp = tokio::net::TcpStream::connect(topo.principal_addr).await?;
+        let silent_since = Instant::now();
 
         // (a) A stream that never sends its hello: DeadlineExceeded after --hello-timeout.
         let channel = dial_principal(&source, topo.principal_addr).await?;
@@ -652,6 +656,24 @@ async fn slowloris_without_hello_or_without_reading_is_closed_and_bounded() {
         pinger.abort();
         drop(stuck_inbound);
         autonomous_agent_syncs(&topo, "after-stuck").await?;
+
+        // (0) The silent TCP connection was closed by the principal, counted and logged.
+        let mut buf = [0u8; 16];
+        let read = tokio::time::timeout(T, tokio::io::AsyncReadExt::read(&mut silent_tcp, &mut buf))
+            .await?;
+        assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+        assert!(silent_since.elapsed() >= Duration::from_secs(9));
+        eventually("HandshakeTimeout counted and logged", T, || async {
+            (metric_sum(
+                port,
+                "argocd_principal_auth_failures_total{reason=\"HandshakeTimeout\"}",
+            )
+            .await
+                >= 1.0
+                && topo.principal.log().contains("TLS handshake timed out"))
+            .then_some(())
+        })
+        .await?;
         Ok(())
     }
     .await;
