@@ -260,6 +260,29 @@ pub struct IncomingOptions {
     pub max_handshakes: usize,
     /// How long a client may take after its handshake to send the HTTP/2 client preface.
     pub preface_timeout: Duration,
+    /// Told the reason of each connection dropped before it could carry a request (for a
+    /// metric): one of [`REFUSED_REASONS`].
+    pub on_refused: Option<RefusedHook>,
+}
+
+/// Reasons [`IncomingOptions::on_refused`] is called with: the TLS handshake took longer
+/// than [`HANDSHAKE_TIMEOUT`], failed, gave no usable SVID, or no HTTP/2 client preface
+/// followed in time.
+pub const REFUSED_REASONS: [&str; 4] = [
+    "HandshakeTimeout",
+    "HandshakeFailed",
+    "NoUsableSvid",
+    "NoPreface",
+];
+
+/// A callback told why a connection was dropped before its first request.
+#[derive(Clone)]
+pub struct RefusedHook(pub Arc<dyn Fn(&'static str) + Send + Sync>);
+
+impl std::fmt::Debug for RefusedHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RefusedHook")
+    }
 }
 
 impl Default for IncomingOptions {
@@ -267,6 +290,7 @@ impl Default for IncomingOptions {
         Self {
             max_handshakes: DEFAULT_MAX_CONCURRENT_HANDSHAKES,
             preface_timeout: PREFACE_TIMEOUT,
+            on_refused: None,
         }
     }
 }
@@ -280,7 +304,13 @@ pub fn tls_incoming_with_options(
     let IncomingOptions {
         max_handshakes,
         preface_timeout,
+        on_refused,
     } = opts;
+    let refused = move |reason: &'static str| {
+        if let Some(hook) = &on_refused {
+            (hook.0)(reason);
+        }
+    };
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     let acceptor = TlsAcceptor::from(config);
     let permits = Arc::new(Semaphore::new(max_handshakes.max(1)));
@@ -311,6 +341,7 @@ pub fn tls_incoming_with_options(
             let _ = tcp.set_nodelay(true);
             let acceptor = acceptor.clone();
             let tx = tx.clone();
+            let refused = refused.clone();
             tokio::spawn(async move {
                 let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await;
                 // The slot is for the handshake only, not for waiting on the client.
@@ -320,15 +351,18 @@ pub fn tls_incoming_with_options(
                         Ok(stream) => stream,
                         Err(e) => {
                             tracing::warn!(remote = %remote, error = %e, "TLS client without a usable SVID dropped");
+                            refused("NoUsableSvid");
                             return;
                         }
                     },
                     Ok(Err(e)) => {
                         tracing::warn!(remote = %remote, error = %e, "TLS handshake failed");
+                        refused("HandshakeFailed");
                         return;
                     }
                     Err(_) => {
                         tracing::warn!(remote = %remote, "TLS handshake timed out after {HANDSHAKE_TIMEOUT:?}");
+                        refused("HandshakeTimeout");
                         return;
                     }
                 };
@@ -338,10 +372,12 @@ pub fn tls_incoming_with_options(
                         let _ = tx.send(Ok(stream)).await;
                     }
                     Ok(Err(e)) => {
-                        tracing::warn!(remote = %remote, client = %stream.peer.client, error = %e, "TLS client closed: no HTTP/2 client preface")
+                        tracing::warn!(remote = %remote, client = %stream.peer.client, error = %e, "TLS client closed: no HTTP/2 client preface");
+                        refused("NoPreface");
                     }
                     Err(_) => {
-                        tracing::warn!(remote = %remote, client = %stream.peer.client, "TLS client closed: no HTTP/2 client preface within {preface_timeout:?}")
+                        tracing::warn!(remote = %remote, client = %stream.peer.client, "TLS client closed: no HTTP/2 client preface within {preface_timeout:?}");
+                        refused("NoPreface");
                     }
                 }
             });

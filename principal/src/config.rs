@@ -107,8 +107,11 @@ pub struct PrincipalConfig {
     pub queue: QueueLimits,
     /// Each agent's inbound event rate limit (`--agent-event-rate`, `--agent-event-burst`).
     pub event_rate: crate::ratelimit::EventRate,
-    /// A session silent for longer than this is closed (agents send heartbeats).
+    /// A session silent for longer than this is closed (agents send heartbeats); so is one
+    /// whose agent takes no outbound event for this long (an agent that never reads).
     pub idle_timeout: Duration,
+    /// How long an agent may take to send its hello (`--hello-timeout`).
+    pub hello_timeout: Duration,
     /// TLS handshakes in progress at once (a reconnect storm queues beyond this).
     pub max_concurrent_handshakes: usize,
     /// HTTP/2 streams one connection may open at once (an agent needs one or two).
@@ -147,6 +150,7 @@ impl Default for PrincipalConfig {
             queue: QueueLimits::default(),
             event_rate: crate::ratelimit::EventRate::default(),
             idle_timeout: Duration::from_secs(120),
+            hello_timeout: crate::session::DEFAULT_HELLO_TIMEOUT,
             max_concurrent_handshakes:
                 argocd_agent_identity::transport::DEFAULT_MAX_CONCURRENT_HANDSHAKES,
             max_concurrent_streams: 16,

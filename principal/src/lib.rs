@@ -425,6 +425,7 @@ pub async fn start(
         tasks: tasks.clone(),
         shutdown: shutdown.clone(),
         idle_timeout: config.idle_timeout,
+        hello_timeout: config.hello_timeout,
         cluster_info: cluster_info.clone(),
         max_requests_in_flight: config
             .redis_proxy
@@ -588,6 +589,8 @@ fn serve(
     tunnels: Arc<tunnel::Tunnels>,
     shutdown: CancellationToken,
 ) -> Result<tokio::task::JoinHandle<Result<(), PrincipalError>>, PrincipalError> {
+    // Connections dropped before their first request count as auth failures.
+    let metrics = sessions.hub.metrics.clone();
     // The operator API on the agent listener: only SPIFFE IDs with an admin rule.
     let admin = argocd_agent_proto::admin::admin_server::AdminServer::new(admin::AdminService {
         hub: sessions.hub.clone(),
@@ -629,10 +632,16 @@ fn serve(
             };
             let tls = argocd_agent_identity::tls::server_config(&source, policy)
                 .map_err(PrincipalError::Tls)?;
-            let incoming = argocd_agent_identity::transport::tls_incoming_with_limit(
+            let incoming = argocd_agent_identity::transport::tls_incoming_with_options(
                 listener,
                 tls,
-                config.max_concurrent_handshakes,
+                argocd_agent_identity::transport::IncomingOptions {
+                    max_handshakes: config.max_concurrent_handshakes,
+                    on_refused: Some(argocd_agent_identity::transport::RefusedHook(Arc::new(
+                        move |reason| metrics.auth_failed(reason),
+                    ))),
+                    ..Default::default()
+                },
             );
             tokio::spawn(async move {
                 // The source feeds every handshake's certificate: keep it while serving.

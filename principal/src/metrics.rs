@@ -116,7 +116,7 @@ impl AgentLabels {
 /// Reasons streams (and admin calls: `NotAdmin`) are refused at authentication or mapping
 /// (`argocd_principal_auth_failures`),
 /// exported at zero from the start so rates and alerts work before the first failure.
-pub const AUTH_FAILURE_REASONS: [&str; 13] = [
+pub const AUTH_FAILURE_REASONS: [&str; 17] = [
     "NoPeerIdentity",
     "IdentityHeaderOnMtls",
     "IdentityHeaderOnJwt",
@@ -130,11 +130,16 @@ pub const AUTH_FAILURE_REASONS: [&str; 13] = [
     "WrongAgent",
     "ProxyCredential",
     "Blocked",
+    // Connections dropped before their first request (argocd_agent_identity::transport).
+    "HandshakeTimeout",
+    "HandshakeFailed",
+    "NoUsableSvid",
+    "NoPreface",
 ];
 
 /// Reasons inbound events are refused (`argocd_principal_events_refused`), exported at zero
 /// for each agent when it first connects.
-pub const REFUSAL_REASONS: [&str; 10] = [
+pub const REFUSAL_REASONS: [&str; 14] = [
     "WrongNamespace",
     "NotOwner",
     "ModeForbids",
@@ -145,6 +150,10 @@ pub const REFUSAL_REASONS: [&str; 10] = [
     "UnexpectedEvent",
     crate::ratelimit::RATE_LIMITED,
     "NotFound",
+    crate::session::HELLO_TIMEOUT,
+    crate::session::TOO_LARGE,
+    crate::session::UNDECODABLE,
+    crate::session::NOT_READING,
 ];
 
 /// Default of `--metrics-max-agent-labels`.
@@ -636,6 +645,13 @@ pub async fn serve(
 mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[test]
+    fn transport_refusals_are_exported_auth_failure_reasons() {
+        for reason in argocd_agent_identity::transport::REFUSED_REASONS {
+            assert!(AUTH_FAILURE_REASONS.contains(&reason), "{reason}");
+        }
+    }
 
     async fn status(addr: SocketAddr, path: &str) -> u16 {
         let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();

@@ -26,8 +26,8 @@ use crate::inbound::{Decision, OwnerRecord, Placement, decide};
 
 static SESSION_IDS: AtomicU64 = AtomicU64::new(1);
 
-/// How long an agent may take to send its hello.
-const HELLO_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long an agent may take to send its hello, by default (`--hello-timeout`).
+pub const DEFAULT_HELLO_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Capabilities this principal offers.
 pub const CAPABILITIES: &[&str] = &[
@@ -49,6 +49,8 @@ pub struct SessionContext {
     pub tasks: TaskTracker,
     pub shutdown: CancellationToken,
     pub idle_timeout: Duration,
+    /// How long an agent may take to send its hello.
+    pub hello_timeout: Duration,
     /// Writes agents' cluster info into the hub Redis (with the Redis proxy).
     pub cluster_info: Option<Arc<crate::clusterinfo::ClusterInfoWriter>>,
     /// Requests (Redis proxy) waiting for one agent's answers at once.
@@ -59,7 +61,33 @@ pub struct SessionContext {
     pub leases: Option<Arc<crate::ha::Leases>>,
 }
 
-type Outbound = mpsc::Sender<Result<CloudEvent, Status>>;
+/// A session's outbound stream, and how long the agent may take to accept one event: an
+/// agent that never reads (HTTP/2 flow control stops, then the buffer fills) ends its
+/// session instead of holding it, and the agent's queue, forever.
+struct Outbound {
+    tx: mpsc::Sender<Result<CloudEvent, Status>>,
+    send_timeout: Duration,
+}
+
+/// Why an outbound event could not be handed to the agent's stream.
+#[derive(Debug, PartialEq, Eq)]
+enum SendFailure {
+    /// The stream is gone.
+    Closed,
+    /// The agent took nothing for the send timeout.
+    NotReading,
+}
+
+impl Outbound {
+    /// Hands one message to the stream, waiting at most the send timeout for room.
+    async fn send(&self, msg: Result<CloudEvent, Status>) -> Result<(), SendFailure> {
+        match tokio::time::timeout(self.send_timeout, self.tx.send(msg)).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(SendFailure::Closed),
+            Err(_) => Err(SendFailure::NotReading),
+        }
+    }
+}
 
 /// Starts a session for an authenticated identity; `peer` holds what the connection tells
 /// about it (address, certificate expiry). Returns the outbound stream.
@@ -70,6 +98,10 @@ pub fn start(
     inbound: impl Stream<Item = Result<CloudEvent, Status>> + Send + Unpin + 'static,
 ) -> mpsc::Receiver<Result<CloudEvent, Status>> {
     let (tx, rx) = mpsc::channel(OUTBOUND_BUFFER);
+    let tx = Outbound {
+        tx,
+        send_timeout: ctx.idle_timeout,
+    };
     let span = tracing::info_span!("session", agent = %identity.agent, client = %identity.client, rule = %identity.rule);
     let ctx = ctx.clone();
     ctx.tasks.clone().spawn(
@@ -83,7 +115,12 @@ pub fn start(
                 }
                 Err(status) => {
                     tracing::warn!(code = ?status.code(), message = ?status.message(), "session ended with error");
-                    let _ = tx.send(Err(status)).await;
+                    // Bounded: an agent that does not read never gets it.
+                    let _ = tokio::time::timeout(
+                        Duration::from_secs(5),
+                        tx.tx.send(Err(status)),
+                    )
+                    .await;
                 }
                 Ok(()) => {}
             }
@@ -124,12 +161,17 @@ fn check_hello(hello: &Hello, identity: &AgentIdentity) -> Result<AgentMode, Sta
 async fn receive_hello(
     hub: &Hub,
     identity: &AgentIdentity,
+    timeout: Duration,
     inbound: &mut (impl Stream<Item = Result<CloudEvent, Status>> + Unpin),
 ) -> Result<(Hello, AgentMode), Status> {
-    let first = tokio::time::timeout(HELLO_TIMEOUT, inbound.next())
+    let first = tokio::time::timeout(timeout, inbound.next())
         .await
-        .map_err(|_| Status::deadline_exceeded("no hello received"))?
-        .ok_or_else(|| Status::cancelled("stream closed before hello"))??;
+        .map_err(|_| {
+            hub.metrics.refused(&identity.agent, HELLO_TIMEOUT);
+            Status::deadline_exceeded(format!("no hello received within {timeout:?}"))
+        })?
+        .ok_or_else(|| Status::cancelled("stream closed before hello"))?
+        .map_err(|s| stream_error(hub, &identity.agent, s))?;
     let event = Event::from_cloud_event(first).map_err(|e| {
         hub.metrics.refused(&identity.agent, "Malformed");
         Status::invalid_argument(format!("invalid hello: {e}"))
@@ -178,7 +220,7 @@ async fn run(
     let hub = &ctx.hub;
     // 1. Hello.
     let (hello, mode) = tokio::select! {
-        r = receive_hello(hub, &identity, &mut inbound) => r?,
+        r = receive_hello(hub, &identity, ctx.hello_timeout, &mut inbound) => r?,
         _ = ctx.shutdown.cancelled() => return Err(shutting_down()),
     };
     let resync_state = hello.state.clone().unwrap_or_default();
@@ -308,7 +350,7 @@ async fn run(
             return Err(closed_by_principal(&state, " during resync"));
         }
         _ = ctx.shutdown.cancelled() => return Err(shutting_down()),
-        _ = tx.closed() => {
+        _ = tx.tx.closed() => {
             tracing::info!("the agent went away during resync: resync abandoned");
             return Ok(());
         }
@@ -334,14 +376,15 @@ async fn run(
                 tracing::info!("principal shutting down: session closed after the last event was answered");
                 return Err(shutting_down());
             }
-            _ = tx.closed() => return Ok(()),
+            _ = tx.tx.closed() => return Ok(()),
             event = state.queue.next() => send(tx, hub, &state, event).await?,
             Some(event) = direct_rx.recv() => send(tx, hub, &state, event).await?,
             msg = inbound.next() => {
                 let Some(msg) = msg else { return Ok(()) };
                 last_seen = tokio::time::Instant::now();
                 state.touch();
-                handle_inbound(hub, ctx.cluster_info.as_ref(), &state, &identity, mode, msg?, tx).await?;
+                let msg = msg.map_err(|s| stream_error(hub, &identity.agent, s))?;
+                handle_inbound(hub, ctx.cluster_info.as_ref(), &state, &identity, mode, msg, tx).await?;
             }
             _ = idle_check.tick() => {
                 if last_seen.elapsed() > ctx.idle_timeout {
@@ -356,6 +399,44 @@ async fn run(
 /// replica or to this one restarted).
 fn shutting_down() -> Status {
     Status::unavailable("principal shutting down")
+}
+
+/// Refusal reason (`argocd_principal_events_refused`) of a stream without a hello in time.
+pub const HELLO_TIMEOUT: &str = "HelloTimeout";
+/// Refusal reason of a message over `--max-message-size`.
+pub const TOO_LARGE: &str = "TooLarge";
+/// Refusal reason of bytes that are not a protobuf CloudEvent.
+pub const UNDECODABLE: &str = "Undecodable";
+/// Refusal reason of an agent that takes no outbound event for the idle timeout.
+pub const NOT_READING: &str = "NotReading";
+
+/// An error on the agent's inbound stream: a lost connection as it is; a message too large
+/// (tonic: `OutOfRange`) or not decodable (tonic: `Internal`) is counted as refused and
+/// ends the session with a status that says so.
+fn stream_error(hub: &Hub, agent: &argocd_agent_identity::AgentName, status: Status) -> Status {
+    if argocd_agent_identity::transport::is_connection_loss(&status) {
+        return status;
+    }
+    let (reason, status) = match status.code() {
+        tonic::Code::OutOfRange | tonic::Code::ResourceExhausted => (
+            TOO_LARGE,
+            Status::new(
+                status.code(),
+                format!("message refused: {}", status.message()),
+            ),
+        ),
+        tonic::Code::Internal => (
+            UNDECODABLE,
+            Status::invalid_argument(format!(
+                "message is not a protobuf CloudEvent: {}",
+                status.message()
+            )),
+        ),
+        _ => return status,
+    };
+    hub.metrics.refused(agent, reason);
+    tracing::warn!(reason, message = ?status.message(), "agent stream refused");
+    status
 }
 
 /// The status a session closed by the principal ends with: the reason it gave (a replica
@@ -414,10 +495,18 @@ async fn send(
     argocd_agent_sync::trace::inject_span(&mut event, &span);
     hub.metrics
         .event(true, state.name.as_str(), event.ty.verb());
-    tx.send(Ok(event.to_cloud_event()))
-        .instrument(span)
-        .await
-        .map_err(|_| Status::cancelled("agent stream closed"))
+    match tx.send(Ok(event.to_cloud_event())).instrument(span).await {
+        Ok(()) => Ok(()),
+        Err(SendFailure::Closed) => Err(Status::cancelled("agent stream closed")),
+        Err(SendFailure::NotReading) => {
+            hub.metrics.refused(&state.name, NOT_READING);
+            tracing::warn!(timeout = ?tx.send_timeout, "agent takes no events: session closed");
+            Err(Status::deadline_exceeded(format!(
+                "agent took no event for {:?}",
+                tx.send_timeout
+            )))
+        }
+    }
 }
 
 /// Decodes, decides and applies one inbound event, then answers it.
@@ -654,6 +743,26 @@ mod tests {
         forged.version = "1\nlevel=ERROR forged".into();
         let err = check_hello(&forged, &identity("both")).unwrap_err();
         assert!(!err.message().contains('\n'), "{}", err.message());
+    }
+
+    #[tokio::test]
+    async fn an_agent_that_takes_nothing_fails_the_send_after_the_timeout() {
+        let (tx, mut rx) = mpsc::channel(1);
+        let out = Outbound {
+            tx,
+            send_timeout: Duration::from_millis(200),
+        };
+        let msg = || Ok(CloudEvent::default());
+        assert_eq!(out.send(msg()).await, Ok(()));
+        // The buffer is full and nobody reads: the send gives up, it does not wait forever.
+        let started = std::time::Instant::now();
+        assert_eq!(out.send(msg()).await, Err(SendFailure::NotReading));
+        assert!(started.elapsed() >= Duration::from_millis(200));
+        // Once the agent reads, sends go through again; once it is gone, they fail at once.
+        assert!(rx.recv().await.is_some());
+        assert_eq!(out.send(msg()).await, Ok(()));
+        drop(rx);
+        assert_eq!(out.send(msg()).await, Err(SendFailure::Closed));
     }
 
     #[test]

@@ -170,6 +170,14 @@ struct PrincipalArgs {
     /// Maximum gRPC message size in bytes.
     #[arg(long, default_value_t = 4 * 1024 * 1024)]
     max_message_size: usize,
+    /// How long an agent may take to send its hello once its stream is open; a stream
+    /// without one is closed (`DeadlineExceeded`, refusal reason `HelloTimeout`).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_HELLO_TIMEOUT", default_value = "15s", value_parser = parse_duration)]
+    hello_timeout: Duration,
+    /// A session whose agent sends nothing (agents send heartbeats), or takes no event the
+    /// principal sends, for this long is closed.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_IDLE_TIMEOUT", default_value = "120s", value_parser = parse_duration)]
+    idle_timeout: Duration,
     #[command(flatten)]
     redis: RedisProxyArgs,
     #[command(flatten)]
@@ -835,6 +843,8 @@ async fn serve_principal(a: PrincipalArgs) -> CmdResult {
             ),
         },
         max_message_size: a.max_message_size,
+        hello_timeout: a.hello_timeout,
+        idle_timeout: a.idle_timeout,
         queue: argocd_agent_sync::QueueLimits {
             max_in_flight: a.max_in_flight,
             ..Default::default()
