@@ -37,7 +37,7 @@ pub const SPOKE_NS: &str = "argocd";
 pub const HUB_ARGOCD_NS: &str = "argocd";
 /// The mapping rule of the topology: SPIRE-on-Kubernetes style IDs of service accounts in
 /// namespace `agents` map to the agent of the same name, in the hub namespace of that name.
-pub const RULE: &str = "template:spiffe://{trust_domain}/ns/agents/sa/{sa}=>{sa},namespace={sa},trustDomains=example.org";
+pub const RULE: &str = "template:spiffe://{trust_domain}/ns/agents/sa/{sa}=>{sa},namespace={sa},trustDomains=example.org,mode=both";
 
 /// SPIFFE ID of an agent's workload.
 pub fn agent_id(agent: &str) -> String {

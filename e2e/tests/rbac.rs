@@ -333,7 +333,7 @@ fn stored(
 
 /// Hub namespaces in this test are `hub-<agent>` and do not exist beforehand: the principal
 /// must create them (`--namespace-create-enable`).
-const RULES: &str = "rules:\n  - name: rbac-test\n    template: \"spiffe://{trust_domain}/ns/agents/sa/{sa}\"\n    agent: \"{sa}\"\n    namespace: \"hub-{sa}\"\n    trustDomains: [\"example.org\"]\n";
+const RULES: &str = "rules:\n  - name: rbac-test\n    template: \"spiffe://{trust_domain}/ns/agents/sa/{sa}\"\n    agent: \"{sa}\"\n    namespace: \"hub-{sa}\"\n    trustDomains: [\"example.org\"]\n    mode: both\n";
 
 fn hub_ns(agent: &str) -> String {
     format!("hub-{agent}")

@@ -288,12 +288,13 @@ impl FromStr for AgentMode {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub enum AllowedModes {
-    /// Only [`AgentMode::Managed`].
+    /// Only [`AgentMode::Managed`] (the default: the hub decides the mode, and the mode
+    /// that cannot write the hub is the one granted without being asked for).
+    #[default]
     Managed,
     /// Only [`AgentMode::Autonomous`].
     Autonomous,
-    /// Either mode (the default).
-    #[default]
+    /// Either mode: the agent chooses (`--agent-mode`), as upstream's principal lets it.
     Both,
 }
 

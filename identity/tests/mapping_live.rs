@@ -225,6 +225,7 @@ rules:
     agent: stays
   - exact: spiffe://example.org/narrowed
     agent: narrowed
+    mode: both
 "#;
     let v2 = r#"
 rules:

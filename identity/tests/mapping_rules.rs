@@ -30,6 +30,31 @@ rules:
 "#;
 
 #[test]
+fn a_rule_without_a_mode_grants_managed_only() {
+    for rules in [
+        RuleSet::from_yaml("rules:\n  - exact: spiffe://example.org/a\n    agent: a\n").unwrap(),
+        RuleSet::from_flags(&flags(&["exact:spiffe://example.org/a=>a"])).unwrap(),
+    ] {
+        let got = rules.map(&id("spiffe://example.org/a")).unwrap();
+        assert_eq!(got.allowed_modes, AllowedModes::Managed);
+        assert!(got.check_mode(AgentMode::Managed).is_ok());
+        let refused = got.check_mode(AgentMode::Autonomous).unwrap_err();
+        assert!(
+            refused
+                .to_string()
+                .contains("may not run in autonomous mode"),
+            "{refused}"
+        );
+    }
+    // Upstream's `mtls:uri:<regex>` keeps upstream's behaviour: the agent chooses.
+    let upstream = RuleSet::from_flags(&flags(&["mtls:uri:spiffe://example.org/agent/([a-z]+)"]))
+        .unwrap()
+        .map(&id("spiffe://example.org/agent/edge"))
+        .unwrap();
+    assert_eq!(upstream.allowed_modes, AllowedModes::Both);
+}
+
+#[test]
 fn spire_template_maps_service_account_to_agent_and_namespace() {
     let rules = RuleSet::from_yaml(EXAMPLE).unwrap();
     let got = rules
@@ -477,7 +502,7 @@ fn explain_lists_every_rule_and_the_decision() {
         "decision: ALLOWED",
         "agent:         edge-9",
         "namespace:     edge-9",
-        "allowed modes: both",
+        "allowed modes: managed",
     ] {
         assert!(text.contains(want), "missing {want:?} in\n{text}");
     }

@@ -17,7 +17,7 @@ use crate::harness::{HarnessError, PRINCIPAL_ID, Proc, TRUST_DOMAIN, binary, htt
 
 /// The mapping rule of a bench run: `spiffe://example.org/ns/agents/sa/<agent>` is agent
 /// `<agent>` with hub namespace `<agent>` (one template rule for every simulated agent).
-pub const BENCH_RULE: &str = "template:spiffe://{trust_domain}/ns/agents/sa/{sa}=>{sa},namespace={sa},trustDomains=example.org";
+pub const BENCH_RULE: &str = "template:spiffe://{trust_domain}/ns/agents/sa/{sa}=>{sa},namespace={sa},trustDomains=example.org,mode=both";
 
 /// One reading of a process in `/proc`.
 #[derive(Debug, Clone, Copy)]

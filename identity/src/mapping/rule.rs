@@ -298,7 +298,8 @@ pub(super) fn compile(spec: RuleSpec, default_name: String) -> Result<Rule, Stri
         .transpose()?;
     let mode = match spec.mode {
         Some(m) => m.parse::<AllowedModes>().map_err(|e| e.to_string())?,
-        None => AllowedModes::Both,
+        // The hub decides: a rule that names no mode grants managed only.
+        None => AllowedModes::default(),
     };
     Ok(Rule {
         name,
@@ -475,6 +476,9 @@ pub(super) fn parse_flag(flag: &str, default_name: String) -> Result<Rule, RuleE
     if let Some(re) = flag.strip_prefix("mtls:uri:") {
         // The whole remainder is the regex: it may contain ',' and '=>', so no options.
         spec.regex = Some(re.to_owned());
+        // Upstream's form, with upstream's behaviour: the agent chooses its mode. (A
+        // `regex:` rule in a rules file can name one.)
+        spec.mode = Some("both".into());
     } else if let Some(rest) = flag.strip_prefix("template:") {
         let (pattern, opts) = split_arrow(rest);
         spec.template = Some(pattern.to_owned());
