@@ -432,9 +432,39 @@ impl HaTopology {
     }
 
     /// Starts replica `i` again (same name, a new incarnation).
+    /// Its gRPC port stays (Envoy routes to it); its metrics port is a new one. Either port
+    /// may have been taken meanwhile as the local port of some outgoing connection (it is in
+    /// the ephemeral range): a replica that exits at once is started again.
     pub async fn restart_replica(&mut self, i: usize) -> Result<(), HarnessError> {
-        self.replicas[i].proc.start()?;
-        wait_listening(self.replicas[i].addr, Duration::from_secs(30)).await
+        let r = &mut self.replicas[i];
+        r.metrics_port = free_loopback_port()?;
+        r.proc
+            .set_arg("--metrics-port", &r.metrics_port.to_string());
+        for _ in 0..10 {
+            r.proc.start()?;
+            let listening = tokio::time::timeout(Duration::from_secs(15), async {
+                loop {
+                    if tokio::net::TcpStream::connect(r.addr).await.is_ok() {
+                        return true;
+                    }
+                    if !r.proc.is_running() {
+                        return false;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            })
+            .await;
+            match listening {
+                Ok(true) => return Ok(()),
+                Ok(false) => tokio::time::sleep(Duration::from_millis(500)).await,
+                Err(_) => break,
+            }
+        }
+        Err(format!(
+            "replica {} is not accepting connections on {}",
+            r.name, r.addr
+        )
+        .into())
     }
 
     /// Every process's log tail, for failure messages.

@@ -152,6 +152,15 @@ impl Proc {
         }
     }
 
+    /// Replaces the value after `flag` in the arguments (for the next start).
+    pub fn set_arg(&mut self, flag: &str, value: &str) {
+        if let Some(i) = self.args.iter().position(|a| a == flag)
+            && let Some(v) = self.args.get_mut(i + 1)
+        {
+            *v = value.to_owned();
+        }
+    }
+
     /// The running process's id.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().and_then(Child::id)
