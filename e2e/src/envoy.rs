@@ -34,7 +34,17 @@ pub fn envoy_bin() -> Result<PathBuf, HarnessError> {
 }
 
 /// A free TCP port on 127.0.0.1 (bound, then released, so a child process can take it).
+///
+/// Chosen below Linux's ephemeral range (32768–60999): tests kill processes and start them
+/// again on the same port, and a port in that range can be taken meanwhile as the local port
+/// of any outgoing connection on the machine ("Address already in use" on restart).
 pub fn free_loopback_port() -> std::io::Result<u16> {
+    for _ in 0..200 {
+        let port = fastrand::u16(20_000..32_000);
+        if let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+            return Ok(l.local_addr()?.port());
+        }
+    }
     let l = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok(l.local_addr()?.port())
 }
