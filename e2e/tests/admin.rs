@@ -167,11 +167,7 @@ async fn agentctl_lists_inspects_and_disconnects_agents() {
         Ok::<_, HarnessError>(())
     }
     .await;
-    let logs = topo.logs();
-    topo.stop().await;
-    if let Err(e) = r {
-        panic!("{e}\n{logs}");
-    }
+    topo.finish(r).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -202,11 +198,7 @@ async fn admin_api_on_a_unix_socket() {
         Ok::<_, HarnessError>(())
     }
     .await;
-    let logs = topo.logs();
-    topo.stop().await;
-    if let Err(e) = r {
-        panic!("{e}\n{logs}");
-    }
+    topo.finish(r).await;
 }
 
 /// `argocd-agentctl agent ...` against the principal's agent listener over mTLS, with the
@@ -311,9 +303,5 @@ async fn admin_api_over_mtls_is_for_spiffe_ids_with_an_admin_rule() {
         Ok::<_, HarnessError>(())
     }
     .await;
-    let logs = topo.logs();
-    topo.stop().await;
-    if let Err(e) = r {
-        panic!("{e}\n{logs}");
-    }
+    topo.finish(r).await;
 }

@@ -22,11 +22,7 @@ async fn run(agent_args: &[&str], f: impl AsyncFnOnce(&mut Topology) -> Result<(
     .await
     .unwrap();
     let r = f(&mut topo).await;
-    let logs = topo.logs();
-    topo.stop().await;
-    if let Err(e) = r {
-        panic!("{e}\n{logs}");
-    }
+    topo.finish(r).await;
 }
 
 fn path(app: &Value) -> &str {

@@ -299,11 +299,7 @@ async fn a_flood_from_one_agent_is_refused_early_and_does_not_slow_another_agent
         Ok(())
     }
     .await;
-    let logs = topo.logs();
-    topo.stop().await;
-    if let Err(e) = r {
-        panic!("{e}\n{logs}");
-    }
+    topo.finish(r).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -358,11 +354,7 @@ async fn a_real_agents_rate_limited_changes_are_resent_until_they_arrive() {
         Ok(())
     }
     .await;
-    let logs = topo.logs();
-    topo.stop().await;
-    if let Err(e) = r {
-        panic!("{e}\n{logs}");
-    }
+    topo.finish(r).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -488,9 +480,5 @@ async fn deletes_of_missing_names_are_not_found_and_hub_authored_apps_are_never_
         Ok(())
     }
     .await;
-    let logs = topo.logs();
-    topo.stop().await;
-    if let Err(e) = r {
-        panic!("{e}\n{logs}");
-    }
+    topo.finish(r).await;
 }

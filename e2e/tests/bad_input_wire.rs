@@ -535,11 +535,7 @@ async fn malformed_events_tricky_names_garbage_and_oversized_messages_are_refuse
         Ok(())
     }
     .await;
-    let logs = topo.logs();
-    topo.stop().await;
-    if let Err(e) = r {
-        panic!("{e}\n{logs}");
-    }
+    topo.finish(r).await;
 }
 
 /// RSS of a process, in KiB.
@@ -687,11 +683,7 @@ async fn slowloris_without_hello_or_without_reading_is_closed_and_bounded() {
         Ok(())
     }
     .await;
-    let logs = topo.logs();
-    topo.stop().await;
-    if let Err(e) = r {
-        panic!("{e}\n{logs}");
-    }
+    topo.finish(r).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -779,11 +771,7 @@ async fn many_concurrent_streams_of_one_identity_leave_one_live_session_the_newe
         Ok(())
     }
     .await;
-    let logs = topo.logs();
-    topo.stop().await;
-    if let Err(e) = r {
-        panic!("{e}\n{logs}");
-    }
+    topo.finish(r).await;
 }
 
 /// Opens a stream on the JWT listener with `token`; returns the stream and the welcome.
@@ -877,11 +865,7 @@ async fn a_replayed_jwt_svid_opens_a_session_that_replaces_the_first() {
         Ok(())
     }
     .await;
-    let logs = topo.logs();
-    topo.stop().await;
-    if let Err(e) = r {
-        panic!("{e}\n{logs}");
-    }
+    topo.finish(r).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -1031,9 +1015,5 @@ async fn every_verb_on_another_agents_objects_of_every_kind_is_forbidden() {
         Ok(())
     }
     .await;
-    let logs = topo.logs();
-    topo.stop().await;
-    if let Err(e) = r {
-        panic!("{e}\n{logs}");
-    }
+    topo.finish(r).await;
 }

@@ -61,11 +61,7 @@ async fn readyz_and_healthz_answer_on_both_binaries() {
         Ok::<(), HarnessError>(())
     }
     .await;
-    let logs = topo.logs();
-    topo.stop().await;
-    if let Err(e) = r {
-        panic!("{e}\n{logs}");
-    }
+    topo.finish(r).await;
 }
 
 fn free_port() -> u16 {
@@ -105,11 +101,7 @@ async fn healthz_port_serves_the_probes_only() {
         Ok(())
     }
     .await;
-    let logs = topo.logs();
-    topo.stop().await;
-    if let Err(e) = r {
-        panic!("{e}\n{logs}");
-    }
+    topo.finish(r).await;
 }
 
 /// A lost connection is logged as one, on both sides, not as a refusal.
@@ -160,9 +152,5 @@ async fn lost_connections_are_logged_as_lost() {
         Ok(())
     }
     .await;
-    let logs = topo.logs();
-    topo.stop().await;
-    if let Err(e) = r {
-        panic!("{e}\n{logs}");
-    }
+    topo.finish(r).await;
 }

@@ -77,9 +77,5 @@ async fn jwt_svid_agent_syncs_and_bad_tokens_are_refused() {
         Ok(())
     }
     .await;
-    let logs = topo.logs();
-    topo.stop().await;
-    if let Err(e) = r {
-        panic!("{e}\n{logs}");
-    }
+    topo.finish(r).await;
 }

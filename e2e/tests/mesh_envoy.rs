@@ -422,9 +422,5 @@ async fn identity_header_on_mtls_listener_is_rejected() {
             }
         }
         .await;
-    let logs = topo.logs();
-    topo.stop().await;
-    if let Err(e) = r {
-        panic!("{e}\n{logs}");
-    }
+    topo.finish(r).await;
 }

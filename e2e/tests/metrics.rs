@@ -399,11 +399,7 @@ async fn principal_and_agent_metrics_exist_and_move() {
         Ok(())
     }
     .await;
-    let logs = topo.logs();
-    topo.stop().await;
-    if let Err(e) = r {
-        panic!("{e}\n{logs}");
-    }
+    topo.finish(r).await;
 }
 
 #[test]

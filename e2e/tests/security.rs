@@ -143,11 +143,7 @@ async fn agent_cannot_touch_another_agents_applications() {
         Ok(())
     }
     .await;
-    let logs = topo.logs();
-    topo.stop().await;
-    if let Err(e) = r {
-        panic!("{e}\n{logs}");
-    }
+    topo.finish(r).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -237,11 +233,7 @@ async fn unmapped_id_and_wrong_trust_domain_cannot_open_a_stream() {
         Ok(())
     }
     .await;
-    let logs = topo.logs();
-    topo.stop().await;
-    if let Err(e) = r {
-        panic!("{e}\n{logs}");
-    }
+    topo.finish(r).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -295,11 +287,7 @@ async fn session_is_closed_when_rules_stop_mapping_its_identity() {
         Ok(())
     }
     .await;
-    let logs = topo.logs();
-    topo.stop().await;
-    if let Err(e) = r {
-        panic!("{e}\n{logs}");
-    }
+    topo.finish(r).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -353,11 +341,7 @@ async fn upstream_style_header_regex_capturing_an_agent_name() {
         Ok(())
     }
     .await;
-    let logs = topo.logs();
-    topo.stop().await;
-    if let Err(e) = r {
-        panic!("{e}\n{logs}");
-    }
+    topo.finish(r).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -493,11 +477,7 @@ async fn agents_cannot_write_projects_repositories_or_gpg_keys_they_do_not_own()
         Ok(())
     }
     .await;
-    let logs = topo.logs();
-    topo.stop().await;
-    if let Err(e) = r {
-        panic!("{e}\n{logs}");
-    }
+    topo.finish(r).await;
 }
 
 /// Destination-based mapping with two managed agents: an Application in a shared hub
@@ -579,9 +559,5 @@ async fn destination_mapping_routes_by_destination_and_accepts_status_only_from_
         Ok(())
     }
     .await;
-    let logs = topo.logs();
-    topo.stop().await;
-    if let Err(e) = r {
-        panic!("{e}\n{logs}");
-    }
+    topo.finish(r).await;
 }

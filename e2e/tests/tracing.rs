@@ -328,11 +328,7 @@ async fn one_trace_from_the_hub_watch_to_the_spoke_write() {
         Ok::<_, HarnessError>(())
     }
     .await;
-    let logs = topo.logs();
-    topo.stop().await;
-    if let Err(e) = r {
-        panic!("{e}\n{logs}");
-    }
+    topo.finish(r).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -394,11 +390,7 @@ async fn an_unreachable_collector_does_not_hold_up_the_sync() {
         Ok::<_, HarnessError>(())
     }
     .await;
-    let logs = topo.logs();
-    topo.stop().await;
-    if let Err(e) = r {
-        panic!("{e}\n{logs}");
-    }
+    topo.finish(r).await;
 }
 
 /// `<prefix>_trace_spans_total{outcome}` on `process`'s `/metrics`.
