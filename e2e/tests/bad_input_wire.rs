@@ -870,33 +870,58 @@ async fn a_replayed_jwt_svid_opens_a_session_that_replaces_the_first() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_verb_on_another_agents_objects_of_every_kind_is_forbidden() {
+    // An autonomous identity against a managed agent's objects.
+    cross_agent(MANAGED, AUTONOMOUS, AgentMode::Autonomous).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_verb_on_another_agents_objects_of_every_kind_is_forbidden_from_the_managed_side() {
+    // A managed identity against an autonomous agent's objects.
+    cross_agent(AUTONOMOUS, MANAGED, AgentMode::Managed).await;
+}
+
+/// The real `victim` agent syncs an Application; a hand-driven stream of identity
+/// `attacker` (in `mode`) sends every verb for it, and for each configuration kind in the
+/// victim's namespace: every one is refused `Forbidden`, counted, logged, and nothing on
+/// the hub changes.
+async fn cross_agent(victim: &'static str, attacker: &'static str, mode: AgentMode) {
     let topo = Topology::start(TopologyOptions {
-        agents: Some(vec![MANAGED]),
+        agents: Some(vec![victim]),
         ..Default::default()
     })
     .await
     .unwrap();
+    let victim_syncs = |name: &'static str| {
+        let topo = &topo;
+        async move {
+            if victim == MANAGED {
+                managed_agent_syncs(topo, name).await
+            } else {
+                autonomous_agent_syncs(topo, name).await
+            }
+        }
+    };
     let r: Result<(), HarnessError> = async {
-        topo.wait_connected(MANAGED, T).await?;
+        topo.wait_connected(victim, T).await?;
         let port = topo.metrics_ports["principal"];
-        // The managed agent's Application, with an operation to terminate.
-        managed_agent_syncs(&topo, "victim").await?;
-        let source = topo.svid_source("autonomous.sock").await?;
-        let ((tx, mut inbound), _) =
-            open_agent_stream(&source, topo.principal_addr, AgentMode::Autonomous).await?;
+        victim_syncs("victim").await?;
+        let source = topo
+            .svid_source(&format!("{}.sock", attacker.trim_start_matches("agent-")))
+            .await?;
+        let ((tx, mut inbound), _) = open_agent_stream(&source, topo.principal_addr, mode).await?;
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let before = stored_app(&topo.hub, MANAGED, "victim").ok_or("victim missing")?;
-        let writes_before = hub_writes(&topo, MANAGED, Some("victim"));
+        let before = stored_app(&topo.hub, victim, "victim").ok_or("victim missing")?;
+        let writes_before = hub_writes(&topo, victim, Some("victim"));
         let hub_argocd_writes_before = hub_writes(&topo, HUB_ARGOCD_NS, None);
-        let managed_writes_before = hub_writes(&topo, MANAGED, None);
-        let refused_before = metric_sum(port, &refused_series(AUTONOMOUS, "WrongNamespace")).await
-            + metric_sum(port, &refused_series(AUTONOMOUS, "NotOwner")).await
-            + metric_sum(port, &refused_series(AUTONOMOUS, "ModeForbids")).await;
-        let victim = app_ref(MANAGED, "victim");
+        let managed_writes_before = hub_writes(&topo, victim, None);
+        let refused_before = metric_sum(port, &refused_series(attacker, "WrongNamespace")).await
+            + metric_sum(port, &refused_series(attacker, "NotOwner")).await
+            + metric_sum(port, &refused_series(attacker, "ModeForbids")).await;
+        let victim_app = app_ref(victim, "victim");
         let obj = |extra: Value| {
             let mut o = json!({
                 "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
-                "metadata": {"name": "victim", "namespace": MANAGED},
+                "metadata": {"name": "victim", "namespace": victim},
             });
             if let (Some(o), Some(e)) = (o.as_object_mut(), extra.as_object()) {
                 o.extend(e.clone());
@@ -925,7 +950,7 @@ async fn every_verb_on_another_agents_objects_of_every_kind_is_forbidden() {
             (EventType::RequestUpdate, Payload::None),
         ];
         for (ty, payload) in table {
-            let e = Event::resource("test-client", ty, victim.clone(), payload);
+            let e = Event::resource("test-client", ty, victim_app.clone(), payload);
             tx.send(e.to_cloud_event()).await?;
             let reply = answer_to(&mut inbound, &e.id).await?;
             let Payload::Error(d) = &reply.payload else {
@@ -967,7 +992,7 @@ async fn every_verb_on_another_agents_objects_of_every_kind_is_forbidden() {
                 };
                 let target = ResourceRef {
                     kind,
-                    namespace: Namespace::new(MANAGED)?,
+                    namespace: Namespace::new(victim)?,
                     name: name.into(),
                 };
                 let e = Event::resource("test-client", ty, target, payload);
@@ -981,19 +1006,19 @@ async fn every_verb_on_another_agents_objects_of_every_kind_is_forbidden() {
             }
         }
         eventually("refusals counted", T, || async {
-            let now = metric_sum(port, &refused_series(AUTONOMOUS, "WrongNamespace")).await
-                + metric_sum(port, &refused_series(AUTONOMOUS, "NotOwner")).await
-                + metric_sum(port, &refused_series(AUTONOMOUS, "ModeForbids")).await;
+            let now = metric_sum(port, &refused_series(attacker, "WrongNamespace")).await
+                + metric_sum(port, &refused_series(attacker, "NotOwner")).await
+                + metric_sum(port, &refused_series(attacker, "ModeForbids")).await;
             (now >= refused_before + 7.0 + config_rows).then_some(())
         })
         .await?;
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let after = stored_app(&topo.hub, MANAGED, "victim").ok_or("victim deleted")?;
+        let after = stored_app(&topo.hub, victim, "victim").ok_or("victim deleted")?;
         assert_eq!(before["spec"], after["spec"]);
         assert_eq!(before.get("operation"), after.get("operation"));
         assert_ne!(after["status"]["health"]["status"], json!("Degraded"));
         assert_eq!(
-            hub_writes(&topo, MANAGED, Some("victim")),
+            hub_writes(&topo, victim, Some("victim")),
             writes_before,
             "no hub write for a refused event"
         );
@@ -1002,7 +1027,7 @@ async fn every_verb_on_another_agents_objects_of_every_kind_is_forbidden() {
             hub_argocd_writes_before,
             "no project, repository or GPG key written"
         );
-        assert_eq!(hub_writes(&topo, MANAGED, None), managed_writes_before);
+        assert_eq!(hub_writes(&topo, victim, None), managed_writes_before);
         assert!(
             topo.principal
                 .log()
@@ -1011,7 +1036,7 @@ async fn every_verb_on_another_agents_objects_of_every_kind_is_forbidden() {
                 .count()
                 >= 7
         );
-        managed_agent_syncs(&topo, "after-cross").await?;
+        victim_syncs("after-cross").await?;
         Ok(())
     }
     .await;
