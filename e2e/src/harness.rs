@@ -390,6 +390,24 @@ pub type AgentStream = (
     tonic::Streaming<argocd_agent_proto::cloudevents::CloudEvent>,
 );
 
+/// Waits (up to 30 s) for the principal's answer (`processed` or an error) to the event with
+/// `id` on a hand-driven agent stream, skipping whatever else arrives.
+pub async fn answer_to(
+    inbound: &mut tonic::Streaming<argocd_agent_proto::cloudevents::CloudEvent>,
+    id: &str,
+) -> Result<argocd_agent_sync::Event, HarnessError> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let msg = tokio::time::timeout_at(deadline, inbound.message())
+            .await??
+            .ok_or("stream closed")?;
+        let e = argocd_agent_sync::Event::from_cloud_event(msg)?;
+        if e.ack_id.as_deref() == Some(id) {
+            return Ok(e);
+        }
+    }
+}
+
 /// A hand-driven agent stream: dials the principal, sends a hello in `mode` (with no resync
 /// state: an empty spoke), and returns the stream with the principal's first answer (the
 /// welcome, when admitted).

@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 
 use argocd_agent_e2e::harness::*;
 use argocd_agent_identity::Namespace;
-use argocd_agent_proto::cloudevents::CloudEvent;
 use argocd_agent_proto::eventstream::AgentMode;
 use argocd_agent_sync::{Event, EventType, Payload, ResourceKind, ResourceRef};
 use kube::api::PostParams;
@@ -47,23 +46,6 @@ fn create_event(name: &str) -> Event {
         own_app(name),
         Payload::Object(Arc::new(obj)),
     )
-}
-
-/// Waits for the answer (processed or error) to the event with `id`.
-async fn answer_to(
-    inbound: &mut tonic::Streaming<CloudEvent>,
-    id: &str,
-) -> Result<Event, HarnessError> {
-    let deadline = tokio::time::Instant::now() + T;
-    loop {
-        let msg = tokio::time::timeout_at(deadline, inbound.message())
-            .await??
-            .ok_or("stream closed")?;
-        let e = Event::from_cloud_event(msg)?;
-        if e.ack_id.as_deref() == Some(id) {
-            return Ok(e);
-        }
-    }
 }
 
 /// What the principal answered one event with: `processed`, or an error's reason.

@@ -43,23 +43,6 @@ async fn connected(topo: &Topology) -> f64 {
     .await
 }
 
-/// Waits for the answer (processed or error) to the event with `id`.
-async fn answer_to(
-    inbound: &mut tonic::Streaming<CloudEvent>,
-    id: &str,
-) -> Result<Event, HarnessError> {
-    let deadline = tokio::time::Instant::now() + T;
-    loop {
-        let msg = tokio::time::timeout_at(deadline, inbound.message())
-            .await??
-            .ok_or("stream closed")?;
-        let e = Event::from_cloud_event(msg)?;
-        if e.ack_id.as_deref() == Some(id) {
-            return Ok(e);
-        }
-    }
-}
-
 /// Reads `inbound` until it ends with a gRPC status (events are skipped); errors when it
 /// ends cleanly or stays open for `T`.
 async fn final_status(

@@ -34,23 +34,6 @@ async fn open_stream(
     Ok((tx, inbound, welcome))
 }
 
-/// Waits for the answer (processed or error) to the event with `id`.
-async fn answer_to(
-    inbound: &mut tonic::Streaming<argocd_agent_proto::cloudevents::CloudEvent>,
-    id: &str,
-) -> Result<Event, HarnessError> {
-    let deadline = tokio::time::Instant::now() + T;
-    loop {
-        let msg = tokio::time::timeout_at(deadline, inbound.message())
-            .await??
-            .ok_or("stream closed")?;
-        let e = Event::from_cloud_event(msg)?;
-        if e.ack_id.as_deref() == Some(id) {
-            return Ok(e);
-        }
-    }
-}
-
 /// The SVID source of one of the topology's Workload API sockets, ready.
 async fn agent_svid(topo: &Topology, sock: &str) -> Result<SvidSource, HarnessError> {
     topo.svid_source(sock).await
