@@ -480,7 +480,7 @@ async fn stop(ctx: &Ctx) {
 
 async fn drive_and_check(ctx: &Arc<Ctx>, opts: &ChaosOptions) -> Result<ChaosReport, HarnessError> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let supervisor = tokio::spawn(supervise(ctx.clone(), stop_rx.clone()));
+    let supervisor = tokio::spawn(supervise(ctx.clone()));
     let faults = opts
         .faults
         .then(|| tokio::spawn(fault_schedule(ctx.clone(), opts.clone(), stop_rx.clone())));
@@ -526,7 +526,6 @@ async fn drive_and_check(ctx: &Arc<Ctx>, opts: &ChaosOptions) -> Result<ChaosRep
     let deadline = quiet + opts.converge_timeout;
     let (mut checked, mut findings);
     loop {
-        ensure_running(ctx).await;
         (checked, findings) = check(ctx, &models, opts.names);
         if findings.is_empty() || Instant::now() > deadline {
             break;
@@ -534,7 +533,6 @@ async fn drive_and_check(ctx: &Arc<Ctx>, opts: &ChaosOptions) -> Result<ChaosRep
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let converge_secs = quiet.elapsed().as_secs_f64();
-    stop_tx.send_replace(true);
     supervisor.abort();
 
     let count = |k: Problem| findings.iter().filter(|f| f.0 == k).count();
@@ -572,8 +570,9 @@ async fn drive_and_check(ctx: &Arc<Ctx>, opts: &ChaosOptions) -> Result<ChaosRep
     })
 }
 
-/// Restarts any process that exited on its own (what a kubelet does), counting it.
-async fn supervise(ctx: Arc<Ctx>, _stop: tokio::sync::watch::Receiver<bool>) {
+/// Restarts any process that exited on its own (what a kubelet does), counting it; runs
+/// until the check is done (a process the fault schedule is restarting is locked by it).
+async fn supervise(ctx: Arc<Ctx>) {
     loop {
         tokio::time::sleep(Duration::from_millis(500)).await;
         let procs = std::iter::once(&ctx.principal).chain(ctx.spokes.iter().map(|s| &s.proc));
@@ -585,17 +584,6 @@ async fn supervise(ctx: Arc<Ctx>, _stop: tokio::sync::watch::Receiver<bool>) {
                 tracing::warn!(process = %p.name, "chaos: process exited on its own; restarting");
                 let _ = p.start();
             }
-        }
-    }
-}
-
-async fn ensure_running(ctx: &Ctx) {
-    let procs = std::iter::once(&ctx.principal).chain(ctx.spokes.iter().map(|s| &s.proc));
-    for p in procs {
-        let mut p = p.lock().await;
-        if !p.is_running() {
-            ctx.unexpected_exits.fetch_add(1, Ordering::SeqCst);
-            let _ = p.start();
         }
     }
 }
