@@ -1016,13 +1016,15 @@ impl Hub {
                         let span = tracing::info_span!(parent: &origin, "principal.hub_change",
                             agent = %state.name, "object.kind" = kind.as_str(), "object.name" = %name);
                         drop(origin);
+                        // Boxed: the worker of an idle agent only waits for its inbox,
+                        // and a task is as large as its largest state.
                         match kind {
                             ResourceKind::AppProject => {
-                                hub.on_autonomous_project_change(&state, &name, change)
+                                Box::pin(hub.on_autonomous_project_change(&state, &name, change))
                                     .instrument(span)
                                     .await
                             }
-                            _ => hub.on_hub_change(&state, change).instrument(span).await,
+                            _ => Box::pin(hub.on_hub_change(&state, change)).instrument(span).await,
                         }
                     }
                     if state.inbox.take_config_dirty() {

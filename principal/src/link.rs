@@ -18,7 +18,8 @@ const ENQUEUE_TIMEOUT: Duration = Duration::from_secs(5);
 /// The request side of one agent session.
 pub struct AgentLink {
     pub session_id: u64,
-    outbound: mpsc::Sender<Event>,
+    /// Boxed: a channel allocates its first block of slots up front (see session.rs).
+    outbound: mpsc::Sender<Box<Event>>,
     pending: Arc<Pending<Event>>,
     capabilities: Vec<String>,
 }
@@ -28,7 +29,7 @@ impl AgentLink {
     /// at most `in_flight` requests wait at once.
     pub fn new(
         session_id: u64,
-        outbound: mpsc::Sender<Event>,
+        outbound: mpsc::Sender<Box<Event>>,
         in_flight: usize,
         capabilities: Vec<String>,
     ) -> AgentLink {
@@ -53,7 +54,7 @@ impl AgentLink {
         stream: Option<usize>,
     ) -> Result<Ticket<Event>, RpcError> {
         let ticket = self.pending.register(&event.id, stream)?;
-        match tokio::time::timeout(ENQUEUE_TIMEOUT, self.outbound.send(event)).await {
+        match tokio::time::timeout(ENQUEUE_TIMEOUT, self.outbound.send(Box::new(event))).await {
             Ok(Ok(())) => Ok(ticket),
             Ok(Err(_)) => Err(RpcError::Disconnected),
             Err(_) => Err(RpcError::Timeout(ENQUEUE_TIMEOUT)),
@@ -62,7 +63,7 @@ impl AgentLink {
 
     /// Sends `event` expecting no answer; dropped when the session is gone or stalled.
     pub fn notify(&self, event: Event) {
-        let _ = self.outbound.try_send(event);
+        let _ = self.outbound.try_send(Box::new(event));
     }
 
     /// Hands an answer from the agent to the request it names; answers naming no waiting

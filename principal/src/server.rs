@@ -9,7 +9,6 @@ use argocd_agent_proto::eventstream::event_stream_server::EventStream;
 use argocd_agent_proto::version::version_server::Version;
 use argocd_agent_proto::version::{VersionRequest, VersionResponse};
 use argocd_agent_sync::event::{PROTOCOL_MIN, PROTOCOL_VERSION};
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::auth::Authenticator;
@@ -25,7 +24,7 @@ pub struct EventStreamService {
 
 #[tonic::async_trait]
 impl EventStream for EventStreamService {
-    type SubscribeStream = ReceiverStream<Result<CloudEvent, Status>>;
+    type SubscribeStream = session::OutboundStream;
 
     async fn subscribe(
         &self,
@@ -43,7 +42,7 @@ impl EventStream for EventStreamService {
             ..SessionInfo::default()
         };
         let rx = session::start(&self.sessions, identity, info, request.into_inner());
-        Ok(Response::new(ReceiverStream::new(rx)))
+        Ok(Response::new(rx))
     }
 }
 

@@ -38,7 +38,28 @@ pub const CAPABILITIES: &[&str] = &[
 ];
 
 /// Outbound messages buffered per session before the writer waits for the agent.
+///
+/// The session's channels carry boxed messages: a tokio channel allocates its first block
+/// of 32 slots when it is created, so with unboxed messages (~200 bytes for a CloudEvent or
+/// a status, ~350 for an event) every idle agent would hold ~17 KiB of empty slots.
 const OUTBOUND_BUFFER: usize = 64;
+
+/// One outbound message: a CloudEvent, or the status the stream ends with.
+type OutboundMsg = Result<CloudEvent, Status>;
+
+/// A session's outbound stream, as tonic sends it to the agent.
+pub struct OutboundStream(mpsc::Receiver<Box<OutboundMsg>>);
+
+impl Stream for OutboundStream {
+    type Item = OutboundMsg;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<OutboundMsg>> {
+        self.0.poll_recv(cx).map(|m| m.map(|b| *b))
+    }
+}
 /// Longest event id echoed back in a `Malformed` refusal.
 const MAX_ECHOED_ID: usize = 256;
 
@@ -65,7 +86,7 @@ pub struct SessionContext {
 /// agent that never reads (HTTP/2 flow control stops, then the buffer fills) ends its
 /// session instead of holding it, and the agent's queue, forever.
 struct Outbound {
-    tx: mpsc::Sender<Result<CloudEvent, Status>>,
+    tx: mpsc::Sender<Box<OutboundMsg>>,
     send_timeout: Duration,
 }
 
@@ -80,8 +101,8 @@ enum SendFailure {
 
 impl Outbound {
     /// Hands one message to the stream, waiting at most the send timeout for room.
-    async fn send(&self, msg: Result<CloudEvent, Status>) -> Result<(), SendFailure> {
-        match tokio::time::timeout(self.send_timeout, self.tx.send(msg)).await {
+    async fn send(&self, msg: OutboundMsg) -> Result<(), SendFailure> {
+        match tokio::time::timeout(self.send_timeout, self.tx.send(Box::new(msg))).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(_)) => Err(SendFailure::Closed),
             Err(_) => Err(SendFailure::NotReading),
@@ -96,7 +117,7 @@ pub fn start(
     identity: AgentIdentity,
     peer: SessionInfo,
     inbound: impl Stream<Item = Result<CloudEvent, Status>> + Send + Unpin + 'static,
-) -> mpsc::Receiver<Result<CloudEvent, Status>> {
+) -> OutboundStream {
     let (tx, rx) = mpsc::channel(OUTBOUND_BUFFER);
     let tx = Outbound {
         tx,
@@ -118,7 +139,7 @@ pub fn start(
                     // Bounded: an agent that does not read never gets it.
                     let _ = tokio::time::timeout(
                         Duration::from_secs(5),
-                        tx.tx.send(Err(status)),
+                        tx.tx.send(Box::new(Err(status))),
                     )
                     .await;
                 }
@@ -127,7 +148,7 @@ pub fn start(
         }
         .instrument(span),
     );
-    rx
+    OutboundStream(rx)
 }
 
 fn mode_from_wire(m: i32) -> Option<AgentMode> {
@@ -220,7 +241,7 @@ async fn run(
     let hub = &ctx.hub;
     // 1. Hello.
     let (hello, mode) = tokio::select! {
-        r = receive_hello(hub, &identity, ctx.hello_timeout, &mut inbound) => r?,
+        r = Box::pin(receive_hello(hub, &identity, ctx.hello_timeout, &mut inbound)) => r?,
         _ = ctx.shutdown.cancelled() => return Err(shutting_down()),
     };
     let resync_state = hello.state.clone().unwrap_or_default();
@@ -241,11 +262,9 @@ async fn run(
     // register (replacing any previous session here) and welcome.
     let session_id = SESSION_IDS.fetch_add(1, Ordering::Relaxed);
     let lease = match &ctx.leases {
-        Some(leases) => Some(
-            leases
-                .acquire(&identity.agent, &identity.namespace, session_id)
-                .await?,
-        ),
+        Some(leases) => {
+            Some(Box::pin(leases.acquire(&identity.agent, &identity.namespace, session_id)).await?)
+        }
         None => None,
     };
     let token = CancellationToken::new();
@@ -269,8 +288,7 @@ async fn run(
             ..peer
         },
     );
-    hub.ensure_namespace(&identity.namespace, &identity.agent)
-        .await;
+    Box::pin(hub.ensure_namespace(&identity.namespace, &identity.agent)).await;
     hub.metrics.connected_agents.inc();
     hub.metrics.connected(identity.agent.as_str());
     let _guard = SessionGuard {
@@ -309,7 +327,9 @@ async fn run(
     // the session is replaced or revoked, or the agent goes away, so an abandoned session
     // never goes on writing to the hub.
     let resync_started = std::time::Instant::now();
-    let resync = async {
+    // Boxed, as every long sub-future of a session: the session task is as large as its
+    // largest state, and an idle session only waits in the loop below.
+    let resync = Box::pin(async {
         hub.cache.wait_synced().await;
         hub.config.wait_synced().await;
         state.queue.requeue_in_flight();
@@ -343,7 +363,7 @@ async fn run(
             }
         }
         Ok::<(), Status>(())
-    };
+    });
     tokio::select! {
         r = resync => r?,
         _ = token.cancelled() => {
@@ -378,13 +398,13 @@ async fn run(
             }
             _ = tx.tx.closed() => return Ok(()),
             event = state.queue.next() => send(tx, hub, &state, event).await?,
-            Some(event) = direct_rx.recv() => send(tx, hub, &state, event).await?,
+            Some(event) = direct_rx.recv() => send(tx, hub, &state, *event).await?,
             msg = inbound.next() => {
                 let Some(msg) = msg else { return Ok(()) };
                 last_seen = tokio::time::Instant::now();
                 state.touch();
                 let msg = msg.map_err(|s| stream_error(hub, &identity.agent, s))?;
-                handle_inbound(hub, ctx.cluster_info.as_ref(), &state, &identity, mode, msg, tx).await?;
+                Box::pin(handle_inbound(hub, ctx.cluster_info.as_ref(), &state, &identity, mode, msg, tx)).await?;
             }
             _ = idle_check.tick() => {
                 if last_seen.elapsed() > ctx.idle_timeout {
@@ -484,7 +504,17 @@ impl Drop for SessionGuard {
 
 /// Sends one event. Span `principal.send`: a child of the span the event was created (or
 /// queued) in; the event then carries the send span's context to the agent.
-async fn send(
+fn send<'a>(
+    tx: &'a Outbound,
+    hub: &'a Hub,
+    state: &'a AgentState,
+    event: Event,
+) -> futures::future::BoxFuture<'a, Result<(), Status>> {
+    // Boxed: sent from every state of a session (see `run`).
+    Box::pin(send_inner(tx, hub, state, event))
+}
+
+async fn send_inner(
     tx: &Outbound,
     hub: &Hub,
     state: &AgentState,

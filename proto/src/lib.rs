@@ -6,6 +6,8 @@
 //! step with `proto/*.proto`.
 #![forbid(unsafe_code)]
 
+pub mod codec;
+
 pub mod admin {
     #![allow(clippy::all)]
     include!("gen/argocdagent.admin.v1.rs");

@@ -18,6 +18,8 @@ fn generate(out: &Path) {
         .build_server(true)
         .build_client(true)
         .extern_path(".io.cloudevents.v1", "crate::cloudevents")
+        // Small initial codec buffers: one long-lived stream per agent (src/codec.rs).
+        .codec_path("crate::codec::LeanCodec")
         .out_dir(out)
         .compile_protos(&protos, &[root.join("proto")])
         .expect("protoc failed; install protobuf-compiler");

@@ -263,7 +263,7 @@ pub mod spiffe_workload_api_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/SpiffeWorkloadAPI/FetchX509SVID",
             );
@@ -291,7 +291,7 @@ pub mod spiffe_workload_api_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/SpiffeWorkloadAPI/FetchX509Bundles",
             );
@@ -318,7 +318,7 @@ pub mod spiffe_workload_api_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/SpiffeWorkloadAPI/FetchJWTSVID",
             );
@@ -345,7 +345,7 @@ pub mod spiffe_workload_api_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/SpiffeWorkloadAPI/FetchJWTBundles",
             );
@@ -371,7 +371,7 @@ pub mod spiffe_workload_api_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/SpiffeWorkloadAPI/ValidateJWTSVID",
             );
@@ -570,7 +570,7 @@ pub mod spiffe_workload_api_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = FetchX509SVIDSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -620,7 +620,7 @@ pub mod spiffe_workload_api_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = FetchX509BundlesSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -666,7 +666,7 @@ pub mod spiffe_workload_api_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = FetchJWTSVIDSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -713,7 +713,7 @@ pub mod spiffe_workload_api_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = FetchJWTBundlesSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -759,7 +759,7 @@ pub mod spiffe_workload_api_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ValidateJWTSVIDSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,

@@ -177,7 +177,7 @@ pub mod admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/argocdagent.admin.v1.Admin/ListAgents",
             );
@@ -199,7 +199,7 @@ pub mod admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/argocdagent.admin.v1.Admin/InspectAgent",
             );
@@ -224,7 +224,7 @@ pub mod admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/argocdagent.admin.v1.Admin/DisconnectAgent",
             );
@@ -378,7 +378,7 @@ pub mod admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ListAgentsSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -423,7 +423,7 @@ pub mod admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = InspectAgentSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -468,7 +468,7 @@ pub mod admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = DisconnectAgentSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,

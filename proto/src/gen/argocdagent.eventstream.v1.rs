@@ -466,7 +466,7 @@ pub mod event_stream_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/argocdagent.eventstream.v1.EventStream/Subscribe",
             );
@@ -619,7 +619,7 @@ pub mod event_stream_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = SubscribeSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -782,7 +782,7 @@ pub mod tunnel_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/argocdagent.eventstream.v1.Tunnel/Logs",
             );
@@ -809,7 +809,7 @@ pub mod tunnel_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/argocdagent.eventstream.v1.Tunnel/Terminal",
             );
@@ -964,7 +964,7 @@ pub mod tunnel_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = LogsSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -1010,7 +1010,7 @@ pub mod tunnel_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = TerminalSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,

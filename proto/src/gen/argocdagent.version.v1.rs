@@ -119,7 +119,7 @@ pub mod version_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/argocdagent.version.v1.Version/Version",
             );
@@ -252,7 +252,7 @@ pub mod version_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = VersionSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
