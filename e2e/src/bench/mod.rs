@@ -859,7 +859,27 @@ async fn throughput(opts: &BenchOptions) -> Result<Report, HarnessError> {
             let per_client = (m.max(20 * n).max(10_000) / n).max(1) as u64;
             let floor_down = floor.download(&clients, per_client).await?;
             let floor_up = floor.upload(&clients, per_client, &event).await?;
+            drop(clients);
+
+            // Principal -> agents from its watch cache: m more Applications are created
+            // while every agent is away (not timed), then the agents come back without
+            // the Applications they held, so their resync sends all 2·m. No hub write is
+            // in this path; it is the principal's own pipeline (cache, queue, stream,
+            // acknowledgements), with the agents' n TLS handshakes in its time.
             fleet.stop().await;
+            create_apps(&env, n, m..2 * m, "v1", pad, opts.writers).await?;
+            let agents = make_agents(&env, n)?;
+            let started = Instant::now();
+            let fleet = self::fleet(&env, agents, opts);
+            let backlog = 2 * m;
+            let held = until("the backlog at the agents", scaled(backlog), || {
+                fleet.agents.iter().map(|a| a.app_count()).sum::<usize>() >= backlog
+            })
+            .await;
+            let backlog_time = started.elapsed();
+            fleet.stop().await;
+            held?;
+            let backlog_rate = backlog as f64 / backlog_time.as_secs_f64();
             let mut r = Report::new(Scenario::Throughput);
             r.put("agents", n);
             r.put("events", m);
@@ -868,6 +888,8 @@ async fn throughput(opts: &BenchOptions) -> Result<Report, HarnessError> {
             r.put("to_agents_per_s", round2(down_rate));
             r.put("floor_to_agents_per_s", round2(floor_down));
             r.put("to_agents_ratio", round2(down_rate / floor_down));
+            r.put("backlog_to_agents_per_s", round2(backlog_rate));
+            r.put("backlog_ratio", round2(backlog_rate / floor_down));
             r.put("to_principal_per_s", round2(up_rate));
             r.put("floor_to_principal_per_s", round2(floor_up));
             r.put("to_principal_ratio", round2(up_rate / floor_up));
