@@ -92,6 +92,22 @@ pub fn raise_nofile(needed: u64) -> Result<u64, HarnessError> {
     Ok(have)
 }
 
+/// The hub's settings. Its event history is sized like a real apiserver's at the bench's
+/// write rates: etcd keeps minutes of revisions (compaction every 5 min) and the watch cache
+/// ~75 s of events, while the test server's default 1,000 events last under a second at
+/// 1,500 writes/s. With the default, the principal's watch expired during bursts and its
+/// paginated relists of 20,000 Applications never finished (each continue token expired
+/// within the list), which measured the test server, not the principal.
+fn hub_options() -> ServerOptions {
+    ServerOptions {
+        history_limit: HUB_HISTORY,
+        ..ServerOptions::default()
+    }
+}
+
+/// Events the bench hub keeps (each holds the object, and the previous one for updates).
+const HUB_HISTORY: usize = 50_000;
+
 /// A further principal replica of a run with several (`--ha --replica-id principal-<i>`).
 pub struct Replica {
     pub proc: Proc,
@@ -202,8 +218,7 @@ impl BenchEnv {
             .await?;
         let mut bundles = TrustBundles::new();
         bundles.insert(td, vec![spiffe.ca().certificate().clone()])?;
-        let hub =
-            KubeTestServer::start_on("127.0.0.1:0".parse()?, ServerOptions::default()).await?;
+        let hub = KubeTestServer::start_on("127.0.0.1:0".parse()?, hub_options()).await?;
         hub.write_kubeconfig(&dir.join("hub.kubeconfig"), "hub")?;
         crate::harness::create_namespace(&hub, crate::harness::HUB_ARGOCD_NS).await?;
         let mut first = principal_proc(&dir, &spiffe, "", &replica_args(extra_args, 0, replicas))?;
