@@ -138,3 +138,76 @@ async fn failover_smoke() {
     assert!(num(&r, "resynced_s") >= num(&r, "reconnected_s"));
     assert!(num(&r, "lease_writes") > 0.0);
 }
+
+/// The command as documented: two `connect` runs appended to one JSON-lines file, the
+/// cost-growth plot drawn from it (a PNG with both runs), then redrawn without a run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_connect_runs_and_plot() {
+    let ctl = argocd_agent_e2e::harness::binary("argocd-agentctl").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (json, png) = (dir.path().join("bench.jsonl"), dir.path().join("cost.png"));
+    for agents in ["5", "10"] {
+        let out = tokio::process::Command::new(&ctl)
+            .args([
+                "bench",
+                "connect",
+                "--agents",
+                agents,
+                "--seconds",
+                "1",
+                "--json",
+            ])
+            .arg(&json)
+            .arg("--plot")
+            .arg(&png)
+            .output()
+            .await
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(stdout.starts_with("scenario"), "{stdout}");
+        assert!(stdout.contains("plot: "), "{stdout}");
+    }
+    let rows = std::fs::read_to_string(&json).unwrap();
+    assert_eq!(rows.lines().count(), 2, "{rows}");
+    let points = bench::plot::connect_points(&rows).unwrap();
+    assert_eq!(
+        points.iter().map(|p| p.agents).collect::<Vec<_>>(),
+        vec![5, 10]
+    );
+    assert!(
+        std::fs::read(&png)
+            .unwrap()
+            .starts_with(b"\x89PNG\r\n\x1a\n")
+    );
+
+    std::fs::remove_file(&png).unwrap();
+    let out = tokio::process::Command::new(&ctl)
+        .args(["bench", "plot", "--json"])
+        .arg(&json)
+        .arg("--plot")
+        .arg(&png)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("2 connect runs"), "{stdout}");
+    assert!(png.is_file());
+    // `plot` without --plot is an error, not a silent no-op.
+    let out = tokio::process::Command::new(&ctl)
+        .args(["bench", "plot", "--json"])
+        .arg(&json)
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+}

@@ -4,7 +4,7 @@
 //! run and, with `--json`, appends the row as one JSON line to a file. See
 //! `docs/benchmarks.md`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use argocd_agent_e2e::bench::{self, BenchOptions, Scenario};
@@ -28,11 +28,14 @@ pub enum ScenarioArg {
     /// --replicas principal replicas (--ha) under N agents spread across them: kill -9 one;
     /// time until its agents have sessions on the others and until all are resynced.
     Failover,
+    /// No run: draw --plot from the connect rows already in --json (cost growth).
+    Plot,
 }
 
-impl From<ScenarioArg> for Scenario {
-    fn from(s: ScenarioArg) -> Scenario {
-        match s {
+impl ScenarioArg {
+    /// The scenario to run (`None` for `plot`, which only draws).
+    fn scenario(self) -> Option<Scenario> {
+        Some(match self {
             ScenarioArg::Connect => Scenario::Connect,
             ScenarioArg::Storm => Scenario::Storm,
             ScenarioArg::Fanout => Scenario::Fanout,
@@ -40,7 +43,8 @@ impl From<ScenarioArg> for Scenario {
             ScenarioArg::Rotation => Scenario::Rotation,
             ScenarioArg::Bulk => Scenario::Bulk,
             ScenarioArg::Failover => Scenario::Failover,
-        }
+            ScenarioArg::Plot => return None,
+        })
     }
 }
 
@@ -79,6 +83,14 @@ pub struct BenchArgs {
     /// Append the result as one JSON line to this file.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// After the run, draw the cost-growth plot (PNG) of every `connect` row in --json:
+    /// principal RSS and idle CPU against connected agents, next to their targets.
+    #[arg(long, requires = "json")]
+    plot: Option<PathBuf>,
+    /// TrueType font for the plot's text (default: DejaVu Sans or Liberation Sans from the
+    /// usual system paths).
+    #[arg(long)]
+    font: Option<PathBuf>,
     /// Extra principal argument (repeat), e.g. --principal-arg=--kube-qps=200.
     #[arg(long = "principal-arg", allow_hyphen_values = true)]
     principal_args: Vec<String>,
@@ -97,13 +109,36 @@ pub async fn run(a: BenchArgs) -> crate::CmdResult {
         principal_args: a.principal_args,
         replicas: a.replicas.max(2),
     };
-    let report = bench::run(a.scenario.into(), &opts)
-        .await
-        .map_err(|e| format!("bench {}: {e}", Scenario::from(a.scenario).name()))?;
-    print!("{}", report.table());
-    if let Some(path) = a.json {
-        append_json_line(&path, &report.json().to_string())?;
+    if let Some(scenario) = a.scenario.scenario() {
+        let report = bench::run(scenario, &opts)
+            .await
+            .map_err(|e| format!("bench {}: {e}", scenario.name()))?;
+        print!("{}", report.table());
+        if let Some(path) = &a.json {
+            append_json_line(path, &report.json().to_string())?;
+        }
+    } else if a.plot.is_none() {
+        return Err("bench plot: say where with --plot FILE.png (and --json FILE)".into());
     }
+    if let (Some(png), Some(json)) = (&a.plot, &a.json) {
+        plot(json, png, a.font.as_deref())?;
+    }
+    Ok(())
+}
+
+/// Draws the `connect` rows of `json` into `png`.
+fn plot(json: &Path, png: &Path, font: Option<&Path>) -> crate::CmdResult {
+    let text = std::fs::read_to_string(json).map_err(|e| format!("{}: {e}", json.display()))?;
+    let points =
+        bench::plot::connect_points(&text).map_err(|e| format!("{}: {e}", json.display()))?;
+    let font = bench::plot::find_font(font).map_err(|e| e.to_string())?;
+    bench::plot::draw_connect_png(&points, &font, png).map_err(|e| e.to_string())?;
+    println!(
+        "plot: {} ({} connect runs from {})",
+        png.display(),
+        points.len(),
+        json.display()
+    );
     Ok(())
 }
 

@@ -5,6 +5,7 @@
 
 pub mod env;
 pub mod floor;
+pub mod plot;
 pub mod sim;
 
 use std::path::PathBuf;
