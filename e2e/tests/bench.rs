@@ -97,6 +97,10 @@ async fn throughput_smoke() {
         "floor_to_agents_per_s",
         "to_principal_per_s",
         "floor_to_principal_per_s",
+        "backlog_to_agents_per_s",
+        "backlog_principal_cpu_us_per_event",
+        "backlog_agents_cpu_us_per_event",
+        "floor_cpu_us_per_event",
     ] {
         assert!(num(&r, k) > 0.0, "{k}");
     }

@@ -276,6 +276,23 @@ impl BenchEnv {
         ProcSample::read(self.principal.pid().ok_or("the principal is not running")?)
     }
 
+    /// Waits (at most `limit`) until the principal is quiet: under 5 % of a core over
+    /// 300 ms, so what it still does for earlier work (watch events of a write burst) is
+    /// not counted in the next measurement. Returns how long it took.
+    pub async fn until_quiet(&self, limit: Duration) -> Result<Duration, HarnessError> {
+        let started = Instant::now();
+        let window = Duration::from_millis(300);
+        loop {
+            let a = self.sample()?;
+            tokio::time::sleep(window).await;
+            let b = self.sample()?;
+            let busy = (b.cpu - a.cpu).as_secs_f64() / (b.at - a.at).as_secs_f64();
+            if busy < 0.05 || started.elapsed() >= limit {
+                return Ok(started.elapsed());
+            }
+        }
+    }
+
     /// The value of an unlabelled metric of the principal (`name` as exposed).
     pub async fn metric(&self, name: &str) -> Result<f64, HarnessError> {
         let text = http_get(self.metrics_port, "/metrics").await?;

@@ -858,7 +858,11 @@ async fn throughput(opts: &BenchOptions) -> Result<Report, HarnessError> {
             let clients = floor.connect(&tls).await?;
             // Enough events that connection set-up and ramp-up do not count.
             let per_client = (m.max(20 * n).max(10_000) / n).max(1) as u64;
+            let cpu0 = ProcSample::read(std::process::id())?.cpu;
             let floor_down = floor.download(&clients, per_client).await?;
+            // Both ends of the floor are in this process: its CPU per event, both ends.
+            let floor_cpu = ProcSample::read(std::process::id())?.cpu - cpu0;
+            let floor_cpu_us = floor_cpu.as_secs_f64() * 1e6 / (per_client * n as u64) as f64;
             let floor_up = floor.upload(&clients, per_client, &event).await?;
             drop(clients);
 
@@ -870,6 +874,11 @@ async fn throughput(opts: &BenchOptions) -> Result<Report, HarnessError> {
             fleet.stop().await;
             create_apps(&env, n, m..2 * m, "v1", pad, opts.writers).await?;
             let agents = make_agents(&env, n)?;
+            // The principal has taken in the watch events of those creates.
+            env.until_quiet(scaled(m)).await?;
+            // CPU of the principal and of this process (the agents; the hub is idle) while
+            // the backlog flows, per event: where the time goes on the shared cores.
+            let (p0, b0) = (env.sample()?.cpu, ProcSample::read(std::process::id())?.cpu);
             let started = Instant::now();
             let fleet = self::fleet(&env, agents, opts);
             let backlog = 2 * m;
@@ -878,8 +887,10 @@ async fn throughput(opts: &BenchOptions) -> Result<Report, HarnessError> {
             })
             .await;
             let backlog_time = started.elapsed();
+            let (p1, b1) = (env.sample()?.cpu, ProcSample::read(std::process::id())?.cpu);
             fleet.stop().await;
             held?;
+            let per_event = |d: Duration| round2(d.as_secs_f64() * 1e6 / backlog as f64);
             let backlog_rate = backlog as f64 / backlog_time.as_secs_f64();
             let mut r = Report::new(Scenario::Throughput);
             r.put("agents", n);
@@ -891,6 +902,9 @@ async fn throughput(opts: &BenchOptions) -> Result<Report, HarnessError> {
             r.put("to_agents_ratio", round2(down_rate / floor_down));
             r.put("backlog_to_agents_per_s", round2(backlog_rate));
             r.put("backlog_ratio", round2(backlog_rate / floor_down));
+            r.put("backlog_principal_cpu_us_per_event", per_event(p1 - p0));
+            r.put("backlog_agents_cpu_us_per_event", per_event(b1 - b0));
+            r.put("floor_cpu_us_per_event", round2(floor_cpu_us));
             r.put("to_principal_per_s", round2(up_rate));
             r.put("floor_to_principal_per_s", round2(floor_up));
             r.put("to_principal_ratio", round2(up_rate / floor_up));
