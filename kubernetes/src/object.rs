@@ -1,6 +1,7 @@
 //! Helpers over [`DynamicObject`]: deletion state, spec/status access, checksums and the
 //! copy of an object that travels between principal and agent.
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::DynamicObject;
 use ring::digest;
 
@@ -72,9 +73,9 @@ pub fn content_checksum(kind: Kind, obj: &Value) -> String {
 
 /// Hex SHA-256 of the canonical JSON of `value` (object keys sorted at every level).
 pub fn checksum_of(value: &Value) -> String {
-    let mut canonical = String::new();
+    let mut canonical = Vec::with_capacity(1024);
     write_canonical(value, &mut canonical);
-    hex_sha256(canonical.as_bytes())
+    hex_sha256(&canonical)
 }
 
 /// `namespace/name`, or `name` for cluster-scoped objects.
@@ -129,55 +130,107 @@ pub fn take_field(obj: &mut DynamicObject, field: &str) -> Option<Value> {
 /// cluster). Keeps name, namespace, labels, annotations, finalizers, `spec`, `status`,
 /// `operation` and every field this crate does not know about.
 pub fn strip_for_transfer(obj: &DynamicObject) -> DynamicObject {
-    let mut out = obj.clone();
-    let meta = &mut out.metadata;
-    meta.uid = None;
-    meta.resource_version = None;
-    meta.generation = None;
-    meta.creation_timestamp = None;
-    meta.managed_fields = None;
-    meta.self_link = None;
-    meta.deletion_timestamp = None;
-    meta.deletion_grace_period_seconds = None;
-    meta.owner_references = None;
-    out
-}
-
-// Hand-written because serde_json's key order depends on a crate feature
-// (`preserve_order`) that any crate in the build may switch on.
-fn write_canonical(value: &Value, out: &mut String) {
-    match value {
-        Value::Object(map) => {
-            let mut keys: Vec<&String> = map.keys().collect();
-            keys.sort_unstable();
-            out.push('{');
-            for (i, key) in keys.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                out.push_str(&Value::String(key.clone()).to_string());
-                out.push(':');
-                write_canonical(&map[key], out);
-            }
-            out.push('}');
-        }
-        Value::Array(items) => {
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                write_canonical(item, out);
-            }
-            out.push(']');
-        }
-        scalar => out.push_str(&scalar.to_string()),
+    DynamicObject {
+        types: obj.types.clone(),
+        metadata: transfer_meta(&obj.metadata),
+        data: obj.data.clone(),
     }
 }
 
+/// The metadata [`strip_for_transfer`] keeps: built from the kept fields alone, so the
+/// fields it drops (`managedFields` above all) are never copied.
+fn transfer_meta(meta: &ObjectMeta) -> ObjectMeta {
+    ObjectMeta {
+        name: meta.name.clone(),
+        generate_name: meta.generate_name.clone(),
+        namespace: meta.namespace.clone(),
+        labels: meta.labels.clone(),
+        annotations: meta.annotations.clone(),
+        finalizers: meta.finalizers.clone(),
+        ..ObjectMeta::default()
+    }
+}
+
+/// The JSON of [`stamped_for_transfer`]`(obj)`, written straight from `obj`: only the
+/// metadata is copied, never the object's content. What a queued event of the source of
+/// truth sends (see `argocd_agent_sync::LazyObject`).
+pub fn write_stamped_for_transfer(obj: &DynamicObject, out: &mut Vec<u8>) {
+    /// Serializes as [`DynamicObject`] does (the same flattened fields), by reference.
+    #[derive(serde::Serialize)]
+    struct Transfer<'a> {
+        #[serde(flatten)]
+        types: &'a Option<kube::api::TypeMeta>,
+        metadata: ObjectMeta,
+        #[serde(flatten)]
+        data: &'a Value,
+    }
+    let mut metadata = transfer_meta(&obj.metadata);
+    if let Some(uid) = &obj.metadata.uid {
+        metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(SOURCE_UID_ANNOTATION.to_owned(), uid.clone());
+    }
+    let transfer = Transfer {
+        types: &obj.types,
+        metadata,
+        data: &obj.data,
+    };
+    // Writing JSON into a Vec fails only for a map with non-string keys, which a
+    // `DynamicObject` cannot hold.
+    if serde_json::to_writer(&mut *out, &transfer).is_err() {
+        out.clear();
+        out.extend_from_slice(b"null");
+    }
+}
+
+// Hand-written because serde_json's key order depends on a crate feature
+// (`preserve_order`) that any crate in the build may switch on. Keys and scalars are
+// written as serde_json writes them (compact), so the form never changes between versions.
+fn write_canonical(value: &Value, out: &mut Vec<u8>) {
+    match value {
+        Value::Object(map) => {
+            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+            entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            out.push(b'{');
+            for (i, (key, value)) in entries.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_json(key.as_str(), out);
+                out.push(b':');
+                write_canonical(value, out);
+            }
+            out.push(b'}');
+        }
+        Value::Array(items) => {
+            out.push(b'[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_canonical(item, out);
+            }
+            out.push(b']');
+        }
+        scalar => write_json(scalar, out),
+    }
+}
+
+/// Compact JSON of a string or scalar; writing into a Vec cannot fail for them.
+fn write_json<T: serde::Serialize + ?Sized>(value: &T, out: &mut Vec<u8>) {
+    let _ = serde_json::to_writer(&mut *out, value);
+}
+
 fn hex_sha256(bytes: &[u8]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     let d = digest::digest(&digest::SHA256, bytes);
-    d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+    let mut hex = String::with_capacity(64);
+    for b in d.as_ref() {
+        hex.push(HEX[usize::from(b >> 4)] as char);
+        hex.push(HEX[usize::from(b & 0xf)] as char);
+    }
+    hex
 }
 
 #[cfg(test)]
@@ -190,6 +243,56 @@ mod tests {
             Ok(obj) => obj,
             Err(e) => panic!("test object does not parse: {e}"),
         }
+    }
+
+    #[test]
+    fn canonical_form_sorts_keys_and_writes_compact_json() {
+        // The form is compared across versions (agent and principal checksums), so it is
+        // pinned here byte for byte.
+        let v =
+            json!({"b": [1, "x\"y", null, true, 1.5, -0.25e-3], "a": {"d": {}, "c": "é\n\u{1}"}});
+        let mut out = Vec::new();
+        write_canonical(&v, &mut out);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            r#"{"a":{"c":"é\n\u0001","d":{}},"b":[1,"x\"y",null,true,1.5,-0.00025]}"#
+        );
+        assert_eq!(
+            checksum_of(&json!({"x": 1})),
+            // sha256 of `{"x":1}`
+            "5041bf1f713df204784353e82f6a4a535931cb64f1f4b4a5aeaffcb720918b22"
+        );
+    }
+
+    #[test]
+    fn written_transfer_form_equals_the_stamped_copy() {
+        let obj = app(
+            json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+            "metadata": {"name": "a", "namespace": "n", "uid": "u-1", "resourceVersion": "7",
+                "generation": 3, "creationTimestamp": "2026-01-01T00:00:00Z",
+                "generateName": "a-", "labels": {"l": "v"}, "annotations": {"k": "v"},
+                "finalizers": ["f"], "selfLink": "/x",
+                "deletionTimestamp": "2026-01-02T00:00:00Z", "deletionGracePeriodSeconds": 5,
+                "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "o", "uid": "o-1"}],
+                "managedFields": [{"manager": "m", "operation": "Update"}]},
+            "spec": {"project": "default"}, "status": {"health": {"status": "Healthy"}},
+            "operation": {"sync": {}}, "extra": [1, 2]}),
+        );
+        let mut out = Vec::new();
+        write_stamped_for_transfer(&obj, &mut out);
+        let written: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(
+            written,
+            serde_json::to_value(stamped_for_transfer(&obj)).unwrap()
+        );
+        assert_eq!(
+            written["metadata"]["annotations"][SOURCE_UID_ANNOTATION],
+            "u-1"
+        );
+        assert_eq!(written["metadata"]["generateName"], "a-");
+        assert!(written["metadata"].get("managedFields").is_none());
+        assert!(written["metadata"].get("ownerReferences").is_none());
+        assert_eq!(written["extra"], json!([1, 2]));
     }
 
     #[test]

@@ -15,7 +15,9 @@ use argocd_agent_kubernetes::object::{self, is_being_deleted, spec_checksum};
 use argocd_agent_kubernetes::{Cache, Change, Resources, UpsertOutcome};
 use argocd_agent_sync::queue::{Lane, QueueKey};
 use argocd_agent_sync::resync::Checksums;
-use argocd_agent_sync::{Event, EventType, Payload, QueueLimits, ResourceRef, SendQueue};
+use argocd_agent_sync::{
+    Event, EventType, JsonObject, LazyObject, Payload, QueueLimits, ResourceRef, SendQueue,
+};
 use futures::{Stream, StreamExt};
 use kube::api::DynamicObject;
 use serde_json::{Value, json};
@@ -303,9 +305,20 @@ fn for_wire(obj: &DynamicObject) -> Arc<Value> {
 }
 
 /// Wire form of a hub object for a managed agent: [`for_wire`] plus the hub UID
-/// (`argocd.argoproj.io/source-uid`).
-fn for_managed_wire(obj: &DynamicObject) -> Arc<Value> {
-    Arc::new(serde_json::to_value(object::stamped_for_transfer(obj)).unwrap_or(Value::Null))
+/// (`argocd.argoproj.io/source-uid`). The queued event shares the watch cache's copy and
+/// writes the JSON when it is sent.
+fn for_managed_wire(obj: &Arc<DynamicObject>) -> Payload {
+    Payload::Lazy(LazyObject::new(ManagedWire(obj.clone())))
+}
+
+/// A hub object as a managed agent receives it, written when sent.
+#[derive(Debug)]
+struct ManagedWire(Arc<DynamicObject>);
+
+impl JsonObject for ManagedWire {
+    fn write_json(&self, out: &mut Vec<u8>) {
+        object::write_stamped_for_transfer(&self.0, out);
+    }
 }
 
 /// `spec.destination.name` of an Application.
@@ -703,7 +716,7 @@ impl Hub {
                 &self.source,
                 EventType::SpecUpdate,
                 resource,
-                Payload::Object(for_managed_wire(&obj)),
+                for_managed_wire(&obj),
             ),
             _ => Event::resource(&self.source, EventType::Delete, resource, Payload::None),
         };
@@ -717,7 +730,7 @@ impl Hub {
         );
     }
 
-    fn push_spec(&self, state: &AgentState, obj: &DynamicObject) {
+    fn push_spec(&self, state: &AgentState, obj: &Arc<DynamicObject>) {
         let Some(resource) = obj_ref(obj) else { return };
         self.push(
             state,
@@ -725,7 +738,7 @@ impl Hub {
                 &self.source,
                 EventType::SpecUpdate,
                 resource,
-                Payload::Object(for_managed_wire(obj)),
+                for_managed_wire(obj),
             ),
         );
     }
@@ -1060,7 +1073,7 @@ impl Hub {
         &self,
         state: &AgentState,
         ns: &Namespace,
-        obj: &DynamicObject,
+        obj: &Arc<DynamicObject>,
         deleted: bool,
     ) {
         let name = self.app_key(obj);

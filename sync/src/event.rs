@@ -201,6 +201,9 @@ pub enum Payload {
     /// A Kubernetes object (or a part of it, e.g. `{"status": ...}`) as JSON. Shared, so
     /// queueing and resending do not copy objects.
     Object(Arc<serde_json::Value>),
+    /// An object on its way out that writes its own JSON when the event is encoded (see
+    /// [`LazyObject`]). Received, it is an [`Payload::Object`] like any other.
+    Lazy(LazyObject),
     Hello(Hello),
     Welcome(Welcome),
     Error(ErrorDetail),
@@ -211,6 +214,39 @@ pub enum Payload {
     ResourceResponse(ResourceResponse),
     LogRequest(LogRequest),
     TerminalRequest(TerminalRequest),
+}
+
+/// An object that writes its JSON itself, for [`Payload::Lazy`].
+pub trait JsonObject: fmt::Debug + Send + Sync {
+    /// Appends the object's JSON (an object, `{...}`) to `out`.
+    fn write_json(&self, out: &mut Vec<u8>);
+}
+
+/// An outgoing object that is encoded only when its event is: a queued event then shares
+/// the sender's copy (e.g. the principal's watch-cache entry) instead of holding a JSON
+/// tree of its own, and the object's JSON is written once, straight into the event's data.
+/// Two are equal when they write the same JSON.
+#[derive(Debug, Clone)]
+pub struct LazyObject(Arc<dyn JsonObject>);
+
+impl LazyObject {
+    /// Wraps `object`.
+    pub fn new(object: impl JsonObject + 'static) -> Self {
+        LazyObject(Arc::new(object))
+    }
+
+    /// The object's JSON.
+    pub fn to_json(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(4096);
+        self.0.write_json(&mut out);
+        out
+    }
+}
+
+impl PartialEq for LazyObject {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || self.to_json() == other.to_json()
+    }
 }
 
 /// One event, decoded and validated.
@@ -348,6 +384,13 @@ impl Event {
                 Some(Data::BinaryData(
                     serde_json::to_vec(v.as_ref()).unwrap_or_default(),
                 ))
+            }
+            Payload::Lazy(o) => {
+                attributes.insert(
+                    ATTR_CONTENT_TYPE.into(),
+                    attr(Attr::CeString("application/json".into())),
+                );
+                Some(Data::BinaryData(o.to_json()))
             }
             Payload::Hello(h) => Some(Data::BinaryData(h.encode_to_vec())),
             Payload::Welcome(w) => Some(Data::BinaryData(w.encode_to_vec())),
@@ -732,6 +775,43 @@ mod tests {
         let back = Event::from_cloud_event(ce).unwrap();
         // Protobuf timestamps keep nanoseconds, so the whole event is equal.
         assert_eq!(back, e);
+    }
+
+    #[derive(Debug)]
+    struct Written(&'static str);
+
+    impl JsonObject for Written {
+        fn write_json(&self, out: &mut Vec<u8>) {
+            out.extend_from_slice(self.0.as_bytes());
+        }
+    }
+
+    #[test]
+    fn a_lazy_object_is_written_at_encoding_and_received_as_an_object() {
+        let text = r#"{"metadata":{"name":"guestbook"},"spec":{"x":1}}"#;
+        let e = Event::resource(
+            "spiffe://example.org/principal",
+            EventType::SpecUpdate,
+            app_ref(),
+            Payload::Lazy(LazyObject::new(Written(text))),
+        );
+        let ce = e.to_cloud_event();
+        assert_eq!(ce.data, Some(Data::BinaryData(text.as_bytes().to_vec())));
+        let back = Event::from_cloud_event(ce).unwrap();
+        assert_eq!(
+            back.payload,
+            Payload::Object(Arc::new(serde_json::from_str(text).unwrap()))
+        );
+        assert_eq!((back.id, back.ty, back.resource), (e.id, e.ty, e.resource));
+        // Equal when they write the same JSON.
+        assert_eq!(
+            LazyObject::new(Written(text)),
+            LazyObject::new(Written(text))
+        );
+        assert_ne!(
+            LazyObject::new(Written(text)),
+            LazyObject::new(Written("{}"))
+        );
     }
 
     #[test]

@@ -10,7 +10,9 @@ pub mod resync;
 pub mod rpc;
 pub mod trace;
 
-pub use event::{Event, EventError, EventType, Payload, ResourceKind, ResourceRef};
+pub use event::{
+    Event, EventError, EventType, JsonObject, LazyObject, Payload, ResourceKind, ResourceRef,
+};
 pub use queue::{QueueError, QueueLimits, SendQueue};
 
 /// Formats an error with its chain of causes, `outer: inner: root`: the message of the
