@@ -9,7 +9,7 @@
 //! while the watch was down.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 
 use futures::stream::{self, BoxStream};
 use futures::{Stream, StreamExt};
@@ -43,10 +43,27 @@ fn key_of(obj: &DynamicObject) -> Key {
     )
 }
 
+/// One cached object and what is derived from it, computed at most once per version.
+#[derive(Debug)]
+struct Entry {
+    obj: Arc<DynamicObject>,
+    /// [`crate::object::spec_checksum`] of `obj`, once asked for.
+    spec_checksum: Arc<OnceLock<String>>,
+}
+
+impl Entry {
+    fn new(obj: Arc<DynamicObject>) -> Self {
+        Entry {
+            obj,
+            spec_checksum: Arc::default(),
+        }
+    }
+}
+
 #[derive(Debug)]
 struct CacheInner {
     kind: Kind,
-    objects: RwLock<BTreeMap<Key, Arc<DynamicObject>>>,
+    objects: RwLock<BTreeMap<Key, Entry>>,
     synced: signal::Sender<bool>,
 }
 
@@ -77,13 +94,13 @@ impl Cache {
         self.inner.kind
     }
 
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<Key, Arc<DynamicObject>>> {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<Key, Entry>> {
         // A poisoned lock means a panic elsewhere; the map itself is still consistent
         // because every write is a single insert/remove.
         self.inner.objects.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<Key, Arc<DynamicObject>>> {
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<Key, Entry>> {
         self.inner
             .objects
             .write()
@@ -94,7 +111,26 @@ impl Cache {
     pub fn get(&self, namespace: Option<&str>, name: &str) -> Option<Arc<DynamicObject>> {
         self.read()
             .get(&(namespace.unwrap_or_default().to_string(), name.to_string()))
-            .cloned()
+            .map(|e| e.obj.clone())
+    }
+
+    /// The spec checksum ([`crate::object::spec_checksum`]) of `obj`, computed once per
+    /// cached version and shared by every caller (every agent's resync, every change sent):
+    /// for the object this cache holds now (the same `Arc` as `get` and the change stream
+    /// give); any other object is computed afresh.
+    pub fn spec_checksum(&self, obj: &Arc<DynamicObject>) -> String {
+        let memo = self
+            .read()
+            .get(&key_of(obj))
+            .filter(|e| Arc::ptr_eq(&e.obj, obj))
+            .map(|e| e.spec_checksum.clone());
+        match memo {
+            // Computed outside the lock, so writers never wait for a checksum.
+            Some(memo) => memo
+                .get_or_init(|| crate::object::spec_checksum(obj))
+                .clone(),
+            None => crate::object::spec_checksum(obj),
+        }
     }
 
     /// What this cache knows of `namespace/name` for a write (see
@@ -111,7 +147,7 @@ impl Cache {
 
     /// Every cached object, ordered by namespace then name.
     pub fn list(&self) -> Vec<Arc<DynamicObject>> {
-        self.read().values().cloned().collect()
+        self.read().values().map(|e| e.obj.clone()).collect()
     }
 
     /// The cached objects of one namespace, ordered by name.
@@ -119,7 +155,7 @@ impl Cache {
         self.read()
             .range((namespace.to_string(), String::new())..)
             .take_while(|((ns, _), _)| ns == namespace)
-            .map(|(_, o)| o.clone())
+            .map(|(_, e)| e.obj.clone())
             .collect()
     }
 
@@ -211,12 +247,12 @@ impl Reconciler {
                 }
                 let mut objects = self.cache.write();
                 if let Some(cached) = objects.get(&key)
-                    && same_version(cached, &obj)
+                    && same_version(&cached.obj, &obj)
                 {
                     return Vec::new();
                 }
                 let obj = Arc::new(obj);
-                objects.insert(key, obj.clone());
+                objects.insert(key, Entry::new(obj.clone()));
                 vec![Change::Applied(obj)]
             }
             Ok(Event::Delete(obj)) => match self.cache.write().remove(&key_of(&obj)) {
@@ -244,7 +280,7 @@ impl Reconciler {
             .collect();
         for key in stale {
             if let Some(gone) = objects.remove(&key) {
-                changes.push(Change::Deleted(gone));
+                changes.push(Change::Deleted(gone.obj));
             }
         }
         let mut keys: Vec<Key> = listed.keys().cloned().collect();
@@ -254,12 +290,12 @@ impl Reconciler {
                 continue;
             };
             if let Some(cached) = objects.get(&key)
-                && same_version(cached, &obj)
+                && same_version(&cached.obj, &obj)
             {
                 continue;
             }
             let obj = Arc::new(obj);
-            objects.insert(key, obj.clone());
+            objects.insert(key, Entry::new(obj.clone()));
             changes.push(Change::Applied(obj));
         }
         changes

@@ -868,3 +868,29 @@ async fn upsert_unknown_of_a_missing_object_reads_then_creates() {
     assert_eq!(next_seen(&mut seen).await.method, "GET");
     assert_eq!(next_seen(&mut seen).await.method, "POST");
 }
+
+#[tokio::test(start_paused = true)]
+async fn cache_spec_checksum_is_per_version_and_equals_the_computed_one() {
+    let mut changed = app("argocd", "a", "6");
+    changed["spec"]["source"]["path"] = json!("elsewhere");
+    let (client, _seen) = mock(vec![
+        Reply::Json(200, app_list("10", vec![app("argocd", "a", "5")])),
+        Reply::Lines(vec![json!({"type": "MODIFIED", "object": changed})]),
+    ]);
+    let (cache, changes) = watch(client, Kind::Application, Scope::namespace("argocd"));
+    let mut changes = Box::pin(changes);
+    let Some(Change::Applied(v5)) = changes.next().await else {
+        panic!("the listed object first")
+    };
+    let sum5 = cache.spec_checksum(&v5);
+    assert_eq!(sum5, object::spec_checksum(&v5));
+    assert_eq!(cache.spec_checksum(&v5), sum5, "asked again: the same");
+    let got = take_changes(&mut changes, 2).await;
+    assert_eq!(got, ["synced", "applied argocd/a@6"]);
+    let v6 = cache.get(Some("argocd"), "a").unwrap();
+    let sum6 = cache.spec_checksum(&v6);
+    assert_eq!(sum6, object::spec_checksum(&v6));
+    assert_ne!(sum6, sum5, "the new version has its own checksum");
+    // An object the cache no longer holds is computed afresh, not given the memo.
+    assert_eq!(cache.spec_checksum(&v5), sum5);
+}

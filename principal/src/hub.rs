@@ -681,12 +681,13 @@ impl Hub {
             .collect()
     }
 
-    /// Spec checksums of hub objects (those being deleted count as gone).
-    fn checksums(objects: &HashMap<String, Arc<DynamicObject>>) -> Checksums {
+    /// Spec checksums of hub objects (those being deleted count as gone), each computed
+    /// once per version by the watch cache.
+    fn checksums(&self, objects: &HashMap<String, Arc<DynamicObject>>) -> Checksums {
         objects
             .iter()
             .filter(|(_, o)| !is_being_deleted(o))
-            .map(|(n, o)| (n.clone(), spec_checksum(o)))
+            .map(|(n, o)| (n.clone(), self.cache.spec_checksum(o)))
             .collect()
     }
 
@@ -752,7 +753,7 @@ impl Hub {
     ) {
         let ns = state.namespace();
         let objects = self.managed_objects(state);
-        let hub = Self::checksums(&objects);
+        let hub = self.checksums(&objects);
         let mut plan = argocd_agent_sync::resync::plan(&hub, agent_state);
         let hub_uids = objects
             .iter()
@@ -1089,7 +1090,7 @@ impl Hub {
             }
             return;
         }
-        let sum = spec_checksum(obj);
+        let sum = self.cache.spec_checksum(obj);
         let previous = state.inner().sent_spec.insert(name, sum.clone());
         if previous != Some(sum) {
             self.push_spec(state, obj);
