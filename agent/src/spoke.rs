@@ -373,7 +373,7 @@ impl Spoke {
     fn publish(&self, obj: &DynamicObject) {
         let name = name_of(obj);
         let Some(r) = self.app_ref(&name) else { return };
-        let mut w = (*wire(obj)).clone();
+        let mut w = Arc::unwrap_or_clone(wire(obj));
         w["metadata"]["namespace"] = Value::String(r.namespace.to_string());
         let sum = object::checksum_of(&w);
         if self.inner().sent_object.insert(name, sum.clone()) == Some(sum) {
