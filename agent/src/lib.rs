@@ -336,6 +336,14 @@ pub async fn start(
     })
 }
 
+/// Whether the principal ended the session to send the agent to another replica
+/// ([`argocd_agent_sync::event::RECONNECT_METADATA`]).
+fn redirected<T>(result: &Result<T, SessionError>) -> bool {
+    matches!(result, Err(SessionError::Status(s))
+        if s.metadata().get(argocd_agent_sync::event::RECONNECT_METADATA)
+            .is_some_and(|v| v == "now"))
+}
+
 /// Connects, and reconnects with exponential backoff and jitter, until shutdown.
 async fn reconnect_loop(
     spoke: Arc<Spoke>,
@@ -365,6 +373,7 @@ async fn reconnect_loop(
             return;
         }
         spoke.metrics.connection(false);
+        let redirected = redirected(&result);
         if let Err(SessionError::Status(s)) = &result
             && matches!(
                 s.code(),
@@ -387,7 +396,9 @@ async fn reconnect_loop(
                 tracing::warn!(error = %argocd_agent_sync::error_chain(&e), "connection to principal failed")
             }
         }
-        if started.elapsed() > STABLE_SESSION {
+        // A replica that sends the agent elsewhere asks it to come back at once; so does
+        // a session that lasted.
+        if started.elapsed() > STABLE_SESSION || redirected {
             backoff = config.backoff_initial;
         }
         let wait = backoff + backoff.mul_f64(fastrand::f64() * 0.5);
@@ -396,5 +407,36 @@ async fn reconnect_loop(
             _ = tokio::time::sleep(wait) => {}
         }
         backoff = (backoff * 2).min(config.backoff_max);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_replica_redirect_resets_the_backoff() {
+        let mut status = tonic::Status::unavailable("session closed by the principal: rebalancing");
+        assert!(!redirected::<()>(&Err(SessionError::Status(
+            status.clone()
+        ))));
+        status.metadata_mut().insert(
+            argocd_agent_sync::event::RECONNECT_METADATA,
+            tonic::metadata::MetadataValue::from_static("now"),
+        );
+        assert!(redirected::<()>(&Err(SessionError::Status(status.clone()))));
+        // The status as it reaches the agent: parsed back from the trailers.
+        let mut trailers = http::HeaderMap::new();
+        status.add_header(&mut trailers).unwrap();
+        let parsed = tonic::Status::from_header_map(&trailers).unwrap();
+        assert!(redirected::<()>(&Err(SessionError::Status(parsed))));
+        let mut other = tonic::Status::unavailable("x");
+        other.metadata_mut().insert(
+            argocd_agent_sync::event::RECONNECT_METADATA,
+            tonic::metadata::MetadataValue::from_static("later"),
+        );
+        assert!(!redirected::<()>(&Err(SessionError::Status(other))));
+        assert!(!redirected::<()>(&Err(SessionError::NoToken)));
+        assert!(!redirected(&Ok(())));
     }
 }

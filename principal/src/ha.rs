@@ -1192,11 +1192,18 @@ impl Leases {
                 continue;
             }
             above_before = false;
-            let victims: Vec<AgentName> = lock(&self.held)
+            // The newest sessions go: an arrival is what put us above the share, and
+            // long-lived sessions stay undisturbed (the same agent is not shed every round).
+            let mut candidates: Vec<(u64, AgentName)> = lock(&self.held)
                 .iter()
                 .filter(|(_, h)| h.handover_to.is_none())
-                .map(|(a, _)| a.clone())
+                .map(|(a, h)| (h.session, a.clone()))
+                .collect();
+            candidates.sort_unstable_by_key(|c| std::cmp::Reverse(c.0));
+            let victims: Vec<AgentName> = candidates
+                .into_iter()
                 .take(excess)
+                .map(|(_, a)| a)
                 .collect();
             tracing::info!(
                 held = shares.held.get(&self.me).copied().unwrap_or(0),

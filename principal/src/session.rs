@@ -464,7 +464,15 @@ fn stream_error(hub: &Hub, agent: &argocd_agent_identity::AgentName, status: Sta
 fn closed_by_principal(state: &AgentState, when: &str) -> Status {
     match state.take_close_reason() {
         Some(reason) => {
-            Status::unavailable(format!("session closed by the principal{when}: {reason}"))
+            // Only replicas give reasons, and each sends the agent elsewhere: it may come
+            // back at once (see `RECONNECT_METADATA`).
+            let mut status =
+                Status::unavailable(format!("session closed by the principal{when}: {reason}"));
+            status.metadata_mut().insert(
+                argocd_agent_sync::event::RECONNECT_METADATA,
+                tonic::metadata::MetadataValue::from_static("now"),
+            );
+            status
         }
         None => Status::aborted(format!(
             "session closed by the principal{when} (replaced by a newer session, or identity revoked)"

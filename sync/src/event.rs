@@ -31,6 +31,11 @@ pub const SPEC_VERSION: &str = "1.0";
 pub const PROTOCOL_VERSION: u32 = 1;
 /// Oldest wire protocol version this build still accepts.
 pub const PROTOCOL_MIN: u32 = 1;
+/// gRPC metadata (a trailer) on the status that ends an agent's stream when a principal
+/// replica sends the agent elsewhere (rebalancing, handing it over, a lost or stale Lease):
+/// value `now`. The agent then reconnects after its initial backoff instead of a grown one,
+/// since being redirected is not a failure. Agents that do not know it back off as before.
+pub const RECONNECT_METADATA: &str = "argocd-agent-reconnect";
 
 const ATTR_TIME: &str = "time";
 const ATTR_CONTENT_TYPE: &str = "datacontenttype";
