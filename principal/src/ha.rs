@@ -1192,19 +1192,7 @@ impl Leases {
                 continue;
             }
             above_before = false;
-            // The newest sessions go: an arrival is what put us above the share, and
-            // long-lived sessions stay undisturbed (the same agent is not shed every round).
-            let mut candidates: Vec<(u64, AgentName)> = lock(&self.held)
-                .iter()
-                .filter(|(_, h)| h.handover_to.is_none())
-                .map(|(a, h)| (h.session, a.clone()))
-                .collect();
-            candidates.sort_unstable_by_key(|c| std::cmp::Reverse(c.0));
-            let victims: Vec<AgentName> = candidates
-                .into_iter()
-                .take(excess)
-                .map(|(_, a)| a)
-                .collect();
+            let victims = newest_sessions(&lock(&self.held), excess);
             tracing::info!(
                 held = shares.held.get(&self.me).copied().unwrap_or(0),
                 fair = shares.fair,
@@ -1281,9 +1269,51 @@ pub fn replica_lease_name(replica: &str) -> String {
     format!("{REPLICA_LEASE_PREFIX}{replica}")
 }
 
+/// The agents of the `n` newest sessions not being handed over: whom rebalancing sheds. An
+/// arrival is what put the replica above its share, and long-lived sessions stay
+/// undisturbed (so the same agent is not shed round after round).
+fn newest_sessions(held: &HashMap<AgentName, Held>, n: usize) -> Vec<AgentName> {
+    let mut candidates: Vec<(u64, &AgentName)> = held
+        .iter()
+        .filter(|(_, h)| h.handover_to.is_none())
+        .map(|(a, h)| (h.session, a))
+        .collect();
+    candidates.sort_unstable_by_key(|c| std::cmp::Reverse(c.0));
+    candidates
+        .into_iter()
+        .take(n)
+        .map(|(_, a)| a.clone())
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rebalancing_sheds_the_newest_sessions_and_never_one_being_handed_over() {
+        let held = |session: u64, handover: bool| Held {
+            session,
+            rv: 0,
+            next_renew: Instant::now(),
+            handover_to: handover.then(|| "principal-1".to_string()),
+        };
+        let agent = |a: &str| AgentName::new(a).unwrap();
+        let map: HashMap<AgentName, Held> = [
+            (agent("old"), held(3, false)),
+            (agent("newest"), held(40, true)),
+            (agent("new"), held(17, false)),
+            (agent("middle"), held(9, false)),
+        ]
+        .into_iter()
+        .collect();
+        assert_eq!(newest_sessions(&map, 2), [agent("new"), agent("middle")]);
+        assert_eq!(
+            newest_sessions(&map, 10),
+            [agent("new"), agent("middle"), agent("old")]
+        );
+        assert!(newest_sessions(&map, 0).is_empty());
+    }
 
     fn ids(v: &[&str]) -> Vec<String> {
         v.iter().map(|s| s.to_string()).collect()
