@@ -44,13 +44,20 @@ pub const SOURCE_UID_ANNOTATION: &str = "argocd.argoproj.io/source-uid";
 /// [`strip_for_transfer`] plus [`SOURCE_UID_ANNOTATION`] set to the object's UID: the form
 /// in which the source of truth sends an object to a managed copy.
 pub fn stamped_for_transfer(obj: &DynamicObject) -> DynamicObject {
-    let uid = obj.metadata.uid.clone();
-    let mut out = strip_for_transfer(obj);
-    if let Some(uid) = uid {
-        out.metadata
-            .annotations
+    DynamicObject {
+        types: obj.types.clone(),
+        metadata: stamped_meta(&obj.metadata),
+        data: obj.data.clone(),
+    }
+}
+
+/// [`transfer_meta`] plus [`SOURCE_UID_ANNOTATION`] set to the object's UID.
+fn stamped_meta(meta: &ObjectMeta) -> ObjectMeta {
+    let mut out = transfer_meta(meta);
+    if let Some(uid) = &meta.uid {
+        out.annotations
             .get_or_insert_with(Default::default)
-            .insert(SOURCE_UID_ANNOTATION.to_owned(), uid);
+            .insert(SOURCE_UID_ANNOTATION.to_owned(), uid.clone());
     }
     out
 }
@@ -164,16 +171,9 @@ pub fn write_stamped_for_transfer(obj: &DynamicObject, out: &mut Vec<u8>) {
         #[serde(flatten)]
         data: &'a Value,
     }
-    let mut metadata = transfer_meta(&obj.metadata);
-    if let Some(uid) = &obj.metadata.uid {
-        metadata
-            .annotations
-            .get_or_insert_with(Default::default)
-            .insert(SOURCE_UID_ANNOTATION.to_owned(), uid.clone());
-    }
     let transfer = Transfer {
         types: &obj.types,
-        metadata,
+        metadata: stamped_meta(&obj.metadata),
         data: &obj.data,
     };
     // Writing JSON into a Vec fails only for a map with non-string keys, which a
@@ -292,6 +292,25 @@ mod tests {
         assert_eq!(written["metadata"]["generateName"], "a-");
         assert!(written["metadata"].get("managedFields").is_none());
         assert!(written["metadata"].get("ownerReferences").is_none());
+        for dropped in [
+            "uid",
+            "resourceVersion",
+            "generation",
+            "creationTimestamp",
+            "selfLink",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+        ] {
+            assert!(
+                written["metadata"].get(dropped).is_none(),
+                "{dropped} is dropped"
+            );
+        }
+        assert_eq!(written["metadata"]["finalizers"], json!(["f"]));
+        assert_eq!(written["metadata"]["labels"], json!({"l": "v"}));
+        assert_eq!(written["metadata"]["annotations"]["k"], "v");
+        assert_eq!(written["apiVersion"], "argoproj.io/v1alpha1");
+        assert_eq!(written["status"], json!({"health": {"status": "Healthy"}}));
         assert_eq!(written["extra"], json!([1, 2]));
     }
 
