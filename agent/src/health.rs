@@ -104,14 +104,28 @@ pub async fn serve(
             }),
         )
     };
-    tasks.spawn(async move {
-        if let Err(e) = axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown.cancelled_owned())
-            .await
-        {
-            tracing::error!(error = %e, "health server stopped");
+    let handler = move |req: http::Request<hyper::body::Incoming>, _peer: SocketAddr| {
+        let app = app.clone();
+        async move {
+            use tower::ServiceExt;
+            match app.oneshot(req).await {
+                Ok(r) => r,
+                Err(never) => match never {},
+            }
         }
+    };
+    let on_close: argocd_agent_identity::listener::OnClose = Arc::new(|reason| {
+        tracing::debug!(reason, "metrics listener closed a connection");
     });
+    argocd_agent_identity::listener::serve(
+        listener,
+        None,
+        argocd_agent_identity::listener::Limits::metrics(),
+        handler,
+        on_close,
+        tasks,
+        shutdown,
+    );
     Ok(local)
 }
 

@@ -11,6 +11,7 @@ pub mod client;
 pub mod devserver;
 pub mod id;
 pub mod jwt;
+pub mod listener;
 pub mod mapping;
 pub mod names;
 pub mod peer;

@@ -199,14 +199,15 @@ impl Authenticator {
     }
 }
 
-/// The token of an `authorization: Bearer <token>` header.
-fn bearer_token(headers: &http::HeaderMap) -> Option<&str> {
-    headers
-        .get(http::header::AUTHORIZATION)?
-        .to_str()
-        .ok()?
-        .strip_prefix("Bearer ")
-        .map(str::trim)
+/// The token of an `authorization: Bearer <token>` header (the scheme in any case, RFC 7235
+/// section 2.1; one or more spaces after it).
+pub(crate) fn bearer_token(headers: &http::HeaderMap) -> Option<&str> {
+    let value = headers.get(http::header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return None;
+    }
+    Some(token.trim()).filter(|t| !t.is_empty())
 }
 
 #[cfg(test)]
@@ -221,6 +222,18 @@ mod tests {
         assert_eq!(bearer_token(&h), None);
         h.insert(http::header::AUTHORIZATION, "Bearer  tok ".parse().unwrap());
         assert_eq!(bearer_token(&h), Some("tok"));
+        // RFC 7235: the scheme is case-insensitive.
+        for scheme in ["bearer", "BEARER", "bEaReR"] {
+            h.insert(
+                http::header::AUTHORIZATION,
+                format!("{scheme} tok").parse().unwrap(),
+            );
+            assert_eq!(bearer_token(&h), Some("tok"), "{scheme}");
+        }
+        for bad in ["Bearer", "Bearer ", "Bearertok", "Bearer\ttok"] {
+            h.insert(http::header::AUTHORIZATION, bad.parse().unwrap());
+            assert_eq!(bearer_token(&h), None, "{bad:?}");
+        }
     }
 
     #[test]

@@ -54,6 +54,16 @@ pub struct ResourceProxyLabels {
     pub code: String,
 }
 
+/// Labels of `argocd_principal_listener_connections_closed_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ListenerLabels {
+    /// `resource-proxy`, `redis-proxy`, `metrics`.
+    pub listener: String,
+    /// One of `argocd_agent_identity::listener::CLOSE_REASONS`, or the Redis proxy's own
+    /// (`AuthTimeout`, `Unauthenticated`).
+    pub reason: String,
+}
+
 /// Labels of `argocd_principal_redis_proxy_requests_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RedisProxyLabels {
@@ -211,6 +221,9 @@ pub struct Metrics {
     /// or closed so another replica serves them (`HeldElsewhere`, `Rebalance`, `LeaseLost`,
     /// `Fenced`, `HandedOver`).
     pub sessions_deferred: Family<ReasonLabels, Counter>,
+    /// `argocd_principal_listener_connections_closed_total{listener,reason}`: connections the
+    /// proxies and the metrics listener refused or closed (caps, handshake, idle timeouts).
+    pub listener_closed: Family<ListenerLabels, Counter>,
     hub_writes: Arc<HashMap<(ResourceKind, HubWrite), Counter>>,
     agent_labels: Arc<AgentLabels>,
     registry: Arc<Registry>,
@@ -380,9 +393,16 @@ impl Metrics {
             "Sessions turned away or closed so that another replica serves the agent, by reason",
             sessions_deferred.clone(),
         );
+        let listener_closed = Family::<ListenerLabels, Counter>::default();
+        r.register(
+            "argocd_principal_listener_connections_closed",
+            "Connections of the proxies and the metrics listener refused or closed by a cap or a timeout, by listener and reason",
+            listener_closed.clone(),
+        );
         Metrics {
             lease_writes,
             sessions_deferred,
+            listener_closed,
             redis_proxy_requests,
             resource_proxy_requests,
             resource_proxy_forwarded,
@@ -446,6 +466,16 @@ impl Metrics {
     pub fn deferred(&self, reason: &str) {
         self.sessions_deferred
             .get_or_create(&ReasonLabels {
+                reason: reason.into(),
+            })
+            .inc();
+    }
+
+    /// Counts a connection a listener refused or closed.
+    pub fn listener_closed(&self, listener: &str, reason: &str) {
+        self.listener_closed
+            .get_or_create(&ListenerLabels {
+                listener: listener.into(),
                 reason: reason.into(),
             })
             .inc();
@@ -599,6 +629,7 @@ pub async fn serve(
     use axum::routing::get;
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
+    let counter = metrics.clone();
     let mut app = axum::Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route(
@@ -630,14 +661,32 @@ pub async fn serve(
             }),
         );
     }
-    tasks.spawn(async move {
-        if let Err(e) = axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown.cancelled_owned())
-            .await
-        {
-            tracing::error!(error = %e, "metrics server stopped");
+    let on_close: argocd_agent_identity::listener::OnClose = match &counter {
+        Some(m) => {
+            let m = m.clone();
+            Arc::new(move |reason| m.listener_closed("metrics", reason))
         }
-    });
+        None => Arc::new(|_| {}),
+    };
+    let handler = move |req: http::Request<hyper::body::Incoming>, _peer: SocketAddr| {
+        let app = app.clone();
+        async move {
+            use tower::ServiceExt;
+            match app.oneshot(req).await {
+                Ok(r) => r,
+                Err(never) => match never {},
+            }
+        }
+    };
+    argocd_agent_identity::listener::serve(
+        listener,
+        None,
+        argocd_agent_identity::listener::Limits::metrics(),
+        handler,
+        on_close,
+        tasks,
+        shutdown,
+    );
     Ok(local)
 }
 

@@ -21,10 +21,12 @@ pub use replica::{FORWARDED_NAME, default_replica_address, pinned_replica_tls};
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use argocd_agent_identity::listener::{ClientLimit, ClientSlot};
 use argocd_agent_identity::{AgentName, ResourceKind};
 use argocd_agent_proto::eventstream::{RedisCommand, RedisRequest, redis_response};
+use argocd_agent_sync::redis::resp::Frame;
 use argocd_agent_sync::redis::resp::{self, PubSub};
 use argocd_agent_sync::redis::{AppKey, FrameReader, Protocol, RedisEndpoint, RespError};
 use argocd_agent_sync::rpc::Ticket;
@@ -32,7 +34,7 @@ use argocd_agent_sync::{Event, EventType, Payload, ResourceRef};
 use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, WriteHalf};
 use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
@@ -50,6 +52,16 @@ const SUBSCRIPTION_BUFFER: usize = 16;
 /// Out-of-band frames buffered per client connection.
 const OOB_BUFFER: usize = 256;
 const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a client of a password-protected hub Redis has to authenticate.
+const AUTH_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest frame from a client that has not authenticated (Redis itself reads at most 10
+/// arguments of 16 KiB from an unauthenticated client: `processMultibulkBuffer` in
+/// redis/src/networking.c).
+const UNAUTHENTICATED_FRAME_LIMIT: usize = 64 * 1024;
+/// How long the rest of a command may take once its first byte has arrived.
+const FRAME_TIMEOUT: Duration = Duration::from_secs(30);
+/// The reply of a Redis server to a command before AUTH when it wants a password.
+const NOAUTH: &str = "NOAUTH Authentication required.";
 
 /// Configuration of the Redis proxy.
 #[derive(Clone, Debug)]
@@ -71,8 +83,14 @@ pub struct RedisProxyConfig {
     pub request_timeout: Duration,
     /// A client connection silent for this long is closed (not while subscribed).
     pub idle_timeout: Duration,
-    /// Client connections at once.
+    /// Client connections at once (authenticated ones, or all when the hub Redis has no
+    /// password).
     pub max_connections: usize,
+    /// Connections at once that have not authenticated yet (a password-protected hub
+    /// Redis), in all and from one client address; they never take the places of
+    /// authenticated ones.
+    pub max_unauthenticated: usize,
+    pub max_unauthenticated_per_client: usize,
     /// The hub Argo CD's Redis compression (for the cluster info the principal writes).
     pub compression: argocd_agent_sync::redis::clusterinfo::Compression,
     /// Server URL of an agent's cluster in Argo CD (`{agent}` is replaced by its name).
@@ -88,7 +106,7 @@ pub struct RedisProxyConfig {
 impl Default for RedisProxyConfig {
     fn default() -> Self {
         RedisProxyConfig {
-            listen: SocketAddr::from(([0, 0, 0, 0], 6379)),
+            listen: SocketAddr::from(([127, 0, 0, 1], 6379)),
             upstream: RedisEndpoint {
                 addr: "argocd-redis:6379".into(),
                 ..Default::default()
@@ -100,6 +118,8 @@ impl Default for RedisProxyConfig {
             request_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(30 * 60),
             max_connections: 1024,
+            max_unauthenticated: 128,
+            max_unauthenticated_per_client: 16,
             compression: Default::default(),
             cluster_server_template: crate::clusterinfo::DEFAULT_SERVER_TEMPLATE.into(),
             replica_address: None,
@@ -183,6 +203,8 @@ struct Proxy {
     hub: Arc<Hub>,
     config: RedisProxyConfig,
     tasks: TaskTracker,
+    /// Places of authenticated connections.
+    connections: Arc<Semaphore>,
     /// With `--ha`: the other replicas' proxies.
     peers: Option<Peers>,
 }
@@ -209,17 +231,23 @@ pub async fn serve(
         Peers::new(
             leases,
             config.replica_tls.clone(),
+            (
+                config.upstream.username.clone(),
+                config.upstream.password.clone(),
+            ),
             config.max_value_size,
             config.request_timeout,
         )
     });
     let proxy = Arc::new(Proxy {
         hub,
+        connections: Arc::new(Semaphore::new(config.max_connections.max(1))),
         config,
         tasks: tasks.clone(),
         peers,
     });
-    let limit = Arc::new(Semaphore::new(proxy.config.max_connections));
+    let unauthenticated = Arc::new(Semaphore::new(proxy.config.max_unauthenticated.max(1)));
+    let clients = Arc::new(ClientLimit::default());
     tracing::info!(%addr, upstream = %proxy.config.upstream.addr, tls = proxy.config.tls.is_some(),
         "Redis proxy listening");
     let tasks2 = tasks.clone();
@@ -236,8 +264,17 @@ pub async fn serve(
                     }
                 },
             };
-            let Ok(permit) = limit.clone().try_acquire_owned() else {
-                tracing::warn!(%peer, "Redis proxy: too many connections, refusing");
+            // Every connection starts unauthenticated, in a pool of its own.
+            let Ok(permit) = unauthenticated.clone().try_acquire_owned() else {
+                proxy.hub.metrics.listener_closed("redis-proxy", "TooManyConnections");
+                tracing::warn!(%peer, "Redis proxy: too many unauthenticated connections, refusing");
+                continue;
+            };
+            let Some(slot) =
+                clients.take(peer.ip(), proxy.config.max_unauthenticated_per_client.max(1))
+            else {
+                proxy.hub.metrics.listener_closed("redis-proxy", "TooManyFromClient");
+                tracing::warn!(%peer, "Redis proxy: too many unauthenticated connections from this client, refusing");
                 continue;
             };
             let _ = stream.set_nodelay(true);
@@ -246,9 +283,9 @@ pub async fn serve(
             let span = tracing::debug_span!("redis-proxy", %peer);
             tasks2.spawn(
                 async move {
-                    let _permit = permit;
+                    let pending = (permit, slot);
                     match proxy.config.tls.clone() {
-                        None => proxy.connection(stream, shutdown).await,
+                        None => proxy.connection(stream, pending, shutdown).await,
                         Some(tls) => {
                             let acceptor = tokio_rustls::TlsAcceptor::from(tls);
                             match tokio::time::timeout(
@@ -257,11 +294,15 @@ pub async fn serve(
                             )
                             .await
                             {
-                                Ok(Ok(s)) => proxy.connection(s, shutdown).await,
+                                Ok(Ok(s)) => proxy.connection(s, pending, shutdown).await,
                                 Ok(Err(e)) => {
+                                    proxy.hub.metrics.listener_closed("redis-proxy", "HandshakeFailed");
                                     tracing::warn!(error = %e, "Redis proxy TLS handshake failed")
                                 }
-                                Err(_) => tracing::warn!("Redis proxy TLS handshake timed out"),
+                                Err(_) => {
+                                    proxy.hub.metrics.listener_closed("redis-proxy", "HandshakeTimeout");
+                                    tracing::warn!("Redis proxy TLS handshake timed out")
+                                }
                             }
                         }
                     }
@@ -277,8 +318,13 @@ pub async fn serve(
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum SlotKind {
     Reply,
-    /// `HELLO <version>`: a successful reply switches the connection's protocol.
-    Hello(Protocol),
+    /// `HELLO <version> [AUTH ...]`: a successful reply switches the connection's protocol
+    /// (and authenticates it, with `AUTH`).
+    Hello(Protocol, bool),
+    /// `AUTH`: a successful reply authenticates the connection.
+    Auth,
+    /// `RESET`: the connection is back to the default user.
+    Reset,
     /// A subscribe command: the connection enters pub/sub mode, where every frame of the
     /// hub Redis is out of band.
     Subscribe,
@@ -291,11 +337,29 @@ struct UpstreamSlot {
     tx: oneshot::Sender<Out>,
 }
 
+/// Whether a connection is authenticated, after how many answers to commands that change it
+/// (AUTH, HELLO with AUTH, RESET).
+#[derive(Debug, Clone, Copy, Default)]
+struct AuthState {
+    answered: u64,
+    ok: bool,
+}
+
 /// State shared by one connection's tasks.
-#[derive(Default)]
 struct Shared {
     protocol: Mutex<Protocol>,
     upstream: Mutex<VecDeque<UpstreamSlot>>,
+    auth: tokio::sync::watch::Sender<AuthState>,
+}
+
+impl Default for Shared {
+    fn default() -> Self {
+        Shared {
+            protocol: Mutex::default(),
+            upstream: Mutex::default(),
+            auth: tokio::sync::watch::Sender::new(AuthState::default()),
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -305,6 +369,17 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Shared {
     fn protocol(&self) -> Protocol {
         *lock(&self.protocol)
+    }
+
+    /// The hub Redis answered a command that changes authentication: `authenticated` is
+    /// the state after it (a failed AUTH leaves the state as it was, as in Redis).
+    fn auth_answered(&self, authenticated: Option<bool>) {
+        self.auth.send_modify(|s| {
+            s.answered += 1;
+            if let Some(ok) = authenticated {
+                s.ok = ok;
+            }
+        });
     }
 }
 
@@ -327,16 +402,79 @@ struct Conn {
     closed: CancellationToken,
     /// The connection comes from another replica: keys are answered here, never forwarded.
     forwarded: bool,
+    /// The hub Redis wants a password: nothing of an agent is served before AUTH.
+    auth_required: bool,
+    /// Commands sent that change authentication (their answers are in `shared.auth`).
+    auth_sent: u64,
+    /// Until the connection authenticates: its place among unauthenticated connections,
+    /// and when it must have authenticated.
+    pending: Option<(OwnedSemaphorePermit, ClientSlot)>,
+    auth_deadline: Instant,
+    /// Its place among authenticated connections.
+    admitted: Option<OwnedSemaphorePermit>,
+}
+
+/// Why reading a client's next command stopped.
+enum ReadStop {
+    /// The connection was idle for the idle timeout.
+    Idle,
+    /// It did not authenticate in time.
+    AuthTimeout,
+    /// A command did not arrive in full in time.
+    FrameTimeout,
+    Error(RespError),
+}
+
+impl From<RespError> for ReadStop {
+    fn from(e: RespError) -> Self {
+        ReadStop::Error(e)
+    }
+}
+
+/// Whether the hub Redis wants a password from a new connection: its answer to `PING`
+/// (`-NOAUTH ...` when it does; any other error counts as yes too).
+async fn probe_auth<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
+    reader: &mut FrameReader<R>,
+    writer: &mut W,
+    timeout: Duration,
+) -> Result<bool, String> {
+    let ask = async {
+        writer.write_all(&resp::command(&[b"PING"])).await?;
+        writer.flush().await?;
+        reader
+            .next(Protocol::Resp2)
+            .await?
+            .ok_or_else(|| RespError::Io(std::io::ErrorKind::UnexpectedEof.into()))
+    };
+    match tokio::time::timeout(timeout, ask).await {
+        Ok(Ok(frame)) => Ok(frame.is_error()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("no answer to PING".into()),
+    }
 }
 
 impl Proxy {
     async fn connection<C: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
         self: Arc<Self>,
         client: C,
+        pending: (OwnedSemaphorePermit, ClientSlot),
         shutdown: CancellationToken,
     ) {
+        let auth_deadline = Instant::now() + AUTH_TIMEOUT;
         let (client_r, mut client_w) = tokio::io::split(client);
-        let upstream = match self.config.upstream.connect_io().await {
+        let upstream = self.config.upstream.connect_io().await;
+        let probed = match upstream {
+            Ok(u) => {
+                let (upstream_r, mut upstream_w) = tokio::io::split(u);
+                let mut reader = FrameReader::new(upstream_r, self.config.max_value_size);
+                probe_auth(&mut reader, &mut upstream_w, self.config.request_timeout)
+                    .await
+                    .map(|required| (reader, upstream_w, required))
+                    .map_err(std::io::Error::other)
+            }
+            Err(e) => Err(e),
+        };
+        let (upstream_reader, upstream_w, probed_required) = match probed {
             Ok(u) => u,
             Err(e) => {
                 tracing::warn!(upstream = %self.config.upstream.addr, error = %e, "Redis proxy: hub Redis unreachable");
@@ -350,14 +488,16 @@ impl Proxy {
                 return;
             }
         };
-        let (upstream_r, upstream_w) = tokio::io::split(upstream);
+        // A password configured for the principal means one is required, whatever the
+        // probe said.
+        let auth_required = probed_required || self.config.upstream.password.is_some();
         let shared = Arc::new(Shared::default());
         let (slots_tx, slots_rx) = mpsc::channel(self.config.max_in_flight_per_connection.max(1));
         let (oob_tx, oob_rx) = mpsc::channel(OOB_BUFFER);
         let closed = shutdown.child_token();
         let writer = tokio::spawn(write_client(client_w, slots_rx, oob_rx, shared.clone()));
         let mut upstream_task = tokio::spawn(read_upstream(
-            FrameReader::new(upstream_r, self.config.max_value_size),
+            upstream_reader,
             shared.clone(),
             oob_tx.clone(),
         ));
@@ -371,8 +511,14 @@ impl Proxy {
             subscriptions: HashMap::new(),
             closed: closed.clone(),
             forwarded: false,
+            auth_required,
+            auth_sent: 0,
+            pending: Some(pending),
+            auth_deadline,
+            admitted: None,
         };
-        let reader = FrameReader::new(client_r, self.config.max_value_size);
+        // Commands are flat arrays of strings: nothing nests (as a Redis server reads them).
+        let reader = FrameReader::new(client_r, UNAUTHENTICATED_FRAME_LIMIT).with_max_depth(1);
         tokio::select! {
             r = conn.serve(reader) => {
                 if let Err(e) = r {
@@ -585,34 +731,172 @@ impl Proxy {
 }
 
 impl Conn {
+    /// Whether the connection is authenticated now, once the hub Redis has answered every
+    /// AUTH sent so far (commands after an AUTH wait for its answer, as Redis runs them in
+    /// order). Frees its unauthenticated place when it is.
+    async fn authenticated(&mut self) -> Result<bool, ReadStop> {
+        if !self.auth_required {
+            return Ok(true);
+        }
+        let sent = self.auth_sent;
+        let mut rx = self.shared.auth.subscribe();
+        let state = match tokio::time::timeout(
+            self.proxy.config.request_timeout,
+            rx.wait_for(|s| s.answered >= sent),
+        )
+        .await
+        {
+            Ok(Ok(s)) => *s,
+            // The hub Redis leg is gone or silent: the connection ends.
+            _ => {
+                return Err(ReadStop::Error(RespError::Io(
+                    std::io::ErrorKind::TimedOut.into(),
+                )));
+            }
+        };
+        Ok(state.ok)
+    }
+
+    /// Moves an authenticated connection from the unauthenticated pool to the authenticated
+    /// one; false when that is full.
+    fn admit(&mut self) -> bool {
+        if self.admitted.is_some() {
+            return true;
+        }
+        match self.proxy.connections.clone().try_acquire_owned() {
+            Ok(permit) => {
+                self.admitted = Some(permit);
+                self.pending = None;
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// The client's next command: within the idle timeout (`wait`), and once it has begun,
+    /// in full within [`FRAME_TIMEOUT`].
+    async fn next_frame<R: AsyncRead + Unpin>(
+        reader: &mut FrameReader<R>,
+        wait: Option<(Duration, ReadStop)>,
+    ) -> Result<Option<Frame>, ReadStop> {
+        let now = Instant::now();
+        let (mut deadline, mut why) = match wait {
+            Some((d, why)) => (Some(now + d), why),
+            None => (None, ReadStop::Idle),
+        };
+        let mut begun = false;
+        loop {
+            if let Some(f) = reader.decode(Protocol::Resp2)? {
+                return Ok(Some(f));
+            }
+            if reader.partial() && !begun {
+                begun = true;
+                let frame_deadline = Instant::now() + FRAME_TIMEOUT;
+                if deadline.is_none_or(|d| frame_deadline < d) {
+                    deadline = Some(frame_deadline);
+                    why = ReadStop::FrameTimeout;
+                }
+            }
+            let filled = match deadline {
+                Some(d) => match tokio::time::timeout_at(d.into(), reader.fill()).await {
+                    Ok(r) => r?,
+                    Err(_) => return Err(why),
+                },
+                None => reader.fill().await?,
+            };
+            if !filled {
+                return if reader.partial() {
+                    Err(RespError::Io(std::io::ErrorKind::UnexpectedEof.into()).into())
+                } else {
+                    Ok(None)
+                };
+            }
+        }
+    }
+
+    /// Refuses a command for an agent's key on a connection that has not authenticated.
+    async fn noauth(&self, what: &str) {
+        self.proxy
+            .hub
+            .metrics
+            .redis_proxy("agent", "unauthenticated");
+        tracing::warn!(
+            command = what,
+            "Redis proxy: an agent's key asked for before AUTH, refused"
+        );
+        self.ready(Out::Reply(Reply::Error(NOAUTH.into()))).await;
+    }
+
     /// Reads the client's commands until it leaves.
     async fn serve<R: AsyncRead + Unpin>(
         &mut self,
         mut reader: FrameReader<R>,
     ) -> Result<(), RespError> {
         loop {
-            let idle = self.subscriptions.is_empty() && !self.upstream_pubsub;
-            let next = reader.next(Protocol::Resp2);
-            let frame = if idle {
-                match tokio::time::timeout(self.proxy.config.idle_timeout, next).await {
-                    Ok(r) => r,
-                    Err(_) => {
-                        tracing::debug!("idle Redis proxy connection closed");
-                        return Ok(());
-                    }
-                }
-            } else {
-                next.await
+            let authed = match self.authenticated().await {
+                Ok(a) => a,
+                Err(ReadStop::Error(e)) => return Err(e),
+                Err(_) => return Ok(()),
             };
-            let frame = match frame {
+            let wait = if authed {
+                if !self.admit() {
+                    self.proxy
+                        .hub
+                        .metrics
+                        .listener_closed("redis-proxy", "TooManyConnections");
+                    tracing::warn!("Redis proxy: too many authenticated connections, closing");
+                    self.ready(Out::Reply(Reply::Error(
+                        "ERR max number of clients reached".into(),
+                    )))
+                    .await;
+                    return Ok(());
+                }
+                reader.set_limit(self.proxy.config.max_value_size);
+                let idle = self.subscriptions.is_empty() && !self.upstream_pubsub;
+                idle.then_some((self.proxy.config.idle_timeout, ReadStop::Idle))
+            } else {
+                reader.set_limit(UNAUTHENTICATED_FRAME_LIMIT);
+                let left = self.auth_deadline.saturating_duration_since(Instant::now());
+                Some((left, ReadStop::AuthTimeout))
+            };
+            let frame = match Self::next_frame(&mut reader, wait).await {
                 Ok(Some(f)) => f,
                 Ok(None) => return Ok(()),
-                Err(e @ (RespError::Malformed(_) | RespError::TooLarge { .. })) => {
+                Err(ReadStop::Idle) => {
+                    tracing::debug!("idle Redis proxy connection closed");
+                    return Ok(());
+                }
+                Err(ReadStop::AuthTimeout) => {
+                    self.proxy
+                        .hub
+                        .metrics
+                        .listener_closed("redis-proxy", "AuthTimeout");
+                    tracing::warn!(timeout = ?AUTH_TIMEOUT, "Redis proxy: client did not authenticate in time, closing");
+                    return Ok(());
+                }
+                Err(ReadStop::FrameTimeout) => {
+                    self.proxy
+                        .hub
+                        .metrics
+                        .listener_closed("redis-proxy", "FrameTimeout");
+                    tracing::warn!(timeout = ?FRAME_TIMEOUT, "Redis proxy: command not received in full in time, closing");
+                    return Ok(());
+                }
+                Err(ReadStop::Error(
+                    e @ (RespError::Malformed(_)
+                    | RespError::TooLarge { .. }
+                    | RespError::TooDeep { .. }),
+                )) => {
+                    self.proxy
+                        .hub
+                        .metrics
+                        .listener_closed("redis-proxy", "ProtocolError");
+                    tracing::warn!(error = %e, authenticated = authed, "Redis proxy: bad command, closing");
                     self.ready(Out::Reply(Reply::Error(format!("ERR Protocol error: {e}"))))
                         .await;
                     return Err(e);
                 }
-                Err(e) => return Err(e),
+                Err(ReadStop::Error(e)) => return Err(e),
             };
             let Some(args) = frame.command().filter(|a| !a.is_empty()) else {
                 self.ready(Out::Reply(Reply::Error(
@@ -624,13 +908,29 @@ impl Conn {
             let name = args[0].to_ascii_uppercase();
             match name.as_slice() {
                 b"GET" if args.len() == 2 => match AppKey::parse(&args[1]) {
+                    Some(_) if !authed => self.noauth("GET").await,
                     Some(key) => self.local_get(key).await,
                     None => self.forward(&frame.raw, SlotKind::Reply).await?,
                 },
+                b"SUBSCRIBE"
+                    if args.len() > 1
+                        && !authed
+                        && args[1..].iter().any(|c| AppKey::parse(c).is_some()) =>
+                {
+                    self.noauth("SUBSCRIBE").await
+                }
                 b"SUBSCRIBE" if args.len() > 1 => self.subscribe(&args[1..]).await?,
-                b"CLIENT" if replica::is_forward_marker(&args) => {
+                b"CLIENT" if authed && replica::is_forward_marker(&args) => {
                     self.forwarded = true;
                     self.ready(Out::Raw(Bytes::from_static(b"+OK\r\n"))).await;
+                }
+                b"AUTH" => {
+                    self.auth_sent += 1;
+                    self.forward(&frame.raw, SlotKind::Auth).await?
+                }
+                b"RESET" => {
+                    self.auth_sent += 1;
+                    self.forward(&frame.raw, SlotKind::Reset).await?
                 }
                 b"UNSUBSCRIBE" => self.unsubscribe(&frame.raw, &args[1..]).await?,
                 b"PSUBSCRIBE" | b"SSUBSCRIBE" => {
@@ -645,7 +945,12 @@ impl Conn {
                         Some(b"2") => Protocol::Resp2,
                         _ => self.shared.protocol(),
                     };
-                    self.forward(&frame.raw, SlotKind::Hello(version)).await?
+                    let auth = args[1..].iter().any(|a| a.eq_ignore_ascii_case(b"AUTH"));
+                    if auth {
+                        self.auth_sent += 1;
+                    }
+                    self.forward(&frame.raw, SlotKind::Hello(version, auth))
+                        .await?
                 }
                 _ => self.forward(&frame.raw, SlotKind::Reply).await?,
             }
@@ -943,7 +1248,7 @@ async fn read_upstream<R: AsyncRead + Unpin>(
         // answer is always queued before the command is sent.
         let head = lock(&shared.upstream).front().map(|s| s.kind);
         let protocol = match head {
-            Some(SlotKind::Hello(p)) => p,
+            Some(SlotKind::Hello(p, _)) => p,
             _ => shared.protocol(),
         };
         let Some(frame) = reader.decode(protocol)? else {
@@ -969,9 +1274,20 @@ async fn read_upstream<R: AsyncRead + Unpin>(
         };
         match slot {
             Some(slot) => {
+                let ok = !frame.is_error();
                 match slot.kind {
-                    SlotKind::Subscribe if !frame.is_error() => pubsub = true,
-                    SlotKind::Hello(p) if !frame.is_error() => *lock(&shared.protocol) = p,
+                    SlotKind::Subscribe if ok => pubsub = true,
+                    SlotKind::Hello(p, auth) => {
+                        if ok {
+                            *lock(&shared.protocol) = p;
+                        }
+                        if auth {
+                            shared.auth_answered(ok.then_some(true));
+                        }
+                    }
+                    SlotKind::Auth => shared.auth_answered(ok.then_some(true)),
+                    // Back to the default user, who needs a password here.
+                    SlotKind::Reset => shared.auth_answered(ok.then_some(false)),
                     _ => {}
                 }
                 let _ = slot.tx.send(Out::Raw(frame.raw));
@@ -1016,7 +1332,7 @@ mod tests {
     #[tokio::test]
     async fn hub_replies_fill_slots_in_order_switch_protocol_and_pushes_go_out_of_band() {
         let shared = Arc::new(Shared::default());
-        let hello = slot(&shared, SlotKind::Hello(Protocol::Resp3));
+        let hello = slot(&shared, SlotKind::Hello(Protocol::Resp3, false));
         let get = slot(&shared, SlotKind::Reply);
         let (mut hub, upstream) = tokio::io::duplex(4096);
         let (oob_tx, mut oob) = mpsc::channel(8);

@@ -153,8 +153,9 @@ struct PrincipalArgs {
     insecure_header_auth_any_address: bool,
     /// Address of the `/metrics`, `/healthz` and `/readyz` listener (the pod IP in the
     /// manifests, loopback when only a local sidecar scrapes).
-    #[arg(long, env = "ARGOCD_PRINCIPAL_METRICS_HOST", default_value = "0.0.0.0")]
-    metrics_host: IpAddr,
+    /// Default: `$POD_IP`, else 127.0.0.1 (never all interfaces unless set).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_METRICS_HOST")]
+    metrics_host: Option<IpAddr>,
     /// Port of the metrics and health listener; 0 turns it off.
     #[arg(long, env = "ARGOCD_PRINCIPAL_METRICS_PORT", default_value_t = 8000)]
     metrics_port: u16,
@@ -229,6 +230,14 @@ struct RedisProxyArgs {
         default_value = "argocd-redis:6379"
     )]
     redis_server_address: String,
+    /// The hub Redis's ACL user (Argo CD's `REDIS_USERNAME`, also read).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_REDIS_USERNAME")]
+    redis_username: Option<String>,
+    /// The hub Redis's password: Argo CD's (the `auth` key of the `argocd-redis` Secret, which
+    /// argocd-server reads as `REDIS_PASSWORD`, also read here). With a password, clients of
+    /// the proxy must AUTH before anything, agents' keys included; prefer the environment.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_REDIS_PASSWORD", hide_env_values = true)]
+    redis_password: Option<String>,
     /// Connect to the hub Redis with TLS, trusting the CA certificates in this PEM file.
     #[arg(long, env = "ARGOCD_PRINCIPAL_REDIS_SERVER_TLS_CA_PATH")]
     redis_server_tls_ca_path: Option<PathBuf>,
@@ -293,6 +302,19 @@ struct ResourceProxyArgs {
     /// default `https://<listen address>` (127.0.0.1 for an unspecified address).
     #[arg(long, env = "ARGOCD_PRINCIPAL_RESOURCE_PROXY_URL")]
     resource_proxy_url: Option<String>,
+    /// Client connections to the resource proxy at once (more are closed at accept).
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_RESOURCE_PROXY_MAX_CONNECTIONS",
+        default_value_t = 1024
+    )]
+    resource_proxy_max_connections: usize,
+    /// Connections at once from one client address.
+    #[arg(long, default_value_t = 256)]
+    resource_proxy_max_connections_per_client: usize,
+    /// A resource proxy connection with no request in progress for this long is closed.
+    #[arg(long, default_value = "2m", value_parser = parse_duration)]
+    resource_proxy_idle_timeout: Duration,
     /// With `--ha`: this replica's own resource proxy URL, which other replicas forward
     /// requests for its agents to (published on its replica Lease; the serving certificate
     /// names its host); default `https://$POD_IP:<port>`, else the listen address.
@@ -438,6 +460,9 @@ impl ResourceProxyArgs {
         c.terminal_idle_timeout = self.terminal_idle_timeout;
         c.terminal_max_duration = self.terminal_max_duration;
         c.self_cluster_registration = self.enable_self_cluster_registration;
+        c.limits.max_connections = self.resource_proxy_max_connections.max(1);
+        c.limits.max_per_client = self.resource_proxy_max_connections_per_client.max(1);
+        c.limits.idle_timeout = self.resource_proxy_idle_timeout;
         Ok(Some(c))
     }
 }
@@ -498,7 +523,15 @@ impl RedisProxyArgs {
             upstream: argocd_agent_sync::redis::RedisEndpoint {
                 addr: self.redis_server_address.clone(),
                 tls: upstream_tls,
-                ..Default::default()
+                username: self
+                    .redis_username
+                    .clone()
+                    .or_else(|| non_empty_env("REDIS_USERNAME")),
+                password: self
+                    .redis_password
+                    .clone()
+                    .or_else(|| non_empty_env("REDIS_PASSWORD"))
+                    .filter(|p| !p.is_empty()),
             },
             tls,
             max_value_size: self.redis_proxy_max_value_size,
@@ -582,12 +615,27 @@ impl AgentRedisArgs {
 }
 
 /// `[host]:port` (empty host: every address) as a socket address.
+/// `[host]:port`; without a host, [`default_host`] (`0.0.0.0:port` must be asked for).
 fn parse_listen(s: &str) -> Result<SocketAddr, String> {
     if let Some(port) = s.strip_prefix(':') {
         let port: u16 = port.parse().map_err(|e| format!("{s:?}: {e}"))?;
-        return Ok(SocketAddr::from(([0, 0, 0, 0], port)));
+        return Ok(SocketAddr::new(default_host(), port));
     }
     s.parse().map_err(|e| format!("{s:?}: {e}"))
+}
+
+/// Where a listener binds when no host is given: the pod IP (`$POD_IP`, set from the
+/// downward API in deploy/), else loopback; never every interface.
+fn default_host() -> IpAddr {
+    std::env::var("POD_IP")
+        .ok()
+        .and_then(|ip| ip.trim().parse().ok())
+        .unwrap_or(IpAddr::from([127, 0, 0, 1]))
+}
+
+/// An environment variable that is set and not empty.
+fn non_empty_env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
 }
 
 /// The host part of `host:port` (the name a TLS certificate must carry).
@@ -660,8 +708,9 @@ struct AgentArgs {
     keep_alive_ping_interval: Duration,
     /// Address of the `/metrics`, `/healthz` and `/readyz` listener (the pod IP in the
     /// manifests, loopback when only a local sidecar scrapes).
-    #[arg(long, env = "ARGOCD_AGENT_METRICS_HOST", default_value = "0.0.0.0")]
-    metrics_host: IpAddr,
+    /// Default: `$POD_IP`, else 127.0.0.1 (never all interfaces unless set).
+    #[arg(long, env = "ARGOCD_AGENT_METRICS_HOST")]
+    metrics_host: Option<IpAddr>,
     /// Port of the metrics and health listener; 0 turns it off.
     #[arg(long, env = "ARGOCD_AGENT_METRICS_PORT", default_value_t = 8181)]
     metrics_port: u16,
@@ -832,9 +881,9 @@ async fn serve_principal(a: PrincipalArgs) -> CmdResult {
         create_namespace: a.namespace_create_enable,
         namespace_labels: labels,
         metrics_listen: (a.metrics_port != 0)
-            .then(|| SocketAddr::new(a.metrics_host, a.metrics_port)),
+            .then(|| SocketAddr::new(a.metrics_host.unwrap_or_else(default_host), a.metrics_port)),
         healthz_listen: (a.healthz_port != 0)
-            .then(|| SocketAddr::new(a.metrics_host, a.healthz_port)),
+            .then(|| SocketAddr::new(a.metrics_host.unwrap_or_else(default_host), a.healthz_port)),
         admin_listen: match a.admin_address.as_str() {
             "off" | "" => None,
             addr => Some(
@@ -933,9 +982,9 @@ async fn serve_agent(a: AgentArgs) -> CmdResult {
         heartbeat: a.keep_alive_ping_interval,
         max_message_size: a.max_message_size,
         metrics_listen: (a.metrics_port != 0)
-            .then(|| SocketAddr::new(a.metrics_host, a.metrics_port)),
+            .then(|| SocketAddr::new(a.metrics_host.unwrap_or_else(default_host), a.metrics_port)),
         healthz_listen: (a.healthz_port != 0)
-            .then(|| SocketAddr::new(a.metrics_host, a.healthz_port)),
+            .then(|| SocketAddr::new(a.metrics_host.unwrap_or_else(default_host), a.healthz_port)),
         policies: argocd_agent_agent::policy::Policies {
             adoption: a.adoption_policy,
             mismatch: a.source_uid_mismatch_policy,

@@ -105,6 +105,9 @@ fn host_of(addr: &str) -> &str {
 pub(crate) struct Peers {
     pub leases: Arc<Leases>,
     tls: Option<Arc<rustls::ClientConfig>>,
+    /// The hub Redis's user and password: the other replicas' proxies want them as
+    /// argocd-server's connections do.
+    auth: (Option<String>, Option<String>),
     limit: usize,
     timeout: Duration,
     /// One connection per target address for `GET`s.
@@ -115,12 +118,14 @@ impl Peers {
     pub fn new(
         leases: Arc<Leases>,
         tls: Option<Arc<rustls::ClientConfig>>,
+        auth: (Option<String>, Option<String>),
         limit: usize,
         timeout: Duration,
     ) -> Peers {
         Peers {
             leases,
             tls,
+            auth,
             limit,
             timeout,
             pool: Mutex::new(HashMap::new()),
@@ -157,7 +162,8 @@ impl Peers {
         let endpoint = RedisEndpoint {
             addr: addr.to_owned(),
             tls,
-            ..Default::default()
+            username: self.auth.0.clone(),
+            password: self.auth.1.clone(),
         };
         let mut conn = endpoint
             .connect(self.limit)

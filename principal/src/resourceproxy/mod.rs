@@ -28,7 +28,6 @@ mod logs;
 pub mod tls;
 
 use std::collections::HashMap;
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -42,7 +41,6 @@ use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -57,8 +55,6 @@ use credentials::ProxyKeys;
 pub const DEFAULT_ADDRESS: &str = "0.0.0.0:9090";
 /// URL path prefix naming the agent.
 pub const AGENT_PREFIX: &str = "/agents/";
-/// How long a TLS handshake may take.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Resource proxy settings.
 #[derive(Debug, Clone)]
@@ -90,6 +86,11 @@ pub struct ResourceProxyConfig {
     pub log_resume_timeout: Duration,
     /// Create (and keep current) each agent's Argo CD cluster secret on connect.
     pub self_cluster_registration: bool,
+    /// Connections, handshakes, header and idle timeouts of the listener.
+    pub limits: argocd_agent_identity::listener::Limits,
+    /// How long a client may take to send a request body (408 after); the body is read
+    /// before the request takes one of its agent's slots.
+    pub body_timeout: Duration,
 }
 
 impl ResourceProxyConfig {
@@ -110,6 +111,8 @@ impl ResourceProxyConfig {
             terminal_max_duration: Duration::from_secs(4 * 3600),
             log_resume_timeout: Duration::from_secs(60),
             self_cluster_registration: false,
+            limits: argocd_agent_identity::listener::Limits::default(),
+            body_timeout: Duration::from_secs(30),
         }
     }
 
@@ -276,6 +279,28 @@ fn route(method: &Method, path: &str, query: &str) -> Result<Route, String> {
     }
 }
 
+/// An API request whose body has been read.
+struct ReadRequest {
+    method: String,
+    content_type: String,
+    accept: String,
+    body: Bytes,
+}
+
+/// A routed request waiting for one of its agent's slots.
+enum Pending {
+    Api(ReadRequest),
+    Log {
+        namespace: String,
+        pod: String,
+    },
+    Exec {
+        namespace: String,
+        pod: String,
+        req: Box<Request<Incoming>>,
+    },
+}
+
 /// The proxy's shared state.
 pub struct Proxy {
     pub hub: Arc<Hub>,
@@ -337,12 +362,7 @@ impl Proxy {
         req: &Request<Incoming>,
         path: &'p str,
     ) -> Result<(AgentName, &'p str), Response<Body>> {
-        let token = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim);
+        let token = crate::auth::bearer_token(req.headers());
         let Some(token) = token else {
             return Err(status(
                 StatusCode::UNAUTHORIZED,
@@ -442,6 +462,28 @@ impl Proxy {
                 }
             }
         }
+        // An API request's body is read before it takes one of the agent's slots, within
+        // the body timeout: a slow client cannot hold the slots its agent's other requests
+        // need.
+        let read = match route {
+            Route::Api => match self.read_request(req).await {
+                Ok(read) => Pending::Api(read),
+                Err(refused) => {
+                    self.hub.metrics.resource_proxy(
+                        agent.as_str(),
+                        kind,
+                        refused.status().as_u16(),
+                    );
+                    return refused;
+                }
+            },
+            Route::Log { namespace, pod } => Pending::Log { namespace, pod },
+            Route::Exec { namespace, pod } => Pending::Exec {
+                namespace,
+                pod,
+                req: Box::new(req),
+            },
+        };
         let admitted = match self.admit(&agent) {
             Ok(a) => a,
             Err(r) => {
@@ -451,14 +493,16 @@ impl Proxy {
                 return r;
             }
         };
-        let response = match route {
-            Route::Api => self.api(admitted, req, rest.to_owned(), query).await,
-            Route::Log { namespace, pod } => {
+        let response = match read {
+            Pending::Api(read) => self.api(admitted, read, rest.to_owned(), query).await,
+            Pending::Log { namespace, pod } => {
                 logs::serve(self.clone(), admitted, namespace, pod, &query).await
             }
-            Route::Exec { namespace, pod } => {
-                exec::serve(self.clone(), admitted, namespace, pod, req).await
-            }
+            Pending::Exec {
+                namespace,
+                pod,
+                req,
+            } => exec::serve(self.clone(), admitted, namespace, pod, *req).await,
         };
         self.hub
             .metrics
@@ -495,13 +539,9 @@ impl Proxy {
         response
     }
 
-    async fn api(
-        &self,
-        admitted: Admitted,
-        req: Request<Incoming>,
-        path: String,
-        query: String,
-    ) -> Response<Body> {
+    /// Reads an API request's headers of interest and its body, up to the size limit and
+    /// within the body timeout.
+    async fn read_request(&self, req: Request<Incoming>) -> Result<ReadRequest, Response<Body>> {
         let header = |h: header::HeaderName| {
             req.headers()
                 .get(h)
@@ -511,22 +551,50 @@ impl Proxy {
         };
         let (content_type, accept) = (header(header::CONTENT_TYPE), header(header::ACCEPT));
         let method = req.method().to_string();
-        let body = match Limited::new(req.into_body(), self.config.max_body)
-            .collect()
-            .await
-        {
-            Ok(b) => b.to_bytes(),
-            Err(_) => {
-                return status(
+        let limit = self.config.max_body;
+        let read = Limited::new(req.into_body(), limit).collect();
+        let body = match tokio::time::timeout(self.config.body_timeout, read).await {
+            Ok(Ok(b)) => b.to_bytes(),
+            Ok(Err(_)) => {
+                return Err(status(
                     StatusCode::PAYLOAD_TOO_LARGE,
                     "RequestEntityTooLarge",
+                    format!("request body larger than {limit} bytes (or unreadable)"),
+                ));
+            }
+            Err(_) => {
+                tracing::warn!(timeout = ?self.config.body_timeout, "resource proxy: request body not received in time");
+                return Err(status(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "Timeout",
                     format!(
-                        "request body larger than {} bytes (or unreadable)",
-                        self.config.max_body
+                        "request body not received within {:?}",
+                        self.config.body_timeout
                     ),
-                );
+                ));
             }
         };
+        Ok(ReadRequest {
+            method,
+            content_type,
+            accept,
+            body,
+        })
+    }
+
+    async fn api(
+        &self,
+        admitted: Admitted,
+        read: ReadRequest,
+        path: String,
+        query: String,
+    ) -> Response<Body> {
+        let ReadRequest {
+            method,
+            content_type,
+            accept,
+            body,
+        } = read;
         let event = Event::new(
             &self.hub.source,
             EventType::ResourceRequest,
@@ -563,7 +631,8 @@ impl Proxy {
     }
 }
 
-/// Serves the proxy on `listener` until `shutdown`.
+/// Serves the proxy on `listener` until `shutdown`, with the listener limits of
+/// [`ResourceProxyConfig::limits`] (connections, handshakes, header and idle timeouts).
 pub fn serve(
     proxy: Arc<Proxy>,
     listener: TcpListener,
@@ -572,49 +641,23 @@ pub fn serve(
     shutdown: CancellationToken,
 ) {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-    let conns = tasks.clone();
-    tasks.spawn(async move {
-        loop {
-            let (tcp, peer) = tokio::select! {
-                _ = shutdown.cancelled() => return,
-                accepted = listener.accept() => match accepted {
-                    Ok(a) => a,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "resource proxy: accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                },
-            };
-            let (acceptor, proxy, stop) = (acceptor.clone(), proxy.clone(), shutdown.clone());
-            conns.spawn(async move {
-                let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await
-                {
-                    Ok(Ok(tls)) => tls,
-                    Ok(Err(e)) => {
-                        tracing::debug!(%peer, error = %e, "resource proxy: TLS handshake failed");
-                        return;
-                    }
-                    Err(_) => {
-                        tracing::debug!(%peer, "resource proxy: TLS handshake timed out");
-                        return;
-                    }
-                };
-                let service = hyper::service::service_fn(move |req| {
-                    let proxy = proxy.clone();
-                    async move { Ok::<_, Infallible>(proxy.handle(req).await) }
-                });
-                let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-                let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls), service);
-                tokio::select! {
-                    _ = stop.cancelled() => {}
-                    r = conn => if let Err(e) = r {
-                        tracing::debug!(%peer, error = %e, "resource proxy connection ended");
-                    },
-                }
-            });
-        }
-    });
+    let limits = proxy.config.limits.clone();
+    let metrics = proxy.hub.metrics.clone();
+    let on_close: argocd_agent_identity::listener::OnClose =
+        Arc::new(move |reason| metrics.listener_closed("resource-proxy", reason));
+    let handler = move |req: Request<Incoming>, _peer: SocketAddr| {
+        let proxy = proxy.clone();
+        async move { proxy.handle(req).await }
+    };
+    argocd_agent_identity::listener::serve(
+        listener,
+        Some(acceptor),
+        limits,
+        handler,
+        on_close,
+        tasks,
+        shutdown,
+    );
 }
 
 #[cfg(test)]

@@ -22,6 +22,8 @@ pub enum RespError {
     Malformed(String),
     #[error("frame larger than the limit of {limit} bytes")]
     TooLarge { limit: usize },
+    #[error("frame nested deeper than {max_depth} levels")]
+    TooDeep { max_depth: usize },
     #[error("refused by the server: {0}")]
     Refused(String),
     #[error("connection error: {0}")]
@@ -135,11 +137,14 @@ impl Frame {
     }
 }
 
-/// Reads frames from a stream, holding at most `limit` bytes of one frame.
+/// Reads frames from a stream, holding at most `limit` bytes of one frame and nesting at
+/// most `max_depth` levels.
 pub struct FrameReader<R> {
     io: R,
     buf: BytesMut,
     limit: usize,
+    max_depth: usize,
+    scan: Scan,
 }
 
 const READ_CHUNK: usize = 64 * 1024;
@@ -150,7 +155,21 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             io,
             buf: BytesMut::with_capacity(READ_CHUNK),
             limit,
+            max_depth: DEFAULT_MAX_DEPTH,
+            scan: Scan::default(),
         }
+    }
+
+    /// Allows at most `max_depth` nesting levels (1: an array of strings, as a Redis server
+    /// reads commands).
+    pub fn with_max_depth(mut self, max_depth: usize) -> Self {
+        self.max_depth = max_depth;
+        self
+    }
+
+    /// Changes the size limit (from the next frame on, and for the one being read).
+    pub fn set_limit(&mut self, limit: usize) {
+        self.limit = limit;
     }
 
     /// The underlying stream.
@@ -160,7 +179,13 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
 
     /// Decodes one frame from what is buffered, if complete.
     pub fn decode(&mut self, protocol: Protocol) -> Result<Option<Frame>, RespError> {
-        decode(&mut self.buf, protocol, self.limit)
+        decode_with(
+            &mut self.buf,
+            &mut self.scan,
+            protocol,
+            self.limit,
+            self.max_depth,
+        )
     }
 
     /// Reads more bytes; false at end of stream.
@@ -185,26 +210,57 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             }
         }
     }
+
+    /// Whether part of a frame is buffered (the client started a command).
+    pub fn partial(&self) -> bool {
+        !self.buf.is_empty()
+    }
 }
 
-/// Decodes one frame from `buf` (consuming it), or `None` when more bytes are needed.
+/// Decodes one frame from `buf` (consuming it), or `None` when more bytes are needed; at
+/// most [`DEFAULT_MAX_DEPTH`] nesting levels.
 pub fn decode(
     buf: &mut BytesMut,
     protocol: Protocol,
     limit: usize,
 ) -> Result<Option<Frame>, RespError> {
+    decode_with(
+        buf,
+        &mut Scan::default(),
+        protocol,
+        limit,
+        DEFAULT_MAX_DEPTH,
+    )
+}
+
+fn decode_with(
+    buf: &mut BytesMut,
+    scan: &mut Scan,
+    protocol: Protocol,
+    limit: usize,
+    max_depth: usize,
+) -> Result<Option<Frame>, RespError> {
     if buf.is_empty() {
         return Ok(None);
     }
+    let len = match scan.frame_len(buf, max_depth, limit)? {
+        Some(len) if len > limit => return Err(RespError::TooLarge { limit }),
+        Some(len) => len,
+        None if buf.len() > limit => return Err(RespError::TooLarge { limit }),
+        None => return Ok(None),
+    };
+    *scan = Scan::default();
+    // The crate sees exactly one complete frame whose nesting is bounded.
+    let mut one = buf.split_to(len);
     let decoded = match protocol {
-        Protocol::Resp2 => redis_protocol::resp2::decode::decode_bytes_mut(buf).map(|o| {
+        Protocol::Resp2 => redis_protocol::resp2::decode::decode_bytes_mut(&mut one).map(|o| {
             o.map(|(f, _, raw)| Frame {
                 raw,
                 value: Value::V2(f),
             })
         }),
         Protocol::Resp3 => {
-            redis_protocol::resp3::decode::complete::decode_bytes_mut(buf).map(|o| {
+            redis_protocol::resp3::decode::complete::decode_bytes_mut(&mut one).map(|o| {
                 o.map(|(f, _, raw)| Frame {
                     raw,
                     value: Value::V3(f),
@@ -213,11 +269,134 @@ pub fn decode(
         }
     };
     match decoded {
-        Ok(Some(f)) if f.raw.len() > limit => Err(RespError::TooLarge { limit }),
-        Ok(Some(f)) => Ok(Some(f)),
-        Ok(None) if buf.len() > limit => Err(RespError::TooLarge { limit }),
-        Ok(None) => Ok(None),
+        Ok(Some(f)) if one.is_empty() => Ok(Some(f)),
+        Ok(_) => Err(RespError::Malformed(
+            "the frame's length disagrees with its headers".into(),
+        )),
         Err(e) => Err(RespError::Malformed(e.details().to_owned())),
+    }
+}
+
+/// Nesting allowed by default in frames from a server (replies of real Redis commands nest a
+/// few levels; the depth is what bounds the decoder's recursion).
+pub const DEFAULT_MAX_DEPTH: usize = 32;
+
+/// Walks a frame's headers without recursion, before the `redis-protocol` crate decodes it:
+/// that crate recurses once per nesting level with no limit of its own, so a deeply nested
+/// array (a few bytes per level) would overflow the stack. The walk knows where the frame
+/// ends, so the crate is called once per frame, never on a partial one; it resumes where it
+/// stopped when more bytes arrive. (Hand-written: no RESP crate bounds nesting.)
+#[derive(Debug, Default)]
+struct Scan {
+    /// Where the next header starts.
+    pos: usize,
+    /// Open aggregates: elements still expected, and whether it is an attribute (which
+    /// precedes the value it describes and is not an element itself).
+    open: Vec<(u64, bool)>,
+}
+
+/// A RESP length or count line (`-1` for the RESP2 null).
+fn parse_len(line: &[u8]) -> Result<i64, RespError> {
+    std::str::from_utf8(line)
+        .ok()
+        .and_then(|s| s.parse::<i64>().ok())
+        .filter(|n| *n >= -1)
+        .ok_or_else(|| {
+            RespError::Malformed(format!(
+                "invalid length {:?}",
+                String::from_utf8_lossy(&line[..line.len().min(32)])
+            ))
+        })
+}
+
+impl Scan {
+    /// The length of the first frame of `buf` once it is complete; `None` while more bytes
+    /// are needed. Errors for a frame nested deeper than `max_depth`, a frame or string
+    /// larger than `limit`, and headers no RESP version has.
+    fn frame_len(
+        &mut self,
+        buf: &[u8],
+        max_depth: usize,
+        limit: usize,
+    ) -> Result<Option<usize>, RespError> {
+        loop {
+            if self.pos >= buf.len() {
+                return Ok(None);
+            }
+            let Some(eol) = buf[self.pos..].windows(2).position(|w| w == b"\r\n") else {
+                return Ok(None);
+            };
+            let eol = self.pos + eol;
+            let ty = buf[self.pos];
+            let line = &buf[self.pos + 1..eol];
+            let body = eol + 2;
+            let mut attribute = false;
+            match ty {
+                b'+' | b'-' | b':' | b'_' | b',' | b'#' | b'(' => self.pos = body,
+                b'$' | b'!' | b'=' => {
+                    let n = parse_len(line)?;
+                    if n == -1 && ty == b'$' {
+                        self.pos = body;
+                    } else if n < 0 {
+                        return Err(RespError::Malformed("negative string length".into()));
+                    } else {
+                        let n = n as usize;
+                        if n > limit {
+                            return Err(RespError::TooLarge { limit });
+                        }
+                        let end = body + n + 2;
+                        if end > buf.len() {
+                            return Ok(None);
+                        }
+                        if &buf[end - 2..end] != b"\r\n" {
+                            return Err(RespError::Malformed("string not followed by CRLF".into()));
+                        }
+                        self.pos = end;
+                    }
+                }
+                b'*' | b'~' | b'>' | b'%' | b'|' => {
+                    let n = parse_len(line)?;
+                    self.pos = body;
+                    if n == -1 && ty != b'*' {
+                        return Err(RespError::Malformed("negative aggregate length".into()));
+                    }
+                    let count = if matches!(ty, b'%' | b'|') {
+                        (n.max(0) as u64) * 2
+                    } else {
+                        n.max(0) as u64
+                    };
+                    attribute = ty == b'|';
+                    if count > 0 {
+                        if self.open.len() >= max_depth {
+                            return Err(RespError::TooDeep { max_depth });
+                        }
+                        self.open.push((count, attribute));
+                        continue;
+                    }
+                }
+                _ => {
+                    return Err(RespError::Malformed(format!(
+                        "unexpected type byte {:?}",
+                        char::from(ty)
+                    )));
+                }
+            }
+            // One element ended: close every aggregate it completes.
+            loop {
+                if attribute {
+                    break;
+                }
+                let Some((remaining, is_attribute)) = self.open.last_mut() else {
+                    return Ok(Some(self.pos));
+                };
+                *remaining -= 1;
+                if *remaining > 0 {
+                    break;
+                }
+                attribute = *is_attribute;
+                self.open.pop();
+            }
+        }
     }
 }
 
@@ -403,5 +582,108 @@ mod tests {
         let mut b = buf(b"-ERR no\r\n");
         let f = decode(&mut b, Protocol::Resp2, 1024).unwrap().unwrap();
         assert!(f.is_error());
+    }
+
+    /// `depth` arrays of one element around an empty array: about 4 bytes a level, the shape
+    /// that overflowed the decoder's stack before any AUTH.
+    fn nested(prefix: &[u8], depth: usize) -> BytesMut {
+        let mut b = BytesMut::new();
+        for _ in 0..depth {
+            b.extend_from_slice(prefix);
+            b.extend_from_slice(b"1\r\n");
+        }
+        b.extend_from_slice(b"*0\r\n");
+        b
+    }
+
+    #[test]
+    fn deep_nesting_is_refused_before_the_decoder_recurses() {
+        for prefix in [&b"*"[..], b">", b"~", b"%"] {
+            for protocol in [Protocol::Resp2, Protocol::Resp3] {
+                let mut b = nested(prefix, 20_000);
+                let r = decode(&mut b, protocol, 1 << 20);
+                assert!(
+                    matches!(
+                        r,
+                        Err(RespError::TooDeep {
+                            max_depth: DEFAULT_MAX_DEPTH
+                        })
+                    ),
+                    "{prefix:?} {protocol:?}: {r:?}"
+                );
+            }
+        }
+        // An attribute nests too.
+        let mut b = BytesMut::new();
+        for _ in 0..20_000 {
+            b.extend_from_slice(b"|1\r\n+k\r\n");
+        }
+        b.extend_from_slice(b"+v\r\n");
+        assert!(matches!(
+            decode(&mut b, Protocol::Resp3, 1 << 20),
+            Err(RespError::TooDeep { .. })
+        ));
+        // Up to the limit, nesting is fine.
+        let mut b = nested(b"*", DEFAULT_MAX_DEPTH - 1);
+        assert!(decode(&mut b, Protocol::Resp2, 1 << 20).unwrap().is_some());
+        assert!(b.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_command_reader_takes_flat_arrays_only() {
+        let (mut client, server) = tokio::io::duplex(1 << 16);
+        let mut reader = FrameReader::new(server, 1 << 20).with_max_depth(1);
+        use tokio::io::AsyncWriteExt;
+        client
+            .write_all(b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n*1\r\n*1\r\n$4\r\nPING\r\n")
+            .await
+            .unwrap();
+        let f = reader.next(Protocol::Resp2).await.unwrap().unwrap();
+        assert_eq!(f.command().unwrap().len(), 2);
+        let r = reader.next(Protocol::Resp2).await;
+        assert!(
+            matches!(r, Err(RespError::TooDeep { max_depth: 1 })),
+            "{r:?}"
+        );
+    }
+
+    #[test]
+    fn a_frame_split_anywhere_decodes_as_one_and_resumes() {
+        let whole: &[u8] =
+            b"%2\r\n+a\r\n*2\r\n$1\r\nx\r\n$1\r\ny\r\n:1\r\n|1\r\n+t\r\n+u\r\n~1\r\n_\r\n+tail\r\n";
+        let mut one = BytesMut::from(whole);
+        let f = decode(&mut one, Protocol::Resp3, 1024).unwrap().unwrap();
+        let first_len = f.raw.len();
+        assert_eq!(&one[..], b"+tail\r\n");
+        for cut in 0..first_len {
+            let mut scan = Scan::default();
+            let mut b = BytesMut::from(&whole[..cut]);
+            let r = decode_with(&mut b, &mut scan, Protocol::Resp3, 1024, 8).unwrap();
+            assert!(r.is_none(), "cut at {cut}");
+            b.extend_from_slice(&whole[cut..]);
+            let f = decode_with(&mut b, &mut scan, Protocol::Resp3, 1024, 8)
+                .unwrap()
+                .unwrap();
+            assert_eq!(f.raw.len(), first_len, "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn a_string_longer_than_the_limit_is_refused_from_its_header() {
+        let mut b = buf(b"*2\r\n$4\r\nAUTH\r\n$60000000\r\nxx");
+        assert!(matches!(
+            decode(&mut b, Protocol::Resp2, 16 * 1024),
+            Err(RespError::TooLarge { .. })
+        ));
+        for bad in [
+            &b"$-2\r\n"[..],
+            b"*-7\r\n",
+            b"$abc\r\n",
+            b"$3\r\nabcde\r\n",
+            b"%-1\r\n",
+        ] {
+            let r = decode(&mut buf(bad), Protocol::Resp3, 1024);
+            assert!(matches!(r, Err(RespError::Malformed(_))), "{bad:?}: {r:?}");
+        }
     }
 }
