@@ -57,6 +57,31 @@ impl RedisServer {
         .await
     }
 
+    /// Starts `redis-server` that wants `password` from every client (`requirepass`, as
+    /// Argo CD's own Redis runs with the `auth` key of its `argocd-redis` Secret).
+    pub async fn start_with_password(
+        dir: &Path,
+        name: &str,
+        password: &str,
+    ) -> Result<RedisServer, HarnessError> {
+        let port = free_loopback_port()?;
+        let rdb = format!("{name}.rdb");
+        Self::spawn(
+            dir,
+            name,
+            port,
+            &[
+                "--port",
+                &port.to_string(),
+                "--dbfilename",
+                &rdb,
+                "--requirepass",
+                password,
+            ],
+        )
+        .await
+    }
+
     /// Starts `redis-server` serving TLS only (certificate and key PEM files, no client
     /// certificates required).
     pub async fn start_tls(
