@@ -346,6 +346,14 @@ struct ResourceProxyArgs {
     /// Largest request body (413 above).
     #[arg(long, default_value_t = 4 << 20)]
     resource_proxy_max_body: usize,
+    /// How long a client may take to send a request body (408 after); bodies are read
+    /// before a request takes one of its agent's slots.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    resource_proxy_body_timeout: Duration,
+    /// How long a client may take to send a request's headers (the connection is closed
+    /// after).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    resource_proxy_header_timeout: Duration,
     /// Requests, log streams and terminal sessions at once per agent (429 above).
     #[arg(long, default_value_t = 32)]
     resource_proxy_max_in_flight_per_agent: usize,
@@ -463,6 +471,8 @@ impl ResourceProxyArgs {
         c.limits.max_connections = self.resource_proxy_max_connections.max(1);
         c.limits.max_per_client = self.resource_proxy_max_connections_per_client.max(1);
         c.limits.idle_timeout = self.resource_proxy_idle_timeout;
+        c.limits.header_timeout = self.resource_proxy_header_timeout;
+        c.body_timeout = self.resource_proxy_body_timeout;
         Ok(Some(c))
     }
 }
