@@ -356,7 +356,8 @@ fn deployment_args_and_env_exist_in_binary_help() {
         }
         for env in array(container, "/env") {
             let var = str_at(env, "/name").unwrap_or("");
-            if help.contains(&format!("[env: {var}=")) {
+            // `[env: VAR]` for a secret (its value hidden from the help).
+            if help.contains(&format!("[env: {var}=")) || help.contains(&format!("[env: {var}]")) {
                 continue;
             }
             // Anything else must only feed `$(VAR)` expansion in the args.
@@ -797,7 +798,8 @@ fn committed_mesh_policies_match_the_generator() {
 }
 
 /// The environment a container would get: literal values, params ConfigMap keys (missing
-/// optional keys are left out, as the kubelet does), the pod IP as 127.0.0.1 and a pod name.
+/// optional keys are left out, as the kubelet does), the pod IP as 127.0.0.1, a pod name and
+/// a stand-in for optional Secret keys.
 fn container_env(dir: &Path, objects: &[Value], container: &Value) -> Vec<(String, String)> {
     let mut out = Vec::new();
     for env in array(container, "/env") {
@@ -819,6 +821,9 @@ fn container_env(dir: &Path, objects: &[Value], container: &Value) -> Vec<(Strin
             out.push((var, "127.0.0.1".to_owned()));
         } else if str_at(env, "/valueFrom/fieldRef/fieldPath") == Some("metadata.name") {
             out.push((var, "argocd-agent-principal-7c9f-x2x4q".to_owned()));
+        } else if env.pointer("/valueFrom/secretKeyRef/optional") == Some(&Value::Bool(true)) {
+            // An optional Secret key (Argo CD's Redis password): a stand-in value.
+            out.push((var, "secret-from-a-secret".to_owned()));
         } else {
             panic!("{}: env {var}: unsupported source {env}", rel(dir));
         }
