@@ -637,8 +637,11 @@ fn parse_listen(s: &str) -> Result<SocketAddr, String> {
 /// Where a listener binds when no host is given: the pod IP (`$POD_IP`, set from the
 /// downward API in deploy/), else loopback; never every interface.
 fn default_host() -> IpAddr {
-    std::env::var("POD_IP")
-        .ok()
+    pod_ip_or_loopback(std::env::var("POD_IP").ok().as_deref())
+}
+
+fn pod_ip_or_loopback(pod_ip: Option<&str>) -> IpAddr {
+    pod_ip
         .and_then(|ip| ip.trim().parse().ok())
         .unwrap_or(IpAddr::from([127, 0, 0, 1]))
 }
@@ -1029,5 +1032,29 @@ async fn main() {
     if let Err(e) = result {
         eprintln!("error: {}", argocd_agent_sync::error_chain(&*e));
         std::process::exit(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listeners_without_a_host_bind_the_pod_ip_or_loopback_never_every_interface() {
+        let loopback = IpAddr::from([127, 0, 0, 1]);
+        assert_eq!(pod_ip_or_loopback(None), loopback);
+        assert_eq!(pod_ip_or_loopback(Some("")), loopback);
+        assert_eq!(pod_ip_or_loopback(Some("not-an-ip")), loopback);
+        assert_eq!(
+            pod_ip_or_loopback(Some("10.244.1.7")),
+            "10.244.1.7".parse::<IpAddr>().unwrap()
+        );
+        let any = parse_listen(":6379").unwrap();
+        assert!(!any.ip().is_unspecified(), "{any}");
+        assert_eq!(
+            parse_listen("0.0.0.0:6379").unwrap().ip(),
+            IpAddr::from([0, 0, 0, 0]),
+            "every interface when asked for"
+        );
     }
 }

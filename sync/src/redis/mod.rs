@@ -10,7 +10,7 @@ pub mod resp;
 
 pub use client::{RedisConn, RedisEndpoint, RedisTls};
 pub use key::{AppKey, AppKeyKind};
-pub use resp::{Frame, FrameReader, Protocol, RespError};
+pub use resp::{Decoder, Frame, FrameReader, Protocol, RespError};
 
 /// Capability an agent announces in its hello when it answers Redis requests.
 pub const CAPABILITY: &str = "redis.v1";

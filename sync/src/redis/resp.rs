@@ -137,48 +137,33 @@ impl Frame {
     }
 }
 
-/// Reads frames from a stream, holding at most `limit` bytes of one frame and nesting at
-/// most `max_depth` levels.
-pub struct FrameReader<R> {
-    io: R,
+/// Frames from bytes that arrive in pieces, holding at most `limit` bytes of one frame and
+/// nesting at most `max_depth` levels. [`FrameReader`] feeds it from a stream.
+#[derive(Debug)]
+pub struct Decoder {
     buf: BytesMut,
     limit: usize,
     max_depth: usize,
     scan: Scan,
 }
 
-const READ_CHUNK: usize = 64 * 1024;
-
-impl<R: AsyncRead + Unpin> FrameReader<R> {
-    pub fn new(io: R, limit: usize) -> Self {
-        FrameReader {
-            io,
-            buf: BytesMut::with_capacity(READ_CHUNK),
+impl Decoder {
+    pub fn new(limit: usize, max_depth: usize) -> Self {
+        Decoder {
+            buf: BytesMut::new(),
             limit,
-            max_depth: DEFAULT_MAX_DEPTH,
+            max_depth,
             scan: Scan::default(),
         }
     }
 
-    /// Allows at most `max_depth` nesting levels (1: an array of strings, as a Redis server
-    /// reads commands).
-    pub fn with_max_depth(mut self, max_depth: usize) -> Self {
-        self.max_depth = max_depth;
-        self
+    /// Appends bytes as they arrived.
+    pub fn push(&mut self, bytes: &[u8]) {
+        self.buf.extend_from_slice(bytes);
     }
 
-    /// Changes the size limit (from the next frame on, and for the one being read).
-    pub fn set_limit(&mut self, limit: usize) {
-        self.limit = limit;
-    }
-
-    /// The underlying stream.
-    pub fn get_mut(&mut self) -> &mut R {
-        &mut self.io
-    }
-
-    /// Decodes one frame from what is buffered, if complete.
-    pub fn decode(&mut self, protocol: Protocol) -> Result<Option<Frame>, RespError> {
+    /// The next complete frame, if there is one.
+    pub fn next(&mut self, protocol: Protocol) -> Result<Option<Frame>, RespError> {
         decode_with(
             &mut self.buf,
             &mut self.scan,
@@ -188,10 +173,53 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         )
     }
 
+    /// Whether part of a frame is buffered.
+    pub fn partial(&self) -> bool {
+        !self.buf.is_empty()
+    }
+}
+
+/// Reads frames from a stream through a [`Decoder`].
+pub struct FrameReader<R> {
+    io: R,
+    dec: Decoder,
+}
+
+const READ_CHUNK: usize = 64 * 1024;
+
+impl<R: AsyncRead + Unpin> FrameReader<R> {
+    pub fn new(io: R, limit: usize) -> Self {
+        let mut dec = Decoder::new(limit, DEFAULT_MAX_DEPTH);
+        dec.buf.reserve(READ_CHUNK);
+        FrameReader { io, dec }
+    }
+
+    /// Allows at most `max_depth` nesting levels (1: an array of strings, as a Redis server
+    /// reads commands).
+    pub fn with_max_depth(mut self, max_depth: usize) -> Self {
+        self.dec.max_depth = max_depth;
+        self
+    }
+
+    /// Changes the size limit (from the next frame on, and for the one being read).
+    pub fn set_limit(&mut self, limit: usize) {
+        self.dec.limit = limit;
+    }
+
+    /// The underlying stream.
+    pub fn get_mut(&mut self) -> &mut R {
+        &mut self.io
+    }
+
+    /// Decodes one frame from what is buffered, if complete.
+    pub fn decode(&mut self, protocol: Protocol) -> Result<Option<Frame>, RespError> {
+        self.dec.next(protocol)
+    }
+
     /// Reads more bytes; false at end of stream.
     pub async fn fill(&mut self) -> Result<bool, RespError> {
-        self.buf.reserve(READ_CHUNK);
-        Ok(self.io.read_buf(&mut self.buf).await? > 0)
+        self.dec.buf.reserve(READ_CHUNK);
+        Ok(self.io.read_buf(&mut self.dec.buf).await? > 0)
     }
 
     /// The next frame; `None` at a clean end of stream.
@@ -200,12 +228,11 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             if let Some(f) = self.decode(protocol)? {
                 return Ok(Some(f));
             }
-            self.buf.reserve(READ_CHUNK);
-            if self.io.read_buf(&mut self.buf).await? == 0 {
-                return if self.buf.is_empty() {
-                    Ok(None)
-                } else {
+            if !self.fill().await? {
+                return if self.dec.partial() {
                     Err(RespError::Io(std::io::ErrorKind::UnexpectedEof.into()))
+                } else {
+                    Ok(None)
                 };
             }
         }
@@ -213,7 +240,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
 
     /// Whether part of a frame is buffered (the client started a command).
     pub fn partial(&self) -> bool {
-        !self.buf.is_empty()
+        self.dec.partial()
     }
 }
 
@@ -323,11 +350,18 @@ impl Scan {
             if self.pos >= buf.len() {
                 return Ok(None);
             }
-            let Some(eol) = buf[self.pos..].windows(2).position(|w| w == b"\r\n") else {
+            let ty = buf[self.pos];
+            if !b"+-:_,#($!=*~>%|".contains(&ty) {
+                return Err(RespError::Malformed(format!(
+                    "unexpected type byte {:?}",
+                    char::from(ty)
+                )));
+            }
+            // The line after the type byte.
+            let Some(eol) = buf[self.pos + 1..].windows(2).position(|w| w == b"\r\n") else {
                 return Ok(None);
             };
-            let eol = self.pos + eol;
-            let ty = buf[self.pos];
+            let eol = self.pos + 1 + eol;
             let line = &buf[self.pos + 1..eol];
             let body = eol + 2;
             let mut attribute = false;
@@ -680,6 +714,9 @@ mod tests {
             b"*-7\r\n",
             b"$abc\r\n",
             b"$3\r\nabcde\r\n",
+            // A CR right after a frame (the line search once started at the type byte).
+            b"\r\n",
+            b"\r\r\n*1\r\n",
             b"%-1\r\n",
         ] {
             let r = decode(&mut buf(bad), Protocol::Resp3, 1024);
