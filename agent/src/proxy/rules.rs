@@ -234,17 +234,9 @@ fn resource_path(group: &str, version: &str, rest: &[&str]) -> Result<ApiPath, S
     }))
 }
 
-/// Whether the query asks for a watch (`watch=true`, or any value the API server reads as
-/// true: anything but empty, `0` and `false`).
-pub fn is_watch(query: &str) -> bool {
-    url::form_urlencoded::parse(query.as_bytes()).any(|(k, v)| {
-        k == "watch"
-            && !matches!(
-                v.as_ref(),
-                "" | "0" | "false" | "False" | "FALSE" | "f" | "F"
-            )
-    })
-}
+/// Whether the query asks for a watch, as the API server reads it (shared with the
+/// principal's own check: see [`argocd_agent_sync::proxy::is_watch`]).
+pub use argocd_agent_sync::proxy::is_watch;
 
 /// What the agent does with an accepted request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -628,6 +620,40 @@ mod tests {
             assert!(ok(m, p, q).is_err(), "{m} {p}?{q}");
         }
         assert!(ok("GET", "/api/v1/namespaces/n/pods", "watch=false").is_ok());
+        assert!(ok("GET", "/api/v1/namespaces/n/pods", "watch=0").is_ok());
+    }
+
+    /// The API server reads every present `watch` value but `0` and `false` (any case) as
+    /// true; each such request is refused before anything reaches the cluster.
+    #[test]
+    fn every_value_the_api_server_reads_as_a_watch_is_refused() {
+        for q in [
+            "watch",
+            "watch=",
+            "watch=f",
+            "watch=F",
+            "watch=t",
+            "watch=1",
+            "w%61tch=1",
+            "%77atch",
+            "watch=false&watch=1",
+            "labelSelector=a&watch=f",
+        ] {
+            assert_eq!(
+                plan("GET", "/api/v1/namespaces/n/pods", q),
+                Err("watch requests are not served".into()),
+                "{q:?}"
+            );
+        }
+        for q in [
+            "watch=0",
+            "watch=false",
+            "watch=False",
+            "watch=FaLsE",
+            "watch=FALSE",
+        ] {
+            assert!(plan("GET", "/api/v1/namespaces/n/pods", q).is_ok(), "{q:?}");
+        }
     }
 
     #[test]

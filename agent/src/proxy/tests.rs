@@ -510,6 +510,9 @@ async fn refused_shapes_never_reach_the_cluster() {
     let (p, seen) = mock(vec![], ProxyConfig::default());
     for (m, path, q) in [
         ("GET", "/api/v1/namespaces/ns/pods", "watch=true"),
+        ("GET", "/api/v1/namespaces/ns/pods", "watch=f"),
+        ("GET", "/api/v1/namespaces/ns/pods", "watch="),
+        ("GET", "/api/v1/namespaces/ns/pods", "watch"),
         ("PUT", DEPLOY, ""),
         ("GET", "/api/v1/namespaces/ns/pods/p/log", ""),
         ("GET", "/api/v1/namespaces/ns/pods/../secrets", ""),
