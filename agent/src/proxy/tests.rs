@@ -285,12 +285,20 @@ async fn a_patch_of_an_unmanaged_object_is_refused_before_it_is_sent() {
         ],
         ProxyConfig::default(),
     );
-    let mut patch = req("PATCH", DEPLOY, "", "", json!({"spec": {"replicas": 0}}));
-    patch.content_type = "application/merge-patch+json".into();
-    let r = p.handle_resource(&apps(), &patch).await;
-    assert_eq!(r.status, 403);
+    // A patch that would mark the object as the Application's is judged by the object as
+    // it is, not as the patch would make it.
+    for body in [
+        json!({"spec": {"replicas": 0}}),
+        json!({"metadata": {"labels": {"app.kubernetes.io/instance": "guestbook"},
+            "annotations": {"argocd.argoproj.io/tracking-id": "guestbook:apps/Deployment:ns/web"}}}),
+    ] {
+        let mut patch = req("PATCH", DEPLOY, "", "", body);
+        patch.content_type = "application/merge-patch+json".into();
+        let r = p.handle_resource(&deploying_apps(), &patch).await;
+        assert_eq!(r.status, 403);
+    }
     assert!(seen.lock().unwrap().iter().all(|s| s.method == "GET"));
-    assert_eq!(count(&p, "patch", "forbidden"), 1);
+    assert_eq!(count(&p, "patch", "forbidden"), 2);
 }
 
 #[tokio::test]
