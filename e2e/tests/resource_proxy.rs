@@ -480,6 +480,8 @@ fn typed_api(
     )
 }
 
+/// The user the managed agent's kubeconfig names on its spoke (its context name).
+const SPOKE_USER: &str = "managed";
 const CRONJOBS: (&str, &str, &str, &str) = ("batch", "v1", "CronJob", "cronjobs");
 const JOBS: (&str, &str, &str, &str) = ("batch", "v1", "Job", "jobs");
 
@@ -604,6 +606,23 @@ async fn a_token_creates_only_what_a_resource_action_creates() {
     );
     let o = kubectl_create(&kc, &topo.dir, "job", job, &[]).await;
     assert!(o.status.success(), "create-job: {}", output_text(&o));
+    // The agent's creates (the dry run and the Job) are granted by the narrowed ClusterRole
+    // of deploy/components/agent-resource-proxy.
+    let creatable = component_creates();
+    let job_creates: Vec<_> = spoke
+        .requests()
+        .into_iter()
+        .filter(|r| {
+            r.user.as_deref() == Some(SPOKE_USER) && r.verb == "create" && r.resource == "jobs"
+        })
+        .collect();
+    assert_eq!(job_creates.len(), 2, "{job_creates:?}");
+    for r in &job_creates {
+        assert!(
+            creatable.contains(&(r.api_group.clone(), r.resource.clone())),
+            "{r:?} is not granted by the agent's resource-proxy ClusterRole ({creatable:?})"
+        );
+    }
     let created = typed_api(spoke, JOBS, "web")
         .get("nightly-manual")
         .await
@@ -615,6 +634,7 @@ async fn a_token_creates_only_what_a_resource_action_creates() {
 
     // The attacks: each with the owner reference, the Application's label and its tracking
     // annotation.
+    spoke.clear_requests();
     let meta = |name: &str, ns: Option<&str>| {
         let mut m = json!({"name": name, "ownerReferences": owner,
             "labels": {"app.kubernetes.io/instance": "web"},
@@ -688,6 +708,28 @@ async fn a_token_creates_only_what_a_resource_action_creates() {
             .get_object("", "v1", "pods", Some("web"), "root")
             .is_none()
     );
+    // None of them reached the spoke's API as a create (the agent did look at the owner).
+    assert!(
+        spoke
+            .requests()
+            .iter()
+            .any(|r| r.user.as_deref() == Some(SPOKE_USER) && r.resource == "cronjobs"),
+        "the agent's requests are recorded under its user"
+    );
+    let creates: Vec<String> = spoke
+        .requests()
+        .into_iter()
+        .filter(|r| r.user.as_deref() == Some(SPOKE_USER) && r.verb == "create")
+        .map(|r| format!("{}/{} {:?}", r.api_group, r.resource, r.name))
+        .collect();
+    assert!(
+        creates
+            .iter()
+            .all(|c| c.starts_with("argoproj.io/applications")
+                || c.starts_with("/events")
+                || c.starts_with("events.k8s.io/")),
+        "{creates:?}"
+    );
 
     // `watch=f` is a watch to the API server: refused.
     for q in ["watch=f", "watch=", "watch"] {
@@ -701,4 +743,45 @@ async fn a_token_creates_only_what_a_resource_action_creates() {
         );
     }
     topo.stop().await;
+}
+
+/// `(apiGroup, resource)` pairs the agent's resource-proxy ClusterRole grants `create` on
+/// (no wildcards: the role names each kind).
+fn component_creates() -> Vec<(String, String)> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../deploy/components/agent-resource-proxy/rbac.yaml");
+    let docs: Vec<Value> =
+        serde_saphyr::from_multiple(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let role = docs
+        .iter()
+        .find(|d| d["kind"] == "ClusterRole")
+        .expect("a ClusterRole");
+    let list = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|x| x.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut out = Vec::new();
+    for rule in role["rules"].as_array().unwrap() {
+        if !list(&rule["verbs"])
+            .iter()
+            .any(|v| v == "create" || v == "*")
+        {
+            continue;
+        }
+        for g in list(&rule["apiGroups"]) {
+            for r in list(&rule["resources"]) {
+                assert!(
+                    g != "*" && r != "*",
+                    "create on {g}/{r}: the role grants every kind"
+                );
+                out.push((g.clone(), r));
+            }
+        }
+    }
+    out
 }
