@@ -210,6 +210,21 @@ impl Spoke {
             .collect()
     }
 
+    /// What the resource proxy needs to know of each Application this agent holds: its
+    /// namespace and name, its destination namespace and the objects in its status.
+    pub fn held_application_facts(&self) -> Vec<crate::proxy::rules::AppFacts> {
+        self.local()
+            .into_values()
+            .map(|o| {
+                crate::proxy::rules::AppFacts::from_application(
+                    o.metadata.namespace.as_deref().unwrap_or_default(),
+                    &name_of(&o),
+                    &o.data,
+                )
+            })
+            .collect()
+    }
+
     /// Applications this agent holds.
     pub fn app_count(&self) -> usize {
         self.local().len()

@@ -318,6 +318,8 @@ pub struct TopologyOptions {
     pub envs: Vec<(String, String)>,
     /// Extra arguments for one agent (by name), after `agent_args`.
     pub per_agent_args: Vec<(&'static str, Vec<String>)>,
+    /// Resource types the spokes' API servers serve besides the defaults (e.g. batch Jobs).
+    pub spoke_resources: Vec<argocd_agent_kube_test_server::ResourceType>,
 }
 
 /// The whole local topology.
@@ -737,10 +739,15 @@ impl Topology {
             .await?;
 
         let kube_opts = || ServerOptions::default();
+        let spoke_opts = || {
+            let mut o = ServerOptions::default();
+            o.resources.extend(opts.spoke_resources.iter().cloned());
+            o
+        };
         let hub = KubeTestServer::start_on("127.0.0.1:0".parse()?, kube_opts()).await?;
-        let managed_spoke = KubeTestServer::start_on("127.0.0.1:0".parse()?, kube_opts()).await?;
+        let managed_spoke = KubeTestServer::start_on("127.0.0.1:0".parse()?, spoke_opts()).await?;
         let autonomous_spoke =
-            KubeTestServer::start_on("127.0.0.1:0".parse()?, kube_opts()).await?;
+            KubeTestServer::start_on("127.0.0.1:0".parse()?, spoke_opts()).await?;
         hub.write_kubeconfig(&dir.join("hub.kubeconfig"), "hub")?;
         managed_spoke.write_kubeconfig(&dir.join("managed.kubeconfig"), "managed")?;
         autonomous_spoke.write_kubeconfig(&dir.join("autonomous.kubeconfig"), "autonomous")?;

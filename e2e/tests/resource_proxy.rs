@@ -460,3 +460,328 @@ async fn http_post_admin_disconnect(topo: &Topology, agent: &str) -> bool {
         .unwrap();
     out.status.success()
 }
+
+/// The Kubernetes API of `kind` in `group/version` on `server`, in namespace `ns`.
+fn typed_api(
+    server: &argocd_agent_kube_test_server::KubeTestServer,
+    (group, version, kind, plural): (&str, &str, &str, &str),
+    ns: &str,
+) -> Api<DynamicObject> {
+    Api::namespaced_with(
+        kube_client(server).unwrap(),
+        ns,
+        &kube::api::ApiResource {
+            group: group.into(),
+            version: version.into(),
+            api_version: format!("{group}/{version}"),
+            kind: kind.into(),
+            plural: plural.into(),
+        },
+    )
+}
+
+/// The user the managed agent's kubeconfig names on its spoke (its context name).
+const SPOKE_USER: &str = "managed";
+const CRONJOBS: (&str, &str, &str, &str) = ("batch", "v1", "CronJob", "cronjobs");
+const JOBS: (&str, &str, &str, &str) = ("batch", "v1", "Job", "jobs");
+
+/// `kubectl create -f` of `body` through the proxy (`extra` flags added).
+async fn kubectl_create(
+    kc: &Path,
+    dir: &Path,
+    name: &str,
+    body: Value,
+    extra: &[&str],
+) -> std::process::Output {
+    let file = dir.join(format!("{name}.json"));
+    std::fs::write(&file, body.to_string()).unwrap();
+    let mut args = vec!["create", "--validate=false", "-f", file.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    run_kubectl(kc, &args).await
+}
+
+/// What a token may create on its agent's cluster: what Argo CD's create-job action makes
+/// of a managed CronJob (dry run, then for real), and none of the objects of the issue —
+/// a Secret in kube-system, a ClusterRoleBinding to cluster-admin, a Namespace, a privileged
+/// Pod — even with an owner reference to that CronJob and the Application's own label and
+/// tracking annotation. And `watch=f` never becomes a watch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_token_creates_only_what_a_resource_action_creates() {
+    let port = argocd_agent_e2e::envoy::free_loopback_port().unwrap();
+    let topo = Topology::start(TopologyOptions {
+        principal_args: vec![
+            "--enable-resource-proxy".into(),
+            "--resource-proxy-address".into(),
+            format!("127.0.0.1:{port}"),
+            "--enable-self-cluster-registration".into(),
+            "--resource-proxy-request-timeout".into(),
+            "10s".into(),
+        ],
+        agents: Some(vec![MANAGED]),
+        spoke_resources: vec![
+            argocd_agent_kube_test_server::ResourceType::new(
+                "batch", "v1", "cronjobs", "CronJob", true, true,
+            )
+            .built_in(true),
+            argocd_agent_kube_test_server::ResourceType::new(
+                "batch", "v1", "jobs", "Job", true, true,
+            )
+            .built_in(true),
+            argocd_agent_kube_test_server::ResourceType::new(
+                "rbac.authorization.k8s.io",
+                "v1",
+                "clusterrolebindings",
+                "ClusterRoleBinding",
+                false,
+                false,
+            )
+            .built_in(false),
+        ],
+        dir: std::env::var_os("E2E_DIR").map(PathBuf::from),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    topo.wait_connected(MANAGED, T).await.unwrap();
+    // Application `web` deploys to namespace `web` (sample_app).
+    apps(&topo.hub, MANAGED)
+        .unwrap()
+        .create(
+            &PostParams::default(),
+            &sample_app("web", MANAGED, "guestbook"),
+        )
+        .await
+        .unwrap();
+    eventually("the managed Application on its spoke", T, || async {
+        stored_app(&topo.managed_spoke, SPOKE_NS, "web")
+    })
+    .await
+    .expect("the managed Application reaches its spoke");
+    let spoke = &topo.managed_spoke;
+    create_namespace(spoke, "web").await.unwrap();
+    let pod_spec =
+        json!({"restartPolicy": "Never", "containers": [{"name": "run", "image": "busybox"}]});
+    let cronjob = typed_api(spoke, CRONJOBS, "web")
+        .create(
+            &PostParams::default(),
+            &object(json!({"apiVersion": "batch/v1", "kind": "CronJob",
+                "metadata": {"name": "nightly", "namespace": "web",
+                    "labels": {"app.kubernetes.io/instance": "web"}},
+                "spec": {"schedule": "0 1 * * *",
+                    "jobTemplate": {"spec": {"template": {"spec": pod_spec}}}}})),
+        )
+        .await
+        .unwrap();
+    let uid = cronjob.metadata.uid.clone().unwrap();
+    let owner = json!([{"apiVersion": "batch/v1", "kind": "CronJob", "name": "nightly",
+        "uid": uid, "controller": true, "blockOwnerDeletion": true}]);
+    let kc = agent_kubeconfig(&topo.dir, MANAGED).await;
+
+    // Argo CD's create-job action: a Job owned by the CronJob, its spec copied. argocd-server
+    // creates it with dryRun=All first.
+    let job = json!({"apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "nightly-manual", "namespace": "web",
+            "annotations": {"cronjob.kubernetes.io/instantiate": "manual"},
+            "ownerReferences": owner},
+        "spec": {"template": {"spec": pod_spec}}});
+    let o = kubectl_create(
+        &kc,
+        &topo.dir,
+        "job-dry",
+        job.clone(),
+        &["--dry-run=server"],
+    )
+    .await;
+    assert!(
+        o.status.success(),
+        "dry-run create-job: {}",
+        output_text(&o)
+    );
+    assert!(
+        typed_api(spoke, JOBS, "web")
+            .get_opt("nightly-manual")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let o = kubectl_create(&kc, &topo.dir, "job", job, &[]).await;
+    assert!(o.status.success(), "create-job: {}", output_text(&o));
+    // The agent's creates (the dry run and the Job) are granted by the narrowed ClusterRole
+    // of deploy/components/agent-resource-proxy.
+    let creatable = component_creates();
+    let job_creates: Vec<_> = spoke
+        .requests()
+        .into_iter()
+        .filter(|r| {
+            r.user.as_deref() == Some(SPOKE_USER) && r.verb == "create" && r.resource == "jobs"
+        })
+        .collect();
+    assert_eq!(job_creates.len(), 2, "{job_creates:?}");
+    for r in &job_creates {
+        assert!(
+            creatable.contains(&(r.api_group.clone(), r.resource.clone())),
+            "{r:?} is not granted by the agent's resource-proxy ClusterRole ({creatable:?})"
+        );
+    }
+    let created = typed_api(spoke, JOBS, "web")
+        .get("nightly-manual")
+        .await
+        .unwrap();
+    assert_eq!(
+        created.metadata.owner_references.unwrap()[0].uid,
+        cronjob.metadata.uid.unwrap()
+    );
+
+    // The attacks: each with the owner reference, the Application's label and its tracking
+    // annotation.
+    spoke.clear_requests();
+    let meta = |name: &str, ns: Option<&str>| {
+        let mut m = json!({"name": name, "ownerReferences": owner,
+            "labels": {"app.kubernetes.io/instance": "web"},
+            "annotations": {"argocd.argoproj.io/tracking-id": format!("web:/X:web/{name}")}});
+        if let Some(ns) = ns {
+            m["namespace"] = json!(ns);
+        }
+        m
+    };
+    let attacks = [
+        (
+            "secret",
+            json!({"apiVersion": "v1", "kind": "Secret", "metadata": meta("loot", Some("kube-system")),
+                "stringData": {"k": "v"}}),
+        ),
+        (
+            "crb",
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                "metadata": meta("pwn", None),
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+                "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": "web"}]}),
+        ),
+        (
+            "namespace",
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": meta("evil", None)}),
+        ),
+        (
+            "pod",
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": meta("root", Some("web")),
+                "spec": {"hostPID": true, "volumes": [{"name": "h", "hostPath": {"path": "/"}}],
+                    "containers": [{"name": "sh", "image": "busybox",
+                        "securityContext": {"privileged": true}}]}}),
+        ),
+    ];
+    for (name, body) in attacks {
+        let o = kubectl_create(&kc, &topo.dir, name, body, &[]).await;
+        assert!(
+            !o.status.success(),
+            "{name} must be refused: {}",
+            output_text(&o)
+        );
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("(Forbidden)"),
+            "{name}: {}",
+            output_text(&o)
+        );
+    }
+    assert!(
+        spoke
+            .get_object("", "v1", "secrets", Some("kube-system"), "loot")
+            .is_none()
+    );
+    assert!(
+        spoke
+            .get_object(
+                "rbac.authorization.k8s.io",
+                "v1",
+                "clusterrolebindings",
+                None,
+                "pwn"
+            )
+            .is_none()
+    );
+    assert!(
+        spoke
+            .get_object("", "v1", "namespaces", None, "evil")
+            .is_none()
+    );
+    assert!(
+        spoke
+            .get_object("", "v1", "pods", Some("web"), "root")
+            .is_none()
+    );
+    // None of them reached the spoke's API as a create (the agent did look at the owner).
+    assert!(
+        spoke
+            .requests()
+            .iter()
+            .any(|r| r.user.as_deref() == Some(SPOKE_USER) && r.resource == "cronjobs"),
+        "the agent's requests are recorded under its user"
+    );
+    let creates: Vec<String> = spoke
+        .requests()
+        .into_iter()
+        .filter(|r| r.user.as_deref() == Some(SPOKE_USER) && r.verb == "create")
+        .map(|r| format!("{}/{} {:?}", r.api_group, r.resource, r.name))
+        .collect();
+    assert!(
+        creates
+            .iter()
+            .all(|c| c.starts_with("argoproj.io/applications")
+                || c.starts_with("/events")
+                || c.starts_with("events.k8s.io/")),
+        "{creates:?}"
+    );
+
+    // `watch=f` is a watch to the API server: refused.
+    for q in ["watch=f", "watch=", "watch"] {
+        let path = format!("/api/v1/namespaces/web/pods?{q}");
+        let o = run_kubectl(&kc, &["get", "--request-timeout=10s", "--raw", &path]).await;
+        assert!(!o.status.success(), "{q}: {}", output_text(&o));
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("(Forbidden)"),
+            "{q}: {}",
+            output_text(&o)
+        );
+    }
+    topo.stop().await;
+}
+
+/// `(apiGroup, resource)` pairs the agent's resource-proxy ClusterRole grants `create` on
+/// (no wildcards: the role names each kind).
+fn component_creates() -> Vec<(String, String)> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../deploy/components/agent-resource-proxy/rbac.yaml");
+    let docs: Vec<Value> =
+        serde_saphyr::from_multiple(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let role = docs
+        .iter()
+        .find(|d| d["kind"] == "ClusterRole")
+        .expect("a ClusterRole");
+    let list = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|x| x.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut out = Vec::new();
+    for rule in role["rules"].as_array().unwrap() {
+        if !list(&rule["verbs"])
+            .iter()
+            .any(|v| v == "create" || v == "*")
+        {
+            continue;
+        }
+        for g in list(&rule["apiGroups"]) {
+            for r in list(&rule["resources"]) {
+                assert!(
+                    g != "*" && r != "*",
+                    "create on {g}/{r}: the role grants every kind"
+                );
+                out.push((g.clone(), r));
+            }
+        }
+    }
+    out
+}

@@ -1,5 +1,6 @@
-//! What both sides of the resource proxy share: the capability name, and the cursor that
-//! lets a followed container log resume after a reconnect without repeating a line.
+//! What both sides of the resource proxy share: the capability name, the watch check of a
+//! query, and the cursor that lets a followed container log resume after a reconnect
+//! without repeating a line.
 //!
 //! The principal always asks the agent for timestamped lines. The cursor remembers the
 //! newest timestamp passed on and how many lines carried exactly it; a resumed request asks
@@ -11,6 +12,25 @@ use std::str::FromStr;
 
 /// Capability an agent offers when it serves the resource proxy (requests, logs, exec).
 pub const CAPABILITY: &str = "resource-proxy.v1";
+
+/// Whether a query string asks the Kubernetes API server for a watch.
+///
+/// The API server reads a boolean query parameter with apimachinery's conversion of
+/// `[]string` to `bool` (`Convert_Slice_string_To_bool` in `k8s.io/apimachinery/pkg/runtime`):
+/// a parameter that is present is true unless its first value is `0` or, ignoring case,
+/// `false`. So `watch`, `watch=`, `watch=f`, `watch=yes` and `watch=+false` are watches. Keys
+/// and values are percent-decoded first (`w%61tch=1` is a watch). To be safe whatever value
+/// the server takes, any `watch` value that reads as true counts, not only the first one; and
+/// a value that only Unicode case folding makes `false` (Go's `EqualFold`) counts as a
+/// watch too.
+pub fn is_watch(query: &str) -> bool {
+    url::form_urlencoded::parse(query.as_bytes()).any(|(k, v)| k == "watch" && reads_true(&v))
+}
+
+/// apimachinery's reading of one boolean query value, with ASCII case folding only.
+fn reads_true(value: &str) -> bool {
+    !(value == "0" || value.eq_ignore_ascii_case("false"))
+}
 
 /// Where a followed log stream has got to.
 #[derive(Debug, Default, Clone)]
@@ -110,6 +130,54 @@ mod tests {
         let again: Vec<&Vec<u8>> = lines[3..].iter().filter(|l| c.accept(l)).collect();
         assert!(again.is_empty());
         assert!(c.accept(b"2026-11-23T10:00:02Z g\n"));
+    }
+
+    #[test]
+    fn watch_values_are_read_as_the_api_server_reads_them() {
+        for q in [
+            "watch",
+            "watch=",
+            "watch=f",
+            "watch=F",
+            "watch=t",
+            "watch=1",
+            "watch=true",
+            "watch=yes",
+            "watch=no",
+            "watch=00",
+            "watch=+false",
+            "watch=%20false",
+            "watch=false%00",
+            // `fal\u{17f}e` (long s) is `false` to Go's EqualFold; refused all the same.
+            "watch=fal%C5%BFe",
+            "w%61tch=1",
+            "w%61tch",
+            "%77atch=",
+            "limit=5&watch",
+            "watch=false&watch=true",
+            "watch=true&watch=false",
+            "watch=0&watch=f",
+        ] {
+            assert!(is_watch(q), "{q:?} is a watch");
+        }
+        for q in [
+            "",
+            "watch=0",
+            "watch=false",
+            "watch=False",
+            "watch=FALSE",
+            "watch=FaLsE",
+            "w%61tch=false",
+            "watch=f%61lse",
+            "watch=0&watch=false",
+            "limit=5",
+            "watchx=1",
+            "xwatch=1",
+            "allowWatchBookmarks=true",
+            "resourceVersionMatch=NotOlderThan",
+        ] {
+            assert!(!is_watch(q), "{q:?} is not a watch");
+        }
     }
 
     #[test]

@@ -40,8 +40,8 @@ pub const DEFAULT_MAX_CONCURRENT: usize = 32;
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 /// Owner objects fetched while deciding one request (a list's items share them).
 const MAX_OWNER_FETCHES: usize = 64;
-/// Kinds remembered from discovery.
-const MAX_DISCOVERED_KINDS: usize = 512;
+/// Resources remembered from discovery (each under its kind and its plural).
+const MAX_DISCOVERED_KINDS: usize = 1024;
 
 /// Limits of the resource proxy.
 #[derive(Debug, Clone)]
@@ -131,7 +131,8 @@ pub struct Proxy {
     metrics: Metrics,
     requests: Arc<Semaphore>,
     streams: Arc<Semaphore>,
-    /// `apiVersion/kind` -> resource and whether it is namespaced.
+    /// `<apiVersion>/<Kind>` and `<apiVersion> <plural>` -> resource and whether it is
+    /// namespaced.
     kinds: Mutex<HashMap<String, (ApiResource, bool)>>,
 }
 
@@ -269,28 +270,86 @@ impl Proxy {
                 self.filter_list(apps, &r, answer).await
             }
             rules::Plan::Create(r) => {
-                let body: Value = serde_json::from_slice(&req.body).map_err(|_| {
-                    Failure::Forbidden("a create body must be a JSON object".into())
-                })?;
-                let meta = body.get("metadata").cloned().unwrap_or(Value::Null);
-                let body_ns = meta.get("namespace").and_then(Value::as_str);
-                if let (Some(b), Some(p)) = (body_ns, r.namespace.as_deref())
-                    && b != p
-                {
-                    return Err(Failure::Forbidden(format!(
-                        "the object's namespace {b:?} is not the request's {p:?}"
-                    )));
-                }
-                let ns = r.namespace.as_deref().or(body_ns);
-                if !self.is_managed(apps, &meta, ns).await {
-                    return Err(Failure::Forbidden(format!(
-                        "the new {} is not managed by an Argo CD Application on this cluster",
-                        r.plural
-                    )));
-                }
+                self.check_create(apps, req, &r).await?;
                 original().await
             }
         }
+    }
+
+    /// Decides a create by the rules of [`rules::check_create`]: the object's namespaced
+    /// kind from discovery, then each owner reference with a uid, until one names an object
+    /// of an Application that the create fits.
+    async fn check_create(
+        &self,
+        apps: &Apps,
+        req: &ResourceRequest,
+        r: &rules::ResourcePath,
+    ) -> Result<(), Failure> {
+        let body =
+            rules::read_create_body(&req.content_type, &req.body).map_err(Failure::Forbidden)?;
+        let Some(ns) = r.namespace.clone() else {
+            return Err(Failure::Forbidden(format!(
+                "{} is not created in a namespace: cluster-scoped objects are never created through the resource proxy",
+                r.plural
+            )));
+        };
+        let api_version = if r.group.is_empty() {
+            r.version.clone()
+        } else {
+            format!("{}/{}", r.group, r.version)
+        };
+        let Some((ar, namespaced)) = self.resolve_plural(&api_version, &r.plural).await else {
+            return Err(Failure::Forbidden(format!(
+                "{} {api_version} is not a resource this cluster's discovery knows",
+                r.plural
+            )));
+        };
+        let target = rules::CreateTarget {
+            group: r.group.clone(),
+            version: r.version.clone(),
+            kind: ar.kind.clone(),
+            namespace: Some(ns.clone()),
+            namespaced,
+        };
+        rules::check_create_shape(&target, &body).map_err(Failure::Forbidden)?;
+        let meta = body.get("metadata").cloned().unwrap_or(Value::Null);
+        let owners = rules::create_owners(&meta);
+        if owners.is_empty() {
+            return Err(Failure::Forbidden(format!(
+                "the new {} names no owner: only objects owned (ownerReferences with uid) by an object of an Argo CD Application are created",
+                target.kind
+            )));
+        }
+        let mut walk = OwnerWalk::new(self, apps);
+        let mut why = Vec::new();
+        for owner in owners {
+            let what = format!("{} {:?}", owner.kind, owner.name);
+            let Some((obj, true)) = self.fetch_owner_object(&owner, Some(&ns)).await else {
+                why.push(format!(
+                    "owner {what} is not an object in namespace {ns:?} with that uid"
+                ));
+                continue;
+            };
+            let owner_meta = obj.get("metadata").cloned().unwrap_or(Value::Null);
+            let managing = walk.managing_apps(&owner_meta, Some(&ns)).await;
+            if managing.is_empty() {
+                why.push(format!(
+                    "owner {what} is not managed by an Argo CD Application on this cluster"
+                ));
+                continue;
+            }
+            for app in managing.iter().filter_map(|i| apps.facts(*i)) {
+                match rules::check_create(&target, &body, &obj, app) {
+                    Ok(()) => return Ok(()),
+                    Err(e) => why.push(e),
+                }
+            }
+        }
+        Err(Failure::Forbidden(format!(
+            "the new {} is refused: {}",
+            target.kind,
+            why.join("; ")
+        )))
     }
 
     /// GETs the named object as JSON: `Ok(Some(answer))` passes a failed GET on (a 404
@@ -387,8 +446,21 @@ impl Proxy {
     /// The resource of `apiVersion`+`kind`, from discovery (every kind of a group
     /// version is remembered at once).
     async fn resolve(&self, api_version: &str, kind: &str) -> Option<(ApiResource, bool)> {
-        let key = format!("{api_version}/{kind}");
-        if let Some(found) = lock(&self.kinds).get(&key) {
+        self.discover(api_version, &format!("{api_version}/{kind}"))
+            .await
+    }
+
+    /// The resource of `apiVersion` with plural name `plural`, from discovery.
+    async fn resolve_plural(&self, api_version: &str, plural: &str) -> Option<(ApiResource, bool)> {
+        self.discover(api_version, &format!("{api_version} {plural}"))
+            .await
+    }
+
+    /// Looks `key` up among the resources discovered, discovering `api_version` first if
+    /// it is not known yet. Each resource is remembered as `<apiVersion>/<Kind>` and as
+    /// `<apiVersion> <plural>`.
+    async fn discover(&self, api_version: &str, key: &str) -> Option<(ApiResource, bool)> {
+        if let Some(found) = lock(&self.kinds).get(key) {
             return Some(found.clone());
         }
         let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
@@ -397,16 +469,19 @@ impl Proxy {
             Ok(g) => {
                 let mut kinds = lock(&self.kinds);
                 for (ar, caps) in g.versioned_resources(version) {
-                    if kinds.len() >= MAX_DISCOVERED_KINDS {
+                    if kinds.len() + 2 > MAX_DISCOVERED_KINDS {
                         break;
                     }
-                    let k = format!("{api_version}/{}", ar.kind);
-                    kinds.insert(k, (ar, caps.scope == Scope::Namespaced));
+                    let namespaced = caps.scope == Scope::Namespaced;
+                    let by_plural = format!("{api_version} {}", ar.plural);
+                    kinds.insert(by_plural, (ar.clone(), namespaced));
+                    let by_kind = format!("{api_version}/{}", ar.kind);
+                    kinds.insert(by_kind, (ar, namespaced));
                 }
-                kinds.get(&key).cloned()
+                kinds.get(key).cloned()
             }
             Err(e) => {
-                tracing::debug!(api_version = ?api_version, kind = ?kind, error = %e, "owner kind not resolved");
+                tracing::debug!(api_version = ?api_version, key = ?key, error = %e, "resource not resolved");
                 None
             }
         }
@@ -414,6 +489,17 @@ impl Proxy {
 
     /// The metadata of an owner object, if it exists and still has the referenced uid.
     async fn fetch_owner(&self, owner: &rules::OwnerRef, namespace: Option<&str>) -> Option<Value> {
+        let (obj, _) = self.fetch_owner_object(owner, namespace).await?;
+        obj.get("metadata").cloned()
+    }
+
+    /// The whole owner object and whether it is namespaced, if it exists and still has the
+    /// referenced uid (an owner reference with a uid matches only an object with that uid).
+    async fn fetch_owner_object(
+        &self,
+        owner: &rules::OwnerRef,
+        namespace: Option<&str>,
+    ) -> Option<(Value, bool)> {
         let (ar, namespaced) = self.resolve(&owner.api_version, &owner.kind).await?;
         let api: Api<DynamicObject> = match (namespaced, namespace) {
             (true, Some(ns)) => Api::namespaced_with(self.client.clone(), ns, &ar),
@@ -421,12 +507,12 @@ impl Proxy {
             (false, _) => Api::all_with(self.client.clone(), &ar),
         };
         let obj = api.get_opt(&owner.name).await.ok()??;
-        if let (Some(want), Some(got)) = (&owner.uid, &obj.metadata.uid)
-            && want != got
+        if let Some(want) = &owner.uid
+            && obj.metadata.uid.as_ref() != Some(want)
         {
             return None;
         }
-        serde_json::to_value(&obj.metadata).ok()
+        Some((serde_json::to_value(&obj).ok()?, namespaced))
     }
 }
 
@@ -457,15 +543,36 @@ impl<'a> OwnerWalk<'a> {
     }
 
     async fn managed(&mut self, metadata: &Value, namespace: Option<&str>) -> bool {
+        !self.walk(metadata, namespace, true).await.is_empty()
+    }
+
+    /// Every Application that marks the object or an owner reached from it.
+    async fn managing_apps(
+        &mut self,
+        metadata: &Value,
+        namespace: Option<&str>,
+    ) -> std::collections::BTreeSet<usize> {
+        self.walk(metadata, namespace, false).await
+    }
+
+    /// The Applications found marking the object and its owners, hop by hop; with
+    /// `first`, the walk ends at the first hop that finds any.
+    async fn walk(
+        &mut self,
+        metadata: &Value,
+        namespace: Option<&str>,
+        first: bool,
+    ) -> std::collections::BTreeSet<usize> {
+        let mut found = std::collections::BTreeSet::new();
         if self.apps.is_empty() {
-            return false;
+            return found;
         }
         let mut frontier = vec![metadata.clone()];
         for hop in 0..=rules::MAX_OWNER_HOPS {
-            if frontier.iter().any(|m| rules::marked(m, self.apps)) {
-                return true;
+            for m in &frontier {
+                found.extend(rules::marking_apps(m, self.apps));
             }
-            if hop == rules::MAX_OWNER_HOPS {
+            if (first && !found.is_empty()) || hop == rules::MAX_OWNER_HOPS {
                 break;
             }
             let mut next = Vec::new();
@@ -494,7 +601,7 @@ impl<'a> OwnerWalk<'a> {
             }
             frontier = next;
         }
-        false
+        found
     }
 }
 
@@ -626,9 +733,10 @@ impl Tunnel {
     }
 }
 
-/// The Applications this spoke holds, by the names their objects carry.
+/// The Applications this spoke holds, by the names their objects carry, with where each
+/// deploys and what it manages.
 pub fn spoke_apps(spoke: &Spoke) -> Apps {
-    Apps::new(spoke.held_applications())
+    Apps::from_facts(spoke.held_application_facts())
 }
 
 /// Starts serving a resource-proxy event from the principal (without holding up the

@@ -2,7 +2,7 @@
 //! paths a request may name, what each method may do, and when an object counts as
 //! managed by Argo CD on this spoke.
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashMap};
 
 use serde_json::{Value, json};
 
@@ -15,38 +15,123 @@ pub const MAX_OWNER_HOPS: usize = 3;
 /// Owner references of one object that are looked at (the controller first).
 pub const MAX_OWNERS_PER_OBJECT: usize = 4;
 
-/// The names under which this spoke's Applications mark the objects they manage: the bare
-/// name and `<namespace>_<name>` (Argo CD's instance name outside its own namespace).
+/// What the agent knows of one Application it holds, for deciding a create: where it
+/// deploys and which kinds of object it manages.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct AppFacts {
+    /// The Application's own namespace and name.
+    pub namespace: String,
+    pub name: String,
+    /// The namespaces it deploys to: `spec.destination.namespace` and the namespace of
+    /// every object in `status.resources`.
+    pub namespaces: BTreeSet<String>,
+    /// `(group, kind)` of every object in `status.resources` (the core group is empty).
+    pub kinds: BTreeSet<(String, String)>,
+}
+
+impl AppFacts {
+    /// An Application known by name only (it deploys nowhere known, manages no known kind).
+    pub fn named(namespace: &str, name: &str) -> AppFacts {
+        AppFacts {
+            namespace: namespace.into(),
+            name: name.into(),
+            ..AppFacts::default()
+        }
+    }
+
+    /// From an Application object (its `spec` and `status`, as JSON).
+    pub fn from_application(namespace: &str, name: &str, app: &Value) -> AppFacts {
+        let mut facts = AppFacts::named(namespace, name);
+        if let Some(ns) = app
+            .pointer("/spec/destination/namespace")
+            .and_then(Value::as_str)
+            .filter(|ns| !ns.is_empty())
+        {
+            facts.namespaces.insert(ns.into());
+        }
+        let resources = app
+            .pointer("/status/resources")
+            .and_then(Value::as_array)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        for r in resources {
+            if let Some(ns) = string_at(r, "namespace").filter(|ns| !ns.is_empty()) {
+                facts.namespaces.insert(ns.into());
+            }
+            if let Some(kind) = string_at(r, "kind").filter(|k| !k.is_empty()) {
+                let group = string_at(r, "group").unwrap_or_default();
+                facts.kinds.insert((group.into(), kind.into()));
+            }
+        }
+        facts
+    }
+
+    /// Whether it deploys to namespace `ns`.
+    pub fn deploys_to(&self, ns: &str) -> bool {
+        self.namespaces.contains(ns)
+    }
+
+    /// Whether it manages objects of `group`/`kind`.
+    pub fn manages_kind(&self, group: &str, kind: &str) -> bool {
+        self.kinds.contains(&(group.to_owned(), kind.to_owned()))
+    }
+}
+
+/// The spoke's Applications, by the names under which they mark the objects they manage:
+/// the bare name and `<namespace>_<name>` (Argo CD's instance name outside its own
+/// namespace).
 #[derive(Debug, Default, Clone)]
 pub struct Apps {
-    names: HashSet<String>,
+    /// Instance name -> indices into `facts`.
+    names: HashMap<String, Vec<usize>>,
+    facts: Vec<AppFacts>,
 }
 
 impl Apps {
-    /// From the spoke's Applications, as `(namespace, name)`.
+    /// From the spoke's Applications, as `(namespace, name)`, known by name only.
     pub fn new<I, N, M>(apps: I) -> Apps
     where
         I: IntoIterator<Item = (N, M)>,
         N: AsRef<str>,
         M: AsRef<str>,
     {
-        let mut names = HashSet::new();
-        for (ns, name) in apps {
-            let (ns, name) = (ns.as_ref(), name.as_ref());
-            if name.is_empty() {
+        Apps::from_facts(
+            apps.into_iter()
+                .map(|(ns, name)| AppFacts::named(ns.as_ref(), name.as_ref())),
+        )
+    }
+
+    /// From what is known of each Application.
+    pub fn from_facts(apps: impl IntoIterator<Item = AppFacts>) -> Apps {
+        let mut out = Apps::default();
+        for facts in apps {
+            if facts.name.is_empty() {
                 continue;
             }
-            names.insert(name.to_string());
-            if !ns.is_empty() {
-                names.insert(format!("{ns}_{name}"));
+            let i = out.facts.len();
+            out.names.entry(facts.name.clone()).or_default().push(i);
+            if !facts.namespace.is_empty() {
+                let qualified = format!("{}_{}", facts.namespace, facts.name);
+                out.names.entry(qualified).or_default().push(i);
             }
+            out.facts.push(facts);
         }
-        Apps { names }
+        out
     }
 
     /// Whether `name` names one of the Applications.
     pub fn contains(&self, name: &str) -> bool {
-        !name.is_empty() && self.names.contains(name)
+        !name.is_empty() && self.names.contains_key(name)
+    }
+
+    /// The Applications `name` names (indices for [`Apps::facts`]).
+    pub fn named(&self, name: &str) -> &[usize] {
+        self.names.get(name).map(Vec::as_slice).unwrap_or_default()
+    }
+
+    /// What is known of Application `i`.
+    pub fn facts(&self, i: usize) -> Option<&AppFacts> {
+        self.facts.get(i)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -62,19 +147,25 @@ fn string_at<'a>(map: &'a Value, key: &str) -> Option<&'a str> {
 /// Applications, or a tracking-id annotation whose app part (before the first `:`) names
 /// one.
 pub fn marked(metadata: &Value, apps: &Apps) -> bool {
+    !marking_apps(metadata, apps).is_empty()
+}
+
+/// The Applications (indices for [`Apps::facts`]) that rules (a) and (b) find on the
+/// object's metadata.
+pub fn marking_apps(metadata: &Value, apps: &Apps) -> BTreeSet<usize> {
+    let mut found = BTreeSet::new();
     if let Some(labels) = metadata.get("labels")
         && let Some(instance) = string_at(labels, INSTANCE_LABEL)
-        && apps.contains(instance)
     {
-        return true;
+        found.extend(apps.named(instance));
     }
     if let Some(annotations) = metadata.get("annotations")
         && let Some(tracking) = string_at(annotations, TRACKING_ANNOTATION)
     {
         let app = tracking.split_once(':').map_or(tracking, |(app, _)| app);
-        return apps.contains(app);
+        found.extend(apps.named(app));
     }
-    false
+    found
 }
 
 /// One owner reference of an object.
@@ -118,6 +209,358 @@ pub fn owner_refs(metadata: &Value) -> Vec<OwnerRef> {
         .take(MAX_OWNERS_PER_OBJECT)
         .map(|(_, r)| r)
         .collect()
+}
+
+/// The owner references a create may be admitted by: those with a uid (at most
+/// [`MAX_OWNERS_PER_OBJECT`], the controller first). A reference without a uid names no
+/// particular object and admits nothing.
+pub fn create_owners(metadata: &Value) -> Vec<OwnerRef> {
+    owner_refs(metadata)
+        .into_iter()
+        .filter(|r| r.uid.as_deref().is_some_and(|u| !u.is_empty()))
+        .collect()
+}
+
+// What a create may do.
+//
+// argocd-server creates objects in exactly one place: a resource action whose Lua returns a
+// `create` operation (`RunResourceActionV2` in Argo CD's `server/application/application.go`;
+// it creates each object once with `dryRun=All`, then for real). Argo CD's built-in actions
+// that do so (`resource_customizations/batch/CronJob/actions/create-job`,
+// `argoproj.io/CronWorkflow/actions/create-workflow`,
+// `argoproj.io/WorkflowTemplate/actions/create-workflow`) all build the new object from the
+// resource the action runs on: same namespace, an owner reference (apiVersion, kind, name,
+// uid) to that resource, and the spec copied from it. The rules below admit exactly that
+// shape and nothing the Application does not already have:
+//
+// 1. the object is namespaced (by discovery) and created in the namespace of the request;
+// 2. it names, by owner reference with a uid, an existing object in that namespace whose uid
+//    matches and which an Application X manages (its own mark or its owner chain; the new
+//    object's own labels and annotations count for nothing, since the caller wrote them);
+// 3. the namespace is one of X's destination namespaces (`spec.destination.namespace` and
+//    the namespaces of `status.resources`);
+// 4. an RBAC object (`rbac.authorization.k8s.io`) only if X manages objects of that kind;
+// 5. a service-account token Secret only if X manages Secrets;
+// 6. the object asks for no host access or privilege that the owner object does not
+//    itself ask for (see [`privilege_asks`]): an action may copy what the Application
+//    already runs, never add to it.
+
+/// The RBAC API group.
+pub const RBAC_GROUP: &str = "rbac.authorization.k8s.io";
+/// Type of a Secret the token controller fills with a service account's token.
+pub const SERVICE_ACCOUNT_TOKEN: &str = "kubernetes.io/service-account-token";
+/// How deep an object is searched for privilege; a deeper one is refused.
+pub const MAX_SCAN_DEPTH: usize = 64;
+
+/// The resource a create names, as discovery describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CreateTarget {
+    /// Empty for the core group.
+    pub group: String,
+    pub version: String,
+    pub kind: String,
+    /// The request's namespace (`None`: a cluster-wide path).
+    pub namespace: Option<String>,
+    /// Whether discovery says the resource is namespaced.
+    pub namespaced: bool,
+}
+
+impl CreateTarget {
+    fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.clone()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+}
+
+/// Reads a create body exactly as the API server would, or refuses it: only JSON (an
+/// empty Content-Type or `application/json`), a JSON object, and no key twice in any object
+/// (the API server's decoder merges a repeated object into the first, this one would keep
+/// the last: the two would see different objects).
+pub fn read_create_body(content_type: &str, body: &[u8]) -> Result<Value, String> {
+    let media = content_type.split(';').next().unwrap_or_default().trim();
+    if !(media.is_empty() || media.eq_ignore_ascii_case("application/json")) {
+        return Err(format!(
+            "a create body must be JSON (Content-Type {content_type:?})"
+        ));
+    }
+    let StrictValue(v) = serde_json::from_slice(body)
+        .map_err(|e| format!("a create body must be a JSON object: {e}"))?;
+    if !v.is_object() {
+        return Err("a create body must be a JSON object".into());
+    }
+    Ok(v)
+}
+
+/// A JSON value read with every repeated object key refused.
+struct StrictValue(Value);
+
+impl<'de> serde::Deserialize<'de> for StrictValue {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(StrictVisitor).map(StrictValue)
+    }
+}
+
+struct StrictVisitor;
+
+impl<'de> serde::de::Visitor<'de> for StrictVisitor {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.into()))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_none<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(StrictValue(v)) = seq.next_element()? {
+            items.push(v);
+        }
+        Ok(Value::Array(items))
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut out = serde_json::Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            let StrictValue(v) = map.next_value()?;
+            if out.contains_key(&key) {
+                return Err(serde::de::Error::custom(format!("key {key:?} repeated")));
+            }
+            out.insert(key, v);
+        }
+        Ok(Value::Object(out))
+    }
+}
+
+/// Rule 1 and the body's consistency with the request, before any owner is looked at.
+pub fn check_create_shape(target: &CreateTarget, body: &Value) -> Result<(), String> {
+    let Some(ns) = target.namespace.as_deref().filter(|_| target.namespaced) else {
+        return Err(format!(
+            "{} is cluster-scoped: cluster-scoped objects are never created through the resource proxy",
+            target.kind
+        ));
+    };
+    if let Some(kind) = body.get("kind").and_then(Value::as_str)
+        && kind != target.kind
+    {
+        return Err(format!(
+            "the body's kind {kind:?} is not the request's {:?}",
+            target.kind
+        ));
+    }
+    let api_version = target.api_version();
+    if let Some(v) = body.get("apiVersion").and_then(Value::as_str)
+        && v != api_version
+    {
+        return Err(format!(
+            "the body's apiVersion {v:?} is not the request's {api_version:?}"
+        ));
+    }
+    if let Some(b) = body.pointer("/metadata/namespace").and_then(Value::as_str)
+        && !b.is_empty()
+        && b != ns
+    {
+        return Err(format!(
+            "the object's namespace {b:?} is not the request's {ns:?}"
+        ));
+    }
+    Ok(())
+}
+
+/// Rules 3 to 6 for a create whose `owner` (the whole object, fetched from the cluster, in
+/// the same namespace, uid matched) is managed by Application `app`.
+pub fn check_create(
+    target: &CreateTarget,
+    body: &Value,
+    owner: &Value,
+    app: &AppFacts,
+) -> Result<(), String> {
+    check_create_shape(target, body)?;
+    let ns = target.namespace.as_deref().unwrap_or_default();
+    let app_name = &app.name;
+    if !app.deploys_to(ns) {
+        return Err(format!(
+            "namespace {ns:?} is not a destination of Application {app_name:?}"
+        ));
+    }
+    if target.group == RBAC_GROUP && !app.manages_kind(&target.group, &target.kind) {
+        return Err(format!(
+            "Application {app_name:?} manages no {}, so none is created for it",
+            target.kind
+        ));
+    }
+    if target.group.is_empty()
+        && target.kind == "Secret"
+        && body.get("type").and_then(Value::as_str) == Some(SERVICE_ACCOUNT_TOKEN)
+        && !app.manages_kind("", "Secret")
+    {
+        return Err(format!(
+            "Application {app_name:?} manages no Secrets, so no service-account token is created for it"
+        ));
+    }
+    let wanted = privilege_asks(body)?;
+    if !wanted.is_empty() {
+        let granted = privilege_asks(owner)?;
+        let extra: Vec<&str> = wanted.difference(&granted).map(String::as_str).collect();
+        if !extra.is_empty() {
+            let owner_kind = owner.get("kind").and_then(Value::as_str).unwrap_or("owner");
+            return Err(format!(
+                "the new {} asks for {} that its owner {owner_kind} does not have",
+                target.kind,
+                extra.join(", ")
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Everything an object asks for in host access or privilege, wherever it sits (a Pod's
+/// spec, a pod template at `spec.template.spec` or `spec.jobTemplate.spec.template.spec`, an
+/// Argo Workflow's templates, any custom resource), as comparable strings:
+///
+/// - `hostPID`, `hostIPC`, `hostNetwork` set to true; `hostPath <path>` volumes;
+///   `hostPort <n>`; Windows `hostProcess`;
+/// - on any container (containers, initContainers, ephemeralContainers, a Workflow's
+///   templates): `privileged`, `allowPrivilegeEscalation` set to true,
+///   `capabilities.add <cap>`, a `procMount` other than `Default`, `seLinuxOptions`, an
+///   `Unconfined` seccomp or AppArmor profile;
+/// - a `serviceAccountName` (or `serviceAccount`) other than `default`: a pod runs with its
+///   service account's permissions;
+/// - an Argo Workflow's `podSpecPatch` (it can say anything).
+///
+/// Keys are matched ignoring ASCII case, and the whole object is searched, so a field
+/// cannot hide at a path this list does not know. An object nested deeper than
+/// [`MAX_SCAN_DEPTH`] is refused.
+pub fn privilege_asks(obj: &Value) -> Result<BTreeSet<String>, String> {
+    let mut asks = BTreeSet::new();
+    scan_privilege(obj, 0, &mut asks)?;
+    Ok(asks)
+}
+
+fn scan_privilege(v: &Value, depth: usize, asks: &mut BTreeSet<String>) -> Result<(), String> {
+    if depth > MAX_SCAN_DEPTH {
+        return Err("the object is nested too deeply to be checked".into());
+    }
+    match v {
+        Value::Array(items) => {
+            for item in items {
+                scan_privilege(item, depth + 1, asks)?;
+            }
+        }
+        Value::Object(map) => {
+            for (key, value) in map {
+                privilege_of(key, value, asks);
+                scan_privilege(value, depth + 1, asks)?;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// What one field asks for (see [`privilege_asks`]).
+fn privilege_of(key: &str, value: &Value, asks: &mut BTreeSet<String>) {
+    let truthy = value.as_bool() == Some(true);
+    let text = value.as_str().unwrap_or_default();
+    match key.to_ascii_lowercase().as_str() {
+        "hostpid" if truthy => {
+            asks.insert("hostPID".into());
+        }
+        "hostipc" if truthy => {
+            asks.insert("hostIPC".into());
+        }
+        "hostnetwork" if truthy => {
+            asks.insert("hostNetwork".into());
+        }
+        "hostprocess" if truthy => {
+            asks.insert("hostProcess".into());
+        }
+        "privileged" if truthy => {
+            asks.insert("privileged".into());
+        }
+        "allowprivilegeescalation" if truthy => {
+            asks.insert("allowPrivilegeEscalation".into());
+        }
+        "hostpath" if !value.is_null() => {
+            let path = value.get("path").map_or_else(
+                || value.to_string(),
+                |p| p.as_str().map_or_else(|| p.to_string(), str::to_owned),
+            );
+            asks.insert(format!("hostPath {path}"));
+        }
+        "hostport" if value.as_i64().is_some_and(|p| p != 0) || value.is_string() => {
+            asks.insert(format!("hostPort {value}"));
+        }
+        "capabilities" => {
+            let added = value
+                .as_object()
+                .and_then(|m| m.iter().find(|(k, _)| k.eq_ignore_ascii_case("add")))
+                .map(|(_, v)| v);
+            match added {
+                Some(Value::Array(caps)) => {
+                    for cap in caps {
+                        let cap = cap.as_str().map_or_else(|| cap.to_string(), str::to_owned);
+                        asks.insert(format!("capabilities.add {cap}"));
+                    }
+                }
+                Some(Value::Null) | None => {}
+                Some(other) => {
+                    asks.insert(format!("capabilities.add {other}"));
+                }
+            }
+        }
+        "procmount" if !value.is_null() && text != "Default" => {
+            asks.insert(format!("procMount {}", text_or_json(value)));
+        }
+        "selinuxoptions" if value.as_object().is_some_and(|m| !m.is_empty()) => {
+            asks.insert(format!("seLinuxOptions {value}"));
+        }
+        "seccompprofile" | "apparmorprofile" => {
+            let ty = value
+                .as_object()
+                .and_then(|m| m.iter().find(|(k, _)| k.eq_ignore_ascii_case("type")))
+                .and_then(|(_, t)| t.as_str());
+            if ty.is_some_and(|t| t.eq_ignore_ascii_case("unconfined")) {
+                asks.insert(format!("{key} Unconfined"));
+            }
+        }
+        "serviceaccountname" | "serviceaccount"
+            if !value.is_null() && !matches!(text, "" | "default") =>
+        {
+            asks.insert(format!("serviceAccountName {}", text_or_json(value)));
+        }
+        "podspecpatch" if !value.is_null() && !text.is_empty() => {
+            asks.insert(format!("podSpecPatch {}", text_or_json(value)));
+        }
+        _ => {}
+    }
+}
+
+fn text_or_json(v: &Value) -> String {
+    v.as_str().map_or_else(|| v.to_string(), str::to_owned)
 }
 
 /// A Kubernetes API path the proxy understands.
@@ -234,17 +677,9 @@ fn resource_path(group: &str, version: &str, rest: &[&str]) -> Result<ApiPath, S
     }))
 }
 
-/// Whether the query asks for a watch (`watch=true`, or any value the API server reads as
-/// true: anything but empty, `0` and `false`).
-pub fn is_watch(query: &str) -> bool {
-    url::form_urlencoded::parse(query.as_bytes()).any(|(k, v)| {
-        k == "watch"
-            && !matches!(
-                v.as_ref(),
-                "" | "0" | "false" | "False" | "FALSE" | "f" | "F"
-            )
-    })
-}
+/// Whether the query asks for a watch, as the API server reads it (shared with the
+/// principal's own check: see [`argocd_agent_sync::proxy::is_watch`]).
+pub use argocd_agent_sync::proxy::is_watch;
 
 /// What the agent does with an accepted request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -259,7 +694,8 @@ pub enum Plan {
     Patch(ResourcePath),
     /// DELETE of a named object that is managed.
     Delete(ResourcePath),
-    /// POST of an object that is itself managed.
+    /// POST of a namespaced object owned by an object an Application manages (see
+    /// [`check_create`]).
     Create(ResourcePath),
 }
 
@@ -628,6 +1064,376 @@ mod tests {
             assert!(ok(m, p, q).is_err(), "{m} {p}?{q}");
         }
         assert!(ok("GET", "/api/v1/namespaces/n/pods", "watch=false").is_ok());
+        assert!(ok("GET", "/api/v1/namespaces/n/pods", "watch=0").is_ok());
+    }
+
+    /// The API server reads every present `watch` value but `0` and `false` (any case) as
+    /// true; each such request is refused before anything reaches the cluster.
+    #[test]
+    fn every_value_the_api_server_reads_as_a_watch_is_refused() {
+        for q in [
+            "watch",
+            "watch=",
+            "watch=f",
+            "watch=F",
+            "watch=t",
+            "watch=1",
+            "w%61tch=1",
+            "%77atch",
+            "watch=false&watch=1",
+            "labelSelector=a&watch=f",
+        ] {
+            assert_eq!(
+                plan("GET", "/api/v1/namespaces/n/pods", q),
+                Err("watch requests are not served".into()),
+                "{q:?}"
+            );
+        }
+        for q in [
+            "watch=0",
+            "watch=false",
+            "watch=False",
+            "watch=FaLsE",
+            "watch=FALSE",
+        ] {
+            assert!(plan("GET", "/api/v1/namespaces/n/pods", q).is_ok(), "{q:?}");
+        }
+    }
+
+    // What a create may do (rules 1 to 6 of `check_create`).
+
+    fn guestbook() -> AppFacts {
+        AppFacts::from_application(
+            "argocd",
+            "guestbook",
+            &json!({
+                "spec": {"destination": {"server": "https://kubernetes.default.svc", "namespace": "gb"}},
+                "status": {"resources": [
+                    {"group": "batch", "version": "v1", "kind": "CronJob", "namespace": "gb", "name": "nightly"},
+                    {"group": "apps", "version": "v1", "kind": "Deployment", "namespace": "gb", "name": "web"},
+                    {"group": "argoproj.io", "version": "v1alpha1", "kind": "CronWorkflow", "namespace": "gb-jobs", "name": "report"},
+                    {"version": "v1", "kind": "Namespace", "name": "gb"},
+                ]},
+            }),
+        )
+    }
+
+    fn target(
+        group: &str,
+        version: &str,
+        kind: &str,
+        ns: Option<&str>,
+        namespaced: bool,
+    ) -> CreateTarget {
+        CreateTarget {
+            group: group.into(),
+            version: version.into(),
+            kind: kind.into(),
+            namespace: ns.map(Into::into),
+            namespaced,
+        }
+    }
+
+    /// The CronJob Argo CD manages, as the API server returns it.
+    fn cronjob(pod_spec: Value) -> Value {
+        json!({"apiVersion": "batch/v1", "kind": "CronJob",
+            "metadata": {"name": "nightly", "namespace": "gb", "uid": "cj-uid",
+                "labels": {INSTANCE_LABEL: "guestbook"}},
+            "spec": {"schedule": "0 1 * * *", "jobTemplate": {"spec": {"template": {"spec": pod_spec}}}}})
+    }
+
+    /// What Argo CD's `batch/CronJob/actions/create-job` action makes of it.
+    fn job_from(cronjob: &Value) -> Value {
+        json!({"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": "nightly-2611241000", "namespace": "gb",
+                "annotations": {"cronjob.kubernetes.io/instantiate": "manual"},
+                "ownerReferences": [{"apiVersion": "batch/v1", "kind": "CronJob", "name": "nightly",
+                    "uid": "cj-uid", "blockOwnerDeletion": true, "controller": true}]},
+            "spec": cronjob["spec"]["jobTemplate"]["spec"].clone()})
+    }
+
+    fn plain_pod_spec() -> Value {
+        json!({"restartPolicy": "Never", "containers": [{"name": "run", "image": "busybox"}]})
+    }
+
+    #[test]
+    fn application_facts_come_from_destination_and_status() {
+        let g = guestbook();
+        assert_eq!(
+            g.namespaces.iter().map(String::as_str).collect::<Vec<_>>(),
+            ["gb", "gb-jobs"]
+        );
+        assert!(g.manages_kind("batch", "CronJob"));
+        assert!(g.manages_kind("", "Namespace"));
+        assert!(!g.manages_kind("", "Secret"));
+        let bare = AppFacts::from_application("argocd", "x", &json!({"spec": {}}));
+        assert!(bare.namespaces.is_empty() && bare.kinds.is_empty());
+        let apps = Apps::from_facts([g.clone(), AppFacts::named("team-a", "guestbook")]);
+        assert_eq!(
+            marking_apps(&json!({"labels": {INSTANCE_LABEL: "guestbook"}}), &apps),
+            BTreeSet::from([0, 1])
+        );
+        assert_eq!(
+            marking_apps(
+                &json!({"labels": {INSTANCE_LABEL: "team-a_guestbook"}}),
+                &apps
+            ),
+            BTreeSet::from([1])
+        );
+        assert_eq!(apps.facts(0), Some(&g));
+    }
+
+    #[test]
+    fn argo_cds_create_job_action_is_allowed() {
+        let cj = cronjob(plain_pod_spec());
+        let job = job_from(&cj);
+        let t = target("batch", "v1", "Job", Some("gb"), true);
+        assert_eq!(check_create(&t, &job, &cj, &guestbook()), Ok(()));
+        assert_eq!(create_owners(&job["metadata"]).len(), 1);
+        // A CronJob that already runs privileged with a host path: the Job copies it.
+        let host = json!({"hostPID": true, "volumes": [{"name": "h", "hostPath": {"path": "/var/log"}}],
+            "containers": [{"name": "run", "image": "busybox",
+                "securityContext": {"privileged": true, "capabilities": {"add": ["SYS_PTRACE"]}}}]});
+        let cj = cronjob(host);
+        assert_eq!(check_create(&t, &job_from(&cj), &cj, &guestbook()), Ok(()));
+    }
+
+    #[test]
+    fn argo_cds_create_workflow_actions_are_allowed() {
+        let cron = json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "CronWorkflow",
+            "metadata": {"name": "report", "namespace": "gb-jobs", "uid": "cw-uid",
+                "annotations": {TRACKING_ANNOTATION: "guestbook:argoproj.io/CronWorkflow:gb-jobs/report"}},
+            "spec": {"schedule": "@daily", "workflowSpec": {"entrypoint": "main", "serviceAccountName": "reporter",
+                "templates": [{"name": "main", "container": {"image": "alpine", "command": ["date"]}}]}}});
+        // What `argoproj.io/CronWorkflow/actions/create-workflow` makes of it.
+        let wf = json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow",
+            "metadata": {"name": "report-202611241000", "namespace": "gb-jobs",
+                "labels": {"workflows.argoproj.io/cron-workflow": "report"},
+                "annotations": {"workflows.argoproj.io/scheduled-time": "2026-11-24T24:10:00Z"},
+                "ownerReferences": [{"apiVersion": "argoproj.io/v1alpha1", "kind": "CronWorkflow",
+                    "name": "report", "uid": "cw-uid"}]},
+            "spec": cron["spec"]["workflowSpec"].clone()});
+        let t = target("argoproj.io", "v1alpha1", "Workflow", Some("gb-jobs"), true);
+        assert_eq!(check_create(&t, &wf, &cron, &guestbook()), Ok(()));
+        // A Workflow that adds a privileged step or another service account is not a copy.
+        let mut worse = wf.clone();
+        worse["spec"]["templates"][0]["container"]["securityContext"] = json!({"privileged": true});
+        assert!(check_create(&t, &worse, &cron, &guestbook()).is_err());
+        let mut other_sa = wf.clone();
+        other_sa["spec"]["serviceAccountName"] = json!("argocd-application-controller");
+        assert!(check_create(&t, &other_sa, &cron, &guestbook()).is_err());
+        let mut patched = wf;
+        patched["spec"]["podSpecPatch"] = json!("{\"hostPID\": true}");
+        assert!(check_create(&t, &patched, &cron, &guestbook()).is_err());
+    }
+
+    /// Each attack of the issue, with an owner reference to an object the Application
+    /// really manages: refused.
+    #[test]
+    fn attacks_with_a_managed_owner_are_refused() {
+        let cj = cronjob(plain_pod_spec());
+        let owner_ref = json!([{"apiVersion": "batch/v1", "kind": "CronJob", "name": "nightly", "uid": "cj-uid"}]);
+        let meta = |ns: &str| {
+            json!({"name": "x", "namespace": ns, "ownerReferences": owner_ref,
+            "labels": {INSTANCE_LABEL: "guestbook"},
+            "annotations": {TRACKING_ANNOTATION: "guestbook:/Secret:kube-system/x"}})
+        };
+        let app = guestbook();
+        let refused = |t: CreateTarget, body: Value, why: &str| {
+            let r = check_create(&t, &body, &cj, &app);
+            assert!(r.as_ref().is_err_and(|e| e.contains(why)), "{body}: {r:?}");
+        };
+        // A Secret in kube-system.
+        refused(
+            target("", "v1", "Secret", Some("kube-system"), true),
+            json!({"apiVersion": "v1", "kind": "Secret", "metadata": meta("kube-system"), "data": {}}),
+            "not a destination",
+        );
+        // A service-account token Secret, even in the Application's own namespace.
+        refused(
+            target("", "v1", "Secret", Some("gb"), true),
+            json!({"apiVersion": "v1", "kind": "Secret", "type": SERVICE_ACCOUNT_TOKEN,
+                "metadata": {"name": "tok", "ownerReferences": owner_ref,
+                    "annotations": {"kubernetes.io/service-account.name": "argocd-application-controller"}}}),
+            "service-account token",
+        );
+        // A privileged hostPID/hostPath Pod in kube-system, and in the Application's namespace.
+        let evil = json!({"apiVersion": "v1", "kind": "Pod", "metadata": meta("kube-system"),
+            "spec": {"hostPID": true, "hostNetwork": true,
+                "volumes": [{"name": "root", "hostPath": {"path": "/"}}],
+                "containers": [{"name": "sh", "image": "busybox",
+                    "securityContext": {"privileged": true}}]}});
+        refused(
+            target("", "v1", "Pod", Some("kube-system"), true),
+            evil.clone(),
+            "not a destination",
+        );
+        let mut here = evil;
+        here["metadata"] = meta("gb");
+        refused(
+            target("", "v1", "Pod", Some("gb"), true),
+            here,
+            "asks for hostNetwork, hostPID, hostPath /, privileged",
+        );
+        // A Namespace and a ClusterRoleBinding to cluster-admin: cluster-scoped.
+        refused(
+            target("", "v1", "Namespace", None, false),
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "evil", "ownerReferences": owner_ref}}),
+            "cluster-scoped",
+        );
+        refused(
+            target(RBAC_GROUP, "v1", "ClusterRoleBinding", None, false),
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                "metadata": {"name": "pwn", "ownerReferences": owner_ref},
+                "roleRef": {"apiGroup": RBAC_GROUP, "kind": "ClusterRole", "name": "cluster-admin"},
+                "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": "gb"}]}),
+            "cluster-scoped",
+        );
+        // A namespaced path for a cluster-scoped kind is still cluster-scoped.
+        refused(
+            target(RBAC_GROUP, "v1", "ClusterRoleBinding", Some("gb"), false),
+            json!({"metadata": {"name": "pwn", "ownerReferences": owner_ref}}),
+            "cluster-scoped",
+        );
+        // A RoleBinding in its own namespace: the Application manages no RBAC.
+        refused(
+            target(RBAC_GROUP, "v1", "RoleBinding", Some("gb"), true),
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta("gb"),
+                "roleRef": {"apiGroup": RBAC_GROUP, "kind": "ClusterRole", "name": "cluster-admin"},
+                "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": "gb"}]}),
+            "manages no RoleBinding",
+        );
+        // A body whose namespace or kind disagrees with the request.
+        refused(
+            target("", "v1", "ConfigMap", Some("gb"), true),
+            json!({"kind": "ConfigMap", "metadata": meta("kube-system")}),
+            "not the request's",
+        );
+        refused(
+            target("", "v1", "ConfigMap", Some("gb"), true),
+            json!({"kind": "Secret", "metadata": meta("gb")}),
+            "not the request's",
+        );
+    }
+
+    #[test]
+    fn rbac_and_token_secrets_follow_what_the_application_manages() {
+        let cj = cronjob(plain_pod_spec());
+        let mut app = guestbook();
+        let rb = target(RBAC_GROUP, "v1", "RoleBinding", Some("gb"), true);
+        let body = json!({"metadata": {"name": "rb"}});
+        assert!(check_create(&rb, &body, &cj, &app).is_err());
+        app.kinds.insert((RBAC_GROUP.into(), "RoleBinding".into()));
+        assert_eq!(check_create(&rb, &body, &cj, &app), Ok(()));
+        let secret = target("", "v1", "Secret", Some("gb"), true);
+        let tok = json!({"type": SERVICE_ACCOUNT_TOKEN, "metadata": {"name": "t"}});
+        assert!(check_create(&secret, &tok, &cj, &app).is_err());
+        app.kinds.insert(("".into(), "Secret".into()));
+        assert_eq!(check_create(&secret, &tok, &cj, &app), Ok(()));
+    }
+
+    #[test]
+    fn labels_and_annotations_of_a_new_object_admit_nothing() {
+        let meta = json!({"name": "x", "labels": {INSTANCE_LABEL: "guestbook"},
+            "annotations": {TRACKING_ANNOTATION: "guestbook:/Secret:gb/x"}});
+        assert!(create_owners(&meta).is_empty());
+        // An owner reference without a uid names no particular object.
+        let meta = json!({"ownerReferences": [{"apiVersion": "batch/v1", "kind": "CronJob", "name": "nightly"}]});
+        assert!(create_owners(&meta).is_empty());
+    }
+
+    #[test]
+    fn privilege_is_found_wherever_a_pod_spec_sits() {
+        let asks = |v: Value| privilege_asks(&v).unwrap().into_iter().collect::<Vec<_>>();
+        let pod = |spec: Value| json!({"kind": "Pod", "spec": spec});
+        let template =
+            |spec: Value| json!({"kind": "Deployment", "spec": {"template": {"spec": spec}}});
+        let cron = |spec: Value| json!({"kind": "CronJob", "spec": {"jobTemplate": {"spec": {"template": {"spec": spec}}}}});
+        for wrap in [pod, template, cron] {
+            assert!(asks(wrap(plain_pod_spec())).is_empty());
+            assert_eq!(
+                asks(wrap(json!({"hostIPC": true, "hostPID": false}))),
+                ["hostIPC"]
+            );
+            assert_eq!(
+                asks(wrap(
+                    json!({"initContainers": [{"securityContext": {"allowPrivilegeEscalation": true}}]})
+                )),
+                ["allowPrivilegeEscalation"]
+            );
+            assert_eq!(
+                asks(wrap(
+                    json!({"ephemeralContainers": [{"securityContext": {"procMount": "Unmasked"}}]})
+                )),
+                ["procMount Unmasked"]
+            );
+            assert_eq!(
+                asks(wrap(
+                    json!({"containers": [{"securityContext": {"capabilities": {"add": ["NET_ADMIN", "SYS_ADMIN"], "drop": ["ALL"]}}}]})
+                )),
+                ["capabilities.add NET_ADMIN", "capabilities.add SYS_ADMIN"]
+            );
+            assert_eq!(
+                asks(wrap(
+                    json!({"containers": [{"ports": [{"containerPort": 80, "hostPort": 80}]}]})
+                )),
+                ["hostPort 80"]
+            );
+        }
+        // Keys in any case; defaults that ask for nothing.
+        assert_eq!(
+            asks(json!({"spec": {"HostNetwork": true}})),
+            ["hostNetwork"]
+        );
+        assert!(
+            asks(json!({"spec": {"serviceAccountName": "default",
+            "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{"securityContext": {"procMount": "Default", "privileged": false}}]}}))
+            .is_empty()
+        );
+        assert_eq!(
+            asks(json!({"spec": {"securityContext": {"seccompProfile": {"type": "Unconfined"}}}})),
+            ["seccompProfile Unconfined"]
+        );
+        assert_eq!(
+            asks(json!({"spec": {"serviceAccountName": "admin"}})),
+            ["serviceAccountName admin"]
+        );
+        // Too deep to check: refused.
+        let mut deep = json!(true);
+        for _ in 0..(MAX_SCAN_DEPTH + 2) {
+            deep = json!({"a": deep});
+        }
+        assert!(privilege_asks(&deep).is_err());
+    }
+
+    #[test]
+    fn create_bodies_are_read_as_the_api_server_reads_them() {
+        assert!(read_create_body("application/json", br#"{"kind":"Job"}"#).is_ok());
+        assert!(read_create_body("", br#"{"kind":"Job"}"#).is_ok());
+        assert!(read_create_body("application/json; charset=utf-8", br#"{}"#).is_ok());
+        for (ct, body) in [
+            ("application/yaml", &br#"{"kind":"Job"}"#[..]),
+            ("application/vnd.kubernetes.protobuf", b"k8s\0"),
+            ("application/json", b"[]"),
+            ("application/json", b"\"x\""),
+            ("application/json", b"{"),
+            // A repeated key: Go's decoder would merge the two `spec`s (hostPID stays).
+            (
+                "application/json",
+                br#"{"spec":{"hostPID":true},"spec":{"containers":[]}}"#,
+            ),
+            (
+                "application/json",
+                br#"{"metadata":{"namespace":"gb","namespace":"kube-system"}}"#,
+            ),
+        ] {
+            assert!(
+                read_create_body(ct, body).is_err(),
+                "{ct} {}",
+                String::from_utf8_lossy(body)
+            );
+        }
     }
 
     #[test]

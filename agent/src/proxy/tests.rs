@@ -285,12 +285,20 @@ async fn a_patch_of_an_unmanaged_object_is_refused_before_it_is_sent() {
         ],
         ProxyConfig::default(),
     );
-    let mut patch = req("PATCH", DEPLOY, "", "", json!({"spec": {"replicas": 0}}));
-    patch.content_type = "application/merge-patch+json".into();
-    let r = p.handle_resource(&apps(), &patch).await;
-    assert_eq!(r.status, 403);
+    // A patch that would mark the object as the Application's is judged by the object as
+    // it is, not as the patch would make it.
+    for body in [
+        json!({"spec": {"replicas": 0}}),
+        json!({"metadata": {"labels": {"app.kubernetes.io/instance": "guestbook"},
+            "annotations": {"argocd.argoproj.io/tracking-id": "guestbook:apps/Deployment:ns/web"}}}),
+    ] {
+        let mut patch = req("PATCH", DEPLOY, "", "", body);
+        patch.content_type = "application/merge-patch+json".into();
+        let r = p.handle_resource(&deploying_apps(), &patch).await;
+        assert_eq!(r.status, 403);
+    }
     assert!(seen.lock().unwrap().iter().all(|s| s.method == "GET"));
-    assert_eq!(count(&p, "patch", "forbidden"), 1);
+    assert_eq!(count(&p, "patch", "forbidden"), 2);
 }
 
 #[tokio::test]
@@ -436,73 +444,271 @@ async fn an_owner_with_another_uid_does_not_count() {
     assert_eq!(r.status, 403);
 }
 
+const BATCH_V1: &str = r#"{"kind":"APIResourceList","apiVersion":"v1","groupVersion":"batch/v1","resources":[
+ {"name":"cronjobs","singularName":"cronjob","namespaced":true,"kind":"CronJob","verbs":["get"]},
+ {"name":"jobs","singularName":"job","namespaced":true,"kind":"Job","verbs":["get","create"]}]}"#;
+const CORE_V1: &str = r#"{"kind":"APIResourceList","groupVersion":"v1","resources":[
+ {"name":"namespaces","singularName":"namespace","namespaced":false,"kind":"Namespace","verbs":["create","get"]},
+ {"name":"pods","singularName":"pod","namespaced":true,"kind":"Pod","verbs":["create","get"]},
+ {"name":"secrets","singularName":"secret","namespaced":true,"kind":"Secret","verbs":["create","get"]},
+ {"name":"configmaps","singularName":"configmap","namespaced":true,"kind":"ConfigMap","verbs":["create","get"]}]}"#;
+const RBAC_V1: &str = r#"{"kind":"APIResourceList","apiVersion":"v1","groupVersion":"rbac.authorization.k8s.io/v1","resources":[
+ {"name":"clusterrolebindings","singularName":"clusterrolebinding","namespaced":false,"kind":"ClusterRoleBinding","verbs":["create"]},
+ {"name":"rolebindings","singularName":"rolebinding","namespaced":true,"kind":"RoleBinding","verbs":["create"]}]}"#;
+const CRONJOB: &str = "/apis/batch/v1/namespaces/ns/cronjobs/nightly";
+const JOBS: &str = "/apis/batch/v1/namespaces/ns/jobs";
+
+/// Application guestbook deploying to namespace `ns`, managing a CronJob there.
+fn deploying_apps() -> Apps {
+    Apps::from_facts([rules::AppFacts::from_application(
+        "argocd",
+        "guestbook",
+        &json!({"spec": {"destination": {"namespace": "ns"}},
+            "status": {"resources": [{"group": "batch", "kind": "CronJob", "namespace": "ns", "name": "nightly"}]}}),
+    )])
+}
+
+/// A cluster with the discovery of core, batch and RBAC, the managed CronJob `nightly`
+/// (uid `cj-uid`) in `ns`, a CronJob `nightly` in `kube-system` that carries the
+/// Application's label without being one of its resources (uid `cj-uid` too), and a 201
+/// for every create the tests may send.
+fn create_mock() -> (Proxy, Arc<Mutex<Vec<Seen>>>) {
+    let mut cj_meta = managed_meta("nightly");
+    cj_meta["uid"] = json!("cj-uid");
+    let mut system_meta = cj_meta.clone();
+    system_meta["namespace"] = json!("kube-system");
+    let created = json!({"kind": "Status", "code": 201});
+    let mut routes = vec![
+        (
+            "GET",
+            "/api/v1",
+            200,
+            serde_json::from_str(CORE_V1).unwrap(),
+        ),
+        (
+            "GET",
+            "/apis/batch/v1",
+            200,
+            serde_json::from_str(BATCH_V1).unwrap(),
+        ),
+        (
+            "GET",
+            "/apis/rbac.authorization.k8s.io/v1",
+            200,
+            serde_json::from_str(RBAC_V1).unwrap(),
+        ),
+        (
+            "GET",
+            CRONJOB,
+            200,
+            json!({"apiVersion": "batch/v1", "kind": "CronJob", "metadata": cj_meta,
+                "spec": {"jobTemplate": {"spec": {"template": {"spec": {
+                    "containers": [{"name": "run", "image": "busybox"}]}}}}}}),
+        ),
+        (
+            "GET",
+            "/apis/batch/v1/namespaces/kube-system/cronjobs/nightly",
+            200,
+            json!({"apiVersion": "batch/v1", "kind": "CronJob", "metadata": system_meta}),
+        ),
+    ];
+    for path in [
+        JOBS,
+        "/apis/batch/v1/namespaces/ns/jobs?dryRun=All",
+        "/api/v1/namespaces",
+        "/api/v1/namespaces/ns/pods",
+        "/api/v1/namespaces/ns/secrets",
+        "/api/v1/namespaces/kube-system/secrets",
+        "/api/v1/namespaces/kube-system/pods",
+        "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+        "/apis/rbac.authorization.k8s.io/v1/namespaces/ns/rolebindings",
+    ] {
+        routes.push(("POST", path, 201, created.clone()));
+    }
+    mock(routes, ProxyConfig::default())
+}
+
+fn owned_by_cronjob(uid: &str) -> Value {
+    json!([{"apiVersion": "batch/v1", "kind": "CronJob", "name": "nightly", "uid": uid,
+        "controller": true, "blockOwnerDeletion": true}])
+}
+
+fn posts(seen: &Arc<Mutex<Vec<Seen>>>) -> Vec<String> {
+    seen.lock()
+        .unwrap()
+        .iter()
+        .filter(|s| s.method == "POST")
+        .map(|s| s.uri.clone())
+        .collect()
+}
+
+/// Argo CD's `create-job` action on a managed CronJob: dry run, then the create.
 #[tokio::test]
-async fn creates_must_carry_a_mark_or_a_managed_owner() {
-    const BATCH_V1: &str = r#"{"kind":"APIResourceList","apiVersion":"v1","groupVersion":"batch/v1","resources":[
-     {"name":"cronjobs","singularName":"cronjob","namespaced":true,"kind":"CronJob","verbs":["get"]},
-     {"name":"jobs","singularName":"job","namespaced":true,"kind":"Job","verbs":["get","create"]}]}"#;
-    let (p, seen) = mock(
-        vec![
-            (
-                "GET",
-                "/apis/batch/v1",
-                200,
-                serde_json::from_str(BATCH_V1).unwrap(),
-            ),
-            (
-                "GET",
-                "/apis/batch/v1/namespaces/ns/cronjobs/nightly",
-                200,
-                json!({"kind": "CronJob", "metadata": managed_meta("nightly")}),
-            ),
-            (
-                "POST",
-                "/apis/batch/v1/namespaces/ns/jobs",
-                201,
-                json!({"kind": "Job"}),
-            ),
-        ],
-        ProxyConfig::default(),
-    );
+async fn the_create_job_action_of_a_managed_cronjob_is_performed() {
+    let (p, seen) = create_mock();
     let job = json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "nightly-manual",
-        "ownerReferences": [{"apiVersion": "batch/v1", "kind": "CronJob", "name": "nightly"}]}});
-    let r = p
-        .handle_resource(
-            &apps(),
-            &req("POST", "/apis/batch/v1/namespaces/ns/jobs", "", "", job),
-        )
-        .await;
-    assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
-    let loose = json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "loose"}});
-    let r = p
-        .handle_resource(
-            &apps(),
-            &req("POST", "/apis/batch/v1/namespaces/ns/jobs", "", "", loose),
-        )
-        .await;
-    assert_eq!(r.status, 403);
-    let r = p
-        .handle_resource(
-            &apps(),
-            &req(
-                "POST",
-                "/apis/batch/v1/namespaces/ns/jobs",
-                "",
-                "",
-                json!("not an object"),
-            ),
-        )
-        .await;
-    assert_eq!(r.status, 403);
+        "namespace": "ns", "annotations": {"cronjob.kubernetes.io/instantiate": "manual"},
+        "ownerReferences": owned_by_cronjob("cj-uid")},
+        "spec": {"template": {"spec": {"containers": [{"name": "run", "image": "busybox"}]}}}});
+    for query in ["dryRun=All", ""] {
+        let r = p
+            .handle_resource(
+                &deploying_apps(),
+                &req("POST", JOBS, query, "", job.clone()),
+            )
+            .await;
+        assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
+    }
     assert_eq!(
-        seen.lock()
-            .unwrap()
-            .iter()
-            .filter(|s| s.method == "POST")
-            .count(),
-        1
+        posts(&seen),
+        ["/apis/batch/v1/namespaces/ns/jobs?dryRun=All", JOBS]
     );
-    assert_eq!(count(&p, "create", "forbidden"), 2);
+    assert_eq!(count(&p, "create", "allowed"), 2);
+}
+
+/// The attacks of the issue, each naming the managed CronJob as owner and carrying the
+/// Application's label and tracking annotation: all refused, none reaches the cluster.
+#[tokio::test]
+async fn creates_beyond_what_an_action_makes_are_refused() {
+    let (p, seen) = create_mock();
+    let meta = |name: &str, ns: &str| {
+        json!({"name": name, "namespace": ns, "ownerReferences": owned_by_cronjob("cj-uid"),
+            "labels": {"app.kubernetes.io/instance": "guestbook"},
+            "annotations": {"argocd.argoproj.io/tracking-id": format!("guestbook:/X:{ns}/{name}")}})
+    };
+    let privileged = |ns: &str| {
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": meta("root", ns),
+            "spec": {"hostPID": true, "volumes": [{"name": "h", "hostPath": {"path": "/"}}],
+                "containers": [{"name": "sh", "image": "busybox", "securityContext": {"privileged": true}}]}})
+    };
+    let cases: Vec<(&str, &str, Value)> = vec![
+        (
+            "/api/v1/namespaces/kube-system/secrets",
+            "not a destination",
+            json!({"apiVersion": "v1", "kind": "Secret", "metadata": meta("s", "kube-system")}),
+        ),
+        (
+            "/api/v1/namespaces/ns/secrets",
+            "service-account token",
+            json!({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/service-account-token",
+                "metadata": {"name": "tok", "ownerReferences": owned_by_cronjob("cj-uid"),
+                    "annotations": {"kubernetes.io/service-account.name": "argocd-application-controller"}}}),
+        ),
+        (
+            "/api/v1/namespaces/kube-system/pods",
+            "not a destination",
+            privileged("kube-system"),
+        ),
+        ("/api/v1/namespaces/ns/pods", "privileged", privileged("ns")),
+        (
+            "/api/v1/namespaces",
+            "cluster-scoped",
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": meta("evil", "")}),
+        ),
+        (
+            "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+            "cluster-scoped",
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                "metadata": meta("pwn", ""),
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+                "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": "ns"}]}),
+        ),
+        (
+            "/apis/rbac.authorization.k8s.io/v1/namespaces/ns/rolebindings",
+            "manages no RoleBinding",
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                "metadata": meta("pwn", "ns"),
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+                "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": "ns"}]}),
+        ),
+    ];
+    for (path, why, body) in cases {
+        let r = p
+            .handle_resource(&deploying_apps(), &req("POST", path, "", "", body))
+            .await;
+        assert_eq!(
+            r.status,
+            403,
+            "{path}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+        let message = body_message(&r);
+        assert!(message.contains(why), "{path}: {message}");
+    }
+    assert!(posts(&seen).is_empty(), "{:?}", posts(&seen));
+    assert_eq!(count(&p, "create", "forbidden"), 7);
+}
+
+fn body_message(r: &argocd_agent_proto::eventstream::ResourceResponse) -> String {
+    body(r)["message"].as_str().unwrap_or_default().to_owned()
+}
+
+/// A new object's own label or tracking annotation, an owner reference without a uid, or
+/// one whose uid is not the live object's: nothing is created.
+#[tokio::test]
+async fn a_create_is_admitted_only_by_a_live_managed_owner() {
+    let (p, seen) = create_mock();
+    let job = |meta: Value| json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": meta});
+    for (meta, why) in [
+        (
+            json!({"name": "a", "labels": {"app.kubernetes.io/instance": "guestbook"},
+                "annotations": {"argocd.argoproj.io/tracking-id": "guestbook:batch/Job:ns/a"}}),
+            "names no owner",
+        ),
+        (
+            json!({"name": "b", "ownerReferences": [{"apiVersion": "batch/v1", "kind": "CronJob", "name": "nightly"}]}),
+            "names no owner",
+        ),
+        (
+            json!({"name": "c", "ownerReferences": owned_by_cronjob("old-uid")}),
+            "with that uid",
+        ),
+        (
+            json!({"name": "d", "ownerReferences": [{"apiVersion": "batch/v1", "kind": "CronJob", "name": "gone", "uid": "x"}]}),
+            "with that uid",
+        ),
+    ] {
+        let r = p
+            .handle_resource(
+                &deploying_apps(),
+                &req("POST", JOBS, "", "", job(meta.clone())),
+            )
+            .await;
+        assert_eq!(r.status, 403, "{meta}");
+        assert!(
+            body_message(&r).contains(why),
+            "{meta}: {}",
+            body_message(&r)
+        );
+    }
+    // Not JSON, or a repeated key: refused unread.
+    let mut yaml = req("POST", JOBS, "", "", Value::Null);
+    yaml.content_type = "application/yaml".into();
+    yaml.body = b"kind: Job\n".to_vec();
+    assert_eq!(
+        p.handle_resource(&deploying_apps(), &yaml).await.status,
+        403
+    );
+    let mut twice = req("POST", JOBS, "", "", Value::Null);
+    twice.content_type = "application/json".into();
+    twice.body =
+        br#"{"kind":"Job","metadata":{"name":"x","ownerReferences":[]},"metadata":{"name":"y"}}"#
+            .to_vec();
+    assert_eq!(
+        p.handle_resource(&deploying_apps(), &twice).await.status,
+        403
+    );
+    // An Application known by name only (no destination): nothing is created for it.
+    let good = job(json!({"name": "e", "ownerReferences": owned_by_cronjob("cj-uid")}));
+    let r = p
+        .handle_resource(&apps(), &req("POST", JOBS, "", "", good.clone()))
+        .await;
+    assert_eq!(r.status, 403);
+    let r = p
+        .handle_resource(&deploying_apps(), &req("POST", JOBS, "", "", good))
+        .await;
+    assert_eq!(r.status, 201);
+    assert_eq!(posts(&seen), [JOBS]);
 }
 
 #[tokio::test]
@@ -510,6 +716,9 @@ async fn refused_shapes_never_reach_the_cluster() {
     let (p, seen) = mock(vec![], ProxyConfig::default());
     for (m, path, q) in [
         ("GET", "/api/v1/namespaces/ns/pods", "watch=true"),
+        ("GET", "/api/v1/namespaces/ns/pods", "watch=f"),
+        ("GET", "/api/v1/namespaces/ns/pods", "watch="),
+        ("GET", "/api/v1/namespaces/ns/pods", "watch"),
         ("PUT", DEPLOY, ""),
         ("GET", "/api/v1/namespaces/ns/pods/p/log", ""),
         ("GET", "/api/v1/namespaces/ns/pods/../secrets", ""),

@@ -232,9 +232,7 @@ fn route(method: &Method, path: &str, query: &str) -> Result<Route, String> {
             "{method} is not served by the resource proxy (get, list, create, patch, delete only)"
         ));
     }
-    if url::form_urlencoded::parse(query.as_bytes())
-        .any(|(k, v)| k == "watch" && matches!(v.as_ref(), "true" | "1"))
-    {
+    if argocd_agent_sync::proxy::is_watch(query) {
         return Err("watch is not served by the resource proxy".into());
     }
     let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
@@ -719,6 +717,34 @@ mod tests {
             (Method::POST, "/api/v1/namespaces/a/pods/p/log", ""),
         ] {
             assert!(route(&m, p, q).is_err(), "{m} {p}?{q}");
+        }
+    }
+
+    /// The API server reads a present `watch` as true unless it is `0` or `false` (any
+    /// case): `watch=f`, `watch=` and a bare `watch` are watches and never reach an agent.
+    #[test]
+    fn every_value_the_api_server_reads_as_a_watch_is_refused() {
+        for q in [
+            "watch",
+            "watch=",
+            "watch=f",
+            "watch=F",
+            "watch=yes",
+            "w%61tch=1",
+            "watch=0&watch=on",
+        ] {
+            assert_eq!(
+                route(&Method::GET, "/api/v1/namespaces/a/pods", q),
+                Err("watch is not served by the resource proxy".into()),
+                "{q:?}"
+            );
+        }
+        for q in ["watch=0", "watch=false", "watch=False", "watch=FaLsE"] {
+            assert_eq!(
+                route(&Method::GET, "/api/v1/namespaces/a/pods", q),
+                Ok(Route::Api),
+                "{q:?}"
+            );
         }
     }
 
