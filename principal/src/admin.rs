@@ -188,7 +188,14 @@ pub async fn serve(
         addr: address.to_string(),
         source,
     };
-    let router = tonic::transport::Server::builder().add_service(AdminServer::new(AdminService {
+    // Local operators only (loopback or an owner-only socket); still, a call is bounded in
+    // time, calls per connection are capped, and dead connections are found by keepalive.
+    let router = tonic::transport::Server::builder()
+        .timeout(std::time::Duration::from_secs(30))
+        .concurrency_limit_per_connection(16)
+        .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(std::time::Duration::from_secs(10)))
+        .add_service(AdminServer::new(AdminService {
         hub,
         access: AdminAccess::Local,
     }));
