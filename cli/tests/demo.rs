@@ -1,7 +1,8 @@
 //! The README's first command (`argocd-agentctl demo`) works: the topology starts and the
 //! sample Applications flow both ways, the hub's project `team-a` and its repository
 //! `team-a-repo` reach the managed spoke, and the autonomous spoke's project `edge` shows up
-//! on the hub as `agent-autonomous-edge`.
+//! on the hub as `agent-autonomous-edge`, and the Redis proxy serves a spoke's resource tree
+//! only to a client with the hub Redis's password.
 
 #[test]
 fn demo_check_passes() {
@@ -18,6 +19,13 @@ fn demo_check_passes() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.contains("demo check passed"));
+    // .ci/run installs redis-server: the Redis proxy is part of the demo, behind a password.
+    assert!(
+        stdout.contains(
+            "the Redis proxy serves the spoke's resource tree only with the hub Redis's password"
+        ),
+        "{stdout}"
+    );
     assert!(stdout.contains("edge-guestbook"));
     for line in [
         "projects on spoke agent-managed (argocd): default, team-a",

@@ -196,9 +196,9 @@ pub async fn serve(
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(std::time::Duration::from_secs(10)))
         .add_service(AdminServer::new(AdminService {
-        hub,
-        access: AdminAccess::Local,
-    }));
+            hub,
+            access: AdminAccess::Local,
+        }));
     match address {
         AdminAddress::Tcp(addr) => {
             if !addr.ip().is_loopback() {

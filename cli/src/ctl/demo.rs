@@ -351,6 +351,9 @@ async fn check(topo: &Topology) -> Result<(), harness::HarnessError> {
     Ok(())
 }
 
+/// The demo hub Redis's password (Argo CD's argocd-redis Secret plays this part).
+const DEMO_REDIS_PASSWORD: &str = "demo-hub-redis-password";
+
 /// Real Redis servers (hub and one per spoke) behind the principal's Redis proxy, when
 /// `redis-server` is on PATH; the demo runs without them otherwise.
 struct DemoRedis {
@@ -372,7 +375,10 @@ impl DemoRedis {
         let start = |name: &'static str| RedisServer::start(dir, name);
         Ok(Some(DemoRedis {
             proxy_port: argocd_agent_e2e::envoy::free_loopback_port()?,
-            hub: start("redis-hub").await.map_err(|e| e.to_string())?,
+            // Password-protected, as Argo CD runs its Redis (the argocd-redis Secret).
+            hub: RedisServer::start_with_password(dir, "redis-hub", DEMO_REDIS_PASSWORD)
+                .await
+                .map_err(|e| e.to_string())?,
             managed: start("redis-managed").await.map_err(|e| e.to_string())?,
             autonomous: start("redis-autonomous").await.map_err(|e| e.to_string())?,
         }))
@@ -384,6 +390,8 @@ impl DemoRedis {
             format!("127.0.0.1:{}", self.proxy_port),
             "--redis-server-address".into(),
             self.hub.addr(),
+            "--redis-password".into(),
+            DEMO_REDIS_PASSWORD.into(),
         ]);
         options.per_agent_args = vec![
             (MANAGED, vec!["--redis-addr".into(), self.managed.addr()]),
@@ -392,6 +400,52 @@ impl DemoRedis {
                 vec!["--redis-addr".into(), self.autonomous.addr()],
             ),
         ];
+    }
+
+    /// Through the proxy, as argocd-server: with the hub Redis's password the managed
+    /// spoke's resource tree; without it `NOAUTH` and nothing of the spoke.
+    async fn check(&self) -> Result<(), String> {
+        use argocd_agent_sync::redis::RedisEndpoint;
+        let key: &[u8] = b"app|resources-tree|agent-managed_guestbook";
+        let proxy = |password: Option<&str>| RedisEndpoint {
+            addr: format!("127.0.0.1:{}", self.proxy_port),
+            password: password.map(str::to_owned),
+            ..Default::default()
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let got = async {
+                let mut conn = proxy(Some(DEMO_REDIS_PASSWORD))
+                    .connect(1 << 20)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let reply = conn
+                    .command(&[b"GET", key])
+                    .await
+                    .map_err(|e| e.to_string())?;
+                reply.into_value()
+            }
+            .await;
+            match got {
+                Ok(Some(v)) if v.starts_with(b"{\"nodes\"") => break,
+                other if std::time::Instant::now() > deadline => {
+                    return Err(format!("the resource tree with the password: {other:?}"));
+                }
+                _ => tokio::time::sleep(std::time::Duration::from_millis(300)).await,
+            }
+        }
+        let mut conn = proxy(None)
+            .connect(1 << 20)
+            .await
+            .map_err(|e| e.to_string())?;
+        let reply = conn
+            .command(&[b"GET", key])
+            .await
+            .map_err(|e| e.to_string())?;
+        match reply.into_value() {
+            Err(e) if e.starts_with("NOAUTH") => Ok(()),
+            other => Err(format!("without the password the proxy answered {other:?}")),
+        }
     }
 
     /// What the managed spoke's Argo CD would have written for guestbook.
@@ -628,6 +682,14 @@ pub async fn run(args: DemoArgs) -> crate::CmdResult {
             .await
             .map_err(|e| format!("resource proxy: {e}").into());
         }
+        if r.is_ok()
+            && let Some(redis) = &redis
+        {
+            r = redis
+                .check()
+                .await
+                .map_err(|e| format!("Redis proxy: {e}").into());
+        }
         println!("{}", table(&topo));
         managed_sim.abort();
         autonomous_sim.abort();
@@ -636,7 +698,7 @@ pub async fn run(args: DemoArgs) -> crate::CmdResult {
         return match r {
             Ok(()) => {
                 println!(
-                    "demo check passed: Applications flow hub -> managed spoke and autonomous spoke -> hub, status flows back; project team-a and repository team-a-repo reached the managed spoke; project edge is agent-autonomous-edge on the hub; kubectl reaches both spokes through the resource proxy"
+                    "demo check passed: Applications flow hub -> managed spoke and autonomous spoke -> hub, status flows back; project team-a and repository team-a-repo reached the managed spoke; project edge is agent-autonomous-edge on the hub; kubectl reaches both spokes through the resource proxy; the Redis proxy serves the spoke's resource tree only with the hub Redis's password"
                 );
                 Ok(())
             }
@@ -652,9 +714,10 @@ pub async fn run(args: DemoArgs) -> crate::CmdResult {
     );
     let help = match &redis {
         Some(r) => format!(
-            "{help}Redis proxy (argocd-server's view of the spokes' Redis):\n  redis-cli -p {p} GET 'app|resources-tree|{MANAGED}_guestbook'   # the managed spoke's value, through the principal\n  redis-cli -p {p} SUBSCRIBE 'app|managed-resources|{MANAGED}_guestbook'   # then: redis-cli -p {m} PUBLISH 'app|managed-resources|guestbook' x\n",
+            "{help}Redis proxy (argocd-server's view of the spokes' Redis; the hub Redis wants a password, as Argo CD's does):\n  redis-cli -p {p} --no-auth-warning -a {pw} GET 'app|resources-tree|{MANAGED}_guestbook'   # the managed spoke's value, through the principal\n  redis-cli -p {p} GET 'app|resources-tree|{MANAGED}_guestbook'   # without the password: NOAUTH, nothing of the spoke\n  redis-cli -p {p} --no-auth-warning -a {pw} SUBSCRIBE 'app|managed-resources|{MANAGED}_guestbook'   # then: redis-cli -p {m} PUBLISH 'app|managed-resources|guestbook' x\n",
             p = r.proxy_port,
-            m = r.managed.port
+            m = r.managed.port,
+            pw = DEMO_REDIS_PASSWORD
         ),
         None => help,
     };
