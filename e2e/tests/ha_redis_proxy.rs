@@ -2,7 +2,8 @@
 //! each with its own Redis proxy listener in front of one hub Redis, and two agents (each
 //! with its own spoke Redis) spread across them by Envoy. Every replica answers for every
 //! agent: a `GET` or `SUBSCRIBE` reaching a replica that does not serve the agent is
-//! forwarded to the one that does, and a forwarded connection is never forwarded again.
+//! forwarded to the one that does, and a forwarded connection is never forwarded again. The
+//! hub Redis is password-protected: the replicas log in to each other's proxies with it.
 //!
 //! Needs `redis-server` (Debian package `redis-server`, installed by `.ci/run`).
 
@@ -23,9 +24,18 @@ const REPLICAS: usize = 3;
 const AGENTS: [&str; 2] = ["agent-hr-0", "agent-hr-1"];
 const SUFFIX: &str = "|1.8.3.gz";
 
+/// The hub Redis wants a password, as Argo CD's does: clients of the proxies send it, and
+/// a replica forwarding a key to another logs in to that one's proxy with it.
+const HUB_PASSWORD: &str = "ha-hub-redis-password";
+
 async fn conn(addr: String) -> Result<RedisConn, String> {
+    login(addr, None).await
+}
+
+async fn login(addr: String, password: Option<&str>) -> Result<RedisConn, String> {
     RedisEndpoint {
         addr,
+        password: password.map(str::to_owned),
         ..Default::default()
     }
     .connect(1 << 20)
@@ -34,7 +44,7 @@ async fn conn(addr: String) -> Result<RedisConn, String> {
 }
 
 async fn proxy(port: u16) -> Result<RedisConn, String> {
-    conn(format!("127.0.0.1:{port}")).await
+    login(format!("127.0.0.1:{port}"), Some(HUB_PASSWORD)).await
 }
 
 /// `GET key` through a connection: the value, nil, or the error message.
@@ -72,7 +82,9 @@ async fn start(replicas: usize, agents: &[&'static str], unreachable: bool) -> S
         .prefix("argocd-agent-ha-redis")
         .tempdir()
         .unwrap();
-    let hub_redis = RedisServer::start(dir.path(), "redis-hub").await.unwrap();
+    let hub_redis = RedisServer::start_with_password(dir.path(), "redis-hub", HUB_PASSWORD)
+        .await
+        .unwrap();
     let mut spoke_redis = BTreeMap::new();
     for agent in agents {
         spoke_redis.insert(
@@ -106,6 +118,8 @@ async fn start(replicas: usize, agents: &[&'static str], unreachable: bool) -> S
             "3s".into(),
             "--redis-server-address".into(),
             hub_redis.addr(),
+            "--redis-password".into(),
+            HUB_PASSWORD.into(),
             "--redis-proxy-request-timeout".into(),
             "5s".into(),
         ],
