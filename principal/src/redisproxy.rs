@@ -924,11 +924,13 @@ impl Conn {
                     self.forwarded = true;
                     self.ready(Out::Raw(Bytes::from_static(b"+OK\r\n"))).await;
                 }
-                b"AUTH" => {
+                // In pub/sub mode every frame of the hub Redis is out of band: the answer
+                // cannot be matched, and the state stays as it was (conservative).
+                b"AUTH" if !self.upstream_pubsub => {
                     self.auth_sent += 1;
                     self.forward(&frame.raw, SlotKind::Auth).await?
                 }
-                b"RESET" => {
+                b"RESET" if !self.upstream_pubsub => {
                     self.auth_sent += 1;
                     self.forward(&frame.raw, SlotKind::Reset).await?
                 }
@@ -945,7 +947,8 @@ impl Conn {
                         Some(b"2") => Protocol::Resp2,
                         _ => self.shared.protocol(),
                     };
-                    let auth = args[1..].iter().any(|a| a.eq_ignore_ascii_case(b"AUTH"));
+                    let auth = !self.upstream_pubsub
+                        && args[1..].iter().any(|a| a.eq_ignore_ascii_case(b"AUTH"));
                     if auth {
                         self.auth_sent += 1;
                     }
