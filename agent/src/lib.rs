@@ -237,6 +237,7 @@ pub async fn start(
             max_body: config.resource_proxy_max_body,
             max_concurrent: config.resource_proxy_max_concurrent,
             timeout: config.resource_proxy_timeout,
+            argocd_namespace: spoke.namespace.as_str().to_owned(),
         };
         spoke.proxy = Some(Arc::new(proxy::Proxy::new(
             proxy_client,

@@ -53,6 +53,8 @@ pub struct ProxyConfig {
     pub max_concurrent: usize,
     /// How long one request may take (504 after).
     pub timeout: Duration,
+    /// Where the spoke's Argo CD runs: its argocd-cm says how objects are tracked.
+    pub argocd_namespace: String,
 }
 
 impl Default for ProxyConfig {
@@ -61,9 +63,13 @@ impl Default for ProxyConfig {
             max_body: DEFAULT_MAX_BODY,
             max_concurrent: DEFAULT_MAX_CONCURRENT,
             timeout: DEFAULT_TIMEOUT,
+            argocd_namespace: "argocd".into(),
         }
     }
 }
+
+/// How long argocd-cm's tracking settings are used before they are read again.
+const TRACKING_REFRESH: Duration = Duration::from_secs(30);
 
 /// One answer: HTTP status, content type, body.
 #[derive(Debug, Clone, PartialEq)]
@@ -134,6 +140,8 @@ pub struct Proxy {
     /// `<apiVersion>/<Kind>` and `<apiVersion> <plural>` -> resource and whether it is
     /// namespaced.
     kinds: Mutex<HashMap<String, (ApiResource, bool)>>,
+    /// argocd-cm's tracking settings and when they were read.
+    tracking: tokio::sync::Mutex<Option<(std::time::Instant, rules::Tracking)>>,
 }
 
 impl Proxy {
@@ -146,6 +154,7 @@ impl Proxy {
             requests: Arc::new(Semaphore::new(n)),
             streams: Arc::new(Semaphore::new(n)),
             kinds: Mutex::new(HashMap::new()),
+            tracking: tokio::sync::Mutex::new(None),
         }
     }
 
@@ -171,9 +180,54 @@ impl Proxy {
         self.streams.clone().try_acquire_owned().ok()
     }
 
+    /// The spoke's Argo CD tracking settings (argocd-cm in its namespace), read at most every
+    /// [`TRACKING_REFRESH`]; Argo CD's defaults when it cannot be read.
+    pub async fn tracking(&self) -> rules::Tracking {
+        let mut cached = self.tracking.lock().await;
+        if let Some((at, t)) = cached.as_ref()
+            && at.elapsed() < TRACKING_REFRESH
+        {
+            return t.clone();
+        }
+        let api: Api<k8s_openapi::api::core::v1::ConfigMap> =
+            Api::namespaced(self.client.clone(), &self.config.argocd_namespace);
+        let read = tokio::time::timeout(
+            self.config.timeout.min(Duration::from_secs(5)),
+            api.get_opt("argocd-cm"),
+        );
+        let tracking = match read.await.unwrap_or_else(|_| {
+            Err(kube::Error::Service(
+                "no answer for argocd-cm in time".into(),
+            ))
+        }) {
+            Ok(cm) => {
+                let data = cm
+                    .and_then(|cm| cm.data)
+                    .map(|d| serde_json::to_value(d).unwrap_or_default())
+                    .unwrap_or_default();
+                rules::Tracking::from_argocd_cm(&data)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "argocd-cm could not be read: Argo CD's default tracking assumed");
+                rules::Tracking::default()
+            }
+        };
+        *cached = Some((std::time::Instant::now(), tracking.clone()));
+        tracking
+    }
+
+    /// `apps` with the spoke's tracking settings.
+    async fn tracked(&self, apps: &Apps) -> Apps {
+        apps.clone().with_tracking(self.tracking().await)
+    }
+
     /// Serves one `resource-request` against this cluster, within the timeout.
     pub async fn handle_resource(&self, apps: &Apps, req: &ResourceRequest) -> ResourceResponse {
-        match tokio::time::timeout(self.config.timeout, self.serve_resource(apps, req)).await {
+        let serve = async {
+            let apps = self.tracked(apps).await;
+            self.serve_resource(&apps, req).await
+        };
+        match tokio::time::timeout(self.config.timeout, serve).await {
             Ok(answer) => answer.into_response(),
             Err(_) => {
                 self.count(rules::method_verb(&req.method), "error");
@@ -816,6 +870,7 @@ pub(crate) async fn admit_stream(
     namespace: &str,
     pod: &str,
 ) -> Result<Tunnel, Answer> {
+    let apps = &proxy.tracked(apps).await;
     check_pod(proxy, apps, namespace, pod, what).await?;
     let tunnel = tunnel.map_err(|e| {
         proxy.count(what, "error");

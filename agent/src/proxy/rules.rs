@@ -10,10 +10,146 @@ use serde_json::{Value, json};
 pub const INSTANCE_LABEL: &str = "app.kubernetes.io/instance";
 /// Annotation of Argo CD's annotation-based tracking: `<app>:<group>/<kind>:<ns>/<name>`.
 pub const TRACKING_ANNOTATION: &str = "argocd.argoproj.io/tracking-id";
+/// Annotation naming the Argo CD installation that tracks an object (`installationID` in
+/// argocd-cm).
+pub const INSTALLATION_ID_ANNOTATION: &str = "argocd.argoproj.io/installation-id";
 /// Owner references followed from an object (Pod -> ReplicaSet -> Deployment).
 pub const MAX_OWNER_HOPS: usize = 3;
 /// Owner references of one object that are looked at (the controller first).
 pub const MAX_OWNERS_PER_OBJECT: usize = 4;
+
+/// How the spoke's Argo CD marks the objects of its Applications: argocd-cm's
+/// `application.resourceTrackingMethod`, `application.instanceLabelKey` and
+/// `installationID`, read as Argo CD reads them (argoproj/argo-cd
+/// `util/argo/resource_tracking.go`: `GetAppName`, `ParseAppInstanceValue`,
+/// `getAppInstanceValue`; and `controller/state.go`: `isSelfReferencedObj`, an annotation
+/// copied onto another object does not make it managed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tracking {
+    /// `None`: the key is not set, so the Argo CD version decides (label before 3.0,
+    /// annotation since); both are accepted then.
+    pub method: Option<TrackingMethod>,
+    /// The instance label (`application.instanceLabelKey`).
+    pub label_key: String,
+    /// `installationID`: an annotation-tracked object must carry exactly this in
+    /// `argocd.argoproj.io/installation-id` (none when empty).
+    pub installation_id: String,
+}
+
+/// `application.resourceTrackingMethod`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TrackingMethod {
+    /// The instance label.
+    Label,
+    /// The tracking-id annotation.
+    Annotation,
+    /// The annotation; the label is informational only (never read).
+    AnnotationAndLabel,
+}
+
+impl Default for Tracking {
+    fn default() -> Self {
+        Tracking {
+            method: None,
+            label_key: INSTANCE_LABEL.into(),
+            installation_id: String::new(),
+        }
+    }
+}
+
+impl Tracking {
+    /// From argocd-cm's `data` (absent keys keep Argo CD's defaults; an unknown method is
+    /// read as `annotation`, as Argo CD 3 does).
+    pub fn from_argocd_cm(data: &Value) -> Tracking {
+        let get = |k: &str| data.get(k).and_then(Value::as_str).map(str::trim);
+        let method = get("application.resourceTrackingMethod")
+            .filter(|m| !m.is_empty())
+            .map(|m| match m {
+                "label" => TrackingMethod::Label,
+                "annotation+label" => TrackingMethod::AnnotationAndLabel,
+                _ => TrackingMethod::Annotation,
+            });
+        Tracking {
+            method,
+            label_key: get("application.instanceLabelKey")
+                .filter(|k| !k.is_empty())
+                .unwrap_or(INSTANCE_LABEL)
+                .to_owned(),
+            installation_id: get("installationID").unwrap_or_default().to_owned(),
+        }
+    }
+
+    fn reads_label(&self) -> bool {
+        matches!(self.method, None | Some(TrackingMethod::Label))
+    }
+
+    fn reads_annotation(&self) -> bool {
+        !matches!(self.method, Some(TrackingMethod::Label))
+    }
+
+    /// The Application an object's metadata names under this tracking, if any.
+    fn app_names<'m>(&self, metadata: &'m Value) -> Vec<&'m str> {
+        let mut out = Vec::new();
+        if self.reads_label()
+            && let Some(instance) = metadata
+                .get("labels")
+                .and_then(|l| string_at(l, &self.label_key))
+        {
+            out.push(instance);
+        }
+        if self.reads_annotation()
+            && let Some(id) = self.tracking_id(metadata)
+        {
+            out.push(id.app);
+        }
+        out
+    }
+
+    /// The object's tracking id, when it is well formed, from this installation, and names
+    /// the object itself.
+    fn tracking_id<'m>(&self, metadata: &'m Value) -> Option<TrackingId<'m>> {
+        let annotations = metadata.get("annotations");
+        let installation = annotations
+            .and_then(|a| string_at(a, INSTALLATION_ID_ANNOTATION))
+            .unwrap_or_default();
+        if installation != self.installation_id {
+            return None;
+        }
+        let id = TrackingId::parse(annotations.and_then(|a| string_at(a, TRACKING_ANNOTATION))?)?;
+        let name = string_at(metadata, "name").unwrap_or_default();
+        let namespace = string_at(metadata, "namespace").unwrap_or_default();
+        // Cluster-scoped objects carry the Application's destination namespace.
+        (id.name == name && (namespace.is_empty() || id.namespace == namespace)).then_some(id)
+    }
+}
+
+/// `<app>:<group>/<kind>:<namespace>/<name>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TrackingId<'a> {
+    pub app: &'a str,
+    pub group: &'a str,
+    pub kind: &'a str,
+    pub namespace: &'a str,
+    pub name: &'a str,
+}
+
+impl<'a> TrackingId<'a> {
+    /// Parses a tracking id exactly as Argo CD does (three `:`-separated parts, the last
+    /// two with exactly one `/`).
+    pub fn parse(value: &'a str) -> Option<TrackingId<'a>> {
+        let mut parts = value.splitn(3, ':');
+        let (app, gk, nn) = (parts.next()?, parts.next()?, parts.next()?);
+        let (group, kind) = gk.split_once('/').filter(|(_, k)| !k.contains('/'))?;
+        let (namespace, name) = nn.split_once('/').filter(|(_, n)| !n.contains('/'))?;
+        Some(TrackingId {
+            app,
+            group,
+            kind,
+            namespace,
+            name,
+        })
+    }
+}
 
 /// What the agent knows of one Application it holds, for deciding a create: where it
 /// deploys and which kinds of object it manages.
@@ -85,6 +221,8 @@ pub struct Apps {
     /// Instance name -> indices into `facts`.
     names: HashMap<String, Vec<usize>>,
     facts: Vec<AppFacts>,
+    /// How the spoke's Argo CD marks objects.
+    tracking: Tracking,
 }
 
 impl Apps {
@@ -119,6 +257,17 @@ impl Apps {
         out
     }
 
+    /// The same Applications, with the spoke's Argo CD tracking settings.
+    pub fn with_tracking(mut self, tracking: Tracking) -> Apps {
+        self.tracking = tracking;
+        self
+    }
+
+    /// How the spoke's Argo CD marks objects.
+    pub fn tracking(&self) -> &Tracking {
+        &self.tracking
+    }
+
     /// Whether `name` names one of the Applications.
     pub fn contains(&self, name: &str) -> bool {
         !name.is_empty() && self.names.contains_key(name)
@@ -143,9 +292,9 @@ fn string_at<'a>(map: &'a Value, key: &str) -> Option<&'a str> {
     map.get(key)?.as_str()
 }
 
-/// Rules (a) and (b): the object's metadata carries the instance label of one of the
-/// Applications, or a tracking-id annotation whose app part (before the first `:`) names
-/// one.
+/// Rules (a) and (b): the object's metadata names one of the Applications under the spoke's
+/// Argo CD tracking ([`Tracking`]): its instance label, or a tracking-id annotation of this
+/// installation that names the object itself.
 pub fn marked(metadata: &Value, apps: &Apps) -> bool {
     !marking_apps(metadata, apps).is_empty()
 }
@@ -154,15 +303,7 @@ pub fn marked(metadata: &Value, apps: &Apps) -> bool {
 /// object's metadata.
 pub fn marking_apps(metadata: &Value, apps: &Apps) -> BTreeSet<usize> {
     let mut found = BTreeSet::new();
-    if let Some(labels) = metadata.get("labels")
-        && let Some(instance) = string_at(labels, INSTANCE_LABEL)
-    {
-        found.extend(apps.named(instance));
-    }
-    if let Some(annotations) = metadata.get("annotations")
-        && let Some(tracking) = string_at(annotations, TRACKING_ANNOTATION)
-    {
-        let app = tracking.split_once(':').map_or(tracking, |(app, _)| app);
+    for app in apps.tracking.app_names(metadata) {
         found.extend(apps.named(app));
     }
     found
@@ -852,24 +993,52 @@ mod tests {
             (json!({"labels": {INSTANCE_LABEL: ""}}), false),
             (json!({"labels": {"app": "guestbook"}}), false),
             (
-                json!({"annotations": {TRACKING_ANNOTATION: "guestbook:apps/Deployment:default/web"}}),
+                json!({"name": "web", "namespace": "default",
+                    "annotations": {TRACKING_ANNOTATION: "guestbook:apps/Deployment:default/web"}}),
                 true,
             ),
             (
-                json!({"annotations": {TRACKING_ANNOTATION: "team-a_web:/Service:team-a/web"}}),
+                json!({"name": "web", "namespace": "team-a",
+                    "annotations": {TRACKING_ANNOTATION: "team-a_web:/Service:team-a/web"}}),
+                true,
+            ),
+            // Cluster-scoped: the tracking id carries the destination namespace.
+            (
+                json!({"name": "web-role",
+                    "annotations": {TRACKING_ANNOTATION: "guestbook:rbac.authorization.k8s.io/ClusterRole:default/web-role"}}),
                 true,
             ),
             (
-                json!({"annotations": {TRACKING_ANNOTATION: "guestbookx:apps/Deployment:default/web"}}),
+                json!({"name": "web", "namespace": "default",
+                    "annotations": {TRACKING_ANNOTATION: "guestbookx:apps/Deployment:default/web"}}),
                 false,
             ),
             (
-                json!({"annotations": {TRACKING_ANNOTATION: ":apps/Deployment:default/web"}}),
+                json!({"name": "web", "namespace": "default",
+                    "annotations": {TRACKING_ANNOTATION: ":apps/Deployment:default/web"}}),
+                false,
+            ),
+            // Malformed, as Argo CD parses it.
+            (
+                json!({"name": "web", "namespace": "default",
+                    "annotations": {TRACKING_ANNOTATION: "guestbook"}}),
                 false,
             ),
             (
-                json!({"annotations": {TRACKING_ANNOTATION: "guestbook"}}),
-                true,
+                json!({"name": "web", "namespace": "default",
+                    "annotations": {TRACKING_ANNOTATION: "guestbook:apps/v1/Deployment:default/web"}}),
+                false,
+            ),
+            // Copied onto another object: the id names someone else.
+            (
+                json!({"name": "loot", "namespace": "default",
+                    "annotations": {TRACKING_ANNOTATION: "guestbook:apps/Deployment:default/web"}}),
+                false,
+            ),
+            (
+                json!({"name": "web", "namespace": "kube-system",
+                    "annotations": {TRACKING_ANNOTATION: "guestbook:apps/Deployment:default/web"}}),
+                false,
             ),
             (json!({"labels": {INSTANCE_LABEL: 5}}), false),
             (json!({}), false),
@@ -882,6 +1051,83 @@ mod tests {
             &json!({"labels": {INSTANCE_LABEL: "guestbook"}}),
             &Apps::default()
         ));
+    }
+
+    #[test]
+    fn argocd_cm_tracking_settings_decide_what_marks_an_object() {
+        let cm = |d: Value| Tracking::from_argocd_cm(&d);
+        let by_label = json!({"name": "web", "namespace": "default",
+            "labels": {INSTANCE_LABEL: "guestbook"}});
+        let by_annotation = json!({"name": "web", "namespace": "default",
+            "annotations": {TRACKING_ANNOTATION: "guestbook:apps/Deployment:default/web"}});
+        let custom = json!({"name": "web", "namespace": "default",
+            "labels": {"example.com/app": "guestbook"}});
+        let marked_with = |t: Tracking, m: &Value| marked(m, &apps().with_tracking(t));
+        // Unset: either (the Argo CD version decides its default).
+        assert!(marked_with(cm(json!({})), &by_label));
+        assert!(marked_with(cm(json!({})), &by_annotation));
+        // label: the label only, under its configured key.
+        let label = cm(json!({"application.resourceTrackingMethod": "label"}));
+        assert!(marked_with(label.clone(), &by_label));
+        assert!(!marked_with(label, &by_annotation));
+        let custom_key = cm(json!({"application.resourceTrackingMethod": "label",
+            "application.instanceLabelKey": "example.com/app"}));
+        assert!(marked_with(custom_key.clone(), &custom));
+        assert!(!marked_with(custom_key, &by_label));
+        // annotation and annotation+label: the annotation only (the label is
+        // informational); an unknown method reads as annotation, as Argo CD 3 does.
+        for m in ["annotation", "annotation+label", "something-else"] {
+            let t = cm(json!({"application.resourceTrackingMethod": m}));
+            assert!(marked_with(t.clone(), &by_annotation), "{m}");
+            assert!(!marked_with(t, &by_label), "{m}");
+        }
+        // installationID: exactly this installation's objects.
+        let installed = cm(json!({"application.resourceTrackingMethod": "annotation",
+            "installationID": "hub-a"}));
+        assert!(!marked_with(installed.clone(), &by_annotation));
+        let mut ours = by_annotation.clone();
+        ours["annotations"][INSTALLATION_ID_ANNOTATION] = json!("hub-a");
+        assert!(marked_with(installed.clone(), &ours));
+        let mut theirs = by_annotation.clone();
+        theirs["annotations"][INSTALLATION_ID_ANNOTATION] = json!("hub-b");
+        assert!(!marked_with(installed, &theirs));
+        assert!(
+            !marked_with(cm(json!({})), &theirs),
+            "another installation's object"
+        );
+    }
+
+    #[test]
+    fn tracking_ids_parse_as_argo_cd_parses_them() {
+        assert_eq!(
+            TrackingId::parse("ns_app:apps/Deployment:team/web"),
+            Some(TrackingId {
+                app: "ns_app",
+                group: "apps",
+                kind: "Deployment",
+                namespace: "team",
+                name: "web"
+            })
+        );
+        assert_eq!(
+            TrackingId::parse("app:/Service:team/web").map(|t| t.group),
+            Some("")
+        );
+        // The third part keeps every ':' after the second.
+        assert_eq!(
+            TrackingId::parse("app:/ConfigMap:ns/a:b").map(|t| t.name),
+            Some("a:b")
+        );
+        for bad in [
+            "app",
+            "app:/Service",
+            "app:Service:ns/web",
+            "app:/Service:web",
+            "app:a/b/c:ns/web",
+            "app:/Service:ns/a/b",
+        ] {
+            assert_eq!(TrackingId::parse(bad), None, "{bad}");
+        }
     }
 
     #[test]

@@ -45,11 +45,14 @@ fn mock(
                 .path_and_query()
                 .map(|p| p.to_string())
                 .unwrap_or_default();
-            log.lock().unwrap().push(Seen {
-                method: parts.method.to_string(),
-                uri: uri.clone(),
-                headers: parts.headers.clone(),
-            });
+            // The tracking settings' read is the proxy's own, not part of a request.
+            if uri != ARGOCD_CM {
+                log.lock().unwrap().push(Seen {
+                    method: parts.method.to_string(),
+                    uri: uri.clone(),
+                    headers: parts.headers.clone(),
+                });
+            }
             let (status, ct, body) = table
                 .get(&(parts.method.to_string(), uri))
                 .cloned()
@@ -112,6 +115,45 @@ fn count(p: &Proxy, verb: &str, outcome: &str) -> u64 {
 }
 
 const DEPLOY: &str = "/apis/apps/v1/namespaces/ns/deployments/web";
+/// The spoke Argo CD's settings (404 unless a test routes it).
+const ARGOCD_CM: &str = "/api/v1/namespaces/argocd/configmaps/argocd-cm";
+
+#[tokio::test]
+async fn the_spokes_argocd_cm_decides_how_objects_are_tracked() {
+    let annotated = json!({"kind": "Deployment", "metadata": {"name": "web", "namespace": "ns",
+        "annotations": {"argocd.argoproj.io/tracking-id": "guestbook:apps/Deployment:ns/web"}}});
+    let labelled = json!({"kind": "Deployment", "metadata": managed_meta("web")});
+    let cm = |method: &str| {
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "argocd-cm", "namespace": "argocd"},
+            "data": {"application.resourceTrackingMethod": method}})
+    };
+    let get = req("GET", DEPLOY, "", "application/json", Value::Null);
+    for (method, object, want) in [
+        ("annotation", &annotated, 200),
+        ("annotation", &labelled, 403),
+        ("label", &labelled, 200),
+        ("label", &annotated, 403),
+    ] {
+        let (p, _) = mock(
+            vec![
+                ("GET", ARGOCD_CM, 200, cm(method)),
+                ("GET", DEPLOY, 200, object.clone()),
+            ],
+            ProxyConfig::default(),
+        );
+        let r = p.handle_resource(&apps(), &get).await;
+        assert_eq!(r.status, want, "{method}: {object}");
+    }
+    // Without argocd-cm, either marks an object (the Argo CD version decides its default).
+    for object in [&annotated, &labelled] {
+        let (p, _) = mock(
+            vec![("GET", DEPLOY, 200, object.clone())],
+            ProxyConfig::default(),
+        );
+        assert_eq!(p.handle_resource(&apps(), &get).await.status, 200);
+    }
+}
 
 #[tokio::test]
 async fn a_managed_object_is_served() {
