@@ -2,6 +2,7 @@
 //! binaries, the development Workload API server, Envoy and fault-injecting proxies.
 #![forbid(unsafe_code)]
 
+pub mod argocd_schema;
 pub mod bench;
 pub mod chaos;
 pub mod envoy;
