@@ -41,7 +41,8 @@ use tokio_util::task::TaskTracker;
 use tonic::Status;
 
 use crate::error::chain;
-use crate::hub::Hub;
+use crate::metrics::Metrics;
+use crate::sessions::Sessions;
 
 /// Label on every Lease the principal writes: `agent` or `replica`.
 pub const LEASE_LABEL: &str = "argocd-agent.argoproj-labs.io/lease";
@@ -282,7 +283,9 @@ pub struct Leases {
     api: Resources,
     cache: Cache,
     changed: Notify,
-    hub: Arc<Hub>,
+    /// The sessions a lost or handed-over Lease closes.
+    sessions: Arc<Sessions>,
+    metrics: Metrics,
     held: Mutex<HashMap<AgentName, Held>>,
     acquiring: Mutex<HashSet<AgentName>>,
     releasing: Mutex<HashSet<AgentName>>,
@@ -367,7 +370,8 @@ impl Leases {
         client: kube::Client,
         namespace: &str,
         cfg: HaConfig,
-        hub: Arc<Hub>,
+        sessions: Arc<Sessions>,
+        metrics: Metrics,
         tasks: &TaskTracker,
         shutdown: CancellationToken,
     ) -> Arc<Leases> {
@@ -385,7 +389,8 @@ impl Leases {
             api: Resources::new(client, Kind::Lease),
             cache,
             changed: Notify::new(),
-            hub,
+            sessions,
+            metrics,
             held: Mutex::new(HashMap::new()),
             acquiring: Mutex::new(HashSet::new()),
             releasing: Mutex::new(HashSet::new()),
@@ -568,7 +573,7 @@ impl Leases {
         session: u64,
     ) -> Result<LeaseGuard, Status> {
         if self.fenced.load(Ordering::Acquire) || lock(&self.renewed).is_none() {
-            self.hub.metrics.deferred("Fenced");
+            self.metrics.deferred("Fenced");
             return Err(Status::unavailable(format!(
                 "principal replica {} cannot renew its Lease on the hub: reconnect to another replica",
                 self.cfg.replica
@@ -650,12 +655,12 @@ impl Leases {
                     .await
                 {
                     Ok(created) => {
-                        self.hub.metrics.lease_write("agent", "create", "ok");
+                        self.metrics.lease_write("agent", "create", "ok");
                         tracing::debug!(%agent, session, "agent Lease created");
                         return Ok(rv(&created).unwrap_or(0));
                     }
                     Err(e) if e.is_already_exists() => {
-                        self.hub.metrics.lease_write("agent", "create", "conflict");
+                        self.metrics.lease_write("agent", "create", "conflict");
                         tokio::time::sleep(Duration::from_millis(20)).await;
                         continue;
                     }
@@ -699,14 +704,14 @@ impl Leases {
                     .await;
                 match written {
                     Ok(UpdateOutcome::Updated(obj)) => {
-                        self.hub.metrics.lease_write("agent", "acquire", "ok");
+                        self.metrics.lease_write("agent", "acquire", "ok");
                         if let Some(p) = previous.filter(|p| *p != self.me) {
                             tracing::info!(%agent, previous = %p, "agent Lease taken over from a replica that is gone");
                         }
                         return Ok(rv(&obj).unwrap_or(0));
                     }
                     Ok(_) => {
-                        self.hub.metrics.lease_write("agent", "acquire", "conflict");
+                        self.metrics.lease_write("agent", "acquire", "conflict");
                         continue;
                     }
                     Err(e) if e.is_not_found() => continue,
@@ -715,7 +720,7 @@ impl Leases {
             }
             let holder = holder.unwrap_or_default();
             if Instant::now() >= deadline {
-                self.hub.metrics.deferred("HeldElsewhere");
+                self.metrics.deferred("HeldElsewhere");
                 return Err(Status::unavailable(format!(
                     "agent {agent} is served by principal replica {}, which did not hand it over in time; retry",
                     replica_of(&holder)
@@ -740,9 +745,7 @@ impl Leases {
                     .await;
                 match asked_now {
                     Ok(UpdateOutcome::Updated(_)) => {
-                        self.hub
-                            .metrics
-                            .lease_write("agent", "takeover-request", "ok");
+                        self.metrics.lease_write("agent", "takeover-request", "ok");
                         tracing::info!(%agent, holder = %holder,
                             "agent is held by another replica: asked it to hand the agent over");
                         asked = true;
@@ -762,7 +765,7 @@ impl Leases {
     }
 
     fn lease_error(&self, op: &str, e: &argocd_agent_kubernetes::Error) -> Status {
-        self.hub.metrics.lease_write("agent", op, "error");
+        self.metrics.lease_write("agent", op, "error");
         tracing::warn!(op, error = %chain(e), "agent Lease write failed");
         Status::unavailable(format!(
             "principal replica {} could not {op} the agent's Lease on the hub: {}",
@@ -844,14 +847,14 @@ impl Leases {
         };
         match result {
             Ok(UpdateOutcome::Updated(obj)) => {
-                self.hub.metrics.lease_write("agent", op, "ok");
+                self.metrics.lease_write("agent", op, "ok");
                 let to = LeaseView::of(&obj).holder;
                 tracing::debug!(%agent, to = ?to, "agent Lease {op}d");
             }
             Ok(_) => {}
             Err(e) if e.is_not_found() => {}
             Err(e) => {
-                self.hub.metrics.lease_write("agent", op, "error");
+                self.metrics.lease_write("agent", op, "error");
                 tracing::warn!(%agent, error = %chain(&e), "could not {op} the agent Lease (it expires by itself)");
             }
         }
@@ -920,7 +923,7 @@ impl Leases {
             {
                 h.handover_to = Some(requester.to_string());
                 drop(held);
-                self.hub.metrics.deferred("HandedOver");
+                self.metrics.deferred("HandedOver");
                 tracing::info!(%agent, to = %requester,
                     "another replica asked for this agent (it reconnected there): closing our session and handing the agent over");
                 let reason = format!(
@@ -928,17 +931,17 @@ impl Leases {
                     replica_of(requester)
                 );
                 // Without a session left here (it is ending), the guard hands over.
-                self.hub.close_session(&agent, Some(reason));
+                self.sessions.close_session(&agent, Some(reason));
             }
             (Some(holder), Some(_)) if holder == self.me => {} // handover under way
             (holder, _) if holder != Some(self.me.as_str()) => {
                 let holder = holder.unwrap_or("nobody").to_string();
                 held.remove(&agent);
                 drop(held);
-                self.hub.metrics.deferred("LeaseLost");
+                self.metrics.deferred("LeaseLost");
                 tracing::warn!(%agent, holder = %holder,
                     "this replica lost the agent's Lease: closing its session here");
-                self.hub.close_session(
+                self.sessions.close_session(
                     &agent,
                     Some(format!(
                         "principal replica {} no longer holds the agent's Lease",
@@ -1031,14 +1034,14 @@ impl Leases {
         };
         match result {
             Ok(()) => {
-                self.hub.metrics.lease_write("replica", "renew", "ok");
+                self.metrics.lease_write("replica", "renew", "ok");
                 *lock(&self.renewed) = Some(Instant::now());
                 if self.fenced.swap(false, Ordering::AcqRel) {
                     tracing::info!("replica Lease renewed again: accepting agents");
                 }
             }
             Err(e) => {
-                self.hub.metrics.lease_write("replica", "renew", "error");
+                self.metrics.lease_write("replica", "renew", "error");
                 let since = lock(&self.renewed).map(|t| t.elapsed());
                 tracing::warn!(error = %chain(&e), since_last = ?since, "could not renew the replica Lease");
                 if since.is_some_and(|s| s >= self.cfg.replica_lease_duration)
@@ -1059,8 +1062,8 @@ impl Leases {
             "replica Lease stale for a whole duration: closing every session so other replicas serve the agents"
         );
         for agent in agents {
-            self.hub.metrics.deferred("Fenced");
-            self.hub.close_session(
+            self.metrics.deferred("Fenced");
+            self.sessions.close_session(
                 &agent,
                 Some(format!(
                     "principal replica {} cannot renew its Lease on the hub",
@@ -1099,7 +1102,7 @@ impl Leases {
             let ours = held.get_mut(&agent).filter(|h| h.session == session);
             match (result, ours) {
                 (Ok(UpdateOutcome::Updated(obj)), Some(h)) => {
-                    self.hub.metrics.lease_write("agent", "renew", "ok");
+                    self.metrics.lease_write("agent", "renew", "ok");
                     h.rv = rv(&obj).unwrap_or(h.rv);
                     h.next_renew = Instant::now() + self.renew_after();
                 }
@@ -1108,9 +1111,9 @@ impl Leases {
                 {
                     held.remove(&agent);
                     drop(held);
-                    self.hub.metrics.deferred("LeaseLost");
+                    self.metrics.deferred("LeaseLost");
                     tracing::warn!(%agent, "agent Lease held by another replica at renewal: closing the session here");
-                    self.hub.close_session(
+                    self.sessions.close_session(
                         &agent,
                         Some(format!(
                             "principal replica {} no longer holds the agent's Lease",
@@ -1119,7 +1122,7 @@ impl Leases {
                     );
                 }
                 (Err(e), Some(h)) => {
-                    self.hub.metrics.lease_write("agent", "renew", "error");
+                    self.metrics.lease_write("agent", "renew", "error");
                     tracing::warn!(%agent, error = %chain(&e), "could not renew the agent Lease; retrying");
                     h.next_renew = Instant::now() + Duration::from_secs(5);
                 }
@@ -1200,8 +1203,8 @@ impl Leases {
                 "above fair share while another replica has room: closing sessions so they reconnect elsewhere"
             );
             for agent in victims {
-                self.hub.metrics.deferred("Rebalance");
-                self.hub.close_session(
+                self.metrics.deferred("Rebalance");
+                self.sessions.close_session(
                     &agent,
                     Some(format!(
                         "principal replica {} is rebalancing agents across replicas; reconnect",

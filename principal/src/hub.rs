@@ -6,22 +6,18 @@
 //! Autonomous agents: the agent's copy is the source of truth; hub edits are reverted from
 //! the last object the agent sent (`desired`).
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use argocd_agent_identity::{AgentIdentity, AgentMode, AgentName, Namespace, ResourceKind};
 use argocd_agent_kubernetes::object::{self, is_being_deleted, spec_checksum};
 use argocd_agent_kubernetes::{Cache, Change, Resources, UpsertOutcome};
 use argocd_agent_sync::queue::{Lane, QueueKey};
 use argocd_agent_sync::resync::Checksums;
-use argocd_agent_sync::{
-    Event, EventType, JsonObject, LazyObject, Payload, QueueLimits, ResourceRef, SendQueue,
-};
+use argocd_agent_sync::{Event, EventType, JsonObject, LazyObject, Payload, ResourceRef};
 use futures::{Stream, StreamExt};
 use kube::api::DynamicObject;
 use serde_json::{Value, json};
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
@@ -29,206 +25,15 @@ use tracing::Instrument;
 use crate::error::{ApplyError, chain};
 use crate::inbound::Command;
 use crate::metrics::{HubWrite, Metrics};
-use crate::objects::{ConfigKey, ConfigObjects, OwnerRecord};
+use crate::objects::{ConfigObjects, OwnerRecord};
 use crate::projects;
+use crate::sessions::{AgentState, Sessions};
+
+pub use crate::apps::AppOwners;
+pub use crate::sessions::SessionInfo;
 
 /// Label put on hub copies of autonomous agents' Applications (and checked for ownership).
 pub const AGENT_NAME_LABEL: &str = "argocd-agent.argoproj-labs.io/agent-name";
-
-type InboxKey = (ResourceKind, String);
-/// A hub change and the span that routed it.
-type Routed = (Change, tracing::Span);
-
-/// Hub changes waiting for one agent's worker, coalesced by kind and object name: only the
-/// newest change of an object matters (every handler acts on the object's current state),
-/// so the inbox never holds more entries than the agent has objects. A change of the hub's
-/// configuration objects is one flag: the worker re-evaluates the agent's whole set.
-#[derive(Default)]
-struct ChangeInbox {
-    /// With each change, the span that routed it (the parent of its handling).
-    pending: Mutex<(VecDeque<InboxKey>, HashMap<InboxKey, Routed>)>,
-    config_dirty: AtomicBool,
-    notify: Notify,
-}
-
-impl ChangeInbox {
-    fn push(&self, key: InboxKey, change: Change) {
-        let origin = tracing::Span::current();
-        let mut guard = lock(&self.pending);
-        let (order, latest) = &mut *guard;
-        if latest.insert(key.clone(), (change, origin)).is_none() {
-            order.push_back(key);
-        }
-        drop(guard);
-        self.notify.notify_one();
-    }
-
-    fn drain(&self) -> Vec<(InboxKey, Change, tracing::Span)> {
-        let mut guard = lock(&self.pending);
-        let (order, latest) = &mut *guard;
-        order
-            .drain(..)
-            .filter_map(|k| latest.remove(&k).map(|(c, origin)| (k, c, origin)))
-            .collect()
-    }
-
-    fn mark_config_dirty(&self) {
-        self.config_dirty.store(true, Ordering::Release);
-        self.notify.notify_one();
-    }
-
-    fn take_config_dirty(&self) -> bool {
-        self.config_dirty.swap(false, Ordering::AcqRel)
-    }
-}
-
-/// Mutable state of one agent, behind one lock.
-pub(crate) struct AgentInner {
-    identity: AgentIdentity,
-    mode: AgentMode,
-    /// The current session: its id and the token that closes it.
-    session: Option<(u64, CancellationToken)>,
-    /// Autonomous: the last object the agent sent, by name (what hub edits are reverted to).
-    desired: HashMap<String, Arc<Value>>,
-    /// Managed: spec checksum last sent, by name (so hub status writes are not echoed back).
-    sent_spec: HashMap<String, String>,
-    /// Operations already forwarded, by name -> checksum of `.operation`.
-    sent_operation: HashMap<String, String>,
-    /// Names whose terminate request (phase `Terminating` on the hub) was forwarded.
-    sent_terminate: std::collections::HashSet<String>,
-    /// Managed: configuration objects last sent (kind, name) -> content checksum.
-    pub(crate) sent_config: HashMap<ConfigKey, String>,
-    /// Autonomous: the agent's projects as it sent them, by their name on the spoke.
-    pub(crate) desired_projects: HashMap<String, Arc<Value>>,
-    /// What the operator API shows about the current (or last) session.
-    session_info: SessionInfo,
-    /// Why the principal closed the current session, told to the agent.
-    close_reason: Option<String>,
-}
-
-/// What is known about an agent's current (or last) session, for the operator API.
-#[derive(Debug, Clone, Default)]
-pub struct SessionInfo {
-    pub connected_since: Option<std::time::SystemTime>,
-    /// The peer address (the sidecar's or the ingress's when one sits in front).
-    pub remote_addr: Option<std::net::SocketAddr>,
-    /// The agent's version, from its hello.
-    pub agent_version: String,
-    /// notAfter of the client certificate, when the session is mutual TLS.
-    pub svid_expiry: Option<std::time::SystemTime>,
-    /// SHA-256 of the client certificate, when the session is mutual TLS (blocklist).
-    pub fingerprint: Option<String>,
-}
-
-/// State of one agent, kept across its sessions.
-pub struct AgentState {
-    /// The agent's name (fixed: a new name is a new agent).
-    pub name: AgentName,
-    /// Events to the agent.
-    pub queue: SendQueue,
-    inner: Mutex<AgentInner>,
-    inbox: ChangeInbox,
-    /// Last event received from the agent, Unix milliseconds (0: none yet).
-    last_event_ms: AtomicI64,
-    /// Requests to the current session (none while disconnected).
-    link: Mutex<Option<Arc<crate::link::AgentLink>>>,
-    /// The agent's inbound event rate limit: per agent, not per session, so reconnecting
-    /// does not refill it.
-    limiter: Mutex<crate::ratelimit::EventLimiter>,
-}
-
-impl AgentState {
-    pub(crate) fn inner(&self) -> MutexGuard<'_, AgentInner> {
-        lock(&self.inner)
-    }
-    /// Hands a hub change of one of this agent's objects to its worker.
-    pub(crate) fn push_change(&self, kind: ResourceKind, name: String, change: Change) {
-        self.inbox.push((kind, name), change);
-    }
-    /// Tells the worker to re-evaluate the agent's configuration objects.
-    pub(crate) fn mark_config_dirty(&self) {
-        self.inbox.mark_config_dirty();
-    }
-    /// Takes one token of the agent's inbound event rate limit.
-    pub fn check_rate(&self) -> crate::ratelimit::Verdict {
-        lock(&self.limiter).check(std::time::Instant::now())
-    }
-    /// The agent's hub namespace.
-    pub fn namespace(&self) -> Namespace {
-        self.inner().identity.namespace.clone()
-    }
-    /// Why the principal closed the session, if it said (taken once).
-    pub(crate) fn take_close_reason(&self) -> Option<String> {
-        self.inner().close_reason.take()
-    }
-    /// The identity of its latest session.
-    pub fn identity(&self) -> AgentIdentity {
-        self.inner().identity.clone()
-    }
-    /// The mode of its latest session.
-    pub fn mode(&self) -> AgentMode {
-        self.inner().mode
-    }
-    /// The request link of the current session, if connected.
-    pub fn link(&self) -> Option<Arc<crate::link::AgentLink>> {
-        lock(&self.link).clone()
-    }
-    /// Installs the request link of a new session (failing the previous one's requests).
-    pub fn set_link(&self, link: Arc<crate::link::AgentLink>) {
-        if let Some(old) = lock(&self.link).replace(link) {
-            old.close();
-        }
-    }
-    /// Removes the link of session `session_id`, if still current, failing its requests.
-    pub fn clear_link(&self, session_id: u64) {
-        let mut guard = lock(&self.link);
-        if guard.as_ref().is_some_and(|l| l.session_id == session_id)
-            && let Some(old) = guard.take()
-        {
-            old.close();
-        }
-    }
-    /// Whether a session is open.
-    pub fn is_connected(&self) -> bool {
-        self.inner().session.is_some()
-    }
-    /// Records what the operator API shows about session `session_id`, if it is current.
-    pub fn set_session_info(&self, session_id: u64, info: SessionInfo) {
-        let mut inner = self.inner();
-        if inner.session.as_ref().map(|(id, _)| *id) == Some(session_id) {
-            inner.session_info = info;
-        }
-    }
-    /// What is known about the current (or last) session.
-    pub fn session_info(&self) -> SessionInfo {
-        self.inner().session_info.clone()
-    }
-    /// Records that an event was received from the agent now.
-    pub fn touch(&self) {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-        self.last_event_ms.store(now, Ordering::Relaxed);
-    }
-    /// When the last event was received from the agent.
-    pub fn last_event(&self) -> Option<std::time::SystemTime> {
-        let ms = self.last_event_ms.load(Ordering::Relaxed);
-        (ms > 0)
-            .then(|| std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.unsigned_abs()))
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A poisoned lock only means a task panicked mid-update; the data stays usable.
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Agents by name and by hub namespace, changed together under one lock.
-#[derive(Default)]
-struct Registry {
-    agents: HashMap<AgentName, Arc<AgentState>>,
-    by_namespace: HashMap<Namespace, AgentName>,
-}
 
 /// What the session does after a command was applied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -247,15 +52,14 @@ pub enum Applied {
 pub struct Hub {
     /// CloudEvents `source` of events we send (our SPIFFE ID when we have one).
     pub source: String,
-    /// Identities that may not connect (the `argocd-agent-blocklist` ConfigMap).
-    pub blocklist: crate::blocklist::LiveBlocklist,
+    /// The agents and their sessions.
+    pub sessions: Arc<Sessions>,
+    /// Which agent serves each Application.
+    pub owners: Arc<AppOwners>,
     pub apps: Resources,
     pub namespaces: Resources,
     pub cache: Cache,
     pub metrics: Metrics,
-    pub queue_limits: QueueLimits,
-    /// Each agent's inbound event rate limit.
-    pub event_rate: crate::ratelimit::EventRate,
     pub create_namespace: bool,
     namespace_cache: Option<Cache>,
     pub namespace_labels: BTreeMap<String, String>,
@@ -264,10 +68,6 @@ pub struct Hub {
     /// Destination-based mapping: a managed agent's Applications are those whose
     /// `spec.destination.name` names it, in any hub namespace.
     pub by_destination: bool,
-    /// Destination-based mapping: the agent each Application was last routed to, so a
-    /// destination change becomes a delete on the old agent and a create on the new one.
-    placements: Mutex<HashMap<(String, String), AgentName>>,
-    registry: Mutex<Registry>,
     /// Per-agent workers; drained on shutdown.
     tasks: TaskTracker,
     shutdown: CancellationToken,
@@ -280,9 +80,8 @@ pub struct HubParts {
     pub namespaces: Resources,
     pub cache: Cache,
     pub metrics: Metrics,
-    pub queue_limits: QueueLimits,
-    /// Each agent's inbound event rate limit (`--agent-event-rate`, `--agent-event-burst`).
-    pub event_rate: crate::ratelimit::EventRate,
+    /// The agents and their sessions.
+    pub sessions: Arc<Sessions>,
     pub create_namespace: bool,
     /// The hub's namespaces (watched when `create_namespace` is set): a namespace known to
     /// exist costs no API call on connect.
@@ -403,18 +202,19 @@ impl Hub {
             source: parts.source,
             apps: parts.apps,
             namespaces: parts.namespaces,
-            cache: parts.cache,
             metrics: parts.metrics,
-            queue_limits: parts.queue_limits,
-            event_rate: parts.event_rate,
+            owners: Arc::new(AppOwners::new(
+                parts.cache.clone(),
+                parts.by_destination,
+                parts.sessions.clone(),
+            )),
+            sessions: parts.sessions,
+            cache: parts.cache,
             create_namespace: parts.create_namespace,
             namespace_cache: parts.namespace_cache,
             namespace_labels: parts.namespace_labels,
             config: parts.config,
             by_destination: parts.by_destination,
-            blocklist: crate::blocklist::LiveBlocklist::default(),
-            placements: Mutex::new(HashMap::new()),
-            registry: Mutex::new(Registry::default()),
             tasks: parts.tasks,
             shutdown: parts.shutdown,
         }
@@ -466,39 +266,32 @@ impl Hub {
             .collect()
     }
 
-    /// The state of agent `name`, if it ever connected.
-    pub fn agent(&self, name: &AgentName) -> Option<Arc<AgentState>> {
-        lock(&self.registry).agents.get(name).cloned()
+    pub(crate) fn agent(&self, name: &AgentName) -> Option<Arc<AgentState>> {
+        self.sessions.agent(name)
     }
 
-    /// The agent that serves Application `ns/name`: with destination-based mapping the
-    /// managed agent it was placed on, otherwise the agent owning hub namespace `ns`.
-    /// `None` when the Application does not exist or nobody owns it.
-    pub fn app_owner(&self, ns: &Namespace, name: &str) -> Option<Arc<AgentState>> {
-        self.cache.get(Some(ns.as_str()), name)?;
-        let by_namespace = self.agent_for_namespace(ns);
-        if !self.by_destination
-            || by_namespace
-                .as_ref()
-                .is_some_and(|s| s.mode() == AgentMode::Autonomous)
-        {
-            return by_namespace;
-        }
-        let placed = lock(&self.placements)
-            .get(&(ns.to_string(), name.to_owned()))
-            .cloned()?;
-        self.agent(&placed)
-    }
-
-    /// Every agent that ever connected.
-    pub fn agents(&self) -> Vec<Arc<AgentState>> {
-        lock(&self.registry).agents.values().cloned().collect()
+    pub(crate) fn agents(&self) -> Vec<Arc<AgentState>> {
+        self.sessions.agents()
     }
 
     fn agent_for_namespace(&self, ns: &Namespace) -> Option<Arc<AgentState>> {
-        let registry = lock(&self.registry);
-        let name = registry.by_namespace.get(ns)?;
-        registry.agents.get(name).cloned()
+        self.sessions.agent_for_namespace(ns)
+    }
+
+    /// Registers (or refreshes) an agent's session (see [`Sessions::attach`]) and starts
+    /// the worker of an agent seen for the first time.
+    pub fn attach(
+        self: &Arc<Self>,
+        identity: AgentIdentity,
+        mode: AgentMode,
+        session_id: u64,
+        token: CancellationToken,
+    ) -> Arc<AgentState> {
+        let (state, created) = self.sessions.attach(identity, mode, session_id, token);
+        if created {
+            self.spawn_worker(state.clone());
+        }
+        state
     }
 
     /// What the hub records about the owner of the object an event of `agent` about
@@ -526,114 +319,6 @@ impl Hub {
             ResourceKind::AppProject => self.config.project_owner(agent, &resource.name),
             ResourceKind::Repository | ResourceKind::GpgKeys => OwnerRecord::Absent,
         }
-    }
-
-    /// Registers (or refreshes) an agent and returns its state. A new session replaces the
-    /// old one: the old session's token is cancelled.
-    pub fn attach(
-        self: &Arc<Self>,
-        identity: AgentIdentity,
-        mode: AgentMode,
-        session_id: u64,
-        token: CancellationToken,
-    ) -> Arc<AgentState> {
-        let name = identity.agent.clone();
-        let ns = identity.namespace.clone();
-        let mut registry = lock(&self.registry);
-        let state = match registry.agents.get(&name) {
-            Some(s) => s.clone(),
-            None => {
-                let state = Arc::new(AgentState {
-                    name: name.clone(),
-                    queue: SendQueue::new(self.queue_limits.clone()),
-                    inner: Mutex::new(AgentInner {
-                        identity: identity.clone(),
-                        mode,
-                        session: None,
-                        desired: HashMap::new(),
-                        sent_spec: HashMap::new(),
-                        sent_operation: HashMap::new(),
-                        sent_terminate: Default::default(),
-                        sent_config: HashMap::new(),
-                        desired_projects: HashMap::new(),
-                        session_info: SessionInfo::default(),
-                        close_reason: None,
-                    }),
-                    inbox: ChangeInbox::default(),
-                    last_event_ms: AtomicI64::new(0),
-                    link: Mutex::new(None),
-                    limiter: Mutex::new(crate::ratelimit::EventLimiter::new(
-                        self.event_rate,
-                        std::time::Instant::now(),
-                    )),
-                });
-                registry.agents.insert(name.clone(), state.clone());
-                self.spawn_worker(state.clone());
-                state
-            }
-        };
-        let old_session = {
-            let mut inner = state.inner();
-            if inner.mode != mode {
-                inner.desired.clear();
-                inner.sent_spec.clear();
-                inner.sent_config.clear();
-                inner.desired_projects.clear();
-            }
-            inner.mode = mode;
-            // The rules may now map this agent to another namespace: forget the old route.
-            if inner.identity.namespace != ns {
-                registry.by_namespace.remove(&inner.identity.namespace);
-            }
-            inner.identity = identity;
-            inner.session.replace((session_id, token))
-        };
-        registry.by_namespace.insert(ns, name.clone());
-        drop(registry);
-        if let Some((_, old)) = old_session {
-            tracing::info!(agent = %name, "new session replaces the previous one");
-            old.cancel();
-        }
-        state
-    }
-
-    /// Forgets the session if it is still the current one.
-    pub fn detach(&self, state: &AgentState, session_id: u64) {
-        let mut inner = state.inner();
-        if inner.session.as_ref().map(|(id, _)| *id) == Some(session_id) {
-            inner.session = None;
-        }
-    }
-
-    /// Live sessions' identities (for revocation checks).
-    pub fn connected_identities(&self) -> Vec<AgentIdentity> {
-        lock(&self.registry)
-            .agents
-            .values()
-            .filter_map(|a| {
-                let inner = a.inner();
-                inner.session.is_some().then(|| inner.identity.clone())
-            })
-            .collect()
-    }
-
-    /// Closes the current session of `agent`, if any; returns whether one was open.
-    pub fn disconnect(&self, agent: &AgentName) -> bool {
-        self.close_session(agent, None)
-    }
-
-    /// Closes the current session of `agent` telling it `reason` (the agent logs it and
-    /// reconnects); returns whether one was open.
-    pub fn close_session(&self, agent: &AgentName, reason: Option<String>) -> bool {
-        if let Some(state) = self.agent(agent) {
-            let mut inner = state.inner();
-            if let Some((_, token)) = inner.session.take() {
-                inner.close_reason = reason;
-                token.cancel();
-                return true;
-            }
-        }
-        false
     }
 
     /// Creates the agent's hub namespace when configured to.
@@ -768,7 +453,7 @@ impl Hub {
             "resync (managed): hub is the source");
         if self.routes_by_destination(state) {
             // Known from now on, so a later destination change deletes this agent's copy.
-            let mut placements = lock(&self.placements);
+            let mut placements = self.owners.placements();
             for obj in objects.values() {
                 if let (Some(ns), Some(name)) = (&obj.metadata.namespace, &obj.metadata.name) {
                     placements.insert((ns.clone(), name.clone()), state.name.clone());
@@ -991,7 +676,7 @@ impl Hub {
                 .filter(|s| s.mode() == AgentMode::Managed)
         };
         let previous = {
-            let mut placements = lock(&self.placements);
+            let mut placements = self.owners.placements();
             match &target {
                 Some(t) => placements.insert(key.clone(), t.name.clone()),
                 None => placements.remove(&key),
@@ -1431,27 +1116,6 @@ fn hub_write_span(op: &'static str, resource: &ResourceRef) -> tracing::Span {
     )
 }
 
-/// Every few seconds, sums the agents' queues into the queue-depth gauge and the resend
-/// counter (queues live as long as the principal, so their resend totals only grow).
-pub async fn sample_queues(hub: Arc<Hub>, shutdown: CancellationToken) {
-    let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
-    let mut counted = 0u64;
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tick.tick() => {}
-        }
-        let agents = hub.agents();
-        let depth: usize = agents.iter().map(|a| a.queue.len()).sum();
-        let resends: u64 = agents.iter().map(|a| a.queue.resends()).sum();
-        hub.metrics
-            .queue_depth
-            .set(i64::try_from(depth).unwrap_or(i64::MAX));
-        hub.metrics.resends.inc_by(resends.saturating_sub(counted));
-        counted = counted.max(resends);
-    }
-}
-
 /// Runs one hub watch of `kind` until the stream ends or shutdown, routing its changes to
 /// agents' workers (Applications by namespace or destination, configuration objects to the
 /// agents they concern).
@@ -1478,23 +1142,6 @@ pub async fn run_hub_watch(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kube::api::DynamicObject;
-
-    fn change(name: &str, spec: i64) -> Change {
-        let obj: DynamicObject = serde_json::from_value(json!({
-            "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
-            "metadata": {"name": name, "namespace": "agent-a"}, "spec": {"v": spec}
-        }))
-        .unwrap();
-        Change::Applied(Arc::new(obj))
-    }
-
-    fn spec_of(c: &Change) -> i64 {
-        match c {
-            Change::Applied(o) | Change::Deleted(o) => o.data["spec"]["v"].as_i64().unwrap(),
-            Change::Synced => -1,
-        }
-    }
 
     #[test]
     fn a_pending_terminate_survives_the_spokes_status_until_taken_up() {
@@ -1556,23 +1203,5 @@ mod tests {
             Some("edge-7")
         );
         assert_eq!(copy.data["spec"]["project"], json!("edge-7-default"));
-    }
-
-    #[test]
-    fn inbox_keeps_the_newest_change_per_object_in_first_seen_order() {
-        let inbox = ChangeInbox::default();
-        let key = |n: &str| (ResourceKind::Application, n.to_owned());
-        inbox.push(key("a"), change("a", 1));
-        inbox.push(key("b"), change("b", 1));
-        inbox.push(key("a"), change("a", 2));
-        let drained = inbox.drain();
-        assert_eq!(
-            drained
-                .iter()
-                .map(|(_, c, _)| spec_of(c))
-                .collect::<Vec<_>>(),
-            vec![2, 1]
-        );
-        assert!(inbox.drain().is_empty());
     }
 }

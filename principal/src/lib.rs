@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod apps;
 pub mod auth;
 pub mod blocklist;
 pub mod clusterinfo;
@@ -28,6 +29,7 @@ pub mod redisproxy;
 pub mod resourceproxy;
 pub mod server;
 pub mod session;
+pub mod sessions;
 pub mod tunnel;
 
 use std::net::SocketAddr;
@@ -51,6 +53,7 @@ use crate::metrics::Metrics;
 use crate::objects::ConfigObjects;
 use crate::server::{EventStreamService, VersionService};
 use crate::session::SessionContext;
+use crate::sessions::Sessions;
 use argocd_agent_identity::{Namespace, ResourceKind};
 use futures::StreamExt;
 
@@ -110,8 +113,8 @@ fn start_rules(config: &PrincipalConfig) -> Result<Arc<LiveRules>, PrincipalErro
     Ok(Arc::new(rules))
 }
 
-fn watch_revocations(rules: &LiveRules, hub: &Arc<Hub>) {
-    let (h1, h2) = (hub.clone(), hub.clone());
+fn watch_revocations(rules: &LiveRules, sessions: &Arc<Sessions>) {
+    let (h1, h2) = (sessions.clone(), sessions.clone());
     rules.on_revoked(
         Arc::new(move || h1.connected_identities()),
         Arc::new(move |identity, why| {
@@ -124,7 +127,8 @@ fn watch_revocations(rules: &LiveRules, hub: &Arc<Hub>) {
 
 /// Keeps the blocklist current from its ConfigMap and closes the sessions it denies.
 async fn enforce_blocklist(
-    hub: Arc<Hub>,
+    sessions: Arc<Sessions>,
+    metrics: Metrics,
     configmaps: argocd_agent_kubernetes::Cache,
     namespace: String,
     changed: Arc<tokio::sync::Notify>,
@@ -134,16 +138,16 @@ async fn enforce_blocklist(
     loop {
         let cm = configmaps.get(Some(&namespace), blocklist::CONFIGMAP);
         let list = blocklist::Blocklist::from_configmap(cm.as_deref());
-        if hub.blocklist.set(list) {
+        if sessions.blocklist.set(list) {
             tracing::info!(configmap = blocklist::CONFIGMAP, "blocklist updated");
-            let list = hub.blocklist.current();
-            for state in hub.agents().into_iter().filter(|s| s.is_connected()) {
+            let list = sessions.blocklist.current();
+            for state in sessions.agents().into_iter().filter(|s| s.is_connected()) {
                 let identity = state.identity();
                 let fingerprint = state.session_info().fingerprint;
                 if let Some(why) = list.denies(&identity.client, fingerprint.as_deref())
-                    && hub.disconnect(&state.name)
+                    && sessions.disconnect(&state.name)
                 {
-                    hub.metrics.auth_failed("Blocked");
+                    metrics.auth_failed("Blocked");
                     tracing::warn!(agent = %state.name, client = %identity.client, reason = %why,
                         "session closed: identity blocked");
                 }
@@ -242,14 +246,14 @@ pub async fn start(
     } else {
         None
     };
+    let sessions = Arc::new(Sessions::new(config.queue.clone(), config.event_rate));
     let hub = Arc::new(Hub::new(HubParts {
         source: source_id(listener_auth.svid.as_ref()),
         apps: Resources::new(client.clone(), Kind::Application),
         namespaces: Resources::new(client.clone(), Kind::Namespace),
         cache,
         metrics: metrics.clone(),
-        queue_limits: config.queue.clone(),
-        event_rate: config.event_rate,
+        sessions: sessions.clone(),
         create_namespace: config.create_namespace,
         namespace_cache,
         namespace_labels: config.namespace_labels.clone(),
@@ -294,20 +298,26 @@ pub async fn start(
                 lease_client,
                 &config.argocd_namespace,
                 ha,
-                hub.clone(),
+                sessions.clone(),
+                metrics.clone(),
                 &tasks,
                 shutdown.clone(),
             )
         });
-    watch_revocations(&rules, &hub);
+    watch_revocations(&rules, &sessions);
     tasks.spawn(enforce_blocklist(
-        hub.clone(),
+        sessions.clone(),
+        metrics.clone(),
         blocklist_cache,
         config.argocd_namespace.clone(),
         blocklist_changed,
         shutdown.clone(),
     ));
-    tasks.spawn(hub::sample_queues(hub.clone(), shutdown.clone()));
+    tasks.spawn(sessions::sample_queues(
+        sessions.clone(),
+        metrics.clone(),
+        shutdown.clone(),
+    ));
 
     let (ready_tx, ready_rx) = watch::channel(false);
     let readiness = metrics::Readiness {
@@ -319,7 +329,7 @@ pub async fn start(
         Some(addr) => Some(
             metrics::serve(
                 addr,
-                Some(metrics),
+                Some(metrics.clone()),
                 readiness.clone(),
                 &tasks,
                 shutdown.clone(),
@@ -336,7 +346,14 @@ pub async fn start(
     }
     let admin_addr = match &config.admin_listen {
         Some(address) => {
-            let bound = admin::serve(address, hub.clone(), &tasks, shutdown.clone()).await?;
+            let bound = admin::serve(
+                address,
+                sessions.clone(),
+                metrics.clone(),
+                &tasks,
+                shutdown.clone(),
+            )
+            .await?;
             tracing::info!(admin = %bound, "admin API listening (plaintext, local operators only)");
             Some(bound)
         }
@@ -350,7 +367,7 @@ pub async fn start(
                 client.clone(),
                 &config.argocd_namespace,
                 listener_auth.svid.as_ref(),
-                hub.clone(),
+                &hub,
                 tunnels.clone(),
                 leases.clone(),
                 &tasks,
@@ -377,14 +394,16 @@ pub async fn start(
         };
         let writer =
             clusterinfo::ClusterInfoWriter::new(r.upstream.clone(), r.compression, template);
-        tasks.spawn(writer.clone().refresh(hub.clone(), shutdown.clone()));
+        tasks.spawn(writer.clone().refresh(sessions.clone(), shutdown.clone()));
         writer
     });
     let redis_proxy_addr = match &config.redis_proxy {
         Some(redis) => Some(
             redisproxy::serve(
                 redis.clone(),
-                hub.clone(),
+                hub.owners.clone(),
+                metrics.clone(),
+                hub.source.clone(),
                 leases.clone(),
                 &tasks,
                 shutdown.clone(),
@@ -472,7 +491,7 @@ async fn start_resource_proxy(
     client: kube::Client,
     argocd_namespace: &str,
     svid: Option<&SvidSource>,
-    hub: Arc<Hub>,
+    hub: &Hub,
     tunnels: Arc<tunnel::Tunnels>,
     leases: Option<Arc<ha::Leases>>,
     tasks: &TaskTracker,
@@ -564,7 +583,15 @@ async fn start_resource_proxy(
             rp.request_timeout + Duration::from_secs(5),
         )
     });
-    let proxy = resourceproxy::Proxy::new(hub, keys, tunnels, rp.clone(), forwarder);
+    let proxy = resourceproxy::Proxy::new(
+        hub.sessions.clone(),
+        hub.metrics.clone(),
+        hub.source.clone(),
+        keys,
+        tunnels,
+        rp.clone(),
+        forwarder,
+    );
     resourceproxy::serve(proxy, listener, tls, tasks, shutdown);
     tracing::info!(%addr, url = %rp.url, replica_url = %rp.replica_url, tls = serving.mode,
         self_registration = rp.self_cluster_registration, "resource proxy listening");
@@ -593,7 +620,8 @@ fn serve(
     let metrics = sessions.hub.metrics.clone();
     // The operator API on the agent listener: only SPIFFE IDs with an admin rule.
     let admin = argocd_agent_proto::admin::admin_server::AdminServer::new(admin::AdminService {
-        hub: sessions.hub.clone(),
+        sessions: sessions.hub.sessions.clone(),
+        metrics: metrics.clone(),
         access: admin::AdminAccess::Rules {
             auth: auth.authenticator.clone(),
             rules: rules.clone(),
@@ -604,7 +632,8 @@ fn serve(
             tunnels,
             rules: rules.clone(),
             auth: auth.authenticator.clone(),
-            hub: sessions.hub.clone(),
+            sessions: sessions.hub.sessions.clone(),
+            metrics: metrics.clone(),
         })
         .max_decoding_message_size(config.max_message_size)
         .max_encoding_message_size(config.max_message_size);

@@ -23,8 +23,9 @@ use kube::api::DynamicObject;
 use serde_json::{Value, json};
 
 use crate::error::{ApplyError, chain};
-use crate::hub::{AGENT_NAME_LABEL, AgentState, Hub};
+use crate::hub::{AGENT_NAME_LABEL, Hub};
 use crate::projects;
+use crate::sessions::AgentState;
 
 /// Label that marks repository Secrets (`repository`) and credential templates (`repo-creds`).
 pub const SECRET_TYPE_LABEL: &str = "argocd.argoproj.io/secret-type";

@@ -39,9 +39,10 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
+use crate::apps::AppOwners;
 use crate::ha::Leases;
-use crate::hub::Hub;
 use crate::link::AgentLink;
+use crate::metrics::Metrics;
 use replica::{PeerRoute, Peers};
 
 /// Requests waiting for one agent's answers at once, by default.
@@ -200,7 +201,11 @@ struct ReplicaTarget {
 }
 
 struct Proxy {
-    hub: Arc<Hub>,
+    /// Which agent serves each Application key.
+    owners: Arc<AppOwners>,
+    metrics: Metrics,
+    /// CloudEvents `source` of our requests.
+    source: String,
     config: RedisProxyConfig,
     tasks: TaskTracker,
     /// Places of authenticated connections.
@@ -214,7 +219,9 @@ struct Proxy {
 /// replicas are asked there.
 pub async fn serve(
     config: RedisProxyConfig,
-    hub: Arc<Hub>,
+    owners: Arc<AppOwners>,
+    metrics: Metrics,
+    source: String,
     leases: Option<Arc<Leases>>,
     tasks: &TaskTracker,
     shutdown: CancellationToken,
@@ -240,7 +247,9 @@ pub async fn serve(
         )
     });
     let proxy = Arc::new(Proxy {
-        hub,
+        owners,
+        metrics,
+        source,
         connections: Arc::new(Semaphore::new(config.max_connections.max(1))),
         config,
         tasks: tasks.clone(),
@@ -266,14 +275,14 @@ pub async fn serve(
             };
             // Every connection starts unauthenticated, in a pool of its own.
             let Ok(permit) = unauthenticated.clone().try_acquire_owned() else {
-                proxy.hub.metrics.listener_closed("redis-proxy", "TooManyConnections");
+                proxy.metrics.listener_closed("redis-proxy", "TooManyConnections");
                 tracing::warn!(%peer, "Redis proxy: too many unauthenticated connections, refusing");
                 continue;
             };
             let Some(slot) =
                 clients.take(peer.ip(), proxy.config.max_unauthenticated_per_client.max(1))
             else {
-                proxy.hub.metrics.listener_closed("redis-proxy", "TooManyFromClient");
+                proxy.metrics.listener_closed("redis-proxy", "TooManyFromClient");
                 tracing::warn!(%peer, "Redis proxy: too many unauthenticated connections from this client, refusing");
                 continue;
             };
@@ -296,11 +305,11 @@ pub async fn serve(
                             {
                                 Ok(Ok(s)) => proxy.connection(s, pending, shutdown).await,
                                 Ok(Err(e)) => {
-                                    proxy.hub.metrics.listener_closed("redis-proxy", "HandshakeFailed");
+                                    proxy.metrics.listener_closed("redis-proxy", "HandshakeFailed");
                                     tracing::warn!(error = %e, "Redis proxy TLS handshake failed")
                                 }
                                 Err(_) => {
-                                    proxy.hub.metrics.listener_closed("redis-proxy", "HandshakeTimeout");
+                                    proxy.metrics.listener_closed("redis-proxy", "HandshakeTimeout");
                                     tracing::warn!("Redis proxy TLS handshake timed out")
                                 }
                             }
@@ -478,7 +487,7 @@ impl Proxy {
             Ok(u) => u,
             Err(e) => {
                 tracing::warn!(upstream = %self.config.upstream.addr, error = %e, "Redis proxy: hub Redis unreachable");
-                self.hub.metrics.redis_proxy("hub", "error");
+                self.metrics.redis_proxy("hub", "error");
                 let msg = format!(
                     "ERR hub Redis {} unreachable: {e}",
                     self.config.upstream.addr
@@ -545,7 +554,7 @@ impl Proxy {
 
     /// The owner of an Application key's Application, with the decision about it.
     fn route(&self, key: &AppKey) -> (Decision, Option<Arc<AgentLink>>, String) {
-        let owner = self.hub.app_owner(&key.namespace, &key.name);
+        let owner = self.owners.app_owner(&key.namespace, &key.name);
         let link = owner.as_ref().and_then(|o| o.link());
         let capable = link
             .as_ref()
@@ -557,7 +566,7 @@ impl Proxy {
 
     fn request_event(&self, key: &AppKey, command: RedisCommand, subscription: &str) -> Event {
         Event::resource(
-            &self.hub.source,
+            &self.source,
             EventType::RedisRequest,
             ResourceRef::new(
                 ResourceKind::Application,
@@ -583,13 +592,13 @@ impl Proxy {
     ) -> Result<(Arc<AgentLink>, Ticket<Event>, Event), Reply> {
         let (decision, link, agent) = self.route(key);
         let refused = |msg: String| {
-            self.hub.metrics.redis_proxy("agent", "refused");
+            self.metrics.redis_proxy("agent", "refused");
             tracing::debug!(%key, %agent, reason = %msg, "Redis proxy refused a key");
             Reply::Error(msg)
         };
         let link = match (decision, link) {
             (Decision::Nil, _) => {
-                self.hub.metrics.redis_proxy("agent", "nil");
+                self.metrics.redis_proxy("agent", "nil");
                 return Err(Reply::Nil);
             }
             (Decision::Offline, _) | (_, None) => {
@@ -614,7 +623,7 @@ impl Proxy {
         match ticket.answer(self.config.request_timeout).await {
             Ok(answer) => Ok((link, ticket, answer)),
             Err(e) => {
-                self.hub.metrics.redis_proxy("agent", "error");
+                self.metrics.redis_proxy("agent", "error");
                 tracing::warn!(%key, %agent, error = %e, "Redis request to agent failed");
                 Err(Reply::Error(format!("ERR agent {agent:?}: {e}")))
             }
@@ -642,13 +651,13 @@ impl Proxy {
         if forwarded {
             return None;
         }
-        let agent = match self.hub.app_owner(&key.namespace, &key.name) {
+        let agent = match self.owners.app_owner(&key.namespace, &key.name) {
             Some(owner) if owner.link().is_some() => return None,
             Some(owner) => owner.name.clone(),
             None => {
-                self.hub
-                    .cache
-                    .get(Some(key.namespace.as_str()), &key.name)?;
+                if !self.owners.exists(&key.namespace, &key.name) {
+                    return None;
+                }
                 match peers.leases.agent_for_namespace(key.namespace.as_str()) {
                     Some(agent) => agent,
                     None => AgentName::new(key.namespace.as_str()).ok()?,
@@ -663,7 +672,7 @@ impl Proxy {
                 addr,
             })),
             PeerRoute::NoAddress { replica } => {
-                self.hub.metrics.redis_proxy("replica", "error");
+                self.metrics.redis_proxy("replica", "error");
                 tracing::warn!(%key, %agent, %replica,
                     "Redis proxy: the replica serving the agent published no Redis proxy address");
                 Some(Err(Self::offline(agent.as_str(), key)))
@@ -673,7 +682,7 @@ impl Proxy {
 
     /// The reply when another replica could not be asked.
     fn unreachable(&self, key: &AppKey, target: &ReplicaTarget, error: &str) -> Reply {
-        self.hub.metrics.redis_proxy("replica", "error");
+        self.metrics.redis_proxy("replica", "error");
         tracing::warn!(%key, agent = %target.agent, replica = %target.replica, addr = %target.addr,
             %error, "Redis proxy: could not forward to the replica serving the agent");
         Self::offline(&target.agent, key)
@@ -689,7 +698,7 @@ impl Proxy {
                 let replica = &target.replica;
                 return match peers.get(&target.addr, &key.to_string()).await {
                     Ok(reply) => {
-                        self.hub.metrics.redis_proxy("replica", "forwarded");
+                        self.metrics.redis_proxy("replica", "forwarded");
                         tracing::debug!(%key, %replica, "Redis GET answered by another replica");
                         reply
                     }
@@ -707,7 +716,7 @@ impl Proxy {
             Reply::Nil => "nil",
             Reply::Value(_) => "forwarded",
         };
-        self.hub.metrics.redis_proxy("agent", result);
+        self.metrics.redis_proxy("agent", result);
         reply
     }
 
@@ -816,10 +825,7 @@ impl Conn {
 
     /// Refuses a command for an agent's key on a connection that has not authenticated.
     async fn noauth(&self, what: &str) {
-        self.proxy
-            .hub
-            .metrics
-            .redis_proxy("agent", "unauthenticated");
+        self.proxy.metrics.redis_proxy("agent", "unauthenticated");
         tracing::warn!(
             command = what,
             "Redis proxy: an agent's key asked for before AUTH, refused"
@@ -841,7 +847,6 @@ impl Conn {
             let wait = if authed {
                 if !self.admit() {
                     self.proxy
-                        .hub
                         .metrics
                         .listener_closed("redis-proxy", "TooManyConnections");
                     tracing::warn!("Redis proxy: too many authenticated connections, closing");
@@ -868,7 +873,6 @@ impl Conn {
                 }
                 Err(ReadStop::AuthTimeout) => {
                     self.proxy
-                        .hub
                         .metrics
                         .listener_closed("redis-proxy", "AuthTimeout");
                     tracing::warn!(timeout = ?AUTH_TIMEOUT, "Redis proxy: client did not authenticate in time, closing");
@@ -876,7 +880,6 @@ impl Conn {
                 }
                 Err(ReadStop::FrameTimeout) => {
                     self.proxy
-                        .hub
                         .metrics
                         .listener_closed("redis-proxy", "FrameTimeout");
                     tracing::warn!(timeout = ?FRAME_TIMEOUT, "Redis proxy: command not received in full in time, closing");
@@ -888,7 +891,6 @@ impl Conn {
                     | RespError::TooDeep { .. }),
                 )) => {
                     self.proxy
-                        .hub
                         .metrics
                         .listener_closed("redis-proxy", "ProtocolError");
                     tracing::warn!(error = %e, authenticated = authed, "Redis proxy: bad command, closing");
@@ -966,7 +968,7 @@ impl Conn {
 
     /// Passes a command to the hub Redis unchanged; its reply fills the next slot.
     async fn forward(&mut self, raw: &Bytes, kind: SlotKind) -> Result<(), RespError> {
-        self.proxy.hub.metrics.redis_proxy("hub", "forwarded");
+        self.proxy.metrics.redis_proxy("hub", "forwarded");
         if self.upstream_pubsub {
             // In pub/sub mode every frame of the hub Redis is out of band.
             self.upstream.write_all(raw).await?;
@@ -1055,10 +1057,10 @@ impl Conn {
             Err(reply) => return Err(reply),
         };
         if let Reply::Error(e) = self.proxy.reply_of(key, &answer) {
-            self.proxy.hub.metrics.redis_proxy("agent", "error");
+            self.proxy.metrics.redis_proxy("agent", "error");
             return Err(Reply::Error(e));
         }
-        self.proxy.hub.metrics.redis_proxy("agent", "forwarded");
+        self.proxy.metrics.redis_proxy("agent", "forwarded");
         let stop = self.closed.child_token();
         let (oob, shared, closed) = (self.oob.clone(), self.shared.clone(), self.closed.clone());
         let unsubscribe = self
@@ -1122,12 +1124,12 @@ impl Conn {
         let mut conn = match peers.subscribe(&target.addr, &channel).await {
             Ok(Ok(conn)) => conn,
             Ok(Err(reply)) => {
-                self.proxy.hub.metrics.redis_proxy("replica", "forwarded");
+                self.proxy.metrics.redis_proxy("replica", "forwarded");
                 return Err(reply);
             }
             Err(e) => return Err(self.proxy.unreachable(key, target, &e)),
         };
-        self.proxy.hub.metrics.redis_proxy("replica", "forwarded");
+        self.proxy.metrics.redis_proxy("replica", "forwarded");
         tracing::debug!(%key, %replica, "Redis SUBSCRIBE relayed from another replica");
         let stop = self.closed.child_token();
         let (oob, shared, closed) = (self.oob.clone(), self.shared.clone(), self.closed.clone());

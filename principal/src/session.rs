@@ -21,8 +21,9 @@ use tonic::Status;
 use tracing::Instrument;
 
 use crate::error::chain;
-use crate::hub::{AgentState, Applied, Hub, SessionInfo};
+use crate::hub::{Applied, Hub};
 use crate::inbound::{Decision, OwnerRecord, Placement, decide};
+use crate::sessions::{AgentState, SessionInfo};
 
 static SESSION_IDS: AtomicU64 = AtomicU64::new(1);
 
@@ -226,7 +227,8 @@ fn welcome(hub: &Hub, identity: &AgentIdentity, hello: &Hello) -> Event {
                 .filter(|c| CAPABILITIES.contains(&c.as_str()))
                 .cloned()
                 .collect(),
-            max_in_flight: u32::try_from(hub.queue_limits.max_in_flight).unwrap_or(u32::MAX),
+            max_in_flight: u32::try_from(hub.sessions.queue_limits.max_in_flight)
+                .unwrap_or(u32::MAX),
         }),
     )
 }
@@ -273,7 +275,7 @@ async fn run(
         && leases.handover_pending(&identity.agent, session_id)
     {
         // Asked for between taking the Lease and registering: this session yields.
-        hub.close_session(
+        hub.sessions.close_session(
             &identity.agent,
             Some("the agent opened a session on another principal replica".into()),
         );
@@ -493,7 +495,7 @@ struct SessionGuard {
 impl Drop for SessionGuard {
     fn drop(&mut self) {
         self.state.clear_link(self.session_id);
-        self.hub.detach(&self.state, self.session_id);
+        self.hub.sessions.detach(&self.state, self.session_id);
         // Failed at once, unless a newer session of the agent took over.
         if let Some(writer) = self.cluster_info.clone()
             && !self.state.is_connected()
@@ -602,7 +604,7 @@ async fn refuse_rate_limited(
     log: Option<u64>,
     tx: &Outbound,
 ) -> Result<(), Status> {
-    let limit = hub.event_rate;
+    let limit = hub.sessions.event_rate;
     hub.metrics
         .refused(&state.name, crate::ratelimit::RATE_LIMITED);
     if let Some(refused) = log {

@@ -118,7 +118,7 @@ pub(super) async fn serve(
     } = admitted;
     let command = terminal.command.clone();
     let event = Event::new(
-        &proxy.hub.source,
+        &proxy.source,
         EventType::TerminalRequest,
         Payload::TerminalRequest(terminal),
     );

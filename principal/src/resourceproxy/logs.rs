@@ -107,7 +107,7 @@ async fn open(
     request: LogRequest,
 ) -> Result<LogTunnel, Response<Body>> {
     let event = Event::new(
-        &proxy.hub.source,
+        &proxy.source,
         EventType::LogRequest,
         Payload::LogRequest(request),
     );

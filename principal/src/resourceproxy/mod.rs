@@ -46,8 +46,9 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::hub::Hub;
 use crate::link::AgentLink;
+use crate::metrics::Metrics;
+use crate::sessions::Sessions;
 use crate::tunnel::Tunnels;
 use credentials::ProxyKeys;
 
@@ -301,7 +302,11 @@ enum Pending {
 
 /// The proxy's shared state.
 pub struct Proxy {
-    pub hub: Arc<Hub>,
+    /// The agents and their request links.
+    pub sessions: Arc<Sessions>,
+    pub metrics: Metrics,
+    /// CloudEvents `source` of our requests.
+    pub source: String,
     pub keys: Arc<ProxyKeys>,
     pub tunnels: Arc<Tunnels>,
     pub config: ResourceProxyConfig,
@@ -319,14 +324,18 @@ pub(crate) struct Admitted {
 
 impl Proxy {
     pub fn new(
-        hub: Arc<Hub>,
+        sessions: Arc<Sessions>,
+        metrics: Metrics,
+        source: String,
         keys: Arc<ProxyKeys>,
         tunnels: Arc<Tunnels>,
         config: ResourceProxyConfig,
         forwarder: Option<forward::Forwarder>,
     ) -> Arc<Proxy> {
         Arc::new(Proxy {
-            hub,
+            sessions,
+            metrics,
+            source,
             keys,
             tunnels,
             config,
@@ -337,7 +346,7 @@ impl Proxy {
 
     /// The agent's current link, if it is connected and serves the proxy.
     pub(crate) fn link(&self, agent: &AgentName) -> Option<Arc<AgentLink>> {
-        self.hub
+        self.sessions
             .agent(agent)
             .and_then(|s| s.link())
             .filter(|l| l.has(argocd_agent_sync::proxy::CAPABILITY))
@@ -369,7 +378,7 @@ impl Proxy {
             ));
         };
         let agent = self.keys.verify(token, SystemTime::now()).map_err(|e| {
-            self.hub.metrics.auth_failed("ProxyCredential");
+            self.metrics.auth_failed("ProxyCredential");
             tracing::warn!(error = %e, "resource proxy request refused: bad token");
             status(StatusCode::UNAUTHORIZED, "Unauthorized", e.to_string())
         })?;
@@ -383,7 +392,7 @@ impl Proxy {
             None => (rest, "/"),
         };
         if named != agent.as_str() {
-            self.hub.metrics.auth_failed("WrongAgent");
+            self.metrics.auth_failed("WrongAgent");
             tracing::warn!(token_agent = %agent, url_agent = ?named,
                 "resource proxy request refused: the token is for another agent");
             return Err(status(
@@ -426,9 +435,7 @@ impl Proxy {
             Ok(r) => r,
             Err(why) => {
                 tracing::warn!(agent = %agent, method = %req.method(), path = ?rest, "resource proxy request refused: {why}");
-                self.hub
-                    .metrics
-                    .resource_proxy(agent.as_str(), "request", 403);
+                self.metrics.resource_proxy(agent.as_str(), "request", 403);
                 return status(StatusCode::FORBIDDEN, "Forbidden", why);
             }
         };
@@ -451,10 +458,9 @@ impl Proxy {
                     Ok(None) => {}
                     Err(why) => {
                         tracing::warn!(agent = %agent, kind, "resource proxy: not forwarded: {why}");
-                        self.hub
-                            .metrics
+                        self.metrics
                             .resource_proxy_forwarded(agent.as_str(), kind, 502);
-                        self.hub.metrics.resource_proxy(agent.as_str(), kind, 502);
+                        self.metrics.resource_proxy(agent.as_str(), kind, 502);
                         return status(StatusCode::BAD_GATEWAY, "ServiceUnavailable", why);
                     }
                 }
@@ -467,11 +473,8 @@ impl Proxy {
             Route::Api => match self.read_request(req).await {
                 Ok(read) => Pending::Api(read),
                 Err(refused) => {
-                    self.hub.metrics.resource_proxy(
-                        agent.as_str(),
-                        kind,
-                        refused.status().as_u16(),
-                    );
+                    self.metrics
+                        .resource_proxy(agent.as_str(), kind, refused.status().as_u16());
                     return refused;
                 }
             },
@@ -485,8 +488,7 @@ impl Proxy {
         let admitted = match self.admit(&agent) {
             Ok(a) => a,
             Err(r) => {
-                self.hub
-                    .metrics
+                self.metrics
                     .resource_proxy(agent.as_str(), kind, r.status().as_u16());
                 return r;
             }
@@ -502,8 +504,7 @@ impl Proxy {
                 req,
             } => exec::serve(self.clone(), admitted, namespace, pod, *req).await,
         };
-        self.hub
-            .metrics
+        self.metrics
             .resource_proxy(agent.as_str(), kind, response.status().as_u16());
         response
     }
@@ -530,10 +531,9 @@ impl Proxy {
             }
         };
         let code = response.status().as_u16();
-        self.hub
-            .metrics
+        self.metrics
             .resource_proxy_forwarded(agent.as_str(), kind, code);
-        self.hub.metrics.resource_proxy(agent.as_str(), kind, code);
+        self.metrics.resource_proxy(agent.as_str(), kind, code);
         response
     }
 
@@ -594,7 +594,7 @@ impl Proxy {
             body,
         } = read;
         let event = Event::new(
-            &self.hub.source,
+            &self.source,
             EventType::ResourceRequest,
             Payload::ResourceRequest(ResourceRequest {
                 method,
@@ -640,7 +640,7 @@ pub fn serve(
 ) {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
     let limits = proxy.config.limits.clone();
-    let metrics = proxy.hub.metrics.clone();
+    let metrics = proxy.metrics.clone();
     let on_close: argocd_agent_identity::listener::OnClose =
         Arc::new(move |reason| metrics.listener_closed("resource-proxy", reason));
     let handler = move |req: Request<Incoming>, _peer: SocketAddr| {
