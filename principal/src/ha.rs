@@ -299,25 +299,43 @@ pub struct Leases {
     fenced: AtomicBool,
     resource_proxy_url: Mutex<Option<String>>,
     redis_proxy_address: Mutex<Option<String>>,
+    /// Where releases of dropped guards run (drained on shutdown).
+    tasks: TaskTracker,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Releases (or hands over) the agent Lease when the session that took it ends.
+/// The agent Lease a session took: the session ends by [`LeaseGuard::release`], which
+/// releases (or hands over) the Lease and waits for the write. A guard dropped without it
+/// (a session task that panicked) releases on the Leases' task tracker.
 pub struct LeaseGuard {
     leases: Arc<Leases>,
     agent: AgentName,
     session: u64,
+    released: bool,
+}
+
+impl LeaseGuard {
+    /// Releases (or hands over) the Lease now and waits for the API server's answer.
+    pub async fn release(mut self) {
+        self.released = true;
+        self.leases.release(&self.agent, self.session).await;
+    }
 }
 
 impl Drop for LeaseGuard {
     fn drop(&mut self) {
+        if self.released {
+            return;
+        }
         let leases = self.leases.clone();
         let agent = self.agent.clone();
         let session = self.session;
-        tokio::spawn(async move { leases.release(&agent, session).await });
+        self.leases
+            .tasks
+            .spawn(async move { leases.release(&agent, session).await });
     }
 }
 
@@ -401,6 +419,7 @@ impl Leases {
             fenced: AtomicBool::new(false),
             resource_proxy_url: Mutex::new(None),
             redis_proxy_address: Mutex::new(None),
+            tasks: tasks.clone(),
         });
         tracing::info!(replica = %leases.cfg.replica, holder = %leases.me, namespace,
             replica_lease = ?leases.cfg.replica_lease_duration, agent_lease = ?leases.cfg.agent_lease_duration,
@@ -599,6 +618,7 @@ impl Leases {
             leases: self.clone(),
             agent: agent.clone(),
             session,
+            released: false,
         })
     }
 

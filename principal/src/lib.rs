@@ -618,6 +618,7 @@ fn serve(
 ) -> Result<tokio::task::JoinHandle<Result<(), PrincipalError>>, PrincipalError> {
     // Connections dropped before their first request count as auth failures.
     let metrics = sessions.hub.metrics.clone();
+    let tasks = sessions.tasks.clone();
     // The operator API on the agent listener: only SPIFFE IDs with an admin rule.
     let admin = argocd_agent_proto::admin::admin_server::AdminServer::new(admin::AdminService {
         sessions: sessions.hub.sessions.clone(),
@@ -672,7 +673,7 @@ fn serve(
                     ..Default::default()
                 },
             );
-            tokio::spawn(async move {
+            tasks.spawn(async move {
                 // The source feeds every handshake's certificate: keep it while serving.
                 let _keep = source;
                 router
@@ -683,7 +684,7 @@ fn serve(
         }
         _ => {
             let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-            tokio::spawn(async move {
+            tasks.spawn(async move {
                 router
                     .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
                     .await

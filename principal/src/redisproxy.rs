@@ -504,8 +504,10 @@ impl Proxy {
         let (slots_tx, slots_rx) = mpsc::channel(self.config.max_in_flight_per_connection.max(1));
         let (oob_tx, oob_rx) = mpsc::channel(OOB_BUFFER);
         let closed = shutdown.child_token();
-        let writer = tokio::spawn(write_client(client_w, slots_rx, oob_rx, shared.clone()));
-        let mut upstream_task = tokio::spawn(read_upstream(
+        let writer = self
+            .tasks
+            .spawn(write_client(client_w, slots_rx, oob_rx, shared.clone()));
+        let mut upstream_task = self.tasks.spawn(read_upstream(
             upstream_reader,
             shared.clone(),
             oob_tx.clone(),
