@@ -558,6 +558,7 @@ async fn start_resource_proxy(
         rp.cert_lifetime,
         keys.clone(),
         svid,
+        tasks,
         shutdown.clone(),
     )
     .map_err(proxy_err)?;
@@ -581,6 +582,7 @@ async fn start_resource_proxy(
             leases,
             serving.ca_pem.clone(),
             rp.request_timeout + Duration::from_secs(5),
+            tasks.clone(),
         )
     });
     let proxy = resourceproxy::Proxy::new(
@@ -591,6 +593,7 @@ async fn start_resource_proxy(
         tunnels,
         rp.clone(),
         forwarder,
+        tasks.clone(),
     );
     resourceproxy::serve(proxy, listener, tls, tasks, shutdown);
     tracing::info!(%addr, url = %rp.url, replica_url = %rp.replica_url, tls = serving.mode,

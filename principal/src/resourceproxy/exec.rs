@@ -146,7 +146,8 @@ pub(super) async fn serve(
         proxy.config.terminal_idle_timeout,
         proxy.config.terminal_max_duration,
     );
-    tokio::spawn(async move {
+    let tasks = proxy.tasks.clone();
+    tasks.spawn(async move {
         let _permit = permit;
         let upgraded = match upgrade.await {
             Ok(u) => u,

@@ -312,6 +312,8 @@ pub struct Proxy {
     pub config: ResourceProxyConfig,
     /// With replicas: forwards requests for agents served elsewhere.
     pub forwarder: Option<forward::Forwarder>,
+    /// Where terminal and log streams run (drained on shutdown).
+    pub tasks: TaskTracker,
     limits: Mutex<HashMap<AgentName, Arc<Semaphore>>>,
 }
 
@@ -331,6 +333,7 @@ impl Proxy {
         tunnels: Arc<Tunnels>,
         config: ResourceProxyConfig,
         forwarder: Option<forward::Forwarder>,
+        tasks: TaskTracker,
     ) -> Arc<Proxy> {
         Arc::new(Proxy {
             sessions,
@@ -340,6 +343,7 @@ impl Proxy {
             tunnels,
             config,
             forwarder,
+            tasks,
             limits: Mutex::new(HashMap::new()),
         })
     }

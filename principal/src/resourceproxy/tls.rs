@@ -14,6 +14,7 @@ use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use super::credentials::{KeyError, ProxyKeys, pem};
 
@@ -119,6 +120,7 @@ pub fn start(
     lifetime: Duration,
     keys: Arc<ProxyKeys>,
     svid: Option<&SvidSource>,
+    tasks: &TaskTracker,
     shutdown: CancellationToken,
 ) -> Result<Serving, KeyError> {
     let svid_state = svid.and_then(|s| s.current());
@@ -149,7 +151,7 @@ pub fn start(
         let (ca_tx, ca_rx) = watch::channel(bundle_pem(&state));
         let mut updates = source.subscribe();
         let c = cert.clone();
-        tokio::spawn(async move {
+        tasks.spawn(async move {
             loop {
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
@@ -178,7 +180,7 @@ pub fn start(
     let (_ca_tx, ca_rx) = watch::channel(keys.ca_pem().to_owned());
     let c = cert.clone();
     let hosts = hostnames.to_vec();
-    tokio::spawn(async move {
+    tasks.spawn(async move {
         // The CA is stable; only the leaf is renewed.
         let _keep = _ca_tx;
         loop {
