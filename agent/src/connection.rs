@@ -211,7 +211,7 @@ pub async fn run(
 fn report_cache_info(spoke: &Spoke, out: &mpsc::Sender<Event>) {
     let apps = i64::try_from(spoke.app_count()).unwrap_or(i64::MAX);
     let (redis, source, out) = (spoke.redis.clone(), spoke.source.clone(), out.clone());
-    tokio::spawn(async move {
+    spoke.tasks.spawn(async move {
         let mut info = match redis {
             Some(r) => r.cluster_counts().await,
             None => pb::ClusterCacheInfo::default(),
@@ -250,7 +250,7 @@ fn serve_redis(
     let request = crate::redis::SpokeRedis::prepare(spoke, &event);
     let source = spoke.source.clone();
     let (out, connection) = (out.clone(), connection.clone());
-    tokio::spawn(async move {
+    spoke.tasks.spawn(async move {
         redis
             .handle(request, &source, event, out, &connection)
             .await;

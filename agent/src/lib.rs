@@ -231,7 +231,11 @@ pub async fn start(
     );
     spoke.policies = config.policies;
     spoke.by_destination = config.destination_based_mapping;
-    spoke.redis = config.redis.clone().map(redis::SpokeRedis::new);
+    spoke.redis = config
+        .redis
+        .clone()
+        .map(|r| redis::SpokeRedis::new(r, tasks.clone()));
+    spoke.tasks = tasks.clone();
     if config.resource_proxy {
         let limits = proxy::ProxyConfig {
             max_body: config.resource_proxy_max_body,

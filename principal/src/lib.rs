@@ -585,16 +585,16 @@ async fn start_resource_proxy(
             tasks.clone(),
         )
     });
-    let proxy = resourceproxy::Proxy::new(
-        hub.sessions.clone(),
-        hub.metrics.clone(),
-        hub.source.clone(),
+    let proxy = resourceproxy::Proxy::new(resourceproxy::ProxyParts {
+        sessions: hub.sessions.clone(),
+        metrics: hub.metrics.clone(),
+        source: hub.source.clone(),
         keys,
         tunnels,
-        rp.clone(),
+        config: rp.clone(),
         forwarder,
-        tasks.clone(),
-    );
+        tasks: tasks.clone(),
+    });
     resourceproxy::serve(proxy, listener, tls, tasks, shutdown);
     tracing::info!(%addr, url = %rp.url, replica_url = %rp.replica_url, tls = serving.mode,
         self_registration = rp.self_cluster_registration, "resource proxy listening");

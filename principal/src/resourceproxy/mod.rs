@@ -324,17 +324,30 @@ pub(crate) struct Admitted {
     pub permit: OwnedSemaphorePermit,
 }
 
+/// Everything [`Proxy::new`] needs.
+pub struct ProxyParts {
+    pub sessions: Arc<Sessions>,
+    pub metrics: Metrics,
+    pub source: String,
+    pub keys: Arc<ProxyKeys>,
+    pub tunnels: Arc<Tunnels>,
+    pub config: ResourceProxyConfig,
+    pub forwarder: Option<forward::Forwarder>,
+    pub tasks: TaskTracker,
+}
+
 impl Proxy {
-    pub fn new(
-        sessions: Arc<Sessions>,
-        metrics: Metrics,
-        source: String,
-        keys: Arc<ProxyKeys>,
-        tunnels: Arc<Tunnels>,
-        config: ResourceProxyConfig,
-        forwarder: Option<forward::Forwarder>,
-        tasks: TaskTracker,
-    ) -> Arc<Proxy> {
+    pub fn new(parts: ProxyParts) -> Arc<Proxy> {
+        let ProxyParts {
+            sessions,
+            metrics,
+            source,
+            keys,
+            tunnels,
+            config,
+            forwarder,
+            tasks,
+        } = parts;
         Arc::new(Proxy {
             sessions,
             metrics,
