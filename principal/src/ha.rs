@@ -657,34 +657,10 @@ impl Leases {
             // Register for changes before reading, so a handover written after the read
             // wakes us.
             let notified = self.changed.notified();
-            // The watch cache decides when it is complete: a first connect costs one create,
-            // a reconnect one update (a stale cache costs a conflict and a read).
-            let current = match self.cache.known(Some(&self.namespace), &name) {
-                argocd_agent_kubernetes::Known::Present(c) => Some((*c).clone()),
-                argocd_agent_kubernetes::Known::Absent => None,
-                argocd_agent_kubernetes::Known::Unknown => self
-                    .api
-                    .get(Some(&self.namespace), &name)
-                    .await
-                    .map_err(|e| self.lease_error("get", &e))?,
-            };
-            let Some(current) = current else {
-                match self
-                    .api
-                    .create(&self.new_agent_lease(agent, namespace))
-                    .await
-                {
-                    Ok(created) => {
-                        self.metrics.lease_write("agent", "create", "ok");
-                        tracing::debug!(%agent, session, "agent Lease created");
-                        return Ok(rv(&created).unwrap_or(0));
-                    }
-                    Err(e) if e.is_already_exists() => {
-                        self.metrics.lease_write("agent", "create", "conflict");
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                        continue;
-                    }
-                    Err(e) => return Err(self.lease_error("create", &e)),
+            let Some(current) = self.read_agent_lease(&name).await? else {
+                match self.create_agent_lease(agent, namespace, session).await? {
+                    Some(rv) => return Ok(rv),
+                    None => continue,
                 }
             };
             let view = LeaseView::of(&current);
@@ -696,46 +672,12 @@ impl Leases {
                 Some(h) => !self.alive(h) || view.expired(now, Duration::ZERO),
             };
             if free {
-                let me = self.me.clone();
-                let previous = holder.clone();
-                let written = self
-                    .api
-                    .update_from(Some(&self.namespace), &name, Some(current), |obj| {
-                        let v = LeaseView::of(obj);
-                        if v.holder != previous {
-                            return Mutation::Abort; // someone else moved first: decide again
-                        }
-                        let changing = v.holder.as_deref() != Some(me.as_str());
-                        set_spec(obj, |s| {
-                            if changing {
-                                s.acquire_time = Some(now_micro());
-                                if v.holder.is_some() {
-                                    s.lease_transitions = Some(v.transitions + 1);
-                                }
-                            }
-                            s.holder_identity = Some(me.clone());
-                            s.renew_time = Some(now_micro());
-                            s.lease_duration_seconds = Some(secs(self.cfg.agent_lease_duration));
-                        });
-                        set_annotation(obj, TAKEOVER_ANNOTATION, None);
-                        set_annotation(obj, HUB_NAMESPACE_ANNOTATION, Some(namespace.as_str()));
-                        Mutation::Changed
-                    })
-                    .await;
-                match written {
-                    Ok(UpdateOutcome::Updated(obj)) => {
-                        self.metrics.lease_write("agent", "acquire", "ok");
-                        if let Some(p) = previous.filter(|p| *p != self.me) {
-                            tracing::info!(%agent, previous = %p, "agent Lease taken over from a replica that is gone");
-                        }
-                        return Ok(rv(&obj).unwrap_or(0));
-                    }
-                    Ok(_) => {
-                        self.metrics.lease_write("agent", "acquire", "conflict");
-                        continue;
-                    }
-                    Err(e) if e.is_not_found() => continue,
-                    Err(e) => return Err(self.lease_error("acquire", &e)),
+                match self
+                    .take_agent_lease(agent, namespace, &name, current, holder)
+                    .await?
+                {
+                    Some(rv) => return Ok(rv),
+                    None => continue,
                 }
             }
             let holder = holder.unwrap_or_default();
@@ -747,40 +689,150 @@ impl Leases {
                 )));
             }
             if !asked || view.takeover.as_deref() != Some(self.me.as_str()) {
-                let me = self.me.clone();
-                let expected = holder.clone();
-                let asked_now = self
-                    .api
-                    .update_from(Some(&self.namespace), &name, Some(current), |obj| {
-                        let v = LeaseView::of(obj);
-                        if v.holder.as_deref() != Some(expected.as_str()) {
-                            return Mutation::Abort;
-                        }
-                        if v.takeover.as_deref() == Some(me.as_str()) {
-                            return Mutation::Unchanged;
-                        }
-                        set_annotation(obj, TAKEOVER_ANNOTATION, Some(&me));
-                        Mutation::Changed
-                    })
-                    .await;
-                match asked_now {
-                    Ok(UpdateOutcome::Updated(_)) => {
-                        self.metrics.lease_write("agent", "takeover-request", "ok");
-                        tracing::info!(%agent, holder = %holder,
-                            "agent is held by another replica: asked it to hand the agent over");
-                        asked = true;
-                    }
-                    Ok(UpdateOutcome::Unchanged(_)) => asked = true,
-                    Ok(UpdateOutcome::Aborted(_)) => continue,
-                    Err(e) if e.is_not_found() => continue,
-                    Err(e) => return Err(self.lease_error("takeover-request", &e)),
+                if !self.ask_handover(agent, &name, current, &holder).await? {
+                    continue;
                 }
+                asked = true;
             }
             // Wait for the holder's answer (or its replica Lease to go stale).
             let wait = deadline
                 .saturating_duration_since(Instant::now())
                 .min(Duration::from_millis(500));
             let _ = tokio::time::timeout(wait, notified).await;
+        }
+    }
+
+    /// The agent Lease `name`. The watch cache decides when it is complete: a first
+    /// connect costs one create, a reconnect one update (a stale cache costs a conflict and
+    /// a read).
+    async fn read_agent_lease(&self, name: &str) -> Result<Option<DynamicObject>, Status> {
+        Ok(match self.cache.known(Some(&self.namespace), name) {
+            argocd_agent_kubernetes::Known::Present(c) => Some((*c).clone()),
+            argocd_agent_kubernetes::Known::Absent => None,
+            argocd_agent_kubernetes::Known::Unknown => self
+                .api
+                .get(Some(&self.namespace), name)
+                .await
+                .map_err(|e| self.lease_error("get", &e))?,
+        })
+    }
+
+    /// Creates the agent's Lease held by us; `None`: another replica created it first
+    /// (look again).
+    async fn create_agent_lease(
+        &self,
+        agent: &AgentName,
+        namespace: &Namespace,
+        session: u64,
+    ) -> Result<Option<u64>, Status> {
+        match self
+            .api
+            .create(&self.new_agent_lease(agent, namespace))
+            .await
+        {
+            Ok(created) => {
+                self.metrics.lease_write("agent", "create", "ok");
+                tracing::debug!(%agent, session, "agent Lease created");
+                Ok(Some(rv(&created).unwrap_or(0)))
+            }
+            Err(e) if e.is_already_exists() => {
+                self.metrics.lease_write("agent", "create", "conflict");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                Ok(None)
+            }
+            Err(e) => Err(self.lease_error("create", &e)),
+        }
+    }
+
+    /// Writes us as holder of a free agent Lease (`current`, held by `previous`); `None`:
+    /// someone else moved first (decide again).
+    async fn take_agent_lease(
+        &self,
+        agent: &AgentName,
+        namespace: &Namespace,
+        name: &str,
+        current: DynamicObject,
+        previous: Option<String>,
+    ) -> Result<Option<u64>, Status> {
+        let me = self.me.clone();
+        let expected = previous.clone();
+        let written = self
+            .api
+            .update_from(Some(&self.namespace), name, Some(current), |obj| {
+                let v = LeaseView::of(obj);
+                if v.holder != expected {
+                    return Mutation::Abort; // someone else moved first: decide again
+                }
+                let changing = v.holder.as_deref() != Some(me.as_str());
+                set_spec(obj, |s| {
+                    if changing {
+                        s.acquire_time = Some(now_micro());
+                        if v.holder.is_some() {
+                            s.lease_transitions = Some(v.transitions + 1);
+                        }
+                    }
+                    s.holder_identity = Some(me.clone());
+                    s.renew_time = Some(now_micro());
+                    s.lease_duration_seconds = Some(secs(self.cfg.agent_lease_duration));
+                });
+                set_annotation(obj, TAKEOVER_ANNOTATION, None);
+                set_annotation(obj, HUB_NAMESPACE_ANNOTATION, Some(namespace.as_str()));
+                Mutation::Changed
+            })
+            .await;
+        match written {
+            Ok(UpdateOutcome::Updated(obj)) => {
+                self.metrics.lease_write("agent", "acquire", "ok");
+                if let Some(p) = previous.filter(|p| *p != self.me) {
+                    tracing::info!(%agent, previous = %p, "agent Lease taken over from a replica that is gone");
+                }
+                Ok(Some(rv(&obj).unwrap_or(0)))
+            }
+            Ok(_) => {
+                self.metrics.lease_write("agent", "acquire", "conflict");
+                Ok(None)
+            }
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(self.lease_error("acquire", &e)),
+        }
+    }
+
+    /// Asks `holder` to hand the agent over (the takeover annotation); `false`: the Lease
+    /// changed meanwhile (look again).
+    async fn ask_handover(
+        &self,
+        agent: &AgentName,
+        name: &str,
+        current: DynamicObject,
+        holder: &str,
+    ) -> Result<bool, Status> {
+        let me = self.me.clone();
+        let expected = holder.to_owned();
+        let asked_now = self
+            .api
+            .update_from(Some(&self.namespace), name, Some(current), |obj| {
+                let v = LeaseView::of(obj);
+                if v.holder.as_deref() != Some(expected.as_str()) {
+                    return Mutation::Abort;
+                }
+                if v.takeover.as_deref() == Some(me.as_str()) {
+                    return Mutation::Unchanged;
+                }
+                set_annotation(obj, TAKEOVER_ANNOTATION, Some(&me));
+                Mutation::Changed
+            })
+            .await;
+        match asked_now {
+            Ok(UpdateOutcome::Updated(_)) => {
+                self.metrics.lease_write("agent", "takeover-request", "ok");
+                tracing::info!(%agent, holder = %holder,
+                    "agent is held by another replica: asked it to hand the agent over");
+                Ok(true)
+            }
+            Ok(UpdateOutcome::Unchanged(_)) => Ok(true),
+            Ok(UpdateOutcome::Aborted(_)) => Ok(false),
+            Err(e) if e.is_not_found() => Ok(false),
+            Err(e) => Err(self.lease_error("takeover-request", &e)),
         }
     }
 
