@@ -396,7 +396,7 @@ async fn resync(
     // Boxed, as every long sub-future of a session: the session task is as large as its
     // largest state, and an idle session only waits in the loop below.
     let resync = Box::pin(async {
-        hub.cache.wait_synced().await;
+        hub.apps.cache.wait_synced().await;
         hub.config.wait_synced().await;
         state.queue.requeue_in_flight();
         match mode {
@@ -405,8 +405,9 @@ async fn resync(
                     .get(&ResourceKind::Application)
                     .cloned()
                     .unwrap_or_default();
-                hub.resync_managed(state, &app_checksums, &app_uids);
-                hub.resync_config(state, &agent_checksums, &agent_uids);
+                hub.apps.resync_managed(state, &app_checksums, &app_uids);
+                hub.config
+                    .resync_config(state, &agent_checksums, &agent_uids);
             }
             AgentMode::Autonomous => {
                 let projects = agent_checksums
@@ -417,10 +418,12 @@ async fn resync(
                 // that is "unknown", not "holds nothing" (which would delete its hub copies).
                 let known = hello.state.is_some();
                 let mut requests = hub
+                    .config
                     .resync_autonomous_projects(state, known.then_some(&projects))
                     .await;
                 requests.extend(
-                    hub.resync_autonomous(state, known.then_some(&app_checksums))
+                    hub.apps
+                        .resync_autonomous(state, known.then_some(&app_checksums))
                         .await,
                 );
                 for e in requests {
@@ -783,9 +786,10 @@ async fn handle_event(
                 && r.kind == ResourceKind::Application =>
         {
             Placement::Destination(
-                hub.cache
+                hub.apps
+                    .cache
                     .get(Some(r.namespace.as_str()), &r.name)
-                    .and_then(|o| crate::hub::destination_of(&o).map(str::to_owned)),
+                    .and_then(|o| crate::apps::destination_of(&o).map(str::to_owned)),
             )
         }
         _ => Placement::Namespace,
@@ -795,7 +799,7 @@ async fn handle_event(
         Decision::Ignore => None,
         Decision::Acked(id) => {
             if let Some((key, delivered)) = state.queue.ack(&id) {
-                hub.on_ack(state, key, &delivered).await;
+                hub.apps.on_ack(state, key, &delivered).await;
             }
             None
         }

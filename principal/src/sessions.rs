@@ -131,6 +131,18 @@ impl AgentState {
     pub(crate) fn mark_config_dirty(&self) {
         self.inbox.mark_config_dirty();
     }
+    /// Queues an event for the agent. Span `principal.enqueue`: a child of the span the
+    /// event was created in; the queued event carries its context, so the eventual send
+    /// (maybe much later, maybe resent) joins the same trace.
+    pub(crate) fn enqueue(&self, mut event: argocd_agent_sync::Event, metrics: &Metrics) {
+        let span = argocd_agent_sync::event_span!("principal.enqueue", &event, agent = %self.name);
+        argocd_agent_sync::trace::inject_span(&mut event, &span);
+        let _entered = span.enter();
+        if let Err(e) = self.queue.push(event) {
+            metrics.queue_full.inc();
+            tracing::warn!(agent = %self.name, error = %e, "event dropped");
+        }
+    }
     /// Takes one token of the agent's inbound event rate limit.
     pub fn check_rate(&self) -> crate::ratelimit::Verdict {
         lock(&self.limiter).check(std::time::Instant::now())

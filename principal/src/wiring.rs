@@ -319,7 +319,7 @@ impl Wiring {
     pub fn ready_when_synced(&self, hub: &Arc<Hub>, ready: watch::Sender<bool>) {
         let hub = hub.clone();
         self.tasks.spawn(async move {
-            hub.cache.wait_synced().await;
+            hub.apps.cache.wait_synced().await;
             hub.config.wait_synced().await;
             ready.send_replace(true);
         });
