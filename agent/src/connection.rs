@@ -151,15 +151,19 @@ pub async fn run(
             send(spoke, &tx, event).await?;
         }
     }
-    // Draining done: end our side of the stream, and wait (briefly) for the principal to
-    // end its side, which it does after reading everything we sent, the last answers
-    // included. Exiting at once could lose them in buffers.
+    finish(tx, inbound).await;
+    Ok(())
+}
+
+/// Draining done: ends our side of the stream, and waits (briefly) for the principal to
+/// end its side, which it does after reading everything we sent, the last answers
+/// included. Exiting at once could lose them in buffers.
+async fn finish(tx: mpsc::Sender<CloudEvent>, mut inbound: tonic::Streaming<CloudEvent>) {
     drop(tx);
     let _ = tokio::time::timeout(DRAIN_GRACE, async {
         while let Ok(Some(_)) = inbound.message().await {}
     })
     .await;
-    Ok(())
 }
 
 /// An open event stream, welcomed by the principal.

@@ -6,7 +6,7 @@
 //! -> the mapping rules make it an [`argocd_agent_identity::AgentIdentity`] ([`server`]) ->
 //! [`session`] runs hello, welcome and resync -> each inbound event is decided by
 //! [`inbound::decide`] and applied by [`hub::Hub::apply`]; hub changes reach agents through
-//! [`hub::Hub::route`] and one worker per agent.
+//! [`apps::Applications::route`] and one worker per agent.
 #![forbid(unsafe_code)]
 
 pub mod admin;
