@@ -33,7 +33,7 @@ use argocd_agent_sync::rpc::Ticket;
 use argocd_agent_sync::{Event, EventType, Payload, ResourceRef};
 use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, WriteHalf};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -228,24 +228,7 @@ pub async fn serve(
 ) -> std::io::Result<SocketAddr> {
     let listener = TcpListener::bind(config.listen).await?;
     let addr = listener.local_addr()?;
-    let peers = leases.map(|leases| {
-        let published = config.replica_address.clone().unwrap_or_else(|| {
-            let pod_ip = std::env::var("POD_IP").ok();
-            default_replica_address(pod_ip.as_deref(), addr)
-        });
-        tracing::info!(address = %published, "Redis proxy: replica address for the other replicas");
-        leases.set_redis_proxy_address(&published);
-        Peers::new(
-            leases,
-            config.replica_tls.clone(),
-            (
-                config.upstream.username.clone(),
-                config.upstream.password.clone(),
-            ),
-            config.max_value_size,
-            config.request_timeout,
-        )
-    });
+    let peers = leases.map(|leases| replica_peers(&config, leases, addr));
     let proxy = Arc::new(Proxy {
         owners,
         metrics,
@@ -291,36 +274,65 @@ pub async fn serve(
             let shutdown = shutdown.clone();
             let span = tracing::debug_span!("redis-proxy", %peer);
             tasks2.spawn(
-                async move {
-                    let pending = (permit, slot);
-                    match proxy.config.tls.clone() {
-                        None => proxy.connection(stream, pending, shutdown).await,
-                        Some(tls) => {
-                            let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-                            match tokio::time::timeout(
-                                TLS_HANDSHAKE_TIMEOUT,
-                                acceptor.accept(stream),
-                            )
-                            .await
-                            {
-                                Ok(Ok(s)) => proxy.connection(s, pending, shutdown).await,
-                                Ok(Err(e)) => {
-                                    proxy.metrics.listener_closed("redis-proxy", "HandshakeFailed");
-                                    tracing::warn!(error = %e, "Redis proxy TLS handshake failed")
-                                }
-                                Err(_) => {
-                                    proxy.metrics.listener_closed("redis-proxy", "HandshakeTimeout");
-                                    tracing::warn!("Redis proxy TLS handshake timed out")
-                                }
-                            }
-                        }
-                    }
-                }
-                .instrument(span),
+                proxy
+                    .accepted(stream, (permit, slot), shutdown)
+                    .instrument(span),
             );
         }
     });
     Ok(addr)
+}
+
+/// With `--ha`: publishes this proxy's replica address on the replica Lease, and reaches
+/// the other replicas' proxies.
+fn replica_peers(config: &RedisProxyConfig, leases: Arc<Leases>, addr: SocketAddr) -> Peers {
+    let published = config.replica_address.clone().unwrap_or_else(|| {
+        let pod_ip = std::env::var("POD_IP").ok();
+        default_replica_address(pod_ip.as_deref(), addr)
+    });
+    tracing::info!(address = %published, "Redis proxy: replica address for the other replicas");
+    leases.set_redis_proxy_address(&published);
+    Peers::new(
+        leases,
+        config.replica_tls.clone(),
+        (
+            config.upstream.username.clone(),
+            config.upstream.password.clone(),
+        ),
+        config.max_value_size,
+        config.request_timeout,
+    )
+}
+
+impl Proxy {
+    /// One accepted client: the TLS handshake when configured (bounded in time), then the
+    /// connection.
+    async fn accepted(
+        self: Arc<Self>,
+        stream: TcpStream,
+        pending: (OwnedSemaphorePermit, ClientSlot),
+        shutdown: CancellationToken,
+    ) {
+        match self.config.tls.clone() {
+            None => self.connection(stream, pending, shutdown).await,
+            Some(tls) => {
+                let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+                match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                    Ok(Ok(s)) => self.connection(s, pending, shutdown).await,
+                    Ok(Err(e)) => {
+                        self.metrics
+                            .listener_closed("redis-proxy", "HandshakeFailed");
+                        tracing::warn!(error = %e, "Redis proxy TLS handshake failed")
+                    }
+                    Err(_) => {
+                        self.metrics
+                            .listener_closed("redis-proxy", "HandshakeTimeout");
+                        tracing::warn!("Redis proxy TLS handshake timed out")
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// What the next reply of the hub Redis answers.

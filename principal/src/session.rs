@@ -743,57 +743,14 @@ async fn handle_event(
 ) -> Result<(), Status> {
     let hub = &ctx.hub;
     let agent = &identity.agent;
-    // Answers to this session's requests: matched by request id within the session only,
-    // so an agent can only answer what was asked of it.
-    if event.ty == EventType::ResourceResponse {
-        if !state.link().is_some_and(|l| l.answer(event, true)) {
-            tracing::debug!("resource proxy answer to an unknown or finished request dropped");
-        }
+    let Some(event) = take_answer(ctx, state, agent, event) else {
         return Ok(());
-    }
-    if matches!(event.ty, EventType::RedisResponse | EventType::RedisPush) {
-        // An error ends a subscription; single answers end their request anyway.
-        let last = matches!(&event.payload, Payload::RedisResponse(r)
-            if matches!(r.result, Some(pb::redis_response::Result::Error(_))));
-        let delivered = state.link().is_some_and(|l| l.answer(event, last));
-        if !delivered {
-            tracing::debug!("answer to an unknown or finished request dropped");
-        }
-        return Ok(());
-    }
-    if event.ty == EventType::ClusterCacheInfoUpdate {
-        if let (Payload::ClusterCacheInfo(counts), Some(writer)) =
-            (&event.payload, ctx.cluster_info.clone())
-        {
-            writer.set_counts(agent, counts.clone());
-            let agent = agent.clone();
-            ctx.tasks.spawn(async move {
-                writer
-                    .write(&agent, crate::clusterinfo::Connection::Successful)
-                    .await
-            });
-        }
-        return Ok(());
-    }
+    };
     let started = std::time::Instant::now();
     let owner = event.resource.as_ref().map_or(OwnerRecord::Absent, |r| {
         hub.owner_record(&identity.agent, r)
     });
-    let placement = match &event.resource {
-        Some(r)
-            if hub.by_destination
-                && mode == AgentMode::Managed
-                && r.kind == ResourceKind::Application =>
-        {
-            Placement::Destination(
-                hub.apps
-                    .cache
-                    .get(Some(r.namespace.as_str()), &r.name)
-                    .and_then(|o| crate::apps::destination_of(&o).map(str::to_owned)),
-            )
-        }
-        _ => Placement::Namespace,
-    };
+    let placement = placement_of(hub, mode, &event);
     let reply = match decide(identity, mode, &event, &owner, &placement) {
         Decision::Pong => Some(Event::new(&hub.source, EventType::Pong, Payload::None)),
         Decision::Ignore => None,
@@ -812,26 +769,7 @@ async fn handle_event(
             tracing::warn!(object = ?event.resource, reason = r.metric, message = ?r.message, "event refused");
             Some(event.error_reply(&hub.source, r.reason, r.message))
         }
-        Decision::Apply(command) => match hub.apply(state, command).await {
-            Ok(Applied::Ack) => Some(event.ack(&hub.source)),
-            Ok(Applied::Silent) => None,
-            Ok(Applied::NotFound) => {
-                // Not a failure worth a warning: an agent resending a delete after a lost
-                // acknowledgement lands here.
-                hub.metrics.refused(agent, "NotFound");
-                tracing::info!(object = ?event.resource, "delete of an object the hub does not have: answered NotFound");
-                let message = match &event.resource {
-                    Some(r) => format!("{r} does not exist on the hub (already deleted)"),
-                    None => "no such object on the hub".into(),
-                };
-                Some(event.error_reply(&hub.source, "NotFound", message))
-            }
-            Err(e) => {
-                let message = chain(&e);
-                tracing::warn!(object = ?event.resource, error = ?message, "could not apply event");
-                Some(event.error_reply(&hub.source, "ApplyFailed", message))
-            }
-        },
+        Decision::Apply(command) => apply_reply(hub, state, agent, &event, command).await,
     };
     if let Some(r) = &event.resource {
         let ok = reply.as_ref().is_none_or(|e| e.ty != EventType::Error);
@@ -845,6 +783,99 @@ async fn handle_event(
     match reply {
         Some(reply) => send(tx, hub, state, reply).await,
         None => Ok(()),
+    }
+}
+
+/// Takes the agent's answers to this session's requests (resource proxy, Redis) and its
+/// cluster cache info; returns any other event.
+fn take_answer(
+    ctx: &SessionContext,
+    state: &AgentState,
+    agent: &argocd_agent_identity::AgentName,
+    event: Event,
+) -> Option<Event> {
+    // Answers to this session's requests: matched by request id within the session only,
+    // so an agent can only answer what was asked of it.
+    if event.ty == EventType::ResourceResponse {
+        if !state.link().is_some_and(|l| l.answer(event, true)) {
+            tracing::debug!("resource proxy answer to an unknown or finished request dropped");
+        }
+        return None;
+    }
+    if matches!(event.ty, EventType::RedisResponse | EventType::RedisPush) {
+        // An error ends a subscription; single answers end their request anyway.
+        let last = matches!(&event.payload, Payload::RedisResponse(r)
+            if matches!(r.result, Some(pb::redis_response::Result::Error(_))));
+        let delivered = state.link().is_some_and(|l| l.answer(event, last));
+        if !delivered {
+            tracing::debug!("answer to an unknown or finished request dropped");
+        }
+        return None;
+    }
+    if event.ty == EventType::ClusterCacheInfoUpdate {
+        if let (Payload::ClusterCacheInfo(counts), Some(writer)) =
+            (&event.payload, ctx.cluster_info.clone())
+        {
+            writer.set_counts(agent, counts.clone());
+            let agent = agent.clone();
+            ctx.tasks.spawn(async move {
+                writer
+                    .write(&agent, crate::clusterinfo::Connection::Successful)
+                    .await
+            });
+        }
+        return None;
+    }
+    Some(event)
+}
+
+/// Where the hub places the Application an event names (with destination-based mapping,
+/// a managed agent's Applications are those whose destination names it).
+fn placement_of(hub: &Hub, mode: AgentMode, event: &Event) -> Placement {
+    match &event.resource {
+        Some(r)
+            if hub.by_destination
+                && mode == AgentMode::Managed
+                && r.kind == ResourceKind::Application =>
+        {
+            Placement::Destination(
+                hub.apps
+                    .cache
+                    .get(Some(r.namespace.as_str()), &r.name)
+                    .and_then(|o| crate::apps::destination_of(&o).map(str::to_owned)),
+            )
+        }
+        _ => Placement::Namespace,
+    }
+}
+
+/// Applies an authorized command; returns the answer to the event.
+async fn apply_reply(
+    hub: &Hub,
+    state: &AgentState,
+    agent: &argocd_agent_identity::AgentName,
+    event: &Event,
+    command: crate::inbound::Command,
+) -> Option<Event> {
+    match hub.apply(state, command).await {
+        Ok(Applied::Ack) => Some(event.ack(&hub.source)),
+        Ok(Applied::Silent) => None,
+        Ok(Applied::NotFound) => {
+            // Not a failure worth a warning: an agent resending a delete after a lost
+            // acknowledgement lands here.
+            hub.metrics.refused(agent, "NotFound");
+            tracing::info!(object = ?event.resource, "delete of an object the hub does not have: answered NotFound");
+            let message = match &event.resource {
+                Some(r) => format!("{r} does not exist on the hub (already deleted)"),
+                None => "no such object on the hub".into(),
+            };
+            Some(event.error_reply(&hub.source, "NotFound", message))
+        }
+        Err(e) => {
+            let message = chain(&e);
+            tracing::warn!(object = ?event.resource, error = ?message, "could not apply event");
+            Some(event.error_reply(&hub.source, "ApplyFailed", message))
+        }
     }
 }
 
