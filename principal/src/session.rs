@@ -367,6 +367,25 @@ async fn welcome_agent(
     Ok(direct_rx)
 }
 
+/// What the agent holds, by kind, from its hello: checksums and source UIDs.
+fn agent_resync_state(
+    hello: &Hello,
+) -> (
+    BTreeMap<ResourceKind, Checksums>,
+    BTreeMap<ResourceKind, SourceUids>,
+) {
+    let resync_state = hello.state.clone().unwrap_or_default();
+    let agent_checksums: BTreeMap<ResourceKind, Checksums> = ResourceKind::ALL
+        .into_iter()
+        .map(|k| (k, resync::from_state(k.as_str(), &resync_state)))
+        .collect();
+    let agent_uids: BTreeMap<ResourceKind, SourceUids> = ResourceKind::ALL
+        .into_iter()
+        .map(|k| (k, resync::source_uids_from_state(k.as_str(), &resync_state)))
+        .collect();
+    (agent_checksums, agent_uids)
+}
+
 /// Resync. It can be long (an autonomous agent's hub deletes): it stops as soon as
 /// the session is replaced or revoked, or the agent goes away, so an abandoned session
 /// never goes on writing to the hub. `Ok(false)`: the agent went away.
@@ -379,19 +398,11 @@ async fn resync(
     tx: &Outbound,
 ) -> Result<bool, Status> {
     let hub = &ctx.hub;
-    let resync_state = hello.state.clone().unwrap_or_default();
-    let agent_checksums: BTreeMap<ResourceKind, Checksums> = ResourceKind::ALL
-        .into_iter()
-        .map(|k| (k, resync::from_state(k.as_str(), &resync_state)))
-        .collect();
+    let (agent_checksums, agent_uids) = agent_resync_state(hello);
     let app_checksums = agent_checksums
         .get(&ResourceKind::Application)
         .cloned()
         .unwrap_or_default();
-    let agent_uids: BTreeMap<ResourceKind, SourceUids> = ResourceKind::ALL
-        .into_iter()
-        .map(|k| (k, resync::source_uids_from_state(k.as_str(), &resync_state)))
-        .collect();
     let resync_started = std::time::Instant::now();
     // Boxed, as every long sub-future of a session: the session task is as large as its
     // largest state, and an idle session only waits in the loop below.
