@@ -4,6 +4,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use argocd_agent_identity::{AgentMode, Namespace};
+use argocd_agent_proto::cloudevents::CloudEvent;
 use argocd_agent_proto::eventstream::event_stream_client::EventStreamClient;
 use argocd_agent_proto::eventstream::{self as pb, Hello, Welcome};
 use argocd_agent_sync::event::PROTOCOL_VERSION;
@@ -85,30 +86,14 @@ pub async fn run(
     connected: &AtomicBool,
     shutdown: &tokio_util::sync::CancellationToken,
 ) -> Result<(), SessionError> {
-    let setup = async {
-        let channel = dialer.connect(&config.server, config.keepalive).await?;
-        let tunnel_channel = channel.clone();
-        let mut client = EventStreamClient::new(channel)
-            .max_decoding_message_size(config.max_message_size)
-            .max_encoding_message_size(config.max_message_size);
-        let (tx, rx) = mpsc::channel(OUTBOUND_BUFFER);
-        tx.send(hello(spoke).to_cloud_event())
-            .await
-            .map_err(|_| SessionError::Closed)?;
-        let mut request = tonic::Request::new(ReceiverStream::new(rx));
-        dialer.authorize(&mut request)?;
-        let mut inbound = client.subscribe(request).await?.into_inner();
-        let first = inbound
-            .message()
-            .await?
-            .ok_or_else(|| SessionError::Protocol("stream closed before welcome".into()))?;
-        let welcome =
-            Event::from_cloud_event(first).map_err(|e| SessionError::Protocol(e.to_string()))?;
-        let (w, hub_ns) = check_welcome(welcome)?;
-        Ok::<_, SessionError>((tunnel_channel, tx, inbound, w, hub_ns))
-    };
-    let (tunnel_channel, tx, mut inbound, w, hub_ns) = tokio::select! {
-        r = setup => r?,
+    let Opened {
+        tunnel_channel,
+        tx,
+        mut inbound,
+        welcome: w,
+        hub_ns,
+    } = tokio::select! {
+        r = open(spoke, dialer, config) => r?,
         _ = shutdown.cancelled() => return Ok(()),
     };
     tracing::info!(agent = %w.agent_name, hub_namespace = %hub_ns, principal_version = %w.version, "connected to principal");
@@ -124,6 +109,14 @@ pub async fn run(
     let (direct_tx, mut direct_rx) = mpsc::channel(OUTBOUND_BUFFER);
     let requests = tokio_util::sync::CancellationToken::new();
     let _end_requests = requests.clone().drop_guard();
+    let requests_in = Requests {
+        spoke,
+        dialer,
+        config,
+        tunnel_channel: &tunnel_channel,
+        direct_tx: &direct_tx,
+        requests: &requests,
+    };
     let mut cache_report = tokio::time::interval(config.cache_refresh_interval);
     cache_report.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut draining: Option<tokio::time::Instant> = None;
@@ -151,59 +144,137 @@ pub async fn run(
             _ = heartbeat.tick(), if draining.is_none() => Some(Event::new(&spoke.source, EventType::Ping, Payload::None)),
             msg = inbound.message() => {
                 let Some(ce) = msg? else { return Ok(()) };
-                match Event::from_cloud_event(ce) {
-                    Ok(event) if event.ty == EventType::RedisRequest => {
-                        spoke.metrics.event(false, event.ty.verb());
-                        serve_redis(spoke, event, &direct_tx, &requests);
-                        None
-                    }
-                    Ok(event) if matches!(
-                        event.ty,
-                        EventType::ResourceRequest | EventType::LogRequest | EventType::TerminalRequest
-                    ) => {
-                        spoke.metrics.event(false, event.ty.verb());
-                        crate::proxy::serve(spoke, event, &direct_tx, &requests, || {
-                            crate::proxy::Tunnel::new(
-                                tunnel_channel.clone(),
-                                dialer,
-                                config.max_message_size,
-                            )
-                        });
-                        None
-                    }
-                    Ok(event) => {
-                        let span = argocd_agent_sync::event_span!("agent.receive", &event,
-                            source = %spoke.source);
-                        on_event(spoke, event).instrument(span).await
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "malformed event from principal ignored");
-                        None
-                    }
-                }
+                requests_in.receive(ce).await
             }
         };
-        if let Some(mut event) = out {
-            spoke.metrics.event(true, event.ty.verb());
-            // A child of the span the event was created in (a local change, or the handling
-            // of the principal's event it answers); the principal continues from here.
-            let span = argocd_agent_sync::event_span!("agent.send", &event, source = %spoke.source);
-            argocd_agent_sync::trace::inject_span(&mut event, &span);
-            tx.send(event.to_cloud_event())
-                .instrument(span)
-                .await
-                .map_err(|_| SessionError::Closed)?;
+        if let Some(event) = out {
+            send(spoke, &tx, event).await?;
         }
     }
-    // Draining done: end our side of the stream, and wait (briefly) for the principal to
-    // end its side, which it does after reading everything we sent, the last answers
-    // included. Exiting at once could lose them in buffers.
+    finish(tx, inbound).await;
+    Ok(())
+}
+
+/// Draining done: ends our side of the stream, and waits (briefly) for the principal to
+/// end its side, which it does after reading everything we sent, the last answers
+/// included. Exiting at once could lose them in buffers.
+async fn finish(tx: mpsc::Sender<CloudEvent>, mut inbound: tonic::Streaming<CloudEvent>) {
     drop(tx);
     let _ = tokio::time::timeout(DRAIN_GRACE, async {
         while let Ok(Some(_)) = inbound.message().await {}
     })
     .await;
-    Ok(())
+}
+
+/// An open event stream, welcomed by the principal.
+struct Opened {
+    /// The connection, for the tunnels of log and exec streams.
+    tunnel_channel: tonic::transport::Channel,
+    tx: mpsc::Sender<CloudEvent>,
+    inbound: tonic::Streaming<CloudEvent>,
+    welcome: Welcome,
+    hub_ns: Namespace,
+}
+
+/// Dials the principal, sends the hello and waits for the welcome.
+async fn open(
+    spoke: &Spoke,
+    dialer: &Dialer,
+    config: &AgentConfig,
+) -> Result<Opened, SessionError> {
+    let channel = dialer.connect(&config.server, config.keepalive).await?;
+    let tunnel_channel = channel.clone();
+    let mut client = EventStreamClient::new(channel)
+        .max_decoding_message_size(config.max_message_size)
+        .max_encoding_message_size(config.max_message_size);
+    let (tx, rx) = mpsc::channel(OUTBOUND_BUFFER);
+    tx.send(hello(spoke).to_cloud_event())
+        .await
+        .map_err(|_| SessionError::Closed)?;
+    let mut request = tonic::Request::new(ReceiverStream::new(rx));
+    dialer.authorize(&mut request)?;
+    let mut inbound = client.subscribe(request).await?.into_inner();
+    let first = inbound
+        .message()
+        .await?
+        .ok_or_else(|| SessionError::Protocol("stream closed before welcome".into()))?;
+    let welcome =
+        Event::from_cloud_event(first).map_err(|e| SessionError::Protocol(e.to_string()))?;
+    let (welcome, hub_ns) = check_welcome(welcome)?;
+    Ok(Opened {
+        tunnel_channel,
+        tx,
+        inbound,
+        welcome,
+        hub_ns,
+    })
+}
+
+/// What handles the principal's events on one connection: the spoke, and for the
+/// principal's requests (Redis, resource proxy) the channel their answers go out on.
+struct Requests<'a> {
+    spoke: &'a Spoke,
+    dialer: &'a Dialer,
+    config: &'a AgentConfig,
+    tunnel_channel: &'a tonic::transport::Channel,
+    direct_tx: &'a mpsc::Sender<Event>,
+    requests: &'a tokio_util::sync::CancellationToken,
+}
+
+impl Requests<'_> {
+    /// Handles one event from the principal; returns the answer to send, if any.
+    async fn receive(&self, ce: CloudEvent) -> Option<Event> {
+        let spoke = self.spoke;
+        match Event::from_cloud_event(ce) {
+            Ok(event) if event.ty == EventType::RedisRequest => {
+                spoke.metrics.event(false, event.ty.verb());
+                serve_redis(spoke, event, self.direct_tx, self.requests);
+                None
+            }
+            Ok(event)
+                if matches!(
+                    event.ty,
+                    EventType::ResourceRequest | EventType::LogRequest | EventType::TerminalRequest
+                ) =>
+            {
+                spoke.metrics.event(false, event.ty.verb());
+                crate::proxy::serve(spoke, event, self.direct_tx, self.requests, || {
+                    crate::proxy::Tunnel::new(
+                        self.tunnel_channel.clone(),
+                        self.dialer,
+                        self.config.max_message_size,
+                    )
+                });
+                None
+            }
+            Ok(event) => {
+                let span = argocd_agent_sync::event_span!("agent.receive", &event,
+                    source = %spoke.source);
+                on_event(spoke, event).instrument(span).await
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "malformed event from principal ignored");
+                None
+            }
+        }
+    }
+}
+
+/// Sends one event to the principal.
+async fn send(
+    spoke: &Spoke,
+    tx: &mpsc::Sender<CloudEvent>,
+    mut event: Event,
+) -> Result<(), SessionError> {
+    spoke.metrics.event(true, event.ty.verb());
+    // A child of the span the event was created in (a local change, or the handling
+    // of the principal's event it answers); the principal continues from here.
+    let span = argocd_agent_sync::event_span!("agent.send", &event, source = %spoke.source);
+    argocd_agent_sync::trace::inject_span(&mut event, &span);
+    tx.send(event.to_cloud_event())
+        .instrument(span)
+        .await
+        .map_err(|_| SessionError::Closed)
 }
 
 /// Sends the cluster's cache counts (read from the cluster's Redis when configured) beside
@@ -211,7 +282,7 @@ pub async fn run(
 fn report_cache_info(spoke: &Spoke, out: &mpsc::Sender<Event>) {
     let apps = i64::try_from(spoke.app_count()).unwrap_or(i64::MAX);
     let (redis, source, out) = (spoke.redis.clone(), spoke.source.clone(), out.clone());
-    tokio::spawn(async move {
+    spoke.tasks.spawn(async move {
         let mut info = match redis {
             Some(r) => r.cluster_counts().await,
             None => pb::ClusterCacheInfo::default(),
@@ -250,7 +321,7 @@ fn serve_redis(
     let request = crate::redis::SpokeRedis::prepare(spoke, &event);
     let source = spoke.source.clone();
     let (out, connection) = (out.clone(), connection.clone());
-    tokio::spawn(async move {
+    spoke.tasks.spawn(async move {
         redis
             .handle(request, &source, event, out, &connection)
             .await;

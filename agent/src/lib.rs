@@ -25,9 +25,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use argocd_agent_identity::{AgentMode, Namespace, ResourceKind, SpiffeId, TrustDomain};
-use argocd_agent_kubernetes::{ClientOptions, Kind, Resources, Scope};
+use argocd_agent_kubernetes::{Cache, Change, ClientOptions, Kind, Resources, Scope};
 use argocd_agent_sync::{QueueLimits, SendQueue};
 use futures::StreamExt;
+use futures::stream::BoxStream;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -175,125 +176,18 @@ pub async fn start(
         .map_err(|e| AgentError::Config(format!("--namespace: {e}")))?;
     let (dialer, source_id) = Dialer::from_transport(&config.transport).await?;
     let tasks = TaskTracker::new();
-
     let client = argocd_agent_kubernetes::client(&config.kube).await?;
-    let mut scope = Scope::namespace(config.namespace.clone());
-    if let Some(sel) = &config.label_selector {
-        scope = scope.with_label_selector(sel.clone());
-    }
-    let across_namespaces = config.destination_based_mapping && config.mode == AgentMode::Managed;
-    let app_scope = if across_namespaces {
-        // Managed copies in every namespace: those the principal wrote.
-        let selector = [Some(spoke::MANAGED_LABEL), config.label_selector.as_deref()]
-            .into_iter()
-            .flatten()
-            .collect::<Vec<_>>()
-            .join(",");
-        Scope::all().with_label_selector(selector)
-    } else {
-        scope.clone()
-    };
-    let (cache, changes) =
-        argocd_agent_kubernetes::watch(client.clone(), Kind::Application, app_scope);
-    let mut config_kinds = Vec::new();
-    let mut config_changes = Vec::new();
-    for &kind in objects::kinds_for(config.mode) {
-        let mut kind_scope = scope.clone();
-        if kind == ResourceKind::Repository {
-            let selector = [
-                Some(objects::REPOSITORY_SELECTOR),
-                config.label_selector.as_deref(),
-            ]
-            .into_iter()
-            .flatten()
-            .collect::<Vec<_>>()
-            .join(",");
-            kind_scope = kind_scope.with_label_selector(selector);
-        }
-        let (kind_cache, kind_stream) =
-            argocd_agent_kubernetes::watch(client.clone(), Kind::from(kind), kind_scope);
-        config_kinds.push(objects::ConfigKind {
-            kind,
-            resources: Resources::new(client.clone(), Kind::from(kind)),
-            cache: kind_cache,
-        });
-        config_changes.push((kind, kind_stream));
-    }
-    let proxy_client = client.clone();
-    let mut spoke = Spoke::new(
-        config.mode,
+    let mut watches = SpokeWatches::start(&client, &config);
+    let spoke = build_spoke(
+        &config,
         namespace,
         source_id,
-        Resources::new(client, Kind::Application),
-        cache,
-        SendQueue::new(QueueLimits::default()),
-        objects::ConfigKinds::new(config_kinds),
+        client,
+        &mut watches,
+        &dialer,
+        &tasks,
     );
-    spoke.policies = config.policies;
-    spoke.by_destination = config.destination_based_mapping;
-    spoke.redis = config.redis.clone().map(redis::SpokeRedis::new);
-    if config.resource_proxy {
-        let limits = proxy::ProxyConfig {
-            max_body: config.resource_proxy_max_body,
-            max_concurrent: config.resource_proxy_max_concurrent,
-            timeout: config.resource_proxy_timeout,
-            argocd_namespace: spoke.namespace.as_str().to_owned(),
-        };
-        spoke.proxy = Some(Arc::new(proxy::Proxy::new(
-            proxy_client,
-            limits,
-            spoke.metrics.clone(),
-        )));
-    }
-    if let Some(svid) = dialer.svid() {
-        spoke.metrics.follow_svid(svid);
-    }
-    let spoke = Arc::new(spoke);
-    for (kind, kind_stream) in config_changes {
-        let spoke = spoke.clone();
-        let shutdown = shutdown.clone();
-        tasks.spawn(async move {
-            futures::pin_mut!(kind_stream);
-            loop {
-                tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    change = kind_stream.next() => match change {
-                        Some(change) => spoke.on_local_config_change(kind, change).await,
-                        None => return,
-                    },
-                }
-            }
-        });
-    }
-    {
-        let spoke = spoke.clone();
-        let shutdown = shutdown.clone();
-        tasks.spawn(async move {
-            futures::pin_mut!(changes);
-            loop {
-                tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    change = changes.next() => match change {
-                        Some(change) => spoke.on_local_change(change).await,
-                        None => return,
-                    },
-                }
-            }
-        });
-    }
-
-    {
-        let (spoke, shutdown) = (spoke.clone(), shutdown.clone());
-        tasks.spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(5));
-            loop {
-                tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    _ = tick.tick() => spoke.metrics.sample_queue(&spoke.queue),
-                }
-            }
-        });
-    }
+    follow_local_changes(&spoke, watches, &tasks, &shutdown);
     let connected = Arc::new(AtomicBool::new(false));
     let (ready_tx, ready_rx) = watch::channel(false);
     let health_state = HealthState {
@@ -302,20 +196,7 @@ pub async fn start(
         svid: dialer.svid().cloned(),
         metrics: spoke.metrics.clone(),
     };
-    let metrics_addr = match config.metrics_listen {
-        Some(addr) => Some(
-            health::serve(addr, health_state.clone(), true, &tasks, shutdown.clone())
-                .await
-                .map_err(|source| AgentError::Listen { addr, source })?,
-        ),
-        None => None,
-    };
-    if let Some(addr) = config.healthz_listen {
-        health::serve(addr, health_state, false, &tasks, shutdown.clone())
-            .await
-            .map_err(|source| AgentError::Listen { addr, source })?;
-    }
-
+    let metrics_addr = serve_health(&config, health_state, &tasks, &shutdown).await?;
     let span = tracing::info_span!("agent", mode = %config.mode, server = %config.server);
     tasks.spawn(
         reconnect_loop(
@@ -335,6 +216,186 @@ pub async fn start(
         tasks,
         shutdown,
     })
+}
+
+/// The spoke's watches: its Applications, and the configuration kinds of its mode.
+struct SpokeWatches {
+    apps: Cache,
+    changes: BoxStream<'static, Change>,
+    config_kinds: Vec<objects::ConfigKind>,
+    config_changes: Vec<(ResourceKind, BoxStream<'static, Change>)>,
+}
+
+impl SpokeWatches {
+    fn start(client: &kube::Client, config: &AgentConfig) -> SpokeWatches {
+        let mut scope = Scope::namespace(config.namespace.clone());
+        if let Some(sel) = &config.label_selector {
+            scope = scope.with_label_selector(sel.clone());
+        }
+        let across_namespaces =
+            config.destination_based_mapping && config.mode == AgentMode::Managed;
+        let app_scope = if across_namespaces {
+            // Managed copies in every namespace: those the principal wrote.
+            let selector = [Some(spoke::MANAGED_LABEL), config.label_selector.as_deref()]
+                .into_iter()
+                .flatten()
+                .collect::<Vec<_>>()
+                .join(",");
+            Scope::all().with_label_selector(selector)
+        } else {
+            scope.clone()
+        };
+        let (apps, changes) =
+            argocd_agent_kubernetes::watch(client.clone(), Kind::Application, app_scope);
+        let mut config_kinds = Vec::new();
+        let mut config_changes = Vec::new();
+        for &kind in objects::kinds_for(config.mode) {
+            let mut kind_scope = scope.clone();
+            if kind == ResourceKind::Repository {
+                let selector = [
+                    Some(objects::REPOSITORY_SELECTOR),
+                    config.label_selector.as_deref(),
+                ]
+                .into_iter()
+                .flatten()
+                .collect::<Vec<_>>()
+                .join(",");
+                kind_scope = kind_scope.with_label_selector(selector);
+            }
+            let (kind_cache, kind_stream) =
+                argocd_agent_kubernetes::watch(client.clone(), Kind::from(kind), kind_scope);
+            config_kinds.push(objects::ConfigKind {
+                kind,
+                resources: Resources::new(client.clone(), Kind::from(kind)),
+                cache: kind_cache,
+            });
+            config_changes.push((kind, kind_stream.boxed()));
+        }
+        SpokeWatches {
+            apps,
+            changes: changes.boxed(),
+            config_kinds,
+            config_changes,
+        }
+    }
+}
+
+/// The spoke: the agent's mode, namespace, caches and writers, its Redis and resource proxy.
+fn build_spoke(
+    config: &AgentConfig,
+    namespace: Namespace,
+    source_id: String,
+    client: kube::Client,
+    watches: &mut SpokeWatches,
+    dialer: &Dialer,
+    tasks: &TaskTracker,
+) -> Arc<Spoke> {
+    let proxy_client = client.clone();
+    let mut spoke = Spoke::new(
+        config.mode,
+        namespace,
+        source_id,
+        Resources::new(client, Kind::Application),
+        watches.apps.clone(),
+        SendQueue::new(QueueLimits::default()),
+        objects::ConfigKinds::new(std::mem::take(&mut watches.config_kinds)),
+    );
+    spoke.policies = config.policies;
+    spoke.by_destination = config.destination_based_mapping;
+    spoke.redis = config
+        .redis
+        .clone()
+        .map(|r| redis::SpokeRedis::new(r, tasks.clone()));
+    spoke.tasks = tasks.clone();
+    if config.resource_proxy {
+        let limits = proxy::ProxyConfig {
+            max_body: config.resource_proxy_max_body,
+            max_concurrent: config.resource_proxy_max_concurrent,
+            timeout: config.resource_proxy_timeout,
+            argocd_namespace: spoke.namespace.as_str().to_owned(),
+        };
+        spoke.proxy = Some(Arc::new(proxy::Proxy::new(
+            proxy_client,
+            limits,
+            spoke.metrics.clone(),
+        )));
+    }
+    if let Some(svid) = dialer.svid() {
+        spoke.metrics.follow_svid(svid);
+    }
+    Arc::new(spoke)
+}
+
+/// Hands the spoke's local changes to it until shutdown, and samples its queue.
+fn follow_local_changes(
+    spoke: &Arc<Spoke>,
+    watches: SpokeWatches,
+    tasks: &TaskTracker,
+    shutdown: &CancellationToken,
+) {
+    for (kind, mut kind_stream) in watches.config_changes {
+        let spoke = spoke.clone();
+        let shutdown = shutdown.clone();
+        tasks.spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    change = kind_stream.next() => match change {
+                        Some(change) => spoke.on_local_config_change(kind, change).await,
+                        None => return,
+                    },
+                }
+            }
+        });
+    }
+    {
+        let (spoke, shutdown) = (spoke.clone(), shutdown.clone());
+        let mut changes = watches.changes;
+        tasks.spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    change = changes.next() => match change {
+                        Some(change) => spoke.on_local_change(change).await,
+                        None => return,
+                    },
+                }
+            }
+        });
+    }
+    let (spoke, shutdown) = (spoke.clone(), shutdown.clone());
+    tasks.spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tick.tick() => spoke.metrics.sample_queue(&spoke.queue),
+            }
+        }
+    });
+}
+
+/// The metrics and health listeners, when configured; returns the metrics address.
+async fn serve_health(
+    config: &AgentConfig,
+    health_state: HealthState,
+    tasks: &TaskTracker,
+    shutdown: &CancellationToken,
+) -> Result<Option<SocketAddr>, AgentError> {
+    let metrics_addr = match config.metrics_listen {
+        Some(addr) => Some(
+            health::serve(addr, health_state.clone(), true, tasks, shutdown.clone())
+                .await
+                .map_err(|source| AgentError::Listen { addr, source })?,
+        ),
+        None => None,
+    };
+    if let Some(addr) = config.healthz_listen {
+        health::serve(addr, health_state, false, tasks, shutdown.clone())
+            .await
+            .map_err(|source| AgentError::Listen { addr, source })?;
+    }
+    Ok(metrics_addr)
 }
 
 /// Whether the principal ended the session to send the agent to another replica

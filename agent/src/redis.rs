@@ -17,6 +17,7 @@ use argocd_agent_sync::redis::{AppKey, AppKeyKind, RedisConn, RedisEndpoint};
 use argocd_agent_sync::{Event, EventType, Payload};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use argocd_agent_identity::{Namespace, ResourceKind};
 use argocd_agent_sync::ResourceRef;
@@ -38,6 +39,8 @@ pub struct RedisConfig {
 
 /// The Redis side of the agent: a connection for reads, one per subscription.
 pub struct SpokeRedis {
+    /// Where subscriptions run (drained on shutdown).
+    tasks: TaskTracker,
     config: RedisConfig,
     reads: tokio::sync::Mutex<Option<RedisConn>>,
     subscriptions: Mutex<HashMap<String, CancellationToken>>,
@@ -85,9 +88,11 @@ fn valid_suffix(suffix: &str) -> bool {
 }
 
 impl SpokeRedis {
-    pub fn new(config: RedisConfig) -> Arc<SpokeRedis> {
+    /// The cluster Redis of `config`; subscriptions run on `tasks`.
+    pub fn new(config: RedisConfig, tasks: TaskTracker) -> Arc<SpokeRedis> {
         Arc::new(SpokeRedis {
             config,
+            tasks,
             reads: tokio::sync::Mutex::new(None),
             subscriptions: Mutex::new(HashMap::new()),
         })
@@ -251,7 +256,7 @@ impl SpokeRedis {
         let request = event.clone();
         let source = source.to_owned();
         let this = self.clone();
-        tokio::spawn(async move {
+        self.tasks.spawn(async move {
             loop {
                 let frame = tokio::select! {
                     _ = stop.cancelled() => break,

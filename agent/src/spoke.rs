@@ -71,6 +71,8 @@ pub struct Spoke {
     pub redis: Option<Arc<crate::redis::SpokeRedis>>,
     /// The resource proxy, when the agent serves it.
     pub proxy: Option<Arc<crate::proxy::Proxy>>,
+    /// Where the agent's request handlers run (the agent's tracker, drained on shutdown).
+    pub tasks: tokio_util::task::TaskTracker,
     inner: Mutex<SpokeInner>,
 }
 
@@ -122,6 +124,7 @@ impl Spoke {
             metrics: crate::metrics::Metrics::new(),
             proxy: None,
             redis: None,
+            tasks: tokio_util::task::TaskTracker::new(),
             inner: Mutex::new(SpokeInner::default()),
         }
     }

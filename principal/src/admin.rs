@@ -26,7 +26,8 @@ use tonic::{Request, Response, Status};
 use crate::auth::Authenticator;
 use crate::config::AdminAddress;
 use crate::error::PrincipalError;
-use crate::hub::{AgentState, Hub};
+use crate::metrics::Metrics;
+use crate::sessions::{AgentState, Sessions};
 
 /// Who may call the admin API on a listener.
 pub enum AdminAccess {
@@ -41,7 +42,8 @@ pub enum AdminAccess {
 
 /// `Admin` implementation over the hub's agent registry.
 pub struct AdminService {
-    pub hub: Arc<Hub>,
+    pub sessions: Arc<Sessions>,
+    pub metrics: Metrics,
     pub access: AdminAccess,
 }
 
@@ -94,7 +96,7 @@ impl AdminService {
                 Ok("local".into())
             }
             AdminAccess::Rules { auth, rules } => {
-                let metrics = &self.hub.metrics;
+                let metrics = &self.metrics;
                 let client = auth.identify(request).map_err(|failure| {
                     metrics.auth_failed(failure.reason);
                     tracing::warn!(call, reason = failure.reason, message = failure.status.message(), peer = ?request.remote_addr(), "admin call refused");
@@ -102,7 +104,7 @@ impl AdminService {
                 })?;
                 let fingerprint = crate::server::client_fingerprint(request);
                 if let Some(why) = self
-                    .hub
+                    .sessions
                     .blocklist
                     .current()
                     .denies(&client, fingerprint.as_deref())
@@ -133,7 +135,7 @@ fn agent_name(name: &str) -> Result<AgentName, Status> {
 
 impl AdminService {
     fn find(&self, name: &str) -> Result<Arc<AgentState>, Status> {
-        self.hub.agent(&agent_name(name)?).ok_or_else(|| {
+        self.sessions.agent(&agent_name(name)?).ok_or_else(|| {
             Status::not_found(format!(
                 "agent {name:?} is unknown to this principal (it has not connected since the principal started)"
             ))
@@ -149,7 +151,12 @@ impl Admin for AdminService {
     ) -> Result<Response<ListAgentsResponse>, Status> {
         let caller = self.authorize(&request, "ListAgents")?;
         tracing::debug!(%caller, "admin: list agents");
-        let mut agents: Vec<AgentInfo> = self.hub.agents().iter().map(|s| agent_info(s)).collect();
+        let mut agents: Vec<AgentInfo> = self
+            .sessions
+            .agents()
+            .iter()
+            .map(|s| agent_info(s))
+            .collect();
         agents.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(Response::new(ListAgentsResponse { agents }))
     }
@@ -170,7 +177,7 @@ impl Admin for AdminService {
     ) -> Result<Response<DisconnectAgentResponse>, Status> {
         let caller = self.authorize(&request, "DisconnectAgent")?;
         let state = self.find(&request.get_ref().name)?;
-        let was_connected = self.hub.disconnect(&state.name);
+        let was_connected = self.sessions.disconnect(&state.name);
         tracing::info!(agent = %state.name, was_connected, %caller, "session closed by an operator (admin API)");
         Ok(Response::new(DisconnectAgentResponse { was_connected }))
     }
@@ -180,7 +187,8 @@ impl Admin for AdminService {
 /// address (`host:port` or `unix://path`).
 pub async fn serve(
     address: &AdminAddress,
-    hub: Arc<Hub>,
+    sessions: Arc<Sessions>,
+    metrics: Metrics,
     tasks: &tokio_util::task::TaskTracker,
     shutdown: CancellationToken,
 ) -> Result<AdminAddress, PrincipalError> {
@@ -196,7 +204,8 @@ pub async fn serve(
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(std::time::Duration::from_secs(10)))
         .add_service(AdminServer::new(AdminService {
-            hub,
+            sessions,
+            metrics,
             access: AdminAccess::Local,
         }));
     match address {

@@ -14,7 +14,7 @@ use argocd_agent_sync::redis::{RedisConn, RedisEndpoint};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::hub::Hub;
+use crate::sessions::Sessions;
 
 /// How long a written cluster info lives in Redis (Argo CD's own expiration).
 const EXPIRATION: Duration = Duration::from_secs(600);
@@ -148,14 +148,14 @@ impl ClusterInfoWriter {
     }
 
     /// Writes every agent's cluster info again, periodically, until `shutdown`.
-    pub async fn refresh(self: Arc<Self>, hub: Arc<Hub>, shutdown: CancellationToken) {
+    pub async fn refresh(self: Arc<Self>, sessions: Arc<Sessions>, shutdown: CancellationToken) {
         let mut tick = tokio::time::interval(REFRESH);
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = tick.tick() => {}
             }
-            for state in hub.agents() {
+            for state in sessions.agents() {
                 let connection = if state.is_connected() {
                     Connection::Successful
                 } else {

@@ -41,7 +41,8 @@ use tokio_util::task::TaskTracker;
 use tonic::Status;
 
 use crate::error::chain;
-use crate::hub::Hub;
+use crate::metrics::Metrics;
+use crate::sessions::Sessions;
 
 /// Label on every Lease the principal writes: `agent` or `replica`.
 pub const LEASE_LABEL: &str = "argocd-agent.argoproj-labs.io/lease";
@@ -57,7 +58,7 @@ pub const RESOURCE_PROXY_ANNOTATION: &str = "argocd-agent.argoproj-labs.io/resou
 /// replicas).
 pub const REDIS_PROXY_ANNOTATION: &str = "argocd-agent.argoproj-labs.io/redis-proxy-address";
 /// Agent label on agent Leases (the same label the hub namespace carries).
-pub const AGENT_LABEL: &str = crate::hub::AGENT_NAME_LABEL;
+pub const AGENT_LABEL: &str = crate::apps::AGENT_NAME_LABEL;
 /// Name prefix of agent Leases.
 pub const AGENT_LEASE_PREFIX: &str = "argocd-agent-session-";
 /// Name prefix of replica Leases.
@@ -282,7 +283,9 @@ pub struct Leases {
     api: Resources,
     cache: Cache,
     changed: Notify,
-    hub: Arc<Hub>,
+    /// The sessions a lost or handed-over Lease closes.
+    sessions: Arc<Sessions>,
+    metrics: Metrics,
     held: Mutex<HashMap<AgentName, Held>>,
     acquiring: Mutex<HashSet<AgentName>>,
     releasing: Mutex<HashSet<AgentName>>,
@@ -296,25 +299,43 @@ pub struct Leases {
     fenced: AtomicBool,
     resource_proxy_url: Mutex<Option<String>>,
     redis_proxy_address: Mutex<Option<String>>,
+    /// Where releases of dropped guards run (drained on shutdown).
+    tasks: TaskTracker,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Releases (or hands over) the agent Lease when the session that took it ends.
+/// The agent Lease a session took: the session ends by [`LeaseGuard::release`], which
+/// releases (or hands over) the Lease and waits for the write. A guard dropped without it
+/// (a session task that panicked) releases on the Leases' task tracker.
 pub struct LeaseGuard {
     leases: Arc<Leases>,
     agent: AgentName,
     session: u64,
+    released: bool,
+}
+
+impl LeaseGuard {
+    /// Releases (or hands over) the Lease now and waits for the API server's answer.
+    pub async fn release(mut self) {
+        self.released = true;
+        self.leases.release(&self.agent, self.session).await;
+    }
 }
 
 impl Drop for LeaseGuard {
     fn drop(&mut self) {
+        if self.released {
+            return;
+        }
         let leases = self.leases.clone();
         let agent = self.agent.clone();
         let session = self.session;
-        tokio::spawn(async move { leases.release(&agent, session).await });
+        self.leases
+            .tasks
+            .spawn(async move { leases.release(&agent, session).await });
     }
 }
 
@@ -367,7 +388,8 @@ impl Leases {
         client: kube::Client,
         namespace: &str,
         cfg: HaConfig,
-        hub: Arc<Hub>,
+        sessions: Arc<Sessions>,
+        metrics: Metrics,
         tasks: &TaskTracker,
         shutdown: CancellationToken,
     ) -> Arc<Leases> {
@@ -385,7 +407,8 @@ impl Leases {
             api: Resources::new(client, Kind::Lease),
             cache,
             changed: Notify::new(),
-            hub,
+            sessions,
+            metrics,
             held: Mutex::new(HashMap::new()),
             acquiring: Mutex::new(HashSet::new()),
             releasing: Mutex::new(HashSet::new()),
@@ -396,6 +419,7 @@ impl Leases {
             fenced: AtomicBool::new(false),
             resource_proxy_url: Mutex::new(None),
             redis_proxy_address: Mutex::new(None),
+            tasks: tasks.clone(),
         });
         tracing::info!(replica = %leases.cfg.replica, holder = %leases.me, namespace,
             replica_lease = ?leases.cfg.replica_lease_duration, agent_lease = ?leases.cfg.agent_lease_duration,
@@ -568,7 +592,7 @@ impl Leases {
         session: u64,
     ) -> Result<LeaseGuard, Status> {
         if self.fenced.load(Ordering::Acquire) || lock(&self.renewed).is_none() {
-            self.hub.metrics.deferred("Fenced");
+            self.metrics.deferred("Fenced");
             return Err(Status::unavailable(format!(
                 "principal replica {} cannot renew its Lease on the hub: reconnect to another replica",
                 self.cfg.replica
@@ -594,6 +618,7 @@ impl Leases {
             leases: self.clone(),
             agent: agent.clone(),
             session,
+            released: false,
         })
     }
 
@@ -632,34 +657,10 @@ impl Leases {
             // Register for changes before reading, so a handover written after the read
             // wakes us.
             let notified = self.changed.notified();
-            // The watch cache decides when it is complete: a first connect costs one create,
-            // a reconnect one update (a stale cache costs a conflict and a read).
-            let current = match self.cache.known(Some(&self.namespace), &name) {
-                argocd_agent_kubernetes::Known::Present(c) => Some((*c).clone()),
-                argocd_agent_kubernetes::Known::Absent => None,
-                argocd_agent_kubernetes::Known::Unknown => self
-                    .api
-                    .get(Some(&self.namespace), &name)
-                    .await
-                    .map_err(|e| self.lease_error("get", &e))?,
-            };
-            let Some(current) = current else {
-                match self
-                    .api
-                    .create(&self.new_agent_lease(agent, namespace))
-                    .await
-                {
-                    Ok(created) => {
-                        self.hub.metrics.lease_write("agent", "create", "ok");
-                        tracing::debug!(%agent, session, "agent Lease created");
-                        return Ok(rv(&created).unwrap_or(0));
-                    }
-                    Err(e) if e.is_already_exists() => {
-                        self.hub.metrics.lease_write("agent", "create", "conflict");
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                        continue;
-                    }
-                    Err(e) => return Err(self.lease_error("create", &e)),
+            let Some(current) = self.read_agent_lease(&name).await? else {
+                match self.create_agent_lease(agent, namespace, session).await? {
+                    Some(rv) => return Ok(rv),
+                    None => continue,
                 }
             };
             let view = LeaseView::of(&current);
@@ -671,87 +672,27 @@ impl Leases {
                 Some(h) => !self.alive(h) || view.expired(now, Duration::ZERO),
             };
             if free {
-                let me = self.me.clone();
-                let previous = holder.clone();
-                let written = self
-                    .api
-                    .update_from(Some(&self.namespace), &name, Some(current), |obj| {
-                        let v = LeaseView::of(obj);
-                        if v.holder != previous {
-                            return Mutation::Abort; // someone else moved first: decide again
-                        }
-                        let changing = v.holder.as_deref() != Some(me.as_str());
-                        set_spec(obj, |s| {
-                            if changing {
-                                s.acquire_time = Some(now_micro());
-                                if v.holder.is_some() {
-                                    s.lease_transitions = Some(v.transitions + 1);
-                                }
-                            }
-                            s.holder_identity = Some(me.clone());
-                            s.renew_time = Some(now_micro());
-                            s.lease_duration_seconds = Some(secs(self.cfg.agent_lease_duration));
-                        });
-                        set_annotation(obj, TAKEOVER_ANNOTATION, None);
-                        set_annotation(obj, HUB_NAMESPACE_ANNOTATION, Some(namespace.as_str()));
-                        Mutation::Changed
-                    })
-                    .await;
-                match written {
-                    Ok(UpdateOutcome::Updated(obj)) => {
-                        self.hub.metrics.lease_write("agent", "acquire", "ok");
-                        if let Some(p) = previous.filter(|p| *p != self.me) {
-                            tracing::info!(%agent, previous = %p, "agent Lease taken over from a replica that is gone");
-                        }
-                        return Ok(rv(&obj).unwrap_or(0));
-                    }
-                    Ok(_) => {
-                        self.hub.metrics.lease_write("agent", "acquire", "conflict");
-                        continue;
-                    }
-                    Err(e) if e.is_not_found() => continue,
-                    Err(e) => return Err(self.lease_error("acquire", &e)),
+                match self
+                    .take_agent_lease(agent, namespace, &name, current, holder)
+                    .await?
+                {
+                    Some(rv) => return Ok(rv),
+                    None => continue,
                 }
             }
             let holder = holder.unwrap_or_default();
             if Instant::now() >= deadline {
-                self.hub.metrics.deferred("HeldElsewhere");
+                self.metrics.deferred("HeldElsewhere");
                 return Err(Status::unavailable(format!(
                     "agent {agent} is served by principal replica {}, which did not hand it over in time; retry",
                     replica_of(&holder)
                 )));
             }
             if !asked || view.takeover.as_deref() != Some(self.me.as_str()) {
-                let me = self.me.clone();
-                let expected = holder.clone();
-                let asked_now = self
-                    .api
-                    .update_from(Some(&self.namespace), &name, Some(current), |obj| {
-                        let v = LeaseView::of(obj);
-                        if v.holder.as_deref() != Some(expected.as_str()) {
-                            return Mutation::Abort;
-                        }
-                        if v.takeover.as_deref() == Some(me.as_str()) {
-                            return Mutation::Unchanged;
-                        }
-                        set_annotation(obj, TAKEOVER_ANNOTATION, Some(&me));
-                        Mutation::Changed
-                    })
-                    .await;
-                match asked_now {
-                    Ok(UpdateOutcome::Updated(_)) => {
-                        self.hub
-                            .metrics
-                            .lease_write("agent", "takeover-request", "ok");
-                        tracing::info!(%agent, holder = %holder,
-                            "agent is held by another replica: asked it to hand the agent over");
-                        asked = true;
-                    }
-                    Ok(UpdateOutcome::Unchanged(_)) => asked = true,
-                    Ok(UpdateOutcome::Aborted(_)) => continue,
-                    Err(e) if e.is_not_found() => continue,
-                    Err(e) => return Err(self.lease_error("takeover-request", &e)),
+                if !self.ask_handover(agent, &name, current, &holder).await? {
+                    continue;
                 }
+                asked = true;
             }
             // Wait for the holder's answer (or its replica Lease to go stale).
             let wait = deadline
@@ -761,8 +702,142 @@ impl Leases {
         }
     }
 
+    /// The agent Lease `name`. The watch cache decides when it is complete: a first
+    /// connect costs one create, a reconnect one update (a stale cache costs a conflict and
+    /// a read).
+    async fn read_agent_lease(&self, name: &str) -> Result<Option<DynamicObject>, Status> {
+        Ok(match self.cache.known(Some(&self.namespace), name) {
+            argocd_agent_kubernetes::Known::Present(c) => Some((*c).clone()),
+            argocd_agent_kubernetes::Known::Absent => None,
+            argocd_agent_kubernetes::Known::Unknown => self
+                .api
+                .get(Some(&self.namespace), name)
+                .await
+                .map_err(|e| self.lease_error("get", &e))?,
+        })
+    }
+
+    /// Creates the agent's Lease held by us; `None`: another replica created it first
+    /// (look again).
+    async fn create_agent_lease(
+        &self,
+        agent: &AgentName,
+        namespace: &Namespace,
+        session: u64,
+    ) -> Result<Option<u64>, Status> {
+        match self
+            .api
+            .create(&self.new_agent_lease(agent, namespace))
+            .await
+        {
+            Ok(created) => {
+                self.metrics.lease_write("agent", "create", "ok");
+                tracing::debug!(%agent, session, "agent Lease created");
+                Ok(Some(rv(&created).unwrap_or(0)))
+            }
+            Err(e) if e.is_already_exists() => {
+                self.metrics.lease_write("agent", "create", "conflict");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                Ok(None)
+            }
+            Err(e) => Err(self.lease_error("create", &e)),
+        }
+    }
+
+    /// Writes us as holder of a free agent Lease (`current`, held by `previous`); `None`:
+    /// someone else moved first (decide again).
+    async fn take_agent_lease(
+        &self,
+        agent: &AgentName,
+        namespace: &Namespace,
+        name: &str,
+        current: DynamicObject,
+        previous: Option<String>,
+    ) -> Result<Option<u64>, Status> {
+        let me = self.me.clone();
+        let expected = previous.clone();
+        let written = self
+            .api
+            .update_from(Some(&self.namespace), name, Some(current), |obj| {
+                let v = LeaseView::of(obj);
+                if v.holder != expected {
+                    return Mutation::Abort; // someone else moved first: decide again
+                }
+                let changing = v.holder.as_deref() != Some(me.as_str());
+                set_spec(obj, |s| {
+                    if changing {
+                        s.acquire_time = Some(now_micro());
+                        if v.holder.is_some() {
+                            s.lease_transitions = Some(v.transitions + 1);
+                        }
+                    }
+                    s.holder_identity = Some(me.clone());
+                    s.renew_time = Some(now_micro());
+                    s.lease_duration_seconds = Some(secs(self.cfg.agent_lease_duration));
+                });
+                set_annotation(obj, TAKEOVER_ANNOTATION, None);
+                set_annotation(obj, HUB_NAMESPACE_ANNOTATION, Some(namespace.as_str()));
+                Mutation::Changed
+            })
+            .await;
+        match written {
+            Ok(UpdateOutcome::Updated(obj)) => {
+                self.metrics.lease_write("agent", "acquire", "ok");
+                if let Some(p) = previous.filter(|p| *p != self.me) {
+                    tracing::info!(%agent, previous = %p, "agent Lease taken over from a replica that is gone");
+                }
+                Ok(Some(rv(&obj).unwrap_or(0)))
+            }
+            Ok(_) => {
+                self.metrics.lease_write("agent", "acquire", "conflict");
+                Ok(None)
+            }
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(self.lease_error("acquire", &e)),
+        }
+    }
+
+    /// Asks `holder` to hand the agent over (the takeover annotation); `false`: the Lease
+    /// changed meanwhile (look again).
+    async fn ask_handover(
+        &self,
+        agent: &AgentName,
+        name: &str,
+        current: DynamicObject,
+        holder: &str,
+    ) -> Result<bool, Status> {
+        let me = self.me.clone();
+        let expected = holder.to_owned();
+        let asked_now = self
+            .api
+            .update_from(Some(&self.namespace), name, Some(current), |obj| {
+                let v = LeaseView::of(obj);
+                if v.holder.as_deref() != Some(expected.as_str()) {
+                    return Mutation::Abort;
+                }
+                if v.takeover.as_deref() == Some(me.as_str()) {
+                    return Mutation::Unchanged;
+                }
+                set_annotation(obj, TAKEOVER_ANNOTATION, Some(&me));
+                Mutation::Changed
+            })
+            .await;
+        match asked_now {
+            Ok(UpdateOutcome::Updated(_)) => {
+                self.metrics.lease_write("agent", "takeover-request", "ok");
+                tracing::info!(%agent, holder = %holder,
+                    "agent is held by another replica: asked it to hand the agent over");
+                Ok(true)
+            }
+            Ok(UpdateOutcome::Unchanged(_)) => Ok(true),
+            Ok(UpdateOutcome::Aborted(_)) => Ok(false),
+            Err(e) if e.is_not_found() => Ok(false),
+            Err(e) => Err(self.lease_error("takeover-request", &e)),
+        }
+    }
+
     fn lease_error(&self, op: &str, e: &argocd_agent_kubernetes::Error) -> Status {
-        self.hub.metrics.lease_write("agent", op, "error");
+        self.metrics.lease_write("agent", op, "error");
         tracing::warn!(op, error = %chain(e), "agent Lease write failed");
         Status::unavailable(format!(
             "principal replica {} could not {op} the agent's Lease on the hub: {}",
@@ -844,14 +919,14 @@ impl Leases {
         };
         match result {
             Ok(UpdateOutcome::Updated(obj)) => {
-                self.hub.metrics.lease_write("agent", op, "ok");
+                self.metrics.lease_write("agent", op, "ok");
                 let to = LeaseView::of(&obj).holder;
                 tracing::debug!(%agent, to = ?to, "agent Lease {op}d");
             }
             Ok(_) => {}
             Err(e) if e.is_not_found() => {}
             Err(e) => {
-                self.hub.metrics.lease_write("agent", op, "error");
+                self.metrics.lease_write("agent", op, "error");
                 tracing::warn!(%agent, error = %chain(&e), "could not {op} the agent Lease (it expires by itself)");
             }
         }
@@ -920,7 +995,7 @@ impl Leases {
             {
                 h.handover_to = Some(requester.to_string());
                 drop(held);
-                self.hub.metrics.deferred("HandedOver");
+                self.metrics.deferred("HandedOver");
                 tracing::info!(%agent, to = %requester,
                     "another replica asked for this agent (it reconnected there): closing our session and handing the agent over");
                 let reason = format!(
@@ -928,17 +1003,17 @@ impl Leases {
                     replica_of(requester)
                 );
                 // Without a session left here (it is ending), the guard hands over.
-                self.hub.close_session(&agent, Some(reason));
+                self.sessions.close_session(&agent, Some(reason));
             }
             (Some(holder), Some(_)) if holder == self.me => {} // handover under way
             (holder, _) if holder != Some(self.me.as_str()) => {
                 let holder = holder.unwrap_or("nobody").to_string();
                 held.remove(&agent);
                 drop(held);
-                self.hub.metrics.deferred("LeaseLost");
+                self.metrics.deferred("LeaseLost");
                 tracing::warn!(%agent, holder = %holder,
                     "this replica lost the agent's Lease: closing its session here");
-                self.hub.close_session(
+                self.sessions.close_session(
                     &agent,
                     Some(format!(
                         "principal replica {} no longer holds the agent's Lease",
@@ -1031,14 +1106,14 @@ impl Leases {
         };
         match result {
             Ok(()) => {
-                self.hub.metrics.lease_write("replica", "renew", "ok");
+                self.metrics.lease_write("replica", "renew", "ok");
                 *lock(&self.renewed) = Some(Instant::now());
                 if self.fenced.swap(false, Ordering::AcqRel) {
                     tracing::info!("replica Lease renewed again: accepting agents");
                 }
             }
             Err(e) => {
-                self.hub.metrics.lease_write("replica", "renew", "error");
+                self.metrics.lease_write("replica", "renew", "error");
                 let since = lock(&self.renewed).map(|t| t.elapsed());
                 tracing::warn!(error = %chain(&e), since_last = ?since, "could not renew the replica Lease");
                 if since.is_some_and(|s| s >= self.cfg.replica_lease_duration)
@@ -1059,8 +1134,8 @@ impl Leases {
             "replica Lease stale for a whole duration: closing every session so other replicas serve the agents"
         );
         for agent in agents {
-            self.hub.metrics.deferred("Fenced");
-            self.hub.close_session(
+            self.metrics.deferred("Fenced");
+            self.sessions.close_session(
                 &agent,
                 Some(format!(
                     "principal replica {} cannot renew its Lease on the hub",
@@ -1099,7 +1174,7 @@ impl Leases {
             let ours = held.get_mut(&agent).filter(|h| h.session == session);
             match (result, ours) {
                 (Ok(UpdateOutcome::Updated(obj)), Some(h)) => {
-                    self.hub.metrics.lease_write("agent", "renew", "ok");
+                    self.metrics.lease_write("agent", "renew", "ok");
                     h.rv = rv(&obj).unwrap_or(h.rv);
                     h.next_renew = Instant::now() + self.renew_after();
                 }
@@ -1108,9 +1183,9 @@ impl Leases {
                 {
                     held.remove(&agent);
                     drop(held);
-                    self.hub.metrics.deferred("LeaseLost");
+                    self.metrics.deferred("LeaseLost");
                     tracing::warn!(%agent, "agent Lease held by another replica at renewal: closing the session here");
-                    self.hub.close_session(
+                    self.sessions.close_session(
                         &agent,
                         Some(format!(
                             "principal replica {} no longer holds the agent's Lease",
@@ -1119,7 +1194,7 @@ impl Leases {
                     );
                 }
                 (Err(e), Some(h)) => {
-                    self.hub.metrics.lease_write("agent", "renew", "error");
+                    self.metrics.lease_write("agent", "renew", "error");
                     tracing::warn!(%agent, error = %chain(&e), "could not renew the agent Lease; retrying");
                     h.next_renew = Instant::now() + Duration::from_secs(5);
                 }
@@ -1200,8 +1275,8 @@ impl Leases {
                 "above fair share while another replica has room: closing sessions so they reconnect elsewhere"
             );
             for agent in victims {
-                self.hub.metrics.deferred("Rebalance");
-                self.hub.close_session(
+                self.metrics.deferred("Rebalance");
+                self.sessions.close_session(
                     &agent,
                     Some(format!(
                         "principal replica {} is rebalancing agents across replicas; reconnect",

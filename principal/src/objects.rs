@@ -22,9 +22,12 @@ use argocd_agent_sync::{Event, EventType, Payload, ResourceRef};
 use kube::api::DynamicObject;
 use serde_json::{Value, json};
 
+use crate::apps::AGENT_NAME_LABEL;
 use crate::error::{ApplyError, chain};
-use crate::hub::{AGENT_NAME_LABEL, AgentState, Hub};
+use crate::metrics::Metrics;
 use crate::projects;
+use crate::sessions::AgentState;
+use crate::sessions::Sessions;
 
 /// Label that marks repository Secrets (`repository`) and credential templates (`repo-creds`).
 pub const SECRET_TYPE_LABEL: &str = "argocd.argoproj.io/secret-type";
@@ -252,7 +255,56 @@ fn checksum(kind: ResourceKind, obj: &Value) -> String {
     content_checksum(Kind::from(kind), obj)
 }
 
-impl Hub {
+/// Routes the hub's configuration objects to the agents they concern, and writes the
+/// projects autonomous agents send.
+pub struct ConfigRouter {
+    /// The hub's configuration objects.
+    pub config: ConfigObjects,
+    /// CloudEvents `source` of events we send.
+    source: String,
+    metrics: Metrics,
+    sessions: Arc<Sessions>,
+}
+
+impl ConfigRouter {
+    /// The router of `config`'s objects to the agents of `sessions`.
+    pub fn new(
+        config: ConfigObjects,
+        source: String,
+        metrics: Metrics,
+        sessions: Arc<Sessions>,
+    ) -> ConfigRouter {
+        ConfigRouter {
+            config,
+            source,
+            metrics,
+            sessions,
+        }
+    }
+
+    /// Waits until every configuration object has been listed.
+    pub async fn wait_synced(&self) {
+        self.config.wait_synced().await;
+    }
+
+    /// What the hub records about the owner of the AppProject `name` an event of `agent`
+    /// would write (its hub copy `<agent>-<name>`).
+    pub fn project_owner(&self, agent: &AgentName, name: &str) -> OwnerRecord {
+        self.config.project_owner(agent, name)
+    }
+
+    fn agent(&self, name: &AgentName) -> Option<Arc<AgentState>> {
+        self.sessions.agent(name)
+    }
+
+    fn agents(&self) -> Vec<Arc<AgentState>> {
+        self.sessions.agents()
+    }
+
+    fn push(&self, state: &AgentState, event: Event) {
+        state.enqueue(event, &self.metrics);
+    }
+
     fn config_event(&self, ns: &Namespace, key: &ConfigKey, obj: Option<&Arc<Value>>) -> Event {
         let resource = ResourceRef::new(key.0, ns.clone(), key.1.clone());
         match obj {

@@ -33,15 +33,16 @@ use argocd_agent_sync::rpc::Ticket;
 use argocd_agent_sync::{Event, EventType, Payload, ResourceRef};
 use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, WriteHalf};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
+use crate::apps::AppOwners;
 use crate::ha::Leases;
-use crate::hub::Hub;
 use crate::link::AgentLink;
+use crate::metrics::Metrics;
 use replica::{PeerRoute, Peers};
 
 /// Requests waiting for one agent's answers at once, by default.
@@ -200,7 +201,11 @@ struct ReplicaTarget {
 }
 
 struct Proxy {
-    hub: Arc<Hub>,
+    /// Which agent serves each Application key.
+    owners: Arc<AppOwners>,
+    metrics: Metrics,
+    /// CloudEvents `source` of our requests.
+    source: String,
     config: RedisProxyConfig,
     tasks: TaskTracker,
     /// Places of authenticated connections.
@@ -214,33 +219,20 @@ struct Proxy {
 /// replicas are asked there.
 pub async fn serve(
     config: RedisProxyConfig,
-    hub: Arc<Hub>,
+    owners: Arc<AppOwners>,
+    metrics: Metrics,
+    source: String,
     leases: Option<Arc<Leases>>,
     tasks: &TaskTracker,
     shutdown: CancellationToken,
 ) -> std::io::Result<SocketAddr> {
     let listener = TcpListener::bind(config.listen).await?;
     let addr = listener.local_addr()?;
-    let peers = leases.map(|leases| {
-        let published = config.replica_address.clone().unwrap_or_else(|| {
-            let pod_ip = std::env::var("POD_IP").ok();
-            default_replica_address(pod_ip.as_deref(), addr)
-        });
-        tracing::info!(address = %published, "Redis proxy: replica address for the other replicas");
-        leases.set_redis_proxy_address(&published);
-        Peers::new(
-            leases,
-            config.replica_tls.clone(),
-            (
-                config.upstream.username.clone(),
-                config.upstream.password.clone(),
-            ),
-            config.max_value_size,
-            config.request_timeout,
-        )
-    });
+    let peers = leases.map(|leases| replica_peers(&config, leases, addr));
     let proxy = Arc::new(Proxy {
-        hub,
+        owners,
+        metrics,
+        source,
         connections: Arc::new(Semaphore::new(config.max_connections.max(1))),
         config,
         tasks: tasks.clone(),
@@ -266,14 +258,14 @@ pub async fn serve(
             };
             // Every connection starts unauthenticated, in a pool of its own.
             let Ok(permit) = unauthenticated.clone().try_acquire_owned() else {
-                proxy.hub.metrics.listener_closed("redis-proxy", "TooManyConnections");
+                proxy.metrics.listener_closed("redis-proxy", "TooManyConnections");
                 tracing::warn!(%peer, "Redis proxy: too many unauthenticated connections, refusing");
                 continue;
             };
             let Some(slot) =
                 clients.take(peer.ip(), proxy.config.max_unauthenticated_per_client.max(1))
             else {
-                proxy.hub.metrics.listener_closed("redis-proxy", "TooManyFromClient");
+                proxy.metrics.listener_closed("redis-proxy", "TooManyFromClient");
                 tracing::warn!(%peer, "Redis proxy: too many unauthenticated connections from this client, refusing");
                 continue;
             };
@@ -282,36 +274,65 @@ pub async fn serve(
             let shutdown = shutdown.clone();
             let span = tracing::debug_span!("redis-proxy", %peer);
             tasks2.spawn(
-                async move {
-                    let pending = (permit, slot);
-                    match proxy.config.tls.clone() {
-                        None => proxy.connection(stream, pending, shutdown).await,
-                        Some(tls) => {
-                            let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-                            match tokio::time::timeout(
-                                TLS_HANDSHAKE_TIMEOUT,
-                                acceptor.accept(stream),
-                            )
-                            .await
-                            {
-                                Ok(Ok(s)) => proxy.connection(s, pending, shutdown).await,
-                                Ok(Err(e)) => {
-                                    proxy.hub.metrics.listener_closed("redis-proxy", "HandshakeFailed");
-                                    tracing::warn!(error = %e, "Redis proxy TLS handshake failed")
-                                }
-                                Err(_) => {
-                                    proxy.hub.metrics.listener_closed("redis-proxy", "HandshakeTimeout");
-                                    tracing::warn!("Redis proxy TLS handshake timed out")
-                                }
-                            }
-                        }
-                    }
-                }
-                .instrument(span),
+                proxy
+                    .accepted(stream, (permit, slot), shutdown)
+                    .instrument(span),
             );
         }
     });
     Ok(addr)
+}
+
+/// With `--ha`: publishes this proxy's replica address on the replica Lease, and reaches
+/// the other replicas' proxies.
+fn replica_peers(config: &RedisProxyConfig, leases: Arc<Leases>, addr: SocketAddr) -> Peers {
+    let published = config.replica_address.clone().unwrap_or_else(|| {
+        let pod_ip = std::env::var("POD_IP").ok();
+        default_replica_address(pod_ip.as_deref(), addr)
+    });
+    tracing::info!(address = %published, "Redis proxy: replica address for the other replicas");
+    leases.set_redis_proxy_address(&published);
+    Peers::new(
+        leases,
+        config.replica_tls.clone(),
+        (
+            config.upstream.username.clone(),
+            config.upstream.password.clone(),
+        ),
+        config.max_value_size,
+        config.request_timeout,
+    )
+}
+
+impl Proxy {
+    /// One accepted client: the TLS handshake when configured (bounded in time), then the
+    /// connection.
+    async fn accepted(
+        self: Arc<Self>,
+        stream: TcpStream,
+        pending: (OwnedSemaphorePermit, ClientSlot),
+        shutdown: CancellationToken,
+    ) {
+        match self.config.tls.clone() {
+            None => self.connection(stream, pending, shutdown).await,
+            Some(tls) => {
+                let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+                match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                    Ok(Ok(s)) => self.connection(s, pending, shutdown).await,
+                    Ok(Err(e)) => {
+                        self.metrics
+                            .listener_closed("redis-proxy", "HandshakeFailed");
+                        tracing::warn!(error = %e, "Redis proxy TLS handshake failed")
+                    }
+                    Err(_) => {
+                        self.metrics
+                            .listener_closed("redis-proxy", "HandshakeTimeout");
+                        tracing::warn!("Redis proxy TLS handshake timed out")
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// What the next reply of the hub Redis answers.
@@ -478,7 +499,7 @@ impl Proxy {
             Ok(u) => u,
             Err(e) => {
                 tracing::warn!(upstream = %self.config.upstream.addr, error = %e, "Redis proxy: hub Redis unreachable");
-                self.hub.metrics.redis_proxy("hub", "error");
+                self.metrics.redis_proxy("hub", "error");
                 let msg = format!(
                     "ERR hub Redis {} unreachable: {e}",
                     self.config.upstream.addr
@@ -495,8 +516,10 @@ impl Proxy {
         let (slots_tx, slots_rx) = mpsc::channel(self.config.max_in_flight_per_connection.max(1));
         let (oob_tx, oob_rx) = mpsc::channel(OOB_BUFFER);
         let closed = shutdown.child_token();
-        let writer = tokio::spawn(write_client(client_w, slots_rx, oob_rx, shared.clone()));
-        let mut upstream_task = tokio::spawn(read_upstream(
+        let writer = self
+            .tasks
+            .spawn(write_client(client_w, slots_rx, oob_rx, shared.clone()));
+        let mut upstream_task = self.tasks.spawn(read_upstream(
             upstream_reader,
             shared.clone(),
             oob_tx.clone(),
@@ -545,7 +568,7 @@ impl Proxy {
 
     /// The owner of an Application key's Application, with the decision about it.
     fn route(&self, key: &AppKey) -> (Decision, Option<Arc<AgentLink>>, String) {
-        let owner = self.hub.app_owner(&key.namespace, &key.name);
+        let owner = self.owners.app_owner(&key.namespace, &key.name);
         let link = owner.as_ref().and_then(|o| o.link());
         let capable = link
             .as_ref()
@@ -557,7 +580,7 @@ impl Proxy {
 
     fn request_event(&self, key: &AppKey, command: RedisCommand, subscription: &str) -> Event {
         Event::resource(
-            &self.hub.source,
+            &self.source,
             EventType::RedisRequest,
             ResourceRef::new(
                 ResourceKind::Application,
@@ -583,13 +606,13 @@ impl Proxy {
     ) -> Result<(Arc<AgentLink>, Ticket<Event>, Event), Reply> {
         let (decision, link, agent) = self.route(key);
         let refused = |msg: String| {
-            self.hub.metrics.redis_proxy("agent", "refused");
+            self.metrics.redis_proxy("agent", "refused");
             tracing::debug!(%key, %agent, reason = %msg, "Redis proxy refused a key");
             Reply::Error(msg)
         };
         let link = match (decision, link) {
             (Decision::Nil, _) => {
-                self.hub.metrics.redis_proxy("agent", "nil");
+                self.metrics.redis_proxy("agent", "nil");
                 return Err(Reply::Nil);
             }
             (Decision::Offline, _) | (_, None) => {
@@ -614,7 +637,7 @@ impl Proxy {
         match ticket.answer(self.config.request_timeout).await {
             Ok(answer) => Ok((link, ticket, answer)),
             Err(e) => {
-                self.hub.metrics.redis_proxy("agent", "error");
+                self.metrics.redis_proxy("agent", "error");
                 tracing::warn!(%key, %agent, error = %e, "Redis request to agent failed");
                 Err(Reply::Error(format!("ERR agent {agent:?}: {e}")))
             }
@@ -642,13 +665,13 @@ impl Proxy {
         if forwarded {
             return None;
         }
-        let agent = match self.hub.app_owner(&key.namespace, &key.name) {
+        let agent = match self.owners.app_owner(&key.namespace, &key.name) {
             Some(owner) if owner.link().is_some() => return None,
             Some(owner) => owner.name.clone(),
             None => {
-                self.hub
-                    .cache
-                    .get(Some(key.namespace.as_str()), &key.name)?;
+                if !self.owners.exists(&key.namespace, &key.name) {
+                    return None;
+                }
                 match peers.leases.agent_for_namespace(key.namespace.as_str()) {
                     Some(agent) => agent,
                     None => AgentName::new(key.namespace.as_str()).ok()?,
@@ -663,7 +686,7 @@ impl Proxy {
                 addr,
             })),
             PeerRoute::NoAddress { replica } => {
-                self.hub.metrics.redis_proxy("replica", "error");
+                self.metrics.redis_proxy("replica", "error");
                 tracing::warn!(%key, %agent, %replica,
                     "Redis proxy: the replica serving the agent published no Redis proxy address");
                 Some(Err(Self::offline(agent.as_str(), key)))
@@ -673,7 +696,7 @@ impl Proxy {
 
     /// The reply when another replica could not be asked.
     fn unreachable(&self, key: &AppKey, target: &ReplicaTarget, error: &str) -> Reply {
-        self.hub.metrics.redis_proxy("replica", "error");
+        self.metrics.redis_proxy("replica", "error");
         tracing::warn!(%key, agent = %target.agent, replica = %target.replica, addr = %target.addr,
             %error, "Redis proxy: could not forward to the replica serving the agent");
         Self::offline(&target.agent, key)
@@ -689,7 +712,7 @@ impl Proxy {
                 let replica = &target.replica;
                 return match peers.get(&target.addr, &key.to_string()).await {
                     Ok(reply) => {
-                        self.hub.metrics.redis_proxy("replica", "forwarded");
+                        self.metrics.redis_proxy("replica", "forwarded");
                         tracing::debug!(%key, %replica, "Redis GET answered by another replica");
                         reply
                     }
@@ -707,7 +730,7 @@ impl Proxy {
             Reply::Nil => "nil",
             Reply::Value(_) => "forwarded",
         };
-        self.hub.metrics.redis_proxy("agent", result);
+        self.metrics.redis_proxy("agent", result);
         reply
     }
 
@@ -816,10 +839,7 @@ impl Conn {
 
     /// Refuses a command for an agent's key on a connection that has not authenticated.
     async fn noauth(&self, what: &str) {
-        self.proxy
-            .hub
-            .metrics
-            .redis_proxy("agent", "unauthenticated");
+        self.proxy.metrics.redis_proxy("agent", "unauthenticated");
         tracing::warn!(
             command = what,
             "Redis proxy: an agent's key asked for before AUTH, refused"
@@ -841,7 +861,6 @@ impl Conn {
             let wait = if authed {
                 if !self.admit() {
                     self.proxy
-                        .hub
                         .metrics
                         .listener_closed("redis-proxy", "TooManyConnections");
                     tracing::warn!("Redis proxy: too many authenticated connections, closing");
@@ -868,7 +887,6 @@ impl Conn {
                 }
                 Err(ReadStop::AuthTimeout) => {
                     self.proxy
-                        .hub
                         .metrics
                         .listener_closed("redis-proxy", "AuthTimeout");
                     tracing::warn!(timeout = ?AUTH_TIMEOUT, "Redis proxy: client did not authenticate in time, closing");
@@ -876,7 +894,6 @@ impl Conn {
                 }
                 Err(ReadStop::FrameTimeout) => {
                     self.proxy
-                        .hub
                         .metrics
                         .listener_closed("redis-proxy", "FrameTimeout");
                     tracing::warn!(timeout = ?FRAME_TIMEOUT, "Redis proxy: command not received in full in time, closing");
@@ -888,7 +905,6 @@ impl Conn {
                     | RespError::TooDeep { .. }),
                 )) => {
                     self.proxy
-                        .hub
                         .metrics
                         .listener_closed("redis-proxy", "ProtocolError");
                     tracing::warn!(error = %e, authenticated = authed, "Redis proxy: bad command, closing");
@@ -969,7 +985,7 @@ impl Conn {
 
     /// Passes a command to the hub Redis unchanged; its reply fills the next slot.
     async fn forward(&mut self, raw: &Bytes, kind: SlotKind) -> Result<(), RespError> {
-        self.proxy.hub.metrics.redis_proxy("hub", "forwarded");
+        self.proxy.metrics.redis_proxy("hub", "forwarded");
         if self.upstream_pubsub {
             // In pub/sub mode every frame of the hub Redis is out of band.
             self.upstream.write_all(raw).await?;
@@ -1058,10 +1074,10 @@ impl Conn {
             Err(reply) => return Err(reply),
         };
         if let Reply::Error(e) = self.proxy.reply_of(key, &answer) {
-            self.proxy.hub.metrics.redis_proxy("agent", "error");
+            self.proxy.metrics.redis_proxy("agent", "error");
             return Err(Reply::Error(e));
         }
-        self.proxy.hub.metrics.redis_proxy("agent", "forwarded");
+        self.proxy.metrics.redis_proxy("agent", "forwarded");
         let stop = self.closed.child_token();
         let (oob, shared, closed) = (self.oob.clone(), self.shared.clone(), self.closed.clone());
         let unsubscribe = self
@@ -1125,12 +1141,12 @@ impl Conn {
         let mut conn = match peers.subscribe(&target.addr, &channel).await {
             Ok(Ok(conn)) => conn,
             Ok(Err(reply)) => {
-                self.proxy.hub.metrics.redis_proxy("replica", "forwarded");
+                self.proxy.metrics.redis_proxy("replica", "forwarded");
                 return Err(reply);
             }
             Err(e) => return Err(self.proxy.unreachable(key, target, &e)),
         };
-        self.proxy.hub.metrics.redis_proxy("replica", "forwarded");
+        self.proxy.metrics.redis_proxy("replica", "forwarded");
         tracing::debug!(%key, %replica, "Redis SUBSCRIBE relayed from another replica");
         let stop = self.closed.child_token();
         let (oob, shared, closed) = (self.oob.clone(), self.shared.clone(), self.closed.clone());

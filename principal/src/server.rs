@@ -12,8 +12,9 @@ use argocd_agent_sync::event::{PROTOCOL_MIN, PROTOCOL_VERSION};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::auth::Authenticator;
-use crate::hub::SessionInfo;
+use crate::metrics::Metrics;
 use crate::session::{self, SessionContext};
+use crate::sessions::{SessionInfo, Sessions};
 
 /// `EventStream` implementation.
 pub struct EventStreamService {
@@ -30,7 +31,13 @@ impl EventStream for EventStreamService {
         &self,
         request: Request<Streaming<CloudEvent>>,
     ) -> Result<Response<Self::SubscribeStream>, Status> {
-        let identity = identify_agent(&self.auth, &self.rules, &self.sessions.hub, &request)?;
+        let identity = identify_agent(
+            &self.auth,
+            &self.rules,
+            &self.sessions.hub.sessions,
+            &self.sessions.hub.metrics,
+            &request,
+        )?;
         let peer = argocd_agent_identity::peer::verified_peer(&request);
         let info = SessionInfo {
             remote_addr: peer
@@ -52,17 +59,17 @@ impl EventStream for EventStreamService {
 pub fn identify_agent<T>(
     auth: &Authenticator,
     rules: &LiveRules,
-    hub: &crate::hub::Hub,
+    sessions: &Sessions,
+    metrics: &Metrics,
     request: &Request<T>,
 ) -> Result<argocd_agent_identity::AgentIdentity, Status> {
-    let metrics = &hub.metrics;
     let client = auth.identify(request).map_err(|failure| {
         metrics.auth_failed(failure.reason);
         tracing::warn!(reason = failure.reason, message = failure.status.message(), peer = ?request.remote_addr(), "stream refused");
         failure.status
     })?;
     let fingerprint = client_fingerprint(request);
-    if let Some(why) = hub
+    if let Some(why) = sessions
         .blocklist
         .current()
         .denies(&client, fingerprint.as_deref())

@@ -21,8 +21,9 @@ use tonic::Status;
 use tracing::Instrument;
 
 use crate::error::chain;
-use crate::hub::{AgentState, Applied, Hub, SessionInfo};
+use crate::hub::{Applied, Hub};
 use crate::inbound::{Decision, OwnerRecord, Placement, decide};
+use crate::sessions::{AgentState, SessionInfo};
 
 static SESSION_IDS: AtomicU64 = AtomicU64::new(1);
 
@@ -226,7 +227,8 @@ fn welcome(hub: &Hub, identity: &AgentIdentity, hello: &Hello) -> Event {
                 .filter(|c| CAPABILITIES.contains(&c.as_str()))
                 .cloned()
                 .collect(),
-            max_in_flight: u32::try_from(hub.queue_limits.max_in_flight).unwrap_or(u32::MAX),
+            max_in_flight: u32::try_from(hub.sessions.queue_limits.max_in_flight)
+                .unwrap_or(u32::MAX),
         }),
     )
 }
@@ -244,19 +246,6 @@ async fn run(
         r = Box::pin(receive_hello(hub, &identity, ctx.hello_timeout, &mut inbound)) => r?,
         _ = ctx.shutdown.cancelled() => return Err(shutting_down()),
     };
-    let resync_state = hello.state.clone().unwrap_or_default();
-    let agent_checksums: BTreeMap<ResourceKind, Checksums> = ResourceKind::ALL
-        .into_iter()
-        .map(|k| (k, resync::from_state(k.as_str(), &resync_state)))
-        .collect();
-    let app_checksums = agent_checksums
-        .get(&ResourceKind::Application)
-        .cloned()
-        .unwrap_or_default();
-    let agent_uids: BTreeMap<ResourceKind, SourceUids> = ResourceKind::ALL
-        .into_iter()
-        .map(|k| (k, resync::source_uids_from_state(k.as_str(), &resync_state)))
-        .collect();
 
     // 2. With replicas, take the agent's Lease (another replica hands it over first), then
     // register (replacing any previous session here) and welcome.
@@ -267,13 +256,51 @@ async fn run(
         }
         None => None,
     };
+    let (state, token, guard) = Box::pin(register(
+        ctx, &identity, mode, session_id, &hello, peer, lease,
+    ))
+    .await;
+    let result = async {
+        let mut direct_rx = welcome_agent(ctx, &state, &identity, &hello, session_id, tx).await?;
+        // 3. Resync, 4. exchange events.
+        if !resync(ctx, &state, &token, mode, &hello, tx).await? {
+            return Ok(());
+        }
+        let exchange = Exchange {
+            ctx,
+            state: &state,
+            identity: &identity,
+            mode,
+            token: &token,
+            tx,
+        };
+        exchange.run(&mut inbound, &mut direct_rx).await
+    }
+    .await;
+    // Detached first, then the Lease released (or handed over), waited for.
+    guard.end().await;
+    result
+}
+
+/// Registers the session (the agent's state, the token that closes it) and records it:
+/// session info, hub namespace, metrics, cluster info and secret.
+async fn register(
+    ctx: &SessionContext,
+    identity: &AgentIdentity,
+    mode: AgentMode,
+    session_id: u64,
+    hello: &Hello,
+    peer: SessionInfo,
+    lease: Option<crate::ha::LeaseGuard>,
+) -> (Arc<AgentState>, CancellationToken, SessionGuard) {
+    let hub = &ctx.hub;
     let token = CancellationToken::new();
     let state = hub.attach(identity.clone(), mode, session_id, token.clone());
     if let Some(leases) = &ctx.leases
         && leases.handover_pending(&identity.agent, session_id)
     {
         // Asked for between taking the Lease and registering: this session yields.
-        hub.close_session(
+        hub.sessions.close_session(
             &identity.agent,
             Some("the agent opened a session on another principal replica".into()),
         );
@@ -291,12 +318,13 @@ async fn run(
     Box::pin(hub.ensure_namespace(&identity.namespace, &identity.agent)).await;
     hub.metrics.connected_agents.inc();
     hub.metrics.connected(identity.agent.as_str());
-    let _guard = SessionGuard {
+    let guard = SessionGuard {
         hub: hub.clone(),
         state: state.clone(),
         session_id,
         cluster_info: ctx.cluster_info.clone(),
-        _lease: lease,
+        tasks: ctx.tasks.clone(),
+        lease,
     };
     if let Some(writer) = ctx.cluster_info.clone() {
         let agent = identity.agent.clone();
@@ -311,8 +339,22 @@ async fn run(
         ctx.tasks
             .spawn(async move { secrets.ensure_logged(&agent).await });
     }
-    let welcome = welcome(hub, &identity, &hello);
-    let (direct_tx, mut direct_rx) = mpsc::channel(OUTBOUND_BUFFER);
+    (state, token, guard)
+}
+
+/// Sends the welcome and installs the session's request link; returns the link's
+/// outbound channel.
+async fn welcome_agent(
+    ctx: &SessionContext,
+    state: &AgentState,
+    identity: &AgentIdentity,
+    hello: &Hello,
+    session_id: u64,
+    tx: &Outbound,
+) -> Result<mpsc::Receiver<Box<Event>>, Status> {
+    let hub = &ctx.hub;
+    let welcome = welcome(hub, identity, hello);
+    let (direct_tx, direct_rx) = mpsc::channel(OUTBOUND_BUFFER);
     if let Payload::Welcome(w) = &welcome.payload {
         state.set_link(Arc::new(crate::link::AgentLink::new(
             session_id,
@@ -321,16 +363,51 @@ async fn run(
             w.capabilities.clone(),
         )));
     }
-    send(tx, hub, &state, welcome).await?;
+    send(tx, hub, state, welcome).await?;
+    Ok(direct_rx)
+}
 
-    // 3. Resync. It can be long (an autonomous agent's hub deletes): it stops as soon as
-    // the session is replaced or revoked, or the agent goes away, so an abandoned session
-    // never goes on writing to the hub.
+/// What the agent holds, by kind, from its hello: checksums and source UIDs.
+fn agent_resync_state(
+    hello: &Hello,
+) -> (
+    BTreeMap<ResourceKind, Checksums>,
+    BTreeMap<ResourceKind, SourceUids>,
+) {
+    let resync_state = hello.state.clone().unwrap_or_default();
+    let agent_checksums: BTreeMap<ResourceKind, Checksums> = ResourceKind::ALL
+        .into_iter()
+        .map(|k| (k, resync::from_state(k.as_str(), &resync_state)))
+        .collect();
+    let agent_uids: BTreeMap<ResourceKind, SourceUids> = ResourceKind::ALL
+        .into_iter()
+        .map(|k| (k, resync::source_uids_from_state(k.as_str(), &resync_state)))
+        .collect();
+    (agent_checksums, agent_uids)
+}
+
+/// Resync. It can be long (an autonomous agent's hub deletes): it stops as soon as
+/// the session is replaced or revoked, or the agent goes away, so an abandoned session
+/// never goes on writing to the hub. `Ok(false)`: the agent went away.
+async fn resync(
+    ctx: &SessionContext,
+    state: &AgentState,
+    token: &CancellationToken,
+    mode: AgentMode,
+    hello: &Hello,
+    tx: &Outbound,
+) -> Result<bool, Status> {
+    let hub = &ctx.hub;
+    let (agent_checksums, agent_uids) = agent_resync_state(hello);
+    let app_checksums = agent_checksums
+        .get(&ResourceKind::Application)
+        .cloned()
+        .unwrap_or_default();
     let resync_started = std::time::Instant::now();
     // Boxed, as every long sub-future of a session: the session task is as large as its
     // largest state, and an idle session only waits in the loop below.
     let resync = Box::pin(async {
-        hub.cache.wait_synced().await;
+        hub.apps.cache.wait_synced().await;
         hub.config.wait_synced().await;
         state.queue.requeue_in_flight();
         match mode {
@@ -339,8 +416,9 @@ async fn run(
                     .get(&ResourceKind::Application)
                     .cloned()
                     .unwrap_or_default();
-                hub.resync_managed(&state, &app_checksums, &app_uids);
-                hub.resync_config(&state, &agent_checksums, &agent_uids);
+                hub.apps.resync_managed(state, &app_checksums, &app_uids);
+                hub.config
+                    .resync_config(state, &agent_checksums, &agent_uids);
             }
             AgentMode::Autonomous => {
                 let projects = agent_checksums
@@ -351,14 +429,16 @@ async fn run(
                 // that is "unknown", not "holds nothing" (which would delete its hub copies).
                 let known = hello.state.is_some();
                 let mut requests = hub
-                    .resync_autonomous_projects(&state, known.then_some(&projects))
+                    .config
+                    .resync_autonomous_projects(state, known.then_some(&projects))
                     .await;
                 requests.extend(
-                    hub.resync_autonomous(&state, known.then_some(&app_checksums))
+                    hub.apps
+                        .resync_autonomous(state, known.then_some(&app_checksums))
                         .await,
                 );
                 for e in requests {
-                    send(tx, hub, &state, e).await?;
+                    send(tx, hub, state, e).await?;
                 }
             }
         }
@@ -367,12 +447,12 @@ async fn run(
     tokio::select! {
         r = resync => r?,
         _ = token.cancelled() => {
-            return Err(closed_by_principal(&state, " during resync"));
+            return Err(closed_by_principal(state, " during resync"));
         }
         _ = ctx.shutdown.cancelled() => return Err(shutting_down()),
         _ = tx.tx.closed() => {
             tracing::info!("the agent went away during resync: resync abandoned");
-            return Ok(());
+            return Ok(false);
         }
     }
     hub.metrics
@@ -381,34 +461,63 @@ async fn run(
             mode: mode.as_str().into(),
         })
         .observe(resync_started.elapsed().as_secs_f64());
+    Ok(true)
+}
 
-    // 4. Exchange events.
-    let mut last_seen = tokio::time::Instant::now();
-    let mut idle_check = tokio::time::interval(ctx.idle_timeout / 3);
-    loop {
-        tokio::select! {
-            _ = token.cancelled() => {
-                return Err(closed_by_principal(&state, ""));
-            }
-            // Checked between events only: an inbound event is applied and answered before
-            // the session ends (graceful shutdown drains what is in progress).
-            _ = ctx.shutdown.cancelled() => {
-                tracing::info!("principal shutting down: session closed after the last event was answered");
-                return Err(shutting_down());
-            }
-            _ = tx.tx.closed() => return Ok(()),
-            event = state.queue.next() => send(tx, hub, &state, event).await?,
-            Some(event) = direct_rx.recv() => send(tx, hub, &state, *event).await?,
-            msg = inbound.next() => {
-                let Some(msg) = msg else { return Ok(()) };
-                last_seen = tokio::time::Instant::now();
-                state.touch();
-                let msg = msg.map_err(|s| stream_error(hub, &identity.agent, s))?;
-                Box::pin(handle_inbound(hub, ctx.cluster_info.as_ref(), &state, &identity, mode, msg, tx)).await?;
-            }
-            _ = idle_check.tick() => {
-                if last_seen.elapsed() > ctx.idle_timeout {
-                    return Err(Status::deadline_exceeded("agent silent for too long"));
+/// A registered, resynced session exchanging events with its agent.
+struct Exchange<'a> {
+    ctx: &'a SessionContext,
+    state: &'a AgentState,
+    identity: &'a AgentIdentity,
+    mode: AgentMode,
+    token: &'a CancellationToken,
+    tx: &'a Outbound,
+}
+
+impl Exchange<'_> {
+    /// Exchanges events until the session is closed, the agent goes away or is silent for
+    /// the idle timeout, or the principal shuts down.
+    async fn run(
+        &self,
+        inbound: &mut (impl Stream<Item = Result<CloudEvent, Status>> + Unpin),
+        direct_rx: &mut mpsc::Receiver<Box<Event>>,
+    ) -> Result<(), Status> {
+        let Exchange {
+            ctx,
+            state,
+            identity,
+            mode,
+            token,
+            tx,
+        } = *self;
+        let hub = &ctx.hub;
+        let mut last_seen = tokio::time::Instant::now();
+        let mut idle_check = tokio::time::interval(ctx.idle_timeout / 3);
+        loop {
+            tokio::select! {
+                _ = token.cancelled() => {
+                    return Err(closed_by_principal(state, ""));
+                }
+                // Checked between events only: an inbound event is applied and answered before
+                // the session ends (graceful shutdown drains what is in progress).
+                _ = ctx.shutdown.cancelled() => {
+                    tracing::info!("principal shutting down: session closed after the last event was answered");
+                    return Err(shutting_down());
+                }
+                _ = tx.tx.closed() => return Ok(()),
+                event = state.queue.next() => send(tx, hub, state, event).await?,
+                Some(event) = direct_rx.recv() => send(tx, hub, state, *event).await?,
+                msg = inbound.next() => {
+                    let Some(msg) = msg else { return Ok(()) };
+                    last_seen = tokio::time::Instant::now();
+                    state.touch();
+                    let msg = msg.map_err(|s| stream_error(hub, &identity.agent, s))?;
+                    Box::pin(handle_inbound(ctx, state, identity, mode, msg, tx)).await?;
+                }
+                _ = idle_check.tick() => {
+                    if last_seen.elapsed() > ctx.idle_timeout {
+                        return Err(Status::deadline_exceeded("agent silent for too long"));
+                    }
                 }
             }
         }
@@ -485,21 +594,33 @@ struct SessionGuard {
     state: Arc<AgentState>,
     session_id: u64,
     cluster_info: Option<Arc<crate::clusterinfo::ClusterInfoWriter>>,
-    /// Dropped after the fields above: the Lease is released (or handed over) only once
-    /// this session is detached.
-    _lease: Option<crate::ha::LeaseGuard>,
+    tasks: TaskTracker,
+    /// Released (or handed over) only once this session is detached: by
+    /// [`SessionGuard::end`], or, should the session task fail, when the guard is dropped.
+    lease: Option<crate::ha::LeaseGuard>,
+}
+
+impl SessionGuard {
+    /// Ends the session: detaches it, then releases its Lease and waits for that.
+    async fn end(mut self) {
+        let lease = self.lease.take();
+        drop(self);
+        if let Some(lease) = lease {
+            lease.release().await;
+        }
+    }
 }
 
 impl Drop for SessionGuard {
     fn drop(&mut self) {
         self.state.clear_link(self.session_id);
-        self.hub.detach(&self.state, self.session_id);
+        self.hub.sessions.detach(&self.state, self.session_id);
         // Failed at once, unless a newer session of the agent took over.
         if let Some(writer) = self.cluster_info.clone()
             && !self.state.is_connected()
         {
             let agent = self.state.name.clone();
-            tokio::spawn(async move {
+            self.tasks.spawn(async move {
                 let failed =
                     crate::clusterinfo::Connection::Failed(crate::clusterinfo::DISCONNECTED.into());
                 writer.write(&agent, failed).await
@@ -549,14 +670,14 @@ async fn send_inner(
 
 /// Decodes, decides and applies one inbound event, then answers it.
 async fn handle_inbound(
-    hub: &Hub,
-    cluster_info: Option<&Arc<crate::clusterinfo::ClusterInfoWriter>>,
+    ctx: &SessionContext,
     state: &AgentState,
     identity: &AgentIdentity,
     mode: AgentMode,
     ce: CloudEvent,
     tx: &Outbound,
 ) -> Result<(), Status> {
+    let hub = &ctx.hub;
     let agent = &identity.agent;
     // The refused event's id, so the agent can tell which event it was (and stop resending
     // it); an id too long to be one is not echoed.
@@ -587,7 +708,7 @@ async fn handle_inbound(
     }
     let span = argocd_agent_sync::event_span!("principal.handle_inbound", &event,
         agent = %identity.agent, client = %identity.client, rule = %identity.rule);
-    handle_event(hub, cluster_info, state, identity, mode, event, tx)
+    handle_event(ctx, state, identity, mode, event, tx)
         .instrument(span)
         .await
 }
@@ -602,7 +723,7 @@ async fn refuse_rate_limited(
     log: Option<u64>,
     tx: &Outbound,
 ) -> Result<(), Status> {
-    let limit = hub.event_rate;
+    let limit = hub.sessions.event_rate;
     hub.metrics
         .refused(&state.name, crate::ratelimit::RATE_LIMITED);
     if let Some(refused) = log {
@@ -624,71 +745,29 @@ async fn refuse_rate_limited(
 /// Decides and applies one decoded inbound event, then answers it (span
 /// `principal.handle_inbound`, a child of the agent's span that sent it).
 async fn handle_event(
-    hub: &Hub,
-    cluster_info: Option<&Arc<crate::clusterinfo::ClusterInfoWriter>>,
+    ctx: &SessionContext,
     state: &AgentState,
     identity: &AgentIdentity,
     mode: AgentMode,
     event: Event,
     tx: &Outbound,
 ) -> Result<(), Status> {
+    let hub = &ctx.hub;
     let agent = &identity.agent;
-    // Answers to this session's requests: matched by request id within the session only,
-    // so an agent can only answer what was asked of it.
-    if event.ty == EventType::ResourceResponse {
-        if !state.link().is_some_and(|l| l.answer(event, true)) {
-            tracing::debug!("resource proxy answer to an unknown or finished request dropped");
-        }
+    let Some(event) = take_answer(ctx, state, agent, event) else {
         return Ok(());
-    }
-    if matches!(event.ty, EventType::RedisResponse | EventType::RedisPush) {
-        // An error ends a subscription; single answers end their request anyway.
-        let last = matches!(&event.payload, Payload::RedisResponse(r)
-            if matches!(r.result, Some(pb::redis_response::Result::Error(_))));
-        let delivered = state.link().is_some_and(|l| l.answer(event, last));
-        if !delivered {
-            tracing::debug!("answer to an unknown or finished request dropped");
-        }
-        return Ok(());
-    }
-    if event.ty == EventType::ClusterCacheInfoUpdate {
-        if let (Payload::ClusterCacheInfo(counts), Some(writer)) =
-            (&event.payload, cluster_info.cloned())
-        {
-            writer.set_counts(agent, counts.clone());
-            let agent = agent.clone();
-            tokio::spawn(async move {
-                writer
-                    .write(&agent, crate::clusterinfo::Connection::Successful)
-                    .await
-            });
-        }
-        return Ok(());
-    }
+    };
     let started = std::time::Instant::now();
     let owner = event.resource.as_ref().map_or(OwnerRecord::Absent, |r| {
         hub.owner_record(&identity.agent, r)
     });
-    let placement = match &event.resource {
-        Some(r)
-            if hub.by_destination
-                && mode == AgentMode::Managed
-                && r.kind == ResourceKind::Application =>
-        {
-            Placement::Destination(
-                hub.cache
-                    .get(Some(r.namespace.as_str()), &r.name)
-                    .and_then(|o| crate::hub::destination_of(&o).map(str::to_owned)),
-            )
-        }
-        _ => Placement::Namespace,
-    };
+    let placement = placement_of(hub, mode, &event);
     let reply = match decide(identity, mode, &event, &owner, &placement) {
         Decision::Pong => Some(Event::new(&hub.source, EventType::Pong, Payload::None)),
         Decision::Ignore => None,
         Decision::Acked(id) => {
             if let Some((key, delivered)) = state.queue.ack(&id) {
-                hub.on_ack(state, key, &delivered).await;
+                hub.apps.on_ack(state, key, &delivered).await;
             }
             None
         }
@@ -701,26 +780,7 @@ async fn handle_event(
             tracing::warn!(object = ?event.resource, reason = r.metric, message = ?r.message, "event refused");
             Some(event.error_reply(&hub.source, r.reason, r.message))
         }
-        Decision::Apply(command) => match hub.apply(state, command).await {
-            Ok(Applied::Ack) => Some(event.ack(&hub.source)),
-            Ok(Applied::Silent) => None,
-            Ok(Applied::NotFound) => {
-                // Not a failure worth a warning: an agent resending a delete after a lost
-                // acknowledgement lands here.
-                hub.metrics.refused(agent, "NotFound");
-                tracing::info!(object = ?event.resource, "delete of an object the hub does not have: answered NotFound");
-                let message = match &event.resource {
-                    Some(r) => format!("{r} does not exist on the hub (already deleted)"),
-                    None => "no such object on the hub".into(),
-                };
-                Some(event.error_reply(&hub.source, "NotFound", message))
-            }
-            Err(e) => {
-                let message = chain(&e);
-                tracing::warn!(object = ?event.resource, error = ?message, "could not apply event");
-                Some(event.error_reply(&hub.source, "ApplyFailed", message))
-            }
-        },
+        Decision::Apply(command) => apply_reply(hub, state, agent, &event, command).await,
     };
     if let Some(r) = &event.resource {
         let ok = reply.as_ref().is_none_or(|e| e.ty != EventType::Error);
@@ -734,6 +794,99 @@ async fn handle_event(
     match reply {
         Some(reply) => send(tx, hub, state, reply).await,
         None => Ok(()),
+    }
+}
+
+/// Takes the agent's answers to this session's requests (resource proxy, Redis) and its
+/// cluster cache info; returns any other event.
+fn take_answer(
+    ctx: &SessionContext,
+    state: &AgentState,
+    agent: &argocd_agent_identity::AgentName,
+    event: Event,
+) -> Option<Event> {
+    // Answers to this session's requests: matched by request id within the session only,
+    // so an agent can only answer what was asked of it.
+    if event.ty == EventType::ResourceResponse {
+        if !state.link().is_some_and(|l| l.answer(event, true)) {
+            tracing::debug!("resource proxy answer to an unknown or finished request dropped");
+        }
+        return None;
+    }
+    if matches!(event.ty, EventType::RedisResponse | EventType::RedisPush) {
+        // An error ends a subscription; single answers end their request anyway.
+        let last = matches!(&event.payload, Payload::RedisResponse(r)
+            if matches!(r.result, Some(pb::redis_response::Result::Error(_))));
+        let delivered = state.link().is_some_and(|l| l.answer(event, last));
+        if !delivered {
+            tracing::debug!("answer to an unknown or finished request dropped");
+        }
+        return None;
+    }
+    if event.ty == EventType::ClusterCacheInfoUpdate {
+        if let (Payload::ClusterCacheInfo(counts), Some(writer)) =
+            (&event.payload, ctx.cluster_info.clone())
+        {
+            writer.set_counts(agent, counts.clone());
+            let agent = agent.clone();
+            ctx.tasks.spawn(async move {
+                writer
+                    .write(&agent, crate::clusterinfo::Connection::Successful)
+                    .await
+            });
+        }
+        return None;
+    }
+    Some(event)
+}
+
+/// Where the hub places the Application an event names (with destination-based mapping,
+/// a managed agent's Applications are those whose destination names it).
+fn placement_of(hub: &Hub, mode: AgentMode, event: &Event) -> Placement {
+    match &event.resource {
+        Some(r)
+            if hub.by_destination
+                && mode == AgentMode::Managed
+                && r.kind == ResourceKind::Application =>
+        {
+            Placement::Destination(
+                hub.apps
+                    .cache
+                    .get(Some(r.namespace.as_str()), &r.name)
+                    .and_then(|o| crate::apps::destination_of(&o).map(str::to_owned)),
+            )
+        }
+        _ => Placement::Namespace,
+    }
+}
+
+/// Applies an authorized command; returns the answer to the event.
+async fn apply_reply(
+    hub: &Hub,
+    state: &AgentState,
+    agent: &argocd_agent_identity::AgentName,
+    event: &Event,
+    command: crate::inbound::Command,
+) -> Option<Event> {
+    match hub.apply(state, command).await {
+        Ok(Applied::Ack) => Some(event.ack(&hub.source)),
+        Ok(Applied::Silent) => None,
+        Ok(Applied::NotFound) => {
+            // Not a failure worth a warning: an agent resending a delete after a lost
+            // acknowledgement lands here.
+            hub.metrics.refused(agent, "NotFound");
+            tracing::info!(object = ?event.resource, "delete of an object the hub does not have: answered NotFound");
+            let message = match &event.resource {
+                Some(r) => format!("{r} does not exist on the hub (already deleted)"),
+                None => "no such object on the hub".into(),
+            };
+            Some(event.error_reply(&hub.source, "NotFound", message))
+        }
+        Err(e) => {
+            let message = chain(&e);
+            tracing::warn!(object = ?event.resource, error = ?message, "could not apply event");
+            Some(event.error_reply(&hub.source, "ApplyFailed", message))
+        }
     }
 }
 

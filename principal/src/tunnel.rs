@@ -169,7 +169,9 @@ pub struct TunnelService {
     pub tunnels: Arc<Tunnels>,
     pub rules: Arc<LiveRules>,
     pub auth: Authenticator,
-    pub hub: Arc<crate::hub::Hub>,
+    /// The agents (and the blocklist).
+    pub sessions: Arc<crate::sessions::Sessions>,
+    pub metrics: crate::metrics::Metrics,
 }
 
 impl TunnelService {
@@ -180,7 +182,7 @@ impl TunnelService {
                 Status::not_found(format!("no {what} request {id:?} is waiting"))
             }
             AttachError::WrongAgent { expected } => {
-                self.hub.metrics.auth_failed("WrongAgent");
+                self.metrics.auth_failed("WrongAgent");
                 tracing::warn!(agent = %agent, expected = %expected, id = ?id,
                     "{what} stream refused: the request was sent to another agent");
                 Status::permission_denied(format!(
@@ -197,7 +199,13 @@ impl Tunnel for TunnelService {
         &self,
         request: Request<Streaming<LogMessage>>,
     ) -> Result<Response<LogClosed>, Status> {
-        let identity = crate::server::identify_agent(&self.auth, &self.rules, &self.hub, &request)?;
+        let identity = crate::server::identify_agent(
+            &self.auth,
+            &self.rules,
+            &self.sessions,
+            &self.metrics,
+            &request,
+        )?;
         let mut stream = request.into_inner();
         let start = match stream.message().await? {
             Some(LogMessage {
@@ -233,7 +241,13 @@ impl Tunnel for TunnelService {
         &self,
         request: Request<Streaming<TerminalFrame>>,
     ) -> Result<Response<Self::TerminalStream>, Status> {
-        let identity = crate::server::identify_agent(&self.auth, &self.rules, &self.hub, &request)?;
+        let identity = crate::server::identify_agent(
+            &self.auth,
+            &self.rules,
+            &self.sessions,
+            &self.metrics,
+            &request,
+        )?;
         let mut stream = request.into_inner();
         let first = stream
             .message()

@@ -7,11 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use argocd_agent_identity::{AgentName, Namespace};
-use argocd_agent_kubernetes::{Kind, Resources, Scope};
 use argocd_agent_principal::ha::{self, HaConfig, Leases};
-use argocd_agent_principal::hub::{Hub, HubParts};
 use argocd_agent_principal::metrics::Metrics;
-use argocd_agent_principal::objects::ConfigObjects;
+use argocd_agent_principal::sessions::Sessions;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
 use tokio_util::sync::CancellationToken;
@@ -20,38 +18,23 @@ use tokio_util::task::TaskTracker;
 mod common;
 use common::setup;
 
-/// A hub and its Leases, as one replica runs them.
+/// The Leases of one replica.
 fn replica(client: &kube::Client, name: &str, shutdown: &CancellationToken) -> Arc<Leases> {
     let tasks = TaskTracker::new();
-    let watch = |kind, scope| argocd_agent_kubernetes::watch(client.clone(), kind, scope).0;
-    let hub = Arc::new(Hub::new(HubParts {
-        source: name.into(),
-        apps: Resources::new(client.clone(), Kind::Application),
-        namespaces: Resources::new(client.clone(), Kind::Namespace),
-        cache: watch(Kind::Application, Scope::all()),
-        metrics: Metrics::new(),
-        queue_limits: Default::default(),
-        event_rate: Default::default(),
-        create_namespace: false,
-        namespace_cache: None,
-        namespace_labels: Default::default(),
-        config: ConfigObjects::new(
-            Namespace::new("argocd").unwrap(),
-            true,
-            watch(Kind::AppProject, Scope::namespace("argocd")),
-            watch(Kind::Secret, Scope::namespace("argocd")),
-            watch(Kind::ConfigMap, Scope::namespace("argocd")),
-            Resources::new(client.clone(), Kind::AppProject),
-        ),
-        by_destination: false,
-        tasks: tasks.clone(),
-        shutdown: shutdown.clone(),
-    }));
+    let sessions = Arc::new(Sessions::new(Default::default(), Default::default()));
     let mut cfg = HaConfig::new(name);
     cfg.replica_lease_duration = Duration::from_secs(1);
     cfg.agent_lease_duration = Duration::from_secs(30);
     cfg.rebalance = false;
-    Leases::start(client.clone(), "argocd", cfg, hub, &tasks, shutdown.clone())
+    Leases::start(
+        client.clone(),
+        "argocd",
+        cfg,
+        sessions,
+        Metrics::new(),
+        &tasks,
+        shutdown.clone(),
+    )
 }
 
 fn ns(n: &str) -> Namespace {

@@ -24,6 +24,7 @@ use kube::discovery::Scope;
 use serde_json::Value;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::dialer::Dialer;
 use crate::error::SessionError;
@@ -727,10 +728,10 @@ async fn read_limited(body: kube::client::Body, max: usize) -> Result<Bytes, Fai
 
 /// Sends an immediate answer (a refusal) without holding up the stream, even when the
 /// outbound channel is momentarily full.
-fn answer_soon(out: &mpsc::Sender<Event>, event: Event) {
+fn answer_soon(tasks: &TaskTracker, out: &mpsc::Sender<Event>, event: Event) {
     if let Err(mpsc::error::TrySendError::Full(event)) = out.try_send(event) {
         let out = out.clone();
-        tokio::spawn(async move {
+        tasks.spawn(async move {
             let _ = out.send(event).await;
         });
     }
@@ -803,10 +804,15 @@ pub fn serve(
     tunnel: impl FnOnce() -> Result<Tunnel, SessionError>,
 ) {
     let source = spoke.source.clone();
+    let tasks = spoke.tasks.clone();
     let id = event.id.clone();
     let Some(proxy) = spoke.proxy.clone() else {
         let answer = Answer::status(501, "this agent does not serve the resource proxy");
-        answer_soon(out, response_event(&source, &id, answer.into_response()));
+        answer_soon(
+            &tasks,
+            out,
+            response_event(&source, &id, answer.into_response()),
+        );
         return;
     };
     let apps = spoke_apps(spoke);
@@ -816,10 +822,14 @@ pub fn serve(
             let Some(slot) = proxy.try_request_slot() else {
                 proxy.count(rules::method_verb(&req.method), "error");
                 let answer = Answer::status(429, "too many resource proxy requests at once");
-                answer_soon(&out, response_event(&source, &id, answer.into_response()));
+                answer_soon(
+                    &tasks,
+                    &out,
+                    response_event(&source, &id, answer.into_response()),
+                );
                 return;
             };
-            tokio::spawn(async move {
+            tasks.spawn(async move {
                 let response = proxy.handle_resource(&apps, &req).await;
                 drop(slot);
                 let _ = out.send(response_event(&source, &id, response)).await;
@@ -833,12 +843,16 @@ pub fn serve(
             let Some(slot) = proxy.try_stream_slot() else {
                 proxy.count(what, "error");
                 let answer = Answer::status(429, "too many log and exec streams at once");
-                answer_soon(&out, response_event(&source, &id, answer.into_response()));
+                answer_soon(
+                    &tasks,
+                    &out,
+                    response_event(&source, &id, answer.into_response()),
+                );
                 return;
             };
             let tunnel = tunnel();
             let connection = connection.clone();
-            tokio::spawn(async move {
+            tasks.spawn(async move {
                 match payload {
                     Payload::LogRequest(req) => {
                         logs::serve(&proxy, &apps, tunnel, &source, &id, req, &out, &connection)
@@ -855,7 +869,11 @@ pub fn serve(
         }
         _ => {
             let answer = Answer::status(400, "not a resource proxy request");
-            answer_soon(&out, response_event(&source, &id, answer.into_response()));
+            answer_soon(
+                &tasks,
+                &out,
+                response_event(&source, &id, answer.into_response()),
+            );
         }
     }
 }

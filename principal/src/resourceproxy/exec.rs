@@ -118,7 +118,7 @@ pub(super) async fn serve(
     } = admitted;
     let command = terminal.command.clone();
     let event = Event::new(
-        &proxy.hub.source,
+        &proxy.source,
         EventType::TerminalRequest,
         Payload::TerminalRequest(terminal),
     );
@@ -146,7 +146,8 @@ pub(super) async fn serve(
         proxy.config.terminal_idle_timeout,
         proxy.config.terminal_max_duration,
     );
-    tokio::spawn(async move {
+    let tasks = proxy.tasks.clone();
+    tasks.spawn(async move {
         let _permit = permit;
         let upgraded = match upgrade.await {
             Ok(u) => u,

@@ -28,6 +28,7 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
+use tokio_util::task::TaskTracker;
 
 use super::{Body, status};
 use crate::ha::{self, Leases};
@@ -168,6 +169,8 @@ pub struct Forwarder {
     pool: Mutex<HashMap<String, http2::SendRequest<Incoming>>>,
     /// How long the target may take to answer with a response head.
     answer_timeout: Duration,
+    /// Where connections to other replicas and upgraded streams run (drained on shutdown).
+    tasks: TaskTracker,
 }
 
 #[derive(Clone)]
@@ -181,8 +184,10 @@ impl Forwarder {
         leases: Arc<Leases>,
         ca_pem: watch::Receiver<String>,
         answer_timeout: Duration,
+        tasks: TaskTracker,
     ) -> Forwarder {
         Forwarder {
+            tasks,
             leases,
             ca_pem,
             tls: Mutex::new(None),
@@ -302,7 +307,7 @@ impl Forwarder {
             .await
             .map_err(|e| format!("HTTP/2 with {}: {e}", target.authority))?;
         let authority = target.authority.clone();
-        tokio::spawn(async move {
+        self.tasks.spawn(async move {
             if let Err(e) = conn.await {
                 tracing::debug!(replica = %authority, error = %e,
                     "resource proxy: connection to another replica ended");
@@ -376,7 +381,7 @@ impl Forwarder {
         let (mut sender, conn) = http1::handshake(TokioIo::new(stream))
             .await
             .map_err(|e| format!("HTTP with {}: {e}", target.authority))?;
-        tokio::spawn(async move {
+        self.tasks.spawn(async move {
             if let Err(e) = conn.with_upgrades().await {
                 tracing::debug!(error = %e, "resource proxy: forwarded connection ended");
             }
@@ -395,7 +400,7 @@ impl Forwarder {
         let switching = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
         if switching {
             let upstream = hyper::upgrade::on(&mut resp);
-            tokio::spawn(async move {
+            self.tasks.spawn(async move {
                 let (client, upstream) = match tokio::join!(client_upgrade, upstream) {
                     (Ok(c), Ok(u)) => (c, u),
                     (c, u) => {

@@ -107,7 +107,7 @@ async fn open(
     request: LogRequest,
 ) -> Result<LogTunnel, Response<Body>> {
     let event = Event::new(
-        &proxy.hub.source,
+        &proxy.source,
         EventType::LogRequest,
         Payload::LogRequest(request),
     );
@@ -215,7 +215,8 @@ pub(super) async fn serve(
     }
     tracing::info!(agent = %agent, namespace = ?namespace, pod = ?pod, follow = p.follow, "log stream opened");
     let (tx, rx) = mpsc::channel(CLIENT_BUFFER);
-    tokio::spawn(async move {
+    let tasks = proxy.tasks.clone();
+    tasks.spawn(async move {
         let _permit = permit;
         let mut cursor = LogCursor::default();
         let mut pending = Vec::new();

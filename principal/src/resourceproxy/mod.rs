@@ -46,8 +46,9 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::hub::Hub;
 use crate::link::AgentLink;
+use crate::metrics::Metrics;
+use crate::sessions::Sessions;
 use crate::tunnel::Tunnels;
 use credentials::ProxyKeys;
 
@@ -301,12 +302,18 @@ enum Pending {
 
 /// The proxy's shared state.
 pub struct Proxy {
-    pub hub: Arc<Hub>,
+    /// The agents and their request links.
+    pub sessions: Arc<Sessions>,
+    pub metrics: Metrics,
+    /// CloudEvents `source` of our requests.
+    pub source: String,
     pub keys: Arc<ProxyKeys>,
     pub tunnels: Arc<Tunnels>,
     pub config: ResourceProxyConfig,
     /// With replicas: forwards requests for agents served elsewhere.
     pub forwarder: Option<forward::Forwarder>,
+    /// Where terminal and log streams run (drained on shutdown).
+    pub tasks: TaskTracker,
     limits: Mutex<HashMap<AgentName, Arc<Semaphore>>>,
 }
 
@@ -317,27 +324,46 @@ pub(crate) struct Admitted {
     pub permit: OwnedSemaphorePermit,
 }
 
+/// Everything [`Proxy::new`] needs.
+pub struct ProxyParts {
+    pub sessions: Arc<Sessions>,
+    pub metrics: Metrics,
+    pub source: String,
+    pub keys: Arc<ProxyKeys>,
+    pub tunnels: Arc<Tunnels>,
+    pub config: ResourceProxyConfig,
+    pub forwarder: Option<forward::Forwarder>,
+    pub tasks: TaskTracker,
+}
+
 impl Proxy {
-    pub fn new(
-        hub: Arc<Hub>,
-        keys: Arc<ProxyKeys>,
-        tunnels: Arc<Tunnels>,
-        config: ResourceProxyConfig,
-        forwarder: Option<forward::Forwarder>,
-    ) -> Arc<Proxy> {
-        Arc::new(Proxy {
-            hub,
+    pub fn new(parts: ProxyParts) -> Arc<Proxy> {
+        let ProxyParts {
+            sessions,
+            metrics,
+            source,
             keys,
             tunnels,
             config,
             forwarder,
+            tasks,
+        } = parts;
+        Arc::new(Proxy {
+            sessions,
+            metrics,
+            source,
+            keys,
+            tunnels,
+            config,
+            forwarder,
+            tasks,
             limits: Mutex::new(HashMap::new()),
         })
     }
 
     /// The agent's current link, if it is connected and serves the proxy.
     pub(crate) fn link(&self, agent: &AgentName) -> Option<Arc<AgentLink>> {
-        self.hub
+        self.sessions
             .agent(agent)
             .and_then(|s| s.link())
             .filter(|l| l.has(argocd_agent_sync::proxy::CAPABILITY))
@@ -369,7 +395,7 @@ impl Proxy {
             ));
         };
         let agent = self.keys.verify(token, SystemTime::now()).map_err(|e| {
-            self.hub.metrics.auth_failed("ProxyCredential");
+            self.metrics.auth_failed("ProxyCredential");
             tracing::warn!(error = %e, "resource proxy request refused: bad token");
             status(StatusCode::UNAUTHORIZED, "Unauthorized", e.to_string())
         })?;
@@ -383,7 +409,7 @@ impl Proxy {
             None => (rest, "/"),
         };
         if named != agent.as_str() {
-            self.hub.metrics.auth_failed("WrongAgent");
+            self.metrics.auth_failed("WrongAgent");
             tracing::warn!(token_agent = %agent, url_agent = ?named,
                 "resource proxy request refused: the token is for another agent");
             return Err(status(
@@ -426,9 +452,7 @@ impl Proxy {
             Ok(r) => r,
             Err(why) => {
                 tracing::warn!(agent = %agent, method = %req.method(), path = ?rest, "resource proxy request refused: {why}");
-                self.hub
-                    .metrics
-                    .resource_proxy(agent.as_str(), "request", 403);
+                self.metrics.resource_proxy(agent.as_str(), "request", 403);
                 return status(StatusCode::FORBIDDEN, "Forbidden", why);
             }
         };
@@ -451,10 +475,9 @@ impl Proxy {
                     Ok(None) => {}
                     Err(why) => {
                         tracing::warn!(agent = %agent, kind, "resource proxy: not forwarded: {why}");
-                        self.hub
-                            .metrics
+                        self.metrics
                             .resource_proxy_forwarded(agent.as_str(), kind, 502);
-                        self.hub.metrics.resource_proxy(agent.as_str(), kind, 502);
+                        self.metrics.resource_proxy(agent.as_str(), kind, 502);
                         return status(StatusCode::BAD_GATEWAY, "ServiceUnavailable", why);
                     }
                 }
@@ -467,11 +490,8 @@ impl Proxy {
             Route::Api => match self.read_request(req).await {
                 Ok(read) => Pending::Api(read),
                 Err(refused) => {
-                    self.hub.metrics.resource_proxy(
-                        agent.as_str(),
-                        kind,
-                        refused.status().as_u16(),
-                    );
+                    self.metrics
+                        .resource_proxy(agent.as_str(), kind, refused.status().as_u16());
                     return refused;
                 }
             },
@@ -485,8 +505,7 @@ impl Proxy {
         let admitted = match self.admit(&agent) {
             Ok(a) => a,
             Err(r) => {
-                self.hub
-                    .metrics
+                self.metrics
                     .resource_proxy(agent.as_str(), kind, r.status().as_u16());
                 return r;
             }
@@ -502,8 +521,7 @@ impl Proxy {
                 req,
             } => exec::serve(self.clone(), admitted, namespace, pod, *req).await,
         };
-        self.hub
-            .metrics
+        self.metrics
             .resource_proxy(agent.as_str(), kind, response.status().as_u16());
         response
     }
@@ -530,10 +548,9 @@ impl Proxy {
             }
         };
         let code = response.status().as_u16();
-        self.hub
-            .metrics
+        self.metrics
             .resource_proxy_forwarded(agent.as_str(), kind, code);
-        self.hub.metrics.resource_proxy(agent.as_str(), kind, code);
+        self.metrics.resource_proxy(agent.as_str(), kind, code);
         response
     }
 
@@ -594,7 +611,7 @@ impl Proxy {
             body,
         } = read;
         let event = Event::new(
-            &self.hub.source,
+            &self.source,
             EventType::ResourceRequest,
             Payload::ResourceRequest(ResourceRequest {
                 method,
@@ -640,7 +657,7 @@ pub fn serve(
 ) {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
     let limits = proxy.config.limits.clone();
-    let metrics = proxy.hub.metrics.clone();
+    let metrics = proxy.metrics.clone();
     let on_close: argocd_agent_identity::listener::OnClose =
         Arc::new(move |reason| metrics.listener_closed("resource-proxy", reason));
     let handler = move |req: Request<Incoming>, _peer: SocketAddr| {

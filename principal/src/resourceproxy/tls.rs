@@ -14,6 +14,7 @@ use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use super::credentials::{KeyError, ProxyKeys, pem};
 
@@ -119,11 +120,29 @@ pub fn start(
     lifetime: Duration,
     keys: Arc<ProxyKeys>,
     svid: Option<&SvidSource>,
+    tasks: &TaskTracker,
     shutdown: CancellationToken,
 ) -> Result<Serving, KeyError> {
     let svid_state = svid.and_then(|s| s.current());
     let svid_names = svid_state.as_deref().map(dns_names).unwrap_or_default();
-    let use_svid = match mode {
+    let use_svid = serves_svid(mode, host, replica_host, &svid_names)?;
+    if let (true, Some(source), Some(state)) = (use_svid, svid, svid_state) {
+        tracing::info!(host, "resource proxy serves the principal's SVID (DNS SAN)");
+        return Ok(follow_svid(source, &state, tasks, shutdown));
+    }
+    let serving = issue_own(keys, hostnames, lifetime, tasks, shutdown)?;
+    tracing::info!(hostnames = ?hostnames, "resource proxy serves a certificate from its own CA");
+    Ok(serving)
+}
+
+/// Whether the proxy serves the principal's SVID, whose DNS SANs are `svid_names`.
+fn serves_svid(
+    mode: ServingMode,
+    host: &str,
+    replica_host: Option<&str>,
+    svid_names: &[String],
+) -> Result<bool, KeyError> {
+    Ok(match mode {
         ServingMode::Issued => false,
         ServingMode::Auto => {
             svid_names.iter().any(|n| n == host)
@@ -143,42 +162,58 @@ pub fn start(
             }
             true
         }
-    };
-    if let (true, Some(source), Some(state)) = (use_svid, svid, svid_state) {
-        let cert = ServingCert::new(state.svid.certified_key());
-        let (ca_tx, ca_rx) = watch::channel(bundle_pem(&state));
-        let mut updates = source.subscribe();
-        let c = cert.clone();
-        tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    changed = updates.changed() => if changed.is_err() { return },
-                }
-                let Some(state) = updates.borrow_and_update().clone() else {
-                    continue;
-                };
-                c.set(state.svid.certified_key());
-                ca_tx.send_if_modified(|ca| {
-                    let new = bundle_pem(&state);
-                    let changed = *ca != new;
-                    *ca = new;
-                    changed
-                });
+    })
+}
+
+/// Serves the SVID, following its rotations.
+fn follow_svid(
+    source: &SvidSource,
+    state: &SvidState,
+    tasks: &TaskTracker,
+    shutdown: CancellationToken,
+) -> Serving {
+    let cert = ServingCert::new(state.svid.certified_key());
+    let (ca_tx, ca_rx) = watch::channel(bundle_pem(state));
+    let mut updates = source.subscribe();
+    let c = cert.clone();
+    tasks.spawn(async move {
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                changed = updates.changed() => if changed.is_err() { return },
             }
-        });
-        tracing::info!(host, "resource proxy serves the principal's SVID (DNS SAN)");
-        return Ok(Serving {
-            cert,
-            ca_pem: ca_rx,
-            mode: "svid",
-        });
+            let Some(state) = updates.borrow_and_update().clone() else {
+                continue;
+            };
+            c.set(state.svid.certified_key());
+            ca_tx.send_if_modified(|ca| {
+                let new = bundle_pem(&state);
+                let changed = *ca != new;
+                *ca = new;
+                changed
+            });
+        }
+    });
+    Serving {
+        cert,
+        ca_pem: ca_rx,
+        mode: "svid",
     }
+}
+
+/// Serves a certificate from the proxy's own CA, renewed at two thirds of its lifetime.
+fn issue_own(
+    keys: Arc<ProxyKeys>,
+    hostnames: &[String],
+    lifetime: Duration,
+    tasks: &TaskTracker,
+    shutdown: CancellationToken,
+) -> Result<Serving, KeyError> {
     let cert = ServingCert::new(keys.issue_serving(hostnames, lifetime)?);
     let (_ca_tx, ca_rx) = watch::channel(keys.ca_pem().to_owned());
     let c = cert.clone();
     let hosts = hostnames.to_vec();
-    tokio::spawn(async move {
+    tasks.spawn(async move {
         // The CA is stable; only the leaf is renewed.
         let _keep = _ca_tx;
         loop {
@@ -197,7 +232,6 @@ pub fn start(
             }
         }
     });
-    tracing::info!(hostnames = ?hostnames, "resource proxy serves a certificate from its own CA");
     Ok(Serving {
         cert,
         ca_pem: ca_rx,

@@ -1,0 +1,156 @@
+//! Hub changes of one agent's Applications, handled by its worker: managed agents get
+//! them as events, autonomous agents' copies are restored; hub operations are forwarded.
+
+use std::sync::Arc;
+
+use argocd_agent_identity::{AgentMode, Namespace};
+use argocd_agent_kubernetes::Change;
+use argocd_agent_kubernetes::object::{self, is_being_deleted, spec_checksum};
+use argocd_agent_sync::{Event, EventType, Payload};
+use kube::api::DynamicObject;
+use serde_json::{Value, json};
+
+use super::{Applications, app_ref, hub_form, name_of, obj_ref, value_checksum};
+use crate::error::chain;
+use crate::sessions::AgentState;
+
+impl Applications {
+    /// Handles one change of a hub Application in the agent's namespace.
+    pub async fn on_hub_change(&self, state: &AgentState, change: Change) {
+        let (obj, deleted) = match change {
+            Change::Applied(o) => (o, false),
+            Change::Deleted(o) => (o, true),
+            Change::Synced => return,
+        };
+        let ns = state.namespace();
+        if !self.routes_by_destination(state)
+            && obj.metadata.namespace.as_deref() != Some(ns.as_str())
+        {
+            return;
+        }
+        match state.mode() {
+            AgentMode::Managed => self.on_managed_change(state, &ns, &obj, deleted),
+            AgentMode::Autonomous => self.on_autonomous_change(state, &ns, &obj, deleted).await,
+        }
+    }
+
+    /// Managed: hub spec changes and deletions go to the agent.
+    pub(crate) fn on_managed_change(
+        &self,
+        state: &AgentState,
+        ns: &Namespace,
+        obj: &Arc<DynamicObject>,
+        deleted: bool,
+    ) {
+        let name = self.app_key(obj);
+        if deleted || is_being_deleted(obj) {
+            {
+                let mut inner = state.inner();
+                inner.sent_spec.remove(&name);
+                inner.sent_operation.remove(&name);
+                inner.sent_terminate.remove(&name);
+            }
+            if let Some(r) = obj_ref(obj).or_else(|| self.key_ref(ns, &name)) {
+                self.push_delete(state, r);
+            }
+            return;
+        }
+        let sum = self.cache.spec_checksum(obj);
+        let previous = state.inner().sent_spec.insert(name, sum.clone());
+        if previous != Some(sum) {
+            self.push_spec(state, obj);
+        }
+        self.forward_operation(state, obj);
+    }
+
+    /// Autonomous: hub edits and deletions are reverted to what the agent sent.
+    pub(crate) async fn on_autonomous_change(
+        &self,
+        state: &AgentState,
+        ns: &Namespace,
+        obj: &DynamicObject,
+        deleted: bool,
+    ) {
+        let name = name_of(obj);
+        let desired = state.inner().desired.get(&name).cloned();
+        let Some(desired) = desired else { return };
+        let resource = app_ref(ns, &name);
+        if is_being_deleted(obj) && !deleted {
+            // Hub deletion of an autonomous app: let it go, then recreate it from the
+            // agent's copy when the deletion completes.
+            let _ = self.apps.remove_finalizers(Some(ns.as_str()), &name).await;
+            return;
+        }
+        let what = if deleted {
+            "deletion"
+        } else if spec_checksum(obj) != value_checksum(hub_form(&state.name, &desired).get("spec"))
+        {
+            "edit"
+        } else {
+            self.forward_operation(state, obj);
+            return;
+        };
+        tracing::info!(%resource, "reverting hub {what} of autonomous application");
+        if let Err(e) = self
+            .upsert_from_agent(&resource, &state.name, &desired)
+            .await
+        {
+            tracing::warn!(%resource, error = %chain(&e), "could not revert hub {what}");
+        }
+        if !deleted {
+            self.forward_operation(state, obj);
+        }
+    }
+
+    /// Sends a hub-side `.operation` to the agent once, and a terminate request (the hub's
+    /// `.status.operationState.phase` turning `Terminating`, what `argocd app terminate-op`
+    /// writes) once, also after the operation itself was delivered and cleared on the hub.
+    pub(crate) fn forward_operation(&self, state: &AgentState, obj: &DynamicObject) {
+        let name = self.app_key(obj);
+        let op = object::operation(obj).filter(|v| !v.is_null());
+        let terminating = obj
+            .data
+            .pointer("/status/operationState/phase")
+            .and_then(Value::as_str)
+            == Some("Terminating");
+        let (send_op, send_terminate) = {
+            let mut inner = state.inner();
+            let send_op = match op {
+                Some(op) => {
+                    let sum = value_checksum(Some(op));
+                    inner.sent_operation.insert(name.clone(), sum.clone()) != Some(sum)
+                }
+                None => {
+                    inner.sent_operation.remove(&name);
+                    false
+                }
+            };
+            let send_terminate = if terminating {
+                inner.sent_terminate.insert(name.clone())
+            } else {
+                inner.sent_terminate.remove(&name);
+                false
+            };
+            (send_op, send_terminate)
+        };
+        let resource = || obj_ref(obj).unwrap_or_else(|| app_ref(&state.namespace(), &name));
+        if let (true, Some(op)) = (send_op, op) {
+            let payload = Payload::Object(Arc::new(json!({ "operation": op })));
+            self.push(
+                state,
+                Event::resource(&self.source, EventType::SetOperation, resource(), payload),
+            );
+        }
+        if send_terminate {
+            self.push(
+                state,
+                Event::resource(
+                    &self.source,
+                    EventType::TerminateOperation,
+                    resource(),
+                    Payload::None,
+                ),
+            );
+        }
+    }
+}

@@ -1,0 +1,158 @@
+//! Resync of an agent's Applications on connect: the hub is the source for managed agents,
+//! the agent for autonomous ones.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use argocd_agent_identity::AgentName;
+use argocd_agent_kubernetes::object::is_being_deleted;
+use argocd_agent_sync::resync::Checksums;
+use argocd_agent_sync::{Event, EventType, Payload};
+use kube::api::DynamicObject;
+
+use super::{Applications, agent_form, app_ref, for_wire, obj_ref, value_checksum, written_by};
+use crate::sessions::AgentState;
+
+impl Applications {
+    /// Spec checksums of hub objects (those being deleted count as gone), each computed
+    /// once per version by the watch cache.
+    pub(crate) fn checksums(&self, objects: &HashMap<String, Arc<DynamicObject>>) -> Checksums {
+        objects
+            .iter()
+            .filter(|(_, o)| !is_being_deleted(o))
+            .map(|(n, o)| (n.clone(), self.cache.spec_checksum(o)))
+            .collect()
+    }
+
+    /// Autonomous: checksums of hub copies in the agent's form (project names as on the
+    /// spoke), comparable with the checksums the agent sends.
+    pub(crate) fn agent_form_checksums(
+        agent: &AgentName,
+        objects: &HashMap<String, Arc<DynamicObject>>,
+    ) -> Checksums {
+        objects
+            .iter()
+            .filter(|(_, o)| !is_being_deleted(o))
+            .map(|(n, o)| {
+                let v = agent_form(agent, &for_wire(o));
+                (n.clone(), value_checksum(v.get("spec")))
+            })
+            .collect()
+    }
+
+    /// Queues everything a managed agent needs to converge on the hub state.
+    pub fn resync_managed(
+        &self,
+        state: &AgentState,
+        agent_state: &Checksums,
+        agent_uids: &argocd_agent_sync::resync::SourceUids,
+    ) {
+        let ns = state.namespace();
+        let objects = self.managed_objects(state);
+        let hub = self.checksums(&objects);
+        let mut plan = argocd_agent_sync::resync::plan(&hub, agent_state);
+        let hub_uids = objects
+            .iter()
+            .filter_map(|(n, o)| Some((n.clone(), o.metadata.uid.clone()?)))
+            .collect();
+        for name in argocd_agent_sync::resync::stale_copies(&hub_uids, agent_uids) {
+            if !plan.send.contains(&name) {
+                plan.send.push(name);
+            }
+        }
+        tracing::info!(agent = %state.name, send = plan.send.len(), delete = plan.delete.len(),
+            "resync (managed): hub is the source");
+        if self.routes_by_destination(state) {
+            // Known from now on, so a later destination change deletes this agent's copy.
+            let mut placements = self.owners.placements();
+            for obj in objects.values() {
+                if let (Some(ns), Some(name)) = (&obj.metadata.namespace, &obj.metadata.name) {
+                    placements.insert((ns.clone(), name.clone()), state.name.clone());
+                }
+            }
+        }
+        state.inner().sent_spec = hub.iter().map(|(n, s)| (n.clone(), s.clone())).collect();
+        for key in plan.send {
+            if let Some(obj) = objects.get(&key) {
+                self.push_spec(state, obj);
+            }
+        }
+        for key in plan.delete {
+            if let Some(r) = self.key_ref(&ns, &key) {
+                self.push_delete(state, r);
+            }
+        }
+        // Objects being deleted on the hub: the agent deletes its copy, then we finish.
+        for obj in objects.values() {
+            if is_being_deleted(obj)
+                && let Some(r) = obj_ref(obj)
+            {
+                self.push_delete(state, r);
+            }
+        }
+        for obj in objects.values() {
+            self.forward_operation(state, obj);
+        }
+    }
+
+    /// Autonomous agent reconnected: ask for what differs, delete what it no longer has.
+    ///
+    /// `agent_state` is `None` for an agent that sent no resync state (one of the previous
+    /// protocol version): what it holds is unknown, so none of its hub copies is deleted
+    /// (nor forgotten as its desired state); its events keep them current.
+    pub async fn resync_autonomous(
+        &self,
+        state: &AgentState,
+        agent_state: Option<&Checksums>,
+    ) -> Vec<Event> {
+        let ns = state.namespace();
+        // Only the copies this agent wrote: hub-authored objects in its namespace are never
+        // requested from it nor deleted because it lacks them.
+        let mut objects = self.hub_objects(&ns);
+        objects.retain(|_, o| written_by(o, &state.name));
+        let hub = Self::agent_form_checksums(&state.name, &objects);
+        let Some(agent_state) = agent_state else {
+            tracing::info!(agent = %state.name, "resync (autonomous): the agent sent no resync state; its hub copies are kept");
+            for obj in objects.values() {
+                self.forward_operation(state, obj);
+            }
+            return Vec::new();
+        };
+        let plan = argocd_agent_sync::resync::plan(agent_state, &hub);
+        tracing::info!(agent = %state.name, request = plan.send.len(), delete = plan.delete.len(),
+            "resync (autonomous): agent is the source");
+        {
+            let mut inner = state.inner();
+            inner.desired.retain(|n, _| agent_state.contains_key(n));
+            for (name, obj) in &objects {
+                if agent_state.get(name) == hub.get(name) && !inner.desired.contains_key(name) {
+                    inner.desired.insert(
+                        name.clone(),
+                        Arc::new(agent_form(&state.name, &for_wire(obj))),
+                    );
+                }
+            }
+        }
+        for name in &plan.delete {
+            let _ = self.delete_hub_copy(&ns, name).await;
+        }
+        // Hub operations not yet delivered (set while no session was up, or queued in a
+        // principal that since restarted) go out now.
+        for (name, obj) in &objects {
+            if !plan.delete.contains(name) {
+                self.forward_operation(state, obj);
+            }
+        }
+        plan.send
+            .into_iter()
+            .map(|name| {
+                Event::resource(
+                    &self.source,
+                    EventType::RequestUpdate,
+                    app_ref(&ns, &name),
+                    Payload::None,
+                )
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,328 @@
+//! The writes agents' events cause on the hub's Applications: status, autonomous agents'
+//! copies and deletions, and what an acknowledgement finishes.
+
+use argocd_agent_identity::{AgentMode, AgentName, Namespace, ResourceKind};
+use argocd_agent_kubernetes::UpsertOutcome;
+use argocd_agent_kubernetes::object::{self, is_being_deleted};
+use argocd_agent_sync::queue::{Lane, QueueKey};
+use argocd_agent_sync::{Event, EventType, ResourceRef};
+use serde_json::{Value, json};
+use tracing::Instrument;
+
+use super::{Applications, hub_copy_of_agent_app, hub_write_span};
+use crate::error::{ApplyError, chain};
+use crate::hub::Applied;
+use crate::inbound::Command;
+use crate::metrics::HubWrite;
+use crate::sessions::AgentState;
+
+impl Applications {
+    /// Applies an authorized command about an Application from the agent `state` (see
+    /// [`crate::inbound`]).
+    pub async fn apply(&self, state: &AgentState, command: Command) -> Result<Applied, ApplyError> {
+        match command {
+            Command::WriteStatus {
+                resource,
+                status,
+                source_uid,
+            } => {
+                let Some(cur) = self
+                    .cache
+                    .get(Some(resource.namespace.as_str()), &resource.name)
+                else {
+                    return Err(ApplyError::Missing { resource });
+                };
+                // The status of a copy of an earlier hub object of this name (deleted and
+                // created again since): the agent replaces that copy next, so the status
+                // describes nothing on the hub any more.
+                if let Some(uid) = source_uid
+                    && cur.metadata.uid.as_deref().is_some_and(|u| u != uid)
+                {
+                    tracing::debug!(%resource, source_uid = %uid, "status of a replaced hub object ignored");
+                    return Ok(Applied::Ack);
+                }
+                self.write_status(&resource, status).await?;
+            }
+            Command::Upsert { resource, object } => {
+                // Recorded before the write, so the hub watch does not take our own write
+                // for a hub edit to revert; restored if the write fails.
+                let previous = state
+                    .inner()
+                    .desired
+                    .insert(resource.name.clone(), object.clone());
+                let result = self
+                    .upsert_from_agent(&resource, &state.name, &object)
+                    .await;
+                if result.is_err() {
+                    let mut inner = state.inner();
+                    match previous {
+                        Some(p) => inner.desired.insert(resource.name.clone(), p),
+                        None => inner.desired.remove(&resource.name),
+                    };
+                }
+                result?;
+                // A hub operation set while this object was unknown here (after a restart,
+                // before the agent's resync) goes out now: an unchanged upsert makes no
+                // hub change that would forward it.
+                if let Some(cur) = self
+                    .cache
+                    .get(Some(resource.namespace.as_str()), &resource.name)
+                {
+                    self.forward_operation(state, &cur);
+                }
+            }
+            Command::Delete { resource } => {
+                {
+                    let mut inner = state.inner();
+                    inner.desired.remove(&resource.name);
+                    inner.sent_operation.remove(&resource.name);
+                    inner.sent_terminate.remove(&resource.name);
+                }
+                if !self
+                    .delete_hub_copy(&resource.namespace, &resource.name)
+                    .await
+                {
+                    return Ok(Applied::NotFound);
+                }
+            }
+            Command::ResendCurrent { resource } => {
+                self.send_current(state, resource);
+                return Ok(Applied::Silent);
+            }
+        }
+        Ok(Applied::Ack)
+    }
+
+    /// Removes an autonomous agent's hub copy (finalizers first: the spoke already deleted it).
+    /// Returns `false` when the API server had no such object.
+    pub(crate) async fn delete_hub_copy(&self, ns: &Namespace, name: &str) -> bool {
+        let ns = Some(ns.as_str());
+        if let Err(e) = self.apps.remove_finalizers(ns, name).await
+            && !e.is_not_found()
+        {
+            tracing::warn!(error = %chain(&e), "could not remove finalizers");
+        }
+        match self.apps.delete(ns, name).await {
+            Ok(argocd_agent_kubernetes::DeleteOutcome::NotFound) => false,
+            Ok(_) => {
+                self.metrics
+                    .hub_write(ResourceKind::Application, HubWrite::Deleted);
+                true
+            }
+            Err(e) if e.is_not_found() => false,
+            Err(e) => {
+                self.metrics.hub_write_errors.inc();
+                tracing::warn!(error = %chain(&e), "could not delete hub copy");
+                true
+            }
+        }
+    }
+
+    /// Writes an object received from an autonomous agent into its hub namespace.
+    pub(crate) async fn upsert_from_agent(
+        &self,
+        resource: &ResourceRef,
+        agent: &AgentName,
+        incoming: &Value,
+    ) -> Result<(), ApplyError> {
+        let mut copy =
+            hub_copy_of_agent_app(agent, &resource.namespace, incoming).map_err(|source| {
+                ApplyError::NotAnObject {
+                    resource: resource.clone(),
+                    source,
+                }
+            })?;
+        // Status goes through the status subresource, after the object exists.
+        let status = object::take_field(&mut copy, "status");
+        // `.operation` on the hub copy is the hub's request to the spoke (`argocd app sync`
+        // there), not the spoke's: the spoke's own would overwrite one not yet delivered.
+        object::take_field(&mut copy, "operation");
+        let outcome = self
+            .apps
+            .upsert_copy_known(
+                &copy,
+                &["spec"],
+                self.cache
+                    .known(Some(resource.namespace.as_str()), &resource.name),
+            )
+            .instrument(hub_write_span("upsert", resource))
+            .await
+            .inspect_err(|_| {
+                self.metrics.hub_write_errors.inc();
+            })?;
+        self.count_upsert(ResourceKind::Application, outcome);
+        match status.filter(|s| !s.is_null()) {
+            Some(status) => self.write_status(resource, status).await?,
+            // The spoke copy has no status (created again under this name, say): neither
+            // has the hub copy, whatever an earlier object of this name reported.
+            None => {
+                let stale = self
+                    .cache
+                    .get(Some(resource.namespace.as_str()), &resource.name)
+                    .and_then(|cur| object::status(&cur).cloned())
+                    .is_some_and(|s| s.as_object().is_some_and(|m| !m.is_empty()));
+                if stale {
+                    self.write_status(resource, json!({})).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Counts a hub write made by an upsert.
+    pub(crate) fn count_upsert(&self, kind: ResourceKind, outcome: UpsertOutcome) {
+        match outcome {
+            UpsertOutcome::Created => self.metrics.hub_write(kind, HubWrite::Created),
+            UpsertOutcome::Updated => self.metrics.hub_write(kind, HubWrite::Updated),
+            UpsertOutcome::Unchanged => {}
+        }
+    }
+
+    /// Keeps a terminate requested on the hub (`argocd app terminate-op`: operation phase
+    /// `Terminating`) in the status the spoke reports, until the spoke has taken it up (its
+    /// phase is `Terminating` too) or the operation ended there. Otherwise a status report
+    /// written a moment after the request would erase it before it was forwarded (and a
+    /// principal restart in between would lose it).
+    pub(crate) fn keep_pending_terminate(hub: Option<&Value>, incoming: &mut Value) {
+        let phase = |s: &Value| {
+            s.pointer("/operationState/phase")
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+        };
+        let Some(hub) = hub else { return };
+        if phase(hub).as_deref() != Some("Terminating") {
+            return;
+        }
+        let still_running = matches!(phase(incoming).as_deref(), None | Some("Running"));
+        if let (true, Some(m), Some(op)) = (
+            still_running,
+            incoming.as_object_mut(),
+            hub.get("operationState"),
+        ) {
+            m.insert("operationState".into(), op.clone());
+        }
+    }
+
+    /// Removes the hub copy's `.operation` if it is still `delivered`, with a precondition
+    /// on the resourceVersion it was read at (so an operation set meanwhile survives).
+    pub(crate) async fn clear_delivered_operation(
+        &self,
+        ns: Option<&str>,
+        name: &str,
+        delivered: Option<&Value>,
+    ) {
+        let Some(delivered) = delivered else { return };
+        for _ in 0..3 {
+            let Some(cur) = self.cache.get(ns, name) else {
+                return;
+            };
+            if object::operation(&cur) != Some(delivered) {
+                return;
+            }
+            let rv = cur.metadata.resource_version.clone().unwrap_or_default();
+            let patch = json!({"metadata": {"resourceVersion": rv}, "operation": null});
+            match self.apps.patch_merge(ns, name, &patch).await {
+                Ok(_) => return,
+                Err(e) if e.is_not_found() => return,
+                // The cache was behind, or something else changed the object: look again.
+                Err(e) if e.is_conflict() => {
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+                Err(e) => {
+                    tracing::warn!(namespace = ns.unwrap_or_default(), name, error = %chain(&e), "could not clear operation");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Writes `.status` of a hub Application through the status subresource.
+    pub(crate) async fn write_status(
+        &self,
+        resource: &ResourceRef,
+        mut status: Value,
+    ) -> Result<(), ApplyError> {
+        let ns = Some(resource.namespace.as_str());
+        let cur = self.cache.get(ns, &resource.name);
+        if let Some(cur) = &cur {
+            Self::keep_pending_terminate(object::status(cur), &mut status);
+            if object::status(cur) == Some(&status) {
+                return Ok(());
+            }
+        }
+        self.apps
+            .replace_status(ns, &resource.name, status)
+            .instrument(hub_write_span("status", resource))
+            .await
+            .inspect_err(|_| {
+                self.metrics.hub_write_errors.inc();
+            })?;
+        Ok(())
+    }
+
+    /// Called when the agent acknowledged an event of ours.
+    pub async fn on_ack(&self, state: &AgentState, key: QueueKey, delivered: &Event) {
+        let ns = Some(key.resource.namespace.as_str());
+        let name = key.resource.name.as_str();
+        let ty = delivered.ty;
+        match key.lane {
+            Lane::Operation if ty == EventType::SetOperation => {
+                // Delivered: the hub copy's `.operation` has done its job (the hub runs no
+                // application controller for agent namespaces); the agent reports progress
+                // in `.status.operationState`. Only that operation is cleared: a newer one
+                // set on the hub meanwhile is still to be delivered.
+                let op = delivered.object().and_then(|o| o.get("operation")).cloned();
+                self.clear_delivered_operation(ns, name, op.as_ref()).await;
+            }
+            Lane::Object if ty == EventType::Delete && state.mode() == AgentMode::Managed => {
+                // The spoke deleted its copy: finish a pending hub deletion.
+                if let Some(obj) = self.cache.get(ns, name)
+                    && is_being_deleted(&obj)
+                {
+                    let _ = self.apps.remove_finalizers(ns, name).await;
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_pending_terminate_survives_the_spokes_status_until_taken_up() {
+        let hub = json!({"sync": {"status": "Synced"},
+                         "operationState": {"phase": "Terminating", "startedAt": "t0"}});
+        // The spoke still runs the operation (or reports none yet): the request stays.
+        for phase in [json!({"phase": "Running", "startedAt": "t0"}), Value::Null] {
+            let mut incoming = json!({"sync": {"status": "OutOfSync"}});
+            if !phase.is_null() {
+                incoming["operationState"] = phase;
+            }
+            Applications::keep_pending_terminate(Some(&hub), &mut incoming);
+            assert_eq!(incoming["operationState"]["phase"], "Terminating");
+            assert_eq!(
+                incoming["sync"]["status"], "OutOfSync",
+                "the rest is the spoke's"
+            );
+        }
+        // Taken up, or ended there: the spoke's state wins.
+        for phase in ["Terminating", "Failed", "Succeeded"] {
+            let mut incoming = json!({"operationState": {"phase": phase, "message": "m"}});
+            Applications::keep_pending_terminate(Some(&hub), &mut incoming);
+            assert_eq!(incoming["operationState"]["phase"], phase);
+            assert_eq!(incoming["operationState"]["message"], "m");
+        }
+        // No terminate on the hub: nothing to keep.
+        let mut incoming = json!({"operationState": {"phase": "Running"}});
+        Applications::keep_pending_terminate(
+            Some(&json!({"operationState": {"phase": "Running"}})),
+            &mut incoming,
+        );
+        Applications::keep_pending_terminate(None, &mut incoming);
+        assert_eq!(incoming["operationState"]["phase"], "Running");
+    }
+}

@@ -1,0 +1,436 @@
+//! Agents and their sessions: the state of each agent that ever connected (kept across its
+//! sessions: queue, inbox of hub changes, what was sent, its request link), looked up by
+//! name or hub namespace; a new session replaces the previous one, and any session can be
+//! closed (revocation, blocklist, replicas).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use argocd_agent_identity::{AgentIdentity, AgentMode, AgentName, Namespace, ResourceKind};
+use argocd_agent_kubernetes::Change;
+use argocd_agent_sync::{QueueLimits, SendQueue};
+use serde_json::Value;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::Metrics;
+use crate::objects::ConfigKey;
+
+pub(crate) type InboxKey = (ResourceKind, String);
+/// A hub change and the span that routed it.
+type Routed = (Change, tracing::Span);
+
+/// Hub changes waiting for one agent's worker, coalesced by kind and object name: only the
+/// newest change of an object matters (every handler acts on the object's current state),
+/// so the inbox never holds more entries than the agent has objects. A change of the hub's
+/// configuration objects is one flag: the worker re-evaluates the agent's whole set.
+#[derive(Default)]
+pub(crate) struct ChangeInbox {
+    /// With each change, the span that routed it (the parent of its handling).
+    pending: Mutex<(VecDeque<InboxKey>, HashMap<InboxKey, Routed>)>,
+    config_dirty: AtomicBool,
+    pub(crate) notify: Notify,
+}
+
+impl ChangeInbox {
+    pub(crate) fn push(&self, key: InboxKey, change: Change) {
+        let origin = tracing::Span::current();
+        let mut guard = lock(&self.pending);
+        let (order, latest) = &mut *guard;
+        if latest.insert(key.clone(), (change, origin)).is_none() {
+            order.push_back(key);
+        }
+        drop(guard);
+        self.notify.notify_one();
+    }
+
+    pub(crate) fn drain(&self) -> Vec<(InboxKey, Change, tracing::Span)> {
+        let mut guard = lock(&self.pending);
+        let (order, latest) = &mut *guard;
+        order
+            .drain(..)
+            .filter_map(|k| latest.remove(&k).map(|(c, origin)| (k, c, origin)))
+            .collect()
+    }
+
+    pub(crate) fn mark_config_dirty(&self) {
+        self.config_dirty.store(true, Ordering::Release);
+        self.notify.notify_one();
+    }
+
+    pub(crate) fn take_config_dirty(&self) -> bool {
+        self.config_dirty.swap(false, Ordering::AcqRel)
+    }
+}
+
+/// Mutable state of one agent, behind one lock.
+pub(crate) struct AgentInner {
+    pub(crate) identity: AgentIdentity,
+    pub(crate) mode: AgentMode,
+    /// The current session: its id and the token that closes it.
+    pub(crate) session: Option<(u64, CancellationToken)>,
+    /// Autonomous: the last object the agent sent, by name (what hub edits are reverted to).
+    pub(crate) desired: HashMap<String, Arc<Value>>,
+    /// Managed: spec checksum last sent, by name (so hub status writes are not echoed back).
+    pub(crate) sent_spec: HashMap<String, String>,
+    /// Operations already forwarded, by name -> checksum of `.operation`.
+    pub(crate) sent_operation: HashMap<String, String>,
+    /// Names whose terminate request (phase `Terminating` on the hub) was forwarded.
+    pub(crate) sent_terminate: std::collections::HashSet<String>,
+    /// Managed: configuration objects last sent (kind, name) -> content checksum.
+    pub(crate) sent_config: HashMap<ConfigKey, String>,
+    /// Autonomous: the agent's projects as it sent them, by their name on the spoke.
+    pub(crate) desired_projects: HashMap<String, Arc<Value>>,
+    /// What the operator API shows about the current (or last) session.
+    pub(crate) session_info: SessionInfo,
+    /// Why the principal closed the current session, told to the agent.
+    pub(crate) close_reason: Option<String>,
+}
+
+/// What is known about an agent's current (or last) session, for the operator API.
+#[derive(Debug, Clone, Default)]
+pub struct SessionInfo {
+    pub connected_since: Option<std::time::SystemTime>,
+    /// The peer address (the sidecar's or the ingress's when one sits in front).
+    pub remote_addr: Option<std::net::SocketAddr>,
+    /// The agent's version, from its hello.
+    pub agent_version: String,
+    /// notAfter of the client certificate, when the session is mutual TLS.
+    pub svid_expiry: Option<std::time::SystemTime>,
+    /// SHA-256 of the client certificate, when the session is mutual TLS (blocklist).
+    pub fingerprint: Option<String>,
+}
+
+/// State of one agent, kept across its sessions.
+pub struct AgentState {
+    /// The agent's name (fixed: a new name is a new agent).
+    pub name: AgentName,
+    /// Events to the agent.
+    pub queue: SendQueue,
+    inner: Mutex<AgentInner>,
+    pub(crate) inbox: ChangeInbox,
+    /// Last event received from the agent, Unix milliseconds (0: none yet).
+    last_event_ms: AtomicI64,
+    /// Requests to the current session (none while disconnected).
+    link: Mutex<Option<Arc<crate::link::AgentLink>>>,
+    /// The agent's inbound event rate limit: per agent, not per session, so reconnecting
+    /// does not refill it.
+    limiter: Mutex<crate::ratelimit::EventLimiter>,
+}
+
+impl AgentState {
+    pub(crate) fn inner(&self) -> MutexGuard<'_, AgentInner> {
+        lock(&self.inner)
+    }
+    /// Hands a hub change of one of this agent's objects to its worker.
+    pub(crate) fn push_change(&self, kind: ResourceKind, name: String, change: Change) {
+        self.inbox.push((kind, name), change);
+    }
+    /// Tells the worker to re-evaluate the agent's configuration objects.
+    pub(crate) fn mark_config_dirty(&self) {
+        self.inbox.mark_config_dirty();
+    }
+    /// Queues an event for the agent. Span `principal.enqueue`: a child of the span the
+    /// event was created in; the queued event carries its context, so the eventual send
+    /// (maybe much later, maybe resent) joins the same trace.
+    pub(crate) fn enqueue(&self, mut event: argocd_agent_sync::Event, metrics: &Metrics) {
+        let span = argocd_agent_sync::event_span!("principal.enqueue", &event, agent = %self.name);
+        argocd_agent_sync::trace::inject_span(&mut event, &span);
+        let _entered = span.enter();
+        if let Err(e) = self.queue.push(event) {
+            metrics.queue_full.inc();
+            tracing::warn!(agent = %self.name, error = %e, "event dropped");
+        }
+    }
+    /// Takes one token of the agent's inbound event rate limit.
+    pub fn check_rate(&self) -> crate::ratelimit::Verdict {
+        lock(&self.limiter).check(std::time::Instant::now())
+    }
+    /// The agent's hub namespace.
+    pub fn namespace(&self) -> Namespace {
+        self.inner().identity.namespace.clone()
+    }
+    /// Why the principal closed the session, if it said (taken once).
+    pub(crate) fn take_close_reason(&self) -> Option<String> {
+        self.inner().close_reason.take()
+    }
+    /// The identity of its latest session.
+    pub fn identity(&self) -> AgentIdentity {
+        self.inner().identity.clone()
+    }
+    /// The mode of its latest session.
+    pub fn mode(&self) -> AgentMode {
+        self.inner().mode
+    }
+    /// The request link of the current session, if connected.
+    pub fn link(&self) -> Option<Arc<crate::link::AgentLink>> {
+        lock(&self.link).clone()
+    }
+    /// Installs the request link of a new session (failing the previous one's requests).
+    pub fn set_link(&self, link: Arc<crate::link::AgentLink>) {
+        if let Some(old) = lock(&self.link).replace(link) {
+            old.close();
+        }
+    }
+    /// Removes the link of session `session_id`, if still current, failing its requests.
+    pub fn clear_link(&self, session_id: u64) {
+        let mut guard = lock(&self.link);
+        if guard.as_ref().is_some_and(|l| l.session_id == session_id)
+            && let Some(old) = guard.take()
+        {
+            old.close();
+        }
+    }
+    /// Whether a session is open.
+    pub fn is_connected(&self) -> bool {
+        self.inner().session.is_some()
+    }
+    /// Records what the operator API shows about session `session_id`, if it is current.
+    pub fn set_session_info(&self, session_id: u64, info: SessionInfo) {
+        let mut inner = self.inner();
+        if inner.session.as_ref().map(|(id, _)| *id) == Some(session_id) {
+            inner.session_info = info;
+        }
+    }
+    /// What is known about the current (or last) session.
+    pub fn session_info(&self) -> SessionInfo {
+        self.inner().session_info.clone()
+    }
+    /// Records that an event was received from the agent now.
+    pub fn touch(&self) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        self.last_event_ms.store(now, Ordering::Relaxed);
+    }
+    /// When the last event was received from the agent.
+    pub fn last_event(&self) -> Option<std::time::SystemTime> {
+        let ms = self.last_event_ms.load(Ordering::Relaxed);
+        (ms > 0)
+            .then(|| std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.unsigned_abs()))
+    }
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A poisoned lock only means a task panicked mid-update; the data stays usable.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Agents by name and by hub namespace, changed together under one lock.
+#[derive(Default)]
+struct Registry {
+    agents: HashMap<AgentName, Arc<AgentState>>,
+    by_namespace: HashMap<Namespace, AgentName>,
+}
+
+/// The registry of agents and their sessions.
+pub struct Sessions {
+    registry: Mutex<Registry>,
+    /// Limits of each agent's queue.
+    pub queue_limits: QueueLimits,
+    /// Each agent's inbound event rate limit.
+    pub event_rate: crate::ratelimit::EventRate,
+    /// Identities that may not connect (the `argocd-agent-blocklist` ConfigMap).
+    pub blocklist: crate::blocklist::LiveBlocklist,
+}
+
+impl Sessions {
+    /// A registry with no agents yet.
+    pub fn new(queue_limits: QueueLimits, event_rate: crate::ratelimit::EventRate) -> Sessions {
+        Sessions {
+            registry: Mutex::new(Registry::default()),
+            queue_limits,
+            event_rate,
+            blocklist: crate::blocklist::LiveBlocklist::default(),
+        }
+    }
+
+    /// The state of agent `name`, if it ever connected.
+    pub fn agent(&self, name: &AgentName) -> Option<Arc<AgentState>> {
+        lock(&self.registry).agents.get(name).cloned()
+    }
+
+    /// Every agent that ever connected.
+    pub fn agents(&self) -> Vec<Arc<AgentState>> {
+        lock(&self.registry).agents.values().cloned().collect()
+    }
+
+    /// The agent that owns hub namespace `ns`, if any.
+    pub fn agent_for_namespace(&self, ns: &Namespace) -> Option<Arc<AgentState>> {
+        let registry = lock(&self.registry);
+        let name = registry.by_namespace.get(ns)?;
+        registry.agents.get(name).cloned()
+    }
+
+    /// Registers (or refreshes) an agent and returns its state, and whether the agent is new.
+    /// A new session replaces the old one: the old session's token is cancelled.
+    pub fn attach(
+        &self,
+        identity: AgentIdentity,
+        mode: AgentMode,
+        session_id: u64,
+        token: CancellationToken,
+    ) -> (Arc<AgentState>, bool) {
+        let name = identity.agent.clone();
+        let ns = identity.namespace.clone();
+        let mut registry = lock(&self.registry);
+        let mut created = false;
+        let state = match registry.agents.get(&name) {
+            Some(s) => s.clone(),
+            None => {
+                let state = Arc::new(AgentState {
+                    name: name.clone(),
+                    queue: SendQueue::new(self.queue_limits.clone()),
+                    inner: Mutex::new(AgentInner {
+                        identity: identity.clone(),
+                        mode,
+                        session: None,
+                        desired: HashMap::new(),
+                        sent_spec: HashMap::new(),
+                        sent_operation: HashMap::new(),
+                        sent_terminate: Default::default(),
+                        sent_config: HashMap::new(),
+                        desired_projects: HashMap::new(),
+                        session_info: SessionInfo::default(),
+                        close_reason: None,
+                    }),
+                    inbox: ChangeInbox::default(),
+                    last_event_ms: AtomicI64::new(0),
+                    link: Mutex::new(None),
+                    limiter: Mutex::new(crate::ratelimit::EventLimiter::new(
+                        self.event_rate,
+                        std::time::Instant::now(),
+                    )),
+                });
+                registry.agents.insert(name.clone(), state.clone());
+                created = true;
+                state
+            }
+        };
+        let old_session = {
+            let mut inner = state.inner();
+            if inner.mode != mode {
+                inner.desired.clear();
+                inner.sent_spec.clear();
+                inner.sent_config.clear();
+                inner.desired_projects.clear();
+            }
+            inner.mode = mode;
+            // The rules may now map this agent to another namespace: forget the old route.
+            if inner.identity.namespace != ns {
+                registry.by_namespace.remove(&inner.identity.namespace);
+            }
+            inner.identity = identity;
+            inner.session.replace((session_id, token))
+        };
+        registry.by_namespace.insert(ns, name.clone());
+        drop(registry);
+        if let Some((_, old)) = old_session {
+            tracing::info!(agent = %name, "new session replaces the previous one");
+            old.cancel();
+        }
+        (state, created)
+    }
+
+    /// Forgets the session if it is still the current one.
+    pub fn detach(&self, state: &AgentState, session_id: u64) {
+        let mut inner = state.inner();
+        if inner.session.as_ref().map(|(id, _)| *id) == Some(session_id) {
+            inner.session = None;
+        }
+    }
+
+    /// Live sessions' identities (for revocation checks).
+    pub fn connected_identities(&self) -> Vec<AgentIdentity> {
+        lock(&self.registry)
+            .agents
+            .values()
+            .filter_map(|a| {
+                let inner = a.inner();
+                inner.session.is_some().then(|| inner.identity.clone())
+            })
+            .collect()
+    }
+
+    /// Closes the current session of `agent`, if any; returns whether one was open.
+    pub fn disconnect(&self, agent: &AgentName) -> bool {
+        self.close_session(agent, None)
+    }
+
+    /// Closes the current session of `agent` telling it `reason` (the agent logs it and
+    /// reconnects); returns whether one was open.
+    pub fn close_session(&self, agent: &AgentName, reason: Option<String>) -> bool {
+        if let Some(state) = self.agent(agent) {
+            let mut inner = state.inner();
+            if let Some((_, token)) = inner.session.take() {
+                inner.close_reason = reason;
+                token.cancel();
+                return true;
+            }
+        }
+        false
+    }
+}
+
+/// Every few seconds, sums the agents' queues into the queue-depth gauge and the resend
+/// counter (queues live as long as the principal, so their resend totals only grow).
+pub async fn sample_queues(sessions: Arc<Sessions>, metrics: Metrics, shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
+    let mut counted = 0u64;
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let agents = sessions.agents();
+        let depth: usize = agents.iter().map(|a| a.queue.len()).sum();
+        let resends: u64 = agents.iter().map(|a| a.queue.resends()).sum();
+        metrics
+            .queue_depth
+            .set(i64::try_from(depth).unwrap_or(i64::MAX));
+        metrics.resends.inc_by(resends.saturating_sub(counted));
+        counted = counted.max(resends);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::api::DynamicObject;
+    use serde_json::json;
+
+    fn change(name: &str, spec: i64) -> Change {
+        let obj: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+            "metadata": {"name": name, "namespace": "agent-a"}, "spec": {"v": spec}
+        }))
+        .unwrap();
+        Change::Applied(Arc::new(obj))
+    }
+
+    fn spec_of(c: &Change) -> i64 {
+        match c {
+            Change::Applied(o) | Change::Deleted(o) => o.data["spec"]["v"].as_i64().unwrap(),
+            Change::Synced => -1,
+        }
+    }
+
+    #[test]
+    fn inbox_keeps_the_newest_change_per_object_in_first_seen_order() {
+        let inbox = ChangeInbox::default();
+        let key = |n: &str| (ResourceKind::Application, n.to_owned());
+        inbox.push(key("a"), change("a", 1));
+        inbox.push(key("b"), change("b", 1));
+        inbox.push(key("a"), change("a", 2));
+        let drained = inbox.drain();
+        assert_eq!(
+            drained
+                .iter()
+                .map(|(_, c, _)| spec_of(c))
+                .collect::<Vec<_>>(),
+            vec![2, 1]
+        );
+        assert!(inbox.drain().is_empty());
+    }
+}

@@ -1,0 +1,696 @@
+//! The steps that start a principal, in the order [`crate::start`] takes them: the hub
+//! watches, the core (sessions, hub), the optional features (replicas, operator API,
+//! resource proxy, Redis proxy), then the gRPC listener.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use argocd_agent_identity::mapping::LiveRules;
+use argocd_agent_identity::source::SvidSource;
+use argocd_agent_identity::tls::PeerPolicy;
+use argocd_agent_identity::{Namespace, ResourceKind};
+use argocd_agent_kubernetes::{Cache, Change, Kind, Resources, Scope};
+use argocd_agent_proto::eventstream::event_stream_server::EventStreamServer;
+use argocd_agent_proto::version::version_server::VersionServer;
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::auth::ListenerAuth;
+use crate::hub::{Hub, HubParts};
+use crate::metrics::Metrics;
+use crate::objects::ConfigObjects;
+use crate::server::{EventStreamService, VersionService};
+use crate::session::SessionContext;
+use crate::sessions::Sessions;
+use crate::{
+    PrincipalConfig, PrincipalError, admin, blocklist, clusterinfo, clustersecret, config, ha, hub,
+    metrics, objects, redisproxy, resourceproxy, tunnel,
+};
+
+/// What every step needs: the configuration, the hub's client, the listener's
+/// authentication, the metrics, the task tracker and the shutdown token.
+pub(crate) struct Wiring {
+    pub config: PrincipalConfig,
+    pub tasks: TaskTracker,
+    pub shutdown: CancellationToken,
+    pub client: kube::Client,
+    pub listener_auth: ListenerAuth,
+    pub rules: Arc<LiveRules>,
+    pub metrics: Metrics,
+}
+
+/// The hub's watches: the Applications' and the configuration objects' caches and changes,
+/// and the blocklist ConfigMap's.
+pub(crate) struct HubWatches {
+    apps: Cache,
+    config_objects: ConfigObjects,
+    changes: Vec<(ResourceKind, BoxStream<'static, Change>)>,
+    blocklist_cache: Cache,
+    blocklist_changed: Arc<tokio::sync::Notify>,
+}
+
+/// The optional features' handles the sessions use.
+#[derive(Default)]
+pub(crate) struct Features {
+    pub leases: Option<Arc<ha::Leases>>,
+    pub cluster_info: Option<Arc<clusterinfo::ClusterInfoWriter>>,
+    pub cluster_secrets: Option<Arc<clustersecret::ClusterSecrets>>,
+    pub resource_proxy: Option<(SocketAddr, String)>,
+    pub redis_proxy: Option<SocketAddr>,
+    pub admin: Option<config::AdminAddress>,
+    pub metrics: Option<SocketAddr>,
+}
+
+/// Loads the mapping rules and closes sessions whose identity stops mapping.
+fn start_rules(config: &PrincipalConfig) -> Result<Arc<LiveRules>, PrincipalError> {
+    let rules = LiveRules::start(
+        config.rules_file.clone(),
+        config.rules.clone(),
+        config.rules_poll,
+    )
+    .map_err(PrincipalError::Rules)?;
+    if rules.current().is_empty() {
+        tracing::warn!(
+            "no identity mapping rules configured: every agent will be refused (deny by default)"
+        );
+    }
+    Ok(Arc::new(rules))
+}
+
+fn watch_revocations(rules: &LiveRules, sessions: &Arc<Sessions>) {
+    let (h1, h2) = (sessions.clone(), sessions.clone());
+    rules.on_revoked(
+        Arc::new(move || h1.connected_identities()),
+        Arc::new(move |identity, why| {
+            tracing::warn!(agent = %identity.agent, client = %identity.client, reason = %why,
+                "identity no longer maps: closing session");
+            h2.disconnect(&identity.agent);
+        }),
+    );
+}
+
+impl Wiring {
+    /// The rules, the listener's authentication, the hub's client and the metrics.
+    pub async fn new(
+        config: PrincipalConfig,
+        shutdown: CancellationToken,
+    ) -> Result<Wiring, PrincipalError> {
+        let rules = start_rules(&config)?;
+        let listener_auth = ListenerAuth::from_config(&config.auth, config.listen).await?;
+        let client = argocd_agent_kubernetes::client(&config.kube).await?;
+        let metrics = Metrics::with_agent_label_limit(config.metrics_max_agent_labels);
+        if let Some(svid) = &listener_auth.svid {
+            metrics.follow_svid(svid);
+        }
+        Ok(Wiring {
+            config,
+            tasks: TaskTracker::new(),
+            shutdown,
+            client,
+            listener_auth,
+            rules,
+            metrics,
+        })
+    }
+
+    /// A watch of `kind` in `scope`, narrowed by `extra` and the configured label selector.
+    fn watch(
+        &self,
+        kind: Kind,
+        scope: Scope,
+        extra: Option<&str>,
+    ) -> (Cache, impl futures::Stream<Item = Change> + Send + 'static) {
+        let selector: Vec<&str> = extra
+            .into_iter()
+            .chain(self.config.label_selector.as_deref())
+            .collect();
+        let scope = if selector.is_empty() {
+            scope
+        } else {
+            scope.with_label_selector(selector.join(","))
+        };
+        argocd_agent_kubernetes::watch(self.client.clone(), kind, scope)
+    }
+
+    /// Watches the hub's Applications, and AppProjects, repositories and GPG keys in Argo
+    /// CD's namespace.
+    pub fn watch_hub(&self) -> Result<HubWatches, PrincipalError> {
+        let config = &self.config;
+        let argocd_ns = Namespace::new(&config.argocd_namespace)
+            .map_err(|e| PrincipalError::Config(format!("--namespace: {e}")))?;
+        let (apps, changes) = self.watch(Kind::Application, Scope::all(), None);
+        let in_argocd = || Scope::namespace(argocd_ns.to_string());
+        let (projects, project_changes) = self.watch(Kind::AppProject, in_argocd(), None);
+        let (repositories, repository_changes) = self.watch(
+            Kind::Secret,
+            in_argocd(),
+            Some(objects::REPOSITORY_SELECTOR),
+        );
+        let (gpg_keys, gpg_changes) = self.watch(Kind::ConfigMap, in_argocd(), None);
+        // The blocklist ConfigMap is one of the Argo CD namespace's ConfigMaps, already watched.
+        let blocklist_changed = Arc::new(tokio::sync::Notify::new());
+        let blocklist_cache = gpg_keys.clone();
+        let gpg_changes = {
+            let notify = blocklist_changed.clone();
+            gpg_changes.inspect(move |c| {
+                let name = match c {
+                    Change::Applied(o) | Change::Deleted(o) => o.metadata.name.as_deref(),
+                    Change::Synced => None,
+                };
+                if name == Some(blocklist::CONFIGMAP) {
+                    notify.notify_one();
+                }
+            })
+        };
+        let config_objects = ConfigObjects::new(
+            argocd_ns,
+            !config.destination_based_mapping,
+            projects,
+            repositories,
+            gpg_keys,
+            Resources::new(self.client.clone(), Kind::AppProject),
+        );
+        Ok(HubWatches {
+            apps,
+            config_objects,
+            changes: vec![
+                (ResourceKind::Application, changes.boxed()),
+                (ResourceKind::AppProject, project_changes.boxed()),
+                (ResourceKind::Repository, repository_changes.boxed()),
+                (ResourceKind::GpgKeys, gpg_changes.boxed()),
+            ],
+            blocklist_cache,
+            blocklist_changed,
+        })
+    }
+
+    /// With namespace creation on, the hub's namespaces are watched: connecting agents whose
+    /// namespace exists cost no API call (a restart storm of 10,000 agents would otherwise
+    /// be 10,000 reads at --kube-qps).
+    fn namespace_cache(&self) -> Option<Cache> {
+        if !self.config.create_namespace {
+            return None;
+        }
+        let (cache, changes) =
+            argocd_agent_kubernetes::watch(self.client.clone(), Kind::Namespace, Scope::all());
+        let stop = self.shutdown.clone();
+        self.tasks.spawn(async move {
+            futures::pin_mut!(changes);
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    c = changes.next() => if c.is_none() { return },
+                }
+            }
+        });
+        Some(cache)
+    }
+
+    /// The core: the session registry and the hub, its watches routed to the agents'
+    /// workers; revoked and blocked identities' sessions closed; queues sampled.
+    pub fn core(&self, watches: HubWatches) -> Arc<Hub> {
+        let config = &self.config;
+        let sessions = Arc::new(Sessions::new(config.queue.clone(), config.event_rate));
+        let hub = Arc::new(Hub::new(HubParts {
+            source: source_id(self.listener_auth.svid.as_ref()),
+            apps: Resources::new(self.client.clone(), Kind::Application),
+            namespaces: Resources::new(self.client.clone(), Kind::Namespace),
+            cache: watches.apps,
+            metrics: self.metrics.clone(),
+            sessions: sessions.clone(),
+            create_namespace: config.create_namespace,
+            namespace_cache: self.namespace_cache(),
+            namespace_labels: config.namespace_labels.clone(),
+            config: watches.config_objects,
+            by_destination: config.destination_based_mapping,
+            tasks: self.tasks.clone(),
+            shutdown: self.shutdown.clone(),
+        }));
+        for (kind, stream) in watches.changes {
+            self.tasks.spawn(hub::run_hub_watch(
+                hub.clone(),
+                kind,
+                stream,
+                self.shutdown.clone(),
+            ));
+        }
+        watch_revocations(&self.rules, &sessions);
+        self.tasks.spawn(blocklist::enforce(
+            sessions.clone(),
+            self.metrics.clone(),
+            watches.blocklist_cache,
+            config.argocd_namespace.clone(),
+            watches.blocklist_changed,
+            self.shutdown.clone(),
+        ));
+        self.tasks.spawn(crate::sessions::sample_queues(
+            sessions,
+            self.metrics.clone(),
+            self.shutdown.clone(),
+        ));
+        hub
+    }
+
+    /// With `--ha`: the replica Lease and the agent Leases.
+    pub async fn leases(&self, hub: &Hub) -> Result<Option<Arc<ha::Leases>>, PrincipalError> {
+        let Some(ha) = self.config.ha.clone() else {
+            return Ok(None);
+        };
+        let lease_client = argocd_agent_kubernetes::bounded_client(
+            &argocd_agent_kubernetes::ClientOptions {
+                qps: ha.lease_qps,
+                burst: ha.lease_burst,
+                ..self.config.kube.clone()
+            },
+            ha::LEASE_REQUESTS_IN_FLIGHT,
+        )
+        .await?;
+        Ok(Some(ha::Leases::start(
+            lease_client,
+            &self.config.argocd_namespace,
+            ha,
+            hub.sessions.clone(),
+            self.metrics.clone(),
+            &self.tasks,
+            self.shutdown.clone(),
+        )))
+    }
+
+    /// The metrics and health listeners, and the sender that makes them ready.
+    pub async fn serve_health(
+        &self,
+        leases: Option<Arc<ha::Leases>>,
+    ) -> Result<(Option<SocketAddr>, watch::Sender<bool>), PrincipalError> {
+        let config = &self.config;
+        let (ready_tx, ready_rx) = watch::channel(false);
+        let readiness = metrics::Readiness {
+            synced: ready_rx,
+            svid: self.listener_auth.svid.clone(),
+            leases,
+        };
+        let metrics_addr = match config.metrics_listen {
+            Some(addr) => Some(
+                metrics::serve(
+                    addr,
+                    Some(self.metrics.clone()),
+                    readiness.clone(),
+                    &self.tasks,
+                    self.shutdown.clone(),
+                )
+                .await
+                .map_err(|source| PrincipalError::Listen { addr, source })?,
+            ),
+            None => None,
+        };
+        if let Some(addr) = config.healthz_listen {
+            metrics::serve(addr, None, readiness, &self.tasks, self.shutdown.clone())
+                .await
+                .map_err(|source| PrincipalError::Listen { addr, source })?;
+        }
+        Ok((metrics_addr, ready_tx))
+    }
+
+    /// Ready once the hub watches have listed everything (the listener is bound already).
+    pub fn ready_when_synced(&self, hub: &Arc<Hub>, ready: watch::Sender<bool>) {
+        let hub = hub.clone();
+        self.tasks.spawn(async move {
+            hub.apps.cache.wait_synced().await;
+            hub.config.wait_synced().await;
+            ready.send_replace(true);
+        });
+    }
+
+    /// The operator API's own listener, when configured.
+    pub async fn serve_admin(
+        &self,
+        hub: &Hub,
+    ) -> Result<Option<config::AdminAddress>, PrincipalError> {
+        let Some(address) = &self.config.admin_listen else {
+            return Ok(None);
+        };
+        let bound = admin::serve(
+            address,
+            hub.sessions.clone(),
+            self.metrics.clone(),
+            &self.tasks,
+            self.shutdown.clone(),
+        )
+        .await?;
+        tracing::info!(admin = %bound, "admin API listening (plaintext, local operators only)");
+        Ok(Some(bound))
+    }
+
+    /// The resource proxy, when configured: its address, URL and the cluster secrets keeper.
+    pub async fn resource_proxy(
+        &self,
+        hub: &Hub,
+        tunnels: &Arc<tunnel::Tunnels>,
+        features: &mut Features,
+    ) -> Result<(), PrincipalError> {
+        let Some(rp) = &self.config.resource_proxy else {
+            return Ok(());
+        };
+        let (addr, url, secrets) =
+            start_resource_proxy(self, rp, hub, tunnels.clone(), features.leases.clone()).await?;
+        features.resource_proxy = Some((addr, url));
+        features.cluster_secrets = secrets;
+        Ok(())
+    }
+
+    /// Agents' cluster info goes to the hub Redis the proxy fronts, under each cluster's
+    /// server URL (the resource proxy's when it is on and no template was given).
+    pub fn cluster_info(&self, hub: &Hub, features: &mut Features) {
+        let Some(r) = &self.config.redis_proxy else {
+            return;
+        };
+        let template = match &features.resource_proxy {
+            Some((_, url)) if r.cluster_server_template == clusterinfo::DEFAULT_SERVER_TEMPLATE => {
+                format!(
+                    "{}{}{}",
+                    url.trim_end_matches('/'),
+                    resourceproxy::AGENT_PREFIX,
+                    clusterinfo::AGENT_PLACEHOLDER
+                )
+            }
+            _ => r.cluster_server_template.clone(),
+        };
+        let writer =
+            clusterinfo::ClusterInfoWriter::new(r.upstream.clone(), r.compression, template);
+        self.tasks.spawn(
+            writer
+                .clone()
+                .refresh(hub.sessions.clone(), self.shutdown.clone()),
+        );
+        features.cluster_info = Some(writer);
+    }
+
+    /// The Redis proxy, when configured.
+    pub async fn redis_proxy(
+        &self,
+        hub: &Hub,
+        features: &mut Features,
+    ) -> Result<(), PrincipalError> {
+        let Some(redis) = &self.config.redis_proxy else {
+            return Ok(());
+        };
+        let addr = redisproxy::serve(
+            redis.clone(),
+            hub.owners.clone(),
+            self.metrics.clone(),
+            hub.source.clone(),
+            features.leases.clone(),
+            &self.tasks,
+            self.shutdown.clone(),
+        )
+        .await
+        .map_err(|source| PrincipalError::Listen {
+            addr: redis.listen,
+            source,
+        })?;
+        features.redis_proxy = Some(addr);
+        Ok(())
+    }
+
+    /// Where sessions run, and the features they use.
+    pub fn session_context(&self, hub: Arc<Hub>, features: &Features) -> SessionContext {
+        let config = &self.config;
+        SessionContext {
+            hub,
+            tasks: self.tasks.clone(),
+            shutdown: self.shutdown.clone(),
+            idle_timeout: config.idle_timeout,
+            hello_timeout: config.hello_timeout,
+            cluster_info: features.cluster_info.clone(),
+            max_requests_in_flight: config
+                .redis_proxy
+                .as_ref()
+                .map_or(redisproxy::DEFAULT_AGENT_IN_FLIGHT, |r| {
+                    r.max_in_flight_per_agent
+                })
+                .max(
+                    config
+                        .resource_proxy
+                        .as_ref()
+                        .map_or(0, |r| r.max_in_flight_per_agent),
+                ),
+            cluster_secrets: features.cluster_secrets.clone(),
+            leases: features.leases.clone(),
+        }
+    }
+
+    /// Binds the gRPC listener.
+    pub async fn bind(&self) -> Result<(TcpListener, SocketAddr), PrincipalError> {
+        let addr = self.config.listen;
+        let listen_error = |source| PrincipalError::Listen { addr, source };
+        let listener = TcpListener::bind(addr).await.map_err(listen_error)?;
+        let bound = listener.local_addr().map_err(listen_error)?;
+        Ok((listener, bound))
+    }
+}
+
+/// Starts the resource proxy: keys from the hub, the serving certificate, the listener,
+/// and (with self-registration) the cluster secrets keeper.
+async fn start_resource_proxy(
+    w: &Wiring,
+    rp: &resourceproxy::ResourceProxyConfig,
+    hub: &Hub,
+    tunnels: Arc<tunnel::Tunnels>,
+    leases: Option<Arc<ha::Leases>>,
+) -> Result<
+    (
+        SocketAddr,
+        String,
+        Option<Arc<clustersecret::ClusterSecrets>>,
+    ),
+    PrincipalError,
+> {
+    let (tasks, shutdown) = (&w.tasks, w.shutdown.clone());
+    let argocd_namespace = w.config.argocd_namespace.as_str();
+    let proxy_err = |e: resourceproxy::credentials::KeyError| PrincipalError::Config(e.to_string());
+    let keys = Arc::new(
+        resourceproxy::credentials::ProxyKeys::load_or_create(w.client.clone(), argocd_namespace)
+            .await
+            .map_err(proxy_err)?,
+    );
+    let listen_error = |source| PrincipalError::Listen {
+        addr: rp.listen,
+        source,
+    };
+    let listener = TcpListener::bind(rp.listen).await.map_err(listen_error)?;
+    let addr = listener.local_addr().map_err(listen_error)?;
+    let rp = with_default_urls(rp, addr, leases.is_some());
+    let (host, replica_host, hostnames) = serving_hostnames(&rp, leases.is_some());
+    let serving = resourceproxy::tls::start(
+        rp.tls,
+        &host,
+        replica_host.as_deref(),
+        &hostnames,
+        rp.cert_lifetime,
+        keys.clone(),
+        w.listener_auth.svid.as_ref(),
+        tasks,
+        shutdown.clone(),
+    )
+    .map_err(proxy_err)?;
+    let tls = resourceproxy::tls::server_config(serving.cert.clone())
+        .map_err(|e| PrincipalError::Config(format!("resource proxy TLS: {e}")))?;
+    let secrets = rp.self_cluster_registration.then(|| {
+        let secrets = clustersecret::ClusterSecrets::new(
+            w.client.clone(),
+            argocd_namespace,
+            keys.clone(),
+            rp.clone(),
+            serving.ca_pem.clone(),
+        );
+        tasks.spawn(secrets.clone().refresh(shutdown.clone()));
+        secrets
+    });
+    let url = rp.url.clone();
+    let forwarder = leases.map(|leases| {
+        leases.set_resource_proxy_url(&rp.replica_url);
+        resourceproxy::forward::Forwarder::new(
+            leases,
+            serving.ca_pem.clone(),
+            rp.request_timeout + Duration::from_secs(5),
+            tasks.clone(),
+        )
+    });
+    let proxy = resourceproxy::Proxy::new(resourceproxy::ProxyParts {
+        sessions: hub.sessions.clone(),
+        metrics: hub.metrics.clone(),
+        source: hub.source.clone(),
+        keys,
+        tunnels,
+        config: rp.clone(),
+        forwarder,
+        tasks: tasks.clone(),
+    });
+    resourceproxy::serve(proxy, listener, tls, tasks, shutdown);
+    tracing::info!(%addr, url = %rp.url, replica_url = %rp.replica_url, tls = serving.mode,
+        self_registration = rp.self_cluster_registration, "resource proxy listening");
+    Ok((addr, url, secrets))
+}
+
+/// The resource proxy's configuration with its URLs filled in: without a configured URL,
+/// the bound address (loopback for an unspecified one); with replicas, this replica's own
+/// URL, which the others forward to.
+fn with_default_urls(
+    rp: &resourceproxy::ResourceProxyConfig,
+    addr: SocketAddr,
+    replicas: bool,
+) -> resourceproxy::ResourceProxyConfig {
+    let mut rp = rp.clone();
+    if rp.url.is_empty() {
+        let ip = if addr.ip().is_unspecified() {
+            std::net::IpAddr::from([127, 0, 0, 1])
+        } else {
+            addr.ip()
+        };
+        rp.url = format!("https://{}", SocketAddr::new(ip, addr.port()));
+    }
+    if replicas && rp.replica_url.is_empty() {
+        let pod_ip = std::env::var("POD_IP")
+            .ok()
+            .filter(|s| !s.trim().is_empty());
+        rp.replica_url = resourceproxy::forward::default_replica_url(pod_ip.as_deref(), addr);
+    }
+    rp
+}
+
+/// The names the resource proxy's certificate serves: the URL's host, with replicas the
+/// replica URL's host, and the configured ones.
+fn serving_hostnames(
+    rp: &resourceproxy::ResourceProxyConfig,
+    replicas: bool,
+) -> (String, Option<String>, Vec<String>) {
+    let host = rp.host();
+    let mut hostnames = rp.hostnames.clone();
+    if !hostnames.contains(&host) {
+        hostnames.insert(0, host.clone());
+    }
+    let replica_host = replicas.then(|| rp.replica_host());
+    if let Some(r) = &replica_host
+        && !hostnames.contains(r)
+    {
+        hostnames.push(r.clone());
+    }
+    (host, replica_host, hostnames)
+}
+
+/// CloudEvents `source` of our events: our SPIFFE ID when we have an SVID.
+fn source_id(svid: Option<&SvidSource>) -> String {
+    svid.and_then(|s| s.current())
+        .map(|s| s.svid.spiffe_id().to_string())
+        .unwrap_or_else(|| "argocd-agent-principal".into())
+}
+
+/// The gRPC services on the agent listener: event stream, tunnels, the operator API (only
+/// SPIFFE IDs with an admin rule) and version.
+fn grpc_router(
+    config: &PrincipalConfig,
+    auth: &ListenerAuth,
+    rules: Arc<LiveRules>,
+    sessions: SessionContext,
+    tunnels: Arc<tunnel::Tunnels>,
+) -> tonic::transport::server::Router {
+    let metrics = sessions.hub.metrics.clone();
+    let admin = argocd_agent_proto::admin::admin_server::AdminServer::new(admin::AdminService {
+        sessions: sessions.hub.sessions.clone(),
+        metrics: metrics.clone(),
+        access: admin::AdminAccess::Rules {
+            auth: auth.authenticator.clone(),
+            rules: rules.clone(),
+        },
+    });
+    let tunnel =
+        argocd_agent_proto::eventstream::tunnel_server::TunnelServer::new(tunnel::TunnelService {
+            tunnels,
+            rules: rules.clone(),
+            auth: auth.authenticator.clone(),
+            sessions: sessions.hub.sessions.clone(),
+            metrics,
+        })
+        .max_decoding_message_size(config.max_message_size)
+        .max_encoding_message_size(config.max_message_size);
+    let events = EventStreamServer::new(EventStreamService {
+        sessions,
+        rules,
+        auth: auth.authenticator.clone(),
+    })
+    .max_decoding_message_size(config.max_message_size)
+    .max_encoding_message_size(config.max_message_size);
+    tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .max_concurrent_streams(Some(config.max_concurrent_streams))
+        .add_service(events)
+        .add_service(tunnel)
+        .add_service(admin)
+        .add_service(VersionServer::new(VersionService))
+}
+
+/// Serves gRPC on `listener` (TLS with SVIDs, or plaintext behind a mesh or ingress) until
+/// `shutdown`.
+pub(crate) fn serve(
+    w: Wiring,
+    listener: TcpListener,
+    sessions: SessionContext,
+    tunnels: Arc<tunnel::Tunnels>,
+) -> Result<tokio::task::JoinHandle<Result<(), PrincipalError>>, PrincipalError> {
+    let Wiring {
+        config,
+        tasks,
+        shutdown,
+        listener_auth: auth,
+        rules,
+        ..
+    } = w;
+    // Connections dropped before their first request count as auth failures.
+    let metrics = sessions.hub.metrics.clone();
+    let router = grpc_router(&config, &auth, rules, sessions, tunnels);
+    let handle = match (&config.auth, auth.svid) {
+        (config::AuthConfig::Mtls { trust_domains, .. }, Some(source)) => {
+            let policy = if trust_domains.is_empty() {
+                PeerPolicy::Any
+            } else {
+                PeerPolicy::TrustDomains(trust_domains.clone())
+            };
+            let tls = argocd_agent_identity::tls::server_config(&source, policy)
+                .map_err(PrincipalError::Tls)?;
+            let incoming = argocd_agent_identity::transport::tls_incoming_with_options(
+                listener,
+                tls,
+                argocd_agent_identity::transport::IncomingOptions {
+                    max_handshakes: config.max_concurrent_handshakes,
+                    on_refused: Some(argocd_agent_identity::transport::RefusedHook(Arc::new(
+                        move |reason| metrics.auth_failed(reason),
+                    ))),
+                    ..Default::default()
+                },
+            );
+            tasks.spawn(async move {
+                // The source feeds every handshake's certificate: keep it while serving.
+                let _keep = source;
+                router
+                    .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
+                    .await
+                    .map_err(PrincipalError::from)
+            })
+        }
+        _ => {
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            tasks.spawn(async move {
+                router
+                    .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
+                    .await
+                    .map_err(PrincipalError::from)
+            })
+        }
+    };
+    Ok(handle)
+}
