@@ -253,6 +253,10 @@ async fn run(
         .get(&ResourceKind::Application)
         .cloned()
         .unwrap_or_default();
+    let app_statuses = resync::status_checksums_from_state(
+        ResourceKind::Application.as_str(),
+        &resync_state,
+    );
     let agent_uids: BTreeMap<ResourceKind, SourceUids> = ResourceKind::ALL
         .into_iter()
         .map(|k| (k, resync::source_uids_from_state(k.as_str(), &resync_state)))
@@ -354,8 +358,12 @@ async fn run(
                     .resync_autonomous_projects(&state, known.then_some(&projects))
                     .await;
                 requests.extend(
-                    hub.resync_autonomous(&state, known.then_some(&app_checksums))
-                        .await,
+                    hub.resync_autonomous(
+                        &state,
+                        known.then_some(&app_checksums),
+                        &app_statuses,
+                    )
+                    .await,
                 );
                 for e in requests {
                     send(tx, hub, &state, e).await?;
@@ -714,6 +722,17 @@ async fn handle_event(
                     None => "no such object on the hub".into(),
                 };
                 Some(event.error_reply(&hub.source, "NotFound", message))
+            }
+            // The hub's API server failing or overloaded: the agent resends the change
+            // later (dropping it would lose a status until the next resync, or for good).
+            Err(e) if e.is_transient() => {
+                let message = chain(&e);
+                tracing::warn!(object = ?event.resource, error = ?message, "could not apply event for now: the agent resends it");
+                Some(event.error_reply(
+                    &hub.source,
+                    argocd_agent_sync::event::REASON_UNAVAILABLE,
+                    message,
+                ))
             }
             Err(e) => {
                 let message = chain(&e);
