@@ -183,9 +183,9 @@ impl Error {
     pub fn is_transient(&self) -> bool {
         match self {
             Self::Api { code, .. } => *code >= 500 || *code == 429,
-            Self::Request { .. } | Self::Conflict { .. } | Self::ConflictRetriesExhausted { .. } => {
-                true
-            }
+            Self::Request { .. }
+            | Self::Conflict { .. }
+            | Self::ConflictRetriesExhausted { .. } => true,
             _ => false,
         }
     }
@@ -275,10 +275,7 @@ mod tests {
                 "{code} {reason}"
             );
         }
-        let no_answer = Error::from_kube(
-            obj,
-            kube::Error::Service("connection reset".into()),
-        );
+        let no_answer = Error::from_kube(obj, kube::Error::Service("connection reset".into()));
         assert!(no_answer.is_transient());
     }
 

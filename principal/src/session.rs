@@ -253,10 +253,8 @@ async fn run(
         .get(&ResourceKind::Application)
         .cloned()
         .unwrap_or_default();
-    let app_statuses = resync::status_checksums_from_state(
-        ResourceKind::Application.as_str(),
-        &resync_state,
-    );
+    let app_statuses =
+        resync::status_checksums_from_state(ResourceKind::Application.as_str(), &resync_state);
     let agent_uids: BTreeMap<ResourceKind, SourceUids> = ResourceKind::ALL
         .into_iter()
         .map(|k| (k, resync::source_uids_from_state(k.as_str(), &resync_state)))
@@ -358,12 +356,8 @@ async fn run(
                     .resync_autonomous_projects(&state, known.then_some(&projects))
                     .await;
                 requests.extend(
-                    hub.resync_autonomous(
-                        &state,
-                        known.then_some(&app_checksums),
-                        &app_statuses,
-                    )
-                    .await,
+                    hub.resync_autonomous(&state, known.then_some(&app_checksums), &app_statuses)
+                        .await,
                 );
                 for e in requests {
                     send(tx, hub, &state, e).await?;

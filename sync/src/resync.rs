@@ -115,9 +115,7 @@ impl ResyncPlan {
     pub fn send_stale_statuses(&mut self, source: &Checksums, replica: &Checksums) {
         let mut added = false;
         for (name, sum) in source {
-            if replica.get(name).is_some_and(|r| r != sum)
-                && !self.send.iter().any(|n| n == name)
-            {
+            if replica.get(name).is_some_and(|r| r != sum) && !self.send.iter().any(|n| n == name) {
                 self.send.push(name.clone());
                 added = true;
             }
