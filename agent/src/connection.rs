@@ -365,6 +365,13 @@ async fn on_event(spoke: &Spoke, event: Event) -> Option<Event> {
                         tracing::warn!(event_id = %id, "principal is rate limiting this agent: events are resent later");
                     }
                 }
+                // The hub's API server could not take the change for now: resent later,
+                // never dropped (a dropped status would wait for the next resync).
+                (argocd_agent_sync::event::REASON_UNAVAILABLE, Some(id)) => {
+                    if spoke.queue.retry_later(id) {
+                        tracing::info!(object = ?event.resource, event_id = %id, "the principal could not apply this change for now: resent later");
+                    }
+                }
                 // A delete of an object the hub does not have: the outcome the delete
                 // wanted (a resend after a lost acknowledgement ends here too).
                 ("NotFound", Some(id)) => {

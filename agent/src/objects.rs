@@ -158,6 +158,7 @@ impl Spoke {
                     spec_checksum: checksum(kind, &as_value(&o)),
                     version: String::new(),
                     source_uid: crate::spoke::source_uid(&o).unwrap_or_default(),
+                    status_checksum: String::new(),
                 });
             }
         }

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use argocd_agent_identity::{AgentMode, Namespace, ResourceKind};
-use argocd_agent_kubernetes::object::{self, is_being_deleted, spec_checksum};
+use argocd_agent_kubernetes::object::{self, is_being_deleted, spec_checksum, status_checksum};
 use argocd_agent_kubernetes::{Cache, Change, Known, Resources};
 use argocd_agent_proto::eventstream::{ResourceChecksum, ResyncState};
 use argocd_agent_sync::resync::Checksums;
@@ -44,7 +44,16 @@ struct SpokeInner {
     sent_object: HashMap<String, String>,
     /// What the last hello said this agent holds (Applications and configuration objects),
     /// so changes made while the handshake was in flight are published after the welcome.
-    hello: Option<(Checksums, Vec<ResourceChecksum>)>,
+    hello: Option<HelloState>,
+}
+
+/// What a hello reported, kept until its welcome.
+struct HelloState {
+    /// Applications: spec checksums.
+    apps: Checksums,
+    /// Autonomous Applications: status checksums (empty in managed mode).
+    statuses: Checksums,
+    config: Vec<ResourceChecksum>,
 }
 
 /// The agent's local state.
@@ -247,13 +256,23 @@ impl Spoke {
             .collect()
     }
 
-    /// Checksums for the hello (what this agent holds).
-    pub fn checksums(&self) -> Checksums {
-        self.local()
-            .into_iter()
-            .filter(|(_, o)| !is_being_deleted(o))
-            .map(|(n, o)| (n, spec_checksum(&o)))
-            .collect()
+    /// Spec and status checksums for the hello (what this agent holds), from one read of
+    /// the cache. Status
+    /// checksums only in autonomous mode, where the principal compares them (a managed
+    /// agent reports every status after each welcome instead).
+    fn hello_checksums(&self) -> (Checksums, Checksums) {
+        let mut specs = Checksums::new();
+        let mut statuses = Checksums::new();
+        for (n, o) in self.local() {
+            if is_being_deleted(&o) {
+                continue;
+            }
+            if self.mode == AgentMode::Autonomous {
+                statuses.insert(n.clone(), status_checksum(&o));
+            }
+            specs.insert(n, spec_checksum(&o));
+        }
+        (specs, statuses)
     }
 
     /// Managed: the hub UID each local copy was made from (its source-uid annotation).
@@ -327,34 +346,47 @@ impl Spoke {
                 }
             }
             AgentMode::Autonomous => {
-                if let Some((apps, config)) = hello {
-                    self.publish_changed_since_hello(&apps);
-                    self.publish_config_changed_since_hello(&config);
+                if let Some(said) = hello {
+                    self.publish_changed_since_hello(&said.apps, &said.statuses);
+                    self.publish_config_changed_since_hello(&said.config);
                 }
             }
         }
     }
 
-    /// The resync state for the hello, remembered until the welcome.
+    /// The resync state for the hello, remembered until the welcome. Autonomous agents
+    /// report each Application's status checksum too: the status is theirs, and a status
+    /// change the hub missed (made while this agent was down, say) is requested again.
     pub fn hello_state(&self) -> ResyncState {
-        let apps = self.checksums();
+        let (apps, statuses) = self.hello_checksums();
         let config = self.config_checksums();
         let mut state = argocd_agent_sync::resync::to_state("Application", &apps);
         let uids = self.source_uids();
         for r in &mut state.resources {
             r.source_uid = uids.get(&r.name).cloned().unwrap_or_default();
+            r.status_checksum = statuses.get(&r.name).cloned().unwrap_or_default();
         }
         state.resources.extend(config.iter().cloned());
-        self.inner().hello = Some((apps, config));
+        self.inner().hello = Some(HelloState {
+            apps,
+            statuses,
+            config,
+        });
         state
     }
 
     /// Autonomous: local changes the principal cannot know from the hello (made while the
-    /// handshake was in flight, when there was no hub namespace to publish them under).
-    fn publish_changed_since_hello(&self, said: &Checksums) {
+    /// handshake was in flight, when there was no hub namespace to publish them under),
+    /// status changes included.
+    fn publish_changed_since_hello(&self, said: &Checksums, said_status: &Checksums) {
         let local = self.local();
         for (name, obj) in &local {
-            if !is_being_deleted(obj) && said.get(name) != Some(&spec_checksum(obj)) {
+            if is_being_deleted(obj) {
+                continue;
+            }
+            if said.get(name) != Some(&spec_checksum(obj))
+                || said_status.get(name) != Some(&status_checksum(obj))
+            {
                 self.publish(obj);
             }
         }

@@ -47,10 +47,24 @@ pub fn agent_id(agent: &str) -> String {
 /// Errors of the harness.
 pub type HarnessError = Box<dyn std::error::Error + Send + Sync>;
 
-/// Path of a workspace binary; builds the CLI package if it is missing.
+/// Directory of the binaries the harness runs instead of those next to the test
+/// executable (e.g. `target/release`, to run the e2e tests, built as usual, against the
+/// release binaries).
+pub const BIN_DIR_ENV: &str = "ARGOCD_AGENT_E2E_BIN_DIR";
+
+/// Path of a workspace binary: from [`BIN_DIR_ENV`] when set (it must be there), else next
+/// to the test executable (same profile), building the CLI package in that profile if it
+/// is missing.
 pub fn binary(name: &str) -> Result<PathBuf, HarnessError> {
     if let Ok(p) = std::env::var(format!("CARGO_BIN_EXE_{name}")) {
         return Ok(PathBuf::from(p));
+    }
+    if let Some(dir) = std::env::var_os(BIN_DIR_ENV).filter(|d| !d.is_empty()) {
+        let candidate = PathBuf::from(dir).join(name);
+        if !candidate.exists() {
+            return Err(format!("{BIN_DIR_ENV}: no {}", candidate.display()).into());
+        }
+        return Ok(candidate);
     }
     let exe = std::env::current_exe()?;
     let mut dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
@@ -62,9 +76,12 @@ pub fn binary(name: &str) -> Result<PathBuf, HarnessError> {
         return Ok(candidate);
     }
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = std::process::Command::new(cargo)
-        .args(["build", "-q", "-p", "argocd-agent-cli", "--bins"])
-        .status()?;
+    let mut args = vec!["build", "-q", "-p", "argocd-agent-cli", "--bins"];
+    // A release test build runs release binaries (`cargo test --release`).
+    if dir.ends_with("release") {
+        args.push("--release");
+    }
+    let status = std::process::Command::new(cargo).args(&args).status()?;
     if !status.success() || !candidate.exists() {
         return Err(format!(
             "could not build {name} (looked for {})",

@@ -176,6 +176,20 @@ impl Error {
         )
     }
 
+    /// True when the same request may well succeed later: the API server was unavailable
+    /// or overloaded (5xx, 429), the request got no answer (connection, timeout), or a
+    /// write met a newer version of the object (conflict; a later attempt reads it
+    /// afresh). False for answers that stay the same (not found, invalid, forbidden, ...).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Api { code, .. } => *code >= 500 || *code == 429,
+            Self::Request { .. }
+            | Self::Conflict { .. }
+            | Self::ConflictRetriesExhausted { .. } => true,
+            _ => false,
+        }
+    }
+
     /// True when a create found an existing object.
     pub fn is_already_exists(&self) -> bool {
         matches!(self, Self::AlreadyExists { .. })
@@ -231,6 +245,38 @@ mod tests {
             Error::from_status(obj, &status(403, "Forbidden")),
             Error::Api { code: 403, .. }
         ));
+    }
+
+    #[test]
+    fn unavailable_overloaded_and_conflicting_writes_are_transient() {
+        let obj = ObjectRef::new(Kind::Application, Some("agent-a"), "guestbook");
+        for (code, reason) in [
+            (500, "InternalError"),
+            (503, "ServiceUnavailable"),
+            (504, "Timeout"),
+            (429, "TooManyRequests"),
+            (409, "Conflict"),
+        ] {
+            assert!(
+                Error::from_status(obj.clone(), &status(code, reason)).is_transient(),
+                "{code} {reason}"
+            );
+        }
+        for (code, reason) in [
+            (404, "NotFound"),
+            (409, "AlreadyExists"),
+            (410, "Gone"),
+            (422, "Invalid"),
+            (403, "Forbidden"),
+            (400, "BadRequest"),
+        ] {
+            assert!(
+                !Error::from_status(obj.clone(), &status(code, reason)).is_transient(),
+                "{code} {reason}"
+            );
+        }
+        let no_answer = Error::from_kube(obj, kube::Error::Service("connection reset".into()));
+        assert!(no_answer.is_transient());
     }
 
     #[test]

@@ -36,6 +36,21 @@ pub fn spec_checksum(obj: &DynamicObject) -> String {
     checksum_of(spec(obj).unwrap_or(&Value::Null))
 }
 
+/// Hex SHA-256 of the canonical JSON of a `.status` value, where an absent, `null` or empty
+/// status all hash as `{}`: a copy whose status was cleared (written as `{}`) matches a
+/// source that has none.
+pub fn status_checksum_of(status: Option<&Value>) -> String {
+    match status {
+        Some(v) if !v.is_null() && v.as_object().is_none_or(|m| !m.is_empty()) => checksum_of(v),
+        _ => checksum_of(&Value::Object(serde_json::Map::new())),
+    }
+}
+
+/// [`status_checksum_of`] of the object's `.status`.
+pub fn status_checksum(obj: &DynamicObject) -> String {
+    status_checksum_of(status(obj))
+}
+
 /// Annotation on a managed copy: the UID of the object it was copied from on the hub, so
 /// the spoke can tell an object deleted and recreated on the hub from an update (as
 /// upstream argocd-agent).
@@ -351,6 +366,29 @@ mod tests {
         assert_eq!(spec_checksum(&a), spec_checksum(&b));
         assert_ne!(spec_checksum(&a), spec_checksum(&c));
         assert_eq!(spec_checksum(&a).len(), 64);
+    }
+
+    #[test]
+    fn status_checksum_counts_absent_null_and_empty_alike_and_sees_every_value() {
+        let with = |status: Value| {
+            let mut o = json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+                "metadata": {"name": "a", "namespace": "n"}, "spec": {}});
+            if !status.is_null() {
+                o["status"] = status;
+            }
+            app(o)
+        };
+        let none = status_checksum(&with(Value::Null));
+        assert_eq!(none, status_checksum(&with(json!({}))));
+        assert_eq!(none, status_checksum_of(Some(&Value::Null)));
+        let s1 = status_checksum(&with(json!({"sync": {"revision": "s1"}})));
+        let s2 = status_checksum(&with(json!({"sync": {"revision": "s2"}})));
+        assert_ne!(s1, none);
+        assert_ne!(s1, s2);
+        assert_eq!(
+            s1,
+            status_checksum_of(Some(&json!({"sync": {"revision": "s1"}})))
+        );
     }
 
     #[test]

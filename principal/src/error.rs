@@ -90,4 +90,13 @@ pub enum ApplyError {
     Kube(#[from] argocd_agent_kubernetes::Error),
 }
 
+impl ApplyError {
+    /// Whether the same command may succeed later (the hub's API server failing or
+    /// overloaded, a conflicting write): the agent is told to resend it rather than to
+    /// drop it.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::Kube(e) if e.is_transient())
+    }
+}
+
 pub use argocd_agent_sync::error_chain as chain;

@@ -403,6 +403,10 @@ async fn resync(
         .get(&ResourceKind::Application)
         .cloned()
         .unwrap_or_default();
+    let app_statuses = resync::status_checksums_from_state(
+        ResourceKind::Application.as_str(),
+        hello.state.as_ref().unwrap_or(&Default::default()),
+    );
     let resync_started = std::time::Instant::now();
     // Boxed, as every long sub-future of a session: the session task is as large as its
     // largest state, and an idle session only waits in the loop below.
@@ -434,7 +438,7 @@ async fn resync(
                     .await;
                 requests.extend(
                     hub.apps
-                        .resync_autonomous(state, known.then_some(&app_checksums))
+                        .resync_autonomous(state, known.then_some(&app_checksums), &app_statuses)
                         .await,
                 );
                 for e in requests {
@@ -881,6 +885,17 @@ async fn apply_reply(
                 None => "no such object on the hub".into(),
             };
             Some(event.error_reply(&hub.source, "NotFound", message))
+        }
+        // The hub's API server failing or overloaded: the agent resends the change
+        // later (dropping it would lose a status until the next resync, or for good).
+        Err(e) if e.is_transient() => {
+            let message = chain(&e);
+            tracing::warn!(object = ?event.resource, error = ?message, "could not apply event for now: the agent resends it");
+            Some(event.error_reply(
+                &hub.source,
+                argocd_agent_sync::event::REASON_UNAVAILABLE,
+                message,
+            ))
         }
         Err(e) => {
             let message = chain(&e);

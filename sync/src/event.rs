@@ -37,6 +37,14 @@ pub const PROTOCOL_MIN: u32 = 1;
 /// since being redirected is not a failure. Agents that do not know it back off as before.
 pub const RECONNECT_METADATA: &str = "argocd-agent-reconnect";
 
+/// Reason of an error event answering a change the peer could not apply for now: its
+/// API server failed or was overloaded (5xx, 429, no answer), or the write met a newer
+/// version of the object. Not an answer about the change itself, so the sender keeps it
+/// queued and resends it after a backoff (a newer change of the same object replaces it);
+/// dropping it would lose the change until the next resync. Peers that do not know this
+/// reason take it as final, as every error before it.
+pub const REASON_UNAVAILABLE: &str = "Unavailable";
+
 const ATTR_TIME: &str = "time";
 const ATTR_CONTENT_TYPE: &str = "datacontenttype";
 const ATTR_KIND: &str = "resourcekind";

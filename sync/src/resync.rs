@@ -2,6 +2,11 @@
 //! a set of resources compares its spec checksums with the replica's and works out what to
 //! send and what the replica must delete. Deletions made while apart are therefore applied
 //! (the replica's extra copies are deleted) rather than resurrected.
+//!
+//! Where the source of truth also owns the status (an autonomous agent's Applications), it
+//! reports status checksums beside the spec checksums, and an object whose status differs
+//! is sent as well: a status change the replica missed (made while the agent was down, or
+//! lost with a restart) would otherwise never be sent again, since the specs agree.
 
 use std::collections::BTreeMap;
 
@@ -38,6 +43,7 @@ pub fn to_state(kind: &str, checksums: &Checksums) -> ResyncState {
                 spec_checksum: sum.clone(),
                 version: String::new(),
                 source_uid: String::new(),
+                status_checksum: String::new(),
             })
             .collect(),
     }
@@ -50,6 +56,18 @@ pub fn from_state(kind: &str, state: &ResyncState) -> Checksums {
         .iter()
         .filter(|r| r.kind == kind && !r.name.is_empty())
         .map(|r| (r.name.clone(), r.spec_checksum.clone()))
+        .collect()
+}
+
+/// Reads the status checksums the peer reports for one kind. Entries without one (a peer
+/// of an earlier version, or a kind whose status it does not own) are skipped: their status
+/// takes no part in the comparison.
+pub fn status_checksums_from_state(kind: &str, state: &ResyncState) -> Checksums {
+    state
+        .resources
+        .iter()
+        .filter(|r| r.kind == kind && !r.name.is_empty() && !r.status_checksum.is_empty())
+        .map(|r| (r.name.clone(), r.status_checksum.clone()))
         .collect()
 }
 
@@ -88,6 +106,23 @@ pub struct ResyncPlan {
 impl ResyncPlan {
     pub fn is_empty(&self) -> bool {
         self.send.is_empty() && self.delete.is_empty()
+    }
+
+    /// Also sends the objects the replica holds with another status than the source
+    /// reported (`source`: status checksums the source reported; `replica`: the replica's
+    /// status checksums). Objects the source reported no status checksum for, and those
+    /// the replica lacks (already sent), are left as they are. `send` stays sorted.
+    pub fn send_stale_statuses(&mut self, source: &Checksums, replica: &Checksums) {
+        let mut added = false;
+        for (name, sum) in source {
+            if replica.get(name).is_some_and(|r| r != sum) && !self.send.iter().any(|n| n == name) {
+                self.send.push(name.clone());
+                added = true;
+            }
+        }
+        if added {
+            self.send.sort();
+        }
     }
 }
 
@@ -144,6 +179,36 @@ mod tests {
         let p = plan(&src, &rep);
         assert_eq!(p.send, vec!["changed", "missing"]);
         assert_eq!(p.delete, vec!["extra"]);
+    }
+
+    /// Specs equal, statuses not: the source sends the object again (a status change the
+    /// replica missed, e.g. made while the agent was down, is never lost for good).
+    #[test]
+    fn a_stale_status_is_sent_even_when_the_specs_agree() {
+        let specs = c(&[("a", "1"), ("b", "1"), ("c", "1")]);
+        let mut p = plan(&specs, &c(&[("a", "1"), ("b", "1"), ("c", "0")]));
+        assert_eq!(p.send, vec!["c"]);
+        // "a": newer status at the source; "b": the same; "c": already sent; "d": the
+        // replica lacks it (sent by the spec plan when the source has it).
+        let source = c(&[("a", "s2"), ("b", "s1"), ("c", "s9"), ("d", "s1")]);
+        let replica = c(&[("a", "s1"), ("b", "s1"), ("c", "s1")]);
+        p.send_stale_statuses(&source, &replica);
+        assert_eq!(p.send, vec!["a", "c"]);
+        // A source that reports no status checksums (an earlier version) adds nothing.
+        let mut q = plan(&specs, &specs);
+        q.send_stale_statuses(&Checksums::new(), &replica);
+        assert!(q.is_empty());
+    }
+
+    #[test]
+    fn status_checksums_are_read_only_where_reported() {
+        let mut st = to_state("Application", &c(&[("a", "1"), ("b", "2")]));
+        st.resources[0].status_checksum = "s-a".into();
+        assert_eq!(
+            status_checksums_from_state("Application", &st),
+            c(&[("a", "s-a")])
+        );
+        assert!(status_checksums_from_state("AppProject", &st).is_empty());
     }
 
     #[test]

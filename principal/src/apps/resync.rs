@@ -100,10 +100,18 @@ impl Applications {
     /// `agent_state` is `None` for an agent that sent no resync state (one of the previous
     /// protocol version): what it holds is unknown, so none of its hub copies is deleted
     /// (nor forgotten as its desired state); its events keep them current.
+    ///
+    /// `agent_statuses` are the status checksums the agent reported (none from an agent of
+    /// an earlier version): an object whose hub copy holds another status is asked for
+    /// too, even when the specs agree. Otherwise a status change the hub missed (written
+    /// on the spoke while the agent was down, or lost with a restart) would never come
+    /// again. A hub copy holding a terminate the spoke has not taken up yet differs until
+    /// it has (one more request per reconnect meanwhile).
     pub async fn resync_autonomous(
         &self,
         state: &AgentState,
         agent_state: Option<&Checksums>,
+        agent_statuses: &Checksums,
     ) -> Vec<Event> {
         let ns = state.namespace();
         // Only the copies this agent wrote: hub-authored objects in its namespace are never
@@ -118,8 +126,21 @@ impl Applications {
             }
             return Vec::new();
         };
-        let plan = argocd_agent_sync::resync::plan(agent_state, &hub);
-        tracing::info!(agent = %state.name, request = plan.send.len(), delete = plan.delete.len(),
+        let mut plan = argocd_agent_sync::resync::plan(agent_state, &hub);
+        let spec_requests = plan.send.len();
+        let hub_statuses: Checksums = objects
+            .iter()
+            .filter(|(n, o)| agent_statuses.contains_key(*n) && !is_being_deleted(o))
+            .map(|(n, o)| {
+                (
+                    n.clone(),
+                    argocd_agent_kubernetes::object::status_checksum(o),
+                )
+            })
+            .collect();
+        plan.send_stale_statuses(agent_statuses, &hub_statuses);
+        tracing::info!(agent = %state.name, request = plan.send.len(),
+            stale_status = plan.send.len() - spec_requests, delete = plan.delete.len(),
             "resync (autonomous): agent is the source");
         {
             let mut inner = state.inner();

@@ -67,6 +67,14 @@ pub struct ResourceChecksum {
     /// while the agent was away is resent even when its spec is unchanged.
     #[prost(string, tag = "5")]
     pub source_uid: ::prost::alloc::string::String,
+    /// sha256 of the resource's `.status`, hex, from the side that is the source of the
+    /// status (the agent, for Applications in either mode; an absent or empty status has
+    /// the checksum of `{}`). Empty: not reported (a peer of an earlier version), and then
+    /// status takes no part in the comparison. Resync compares it too, so a status change
+    /// the replica missed (made while the agent was down, say) is sent again even when the
+    /// spec is unchanged.
+    #[prost(string, tag = "6")]
+    pub status_checksum: ::prost::alloc::string::String,
 }
 /// Payload of an `error` event.
 #[allow(clippy::all)]
