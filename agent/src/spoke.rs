@@ -633,7 +633,11 @@ impl Spoke {
         if name_of(&copy).is_empty() {
             return Err(SpokeError::NoName);
         }
-        // Status is the spoke's own; the operation comes as its own event.
+        // Status is the spoke's own; the operation comes as its own event. The hub's
+        // notification state and last-applied record are the hub's: the spoke keeps its own.
+        if let Some(a) = copy.metadata.annotations.as_mut() {
+            a.retain(|k, _| !object::side_local_key(k));
+        }
         object::take_field(&mut copy, "status");
         object::take_field(&mut copy, "operation");
         self.apps

@@ -80,12 +80,24 @@ pub fn annotation_of<'a>(obj: &'a serde_json::Value, key: &str) -> Option<&'a st
 }
 
 /// Hex SHA-256 of an object's labels and annotations (canonical JSON), what a managed
-/// agent receives besides `.spec`.
+/// agent receives besides `.spec`; the hub's own notification state and kubectl's
+/// last-applied record are not part of it (a managed spoke never takes them).
 pub fn metadata_checksum(obj: &DynamicObject) -> String {
+    let annotations: Option<std::collections::BTreeMap<&String, &String>> = obj
+        .metadata
+        .annotations
+        .as_ref()
+        .map(|a| a.iter().filter(|(k, _)| !side_local_key(k)).collect());
     checksum_of(&serde_json::json!({
         "labels": obj.metadata.labels,
-        "annotations": obj.metadata.annotations,
+        "annotations": annotations,
     }))
+}
+
+/// Annotations each side keeps for itself on a managed copy: notification state and
+/// kubectl's last-applied record.
+pub fn side_local_key(key: &str) -> bool {
+    key == NOTIFIED_ANNOTATION || key == LAST_APPLIED_ANNOTATION
 }
 
 /// Annotation on a managed copy: the UID of the object it was copied from on the hub, so
