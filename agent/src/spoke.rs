@@ -45,6 +45,9 @@ struct SpokeInner {
     /// What the last hello said this agent holds (Applications and configuration objects),
     /// so changes made while the handshake was in flight are published after the welcome.
     hello: Option<HelloState>,
+    /// Managed: the hub's refresh request written on a local copy, by key, until the
+    /// spoke's Argo CD removes it (then the principal is told, see [`REFRESHED_ANNOTATION`]).
+    refresh_applied: HashMap<String, String>,
 }
 
 /// What a hello reported, kept until its welcome.
@@ -54,6 +57,30 @@ struct HelloState {
     /// Autonomous Applications: status checksums (empty in managed mode).
     statuses: Checksums,
     config: Vec<ResourceChecksum>,
+}
+
+use object::REFRESHED_ANNOTATION;
+
+/// Managed: the labels and annotations of a copy that the hub decides (every one but
+/// the agent's own label and the spoke-owned annotations, [`object::spoke_owned_key`]),
+/// as JSON, to compare a local copy with the principal's object.
+fn hub_metadata(obj: &Value) -> Value {
+    let pick = |field: &str, skip: &dyn Fn(&str) -> bool| -> serde_json::Map<String, Value> {
+        obj.get("metadata")
+            .and_then(|m| m.get(field))
+            .and_then(Value::as_object)
+            .map(|m| {
+                m.iter()
+                    .filter(|(k, _)| !skip(k))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    json!({
+        "labels": pick("labels", &|k| k == MANAGED_LABEL),
+        "annotations": pick("annotations", &object::spoke_owned_key),
+    })
 }
 
 /// The agent's local state.
@@ -396,14 +423,49 @@ impl Spoke {
     }
 
     fn report_status(&self, obj: &DynamicObject) {
+        self.report_status_with(obj, None);
+    }
+
+    /// Managed: whether the spoke's Argo CD has carried out the hub's refresh request
+    /// written on the copy `key` (it removed the annotation, as its application controller
+    /// does after reconciling: argoproj/argo-cd `controller/appcontroller.go`,
+    /// `processAppRefreshQueueItem`). Returns the request's value, once; what is reverted
+    /// to from then on has no refresh request.
+    fn refresh_done(&self, key: &str, obj: &DynamicObject) -> Option<String> {
+        let has = obj
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(object::REFRESH_ANNOTATION));
+        if has {
+            return None;
+        }
+        let mut inner = self.inner();
+        let value = inner.refresh_applied.remove(key)?;
+        if let Some(d) = inner.desired.get_mut(key)
+            && let Some(a) = Arc::make_mut(d)
+                .pointer_mut("/metadata/annotations")
+                .and_then(Value::as_object_mut)
+        {
+            a.remove(object::REFRESH_ANNOTATION);
+        }
+        Some(value)
+    }
+
+    /// Reports the status of `obj` when it changed, or when `refreshed` says the hub's
+    /// refresh request was carried out.
+    fn report_status_with(&self, obj: &DynamicObject, refreshed: Option<String>) {
         let key = self.key_of(obj);
         let name = name_of(obj);
-        let Some(status) = object::status(obj).cloned() else {
+        let Some(status) = object::status(obj)
+            .cloned()
+            .or_else(|| refreshed.as_ref().map(|_| json!({})))
+        else {
             return;
         };
         let Some(r) = self.key_ref(&key) else { return };
         let sum = object::checksum_of(&status);
-        if self.inner().sent_status.insert(key, sum.clone()) == Some(sum) {
+        if self.inner().sent_status.insert(key, sum.clone()) == Some(sum) && refreshed.is_none() {
             return;
         }
         // A managed copy names the hub object it was made from, so the principal can tell
@@ -411,6 +473,9 @@ impl Spoke {
         let mut metadata = json!({ "name": name });
         if let Some(uid) = source_uid(obj) {
             metadata["annotations"] = json!({ object::SOURCE_UID_ANNOTATION: uid });
+        }
+        if let Some(value) = refreshed {
+            metadata["annotations"][REFRESHED_ANNOTATION] = Value::String(value);
         }
         self.push(Event::resource(
             &self.source,
@@ -481,10 +546,12 @@ impl Spoke {
         } else if spec_checksum(obj)
             != object::checksum_of(desired.get("spec").unwrap_or(&Value::Null))
             || !is_managed_copy(obj)
+            || hub_metadata(&wire(obj)) != hub_metadata(&desired)
         {
             "edit"
         } else {
-            self.report_status(obj);
+            let refreshed = self.refresh_done(&name, obj);
+            self.report_status_with(obj, refreshed);
             return;
         };
         tracing::info!(name = %name, "reverting local {what} of managed application");
@@ -598,11 +665,15 @@ impl Spoke {
         if name_of(&copy).is_empty() {
             return Err(SpokeError::NoName);
         }
-        // Status is the spoke's own; the operation comes as its own event.
+        // Status is the spoke's own; the operation comes as its own event. The hub's
+        // notification state and last-applied record are the hub's: the spoke keeps its own.
+        if let Some(a) = copy.metadata.annotations.as_mut() {
+            a.retain(|k, _| !object::side_local_key(k));
+        }
         object::take_field(&mut copy, "status");
         object::take_field(&mut copy, "operation");
         self.apps
-            .upsert_copy_known(&copy, &["spec"], known)
+            .upsert_copy_keeping(&copy, &["spec"], known, &object::spoke_owned_key)
             .instrument(spoke_write_span("upsert", ns, &name_of(&copy)))
             .await?;
         Ok(())
@@ -705,7 +776,22 @@ impl Spoke {
                 } else {
                     self.cache.known(Some(ns), name)
                 };
-                self.upsert_local(&obj, ns, known).await
+                self.upsert_local(&obj, ns, known).await?;
+                if let Some(v) = object::annotation_of(&obj, object::REFRESH_ANNOTATION) {
+                    self.inner().refresh_applied.insert(key, v.to_owned());
+                }
+                Ok(())
+            }
+            Command::Refresh(value) => {
+                self.apps
+                    .patch_merge(
+                        Some(ns),
+                        name,
+                        &json!({"metadata": {"annotations": {object::REFRESH_ANNOTATION: value}}}),
+                    )
+                    .instrument(spoke_write_span("refresh", ns, name))
+                    .await?;
+                Ok(())
             }
             Command::Delete => {
                 {
@@ -770,6 +856,9 @@ enum Command {
     TerminateOperation,
     /// Autonomous: publish the local object again (or its deletion).
     Republish,
+    /// Autonomous: a refresh requested on the hub copy (`normal` or `hard`), written as
+    /// Argo CD's refresh annotation on the local Application.
+    Refresh(String),
 }
 
 impl Command {
@@ -781,6 +870,7 @@ impl Command {
             Command::SetOperation(_) => "set-operation",
             Command::TerminateOperation => "terminate-operation",
             Command::Republish => "republish",
+            Command::Refresh(_) => "refresh",
         }
     }
 }
@@ -824,8 +914,25 @@ fn plan(
         )),
         (_, EventType::TerminateOperation) => Ok(Command::TerminateOperation),
         (AgentMode::Autonomous, EventType::RequestUpdate) => Ok(Command::Republish),
+        // The principal carries a refresh requested on the hub copy as a spec-update whose
+        // object holds nothing but the name and the refresh annotation (an older agent
+        // refuses it, and the hub copy keeps its request).
+        (AgentMode::Autonomous, EventType::SpecUpdate) => event
+            .object()
+            .and_then(|o| refresh_request(o))
+            .map(Command::Refresh)
+            .ok_or(SpokeError::NotAccepted { ty: event.ty, mode }),
         (mode, ty) => Err(SpokeError::NotAccepted { ty, mode }),
     }
+}
+
+/// The refresh value of a refresh request (an object with no `spec`, only metadata
+/// carrying [`object::REFRESH_ANNOTATION`]).
+fn refresh_request(obj: &Value) -> Option<String> {
+    if obj.get("spec").is_some() {
+        return None;
+    }
+    object::annotation_of(obj, object::REFRESH_ANNOTATION).map(str::to_owned)
 }
 
 #[cfg(test)]
@@ -941,6 +1048,37 @@ mod tests {
             plan(AgentMode::Autonomous, Some(&hub), true, &op),
             Err(SpokeError::WrongNamespace(_))
         ));
+    }
+
+    #[test]
+    fn autonomous_spoke_takes_a_refresh_request_from_the_hub() {
+        let hub = ns("edge-1");
+        let req = Payload::Object(Arc::new(json!({"metadata": {"name": "guestbook",
+            "annotations": {object::REFRESH_ANNOTATION: "hard"}}})));
+        let e = event(EventType::SpecUpdate, "edge-1", req);
+        assert_eq!(
+            plan(AgentMode::Autonomous, Some(&hub), false, &e).unwrap(),
+            Command::Refresh("hard".into())
+        );
+        // With a spec it is an object, which an autonomous spoke never takes from the hub.
+        let obj = Payload::Object(Arc::new(json!({"metadata": {"name": "guestbook",
+            "annotations": {object::REFRESH_ANNOTATION: "hard"}}, "spec": {}})));
+        let e = event(EventType::SpecUpdate, "edge-1", obj);
+        assert!(plan(AgentMode::Autonomous, Some(&hub), false, &e).is_err());
+    }
+
+    #[test]
+    fn the_hub_decides_labels_and_annotations_but_not_the_spokes_own() {
+        let hub = json!({"metadata": {"labels": {"team": "a"},
+            "annotations": {"owner": "x", object::REFRESH_ANNOTATION: "normal"}}});
+        let local = json!({"metadata": {"labels": {"team": "a", MANAGED_LABEL: "true"},
+            "annotations": {"owner": "x", object::NOTIFIED_ANNOTATION: "{}"}}});
+        // The agent's label, the spoke's notification state and a refresh request (carried
+        // out and removed by the spoke's Argo CD) are no drift.
+        assert_eq!(hub_metadata(&hub), hub_metadata(&local));
+        let edited = json!({"metadata": {"labels": {"team": "b", MANAGED_LABEL: "true"},
+            "annotations": {"owner": "x"}}});
+        assert_ne!(hub_metadata(&hub), hub_metadata(&edited));
     }
 
     #[test]

@@ -1,6 +1,12 @@
 //! A stand-in for Argo CD's application controller on a spoke, for the local demo only: it
 //! marks Applications Synced/Healthy at their target revision and completes requested sync
 //! operations. It deploys nothing. Real spokes run real Argo CD.
+//!
+//! Like Argo CD's application controller, it carries out a refresh request (annotation
+//! `argocd.argoproj.io/refresh`, `normal` or `hard`): it reconciles the Application
+//! (`status.reconciledAt` moves) and then removes the annotation (argoproj/argo-cd
+//! `controller/appcontroller.go`, `processAppRefreshQueueItem`, which refreshes an
+//! Application whose refresh annotation is set and patches the annotation away afterwards).
 
 use std::time::Duration;
 
@@ -58,6 +64,24 @@ async fn reconcile(
         merge_patch(api, name, json!({"operation": null})).await?;
         return Ok(());
     }
+    let refresh = app
+        .pointer("/metadata/annotations")
+        .and_then(|a| a.get(REFRESH_ANNOTATION))
+        .is_some();
+    if refresh {
+        let mut status = app.get("status").cloned().unwrap_or_else(|| json!({}));
+        status["sync"] = json!({"status": "Synced", "revision": revision});
+        status["health"] = json!({"status": "Healthy"});
+        status["reconciledAt"] = json!(now);
+        set_status(api, name, status).await?;
+        merge_patch(
+            api,
+            name,
+            json!({"metadata": {"annotations": {REFRESH_ANNOTATION: null}}}),
+        )
+        .await?;
+        return Ok(());
+    }
     if app.pointer("/status/sync/revision") != Some(&revision) {
         let mut status = app.get("status").cloned().unwrap_or_else(|| json!({}));
         status["sync"] = json!({"status": "Synced", "revision": revision});
@@ -67,6 +91,9 @@ async fn reconcile(
     }
     Ok(())
 }
+
+/// Argo CD's refresh request annotation.
+const REFRESH_ANNOTATION: &str = "argocd.argoproj.io/refresh";
 
 fn now_rfc3339() -> String {
     jiff::Timestamp::now()

@@ -51,6 +51,70 @@ pub fn status_checksum(obj: &DynamicObject) -> String {
     status_checksum_of(status(obj))
 }
 
+/// Argo CD's refresh request (`normal` or `hard`), set by the UI's Refresh / Hard refresh
+/// and `argocd app get --refresh`, removed by the application controller once it has
+/// reconciled the Application (argoproj/argo-cd
+/// `pkg/apis/application/v1alpha1/application_annotations.go`, `AnnotationKeyRefresh`).
+pub const REFRESH_ANNOTATION: &str = "argocd.argoproj.io/refresh";
+
+/// The notifications controller's record of the notifications it sent for an object
+/// (argoproj/argo-cd `notifications_catalog` / notifications-engine `pkg/controller`).
+pub const NOTIFIED_ANNOTATION: &str = "notified.notifications.argoproj.io";
+
+/// Prefix of notification subscriptions (`notifications.argoproj.io/subscribe.<trigger>.<service>`).
+pub const SUBSCRIBE_PREFIX: &str = "notifications.argoproj.io/subscribe.";
+
+/// What `kubectl apply` writes: the whole applied object, local to the cluster it was
+/// applied on.
+pub const LAST_APPLIED_ANNOTATION: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// Managed spokes: the annotations of an Application the spoke owns, which the hub's
+/// labels and annotations never overwrite nor remove: the spoke's notification state, what
+/// `kubectl apply` recorded there, and a refresh request (the hub's goes down once; the
+/// spoke's controller removes it, and that removal is not reverted).
+pub fn spoke_owned_key(key: &str) -> bool {
+    key == NOTIFIED_ANNOTATION || key == LAST_APPLIED_ANNOTATION || key == REFRESH_ANNOTATION
+}
+
+/// Autonomous hub copies: the annotations the hub owns, which no change from the spoke
+/// overwrites or removes unless it sets them itself: the hub's notification state and
+/// its notification subscriptions.
+pub fn hub_owned_key(key: &str) -> bool {
+    key == NOTIFIED_ANNOTATION || key.starts_with(SUBSCRIBE_PREFIX)
+}
+
+/// Annotation on a managed agent's status report: the spoke's Argo CD has carried out (and
+/// removed) the hub's refresh request of this value, so the principal removes it from the
+/// hub copy. A principal that does not know it ignores it (the hub then keeps its refresh
+/// request, as before).
+pub const REFRESHED_ANNOTATION: &str = "argocd-agent.argoproj-labs.io/refreshed";
+
+/// One annotation of an object given as JSON.
+pub fn annotation_of<'a>(obj: &'a serde_json::Value, key: &str) -> Option<&'a str> {
+    obj.get("metadata")?.get("annotations")?.get(key)?.as_str()
+}
+
+/// Hex SHA-256 of an object's labels and annotations (canonical JSON), what a managed
+/// agent receives besides `.spec`; the hub's own notification state and kubectl's
+/// last-applied record are not part of it (a managed spoke never takes them).
+pub fn metadata_checksum(obj: &DynamicObject) -> String {
+    let annotations: Option<std::collections::BTreeMap<&String, &String>> = obj
+        .metadata
+        .annotations
+        .as_ref()
+        .map(|a| a.iter().filter(|(k, _)| !side_local_key(k)).collect());
+    checksum_of(&serde_json::json!({
+        "labels": obj.metadata.labels,
+        "annotations": annotations,
+    }))
+}
+
+/// Annotations each side keeps for itself on a managed copy: notification state and
+/// kubectl's last-applied record.
+pub fn side_local_key(key: &str) -> bool {
+    key == NOTIFIED_ANNOTATION || key == LAST_APPLIED_ANNOTATION
+}
+
 /// Annotation on a managed copy: the UID of the object it was copied from on the hub, so
 /// the spoke can tell an object deleted and recreated on the hub from an update (as
 /// upstream argocd-agent).

@@ -386,24 +386,41 @@ impl Resources {
         owned: &[&str],
         known: Known,
     ) -> Result<UpsertOutcome, Error> {
+        self.upsert_copy_keeping(copy, owned, known, &|_| false)
+            .await
+    }
+
+    /// [`Resources::upsert_copy_known`] that keeps the labels and annotations of the
+    /// current object for which `keep` is true and which `copy` does not set (metadata
+    /// another party owns on this side, e.g. Argo CD's notification state).
+    pub async fn upsert_copy_keeping(
+        &self,
+        copy: &DynamicObject,
+        owned: &[&str],
+        known: Known,
+        keep: &(dyn Fn(&str) -> bool + Sync),
+    ) -> Result<UpsertOutcome, Error> {
         let create = || async {
             match self.create(copy).await {
                 Ok(_) => Ok(UpsertOutcome::Created),
                 // Created meanwhile (or the cache is behind): update it instead.
-                Err(e) if e.is_already_exists() => self.update_copy(copy, owned, None).await,
+                Err(e) if e.is_already_exists() => self.update_copy(copy, owned, None, keep).await,
                 Err(e) => Err(e),
             }
         };
         match known {
             Known::Absent => create().await,
             Known::Present(cached) => {
-                match self.update_copy(copy, owned, Some((*cached).clone())).await {
+                match self
+                    .update_copy(copy, owned, Some((*cached).clone()), keep)
+                    .await
+                {
                     // Deleted since the cache saw it.
                     Err(e) if e.is_not_found() => create().await,
                     other => other,
                 }
             }
-            Known::Unknown => match self.update_copy(copy, owned, None).await {
+            Known::Unknown => match self.update_copy(copy, owned, None, keep).await {
                 Err(e) if e.is_not_found() => create().await,
                 other => other,
             },
@@ -415,11 +432,14 @@ impl Resources {
         copy: &DynamicObject,
         owned: &[&str],
         first: Option<DynamicObject>,
+        keep: &(dyn Fn(&str) -> bool + Sync),
     ) -> Result<UpsertOutcome, Error> {
         let name = copy.metadata.name.as_deref().unwrap_or_default();
         let namespace = copy.metadata.namespace.as_deref();
         let outcome = self
-            .update_from(namespace, name, first, |cur| apply_owned(cur, copy, owned))
+            .update_from(namespace, name, first, |cur| {
+                apply_owned(cur, copy, owned, keep)
+            })
             .await?;
         Ok(match outcome {
             UpdateOutcome::Updated(_) => UpsertOutcome::Updated,
@@ -460,8 +480,14 @@ impl Resources {
     }
 }
 
-/// Copies the `owned` top-level fields, labels and annotations of `want` onto `cur`.
-fn apply_owned(cur: &mut DynamicObject, want: &DynamicObject, owned: &[&str]) -> Mutation {
+/// Copies the `owned` top-level fields, labels and annotations of `want` onto `cur`; the
+/// labels and annotations of `cur` for which `keep` is true stay unless `want` sets them.
+fn apply_owned(
+    cur: &mut DynamicObject,
+    want: &DynamicObject,
+    owned: &[&str],
+    keep: &(dyn Fn(&str) -> bool + Sync),
+) -> Mutation {
     let before = (
         cur.data.clone(),
         cur.metadata.labels.clone(),
@@ -475,14 +501,31 @@ fn apply_owned(cur: &mut DynamicObject, want: &DynamicObject, owned: &[&str]) ->
             };
         }
     }
-    cur.metadata.labels = want.metadata.labels.clone();
-    cur.metadata.annotations = want.metadata.annotations.clone();
+    cur.metadata.labels = merge_kept(before.1.as_ref(), want.metadata.labels.as_ref(), keep);
+    cur.metadata.annotations =
+        merge_kept(before.2.as_ref(), want.metadata.annotations.as_ref(), keep);
     let after = (&cur.data, &cur.metadata.labels, &cur.metadata.annotations);
     if (&before.0, &before.1, &before.2) == after {
         Mutation::Unchanged
     } else {
         Mutation::Changed
     }
+}
+
+/// `want`, plus the entries of `cur` for which `keep` is true and that `want` lacks.
+fn merge_kept(
+    cur: Option<&BTreeMap<String, String>>,
+    want: Option<&BTreeMap<String, String>>,
+    keep: &(dyn Fn(&str) -> bool + Sync),
+) -> Option<BTreeMap<String, String>> {
+    let mut out = want.cloned();
+    for (k, v) in cur.into_iter().flatten() {
+        if keep(k) && !want.is_some_and(|w| w.contains_key(k)) {
+            out.get_or_insert_with(Default::default)
+                .insert(k.clone(), v.clone());
+        }
+    }
+    out
 }
 
 /// Creates namespace `name` with `labels` unless it exists; `true` when it was created.
@@ -523,6 +566,38 @@ mod tests {
     }
 
     #[test]
+    fn kept_labels_and_annotations_stay_unless_the_copy_sets_them() {
+        let mut cur = obj(json!({
+            "metadata": {"name": "a", "namespace": "n",
+                         "annotations": {"mine": "1", "local": "2", "shared": "old"}},
+            "spec": {"x": 1}
+        }));
+        let want = obj(json!({
+            "metadata": {"name": "a", "namespace": "n", "annotations": {"shared": "new"}},
+            "spec": {"x": 1}
+        }));
+        let keep = |k: &str| k == "local" || k == "shared";
+        assert_eq!(
+            apply_owned(&mut cur, &want, &["spec"], &keep),
+            Mutation::Changed
+        );
+        assert_eq!(
+            cur.metadata.annotations,
+            Some(
+                [
+                    ("local".to_string(), "2".to_string()),
+                    ("shared".to_string(), "new".to_string())
+                ]
+                .into()
+            )
+        );
+        assert_eq!(
+            apply_owned(&mut cur, &want, &["spec"], &keep),
+            Mutation::Unchanged
+        );
+    }
+
+    #[test]
     fn copy_takes_owned_fields_labels_and_annotations_and_keeps_the_rest() {
         let mut cur = obj(json!({
             "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
@@ -537,7 +612,7 @@ mod tests {
             "spec": {"x": 2}
         }));
         assert_eq!(
-            apply_owned(&mut cur, &want, &["spec", "operation"]),
+            apply_owned(&mut cur, &want, &["spec", "operation"], &|_| false),
             Mutation::Changed
         );
         assert_eq!(cur.data["spec"], json!({"x": 2}));
@@ -554,7 +629,7 @@ mod tests {
         );
         // A second application changes nothing.
         assert_eq!(
-            apply_owned(&mut cur, &want, &["spec", "operation"]),
+            apply_owned(&mut cur, &want, &["spec", "operation"], &|_| false),
             Mutation::Unchanged
         );
     }
@@ -564,7 +639,10 @@ mod tests {
         let mut cur = obj(json!({"metadata": {"name": "a"}, "spec": {"x": 1},
                                  "operation": {"sync": {}}}));
         let want = obj(json!({"metadata": {"name": "a"}, "spec": {"x": 1}}));
-        assert_eq!(apply_owned(&mut cur, &want, &["spec"]), Mutation::Unchanged);
+        assert_eq!(
+            apply_owned(&mut cur, &want, &["spec"], &|_| false),
+            Mutation::Unchanged
+        );
         assert!(cur.data.get("operation").is_some());
     }
 }

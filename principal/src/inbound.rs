@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use argocd_agent_identity::authz::{self, Action, ObjectRef, Owner};
 use argocd_agent_identity::{AgentIdentity, AgentMode, AgentName, ResourceKind};
-use argocd_agent_kubernetes::object::SOURCE_UID_ANNOTATION;
+use argocd_agent_kubernetes::object::{self, REFRESHED_ANNOTATION, SOURCE_UID_ANNOTATION};
 use argocd_agent_proto::eventstream::ErrorDetail;
 use argocd_agent_sync::{Event, EventType, Payload, ResourceRef};
 use serde_json::Value;
@@ -23,6 +23,9 @@ pub enum Command {
         /// The hub UID the agent's copy was made from (managed copies), when the agent
         /// says: a status of a copy of an earlier hub object of the same name is stale.
         source_uid: Option<String>,
+        /// Managed: the spoke's Argo CD carried out the hub's refresh request of this value
+        /// (the agent's `argocd-agent.argoproj-labs.io/refreshed` annotation).
+        refreshed: Option<String>,
     },
     /// Create or update the hub copy from the agent's object (autonomous agents).
     Upsert {
@@ -184,6 +187,10 @@ pub fn decide(
                 })
                 .and_then(Value::as_str)
                 .map(str::to_owned),
+            refreshed: event
+                .object()
+                .and_then(|o| object::annotation_of(o, REFRESHED_ANNOTATION))
+                .map(str::to_owned),
             resource,
         },
         EventType::Create | EventType::SpecUpdate => Command::Upsert {
@@ -316,6 +323,7 @@ mod tests {
                 resource: app(NS, "guestbook"),
                 status: json!({"sync": {"status": "Synced"}}),
                 source_uid: None,
+                refreshed: None,
             })
         );
         // A managed copy says which hub object it was made from.

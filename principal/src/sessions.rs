@@ -78,6 +78,11 @@ pub(crate) struct AgentInner {
     pub(crate) sent_operation: HashMap<String, String>,
     /// Names whose terminate request (phase `Terminating` on the hub) was forwarded.
     pub(crate) sent_terminate: std::collections::HashSet<String>,
+    /// Autonomous: refresh requests of hub copies forwarded, by name -> value.
+    pub(crate) sent_refresh: HashMap<String, String>,
+    /// Autonomous: names whose forwarded refresh request the agent acknowledged: the next
+    /// object from the spoke without it ends the request on the hub copy.
+    pub(crate) refresh_delivered: std::collections::HashSet<String>,
     /// Managed: configuration objects last sent (kind, name) -> content checksum.
     pub(crate) sent_config: HashMap<ConfigKey, String>,
     /// Autonomous: the agent's projects as it sent them, by their name on the spoke.
@@ -290,6 +295,8 @@ impl Sessions {
                         sent_spec: HashMap::new(),
                         sent_operation: HashMap::new(),
                         sent_terminate: Default::default(),
+                        sent_refresh: Default::default(),
+                        refresh_delivered: Default::default(),
                         sent_config: HashMap::new(),
                         desired_projects: HashMap::new(),
                         session_info: SessionInfo::default(),

@@ -34,7 +34,18 @@ impl Applications {
         }
     }
 
-    /// Managed: hub spec changes and deletions go to the agent.
+    /// Managed: what a managed agent receives of a hub Application, as one checksum: its
+    /// `.spec`, labels and annotations (a change of any of them is sent; status and
+    /// operation writes are not).
+    pub(crate) fn sent_checksum(&self, obj: &Arc<DynamicObject>) -> String {
+        format!(
+            "{}:{}",
+            self.cache.spec_checksum(obj),
+            object::metadata_checksum(obj)
+        )
+    }
+
+    /// Managed: hub spec, label and annotation changes and deletions go to the agent.
     pub(crate) fn on_managed_change(
         &self,
         state: &AgentState,
@@ -55,7 +66,7 @@ impl Applications {
             }
             return;
         }
-        let sum = self.cache.spec_checksum(obj);
+        let sum = self.sent_checksum(obj);
         let previous = state.inner().sent_spec.insert(name, sum.clone());
         if previous != Some(sum) {
             self.push_spec(state, obj);
@@ -88,17 +99,60 @@ impl Applications {
             "edit"
         } else {
             self.forward_operation(state, obj);
+            self.forward_refresh(state, obj, &desired);
             return;
         };
         tracing::info!(%resource, "reverting hub {what} of autonomous application");
         if let Err(e) = self
-            .upsert_from_agent(&resource, &state.name, &desired)
+            .upsert_from_agent_after(&resource, state, &desired, Some(&desired))
             .await
         {
             tracing::warn!(%resource, error = %chain(&e), "could not revert hub {what}");
         }
         if !deleted {
             self.forward_operation(state, obj);
+            self.forward_refresh(state, obj, &desired);
+        }
+    }
+
+    /// Autonomous: a refresh requested on the hub copy (Argo CD's refresh annotation, what
+    /// the UI's Refresh and Hard refresh write) goes to the agent once, as a spec-update
+    /// holding only the name and that annotation; the spoke's Argo CD carries it out and
+    /// removes it, and the hub copy follows the spoke. A request the spoke's own object
+    /// carries (`desired`) came from the spoke and is not sent back.
+    pub(crate) fn forward_refresh(&self, state: &AgentState, obj: &DynamicObject, desired: &Value) {
+        let name = name_of(obj);
+        let value = obj
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(object::REFRESH_ANNOTATION))
+            .cloned();
+        let send = {
+            let mut inner = state.inner();
+            match &value {
+                Some(v)
+                    if object::annotation_of(desired, object::REFRESH_ANNOTATION) == Some(v) =>
+                {
+                    false
+                }
+                Some(v) => inner.sent_refresh.insert(name.clone(), v.clone()).as_ref() != Some(v),
+                None => {
+                    inner.sent_refresh.remove(&name);
+                    inner.refresh_delivered.remove(&name);
+                    false
+                }
+            }
+        };
+        if let (true, Some(v)) = (send, value) {
+            let resource = obj_ref(obj).unwrap_or_else(|| app_ref(&state.namespace(), &name));
+            let payload = Payload::Object(Arc::new(json!({
+                "metadata": {"name": name, "annotations": {object::REFRESH_ANNOTATION: v}}
+            })));
+            self.push(
+                state,
+                Event::resource(&self.source, EventType::SpecUpdate, resource, payload),
+            );
         }
     }
 

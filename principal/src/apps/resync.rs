@@ -71,7 +71,14 @@ impl Applications {
                 }
             }
         }
-        state.inner().sent_spec = hub.iter().map(|(n, s)| (n.clone(), s.clone())).collect();
+        // What the agent holds from now on, as the hub change handling compares it (spec,
+        // labels and annotations); the hello reports specs only, so a label or annotation
+        // changed on the hub while apart goes down with the next change of the object.
+        state.inner().sent_spec = objects
+            .iter()
+            .filter(|(_, o)| !is_being_deleted(o))
+            .map(|(n, o)| (n.clone(), self.sent_checksum(o)))
+            .collect();
         for key in plan.send {
             if let Some(obj) = objects.get(&key) {
                 self.push_spec(state, obj);

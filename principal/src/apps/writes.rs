@@ -25,6 +25,7 @@ impl Applications {
                 resource,
                 status,
                 source_uid,
+                refreshed,
             } => {
                 let Some(cur) = self
                     .cache
@@ -42,6 +43,9 @@ impl Applications {
                     return Ok(Applied::Ack);
                 }
                 self.write_status(&resource, status).await?;
+                if let Some(value) = refreshed {
+                    self.end_refresh(&resource, &value).await;
+                }
             }
             Command::Upsert { resource, object } => {
                 // Recorded before the write, so the hub watch does not take our own write
@@ -51,7 +55,7 @@ impl Applications {
                     .desired
                     .insert(resource.name.clone(), object.clone());
                 let result = self
-                    .upsert_from_agent(&resource, &state.name, &object)
+                    .upsert_from_agent_after(&resource, state, &object, previous.as_deref())
                     .await;
                 if result.is_err() {
                     let mut inner = state.inner();
@@ -118,12 +122,59 @@ impl Applications {
         }
     }
 
-    /// Writes an object received from an autonomous agent into its hub namespace.
-    pub(crate) async fn upsert_from_agent(
+    /// Managed: the spoke's Argo CD carried out the hub's refresh request `value`: the hub
+    /// copy's request is removed (if it still holds that value), so the hub UI stops showing
+    /// the Application refreshing.
+    pub(crate) async fn end_refresh(&self, resource: &ResourceRef, value: &str) {
+        let ns = Some(resource.namespace.as_str());
+        let Some(cur) = self.cache.get(ns, &resource.name) else {
+            return;
+        };
+        let held = cur
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(object::REFRESH_ANNOTATION));
+        if held.map(String::as_str) != Some(value) {
+            return;
+        }
+        let rv = cur.metadata.resource_version.clone().unwrap_or_default();
+        let patch = json!({"metadata": {"resourceVersion": rv,
+            "annotations": {object::REFRESH_ANNOTATION: null}}});
+        match self.apps.patch_merge(ns, &resource.name, &patch).await {
+            Ok(_) => {}
+            // Changed meanwhile: the next report of the spoke decides again.
+            Err(e) if e.is_not_found() || e.is_conflict() => {}
+            Err(e) => {
+                tracing::warn!(%resource, error = %chain(&e), "could not remove the refresh request")
+            }
+        }
+    }
+
+    /// Autonomous: writes the object an autonomous agent sent, knowing the object the agent sent
+    /// before (`previous`), so that labels and annotations the hub copy has and the spoke
+    /// never sent are kept ([`keep_on_hub`]).
+    pub(crate) async fn upsert_from_agent_after(
+        &self,
+        resource: &ResourceRef,
+        state: &AgentState,
+        incoming: &Value,
+        previous: Option<&Value>,
+    ) -> Result<(), ApplyError> {
+        let delivered = state.inner().refresh_delivered.remove(&resource.name);
+        let keep = |key: &str| keep_on_hub(key, previous, delivered);
+        self.upsert_with(resource, &state.name, incoming, &keep)
+            .await
+    }
+
+    /// Writes an object received from an autonomous agent into its hub namespace; the hub
+    /// copy's labels and annotations for which `keep` is true stay.
+    async fn upsert_with(
         &self,
         resource: &ResourceRef,
         agent: &AgentName,
         incoming: &Value,
+        keep: &(dyn Fn(&str) -> bool + Sync),
     ) -> Result<(), ApplyError> {
         let mut copy =
             hub_copy_of_agent_app(agent, &resource.namespace, incoming).map_err(|source| {
@@ -139,11 +190,12 @@ impl Applications {
         object::take_field(&mut copy, "operation");
         let outcome = self
             .apps
-            .upsert_copy_known(
+            .upsert_copy_keeping(
                 &copy,
                 &["spec"],
                 self.cache
                     .known(Some(resource.namespace.as_str()), &resource.name),
+                keep,
             )
             .instrument(hub_write_span("upsert", resource))
             .await
@@ -274,6 +326,13 @@ impl Applications {
                 let op = delivered.object().and_then(|o| o.get("operation")).cloned();
                 self.clear_delivered_operation(ns, name, op.as_ref()).await;
             }
+            Lane::Object
+                if ty == EventType::SpecUpdate && state.mode() == AgentMode::Autonomous =>
+            {
+                // A forwarded refresh request reached the spoke: the next object from the
+                // spoke without it ends it on the hub copy.
+                state.inner().refresh_delivered.insert(name.to_owned());
+            }
             Lane::Object if ty == EventType::Delete && state.mode() == AgentMode::Managed => {
                 // The spoke deleted its copy: finish a pending hub deletion.
                 if let Some(obj) = self.cache.get(ns, name)
@@ -287,10 +346,72 @@ impl Applications {
     }
 }
 
+/// Autonomous: whether a label or annotation `key` that the hub copy has and the agent's
+/// object lacks stays on the hub copy. The spoke's labels and annotations win; these stay:
+/// - the hub's own ([`object::hub_owned_key`]: notification state and subscriptions),
+///   whatever the spoke sent before;
+/// - any other key the spoke's previous object (`previous`) did not have either: the hub
+///   wrote it, not the spoke (when the previous object is unknown, after a restart, only
+///   the hub's own are kept);
+/// - a refresh request made on the hub copy until the agent acknowledged it (`delivered`)
+///   or the spoke had it and removed it (its Argo CD carried it out).
+pub(crate) fn keep_on_hub(key: &str, previous: Option<&Value>, delivered: bool) -> bool {
+    if object::hub_owned_key(key) {
+        return true;
+    }
+    let in_previous = previous.is_some_and(|p| {
+        ["labels", "annotations"].iter().any(|f| {
+            p.get("metadata")
+                .and_then(|m| m.get(*f))
+                .and_then(|m| m.get(key))
+                .is_some()
+        })
+    });
+    if key == object::REFRESH_ANNOTATION {
+        return !delivered && !in_previous;
+    }
+    previous.is_some() && !in_previous
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn the_hubs_notification_state_and_its_own_annotations_survive_the_spoke() {
+        let previous = json!({"metadata": {"annotations": {"team": "a", "gone": "x"},
+                                           "labels": {"env": "prod"}}});
+        // Notification state and subscriptions are the hub's, whatever the spoke sent.
+        for key in [
+            object::NOTIFIED_ANNOTATION,
+            "notifications.argoproj.io/subscribe.on-sync-succeeded.slack",
+        ] {
+            assert!(keep_on_hub(key, Some(&previous), false), "{key}");
+            assert!(keep_on_hub(key, None, false), "{key}");
+        }
+        // A key the spoke sent before and no longer sends: the spoke removed it.
+        assert!(!keep_on_hub("gone", Some(&previous), false));
+        assert!(!keep_on_hub("env", Some(&previous), false));
+        // A key the spoke never sent: written on the hub, kept.
+        assert!(keep_on_hub("hub.example.com/owner", Some(&previous), false));
+        // Previous object unknown (after a restart): only the hub's own are kept.
+        assert!(!keep_on_hub("hub.example.com/owner", None, false));
+    }
+
+    #[test]
+    fn a_hub_refresh_request_stays_until_delivered_or_carried_out_on_the_spoke() {
+        let r = object::REFRESH_ANNOTATION;
+        let without = json!({"metadata": {"annotations": {}}});
+        let with = json!({"metadata": {"annotations": {r: "hard"}}});
+        // Not yet delivered: a spoke object without it does not end it.
+        assert!(keep_on_hub(r, Some(&without), false));
+        assert!(keep_on_hub(r, None, false));
+        // Delivered (acknowledged by the agent): the spoke's object decides.
+        assert!(!keep_on_hub(r, Some(&without), true));
+        // The spoke had it and removed it: carried out.
+        assert!(!keep_on_hub(r, Some(&with), false));
+    }
 
     #[test]
     fn a_pending_terminate_survives_the_spokes_status_until_taken_up() {
