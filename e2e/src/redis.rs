@@ -164,3 +164,70 @@ pub async fn redis_cli(port: u16, args: &[&[u8]]) -> Result<Output, HarnessError
     }
     Ok(cmd.output().await?)
 }
+
+/// A raw RESP client of a Redis server or the principal's Redis proxy: sends bytes as
+/// given (pipelines, malformed frames), reads replies frame by frame.
+pub struct RespClient {
+    w: tokio::net::tcp::OwnedWriteHalf,
+    r: argocd_agent_sync::redis::FrameReader<tokio::net::tcp::OwnedReadHalf>,
+}
+
+impl RespClient {
+    /// Over an open connection.
+    pub fn from(s: tokio::net::TcpStream) -> RespClient {
+        let (r, w) = s.into_split();
+        RespClient {
+            w,
+            r: argocd_agent_sync::redis::FrameReader::new(r, 1 << 20),
+        }
+    }
+
+    /// To `127.0.0.1:<port>`.
+    pub async fn connect(port: u16) -> RespClient {
+        RespClient::from(
+            tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .expect("connect"),
+        )
+    }
+
+    /// Writes bytes; an error is returned, not a panic (the server may have closed).
+    pub async fn send(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        use tokio::io::AsyncWriteExt;
+        self.w.write_all(bytes).await
+    }
+
+    /// The next frame, read as `protocol`, within 10 s.
+    pub async fn frame(
+        &mut self,
+        protocol: argocd_agent_sync::redis::Protocol,
+    ) -> argocd_agent_sync::redis::Frame {
+        tokio::time::timeout(Duration::from_secs(10), self.r.next(protocol))
+            .await
+            .expect("a reply within 10 s")
+            .expect("a readable reply")
+            .expect("a frame")
+    }
+
+    /// Sends a command and reads its RESP2 reply.
+    pub async fn cmd(&mut self, args: &[&[u8]]) -> argocd_agent_sync::redis::Frame {
+        self.send(&argocd_agent_sync::redis::resp::command(args))
+            .await
+            .expect("send");
+        self.frame(argocd_agent_sync::redis::Protocol::Resp2).await
+    }
+
+    /// Whether the server closed the connection within `within`.
+    pub async fn closed_within(&mut self, within: Duration) -> bool {
+        use tokio::io::AsyncReadExt;
+        let mut buf = [0u8; 4096];
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            match tokio::time::timeout_at(deadline, self.r.get_mut().read(&mut buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => return true,
+                Ok(Ok(_)) => {}
+                Err(_) => return false,
+            }
+        }
+    }
+}

@@ -8,13 +8,12 @@
 use std::time::{Duration, Instant};
 
 use argocd_agent_e2e::harness::*;
-use argocd_agent_e2e::redis::{RedisServer, redis_cli, redis_cli_bin};
+use argocd_agent_e2e::redis::{RedisServer, RespClient, redis_cli, redis_cli_bin};
 use argocd_agent_sync::redis::clusterinfo::{self, Compression};
 use argocd_agent_sync::redis::resp::Value;
-use argocd_agent_sync::redis::{Frame, FrameReader, Protocol, RedisConn, RedisEndpoint};
+use argocd_agent_sync::redis::{Protocol, RedisConn, RedisEndpoint};
 use kube::api::PostParams;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncBufReadExt, BufReader};
 
 const T: Duration = Duration::from_secs(30);
 /// Argo CD's cache version suffix and compression, as argocd-server reads keys.
@@ -53,33 +52,6 @@ async fn cli_get(port: u16, extra: &[&str], key: &str) -> (String, Vec<u8>, Dura
         out.stdout,
         started.elapsed(),
     )
-}
-
-/// A raw RESP client: sends bytes, reads frames.
-struct Raw {
-    w: tokio::net::tcp::OwnedWriteHalf,
-    r: FrameReader<tokio::net::tcp::OwnedReadHalf>,
-}
-
-impl Raw {
-    async fn connect(port: u16) -> Raw {
-        let s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-        let (r, w) = s.into_split();
-        Raw {
-            w,
-            r: FrameReader::new(r, 1 << 20),
-        }
-    }
-    async fn send(&mut self, bytes: &[u8]) {
-        self.w.write_all(bytes).await.unwrap();
-    }
-    async fn frame(&mut self, protocol: Protocol) -> Frame {
-        tokio::time::timeout(Duration::from_secs(10), self.r.next(protocol))
-            .await
-            .expect("a reply within 10 s")
-            .unwrap()
-            .expect("a frame")
-    }
 }
 
 fn cmd(args: &[&[u8]]) -> Vec<u8> {
@@ -217,7 +189,7 @@ async fn redis_proxy_routes_application_keys_to_the_owning_agent() {
         // 4. RESP3: redis-cli -3, and a raw HELLO 3 client pipelining hub and agent commands.
         let (v3, raw3, _) = cli_get(proxy_port, &["-3"], &tree_key).await;
         assert_eq!(&raw3[..raw3.len() - 1], TREE, "RESP3 GET ({v3})");
-        let mut raw = Raw::connect(proxy_port).await;
+        let mut raw = RespClient::connect(proxy_port).await;
         let mut pipeline = cmd(&[b"HELLO", b"3"]);
         pipeline.extend(cmd(&[b"GET", tree_key.as_bytes()]));
         pipeline.extend(cmd(&[b"GET", b"plain-key"]));
@@ -226,7 +198,7 @@ async fn redis_proxy_routes_application_keys_to_the_owning_agent() {
             format!("app|managed-resources|{MANAGED}_nope").as_bytes(),
         ]));
         pipeline.extend(cmd(&[b"PING"]));
-        raw.send(&pipeline).await;
+        raw.send(&pipeline).await?;
         let hello = raw.frame(Protocol::Resp3).await;
         assert!(
             matches!(hello.value, Value::V3(_)) && !hello.is_error(),
@@ -256,13 +228,13 @@ async fn redis_proxy_routes_application_keys_to_the_owning_agent() {
         assert_eq!(&raw.frame(Protocol::Resp3).await.raw[..], b"+PONG\r\n");
 
         // 5. RESP2 pipelining: replies in command order, agent and hub interleaved.
-        let mut raw = Raw::connect(proxy_port).await;
+        let mut raw = RespClient::connect(proxy_port).await;
         let mut pipeline = Vec::new();
         for _ in 0..20 {
             pipeline.extend(cmd(&[b"GET", tree_key.as_bytes()]));
             pipeline.extend(cmd(&[b"GET", b"plain-key"]));
         }
-        raw.send(&pipeline).await;
+        raw.send(&pipeline).await?;
         for _ in 0..20 {
             assert_eq!(
                 raw.frame(Protocol::Resp2)
@@ -282,8 +254,8 @@ async fn redis_proxy_routes_application_keys_to_the_owning_agent() {
             );
         }
         // A malformed frame gets a RESP error, not a hang or a crash.
-        let mut bad = Raw::connect(proxy_port).await;
-        bad.send(b"*2\r\n$3\r\nGET\r\n$x\r\n").await;
+        let mut bad = RespClient::connect(proxy_port).await;
+        bad.send(b"*2\r\n$3\r\nGET\r\n$x\r\n").await?;
         assert!(bad.frame(Protocol::Resp2).await.is_error());
 
         // 6. SUBSCRIBE: argocd-server subscribes to managed-resources; the spoke's Argo CD

@@ -16,64 +16,16 @@
 use std::time::{Duration, Instant};
 
 use argocd_agent_e2e::harness::*;
-use argocd_agent_e2e::redis::{RedisServer, redis_cli, redis_cli_bin};
+use argocd_agent_e2e::redis::{RedisServer, RespClient, redis_cli, redis_cli_bin};
 use argocd_agent_sync::redis::clusterinfo::{self, Compression};
-use argocd_agent_sync::redis::{Frame, FrameReader, Protocol, RedisEndpoint};
+use argocd_agent_sync::redis::{Frame, Protocol, RedisEndpoint};
 use kube::api::PostParams;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
 const T: Duration = Duration::from_secs(30);
 const PASSWORD: &str = "s3cret-hub-redis";
 const SUFFIX: &str = "|1.8.3.gz";
 const TREE: &[u8] = b"guestbook-tree";
-
-/// A raw RESP client.
-struct Raw {
-    w: tokio::net::tcp::OwnedWriteHalf,
-    r: FrameReader<tokio::net::tcp::OwnedReadHalf>,
-}
-
-impl Raw {
-    fn from(s: TcpStream) -> Raw {
-        let (r, w) = s.into_split();
-        Raw {
-            w,
-            r: FrameReader::new(r, 1 << 20),
-        }
-    }
-    async fn connect(port: u16) -> Raw {
-        Raw::from(TcpStream::connect(("127.0.0.1", port)).await.unwrap())
-    }
-    async fn send(&mut self, bytes: &[u8]) {
-        self.w.write_all(bytes).await.unwrap();
-    }
-    async fn cmd(&mut self, args: &[&[u8]]) -> Frame {
-        self.send(&argocd_agent_sync::redis::resp::command(args))
-            .await;
-        self.frame().await
-    }
-    async fn frame(&mut self) -> Frame {
-        tokio::time::timeout(Duration::from_secs(10), self.r.next(Protocol::Resp2))
-            .await
-            .expect("a reply within 10 s")
-            .unwrap()
-            .expect("a frame")
-    }
-    /// Whether the proxy closed the connection within `within`.
-    async fn closed_within(&mut self, within: Duration) -> bool {
-        let mut buf = [0u8; 4096];
-        let read = self.r.get_mut();
-        let deadline = Instant::now() + within;
-        loop {
-            match tokio::time::timeout_at(deadline.into(), read.read(&mut buf)).await {
-                Ok(Ok(0)) | Ok(Err(_)) => return true,
-                Ok(Ok(_)) => {}
-                Err(_) => return false,
-            }
-        }
-    }
-}
 
 fn error_text(f: Frame) -> String {
     assert!(f.is_error(), "expected an error, got {f:?}");
@@ -175,7 +127,7 @@ async fn a_password_protected_hub_redis_is_protected_through_the_proxy() {
         );
 
         // 2. Nothing of an agent before AUTH, or after a failed one.
-        let mut c = Raw::connect(proxy_port).await;
+        let mut c = RespClient::connect(proxy_port).await;
         let e = error_text(c.cmd(&[b"GET", tree_key.as_bytes()]).await);
         assert!(e.starts_with("NOAUTH"), "GET before AUTH: {e}");
         let e = error_text(c.cmd(&[b"SUBSCRIBE", tree_key.as_bytes()]).await);
@@ -193,11 +145,21 @@ async fn a_password_protected_hub_redis_is_protected_through_the_proxy() {
             b"GET",
             tree_key.as_bytes(),
         ]));
-        c.send(&both).await;
-        assert!(!c.frame().await.is_error(), "AUTH with the password");
-        assert_eq!(c.frame().await.into_value().unwrap().as_deref(), Some(TREE));
+        c.send(&both).await?;
+        assert!(
+            !c.frame(Protocol::Resp2).await.is_error(),
+            "AUTH with the password"
+        );
+        assert_eq!(
+            c.frame(Protocol::Resp2)
+                .await
+                .into_value()
+                .unwrap()
+                .as_deref(),
+            Some(TREE)
+        );
         // HELLO 3 AUTH authenticates too.
-        let mut h = Raw::connect(proxy_port).await;
+        let mut h = RespClient::connect(proxy_port).await;
         let hello = h
             .cmd(&[b"HELLO", b"2", b"AUTH", b"default", PASSWORD.as_bytes()])
             .await;
@@ -239,12 +201,12 @@ async fn a_password_protected_hub_redis_is_protected_through_the_proxy() {
         }
         nested.extend_from_slice(b"*0\r\n");
         for authenticate in [false, true] {
-            let mut a = Raw::connect(proxy_port).await;
+            let mut a = RespClient::connect(proxy_port).await;
             if authenticate {
                 assert!(!a.cmd(&[b"AUTH", PASSWORD.as_bytes()]).await.is_error());
             }
-            let _ = a.w.write_all(&nested).await;
-            let e = error_text(a.frame().await);
+            let _ = a.send(&nested).await;
+            let e = error_text(a.frame(Protocol::Resp2).await);
             assert!(e.contains("Protocol error"), "{e}");
             assert!(a.closed_within(Duration::from_secs(5)).await);
         }
@@ -260,11 +222,11 @@ async fn a_password_protected_hub_redis_is_protected_through_the_proxy() {
         );
 
         // 4. An unauthenticated client cannot send a large value.
-        let mut big = Raw::connect(proxy_port).await;
+        let mut big = RespClient::connect(proxy_port).await;
         let mut set = b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$67108000\r\n".to_vec();
         set.extend_from_slice(&[b'x'; 1024]);
-        let _ = big.w.write_all(&set).await;
-        let e = error_text(big.frame().await);
+        let _ = big.send(&set).await;
+        let e = error_text(big.frame(Protocol::Resp2).await);
         assert!(e.contains("larger than the limit"), "{e}");
         assert!(big.closed_within(Duration::from_secs(5)).await);
 
@@ -273,10 +235,12 @@ async fn a_password_protected_hub_redis_is_protected_through_the_proxy() {
         // they have not authenticated within 10 s.
         let mut idle = Vec::new();
         for _ in 0..16 {
-            idle.push(Raw::from(connect_from("127.0.0.2", proxy_port).await));
+            idle.push(RespClient::from(
+                connect_from("127.0.0.2", proxy_port).await,
+            ));
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
-        let mut over = Raw::from(connect_from("127.0.0.2", proxy_port).await);
+        let mut over = RespClient::from(connect_from("127.0.0.2", proxy_port).await);
         assert!(
             over.closed_within(Duration::from_secs(3)).await,
             "the 17th unauthenticated connection from one address is refused"

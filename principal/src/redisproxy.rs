@@ -762,6 +762,11 @@ impl Conn {
             return Ok(true);
         }
         let sent = self.auth_sent;
+        // Nothing in flight (every command but one right after an AUTH): no waiting.
+        let now = *self.shared.auth.borrow();
+        if now.answered >= sent {
+            return Ok(now.ok);
+        }
         let mut rx = self.shared.auth.subscribe();
         let state = match tokio::time::timeout(
             self.proxy.config.request_timeout,
