@@ -179,9 +179,35 @@ impl<B: Body + Unpin> Body for Tracked<B> {
     }
 }
 
+/// What answers one request of a listener: a clonable async function of the request and
+/// the client's address (implemented for every such closure).
+pub trait Handler:
+    Fn(Request<Incoming>, SocketAddr) -> Self::Reply + Clone + Send + Sync + 'static
+{
+    /// The response body.
+    type Body: Body<Data: Send, Error: Into<Box<dyn std::error::Error + Send + Sync>>>
+        + Unpin
+        + Send
+        + 'static;
+    /// The answer in progress.
+    type Reply: Future<Output = Response<Self::Body>> + Send + 'static;
+}
+
+impl<H, F, B> Handler for H
+where
+    H: Fn(Request<Incoming>, SocketAddr) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Response<B>> + Send + 'static,
+    B: Body + Unpin + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    type Body = B;
+    type Reply = F;
+}
+
 /// Serves `handler` on `listener` until `shutdown`: over TLS when `tls` is given, with
 /// upgrades (the resource proxy's exec sessions). Each connection runs on `tasks`.
-pub fn serve<H, F, B>(
+pub fn serve<H: Handler>(
     listener: TcpListener,
     tls: Option<tokio_rustls::TlsAcceptor>,
     limits: Limits,
@@ -189,13 +215,7 @@ pub fn serve<H, F, B>(
     on_close: OnClose,
     tasks: &TaskTracker,
     shutdown: CancellationToken,
-) where
-    H: Fn(Request<Incoming>, SocketAddr) -> F + Clone + Send + Sync + 'static,
-    F: Future<Output = Response<B>> + Send + 'static,
-    B: Body + Unpin + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
+) {
     let connections = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let handshakes = Arc::new(Semaphore::new(limits.max_handshakes.max(1)));
     let clients = Arc::new(ClientLimit::default());
@@ -249,20 +269,14 @@ struct Connection {
 }
 
 impl Connection {
-    async fn run<H, F, B>(
+    async fn run<H: Handler>(
         self,
         tcp: tokio::net::TcpStream,
         tls: Option<tokio_rustls::TlsAcceptor>,
         handler: H,
         _permit: OwnedSemaphorePermit,
         _slot: ClientSlot,
-    ) where
-        H: Fn(Request<Incoming>, SocketAddr) -> F + Clone + Send + Sync + 'static,
-        F: Future<Output = Response<B>> + Send + 'static,
-        B: Body + Unpin + Send + 'static,
-        B::Data: Send,
-        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    {
+    ) {
         let peer = self.peer;
         match tls {
             None => self.http(TokioIo::new(tcp), handler).await,
@@ -294,14 +308,9 @@ impl Connection {
         }
     }
 
-    async fn http<I, H, F, B>(self, io: TokioIo<I>, handler: H)
+    async fn http<I, H: Handler>(self, io: TokioIo<I>, handler: H)
     where
         I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-        H: Fn(Request<Incoming>, SocketAddr) -> F + Clone + Send + Sync + 'static,
-        F: Future<Output = Response<B>> + Send + 'static,
-        B: Body + Unpin + Send + 'static,
-        B::Data: Send,
-        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
         let peer = self.peer;
         let activity = Arc::new(Activity {
