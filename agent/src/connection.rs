@@ -3,12 +3,12 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use argocd_agent_identity::{AgentMode, Namespace};
+use argocd_agent_domain::event::PROTOCOL_VERSION;
+use argocd_agent_domain::{AgentMode, Namespace};
+use argocd_agent_domain::{Event, EventType, Payload};
 use argocd_agent_proto::cloudevents::CloudEvent;
 use argocd_agent_proto::eventstream::event_stream_client::EventStreamClient;
 use argocd_agent_proto::eventstream::{self as pb, Hello, Welcome};
-use argocd_agent_sync::event::PROTOCOL_VERSION;
-use argocd_agent_sync::{Event, EventType, Payload};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::Instrument;
@@ -43,13 +43,13 @@ fn hello(spoke: &Spoke) -> Event {
                     spoke
                         .redis
                         .is_some()
-                        .then_some(argocd_agent_sync::redis::CAPABILITY),
+                        .then_some(argocd_agent_domain::redis::CAPABILITY),
                 )
                 .chain(
                     spoke
                         .proxy
                         .is_some()
-                        .then_some(argocd_agent_sync::proxy::CAPABILITY),
+                        .then_some(argocd_agent_domain::proxy::CAPABILITY),
                 )
                 .map(str::to_owned)
                 .collect(),
@@ -248,7 +248,7 @@ impl Requests<'_> {
                 None
             }
             Ok(event) => {
-                let span = argocd_agent_sync::event_span!("agent.receive", &event,
+                let span = argocd_agent_domain::event_span!("agent.receive", &event,
                     source = %spoke.source);
                 on_event(spoke, event).instrument(span).await
             }
@@ -269,8 +269,8 @@ async fn send(
     spoke.metrics.event(true, event.ty.verb());
     // A child of the span the event was created in (a local change, or the handling
     // of the principal's event it answers); the principal continues from here.
-    let span = argocd_agent_sync::event_span!("agent.send", &event, source = %spoke.source);
-    argocd_agent_sync::trace::inject_span(&mut event, &span);
+    let span = argocd_agent_domain::event_span!("agent.send", &event, source = %spoke.source);
+    argocd_agent_domain::trace::inject_span(&mut event, &span);
     tx.send(event.to_cloud_event())
         .instrument(span)
         .await
@@ -367,7 +367,7 @@ async fn on_event(spoke: &Spoke, event: Event) -> Option<Event> {
                 }
                 // The hub's API server could not take the change for now: resent later,
                 // never dropped (a dropped status would wait for the next resync).
-                (argocd_agent_sync::event::REASON_UNAVAILABLE, Some(id)) => {
+                (argocd_agent_domain::event::REASON_UNAVAILABLE, Some(id)) => {
                     if spoke.queue.retry_later(id) {
                         tracing::info!(object = ?event.resource, event_id = %id, "the principal could not apply this change for now: resent later");
                     }
@@ -460,13 +460,13 @@ mod tests {
             "agent".into(),
             Resources::new(client.clone(), Kind::Application),
             cache,
-            argocd_agent_sync::SendQueue::new(argocd_agent_sync::QueueLimits::default()),
+            argocd_agent_domain::SendQueue::new(argocd_agent_domain::QueueLimits::default()),
             crate::objects::ConfigKinds::new(Vec::new()),
         );
         let offers = |s: &Spoke| match hello(s).payload {
             Payload::Hello(h) => h
                 .capabilities
-                .contains(&argocd_agent_sync::proxy::CAPABILITY.to_string()),
+                .contains(&argocd_agent_domain::proxy::CAPABILITY.to_string()),
             _ => false,
         };
         assert!(!offers(&spoke));
@@ -480,8 +480,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn rate_limited_events_stay_queued_other_refusals_are_final() {
+        use argocd_agent_domain::{ResourceKind, ResourceRef};
         use argocd_agent_kubernetes::{Kind, Resources, Scope};
-        use argocd_agent_sync::{ResourceKind, ResourceRef};
         let (svc, _api) = tower_test::mock::pair::<
             http::Request<kube::client::Body>,
             http::Response<kube::client::Body>,
@@ -495,7 +495,7 @@ mod tests {
             "agent".into(),
             Resources::new(client, Kind::Application),
             cache,
-            argocd_agent_sync::SendQueue::new(argocd_agent_sync::QueueLimits::default()),
+            argocd_agent_domain::SendQueue::new(argocd_agent_domain::QueueLimits::default()),
             crate::objects::ConfigKinds::new(Vec::new()),
         );
         let change = |name: &str| {

@@ -3,8 +3,8 @@
 
 use std::net::SocketAddr;
 
-use argocd_agent_identity::AgentMode;
-use argocd_agent_sync::EventType;
+use argocd_agent_domain::AgentMode;
+use argocd_agent_domain::EventType;
 
 /// Why the agent could not start.
 #[derive(Debug, thiserror::Error)]

@@ -24,9 +24,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use argocd_agent_identity::{AgentMode, Namespace, ResourceKind, SpiffeId, TrustDomain};
+use argocd_agent_identity::{SpiffeId, TrustDomain};
+
+use argocd_agent_domain::{AgentMode, Namespace, ResourceKind};
+use argocd_agent_domain::{QueueLimits, SendQueue};
 use argocd_agent_kubernetes::{Cache, Change, ClientOptions, Kind, Resources, Scope};
-use argocd_agent_sync::{QueueLimits, SendQueue};
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use tokio::sync::watch;
@@ -399,10 +401,10 @@ async fn serve_health(
 }
 
 /// Whether the principal ended the session to send the agent to another replica
-/// ([`argocd_agent_sync::event::RECONNECT_METADATA`]).
+/// ([`argocd_agent_domain::event::RECONNECT_METADATA`]).
 fn redirected<T>(result: &Result<T, SessionError>) -> bool {
     matches!(result, Err(SessionError::Status(s))
-        if s.metadata().get(argocd_agent_sync::event::RECONNECT_METADATA)
+        if s.metadata().get(argocd_agent_domain::event::RECONNECT_METADATA)
             .is_some_and(|v| v == "now"))
 }
 
@@ -455,7 +457,7 @@ async fn reconnect_loop(
                 )
             }
             Err(e) => {
-                tracing::warn!(error = %argocd_agent_sync::error_chain(&e), "connection to principal failed")
+                tracing::warn!(error = %argocd_agent_domain::error_chain(&e), "connection to principal failed")
             }
         }
         // A replica that sends the agent elsewhere asks it to come back at once; so does
@@ -483,7 +485,7 @@ mod tests {
             status.clone()
         ))));
         status.metadata_mut().insert(
-            argocd_agent_sync::event::RECONNECT_METADATA,
+            argocd_agent_domain::event::RECONNECT_METADATA,
             tonic::metadata::MetadataValue::from_static("now"),
         );
         assert!(redirected::<()>(&Err(SessionError::Status(status.clone()))));
@@ -494,7 +496,7 @@ mod tests {
         assert!(redirected::<()>(&Err(SessionError::Status(parsed))));
         let mut other = tonic::Status::unavailable("x");
         other.metadata_mut().insert(
-            argocd_agent_sync::event::RECONNECT_METADATA,
+            argocd_agent_domain::event::RECONNECT_METADATA,
             tonic::metadata::MetadataValue::from_static("later"),
         );
         assert!(!redirected::<()>(&Err(SessionError::Status(other))));

@@ -84,7 +84,7 @@ impl Default for Metrics {
 impl Metrics {
     pub fn new() -> Metrics {
         let mut r = Registry::default();
-        r.register_collector(Box::new(argocd_agent_sync::trace::SpanCollector {
+        r.register_collector(Box::new(argocd_agent_domain::trace::SpanCollector {
             prefix: "argocd_agent",
         }));
         let events_received = Family::<TypeLabels, Counter>::default();
@@ -241,7 +241,7 @@ impl Metrics {
     }
 
     /// Copies the queue's depth and resend total into the metrics.
-    pub fn sample_queue(&self, queue: &argocd_agent_sync::SendQueue) {
+    pub fn sample_queue(&self, queue: &argocd_agent_domain::SendQueue) {
         self.queue_depth
             .set(i64::try_from(queue.len()).unwrap_or(i64::MAX));
         let total = queue.resends();

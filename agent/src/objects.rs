@@ -11,11 +11,11 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use argocd_agent_identity::{AgentMode, Namespace, ResourceKind};
+use argocd_agent_domain::{AgentMode, Namespace, ResourceKind};
+use argocd_agent_domain::{Event, EventType, Payload, ResourceRef};
 use argocd_agent_kubernetes::object::{self, content_checksum, is_being_deleted};
 use argocd_agent_kubernetes::{Cache, Change, Kind, Resources};
 use argocd_agent_proto::eventstream::ResourceChecksum;
-use argocd_agent_sync::{Event, EventType, Payload, ResourceRef};
 use kube::api::DynamicObject;
 use serde_json::Value;
 
@@ -336,7 +336,7 @@ impl Spoke {
         };
         tracing::info!(%kind, %name, "reverting local {what} of an object the principal manages");
         if let Err(e) = self.upsert_config(kind, &desired).await {
-            tracing::warn!(%kind, %name, error = %argocd_agent_sync::error_chain(&e), "could not revert local {what}");
+            tracing::warn!(%kind, %name, error = %argocd_agent_domain::error_chain(&e), "could not revert local {what}");
         }
     }
 

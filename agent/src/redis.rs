@@ -9,18 +9,18 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use argocd_agent_domain::redis::clusterinfo::{self, Compression};
+use argocd_agent_domain::redis::{AppKey, AppKeyKind, RedisConn, RedisEndpoint};
+use argocd_agent_domain::{Event, EventType, Payload};
 use argocd_agent_proto::eventstream::{
     ClusterCacheInfo, RedisCommand, RedisRequest, RedisResponse, redis_response,
 };
-use argocd_agent_sync::redis::clusterinfo::{self, Compression};
-use argocd_agent_sync::redis::{AppKey, AppKeyKind, RedisConn, RedisEndpoint};
-use argocd_agent_sync::{Event, EventType, Payload};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use argocd_agent_identity::{Namespace, ResourceKind};
-use argocd_agent_sync::ResourceRef;
+use argocd_agent_domain::ResourceRef;
+use argocd_agent_domain::{Namespace, ResourceKind};
 
 use crate::spoke::Spoke;
 

@@ -9,12 +9,12 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use argocd_agent_identity::{AgentMode, Namespace, ResourceKind};
+use argocd_agent_domain::resync::Checksums;
+use argocd_agent_domain::{AgentMode, Namespace, ResourceKind};
+use argocd_agent_domain::{Event, EventType, Payload, ResourceRef, SendQueue};
 use argocd_agent_kubernetes::object::{self, is_being_deleted, spec_checksum, status_checksum};
 use argocd_agent_kubernetes::{Cache, Change, Known, Resources};
 use argocd_agent_proto::eventstream::{ResourceChecksum, ResyncState};
-use argocd_agent_sync::resync::Checksums;
-use argocd_agent_sync::{Event, EventType, Payload, ResourceRef, SendQueue};
 use kube::api::DynamicObject;
 use serde_json::{Value, json};
 use tracing::Instrument;
@@ -303,7 +303,7 @@ impl Spoke {
     }
 
     /// Managed: the hub UID each local copy was made from (its source-uid annotation).
-    pub fn source_uids(&self) -> argocd_agent_sync::resync::SourceUids {
+    pub fn source_uids(&self) -> argocd_agent_domain::resync::SourceUids {
         self.local()
             .into_iter()
             .filter_map(|(n, o)| Some((n, source_uid(&o)?)))
@@ -387,7 +387,7 @@ impl Spoke {
     pub fn hello_state(&self) -> ResyncState {
         let (apps, statuses) = self.hello_checksums();
         let config = self.config_checksums();
-        let mut state = argocd_agent_sync::resync::to_state("Application", &apps);
+        let mut state = argocd_agent_domain::resync::to_state("Application", &apps);
         let uids = self.source_uids();
         for r in &mut state.resources {
             r.source_uid = uids.get(&r.name).cloned().unwrap_or_default();
@@ -601,7 +601,7 @@ impl Spoke {
                 tracing::info!(%name, action = %self.policies.on_recreate, "recreated application handled")
             }
             Err(e) => {
-                tracing::warn!(%name, action = %self.policies.on_recreate, error = %argocd_agent_sync::error_chain(&e), "could not handle recreated application")
+                tracing::warn!(%name, action = %self.policies.on_recreate, error = %argocd_agent_domain::error_chain(&e), "could not handle recreated application")
             }
         }
     }
@@ -728,7 +728,7 @@ impl Spoke {
         match result {
             Ok(()) => event.ack(&self.source),
             Err(e) => {
-                let message = argocd_agent_sync::error_chain(&e);
+                let message = argocd_agent_domain::error_chain(&e);
                 tracing::warn!(object = %resource, r#type = %event.ty, error = %message, "could not apply event");
                 let reason = match e {
                     SpokeError::WrongNamespace(_) => "Forbidden",

@@ -6,12 +6,12 @@ use std::time::Duration;
 use argocd_agent_agent::dialer::Dialer;
 use argocd_agent_agent::metrics::Metrics;
 use argocd_agent_agent::proxy::{self, Apps, Proxy, ProxyConfig, Tunnel};
+use argocd_agent_domain::{Event, Payload};
 use argocd_agent_kube_test_server::KubeTestServer;
 use argocd_agent_proto::eventstream::tunnel_server::{Tunnel as TunnelService, TunnelServer};
 use argocd_agent_proto::eventstream::{
     LogClosed, LogMessage, LogRequest, ResourceRequest, TerminalFrame, TerminalRequest, log_message,
 };
-use argocd_agent_sync::{Event, Payload};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};

@@ -8,14 +8,14 @@
 //! Export never blocks the sync path: ended spans go into the batch processor's bounded
 //! queue (`OTEL_BSP_MAX_QUEUE_SIZE`, default 2048) and are dropped when it is full; a
 //! background thread exports them. Spans lost either way are counted
-//! ([`argocd_agent_sync::trace::SpanCounts`], exported on `/metrics` as
+//! ([`argocd_agent_domain::trace::SpanCounts`], exported on `/metrics` as
 //! `<binary>_trace_spans_total{outcome}`) and logged when export starts failing, when it
 //! recovers, and at shutdown.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use argocd_agent_sync::trace::{SpanCounts, span_counts};
+use argocd_agent_domain::trace::{SpanCounts, span_counts};
 
 use opentelemetry::Context;
 use opentelemetry::trace::TracerProvider as _;

@@ -4,7 +4,7 @@
 
 use std::sync::OnceLock;
 
-use argocd_agent_sync::event::{PROTOCOL_MIN, PROTOCOL_VERSION};
+use argocd_agent_domain::event::{PROTOCOL_MIN, PROTOCOL_VERSION};
 
 /// The crate version (the image tag the manifests in `deploy/` use).
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

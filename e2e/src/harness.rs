@@ -414,13 +414,13 @@ pub type AgentStream = (
 pub async fn answer_to(
     inbound: &mut tonic::Streaming<argocd_agent_proto::cloudevents::CloudEvent>,
     id: &str,
-) -> Result<argocd_agent_sync::Event, HarnessError> {
+) -> Result<argocd_agent_domain::Event, HarnessError> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
         let msg = tokio::time::timeout_at(deadline, inbound.message())
             .await??
             .ok_or("stream closed")?;
-        let e = argocd_agent_sync::Event::from_cloud_event(msg)?;
+        let e = argocd_agent_domain::Event::from_cloud_event(msg)?;
         if e.ack_id.as_deref() == Some(id) {
             return Ok(e);
         }
@@ -434,8 +434,8 @@ pub async fn open_agent_stream(
     source: &argocd_agent_identity::source::SvidSource,
     addr: std::net::SocketAddr,
     mode: argocd_agent_proto::eventstream::AgentMode,
-) -> Result<(AgentStream, argocd_agent_sync::Event), HarnessError> {
-    use argocd_agent_sync::{Event, EventType, Payload};
+) -> Result<(AgentStream, argocd_agent_domain::Event), HarnessError> {
+    use argocd_agent_domain::{Event, EventType, Payload};
     let channel = dial_principal(source, addr).await?;
     let (tx, rx) = tokio::sync::mpsc::channel(16);
     let hello = Event::new(

@@ -8,10 +8,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use argocd_agent_domain::Namespace;
+use argocd_agent_domain::{Event, EventType, Payload, ResourceKind, ResourceRef};
 use argocd_agent_e2e::harness::*;
-use argocd_agent_identity::Namespace;
 use argocd_agent_proto::eventstream::AgentMode;
-use argocd_agent_sync::{Event, EventType, Payload, ResourceKind, ResourceRef};
 use kube::api::PostParams;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;

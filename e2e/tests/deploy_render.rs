@@ -658,7 +658,7 @@ fn example_identity_rules_load_and_map_an_agent() {
             .unwrap_or_else(|| panic!("{}: no identity rules ConfigMap", rel(dir)));
         let text = str_at(cm, "/data/rules.yaml")
             .unwrap_or_else(|| panic!("{}: no rules.yaml key", rel(dir)));
-        let rules = argocd_agent_identity::RuleSet::from_yaml(text)
+        let rules = argocd_agent_domain::RuleSet::from_yaml(text)
             .unwrap_or_else(|e| panic!("{}: {e}", rel(dir)));
         // The mesh overlays list their agents (exact rules, shared with the mesh policy);
         // the others ship the pattern rules of the base.
@@ -1222,7 +1222,7 @@ fn mesh_policies_admit_exactly_the_agents_the_identity_rules_map() {
             "{}: the rules ConfigMap is not rules.yaml",
             rel(dir)
         );
-        let rules = argocd_agent_identity::RuleSet::from_yaml(&text)
+        let rules = argocd_agent_domain::RuleSet::from_yaml(&text)
             .unwrap_or_else(|e| panic!("{}: {e}", rel(dir)));
         let rule_count = text.matches("exact:").count();
         // The identities the mesh admits, as SPIFFE IDs.

@@ -302,7 +302,7 @@ async fn scenario(topo: &mut HaTopology) -> Result<(), String> {
     )
     .await
     .map_err(e)?;
-    if welcome.ty != argocd_agent_sync::EventType::Welcome {
+    if welcome.ty != argocd_agent_domain::EventType::Welcome {
         return Err(format!("second session not welcomed: {welcome:?}"));
     }
     eprintln!(

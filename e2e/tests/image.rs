@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use argocd_agent_sync::event::{PROTOCOL_MIN, PROTOCOL_VERSION};
+use argocd_agent_domain::event::{PROTOCOL_MIN, PROTOCOL_VERSION};
 use serde_json::Value;
 
 /// The crate version, which is also the image tag and the `VERSION` label.

@@ -10,6 +10,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
+use argocd_agent_domain::{Event, EventType, Payload};
 use argocd_agent_e2e::envoy::*;
 use argocd_agent_e2e::harness::*;
 use argocd_agent_identity::SpiffeId;
@@ -19,7 +20,6 @@ use argocd_agent_identity::transport::{ChannelOptions, connect};
 use argocd_agent_kube_test_server::{KubeTestServer, ServerOptions};
 use argocd_agent_proto::eventstream::event_stream_client::EventStreamClient;
 use argocd_agent_proto::eventstream::{AgentMode, Hello};
-use argocd_agent_sync::{Event, EventType, Payload};
 use futures::StreamExt;
 use kube::api::PostParams;
 use serde_json::json;

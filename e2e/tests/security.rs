@@ -3,13 +3,13 @@
 
 use std::time::Duration;
 
+use argocd_agent_domain::{Event, EventType, Payload, ResourceKind, ResourceRef};
 use argocd_agent_e2e::harness::*;
 use argocd_agent_identity::devserver::DevCa;
 use argocd_agent_identity::source::SvidSource;
 use argocd_agent_identity::{SpiffeId, TrustDomain};
 use argocd_agent_proto::eventstream::event_stream_client::EventStreamClient;
 use argocd_agent_proto::eventstream::{AgentMode, Hello};
-use argocd_agent_sync::{Event, EventType, Payload, ResourceKind, ResourceRef};
 use kube::api::PostParams;
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -78,7 +78,7 @@ async fn agent_cannot_touch_another_agents_applications() {
         let Payload::Welcome(w) = &welcome.payload else { return Err("no welcome".into()) };
         assert_eq!(w.agent_name, AUTONOMOUS);
 
-        let victim = ResourceRef { kind: ResourceKind::Application, namespace: argocd_agent_identity::Namespace::new(MANAGED)?, name: "victim".into() };
+        let victim = ResourceRef { kind: ResourceKind::Application, namespace: argocd_agent_domain::Namespace::new(MANAGED)?, name: "victim".into() };
         // Status for B's application.
         let status = Event::resource("test-client", EventType::StatusUpdate, victim.clone(),
             Payload::Object(std::sync::Arc::new(json!({"metadata": {"name": "victim"}, "status": {"health": {"status": "Degraded"}}}))));
@@ -99,7 +99,7 @@ async fn agent_cannot_touch_another_agents_applications() {
 
         // A name that is not a DNS-1123 subdomain, and an Application sent as an
         // AppProject: refused at decode, answered with the refused event's id.
-        let own_ns = argocd_agent_identity::Namespace::new(AUTONOMOUS)?;
+        let own_ns = argocd_agent_domain::Namespace::new(AUTONOMOUS)?;
         let traversal = Event::resource("test-client", EventType::Create,
             ResourceRef { kind: ResourceKind::Application, namespace: own_ns.clone(), name: "../victim".into() },
             Payload::Object(std::sync::Arc::new(json!({"metadata": {"name": "../victim"}, "spec": {}}))));
@@ -356,7 +356,7 @@ async fn agents_cannot_write_projects_repositories_or_gpg_keys_they_do_not_own()
                 "data": {"url": "aHR0cHM6Ly9ldmls"}
             })))
         };
-        let ns = |n: &str| argocd_agent_identity::Namespace::new(n).unwrap();
+        let ns = |n: &str| argocd_agent_domain::Namespace::new(n).unwrap();
 
         // The managed agent may write no project, repository or GPG keys.
         let source = agent_svid(&topo, "managed.sock").await?;
@@ -509,7 +509,7 @@ async fn destination_mapping_routes_by_destination_and_accepts_status_only_from_
         let forged = Event::resource(
             "test-client",
             EventType::StatusUpdate,
-            ResourceRef::new(ResourceKind::Application, argocd_agent_identity::Namespace::new(SHARED)?, "guestbook"),
+            ResourceRef::new(ResourceKind::Application, argocd_agent_domain::Namespace::new(SHARED)?, "guestbook"),
             Payload::Object(std::sync::Arc::new(json!({"metadata": {"name": "guestbook"}, "status": {"health": {"status": "Degraded"}}}))),
         );
         let d = refusal(&tx, &mut inbound, &forged).await?;

@@ -138,7 +138,7 @@ pub enum IdError {
 }
 
 /// Copies at most [`MAX_QUOTED`] bytes of `input` (on a char boundary) for an error message.
-pub(crate) fn quote(input: &str) -> String {
+pub fn quote(input: &str) -> String {
     if input.len() <= MAX_QUOTED {
         return input.to_owned();
     }

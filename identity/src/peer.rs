@@ -93,7 +93,7 @@ pub fn peer_certs<T>(request: &tonic::Request<T>) -> Option<Arc<Vec<CertificateD
 /// (read once per connection from the chain rustls verified).
 pub fn peer_spiffe_id<T>(request: &tonic::Request<T>) -> Result<SpiffeId, PeerError> {
     verified_peer(request)
-        .and_then(|p| p.client.spiffe_id().cloned())
+        .map(|p| p.id.clone())
         .ok_or(PeerError::NoCertificate)
 }
 

@@ -23,7 +23,7 @@ use tokio::sync::Semaphore;
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 use tokio_stream::wrappers::ReceiverStream;
 
-use crate::client::ClientIdentity;
+use crate::id::SpiffeId;
 use crate::peer::spiffe_id_from_chain;
 
 /// How long a TLS handshake may take before the connection is dropped.
@@ -49,8 +49,8 @@ pub const DEFAULT_MAX_CONCURRENT_HANDSHAKES: usize = 256;
 pub struct VerifiedPeer {
     /// The client's address.
     pub remote_addr: SocketAddr,
-    /// Who the client is (the SPIFFE ID of its X.509-SVID).
-    pub client: ClientIdentity,
+    /// Who the client is: the SPIFFE ID of its X.509-SVID.
+    pub id: SpiffeId,
     /// The verified chain, leaf first (for fingerprints and diagnostics).
     pub chain: Arc<Vec<CertificateDer<'static>>>,
 }
@@ -84,7 +84,7 @@ impl VerifiedStream {
             inner,
             peer: VerifiedPeer {
                 remote_addr,
-                client: ClientIdentity::Spiffe(id),
+                id,
                 chain: Arc::new(chain),
             },
             prefix: Vec::new(),
@@ -372,11 +372,11 @@ pub fn tls_incoming_with_options(
                         let _ = tx.send(Ok(stream)).await;
                     }
                     Ok(Err(e)) => {
-                        tracing::warn!(remote = %remote, client = %stream.peer.client, error = %e, "TLS client closed: no HTTP/2 client preface");
+                        tracing::warn!(remote = %remote, client = %stream.peer.id, error = %e, "TLS client closed: no HTTP/2 client preface");
                         refused("NoPreface");
                     }
                     Err(_) => {
-                        tracing::warn!(remote = %remote, client = %stream.peer.client, "TLS client closed: no HTTP/2 client preface within {preface_timeout:?}");
+                        tracing::warn!(remote = %remote, client = %stream.peer.id, "TLS client closed: no HTTP/2 client preface within {preface_timeout:?}");
                         refused("NoPreface");
                     }
                 }

@@ -376,10 +376,7 @@ async fn client_that_never_speaks_http2_is_closed_after_the_preface_timeout() {
         .expect("preface accepted")
         .expect("stream open")
         .expect("connection");
-    assert_eq!(
-        stream.peer().client.spiffe_id().map(|i| i.as_str()),
-        Some(AGENT)
-    );
+    assert_eq!(Some(stream.peer().id.as_str()), Some(AGENT));
     let mut replayed = [0u8; 24];
     stream.read_exact(&mut replayed).await.unwrap();
     assert_eq!(&replayed, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");

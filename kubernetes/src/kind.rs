@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use argocd_agent_identity::ResourceKind;
+use argocd_agent_domain::ResourceKind;
 use kube::discovery::ApiResource;
 
 /// A kind of object the principal or the agent works with.

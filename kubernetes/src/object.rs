@@ -239,7 +239,7 @@ fn transfer_meta(meta: &ObjectMeta) -> ObjectMeta {
 
 /// The JSON of [`stamped_for_transfer`]`(obj)`, written straight from `obj`: only the
 /// metadata is copied, never the object's content. What a queued event of the source of
-/// truth sends (see `argocd_agent_sync::LazyObject`).
+/// truth sends (see `argocd_agent_domain::LazyObject`).
 pub fn write_stamped_for_transfer(obj: &DynamicObject, out: &mut Vec<u8>) {
     /// Serializes as [`DynamicObject`] does (the same flattened fields), by reference.
     #[derive(serde::Serialize)]

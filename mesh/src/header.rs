@@ -3,7 +3,9 @@
 
 use std::fmt;
 
-use argocd_agent_identity::{AgentName, ClientIdentity, SpiffeId};
+use argocd_agent_identity::SpiffeId;
+
+use argocd_agent_domain::{AgentName, ClientIdentity};
 use http::{HeaderMap, HeaderName};
 use regex::Regex;
 

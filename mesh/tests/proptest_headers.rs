@@ -3,7 +3,7 @@
 //! panic; XFCC values and `l5d-client-id` values built from parts parse back to those parts and
 //! give the expected SPIFFE ID.
 
-use argocd_agent_identity::ClientIdentity;
+use argocd_agent_domain::ClientIdentity;
 use argocd_agent_mesh::xfcc::format_xfcc;
 use argocd_agent_mesh::{HeaderAuth, LinkerdId, XfccElement, parse_xfcc};
 use http::{HeaderMap, HeaderValue};

@@ -12,8 +12,8 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use argocd_agent_identity::AgentName;
-use argocd_agent_identity::mapping::LiveRules;
+use argocd_agent_domain::AgentName;
+use argocd_agent_domain::mapping::LiveRules;
 use argocd_agent_proto::admin::admin_server::{Admin, AdminServer};
 use argocd_agent_proto::admin::{
     AgentInfo, DisconnectAgentRequest, DisconnectAgentResponse, InspectAgentRequest,

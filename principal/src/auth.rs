@@ -6,9 +6,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use argocd_agent_domain::ClientIdentity;
+use argocd_agent_identity::SpiffeId;
 use argocd_agent_identity::jwt::JwtValidator;
 use argocd_agent_identity::source::{SvidConfig, SvidSource};
-use argocd_agent_identity::{ClientIdentity, SpiffeId};
 use argocd_agent_mesh::guard::{self, HeaderListenerPolicy, ListenAddr};
 use argocd_agent_mesh::header::HeaderAuth;
 use std::net::SocketAddr;
@@ -135,7 +136,7 @@ impl Authenticator {
                     )
                 })?;
                 argocd_agent_identity::peer::verified_peer(req)
-                    .map(|peer| peer.client.clone())
+                    .map(|peer| ClientIdentity::Spiffe(peer.id.clone()))
                     .ok_or_else(|| {
                         AuthFailure::new(
                             "NoPeerIdentity",

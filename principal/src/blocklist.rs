@@ -19,7 +19,7 @@
 use std::collections::HashSet;
 use std::sync::{Arc, RwLock};
 
-use argocd_agent_identity::ClientIdentity;
+use argocd_agent_domain::ClientIdentity;
 use kube::api::DynamicObject;
 
 /// Name of the ConfigMap.

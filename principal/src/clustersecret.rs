@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use argocd_agent_identity::AgentName;
+use argocd_agent_domain::AgentName;
 use base64::Engine as _;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ListParams, ObjectMeta, PostParams};

@@ -5,11 +5,11 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use argocd_agent_domain::QueueLimits;
 use argocd_agent_identity::TrustDomain;
 use argocd_agent_identity::source::SvidConfig;
 use argocd_agent_kubernetes::ClientOptions;
 use argocd_agent_mesh::guard::HeaderListenerPolicy;
-use argocd_agent_sync::QueueLimits;
 
 /// How agents authenticate.
 #[derive(Debug, Clone)]

@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 
-use argocd_agent_sync::ResourceRef;
+use argocd_agent_domain::ResourceRef;
 
 /// Why the principal could not start or stopped.
 #[derive(Debug, thiserror::Error)]
@@ -13,7 +13,7 @@ pub enum PrincipalError {
     Kube(#[from] argocd_agent_kubernetes::Error),
     /// The identity mapping rules could not be loaded.
     #[error("identity mapping rules")]
-    Rules(#[source] argocd_agent_identity::RuleError),
+    Rules(#[source] argocd_agent_domain::RuleError),
     /// The principal's own SVID could not be loaded.
     #[error("SVID source")]
     Svid(#[source] argocd_agent_identity::source::SourceError),
@@ -99,4 +99,4 @@ impl ApplyError {
     }
 }
 
-pub use argocd_agent_sync::error_chain as chain;
+pub use argocd_agent_domain::error_chain as chain;

@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use argocd_agent_identity::{AgentName, Namespace};
+use argocd_agent_domain::{AgentName, Namespace};
 use argocd_agent_kubernetes::{Cache, Change, Kind, Mutation, Resources, Scope, UpdateOutcome};
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::LeaseSpec;

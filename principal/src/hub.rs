@@ -6,9 +6,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use argocd_agent_identity::{AgentIdentity, AgentMode, AgentName, Namespace, ResourceKind};
+use argocd_agent_domain::ResourceRef;
+use argocd_agent_domain::{AgentIdentity, AgentMode, AgentName, Namespace, ResourceKind};
 use argocd_agent_kubernetes::{Cache, Change, Resources};
-use argocd_agent_sync::ResourceRef;
 use futures::{Stream, StreamExt};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;

@@ -4,11 +4,11 @@
 
 use std::sync::Arc;
 
-use argocd_agent_identity::authz::{self, Action, ObjectRef, Owner};
-use argocd_agent_identity::{AgentIdentity, AgentMode, AgentName, ResourceKind};
+use argocd_agent_domain::authz::{self, Action, ObjectRef, Owner};
+use argocd_agent_domain::{AgentIdentity, AgentMode, AgentName, ResourceKind};
+use argocd_agent_domain::{Event, EventType, Payload, ResourceRef};
 use argocd_agent_kubernetes::object::{self, REFRESHED_ANNOTATION, SOURCE_UID_ANNOTATION};
 use argocd_agent_proto::eventstream::ErrorDetail;
-use argocd_agent_sync::{Event, EventType, Payload, ResourceRef};
 use serde_json::Value;
 
 pub use crate::objects::OwnerRecord;
@@ -209,7 +209,8 @@ pub fn decide(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use argocd_agent_identity::{ClientIdentity, Namespace, ResourceKind, RuleSet, SpiffeId};
+    use argocd_agent_domain::{ClientIdentity, Namespace, ResourceKind, RuleSet};
+    use argocd_agent_identity::SpiffeId;
     use serde_json::json;
 
     const NS: &str = "argocd-edge-7";

@@ -2,8 +2,8 @@
 //! session per agent, sends hub changes to managed agents, writes what agents report into
 //! their hub namespaces, and refuses every event an agent's identity does not allow.
 //!
-//! Walk of one event: [`auth`] identifies the caller ([`argocd_agent_identity::ClientIdentity`])
-//! -> the mapping rules make it an [`argocd_agent_identity::AgentIdentity`] ([`server`]) ->
+//! Walk of one event: [`auth`] identifies the caller ([`argocd_agent_domain::ClientIdentity`])
+//! -> the mapping rules make it an [`argocd_agent_domain::AgentIdentity`] ([`server`]) ->
 //! [`session`] runs hello, welcome and resync -> each inbound event is decided by
 //! [`inbound::decide`] and applied by [`hub::Hub::apply`]; hub changes reach agents through
 //! [`apps::Applications::route`] and one worker per agent.

@@ -7,8 +7,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use argocd_agent_sync::Event;
-use argocd_agent_sync::rpc::{Pending, RpcError, Ticket};
+use argocd_agent_domain::Event;
+use argocd_agent_domain::rpc::{Pending, RpcError, Ticket};
 use tokio::sync::mpsc;
 
 /// How long queueing a request for the session's writer may take before it counts as a
@@ -72,7 +72,7 @@ impl AgentLink {
         let Some(id) = event.ack_id.clone() else {
             return false;
         };
-        self.pending.deliver(&id, event, last) != argocd_agent_sync::rpc::Delivery::Unknown
+        self.pending.deliver(&id, event, last) != argocd_agent_domain::rpc::Delivery::Unknown
     }
 
     /// Fails every waiting request (the session ended).

@@ -4,7 +4,7 @@ use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
-use argocd_agent_identity::ResourceKind;
+use argocd_agent_domain::ResourceKind;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -247,7 +247,7 @@ impl Metrics {
     /// Metrics whose per-agent labels are limited to `max_agent_labels` agents.
     pub fn with_agent_label_limit(max_agent_labels: usize) -> Metrics {
         let mut r = Registry::default();
-        r.register_collector(Box::new(argocd_agent_sync::trace::SpanCollector {
+        r.register_collector(Box::new(argocd_agent_domain::trace::SpanCollector {
             prefix: "argocd_principal",
         }));
         let connected_agents = Gauge::default();
@@ -503,7 +503,7 @@ impl Metrics {
         self.agent_labels.label(agent)
     }
 
-    pub fn refused(&self, agent: &argocd_agent_identity::AgentName, reason: &str) {
+    pub fn refused(&self, agent: &argocd_agent_domain::AgentName, reason: &str) {
         self.events_refused
             .get_or_create(&AgentReasonLabels {
                 agent: self.agent_label(agent.as_str()),

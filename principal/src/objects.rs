@@ -14,11 +14,11 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use argocd_agent_identity::{AgentMode, AgentName, Namespace, ResourceKind};
+use argocd_agent_domain::resync::{self, Checksums, SourceUids};
+use argocd_agent_domain::{AgentMode, AgentName, Namespace, ResourceKind};
+use argocd_agent_domain::{Event, EventType, Payload, ResourceRef};
 use argocd_agent_kubernetes::object::{self, content_checksum, is_being_deleted};
 use argocd_agent_kubernetes::{Cache, Change, Kind, Resources};
-use argocd_agent_sync::resync::{self, Checksums, SourceUids};
-use argocd_agent_sync::{Event, EventType, Payload, ResourceRef};
 use kube::api::DynamicObject;
 use serde_json::{Value, json};
 

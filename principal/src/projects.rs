@@ -9,7 +9,7 @@
 //! `.spec.sourceNamespaces` globs matches the agent's hub namespace. The `default` project
 //! goes to every managed agent.
 
-use argocd_agent_identity::{AgentName, Namespace};
+use argocd_agent_domain::{AgentName, Namespace};
 use base64::Engine;
 use serde_json::{Map, Value, json};
 

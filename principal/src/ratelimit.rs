@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use argocd_agent_sync::EventType;
+use argocd_agent_domain::EventType;
 
 /// Default of `--agent-event-rate` (events per second per agent).
 pub const DEFAULT_EVENT_RATE: f64 = 20.0;

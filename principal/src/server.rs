@@ -3,12 +3,12 @@
 
 use std::sync::Arc;
 
-use argocd_agent_identity::mapping::LiveRules;
+use argocd_agent_domain::event::{PROTOCOL_MIN, PROTOCOL_VERSION};
+use argocd_agent_domain::mapping::LiveRules;
 use argocd_agent_proto::cloudevents::CloudEvent;
 use argocd_agent_proto::eventstream::event_stream_server::EventStream;
 use argocd_agent_proto::version::version_server::Version;
 use argocd_agent_proto::version::{VersionRequest, VersionResponse};
-use argocd_agent_sync::event::{PROTOCOL_MIN, PROTOCOL_VERSION};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::auth::Authenticator;
@@ -62,7 +62,7 @@ pub fn identify_agent<T>(
     sessions: &Sessions,
     metrics: &Metrics,
     request: &Request<T>,
-) -> Result<argocd_agent_identity::AgentIdentity, Status> {
+) -> Result<argocd_agent_domain::AgentIdentity, Status> {
     let client = auth.identify(request).map_err(|failure| {
         metrics.auth_failed(failure.reason);
         tracing::warn!(reason = failure.reason, message = failure.status.message(), peer = ?request.remote_addr(), "stream refused");

@@ -7,12 +7,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use argocd_agent_identity::{AgentIdentity, AgentMode, ResourceKind};
+use argocd_agent_domain::event::{PROTOCOL_MIN, PROTOCOL_VERSION};
+use argocd_agent_domain::resync::{self, Checksums, SourceUids};
+use argocd_agent_domain::{AgentIdentity, AgentMode, ResourceKind};
+use argocd_agent_domain::{Event, EventType, Payload};
 use argocd_agent_proto::cloudevents::CloudEvent;
 use argocd_agent_proto::eventstream::{self as pb, Hello, Welcome};
-use argocd_agent_sync::event::{PROTOCOL_MIN, PROTOCOL_VERSION};
-use argocd_agent_sync::resync::{self, Checksums, SourceUids};
-use argocd_agent_sync::{Event, EventType, Payload};
 use futures::{Stream, StreamExt};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -34,8 +34,8 @@ pub const DEFAULT_HELLO_TIMEOUT: Duration = Duration::from_secs(15);
 pub const CAPABILITIES: &[&str] = &[
     "resync.v1",
     "operations.v1",
-    argocd_agent_sync::redis::CAPABILITY,
-    argocd_agent_sync::proxy::CAPABILITY,
+    argocd_agent_domain::redis::CAPABILITY,
+    argocd_agent_domain::proxy::CAPABILITY,
 ];
 
 /// Outbound messages buffered per session before the writer waits for the agent.
@@ -546,7 +546,7 @@ pub const NOT_READING: &str = "NotReading";
 /// An error on the agent's inbound stream: a lost connection as it is; a message too large
 /// (tonic: `OutOfRange`) or not decodable (tonic: `Internal`) is counted as refused and
 /// ends the session with a status that says so.
-fn stream_error(hub: &Hub, agent: &argocd_agent_identity::AgentName, status: Status) -> Status {
+fn stream_error(hub: &Hub, agent: &argocd_agent_domain::AgentName, status: Status) -> Status {
     if argocd_agent_identity::transport::is_connection_loss(&status) {
         return status;
     }
@@ -582,7 +582,7 @@ fn closed_by_principal(state: &AgentState, when: &str) -> Status {
             let mut status =
                 Status::unavailable(format!("session closed by the principal{when}: {reason}"));
             status.metadata_mut().insert(
-                argocd_agent_sync::event::RECONNECT_METADATA,
+                argocd_agent_domain::event::RECONNECT_METADATA,
                 tonic::metadata::MetadataValue::from_static("now"),
             );
             status
@@ -653,9 +653,9 @@ async fn send_inner(
     state: &AgentState,
     mut event: Event,
 ) -> Result<(), Status> {
-    let span = argocd_agent_sync::event_span!("principal.send", &event,
+    let span = argocd_agent_domain::event_span!("principal.send", &event,
         agent = %state.name, client = %state.identity().client);
-    argocd_agent_sync::trace::inject_span(&mut event, &span);
+    argocd_agent_domain::trace::inject_span(&mut event, &span);
     hub.metrics
         .event(true, state.name.as_str(), event.ty.verb());
     match tx.send(Ok(event.to_cloud_event())).instrument(span).await {
@@ -710,7 +710,7 @@ async fn handle_inbound(
     {
         return refuse_rate_limited(hub, state, event, log, tx).await;
     }
-    let span = argocd_agent_sync::event_span!("principal.handle_inbound", &event,
+    let span = argocd_agent_domain::event_span!("principal.handle_inbound", &event,
         agent = %identity.agent, client = %identity.client, rule = %identity.rule);
     handle_event(ctx, state, identity, mode, event, tx)
         .instrument(span)
@@ -806,7 +806,7 @@ async fn handle_event(
 fn take_answer(
     ctx: &SessionContext,
     state: &AgentState,
-    agent: &argocd_agent_identity::AgentName,
+    agent: &argocd_agent_domain::AgentName,
     event: Event,
 ) -> Option<Event> {
     // Answers to this session's requests: matched by request id within the session only,
@@ -868,7 +868,7 @@ fn placement_of(hub: &Hub, mode: AgentMode, event: &Event) -> Placement {
 async fn apply_reply(
     hub: &Hub,
     state: &AgentState,
-    agent: &argocd_agent_identity::AgentName,
+    agent: &argocd_agent_domain::AgentName,
     event: &Event,
     command: crate::inbound::Command,
 ) -> Option<Event> {
@@ -893,7 +893,7 @@ async fn apply_reply(
             tracing::warn!(object = ?event.resource, error = ?message, "could not apply event for now: the agent resends it");
             Some(event.error_reply(
                 &hub.source,
-                argocd_agent_sync::event::REASON_UNAVAILABLE,
+                argocd_agent_domain::event::REASON_UNAVAILABLE,
                 message,
             ))
         }
@@ -908,7 +908,8 @@ async fn apply_reply(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use argocd_agent_identity::{ClientIdentity, RuleSet, SpiffeId};
+    use argocd_agent_domain::{ClientIdentity, RuleSet};
+    use argocd_agent_identity::SpiffeId;
 
     fn identity(modes: &str) -> AgentIdentity {
         RuleSet::from_flags(&[format!(

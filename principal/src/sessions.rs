@@ -7,9 +7,9 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use argocd_agent_identity::{AgentIdentity, AgentMode, AgentName, Namespace, ResourceKind};
+use argocd_agent_domain::{AgentIdentity, AgentMode, AgentName, Namespace, ResourceKind};
+use argocd_agent_domain::{QueueLimits, SendQueue};
 use argocd_agent_kubernetes::Change;
-use argocd_agent_sync::{QueueLimits, SendQueue};
 use serde_json::Value;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -139,9 +139,10 @@ impl AgentState {
     /// Queues an event for the agent. Span `principal.enqueue`: a child of the span the
     /// event was created in; the queued event carries its context, so the eventual send
     /// (maybe much later, maybe resent) joins the same trace.
-    pub(crate) fn enqueue(&self, mut event: argocd_agent_sync::Event, metrics: &Metrics) {
-        let span = argocd_agent_sync::event_span!("principal.enqueue", &event, agent = %self.name);
-        argocd_agent_sync::trace::inject_span(&mut event, &span);
+    pub(crate) fn enqueue(&self, mut event: argocd_agent_domain::Event, metrics: &Metrics) {
+        let span =
+            argocd_agent_domain::event_span!("principal.enqueue", &event, agent = %self.name);
+        argocd_agent_domain::trace::inject_span(&mut event, &span);
         let _entered = span.enter();
         if let Err(e) = self.queue.push(event) {
             metrics.queue_full.inc();

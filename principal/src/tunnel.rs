@@ -12,8 +12,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use argocd_agent_identity::AgentName;
-use argocd_agent_identity::mapping::LiveRules;
+use argocd_agent_domain::AgentName;
+use argocd_agent_domain::mapping::LiveRules;
 use argocd_agent_proto::eventstream::tunnel_server::Tunnel;
 use argocd_agent_proto::eventstream::{
     LogClosed, LogMessage, LogStart, TerminalFrame, log_message,

@@ -6,10 +6,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use argocd_agent_identity::mapping::LiveRules;
+use argocd_agent_domain::mapping::LiveRules;
+use argocd_agent_domain::{Namespace, ResourceKind};
 use argocd_agent_identity::source::SvidSource;
 use argocd_agent_identity::tls::PeerPolicy;
-use argocd_agent_identity::{Namespace, ResourceKind};
 use argocd_agent_kubernetes::{Cache, Change, Kind, Resources, Scope};
 use argocd_agent_proto::eventstream::event_stream_server::EventStreamServer;
 use argocd_agent_proto::version::version_server::VersionServer;

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use argocd_agent_identity::AgentName;
+use argocd_agent_domain::AgentName;
 use argocd_agent_principal::clustersecret::{ClusterSecrets, Ensured};
 use argocd_agent_principal::resourceproxy::ResourceProxyConfig;
 use argocd_agent_principal::resourceproxy::credentials::ProxyKeys;

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use argocd_agent_identity::{AgentName, Namespace};
+use argocd_agent_domain::{AgentName, Namespace};
 use argocd_agent_principal::ha::{self, HaConfig, Leases};
 use argocd_agent_principal::metrics::Metrics;
 use argocd_agent_principal::sessions::Sessions;

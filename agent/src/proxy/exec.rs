@@ -9,8 +9,8 @@
 //! `metav1.Status` as JSON (`{"metadata":{},"status":"Success"}` on success), after which
 //! the agent ends its side. An exec that fails to start gets a Failure Status on channel 3.
 
+use argocd_agent_domain::Event;
 use argocd_agent_proto::eventstream::{TerminalFrame, TerminalRequest};
-use argocd_agent_sync::Event;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Status;
 use kube::api::{Api, AttachParams, TerminalSize};

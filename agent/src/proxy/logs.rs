@@ -5,8 +5,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
+use argocd_agent_domain::Event;
 use argocd_agent_proto::eventstream::{LogMessage, LogRequest, LogStart, log_message};
-use argocd_agent_sync::Event;
 use http_body_util::BodyExt;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;

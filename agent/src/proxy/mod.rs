@@ -13,9 +13,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use argocd_agent_domain::{Event, EventType, Payload};
 use argocd_agent_proto::eventstream::tunnel_client::TunnelClient;
 use argocd_agent_proto::eventstream::{ResourceRequest, ResourceResponse};
-use argocd_agent_sync::{Event, EventType, Payload};
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use kube::api::{Api, ApiResource, DynamicObject};

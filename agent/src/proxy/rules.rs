@@ -819,8 +819,8 @@ fn resource_path(group: &str, version: &str, rest: &[&str]) -> Result<ApiPath, S
 }
 
 /// Whether the query asks for a watch, as the API server reads it (shared with the
-/// principal's own check: see [`argocd_agent_sync::proxy::is_watch`]).
-pub use argocd_agent_sync::proxy::is_watch;
+/// principal's own check: see [`argocd_agent_domain::proxy::is_watch`]).
+pub use argocd_agent_domain::proxy::is_watch;
 
 /// What the agent does with an accepted request.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use argocd_agent_cli::CmdResult;
 use argocd_agent_cli::telemetry::OtlpOptions;
+use argocd_agent_domain::AgentMode;
 use argocd_agent_identity::source::SvidConfig;
-use argocd_agent_identity::{AgentMode, SpiffeId, TrustDomain};
+use argocd_agent_identity::{SpiffeId, TrustDomain};
 use argocd_agent_kubernetes::ClientOptions;
 use argocd_agent_mesh::guard::HeaderListenerPolicy;
 use clap::{Args, Parser, Subcommand};
@@ -274,7 +275,7 @@ struct RedisProxyArgs {
         env = "ARGOCD_PRINCIPAL_REDIS_COMPRESSION_TYPE",
         default_value = "gzip"
     )]
-    redis_compression_type: argocd_agent_sync::redis::clusterinfo::Compression,
+    redis_compression_type: argocd_agent_domain::redis::clusterinfo::Compression,
     /// Server URL of an agent's cluster in Argo CD (its cluster Secret's `server`);
     /// `{agent}` is replaced by the agent's name. Cluster info is written under it.
     #[arg(
@@ -491,7 +492,7 @@ impl RedisProxyArgs {
             &self.redis_proxy_tls_key_path,
         ) {
             (Some(cert), Some(key)) => {
-                Some(argocd_agent_sync::redis::client::server_tls(cert, key)?)
+                Some(argocd_agent_domain::redis::client::server_tls(cert, key)?)
             }
             (None, None) => None,
             _ => {
@@ -522,7 +523,7 @@ impl RedisProxyArgs {
             ));
         }
         let upstream_tls = match &self.redis_server_tls_ca_path {
-            Some(ca) => Some(argocd_agent_sync::redis::RedisTls::from_ca_file(
+            Some(ca) => Some(argocd_agent_domain::redis::RedisTls::from_ca_file(
                 ca,
                 host_of(&self.redis_server_address),
             )?),
@@ -530,7 +531,7 @@ impl RedisProxyArgs {
         };
         Ok(Some(argocd_agent_principal::redisproxy::RedisProxyConfig {
             listen,
-            upstream: argocd_agent_sync::redis::RedisEndpoint {
+            upstream: argocd_agent_domain::redis::RedisEndpoint {
                 addr: self.redis_server_address.clone(),
                 tls: upstream_tls,
                 username: self
@@ -606,14 +607,14 @@ impl AgentRedisArgs {
             return Ok(None);
         };
         let tls = match &self.redis_tls_ca_path {
-            Some(ca) => Some(argocd_agent_sync::redis::RedisTls::from_ca_file(
+            Some(ca) => Some(argocd_agent_domain::redis::RedisTls::from_ca_file(
                 ca,
                 host_of(addr),
             )?),
             None => None,
         };
         Ok(Some(argocd_agent_agent::redis::RedisConfig {
-            endpoint: argocd_agent_sync::redis::RedisEndpoint {
+            endpoint: argocd_agent_domain::redis::RedisEndpoint {
                 addr: addr.clone(),
                 username: self.redis_username.clone(),
                 password: self.redis_password.clone(),
@@ -907,7 +908,7 @@ async fn serve_principal(a: PrincipalArgs) -> CmdResult {
         max_message_size: a.max_message_size,
         hello_timeout: a.hello_timeout,
         idle_timeout: a.idle_timeout,
-        queue: argocd_agent_sync::QueueLimits {
+        queue: argocd_agent_domain::QueueLimits {
             max_in_flight: a.max_in_flight,
             ..Default::default()
         },
@@ -1030,7 +1031,7 @@ async fn main() {
         Command::Agent(a) => run_agent(*a).await,
     };
     if let Err(e) = result {
-        eprintln!("error: {}", argocd_agent_sync::error_chain(&*e));
+        eprintln!("error: {}", argocd_agent_domain::error_chain(&*e));
         std::process::exit(1);
     }
 }

@@ -87,7 +87,7 @@ async fn main() {
         Command::Chaos(a) => ctl::chaos::run(a).await,
     };
     if let Err(e) = result {
-        eprintln!("error: {}", argocd_agent_sync::error_chain(&*e));
+        eprintln!("error: {}", argocd_agent_domain::error_chain(&*e));
         std::process::exit(1);
     }
 }

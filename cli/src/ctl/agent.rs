@@ -392,7 +392,7 @@ async fn connect_mtls(address: &str, args: &AdminArgs) -> Result<Client, String>
     .map_err(|e| {
         format!(
             "cannot reach the principal at {address}: {}",
-            argocd_agent_sync::error_chain(&e)
+            argocd_agent_domain::error_chain(&e)
         )
     })?;
     Ok(Client {
@@ -406,7 +406,7 @@ async fn connect_local(address: &str) -> Result<AdminClient<Channel>, String> {
     let unreachable = |e: &dyn std::error::Error| {
         format!(
             "cannot reach the principal's admin API at {address}: {} (is the principal running with --admin-address {address}? from outside the pod use kubectl port-forward)",
-            argocd_agent_sync::error_chain(e)
+            argocd_agent_domain::error_chain(e)
         )
     };
     let channel = if let Some(path) = address.strip_prefix("unix://") {

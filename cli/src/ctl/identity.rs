@@ -2,9 +2,9 @@
 
 use std::path::PathBuf;
 
-use argocd_agent_identity::AgentMode;
+use argocd_agent_domain::AgentMode;
+use argocd_agent_domain::mapping::RuleSet;
 use argocd_agent_identity::SpiffeId;
-use argocd_agent_identity::mapping::RuleSet;
 
 /// Subcommands of `argocd-agentctl identity`.
 #[derive(Debug, clap::Subcommand)]

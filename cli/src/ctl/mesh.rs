@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use argocd_agent_identity::{RuleSet, SpiffeId, TrustDomain};
+use argocd_agent_identity::{SpiffeId, TrustDomain};
+
+use argocd_agent_domain::RuleSet;
 use argocd_agent_mesh::guard::{HeaderListenerPolicy, ListenAddr, check_listen_addr};
 use argocd_agent_mesh::{
     AllowedAgents, EnvoyOptions, EnvoyTls, IstioOptions, LinkerdOptions, envoy_principal_config,

@@ -838,15 +838,15 @@ async fn throughput(opts: &BenchOptions) -> Result<Report, HarnessError> {
 
             // The floor, same clients, same bytes.
             let sample = bench_app("app-0", &sim_name(0), "v1", pad);
-            let event = argocd_agent_sync::Event::resource(
+            let event = argocd_agent_domain::Event::resource(
                 "bench",
-                argocd_agent_sync::EventType::Create,
-                argocd_agent_sync::event::ResourceRef::new(
-                    argocd_agent_identity::ResourceKind::Application,
-                    argocd_agent_identity::Namespace::new(&sim_name(0))?,
+                argocd_agent_domain::EventType::Create,
+                argocd_agent_domain::event::ResourceRef::new(
+                    argocd_agent_domain::ResourceKind::Application,
+                    argocd_agent_domain::Namespace::new(&sim_name(0))?,
                     "app-0",
                 ),
-                argocd_agent_sync::Payload::Object(Arc::new(sample)),
+                argocd_agent_domain::Payload::Object(Arc::new(sample)),
             )
             .to_cloud_event();
             let principal_svid = env.svid(

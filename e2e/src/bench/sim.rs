@@ -11,16 +11,17 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use argocd_agent_domain::event::PROTOCOL_VERSION;
+use argocd_agent_domain::names::Namespace;
+use argocd_agent_domain::{Event, EventType, Payload};
+use argocd_agent_identity::SpiffeId;
 use argocd_agent_identity::source::SvidSource;
 use argocd_agent_identity::svid::SvidState;
 use argocd_agent_identity::tls::PeerPolicy;
 use argocd_agent_identity::transport::ChannelOptions;
-use argocd_agent_identity::{SpiffeId, names::Namespace};
 use argocd_agent_kubernetes::object::{SOURCE_UID_ANNOTATION, checksum_of};
 use argocd_agent_proto::eventstream::event_stream_client::EventStreamClient;
 use argocd_agent_proto::eventstream::{self as pb, Hello};
-use argocd_agent_sync::event::PROTOCOL_VERSION;
-use argocd_agent_sync::{Event, EventType, Payload};
 use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
@@ -174,8 +175,8 @@ impl SimAgent {
         let event = Event::resource(
             &self.name,
             EventType::StatusUpdate,
-            argocd_agent_sync::event::ResourceRef::new(
-                argocd_agent_identity::ResourceKind::Application,
+            argocd_agent_domain::event::ResourceRef::new(
+                argocd_agent_domain::ResourceKind::Application,
                 ns,
                 name,
             ),
@@ -201,11 +202,11 @@ impl SimAgent {
 
     fn hello(&self) -> Event {
         let apps = lock(&self.apps);
-        let sums: argocd_agent_sync::resync::Checksums = apps
+        let sums: argocd_agent_domain::resync::Checksums = apps
             .iter()
             .map(|(n, h)| (n.clone(), h.checksum.clone()))
             .collect();
-        let mut state = argocd_agent_sync::resync::to_state("Application", &sums);
+        let mut state = argocd_agent_domain::resync::to_state("Application", &sums);
         for r in &mut state.resources {
             r.source_uid = apps.get(&r.name).map(|h| h.uid.clone()).unwrap_or_default();
         }

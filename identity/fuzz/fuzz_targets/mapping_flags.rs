@@ -3,7 +3,9 @@
 //! (`map` decides as `explain` does).
 #![no_main]
 
-use argocd_agent_identity::{RuleSet, SpiffeId};
+use crate::SpiffeId;
+
+use argocd_agent_domain::RuleSet;
 use libfuzzer_sys::fuzz_target;
 
 const IDS: &[&str] = &[

@@ -4,7 +4,9 @@
 //! (for trust domains up to 255 bytes).
 #![no_main]
 
-use argocd_agent_identity::{AgentName, Namespace, SpiffeId, TrustDomain};
+use crate::{SpiffeId, TrustDomain};
+
+use argocd_agent_domain::{AgentName, Namespace};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

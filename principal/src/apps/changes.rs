@@ -3,10 +3,10 @@
 
 use std::sync::Arc;
 
-use argocd_agent_identity::{AgentMode, Namespace};
+use argocd_agent_domain::{AgentMode, Namespace};
+use argocd_agent_domain::{Event, EventType, Payload};
 use argocd_agent_kubernetes::Change;
 use argocd_agent_kubernetes::object::{self, is_being_deleted, spec_checksum};
-use argocd_agent_sync::{Event, EventType, Payload};
 use kube::api::DynamicObject;
 use serde_json::{Value, json};
 

@@ -15,10 +15,10 @@ mod writes;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use argocd_agent_identity::{AgentMode, AgentName, Namespace, ResourceKind};
+use argocd_agent_domain::{AgentMode, AgentName, Namespace, ResourceKind};
+use argocd_agent_domain::{Event, EventType, JsonObject, LazyObject, Payload, ResourceRef};
 use argocd_agent_kubernetes::object::{self, is_being_deleted};
 use argocd_agent_kubernetes::{Cache, Change, Resources};
-use argocd_agent_sync::{Event, EventType, JsonObject, LazyObject, Payload, ResourceRef};
 use kube::api::DynamicObject;
 use serde_json::Value;
 

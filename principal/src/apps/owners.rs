@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use argocd_agent_identity::{AgentMode, AgentName, Namespace};
+use argocd_agent_domain::{AgentMode, AgentName, Namespace};
 use argocd_agent_kubernetes::Cache;
 
 use crate::sessions::{AgentState, Sessions, lock};

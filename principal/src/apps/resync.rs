@@ -4,10 +4,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use argocd_agent_identity::AgentName;
+use argocd_agent_domain::AgentName;
+use argocd_agent_domain::resync::Checksums;
+use argocd_agent_domain::{Event, EventType, Payload};
 use argocd_agent_kubernetes::object::is_being_deleted;
-use argocd_agent_sync::resync::Checksums;
-use argocd_agent_sync::{Event, EventType, Payload};
 use kube::api::DynamicObject;
 
 use super::{Applications, agent_form, app_ref, for_wire, obj_ref, value_checksum, written_by};
@@ -45,17 +45,17 @@ impl Applications {
         &self,
         state: &AgentState,
         agent_state: &Checksums,
-        agent_uids: &argocd_agent_sync::resync::SourceUids,
+        agent_uids: &argocd_agent_domain::resync::SourceUids,
     ) {
         let ns = state.namespace();
         let objects = self.managed_objects(state);
         let hub = self.checksums(&objects);
-        let mut plan = argocd_agent_sync::resync::plan(&hub, agent_state);
+        let mut plan = argocd_agent_domain::resync::plan(&hub, agent_state);
         let hub_uids = objects
             .iter()
             .filter_map(|(n, o)| Some((n.clone(), o.metadata.uid.clone()?)))
             .collect();
-        for name in argocd_agent_sync::resync::stale_copies(&hub_uids, agent_uids) {
+        for name in argocd_agent_domain::resync::stale_copies(&hub_uids, agent_uids) {
             if !plan.send.contains(&name) {
                 plan.send.push(name);
             }
@@ -133,7 +133,7 @@ impl Applications {
             }
             return Vec::new();
         };
-        let mut plan = argocd_agent_sync::resync::plan(agent_state, &hub);
+        let mut plan = argocd_agent_domain::resync::plan(agent_state, &hub);
         let spec_requests = plan.send.len();
         let hub_statuses: Checksums = objects
             .iter()

@@ -1,11 +1,11 @@
 //! The writes agents' events cause on the hub's Applications: status, autonomous agents'
 //! copies and deletions, and what an acknowledgement finishes.
 
-use argocd_agent_identity::{AgentMode, AgentName, Namespace, ResourceKind};
+use argocd_agent_domain::queue::{Lane, QueueKey};
+use argocd_agent_domain::{AgentMode, AgentName, Namespace, ResourceKind};
+use argocd_agent_domain::{Event, EventType, ResourceRef};
 use argocd_agent_kubernetes::UpsertOutcome;
 use argocd_agent_kubernetes::object::{self, is_being_deleted};
-use argocd_agent_sync::queue::{Lane, QueueKey};
-use argocd_agent_sync::{Event, EventType, ResourceRef};
 use serde_json::{Value, json};
 use tracing::Instrument;
 

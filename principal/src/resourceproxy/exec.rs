@@ -11,8 +11,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use argocd_agent_domain::{Event, EventType, Payload};
 use argocd_agent_proto::eventstream::{TerminalFrame, TerminalRequest};
-use argocd_agent_sync::{Event, EventType, Payload};
 use futures::{SinkExt, StreamExt};
 use http::{HeaderValue, Request, Response, StatusCode, header};
 use hyper::body::Incoming;

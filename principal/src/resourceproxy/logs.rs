@@ -10,10 +10,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use argocd_agent_identity::AgentName;
+use argocd_agent_domain::AgentName;
+use argocd_agent_domain::proxy::LogCursor;
+use argocd_agent_domain::{Event, EventType, Payload};
 use argocd_agent_proto::eventstream::{LogRequest, log_message};
-use argocd_agent_sync::proxy::LogCursor;
-use argocd_agent_sync::{Event, EventType, Payload};
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
 use http_body_util::{BodyExt, StreamBody};
@@ -167,7 +167,10 @@ async fn pump(
             if !cursor.accept(&line) {
                 continue;
             }
-            match (timestamps, argocd_agent_sync::proxy::split_timestamp(&line)) {
+            match (
+                timestamps,
+                argocd_agent_domain::proxy::split_timestamp(&line),
+            ) {
                 (false, Some((_, text))) => out.extend_from_slice(text),
                 _ => out.extend_from_slice(&line),
             }

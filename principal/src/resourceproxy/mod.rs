@@ -32,10 +32,10 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use argocd_agent_identity::AgentName;
+use argocd_agent_domain::AgentName;
+use argocd_agent_domain::rpc::RpcError;
+use argocd_agent_domain::{Event, EventType, Payload};
 use argocd_agent_proto::eventstream::{ResourceRequest, ResourceResponse};
-use argocd_agent_sync::rpc::RpcError;
-use argocd_agent_sync::{Event, EventType, Payload};
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body_util::combinators::BoxBody;
@@ -233,7 +233,7 @@ fn route(method: &Method, path: &str, query: &str) -> Result<Route, String> {
             "{method} is not served by the resource proxy (get, list, create, patch, delete only)"
         ));
     }
-    if argocd_agent_sync::proxy::is_watch(query) {
+    if argocd_agent_domain::proxy::is_watch(query) {
         return Err("watch is not served by the resource proxy".into());
     }
     let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
@@ -366,7 +366,7 @@ impl Proxy {
         self.sessions
             .agent(agent)
             .and_then(|s| s.link())
-            .filter(|l| l.has(argocd_agent_sync::proxy::CAPABILITY))
+            .filter(|l| l.has(argocd_agent_domain::proxy::CAPABILITY))
     }
 
     fn permit(&self, agent: &AgentName) -> Option<OwnedSemaphorePermit> {

@@ -14,8 +14,8 @@ use argocd_agent_proto::cloudevents::CloudEvent;
 use argocd_agent_proto::cloudevents::cloud_event::cloud_event_attribute_value::Attr;
 use argocd_agent_proto::cloudevents::cloud_event::{CloudEventAttributeValue, Data};
 use argocd_agent_proto::prost::Message;
-use argocd_agent_sync::Event;
-use argocd_agent_sync::event::{SPEC_VERSION, TYPE_PREFIX};
+use argocd_agent_domain::Event;
+use argocd_agent_domain::event::{SPEC_VERSION, TYPE_PREFIX};
 use libfuzzer_sys::fuzz_target;
 
 const TYPES: &[&str] = &[

@@ -1,8 +1,9 @@
 //! Mapping rules: YAML and flag syntax, evaluation order, deny reasons, explain output.
 
-use argocd_agent_identity::mapping::{DenyReason, RuleError, RuleSet, StepOutcome};
-use argocd_agent_identity::names::AllowedModes;
-use argocd_agent_identity::{AgentMode, SpiffeId};
+use argocd_agent_domain::AgentMode;
+use argocd_agent_domain::mapping::{DenyReason, RuleError, RuleSet, StepOutcome};
+use argocd_agent_domain::names::AllowedModes;
+use argocd_agent_identity::SpiffeId;
 
 fn id(s: &str) -> SpiffeId {
     SpiffeId::parse(s).unwrap()
@@ -592,7 +593,7 @@ fn documented_yaml_examples_parse_and_map_as_described() {
 
 #[test]
 fn header_agent_name_maps_to_itself_and_survives_any_rules_change() {
-    use argocd_agent_identity::{AgentName, ClientIdentity};
+    use argocd_agent_domain::{AgentName, ClientIdentity};
     let client = ClientIdentity::AgentName(AgentName::new("edge-9").unwrap());
     let none = RuleSet::from_flags(&[]).unwrap();
     let got = none.map_client(&client).unwrap();
@@ -656,8 +657,8 @@ fn an_agent_identity_is_refused_by_the_admin_api() {
         DenyReason::NoRuleMatched { tried: 2 }
     );
     // An agent name captured from a header is never an operator.
-    let header = argocd_agent_identity::ClientIdentity::AgentName(
-        argocd_agent_identity::AgentName::new("edge-1").unwrap(),
+    let header = argocd_agent_domain::ClientIdentity::AgentName(
+        argocd_agent_domain::AgentName::new("edge-1").unwrap(),
     );
     assert_eq!(
         rules.authorize_admin(&header).unwrap_err().reason,

@@ -4,10 +4,10 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use argocd_agent_identity::SpiffeId;
-use argocd_agent_identity::mapping::{
+use argocd_agent_domain::mapping::{
     AgentIdentity, DenyReason, LiveRules, MappingDenied, RuleError, RuleSet,
 };
+use argocd_agent_identity::SpiffeId;
 
 const POLL: Duration = Duration::from_millis(10);
 const WAIT: Duration = Duration::from_secs(5);

@@ -6,7 +6,7 @@
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use std::hint::black_box;
 
-use argocd_agent_sync::resync::{
+use argocd_agent_domain::resync::{
     Checksums, from_state, key_list_checksum, plan, sha256_hex, to_state,
 };
 

@@ -425,7 +425,7 @@ mod tests {
             ty,
             ResourceRef {
                 kind: ResourceKind::Application,
-                namespace: argocd_agent_identity::Namespace::new("ns").unwrap(),
+                namespace: crate::Namespace::new("ns").unwrap(),
                 name: name.into(),
             },
             Payload::Object(Arc::new(json!({"v": v}))),

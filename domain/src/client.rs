@@ -3,8 +3,8 @@
 
 use std::fmt;
 
-use crate::id::SpiffeId;
 use crate::names::AgentName;
+use argocd_agent_identity::id::SpiffeId;
 
 /// The authenticated caller of a connection or stream, before mapping to an agent.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -10,7 +10,9 @@ use std::hint::black_box;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 
-use argocd_agent_identity::{RuleSet, SpiffeId};
+use argocd_agent_identity::SpiffeId;
+
+use argocd_agent_domain::RuleSet;
 
 const RULES: usize = 1_000;
 

@@ -11,8 +11,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use argocd_agent_identity::Namespace;
-use argocd_agent_identity::names::check_object_name;
+use crate::Namespace;
+use crate::names::check_object_name;
 use argocd_agent_proto::cloudevents::CloudEvent;
 use argocd_agent_proto::cloudevents::cloud_event::cloud_event_attribute_value::Attr;
 use argocd_agent_proto::cloudevents::cloud_event::{CloudEventAttributeValue, Data};
@@ -177,7 +177,7 @@ impl fmt::Display for EventType {
 
 /// Kinds of resources that travel on the stream (defined next to the authorization policy
 /// that reasons about them).
-pub use argocd_agent_identity::ResourceKind;
+pub use crate::names::ResourceKind;
 
 /// The resource an event is about.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -186,7 +186,7 @@ pub struct ResourceRef {
     /// Hub namespace of the resource (the agent's namespace on the hub).
     pub namespace: Namespace,
     /// Object name: a DNS-1123 subdomain, checked on decode
-    /// ([`argocd_agent_identity::names::check_object_name`]).
+    /// ([`crate::names::check_object_name`]).
     pub name: String,
 }
 
@@ -766,7 +766,7 @@ mod tests {
     fn app_ref() -> ResourceRef {
         ResourceRef {
             kind: ResourceKind::Application,
-            namespace: argocd_agent_identity::Namespace::new("agent-a").unwrap(),
+            namespace: crate::Namespace::new("agent-a").unwrap(),
             name: "guestbook".into(),
         }
     }

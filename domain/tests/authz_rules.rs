@@ -2,9 +2,10 @@
 
 use std::sync::LazyLock;
 
-use argocd_agent_identity::authz::{Action, DeniedReason, ObjectRef, Owner, authorize};
-use argocd_agent_identity::mapping::{AgentIdentity, RuleSet};
-use argocd_agent_identity::{AgentMode, AgentName, Namespace, ResourceKind, SpiffeId};
+use argocd_agent_domain::authz::{Action, DeniedReason, ObjectRef, Owner, authorize};
+use argocd_agent_domain::mapping::{AgentIdentity, RuleSet};
+use argocd_agent_domain::{AgentMode, AgentName, Namespace, ResourceKind};
+use argocd_agent_identity::SpiffeId;
 
 static OWN_NS: LazyLock<Namespace> = LazyLock::new(|| Namespace::new("argocd-edge-7").unwrap());
 static AGENT_B_NS: LazyLock<Namespace> = LazyLock::new(|| Namespace::new("agent-b").unwrap());
@@ -372,8 +373,8 @@ fn authz_dest(
     action: Action,
     object: &ObjectRef<'_>,
     destination: Option<&str>,
-) -> Result<(), argocd_agent_identity::authz::Denied> {
-    argocd_agent_identity::authz::authorize_by_destination(
+) -> Result<(), argocd_agent_domain::authz::Denied> {
+    argocd_agent_domain::authz::authorize_by_destination(
         who,
         AgentMode::Managed,
         action,

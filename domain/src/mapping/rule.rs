@@ -6,8 +6,8 @@ use std::fmt;
 use regex::Regex;
 use serde::Deserialize;
 
-use crate::id::{IdError, SpiffeId, TrustDomain};
 use crate::names::{AgentName, AllowedModes, Namespace};
+use argocd_agent_identity::id::{IdError, SpiffeId, TrustDomain};
 
 use super::{DenyReason, RuleError};
 
@@ -469,7 +469,7 @@ fn compile_output(
 /// Parses one rule flag (see the module docs of [`super`] for the syntax).
 pub(super) fn parse_flag(flag: &str, default_name: String) -> Result<Rule, RuleError> {
     let err = |reason: String| RuleError::Flag {
-        flag: crate::id::quote(flag),
+        flag: argocd_agent_identity::id::quote(flag),
         reason,
     };
     let mut spec = RuleSpec::default();

@@ -5,10 +5,10 @@
 
 use std::sync::Arc;
 
-use argocd_agent_identity::Namespace;
+use argocd_agent_domain::Namespace;
+use argocd_agent_domain::{Event, EventError, EventType, Payload, ResourceKind, ResourceRef};
 use argocd_agent_proto::cloudevents::CloudEvent;
 use argocd_agent_proto::prost::Message;
-use argocd_agent_sync::{Event, EventError, EventType, Payload, ResourceKind, ResourceRef};
 use proptest::prelude::*;
 use serde_json::{Value, json};
 

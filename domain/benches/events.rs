@@ -8,10 +8,10 @@ use std::sync::Arc;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use serde_json::{Value, json};
 
-use argocd_agent_identity::Namespace;
+use argocd_agent_domain::Namespace;
+use argocd_agent_domain::{Event, EventType, Payload, ResourceKind, ResourceRef};
 use argocd_agent_proto::cloudevents::CloudEvent;
 use argocd_agent_proto::prost::Message;
-use argocd_agent_sync::{Event, EventType, Payload, ResourceKind, ResourceRef};
 
 /// One entry of `status.resources`: what the application controller reports per object.
 fn managed_resource(i: usize) -> Value {

@@ -9,7 +9,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::id::{IdError, quote};
+use argocd_agent_identity::id::{IdError, quote};
 
 /// Longest DNS-1123 label.
 pub const MAX_LABEL_LEN: usize = 63;
@@ -56,7 +56,7 @@ pub const MAX_SUBDOMAIN_LEN: usize = 253;
 /// request path and in a log line.
 ///
 /// ```
-/// use argocd_agent_identity::names::check_object_name;
+/// use crate::names::check_object_name;
 /// assert!(check_object_name("guestbook.v2").is_ok());
 /// assert!(check_object_name("../status").is_err());
 /// ```
@@ -151,7 +151,7 @@ label_type!(
     /// The name of an agent, e.g. `edge-7`: a DNS-1123 label.
     ///
     /// ```
-    /// use argocd_agent_identity::AgentName;
+    /// use argocd_agent_domain::AgentName;
     /// assert!(AgentName::new("edge-7").is_ok());
     /// assert!(AgentName::new("Edge_7").is_err());
     /// ```

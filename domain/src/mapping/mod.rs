@@ -64,8 +64,8 @@ use std::fmt;
 use std::path::PathBuf;
 
 use crate::client::ClientIdentity;
-use crate::id::{SpiffeId, TrustDomain};
 use crate::names::{AgentMode, AgentName, AllowedModes, Namespace};
+use argocd_agent_identity::id::{SpiffeId, TrustDomain};
 
 pub use live::{LiveRules, RevokeCallback, SessionLister};
 use rule::{Rule, RuleMatch, RuleSpec, Target};
@@ -453,7 +453,7 @@ impl RuleSet {
         }
         if let Some((index, _, reason)) = duplicate_name(&rules) {
             return Err(RuleError::Flag {
-                flag: crate::id::quote(&flags[index - 1]),
+                flag: argocd_agent_identity::id::quote(&flags[index - 1]),
                 reason,
             });
         }

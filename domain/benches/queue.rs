@@ -9,8 +9,8 @@ use std::time::Duration;
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use serde_json::json;
 
-use argocd_agent_identity::Namespace;
-use argocd_agent_sync::{
+use argocd_agent_domain::Namespace;
+use argocd_agent_domain::{
     Event, EventType, Payload, QueueLimits, ResourceKind, ResourceRef, SendQueue,
 };
 

@@ -1,0 +1,37 @@
+//! The Argo CD agent's domain, shared by principal and agent: agent names and modes, who a
+//! caller is before and after mapping (the rules from a SPIFFE ID or mesh header to an agent
+//! and its hub namespace), per-message authorization, the typed event model and its
+//! CloudEvents encoding, the per-peer delivery queue, and the resync plan.
+#![forbid(unsafe_code)]
+
+pub mod authz;
+pub mod client;
+pub mod event;
+pub mod mapping;
+pub mod names;
+pub mod proxy;
+pub mod queue;
+pub mod redis;
+pub mod resync;
+pub mod rpc;
+pub mod trace;
+
+pub use authz::{Action, Denied, ObjectRef, Owner, authorize};
+pub use client::ClientIdentity;
+pub use event::{Event, EventError, EventType, JsonObject, LazyObject, Payload, ResourceRef};
+pub use mapping::{AgentIdentity, LiveRules, MappingDenied, RuleError, RuleSet};
+pub use names::{AgentMode, AgentName, AllowedModes, Namespace, ResourceKind};
+pub use queue::{QueueError, QueueLimits, SendQueue};
+
+/// Formats an error with its chain of causes, `outer: inner: root`: the message of the
+/// error events peers send each other, and of log lines.
+pub fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut out = err.to_string();
+    let mut cur = err.source();
+    while let Some(e) = cur {
+        out.push_str(": ");
+        out.push_str(&e.to_string());
+        cur = e.source();
+    }
+    out
+}
