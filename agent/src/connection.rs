@@ -43,7 +43,7 @@ fn hello(spoke: &Spoke) -> Event {
                     spoke
                         .redis
                         .is_some()
-                        .then_some(argocd_agent_domain::redis::CAPABILITY),
+                        .then_some(argocd_agent_redis::CAPABILITY),
                 )
                 .chain(
                     spoke

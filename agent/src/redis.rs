@@ -9,12 +9,12 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use argocd_agent_domain::redis::clusterinfo::{self, Compression};
-use argocd_agent_domain::redis::{AppKey, AppKeyKind, RedisConn, RedisEndpoint};
 use argocd_agent_domain::{Event, EventType, Payload};
 use argocd_agent_proto::eventstream::{
     ClusterCacheInfo, RedisCommand, RedisRequest, RedisResponse, redis_response,
 };
+use argocd_agent_redis::clusterinfo::{self, Compression};
+use argocd_agent_redis::{AppKey, AppKeyKind, RedisConn, RedisEndpoint};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;

@@ -11,7 +11,6 @@ pub mod mapping;
 pub mod names;
 pub mod proxy;
 pub mod queue;
-pub mod redis;
 pub mod resync;
 pub mod rpc;
 pub mod trace;

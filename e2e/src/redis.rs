@@ -169,7 +169,7 @@ pub async fn redis_cli(port: u16, args: &[&[u8]]) -> Result<Output, HarnessError
 /// given (pipelines, malformed frames), reads replies frame by frame.
 pub struct RespClient {
     w: tokio::net::tcp::OwnedWriteHalf,
-    r: argocd_agent_domain::redis::FrameReader<tokio::net::tcp::OwnedReadHalf>,
+    r: argocd_agent_redis::FrameReader<tokio::net::tcp::OwnedReadHalf>,
 }
 
 impl RespClient {
@@ -178,7 +178,7 @@ impl RespClient {
         let (r, w) = s.into_split();
         RespClient {
             w,
-            r: argocd_agent_domain::redis::FrameReader::new(r, 1 << 20),
+            r: argocd_agent_redis::FrameReader::new(r, 1 << 20),
         }
     }
 
@@ -200,8 +200,8 @@ impl RespClient {
     /// The next frame, read as `protocol`, within 10 s.
     pub async fn frame(
         &mut self,
-        protocol: argocd_agent_domain::redis::Protocol,
-    ) -> argocd_agent_domain::redis::Frame {
+        protocol: argocd_agent_redis::Protocol,
+    ) -> argocd_agent_redis::Frame {
         tokio::time::timeout(Duration::from_secs(10), self.r.next(protocol))
             .await
             .expect("a reply within 10 s")
@@ -210,12 +210,11 @@ impl RespClient {
     }
 
     /// Sends a command and reads its RESP2 reply.
-    pub async fn cmd(&mut self, args: &[&[u8]]) -> argocd_agent_domain::redis::Frame {
-        self.send(&argocd_agent_domain::redis::resp::command(args))
+    pub async fn cmd(&mut self, args: &[&[u8]]) -> argocd_agent_redis::Frame {
+        self.send(&argocd_agent_redis::resp::command(args))
             .await
             .expect("send");
-        self.frame(argocd_agent_domain::redis::Protocol::Resp2)
-            .await
+        self.frame(argocd_agent_redis::Protocol::Resp2).await
     }
 
     /// Whether the server closed the connection within `within`.

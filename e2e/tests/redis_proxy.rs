@@ -7,11 +7,11 @@
 
 use std::time::{Duration, Instant};
 
-use argocd_agent_domain::redis::clusterinfo::{self, Compression};
-use argocd_agent_domain::redis::resp::Value;
-use argocd_agent_domain::redis::{Protocol, RedisConn, RedisEndpoint};
 use argocd_agent_e2e::harness::*;
 use argocd_agent_e2e::redis::{RedisServer, RespClient, redis_cli, redis_cli_bin};
+use argocd_agent_redis::clusterinfo::{self, Compression};
+use argocd_agent_redis::resp::Value;
+use argocd_agent_redis::{Protocol, RedisConn, RedisEndpoint};
 use kube::api::PostParams;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
@@ -55,7 +55,7 @@ async fn cli_get(port: u16, extra: &[&str], key: &str) -> (String, Vec<u8>, Dura
 }
 
 fn cmd(args: &[&[u8]]) -> Vec<u8> {
-    argocd_agent_domain::redis::resp::command(args).to_vec()
+    argocd_agent_redis::resp::command(args).to_vec()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -284,9 +284,7 @@ async fn redis_proxy_routes_application_keys_to_the_owning_agent() {
                     .await
                     .ok()?;
                 match n.value {
-                    Value::V2(argocd_agent_domain::redis::resp::Frame2::Integer(n)) if n > 0 => {
-                        Some(())
-                    }
+                    Value::V2(argocd_agent_redis::resp::Frame2::Integer(n)) if n > 0 => Some(()),
                     _ => None,
                 }
             }

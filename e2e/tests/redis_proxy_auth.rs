@@ -15,10 +15,10 @@
 
 use std::time::{Duration, Instant};
 
-use argocd_agent_domain::redis::clusterinfo::{self, Compression};
-use argocd_agent_domain::redis::{Frame, Protocol, RedisEndpoint};
 use argocd_agent_e2e::harness::*;
 use argocd_agent_e2e::redis::{RedisServer, RespClient, redis_cli, redis_cli_bin};
+use argocd_agent_redis::clusterinfo::{self, Compression};
+use argocd_agent_redis::{Frame, Protocol, RedisEndpoint};
 use kube::api::PostParams;
 use tokio::net::{TcpSocket, TcpStream};
 
@@ -139,9 +139,8 @@ async fn a_password_protected_hub_redis_is_protected_through_the_proxy() {
         let e = error_text(c.cmd(&[b"GET", tree_key.as_bytes()]).await);
         assert!(e.starts_with("NOAUTH"), "GET after a failed AUTH: {e}");
         // The right password, pipelined with the GET (go-redis may send both at once).
-        let mut both =
-            argocd_agent_domain::redis::resp::command(&[b"AUTH", PASSWORD.as_bytes()]).to_vec();
-        both.extend_from_slice(&argocd_agent_domain::redis::resp::command(&[
+        let mut both = argocd_agent_redis::resp::command(&[b"AUTH", PASSWORD.as_bytes()]).to_vec();
+        both.extend_from_slice(&argocd_agent_redis::resp::command(&[
             b"GET",
             tree_key.as_bytes(),
         ]));

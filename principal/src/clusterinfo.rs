@@ -8,9 +8,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use argocd_agent_domain::AgentName;
-use argocd_agent_domain::redis::clusterinfo::{self, Compression};
-use argocd_agent_domain::redis::{RedisConn, RedisEndpoint};
 use argocd_agent_proto::eventstream::ClusterCacheInfo;
+use argocd_agent_redis::clusterinfo::{self, Compression};
+use argocd_agent_redis::{RedisConn, RedisEndpoint};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 

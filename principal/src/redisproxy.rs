@@ -23,14 +23,14 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use argocd_agent_domain::redis::resp::Frame;
-use argocd_agent_domain::redis::resp::{self, PubSub};
-use argocd_agent_domain::redis::{AppKey, FrameReader, Protocol, RedisEndpoint, RespError};
 use argocd_agent_domain::rpc::Ticket;
 use argocd_agent_domain::{AgentName, ResourceKind};
 use argocd_agent_domain::{Event, EventType, Payload, ResourceRef};
 use argocd_agent_identity::listener::{ClientLimit, ClientSlot};
 use argocd_agent_proto::eventstream::{RedisCommand, RedisRequest, redis_response};
+use argocd_agent_redis::resp::Frame;
+use argocd_agent_redis::resp::{self, PubSub};
+use argocd_agent_redis::{AppKey, FrameReader, Protocol, RedisEndpoint, RespError};
 use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, WriteHalf};
 use tokio::net::{TcpListener, TcpStream};
@@ -93,7 +93,7 @@ pub struct RedisProxyConfig {
     pub max_unauthenticated: usize,
     pub max_unauthenticated_per_client: usize,
     /// The hub Argo CD's Redis compression (for the cluster info the principal writes).
-    pub compression: argocd_agent_domain::redis::clusterinfo::Compression,
+    pub compression: argocd_agent_redis::clusterinfo::Compression,
     /// Server URL of an agent's cluster in Argo CD (`{agent}` is replaced by its name).
     pub cluster_server_template: String,
     /// With `--ha`: the address (`host:port`) other replicas reach this proxy at; `None`:
@@ -415,7 +415,7 @@ struct Conn {
     shared: Arc<Shared>,
     slots: mpsc::Sender<oneshot::Receiver<Out>>,
     oob: mpsc::Sender<Bytes>,
-    upstream: WriteHalf<Box<dyn argocd_agent_domain::redis::client::Io>>,
+    upstream: WriteHalf<Box<dyn argocd_agent_redis::client::Io>>,
     /// The hub Redis leg is in pub/sub mode (a subscribe was forwarded).
     upstream_pubsub: bool,
     subscriptions: HashMap<Bytes, Subscription>,
@@ -572,7 +572,7 @@ impl Proxy {
         let link = owner.as_ref().and_then(|o| o.link());
         let capable = link
             .as_ref()
-            .is_some_and(|l| l.has(argocd_agent_domain::redis::CAPABILITY));
+            .is_some_and(|l| l.has(argocd_agent_redis::CAPABILITY));
         let decision = decide(owner.is_some(), link.is_some(), capable);
         let name = owner.map(|o| o.name.to_string()).unwrap_or_default();
         (decision, link, name)
@@ -624,7 +624,7 @@ impl Proxy {
             (Decision::Unsupported, _) => {
                 return Err(refused(format!(
                     "ERR agent {agent:?} does not serve Redis requests (no {} capability)",
-                    argocd_agent_domain::redis::CAPABILITY
+                    argocd_agent_redis::CAPABILITY
                 )));
             }
             (Decision::Forward, Some(link)) => link,

@@ -34,7 +34,7 @@ pub const DEFAULT_HELLO_TIMEOUT: Duration = Duration::from_secs(15);
 pub const CAPABILITIES: &[&str] = &[
     "resync.v1",
     "operations.v1",
-    argocd_agent_domain::redis::CAPABILITY,
+    argocd_agent_redis::CAPABILITY,
     argocd_agent_domain::proxy::CAPABILITY,
 ];
 

@@ -275,7 +275,7 @@ struct RedisProxyArgs {
         env = "ARGOCD_PRINCIPAL_REDIS_COMPRESSION_TYPE",
         default_value = "gzip"
     )]
-    redis_compression_type: argocd_agent_domain::redis::clusterinfo::Compression,
+    redis_compression_type: argocd_agent_redis::clusterinfo::Compression,
     /// Server URL of an agent's cluster in Argo CD (its cluster Secret's `server`);
     /// `{agent}` is replaced by the agent's name. Cluster info is written under it.
     #[arg(
@@ -491,9 +491,7 @@ impl RedisProxyArgs {
             &self.redis_proxy_tls_cert_path,
             &self.redis_proxy_tls_key_path,
         ) {
-            (Some(cert), Some(key)) => {
-                Some(argocd_agent_domain::redis::client::server_tls(cert, key)?)
-            }
+            (Some(cert), Some(key)) => Some(argocd_agent_redis::client::server_tls(cert, key)?),
             (None, None) => None,
             _ => {
                 return Err(
@@ -523,7 +521,7 @@ impl RedisProxyArgs {
             ));
         }
         let upstream_tls = match &self.redis_server_tls_ca_path {
-            Some(ca) => Some(argocd_agent_domain::redis::RedisTls::from_ca_file(
+            Some(ca) => Some(argocd_agent_redis::RedisTls::from_ca_file(
                 ca,
                 host_of(&self.redis_server_address),
             )?),
@@ -531,7 +529,7 @@ impl RedisProxyArgs {
         };
         Ok(Some(argocd_agent_principal::redisproxy::RedisProxyConfig {
             listen,
-            upstream: argocd_agent_domain::redis::RedisEndpoint {
+            upstream: argocd_agent_redis::RedisEndpoint {
                 addr: self.redis_server_address.clone(),
                 tls: upstream_tls,
                 username: self
@@ -607,14 +605,14 @@ impl AgentRedisArgs {
             return Ok(None);
         };
         let tls = match &self.redis_tls_ca_path {
-            Some(ca) => Some(argocd_agent_domain::redis::RedisTls::from_ca_file(
+            Some(ca) => Some(argocd_agent_redis::RedisTls::from_ca_file(
                 ca,
                 host_of(addr),
             )?),
             None => None,
         };
         Ok(Some(argocd_agent_agent::redis::RedisConfig {
-            endpoint: argocd_agent_domain::redis::RedisEndpoint {
+            endpoint: argocd_agent_redis::RedisEndpoint {
                 addr: addr.clone(),
                 username: self.redis_username.clone(),
                 password: self.redis_password.clone(),

@@ -405,7 +405,7 @@ impl DemoRedis {
     /// Through the proxy, as argocd-server: with the hub Redis's password the managed
     /// spoke's resource tree; without it `NOAUTH` and nothing of the spoke.
     async fn check(&self) -> Result<(), String> {
-        use argocd_agent_domain::redis::RedisEndpoint;
+        use argocd_agent_redis::RedisEndpoint;
         let key: &[u8] = b"app|resources-tree|agent-managed_guestbook";
         let proxy = |password: Option<&str>| RedisEndpoint {
             addr: format!("127.0.0.1:{}", self.proxy_port),
@@ -450,7 +450,7 @@ impl DemoRedis {
 
     /// What the managed spoke's Argo CD would have written for guestbook.
     async fn seed(&self) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-        let mut conn = argocd_agent_domain::redis::RedisEndpoint {
+        let mut conn = argocd_agent_redis::RedisEndpoint {
             addr: self.managed.addr(),
             ..Default::default()
         }

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use argocd_agent_domain::AgentName;
-use argocd_agent_domain::redis::{RedisConn, RedisEndpoint, RedisTls};
+use argocd_agent_redis::{RedisConn, RedisEndpoint, RedisTls};
 use bytes::Bytes;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::WebPkiSupportedAlgorithms;
@@ -418,8 +418,7 @@ mod tests {
     }
 
     async fn handshake(server_cert: &Path, server_key: &Path, pinned: &Path) -> bool {
-        let server =
-            argocd_agent_domain::redis::client::server_tls(server_cert, server_key).unwrap();
+        let server = argocd_agent_redis::client::server_tls(server_cert, server_key).unwrap();
         let client = pinned_replica_tls(pinned).unwrap();
         let (a, b) = tokio::io::duplex(64 * 1024);
         let accept = tokio::spawn(async move {

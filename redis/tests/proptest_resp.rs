@@ -4,8 +4,8 @@
 //! nesting), decode to the same frames as when they arrive at once, and every frame's raw
 //! bytes are exactly the input it consumed.
 
-use argocd_agent_domain::redis::resp::{self, DEFAULT_MAX_DEPTH};
-use argocd_agent_domain::redis::{AppKey, Decoder, Frame, Protocol};
+use argocd_agent_redis::resp::{self, DEFAULT_MAX_DEPTH};
+use argocd_agent_redis::{AppKey, Decoder, Frame, Protocol};
 use proptest::prelude::*;
 
 /// Frames decoded from `input` pushed in pieces cut at `cuts`; the error that stopped it.

@@ -8,7 +8,7 @@
 
 use std::fmt;
 
-use crate::Namespace;
+use argocd_agent_domain::Namespace;
 
 /// Longest key the proxy looks at (longer ones go to the hub Redis unchanged).
 const MAX_KEY: usize = 1024;

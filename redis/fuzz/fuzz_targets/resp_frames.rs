@@ -8,8 +8,8 @@
 //! an Application key, a reply's value or message) must not panic either.
 #![no_main]
 
-use argocd_agent_domain::redis::resp::DEFAULT_MAX_DEPTH;
-use argocd_agent_domain::redis::{AppKey, Decoder, Frame, Protocol};
+use argocd_agent_redis::resp::DEFAULT_MAX_DEPTH;
+use argocd_agent_redis::{AppKey, Decoder, Frame, Protocol};
 use libfuzzer_sys::fuzz_target;
 
 fn decode(input: &[u8], cuts: &[usize], protocol: Protocol, depth: usize) -> (Vec<Frame>, bool) {
