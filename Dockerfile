@@ -5,9 +5,10 @@
 #   docker build -t ghcr.io/argoproj-labs/argocd-agent-rs:0.1.0 \
 #     --build-arg GIT_COMMIT=$(git rev-parse --short=12 HEAD) .
 #
-# (`podman build` takes the same arguments.) The binaries are built without the default
-# `dev-tools` feature, so the image carries no Kubernetes API test server, harness or
-# development certificate issuer. e2e/tests/image.rs checks this file.
+# (`podman build` takes the same arguments.) Only the CLI package is built: its default build
+# links no test code (the test kit, the Kubernetes API test server, the development
+# certificate issuer and the load generator live in other packages; `argocd-agent-dev` is the
+# developer tool). e2e/tests/image.rs checks this file.
 
 ARG RUST_VERSION=1.95
 
@@ -20,7 +21,7 @@ ARG GIT_COMMIT=unknown
 ENV ARGOCD_AGENT_GIT_COMMIT=${GIT_COMMIT}
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked -p argocd-agent-cli --no-default-features --bins \
+    cargo build --release --locked -p argocd-agent-cli --bins \
  && install -D -m 0755 target/release/argocd-agent /out/argocd-agent \
  && install -D -m 0755 target/release/argocd-agentctl /out/argocd-agentctl
 

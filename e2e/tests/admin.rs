@@ -4,7 +4,7 @@
 use std::process::Output;
 use std::time::Duration;
 
-use argocd_agent_e2e::harness::*;
+use argocd_agent_testkit::harness::*;
 use serde_json::Value;
 
 const T: Duration = Duration::from_secs(30);

@@ -6,8 +6,8 @@
 
 use std::time::Duration;
 
-use argocd_agent_e2e::argocd_schema::{self, Invalid};
-use argocd_agent_e2e::harness::*;
+use argocd_agent_testkit::argocd_schema::{self, Invalid};
+use argocd_agent_testkit::harness::*;
 use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::json;
 
@@ -41,11 +41,11 @@ async fn every_synced_argo_cd_object_validates_against_argo_cds_schemas() {
         topo.wait_connected(AUTONOMOUS, T).await?;
         // The Argo CD stand-in on both spokes writes status and completes operations.
         let sims = [
-            tokio::spawn(argocd_agent_e2e::fake_argocd::run(
+            tokio::spawn(argocd_agent_testkit::fake_argocd::run(
                 apps(&topo.managed_spoke, SPOKE_NS)?,
                 Duration::from_millis(300),
             )),
-            tokio::spawn(argocd_agent_e2e::fake_argocd::run(
+            tokio::spawn(argocd_agent_testkit::fake_argocd::run(
                 apps(&topo.autonomous_spoke, SPOKE_NS)?,
                 Duration::from_millis(300),
             )),

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use argocd_agent_domain::Namespace;
 use argocd_agent_domain::{Event, EventType, Payload, ResourceKind, ResourceRef};
-use argocd_agent_e2e::harness::*;
 use argocd_agent_proto::eventstream::AgentMode;
+use argocd_agent_testkit::harness::*;
 use kube::api::PostParams;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;

@@ -14,12 +14,12 @@ use std::time::{Duration, Instant};
 
 use argocd_agent_domain::Namespace;
 use argocd_agent_domain::{Event, EventType, Payload, ResourceKind, ResourceRef};
-use argocd_agent_e2e::harness::*;
 use argocd_agent_proto::cloudevents::CloudEvent;
 use argocd_agent_proto::cloudevents::cloud_event::{
     CloudEventAttributeValue, Data, cloud_event_attribute_value::Attr,
 };
 use argocd_agent_proto::eventstream::AgentMode;
+use argocd_agent_testkit::harness::*;
 use kube::api::PostParams;
 use prost::Message as _;
 use serde_json::{Value, json};

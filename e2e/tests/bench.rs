@@ -1,10 +1,10 @@
-//! Smoke runs of every load-generator scenario (`argocd-agentctl bench`): a real principal
+//! Smoke runs of every load-generator scenario (`argocd-agent-dev bench`): a real principal
 //! and a few simulated agents, a few seconds each, so the load generator never rots. No
 //! timing is asserted here; the figures live in docs/benchmarks.md.
 
 use std::time::Duration;
 
-use argocd_agent_e2e::bench::{self, BenchOptions, Report, Scenario};
+use argocd_agent_load::bench::{self, BenchOptions, Report, Scenario};
 use serde_json::Value;
 
 fn opts() -> BenchOptions {
@@ -147,7 +147,7 @@ async fn failover_smoke() {
 /// cost-growth plot drawn from it (a PNG with both runs), then redrawn without a run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cli_connect_runs_and_plot() {
-    let ctl = argocd_agent_e2e::harness::binary("argocd-agentctl").unwrap();
+    let ctl = argocd_agent_testkit::harness::binary("argocd-agent-dev").unwrap();
     let dir = tempfile::tempdir().unwrap();
     let (json, png) = (dir.path().join("bench.jsonl"), dir.path().join("cost.png"));
     for agents in ["5", "10"] {

@@ -1,4 +1,4 @@
-//! A short chaos seed (`argocd-agentctl chaos`), every run: real principal and agent
+//! A short chaos seed (`argocd-agent-dev chaos`), every run: real principal and agent
 //! processes (two managed, two autonomous), a fault-injecting proxy on every agent link, a
 //! few hundred seeded operations under a fault every ~0.6 s (kills of the principal, the
 //! agents and the Workload API server, link cuts, outages and delays, API 500s and 429s,
@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use argocd_agent_e2e::chaos::{self, ChaosOptions};
+use argocd_agent_load::chaos::{self, ChaosOptions};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_seed_loses_nothing_under_faults() {

@@ -18,7 +18,6 @@ use std::time::Duration;
 use argocd_agent_domain::Namespace;
 use argocd_agent_domain::event::{PROTOCOL_MIN, PROTOCOL_VERSION};
 use argocd_agent_domain::{Event, EventType, Payload, ResourceKind, ResourceRef};
-use argocd_agent_e2e::harness::*;
 use argocd_agent_identity::SpiffeId;
 use argocd_agent_identity::source::SvidSource;
 use argocd_agent_identity::tls::PeerPolicy;
@@ -26,6 +25,7 @@ use argocd_agent_proto::cloudevents::CloudEvent;
 use argocd_agent_proto::eventstream::event_stream_client::EventStreamClient;
 use argocd_agent_proto::eventstream::event_stream_server::{EventStream, EventStreamServer};
 use argocd_agent_proto::eventstream::{AgentMode, Hello, Welcome};
+use argocd_agent_testkit::harness::*;
 use kube::api::{DeleteParams, PostParams};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -540,7 +540,7 @@ async fn this_agent_keeps_syncing_against_a_previous_version_principal() {
         }
     });
 
-    let metrics_port = argocd_agent_e2e::envoy::free_loopback_port().expect("port");
+    let metrics_port = argocd_agent_testkit::envoy::free_loopback_port().expect("port");
     let mut agent = Proc::new(
         MANAGED,
         binary("argocd-agent").expect("argocd-agent built"),

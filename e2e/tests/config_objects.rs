@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use argocd_agent_e2e::harness::*;
+use argocd_agent_testkit::harness::*;
 use kube::api::{DeleteParams, PostParams};
 use serde_json::{Value, json};
 

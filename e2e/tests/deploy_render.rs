@@ -21,7 +21,7 @@ fn workspace_root() -> PathBuf {
 /// kubectl from `KUBECTL`, the project virtualenv, or `PATH`; there is no other way to run
 /// the same kustomize that users run, so a missing kubectl fails the test.
 fn kubectl() -> PathBuf {
-    let found = argocd_agent_e2e::harness::kubectl();
+    let found = argocd_agent_testkit::harness::kubectl();
     if found != Path::new("kubectl") {
         return found;
     }
@@ -165,7 +165,7 @@ fn help(c: Component) -> &'static str {
         Component::Agent => (&AGENT, "agent"),
     };
     cell.get_or_init(|| {
-        let bin = argocd_agent_e2e::harness::binary("argocd-agent")
+        let bin = argocd_agent_testkit::harness::binary("argocd-agent")
             .unwrap_or_else(|e| panic!("argocd-agent binary: {e}"));
         let out = Command::new(&bin)
             .args([sub, "--help"])
@@ -732,7 +732,7 @@ fn example_identity_rules_load_and_map_an_agent() {
 
 #[test]
 fn committed_mesh_policies_match_the_generator() {
-    let ctl = argocd_agent_e2e::harness::binary("argocd-agentctl")
+    let ctl = argocd_agent_testkit::harness::binary("argocd-agentctl")
         .unwrap_or_else(|e| panic!("argocd-agentctl: {e}"));
     let rules = |mesh: &str| {
         workspace_root()
@@ -897,7 +897,7 @@ fn run_with_rendered_settings(dir: &Path, objects: &[Value]) -> Result<(), Strin
         "--kubeconfig={}",
         tmp.path().join("missing-kubeconfig").display()
     ));
-    let bin = argocd_agent_e2e::harness::binary("argocd-agent").map_err(|e| e.to_string())?;
+    let bin = argocd_agent_testkit::harness::binary("argocd-agent").map_err(|e| e.to_string())?;
     let mut cmd = Command::new(bin);
     cmd.env_clear()
         .args(&args)

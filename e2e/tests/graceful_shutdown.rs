@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use argocd_agent_e2e::harness::*;
+use argocd_agent_testkit::harness::*;
 use kube::api::PostParams;
 use serde_json::json;
 

@@ -7,8 +7,8 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use argocd_agent_e2e::ha::{HaOptions, HaTopology};
-use argocd_agent_e2e::harness::*;
+use argocd_agent_testkit::ha::{HaOptions, HaTopology};
+use argocd_agent_testkit::harness::*;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use serde_json::json;
 

@@ -11,12 +11,12 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use argocd_agent_e2e::envoy::free_loopback_port;
-use argocd_agent_e2e::ha::{HaOptions, HaTopology};
-use argocd_agent_e2e::harness::*;
-use argocd_agent_e2e::redis::RedisServer;
 use argocd_agent_redis::resp::{Frame2, Value};
 use argocd_agent_redis::{RedisConn, RedisEndpoint};
+use argocd_agent_testkit::envoy::free_loopback_port;
+use argocd_agent_testkit::ha::{HaOptions, HaTopology};
+use argocd_agent_testkit::harness::*;
+use argocd_agent_testkit::redis::RedisServer;
 use kube::api::PostParams;
 
 const T: Duration = Duration::from_secs(30);

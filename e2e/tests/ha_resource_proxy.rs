@@ -10,9 +10,9 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use argocd_agent_e2e::envoy::free_loopback_port;
-use argocd_agent_e2e::ha::{HaOptions, HaTopology};
-use argocd_agent_e2e::harness::*;
+use argocd_agent_testkit::envoy::free_loopback_port;
+use argocd_agent_testkit::ha::{HaOptions, HaTopology};
+use argocd_agent_testkit::harness::*;
 use base64::Engine as _;
 use kube::api::PostParams;
 use serde_json::{Value, json};

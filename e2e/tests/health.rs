@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use argocd_agent_e2e::harness::*;
+use argocd_agent_testkit::harness::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const T: Duration = Duration::from_secs(20);

@@ -158,14 +158,20 @@ fn dockerfile_builds_release_binaries_in_a_builder_stage_and_ships_only_them() {
         .all("RUN")
         .find(|r| r.contains("cargo build"))
         .expect("builder stage runs cargo build");
-    for want in [
-        "--release",
-        "--locked",
-        "-p argocd-agent-cli",
-        // The shipped binaries carry no test server or dev certificate issuer.
-        "--no-default-features",
-    ] {
+    for want in ["--release", "--locked", "-p argocd-agent-cli"] {
         assert!(cargo.contains(want), "cargo build lacks {want}: {cargo}");
+    }
+    // The CLI package alone: no developer package, no feature that could pull test code in.
+    for unwanted in [
+        "--workspace",
+        "--all-features",
+        "--features",
+        "argocd-agent-devtools",
+    ] {
+        assert!(
+            !cargo.contains(unwanted),
+            "cargo build has {unwanted}: {cargo}"
+        );
     }
 
     let runtime = stages.last().expect("a runtime stage");
@@ -383,7 +389,8 @@ fn image_of_the_built_binaries_has_the_entrypoint_user_labels_and_only_binaries_
     let rootfs = tmp.path().join("context/rootfs");
     let mut expected = BTreeSet::new();
     for bin in BINARIES {
-        let src = argocd_agent_e2e::harness::binary(bin).unwrap_or_else(|e| panic!("{bin}: {e}"));
+        let src =
+            argocd_agent_testkit::harness::binary(bin).unwrap_or_else(|e| panic!("{bin}: {e}"));
         let dest = rootfs.join(BIN_DIR.trim_start_matches('/')).join(bin);
         std::fs::create_dir_all(dest.parent().expect("parent")).expect("mkdir");
         std::fs::copy(&src, &dest).unwrap_or_else(|e| panic!("copying {}: {e}", src.display()));
@@ -491,7 +498,8 @@ fn binaries_print_version_commit_and_protocol_range() {
         ("argocd-agentctl", &["version"][..]),
         ("argocd-agentctl", &["--version"][..]),
     ] {
-        let path = argocd_agent_e2e::harness::binary(bin).unwrap_or_else(|e| panic!("{bin}: {e}"));
+        let path =
+            argocd_agent_testkit::harness::binary(bin).unwrap_or_else(|e| panic!("{bin}: {e}"));
         let out = run(Command::new(&path).args(args));
         let text = String::from_utf8_lossy(&out.stdout);
         let line = text.trim();

@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use argocd_agent_domain::{Event, EventType, Payload};
-use argocd_agent_e2e::harness::*;
 use argocd_agent_proto::eventstream::event_stream_client::EventStreamClient;
+use argocd_agent_testkit::harness::*;
 use kube::api::PostParams;
 
 const T: Duration = Duration::from_secs(20);

@@ -11,8 +11,6 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use argocd_agent_domain::{Event, EventType, Payload};
-use argocd_agent_e2e::envoy::*;
-use argocd_agent_e2e::harness::*;
 use argocd_agent_identity::SpiffeId;
 use argocd_agent_identity::source::SvidSource;
 use argocd_agent_identity::tls::{PeerPolicy, client_config};
@@ -20,6 +18,8 @@ use argocd_agent_identity::transport::{ChannelOptions, connect};
 use argocd_agent_kube_test_server::{KubeTestServer, ServerOptions};
 use argocd_agent_proto::eventstream::event_stream_client::EventStreamClient;
 use argocd_agent_proto::eventstream::{AgentMode, Hello};
+use argocd_agent_testkit::envoy::*;
+use argocd_agent_testkit::harness::*;
 use futures::StreamExt;
 use kube::api::PostParams;
 use serde_json::json;

@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use argocd_agent_e2e::harness::*;
+use argocd_agent_testkit::harness::*;
 use kube::api::PostParams;
 use serde_json::{Value, json};
 
@@ -93,7 +93,7 @@ async fn managed(topo: &Topology) -> Result<(), HarnessError> {
         stored_app(spoke, SPOKE_NS, name)
     })
     .await?;
-    let _sim = AbortOnDrop(tokio::spawn(argocd_agent_e2e::fake_argocd::run(
+    let _sim = AbortOnDrop(tokio::spawn(argocd_agent_testkit::fake_argocd::run(
         apps(spoke, SPOKE_NS)?,
         Duration::from_millis(500),
     )));
@@ -163,7 +163,7 @@ async fn autonomous(topo: &Topology) -> Result<(), HarnessError> {
             &sample_app(name, SPOKE_NS, "guestbook"),
         )
         .await?;
-    let _sim = AbortOnDrop(tokio::spawn(argocd_agent_e2e::fake_argocd::run(
+    let _sim = AbortOnDrop(tokio::spawn(argocd_agent_testkit::fake_argocd::run(
         apps(spoke, SPOKE_NS)?,
         Duration::from_millis(500),
     )));

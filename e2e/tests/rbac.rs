@@ -15,8 +15,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use argocd_agent_e2e::harness::*;
 use argocd_agent_kube_test_server::RecordedRequest;
+use argocd_agent_testkit::harness::*;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, PostParams};
 use serde_json::{Value, json};
 

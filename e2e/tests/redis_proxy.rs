@@ -7,11 +7,11 @@
 
 use std::time::{Duration, Instant};
 
-use argocd_agent_e2e::harness::*;
-use argocd_agent_e2e::redis::{RedisServer, RespClient, redis_cli, redis_cli_bin};
 use argocd_agent_redis::clusterinfo::{self, Compression};
 use argocd_agent_redis::resp::Value;
 use argocd_agent_redis::{Protocol, RedisConn, RedisEndpoint};
+use argocd_agent_testkit::harness::*;
+use argocd_agent_testkit::redis::{RedisServer, RespClient, redis_cli, redis_cli_bin};
 use kube::api::PostParams;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
@@ -72,7 +72,7 @@ async fn redis_proxy_routes_application_keys_to_the_owning_agent() {
     let autonomous_redis = RedisServer::start(dir.path(), "redis-autonomous")
         .await
         .unwrap();
-    let proxy_port = argocd_agent_e2e::envoy::free_loopback_port().unwrap();
+    let proxy_port = argocd_agent_testkit::envoy::free_loopback_port().unwrap();
     let mut topo = Topology::start(TopologyOptions {
         dir: Some(dir.path().join("topology")),
         principal_args: vec![
@@ -435,7 +435,7 @@ async fn redis_proxy_speaks_tls_on_both_legs() {
     let spoke_redis = RedisServer::start_tls(dir.path(), "redis-managed", &cert, &key, &ca)
         .await
         .unwrap();
-    let proxy_port = argocd_agent_e2e::envoy::free_loopback_port().unwrap();
+    let proxy_port = argocd_agent_testkit::envoy::free_loopback_port().unwrap();
     let path = |p: &std::path::Path| p.display().to_string();
     let topo = Topology::start(TopologyOptions {
         dir: Some(dir.path().join("topology")),

@@ -15,10 +15,10 @@
 
 use std::time::{Duration, Instant};
 
-use argocd_agent_e2e::harness::*;
-use argocd_agent_e2e::redis::{RedisServer, RespClient, redis_cli, redis_cli_bin};
 use argocd_agent_redis::clusterinfo::{self, Compression};
 use argocd_agent_redis::{Frame, Protocol, RedisEndpoint};
+use argocd_agent_testkit::harness::*;
+use argocd_agent_testkit::redis::{RedisServer, RespClient, redis_cli, redis_cli_bin};
 use kube::api::PostParams;
 use tokio::net::{TcpSocket, TcpStream};
 
@@ -54,7 +54,7 @@ async fn a_password_protected_hub_redis_is_protected_through_the_proxy() {
     let spoke_redis = RedisServer::start(dir.path(), "redis-managed")
         .await
         .unwrap();
-    let proxy_port = argocd_agent_e2e::envoy::free_loopback_port().unwrap();
+    let proxy_port = argocd_agent_testkit::envoy::free_loopback_port().unwrap();
     let mut topo = Topology::start(TopologyOptions {
         dir: Some(dir.path().join("topology")),
         agents: Some(vec![MANAGED]),

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use argocd_agent_e2e::harness::*;
+use argocd_agent_testkit::harness::*;
 use kube::api::{Api, DynamicObject, PostParams};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -63,7 +63,7 @@ fn kubeconfig_token(path: &Path) -> (String, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kubectl_reaches_managed_and_autonomous_spokes_through_the_principal_and_nothing_else() {
-    let port = argocd_agent_e2e::envoy::free_loopback_port().unwrap();
+    let port = argocd_agent_testkit::envoy::free_loopback_port().unwrap();
     let topo = Topology::start(TopologyOptions {
         principal_args: vec![
             "--enable-resource-proxy".into(),
@@ -507,7 +507,7 @@ async fn kubectl_create(
 /// tracking annotation. And `watch=f` never becomes a watch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_token_creates_only_what_a_resource_action_creates() {
-    let port = argocd_agent_e2e::envoy::free_loopback_port().unwrap();
+    let port = argocd_agent_testkit::envoy::free_loopback_port().unwrap();
     let topo = Topology::start(TopologyOptions {
         principal_args: vec![
             "--enable-resource-proxy".into(),

@@ -13,7 +13,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use argocd_agent_e2e::harness::*;
+use argocd_agent_testkit::harness::*;
 use base64::Engine;
 use rustls_pki_types::pem::PemObject;
 use serde_json::Value;
@@ -102,7 +102,7 @@ async fn request(connector: &tokio_rustls::TlsConnector, port: u16, head: &str) 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_resource_proxy_listener_holds_against_idle_slow_and_crowding_clients() {
-    let port = argocd_agent_e2e::envoy::free_loopback_port().unwrap();
+    let port = argocd_agent_testkit::envoy::free_loopback_port().unwrap();
     let topo = Topology::start(TopologyOptions {
         agents: Some(vec![MANAGED]),
         principal_args: vec![

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use argocd_agent_e2e::harness::*;
+use argocd_agent_testkit::harness::*;
 use kube::api::PostParams;
 use serde_json::json;
 
@@ -14,7 +14,7 @@ const NS: &str = "guestbook";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_resource_proxy_reads_objects_as_the_spokes_argo_cd_tracks_them() {
-    let port = argocd_agent_e2e::envoy::free_loopback_port().unwrap();
+    let port = argocd_agent_testkit::envoy::free_loopback_port().unwrap();
     let topo = Topology::start(TopologyOptions {
         agents: Some(vec![MANAGED]),
         principal_args: vec![

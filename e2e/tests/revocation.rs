@@ -6,7 +6,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use argocd_agent_e2e::harness::*;
+use argocd_agent_testkit::harness::*;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ObjectMeta, PostParams};
 

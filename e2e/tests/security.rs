@@ -4,12 +4,12 @@
 use std::time::Duration;
 
 use argocd_agent_domain::{Event, EventType, Payload, ResourceKind, ResourceRef};
-use argocd_agent_e2e::harness::*;
-use argocd_agent_identity::devserver::DevCa;
 use argocd_agent_identity::source::SvidSource;
 use argocd_agent_identity::{SpiffeId, TrustDomain};
 use argocd_agent_proto::eventstream::event_stream_client::EventStreamClient;
 use argocd_agent_proto::eventstream::{AgentMode, Hello};
+use argocd_agent_testkit::harness::*;
+use argocd_agent_testkit::workload_api::DevCa;
 use kube::api::PostParams;
 use serde_json::json;
 use tokio::sync::mpsc;

@@ -6,9 +6,9 @@
 use std::time::Duration;
 
 use argocd_agent_domain::EventType;
-use argocd_agent_e2e::harness::*;
 use argocd_agent_identity::source::SvidSource;
 use argocd_agent_proto::eventstream::AgentMode;
+use argocd_agent_testkit::harness::*;
 use kube::api::PostParams;
 
 const T: Duration = Duration::from_secs(30);

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use argocd_agent_e2e::harness::*;
 use argocd_agent_kube_test_server::KubeTestServer;
+use argocd_agent_testkit::harness::*;
 use kube::api::{DeleteParams, PostParams};
 use serde_json::{Value, json};
 

@@ -5,8 +5,6 @@
 #![forbid(unsafe_code)]
 #![deny(rust_2018_idioms, unused_must_use)]
 
-#[cfg(feature = "devserver")]
-pub mod devserver;
 pub mod id;
 pub mod jwt;
 pub mod listener;

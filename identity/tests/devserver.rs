@@ -6,9 +6,9 @@ use std::os::unix::fs::MetadataExt as _;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use argocd_agent_identity::devserver::{DevCa, DevWorkloadApi, Registration, RegistrationFile};
 use argocd_agent_proto::workload::X509svidRequest;
 use argocd_agent_proto::workload::spiffe_workload_api_client::SpiffeWorkloadApiClient;
+use argocd_agent_testkit::workload_api::{DevCa, DevWorkloadApi, Registration, RegistrationFile};
 use hyper_util::rt::TokioIo;
 use support::*;
 use x509_parser::extensions::{GeneralName, ParsedExtension};

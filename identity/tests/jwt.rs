@@ -5,10 +5,10 @@ mod support;
 
 use std::time::{Duration, SystemTime};
 
-use argocd_agent_identity::devserver::DevCa;
 use argocd_agent_identity::jwt::{
     JwtBundles, JwtError, JwtSvidFetcher, JwtValidator, bearer_token,
 };
+use argocd_agent_testkit::workload_api::DevCa;
 use support::*;
 use tonic::service::Interceptor as _;
 

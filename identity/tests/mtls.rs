@@ -5,13 +5,16 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use argocd_agent_identity::devserver::DevCa;
 use argocd_agent_identity::tls::{PeerPolicy, TlsError};
 use argocd_agent_identity::{SvidSource, SvidState, TrustBundles};
+use argocd_agent_testkit::workload_api::DevCa;
 use support::*;
 
 /// A fixed source presenting `svid` and trusting `bundles`.
-fn fixed(svid: &argocd_agent_identity::devserver::IssuedSvid, bundles: TrustBundles) -> SvidSource {
+fn fixed(
+    svid: &argocd_agent_testkit::workload_api::IssuedSvid,
+    bundles: TrustBundles,
+) -> SvidSource {
     SvidSource::fixed(SvidState {
         svid: Arc::new(svid.to_x509_svid().expect("usable SVID")),
         bundles: Arc::new(bundles),

@@ -6,9 +6,9 @@ mod support;
 use std::time::Duration;
 
 use argocd_agent_identity::SvidSource;
-use argocd_agent_identity::devserver::DevCa;
 use argocd_agent_identity::tls::PeerPolicy;
 use argocd_agent_proto::eventstream::event_stream_client::EventStreamClient;
+use argocd_agent_testkit::workload_api::DevCa;
 use futures::StreamExt;
 use support::*;
 

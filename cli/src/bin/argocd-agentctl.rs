@@ -1,4 +1,4 @@
-//! `argocd-agentctl`: operator and developer tooling for argocd-agent.
+//! `argocd-agentctl`: operator tooling for argocd-agent (developer tooling is `argocd-agent-dev`).
 
 use argocd_agent_cli::ctl;
 use clap::{Parser, Subcommand};
@@ -36,24 +36,6 @@ enum Command {
     /// SPIFFE identities: explain mapping rules, inspect the current SVID.
     #[command(subcommand)]
     Identity(ctl::identity::Command),
-    /// Development SPIFFE Workload API server.
-    #[cfg(feature = "dev-tools")]
-    #[command(subcommand)]
-    Spiffe(ctl::spiffe::Command),
-    /// Development helpers (Kubernetes API test server).
-    #[cfg(feature = "dev-tools")]
-    #[command(subcommand)]
-    Dev(ctl::dev::Command),
-    /// Run the whole topology locally (dev Workload API, hub + 2 spokes, principal, agents).
-    #[cfg(feature = "dev-tools")]
-    Demo(ctl::demo::DemoArgs),
-    /// Load generator: a real principal and N simulated agents (docs/benchmarks.md).
-    #[cfg(feature = "dev-tools")]
-    Bench(ctl::bench::BenchArgs),
-    /// Chaos run: seeded operations under seeded faults, then every object checked
-    /// (docs/reliability.md).
-    #[cfg(feature = "dev-tools")]
-    Chaos(ctl::chaos::ChaosArgs),
     /// Service-mesh config generators (Envoy, Istio, Linkerd).
     #[command(subcommand)]
     Mesh(ctl::mesh::Command),
@@ -70,21 +52,11 @@ async fn main() {
         Command::Blocklist(c) => ctl::blocklist::run(c).await,
         Command::Replicas(a) => ctl::replicas::run(a).await,
         Command::Identity(c) => ctl::identity::run(c).await,
-        #[cfg(feature = "dev-tools")]
-        Command::Spiffe(c) => ctl::spiffe::run(c).await,
-        #[cfg(feature = "dev-tools")]
-        Command::Dev(c) => ctl::dev::run(c).await,
         Command::Mesh(c) => ctl::mesh::run(c).await,
         Command::Version => {
             println!("argocd-agentctl {}", argocd_agent_cli::version::text());
             Ok(())
         }
-        #[cfg(feature = "dev-tools")]
-        Command::Demo(a) => ctl::demo::run(a).await,
-        #[cfg(feature = "dev-tools")]
-        Command::Bench(a) => ctl::bench::run(a).await,
-        #[cfg(feature = "dev-tools")]
-        Command::Chaos(a) => ctl::chaos::run(a).await,
     };
     if let Err(e) = result {
         eprintln!("error: {}", argocd_agent_domain::error_chain(&*e));

@@ -1,20 +1,10 @@
 //! `argocd-agentctl` subcommands, one module each.
 
 pub mod agent;
-#[cfg(feature = "dev-tools")]
-pub mod bench;
 pub mod blocklist;
-#[cfg(feature = "dev-tools")]
-pub mod chaos;
-#[cfg(feature = "dev-tools")]
-pub mod demo;
-#[cfg(feature = "dev-tools")]
-pub mod dev;
 pub mod identity;
 pub mod mesh;
 pub mod replicas;
-#[cfg(feature = "dev-tools")]
-pub mod spiffe;
 
 /// Where the hub's Kubernetes API is, for commands that read or edit hub objects.
 #[derive(Debug, clap::Args)]

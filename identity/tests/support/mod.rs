@@ -8,7 +8,6 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use argocd_agent_identity::devserver::{DevWorkloadApi, DevWorkloadApiHandle};
 use argocd_agent_identity::peer::{peer_certs, peer_spiffe_id};
 use argocd_agent_identity::source::WorkloadApiOptions;
 use argocd_agent_identity::tls::{PeerPolicy, client_config, server_config};
@@ -18,6 +17,7 @@ use argocd_agent_proto::cloudevents::CloudEvent;
 use argocd_agent_proto::eventstream::event_stream_server::{EventStream, EventStreamServer};
 use argocd_agent_proto::version::version_server::{Version, VersionServer};
 use argocd_agent_proto::version::{VersionRequest, VersionResponse};
+use argocd_agent_testkit::workload_api::{DevWorkloadApi, DevWorkloadApiHandle};
 use futures::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 

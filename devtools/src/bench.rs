@@ -1,0 +1,155 @@
+//! `argocd-agent-dev bench <scenario>`: the load generator (`argocd_agent_load::bench`). A real
+//! principal process against a Kubernetes API test server as hub, and N simulated agents in
+//! this process, each with its own SVID, TLS connection and stream. Prints one table row per
+//! run and, with `--json`, appends the row as one JSON line to a file. See
+//! `docs/benchmarks.md`.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use argocd_agent_load::bench::{self, BenchOptions, Scenario};
+
+/// Scenarios.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum ScenarioArg {
+    /// N agents connect: time to all connected, idle bytes per agent, idle CPU.
+    Connect,
+    /// kill -9 and restart the principal under N agents: time to reconnected and resynced.
+    Storm,
+    /// Hub write to agent and agent status to hub, one at a time: p50/p99/max.
+    Fanout,
+    /// Events per second both ways, next to a raw tonic stream over the same TLS.
+    Throughput,
+    /// Every SVID (agents and principal) rotated every 2 s under load: drops and losses.
+    Rotation,
+    /// The demo topology with real agent processes: --changes mixed operations on the hub
+    /// (managed) and on the spoke (autonomous); time until the other side is equal.
+    Bulk,
+    /// --replicas principal replicas (--ha) under N agents spread across them: kill -9 one;
+    /// time until its agents have sessions on the others and until all are resynced.
+    Failover,
+    /// No run: draw --plot from the connect rows already in --json (cost growth).
+    Plot,
+}
+
+impl ScenarioArg {
+    /// The scenario to run (`None` for `plot`, which only draws).
+    fn scenario(self) -> Option<Scenario> {
+        Some(match self {
+            ScenarioArg::Connect => Scenario::Connect,
+            ScenarioArg::Storm => Scenario::Storm,
+            ScenarioArg::Fanout => Scenario::Fanout,
+            ScenarioArg::Throughput => Scenario::Throughput,
+            ScenarioArg::Rotation => Scenario::Rotation,
+            ScenarioArg::Bulk => Scenario::Bulk,
+            ScenarioArg::Failover => Scenario::Failover,
+            ScenarioArg::Plot => return None,
+        })
+    }
+}
+
+/// Arguments of `argocd-agent-dev bench`.
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    /// What to measure.
+    #[arg(value_enum)]
+    scenario: ScenarioArg,
+    /// Simulated agents. Each needs one file descriptor here and one in the principal
+    /// (the run raises RLIMIT_NOFILE to the hard limit and says if it is too low).
+    #[arg(long, default_value_t = 100)]
+    agents: usize,
+    /// Changes or events (fanout, throughput).
+    #[arg(long, default_value_t = 200)]
+    changes: usize,
+    /// Application payload size in bytes (throughput).
+    #[arg(long, default_value_t = 6144)]
+    payload_bytes: usize,
+    /// Idle phase (connect) or run length (rotation), seconds.
+    #[arg(long, default_value_t = 10)]
+    seconds: u64,
+    /// Heartbeat interval of the simulated agents, seconds (the agent's default: 30).
+    #[arg(long, default_value_t = 30)]
+    heartbeat: u64,
+    /// Concurrent hub writers.
+    #[arg(long, default_value_t = 16)]
+    writers: usize,
+    /// Principal replicas (failover; at least 2). Pass --replica-lease-duration (default
+    /// 10s) with --principal-arg.
+    #[arg(long, default_value_t = 3)]
+    replicas: usize,
+    /// Keep logs and kubeconfigs here (default: a temporary directory).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Append the result as one JSON line to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// After the run, draw the cost-growth plot (PNG) of every `connect` row in --json:
+    /// principal RSS and idle CPU against connected agents, next to their targets.
+    #[arg(long, requires = "json")]
+    plot: Option<PathBuf>,
+    /// TrueType font for the plot's text (default: DejaVu Sans or Liberation Sans from the
+    /// usual system paths).
+    #[arg(long)]
+    font: Option<PathBuf>,
+    /// Extra principal argument (repeat), e.g. --principal-arg=--kube-qps=200.
+    #[arg(long = "principal-arg", allow_hyphen_values = true)]
+    principal_args: Vec<String>,
+}
+
+/// Runs one scenario and prints its row.
+pub async fn run(a: BenchArgs) -> crate::CmdResult {
+    let opts = BenchOptions {
+        agents: a.agents.max(1),
+        changes: a.changes.max(1),
+        payload_bytes: a.payload_bytes,
+        duration: Duration::from_secs(a.seconds),
+        heartbeat: Duration::from_secs(a.heartbeat.max(1)),
+        writers: a.writers.max(1),
+        dir: a.dir,
+        principal_args: a.principal_args,
+        replicas: a.replicas.max(2),
+    };
+    if let Some(scenario) = a.scenario.scenario() {
+        let report = bench::run(scenario, &opts)
+            .await
+            .map_err(|e| format!("bench {}: {e}", scenario.name()))?;
+        print!("{}", report.table());
+        if let Some(path) = &a.json {
+            append_json_line(path, &report.json().to_string())?;
+        }
+    } else if a.plot.is_none() {
+        return Err("bench plot: say where with --plot FILE.png (and --json FILE)".into());
+    }
+    if let (Some(png), Some(json)) = (&a.plot, &a.json) {
+        plot(json, png, a.font.as_deref())?;
+    }
+    Ok(())
+}
+
+/// Draws the `connect` rows of `json` into `png`.
+fn plot(json: &Path, png: &Path, font: Option<&Path>) -> crate::CmdResult {
+    let text = std::fs::read_to_string(json).map_err(|e| format!("{}: {e}", json.display()))?;
+    let points =
+        bench::plot::connect_points(&text).map_err(|e| format!("{}: {e}", json.display()))?;
+    let font = bench::plot::find_font(font).map_err(|e| e.to_string())?;
+    bench::plot::draw_connect_png(&points, &font, png).map_err(|e| e.to_string())?;
+    println!(
+        "plot: {} ({} connect runs from {})",
+        png.display(),
+        points.len(),
+        json.display()
+    );
+    Ok(())
+}
+
+/// Appends `line` and a newline to the file at `path` (created if missing): one run per line.
+pub(crate) fn append_json_line(path: &std::path::Path, line: &str) -> crate::CmdResult {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    writeln!(f, "{line}").map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(())
+}

@@ -1,0 +1,433 @@
+//! What every scenario runs against: a Kubernetes API test server as hub (in this process),
+//! the development Workload API server (the principal's SVID, and the CA that issues every
+//! simulated agent's), and a real `argocd-agent principal` as a separate process, whose RSS
+//! and CPU time are read from `/proc`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use argocd_agent_identity::svid::{SvidState, TrustBundles};
+use argocd_agent_identity::{SpiffeId, TrustDomain};
+use argocd_agent_kube_test_server::{KubeTestServer, ServerOptions};
+use argocd_agent_testkit::workload_api::{DevWorkloadApi, DevWorkloadApiHandle};
+
+use argocd_agent_testkit::harness::{
+    HarnessError, PRINCIPAL_ID, Proc, TRUST_DOMAIN, binary, http_get, wait_port,
+};
+
+/// The mapping rule of a bench run: `spiffe://example.org/ns/agents/sa/<agent>` is agent
+/// `<agent>` with hub namespace `<agent>` (one template rule for every simulated agent).
+pub const BENCH_RULE: &str = "template:spiffe://{trust_domain}/ns/agents/sa/{sa}=>{sa},namespace={sa},trustDomains=example.org,mode=both";
+
+/// One reading of a process in `/proc`.
+#[derive(Debug, Clone, Copy)]
+pub struct ProcSample {
+    /// Resident set size, bytes.
+    pub rss: u64,
+    /// User + system CPU time.
+    pub cpu: Duration,
+    /// When it was read.
+    pub at: Instant,
+}
+
+impl ProcSample {
+    /// Reads `/proc/<pid>/status` (VmRSS) and `/proc/<pid>/stat` (utime, stime).
+    pub fn read(pid: u32) -> Result<ProcSample, HarnessError> {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+        let rss_kib: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .ok_or("no VmRSS in /proc/<pid>/status")?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+        // Fields after the command name, which is in parentheses and may contain spaces:
+        // state is field 3, utime 14, stime 15 (proc(5)).
+        let rest = stat
+            .rsplit_once(')')
+            .map(|(_, r)| r)
+            .ok_or("unreadable /proc/<pid>/stat")?;
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let ticks = |i: usize| -> Result<u64, HarnessError> {
+            Ok(fields
+                .get(i)
+                .ok_or("short /proc/<pid>/stat")?
+                .parse::<u64>()?)
+        };
+        let total = ticks(11)? + ticks(12)?;
+        let hz = rustix::param::clock_ticks_per_second().max(1);
+        Ok(ProcSample {
+            rss: rss_kib * 1024,
+            cpu: Duration::from_nanos(total.saturating_mul(1_000_000_000) / hz),
+            at: Instant::now(),
+        })
+    }
+
+    /// CPU use between `earlier` and `self`, in percent of one core.
+    pub fn cpu_percent_since(&self, earlier: &ProcSample) -> f64 {
+        let wall = self.at.duration_since(earlier.at).as_secs_f64();
+        if wall <= 0.0 {
+            return 0.0;
+        }
+        self.cpu.saturating_sub(earlier.cpu).as_secs_f64() / wall * 100.0
+    }
+}
+
+/// Raises this process's soft `RLIMIT_NOFILE` to the hard limit (children inherit it) and
+/// checks that `needed` descriptors fit. Returns the limit in force.
+pub fn raise_nofile(needed: u64) -> Result<u64, HarnessError> {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut limit = getrlimit(Resource::Nofile);
+    if limit.current != limit.maximum {
+        limit.current = limit.maximum;
+        setrlimit(Resource::Nofile, limit)
+            .map_err(|e| format!("raising RLIMIT_NOFILE to the hard limit: {e}"))?;
+    }
+    let have = limit.current.unwrap_or(u64::MAX);
+    if have < needed {
+        return Err(format!(
+            "this run needs about {needed} file descriptors per process (one TCP connection per simulated agent, in this process and in the principal), but RLIMIT_NOFILE is {have}: raise the hard limit (ulimit -Hn) or use fewer agents"
+        )
+        .into());
+    }
+    Ok(have)
+}
+
+/// The hub's settings. Its event history is sized like a real apiserver's at the bench's
+/// write rates: etcd keeps minutes of revisions (compaction every 5 min) and the watch cache
+/// ~75 s of events, while the test server's default 1,000 events last under a second at
+/// 1,500 writes/s. With the default, the principal's watch expired during bursts and its
+/// paginated relists of 20,000 Applications never finished (each continue token expired
+/// within the list), which measured the test server, not the principal.
+fn hub_options() -> ServerOptions {
+    ServerOptions {
+        history_limit: HUB_HISTORY,
+        ..ServerOptions::default()
+    }
+}
+
+/// Events the bench hub keeps (each holds the object, and the previous one for updates).
+const HUB_HISTORY: usize = 50_000;
+
+/// A further principal replica of a run with several (`--ha --replica-id principal-<i>`).
+pub struct Replica {
+    pub proc: Proc,
+    pub addr: SocketAddr,
+    pub metrics_port: u16,
+}
+
+/// The hub, the Workload API server and the principal process (with [`BenchEnv::start_ha`],
+/// replica `principal-0`, and the other replicas in `replicas`).
+pub struct BenchEnv {
+    pub dir: PathBuf,
+    _tmp: Option<tempfile::TempDir>,
+    pub spiffe: DevWorkloadApiHandle,
+    pub hub: KubeTestServer,
+    pub principal: Proc,
+    pub principal_addr: SocketAddr,
+    pub metrics_port: u16,
+    /// Replicas 1.. of a run with several (empty otherwise).
+    pub replicas: Vec<Replica>,
+    bundles: Arc<TrustBundles>,
+}
+
+/// A principal process (not started) named `name`, its address and metrics port; `suffix`
+/// tells its admin socket and log apart from the other replicas' (empty for the first).
+fn principal_proc(
+    dir: &std::path::Path,
+    spiffe: &DevWorkloadApiHandle,
+    suffix: &str,
+    extra_args: &[String],
+) -> Result<Replica, HarnessError> {
+    let port = argocd_agent_testkit::envoy::free_loopback_port()?;
+    let metrics_port = argocd_agent_testkit::envoy::free_loopback_port()?;
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
+    let mut args = argocd_agent_testkit::harness::principal_args(
+        port,
+        &dir.join("hub.kubeconfig"),
+        metrics_port,
+        &spiffe.endpoint(&dir.join("principal.sock")),
+    );
+    args.extend([
+        "--identity-rule".into(),
+        BENCH_RULE.into(),
+        "--admin-address".into(),
+        format!(
+            "unix://{}",
+            dir.join(format!("admin{suffix}.sock")).display()
+        ),
+        // No Redis in a bench run (and no fixed port 6379 to collide on).
+        "--disable-redis-proxy".into(),
+    ]);
+    // The bench measures the principal's capacity: the per-agent event rate limit (a
+    // policy, tested in e2e/tests/bad_input.rs) is off unless a run sets it.
+    if !extra_args
+        .iter()
+        .any(|a| a.starts_with("--agent-event-rate"))
+    {
+        args.extend(["--agent-event-rate".into(), "0".into()]);
+    }
+    args.extend(extra_args.iter().cloned());
+    let proc = Proc::new(
+        &format!("principal{suffix}"),
+        binary("argocd-agent")?,
+        args,
+        dir.join(format!("principal{suffix}.log")),
+    )
+    .env("RUST_LOG", "warn");
+    Ok(Replica {
+        proc,
+        addr,
+        metrics_port,
+    })
+}
+
+impl BenchEnv {
+    /// Starts the hub and the principal (with `extra_args`), and waits until the principal
+    /// answers on its metrics port.
+    pub async fn start(
+        dir: Option<PathBuf>,
+        extra_args: &[String],
+    ) -> Result<BenchEnv, HarnessError> {
+        BenchEnv::start_ha(dir, extra_args, 1).await
+    }
+
+    /// [`BenchEnv::start`] with `replicas` principal processes: with more than one, each runs
+    /// with `--ha --replica-id principal-<i>` (plus `extra_args`) on its own listen and
+    /// metrics port, and all are ready when this returns.
+    pub async fn start_ha(
+        dir: Option<PathBuf>,
+        extra_args: &[String],
+        replicas: usize,
+    ) -> Result<BenchEnv, HarnessError> {
+        let (dir, tmp) = match dir {
+            Some(d) => {
+                std::fs::create_dir_all(&d)?;
+                (d, None)
+            }
+            None => {
+                let t = tempfile::Builder::new()
+                    .prefix("argocd-agent-bench")
+                    .tempdir()?;
+                (t.path().to_path_buf(), Some(t))
+            }
+        };
+        let td = TrustDomain::new(TRUST_DOMAIN)?;
+        let spiffe = DevWorkloadApi::builder(dir.join("spiffe"), td.clone())
+            .socket(dir.join("principal.sock"), SpiffeId::parse(PRINCIPAL_ID)?)
+            .serve()
+            .await?;
+        let mut bundles = TrustBundles::new();
+        bundles.insert(td, vec![spiffe.ca().certificate().clone()])?;
+        let hub = KubeTestServer::start_on("127.0.0.1:0".parse()?, hub_options()).await?;
+        hub.write_kubeconfig(&dir.join("hub.kubeconfig"), "hub")?;
+        argocd_agent_testkit::harness::create_namespace(
+            &hub,
+            argocd_agent_testkit::harness::HUB_ARGOCD_NS,
+        )
+        .await?;
+        let mut first = principal_proc(&dir, &spiffe, "", &replica_args(extra_args, 0, replicas))?;
+        first.proc.start()?;
+        let mut others = Vec::new();
+        for i in 1..replicas {
+            let mut r = principal_proc(
+                &dir,
+                &spiffe,
+                &format!("-{i}"),
+                &replica_args(extra_args, i, replicas),
+            )?;
+            r.proc.start()?;
+            others.push(r);
+        }
+        wait_port(first.addr).await?;
+        for r in &others {
+            wait_port(r.addr).await?;
+        }
+        let env = BenchEnv {
+            dir,
+            _tmp: tmp,
+            spiffe,
+            hub,
+            principal: first.proc,
+            principal_addr: first.addr,
+            metrics_port: first.metrics_port,
+            replicas: others,
+            bundles: Arc::new(bundles),
+        };
+        env.wait_ready(Duration::from_secs(60)).await?;
+        for r in &env.replicas {
+            wait_ready_on(r.metrics_port, &r.proc, Duration::from_secs(60)).await?;
+        }
+        env.wait_ready(Duration::from_secs(60)).await?;
+        Ok(env)
+    }
+
+    /// Waits until the principal's `/readyz` answers 200 (hub caches synced).
+    pub async fn wait_ready(&self, timeout: Duration) -> Result<(), HarnessError> {
+        wait_ready_on(self.metrics_port, &self.principal, timeout).await
+    }
+
+    /// An X.509-SVID for `id` from the run's CA, with the trust bundle, valid for `ttl`.
+    pub fn svid(&self, id: &SpiffeId, ttl: Duration) -> Result<Arc<SvidState>, HarnessError> {
+        let issued = self.spiffe.ca().issue_x509(id, ttl)?;
+        Ok(Arc::new(SvidState {
+            svid: Arc::new(issued.to_x509_svid()?),
+            bundles: self.bundles.clone(),
+        }))
+    }
+
+    /// The principal's process reading.
+    pub fn sample(&self) -> Result<ProcSample, HarnessError> {
+        ProcSample::read(self.principal.pid().ok_or("the principal is not running")?)
+    }
+
+    /// Waits (at most `limit`) until the principal is quiet: under 5 % of a core over
+    /// 300 ms, so what it still does for earlier work (watch events of a write burst) is
+    /// not counted in the next measurement. Returns how long it took.
+    pub async fn until_quiet(&self, limit: Duration) -> Result<Duration, HarnessError> {
+        let started = Instant::now();
+        let window = Duration::from_millis(300);
+        loop {
+            let a = self.sample()?;
+            tokio::time::sleep(window).await;
+            let b = self.sample()?;
+            let busy = (b.cpu - a.cpu).as_secs_f64() / (b.at - a.at).as_secs_f64();
+            if busy < 0.05 || started.elapsed() >= limit {
+                return Ok(started.elapsed());
+            }
+        }
+    }
+
+    /// The value of an unlabelled metric of the principal (`name` as exposed).
+    pub async fn metric(&self, name: &str) -> Result<f64, HarnessError> {
+        let text = http_get(self.metrics_port, "/metrics").await?;
+        metric_value(&text, name).ok_or_else(|| format!("no metric {name}").into())
+    }
+
+    /// Requests the principal made to the hub, counted by `verb resource[/subresource]`.
+    pub fn principal_requests(&self) -> std::collections::BTreeMap<String, u64> {
+        let mut out = std::collections::BTreeMap::new();
+        for r in self.hub.requests() {
+            if r.user.as_deref() == Some("e2e") {
+                continue;
+            }
+            let key = match &r.subresource {
+                Some(sub) => format!("{} {}/{sub}", r.verb, r.resource),
+                None => format!("{} {}", r.verb, r.resource),
+            };
+            *out.entry(key).or_insert(0) += 1;
+        }
+        out
+    }
+
+    /// Kills the principal at once (`kill -9`).
+    pub async fn kill_principal(&mut self) {
+        self.principal.kill().await;
+    }
+
+    /// Starts the principal again with the same arguments and waits until it is ready.
+    pub async fn restart_principal(&mut self) -> Result<(), HarnessError> {
+        self.principal.start()?;
+        wait_port(self.principal_addr).await?;
+        self.wait_ready(Duration::from_secs(60)).await
+    }
+
+    /// The sum of an unlabelled metric over replicas 1.. (those of [`BenchEnv::start_ha`]).
+    pub async fn replicas_metric(&self, name: &str) -> Result<f64, HarnessError> {
+        let mut sum = 0.0;
+        for r in &self.replicas {
+            let text = http_get(r.metrics_port, "/metrics").await?;
+            sum += metric_value(&text, name).ok_or_else(|| format!("no metric {name}"))?;
+        }
+        Ok(sum)
+    }
+
+    /// Every principal process's log tail (`n` lines each), named.
+    pub fn logs(&self, n: usize) -> String {
+        let mut out = tail(&self.principal.log(), n);
+        for r in &self.replicas {
+            out.push_str(&format!(
+                "\n--- {} ---\n{}",
+                r.proc.name,
+                tail(&r.proc.log(), n)
+            ));
+        }
+        out
+    }
+
+    /// Stops everything.
+    pub async fn stop(mut self) {
+        self.principal.stop().await;
+        for r in &mut self.replicas {
+            r.proc.stop().await;
+        }
+        self.hub.shutdown().await;
+    }
+}
+
+/// The arguments of replica `i` of `replicas`: with several, `--ha` (unless `extra` has it)
+/// and `--replica-id principal-<i>`, then `extra`.
+fn replica_args(extra: &[String], i: usize, replicas: usize) -> Vec<String> {
+    let mut args = Vec::new();
+    if replicas > 1 {
+        if !extra.iter().any(|a| a == "--ha") {
+            args.push("--ha".to_owned());
+        }
+        args.extend(["--replica-id".to_owned(), format!("principal-{i}")]);
+    }
+    args.extend(extra.iter().cloned());
+    args
+}
+
+/// Waits until the principal on `metrics_port` answers 200 on `/readyz` (hub caches synced).
+async fn wait_ready_on(
+    metrics_port: u16,
+    proc: &Proc,
+    timeout: Duration,
+) -> Result<(), HarnessError> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Ok(body) = http_get(metrics_port, "/readyz").await
+            && body.trim() == "ready"
+        {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "{} not ready after {timeout:?}; log:\n{}",
+                proc.name,
+                tail(&proc.log(), 40)
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+pub use argocd_agent_testkit::harness::metric_value;
+
+/// The last `n` lines of `text`.
+pub fn tail(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metric_values_are_summed_over_labels() {
+        let text = "# HELP x y\nfoo_total{a=\"1\"} 2\nfoo_total{a=\"2\"} 3\nfoo 7\nfoobar 1\n";
+        assert_eq!(metric_value(text, "foo_total"), Some(5.0));
+        assert_eq!(metric_value(text, "foo"), Some(7.0));
+        assert_eq!(metric_value(text, "nope"), None);
+    }
+
+    #[test]
+    fn this_process_can_be_sampled() {
+        let s = ProcSample::read(std::process::id()).unwrap();
+        assert!(s.rss > 0);
+    }
+}

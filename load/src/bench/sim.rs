@@ -1,0 +1,482 @@
+//! Simulated agents: many in one process, each real on the wire. Each has its own
+//! X.509-SVID (its own SPIFFE ID, from the run's CA), its own TLS 1.3 mTLS connection and
+//! stream, sends the hello with its resync state, heartbeats, acknowledges the principal's
+//! events like a spoke that applied them, and sends what the scenario asks (status updates).
+//! They keep only what a resync needs (each Application's spec checksum and source UID), not
+//! the objects, and reconnect with the real agent's backoff (exponential from 500 ms, jitter
+//! up to +50 %, at most 30 s).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use argocd_agent_domain::event::PROTOCOL_VERSION;
+use argocd_agent_domain::names::Namespace;
+use argocd_agent_domain::{Event, EventType, Payload};
+use argocd_agent_identity::SpiffeId;
+use argocd_agent_identity::source::SvidSource;
+use argocd_agent_identity::svid::SvidState;
+use argocd_agent_identity::tls::PeerPolicy;
+use argocd_agent_identity::transport::ChannelOptions;
+use argocd_agent_kubernetes::object::{SOURCE_UID_ANNOTATION, checksum_of};
+use argocd_agent_proto::eventstream::event_stream_client::EventStreamClient;
+use argocd_agent_proto::eventstream::{self as pb, Hello};
+use serde_json::Value;
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+
+use argocd_agent_testkit::harness::{HarnessError, PRINCIPAL_ID};
+
+/// The real agent's reconnect backoff.
+const BACKOFF_INITIAL: Duration = Duration::from_millis(500);
+const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// A session that lasted this long resets the backoff (as the real agent).
+const STABLE_SESSION: Duration = Duration::from_secs(10);
+
+/// SPIFFE ID of simulated agent `name` (mapped by [`super::env::BENCH_RULE`]).
+pub fn sim_id(name: &str) -> String {
+    format!("spiffe://example.org/ns/agents/sa/{name}")
+}
+
+/// Name of simulated agent `i`.
+pub fn sim_name(i: usize) -> String {
+    format!("bench-{i:05}")
+}
+
+/// Counters over every simulated agent.
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Agents with a live session (welcome received, stream open).
+    pub connected: AtomicUsize,
+    /// Welcomes received (sessions established), in total.
+    pub sessions: AtomicU64,
+    /// Sessions that ended while the run did not ask for it (dropped streams).
+    pub dropped: AtomicU64,
+    /// Connection or handshake attempts that failed.
+    pub failed_attempts: AtomicU64,
+    /// Resource events received from the principal (create, spec-update, delete).
+    pub events_in: AtomicU64,
+    /// Events sent (status updates) and acknowledged by the principal.
+    pub events_out: AtomicU64,
+    pub acked_out: AtomicU64,
+    /// Events the principal refused (error events).
+    pub refused: AtomicU64,
+    /// Payload bytes received in resource events.
+    pub bytes_in: AtomicU64,
+}
+
+/// Arrivals of resource events, for latency measurements (when tracking is on).
+#[derive(Debug, Default)]
+pub struct Arrivals {
+    on: std::sync::atomic::AtomicBool,
+    seen: Mutex<HashMap<String, Instant>>,
+}
+
+impl Arrivals {
+    /// Starts recording `<app name>@<marker>` -> first arrival time.
+    pub fn track(&self, on: bool) {
+        self.on.store(on, Ordering::Relaxed);
+    }
+
+    fn record(&self, key: String) {
+        if self.on.load(Ordering::Relaxed) {
+            self.seen
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .entry(key)
+                .or_insert_with(Instant::now);
+        }
+    }
+
+    /// When `key` first arrived.
+    pub fn get(&self, key: &str) -> Option<Instant> {
+        self.seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)
+            .copied()
+    }
+}
+
+/// What one simulated agent holds of an Application.
+#[derive(Debug, Clone)]
+struct Held {
+    checksum: String,
+    uid: String,
+}
+
+/// One simulated agent.
+pub struct SimAgent {
+    pub name: String,
+    svid: watch::Sender<Option<Arc<SvidState>>>,
+    tls: Arc<rustls::ClientConfig>,
+    apps: Mutex<HashMap<String, Held>>,
+    hub_ns: Mutex<Option<Namespace>>,
+    outbox_tx: mpsc::UnboundedSender<Event>,
+    outbox_rx: tokio::sync::Mutex<mpsc::UnboundedReceiver<Event>>,
+    /// Closes the current session without stopping the agent (it reconnects).
+    kick: Mutex<CancellationToken>,
+    /// Index in [`FleetConfig::principals`] of the live session's principal (`usize::MAX`
+    /// while there is none).
+    on: AtomicUsize,
+}
+
+impl SimAgent {
+    /// An agent named `name` presenting `svid`.
+    pub fn new(name: String, svid: Arc<SvidState>) -> Result<Arc<SimAgent>, HarnessError> {
+        let (tx, rx) = watch::channel(Some(svid));
+        let source = SvidSource::from_receiver(rx);
+        let tls = argocd_agent_identity::tls::client_config(
+            &source,
+            PeerPolicy::Exact(SpiffeId::parse(PRINCIPAL_ID)?),
+        )?;
+        let (outbox_tx, outbox_rx) = mpsc::unbounded_channel();
+        Ok(Arc::new(SimAgent {
+            name,
+            svid: tx,
+            tls,
+            apps: Mutex::new(HashMap::new()),
+            hub_ns: Mutex::new(None),
+            outbox_tx,
+            outbox_rx: tokio::sync::Mutex::new(outbox_rx),
+            kick: Mutex::new(CancellationToken::new()),
+            on: AtomicUsize::new(usize::MAX),
+        }))
+    }
+
+    /// Replaces the agent's SVID (what a Workload API rotation does); the next handshake
+    /// uses it, the open stream stays.
+    pub fn rotate(&self, svid: Arc<SvidState>) {
+        self.svid.send_replace(Some(svid));
+    }
+
+    /// The agent's TLS client configuration (its SVID; the principal pinned).
+    pub fn tls(&self) -> Arc<rustls::ClientConfig> {
+        self.tls.clone()
+    }
+
+    /// The spec checksum the agent holds for Application `name`.
+    pub fn checksum(&self, name: &str) -> Option<String> {
+        lock(&self.apps).get(name).map(|h| h.checksum.clone())
+    }
+
+    /// How many Applications the agent holds.
+    pub fn app_count(&self) -> usize {
+        lock(&self.apps).len()
+    }
+
+    /// Queues a status update of Application `name` (in its hub namespace) carrying `status`.
+    pub fn send_status(&self, name: &str, status: Value) -> Result<(), HarnessError> {
+        let ns = lock(&self.hub_ns)
+            .clone()
+            .ok_or("the agent has no hub namespace yet")?;
+        let event = Event::resource(
+            &self.name,
+            EventType::StatusUpdate,
+            argocd_agent_domain::event::ResourceRef::new(
+                argocd_agent_domain::ResourceKind::Application,
+                ns,
+                name,
+            ),
+            Payload::Object(Arc::new(
+                serde_json::json!({"metadata": {"name": name}, "status": status}),
+            )),
+        );
+        self.outbox_tx
+            .send(event)
+            .map_err(|_| "the agent stopped".into())
+    }
+
+    /// Index in [`FleetConfig::principals`] of the principal serving the agent's live
+    /// session, if it has one.
+    pub fn principal_index(&self) -> Option<usize> {
+        Some(self.on.load(Ordering::Relaxed)).filter(|&i| i != usize::MAX)
+    }
+
+    /// Closes the current session; the agent reconnects at once.
+    pub fn kick(&self) {
+        lock(&self.kick).cancel();
+    }
+
+    fn hello(&self) -> Event {
+        let apps = lock(&self.apps);
+        let sums: argocd_agent_domain::resync::Checksums = apps
+            .iter()
+            .map(|(n, h)| (n.clone(), h.checksum.clone()))
+            .collect();
+        let mut state = argocd_agent_domain::resync::to_state("Application", &sums);
+        for r in &mut state.resources {
+            r.source_uid = apps.get(&r.name).map(|h| h.uid.clone()).unwrap_or_default();
+        }
+        Event::new(
+            &self.name,
+            EventType::Hello,
+            Payload::Hello(Hello {
+                mode: pb::AgentMode::Managed as i32,
+                version: concat!(env!("CARGO_PKG_VERSION"), "-bench").into(),
+                protocol_version: PROTOCOL_VERSION,
+                capabilities: vec!["resync.v1".into(), "operations.v1".into()],
+                state: Some(state),
+            }),
+        )
+    }
+
+    /// Applies a principal event as a spoke would; returns the answer.
+    fn apply(&self, event: &Event, stats: &Stats, arrivals: &Arrivals) -> Option<Event> {
+        let name = event.resource.as_ref()?.name.clone();
+        match event.ty {
+            EventType::Create | EventType::SpecUpdate => {
+                let obj = event.object()?;
+                let spec = obj.get("spec").cloned().unwrap_or(Value::Null);
+                let uid = obj
+                    .pointer("/metadata/annotations")
+                    .and_then(|a| a.get(SOURCE_UID_ANNOTATION))
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned();
+                stats
+                    .bytes_in
+                    .fetch_add(obj.to_string().len() as u64, Ordering::Relaxed);
+                if let Some(marker) = spec
+                    .pointer("/source/targetRevision")
+                    .and_then(Value::as_str)
+                {
+                    arrivals.record(format!("{name}@{marker}"));
+                }
+                lock(&self.apps).insert(
+                    name,
+                    Held {
+                        checksum: checksum_of(&spec),
+                        uid,
+                    },
+                );
+            }
+            EventType::Delete => {
+                lock(&self.apps).remove(&name);
+            }
+            _ => {}
+        }
+        stats.events_in.fetch_add(1, Ordering::Relaxed);
+        Some(event.ack(&self.name))
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Where and how the fleet connects.
+#[derive(Clone)]
+pub struct FleetConfig {
+    /// The principal's address, or the replicas' (as behind a Service): agent `i` dials
+    /// `principals[i % len]` first and moves to the next one after every failed attempt or
+    /// ended session.
+    pub principals: Vec<std::net::SocketAddr>,
+    /// Heartbeat (ping event) interval; the real agent's default is 30 s.
+    pub heartbeat: Duration,
+    /// HTTP/2 keepalive; the real agent's default is 30 s.
+    pub keepalive: Duration,
+}
+
+/// Every simulated agent of a run, and their tasks.
+pub struct Fleet {
+    pub agents: Vec<Arc<SimAgent>>,
+    pub stats: Arc<Stats>,
+    pub arrivals: Arc<Arrivals>,
+    shutdown: CancellationToken,
+    tasks: tokio_util::task::TaskTracker,
+}
+
+impl Fleet {
+    /// Starts `agents`, each connecting at once.
+    pub fn start(agents: Vec<Arc<SimAgent>>, config: FleetConfig) -> Fleet {
+        let stats = Arc::new(Stats::default());
+        let arrivals = Arc::new(Arrivals::default());
+        let shutdown = CancellationToken::new();
+        let tasks = tokio_util::task::TaskTracker::new();
+        for (i, agent) in agents.iter().enumerate() {
+            tasks.spawn(run(
+                agent.clone(),
+                i,
+                config.clone(),
+                stats.clone(),
+                arrivals.clone(),
+                shutdown.clone(),
+            ));
+        }
+        Fleet {
+            agents,
+            stats,
+            arrivals,
+            shutdown,
+            tasks,
+        }
+    }
+
+    /// Agents with a live session.
+    pub fn connected(&self) -> usize {
+        self.stats.connected.load(Ordering::Relaxed)
+    }
+
+    /// Closes every session and stops the agents.
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        self.tasks.close();
+        self.tasks.wait().await;
+    }
+}
+
+/// One agent: sessions, reconnecting with backoff, until shutdown.
+async fn run(
+    agent: Arc<SimAgent>,
+    index: usize,
+    config: FleetConfig,
+    stats: Arc<Stats>,
+    arrivals: Arc<Arrivals>,
+    shutdown: CancellationToken,
+) {
+    let mut backoff = BACKOFF_INITIAL;
+    let count = config.principals.len().max(1);
+    let mut target = index % count;
+    loop {
+        let kick = {
+            let mut k = lock(&agent.kick);
+            if k.is_cancelled() {
+                *k = CancellationToken::new();
+            }
+            k.clone()
+        };
+        let started = Instant::now();
+        let result = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            r = session(&agent, target, &config, &stats, &arrivals, &kick) => r,
+        };
+        // Whatever ended, the next attempt goes to the next principal (one: the same).
+        target = (target + 1) % count;
+        match result {
+            Ok(Ended::Kicked) => {
+                backoff = BACKOFF_INITIAL;
+                continue;
+            }
+            Ok(Ended::Dropped) => {
+                stats.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(_) => {
+                stats.failed_attempts.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        if started.elapsed() > STABLE_SESSION {
+            backoff = BACKOFF_INITIAL;
+        }
+        let wait = backoff + backoff.mul_f64(fastrand::f64() * 0.5);
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(wait) => {}
+        }
+        backoff = (backoff * 2).min(BACKOFF_MAX);
+    }
+}
+
+/// How an established session ended.
+enum Ended {
+    /// The stream or connection went away.
+    Dropped,
+    /// The run closed it on purpose ([`SimAgent::kick`]).
+    Kicked,
+}
+
+/// Decrements the connected count (and forgets the agent's principal) when a live session
+/// ends, however it ends.
+struct Live<'a>(&'a Stats, &'a SimAgent);
+
+impl Drop for Live<'_> {
+    fn drop(&mut self) {
+        self.1.on.store(usize::MAX, Ordering::Relaxed);
+        self.0.connected.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+async fn session(
+    agent: &SimAgent,
+    target: usize,
+    config: &FleetConfig,
+    stats: &Stats,
+    arrivals: &Arrivals,
+    kick: &CancellationToken,
+) -> Result<Ended, HarnessError> {
+    let opts = ChannelOptions {
+        keepalive_interval: config.keepalive,
+        ..ChannelOptions::default()
+    };
+    let channel = argocd_agent_identity::transport::connect(
+        &config
+            .principals
+            .get(target)
+            .ok_or("no principal address")?
+            .to_string(),
+        agent.tls.clone(),
+        "localhost",
+        opts,
+    )
+    .await?;
+    let mut client = EventStreamClient::new(channel)
+        .max_decoding_message_size(16 << 20)
+        .max_encoding_message_size(16 << 20);
+    let (tx, rx) = mpsc::channel(64);
+    tx.send(agent.hello().to_cloud_event())
+        .await
+        .map_err(|_| "stream closed")?;
+    let mut inbound = client
+        .subscribe(ReceiverStream::new(rx))
+        .await?
+        .into_inner();
+    let first = inbound
+        .message()
+        .await?
+        .ok_or("stream closed before the welcome")?;
+    let welcome = Event::from_cloud_event(first)?;
+    let Payload::Welcome(w) = welcome.payload else {
+        return Err(format!("expected a welcome, got {}", welcome.ty).into());
+    };
+    *lock(&agent.hub_ns) = Some(Namespace::new(&w.namespace)?);
+    stats.sessions.fetch_add(1, Ordering::Relaxed);
+    agent.on.store(target, Ordering::Relaxed);
+    stats.connected.fetch_add(1, Ordering::Relaxed);
+    let _live = Live(stats, agent);
+    let mut outbox = agent.outbox_rx.lock().await;
+    let mut heartbeat = tokio::time::interval(config.heartbeat);
+    heartbeat.tick().await;
+    loop {
+        let out = tokio::select! {
+            _ = kick.cancelled() => return Ok(Ended::Kicked),
+            _ = heartbeat.tick() => Some(Event::new(&agent.name, EventType::Ping, Payload::None)),
+            Some(event) = outbox.recv() => {
+                stats.events_out.fetch_add(1, Ordering::Relaxed);
+                Some(event)
+            }
+            msg = inbound.message() => {
+                let Ok(Some(ce)) = msg else { return Ok(Ended::Dropped) };
+                let Ok(event) = Event::from_cloud_event(ce) else { continue };
+                match event.ty {
+                    EventType::Processed => {
+                        stats.acked_out.fetch_add(1, Ordering::Relaxed);
+                        None
+                    }
+                    EventType::Error => {
+                        stats.refused.fetch_add(1, Ordering::Relaxed);
+                        None
+                    }
+                    EventType::Ping | EventType::Pong => None,
+                    _ => agent.apply(&event, stats, arrivals),
+                }
+            }
+        };
+        if let Some(event) = out
+            && tx.send(event.to_cloud_event()).await.is_err()
+        {
+            return Ok(Ended::Dropped);
+        }
+    }
+}
