@@ -97,6 +97,16 @@ pub fn peer_spiffe_id<T>(request: &tonic::Request<T>) -> Result<SpiffeId, PeerEr
         .ok_or(PeerError::NoCertificate)
 }
 
+/// SHA-256 of a certificate (DER), lowercase hex: the certificate fingerprint upstream's
+/// blocklist and `openssl x509 -fingerprint -sha256` name (there with `:` separators).
+pub fn fingerprint(der: &[u8]) -> String {
+    ring::digest::digest(&ring::digest::SHA256, der)
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

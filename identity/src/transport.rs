@@ -51,6 +51,9 @@ pub struct VerifiedPeer {
     pub remote_addr: SocketAddr,
     /// Who the client is: the SPIFFE ID of its X.509-SVID.
     pub id: SpiffeId,
+    /// SHA-256 of the client's leaf certificate (DER), lowercase hex: computed once at the
+    /// handshake, for blocklists that name certificates.
+    pub fingerprint: String,
     /// The verified chain, leaf first (for fingerprints and diagnostics).
     pub chain: Arc<Vec<CertificateDer<'static>>>,
 }
@@ -80,11 +83,16 @@ impl VerifiedStream {
             .map(|c| c.iter().map(|c| c.clone().into_owned()).collect())
             .unwrap_or_default();
         let id = spiffe_id_from_chain(&chain)?;
+        let fingerprint = chain
+            .first()
+            .map(|leaf| crate::peer::fingerprint(leaf.as_ref()))
+            .unwrap_or_default();
         Ok(Self {
             inner,
             peer: VerifiedPeer {
                 remote_addr,
                 id,
+                fingerprint,
                 chain: Arc::new(chain),
             },
             prefix: Vec::new(),

@@ -97,17 +97,17 @@ impl AdminService {
             }
             AdminAccess::Rules { auth, rules } => {
                 let metrics = &self.metrics;
-                let client = auth.identify(request).map_err(|failure| {
+                let caller = auth.identify(request).map_err(|failure| {
                     metrics.auth_failed(failure.reason);
                     tracing::warn!(call, reason = failure.reason, message = failure.status.message(), peer = ?request.remote_addr(), "admin call refused");
                     failure.status
                 })?;
-                let fingerprint = crate::server::client_fingerprint(request);
+                let client = &caller.client;
                 if let Some(why) = self
                     .sessions
                     .blocklist
                     .current()
-                    .denies(&client, fingerprint.as_deref())
+                    .denies(client, caller.fingerprint())
                 {
                     metrics.auth_failed("Blocked");
                     tracing::warn!(call, %client, reason = %why, "admin call refused: identity blocked");

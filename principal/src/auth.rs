@@ -1,7 +1,8 @@
 //! How the caller of a stream is authenticated, decided once per listener from the
 //! configuration: the verified client SVID carried with the TLS connection, a JWT-SVID
 //! bearer token, or a header set by a trusted mesh sidecar. Every method yields the same
-//! typed [`ClientIdentity`].
+//! [`Caller`]: the typed [`ClientIdentity`] and, on the mTLS listener, the verified peer it
+//! was read from (read once per request; its fingerprint was taken once at the handshake).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,6 +11,7 @@ use argocd_agent_domain::ClientIdentity;
 use argocd_agent_identity::SpiffeId;
 use argocd_agent_identity::jwt::JwtValidator;
 use argocd_agent_identity::source::{SvidConfig, SvidSource};
+use argocd_agent_identity::transport::VerifiedPeer;
 use argocd_agent_mesh::guard::{self, HeaderListenerPolicy, ListenAddr};
 use argocd_agent_mesh::header::HeaderAuth;
 use std::net::SocketAddr;
@@ -20,6 +22,28 @@ use crate::error::PrincipalError;
 
 /// How long start-up waits for the principal's own SVID.
 const SVID_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Who called: the identity, and the verified TLS peer on the mTLS listener.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    /// The caller's identity, before mapping to an agent.
+    pub client: ClientIdentity,
+    /// The verified TLS client (address, SPIFFE ID, certificate fingerprint and chain).
+    pub peer: Option<VerifiedPeer>,
+}
+
+impl Caller {
+    /// SHA-256 of the caller's client certificate, when it presented one.
+    pub fn fingerprint(&self) -> Option<&str> {
+        self.peer.as_ref().map(|p| p.fingerprint.as_str())
+    }
+}
+
+impl From<ClientIdentity> for Caller {
+    fn from(client: ClientIdentity) -> Self {
+        Caller { client, peer: None }
+    }
+}
 
 /// How callers are identified on the principal's listener.
 #[derive(Clone)]
@@ -123,7 +147,7 @@ impl ListenerAuth {
 
 impl Authenticator {
     /// Who the caller of `req` is.
-    pub fn identify<T>(&self, req: &Request<T>) -> Result<ClientIdentity, AuthFailure> {
+    pub fn identify<T>(&self, req: &Request<T>) -> Result<Caller, AuthFailure> {
         let headers = req.metadata().clone().into_headers();
         match self {
             Authenticator::Mtls => {
@@ -136,7 +160,10 @@ impl Authenticator {
                     )
                 })?;
                 argocd_agent_identity::peer::verified_peer(req)
-                    .map(|peer| ClientIdentity::Spiffe(peer.id.clone()))
+                    .map(|peer| Caller {
+                        client: ClientIdentity::Spiffe(peer.id.clone()),
+                        peer: Some(peer.clone()),
+                    })
                     .ok_or_else(|| {
                         AuthFailure::new(
                             "NoPeerIdentity",
@@ -180,7 +207,7 @@ impl Authenticator {
                 })?;
                 validator
                     .validate(token, audience)
-                    .map(ClientIdentity::Spiffe)
+                    .map(|id| ClientIdentity::Spiffe(id).into())
                     .map_err(|e| {
                         AuthFailure::new(
                             "InvalidToken",
@@ -192,9 +219,14 @@ impl Authenticator {
                 guard::check_peer(req.remote_addr(), policy).map_err(|e| {
                     AuthFailure::new("UntrustedProxy", Status::permission_denied(e.to_string()))
                 })?;
-                auth.identity_from_headers(&headers).map_err(|e| {
-                    AuthFailure::new("BadHeaderIdentity", Status::unauthenticated(e.to_string()))
-                })
+                auth.identity_from_headers(&headers)
+                    .map(Caller::from)
+                    .map_err(|e| {
+                        AuthFailure::new(
+                            "BadHeaderIdentity",
+                            Status::unauthenticated(e.to_string()),
+                        )
+                    })
             }
         }
     }

@@ -52,14 +52,7 @@ pub fn normalize_fingerprint(f: &str) -> String {
         .collect()
 }
 
-/// SHA-256 of a certificate (DER), lowercase hex.
-pub fn fingerprint(der: &[u8]) -> String {
-    ring::digest::digest(&ring::digest::SHA256, der)
-        .as_ref()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
+pub use argocd_agent_identity::peer::fingerprint;
 
 impl Blocklist {
     /// The list a ConfigMap holds (none: empty).

@@ -11,7 +11,7 @@ use argocd_agent_proto::version::version_server::Version;
 use argocd_agent_proto::version::{VersionRequest, VersionResponse};
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::auth::Authenticator;
+use crate::auth::{Authenticator, Caller};
 use crate::metrics::Metrics;
 use crate::session::{self, SessionContext};
 use crate::sessions::{SessionInfo, Sessions};
@@ -31,21 +31,21 @@ impl EventStream for EventStreamService {
         &self,
         request: Request<Streaming<CloudEvent>>,
     ) -> Result<Response<Self::SubscribeStream>, Status> {
-        let identity = identify_agent(
+        let (identity, caller) = identify_agent(
             &self.auth,
             &self.rules,
             &self.sessions.hub.sessions,
             &self.sessions.hub.metrics,
             &request,
         )?;
-        let peer = argocd_agent_identity::peer::verified_peer(&request);
+        let peer = caller.peer.as_ref();
         let info = SessionInfo {
             remote_addr: peer
                 .map(|p| p.remote_addr)
                 .or_else(|| request.remote_addr()),
             svid_expiry: peer
                 .and_then(|p| argocd_agent_identity::peer::not_after_from_chain(&p.chain)),
-            fingerprint: client_fingerprint(&request),
+            fingerprint: caller.fingerprint().map(str::to_owned),
             ..SessionInfo::default()
         };
         let rx = session::start(&self.sessions, identity, info, request.into_inner());
@@ -55,24 +55,24 @@ impl EventStream for EventStreamService {
 
 /// Authenticates the caller of an agent RPC, refuses identities on the blocklist, and maps
 /// it to its agent with the live rules (the event stream and the tunnels the agent opens);
-/// refusals are logged and counted.
+/// refusals are logged and counted. Returns the agent with the caller it was mapped from.
 pub fn identify_agent<T>(
     auth: &Authenticator,
     rules: &LiveRules,
     sessions: &Sessions,
     metrics: &Metrics,
     request: &Request<T>,
-) -> Result<argocd_agent_domain::AgentIdentity, Status> {
-    let client = auth.identify(request).map_err(|failure| {
+) -> Result<(argocd_agent_domain::AgentIdentity, Caller), Status> {
+    let caller = auth.identify(request).map_err(|failure| {
         metrics.auth_failed(failure.reason);
         tracing::warn!(reason = failure.reason, message = failure.status.message(), peer = ?request.remote_addr(), "stream refused");
         failure.status
     })?;
-    let fingerprint = client_fingerprint(request);
+    let client = &caller.client;
     if let Some(why) = sessions
         .blocklist
         .current()
-        .denies(&client, fingerprint.as_deref())
+        .denies(client, caller.fingerprint())
     {
         metrics.auth_failed("Blocked");
         tracing::warn!(%client, peer = ?request.remote_addr(), reason = %why, "stream refused: identity blocked");
@@ -80,20 +80,12 @@ pub fn identify_agent<T>(
             "identity blocked: {why}"
         )));
     }
-    rules.current().map_client(&client).map_err(|denied| {
+    let identity = rules.current().map_client(client).map_err(|denied| {
         metrics.auth_failed("Unmapped");
         tracing::warn!(%client, reason = %denied, "stream refused: identity does not map to an agent");
         Status::permission_denied(denied.to_string())
-    })
-}
-
-/// SHA-256 of the verified client certificate, on the mTLS listener.
-pub fn client_fingerprint<T>(request: &Request<T>) -> Option<String> {
-    argocd_agent_identity::peer::verified_peer(request).and_then(|p| {
-        p.chain
-            .first()
-            .map(|leaf| crate::blocklist::fingerprint(leaf.as_ref()))
-    })
+    })?;
+    Ok((identity, caller))
 }
 
 /// `Version` implementation.

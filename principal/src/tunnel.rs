@@ -199,7 +199,7 @@ impl Tunnel for TunnelService {
         &self,
         request: Request<Streaming<LogMessage>>,
     ) -> Result<Response<LogClosed>, Status> {
-        let identity = crate::server::identify_agent(
+        let (identity, _) = crate::server::identify_agent(
             &self.auth,
             &self.rules,
             &self.sessions,
@@ -241,7 +241,7 @@ impl Tunnel for TunnelService {
         &self,
         request: Request<Streaming<TerminalFrame>>,
     ) -> Result<Response<Self::TerminalStream>, Status> {
-        let identity = crate::server::identify_agent(
+        let (identity, _) = crate::server::identify_agent(
             &self.auth,
             &self.rules,
             &self.sessions,
