@@ -48,61 +48,13 @@ pub async fn serve(
     tasks: &TaskTracker,
     shutdown: CancellationToken,
 ) -> std::io::Result<SocketAddr> {
-    use axum::routing::get;
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
-    let (c1, ready, metrics) = (
-        state.connected.clone(),
-        state.clone(),
-        state.metrics.clone(),
-    );
-    let app = axum::Router::new()
-        .route(
-            "/healthz",
-            get(move || {
-                let up = c1.load(Ordering::Relaxed);
-                async move {
-                    if up {
-                        (http::StatusCode::OK, "ok")
-                    } else {
-                        (
-                            http::StatusCode::SERVICE_UNAVAILABLE,
-                            "not connected to principal",
-                        )
-                    }
-                }
-            }),
-        )
-        .route(
-            "/readyz",
-            get(move || {
-                let verdict = ready.readiness();
-                async move {
-                    match verdict {
-                        Ok(()) => (http::StatusCode::OK, "ready".to_owned()),
-                        Err(why) => (http::StatusCode::SERVICE_UNAVAILABLE, why),
-                    }
-                }
-            }),
-        );
+    let app = probe_routes(&state);
     let app = if !with_metrics {
         app
     } else {
-        app.route(
-            "/metrics",
-            get(move || {
-                let body = metrics.encode();
-                async move {
-                    (
-                        [(
-                            http::header::CONTENT_TYPE,
-                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                        )],
-                        body,
-                    )
-                }
-            }),
-        )
+        metrics_route(app, state.metrics.clone())
     };
     let handler = move |req: http::Request<hyper::body::Incoming>, _peer: SocketAddr| {
         let app = app.clone();
@@ -127,6 +79,61 @@ pub async fn serve(
         shutdown,
     );
     Ok(local)
+}
+
+/// `/healthz` (the connection to the principal) and `/readyz` ([`HealthState::readiness`]).
+fn probe_routes(state: &HealthState) -> axum::Router {
+    use axum::routing::get;
+    let (connected, ready) = (state.connected.clone(), state.clone());
+    axum::Router::new()
+        .route(
+            "/healthz",
+            get(move || {
+                let up = connected.load(Ordering::Relaxed);
+                async move {
+                    if up {
+                        (http::StatusCode::OK, "ok")
+                    } else {
+                        (
+                            http::StatusCode::SERVICE_UNAVAILABLE,
+                            "not connected to principal",
+                        )
+                    }
+                }
+            }),
+        )
+        .route(
+            "/readyz",
+            get(move || {
+                let verdict = ready.readiness();
+                async move {
+                    match verdict {
+                        Ok(()) => (http::StatusCode::OK, "ready".to_owned()),
+                        Err(why) => (http::StatusCode::SERVICE_UNAVAILABLE, why),
+                    }
+                }
+            }),
+        )
+}
+
+/// `app` with `/metrics`, the OpenMetrics text of `metrics`.
+fn metrics_route(app: axum::Router, metrics: crate::metrics::Metrics) -> axum::Router {
+    use axum::routing::get;
+    app.route(
+        "/metrics",
+        get(move || {
+            let body = metrics.encode();
+            async move {
+                (
+                    [(
+                        http::header::CONTENT_TYPE,
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    )],
+                    body,
+                )
+            }
+        }),
+    )
 }
 
 #[cfg(test)]

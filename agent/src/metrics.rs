@@ -87,111 +87,121 @@ impl Metrics {
         r.register_collector(Box::new(argocd_agent_domain::trace::SpanCollector {
             prefix: "argocd_agent",
         }));
-        let events_received = Family::<TypeLabels, Counter>::default();
+        let mut m = Metrics {
+            events_received: Family::default(),
+            events_sent: Family::default(),
+            event_processing: Family::new_with_constructor(seconds_histogram),
+            propagation_latency: Family::new_with_constructor(seconds_histogram),
+            connection_status: Gauge::default(),
+            connection_start: Gauge::default(),
+            connections: Counter::default(),
+            auth_failures: Counter::default(),
+            events_discarded: Counter::default(),
+            svid_expiry: Gauge::default(),
+            svid_rotations: Counter::default(),
+            queue_depth: Gauge::default(),
+            resends: Counter::default(),
+            resource_proxy_requests: Family::default(),
+            registry: Arc::default(),
+        };
+        // Families are registered (and so exposed) in this order.
+        m.register_event_metrics(&mut r);
+        m.register_connection_metrics(&mut r);
+        m.register_svid_metrics(&mut r);
+        m.register_ack_metrics(&mut r);
+        m.register_proxy_metrics(&mut r);
+        m.registry = Arc::new(r);
+        m
+    }
+
+    /// Events exchanged with the principal: counts, processing time, propagation latency.
+    fn register_event_metrics(&self, r: &mut Registry) {
         r.register(
             "agent_events_received",
             "Events received from the principal",
-            events_received.clone(),
+            self.events_received.clone(),
         );
-        let events_sent = Family::<TypeLabels, Counter>::default();
         r.register(
             "agent_events_sent",
             "Events sent to the principal",
-            events_sent.clone(),
-        );
-        let event_processing = Family::<ProcessingLabels, Histogram>::new_with_constructor(
-            seconds_histogram as fn() -> Histogram,
+            self.events_sent.clone(),
         );
         r.register(
             "agent_event_processing_time",
             "Time to apply an event from the principal, in seconds",
-            event_processing.clone(),
-        );
-        let propagation_latency = Family::<ResourceTypeLabels, Histogram>::new_with_constructor(
-            seconds_histogram as fn() -> Histogram,
+            self.event_processing.clone(),
         );
         r.register(
             "agent_event_propagation_latency_seconds",
             "Time from the principal queueing an event to the agent having applied it",
-            propagation_latency.clone(),
+            self.propagation_latency.clone(),
         );
-        let connection_status = Gauge::default();
+    }
+
+    /// The connection to the principal: its state, refused streams, events it dropped.
+    fn register_connection_metrics(&self, r: &mut Registry) {
         r.register(
             "argocd_agent_connection_status",
             "Whether the agent is connected to the principal (1) or not (0)",
-            connection_status.clone(),
+            self.connection_status.clone(),
         );
-        let connection_start = Gauge::default();
         r.register(
             "argocd_agent_connection_start_timestamp_seconds",
             "When the current connection to the principal was established (Unix seconds)",
-            connection_start.clone(),
+            self.connection_start.clone(),
         );
-        let connections = Counter::default();
         r.register(
             "argocd_agent_connections",
             "Connections established to the principal",
-            connections.clone(),
+            self.connections.clone(),
         );
-        let auth_failures = Counter::default();
         r.register(
             "argocd_agent_auth_failures",
             "Streams the principal refused (unauthenticated or permission denied)",
-            auth_failures.clone(),
+            self.auth_failures.clone(),
         );
-        let events_discarded = Counter::default();
         r.register(
             "argocd_agent_event_writer_events_discarded",
             "Events to the principal dropped on a full queue",
-            events_discarded.clone(),
+            self.events_discarded.clone(),
         );
-        let svid_expiry = Gauge::default();
+    }
+
+    /// The agent's SVID: its expiry and rotations.
+    fn register_svid_metrics(&self, r: &mut Registry) {
         r.register(
             "argocd_agent_svid_expiry_timestamp_seconds",
             "notAfter of the agent's X.509-SVID (Unix seconds)",
-            svid_expiry.clone(),
+            self.svid_expiry.clone(),
         );
-        let svid_rotations = Counter::default();
         r.register(
             "argocd_agent_svid_rotations",
             "X.509-SVID updates received",
-            svid_rotations.clone(),
+            self.svid_rotations.clone(),
         );
-        let queue_depth = Gauge::default();
+    }
+
+    /// Events waiting for an acknowledgement, and those sent again for lack of one.
+    fn register_ack_metrics(&self, r: &mut Registry) {
         r.register(
             "argocd_agent_queue_depth",
             "Events to the principal queued or waiting for an acknowledgement",
-            queue_depth.clone(),
+            self.queue_depth.clone(),
         );
-        let resends = Counter::default();
         r.register(
             "argocd_agent_event_resends",
             "Events sent again because no acknowledgement came in time",
-            resends.clone(),
+            self.resends.clone(),
         );
-        let resource_proxy_requests = Family::<ProxyLabels, Counter>::default();
+    }
+
+    /// Resource proxy requests from the principal.
+    fn register_proxy_metrics(&self, r: &mut Registry) {
         r.register(
             "argocd_agent_resource_proxy_requests",
             "Resource proxy requests from the principal, by verb and outcome (allowed, forbidden, error)",
-            resource_proxy_requests.clone(),
+            self.resource_proxy_requests.clone(),
         );
-        Metrics {
-            resource_proxy_requests,
-            queue_depth,
-            resends,
-            events_received,
-            events_sent,
-            event_processing,
-            propagation_latency,
-            connection_status,
-            connection_start,
-            connections,
-            auth_failures,
-            events_discarded,
-            svid_expiry,
-            svid_rotations,
-            registry: Arc::new(r),
-        }
     }
 
     /// Text exposition format.

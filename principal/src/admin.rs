@@ -115,7 +115,7 @@ impl AdminService {
                         "identity blocked: {why}"
                     )));
                 }
-                match rules.current().authorize_admin(&client) {
+                match rules.current().authorize_admin(client) {
                     Ok(rule) => Ok(format!("{client} (rule {rule})")),
                     Err(denied) => {
                         metrics.auth_failed("NotAdmin");

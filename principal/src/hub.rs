@@ -21,21 +21,8 @@ use crate::metrics::Metrics;
 use crate::objects::{ConfigObjects, ConfigRouter, OwnerRecord};
 use crate::sessions::{AgentState, Sessions};
 
-pub use crate::apps::{AGENT_NAME_LABEL, AppOwners, destination_of};
+pub use crate::apps::{AGENT_NAME_LABEL, AppOwners, Applied, destination_of};
 pub use crate::sessions::SessionInfo;
-
-/// What the session does after a command was applied.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Applied {
-    /// Acknowledge the event.
-    Ack,
-    /// Send nothing (the answer is an event in the agent's queue).
-    Silent,
-    /// A delete of an object the hub does not have: answered with an error event
-    /// `NotFound` naming the event, which the agent takes as done (a delete resent after a
-    /// lost acknowledgement ends there too, instead of being retried).
-    NotFound,
-}
 
 /// The core of the principal.
 pub struct Hub {

@@ -98,22 +98,8 @@ pub fn decide(
     owner: &OwnerRecord,
     placement: &Placement,
 ) -> Decision {
-    match event.ty {
-        EventType::Ping => return Decision::Pong,
-        EventType::Pong => return Decision::Ignore,
-        EventType::Processed => {
-            return event
-                .ack_id
-                .clone()
-                .map_or(Decision::Ignore, Decision::Acked);
-        }
-        EventType::Error => {
-            return match &event.payload {
-                Payload::Error(d) => Decision::PeerError(d.clone()),
-                _ => Decision::Ignore,
-            };
-        }
-        _ => {}
+    if let Some(control) = control_decision(event) {
+        return control;
     }
     let (Some(action), Some(resource)) = (action_of(event.ty), event.resource.clone()) else {
         return Decision::Refuse(Refusal {
@@ -122,6 +108,43 @@ pub fn decide(
             message: format!("{} events are not accepted from agents", event.ty),
         });
     };
+    if let Err(refusal) = check_authorized(identity, mode, action, &resource, owner, placement) {
+        return Decision::Refuse(refusal);
+    }
+    if let Err(refusal) = check_payload_name(event, &resource) {
+        return Decision::Refuse(refusal);
+    }
+    Decision::Apply(command_of(event, resource))
+}
+
+/// The protocol's own events (heartbeats, acknowledgements, peer errors), which carry no
+/// change to authorize; `None` for every other event.
+fn control_decision(event: &Event) -> Option<Decision> {
+    Some(match event.ty {
+        EventType::Ping => Decision::Pong,
+        EventType::Pong => Decision::Ignore,
+        EventType::Processed => event
+            .ack_id
+            .clone()
+            .map_or(Decision::Ignore, Decision::Acked),
+        EventType::Error => match &event.payload {
+            Payload::Error(d) => Decision::PeerError(d.clone()),
+            _ => Decision::Ignore,
+        },
+        _ => return None,
+    })
+}
+
+/// Authorizes `action` on `resource` for the agent, given who the hub records as its owner
+/// and how it is placed; `Err` is the `Forbidden` refusal.
+fn check_authorized(
+    identity: &AgentIdentity,
+    mode: AgentMode,
+    action: Action,
+    resource: &ResourceRef,
+    owner: &OwnerRecord,
+    placement: &Placement,
+) -> Result<(), Refusal> {
     let owner_name = match owner {
         OwnerRecord::Label(l) => AgentName::new(l).ok(),
         _ => None,
@@ -151,18 +174,20 @@ pub fn decide(
             authz::authorize_by_destination(identity, mode, action, &object, d.as_deref())
         }
     };
-    if let Err(denied) = verdict {
-        return Decision::Refuse(Refusal {
-            reason: "Forbidden",
-            metric: denied.reason_code(),
-            message: denied.to_string(),
-        });
-    }
-    // An object payload must name the same object as the attributes.
+    verdict.map_err(|denied| Refusal {
+        reason: "Forbidden",
+        metric: denied.reason_code(),
+        message: denied.to_string(),
+    })
+}
+
+/// An object payload must name the same object as the event's attributes; `Err` is the
+/// `Invalid` refusal.
+fn check_payload_name(event: &Event, resource: &ResourceRef) -> Result<(), Refusal> {
     if let Some(obj) = event.object() {
         let name = obj.pointer("/metadata/name").and_then(Value::as_str);
         if name.is_some_and(|n| n != resource.name) {
-            return Decision::Refuse(Refusal {
+            return Err(Refusal {
                 reason: "Invalid",
                 metric: "Invalid",
                 message: format!(
@@ -172,7 +197,12 @@ pub fn decide(
             });
         }
     }
-    Decision::Apply(match event.ty {
+    Ok(())
+}
+
+/// The hub change an authorized, valid event asks for.
+fn command_of(event: &Event, resource: ResourceRef) -> Command {
+    match event.ty {
         EventType::StatusUpdate => Command::WriteStatus {
             status: event
                 .object()
@@ -203,7 +233,7 @@ pub fn decide(
         EventType::Delete => Command::Delete { resource },
         // RequestUpdate; operations were refused by authorization above.
         _ => Command::ResendCurrent { resource },
-    })
+    }
 }
 
 #[cfg(test)]

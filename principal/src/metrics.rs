@@ -239,6 +239,32 @@ fn seconds_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.001, 2.0, 16))
 }
 
+/// One counter per kind and operation of the principal's hub writes
+/// (`principal_applications_created`, ...), registered in `r`.
+fn hub_write_counters(r: &mut Registry) -> HashMap<(ResourceKind, HubWrite), Counter> {
+    let mut hub_writes = HashMap::new();
+    for (kind, plural) in [
+        (ResourceKind::Application, "applications"),
+        (ResourceKind::AppProject, "app_projects"),
+        (ResourceKind::Repository, "repositories"),
+    ] {
+        for (op, verb) in [
+            (HubWrite::Created, "created"),
+            (HubWrite::Updated, "updated"),
+            (HubWrite::Deleted, "deleted"),
+        ] {
+            let c = Counter::default();
+            r.register(
+                format!("principal_{plural}_{verb}"),
+                format!("{} {verb} on the hub by the principal", kind.as_str()),
+                c.clone(),
+            );
+            hub_writes.insert((kind, op), c);
+        }
+    }
+    hub_writes
+}
+
 impl Metrics {
     pub fn new() -> Metrics {
         Self::with_agent_label_limit(DEFAULT_MAX_AGENT_LABELS)
@@ -250,183 +276,184 @@ impl Metrics {
         r.register_collector(Box::new(argocd_agent_domain::trace::SpanCollector {
             prefix: "argocd_principal",
         }));
-        let connected_agents = Gauge::default();
-        r.register(
-            "argocd_principal_connected_agents",
-            "Agents with an open stream",
-            connected_agents.clone(),
-        );
-        let events_received = Family::<EventLabels, Counter>::default();
-        r.register(
-            "principal_events_received",
-            "Events received from agents",
-            events_received.clone(),
-        );
-        let events_sent = Family::<EventLabels, Counter>::default();
-        r.register(
-            "principal_events_sent",
-            "Events sent to agents",
-            events_sent.clone(),
-        );
-        let event_processing = Family::<ProcessingLabels, Histogram>::new_with_constructor(
-            seconds_histogram as fn() -> Histogram,
-        );
-        r.register(
-            "principal_event_processing_time",
-            "Time to process an inbound event, in seconds",
-            event_processing.clone(),
-        );
-        let agent_connections = Family::<AgentNameLabels, Counter>::default();
-        r.register(
-            "argocd_principal_agent_connections",
-            "Sessions opened, per agent",
-            agent_connections.clone(),
-        );
-        let auth_failures = Family::<ReasonLabels, Counter>::default();
-        r.register(
-            "argocd_principal_auth_failures",
-            "Streams refused at authentication or mapping, by reason",
-            auth_failures.clone(),
-        );
-        let events_refused = Family::<AgentReasonLabels, Counter>::default();
-        r.register(
-            "argocd_principal_events_refused",
-            "Inbound events refused, by agent and reason",
-            events_refused.clone(),
-        );
-        let hub_write_errors = Counter::default();
-        r.register(
-            "argocd_principal_hub_write_errors",
-            "Failed writes to the hub cluster",
-            hub_write_errors.clone(),
-        );
-        let queue_full = Counter::default();
-        r.register(
-            "argocd_principal_event_writer_events_discarded",
-            "Events dropped on a full agent queue (resync repairs them)",
-            queue_full.clone(),
-        );
-        let resync_duration = Family::<ModeLabels, Histogram>::new_with_constructor(
-            seconds_histogram as fn() -> Histogram,
-        );
-        r.register(
-            "argocd_principal_resync_duration_seconds",
-            "Time from hello to the resync plan queued, in seconds",
-            resync_duration.clone(),
-        );
-        let svid_expiry = Gauge::default();
-        r.register(
-            "argocd_principal_svid_expiry_timestamp_seconds",
-            "notAfter of the principal's X.509-SVID (Unix seconds)",
-            svid_expiry.clone(),
-        );
-        let svid_rotations = Counter::default();
-        r.register(
-            "argocd_principal_svid_rotations",
-            "X.509-SVID updates received",
-            svid_rotations.clone(),
-        );
-        let queue_depth = Gauge::default();
-        r.register(
-            "argocd_principal_queue_depth",
-            "Events queued or waiting for an acknowledgement, all agents",
-            queue_depth.clone(),
-        );
-        let resends = Counter::default();
-        r.register(
-            "argocd_principal_event_resends",
-            "Events sent again because no acknowledgement came in time",
-            resends.clone(),
-        );
-        let mut hub_writes = HashMap::new();
-        for (kind, plural) in [
-            (ResourceKind::Application, "applications"),
-            (ResourceKind::AppProject, "app_projects"),
-            (ResourceKind::Repository, "repositories"),
-        ] {
-            for (op, verb) in [
-                (HubWrite::Created, "created"),
-                (HubWrite::Updated, "updated"),
-                (HubWrite::Deleted, "deleted"),
-            ] {
-                let c = Counter::default();
-                r.register(
-                    format!("principal_{plural}_{verb}"),
-                    format!("{} {verb} on the hub by the principal", kind.as_str()),
-                    c.clone(),
-                );
-                hub_writes.insert((kind, op), c);
-            }
-        }
-        for reason in AUTH_FAILURE_REASONS {
-            let _ = auth_failures.get_or_create(&ReasonLabels {
-                reason: reason.into(),
-            });
-        }
-        let redis_proxy_requests = Family::<RedisProxyLabels, Counter>::default();
-        r.register(
-            "argocd_principal_redis_proxy_requests",
-            "Commands handled by the Redis proxy, by route (agent, hub) and result",
-            redis_proxy_requests.clone(),
-        );
-        let resource_proxy_requests = Family::<ResourceProxyLabels, Counter>::default();
-        r.register(
-            "argocd_principal_resource_proxy_requests",
-            "Requests the resource proxy answered, by agent, kind (request, log, exec) and HTTP status",
-            resource_proxy_requests.clone(),
-        );
-        let resource_proxy_forwarded = Family::<ResourceProxyLabels, Counter>::default();
-        r.register(
-            "argocd_principal_resource_proxy_forwarded",
-            "Resource proxy requests forwarded to the replica serving the agent, by agent, kind and HTTP status",
-            resource_proxy_forwarded.clone(),
-        );
-        let lease_writes = Family::<LeaseWriteLabels, Counter>::default();
-        r.register(
-            "argocd_principal_lease_writes",
-            "Writes to the hub's coordination.k8s.io Leases, by lease (agent, replica), operation and result",
-            lease_writes.clone(),
-        );
-        let sessions_deferred = Family::<ReasonLabels, Counter>::default();
-        r.register(
-            "argocd_principal_sessions_deferred",
-            "Sessions turned away or closed so that another replica serves the agent, by reason",
-            sessions_deferred.clone(),
-        );
-        let listener_closed = Family::<ListenerLabels, Counter>::default();
-        r.register(
-            "argocd_principal_listener_connections_closed",
-            "Connections of the proxies and the metrics listener refused or closed by a cap or a timeout, by listener and reason",
-            listener_closed.clone(),
-        );
-        Metrics {
-            lease_writes,
-            sessions_deferred,
-            listener_closed,
-            redis_proxy_requests,
-            resource_proxy_requests,
-            resource_proxy_forwarded,
-            connected_agents,
-            events_received,
-            events_sent,
-            event_processing,
-            agent_connections,
-            auth_failures,
-            events_refused,
-            hub_write_errors,
-            queue_full,
-            resync_duration,
-            svid_expiry,
-            svid_rotations,
-            queue_depth,
-            resends,
-            hub_writes: Arc::new(hub_writes),
+        let mut m = Metrics {
+            connected_agents: Gauge::default(),
+            events_received: Family::default(),
+            events_sent: Family::default(),
+            event_processing: Family::new_with_constructor(seconds_histogram),
+            agent_connections: Family::default(),
+            auth_failures: Family::default(),
+            events_refused: Family::default(),
+            hub_write_errors: Counter::default(),
+            queue_full: Counter::default(),
+            resync_duration: Family::new_with_constructor(seconds_histogram),
+            svid_expiry: Gauge::default(),
+            svid_rotations: Counter::default(),
+            queue_depth: Gauge::default(),
+            resends: Counter::default(),
+            redis_proxy_requests: Family::default(),
+            resource_proxy_requests: Family::default(),
+            resource_proxy_forwarded: Family::default(),
+            lease_writes: Family::default(),
+            sessions_deferred: Family::default(),
+            listener_closed: Family::default(),
+            hub_writes: Arc::default(),
             agent_labels: Arc::new(AgentLabels {
                 max: max_agent_labels,
                 seen: Mutex::new(HashSet::new()),
             }),
-            registry: Arc::new(r),
+            registry: Arc::default(),
+        };
+        // Families are registered (and so exposed) in this order.
+        m.register_event_metrics(&mut r);
+        m.register_admission_metrics(&mut r);
+        m.register_sync_metrics(&mut r);
+        m.register_svid_metrics(&mut r);
+        m.register_ack_metrics(&mut r);
+        m.hub_writes = Arc::new(hub_write_counters(&mut r));
+        m.register_proxy_metrics(&mut r);
+        m.register_replica_metrics(&mut r);
+        m.register_listener_metrics(&mut r);
+        m.registry = Arc::new(r);
+        m
+    }
+
+    /// Agents connected and the events exchanged with them.
+    fn register_event_metrics(&self, r: &mut Registry) {
+        r.register(
+            "argocd_principal_connected_agents",
+            "Agents with an open stream",
+            self.connected_agents.clone(),
+        );
+        r.register(
+            "principal_events_received",
+            "Events received from agents",
+            self.events_received.clone(),
+        );
+        r.register(
+            "principal_events_sent",
+            "Events sent to agents",
+            self.events_sent.clone(),
+        );
+        r.register(
+            "principal_event_processing_time",
+            "Time to process an inbound event, in seconds",
+            self.event_processing.clone(),
+        );
+    }
+
+    /// Sessions opened, and streams and events refused (auth failures exported at zero).
+    fn register_admission_metrics(&self, r: &mut Registry) {
+        r.register(
+            "argocd_principal_agent_connections",
+            "Sessions opened, per agent",
+            self.agent_connections.clone(),
+        );
+        r.register(
+            "argocd_principal_auth_failures",
+            "Streams refused at authentication or mapping, by reason",
+            self.auth_failures.clone(),
+        );
+        r.register(
+            "argocd_principal_events_refused",
+            "Inbound events refused, by agent and reason",
+            self.events_refused.clone(),
+        );
+        for reason in AUTH_FAILURE_REASONS {
+            let _ = self.auth_failures.get_or_create(&ReasonLabels {
+                reason: reason.into(),
+            });
         }
+    }
+
+    /// Keeping the hub and the agents in step: failed hub writes, events dropped on a full
+    /// queue, resync time.
+    fn register_sync_metrics(&self, r: &mut Registry) {
+        r.register(
+            "argocd_principal_hub_write_errors",
+            "Failed writes to the hub cluster",
+            self.hub_write_errors.clone(),
+        );
+        r.register(
+            "argocd_principal_event_writer_events_discarded",
+            "Events dropped on a full agent queue (resync repairs them)",
+            self.queue_full.clone(),
+        );
+        r.register(
+            "argocd_principal_resync_duration_seconds",
+            "Time from hello to the resync plan queued, in seconds",
+            self.resync_duration.clone(),
+        );
+    }
+
+    /// The serving SVID: its expiry and rotations.
+    fn register_svid_metrics(&self, r: &mut Registry) {
+        r.register(
+            "argocd_principal_svid_expiry_timestamp_seconds",
+            "notAfter of the principal's X.509-SVID (Unix seconds)",
+            self.svid_expiry.clone(),
+        );
+        r.register(
+            "argocd_principal_svid_rotations",
+            "X.509-SVID updates received",
+            self.svid_rotations.clone(),
+        );
+    }
+
+    /// Events waiting for an acknowledgement, and those sent again for lack of one.
+    fn register_ack_metrics(&self, r: &mut Registry) {
+        r.register(
+            "argocd_principal_queue_depth",
+            "Events queued or waiting for an acknowledgement, all agents",
+            self.queue_depth.clone(),
+        );
+        r.register(
+            "argocd_principal_event_resends",
+            "Events sent again because no acknowledgement came in time",
+            self.resends.clone(),
+        );
+    }
+
+    /// Requests the Redis and resource proxies handled or forwarded.
+    fn register_proxy_metrics(&self, r: &mut Registry) {
+        r.register(
+            "argocd_principal_redis_proxy_requests",
+            "Commands handled by the Redis proxy, by route (agent, hub) and result",
+            self.redis_proxy_requests.clone(),
+        );
+        r.register(
+            "argocd_principal_resource_proxy_requests",
+            "Requests the resource proxy answered, by agent, kind (request, log, exec) and HTTP status",
+            self.resource_proxy_requests.clone(),
+        );
+        r.register(
+            "argocd_principal_resource_proxy_forwarded",
+            "Resource proxy requests forwarded to the replica serving the agent, by agent, kind and HTTP status",
+            self.resource_proxy_forwarded.clone(),
+        );
+    }
+
+    /// Replicas: Lease writes and sessions left to another replica.
+    fn register_replica_metrics(&self, r: &mut Registry) {
+        r.register(
+            "argocd_principal_lease_writes",
+            "Writes to the hub's coordination.k8s.io Leases, by lease (agent, replica), operation and result",
+            self.lease_writes.clone(),
+        );
+        r.register(
+            "argocd_principal_sessions_deferred",
+            "Sessions turned away or closed so that another replica serves the agent, by reason",
+            self.sessions_deferred.clone(),
+        );
+    }
+
+    /// Connections the proxies' and the metrics listeners refused or closed.
+    fn register_listener_metrics(&self, r: &mut Registry) {
+        r.register(
+            "argocd_principal_listener_connections_closed",
+            "Connections of the proxies and the metrics listener refused or closed by a cap or a timeout, by listener and reason",
+            self.listener_closed.clone(),
+        );
     }
 
     /// Counts one request forwarded to another replica's resource proxy.

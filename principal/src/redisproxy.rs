@@ -20,6 +20,7 @@ pub use replica::{FORWARDED_NAME, default_replica_address, pinned_replica_tls};
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
+use std::ops::ControlFlow;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -32,9 +33,10 @@ use argocd_agent_redis::resp::Frame;
 use argocd_agent_redis::resp::{self, PubSub};
 use argocd_agent_redis::{AppKey, FrameReader, Protocol, RedisEndpoint, RespError};
 use bytes::Bytes;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, WriteHalf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
@@ -435,6 +437,14 @@ struct Conn {
     admitted: Option<OwnedSemaphorePermit>,
 }
 
+/// The hub Redis leg of a client connection: its frame reader, its write half, and whether
+/// it wants a password.
+type Upstream = (
+    FrameReader<ReadHalf<Box<dyn argocd_agent_redis::client::Io>>>,
+    WriteHalf<Box<dyn argocd_agent_redis::client::Io>>,
+    bool,
+);
+
 /// Why reading a client's next command stopped.
 enum ReadStop {
     /// The connection was idle for the idle timeout.
@@ -482,32 +492,10 @@ impl Proxy {
         shutdown: CancellationToken,
     ) {
         let auth_deadline = Instant::now() + AUTH_TIMEOUT;
-        let (client_r, mut client_w) = tokio::io::split(client);
-        let upstream = self.config.upstream.connect_io().await;
-        let probed = match upstream {
-            Ok(u) => {
-                let (upstream_r, mut upstream_w) = tokio::io::split(u);
-                let mut reader = FrameReader::new(upstream_r, self.config.max_value_size);
-                probe_auth(&mut reader, &mut upstream_w, self.config.request_timeout)
-                    .await
-                    .map(|required| (reader, upstream_w, required))
-                    .map_err(std::io::Error::other)
-            }
-            Err(e) => Err(e),
-        };
-        let (upstream_reader, upstream_w, probed_required) = match probed {
+        let (client_r, client_w) = tokio::io::split(client);
+        let (upstream_reader, upstream_w, probed_required) = match self.connect_upstream().await {
             Ok(u) => u,
-            Err(e) => {
-                tracing::warn!(upstream = %self.config.upstream.addr, error = %e, "Redis proxy: hub Redis unreachable");
-                self.metrics.redis_proxy("hub", "error");
-                let msg = format!(
-                    "ERR hub Redis {} unreachable: {e}",
-                    self.config.upstream.addr
-                );
-                let _ = client_w.write_all(&resp::error(&msg)).await;
-                let _ = client_w.shutdown().await;
-                return;
-            }
+            Err(e) => return self.upstream_unreachable(client_w, e).await,
         };
         // A password configured for the principal means one is required, whatever the
         // probe said.
@@ -551,10 +539,48 @@ impl Proxy {
             _ = &mut upstream_task => tracing::debug!("hub Redis closed the connection"),
             _ = closed.cancelled() => {}
         }
+        self.close_connection(conn, writer, upstream_task).await;
+    }
+
+    /// Dials the hub Redis for a new client connection and probes whether it wants a
+    /// password: its frame reader, its write half, and that answer.
+    async fn connect_upstream(&self) -> std::io::Result<Upstream> {
+        let u = self.config.upstream.connect_io().await?;
+        let (upstream_r, mut upstream_w) = tokio::io::split(u);
+        let mut reader = FrameReader::new(upstream_r, self.config.max_value_size);
+        probe_auth(&mut reader, &mut upstream_w, self.config.request_timeout)
+            .await
+            .map(|required| (reader, upstream_w, required))
+            .map_err(std::io::Error::other)
+    }
+
+    /// Tells a new client that the hub Redis cannot be reached, and closes its connection.
+    async fn upstream_unreachable<W: AsyncWrite + Unpin>(
+        &self,
+        mut client_w: W,
+        e: std::io::Error,
+    ) {
+        tracing::warn!(upstream = %self.config.upstream.addr, error = %e, "Redis proxy: hub Redis unreachable");
+        self.metrics.redis_proxy("hub", "error");
+        let msg = format!(
+            "ERR hub Redis {} unreachable: {e}",
+            self.config.upstream.addr
+        );
+        let _ = client_w.write_all(&resp::error(&msg)).await;
+        let _ = client_w.shutdown().await;
+    }
+
+    /// Ends a connection: stops its subscriptions, lets the replies already owed leave
+    /// (within the request timeout), then closes both legs.
+    async fn close_connection(
+        &self,
+        mut conn: Conn,
+        writer: JoinHandle<std::io::Result<()>>,
+        upstream_task: JoinHandle<Result<(), RespError>>,
+    ) {
         for (_, s) in conn.subscriptions.drain() {
             s.stop.cancel();
         }
-        // Let the replies already owed leave, then close both legs.
         drop(conn);
         let writer_abort = writer.abort_handle();
         if tokio::time::timeout(self.config.request_timeout, writer)
@@ -863,61 +889,13 @@ impl Conn {
                 Err(ReadStop::Error(e)) => return Err(e),
                 Err(_) => return Ok(()),
             };
-            let wait = if authed {
-                if !self.admit() {
-                    self.proxy
-                        .metrics
-                        .listener_closed("redis-proxy", "TooManyConnections");
-                    tracing::warn!("Redis proxy: too many authenticated connections, closing");
-                    self.ready(Out::Reply(Reply::Error(
-                        "ERR max number of clients reached".into(),
-                    )))
-                    .await;
-                    return Ok(());
-                }
-                reader.set_limit(self.proxy.config.max_value_size);
-                let idle = self.subscriptions.is_empty() && !self.upstream_pubsub;
-                idle.then_some((self.proxy.config.idle_timeout, ReadStop::Idle))
-            } else {
-                reader.set_limit(UNAUTHENTICATED_FRAME_LIMIT);
-                let left = self.auth_deadline.saturating_duration_since(Instant::now());
-                Some((left, ReadStop::AuthTimeout))
+            let ControlFlow::Continue(wait) = self.prepare_read(&mut reader, authed).await else {
+                return Ok(());
             };
             let frame = match Self::next_frame(&mut reader, wait).await {
                 Ok(Some(f)) => f,
                 Ok(None) => return Ok(()),
-                Err(ReadStop::Idle) => {
-                    tracing::debug!("idle Redis proxy connection closed");
-                    return Ok(());
-                }
-                Err(ReadStop::AuthTimeout) => {
-                    self.proxy
-                        .metrics
-                        .listener_closed("redis-proxy", "AuthTimeout");
-                    tracing::warn!(timeout = ?AUTH_TIMEOUT, "Redis proxy: client did not authenticate in time, closing");
-                    return Ok(());
-                }
-                Err(ReadStop::FrameTimeout) => {
-                    self.proxy
-                        .metrics
-                        .listener_closed("redis-proxy", "FrameTimeout");
-                    tracing::warn!(timeout = ?FRAME_TIMEOUT, "Redis proxy: command not received in full in time, closing");
-                    return Ok(());
-                }
-                Err(ReadStop::Error(
-                    e @ (RespError::Malformed(_)
-                    | RespError::TooLarge { .. }
-                    | RespError::TooDeep { .. }),
-                )) => {
-                    self.proxy
-                        .metrics
-                        .listener_closed("redis-proxy", "ProtocolError");
-                    tracing::warn!(error = %e, authenticated = authed, "Redis proxy: bad command, closing");
-                    self.ready(Out::Reply(Reply::Error(format!("ERR Protocol error: {e}"))))
-                        .await;
-                    return Err(e);
-                }
-                Err(ReadStop::Error(e)) => return Err(e),
+                Err(stop) => return self.read_stopped(stop, authed).await,
             };
             let Some(args) = frame.command().filter(|a| !a.is_empty()) else {
                 self.ready(Out::Reply(Reply::Error(
@@ -926,59 +904,140 @@ impl Conn {
                 .await;
                 continue;
             };
-            let name = args[0].to_ascii_uppercase();
-            match name.as_slice() {
-                b"GET" if args.len() == 2 => match AppKey::parse(&args[1]) {
-                    Some(_) if !authed => self.noauth("GET").await,
-                    Some(key) => self.local_get(key).await,
-                    None => self.forward(&frame.raw, SlotKind::Reply).await?,
-                },
-                b"SUBSCRIBE"
-                    if args.len() > 1
-                        && !authed
-                        && args[1..].iter().any(|c| AppKey::parse(c).is_some()) =>
-                {
-                    self.noauth("SUBSCRIBE").await
-                }
-                b"SUBSCRIBE" if args.len() > 1 => self.subscribe(&args[1..]).await?,
-                b"CLIENT" if authed && replica::is_forward_marker(&args) => {
-                    self.forwarded = true;
-                    self.ready(Out::Raw(Bytes::from_static(b"+OK\r\n"))).await;
-                }
-                // In pub/sub mode every frame of the hub Redis is out of band: the answer
-                // cannot be matched, and the state stays as it was (conservative).
-                b"AUTH" if !self.upstream_pubsub => {
-                    self.auth_sent += 1;
-                    self.forward(&frame.raw, SlotKind::Auth).await?
-                }
-                b"RESET" if !self.upstream_pubsub => {
-                    self.auth_sent += 1;
-                    self.forward(&frame.raw, SlotKind::Reset).await?
-                }
-                b"UNSUBSCRIBE" => self.unsubscribe(&frame.raw, &args[1..]).await?,
-                b"PSUBSCRIBE" | b"SSUBSCRIBE" => {
-                    self.forward(&frame.raw, SlotKind::Subscribe).await?
-                }
-                b"PUNSUBSCRIBE" | b"SUNSUBSCRIBE" => {
-                    self.forward(&frame.raw, SlotKind::PubSubReply).await?
-                }
-                b"HELLO" => {
-                    let version = match args.get(1).map(|v| v.as_ref()) {
-                        Some(b"3") => Protocol::Resp3,
-                        Some(b"2") => Protocol::Resp2,
-                        _ => self.shared.protocol(),
-                    };
-                    let auth = !self.upstream_pubsub
-                        && args[1..].iter().any(|a| a.eq_ignore_ascii_case(b"AUTH"));
-                    if auth {
-                        self.auth_sent += 1;
-                    }
-                    self.forward(&frame.raw, SlotKind::Hello(version, auth))
-                        .await?
-                }
-                _ => self.forward(&frame.raw, SlotKind::Reply).await?,
-            }
+            self.dispatch(&frame, &args, authed).await?;
         }
+    }
+
+    /// Before reading the next command: admits an authenticated connection (`Break`: too
+    /// many, refused and to be closed), sets the frame limit, and says how long the read
+    /// may wait (idle timeout, or what is left of the authentication deadline).
+    async fn prepare_read<R: AsyncRead + Unpin>(
+        &mut self,
+        reader: &mut FrameReader<R>,
+        authed: bool,
+    ) -> ControlFlow<(), Option<(Duration, ReadStop)>> {
+        if !authed {
+            reader.set_limit(UNAUTHENTICATED_FRAME_LIMIT);
+            let left = self.auth_deadline.saturating_duration_since(Instant::now());
+            return ControlFlow::Continue(Some((left, ReadStop::AuthTimeout)));
+        }
+        if !self.admit() {
+            self.proxy
+                .metrics
+                .listener_closed("redis-proxy", "TooManyConnections");
+            tracing::warn!("Redis proxy: too many authenticated connections, closing");
+            self.ready(Out::Reply(Reply::Error(
+                "ERR max number of clients reached".into(),
+            )))
+            .await;
+            return ControlFlow::Break(());
+        }
+        reader.set_limit(self.proxy.config.max_value_size);
+        let idle = self.subscriptions.is_empty() && !self.upstream_pubsub;
+        ControlFlow::Continue(idle.then_some((self.proxy.config.idle_timeout, ReadStop::Idle)))
+    }
+
+    /// Ends the connection after reading stopped: counts and logs why, and answers a bad
+    /// command with a protocol error.
+    async fn read_stopped(&self, stop: ReadStop, authed: bool) -> Result<(), RespError> {
+        match stop {
+            ReadStop::Idle => {
+                tracing::debug!("idle Redis proxy connection closed");
+                Ok(())
+            }
+            ReadStop::AuthTimeout => {
+                self.proxy
+                    .metrics
+                    .listener_closed("redis-proxy", "AuthTimeout");
+                tracing::warn!(timeout = ?AUTH_TIMEOUT, "Redis proxy: client did not authenticate in time, closing");
+                Ok(())
+            }
+            ReadStop::FrameTimeout => {
+                self.proxy
+                    .metrics
+                    .listener_closed("redis-proxy", "FrameTimeout");
+                tracing::warn!(timeout = ?FRAME_TIMEOUT, "Redis proxy: command not received in full in time, closing");
+                Ok(())
+            }
+            ReadStop::Error(
+                e @ (RespError::Malformed(_)
+                | RespError::TooLarge { .. }
+                | RespError::TooDeep { .. }),
+            ) => {
+                self.proxy
+                    .metrics
+                    .listener_closed("redis-proxy", "ProtocolError");
+                tracing::warn!(error = %e, authenticated = authed, "Redis proxy: bad command, closing");
+                self.ready(Out::Reply(Reply::Error(format!("ERR Protocol error: {e}"))))
+                    .await;
+                Err(e)
+            }
+            ReadStop::Error(e) => Err(e),
+        }
+    }
+
+    /// Routes one command: an Application key's `GET` and `SUBSCRIBE` are answered through
+    /// its agent, the proxy's own marker here, everything else goes to the hub Redis.
+    async fn dispatch(
+        &mut self,
+        frame: &Frame,
+        args: &[Bytes],
+        authed: bool,
+    ) -> Result<(), RespError> {
+        let name = args[0].to_ascii_uppercase();
+        match name.as_slice() {
+            b"GET" if args.len() == 2 => match AppKey::parse(&args[1]) {
+                Some(_) if !authed => self.noauth("GET").await,
+                Some(key) => self.local_get(key).await,
+                None => self.forward(&frame.raw, SlotKind::Reply).await?,
+            },
+            b"SUBSCRIBE"
+                if args.len() > 1
+                    && !authed
+                    && args[1..].iter().any(|c| AppKey::parse(c).is_some()) =>
+            {
+                self.noauth("SUBSCRIBE").await
+            }
+            b"SUBSCRIBE" if args.len() > 1 => self.subscribe(&args[1..]).await?,
+            b"CLIENT" if authed && replica::is_forward_marker(args) => {
+                self.forwarded = true;
+                self.ready(Out::Raw(Bytes::from_static(b"+OK\r\n"))).await;
+            }
+            // In pub/sub mode every frame of the hub Redis is out of band: the answer
+            // cannot be matched, and the state stays as it was (conservative).
+            b"AUTH" if !self.upstream_pubsub => {
+                self.auth_sent += 1;
+                self.forward(&frame.raw, SlotKind::Auth).await?
+            }
+            b"RESET" if !self.upstream_pubsub => {
+                self.auth_sent += 1;
+                self.forward(&frame.raw, SlotKind::Reset).await?
+            }
+            b"UNSUBSCRIBE" => self.unsubscribe(&frame.raw, &args[1..]).await?,
+            b"PSUBSCRIBE" | b"SSUBSCRIBE" => self.forward(&frame.raw, SlotKind::Subscribe).await?,
+            b"PUNSUBSCRIBE" | b"SUNSUBSCRIBE" => {
+                self.forward(&frame.raw, SlotKind::PubSubReply).await?
+            }
+            b"HELLO" => self.hello(&frame.raw, args).await?,
+            _ => self.forward(&frame.raw, SlotKind::Reply).await?,
+        }
+        Ok(())
+    }
+
+    /// `HELLO`: forwarded, its reply switching the protocol (and authentication, when it
+    /// carries `AUTH`).
+    async fn hello(&mut self, raw: &Bytes, args: &[Bytes]) -> Result<(), RespError> {
+        let version = match args.get(1).map(|v| v.as_ref()) {
+            Some(b"3") => Protocol::Resp3,
+            Some(b"2") => Protocol::Resp2,
+            _ => self.shared.protocol(),
+        };
+        let auth =
+            !self.upstream_pubsub && args[1..].iter().any(|a| a.eq_ignore_ascii_case(b"AUTH"));
+        if auth {
+            self.auth_sent += 1;
+        }
+        self.forward(raw, SlotKind::Hello(version, auth)).await
     }
 
     /// Queues a reply that is ready now.
@@ -1107,17 +1166,13 @@ impl Conn {
                                 closed.cancel();
                                 return;
                             };
-                            let payload = match push.payload {
-                                Payload::RedisResponse(r) => match r.result {
-                                    Some(redis_response::Result::Value(v)) => Bytes::from(v),
-                                    Some(redis_response::Result::Error(e)) => {
-                                        tracing::warn!(key = %key_text, error = ?e, "agent ended a subscription");
-                                        closed.cancel();
-                                        return;
-                                    }
-                                    _ => Bytes::new(),
-                                },
-                                _ => continue,
+                            let payload = match pushed_message(push, &key_text) {
+                                ControlFlow::Continue(Some(payload)) => payload,
+                                ControlFlow::Continue(None) => continue,
+                                ControlFlow::Break(()) => {
+                                    closed.cancel();
+                                    return;
+                                }
                             };
                             let frame = resp::pubsub(shared.protocol(), "message", &channel, PubSub::Message(payload));
                             if oob.send(frame).await.is_err() {
@@ -1223,6 +1278,22 @@ impl Conn {
             self.ready(Out::PubSub("unsubscribe", channel, count)).await;
         }
         Ok(())
+    }
+}
+
+/// The message one push of an agent's subscription carries (`None`: not a Redis answer,
+/// skipped); `Break` when the agent ended the subscription.
+fn pushed_message(push: Event, key: &str) -> ControlFlow<(), Option<Bytes>> {
+    let Payload::RedisResponse(r) = push.payload else {
+        return ControlFlow::Continue(None);
+    };
+    match r.result {
+        Some(redis_response::Result::Value(v)) => ControlFlow::Continue(Some(Bytes::from(v))),
+        Some(redis_response::Result::Error(e)) => {
+            tracing::warn!(key = %key, error = ?e, "agent ended a subscription");
+            ControlFlow::Break(())
+        }
+        _ => ControlFlow::Continue(Some(Bytes::new())),
     }
 }
 

@@ -150,17 +150,8 @@ pub async fn serve(
                 return;
             }
         };
-    let request = super::build_request("GET", &log_path(&req), "", None, "", Vec::new())
-        .map(|r| proxy.client.send(r));
-    let response = match request {
-        Ok(send) => tokio::select! {
-            _ = connection.cancelled() => return,
-            r = tokio::time::timeout(proxy.config.timeout, send) => match r {
-                Ok(r) => r.map_err(|e| format!("kubernetes API: {e}")),
-                Err(_) => Err("the log request timed out".to_string()),
-            },
-        },
-        Err(_) => Err("invalid log request".to_string()),
+    let Some(response) = get_log(proxy, &req, connection).await else {
+        return;
     };
     let (tx, rx) = mpsc::channel(TUNNEL_BUFFER);
     let mut client = tunnel.client();
@@ -186,32 +177,53 @@ pub async fn serve(
                 .await
                 .unwrap_or_else(|f| f.answer());
             let msg = start(id, status, failed.content_type, failed.body.to_vec());
-            if forward(&tx, msg, &mut call, connection).await {
-                drop(tx);
-                close(&mut call, connection).await;
-            }
-            return;
+            return answer_only(tx, msg, &mut call, connection).await;
         }
         Err(message) => {
             tracing::warn!(namespace = ?req.namespace, pod = ?req.pod, error = %message, "container log request failed");
             let failed = Answer::status(502, &message);
-            if forward(
-                &tx,
-                start(id, 502, failed.content_type, failed.body.to_vec()),
-                &mut call,
-                connection,
-            )
-            .await
-            {
-                drop(tx);
-                close(&mut call, connection).await;
-            }
-            return;
+            let msg = start(id, 502, failed.content_type, failed.body.to_vec());
+            return answer_only(tx, msg, &mut call, connection).await;
         }
     };
     if pump(body, &tx, &mut call, connection).await {
         drop(tx);
         close(&mut call, connection).await;
+    }
+}
+
+/// Asks the cluster for the container's log (within the proxy's timeout): the response, or
+/// why it failed; `None` when the connection ended first.
+async fn get_log(
+    proxy: &Proxy,
+    req: &LogRequest,
+    connection: &CancellationToken,
+) -> Option<Result<http::Response<kube::client::Body>, String>> {
+    let request = super::build_request("GET", &log_path(req), "", None, "", Vec::new())
+        .map(|r| proxy.client.send(r));
+    Some(match request {
+        Ok(send) => tokio::select! {
+            _ = connection.cancelled() => return None,
+            r = tokio::time::timeout(proxy.config.timeout, send) => match r {
+                Ok(r) => r.map_err(|e| format!("kubernetes API: {e}")),
+                Err(_) => Err("the log request timed out".to_string()),
+            },
+        },
+        Err(_) => Err("invalid log request".to_string()),
+    })
+}
+
+/// Sends the stream's only message (the start of a failed request), then ends the agent's
+/// side and waits for the principal to close the stream.
+async fn answer_only<F: Future>(
+    tx: mpsc::Sender<LogMessage>,
+    msg: LogMessage,
+    call: &mut Pin<&mut F>,
+    connection: &CancellationToken,
+) {
+    if forward(&tx, msg, call, connection).await {
+        drop(tx);
+        close(call, connection).await;
     }
 }
 

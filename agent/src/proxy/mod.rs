@@ -807,12 +807,8 @@ pub fn serve(
     let tasks = spoke.tasks.clone();
     let id = event.id.clone();
     let Some(proxy) = spoke.proxy.clone() else {
-        let answer = Answer::status(501, "this agent does not serve the resource proxy");
-        answer_soon(
-            &tasks,
-            out,
-            response_event(&source, &id, answer.into_response()),
-        );
+        let why = "this agent does not serve the resource proxy";
+        refuse_soon(&tasks, out, &source, &id, 501, why);
         return;
     };
     let apps = spoke_apps(spoke);
@@ -821,12 +817,8 @@ pub fn serve(
         Payload::ResourceRequest(req) => {
             let Some(slot) = proxy.try_request_slot() else {
                 proxy.count(rules::method_verb(&req.method), "error");
-                let answer = Answer::status(429, "too many resource proxy requests at once");
-                answer_soon(
-                    &tasks,
-                    &out,
-                    response_event(&source, &id, answer.into_response()),
-                );
+                let why = "too many resource proxy requests at once";
+                refuse_soon(&tasks, &out, &source, &id, 429, why);
                 return;
             };
             tasks.spawn(async move {
@@ -842,12 +834,8 @@ pub fn serve(
             };
             let Some(slot) = proxy.try_stream_slot() else {
                 proxy.count(what, "error");
-                let answer = Answer::status(429, "too many log and exec streams at once");
-                answer_soon(
-                    &tasks,
-                    &out,
-                    response_event(&source, &id, answer.into_response()),
-                );
+                let why = "too many log and exec streams at once";
+                refuse_soon(&tasks, &out, &source, &id, 429, why);
                 return;
             };
             let tunnel = tunnel();
@@ -867,15 +855,33 @@ pub fn serve(
                 drop(slot);
             });
         }
-        _ => {
-            let answer = Answer::status(400, "not a resource proxy request");
-            answer_soon(
-                &tasks,
-                &out,
-                response_event(&source, &id, answer.into_response()),
-            );
-        }
+        _ => refuse_soon(
+            &tasks,
+            &out,
+            &source,
+            &id,
+            400,
+            "not a resource proxy request",
+        ),
     }
+}
+
+/// Answers the request `id` with the error `status` and `message` through
+/// [`answer_soon`].
+fn refuse_soon(
+    tasks: &TaskTracker,
+    out: &mpsc::Sender<Event>,
+    source: &str,
+    id: &str,
+    status: u16,
+    message: &str,
+) {
+    let answer = Answer::status(status, message);
+    answer_soon(
+        tasks,
+        out,
+        response_event(source, id, answer.into_response()),
+    );
 }
 
 /// Admits a log (`what` = "log") or exec ("exec") stream of `pod`: the pod must be managed

@@ -32,6 +32,19 @@ pub use owners::AppOwners;
 /// Label put on hub copies of autonomous agents' Applications (and checked for ownership).
 pub const AGENT_NAME_LABEL: &str = "argocd-agent.argoproj-labs.io/agent-name";
 
+/// What the session does after a command was applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Applied {
+    /// Acknowledge the event.
+    Ack,
+    /// Send nothing (the answer is an event in the agent's queue).
+    Silent,
+    /// A delete of an object the hub does not have: answered with an error event
+    /// `NotFound` naming the event, which the agent takes as done (a delete resent after a
+    /// lost acknowledgement ends there too, instead of being retried).
+    NotFound,
+}
+
 fn app_ref(namespace: &Namespace, name: &str) -> ResourceRef {
     ResourceRef::new(ResourceKind::Application, namespace.clone(), name)
 }

@@ -9,9 +9,8 @@ use argocd_agent_kubernetes::object::{self, is_being_deleted};
 use serde_json::{Value, json};
 use tracing::Instrument;
 
-use super::{Applications, hub_copy_of_agent_app, hub_write_span};
+use super::{Applications, Applied, hub_copy_of_agent_app, hub_write_span};
 use crate::error::{ApplyError, chain};
-use crate::hub::Applied;
 use crate::inbound::Command;
 use crate::metrics::HubWrite;
 use crate::sessions::AgentState;

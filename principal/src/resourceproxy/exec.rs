@@ -8,9 +8,11 @@
 //! `terminal_max_duration` in any case (the client then gets a Failure status on the error
 //! channel saying why).
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
 
+use argocd_agent_domain::AgentName;
 use argocd_agent_domain::{Event, EventType, Payload};
 use argocd_agent_proto::eventstream::{TerminalFrame, TerminalRequest};
 use futures::{SinkExt, StreamExt};
@@ -22,6 +24,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, frame::coding::CloseCode};
 
 use super::{Admitted, Body, Proxy, from_agent, full, rpc_failure, status};
+use crate::link::AgentLink;
 use crate::tunnel::TerminalTunnel;
 
 /// Subprotocols served, preferred first.
@@ -79,27 +82,9 @@ pub(super) async fn serve(
     pod: String,
     mut req: Request<Incoming>,
 ) -> Response<Body> {
-    let get = |h: &str| {
-        req.headers()
-            .get(h)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-            .to_owned()
-    };
-    if !get("upgrade").eq_ignore_ascii_case("websocket") {
-        return status(
-            StatusCode::BAD_REQUEST,
-            "BadRequest",
-            "Upgrade request required (exec is served over WebSocket, v5.channel.k8s.io)",
-        );
-    }
-    let key = get("sec-websocket-key");
-    let Some(protocol) = choose_protocol(&get("sec-websocket-protocol")) else {
-        return status(
-            StatusCode::BAD_REQUEST,
-            "BadRequest",
-            "no supported subprotocol offered (v5.channel.k8s.io or v4.channel.k8s.io)",
-        );
+    let (key, protocol) = match websocket_upgrade(&req) {
+        Ok(offer) => offer,
+        Err(refused) => return refused,
     };
     let session_id = uuid::Uuid::new_v4().to_string();
     let query = req.uri().query().unwrap_or("").to_owned();
@@ -117,31 +102,89 @@ pub(super) async fn serve(
         permit,
     } = admitted;
     let command = terminal.command.clone();
+    let tunnel = match open_tunnel(&proxy, &agent, &link, &session_id, terminal).await {
+        Ok(t) => t,
+        Err(answer) => return answer,
+    };
+    tracing::info!(agent = %agent, session = %session_id, namespace = ?namespace, pod = ?pod,
+        command = ?command, "terminal session opened");
+    let upgrade = hyper::upgrade::on(&mut req);
+    spawn_session(&proxy, upgrade, tunnel, agent, session_id, permit);
+    switching_protocols(&key, protocol)
+}
+
+/// The client's WebSocket upgrade offer: its key and the subprotocol to answer with, or
+/// the `BadRequest` to answer instead.
+fn websocket_upgrade(req: &Request<Incoming>) -> Result<(String, &'static str), Response<Body>> {
+    let get = |h: &str| {
+        req.headers()
+            .get(h)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned()
+    };
+    if !get("upgrade").eq_ignore_ascii_case("websocket") {
+        return Err(status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            "Upgrade request required (exec is served over WebSocket, v5.channel.k8s.io)",
+        ));
+    }
+    let key = get("sec-websocket-key");
+    let Some(protocol) = choose_protocol(&get("sec-websocket-protocol")) else {
+        return Err(status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            "no supported subprotocol offered (v5.channel.k8s.io or v4.channel.k8s.io)",
+        ));
+    };
+    Ok((key, protocol))
+}
+
+/// Asks the agent for the exec and waits for its terminal stream for `session_id`; `Err`
+/// is the answer to send instead (the agent's refusal, or its going offline).
+async fn open_tunnel(
+    proxy: &Proxy,
+    agent: &AgentName,
+    link: &AgentLink,
+    session_id: &str,
+    terminal: TerminalRequest,
+) -> Result<TerminalTunnel, Response<Body>> {
     let event = Event::new(
         &proxy.source,
         EventType::TerminalRequest,
         Payload::TerminalRequest(terminal),
     );
-    let expected = proxy.tunnels.expect_terminal(&session_id, &agent);
+    let expected = proxy.tunnels.expect_terminal(session_id, agent);
     let mut refusal = match link.request(event, None).await {
         Ok(t) => t,
-        Err(e) => return rpc_failure(&agent, e),
+        Err(e) => return Err(rpc_failure(agent, e)),
     };
     let tunnel = tokio::select! {
         tunnel = expected.arrived() => match tunnel {
             Some(t) => t,
-            None => return super::offline(&agent),
+            None => return Err(super::offline(agent)),
         },
-        answer = refusal.answer(proxy.config.request_timeout) => return match answer {
+        answer = refusal.answer(proxy.config.request_timeout) => return Err(match answer {
             Ok(Event { payload: Payload::ResourceResponse(r), .. }) => from_agent(&r),
             Ok(_) => status(StatusCode::BAD_GATEWAY, "InternalError", "unexpected answer"),
-            Err(e) => rpc_failure(&agent, e),
-        },
+            Err(e) => rpc_failure(agent, e),
+        }),
     };
     drop(refusal);
-    tracing::info!(agent = %agent, session = %session_id, namespace = ?namespace, pod = ?pod,
-        command = ?command, "terminal session opened");
-    let upgrade = hyper::upgrade::on(&mut req);
+    Ok(tunnel)
+}
+
+/// Runs the session in the background once the client's connection is upgraded: bridges
+/// it to the agent's stream, holding the agent's permit, and logs how it ended.
+fn spawn_session(
+    proxy: &Proxy,
+    upgrade: hyper::upgrade::OnUpgrade,
+    tunnel: TerminalTunnel,
+    agent: AgentName,
+    session_id: String,
+    permit: tokio::sync::OwnedSemaphorePermit,
+) {
     let (idle, max) = (
         proxy.config.terminal_idle_timeout,
         proxy.config.terminal_max_duration,
@@ -162,6 +205,11 @@ pub(super) async fn serve(
         tracing::info!(agent = %agent, session = %session_id, seconds = started.elapsed().as_secs(),
             "terminal session closed: {why}");
     });
+}
+
+/// The `101 Switching Protocols` answer accepting the client's WebSocket `key` with
+/// `protocol`.
+fn switching_protocols(key: &str, protocol: &'static str) -> Response<Body> {
     let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
     let mut r = Response::new(full(Vec::new()));
     *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
@@ -197,76 +245,139 @@ where
     // Frames from the client and from the agent, for the closing log line.
     let mut frames = (0u64, 0u64);
     let why = loop {
-        tokio::select! {
+        let step = tokio::select! {
             _ = tokio::time::sleep_until(deadline) => {
-                let _ = ws.send(Message::Binary(failure_frame(&format!(
-                    "terminal session closed after the maximum of {max:?}")).into())).await;
-                break format!("maximum duration {max:?} reached");
+                send_failure(&mut ws, &format!("terminal session closed after the maximum of {max:?}")).await;
+                ControlFlow::Break(format!("maximum duration {max:?} reached"))
             }
             _ = tokio::time::sleep(idle) => {
-                let _ = ws.send(Message::Binary(failure_frame(&format!(
-                    "terminal session closed after {idle:?} without input or output")).into())).await;
-                break format!("idle for {idle:?}");
+                send_failure(&mut ws, &format!("terminal session closed after {idle:?} without input or output")).await;
+                ControlFlow::Break(format!("idle for {idle:?}"))
             }
-            from_client = ws.next() => match from_client {
-                Some(Ok(Message::Binary(b))) => {
-                    let Some((&channel, data)) = b.split_first() else { continue };
-                    tracing::debug!(channel, bytes = data.len(), "terminal frame from the client");
-                    frames.0 += 1;
-                    // Only stdin, resize and close travel toward the container.
-                    if !matches!(channel, 0 | 4 | 255) {
-                        continue;
-                    }
-                    let frame = TerminalFrame { session_id: String::new(), channel: channel.into(), data: data.to_vec() };
-                    if let Some(tx) = &to_agent
-                        && tx.send(Ok(frame)).await.is_err() {
-                        break "the agent ended the session".into();
-                    }
-                }
-                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => {
-                    // The client is gone: ending our side tells the agent to stop.
-                    to_agent = None;
-                    break "the client closed the session".into();
-                }
-                Some(Ok(_)) => {}
-            },
-            from_agent = stream.message() => match from_agent {
-                Ok(Some(f)) => {
-                    let Ok(channel) = u8::try_from(f.channel) else { continue };
-                    tracing::debug!(channel, bytes = f.data.len(), "terminal frame to the client");
-                    frames.1 += 1;
-                    let mut out = Vec::with_capacity(f.data.len() + 1);
-                    out.push(channel);
-                    out.extend_from_slice(&f.data);
-                    if ws.send(Message::Binary(out.into())).await.is_err() {
-                        break "the client went away".into();
-                    }
-                }
-                Ok(None) => break "the command ended".into(),
-                Err(e) => {
-                    let _ = ws.send(Message::Binary(failure_frame(&format!(
-                        "the agent's connection ended: {}", e.message())).into())).await;
-                    break "the agent's connection ended".into();
-                }
-            },
+            from_client = ws.next() => client_to_agent(from_client, &mut to_agent, &mut frames.0).await,
+            from_agent = stream.message() => agent_to_client(&mut ws, from_agent, &mut frames.1).await,
+        };
+        if let ControlFlow::Break(why) = step {
+            break why;
         }
     };
     drop(to_agent);
+    close_client(&mut ws).await;
+    format!(
+        "{why} ({} frames from the client, {} from the agent)",
+        frames.0, frames.1
+    )
+}
+
+/// Sends the client a Failure status on the error channel saying why the session ends.
+async fn send_failure<S>(ws: &mut WebSocketStream<S>, message: &str)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let _ = ws
+        .send(Message::Binary(failure_frame(message).into()))
+        .await;
+}
+
+/// Passes one message of the client on toward the container (stdin, resize and close
+/// only), counting it; `Break` with the reason when the session ends.
+async fn client_to_agent(
+    from_client: Option<Result<Message, tokio_tungstenite::tungstenite::Error>>,
+    to_agent: &mut Option<tokio::sync::mpsc::Sender<Result<TerminalFrame, tonic::Status>>>,
+    frames: &mut u64,
+) -> ControlFlow<String> {
+    match from_client {
+        Some(Ok(Message::Binary(b))) => {
+            let Some((&channel, data)) = b.split_first() else {
+                return ControlFlow::Continue(());
+            };
+            tracing::debug!(
+                channel,
+                bytes = data.len(),
+                "terminal frame from the client"
+            );
+            *frames += 1;
+            // Only stdin, resize and close travel toward the container.
+            if !matches!(channel, 0 | 4 | 255) {
+                return ControlFlow::Continue(());
+            }
+            let frame = TerminalFrame {
+                session_id: String::new(),
+                channel: channel.into(),
+                data: data.to_vec(),
+            };
+            if let Some(tx) = to_agent
+                && tx.send(Ok(frame)).await.is_err()
+            {
+                return ControlFlow::Break("the agent ended the session".into());
+            }
+            ControlFlow::Continue(())
+        }
+        Some(Ok(Message::Close(_))) | None | Some(Err(_)) => {
+            // The client is gone: ending our side tells the agent to stop.
+            *to_agent = None;
+            ControlFlow::Break("the client closed the session".into())
+        }
+        Some(Ok(_)) => ControlFlow::Continue(()),
+    }
+}
+
+/// Passes one frame of the agent on to the client, counting it; `Break` with the reason
+/// when the session ends.
+async fn agent_to_client<S>(
+    ws: &mut WebSocketStream<S>,
+    from_agent: Result<Option<TerminalFrame>, tonic::Status>,
+    frames: &mut u64,
+) -> ControlFlow<String>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    match from_agent {
+        Ok(Some(f)) => {
+            let Ok(channel) = u8::try_from(f.channel) else {
+                return ControlFlow::Continue(());
+            };
+            tracing::debug!(
+                channel,
+                bytes = f.data.len(),
+                "terminal frame to the client"
+            );
+            *frames += 1;
+            let mut out = Vec::with_capacity(f.data.len() + 1);
+            out.push(channel);
+            out.extend_from_slice(&f.data);
+            if ws.send(Message::Binary(out.into())).await.is_err() {
+                return ControlFlow::Break("the client went away".into());
+            }
+            ControlFlow::Continue(())
+        }
+        Ok(None) => ControlFlow::Break("the command ended".into()),
+        Err(e) => {
+            send_failure(
+                ws,
+                &format!("the agent's connection ended: {}", e.message()),
+            )
+            .await;
+            ControlFlow::Break("the agent's connection ended".into())
+        }
+    }
+}
+
+/// Closes the client's WebSocket normally and lets it answer the close, briefly.
+async fn close_client<S>(ws: &mut WebSocketStream<S>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
     let _ = ws
         .send(Message::Close(Some(CloseFrame {
             code: CloseCode::Normal,
             reason: "".into(),
         })))
         .await;
-    // Let the client answer the close, briefly.
     let _ = tokio::time::timeout(Duration::from_secs(2), async {
         while let Some(Ok(_)) = ws.next().await {}
     })
     .await;
-    format!(
-        "{why} ({} frames from the client, {} from the agent)",
-        frames.0, frames.1
-    )
 }
 
 #[cfg(test)]

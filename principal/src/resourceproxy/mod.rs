@@ -226,6 +226,17 @@ enum Route {
     },
 }
 
+impl Route {
+    /// The `kind` label of the proxy's metrics: `request`, `log` or `exec`.
+    fn kind(&self) -> &'static str {
+        match self {
+            Route::Api => "request",
+            Route::Log { .. } => "log",
+            Route::Exec { .. } => "exec",
+        }
+    }
+}
+
 /// The proxy's coarse rules (the agent applies its own, finer ones).
 fn route(method: &Method, path: &str, query: &str) -> Result<Route, String> {
     if ![Method::GET, Method::POST, Method::PATCH, Method::DELETE].contains(method) {
@@ -456,33 +467,11 @@ impl Proxy {
                 return status(StatusCode::FORBIDDEN, "Forbidden", why);
             }
         };
-        let kind = match route {
-            Route::Api => "request",
-            Route::Log { .. } => "log",
-            Route::Exec { .. } => "exec",
+        let kind = route.kind();
+        let req = match self.forward_elsewhere(&agent, kind, req).await {
+            Ok(req) => req,
+            Err(answered) => return answered,
         };
-        if let Some(forwarder) = &self.forwarder
-            && self.link(&agent).is_none()
-        {
-            if let Some(by) = req.headers().get(forward::FORWARDED_BY) {
-                tracing::debug!(agent = %agent, forwarded_by = ?by,
-                    "resource proxy: forwarded request for an agent not connected here");
-            } else {
-                match forwarder.target(&agent) {
-                    Ok(Some((holder, url))) => {
-                        return self.forward(forwarder, agent, kind, holder, url, req).await;
-                    }
-                    Ok(None) => {}
-                    Err(why) => {
-                        tracing::warn!(agent = %agent, kind, "resource proxy: not forwarded: {why}");
-                        self.metrics
-                            .resource_proxy_forwarded(agent.as_str(), kind, 502);
-                        self.metrics.resource_proxy(agent.as_str(), kind, 502);
-                        return status(StatusCode::BAD_GATEWAY, "ServiceUnavailable", why);
-                    }
-                }
-            }
-        }
         // An API request's body is read before it takes one of the agent's slots, within
         // the body timeout: a slow client cannot hold the slots its agent's other requests
         // need.
@@ -524,6 +513,41 @@ impl Proxy {
         self.metrics
             .resource_proxy(agent.as_str(), kind, response.status().as_u16());
         response
+    }
+
+    /// With replicas: forwards the request to the replica serving `agent` when it is not
+    /// connected here (and the request was not already forwarded to us); `Err` is that
+    /// replica's answer or the failure to reach it, `Ok` gives the request back to serve here.
+    async fn forward_elsewhere(
+        &self,
+        agent: &AgentName,
+        kind: &'static str,
+        req: Request<Incoming>,
+    ) -> Result<Request<Incoming>, Response<Body>> {
+        let Some(forwarder) = &self.forwarder else {
+            return Ok(req);
+        };
+        if self.link(agent).is_some() {
+            return Ok(req);
+        }
+        if let Some(by) = req.headers().get(forward::FORWARDED_BY) {
+            tracing::debug!(agent = %agent, forwarded_by = ?by,
+                "resource proxy: forwarded request for an agent not connected here");
+            return Ok(req);
+        }
+        match forwarder.target(agent) {
+            Ok(Some((holder, url))) => Err(self
+                .forward(forwarder, agent.clone(), kind, holder, url, req)
+                .await),
+            Ok(None) => Ok(req),
+            Err(why) => {
+                tracing::warn!(agent = %agent, kind, "resource proxy: not forwarded: {why}");
+                self.metrics
+                    .resource_proxy_forwarded(agent.as_str(), kind, 502);
+                self.metrics.resource_proxy(agent.as_str(), kind, 502);
+                Err(status(StatusCode::BAD_GATEWAY, "ServiceUnavailable", why))
+            }
+        }
     }
 
     /// Forwards a request to the replica (`holder`, at `url`) serving its agent.
