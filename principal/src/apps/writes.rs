@@ -4,6 +4,7 @@
 use argocd_agent_domain::queue::{Lane, QueueKey};
 use argocd_agent_domain::{AgentMode, AgentName, Namespace, ResourceKind};
 use argocd_agent_domain::{Event, EventType, ResourceRef};
+use argocd_agent_kubernetes::Mutation;
 use argocd_agent_kubernetes::UpsertOutcome;
 use argocd_agent_kubernetes::object::{self, is_being_deleted};
 use serde_json::{Value, json};
@@ -126,25 +127,30 @@ impl Applications {
     /// the Application refreshing.
     pub(crate) async fn end_refresh(&self, resource: &ResourceRef, value: &str) {
         let ns = Some(resource.namespace.as_str());
-        let Some(cur) = self.cache.get(ns, &resource.name) else {
-            return;
-        };
-        let held = cur
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(object::REFRESH_ANNOTATION));
-        if held.map(String::as_str) != Some(value) {
-            return;
-        }
-        let rv = cur.metadata.resource_version.clone().unwrap_or_default();
-        let patch = json!({"metadata": {"resourceVersion": rv,
-            "annotations": {object::REFRESH_ANNOTATION: null}}});
-        match self.apps.patch_merge(ns, &resource.name, &patch).await {
+        // The watch cache's copy may predate the status just written: a conflict re-reads
+        // the object and decides again (a request still holding `value` is removed, a new
+        // one is kept), so the end of a refresh is never lost to a stale resourceVersion.
+        let cached = self.cache.get(ns, &resource.name).map(|o| (*o).clone());
+        let result = self
+            .apps
+            .update_from(ns, &resource.name, cached, |obj| {
+                let held = obj.metadata.annotations.as_mut().filter(|a| {
+                    a.get(object::REFRESH_ANNOTATION).map(String::as_str) == Some(value)
+                });
+                match held {
+                    Some(a) => {
+                        a.remove(object::REFRESH_ANNOTATION);
+                        Mutation::Changed
+                    }
+                    None => Mutation::Abort,
+                }
+            })
+            .await;
+        match result {
             Ok(_) => {}
-            // Changed meanwhile: the next report of the spoke decides again.
-            Err(e) if e.is_not_found() || e.is_conflict() => {}
+            Err(e) if e.is_not_found() => {}
             Err(e) => {
+                self.metrics.hub_write_errors.inc();
                 tracing::warn!(%resource, error = %chain(&e), "could not remove the refresh request")
             }
         }
