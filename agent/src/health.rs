@@ -40,7 +40,7 @@ impl HealthState {
 }
 
 /// Binds `addr` and serves `/healthz`, `/readyz` and (with `with_metrics`) `/metrics` until
-/// `shutdown`.
+/// `shutdown`: the endpoint both binaries share, with the agent's verdicts.
 pub async fn serve(
     addr: SocketAddr,
     state: HealthState,
@@ -48,92 +48,24 @@ pub async fn serve(
     tasks: &TaskTracker,
     shutdown: CancellationToken,
 ) -> std::io::Result<SocketAddr> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    let local = listener.local_addr()?;
-    let app = probe_routes(&state);
-    let app = if !with_metrics {
-        app
-    } else {
-        metrics_route(app, state.metrics.clone())
-    };
-    let handler = move |req: http::Request<hyper::body::Incoming>, _peer: SocketAddr| {
-        let app = app.clone();
-        async move {
-            use tower::ServiceExt;
-            match app.oneshot(req).await {
-                Ok(r) => r,
-                Err(never) => match never {},
-            }
-        }
-    };
-    let on_close: argocd_agent_identity::listener::OnClose = Arc::new(|reason| {
-        tracing::debug!(reason, "metrics listener closed a connection");
-    });
-    argocd_agent_identity::listener::serve(
-        listener,
-        None,
-        argocd_agent_identity::listener::Limits::metrics(),
-        handler,
-        on_close,
-        tasks,
-        shutdown,
-    );
-    Ok(local)
-}
-
-/// `/healthz` (the connection to the principal) and `/readyz` ([`HealthState::readiness`]).
-fn probe_routes(state: &HealthState) -> axum::Router {
-    use axum::routing::get;
-    let (connected, ready) = (state.connected.clone(), state.clone());
-    axum::Router::new()
-        .route(
-            "/healthz",
-            get(move || {
-                let up = connected.load(Ordering::Relaxed);
-                async move {
-                    if up {
-                        (http::StatusCode::OK, "ok")
-                    } else {
-                        (
-                            http::StatusCode::SERVICE_UNAVAILABLE,
-                            "not connected to principal",
-                        )
-                    }
-                }
-            }),
-        )
-        .route(
-            "/readyz",
-            get(move || {
-                let verdict = ready.readiness();
-                async move {
-                    match verdict {
-                        Ok(()) => (http::StatusCode::OK, "ready".to_owned()),
-                        Err(why) => (http::StatusCode::SERVICE_UNAVAILABLE, why),
-                    }
-                }
-            }),
-        )
-}
-
-/// `app` with `/metrics`, the OpenMetrics text of `metrics`.
-fn metrics_route(app: axum::Router, metrics: crate::metrics::Metrics) -> axum::Router {
-    use axum::routing::get;
-    app.route(
-        "/metrics",
-        get(move || {
-            let body = metrics.encode();
-            async move {
-                (
-                    [(
-                        http::header::CONTENT_TYPE,
-                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                    )],
-                    body,
-                )
+    use argocd_agent_runtime::health::{self, Endpoints};
+    let connected = state.connected.clone();
+    let metrics = state.metrics.clone();
+    let endpoints = Endpoints {
+        live: Arc::new(move || {
+            if connected.load(Ordering::Relaxed) {
+                Ok(())
+            } else {
+                Err("not connected to principal".into())
             }
         }),
-    )
+        ready: Arc::new(move || state.readiness()),
+        metrics: with_metrics.then(|| Arc::new(move || metrics.encode()) as health::Scrape),
+        on_close: Arc::new(|reason| {
+            tracing::debug!(reason, "metrics listener closed a connection");
+        }),
+    };
+    health::serve(addr, endpoints, tasks, shutdown).await
 }
 
 #[cfg(test)]

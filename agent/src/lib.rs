@@ -43,9 +43,6 @@ use crate::spoke::Spoke;
 pub use argocd_agent_identity::source::SvidConfig;
 pub use error::{AgentError, SessionError, SpokeError};
 
-/// How long shutdown waits for the agent's tasks to finish.
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
-
 /// A session that lasted this long resets the reconnect backoff: reconnects stay cheap.
 const STABLE_SESSION: Duration = Duration::from_secs(30);
 
@@ -156,16 +153,7 @@ impl Running {
     /// Waits for shutdown, then for the agent's tasks to drain.
     pub async fn wait(self) {
         self.shutdown.cancelled().await;
-        self.tasks.close();
-        if tokio::time::timeout(DRAIN_TIMEOUT, self.tasks.wait())
-            .await
-            .is_err()
-        {
-            tracing::warn!(
-                remaining = self.tasks.len(),
-                "shutdown: tasks still running after {DRAIN_TIMEOUT:?}"
-            );
-        }
+        argocd_agent_runtime::tasks::drain(&self.tasks).await;
     }
 }
 

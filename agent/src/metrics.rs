@@ -84,7 +84,7 @@ impl Default for Metrics {
 impl Metrics {
     pub fn new() -> Metrics {
         let mut r = Registry::default();
-        r.register_collector(Box::new(argocd_agent_domain::trace::SpanCollector {
+        r.register_collector(Box::new(argocd_agent_runtime::telemetry::SpanCollector {
             prefix: "argocd_agent",
         }));
         let mut m = Metrics {

@@ -2,9 +2,9 @@
 #![forbid(unsafe_code)]
 
 pub mod ctl;
-pub mod logging;
-pub mod telemetry;
 pub mod version;
 
 /// Error type for command handlers: every failure is printed as one clear line.
 pub type CmdResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+
+pub use argocd_agent_runtime::{logging, telemetry};

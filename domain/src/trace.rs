@@ -5,8 +5,6 @@
 //! Without an OpenTelemetry layer in the tracing subscriber (no exporter configured) spans
 //! have no OpenTelemetry context: nothing is injected and extracting is a no-op.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
 use opentelemetry::trace::TraceContextExt;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
@@ -235,98 +233,5 @@ mod tests {
             );
             assert!(text.contains("\"span_id\":\""), "{text}");
         });
-    }
-}
-
-/// What happened to the spans this process produced: handed to the exporter's queue, accepted
-/// by the collector, lost in a failed export, or dropped because the queue was full. One set
-/// per process, like the global tracer provider; all zero while tracing is off.
-#[derive(Debug)]
-pub struct SpanCounts {
-    /// Spans ended and queued for export.
-    pub ended: AtomicU64,
-    /// Spans the collector accepted.
-    pub exported: AtomicU64,
-    /// Spans in batches whose export failed (collector unreachable, timeout, refused).
-    pub failed: AtomicU64,
-    /// Spans dropped before export because the queue was full.
-    pub dropped: AtomicU64,
-}
-
-impl SpanCounts {
-    const fn new() -> SpanCounts {
-        SpanCounts {
-            ended: AtomicU64::new(0),
-            exported: AtomicU64::new(0),
-            failed: AtomicU64::new(0),
-            dropped: AtomicU64::new(0),
-        }
-    }
-
-    /// Spans queued and not yet exported or failed.
-    pub fn queued(&self) -> u64 {
-        self.ended
-            .load(Ordering::Relaxed)
-            .saturating_sub(self.exported.load(Ordering::Relaxed))
-            .saturating_sub(self.failed.load(Ordering::Relaxed))
-    }
-}
-
-static SPAN_COUNTS: SpanCounts = SpanCounts::new();
-
-/// This process's span counters (see [`SpanCounts`]).
-pub fn span_counts() -> &'static SpanCounts {
-    &SPAN_COUNTS
-}
-
-/// Exports [`span_counts`] as `<prefix>_trace_spans_total{outcome}` (outcome `exported`,
-/// `failed`, `dropped`) and `<prefix>_trace_spans_queued`. Register it with
-/// `Registry::register_collector`.
-#[derive(Debug)]
-pub struct SpanCollector {
-    /// Metric name prefix, e.g. `argocd_principal`.
-    pub prefix: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
-struct OutcomeLabels {
-    outcome: &'static str,
-}
-
-impl prometheus_client::collector::Collector for SpanCollector {
-    fn encode(
-        &self,
-        mut encoder: prometheus_client::encoding::DescriptorEncoder,
-    ) -> Result<(), std::fmt::Error> {
-        use prometheus_client::encoding::EncodeMetric;
-        use prometheus_client::metrics::counter::ConstCounter;
-        use prometheus_client::metrics::gauge::ConstGauge;
-        use prometheus_client::metrics::{MetricType, TypedMetric};
-        let c = span_counts();
-        let name = format!("{}_trace_spans", self.prefix);
-        let mut family = encoder.encode_descriptor(
-            &name,
-            "Trace spans by what became of them: exported to the OTLP collector, lost in a failed export, dropped because the export queue was full",
-            None,
-            MetricType::Counter,
-        )?;
-        for (outcome, n) in [
-            ("exported", &c.exported),
-            ("failed", &c.failed),
-            ("dropped", &c.dropped),
-        ] {
-            let labels = OutcomeLabels { outcome };
-            let metric = family.encode_family(&labels)?;
-            ConstCounter::new(n.load(Ordering::Relaxed)).encode(metric)?;
-        }
-        let queued = ConstGauge::new(i64::try_from(c.queued()).unwrap_or(i64::MAX));
-        let queued_name = format!("{}_trace_spans_queued", self.prefix);
-        let metric = encoder.encode_descriptor(
-            &queued_name,
-            "Trace spans waiting in the export queue",
-            None,
-            <ConstGauge as TypedMetric>::TYPE,
-        )?;
-        queued.encode(metric)
     }
 }

@@ -35,7 +35,6 @@ mod wiring;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -46,9 +45,6 @@ use crate::wiring::{Features, Wiring};
 pub use argocd_agent_identity::source::SvidConfig;
 pub use config::{AdminAddress, AuthConfig, PrincipalConfig};
 pub use error::{ApplyError, PrincipalError};
-
-/// How long shutdown waits for sessions and workers to finish.
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A started principal.
 pub struct Running {
@@ -69,16 +65,7 @@ impl Running {
     /// Waits until the server stops (after shutdown), then drains sessions and workers.
     pub async fn wait(self) -> Result<(), PrincipalError> {
         let served = self.done.await?;
-        self.tasks.close();
-        if tokio::time::timeout(DRAIN_TIMEOUT, self.tasks.wait())
-            .await
-            .is_err()
-        {
-            tracing::warn!(
-                remaining = self.tasks.len(),
-                "shutdown: tasks still running after {DRAIN_TIMEOUT:?}"
-            );
-        }
+        argocd_agent_runtime::tasks::drain(&self.tasks).await;
         served
     }
 }

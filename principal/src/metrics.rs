@@ -273,7 +273,7 @@ impl Metrics {
     /// Metrics whose per-agent labels are limited to `max_agent_labels` agents.
     pub fn with_agent_label_limit(max_agent_labels: usize) -> Metrics {
         let mut r = Registry::default();
-        r.register_collector(Box::new(argocd_agent_domain::trace::SpanCollector {
+        r.register_collector(Box::new(argocd_agent_runtime::telemetry::SpanCollector {
             prefix: "argocd_principal",
         }));
         let mut m = Metrics {
@@ -645,7 +645,8 @@ impl Readiness {
     }
 }
 
-/// Serves `/metrics` (when `metrics` is given), `/healthz` and `/readyz` on `addr`.
+/// Serves `/metrics` (when `metrics` is given), `/healthz` and `/readyz` on `addr`: the
+/// endpoint both binaries share, with the principal's verdicts.
 pub async fn serve(
     addr: SocketAddr,
     metrics: Option<Metrics>,
@@ -653,68 +654,21 @@ pub async fn serve(
     tasks: &tokio_util::task::TaskTracker,
     shutdown: tokio_util::sync::CancellationToken,
 ) -> std::io::Result<SocketAddr> {
-    use axum::routing::get;
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    let local = listener.local_addr()?;
-    let counter = metrics.clone();
-    let mut app = axum::Router::new()
-        .route("/healthz", get(|| async { "ok" }))
-        .route(
-            "/readyz",
-            get(move || {
-                let verdict = ready.check();
-                async move {
-                    match verdict {
-                        Ok(()) => (http::StatusCode::OK, "ready".to_owned()),
-                        Err(why) => (http::StatusCode::SERVICE_UNAVAILABLE, why),
-                    }
-                }
-            }),
-        );
-    if let Some(metrics) = metrics {
-        app = app.route(
-            "/metrics",
-            get(move || {
-                let m = metrics.clone();
-                async move {
-                    (
-                        [(
-                            http::header::CONTENT_TYPE,
-                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                        )],
-                        m.encode(),
-                    )
-                }
-            }),
-        );
-    }
-    let on_close: argocd_agent_identity::listener::OnClose = match &counter {
+    use argocd_agent_runtime::health::{self, Endpoints};
+    let on_close: argocd_agent_identity::listener::OnClose = match &metrics {
         Some(m) => {
             let m = m.clone();
             Arc::new(move |reason| m.listener_closed("metrics", reason))
         }
         None => Arc::new(|_| {}),
     };
-    let handler = move |req: http::Request<hyper::body::Incoming>, _peer: SocketAddr| {
-        let app = app.clone();
-        async move {
-            use tower::ServiceExt;
-            match app.oneshot(req).await {
-                Ok(r) => r,
-                Err(never) => match never {},
-            }
-        }
-    };
-    argocd_agent_identity::listener::serve(
-        listener,
-        None,
-        argocd_agent_identity::listener::Limits::metrics(),
-        handler,
+    let endpoints = Endpoints {
+        live: Endpoints::always_live(),
+        ready: Arc::new(move || ready.check()),
+        metrics: metrics.map(|m| Arc::new(move || m.encode()) as health::Scrape),
         on_close,
-        tasks,
-        shutdown,
-    );
-    Ok(local)
+    };
+    health::serve(addr, endpoints, tasks, shutdown).await
 }
 
 #[cfg(test)]

@@ -8,14 +8,12 @@
 //! Export never blocks the sync path: ended spans go into the batch processor's bounded
 //! queue (`OTEL_BSP_MAX_QUEUE_SIZE`, default 2048) and are dropped when it is full; a
 //! background thread exports them. Spans lost either way are counted
-//! ([`argocd_agent_domain::trace::SpanCounts`], exported on `/metrics` as
+//! ([`SpanCounts`], exported on `/metrics` as
 //! `<binary>_trace_spans_total{outcome}`) and logged when export starts failing, when it
 //! recovers, and at shutdown.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
-
-use argocd_agent_domain::trace::{SpanCounts, span_counts};
 
 use opentelemetry::Context;
 use opentelemetry::trace::TracerProvider as _;
@@ -48,7 +46,9 @@ pub struct OtlpOptions {
 /// Where and how to export.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Endpoint {
+    /// The collector's URL (`http://` or `https://`, host and port).
     pub url: String,
+    /// Whether the export runs over TLS (verified against the system roots).
     pub tls: bool,
 }
 
@@ -198,6 +198,7 @@ impl SpanProcessor for CountingProcessor {
 /// The running tracer provider; [`Telemetry::shutdown`] flushes it.
 pub struct Telemetry {
     provider: SdkTracerProvider,
+    /// What became of the spans exported through this provider.
     pub counts: &'static SpanCounts,
 }
 
@@ -315,6 +316,99 @@ where
                 && t.starts_with("argocd_agent")
                 && !t.starts_with("argocd_agent_cli::telemetry")
         }))
+}
+
+/// What happened to the spans this process produced: handed to the exporter's queue, accepted
+/// by the collector, lost in a failed export, or dropped because the queue was full. One set
+/// per process, like the global tracer provider; all zero while tracing is off.
+#[derive(Debug)]
+pub struct SpanCounts {
+    /// Spans ended and queued for export.
+    pub ended: AtomicU64,
+    /// Spans the collector accepted.
+    pub exported: AtomicU64,
+    /// Spans in batches whose export failed (collector unreachable, timeout, refused).
+    pub failed: AtomicU64,
+    /// Spans dropped before export because the queue was full.
+    pub dropped: AtomicU64,
+}
+
+impl SpanCounts {
+    const fn new() -> SpanCounts {
+        SpanCounts {
+            ended: AtomicU64::new(0),
+            exported: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
+        }
+    }
+
+    /// Spans queued and not yet exported or failed.
+    pub fn queued(&self) -> u64 {
+        self.ended
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.exported.load(Ordering::Relaxed))
+            .saturating_sub(self.failed.load(Ordering::Relaxed))
+    }
+}
+
+static SPAN_COUNTS: SpanCounts = SpanCounts::new();
+
+/// This process's span counters (see [`SpanCounts`]).
+pub fn span_counts() -> &'static SpanCounts {
+    &SPAN_COUNTS
+}
+
+/// Exports [`span_counts`] as `<prefix>_trace_spans_total{outcome}` (outcome `exported`,
+/// `failed`, `dropped`) and `<prefix>_trace_spans_queued`. Register it with
+/// `Registry::register_collector`.
+#[derive(Debug)]
+pub struct SpanCollector {
+    /// Metric name prefix, e.g. `argocd_principal`.
+    pub prefix: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: &'static str,
+}
+
+impl prometheus_client::collector::Collector for SpanCollector {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        use prometheus_client::metrics::counter::ConstCounter;
+        use prometheus_client::metrics::gauge::ConstGauge;
+        use prometheus_client::metrics::{MetricType, TypedMetric};
+        let c = span_counts();
+        let name = format!("{}_trace_spans", self.prefix);
+        let mut family = encoder.encode_descriptor(
+            &name,
+            "Trace spans by what became of them: exported to the OTLP collector, lost in a failed export, dropped because the export queue was full",
+            None,
+            MetricType::Counter,
+        )?;
+        for (outcome, n) in [
+            ("exported", &c.exported),
+            ("failed", &c.failed),
+            ("dropped", &c.dropped),
+        ] {
+            let labels = OutcomeLabels { outcome };
+            let metric = family.encode_family(&labels)?;
+            ConstCounter::new(n.load(Ordering::Relaxed)).encode(metric)?;
+        }
+        let queued = ConstGauge::new(i64::try_from(c.queued()).unwrap_or(i64::MAX));
+        let queued_name = format!("{}_trace_spans_queued", self.prefix);
+        let metric = encoder.encode_descriptor(
+            &queued_name,
+            "Trace spans waiting in the export queue",
+            None,
+            <ConstGauge as TypedMetric>::TYPE,
+        )?;
+        queued.encode(metric)
+    }
 }
 
 #[cfg(test)]

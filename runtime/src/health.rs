@@ -1,0 +1,173 @@
+//! The HTTP endpoint both binaries serve for the kubelet and Prometheus: `/healthz`
+//! (liveness), `/readyz` (readiness) and, when given, `/metrics` (OpenMetrics text), on the
+//! bounded listener every endpoint of ours uses (connection cap, per-stage timeouts).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use argocd_agent_identity::listener::{self, Limits, OnClose};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// A probe: `Ok`, or why not (the body of the 503 answer).
+pub type Probe = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+
+/// The OpenMetrics text of a registry, taken at each scrape.
+pub type Scrape = Arc<dyn Fn() -> String + Send + Sync>;
+
+/// What one endpoint answers.
+#[derive(Clone)]
+pub struct Endpoints {
+    /// `/healthz`: 200 `ok`, or 503 with the reason.
+    pub live: Probe,
+    /// `/readyz`: 200 `ready`, or 503 with every reason the process is not ready.
+    pub ready: Probe,
+    /// `/metrics`, when this endpoint serves metrics.
+    pub metrics: Option<Scrape>,
+    /// Told why the listener closed a connection (timeouts, caps), for a metric or a log line.
+    pub on_close: OnClose,
+}
+
+impl Endpoints {
+    /// A liveness probe that always passes: the process answers HTTP.
+    pub fn always_live() -> Probe {
+        Arc::new(|| Ok(()))
+    }
+}
+
+/// The content type of `/metrics`.
+pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Binds `addr` and serves `endpoints` on it until `shutdown`; connections are tasks on
+/// `tasks`. Returns the bound address (`addr` may ask for port 0).
+pub async fn serve(
+    addr: SocketAddr,
+    endpoints: Endpoints,
+    tasks: &TaskTracker,
+    shutdown: CancellationToken,
+) -> std::io::Result<SocketAddr> {
+    let tcp = tokio::net::TcpListener::bind(addr).await?;
+    let local = tcp.local_addr()?;
+    let on_close = endpoints.on_close.clone();
+    let app = router(endpoints);
+    let handler = move |req: http::Request<hyper::body::Incoming>, _peer: SocketAddr| {
+        let app = app.clone();
+        async move {
+            use tower::ServiceExt;
+            match app.oneshot(req).await {
+                Ok(r) => r,
+                Err(never) => match never {},
+            }
+        }
+    };
+    listener::serve(
+        tcp,
+        None,
+        Limits::metrics(),
+        handler,
+        on_close,
+        tasks,
+        shutdown,
+    );
+    Ok(local)
+}
+
+/// The routes of `endpoints`.
+fn router(endpoints: Endpoints) -> axum::Router {
+    use axum::routing::get;
+    let (live, ready) = (endpoints.live, endpoints.ready);
+    let app = axum::Router::new()
+        .route("/healthz", get(move || answer(live(), "ok")))
+        .route("/readyz", get(move || answer(ready(), "ready")));
+    match endpoints.metrics {
+        None => app,
+        Some(scrape) => app.route(
+            "/metrics",
+            get(move || {
+                let body = scrape();
+                async move { ([(http::header::CONTENT_TYPE, OPENMETRICS)], body) }
+            }),
+        ),
+    }
+}
+
+/// 200 with `ok`, or 503 with the reason.
+async fn answer(verdict: Result<(), String>, ok: &'static str) -> (http::StatusCode, String) {
+    match verdict {
+        Ok(()) => (http::StatusCode::OK, ok.to_owned()),
+        Err(why) => (http::StatusCode::SERVICE_UNAVAILABLE, why),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        let status = out[9..12].parse().unwrap();
+        let body = out.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned();
+        (status, body)
+    }
+
+    #[tokio::test]
+    async fn probes_answer_their_verdicts_and_metrics_only_when_given() {
+        let up = Arc::new(AtomicBool::new(false));
+        let flag = up.clone();
+        let endpoints = Endpoints {
+            live: Endpoints::always_live(),
+            ready: Arc::new(move || {
+                if flag.load(Ordering::Relaxed) {
+                    Ok(())
+                } else {
+                    Err("not ready: caches".into())
+                }
+            }),
+            metrics: None,
+            on_close: Arc::new(|_| {}),
+        };
+        let (tasks, stop) = (TaskTracker::new(), CancellationToken::new());
+        let addr = serve(
+            "127.0.0.1:0".parse().unwrap(),
+            endpoints.clone(),
+            &tasks,
+            stop.clone(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(get(addr, "/healthz").await, (200, "ok".into()));
+        assert_eq!(
+            get(addr, "/readyz").await,
+            (503, "not ready: caches".into())
+        );
+        up.store(true, Ordering::Relaxed);
+        assert_eq!(get(addr, "/readyz").await, (200, "ready".into()));
+        assert_eq!(get(addr, "/metrics").await.0, 404);
+
+        let with_metrics = Endpoints {
+            metrics: Some(Arc::new(|| "# EOF\n".into())),
+            ..endpoints
+        };
+        let addr = serve(
+            "127.0.0.1:0".parse().unwrap(),
+            with_metrics,
+            &tasks,
+            stop.clone(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(get(addr, "/metrics").await, (200, "# EOF\n".into()));
+        stop.cancel();
+        tasks.close();
+        tasks.wait().await;
+    }
+}
