@@ -63,20 +63,35 @@ pub enum EventType {
     Hello,
     /// Principal's answer (payload [`Welcome`]).
     Welcome,
+    /// A new object, sent by its source of truth (payload: the object).
     Create,
+    /// The object is gone on the sender's side (no payload).
     Delete,
+    /// The object changed, or is sent whole by resync (payload: the object; it creates the
+    /// object where it is missing).
     SpecUpdate,
+    /// Spoke -> hub: an Application's status (payload: `{"metadata": ..., "status": ...}`).
     StatusUpdate,
+    /// Hub -> spoke: run the operation set on the hub copy (payload: `{"operation": ...}`).
     SetOperation,
+    /// Hub -> spoke: terminate the Application's running operation (no payload).
     TerminateOperation,
     /// Acknowledges the event named by `ackid`.
     Processed,
     /// Asks the peer to send the named resource again (spec-update, or delete if gone).
     RequestUpdate,
+    /// Upstream's resync request for the peer's resource list. Parsed but never sent here
+    /// (resync state travels in the hello); refused from agents.
     RequestSyncedResourceList,
+    /// Upstream's answer to `request-synced-resource-list`. Parsed but never sent here.
     ResponseSyncedResource,
+    /// Upstream's request that the peer start a resync. Parsed but never sent here; refused
+    /// from agents.
     RequestResourceResync,
+    /// Heartbeat: the agent sends one every keep-alive interval, the principal answers
+    /// [`EventType::Pong`].
     Ping,
+    /// The answer to a [`EventType::Ping`].
     Pong,
     /// A refused or failed event (payload [`ErrorDetail`]).
     Error,
@@ -182,6 +197,7 @@ pub use crate::names::ResourceKind;
 /// The resource an event is about.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ResourceRef {
+    /// What kind of object it is.
     pub kind: ResourceKind,
     /// Hub namespace of the resource (the agent's namespace on the hub).
     pub namespace: Namespace,
@@ -210,6 +226,7 @@ impl fmt::Display for ResourceRef {
 /// What an event carries.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Payload {
+    /// No data (`delete`, `processed`, `ping`, ...).
     None,
     /// A Kubernetes object (or a part of it, e.g. `{"status": ...}`) as JSON. Shared, so
     /// queueing and resending do not copy objects.
@@ -217,15 +234,25 @@ pub enum Payload {
     /// An object on its way out that writes its own JSON when the event is encoded (see
     /// [`LazyObject`]). Received, it is an [`Payload::Object`] like any other.
     Lazy(LazyObject),
+    /// Of [`EventType::Hello`].
     Hello(Hello),
+    /// Of [`EventType::Welcome`].
     Welcome(Welcome),
+    /// Of [`EventType::Error`].
     Error(ErrorDetail),
+    /// Of [`EventType::RedisRequest`].
     RedisRequest(RedisRequest),
+    /// Of [`EventType::RedisResponse`] and [`EventType::RedisPush`].
     RedisResponse(RedisResponse),
+    /// Of [`EventType::ClusterCacheInfoUpdate`].
     ClusterCacheInfo(ClusterCacheInfo),
+    /// Of [`EventType::ResourceRequest`].
     ResourceRequest(ResourceRequest),
+    /// Of [`EventType::ResourceResponse`].
     ResourceResponse(ResourceResponse),
+    /// Of [`EventType::LogRequest`].
     LogRequest(LogRequest),
+    /// Of [`EventType::TerminalRequest`].
     TerminalRequest(TerminalRequest),
 }
 
@@ -265,10 +292,16 @@ impl PartialEq for LazyObject {
 /// One event, decoded and validated.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Event {
+    /// CloudEvents `id`: 1 to 128 bytes, unique per sender (a UUID for events built here).
     pub id: String,
+    /// CloudEvents `source`: the sender (its SPIFFE ID); never empty.
     pub source: String,
+    /// CloudEvents `time`: when the event was created (now, if a received one has none).
     pub time: SystemTime,
+    /// The verb.
     pub ty: EventType,
+    /// The object the event is about (the `resource*` extension attributes); required for
+    /// resource events.
     pub resource: Option<ResourceRef>,
     /// For `processed` and `error`: the id of the event this answers.
     pub ack_id: Option<String>,
@@ -277,28 +310,55 @@ pub struct Event {
     pub traceparent: Option<String>,
     /// W3C `tracestate` accompanying `traceparent` (vendor-specific trace data).
     pub tracestate: Option<String>,
+    /// The data, decoded according to [`Event::ty`].
     pub payload: Payload,
 }
 
 /// A CloudEvent that is not a valid argocd-agent event.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum EventError {
+    /// The type is not `io.argoproj.argocd-agent.event.<verb>` with a known verb.
     #[error("event {id:?}: unknown event type {ty:?}")]
-    UnknownType { id: String, ty: String },
+    UnknownType {
+        /// The event's id.
+        id: String,
+        /// The type as received.
+        ty: String,
+    },
+    /// The specversion is not [`SPEC_VERSION`].
     #[error("event {id:?}: unsupported specversion {version:?}")]
-    SpecVersion { id: String, version: String },
+    SpecVersion {
+        /// The event's id.
+        id: String,
+        /// The specversion as received.
+        version: String,
+    },
+    /// An attribute the event's type requires is absent.
     #[error("event {id:?}: missing required attribute {attr}")]
-    Missing { id: String, attr: &'static str },
+    Missing {
+        /// The event's id.
+        id: String,
+        /// The attribute's name.
+        attr: &'static str,
+    },
+    /// An attribute has the wrong type or an unacceptable value.
     #[error("event {id:?}: attribute {attr} is invalid: {reason}")]
     Invalid {
+        /// The event's id.
         id: String,
+        /// The attribute's name.
         attr: &'static str,
+        /// What is wrong with it.
         reason: String,
     },
+    /// The data does not decode as the type's payload, or is missing where required.
     #[error("event {id:?}: payload of {ty} event is invalid: {reason}")]
     Payload {
+        /// The event's id.
         id: String,
+        /// The event's type.
         ty: EventType,
+        /// What is wrong with it.
         reason: String,
     },
 }

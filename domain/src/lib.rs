@@ -3,6 +3,7 @@
 //! and its hub namespace), per-message authorization, the typed event model and its
 //! CloudEvents encoding, the per-peer delivery queue, and the resync plan.
 #![forbid(unsafe_code)]
+#![deny(missing_docs)]
 
 pub mod authz;
 pub mod client;

@@ -55,7 +55,9 @@ impl Lane {
 /// Key of a queued event.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct QueueKey {
+    /// The object the event is about.
     pub resource: ResourceRef,
+    /// Which of the object's change streams it belongs to.
     pub lane: Lane,
 }
 
@@ -68,6 +70,7 @@ pub struct QueueLimits {
     pub max_in_flight: usize,
     /// First resend delay; doubles up to `resend_max`.
     pub resend_initial: Duration,
+    /// Longest resend delay.
     pub resend_max: Duration,
 }
 
@@ -85,14 +88,20 @@ impl Default for QueueLimits {
 /// Why an event could not be queued.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum QueueError {
+    /// `max_pending` distinct keys are already waiting; the event was dropped (the next
+    /// resync repairs it).
     #[error(
         "queue full ({max} resources pending): dropped {ty} for {resource}; resync will repair it"
     )]
     Full {
+        /// The queue's `max_pending`.
         max: usize,
+        /// Type of the dropped event.
         ty: EventType,
+        /// Object of the dropped event.
         resource: ResourceRef,
     },
+    /// Only resource events with a [`Lane`] are queued; this type has none.
     #[error("event type {0} is not a queued resource event")]
     NotQueued(EventType),
 }
@@ -162,6 +171,7 @@ pub struct SendQueue {
 }
 
 impl SendQueue {
+    /// An empty queue bounded by `limits`.
     pub fn new(limits: QueueLimits) -> SendQueue {
         SendQueue {
             state: Mutex::new(State::default()),
@@ -284,6 +294,7 @@ impl SendQueue {
         st.pending.len() + st.in_flight.len()
     }
 
+    /// Whether nothing is queued or unacknowledged.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

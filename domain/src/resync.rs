@@ -104,6 +104,7 @@ pub struct ResyncPlan {
 }
 
 impl ResyncPlan {
+    /// Whether nothing needs sending or deleting.
     pub fn is_empty(&self) -> bool {
         self.send.is_empty() && self.delete.is_empty()
     }

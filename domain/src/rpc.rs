@@ -16,10 +16,16 @@ use tokio::sync::mpsc;
 /// Why a request got no answer.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum RpcError {
+    /// The session already has its limit of requests waiting; this one was not sent.
     #[error("too many requests in flight to the peer (limit {limit})")]
-    TooMany { limit: usize },
+    TooMany {
+        /// Requests that may wait at once.
+        limit: usize,
+    },
+    /// No answer came within this time.
     #[error("the peer did not answer within {0:?}")]
     Timeout(Duration),
+    /// The session ended (or was closed) before an answer came.
     #[error("the peer disconnected before answering")]
     Disconnected,
 }
@@ -42,6 +48,7 @@ pub struct Pending<T> {
 /// What happened to an answer handed to [`Pending::deliver`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Delivery {
+    /// Handed to the waiting request.
     Delivered,
     /// No request with that id is waiting (answered already, timed out, or never sent):
     /// the answer is dropped.

@@ -137,7 +137,7 @@ pub enum IdError {
     },
 }
 
-/// Copies at most [`MAX_QUOTED`] bytes of `input` (on a char boundary) for an error message.
+/// Copies at most `MAX_QUOTED` (256) bytes of `input` (on a char boundary) for an error message.
 pub fn quote(input: &str) -> String {
     if input.len() <= MAX_QUOTED {
         return input.to_owned();

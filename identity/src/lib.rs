@@ -3,6 +3,7 @@
 //! from a verified chain, JWT-SVIDs, and the authenticated listeners. What an identity may do
 //! in Argo CD (agent names, mapping rules, authorization) is the domain crate's.
 #![forbid(unsafe_code)]
+#![deny(missing_docs)]
 #![deny(rust_2018_idioms, unused_must_use)]
 
 pub mod id;

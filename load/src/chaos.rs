@@ -83,7 +83,9 @@ impl Default for ChaosOptions {
 /// What a chaos run found.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct ChaosReport {
+    /// The run's seed ([`ChaosOptions::seed`]).
     pub seed: u64,
+    /// Each agent as `<name> <mode>`.
     pub agents: Vec<String>,
     /// Operations requested.
     pub ops: usize,

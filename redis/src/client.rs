@@ -24,7 +24,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// TLS towards a Redis server.
 #[derive(Clone)]
 pub struct RedisTls {
+    /// The client config: trusted roots, no client certificate.
     pub config: Arc<rustls::ClientConfig>,
+    /// Name the server's certificate must match (also sent as SNI).
     pub server_name: ServerName<'static>,
 }
 
@@ -69,8 +71,11 @@ impl RedisTls {
 pub struct RedisEndpoint {
     /// `host:port`.
     pub addr: String,
+    /// ACL user for AUTH; `None` authenticates with the password alone.
     pub username: Option<String>,
+    /// AUTH password; `None` sends no AUTH.
     pub password: Option<String>,
+    /// TLS over the TCP connection; `None` is plaintext.
     pub tls: Option<RedisTls>,
 }
 

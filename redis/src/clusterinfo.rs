@@ -14,8 +14,10 @@ const MAX_DECODED: u64 = 16 * 1024 * 1024;
 /// Argo CD's Redis compression (`redis.compression` in argocd-cmd-params-cm).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Compression {
+    /// Values gzip-compressed, keys ending in `.gz` (Argo CD's default).
     #[default]
     Gzip,
+    /// Plain JSON values, keys without a suffix.
     None,
 }
 

@@ -18,7 +18,9 @@ const MAX_NAME: usize = 253;
 /// Which per-application value a key holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum AppKeyKind {
+    /// `app|managed-resources|...`: the Application's managed resources and their diffs.
     ManagedResources,
+    /// `app|resources-tree|...`: the Application's resource tree.
     ResourcesTree,
 }
 
@@ -44,9 +46,11 @@ impl AppKeyKind {
 /// A per-application cache key of an Application in a hub namespace.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AppKey {
+    /// Which value the key holds.
     pub kind: AppKeyKind,
     /// The Application's hub namespace.
     pub namespace: Namespace,
+    /// The Application's name.
     pub name: String,
     /// What follows the instance name (`|<shard>`, `|<cache version>`, `.gz`), verbatim.
     pub suffix: String,

@@ -2,6 +2,7 @@
 //! per-application cache keys ([`key`]), RESP2/RESP3 frames read with explicit limits
 //! ([`resp`], on the `redis-protocol` crate), and a small Redis connection with optional
 //! TLS and AUTH ([`client`]).
+#![deny(missing_docs)]
 
 pub mod client;
 pub mod clusterinfo;

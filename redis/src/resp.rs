@@ -10,22 +10,35 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 /// The RESP version a connection speaks (RESP3 after a successful `HELLO 3`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Protocol {
+    /// RESP2, what every connection starts with.
     #[default]
     Resp2,
+    /// RESP3.
     Resp3,
 }
 
 /// A frame that could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum RespError {
+    /// The bytes are not a valid frame of the connection's RESP version.
     #[error("malformed RESP frame: {0}")]
     Malformed(String),
+    /// One frame is longer than the reader's limit.
     #[error("frame larger than the limit of {limit} bytes")]
-    TooLarge { limit: usize },
+    TooLarge {
+        /// The limit, in bytes.
+        limit: usize,
+    },
+    /// One frame nests deeper than the reader allows.
     #[error("frame nested deeper than {max_depth} levels")]
-    TooDeep { max_depth: usize },
+    TooDeep {
+        /// Nesting levels allowed.
+        max_depth: usize,
+    },
+    /// The server answered a command with an error (e.g. a failed AUTH).
     #[error("refused by the server: {0}")]
     Refused(String),
+    /// Reading or writing the connection failed, or it closed.
     #[error("connection error: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -33,14 +46,18 @@ pub enum RespError {
 /// One decoded frame and the exact bytes it came from (forwarded unchanged).
 #[derive(Debug, Clone)]
 pub struct Frame {
+    /// The frame's bytes as received.
     pub raw: Bytes,
+    /// The frame decoded.
     pub value: Value,
 }
 
 /// A decoded frame of either version.
 #[derive(Debug, Clone)]
 pub enum Value {
+    /// Read on a RESP2 connection.
     V2(Frame2),
+    /// Read on a RESP3 connection.
     V3(Frame3),
 }
 
@@ -148,6 +165,7 @@ pub struct Decoder {
 }
 
 impl Decoder {
+    /// An empty decoder: at most `limit` bytes per frame, `max_depth` nesting levels.
     pub fn new(limit: usize, max_depth: usize) -> Self {
         Decoder {
             buf: BytesMut::new(),
@@ -188,6 +206,7 @@ pub struct FrameReader<R> {
 const READ_CHUNK: usize = 64 * 1024;
 
 impl<R: AsyncRead + Unpin> FrameReader<R> {
+    /// Reads `io`: at most `limit` bytes per frame, [`DEFAULT_MAX_DEPTH`] nesting levels.
     pub fn new(io: R, limit: usize) -> Self {
         let mut dec = Decoder::new(limit, DEFAULT_MAX_DEPTH);
         dec.buf.reserve(READ_CHUNK);
@@ -524,7 +543,9 @@ pub fn pubsub(protocol: Protocol, kind: &str, channel: &[u8], payload: PubSub) -
 
 /// The third element of a pub/sub frame.
 pub enum PubSub {
+    /// A published message's payload (`message`).
     Message(Bytes),
+    /// The connection's subscription count after `subscribe`/`unsubscribe`.
     Count(i64),
 }
 

@@ -16,9 +16,13 @@ use crate::harness::{HarnessError, app_resource, kube_client, resource};
 /// One object the validator refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Invalid {
+    /// The object's `kind`.
     pub kind: String,
+    /// The object's namespace.
     pub namespace: String,
+    /// The object's name.
     pub name: String,
+    /// The validator's message.
     pub error: String,
 }
 

@@ -84,7 +84,8 @@ pub fn next_base_id() -> u32 {
 /// What to start.
 #[derive(Debug, Clone, Default)]
 pub struct MeshOptions {
-    /// Agent processes to start behind Envoy ([`MANAGED`] and/or [`AUTONOMOUS`]).
+    /// Agent processes to start behind Envoy ([`MANAGED`](crate::harness::MANAGED) and/or
+    /// [`AUTONOMOUS`]).
     pub agents: Vec<&'static str>,
     /// Further agent names that get a Workload API socket (`<dir>/<name>.sock`, SPIFFE ID
     /// [`agent_id`]) and a hub namespace, for hand-written clients.

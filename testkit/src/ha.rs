@@ -27,6 +27,7 @@ use crate::harness::{
 /// Options of an HA topology.
 #[derive(Debug, Clone)]
 pub struct HaOptions {
+    /// Number of principal replicas (`principal-0` ..).
     pub replicas: usize,
     /// Agents by name with their mode (`managed` or `autonomous`).
     pub agents: Vec<(String, &'static str)>,
@@ -50,9 +51,13 @@ impl Replica {
 
 /// One replica process and its ports.
 pub struct Replica {
+    /// `principal-<i>`, also its `--replica-id`.
     pub name: String,
+    /// The replica's process.
     pub proc: Proc,
+    /// Its gRPC listener on 127.0.0.1 (an Envoy upstream); kept across restarts.
     pub addr: SocketAddr,
+    /// Port of its `/metrics`, `/healthz` and `/readyz` on 127.0.0.1; new on each restart.
     pub metrics_port: u16,
     /// When it was killed (`kill -9`): its sessions ended then (it logged nothing).
     pub killed_at: Vec<SystemTime>,
@@ -60,15 +65,24 @@ pub struct Replica {
 
 /// The running HA topology.
 pub struct HaTopology {
+    /// Working directory: Workload API sockets, kubeconfigs, Envoy's config and logs.
     pub dir: PathBuf,
     _tmp: Option<tempfile::TempDir>,
+    /// The development Workload API server (`principal.sock`, `<agent>.sock`).
     pub spiffe: DevWorkloadApiHandle,
+    /// The hub's API server, shared by every replica.
     pub hub: KubeTestServer,
+    /// Each agent's spoke API server, by agent name.
     pub spokes: BTreeMap<String, KubeTestServer>,
+    /// Each agent's mode (`managed` or `autonomous`), by agent name.
     pub modes: BTreeMap<String, &'static str>,
+    /// The principal replicas, in index order.
     pub replicas: Vec<Replica>,
+    /// The Envoy process balancing agents across the replicas.
     pub envoy: Proc,
+    /// Envoy's listener on 127.0.0.1: what every agent dials.
     pub envoy_addr: SocketAddr,
+    /// The agent processes, in the order of [`HaOptions::agents`].
     pub agents: Vec<Proc>,
 }
 
@@ -114,6 +128,8 @@ pub fn envoy_tcp_config(listen: SocketAddr, upstreams: &[SocketAddr]) -> String 
 }
 
 impl HaTopology {
+    /// Starts the hub, the replicas, Envoy and the agents; does not wait for the agents to
+    /// connect. On failure, stops what was started and returns the error with every log.
     pub async fn start(opts: HaOptions) -> Result<HaTopology, HarnessError> {
         let envoy_program = envoy_bin()?;
         let (dir, tmp) = crate::harness::work_dir(opts.dir.as_deref(), "argocd-agent-e2e-ha")?;
@@ -484,6 +500,7 @@ impl HaTopology {
         out
     }
 
+    /// Stops every process: the agents, then Envoy, then the replicas.
     pub async fn stop(mut self) {
         for p in &mut self.agents {
             p.stop().await;
@@ -498,9 +515,13 @@ impl HaTopology {
 /// One session of one agent on one replica.
 #[derive(Debug, Clone)]
 pub struct Session {
+    /// The agent's name.
     pub agent: String,
+    /// The replica's name.
     pub replica: String,
+    /// When the replica logged the agent connected.
     pub start: SystemTime,
+    /// When it logged it disconnected, or was killed; `None` while live.
     pub end: Option<SystemTime>,
 }
 

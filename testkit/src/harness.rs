@@ -100,6 +100,7 @@ pub fn binary(name: &str) -> Result<PathBuf, HarnessError> {
 
 /// A child process with its log file, restartable with the same arguments.
 pub struct Proc {
+    /// Name in logs and failure messages (`principal`, or the agent's name).
     pub name: String,
     program: PathBuf,
     args: Vec<String>,
@@ -109,6 +110,7 @@ pub struct Proc {
 }
 
 impl Proc {
+    /// A process not started yet: `program` with `args`, its output appended to `log`.
     pub fn new(name: &str, program: PathBuf, args: Vec<String>, log: PathBuf) -> Proc {
         Proc {
             name: name.into(),
@@ -120,6 +122,7 @@ impl Proc {
         }
     }
 
+    /// Adds environment variable `k`=`v` for every start.
     pub fn env(mut self, k: &str, v: &str) -> Proc {
         self.envs.push((k.into(), v.into()));
         self
@@ -206,6 +209,7 @@ impl Proc {
 /// (mid-stream faults), delays every chunk it forwards, or takes the link down (new
 /// connections are accepted and closed at once, as a dropped route looks to a dialer).
 pub struct TcpProxy {
+    /// Where the proxy listens (127.0.0.1, a free port): dial this instead of the target.
     pub addr: std::net::SocketAddr,
     conns: Arc<Mutex<Vec<tokio::task::AbortHandle>>>,
     faults: Arc<LinkFaults>,
@@ -244,6 +248,8 @@ async fn pump(
 }
 
 impl TcpProxy {
+    /// Listens on a free loopback port and forwards every connection to `target`, without
+    /// faults until told otherwise.
     pub async fn start(target: std::net::SocketAddr) -> std::io::Result<TcpProxy> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
@@ -347,16 +353,26 @@ pub struct TopologyOptions {
 
 /// The whole local topology.
 pub struct Topology {
+    /// Working directory: Workload API sockets, kubeconfigs (`hub.kubeconfig`, ...) and logs.
     pub dir: PathBuf,
     _tmp: Option<tempfile::TempDir>,
+    /// The development Workload API server, one socket per workload.
     pub spiffe: DevWorkloadApiHandle,
+    /// The hub's API server.
     pub hub: KubeTestServer,
+    /// The managed agent's spoke API server.
     pub managed_spoke: KubeTestServer,
+    /// The second agent's spoke API server.
     pub autonomous_spoke: KubeTestServer,
+    /// The principal process.
     pub principal: Proc,
+    /// The [`MANAGED`] agent's process; `None` when not started.
     pub managed: Option<Proc>,
+    /// The [`AUTONOMOUS`] agent's process (in `second_agent_mode`); `None` when not started.
     pub autonomous: Option<Proc>,
+    /// The principal's gRPC listener (the agents dial [`Topology::proxy`] instead when set).
     pub principal_addr: std::net::SocketAddr,
+    /// The fault-injecting proxy between the agents and the principal (`with_proxy`).
     pub proxy: Option<TcpProxy>,
     /// Port of each process's `/metrics`, `/healthz`, `/readyz` endpoint on 127.0.0.1, by
     /// `"principal"` or agent name.
@@ -933,7 +949,8 @@ impl Topology {
         Ok(topo)
     }
 
-    /// Waits until the principal's log shows `agent` connected (after `since` bytes of log).
+    /// Waits up to `timeout` until the principal's log shows `agent` connected (at any time
+    /// so far).
     pub async fn wait_connected(&self, agent: &str, timeout: Duration) -> Result<(), HarnessError> {
         let needle = format!("agent={agent}");
         eventually(&format!("{agent} connected"), timeout, || {
@@ -954,7 +971,6 @@ impl Topology {
         })
     }
 
-    /// Number of times `agent` has connected so far.
     /// A ready X.509-SVID source on one of the topology's Workload API sockets
     /// (`managed.sock`, `autonomous.sock`, `operator.sock`, ...), to act as that workload.
     pub async fn svid_source(
@@ -969,6 +985,7 @@ impl Topology {
         Ok(source)
     }
 
+    /// Number of times `agent` has connected so far (from the principal's log).
     pub fn connect_count(&self, agent: &str) -> usize {
         let needle = format!("agent={agent}");
         self.principal
@@ -1013,6 +1030,7 @@ fn tail(s: &str, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
+/// Waits (up to 30 s) until `addr` accepts TCP connections.
 pub async fn wait_port(addr: std::net::SocketAddr) -> Result<(), HarnessError> {
     eventually(
         &format!("{addr} accepting connections"),

@@ -3,6 +3,7 @@
 //! is its own crate (`argocd-agent-kube-test-server`). Nothing here is linked into the
 //! shipped `argocd-agent` or `argocd-agentctl`.
 #![forbid(unsafe_code)]
+#![deny(missing_docs)]
 
 pub mod argocd_schema;
 pub mod envoy;

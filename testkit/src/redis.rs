@@ -39,7 +39,9 @@ pub fn redis_cli_bin() -> Result<PathBuf, HarnessError> {
 
 /// A running `redis-server`.
 pub struct RedisServer {
+    /// Its port on 127.0.0.1.
     pub port: u16,
+    /// The `redis-server` process.
     pub proc: Proc,
 }
 

@@ -24,11 +24,19 @@ pub const SPIFFE_ENDPOINT_SOCKET: &str = "SPIFFE_ENDPOINT_SOCKET";
 #[derive(Debug, Clone)]
 pub enum SvidConfig {
     /// SPIFFE Workload API (endpoint, or `SPIFFE_ENDPOINT_SOCKET`).
-    WorkloadApi { endpoint: Option<String> },
-    /// PEM files (cert-manager, csi-driver-spiffe), reloaded when they change.
+    WorkloadApi {
+        /// `unix:///path`, `unix:/path`, a bare `/path`, or `tcp://host:port`; `None`
+        /// reads `SPIFFE_ENDPOINT_SOCKET`.
+        endpoint: Option<String>,
+    },
+    /// PEM files (cert-manager, csi-driver-spiffe), reloaded when they change (checked every
+    /// 5 s).
     Files {
+        /// Certificate chain, leaf first.
         cert: std::path::PathBuf,
+        /// Private key of the leaf (PKCS#8, SEC1 or PKCS#1).
         key: std::path::PathBuf,
+        /// CA bundles; `None` is the SVID's own trust domain, `Some` a federated one.
         bundles: Vec<(Option<crate::TrustDomain>, std::path::PathBuf)>,
     },
 }

@@ -112,20 +112,29 @@ const HUB_HISTORY: usize = 50_000;
 
 /// A further principal replica of a run with several (`--ha --replica-id principal-<i>`).
 pub struct Replica {
+    /// The replica's process.
     pub proc: Proc,
+    /// Its gRPC listener on 127.0.0.1.
     pub addr: SocketAddr,
+    /// Port of its `/metrics`, `/healthz` and `/readyz` on 127.0.0.1.
     pub metrics_port: u16,
 }
 
 /// The hub, the Workload API server and the principal process (with [`BenchEnv::start_ha`],
 /// replica `principal-0`, and the other replicas in `replicas`).
 pub struct BenchEnv {
+    /// Working directory: Workload API sockets, the hub kubeconfig, admin sockets and logs.
     pub dir: PathBuf,
     _tmp: Option<tempfile::TempDir>,
+    /// The development Workload API server (`principal.sock`).
     pub spiffe: DevWorkloadApiHandle,
+    /// The hub's API server (event history sized for the bench's write rates).
     pub hub: KubeTestServer,
+    /// The (first) principal process.
     pub principal: Proc,
+    /// Its gRPC listener on 127.0.0.1.
     pub principal_addr: SocketAddr,
+    /// Port of its `/metrics`, `/healthz` and `/readyz` on 127.0.0.1.
     pub metrics_port: u16,
     /// Replicas 1.. of a run with several (empty otherwise).
     pub replicas: Vec<Replica>,

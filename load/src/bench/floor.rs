@@ -84,6 +84,7 @@ impl EventStream for FloorService {
 
 /// A floor server on loopback.
 pub struct Floor {
+    /// Where it listens (127.0.0.1, a free port).
     pub addr: std::net::SocketAddr,
     _source: SvidSource,
     shutdown: tokio_util::sync::CancellationToken,

@@ -43,6 +43,7 @@ pub enum Scenario {
 }
 
 impl Scenario {
+    /// The scenario's name on the command line and in reports (`connect`, `storm`, ...).
     pub fn name(self) -> &'static str {
         match self {
             Scenario::Connect => "connect",
@@ -98,7 +99,9 @@ impl Default for BenchOptions {
 /// One scenario's result: named values, in order.
 #[derive(Debug, Clone)]
 pub struct Report {
+    /// The scenario's [`Scenario::name`].
     pub scenario: &'static str,
+    /// Measured values by name (`connect_s`, `rss_before_mib`, ...), in report order.
     pub values: Vec<(&'static str, Value)>,
 }
 

@@ -32,10 +32,15 @@ const FONT_CANDIDATES: &[&str] = &[
 /// One `connect` run, as the plot needs it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ConnectPoint {
+    /// Simulated agents connected.
     pub agents: u64,
+    /// The principal's resident set before any agent connected, MiB.
     pub rss_before_mib: f64,
+    /// Its resident set with every agent connected, at the end of the idle phase, MiB.
     pub rss_connected_mib: f64,
+    /// Resident set the connected agents added, bytes per agent.
     pub idle_bytes_per_agent: f64,
+    /// The principal's CPU use during the idle phase, percent of one core.
     pub idle_cpu_pct: f64,
 }
 
@@ -72,7 +77,8 @@ pub fn connect_points(jsonl: &str) -> Result<Vec<ConnectPoint>, HarnessError> {
     Ok(points)
 }
 
-/// A usable font: `explicit`, else the first of [`FONT_CANDIDATES`] that exists.
+/// A usable font: `explicit`, else the first of the usual DejaVu Sans, Liberation Sans and
+/// Arial paths (`FONT_CANDIDATES`) that exists.
 pub fn find_font(explicit: Option<&Path>) -> Result<PathBuf, HarnessError> {
     if let Some(p) = explicit {
         return Ok(p.to_path_buf());

@@ -58,8 +58,9 @@ pub struct Stats {
     pub failed_attempts: AtomicU64,
     /// Resource events received from the principal (create, spec-update, delete).
     pub events_in: AtomicU64,
-    /// Events sent (status updates) and acknowledged by the principal.
+    /// Events sent (status updates).
     pub events_out: AtomicU64,
+    /// Acknowledgements (`processed`) received from the principal.
     pub acked_out: AtomicU64,
     /// Events the principal refused (error events).
     pub refused: AtomicU64,
@@ -109,6 +110,8 @@ struct Held {
 
 /// One simulated agent.
 pub struct SimAgent {
+    /// The agent's name ([`sim_name`] in a bench run); the bench's mapping rule makes it its
+    /// hub namespace too.
     pub name: String,
     svid: watch::Sender<Option<Arc<SvidState>>>,
     tls: Arc<rustls::ClientConfig>,
@@ -282,8 +285,11 @@ pub struct FleetConfig {
 
 /// Every simulated agent of a run, and their tasks.
 pub struct Fleet {
+    /// The agents, in start order (agent `i` is `agents[i]`).
     pub agents: Vec<Arc<SimAgent>>,
+    /// Counters over every agent.
     pub stats: Arc<Stats>,
+    /// Arrival times of resource events, when tracking is on.
     pub arrivals: Arc<Arrivals>,
     shutdown: CancellationToken,
     tasks: tokio_util::task::TaskTracker,

@@ -50,12 +50,17 @@ impl ExecHandlers {
 /// One `pods/<name>/exec` session, as [`crate::KubeTestServer::exec_sessions`] reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExecSession {
+    /// The pod's namespace.
     pub namespace: String,
+    /// The pod's name.
     pub pod: String,
+    /// The container it runs in (`container=`, or the pod's only one).
     pub container: String,
     /// The command (argv) as the client sent it.
     pub command: Vec<String>,
+    /// Whether the client asked for a terminal (`tty=true`).
     pub tty: bool,
+    /// Whether the client sends stdin (`stdin=true`).
     pub stdin: bool,
     /// Terminal sizes the client sent on the resize channel (4), as (width, height).
     pub resizes: Vec<(u16, u16)>,

@@ -17,6 +17,7 @@
 //! server.shutdown().await;
 //! # Ok(()) }
 //! ```
+#![deny(missing_docs)]
 
 mod audit;
 mod auth;
