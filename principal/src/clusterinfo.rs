@@ -13,6 +13,7 @@ use argocd_agent_redis::clusterinfo::{self, Compression};
 use argocd_agent_redis::{RedisConn, RedisEndpoint};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::sessions::Sessions;
 
@@ -98,6 +99,12 @@ impl ClusterInfoWriter {
             .replace(AGENT_PLACEHOLDER, agent.as_str())
     }
 
+    /// Writes `agent`'s cluster info in the background, on `tasks`.
+    fn write_soon(self: Arc<Self>, agent: &AgentName, connection: Connection, tasks: &TaskTracker) {
+        let agent = agent.clone();
+        tasks.spawn(async move { self.write(&agent, connection).await });
+    }
+
     /// Records the agent's latest counts.
     pub fn set_counts(&self, agent: &AgentName, counts: ClusterCacheInfo) {
         self.counts
@@ -169,6 +176,28 @@ impl ClusterInfoWriter {
 
 /// The message of a Failed state after a disconnect.
 pub const DISCONNECTED: &str = "agent is not connected to the principal";
+
+/// A session's start writes the agent's cluster info as connected, its end as failed
+/// (`DISCONNECTED`), and each cache report the new counts, as Argo CD's cluster cache would.
+impl crate::hooks::SessionObserver for ClusterInfoWriter {
+    fn connected(self: Arc<Self>, agent: &AgentName, tasks: &TaskTracker) {
+        self.write_soon(agent, Connection::Successful, tasks);
+    }
+
+    fn disconnected(self: Arc<Self>, agent: &AgentName, tasks: &TaskTracker) {
+        self.write_soon(agent, Connection::Failed(DISCONNECTED.into()), tasks);
+    }
+
+    fn cache_info(
+        self: Arc<Self>,
+        agent: &AgentName,
+        counts: &ClusterCacheInfo,
+        tasks: &TaskTracker,
+    ) {
+        self.set_counts(agent, counts.clone());
+        self.write_soon(agent, Connection::Successful, tasks);
+    }
+}
 
 #[cfg(test)]
 mod tests {

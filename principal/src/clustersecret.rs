@@ -291,3 +291,11 @@ fn log_outcome(agent: &AgentName, outcome: Result<Ensured, kube::Error>) {
         Err(e) => tracing::warn!(agent = %agent, error = %e, "cluster secret not written"),
     }
 }
+
+/// A session's start makes sure the agent's cluster secret exists.
+impl crate::hooks::SessionObserver for ClusterSecrets {
+    fn connected(self: Arc<Self>, agent: &AgentName, tasks: &tokio_util::task::TaskTracker) {
+        let agent = agent.clone();
+        tasks.spawn(async move { self.ensure_logged(&agent).await });
+    }
+}

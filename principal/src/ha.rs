@@ -325,6 +325,32 @@ impl LeaseGuard {
     }
 }
 
+impl crate::hooks::SessionPass for LeaseGuard {
+    fn release(self: Box<Self>) -> crate::hooks::BoxFuture<'static, ()> {
+        Box::pin(LeaseGuard::release(*self))
+    }
+}
+
+/// Replicas admit a session only with the agent's Lease: one session per agent across
+/// replicas, handed over when the agent connects elsewhere.
+impl crate::hooks::SessionGate for Arc<Leases> {
+    fn enter<'a>(
+        &'a self,
+        agent: &'a AgentName,
+        namespace: &'a Namespace,
+        session: u64,
+    ) -> crate::hooks::BoxFuture<'a, Result<Box<dyn crate::hooks::SessionPass>, Status>> {
+        Box::pin(async move {
+            let guard = self.acquire(agent, namespace, session).await?;
+            Ok(Box::new(guard) as Box<dyn crate::hooks::SessionPass>)
+        })
+    }
+
+    fn must_yield(&self, agent: &AgentName, session: u64) -> bool {
+        self.handover_pending(agent, session)
+    }
+}
+
 impl Drop for LeaseGuard {
     fn drop(&mut self) {
         if self.released {

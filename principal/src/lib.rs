@@ -18,6 +18,7 @@ pub mod clustersecret;
 pub mod config;
 pub mod error;
 pub mod ha;
+pub mod hooks;
 pub mod hub;
 pub mod inbound;
 pub mod link;

@@ -617,8 +617,8 @@ impl Metrics {
 pub struct Readiness {
     pub synced: tokio::sync::watch::Receiver<bool>,
     pub svid: Option<argocd_agent_identity::source::SvidSource>,
-    /// With replicas: the replica Lease must be fresh.
-    pub leases: Option<Arc<crate::ha::Leases>>,
+    /// The optional features' own checks (replicas: the replica Lease must be fresh).
+    pub checks: Vec<argocd_agent_runtime::health::Probe>,
 }
 
 impl Readiness {
@@ -634,9 +634,7 @@ impl Readiness {
         if let Some(Err(e)) = self.svid.as_ref().map(|s| s.readiness()) {
             reasons.push(e);
         }
-        if let Some(Err(e)) = self.leases.as_ref().map(|l| l.ready()) {
-            reasons.push(e);
-        }
+        reasons.extend(self.checks.iter().filter_map(|check| check().err()));
         if reasons.is_empty() {
             Ok(())
         } else {
@@ -706,7 +704,7 @@ mod tests {
             Readiness {
                 synced: rx,
                 svid: None,
-                leases: None,
+                checks: Vec::new(),
             },
             &tasks,
             shutdown.clone(),
@@ -726,14 +724,25 @@ mod tests {
     #[test]
     fn readiness_names_every_reason() {
         let (tx, rx) = tokio::sync::watch::channel(false);
+        let lease = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let fresh = lease.clone();
         let r = Readiness {
             synced: rx,
             svid: None,
-            leases: None,
+            checks: vec![Arc::new(move || {
+                if fresh.load(std::sync::atomic::Ordering::Relaxed) {
+                    Ok(())
+                } else {
+                    Err("replica Lease not renewed".into())
+                }
+            })],
         };
         let why = r.check().unwrap_err();
         assert!(why.starts_with("not ready: hub watches"), "{why}");
+        assert!(why.ends_with("; replica Lease not renewed"), "{why}");
         tx.send_replace(true);
+        assert_eq!(r.check().unwrap_err(), "not ready: replica Lease not renewed");
+        lease.store(true, std::sync::atomic::Ordering::Relaxed);
         assert!(r.check().is_ok());
     }
 

@@ -21,6 +21,7 @@ use tonic::Status;
 use tracing::Instrument;
 
 use crate::error::chain;
+use crate::hooks::{SessionGate, SessionObserver, SessionPass};
 use crate::hub::{Applied, Hub};
 use crate::inbound::{Decision, OwnerRecord, Placement, decide};
 use crate::sessions::{AgentState, SessionInfo};
@@ -73,14 +74,13 @@ pub struct SessionContext {
     pub idle_timeout: Duration,
     /// How long an agent may take to send its hello.
     pub hello_timeout: Duration,
-    /// Writes agents' cluster info into the hub Redis (with the Redis proxy).
-    pub cluster_info: Option<Arc<crate::clusterinfo::ClusterInfoWriter>>,
     /// Requests (Redis proxy) waiting for one agent's answers at once.
     pub max_requests_in_flight: usize,
-    /// Agents' Argo CD cluster secrets (self-registration with the resource proxy).
-    pub cluster_secrets: Option<Arc<crate::clustersecret::ClusterSecrets>>,
-    /// Replicas: the agent Leases that make one session per agent across replicas.
-    pub leases: Option<Arc<crate::ha::Leases>>,
+    /// Admits sessions (replicas: the agent Leases that make one session per agent across
+    /// replicas).
+    pub gate: Option<Arc<dyn SessionGate>>,
+    /// Told when sessions start and end (agents' cluster info, cluster secrets).
+    pub observers: Vec<Arc<dyn SessionObserver>>,
 }
 
 /// A session's outbound stream, and how long the agent may take to accept one event: an
@@ -250,14 +250,15 @@ async fn run(
     // 2. With replicas, take the agent's Lease (another replica hands it over first), then
     // register (replacing any previous session here) and welcome.
     let session_id = SESSION_IDS.fetch_add(1, Ordering::Relaxed);
-    let lease = match &ctx.leases {
-        Some(leases) => {
-            Some(Box::pin(leases.acquire(&identity.agent, &identity.namespace, session_id)).await?)
-        }
+    let pass = match &ctx.gate {
+        Some(gate) => Some(
+            gate.enter(&identity.agent, &identity.namespace, session_id)
+                .await?,
+        ),
         None => None,
     };
     let (state, token, guard) = Box::pin(register(
-        ctx, &identity, mode, session_id, &hello, peer, lease,
+        ctx, &identity, mode, session_id, &hello, peer, pass,
     ))
     .await;
     let result = async {
@@ -283,7 +284,7 @@ async fn run(
 }
 
 /// Registers the session (the agent's state, the token that closes it) and records it:
-/// session info, hub namespace, metrics, cluster info and secret.
+/// session info, hub namespace, metrics; then tells the observers.
 async fn register(
     ctx: &SessionContext,
     identity: &AgentIdentity,
@@ -291,13 +292,13 @@ async fn register(
     session_id: u64,
     hello: &Hello,
     peer: SessionInfo,
-    lease: Option<crate::ha::LeaseGuard>,
+    pass: Option<Box<dyn SessionPass>>,
 ) -> (Arc<AgentState>, CancellationToken, SessionGuard) {
     let hub = &ctx.hub;
     let token = CancellationToken::new();
     let state = hub.attach(identity.clone(), mode, session_id, token.clone());
-    if let Some(leases) = &ctx.leases
-        && leases.handover_pending(&identity.agent, session_id)
+    if let Some(gate) = &ctx.gate
+        && gate.must_yield(&identity.agent, session_id)
     {
         // Asked for between taking the Lease and registering: this session yields.
         hub.sessions.close_session(
@@ -322,22 +323,12 @@ async fn register(
         hub: hub.clone(),
         state: state.clone(),
         session_id,
-        cluster_info: ctx.cluster_info.clone(),
+        observers: ctx.observers.clone(),
         tasks: ctx.tasks.clone(),
-        lease,
+        pass,
     };
-    if let Some(writer) = ctx.cluster_info.clone() {
-        let agent = identity.agent.clone();
-        ctx.tasks.spawn(async move {
-            writer
-                .write(&agent, crate::clusterinfo::Connection::Successful)
-                .await
-        });
-    }
-    if let Some(secrets) = ctx.cluster_secrets.clone() {
-        let agent = identity.agent.clone();
-        ctx.tasks
-            .spawn(async move { secrets.ensure_logged(&agent).await });
+    for observer in &ctx.observers {
+        observer.clone().connected(&identity.agent, &ctx.tasks);
     }
     (state, token, guard)
 }
@@ -597,20 +588,21 @@ struct SessionGuard {
     hub: Arc<Hub>,
     state: Arc<AgentState>,
     session_id: u64,
-    cluster_info: Option<Arc<crate::clusterinfo::ClusterInfoWriter>>,
+    observers: Vec<Arc<dyn SessionObserver>>,
     tasks: TaskTracker,
-    /// Released (or handed over) only once this session is detached: by
-    /// [`SessionGuard::end`], or, should the session task fail, when the guard is dropped.
-    lease: Option<crate::ha::LeaseGuard>,
+    /// Released (replicas: the Lease released or handed over) only once this session is
+    /// detached: by [`SessionGuard::end`], or, should the session task fail, when the
+    /// guard is dropped.
+    pass: Option<Box<dyn SessionPass>>,
 }
 
 impl SessionGuard {
-    /// Ends the session: detaches it, then releases its Lease and waits for that.
+    /// Ends the session: detaches it, then releases its pass and waits for that.
     async fn end(mut self) {
-        let lease = self.lease.take();
+        let pass = self.pass.take();
         drop(self);
-        if let Some(lease) = lease {
-            lease.release().await;
+        if let Some(pass) = pass {
+            pass.release().await;
         }
     }
 }
@@ -619,16 +611,11 @@ impl Drop for SessionGuard {
     fn drop(&mut self) {
         self.state.clear_link(self.session_id);
         self.hub.sessions.detach(&self.state, self.session_id);
-        // Failed at once, unless a newer session of the agent took over.
-        if let Some(writer) = self.cluster_info.clone()
-            && !self.state.is_connected()
-        {
-            let agent = self.state.name.clone();
-            self.tasks.spawn(async move {
-                let failed =
-                    crate::clusterinfo::Connection::Failed(crate::clusterinfo::DISCONNECTED.into());
-                writer.write(&agent, failed).await
-            });
+        // Unless a newer session of the agent took over.
+        if !self.state.is_connected() {
+            for observer in &self.observers {
+                observer.clone().disconnected(&self.state.name, &self.tasks);
+            }
         }
         self.hub.metrics.connected_agents.dec();
         tracing::info!("agent disconnected");
@@ -828,16 +815,10 @@ fn take_answer(
         return None;
     }
     if event.ty == EventType::ClusterCacheInfoUpdate {
-        if let (Payload::ClusterCacheInfo(counts), Some(writer)) =
-            (&event.payload, ctx.cluster_info.clone())
-        {
-            writer.set_counts(agent, counts.clone());
-            let agent = agent.clone();
-            ctx.tasks.spawn(async move {
-                writer
-                    .write(&agent, crate::clusterinfo::Connection::Successful)
-                    .await
-            });
+        if let Payload::ClusterCacheInfo(counts) = &event.payload {
+            for observer in &ctx.observers {
+                observer.clone().cache_info(agent, counts, &ctx.tasks);
+            }
         }
         return None;
     }

@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::auth::ListenerAuth;
+use crate::hooks::{SessionGate, SessionObserver};
 use crate::hub::{Hub, HubParts};
 use crate::metrics::Metrics;
 use crate::objects::ConfigObjects;
@@ -64,6 +65,21 @@ pub(crate) struct Features {
     pub redis_proxy: Option<SocketAddr>,
     pub admin: Option<config::AdminAddress>,
     pub metrics: Option<SocketAddr>,
+}
+
+impl Features {
+    /// The features told of sessions starting and ending.
+    fn session_observers(&self) -> Vec<Arc<dyn SessionObserver>> {
+        let info = self
+            .cluster_info
+            .clone()
+            .map(|w| w as Arc<dyn SessionObserver>);
+        let secrets = self
+            .cluster_secrets
+            .clone()
+            .map(|s| s as Arc<dyn SessionObserver>);
+        info.into_iter().chain(secrets).collect()
+    }
 }
 
 /// Loads the mapping rules and closes sessions whose identity stops mapping.
@@ -291,7 +307,10 @@ impl Wiring {
         let readiness = metrics::Readiness {
             synced: ready_rx,
             svid: self.listener_auth.svid.clone(),
-            leases,
+            checks: leases
+                .map(|l| Arc::new(move || l.ready()) as argocd_agent_runtime::health::Probe)
+                .into_iter()
+                .collect(),
         };
         let metrics_addr = match config.metrics_listen {
             Some(addr) => Some(
@@ -425,7 +444,6 @@ impl Wiring {
             shutdown: self.shutdown.clone(),
             idle_timeout: config.idle_timeout,
             hello_timeout: config.hello_timeout,
-            cluster_info: features.cluster_info.clone(),
             max_requests_in_flight: config
                 .redis_proxy
                 .as_ref()
@@ -438,8 +456,11 @@ impl Wiring {
                         .as_ref()
                         .map_or(0, |r| r.max_in_flight_per_agent),
                 ),
-            cluster_secrets: features.cluster_secrets.clone(),
-            leases: features.leases.clone(),
+            gate: features
+                .leases
+                .clone()
+                .map(|l| Arc::new(l) as Arc<dyn SessionGate>),
+            observers: features.session_observers(),
         }
     }
 
