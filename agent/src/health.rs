@@ -13,11 +13,13 @@ use tokio_util::task::TaskTracker;
 /// What the endpoint reports.
 #[derive(Clone)]
 pub struct HealthState {
+    /// A session with the principal is up (`/healthz` answers 503 while not).
     pub connected: Arc<AtomicBool>,
     /// The local caches have listed once.
     pub ready: watch::Receiver<bool>,
     /// With SVID mTLS: the agent's SVID source (ready only with an unexpired SVID).
     pub svid: Option<argocd_agent_identity::source::SvidSource>,
+    /// What `/metrics` serves.
     pub metrics: crate::metrics::Metrics,
 }
 

@@ -10,25 +10,35 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+/// Labels of `agent_events_received_total` and `agent_events_sent_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TypeLabels {
+    /// The event type's verb (`create`, `spec-update`, `ping`, ...).
     pub r#type: String,
 }
 
+/// Labels of `agent_event_processing_time`, as upstream.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ProcessingLabels {
+    /// `success`, or `failure` when the agent answered the event with an error.
     pub status: String,
+    /// The resource kind (`Application`, `AppProject`, `Repository`, `GPGKeys`).
     pub resource_type: String,
 }
 
+/// Labels of `agent_event_propagation_latency_seconds`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResourceTypeLabels {
+    /// The resource kind (`Application`, `AppProject`, `Repository`, `GPGKeys`).
     pub resource_type: String,
 }
 
+/// Labels of `argocd_agent_resource_proxy_requests_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ProxyLabels {
+    /// `get`, `list`, `create`, `patch`, `delete`, `log`, `exec`, `update` or `other`.
     pub verb: String,
+    /// `allowed`, `forbidden` or `error`.
     pub outcome: String,
 }
 
@@ -82,6 +92,7 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Every metric at zero, registered for [`Metrics::encode`] (with the span counters).
     pub fn new() -> Metrics {
         let mut r = Registry::default();
         r.register_collector(Box::new(argocd_agent_runtime::telemetry::SpanCollector {

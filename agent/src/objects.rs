@@ -27,8 +27,12 @@ pub const REPOSITORY_SELECTOR: &str = "argocd.argoproj.io/secret-type in (reposi
 
 /// One kind of configuration object: how to write it and its watched cache.
 pub struct ConfigKind {
+    /// Which kind (AppProject, Repository, GPG keys).
     pub kind: ResourceKind,
+    /// Writes objects of the kind in the spoke's namespace.
     pub resources: Resources,
+    /// The watched objects of the kind (repositories: only those of
+    /// [`REPOSITORY_SELECTOR`]).
     pub cache: Cache,
 }
 

@@ -109,8 +109,11 @@ policy_enum!(
 /// The three policies of a managed agent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Policies {
+    /// `--adoption-policy`: may a local object the principal did not write be taken over.
     pub adoption: AdoptionPolicy,
+    /// `--source-uid-mismatch-policy`: a local copy from another hub object of the name.
     pub mismatch: MismatchPolicy,
+    /// `--on-application-recreate`: after recreating an Application deleted locally.
     pub on_recreate: RecreateAction,
 }
 

@@ -32,6 +32,7 @@ const MAX_SUFFIX: usize = 64;
 /// This cluster's Redis (`--redis-addr`).
 #[derive(Clone, Debug)]
 pub struct RedisConfig {
+    /// Where it is and how to log in.
     pub endpoint: RedisEndpoint,
     /// Largest value read and sent to the principal.
     pub max_value_size: usize,
@@ -329,9 +330,14 @@ fn error(message: String) -> redis_response::Result {
 /// What a request may do.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
+    /// Read this local key.
     Get(String),
+    /// Subscribe to this local key's channel; messages are pushed to the principal.
     Subscribe(String),
+    /// End the subscription with this id (unknown ids are ignored).
     Unsubscribe(String),
+    /// Answered with this error: the key is not the agent's to serve, or the request is
+    /// malformed.
     Refused(String),
 }
 

@@ -85,12 +85,15 @@ fn hub_metadata(obj: &Value) -> Value {
 
 /// The agent's local state.
 pub struct Spoke {
+    /// Managed (the hub's copies are written here) or autonomous (published to the hub).
     pub mode: AgentMode,
     /// The Argo CD namespace on the spoke.
     pub namespace: Namespace,
     /// CloudEvents `source` of our events.
     pub source: String,
+    /// Writes the spoke's Applications.
     pub apps: Resources,
+    /// The watched Applications (managed across namespaces: only the managed copies).
     pub cache: Cache,
     /// Events to the principal.
     pub queue: SendQueue,
@@ -138,6 +141,7 @@ fn wire(obj: &DynamicObject) -> Arc<Value> {
 }
 
 impl Spoke {
+    /// A spoke with the default policies, no Redis, no resource proxy and fresh metrics.
     pub fn new(
         mode: AgentMode,
         namespace: Namespace,

@@ -1,5 +1,6 @@
 //! Command-line front ends: `argocd-agent` (principal, agent) and `argocd-agentctl`.
 #![forbid(unsafe_code)]
+#![deny(missing_docs)]
 
 pub mod ctl;
 pub mod version;

@@ -23,11 +23,17 @@ use tokio_util::sync::CancellationToken;
 use super::{Answer, Proxy, Tunnel, response_event};
 use crate::error::SessionError;
 
+/// Channel of the frames from the principal written to the container's stdin.
 pub const STDIN: u32 = 0;
+/// Channel of the container's stdout.
 pub const STDOUT: u32 = 1;
+/// Channel of the container's stderr.
 pub const STDERR: u32 = 2;
+/// Channel of the last frame to the principal: the exec's final `metav1.Status` as JSON.
 pub const STATUS: u32 = 3;
+/// Channel of a terminal resize from the principal (`{"Width":w,"Height":h}`).
 pub const RESIZE: u32 = 4;
+/// Channel of a close from the principal; data `[0]` closes stdin.
 pub const CLOSE: u32 = 255;
 
 /// Frames waiting for the gRPC stream.

@@ -75,8 +75,11 @@ const TRACKING_REFRESH: Duration = Duration::from_secs(30);
 /// One answer: HTTP status, content type, body.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Answer {
+    /// The HTTP status code.
     pub status: u16,
+    /// The `Content-Type` of `body`.
     pub content_type: String,
+    /// The body (a cluster's answer is read up to [`ProxyConfig::max_body`] bytes).
     pub body: Bytes,
 }
 
@@ -146,6 +149,7 @@ pub struct Proxy {
 }
 
 impl Proxy {
+    /// A proxy serving through `client` within `config`'s limits, counting into `metrics`.
     pub fn new(client: kube::Client, config: ProxyConfig, metrics: Metrics) -> Proxy {
         let n = config.max_concurrent.max(1);
         Proxy {
@@ -159,10 +163,12 @@ impl Proxy {
         }
     }
 
+    /// The agent's client of its own cluster.
     pub fn client(&self) -> &kube::Client {
         &self.client
     }
 
+    /// The limits it serves within.
     pub fn config(&self) -> &ProxyConfig {
         &self.config
     }
@@ -783,6 +789,7 @@ impl Tunnel {
         r
     }
 
+    /// A client for opening `Tunnel` streams (add the credentials with [`Tunnel::request`]).
     pub fn client(&self) -> TunnelClient<tonic::transport::Channel> {
         self.client.clone()
     }

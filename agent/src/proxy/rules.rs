@@ -126,10 +126,15 @@ impl Tracking {
 /// `<app>:<group>/<kind>:<namespace>/<name>`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TrackingId<'a> {
+    /// The Application's name as Argo CD writes it (`<name>` or `<namespace>_<name>`).
     pub app: &'a str,
+    /// The object's API group (empty for the core group).
     pub group: &'a str,
+    /// The object's kind.
     pub kind: &'a str,
+    /// The object's namespace (empty for a cluster-scoped object).
     pub namespace: &'a str,
+    /// The object's name.
     pub name: &'a str,
 }
 
@@ -155,8 +160,9 @@ impl<'a> TrackingId<'a> {
 /// deploys and which kinds of object it manages.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct AppFacts {
-    /// The Application's own namespace and name.
+    /// The Application's own namespace.
     pub namespace: String,
+    /// The Application's name.
     pub name: String,
     /// The namespaces it deploys to: `spec.destination.namespace` and the namespace of
     /// every object in `status.resources`.
@@ -283,6 +289,7 @@ impl Apps {
         self.facts.get(i)
     }
 
+    /// No Application is held.
     pub fn is_empty(&self) -> bool {
         self.names.is_empty()
     }
@@ -312,9 +319,13 @@ pub fn marking_apps(metadata: &Value, apps: &Apps) -> BTreeSet<usize> {
 /// One owner reference of an object.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OwnerRef {
+    /// The owner's `apiVersion` (`<group>/<version>`, or `v1`).
     pub api_version: String,
+    /// The owner's kind.
     pub kind: String,
+    /// The owner's name (in the object's namespace).
     pub name: String,
+    /// The owner's UID, if the reference carries one.
     pub uid: Option<String>,
 }
 
@@ -398,7 +409,9 @@ pub const MAX_SCAN_DEPTH: usize = 64;
 pub struct CreateTarget {
     /// Empty for the core group.
     pub group: String,
+    /// The API version, e.g. `v1`.
     pub version: String,
+    /// The kind discovery gives for the path's plural.
     pub kind: String,
     /// The request's namespace (`None`: a cluster-wide path).
     pub namespace: Option<String>,
@@ -720,10 +733,15 @@ pub enum ApiPath {
 pub struct ResourcePath {
     /// Empty for the core group.
     pub group: String,
+    /// The API version, e.g. `v1`.
     pub version: String,
+    /// `None`: a cluster-wide path.
     pub namespace: Option<String>,
+    /// The resource's plural, e.g. `deployments`.
     pub plural: String,
+    /// `None`: the collection.
     pub name: Option<String>,
+    /// E.g. `status`, `log`, `exec`; only with a name.
     pub subresource: Option<String>,
 }
 

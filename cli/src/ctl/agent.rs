@@ -32,6 +32,7 @@ pub enum Command {
 pub struct KubeconfigArgs {
     /// The agent.
     pub name: String,
+    /// The hub holding the agent's cluster secret.
     #[command(flatten)]
     pub hub: crate::ctl::HubArgs,
     /// Write here instead of standard output (mode 0600).
@@ -105,7 +106,7 @@ pub async fn kubeconfig(a: &KubeconfigArgs) -> Result<String, String> {
 
 /// Where the principal's admin API is.
 #[derive(Debug, clap::Args)]
-pub struct AdminArgs {
+pub(crate) struct AdminArgs {
     /// The principal's admin API: `host:port` (reach a pod's with `kubectl port-forward`)
     /// or `unix:///path` (with `kubectl exec`).
     #[arg(
@@ -144,7 +145,7 @@ pub struct AdminArgs {
 
 /// Output formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Output {
+pub(crate) enum Output {
     Table,
     Json,
     Yaml,
@@ -169,7 +170,7 @@ pub struct NameArgs {
 /// One agent, as printed (JSON / YAML field names are stable).
 #[derive(Debug, Clone, Serialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
-pub struct Agent {
+pub(crate) struct Agent {
     pub name: String,
     pub mode: String,
     /// The client identity the agent authenticated with (its SPIFFE ID).
@@ -224,7 +225,7 @@ impl From<AgentInfo> for Agent {
 }
 
 /// The agents as a table: a header, then one row per agent, columns aligned.
-pub fn table(agents: &[Agent]) -> String {
+pub(crate) fn table(agents: &[Agent]) -> String {
     let header = [
         "NAME",
         "MODE",
@@ -278,7 +279,7 @@ pub fn table(agents: &[Agent]) -> String {
 }
 
 /// One agent in detail, `key: value` lines.
-pub fn details(a: &Agent) -> String {
+pub(crate) fn details(a: &Agent) -> String {
     let dash = || "-".to_string();
     let fields = [
         ("Name", a.name.clone()),
@@ -438,7 +439,6 @@ async fn connect_local(address: &str) -> Result<AdminClient<Channel>, String> {
     Ok(AdminClient::new(channel))
 }
 
-/// The admin API's refusal as one line.
 /// Writes a file only its owner can read (it holds a credential).
 fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
     use std::io::Write as _;
@@ -449,6 +449,7 @@ fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
     opts.open(path)?.write_all(text.as_bytes())
 }
 
+/// The admin API's refusal as one line.
 fn status(what: &str, s: tonic::Status) -> String {
     match s.code() {
         tonic::Code::NotFound | tonic::Code::InvalidArgument => s.message().to_string(),

@@ -25,15 +25,15 @@ pub enum Command {
 pub struct EntryArgs {
     /// An exact SPIFFE ID.
     #[arg(long)]
-    pub id: Option<String>,
+    pub(crate) id: Option<String>,
     /// A SPIFFE ID prefix (e.g. `spiffe://example.org/ns/retired/`).
     #[arg(long)]
-    pub prefix: Option<String>,
+    pub(crate) prefix: Option<String>,
     /// The SHA-256 fingerprint of a client certificate (hex, `:` allowed).
     #[arg(long)]
-    pub fingerprint: Option<String>,
+    pub(crate) fingerprint: Option<String>,
     #[command(flatten)]
-    pub hub: HubArgs,
+    pub(crate) hub: HubArgs,
 }
 
 impl EntryArgs {
@@ -111,6 +111,7 @@ async fn edit(api: &Api<ConfigMap>, key: &str, entry: &str, add: bool) -> Result
     Err(format!("{CONFIGMAP} kept changing; try again"))
 }
 
+/// Runs a `blocklist` subcommand.
 pub async fn run(command: Command) -> crate::CmdResult {
     match command {
         Command::Add(a) => {

@@ -15,14 +15,14 @@ use crate::ctl::HubArgs;
 pub struct ReplicasArgs {
     /// Also list every agent with the replica serving it.
     #[arg(long)]
-    pub agents: bool,
+    pub(crate) agents: bool,
     #[command(flatten)]
-    pub hub: HubArgs,
+    pub(crate) hub: HubArgs,
 }
 
 /// One replica as its Lease says.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ReplicaRow {
+pub(crate) struct ReplicaRow {
     pub replica: String,
     pub holder: String,
     pub renewed_ago: Option<Duration>,
@@ -31,7 +31,7 @@ pub struct ReplicaRow {
 }
 
 /// The replica table and agent -> (replica, moves) from the Leases (`now` for ages).
-pub fn summarize(
+pub(crate) fn summarize(
     leases: &[DynamicObject],
     now: jiff::Timestamp,
 ) -> (Vec<ReplicaRow>, BTreeMap<String, (String, i32)>) {
@@ -100,6 +100,7 @@ pub fn summarize(
     (table, agents)
 }
 
+/// Runs `replicas`: the replica table, then with `--agents` every agent and its replica.
 pub async fn run(a: ReplicasArgs) -> crate::CmdResult {
     let client = a.hub.client().await?;
     let api: Api<DynamicObject> = Api::namespaced_with(
