@@ -18,12 +18,18 @@ const SVID_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A ready-to-dial transport, built once at start.
 pub enum Dialer {
+    /// SVID mutual TLS to the principal, pinned to its SPIFFE ID or trust domain.
     Mtls {
+        /// The client TLS config: the SVID resolver and the principal's peer policy.
         config: Arc<rustls::ClientConfig>,
-        /// Feeds every handshake's certificate: kept while the agent runs.
-        source: SvidSource,
+        /// Feeds every handshake's certificate: kept while the agent runs (`None`: the
+        /// config holds a fixed SVID, as a simulated agent's does).
+        source: Option<SvidSource>,
     },
+    /// Plaintext HTTP/2 to the local mesh sidecar, which does mTLS.
     Plain,
+    /// A JWT-SVID bearer token on a plaintext HTTP/2 connection (through a TLS-originating
+    /// proxy or sidecar).
     Jwt(JwtSvidFetcher),
 }
 
@@ -31,8 +37,18 @@ impl Dialer {
     /// The X.509-SVID source of an mTLS dialer.
     pub fn svid(&self) -> Option<&SvidSource> {
         match self {
-            Dialer::Mtls { source, .. } => Some(source),
+            Dialer::Mtls { source, .. } => source.as_ref(),
             _ => None,
+        }
+    }
+
+    /// An mTLS dialer over a ready client config (its certificate resolver supplies the
+    /// SVID; its verifier pins the principal): what the load generator's simulated agents
+    /// dial with.
+    pub fn mtls(config: Arc<rustls::ClientConfig>) -> Dialer {
+        Dialer::Mtls {
+            config,
+            source: None,
         }
     }
 
@@ -62,7 +78,10 @@ impl Dialer {
                 let config = argocd_agent_identity::tls::client_config(&source, policy)
                     .map_err(AgentError::Tls)?;
                 Ok((
-                    Dialer::Mtls { config, source },
+                    Dialer::Mtls {
+                        config,
+                        source: Some(source),
+                    },
                     state.svid.spiffe_id().to_string(),
                 ))
             }

@@ -7,6 +7,7 @@
 //! welcome, events), [`spoke`] (what each event and local change means), [`health`]
 //! (`/healthz`, `/readyz`, `/metrics`).
 #![forbid(unsafe_code)]
+#![deny(missing_docs)]
 
 pub mod connection;
 pub mod dialer;
@@ -16,6 +17,7 @@ pub mod metrics;
 pub mod objects;
 pub mod policy;
 pub mod proxy;
+pub mod redial;
 pub mod redis;
 pub mod spoke;
 
@@ -43,17 +45,17 @@ use crate::spoke::Spoke;
 pub use argocd_agent_identity::source::SvidConfig;
 pub use error::{AgentError, SessionError, SpokeError};
 
-/// A session that lasted this long resets the reconnect backoff: reconnects stay cheap.
-const STABLE_SESSION: Duration = Duration::from_secs(30);
-
 /// How the agent reaches the principal.
 #[derive(Debug, Clone)]
 pub enum Transport {
     /// SVID mutual TLS straight to the principal; the principal must present `principal_id`
     /// (or any ID of `principal_trust_domain` when no ID is pinned).
     Mtls {
+        /// Where the agent's X.509-SVID comes from (Workload API or PEM files).
         svid: SvidConfig,
+        /// The principal's SPIFFE ID the handshake must present (`--principal-spiffe-id`).
         principal_id: Option<SpiffeId>,
+        /// Any principal of this trust domain, when no ID is pinned.
         principal_trust_domain: Option<TrustDomain>,
     },
     /// Plaintext HTTP/2 to the local mesh sidecar, which does mTLS (`--creds header:`).
@@ -62,7 +64,9 @@ pub enum Transport {
     /// token, for principals behind a TLS-terminating ingress. The connection to `server` is
     /// plaintext HTTP/2: run it through a local TLS-originating proxy or sidecar.
     JwtSvid {
+        /// The Workload API endpoint (`None`: `SPIFFE_ENDPOINT_SOCKET`).
         endpoint: Option<String>,
+        /// The token's audience: the principal's SPIFFE ID.
         audience: SpiffeId,
     },
 }
@@ -70,19 +74,29 @@ pub enum Transport {
 /// Agent configuration.
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
+    /// Managed (the hub owns Applications) or autonomous (this cluster does).
     pub mode: AgentMode,
     /// `host:port` of the principal (or of the local sidecar).
     pub server: String,
+    /// How the agent reaches and proves itself to the principal.
     pub transport: Transport,
     /// Argo CD namespace on this cluster.
     pub namespace: String,
+    /// How to reach this cluster's Kubernetes API (kubeconfig, context, QPS).
     pub kube: ClientOptions,
+    /// Only Applications matching this label selector are synced (`--label-selector`).
     pub label_selector: Option<String>,
+    /// How often the agent sends a heartbeat on an idle stream (default 30 s).
     pub heartbeat: Duration,
+    /// HTTP/2 keepalive ping interval on the connection (default 30 s).
     pub keepalive: Duration,
+    /// First reconnect wait (default 500 ms); see [`redial::Backoff`].
     pub backoff_initial: Duration,
+    /// Longest reconnect wait (default 30 s).
     pub backoff_max: Duration,
+    /// Largest gRPC message the agent sends or accepts, in bytes (default 4 MiB).
     pub max_message_size: usize,
+    /// `/metrics`, `/healthz` and `/readyz` (default `0.0.0.0:8181`; `None`: off).
     pub metrics_listen: Option<SocketAddr>,
     /// An extra listener for `/healthz` and `/readyz` only (upstream's `--healthz-port`).
     pub healthz_listen: Option<SocketAddr>,
@@ -142,8 +156,11 @@ impl Default for AgentConfig {
 
 /// A running agent.
 pub struct Running {
+    /// Whether a session with the principal is up now.
     pub connected: Arc<AtomicBool>,
+    /// The local side: caches, desired state and writes on this cluster.
     pub spoke: Arc<Spoke>,
+    /// Where `/metrics` listens (`None`: turned off).
     pub metrics_addr: Option<SocketAddr>,
     tasks: TaskTracker,
     shutdown: CancellationToken,
@@ -414,7 +431,7 @@ async fn reconnect_loop(
     }
     spoke.seed_desired();
     ready.send_replace(true);
-    let mut backoff = config.backoff_initial;
+    let mut backoff = redial::Backoff::new(config.backoff_initial, config.backoff_max);
     loop {
         let started = tokio::time::Instant::now();
         // The connection watches for shutdown itself, so it can drain first.
@@ -450,15 +467,11 @@ async fn reconnect_loop(
         }
         // A replica that sends the agent elsewhere asks it to come back at once; so does
         // a session that lasted.
-        if started.elapsed() > STABLE_SESSION || redirected {
-            backoff = config.backoff_initial;
-        }
-        let wait = backoff + backoff.mul_f64(fastrand::f64() * 0.5);
+        let wait = backoff.after(started.elapsed(), redirected);
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(wait) => {}
         }
-        backoff = (backoff * 2).min(config.backoff_max);
     }
 }
 

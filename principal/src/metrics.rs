@@ -741,7 +741,10 @@ mod tests {
         assert!(why.starts_with("not ready: hub watches"), "{why}");
         assert!(why.ends_with("; replica Lease not renewed"), "{why}");
         tx.send_replace(true);
-        assert_eq!(r.check().unwrap_err(), "not ready: replica Lease not renewed");
+        assert_eq!(
+            r.check().unwrap_err(),
+            "not ready: replica Lease not renewed"
+        );
         lease.store(true, std::sync::atomic::Ordering::Relaxed);
         assert!(r.check().is_ok());
     }

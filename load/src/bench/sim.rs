@@ -3,8 +3,9 @@
 //! stream, sends the hello with its resync state, heartbeats, acknowledges the principal's
 //! events like a spoke that applied them, and sends what the scenario asks (status updates).
 //! They keep only what a resync needs (each Application's spec checksum and source UID), not
-//! the objects, and reconnect with the real agent's backoff (exponential from 500 ms, jitter
-//! up to +50 %, at most 30 s).
+//! the objects. They dial and back off with the agent's own code
+//! (`argocd_agent_agent::dialer::Dialer`, `argocd_agent_agent::redial::Backoff` with the
+//! agent's default bounds), so a reconnect storm here is the one real agents make.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -18,7 +19,6 @@ use argocd_agent_identity::SpiffeId;
 use argocd_agent_identity::source::SvidSource;
 use argocd_agent_identity::svid::SvidState;
 use argocd_agent_identity::tls::PeerPolicy;
-use argocd_agent_identity::transport::ChannelOptions;
 use argocd_agent_kubernetes::object::{SOURCE_UID_ANNOTATION, checksum_of};
 use argocd_agent_proto::eventstream::event_stream_client::EventStreamClient;
 use argocd_agent_proto::eventstream::{self as pb, Hello};
@@ -27,13 +27,9 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
+use argocd_agent_agent::dialer::Dialer;
+use argocd_agent_agent::redial::Backoff;
 use argocd_agent_testkit::harness::{HarnessError, PRINCIPAL_ID};
-
-/// The real agent's reconnect backoff.
-const BACKOFF_INITIAL: Duration = Duration::from_millis(500);
-const BACKOFF_MAX: Duration = Duration::from_secs(30);
-/// A session that lasted this long resets the backoff (as the real agent).
-const STABLE_SESSION: Duration = Duration::from_secs(10);
 
 /// SPIFFE ID of simulated agent `name` (mapped by [`super::env::BENCH_RULE`]).
 pub fn sim_id(name: &str) -> String {
@@ -343,7 +339,9 @@ async fn run(
     arrivals: Arc<Arrivals>,
     shutdown: CancellationToken,
 ) {
-    let mut backoff = BACKOFF_INITIAL;
+    // The agent's own backoff, with its default bounds.
+    let defaults = argocd_agent_agent::AgentConfig::default();
+    let mut backoff = Backoff::new(defaults.backoff_initial, defaults.backoff_max);
     let count = config.principals.len().max(1);
     let mut target = index % count;
     loop {
@@ -363,7 +361,7 @@ async fn run(
         target = (target + 1) % count;
         match result {
             Ok(Ended::Kicked) => {
-                backoff = BACKOFF_INITIAL;
+                backoff.reset();
                 continue;
             }
             Ok(Ended::Dropped) => {
@@ -373,15 +371,11 @@ async fn run(
                 stats.failed_attempts.fetch_add(1, Ordering::Relaxed);
             }
         }
-        if started.elapsed() > STABLE_SESSION {
-            backoff = BACKOFF_INITIAL;
-        }
-        let wait = backoff + backoff.mul_f64(fastrand::f64() * 0.5);
+        let wait = backoff.after(started.elapsed(), false);
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(wait) => {}
         }
-        backoff = (backoff * 2).min(BACKOFF_MAX);
     }
 }
 
@@ -412,21 +406,16 @@ async fn session(
     arrivals: &Arrivals,
     kick: &CancellationToken,
 ) -> Result<Ended, HarnessError> {
-    let opts = ChannelOptions {
-        keepalive_interval: config.keepalive,
-        ..ChannelOptions::default()
-    };
-    let channel = argocd_agent_identity::transport::connect(
-        &config
-            .principals
-            .get(target)
-            .ok_or("no principal address")?
-            .to_string(),
-        agent.tls.clone(),
-        "localhost",
-        opts,
-    )
-    .await?;
+    // Dialed as the agent dials: its dialer over this agent's SVID.
+    let principal = config
+        .principals
+        .get(target)
+        .ok_or("no principal address")?
+        .to_string();
+    let channel = Dialer::mtls(agent.tls())
+        .connect(&principal, config.keepalive)
+        .await
+        .map_err(|e| argocd_agent_domain::error_chain(&e))?;
     let mut client = EventStreamClient::new(channel)
         .max_decoding_message_size(16 << 20)
         .max_encoding_message_size(16 << 20);
