@@ -21,7 +21,6 @@ pub mod ha;
 pub mod hooks;
 pub mod hub;
 pub mod inbound;
-pub mod link;
 pub mod metrics;
 pub mod objects;
 pub mod projects;

@@ -43,8 +43,8 @@ use tracing::Instrument;
 
 use crate::apps::AppOwners;
 use crate::ha::Leases;
-use crate::link::AgentLink;
 use crate::metrics::Metrics;
+use argocd_agent_domain::rpc::AgentLink;
 use replica::{PeerRoute, Peers};
 
 /// Requests waiting for one agent's answers at once, by default.

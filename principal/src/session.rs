@@ -347,7 +347,7 @@ async fn welcome_agent(
     let welcome = welcome(hub, identity, hello);
     let (direct_tx, direct_rx) = mpsc::channel(OUTBOUND_BUFFER);
     if let Payload::Welcome(w) = &welcome.payload {
-        state.set_link(Arc::new(crate::link::AgentLink::new(
+        state.set_link(Arc::new(argocd_agent_domain::rpc::AgentLink::new(
             session_id,
             direct_tx,
             ctx.max_requests_in_flight,

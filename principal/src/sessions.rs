@@ -118,7 +118,7 @@ pub struct AgentState {
     /// Last event received from the agent, Unix milliseconds (0: none yet).
     last_event_ms: AtomicI64,
     /// Requests to the current session (none while disconnected).
-    link: Mutex<Option<Arc<crate::link::AgentLink>>>,
+    link: Mutex<Option<Arc<argocd_agent_domain::rpc::AgentLink>>>,
     /// The agent's inbound event rate limit: per agent, not per session, so reconnecting
     /// does not refill it.
     limiter: Mutex<crate::ratelimit::EventLimiter>,
@@ -170,11 +170,11 @@ impl AgentState {
         self.inner().mode
     }
     /// The request link of the current session, if connected.
-    pub fn link(&self) -> Option<Arc<crate::link::AgentLink>> {
+    pub fn link(&self) -> Option<Arc<argocd_agent_domain::rpc::AgentLink>> {
         lock(&self.link).clone()
     }
     /// Installs the request link of a new session (failing the previous one's requests).
-    pub fn set_link(&self, link: Arc<crate::link::AgentLink>) {
+    pub fn set_link(&self, link: Arc<argocd_agent_domain::rpc::AgentLink>) {
         if let Some(old) = lock(&self.link).replace(link) {
             old.close();
         }

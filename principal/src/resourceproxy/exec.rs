@@ -24,8 +24,8 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, frame::coding::CloseCode};
 
 use super::{Admitted, Body, Proxy, from_agent, full, rpc_failure, status};
-use crate::link::AgentLink;
 use crate::tunnel::TerminalTunnel;
+use argocd_agent_domain::rpc::AgentLink;
 
 /// Subprotocols served, preferred first.
 const PROTOCOLS: [&str; 2] = ["v5.channel.k8s.io", "v4.channel.k8s.io"];

@@ -103,7 +103,7 @@ impl Params {
 async fn open(
     proxy: &Proxy,
     agent: &AgentName,
-    link: &crate::link::AgentLink,
+    link: &argocd_agent_domain::rpc::AgentLink,
     request: LogRequest,
 ) -> Result<LogTunnel, Response<Body>> {
     let event = Event::new(

@@ -46,10 +46,10 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::link::AgentLink;
 use crate::metrics::Metrics;
 use crate::sessions::Sessions;
 use crate::tunnel::Tunnels;
+use argocd_agent_domain::rpc::AgentLink;
 use credentials::ProxyKeys;
 
 /// Default listen address (upstream's port).
