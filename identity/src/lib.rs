@@ -9,7 +9,6 @@
 pub mod id;
 pub mod jwt;
 pub mod listener;
-pub mod peer;
 pub mod source;
 pub mod svid;
 pub mod tls;

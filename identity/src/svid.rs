@@ -12,7 +12,7 @@ use rustls::sign::CertifiedKey;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
 use crate::id::{SpiffeId, TrustDomain};
-use crate::peer::{self, PeerError};
+use crate::transport::{self, PeerError};
 
 /// Why SVID material was refused.
 #[derive(Debug, thiserror::Error)]
@@ -62,7 +62,7 @@ impl X509Svid {
         key: PrivateKeyDer<'static>,
     ) -> Result<Self, SvidError> {
         let leaf = chain.first().ok_or(SvidError::EmptyChain)?;
-        let spiffe_id = peer::spiffe_id_from_chain(&chain)?;
+        let spiffe_id = transport::spiffe_id_from_chain(&chain)?;
         let not_after = not_after(leaf).map_err(|reason| SvidError::Certificate {
             what: format!("leaf of {}", spiffe_id.as_str()),
             reason,

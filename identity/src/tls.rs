@@ -19,9 +19,9 @@ use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
 use tokio::sync::watch;
 
 use crate::id::{SpiffeId, TrustDomain};
-use crate::peer::{self, PeerError};
 use crate::source::SvidSource;
 use crate::svid::SvidState;
+use crate::transport::{self, PeerError};
 
 /// Which peer SPIFFE IDs a configuration accepts (after the chain has verified).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -275,7 +275,7 @@ impl SpiffeVerifier {
         intermediates: &[CertificateDer<'_>],
         now: UnixTime,
     ) -> Result<SpiffeId, TlsError> {
-        let id = peer::spiffe_id_from_chain(std::slice::from_ref(end_entity))?;
+        let id = transport::spiffe_id_from_chain(std::slice::from_ref(end_entity))?;
         let td = id.trust_domain();
         let roots = self
             .rx

@@ -159,7 +159,7 @@ impl Authenticator {
                         Status::permission_denied(e.to_string()),
                     )
                 })?;
-                argocd_agent_identity::peer::verified_peer(req)
+                argocd_agent_identity::transport::verified_peer(req)
                     .map(|peer| Caller {
                         client: ClientIdentity::Spiffe(peer.id.clone()),
                         peer: Some(peer.clone()),

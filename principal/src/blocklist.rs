@@ -52,7 +52,7 @@ pub fn normalize_fingerprint(f: &str) -> String {
         .collect()
 }
 
-pub use argocd_agent_identity::peer::fingerprint;
+pub use argocd_agent_identity::transport::fingerprint;
 
 impl Blocklist {
     /// The list a ConfigMap holds (none: empty).

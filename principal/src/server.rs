@@ -44,7 +44,7 @@ impl EventStream for EventStreamService {
                 .map(|p| p.remote_addr)
                 .or_else(|| request.remote_addr()),
             svid_expiry: peer
-                .and_then(|p| argocd_agent_identity::peer::not_after_from_chain(&p.chain)),
+                .and_then(|p| argocd_agent_identity::transport::not_after_from_chain(&p.chain)),
             fingerprint: caller.fingerprint().map(str::to_owned),
             ..SessionInfo::default()
         };

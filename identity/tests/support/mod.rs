@@ -8,10 +8,10 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use argocd_agent_identity::peer::{peer_certs, peer_spiffe_id};
 use argocd_agent_identity::source::WorkloadApiOptions;
 use argocd_agent_identity::tls::{PeerPolicy, client_config, server_config};
 use argocd_agent_identity::transport::{ChannelOptions, connect, tls_incoming};
+use argocd_agent_identity::transport::{peer_certs, peer_spiffe_id};
 use argocd_agent_identity::{SpiffeId, SvidSource, TrustDomain};
 use argocd_agent_proto::cloudevents::CloudEvent;
 use argocd_agent_proto::eventstream::event_stream_server::{EventStream, EventStreamServer};
