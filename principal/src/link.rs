@@ -17,6 +17,7 @@ const ENQUEUE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The request side of one agent session.
 pub struct AgentLink {
+    /// The session the link belongs to: a link of an ended session is never used again.
     pub session_id: u64,
     /// Boxed: a channel allocates its first block of slots up front (see session.rs).
     outbound: mpsc::Sender<Box<Event>>,
