@@ -35,15 +35,21 @@ pub enum AdminAccess {
     Local,
     /// The agent listener: authenticated callers whose SPIFFE ID has an admin rule.
     Rules {
+        /// Identifies the caller as for an agent stream (client SVID, JWT-SVID or header).
         auth: Authenticator,
+        /// The mapping rules; the caller's SPIFFE ID must match one with `role: admin`.
         rules: Arc<LiveRules>,
     },
 }
 
 /// `Admin` implementation over the hub's agent registry.
 pub struct AdminService {
+    /// The agents the calls list, inspect and disconnect (and the blocklist callers are
+    /// checked against).
     pub sessions: Arc<Sessions>,
+    /// Where refused calls are counted (`argocd_principal_auth_failures_total`).
     pub metrics: Metrics,
+    /// Who may call on this listener.
     pub access: AdminAccess,
 }
 

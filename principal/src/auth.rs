@@ -52,14 +52,18 @@ pub enum Authenticator {
     Mtls,
     /// A header set by a trusted sidecar/proxy, on a plaintext loopback listener.
     Header {
+        /// Which header carries the identity, and how it is read.
         auth: Arc<HeaderAuth>,
+        /// Which peers may set the header (loopback, plus any trusted proxies).
         policy: Arc<HeaderListenerPolicy>,
     },
     /// A JWT-SVID bearer token whose audience is the principal's SPIFFE ID, validated
     /// against the JWT bundles of the principal's own Workload API (for ingresses that
     /// terminate TLS and cannot forward client certificates).
     Jwt {
+        /// Checks a token's signature and expiry against the Workload API's JWT bundles.
         validator: Arc<JwtValidator>,
+        /// The audience a token must carry (the principal's own SPIFFE ID by default).
         audience: SpiffeId,
     },
 }
@@ -67,7 +71,9 @@ pub enum Authenticator {
 /// A refused caller: the gRPC status to answer and a stable reason for the metric.
 #[derive(Debug)]
 pub struct AuthFailure {
+    /// What the caller is answered (`UNAUTHENTICATED` or `PERMISSION_DENIED`).
     pub status: Status,
+    /// One of [`crate::metrics::AUTH_FAILURE_REASONS`].
     pub reason: &'static str,
 }
 
@@ -79,7 +85,9 @@ impl AuthFailure {
 
 /// What the listener needs: the authenticator and, for mTLS, the principal's SVID source.
 pub struct ListenerAuth {
+    /// How each request's caller is identified.
     pub authenticator: Authenticator,
+    /// The principal's own SVID, to serve TLS with (mTLS only; `None` otherwise).
     pub svid: Option<SvidSource>,
 }
 

@@ -24,9 +24,12 @@ use kube::api::DynamicObject;
 
 /// Name of the ConfigMap.
 pub const CONFIGMAP: &str = "argocd-agent-blocklist";
-/// Data keys.
+/// Data key of the exact SPIFFE IDs, one per line.
 pub const IDS: &str = "ids";
+/// Data key of the SPIFFE ID prefixes, one per line (`starts_with`, no wildcards).
 pub const PREFIXES: &str = "prefixes";
+/// Data key of the client certificates' SHA-256 fingerprints (of the DER), one per line;
+/// hex in any case, `:` separators allowed.
 pub const FINGERPRINTS: &str = "fingerprints";
 
 /// The parsed list.
@@ -101,6 +104,7 @@ impl Blocklist {
 pub struct LiveBlocklist(RwLock<Arc<Blocklist>>);
 
 impl LiveBlocklist {
+    /// The list in force now (a snapshot: later changes do not alter it).
     pub fn current(&self) -> Arc<Blocklist> {
         self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
     }

@@ -30,7 +30,9 @@ pub const DEFAULT_SERVER_TEMPLATE: &str =
 /// The connection state of an agent's cluster.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Connection {
+    /// The agent has an open session.
     Successful,
+    /// The agent has no session; the message says why (shown by Argo CD).
     Failed(String),
 }
 
@@ -79,6 +81,9 @@ pub struct ClusterInfoWriter {
 }
 
 impl ClusterInfoWriter {
+    /// A writer to the Redis at `endpoint`, compressing documents as Argo CD reads them
+    /// (`compression`); `server_template` gives each agent's server URL, with
+    /// [`AGENT_PLACEHOLDER`] replaced by the agent's name.
     pub fn new(
         endpoint: RedisEndpoint,
         compression: Compression,

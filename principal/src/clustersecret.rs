@@ -46,8 +46,11 @@ pub fn secret_name(agent: &AgentName) -> String {
 /// What [`ClusterSecrets::ensure`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ensured {
+    /// There was no secret for the agent; ours was created.
     Created,
+    /// Our secret was rewritten: fresh token, current CA data and server URL.
     Renewed,
+    /// Our secret needed nothing (or another replica created it meanwhile).
     Current,
     /// Someone else's secret for this agent exists.
     LeftAlone,
@@ -90,6 +93,8 @@ fn field(s: &Secret, key: &str) -> Option<String> {
 }
 
 impl ClusterSecrets {
+    /// Keeps cluster secrets in `namespace` (the Argo CD namespace), with tokens minted by
+    /// `keys` for the proxy `config` describes and the CA data following `ca_pem`.
     pub fn new(
         client: kube::Client,
         namespace: &str,

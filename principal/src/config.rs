@@ -16,19 +16,27 @@ use argocd_agent_mesh::guard::HeaderListenerPolicy;
 pub enum AuthConfig {
     /// SVID mutual TLS on the listener.
     Mtls {
+        /// Where the principal's own X.509-SVID (served to agents) comes from.
         svid: SvidConfig,
+        /// Client SVIDs are accepted only from these trust domains (empty: any trust domain
+        /// the principal has a bundle for).
         trust_domains: Vec<TrustDomain>,
     },
     /// Identity forwarded by a mesh sidecar in a header, on a plaintext loopback listener.
     Header {
+        /// The `--auth` value naming the header: `header:istio`, `header:envoy`,
+        /// `header:linkerd` or `header:<name>:<regex>`; checked at start.
         auth: String,
+        /// Which peers may send the header, and whether a non-loopback listener is allowed.
         policy: HeaderListenerPolicy,
     },
     /// JWT-SVID bearer tokens (audience = `audience`, or the principal's own X.509-SVID ID),
     /// validated against the JWT bundles from the Workload API at `endpoint`. The listener is
     /// plaintext: TLS is terminated by the ingress in front of it.
     Jwt {
+        /// The Workload API's address (`None`: `SPIFFE_ENDPOINT_SOCKET`).
         endpoint: Option<String>,
+        /// The audience tokens must carry (`None`: the principal's own X.509-SVID ID).
         audience: Option<argocd_agent_identity::SpiffeId>,
     },
 }
@@ -79,11 +87,19 @@ pub const DEFAULT_ADMIN_ADDRESS: &str = "127.0.0.1:8001";
 /// Principal configuration.
 #[derive(Debug, Clone)]
 pub struct PrincipalConfig {
+    /// The agents' gRPC listener (default `0.0.0.0:8443`; port 0 picks a free one).
     pub listen: SocketAddr,
+    /// How agents (and admin callers on the agent listener) authenticate (default: SVID
+    /// mTLS from the Workload API).
     pub auth: AuthConfig,
+    /// The identity mapping rules file (YAML), reloaded live.
     pub rules_file: Option<PathBuf>,
+    /// Extra mapping rules, one per entry, evaluated after the file's. With neither rules
+    /// nor a file every agent is refused.
     pub rules: Vec<String>,
+    /// How often the rules file is read for changes (default 250 ms).
     pub rules_poll: Duration,
+    /// How to reach the hub's Kubernetes API.
     pub kube: ClientOptions,
     /// Restricts which hub objects (of every kind) are watched.
     pub label_selector: Option<String>,
@@ -95,15 +111,23 @@ pub struct PrincipalConfig {
     pub destination_based_mapping: bool,
     /// Agents that get their own label value in per-agent metrics; later ones share `other`.
     pub metrics_max_agent_labels: usize,
+    /// Create an agent's hub namespace when it first connects (default off).
     pub create_namespace: bool,
+    /// Labels put on the namespaces created for agents.
     pub namespace_labels: BTreeMap<String, String>,
+    /// Where `/metrics`, `/healthz` and `/readyz` are served (default `0.0.0.0:8000`;
+    /// `None` turns the listener off).
     pub metrics_listen: Option<SocketAddr>,
     /// An extra listener for `/healthz` and `/readyz` only (upstream's `--healthz-port`);
     /// both are always served on the metrics listener too.
     pub healthz_listen: Option<SocketAddr>,
     /// The operator API's listener (`--admin-address`); `None` turns it off.
     pub admin_listen: Option<AdminAddress>,
+    /// The largest gRPC message sent or received on the agent listener, in bytes (default
+    /// 4 MiB).
     pub max_message_size: usize,
+    /// Each agent's outbound queue: pending resource keys, unacknowledged events and the
+    /// resend backoff.
     pub queue: QueueLimits,
     /// Each agent's inbound event rate limit (`--agent-event-rate`, `--agent-event-burst`).
     pub event_rate: crate::ratelimit::EventRate,

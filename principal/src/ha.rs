@@ -85,7 +85,11 @@ pub struct HaConfig {
     /// This replica's name (`--replica-id`, default the pod name from `POD_NAME` or the
     /// host name); a DNS label.
     pub replica: String,
+    /// Lifetime of the replica Lease (`--replica-lease-duration`, default 10 s, at least
+    /// 1 s): renewed every fifth of it; a replica not seen renewing for this long is dead.
     pub replica_lease_duration: Duration,
+    /// Lifetime of an agent Lease (`--agent-lease-duration`, default 15 min, not shorter
+    /// than the replica Lease's): renewed between a third and two thirds of it.
     pub agent_lease_duration: Duration,
     /// Even the load out across live replicas.
     pub rebalance: bool,
@@ -93,10 +97,12 @@ pub struct HaConfig {
     pub rebalance_slack: usize,
     /// How often a replica compares its share (sheds at most `rebalance_batch` per round).
     pub rebalance_interval: Duration,
+    /// Sessions shed per rebalance round at most (default 10).
     pub rebalance_batch: usize,
     /// Client-side limit of Lease requests per second (their own budget, apart from
     /// `--kube-qps`: a reconnect storm is one Lease write per agent).
     pub lease_qps: f32,
+    /// Lease requests allowed at once above `lease_qps` (`--lease-burst`).
     pub lease_burst: u32,
 }
 
@@ -167,15 +173,22 @@ pub fn default_replica_id() -> String {
 /// What a Lease says, read from its `spec`.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct LeaseView {
+    /// `holderIdentity` (`<replica>_<incarnation>`); `None` when empty: nobody holds it.
     pub holder: Option<String>,
+    /// `renewTime`, by the writer's clock.
     pub renewed: Option<jiff::Timestamp>,
+    /// `leaseDurationSeconds`.
     pub duration: Option<Duration>,
+    /// `leaseTransitions`: how many times the holder changed (0 when unset).
     pub transitions: i32,
+    /// The holder identity asking for the Lease ([`TAKEOVER_ANNOTATION`]), when set.
     pub takeover: Option<String>,
+    /// `metadata.resourceVersion`, when it is a number.
     pub resource_version: Option<u64>,
 }
 
 impl LeaseView {
+    /// Reads the Lease `obj` (missing or malformed fields read as unset).
     pub fn of(obj: &DynamicObject) -> LeaseView {
         let spec: LeaseSpec = obj
             .data
@@ -370,6 +383,7 @@ impl Drop for LeaseGuard {
 pub struct Shares {
     /// Live replicas' holder identities -> agents each holds.
     pub held: HashMap<String, usize>,
+    /// Agents per live replica, rounded up (`usize::MAX` with no live replica).
     pub fair: usize,
 }
 

@@ -36,6 +36,7 @@ pub struct Hub {
     pub apps: Applications,
     /// AppProjects, repositories and GPG keys.
     pub config: ConfigRouter,
+    /// The principal's metrics, shared by every session and worker.
     pub metrics: Metrics,
     /// Destination-based mapping: a managed agent's Applications are those whose
     /// `spec.destination.name` names it, in any hub namespace.
@@ -51,21 +52,32 @@ pub struct Hub {
 
 /// Everything [`Hub::new`] needs.
 pub struct HubParts {
+    /// CloudEvents `source` of events we send (our SPIFFE ID when we have one).
     pub source: String,
+    /// Writes the hub's Applications.
     pub apps: Resources,
+    /// Creates agents' hub namespaces (with `create_namespace`).
     pub namespaces: Resources,
+    /// The hub's Applications, watched.
     pub cache: Cache,
+    /// The principal's metrics.
     pub metrics: Metrics,
     /// The agents and their sessions.
     pub sessions: Arc<Sessions>,
+    /// Create an agent's hub namespace when it first connects.
     pub create_namespace: bool,
     /// The hub's namespaces (watched when `create_namespace` is set): a namespace known to
     /// exist costs no API call on connect.
     pub namespace_cache: Option<Cache>,
+    /// Labels put on the namespaces created for agents.
     pub namespace_labels: BTreeMap<String, String>,
+    /// AppProjects, repositories and GPG keys: their clients and caches.
     pub config: ConfigObjects,
+    /// Destination-based mapping (see [`Hub::by_destination`]).
     pub by_destination: bool,
+    /// Where the per-agent workers run; drained on shutdown.
     pub tasks: TaskTracker,
+    /// Stops the per-agent workers.
     pub shutdown: CancellationToken,
 }
 

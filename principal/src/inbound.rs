@@ -18,7 +18,9 @@ pub use crate::objects::OwnerRecord;
 pub enum Command {
     /// Write the hub copy's `.status` (the object must exist on the hub).
     WriteStatus {
+        /// The object, as the event names it.
         resource: ResourceRef,
+        /// The agent's `.status`, written as is (`null` when the payload has none).
         status: Value,
         /// The hub UID the agent's copy was made from (managed copies), when the agent
         /// says: a status of a copy of an earlier hub object of the same name is stale.
@@ -29,13 +31,21 @@ pub enum Command {
     },
     /// Create or update the hub copy from the agent's object (autonomous agents).
     Upsert {
+        /// The object, as the event names it.
         resource: ResourceRef,
+        /// The agent's whole object, as sent.
         object: Arc<Value>,
     },
     /// Delete the hub copy (autonomous agents).
-    Delete { resource: ResourceRef },
+    Delete {
+        /// The object to delete, as the event names it.
+        resource: ResourceRef,
+    },
     /// Queue the hub's current copy (or a delete) for the agent again.
-    ResendCurrent { resource: ResourceRef },
+    ResendCurrent {
+        /// The object the agent asked for.
+        resource: ResourceRef,
+    },
 }
 
 /// How the object an event names is tied to an agent.

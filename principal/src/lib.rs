@@ -8,6 +8,7 @@
 //! [`inbound::decide`] and applied by [`hub::Hub::apply`]; hub changes reach agents through
 //! [`apps::Applications::route`] and one worker per agent.
 #![forbid(unsafe_code)]
+#![deny(missing_docs)]
 
 pub mod admin;
 pub mod apps;
@@ -48,7 +49,9 @@ pub use error::{ApplyError, PrincipalError};
 
 /// A started principal.
 pub struct Running {
+    /// Where the agents' gRPC listener is bound (the actual port when `:0` was asked for).
     pub addr: SocketAddr,
+    /// Where `/metrics`, `/healthz` and `/readyz` are served (`None`: turned off).
     pub metrics_addr: Option<SocketAddr>,
     /// Where the operator API listens (`None`: turned off).
     pub admin_addr: Option<config::AdminAddress>,
@@ -56,6 +59,7 @@ pub struct Running {
     pub redis_proxy_addr: Option<SocketAddr>,
     /// Where the resource proxy listens (`None`: turned off).
     pub resource_proxy_addr: Option<SocketAddr>,
+    /// The hub state every session reads and writes through.
     pub hub: Arc<Hub>,
     tasks: TaskTracker,
     done: tokio::task::JoinHandle<Result<(), PrincipalError>>,

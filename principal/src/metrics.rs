@@ -13,33 +13,48 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+/// Labels of `principal_events_received_total` and `principal_events_sent_total`, as
+/// upstream.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct EventLabels {
+    /// The agent (bounded, see [`AgentLabels`]).
     pub agent: String,
+    /// The event type's verb: `create`, `spec-update`, `status-update`, `ping`, ...
     pub r#type: String,
 }
 
+/// Labels of the counters by reason alone: `argocd_principal_auth_failures_total` (one of
+/// [`AUTH_FAILURE_REASONS`]) and `argocd_principal_sessions_deferred_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
+    /// Why the stream, call or session was refused or deferred.
     pub reason: String,
 }
 
+/// Labels of `argocd_principal_events_refused_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct AgentReasonLabels {
+    /// The agent that sent the event (bounded, see [`AgentLabels`]).
     pub agent: String,
+    /// One of [`REFUSAL_REASONS`].
     pub reason: String,
 }
 
+/// Labels of `argocd_principal_agent_connections_total`, as upstream.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct AgentNameLabels {
+    /// The agent (bounded, see [`AgentLabels`]).
     pub agent_name: String,
 }
 
 /// Labels of `principal_event_processing_time`, as upstream.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ProcessingLabels {
+    /// `success`, or `failure` when the event was answered with an error event.
     pub status: String,
+    /// The agent that sent the event (bounded, see [`AgentLabels`]).
     pub agent_name: String,
+    /// The kind the event is about: `Application`, `AppProject`, `Repository`, `GPGKeys`.
     pub resource_type: String,
 }
 
@@ -85,8 +100,10 @@ pub struct LeaseWriteLabels {
     pub result: String,
 }
 
+/// Labels of `argocd_principal_resync_duration_seconds`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ModeLabels {
+    /// The agent's mode: `managed` or `autonomous`.
     pub mode: String,
 }
 
@@ -94,8 +111,11 @@ pub struct ModeLabels {
 /// (`principal_applications_created`, ...).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum HubWrite {
+    /// An object created (`principal_<kind>_created`).
     Created,
+    /// An object updated (`principal_<kind>_updated`).
     Updated,
+    /// An object deleted (`principal_<kind>_deleted`).
     Deleted,
 }
 
@@ -266,6 +286,7 @@ fn hub_write_counters(r: &mut Registry) -> HashMap<(ResourceKind, HubWrite), Cou
 }
 
 impl Metrics {
+    /// Metrics whose per-agent labels are limited to [`DEFAULT_MAX_AGENT_LABELS`] agents.
     pub fn new() -> Metrics {
         Self::with_agent_label_limit(DEFAULT_MAX_AGENT_LABELS)
     }
@@ -530,6 +551,7 @@ impl Metrics {
         self.agent_labels.label(agent)
     }
 
+    /// Counts an inbound event of `agent` refused for `reason` (one of [`REFUSAL_REASONS`]).
     pub fn refused(&self, agent: &argocd_agent_domain::AgentName, reason: &str) {
         self.events_refused
             .get_or_create(&AgentReasonLabels {
@@ -539,6 +561,8 @@ impl Metrics {
             .inc();
     }
 
+    /// Counts a stream, tunnel, admin call or connection refused for `reason` (one of
+    /// [`AUTH_FAILURE_REASONS`]).
     pub fn auth_failed(&self, reason: &str) {
         self.auth_failures
             .get_or_create(&ReasonLabels {
@@ -615,7 +639,9 @@ impl Metrics {
 /// principal has an unexpired SVID to serve handshakes with.
 #[derive(Clone)]
 pub struct Readiness {
+    /// `true` once the hub watches have listed.
     pub synced: tokio::sync::watch::Receiver<bool>,
+    /// The serving SVID (SVID mTLS only): not ready while it is missing or expired.
     pub svid: Option<argocd_agent_identity::source::SvidSource>,
     /// The optional features' own checks (replicas: the replica Lease must be fresh).
     pub checks: Vec<argocd_agent_runtime::health::Probe>,

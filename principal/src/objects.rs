@@ -52,8 +52,11 @@ pub struct ConfigObjects {
     /// Agents map to Applications by hub namespace (the default); `false` with
     /// destination-based mapping, where `sourceNamespaces` does not route projects.
     pub by_namespace: bool,
+    /// The AppProjects in Argo CD's namespace, watched.
     pub projects: Cache,
+    /// The repository Secrets in Argo CD's namespace ([`REPOSITORY_SELECTOR`]), watched.
     pub repositories: Cache,
+    /// The ConfigMaps in Argo CD's namespace, watched ([`GPG_KEYS_CONFIGMAP`] among them).
     pub gpg_keys: Cache,
     /// Writes AppProjects (autonomous agents' hub copies).
     pub project_writer: Resources,

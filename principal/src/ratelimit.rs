@@ -24,7 +24,9 @@ const LOG_INTERVAL: Duration = Duration::from_secs(1);
 /// The limit: `rate` events per second with bursts of `burst`; a rate of 0 turns it off.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct EventRate {
+    /// Events per second refilled into the bucket (0, negative or not finite: no limit).
     pub rate: f64,
+    /// Size of the bucket: events accepted at once above the rate (0 counts as 1).
     pub burst: u32,
 }
 
@@ -44,6 +46,7 @@ impl EventRate {
         burst: 0,
     };
 
+    /// Whether this limit refuses nothing (`rate` is 0, negative or not finite).
     pub fn is_unlimited(&self) -> bool {
         self.rate <= 0.0 || !self.rate.is_finite()
     }
@@ -70,9 +73,12 @@ pub fn is_limited(ty: EventType) -> bool {
 pub enum Verdict {
     /// Within the limit.
     Allowed,
-    /// Over the limit. `log` is `Some(n)` when a log line is due now: `n` events were
-    /// refused since the last line (this one included).
-    Refused { log: Option<u64> },
+    /// Over the limit.
+    Refused {
+        /// `Some(n)` when a log line is due now (at most one per second): `n` events were
+        /// refused since the last line (this one included).
+        log: Option<u64>,
+    },
 }
 
 /// One agent's bucket. Starts full.
@@ -86,6 +92,7 @@ pub struct EventLimiter {
 }
 
 impl EventLimiter {
+    /// A full bucket for `limit`, as of `now`.
     pub fn new(limit: EventRate, now: Instant) -> Self {
         EventLimiter {
             limit,
@@ -96,6 +103,7 @@ impl EventLimiter {
         }
     }
 
+    /// The limit this bucket enforces.
     pub fn limit(&self) -> EventRate {
         self.limit
     }

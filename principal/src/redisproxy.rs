@@ -93,6 +93,7 @@ pub struct RedisProxyConfig {
     /// Redis), in all and from one client address; they never take the places of
     /// authenticated ones.
     pub max_unauthenticated: usize,
+    /// Of `max_unauthenticated`, how many one client address may hold (default 16).
     pub max_unauthenticated_per_client: usize,
     /// The hub Argo CD's Redis compression (for the cluster info the principal writes).
     pub compression: argocd_agent_redis::clusterinfo::Compression,

@@ -18,8 +18,11 @@ use crate::sessions::{SessionInfo, Sessions};
 
 /// `EventStream` implementation.
 pub struct EventStreamService {
+    /// Where each accepted stream's session runs.
     pub sessions: SessionContext,
+    /// The mapping rules that make a caller an agent.
     pub rules: Arc<LiveRules>,
+    /// Identifies each stream's caller.
     pub auth: Authenticator,
 }
 

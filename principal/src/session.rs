@@ -68,9 +68,14 @@ const MAX_ECHOED_ID: usize = 256;
 /// Where a session runs: the hub, the task tracker it is drained with, and its limits.
 #[derive(Clone)]
 pub struct SessionContext {
+    /// The hub the sessions read and write through.
     pub hub: Arc<Hub>,
+    /// Where sessions' tasks run (drained on shutdown).
     pub tasks: TaskTracker,
+    /// Ends every session (the agent is told the principal is shutting down).
     pub shutdown: CancellationToken,
+    /// A session whose agent sends nothing, or accepts no outbound event, for this long is
+    /// closed.
     pub idle_timeout: Duration,
     /// How long an agent may take to send its hello.
     pub hello_timeout: Duration,

@@ -96,6 +96,7 @@ pub(crate) struct AgentInner {
 /// What is known about an agent's current (or last) session, for the operator API.
 #[derive(Debug, Clone, Default)]
 pub struct SessionInfo {
+    /// When the session was accepted (after its hello); `None` before the first one.
     pub connected_since: Option<std::time::SystemTime>,
     /// The peer address (the sidecar's or the ingress's when one sits in front).
     pub remote_addr: Option<std::net::SocketAddr>,

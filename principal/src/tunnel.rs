@@ -30,14 +30,21 @@ const TERMINAL_BUFFER: usize = 64;
 /// A log stream the agent opened: its first message and the rest. Dropping (or sending on)
 /// `closed` answers the agent's call, which ends its side.
 pub struct LogTunnel {
+    /// The first message: the `log-request` it answers, and the HTTP status, content type
+    /// and body of the log request on the agent's cluster (anything but 200 ends the log).
     pub start: LogStart,
+    /// The messages after `start` (log data, then the end).
     pub stream: Streaming<LogMessage>,
+    /// Ends the agent's `Tunnel.Logs` call when sent on or dropped.
     pub closed: oneshot::Sender<()>,
 }
 
 /// An exec session the agent opened: frames from it, and the sender of frames to it.
 pub struct TerminalTunnel {
+    /// The agent's frames after the first (which named the session), by channel as on the
+    /// Kubernetes exec WebSocket.
     pub stream: Streaming<TerminalFrame>,
+    /// Frames to the agent (stdin, resize, close); dropping it ends the agent's call.
     pub to_agent: mpsc::Sender<Result<TerminalFrame, Status>>,
 }
 
@@ -97,7 +104,10 @@ pub enum AttachError {
     /// No request with that id waits (finished, timed out, already attached, never sent).
     Unknown,
     /// The id was sent to another agent.
-    WrongAgent { expected: AgentName },
+    WrongAgent {
+        /// The agent the request was sent to.
+        expected: AgentName,
+    },
 }
 
 impl Tunnels {
@@ -166,11 +176,15 @@ impl Tunnels {
 
 /// `Tunnel` implementation.
 pub struct TunnelService {
+    /// The requests waiting for their agent's stream.
     pub tunnels: Arc<Tunnels>,
+    /// The mapping rules that make a caller an agent (as on the event stream).
     pub rules: Arc<LiveRules>,
+    /// Identifies each stream's caller.
     pub auth: Authenticator,
     /// The agents (and the blocklist).
     pub sessions: Arc<crate::sessions::Sessions>,
+    /// Where refused streams are counted (`argocd_principal_auth_failures_total`).
     pub metrics: crate::metrics::Metrics,
 }
 

@@ -155,6 +155,7 @@ pub struct Applications {
     pub apps: Resources,
     /// The hub's Applications, watched.
     pub cache: Cache,
+    /// Where hub writes, write errors and queued events are counted.
     pub metrics: Metrics,
     /// Destination-based mapping: a managed agent's Applications are those whose
     /// `spec.destination.name` names it, in any hub namespace.

@@ -43,10 +43,13 @@ const BACKDATE: Duration = Duration::from_secs(300);
 /// Why a token was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TokenError {
+    /// Not of the form `rp1.<payload>.<tag>`, not decodable, or naming no valid agent.
     #[error("not a resource proxy token")]
     Malformed,
+    /// The tag is not the payload's HMAC under this principal's key.
     #[error("the token's signature does not verify")]
     BadSignature,
+    /// Its `exp` has passed.
     #[error("the token expired")]
     Expired,
 }
@@ -54,8 +57,11 @@ pub enum TokenError {
 /// Failures making or loading the keys.
 #[derive(Debug, thiserror::Error)]
 pub enum KeyError {
+    /// A key or certificate could not be made, or the stored data is missing or unusable
+    /// (the message says which).
     #[error("resource proxy keys: {0}")]
     Invalid(String),
+    /// Reading or creating the hub Secret [`SECRET_NAME`] failed.
     #[error("resource proxy keys: hub Secret {SECRET_NAME}: {0}")]
     Kube(#[from] kube::Error),
 }
@@ -70,7 +76,9 @@ struct Claims {
 /// A minted token and when it expires.
 #[derive(Debug, Clone)]
 pub struct Token {
+    /// The bearer token, `rp1.<payload>.<tag>`.
     pub value: String,
+    /// Its `exp`: refused from this instant (whole seconds).
     pub expires: SystemTime,
 }
 

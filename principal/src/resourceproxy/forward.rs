@@ -159,6 +159,7 @@ pub(crate) fn outbound_headers(
 
 /// Forwards requests to the replica serving their agent.
 pub struct Forwarder {
+    /// Which replica serves each agent, and the resource proxy URL each replica publishes.
     pub leases: Arc<Leases>,
     /// The CA clients trust for the proxy (the same for every replica).
     ca_pem: watch::Receiver<String>,
@@ -180,6 +181,8 @@ struct TlsConfigs {
 }
 
 impl Forwarder {
+    /// Forwards to replicas found through `leases`, trusting `ca_pem`; a replica has
+    /// `answer_timeout` to send a response head (502 after).
     pub fn new(
         leases: Arc<Leases>,
         ca_pem: watch::Receiver<String>,

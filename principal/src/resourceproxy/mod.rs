@@ -60,6 +60,7 @@ pub const AGENT_PREFIX: &str = "/agents/";
 /// Resource proxy settings.
 #[derive(Debug, Clone)]
 pub struct ResourceProxyConfig {
+    /// Where the proxy listens (upstream's default: [`DEFAULT_ADDRESS`]).
     pub listen: SocketAddr,
     /// Base URL clients reach the proxy at (cluster secrets hold `<url>/agents/<agent>`).
     pub url: String,
@@ -68,6 +69,7 @@ pub struct ResourceProxyConfig {
     pub replica_url: String,
     /// Names of the issued serving certificate (DNS names or IPs); the URL's host is added.
     pub hostnames: Vec<String>,
+    /// Which certificate the proxy serves (default [`tls::ServingMode::Auto`]).
     pub tls: tls::ServingMode,
     /// Lifetime of an issued serving certificate.
     pub cert_lifetime: Duration,
@@ -315,11 +317,15 @@ enum Pending {
 pub struct Proxy {
     /// The agents and their request links.
     pub sessions: Arc<Sessions>,
+    /// Where answers, forwarded requests and refused tokens are counted.
     pub metrics: Metrics,
     /// CloudEvents `source` of our requests.
     pub source: String,
+    /// Verifies the bearer tokens of requests (those of the agents' cluster secrets).
     pub keys: Arc<ProxyKeys>,
+    /// The log and terminal tunnels agents open back to the principal.
     pub tunnels: Arc<Tunnels>,
+    /// The proxy's settings.
     pub config: ResourceProxyConfig,
     /// With replicas: forwards requests for agents served elsewhere.
     pub forwarder: Option<forward::Forwarder>,
@@ -337,17 +343,26 @@ pub(crate) struct Admitted {
 
 /// Everything [`Proxy::new`] needs.
 pub struct ProxyParts {
+    /// See [`Proxy::sessions`].
     pub sessions: Arc<Sessions>,
+    /// See [`Proxy::metrics`].
     pub metrics: Metrics,
+    /// See [`Proxy::source`].
     pub source: String,
+    /// See [`Proxy::keys`].
     pub keys: Arc<ProxyKeys>,
+    /// See [`Proxy::tunnels`].
     pub tunnels: Arc<Tunnels>,
+    /// See [`Proxy::config`].
     pub config: ResourceProxyConfig,
+    /// See [`Proxy::forwarder`].
     pub forwarder: Option<forward::Forwarder>,
+    /// See [`Proxy::tasks`].
     pub tasks: TaskTracker,
 }
 
 impl Proxy {
+    /// The proxy's state, with no agent's requests counted yet.
     pub fn new(parts: ProxyParts) -> Arc<Proxy> {
         let ProxyParts {
             sessions,

@@ -102,7 +102,10 @@ fn bundle_pem(state: &SvidState) -> String {
 
 /// What serves TLS, and the CA data clients must trust (follows rotation).
 pub struct Serving {
+    /// The certificate served at each handshake (renewed or rotated in place).
     pub cert: Arc<ServingCert>,
+    /// PEM of the CA clients must trust: the trust domain's bundle (`svid`) or the
+    /// principal's resource proxy CA (`issued`); cluster secrets' CA data follows it.
     pub ca_pem: watch::Receiver<String>,
     /// `svid` or `issued`.
     pub mode: &'static str,
