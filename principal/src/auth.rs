@@ -182,47 +182,7 @@ impl Authenticator {
             Authenticator::Jwt {
                 validator,
                 audience,
-            } => {
-                // As on the mTLS listener: the identity comes from the token, so a forwarded
-                // identity header is an ingress/mesh misconfiguration or an attempt to be
-                // taken for someone else; refuse it visibly rather than ignore it.
-                if let Some(name) = argocd_agent_mesh::IDENTITY_HEADERS
-                    .iter()
-                    .find(|name| headers.contains_key(**name))
-                {
-                    return Err(AuthFailure::new(
-                        "IdentityHeaderOnJwt",
-                        Status::permission_denied(format!(
-                            "request on the JWT-SVID listener carries identity header {name}; identity headers are only accepted on the header-auth listener behind a mesh proxy"
-                        )),
-                    ));
-                }
-                // Which of several tokens an intermediary added or checked is unknowable.
-                let count = headers.get_all(http::header::AUTHORIZATION).iter().count();
-                if count > 1 {
-                    return Err(AuthFailure::new(
-                        "InvalidToken",
-                        Status::unauthenticated(format!(
-                            "request has {count} authorization headers; exactly one is accepted"
-                        )),
-                    ));
-                }
-                let token = bearer_token(&headers).ok_or_else(|| {
-                    AuthFailure::new(
-                        "NoToken",
-                        Status::unauthenticated("missing authorization: Bearer <JWT-SVID>"),
-                    )
-                })?;
-                validator
-                    .validate(token, audience)
-                    .map(|id| ClientIdentity::Spiffe(id).into())
-                    .map_err(|e| {
-                        AuthFailure::new(
-                            "InvalidToken",
-                            Status::unauthenticated(format!("JWT-SVID refused: {e}")),
-                        )
-                    })
-            }
+            } => identify_jwt(&headers, validator, audience),
             Authenticator::Header { auth, policy } => {
                 guard::check_peer(req.remote_addr(), policy).map_err(|e| {
                     AuthFailure::new("UntrustedProxy", Status::permission_denied(e.to_string()))
@@ -238,6 +198,54 @@ impl Authenticator {
             }
         }
     }
+}
+
+/// The caller of a request on the JWT-SVID listener: exactly one bearer token, valid for
+/// `audience`, and no identity header (which only the header listener accepts).
+fn identify_jwt(
+    headers: &http::HeaderMap,
+    validator: &JwtValidator,
+    audience: &SpiffeId,
+) -> Result<Caller, AuthFailure> {
+    // As on the mTLS listener: the identity comes from the token, so a forwarded
+    // identity header is an ingress/mesh misconfiguration or an attempt to be
+    // taken for someone else; refuse it visibly rather than ignore it.
+    if let Some(name) = argocd_agent_mesh::IDENTITY_HEADERS
+        .iter()
+        .find(|name| headers.contains_key(**name))
+    {
+        return Err(AuthFailure::new(
+            "IdentityHeaderOnJwt",
+            Status::permission_denied(format!(
+                "request on the JWT-SVID listener carries identity header {name}; identity headers are only accepted on the header-auth listener behind a mesh proxy"
+            )),
+        ));
+    }
+    // Which of several tokens an intermediary added or checked is unknowable.
+    let count = headers.get_all(http::header::AUTHORIZATION).iter().count();
+    if count > 1 {
+        return Err(AuthFailure::new(
+            "InvalidToken",
+            Status::unauthenticated(format!(
+                "request has {count} authorization headers; exactly one is accepted"
+            )),
+        ));
+    }
+    let token = bearer_token(headers).ok_or_else(|| {
+        AuthFailure::new(
+            "NoToken",
+            Status::unauthenticated("missing authorization: Bearer <JWT-SVID>"),
+        )
+    })?;
+    validator
+        .validate(token, audience)
+        .map(|id| ClientIdentity::Spiffe(id).into())
+        .map_err(|e| {
+            AuthFailure::new(
+                "InvalidToken",
+                Status::unauthenticated(format!("JWT-SVID refused: {e}")),
+            )
+        })
 }
 
 /// The token of an `authorization: Bearer <token>` header (the scheme in any case, RFC 7235
