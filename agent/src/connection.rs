@@ -107,6 +107,9 @@ pub async fn run(
     // Answers to the principal's requests (Redis), sent beside the queue; the token ends
     // this connection's subscriptions.
     let (direct_tx, mut direct_rx) = mpsc::channel(OUTBOUND_BUFFER);
+    // Acknowledgements that wait for the spoke (deletes held by finalizers) go out here.
+    spoke.set_late_replies(Some(direct_tx.clone()));
+    let _no_late_replies = LateReplies(spoke);
     let requests = tokio_util::sync::CancellationToken::new();
     let _end_requests = requests.clone().drop_guard();
     let requests_in = Requests {
@@ -153,6 +156,15 @@ pub async fn run(
     }
     finish(tx, inbound).await;
     Ok(())
+}
+
+/// Clears the spoke's channel for late answers when the session ends, however it ends.
+struct LateReplies<'a>(&'a Spoke);
+
+impl Drop for LateReplies<'_> {
+    fn drop(&mut self) {
+        self.0.set_late_replies(None);
+    }
 }
 
 /// Draining done: ends our side of the stream, and waits (briefly) for the principal to

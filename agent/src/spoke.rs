@@ -13,7 +13,7 @@ use argocd_agent_domain::resync::Checksums;
 use argocd_agent_domain::{AgentMode, Namespace, ResourceKind};
 use argocd_agent_domain::{Event, EventType, Payload, ResourceRef, SendQueue};
 use argocd_agent_kubernetes::object::{self, is_being_deleted, spec_checksum, status_checksum};
-use argocd_agent_kubernetes::{Cache, Change, Known, Resources};
+use argocd_agent_kubernetes::{Cache, Change, DeleteOutcome, Known, Resources};
 use argocd_agent_proto::eventstream::{ResourceChecksum, ResyncState};
 use kube::api::DynamicObject;
 use serde_json::{Value, json};
@@ -48,6 +48,13 @@ struct SpokeInner {
     /// Managed: the hub's refresh request written on a local copy, by key, until the
     /// spoke's Argo CD removes it (then the principal is told, see [`REFRESHED_ANNOTATION`]).
     refresh_applied: HashMap<String, String>,
+    /// Managed: the principal's delete of a copy that finalizers hold (the spoke's Argo CD
+    /// is deleting its resources), by key: acknowledged only once the copy is gone, so the
+    /// hub Application stays "deleting" for as long as the spoke's does.
+    pending_deletes: HashMap<String, Event>,
+    /// Where answers that come later than their event go: the current session's direct
+    /// channel (`None` between sessions; the principal then sends the event again).
+    late_replies: Option<tokio::sync::mpsc::Sender<Event>>,
 }
 
 /// What a hello reported, kept until its welcome.
@@ -520,6 +527,9 @@ impl Spoke {
         {
             return;
         }
+        if deleted {
+            self.deleted_locally(&self.key_of(&obj));
+        }
         let span = tracing::info_span!(parent: None, "agent.local_change",
             source = %self.source,
             "object.kind" = ResourceKind::Application.as_str(),
@@ -683,17 +693,74 @@ impl Spoke {
         Ok(())
     }
 
-    async fn delete_local(&self, ns: &str, name: &str) -> Result<(), SpokeError> {
+    async fn delete_local(&self, ns: &str, name: &str) -> Result<DeleteOutcome, SpokeError> {
         match self
             .apps
             .delete(Some(ns), name)
             .instrument(spoke_write_span("delete", ns, name))
             .await
         {
-            Ok(_) => Ok(()),
-            Err(e) if e.is_not_found() => Ok(()),
+            Ok(outcome) => Ok(outcome),
+            Err(e) if e.is_not_found() => Ok(DeleteOutcome::NotFound),
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// Managed: deletes the copy of `resource` the principal asked to delete. Returns its
+    /// key when finalizers hold it (the spoke's Argo CD deletes its resources first).
+    async fn delete_copy(&self, resource: &ResourceRef) -> Result<Option<String>, SpokeError> {
+        let ns = self.local_namespace(resource);
+        let name = resource.name.as_str();
+        let key = if self.across_namespaces() {
+            format!("{ns}/{name}")
+        } else {
+            name.to_owned()
+        };
+        {
+            let mut inner = self.inner();
+            inner.desired.remove(&key);
+            inner.sent_status.remove(&key);
+        }
+        match self.delete_local(ns, name).await? {
+            DeleteOutcome::Pending => Ok(Some(key)),
+            DeleteOutcome::Deleted | DeleteOutcome::NotFound => Ok(None),
+        }
+    }
+
+    /// Acknowledges `event` (a delete) once the copy `key` is gone; at once if it already is.
+    fn ack_when_gone(&self, key: String, event: &Event) {
+        let (ns, name) = match key.split_once('/') {
+            Some((ns, name)) => (ns.to_owned(), name.to_owned()),
+            None => (self.namespace.as_str().to_owned(), key.clone()),
+        };
+        tracing::info!(name = %key, "copy held by finalizers: acknowledged once the spoke's Argo CD has deleted it");
+        self.inner()
+            .pending_deletes
+            .insert(key.clone(), event.clone());
+        // Gone meanwhile (the watch reported it before the entry above existed).
+        if self.cache.get(Some(ns.as_str()), &name).is_none() {
+            self.deleted_locally(&key);
+        }
+    }
+
+    /// A local copy is gone: a delete waiting for that is acknowledged now.
+    fn deleted_locally(&self, key: &str) {
+        let mut inner = self.inner();
+        let Some(event) = inner.pending_deletes.remove(key) else {
+            return;
+        };
+        let ack = event.ack(&self.source);
+        match &inner.late_replies {
+            Some(tx) if tx.try_send(ack).is_ok() => {}
+            // No session, or its channel full: the principal sends the delete again and
+            // finds the copy gone.
+            _ => tracing::debug!(name = %key, "late acknowledgement not sent"),
+        }
+    }
+
+    /// The current session's channel for answers that come later than their event.
+    pub(crate) fn set_late_replies(&self, tx: Option<tokio::sync::mpsc::Sender<Event>>) {
+        self.inner().late_replies = tx;
     }
 
     /// Handles one event from the principal. Returns the reply to send, if any.
@@ -711,6 +778,17 @@ impl Spoke {
             Ok(Command::Republish) => {
                 self.republish(&resource.name);
                 return None;
+            }
+            Ok(Command::Delete) => {
+                let span = tracing::info_span!("agent.apply", command = "delete");
+                match self.delete_copy(resource).instrument(span).await {
+                    Ok(Some(key)) => {
+                        self.ack_when_gone(key, event);
+                        return None;
+                    }
+                    Ok(None) => Ok(()),
+                    Err(e) => Err(e),
+                }
             }
             Ok(command) => {
                 let span = tracing::info_span!("agent.apply", command = command.name());
@@ -797,14 +875,7 @@ impl Spoke {
                     .await?;
                 Ok(())
             }
-            Command::Delete => {
-                {
-                    let mut inner = self.inner();
-                    inner.desired.remove(&key);
-                    inner.sent_status.remove(&key);
-                }
-                self.delete_local(ns, name).await
-            }
+            Command::Delete => self.delete_copy(resource).await.map(|_| ()),
             Command::SetOperation(op) => {
                 self.apps
                     .patch_merge(Some(ns), name, &json!({"operation": op}))

@@ -233,12 +233,3 @@ async fn autonomous(topo: &Topology) -> Result<(), HarnessError> {
     assert_eq!(annotation(&copy, REFRESH), None, "{copy}");
     Ok(())
 }
-
-/// Stops the stand-in when the scenario ends.
-struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
-
-impl<T> Drop for AbortOnDrop<T> {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}

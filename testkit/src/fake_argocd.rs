@@ -7,6 +7,21 @@
 //! (`status.reconciledAt` moves) and then removes the annotation (argoproj/argo-cd
 //! `controller/appcontroller.go`, `processAppRefreshQueueItem`, which refreshes an
 //! Application whose refresh annotation is set and patches the annotation away afterwards).
+//!
+//! It deletes as Argo CD does (`controller/appcontroller.go`, `finalizeApplicationDeletion`;
+//! finalizer names from `pkg/apis/application/v1alpha1/types.go`): an Application being
+//! deleted that holds a resources finalizer (`resources-finalizer.argocd.argoproj.io`, or
+//! its `/foreground` or `/background` form) has its managed resources deleted (here: there
+//! are none, so the count is recorded in a log line) and then that finalizer removed; once
+//! no resources finalizer is left, the post-delete hooks run (here: nothing to run) and
+//! `post-delete-finalizer.argocd.argoproj.io` (and its `/cleanup` form) is removed. Other
+//! finalizers are left alone, so an Application held by someone else's finalizer stays, as
+//! on a real cluster. An Application without Argo CD's finalizers is deleted by the API
+//! server at once; the controller does nothing.
+//!
+//! Not modelled: deploying anything, health assessment, sync waves and hooks other than
+//! the deletion order above, the ApplicationSet and notifications controllers,
+//! app-of-apps.
 
 use std::time::Duration;
 
@@ -42,7 +57,7 @@ async fn reconcile(
         return Ok(());
     };
     if app.pointer("/metadata/deletionTimestamp").is_some() {
-        return Ok(());
+        return finalize(api, name, app).await;
     }
     let revision = app
         .pointer("/spec/source/targetRevision")
@@ -90,6 +105,68 @@ async fn reconcile(
         set_status(api, name, status).await?;
     }
     Ok(())
+}
+
+/// Argo CD's resources finalizers: cascade the deletion to the managed resources.
+const RESOURCES_FINALIZERS: [&str; 3] = [
+    "resources-finalizer.argocd.argoproj.io",
+    "resources-finalizer.argocd.argoproj.io/foreground",
+    "resources-finalizer.argocd.argoproj.io/background",
+];
+
+/// Argo CD's post-delete hook finalizers: removed once the hooks ran, after the resources.
+const POST_DELETE_FINALIZERS: [&str; 2] = [
+    "post-delete-finalizer.argocd.argoproj.io",
+    "post-delete-finalizer.argocd.argoproj.io/cleanup",
+];
+
+/// One step of an Application's deletion: the resources finalizers first, then (on a later
+/// pass, as the controller requeues) the post-delete hook finalizers.
+async fn finalize(
+    api: &kube::Api<kube::api::DynamicObject>,
+    name: &str,
+    app: &Value,
+) -> Result<(), HarnessError> {
+    let finalizers: Vec<&str> = app
+        .pointer("/metadata/finalizers")
+        .and_then(Value::as_array)
+        .map(|f| f.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let cascading = finalizers.iter().any(|f| RESOURCES_FINALIZERS.contains(f));
+    let drop: &[&str] = if cascading {
+        let resources = app
+            .pointer("/status/resources")
+            .and_then(Value::as_array)
+            .map_or(0, Vec::len);
+        tracing::info!(
+            app = name,
+            resources,
+            "simulated controller: managed resources deleted"
+        );
+        &RESOURCES_FINALIZERS
+    } else if finalizers
+        .iter()
+        .any(|f| POST_DELETE_FINALIZERS.contains(f))
+    {
+        tracing::info!(app = name, "simulated controller: post-delete hooks ran");
+        &POST_DELETE_FINALIZERS
+    } else {
+        return Ok(());
+    };
+    let kept: Vec<&str> = finalizers
+        .into_iter()
+        .filter(|f| !drop.contains(f))
+        .collect();
+    let rv = app
+        .pointer("/metadata/resourceVersion")
+        .cloned()
+        .unwrap_or(Value::Null);
+    merge_patch(
+        api,
+        name,
+        json!({"metadata": {"finalizers": kept, "resourceVersion": rv}}),
+    )
+    .await
 }
 
 /// Argo CD's refresh request annotation.

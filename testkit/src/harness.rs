@@ -1098,3 +1098,13 @@ pub fn metric_value(text: &str, name: &str) -> Option<f64> {
     }
     found
 }
+
+/// A spawned task (a stand-in controller, say) aborted when this guard is dropped, so it
+/// stops with the scenario that started it.
+pub struct AbortOnDrop<T>(pub tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
