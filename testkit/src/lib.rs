@@ -7,6 +7,7 @@
 
 pub mod argocd_schema;
 pub mod envoy;
+pub mod fake_appset;
 pub mod fake_argocd;
 pub mod ha;
 pub mod harness;

@@ -343,6 +343,15 @@ impl ResourceType {
                 false,
             )
             .with_short_names(&["appproj", "appprojs"]),
+            ResourceType::new(
+                "argoproj.io",
+                "v1alpha1",
+                "applicationsets",
+                "ApplicationSet",
+                true,
+                true,
+            )
+            .with_short_names(&["appset", "appsets"]),
         ]
     }
 }
