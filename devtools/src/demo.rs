@@ -263,6 +263,7 @@ async fn check(topo: &Topology) -> Result<(), harness::HarnessError> {
         },
     )
     .await?;
+    check_refresh(topo, t).await?;
     let managed_label = "argocd-agent.argoproj-labs.io/managed-by-principal";
     harness::eventually(
         "hub application reaches the managed spoke (project team-a) and reports Healthy",
@@ -348,6 +349,43 @@ async fn check(topo: &Topology) -> Result<(), harness::HarnessError> {
     if logs.contains("fake-demo-token-not-a-secret") {
         return Err("the repository password appears in a log".into());
     }
+    Ok(())
+}
+
+/// The hub UI's Hard refresh on the managed Application: the request goes down, the spoke's
+/// Argo CD (the stand-in) reconciles and removes it, and it ends on the hub.
+async fn check_refresh(topo: &Topology, t: Duration) -> Result<(), harness::HarnessError> {
+    const REFRESH: &str = "argocd.argoproj.io/refresh";
+    let hub = harness::apps(&topo.hub, MANAGED)?;
+    let before = harness::stored_app(&topo.managed_spoke, SPOKE_NS, "guestbook")
+        .map(|a| a["status"]["reconciledAt"].clone());
+    // reconciledAt has a resolution of one second.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    harness::merge_patch(
+        &hub,
+        "guestbook",
+        json!({"metadata": {"annotations": {REFRESH: "hard"}}}),
+    )
+    .await?;
+    harness::eventually(
+        "a hard refresh on the hub is carried out by the managed spoke's Argo CD",
+        t,
+        || async {
+            harness::stored_app(&topo.managed_spoke, SPOKE_NS, "guestbook").filter(|a| {
+                a["metadata"]["annotations"][REFRESH].is_null()
+                    && Some(a["status"]["reconciledAt"].clone()) != before
+            })
+        },
+    )
+    .await?;
+    harness::eventually("the refresh request ends on the hub", t, || async {
+        harness::stored_app(&topo.hub, MANAGED, "guestbook")
+            .filter(|a| a["metadata"]["annotations"][REFRESH].is_null())
+    })
+    .await?;
+    println!(
+        "refresh round trip: hub hard refresh -> managed spoke reconciled -> request cleared on the hub"
+    );
     Ok(())
 }
 
@@ -708,7 +746,7 @@ pub async fn run(args: DemoArgs) -> crate::CmdResult {
 
     let k = kubectl();
     let help = format!(
-        "Try (in another terminal):\n  {k} --kubeconfig {d}/hub.kubeconfig -n {MANAGED} edit application guestbook\n  {k} --kubeconfig {d}/hub.kubeconfig -n {MANAGED} apply -f my-app.yaml\n  {k} --kubeconfig {d}/managed.kubeconfig -n {SPOKE_NS} get applications -w\n  {k} --kubeconfig {d}/autonomous.kubeconfig -n {SPOKE_NS} delete application edge-guestbook\n  {k} --kubeconfig {d}/managed.kubeconfig -n {SPOKE_NS} get appprojects,secrets   # team-a, team-a-repo from the hub\n  {k} --kubeconfig {d}/managed.kubeconfig -n {SPOKE_NS} delete secret {TEAM_REPO}   # comes back\n  {k} --kubeconfig {d}/hub.kubeconfig -n {HUB_ARGOCD_NS} get appprojects   # {AUTONOMOUS}-{EDGE_PROJECT} from the autonomous spoke\n  argocd-agentctl agent list --principal-admin-address {admin}   # agents as the principal sees them\nLogs: {d}/principal.log, {d}/{MANAGED}.log, {d}/{AUTONOMOUS}.log. Ctrl-C stops everything.\n",
+        "Try (in another terminal):\n  {k} --kubeconfig {d}/hub.kubeconfig -n {MANAGED} edit application guestbook\n  {k} --kubeconfig {d}/hub.kubeconfig -n {MANAGED} apply -f my-app.yaml\n  {k} --kubeconfig {d}/managed.kubeconfig -n {SPOKE_NS} get applications -w\n  {k} --kubeconfig {d}/hub.kubeconfig -n {MANAGED} annotate application guestbook argocd.argoproj.io/refresh=hard   # the hub UI's Hard refresh: watch it reach the spoke and end on both sides\n  {k} --kubeconfig {d}/autonomous.kubeconfig -n {SPOKE_NS} delete application edge-guestbook\n  {k} --kubeconfig {d}/managed.kubeconfig -n {SPOKE_NS} get appprojects,secrets   # team-a, team-a-repo from the hub\n  {k} --kubeconfig {d}/managed.kubeconfig -n {SPOKE_NS} delete secret {TEAM_REPO}   # comes back\n  {k} --kubeconfig {d}/hub.kubeconfig -n {HUB_ARGOCD_NS} get appprojects   # {AUTONOMOUS}-{EDGE_PROJECT} from the autonomous spoke\n  argocd-agentctl agent list --principal-admin-address {admin}   # agents as the principal sees them\nLogs: {d}/principal.log, {d}/{MANAGED}.log, {d}/{AUTONOMOUS}.log. Ctrl-C stops everything.\n",
         d = dir.display(),
         admin = topo.admin_address
     );

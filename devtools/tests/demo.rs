@@ -2,7 +2,8 @@
 //! sample Applications flow both ways, the hub's project `team-a` and its repository
 //! `team-a-repo` reach the managed spoke, and the autonomous spoke's project `edge` shows up
 //! on the hub as `agent-autonomous-edge`, and the Redis proxy serves a spoke's resource tree
-//! only to a client with the hub Redis's password.
+//! only to a client with the hub Redis's password, and a hard refresh on the hub makes the
+//! round trip (carried out by the managed spoke's Argo CD stand-in, then cleared on the hub).
 
 #[test]
 fn demo_check_passes() {
@@ -27,6 +28,10 @@ fn demo_check_passes() {
         "{stdout}"
     );
     assert!(stdout.contains("edge-guestbook"));
+    assert!(
+        stdout.contains("refresh round trip: hub hard refresh -> managed spoke reconciled -> request cleared on the hub"),
+        "{stdout}"
+    );
     for line in [
         "projects on spoke agent-managed (argocd): default, team-a",
         "repositories on spoke agent-managed (argocd): team-a-repo",

@@ -1006,11 +1006,31 @@ impl Topology {
 
     /// Stops every process; with `r` an error, then panics with it and every log.
     pub async fn finish(self, r: Result<(), HarnessError>) {
+        // A scenario that passed also leaves only objects Argo CD's own schemas accept.
+        let r = match r {
+            Ok(()) => self.check_argocd_schemas().await,
+            failed => failed,
+        };
         let logs = self.logs();
         self.stop().await;
         if let Err(e) = r {
             panic!("{e}\n{logs}");
         }
+    }
+
+    /// Every Application, AppProject and ApplicationSet on the hub and both spokes
+    /// validates against Argo CD's CRD schemas, checked by a validator we did not write
+    /// ([`crate::argocd_schema`]).
+    pub async fn check_argocd_schemas(&self) -> Result<(), HarnessError> {
+        let mut objects = Vec::new();
+        for server in [&self.hub, &self.managed_spoke, &self.autonomous_spoke] {
+            objects.extend(crate::argocd_schema::argocd_objects(server).await?);
+        }
+        let invalid = crate::argocd_schema::validate(&objects).await?;
+        if invalid.is_empty() {
+            return Ok(());
+        }
+        Err(format!("objects left that Argo CD's schemas refuse: {invalid:?}").into())
     }
 
     /// Stops every process.
