@@ -28,6 +28,10 @@ pub const SECRET_TYPE_LABEL: &str = "argocd.argoproj.io/secret-type";
 pub const AGENT_NAME_LABEL: &str = "argocd-agent.argoproj-labs.io/agent-name";
 /// Marks secrets the principal manages.
 pub const MANAGED_BY_ANNOTATION: &str = "argocd-agent.argoproj-labs.io/managed-by";
+/// Argo CD's annotation that makes its application controller skip every Application
+/// targeting a cluster (Argo CD "Cluster Management: Skipping cluster reconciliation"): a
+/// hub that also runs its own Argo CD must never reconcile an agent's cluster itself.
+pub const SKIP_RECONCILE_ANNOTATION: &str = "argocd.argoproj.io/skip-reconcile";
 /// When the token inside expires (RFC 3339).
 pub const TOKEN_EXPIRES_ANNOTATION: &str = "argocd-agent.argoproj-labs.io/token-expires";
 const MANAGED_BY: &str = "principal";
@@ -135,6 +139,7 @@ impl ClusterSecrets {
                 annotations: Some(BTreeMap::from([
                     (MANAGED_BY_ANNOTATION.into(), MANAGED_BY.into()),
                     (TOKEN_EXPIRES_ANNOTATION.into(), expires),
+                    (SKIP_RECONCILE_ANNOTATION.into(), "true".into()),
                 ])),
                 ..ObjectMeta::default()
             },
@@ -149,13 +154,22 @@ impl ClusterSecrets {
     }
 
     /// Whether our secret must be rewritten: the token is in the last third of its life,
-    /// or the CA data or server URL changed.
+    /// the CA data or server URL changed, or it lacks the skip-reconcile annotation (a
+    /// secret an earlier version wrote).
     fn stale(&self, s: &Secret, agent: &AgentName, now: SystemTime) -> bool {
         let renew_at = expires(s).map(|e| e.checked_sub(self.config.token_ttl / 3).unwrap_or(e));
         if renew_at.is_none_or(|r| now >= r) {
             return true;
         }
         if field(s, "server").as_deref() != Some(self.config.agent_url(agent).as_str()) {
+            return true;
+        }
+        let skipped = s
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(SKIP_RECONCILE_ANNOTATION));
+        if skipped.map(String::as_str) != Some("true") {
             return true;
         }
         let ca = base64::engine::general_purpose::STANDARD.encode(self.ca_pem.borrow().as_bytes());

@@ -33,11 +33,49 @@ use crate::harness::{HarnessError, merge_patch, set_status};
 
 /// Runs until the task is dropped, reconciling the Applications of `api` every `every`.
 pub async fn run(api: Api<DynamicObject>, every: Duration) -> Result<(), HarnessError> {
+    run_with(api, every, None).await
+}
+
+/// A hub's own application controller next to the principal (a hybrid hub): it reconciles
+/// the Applications of `api` (its namespace) except those whose destination is a cluster
+/// whose Secret in `clusters` carries `argocd.argoproj.io/skip-reconcile: "true"` (Argo CD
+/// "Cluster Management: Skipping cluster reconciliation": the controller skips every app
+/// targeting such a cluster). Every Application it reconciled is recorded in `reconciled`.
+pub struct HubController {
+    /// Argo CD's cluster Secrets (the controller's namespace).
+    pub clusters: Api<DynamicObject>,
+    /// Names of the Applications this controller reconciled at least once.
+    pub reconciled: std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
+}
+
+/// [`run`], as a hub's own controller when `hub` is given.
+pub async fn run_with(
+    api: Api<DynamicObject>,
+    every: Duration,
+    hub: Option<HubController>,
+) -> Result<(), HarnessError> {
     loop {
         match api.list(&ListParams::default()).await {
             Ok(list) => {
+                let skipped = match &hub {
+                    Some(h) => skipped_clusters(&h.clusters).await,
+                    None => Vec::new(),
+                };
                 for app in list.items {
                     let app = serde_json::to_value(&app)?;
+                    let destination = &app["spec"]["destination"];
+                    if skipped.iter().any(|(name, server)| {
+                        destination["name"].as_str() == Some(name.as_str())
+                            || destination["server"].as_str() == Some(server.as_str())
+                    }) {
+                        continue;
+                    }
+                    if let (Some(h), Some(name)) = (&hub, app["metadata"]["name"].as_str()) {
+                        h.reconciled
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .insert(name.to_owned());
+                    }
                     if let Err(e) = reconcile(&api, &app).await {
                         tracing::debug!(error = %e, "simulated controller: reconcile failed (will retry)");
                     }
@@ -105,6 +143,30 @@ async fn reconcile(
         set_status(api, name, status).await?;
     }
     Ok(())
+}
+
+/// The clusters (name, server) whose Secret asks the controller to skip them.
+async fn skipped_clusters(clusters: &Api<DynamicObject>) -> Vec<(String, String)> {
+    let Ok(list) = clusters
+        .list(&ListParams::default().labels("argocd.argoproj.io/secret-type=cluster"))
+        .await
+    else {
+        return Vec::new();
+    };
+    let field = |s: &Value, k: &str| {
+        use base64::Engine as _;
+        s["data"][k]
+            .as_str()
+            .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
+            .and_then(|b| String::from_utf8(b).ok())
+            .unwrap_or_default()
+    };
+    list.items
+        .iter()
+        .filter_map(|s| serde_json::to_value(s).ok())
+        .filter(|s| s["metadata"]["annotations"]["argocd.argoproj.io/skip-reconcile"] == "true")
+        .map(|s| (field(&s, "name"), field(&s, "server")))
+        .collect()
 }
 
 /// Argo CD's resources finalizers: cascade the deletion to the managed resources.

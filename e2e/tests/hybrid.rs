@@ -1,0 +1,128 @@
+//! A hybrid hub: the principal next to the hub's own Argo CD, whose application controller
+//! watches the same `argocd` namespace the agents' Applications live in (destination-based
+//! mapping). The principal's self-registered cluster Secrets carry Argo CD's
+//! `argocd.argoproj.io/skip-reconcile: "true"`, so the hub's controller (the stand-in,
+//! modelling Argo CD's rule) reconciles the hub's own Applications and never an agent's,
+//! whose status comes only from its spoke.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use argocd_agent_testkit::fake_argocd::{self, HubController};
+use argocd_agent_testkit::harness::*;
+use kube::api::{Api, DynamicObject, ListParams, PostParams};
+use serde_json::json;
+
+const T: Duration = Duration::from_secs(25);
+
+fn secrets(
+    server: &argocd_agent_kube_test_server::KubeTestServer,
+) -> Result<Api<DynamicObject>, HarnessError> {
+    Ok(Api::namespaced_with(
+        kube_client(server)?,
+        HUB_ARGOCD_NS,
+        &resource("", "Secret", "secrets"),
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_hubs_own_argo_cd_reconciles_its_applications_and_never_an_agents() {
+    let port = argocd_agent_testkit::envoy::free_loopback_port().unwrap();
+    let mapping = || "--destination-based-mapping".to_string();
+    let topo = Topology::start(TopologyOptions {
+        principal_args: vec![
+            mapping(),
+            "--enable-resource-proxy".into(),
+            "--resource-proxy-address".into(),
+            format!("127.0.0.1:{port}"),
+            "--enable-self-cluster-registration".into(),
+        ],
+        agent_args: vec![mapping()],
+        agents: Some(vec![MANAGED]),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let r = hybrid(&topo).await;
+    topo.finish(r).await;
+}
+
+async fn hybrid(topo: &Topology) -> Result<(), HarnessError> {
+    topo.wait_connected(MANAGED, T).await?;
+    let clusters = secrets(&topo.hub)?;
+    eventually(
+        "the agent's cluster Secret asks Argo CD to skip it",
+        T,
+        || async {
+            let list = clusters
+                .list(&ListParams::default().labels("argocd.argoproj.io/secret-type=cluster"))
+                .await
+                .ok()?;
+            list.items.iter().find(|s| {
+                s.metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get("argocd.argoproj.io/skip-reconcile"))
+                    == Some(&"true".to_owned())
+            })?;
+            Some(())
+        },
+    )
+    .await?;
+
+    let hub = apps(&topo.hub, HUB_ARGOCD_NS)?;
+    // The hub's own Application (in-cluster) and an agent's (its destination names the agent).
+    hub.create(
+        &PostParams::default(),
+        &sample_app("hub-local", HUB_ARGOCD_NS, "guestbook"),
+    )
+    .await?;
+    let mut edge = sample_app("edge", HUB_ARGOCD_NS, "guestbook");
+    edge.data["spec"]["destination"] = json!({"name": MANAGED, "namespace": "guestbook"});
+    hub.create(&PostParams::default(), &edge).await?;
+
+    let reconciled = Arc::new(Mutex::new(BTreeSet::new()));
+    let _hub_controller = AbortOnDrop(tokio::spawn(fake_argocd::run_with(
+        apps(&topo.hub, HUB_ARGOCD_NS)?,
+        Duration::from_millis(300),
+        Some(HubController {
+            clusters: secrets(&topo.hub)?,
+            reconciled: reconciled.clone(),
+        }),
+    )));
+    let _spoke_controller = AbortOnDrop(tokio::spawn(fake_argocd::run(
+        apps(&topo.managed_spoke, SPOKE_NS)?,
+        Duration::from_millis(300),
+    )));
+
+    eventually(
+        "the hub's own Application is reconciled by the hub's Argo CD",
+        T,
+        || async {
+            stored_app(&topo.hub, HUB_ARGOCD_NS, "hub-local")
+                .filter(|a| a["status"]["sync"]["status"] == "Synced")
+        },
+    )
+    .await?;
+    eventually(
+        "the agent's Application runs on its spoke and its status comes back",
+        T,
+        || async {
+            stored_app(&topo.managed_spoke, SPOKE_NS, "edge")?;
+            stored_app(&topo.hub, HUB_ARGOCD_NS, "edge")
+                .filter(|a| a["status"]["health"]["status"] == "Healthy")
+        },
+    )
+    .await?;
+    // A few more passes of the hub's controller.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let seen = reconciled.lock().unwrap().clone();
+    if !seen.contains("hub-local") || seen.contains("edge") {
+        return Err(format!(
+            "the hub's controller reconciled {seen:?}: it must take hub-local and never edge"
+        )
+        .into());
+    }
+    Ok(())
+}
