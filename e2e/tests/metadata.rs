@@ -5,8 +5,9 @@
 //! Managed: label and annotation changes on the hub reach the spoke; a refresh requested on
 //! the hub goes down, the spoke's Argo CD carries it out and removes it, and the hub copy
 //! loses it too; then nothing moves any more. Autonomous: a refresh requested on the hub
-//! copy reaches the spoke the same way; the hub's notification state survives changes
-//! from the spoke.
+//! copy reaches the spoke the same way; the hub's notifications controller (stand-in)
+//! notifies once for a sync and its state survives changes from the spoke, so it never
+//! notifies twice.
 
 use std::time::Duration;
 
@@ -207,14 +208,32 @@ async fn autonomous(topo: &Topology) -> Result<(), HarnessError> {
     )
     .await?;
 
-    // The hub's notification state survives a later change from the spoke.
-    let state = r#"{"on-sync-succeeded:slack:ops":1700000000}"#;
+    // The hub's notifications controller (the stand-in) notifies once for a sync issued on
+    // the hub copy and records that in its state annotation; the state survives later
+    // changes from the spoke, so nothing is sent twice (upstream argocd-agent issue #1058).
+    let sent = argocd_agent_testkit::fake_notifications::Sent::default();
+    let _notifications = AbortOnDrop(tokio::spawn(argocd_agent_testkit::fake_notifications::run(
+        apps(&topo.hub, AUTONOMOUS)?,
+        Duration::from_millis(300),
+        sent.clone(),
+    )));
     merge_patch(
         &hub,
         name,
-        json!({"metadata": {"annotations": {NOTIFIED: state}}}),
+        json!({"metadata": {"annotations": {
+            "notifications.argoproj.io/subscribe.on-sync-succeeded.slack": "ops"}},
+            "operation": {"initiatedBy": {"username": "admin"}, "sync": {}}}),
     )
     .await?;
+    let copy = eventually(
+        "the sync ran on the spoke and the hub's controller notified",
+        T,
+        || async {
+            stored_app(&topo.hub, AUTONOMOUS, name).filter(|a| annotation(a, NOTIFIED).is_some())
+        },
+    )
+    .await?;
+    let state = annotation(&copy, NOTIFIED).ok_or("no state")?.to_owned();
     merge_patch(
         &local,
         name,
@@ -226,10 +245,12 @@ async fn autonomous(topo: &Topology) -> Result<(), HarnessError> {
             .filter(|a| a["spec"]["source"]["targetRevision"] == "v2")
     })
     .await?;
-    assert_eq!(annotation(&copy, NOTIFIED), Some(state), "{copy}");
+    assert_eq!(annotation(&copy, NOTIFIED), Some(state.as_str()), "{copy}");
     settled(topo, spoke, AUTONOMOUS, name).await?;
     let copy = stored_app(&topo.hub, AUTONOMOUS, name).ok_or("hub copy gone")?;
-    assert_eq!(annotation(&copy, NOTIFIED), Some(state), "{copy}");
+    assert_eq!(annotation(&copy, NOTIFIED), Some(state.as_str()), "{copy}");
+    let sent = sent.lock().unwrap().clone();
+    assert_eq!(sent.len(), 1, "one sync, one notification: {sent:?}");
     assert_eq!(annotation(&copy, REFRESH), None, "{copy}");
     Ok(())
 }

@@ -9,6 +9,7 @@ pub mod argocd_schema;
 pub mod envoy;
 pub mod fake_appset;
 pub mod fake_argocd;
+pub mod fake_notifications;
 pub mod ha;
 pub mod harness;
 pub mod redis;
