@@ -13,32 +13,10 @@
 use std::time::Duration;
 
 use argocd_agent_testkit::harness::*;
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
+use kube::api::{DeleteParams, DynamicObject, ListParams, PostParams};
 use serde_json::{Value, json};
 
 const T: Duration = Duration::from_secs(25);
-
-fn appsets(
-    server: &argocd_agent_kube_test_server::KubeTestServer,
-    ns: &str,
-) -> Result<Api<DynamicObject>, HarnessError> {
-    Ok(Api::namespaced_with(
-        kube_client(server)?,
-        ns,
-        &resource("argoproj.io", "ApplicationSet", "applicationsets"),
-    ))
-}
-
-fn secrets(
-    server: &argocd_agent_kube_test_server::KubeTestServer,
-    ns: &str,
-) -> Result<Api<DynamicObject>, HarnessError> {
-    Ok(Api::namespaced_with(
-        kube_client(server)?,
-        ns,
-        &resource("", "Secret", "secrets"),
-    ))
-}
 
 fn appset(
     name: &str,

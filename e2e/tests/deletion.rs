@@ -161,17 +161,23 @@ async fn autonomous(topo: &Topology) -> Result<(), HarnessError> {
         return Err(format!("the hub copy holds the spoke's finalizers: {copy}").into());
     }
     local.delete(name, &DeleteParams::default()).await?;
-    eventually(
-        "the spoke's Argo CD finalizes and the API server removes it",
-        T,
-        || async { stored_app(spoke, SPOKE_NS, name).is_none().then_some(()) },
-    )
-    .await?;
-    eventually("the hub copy goes too", T, || async {
-        stored_app(&topo.hub, AUTONOMOUS, name)
-            .is_none()
-            .then_some(())
-    })
-    .await?;
+    // While the spoke's Argo CD still finalizes it, the hub copy stays; then both go.
+    let deadline = tokio::time::Instant::now() + T;
+    loop {
+        let on_spoke = stored_app(spoke, SPOKE_NS, name).is_some();
+        let on_hub = stored_app(&topo.hub, AUTONOMOUS, name).is_some();
+        if on_spoke && !on_hub {
+            return Err("the hub copy went while the spoke's Argo CD still finalized it".into());
+        }
+        if !on_spoke && !on_hub {
+            break;
+        }
+        if tokio::time::Instant::now() > deadline {
+            return Err(
+                format!("deletion did not finish (spoke: {on_spoke}, hub: {on_hub})").into(),
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     Ok(())
 }

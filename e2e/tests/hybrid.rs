@@ -11,20 +11,10 @@ use std::time::Duration;
 
 use argocd_agent_testkit::fake_argocd::{self, HubController};
 use argocd_agent_testkit::harness::*;
-use kube::api::{Api, DynamicObject, ListParams, PostParams};
+use kube::api::{ListParams, PostParams};
 use serde_json::json;
 
 const T: Duration = Duration::from_secs(25);
-
-fn secrets(
-    server: &argocd_agent_kube_test_server::KubeTestServer,
-) -> Result<Api<DynamicObject>, HarnessError> {
-    Ok(Api::namespaced_with(
-        kube_client(server)?,
-        HUB_ARGOCD_NS,
-        &resource("", "Secret", "secrets"),
-    ))
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_hubs_own_argo_cd_reconciles_its_applications_and_never_an_agents() {
@@ -50,7 +40,7 @@ async fn the_hubs_own_argo_cd_reconciles_its_applications_and_never_an_agents() 
 
 async fn hybrid(topo: &Topology) -> Result<(), HarnessError> {
     topo.wait_connected(MANAGED, T).await?;
-    let clusters = secrets(&topo.hub)?;
+    let clusters = secrets(&topo.hub, HUB_ARGOCD_NS)?;
     eventually(
         "the agent's cluster Secret asks Argo CD to skip it",
         T,
@@ -87,7 +77,7 @@ async fn hybrid(topo: &Topology) -> Result<(), HarnessError> {
         apps(&topo.hub, HUB_ARGOCD_NS)?,
         Duration::from_millis(300),
         Some(HubController {
-            clusters: secrets(&topo.hub)?,
+            clusters: secrets(&topo.hub, HUB_ARGOCD_NS)?,
             reconciled: reconciled.clone(),
         }),
     )));

@@ -29,11 +29,10 @@
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
-use base64::Engine as _;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
 use serde_json::{Map, Value, json};
 
-use crate::harness::HarnessError;
+use crate::harness::{HarnessError, cluster_secret_field};
 
 /// The label that makes a Secret an Argo CD cluster.
 const CLUSTER_SECRET_LABEL: &str = "argocd.argoproj.io/secret-type=cluster";
@@ -136,14 +135,7 @@ async fn generate(
 
 /// The cluster generator's parameters of one cluster Secret.
 fn cluster_params(secret: &Value) -> BTreeMap<String, String> {
-    let field = |k: &str| {
-        secret["data"][k]
-            .as_str()
-            .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
-            .and_then(|b| String::from_utf8(b).ok())
-            .or_else(|| secret["stringData"][k].as_str().map(str::to_owned))
-            .unwrap_or_default()
-    };
+    let field = |k: &str| cluster_secret_field(secret, k);
     let name = field("name");
     let mut p = BTreeMap::from([
         (
@@ -301,6 +293,7 @@ mod tests {
 
     #[test]
     fn cluster_secrets_give_name_server_and_labels() {
+        use base64::Engine as _;
         let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
         let secret = json!({
             "metadata": {"labels": {"argocd.argoproj.io/secret-type": "cluster", "env": "prod"}},

@@ -29,7 +29,7 @@ use serde_json::{Value, json};
 
 use kube::api::{Api, DynamicObject, ListParams};
 
-use crate::harness::{HarnessError, merge_patch, set_status};
+use crate::harness::{HarnessError, cluster_secret_field, merge_patch, set_status};
 
 /// Runs until the task is dropped, reconciling the Applications of `api` every `every`.
 pub async fn run(api: Api<DynamicObject>, every: Duration) -> Result<(), HarnessError> {
@@ -153,19 +153,16 @@ async fn skipped_clusters(clusters: &Api<DynamicObject>) -> Vec<(String, String)
     else {
         return Vec::new();
     };
-    let field = |s: &Value, k: &str| {
-        use base64::Engine as _;
-        s["data"][k]
-            .as_str()
-            .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
-            .and_then(|b| String::from_utf8(b).ok())
-            .unwrap_or_default()
-    };
     list.items
         .iter()
         .filter_map(|s| serde_json::to_value(s).ok())
         .filter(|s| s["metadata"]["annotations"]["argocd.argoproj.io/skip-reconcile"] == "true")
-        .map(|s| (field(&s, "name"), field(&s, "server")))
+        .map(|s| {
+            (
+                cluster_secret_field(&s, "name"),
+                cluster_secret_field(&s, "server"),
+            )
+        })
         .collect()
 }
 

@@ -636,6 +636,24 @@ pub fn secrets(server: &KubeTestServer, ns: &str) -> Result<Api<DynamicObject>, 
     Ok(Api::namespaced_with(kube_client(server)?, ns, &ar))
 }
 
+/// ApplicationSets in `ns` of a test server.
+pub fn appsets(server: &KubeTestServer, ns: &str) -> Result<Api<DynamicObject>, HarnessError> {
+    let ar = resource("argoproj.io", "ApplicationSet", "applicationsets");
+    Ok(Api::namespaced_with(kube_client(server)?, ns, &ar))
+}
+
+/// A key of an Argo CD cluster Secret (`name`, `server`, ...): from `data` (base64, as the
+/// API server stores it) or, before that, `stringData`; empty when absent.
+pub fn cluster_secret_field(secret: &Value, key: &str) -> String {
+    use base64::Engine as _;
+    secret["data"][key]
+        .as_str()
+        .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
+        .and_then(|b| String::from_utf8(b).ok())
+        .or_else(|| secret["stringData"][key].as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
 /// ConfigMaps in `ns` of a test server.
 pub fn configmaps(server: &KubeTestServer, ns: &str) -> Result<Api<DynamicObject>, HarnessError> {
     let ar = resource("", "ConfigMap", "configmaps");
