@@ -86,6 +86,7 @@ pub async fn run(
     connected: &AtomicBool,
     shutdown: &tokio_util::sync::CancellationToken,
 ) -> Result<(), SessionError> {
+    spoke.refresh_tracking().await;
     let Opened {
         tunnel_channel,
         tx,

@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod children;
 pub mod connection;
 pub mod dialer;
 pub mod error;

@@ -120,6 +120,8 @@ pub struct Spoke {
     /// Where the agent's request handlers run (the agent's tracker, drained on shutdown).
     pub tasks: tokio_util::task::TaskTracker,
     inner: Mutex<SpokeInner>,
+    /// Spoke-authored children of managed copies (app-of-apps), see [`crate::children`].
+    pub(crate) children: Mutex<crate::children::ChildState>,
 }
 
 fn name_of(obj: &DynamicObject) -> String {
@@ -173,6 +175,7 @@ impl Spoke {
             redis: None,
             tasks: tokio_util::task::TaskTracker::new(),
             inner: Mutex::new(SpokeInner::default()),
+            children: Mutex::default(),
         }
     }
 
@@ -382,6 +385,7 @@ impl Spoke {
                 for obj in self.local().values() {
                     self.report_status(obj);
                 }
+                self.publish_children();
             }
             AgentMode::Autonomous => {
                 if let Some(said) = hello {
@@ -405,6 +409,7 @@ impl Spoke {
             r.status_checksum = statuses.get(&r.name).cloned().unwrap_or_default();
         }
         state.resources.extend(config.iter().cloned());
+        state.resources.extend(self.children_hello());
         self.inner().hello = Some(HelloState {
             apps,
             statuses,
@@ -538,7 +543,15 @@ impl Spoke {
             change = if deleted { "deleted" } else { "applied" });
         async {
             match self.mode {
-                AgentMode::Managed => self.on_managed_change(&obj, deleted).await,
+                AgentMode::Managed => {
+                    let has_desired = self.inner().desired.contains_key(&self.key_of(&obj));
+                    if self.is_child_candidate(&obj, has_desired) {
+                        self.on_child_change(&obj, deleted).await;
+                    } else {
+                        self.on_managed_change(&obj, deleted).await;
+                        self.after_parent_change(&obj, deleted);
+                    }
+                }
                 AgentMode::Autonomous => self.on_autonomous_change(&obj, deleted),
             }
         }

@@ -23,6 +23,12 @@
 //! 3. the object must be in the agent's own hub namespace;
 //! 4. if the object's owner is known, it must be this agent (an object created on the hub
 //!    by someone else belongs to nobody an agent may claim).
+//!
+//! One exception to rule 2, decided by [`authorize_spoke_child`]: a managed agent may
+//! create, update and delete the Applications an app-of-apps parent created on its spoke
+//! (spoke-authored children). Rules 3 and 4 hold for them strictly: only in its own hub
+//! namespace (also with destination-based mapping), and never over an Application created
+//! on the hub (a name collision is refused, not adopted).
 
 // Denials are the rare path and carry everything a log line needs (identity, object,
 // reason); boxing them would only add noise at every call site.
@@ -284,6 +290,56 @@ pub fn authorize_by_destination(
     ))
 }
 
+/// A managed agent's write of a spoke-authored Application (a child an app-of-apps parent
+/// created on its spoke): `Create`, `UpdateSpec`, `UpdateStatus` and `Delete` are allowed
+/// in the agent's own hub namespace, on an object that does not exist there yet or that
+/// this agent wrote; an object created on the hub ([`Owner::Unknown`] is never passed for
+/// it: the caller gives [`Owner::Hub`]) or another agent's is refused.
+pub fn authorize_spoke_child(
+    identity: &AgentIdentity,
+    mode: AgentMode,
+    action: Action,
+    object: &ObjectRef<'_>,
+) -> Result<(), Denied> {
+    let deny = |reason| denial(identity, action, object, reason);
+    if !identity.allowed_modes.allows(mode) {
+        return check_mode_and_direction(identity, mode, action, object);
+    }
+    let allowed = mode == AgentMode::Managed
+        && object.kind == ResourceKind::Application
+        && matches!(
+            action,
+            Action::Create | Action::UpdateSpec | Action::UpdateStatus | Action::Delete
+        );
+    if !allowed {
+        return Err(deny(DeniedReason::ModeForbids { mode }));
+    }
+    authorize_in_namespace(identity, object).map_err(deny)
+}
+
+/// Rules 3 and 4 of the module docs.
+fn authorize_in_namespace(
+    identity: &AgentIdentity,
+    object: &ObjectRef<'_>,
+) -> Result<(), DeniedReason> {
+    if *object.namespace != identity.namespace {
+        return Err(DeniedReason::WrongNamespace {
+            own: identity.namespace.clone(),
+        });
+    }
+    match object.owner {
+        Owner::Unknown => Ok(()),
+        Owner::Agent(owner) if *owner == identity.agent => Ok(()),
+        Owner::Agent(owner) => Err(DeniedReason::NotOwner {
+            owner: owner.to_string(),
+        }),
+        Owner::Invalid(label) => Err(DeniedReason::NotOwner {
+            owner: label.to_owned(),
+        }),
+        Owner::Hub => Err(DeniedReason::CreatedOnHub),
+    }
+}
+
 fn denial(
     identity: &AgentIdentity,
     action: Action,
@@ -339,22 +395,7 @@ pub fn authorize(
     action: Action,
     object: &ObjectRef<'_>,
 ) -> Result<(), Denied> {
-    let deny = |reason| denial(identity, action, object, reason);
     check_mode_and_direction(identity, mode, action, object)?;
-    if *object.namespace != identity.namespace {
-        return Err(deny(DeniedReason::WrongNamespace {
-            own: identity.namespace.clone(),
-        }));
-    }
-    match object.owner {
-        Owner::Unknown => Ok(()),
-        Owner::Agent(owner) if *owner == identity.agent => Ok(()),
-        Owner::Agent(owner) => Err(deny(DeniedReason::NotOwner {
-            owner: owner.to_string(),
-        })),
-        Owner::Invalid(label) => Err(deny(DeniedReason::NotOwner {
-            owner: label.to_owned(),
-        })),
-        Owner::Hub => Err(deny(DeniedReason::CreatedOnHub)),
-    }
+    authorize_in_namespace(identity, object)
+        .map_err(|reason| denial(identity, action, object, reason))
 }

@@ -31,6 +31,11 @@ pub fn key_list_checksum(checksums: &Checksums) -> String {
     sha256_hex(joined.as_bytes())
 }
 
+/// Kind under which a managed agent lists, in its hello, the spoke-authored Applications
+/// (app-of-apps children) it publishes: kept apart from `Application` so that a principal
+/// never takes them for managed copies (and an earlier principal ignores them).
+pub const CHILD_APPLICATION_KIND: &str = "Application/child";
+
 /// Builds the wire form of one side's state.
 pub fn to_state(kind: &str, checksums: &Checksums) -> ResyncState {
     ResyncState {

@@ -2,7 +2,9 @@
 
 use std::sync::LazyLock;
 
-use argocd_agent_domain::authz::{Action, DeniedReason, ObjectRef, Owner, authorize};
+use argocd_agent_domain::authz::{
+    Action, DeniedReason, ObjectRef, Owner, authorize, authorize_spoke_child,
+};
 use argocd_agent_domain::mapping::{AgentIdentity, RuleSet};
 use argocd_agent_domain::{AgentMode, AgentName, Namespace, ResourceKind};
 use argocd_agent_identity::SpiffeId;
@@ -381,4 +383,63 @@ fn authz_dest(
         object,
         destination,
     )
+}
+
+#[test]
+fn a_managed_agent_writes_its_spoke_authored_children_in_its_own_namespace_only() {
+    let who = identity("both");
+    for action in ALL {
+        let res = authorize_spoke_child(&who, AgentMode::Managed, action, &own("child"));
+        let want_ok = matches!(
+            action,
+            Action::Create | Action::UpdateSpec | Action::UpdateStatus | Action::Delete
+        );
+        assert_eq!(res.is_ok(), want_ok, "{action}: {res:?}");
+    }
+    // Its own child copy: yes. Another agent's object, one created on the hub (a name
+    // collision), or another namespace: no.
+    let mine = ObjectRef {
+        owner: Owner::Agent(&EDGE_7),
+        ..own("child")
+    };
+    assert!(authorize_spoke_child(&who, AgentMode::Managed, Action::Delete, &mine).is_ok());
+    for (owner, code) in [
+        (Owner::Agent(&AGENT_B), "NotOwner"),
+        (Owner::Hub, "NotOwner"),
+        (Owner::Invalid("x y"), "NotOwner"),
+    ] {
+        let obj = ObjectRef {
+            owner,
+            ..own("child")
+        };
+        let d =
+            authorize_spoke_child(&who, AgentMode::Managed, Action::UpdateSpec, &obj).unwrap_err();
+        assert_eq!(d.reason_code(), code, "{owner:?}");
+    }
+    let elsewhere = ObjectRef {
+        namespace: &AGENT_B_NS,
+        ..own("child")
+    };
+    let d =
+        authorize_spoke_child(&who, AgentMode::Managed, Action::Create, &elsewhere).unwrap_err();
+    assert_eq!(d.reason_code(), "WrongNamespace");
+    let collision = ObjectRef {
+        owner: Owner::Hub,
+        ..own("child")
+    };
+    let d =
+        authorize_spoke_child(&who, AgentMode::Managed, Action::Create, &collision).unwrap_err();
+    assert!(d.to_string().contains("created on the hub"), "{d}");
+    // Not for autonomous agents (their Applications are all theirs anyway), nor in a mode
+    // the rule does not allow.
+    assert!(authorize_spoke_child(&who, AgentMode::Autonomous, Action::Create, &own("c")).is_err());
+    let autonomous_only = identity("autonomous");
+    let d = authorize_spoke_child(
+        &autonomous_only,
+        AgentMode::Managed,
+        Action::Create,
+        &own("c"),
+    )
+    .unwrap_err();
+    assert_eq!(d.reason_code(), "ModeNotAllowed");
 }

@@ -89,6 +89,12 @@ pub fn hub_owned_key(key: &str) -> bool {
 /// request, as before).
 pub const REFRESHED_ANNOTATION: &str = "argocd-agent.argoproj-labs.io/refreshed";
 
+/// Annotation on a managed agent's spoke-authored Application (a child an app-of-apps
+/// parent created on the spoke) and on its read-only hub copy: the parent's name. The
+/// agent sends it with every publish and delete of such a child; the principal writes the
+/// child only into that agent's hub namespace, never over an Application created on the hub.
+pub const PARENT_ANNOTATION: &str = "argocd-agent.argoproj-labs.io/parent-application";
+
 /// One annotation of an object given as JSON.
 pub fn annotation_of<'a>(obj: &'a serde_json::Value, key: &str) -> Option<&'a str> {
     obj.get("metadata")?.get("annotations")?.get(key)?.as_str()

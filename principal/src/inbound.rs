@@ -118,7 +118,12 @@ pub fn decide(
             message: format!("{} events are not accepted from agents", event.ty),
         });
     };
-    if let Err(refusal) = check_authorized(identity, mode, action, &resource, owner, placement) {
+    let authorized = if is_spoke_child(mode, action, &resource, event) {
+        check_spoke_child(identity, mode, action, &resource, owner)
+    } else {
+        check_authorized(identity, mode, action, &resource, owner, placement)
+    };
+    if let Err(refusal) = authorized {
         return Decision::Refuse(refusal);
     }
     if let Err(refusal) = check_payload_name(event, &resource) {
@@ -142,6 +147,51 @@ fn control_decision(event: &Event) -> Option<Decision> {
             _ => Decision::Ignore,
         },
         _ => return None,
+    })
+}
+
+/// Whether the event is a managed agent's write of a spoke-authored Application (an
+/// app-of-apps child): its object names the parent ([`object::PARENT_ANNOTATION`]).
+fn is_spoke_child(mode: AgentMode, action: Action, resource: &ResourceRef, event: &Event) -> bool {
+    mode == AgentMode::Managed
+        && resource.kind == ResourceKind::Application
+        && matches!(action, Action::Create | Action::UpdateSpec | Action::Delete)
+        && event
+            .object()
+            .and_then(|o| object::annotation_of(o, object::PARENT_ANNOTATION))
+            .is_some_and(|p| !p.is_empty())
+}
+
+/// Authorizes a spoke-authored child's write ([`authz::authorize_spoke_child`]): an
+/// Application created on the hub under that name is never the agent's, whatever the
+/// action (a name collision is refused, never overwritten).
+fn check_spoke_child(
+    identity: &AgentIdentity,
+    mode: AgentMode,
+    action: Action,
+    resource: &ResourceRef,
+    owner: &OwnerRecord,
+) -> Result<(), Refusal> {
+    let owner_name = match owner {
+        OwnerRecord::Label(l) => AgentName::new(l).ok(),
+        _ => None,
+    };
+    let owner = match (owner, &owner_name) {
+        (OwnerRecord::Label(_), Some(name)) => Owner::Agent(name),
+        (OwnerRecord::Label(label), None) => Owner::Invalid(label),
+        (OwnerRecord::Unlabelled, _) => Owner::Hub,
+        (OwnerRecord::Absent, _) => Owner::Unknown,
+    };
+    let object = ObjectRef {
+        kind: resource.kind,
+        namespace: &resource.namespace,
+        name: &resource.name,
+        owner,
+    };
+    authz::authorize_spoke_child(identity, mode, action, &object).map_err(|denied| Refusal {
+        reason: "Forbidden",
+        metric: denied.reason_code(),
+        message: denied.to_string(),
     })
 }
 

@@ -417,6 +417,13 @@ async fn resync(
                     .cloned()
                     .unwrap_or_default();
                 hub.apps.resync_managed(state, &app_checksums, &app_uids);
+                let children = resync::from_state(
+                    resync::CHILD_APPLICATION_KIND,
+                    hello.state.as_ref().unwrap_or(&Default::default()),
+                );
+                hub.apps
+                    .resync_children(state, hello.state.is_some().then_some(&children))
+                    .await;
                 hub.config
                     .resync_config(state, &agent_checksums, &agent_uids);
             }

@@ -19,9 +19,13 @@
 //! on a real cluster. An Application without Argo CD's finalizers is deleted by the API
 //! server at once; the controller does nothing.
 //!
+//! App-of-apps: a parent whose source renders Application manifests creates, updates and
+//! prunes its children when it syncs ([`crate::app_of_apps`], which also says what the
+//! repository server's stand-in is).
+//!
 //! Not modelled: deploying anything, health assessment, sync waves and hooks other than
-//! the deletion order above, the ApplicationSet and notifications controllers,
-//! app-of-apps.
+//! the deletion order above (the ApplicationSet and notifications controllers have their
+//! own stand-ins: [`crate::fake_appset`], [`crate::fake_notifications`]).
 
 use std::time::Duration;
 
@@ -102,8 +106,16 @@ async fn reconcile(
         .cloned()
         .unwrap_or(json!("HEAD"));
     let now = now_rfc3339();
-    if let Some(op) = app.get("operation").filter(|o| !o.is_null()) {
-        let mut status = app.get("status").cloned().unwrap_or_else(|| json!({}));
+    let op = app.get("operation").filter(|o| !o.is_null());
+    let resources = crate::app_of_apps::reconcile_children(api, app, op).await?;
+    let with_resources = |mut status: Value| {
+        if let Some(r) = &resources {
+            status["resources"] = json!(r);
+        }
+        status
+    };
+    if let Some(op) = op {
+        let mut status = with_resources(app.get("status").cloned().unwrap_or_else(|| json!({})));
         status["operationState"] = json!({
             "operation": op,
             "phase": "Succeeded",
@@ -122,7 +134,7 @@ async fn reconcile(
         .and_then(|a| a.get(REFRESH_ANNOTATION))
         .is_some();
     if refresh {
-        let mut status = app.get("status").cloned().unwrap_or_else(|| json!({}));
+        let mut status = with_resources(app.get("status").cloned().unwrap_or_else(|| json!({})));
         status["sync"] = json!({"status": "Synced", "revision": revision});
         status["health"] = json!({"status": "Healthy"});
         status["reconciledAt"] = json!(now);
@@ -135,8 +147,11 @@ async fn reconcile(
         .await?;
         return Ok(());
     }
-    if app.pointer("/status/sync/revision") != Some(&revision) {
-        let mut status = app.get("status").cloned().unwrap_or_else(|| json!({}));
+    let resources_changed = resources
+        .as_ref()
+        .is_some_and(|r| app.pointer("/status/resources") != Some(&json!(r)));
+    if app.pointer("/status/sync/revision") != Some(&revision) || resources_changed {
+        let mut status = with_resources(app.get("status").cloned().unwrap_or_else(|| json!({})));
         status["sync"] = json!({"status": "Synced", "revision": revision});
         status["health"] = json!({"status": "Healthy"});
         status["reconciledAt"] = json!(now);

@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod app_of_apps;
 pub mod argocd_schema;
 pub mod envoy;
 pub mod fake_appset;

@@ -88,7 +88,7 @@ impl Tracking {
     }
 
     /// The Application an object's metadata names under this tracking, if any.
-    fn app_names<'m>(&self, metadata: &'m Value) -> Vec<&'m str> {
+    pub fn app_names<'m>(&self, metadata: &'m Value) -> Vec<&'m str> {
         let mut out = Vec::new();
         if self.reads_label()
             && let Some(instance) = metadata

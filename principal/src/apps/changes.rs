@@ -10,7 +10,7 @@ use argocd_agent_kubernetes::object::{self, is_being_deleted, spec_checksum};
 use kube::api::DynamicObject;
 use serde_json::{Value, json};
 
-use super::{Applications, app_ref, hub_form, name_of, obj_ref, value_checksum};
+use super::{Applications, app_ref, hub_form_in, name_of, obj_ref, value_checksum};
 use crate::error::chain;
 use crate::sessions::AgentState;
 
@@ -29,6 +29,13 @@ impl Applications {
             return;
         }
         match state.mode() {
+            // An app-of-apps child the agent's spoke created: the spoke's, as an autonomous
+            // agent's Applications are (hub edits and deletions are reverted).
+            AgentMode::Managed if super::is_spoke_child_copy(&obj) => {
+                if super::written_by(&obj, &state.name) {
+                    self.on_autonomous_change(state, &ns, &obj, deleted).await;
+                }
+            }
             AgentMode::Managed => self.on_managed_change(state, &ns, &obj, deleted),
             AgentMode::Autonomous => self.on_autonomous_change(state, &ns, &obj, deleted).await,
         }
@@ -74,7 +81,8 @@ impl Applications {
         self.forward_operation(state, obj);
     }
 
-    /// Autonomous: hub edits and deletions are reverted to what the agent sent.
+    /// Autonomous (and a managed agent's spoke-authored children): hub edits and deletions
+    /// are reverted to what the agent sent.
     pub(crate) async fn on_autonomous_change(
         &self,
         state: &AgentState,
@@ -94,7 +102,8 @@ impl Applications {
         }
         let what = if deleted {
             "deletion"
-        } else if spec_checksum(obj) != value_checksum(hub_form(&state.name, &desired).get("spec"))
+        } else if spec_checksum(obj)
+            != value_checksum(hub_form_in(state.mode(), &state.name, &desired).get("spec"))
         {
             "edit"
         } else {
@@ -121,6 +130,11 @@ impl Applications {
     /// removes it, and the hub copy follows the spoke. A request the spoke's own object
     /// carries (`desired`) came from the spoke and is not sent back.
     pub(crate) fn forward_refresh(&self, state: &AgentState, obj: &DynamicObject, desired: &Value) {
+        // A managed agent takes a spec-update as the hub's copy to write: a refresh of a
+        // spoke-authored child is not carried (refresh its parent, or the child on the spoke).
+        if state.mode() != argocd_agent_domain::AgentMode::Autonomous {
+            return;
+        }
         let name = name_of(obj);
         let value = obj
             .metadata

@@ -109,6 +109,29 @@ fn hub_form(agent: &AgentName, app: &Value) -> Value {
     out
 }
 
+/// A managed agent's spoke-authored Application in the hub form: as the spoke holds it
+/// (its project is a hub project already); an autonomous agent's in [`hub_form`].
+fn hub_form_in(mode: AgentMode, agent: &AgentName, app: &Value) -> Value {
+    match mode {
+        AgentMode::Autonomous => hub_form(agent, app),
+        AgentMode::Managed => app.clone(),
+    }
+}
+
+/// Whether `obj` is the read-only hub copy of an Application an app-of-apps parent created
+/// on some managed agent's spoke (it carries an agent label and the parent annotation).
+pub fn is_spoke_child_copy(obj: &DynamicObject) -> bool {
+    obj.metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(AGENT_NAME_LABEL))
+        && obj
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(object::PARENT_ANNOTATION))
+}
+
 /// Whether `obj` is a hub copy that `agent` wrote (autonomous mode).
 fn written_by(obj: &DynamicObject, agent: &AgentName) -> bool {
     obj.metadata
@@ -123,11 +146,12 @@ fn written_by(obj: &DynamicObject, agent: &AgentName) -> bool {
 /// are dropped: they belong to its cluster (an update keeps what the hub copy has).
 fn hub_copy_of_agent_app(
     agent: &AgentName,
+    mode: AgentMode,
     ns: &Namespace,
     incoming: &Value,
 ) -> Result<DynamicObject, serde_json::Error> {
     let mut copy = object::received_copy(
-        &hub_form(agent, incoming),
+        &hub_form_in(mode, agent, incoming),
         ns.as_str(),
         (AGENT_NAME_LABEL, agent.as_str()),
     )?;
@@ -240,13 +264,16 @@ impl Applications {
         &self,
         state: &AgentState,
     ) -> HashMap<String, Arc<DynamicObject>> {
+        // Spoke-authored children come from the agents; they are never sent down.
         if !self.routes_by_destination(state) {
-            return self.hub_objects(&state.namespace());
+            let mut objects = self.hub_objects(&state.namespace());
+            objects.retain(|_, o| !is_spoke_child_copy(o));
+            return objects;
         }
         self.cache
             .list()
             .into_iter()
-            .filter(|o| !argocd_agent_kubernetes::is_sync_ignored(o))
+            .filter(|o| !argocd_agent_kubernetes::is_sync_ignored(o) && !is_spoke_child_copy(o))
             .filter(|o| destination_of(o) == Some(state.name.as_str()))
             .map(|o| (self.app_key(&o), o))
             .collect()
@@ -342,6 +369,14 @@ impl Applications {
             return;
         };
         let by_namespace = self.agent_for_namespace(&ns);
+        // A spoke-authored child goes to the agent that wrote it (to revert hub edits), by
+        // namespace whatever the mapping, and never to the agent its destination names.
+        if is_spoke_child_copy(obj) {
+            if let Some(state) = by_namespace.filter(|s| written_by(obj, &s.name)) {
+                state.push_change(ResourceKind::Application, name_of(obj), change);
+            }
+            return;
+        }
         if !self.by_destination
             || by_namespace
                 .as_ref()
@@ -428,7 +463,7 @@ mod tests {
             },
             "spec": {"project": "default"}
         });
-        let copy = hub_copy_of_agent_app(&agent, &ns, &incoming).unwrap();
+        let copy = hub_copy_of_agent_app(&agent, AgentMode::Autonomous, &ns, &incoming).unwrap();
         assert_eq!(copy.metadata.finalizers, None);
         assert_eq!(copy.metadata.owner_references, None);
         assert_eq!(copy.metadata.namespace.as_deref(), Some("argocd-edge-7"));

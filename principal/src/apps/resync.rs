@@ -102,6 +102,32 @@ impl Applications {
         }
     }
 
+    /// Managed agent reconnected: the hub copies of its spoke-authored children
+    /// (app-of-apps) that its hello no longer lists are deleted; the agent publishes every
+    /// child it holds after the welcome. `listed` is `None` for an agent that sent no
+    /// resync state (what it holds is unknown: nothing is deleted).
+    pub async fn resync_children(&self, state: &AgentState, listed: Option<&Checksums>) {
+        let Some(listed) = listed else { return };
+        let ns = state.namespace();
+        let stale: Vec<String> = self
+            .hub_objects(&ns)
+            .into_iter()
+            .filter(|(name, o)| {
+                super::is_spoke_child_copy(o)
+                    && written_by(o, &state.name)
+                    && !listed.contains_key(name)
+            })
+            .map(|(name, _)| name)
+            .collect();
+        if !stale.is_empty() {
+            tracing::info!(agent = %state.name, delete = stale.len(), "resync (managed): spoke-authored children gone from the spoke");
+        }
+        for name in stale {
+            state.inner().desired.remove(&name);
+            let _ = self.delete_hub_copy(&ns, &name).await;
+        }
+    }
+
     /// Autonomous agent reconnected: ask for what differs, delete what it no longer has.
     ///
     /// `agent_state` is `None` for an agent that sent no resync state (one of the previous

@@ -168,7 +168,7 @@ impl Applications {
     ) -> Result<(), ApplyError> {
         let delivered = state.inner().refresh_delivered.remove(&resource.name);
         let keep = |key: &str| keep_on_hub(key, previous, delivered);
-        self.upsert_with(resource, &state.name, incoming, &keep)
+        self.upsert_with(resource, &state.name, state.mode(), incoming, &keep)
             .await
     }
 
@@ -178,16 +178,16 @@ impl Applications {
         &self,
         resource: &ResourceRef,
         agent: &AgentName,
+        mode: AgentMode,
         incoming: &Value,
         keep: &(dyn Fn(&str) -> bool + Sync),
     ) -> Result<(), ApplyError> {
-        let mut copy =
-            hub_copy_of_agent_app(agent, &resource.namespace, incoming).map_err(|source| {
-                ApplyError::NotAnObject {
-                    resource: resource.clone(),
-                    source,
-                }
-            })?;
+        let mut copy = hub_copy_of_agent_app(agent, mode, &resource.namespace, incoming).map_err(
+            |source| ApplyError::NotAnObject {
+                resource: resource.clone(),
+                source,
+            },
+        )?;
         // Status goes through the status subresource, after the object exists.
         let status = object::take_field(&mut copy, "status");
         // `.operation` on the hub copy is the hub's request to the spoke (`argocd app sync`
