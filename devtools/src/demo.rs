@@ -264,6 +264,7 @@ async fn check(topo: &Topology) -> Result<(), harness::HarnessError> {
     )
     .await?;
     check_refresh(topo, t).await?;
+    check_app_of_apps(topo, t).await?;
     let managed_label = "argocd-agent.argoproj-labs.io/managed-by-principal";
     harness::eventually(
         "hub application reaches the managed spoke (project team-a) and reports Healthy",
@@ -349,6 +350,65 @@ async fn check(topo: &Topology) -> Result<(), harness::HarnessError> {
     if logs.contains("fake-demo-token-not-a-secret") {
         return Err("the repository password appears in a log".into());
     }
+    Ok(())
+}
+
+/// App-of-apps on the managed spoke: the parent `apps`, authored on the hub, renders one
+/// child Application (`apps-child`) from the managed spoke's repository stand-in; the spoke's
+/// Argo CD (the stand-in) creates it there and the agent publishes it to the hub, read-only.
+async fn seed_app_of_apps(topo: &Topology) -> Result<(), harness::HarnessError> {
+    let child = json!({
+        "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+        "metadata": {"name": APP_OF_APPS_CHILD},
+        "spec": {
+            "project": "default",
+            "source": {"repoURL": "https://github.com/argoproj/argocd-example-apps",
+                       "path": "kustomize-guestbook", "targetRevision": "HEAD"},
+            "destination": {"server": "https://kubernetes.default.svc", "namespace": "kustomize-guestbook"}
+        }
+    });
+    harness::configmaps(&topo.managed_spoke, SPOKE_NS)?
+        .create(
+            &PostParams::default(),
+            &harness::object(json!({
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": argocd_agent_testkit::app_of_apps::REPO_CONFIGMAP, "namespace": SPOKE_NS},
+                "data": {"apps": serde_json::to_string(&[child])?}
+            })),
+        )
+        .await?;
+    let mut parent = serde_json::to_value(with_project(
+        harness::sample_app("apps", MANAGED, "apps"),
+        TEAM_PROJECT,
+    ))?;
+    parent["spec"]["destination"]["namespace"] = json!(SPOKE_NS);
+    harness::apps(&topo.hub, MANAGED)?
+        .create(&PostParams::default(), &harness::object(parent))
+        .await?;
+    Ok(())
+}
+
+/// The child Application the demo's app-of-apps parent creates on the managed spoke.
+const APP_OF_APPS_CHILD: &str = "apps-child";
+
+/// The app-of-apps child reaches the hub, read-only (agent label, parent annotation), with
+/// the status the spoke's Argo CD gave it.
+async fn check_app_of_apps(topo: &Topology, t: Duration) -> Result<(), harness::HarnessError> {
+    harness::eventually(
+        "the app-of-apps child created on the managed spoke appears on the hub, Healthy",
+        t,
+        || async {
+            harness::stored_app(&topo.hub, MANAGED, APP_OF_APPS_CHILD).filter(|a| {
+                a["metadata"]["annotations"]["argocd-agent.argoproj-labs.io/parent-application"]
+                    == "apps"
+                    && a.pointer("/status/health/status") == Some(&Value::from("Healthy"))
+            })
+        },
+    )
+    .await?;
+    println!(
+        "app-of-apps: parent apps (hub) -> managed spoke's Argo CD creates {APP_OF_APPS_CHILD} -> {APP_OF_APPS_CHILD} on the hub, read-only, Healthy"
+    );
     Ok(())
 }
 
@@ -691,6 +751,7 @@ pub async fn run(args: DemoArgs) -> crate::CmdResult {
             ),
         )
         .await?;
+    seed_app_of_apps(&topo).await?;
     harness::projects(&topo.autonomous_spoke, SPOKE_NS)?
         .create(&pp, &edge_project())
         .await?;
@@ -746,7 +807,7 @@ pub async fn run(args: DemoArgs) -> crate::CmdResult {
 
     let k = kubectl();
     let help = format!(
-        "Try (in another terminal):\n  {k} --kubeconfig {d}/hub.kubeconfig -n {MANAGED} edit application guestbook\n  {k} --kubeconfig {d}/hub.kubeconfig -n {MANAGED} apply -f my-app.yaml\n  {k} --kubeconfig {d}/managed.kubeconfig -n {SPOKE_NS} get applications -w\n  {k} --kubeconfig {d}/hub.kubeconfig -n {MANAGED} annotate application guestbook argocd.argoproj.io/refresh=hard   # the hub UI's Hard refresh: watch it reach the spoke and end on both sides\n  {k} --kubeconfig {d}/autonomous.kubeconfig -n {SPOKE_NS} delete application edge-guestbook\n  {k} --kubeconfig {d}/managed.kubeconfig -n {SPOKE_NS} get appprojects,secrets   # team-a, team-a-repo from the hub\n  {k} --kubeconfig {d}/managed.kubeconfig -n {SPOKE_NS} delete secret {TEAM_REPO}   # comes back\n  {k} --kubeconfig {d}/hub.kubeconfig -n {HUB_ARGOCD_NS} get appprojects   # {AUTONOMOUS}-{EDGE_PROJECT} from the autonomous spoke\n  argocd-agentctl agent list --principal-admin-address {admin}   # agents as the principal sees them\nLogs: {d}/principal.log, {d}/{MANAGED}.log, {d}/{AUTONOMOUS}.log. Ctrl-C stops everything.\n",
+        "Try (in another terminal):\n  {k} --kubeconfig {d}/hub.kubeconfig -n {MANAGED} edit application guestbook\n  {k} --kubeconfig {d}/hub.kubeconfig -n {MANAGED} apply -f my-app.yaml\n  {k} --kubeconfig {d}/managed.kubeconfig -n {SPOKE_NS} get applications -w\n  {k} --kubeconfig {d}/hub.kubeconfig -n {MANAGED} get application {APP_OF_APPS_CHILD} -o yaml   # created on the spoke by the app-of-apps parent apps; read-only on the hub\n  {k} --kubeconfig {d}/hub.kubeconfig -n {MANAGED} annotate application guestbook argocd.argoproj.io/refresh=hard   # the hub UI's Hard refresh: watch it reach the spoke and end on both sides\n  {k} --kubeconfig {d}/autonomous.kubeconfig -n {SPOKE_NS} delete application edge-guestbook\n  {k} --kubeconfig {d}/managed.kubeconfig -n {SPOKE_NS} get appprojects,secrets   # team-a, team-a-repo from the hub\n  {k} --kubeconfig {d}/managed.kubeconfig -n {SPOKE_NS} delete secret {TEAM_REPO}   # comes back\n  {k} --kubeconfig {d}/hub.kubeconfig -n {HUB_ARGOCD_NS} get appprojects   # {AUTONOMOUS}-{EDGE_PROJECT} from the autonomous spoke\n  argocd-agentctl agent list --principal-admin-address {admin}   # agents as the principal sees them\nLogs: {d}/principal.log, {d}/{MANAGED}.log, {d}/{AUTONOMOUS}.log. Ctrl-C stops everything.\n",
         d = dir.display(),
         admin = topo.admin_address
     );
