@@ -24,7 +24,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Agents as a running principal sees them (its admin API): list, inspect, disconnect.
+    /// Agents: onboard (create, delete) and, through a running principal's admin API, list,
+    /// inspect, disconnect.
     #[command(subcommand)]
     Agent(ctl::agent::Command),
     /// Revocation by identity: the hub's blocklist of SPIFFE IDs, prefixes and certificate

@@ -4,6 +4,7 @@ pub mod agent;
 pub mod blocklist;
 pub mod identity;
 pub mod mesh;
+pub mod onboard;
 pub mod replicas;
 
 /// Where the hub's Kubernetes API is, for commands that read or edit hub objects.
