@@ -40,6 +40,10 @@ enum Command {
     /// Service-mesh config generators (Envoy, Istio, Linkerd).
     #[command(subcommand)]
     Mesh(ctl::mesh::Command),
+    /// Offline checks of a principal's or an agent's flags, environment, mapping rules and
+    /// SVID files: OK / WARN / ERROR lines, non-zero exit on errors.
+    #[command(subcommand)]
+    Validate(ctl::validate::Command),
     /// Print the version, the git commit and the protocol versions this build speaks.
     Version,
 }
@@ -54,6 +58,7 @@ async fn main() {
         Command::Replicas(a) => ctl::replicas::run(a).await,
         Command::Identity(c) => ctl::identity::run(c).await,
         Command::Mesh(c) => ctl::mesh::run(c).await,
+        Command::Validate(c) => ctl::validate::run(c).await,
         Command::Version => {
             println!("argocd-agentctl {}", argocd_agent_cli::version::text());
             Ok(())
