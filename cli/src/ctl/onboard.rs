@@ -305,7 +305,7 @@ impl Plan {
                 json!({
                     "apiVersion": "cert-manager.io/v1",
                     "kind": "Certificate",
-                    "metadata": {"name": "argocd-agent-svid", "labels": labels},
+                    "metadata": {"name": "argocd-agent-svid", "namespace": self.spoke_namespace.as_str(), "labels": labels},
                     "spec": {
                         "secretName": "argocd-agent-svid",
                         "uris": [self.spiffe_id.as_str()],

@@ -201,10 +201,8 @@ fn principal(r: &mut Report, p: &crate::args::PrincipalArgs, a: &ValidateArgs, n
         flags.push(format!("mtls:{rest}"));
     }
     let rules = load_rules(r, p.identity_rules.as_deref(), &flags);
-    if let Some(rules) = &rules {
-        if rules.is_empty() {
-            r.warn("rules: none; every agent is refused");
-        }
+    if rules.as_ref().is_some_and(RuleSet::is_empty) {
+        r.warn("rules: none; every agent is refused");
     }
     if p.auth == "spiffe" || p.auth.starts_with("mtls:") {
         let tds: Vec<TrustDomain> = p
@@ -272,10 +270,11 @@ fn agent(r: &mut Report, ag: &crate::args::AgentArgs, a: &ValidateArgs, now: Sys
             r.warn("rules: no SPIFFE ID to map (SVID from the Workload API: pass --spiffe-id)");
             return;
         };
-        match rules
-            .map(&id)
-            .and_then(|m| m.check_mode(ag.agent_mode).map(|()| m))
-        {
+        match rules.map(&id).map_err(|e| e.to_string()).and_then(|m| {
+            m.check_mode(ag.agent_mode)
+                .map(|()| m)
+                .map_err(|e| e.to_string())
+        }) {
             Ok(m) => r.ok(format!(
                 "rules: {} is agent {:?} in hub namespace {:?}, mode {} allowed (rule {:?})",
                 id.as_str(),
