@@ -24,7 +24,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Agents as a running principal sees them (its admin API): list, inspect, disconnect.
+    /// Agents: onboard (create, delete) and, through a running principal's admin API, list,
+    /// inspect, disconnect.
     #[command(subcommand)]
     Agent(ctl::agent::Command),
     /// Revocation by identity: the hub's blocklist of SPIFFE IDs, prefixes and certificate
@@ -39,6 +40,10 @@ enum Command {
     /// Service-mesh config generators (Envoy, Istio, Linkerd).
     #[command(subcommand)]
     Mesh(ctl::mesh::Command),
+    /// Offline checks of a principal's or an agent's flags, environment, mapping rules and
+    /// SVID files: OK / WARN / ERROR lines, non-zero exit on errors.
+    #[command(subcommand)]
+    Validate(ctl::validate::Command),
     /// Print the version, the git commit and the protocol versions this build speaks.
     Version,
 }
@@ -53,6 +58,7 @@ async fn main() {
         Command::Replicas(a) => ctl::replicas::run(a).await,
         Command::Identity(c) => ctl::identity::run(c).await,
         Command::Mesh(c) => ctl::mesh::run(c).await,
+        Command::Validate(c) => ctl::validate::run(c).await,
         Command::Version => {
             println!("argocd-agentctl {}", argocd_agent_cli::version::text());
             Ok(())

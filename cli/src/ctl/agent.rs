@@ -25,6 +25,13 @@ pub enum Command {
     /// reaches the agent's cluster through the principal's resource proxy exactly as
     /// argocd-server does.
     Kubeconfig(KubeconfigArgs),
+    /// Onboards an agent: prints (or with --apply, applies on the hub) its hub namespace and
+    /// mapping rule, and renders the spoke's identity object (SPIRE ClusterSPIFFEID or
+    /// cert-manager Certificate) and kustomize overlay (--output-dir). Idempotent.
+    Create(Box<crate::ctl::onboard::CreateArgs>),
+    /// Removes what `create --apply` put on the hub: the mapping rule, the agent's cluster
+    /// Secret, and with --delete-namespace its hub namespace. Idempotent.
+    Delete(crate::ctl::onboard::DeleteArgs),
 }
 
 /// `argocd-agentctl agent kubeconfig`.
@@ -464,6 +471,8 @@ mod http_uri {
 /// Runs an `agent` subcommand.
 pub async fn run(command: Command) -> crate::CmdResult {
     match command {
+        Command::Create(a) => crate::ctl::onboard::run_create(*a).await,
+        Command::Delete(a) => crate::ctl::onboard::run_delete(a).await,
         Command::Kubeconfig(a) => {
             let text = kubeconfig(&a).await?;
             match &a.output {

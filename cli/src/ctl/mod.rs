@@ -4,7 +4,9 @@ pub mod agent;
 pub mod blocklist;
 pub mod identity;
 pub mod mesh;
+pub mod onboard;
 pub mod replicas;
+pub mod validate;
 
 /// Where the hub's Kubernetes API is, for commands that read or edit hub objects.
 #[derive(Debug, clap::Args)]

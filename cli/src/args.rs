@@ -1,0 +1,1008 @@
+//! The command line of `argocd-agent` (principal and agent): the clap definitions and their
+//! conversion to the principal's and the agent's configuration. The binary runs them;
+//! `argocd-agentctl validate` parses the same flags offline.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use argocd_agent_domain::AgentMode;
+use argocd_agent_identity::source::SvidConfig;
+use argocd_agent_identity::{SpiffeId, TrustDomain};
+use argocd_agent_kubernetes::ClientOptions;
+use argocd_agent_mesh::guard::HeaderListenerPolicy;
+use clap::{Args, Parser, Subcommand};
+
+/// `argocd-agent`'s command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "argocd-agent",
+    version = crate::version::text(),
+    about = "SPIFFE-native argocd-agent: principal and agent"
+)]
+pub struct Cli {
+    /// What to run.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The two roles of the binary.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the principal (hub side).
+    Principal(Box<PrincipalArgs>),
+    /// Run the agent (spoke side).
+    Agent(Box<AgentArgs>),
+}
+
+/// Where the Kubernetes API is, and how fast to call it.
+#[derive(Debug, Args)]
+pub struct KubeArgs {
+    /// Path to a kubeconfig (default: KUBECONFIG, in-cluster, ~/.kube/config).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// Context in the kubeconfig.
+    #[arg(long)]
+    pub kube_context: Option<String>,
+    /// Client-side rate limit towards the Kubernetes API.
+    #[arg(long, default_value_t = argocd_agent_kubernetes::DEFAULT_QPS)]
+    pub kube_qps: f32,
+    /// Requests above --kube-qps allowed at once.
+    #[arg(long, default_value_t = argocd_agent_kubernetes::DEFAULT_BURST)]
+    pub kube_burst: u32,
+}
+
+impl KubeArgs {
+    fn options(&self) -> ClientOptions {
+        ClientOptions {
+            kubeconfig: self.kubeconfig.clone(),
+            context: self.kube_context.clone(),
+            qps: self.kube_qps,
+            burst: self.kube_burst,
+        }
+    }
+}
+
+/// Where the workload's X.509-SVID comes from: the Workload API or PEM files.
+#[derive(Debug, Args)]
+pub struct SvidArgs {
+    /// SPIFFE Workload API socket (default: SPIFFE_ENDPOINT_SOCKET).
+    #[arg(long, env = "SPIFFE_ENDPOINT_SOCKET")]
+    pub spiffe_endpoint_socket: Option<String>,
+    /// SVID certificate chain (PEM) instead of the Workload API.
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// SVID private key (PEM).
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Trust bundle(s) (PEM), `[trust-domain=]path`, repeatable.
+    #[arg(long = "root-ca")]
+    pub root_ca: Vec<String>,
+}
+
+fn parse_bundles(list: &[String]) -> Result<Vec<(Option<TrustDomain>, PathBuf)>, String> {
+    list.iter()
+        .map(|s| match s.split_once('=') {
+            Some((td, path)) => Ok((
+                Some(TrustDomain::new(td).map_err(|e| e.to_string())?),
+                PathBuf::from(path),
+            )),
+            None => Ok((None, PathBuf::from(s))),
+        })
+        .collect()
+}
+
+/// `argocd-agent principal`.
+#[derive(Debug, Args)]
+pub struct PrincipalArgs {
+    /// Address the agent listener binds.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_LISTEN_HOST", default_value = "0.0.0.0")]
+    pub listen_host: IpAddr,
+    /// Port of the agent listener (gRPC).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_LISTEN_PORT", default_value_t = 8443)]
+    pub listen_port: u16,
+    /// `spiffe` (SVID mTLS, default), `mtls:uri:<regex>` (SVID mTLS plus an upstream-style
+    /// mapping rule), `jwt-svid` (JWT-SVID bearer tokens behind a TLS-terminating ingress),
+    /// or header auth behind a mesh: `header:istio`, `header:envoy`, `header:linkerd`,
+    /// `header:<name>:<regex>`.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_AUTH", default_value = "spiffe")]
+    pub auth: String,
+    /// With `--auth jwt-svid`: the audience tokens must carry (default: the principal's own
+    /// X.509-SVID ID).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_JWT_AUDIENCE")]
+    pub jwt_audience: Option<String>,
+    /// Identity mapping rules file (YAML), reloaded live.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_IDENTITY_RULES")]
+    pub identity_rules: Option<PathBuf>,
+    /// Extra mapping rules (see docs/identity.md), evaluated after the file's.
+    #[arg(long = "identity-rule")]
+    pub identity_rule: Vec<String>,
+    /// Accept client SVIDs only from these trust domains (default: any with a bundle).
+    #[arg(long = "trust-domain")]
+    pub trust_domain: Vec<String>,
+    /// The principal's SVID.
+    #[command(flatten)]
+    pub svid: SvidArgs,
+    /// The hub's Kubernetes API.
+    #[command(flatten)]
+    pub kube: KubeArgs,
+    /// Only hub objects (Applications, AppProjects, repository Secrets, GPG keys) matching
+    /// this label selector are synced.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_LABEL_SELECTOR")]
+    pub label_selector: Option<String>,
+    /// Argo CD's namespace on the hub: where AppProjects, repository Secrets and
+    /// `argocd-gpg-keys-cm` live.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_NAMESPACE", default_value = "argocd")]
+    pub namespace: String,
+    /// Managed agents' Applications are chosen by `spec.destination.name` (any hub
+    /// namespace) instead of by the agent's hub namespace. Set it on the agents too.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_DESTINATION_BASED_MAPPING")]
+    pub destination_based_mapping: bool,
+    /// Per-agent metric labels for at most this many agents; later agents share the label
+    /// value `other`, so series stay bounded with thousands of agents.
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_METRICS_MAX_AGENT_LABELS",
+        default_value_t = 100
+    )]
+    pub metrics_max_agent_labels: usize,
+    /// Create an agent's hub namespace on its first connect.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_NAMESPACE_CREATE_ENABLE")]
+    pub namespace_create_enable: bool,
+    /// Labels for created namespaces, `k=v`, repeatable.
+    #[arg(long = "namespace-create-label")]
+    pub namespace_create_label: Vec<String>,
+    /// Trusted proxy addresses allowed to send identity headers (header auth).
+    #[arg(long = "header-auth-trusted-proxy")]
+    pub header_auth_trusted_proxy: Vec<IpAddr>,
+    /// Allow header auth on a non-loopback listener (dangerous; warns at every start).
+    #[arg(long)]
+    pub insecure_header_auth_any_address: bool,
+    /// Address of the `/metrics`, `/healthz` and `/readyz` listener (the pod IP in the
+    /// manifests, loopback when only a local sidecar scrapes).
+    /// Default: `$POD_IP`, else 127.0.0.1 (never all interfaces unless set).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_METRICS_HOST")]
+    pub metrics_host: Option<IpAddr>,
+    /// Port of the metrics and health listener; 0 turns it off.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_METRICS_PORT", default_value_t = 8000)]
+    pub metrics_port: u16,
+    /// Also serve `/healthz` and `/readyz` on this port (upstream's `--healthz-port`; 0: only
+    /// on the metrics port). Binds `--metrics-host`.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_HEALTH_CHECK_PORT", default_value_t = 0)]
+    pub healthz_port: u16,
+    /// Operator API (`argocd-agentctl agent ...`): loopback `host:port` or `unix:///path`;
+    /// `off` turns it off. Plaintext and unauthenticated: local operators only (kubectl exec
+    /// or port-forward); a non-loopback address is refused.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_ADMIN_ADDRESS", default_value = argocd_agent_principal::config::DEFAULT_ADMIN_ADDRESS)]
+    pub admin_address: String,
+    /// Maximum gRPC message size in bytes.
+    #[arg(long, default_value_t = 4 * 1024 * 1024)]
+    pub max_message_size: usize,
+    /// How long an agent may take to send its hello once its stream is open; a stream
+    /// without one is closed (`DeadlineExceeded`, refusal reason `HelloTimeout`).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_HELLO_TIMEOUT", default_value = "15s", value_parser = parse_duration)]
+    pub hello_timeout: Duration,
+    /// A session whose agent sends nothing (agents send heartbeats), or takes no event the
+    /// principal sends, for this long is closed.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_IDLE_TIMEOUT", default_value = "120s", value_parser = parse_duration)]
+    pub idle_timeout: Duration,
+    /// The Redis proxy.
+    #[command(flatten)]
+    pub redis: RedisProxyArgs,
+    /// The resource proxy.
+    #[command(flatten)]
+    pub resource_proxy: ResourceProxyArgs,
+    /// Active replicas.
+    #[command(flatten)]
+    pub ha: HaArgs,
+    /// Maximum unacknowledged events per agent.
+    #[arg(long, default_value_t = 256)]
+    pub max_in_flight: usize,
+    /// Inbound write events (create, spec-update, status-update, delete, request-update)
+    /// accepted per second from one agent; events over it are refused with
+    /// `TooManyRequests` before any hub write, and the agent resends them later. 0: no limit.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_AGENT_EVENT_RATE", default_value_t = argocd_agent_principal::ratelimit::DEFAULT_EVENT_RATE)]
+    pub agent_event_rate: f64,
+    /// Events one agent may send at once above --agent-event-rate.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_AGENT_EVENT_BURST", default_value_t = argocd_agent_principal::ratelimit::DEFAULT_EVENT_BURST)]
+    pub agent_event_burst: u32,
+    /// Log level filter (overridden by RUST_LOG).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
+    /// Log format: text or json.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_LOG_FORMAT", default_value = "text")]
+    pub log_format: String,
+    /// OpenTelemetry collector (OTLP/gRPC) to export traces to, e.g.
+    /// `https://collector:4317` (default: OTEL_EXPORTER_OTLP_ENDPOINT; none: no tracing).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_OTLP_ADDRESS")]
+    pub otlp_address: Option<String>,
+    /// Talk to the collector in plaintext instead of TLS.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_OTLP_INSECURE")]
+    pub otlp_insecure: bool,
+}
+
+/// The Redis proxy in front of argocd-server (docs/redis-proxy.md).
+#[derive(Debug, Args)]
+pub struct RedisProxyArgs {
+    /// Turn the Redis proxy off.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_DISABLE_REDIS_PROXY")]
+    pub disable_redis_proxy: bool,
+    /// Where argocd-server connects (`redis.server` in argocd-cmd-params-cm): `[host]:port`.
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_REDIS_PROXY_ADDRESS",
+        default_value = ":6379"
+    )]
+    pub redis_proxy_address: String,
+    /// The hub's Redis (`host:port`): every command that is not an agent's Application key.
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_REDIS_SERVER_ADDRESS",
+        default_value = "argocd-redis:6379"
+    )]
+    pub redis_server_address: String,
+    /// The hub Redis's ACL user (Argo CD's `REDIS_USERNAME`, also read).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_REDIS_USERNAME")]
+    pub redis_username: Option<String>,
+    /// The hub Redis's password: Argo CD's (the `auth` key of the `argocd-redis` Secret, which
+    /// argocd-server reads as `REDIS_PASSWORD`, also read here). With a password, clients of
+    /// the proxy must AUTH before anything, agents' keys included; prefer the environment.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_REDIS_PASSWORD", hide_env_values = true)]
+    pub redis_password: Option<String>,
+    /// Connect to the hub Redis with TLS, trusting the CA certificates in this PEM file.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_REDIS_SERVER_TLS_CA_PATH")]
+    pub redis_server_tls_ca_path: Option<PathBuf>,
+    /// Serve the proxy with TLS: PEM certificate chain (with `--redis-proxy-tls-key`).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_REDIS_PROXY_TLS_CERT_PATH")]
+    pub redis_proxy_tls_cert_path: Option<PathBuf>,
+    /// PEM private key of `--redis-proxy-tls-cert-path`.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_REDIS_PROXY_TLS_KEY_PATH")]
+    pub redis_proxy_tls_key_path: Option<PathBuf>,
+    /// Largest RESP frame accepted and largest value an agent may return, in bytes.
+    #[arg(long, default_value_t = 64 * 1024 * 1024)]
+    pub redis_proxy_max_value_size: usize,
+    /// Commands of one client connection waiting for replies at once.
+    #[arg(long, default_value_t = 128)]
+    pub redis_proxy_max_in_flight: usize,
+    /// Requests waiting for one agent's answers at once (more get an error).
+    #[arg(long, default_value_t = 256)]
+    pub redis_proxy_max_in_flight_per_agent: usize,
+    /// How long an agent may take to answer.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub redis_proxy_request_timeout: Duration,
+    /// Close client connections silent for this long (never while subscribed).
+    #[arg(long, default_value = "30m", value_parser = parse_duration)]
+    pub redis_proxy_idle_timeout: Duration,
+    /// With `--ha`: the address (`host:port`) other replicas reach this replica's Redis proxy
+    /// at, to forward keys of the agents it serves (published on its replica Lease);
+    /// default `$POD_IP:<port>`, else the listen address.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_REDIS_PROXY_REPLICA_ADDRESS")]
+    pub redis_proxy_replica_address: Option<String>,
+    /// The hub Argo CD's Redis compression (`redis.compression`): `gzip` or `none`; the
+    /// agents' cluster info is written in it.
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_REDIS_COMPRESSION_TYPE",
+        default_value = "gzip"
+    )]
+    pub redis_compression_type: argocd_agent_redis::clusterinfo::Compression,
+    /// Server URL of an agent's cluster in Argo CD (its cluster Secret's `server`);
+    /// `{agent}` is replaced by the agent's name. Cluster info is written under it.
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_CLUSTER_SERVER_URL_TEMPLATE",
+        default_value = argocd_agent_principal::clusterinfo::DEFAULT_SERVER_TEMPLATE
+    )]
+    pub cluster_server_url_template: String,
+}
+
+/// The resource proxy argocd-server reaches agents' clusters through (docs/resource-proxy.md).
+#[derive(Debug, Args)]
+pub struct ResourceProxyArgs {
+    /// Serve the resource proxy: the HTTPS endpoint argocd-server (and kubectl) uses as each
+    /// agent's cluster, tunnelled through the agent's stream.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_ENABLE_RESOURCE_PROXY")]
+    pub enable_resource_proxy: bool,
+    /// Where the resource proxy listens: `[host]:port`.
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_RESOURCE_PROXY_ADDRESS",
+        default_value = ":9090"
+    )]
+    pub resource_proxy_address: String,
+    /// The URL clients reach the proxy at (cluster secrets hold `<url>/agents/<agent>`);
+    /// default `https://<listen address>` (127.0.0.1 for an unspecified address).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_RESOURCE_PROXY_URL")]
+    pub resource_proxy_url: Option<String>,
+    /// Client connections to the resource proxy at once (more are closed at accept).
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_RESOURCE_PROXY_MAX_CONNECTIONS",
+        default_value_t = 1024
+    )]
+    pub resource_proxy_max_connections: usize,
+    /// Connections at once from one client address.
+    #[arg(long, default_value_t = 256)]
+    pub resource_proxy_max_connections_per_client: usize,
+    /// A resource proxy connection with no request in progress for this long is closed.
+    #[arg(long, default_value = "2m", value_parser = parse_duration)]
+    pub resource_proxy_idle_timeout: Duration,
+    /// With `--ha`: this replica's own resource proxy URL, which other replicas forward
+    /// requests for its agents to (published on its replica Lease; the serving certificate
+    /// names its host); default `https://$POD_IP:<port>`, else the listen address.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_RESOURCE_PROXY_REPLICA_URL")]
+    pub resource_proxy_replica_url: Option<String>,
+    /// Extra names (DNS or IP) of the certificate the principal issues for the proxy; the
+    /// URL's host is always one.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        env = "ARGOCD_PRINCIPAL_RESOURCE_PROXY_HOSTNAMES"
+    )]
+    pub resource_proxy_hostnames: Vec<String>,
+    /// `svid`: serve the principal's SVID (it must carry the URL's host as a DNS SAN);
+    /// `issued`: a certificate from the principal's own CA; `auto`: the SVID when it names
+    /// the host, else issued.
+    #[arg(
+        long,
+        default_value = "auto",
+        env = "ARGOCD_PRINCIPAL_RESOURCE_PROXY_TLS"
+    )]
+    pub resource_proxy_tls: argocd_agent_principal::resourceproxy::tls::ServingMode,
+    /// Lifetime of the per-agent tokens in cluster secrets (renewed at two thirds).
+    #[arg(long, default_value = "24h", value_parser = parse_duration)]
+    pub resource_proxy_token_ttl: Duration,
+    /// How long an agent may take to answer a request (504 after).
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub resource_proxy_request_timeout: Duration,
+    /// Largest request body (413 above).
+    #[arg(long, default_value_t = 4 << 20)]
+    pub resource_proxy_max_body: usize,
+    /// How long a client may take to send a request body (408 after); bodies are read
+    /// before a request takes one of its agent's slots.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub resource_proxy_body_timeout: Duration,
+    /// How long a client may take to send a request's headers (the connection is closed
+    /// after).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub resource_proxy_header_timeout: Duration,
+    /// Requests, log streams and terminal sessions at once per agent (429 above).
+    #[arg(long, default_value_t = 32)]
+    pub resource_proxy_max_in_flight_per_agent: usize,
+    /// Close a terminal session without traffic for this long.
+    #[arg(long, default_value = "30m", value_parser = parse_duration)]
+    pub terminal_idle_timeout: Duration,
+    /// Close a terminal session after this long in any case.
+    #[arg(long, default_value = "4h", value_parser = parse_duration)]
+    pub terminal_max_duration: Duration,
+    /// Create each agent's Argo CD cluster secret when it first connects, and keep its
+    /// token and CA data current (needs the resource proxy).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_ENABLE_SELF_CLUSTER_REGISTRATION")]
+    pub enable_self_cluster_registration: bool,
+}
+
+/// Several active principal replicas (docs/ha.md).
+#[derive(Debug, Args)]
+pub struct HaArgs {
+    /// Run as one of several active replicas: every agent's session is recorded in a
+    /// `coordination.k8s.io` Lease on the hub (see docs/ha.md), so an agent has one live
+    /// session across all replicas and a dead replica's agents are taken over.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_HA")]
+    pub ha: bool,
+    /// This replica's name in Leases (default: `POD_NAME`, else the host name).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_REPLICA_ID")]
+    pub replica_id: Option<String>,
+    /// A replica whose Lease is not renewed for this long is gone: its agents are taken
+    /// over (renewed every fifth of it).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub replica_lease_duration: Duration,
+    /// Duration of agent Leases (renewed at a random point between a third and two thirds
+    /// of it: N agents cost about 2N/duration writes per second).
+    #[arg(long, default_value = "15m", value_parser = parse_duration)]
+    pub agent_lease_duration: Duration,
+    /// Do not move agents to even out the replicas' load.
+    #[arg(long)]
+    pub no_rebalance: bool,
+    /// Agents a replica may hold above its fair share before it sheds some.
+    #[arg(long, default_value_t = 1)]
+    pub rebalance_slack: usize,
+    /// How often a replica compares its share with the others'.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub rebalance_interval: Duration,
+    /// Sessions a replica closes per rebalance round at most.
+    #[arg(long, default_value_t = 10)]
+    pub rebalance_batch: usize,
+    /// Client-side limit of Lease requests per second, apart from --kube-qps (every
+    /// session start is one Lease write: a reconnect storm of N agents is N writes).
+    #[arg(long, default_value_t = argocd_agent_principal::ha::DEFAULT_LEASE_QPS)]
+    pub lease_qps: f32,
+    /// Burst of Lease requests above --lease-qps.
+    #[arg(long, default_value_t = argocd_agent_principal::ha::DEFAULT_LEASE_BURST)]
+    pub lease_burst: u32,
+}
+
+impl HaArgs {
+    fn config(&self) -> Result<Option<argocd_agent_principal::ha::HaConfig>, String> {
+        if !self.ha {
+            return Ok(None);
+        }
+        let replica = self
+            .replica_id
+            .clone()
+            .unwrap_or_else(argocd_agent_principal::ha::default_replica_id);
+        let mut c = argocd_agent_principal::ha::HaConfig::new(replica);
+        c.replica_lease_duration = self.replica_lease_duration;
+        c.agent_lease_duration = self.agent_lease_duration;
+        c.rebalance = !self.no_rebalance;
+        c.rebalance_slack = self.rebalance_slack;
+        c.rebalance_interval = self.rebalance_interval;
+        c.rebalance_batch = self.rebalance_batch.max(1);
+        c.lease_qps = self.lease_qps;
+        c.lease_burst = self.lease_burst;
+        c.validate()?;
+        Ok(Some(c))
+    }
+}
+
+impl ResourceProxyArgs {
+    /// The resource proxy's configuration, or none when it is off.
+    pub fn config(
+        &self,
+    ) -> Result<Option<argocd_agent_principal::resourceproxy::ResourceProxyConfig>, String> {
+        if !self.enable_resource_proxy {
+            if self.enable_self_cluster_registration {
+                return Err(
+                    "--enable-self-cluster-registration needs --enable-resource-proxy".into(),
+                );
+            }
+            return Ok(None);
+        }
+        let listen = parse_listen(&self.resource_proxy_address)
+            .map_err(|e| format!("--resource-proxy-address: {e}"))?;
+        let url = self.resource_proxy_url.clone().unwrap_or_default();
+        if !url.is_empty() && !url.starts_with("https://") {
+            return Err(format!(
+                "--resource-proxy-url {url:?}: must be an https:// URL"
+            ));
+        }
+        let replica_url = self.resource_proxy_replica_url.clone().unwrap_or_default();
+        if !replica_url.is_empty() && !replica_url.starts_with("https://") {
+            return Err(format!(
+                "--resource-proxy-replica-url {replica_url:?}: must be an https:// URL"
+            ));
+        }
+        let mut c = argocd_agent_principal::resourceproxy::ResourceProxyConfig::new(listen, url);
+        c.replica_url = replica_url;
+        c.hostnames = self.resource_proxy_hostnames.clone();
+        c.tls = self.resource_proxy_tls;
+        c.token_ttl = self.resource_proxy_token_ttl;
+        c.request_timeout = self.resource_proxy_request_timeout;
+        c.max_body = self.resource_proxy_max_body;
+        c.max_in_flight_per_agent = self.resource_proxy_max_in_flight_per_agent.max(1);
+        c.terminal_idle_timeout = self.terminal_idle_timeout;
+        c.terminal_max_duration = self.terminal_max_duration;
+        c.self_cluster_registration = self.enable_self_cluster_registration;
+        c.limits.max_connections = self.resource_proxy_max_connections.max(1);
+        c.limits.max_per_client = self.resource_proxy_max_connections_per_client.max(1);
+        c.limits.idle_timeout = self.resource_proxy_idle_timeout;
+        c.limits.header_timeout = self.resource_proxy_header_timeout;
+        c.body_timeout = self.resource_proxy_body_timeout;
+        Ok(Some(c))
+    }
+}
+
+impl RedisProxyArgs {
+    /// The Redis proxy's configuration, or none when it is off.
+    pub fn config(
+        &self,
+    ) -> Result<Option<argocd_agent_principal::redisproxy::RedisProxyConfig>, String> {
+        if self.disable_redis_proxy {
+            return Ok(None);
+        }
+        let listen = parse_listen(&self.redis_proxy_address)
+            .map_err(|e| format!("--redis-proxy-address: {e}"))?;
+        let tls = match (
+            &self.redis_proxy_tls_cert_path,
+            &self.redis_proxy_tls_key_path,
+        ) {
+            (Some(cert), Some(key)) => Some(argocd_agent_redis::client::server_tls(cert, key)?),
+            (None, None) => None,
+            _ => {
+                return Err(
+                    "--redis-proxy-tls-cert-path and --redis-proxy-tls-key-path go together"
+                        .to_owned(),
+                );
+            }
+        };
+        // Replicas serve the same certificate: each trusts exactly that one in the others.
+        let replica_tls = match &self.redis_proxy_tls_cert_path {
+            Some(cert) if tls.is_some() => Some(
+                argocd_agent_principal::redisproxy::pinned_replica_tls(cert)?,
+            ),
+            _ => None,
+        };
+        let replica_address = self
+            .redis_proxy_replica_address
+            .as_deref()
+            .map(str::trim)
+            .filter(|a| !a.is_empty())
+            .map(str::to_owned);
+        if let Some(a) = &replica_address
+            && !a.contains(':')
+        {
+            return Err(format!(
+                "--redis-proxy-replica-address {a:?}: expected host:port"
+            ));
+        }
+        let upstream_tls = match &self.redis_server_tls_ca_path {
+            Some(ca) => Some(argocd_agent_redis::RedisTls::from_ca_file(
+                ca,
+                host_of(&self.redis_server_address),
+            )?),
+            None => None,
+        };
+        Ok(Some(argocd_agent_principal::redisproxy::RedisProxyConfig {
+            listen,
+            upstream: argocd_agent_redis::RedisEndpoint {
+                addr: self.redis_server_address.clone(),
+                tls: upstream_tls,
+                username: self
+                    .redis_username
+                    .clone()
+                    .or_else(|| non_empty_env("REDIS_USERNAME")),
+                password: self
+                    .redis_password
+                    .clone()
+                    .or_else(|| non_empty_env("REDIS_PASSWORD"))
+                    .filter(|p| !p.is_empty()),
+            },
+            tls,
+            max_value_size: self.redis_proxy_max_value_size,
+            max_in_flight_per_connection: self.redis_proxy_max_in_flight,
+            max_in_flight_per_agent: self.redis_proxy_max_in_flight_per_agent,
+            request_timeout: self.redis_proxy_request_timeout,
+            idle_timeout: self.redis_proxy_idle_timeout,
+            compression: self.redis_compression_type,
+            cluster_server_template: self.cluster_server_url_template.clone(),
+            replica_address,
+            replica_tls,
+            ..Default::default()
+        }))
+    }
+}
+
+/// The agent's side of the principal's resource proxy (docs/resource-proxy-agent.md).
+#[derive(Debug, Args)]
+pub struct AgentResourceProxyArgs {
+    /// Do not serve the principal's resource proxy (its requests are then answered 502).
+    #[arg(long, env = "ARGOCD_AGENT_DISABLE_RESOURCE_PROXY")]
+    pub disable_resource_proxy: bool,
+    /// Largest response passed back to the proxy (502 above).
+    #[arg(long, default_value_t = argocd_agent_agent::proxy::DEFAULT_MAX_BODY)]
+    pub resource_proxy_max_body: usize,
+    /// Proxied requests, and log and exec streams, at once (429 above).
+    #[arg(long, default_value_t = argocd_agent_agent::proxy::DEFAULT_MAX_CONCURRENT)]
+    pub resource_proxy_max_concurrent: usize,
+    /// How long one proxied request may take on this cluster (504 after).
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub resource_proxy_timeout: Duration,
+}
+
+/// This cluster's Redis, which the agent reads for the principal's Redis proxy.
+#[derive(Debug, Args)]
+pub struct AgentRedisArgs {
+    /// This cluster's Redis (`host:port`, Argo CD's `argocd-redis:6379`); without it the
+    /// agent does not serve the principal's Redis proxy.
+    #[arg(long, env = "ARGOCD_AGENT_REDIS_ADDRESS")]
+    pub redis_addr: Option<String>,
+    /// Redis ACL user name (with `--redis-password`).
+    #[arg(long, env = "ARGOCD_AGENT_REDIS_USERNAME")]
+    pub redis_username: Option<String>,
+    /// Redis password (Argo CD's `redis-password`); prefer the environment variable.
+    #[arg(long, env = "ARGOCD_AGENT_REDIS_PASSWORD", hide_env_values = true)]
+    pub redis_password: Option<String>,
+    /// Connect with TLS, trusting the CA certificates in this PEM file.
+    #[arg(long, env = "ARGOCD_AGENT_REDIS_TLS_CA_PATH")]
+    pub redis_tls_ca_path: Option<PathBuf>,
+    /// Largest value read and sent to the principal, in bytes.
+    #[arg(long, default_value_t = 64 * 1024 * 1024)]
+    pub redis_max_value_size: usize,
+    /// How often to report this cluster's cache counts (Applications; APIs and resources
+    /// from the cluster's Redis) for the hub's cluster info.
+    #[arg(long, env = "ARGOCD_AGENT_CACHE_REFRESH_INTERVAL", default_value = "10s", value_parser = parse_duration)]
+    pub cache_refresh_interval: Duration,
+}
+
+impl AgentRedisArgs {
+    fn config(&self) -> Result<Option<argocd_agent_agent::redis::RedisConfig>, String> {
+        let Some(addr) = &self.redis_addr else {
+            return Ok(None);
+        };
+        let tls = match &self.redis_tls_ca_path {
+            Some(ca) => Some(argocd_agent_redis::RedisTls::from_ca_file(
+                ca,
+                host_of(addr),
+            )?),
+            None => None,
+        };
+        Ok(Some(argocd_agent_agent::redis::RedisConfig {
+            endpoint: argocd_agent_redis::RedisEndpoint {
+                addr: addr.clone(),
+                username: self.redis_username.clone(),
+                password: self.redis_password.clone(),
+                tls,
+            },
+            max_value_size: self.redis_max_value_size,
+        }))
+    }
+}
+
+/// `[host]:port` (empty host: every address) as a socket address.
+/// `[host]:port`; without a host, [`default_host`] (`0.0.0.0:port` must be asked for).
+fn parse_listen(s: &str) -> Result<SocketAddr, String> {
+    if let Some(port) = s.strip_prefix(':') {
+        let port: u16 = port.parse().map_err(|e| format!("{s:?}: {e}"))?;
+        return Ok(SocketAddr::new(default_host(), port));
+    }
+    s.parse().map_err(|e| format!("{s:?}: {e}"))
+}
+
+/// Where a listener binds when no host is given: the pod IP (`$POD_IP`, set from the
+/// downward API in deploy/), else loopback; never every interface.
+fn default_host() -> IpAddr {
+    pod_ip_or_loopback(std::env::var("POD_IP").ok().as_deref())
+}
+
+fn pod_ip_or_loopback(pod_ip: Option<&str>) -> IpAddr {
+    pod_ip
+        .and_then(|ip| ip.trim().parse().ok())
+        .unwrap_or(IpAddr::from([127, 0, 0, 1]))
+}
+
+/// An environment variable that is set and not empty.
+fn non_empty_env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+/// The host part of `host:port` (the name a TLS certificate must carry).
+fn host_of(addr: &str) -> &str {
+    addr.rsplit_once(':')
+        .map_or(addr, |(h, _)| h)
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+}
+
+/// `argocd-agent agent`.
+#[derive(Debug, Args)]
+pub struct AgentArgs {
+    /// `managed` or `autonomous`.
+    #[arg(long, env = "ARGOCD_AGENT_MODE", default_value = "managed")]
+    pub agent_mode: AgentMode,
+    /// The principal's address (host name or IP).
+    #[arg(long, env = "ARGOCD_AGENT_REMOTE_SERVER")]
+    pub server_address: String,
+    /// The principal's port.
+    #[arg(long, env = "ARGOCD_AGENT_REMOTE_PORT", default_value_t = 8443)]
+    pub server_port: u16,
+    /// `spiffe` (SVID mTLS, default), `header:` (plaintext to the local mesh sidecar) or
+    /// `jwt-svid` (JWT-SVID bearer token, for a principal behind a TLS-terminating ingress).
+    #[arg(long, env = "ARGOCD_AGENT_CREDS", default_value = "spiffe")]
+    pub creds: String,
+    /// The principal's SPIFFE ID; the agent refuses any other server.
+    #[arg(long, env = "ARGOCD_AGENT_PRINCIPAL_SPIFFE_ID")]
+    pub principal_spiffe_id: Option<String>,
+    /// Accept any principal ID from this trust domain (when no ID is pinned).
+    #[arg(long, env = "ARGOCD_AGENT_PRINCIPAL_TRUST_DOMAIN")]
+    pub principal_trust_domain: Option<String>,
+    /// Allow plaintext to a non-loopback sidecar address (dangerous).
+    #[arg(long)]
+    pub insecure_plaintext_any_address: bool,
+    /// The agent's SVID.
+    #[command(flatten)]
+    pub svid: SvidArgs,
+    /// This cluster's Kubernetes API.
+    #[command(flatten)]
+    pub kube: KubeArgs,
+    /// Argo CD namespace on this cluster.
+    #[arg(long, env = "ARGOCD_AGENT_NAMESPACE", default_value = "argocd")]
+    pub namespace: String,
+    /// Only Applications matching this label selector are synced (default: all).
+    #[arg(long, env = "ARGOCD_AGENT_LABEL_SELECTOR")]
+    pub label_selector: Option<String>,
+    /// Managed mode: take over (`always`) or refuse (`never`) a local object of the same
+    /// name the principal did not create. Per object: annotation
+    /// `argocd.argoproj.io/adoption-policy` on the hub copy.
+    #[arg(long, env = "ARGOCD_AGENT_ADOPTION_POLICY", default_value = "always")]
+    pub adoption_policy: argocd_agent_agent::policy::AdoptionPolicy,
+    /// Managed mode: when the hub object was recreated (new UID), `recreate` the local copy
+    /// or `upsert` it in place. Per object: annotation
+    /// `argocd.argoproj.io/source-uid-mismatch-policy`.
+    #[arg(
+        long,
+        env = "ARGOCD_AGENT_SOURCE_UID_MISMATCH_POLICY",
+        default_value = "recreate"
+    )]
+    pub source_uid_mismatch_policy: argocd_agent_agent::policy::MismatchPolicy,
+    /// Managed mode: after recreating an Application deleted on the spoke, `ignore`,
+    /// `clear-status` (drop the stale operation state) or `resync` (start a sync).
+    #[arg(
+        long,
+        env = "ARGOCD_AGENT_ON_APPLICATION_RECREATE",
+        default_value = "ignore"
+    )]
+    pub on_application_recreate: argocd_agent_agent::policy::RecreateAction,
+    /// Managed mode, with the principal's flag of the same name: Applications keep their
+    /// hub namespace on this cluster (the namespaces must exist here).
+    #[arg(long, env = "ARGOCD_AGENT_DESTINATION_BASED_MAPPING")]
+    pub destination_based_mapping: bool,
+    /// Heartbeat interval (keeps the stream alive through mesh idle timeouts).
+    #[arg(long, env = "ARGOCD_AGENT_KEEP_ALIVE_PING_INTERVAL", default_value = "30s", value_parser = parse_duration)]
+    pub keep_alive_ping_interval: Duration,
+    /// Address of the `/metrics`, `/healthz` and `/readyz` listener (the pod IP in the
+    /// manifests, loopback when only a local sidecar scrapes).
+    /// Default: `$POD_IP`, else 127.0.0.1 (never all interfaces unless set).
+    #[arg(long, env = "ARGOCD_AGENT_METRICS_HOST")]
+    pub metrics_host: Option<IpAddr>,
+    /// Port of the metrics and health listener; 0 turns it off.
+    #[arg(long, env = "ARGOCD_AGENT_METRICS_PORT", default_value_t = 8181)]
+    pub metrics_port: u16,
+    /// Also serve `/healthz` and `/readyz` on this port (upstream's `--healthz-port`; 0: only
+    /// on the metrics port). Binds `--metrics-host`.
+    #[arg(long, env = "ARGOCD_AGENT_HEALTH_CHECK_PORT", default_value_t = 0)]
+    pub healthz_port: u16,
+    /// Maximum gRPC message size in bytes.
+    #[arg(long, default_value_t = 4 * 1024 * 1024)]
+    pub max_message_size: usize,
+    /// This cluster's Redis.
+    #[command(flatten)]
+    pub redis: AgentRedisArgs,
+    /// The agent's side of the resource proxy.
+    #[command(flatten)]
+    pub resource_proxy: AgentResourceProxyArgs,
+    /// Log level filter (overridden by RUST_LOG).
+    #[arg(long, env = "ARGOCD_AGENT_LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
+    /// Log format: text or json.
+    #[arg(long, env = "ARGOCD_AGENT_LOG_FORMAT", default_value = "text")]
+    pub log_format: String,
+    /// OpenTelemetry collector (OTLP/gRPC) to export traces to, e.g.
+    /// `https://collector:4317` (default: OTEL_EXPORTER_OTLP_ENDPOINT; none: no tracing).
+    #[arg(long, env = "ARGOCD_AGENT_OTLP_ADDRESS")]
+    pub otlp_address: Option<String>,
+    /// Talk to the collector in plaintext instead of TLS.
+    #[arg(long, env = "ARGOCD_AGENT_OTLP_INSECURE")]
+    pub otlp_insecure: bool,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (num, unit) = s
+        .find(|c: char| !c.is_ascii_digit())
+        .map(|i| s.split_at(i))
+        .unwrap_or((s, "s"));
+    let n: u64 = num.parse().map_err(|_| format!("invalid duration {s:?}"))?;
+    Ok(match unit {
+        "ms" => Duration::from_millis(n),
+        "s" | "" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n * 60),
+        "h" => Duration::from_secs(n * 3600),
+        _ => return Err(format!("invalid duration unit in {s:?} (ms, s, m, h)")),
+    })
+}
+
+fn svid_config(a: &SvidArgs) -> Result<SvidConfig, String> {
+    Ok(match (&a.tls_cert, &a.tls_key) {
+        (Some(cert), Some(key)) => SvidConfig::Files {
+            cert: cert.clone(),
+            key: key.clone(),
+            bundles: parse_bundles(&a.root_ca)?,
+        },
+        _ => SvidConfig::WorkloadApi {
+            endpoint: a.spiffe_endpoint_socket.clone(),
+        },
+    })
+}
+
+impl PrincipalArgs {
+    /// The principal's configuration from these flags: every check the principal makes before it starts.
+    pub fn config(&self) -> Result<argocd_agent_principal::PrincipalConfig, crate::BoxError> {
+        let a = self;
+        let mut rules = a.identity_rule.clone();
+        let auth = if let Some(rest) = a.auth.strip_prefix("mtls:") {
+            // Upstream form: the mapping rule is given with --auth.
+            rules.push(format!("mtls:{rest}"));
+            "spiffe".to_string()
+        } else {
+            a.auth.clone()
+        };
+        let trust_domains = a
+            .trust_domain
+            .iter()
+            .map(|t| TrustDomain::new(t))
+            .collect::<Result<Vec<_>, _>>()?;
+        let auth = if auth == "spiffe" {
+            argocd_agent_principal::AuthConfig::Mtls {
+                svid: svid_config(&a.svid)?,
+                trust_domains,
+            }
+        } else if auth == "jwt-svid" {
+            argocd_agent_principal::AuthConfig::Jwt {
+                endpoint: a.svid.spiffe_endpoint_socket.clone(),
+                audience: a.jwt_audience.as_deref().map(SpiffeId::parse).transpose()?,
+            }
+        } else if auth.starts_with("header:") {
+            argocd_agent_principal::AuthConfig::Header {
+                auth,
+                policy: HeaderListenerPolicy {
+                    trusted_proxies: a.header_auth_trusted_proxy.clone(),
+                    allow_non_loopback: a.insecure_header_auth_any_address,
+                },
+            }
+        } else {
+            return Err(format!(
+                "unknown --auth {auth:?}: use spiffe, mtls:uri:<regex> or header:<preset>"
+            )
+            .into());
+        };
+        let mut labels = BTreeMap::new();
+        for l in &a.namespace_create_label {
+            let (k, v) = l
+                .split_once('=')
+                .ok_or_else(|| format!("--namespace-create-label {l:?}: expected k=v"))?;
+            labels.insert(k.to_owned(), v.to_owned());
+        }
+        let config = argocd_agent_principal::PrincipalConfig {
+            listen: SocketAddr::new(a.listen_host, a.listen_port),
+            auth,
+            rules_file: a.identity_rules.clone(),
+            rules,
+            kube: a.kube.options(),
+            label_selector: a.label_selector.clone(),
+            argocd_namespace: a.namespace.clone(),
+            destination_based_mapping: a.destination_based_mapping,
+            metrics_max_agent_labels: a.metrics_max_agent_labels,
+            create_namespace: a.namespace_create_enable,
+            namespace_labels: labels,
+            metrics_listen: (a.metrics_port != 0).then(|| {
+                SocketAddr::new(a.metrics_host.unwrap_or_else(default_host), a.metrics_port)
+            }),
+            healthz_listen: (a.healthz_port != 0).then(|| {
+                SocketAddr::new(a.metrics_host.unwrap_or_else(default_host), a.healthz_port)
+            }),
+            admin_listen: match a.admin_address.as_str() {
+                "off" | "" => None,
+                addr => Some(
+                    addr.parse()
+                        .map_err(|e: String| format!("--admin-address: {e}"))?,
+                ),
+            },
+            max_message_size: a.max_message_size,
+            hello_timeout: a.hello_timeout,
+            idle_timeout: a.idle_timeout,
+            queue: argocd_agent_domain::QueueLimits {
+                max_in_flight: a.max_in_flight,
+                ..Default::default()
+            },
+            event_rate: {
+                if !(a.agent_event_rate >= 0.0 && a.agent_event_rate.is_finite()) {
+                    return Err(format!(
+                        "--agent-event-rate: {} is not a rate (events per second, 0: no limit)",
+                        a.agent_event_rate
+                    )
+                    .into());
+                }
+                argocd_agent_principal::ratelimit::EventRate {
+                    rate: a.agent_event_rate,
+                    burst: a.agent_event_burst,
+                }
+            },
+            redis_proxy: a.redis.config()?,
+            resource_proxy: a.resource_proxy.config()?,
+            ha: a.ha.config()?,
+            ..Default::default()
+        };
+        Ok(config)
+    }
+}
+
+impl AgentArgs {
+    /// The agent's configuration from these flags: every check the agent makes before it starts.
+    pub fn config(&self) -> Result<argocd_agent_agent::AgentConfig, crate::BoxError> {
+        let a = self;
+        let server = format!("{}:{}", a.server_address, a.server_port);
+        let transport = if a.creds.starts_with("header") {
+            if !argocd_agent_mesh::guard::is_loopback_host(&a.server_address)
+                && !a.insecure_plaintext_any_address
+            {
+                return Err(format!(
+                    "--creds header: sends plaintext; {} is not a loopback address of a local sidecar (pass --insecure-plaintext-any-address to override)",
+                    a.server_address
+                )
+                .into());
+            }
+            argocd_agent_agent::Transport::PlaintextToSidecar
+        } else if a.creds == "jwt-svid" {
+            let audience = a
+                .principal_spiffe_id
+                .as_deref()
+                .ok_or("--creds jwt-svid needs --principal-spiffe-id (the token's audience)")?;
+            argocd_agent_agent::Transport::JwtSvid {
+                endpoint: a.svid.spiffe_endpoint_socket.clone(),
+                audience: SpiffeId::parse(audience)?,
+            }
+        } else if a.creds == "spiffe" || a.creds == "mtls" {
+            argocd_agent_agent::Transport::Mtls {
+                svid: svid_config(&a.svid)?,
+                principal_id: a
+                    .principal_spiffe_id
+                    .as_deref()
+                    .map(SpiffeId::parse)
+                    .transpose()?,
+                principal_trust_domain: a
+                    .principal_trust_domain
+                    .as_deref()
+                    .map(TrustDomain::new)
+                    .transpose()?,
+            }
+        } else {
+            return Err(format!("unknown --creds {:?}: use spiffe or header:", a.creds).into());
+        };
+        let config = argocd_agent_agent::AgentConfig {
+            mode: a.agent_mode,
+            server,
+            transport,
+            namespace: a.namespace.clone(),
+            kube: a.kube.options(),
+            label_selector: a.label_selector.clone(),
+            heartbeat: a.keep_alive_ping_interval,
+            max_message_size: a.max_message_size,
+            metrics_listen: (a.metrics_port != 0).then(|| {
+                SocketAddr::new(a.metrics_host.unwrap_or_else(default_host), a.metrics_port)
+            }),
+            healthz_listen: (a.healthz_port != 0).then(|| {
+                SocketAddr::new(a.metrics_host.unwrap_or_else(default_host), a.healthz_port)
+            }),
+            policies: argocd_agent_agent::policy::Policies {
+                adoption: a.adoption_policy,
+                mismatch: a.source_uid_mismatch_policy,
+                on_recreate: a.on_application_recreate,
+            },
+            destination_based_mapping: a.destination_based_mapping,
+            redis: a.redis.config()?,
+            resource_proxy: !a.resource_proxy.disable_resource_proxy,
+            resource_proxy_max_body: a.resource_proxy.resource_proxy_max_body,
+            resource_proxy_max_concurrent: a.resource_proxy.resource_proxy_max_concurrent.max(1),
+            resource_proxy_timeout: a.resource_proxy.resource_proxy_timeout,
+            cache_refresh_interval: match a.redis.cache_refresh_interval {
+                d if d.is_zero() => return Err("--cache-refresh-interval must be above 0".into()),
+                d => d,
+            },
+            ..Default::default()
+        };
+        Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listeners_without_a_host_bind_the_pod_ip_or_loopback_never_every_interface() {
+        let loopback = IpAddr::from([127, 0, 0, 1]);
+        assert_eq!(pod_ip_or_loopback(None), loopback);
+        assert_eq!(pod_ip_or_loopback(Some("")), loopback);
+        assert_eq!(pod_ip_or_loopback(Some("not-an-ip")), loopback);
+        assert_eq!(
+            pod_ip_or_loopback(Some("10.244.1.7")),
+            "10.244.1.7".parse::<IpAddr>().unwrap()
+        );
+        let any = parse_listen(":6379").unwrap();
+        assert!(!any.ip().is_unspecified(), "{any}");
+        assert_eq!(
+            parse_listen("0.0.0.0:6379").unwrap().ip(),
+            IpAddr::from([0, 0, 0, 0]),
+            "every interface when asked for"
+        );
+    }
+}

@@ -1,0 +1,1170 @@
+//! `argocd-agentctl agent create|delete`: what one agent needs, rendered or applied.
+//!
+//! An agent here is a SPIFFE ID that the principal's mapping rules map to an agent name and
+//! a hub namespace (docs/identity.md). Creating one means: the hub namespace (labelled with
+//! the agent's name), an `exact` mapping rule named `agent-<name>` in the rules ConfigMap the
+//! principal mounts, and on the spoke an identity for the agent's workload (a SPIRE
+//! `ClusterSPIFFEID`, a cert-manager `Certificate` with the SPIFFE URI SAN, or nothing for a
+//! mesh, whose identity is the service account's) plus a kustomize overlay of `deploy/`.
+//! Upstream's `agent create` instead issues a client certificate from the principal's CA and
+//! stores it in a cluster Secret; here the principal writes the cluster Secret itself when the
+//! agent first connects (`--enable-self-cluster-registration`), and `delete` removes it.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use argocd_agent_domain::mapping::{DenyReason, RuleSet};
+use argocd_agent_domain::{AgentName, Namespace};
+use argocd_agent_identity::SpiffeId;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace as KubeNamespace, Secret};
+use kube::Api;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+
+/// The label that records which agent a hub namespace (and a cluster Secret) belongs to.
+pub const AGENT_LABEL: &str = "argocd-agent.argoproj-labs.io/agent-name";
+/// The principal's rules ConfigMap in `deploy/principal` and its key.
+pub const RULES_CONFIGMAP: &str = "argocd-agent-identity-rules";
+/// The key of the rules file in [`RULES_CONFIGMAP`].
+pub const RULES_KEY: &str = "rules.yaml";
+/// Field manager of the writes `agent create` makes.
+const MANAGER: &str = "argocd-agentctl";
+
+/// Where the agent's workload gets its SPIFFE identity on the spoke.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum IdentitySource {
+    /// SPIRE with the SPIRE Controller Manager: a `ClusterSPIFFEID`; the agent reads its SVID
+    /// from the Workload API (overlay `deploy/overlays/spire/agent`).
+    Spire,
+    /// cert-manager: a `Certificate` whose only SAN is the SPIFFE ID, written to the Secret
+    /// `argocd-agent-svid` as PEM files (overlay `deploy/overlays/pem-files/agent`).
+    CertManager,
+    /// Istio: the mesh's identity of the agent's service account, `argocd-agent-agent-<name>`
+    /// (overlay `deploy/overlays/istio/agent`).
+    Mesh,
+}
+
+impl IdentitySource {
+    fn overlay(self) -> &'static str {
+        match self {
+            IdentitySource::Spire => "spire",
+            IdentitySource::CertManager => "pem-files",
+            IdentitySource::Mesh => "istio",
+        }
+    }
+}
+
+/// The modes the mapping rule allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RuleMode {
+    /// The hub owns the Applications' specs.
+    Managed,
+    /// The spoke owns them.
+    Autonomous,
+    /// The agent chooses with `--agent-mode`.
+    Both,
+}
+
+impl RuleMode {
+    fn as_str(self) -> &'static str {
+        match self {
+            RuleMode::Managed => "managed",
+            RuleMode::Autonomous => "autonomous",
+            RuleMode::Both => "both",
+        }
+    }
+}
+
+/// Arguments of `agent create`.
+#[derive(Debug, clap::Args)]
+pub struct CreateArgs {
+    /// The agent's name (a DNS-1123 label).
+    pub name: String,
+    /// Where the agent's workload gets its identity.
+    #[arg(long, value_enum, default_value_t = IdentitySource::Spire)]
+    pub identity: IdentitySource,
+    /// The agent's SPIFFE ID (default: from --trust-domain and --path-template).
+    #[arg(long)]
+    pub spiffe_id: Option<String>,
+    /// Trust domain of the agent's ID (default for --identity mesh: cluster.local).
+    #[arg(long)]
+    pub trust_domain: Option<String>,
+    /// Path of the agent's ID; `{agent}` is the name, `{namespace}` the spoke namespace.
+    /// Default `/agent/{agent}` (`deploy/`'s convention), for a mesh
+    /// `/ns/{namespace}/sa/argocd-agent-agent-{agent}`.
+    #[arg(long)]
+    pub path_template: Option<String>,
+    /// The agent's hub namespace (default: the agent's name).
+    #[arg(long)]
+    pub hub_namespace: Option<String>,
+    /// The modes the agent's rule allows.
+    #[arg(long, value_enum, default_value_t = RuleMode::Managed)]
+    pub mode: RuleMode,
+    /// Argo CD's namespace on the spoke (where the agent runs).
+    #[arg(long, default_value = "argocd")]
+    pub spoke_namespace: String,
+    /// The principal's address as the agent dials it (written to the overlay).
+    #[arg(long)]
+    pub principal_address: Option<String>,
+    /// The principal's port.
+    #[arg(long, default_value_t = 8443)]
+    pub principal_port: u16,
+    /// The principal's SPIFFE ID, which the agent pins (default:
+    /// `spiffe://<trust domain>/ns/argocd/sa/argocd-agent-principal`).
+    #[arg(long)]
+    pub principal_spiffe_id: Option<String>,
+    /// cert-manager issuer of the agent's Certificate.
+    #[arg(long, default_value = "spiffe-ca")]
+    pub issuer: String,
+    /// Kind of --issuer (`ClusterIssuer` or `Issuer`).
+    #[arg(long, default_value = "ClusterIssuer")]
+    pub issuer_kind: String,
+    /// This project's `deploy/` directory (a path, or a kustomize remote URL such as
+    /// `https://github.com/<org>/<repo>//deploy?ref=v0.1.0`) that the overlay builds on.
+    #[arg(long, default_value = "deploy")]
+    pub deploy_dir: String,
+    /// Write the spoke overlay (kustomization.yaml and the identity object) into this
+    /// directory.
+    #[arg(long)]
+    pub output_dir: Option<PathBuf>,
+    /// Apply the hub's part (namespace, mapping rule) instead of printing it.
+    #[arg(long)]
+    pub apply: bool,
+    /// The rules ConfigMap of the principal (in --namespace).
+    #[arg(long, default_value = RULES_CONFIGMAP)]
+    pub rules_configmap: String,
+    /// The hub.
+    #[command(flatten)]
+    pub hub: crate::ctl::HubArgs,
+}
+
+/// Arguments of `agent delete`.
+#[derive(Debug, clap::Args)]
+pub struct DeleteArgs {
+    /// The agent's name.
+    pub name: String,
+    /// Also delete the agent's hub namespace, with every Application in it.
+    #[arg(long)]
+    pub delete_namespace: bool,
+    /// The agent's hub namespace (default: the one its rule names, else the agent's name).
+    #[arg(long)]
+    pub hub_namespace: Option<String>,
+    /// The rules ConfigMap of the principal (in --namespace).
+    #[arg(long, default_value = RULES_CONFIGMAP)]
+    pub rules_configmap: String,
+    /// The hub.
+    #[command(flatten)]
+    pub hub: crate::ctl::HubArgs,
+}
+
+/// Everything `agent create` renders, from its validated inputs.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// The agent.
+    pub agent: AgentName,
+    /// Its hub namespace.
+    pub hub_namespace: Namespace,
+    /// Its SPIFFE ID.
+    pub spiffe_id: SpiffeId,
+    /// The principal's SPIFFE ID, which the agent pins.
+    pub principal_spiffe_id: SpiffeId,
+    /// The modes of its rule.
+    pub mode: RuleMode,
+    /// Its identity source.
+    pub identity: IdentitySource,
+    /// Argo CD's namespace on the spoke.
+    pub spoke_namespace: Namespace,
+    /// The principal's address and port, when given.
+    pub principal: Option<(String, u16)>,
+    /// cert-manager issuer name and kind.
+    pub issuer: (String, String),
+    /// The `deploy/` directory or URL.
+    pub deploy_dir: String,
+}
+
+/// The name of the mapping rule `agent create` writes for `agent`.
+pub fn rule_name(agent: &AgentName) -> String {
+    format!("agent-{agent}")
+}
+
+impl Plan {
+    /// Checks the inputs of `agent create` and derives the defaults.
+    pub fn new(a: &CreateArgs) -> Result<Plan, String> {
+        let agent = AgentName::new(&a.name).map_err(|e| format!("agent name: {e}"))?;
+        let hub_namespace = Namespace::new(a.hub_namespace.as_deref().unwrap_or(&a.name))
+            .map_err(|e| format!("--hub-namespace: {e}"))?;
+        let spoke_namespace =
+            Namespace::new(&a.spoke_namespace).map_err(|e| format!("--spoke-namespace: {e}"))?;
+        let spiffe_id = match (&a.spiffe_id, &a.trust_domain) {
+            (Some(id), _) => SpiffeId::parse(id).map_err(|e| format!("--spiffe-id: {e}"))?,
+            (None, td) => {
+                let td = match (td, a.identity) {
+                    (Some(td), _) => td.as_str(),
+                    (None, IdentitySource::Mesh) => "cluster.local",
+                    (None, _) => {
+                        return Err(
+                            "give the agent's SPIFFE ID with --spiffe-id, or its trust domain with --trust-domain".into(),
+                        );
+                    }
+                };
+                let template = a.path_template.as_deref().unwrap_or(match a.identity {
+                    IdentitySource::Mesh => "/ns/{namespace}/sa/argocd-agent-agent-{agent}",
+                    _ => "/agent/{agent}",
+                });
+                let path = template
+                    .replace("{agent}", agent.as_str())
+                    .replace("{namespace}", spoke_namespace.as_str());
+                SpiffeId::parse(&format!("spiffe://{td}{path}"))
+                    .map_err(|e| format!("--trust-domain / --path-template: {e}"))?
+            }
+        };
+        if a.identity == IdentitySource::Mesh {
+            let sa = format!("/sa/argocd-agent-agent-{agent}");
+            if !spiffe_id.as_str().ends_with(&sa) {
+                return Err(format!(
+                    "--identity mesh: the mesh names the agent by its service account, so its ID must end in {sa:?} (the overlay renames the service account with nameSuffix -{agent}); got {}",
+                    spiffe_id.as_str()
+                ));
+            }
+        }
+        let principal_spiffe_id = match &a.principal_spiffe_id {
+            Some(id) => SpiffeId::parse(id).map_err(|e| format!("--principal-spiffe-id: {e}"))?,
+            None => SpiffeId::parse(&format!(
+                "spiffe://{}/ns/argocd/sa/argocd-agent-principal",
+                spiffe_id.trust_domain().as_str()
+            ))
+            .map_err(|e| e.to_string())?,
+        };
+        if !matches!(a.issuer_kind.as_str(), "ClusterIssuer" | "Issuer") {
+            return Err(format!(
+                "--issuer-kind {:?}: use ClusterIssuer or Issuer",
+                a.issuer_kind
+            ));
+        }
+        Ok(Plan {
+            agent,
+            hub_namespace,
+            spiffe_id,
+            principal_spiffe_id,
+            mode: a.mode,
+            identity: a.identity,
+            spoke_namespace,
+            principal: a
+                .principal_address
+                .clone()
+                .map(|addr| (addr, a.principal_port)),
+            issuer: (a.issuer.clone(), a.issuer_kind.clone()),
+            deploy_dir: a.deploy_dir.clone(),
+        })
+    }
+
+    /// The agent's mapping rule, as an entry of the rules file.
+    pub fn rule(&self) -> Value {
+        json!({
+            "name": rule_name(&self.agent),
+            "exact": self.spiffe_id.as_str(),
+            "agent": self.agent.as_str(),
+            "namespace": self.hub_namespace.as_str(),
+            "mode": self.mode.as_str(),
+        })
+    }
+
+    /// The hub namespace, labelled with the agent's name.
+    pub fn namespace(&self) -> Value {
+        json!({
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {
+                "name": self.hub_namespace.as_str(),
+                "labels": {AGENT_LABEL: self.agent.as_str()},
+            },
+        })
+    }
+
+    /// The spoke object that gives the agent's workload its identity (none for a mesh).
+    pub fn identity_object(&self) -> Option<(&'static str, Value)> {
+        let labels =
+            json!({"app.kubernetes.io/part-of": "argocd-agent", AGENT_LABEL: self.agent.as_str()});
+        match self.identity {
+            IdentitySource::Spire => Some((
+                "clusterspiffeid.yaml",
+                json!({
+                    "apiVersion": "spire.spiffe.io/v1alpha1",
+                    "kind": "ClusterSPIFFEID",
+                    "metadata": {"name": format!("argocd-agent-{}", self.agent), "labels": labels},
+                    "spec": {
+                        // The controller fills in its own trust domain, which must be the ID's.
+                        "spiffeIDTemplate": format!("spiffe://{{{{ .TrustDomain }}}}{}", self.spiffe_id.path()),
+                        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "argocd-agent-agent"}},
+                        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": self.spoke_namespace.as_str()}},
+                    },
+                }),
+            )),
+            IdentitySource::CertManager => Some((
+                "certificate.yaml",
+                json!({
+                    "apiVersion": "cert-manager.io/v1",
+                    "kind": "Certificate",
+                    "metadata": {"name": "argocd-agent-svid", "namespace": self.spoke_namespace.as_str(), "labels": labels},
+                    "spec": {
+                        "secretName": "argocd-agent-svid",
+                        "uris": [self.spiffe_id.as_str()],
+                        "usages": ["digital signature", "key encipherment", "client auth"],
+                        "duration": "24h",
+                        "renewBefore": "8h",
+                        "privateKey": {"algorithm": "ECDSA", "size": 256, "rotationPolicy": "Always"},
+                        "issuerRef": {"name": self.issuer.0, "kind": self.issuer.1, "group": "cert-manager.io"},
+                    },
+                }),
+            )),
+            IdentitySource::Mesh => None,
+        }
+    }
+
+    /// The overlay's `resources:` entry for `deploy/overlays/<kind>/agent`, relative to
+    /// `output_dir` when both are local paths.
+    fn base(&self, output_dir: Option<&Path>) -> String {
+        let overlay = format!("overlays/{}/agent", self.identity.overlay());
+        if self.deploy_dir.contains("://") {
+            let (url, query) = self
+                .deploy_dir
+                .split_once('?')
+                .map_or((self.deploy_dir.as_str(), None), |(u, q)| (u, Some(q)));
+            let url = format!("{}/{overlay}", url.trim_end_matches('/'));
+            return query.map_or(url.clone(), |q| format!("{url}?{q}"));
+        }
+        let target = Path::new(&self.deploy_dir).join(&overlay);
+        match output_dir {
+            Some(out) => relative(out, &target).display().to_string(),
+            None => target.display().to_string(),
+        }
+    }
+
+    /// The overlay's `kustomization.yaml`.
+    pub fn kustomization(&self, output_dir: Option<&Path>) -> String {
+        let agent_mode = match self.mode {
+            RuleMode::Autonomous => "autonomous",
+            _ => "managed",
+        };
+        let mut ops =
+            vec![json!({"op": "replace", "path": "/data/agent.mode", "value": agent_mode})];
+        let mut target = json!({"kind": "ConfigMap", "name": "argocd-agent-params"});
+        if self.identity == IdentitySource::Mesh {
+            // nameSuffix renames the ConfigMap too; there is only one in the base.
+            target = json!({"kind": "ConfigMap"});
+        } else {
+            if let Some((addr, port)) = &self.principal {
+                ops.push(
+                    json!({"op": "replace", "path": "/data/agent.server.address", "value": addr}),
+                );
+                ops.push(json!({"op": "replace", "path": "/data/agent.server.port", "value": port.to_string()}));
+            }
+            ops.push(json!({"op": "replace", "path": "/data/agent.principal.spiffe-id", "value": self.principal_spiffe_id.as_str()}));
+        }
+        let patch = serde_saphyr::to_string(&ops).unwrap_or_default();
+        let mut resources = vec![self.base(output_dir)];
+        if let Some((file, _)) = self.identity_object() {
+            resources.push(file.to_string());
+        }
+        let mut doc = json!({
+            "apiVersion": "kustomize.config.k8s.io/v1beta1",
+            "kind": "Kustomization",
+            "namespace": self.spoke_namespace.as_str(),
+            "resources": resources,
+            "patches": [{"target": target, "patch": patch}],
+        });
+        if self.identity == IdentitySource::Mesh {
+            doc["nameSuffix"] = format!("-{}", self.agent).into();
+        }
+        format!(
+            "# Agent {} ({}), written by argocd-agentctl agent create.\n# Apply on the agent's cluster: kubectl apply -k <this directory>\n{}",
+            self.agent,
+            self.spiffe_id.as_str(),
+            yaml(&doc)
+        )
+    }
+
+    /// The overlay's files: `kustomization.yaml` and the identity object's file.
+    pub fn overlay_files(&self, output_dir: Option<&Path>) -> Vec<(String, String)> {
+        let mut files = vec![(
+            "kustomization.yaml".to_string(),
+            self.kustomization(output_dir),
+        )];
+        if let Some((file, obj)) = self.identity_object() {
+            files.push((file.to_string(), yaml(&obj)));
+        }
+        files
+    }
+
+    /// Everything as one multi-document YAML stream: the hub's namespace, the rule (as a
+    /// comment: it belongs in a file inside a ConfigMap), the spoke's identity object.
+    pub fn render(&self, rules_configmap: &str, argocd_namespace: &str) -> String {
+        let rule = yaml(&json!({"rules": [self.rule()]}));
+        let commented: String = rule.lines().map(|l| format!("#   {l}\n")).collect();
+        let mut out = format!(
+            "# Hub: the agent's namespace.\n{}---\n# Hub: the agent's mapping rule, for {RULES_KEY} in ConfigMap {argocd_namespace}/{rules_configmap}\n# (above any broader rule matching the same ID; `agent create --apply` places it):\n{commented}",
+            yaml(&self.namespace())
+        );
+        if let Some((_, obj)) = self.identity_object() {
+            out.push_str(&format!(
+                "---\n# Spoke: the agent workload's identity (also in the --output-dir overlay).\n{}",
+                yaml(&obj)
+            ));
+        }
+        out
+    }
+}
+
+fn yaml(v: &Value) -> String {
+    serde_saphyr::to_string(v).unwrap_or_else(|e| format!("# cannot render: {e}\n"))
+}
+
+/// `target` relative to directory `from` (both made absolute against the current directory).
+fn relative(from: &Path, target: &Path) -> PathBuf {
+    let abs = |p: &Path| {
+        let p = if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            std::env::current_dir().unwrap_or_default().join(p)
+        };
+        // Lexical normalisation: `.` dropped, `..` pops.
+        let mut out = PathBuf::new();
+        for c in p.components() {
+            match c {
+                std::path::Component::CurDir => {}
+                std::path::Component::ParentDir => {
+                    out.pop();
+                }
+                c => out.push(c),
+            }
+        }
+        out
+    };
+    let (from, target) = (abs(from), abs(target));
+    let common = from
+        .components()
+        .zip(target.components())
+        .take_while(|(a, b)| a == b)
+        .count();
+    let mut out = PathBuf::new();
+    for _ in from.components().skip(common) {
+        out.push("..");
+    }
+    for c in target.components().skip(common) {
+        out.push(c);
+    }
+    out
+}
+
+/// The rules document of a rules ConfigMap as a JSON value with a `rules` list.
+fn parse_rules_doc(text: &str) -> Result<Value, String> {
+    let blank = text
+        .lines()
+        .all(|l| l.trim().is_empty() || l.trim_start().starts_with('#'));
+    if blank {
+        return Ok(json!({"rules": []}));
+    }
+    let doc: Value = serde_saphyr::from_str(text).map_err(|e| format!("not YAML: {e}"))?;
+    match doc.get("rules") {
+        Some(Value::Array(_)) => Ok(doc),
+        Some(Value::Null) => Ok(json!({"rules": []})),
+        _ => Err("has no `rules:` list".into()),
+    }
+}
+
+fn rules_of(doc: &Value) -> &[Value] {
+    doc["rules"].as_array().map(Vec::as_slice).unwrap_or(&[])
+}
+
+fn rule_set(rules: &[Value]) -> Result<RuleSet, String> {
+    RuleSet::from_yaml(&yaml(&json!({"rules": rules}))).map_err(|e| e.to_string())
+}
+
+/// The rules with the agent's rule put in (replacing one of the same name), where it decides
+/// for its ID: before the first existing rule that matches the ID. Refuses when the ID is
+/// another agent's, or the hub namespace is another agent's, under the existing rules.
+pub fn upsert_rule(existing: &[Value], plan: &Plan) -> Result<Vec<Value>, String> {
+    let name = rule_name(&plan.agent);
+    let others: Vec<Value> = existing
+        .iter()
+        .filter(|r| r["name"].as_str() != Some(name.as_str()))
+        .cloned()
+        .collect();
+    let current = rule_set(&others).map_err(|e| format!("the current rules do not load: {e}"))?;
+    match current.map(&plan.spiffe_id) {
+        Ok(found) if found.agent != plan.agent => {
+            return Err(format!(
+                "{} already maps to agent {:?} (rule {:?}); delete that agent or rule first",
+                plan.spiffe_id.as_str(),
+                found.agent.as_str(),
+                found.rule
+            ));
+        }
+        Err(denied) if matches!(denied.reason, DenyReason::AdminRole { .. }) => {
+            return Err(format!(
+                "{} is an operator identity: {denied}",
+                plan.spiffe_id.as_str()
+            ));
+        }
+        _ => {}
+    }
+    for r in &others {
+        let agent = r["agent"].as_str();
+        let ns = r["namespace"].as_str().or(agent);
+        if ns == Some(plan.hub_namespace.as_str())
+            && agent.is_some_and(|a| a != plan.agent.as_str())
+        {
+            return Err(format!(
+                "hub namespace {:?} belongs to agent {:?} (rule {:?}); choose another with --hub-namespace",
+                plan.hub_namespace.as_str(),
+                agent.unwrap_or_default(),
+                r["name"].as_str().unwrap_or("?")
+            ));
+        }
+    }
+    let matches = |r: &Value| {
+        rule_set(std::slice::from_ref(r)).is_ok_and(|one| {
+            !matches!(
+                one.map(&plan.spiffe_id),
+                Err(ref d) if matches!(d.reason, DenyReason::NoRuleMatched { .. })
+            )
+        })
+    };
+    let at = others.iter().position(matches).unwrap_or(others.len());
+    let mut rules = others;
+    rules.insert(at, plan.rule());
+    let set = rule_set(&rules).map_err(|e| format!("the new rules do not load: {e}"))?;
+    let mapped = set
+        .map(&plan.spiffe_id)
+        .map_err(|e| format!("the new rules do not admit the agent: {e}"))?;
+    if mapped.agent != plan.agent || mapped.namespace != plan.hub_namespace {
+        return Err(format!(
+            "the new rules map {} to {mapped}, not agent {:?} in {:?}",
+            plan.spiffe_id.as_str(),
+            plan.agent.as_str(),
+            plan.hub_namespace.as_str()
+        ));
+    }
+    Ok(rules)
+}
+
+/// The rules without the agent's rule, and the hub namespace it named. Refuses to remove a
+/// rule of that name that maps another agent.
+pub fn remove_rule(
+    existing: &[Value],
+    agent: &AgentName,
+) -> Result<(Vec<Value>, Option<String>), String> {
+    let name = rule_name(agent);
+    let mut namespace = None;
+    let mut kept = Vec::with_capacity(existing.len());
+    for r in existing {
+        if r["name"].as_str() == Some(name.as_str()) {
+            if r["agent"].as_str() != Some(agent.as_str()) {
+                return Err(format!(
+                    "rule {name:?} maps agent {:?}, not {:?}; not removing it",
+                    r["agent"].as_str().unwrap_or("?"),
+                    agent.as_str()
+                ));
+            }
+            namespace = Some(
+                r["namespace"]
+                    .as_str()
+                    .unwrap_or(agent.as_str())
+                    .to_string(),
+            );
+        } else {
+            kept.push(r.clone());
+        }
+    }
+    Ok((kept, namespace))
+}
+
+fn kube_err(what: &str) -> impl Fn(kube::Error) -> String + '_ {
+    move |e| format!("{what}: {}", argocd_agent_domain::error_chain(&e))
+}
+
+fn is_not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 404)
+}
+
+/// Reads the rules document of the ConfigMap (None: no ConfigMap).
+async fn read_rules(
+    api: &Api<ConfigMap>,
+    name: &str,
+) -> Result<Option<(ConfigMap, Value)>, String> {
+    let cm = match api
+        .get_opt(name)
+        .await
+        .map_err(kube_err(&format!("reading ConfigMap {name}")))?
+    {
+        Some(cm) => cm,
+        None => return Ok(None),
+    };
+    let text = cm
+        .data
+        .as_ref()
+        .and_then(|d| d.get(RULES_KEY))
+        .cloned()
+        .unwrap_or_default();
+    let doc =
+        parse_rules_doc(&text).map_err(|e| format!("ConfigMap {name} key {RULES_KEY}: {e}"))?;
+    Ok(Some((cm, doc)))
+}
+
+/// Writes `rules` into the ConfigMap read as `cm` (replace with its resourceVersion, so a
+/// concurrent edit is a conflict, not lost), or creates it.
+async fn write_rules(
+    api: &Api<ConfigMap>,
+    name: &str,
+    cm: Option<ConfigMap>,
+    mut doc: Value,
+    rules: Vec<Value>,
+) -> Result<(), kube::Error> {
+    doc["rules"] = Value::Array(rules);
+    let text = yaml(&doc);
+    let pp = PostParams {
+        field_manager: Some(MANAGER.into()),
+        ..Default::default()
+    };
+    match cm {
+        Some(mut cm) => {
+            cm.data
+                .get_or_insert_with(BTreeMap::new)
+                .insert(RULES_KEY.into(), text);
+            api.replace(name, &pp, &cm).await.map(|_| ())
+        }
+        None => {
+            let mut cm = ConfigMap::default();
+            cm.metadata.name = Some(name.into());
+            cm.data = Some(BTreeMap::from([(RULES_KEY.to_string(), text)]));
+            api.create(&pp, &cm).await.map(|_| ())
+        }
+    }
+}
+
+/// Retries `f` on a write conflict (someone else edited the ConfigMap in between).
+async fn with_conflict_retry<T, F, Fut>(mut f: F) -> Result<T, String>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Result<T, kube::Error>, String>>,
+{
+    for _ in 0..5 {
+        match f().await? {
+            Ok(done) => return Ok(done),
+            Err(kube::Error::Api(s)) if s.code == 409 => continue,
+            Err(e) => return Err(argocd_agent_domain::error_chain(&e)),
+        }
+    }
+    Err("the rules ConfigMap kept changing under us (5 conflicts); try again".into())
+}
+
+/// Creates the hub namespace or adopts an unlabelled one; refuses one of another agent.
+async fn ensure_namespace(api: &Api<KubeNamespace>, plan: &Plan) -> Result<String, String> {
+    let ns = plan.hub_namespace.as_str();
+    let what = format!("namespace {ns}");
+    match api
+        .get_opt(ns)
+        .await
+        .map_err(kube_err(&format!("reading {what}")))?
+    {
+        Some(existing) => {
+            check_namespace_owner(&existing, &plan.agent)?;
+            if owner_label(&existing).is_some() {
+                return Ok(format!(
+                    "namespace {ns}: exists, labelled for agent {}",
+                    plan.agent
+                ));
+            }
+            let patch = json!({"metadata": {"labels": {AGENT_LABEL: plan.agent.as_str()}}});
+            api.patch(ns, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .map_err(kube_err(&format!("labelling {what}")))?;
+            Ok(format!(
+                "namespace {ns}: existed without an agent label; labelled for agent {}",
+                plan.agent
+            ))
+        }
+        None => {
+            let obj: KubeNamespace =
+                serde_json::from_value(plan.namespace()).map_err(|e| e.to_string())?;
+            let pp = PostParams {
+                field_manager: Some(MANAGER.into()),
+                ..Default::default()
+            };
+            match api.create(&pp, &obj).await {
+                Ok(_) => Ok(format!("namespace {ns}: created")),
+                // Created in between (e.g. by the principal): check it again.
+                Err(kube::Error::Api(s)) if s.code == 409 => {
+                    let existing = api
+                        .get(ns)
+                        .await
+                        .map_err(kube_err(&format!("reading {what}")))?;
+                    check_namespace_owner(&existing, &plan.agent)?;
+                    Ok(format!("namespace {ns}: exists"))
+                }
+                Err(e) => Err(kube_err(&format!("creating {what}"))(e)),
+            }
+        }
+    }
+}
+
+fn owner_label(ns: &KubeNamespace) -> Option<&str> {
+    ns.metadata
+        .labels
+        .as_ref()?
+        .get(AGENT_LABEL)
+        .map(String::as_str)
+}
+
+fn check_namespace_owner(ns: &KubeNamespace, agent: &AgentName) -> Result<(), String> {
+    let name = ns.metadata.name.as_deref().unwrap_or_default();
+    if ns.metadata.deletion_timestamp.is_some() {
+        return Err(format!(
+            "namespace {name} is being deleted; wait until it is gone"
+        ));
+    }
+    match owner_label(ns) {
+        Some(owner) if owner != agent.as_str() => Err(format!(
+            "namespace {name} belongs to agent {owner:?} (label {AGENT_LABEL}); choose another with --hub-namespace"
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// `agent create --apply`: the hub's namespace and mapping rule. Returns what was done.
+pub async fn apply(
+    plan: &Plan,
+    hub: &crate::ctl::HubArgs,
+    rules_cm: &str,
+) -> Result<Vec<String>, String> {
+    let client = hub.client().await?;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &hub.namespace);
+    let nss: Api<KubeNamespace> = Api::all(client);
+    // Check the rules first: nothing is written for an agent the rules would refuse.
+    let (_, doc) = read_rules(&cms, rules_cm)
+        .await?
+        .unwrap_or((ConfigMap::default(), json!({"rules": []})));
+    upsert_rule(rules_of(&doc), plan)?;
+    let mut done = vec![ensure_namespace(&nss, plan).await?];
+    let rule = with_conflict_retry(|| async {
+        let (cm, doc) = match read_rules(&cms, rules_cm).await? {
+            Some((cm, doc)) => (Some(cm), doc),
+            None => (None, json!({"rules": []})),
+        };
+        let before = rules_of(&doc).to_vec();
+        let rules = upsert_rule(&before, plan)?;
+        if rules == before {
+            return Ok(Ok(format!("rule {}: unchanged", rule_name(&plan.agent))));
+        }
+        let created = cm.is_none();
+        Ok(write_rules(&cms, rules_cm, cm, doc, rules).await.map(|()| {
+            format!(
+                "rule {}: {} ConfigMap {}/{rules_cm} ({} -> agent {}, namespace {}, mode {})",
+                rule_name(&plan.agent),
+                if created {
+                    "written to new"
+                } else {
+                    "written to"
+                },
+                hub.namespace,
+                plan.spiffe_id.as_str(),
+                plan.agent,
+                plan.hub_namespace,
+                plan.mode.as_str()
+            )
+        }))
+    })
+    .await?;
+    done.push(rule);
+    Ok(done)
+}
+
+/// `agent delete`: the rule, the cluster Secret and (when asked) the namespace.
+pub async fn delete(a: &DeleteArgs) -> Result<Vec<String>, String> {
+    let agent = AgentName::new(&a.name).map_err(|e| format!("agent name: {e}"))?;
+    let client = a.hub.client().await?;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &a.hub.namespace);
+    let cm_name = a.rules_configmap.as_str();
+    let (rule, rule_ns) = with_conflict_retry(|| async {
+        let Some((cm, doc)) = read_rules(&cms, cm_name).await? else {
+            return Ok(Ok((
+                format!(
+                    "rule {}: no ConfigMap {cm_name}; nothing to remove",
+                    rule_name(&agent)
+                ),
+                None,
+            )));
+        };
+        let before = rules_of(&doc).to_vec();
+        let (rules, ns) = remove_rule(&before, &agent)?;
+        if rules.len() == before.len() {
+            return Ok(Ok((
+                format!("rule {}: already absent", rule_name(&agent)),
+                ns,
+            )));
+        }
+        Ok(write_rules(&cms, cm_name, Some(cm), doc, rules)
+            .await
+            .map(|()| {
+                (
+                    format!(
+                        "rule {}: removed from ConfigMap {}/{cm_name}",
+                        rule_name(&agent),
+                        a.hub.namespace
+                    ),
+                    ns,
+                )
+            }))
+    })
+    .await?;
+    let mut done = vec![rule];
+    done.push(delete_cluster_secret(&client, &a.hub.namespace, &agent).await?);
+    let ns = a
+        .hub_namespace
+        .clone()
+        .or(rule_ns)
+        .unwrap_or_else(|| agent.to_string());
+    done.push(delete_namespace(&client, &ns, &agent, a.delete_namespace).await?);
+    Ok(done)
+}
+
+async fn delete_cluster_secret(
+    client: &kube::Client,
+    argocd_ns: &str,
+    agent: &AgentName,
+) -> Result<String, String> {
+    let api: Api<Secret> = Api::namespaced(client.clone(), argocd_ns);
+    let name = format!("cluster-{agent}");
+    let Some(secret) = api
+        .get_opt(&name)
+        .await
+        .map_err(kube_err(&format!("reading Secret {name}")))?
+    else {
+        return Ok(format!("cluster Secret {argocd_ns}/{name}: already absent"));
+    };
+    let owner = secret
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(AGENT_LABEL));
+    if owner.map(String::as_str) != Some(agent.as_str()) {
+        return Err(format!(
+            "Secret {argocd_ns}/{name} is not agent {agent}'s cluster Secret (label {AGENT_LABEL} is {owner:?}); not deleting it"
+        ));
+    }
+    match api.delete(&name, &DeleteParams::default()).await {
+        Ok(_) => Ok(format!("cluster Secret {argocd_ns}/{name}: deleted")),
+        Err(e) if is_not_found(&e) => {
+            Ok(format!("cluster Secret {argocd_ns}/{name}: already absent"))
+        }
+        Err(e) => Err(kube_err(&format!("deleting Secret {name}"))(e)),
+    }
+}
+
+async fn delete_namespace(
+    client: &kube::Client,
+    ns: &str,
+    agent: &AgentName,
+    really: bool,
+) -> Result<String, String> {
+    let nss: Api<KubeNamespace> = Api::all(client.clone());
+    let Some(existing) = nss
+        .get_opt(ns)
+        .await
+        .map_err(kube_err(&format!("reading namespace {ns}")))?
+    else {
+        return Ok(format!("namespace {ns}: already absent"));
+    };
+    let apps_api: Api<kube::api::DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        ns,
+        &kube::api::ApiResource {
+            group: "argoproj.io".into(),
+            version: "v1alpha1".into(),
+            api_version: "argoproj.io/v1alpha1".into(),
+            kind: "Application".into(),
+            plural: "applications".into(),
+        },
+    );
+    let apps: Vec<String> = match apps_api.list(&ListParams::default()).await {
+        Ok(list) => list
+            .items
+            .into_iter()
+            .filter_map(|o| o.metadata.name)
+            .collect(),
+        Err(e) if is_not_found(&e) => Vec::new(),
+        Err(e) => return Err(kube_err(&format!("listing Applications in {ns}"))(e)),
+    };
+    if !really {
+        return Ok(format!(
+            "namespace {ns}: kept ({} Applications); pass --delete-namespace to delete it",
+            apps.len()
+        ));
+    }
+    if owner_label(&existing) != Some(agent.as_str()) {
+        return Err(format!(
+            "namespace {ns} is not labelled for agent {agent} ({AGENT_LABEL} is {:?}); not deleting it",
+            owner_label(&existing)
+        ));
+    }
+    if existing.metadata.deletion_timestamp.is_some() {
+        return Ok(format!("namespace {ns}: already being deleted"));
+    }
+    if !apps.is_empty() {
+        eprintln!(
+            "WARNING: deleting namespace {ns} deletes its {} Applications on the hub: {}",
+            apps.len(),
+            apps.join(", ")
+        );
+    }
+    match nss.delete(ns, &DeleteParams::default()).await {
+        Ok(_) => Ok(format!("namespace {ns}: deleted")),
+        Err(e) if is_not_found(&e) => Ok(format!("namespace {ns}: already absent")),
+        Err(e) => Err(kube_err(&format!("deleting namespace {ns}"))(e)),
+    }
+}
+
+/// Writes the overlay files into `dir` (created if needed).
+fn write_overlay(plan: &Plan, dir: &Path) -> Result<Vec<String>, String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let mut done = Vec::new();
+    for (file, text) in plan.overlay_files(Some(dir)) {
+        let path = dir.join(&file);
+        std::fs::write(&path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
+        done.push(format!("wrote {}", path.display()));
+    }
+    Ok(done)
+}
+
+/// Runs `agent create`.
+pub async fn run_create(a: CreateArgs) -> crate::CmdResult {
+    let plan = Plan::new(&a)?;
+    let mut notes = Vec::new();
+    if let Some(dir) = &a.output_dir {
+        notes.extend(write_overlay(&plan, dir)?);
+    }
+    if a.apply {
+        for line in apply(&plan, &a.hub, &a.rules_configmap).await? {
+            println!("{line}");
+        }
+    } else {
+        print!("{}", plan.render(&a.rules_configmap, &a.hub.namespace));
+    }
+    for n in notes {
+        eprintln!("{n}");
+    }
+    if plan.principal.is_none() && plan.identity != IdentitySource::Mesh && a.output_dir.is_some() {
+        eprintln!(
+            "note: no --principal-address: the overlay keeps the base's agent.server.address"
+        );
+    }
+    Ok(())
+}
+
+/// Runs `agent delete`.
+pub async fn run_delete(a: DeleteArgs) -> crate::CmdResult {
+    for line in delete(&a).await? {
+        println!("{line}");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct T {
+        #[command(flatten)]
+        a: CreateArgs,
+    }
+
+    fn plan(args: &[&str]) -> Result<Plan, String> {
+        let t = T::try_parse_from(std::iter::once("t").chain(args.iter().copied()))
+            .map_err(|e| e.to_string())?;
+        Plan::new(&t.a)
+    }
+
+    #[test]
+    fn ids_follow_the_deploy_conventions_per_identity_source() {
+        let p = plan(&["edge-1", "--trust-domain", "example.org"]).unwrap();
+        assert_eq!(p.spiffe_id.as_str(), "spiffe://example.org/agent/edge-1");
+        assert_eq!(p.hub_namespace.as_str(), "edge-1");
+        assert_eq!(
+            p.principal_spiffe_id.as_str(),
+            "spiffe://example.org/ns/argocd/sa/argocd-agent-principal"
+        );
+        let m = plan(&["edge-2", "--identity", "mesh"]).unwrap();
+        assert_eq!(
+            m.spiffe_id.as_str(),
+            "spiffe://cluster.local/ns/argocd/sa/argocd-agent-agent-edge-2"
+        );
+        let e = plan(&[
+            "edge-3",
+            "--identity",
+            "mesh",
+            "--spiffe-id",
+            "spiffe://cluster.local/ns/argocd/sa/other",
+        ])
+        .unwrap_err();
+        assert!(e.contains("argocd-agent-agent-edge-3"), "{e}");
+    }
+
+    #[test]
+    fn bad_names_and_missing_ids_are_refused_clearly() {
+        let e = plan(&["Edge_1", "--trust-domain", "example.org"]).unwrap_err();
+        assert!(
+            e.starts_with("agent name:") && e.contains("DNS-1123"),
+            "{e}"
+        );
+        let e = plan(&["edge-1"]).unwrap_err();
+        assert!(
+            e.contains("--spiffe-id") && e.contains("--trust-domain"),
+            "{e}"
+        );
+        let e = plan(&["edge-1", "--spiffe-id", "spiffe://Example.org/x"]).unwrap_err();
+        assert!(e.starts_with("--spiffe-id:"), "{e}");
+        let e = plan(&[
+            "edge-1",
+            "--trust-domain",
+            "example.org",
+            "--hub-namespace=x-",
+        ])
+        .unwrap_err();
+        assert!(e.starts_with("--hub-namespace:"), "{e}");
+    }
+
+    #[test]
+    fn the_rendered_rule_loads_and_admits_exactly_the_agent() {
+        let p = plan(&[
+            "edge-1",
+            "--spiffe-id",
+            "spiffe://example.org/c/edge-1",
+            "--hub-namespace",
+            "hub-edge-1",
+            "--mode",
+            "autonomous",
+        ])
+        .unwrap();
+        let set = rule_set(&[p.rule()]).unwrap();
+        let id = set.map(&p.spiffe_id).unwrap();
+        assert_eq!(
+            (id.agent.as_str(), id.namespace.as_str(), id.rule.as_str()),
+            ("edge-1", "hub-edge-1", "agent-edge-1")
+        );
+        id.check_mode(argocd_agent_domain::AgentMode::Autonomous)
+            .unwrap();
+        assert!(
+            id.check_mode(argocd_agent_domain::AgentMode::Managed)
+                .is_err()
+        );
+        assert!(
+            set.map(&SpiffeId::parse("spiffe://example.org/c/edge-2").unwrap())
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn the_rule_goes_before_a_broader_rule_that_would_decide_otherwise() {
+        let existing: Vec<Value> = parse_rules_doc(
+            "rules:\n  - name: pinned\n    exact: spiffe://example.org/special\n    agent: special\n  - name: all\n    template: \"spiffe://example.org/agent/{sa}\"\n    agent: \"x-{sa}\"\n",
+        )
+        .map(|d| rules_of(&d).to_vec())
+        .unwrap();
+        let p = plan(&["edge-1", "--trust-domain", "example.org"]).unwrap();
+        let rules = upsert_rule(&existing, &p).unwrap_err();
+        // The broad rule maps the ID to another agent: refused, not shadowed.
+        assert!(rules.contains("x-edge-1"), "{rules}");
+        let existing: Vec<Value> = parse_rules_doc(
+            "rules:\n  - name: pinned\n    exact: spiffe://example.org/special\n    agent: special\n  - name: all\n    template: \"spiffe://example.org/agent/{agent}\"\n    namespace: \"other-{agent}\"\n",
+        )
+        .map(|d| rules_of(&d).to_vec())
+        .unwrap();
+        let rules = upsert_rule(&existing, &p).unwrap();
+        let names: Vec<&str> = rules.iter().map(|r| r["name"].as_str().unwrap()).collect();
+        assert_eq!(names, ["pinned", "agent-edge-1", "all"]);
+        // Idempotent: a second upsert changes nothing.
+        assert_eq!(upsert_rule(&rules, &p).unwrap(), rules);
+        let (removed, ns) = remove_rule(&rules, &p.agent).unwrap();
+        assert_eq!(ns.as_deref(), Some("edge-1"));
+        assert_eq!(removed.len(), 2);
+        assert_eq!(remove_rule(&removed, &p.agent).unwrap().0, removed);
+    }
+
+    #[test]
+    fn a_namespace_or_id_of_another_agent_is_refused() {
+        let existing: Vec<Value> = parse_rules_doc(
+            "rules:\n  - name: agent-edge-9\n    exact: spiffe://example.org/agent/edge-9\n    agent: edge-9\n    namespace: shared\n",
+        )
+        .map(|d| rules_of(&d).to_vec())
+        .unwrap();
+        let p = plan(&[
+            "edge-1",
+            "--trust-domain",
+            "example.org",
+            "--hub-namespace",
+            "shared",
+        ])
+        .unwrap();
+        let e = upsert_rule(&existing, &p).unwrap_err();
+        assert!(e.contains("belongs to agent \"edge-9\""), "{e}");
+        let p = plan(&["edge-1", "--spiffe-id", "spiffe://example.org/agent/edge-9"]).unwrap();
+        let e = upsert_rule(&existing, &p).unwrap_err();
+        assert!(e.contains("already maps to agent \"edge-9\""), "{e}");
+        let e = remove_rule(&existing, &AgentName::new("edge-1").unwrap()).unwrap();
+        assert_eq!(e.0.len(), 1, "another agent's rule is never removed");
+    }
+
+    #[test]
+    fn overlays_point_at_deploy_and_carry_the_identity() {
+        let p = plan(&[
+            "edge-1",
+            "--trust-domain",
+            "example.org",
+            "--principal-address",
+            "hub.example.com",
+            "--deploy-dir",
+            "/src/deploy",
+        ])
+        .unwrap();
+        let k = p.kustomization(Some(Path::new("/src/clusters/edge-1")));
+        assert!(k.contains("../../deploy/overlays/spire/agent"), "{k}");
+        assert!(
+            k.contains("clusterspiffeid.yaml") && k.contains("hub.example.com"),
+            "{k}"
+        );
+        let (_, csid) = p.identity_object().unwrap();
+        assert_eq!(
+            csid["spec"]["spiffeIDTemplate"],
+            "spiffe://{{ .TrustDomain }}/agent/edge-1"
+        );
+        let c = plan(&[
+            "edge-1",
+            "--trust-domain",
+            "example.org",
+            "--identity",
+            "cert-manager",
+            "--deploy-dir",
+            "https://github.com/o/r//deploy?ref=v1",
+        ])
+        .unwrap();
+        let k = c.kustomization(Some(Path::new("/x")));
+        assert!(
+            k.contains("https://github.com/o/r//deploy/overlays/pem-files/agent?ref=v1"),
+            "{k}"
+        );
+        let (_, cert) = c.identity_object().unwrap();
+        assert_eq!(cert["spec"]["uris"][0], "spiffe://example.org/agent/edge-1");
+        let m = plan(&["edge-1", "--identity", "mesh"]).unwrap();
+        assert!(m.identity_object().is_none());
+        assert!(m.kustomization(None).contains("nameSuffix: -edge-1"));
+        let out = p.render(RULES_CONFIGMAP, "argocd");
+        assert_eq!(out.matches("\n---\n").count(), 2, "{out}");
+        assert!(
+            out.contains("#       exact: spiffe://example.org/agent/edge-1")
+                || out.contains("#     exact: spiffe://example.org/agent/edge-1"),
+            "{out}"
+        );
+    }
+}
