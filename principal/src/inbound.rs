@@ -456,6 +456,78 @@ mod tests {
     }
 
     #[test]
+    fn a_managed_agents_spoke_authored_child_is_written_only_where_it_may() {
+        let child = |name: &str| {
+            Payload::Object(Arc::new(json!({
+                "metadata": {"name": name, "annotations": {object::PARENT_ANNOTATION: "parent"}},
+                "spec": {"project": "default"}
+            })))
+        };
+        let decide_child = |ty, ns: &str, owner: &OwnerRecord, placement: &Placement| {
+            decide(
+                &identity("both"),
+                AgentMode::Managed,
+                &event(ty, ns, "child", child("child")),
+                owner,
+                placement,
+            )
+        };
+        // New, or its own child copy: written (also with destination-based mapping, where
+        // the child's destination names no agent).
+        for owner in [OwnerRecord::Absent, OwnerRecord::Label("edge-7".into())] {
+            for placement in [Placement::Namespace, Placement::Destination(None)] {
+                let d = decide_child(EventType::SpecUpdate, NS, &owner, &placement);
+                assert!(
+                    matches!(d, Decision::Apply(Command::Upsert { .. })),
+                    "{owner:?} {placement:?}: {d:?}"
+                );
+            }
+        }
+        let d = decide_child(
+            EventType::Delete,
+            NS,
+            &OwnerRecord::Label("edge-7".into()),
+            &Placement::Namespace,
+        );
+        assert!(matches!(d, Decision::Apply(Command::Delete { .. })), "{d:?}");
+        // A hub-authored Application of that name: never taken over nor deleted.
+        for ty in [EventType::Create, EventType::SpecUpdate, EventType::Delete] {
+            let r = refused(decide_child(
+                ty,
+                NS,
+                &OwnerRecord::Unlabelled,
+                &Placement::Namespace,
+            ));
+            assert_eq!((r.reason, r.metric), ("Forbidden", "NotOwner"), "{ty}");
+            assert!(r.message.contains("created on the hub"), "{}", r.message);
+        }
+        // Another agent's object or namespace.
+        let r = refused(decide_child(
+            EventType::SpecUpdate,
+            NS,
+            &OwnerRecord::Label("agent-b".into()),
+            &Placement::Namespace,
+        ));
+        assert_eq!(r.metric, "NotOwner");
+        let r = refused(decide_child(
+            EventType::SpecUpdate,
+            "agent-b",
+            &OwnerRecord::Absent,
+            &Placement::Namespace,
+        ));
+        assert_eq!(r.metric, "WrongNamespace");
+        // Without the parent annotation it is an ordinary managed write: refused.
+        let r = refused(decide(
+            &identity("both"),
+            AgentMode::Managed,
+            &event(EventType::SpecUpdate, NS, "child", object("child")),
+            &OwnerRecord::Absent,
+            &Placement::Namespace,
+        ));
+        assert_eq!(r.metric, "ModeForbids");
+    }
+
+    #[test]
     fn operations_from_agents_are_refused_in_both_modes() {
         for mode in [AgentMode::Managed, AgentMode::Autonomous] {
             for ty in [EventType::SetOperation, EventType::TerminateOperation] {
