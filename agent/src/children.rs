@@ -53,9 +53,10 @@ impl Spoke {
         lock(&self.children)
     }
 
-    /// Whether children are looked for at all: managed agents with namespace mapping.
+    /// Whether children are looked for at all: managed agents with namespace mapping,
+    /// unless `--ignore-unmanaged-apps`.
     fn has_children(&self) -> bool {
-        self.mode == AgentMode::Managed && !self.by_destination
+        self.mode == AgentMode::Managed && !self.by_destination && !self.ignore_unmanaged_apps
     }
 
     /// Reads the spoke's tracking settings again (through the resource proxy's cache of

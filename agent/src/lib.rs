@@ -106,6 +106,9 @@ pub struct AgentConfig {
     /// Destination-based mapping (managed mode): Applications keep their hub namespace on
     /// this cluster (`--destination-based-mapping`, as on the principal).
     pub destination_based_mapping: bool,
+    /// Managed mode: Applications an app-of-apps parent creates here are not published to
+    /// the hub (`--ignore-unmanaged-apps`).
+    pub ignore_unmanaged_apps: bool,
     /// This cluster's Redis, to answer the principal's Redis proxy (`--redis-addr`; `None`:
     /// the agent does not announce the capability).
     pub redis: Option<redis::RedisConfig>,
@@ -145,6 +148,7 @@ impl Default for AgentConfig {
             healthz_listen: None,
             policies: policy::Policies::default(),
             destination_based_mapping: false,
+            ignore_unmanaged_apps: false,
             redis: None,
             cache_refresh_interval: Duration::from_secs(10),
             resource_proxy: true,
@@ -310,6 +314,7 @@ fn build_spoke(
     );
     spoke.policies = config.policies;
     spoke.by_destination = config.destination_based_mapping;
+    spoke.ignore_unmanaged_apps = config.ignore_unmanaged_apps;
     spoke.redis = config
         .redis
         .clone()

@@ -111,6 +111,9 @@ pub struct Spoke {
     /// Destination-based mapping (managed mode): Applications keep their hub namespace on
     /// the spoke, so the agent works across namespaces.
     pub by_destination: bool,
+    /// Managed mode: Applications an app-of-apps parent creates here are not published
+    /// (`--ignore-unmanaged-apps`).
+    pub ignore_unmanaged_apps: bool,
     /// The agent's metrics.
     pub metrics: crate::metrics::Metrics,
     /// This cluster's Redis, when the agent serves the principal's Redis proxy.
@@ -170,6 +173,7 @@ impl Spoke {
             config,
             policies: Policies::default(),
             by_destination: false,
+            ignore_unmanaged_apps: false,
             metrics: crate::metrics::Metrics::new(),
             proxy: None,
             redis: None,

@@ -736,6 +736,12 @@ pub struct AgentArgs {
     /// hub namespace on this cluster (the namespaces must exist here).
     #[arg(long, env = "ARGOCD_AGENT_DESTINATION_BASED_MAPPING")]
     pub destination_based_mapping: bool,
+    /// Managed mode: take part in sync only with the Applications the principal wrote
+    /// here; Applications an app-of-apps parent creates on this cluster stay local instead
+    /// of appearing on the hub (upstream's name: there it silences Applications without a
+    /// source UID, which this agent never reports anyway).
+    #[arg(long, env = "ARGOCD_AGENT_IGNORE_UNMANAGED_APPS")]
+    pub ignore_unmanaged_apps: bool,
     /// Heartbeat interval (keeps the stream alive through mesh idle timeouts).
     #[arg(long, env = "ARGOCD_AGENT_KEEP_ALIVE_PING_INTERVAL", default_value = "30s", value_parser = parse_duration)]
     pub keep_alive_ping_interval: Duration,
@@ -968,6 +974,7 @@ impl AgentArgs {
                 on_recreate: a.on_application_recreate,
             },
             destination_based_mapping: a.destination_based_mapping,
+            ignore_unmanaged_apps: a.ignore_unmanaged_apps,
             redis: a.redis.config()?,
             resource_proxy: !a.resource_proxy.disable_resource_proxy,
             resource_proxy_max_body: a.resource_proxy.resource_proxy_max_body,

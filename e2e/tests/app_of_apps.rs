@@ -319,3 +319,49 @@ async fn children_gone_while_the_agent_was_away_leave_the_hub_at_reconnect() {
     .await;
     topo.finish(r).await;
 }
+
+/// `--ignore-unmanaged-apps` (upstream's flag): the children stay on the spoke only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ignore_unmanaged_apps_keeps_children_local() {
+    let topo = Topology::start(TopologyOptions {
+        agents: Some(vec![MANAGED]),
+        per_agent_args: vec![(MANAGED, vec!["--ignore-unmanaged-apps".into()])],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let r = async {
+        let spoke = apps(&topo.managed_spoke, SPOKE_NS)?;
+        let _controller = AbortOnDrop(tokio::spawn(argocd_agent_testkit::fake_argocd::run(
+            spoke.clone(),
+            Duration::from_millis(300),
+        )));
+        set_repo(&topo, &[child_manifest("local-child", "HEAD")]).await?;
+        let mut parent = serde_json::to_value(sample_app("parent", MANAGED, "apps"))?;
+        parent["spec"]["destination"]["namespace"] = json!(SPOKE_NS);
+        apps(&topo.hub, MANAGED)?
+            .create(&PostParams::default(), &object(parent))
+            .await?;
+        eventually("the child created on the spoke, Synced", T, || async {
+            let c = stored_app(&topo.managed_spoke, SPOKE_NS, "local-child")?;
+            (c["status"]["sync"]["status"] == "Synced").then_some(())
+        })
+        .await?;
+        eventually(
+            "the parent's status on the hub lists the child",
+            T,
+            || async {
+                let p = stored_app(&topo.hub, MANAGED, "parent")?;
+                (p["status"]["resources"].as_array()?.len() == 1).then_some(())
+            },
+        )
+        .await?;
+        assert!(
+            hub_child(&topo, "local-child").is_none(),
+            "the child stayed on the spoke"
+        );
+        Ok(())
+    }
+    .await;
+    topo.finish(r).await;
+}

@@ -489,7 +489,10 @@ mod tests {
             &OwnerRecord::Label("edge-7".into()),
             &Placement::Namespace,
         );
-        assert!(matches!(d, Decision::Apply(Command::Delete { .. })), "{d:?}");
+        assert!(
+            matches!(d, Decision::Apply(Command::Delete { .. })),
+            "{d:?}"
+        );
         // A hub-authored Application of that name: never taken over nor deleted.
         for ty in [EventType::Create, EventType::SpecUpdate, EventType::Delete] {
             let r = refused(decide_child(
