@@ -78,7 +78,9 @@ async fn hybrid(topo: &Topology) -> Result<(), HarnessError> {
         Duration::from_millis(300),
         Some(HubController {
             clusters: secrets(&topo.hub, HUB_ARGOCD_NS)?,
+            namespace: HUB_ARGOCD_NS.into(),
             reconciled: reconciled.clone(),
+            application_namespaces: Vec::new(),
         }),
     )));
     let _spoke_controller = AbortOnDrop(tokio::spawn(fake_argocd::run(
@@ -115,4 +117,77 @@ async fn hybrid(topo: &Topology) -> Result<(), HarnessError> {
         .into());
     }
     Ok(())
+}
+
+/// With the default mapping, agents' Applications live in their own hub namespaces: a hub
+/// controller whose `--application-namespaces` leaves those out never sees them, while it
+/// reconciles the hub's own Applications in its namespace and in the namespaces it lists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hub_controller_limited_by_application_namespaces_never_sees_agent_namespaces() {
+    let topo = Topology::start(TopologyOptions {
+        agents: Some(vec![MANAGED]),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let r = async {
+        create_namespace(&topo.hub, "team-a").await?;
+        let pp = PostParams::default();
+        apps(&topo.hub, HUB_ARGOCD_NS)?
+            .create(&pp, &sample_app("hub-local", HUB_ARGOCD_NS, "guestbook"))
+            .await?;
+        apps(&topo.hub, "team-a")?
+            .create(&pp, &sample_app("team-app", "team-a", "guestbook"))
+            .await?;
+        // The agent's, in its hub namespace (its destination is the spoke's in-cluster).
+        apps(&topo.hub, MANAGED)?
+            .create(&pp, &sample_app("edge", MANAGED, "guestbook"))
+            .await?;
+        let reconciled = Arc::new(Mutex::new(BTreeSet::new()));
+        let _hub_controller = AbortOnDrop(tokio::spawn(fake_argocd::run_with(
+            apps(&topo.hub, HUB_ARGOCD_NS)?,
+            Duration::from_millis(300),
+            Some(HubController {
+                clusters: secrets(&topo.hub, HUB_ARGOCD_NS)?,
+                namespace: HUB_ARGOCD_NS.into(),
+                reconciled: reconciled.clone(),
+                application_namespaces: vec!["team-*".into()],
+            }),
+        )));
+        let _spoke_controller = AbortOnDrop(tokio::spawn(fake_argocd::run(
+            apps(&topo.managed_spoke, SPOKE_NS)?,
+            Duration::from_millis(300),
+        )));
+        for (ns, name) in [(HUB_ARGOCD_NS, "hub-local"), ("team-a", "team-app")] {
+            eventually(
+                &format!("{ns}/{name} reconciled by the hub's Argo CD"),
+                T,
+                || async {
+                    stored_app(&topo.hub, ns, name)
+                        .filter(|a| a["status"]["sync"]["status"] == "Synced")
+                },
+            )
+            .await?;
+        }
+        eventually(
+            "the agent's Application reports its spoke's status",
+            T,
+            || async {
+                stored_app(&topo.hub, MANAGED, "edge")
+                    .filter(|a| a["status"]["health"]["status"] == "Healthy")
+            },
+        )
+        .await?;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let seen = reconciled.lock().unwrap().clone();
+        let want: BTreeSet<String> = ["hub-local".to_owned(), "team-a/team-app".to_owned()].into();
+        if seen != want {
+            return Err(
+                format!("the hub's controller reconciled {seen:?}, expected {want:?}").into(),
+            );
+        }
+        Ok(())
+    }
+    .await;
+    topo.finish(r).await;
 }

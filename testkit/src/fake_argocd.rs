@@ -48,8 +48,44 @@ pub async fn run(api: Api<DynamicObject>, every: Duration) -> Result<(), Harness
 pub struct HubController {
     /// Argo CD's cluster Secrets (the controller's namespace).
     pub clusters: Api<DynamicObject>,
-    /// Names of the Applications this controller reconciled at least once.
+    /// The controller's own namespace (the one `api` lists).
+    pub namespace: String,
+    /// Names of the Applications this controller reconciled at least once (`<ns>/<name>`
+    /// outside the controller's namespace).
     pub reconciled: std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
+    /// The controller's `--application-namespaces` (Applications in any namespace): besides
+    /// its own namespace, it reconciles Applications in the namespaces these globs match
+    /// (`*` wildcards; Argo CD `util/security/application_namespaces.go`,
+    /// `IsNamespaceEnabled`). Empty: its own namespace only.
+    pub application_namespaces: Vec<String>,
+}
+
+impl HubController {
+    /// Whether an Application in `ns` is one this controller reconciles, its own namespace
+    /// being `own`.
+    pub fn namespace_enabled(&self, own: &str, ns: &str) -> bool {
+        namespace_enabled(&self.application_namespaces, own, ns)
+    }
+}
+
+fn namespace_enabled(globs: &[String], own: &str, ns: &str) -> bool {
+    ns == own || globs.iter().any(|g| glob_match(g, ns))
+}
+
+/// Shell-style `*` matching of a whole string (what `--application-namespaces` patterns
+/// without `/regex/` do).
+fn glob_match(pattern: &str, s: &str) -> bool {
+    match pattern.split_once('*') {
+        None => pattern == s,
+        Some((head, rest)) => {
+            let Some(tail) = s.strip_prefix(head) else {
+                return false;
+            };
+            (0..=tail.len())
+                .filter(|i| tail.is_char_boundary(*i))
+                .any(|i| glob_match(rest, &tail[i..]))
+        }
+    }
 }
 
 /// [`run`], as a hub's own controller when `hub` is given.
@@ -58,8 +94,20 @@ pub async fn run_with(
     every: Duration,
     hub: Option<HubController>,
 ) -> Result<(), HarnessError> {
+    // With `--application-namespaces`, the hub's controller looks at every namespace.
+    let own_ns = hub
+        .as_ref()
+        .map(|h| h.namespace.clone())
+        .unwrap_or_default();
+    let client: kube::Client = api.clone().into();
+    let listed = match &hub {
+        Some(h) if !h.application_namespaces.is_empty() => {
+            Api::all_with(client.clone(), &crate::harness::app_resource())
+        }
+        _ => api.clone(),
+    };
     loop {
-        match api.list(&ListParams::default()).await {
+        match listed.list(&ListParams::default()).await {
             Ok(list) => {
                 let skipped = match &hub {
                     Some(h) => skipped_clusters(&h.clusters).await,
@@ -74,13 +122,29 @@ pub async fn run_with(
                     }) {
                         continue;
                     }
+                    let ns = app["metadata"]["namespace"].as_str().unwrap_or_default();
+                    if let Some(h) = &hub
+                        && !h.namespace_enabled(&own_ns, ns)
+                    {
+                        continue;
+                    }
                     if let (Some(h), Some(name)) = (&hub, app["metadata"]["name"].as_str()) {
+                        let key = if ns == own_ns {
+                            name.to_owned()
+                        } else {
+                            format!("{ns}/{name}")
+                        };
                         h.reconciled
                             .lock()
                             .unwrap_or_else(|p| p.into_inner())
-                            .insert(name.to_owned());
+                            .insert(key);
                     }
-                    if let Err(e) = reconcile(&api, &app).await {
+                    let in_ns = if hub.is_none() || ns == own_ns || ns.is_empty() {
+                        api.clone()
+                    } else {
+                        Api::namespaced_with(client.clone(), ns, &crate::harness::app_resource())
+                    };
+                    if let Err(e) = reconcile(&in_ns, &app).await {
                         tracing::debug!(error = %e, "simulated controller: reconcile failed (will retry)");
                     }
                 }
@@ -251,4 +315,22 @@ fn now_rfc3339() -> String {
         .round(jiff::Unit::Second)
         .map(|t| t.to_string())
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn application_namespace_globs_match_as_argo_cd_reads_them() {
+        assert!(glob_match("team-*", "team-a"));
+        assert!(glob_match("*", "anything"));
+        assert!(glob_match("a*b*c", "a-x-b-y-c"));
+        assert!(!glob_match("team-*", "agent-managed"));
+        assert!(!glob_match("team", "team-a"));
+        let globs = ["team-*".to_owned()];
+        assert!(namespace_enabled(&globs, "argocd", "argocd"));
+        assert!(namespace_enabled(&globs, "argocd", "team-b"));
+        assert!(!namespace_enabled(&globs, "argocd", "agent-managed"));
+    }
 }
