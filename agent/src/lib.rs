@@ -14,6 +14,7 @@ pub mod dialer;
 pub mod error;
 pub mod health;
 pub mod metrics;
+pub mod namespaces;
 pub mod objects;
 pub mod policy;
 pub mod proxy;
@@ -105,6 +106,14 @@ pub struct AgentConfig {
     /// Destination-based mapping (managed mode): Applications keep their hub namespace on
     /// this cluster (`--destination-based-mapping`, as on the principal).
     pub destination_based_mapping: bool,
+    /// Namespaces besides `namespace` whose Applications the agent takes
+    /// (`--allowed-namespaces`: globs and `/regex/`, see [`namespaces`]): with
+    /// destination-based mapping, those the principal may write copies into; in autonomous
+    /// mode, those whose Applications are published (as `<namespace>.<name>`).
+    pub allowed_namespaces: Vec<String>,
+    /// Destination-based mapping: create a missing namespace before writing a copy into it
+    /// (`--create-namespace`).
+    pub create_namespace: bool,
     /// This cluster's Redis, to answer the principal's Redis proxy (`--redis-addr`; `None`:
     /// the agent does not announce the capability).
     pub redis: Option<redis::RedisConfig>,
@@ -144,6 +153,8 @@ impl Default for AgentConfig {
             healthz_listen: None,
             policies: policy::Policies::default(),
             destination_based_mapping: false,
+            allowed_namespaces: Vec::new(),
+            create_namespace: false,
             redis: None,
             cache_refresh_interval: Duration::from_secs(10),
             resource_proxy: true,
@@ -181,11 +192,12 @@ pub async fn start(
 ) -> Result<Running, AgentError> {
     let namespace = Namespace::new(&config.namespace)
         .map_err(|e| AgentError::Config(format!("--namespace: {e}")))?;
+    let allowed = allowed_namespaces(&config)?;
     let (dialer, source_id) = Dialer::from_transport(&config.transport).await?;
     let tasks = TaskTracker::new();
     let client = argocd_agent_kubernetes::client(&config.kube).await?;
     let mut watches = SpokeWatches::start(&client, &config);
-    let spoke = build_spoke(
+    let mut spoke = build_spoke(
         &config,
         namespace,
         source_id,
@@ -194,6 +206,9 @@ pub async fn start(
         &dialer,
         &tasks,
     );
+    spoke.allowed = allowed;
+    spoke.create_namespace = config.create_namespace;
+    let spoke = Arc::new(spoke);
     follow_local_changes(&spoke, watches, &tasks, &shutdown);
     let connected = Arc::new(AtomicBool::new(false));
     let (ready_tx, ready_rx) = watch::channel(false);
@@ -225,6 +240,25 @@ pub async fn start(
     })
 }
 
+/// `--allowed-namespaces` and `--create-namespace`, checked: patterns must compile, and
+/// `--create-namespace` needs destination-based mapping (as upstream).
+fn allowed_namespaces(config: &AgentConfig) -> Result<namespaces::AllowedNamespaces, AgentError> {
+    if config.create_namespace && !config.destination_based_mapping {
+        return Err(AgentError::Config(
+            "--create-namespace needs --destination-based-mapping (it creates the namespaces of the principal's copies)".into(),
+        ));
+    }
+    let allowed = namespaces::AllowedNamespaces::new(&config.namespace, &config.allowed_namespaces)
+        .map_err(|e| AgentError::Config(format!("--allowed-namespaces: {e}")))?;
+    if allowed.has_patterns()
+        && config.mode == AgentMode::Managed
+        && !config.destination_based_mapping
+    {
+        tracing::warn!("--allowed-namespaces has no effect on a managed agent without --destination-based-mapping: its applications are all in --namespace");
+    }
+    Ok(allowed)
+}
+
 /// The spoke's watches: its Applications, and the configuration kinds of its mode.
 struct SpokeWatches {
     apps: Cache,
@@ -241,6 +275,10 @@ impl SpokeWatches {
         }
         let across_namespaces =
             config.destination_based_mapping && config.mode == AgentMode::Managed;
+        // Autonomous with --allowed-namespaces: every namespace is watched (patterns are no
+        // API selector); the spoke keeps the allowed ones.
+        let any_namespace = config.mode == AgentMode::Autonomous
+            && config.allowed_namespaces.iter().any(|p| !p.trim().is_empty());
         let app_scope = if across_namespaces {
             // Managed copies in every namespace: those the principal wrote.
             let selector = [Some(spoke::MANAGED_LABEL), config.label_selector.as_deref()]
@@ -249,6 +287,11 @@ impl SpokeWatches {
                 .collect::<Vec<_>>()
                 .join(",");
             Scope::all().with_label_selector(selector)
+        } else if any_namespace {
+            match &config.label_selector {
+                Some(sel) => Scope::all().with_label_selector(sel.clone()),
+                None => Scope::all(),
+            }
         } else {
             scope.clone()
         };
@@ -296,8 +339,9 @@ fn build_spoke(
     watches: &mut SpokeWatches,
     dialer: &Dialer,
     tasks: &TaskTracker,
-) -> Arc<Spoke> {
+) -> Spoke {
     let proxy_client = client.clone();
+    let namespace_api = Resources::new(client.clone(), Kind::Namespace);
     let mut spoke = Spoke::new(
         config.mode,
         namespace,
@@ -308,6 +352,7 @@ fn build_spoke(
         objects::ConfigKinds::new(std::mem::take(&mut watches.config_kinds)),
     );
     spoke.policies = config.policies;
+    spoke.namespace_api = Some(namespace_api);
     spoke.by_destination = config.destination_based_mapping;
     spoke.redis = config
         .redis
@@ -330,7 +375,7 @@ fn build_spoke(
     if let Some(svid) = dialer.svid() {
         spoke.metrics.follow_svid(svid);
     }
-    Arc::new(spoke)
+    spoke
 }
 
 /// Hands the spoke's local changes to it until shutdown, and samples its queue.
