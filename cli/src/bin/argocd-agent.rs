@@ -712,9 +712,24 @@ struct AgentArgs {
     )]
     on_application_recreate: argocd_agent_agent::policy::RecreateAction,
     /// Managed mode, with the principal's flag of the same name: Applications keep their
-    /// hub namespace on this cluster (the namespaces must exist here).
+    /// hub namespace on this cluster (allowed by `--namespace` or `--allowed-namespaces`;
+    /// they must exist, or `--create-namespace`).
     #[arg(long, env = "ARGOCD_AGENT_DESTINATION_BASED_MAPPING")]
     destination_based_mapping: bool,
+    /// Namespaces besides `--namespace` whose Applications the agent takes: globs
+    /// (`team-*`) or `/regex/`, comma-separated or repeated. With destination-based
+    /// mapping, the namespaces the principal may write copies into; in autonomous mode,
+    /// the namespaces whose Applications are published (as `<namespace>.<name>`).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        env = "ARGOCD_AGENT_ALLOWED_NAMESPACES"
+    )]
+    allowed_namespaces: Vec<String>,
+    /// With `--destination-based-mapping`: create a missing namespace before writing a copy
+    /// into it.
+    #[arg(long, env = "ARGOCD_AGENT_CREATE_NAMESPACE")]
+    create_namespace: bool,
     /// Heartbeat interval (keeps the stream alive through mesh idle timeouts).
     #[arg(long, env = "ARGOCD_AGENT_KEEP_ALIVE_PING_INTERVAL", default_value = "30s", value_parser = parse_duration)]
     keep_alive_ping_interval: Duration,
@@ -1003,6 +1018,8 @@ async fn serve_agent(a: AgentArgs) -> CmdResult {
             on_recreate: a.on_application_recreate,
         },
         destination_based_mapping: a.destination_based_mapping,
+        allowed_namespaces: a.allowed_namespaces.clone(),
+        create_namespace: a.create_namespace,
         redis: a.redis.config()?,
         resource_proxy: !a.resource_proxy.disable_resource_proxy,
         resource_proxy_max_body: a.resource_proxy.resource_proxy_max_body,
