@@ -254,7 +254,9 @@ fn allowed_namespaces(config: &AgentConfig) -> Result<namespaces::AllowedNamespa
         && config.mode == AgentMode::Managed
         && !config.destination_based_mapping
     {
-        tracing::warn!("--allowed-namespaces has no effect on a managed agent without --destination-based-mapping: its applications are all in --namespace");
+        tracing::warn!(
+            "--allowed-namespaces has no effect on a managed agent without --destination-based-mapping: its applications are all in --namespace"
+        );
     }
     Ok(allowed)
 }
@@ -278,7 +280,10 @@ impl SpokeWatches {
         // Autonomous with --allowed-namespaces: every namespace is watched (patterns are no
         // API selector); the spoke keeps the allowed ones.
         let any_namespace = config.mode == AgentMode::Autonomous
-            && config.allowed_namespaces.iter().any(|p| !p.trim().is_empty());
+            && config
+                .allowed_namespaces
+                .iter()
+                .any(|p| !p.trim().is_empty());
         let app_scope = if across_namespaces {
             // Managed copies in every namespace: those the principal wrote.
             let selector = [Some(spoke::MANAGED_LABEL), config.label_selector.as_deref()]

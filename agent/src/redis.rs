@@ -421,12 +421,24 @@ mod tests {
             (ns == "team-x").then(|| (ns.to_owned(), name.to_owned()))
         };
         assert_eq!(
-            instance_name(&app("agent-a", "team-x.web"), false, Some(&mine), &argocd, locate)
-                .as_deref(),
+            instance_name(
+                &app("agent-a", "team-x.web"),
+                false,
+                Some(&mine),
+                &argocd,
+                locate
+            )
+            .as_deref(),
             Some("team-x_web")
         );
         assert_eq!(
-            instance_name(&app("agent-a", "team-y.web"), false, Some(&mine), &argocd, locate),
+            instance_name(
+                &app("agent-a", "team-y.web"),
+                false,
+                Some(&mine),
+                &argocd,
+                locate
+            ),
             None
         );
     }

@@ -306,7 +306,10 @@ impl Spoke {
     /// the agent's Argo CD namespace.
     fn local_target(&self, resource: &ResourceRef) -> (String, String) {
         if self.across_namespaces() {
-            return (resource.namespace.as_str().to_owned(), resource.name.clone());
+            return (
+                resource.namespace.as_str().to_owned(),
+                resource.name.clone(),
+            );
         }
         if self.mode == AgentMode::Autonomous
             && let Some(target) = self.hub_owner(&resource.name)
@@ -1067,7 +1070,10 @@ impl Spoke {
         .map_err(SpokeError::NotAnObject)?;
         match api.create(&obj).await {
             Ok(_) => {
-                tracing::info!(namespace = ns, "created namespace for a managed application");
+                tracing::info!(
+                    namespace = ns,
+                    "created namespace for a managed application"
+                );
                 Ok(())
             }
             Err(e) if e.is_already_exists() => Ok(()),

@@ -48,11 +48,7 @@ async fn managed_destination_mapping_writes_only_into_allowed_namespaces() {
     let mapping = || "--destination-based-mapping".to_string();
     let topo = Topology::start(TopologyOptions {
         principal_args: vec![mapping()],
-        agent_args: vec![
-            mapping(),
-            "--allowed-namespaces".into(),
-            "team-*".into(),
-        ],
+        agent_args: vec![mapping(), "--allowed-namespaces".into(), "team-*".into()],
         // The first agent creates namespaces, the second (also managed) does not.
         per_agent_args: vec![(MANAGED, vec!["--create-namespace".into()])],
         second_agent_mode: Some("managed"),
@@ -115,15 +111,19 @@ async fn managed(topo: &Topology) -> Result<(), HarnessError> {
             && log.contains("--allowed-namespaces (team-*)"),
         "agent log does not name the refused namespace and the flag"
     );
-    never("copy in a namespace not allowed", Duration::from_secs(2), || {
-        stored_app(first, "prod", "api").is_some()
-    })
+    never(
+        "copy in a namespace not allowed",
+        Duration::from_secs(2),
+        || stored_app(first, "prod", "api").is_some(),
+    )
     .await?;
     // Its deletion on the hub is not held up by the agent (nothing is held there).
     prod.delete("api", &DeleteParams::default()).await?;
-    eventually("hub application in a refused namespace deleted", T, || async {
-        stored_app(&topo.hub, "prod", "api").is_none().then_some(())
-    })
+    eventually(
+        "hub application in a refused namespace deleted",
+        T,
+        || async { stored_app(&topo.hub, "prod", "api").is_none().then_some(()) },
+    )
     .await?;
 
     // --create-namespace: a missing allowed namespace is created, then the copy written.
@@ -315,14 +315,19 @@ async fn collision(topo: &Topology) -> Result<(), HarnessError> {
             &sample_app("team-b.api", SPOKE_NS, "winner"),
         )
         .await?;
-    eventually("the Argo CD namespace's team-b.api on the hub", T, || async {
-        stored("team-b.api").filter(|a| path_of(a) == "winner")
-    })
+    eventually(
+        "the Argo CD namespace's team-b.api on the hub",
+        T,
+        || async { stored("team-b.api").filter(|a| path_of(a) == "winner") },
+    )
     .await?;
     let before = metric_sum(port, &refused("name_collision")).await;
     let team_b = apps(spoke, "team-b")?;
     team_b
-        .create(&PostParams::default(), &sample_app("api", "team-b", "loser"))
+        .create(
+            &PostParams::default(),
+            &sample_app("api", "team-b", "loser"),
+        )
         .await?;
     merge_patch(
         &team_b,
@@ -341,7 +346,10 @@ async fn collision(topo: &Topology) -> Result<(), HarnessError> {
     )
     .await?;
     let log = topo.autonomous.as_ref().ok_or("no agent")?.log();
-    assert!(log.contains("application not published"), "no warning logged");
+    assert!(
+        log.contains("application not published"),
+        "no warning logged"
+    );
 
     // The Argo CD namespace's application goes: the name passes to team-b/api.
     argocd_apps
@@ -384,14 +392,87 @@ async fn deletion_and_resync(topo: &mut Topology) -> Result<(), HarnessError> {
         (topo.connect_count(AUTONOMOUS) > before).then_some(())
     })
     .await?;
-    eventually("resync removes team-b.web and updates ops.tools", T, || async {
-        let gone = stored(topo, "team-b.web").is_none();
-        let updated = target_revision(stored(topo, "ops.tools")).as_deref() == Some("offline");
-        (gone && updated).then_some(())
-    })
+    eventually(
+        "resync removes team-b.web and updates ops.tools",
+        T,
+        || async {
+            let gone = stored(topo, "team-b.web").is_none();
+            let updated = target_revision(stored(topo, "ops.tools")).as_deref() == Some("offline");
+            (gone && updated).then_some(())
+        },
+    )
     .await?;
     for name in ["root", "team-b.api"] {
         assert!(stored(topo, name).is_some(), "{name} lost in the resync");
     }
     Ok(())
+}
+
+/// The Redis proxy follows the hub names: argocd-server's key for the hub copy
+/// `team-a.web` is served from the spoke's key of Argo CD's instance `team-a_web` (its name
+/// for `web` in `team-a`), never from a key spelled with the hub name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_redis_proxy_serves_a_hub_name_from_the_spokes_instance_name() {
+    use argocd_agent_redis::RedisEndpoint;
+    use argocd_agent_testkit::redis::{RedisServer, redis_cli, redis_cli_bin};
+    redis_cli_bin().unwrap();
+    let dir = tempfile::Builder::new()
+        .prefix("argocd-agent-anyns-redis")
+        .tempdir()
+        .unwrap();
+    let hub_redis = RedisServer::start(dir.path(), "redis-hub").await.unwrap();
+    let spoke_redis = RedisServer::start(dir.path(), "redis-spoke").await.unwrap();
+    let proxy_port = argocd_agent_testkit::envoy::free_loopback_port().unwrap();
+    let topo = Topology::start(TopologyOptions {
+        dir: Some(dir.path().join("topology")),
+        agents: Some(vec![AUTONOMOUS]),
+        principal_args: vec![
+            "--redis-proxy-address".into(),
+            format!("127.0.0.1:{proxy_port}"),
+            "--redis-server-address".into(),
+            hub_redis.addr(),
+        ],
+        agent_args: vec![
+            "--allowed-namespaces".into(),
+            "team-*".into(),
+            "--redis-addr".into(),
+            spoke_redis.addr(),
+        ],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let r = async {
+        create_namespace(&topo.autonomous_spoke, "team-a").await?;
+        apps(&topo.autonomous_spoke, "team-a")?
+            .create(&PostParams::default(), &sample_app("web", "team-a", "web"))
+            .await?;
+        eventually("team-a.web on the hub", T, || async {
+            stored_app(&topo.hub, AUTONOMOUS, "team-a.web")
+        })
+        .await?;
+        let mut conn = RedisEndpoint {
+            addr: spoke_redis.addr(),
+            ..Default::default()
+        }
+        .connect(1 << 20)
+        .await?;
+        for (key, value) in [
+            ("app|resources-tree|team-a_web|1.8.3", "web-tree"),
+            // A key spelled with the hub name is no key of the spoke's Argo CD.
+            ("app|resources-tree|team-a.web|1.8.3", "WRONG"),
+        ] {
+            conn.command(&[b"SET", key.as_bytes(), value.as_bytes()])
+                .await?;
+        }
+        let key = format!("app|resources-tree|{AUTONOMOUS}_team-a.web|1.8.3");
+        let out = redis_cli(proxy_port, &[b"GET", key.as_bytes()]).await?;
+        let got = String::from_utf8_lossy(&out.stdout).trim_end().to_owned();
+        if got != "web-tree" {
+            return Err(format!("GET {key} through the proxy gave {got:?}").into());
+        }
+        Ok(())
+    }
+    .await;
+    topo.finish(r).await;
 }

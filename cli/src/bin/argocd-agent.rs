@@ -720,11 +720,7 @@ struct AgentArgs {
     /// (`team-*`) or `/regex/`, comma-separated or repeated. With destination-based
     /// mapping, the namespaces the principal may write copies into; in autonomous mode,
     /// the namespaces whose Applications are published (as `<namespace>.<name>`).
-    #[arg(
-        long,
-        value_delimiter = ',',
-        env = "ARGOCD_AGENT_ALLOWED_NAMESPACES"
-    )]
+    #[arg(long, value_delimiter = ',', env = "ARGOCD_AGENT_ALLOWED_NAMESPACES")]
     allowed_namespaces: Vec<String>,
     /// With `--destination-based-mapping`: create a missing namespace before writing a copy
     /// into it.
