@@ -87,6 +87,31 @@ pub enum SpokeError {
     /// A local object of that name is not the principal's and may not be adopted.
     #[error("{0}")]
     AdoptionRefused(String),
+    /// Destination-based mapping: the event names an Application in a namespace this agent
+    /// does not take (not its Argo CD namespace, not matched by `--allowed-namespaces`).
+    #[error(
+        "namespace {namespace} is not permitted: not the agent's Argo CD namespace and not matched by --allowed-namespaces ({allowed})"
+    )]
+    NamespaceNotPermitted {
+        /// The refused namespace.
+        namespace: String,
+        /// The agent's `--allowed-namespaces` patterns.
+        allowed: String,
+    },
+    /// Destination-based mapping: the namespace of a new copy does not exist on the spoke.
+    #[error(
+        "namespace {0} does not exist on this cluster (create it, or start the agent with --create-namespace)"
+    )]
+    NamespaceMissing(String),
+    /// `--create-namespace`: the namespace could not be created.
+    #[error("could not create namespace {namespace}")]
+    CreateNamespace {
+        /// The namespace.
+        namespace: String,
+        /// The API server's answer.
+        #[source]
+        source: Box<argocd_agent_kubernetes::Error>,
+    },
     /// The spoke's API server refused the write.
     #[error("spoke write failed")]
     Kube(#[from] argocd_agent_kubernetes::Error),

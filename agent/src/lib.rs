@@ -15,6 +15,7 @@ pub mod dialer;
 pub mod error;
 pub mod health;
 pub mod metrics;
+pub mod namespaces;
 pub mod objects;
 pub mod policy;
 pub mod proxy;
@@ -109,6 +110,14 @@ pub struct AgentConfig {
     /// Managed mode: Applications an app-of-apps parent creates here are not published to
     /// the hub (`--ignore-unmanaged-apps`).
     pub ignore_unmanaged_apps: bool,
+    /// Namespaces besides `namespace` whose Applications the agent takes
+    /// (`--allowed-namespaces`: globs and `/regex/`, see [`namespaces`]): with
+    /// destination-based mapping, those the principal may write copies into; in autonomous
+    /// mode, those whose Applications are published (as `<namespace>.<name>`).
+    pub allowed_namespaces: Vec<String>,
+    /// Destination-based mapping: create a missing namespace before writing a copy into it
+    /// (`--create-namespace`).
+    pub create_namespace: bool,
     /// This cluster's Redis, to answer the principal's Redis proxy (`--redis-addr`; `None`:
     /// the agent does not announce the capability).
     pub redis: Option<redis::RedisConfig>,
@@ -149,6 +158,8 @@ impl Default for AgentConfig {
             policies: policy::Policies::default(),
             destination_based_mapping: false,
             ignore_unmanaged_apps: false,
+            allowed_namespaces: Vec::new(),
+            create_namespace: false,
             redis: None,
             cache_refresh_interval: Duration::from_secs(10),
             resource_proxy: true,
@@ -186,11 +197,12 @@ pub async fn start(
 ) -> Result<Running, AgentError> {
     let namespace = Namespace::new(&config.namespace)
         .map_err(|e| AgentError::Config(format!("--namespace: {e}")))?;
+    let allowed = allowed_namespaces(&config)?;
     let (dialer, source_id) = Dialer::from_transport(&config.transport).await?;
     let tasks = TaskTracker::new();
     let client = argocd_agent_kubernetes::client(&config.kube).await?;
     let mut watches = SpokeWatches::start(&client, &config);
-    let spoke = build_spoke(
+    let mut spoke = build_spoke(
         &config,
         namespace,
         source_id,
@@ -199,6 +211,9 @@ pub async fn start(
         &dialer,
         &tasks,
     );
+    spoke.allowed = allowed;
+    spoke.create_namespace = config.create_namespace;
+    let spoke = Arc::new(spoke);
     follow_local_changes(&spoke, watches, &tasks, &shutdown);
     let connected = Arc::new(AtomicBool::new(false));
     let (ready_tx, ready_rx) = watch::channel(false);
@@ -230,6 +245,27 @@ pub async fn start(
     })
 }
 
+/// `--allowed-namespaces` and `--create-namespace`, checked: patterns must compile, and
+/// `--create-namespace` needs destination-based mapping (as upstream).
+fn allowed_namespaces(config: &AgentConfig) -> Result<namespaces::AllowedNamespaces, AgentError> {
+    if config.create_namespace && !config.destination_based_mapping {
+        return Err(AgentError::Config(
+            "--create-namespace needs --destination-based-mapping (it creates the namespaces of the principal's copies)".into(),
+        ));
+    }
+    let allowed = namespaces::AllowedNamespaces::new(&config.namespace, &config.allowed_namespaces)
+        .map_err(|e| AgentError::Config(format!("--allowed-namespaces: {e}")))?;
+    if allowed.has_patterns()
+        && config.mode == AgentMode::Managed
+        && !config.destination_based_mapping
+    {
+        tracing::warn!(
+            "--allowed-namespaces has no effect on a managed agent without --destination-based-mapping: its applications are all in --namespace"
+        );
+    }
+    Ok(allowed)
+}
+
 /// The spoke's watches: its Applications, and the configuration kinds of its mode.
 struct SpokeWatches {
     apps: Cache,
@@ -246,6 +282,13 @@ impl SpokeWatches {
         }
         let across_namespaces =
             config.destination_based_mapping && config.mode == AgentMode::Managed;
+        // Autonomous with --allowed-namespaces: every namespace is watched (patterns are no
+        // API selector); the spoke keeps the allowed ones.
+        let any_namespace = config.mode == AgentMode::Autonomous
+            && config
+                .allowed_namespaces
+                .iter()
+                .any(|p| !p.trim().is_empty());
         let app_scope = if across_namespaces {
             // Managed copies in every namespace: those the principal wrote.
             let selector = [Some(spoke::MANAGED_LABEL), config.label_selector.as_deref()]
@@ -254,6 +297,11 @@ impl SpokeWatches {
                 .collect::<Vec<_>>()
                 .join(",");
             Scope::all().with_label_selector(selector)
+        } else if any_namespace {
+            match &config.label_selector {
+                Some(sel) => Scope::all().with_label_selector(sel.clone()),
+                None => Scope::all(),
+            }
         } else {
             scope.clone()
         };
@@ -301,8 +349,9 @@ fn build_spoke(
     watches: &mut SpokeWatches,
     dialer: &Dialer,
     tasks: &TaskTracker,
-) -> Arc<Spoke> {
+) -> Spoke {
     let proxy_client = client.clone();
+    let namespace_api = Resources::new(client.clone(), Kind::Namespace);
     let mut spoke = Spoke::new(
         config.mode,
         namespace,
@@ -313,6 +362,7 @@ fn build_spoke(
         objects::ConfigKinds::new(std::mem::take(&mut watches.config_kinds)),
     );
     spoke.policies = config.policies;
+    spoke.namespace_api = Some(namespace_api);
     spoke.by_destination = config.destination_based_mapping;
     spoke.ignore_unmanaged_apps = config.ignore_unmanaged_apps;
     spoke.redis = config
@@ -336,7 +386,7 @@ fn build_spoke(
     if let Some(svid) = dialer.svid() {
         spoke.metrics.follow_svid(svid);
     }
-    Arc::new(spoke)
+    spoke
 }
 
 /// Hands the spoke's local changes to it until shutdown, and samples its queue.

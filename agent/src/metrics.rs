@@ -42,6 +42,13 @@ pub struct ProxyLabels {
     pub outcome: String,
 }
 
+/// Labels of `argocd_agent_applications_refused_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusedLabels {
+    /// `namespace_not_permitted`, `namespace_missing`, `name_collision` or `name_too_long`.
+    pub reason: String,
+}
+
 fn seconds_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.001, 2.0, 16))
 }
@@ -82,6 +89,9 @@ pub struct Metrics {
     /// (verbs get, list, create, patch, delete, log, exec, update, other) by outcome
     /// (allowed, forbidden, error).
     pub resource_proxy_requests: Family<ProxyLabels, Counter>,
+    /// `argocd_agent_applications_refused_total{reason}`: Applications the agent would not
+    /// take or publish because of their namespace or name (see [`crate::namespaces`]).
+    pub applications_refused: Family<RefusedLabels, Counter>,
     registry: Arc<Registry>,
 }
 
@@ -113,6 +123,7 @@ impl Metrics {
             queue_depth: Gauge::default(),
             resends: Counter::default(),
             resource_proxy_requests: Family::default(),
+            applications_refused: Family::default(),
             registry: Arc::default(),
         };
         // Families are registered (and so exposed) in this order.
@@ -121,6 +132,7 @@ impl Metrics {
         m.register_svid_metrics(&mut r);
         m.register_ack_metrics(&mut r);
         m.register_proxy_metrics(&mut r);
+        m.register_refusal_metrics(&mut r);
         m.registry = Arc::new(r);
         m
     }
@@ -215,6 +227,15 @@ impl Metrics {
         );
     }
 
+    /// Applications refused for their namespace or name.
+    fn register_refusal_metrics(&self, r: &mut Registry) {
+        r.register(
+            "argocd_agent_applications_refused",
+            "Applications refused for their namespace or name, by reason (namespace_not_permitted, namespace_missing, name_collision, name_too_long)",
+            self.applications_refused.clone(),
+        );
+    }
+
     /// Text exposition format.
     pub fn encode(&self) -> String {
         let mut out = String::new();
@@ -240,6 +261,15 @@ impl Metrics {
             .get_or_create(&ProxyLabels {
                 verb: verb.into(),
                 outcome: outcome.into(),
+            })
+            .inc();
+    }
+
+    /// Counts one Application refused for `reason` (see [`RefusedLabels`]).
+    pub fn refused(&self, reason: &str) {
+        self.applications_refused
+            .get_or_create(&RefusedLabels {
+                reason: reason.into(),
             })
             .inc();
     }

@@ -48,33 +48,29 @@ pub struct SpokeRedis {
 }
 
 /// Argo CD's instance name on this cluster of the Application the principal names, if this
-/// agent holds it (`holds(namespace, name)`): the Application must be in the agent's hub
-/// namespace (or, with destination-based mapping, keeps its hub namespace here); its
-/// instance name is the bare name in the agent's Argo CD namespace, `<ns>_<name>` elsewhere.
+/// agent holds it (`locate` gives its local `(namespace, name)` when held): the Application
+/// must be in the agent's hub namespace (or, with destination-based mapping, keeps its hub
+/// namespace here); its instance name is the bare name in the agent's Argo CD namespace,
+/// `<ns>_<name>` elsewhere (an autonomous agent's `<ns>.<name>` on the hub is `<ns>_<name>`
+/// here).
 pub fn instance_name(
     resource: &ResourceRef,
     across_namespaces: bool,
     hub_namespace: Option<&Namespace>,
     argocd_namespace: &Namespace,
-    holds: impl Fn(&str, &str) -> bool,
+    locate: impl Fn(&ResourceRef) -> Option<(String, String)>,
 ) -> Option<String> {
     if resource.kind != ResourceKind::Application {
         return None;
     }
-    let local_ns = if across_namespaces {
-        resource.namespace.as_str()
-    } else if hub_namespace == Some(&resource.namespace) {
-        argocd_namespace.as_str()
-    } else {
-        return None;
-    };
-    if !holds(local_ns, &resource.name) {
+    if !across_namespaces && hub_namespace != Some(&resource.namespace) {
         return None;
     }
+    let (local_ns, name) = locate(resource)?;
     Some(if local_ns == argocd_namespace.as_str() {
-        resource.name.clone()
+        name
     } else {
-        format!("{local_ns}_{}", resource.name)
+        format!("{local_ns}_{name}")
     })
 }
 
@@ -375,7 +371,9 @@ mod tests {
     fn only_held_applications_of_the_agents_hub_namespace_are_served() {
         let argocd = ns("argocd");
         let mine = ns("agent-a");
-        let holds = |n: &str, name: &str| n == "argocd" && name == "guestbook";
+        let holds = |r: &ResourceRef| {
+            (r.name == "guestbook").then(|| ("argocd".to_owned(), r.name.clone()))
+        };
         let name = |r: &ResourceRef| instance_name(r, false, Some(&mine), &argocd, holds);
         assert_eq!(
             name(&app("agent-a", "guestbook")).as_deref(),
@@ -399,13 +397,48 @@ mod tests {
     #[test]
     fn destination_mapping_keeps_the_hub_namespace_in_the_instance_name() {
         let argocd = ns("argocd");
-        let holds = |n: &str, name: &str| n == "team-x" && name == "web";
+        let holds = |r: &ResourceRef| {
+            (r.namespace.as_str() == "team-x" && r.name == "web")
+                .then(|| (r.namespace.as_str().to_owned(), r.name.clone()))
+        };
         assert_eq!(
             instance_name(&app("team-x", "web"), true, None, &argocd, holds).as_deref(),
             Some("team-x_web")
         );
         assert_eq!(
             instance_name(&app("team-y", "web"), true, None, &argocd, holds),
+            None
+        );
+    }
+
+    #[test]
+    fn an_autonomous_agents_application_of_another_namespace_keeps_its_local_instance_name() {
+        let argocd = ns("argocd");
+        let mine = ns("agent-a");
+        // The hub name `team-x.web` is the local Application web in team-x.
+        let locate = |r: &ResourceRef| {
+            let (ns, name) = crate::namespaces::split_hub_name(&r.name)?;
+            (ns == "team-x").then(|| (ns.to_owned(), name.to_owned()))
+        };
+        assert_eq!(
+            instance_name(
+                &app("agent-a", "team-x.web"),
+                false,
+                Some(&mine),
+                &argocd,
+                locate
+            )
+            .as_deref(),
+            Some("team-x_web")
+        );
+        assert_eq!(
+            instance_name(
+                &app("agent-a", "team-y.web"),
+                false,
+                Some(&mine),
+                &argocd,
+                locate
+            ),
             None
         );
     }

@@ -20,6 +20,7 @@ use serde_json::{Value, json};
 use tracing::Instrument;
 
 use crate::error::SpokeError;
+use crate::namespaces::{self, AllowedNamespaces, HubNameError};
 use crate::objects::ConfigKinds;
 use crate::policy::{self, Policies, RecreateAction, WritePlan};
 
@@ -90,6 +91,15 @@ fn hub_metadata(obj: &Value) -> Value {
     })
 }
 
+/// Why an autonomous agent's Application has no hub name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum HubNameRefusal {
+    /// Its hub name is the name of an Application in the Argo CD namespace, which keeps it.
+    Collision(String),
+    /// Its hub name would not be a valid name.
+    Name(HubNameError),
+}
+
 /// The agent's local state.
 pub struct Spoke {
     /// Managed (the hub's copies are written here) or autonomous (published to the hub).
@@ -114,6 +124,14 @@ pub struct Spoke {
     /// Managed mode: Applications an app-of-apps parent creates here are not published
     /// (`--ignore-unmanaged-apps`).
     pub ignore_unmanaged_apps: bool,
+    /// The namespaces whose Applications the agent takes: its Argo CD namespace and
+    /// `--allowed-namespaces` (managed with destination-based mapping, and autonomous).
+    pub allowed: AllowedNamespaces,
+    /// Managed with destination-based mapping: create a missing namespace before writing a
+    /// copy into it (`--create-namespace`).
+    pub create_namespace: bool,
+    /// Namespaces on the spoke (to create them, or to tell a missing one).
+    pub namespace_api: Option<Resources>,
     /// The agent's metrics.
     pub metrics: crate::metrics::Metrics,
     /// This cluster's Redis, when the agent serves the principal's Redis proxy.
@@ -165,6 +183,9 @@ impl Spoke {
     ) -> Spoke {
         Spoke {
             mode,
+            allowed: AllowedNamespaces::only(namespace.as_str()),
+            create_namespace: false,
+            namespace_api: None,
             namespace,
             source,
             apps,
@@ -188,9 +209,69 @@ impl Spoke {
     }
 
     fn relevant(&self, obj: &DynamicObject) -> bool {
-        match self.mode {
-            AgentMode::Managed => is_managed_copy(obj),
-            AgentMode::Autonomous => true,
+        self.takes_namespace(obj.metadata.namespace.as_deref().unwrap_or_default())
+            && match self.mode {
+                AgentMode::Managed => is_managed_copy(obj),
+                AgentMode::Autonomous => true,
+            }
+    }
+
+    /// Whether the agent takes Applications in `ns`: its Argo CD namespace, and with
+    /// destination-based mapping or as an autonomous agent the `--allowed-namespaces`.
+    fn takes_namespace(&self, ns: &str) -> bool {
+        if self.mode == AgentMode::Managed && !self.by_destination {
+            ns == self.namespace.as_str()
+        } else {
+            self.allowed.allows(ns)
+        }
+    }
+
+    /// Whether the agent's Applications may be in other namespaces than its Argo CD one.
+    fn watches_all(&self) -> bool {
+        self.across_namespaces()
+            || (self.mode == AgentMode::Autonomous && self.allowed.has_patterns())
+    }
+
+    /// Autonomous: the hub name of a local Application ([`namespaces::hub_name`]), or why it
+    /// has none. An Application of the Argo CD namespace named like the hub name of another
+    /// namespace's Application keeps the name; the other is not published.
+    fn hub_key(&self, obj: &DynamicObject) -> Result<String, HubNameRefusal> {
+        let argocd = self.namespace.as_str();
+        let ns = obj.metadata.namespace.as_deref().unwrap_or(argocd);
+        let hub = namespaces::hub_name(argocd, ns, &name_of(obj)).map_err(HubNameRefusal::Name)?;
+        if ns != argocd && self.cache.get(Some(argocd), &hub).is_some() {
+            return Err(HubNameRefusal::Collision(hub));
+        }
+        Ok(hub)
+    }
+
+    /// Autonomous: `(namespace, name)` of the local Application published as `hub`, if
+    /// there is one: the Argo CD namespace's Application of that name, else the
+    /// `<namespace>.<name>` reading of it in an allowed namespace.
+    fn hub_owner(&self, hub: &str) -> Option<(String, String)> {
+        let argocd = self.namespace.as_str();
+        if self.cache.get(Some(argocd), hub).is_some() {
+            return Some((argocd.to_owned(), hub.to_owned()));
+        }
+        let (ns, name) = namespaces::split_hub_name(hub)?;
+        (ns != argocd && self.allowed.allows(ns) && self.cache.get(Some(ns), name).is_some())
+            .then(|| (ns.to_owned(), name.to_owned()))
+    }
+
+    /// Autonomous: tells (log and metric) why a local Application is not published.
+    fn report_unpublished(&self, obj: &DynamicObject, why: &HubNameRefusal) {
+        let ns = obj.metadata.namespace.as_deref().unwrap_or_default();
+        let name = name_of(obj);
+        match why {
+            HubNameRefusal::Collision(hub) => {
+                self.metrics.refused("name_collision");
+                tracing::warn!(namespace = ns, %name, hub_name = %hub,
+                    "application not published: an application of its hub name exists in the Argo CD namespace and keeps the name");
+            }
+            HubNameRefusal::Name(e) => {
+                self.metrics.refused("name_too_long");
+                tracing::warn!(namespace = ns, %name, error = %e, "application not published");
+            }
         }
     }
 
@@ -226,14 +307,23 @@ impl Spoke {
         }
     }
 
-    /// The spoke namespace of an Application the principal names: its hub namespace with
-    /// destination-based mapping, else the agent's Argo CD namespace.
-    fn local_namespace<'a>(&'a self, resource: &'a ResourceRef) -> &'a str {
+    /// `(namespace, name)` on the spoke of an Application the principal names: its hub
+    /// namespace and name with destination-based mapping; an autonomous agent's
+    /// Application published under that hub name ([`Spoke::hub_owner`]); else the name in
+    /// the agent's Argo CD namespace.
+    fn local_target(&self, resource: &ResourceRef) -> (String, String) {
         if self.across_namespaces() {
-            resource.namespace.as_str()
-        } else {
-            self.namespace.as_str()
+            return (
+                resource.namespace.as_str().to_owned(),
+                resource.name.clone(),
+            );
         }
+        if self.mode == AgentMode::Autonomous
+            && let Some(target) = self.hub_owner(&resource.name)
+        {
+            return target;
+        }
+        (self.namespace.as_str().to_owned(), resource.name.clone())
     }
 
     /// Argo CD's instance name (the part of its cache keys naming an Application) of the
@@ -245,10 +335,12 @@ impl Spoke {
             self.across_namespaces(),
             self.hub_namespace().as_ref(),
             &self.namespace,
-            |ns, name| {
+            |r| {
+                let (ns, name) = self.local_target(r);
                 self.cache
-                    .get(Some(ns), name)
+                    .get(Some(&ns), &name)
                     .is_some_and(|o| self.relevant(&o))
+                    .then_some((ns, name))
             },
         )
     }
@@ -289,7 +381,7 @@ impl Spoke {
 
     /// Local objects that take part in sync, by key.
     fn local(&self) -> HashMap<String, Arc<DynamicObject>> {
-        let objects = if self.across_namespaces() {
+        let objects = if self.watches_all() {
             self.cache.list()
         } else {
             self.cache.list_namespace(self.namespace.as_str())
@@ -297,7 +389,13 @@ impl Spoke {
         objects
             .into_iter()
             .filter(|o| self.relevant(o) && !argocd_agent_kubernetes::is_sync_ignored(o))
-            .map(|o| (self.key_of(&o), o))
+            .filter_map(|o| {
+                let key = match self.mode {
+                    AgentMode::Autonomous => self.hub_key(&o).ok()?,
+                    AgentMode::Managed => self.key_of(&o),
+                };
+                Some((key, o))
+            })
             .collect()
     }
 
@@ -505,13 +603,15 @@ impl Spoke {
         ));
     }
 
+    /// Autonomous: publishes a local Application under its hub name.
     fn publish(&self, obj: &DynamicObject) {
-        let name = name_of(obj);
-        let Some(r) = self.app_ref(&name) else { return };
+        let Ok(hub) = self.hub_key(obj) else { return };
+        let Some(r) = self.app_ref(&hub) else { return };
         let mut w = Arc::unwrap_or_clone(wire(obj));
         w["metadata"]["namespace"] = Value::String(r.namespace.to_string());
+        w["metadata"]["name"] = Value::String(hub.clone());
         let sum = object::checksum_of(&w);
-        if self.inner().sent_object.insert(name, sum.clone()) == Some(sum) {
+        if self.inner().sent_object.insert(hub, sum.clone()) == Some(sum) {
             return;
         }
         self.push(Event::resource(
@@ -531,9 +631,7 @@ impl Spoke {
             Change::Deleted(o) => (o, true),
             Change::Synced => return,
         };
-        if !self.across_namespaces()
-            && obj.metadata.namespace.as_deref() != Some(self.namespace.as_str())
-        {
+        if !self.takes_namespace(obj.metadata.namespace.as_deref().unwrap_or_default()) {
             return;
         }
         if deleted {
@@ -666,19 +764,56 @@ impl Spoke {
         }
     }
 
-    /// Autonomous: every local change is published.
+    /// Autonomous: every local change is published, under the Application's hub name.
     fn on_autonomous_change(&self, obj: &DynamicObject, deleted: bool) {
         if argocd_agent_kubernetes::is_sync_ignored(obj) {
             return;
         }
-        let name = name_of(obj);
+        let hub = match self.hub_key(obj) {
+            Ok(hub) => hub,
+            Err(why) => {
+                if !deleted {
+                    self.report_unpublished(obj, &why);
+                }
+                return;
+            }
+        };
         if deleted {
-            self.inner().sent_object.remove(&name);
-            self.push_delete(&name);
+            self.inner().sent_object.remove(&hub);
+            // The hub name passes to another namespace's Application (`x`/`y` once the Argo
+            // CD namespace's `x.y` is gone), or the hub copy goes.
+            let next = self
+                .hub_owner(&hub)
+                .and_then(|(ns, name)| self.cache.get(Some(&ns), &name))
+                .filter(|o| !is_being_deleted(o) && !argocd_agent_kubernetes::is_sync_ignored(o));
+            match next {
+                Some(next) => self.publish(&next),
+                None => self.push_delete(&hub),
+            }
             return;
         }
         if !is_being_deleted(obj) {
+            self.warn_takeover(obj, &hub);
             self.publish(obj);
+        }
+    }
+
+    /// Autonomous: an Application of the Argo CD namespace published for the first time
+    /// under a hub name another namespace's Application had: that one is published no more.
+    fn warn_takeover(&self, obj: &DynamicObject, hub: &str) {
+        if obj.metadata.namespace.as_deref() != Some(self.namespace.as_str())
+            || self.inner().sent_object.contains_key(hub)
+        {
+            return;
+        }
+        if let Some((ns, name)) = namespaces::split_hub_name(hub)
+            && ns != self.namespace.as_str()
+            && self.allowed.allows(ns)
+            && self.cache.get(Some(ns), name).is_some()
+        {
+            self.metrics.refused("name_collision");
+            tracing::warn!(hub_name = %hub, namespace = ns, %name,
+                "the Argo CD namespace's application takes the hub name: the other namespace's application is not published");
         }
     }
 
@@ -726,8 +861,8 @@ impl Spoke {
     /// Managed: deletes the copy of `resource` the principal asked to delete. Returns its
     /// key when finalizers hold it (the spoke's Argo CD deletes its resources first).
     async fn delete_copy(&self, resource: &ResourceRef) -> Result<Option<String>, SpokeError> {
-        let ns = self.local_namespace(resource);
-        let name = resource.name.as_str();
+        let (ns, name) = self.local_target(resource);
+        let (ns, name) = (ns.as_str(), name.as_str());
         let key = if self.across_namespaces() {
             format!("{ns}/{name}")
         } else {
@@ -786,6 +921,15 @@ impl Spoke {
         if resource.kind != ResourceKind::Application {
             return self.on_config_event(event, resource).await;
         }
+        if self.across_namespaces()
+            && self.hub_namespace().is_some()
+            && let Some(result) = outside_allowed(&self.allowed, event, resource)
+        {
+            if result.is_ok() {
+                tracing::info!(object = %resource, "delete of an application in a namespace this agent does not take: nothing to delete");
+            }
+            return Some(self.answer(event, resource, result));
+        }
         let result = match plan(
             self.mode,
             self.hub_namespace().as_ref(),
@@ -831,6 +975,14 @@ impl Spoke {
                 tracing::warn!(object = %resource, r#type = %event.ty, error = %message, "could not apply event");
                 let reason = match e {
                     SpokeError::WrongNamespace(_) => "Forbidden",
+                    SpokeError::NamespaceNotPermitted { .. } => {
+                        self.metrics.refused("namespace_not_permitted");
+                        "Forbidden"
+                    }
+                    SpokeError::NamespaceMissing(_) => {
+                        self.metrics.refused("namespace_missing");
+                        "ApplyFailed"
+                    }
                     _ => "ApplyFailed",
                 };
                 event.error_reply(&self.source, reason, message)
@@ -838,49 +990,23 @@ impl Spoke {
         }
     }
 
-    /// Autonomous: the principal asks for one application again.
-    fn republish(&self, name: &str) {
-        self.inner().sent_object.remove(name);
-        match self.cache.get(Some(self.namespace.as_str()), name) {
+    /// Autonomous: the principal asks for one application again, by hub name.
+    fn republish(&self, hub: &str) {
+        self.inner().sent_object.remove(hub);
+        let local = self
+            .hub_owner(hub)
+            .and_then(|(ns, name)| self.cache.get(Some(&ns), &name));
+        match local {
             Some(obj) if !is_being_deleted(&obj) => self.publish(&obj),
-            _ => self.push_delete(name),
+            _ => self.push_delete(hub),
         }
     }
 
     async fn apply(&self, resource: &ResourceRef, command: Command) -> Result<(), SpokeError> {
-        let ns = self.local_namespace(resource);
-        let name = resource.name.as_str();
-        let key = if self.across_namespaces() {
-            format!("{ns}/{name}")
-        } else {
-            name.to_owned()
-        };
+        let (ns, name) = self.local_target(resource);
+        let (ns, name) = (ns.as_str(), name.as_str());
         match command {
-            Command::Upsert(obj) => {
-                let local = self.cache.get(Some(ns), name);
-                // What local changes are reverted to from now on, set before a recreate
-                // deletes the local copy: the watch may report that deletion (and revert
-                // it) before the delete call returns here, and a revert to the previous
-                // object would overwrite this write.
-                let previous = self.inner().desired.insert(key.clone(), obj.clone());
-                let deleted = match self.prepare_write(&self.apps, local, &obj).await {
-                    Ok(deleted) => deleted,
-                    Err(e) => {
-                        restore(&mut self.inner().desired, key, previous);
-                        return Err(e);
-                    }
-                };
-                let known = if deleted {
-                    Known::Unknown
-                } else {
-                    self.cache.known(Some(ns), name)
-                };
-                self.upsert_local(&obj, ns, known).await?;
-                if let Some(v) = object::annotation_of(&obj, object::REFRESH_ANNOTATION) {
-                    self.inner().refresh_applied.insert(key, v.to_owned());
-                }
-                Ok(())
-            }
+            Command::Upsert(obj) => self.apply_upsert(ns, name, obj).await,
             Command::Refresh(value) => {
                 self.apps
                     .patch_merge(
@@ -910,6 +1036,103 @@ impl Spoke {
             Command::Republish => Ok(()),
         }
     }
+}
+
+impl Spoke {
+    /// Managed: writes the principal's object as the local copy `ns`/`name`.
+    async fn apply_upsert(&self, ns: &str, name: &str, obj: Arc<Value>) -> Result<(), SpokeError> {
+        let key = if self.across_namespaces() {
+            format!("{ns}/{name}")
+        } else {
+            name.to_owned()
+        };
+        let local = self.cache.get(Some(ns), name);
+        if local.is_none() && self.across_namespaces() && self.create_namespace {
+            self.ensure_namespace(ns).await?;
+        }
+        // What local changes are reverted to from now on, set before a recreate
+        // deletes the local copy: the watch may report that deletion (and revert
+        // it) before the delete call returns here, and a revert to the previous
+        // object would overwrite this write.
+        let previous = self.inner().desired.insert(key.clone(), obj.clone());
+        let deleted = match self.prepare_write(&self.apps, local, &obj).await {
+            Ok(deleted) => deleted,
+            Err(e) => {
+                restore(&mut self.inner().desired, key, previous);
+                return Err(e);
+            }
+        };
+        let known = if deleted {
+            Known::Unknown
+        } else {
+            self.cache.known(Some(ns), name)
+        };
+        if let Err(e) = self.upsert_local(&obj, ns, known).await {
+            return Err(self.explain_write_error(ns, e).await);
+        }
+        if let Some(v) = object::annotation_of(&obj, object::REFRESH_ANNOTATION) {
+            self.inner().refresh_applied.insert(key, v.to_owned());
+        }
+        Ok(())
+    }
+
+    /// `--create-namespace`: creates namespace `ns` unless it exists.
+    async fn ensure_namespace(&self, ns: &str) -> Result<(), SpokeError> {
+        let Some(api) = &self.namespace_api else {
+            return Ok(());
+        };
+        let obj: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}
+        }))
+        .map_err(SpokeError::NotAnObject)?;
+        match api.create(&obj).await {
+            Ok(_) => {
+                tracing::info!(
+                    namespace = ns,
+                    "created namespace for a managed application"
+                );
+                Ok(())
+            }
+            Err(e) if e.is_already_exists() => Ok(()),
+            Err(source) => Err(SpokeError::CreateNamespace {
+                namespace: ns.to_owned(),
+                source: Box::new(source),
+            }),
+        }
+    }
+
+    /// A write of a copy in `ns` the API server answered "not found": said as a missing
+    /// namespace when that is why.
+    async fn explain_write_error(&self, ns: &str, e: SpokeError) -> SpokeError {
+        let not_found = matches!(&e, SpokeError::Kube(k) if k.is_not_found());
+        match &self.namespace_api {
+            Some(api) if not_found && self.across_namespaces() => match api.get(None, ns).await {
+                Ok(None) => SpokeError::NamespaceMissing(ns.to_owned()),
+                _ => e,
+            },
+            _ => e,
+        }
+    }
+}
+
+/// Managed with destination-based mapping: the answer to an event for an Application in a
+/// namespace the agent does not take (`None`: the namespace is allowed). A delete is done
+/// (the agent holds nothing there); anything else is refused.
+fn outside_allowed(
+    allowed: &AllowedNamespaces,
+    event: &Event,
+    resource: &ResourceRef,
+) -> Option<Result<(), SpokeError>> {
+    if allowed.allows(resource.namespace.as_str()) {
+        return None;
+    }
+    if event.ty == EventType::Delete {
+        return Some(Ok(()));
+    }
+    Some(Err(SpokeError::NamespaceNotPermitted {
+        namespace: resource.namespace.as_str().to_owned(),
+        allowed: allowed.describe(),
+    }))
 }
 
 /// Puts back what `map` held under `key` before an insert that did not take effect.
@@ -1171,6 +1394,40 @@ mod tests {
         let edited = json!({"metadata": {"labels": {"team": "b", MANAGED_LABEL: "true"},
             "annotations": {"owner": "x"}}});
         assert_ne!(hub_metadata(&hub), hub_metadata(&edited));
+    }
+
+    #[test]
+    fn destination_mapping_refuses_namespaces_not_allowed_but_takes_their_deletes() {
+        let allowed = AllowedNamespaces::new("argocd", &["team-*".to_string()]).unwrap();
+        for ns_ in ["argocd", "team-a"] {
+            let e = event(EventType::SpecUpdate, ns_, app("guestbook"));
+            assert!(outside_allowed(&allowed, &e, e.resource.as_ref().unwrap()).is_none());
+        }
+        for ty in [
+            EventType::Create,
+            EventType::SpecUpdate,
+            EventType::SetOperation,
+            EventType::TerminateOperation,
+        ] {
+            let e = event(ty, "prod", app("guestbook"));
+            match outside_allowed(&allowed, &e, e.resource.as_ref().unwrap()) {
+                Some(Err(err @ SpokeError::NamespaceNotPermitted { .. })) => {
+                    let m = err.to_string();
+                    assert!(
+                        m.contains("namespace prod is not permitted")
+                            && m.contains("--allowed-namespaces (team-*)"),
+                        "{m}"
+                    );
+                }
+                other => panic!("{ty}: {other:?}"),
+            }
+        }
+        // Nothing is held there: a delete is done at once.
+        let e = event(EventType::Delete, "prod", Payload::None);
+        assert!(matches!(
+            outside_allowed(&allowed, &e, e.resource.as_ref().unwrap()),
+            Some(Ok(()))
+        ));
     }
 
     #[test]

@@ -733,9 +733,20 @@ pub struct AgentArgs {
     )]
     pub on_application_recreate: argocd_agent_agent::policy::RecreateAction,
     /// Managed mode, with the principal's flag of the same name: Applications keep their
-    /// hub namespace on this cluster (the namespaces must exist here).
+    /// hub namespace on this cluster (allowed by `--namespace` or `--allowed-namespaces`;
+    /// they must exist, or `--create-namespace`).
     #[arg(long, env = "ARGOCD_AGENT_DESTINATION_BASED_MAPPING")]
     pub destination_based_mapping: bool,
+    /// Namespaces besides `--namespace` whose Applications the agent takes: globs
+    /// (`team-*`) or `/regex/`, comma-separated or repeated. With destination-based
+    /// mapping, the namespaces the principal may write copies into; in autonomous mode,
+    /// the namespaces whose Applications are published (as `<namespace>.<name>`).
+    #[arg(long, value_delimiter = ',', env = "ARGOCD_AGENT_ALLOWED_NAMESPACES")]
+    pub allowed_namespaces: Vec<String>,
+    /// With `--destination-based-mapping`: create a missing namespace before writing a copy
+    /// into it.
+    #[arg(long, env = "ARGOCD_AGENT_CREATE_NAMESPACE")]
+    pub create_namespace: bool,
     /// Managed mode: take part in sync only with the Applications the principal wrote
     /// here; Applications an app-of-apps parent creates on this cluster stay local instead
     /// of appearing on the hub (upstream's name: there it silences Applications without a
@@ -975,6 +986,8 @@ impl AgentArgs {
             },
             destination_based_mapping: a.destination_based_mapping,
             ignore_unmanaged_apps: a.ignore_unmanaged_apps,
+            allowed_namespaces: a.allowed_namespaces.clone(),
+            create_namespace: a.create_namespace,
             redis: a.redis.config()?,
             resource_proxy: !a.resource_proxy.disable_resource_proxy,
             resource_proxy_max_body: a.resource_proxy.resource_proxy_max_body,

@@ -472,7 +472,11 @@ async fn destination_mapping_routes_by_destination_and_accepts_status_only_from_
     let flag = || vec!["--destination-based-mapping".to_string()];
     let mut topo = Topology::start(TopologyOptions {
         principal_args: flag(),
-        agent_args: flag(),
+        agent_args: [
+            flag(),
+            vec!["--allowed-namespaces".into(), "team-apps".into()],
+        ]
+        .concat(),
         second_agent_mode: Some("managed"),
         ..Default::default()
     })
