@@ -25,6 +25,46 @@ use std::fmt::Write as _;
 /// The content type of `/metrics`: text exposition format 0.0.4, as upstream serves.
 pub const TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
+/// Go `client_golang`'s `prometheus.DefBuckets`: the buckets of upstream's histograms, so
+/// their `le` series are upstream's.
+pub const GO_DEFAULT_BUCKETS: [f64; 11] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// Labels of `argocd_agent_build_info`, as upstream.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct BuildLabels {
+    version: String,
+    git_revision: String,
+}
+
+/// The commit the binary was built from: `ARGOCD_AGENT_GIT_REVISION` at build time, else
+/// `unknown` (upstream's value when its build does not set one).
+pub const GIT_REVISION: &str = match option_env!("ARGOCD_AGENT_GIT_REVISION") {
+    Some(r) => r,
+    None => "unknown",
+};
+
+/// Registers upstream's `argocd_agent_build_info{version,git_revision}` gauge (always 1), which
+/// both upstream binaries export.
+pub fn register_build_info(r: &mut prometheus_client::registry::Registry) {
+    let family = prometheus_client::metrics::family::Family::<
+        BuildLabels,
+        prometheus_client::metrics::gauge::Gauge,
+    >::default();
+    family
+        .get_or_create(&BuildLabels {
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            git_revision: GIT_REVISION.to_owned(),
+        })
+        .set(1);
+    r.register(
+        "argocd_agent_build_info",
+        "Build metadata for the running argocd-agent binary",
+        family,
+    );
+}
+
 /// Why an OpenMetrics text could not be rewritten.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("OpenMetrics line {line}: {what}")]
@@ -95,7 +135,10 @@ impl Family {
             _ => &[""],
         };
         if !allowed.contains(&suffix) {
-            return Err(format!("sample {sample} in {} family {}", self.kind, self.name));
+            return Err(format!(
+                "sample {sample} in {} family {}",
+                self.kind, self.name
+            ));
         }
         Ok(match (self.kind.as_str(), suffix) {
             (_, "_created") => None,
@@ -422,13 +465,18 @@ mod tests {
         let c: Counter = Counter::default();
         c.inc_by(3);
         r.register("agent_events_sent", "Sent", c);
-        r.register("argocd_agent_connections_total", "Conns", Counter::<u64>::default());
+        r.register(
+            "argocd_agent_connections_total",
+            "Conns",
+            Counter::<u64>::default(),
+        );
         let g: Gauge = Gauge::default();
         g.set(1);
         r.register("argocd_agent_connection_status", "Up", g);
         let h = Histogram::new([0.005, 1.0, 2.5]);
         h.observe(0.5);
         r.register("agent_event_processing_time", "Time", h);
+        register_build_info(&mut r);
         let mut om = String::new();
         prometheus_client::encoding::text::encode(&mut om, &r).unwrap();
         let text = openmetrics_to_text(&om).unwrap();
@@ -441,9 +489,18 @@ mod tests {
             "agent_event_processing_time_bucket{le=\"1\"} 1",
             "agent_event_processing_time_bucket{le=\"2.5\"} 1",
             "agent_event_processing_time_count 1",
+            "# TYPE argocd_agent_build_info gauge",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
         }
-        assert!(!text.contains("_total_total") && !text.contains("# EOF"), "{text}");
+        let version = format!(
+            "argocd_agent_build_info{{version=\"{}\",git_revision=\"{GIT_REVISION}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        );
+        assert!(text.lines().any(|l| l == version), "{version} in\n{text}");
+        assert!(
+            !text.contains("_total_total") && !text.contains("# EOF"),
+            "{text}"
+        );
     }
 }

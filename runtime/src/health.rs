@@ -92,7 +92,11 @@ fn router(endpoints: Endpoints) -> axum::Router {
 /// 200 with the text exposition, or 500 with why the registry's text could not be rewritten.
 fn exposition(
     body: Result<String, crate::exposition::ExpositionError>,
-) -> (http::StatusCode, [(http::HeaderName, &'static str); 1], String) {
+) -> (
+    http::StatusCode,
+    [(http::HeaderName, &'static str); 1],
+    String,
+) {
     let ct = http::header::CONTENT_TYPE;
     match body {
         Ok(text) => (
