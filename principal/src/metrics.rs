@@ -431,35 +431,71 @@ impl Upstream {
     /// Registers upstream's series in upstream's order (`NewPrincipalMetrics`).
     fn register(&mut self, r: &mut Registry) {
         let help = "The average time all agents are connected for (in minutes)";
-        r.register("principal_agent_avg_connection_time", help, self.avg_connection_time.clone());
+        r.register(
+            "principal_agent_avg_connection_time",
+            help,
+            self.avg_connection_time.clone(),
+        );
         self.hub_writes = Arc::new(hub_write_counters(r));
         let help = "The current number of GPG keys on the control plane";
-        r.register("argocd_principal_gpg_keys_count", help, self.gpg_keys.clone());
+        r.register(
+            "argocd_principal_gpg_keys_count",
+            help,
+            self.gpg_keys.clone(),
+        );
         let help = "The total number of events received by principal";
-        r.register("principal_events_received", help, self.events_received.clone());
+        r.register(
+            "principal_events_received",
+            help,
+            self.events_received.clone(),
+        );
         let help = "The total number of events sent by principal";
         r.register("principal_events_sent", help, self.events_sent.clone());
         let help = "Histogram of time taken to process events (in seconds)";
-        r.register("principal_event_processing_time", help, self.event_processing.clone());
+        r.register(
+            "principal_event_processing_time",
+            help,
+            self.event_processing.clone(),
+        );
         let help = "The total number of EventWriter send errors observed by principal";
-        r.register("principal_event_writer_send_errors_total", help, self.send_errors.clone());
+        r.register(
+            "principal_event_writer_send_errors_total",
+            help,
+            self.send_errors.clone(),
+        );
         let help = "Events dropped on a full agent queue (resync repairs them)";
         let discarded = self.events_discarded.clone();
-        r.register("argocd_principal_event_writer_events_discarded_total", help, discarded);
+        r.register(
+            "argocd_principal_event_writer_events_discarded_total",
+            help,
+            discarded,
+        );
         let help = "The total number of errors occurred in principal";
         r.register("principal_errors", help, self.errors.clone());
         let help = "The total number of successful connections from each agent to the principal";
         let connections = self.agent_connections.clone();
-        r.register("argocd_principal_agent_connections_total", help, connections);
+        r.register(
+            "argocd_principal_agent_connections_total",
+            help,
+            connections,
+        );
         let help = "The total number of resource proxy requests received";
         let requests = self.resource_proxy_requests.clone();
-        r.register("argocd_principal_resource_proxy_requests_total", help, requests);
+        r.register(
+            "argocd_principal_resource_proxy_requests_total",
+            help,
+            requests,
+        );
         let help = "The total number of resource proxy request failures";
         let errors = self.resource_proxy_errors.clone();
         r.register("argocd_principal_resource_proxy_errors_total", help, errors);
         let help = "The total number of Redis proxy requests forwarded to agents";
         let requests = self.redis_proxy_requests.clone();
-        r.register("argocd_principal_redis_proxy_requests_total", help, requests);
+        r.register(
+            "argocd_principal_redis_proxy_requests_total",
+            help,
+            requests,
+        );
         let help = "The total number of Redis proxy request failures";
         let errors = self.redis_proxy_errors.clone();
         r.register("argocd_principal_redis_proxy_errors_total", help, errors);
@@ -1051,7 +1087,10 @@ mod tests {
             "{text}"
         );
         // Upstream's series has no labels.
-        assert!(text.lines().any(|l| l == "principal_events_sent 2"), "{text}");
+        assert!(
+            text.lines().any(|l| l == "principal_events_sent 2"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -747,7 +747,10 @@ mod tests {
             }))
             .unwrap()
         };
-        assert_eq!(gpg_key_count(&cm(serde_json::json!({"A": "k1", "B": "k2"}))), 2);
+        assert_eq!(
+            gpg_key_count(&cm(serde_json::json!({"A": "k1", "B": "k2"}))),
+            2
+        );
         assert_eq!(gpg_key_count(&cm(serde_json::json!({}))), 0);
         assert_eq!(gpg_key_count(&cm(serde_json::Value::Null)), 0);
     }

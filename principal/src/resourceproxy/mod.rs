@@ -589,8 +589,7 @@ impl Proxy {
                 tracing::warn!(agent = %agent, kind, "resource proxy: not forwarded: {why}");
                 self.metrics
                     .resource_proxy_forwarded(agent.as_str(), kind, 502);
-                self.metrics
-                    .resource_proxy(agent.as_str(), kind, 502, None);
+                self.metrics.resource_proxy(agent.as_str(), kind, 502, None);
                 Err(status(StatusCode::BAD_GATEWAY, "ServiceUnavailable", why))
             }
         }
