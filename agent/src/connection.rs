@@ -318,7 +318,22 @@ fn serve_redis(
     out: &mpsc::Sender<Event>,
     connection: &tokio_util::sync::CancellationToken,
 ) {
+    // Upstream's counts of Redis requests (`get`, `subscribe`) and failed ones.
+    let command = match &event.payload {
+        Payload::RedisRequest(r) => match pb::RedisCommand::try_from(r.command) {
+            Ok(pb::RedisCommand::Get) => Some("get"),
+            Ok(pb::RedisCommand::Subscribe) => Some("subscribe"),
+            _ => None,
+        },
+        _ => None,
+    };
+    if let Some(c) = command {
+        spoke.metrics.redis_proxy(c, false);
+    }
     let Some(redis) = spoke.redis.clone() else {
+        if let Some(c) = command {
+            spoke.metrics.redis_proxy(c, true);
+        }
         let e = crate::redis::answer(
             &spoke.source,
             &event,
@@ -334,10 +349,14 @@ fn serve_redis(
     let request = crate::redis::SpokeRedis::prepare(spoke, &event);
     let source = spoke.source.clone();
     let (out, connection) = (out.clone(), connection.clone());
+    let metrics = spoke.metrics.clone();
     spoke.tasks.spawn(async move {
-        redis
+        let failed = redis
             .handle(request, &source, event, out, &connection)
             .await;
+        if let Some(c) = command.filter(|_| failed) {
+            metrics.redis_proxy(c, true);
+        }
     });
 }
 
@@ -414,7 +433,8 @@ async fn on_event(spoke: &Spoke, event: Event) -> Option<Event> {
                     .ok()
                     .map(|d| d.as_secs_f64());
                 spoke.metrics.applied(
-                    r.kind.as_str(),
+                    r.kind,
+                    spoke.mode,
                     ok,
                     started.elapsed().as_secs_f64(),
                     since_queued,

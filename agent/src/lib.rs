@@ -505,7 +505,7 @@ async fn reconnect_loop(
                 tonic::Code::PermissionDenied | tonic::Code::Unauthenticated
             )
         {
-            spoke.metrics.auth_failures.inc();
+            spoke.metrics.upstream.auth_failures.inc();
         }
         match result {
             Ok(()) => tracing::info!("stream closed by the principal; reconnecting"),

@@ -133,7 +133,7 @@ impl SpokeRedis {
     }
 
     /// Carries out a prepared request; answers go to `out`. Subscriptions end with
-    /// `connection` (the stream to the principal).
+    /// `connection` (the stream to the principal). `true` when the answer is an error.
     pub async fn handle(
         self: &Arc<Self>,
         request: Request,
@@ -141,7 +141,7 @@ impl SpokeRedis {
         event: Event,
         out: mpsc::Sender<Event>,
         connection: &CancellationToken,
-    ) {
+    ) -> bool {
         let result = match request {
             Request::Unsubscribe(id) => {
                 if let Some(stop) = self
@@ -152,7 +152,7 @@ impl SpokeRedis {
                 {
                     stop.cancel();
                 }
-                return;
+                return false;
             }
             Request::Refused(reason) => {
                 tracing::warn!(app = ?event.resource.as_ref().map(|r| r.to_string()), %reason, "Redis request refused");
@@ -164,9 +164,11 @@ impl SpokeRedis {
                     .await
             }
         };
+        let failed = matches!(result, redis_response::Result::Error(_));
         let _ = out
             .send(answer(source, &event, EventType::RedisResponse, result))
             .await;
+        failed
     }
 
     async fn get(&self, key: &str) -> redis_response::Result {

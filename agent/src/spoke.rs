@@ -454,8 +454,9 @@ impl Spoke {
     }
 
     pub(crate) fn push(&self, event: Event) {
+        let (ty, kind) = (event.ty.verb(), event.resource.as_ref().map(|r| r.kind));
         if let Err(e) = self.queue.push(event) {
-            self.metrics.events_discarded.inc();
+            self.metrics.discarded(ty, kind);
             tracing::warn!(error = %e, "event to principal dropped");
         }
     }

@@ -45,7 +45,7 @@ async fn sigterm_on_the_agent_finishes_and_acknowledges_the_event_being_applied(
         .await?;
         let port = topo.metrics_ports["principal"];
         let acks = [r#"agent="agent-managed""#, r#"type="processed""#];
-        let acked_before = series(port, "principal_events_received_total", &acks).await;
+        let acked_before = series(port, "argocd_principal_events_received_total", &acks).await;
 
         // The spoke's API answers slowly: the agent's write of this edit waits on it.
         topo.managed_spoke.set_latency(SLOW);
@@ -71,7 +71,7 @@ async fn sigterm_on_the_agent_finishes_and_acknowledges_the_event_being_applied(
             "edit not applied"
         );
         eventually("the principal has the acknowledgement", T, || async {
-            (series(port, "principal_events_received_total", &acks).await > acked_before)
+            (series(port, "argocd_principal_events_received_total", &acks).await > acked_before)
                 .then_some(())
         })
         .await?;
@@ -109,7 +109,7 @@ async fn sigterm_on_the_principal_finishes_and_acknowledges_the_event_being_appl
         .await?;
         let port = topo.metrics_ports[AUTONOMOUS];
         let acks = [r#"type="processed""#];
-        let acked_before = series(port, "agent_events_received_total", &acks).await;
+        let acked_before = series(port, "argocd_agent_events_received_total", &acks).await;
 
         // The hub's API answers slowly: the principal's write of this edit waits on it.
         topo.hub.set_latency(SLOW);
@@ -130,7 +130,7 @@ async fn sigterm_on_the_principal_finishes_and_acknowledges_the_event_being_appl
         assert_eq!(hub.as_deref(), Some("during-shutdown"), "edit not written");
         // The agent got the acknowledgement from the principal that was stopping (it is
         // not restarted).
-        let acked_after = series(port, "agent_events_received_total", &acks).await;
+        let acked_after = series(port, "argocd_agent_events_received_total", &acks).await;
         assert!(
             acked_after > acked_before,
             "no acknowledgement before the principal exited ({acked_before} -> {acked_after})"

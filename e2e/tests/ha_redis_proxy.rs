@@ -64,7 +64,7 @@ fn tree(agent: &str) -> Vec<u8> {
 }
 
 fn replica_metric(result: &str) -> String {
-    format!("argocd_principal_redis_proxy_requests_total{{route=\"replica\",result=\"{result}\"}}")
+    format!("argocd_principal_redis_proxy_commands_total{{route=\"replica\",result=\"{result}\"}}")
 }
 
 /// Redis servers (hub, one per agent) and the replicas, each with its own Redis proxy.

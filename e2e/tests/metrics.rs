@@ -1,7 +1,10 @@
 //! `/metrics` of the real principal and agent, read by an independent parser (the Python
-//! Prometheus client's OpenMetrics parser, installed by `.ci/run`): the listed series exist
-//! and move after a create, a status report, an autonomous write and a disconnect.
+//! Prometheus client's text-format parser, installed by `.ci/run`): the exposition is text
+//! format 0.0.4 as upstream serves it, every upstream series we implement has upstream's
+//! stored name, type and label names, and the series move after a create, a status report,
+//! an autonomous write, a GPG key change and a disconnect.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -11,12 +14,144 @@ use serde_json::{Value, json};
 
 const T: Duration = Duration::from_secs(20);
 
-/// One sample: name, labels, value.
+/// Upstream's principal series as a Prometheus server scraping it stores them (upstream's
+/// `promhttp.Handler()` serves text format 0.0.4, where a counter keeps its registered name):
+/// name, type, label names. From argoproj-labs/argocd-agent `internal/metrics/metrics.go`
+/// (`NewPrincipalMetrics`, `RegisterBuildInfo`), registered by `principal/server.go`.
+const UPSTREAM_PRINCIPAL: &[(&str, &str, &[&str])] = &[
+    ("argocd_principal_connected_agents", "gauge", &[]),
+    ("principal_agent_avg_connection_time", "gauge", &[]),
+    ("principal_applications_created", "counter", &[]),
+    ("principal_applications_updated", "counter", &[]),
+    ("principal_applications_deleted", "counter", &[]),
+    ("principal_app_projects_created", "counter", &[]),
+    ("principal_app_projects_updated", "counter", &[]),
+    ("principal_app_projects_deleted", "counter", &[]),
+    ("principal_repositories_created", "counter", &[]),
+    ("principal_repositories_updated", "counter", &[]),
+    ("principal_repositories_deleted", "counter", &[]),
+    ("argocd_principal_gpg_keys_count", "gauge", &[]),
+    ("principal_events_received", "counter", &[]),
+    ("principal_events_sent", "counter", &[]),
+    (
+        "principal_event_processing_time",
+        "histogram",
+        &["status", "agent_name", "resource_type"],
+    ),
+    (
+        "principal_event_writer_send_errors_total",
+        "counter",
+        &["agent_name", "reason"],
+    ),
+    (
+        "argocd_principal_event_writer_events_discarded_total",
+        "counter",
+        &["agent_name", "event_type", "resource_type"],
+    ),
+    ("principal_errors", "counter", &["resource_type"]),
+    (
+        "argocd_principal_agent_connections_total",
+        "counter",
+        &["agent_name"],
+    ),
+    (
+        "argocd_principal_resource_proxy_requests_total",
+        "counter",
+        &["agent_name"],
+    ),
+    (
+        "argocd_principal_resource_proxy_errors_total",
+        "counter",
+        &["agent_name", "reason"],
+    ),
+    (
+        "argocd_principal_redis_proxy_requests_total",
+        "counter",
+        &["agent_name", "command"],
+    ),
+    (
+        "argocd_principal_redis_proxy_errors_total",
+        "counter",
+        &["agent_name", "command"],
+    ),
+    (
+        "argocd_agent_build_info",
+        "gauge",
+        &["version", "git_revision"],
+    ),
+];
+
+/// Upstream's agent series, as [`UPSTREAM_PRINCIPAL`]; from the same file (`NewAgentMetrics`,
+/// `RegisterBuildInfo`), registered by `agent/agent.go`.
+const UPSTREAM_AGENT: &[(&str, &str, &[&str])] = &[
+    ("agent_events_received", "counter", &[]),
+    ("agent_events_sent", "counter", &[]),
+    (
+        "agent_event_processing_time",
+        "histogram",
+        &["status", "agent_mode", "resource_type"],
+    ),
+    (
+        "agent_event_propagation_latency_seconds",
+        "histogram",
+        &["resource_type"],
+    ),
+    (
+        "argocd_agent_event_writer_events_discarded_total",
+        "counter",
+        &["event_type", "resource_type"],
+    ),
+    ("agent_errors", "counter", &["resource_type"]),
+    ("argocd_agent_connection_status", "gauge", &[]),
+    (
+        "argocd_agent_connection_start_timestamp_seconds",
+        "gauge",
+        &[],
+    ),
+    ("argocd_agent_connections_total", "counter", &[]),
+    ("argocd_agent_auth_failures_total", "counter", &[]),
+    ("argocd_agent_resource_proxy_requests_total", "counter", &[]),
+    ("argocd_agent_resource_proxy_errors_total", "counter", &[]),
+    (
+        "argocd_agent_redis_proxy_requests_total",
+        "counter",
+        &["command"],
+    ),
+    (
+        "argocd_agent_redis_proxy_errors_total",
+        "counter",
+        &["command"],
+    ),
+    (
+        "argocd_agent_build_info",
+        "gauge",
+        &["version", "git_revision"],
+    ),
+];
+
+/// Upstream principal series we do not export (ApplicationSets are never synced, so the
+/// principal never writes one to the hub; docs/migration.md).
+const NOT_EXPORTED: &[&str] = &[
+    "argocd_principal_appsets_created",
+    "argocd_principal_appsets_updated",
+    "argocd_principal_appsets_deleted",
+];
+
+/// One sample as stored: name, labels, value.
 #[derive(Debug, Clone)]
 struct Sample {
     name: String,
     labels: serde_json::Map<String, Value>,
     value: f64,
+}
+
+/// A parsed exposition.
+#[derive(Debug, Default)]
+struct Exposition {
+    /// The `# TYPE` lines: family name as exposed, type.
+    declared: BTreeMap<String, String>,
+    /// The samples, with the names a text-format scraper stores.
+    samples: Vec<Sample>,
 }
 
 fn python() -> PathBuf {
@@ -28,18 +163,27 @@ fn python() -> PathBuf {
     }
 }
 
-/// Parses an OpenMetrics exposition with `prometheus_client.openmetrics.parser` (strict: a
-/// malformed exposition fails the test).
-fn parse(text: &str) -> Result<Vec<Sample>, HarnessError> {
-    const SCRIPT: &str = r#"
+/// Parses a text format 0.0.4 exposition with `prometheus_client.parser` (a malformed
+/// exposition fails the test). Its family model renames counters (`x` becomes `x_total`), so
+/// the stored names come from its sample-line parser, line by line, as Prometheus reads them.
+fn parse(text: &str) -> Result<Exposition, HarnessError> {
+    const SCRIPT: &str = r##"
 import json, sys
-from prometheus_client.openmetrics.parser import text_string_to_metric_families
-out = []
-for fam in text_string_to_metric_families(sys.stdin.read()):
-    for s in fam.samples:
-        out.append([s.name, s.labels, s.value])
-print(json.dumps(out))
-"#;
+from prometheus_client.parser import text_string_to_metric_families, _parse_sample
+text = sys.stdin.read()
+types = {f.name: f.type for f in text_string_to_metric_families(text)}
+declared, samples = [], []
+for line in text.splitlines():
+    if line.startswith("# TYPE "):
+        _, _, name, typ = line.split(" ", 3)
+        base = name[:-6] if typ == "counter" and name.endswith("_total") else name
+        assert types.get(base) == typ, (name, typ, types.get(base))
+        declared.append([name, typ])
+    elif line.strip() and not line.startswith("#"):
+        s = _parse_sample(line)
+        samples.append([s.name, s.labels, s.value])
+print(json.dumps({"declared": declared, "samples": samples}))
+"##;
     let mut child = std::process::Command::new(python())
         .args(["-c", SCRIPT])
         .stdin(std::process::Stdio::piped())
@@ -56,58 +200,135 @@ print(json.dumps(out))
     let out = child.wait_with_output()?;
     if !out.status.success() {
         return Err(format!(
-            "the OpenMetrics parser refused the exposition: {}\n{text}",
+            "the text-format parser refused the exposition: {}\n{text}",
             String::from_utf8_lossy(&out.stderr)
         )
         .into());
     }
-    let rows: Vec<(String, serde_json::Map<String, Value>, f64)> =
-        serde_json::from_slice(&out.stdout)?;
-    Ok(rows
-        .into_iter()
-        .map(|(name, labels, value)| Sample {
-            name,
-            labels,
-            value,
+    #[derive(serde::Deserialize)]
+    struct Parsed {
+        declared: Vec<(String, String)>,
+        samples: Vec<(String, serde_json::Map<String, Value>, f64)>,
+    }
+    let parsed: Parsed = serde_json::from_slice(&out.stdout)?;
+    Ok(Exposition {
+        declared: parsed.declared.into_iter().collect(),
+        samples: parsed
+            .samples
+            .into_iter()
+            .map(|(name, labels, value)| Sample {
+                name,
+                labels,
+                value,
+            })
+            .collect(),
+    })
+}
+
+/// `/metrics` of the process on `port`, parsed.
+async fn scrape(port: u16) -> Result<Exposition, HarnessError> {
+    parse(&http_get(port, "/metrics").await?)
+}
+
+/// The `content-type` of `/metrics` on `port`, asked for as a Prometheus server asks (it
+/// prefers OpenMetrics; upstream answers text 0.0.4 all the same).
+async fn content_type(port: u16) -> Result<String, HarnessError> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    let accept = "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.5,\
+                  application/openmetrics-text;version=0.0.1;q=0.4,\
+                  text/plain;version=1.0.0;escaping=allow-utf-8;q=0.3,\
+                  text/plain;version=0.0.4;q=0.2,*/*;q=0.1";
+    s.write_all(
+        format!(
+            "GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: {accept}\r\nConnection: close\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .await?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).await?;
+    Ok(out
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("content-type: ")
+                .map(str::to_owned)
         })
-        .collect())
+        .unwrap_or_default())
 }
 
-async fn scrape_text(port: u16) -> Result<String, HarnessError> {
-    http_get(port, "/metrics").await
+/// The sample names a family of `ty` called `name` is stored under.
+fn sample_names(name: &str, ty: &str) -> Vec<String> {
+    match ty {
+        "histogram" => ["_bucket", "_count", "_sum"]
+            .iter()
+            .map(|s| format!("{name}{s}"))
+            .collect(),
+        _ => vec![name.to_owned()],
+    }
 }
 
-async fn scrape(port: u16) -> Result<Vec<Sample>, HarnessError> {
-    parse(&scrape_text(port).await?)
+/// Checks that every upstream series of `upstream` is declared with upstream's name and type
+/// (labelled ones once they have series), that its samples carry upstream's label names and
+/// no others, and that `moved` have samples.
+fn check_upstream(what: &str, e: &Exposition, upstream: &[(&str, &str, &[&str])], moved: &[&str]) {
+    for (name, ty, labels) in upstream {
+        // A labelled family without series is not exposed at all (as with Go's vectors).
+        if !labels.is_empty() && !moved.contains(name) && !e.declared.contains_key(*name) {
+            continue;
+        }
+        assert_eq!(
+            e.declared.get(*name).map(String::as_str),
+            Some(*ty),
+            "{what}: upstream's {name} ({ty}) not declared as such; declared: {:?}",
+            e.declared
+        );
+        let names = sample_names(name, ty);
+        let samples: Vec<&Sample> = e
+            .samples
+            .iter()
+            .filter(|s| names.contains(&s.name))
+            .collect();
+        for s in &samples {
+            let mut got: BTreeSet<&str> = s.labels.keys().map(String::as_str).collect();
+            if s.name.ends_with("_bucket") {
+                assert!(got.remove("le"), "{what}: {} without le", s.name);
+            }
+            let want: BTreeSet<&str> = labels.iter().copied().collect();
+            assert_eq!(got, want, "{what}: labels of {} {:?}", s.name, s.labels);
+        }
+        if moved.contains(name) {
+            assert!(!samples.is_empty(), "{what}: {name} has no samples");
+        }
+    }
+    // Nothing else is exposed under a name a text-format scraper would store for upstream.
+    for s in &e.samples {
+        let ours = s.name.starts_with("argocd_principal_") || s.name.starts_with("argocd_agent_");
+        let upstream_name = upstream
+            .iter()
+            .any(|(n, ty, _)| sample_names(n, ty).contains(&s.name));
+        assert!(
+            ours || upstream_name,
+            "{what}: {} is neither upstream's nor in our namespace",
+            s.name
+        );
+    }
+    for name in NOT_EXPORTED {
+        assert!(
+            !e.declared.contains_key(*name),
+            "{what}: {name} is exported"
+        );
+    }
 }
 
 /// Every sample name an exposition can carry, from its `# TYPE` lines (families without
-/// samples yet included): counters `_total`, histograms `_bucket`/`_count`/`_sum`.
-fn exposed_names(text: &str) -> std::collections::BTreeSet<String> {
-    let mut out = std::collections::BTreeSet::new();
-    for line in text.lines() {
-        let mut f = line.split_whitespace();
-        if (f.next(), f.next()) != (Some("#"), Some("TYPE")) {
-            continue;
-        }
-        let (Some(name), Some(ty)) = (f.next(), f.next()) else {
-            continue;
-        };
-        match ty {
-            "counter" => {
-                out.insert(format!("{name}_total"));
-            }
-            "histogram" => {
-                for suffix in ["_bucket", "_count", "_sum"] {
-                    out.insert(format!("{name}{suffix}"));
-                }
-            }
-            _ => {
-                out.insert(name.to_owned());
-            }
-        }
-    }
-    out
+/// samples yet included).
+fn exposed_names(e: &Exposition) -> BTreeSet<String> {
+    e.declared
+        .iter()
+        .flat_map(|(name, ty)| sample_names(name, ty))
+        .collect()
 }
 
 /// Metric names used in PromQL expressions (identifiers of our namespaces).
@@ -151,8 +372,9 @@ fn asset_expressions() -> Result<Vec<String>, HarnessError> {
 }
 
 /// Sum of the samples named `name` whose labels include `labels`.
-fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    let matching: Vec<&Sample> = samples
+fn value(e: &Exposition, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    let matching: Vec<&Sample> = e
+        .samples
         .iter()
         .filter(|s| s.name == name)
         .filter(|s| {
@@ -172,8 +394,8 @@ async fn until(
     ok: impl Fn(f64) -> bool,
 ) -> Result<(), HarnessError> {
     eventually(what, T, || async {
-        let samples = scrape(port).await.ok()?;
-        value(&samples, name, labels).filter(|v| ok(*v)).map(|_| ())
+        let e = scrape(port).await.ok()?;
+        value(&e, name, labels).filter(|v| ok(*v)).map(|_| ())
     })
     .await
 }
@@ -221,6 +443,12 @@ async fn principal_and_agent_metrics_exist_and_move() {
             |v| v >= 1.0,
         )
         .await?;
+        for port in [p, m] {
+            assert_eq!(
+                content_type(port).await?,
+                "text/plain; version=0.0.4; charset=utf-8"
+            );
+        }
         let ps = scrape(p).await?;
         assert!(
             value(&ps, "argocd_principal_svid_expiry_timestamp_seconds", &[])
@@ -246,12 +474,19 @@ async fn principal_and_agent_metrics_exist_and_move() {
                 );
             }
         }
-        // Upstream's families are all present, even at zero.
+        // Build info, as upstream: one series at 1.
+        for e in [&ps, &ms] {
+            assert_eq!(
+                value(
+                    e,
+                    "argocd_agent_build_info",
+                    &[("version", env!("CARGO_PKG_VERSION"))]
+                ),
+                Some(1.0)
+            );
+        }
+        // Our own series keep their names.
         for name in [
-            "principal_applications_created_total",
-            "principal_app_projects_deleted_total",
-            "principal_repositories_updated_total",
-            "argocd_principal_event_writer_events_discarded_total",
             "argocd_principal_hub_write_errors_total",
             "argocd_principal_queue_depth",
             "argocd_principal_event_resends_total",
@@ -259,9 +494,6 @@ async fn principal_and_agent_metrics_exist_and_move() {
             assert!(value(&ps, name, &[]).is_some(), "{name} missing");
         }
         for name in [
-            "argocd_agent_auth_failures_total",
-            "argocd_agent_event_writer_events_discarded_total",
-            "argocd_agent_connection_start_timestamp_seconds",
             "argocd_agent_queue_depth",
             "argocd_agent_event_resends_total",
         ] {
@@ -282,16 +514,32 @@ async fn principal_and_agent_metrics_exist_and_move() {
         until(
             "principal sent a spec-update",
             p,
-            "principal_events_sent_total",
+            "argocd_principal_events_sent_total",
             &[("agent", MANAGED), ("type", "spec-update")],
+            |v| v >= 1.0,
+        )
+        .await?;
+        until(
+            "principal sent events",
+            p,
+            "principal_events_sent",
+            &[],
             |v| v >= 1.0,
         )
         .await?;
         until(
             "agent received it",
             m,
-            "agent_events_received_total",
+            "argocd_agent_events_received_total",
             &[("type", "spec-update")],
+            |v| v >= 1.0,
+        )
+        .await?;
+        until(
+            "agent received events",
+            m,
+            "agent_events_received",
+            &[],
             |v| v >= 1.0,
         )
         .await?;
@@ -299,7 +547,11 @@ async fn principal_and_agent_metrics_exist_and_move() {
             "agent applied it",
             m,
             "agent_event_processing_time_count",
-            &[("resource_type", "Application"), ("status", "success")],
+            &[
+                ("resource_type", "application"),
+                ("status", "success"),
+                ("agent_mode", "managed"),
+            ],
             |v| v >= 1.0,
         )
         .await?;
@@ -307,7 +559,15 @@ async fn principal_and_agent_metrics_exist_and_move() {
             "propagation latency observed",
             m,
             "agent_event_propagation_latency_seconds_count",
-            &[("resource_type", "Application")],
+            &[("resource_type", "application")],
+            |v| v >= 1.0,
+        )
+        .await?;
+        until(
+            "the agent's DefBuckets (Go's) hold it",
+            m,
+            "agent_event_propagation_latency_seconds_bucket",
+            &[("resource_type", "application"), ("le", "10")],
             |v| v >= 1.0,
         )
         .await?;
@@ -322,8 +582,16 @@ async fn principal_and_agent_metrics_exist_and_move() {
         until(
             "principal received the status",
             p,
-            "principal_events_received_total",
+            "argocd_principal_events_received_total",
             &[("agent", MANAGED), ("type", "status-update")],
+            |v| v >= 1.0,
+        )
+        .await?;
+        until(
+            "principal received events",
+            p,
+            "principal_events_received",
+            &[],
             |v| v >= 1.0,
         )
         .await?;
@@ -333,7 +601,7 @@ async fn principal_and_agent_metrics_exist_and_move() {
             "principal_event_processing_time_count",
             &[
                 ("agent_name", MANAGED),
-                ("resource_type", "Application"),
+                ("resource_type", "application"),
                 ("status", "success"),
             ],
             |v| v >= 1.0,
@@ -350,9 +618,37 @@ async fn principal_and_agent_metrics_exist_and_move() {
         until(
             "hub application created by the principal",
             p,
-            "principal_applications_created_total",
+            "principal_applications_created",
             &[],
             |v| v >= 1.0,
+        )
+        .await?;
+
+        // The hub's GPG keys are counted, and back to 0 when their ConfigMap goes.
+        let cms = configmaps(&topo.hub, HUB_ARGOCD_NS)?;
+        cms.create(
+            &PostParams::default(),
+            &object(json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "argocd-gpg-keys-cm", "namespace": HUB_ARGOCD_NS},
+                "data": {"4AEE18F83AFDEB23": "key one", "FCCA2B4F6E8B1B6C": "key two"}})),
+        )
+        .await?;
+        until(
+            "GPG keys counted",
+            p,
+            "argocd_principal_gpg_keys_count",
+            &[],
+            |v| v == 2.0,
+        )
+        .await?;
+        cms.delete("argocd-gpg-keys-cm", &Default::default())
+            .await?;
+        until(
+            "GPG keys gone",
+            p,
+            "argocd_principal_gpg_keys_count",
+            &[],
+            |v| v == 0.0,
         )
         .await?;
         until(
@@ -364,9 +660,51 @@ async fn principal_and_agent_metrics_exist_and_move() {
         )
         .await?;
 
+        // Upstream's series: names, types and label names as upstream's, the active ones
+        // with samples.
+        let (ps, ms) = (scrape(p).await?, scrape(m).await?);
+        check_upstream(
+            "principal",
+            &ps,
+            UPSTREAM_PRINCIPAL,
+            &[
+                "argocd_principal_connected_agents",
+                "principal_agent_avg_connection_time",
+                "principal_applications_created",
+                "argocd_principal_gpg_keys_count",
+                "principal_events_received",
+                "principal_events_sent",
+                "principal_event_processing_time",
+                "argocd_principal_agent_connections_total",
+                "argocd_agent_build_info",
+            ],
+        );
+        check_upstream(
+            "agent",
+            &ms,
+            UPSTREAM_AGENT,
+            &[
+                "agent_events_received",
+                "agent_events_sent",
+                "agent_event_processing_time",
+                "agent_event_propagation_latency_seconds",
+                "argocd_agent_connection_status",
+                "argocd_agent_connection_start_timestamp_seconds",
+                "argocd_agent_connections_total",
+                "argocd_agent_auth_failures_total",
+                "argocd_agent_resource_proxy_requests_total",
+                "argocd_agent_resource_proxy_errors_total",
+                "argocd_agent_build_info",
+            ],
+        );
+
         // Every metric the shipped alerts and dashboard use is one the binaries export.
-        let mut exported = exposed_names(&scrape_text(p).await?);
-        exported.extend(exposed_names(&scrape_text(m).await?));
+        // (Upstream's labelled families, checked above, appear with their first series.)
+        let mut exported = exposed_names(&ps);
+        exported.extend(exposed_names(&ms));
+        for (name, ty, _) in UPSTREAM_PRINCIPAL.iter().chain(UPSTREAM_AGENT) {
+            exported.extend(sample_names(name, ty));
+        }
         let exprs = asset_expressions()?;
         assert!(
             exprs.len() >= 10,
@@ -403,8 +741,34 @@ async fn principal_and_agent_metrics_exist_and_move() {
 }
 
 #[test]
-fn the_parser_refuses_a_malformed_exposition() {
-    assert!(parse("# TYPE x counter\nx_total{a=\"b\" 1\n# EOF\n").is_err());
-    let ok = parse("# TYPE x counter\nx_total{a=\"b\"} 2\n# EOF\n").unwrap();
-    assert_eq!(value(&ok, "x_total", &[("a", "b")]), Some(2.0));
+fn the_parser_refuses_a_malformed_exposition_and_keeps_stored_names() {
+    assert!(parse("# TYPE x counter\nx{a=\"b\" 1\n").is_err());
+    // A TYPE line saying something else than what the parser makes of the family.
+    assert!(parse("# TYPE x counter\n# TYPE x gauge\nx 1\n").is_err());
+    let ok = parse("# TYPE x counter\nx{a=\"b\"} 2\n# TYPE y_total counter\ny_total 1\n").unwrap();
+    assert_eq!(value(&ok, "x", &[("a", "b")]), Some(2.0));
+    assert_eq!(value(&ok, "x_total", &[]), None);
+    assert_eq!(value(&ok, "y_total", &[]), Some(1.0));
+    assert_eq!(ok.declared.get("x").map(String::as_str), Some("counter"));
+}
+
+#[test]
+fn upstream_checks_fail_on_a_wrong_name_type_or_label() {
+    let run = |text: &str| {
+        let e = parse(text).unwrap();
+        std::panic::catch_unwind(|| {
+            check_upstream("t", &e, &[("c", "counter", &["agent_name"])], &["c"])
+        })
+        .is_ok()
+    };
+    assert!(run("# TYPE c counter\nc{agent_name=\"a\"} 1\n"));
+    assert!(!run(
+        "# TYPE c_total counter\nc_total{agent_name=\"a\"} 1\n"
+    ));
+    assert!(!run("# TYPE c gauge\nc{agent_name=\"a\"} 1\n"));
+    assert!(!run("# TYPE c counter\nc{agent=\"a\"} 1\n"));
+    assert!(!run("# TYPE c counter\n"));
+    assert!(!run(
+        "# TYPE c counter\nc{agent_name=\"a\"} 1\n# TYPE d counter\nd 1\n"
+    ));
 }

@@ -283,7 +283,7 @@ async fn a_password_protected_hub_redis_is_protected_through_the_proxy() {
         assert!(closed("AuthTimeout").await >= 16.0);
         assert!(closed("TooManyFromClient").await >= 1.0);
         assert!(closed("ProtocolError").await >= 3.0);
-        let refused = metric_sum(port, "argocd_principal_redis_proxy_requests_total").await;
+        let refused = metric_sum(port, "argocd_principal_redis_proxy_commands_total").await;
         assert!(refused > 0.0);
         Ok(())
     }

@@ -3,6 +3,7 @@
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use argocd_agent_domain::ResourceKind;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
@@ -13,8 +14,9 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-/// Labels of `principal_events_received_total` and `principal_events_sent_total`, as
-/// upstream.
+/// Labels of `argocd_principal_events_received_total` and
+/// `argocd_principal_events_sent_total` (ours: upstream's `principal_events_received` and
+/// `principal_events_sent` have no labels).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct EventLabels {
     /// The agent (bounded, see [`AgentLabels`]).
@@ -40,25 +42,65 @@ pub struct AgentReasonLabels {
     pub reason: String,
 }
 
-/// Labels of `argocd_principal_agent_connections_total`, as upstream.
+/// Labels of upstream's `argocd_principal_agent_connections_total` and
+/// `argocd_principal_resource_proxy_requests_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct AgentNameLabels {
     /// The agent (bounded, see [`AgentLabels`]).
     pub agent_name: String,
 }
 
-/// Labels of `principal_event_processing_time`, as upstream.
+/// Labels of upstream's `principal_event_writer_send_errors_total` and
+/// `argocd_principal_resource_proxy_errors_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ProcessingLabels {
-    /// `success`, or `failure` when the event was answered with an error event.
-    pub status: String,
-    /// The agent that sent the event (bounded, see [`AgentLabels`]).
+pub struct AgentNameReasonLabels {
+    /// The agent (bounded, see [`AgentLabels`]).
     pub agent_name: String,
-    /// The kind the event is about: `Application`, `AppProject`, `Repository`, `GPGKeys`.
+    /// Upstream's reason values (see the callers).
+    pub reason: String,
+}
+
+/// Labels of upstream's `argocd_principal_event_writer_events_discarded_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DiscardLabels {
+    /// The agent whose queue was full (bounded, see [`AgentLabels`]).
+    pub agent_name: String,
+    /// The event type's verb (`create`, `spec-update`, ...).
+    pub event_type: String,
+    /// See [`resource_type`].
     pub resource_type: String,
 }
 
-/// Labels of `argocd_principal_resource_proxy_requests_total`.
+/// Labels of upstream's `principal_errors`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResourceTypeLabels {
+    /// See [`resource_type`].
+    pub resource_type: String,
+}
+
+/// Labels of upstream's `argocd_principal_redis_proxy_requests_total` and
+/// `argocd_principal_redis_proxy_errors_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RedisAgentLabels {
+    /// The agent the command was answered through (bounded, see [`AgentLabels`]).
+    pub agent_name: String,
+    /// `get` or `subscribe`, as upstream.
+    pub command: String,
+}
+
+/// Labels of `principal_event_processing_time`, as upstream.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProcessingLabels {
+    /// See [`Processing`].
+    pub status: String,
+    /// The agent that sent the event (bounded, see [`AgentLabels`]).
+    pub agent_name: String,
+    /// See [`resource_type`].
+    pub resource_type: String,
+}
+
+/// Labels of `argocd_principal_resource_proxy_responses_total` and
+/// `argocd_principal_resource_proxy_forwarded_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResourceProxyLabels {
     /// The agent the request was for (bounded like every agent label).
@@ -79,7 +121,7 @@ pub struct ListenerLabels {
     pub reason: String,
 }
 
-/// Labels of `argocd_principal_redis_proxy_requests_total`.
+/// Labels of `argocd_principal_redis_proxy_commands_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RedisProxyLabels {
     /// `agent` (an Application's key, answered through its agent) or `hub` (passed through).
@@ -117,6 +159,39 @@ pub enum HubWrite {
     Updated,
     /// An object deleted (`principal_<kind>_deleted`).
     Deleted,
+}
+
+/// What became of an inbound event: the `status` label of `principal_event_processing_time`,
+/// with upstream's values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Processing {
+    /// `success`: applied (or nothing to do).
+    Success,
+    /// `failure`: applying it failed (also counted in `principal_errors`).
+    Failure,
+    /// `not-allowed`: refused by authorization or validation.
+    NotAllowed,
+}
+
+impl Processing {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Processing::Success => "success",
+            Processing::Failure => "failure",
+            Processing::NotAllowed => "not-allowed",
+        }
+    }
+}
+
+/// The `resource_type` label value of `kind`: upstream's event target names.
+pub fn resource_type(kind: ResourceKind) -> &'static str {
+    match kind {
+        ResourceKind::Application => "application",
+        ResourceKind::AppProject => "appproject",
+        ResourceKind::Repository => "repository",
+        ResourceKind::GpgKeys => "gpgkey",
+    }
 }
 
 /// Bounds per-agent label values: the first `max` agents seen get their own series, later
@@ -189,20 +264,54 @@ pub const REFUSAL_REASONS: [&str; 14] = [
 /// Default of `--metrics-max-agent-labels`.
 pub const DEFAULT_MAX_AGENT_LABELS: usize = 100;
 
-/// All metrics of the principal. Names follow upstream argocd-agent where it has the
-/// metric (counters carry the OpenMetrics `_total` suffix), `argocd_principal_*` otherwise.
+/// Upstream argocd-agent's principal series (`internal/metrics/metrics.go`), with its names,
+/// types, labels and histogram buckets.
 #[derive(Clone)]
-pub struct Metrics {
-    /// `argocd_principal_connected_agents`.
-    pub connected_agents: Gauge,
-    /// `principal_events_received_total{agent,type}`.
-    pub events_received: Family<EventLabels, Counter>,
-    /// `principal_events_sent_total{agent,type}`.
-    pub events_sent: Family<EventLabels, Counter>,
+pub struct Upstream {
+    /// `principal_agent_avg_connection_time` (minutes), set at each scrape.
+    pub avg_connection_time: Gauge,
+    /// `argocd_principal_gpg_keys_count`: entries of the hub's `argocd-gpg-keys-cm`.
+    pub gpg_keys: Gauge,
+    /// `principal_events_received`.
+    pub events_received: Counter,
+    /// `principal_events_sent`.
+    pub events_sent: Counter,
     /// `principal_event_processing_time{status,agent_name,resource_type}` (seconds).
     pub event_processing: Family<ProcessingLabels, Histogram>,
+    /// `principal_event_writer_send_errors_total{agent_name,reason}`.
+    pub send_errors: Family<AgentNameReasonLabels, Counter>,
+    /// `argocd_principal_event_writer_events_discarded_total{agent_name,event_type,resource_type}`:
+    /// events dropped because an agent's queue was full.
+    pub events_discarded: Family<DiscardLabels, Counter>,
+    /// `principal_errors{resource_type}`: inbound events that failed to apply.
+    pub errors: Family<ResourceTypeLabels, Counter>,
     /// `argocd_principal_agent_connections_total{agent_name}`.
     pub agent_connections: Family<AgentNameLabels, Counter>,
+    /// `argocd_principal_resource_proxy_requests_total{agent_name}`.
+    pub resource_proxy_requests: Family<AgentNameLabels, Counter>,
+    /// `argocd_principal_resource_proxy_errors_total{agent_name,reason}`.
+    pub resource_proxy_errors: Family<AgentNameReasonLabels, Counter>,
+    /// `argocd_principal_redis_proxy_requests_total{agent_name,command}`: commands answered
+    /// through an agent.
+    pub redis_proxy_requests: Family<RedisAgentLabels, Counter>,
+    /// `argocd_principal_redis_proxy_errors_total{agent_name,command}`.
+    pub redis_proxy_errors: Family<RedisAgentLabels, Counter>,
+    hub_writes: Arc<HashMap<(ResourceKind, HubWrite), Counter>>,
+}
+
+/// All metrics of the principal: upstream's ([`Upstream`], exposed under upstream's names),
+/// then ours (`argocd_principal_*`). Each is registered under the name `/metrics` exposes it
+/// with (see [`argocd_agent_runtime::exposition`]): our counters end in `_total`.
+#[derive(Clone)]
+pub struct Metrics {
+    /// `argocd_principal_connected_agents` (upstream's).
+    pub connected_agents: Gauge,
+    /// Upstream's other series.
+    pub upstream: Upstream,
+    /// `argocd_principal_events_received_total{agent,type}`.
+    pub events_received: Family<EventLabels, Counter>,
+    /// `argocd_principal_events_sent_total{agent,type}`.
+    pub events_sent: Family<EventLabels, Counter>,
     /// Streams refused before a session existed (unmapped ID, no client certificate, ...):
     /// `argocd_principal_auth_failures_total{reason}`.
     pub auth_failures: Family<ReasonLabels, Counter>,
@@ -211,9 +320,6 @@ pub struct Metrics {
     pub events_refused: Family<AgentReasonLabels, Counter>,
     /// `argocd_principal_hub_write_errors_total`.
     pub hub_write_errors: Counter,
-    /// Events dropped because an agent's queue was full:
-    /// `argocd_principal_event_writer_events_discarded_total`.
-    pub queue_full: Counter,
     /// `argocd_principal_resync_duration_seconds{mode}`.
     pub resync_duration: Family<ModeLabels, Histogram>,
     /// `argocd_principal_svid_expiry_timestamp_seconds`: notAfter of the serving SVID.
@@ -224,12 +330,12 @@ pub struct Metrics {
     pub queue_depth: Gauge,
     /// `argocd_principal_event_resends_total`: events sent again for lack of an ack.
     pub resends: Counter,
-    /// `argocd_principal_redis_proxy_requests_total{route,result}`: commands the Redis proxy
+    /// `argocd_principal_redis_proxy_commands_total{route,result}`: commands the Redis proxy
     /// handled.
-    pub redis_proxy_requests: Family<RedisProxyLabels, Counter>,
-    /// `argocd_principal_resource_proxy_requests_total{agent,kind,code}`: requests the
+    pub redis_proxy_commands: Family<RedisProxyLabels, Counter>,
+    /// `argocd_principal_resource_proxy_responses_total{agent,kind,code}`: requests the
     /// resource proxy answered.
-    pub resource_proxy_requests: Family<ResourceProxyLabels, Counter>,
+    pub resource_proxy_responses: Family<ResourceProxyLabels, Counter>,
     /// `argocd_principal_resource_proxy_forwarded_total{agent,kind,code}`: requests the
     /// resource proxy forwarded to the replica serving the agent (replicas only), by the
     /// status that replica answered (502 when it could not be reached).
@@ -244,7 +350,7 @@ pub struct Metrics {
     /// `argocd_principal_listener_connections_closed_total{listener,reason}`: connections the
     /// proxies and the metrics listener refused or closed (caps, handshake, idle timeouts).
     pub listener_closed: Family<ListenerLabels, Counter>,
-    hub_writes: Arc<HashMap<(ResourceKind, HubWrite), Counter>>,
+    connected_since: Arc<Mutex<HashMap<String, Instant>>>,
     agent_labels: Arc<AgentLabels>,
     registry: Arc<Registry>,
 }
@@ -257,6 +363,11 @@ impl Default for Metrics {
 
 fn seconds_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.001, 2.0, 16))
+}
+
+/// Upstream's histograms: Go's default buckets.
+fn go_histogram() -> Histogram {
+    Histogram::new(argocd_agent_runtime::exposition::GO_DEFAULT_BUCKETS)
 }
 
 /// One counter per kind and operation of the principal's hub writes
@@ -285,6 +396,113 @@ fn hub_write_counters(r: &mut Registry) -> HashMap<(ResourceKind, HubWrite), Cou
     hub_writes
 }
 
+/// Upstream's average connection time: each connected agent's time rounded to the minute,
+/// summed, divided by the number of agents in whole minutes (0 without agents).
+pub fn average_minutes(connected_for: impl IntoIterator<Item = Duration>) -> i64 {
+    let (mut total, mut n) = (0i64, 0i64);
+    for d in connected_for {
+        // Go's Duration.Round(time.Minute): halves round away from zero.
+        total += ((d.as_secs_f64() / 60.0).round()) as i64;
+        n += 1;
+    }
+    if n == 0 { 0 } else { total / n }
+}
+
+impl Upstream {
+    fn new() -> Upstream {
+        Upstream {
+            avg_connection_time: Gauge::default(),
+            gpg_keys: Gauge::default(),
+            events_received: Counter::default(),
+            events_sent: Counter::default(),
+            event_processing: Family::new_with_constructor(go_histogram),
+            send_errors: Family::default(),
+            events_discarded: Family::default(),
+            errors: Family::default(),
+            agent_connections: Family::default(),
+            resource_proxy_requests: Family::default(),
+            resource_proxy_errors: Family::default(),
+            redis_proxy_requests: Family::default(),
+            redis_proxy_errors: Family::default(),
+            hub_writes: Arc::default(),
+        }
+    }
+
+    /// Registers upstream's series in upstream's order (`NewPrincipalMetrics`).
+    fn register(&mut self, r: &mut Registry) {
+        let help = "The average time all agents are connected for (in minutes)";
+        r.register(
+            "principal_agent_avg_connection_time",
+            help,
+            self.avg_connection_time.clone(),
+        );
+        self.hub_writes = Arc::new(hub_write_counters(r));
+        let help = "The current number of GPG keys on the control plane";
+        r.register(
+            "argocd_principal_gpg_keys_count",
+            help,
+            self.gpg_keys.clone(),
+        );
+        let help = "The total number of events received by principal";
+        r.register(
+            "principal_events_received",
+            help,
+            self.events_received.clone(),
+        );
+        let help = "The total number of events sent by principal";
+        r.register("principal_events_sent", help, self.events_sent.clone());
+        let help = "Histogram of time taken to process events (in seconds)";
+        r.register(
+            "principal_event_processing_time",
+            help,
+            self.event_processing.clone(),
+        );
+        let help = "The total number of EventWriter send errors observed by principal";
+        r.register(
+            "principal_event_writer_send_errors_total",
+            help,
+            self.send_errors.clone(),
+        );
+        let help = "Events dropped on a full agent queue (resync repairs them)";
+        let discarded = self.events_discarded.clone();
+        r.register(
+            "argocd_principal_event_writer_events_discarded_total",
+            help,
+            discarded,
+        );
+        let help = "The total number of errors occurred in principal";
+        r.register("principal_errors", help, self.errors.clone());
+        let help = "The total number of successful connections from each agent to the principal";
+        let connections = self.agent_connections.clone();
+        r.register(
+            "argocd_principal_agent_connections_total",
+            help,
+            connections,
+        );
+        let help = "The total number of resource proxy requests received";
+        let requests = self.resource_proxy_requests.clone();
+        r.register(
+            "argocd_principal_resource_proxy_requests_total",
+            help,
+            requests,
+        );
+        let help = "The total number of resource proxy request failures";
+        let errors = self.resource_proxy_errors.clone();
+        r.register("argocd_principal_resource_proxy_errors_total", help, errors);
+        let help = "The total number of Redis proxy requests forwarded to agents";
+        let requests = self.redis_proxy_requests.clone();
+        r.register(
+            "argocd_principal_redis_proxy_requests_total",
+            help,
+            requests,
+        );
+        let help = "The total number of Redis proxy request failures";
+        let errors = self.redis_proxy_errors.clone();
+        r.register("argocd_principal_redis_proxy_errors_total", help, errors);
+        argocd_agent_runtime::exposition::register_build_info(r);
+    }
+}
+
 impl Metrics {
     /// Metrics whose per-agent labels are limited to [`DEFAULT_MAX_AGENT_LABELS`] agents.
     pub fn new() -> Metrics {
@@ -294,44 +512,47 @@ impl Metrics {
     /// Metrics whose per-agent labels are limited to `max_agent_labels` agents.
     pub fn with_agent_label_limit(max_agent_labels: usize) -> Metrics {
         let mut r = Registry::default();
-        r.register_collector(Box::new(argocd_agent_runtime::telemetry::SpanCollector {
-            prefix: "argocd_principal",
-        }));
         let mut m = Metrics {
             connected_agents: Gauge::default(),
+            upstream: Upstream::new(),
             events_received: Family::default(),
             events_sent: Family::default(),
-            event_processing: Family::new_with_constructor(seconds_histogram),
-            agent_connections: Family::default(),
             auth_failures: Family::default(),
             events_refused: Family::default(),
             hub_write_errors: Counter::default(),
-            queue_full: Counter::default(),
             resync_duration: Family::new_with_constructor(seconds_histogram),
             svid_expiry: Gauge::default(),
             svid_rotations: Counter::default(),
             queue_depth: Gauge::default(),
             resends: Counter::default(),
-            redis_proxy_requests: Family::default(),
-            resource_proxy_requests: Family::default(),
+            redis_proxy_commands: Family::default(),
+            resource_proxy_responses: Family::default(),
             resource_proxy_forwarded: Family::default(),
             lease_writes: Family::default(),
             sessions_deferred: Family::default(),
             listener_closed: Family::default(),
-            hub_writes: Arc::default(),
+            connected_since: Arc::default(),
             agent_labels: Arc::new(AgentLabels {
                 max: max_agent_labels,
                 seen: Mutex::new(HashSet::new()),
             }),
             registry: Arc::default(),
         };
-        // Families are registered (and so exposed) in this order.
+        // Families are registered (and so exposed) in this order: upstream's first.
+        r.register(
+            "argocd_principal_connected_agents",
+            "The total number of agents connected with principal",
+            m.connected_agents.clone(),
+        );
+        m.upstream.register(&mut r);
+        r.register_collector(Box::new(argocd_agent_runtime::telemetry::SpanCollector {
+            prefix: "argocd_principal",
+        }));
         m.register_event_metrics(&mut r);
         m.register_admission_metrics(&mut r);
         m.register_sync_metrics(&mut r);
         m.register_svid_metrics(&mut r);
         m.register_ack_metrics(&mut r);
-        m.hub_writes = Arc::new(hub_write_counters(&mut r));
         m.register_proxy_metrics(&mut r);
         m.register_replica_metrics(&mut r);
         m.register_listener_metrics(&mut r);
@@ -339,44 +560,29 @@ impl Metrics {
         m
     }
 
-    /// Agents connected and the events exchanged with them.
+    /// Events exchanged with the agents, by agent and type.
     fn register_event_metrics(&self, r: &mut Registry) {
         r.register(
-            "argocd_principal_connected_agents",
-            "Agents with an open stream",
-            self.connected_agents.clone(),
-        );
-        r.register(
-            "principal_events_received",
-            "Events received from agents",
+            "argocd_principal_events_received_total",
+            "Events received from agents, by agent and type",
             self.events_received.clone(),
         );
         r.register(
-            "principal_events_sent",
-            "Events sent to agents",
+            "argocd_principal_events_sent_total",
+            "Events sent to agents, by agent and type",
             self.events_sent.clone(),
-        );
-        r.register(
-            "principal_event_processing_time",
-            "Time to process an inbound event, in seconds",
-            self.event_processing.clone(),
         );
     }
 
-    /// Sessions opened, and streams and events refused (auth failures exported at zero).
+    /// Streams and events refused (auth failures exported at zero).
     fn register_admission_metrics(&self, r: &mut Registry) {
         r.register(
-            "argocd_principal_agent_connections",
-            "Sessions opened, per agent",
-            self.agent_connections.clone(),
-        );
-        r.register(
-            "argocd_principal_auth_failures",
+            "argocd_principal_auth_failures_total",
             "Streams refused at authentication or mapping, by reason",
             self.auth_failures.clone(),
         );
         r.register(
-            "argocd_principal_events_refused",
+            "argocd_principal_events_refused_total",
             "Inbound events refused, by agent and reason",
             self.events_refused.clone(),
         );
@@ -387,18 +593,12 @@ impl Metrics {
         }
     }
 
-    /// Keeping the hub and the agents in step: failed hub writes, events dropped on a full
-    /// queue, resync time.
+    /// Keeping the hub and the agents in step: failed hub writes, resync time.
     fn register_sync_metrics(&self, r: &mut Registry) {
         r.register(
-            "argocd_principal_hub_write_errors",
+            "argocd_principal_hub_write_errors_total",
             "Failed writes to the hub cluster",
             self.hub_write_errors.clone(),
-        );
-        r.register(
-            "argocd_principal_event_writer_events_discarded",
-            "Events dropped on a full agent queue (resync repairs them)",
-            self.queue_full.clone(),
         );
         r.register(
             "argocd_principal_resync_duration_seconds",
@@ -415,7 +615,7 @@ impl Metrics {
             self.svid_expiry.clone(),
         );
         r.register(
-            "argocd_principal_svid_rotations",
+            "argocd_principal_svid_rotations_total",
             "X.509-SVID updates received",
             self.svid_rotations.clone(),
         );
@@ -429,7 +629,7 @@ impl Metrics {
             self.queue_depth.clone(),
         );
         r.register(
-            "argocd_principal_event_resends",
+            "argocd_principal_event_resends_total",
             "Events sent again because no acknowledgement came in time",
             self.resends.clone(),
         );
@@ -438,17 +638,17 @@ impl Metrics {
     /// Requests the Redis and resource proxies handled or forwarded.
     fn register_proxy_metrics(&self, r: &mut Registry) {
         r.register(
-            "argocd_principal_redis_proxy_requests",
+            "argocd_principal_redis_proxy_commands_total",
             "Commands handled by the Redis proxy, by route (agent, hub) and result",
-            self.redis_proxy_requests.clone(),
+            self.redis_proxy_commands.clone(),
         );
         r.register(
-            "argocd_principal_resource_proxy_requests",
+            "argocd_principal_resource_proxy_responses_total",
             "Requests the resource proxy answered, by agent, kind (request, log, exec) and HTTP status",
-            self.resource_proxy_requests.clone(),
+            self.resource_proxy_responses.clone(),
         );
         r.register(
-            "argocd_principal_resource_proxy_forwarded",
+            "argocd_principal_resource_proxy_forwarded_total",
             "Resource proxy requests forwarded to the replica serving the agent, by agent, kind and HTTP status",
             self.resource_proxy_forwarded.clone(),
         );
@@ -457,12 +657,12 @@ impl Metrics {
     /// Replicas: Lease writes and sessions left to another replica.
     fn register_replica_metrics(&self, r: &mut Registry) {
         r.register(
-            "argocd_principal_lease_writes",
+            "argocd_principal_lease_writes_total",
             "Writes to the hub's coordination.k8s.io Leases, by lease (agent, replica), operation and result",
             self.lease_writes.clone(),
         );
         r.register(
-            "argocd_principal_sessions_deferred",
+            "argocd_principal_sessions_deferred_total",
             "Sessions turned away or closed so that another replica serves the agent, by reason",
             self.sessions_deferred.clone(),
         );
@@ -471,7 +671,7 @@ impl Metrics {
     /// Connections the proxies' and the metrics listeners refused or closed.
     fn register_listener_metrics(&self, r: &mut Registry) {
         r.register(
-            "argocd_principal_listener_connections_closed",
+            "argocd_principal_listener_connections_closed_total",
             "Connections of the proxies and the metrics listener refused or closed by a cap or a timeout, by listener and reason",
             self.listener_closed.clone(),
         );
@@ -488,15 +688,32 @@ impl Metrics {
             .inc();
     }
 
-    /// Counts one answer of the resource proxy.
-    pub fn resource_proxy(&self, agent: &str, kind: &str, code: u16) {
-        self.resource_proxy_requests
+    /// Counts one request of the resource proxy for `agent`, answered with `code`, and the
+    /// failure `error` (upstream's reasons: `agent_disconnected`, `timeout`, `agent_error`).
+    pub fn resource_proxy(&self, agent: &str, kind: &str, code: u16, error: Option<&str>) {
+        let agent_name = self.agent_label(agent);
+        self.resource_proxy_responses
             .get_or_create(&ResourceProxyLabels {
-                agent: self.agent_label(agent),
+                agent: agent_name.clone(),
                 kind: kind.into(),
                 code: code.to_string(),
             })
             .inc();
+        self.upstream
+            .resource_proxy_requests
+            .get_or_create(&AgentNameLabels {
+                agent_name: agent_name.clone(),
+            })
+            .inc();
+        if let Some(reason) = error {
+            self.upstream
+                .resource_proxy_errors
+                .get_or_create(&AgentNameReasonLabels {
+                    agent_name,
+                    reason: reason.into(),
+                })
+                .inc();
+        }
     }
 
     /// Counts one write to a Lease.
@@ -531,7 +748,7 @@ impl Metrics {
 
     /// Counts one command of the Redis proxy.
     pub fn redis_proxy(&self, route: &str, result: &str) {
-        self.redis_proxy_requests
+        self.redis_proxy_commands
             .get_or_create(&RedisProxyLabels {
                 route: route.into(),
                 result: result.into(),
@@ -539,8 +756,31 @@ impl Metrics {
             .inc();
     }
 
-    /// Text exposition format.
+    /// Counts one command (`get` or `subscribe`) sent to `agent`, as upstream counts them;
+    /// `failed`: one that failed after it was sent (upstream's errors counter).
+    pub fn redis_proxy_agent(&self, agent: &str, command: &str, failed: bool) {
+        let labels = RedisAgentLabels {
+            agent_name: self.agent_label(agent),
+            command: command.into(),
+        };
+        let family = if failed {
+            &self.upstream.redis_proxy_errors
+        } else {
+            &self.upstream.redis_proxy_requests
+        };
+        family.get_or_create(&labels).inc();
+    }
+
+    /// The registry's OpenMetrics text (`/metrics` serves it as text 0.0.4, see
+    /// [`argocd_agent_runtime::exposition`]), with the average connection time taken now.
     pub fn encode(&self) -> String {
+        let now = Instant::now();
+        let avg = average_minutes(
+            lock(&self.connected_since)
+                .values()
+                .map(|since| now.saturating_duration_since(*since)),
+        );
+        self.upstream.avg_connection_time.set(avg);
         let mut out = String::new();
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
@@ -577,27 +817,65 @@ impl Metrics {
             agent: self.agent_label(agent),
             r#type: ty.into(),
         };
-        let family = if sent {
-            &self.events_sent
+        let (upstream, ours) = if sent {
+            (&self.upstream.events_sent, &self.events_sent)
         } else {
-            &self.events_received
+            (&self.upstream.events_received, &self.events_received)
         };
-        family.get_or_create(&labels).inc();
+        upstream.inc();
+        ours.get_or_create(&labels).inc();
     }
 
-    /// Records how long one inbound event took.
-    pub fn processed(&self, agent: &str, resource_type: &str, ok: bool, seconds: f64) {
-        self.event_processing
+    /// Records how long one inbound event about `kind` took, and counts a failure in
+    /// `principal_errors`.
+    pub fn processed(&self, agent: &str, kind: ResourceKind, status: Processing, seconds: f64) {
+        let resource_type = resource_type(kind).to_owned();
+        if status == Processing::Failure {
+            self.upstream
+                .errors
+                .get_or_create(&ResourceTypeLabels {
+                    resource_type: resource_type.clone(),
+                })
+                .inc();
+        }
+        self.upstream
+            .event_processing
             .get_or_create(&ProcessingLabels {
-                status: if ok { "success" } else { "failure" }.into(),
+                status: status.as_str().into(),
                 agent_name: self.agent_label(agent),
-                resource_type: resource_type.into(),
+                resource_type,
             })
             .observe(seconds);
     }
 
-    /// Counts a session opened by `agent` (and exports its refusal counters at zero).
+    /// Counts an event that could not be written to `agent`'s stream (upstream's reasons:
+    /// `context-canceled`, `transport-closing`, `other`).
+    pub fn send_error(&self, agent: &str, reason: &str) {
+        self.upstream
+            .send_errors
+            .get_or_create(&AgentNameReasonLabels {
+                agent_name: self.agent_label(agent),
+                reason: reason.into(),
+            })
+            .inc();
+    }
+
+    /// Counts an event for `agent` dropped on its full queue.
+    pub fn discarded(&self, agent: &str, event_type: &str, kind: Option<ResourceKind>) {
+        self.upstream
+            .events_discarded
+            .get_or_create(&DiscardLabels {
+                agent_name: self.agent_label(agent),
+                event_type: event_type.into(),
+                resource_type: kind.map_or("unknown", resource_type).into(),
+            })
+            .inc();
+    }
+
+    /// Counts a session opened by `agent` (and exports its refusal counters at zero); its
+    /// connection time counts in the average from now.
     pub fn connected(&self, agent: &str) {
+        lock(&self.connected_since).insert(agent.to_owned(), Instant::now());
         let label = self.agent_label(agent);
         for reason in REFUSAL_REASONS {
             let _ = self.events_refused.get_or_create(&AgentReasonLabels {
@@ -605,14 +883,27 @@ impl Metrics {
                 reason: reason.into(),
             });
         }
-        self.agent_connections
+        self.upstream
+            .agent_connections
             .get_or_create(&AgentNameLabels { agent_name: label })
             .inc();
     }
 
+    /// `agent` has no session any more: it leaves the average connection time.
+    pub fn disconnected(&self, agent: &str) {
+        lock(&self.connected_since).remove(agent);
+    }
+
+    /// Sets `argocd_principal_gpg_keys_count` to the keys of the hub's GPG ConfigMap.
+    pub fn gpg_keys(&self, keys: usize) {
+        self.upstream
+            .gpg_keys
+            .set(i64::try_from(keys).unwrap_or(i64::MAX));
+    }
+
     /// Counts a write the principal made to the hub.
     pub fn hub_write(&self, kind: ResourceKind, op: HubWrite) {
-        if let Some(c) = self.hub_writes.get(&(kind, op)) {
+        if let Some(c) = self.upstream.hub_writes.get(&(kind, op)) {
             c.inc();
         }
     }
@@ -631,6 +922,10 @@ impl Metrics {
             rotations.inc();
         });
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Serves `/metrics`, `/healthz` (liveness: the process serves HTTP) and `/readyz` (503
@@ -784,10 +1079,63 @@ mod tests {
         assert_eq!(m.agent_label("a"), "a");
         m.event(true, "c", "spec-update");
         m.event(true, "d", "spec-update");
-        let text = m.encode();
+        let text = argocd_agent_runtime::exposition::openmetrics_to_text(&m.encode()).unwrap();
         assert!(
-            text.contains("principal_events_sent_total{agent=\"other\",type=\"spec-update\"} 2"),
+            text.contains(
+                "argocd_principal_events_sent_total{agent=\"other\",type=\"spec-update\"} 2"
+            ),
             "{text}"
         );
+        // Upstream's series has no labels.
+        assert!(
+            text.lines().any(|l| l == "principal_events_sent 2"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn average_connection_time_is_upstreams() {
+        let min = |m: u64, s: u64| Duration::from_secs(m * 60 + s);
+        assert_eq!(average_minutes([]), 0);
+        assert_eq!(average_minutes([min(0, 20)]), 0);
+        // Each rounded to the minute (halves up), then the whole-minute average.
+        assert_eq!(average_minutes([min(0, 30), min(2, 29)]), 1);
+        assert_eq!(average_minutes([min(10, 0), min(5, 0), min(0, 0)]), 5);
+        assert_eq!(average_minutes([min(1, 0), min(2, 0)]), 1);
+    }
+
+    #[test]
+    fn upstream_series_are_exposed_under_upstreams_names() {
+        let m = Metrics::new();
+        m.connected("a");
+        m.processed("a", ResourceKind::Application, Processing::Failure, 0.2);
+        m.processed("a", ResourceKind::AppProject, Processing::NotAllowed, 0.01);
+        m.discarded("a", "spec-update", Some(ResourceKind::Repository));
+        m.send_error("a", "other");
+        m.resource_proxy("a", "request", 502, Some("agent_disconnected"));
+        m.redis_proxy_agent("a", "get", false);
+        m.gpg_keys(3);
+        let text = argocd_agent_runtime::exposition::openmetrics_to_text(&m.encode()).unwrap();
+        for line in [
+            "argocd_principal_connected_agents 0",
+            "principal_agent_avg_connection_time 0",
+            "argocd_principal_gpg_keys_count 3",
+            "principal_applications_created 0",
+            "principal_errors{resource_type=\"application\"} 1",
+            "principal_event_processing_time_count{status=\"not-allowed\",agent_name=\"a\",resource_type=\"appproject\"} 1",
+            "principal_event_processing_time_bucket{le=\"0.25\",status=\"failure\",agent_name=\"a\",resource_type=\"application\"} 1",
+            "argocd_principal_event_writer_events_discarded_total{agent_name=\"a\",event_type=\"spec-update\",resource_type=\"repository\"} 1",
+            "principal_event_writer_send_errors_total{agent_name=\"a\",reason=\"other\"} 1",
+            "argocd_principal_agent_connections_total{agent_name=\"a\"} 1",
+            "argocd_principal_resource_proxy_requests_total{agent_name=\"a\"} 1",
+            "argocd_principal_resource_proxy_errors_total{agent_name=\"a\",reason=\"agent_disconnected\"} 1",
+            "argocd_principal_resource_proxy_responses_total{agent=\"a\",kind=\"request\",code=\"502\"} 1",
+            "argocd_principal_redis_proxy_requests_total{agent_name=\"a\",command=\"get\"} 1",
+            "argocd_principal_auth_failures_total{reason=\"Unmapped\"} 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
+        }
+        assert!(text.contains("# TYPE principal_events_received counter"));
+        assert!(!text.contains("_total_total"), "{text}");
     }
 }

@@ -656,14 +656,27 @@ impl Proxy {
             }
             (Decision::Forward, Some(link)) => link,
         };
+        // Upstream's count of commands sent to agents, and of those that failed.
+        let verb = match command {
+            RedisCommand::Subscribe => "subscribe",
+            _ => "get",
+        };
+        self.metrics.redis_proxy_agent(&agent, verb, false);
+        let failed = || self.metrics.redis_proxy_agent(&agent, verb, true);
         let event = self.request_event(key, command, "");
-        let mut ticket = link
-            .request(event.clone(), stream)
-            .await
-            .map_err(|e| refused(format!("ERR agent {agent:?}: {e}")))?;
+        let mut ticket = link.request(event.clone(), stream).await.map_err(|e| {
+            failed();
+            refused(format!("ERR agent {agent:?}: {e}"))
+        })?;
         match ticket.answer(self.config.request_timeout).await {
-            Ok(answer) => Ok((link, ticket, answer)),
+            Ok(answer) => {
+                if matches!(self.reply_of(key, &answer), Reply::Error(_)) {
+                    failed();
+                }
+                Ok((link, ticket, answer))
+            }
             Err(e) => {
+                failed();
                 self.metrics.redis_proxy("agent", "error");
                 tracing::warn!(%key, %agent, error = %e, "Redis request to agent failed");
                 Err(Reply::Error(format!("ERR agent {agent:?}: {e}")))

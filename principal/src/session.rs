@@ -625,6 +625,7 @@ impl Drop for SessionGuard {
         self.hub.sessions.detach(&self.state, self.session_id);
         // Unless a newer session of the agent took over.
         if !self.state.is_connected() {
+            self.hub.metrics.disconnected(self.state.name.as_str());
             for observer in &self.observers {
                 observer.clone().disconnected(&self.state.name, &self.tasks);
             }
@@ -659,8 +660,14 @@ async fn send_inner(
         .event(true, state.name.as_str(), event.ty.verb());
     match tx.send(Ok(event.to_cloud_event())).instrument(span).await {
         Ok(()) => Ok(()),
-        Err(SendFailure::Closed) => Err(Status::cancelled("agent stream closed")),
+        Err(SendFailure::Closed) => {
+            // Upstream's reason for a send on a cancelled stream.
+            hub.metrics
+                .send_error(state.name.as_str(), "context-canceled");
+            Err(Status::cancelled("agent stream closed"))
+        }
         Err(SendFailure::NotReading) => {
+            hub.metrics.send_error(state.name.as_str(), "other");
             hub.metrics.refused(&state.name, NOT_READING);
             tracing::warn!(timeout = ?tx.send_timeout, "agent takes no events: session closed");
             Err(Status::deadline_exceeded(format!(
@@ -765,6 +772,8 @@ async fn handle_event(
         hub.owner_record(&identity.agent, r)
     });
     let placement = placement_of(hub, mode, &event);
+    use crate::metrics::Processing;
+    let mut processing = Processing::Success;
     let reply = match decide(identity, mode, &event, &owner, &placement) {
         Decision::Pong => Some(Event::new(&hub.source, EventType::Pong, Payload::None)),
         Decision::Ignore => None,
@@ -779,20 +788,23 @@ async fn handle_event(
             None
         }
         Decision::Refuse(r) => {
+            processing = Processing::NotAllowed;
             hub.metrics.refused(agent, r.metric);
             tracing::warn!(object = ?event.resource, reason = r.metric, message = ?r.message, "event refused");
             Some(event.error_reply(&hub.source, r.reason, r.message))
         }
-        Decision::Apply(command) => apply_reply(hub, state, agent, &event, command).await,
+        Decision::Apply(command) => {
+            let reply = apply_reply(hub, state, agent, &event, command).await;
+            if reply.as_ref().is_some_and(|e| e.ty == EventType::Error) {
+                processing = Processing::Failure;
+            }
+            reply
+        }
     };
     if let Some(r) = &event.resource {
-        let ok = reply.as_ref().is_none_or(|e| e.ty != EventType::Error);
-        hub.metrics.processed(
-            agent.as_str(),
-            r.kind.as_str(),
-            ok,
-            started.elapsed().as_secs_f64(),
-        );
+        let seconds = started.elapsed().as_secs_f64();
+        hub.metrics
+            .processed(agent.as_str(), r.kind, processing, seconds);
     }
     match reply {
         Some(reply) => send(tx, hub, state, reply).await,

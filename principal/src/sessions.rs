@@ -145,8 +145,9 @@ impl AgentState {
             argocd_agent_domain::event_span!("principal.enqueue", &event, agent = %self.name);
         argocd_agent_domain::trace::inject_span(&mut event, &span);
         let _entered = span.enter();
+        let (ty, kind) = (event.ty.verb(), event.resource.as_ref().map(|r| r.kind));
         if let Err(e) = self.queue.push(event) {
-            metrics.queue_full.inc();
+            metrics.discarded(self.name.as_str(), ty, kind);
             tracing::warn!(agent = %self.name, error = %e, "event dropped");
         }
     }

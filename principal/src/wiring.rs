@@ -173,6 +173,7 @@ impl Wiring {
         let blocklist_cache = gpg_keys.clone();
         let gpg_changes = {
             let notify = blocklist_changed.clone();
+            let metrics = self.metrics.clone();
             gpg_changes.inspect(move |c| {
                 let name = match c {
                     Change::Applied(o) | Change::Deleted(o) => o.metadata.name.as_deref(),
@@ -180,6 +181,14 @@ impl Wiring {
                 };
                 if name == Some(blocklist::CONFIGMAP) {
                     notify.notify_one();
+                }
+                // Upstream's argocd_principal_gpg_keys_count: the keys of the hub's GPG
+                // ConfigMap, 0 once it is deleted.
+                if name == Some(crate::objects::GPG_KEYS_CONFIGMAP) {
+                    metrics.gpg_keys(match c {
+                        Change::Applied(o) => gpg_key_count(o),
+                        _ => 0,
+                    });
                 }
             })
         };
@@ -604,6 +613,14 @@ fn serving_hostnames(
 }
 
 /// CloudEvents `source` of our events: our SPIFFE ID when we have an SVID.
+/// The GPG keys in Argo CD's GPG ConfigMap `cm`: its `data` entries, as upstream counts them.
+fn gpg_key_count(cm: &kube::api::DynamicObject) -> usize {
+    cm.data
+        .get("data")
+        .and_then(serde_json::Value::as_object)
+        .map_or(0, |d| d.len())
+}
+
 fn source_id(svid: Option<&SvidSource>) -> String {
     svid.and_then(|s| s.current())
         .map(|s| s.svid.spiffe_id().to_string())
@@ -714,4 +731,27 @@ pub(crate) fn serve(
         }
     };
     Ok(handle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gpg_keys_are_the_configmaps_data_entries() {
+        let cm = |data: serde_json::Value| -> kube::api::DynamicObject {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "argocd-gpg-keys-cm"},
+                "data": data,
+            }))
+            .unwrap()
+        };
+        assert_eq!(
+            gpg_key_count(&cm(serde_json::json!({"A": "k1", "B": "k2"}))),
+            2
+        );
+        assert_eq!(gpg_key_count(&cm(serde_json::json!({}))), 0);
+        assert_eq!(gpg_key_count(&cm(serde_json::Value::Null)), 0);
+    }
 }

@@ -1,5 +1,6 @@
 //! The HTTP endpoint both binaries serve for the kubelet and Prometheus: `/healthz`
-//! (liveness), `/readyz` (readiness) and, when given, `/metrics` (OpenMetrics text), on the
+//! (liveness), `/readyz` (readiness) and, when given, `/metrics` (text exposition
+//! format 0.0.4, as upstream serves it; see [`crate::exposition`]), on the
 //! bounded listener every endpoint of ours uses (connection cap, per-stage timeouts).
 
 use std::net::SocketAddr;
@@ -12,7 +13,7 @@ use tokio_util::task::TaskTracker;
 /// A probe: `Ok`, or why not (the body of the 503 answer).
 pub type Probe = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
 
-/// The OpenMetrics text of a registry, taken at each scrape.
+/// The OpenMetrics text of a registry, taken at each scrape (served as text 0.0.4).
 pub type Scrape = Arc<dyn Fn() -> String + Send + Sync>;
 
 /// What one endpoint answers.
@@ -34,9 +35,6 @@ impl Endpoints {
         Arc::new(|| Ok(()))
     }
 }
-
-/// The content type of `/metrics`.
-pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Binds `addr` and serves `endpoints` on it until `shutdown`; connections are tasks on
 /// `tasks`. Returns the bound address (`addr` may ask for port 0).
@@ -84,9 +82,32 @@ fn router(endpoints: Endpoints) -> axum::Router {
         Some(scrape) => app.route(
             "/metrics",
             get(move || {
-                let body = scrape();
-                async move { ([(http::header::CONTENT_TYPE, OPENMETRICS)], body) }
+                let body = crate::exposition::openmetrics_to_text(&scrape());
+                async move { exposition(body) }
             }),
+        ),
+    }
+}
+
+/// 200 with the text exposition, or 500 with why the registry's text could not be rewritten.
+fn exposition(
+    body: Result<String, crate::exposition::ExpositionError>,
+) -> (
+    http::StatusCode,
+    [(http::HeaderName, &'static str); 1],
+    String,
+) {
+    let ct = http::header::CONTENT_TYPE;
+    match body {
+        Ok(text) => (
+            http::StatusCode::OK,
+            [(ct, crate::exposition::TEXT_CONTENT_TYPE)],
+            text,
+        ),
+        Err(e) => (
+            http::StatusCode::INTERNAL_SERVER_ERROR,
+            [(ct, "text/plain; charset=utf-8")],
+            e.to_string(),
         ),
     }
 }
@@ -117,6 +138,22 @@ mod tests {
         let status = out[9..12].parse().unwrap();
         let body = out.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned();
         (status, body)
+    }
+
+    /// The `content-type` header of the answer to `path`.
+    async fn content_type(addr: SocketAddr, path: &str) -> String {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        out.lines()
+            .find_map(|l| l.strip_prefix("content-type: "))
+            .unwrap_or_default()
+            .to_owned()
     }
 
     #[tokio::test]
@@ -154,8 +191,8 @@ mod tests {
         assert_eq!(get(addr, "/metrics").await.0, 404);
 
         let with_metrics = Endpoints {
-            metrics: Some(Arc::new(|| "# EOF\n".into())),
-            ..endpoints
+            metrics: Some(Arc::new(|| "# TYPE c counter\nc_total 1\n# EOF\n".into())),
+            ..endpoints.clone()
         };
         let addr = serve(
             "127.0.0.1:0".parse().unwrap(),
@@ -165,7 +202,26 @@ mod tests {
         )
         .await
         .unwrap();
-        assert_eq!(get(addr, "/metrics").await, (200, "# EOF\n".into()));
+        assert_eq!(
+            get(addr, "/metrics").await,
+            (200, "# TYPE c counter\nc 1\n".into())
+        );
+        assert_eq!(
+            content_type(addr, "/metrics").await,
+            crate::exposition::TEXT_CONTENT_TYPE
+        );
+
+        // A registry text that cannot be rewritten is a 500 saying why, not an empty scrape.
+        let broken = Endpoints {
+            metrics: Some(Arc::new(|| "# TYPE c counter\nc_total 1\n".into())),
+            ..endpoints
+        };
+        let addr = serve("127.0.0.1:0".parse().unwrap(), broken, &tasks, stop.clone())
+            .await
+            .unwrap();
+        let (code, body) = get(addr, "/metrics").await;
+        assert_eq!(code, 500);
+        assert!(body.contains("no # EOF"), "{body}");
         stop.cancel();
         tasks.close();
         tasks.wait().await;

@@ -383,7 +383,8 @@ impl prometheus_client::collector::Collector for SpanCollector {
         use prometheus_client::metrics::gauge::ConstGauge;
         use prometheus_client::metrics::{MetricType, TypedMetric};
         let c = span_counts();
-        let name = format!("{}_trace_spans", self.prefix);
+        // Registered under its exposed name: /metrics names a counter after its family.
+        let name = format!("{}_trace_spans_total", self.prefix);
         let mut family = encoder.encode_descriptor(
             &name,
             "Trace spans by what became of them: exported to the OTLP collector, lost in a failed export, dropped because the export queue was full",

@@ -106,7 +106,7 @@ fn body(r: &argocd_agent_proto::eventstream::ResourceResponse) -> Value {
 
 fn count(p: &Proxy, verb: &str, outcome: &str) -> u64 {
     p.metrics
-        .resource_proxy_requests
+        .resource_proxy_responses
         .get_or_create(&crate::metrics::ProxyLabels {
             verb: verb.into(),
             outcome: outcome.into(),

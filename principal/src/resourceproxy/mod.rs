@@ -172,7 +172,23 @@ pub fn status(code: StatusCode, reason: &str, message: impl Into<String>) -> Res
     r
 }
 
-/// The answer an agent sent for a request.
+/// The failure an answer stands for, as upstream's `reason` of
+/// `argocd_principal_resource_proxy_errors_total` (`agent_disconnected`, `timeout`,
+/// `agent_error`); carried as an extension of the response until it is counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ProxyError(pub &'static str);
+
+fn with_error(mut r: Response<Body>, reason: &'static str) -> Response<Body> {
+    r.extensions_mut().insert(ProxyError(reason));
+    r
+}
+
+/// The upstream failure reason `r` was marked with, if any.
+pub(crate) fn error_of(r: &Response<Body>) -> Option<&'static str> {
+    r.extensions().get::<ProxyError>().map(|e| e.0)
+}
+
+/// The answer an agent sent for a request (an agent error unless it is a success).
 pub(crate) fn from_agent(answer: &ResourceResponse) -> Response<Body> {
     let code = u16::try_from(answer.status)
         .ok()
@@ -185,16 +201,23 @@ pub(crate) fn from_agent(answer: &ResourceResponse) -> Response<Body> {
     {
         r.headers_mut().insert(header::CONTENT_TYPE, ct);
     }
-    r
+    if code.is_success() || code == StatusCode::SWITCHING_PROTOCOLS {
+        r
+    } else {
+        with_error(r, "agent_error")
+    }
 }
 
 /// The failure of a request the agent did not answer.
 pub(crate) fn rpc_failure(agent: &AgentName, e: RpcError) -> Response<Body> {
     match e {
-        RpcError::Timeout(t) => status(
-            StatusCode::GATEWAY_TIMEOUT,
-            "Timeout",
-            format!("agent {agent} did not answer within {t:?}"),
+        RpcError::Timeout(t) => with_error(
+            status(
+                StatusCode::GATEWAY_TIMEOUT,
+                "Timeout",
+                format!("agent {agent} did not answer within {t:?}"),
+            ),
+            "timeout",
         ),
         RpcError::TooMany { limit } => status(
             StatusCode::TOO_MANY_REQUESTS,
@@ -206,10 +229,13 @@ pub(crate) fn rpc_failure(agent: &AgentName, e: RpcError) -> Response<Body> {
 }
 
 pub(crate) fn offline(agent: &AgentName) -> Response<Body> {
-    status(
-        StatusCode::BAD_GATEWAY,
-        "ServiceUnavailable",
-        format!("agent {agent} is not connected"),
+    with_error(
+        status(
+            StatusCode::BAD_GATEWAY,
+            "ServiceUnavailable",
+            format!("agent {agent} is not connected"),
+        ),
+        "agent_disconnected",
     )
 }
 
@@ -478,7 +504,8 @@ impl Proxy {
             Ok(r) => r,
             Err(why) => {
                 tracing::warn!(agent = %agent, method = %req.method(), path = ?rest, "resource proxy request refused: {why}");
-                self.metrics.resource_proxy(agent.as_str(), "request", 403);
+                self.metrics
+                    .resource_proxy(agent.as_str(), "request", 403, None);
                 return status(StatusCode::FORBIDDEN, "Forbidden", why);
             }
         };
@@ -494,8 +521,7 @@ impl Proxy {
             Route::Api => match self.read_request(req).await {
                 Ok(read) => Pending::Api(read),
                 Err(refused) => {
-                    self.metrics
-                        .resource_proxy(agent.as_str(), kind, refused.status().as_u16());
+                    self.count(&agent, kind, &refused);
                     return refused;
                 }
             },
@@ -509,8 +535,7 @@ impl Proxy {
         let admitted = match self.admit(&agent) {
             Ok(a) => a,
             Err(r) => {
-                self.metrics
-                    .resource_proxy(agent.as_str(), kind, r.status().as_u16());
+                self.count(&agent, kind, &r);
                 return r;
             }
         };
@@ -525,9 +550,14 @@ impl Proxy {
                 req,
             } => exec::serve(self.clone(), admitted, namespace, pod, *req).await,
         };
-        self.metrics
-            .resource_proxy(agent.as_str(), kind, response.status().as_u16());
+        self.count(&agent, kind, &response);
         response
+    }
+
+    /// Counts the answer `r` to a request of `kind` for `agent`, with the failure it stands for.
+    fn count(&self, agent: &AgentName, kind: &str, r: &Response<Body>) {
+        self.metrics
+            .resource_proxy(agent.as_str(), kind, r.status().as_u16(), error_of(r));
     }
 
     /// With replicas: forwards the request to the replica serving `agent` when it is not
@@ -559,7 +589,7 @@ impl Proxy {
                 tracing::warn!(agent = %agent, kind, "resource proxy: not forwarded: {why}");
                 self.metrics
                     .resource_proxy_forwarded(agent.as_str(), kind, 502);
-                self.metrics.resource_proxy(agent.as_str(), kind, 502);
+                self.metrics.resource_proxy(agent.as_str(), kind, 502, None);
                 Err(status(StatusCode::BAD_GATEWAY, "ServiceUnavailable", why))
             }
         }
@@ -589,7 +619,8 @@ impl Proxy {
         let code = response.status().as_u16();
         self.metrics
             .resource_proxy_forwarded(agent.as_str(), kind, code);
-        self.metrics.resource_proxy(agent.as_str(), kind, code);
+        self.metrics
+            .resource_proxy(agent.as_str(), kind, code, None);
         response
     }
 
