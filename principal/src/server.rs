@@ -44,7 +44,7 @@ impl EventStream for EventStreamService {
         )?;
         let (inbound, outbound) = stream_compression(request.metadata());
         if inbound != IDENTITY || outbound != IDENTITY {
-            tracing::info!(agent = %identity.agent, inbound, outbound, "agent stream compressed");
+            tracing::info!(agent = %identity.agent, %inbound, %outbound, "agent stream compressed");
         }
         let peer = caller.peer.as_ref();
         let info = SessionInfo {

@@ -1084,7 +1084,7 @@ mod tests {
     #[test]
     fn compression_and_keepalive_flags() {
         let agent = |args: &[&str]| {
-            let mut argv = vec!["argocd-agent", "agent"];
+            let mut argv = vec!["argocd-agent", "agent", "--server-address", "p"];
             argv.extend_from_slice(args);
             match Cli::try_parse_from(argv).map(|c| c.command) {
                 Ok(Command::Agent(a)) => Ok(a),
