@@ -51,7 +51,9 @@ impl std::str::FromStr for Compression {
         match s {
             "gzip" => Ok(Compression::Gzip),
             "zstd" => Ok(Compression::Zstd),
-            _ => Err(format!("unknown compression algorithm {s:?} (gzip or zstd)")),
+            _ => Err(format!(
+                "unknown compression algorithm {s:?} (gzip or zstd)"
+            )),
         }
     }
 }

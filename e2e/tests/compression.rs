@@ -17,7 +17,12 @@ const APPS: usize = 6;
 /// About 40 KB of YAML, as compressible as real Helm values (repeated keys, varying numbers).
 fn big_text(seed: &str) -> String {
     (0..1000)
-        .map(|i| format!("{seed}-replica{i}: {{cpu: {}m, memory: 256Mi}}\n", 100 + i % 7))
+        .map(|i| {
+            format!(
+                "{seed}-replica{i}: {{cpu: {}m, memory: 256Mi}}\n",
+                100 + i % 7
+            )
+        })
         .collect()
 }
 
@@ -61,7 +66,7 @@ async fn scenario(topo: &Topology, case: &Case) -> Result<(), HarnessError> {
     let spoke_apps = apps(&topo.managed_spoke, SPOKE_NS)?;
     let names: Vec<String> = (0..APPS).map(|i| format!("big-{i}")).collect();
 
-    let (up0, down0) = proxy.bytes();
+    let (_, down0) = proxy.bytes();
     let mut sent = 0;
     for name in &names {
         let mut app = sample_app(name, MANAGED, "guestbook");
@@ -73,8 +78,11 @@ async fn scenario(topo: &Topology, case: &Case) -> Result<(), HarnessError> {
     for name in &names {
         let want = big_text(name);
         eventually(&format!("{name} on the spoke"), T, || {
-            let got = stored_app(&topo.managed_spoke, SPOKE_NS, name)
-                .and_then(|a| a["spec"]["source"]["helm"]["values"].as_str().map(str::to_owned));
+            let got = stored_app(&topo.managed_spoke, SPOKE_NS, name).and_then(|a| {
+                a["spec"]["source"]["helm"]["values"]
+                    .as_str()
+                    .map(str::to_owned)
+            });
             let ok = got.as_deref() == Some(want.as_str());
             async move { ok.then_some(()) }
         })
@@ -124,7 +132,11 @@ async fn scenario(topo: &Topology, case: &Case) -> Result<(), HarnessError> {
         } else {
             Err(format!(
                 "{what}: {bytes} bytes on the wire for {text} bytes of text; expected {}",
-                if compressed { "compressed" } else { "uncompressed" }
+                if compressed {
+                    "compressed"
+                } else {
+                    "uncompressed"
+                }
             ))
         }
     };

@@ -292,9 +292,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for PingGuard<S> {
     }
 }
 
-impl<S: tonic::transport::server::Connected> tonic::transport::server::Connected
-    for PingGuard<S>
-{
+impl<S: tonic::transport::server::Connected> tonic::transport::server::Connected for PingGuard<S> {
     type ConnectInfo = S::ConnectInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
@@ -418,7 +416,10 @@ mod tests {
                 client_w.write_all(&ping()).await.unwrap();
                 let mut p = [0; 17];
                 guard.read_exact(&mut p).await.unwrap();
-                guard.write_all(&frame(PING, ACK, 0, &[7; 8])).await.unwrap();
+                guard
+                    .write_all(&frame(PING, ACK, 0, &[7; 8]))
+                    .await
+                    .unwrap();
                 client_r.read_exact(&mut p).await.unwrap();
                 assert_eq!(p[4], ACK);
             }

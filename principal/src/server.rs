@@ -97,7 +97,8 @@ pub fn identify_agent<T>(
 }
 
 /// The gRPC encodings the agent listener decodes, and may answer in.
-pub const ENCODINGS: [CompressionEncoding; 2] = [CompressionEncoding::Gzip, CompressionEncoding::Zstd];
+pub const ENCODINGS: [CompressionEncoding; 2] =
+    [CompressionEncoding::Gzip, CompressionEncoding::Zstd];
 
 /// The names of [`ENCODINGS`] in `grpc-encoding`.
 pub const ENCODING_NAMES: [&str; 2] = ["gzip", "zstd"];
@@ -257,18 +258,30 @@ mod tests {
     #[test]
     fn answers_compressed_when_enabled_or_when_the_agent_compresses() {
         // Enabled: the agent's first known accepted encoding, whatever it sends in.
-        assert_eq!(answer(true, None, Some("zstd,gzip,identity")), "identity>zstd");
+        assert_eq!(
+            answer(true, None, Some("zstd,gzip,identity")),
+            "identity>zstd"
+        );
         assert_eq!(answer(true, Some("gzip"), Some("gzip,zstd")), "gzip>gzip");
         assert_eq!(answer(true, None, Some("br, gzip")), "identity>gzip");
         // A client that accepts nothing (upstream's agent without compression) gets none.
         assert_eq!(answer(true, None, None), "identity>identity");
         assert_eq!(answer(true, None, Some("identity")), "identity>identity");
         // Off: answers mirror the agent's own encoding (as gRPC-Go's servers do) ...
-        assert_eq!(answer(false, Some("zstd"), Some("zstd,gzip,identity")), "zstd>zstd");
+        assert_eq!(
+            answer(false, Some("zstd"), Some("zstd,gzip,identity")),
+            "zstd>zstd"
+        );
         assert_eq!(answer(false, Some("gzip"), Some("zstd,gzip")), "gzip>gzip");
         // ... and are plain when it does not compress, or does not accept its encoding.
-        assert_eq!(answer(false, None, Some("zstd,gzip,identity")), "identity>identity");
-        assert_eq!(answer(false, Some("identity"), Some("gzip")), "identity>identity");
+        assert_eq!(
+            answer(false, None, Some("zstd,gzip,identity")),
+            "identity>identity"
+        );
+        assert_eq!(
+            answer(false, Some("identity"), Some("gzip")),
+            "identity>identity"
+        );
         assert_eq!(answer(false, Some("gzip"), Some("zstd")), "gzip>identity");
         assert_eq!(answer(false, Some("gzip"), None), "gzip>identity");
     }

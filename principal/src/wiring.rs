@@ -649,14 +649,15 @@ fn grpc_router(
     .max_encoding_message_size(config.max_message_size);
     // Both encodings are decoded and may be answered in; AnswerCompression decides per
     // request whether answers are compressed.
-    let (events, tunnel) = crate::server::ENCODINGS
-        .into_iter()
-        .fold((events, tunnel), |(e, t), enc| {
-            (
-                e.accept_compressed(enc).send_compressed(enc),
-                t.accept_compressed(enc).send_compressed(enc),
-            )
-        });
+    let (events, tunnel) =
+        crate::server::ENCODINGS
+            .into_iter()
+            .fold((events, tunnel), |(e, t), enc| {
+                (
+                    e.accept_compressed(enc).send_compressed(enc),
+                    t.accept_compressed(enc).send_compressed(enc),
+                )
+            });
     let answers = crate::server::AnswerCompression {
         enabled: config.compression,
     };
@@ -728,13 +729,12 @@ pub(crate) fn serve(
         }
         _ => {
             let min_ping = config.keepalive_min_interval;
-            let incoming =
-                tokio_stream::wrappers::TcpListenerStream::new(listener).map(move |r| {
-                    r.map(|s| {
-                        let peer = s.peer_addr().ok();
-                        crate::keepalive::PingGuard::new(s, peer, min_ping)
-                    })
-                });
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener).map(move |r| {
+                r.map(|s| {
+                    let peer = s.peer_addr().ok();
+                    crate::keepalive::PingGuard::new(s, peer, min_ping)
+                })
+            });
             tasks.spawn(async move {
                 router
                     .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())

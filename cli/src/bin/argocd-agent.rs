@@ -1094,17 +1094,36 @@ mod tests {
         };
         let a = agent(&[]).unwrap();
         assert!(!a.enable_compression);
-        assert_eq!(a.compression_algorithm, argocd_agent_agent::dialer::Compression::Gzip);
+        assert_eq!(
+            a.compression_algorithm,
+            argocd_agent_agent::dialer::Compression::Gzip
+        );
         assert_eq!(a.heartbeat_interval, None);
-        for on in [&["--enable-compression"][..], &["--enable-compression=true"]] {
+        for on in [
+            &["--enable-compression"][..],
+            &["--enable-compression=true"],
+        ] {
             assert!(agent(on).unwrap().enable_compression, "{on:?}");
         }
-        assert!(!agent(&["--enable-compression=false"]).unwrap().enable_compression);
+        assert!(
+            !agent(&["--enable-compression=false"])
+                .unwrap()
+                .enable_compression
+        );
         let a = agent(&["--enable-compression", "--compression-algorithm", "zstd"]).unwrap();
-        assert_eq!(a.compression_algorithm, argocd_agent_agent::dialer::Compression::Zstd);
+        assert_eq!(
+            a.compression_algorithm,
+            argocd_agent_agent::dialer::Compression::Zstd
+        );
         let err = agent(&["--compression-algorithm", "brotli"]).unwrap_err();
         assert!(err.contains("gzip or zstd"), "{err}");
-        let a = agent(&["--keep-alive-ping-interval", "50s", "--heartbeat-interval", "10s"]).unwrap();
+        let a = agent(&[
+            "--keep-alive-ping-interval",
+            "50s",
+            "--heartbeat-interval",
+            "10s",
+        ])
+        .unwrap();
         assert_eq!(a.keep_alive_ping_interval, Duration::from_secs(50));
         assert_eq!(a.heartbeat_interval, Some(Duration::from_secs(10)));
 
