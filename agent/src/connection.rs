@@ -93,11 +93,14 @@ pub async fn run(
         mut inbound,
         welcome: w,
         hub_ns,
+        answered_in,
     } = tokio::select! {
         r = open(spoke, dialer, config) => r?,
         _ = shutdown.cancelled() => return Ok(()),
     };
-    tracing::info!(agent = %w.agent_name, hub_namespace = %hub_ns, principal_version = %w.version, "connected to principal");
+    tracing::info!(agent = %w.agent_name, hub_namespace = %hub_ns, principal_version = %w.version,
+        sent_compressed = %config.compression.map_or("identity".to_string(), |c| c.to_string()),
+        received_compressed = %answered_in, "connected to principal");
     spoke.queue.requeue_in_flight();
     spoke.after_welcome(hub_ns);
     connected.store(true, Ordering::Relaxed);
@@ -187,6 +190,24 @@ struct Opened {
     inbound: tonic::Streaming<CloudEvent>,
     welcome: Welcome,
     hub_ns: Namespace,
+    /// The principal's `grpc-encoding` for its messages (`identity`: uncompressed).
+    answered_in: String,
+}
+
+/// The agent's `EventStream` client on `channel`: messages up to `max_message_size`, sent
+/// compressed in `compression` when set; compressed answers (gzip or zstd) are accepted
+/// either way.
+pub fn event_stream_client(
+    channel: tonic::transport::Channel,
+    max_message_size: usize,
+    compression: Option<crate::dialer::Compression>,
+) -> EventStreamClient<tonic::transport::Channel> {
+    crate::compressed_client!(
+        EventStreamClient::new(channel)
+            .max_decoding_message_size(max_message_size)
+            .max_encoding_message_size(max_message_size),
+        compression
+    )
 }
 
 /// Dials the principal, sends the hello and waits for the welcome.
@@ -197,16 +218,21 @@ async fn open(
 ) -> Result<Opened, SessionError> {
     let channel = dialer.connect(&config.server, config.keepalive).await?;
     let tunnel_channel = channel.clone();
-    let mut client = EventStreamClient::new(channel)
-        .max_decoding_message_size(config.max_message_size)
-        .max_encoding_message_size(config.max_message_size);
+    let mut client = event_stream_client(channel, config.max_message_size, config.compression);
     let (tx, rx) = mpsc::channel(OUTBOUND_BUFFER);
     tx.send(hello(spoke).to_cloud_event())
         .await
         .map_err(|_| SessionError::Closed)?;
     let mut request = tonic::Request::new(ReceiverStream::new(rx));
     dialer.authorize(&mut request)?;
-    let mut inbound = client.subscribe(request).await?.into_inner();
+    let response = client.subscribe(request).await?;
+    let answered_in = response
+        .metadata()
+        .get("grpc-encoding")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("identity")
+        .to_owned();
+    let mut inbound = response.into_inner();
     let first = inbound
         .message()
         .await?
@@ -220,6 +246,7 @@ async fn open(
         inbound,
         welcome,
         hub_ns,
+        answered_in,
     })
 }
 
@@ -257,6 +284,7 @@ impl Requests<'_> {
                         self.dialer,
                         self.config.max_message_size,
                     )
+                    .map(|t| t.compressed(self.config.compression))
                 });
                 None
             }

@@ -92,6 +92,9 @@ pub struct AgentConfig {
     pub heartbeat: Duration,
     /// HTTP/2 keepalive ping interval on the connection (default 30 s).
     pub keepalive: Duration,
+    /// Compress what the agent sends in this encoding (`--enable-compression`; `None`: sent
+    /// uncompressed). Compressed answers of the principal are decoded either way.
+    pub compression: Option<dialer::Compression>,
     /// First reconnect wait (default 500 ms); see [`redial::Backoff`].
     pub backoff_initial: Duration,
     /// Longest reconnect wait (default 30 s).
@@ -150,6 +153,7 @@ impl Default for AgentConfig {
             label_selector: None,
             heartbeat: Duration::from_secs(30),
             keepalive: Duration::from_secs(30),
+            compression: None,
             backoff_initial: Duration::from_millis(500),
             backoff_max: Duration::from_secs(30),
             max_message_size: 4 * 1024 * 1024,

@@ -179,6 +179,17 @@ pub struct PrincipalArgs {
     /// Maximum gRPC message size in bytes.
     #[arg(long, default_value_t = 4 * 1024 * 1024)]
     pub max_message_size: usize,
+    /// Compress what the principal sends (gzip or zstd, the agent's first accepted). Off,
+    /// only agents that compress their own stream get compressed answers. Compressed agents
+    /// are accepted either way. `--enable-compression[=true|false]`.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_ENABLE_COMPRESSION", action = clap::ArgAction::Set,
+        num_args = 0..=1, require_equals = true, default_value = "false",
+        default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    pub enable_compression: bool,
+    /// Close agent connections that send HTTP/2 PINGs more often than this (after two
+    /// tolerated strikes; GOAWAY `ENHANCE_YOUR_CALM`, `too_many_pings`). 0: no minimum.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_KEEP_ALIVE_MIN_INTERVAL", default_value = "0", value_parser = parse_duration)]
+    pub keepalive_min_interval: Duration,
     /// How long an agent may take to send its hello once its stream is open; a stream
     /// without one is closed (`DeadlineExceeded`, refusal reason `HelloTimeout`).
     #[arg(long, env = "ARGOCD_PRINCIPAL_HELLO_TIMEOUT", default_value = "15s", value_parser = parse_duration)]
@@ -753,9 +764,31 @@ pub struct AgentArgs {
     /// source UID, which this agent never reports anyway).
     #[arg(long, env = "ARGOCD_AGENT_IGNORE_UNMANAGED_APPS")]
     pub ignore_unmanaged_apps: bool,
-    /// Heartbeat interval (keeps the stream alive through mesh idle timeouts).
+    /// HTTP/2 PING interval on the connection to the principal (finds dead connections); also
+    /// the heartbeat interval unless `--heartbeat-interval` is given. Keep it at or above the
+    /// principal's `--keepalive-min-interval`.
     #[arg(long, env = "ARGOCD_AGENT_KEEP_ALIVE_PING_INTERVAL", default_value = "30s", value_parser = parse_duration)]
     pub keep_alive_ping_interval: Duration,
+    /// Heartbeat events on the stream (keep it alive through mesh and proxy idle timeouts,
+    /// which HTTP/2 PINGs do not reset). Default: `--keep-alive-ping-interval`.
+    #[arg(long, env = "ARGOCD_AGENT_HEARTBEAT_INTERVAL", value_parser = parse_duration)]
+    pub heartbeat_interval: Option<Duration>,
+    /// Compress what the agent sends to the principal (`--compression-algorithm`); the
+    /// principal's compressed answers are accepted either way.
+    /// `--enable-compression[=true|false]`.
+    #[arg(long, env = "ARGOCD_AGENT_ENABLE_COMPRESSION", action = clap::ArgAction::Set,
+        num_args = 0..=1, require_equals = true, default_value = "false",
+        default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    pub enable_compression: bool,
+    /// With `--enable-compression`: `gzip` (upstream's, any principal decodes it) or `zstd`
+    /// (smaller and cheaper; a principal of this project). Also the encoding the agent asks
+    /// the principal to answer in.
+    #[arg(
+        long,
+        env = "ARGOCD_AGENT_COMPRESSION_ALGORITHM",
+        default_value = "gzip"
+    )]
+    pub compression_algorithm: argocd_agent_agent::dialer::Compression,
     /// Address of the `/metrics`, `/healthz` and `/readyz` listener (the pod IP in the
     /// manifests, loopback when only a local sidecar scrapes).
     /// Default: `$POD_IP`, else 127.0.0.1 (never all interfaces unless set).
@@ -894,6 +927,8 @@ impl PrincipalArgs {
                 ),
             },
             max_message_size: a.max_message_size,
+            compression: a.enable_compression,
+            keepalive_min_interval: a.keepalive_min_interval,
             hello_timeout: a.hello_timeout,
             idle_timeout: a.idle_timeout,
             queue: argocd_agent_domain::QueueLimits {
@@ -971,7 +1006,17 @@ impl AgentArgs {
             namespace: a.namespace.clone(),
             kube: a.kube.options(),
             label_selector: a.label_selector.clone(),
-            heartbeat: a.keep_alive_ping_interval,
+            heartbeat: match a.heartbeat_interval.unwrap_or(a.keep_alive_ping_interval) {
+                d if d.is_zero() => return Err("--heartbeat-interval must be above 0".into()),
+                d => d,
+            },
+            keepalive: match a.keep_alive_ping_interval {
+                d if d.is_zero() => {
+                    return Err("--keep-alive-ping-interval must be above 0".into());
+                }
+                d => d,
+            },
+            compression: a.enable_compression.then_some(a.compression_algorithm),
             max_message_size: a.max_message_size,
             metrics_listen: (a.metrics_port != 0).then(|| {
                 SocketAddr::new(a.metrics_host.unwrap_or_else(default_host), a.metrics_port)
@@ -1006,6 +1051,68 @@ impl AgentArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn compression_and_keepalive_flags() {
+        let agent = |args: &[&str]| {
+            let mut argv = vec!["argocd-agent", "agent", "--server-address", "p"];
+            argv.extend_from_slice(args);
+            match Cli::try_parse_from(argv).map(|c| c.command) {
+                Ok(Command::Agent(a)) => Ok(a),
+                Ok(_) => unreachable!("parsed as the agent"),
+                Err(e) => Err(e.to_string()),
+            }
+        };
+        let a = agent(&[]).unwrap();
+        assert!(!a.enable_compression);
+        assert_eq!(
+            a.compression_algorithm,
+            argocd_agent_agent::dialer::Compression::Gzip
+        );
+        assert_eq!(a.heartbeat_interval, None);
+        for on in [
+            &["--enable-compression"][..],
+            &["--enable-compression=true"],
+        ] {
+            assert!(agent(on).unwrap().enable_compression, "{on:?}");
+        }
+        assert!(
+            !agent(&["--enable-compression=false"])
+                .unwrap()
+                .enable_compression
+        );
+        let a = agent(&["--enable-compression", "--compression-algorithm", "zstd"]).unwrap();
+        assert_eq!(
+            a.compression_algorithm,
+            argocd_agent_agent::dialer::Compression::Zstd
+        );
+        let err = agent(&["--compression-algorithm", "brotli"]).unwrap_err();
+        assert!(err.contains("gzip or zstd"), "{err}");
+        let a = agent(&[
+            "--keep-alive-ping-interval",
+            "50s",
+            "--heartbeat-interval",
+            "10s",
+        ])
+        .unwrap();
+        assert_eq!(a.keep_alive_ping_interval, Duration::from_secs(50));
+        assert_eq!(a.heartbeat_interval, Some(Duration::from_secs(10)));
+
+        let principal = |args: &[&str]| {
+            let mut argv = vec!["argocd-agent", "principal"];
+            argv.extend_from_slice(args);
+            match Cli::try_parse_from(argv).map(|c| c.command) {
+                Ok(Command::Principal(p)) => p,
+                other => panic!("{other:?}"),
+            }
+        };
+        let p = principal(&[]);
+        assert!(!p.enable_compression);
+        assert_eq!(p.keepalive_min_interval, Duration::ZERO);
+        let p = principal(&["--enable-compression", "--keepalive-min-interval", "20s"]);
+        assert!(p.enable_compression);
+        assert_eq!(p.keepalive_min_interval, Duration::from_secs(20));
+    }
 
     #[test]
     fn listeners_without_a_host_bind_the_pod_ip_or_loopback_never_every_interface() {

@@ -91,6 +91,15 @@ pub struct BenchArgs {
     /// usual system paths).
     #[arg(long)]
     font: Option<PathBuf>,
+    /// The simulated agents compress their messages (`gzip` or `zstd`, as the agent's
+    /// `--enable-compression --compression-algorithm`); add
+    /// `--principal-arg=--enable-compression` for the principal's side.
+    #[arg(long)]
+    compression: Option<bench::Compression>,
+    /// Count the bytes on the wire (throughput): the agents dial through a counting TCP
+    /// proxy in this process.
+    #[arg(long)]
+    wire_bytes: bool,
     /// Extra principal argument (repeat), e.g. --principal-arg=--kube-qps=200.
     #[arg(long = "principal-arg", allow_hyphen_values = true)]
     principal_args: Vec<String>,
@@ -108,6 +117,8 @@ pub async fn run(a: BenchArgs) -> crate::CmdResult {
         dir: a.dir,
         principal_args: a.principal_args,
         replicas: a.replicas.max(2),
+        compression: a.compression,
+        wire_bytes: a.wire_bytes,
     };
     if let Some(scenario) = a.scenario.scenario() {
         let report = bench::run(scenario, &opts)

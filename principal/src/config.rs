@@ -140,6 +140,14 @@ pub struct PrincipalConfig {
     pub max_concurrent_handshakes: usize,
     /// HTTP/2 streams one connection may open at once (an agent needs one or two).
     pub max_concurrent_streams: u32,
+    /// Compress what the principal sends to agents that accept gzip or zstd
+    /// (`--enable-compression`; the agent's first accepted encoding is used). Off, answers are
+    /// compressed only to agents that compress their own stream, in their encoding. Compressed
+    /// messages from agents are decoded either way.
+    pub compression: bool,
+    /// The shortest interval allowed between an agent's HTTP/2 PINGs
+    /// (`--keepalive-min-interval`; zero: no minimum); see [`crate::keepalive`].
+    pub keepalive_min_interval: Duration,
     /// The Redis proxy in front of argocd-server (`None`: off).
     pub redis_proxy: Option<crate::redisproxy::RedisProxyConfig>,
     /// The resource proxy argocd-server uses as each agent's cluster (`None`: off).
@@ -178,6 +186,8 @@ impl Default for PrincipalConfig {
             max_concurrent_handshakes:
                 argocd_agent_identity::transport::DEFAULT_MAX_CONCURRENT_HANDSHAKES,
             max_concurrent_streams: 16,
+            compression: false,
+            keepalive_min_interval: Duration::ZERO,
             redis_proxy: None,
             resource_proxy: None,
             ha: None,

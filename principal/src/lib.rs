@@ -22,6 +22,7 @@ pub mod ha;
 pub mod hooks;
 pub mod hub;
 pub mod inbound;
+pub mod keepalive;
 pub mod metrics;
 pub mod objects;
 pub mod projects;

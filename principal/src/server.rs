@@ -9,6 +9,7 @@ use argocd_agent_proto::cloudevents::CloudEvent;
 use argocd_agent_proto::eventstream::event_stream_server::EventStream;
 use argocd_agent_proto::version::version_server::Version;
 use argocd_agent_proto::version::{VersionRequest, VersionResponse};
+use tonic::codec::CompressionEncoding;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::auth::{Authenticator, Caller};
@@ -41,6 +42,10 @@ impl EventStream for EventStreamService {
             &self.sessions.hub.metrics,
             &request,
         )?;
+        let (inbound, outbound) = stream_compression(request.metadata());
+        if inbound != IDENTITY || outbound != IDENTITY {
+            tracing::info!(agent = %identity.agent, %inbound, %outbound, "agent stream compressed");
+        }
         let peer = caller.peer.as_ref();
         let info = SessionInfo {
             remote_addr: peer
@@ -91,6 +96,119 @@ pub fn identify_agent<T>(
     Ok((identity, caller))
 }
 
+/// The gRPC encodings the agent listener decodes, and may answer in.
+pub const ENCODINGS: [CompressionEncoding; 2] =
+    [CompressionEncoding::Gzip, CompressionEncoding::Zstd];
+
+/// The names of [`ENCODINGS`] in `grpc-encoding`.
+pub const ENCODING_NAMES: [&str; 2] = ["gzip", "zstd"];
+
+/// The name of no compression in `grpc-encoding`.
+pub const IDENTITY: &str = "identity";
+
+const ENCODING: &str = "grpc-encoding";
+const ACCEPT_ENCODING: &str = "grpc-accept-encoding";
+
+/// Whether the principal compresses what it sends on a stream, decided per request before
+/// tonic reads it. tonic answers in the first encoding of the client's
+/// `grpc-accept-encoding` it knows, so the rule is applied by rewriting that header:
+/// with `--enable-compression` it is left as the client sent it; without, it keeps only the
+/// encoding the client compresses its own messages in (gRPC servers answer in the request's
+/// encoding, upstream's principal included), and goes when the client does not compress.
+#[derive(Debug, Clone, Copy)]
+pub struct AnswerCompression {
+    /// `--enable-compression`.
+    pub enabled: bool,
+}
+
+impl AnswerCompression {
+    /// Rewrites `request`'s `grpc-accept-encoding` by the rule above.
+    pub fn apply<B>(self, mut request: http::Request<B>) -> http::Request<B> {
+        if self.enabled {
+            return request;
+        }
+        let headers = request.headers_mut();
+        let sent_in = headers
+            .get(ENCODING)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+            .filter(|e| *e != IDENTITY)
+            .map(str::to_owned);
+        let accepted = headers
+            .get(ACCEPT_ENCODING)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|list| {
+                sent_in
+                    .as_deref()
+                    .is_some_and(|e| list.split(',').any(|a| a.trim() == e))
+            });
+        match sent_in {
+            Some(e) if accepted => {
+                if let Ok(v) = http::HeaderValue::from_str(&e) {
+                    headers.insert(ACCEPT_ENCODING, v);
+                }
+            }
+            _ => {
+                headers.remove(ACCEPT_ENCODING);
+            }
+        }
+        request
+    }
+}
+
+impl<S> tower::Layer<S> for AnswerCompression {
+    type Service = Answering<S>;
+    fn layer(&self, inner: S) -> Answering<S> {
+        Answering { inner, rule: *self }
+    }
+}
+
+/// The agent listener's services behind [`AnswerCompression`].
+#[derive(Debug, Clone)]
+pub struct Answering<S> {
+    inner: S,
+    rule: AnswerCompression,
+}
+
+impl<S, B> tower::Service<http::Request<B>> for Answering<S>
+where
+    S: tower::Service<http::Request<B>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        self.inner.call(self.rule.apply(request))
+    }
+}
+
+/// A stream's compression as tonic applies it: the encoding of the client's messages and
+/// the one the principal answers in (the first of the client's accepted encodings the
+/// listener knows, after [`AnswerCompression`]); [`IDENTITY`] for none.
+pub fn stream_compression(metadata: &tonic::metadata::MetadataMap) -> (&str, &str) {
+    let known = |e: &str| ENCODING_NAMES.contains(&e);
+    let inbound = metadata
+        .get(ENCODING)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|e| known(e))
+        .unwrap_or(IDENTITY);
+    let outbound = metadata
+        .get(ACCEPT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|list| list.split(',').map(str::trim).find(|e| known(e)))
+        .unwrap_or(IDENTITY);
+    (inbound, outbound)
+}
+
 /// `Version` implementation.
 pub struct VersionService;
 
@@ -105,5 +223,66 @@ impl Version for VersionService {
             protocol_min: PROTOCOL_MIN,
             protocol_max: PROTOCOL_VERSION,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(encoding: Option<&str>, accept: Option<&str>) -> http::Request<()> {
+        let mut r = http::Request::new(());
+        if let Some(e) = encoding {
+            r.headers_mut().insert(ENCODING, e.parse().unwrap());
+        }
+        if let Some(a) = accept {
+            r.headers_mut().insert(ACCEPT_ENCODING, a.parse().unwrap());
+        }
+        r
+    }
+
+    fn answer(enabled: bool, encoding: Option<&str>, accept: Option<&str>) -> String {
+        let r = AnswerCompression { enabled }.apply(request(encoding, accept));
+        let metadata = tonic::metadata::MetadataMap::from_headers(r.headers().clone());
+        let (inbound, outbound) = stream_compression(&metadata);
+        format!("{inbound}>{outbound}")
+    }
+
+    #[test]
+    fn encoding_names_match_tonic() {
+        for (enc, name) in ENCODINGS.iter().zip(ENCODING_NAMES) {
+            assert_eq!(enc.to_string(), name);
+        }
+    }
+
+    #[test]
+    fn answers_compressed_when_enabled_or_when_the_agent_compresses() {
+        // Enabled: the agent's first known accepted encoding, whatever it sends in.
+        assert_eq!(
+            answer(true, None, Some("zstd,gzip,identity")),
+            "identity>zstd"
+        );
+        assert_eq!(answer(true, Some("gzip"), Some("gzip,zstd")), "gzip>gzip");
+        assert_eq!(answer(true, None, Some("br, gzip")), "identity>gzip");
+        // A client that accepts nothing (upstream's agent without compression) gets none.
+        assert_eq!(answer(true, None, None), "identity>identity");
+        assert_eq!(answer(true, None, Some("identity")), "identity>identity");
+        // Off: answers mirror the agent's own encoding (as gRPC-Go's servers do) ...
+        assert_eq!(
+            answer(false, Some("zstd"), Some("zstd,gzip,identity")),
+            "zstd>zstd"
+        );
+        assert_eq!(answer(false, Some("gzip"), Some("zstd,gzip")), "gzip>gzip");
+        // ... and are plain when it does not compress, or does not accept its encoding.
+        assert_eq!(
+            answer(false, None, Some("zstd,gzip,identity")),
+            "identity>identity"
+        );
+        assert_eq!(
+            answer(false, Some("identity"), Some("gzip")),
+            "identity>identity"
+        );
+        assert_eq!(answer(false, Some("gzip"), Some("zstd")), "gzip>identity");
+        assert_eq!(answer(false, Some("gzip"), None), "gzip>identity");
     }
 }

@@ -635,7 +635,9 @@ fn grpc_router(
     rules: Arc<LiveRules>,
     sessions: SessionContext,
     tunnels: Arc<tunnel::Tunnels>,
-) -> tonic::transport::server::Router {
+) -> tonic::transport::server::Router<
+    tower::layer::util::Stack<crate::server::AnswerCompression, tower::layer::util::Identity>,
+> {
     let metrics = sessions.hub.metrics.clone();
     let admin = argocd_agent_proto::admin::admin_server::AdminServer::new(admin::AdminService {
         sessions: sessions.hub.sessions.clone(),
@@ -662,10 +664,25 @@ fn grpc_router(
     })
     .max_decoding_message_size(config.max_message_size)
     .max_encoding_message_size(config.max_message_size);
+    // Both encodings are decoded and may be answered in; AnswerCompression decides per
+    // request whether answers are compressed.
+    let (events, tunnel) =
+        crate::server::ENCODINGS
+            .into_iter()
+            .fold((events, tunnel), |(e, t), enc| {
+                (
+                    e.accept_compressed(enc).send_compressed(enc),
+                    t.accept_compressed(enc).send_compressed(enc),
+                )
+            });
+    let answers = crate::server::AnswerCompression {
+        enabled: config.compression,
+    };
     tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
         .max_concurrent_streams(Some(config.max_concurrent_streams))
+        .layer(answers)
         .add_service(events)
         .add_service(tunnel)
         .add_service(admin)
@@ -711,6 +728,13 @@ pub(crate) fn serve(
                     ..Default::default()
                 },
             );
+            let min_ping = config.keepalive_min_interval;
+            let incoming = incoming.map(move |r| {
+                r.map(|s| {
+                    let peer = Some(s.peer().remote_addr);
+                    crate::keepalive::PingGuard::new(s, peer, min_ping)
+                })
+            });
             tasks.spawn(async move {
                 // The source feeds every handshake's certificate: keep it while serving.
                 let _keep = source;
@@ -721,7 +745,13 @@ pub(crate) fn serve(
             })
         }
         _ => {
-            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            let min_ping = config.keepalive_min_interval;
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener).map(move |r| {
+                r.map(|s| {
+                    let peer = s.peer_addr().ok();
+                    crate::keepalive::PingGuard::new(s, peer, min_ping)
+                })
+            });
             tasks.spawn(async move {
                 router
                     .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())

@@ -220,6 +220,9 @@ pub struct TcpProxy {
 struct LinkFaults {
     delay_ms: std::sync::atomic::AtomicU64,
     down: std::sync::atomic::AtomicBool,
+    /// Bytes forwarded to the target, and from it.
+    to_target: std::sync::atomic::AtomicU64,
+    from_target: std::sync::atomic::AtomicU64,
 }
 
 /// Copies `from` to `to`, sleeping the proxy's current delay before each chunk.
@@ -227,6 +230,7 @@ async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     faults: Arc<LinkFaults>,
+    to_target: bool,
 ) {
     use std::sync::atomic::Ordering;
     use tokio::io::AsyncReadExt;
@@ -243,6 +247,12 @@ async fn pump(
         if to.write_all(&buf[..n]).await.is_err() {
             break;
         }
+        let counter = if to_target {
+            &faults.to_target
+        } else {
+            &faults.from_target
+        };
+        counter.fetch_add(n as u64, Ordering::Relaxed);
     }
     let _ = to.shutdown().await;
 }
@@ -269,7 +279,7 @@ impl TcpProxy {
                         let _ = outbound.set_nodelay(true);
                         let (ir, iw) = inbound.into_split();
                         let (or, ow) = outbound.into_split();
-                        tokio::join!(pump(ir, ow, f3.clone()), pump(or, iw, f3));
+                        tokio::join!(pump(ir, ow, f3.clone(), true), pump(or, iw, f3, false));
                     }
                 });
                 let mut conns = c2.lock().unwrap_or_else(|p| p.into_inner());
@@ -303,6 +313,15 @@ impl TcpProxy {
         self.faults
             .delay_ms
             .store(ms, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Bytes forwarded so far (TCP payload: TLS records), to the target and from it.
+    pub fn bytes(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (
+            self.faults.to_target.load(Relaxed),
+            self.faults.from_target.load(Relaxed),
+        )
     }
 
     /// Takes the link down (cutting open connections and closing new ones) or up again.

@@ -780,6 +780,13 @@ impl Tunnel {
         })
     }
 
+    /// Sends the tunnel's messages compressed in `compression` (when set); compressed
+    /// messages of the principal are accepted either way.
+    pub fn compressed(mut self, compression: Option<crate::dialer::Compression>) -> Tunnel {
+        self.client = crate::compressed_client!(self.client, compression);
+        self
+    }
+
     /// Wraps `message` in a request carrying the credentials.
     pub fn request<T>(&self, message: T) -> tonic::Request<T> {
         let mut r = tonic::Request::new(message);

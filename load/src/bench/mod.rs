@@ -8,6 +8,9 @@ pub mod floor;
 pub mod plot;
 pub mod sim;
 
+/// The agent's message compression, as the simulated agents use it.
+pub use argocd_agent_agent::dialer::Compression;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,7 +20,9 @@ use kube::Api;
 use kube::api::{DynamicObject, PostParams};
 use serde_json::{Value, json};
 
-use argocd_agent_testkit::harness::{HarnessError, app_resource, kube_client, merge_patch};
+use argocd_agent_testkit::harness::{
+    HarnessError, TcpProxy, app_resource, kube_client, merge_patch,
+};
 use env::{BenchEnv, ProcSample};
 use sim::{Fleet, FleetConfig, SimAgent, sim_id, sim_name};
 
@@ -78,6 +83,12 @@ pub struct BenchOptions {
     pub principal_args: Vec<String>,
     /// Principal replicas (failover).
     pub replicas: usize,
+    /// What the simulated agents compress their messages in (`None`: nothing). Pass
+    /// `--enable-compression` with `principal_args` for the principal's side.
+    pub compression: Option<argocd_agent_agent::dialer::Compression>,
+    /// Route the agents through a byte-counting TCP proxy and report the bytes on the wire
+    /// per event (throughput).
+    pub wire_bytes: bool,
 }
 
 impl Default for BenchOptions {
@@ -92,6 +103,8 @@ impl Default for BenchOptions {
             dir: None,
             principal_args: Vec::new(),
             replicas: 3,
+            compression: None,
+            wire_bytes: false,
         }
     }
 }
@@ -323,24 +336,30 @@ fn make_agents(env: &BenchEnv, n: usize) -> Result<Vec<Arc<SimAgent>>, HarnessEr
 }
 
 fn fleet(env: &BenchEnv, agents: Vec<Arc<SimAgent>>, opts: &BenchOptions) -> Fleet {
+    let principals = std::iter::once(env.principal_addr)
+        .chain(env.replicas.iter().map(|r| r.addr))
+        .collect();
+    fleet_to(principals, agents, opts)
+}
+
+/// A fleet dialing `principals` (a byte-counting proxy, say).
+fn fleet_to(
+    principals: Vec<std::net::SocketAddr>,
+    agents: Vec<Arc<SimAgent>>,
+    opts: &BenchOptions,
+) -> Fleet {
     Fleet::start(
         agents,
         FleetConfig {
-            principals: std::iter::once(env.principal_addr)
-                .chain(env.replicas.iter().map(|r| r.addr))
-                .collect(),
+            principals,
             heartbeat: opts.heartbeat,
             keepalive: Duration::from_secs(30),
+            compression: opts.compression,
         },
     )
 }
 
-/// `opts.agents` simulated agents, started, and every one connected.
-async fn connected_fleet(env: &BenchEnv, opts: &BenchOptions) -> Result<Fleet, HarnessError> {
-    connected_fleet_within(env, opts, scaled(opts.agents)).await
-}
-
-/// [`connected_fleet`], waiting at most `timeout` for the last agent.
+/// `opts.agents` simulated agents, started, and every one connected within `timeout`.
 async fn connected_fleet_within(
     env: &BenchEnv,
     opts: &BenchOptions,
@@ -356,7 +375,7 @@ async fn connected_fleet_within(
     Ok(fleet)
 }
 
-/// [`connected_fleet`] with one Application per agent (`app-<i>` at revision `v1`, ~`pad`
+/// [`connected_fleet_within`] with one Application per agent (`app-<i>` at revision `v1`, ~`pad`
 /// bytes) on the hub, created first, and held by every agent before this returns.
 async fn settled_fleet(
     env: &BenchEnv,
@@ -802,9 +821,22 @@ async fn throughput(opts: &BenchOptions) -> Result<Report, HarnessError> {
     with_env(opts, |env| async move {
         let r = async {
             create_namespaces(&env, n).await?;
-            let fleet = connected_fleet(&env, opts).await?;
+            // With --wire-bytes the agents dial through a proxy that counts TCP payload
+            // bytes (TLS records) each way.
+            let proxy = match opts.wire_bytes {
+                true => Some(TcpProxy::start(env.principal_addr).await?),
+                false => None,
+            };
+            let dial = || vec![proxy.as_ref().map_or(env.principal_addr, |p| p.addr)];
+            let wire = || proxy.as_ref().map(TcpProxy::bytes).unwrap_or_default();
+            let fleet = fleet_to(dial(), make_agents(&env, n)?, opts);
+            until("every agent connected", scaled(n), || {
+                fleet.connected() == n
+            })
+            .await?;
 
             // Principal -> agents: m new Applications of ~pad bytes, written by `writers`.
+            let w0 = wire();
             let base = fleet.stats.events_in.load(Relaxed);
             let started = Instant::now();
             create_apps(&env, n, 0..m, "v1", pad, opts.writers).await?;
@@ -817,6 +849,7 @@ async fn throughput(opts: &BenchOptions) -> Result<Report, HarnessError> {
             let down_rate = m as f64 / down_time.as_secs_f64();
             let bytes = fleet.stats.bytes_in.load(Relaxed);
             let event_bytes = bytes / (fleet.stats.events_in.load(Relaxed).max(1));
+            let w1 = wire();
 
             // Agents -> principal: m status updates of ~pad bytes to those Applications.
             let status_pad = "x".repeat(pad.saturating_sub(200));
@@ -837,6 +870,7 @@ async fn throughput(opts: &BenchOptions) -> Result<Report, HarnessError> {
             .await?;
             let up_time = started.elapsed();
             let up_rate = m as f64 / up_time.as_secs_f64();
+            let w2 = wire();
             let refused = fleet.stats.refused.load(Relaxed);
 
             // The floor, same clients, same bytes.
@@ -884,8 +918,9 @@ async fn throughput(opts: &BenchOptions) -> Result<Report, HarnessError> {
             // CPU of the principal and of this process (the agents; the hub is idle) while
             // the backlog flows, per event: where the time goes on the shared cores.
             let (p0, b0) = (env.sample()?.cpu, ProcSample::read(std::process::id())?.cpu);
+            let wb0 = wire();
             let started = Instant::now();
-            let fleet = self::fleet(&env, agents, opts);
+            let fleet = fleet_to(dial(), agents, opts);
             let backlog = 2 * m;
             let held = until("the backlog at the agents", scaled(backlog), || {
                 fleet.agents.iter().map(|a| a.app_count()).sum::<usize>() >= backlog
@@ -893,6 +928,7 @@ async fn throughput(opts: &BenchOptions) -> Result<Report, HarnessError> {
             .await;
             let backlog_time = started.elapsed();
             let (p1, b1) = (env.sample()?.cpu, ProcSample::read(std::process::id())?.cpu);
+            let wb1 = wire();
             fleet.stop().await;
             held?;
             let per_event = |d: Duration| round2(d.as_secs_f64() * 1e6 / backlog as f64);
@@ -914,6 +950,19 @@ async fn throughput(opts: &BenchOptions) -> Result<Report, HarnessError> {
             r.put("floor_to_principal_per_s", round2(floor_up));
             r.put("to_principal_ratio", round2(up_rate / floor_up));
             r.put("refused", refused);
+            r.put(
+                "compression",
+                opts.compression
+                    .map_or("none".to_string(), |c| c.to_string()),
+            );
+            if proxy.is_some() {
+                // TCP payload per event: hub -> agents live, agents -> hub (status), and
+                // the backlog (with the n TLS handshakes of the returning agents in it).
+                let per = |bytes: u64, events: usize| bytes / events.max(1) as u64;
+                r.put("wire_bytes_per_event_to_agents", per(w1.1 - w0.1, m));
+                r.put("wire_bytes_per_event_to_principal", per(w2.0 - w1.0, m));
+                r.put("backlog_wire_bytes_per_event", per(wb1.1 - wb0.1, backlog));
+            }
             r.put("principal_hub_requests", json!(env.principal_requests()));
             Ok(r)
         }

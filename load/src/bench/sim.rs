@@ -20,7 +20,6 @@ use argocd_agent_identity::source::SvidSource;
 use argocd_agent_identity::svid::SvidState;
 use argocd_agent_identity::tls::PeerPolicy;
 use argocd_agent_kubernetes::object::{SOURCE_UID_ANNOTATION, checksum_of};
-use argocd_agent_proto::eventstream::event_stream_client::EventStreamClient;
 use argocd_agent_proto::eventstream::{self as pb, Hello};
 use serde_json::Value;
 use tokio::sync::{mpsc, watch};
@@ -277,6 +276,9 @@ pub struct FleetConfig {
     pub heartbeat: Duration,
     /// HTTP/2 keepalive; the real agent's default is 30 s.
     pub keepalive: Duration,
+    /// What the agents compress their messages in (`None`: nothing, the agent's default);
+    /// compressed messages of the principal are accepted either way, as the agent does.
+    pub compression: Option<argocd_agent_agent::dialer::Compression>,
 }
 
 /// Every simulated agent of a run, and their tasks.
@@ -416,9 +418,9 @@ async fn session(
         .connect(&principal, config.keepalive)
         .await
         .map_err(|e| argocd_agent_domain::error_chain(&e))?;
-    let mut client = EventStreamClient::new(channel)
-        .max_decoding_message_size(16 << 20)
-        .max_encoding_message_size(16 << 20);
+    // The agent's own client, with its compression settings.
+    let mut client =
+        argocd_agent_agent::connection::event_stream_client(channel, 16 << 20, config.compression);
     let (tx, rx) = mpsc::channel(64);
     tx.send(agent.hello().to_cloud_event())
         .await
