@@ -60,7 +60,10 @@ impl Spoke {
     }
 
     /// Reads the spoke's tracking settings again (through the resource proxy's cache of
-    /// argocd-cm when the agent serves it; Argo CD's defaults otherwise).
+    /// argocd-cm when the agent serves it; Argo CD's defaults otherwise). Only when a local
+    /// Application that is not a managed copy changes: until then the hello and the
+    /// after-welcome publish use what was read last (Argo CD's defaults at first, which
+    /// accept both the tracking annotation and the instance label).
     pub(crate) async fn refresh_tracking(&self) {
         if !self.has_children() {
             return;

@@ -86,7 +86,6 @@ pub async fn run(
     connected: &AtomicBool,
     shutdown: &tokio_util::sync::CancellationToken,
 ) -> Result<(), SessionError> {
-    spoke.refresh_tracking().await;
     let Opened {
         tunnel_channel,
         tx,

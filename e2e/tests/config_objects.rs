@@ -464,3 +464,102 @@ async fn every_kind_converges_after_the_connection_is_cut() {
     .await;
     topo.finish(r).await;
 }
+
+/// A project change costs work only in the managed agents it concerns (those that hold the
+/// project or that it matches now), counted by `argocd_principal_config_fanout_agents`;
+/// each agent still ends up with exactly its projects and their repositories.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_project_change_reaches_only_the_agents_it_concerns() {
+    let topo = Topology::start(TopologyOptions {
+        second_agent_mode: Some("managed"),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let r = async {
+        let port = topo.metrics_ports["principal"];
+        let fanout =
+            || async { metric_sum(port, "argocd_principal_config_fanout_agents_sum").await };
+        let count =
+            || async { metric_sum(port, "argocd_principal_config_fanout_agents_count").await };
+        let to = |agent: &str| {
+            json!({
+                "sourceRepos": ["*"], "sourceNamespaces": [agent],
+                "destinations": [{"name": agent, "namespace": "*"}]
+            })
+        };
+        let hub = projects(&topo.hub, HUB_ARGOCD_NS)?;
+        hub.create(&PostParams::default(), &project("only-a", to(MANAGED)))
+            .await?;
+        eventually("only-a on agent A", T, || async {
+            stored_project(&topo.managed_spoke, SPOKE_NS, "only-a")
+        })
+        .await?;
+        secrets(&topo.hub, HUB_ARGOCD_NS)?
+            .create(
+                &PostParams::default(),
+                &repo_secret(
+                    "repo-a",
+                    "repository",
+                    "only-a",
+                    "https://example.com/a.git",
+                ),
+            )
+            .await?;
+        eventually("repo-a on agent A", T, || async {
+            stored_secret(&topo.managed_spoke, SPOKE_NS, "repo-a")
+        })
+        .await?;
+        // Settled: each later change is measured alone.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        // One change, measured alone: the agents that re-evaluated for it.
+        let measured = |what: &'static str, before: (f64, f64)| async move {
+            eventually(&format!("{what}: routed"), T, || async {
+                (count().await > before.1).then_some(())
+            })
+            .await?;
+            Ok::<f64, HarnessError>(fanout().await - before.0)
+        };
+        // A label on only-a: A holds it, B neither holds it nor is matched.
+        let before = (fanout().await, count().await);
+        merge_patch(
+            &hub,
+            "only-a",
+            json!({"metadata": {"labels": {"team": "a"}}}),
+        )
+        .await?;
+        let affected = measured("a label on only-a", before).await?;
+        assert_eq!(affected, 1.0, "only agent A re-evaluates");
+        // The repository of only-a changes: only A, which holds both.
+        let repos = secrets(&topo.hub, HUB_ARGOCD_NS)?;
+        let before = (fanout().await, count().await);
+        merge_patch(
+            &repos,
+            "repo-a",
+            json!({"stringData": {"url": "https://example.com/a2.git"}}),
+        )
+        .await?;
+        let affected = measured("repo-a changed", before).await?;
+        assert_eq!(
+            affected, 1.0,
+            "only agent A re-evaluates for its repository"
+        );
+        // only-a now points at B instead: A (holds it) and B (matched now) re-evaluate; the
+        // project and its repository move from A to B.
+        let before = (fanout().await, count().await);
+        merge_patch(&hub, "only-a", json!({"spec": to(AUTONOMOUS)})).await?;
+        let affected = measured("only-a moved to B", before).await?;
+        assert_eq!(affected, 2.0, "A and B re-evaluate");
+        eventually("only-a and repo-a moved from A to B", T, || async {
+            (stored_project(&topo.managed_spoke, SPOKE_NS, "only-a").is_none()
+                && stored_secret(&topo.managed_spoke, SPOKE_NS, "repo-a").is_none()
+                && stored_project(&topo.autonomous_spoke, SPOKE_NS, "only-a").is_some()
+                && stored_secret(&topo.autonomous_spoke, SPOKE_NS, "repo-a").is_some())
+            .then_some(())
+        })
+        .await?;
+        Ok(())
+    }
+    .await;
+    topo.finish(r).await;
+}

@@ -322,6 +322,9 @@ pub struct Metrics {
     pub hub_write_errors: Counter,
     /// `argocd_principal_resync_duration_seconds{mode}`.
     pub resync_duration: Family<ModeLabels, Histogram>,
+    /// `argocd_principal_config_fanout_agents`: managed agents that re-evaluated their
+    /// configuration objects after one hub AppProject, repository or GPG keys change.
+    pub config_fanout: Histogram,
     /// `argocd_principal_svid_expiry_timestamp_seconds`: notAfter of the serving SVID.
     pub svid_expiry: Gauge,
     /// `argocd_principal_svid_rotations_total`.
@@ -521,6 +524,7 @@ impl Metrics {
             events_refused: Family::default(),
             hub_write_errors: Counter::default(),
             resync_duration: Family::new_with_constructor(seconds_histogram),
+            config_fanout: Histogram::new(exponential_buckets(1.0, 4.0, 9)),
             svid_expiry: Gauge::default(),
             svid_rotations: Counter::default(),
             queue_depth: Gauge::default(),
@@ -604,6 +608,11 @@ impl Metrics {
             "argocd_principal_resync_duration_seconds",
             "Time from hello to the resync plan queued, in seconds",
             self.resync_duration.clone(),
+        );
+        r.register(
+            "argocd_principal_config_fanout_agents",
+            "Managed agents that re-evaluated their configuration objects after one hub configuration change",
+            self.config_fanout.clone(),
         );
     }
 

@@ -213,6 +213,44 @@ impl ConfigObjects {
         out
     }
 
+    /// Whether a change of the hub object `obj` (of `kind`) can change what the managed
+    /// agent `agent` (hub namespace `ns`) must hold, given what it holds now (`holds`: the
+    /// keys sent to it). A project concerns the agents that hold it or that it matches now; a
+    /// repository the agents that hold it or hold its project; the GPG keys every agent. So
+    /// a change costs work in the agents it affects, not in every agent.
+    pub fn concerns(
+        &self,
+        kind: ResourceKind,
+        obj: &DynamicObject,
+        agent: &AgentName,
+        ns: &Namespace,
+        holds: impl Fn(&ConfigKey) -> bool,
+    ) -> bool {
+        let name = name_of(obj);
+        match kind {
+            ResourceKind::AppProject => {
+                holds(&(ResourceKind::AppProject, name))
+                    || (live(obj)
+                        && agent_label(obj).is_none()
+                        && projects::matches_agent(
+                            &self.wire_of(obj).value,
+                            agent,
+                            ns,
+                            self.by_namespace,
+                        ))
+            }
+            ResourceKind::Repository => {
+                holds(&(ResourceKind::Repository, name))
+                    || (live(obj)
+                        && self
+                            .wire_of(obj)
+                            .project
+                            .is_some_and(|p| holds(&(ResourceKind::AppProject, p))))
+            }
+            _ => true,
+        }
+    }
+
     /// Hub copies of the autonomous agent `agent`'s projects, by their name on the spoke.
     fn autonomous_projects(&self, agent: &AgentName) -> HashMap<String, Arc<DynamicObject>> {
         self.projects
@@ -267,6 +305,10 @@ pub struct ConfigRouter {
     source: String,
     metrics: Metrics,
     sessions: Arc<Sessions>,
+    /// Hub configuration changes routed so far: a managed agent's resync that saw a change
+    /// come in while it computed its set re-evaluates it (the routing may have looked at
+    /// what it held before the resync recorded it).
+    changes: std::sync::atomic::AtomicU64,
 }
 
 impl ConfigRouter {
@@ -282,6 +324,7 @@ impl ConfigRouter {
             source,
             metrics,
             sessions,
+            changes: Default::default(),
         }
     }
 
@@ -371,6 +414,7 @@ impl ConfigRouter {
         agent_uids: &BTreeMap<ResourceKind, SourceUids>,
     ) {
         let ns = state.namespace();
+        let seen = self.changes.load(std::sync::atomic::Ordering::Acquire);
         let desired = self.config.desired_for(&state.name, &ns);
         let mut sums: HashMap<ConfigKey, String> = HashMap::new();
         for (key, obj) in &desired {
@@ -417,6 +461,9 @@ impl ConfigRouter {
             }
         }
         state.inner().sent_config = sums;
+        if self.changes.load(std::sync::atomic::Ordering::Acquire) != seen {
+            state.mark_config_dirty();
+        }
         for e in events {
             self.push(state, e);
         }
@@ -453,11 +500,26 @@ impl ConfigRouter {
             }
             return;
         }
+        self.changes
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        let mut affected = 0usize;
         for state in self.agents() {
-            if state.mode() == AgentMode::Managed && state.is_connected() {
+            if state.mode() != AgentMode::Managed || !state.is_connected() {
+                continue;
+            }
+            let ns = state.namespace();
+            let concerned = {
+                let inner = state.inner();
+                self.config.concerns(kind, &obj, &state.name, &ns, |k| {
+                    inner.sent_config.contains_key(k)
+                })
+            };
+            if concerned {
+                affected += 1;
                 state.mark_config_dirty();
             }
         }
+        self.metrics.config_fanout.observe(affected as f64);
     }
 
     /// Autonomous agent: its project `name` (agent form) as the hub copy should be.
