@@ -699,10 +699,7 @@ fn env_as_flags(role: &str, env: &BTreeMap<String, String>) -> Result<Vec<String
         };
         // Booleans: `--flag` and, taking `--flag=false` too, `--flag[=bool]`.
         let is_flag = matches!(arg.get_action(), clap::ArgAction::SetTrue)
-            || arg
-                .get_default_missing_values()
-                .first()
-                .is_some_and(|v| v == "true");
+            || arg.get_default_values() == [std::ffi::OsStr::new("false")];
         if is_flag {
             if !matches!(value.as_str(), "false" | "0" | "" | "no" | "off") {
                 out.push(format!("--{long}"));
