@@ -321,8 +321,7 @@ fn adapt(mut sub: clap::Command, role: Role, env: Env<'_>) -> clap::Command {
 }
 
 fn upstream_names(mut a: Arg, s: &Setting, env: Env<'_>) -> Arg {
-    if a.get_long() != Some(s.flag) && !a.get_all_aliases().unwrap_or_default().contains(&s.flag)
-    {
+    if a.get_long() != Some(s.flag) && !a.get_all_aliases().unwrap_or_default().contains(&s.flag) {
         a = a.visible_alias(s.flag);
     }
     if s.flag == "namespace" && a.get_short().is_none() {
@@ -330,7 +329,10 @@ fn upstream_names(mut a: Arg, s: &Setting, env: Env<'_>) -> Arg {
     }
     if let Some(up) = s.env {
         let ours = a.get_env().and_then(|e| e.to_str()).map(str::to_owned);
-        let ours_set = ours.as_deref().and_then(env).is_some_and(|v| !v.trim().is_empty());
+        let ours_set = ours
+            .as_deref()
+            .and_then(env)
+            .is_some_and(|v| !v.trim().is_empty());
         if ours.as_deref() != Some(up) && !ours_set && env(up).is_some() {
             a = a.env(up);
         }
@@ -522,10 +524,9 @@ impl Rules {
                         g.origin, g.value
                     ));
                 }
-                NotNeeded(_) if !inert(s, &g.value) => self.notices.push(format!(
-                    "{}={}: no effect here: {why}",
-                    g.origin, g.value
-                )),
+                NotNeeded(_) if !inert(s, &g.value) => self
+                    .notices
+                    .push(format!("{}={}: no effect here: {why}", g.origin, g.value)),
                 _ => {}
             }
         }
