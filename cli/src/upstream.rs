@@ -299,6 +299,7 @@ pub fn command(env: Env<'_>) -> clap::Command {
 }
 
 fn adapt(mut sub: clap::Command, role: Role, env: Env<'_>) -> clap::Command {
+    sub = sub.after_help(upstream_help(role));
     for s in SETTINGS.iter().filter(|s| s.role == role) {
         sub = match s.ours {
             Same(id) | Alias(id) => sub.mut_arg(id, |a| upstream_names(a, s, env)),
@@ -318,6 +319,25 @@ fn adapt(mut sub: clap::Command, role: Role, env: Env<'_>) -> clap::Command {
         sub = sub.mut_arg(id, |a| a.env(None::<&str>));
     }
     sub
+}
+
+/// The help's note on upstream's names, with every upstream variable (those of refused
+/// settings included: they are read, to be refused).
+fn upstream_help(role: Role) -> String {
+    let mut vars: Vec<&str> = SETTINGS
+        .iter()
+        .filter(|s| s.role == role)
+        .filter_map(|s| s.env)
+        .collect();
+    vars.sort_unstable();
+    vars.dedup();
+    let list: Vec<String> = vars.iter().map(|v| format!("[upstream env: {v}]")).collect();
+    format!(
+        "Upstream argocd-agent's flags and environment variables are accepted too: the same, \
+         an alias of ours, or refused at start with our equivalent (docs/migration.md, \
+         \"Configuration\"). Upstream's variables, read when ours are unset: {}",
+        list.join(" ")
+    )
 }
 
 fn upstream_names(mut a: Arg, s: &Setting, env: Env<'_>) -> Arg {
