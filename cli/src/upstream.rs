@@ -331,7 +331,10 @@ fn upstream_help(role: Role) -> String {
         .collect();
     vars.sort_unstable();
     vars.dedup();
-    let list: Vec<String> = vars.iter().map(|v| format!("[upstream env: {v}]")).collect();
+    let list: Vec<String> = vars
+        .iter()
+        .map(|v| format!("[upstream env: {v}]"))
+        .collect();
     format!(
         "Upstream argocd-agent's flags and environment variables are accepted too: the same, \
          an alias of ours, or refused at start with our equivalent (docs/migration.md, \
