@@ -150,8 +150,8 @@ pub struct PrincipalArgs {
     /// Create an agent's hub namespace on its first connect.
     #[arg(long, env = "ARGOCD_PRINCIPAL_NAMESPACE_CREATE_ENABLE")]
     pub namespace_create_enable: bool,
-    /// Labels for created namespaces, `k=v`, repeatable.
-    #[arg(long = "namespace-create-label")]
+    /// Labels for created namespaces, `k=v`, repeatable or comma-separated.
+    #[arg(long = "namespace-create-label", value_delimiter = ',')]
     pub namespace_create_label: Vec<String>,
     /// Trusted proxy addresses allowed to send identity headers (header auth).
     #[arg(long = "header-auth-trusted-proxy")]
@@ -825,22 +825,46 @@ pub struct AgentArgs {
     pub otlp_insecure: bool,
 }
 
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let (num, unit) = s
-        .find(|c: char| !c.is_ascii_digit())
-        .map(|i| s.split_at(i))
-        .unwrap_or((s, "s"));
-    let n: u64 = num.parse().map_err(|_| format!("invalid duration {s:?}"))?;
-    Ok(match unit {
-        "ms" => Duration::from_millis(n),
-        "s" | "" => Duration::from_secs(n),
-        "m" => Duration::from_secs(n * 60),
-        "h" => Duration::from_secs(n * 3600),
-        _ => return Err(format!("invalid duration unit in {s:?} (ms, s, m, h)")),
-    })
+/// A duration: a number of seconds (`30`), or numbers with units (`500ms`, `30s`, `5m`,
+/// `1h`), several in a row as Go writes them (`1h20m10s`, upstream's flags).
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    if let Ok(n) = s.parse::<u64>() {
+        return Ok(Duration::from_secs(n));
+    }
+    let mut total = Duration::ZERO;
+    let mut rest = s;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .ok_or_else(|| format!("invalid duration {s:?}: a unit after every number"))?;
+        let n: u64 = rest[..digits]
+            .parse()
+            .map_err(|_| format!("invalid duration {s:?}"))?;
+        let tail = &rest[digits..];
+        let unit_len = tail
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(tail.len());
+        let one = match &tail[..unit_len] {
+            "ms" => Duration::from_millis(n),
+            "s" => Duration::from_secs(n),
+            "m" => Duration::from_secs(n.saturating_mul(60)),
+            "h" => Duration::from_secs(n.saturating_mul(3600)),
+            _ => return Err(format!("invalid duration unit in {s:?} (ms, s, m, h)")),
+        };
+        total = total.saturating_add(one);
+        rest = &tail[unit_len..];
+    }
+    if s.is_empty() {
+        return Err("invalid duration \"\"".into());
+    }
+    Ok(total)
 }
 
 fn svid_config(a: &SvidArgs) -> Result<SvidConfig, String> {
+    if a.tls_cert.is_none() && !a.root_ca.is_empty() {
+        return Err("--root-ca goes with --tls-cert/--tls-key (PEM files): with the Workload API, trust bundles come from SPIRE".into());
+    }
     Ok(match (&a.tls_cert, &a.tls_key) {
         (Some(cert), Some(key)) => SvidConfig::Files {
             cert: cert.clone(),

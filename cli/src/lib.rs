@@ -4,6 +4,7 @@
 
 pub mod args;
 pub mod ctl;
+pub mod upstream;
 pub mod version;
 
 /// Error type for command handlers: every failure is printed as one clear line.

@@ -4,9 +4,8 @@
 //! same (`--listen-port`, `--auth`, `--agent-mode`, `ARGOCD_PRINCIPAL_*`, `ARGOCD_AGENT_*`).
 
 use argocd_agent_cli::CmdResult;
-use argocd_agent_cli::args::{AgentArgs, Cli, Command, PrincipalArgs};
+use argocd_agent_cli::args::{AgentArgs, Command, PrincipalArgs};
 use argocd_agent_cli::telemetry::OtlpOptions;
-use clap::Parser;
 use tokio_util::sync::CancellationToken;
 
 fn shutdown_token() -> CancellationToken {
@@ -42,6 +41,7 @@ async fn with_telemetry(
     log_level: &str,
     log_format: &str,
     otlp: OtlpOptions,
+    notices: Vec<String>,
     body: impl Future<Output = CmdResult>,
 ) -> CmdResult {
     let telemetry = argocd_agent_cli::telemetry::init_provider(&otlp)?;
@@ -50,6 +50,10 @@ async fn with_telemetry(
         log_format == "json",
         telemetry.as_ref(),
     );
+    // Upstream settings accepted with a remark (see docs/migration.md, "Configuration").
+    for n in notices {
+        tracing::warn!("upstream setting: {n}");
+    }
     let result = body.await;
     if let Some(t) = telemetry {
         t.shutdown().await;
@@ -57,14 +61,14 @@ async fn with_telemetry(
     result
 }
 
-async fn run_principal(a: PrincipalArgs) -> CmdResult {
+async fn run_principal(a: PrincipalArgs, notices: Vec<String>) -> CmdResult {
     let otlp = OtlpOptions {
         address: a.otlp_address.clone(),
         insecure: a.otlp_insecure,
         default_service_name: "argocd-agent-principal",
     };
     let (level, format) = (a.log_level.clone(), a.log_format.clone());
-    with_telemetry(&level, &format, otlp, serve_principal(a)).await
+    with_telemetry(&level, &format, otlp, notices, serve_principal(a)).await
 }
 
 async fn serve_principal(a: PrincipalArgs) -> CmdResult {
@@ -76,14 +80,14 @@ async fn serve_principal(a: PrincipalArgs) -> CmdResult {
     Ok(())
 }
 
-async fn run_agent(a: AgentArgs) -> CmdResult {
+async fn run_agent(a: AgentArgs, notices: Vec<String>) -> CmdResult {
     let otlp = OtlpOptions {
         address: a.otlp_address.clone(),
         insecure: a.otlp_insecure,
         default_service_name: "argocd-agent-agent",
     };
     let (level, format) = (a.log_level.clone(), a.log_format.clone());
-    with_telemetry(&level, &format, otlp, serve_agent(a)).await
+    with_telemetry(&level, &format, otlp, notices, serve_agent(a)).await
 }
 
 async fn serve_agent(a: AgentArgs) -> CmdResult {
@@ -97,10 +101,12 @@ async fn serve_agent(a: AgentArgs) -> CmdResult {
 
 #[tokio::main]
 async fn main() {
-    let cli = Cli::parse();
-    let result = match cli.command {
-        Command::Principal(a) => run_principal(*a).await,
-        Command::Agent(a) => run_agent(*a).await,
+    // Our flags plus upstream argocd-agent's names (cli/src/upstream.rs).
+    let parsed = argocd_agent_cli::upstream::parse();
+    let notices = parsed.notices;
+    let result = match parsed.cli.command {
+        Command::Principal(a) => run_principal(*a, notices).await,
+        Command::Agent(a) => run_agent(*a, notices).await,
     };
     if let Err(e) = result {
         eprintln!("error: {}", argocd_agent_domain::error_chain(&*e));

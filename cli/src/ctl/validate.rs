@@ -17,12 +17,11 @@ use std::time::{Duration, SystemTime};
 
 use argocd_agent_domain::mapping::RuleSet;
 use argocd_agent_identity::{SpiffeId, TrustDomain};
-use clap::{CommandFactory, Parser};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
 use serde_json::Value;
 
-use crate::args::{Cli, Command as Role, SvidArgs};
+use crate::args::{Command as Role, SvidArgs};
 
 /// Subcommands of `argocd-agentctl validate`.
 #[derive(Debug, clap::Subcommand)]
@@ -162,10 +161,21 @@ pub fn validate(role: &str, a: &ValidateArgs, now: SystemTime) -> Report {
     let full = ["argocd-agent".to_string(), role.to_string()]
         .into_iter()
         .chain(argv);
-    let cli = match Cli::try_parse_from(full) {
-        Ok(cli) => cli,
-        Err(e) => {
+    let cli = match crate::upstream::try_parse_from(full, &crate::upstream::process_env) {
+        Ok(parsed) => {
+            for n in parsed.notices {
+                r.warn(format!("upstream setting: {n}"));
+            }
+            parsed.cli
+        }
+        Err(crate::upstream::ParseError::Clap(e)) => {
             r.error(format!("flags: {}", clap_message(&e)));
+            return r;
+        }
+        Err(crate::upstream::ParseError::Refused(list)) => {
+            for m in list {
+                r.error(format!("upstream setting: {m}"));
+            }
             return r;
         }
     };
@@ -674,7 +684,8 @@ fn from_manifests(role: &str, path: &Path) -> Result<(Vec<String>, Files, Secret
 /// Environment variables as the flags that read them (clap's own definitions say which);
 /// variables no flag reads are ignored, as the binary ignores them.
 fn env_as_flags(role: &str, env: &BTreeMap<String, String>) -> Result<Vec<String>, String> {
-    let cmd = Cli::command();
+    // Upstream's variable names too (cli/src/upstream.rs), as the binary reads them.
+    let cmd = crate::upstream::command(&|k| env.get(k).cloned());
     let sub = cmd
         .find_subcommand(role)
         .ok_or_else(|| format!("argocd-agent has no {role} subcommand"))?;
@@ -686,7 +697,9 @@ fn env_as_flags(role: &str, env: &BTreeMap<String, String>) -> Result<Vec<String
         let (Some(value), Some(long)) = (env.get(var), arg.get_long()) else {
             continue;
         };
-        let is_flag = matches!(arg.get_action(), clap::ArgAction::SetTrue);
+        // Booleans: `--flag` and, taking `--flag=false` too, `--flag[=bool]`.
+        let is_flag = matches!(arg.get_action(), clap::ArgAction::SetTrue)
+            || arg.get_default_values() == [std::ffi::OsStr::new("false")];
         if is_flag {
             if !matches!(value.as_str(), "false" | "0" | "" | "no" | "off") {
                 out.push(format!("--{long}"));
