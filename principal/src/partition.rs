@@ -330,7 +330,10 @@ fn partition_labels(selector: &str) -> Result<(BTreeMap<String, String>, Vec<Str
         };
         match pair {
             Some((k, v)) if !k.is_empty() => {
-                if labels.insert(k.to_owned(), v.to_owned()).is_some_and(|o| o != v) {
+                if labels
+                    .insert(k.to_owned(), v.to_owned())
+                    .is_some_and(|o| o != v)
+                {
                     return Err(format!("label {k:?} is required to have two values"));
                 }
             }
@@ -404,7 +407,9 @@ mod tests {
     fn equality_terms_are_the_partition_labels() {
         let p = part(
             &[],
-            Some("partition-a=true, tier==gold, zone in (eu), !legacy, x!=y, k notin (a,b), team, r in (a,b)"),
+            Some(
+                "partition-a=true, tier==gold, zone in (eu), !legacy, x!=y, k notin (a,b), team, r in (a,b)",
+            ),
         );
         assert_eq!(
             p.labels(),
@@ -425,7 +430,9 @@ mod tests {
         assert!(Partition::whole_hub().owns(None));
         assert_eq!(
             p.selector_with(Some("lease")).as_deref(),
-            Some("lease,partition-a=true, tier==gold, zone in (eu), !legacy, x!=y, k notin (a,b), team, r in (a,b)")
+            Some(
+                "lease,partition-a=true, tier==gold, zone in (eu), !legacy, x!=y, k notin (a,b), team, r in (a,b)"
+            )
         );
         assert_eq!(Partition::whole_hub().selector_with(None), None);
     }
@@ -442,7 +449,10 @@ mod tests {
         };
         assert!(p.admit(&identity("agent-a1")).is_ok());
         let err = p.admit(&identity("agent-b1")).unwrap_err().to_string();
-        assert!(err.contains("agent x maps to hub namespace agent-b1"), "{err}");
+        assert!(
+            err.contains("agent x maps to hub namespace agent-b1"),
+            "{err}"
+        );
         assert!(err.contains("\"agents\""), "{err}");
         assert!(err.contains("--allowed-namespaces is agent-a*"), "{err}");
     }

@@ -192,7 +192,10 @@ impl Wiring {
         // watched; with a label selector it is watched apart, unfiltered: a blocklist
         // applies to every principal on the hub, whatever its partition.
         let (blocklist_cache, notify_gpg) = if self.partition.selector().is_some() {
-            (self.watch_blocklist(&argocd_ns, blocklist_changed.clone()), None)
+            (
+                self.watch_blocklist(&argocd_ns, blocklist_changed.clone()),
+                None,
+            )
         } else {
             (gpg_keys.clone(), Some(blocklist_changed.clone()))
         };
