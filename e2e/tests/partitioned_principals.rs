@@ -471,9 +471,9 @@ async fn scenario(w: &mut World) -> Result<(), HarnessError> {
             let app = stored_app(hub, X, "app-x")?;
             let proj = stored_project(hub, HUB_ARGOCD_NS, "agent-x-proj-x")?;
             let (la, lp) = (labels_of(&app), labels_of(&proj));
-            (la.get("partition-b").is_some()
+            (la.contains_key("partition-b")
                 && !la.contains_key("partition-a")
-                && lp.get("partition-b").is_some()
+                && lp.contains_key("partition-b")
                 && !lp.contains_key("partition-a"))
             .then_some(())
         },

@@ -710,7 +710,8 @@ impl Leases {
                 match self.create_agent_lease(agent, namespace, session).await? {
                     Some(rv) => return Ok(rv),
                     None => {
-                        unseen = true;
+                        // Only a partitioned principal has Leases its cache cannot show.
+                        unseen = !self.sessions.partition.labels().is_empty();
                         continue;
                     }
                 }
@@ -757,16 +758,19 @@ impl Leases {
     /// The agent Lease `name`. The watch cache decides when it is complete: a first
     /// connect costs one create, a reconnect one update (a stale cache costs a conflict and
     /// a read).
-    /// `from_api`: read from the API server whatever the cache says.
+    /// `absent_unsure`: a create found the Lease present, so a cache without it is read
+    /// again from the API server (a Lease outside this partition's selector, or a cache
+    /// that is behind).
     async fn read_agent_lease(
         &self,
         name: &str,
-        from_api: bool,
+        absent_unsure: bool,
     ) -> Result<Option<DynamicObject>, Status> {
-        let known = if from_api {
-            argocd_agent_kubernetes::Known::Unknown
-        } else {
-            self.cache.known(Some(&self.namespace), name)
+        let known = match self.cache.known(Some(&self.namespace), name) {
+            argocd_agent_kubernetes::Known::Absent if absent_unsure => {
+                argocd_agent_kubernetes::Known::Unknown
+            }
+            known => known,
         };
         Ok(match known {
             argocd_agent_kubernetes::Known::Present(c) => Some((*c).clone()),
