@@ -127,10 +127,21 @@ pub struct PrincipalArgs {
     /// The hub's Kubernetes API.
     #[command(flatten)]
     pub kube: KubeArgs,
-    /// Only hub objects (Applications, AppProjects, repository Secrets, GPG keys) matching
-    /// this label selector are synced.
+    /// Only hub objects (Applications, AppProjects, repository Secrets, GPG keys, cluster
+    /// Secrets, Leases) matching this label selector are synced; its `k=v` terms label
+    /// every object the principal creates, so two principals with different selectors
+    /// never touch each other's objects (docs/migration-guide.md).
     #[arg(long, env = "ARGOCD_PRINCIPAL_LABEL_SELECTOR")]
     pub label_selector: Option<String>,
+    /// The agent hub namespaces this principal serves and watches Applications in: globs
+    /// (`agents-*`) or `/regex/`, comma-separated or repeated (default: every namespace).
+    /// Agents whose rule maps them to another namespace are refused at connect.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        env = "ARGOCD_PRINCIPAL_ALLOWED_NAMESPACES"
+    )]
+    pub allowed_namespaces: Vec<String>,
     /// Argo CD's namespace on the hub: where AppProjects, repository Secrets and
     /// `argocd-gpg-keys-cm` live.
     #[arg(long, env = "ARGOCD_PRINCIPAL_NAMESPACE", default_value = "argocd")]
@@ -932,6 +943,7 @@ impl PrincipalArgs {
             rules,
             kube: a.kube.options(),
             label_selector: a.label_selector.clone(),
+            allowed_namespaces: a.allowed_namespaces.clone(),
             argocd_namespace: a.namespace.clone(),
             destination_based_mapping: a.destination_based_mapping,
             metrics_max_agent_labels: a.metrics_max_agent_labels,

@@ -66,6 +66,9 @@ pub struct ClusterSecrets {
     keys: Arc<ProxyKeys>,
     config: ResourceProxyConfig,
     ca_pem: watch::Receiver<String>,
+    /// The principal's partition: its labels go on every secret it writes, and only
+    /// secrets carrying them are renewed by the periodic pass.
+    partition: Arc<crate::partition::Partition>,
     /// Agents whose cluster secret is known to exist (ours or someone else's): their
     /// connects cost no API call; the periodic pass keeps ours current.
     known: std::sync::Mutex<std::collections::HashSet<AgentName>>,
@@ -105,12 +108,14 @@ impl ClusterSecrets {
         keys: Arc<ProxyKeys>,
         config: ResourceProxyConfig,
         ca_pem: watch::Receiver<String>,
+        partition: Arc<crate::partition::Partition>,
     ) -> Arc<Self> {
         Arc::new(ClusterSecrets {
             api: Api::namespaced(client, namespace),
             keys,
             config,
             ca_pem,
+            partition,
             known: Default::default(),
         })
     }
@@ -129,13 +134,15 @@ impl ClusterSecrets {
         let expires = jiff::Timestamp::try_from(token.expires)
             .map(|t| t.to_string())
             .unwrap_or_default();
+        let mut labels = BTreeMap::from([
+            (SECRET_TYPE_LABEL.into(), "cluster".into()),
+            (AGENT_NAME_LABEL.into(), agent.to_string()),
+        ]);
+        self.partition.stamp_labels(&mut labels);
         Secret {
             metadata: ObjectMeta {
                 name: Some(secret_name(agent)),
-                labels: Some(BTreeMap::from([
-                    (SECRET_TYPE_LABEL.into(), "cluster".into()),
-                    (AGENT_NAME_LABEL.into(), agent.to_string()),
-                ])),
+                labels: Some(labels),
                 annotations: Some(BTreeMap::from([
                     (MANAGED_BY_ANNOTATION.into(), MANAGED_BY.into()),
                     (TOKEN_EXPIRES_ANNOTATION.into(), expires),
@@ -154,9 +161,13 @@ impl ClusterSecrets {
     }
 
     /// Whether our secret must be rewritten: the token is in the last third of its life,
-    /// the CA data or server URL changed, or it lacks the skip-reconcile annotation (a
-    /// secret an earlier version wrote).
+    /// the CA data or server URL changed, it lacks the skip-reconcile annotation (a
+    /// secret an earlier version wrote), or it lacks this principal's partition labels (the
+    /// agent moved here from another principal's partition: its secret moves with it).
     fn stale(&self, s: &Secret, agent: &AgentName, now: SystemTime) -> bool {
+        if !self.partition.owns(s.metadata.labels.as_ref()) {
+            return true;
+        }
         let renew_at = expires(s).map(|e| e.checked_sub(self.config.token_ttl / 3).unwrap_or(e));
         if renew_at.is_none_or(|r| now >= r) {
             return true;
@@ -265,8 +276,10 @@ impl ClusterSecrets {
 
     /// One renewal pass over every cluster secret labelled for an agent.
     pub async fn pass(&self) {
-        let list = ListParams::default()
-            .labels(&format!("{SECRET_TYPE_LABEL}=cluster,{AGENT_NAME_LABEL}"));
+        // Only this partition's secrets: another principal's agents are its to renew.
+        let ours = format!("{SECRET_TYPE_LABEL}=cluster,{AGENT_NAME_LABEL}");
+        let selector = self.partition.selector_with(Some(&ours)).unwrap_or(ours);
+        let list = ListParams::default().labels(&selector);
         let secrets = match self.api.list(&list).await {
             Ok(l) => l.items,
             Err(e) => {

@@ -101,8 +101,13 @@ pub struct PrincipalConfig {
     pub rules_poll: Duration,
     /// How to reach the hub's Kubernetes API.
     pub kube: ClientOptions,
-    /// Restricts which hub objects (of every kind) are watched.
+    /// Restricts which hub objects (of every kind) are watched; its equality terms label
+    /// every object the principal creates (see [`crate::partition`]).
     pub label_selector: Option<String>,
+    /// The agent hub namespaces this principal serves and watches Applications in
+    /// (`--allowed-namespaces`: globs and `/regex/`; empty: every namespace). Agents whose
+    /// rule maps them elsewhere are refused at connect.
+    pub allowed_namespaces: Vec<String>,
     /// Argo CD's namespace on the hub: where AppProjects, repository Secrets and the GPG
     /// keys ConfigMap live (`--namespace`, as upstream).
     pub argocd_namespace: String,
@@ -169,6 +174,7 @@ impl Default for PrincipalConfig {
             rules_poll: Duration::from_millis(250),
             kube: ClientOptions::default(),
             label_selector: None,
+            allowed_namespaces: Vec::new(),
             argocd_namespace: "argocd".into(),
             destination_based_mapping: false,
             metrics_max_agent_labels: crate::metrics::DEFAULT_MAX_AGENT_LABELS,

@@ -433,10 +433,16 @@ impl Leases {
         tasks: &TaskTracker,
         shutdown: CancellationToken,
     ) -> Arc<Leases> {
+        // Only this principal's partition's Leases: another principal's replicas on the
+        // same hub are neither peers nor holders here.
+        let selector = sessions
+            .partition
+            .selector_with(Some(LEASE_LABEL))
+            .unwrap_or_else(|| LEASE_LABEL.to_string());
         let (cache, changes) = argocd_agent_kubernetes::watch(
             client.clone(),
             Kind::Lease,
-            Scope::namespace(namespace.to_string()).with_label_selector(LEASE_LABEL.to_string()),
+            Scope::namespace(namespace.to_string()).with_label_selector(selector),
         );
         let incarnation = uuid::Uuid::new_v4().simple().to_string();
         let me = format!("{}_{}", cfg.replica, &incarnation[..8]);
@@ -687,6 +693,9 @@ impl Leases {
             + self.cfg.replica_lease_duration
             + Duration::from_secs(2).max(self.cfg.replica_lease_duration / 2);
         let mut asked = false;
+        // Set when a create found the Lease present though the watch cache has none: a
+        // Lease of another partition (an agent moving here); read it from the API.
+        let mut unseen = false;
         // A session of this agent that just ended here is still releasing the Lease: let
         // it finish, so its write does not clear the holder we are about to write.
         while lock(&self.releasing).contains(agent) && Instant::now() < deadline {
@@ -697,10 +706,14 @@ impl Leases {
             // Register for changes before reading, so a handover written after the read
             // wakes us.
             let notified = self.changed.notified();
-            let Some(current) = self.read_agent_lease(&name).await? else {
+            let Some(current) = self.read_agent_lease(&name, unseen).await? else {
                 match self.create_agent_lease(agent, namespace, session).await? {
                     Some(rv) => return Ok(rv),
-                    None => continue,
+                    None => {
+                        // Only a partitioned principal has Leases its cache cannot show.
+                        unseen = !self.sessions.partition.labels().is_empty();
+                        continue;
+                    }
                 }
             };
             let view = LeaseView::of(&current);
@@ -745,8 +758,21 @@ impl Leases {
     /// The agent Lease `name`. The watch cache decides when it is complete: a first
     /// connect costs one create, a reconnect one update (a stale cache costs a conflict and
     /// a read).
-    async fn read_agent_lease(&self, name: &str) -> Result<Option<DynamicObject>, Status> {
-        Ok(match self.cache.known(Some(&self.namespace), name) {
+    /// `absent_unsure`: a create found the Lease present, so a cache without it is read
+    /// again from the API server (a Lease outside this partition's selector, or a cache
+    /// that is behind).
+    async fn read_agent_lease(
+        &self,
+        name: &str,
+        absent_unsure: bool,
+    ) -> Result<Option<DynamicObject>, Status> {
+        let known = match self.cache.known(Some(&self.namespace), name) {
+            argocd_agent_kubernetes::Known::Absent if absent_unsure => {
+                argocd_agent_kubernetes::Known::Unknown
+            }
+            known => known,
+        };
+        Ok(match known {
             argocd_agent_kubernetes::Known::Present(c) => Some((*c).clone()),
             argocd_agent_kubernetes::Known::Absent => None,
             argocd_agent_kubernetes::Known::Unknown => self
@@ -817,6 +843,8 @@ impl Leases {
                 });
                 set_annotation(obj, TAKEOVER_ANNOTATION, None);
                 set_annotation(obj, HUB_NAMESPACE_ANNOTATION, Some(namespace.as_str()));
+                // Into this partition (a Lease another principal's partition held moves).
+                self.sessions.partition.stamp(obj);
                 Mutation::Changed
             })
             .await;
@@ -897,6 +925,7 @@ impl Leases {
             .into(),
         );
         set_annotation(&mut obj, HUB_NAMESPACE_ANNOTATION, Some(namespace.as_str()));
+        self.sessions.partition.stamp(&mut obj);
         set_spec(&mut obj, |s| {
             s.holder_identity = Some(self.me.clone());
             s.acquire_time = Some(now_micro());
@@ -1110,6 +1139,7 @@ impl Leases {
             let mut obj =
                 DynamicObject::new(&name, &Kind::Lease.api_resource()).within(&self.namespace);
             obj.metadata.labels = Some([(LEASE_LABEL.to_string(), "replica".to_string())].into());
+            self.sessions.partition.stamp(&mut obj);
             if let Some(url) = &url {
                 set_annotation(&mut obj, RESOURCE_PROXY_ANNOTATION, Some(url));
             }
@@ -1139,6 +1169,7 @@ impl Leases {
                     });
                     set_annotation(obj, RESOURCE_PROXY_ANNOTATION, url.as_deref());
                     set_annotation(obj, REDIS_PROXY_ANNOTATION, redis.as_deref());
+                    self.sessions.partition.stamp(obj);
                     Mutation::Changed
                 })
                 .await

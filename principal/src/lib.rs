@@ -25,6 +25,7 @@ pub mod inbound;
 pub mod keepalive;
 pub mod metrics;
 pub mod objects;
+pub mod partition;
 pub mod projects;
 pub mod ratelimit;
 pub mod redisproxy;

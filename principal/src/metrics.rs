@@ -221,7 +221,7 @@ impl AgentLabels {
 /// Reasons streams (and admin calls: `NotAdmin`) are refused at authentication or mapping
 /// (`argocd_principal_auth_failures`),
 /// exported at zero from the start so rates and alerts work before the first failure.
-pub const AUTH_FAILURE_REASONS: [&str; 17] = [
+pub const AUTH_FAILURE_REASONS: [&str; 18] = [
     "NoPeerIdentity",
     "IdentityHeaderOnMtls",
     "IdentityHeaderOnJwt",
@@ -235,6 +235,8 @@ pub const AUTH_FAILURE_REASONS: [&str; 17] = [
     "WrongAgent",
     "ProxyCredential",
     "Blocked",
+    // An agent whose hub namespace is outside --allowed-namespaces (crate::partition).
+    "OutsidePartition",
     // Connections dropped before their first request (argocd_agent_identity::transport).
     "HandshakeTimeout",
     "HandshakeFailed",

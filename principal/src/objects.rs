@@ -522,6 +522,25 @@ impl ConfigRouter {
         self.metrics.config_fanout.observe(affected as f64);
     }
 
+    /// Whether the project `hub_name`, gone from the watch, still exists in Argo CD's
+    /// namespace without this principal's partition labels: relabelled for another
+    /// principal, whose object it now is. Without partition labels, never.
+    async fn moved_to_another_partition(&self, hub_name: &str) -> bool {
+        let partition = &self.sessions.partition;
+        if partition.labels().is_empty() {
+            return false;
+        }
+        match self
+            .config
+            .project_writer
+            .get(Some(self.config.namespace.as_str()), hub_name)
+            .await
+        {
+            Ok(Some(obj)) => !partition.owns(obj.metadata.labels.as_ref()),
+            _ => false,
+        }
+    }
+
     /// Autonomous agent: its project `name` (agent form) as the hub copy should be.
     fn autonomous_project_copy(
         &self,
@@ -552,6 +571,8 @@ impl ConfigRouter {
         .map_err(|source| ApplyError::NotAnObject { resource, source })?;
         // The agent's finalizers and owners belong to its cluster.
         object::drop_foreign_bindings(&mut copy);
+        // Labelled for this principal's partition, so its watch sees the copy.
+        self.sessions.partition.stamp(&mut copy);
         Ok(copy)
     }
 
@@ -702,6 +723,11 @@ impl ConfigRouter {
                 .project_writer
                 .remove_finalizers(Some(self.config.namespace.as_str()), hub_name)
                 .await;
+            return;
+        }
+        if deleted && self.moved_to_another_partition(hub_name).await {
+            tracing::info!(project = %hub_name, "hub copy now belongs to another principal's partition: not restored");
+            state.inner().desired_projects.remove(name);
             return;
         }
         let want = match self.autonomous_project_copy(state, &desired) {

@@ -93,6 +93,12 @@ pub fn identify_agent<T>(
         tracing::warn!(%client, reason = %denied, "stream refused: identity does not map to an agent");
         Status::permission_denied(denied.to_string())
     })?;
+    if let Err(outside) = sessions.partition.admit(&identity) {
+        metrics.auth_failed("OutsidePartition");
+        tracing::warn!(%client, agent = %identity.agent, namespace = %identity.namespace,
+            "stream refused: agent outside this principal's partition");
+        return Err(Status::permission_denied(outside.to_string()));
+    }
     Ok((identity, caller))
 }
 

@@ -241,6 +241,8 @@ pub struct Sessions {
     pub event_rate: crate::ratelimit::EventRate,
     /// Identities that may not connect (the `argocd-agent-blocklist` ConfigMap).
     pub blocklist: crate::blocklist::LiveBlocklist,
+    /// The hub namespaces and labels this principal serves (agents outside are refused).
+    pub partition: Arc<crate::partition::Partition>,
 }
 
 impl Sessions {
@@ -251,7 +253,14 @@ impl Sessions {
             queue_limits,
             event_rate,
             blocklist: crate::blocklist::LiveBlocklist::default(),
+            partition: Arc::new(crate::partition::Partition::whole_hub()),
         }
+    }
+
+    /// The registry of a principal serving `partition`.
+    pub fn with_partition(mut self, partition: Arc<crate::partition::Partition>) -> Sessions {
+        self.partition = partition;
+        self
     }
 
     /// The state of agent `name`, if it ever connected.

@@ -25,6 +25,7 @@ use crate::hooks::{SessionGate, SessionObserver};
 use crate::hub::{Hub, HubParts};
 use crate::metrics::Metrics;
 use crate::objects::ConfigObjects;
+use crate::partition::Partition;
 use crate::server::{EventStreamService, VersionService};
 use crate::session::SessionContext;
 use crate::sessions::Sessions;
@@ -43,6 +44,7 @@ pub(crate) struct Wiring {
     pub listener_auth: ListenerAuth,
     pub rules: Arc<LiveRules>,
     pub metrics: Metrics,
+    pub partition: Arc<Partition>,
 }
 
 /// The hub's watches: the Applications' and the configuration objects' caches and changes,
@@ -82,6 +84,26 @@ impl Features {
     }
 }
 
+/// The principal's partition from `--allowed-namespaces` and `--label-selector`, checked.
+fn partition_of(config: &PrincipalConfig) -> Result<Partition, PrincipalError> {
+    let partition = Partition::new(
+        &config.allowed_namespaces,
+        config.label_selector.as_deref(),
+        &config.argocd_namespace,
+        config.destination_based_mapping,
+    )
+    .map_err(PrincipalError::Config)?;
+    if !partition.unstampable().is_empty() {
+        tracing::warn!(terms = ?partition.unstampable(),
+            "--label-selector terms that fix no label value: objects the principal creates (autonomous agents' hub copies, cluster Secrets, Leases) cannot carry them, and its own watches will not see those objects; use k=v terms");
+    }
+    if partition.limits_namespaces() || partition.selector().is_some() {
+        tracing::info!(allowed_namespaces = %partition.describe(), label_selector = ?partition.selector(),
+            labels = ?partition.labels(), "principal partition");
+    }
+    Ok(partition)
+}
+
 /// Loads the mapping rules and closes sessions whose identity stops mapping.
 fn start_rules(config: &PrincipalConfig) -> Result<Arc<LiveRules>, PrincipalError> {
     let rules = LiveRules::start(
@@ -117,6 +139,7 @@ impl Wiring {
         shutdown: CancellationToken,
     ) -> Result<Wiring, PrincipalError> {
         let rules = start_rules(&config)?;
+        let partition = Arc::new(partition_of(&config)?);
         let listener_auth = ListenerAuth::from_config(&config.auth, config.listen).await?;
         let client = argocd_agent_kubernetes::client(&config.kube).await?;
         let metrics = Metrics::with_agent_label_limit(config.metrics_max_agent_labels);
@@ -131,6 +154,7 @@ impl Wiring {
             listener_auth,
             rules,
             metrics,
+            partition,
         })
     }
 
@@ -141,14 +165,9 @@ impl Wiring {
         scope: Scope,
         extra: Option<&str>,
     ) -> (Cache, impl futures::Stream<Item = Change> + Send + 'static) {
-        let selector: Vec<&str> = extra
-            .into_iter()
-            .chain(self.config.label_selector.as_deref())
-            .collect();
-        let scope = if selector.is_empty() {
-            scope
-        } else {
-            scope.with_label_selector(selector.join(","))
+        let scope = match self.partition.selector_with(extra) {
+            Some(selector) => scope.with_label_selector(selector),
+            None => scope,
         };
         argocd_agent_kubernetes::watch(self.client.clone(), kind, scope)
     }
@@ -159,7 +178,7 @@ impl Wiring {
         let config = &self.config;
         let argocd_ns = Namespace::new(&config.argocd_namespace)
             .map_err(|e| PrincipalError::Config(format!("--namespace: {e}")))?;
-        let (apps, changes) = self.watch(Kind::Application, Scope::all(), None);
+        let (apps, changes) = self.watch_applications();
         let in_argocd = || Scope::namespace(argocd_ns.to_string());
         let (projects, project_changes) = self.watch(Kind::AppProject, in_argocd(), None);
         let (repositories, repository_changes) = self.watch(
@@ -168,18 +187,28 @@ impl Wiring {
             Some(objects::REPOSITORY_SELECTOR),
         );
         let (gpg_keys, gpg_changes) = self.watch(Kind::ConfigMap, in_argocd(), None);
-        // The blocklist ConfigMap is one of the Argo CD namespace's ConfigMaps, already watched.
         let blocklist_changed = Arc::new(tokio::sync::Notify::new());
-        let blocklist_cache = gpg_keys.clone();
+        // The blocklist ConfigMap is one of the Argo CD namespace's ConfigMaps, already
+        // watched; with a label selector it is watched apart, unfiltered: a blocklist
+        // applies to every principal on the hub, whatever its partition.
+        let (blocklist_cache, notify_gpg) = if self.partition.selector().is_some() {
+            (
+                self.watch_blocklist(&argocd_ns, blocklist_changed.clone()),
+                None,
+            )
+        } else {
+            (gpg_keys.clone(), Some(blocklist_changed.clone()))
+        };
         let gpg_changes = {
-            let notify = blocklist_changed.clone();
             let metrics = self.metrics.clone();
             gpg_changes.inspect(move |c| {
                 let name = match c {
                     Change::Applied(o) | Change::Deleted(o) => o.metadata.name.as_deref(),
                     Change::Synced => None,
                 };
-                if name == Some(blocklist::CONFIGMAP) {
+                if name == Some(blocklist::CONFIGMAP)
+                    && let Some(notify) = &notify_gpg
+                {
                     notify.notify_one();
                 }
                 // Upstream's argocd_principal_gpg_keys_count: the keys of the hub's GPG
@@ -214,6 +243,63 @@ impl Wiring {
         })
     }
 
+    /// The hub's Applications in the partition's namespaces: one watch per namespace when
+    /// `--allowed-namespaces` lists plain names, otherwise one cluster-wide watch whose
+    /// changes outside the partition are dropped (and listings filtered by the router).
+    fn watch_applications(&self) -> (Cache, BoxStream<'static, Change>) {
+        if let Some(names) = self.partition.literal_namespaces() {
+            let scope = Scope {
+                namespaces: argocd_agent_kubernetes::Namespaces::Set(names),
+                label_selector: None,
+            };
+            let (cache, changes) = self.watch(Kind::Application, scope, None);
+            return (cache, changes.boxed());
+        }
+        let (cache, changes) = self.watch(Kind::Application, Scope::all(), None);
+        if !self.partition.limits_namespaces() {
+            return (cache, changes.boxed());
+        }
+        let partition = self.partition.clone();
+        let changes = changes.filter(move |c| {
+            let keep = match c {
+                Change::Applied(o) | Change::Deleted(o) => o
+                    .metadata
+                    .namespace
+                    .as_deref()
+                    .is_some_and(|ns| partition.allows_namespace(ns)),
+                Change::Synced => true,
+            };
+            futures::future::ready(keep)
+        });
+        (cache, changes.boxed())
+    }
+
+    /// An unfiltered watch of the Argo CD namespace's ConfigMaps for the blocklist (a
+    /// principal with a label selector); `changed` is told of blocklist changes.
+    fn watch_blocklist(&self, ns: &Namespace, changed: Arc<tokio::sync::Notify>) -> Cache {
+        let (cache, changes) = argocd_agent_kubernetes::watch(
+            self.client.clone(),
+            Kind::ConfigMap,
+            Scope::namespace(ns.to_string()),
+        );
+        let stop = self.shutdown.clone();
+        self.tasks.spawn(async move {
+            futures::pin_mut!(changes);
+            loop {
+                let c = tokio::select! {
+                    _ = stop.cancelled() => return,
+                    c = changes.next() => match c { Some(c) => c, None => return },
+                };
+                if let Change::Applied(o) | Change::Deleted(o) = &c
+                    && o.metadata.name.as_deref() == Some(blocklist::CONFIGMAP)
+                {
+                    changed.notify_one();
+                }
+            }
+        });
+        cache
+    }
+
     /// With namespace creation on, the hub's namespaces are watched: connecting agents whose
     /// namespace exists cost no API call (a restart storm of 10,000 agents would otherwise
     /// be 10,000 reads at --kube-qps).
@@ -240,7 +326,10 @@ impl Wiring {
     /// workers; revoked and blocked identities' sessions closed; queues sampled.
     pub fn core(&self, watches: HubWatches) -> Arc<Hub> {
         let config = &self.config;
-        let sessions = Arc::new(Sessions::new(config.queue.clone(), config.event_rate));
+        let sessions = Arc::new(
+            Sessions::new(config.queue.clone(), config.event_rate)
+                .with_partition(self.partition.clone()),
+        );
         let hub = Arc::new(Hub::new(HubParts {
             source: source_id(self.listener_auth.svid.as_ref()),
             apps: Resources::new(self.client.clone(), Kind::Application),
@@ -536,6 +625,7 @@ async fn start_resource_proxy(
             keys.clone(),
             rp.clone(),
             serving.ca_pem.clone(),
+            w.partition.clone(),
         );
         tasks.spawn(secrets.clone().refresh(shutdown.clone()));
         secrets

@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime};
 
 use argocd_agent_domain::AgentName;
 use argocd_agent_principal::clustersecret::{ClusterSecrets, Ensured};
+use argocd_agent_principal::partition::Partition;
 use argocd_agent_principal::resourceproxy::ResourceProxyConfig;
 use argocd_agent_principal::resourceproxy::credentials::ProxyKeys;
 use base64::Engine as _;
@@ -40,7 +41,14 @@ async fn cluster_secrets_are_created_renewed_and_others_left_alone() {
     );
     config.token_ttl = Duration::from_secs(3);
     let (ca_tx, ca_rx) = tokio::sync::watch::channel(keys.ca_pem().to_owned());
-    let secrets = ClusterSecrets::new(client.clone(), "argocd", keys.clone(), config, ca_rx);
+    let secrets = ClusterSecrets::new(
+        client.clone(),
+        "argocd",
+        keys.clone(),
+        config,
+        ca_rx,
+        Arc::new(Partition::whole_hub()),
+    );
     let agent = AgentName::new("edge-1").unwrap();
     let api: Api<Secret> = Api::namespaced(client.clone(), "argocd");
 
@@ -124,4 +132,82 @@ async fn cluster_secrets_are_created_renewed_and_others_left_alone() {
     assert!(api.get_opt("cluster-edge-2").await.unwrap().is_none());
     let kept = api.get("my-edge-2").await.unwrap();
     assert_eq!(kept.data.unwrap()["server"].0, b"https://elsewhere");
+}
+
+/// Two principals on one hub, partitioned by label: each keeps only its own agents'
+/// secrets, and an agent that moves takes its secret to the principal it now connects to.
+#[tokio::test]
+async fn partitioned_principals_keep_only_their_own_agents_secrets() {
+    let (server, client) = setup().await;
+    let keys = Arc::new(
+        ProxyKeys::load_or_create(client.clone(), "argocd")
+            .await
+            .unwrap(),
+    );
+    let principal = |url: &str, selector: &str| {
+        let mut config = ResourceProxyConfig::new("127.0.0.1:9090".parse().unwrap(), url.into());
+        config.token_ttl = Duration::from_secs(3);
+        // The CA never changes here: the receiver keeps the value after its sender goes.
+        let (_, ca_rx) = tokio::sync::watch::channel(keys.ca_pem().to_owned());
+        let partition = Partition::new(&[], Some(selector), "argocd", false).unwrap();
+        ClusterSecrets::new(
+            client.clone(),
+            "argocd",
+            keys.clone(),
+            config,
+            ca_rx,
+            Arc::new(partition),
+        )
+    };
+    let a = principal("https://a.example", "partition-a=true");
+    let b = principal("https://b.example", "partition-b=true");
+    let api: Api<Secret> = Api::namespaced(client.clone(), "argocd");
+    let (x, y) = (AgentName::new("x").unwrap(), AgentName::new("y").unwrap());
+    assert_eq!(a.ensure(&x).await.unwrap(), Ensured::Created);
+    assert_eq!(b.ensure(&y).await.unwrap(), Ensured::Created);
+    let labels = |name: &str| {
+        let api = api.clone();
+        let name = name.to_owned();
+        async move { api.get(&name).await.unwrap().metadata.labels.unwrap() }
+    };
+    assert_eq!(labels("cluster-x").await["partition-a"], "true");
+    assert_eq!(labels("cluster-y").await["partition-b"], "true");
+
+    // Both stale: each pass renews its own, and never the other principal's.
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    server.clear_requests();
+    a.pass().await;
+    let updates: Vec<String> = server
+        .requests()
+        .iter()
+        .filter(|r| r.verb == "update")
+        .filter_map(|r| r.name.clone())
+        .collect();
+    assert_eq!(updates, ["cluster-x"]);
+    let server_of = |name: &str| {
+        let api = api.clone();
+        let name = name.to_owned();
+        async move {
+            let s = api.get(&name).await.unwrap();
+            String::from_utf8(s.data.unwrap()["server"].0.clone()).unwrap()
+        }
+    };
+    assert_eq!(server_of("cluster-y").await, "https://b.example/agents/y");
+
+    // x moves to B: B takes its secret over (its URL, its labels); A's passes no longer
+    // see it.
+    assert_eq!(b.ensure(&x).await.unwrap(), Ensured::Renewed);
+    assert_eq!(server_of("cluster-x").await, "https://b.example/agents/x");
+    let moved = labels("cluster-x").await;
+    assert_eq!(moved.get("partition-b").map(String::as_str), Some("true"));
+    assert!(!moved.contains_key("partition-a"), "{moved:?}");
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    server.clear_requests();
+    a.pass().await;
+    assert!(
+        server.requests().iter().all(|r| r.verb != "update"),
+        "{:?}",
+        server.requests()
+    );
+    assert_eq!(server_of("cluster-x").await, "https://b.example/agents/x");
 }

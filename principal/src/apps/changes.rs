@@ -100,6 +100,11 @@ impl Applications {
             let _ = self.apps.remove_finalizers(Some(ns.as_str()), &name).await;
             return;
         }
+        if deleted && self.moved_to_another_partition(ns, &name).await {
+            tracing::info!(%resource, "hub copy now belongs to another principal's partition: not restored");
+            state.inner().desired.remove(&name);
+            return;
+        }
         let what = if deleted {
             "deletion"
         } else if spec_checksum(obj)
@@ -121,6 +126,20 @@ impl Applications {
         if !deleted {
             self.forward_operation(state, obj);
             self.forward_refresh(state, obj, &desired);
+        }
+    }
+
+    /// Whether the Application `ns/name`, gone from the watch, still exists on the hub
+    /// without this principal's partition labels: relabelled for another principal (an
+    /// agent moved to it), whose object it now is. Without partition labels, never.
+    pub(crate) async fn moved_to_another_partition(&self, ns: &Namespace, name: &str) -> bool {
+        let partition = &self.sessions.partition;
+        if partition.labels().is_empty() {
+            return false;
+        }
+        match self.apps.get(Some(ns.as_str()), name).await {
+            Ok(Some(obj)) => !partition.owns(obj.metadata.labels.as_ref()),
+            _ => false,
         }
     }
 

@@ -270,10 +270,17 @@ impl Applications {
             objects.retain(|_, o| !is_spoke_child_copy(o));
             return objects;
         }
+        let partition = &self.sessions.partition;
         self.cache
             .list()
             .into_iter()
             .filter(|o| !argocd_agent_kubernetes::is_sync_ignored(o) && !is_spoke_child_copy(o))
+            .filter(|o| {
+                o.metadata
+                    .namespace
+                    .as_deref()
+                    .is_some_and(|ns| partition.allows_namespace(ns))
+            })
             .filter(|o| destination_of(o) == Some(state.name.as_str()))
             .map(|o| (self.app_key(&o), o))
             .collect()

@@ -188,6 +188,8 @@ impl Applications {
                 source,
             },
         )?;
+        // Labelled for this principal's partition, so its watch sees the copy.
+        self.sessions.partition.stamp(&mut copy);
         // Status goes through the status subresource, after the object exists.
         let status = object::take_field(&mut copy, "status");
         // `.operation` on the hub copy is the hub's request to the spoke (`argocd app sync`
