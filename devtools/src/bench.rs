@@ -28,6 +28,10 @@ pub enum ScenarioArg {
     /// --replicas principal replicas (--ha) under N agents spread across them: kill -9 one;
     /// time until its agents have sessions on the others and until all are resynced.
     Failover,
+    /// --projects AppProjects (each with a repository Secret, each matching
+    /// --agents-per-project agents) over N agents; --changes project changes one at a time:
+    /// time until every matched agent holds it, principal CPU per change.
+    Projects,
     /// No run: draw --plot from the connect rows already in --json (cost growth).
     Plot,
 }
@@ -43,6 +47,7 @@ impl ScenarioArg {
             ScenarioArg::Rotation => Scenario::Rotation,
             ScenarioArg::Bulk => Scenario::Bulk,
             ScenarioArg::Failover => Scenario::Failover,
+            ScenarioArg::Projects => Scenario::Projects,
             ScenarioArg::Plot => return None,
         })
     }
@@ -100,6 +105,12 @@ pub struct BenchArgs {
     /// proxy in this process.
     #[arg(long)]
     wire_bytes: bool,
+    /// AppProjects on the hub, each with one repository Secret (projects).
+    #[arg(long, default_value_t = 1000)]
+    projects: usize,
+    /// Agents each project matches (projects).
+    #[arg(long, default_value_t = 10)]
+    agents_per_project: usize,
     /// Extra principal argument (repeat), e.g. --principal-arg=--kube-qps=200.
     #[arg(long = "principal-arg", allow_hyphen_values = true)]
     principal_args: Vec<String>,
@@ -119,6 +130,8 @@ pub async fn run(a: BenchArgs) -> crate::CmdResult {
         replicas: a.replicas.max(2),
         compression: a.compression,
         wire_bytes: a.wire_bytes,
+        projects: a.projects.max(1),
+        agents_per_project: a.agents_per_project.max(1),
     };
     if let Some(scenario) = a.scenario.scenario() {
         let report = bench::run(scenario, &opts)

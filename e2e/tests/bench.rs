@@ -88,6 +88,24 @@ async fn fanout_smoke() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn projects_smoke() {
+    let o = BenchOptions {
+        projects: 30,
+        agents_per_project: 3,
+        changes: 10,
+        ..opts()
+    };
+    let r = bench::run(Scenario::Projects, &o)
+        .await
+        .unwrap_or_else(|e| panic!("bench projects: {e}"));
+    eprint!("{}", r.table());
+    assert_eq!(num(&r, "delivered_to_unmatched_agents"), 0.0);
+    // Each change re-evaluates the agents it concerns (3), not the fleet (12).
+    assert_eq!(num(&r, "agents_reevaluated_per_change"), 3.0);
+    assert!(num(&r, "change_to_all_matched_p99_ms") > 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn throughput_smoke() {
     let r = smoke(Scenario::Throughput).await;
     assert_eq!(num(&r, "refused"), 0.0);

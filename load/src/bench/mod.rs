@@ -6,6 +6,7 @@
 pub mod env;
 pub mod floor;
 pub mod plot;
+mod projects;
 pub mod sim;
 
 /// The agent's message compression, as the simulated agents use it.
@@ -45,6 +46,9 @@ pub enum Scenario {
     /// Active-active replicas (`--ha`) under N agents spread across them: `kill -9` one;
     /// time until its agents have sessions on the others and until every agent is resynced.
     Failover,
+    /// Configuration fan-out: P AppProjects with repository Secrets over N agents; one
+    /// project change at a time reaches exactly the agents it matches.
+    Projects,
 }
 
 impl Scenario {
@@ -58,6 +62,7 @@ impl Scenario {
             Scenario::Rotation => "rotation",
             Scenario::Bulk => "bulk",
             Scenario::Failover => "failover",
+            Scenario::Projects => "projects",
         }
     }
 }
@@ -89,6 +94,10 @@ pub struct BenchOptions {
     /// Route the agents through a byte-counting TCP proxy and report the bytes on the wire
     /// per event (throughput).
     pub wire_bytes: bool,
+    /// AppProjects on the hub, each with one repository Secret (projects).
+    pub projects: usize,
+    /// Agents each project matches (projects).
+    pub agents_per_project: usize,
 }
 
 impl Default for BenchOptions {
@@ -105,6 +114,8 @@ impl Default for BenchOptions {
             replicas: 3,
             compression: None,
             wire_bytes: false,
+            projects: 1000,
+            agents_per_project: 10,
         }
     }
 }
@@ -181,6 +192,7 @@ pub async fn run(scenario: Scenario, opts: &BenchOptions) -> Result<Report, Harn
         Scenario::Rotation => rotation(opts).await,
         Scenario::Bulk => bulk(opts).await,
         Scenario::Failover => failover(opts).await,
+        Scenario::Projects => projects::projects(opts).await,
     }
 }
 

@@ -86,6 +86,16 @@ impl Arrivals {
         }
     }
 
+    /// How many recorded keys `f` accepts.
+    pub fn count(&self, f: impl Fn(&str) -> bool) -> usize {
+        self.seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .filter(|k| f(k))
+            .count()
+    }
+
     /// When `key` first arrived.
     pub fn get(&self, key: &str) -> Option<Instant> {
         self.seen
@@ -223,7 +233,20 @@ impl SimAgent {
 
     /// Applies a principal event as a spoke would; returns the answer.
     fn apply(&self, event: &Event, stats: &Stats, arrivals: &Arrivals) -> Option<Event> {
-        let name = event.resource.as_ref()?.name.clone();
+        let resource = event.resource.as_ref()?;
+        let name = resource.name.clone();
+        if resource.kind == argocd_agent_domain::ResourceKind::AppProject {
+            // `<agent>:<project>@<description>` (the projects scenario's marker).
+            if let Some(marker) = event
+                .object()
+                .and_then(|o| o.pointer("/spec/description"))
+                .and_then(Value::as_str)
+            {
+                arrivals.record(format!("{}:{name}@{marker}", self.name));
+            }
+            stats.events_in.fetch_add(1, Ordering::Relaxed);
+            return Some(event.ack(&self.name));
+        }
         match event.ty {
             EventType::Create | EventType::SpecUpdate => {
                 let obj = event.object()?;
