@@ -221,7 +221,7 @@ impl AgentLabels {
 /// Reasons streams (and admin calls: `NotAdmin`) are refused at authentication or mapping
 /// (`argocd_principal_auth_failures`),
 /// exported at zero from the start so rates and alerts work before the first failure.
-pub const AUTH_FAILURE_REASONS: [&str; 17] = [
+pub const AUTH_FAILURE_REASONS: [&str; 18] = [
     "NoPeerIdentity",
     "IdentityHeaderOnMtls",
     "IdentityHeaderOnJwt",
@@ -240,6 +240,7 @@ pub const AUTH_FAILURE_REASONS: [&str; 17] = [
     "HandshakeFailed",
     "NoUsableSvid",
     "NoPreface",
+    "WebSocketRefused",
 ];
 
 /// Reasons inbound events are refused (`argocd_principal_events_refused`), exported at zero
