@@ -312,7 +312,12 @@ pub fn tls_incoming_with_options(
     config: Arc<rustls::ServerConfig>,
     opts: IncomingOptions,
 ) -> impl Stream<Item = Result<VerifiedStream, io::Error>> + Send + 'static {
-    incoming_with(listener, config, opts, |tcp, _remote| async move { Ok(tcp) })
+    incoming_with(
+        listener,
+        config,
+        opts,
+        |tcp, _remote| async move { Ok(tcp) },
+    )
 }
 
 /// What a connection is turned into before its TLS handshake: the byte stream the TLS runs

@@ -43,9 +43,7 @@ use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, 
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::{self, Message};
 
-use crate::transport::{
-    ChannelOptions, IncomingOptions, Prepared, TransportError, VerifiedStream,
-};
+use crate::transport::{ChannelOptions, IncomingOptions, Prepared, TransportError, VerifiedStream};
 
 /// The WebSocket subprotocol both sides require: the messages carry a TLS connection.
 pub const SUBPROTOCOL: &str = "argocd-agent.tls";
@@ -351,7 +349,11 @@ impl AsyncRead for Carrier {
 }
 
 impl AsyncWrite for Carrier {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         carrier!(self, io => io.poll_write(cx, buf))
     }
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -390,9 +392,9 @@ impl WsSvidConnector {
 /// The upgrade request for `uri`'s authority, offering [`SUBPROTOCOL`].
 fn upgrade_request(uri: &http::Uri) -> io::Result<tungstenite::handshake::client::Request> {
     use tungstenite::client::IntoClientRequest as _;
-    let authority = uri.authority().ok_or_else(|| {
-        io::Error::new(io::ErrorKind::InvalidInput, format!("no host in {uri}"))
-    })?;
+    let authority = uri
+        .authority()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, format!("no host in {uri}")))?;
     let mut request = format!("ws://{authority}/")
         .into_client_request()
         .map_err(to_io)?;
@@ -423,11 +425,8 @@ impl tower::Service<http::Uri> for WsSvidConnector {
             let host = host.trim_start_matches('[').trim_end_matches(']');
             let tcp = TcpStream::connect((host, uri.port_u16().unwrap_or(80))).await?;
             let _ = tcp.set_nodelay(true);
-            let upgrade = tokio_tungstenite::client_async_with_config(
-                request,
-                tcp,
-                Some(this.opts.config()),
-            );
+            let upgrade =
+                tokio_tungstenite::client_async_with_config(request, tcp, Some(this.opts.config()));
             let (ws, _) = tokio::time::timeout(UPGRADE_TIMEOUT, upgrade)
                 .await
                 .map_err(|_| {
@@ -444,7 +443,9 @@ impl tower::Service<http::Uri> for WsSvidConnector {
             let handshake = this.tls.connect(this.server_name.clone(), io);
             let stream = tokio::time::timeout(crate::transport::HANDSHAKE_TIMEOUT, handshake)
                 .await
-                .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out"))??;
+                .map_err(|_| {
+                    io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out")
+                })??;
             Ok(TokioIo::new(stream))
         })
     }
@@ -521,9 +522,10 @@ mod tests {
         let (a, b) = tokio::io::duplex(64 * 1024);
         let server = tokio::spawn(async move { accept(b, &WsOptions::default()).await });
         let mut request = upgrade_request(&"http://p:1".parse().unwrap()).unwrap();
-        request
-            .headers_mut()
-            .insert(http::header::SEC_WEBSOCKET_PROTOCOL, "chat".parse().unwrap());
+        request.headers_mut().insert(
+            http::header::SEC_WEBSOCKET_PROTOCOL,
+            "chat".parse().unwrap(),
+        );
         let client = tokio_tungstenite::client_async(request, a).await;
         match client {
             Err(tungstenite::Error::Http(response)) => {
@@ -578,8 +580,7 @@ mod tests {
             (n.map(|n| buf[..n].to_vec()), server)
         });
         let mut buf = [0u8; 1];
-        let quiet =
-            tokio::time::timeout(Duration::from_secs(60), client.read(&mut buf)).await;
+        let quiet = tokio::time::timeout(Duration::from_secs(60), client.read(&mut buf)).await;
         assert!(quiet.is_err(), "the client's read ended: {quiet:?}");
         client.write_all(b"x").await.unwrap();
         client.flush().await.unwrap();
@@ -590,7 +591,11 @@ mod tests {
         let started = Instant::now();
         let err = server.read(&mut [0u8; 1]).await.unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::TimedOut);
-        assert!(started.elapsed() <= Duration::from_secs(8), "{:?}", started.elapsed());
+        assert!(
+            started.elapsed() <= Duration::from_secs(8),
+            "{:?}",
+            started.elapsed()
+        );
         drop(client);
     }
 
