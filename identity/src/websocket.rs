@@ -253,6 +253,8 @@ fn offers_subprotocol(headers: &http::HeaderMap) -> bool {
 
 /// The server side of the upgrade: reads the request (within [`UPGRADE_TIMEOUT`]), refuses
 /// one without [`SUBPROTOCOL`] (HTTP 400), and answers with it.
+// The callback's error type is tungstenite's (an HTTP response).
+#[allow(clippy::result_large_err)]
 pub async fn accept<S>(stream: S, opts: &WsOptions) -> Result<WsIo<S>, String>
 where
     S: AsyncRead + AsyncWrite + Unpin,
