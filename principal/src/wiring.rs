@@ -15,7 +15,7 @@ use argocd_agent_proto::eventstream::event_stream_server::EventStreamServer;
 use argocd_agent_proto::version::version_server::VersionServer;
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -728,36 +728,17 @@ pub(crate) fn serve(
                 ))),
                 ..Default::default()
             };
+            let incoming = Incoming {
+                listener,
+                tls,
+                options,
+                min_ping,
+            };
             // The source feeds every handshake's certificate: kept while serving.
             if config.websocket {
-                tracing::info!(
-                    subprotocol = argocd_agent_identity::websocket::SUBPROTOCOL,
-                    "agent listener also takes HTTP/1.1 WebSocket upgrades (mTLS inside)"
-                );
-                let incoming = argocd_agent_identity::websocket::tls_incoming_websocket(
-                    listener,
-                    tls,
-                    options,
-                    argocd_agent_identity::websocket::WsOptions::default(),
-                );
-                let incoming = incoming.map(move |r| {
-                    r.map(|s| {
-                        let peer = Some(s.peer().remote_addr);
-                        crate::keepalive::PingGuard::new(s, peer, min_ping)
-                    })
-                });
-                serve_incoming(&tasks, router, incoming, shutdown, source)
+                serve_incoming(&tasks, router, incoming.websocket(), shutdown, source)
             } else {
-                let incoming = argocd_agent_identity::transport::tls_incoming_with_options(
-                    listener, tls, options,
-                );
-                let incoming = incoming.map(move |r| {
-                    r.map(|s| {
-                        let peer = Some(s.peer().remote_addr);
-                        crate::keepalive::PingGuard::new(s, peer, min_ping)
-                    })
-                });
-                serve_incoming(&tasks, router, incoming, shutdown, source)
+                serve_incoming(&tasks, router, incoming.direct(), shutdown, source)
             }
         }
         _ => {
@@ -776,6 +757,66 @@ pub(crate) fn serve(
         }
     };
     Ok(handle)
+}
+
+/// The mTLS agent listener's parts, before it is served directly or also over WebSockets.
+struct Incoming {
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    options: argocd_agent_identity::transport::IncomingOptions,
+    min_ping: Duration,
+}
+
+/// One verified connection as the router takes it.
+type Guarded<IO> =
+    crate::keepalive::PingGuard<argocd_agent_identity::transport::VerifiedStream<IO>>;
+
+impl Incoming {
+    /// TLS straight on TCP.
+    fn direct(
+        self,
+    ) -> impl futures::Stream<Item = std::io::Result<Guarded<TcpStream>>> + Send + 'static {
+        let min_ping = self.min_ping;
+        argocd_agent_identity::transport::tls_incoming_with_options(
+            self.listener,
+            self.tls,
+            self.options,
+        )
+        .map(move |r| r.map(|s| guard(s, min_ping)))
+    }
+
+    /// TLS straight on TCP, or inside a WebSocket (`--enable-websocket`).
+    fn websocket(
+        self,
+    ) -> impl futures::Stream<
+        Item = std::io::Result<Guarded<argocd_agent_identity::websocket::Carrier>>,
+    > + Send
+    + 'static {
+        tracing::info!(
+            subprotocol = argocd_agent_identity::websocket::SUBPROTOCOL,
+            "agent listener also takes HTTP/1.1 WebSocket upgrades (mTLS inside)"
+        );
+        let min_ping = self.min_ping;
+        argocd_agent_identity::websocket::tls_incoming_websocket(
+            self.listener,
+            self.tls,
+            self.options,
+            argocd_agent_identity::websocket::WsOptions::default(),
+        )
+        .map(move |r| r.map(|s| guard(s, min_ping)))
+    }
+}
+
+/// Holds a verified connection's HTTP/2 PINGs to `--keepalive-min-interval`.
+fn guard<IO>(
+    s: argocd_agent_identity::transport::VerifiedStream<IO>,
+    min_ping: Duration,
+) -> Guarded<IO>
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let peer = Some(s.peer().remote_addr);
+    crate::keepalive::PingGuard::new(s, peer, min_ping)
 }
 
 /// Serves `router` on `incoming` on the principal's tasks until `shutdown`, keeping `keep`
