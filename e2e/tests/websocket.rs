@@ -180,7 +180,15 @@ fn pem_source(
 async fn an_agent_syncs_through_an_http11_only_nginx_and_resyncs_after_it_restarts() {
     let mut topo = Topology::start(TopologyOptions {
         principal_args: vec!["--enable-websocket".into()],
-        per_agent_args: vec![(MANAGED, vec!["--enable-websocket".into()])],
+        // Heartbeat events far apart: only pings cross nginx while the stream is quiet.
+        per_agent_args: vec![(
+            MANAGED,
+            vec![
+                "--enable-websocket".into(),
+                "--heartbeat-interval".into(),
+                "60s".into(),
+            ],
+        )],
         ..Default::default()
     })
     .await
@@ -248,7 +256,8 @@ async fn sync_through_nginx(topo: &mut Topology) -> Result<(), HarnessError> {
     })
     .await?;
 
-    // Quiet for longer than nginx's idle timeouts: the stream stays up.
+    // Quiet for longer than nginx's idle timeouts (no heartbeat either): pings keep the
+    // stream up.
     let connects = topo.connect_count(MANAGED);
     tokio::time::sleep(Duration::from_secs(20)).await;
     if topo.connect_count(MANAGED) != connects {
