@@ -99,7 +99,8 @@ pub async fn run(
     };
     tracing::info!(agent = %w.agent_name, hub_namespace = %hub_ns, principal_version = %w.version,
         sent_compressed = %config.compression.map_or("identity".to_string(), |c| c.to_string()),
-        received_compressed = %answered_in, "connected to principal");
+        received_compressed = %answered_in,
+        transport = if config.websocket { "websocket" } else { "http2" }, "connected to principal");
     spoke.queue.requeue_in_flight();
     spoke.after_welcome(hub_ns);
     connected.store(true, Ordering::Relaxed);

@@ -1,5 +1,6 @@
 //! How the agent reaches the principal: SVID mutual TLS pinned to the principal's SPIFFE
-//! ID, plaintext to a local mesh sidecar, or a JWT-SVID bearer token through a
+//! ID (straight on TCP, or inside an HTTP/1.1 WebSocket with `--enable-websocket`),
+//! plaintext to a local mesh sidecar, or a JWT-SVID bearer token through a
 //! TLS-terminating ingress.
 
 use std::sync::Arc;
@@ -96,6 +97,8 @@ pub enum Dialer {
         /// Feeds every handshake's certificate: kept while the agent runs (`None`: the
         /// config holds a fixed SVID, as a simulated agent's does).
         source: Option<SvidSource>,
+        /// The TLS runs inside an HTTP/1.1 WebSocket (`--enable-websocket`).
+        websocket: bool,
     },
     /// Plaintext HTTP/2 to the local mesh sidecar, which does mTLS.
     Plain,
@@ -120,6 +123,24 @@ impl Dialer {
         Dialer::Mtls {
             config,
             source: None,
+            websocket: false,
+        }
+    }
+
+    /// The same dialer with its TLS carried in a WebSocket when `on`
+    /// (`--enable-websocket`); refused for the plaintext transports, whose identity comes
+    /// from the sidecar or the ingress in front of the principal.
+    pub fn over_websocket(self, on: bool) -> Result<Dialer, AgentError> {
+        match self {
+            Dialer::Mtls { config, source, .. } => Ok(Dialer::Mtls {
+                config,
+                source,
+                websocket: on,
+            }),
+            plain if !on => Ok(plain),
+            _ => Err(AgentError::Config(
+                "--enable-websocket carries SVID mutual TLS inside the WebSocket: it needs --creds spiffe".into(),
+            )),
         }
     }
 
@@ -152,6 +173,7 @@ impl Dialer {
                     Dialer::Mtls {
                         config,
                         source: Some(source),
+                        websocket: false,
                     },
                     state.svid.spiffe_id().to_string(),
                 ))
@@ -173,13 +195,31 @@ impl Dialer {
         keepalive: Duration,
     ) -> Result<tonic::transport::Channel, SessionError> {
         match self {
-            Dialer::Mtls { config, .. } => {
+            Dialer::Mtls {
+                config, websocket, ..
+            } => {
                 // SNI only; the principal is authenticated by its SPIFFE ID.
                 let host = server.rsplit_once(':').map_or(server, |(h, _)| h);
                 let opts = ChannelOptions {
                     keepalive_interval: keepalive,
                     ..ChannelOptions::default()
                 };
+                if *websocket {
+                    // WebSocket pings at the keepalive interval keep idle proxies from
+                    // cutting the connection.
+                    let ws = argocd_agent_identity::websocket::WsOptions {
+                        ping_interval: keepalive,
+                        ..Default::default()
+                    };
+                    return Ok(argocd_agent_identity::websocket::connect(
+                        server,
+                        config.clone(),
+                        host,
+                        opts,
+                        ws,
+                    )
+                    .await?);
+                }
                 Ok(
                     argocd_agent_identity::transport::connect(server, config.clone(), host, opts)
                         .await?,

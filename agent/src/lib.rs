@@ -136,6 +136,9 @@ pub struct AgentConfig {
     pub resource_proxy_max_concurrent: usize,
     /// How long one resource proxy request may take (504 after).
     pub resource_proxy_timeout: Duration,
+    /// Reach the principal through an HTTP/1.1 WebSocket, with the SVID mutual TLS inside it
+    /// (`--enable-websocket`; mTLS only): for proxies and load balancers without HTTP/2.
+    pub websocket: bool,
 }
 
 impl Default for AgentConfig {
@@ -170,6 +173,7 @@ impl Default for AgentConfig {
             resource_proxy_max_body: proxy::DEFAULT_MAX_BODY,
             resource_proxy_max_concurrent: proxy::DEFAULT_MAX_CONCURRENT,
             resource_proxy_timeout: proxy::DEFAULT_TIMEOUT,
+            websocket: false,
         }
     }
 }
@@ -203,6 +207,7 @@ pub async fn start(
         .map_err(|e| AgentError::Config(format!("--namespace: {e}")))?;
     let allowed = allowed_namespaces(&config)?;
     let (dialer, source_id) = Dialer::from_transport(&config.transport).await?;
+    let dialer = dialer.over_websocket(config.websocket)?;
     let tasks = TaskTracker::new();
     let client = argocd_agent_kubernetes::client(&config.kube).await?;
     let mut watches = SpokeWatches::start(&client, &config);

@@ -197,6 +197,13 @@ pub struct PrincipalArgs {
         num_args = 0..=1, require_equals = true, default_value = "false",
         default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
     pub enable_compression: bool,
+    /// Also take agents over an HTTP/1.1 WebSocket on the agent listener (same port; the
+    /// SVID mutual TLS runs inside it): for proxies and load balancers without HTTP/2.
+    /// Needs `--auth spiffe`. `--enable-websocket[=true|false]`.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_ENABLE_WEBSOCKET", action = clap::ArgAction::Set,
+        num_args = 0..=1, require_equals = true, default_value = "false",
+        default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    pub enable_websocket: bool,
     /// Close agent connections that send HTTP/2 PINGs more often than this (after two
     /// tolerated strikes; GOAWAY `ENHANCE_YOUR_CALM`, `too_many_pings`). 0: no minimum.
     #[arg(long, env = "ARGOCD_PRINCIPAL_KEEP_ALIVE_MIN_INTERVAL", default_value = "0", value_parser = parse_duration)]
@@ -791,6 +798,14 @@ pub struct AgentArgs {
         num_args = 0..=1, require_equals = true, default_value = "false",
         default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
     pub enable_compression: bool,
+    /// Reach the principal through an HTTP/1.1 WebSocket (`ws://server-address:server-port/`),
+    /// with the SVID mutual TLS inside it: for proxies and load balancers without HTTP/2.
+    /// Needs `--creds spiffe` and a principal with `--enable-websocket`.
+    /// `--enable-websocket[=true|false]`.
+    #[arg(long, env = "ARGOCD_AGENT_ENABLE_WEBSOCKET", action = clap::ArgAction::Set,
+        num_args = 0..=1, require_equals = true, default_value = "false",
+        default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    pub enable_websocket: bool,
     /// With `--enable-compression`: `gzip` (upstream's, any principal decodes it) or `zstd`
     /// (smaller and cheaper; a principal of this project). Also the encoding the agent asks
     /// the principal to answer in.
@@ -936,6 +951,9 @@ impl PrincipalArgs {
                 .ok_or_else(|| format!("--namespace-create-label {l:?}: expected k=v"))?;
             labels.insert(k.to_owned(), v.to_owned());
         }
+        if a.enable_websocket && !matches!(auth, argocd_agent_principal::AuthConfig::Mtls { .. }) {
+            return Err("--enable-websocket carries SVID mutual TLS inside the WebSocket: it needs --auth spiffe".into());
+        }
         let config = argocd_agent_principal::PrincipalConfig {
             listen: SocketAddr::new(a.listen_host, a.listen_port),
             auth,
@@ -965,6 +983,7 @@ impl PrincipalArgs {
             max_message_size: a.max_message_size,
             compression: a.enable_compression,
             keepalive_min_interval: a.keepalive_min_interval,
+            websocket: a.enable_websocket,
             hello_timeout: a.hello_timeout,
             idle_timeout: a.idle_timeout,
             queue: argocd_agent_domain::QueueLimits {
@@ -1035,6 +1054,9 @@ impl AgentArgs {
         } else {
             return Err(format!("unknown --creds {:?}: use spiffe or header:", a.creds).into());
         };
+        if a.enable_websocket && !matches!(transport, argocd_agent_agent::Transport::Mtls { .. }) {
+            return Err("--enable-websocket carries SVID mutual TLS inside the WebSocket: it needs --creds spiffe".into());
+        }
         let config = argocd_agent_agent::AgentConfig {
             mode: a.agent_mode,
             server,
@@ -1053,6 +1075,7 @@ impl AgentArgs {
                 d => d,
             },
             compression: a.enable_compression.then_some(a.compression_algorithm),
+            websocket: a.enable_websocket,
             max_message_size: a.max_message_size,
             metrics_listen: (a.metrics_port != 0).then(|| {
                 SocketAddr::new(a.metrics_host.unwrap_or_else(default_host), a.metrics_port)
@@ -1148,6 +1171,57 @@ mod tests {
         let p = principal(&["--enable-compression", "--keepalive-min-interval", "20s"]);
         assert!(p.enable_compression);
         assert_eq!(p.keepalive_min_interval, Duration::from_secs(20));
+    }
+
+    #[test]
+    fn websocket_flags_need_mutual_tls() {
+        let parse = |argv: &[&str]| Cli::try_parse_from(argv).map(|c| c.command).unwrap();
+        let agent = |args: &[&str]| {
+            let mut argv = vec!["argocd-agent", "agent", "--server-address", "p"];
+            argv.extend_from_slice(args);
+            match parse(&argv) {
+                Command::Agent(a) => a,
+                other => panic!("{other:?}"),
+            }
+        };
+        assert!(!agent(&[]).enable_websocket);
+        let a = agent(&[
+            "--enable-websocket",
+            "--principal-spiffe-id",
+            "spiffe://hub/p",
+        ]);
+        assert!(a.enable_websocket);
+        assert!(a.config().unwrap().websocket);
+        let err = agent(&[
+            "--enable-websocket=true",
+            "--creds",
+            "header",
+            "--insecure-plaintext-any-address",
+        ])
+        .config()
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("needs --creds spiffe"), "{err}");
+        let principal = |args: &[&str]| {
+            let mut argv = vec!["argocd-agent", "principal"];
+            argv.extend_from_slice(args);
+            match parse(&argv) {
+                Command::Principal(p) => p,
+                other => panic!("{other:?}"),
+            }
+        };
+        assert!(!principal(&[]).enable_websocket);
+        assert!(
+            principal(&["--enable-websocket"])
+                .config()
+                .unwrap()
+                .websocket
+        );
+        let err = principal(&["--enable-websocket", "--auth", "header:istio"])
+            .config()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("needs --auth spiffe"), "{err}");
     }
 
     #[test]

@@ -118,9 +118,6 @@ const CIPHERS: &str = "cipher suites are rustls' safe defaults (AEAD with ECDHE 
 const RP_TLS: &str = "the resource proxy serves the principal's SVID or a certificate the \
     principal issues (--resource-proxy-tls svid|issued|auto) and authenticates argocd-server \
     with per-agent tokens in the cluster Secrets";
-const WEBSOCKET: &str = "gRPC over HTTP/2 only (no WebSocket transport): behind an HTTP/1 \
-    proxy, use a mesh or an HTTP/2-capable ingress (--auth jwt-svid behind a TLS-terminating \
-    one)";
 const PPROF: &str = "no pprof endpoint: use /metrics, tracing (--otlp-address) and \
     --log-level debug";
 const FULL_DETAIL: &str = "no full-detail categories: use --log-level with tracing \
@@ -173,7 +170,7 @@ pub const SETTINGS: &[Setting] = &[
     s(P, "jwt-key", Some("ARGOCD_PRINCIPAL_JWT_KEY_PATH"), Some("principal.jwt.key-path"), "", Refused(JWT)),
     s(P, "insecure-jwt-generate", Some("ARGOCD_PRINCIPAL_JWT_ALLOW_GENERATE"), Some("principal.jwt.allow-generate"), "false", Refused(JWT)),
     s(P, "auth", Some("ARGOCD_PRINCIPAL_AUTH"), Some("principal.auth"), "", Same("auth")),
-    s(P, "enable-websocket", Some("ARGOCD_PRINCIPAL_ENABLE_WEBSOCKET"), Some("principal.websocket.enable"), "false", Refused(WEBSOCKET)),
+    s(P, "enable-websocket", Some("ARGOCD_PRINCIPAL_ENABLE_WEBSOCKET"), Some("principal.websocket.enable"), "false", Same("enable_websocket")),
     s(P, "enable-resource-proxy", Some("ARGOCD_PRINCIPAL_ENABLE_RESOURCE_PROXY"), Some("principal.resource-proxy.enable"), "true", Same("enable_resource_proxy")),
     s(P, "resource-proxy-address", Some("ARGOCD_PRINCIPAL_RESOURCE_PROXY_ADDRESS"), None, "argocd-agent-resource-proxy:9090", Same("resource_proxy_address")),
     s(P, "keepalive-min-interval", Some("ARGOCD_PRINCIPAL_KEEP_ALIVE_MIN_INTERVAL"), Some("principal.keep-alive.min-interval"), "0", Same("keepalive_min_interval")),
@@ -243,7 +240,7 @@ pub const SETTINGS: &[Setting] = &[
     fine(s(A, "tls-min-version", Some("ARGOCD_AGENT_TLS_MIN_VERSION"), Some("agent.tls.min-version"), "", Refused(TLS_VERSIONS)), &["tls1.1", "tls1.2"]),
     fine(s(A, "tls-max-version", Some("ARGOCD_AGENT_TLS_MAX_VERSION"), Some("agent.tls.max-version"), "", Refused(TLS_VERSIONS)), &["tls1.3"]),
     s(A, "tls-ciphersuites", Some("ARGOCD_AGENT_TLS_CIPHERSUITES"), Some("agent.tls.ciphersuites"), "", Refused(CIPHERS)),
-    s(A, "enable-websocket", Some("ARGOCD_AGENT_ENABLE_WEBSOCKET"), Some("agent.websocket.enable"), "false", Refused(WEBSOCKET)),
+    s(A, "enable-websocket", Some("ARGOCD_AGENT_ENABLE_WEBSOCKET"), Some("agent.websocket.enable"), "false", Same("enable_websocket")),
     s(A, "metrics-port", Some("ARGOCD_AGENT_METRICS_PORT"), Some("agent.metrics.port"), "8181", Same("metrics_port")),
     s(A, "healthz-port", Some("ARGOCD_AGENT_HEALTH_CHECK_PORT"), Some("agent.healthz.port"), "8001", Same("healthz_port")),
     s(A, "keep-alive-ping-interval", Some("ARGOCD_AGENT_KEEP_ALIVE_PING_INTERVAL"), Some("agent.keep-alive.interval"), "0", Same("keep_alive_ping_interval")),

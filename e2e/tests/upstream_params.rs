@@ -125,7 +125,7 @@ async fn features_we_lack_are_refused_by_their_upstream_names_never_ignored() {
         "ARGOCD_PRINCIPAL_JWT_KEY_PATH".into(),
         "/app/config/jwt/jwt.key".into(),
     );
-    env.insert("ARGOCD_PRINCIPAL_ENABLE_WEBSOCKET".into(), "true".into());
+    env.insert("ARGOCD_PRINCIPAL_PPROF_PORT".into(), "6060".into());
     env.insert("ARGOCD_PRINCIPAL_REDIS_TLS_ENABLED".into(), "true".into());
     env.insert("ARGOCD_PRINCIPAL_REDIS_CA_PATH".into(), "".into());
     let (code, stderr) = run("principal", &env).await;
@@ -135,7 +135,7 @@ async fn features_we_lack_are_refused_by_their_upstream_names_never_ignored() {
     for needle in [
         "ARGOCD_PRINCIPAL_TLS_SECRET_NAME (params key principal.tls.secret-name)=my-principal-tls: TLS comes from SPIFFE X.509-SVIDs",
         "ARGOCD_PRINCIPAL_JWT_KEY_PATH (params key principal.jwt.key-path)=/app/config/jwt/jwt.key: the principal issues no tokens",
-        "ARGOCD_PRINCIPAL_ENABLE_WEBSOCKET (params key principal.websocket.enable)=true: gRPC over HTTP/2 only",
+        "ARGOCD_PRINCIPAL_PPROF_PORT (params key principal.pprof.port)=6060: no pprof endpoint",
         "redis TLS on without --redis-ca-path",
     ] {
         assert!(

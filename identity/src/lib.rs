@@ -13,6 +13,7 @@ pub mod source;
 pub mod svid;
 pub mod tls;
 pub mod transport;
+pub mod websocket;
 
 pub use id::IdError;
 pub use id::{SpiffeId, TrustDomain};

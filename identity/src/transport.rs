@@ -59,21 +59,22 @@ pub struct VerifiedPeer {
 }
 
 /// A server-side TLS connection whose client presented a verified SVID (and sent the HTTP/2
-/// client preface, which reads replay first).
-pub struct VerifiedStream {
-    inner: tokio_rustls::server::TlsStream<TcpStream>,
+/// client preface, which reads replay first). `IO` is what the TLS runs on: TCP, or the
+/// WebSocket tunnel of [`crate::websocket`].
+pub struct VerifiedStream<IO = TcpStream> {
+    inner: tokio_rustls::server::TlsStream<IO>,
     peer: VerifiedPeer,
     /// Bytes already read from `inner` (the preface) that reads return before `inner`'s.
     prefix: Vec<u8>,
     prefix_pos: usize,
 }
 
-impl VerifiedStream {
+impl<IO: AsyncRead + AsyncWrite + Unpin> VerifiedStream<IO> {
     /// Reads the client's identity from a completed handshake; `None` if the session has no
     /// verified client certificate or its leaf is not an SVID (the verifier should already
     /// have refused such a client).
     fn new(
-        inner: tokio_rustls::server::TlsStream<TcpStream>,
+        inner: tokio_rustls::server::TlsStream<IO>,
         remote_addr: SocketAddr,
     ) -> Result<Self, PeerError> {
         let chain: Vec<CertificateDer<'static>> = inner
@@ -133,7 +134,7 @@ impl VerifiedStream {
     }
 }
 
-impl tonic::transport::server::Connected for VerifiedStream {
+impl<IO> tonic::transport::server::Connected for VerifiedStream<IO> {
     type ConnectInfo = VerifiedPeer;
 
     fn connect_info(&self) -> Self::ConnectInfo {
@@ -141,7 +142,7 @@ impl tonic::transport::server::Connected for VerifiedStream {
     }
 }
 
-impl AsyncRead for VerifiedStream {
+impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for VerifiedStream<IO> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -159,7 +160,7 @@ impl AsyncRead for VerifiedStream {
     }
 }
 
-impl AsyncWrite for VerifiedStream {
+impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for VerifiedStream<IO> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -275,12 +276,14 @@ pub struct IncomingOptions {
 
 /// Reasons [`IncomingOptions::on_refused`] is called with: the TLS handshake took longer
 /// than [`HANDSHAKE_TIMEOUT`], failed, gave no usable SVID, or no HTTP/2 client preface
-/// followed in time.
-pub const REFUSED_REASONS: [&str; 4] = [
+/// followed in time; or (with `--enable-websocket`) the WebSocket upgrade the TLS runs in
+/// failed or took too long.
+pub const REFUSED_REASONS: [&str; 5] = [
     "HandshakeTimeout",
     "HandshakeFailed",
     "NoUsableSvid",
     "NoPreface",
+    "WebSocketRefused",
 ];
 
 /// A callback told why a connection was dropped before its first request.
@@ -309,6 +312,33 @@ pub fn tls_incoming_with_options(
     config: Arc<rustls::ServerConfig>,
     opts: IncomingOptions,
 ) -> impl Stream<Item = Result<VerifiedStream, io::Error>> + Send + 'static {
+    incoming_with(
+        listener,
+        config,
+        opts,
+        |tcp, _remote| async move { Ok(tcp) },
+    )
+}
+
+/// What a connection is turned into before its TLS handshake: the byte stream the TLS runs
+/// on, or the refusal reason (for [`IncomingOptions::on_refused`]) and a message.
+pub type Prepared<IO> = Result<IO, (&'static str, String)>;
+
+/// The accept loop of [`tls_incoming_with_options`], with a step between the TCP accept and
+/// the TLS handshake (`prepare`: e.g. a WebSocket upgrade the TLS then runs inside). The
+/// handshake slot is held from the accept through `prepare` and the TLS handshake;
+/// `prepare` must bound its own time.
+pub fn incoming_with<IO, F, Fut>(
+    listener: TcpListener,
+    config: Arc<rustls::ServerConfig>,
+    opts: IncomingOptions,
+    prepare: F,
+) -> impl Stream<Item = Result<VerifiedStream<IO>, io::Error>> + Send + 'static
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    F: Fn(TcpStream, SocketAddr) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Prepared<IO>> + Send + 'static,
+{
     let IncomingOptions {
         max_handshakes,
         preface_timeout,
@@ -322,6 +352,7 @@ pub fn tls_incoming_with_options(
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     let acceptor = TlsAcceptor::from(config);
     let permits = Arc::new(Semaphore::new(max_handshakes.max(1)));
+    let prepare = Arc::new(prepare);
     tokio::spawn(async move {
         loop {
             // Wait for a handshake slot before accepting: excess connections wait in the
@@ -350,48 +381,70 @@ pub fn tls_incoming_with_options(
             let acceptor = acceptor.clone();
             let tx = tx.clone();
             let refused = refused.clone();
+            let prepare = prepare.clone();
             tokio::spawn(async move {
-                let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await;
-                // The slot is for the handshake only, not for waiting on the client.
-                drop(permit);
-                let mut stream = match handshake {
-                    Ok(Ok(tls)) => match VerifiedStream::new(tls, remote) {
-                        Ok(stream) => stream,
-                        Err(e) => {
-                            tracing::warn!(remote = %remote, error = %e, "TLS client without a usable SVID dropped");
-                            refused("NoUsableSvid");
-                            return;
-                        }
-                    },
-                    Ok(Err(e)) => {
-                        tracing::warn!(remote = %remote, error = %e, "TLS handshake failed");
-                        refused("HandshakeFailed");
-                        return;
-                    }
-                    Err(_) => {
-                        tracing::warn!(remote = %remote, "TLS handshake timed out after {HANDSHAKE_TIMEOUT:?}");
-                        refused("HandshakeTimeout");
+                let io = match prepare(tcp, remote).await {
+                    Ok(io) => io,
+                    Err((reason, message)) => {
+                        tracing::warn!(remote = %remote, error = %message, "connection refused before TLS");
+                        refused(reason);
                         return;
                     }
                 };
-                // The client's ID is verified by now; dropping the stream closes the connection.
-                match tokio::time::timeout(preface_timeout, stream.read_preface()).await {
-                    Ok(Ok(())) => {
-                        let _ = tx.send(Ok(stream)).await;
-                    }
-                    Ok(Err(e)) => {
-                        tracing::warn!(remote = %remote, client = %stream.peer.id, error = %e, "TLS client closed: no HTTP/2 client preface");
-                        refused("NoPreface");
-                    }
-                    Err(_) => {
-                        tracing::warn!(remote = %remote, client = %stream.peer.id, "TLS client closed: no HTTP/2 client preface within {preface_timeout:?}");
-                        refused("NoPreface");
-                    }
+                let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(io)).await;
+                // The slot is for the handshake only, not for waiting on the client.
+                drop(permit);
+                if let Some(stream) = verify(handshake, remote, preface_timeout, &refused).await {
+                    let _ = tx.send(Ok(stream)).await;
                 }
             });
         }
     });
     ReceiverStream::new(rx)
+}
+
+/// The client of a finished handshake, then its HTTP/2 client preface within
+/// `preface_timeout`; `None` (logged, and counted through `refused`) when either is missing.
+async fn verify<IO: AsyncRead + AsyncWrite + Unpin>(
+    handshake: Result<io::Result<tokio_rustls::server::TlsStream<IO>>, tokio::time::error::Elapsed>,
+    remote: SocketAddr,
+    preface_timeout: Duration,
+    refused: &impl Fn(&'static str),
+) -> Option<VerifiedStream<IO>> {
+    let mut stream = match handshake {
+        Ok(Ok(tls)) => match VerifiedStream::new(tls, remote) {
+            Ok(stream) => stream,
+            Err(e) => {
+                tracing::warn!(remote = %remote, error = %e, "TLS client without a usable SVID dropped");
+                refused("NoUsableSvid");
+                return None;
+            }
+        },
+        Ok(Err(e)) => {
+            tracing::warn!(remote = %remote, error = %e, "TLS handshake failed");
+            refused("HandshakeFailed");
+            return None;
+        }
+        Err(_) => {
+            tracing::warn!(remote = %remote, "TLS handshake timed out after {HANDSHAKE_TIMEOUT:?}");
+            refused("HandshakeTimeout");
+            return None;
+        }
+    };
+    // The client's ID is verified by now; dropping the stream closes the connection.
+    match tokio::time::timeout(preface_timeout, stream.read_preface()).await {
+        Ok(Ok(())) => Some(stream),
+        Ok(Err(e)) => {
+            tracing::warn!(remote = %remote, client = %stream.peer.id, error = %e, "TLS client closed: no HTTP/2 client preface");
+            refused("NoPreface");
+            None
+        }
+        Err(_) => {
+            tracing::warn!(remote = %remote, client = %stream.peer.id, "TLS client closed: no HTTP/2 client preface within {preface_timeout:?}");
+            refused("NoPreface");
+            None
+        }
+    }
 }
 
 /// A tower connector that dials TCP to the URI's host and port and runs the TLS handshake
@@ -447,7 +500,7 @@ impl tower::Service<http::Uri> for SvidConnector {
     }
 }
 
-fn endpoint(
+pub(crate) fn endpoint(
     addr: &str,
     opts: &ChannelOptions,
 ) -> Result<tonic::transport::Endpoint, TransportError> {

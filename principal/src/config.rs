@@ -153,6 +153,10 @@ pub struct PrincipalConfig {
     /// The shortest interval allowed between an agent's HTTP/2 PINGs
     /// (`--keepalive-min-interval`; zero: no minimum); see [`crate::keepalive`].
     pub keepalive_min_interval: Duration,
+    /// Also take agents whose connection comes as an HTTP/1.1 WebSocket upgrade, with the
+    /// same SVID mutual TLS inside it, on the agent listener (`--enable-websocket`; mTLS
+    /// only); see [`argocd_agent_identity::websocket`].
+    pub websocket: bool,
     /// The Redis proxy in front of argocd-server (`None`: off).
     pub redis_proxy: Option<crate::redisproxy::RedisProxyConfig>,
     /// The resource proxy argocd-server uses as each agent's cluster (`None`: off).
@@ -194,6 +198,7 @@ impl Default for PrincipalConfig {
             max_concurrent_streams: 16,
             compression: false,
             keepalive_min_interval: Duration::ZERO,
+            websocket: false,
             redis_proxy: None,
             resource_proxy: None,
             ha: None,

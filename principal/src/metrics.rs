@@ -221,7 +221,7 @@ impl AgentLabels {
 /// Reasons streams (and admin calls: `NotAdmin`) are refused at authentication or mapping
 /// (`argocd_principal_auth_failures`),
 /// exported at zero from the start so rates and alerts work before the first failure.
-pub const AUTH_FAILURE_REASONS: [&str; 18] = [
+pub const AUTH_FAILURE_REASONS: [&str; 19] = [
     "NoPeerIdentity",
     "IdentityHeaderOnMtls",
     "IdentityHeaderOnJwt",
@@ -242,6 +242,7 @@ pub const AUTH_FAILURE_REASONS: [&str; 18] = [
     "HandshakeFailed",
     "NoUsableSvid",
     "NoPreface",
+    "WebSocketRefused",
 ];
 
 /// Reasons inbound events are refused (`argocd_principal_events_refused`), exported at zero

@@ -15,7 +15,7 @@ use argocd_agent_proto::eventstream::event_stream_server::EventStreamServer;
 use argocd_agent_proto::version::version_server::VersionServer;
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -725,9 +725,7 @@ fn grpc_router(
     rules: Arc<LiveRules>,
     sessions: SessionContext,
     tunnels: Arc<tunnel::Tunnels>,
-) -> tonic::transport::server::Router<
-    tower::layer::util::Stack<crate::server::AnswerCompression, tower::layer::util::Identity>,
-> {
+) -> AgentRouter {
     let metrics = sessions.hub.metrics.clone();
     let admin = argocd_agent_proto::admin::admin_server::AdminServer::new(admin::AdminService {
         sessions: sessions.hub.sessions.clone(),
@@ -779,8 +777,13 @@ fn grpc_router(
         .add_service(VersionServer::new(VersionService))
 }
 
-/// Serves gRPC on `listener` (TLS with SVIDs, or plaintext behind a mesh or ingress) until
-/// `shutdown`.
+/// The agent listener's router.
+type AgentRouter = tonic::transport::server::Router<
+    tower::layer::util::Stack<crate::server::AnswerCompression, tower::layer::util::Identity>,
+>;
+
+/// Serves gRPC on `listener` (TLS with SVIDs, also inside WebSockets with
+/// `--enable-websocket`, or plaintext behind a mesh or ingress) until `shutdown`.
 pub(crate) fn serve(
     w: Wiring,
     listener: TcpListener,
@@ -798,6 +801,7 @@ pub(crate) fn serve(
     // Connections dropped before their first request count as auth failures.
     let metrics = sessions.hub.metrics.clone();
     let router = grpc_router(&config, &auth, rules, sessions, tunnels);
+    let min_ping = config.keepalive_min_interval;
     let handle = match (&config.auth, auth.svid) {
         (config::AuthConfig::Mtls { trust_domains, .. }, Some(source)) => {
             let policy = if trust_domains.is_empty() {
@@ -807,50 +811,129 @@ pub(crate) fn serve(
             };
             let tls = argocd_agent_identity::tls::server_config(&source, policy)
                 .map_err(PrincipalError::Tls)?;
-            let incoming = argocd_agent_identity::transport::tls_incoming_with_options(
+            let options = argocd_agent_identity::transport::IncomingOptions {
+                max_handshakes: config.max_concurrent_handshakes,
+                on_refused: Some(argocd_agent_identity::transport::RefusedHook(Arc::new(
+                    move |reason| metrics.auth_failed(reason),
+                ))),
+                ..Default::default()
+            };
+            let incoming = Incoming {
                 listener,
                 tls,
-                argocd_agent_identity::transport::IncomingOptions {
-                    max_handshakes: config.max_concurrent_handshakes,
-                    on_refused: Some(argocd_agent_identity::transport::RefusedHook(Arc::new(
-                        move |reason| metrics.auth_failed(reason),
-                    ))),
-                    ..Default::default()
-                },
-            );
-            let min_ping = config.keepalive_min_interval;
-            let incoming = incoming.map(move |r| {
-                r.map(|s| {
-                    let peer = Some(s.peer().remote_addr);
-                    crate::keepalive::PingGuard::new(s, peer, min_ping)
-                })
-            });
-            tasks.spawn(async move {
-                // The source feeds every handshake's certificate: keep it while serving.
-                let _keep = source;
-                router
-                    .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
-                    .await
-                    .map_err(PrincipalError::from)
-            })
+                options,
+                min_ping,
+            };
+            // The source feeds every handshake's certificate: kept while serving.
+            if config.websocket {
+                serve_incoming(&tasks, router, incoming.websocket(), shutdown, source)
+            } else {
+                serve_incoming(&tasks, router, incoming.direct(), shutdown, source)
+            }
         }
         _ => {
-            let min_ping = config.keepalive_min_interval;
+            if config.websocket {
+                return Err(PrincipalError::Config(
+                    "--enable-websocket carries SVID mutual TLS inside the WebSocket: it needs --auth spiffe (mTLS)".into(),
+                ));
+            }
             let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener).map(move |r| {
                 r.map(|s| {
                     let peer = s.peer_addr().ok();
                     crate::keepalive::PingGuard::new(s, peer, min_ping)
                 })
             });
-            tasks.spawn(async move {
-                router
-                    .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
-                    .await
-                    .map_err(PrincipalError::from)
-            })
+            serve_incoming(&tasks, router, incoming, shutdown, ())
         }
     };
     Ok(handle)
+}
+
+/// The mTLS agent listener's parts, before it is served directly or also over WebSockets.
+struct Incoming {
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    options: argocd_agent_identity::transport::IncomingOptions,
+    min_ping: Duration,
+}
+
+/// One verified connection as the router takes it.
+type Guarded<IO> =
+    crate::keepalive::PingGuard<argocd_agent_identity::transport::VerifiedStream<IO>>;
+
+impl Incoming {
+    /// TLS straight on TCP.
+    fn direct(
+        self,
+    ) -> impl futures::Stream<Item = std::io::Result<Guarded<TcpStream>>> + Send + 'static {
+        let min_ping = self.min_ping;
+        argocd_agent_identity::transport::tls_incoming_with_options(
+            self.listener,
+            self.tls,
+            self.options,
+        )
+        .map(move |r| r.map(|s| guard(s, min_ping)))
+    }
+
+    /// TLS straight on TCP, or inside a WebSocket (`--enable-websocket`).
+    fn websocket(
+        self,
+    ) -> impl futures::Stream<
+        Item = std::io::Result<Guarded<argocd_agent_identity::websocket::Carrier>>,
+    > + Send
+    + 'static {
+        tracing::info!(
+            subprotocol = argocd_agent_identity::websocket::SUBPROTOCOL,
+            "agent listener also takes HTTP/1.1 WebSocket upgrades (mTLS inside)"
+        );
+        let min_ping = self.min_ping;
+        argocd_agent_identity::websocket::tls_incoming_websocket(
+            self.listener,
+            self.tls,
+            self.options,
+            argocd_agent_identity::websocket::WsOptions::default(),
+        )
+        .map(move |r| r.map(|s| guard(s, min_ping)))
+    }
+}
+
+/// Holds a verified connection's HTTP/2 PINGs to `--keepalive-min-interval`.
+fn guard<IO>(
+    s: argocd_agent_identity::transport::VerifiedStream<IO>,
+    min_ping: Duration,
+) -> Guarded<IO>
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let peer = Some(s.peer().remote_addr);
+    crate::keepalive::PingGuard::new(s, peer, min_ping)
+}
+
+/// Serves `router` on `incoming` on the principal's tasks until `shutdown`, keeping `keep`
+/// (the SVID source of a TLS listener) while serving.
+fn serve_incoming<IO, K>(
+    tasks: &TaskTracker,
+    router: AgentRouter,
+    incoming: impl futures::Stream<Item = Result<IO, std::io::Error>> + Send + 'static,
+    shutdown: CancellationToken,
+    keep: K,
+) -> tokio::task::JoinHandle<Result<(), PrincipalError>>
+where
+    IO: tokio::io::AsyncRead
+        + tokio::io::AsyncWrite
+        + tonic::transport::server::Connected
+        + Unpin
+        + Send
+        + 'static,
+    K: Send + 'static,
+{
+    tasks.spawn(async move {
+        let _keep = keep;
+        router
+            .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
+            .await
+            .map_err(PrincipalError::from)
+    })
 }
 
 #[cfg(test)]
