@@ -65,7 +65,9 @@ async fn a_password_protected_hub_redis_is_protected_through_the_proxy() {
             hub_redis.addr(),
         ],
         // Argo CD's variable, as argocd-server reads it from the argocd-redis Secret.
-        envs: vec![("REDIS_PASSWORD".into(), PASSWORD.into())],
+        // Argo CD's variable, on the principal only: an agent reads REDIS_PASSWORD too (as
+        // upstream's does) for its own cluster's Redis, which has no password here.
+        principal_envs: vec![("REDIS_PASSWORD".into(), PASSWORD.into())],
         agent_args: vec!["--cache-refresh-interval".into(), "1s".into()],
         per_agent_args: vec![(MANAGED, vec!["--redis-addr".into(), spoke_redis.addr()])],
         ..Default::default()

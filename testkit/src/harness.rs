@@ -364,6 +364,8 @@ pub struct TopologyOptions {
     pub rules_file: Option<PathBuf>,
     /// Extra environment variables for the principal and every agent.
     pub envs: Vec<(String, String)>,
+    /// Extra environment variables for the principal only (after `envs`).
+    pub principal_envs: Vec<(String, String)>,
     /// Extra arguments for one agent (by name), after `agent_args`.
     pub per_agent_args: Vec<(&'static str, Vec<String>)>,
     /// Resource types the spokes' API servers serve besides the defaults (e.g. batch Jobs).
@@ -879,6 +881,9 @@ impl Topology {
             pargs,
             dir.join("principal.log"),
         ));
+        for (k, v) in &opts.principal_envs {
+            principal = principal.env(k, v);
+        }
         principal.start()?;
         wait_port(principal_addr).await?;
 
