@@ -97,10 +97,7 @@ pub async fn run(
         r = open(spoke, dialer, config) => r?,
         _ = shutdown.cancelled() => return Ok(()),
     };
-    tracing::info!(agent = %w.agent_name, hub_namespace = %hub_ns, principal_version = %w.version,
-        sent_compressed = %config.compression.map_or("identity".to_string(), |c| c.to_string()),
-        received_compressed = %answered_in,
-        transport = if config.websocket { "websocket" } else { "http2" }, "connected to principal");
+    log_connected(config, &w, &hub_ns, &answered_in);
     spoke.queue.requeue_in_flight();
     spoke.after_welcome(hub_ns);
     connected.store(true, Ordering::Relaxed);
@@ -160,6 +157,15 @@ pub async fn run(
     }
     finish(tx, inbound).await;
     Ok(())
+}
+
+/// The log line of a connection just welcomed: who we are to the principal, and how the
+/// stream travels (compression each way, HTTP/2 or WebSocket).
+fn log_connected(config: &AgentConfig, w: &Welcome, hub_ns: &Namespace, answered_in: &str) {
+    tracing::info!(agent = %w.agent_name, hub_namespace = %hub_ns, principal_version = %w.version,
+        sent_compressed = %config.compression.map_or("identity".to_string(), |c| c.to_string()),
+        received_compressed = %answered_in,
+        transport = if config.websocket { "websocket" } else { "http2" }, "connected to principal");
 }
 
 /// Clears the spoke's channel for late answers when the session ends, however it ends.

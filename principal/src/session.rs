@@ -412,20 +412,7 @@ async fn resync(
         state.queue.requeue_in_flight();
         match mode {
             AgentMode::Managed => {
-                let app_uids = agent_uids
-                    .get(&ResourceKind::Application)
-                    .cloned()
-                    .unwrap_or_default();
-                hub.apps.resync_managed(state, &app_checksums, &app_uids);
-                let children = resync::from_state(
-                    resync::CHILD_APPLICATION_KIND,
-                    hello.state.as_ref().unwrap_or(&Default::default()),
-                );
-                hub.apps
-                    .resync_children(state, hello.state.is_some().then_some(&children))
-                    .await;
-                hub.config
-                    .resync_config(state, &agent_checksums, &agent_uids);
+                resync_managed(hub, state, hello, &agent_checksums, &agent_uids).await;
             }
             AgentMode::Autonomous => {
                 let projects = agent_checksums
@@ -469,6 +456,34 @@ async fn resync(
         })
         .observe(resync_started.elapsed().as_secs_f64());
     Ok(true)
+}
+
+/// Resync of a managed agent: its Applications (the hub is the source), the hub copies of
+/// its spoke-authored children its hello no longer lists, and its configuration objects.
+async fn resync_managed(
+    hub: &Hub,
+    state: &AgentState,
+    hello: &Hello,
+    agent_checksums: &BTreeMap<ResourceKind, Checksums>,
+    agent_uids: &BTreeMap<ResourceKind, SourceUids>,
+) {
+    let app_checksums = agent_checksums
+        .get(&ResourceKind::Application)
+        .cloned()
+        .unwrap_or_default();
+    let app_uids = agent_uids
+        .get(&ResourceKind::Application)
+        .cloned()
+        .unwrap_or_default();
+    hub.apps.resync_managed(state, &app_checksums, &app_uids);
+    let children = resync::from_state(
+        resync::CHILD_APPLICATION_KIND,
+        hello.state.as_ref().unwrap_or(&Default::default()),
+    );
+    hub.apps
+        .resync_children(state, hello.state.is_some().then_some(&children))
+        .await;
+    hub.config.resync_config(state, agent_checksums, agent_uids);
 }
 
 /// A registered, resynced session exchanging events with its agent.

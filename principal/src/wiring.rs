@@ -618,18 +618,9 @@ async fn start_resource_proxy(
     .map_err(proxy_err)?;
     let tls = resourceproxy::tls::server_config(serving.cert.clone())
         .map_err(|e| PrincipalError::Config(format!("resource proxy TLS: {e}")))?;
-    let secrets = rp.self_cluster_registration.then(|| {
-        let secrets = clustersecret::ClusterSecrets::new(
-            w.client.clone(),
-            argocd_namespace,
-            keys.clone(),
-            rp.clone(),
-            serving.ca_pem.clone(),
-            w.partition.clone(),
-        );
-        tasks.spawn(secrets.clone().refresh(shutdown.clone()));
-        secrets
-    });
+    let secrets = rp
+        .self_cluster_registration
+        .then(|| start_cluster_secrets(w, &rp, keys.clone(), serving.ca_pem.clone()));
     let url = rp.url.clone();
     let forwarder = leases.map(|leases| {
         leases.set_resource_proxy_url(&rp.replica_url);
@@ -654,6 +645,25 @@ async fn start_resource_proxy(
     tracing::info!(%addr, url = %rp.url, replica_url = %rp.replica_url, tls = serving.mode,
         self_registration = rp.self_cluster_registration, "resource proxy listening");
     Ok((addr, url, secrets))
+}
+
+/// Self-registration: the keeper of the agents' cluster Secrets, refreshing until shutdown.
+fn start_cluster_secrets(
+    w: &Wiring,
+    rp: &resourceproxy::ResourceProxyConfig,
+    keys: Arc<resourceproxy::credentials::ProxyKeys>,
+    ca_pem: tokio::sync::watch::Receiver<String>,
+) -> Arc<clustersecret::ClusterSecrets> {
+    let secrets = clustersecret::ClusterSecrets::new(
+        w.client.clone(),
+        w.config.argocd_namespace.as_str(),
+        keys,
+        rp.clone(),
+        ca_pem,
+        w.partition.clone(),
+    );
+    w.tasks.spawn(secrets.clone().refresh(w.shutdown.clone()));
+    secrets
 }
 
 /// The resource proxy's configuration with its URLs filled in: without a configured URL,
