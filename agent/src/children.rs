@@ -118,6 +118,11 @@ impl Spoke {
         let name = name_of(obj);
         if deleted || argocd_agent_kubernetes::is_sync_ignored(obj) {
             self.unpublish_child(&name);
+            // Nothing waits for a parent on its behalf any more.
+            self.children().waiting.retain(|_, names| {
+                names.remove(&name);
+                !names.is_empty()
+            });
             return;
         }
         match self.parent_of(obj, &self.tracking()) {
