@@ -32,7 +32,15 @@ pub enum ScenarioArg {
     /// --agents-per-project agents) over N agents; --changes project changes one at a time:
     /// time until every matched agent holds it, principal CPU per change.
     Projects,
-    /// No run: draw --plot from the connect rows already in --json (cost growth).
+    /// --apps-per-agent Applications per agent on the hub over N agents: principal RSS per
+    /// Application, start until ready with them all, kill -9 storm with them on the hub.
+    BigHub,
+    /// One real agent process with --spoke-apps Applications on its spoke: agent RSS and
+    /// idle CPU, resync after a link outage and after a principal restart, apply latency of
+    /// --changes changes at --rate per second.
+    BigSpoke,
+    /// No run: draw --plot from the connect, big-hub and big-spoke rows already in --json
+    /// (cost growth).
     Plot,
 }
 
@@ -48,6 +56,8 @@ impl ScenarioArg {
             ScenarioArg::Bulk => Scenario::Bulk,
             ScenarioArg::Failover => Scenario::Failover,
             ScenarioArg::Projects => Scenario::Projects,
+            ScenarioArg::BigHub => Scenario::BigHub,
+            ScenarioArg::BigSpoke => Scenario::BigSpoke,
             ScenarioArg::Plot => return None,
         })
     }
@@ -88,8 +98,9 @@ pub struct BenchArgs {
     /// Append the result as one JSON line to this file.
     #[arg(long)]
     json: Option<PathBuf>,
-    /// After the run, draw the cost-growth plot (PNG) of every `connect` row in --json:
-    /// principal RSS and idle CPU against connected agents, next to their targets.
+    /// After the run, draw the cost-growth plot (PNG) of the rows in --json: principal RSS
+    /// and idle CPU against connected agents (connect), principal RSS against Applications
+    /// on the hub (big-hub), agent RSS against Applications on its spoke (big-spoke).
     #[arg(long, requires = "json")]
     plot: Option<PathBuf>,
     /// TrueType font for the plot's text (default: DejaVu Sans or Liberation Sans from the
@@ -111,6 +122,16 @@ pub struct BenchArgs {
     /// Agents each project matches (projects).
     #[arg(long, default_value_t = 10)]
     agents_per_project: usize,
+    /// Applications per agent on the hub (big-hub; at least 2: the run compares one per
+    /// agent with this many).
+    #[arg(long, default_value_t = 10)]
+    apps_per_agent: usize,
+    /// Applications on the agent's spoke (big-spoke).
+    #[arg(long, default_value_t = 10_000)]
+    spoke_apps: usize,
+    /// Changes per second while apply latency is measured (big-spoke).
+    #[arg(long, default_value_t = 20.0)]
+    rate: f64,
     /// Extra principal argument (repeat), e.g. --principal-arg=--kube-qps=200.
     #[arg(long = "principal-arg", allow_hyphen_values = true)]
     principal_args: Vec<String>,
@@ -132,7 +153,17 @@ pub async fn run(a: BenchArgs) -> crate::CmdResult {
         wire_bytes: a.wire_bytes,
         projects: a.projects.max(1),
         agents_per_project: a.agents_per_project.max(1),
+        apps_per_agent: a.apps_per_agent.max(2),
+        spoke_apps: a.spoke_apps.max(1),
+        rate: a.rate,
     };
+    if !(a.rate.is_finite() && a.rate > 0.0) {
+        return Err(format!(
+            "--rate must be a positive number of changes per second, not {}",
+            a.rate
+        )
+        .into());
+    }
     if let Some(scenario) = a.scenario.scenario() {
         let report = bench::run(scenario, &opts)
             .await
@@ -150,17 +181,18 @@ pub async fn run(a: BenchArgs) -> crate::CmdResult {
     Ok(())
 }
 
-/// Draws the `connect` rows of `json` into `png`.
+/// Draws the `connect`, `big-hub` and `big-spoke` rows of `json` into `png`.
 fn plot(json: &Path, png: &Path, font: Option<&Path>) -> crate::CmdResult {
     let text = std::fs::read_to_string(json).map_err(|e| format!("{}: {e}", json.display()))?;
-    let points =
-        bench::plot::connect_points(&text).map_err(|e| format!("{}: {e}", json.display()))?;
+    let data = bench::plot::plot_data(&text).map_err(|e| format!("{}: {e}", json.display()))?;
     let font = bench::plot::find_font(font).map_err(|e| e.to_string())?;
-    bench::plot::draw_connect_png(&points, &font, png).map_err(|e| e.to_string())?;
+    bench::plot::draw_png(&data, &font, png).map_err(|e| e.to_string())?;
     println!(
-        "plot: {} ({} connect runs from {})",
+        "plot: {} ({} connect runs, {} hub and {} spoke points from {})",
         png.display(),
-        points.len(),
+        data.connect.len(),
+        data.hub.len(),
+        data.spoke.len(),
         json.display()
     );
     Ok(())

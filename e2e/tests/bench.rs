@@ -233,3 +233,91 @@ async fn cli_connect_runs_and_plot() {
         .unwrap();
     assert!(!out.status.success());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn big_hub_smoke() {
+    let o = BenchOptions {
+        apps_per_agent: 4,
+        ..opts()
+    };
+    let r = bench::run(Scenario::BigHub, &o)
+        .await
+        .unwrap_or_else(|e| panic!("bench big-hub: {e}"));
+    eprint!("{}", r.table());
+    // Both storms ended with every agent holding all its Applications at the revision
+    // written while the principal was down (checked inside the scenario).
+    assert_eq!(num(&r, "apps_small"), 12.0);
+    assert_eq!(num(&r, "apps"), 48.0);
+    assert!(num(&r, "storm_resynced_s") >= num(&r, "storm_reconnected_s"));
+    assert!(num(&r, "storm_reconnected_s") >= num(&r, "storm_ready_s"));
+    assert!(num(&r, "ready_cold_s") > 0.0);
+    assert!(num(&r, "rss_settled_mib") > 0.0 && num(&r, "rss_cold_mib") > 0.0);
+    get(&r, "settled_bytes_per_app");
+    get(&r, "cold_bytes_per_app");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn big_spoke_smoke() {
+    let o = BenchOptions {
+        spoke_apps: 150,
+        changes: 20,
+        rate: 20.0,
+        duration: Duration::from_secs(2),
+        ..opts()
+    };
+    let r = bench::run(Scenario::BigSpoke, &o)
+        .await
+        .unwrap_or_else(|e| panic!("bench big-spoke: {e}"));
+    eprint!("{}", r.table());
+    // One real agent filled its spoke, came back after an outage and after a principal
+    // restart with the changes made meanwhile, and applied every streamed change (each
+    // waited for inside the scenario).
+    assert_eq!(num(&r, "apps"), 150.0);
+    assert_eq!(num(&r, "resync_changes"), 1.0);
+    assert_eq!(num(&r, "stream_changes"), 20.0);
+    assert!(num(&r, "outage_resynced_s") >= num(&r, "outage_reconnect_s"));
+    assert!(num(&r, "restart_resynced_s") >= num(&r, "restart_ready_s"));
+    assert!(num(&r, "apply_max_ms") >= num(&r, "apply_p99_ms"));
+    assert!(num(&r, "agent_rss_mib") > 0.0);
+}
+
+/// `bench plot` draws the Application charts from big-hub and big-spoke rows alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_plot_draws_application_rows() {
+    let ctl = argocd_agent_testkit::harness::binary("argocd-agent-dev").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (json, png) = (dir.path().join("bench.jsonl"), dir.path().join("cost.png"));
+    std::fs::write(
+        &json,
+        concat!(
+            r#"{"scenario":"big-hub","agents":10,"apps_small":10,"apps":40,"rss_cold_small_mib":20.5,"rss_cold_mib":21.0,"rss_settled_small_mib":22.0,"rss_settled_mib":22.5}"#,
+            "\n",
+            r#"{"scenario":"big-spoke","apps":150,"agent_rss_empty_mib":15.0,"agent_rss_mib":17.5}"#,
+            "\n"
+        ),
+    )
+    .unwrap();
+    let out = tokio::process::Command::new(&ctl)
+        .args(["bench", "plot", "--json"])
+        .arg(&json)
+        .arg("--plot")
+        .arg(&png)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("0 connect runs, 2 hub and 2 spoke points"),
+        "{stdout}"
+    );
+    assert!(
+        std::fs::read(&png)
+            .unwrap()
+            .starts_with(b"\x89PNG\r\n\x1a\n")
+    );
+}

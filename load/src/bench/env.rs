@@ -390,7 +390,7 @@ fn replica_args(extra: &[String], i: usize, replicas: usize) -> Vec<String> {
 }
 
 /// Waits until the principal on `metrics_port` answers 200 on `/readyz` (hub caches synced).
-async fn wait_ready_on(
+pub(crate) async fn wait_ready_on(
     metrics_port: u16,
     proc: &Proc,
     timeout: Duration,

@@ -3,6 +3,7 @@
 //! real on the wire (see [`sim`]). Each scenario prints one table row and returns JSON; see
 //! `docs/benchmarks.md` for what each measures and the figures of a full run.
 
+mod big;
 pub mod env;
 pub mod floor;
 pub mod plot;
@@ -49,6 +50,12 @@ pub enum Scenario {
     /// Configuration fan-out: P AppProjects with repository Secrets over N agents; one
     /// project change at a time reaches exactly the agents it matches.
     Projects,
+    /// A hub with `apps_per_agent` Applications per agent: principal RSS per Application,
+    /// start until ready with them all cached, and a storm with them on the hub.
+    BigHub,
+    /// One real agent process with `spoke_apps` Applications on its spoke: agent RSS and
+    /// idle CPU, resync after a reconnect, apply latency under a steady stream of changes.
+    BigSpoke,
 }
 
 impl Scenario {
@@ -63,6 +70,8 @@ impl Scenario {
             Scenario::Bulk => "bulk",
             Scenario::Failover => "failover",
             Scenario::Projects => "projects",
+            Scenario::BigHub => "big-hub",
+            Scenario::BigSpoke => "big-spoke",
         }
     }
 }
@@ -98,6 +107,12 @@ pub struct BenchOptions {
     pub projects: usize,
     /// Agents each project matches (projects).
     pub agents_per_project: usize,
+    /// Applications per agent on the hub (big-hub).
+    pub apps_per_agent: usize,
+    /// Applications on the one agent's spoke (big-spoke).
+    pub spoke_apps: usize,
+    /// Changes per second written while latency is measured (big-spoke).
+    pub rate: f64,
 }
 
 impl Default for BenchOptions {
@@ -116,6 +131,9 @@ impl Default for BenchOptions {
             wire_bytes: false,
             projects: 1000,
             agents_per_project: 10,
+            apps_per_agent: 10,
+            spoke_apps: 10_000,
+            rate: 20.0,
         }
     }
 }
@@ -193,6 +211,8 @@ pub async fn run(scenario: Scenario, opts: &BenchOptions) -> Result<Report, Harn
         Scenario::Bulk => bulk(opts).await,
         Scenario::Failover => failover(opts).await,
         Scenario::Projects => projects::projects(opts).await,
+        Scenario::BigHub => big::big_hub(opts).await,
+        Scenario::BigSpoke => big::big_spoke(opts).await,
     }
 }
 

@@ -1,6 +1,8 @@
-//! The cost-growth plot of `argocd-agent-dev bench --plot`: the `connect` rows of a JSON-lines
-//! results file drawn as two charts (principal RSS and idle CPU against connected agents,
-//! each next to its target) and written as a PNG.
+//! The cost-growth plot of `argocd-agent-dev bench --plot`, drawn from the rows of a
+//! JSON-lines results file and written as a PNG: the `connect` rows as two charts (principal
+//! RSS and idle CPU against connected agents, each next to its target), and the `big-hub` and
+//! `big-spoke` rows as two more (principal RSS against Applications on the hub, agent RSS
+//! against Applications on its spoke).
 //!
 //! plotters draws into an RGB buffer; text is rendered with ab_glyph from a TrueType font
 //! found on the system (or `--font`); the `png` crate writes the file.
@@ -44,37 +46,116 @@ pub struct ConnectPoint {
     pub idle_cpu_pct: f64,
 }
 
-/// The `connect` rows of a JSON-lines file, one per agent count (the last run of each
-/// count wins), sorted by agents. Other scenarios' rows are skipped; a line that is not
-/// JSON is an error naming its number.
-pub fn connect_points(jsonl: &str) -> Result<Vec<ConnectPoint>, HarnessError> {
-    let mut points: Vec<ConnectPoint> = Vec::new();
+/// The principal at one number of Applications on the hub (from a `big-hub` row, which
+/// gives two: one Application per agent, and `apps_per_agent` per agent).
+#[derive(Debug, Clone, PartialEq)]
+pub struct HubPoint {
+    /// Applications on the hub.
+    pub apps: u64,
+    /// Its resident set once started with them and no agent connected (the watch cache), MiB.
+    pub rss_cold_mib: f64,
+    /// Its resident set with every agent connected and resynced after a storm, MiB.
+    pub rss_settled_mib: f64,
+}
+
+/// The agent at one number of Applications on its spoke (from a `big-spoke` row, which gives
+/// two: connected with none, and with `apps`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpokePoint {
+    /// Applications on the spoke.
+    pub apps: u64,
+    /// The agent's resident set, idle, MiB.
+    pub rss_mib: f64,
+}
+
+/// Every row the plot draws.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PlotData {
+    /// `connect` rows by agents.
+    pub connect: Vec<ConnectPoint>,
+    /// `big-hub` rows by Applications on the hub.
+    pub hub: Vec<HubPoint>,
+    /// `big-spoke` rows by Applications on the spoke.
+    pub spoke: Vec<SpokePoint>,
+}
+
+impl PlotData {
+    /// Whether there is nothing to draw.
+    pub fn is_empty(&self) -> bool {
+        self.connect.is_empty() && self.hub.is_empty() && self.spoke.is_empty()
+    }
+}
+
+/// Replaces the point with the same key (a later run wins) and keeps `points` sorted.
+fn upsert<T>(points: &mut Vec<T>, p: T, key: impl Fn(&T) -> u64) {
+    points.retain(|q| key(q) != key(&p));
+    points.push(p);
+    points.sort_by_key(|q| key(q));
+}
+
+/// The rows of a JSON-lines file the plot draws: `connect` (one per agent count),
+/// `big-hub` and `big-spoke` (one point per number of Applications); the last run of each
+/// wins. Other scenarios' rows are skipped; a line that is not JSON, or a row without a
+/// value the plot needs, is an error naming its number.
+pub fn plot_data(jsonl: &str) -> Result<PlotData, HarnessError> {
+    let mut data = PlotData::default();
     for (i, line) in jsonl.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
         }
         let v: Value = serde_json::from_str(line)
             .map_err(|e| HarnessError::from(format!("line {}: not JSON: {e}", i + 1)))?;
-        if v["scenario"] != "connect" {
-            continue;
-        }
+        let scenario = v["scenario"].as_str().unwrap_or_default();
         let num = |k: &str| {
             v[k].as_f64().ok_or_else(|| {
-                HarnessError::from(format!("line {}: connect row without {k}", i + 1))
+                HarnessError::from(format!("line {}: {scenario} row without {k}", i + 1))
             })
         };
-        let p = ConnectPoint {
-            agents: num("agents")? as u64,
-            rss_before_mib: num("rss_before_mib")?,
-            rss_connected_mib: num("rss_connected_mib")?,
-            idle_bytes_per_agent: num("idle_bytes_per_agent")?,
-            idle_cpu_pct: num("idle_cpu_pct")?,
-        };
-        points.retain(|q| q.agents != p.agents);
-        points.push(p);
+        match scenario {
+            "connect" => {
+                let p = ConnectPoint {
+                    agents: num("agents")? as u64,
+                    rss_before_mib: num("rss_before_mib")?,
+                    rss_connected_mib: num("rss_connected_mib")?,
+                    idle_bytes_per_agent: num("idle_bytes_per_agent")?,
+                    idle_cpu_pct: num("idle_cpu_pct")?,
+                };
+                upsert(&mut data.connect, p, |p| p.agents);
+            }
+            "big-hub" => {
+                for (apps, cold, settled) in [
+                    ("apps_small", "rss_cold_small_mib", "rss_settled_small_mib"),
+                    ("apps", "rss_cold_mib", "rss_settled_mib"),
+                ] {
+                    let p = HubPoint {
+                        apps: num(apps)? as u64,
+                        rss_cold_mib: num(cold)?,
+                        rss_settled_mib: num(settled)?,
+                    };
+                    upsert(&mut data.hub, p, |p| p.apps);
+                }
+            }
+            "big-spoke" => {
+                for (apps, rss) in [
+                    (0.0, num("agent_rss_empty_mib")?),
+                    (num("apps")?, num("agent_rss_mib")?),
+                ] {
+                    let p = SpokePoint {
+                        apps: apps as u64,
+                        rss_mib: rss,
+                    };
+                    upsert(&mut data.spoke, p, |p| p.apps);
+                }
+            }
+            _ => {}
+        }
     }
-    points.sort_by_key(|p| p.agents);
-    Ok(points)
+    Ok(data)
+}
+
+/// The `connect` rows of a JSON-lines file ([`plot_data`]), sorted by agents.
+pub fn connect_points(jsonl: &str) -> Result<Vec<ConnectPoint>, HarnessError> {
+    Ok(plot_data(jsonl)?.connect)
 }
 
 /// A usable font: `explicit`, else the first of the usual DejaVu Sans, Liberation Sans and
@@ -96,15 +177,20 @@ pub fn find_font(explicit: Option<&Path>) -> Result<PathBuf, HarnessError> {
         })
 }
 
-/// Draws the cost-growth plot of `points` into a PNG at `out` (1200 × 500).
-pub fn draw_connect_png(
-    points: &[ConnectPoint],
-    font: &Path,
-    out: &Path,
-) -> Result<(), HarnessError> {
-    if points.is_empty() {
+/// Target line of the hub chart: the sharding model of docs/ha.md ("~6 KiB per
+/// Application" in every replica's cache).
+const MODEL_BYTES_PER_APP: f64 = 6.0 * 1024.0;
+
+type Area<'a> = DrawingArea<BitMapBackend<'a>, plotters::coord::Shift>;
+type DrawResult = Result<(), Box<dyn std::error::Error>>;
+
+/// Draws the cost-growth plot of `data` into a PNG at `out`: 1200 pixels wide, 500 high per
+/// row of charts (agents; Applications).
+pub fn draw_png(data: &PlotData, font: &Path, out: &Path) -> Result<(), HarnessError> {
+    if data.is_empty() {
         return Err(HarnessError::from(
-            "no connect rows to plot: run `bench connect --json FILE` first",
+            "no connect, big-hub or big-spoke rows to plot: run `bench connect --json FILE` \
+             (or big-hub, big-spoke) first",
         ));
     }
     let bytes = std::fs::read(font)
@@ -114,19 +200,49 @@ pub fn draw_connect_png(
     plotters::style::register_font("sans-serif", FontStyle::Normal, bytes)
         .map_err(|_| HarnessError::from(format!("{}: not a TrueType font", font.display())))?;
 
-    let (w, h) = (1200u32, 500u32);
+    let (w, h) = (1200u32, 500 * rows(data));
     let mut rgb = vec![255u8; (w * h * 3) as usize];
-    draw(points, &mut rgb, (w, h)).map_err(|e| HarnessError::from(format!("plot: {e}")))?;
+    draw(data, &mut rgb, (w, h)).map_err(|e| HarnessError::from(format!("plot: {e}")))?;
     write_png(out, &rgb, (w, h))
 }
 
-fn draw(
-    points: &[ConnectPoint],
-    rgb: &mut [u8],
-    size: (u32, u32),
-) -> Result<(), Box<dyn std::error::Error>> {
+/// Rows of charts: agents (with connect rows), Applications (with big-hub or big-spoke rows).
+fn rows(data: &PlotData) -> u32 {
+    u32::from(!data.connect.is_empty()) + u32::from(!(data.hub.is_empty() && data.spoke.is_empty()))
+}
+
+fn draw(data: &PlotData, rgb: &mut [u8], size: (u32, u32)) -> DrawResult {
     let root = BitMapBackend::with_buffer(rgb, size).into_drawing_area();
     root.fill(&WHITE)?;
+    let areas = root.split_evenly((rows(data) as usize, 1));
+    let mut areas = areas.iter();
+    if !data.connect.is_empty() {
+        let area = areas.next().ok_or("no row for the agents' charts")?;
+        draw_connect(&data.connect, area)?;
+    }
+    if let Some(area) = areas.next() {
+        let (left, right) = area.split_horizontally(size.0 / 2);
+        draw_hub(&data.hub, &left)?;
+        draw_spoke(&data.spoke, &right)?;
+    }
+    root.present()?;
+    Ok(())
+}
+
+/// A chart's place with a note saying which rows would fill it.
+fn empty_chart(area: &Area<'_>, caption: &str, note: &str) -> DrawResult {
+    let area = area.titled(caption, ("sans-serif", 20))?;
+    let (w, h) = area.dim_in_pixel();
+    area.draw(&Text::new(
+        note.to_owned(),
+        (w as i32 / 6, h as i32 / 2),
+        ("sans-serif", 16),
+    ))?;
+    Ok(())
+}
+
+fn draw_connect(points: &[ConnectPoint], root: &Area<'_>) -> DrawResult {
+    let size = root.dim_in_pixel();
     let (left, right) = root.split_horizontally(size.0 / 2);
     let max_agents = points.iter().map(|p| p.agents).max().unwrap_or(1) as f64 * 1.05;
     let base = points
@@ -221,7 +337,140 @@ fn draw(
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
         .draw()?;
-    root.present()?;
+    Ok(())
+}
+
+/// Principal RSS against Applications on the hub: cache only and with the fleet settled,
+/// next to the docs/ha.md model.
+fn draw_hub(points: &[HubPoint], area: &Area<'_>) -> DrawResult {
+    const CAPTION: &str = "Principal RSS with N Applications on the hub (MiB)";
+    let Some(first) = points.first() else {
+        return empty_chart(
+            area,
+            CAPTION,
+            "no big-hub rows: run `bench big-hub --json FILE`",
+        );
+    };
+    let max_apps = points.iter().map(|p| p.apps).max().unwrap_or(1) as f64 * 1.05;
+    let model =
+        |n: f64| first.rss_cold_mib + (n - first.apps as f64) * MODEL_BYTES_PER_APP / 1048576.0;
+    let max_rss = points
+        .iter()
+        .map(|p| p.rss_settled_mib.max(p.rss_cold_mib))
+        .fold(model(max_apps), f64::max)
+        * 1.1;
+    let mut chart = ChartBuilder::on(area)
+        .caption(CAPTION, ("sans-serif", 20))
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(55)
+        .build_cartesian_2d(0f64..max_apps, 0f64..max_rss)?;
+    chart
+        .configure_mesh()
+        .x_desc("Applications on the hub")
+        .y_desc("MiB")
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .draw()?;
+    chart
+        .draw_series(LineSeries::new(
+            [
+                (first.apps as f64, model(first.apps as f64)),
+                (max_apps, model(max_apps)),
+            ],
+            RED.stroke_width(2),
+        ))?
+        .label("model (docs/ha.md): 6 KiB per Application")
+        .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], RED.stroke_width(2)));
+    let green = RGBColor(0, 150, 0);
+    for (series, color, label) in [
+        (
+            points
+                .iter()
+                .map(|p| (p.apps as f64, p.rss_settled_mib))
+                .collect::<Vec<_>>(),
+            BLUE,
+            "agents connected and resynced",
+        ),
+        (
+            points
+                .iter()
+                .map(|p| (p.apps as f64, p.rss_cold_mib))
+                .collect(),
+            green,
+            "watch cache only (no agent)",
+        ),
+    ] {
+        chart
+            .draw_series(LineSeries::new(series.clone(), color.stroke_width(2)))?
+            .label(label)
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2)));
+        chart.draw_series(series.iter().map(|&c| Circle::new(c, 4, color.filled())))?;
+    }
+    // Each further point's cost per Application against the first, above and left of it.
+    chart.draw_series(points.iter().skip(1).map(|p| {
+        let per_app = (p.rss_settled_mib - first.rss_settled_mib) * 1048576.0
+            / (p.apps - first.apps).max(1) as f64;
+        EmptyElement::at((p.apps as f64, p.rss_settled_mib))
+            + Text::new(
+                format!("{:.1} KiB/app", per_app / 1024.0),
+                (-95, -22),
+                ("sans-serif", 14),
+            )
+    }))?;
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
+    Ok(())
+}
+
+/// One agent's RSS against Applications on its spoke.
+fn draw_spoke(points: &[SpokePoint], area: &Area<'_>) -> DrawResult {
+    const CAPTION: &str = "Agent RSS with N Applications on its spoke (MiB)";
+    let Some(first) = points.first() else {
+        return empty_chart(
+            area,
+            CAPTION,
+            "no big-spoke rows: run `bench big-spoke --json FILE`",
+        );
+    };
+    let max_apps = points.iter().map(|p| p.apps).max().unwrap_or(1).max(1) as f64 * 1.05;
+    let max_rss = points.iter().map(|p| p.rss_mib).fold(1.0, f64::max) * 1.2;
+    let mut chart = ChartBuilder::on(area)
+        .caption(CAPTION, ("sans-serif", 20))
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(55)
+        .build_cartesian_2d(0f64..max_apps, 0f64..max_rss)?;
+    chart
+        .configure_mesh()
+        .x_desc("Applications on the spoke")
+        .y_desc("MiB")
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .draw()?;
+    let measured: Vec<(f64, f64)> = points.iter().map(|p| (p.apps as f64, p.rss_mib)).collect();
+    chart
+        .draw_series(LineSeries::new(measured.clone(), BLUE.stroke_width(2)))?
+        .label("measured (one agent process, idle)")
+        .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], BLUE.stroke_width(2)));
+    chart.draw_series(measured.iter().map(|&c| Circle::new(c, 4, BLUE.filled())))?;
+    chart.draw_series(points.iter().skip(1).map(|p| {
+        let per_app = (p.rss_mib - first.rss_mib) * 1048576.0 / (p.apps - first.apps).max(1) as f64;
+        EmptyElement::at((p.apps as f64, p.rss_mib))
+            + Text::new(
+                format!("{:.1} KiB/app", per_app / 1024.0),
+                (-95, -22),
+                ("sans-serif", 14),
+            )
+    }))?;
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
     Ok(())
 }
 
@@ -273,7 +522,7 @@ mod tests {
         let font = find_font(None).expect("a TrueType font (apt-get install fonts-dejavu-core)");
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("connect.png");
-        draw_connect_png(&connect_points(ROWS).unwrap(), &font, &out).unwrap();
+        draw_png(&plot_data(ROWS).unwrap(), &font, &out).unwrap();
         let dec = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(&out).unwrap()));
         let mut reader = dec.read_info().unwrap();
         let mut buf = vec![0; reader.output_buffer_size().unwrap()];
@@ -288,8 +537,71 @@ mod tests {
 
     #[test]
     fn nothing_to_plot_is_an_error() {
-        let e = draw_connect_png(&[], Path::new("/nonexistent.ttf"), Path::new("/tmp/x.png"))
-            .unwrap_err();
-        assert!(e.to_string().contains("no connect rows"), "{e}");
+        let e = draw_png(
+            &PlotData::default(),
+            Path::new("/nonexistent.ttf"),
+            Path::new("/tmp/x.png"),
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("no connect, big-hub or big-spoke rows"),
+            "{e}"
+        );
+    }
+
+    const BIG: &str = r#"{"scenario":"big-hub","agents":1000,"apps_small":1000,"apps":10000,"rss_cold_small_mib":30.0,"rss_cold_mib":60.0,"rss_settled_small_mib":80.0,"rss_settled_mib":120.0}
+{"scenario":"big-hub","agents":1000,"apps_small":1000,"apps":5000,"rss_cold_small_mib":31.0,"rss_cold_mib":45.0,"rss_settled_small_mib":81.0,"rss_settled_mib":100.0}
+{"scenario":"big-spoke","apps":10000,"agent_rss_empty_mib":12.0,"agent_rss_mib":70.0}
+{"scenario":"big-spoke","apps":2000,"agent_rss_empty_mib":11.0,"agent_rss_mib":24.0}
+"#;
+
+    #[test]
+    fn hub_and_spoke_rows_give_two_points_each() {
+        let d = plot_data(BIG).unwrap();
+        assert!(d.connect.is_empty());
+        // The second run's one-per-agent point replaces the first's (same Applications).
+        assert_eq!(
+            d.hub
+                .iter()
+                .map(|p| (p.apps, p.rss_cold_mib))
+                .collect::<Vec<_>>(),
+            vec![(1000, 31.0), (5000, 45.0), (10000, 60.0)]
+        );
+        assert_eq!(d.hub[2].rss_settled_mib, 120.0);
+        assert_eq!(
+            d.spoke
+                .iter()
+                .map(|p| (p.apps, p.rss_mib))
+                .collect::<Vec<_>>(),
+            vec![(0, 11.0), (2000, 24.0), (10000, 70.0)]
+        );
+        let e = plot_data("{\"scenario\":\"big-hub\",\"apps\":3}\n").unwrap_err();
+        assert!(e.to_string().contains("line 1: big-hub row without"), "{e}");
+    }
+
+    /// With Application rows the plot gets a second row of charts: hub (with the model line
+    /// in red and the cache-only curve in green) and spoke.
+    #[test]
+    fn draws_the_application_charts_below() {
+        let font = find_font(None).expect("a TrueType font (apt-get install fonts-dejavu-core)");
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("cost.png");
+        let rows = format!("{ROWS}{BIG}");
+        draw_png(&plot_data(&rows).unwrap(), &font, &out).unwrap();
+        let dec = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(&out).unwrap()));
+        let mut reader = dec.read_info().unwrap();
+        let mut buf = vec![0; reader.output_buffer_size().unwrap()];
+        let info = reader.next_frame(&mut buf).unwrap();
+        assert_eq!((info.width, info.height), (1200, 1000));
+        let lower = &buf[buf.len() / 2..];
+        assert!(lower.chunks(3).any(|px| px == [0, 150, 0]));
+        assert!(lower.chunks(3).any(|px| px == [0, 0, 255]));
+        assert!(lower.chunks(3).any(|px| px == [255, 0, 0]));
+        // Only Application rows: one row of charts.
+        draw_png(&plot_data(BIG).unwrap(), &font, &out).unwrap();
+        let dec = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(&out).unwrap()));
+        let reader = dec.read_info().unwrap();
+        assert_eq!((reader.info().width, reader.info().height), (1200, 500));
     }
 }
