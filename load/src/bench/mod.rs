@@ -8,6 +8,7 @@ pub mod floor;
 pub mod plot;
 mod projects;
 pub mod sim;
+pub mod storms;
 
 /// The agent's message compression, as the simulated agents use it.
 pub use argocd_agent_agent::dialer::Compression;
@@ -49,6 +50,15 @@ pub enum Scenario {
     /// Configuration fan-out: P AppProjects with repository Secrets over N agents; one
     /// project change at a time reaches exactly the agents it matches.
     Projects,
+    /// The shipped configuration (`--replicas` with `--ha`, or one principal): N agents
+    /// connect for the first time while hub changes flow (see [`storms`]).
+    HaConnect,
+    /// The shipped configuration: `kill -9` of one replica, restarted at once.
+    HaKillOne,
+    /// The shipped configuration: `kill -9` of every replica, all restarted at once.
+    HaKillAll,
+    /// The shipped configuration: a rolling update, one replica at a time.
+    HaRollout,
 }
 
 impl Scenario {
@@ -63,6 +73,10 @@ impl Scenario {
             Scenario::Bulk => "bulk",
             Scenario::Failover => "failover",
             Scenario::Projects => "projects",
+            Scenario::HaConnect => "ha-connect",
+            Scenario::HaKillOne => "ha-kill-one",
+            Scenario::HaKillAll => "ha-kill-all",
+            Scenario::HaRollout => "ha-rollout",
         }
     }
 }
@@ -193,6 +207,10 @@ pub async fn run(scenario: Scenario, opts: &BenchOptions) -> Result<Report, Harn
         Scenario::Bulk => bulk(opts).await,
         Scenario::Failover => failover(opts).await,
         Scenario::Projects => projects::projects(opts).await,
+        Scenario::HaConnect => storms::run(storms::Storm::Connect, opts).await,
+        Scenario::HaKillOne => storms::run(storms::Storm::KillOne, opts).await,
+        Scenario::HaKillAll => storms::run(storms::Storm::KillAll, opts).await,
+        Scenario::HaRollout => storms::run(storms::Storm::Rollout, opts).await,
     }
 }
 
