@@ -358,7 +358,10 @@ impl Fleet {
         let arrivals = Arc::new(Arrivals::default());
         let shutdown = CancellationToken::new();
         let tasks = tokio_util::task::TaskTracker::new();
-        let principals: Principals = Arc::new(std::sync::RwLock::new(config.principals.clone()));
+        let principals = Arc::new(Dialed {
+            addrs: std::sync::RwLock::new(config.principals.clone()),
+            spread: std::sync::atomic::AtomicBool::new(false),
+        });
         for (i, agent) in agents.iter().enumerate() {
             tasks.spawn(run(
                 agent.clone(),
@@ -385,8 +388,16 @@ impl Fleet {
     pub fn set_principals(&self, principals: Vec<std::net::SocketAddr>) {
         *self
             .principals
+            .addrs
             .write()
             .unwrap_or_else(|p| p.into_inner()) = principals;
+    }
+
+    /// From now on, an agent whose session ended or whose attempt failed dials one of the
+    /// addresses at random (as a Service's proxy picks an endpoint per connection), not the
+    /// next one.
+    pub fn spread_reconnects(&self) {
+        self.principals.spread.store(true, Ordering::Relaxed);
     }
 
     /// Agents with a live session.
@@ -403,7 +414,13 @@ impl Fleet {
 }
 
 /// The addresses a fleet dials, changeable while it runs.
-type Principals = Arc<std::sync::RwLock<Vec<std::net::SocketAddr>>>;
+struct Dialed {
+    addrs: std::sync::RwLock<Vec<std::net::SocketAddr>>,
+    /// Reconnect to a random address instead of the next.
+    spread: std::sync::atomic::AtomicBool,
+}
+
+type Principals = Arc<Dialed>;
 
 /// One agent: sessions, reconnecting with backoff, until shutdown.
 async fn run(
@@ -420,6 +437,7 @@ async fn run(
     let mut backoff = Backoff::new(defaults.backoff_initial, defaults.backoff_max);
     let count = || {
         principals
+            .addrs
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .len()
@@ -428,6 +446,7 @@ async fn run(
     let mut target = index % count();
     loop {
         let address = principals
+            .addrs
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .get(target)
@@ -445,7 +464,11 @@ async fn run(
             r = session(&agent, target, address, &config, &stats, &arrivals, &kick) => r,
         };
         // Whatever ended, the next attempt goes to the next principal (one: the same).
-        target = (target + 1) % count();
+        target = if principals.spread.load(Ordering::Relaxed) {
+            fastrand::usize(..count())
+        } else {
+            (target + 1) % count()
+        };
         match result {
             Ok(Ended::Kicked) => {
                 backoff.reset();

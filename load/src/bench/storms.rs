@@ -150,6 +150,8 @@ async fn measure(
         None => fleet(env, agents, opts),
     };
     sampler.watch(&fleet);
+    // Behind the Service, a reconnecting agent lands on any ready replica.
+    fleet.spread_reconnects();
     let outcome = storm_and_settle(storm, env, &fleet, &sampler, writer, args, started).await;
     let samples = sampler.stop().await;
     let after = snapshot(&fleet);
@@ -283,6 +285,8 @@ async fn act(
                 .count();
             env.kill_principal().await;
             sampler.restarted(env.metrics_port);
+            // The Service's endpoints leave it out until it is ready again.
+            fleet.set_principals(env.replicas.iter().map(|r| r.addr).collect());
             // Its agents see their connections reset; the kubelet restarts the container at
             // once (a first restart has no back-off).
             until("its sessions to notice", scaled(n), || {
@@ -290,6 +294,7 @@ async fn act(
             })
             .await?;
             env.restart_principal().await?;
+            fleet.set_principals(addresses(env));
         }
         Storm::KillAll => {
             env.kill_principal().await;
@@ -346,14 +351,17 @@ async fn rollout(
         } else {
             std::mem::replace(&mut env.replicas[slot - 1], new).proc
         };
-        fleet.set_principals(
-            std::iter::once(env.principal_addr)
-                .chain(env.replicas.iter().map(|r| r.addr))
-                .collect(),
-        );
+        fleet.set_principals(addresses(env));
         terminate(&mut old).await;
     }
     Ok(())
+}
+
+/// Every principal's address, slot order.
+fn addresses(env: &BenchEnv) -> Vec<std::net::SocketAddr> {
+    std::iter::once(env.principal_addr)
+        .chain(env.replicas.iter().map(|r| r.addr))
+        .collect()
 }
 
 /// SIGTERM, then waits up to the grace period for the exit, then kills.
@@ -459,7 +467,13 @@ impl Sampler {
                 },
             );
         }
-        lock(&shared).connected = connected;
+        {
+            // The storm starts from here: a fleet not yet started has nobody served.
+            let mut s = lock(&shared);
+            s.connected = connected;
+            s.most_unserved = n.saturating_sub(connected);
+            s.most_unserved_agents = n.saturating_sub(fleet.map_or(0, Fleet::connected));
+        }
         let stats = Arc::new(Mutex::new(fleet.map(|f| f.stats.clone())));
         let stop = CancellationToken::new();
         let task = tokio::spawn(sample(n, shared.clone(), stats.clone(), stop.clone()));
