@@ -456,7 +456,7 @@ impl Sampler {
             .collect();
         let mut connected = 0;
         for port in ports {
-            let (c, l) = scrape(port).await.unwrap_or_default();
+            let (c, l) = scrape(port).await.ok().flatten().unwrap_or_default();
             connected += c;
             lock(&shared).counts.insert(
                 port,
@@ -541,11 +541,17 @@ async fn sample(
         let ports: Vec<u16> = lock(&shared).counts.keys().copied().collect();
         let mut connected = 0;
         let mut leases = Vec::new();
+        let mut complete = true;
         for port in ports {
-            // A killed or exited process does not answer: it serves nobody.
-            if let Some((c, l)) = scrape(port).await {
-                connected += c;
-                leases.push((port, l));
+            match scrape(port).await {
+                Ok(Some((c, l))) => {
+                    connected += c;
+                    leases.push((port, l));
+                }
+                // A killed or exited process refuses the connection: it serves nobody.
+                Ok(None) => {}
+                // A busy one that did not answer in time: this round says nothing.
+                Err(()) => complete = false,
             }
         }
         let agents = lock(&stats)
@@ -561,20 +567,31 @@ async fn sample(
             }
             c.last = l;
         }
-        s.connected = connected;
-        s.most_unserved = s.most_unserved.max(n.saturating_sub(connected));
+        if complete {
+            s.connected = connected;
+            s.most_unserved = s.most_unserved.max(n.saturating_sub(connected));
+        }
         s.most_unserved_agents = s.most_unserved_agents.max(n.saturating_sub(agents));
     }
 }
 
-/// Connected agents and Lease writes of the principal whose metrics are on `port`.
-async fn scrape(port: u16) -> Option<(usize, f64)> {
-    let text = tokio::time::timeout(Duration::from_secs(1), http_get(port, "/metrics"))
-        .await
-        .ok()?
-        .ok()?;
-    let connected = metric_value(&text, CONNECTED)? as usize;
-    Some((connected, metric_value(&text, LEASE_WRITES).unwrap_or(0.0)))
+/// Connected agents and Lease writes of the principal whose metrics are on `port`; `None`
+/// when nothing listens there, an error when it did not answer within a second.
+async fn scrape(port: u16) -> Result<Option<(usize, f64)>, ()> {
+    let answer = tokio::time::timeout(Duration::from_secs(1), async {
+        match tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Ok(None),
+            _ => http_get(port, "/metrics").await.map(Some).map_err(|_| ()),
+        }
+    })
+    .await
+    .map_err(|_| ())??;
+    let Some(text) = answer else { return Ok(None) };
+    let connected = metric_value(&text, CONNECTED).ok_or(())? as usize;
+    Ok(Some((
+        connected,
+        metric_value(&text, LEASE_WRITES).unwrap_or(0.0),
+    )))
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
