@@ -39,6 +39,15 @@ pub enum ScenarioArg {
     /// idle CPU, resync after a link outage and after a principal restart, apply latency of
     /// --changes changes at --rate per second.
     BigSpoke,
+    /// The shipped configuration (--replicas replicas with --ha as deploy/ runs them; 1: one
+    /// principal): first connect of N agents while hub changes flow.
+    HaConnect,
+    /// The shipped configuration: kill -9 of one replica, restarted at once.
+    HaKillOne,
+    /// The shipped configuration: kill -9 of every replica, all restarted at once.
+    HaKillAll,
+    /// The shipped configuration: rolling update (new replica, ready, SIGTERM the old, next).
+    HaRollout,
     /// No run: draw --plot from the connect, big-hub and big-spoke rows already in --json
     /// (cost growth).
     Plot,
@@ -58,6 +67,10 @@ impl ScenarioArg {
             ScenarioArg::Projects => Scenario::Projects,
             ScenarioArg::BigHub => Scenario::BigHub,
             ScenarioArg::BigSpoke => Scenario::BigSpoke,
+            ScenarioArg::HaConnect => Scenario::HaConnect,
+            ScenarioArg::HaKillOne => Scenario::HaKillOne,
+            ScenarioArg::HaKillAll => Scenario::HaKillAll,
+            ScenarioArg::HaRollout => Scenario::HaRollout,
             ScenarioArg::Plot => return None,
         })
     }
@@ -88,7 +101,7 @@ pub struct BenchArgs {
     /// Concurrent hub writers.
     #[arg(long, default_value_t = 16)]
     writers: usize,
-    /// Principal replicas (failover; at least 2). Pass --replica-lease-duration (default
+    /// Principal replicas (failover: at least 2; ha-*: 1 is one principal without --ha). Pass --replica-lease-duration (default
     /// 10s) with --principal-arg.
     #[arg(long, default_value_t = 3)]
     replicas: usize,
@@ -148,7 +161,7 @@ pub async fn run(a: BenchArgs) -> crate::CmdResult {
         writers: a.writers.max(1),
         dir: a.dir,
         principal_args: a.principal_args,
-        replicas: a.replicas.max(2),
+        replicas: a.replicas.max(1),
         compression: a.compression,
         wire_bytes: a.wire_bytes,
         projects: a.projects.max(1),

@@ -321,3 +321,65 @@ async fn cli_plot_draws_application_rows() {
             .starts_with(b"\x89PNG\r\n\x1a\n")
     );
 }
+
+/// A storm against the shipped configuration (`replicas` principals, `--ha` with several):
+/// every agent served and holding the hub's final state, nothing lost or applied twice.
+async fn shipped_storm(scenario: Scenario, replicas: usize) -> Report {
+    let o = BenchOptions { replicas, ..opts() };
+    let r = bench::run(scenario, &o)
+        .await
+        .unwrap_or_else(|e| panic!("bench {}: {e}", scenario.name()));
+    eprint!("{}", r.table());
+    assert_eq!(num(&r, "agents"), 12.0);
+    assert_eq!(num(&r, "replicas"), replicas as f64);
+    assert_eq!(num(&r, "lost"), 0.0);
+    assert_eq!(num(&r, "duplicated"), 0.0);
+    assert!(num(&r, "resynced_s") >= num(&r, "served_s"));
+    assert!(num(&r, "most_without_session") <= 12.0);
+    assert!(!get(&r, "build").as_str().unwrap_or_default().is_empty());
+    assert!(get(&r, "loadavg").as_str().is_some());
+    r
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ha_connect_smoke() {
+    let r = shipped_storm(Scenario::HaConnect, 3).await;
+    // Nobody had a session before the storm, and each first session wrote a Lease.
+    assert_eq!(num(&r, "most_without_session"), 12.0);
+    assert!(num(&r, "lease_writes") >= 12.0);
+    assert!(num(&r, "sessions") >= 12.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ha_kill_one_smoke() {
+    let r = shipped_storm(Scenario::HaKillOne, 3).await;
+    // The killed replica's agents (4 of 12) lost their sessions, and came back.
+    assert!(num(&r, "most_without_session_agents") >= 1.0);
+    assert!(num(&r, "sessions") >= 1.0);
+    assert!(num(&r, "lease_writes") >= 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ha_kill_all_smoke() {
+    let r = shipped_storm(Scenario::HaKillAll, 3).await;
+    assert_eq!(num(&r, "most_without_session_agents"), 12.0);
+    assert!(num(&r, "sessions") >= 12.0);
+    assert!(num(&r, "lease_writes") >= 12.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ha_rollout_smoke() {
+    let r = shipped_storm(Scenario::HaRollout, 3).await;
+    // Every replica was replaced: every agent had to move at least once.
+    assert!(num(&r, "sessions") >= 12.0);
+    assert!(num(&r, "rollout_s") > 0.0);
+    assert!(num(&r, "lease_writes") >= 12.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_principal_rollout_smoke() {
+    let r = shipped_storm(Scenario::HaRollout, 1).await;
+    assert_eq!(num(&r, "most_without_session_agents"), 12.0);
+    // No --ha: no Leases.
+    assert_eq!(num(&r, "lease_writes"), 0.0);
+}

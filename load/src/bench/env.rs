@@ -178,13 +178,19 @@ fn principal_proc(
         args.extend(["--agent-event-rate".into(), "0".into()]);
     }
     args.extend(extra_args.iter().cloned());
+    // RUST_LOG overrides --log-level: a run that sets the level gets it.
+    let level = extra_args
+        .iter()
+        .rev()
+        .find_map(|a| a.strip_prefix("--log-level="))
+        .unwrap_or("warn");
     let proc = Proc::new(
         &format!("principal{suffix}"),
         binary("argocd-agent")?,
         args,
         dir.join(format!("principal{suffix}.log")),
     )
-    .env("RUST_LOG", "warn");
+    .env("RUST_LOG", level);
     Ok(Replica {
         proc,
         addr,
@@ -270,6 +276,27 @@ impl BenchEnv {
         }
         env.wait_ready(Duration::from_secs(60)).await?;
         Ok(env)
+    }
+
+    /// Starts one more replica (`--ha --replica-id <replica_id>` unless `extra` has them,
+    /// then `extra`) on its own ports, logging to `principal-<replica_id>.log`, and waits
+    /// until it is ready: the new pod of a rolling update.
+    pub async fn start_replica(
+        &self,
+        replica_id: &str,
+        extra: &[String],
+    ) -> Result<Replica, HarnessError> {
+        let mut args = Vec::new();
+        if !extra.iter().any(|a| a == "--ha") {
+            args.push("--ha".to_owned());
+        }
+        args.extend(["--replica-id".to_owned(), replica_id.to_owned()]);
+        args.extend(extra.iter().cloned());
+        let mut r = principal_proc(&self.dir, &self.spiffe, &format!("-{replica_id}"), &args)?;
+        r.proc.start()?;
+        wait_port(r.addr).await?;
+        wait_ready_on(r.metrics_port, &r.proc, Duration::from_secs(120)).await?;
+        Ok(r)
     }
 
     /// Waits until the principal's `/readyz` answers 200 (hub caches synced).

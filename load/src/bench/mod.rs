@@ -9,6 +9,7 @@ pub mod floor;
 pub mod plot;
 mod projects;
 pub mod sim;
+pub mod storms;
 
 /// The agent's message compression, as the simulated agents use it.
 pub use argocd_agent_agent::dialer::Compression;
@@ -56,6 +57,15 @@ pub enum Scenario {
     /// One real agent process with `spoke_apps` Applications on its spoke: agent RSS and
     /// idle CPU, resync after a reconnect, apply latency under a steady stream of changes.
     BigSpoke,
+    /// The shipped configuration (`--replicas` with `--ha`, or one principal): N agents
+    /// connect for the first time while hub changes flow (see [`storms`]).
+    HaConnect,
+    /// The shipped configuration: `kill -9` of one replica, restarted at once.
+    HaKillOne,
+    /// The shipped configuration: `kill -9` of every replica, all restarted at once.
+    HaKillAll,
+    /// The shipped configuration: a rolling update, one replica at a time.
+    HaRollout,
 }
 
 impl Scenario {
@@ -72,6 +82,10 @@ impl Scenario {
             Scenario::Projects => "projects",
             Scenario::BigHub => "big-hub",
             Scenario::BigSpoke => "big-spoke",
+            Scenario::HaConnect => "ha-connect",
+            Scenario::HaKillOne => "ha-kill-one",
+            Scenario::HaKillAll => "ha-kill-all",
+            Scenario::HaRollout => "ha-rollout",
         }
     }
 }
@@ -213,6 +227,10 @@ pub async fn run(scenario: Scenario, opts: &BenchOptions) -> Result<Report, Harn
         Scenario::Projects => projects::projects(opts).await,
         Scenario::BigHub => big::big_hub(opts).await,
         Scenario::BigSpoke => big::big_spoke(opts).await,
+        Scenario::HaConnect => storms::run(storms::Storm::Connect, opts).await,
+        Scenario::HaKillOne => storms::run(storms::Storm::KillOne, opts).await,
+        Scenario::HaKillAll => storms::run(storms::Storm::KillAll, opts).await,
+        Scenario::HaRollout => storms::run(storms::Storm::Rollout, opts).await,
     }
 }
 

@@ -61,6 +61,9 @@ pub struct Stats {
     pub refused: AtomicU64,
     /// Payload bytes received in resource events.
     pub bytes_in: AtomicU64,
+    /// Application events whose object (as sent, server-owned metadata stripped) the agent
+    /// already held, applied and acknowledged: the same change applied twice.
+    pub redelivered: AtomicU64,
 }
 
 /// Arrivals of resource events, for latency measurements (when tracking is on).
@@ -111,6 +114,8 @@ impl Arrivals {
 struct Held {
     checksum: String,
     uid: String,
+    /// Hash of the object's JSON as received; set once the acknowledgement is queued.
+    acked: Option<u64>,
 }
 
 /// One simulated agent.
@@ -231,8 +236,14 @@ impl SimAgent {
         )
     }
 
-    /// Applies a principal event as a spoke would; returns the answer.
-    fn apply(&self, event: &Event, stats: &Stats, arrivals: &Arrivals) -> Option<Event> {
+    /// Applies a principal event as a spoke would; returns the answer, and the Application
+    /// and object hash to mark acknowledged once the answer is on the stream.
+    fn apply(
+        &self,
+        event: &Event,
+        stats: &Stats,
+        arrivals: &Arrivals,
+    ) -> Option<(Event, Option<(String, u64)>)> {
         let resource = event.resource.as_ref()?;
         let name = resource.name.clone();
         if resource.kind == argocd_agent_domain::ResourceKind::AppProject {
@@ -245,8 +256,9 @@ impl SimAgent {
                 arrivals.record(format!("{}:{name}@{marker}", self.name));
             }
             stats.events_in.fetch_add(1, Ordering::Relaxed);
-            return Some(event.ack(&self.name));
+            return Some((event.ack(&self.name), None));
         }
+        let mut applied = None;
         match event.ty {
             EventType::Create | EventType::SpecUpdate => {
                 let obj = event.object()?;
@@ -257,22 +269,35 @@ impl SimAgent {
                     .and_then(Value::as_str)
                     .unwrap_or_default()
                     .to_owned();
+                let json = obj.to_string();
                 stats
                     .bytes_in
-                    .fetch_add(obj.to_string().len() as u64, Ordering::Relaxed);
+                    .fetch_add(json.len() as u64, Ordering::Relaxed);
+                let object = {
+                    use std::hash::{Hash, Hasher};
+                    let mut h = std::collections::hash_map::DefaultHasher::new();
+                    json.hash(&mut h);
+                    h.finish()
+                };
                 if let Some(marker) = spec
                     .pointer("/source/targetRevision")
                     .and_then(Value::as_str)
                 {
                     arrivals.record(format!("{name}@{marker}"));
                 }
-                lock(&self.apps).insert(
-                    name,
+                let mut apps = lock(&self.apps);
+                if apps.get(&name).and_then(|h| h.acked) == Some(object) {
+                    stats.redelivered.fetch_add(1, Ordering::Relaxed);
+                }
+                apps.insert(
+                    name.clone(),
                     Held {
                         checksum: checksum_of(&spec),
                         uid,
+                        acked: None,
                     },
                 );
+                applied = Some((name, object));
             }
             EventType::Delete => {
                 lock(&self.apps).remove(&name);
@@ -280,7 +305,15 @@ impl SimAgent {
             _ => {}
         }
         stats.events_in.fetch_add(1, Ordering::Relaxed);
-        Some(event.ack(&self.name))
+        Some((event.ack(&self.name), applied))
+    }
+
+    /// Records that the acknowledgement of `object` (a hash) of Application `name` was
+    /// written to the stream.
+    fn acked(&self, name: &str, object: u64) {
+        if let Some(h) = lock(&self.apps).get_mut(name) {
+            h.acked = Some(object);
+        }
     }
 }
 
@@ -312,6 +345,8 @@ pub struct Fleet {
     pub stats: Arc<Stats>,
     /// Arrival times of resource events, when tracking is on.
     pub arrivals: Arc<Arrivals>,
+    /// Where the agents dial: [`FleetConfig::principals`] until [`Fleet::set_principals`].
+    principals: Principals,
     shutdown: CancellationToken,
     tasks: tokio_util::task::TaskTracker,
 }
@@ -323,11 +358,16 @@ impl Fleet {
         let arrivals = Arc::new(Arrivals::default());
         let shutdown = CancellationToken::new();
         let tasks = tokio_util::task::TaskTracker::new();
+        let principals = Arc::new(Dialed {
+            addrs: std::sync::RwLock::new(config.principals.clone()),
+            spread: std::sync::atomic::AtomicBool::new(false),
+        });
         for (i, agent) in agents.iter().enumerate() {
             tasks.spawn(run(
                 agent.clone(),
                 i,
                 config.clone(),
+                principals.clone(),
                 stats.clone(),
                 arrivals.clone(),
                 shutdown.clone(),
@@ -337,9 +377,27 @@ impl Fleet {
             agents,
             stats,
             arrivals,
+            principals,
             shutdown,
             tasks,
         }
+    }
+
+    /// Changes where the agents dial from their next attempt on (what a Service's endpoints
+    /// do when a replica is replaced); live sessions stay.
+    pub fn set_principals(&self, principals: Vec<std::net::SocketAddr>) {
+        *self
+            .principals
+            .addrs
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = principals;
+    }
+
+    /// From now on, an agent whose session ended or whose attempt failed dials one of the
+    /// addresses at random (as a Service's proxy picks an endpoint per connection), not the
+    /// next one.
+    pub fn spread_reconnects(&self) {
+        self.principals.spread.store(true, Ordering::Relaxed);
     }
 
     /// Agents with a live session.
@@ -355,11 +413,21 @@ impl Fleet {
     }
 }
 
+/// The addresses a fleet dials, changeable while it runs.
+struct Dialed {
+    addrs: std::sync::RwLock<Vec<std::net::SocketAddr>>,
+    /// Reconnect to a random address instead of the next.
+    spread: std::sync::atomic::AtomicBool,
+}
+
+type Principals = Arc<Dialed>;
+
 /// One agent: sessions, reconnecting with backoff, until shutdown.
 async fn run(
     agent: Arc<SimAgent>,
     index: usize,
     config: FleetConfig,
+    principals: Principals,
     stats: Arc<Stats>,
     arrivals: Arc<Arrivals>,
     shutdown: CancellationToken,
@@ -367,9 +435,22 @@ async fn run(
     // The agent's own backoff, with its default bounds.
     let defaults = argocd_agent_agent::AgentConfig::default();
     let mut backoff = Backoff::new(defaults.backoff_initial, defaults.backoff_max);
-    let count = config.principals.len().max(1);
-    let mut target = index % count;
+    let count = || {
+        principals
+            .addrs
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
+            .max(1)
+    };
+    let mut target = index % count();
     loop {
+        let address = principals
+            .addrs
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(target)
+            .copied();
         let kick = {
             let mut k = lock(&agent.kick);
             if k.is_cancelled() {
@@ -380,10 +461,14 @@ async fn run(
         let started = Instant::now();
         let result = tokio::select! {
             _ = shutdown.cancelled() => return,
-            r = session(&agent, target, &config, &stats, &arrivals, &kick) => r,
+            r = session(&agent, target, address, &config, &stats, &arrivals, &kick) => r,
         };
         // Whatever ended, the next attempt goes to the next principal (one: the same).
-        target = (target + 1) % count;
+        target = if principals.spread.load(Ordering::Relaxed) {
+            fastrand::usize(..count())
+        } else {
+            (target + 1) % count()
+        };
         match result {
             Ok(Ended::Kicked) => {
                 backoff.reset();
@@ -426,17 +511,14 @@ impl Drop for Live<'_> {
 async fn session(
     agent: &SimAgent,
     target: usize,
+    address: Option<std::net::SocketAddr>,
     config: &FleetConfig,
     stats: &Stats,
     arrivals: &Arrivals,
     kick: &CancellationToken,
 ) -> Result<Ended, HarnessError> {
     // Dialed as the agent dials: its dialer over this agent's SVID.
-    let principal = config
-        .principals
-        .get(target)
-        .ok_or("no principal address")?
-        .to_string();
+    let principal = address.ok_or("no principal address")?.to_string();
     let channel = Dialer::mtls(agent.tls())
         .connect(&principal, config.keepalive)
         .await
@@ -468,6 +550,7 @@ async fn session(
     let mut outbox = agent.outbox_rx.lock().await;
     let mut heartbeat = tokio::time::interval(config.heartbeat);
     heartbeat.tick().await;
+    let mut applied: Option<(String, u64)> = None;
     loop {
         let out = tokio::select! {
             _ = kick.cancelled() => return Ok(Ended::Kicked),
@@ -489,7 +572,10 @@ async fn session(
                         None
                     }
                     EventType::Ping | EventType::Pong => None,
-                    _ => agent.apply(&event, stats, arrivals),
+                    _ => agent.apply(&event, stats, arrivals).map(|(ack, held)| {
+                        applied = held;
+                        ack
+                    }),
                 }
             }
         };
@@ -497,6 +583,9 @@ async fn session(
             && tx.send(event.to_cloud_event()).await.is_err()
         {
             return Ok(Ended::Dropped);
+        }
+        if let Some((name, object)) = applied.take() {
+            agent.acked(&name, object);
         }
     }
 }
