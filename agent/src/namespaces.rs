@@ -12,6 +12,7 @@
 //! look-around or back-references, which Argo CD's engine has); a pattern that does not
 //! compile is refused at start rather than silently matching nothing.
 
+use argocd_agent_domain::pattern::compile;
 use regex::Regex;
 
 /// Longest Application name: a DNS subdomain (RFC 1123), as every Kubernetes object name.
@@ -82,73 +83,6 @@ impl AllowedNamespaces {
             .map(|p| p.source.as_str())
             .collect::<Vec<_>>()
             .join(",")
-    }
-}
-
-/// A pattern as a regular expression: `/re/` as written (unanchored, as Argo CD matches it),
-/// anything else a glob over the whole name.
-fn compile(pattern: &str) -> Result<Regex, String> {
-    if pattern.len() >= 2 && pattern.starts_with('/') && pattern.ends_with('/') {
-        let inner = &pattern[1..pattern.len() - 1];
-        return Regex::new(inner).map_err(|e| format!("not a regular expression: {e}"));
-    }
-    let translated = glob_to_regex(pattern)?;
-    Regex::new(&translated).map_err(|e| format!("not a glob: {e}"))
-}
-
-/// The anchored regular expression of a shell glob (see the module documentation).
-fn glob_to_regex(glob: &str) -> Result<String, String> {
-    let mut out = String::from("^(?:");
-    let mut chars = glob.chars();
-    let mut braces = 0usize;
-    while let Some(c) = chars.next() {
-        match c {
-            '*' => out.push_str(".*"),
-            '?' => out.push('.'),
-            '\\' => {
-                let next = chars.next().ok_or("a trailing \\ escapes nothing")?;
-                out.push_str(&regex::escape(&next.to_string()));
-            }
-            '[' => out.push_str(&class(&mut chars)?),
-            '{' => {
-                braces += 1;
-                out.push_str("(?:");
-            }
-            ',' if braces > 0 => out.push('|'),
-            '}' if braces > 0 => {
-                braces -= 1;
-                out.push(')');
-            }
-            other => out.push_str(&regex::escape(&other.to_string())),
-        }
-    }
-    if braces > 0 {
-        return Err("a { is not closed".into());
-    }
-    out.push_str(")$");
-    Ok(out)
-}
-
-/// A character class after its `[`, up to and including the `]`, as a regex class.
-fn class(chars: &mut std::str::Chars<'_>) -> Result<String, String> {
-    let mut out = String::from("[");
-    let mut first = true;
-    loop {
-        let c = chars.next().ok_or("a [ is not closed")?;
-        match c {
-            '!' | '^' if first => out.push('^'),
-            ']' if !first => {
-                out.push(']');
-                return Ok(out);
-            }
-            '-' => out.push('-'),
-            '\\' => {
-                let next = chars.next().ok_or("a trailing \\ escapes nothing")?;
-                out.push_str(&regex::escape(&next.to_string()));
-            }
-            other => out.push_str(&regex::escape(&other.to_string())),
-        }
-        first = false;
     }
 }
 

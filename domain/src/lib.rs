@@ -10,6 +10,7 @@ pub mod client;
 pub mod event;
 pub mod mapping;
 pub mod names;
+pub mod pattern;
 pub mod proxy;
 pub mod queue;
 pub mod resync;

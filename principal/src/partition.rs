@@ -201,75 +201,13 @@ impl Partition {
     }
 }
 
-/// A pattern as a regular expression and whether it is a plain name: `/re/` as written
-/// (unanchored, as Argo CD matches it), anything else a glob over the whole name.
+/// A pattern as a regular expression ([`argocd_agent_domain::pattern::compile`]) and
+/// whether it is a plain name (then watched by namespace rather than filtered).
 fn compile(pattern: &str) -> Result<(Regex, bool), String> {
-    if pattern.len() >= 2 && pattern.starts_with('/') && pattern.ends_with('/') {
-        let inner = &pattern[1..pattern.len() - 1];
-        let re = Regex::new(inner).map_err(|e| format!("not a regular expression: {e}"))?;
-        return Ok((re, false));
-    }
     let literal = pattern
         .bytes()
         .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
-    let re = Regex::new(&glob_to_regex(pattern)?).map_err(|e| format!("not a glob: {e}"))?;
-    Ok((re, literal))
-}
-
-/// The anchored regular expression of a shell glob.
-fn glob_to_regex(glob: &str) -> Result<String, String> {
-    let mut out = String::from("^(?:");
-    let mut chars = glob.chars();
-    let mut braces = 0usize;
-    while let Some(c) = chars.next() {
-        match c {
-            '*' => out.push_str(".*"),
-            '?' => out.push('.'),
-            '\\' => {
-                let next = chars.next().ok_or("a trailing \\ escapes nothing")?;
-                out.push_str(&regex::escape(&next.to_string()));
-            }
-            '[' => out.push_str(&class(&mut chars)?),
-            '{' => {
-                braces += 1;
-                out.push_str("(?:");
-            }
-            ',' if braces > 0 => out.push('|'),
-            '}' if braces > 0 => {
-                braces -= 1;
-                out.push(')');
-            }
-            other => out.push_str(&regex::escape(&other.to_string())),
-        }
-    }
-    if braces > 0 {
-        return Err("a { is not closed".into());
-    }
-    out.push_str(")$");
-    Ok(out)
-}
-
-/// A character class after its `[`, up to and including the `]`, as a regex class.
-fn class(chars: &mut std::str::Chars<'_>) -> Result<String, String> {
-    let mut out = String::from("[");
-    let mut first = true;
-    loop {
-        let c = chars.next().ok_or("a [ is not closed")?;
-        match c {
-            '!' | '^' if first => out.push('^'),
-            ']' if !first => {
-                out.push(']');
-                return Ok(out);
-            }
-            '-' => out.push('-'),
-            '\\' => {
-                let next = chars.next().ok_or("a trailing \\ escapes nothing")?;
-                out.push_str(&regex::escape(&next.to_string()));
-            }
-            other => out.push_str(&regex::escape(&other.to_string())),
-        }
-        first = false;
-    }
+    Ok((argocd_agent_domain::pattern::compile(pattern)?, literal))
 }
 
 /// The terms of a label selector (commas inside `( )` do not split).
