@@ -18,7 +18,9 @@ use tokio::time::Instant;
 
 use super::selector::{FieldSelector, LabelSelector};
 use super::status::ApiError;
-use super::store::{DeleteOutcome, Event, EventType, PatchKind, Preconditions, WriteMode};
+use super::store::{
+    DeleteOutcome, Event, EventType, Page, PageQuery, PatchKind, Preconditions, WriteMode,
+};
 use super::{ColumnValue, ResourceType, Shared, Storage};
 
 /// Request bodies larger than this are refused (the apiserver's own limit is 3 MiB).
@@ -698,6 +700,9 @@ impl Filter {
             .map_err(ApiError::bad_request)?,
         })
     }
+    fn has_selector(&self) -> bool {
+        !self.labels.is_empty() || !self.fields.is_empty()
+    }
     fn matches(&self, obj: &Value) -> bool {
         let ns_ok = self.ns.as_deref().is_none_or(|ns| {
             obj.pointer("/metadata/namespace").and_then(Value::as_str) == Some(ns)
@@ -830,43 +835,45 @@ async fn serve_resource(
                 {
                     wait_for_rv(shared, rv).await?;
                 }
-                let (items, rv, after) = match q.get("continue").filter(|c| !c.is_empty()) {
+                let mut page = PageQuery {
+                    limit,
+                    ..PageQuery::default()
+                };
+                let continued = q.get("continue").filter(|c| !c.is_empty());
+                match continued {
                     // A continued list is served from the snapshot of its first page.
                     Some(token) => {
                         let (rv, after) = decode_continue(token)?;
-                        let items = store.list_at(t.res, list_ns, rv).map_err(|e| {
-                            if e.code == 410 {
-                                ApiError::new(410, "Expired", "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.")
-                            } else {
-                                e
-                            }
-                        })?;
-                        (items, rv, Some(after))
+                        page.at = Some(rv);
+                        page.after = Some(after);
                     }
                     None => match (q.rv()?, q.get("resourceVersionMatch")) {
-                        (Some(at), Some("Exact")) => (store.list_at(t.res, list_ns, at)?, at, None),
+                        (Some(at), Some("Exact")) => page.at = Some(at),
                         (_, Some(m)) if m != "NotOlderThan" && m != "Exact" => {
                             return Err(ApiError::bad_request(format!(
                                 "unsupported resourceVersionMatch {m:?}"
                             )));
                         }
-                        _ => {
-                            let (items, rv) = store.list(t.res, list_ns);
-                            (items, rv, None)
-                        }
+                        _ => {}
                     },
-                };
-                let mut items: Vec<Value> = items
-                    .into_iter()
-                    .filter(|o| filter.matches(o))
-                    .filter(|o| after.as_ref().is_none_or(|a| &object_key(o) > a))
-                    .collect();
+                }
+                let listed = store.list_page(t.res, list_ns, &page, |o| filter.matches(o));
+                let Page {
+                    items,
+                    rv,
+                    remaining,
+                } = listed.map_err(|e| match continued {
+                    Some(_) if e.code == 410 => ApiError::new(410, "Expired", "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter."),
+                    _ => e,
+                })?;
                 let mut meta = json!({"resourceVersion": rv.to_string()});
-                if limit > 0 && items.len() > limit {
-                    let remaining = items.len() - limit;
-                    items.truncate(limit);
-                    if let Some(last) = items.last() {
-                        meta["continue"] = json!(encode_continue(rv, &object_key(last)));
+                if remaining > 0
+                    && let Some(last) = items.last()
+                {
+                    meta["continue"] = json!(encode_continue(rv, &object_key(last)));
+                    // As the API server's etcd store: no count when a selector filters the list
+                    // (k8s.io/apiserver storage/etcd3/store.go, GetList).
+                    if !filter.has_selector() {
                         meta["remainingItemCount"] = json!(remaining);
                     }
                 }

@@ -23,6 +23,13 @@ enum LabelReq {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct LabelSelector(Vec<LabelReq>);
 
+impl LabelSelector {
+    /// No requirement: every object matches.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
 /// One `fieldSelector` requirement: the field, the JSON pointer it reads, the value.
 #[derive(Debug, Clone, PartialEq)]
 struct FieldReq {
@@ -34,6 +41,13 @@ struct FieldReq {
 /// A parsed `fieldSelector`.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct FieldSelector(Vec<FieldReq>);
+
+impl FieldSelector {
+    /// No requirement: every object matches.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
 
 /// Splits on commas that are not inside parentheses (`k in (a,b),x=y`).
 fn split_top_level(s: &str) -> Result<Vec<&str>, String> {

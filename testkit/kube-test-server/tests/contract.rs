@@ -2516,6 +2516,84 @@ async fn shutdown_ends_watches_and_stops_listening() {
 }
 
 #[tokio::test]
+async fn continued_pages_read_the_first_pages_snapshot_across_namespaces() {
+    let (_s, http) = setup().await;
+    const ALL: &str = "/apis/argoproj.io/v1alpha1/applications";
+    // "a" sorts before "a-b" as a namespace, after it as a "ns/name" string: pages follow
+    // the (namespace, name) order.
+    for ns in ["a", "a-b", "b"] {
+        http.post(
+            "/api/v1/namespaces",
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
+        )
+        .await;
+        for n in ["x", "y"] {
+            let r = http
+                .post(
+                    &format!("/apis/argoproj.io/v1alpha1/namespaces/{ns}/applications"),
+                    app(n),
+                )
+                .await;
+            assert_eq!(r.code, 201, "{:?}", r.body);
+        }
+    }
+    let p1 = http.get(&format!("{ALL}?limit=2")).await.body;
+    let at = p1["metadata"]["resourceVersion"].clone();
+    assert_eq!(p1["metadata"]["remainingItemCount"], 4);
+    let y_before = http
+        .get("/apis/argoproj.io/v1alpha1/namespaces/b/applications/y")
+        .await
+        .body;
+    // Between pages: one listed-later object is deleted, one changed, one added.
+    http.delete("/apis/argoproj.io/v1alpha1/namespaces/a-b/applications/x")
+        .await;
+    let mut y = y_before.clone();
+    y["spec"]["project"] = json!("changed");
+    assert_eq!(
+        http.put("/apis/argoproj.io/v1alpha1/namespaces/b/applications/y", y)
+            .await
+            .code,
+        200
+    );
+    http.post(
+        "/apis/argoproj.io/v1alpha1/namespaces/a-b/applications",
+        app("w"),
+    )
+    .await;
+    let mut seen = Vec::new();
+    let mut page = p1;
+    loop {
+        assert_eq!(page["metadata"]["resourceVersion"], at);
+        for i in page["items"].as_array().unwrap() {
+            let m = &i["metadata"];
+            seen.push(format!(
+                "{}/{}",
+                m["namespace"].as_str().unwrap(),
+                m["name"].as_str().unwrap()
+            ));
+            if m["namespace"] == "b" && m["name"] == "y" {
+                assert_eq!(i["spec"]["project"], "default", "the snapshot's state");
+            }
+        }
+        let Some(token) = page["metadata"]["continue"].as_str().map(str::to_string) else {
+            break;
+        };
+        page = http
+            .get(&format!("{ALL}?limit=2&continue={token}"))
+            .await
+            .body;
+    }
+    assert_eq!(seen, ["a/x", "a/y", "a-b/x", "a-b/y", "b/x", "b/y"]);
+    // With a selector the API server gives no remaining count, but still a continue token.
+    let sel = http
+        .get(&format!("{ALL}?limit=1&labelSelector=team%3Da"))
+        .await
+        .body;
+    assert!(sel["metadata"]["continue"].is_string());
+    assert!(sel["metadata"].get("remainingItemCount").is_none());
+}
+
+#[tokio::test]
 async fn list_pages_with_limit_and_continue_from_one_snapshot() {
     let (s, http) = setup().await;
     for n in ["a", "b", "c"] {
