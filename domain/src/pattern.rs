@@ -16,6 +16,17 @@ pub fn compile(pattern: &str) -> Result<Regex, String> {
     Regex::new(&translated).map_err(|e| format!("not a glob: {e}"))
 }
 
+/// A shell glob over the whole string (no `/re/` form), as Argo CD's `glob.Match` reads
+/// project destinations.
+pub fn compile_glob(pattern: &str) -> Result<Regex, String> {
+    Regex::new(&glob_to_regex(pattern)?).map_err(|e| format!("not a glob: {e}"))
+}
+
+/// Whether `pattern` has no glob syntax, so it matches exactly itself.
+pub fn is_literal(pattern: &str) -> bool {
+    !pattern.contains(['*', '?', '[', '{', '\\'])
+}
+
 /// The anchored regular expression of a shell glob (see the module documentation).
 fn glob_to_regex(glob: &str) -> Result<String, String> {
     let mut out = String::from("^(?:");

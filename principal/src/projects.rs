@@ -28,32 +28,25 @@ static GLOBS: std::sync::LazyLock<
 > = std::sync::LazyLock::new(Default::default);
 const MAX_CACHED_GLOBS: usize = 4096;
 
-/// Shell-style glob (`*` any run, `?` one character) over the whole string, as Argo CD
-/// matches destination names. Built on the regex crate (no glob crate is in the tree).
+/// Shell glob over the whole string (`*`, `?`, `[a-z]`, `{a,b}`), as Argo CD matches
+/// destination names (`util/glob`). A pattern without glob syntax is compared as a string:
+/// most destinations name one cluster, and a fleet has more of those than a regex cache
+/// holds. A glob's regex is compiled once and matched outside the cache's lock.
 pub fn glob_match(pattern: &str, s: &str) -> bool {
-    let mut cache = GLOBS.lock().unwrap_or_else(|p| p.into_inner());
-    if cache.len() >= MAX_CACHED_GLOBS && !cache.contains_key(pattern) {
-        cache.clear();
+    if argocd_agent_domain::pattern::is_literal(pattern) {
+        return pattern == s;
     }
-    cache
-        .entry(pattern.to_owned())
-        .or_insert_with(|| compile_glob(pattern))
-        .as_ref()
-        .is_some_and(|r| r.is_match(s))
-}
-
-fn compile_glob(pattern: &str) -> Option<regex::Regex> {
-    let mut re = String::with_capacity(pattern.len() + 8);
-    re.push('^');
-    for c in pattern.chars() {
-        match c {
-            '*' => re.push_str(".*"),
-            '?' => re.push('.'),
-            c => re.push_str(&regex::escape(c.encode_utf8(&mut [0; 4]))),
+    let re = {
+        let mut cache = GLOBS.lock().unwrap_or_else(|p| p.into_inner());
+        if cache.len() >= MAX_CACHED_GLOBS && !cache.contains_key(pattern) {
+            cache.clear();
         }
-    }
-    re.push('$');
-    regex::Regex::new(&re).ok()
+        cache
+            .entry(pattern.to_owned())
+            .or_insert_with(|| argocd_agent_domain::pattern::compile_glob(pattern).ok())
+            .clone()
+    };
+    re.is_some_and(|r| r.is_match(s))
 }
 
 fn destinations(spec: &Value) -> impl Iterator<Item = &Map<String, Value>> {
@@ -289,6 +282,20 @@ mod tests {
         assert!(!glob_match("edge-?", "edge-12"));
         assert!(!glob_match("agent", "agent-a"));
         assert!(glob_match("a.b", "a.b") && !glob_match("a.b", "axb"));
+        // Argo CD's glob (gobwas) also reads classes and alternatives.
+        assert!(glob_match("edge-[0-9]", "edge-7") && !glob_match("edge-[0-9]", "edge-x"));
+        assert!(
+            glob_match("{prod,stage}-*", "stage-eu") && !glob_match("{prod,stage}-*", "dev-eu")
+        );
+        // Literal names never touch the regex cache: 10,000 of them leave it empty.
+        let before = GLOBS.lock().unwrap().len();
+        for i in 0..10_000 {
+            assert!(glob_match(&format!("agent-{i}"), &format!("agent-{i}")));
+        }
+        assert!(
+            GLOBS.lock().unwrap().len() <= before + 4,
+            "literals are not cached"
+        );
     }
 
     #[test]
