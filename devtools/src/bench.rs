@@ -48,6 +48,10 @@ pub enum ScenarioArg {
     HaKillAll,
     /// The shipped configuration: rolling update (new replica, ready, SIGTERM the old, next).
     HaRollout,
+    /// Internal: the idle floor's bare tonic server, started by `connect` (`--dir`: the
+    /// run's directory, whose `principal.sock` gives its SVID).
+    #[value(hide = true)]
+    FloorServer,
     /// No run: draw --plot from the connect, big-hub and big-spoke rows already in --json
     /// (cost growth).
     Plot,
@@ -71,7 +75,7 @@ impl ScenarioArg {
             ScenarioArg::HaKillOne => Scenario::HaKillOne,
             ScenarioArg::HaKillAll => Scenario::HaKillAll,
             ScenarioArg::HaRollout => Scenario::HaRollout,
-            ScenarioArg::Plot => return None,
+            ScenarioArg::Plot | ScenarioArg::FloorServer => return None,
         })
     }
 }
@@ -176,6 +180,12 @@ pub async fn run(a: BenchArgs) -> crate::CmdResult {
             a.rate
         )
         .into());
+    }
+    if let ScenarioArg::FloorServer = a.scenario {
+        let dir = opts.dir.clone().ok_or("bench floor-server: --dir (the run's directory) is required")?;
+        let endpoint = format!("unix://{}", dir.join("principal.sock").display());
+        bench::floor::Floor::serve_standalone(endpoint).await?;
+        return Ok(());
     }
     if let Some(scenario) = a.scenario.scenario() {
         let report = bench::run(scenario, &opts)

@@ -26,6 +26,8 @@ use argocd_agent_testkit::harness::HarnessError;
 const UPLOAD: &str = "bench.floor.upload";
 /// Type of the first message: the server sends `id` (a count) copies of the payload.
 const DOWNLOAD: &str = "bench.floor.download";
+/// Type of the first message: the stream stays open and idle until the client ends it.
+const IDLE: &str = "bench.floor.idle";
 
 /// A connected floor client.
 pub type Client = EventStreamClient<tonic::transport::Channel>;
@@ -76,6 +78,14 @@ impl EventStream for FloorService {
                     }
                 });
             }
+            IDLE => {
+                // Reads (nothing, until the client ends the stream); `tx` keeps the answer
+                // stream open meanwhile.
+                tokio::spawn(async move {
+                    while let Ok(Some(_)) = inbound.message().await {}
+                    drop(tx);
+                });
+            }
             other => return Err(Status::invalid_argument(format!("unknown mode {other}"))),
         }
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
@@ -118,6 +128,19 @@ impl Floor {
             _source: source,
             shutdown,
         })
+    }
+
+    /// Serves from the SVID of the Workload API at `endpoint` (the bench's `principal.sock`,
+    /// so the same identity as the principal), on 127.0.0.1, in this process until it is
+    /// killed; prints `listening <addr>` once it accepts. This is the floor process of
+    /// [`idle_floor`]: its RSS is the floor's alone.
+    pub async fn serve_standalone(endpoint: String) -> Result<(), HarnessError> {
+        let source = SvidSource::workload_api(Some(endpoint)).await?;
+        let svid = source.wait_ready(Duration::from_secs(30)).await?;
+        let floor = Floor::start(svid, CloudEvent::default()).await?;
+        println!("listening {}", floor.addr);
+        std::future::pending::<()>().await;
+        Ok(())
     }
 
     /// Connects one client per TLS configuration (one connection each, handshakes done
@@ -219,6 +242,91 @@ impl Floor {
             .max_decoding_message_size(16 << 20)
             .max_encoding_message_size(16 << 20))
     }
+}
+
+/// What idle streams cost a bare tonic server.
+#[derive(Debug, Clone, Copy)]
+pub struct IdleFloor {
+    /// The floor process's RSS growth over the connections it holds, per connection.
+    pub bytes_per_conn: u64,
+}
+
+/// The idle-memory floor: starts `argocd-agent-dev bench floor-server` as its own process
+/// (identity from the bench's `principal.sock` in `dir`), opens one connection and one idle
+/// bidirectional stream per TLS configuration (the simulated agents' SVIDs, the agent's
+/// keepalive), lets them settle and reads the process's RSS growth.
+pub async fn idle_floor(
+    dir: &std::path::Path,
+    clients: &[Arc<rustls::ClientConfig>],
+    settle: Duration,
+) -> Result<IdleFloor, HarnessError> {
+    use tokio::io::AsyncBufReadExt;
+    let program = argocd_agent_testkit::harness::binary("argocd-agent-dev")?;
+    let mut child = tokio::process::Command::new(program)
+        .args(["bench", "floor-server", "--dir"])
+        .arg(dir)
+        .env("RUST_LOG", "warn")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let pid = child.id().ok_or("floor server exited at once")?;
+    let stdout = child.stdout.take().ok_or("no stdout from the floor server")?;
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .map_err(|_| "floor server did not start in 30 s")??
+        .ok_or("floor server exited before listening")?;
+    let addr: std::net::SocketAddr = line
+        .strip_prefix("listening ")
+        .ok_or_else(|| format!("floor server said {line:?}"))?
+        .parse()?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before = super::env::ProcSample::read(pid)?.rss;
+    let mut streams = Vec::with_capacity(clients.len());
+    for chunk in clients.chunks(64) {
+        let opened =
+            futures::future::join_all(chunk.iter().map(|tls| hold_idle(addr, tls.clone()))).await;
+        for s in opened {
+            streams.push(s?);
+        }
+    }
+    tokio::time::sleep(settle).await;
+    let after = super::env::ProcSample::read(pid)?.rss;
+    drop(streams);
+    let _ = child.kill().await;
+    Ok(IdleFloor {
+        bytes_per_conn: after.saturating_sub(before) / clients.len().max(1) as u64,
+    })
+}
+
+/// One connection with one open, idle stream; both end when the value is dropped.
+async fn hold_idle(
+    addr: std::net::SocketAddr,
+    tls: Arc<rustls::ClientConfig>,
+) -> Result<(mpsc::Sender<CloudEvent>, Streaming<CloudEvent>), HarnessError> {
+    let channel = argocd_agent_identity::transport::connect(
+        &addr.to_string(),
+        tls,
+        "localhost",
+        ChannelOptions {
+            keepalive_interval: Duration::from_secs(30),
+            ..ChannelOptions::default()
+        },
+    )
+    .await?;
+    let (tx, rx) = mpsc::channel(1);
+    tx.send(CloudEvent {
+        r#type: IDLE.into(),
+        ..CloudEvent::default()
+    })
+    .await
+    .map_err(|_| "closed")?;
+    let inbound = EventStreamClient::new(channel)
+        .subscribe(ReceiverStream::new(rx))
+        .await?
+        .into_inner();
+    Ok((tx, inbound))
 }
 
 impl Drop for Floor {

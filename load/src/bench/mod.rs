@@ -487,6 +487,7 @@ async fn connect(opts: &BenchOptions) -> Result<Report, HarnessError> {
             let issued = Instant::now();
             let agents = make_agents(&env, n)?;
             let issue_time = issued.elapsed();
+            let floor_tls: Vec<_> = agents.iter().map(|a| a.tls()).collect();
             let fleet = fleet(&env, agents, opts);
             let started = Instant::now();
             let mut connected_at = None;
@@ -538,6 +539,10 @@ async fn connect(opts: &BenchOptions) -> Result<Report, HarnessError> {
             }
             tokio::time::sleep(Duration::from_secs(3)).await;
             let after = env.sample()?;
+            // The floor in the same run: a bare tonic server holding one idle stream per
+            // agent over the same mTLS, as its own process.
+            let floor = floor::idle_floor(&env.dir, &floor_tls, Duration::from_secs(5)).await?;
+            let idle_bytes = idle_end.rss.saturating_sub(before.rss) / n.max(1) as u64;
             let mut r = Report::new(Scenario::Connect);
             r.put("agents", n);
             r.put("connect_s", round2(connect_time.as_secs_f64()));
@@ -547,9 +552,11 @@ async fn connect(opts: &BenchOptions) -> Result<Report, HarnessError> {
             );
             r.put("rss_before_mib", round2(mib(before.rss)));
             r.put("rss_connected_mib", round2(mib(idle_end.rss)));
+            r.put("idle_bytes_per_agent", idle_bytes);
+            r.put("floor_idle_bytes_per_conn", floor.bytes_per_conn);
             r.put(
-                "idle_bytes_per_agent",
-                (idle_end.rss.saturating_sub(before.rss)) / n.max(1) as u64,
+                "idle_ratio_to_floor",
+                round2(idle_bytes as f64 / floor.bytes_per_conn.max(1) as f64),
             );
             r.put(
                 "idle_cpu_pct",

@@ -331,10 +331,12 @@ impl Store {
     /// they are consistent with.
     pub fn list(&self, res: usize, ns: Option<&str>) -> (Vec<Value>, u64) {
         let g = self.lock();
+        // By key range: a write-triggered list of a small type (the pod log generator lists
+        // pods on every write) must not walk every object of every type.
         let items = g
             .objects
-            .iter()
-            .filter(|((r, n, _), _)| *r == res && ns.is_none_or(|ns| ns == n))
+            .range((res, ns.unwrap_or("").to_string(), String::new())..)
+            .take_while(|((r, n, _), _)| *r == res && ns.is_none_or(|ns| ns == n))
             .map(|(_, v)| v.clone())
             .collect();
         (items, g.rv)
