@@ -46,6 +46,9 @@ async fn connect_smoke() {
     assert_eq!(num(&r, "agents"), 12.0);
     assert_eq!(num(&r, "dropped_streams"), 0.0);
     assert!(num(&r, "rss_connected_mib") > 0.0);
+    // The floor process ran in the same run and reported its own growth.
+    assert!(num(&r, "floor_idle_bytes_per_conn") >= 0.0);
+    assert!(r.table().contains("idle_ratio_to_floor"));
     let table = r.table();
     assert!(table.starts_with("scenario") && table.contains("connect"));
 }
