@@ -182,7 +182,10 @@ pub async fn run(a: BenchArgs) -> crate::CmdResult {
         .into());
     }
     if let ScenarioArg::FloorServer = a.scenario {
-        let dir = opts.dir.clone().ok_or("bench floor-server: --dir (the run's directory) is required")?;
+        let dir = opts
+            .dir
+            .clone()
+            .ok_or("bench floor-server: --dir (the run's directory) is required")?;
         let endpoint = format!("unix://{}", dir.join("principal.sock").display());
         bench::floor::Floor::serve_standalone(endpoint).await?;
         return Ok(());

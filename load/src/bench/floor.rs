@@ -271,7 +271,10 @@ pub async fn idle_floor(
         .kill_on_drop(true)
         .spawn()?;
     let pid = child.id().ok_or("floor server exited at once")?;
-    let stdout = child.stdout.take().ok_or("no stdout from the floor server")?;
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or("no stdout from the floor server")?;
     let mut lines = tokio::io::BufReader::new(stdout).lines();
     let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
         .await

@@ -857,24 +857,26 @@ async fn serve_resource(
                         _ => {}
                     },
                 }
-                let listed = store.list_page(t.res, list_ns, &page, |o| filter.matches(o));
+                let matches = |o: &Value| filter.matches(o);
+                let keep: Option<&dyn Fn(&Value) -> bool> =
+                    filter.has_selector().then_some(&matches);
+                let listed = store.list_page(t.res, list_ns, &page, keep);
                 let Page {
                     items,
                     rv,
+                    more,
                     remaining,
                 } = listed.map_err(|e| match continued {
                     Some(_) if e.code == 410 => ApiError::new(410, "Expired", "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter."),
                     _ => e,
                 })?;
                 let mut meta = json!({"resourceVersion": rv.to_string()});
-                if remaining > 0
-                    && let Some(last) = items.last()
-                {
+                if more && let Some(last) = items.last() {
                     meta["continue"] = json!(encode_continue(rv, &object_key(last)));
                     // As the API server's etcd store: no count when a selector filters the list
                     // (k8s.io/apiserver storage/etcd3/store.go, GetList).
-                    if !filter.has_selector() {
-                        meta["remainingItemCount"] = json!(remaining);
+                    if let Some(n) = remaining {
+                        meta["remainingItemCount"] = json!(n);
                     }
                 }
                 if let Some(include) = table {

@@ -816,3 +816,70 @@ current-context: {context_name}
 "
     )
 }
+
+#[cfg(test)]
+mod scale {
+    use super::*;
+
+    /// `cargo test --release -p argocd-agent-kube-test-server --lib -- --ignored http_paging_cost --nocapture`
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "a measurement, run by hand"]
+    async fn http_paging_cost() {
+        let server = KubeTestServer::start_on(
+            SocketAddr::from(([127, 0, 0, 1], 0)),
+            ServerOptions {
+                auto_create_namespaces: true,
+                history_limit: 50_000,
+                ..ServerOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+        let store = &server.shared.store;
+        let res = store
+            .find("argoproj.io", "v1alpha1", "applications")
+            .unwrap();
+        let w = managed_fields::Writer {
+            manager: "t".into(),
+            status: false,
+        };
+        for i in 0..100_000 {
+            let ns = format!("bench-{:05}", i / 10);
+            store
+                .create(
+                    res,
+                    &ns,
+                    serde_json::json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+                           "metadata": {"name": format!("app-{i}"), "namespace": ns},
+                           "spec": {"project": "default", "source": {"repoURL": "https://x", "targetRevision": "v1", "path": "p", "helm": {"values": "x".repeat(600)}}, "destination": {"name": "in-cluster", "namespace": "x"}}}),
+                    false,
+                    &w,
+                )
+                .unwrap();
+        }
+        let kubeconfig = kube::config::Kubeconfig::from_yaml(&server.kubeconfig_yaml("t")).unwrap();
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            .await
+            .unwrap();
+        let client = kube::Client::try_from(config).unwrap();
+        let ar = kube::core::ApiResource::from_gvk_with_plural(
+            &kube::core::GroupVersionKind::gvk("argoproj.io", "v1alpha1", "Application"),
+            "applications",
+        );
+        let api: kube::Api<kube::api::DynamicObject> = kube::Api::all_with(client, &ar);
+        let t = std::time::Instant::now();
+        let mut lp = kube::api::ListParams::default().limit(500);
+        let mut n = 0;
+        let mut pages = 0;
+        loop {
+            let page = api.list(&lp).await.unwrap();
+            n += page.items.len();
+            pages += 1;
+            match page.metadata.continue_ {
+                Some(c) if !c.is_empty() => lp = lp.continue_token(&c),
+                _ => break,
+            }
+        }
+        eprintln!("listed {n} in {pages} pages, {:?}", t.elapsed());
+    }
+}
