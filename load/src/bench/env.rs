@@ -366,7 +366,7 @@ impl BenchEnv {
     pub async fn restart_principal(&mut self) -> Result<(), HarnessError> {
         self.principal.start()?;
         wait_port(self.principal_addr).await?;
-        self.wait_ready(Duration::from_secs(60)).await
+        self.wait_ready(Duration::from_secs(120)).await
     }
 
     /// The sum of an unlabelled metric over replicas 1.. (those of [`BenchEnv::start_ha`]).

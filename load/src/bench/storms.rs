@@ -306,6 +306,9 @@ async fn act(
                 r.proc.kill().await;
                 sampler.restarted(r.metrics_port);
             }
+            // No replica is ready: the Service has no endpoints, so a dial is refused at
+            // once (kube-proxy rejects connections to a Service without endpoints).
+            fleet.set_principals(Vec::new());
             // The agents see their connections reset; then the kubelet restarts each
             // container at once (its first restart has no back-off).
             until("every session to notice", scaled(n), || {
@@ -316,15 +319,41 @@ async fn act(
             for r in &mut env.replicas {
                 r.proc.start()?;
             }
-            env.wait_ready(Duration::from_secs(120)).await?;
-            for r in &env.replicas {
-                super::env::wait_ready_on(r.metrics_port, &r.proc, Duration::from_secs(120))
-                    .await?;
-            }
+            endpoints_as_ready(env, fleet).await?;
         }
         Storm::Rollout => rollout(env, fleet, sampler, args).await?,
     }
     Ok(t.elapsed())
+}
+
+/// Adds each restarted replica to the Service's endpoints once its `/readyz` says ready, as
+/// the endpoints controller does; returns when all are.
+async fn endpoints_as_ready(env: &BenchEnv, fleet: &Fleet) -> Result<(), HarnessError> {
+    let all: Vec<(
+        std::net::SocketAddr,
+        u16,
+        &argocd_agent_testkit::harness::Proc,
+    )> = std::iter::once((env.principal_addr, env.metrics_port, &env.principal))
+        .chain(
+            env.replicas
+                .iter()
+                .map(|r| (r.addr, r.metrics_port, &r.proc)),
+        )
+        .collect();
+    let mut pending: futures::stream::FuturesUnordered<_> = all
+        .into_iter()
+        .map(|(addr, port, proc)| async move {
+            super::env::wait_ready_on(port, proc, Duration::from_secs(120))
+                .await
+                .map(|()| addr)
+        })
+        .collect();
+    let mut ready = Vec::new();
+    while let Some(addr) = futures::StreamExt::next(&mut pending).await {
+        ready.push(addr?);
+        fleet.set_principals(ready.clone());
+    }
+    Ok(())
 }
 
 /// Replaces every replica, one at a time, as a Deployment's rolling update does: the new
