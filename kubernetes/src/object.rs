@@ -247,6 +247,19 @@ fn transfer_meta(meta: &ObjectMeta) -> ObjectMeta {
 /// metadata is copied, never the object's content. What a queued event of the source of
 /// truth sends (see `argocd_agent_domain::LazyObject`).
 pub fn write_stamped_for_transfer(obj: &DynamicObject, out: &mut Vec<u8>) {
+    write_transfer(obj, None, out);
+}
+
+/// [`write_stamped_for_transfer`] without `.status`: what a managed agent takes of a hub
+/// Application. Its copy's status is the spoke's own (written by the spoke's Argo CD), the
+/// agent takes only `.spec` of an update, and the API server ignores `.status` in writes to
+/// a kind with a status subresource; so the hub's status, often the largest part of an
+/// Application, is never sent to it.
+pub fn write_stamped_without_status(obj: &DynamicObject, out: &mut Vec<u8>) {
+    write_transfer(obj, Some("status"), out);
+}
+
+fn write_transfer(obj: &DynamicObject, skip: Option<&str>, out: &mut Vec<u8>) {
     /// Serializes as [`DynamicObject`] does (the same flattened fields), by reference.
     #[derive(serde::Serialize)]
     struct Transfer<'a> {
@@ -254,12 +267,35 @@ pub fn write_stamped_for_transfer(obj: &DynamicObject, out: &mut Vec<u8>) {
         types: &'a Option<kube::api::TypeMeta>,
         metadata: ObjectMeta,
         #[serde(flatten)]
+        data: Skipping<'a>,
+    }
+    /// The object's top-level fields but `skip`.
+    struct Skipping<'a> {
         data: &'a Value,
+        skip: Option<&'a str>,
+    }
+    impl serde::Serialize for Skipping<'_> {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            use serde::ser::SerializeMap;
+            match self.data {
+                Value::Object(fields) => {
+                    let mut map = s.serialize_map(None)?;
+                    for (k, v) in fields.iter().filter(|(k, _)| Some(k.as_str()) != self.skip) {
+                        map.serialize_entry(k, v)?;
+                    }
+                    map.end()
+                }
+                other => serde::Serialize::serialize(other, s),
+            }
+        }
     }
     let transfer = Transfer {
         types: &obj.types,
         metadata: stamped_meta(&obj.metadata),
-        data: &obj.data,
+        data: Skipping {
+            data: &obj.data,
+            skip,
+        },
     };
     // Writing JSON into a Vec fails only for a map with non-string keys, which a
     // `DynamicObject` cannot hold.
@@ -375,6 +411,13 @@ mod tests {
             "u-1"
         );
         assert_eq!(written["metadata"]["generateName"], "a-");
+        let mut managed = Vec::new();
+        write_stamped_without_status(&obj, &mut managed);
+        let managed: Value = serde_json::from_slice(&managed).unwrap();
+        let mut want = written.clone();
+        want.as_object_mut().unwrap().remove("status");
+        assert_eq!(managed, want, "the same form, without .status");
+        assert_eq!(managed["operation"], json!({"sync": {}}));
         assert!(written["metadata"].get("managedFields").is_none());
         assert!(written["metadata"].get("ownerReferences").is_none());
         for dropped in [

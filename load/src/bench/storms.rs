@@ -361,7 +361,7 @@ async fn endpoints_as_ready(env: &BenchEnv, fleet: &Fleet) -> Result<(), Harness
 /// one's place among the addresses the agents dial; then the old one gets SIGTERM and is
 /// waited for (up to the grace period, then killed). One principal (no `--ha`): SIGTERM,
 /// exit, start again (a second principal without Leases beside it would serve the same
-/// agents).
+/// agents), with no endpoint until it is ready.
 async fn rollout(
     env: &mut BenchEnv,
     fleet: &Fleet,
@@ -369,9 +369,12 @@ async fn rollout(
     args: &[String],
 ) -> Result<(), HarnessError> {
     if env.replicas.is_empty() {
+        // A terminating pod leaves the endpoints; its successor joins them once ready.
+        fleet.set_principals(Vec::new());
         terminate(&mut env.principal).await;
         sampler.restarted(env.metrics_port);
-        return env.restart_principal().await;
+        env.principal.start()?;
+        return endpoints_as_ready(env, fleet).await;
     }
     for slot in 0..=env.replicas.len() {
         let new = env

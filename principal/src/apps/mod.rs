@@ -56,19 +56,20 @@ fn for_wire(obj: &DynamicObject) -> Arc<Value> {
 }
 
 /// Wire form of a hub object for a managed agent: [`for_wire`] plus the hub UID
-/// (`argocd.argoproj.io/source-uid`). The queued event shares the watch cache's copy and
+/// (`argocd.argoproj.io/source-uid`), without `.status`. The queued event shares the watch cache's copy and
 /// writes the JSON when it is sent.
 fn for_managed_wire(obj: &Arc<DynamicObject>) -> Payload {
     Payload::Lazy(LazyObject::new(ManagedWire(obj.clone())))
 }
 
-/// A hub object as a managed agent receives it, written when sent.
+/// A hub object as a managed agent receives it, written when sent: without `.status`,
+/// which the agent never takes (its copy's status is the spoke's own).
 #[derive(Debug)]
 struct ManagedWire(Arc<DynamicObject>);
 
 impl JsonObject for ManagedWire {
     fn write_json(&self, out: &mut Vec<u8>) {
-        object::write_stamped_for_transfer(&self.0, out);
+        object::write_stamped_without_status(&self.0, out);
     }
 }
 
