@@ -228,19 +228,7 @@ impl Floor {
     }
 
     async fn client(&self, tls: Arc<rustls::ClientConfig>) -> Result<Client, HarnessError> {
-        let channel = argocd_agent_identity::transport::connect(
-            &self.addr.to_string(),
-            tls,
-            "localhost",
-            ChannelOptions {
-                keepalive_interval: Duration::from_secs(30),
-                ..ChannelOptions::default()
-            },
-        )
-        .await?;
-        Ok(EventStreamClient::new(channel)
-            .max_decoding_message_size(16 << 20)
-            .max_encoding_message_size(16 << 20))
+        client_to(self.addr, tls).await
     }
 }
 
@@ -303,11 +291,11 @@ pub async fn idle_floor(
     })
 }
 
-/// One connection with one open, idle stream; both end when the value is dropped.
-async fn hold_idle(
+/// A floor client on its own connection, with the agent's keepalive.
+async fn client_to(
     addr: std::net::SocketAddr,
     tls: Arc<rustls::ClientConfig>,
-) -> Result<(mpsc::Sender<CloudEvent>, Streaming<CloudEvent>), HarnessError> {
+) -> Result<Client, HarnessError> {
     let channel = argocd_agent_identity::transport::connect(
         &addr.to_string(),
         tls,
@@ -318,6 +306,17 @@ async fn hold_idle(
         },
     )
     .await?;
+    Ok(EventStreamClient::new(channel)
+        .max_decoding_message_size(16 << 20)
+        .max_encoding_message_size(16 << 20))
+}
+
+/// One connection with one open, idle stream; both end when the value is dropped.
+async fn hold_idle(
+    addr: std::net::SocketAddr,
+    tls: Arc<rustls::ClientConfig>,
+) -> Result<(mpsc::Sender<CloudEvent>, Streaming<CloudEvent>), HarnessError> {
+    let mut client = client_to(addr, tls).await?;
     let (tx, rx) = mpsc::channel(1);
     tx.send(CloudEvent {
         r#type: IDLE.into(),
@@ -325,7 +324,7 @@ async fn hold_idle(
     })
     .await
     .map_err(|_| "closed")?;
-    let inbound = EventStreamClient::new(channel)
+    let inbound = client
         .subscribe(ReceiverStream::new(rx))
         .await?
         .into_inner();

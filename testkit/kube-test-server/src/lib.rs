@@ -835,28 +835,7 @@ mod scale {
         )
         .await
         .unwrap();
-        let store = &server.shared.store;
-        let res = store
-            .find("argoproj.io", "v1alpha1", "applications")
-            .unwrap();
-        let w = managed_fields::Writer {
-            manager: "t".into(),
-            status: false,
-        };
-        for i in 0..100_000 {
-            let ns = format!("bench-{:05}", i / 10);
-            store
-                .create(
-                    res,
-                    &ns,
-                    serde_json::json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
-                           "metadata": {"name": format!("app-{i}"), "namespace": ns},
-                           "spec": {"project": "default", "source": {"repoURL": "https://x", "targetRevision": "v1", "path": "p", "helm": {"values": "x".repeat(600)}}, "destination": {"name": "in-cluster", "namespace": "x"}}}),
-                    false,
-                    &w,
-                )
-                .unwrap();
-        }
+        store::scale::seed_apps(&server.shared.store, 100_000);
         let kubeconfig = kube::config::Kubeconfig::from_yaml(&server.kubeconfig_yaml("t")).unwrap();
         let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
             .await

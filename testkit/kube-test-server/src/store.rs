@@ -1132,14 +1132,11 @@ fn merge_by_key<'a, K: Ord>(
 }
 
 #[cfg(test)]
-mod scale {
+pub(crate) mod scale {
     use super::*;
 
-    /// `cargo test --release -p argocd-agent-kube-test-server --lib -- --ignored paging_cost --nocapture`
-    #[test]
-    #[ignore = "a measurement, run by hand"]
-    fn paging_cost() {
-        let store = Store::new(crate::ResourceType::defaults(), 50_000, true);
+    /// Creates `n` Applications of ~1 KB, ten per namespace; returns the type's index.
+    pub(crate) fn seed_apps(store: &Store, n: usize) -> usize {
         let res = store
             .find("argoproj.io", "v1alpha1", "applications")
             .unwrap();
@@ -1147,8 +1144,7 @@ mod scale {
             manager: "t".into(),
             status: false,
         };
-        let t = std::time::Instant::now();
-        for i in 0..100_000 {
+        for i in 0..n {
             let ns = format!("bench-{:05}", i / 10);
             store
                 .create(
@@ -1162,6 +1158,16 @@ mod scale {
                 )
                 .unwrap();
         }
+        res
+    }
+
+    /// `cargo test --release -p argocd-agent-kube-test-server --lib -- --ignored paging_cost --nocapture`
+    #[test]
+    #[ignore = "a measurement, run by hand"]
+    fn paging_cost() {
+        let store = Store::new(crate::ResourceType::defaults(), 50_000, true);
+        let t = std::time::Instant::now();
+        let res = seed_apps(&store, 100_000);
         eprintln!("seed {:?}", t.elapsed());
         let t = std::time::Instant::now();
         let mut q = PageQuery {
