@@ -38,11 +38,22 @@ pub fn envoy_bin() -> Result<PathBuf, HarnessError> {
 /// Chosen below Linux's ephemeral range (32768–60999): tests kill processes and start them
 /// again on the same port, and a port in that range can be taken meanwhile as the local port
 /// of any outgoing connection on the machine ("Address already in use" on restart).
+///
+/// A port is handed out once per process: two calls before either child has bound its
+/// port (a topology picks every port up front) must not get the same one.
 pub fn free_loopback_port() -> std::io::Result<u16> {
+    static HANDED_OUT: std::sync::LazyLock<std::sync::Mutex<std::collections::HashSet<u16>>> =
+        std::sync::LazyLock::new(Default::default);
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|p| p.into_inner());
     for _ in 0..200 {
         let port = fastrand::u16(20_000..32_000);
+        if handed_out.contains(&port) {
+            continue;
+        }
         if let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", port)) {
-            return Ok(l.local_addr()?.port());
+            let port = l.local_addr()?.port();
+            handed_out.insert(port);
+            return Ok(port);
         }
     }
     let l = std::net::TcpListener::bind("127.0.0.1:0")?;
