@@ -84,14 +84,6 @@ pub enum GuardError {
         /// The peer address.
         peer: SocketAddr,
     },
-    /// The agent would send plaintext to a host that is not its local sidecar.
-    #[error(
-        "refusing plaintext connection to {target}: with --creds header: the agent talks h2c to its local mesh sidecar, which must be on loopback; anything else would send traffic unencrypted over the network (pass {AGENT_OVERRIDE_FLAG} to allow it)"
-    )]
-    NonLoopbackTarget {
-        /// The refused host.
-        target: String,
-    },
 }
 
 fn is_loopback(ip: IpAddr) -> bool {

@@ -7,8 +7,6 @@
 //! - [`header`]: the `--auth header:...` presets and the refusal of identity headers on
 //!   the mTLS listener.
 //! - [`guard`]: header identities only on loopback/Unix listeners and from trusted peers.
-//! - [`keepalive`]: timers that survive mesh idle timeouts.
-//! - [`transport`]: the agent's `--creds` transport (mTLS or plaintext to its sidecar).
 //! - [`generate`]: Envoy bootstrap, Istio and Linkerd objects for the principal.
 #![forbid(unsafe_code)]
 #![deny(rust_2018_idioms, unused_must_use, missing_docs)]
@@ -17,11 +15,9 @@ mod error;
 pub mod generate;
 pub mod guard;
 pub mod header;
-pub mod keepalive;
 pub mod linkerd;
 #[cfg(feature = "test-util")]
 pub mod testing;
-pub mod transport;
 pub mod xfcc;
 
 pub use error::MeshError;
@@ -33,7 +29,5 @@ pub use guard::{
     GuardError, GuardWarning, HeaderListenerPolicy, ListenAddr, check_listen_addr, check_peer,
 };
 pub use header::{HeaderAuth, IDENTITY_HEADERS, reject_identity_headers};
-pub use keepalive::KeepaliveSettings;
 pub use linkerd::LinkerdId;
-pub use transport::AgentTransport;
 pub use xfcc::{XfccElement, XfccError, parse_xfcc};

@@ -4,7 +4,7 @@
 //! (for trust domains up to 255 bytes).
 #![no_main]
 
-use crate::{SpiffeId, TrustDomain};
+use argocd_agent_identity::{SpiffeId, TrustDomain};
 
 use argocd_agent_domain::{AgentName, Namespace};
 use libfuzzer_sys::fuzz_target;

@@ -3,7 +3,7 @@
 //! (`map` decides as `explain` does).
 #![no_main]
 
-use crate::SpiffeId;
+use argocd_agent_identity::SpiffeId;
 
 use argocd_agent_domain::RuleSet;
 use libfuzzer_sys::fuzz_target;
