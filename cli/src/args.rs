@@ -81,6 +81,35 @@ pub struct SvidArgs {
     pub root_ca: Vec<String>,
 }
 
+/// TLS versions and cipher suites of every listener and dialer of the process (upstream's
+/// flags and spellings; docs/spiffe.md, "TLS versions").
+#[derive(Debug, Args)]
+pub struct TlsVersionArgs {
+    /// Lowest TLS version spoken: `tls1.3` (default) or `tls1.2` (TLS 1.2 and 1.3).
+    /// `tls1.1` and older are refused.
+    #[arg(long)]
+    pub tls_min_version: Option<String>,
+    /// Highest TLS version spoken: `tls1.3` (default) or `tls1.2`.
+    #[arg(long)]
+    pub tls_max_version: Option<String>,
+    /// Cipher suites (IANA names, comma-separated, e.g. `TLS_AES_128_GCM_SHA256`,
+    /// `TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384`); a list naming only suites of one version
+    /// leaves the other's alone. Default: all AEAD suites of the versions allowed.
+    #[arg(long, value_delimiter = ',')]
+    pub tls_ciphersuites: Vec<String>,
+}
+
+impl TlsVersionArgs {
+    /// The profile these settings ask for.
+    pub fn profile(&self) -> Result<argocd_agent_identity::tls::TlsProfile, String> {
+        argocd_agent_identity::tls::TlsProfile::from_settings(
+            self.tls_min_version.as_deref(),
+            self.tls_max_version.as_deref(),
+            &self.tls_ciphersuites,
+        )
+    }
+}
+
 fn parse_bundles(list: &[String]) -> Result<Vec<(Option<TrustDomain>, PathBuf)>, String> {
     list.iter()
         .map(|s| match s.split_once('=') {
@@ -124,6 +153,9 @@ pub struct PrincipalArgs {
     /// The principal's SVID.
     #[command(flatten)]
     pub svid: SvidArgs,
+    /// TLS versions and cipher suites.
+    #[command(flatten)]
+    pub tls: TlsVersionArgs,
     /// The hub's Kubernetes API.
     #[command(flatten)]
     pub kube: KubeArgs,
@@ -730,6 +762,9 @@ pub struct AgentArgs {
     /// The agent's SVID.
     #[command(flatten)]
     pub svid: SvidArgs,
+    /// TLS versions and cipher suites.
+    #[command(flatten)]
+    pub tls: TlsVersionArgs,
     /// This cluster's Kubernetes API.
     #[command(flatten)]
     pub kube: KubeArgs,

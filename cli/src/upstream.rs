@@ -15,7 +15,7 @@ use std::time::Duration;
 use clap::parser::ValueSource;
 use clap::{Arg, ArgAction, ArgMatches, CommandFactory, FromArgMatches};
 
-use crate::args::{AgentArgs, Cli, Command, PrincipalArgs};
+use crate::args::{AgentArgs, Cli, Command, PrincipalArgs, TlsVersionArgs};
 
 /// Which binary role a setting belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -111,10 +111,6 @@ const NO_GENERATE: &str = "no generated certificates: for development, run a Wor
     (argocd-agent-dev demo) or give an SVID as PEM files (--tls-cert/--tls-key/--root-ca)";
 const JWT: &str = "the principal issues no tokens here: agents authenticate with their \
     X.509-SVID on every connection (or a JWT-SVID from SPIRE: --auth jwt-svid)";
-const TLS_VERSIONS: &str = "TLS 1.2 and 1.3 are accepted (rustls' safe defaults; our agents \
-    and principal negotiate 1.3); the versions are not configurable";
-const CIPHERS: &str = "cipher suites are rustls' safe defaults (AEAD with ECDHE only) and not \
-    configurable";
 const RP_TLS: &str = "the resource proxy serves the principal's SVID or a certificate the \
     principal issues (--resource-proxy-tls svid|issued|auto) and authenticates argocd-server \
     with per-agent tokens in the cluster Secrets";
@@ -158,9 +154,9 @@ pub const SETTINGS: &[Setting] = &[
         NotNeeded("with SVID mTLS (--auth spiffe or mtls:uri:…) client certificates are always required")),
     s(P, "client-cert-subject-match", Some("ARGOCD_PRINCIPAL_TLS_CLIENT_CERT_MATCH_SUBJECT"), Some("principal.tls.client-cert.match-subject"), "false",
         Refused("agents are identified by the SPIFFE ID in their SVID, mapped to names by identity rules (docs/identity.md), not by certificate subjects")),
-    fine(s(P, "tls-min-version", Some("ARGOCD_PRINCIPAL_TLS_MIN_VERSION"), Some("principal.tls.min-version"), "tls1.3", Refused(TLS_VERSIONS)), &["tls1.1", "tls1.2"]),
-    fine(s(P, "tls-max-version", Some("ARGOCD_PRINCIPAL_TLS_MAX_VERSION"), Some("principal.tls.max-version"), "", Refused(TLS_VERSIONS)), &["tls1.3"]),
-    s(P, "tls-ciphersuites", Some("ARGOCD_PRINCIPAL_TLS_CIPHERSUITES"), Some("principal.tls.ciphersuites"), "", Refused(CIPHERS)),
+    s(P, "tls-min-version", Some("ARGOCD_PRINCIPAL_TLS_MIN_VERSION"), Some("principal.tls.min-version"), "tls1.3", Alias("tls_min_version")),
+    s(P, "tls-max-version", Some("ARGOCD_PRINCIPAL_TLS_MAX_VERSION"), Some("principal.tls.max-version"), "", Alias("tls_max_version")),
+    s(P, "tls-ciphersuites", Some("ARGOCD_PRINCIPAL_TLS_CIPHERSUITES"), Some("principal.tls.ciphersuites"), "", Alias("tls_ciphersuites")),
     s(P, "resource-proxy-secret-name", Some("ARGOCD_PRINCIPAL_RESOURCE_PROXY_SECRET_NAME"), Some("principal.resource-proxy.secret-name"), "argocd-agent-resource-proxy-tls", Refused(RP_TLS)),
     s(P, "resource-proxy-cert-path", Some("ARGOCD_PRINCIPAL_RESOURCE_PROXY_TLS_CERT_PATH"), Some("principal.resource-proxy.tls.cert-path"), "", Refused(RP_TLS)),
     s(P, "resource-proxy-key-path", Some("ARGOCD_PRINCIPAL_RESOURCE_PROXY_TLS_KEY_PATH"), Some("principal.resource-proxy.tls.key-path"), "", Refused(RP_TLS)),
@@ -237,9 +233,9 @@ pub const SETTINGS: &[Setting] = &[
     s(A, "tls-secret-name", Some("ARGOCD_AGENT_TLS_SECRET_NAME"), Some("agent.tls.secret-name"), "argocd-agent-client-tls", Refused(TLS_SVID)),
     s(A, "tls-client-cert", Some("ARGOCD_AGENT_TLS_CLIENT_CERT_PATH"), Some("agent.tls.client.cert-path"), "", Alias("tls_cert")),
     s(A, "tls-client-key", Some("ARGOCD_AGENT_TLS_CLIENT_KEY_PATH"), Some("agent.tls.client.key-path"), "", Alias("tls_key")),
-    fine(s(A, "tls-min-version", Some("ARGOCD_AGENT_TLS_MIN_VERSION"), Some("agent.tls.min-version"), "", Refused(TLS_VERSIONS)), &["tls1.1", "tls1.2"]),
-    fine(s(A, "tls-max-version", Some("ARGOCD_AGENT_TLS_MAX_VERSION"), Some("agent.tls.max-version"), "", Refused(TLS_VERSIONS)), &["tls1.3"]),
-    s(A, "tls-ciphersuites", Some("ARGOCD_AGENT_TLS_CIPHERSUITES"), Some("agent.tls.ciphersuites"), "", Refused(CIPHERS)),
+    s(A, "tls-min-version", Some("ARGOCD_AGENT_TLS_MIN_VERSION"), Some("agent.tls.min-version"), "", Alias("tls_min_version")),
+    s(A, "tls-max-version", Some("ARGOCD_AGENT_TLS_MAX_VERSION"), Some("agent.tls.max-version"), "", Alias("tls_max_version")),
+    s(A, "tls-ciphersuites", Some("ARGOCD_AGENT_TLS_CIPHERSUITES"), Some("agent.tls.ciphersuites"), "", Alias("tls_ciphersuites")),
     s(A, "enable-websocket", Some("ARGOCD_AGENT_ENABLE_WEBSOCKET"), Some("agent.websocket.enable"), "false", Same("enable_websocket")),
     s(A, "metrics-port", Some("ARGOCD_AGENT_METRICS_PORT"), Some("agent.metrics.port"), "8181", Same("metrics_port")),
     s(A, "healthz-port", Some("ARGOCD_AGENT_HEALTH_CHECK_PORT"), Some("agent.healthz.port"), "8001", Same("healthz_port")),
@@ -551,8 +547,16 @@ impl Rules {
         }
     }
 
+    /// TLS versions and suites that cannot be served (`tls1.1`, unknown suites, ...).
+    fn tls(&mut self, tls: &TlsVersionArgs) {
+        if let Err(e) = tls.profile() {
+            self.refused.push(format!("{e}; {SEE}"));
+        }
+    }
+
     fn principal(&mut self, sub: &ArgMatches, p: &mut PrincipalArgs) {
         let role = Role::Principal;
+        self.tls(&p.tls);
         if let Some(cfg) = p.auth.strip_prefix("userpass:") {
             self.refused.push(format!(
                 "--auth userpass:{cfg}: there are no agent passwords here: agents authenticate with their X.509-SVID (--auth spiffe, or mtls:uri:<regex> for upstream's mapping rule), a JWT-SVID (--auth jwt-svid) or through a mesh (--auth header:…); {SEE}"
@@ -602,6 +606,7 @@ impl Rules {
 
     fn agent(&mut self, sub: &ArgMatches, a: &mut AgentArgs) {
         let role = Role::Agent;
+        self.tls(&a.tls);
         if let Some(path) = a.creds.strip_prefix("userpass:") {
             self.refused.push(format!(
                 "--creds userpass:{path}: there are no agent passwords here: the agent authenticates with its X.509-SVID (--creds spiffe, upstream's mtls:…), a JWT-SVID (--creds jwt-svid) or through a mesh (--creds header:); {SEE}"

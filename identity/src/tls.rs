@@ -23,6 +23,9 @@ use crate::source::SvidSource;
 use crate::svid::SvidState;
 use crate::transport::{self, PeerError};
 
+mod profile;
+pub use profile::{TlsProfile, TlsVersion};
+
 /// Which peer SPIFFE IDs a configuration accepts (after the chain has verified).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PeerPolicy {
@@ -126,20 +129,30 @@ fn provider() -> Arc<CryptoProvider> {
 }
 
 /// Server configuration for the principal: presents the current SVID, requires a client SVID
-/// that chains to the bundle of its own trust domain and passes `policy`. ALPN `h2`.
+/// that chains to the bundle of its own trust domain and passes `policy`. ALPN `h2`. TLS
+/// versions and suites are the process's ([`TlsProfile::process`]: TLS 1.3 only unless
+/// configured).
 pub fn server_config(
     source: &SvidSource,
     policy: PeerPolicy,
 ) -> Result<Arc<rustls::ServerConfig>, TlsError> {
-    let provider = provider();
+    server_config_with(source, policy, &TlsProfile::process())
+}
+
+/// [`server_config`] with the TLS versions and suites of `profile`.
+pub fn server_config_with(
+    source: &SvidSource,
+    policy: PeerPolicy,
+    profile: &TlsProfile,
+) -> Result<Arc<rustls::ServerConfig>, TlsError> {
     let verifier = Arc::new(SpiffeVerifier::new(
         source,
         policy,
         Role::Client,
-        provider.signature_verification_algorithms,
+        provider().signature_verification_algorithms,
     ));
-    let mut config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
+    let mut config = profile
+        .server_builder()?
         .with_client_cert_verifier(verifier)
         .with_cert_resolver(Arc::new(SvidResolver::new(source)));
     config.alpn_protocols = vec![b"h2".to_vec()];
@@ -151,20 +164,29 @@ pub fn server_config(
 
 /// Client configuration for the agent: presents the current SVID, accepts the server only if
 /// it chains to its trust domain's bundle and passes `principal` (usually
-/// [`PeerPolicy::Exact`] with the principal's SPIFFE ID). ALPN `h2`.
+/// [`PeerPolicy::Exact`] with the principal's SPIFFE ID). ALPN `h2`. TLS versions and
+/// suites are the process's ([`TlsProfile::process`]).
 pub fn client_config(
     source: &SvidSource,
     principal: PeerPolicy,
 ) -> Result<Arc<rustls::ClientConfig>, TlsError> {
-    let provider = provider();
+    client_config_with(source, principal, &TlsProfile::process())
+}
+
+/// [`client_config`] with the TLS versions and suites of `profile`.
+pub fn client_config_with(
+    source: &SvidSource,
+    principal: PeerPolicy,
+    profile: &TlsProfile,
+) -> Result<Arc<rustls::ClientConfig>, TlsError> {
     let verifier = Arc::new(SpiffeVerifier::new(
         source,
         principal,
         Role::Server,
-        provider.signature_verification_algorithms,
+        provider().signature_verification_algorithms,
     ));
-    let mut config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
+    let mut config = profile
+        .client_builder()?
         .dangerous()
         .with_custom_certificate_verifier(verifier)
         .with_client_cert_resolver(Arc::new(SvidResolver::new(source)));

@@ -7,6 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use argocd_agent_identity::tls::TlsProfile;
 use rustls_pki_types::ServerName;
 use rustls_pki_types::pem::PemObject;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
@@ -37,7 +38,8 @@ impl std::fmt::Debug for RedisTls {
 }
 
 impl RedisTls {
-    /// TLS that trusts the CA certificates in PEM file `ca` and expects `server_name`.
+    /// TLS that trusts the CA certificates in PEM file `ca` and expects `server_name`, with
+    /// the process's TLS versions and suites (TLS 1.3 only unless configured).
     pub fn from_ca_file(ca: &Path, server_name: &str) -> Result<RedisTls, String> {
         let mut roots = rustls::RootCertStore::empty();
         let certs = rustls_pki_types::CertificateDer::pem_file_iter(ca)
@@ -51,9 +53,8 @@ impl RedisTls {
         if roots.is_empty() {
             return Err(format!("{}: no CA certificate", ca.display()));
         }
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let config = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
+        let config = TlsProfile::process()
+            .client_builder()
             .map_err(|e| e.to_string())?
             .with_root_certificates(roots)
             .with_no_client_auth();
@@ -156,7 +157,7 @@ impl RedisConn {
 }
 
 /// TLS for a Redis-speaking listener from a PEM certificate chain and key (read once at
-/// start).
+/// start), with the process's TLS versions and suites (TLS 1.3 only unless configured).
 pub fn server_tls(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>, String> {
     let chain = rustls_pki_types::CertificateDer::pem_file_iter(cert)
         .map_err(|e| format!("{}: {e}", cert.display()))?
@@ -164,9 +165,8 @@ pub fn server_tls(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>, 
         .map_err(|e| format!("{}: {e}", cert.display()))?;
     let key_der = rustls_pki_types::PrivateKeyDer::from_pem_file(key)
         .map_err(|e| format!("{}: {e}", key.display()))?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
+    let config = TlsProfile::process()
+        .server_builder()
         .map_err(|e| e.to_string())?
         .with_no_client_auth()
         .with_single_cert(chain, key_der)

@@ -4,7 +4,7 @@
 //! same (`--listen-port`, `--auth`, `--agent-mode`, `ARGOCD_PRINCIPAL_*`, `ARGOCD_AGENT_*`).
 
 use argocd_agent_cli::CmdResult;
-use argocd_agent_cli::args::{AgentArgs, Command, PrincipalArgs};
+use argocd_agent_cli::args::{AgentArgs, Command, PrincipalArgs, TlsVersionArgs};
 use argocd_agent_cli::telemetry::OtlpOptions;
 use tokio_util::sync::CancellationToken;
 
@@ -61,6 +61,15 @@ async fn with_telemetry(
     result
 }
 
+/// Every listener and dialer of the process speaks the TLS versions and suites of
+/// `--tls-min-version`, `--tls-max-version`, `--tls-ciphersuites` (TLS 1.3 only by default).
+fn install_tls(tls: &TlsVersionArgs) -> CmdResult {
+    let profile = tls.profile()?;
+    tracing::info!(tls = %profile, "TLS versions");
+    profile.install()?;
+    Ok(())
+}
+
 async fn run_principal(a: PrincipalArgs, notices: Vec<String>) -> CmdResult {
     let otlp = OtlpOptions {
         address: a.otlp_address.clone(),
@@ -72,6 +81,7 @@ async fn run_principal(a: PrincipalArgs, notices: Vec<String>) -> CmdResult {
 }
 
 async fn serve_principal(a: PrincipalArgs) -> CmdResult {
+    install_tls(&a.tls)?;
     let config = a.config()?;
     let shutdown = shutdown_token();
     let running = argocd_agent_principal::start(config, shutdown).await?;
@@ -91,6 +101,7 @@ async fn run_agent(a: AgentArgs, notices: Vec<String>) -> CmdResult {
 }
 
 async fn serve_agent(a: AgentArgs) -> CmdResult {
+    install_tls(&a.tls)?;
     let config = a.config()?;
     let shutdown = shutdown_token();
     let running = argocd_agent_agent::start(config, shutdown).await?;

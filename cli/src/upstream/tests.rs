@@ -395,12 +395,10 @@ fn refused_settings_at_upstream_default_are_accepted_with_a_warning() {
     let (_, notices) = principal(&[
         "--tls-secret-name=argocd-agent-principal-tls",
         "--insecure-tls-generate=false",
-        "--tls-min-version=tls1.3",
         "--jwt-key=",
     ]);
-    assert_eq!(notices.len(), 2, "{notices:?}");
+    assert_eq!(notices.len(), 1, "{notices:?}");
     assert!(notices[0].contains("--tls-secret-name") && notices[0].contains("SPIFFE"));
-    assert!(notices[1].contains("--tls-min-version"));
     let list = refused(
         Role::Principal,
         &[
@@ -408,17 +406,56 @@ fn refused_settings_at_upstream_default_are_accepted_with_a_warning() {
             "--insecure-tls-generate",
             "--ha-enabled=true",
             "--tls-ciphersuites=list",
-            "--tls-max-version=tls1.2",
         ],
     );
-    assert_eq!(list.len(), 5, "every refusal at once: {list:?}");
+    assert_eq!(list.len(), 4, "every refusal at once: {list:?}");
     assert!(list[0].starts_with("--tls-secret-name=mine: TLS comes from SPIFFE X.509-SVIDs"));
     assert!(
         list.iter()
             .any(|m| m.contains("--ha-enabled") && m.contains("Leases"))
     );
-    // Values ours already satisfies.
-    principal(&["--tls-min-version", "tls1.2", "--tls-max-version", "tls1.3"]);
+    assert!(
+        list.iter()
+            .any(|m| m.contains("\"list\" is not offered here")),
+        "{list:?}"
+    );
+}
+
+#[test]
+fn upstream_tls_versions_and_suites_are_honoured_and_old_versions_refused() {
+    use argocd_agent_identity::tls::TlsVersion::{Tls12, Tls13};
+    let range = |args: &[&str]| {
+        let (p, notices) = principal(args);
+        assert!(notices.is_empty(), "{notices:?}");
+        let profile = p.tls.profile().expect("a valid profile");
+        (profile.min(), profile.max())
+    };
+    assert_eq!(range(&[]), (Tls13, Tls13), "TLS 1.3 only by default");
+    assert_eq!(range(&["--tls-min-version=tls1.3"]), (Tls13, Tls13));
+    assert_eq!(range(&["--tls-min-version", "tls1.2"]), (Tls12, Tls13));
+    assert_eq!(
+        range(&["--tls-min-version=tls1.2", "--tls-max-version=tls1.2"]),
+        (Tls12, Tls12)
+    );
+    let (p, _) = principal(&[
+        "--tls-min-version=tls1.2",
+        "--tls-ciphersuites",
+        "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,TLS_AES_128_GCM_SHA256",
+    ]);
+    assert_eq!(p.tls.tls_ciphersuites.len(), 2);
+    p.tls.profile().expect("both suites allowed");
+    let (a, _) = agent(&["--tls-min-version", "tls1.2"]);
+    assert_eq!(a.tls.profile().unwrap().min(), Tls12);
+    for role in [Role::Principal, Role::Agent] {
+        let m = refused(role, &["--tls-min-version=tls1.1"]);
+        assert_eq!(m.len(), 1, "{m:?}");
+        assert!(m[0].contains("TLS 1.1 and older are not offered"), "{m:?}");
+        let m = refused(
+            role,
+            &["--tls-min-version=tls1.3", "--tls-max-version=tls1.2"],
+        );
+        assert!(m[0].contains("cannot be higher"), "{m:?}");
+    }
     let (_, notices) = principal(&["--event-processors", "20", "--require-client-certs"]);
     assert_eq!(notices.len(), 2, "not needed, said so: {notices:?}");
 }
@@ -546,7 +583,7 @@ fn agent_aliases_and_translations() {
         Role::Agent,
         &["--insecure-tls", "--tls-min-version", "tls1.3"],
     );
-    assert_eq!(m.len(), 2, "{m:?}");
+    assert_eq!(m.len(), 1, "{m:?}");
     let m = refused(Role::Agent, &["--insecure-plaintext"]);
     assert!(m[0].contains("--creds header:"), "{m:?}");
     agent(&["--insecure-plaintext", "--creds", "header:"]);

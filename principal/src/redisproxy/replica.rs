@@ -262,13 +262,13 @@ pub fn pinned_replica_tls(cert: &Path) -> Result<Arc<rustls::ClientConfig>, Stri
         .next()
         .ok_or_else(|| format!("{}: no certificate", cert.display()))?
         .map_err(|e| format!("{}: {e}", cert.display()))?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let profile = argocd_agent_identity::tls::TlsProfile::process();
     let verifier = Arc::new(Pinned {
         cert: leaf.into_owned(),
-        algorithms: provider.signature_verification_algorithms,
+        algorithms: profile.provider().signature_verification_algorithms,
     });
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
+    let config = profile
+        .client_builder()
         .map_err(|e| e.to_string())?
         .dangerous()
         .with_custom_certificate_verifier(verifier)

@@ -241,13 +241,11 @@ impl Forwarder {
             return Err("resource proxy CA: no certificate".into());
         }
         let config = |alpn: &[u8]| -> Result<Arc<rustls::ClientConfig>, String> {
-            let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
-                rustls::crypto::ring::default_provider(),
-            ))
-            .with_safe_default_protocol_versions()
-            .map_err(|e| e.to_string())?
-            .with_root_certificates(roots.clone())
-            .with_no_client_auth();
+            let mut config = argocd_agent_identity::tls::TlsProfile::process()
+                .client_builder()
+                .map_err(|e| e.to_string())?
+                .with_root_certificates(roots.clone())
+                .with_no_client_auth();
             config.alpn_protocols = vec![alpn.to_vec()];
             Ok(Arc::new(config))
         };

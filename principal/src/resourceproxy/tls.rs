@@ -243,14 +243,13 @@ fn issue_own(
 }
 
 /// TLS configuration of the proxy listener: no client certificate (argocd-server presents
-/// a bearer token), ALPN h2 and http/1.1 (exec's WebSocket upgrade is HTTP/1.1).
+/// a bearer token), ALPN h2 and http/1.1 (exec's WebSocket upgrade is HTTP/1.1). TLS
+/// versions and suites are the process's (TLS 1.3 only unless configured).
 pub fn server_config(cert: Arc<ServingCert>) -> Result<Arc<rustls::ServerConfig>, rustls::Error> {
-    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()?
-    .with_no_client_auth()
-    .with_cert_resolver(cert);
+    let mut config = argocd_agent_identity::tls::TlsProfile::process()
+        .server_builder()?
+        .with_no_client_auth()
+        .with_cert_resolver(cert);
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Arc::new(config))
 }
