@@ -6,11 +6,18 @@
 //! the bytes are HTTP/2 frames), reads the frame headers going both ways, and applies the
 //! rule gRPC servers apply. A PING that comes sooner than the minimum after the previous one
 //! is a strike; a strike count above [`MAX_PING_STRIKES`] gets the connection a GOAWAY with
-//! `ENHANCE_YOUR_CALM` and the debug data `too_many_pings`, then it is closed. Every DATA or
+//! `ENHANCE_YOUR_CALM` and the debug data `too_many_pings`, then it is closed. A DATA or
 //! HEADERS frame the principal sends forgives the strikes (the next PING is not counted), as
-//! a PING after real traffic is not abuse. Pings of a connection without streams are held to
-//! the same minimum (gRPC-Go holds them to two hours unless told otherwise); an agent always
-//! has its event stream open.
+//! a PING after real traffic is not abuse (gRPC-Go's `resetPingStrikes`, set on every data
+//! and header write, checked in `handlePing`).
+//!
+//! Unlike gRPC-Go, that forgiveness is granted at most once per minimum interval. The
+//! principal answers what the agent sends (a `pong` for every `ping` event, acknowledgements),
+//! so with gRPC-Go's rule alone a client alternating an event with a PING has every PING
+//! forgiven by the answer it provoked, and pings without limit. With the budget such a
+//! client strikes from its second PING in an interval. Pings of a connection without streams
+//! are held to the same minimum (gRPC-Go holds them to two hours unless told otherwise); an
+//! agent always has its event stream open.
 
 use std::io;
 use std::net::SocketAddr;
@@ -107,13 +114,29 @@ struct Strikes {
     strikes: u32,
     /// The principal sent DATA or HEADERS since the last PING.
     forgiven: bool,
+    /// When a PING was last forgiven (at most one per `min_interval`).
+    last_forgiven: Option<Instant>,
 }
 
 impl Strikes {
+    fn new(min_interval: Duration) -> Strikes {
+        Strikes {
+            min_interval,
+            last_ping: None,
+            strikes: 0,
+            forgiven: false,
+            last_forgiven: None,
+        }
+    }
+
     /// Counts a PING received at `now`; true once the connection has too many strikes.
     fn ping(&mut self, now: Instant) -> bool {
         let last = self.last_ping.replace(now);
-        if std::mem::take(&mut self.forgiven) {
+        let budget = self
+            .last_forgiven
+            .is_none_or(|at| now.saturating_duration_since(at) >= self.min_interval);
+        if std::mem::take(&mut self.forgiven) && budget {
+            self.last_forgiven = Some(now);
             self.strikes = 0;
             return false;
         }
@@ -167,12 +190,7 @@ impl<S> PingGuard<S> {
         PingGuard {
             inner,
             peer,
-            strikes: (!min_interval.is_zero()).then_some(Strikes {
-                min_interval,
-                last_ping: None,
-                strikes: 0,
-                forgiven: false,
-            }),
+            strikes: (!min_interval.is_zero()).then(|| Strikes::new(min_interval)),
             read: FrameScanner {
                 skip: PREFACE_LEN,
                 ..FrameScanner::default()
@@ -346,12 +364,7 @@ mod tests {
     #[test]
     fn strikes_follow_the_grpc_rule() {
         let t0 = Instant::now();
-        let mut s = Strikes {
-            min_interval: Duration::from_secs(10),
-            last_ping: None,
-            strikes: 0,
-            forgiven: false,
-        };
+        let mut s = Strikes::new(Duration::from_secs(10));
         let at = |secs: u64| t0 + Duration::from_secs(secs);
         // Spaced pings never strike.
         assert!(!s.ping(at(0)));
@@ -367,6 +380,68 @@ mod tests {
         s.forgiven = true;
         assert!(!s.ping(at(29)));
         assert_eq!(s.strikes, 0);
+        // But only once per minimum interval: traffic a client provokes buys no more.
+        s.forgiven = true;
+        assert!(!s.ping(at(30)), "a first strike");
+        assert_eq!(s.strikes, 1);
+        s.forgiven = true;
+        assert!(!s.ping(at(31)));
+        s.forgiven = true;
+        assert!(s.ping(at(32)), "the third strike closes");
+        // A quiet interval later, forgiveness is back.
+        let mut s = Strikes::new(Duration::from_secs(10));
+        s.forgiven = true;
+        assert!(!s.ping(at(0)));
+        s.strikes = 2;
+        s.forgiven = true;
+        assert!(!s.ping(at(10)));
+        assert_eq!(s.strikes, 0);
+    }
+
+    /// The probe's bypass: the client alternates an application-level `ping` event (a DATA
+    /// frame on its stream) with an HTTP/2 PING, and the principal answers every event with
+    /// a `pong` (a DATA frame). Each answer used to forgive the next PING.
+    #[tokio::test]
+    async fn answers_to_the_clients_own_events_do_not_buy_unlimited_pings() {
+        let (client, server) = tokio::io::duplex(1 << 20);
+        let (mut client_r, mut client_w) = tokio::io::split(client);
+        let mut guard = PingGuard::new(server, None, Duration::from_secs(1));
+        let mut opening = PREFACE.to_vec();
+        opening.extend(frame(HEADERS, 4, 1, &[0; 4]));
+        client_w.write_all(&opening).await.unwrap();
+        let mut buf = vec![0; opening.len()];
+        guard.read_exact(&mut buf).await.unwrap();
+        let event = frame(DATA, 0, 1, &[0; 20]);
+        let pong = frame(DATA, 0, 1, &[1; 30]);
+        let mut pings = 0;
+        let closed = loop {
+            if pings == 300 {
+                break false;
+            }
+            client_w.write_all(&event).await.unwrap();
+            let mut e = vec![0; event.len()];
+            if guard.read_exact(&mut e).await.is_err() || guard.write_all(&pong).await.is_err() {
+                break true;
+            }
+            client_w.write_all(&ping()).await.unwrap();
+            pings += 1;
+            let mut p = [0; 17];
+            if guard.read_exact(&mut p).await.is_err() {
+                break true;
+            }
+        };
+        assert!(closed, "300 PINGs in a burst were all forgiven");
+        assert!(
+            pings <= MAX_PING_STRIKES as usize + 2,
+            "closed only after {pings} PINGs"
+        );
+        // The client got the answers it provoked, then the GOAWAY.
+        drop(guard);
+        let mut out = Vec::new();
+        client_r.read_to_end(&mut out).await.unwrap();
+        assert!(out.ends_with(TOO_MANY_PINGS), "GOAWAY too_many_pings");
+        let goaway_at = out.len() - goaway(1).len();
+        assert_eq!(&out[goaway_at..], &goaway(1)[..]);
     }
 
     #[tokio::test]
