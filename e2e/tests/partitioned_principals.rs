@@ -4,7 +4,8 @@
 //! hub's request log says who wrote what.
 //!
 //! - agent-x (autonomous) on A: its Application and AppProject land on the hub, labelled
-//!   for A's partition;
+//!   for A's partition; a label A's selector excludes (`tier!=hidden`) is not copied, so a
+//!   hub edit is still reverted;
 //! - agent-y (managed) on B: a hub AppProject and Application labelled for B reach its
 //!   spoke, unlabelled ones never do;
 //! - an agent whose rule maps it outside a principal's namespaces is refused at connect,
@@ -270,7 +271,8 @@ async fn two_partitioned_principals_share_a_hub_and_an_agent_moves_between_them(
 
 async fn scenario(w: &mut World) -> Result<(), HarnessError> {
     let (port_a, port_b) = (free_loopback_port()?, free_loopback_port()?);
-    let (sel_a, sel_b) = ("partition-a=true", "partition-b=true");
+    // `tier!=hidden`: a label an agent could set to hide its copies from A's own watch.
+    let (sel_a, sel_b) = ("partition-a=true,tier!=hidden", "partition-b=true");
     w.procs.push(principal(
         &w.dir,
         &w.spiffe,
@@ -314,7 +316,10 @@ async fn scenario(w: &mut World) -> Result<(), HarnessError> {
     }));
     projects(spoke_x, SPOKE_NS)?.create(&pp, &x_project).await?;
     apps(spoke_x, SPOKE_NS)?
-        .create(&pp, &app_in("app-x", SPOKE_NS, "proj-x", json!({})))
+        .create(
+            &pp,
+            &app_in("app-x", SPOKE_NS, "proj-x", json!({"tier": "hidden"})),
+        )
         .await?;
 
     w.procs
@@ -336,6 +341,24 @@ async fn scenario(w: &mut World) -> Result<(), HarnessError> {
         labels_of(&app_x).get("partition-a").map(String::as_str),
         Some("true")
     );
+    // The label A's selector excludes is not copied, so A still sees (and reverts) edits.
+    assert_eq!(labels_of(&app_x).get("tier"), None, "{app_x}");
+    apps(hub, X)?
+        .patch(
+            "app-x",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"source": {"path": "hub-edit"}}})),
+        )
+        .await?;
+    eventually(
+        "the hub edit of agent-x's Application reverted by A",
+        Duration::from_secs(30),
+        || async {
+            stored_app(hub, X, "app-x")
+                .filter(|a| a["spec"]["source"]["path"] == app_x["spec"]["source"]["path"])
+        },
+    )
+    .await?;
     let proj_x = eventually(
         "agent-x's project on the hub",
         Duration::from_secs(30),

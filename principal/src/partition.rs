@@ -19,6 +19,11 @@
 //!   writes and the other principal, whose selector differs, never does. An object of the
 //!   principal's kind that exists on the hub but lacks them belongs to someone else and is
 //!   left alone when the principal would otherwise revert or renew it.
+//! - **Excluding terms.** The selector's terms an object satisfies by lacking a label or a
+//!   value (`k!=v`, `!k`, `k notin (a,b)`) are enforced on what the principal writes too:
+//!   a label of an agent's object that would fail one of them is dropped from the hub copy.
+//!   Otherwise an agent could label its Application `tier: x` under `tier!=x` and hide its
+//!   hub copy from the principal's own watch, so that edits on the hub were never reverted.
 
 use std::collections::BTreeMap;
 
@@ -43,7 +48,38 @@ pub struct Partition {
     argocd: Option<String>,
     selector: Option<String>,
     labels: BTreeMap<String, String>,
+    /// Labels the selector excludes.
+    excluded: BTreeMap<String, Excluded>,
     unstampable: Vec<String>,
+}
+
+/// What an excluding selector term rules out of one label.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Excluded {
+    /// The label itself (`!k`).
+    Label,
+    /// These values of it (`k!=v`, `k notin (a,b)`).
+    Values(Vec<String>),
+}
+
+impl Excluded {
+    fn excludes(&self, value: &str) -> bool {
+        match self {
+            Excluded::Label => true,
+            Excluded::Values(values) => values.iter().any(|v| v == value),
+        }
+    }
+
+    /// Both terms at once (`!k` covers every value).
+    fn and(self, other: Excluded) -> Excluded {
+        match (self, other) {
+            (Excluded::Values(mut a), Excluded::Values(b)) => {
+                a.extend(b);
+                Excluded::Values(a)
+            }
+            _ => Excluded::Label,
+        }
+    }
 }
 
 /// Why an agent is outside the partition.
@@ -97,11 +133,12 @@ impl Partition {
             out.argocd = Some(argocd.to_owned());
         }
         if let Some(sel) = selector.map(str::trim).filter(|s| !s.is_empty()) {
-            let (labels, unstampable) =
+            let terms =
                 partition_labels(sel).map_err(|e| format!("--label-selector {sel:?}: {e}"))?;
             out.selector = Some(sel.to_owned());
-            out.labels = labels;
-            out.unstampable = unstampable;
+            out.labels = terms.labels;
+            out.excluded = terms.excluded;
+            out.unstampable = terms.unstampable;
         }
         Ok(out)
     }
@@ -177,19 +214,39 @@ impl Partition {
         &self.unstampable
     }
 
-    /// Adds the partition labels to `labels`.
-    pub fn stamp_labels(&self, labels: &mut BTreeMap<String, String>) {
+    /// Adds the partition labels to `labels` (replacing other values of them) and drops
+    /// the labels the selector excludes, so the object is within the selector's reach
+    /// (unless an [`Self::unstampable`] term keeps it out). Returns the labels dropped.
+    pub fn stamp_labels(&self, labels: &mut BTreeMap<String, String>) -> Vec<(String, String)> {
         for (k, v) in &self.labels {
             labels.insert(k.clone(), v.clone());
         }
+        let mut dropped = Vec::new();
+        for (k, excluded) in &self.excluded {
+            if labels.get(k).is_some_and(|v| excluded.excludes(v))
+                && let Some(v) = labels.remove(k)
+            {
+                dropped.push((k.clone(), v));
+            }
+        }
+        dropped
     }
 
-    /// Adds the partition labels to `obj`.
+    /// Stamps `obj`'s labels ([`Self::stamp_labels`]); labels dropped are logged.
     pub fn stamp(&self, obj: &mut DynamicObject) {
-        if self.labels.is_empty() {
+        if self.labels.is_empty() && self.excluded.is_empty() {
             return;
         }
-        self.stamp_labels(obj.metadata.labels.get_or_insert_with(Default::default));
+        let dropped = self.stamp_labels(obj.metadata.labels.get_or_insert_with(Default::default));
+        if !dropped.is_empty() {
+            tracing::warn!(
+                object = obj.metadata.name.as_deref().unwrap_or_default(),
+                namespace = obj.metadata.namespace.as_deref().unwrap_or_default(),
+                ?dropped,
+                selector = self.selector().unwrap_or_default(),
+                "labels the --label-selector excludes dropped from the hub copy: they would hide it from this principal"
+            );
+        }
     }
 
     /// Whether `labels` carry every partition label (always, without any): an object this
@@ -238,27 +295,67 @@ fn terms(selector: &str) -> Result<Vec<&str>, String> {
     Ok(out)
 }
 
-/// The partition labels of a selector (its equality terms) and the terms that name a
-/// label without fixing its value.
-fn partition_labels(selector: &str) -> Result<(BTreeMap<String, String>, Vec<String>), String> {
-    let mut labels = BTreeMap::new();
-    let mut unstampable = Vec::new();
+/// What a selector asks of the objects the principal writes.
+#[derive(Debug, Default)]
+struct SelectorTerms {
+    /// Equality terms: the partition labels.
+    labels: BTreeMap<String, String>,
+    /// Excluding terms, by label.
+    excluded: BTreeMap<String, Excluded>,
+    /// Terms naming a label without fixing its value.
+    unstampable: Vec<String>,
+}
+
+/// The `(a, b)` of a set-based term, as values.
+fn set_values<'a>(set: &'a str, term: &str) -> Result<Vec<&'a str>, String> {
+    Ok(set
+        .trim()
+        .strip_prefix('(')
+        .and_then(|s| s.strip_suffix(')'))
+        .ok_or_else(|| format!("expected (values) in {term:?}"))?
+        .split(',')
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+        .collect())
+}
+
+/// The excluding term `term` (`!k`, `k!=v`, `k notin (a,b)`) as a key and what it
+/// excludes; `None` for any other term.
+fn excluding(term: &str) -> Result<Option<(&str, Excluded)>, String> {
+    let owned =
+        |values: Vec<&str>| Excluded::Values(values.into_iter().map(str::to_owned).collect());
+    let (key, excluded) = if let Some(k) = term.strip_prefix('!') {
+        (k.trim(), Excluded::Label)
+    } else if let Some((k, v)) = term.split_once("!=") {
+        (k.trim(), owned(vec![v.trim()]))
+    } else if let Some((k, set)) = term.split_once(" notin ") {
+        (k.trim(), owned(set_values(set, term)?))
+    } else {
+        return Ok(None);
+    };
+    if key.is_empty() {
+        return Err(format!("term {term:?} names no label"));
+    }
+    Ok(Some((key, excluded)))
+}
+
+/// The partition labels of a selector (its equality terms), the labels it excludes, and the
+/// terms that name a label without fixing its value.
+fn partition_labels(selector: &str) -> Result<SelectorTerms, String> {
+    let mut out = SelectorTerms::default();
     for term in terms(selector)? {
-        if term.starts_with('!') || term.contains("!=") || term.contains(" notin ") {
-            continue; // satisfied by an object without the label
+        if let Some((key, excluded)) = excluding(term)? {
+            let both = match out.excluded.remove(key) {
+                Some(earlier) => earlier.and(excluded),
+                None => excluded,
+            };
+            out.excluded.insert(key.to_owned(), both);
+            continue;
         }
         let pair = if let Some((k, v)) = term.split_once("==").or_else(|| term.split_once('=')) {
             Some((k.trim(), v.trim()))
         } else if let Some((k, set)) = term.split_once(" in ") {
-            let values: Vec<&str> = set
-                .trim()
-                .strip_prefix('(')
-                .and_then(|s| s.strip_suffix(')'))
-                .ok_or_else(|| format!("expected (values) in {term:?}"))?
-                .split(',')
-                .map(str::trim)
-                .filter(|v| !v.is_empty())
-                .collect();
+            let values = set_values(set, term)?;
             match values.as_slice() {
                 [one] => Some((k.trim(), *one)),
                 _ => None,
@@ -268,7 +365,8 @@ fn partition_labels(selector: &str) -> Result<(BTreeMap<String, String>, Vec<Str
         };
         match pair {
             Some((k, v)) if !k.is_empty() => {
-                if labels
+                if out
+                    .labels
                     .insert(k.to_owned(), v.to_owned())
                     .is_some_and(|o| o != v)
                 {
@@ -276,10 +374,10 @@ fn partition_labels(selector: &str) -> Result<(BTreeMap<String, String>, Vec<Str
                 }
             }
             Some(_) => return Err(format!("term {term:?} names no label")),
-            None => unstampable.push(term.to_owned()),
+            None => out.unstampable.push(term.to_owned()),
         }
     }
-    Ok((labels, unstampable))
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -373,6 +471,51 @@ mod tests {
             )
         );
         assert_eq!(Partition::whole_hub().selector_with(None), None);
+    }
+
+    /// An agent labelling its Application `tier: x` under `tier!=x` hid the hub copy from
+    /// its own principal's watch, so hub edits to it were never reverted.
+    #[test]
+    fn labels_the_selector_excludes_are_dropped_so_an_agent_cannot_hide_its_copies() {
+        let p = part(
+            &[],
+            Some("partition-a=true,tier!=x,!legacy,zone notin (moon, mars)"),
+        );
+        let app = |labels: serde_json::Value| {
+            let mut obj = DynamicObject::new(
+                "app",
+                &kube::api::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
+            );
+            obj.metadata.labels = serde_json::from_value(labels).unwrap();
+            obj
+        };
+        let mut hiding = app(serde_json::json!({
+            "partition-a": "false", "tier": "x", "legacy": "", "zone": "mars", "team": "t"
+        }));
+        p.stamp(&mut hiding);
+        assert_eq!(
+            hiding.metadata.labels,
+            Some(BTreeMap::from([
+                ("partition-a".into(), "true".into()),
+                ("team".into(), "t".into()),
+            ])),
+            "forced to the partition's value; excluded labels dropped; others kept"
+        );
+        assert!(p.owns(hiding.metadata.labels.as_ref()));
+        // Labels the selector allows stay as the agent sent them.
+        let mut fine = app(serde_json::json!({"tier": "gold", "zone": "eu"}));
+        p.stamp(&mut fine);
+        let labels = fine.metadata.labels.unwrap();
+        assert_eq!(labels.get("tier").map(String::as_str), Some("gold"));
+        assert_eq!(labels.get("zone").map(String::as_str), Some("eu"));
+        // `!k` and `k!=v` together exclude every value; a selector of excluding terms alone
+        // still stamps.
+        let p = part(&[], Some("tier!=x,!tier"));
+        let mut obj = app(serde_json::json!({"tier": "gold"}));
+        p.stamp(&mut obj);
+        assert_eq!(obj.metadata.labels, Some(BTreeMap::new()));
+        let err = Partition::new(&[], Some("!"), "argocd", false).unwrap_err();
+        assert!(err.contains("names no label"), "{err}");
     }
 
     #[test]

@@ -15,29 +15,55 @@ fn is_alnum(c: char) -> bool {
     c.is_ascii_lowercase() || c.is_ascii_digit()
 }
 
-/// RFC 1123 label: `[a-z0-9]([-a-z0-9]*[a-z0-9])?`, at most 63 characters.
-pub fn is_dns_label(s: &str) -> bool {
+/// The longest DNS-1123 label (k8s.io/apimachinery `validation.DNS1123LabelMaxLength`).
+pub const DNS1123_LABEL_MAX: usize = 63;
+/// The longest DNS-1123 subdomain (`validation.DNS1123SubdomainMaxLength`).
+pub const DNS1123_SUBDOMAIN_MAX: usize = 253;
+
+/// One dot-free part: `[a-z0-9]([-a-z0-9]*[a-z0-9])?`, any length.
+fn is_label_shaped(s: &str) -> bool {
     !s.is_empty()
-        && s.len() <= 63
         && s.chars().all(|c| is_alnum(c) || c == '-')
         && s.starts_with(is_alnum)
         && s.ends_with(is_alnum)
 }
 
-/// RFC 1123 subdomain: dot-separated labels, at most 253 characters.
-pub fn is_dns_subdomain(s: &str) -> bool {
-    s.len() <= 253 && s.split('.').all(is_dns_label)
+/// RFC 1123 label (apimachinery `validation.IsDNS1123Label`): `[a-z0-9]([-a-z0-9]*[a-z0-9])?`,
+/// at most 63 characters.
+pub fn is_dns_label(s: &str) -> bool {
+    s.len() <= DNS1123_LABEL_MAX && is_label_shaped(s)
 }
 
-/// The error for an invalid object name (`label`: namespaces need an RFC 1123 label).
+/// RFC 1123 subdomain (apimachinery `validation.IsDNS1123Subdomain`): at most 253
+/// characters matching `[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*`.
+/// Unlike DNS itself, the parts between dots have no length limit of their own: the API
+/// server takes a 253-character name without dots.
+pub fn is_dns_subdomain(s: &str) -> bool {
+    s.len() <= DNS1123_SUBDOMAIN_MAX && s.split('.').all(is_label_shaped)
+}
+
+const LABEL_FORMAT: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')";
+const SUBDOMAIN_FORMAT: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')";
+
+/// The error for an invalid object name, as `ValidateObjectMeta` words it: `label` for the
+/// kinds whose names are DNS-1123 labels (Namespace: `ValidateNamespaceName`), else a
+/// DNS-1123 subdomain (`NameIsDNSSubdomain`, most kinds). The length error comes first, as
+/// apimachinery lists it.
 pub fn name_error(name: &str, label: bool) -> Option<String> {
     if (label && is_dns_label(name)) || (!label && is_dns_subdomain(name)) {
         return None;
     }
-    let what = if label {
-        "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')"
+    let (max, format) = if label {
+        (DNS1123_LABEL_MAX, LABEL_FORMAT)
     } else {
-        "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
+        (DNS1123_SUBDOMAIN_MAX, SUBDOMAIN_FORMAT)
+    };
+    let what = if name.len() > max {
+        format!("must be no more than {max} characters")
+    } else if label && is_dns_subdomain(name) {
+        "must not contain dots".to_string()
+    } else {
+        format.to_string()
     };
     Some(format!("metadata.name: Invalid value: \"{name}\": {what}"))
 }
@@ -276,6 +302,25 @@ mod tests {
         }
         assert!(!is_dns_label("a.b"));
         assert!(!is_dns_label(&"a".repeat(64)));
+        // apimachinery's subdomain rule has no 63-character limit per part.
+        assert!(is_dns_subdomain(&"a".repeat(253)));
+        assert!(is_dns_subdomain(&format!("{}.b", "a".repeat(100))));
+        assert!(is_dns_label(&"a".repeat(63)));
+    }
+
+    #[test]
+    fn name_errors_word_the_rule_broken() {
+        assert_eq!(name_error(&"a".repeat(253), false), None);
+        let e = name_error(&"a".repeat(254), false).unwrap();
+        assert!(e.ends_with("must be no more than 253 characters"), "{e}");
+        let e = name_error(&"a".repeat(64), true).unwrap();
+        assert!(e.ends_with("must be no more than 63 characters"), "{e}");
+        let e = name_error("a.b", true).unwrap();
+        assert!(e.ends_with("must not contain dots"), "{e}");
+        let e = name_error("A", false).unwrap();
+        assert!(e.contains("a lowercase RFC 1123 subdomain"), "{e}");
+        let e = name_error("-a", true).unwrap();
+        assert!(e.contains("a lowercase RFC 1123 label"), "{e}");
     }
 
     #[test]

@@ -284,6 +284,48 @@ async fn invalid_bodies_are_rejected_with_status() {
     assert_status(&http.post(APPS, wrong_kind).await, 400, "BadRequest");
 }
 
+/// Object names as k8s.io/apimachinery validates them (`ValidateObjectMeta` with
+/// `NameIsDNSSubdomain` for most kinds, `IsDNS1123Subdomain`: at most 253 characters, no
+/// limit per dot-separated part; `ValidateNamespaceName`, `IsDNS1123Label`: at most 63, no
+/// dots). A 253-character name was refused here while the API server accepts it.
+#[tokio::test]
+async fn names_follow_apimachinerys_dns_1123_subdomain_and_label_rules() {
+    let (_s, http) = setup().await;
+    let longest = "a".repeat(253);
+    let r = http.post(APPS, app(&longest)).await;
+    assert_eq!(r.code, 201, "{}", r.body);
+    assert_eq!(r.body["metadata"]["name"], longest.as_str());
+    assert_eq!(http.get(&format!("{APPS}/{longest}")).await.code, 200);
+    let dotted = format!("{}.{}", "b".repeat(100), "c".repeat(100));
+    let r = http
+        .post(CMS, json!({"metadata": {"name": dotted}, "data": {}}))
+        .await;
+    assert_eq!(r.code, 201, "{}", r.body);
+    let r = http.post(APPS, app(&"a".repeat(254))).await;
+    assert_status(&r, 422, "Invalid");
+    let message = r.body["message"].as_str().unwrap_or_default();
+    assert!(
+        message.ends_with("must be no more than 253 characters"),
+        "{message}"
+    );
+    let namespace =
+        |name: String| json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}});
+    let r = http
+        .post("/api/v1/namespaces", namespace("n".repeat(63)))
+        .await;
+    assert_eq!(r.code, 201, "{}", r.body);
+    let r = http
+        .post("/api/v1/namespaces", namespace("n".repeat(64)))
+        .await;
+    assert_status(&r, 422, "Invalid");
+    let r = http
+        .post("/api/v1/namespaces", namespace("a.b".into()))
+        .await;
+    assert_status(&r, 422, "Invalid");
+    let message = r.body["message"].as_str().unwrap_or_default();
+    assert!(message.ends_with("must not contain dots"), "{message}");
+}
+
 #[tokio::test]
 async fn create_in_missing_namespace_is_404() {
     let (_s, http) = setup().await;
