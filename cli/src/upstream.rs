@@ -67,8 +67,6 @@ pub struct Setting {
     pub default: &'static str,
     /// What it is here.
     pub ours: Ours,
-    /// Values of a refused setting that are fine here (ours already behaves so).
-    pub fine: &'static [&'static str],
 }
 
 impl Setting {
@@ -93,13 +91,7 @@ const fn s(
         key,
         default,
         ours,
-        fine: &[],
     }
-}
-
-const fn fine(mut s: Setting, values: &'static [&'static str]) -> Setting {
-    s.fine = values;
-    s
 }
 
 use Ours::{Alias, NotNeeded, Refused, Same, Translated};
@@ -530,9 +522,8 @@ impl Rules {
             let Some(g) = given(role, sub, s.flag) else {
                 continue;
             };
-            let fine = s.fine.contains(&g.value.trim());
             match s.ours {
-                Refused(_) if !inert(s, &g.value) && !fine => self.refuse(&g, why),
+                Refused(_) if !inert(s, &g.value) => self.refuse(&g, why),
                 Refused(_) if g.value.trim() == s.default && meaningful_default(s) => {
                     self.notices.push(format!(
                         "{}={}: upstream's default, not used here: {why}",

@@ -419,6 +419,8 @@ fn refused_settings_at_upstream_default_are_accepted_with_a_warning() {
             .any(|m| m.contains("\"list\" is not offered here")),
         "{list:?}"
     );
+    let (_, notices) = principal(&["--event-processors", "20", "--require-client-certs"]);
+    assert_eq!(notices.len(), 2, "not needed, said so: {notices:?}");
 }
 
 #[test]
@@ -456,8 +458,23 @@ fn upstream_tls_versions_and_suites_are_honoured_and_old_versions_refused() {
         );
         assert!(m[0].contains("cannot be higher"), "{m:?}");
     }
-    let (_, notices) = principal(&["--event-processors", "20", "--require-client-certs"]);
-    assert_eq!(notices.len(), 2, "not needed, said so: {notices:?}");
+    // Upstream's variables (the params keys of its Deployments) are read too.
+    let env = |k: &str| {
+        k.ends_with("_TLS_MIN_VERSION")
+            .then(|| "tls1.2".to_string())
+    };
+    let cmd = command(&env);
+    for (role, var) in [
+        (Role::Principal, "ARGOCD_PRINCIPAL_TLS_MIN_VERSION"),
+        (Role::Agent, "ARGOCD_AGENT_TLS_MIN_VERSION"),
+    ] {
+        let sub = cmd.find_subcommand(role.name()).unwrap();
+        let arg = sub
+            .get_arguments()
+            .find(|a| a.get_id() == "tls_min_version")
+            .unwrap();
+        assert_eq!(arg.get_env().and_then(|e| e.to_str()), Some(var));
+    }
 }
 
 #[test]
