@@ -187,7 +187,8 @@ async fn upstreams_example_configmaps_with_the_two_documented_changes_start_and_
         for needle in [
             "upstream setting: ARGOCD_PRINCIPAL_TLS_SECRET_NAME (params key principal.tls.secret-name)=argocd-agent-principal-tls: upstream's default, not used here",
             "upstream setting: ARGOCD_PRINCIPAL_JWT_SECRET_NAME",
-            "upstream setting: ARGOCD_PRINCIPAL_TLS_MIN_VERSION",
+            // principal.tls.min-version: "tls1.3" is honoured (and is our default).
+            "TLS versions tls=tls1.3 only",
         ] {
             assert!(log.contains(needle), "{needle}\n{log}");
         }
