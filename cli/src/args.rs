@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use argocd_agent_domain::AgentMode;
 use argocd_agent_identity::source::SvidConfig;
+use argocd_agent_identity::tls::TlsProfile;
 use argocd_agent_identity::{SpiffeId, TrustDomain};
 use argocd_agent_kubernetes::ClientOptions;
 use argocd_agent_mesh::guard::HeaderListenerPolicy;
@@ -567,7 +568,13 @@ impl RedisProxyArgs {
             &self.redis_proxy_tls_cert_path,
             &self.redis_proxy_tls_key_path,
         ) {
-            (Some(cert), Some(key)) => Some(argocd_agent_redis::client::server_tls(cert, key)?),
+            (Some(cert), Some(key)) => Some(argocd_agent_redis::client::server_tls(
+                cert,
+                key,
+                TlsProfile::process()
+                    .server_builder()
+                    .map_err(|e| e.to_string())?,
+            )?),
             (None, None) => None,
             _ => {
                 return Err(
@@ -600,6 +607,9 @@ impl RedisProxyArgs {
             Some(ca) => Some(argocd_agent_redis::RedisTls::from_ca_file(
                 ca,
                 host_of(&self.redis_server_address),
+                TlsProfile::process()
+                    .client_builder()
+                    .map_err(|e| e.to_string())?,
             )?),
             None => None,
         };
@@ -684,6 +694,9 @@ impl AgentRedisArgs {
             Some(ca) => Some(argocd_agent_redis::RedisTls::from_ca_file(
                 ca,
                 host_of(addr),
+                TlsProfile::process()
+                    .client_builder()
+                    .map_err(|e| e.to_string())?,
             )?),
             None => None,
         };

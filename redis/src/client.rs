@@ -7,7 +7,6 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use argocd_agent_identity::tls::TlsProfile;
 use rustls_pki_types::ServerName;
 use rustls_pki_types::pem::PemObject;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
@@ -38,9 +37,14 @@ impl std::fmt::Debug for RedisTls {
 }
 
 impl RedisTls {
-    /// TLS that trusts the CA certificates in PEM file `ca` and expects `server_name`, with
-    /// the process's TLS versions and suites (TLS 1.3 only unless configured).
-    pub fn from_ca_file(ca: &Path, server_name: &str) -> Result<RedisTls, String> {
+    /// TLS that trusts the CA certificates in PEM file `ca` and expects `server_name`;
+    /// `builder` brings the TLS versions and suites (the process's TLS profile, TLS 1.3
+    /// only unless configured).
+    pub fn from_ca_file(
+        ca: &Path,
+        server_name: &str,
+        builder: rustls::ConfigBuilder<rustls::ClientConfig, rustls::WantsVerifier>,
+    ) -> Result<RedisTls, String> {
         let mut roots = rustls::RootCertStore::empty();
         let certs = rustls_pki_types::CertificateDer::pem_file_iter(ca)
             .map_err(|e| format!("{}: {e}", ca.display()))?;
@@ -53,11 +57,7 @@ impl RedisTls {
         if roots.is_empty() {
             return Err(format!("{}: no CA certificate", ca.display()));
         }
-        let config = TlsProfile::process()
-            .client_builder()
-            .map_err(|e| e.to_string())?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
+        let config = builder.with_root_certificates(roots).with_no_client_auth();
         let server_name = ServerName::try_from(server_name.to_owned())
             .map_err(|e| format!("{server_name:?}: {e}"))?;
         Ok(RedisTls {
@@ -157,17 +157,19 @@ impl RedisConn {
 }
 
 /// TLS for a Redis-speaking listener from a PEM certificate chain and key (read once at
-/// start), with the process's TLS versions and suites (TLS 1.3 only unless configured).
-pub fn server_tls(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>, String> {
+/// start); `builder` brings the TLS versions and suites (the process's TLS profile).
+pub fn server_tls(
+    cert: &Path,
+    key: &Path,
+    builder: rustls::ConfigBuilder<rustls::ServerConfig, rustls::WantsVerifier>,
+) -> Result<Arc<rustls::ServerConfig>, String> {
     let chain = rustls_pki_types::CertificateDer::pem_file_iter(cert)
         .map_err(|e| format!("{}: {e}", cert.display()))?
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| format!("{}: {e}", cert.display()))?;
     let key_der = rustls_pki_types::PrivateKeyDer::from_pem_file(key)
         .map_err(|e| format!("{}: {e}", key.display()))?;
-    let config = TlsProfile::process()
-        .server_builder()
-        .map_err(|e| e.to_string())?
+    let config = builder
         .with_no_client_auth()
         .with_single_cert(chain, key_der)
         .map_err(|e| format!("{}: {e}", cert.display()))?;

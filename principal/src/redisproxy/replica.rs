@@ -418,7 +418,11 @@ mod tests {
     }
 
     async fn handshake(server_cert: &Path, server_key: &Path, pinned: &Path) -> bool {
-        let server = argocd_agent_redis::client::server_tls(server_cert, server_key).unwrap();
+        let builder = argocd_agent_identity::tls::TlsProfile::default()
+            .server_builder()
+            .unwrap();
+        let server =
+            argocd_agent_redis::client::server_tls(server_cert, server_key, builder).unwrap();
         let client = pinned_replica_tls(pinned).unwrap();
         let (a, b) = tokio::io::duplex(64 * 1024);
         let accept = tokio::spawn(async move {
