@@ -136,6 +136,9 @@ pub struct AgentConfig {
     pub resource_proxy_max_concurrent: usize,
     /// How long one resource proxy request may take (504 after).
     pub resource_proxy_timeout: Duration,
+    /// The Pod Security Standards level pods created or patched through the resource proxy
+    /// are held to (`--resource-proxy-pod-security`, default `baseline`).
+    pub resource_proxy_pod_security: proxy::pss::Level,
     /// Reach the principal through an HTTP/1.1 WebSocket, with the SVID mutual TLS inside it
     /// (`--enable-websocket`; mTLS only): for proxies and load balancers without HTTP/2.
     pub websocket: bool,
@@ -173,6 +176,7 @@ impl Default for AgentConfig {
             resource_proxy_max_body: proxy::DEFAULT_MAX_BODY,
             resource_proxy_max_concurrent: proxy::DEFAULT_MAX_CONCURRENT,
             resource_proxy_timeout: proxy::DEFAULT_TIMEOUT,
+            resource_proxy_pod_security: proxy::pss::Level::default(),
             websocket: false,
         }
     }
@@ -385,6 +389,7 @@ fn build_spoke(
             max_concurrent: config.resource_proxy_max_concurrent,
             timeout: config.resource_proxy_timeout,
             argocd_namespace: spoke.namespace.as_str().to_owned(),
+            pod_security: config.resource_proxy_pod_security,
         };
         spoke.proxy = Some(Arc::new(proxy::Proxy::new(
             proxy_client,

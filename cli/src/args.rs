@@ -658,6 +658,15 @@ pub struct AgentResourceProxyArgs {
     /// How long one proxied request may take on this cluster (504 after).
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub resource_proxy_timeout: Duration,
+    /// Pod Security Standards level for pods created or patched through the resource proxy:
+    /// privileged (off), baseline or restricted.
+    #[arg(
+        long,
+        env = "ARGOCD_AGENT_RESOURCE_PROXY_POD_SECURITY",
+        default_value = "baseline",
+        value_parser = |s: &str| s.parse::<argocd_agent_agent::proxy::pss::Level>()
+    )]
+    pub resource_proxy_pod_security: argocd_agent_agent::proxy::pss::Level,
 }
 
 /// This cluster's Redis, which the agent reads for the principal's Redis proxy.
@@ -1145,6 +1154,7 @@ impl AgentArgs {
             resource_proxy_max_body: a.resource_proxy.resource_proxy_max_body,
             resource_proxy_max_concurrent: a.resource_proxy.resource_proxy_max_concurrent.max(1),
             resource_proxy_timeout: a.resource_proxy.resource_proxy_timeout,
+            resource_proxy_pod_security: a.resource_proxy.resource_proxy_pod_security,
             cache_refresh_interval: match a.redis.cache_refresh_interval {
                 d if d.is_zero() => return Err("--cache-refresh-interval must be above 0".into()),
                 d => d,

@@ -7,6 +7,8 @@
 
 pub mod exec;
 pub mod logs;
+pub mod patch;
+pub mod pss;
 pub mod rules;
 
 use std::collections::HashMap;
@@ -56,6 +58,9 @@ pub struct ProxyConfig {
     pub timeout: Duration,
     /// Where the spoke's Argo CD runs: its argocd-cm says how objects are tracked.
     pub argocd_namespace: String,
+    /// The Pod Security Standards level every created or patched pod spec is held to
+    /// (`--resource-proxy-pod-security`, see [`pss`]).
+    pub pod_security: pss::Level,
 }
 
 impl Default for ProxyConfig {
@@ -65,6 +70,7 @@ impl Default for ProxyConfig {
             max_concurrent: DEFAULT_MAX_CONCURRENT,
             timeout: DEFAULT_TIMEOUT,
             argocd_namespace: "argocd".into(),
+            pod_security: pss::Level::default(),
         }
     }
 }
@@ -314,7 +320,15 @@ impl Proxy {
                 }
                 original().await
             }
-            rules::Plan::Patch(r) | rules::Plan::Delete(r) => {
+            rules::Plan::Patch(r) => match self.check_patch(apps, req, &r).await? {
+                Err(answer) => Ok(answer),
+                Ok(body) => {
+                    let ct = Some(req.content_type.as_str());
+                    self.send(&req.method, &req.path, &req.query, ct, &req.accept, body)
+                        .await
+                }
+            },
+            rules::Plan::Delete(r) => {
                 if let Some(refused) = self.check_named(apps, &r).await? {
                     return Ok(refused);
                 }
@@ -400,7 +414,10 @@ impl Proxy {
                 continue;
             }
             for app in managing.iter().filter_map(|i| apps.facts(*i)) {
-                match rules::check_create(&target, &body, &obj, app) {
+                let level = self.config.pod_security;
+                let checked = rules::check_create(&target, &body, &obj, app)
+                    .and_then(|()| pss::check(level, &body, Some(&obj)));
+                match checked {
                     Ok(()) => return Ok(()),
                     Err(e) => why.push(e),
                 }
@@ -420,6 +437,16 @@ impl Proxy {
         apps: &Apps,
         r: &rules::ResourcePath,
     ) -> Result<Option<Answer>, Failure> {
+        Ok(self.fetch_managed(apps, r).await?.err())
+    }
+
+    /// The named object, fetched as JSON, if it is managed: `Ok(Err(answer))` passes a
+    /// failed GET on, `Err` refuses an unmanaged object.
+    async fn fetch_managed(
+        &self,
+        apps: &Apps,
+        r: &rules::ResourcePath,
+    ) -> Result<Result<Value, Answer>, Failure> {
         let Some(path) = r.object_path() else {
             return Err(Failure::Forbidden("no object named".into()));
         };
@@ -427,16 +454,85 @@ impl Proxy {
             .send("GET", &path, "", None, "application/json", Vec::new())
             .await?;
         if !answer.ok() {
-            return Ok(Some(answer));
+            return Ok(Err(answer));
         }
         let obj: Value = serde_json::from_slice(&answer.body)
             .map_err(|e| Failure::Upstream(format!("unreadable object: {e}")))?;
         let meta = obj.get("metadata").cloned().unwrap_or(Value::Null);
         if self.is_managed(apps, &meta, r.namespace.as_deref()).await {
-            Ok(None)
+            Ok(Ok(obj))
         } else {
             Err(not_managed(r))
         }
+    }
+
+    /// Decides a patch by the object it would make: the managed object is fetched, the
+    /// patch applied to it locally ([`patch::apply`]), and the result must keep its
+    /// tracking and owners, add no Pod Security Standards violation ([`pss::check`]) and
+    /// ask for nothing the object did not ask for ([`rules::added_asks`]). `Ok(Ok(body))`
+    /// is the patch to send, conditional on the version judged; `Ok(Err(answer))` an
+    /// answer to pass on instead (a failed GET, a conflict).
+    async fn check_patch(
+        &self,
+        apps: &Apps,
+        req: &ResourceRequest,
+        r: &rules::ResourcePath,
+    ) -> Result<Result<Vec<u8>, Answer>, Failure> {
+        let kind = patch::patch_type(&req.content_type).map_err(Failure::Forbidden)?;
+        let before = match self.fetch_managed(apps, r).await? {
+            Ok(obj) => obj,
+            Err(answer) => return Ok(Err(answer)),
+        };
+        let after = patch::apply(kind, &before, &req.body)
+            .map_err(|e| Failure::Forbidden(format!("the patch is not applied: {e}")))?;
+        let version = |o: &Value| {
+            let rv = o.pointer("/metadata/resourceVersion");
+            rv.and_then(Value::as_str).unwrap_or_default().to_owned()
+        };
+        let rv = version(&before);
+        if version(&after) != rv {
+            return Ok(Err(Answer::status(
+                409,
+                "the object has been modified; please apply your changes to the latest version and try again",
+            )));
+        }
+        let meta = |o: &Value| o.get("metadata").cloned().unwrap_or(Value::Null);
+        let (was, now) = (meta(&before), meta(&after));
+        rules::check_tracking_kept(apps.tracking(), &was, &now).map_err(Failure::Forbidden)?;
+        if was.get("ownerReferences") != now.get("ownerReferences") {
+            let ns = r.namespace.as_deref();
+            let mut walk = OwnerWalk::new(self, apps);
+            if walk.managing_apps(&was, ns).await != walk.managing_apps(&now, ns).await {
+                return Err(Failure::Forbidden(
+                    "a patch may not change the owner references that make the object managed"
+                        .into(),
+                ));
+            }
+        }
+        self.check_patched_pods(&before, &after)?;
+        let body = if rv.is_empty() {
+            req.body.clone()
+        } else {
+            patch::with_precondition(kind, &req.body, &rv).map_err(Failure::Forbidden)?
+        };
+        Ok(Ok(body))
+    }
+
+    /// The pod security and owner-baseline rules for a patched object.
+    fn check_patched_pods(&self, before: &Value, after: &Value) -> Result<(), Failure> {
+        pss::check(self.config.pod_security, after, Some(before)).map_err(Failure::Forbidden)?;
+        let added = rules::added_asks(after, before).map_err(Failure::Forbidden)?;
+        if !added.is_empty() {
+            let kind = after
+                .get("kind")
+                .and_then(Value::as_str)
+                .unwrap_or("object");
+            return Err(Failure::Forbidden(format!(
+                "the patched {kind} would ask for {} that it does not have now",
+                added.join(", ")
+            )));
+        }
+        Ok(())
     }
 
     /// Keeps the managed items of a List or rows of a Table; everything else of the list

@@ -316,6 +316,46 @@ pub fn marking_apps(metadata: &Value, apps: &Apps) -> BTreeSet<usize> {
     found
 }
 
+/// A patch keeps what makes an object managed: the values the spoke's tracking reads
+/// (the instance label, the tracking-id and installation-id annotations) are the same in
+/// `after` as in `before` (both metadata). Removing them would take the object out of
+/// management; changing them would hand it to another Application.
+pub fn check_tracking_kept(
+    tracking: &Tracking,
+    before: &Value,
+    after: &Value,
+) -> Result<(), String> {
+    let mut kept: Vec<(&str, &str)> = Vec::new();
+    if tracking.reads_label() {
+        kept.push(("labels", tracking.label_key.as_str()));
+    }
+    if tracking.reads_annotation() {
+        kept.push(("annotations", TRACKING_ANNOTATION));
+        kept.push(("annotations", INSTALLATION_ID_ANNOTATION));
+    }
+    for (map, key) in kept {
+        let was = before.get(map).and_then(|m| m.get(key));
+        let now = after.get(map).and_then(|m| m.get(key));
+        if was != now {
+            let show = |v: Option<&Value>| v.map_or_else(|| "unset".to_owned(), |v| v.to_string());
+            return Err(format!(
+                "a patch may not change metadata.{map}[{key:?}], which tracks the object for Argo CD (it is {}, it would be {})",
+                show(was),
+                show(now)
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The asks of `obj` (see [`privilege_asks`]) that `baseline` (the object before a patch,
+/// or a created object's owner) does not have.
+pub fn added_asks(obj: &Value, baseline: &Value) -> Result<Vec<String>, String> {
+    let wanted = privilege_asks(obj)?;
+    let granted = privilege_asks(baseline)?;
+    Ok(wanted.difference(&granted).cloned().collect())
+}
+
 /// One owner reference of an object.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OwnerRef {
@@ -445,6 +485,14 @@ pub fn read_create_body(content_type: &str, body: &[u8]) -> Result<Value, String
     if !v.is_object() {
         return Err("a create body must be a JSON object".into());
     }
+    Ok(v)
+}
+
+/// Reads any JSON value with every repeated object key refused (see
+/// [`read_create_body`]).
+pub fn read_strict_json(body: &[u8]) -> Result<Value, String> {
+    let StrictValue(v) = serde_json::from_slice(body)
+        .map_err(|e| format!("not JSON as the API server reads it: {e}"))?;
     Ok(v)
 }
 
@@ -603,7 +651,19 @@ pub fn check_create(
 ///   `Unconfined` seccomp or AppArmor profile;
 /// - a `serviceAccountName` (or `serviceAccount`) other than `default`: a pod runs with its
 ///   service account's permissions;
-/// - an Argo Workflow's `podSpecPatch` (it can say anything).
+/// - an Argo Workflow's `podSpecPatch` (it can say anything);
+/// - what a pod can read or where it runs (security issue 39): `secret <name>` and
+///   `configMap <name>` for every Secret or ConfigMap it references (volumes, projected
+///   sources, `secretKeyRef`, `configMapKeyRef`, `envFrom`, any `...SecretRef`),
+///   `persistentVolumeClaim <claim>`, `serviceAccountToken audience <aud>` for a projected
+///   token, `automountServiceAccountToken` for a pod spec that does not set it to `false`
+///   (or any `true`), `nodeName <node>`, `toleration ...` for each toleration (`toleration
+///   of every taint` for `operator: Exists` without a key), `runtimeClassName <c>`,
+///   `priorityClassName <c>`, `priority <n>`, `sysctl <name>` for a sysctl outside
+///   Kubernetes' safe set, and `volume type <t>` for a volume type that restricted pods
+///   may not use or that reaches outside the pod (anything but `configMap`, `secret`,
+///   `projected`, `downwardAPI`, `emptyDir`, `ephemeral`, `persistentVolumeClaim`: `nfs`,
+///   `csi`, `iscsi`, ...).
 ///
 /// Keys are matched ignoring ASCII case, and the whole object is searched, so a field
 /// cannot hide at a path this list does not know. An object nested deeper than
@@ -625,8 +685,10 @@ fn scan_privilege(v: &Value, depth: usize, asks: &mut BTreeSet<String>) -> Resul
             }
         }
         Value::Object(map) => {
+            pod_spec_asks(map, asks);
             for (key, value) in map {
                 privilege_of(key, value, asks);
+                access_of(key, value, asks);
                 scan_privilege(value, depth + 1, asks)?;
             }
         }
@@ -711,6 +773,139 @@ fn privilege_of(key: &str, value: &Value, asks: &mut BTreeSet<String>) {
         }
         _ => {}
     }
+}
+
+/// Ask of a service-account token mounted into a pod.
+const AUTOMOUNT: &str = "automountServiceAccountToken";
+
+/// A pod spec (a map with a list of containers, keys in any case) that does not set
+/// `automountServiceAccountToken: false` gets its service account's token.
+fn pod_spec_asks(map: &serde_json::Map<String, Value>, asks: &mut BTreeSet<String>) {
+    let field = |name: &str| {
+        map.iter()
+            .filter(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v)
+            .collect::<Vec<_>>()
+    };
+    let is_pod = ["containers", "initContainers", "ephemeralContainers"]
+        .iter()
+        .any(|l| field(l).iter().any(|v| v.is_array()));
+    let automount = field(AUTOMOUNT);
+    if is_pod && (automount.is_empty() || automount.iter().any(|v| **v != Value::Bool(false))) {
+        asks.insert(AUTOMOUNT.into());
+    }
+}
+
+/// The `name` (or `secretName`, `claimName`) a reference object carries.
+fn ref_name(value: &Value, keys: &[&str]) -> Option<String> {
+    let map = value.as_object()?;
+    keys.iter().find_map(|want| {
+        map.iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(want))
+            .map(|(_, v)| text_or_json(v))
+    })
+}
+
+/// Volume types a pod may use without reaching outside itself and the namespace's own
+/// objects (Kubernetes' restricted volume types, but `csi`).
+const CONTAINED_VOLUME_TYPES: &[&str] = &[
+    "name",
+    "configmap",
+    "secret",
+    "projected",
+    "downwardapi",
+    "emptydir",
+    "ephemeral",
+    "persistentvolumeclaim",
+];
+
+/// What one field lets a pod read or where it lets it run (see [`privilege_asks`]).
+fn access_of(key: &str, value: &Value, asks: &mut BTreeSet<String>) {
+    let lower = key.to_ascii_lowercase();
+    let mut ask = |s: String| {
+        asks.insert(s);
+    };
+    match lower.as_str() {
+        "secret" | "secretkeyref" => {
+            if let Some(n) = ref_name(value, &["secretName", "name"]) {
+                ask(format!("secret {n}"));
+            }
+        }
+        k if k.ends_with("secretref") => {
+            if let Some(n) = ref_name(value, &["name"]) {
+                ask(format!("secret {n}"));
+            }
+        }
+        "configmap" | "configmapkeyref" | "configmapref" => {
+            if let Some(n) = ref_name(value, &["name"]) {
+                ask(format!("configMap {n}"));
+            }
+        }
+        "persistentvolumeclaim" => {
+            if let Some(n) = ref_name(value, &["claimName"]) {
+                ask(format!("persistentVolumeClaim {n}"));
+            }
+        }
+        "serviceaccounttoken" if value.is_object() => {
+            let aud = ref_name(value, &["audience"]).unwrap_or_else(|| "(the API server)".into());
+            ask(format!("serviceAccountToken audience {aud}"));
+        }
+        "automountserviceaccounttoken" if value.as_bool() == Some(true) => ask(AUTOMOUNT.into()),
+        "nodename" if !value.is_null() && value.as_str() != Some("") => {
+            ask(format!("nodeName {}", text_or_json(value)));
+        }
+        "runtimeclassname" | "priorityclassname" if !value.is_null() => {
+            let field = if lower == "runtimeclassname" {
+                "runtimeClassName"
+            } else {
+                "priorityClassName"
+            };
+            ask(format!("{field} {}", text_or_json(value)));
+        }
+        "priority" if value.is_number() => ask(format!("priority {value}")),
+        "tolerations" => {
+            for t in value.as_array().map(Vec::as_slice).unwrap_or_default() {
+                ask(toleration_ask(t));
+            }
+        }
+        "sysctls" => {
+            for s in value.as_array().map(Vec::as_slice).unwrap_or_default() {
+                let name = ref_name(s, &["name"]).unwrap_or_else(|| s.to_string());
+                if !super::pss::SAFE_SYSCTLS.contains(&name.as_str()) {
+                    ask(format!("sysctl {name}"));
+                }
+            }
+        }
+        "volumes" => {
+            for v in value.as_array().map(Vec::as_slice).unwrap_or_default() {
+                for (ty, _) in v.as_object().into_iter().flatten() {
+                    if !CONTAINED_VOLUME_TYPES.contains(&ty.to_ascii_lowercase().as_str()) {
+                        ask(format!("volume type {ty}"));
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// A toleration as an ask: `toleration of every taint` for `operator: Exists` without a
+/// key, else `toleration <key>:<operator>:<value>:<effect>`.
+fn toleration_ask(t: &Value) -> String {
+    let get = |k: &str| ref_name(t, &[k]).unwrap_or_default();
+    let (key, op, value, effect) = (get("key"), get("operator"), get("value"), get("effect"));
+    if key.is_empty() && op == "Exists" {
+        let of = if effect.is_empty() {
+            "every taint".to_owned()
+        } else {
+            format!("every {effect} taint")
+        };
+        return format!("toleration of {of}");
+    }
+    if !t.is_object() {
+        return format!("toleration {t}");
+    }
+    format!("toleration {key}:{op}:{value}:{effect}")
 }
 
 fn text_or_json(v: &Value) -> String {
@@ -937,6 +1132,7 @@ pub fn reason_for(code: u16) -> &'static str {
         400 => "BadRequest",
         403 => "Forbidden",
         404 => "NotFound",
+        409 => "Conflict",
         429 => "TooManyRequests",
         501 => "NotImplemented",
         502 => "BadGateway",
@@ -1608,7 +1804,13 @@ mod tests {
 
     #[test]
     fn privilege_is_found_wherever_a_pod_spec_sits() {
-        let asks = |v: Value| privilege_asks(&v).unwrap().into_iter().collect::<Vec<_>>();
+        // The mounted token of a pod spec without `automountServiceAccountToken: false` is
+        // its own ask, tested below.
+        let asks = |v: Value| {
+            let mut found = privilege_asks(&v).unwrap();
+            found.remove(AUTOMOUNT);
+            found.into_iter().collect::<Vec<_>>()
+        };
         let pod = |spec: Value| json!({"kind": "Pod", "spec": spec});
         let template =
             |spec: Value| json!({"kind": "Deployment", "spec": {"template": {"spec": spec}}});
@@ -1669,6 +1871,144 @@ mod tests {
             deep = json!({"a": deep});
         }
         assert!(privilege_asks(&deep).is_err());
+    }
+
+    #[test]
+    fn what_a_pod_reads_and_where_it_runs_are_asks() {
+        let asks = |spec: Value| {
+            let pod = json!({"kind": "Pod", "spec": spec});
+            privilege_asks(&pod)
+                .unwrap()
+                .into_iter()
+                .collect::<Vec<_>>()
+        };
+        let c = |extra: Value| {
+            let mut c = json!({"name": "c", "image": "i"});
+            c.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            json!({"automountServiceAccountToken": false, "containers": [c]})
+        };
+        assert!(asks(c(json!({}))).is_empty());
+        assert_eq!(asks(json!({"containers": []})), [AUTOMOUNT]);
+        assert_eq!(
+            asks(json!({"automountServiceAccountToken": true, "containers": []})),
+            [AUTOMOUNT]
+        );
+        assert_eq!(
+            asks(c(json!({"env": [
+                {"name": "A", "valueFrom": {"secretKeyRef": {"name": "db", "key": "pw"}}},
+                {"name": "B", "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "k"}}}],
+                "envFrom": [{"secretRef": {"name": "api"}}, {"configMapRef": {"name": "env"}}]}))),
+            ["configMap cfg", "configMap env", "secret api", "secret db"]
+        );
+        let mut spec = c(json!({}));
+        spec["volumes"] = json!([
+            {"name": "a", "secret": {"secretName": "tls"}},
+            {"name": "b", "configMap": {"name": "web"}},
+            {"name": "c", "projected": {"sources": [{"secret": {"name": "p"}},
+                {"serviceAccountToken": {"audience": "vault", "path": "t"}},
+                {"serviceAccountToken": {"path": "u"}}]}},
+            {"name": "d", "nfs": {"server": "s", "path": "/"}},
+            {"name": "e", "csi": {"driver": "x", "nodePublishSecretRef": {"name": "csi-creds"}}},
+            {"name": "f", "persistentVolumeClaim": {"claimName": "data"}},
+            {"name": "g", "emptyDir": {}}]);
+        assert_eq!(
+            asks(spec),
+            [
+                "configMap web",
+                "persistentVolumeClaim data",
+                "secret csi-creds",
+                "secret p",
+                "secret tls",
+                "serviceAccountToken audience (the API server)",
+                "serviceAccountToken audience vault",
+                "volume type csi",
+                "volume type nfs"
+            ]
+        );
+        let mut spec = c(json!({}));
+        spec["nodeName"] = json!("control-plane-1");
+        spec["runtimeClassName"] = json!("runc-unconfined");
+        spec["priorityClassName"] = json!("system-node-critical");
+        spec["priority"] = json!(2000001000);
+        spec["tolerations"] = json!([{"operator": "Exists"}, {"operator": "Exists", "effect": "NoSchedule"},
+            {"key": "gpu", "operator": "Equal", "value": "yes", "effect": "NoSchedule"}]);
+        spec["securityContext"] = json!({"sysctls": [{"name": "kernel.msgmax", "value": "1"},
+            {"name": "net.ipv4.tcp_syncookies", "value": "1"}]});
+        assert_eq!(
+            asks(spec),
+            [
+                "nodeName control-plane-1",
+                "priority 2000001000",
+                "priorityClassName system-node-critical",
+                "runtimeClassName runc-unconfined",
+                "sysctl kernel.msgmax",
+                "toleration gpu:Equal:yes:NoSchedule",
+                "toleration of every NoSchedule taint",
+                "toleration of every taint"
+            ]
+        );
+    }
+
+    #[test]
+    fn the_owner_baseline_admits_only_what_the_owner_references() {
+        let cj = cronjob(json!({"restartPolicy": "Never",
+            "volumes": [{"name": "cfg", "secret": {"secretName": "app-config"}}],
+            "containers": [{"name": "run", "image": "busybox",
+                "env": [{"name": "PW", "valueFrom": {"secretKeyRef": {"name": "app-config", "key": "pw"}}}]}]}));
+        let t = target("batch", "v1", "Job", Some("gb"), true);
+        assert_eq!(check_create(&t, &job_from(&cj), &cj, &guestbook()), Ok(()));
+        let mut other = job_from(&cj);
+        other["spec"]["template"]["spec"]["containers"][0]["env"][0]["valueFrom"]["secretKeyRef"]
+            ["name"] = json!("argocd-secret");
+        let e = check_create(&t, &other, &cj, &guestbook()).unwrap_err();
+        assert!(e.contains("secret argocd-secret"), "{e}");
+        let mut pinned = job_from(&cj);
+        pinned["spec"]["template"]["spec"]["nodeName"] = json!("master");
+        assert!(
+            check_create(&t, &pinned, &cj, &guestbook())
+                .unwrap_err()
+                .contains("nodeName master")
+        );
+        // An owner that turns the token off does not let a copy turn it back on.
+        let mut quiet = cj.clone();
+        quiet["spec"]["jobTemplate"]["spec"]["template"]["spec"]["automountServiceAccountToken"] =
+            json!(false);
+        let e = check_create(&t, &job_from(&cj), &quiet, &guestbook()).unwrap_err();
+        assert!(e.contains(AUTOMOUNT), "{e}");
+    }
+
+    #[test]
+    fn patches_keep_the_tracking_that_makes_an_object_managed() {
+        let before = json!({"name": "web", "namespace": "gb",
+            "labels": {INSTANCE_LABEL: "guestbook", "tier": "web"},
+            "annotations": {TRACKING_ANNOTATION: "guestbook:apps/Deployment:gb/web"}});
+        let t = Tracking::default();
+        let mut relabelled = before.clone();
+        relabelled["labels"]["tier"] = json!("front");
+        assert_eq!(check_tracking_kept(&t, &before, &relabelled), Ok(()));
+        let mut dropped = before.clone();
+        dropped["labels"]
+            .as_object_mut()
+            .unwrap()
+            .remove(INSTANCE_LABEL);
+        let e = check_tracking_kept(&t, &before, &dropped).unwrap_err();
+        assert!(
+            e.contains("app.kubernetes.io/instance") && e.contains("unset"),
+            "{e}"
+        );
+        let mut moved = before.clone();
+        moved["annotations"][TRACKING_ANNOTATION] = json!("other:apps/Deployment:gb/web");
+        assert!(check_tracking_kept(&t, &before, &moved).is_err());
+        let mut installed = before.clone();
+        installed["annotations"][INSTALLATION_ID_ANNOTATION] = json!("elsewhere");
+        assert!(check_tracking_kept(&t, &before, &installed).is_err());
+        // With label tracking only the label counts; the annotation is not read.
+        let label =
+            Tracking::from_argocd_cm(&json!({"application.resourceTrackingMethod": "label"}));
+        assert_eq!(check_tracking_kept(&label, &before, &moved), Ok(()));
+        assert!(check_tracking_kept(&label, &before, &dropped).is_err());
     }
 
     #[test]
