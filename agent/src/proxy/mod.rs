@@ -416,7 +416,7 @@ impl Proxy {
             for app in managing.iter().filter_map(|i| apps.facts(*i)) {
                 let level = self.config.pod_security;
                 let checked = rules::check_create(&target, &body, &obj, app)
-                    .and_then(|()| pss::check(level, &body, Some(&obj)));
+                    .and_then(|()| pss::check(level, &body, None));
                 match checked {
                     Ok(()) => return Ok(()),
                     Err(e) => why.push(e),

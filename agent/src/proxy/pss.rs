@@ -754,10 +754,11 @@ fn walk(
 }
 
 /// The violations of `level` by `obj` that `before` does not already have in the same
-/// way (same check, same place in its pod spec, same value): `before` is the object a
-/// patch changes, or the owner a created object is made from. A create or patch that
-/// adds none may go ahead: the proxy then gives nothing the Application does not already
-/// run.
+/// way (same check, same place in its pod spec, same value). `before` is the object a
+/// patch changes: like Pod Security admission, which does not judge an update that leaves
+/// the pod spec alone again, a patch is refused only for what it adds, so a label patch
+/// or a restart of a workload that already runs privileged still works. A create has no
+/// `before`: the new object must meet the level.
 pub fn new_violations(
     level: Level,
     obj: &Value,
@@ -791,8 +792,8 @@ pub fn refusal(level: Level, found: &[Violation]) -> String {
     format!("pod security {:?}: {}", level.as_str(), named.join("; "))
 }
 
-/// Checks `obj` against `level`, allowing what `before` already has (see
-/// [`new_violations`]); `Err` is the refusal message.
+/// Checks `obj` against `level`, allowing what `before` (the object before a patch)
+/// already has (see [`new_violations`]); `Err` is the refusal message.
 pub fn check(level: Level, obj: &Value, before: Option<&Value>) -> Result<(), String> {
     let found = new_violations(level, obj, before)?;
     if found.is_empty() {

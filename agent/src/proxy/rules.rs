@@ -659,7 +659,8 @@ pub fn check_create(
 ///   token, `automountServiceAccountToken` for a pod spec that does not set it to `false`
 ///   (or any `true`), `nodeName <node>`, `toleration ...` for each toleration (`toleration
 ///   of every taint` for `operator: Exists` without a key), `runtimeClassName <c>`,
-///   `priorityClassName <c>`, `priority <n>`, `sysctl <name>` for a sysctl outside
+///   `priorityClassName <c>`, `priority <n>`, `runAsUser 0 (root)` and `runAsGroup 0
+///   (root)`, `sysctl <name>` for a sysctl outside
 ///   Kubernetes' safe set, and `volume type <t>` for a volume type that restricted pods
 ///   may not use or that reaches outside the pod (anything but `configMap`, `secret`,
 ///   `projected`, `downwardAPI`, `emptyDir`, `ephemeral`, `persistentVolumeClaim`: `nfs`,
@@ -863,6 +864,14 @@ fn access_of(key: &str, value: &Value, asks: &mut BTreeSet<String>) {
             ask(format!("{field} {}", text_or_json(value)));
         }
         "priority" if value.is_number() => ask(format!("priority {value}")),
+        "runasuser" | "runasgroup" if value.as_i64() == Some(0) => {
+            let field = if lower == "runasuser" {
+                "runAsUser"
+            } else {
+                "runAsGroup"
+            };
+            ask(format!("{field} 0 (root)"));
+        }
         "tolerations" => {
             for t in value.as_array().map(Vec::as_slice).unwrap_or_default() {
                 ask(toleration_ask(t));
@@ -1932,6 +1941,7 @@ mod tests {
         spec["runtimeClassName"] = json!("runc-unconfined");
         spec["priorityClassName"] = json!("system-node-critical");
         spec["priority"] = json!(2000001000);
+        spec["containers"][0]["securityContext"] = json!({"runAsUser": 0, "runAsGroup": 1000});
         spec["tolerations"] = json!([{"operator": "Exists"}, {"operator": "Exists", "effect": "NoSchedule"},
             {"key": "gpu", "operator": "Equal", "value": "yes", "effect": "NoSchedule"}]);
         spec["securityContext"] = json!({"sysctls": [{"name": "kernel.msgmax", "value": "1"},
@@ -1942,6 +1952,7 @@ mod tests {
                 "nodeName control-plane-1",
                 "priority 2000001000",
                 "priorityClassName system-node-critical",
+                "runAsUser 0 (root)",
                 "runtimeClassName runc-unconfined",
                 "sysctl kernel.msgmax",
                 "toleration gpu:Equal:yes:NoSchedule",

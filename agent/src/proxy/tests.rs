@@ -17,6 +17,7 @@ struct Seen {
     method: String,
     uri: String,
     headers: http::HeaderMap,
+    body: Vec<u8>,
 }
 
 type Routes = HashMap<(String, String), (u16, &'static str, Vec<u8>)>;
@@ -39,7 +40,12 @@ fn mock(
     let log = seen.clone();
     tokio::spawn(async move {
         while let Some((req, send)) = handle.next_request().await {
-            let (parts, _) = req.into_parts();
+            let (parts, body) = req.into_parts();
+            let body = body
+                .collect()
+                .await
+                .map(|c| c.to_bytes().to_vec())
+                .unwrap_or_default();
             let uri = parts
                 .uri
                 .path_and_query()
@@ -51,6 +57,7 @@ fn mock(
                     method: parts.method.to_string(),
                     uri: uri.clone(),
                     headers: parts.headers.clone(),
+                    body,
                 });
             }
             let (status, ct, body) = table
@@ -373,6 +380,144 @@ async fn a_patch_of_a_managed_object_is_performed_with_its_content_type() {
         seen[1].headers.get("content-type").unwrap(),
         "application/merge-patch+json"
     );
+}
+
+const POD: &str = "/api/v1/namespaces/ns/pods/web-0";
+
+/// A managed pod `web-0` at resourceVersion 7 that any PATCH of answers 200.
+fn pod_mock(config: ProxyConfig) -> (Proxy, Arc<Mutex<Vec<Seen>>>) {
+    let mut meta = managed_meta("web-0");
+    meta["resourceVersion"] = json!("7");
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+        "spec": {"automountServiceAccountToken": false,
+            "containers": [{"name": "web", "image": "nginx", "securityContext": {"runAsUser": 1000}}]}});
+    mock(
+        vec![("GET", POD, 200, pod.clone()), ("PATCH", POD, 200, pod)],
+        config,
+    )
+}
+
+fn patch_req(content_type: &str, body: Value) -> ResourceRequest {
+    let mut r = req("PATCH", POD, "", "application/json", body);
+    r.content_type = content_type.into();
+    r
+}
+
+fn patches_sent(seen: &Arc<Mutex<Vec<Seen>>>) -> Vec<Value> {
+    let seen = seen.lock().unwrap();
+    let sent = seen.iter().filter(|s| s.method == "PATCH");
+    sent.map(|s| serde_json::from_slice(&s.body).unwrap())
+        .collect()
+}
+
+/// A strategic merge patch is merged into the container by name, as the API server
+/// merges it: the privileged result is refused, by check and field, and never sent.
+#[tokio::test]
+async fn a_patch_is_judged_by_the_object_it_would_make() {
+    let (p, seen) = pod_mock(ProxyConfig::default());
+    let smp = "application/strategic-merge-patch+json";
+    let cases = [
+        (
+            json!({"spec": {"containers": [{"name": "web", "securityContext": {"privileged": true}}]}}),
+            "pod security \"baseline\": spec.containers[0].securityContext.privileged is true (check privileged)",
+        ),
+        (
+            json!({"spec": {"hostNetwork": true, "hostPID": true}}),
+            "spec.hostNetwork is true (check hostNamespaces)",
+        ),
+        (
+            json!({"spec": {"volumes": [{"name": "x", "secret": {"secretName": "loot"}}]}}),
+            "would ask for secret loot that it does not have now",
+        ),
+        (
+            json!({"metadata": {"labels": {"app.kubernetes.io/instance": null}}}),
+            "which tracks the object for Argo CD",
+        ),
+        (
+            json!({"spec": {"$unknownDirective": 1}}),
+            "is not evaluated by the agent",
+        ),
+    ];
+    for (body, why) in cases {
+        let r = p
+            .handle_resource(&apps(), &patch_req(smp, body.clone()))
+            .await;
+        assert_eq!(r.status, 403, "{body}");
+        assert!(
+            body_message(&r).contains(why),
+            "{body}: {}",
+            body_message(&r)
+        );
+    }
+    let json_patch = json!([{"op": "replace", "path": "/spec/containers/0/securityContext/runAsUser", "value": 0}]);
+    let r = p
+        .handle_resource(
+            &apps(),
+            &patch_req("application/json-patch+json", json_patch),
+        )
+        .await;
+    assert!(
+        body_message(&r).contains("runAsUser 0 (root)"),
+        "{}",
+        body_message(&r)
+    );
+    let apply = patch_req("application/apply-patch+yaml", json!({"spec": {}}));
+    assert_eq!(p.handle_resource(&apps(), &apply).await.status, 403);
+    assert!(patches_sent(&seen).is_empty());
+    assert_eq!(count(&p, "patch", "forbidden"), 7);
+}
+
+/// An allowed patch is sent as the client sent it, made conditional on the version the
+/// agent judged; a patch naming another version is a conflict.
+#[tokio::test]
+async fn an_allowed_patch_is_pinned_to_the_version_judged() {
+    let (p, seen) = pod_mock(ProxyConfig::default());
+    let merge = patch_req(
+        "application/merge-patch+json",
+        json!({"metadata": {"labels": {"tier": "front"}}}),
+    );
+    assert_eq!(p.handle_resource(&apps(), &merge).await.status, 200);
+    let json_patch = patch_req(
+        "application/json-patch+json",
+        json!([{"op": "add", "path": "/metadata/labels/tier", "value": "front"}]),
+    );
+    assert_eq!(p.handle_resource(&apps(), &json_patch).await.status, 200);
+    assert_eq!(
+        patches_sent(&seen),
+        [
+            json!({"metadata": {"labels": {"tier": "front"}, "resourceVersion": "7"}}),
+            json!([{"op": "test", "path": "/metadata/resourceVersion", "value": "7"},
+                {"op": "add", "path": "/metadata/labels/tier", "value": "front"}]),
+        ]
+    );
+    let stale = patch_req(
+        "application/merge-patch+json",
+        json!({"metadata": {"resourceVersion": "3", "labels": {"tier": "x"}}}),
+    );
+    let r = p.handle_resource(&apps(), &stale).await;
+    assert_eq!(r.status, 409);
+    assert_eq!(patches_sent(&seen).len(), 2);
+}
+
+/// At `privileged` the Pod Security checks are off; the owner comparison stays.
+#[tokio::test]
+async fn the_privileged_level_turns_pod_security_off() {
+    let config = ProxyConfig {
+        pod_security: pss::Level::Privileged,
+        ..ProxyConfig::default()
+    };
+    let (p, seen) = pod_mock(config);
+    let smp = "application/strategic-merge-patch+json";
+    let unconfined = json!({"metadata": {"annotations": {
+        "container.apparmor.security.beta.kubernetes.io/web": "unconfined"}}});
+    let ok = p
+        .handle_resource(&apps(), &patch_req(smp, unconfined))
+        .await;
+    assert_eq!(ok.status, 200, "{}", String::from_utf8_lossy(&ok.body));
+    let host = json!({"spec": {"hostPID": true}});
+    let r = p.handle_resource(&apps(), &patch_req(smp, host)).await;
+    assert!(body_message(&r).contains("hostPID that it does not have now"));
+    assert_eq!(patches_sent(&seen).len(), 1);
 }
 
 const APPS_V1: &str = r#"{"kind":"APIResourceList","apiVersion":"v1","groupVersion":"apps/v1","resources":[
