@@ -435,7 +435,9 @@ pub fn create_owners(metadata: &Value) -> Vec<OwnerRef> {
 // 5. a service-account token Secret only if X manages Secrets;
 // 6. the object asks for no host access or privilege that the owner object does not
 //    itself ask for (see [`privilege_asks`]): an action may copy what the Application
-//    already runs, never add to it.
+//    already runs, never add to it;
+// 7. its pod specs meet the spoke's Pod Security Standards level (`super::pss`, checked
+//    by the caller after these rules).
 
 /// The RBAC API group.
 pub const RBAC_GROUP: &str = "rbac.authorization.k8s.io";
