@@ -117,6 +117,9 @@ impl Answer {
 enum Failure {
     /// The agent's rules refuse it (403).
     Forbidden(String),
+    /// A pod security rule refuses a create or patch (403): the rule (`pod-security`,
+    /// `owner-baseline`, `tracking`, `patch`), logged apart, and the message.
+    Refused(&'static str, String),
     /// Bad input (400).
     BadRequest(String),
     /// The cluster could not be reached or answered nonsense (502).
@@ -126,7 +129,7 @@ enum Failure {
 impl Failure {
     fn answer(&self) -> Answer {
         match self {
-            Failure::Forbidden(m) => Answer::status(403, m),
+            Failure::Forbidden(m) | Failure::Refused(_, m) => Answer::status(403, m),
             Failure::BadRequest(m) => Answer::status(400, m),
             Failure::Upstream(m) => Answer::status(502, m),
         }
@@ -134,7 +137,7 @@ impl Failure {
 
     fn outcome(&self) -> &'static str {
         match self {
-            Failure::Forbidden(_) => "forbidden",
+            Failure::Forbidden(_) | Failure::Refused(..) => "forbidden",
             _ => "error",
         }
     }
@@ -273,6 +276,9 @@ impl Proxy {
         match &failure {
             Failure::Forbidden(reason) => {
                 tracing::warn!(method = ?req.method, path = ?req.path, reason = ?reason, "resource proxy request refused")
+            }
+            Failure::Refused(rule, reason) => {
+                tracing::warn!(method = ?req.method, path = ?req.path, rule, level = %self.config.pod_security, reason = ?reason, "resource proxy request refused")
             }
             Failure::BadRequest(m) | Failure::Upstream(m) => {
                 tracing::warn!(method = ?req.method, path = ?req.path, error = ?m, "resource proxy request failed")
@@ -478,13 +484,14 @@ impl Proxy {
         req: &ResourceRequest,
         r: &rules::ResourcePath,
     ) -> Result<Result<Vec<u8>, Answer>, Failure> {
-        let kind = patch::patch_type(&req.content_type).map_err(Failure::Forbidden)?;
+        let refused = |rule: &'static str| move |e: String| Failure::Refused(rule, e);
+        let kind = patch::patch_type(&req.content_type).map_err(refused("patch"))?;
         let before = match self.fetch_managed(apps, r).await? {
             Ok(obj) => obj,
             Err(answer) => return Ok(Err(answer)),
         };
         let after = patch::apply(kind, &before, &req.body)
-            .map_err(|e| Failure::Forbidden(format!("the patch is not applied: {e}")))?;
+            .map_err(|e| Failure::Refused("patch", format!("the patch is not applied: {e}")))?;
         let version = |o: &Value| {
             let rv = o.pointer("/metadata/resourceVersion");
             rv.and_then(Value::as_str).unwrap_or_default().to_owned()
@@ -498,12 +505,13 @@ impl Proxy {
         }
         let meta = |o: &Value| o.get("metadata").cloned().unwrap_or(Value::Null);
         let (was, now) = (meta(&before), meta(&after));
-        rules::check_tracking_kept(apps.tracking(), &was, &now).map_err(Failure::Forbidden)?;
+        rules::check_tracking_kept(apps.tracking(), &was, &now).map_err(refused("tracking"))?;
         if was.get("ownerReferences") != now.get("ownerReferences") {
             let ns = r.namespace.as_deref();
             let mut walk = OwnerWalk::new(self, apps);
             if walk.managing_apps(&was, ns).await != walk.managing_apps(&now, ns).await {
-                return Err(Failure::Forbidden(
+                return Err(Failure::Refused(
+                    "tracking",
                     "a patch may not change the owner references that make the object managed"
                         .into(),
                 ));
@@ -513,24 +521,29 @@ impl Proxy {
         let body = if rv.is_empty() {
             req.body.clone()
         } else {
-            patch::with_precondition(kind, &req.body, &rv).map_err(Failure::Forbidden)?
+            patch::with_precondition(kind, &req.body, &rv).map_err(refused("patch"))?
         };
         Ok(Ok(body))
     }
 
     /// The pod security and owner-baseline rules for a patched object.
     fn check_patched_pods(&self, before: &Value, after: &Value) -> Result<(), Failure> {
-        pss::check(self.config.pod_security, after, Some(before)).map_err(Failure::Forbidden)?;
-        let added = rules::added_asks(after, before).map_err(Failure::Forbidden)?;
+        pss::check(self.config.pod_security, after, Some(before))
+            .map_err(|e| Failure::Refused("pod-security", e))?;
+        let added =
+            rules::added_asks(after, before).map_err(|e| Failure::Refused("owner-baseline", e))?;
         if !added.is_empty() {
             let kind = after
                 .get("kind")
                 .and_then(Value::as_str)
                 .unwrap_or("object");
-            return Err(Failure::Forbidden(format!(
-                "the patched {kind} would ask for {} that it does not have now",
-                added.join(", ")
-            )));
+            return Err(Failure::Refused(
+                "owner-baseline",
+                format!(
+                    "the patched {kind} would ask for {} that it does not have now",
+                    added.join(", ")
+                ),
+            ));
         }
         Ok(())
     }
