@@ -673,7 +673,24 @@ pub fn check_create(
 /// [`MAX_SCAN_DEPTH`] is refused.
 pub fn privilege_asks(obj: &Value) -> Result<BTreeSet<String>, String> {
     let mut asks = BTreeSet::new();
-    scan_privilege(obj, 0, &mut asks)?;
+    let is_data = matches!(
+        (string_at(obj, "apiVersion"), string_at(obj, "kind")),
+        (Some("v1"), Some("ConfigMap" | "Secret"))
+    );
+    match obj {
+        // A ConfigMap's or Secret's data keys are the user's own words, not fields.
+        Value::Object(map) if is_data => {
+            let fields = map
+                .iter()
+                .filter(|(k, _)| !matches!(k.as_str(), "data" | "binaryData" | "stringData"));
+            for (key, value) in fields {
+                privilege_of(key, value, &mut asks);
+                access_of(key, value, &mut asks);
+                scan_privilege(value, 1, &mut asks)?;
+            }
+        }
+        _ => scan_privilege(obj, 0, &mut asks)?,
+    }
     Ok(asks)
 }
 
@@ -1961,6 +1978,22 @@ mod tests {
                 "toleration of every NoSchedule taint",
                 "toleration of every taint"
             ]
+        );
+    }
+
+    #[test]
+    fn configmap_and_secret_data_keys_are_not_fields() {
+        let cm = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"},
+            "data": {"nodeName": "worker-1", "hostPID": "true"}});
+        assert!(privilege_asks(&cm).unwrap().is_empty());
+        // Any other kind is searched whole.
+        let other = json!({"kind": "Thing", "data": {"nodeName": "worker-1"}});
+        assert_eq!(
+            privilege_asks(&other)
+                .unwrap()
+                .into_iter()
+                .collect::<Vec<_>>(),
+            ["nodeName worker-1"]
         );
     }
 
