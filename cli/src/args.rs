@@ -269,6 +269,20 @@ pub struct PrincipalArgs {
     /// Events one agent may send at once above --agent-event-rate.
     #[arg(long, env = "ARGOCD_PRINCIPAL_AGENT_EVENT_BURST", default_value_t = argocd_agent_principal::ratelimit::DEFAULT_EVENT_BURST)]
     pub agent_event_burst: u32,
+    /// Largest object an agent may send (Application, AppProject, status update), in bytes
+    /// of JSON; larger ones are refused (`ObjectTooLarge`), and agent-written hub objects
+    /// larger than this are cached as stubs and never sent on. 0: no bound.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_AGENT_MAX_OBJECT_SIZE", default_value_t = argocd_agent_principal::bounds::DEFAULT_MAX_OBJECT_SIZE)]
+    pub agent_max_object_size: usize,
+    /// Most Applications one agent may write on the hub (autonomous copies and app-of-apps
+    /// children together; hub-authored ones do not count); a new one over it is refused
+    /// (`TooManyApplications`). 0: no bound.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_AGENT_MAX_APPLICATIONS", default_value_t = argocd_agent_principal::bounds::DEFAULT_MAX_APPLICATIONS)]
+    pub agent_max_applications: usize,
+    /// Most bytes (JSON) of objects one agent may have written on the hub; a write over it
+    /// is refused (`AgentBytesExceeded`). 0: no bound.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_AGENT_MAX_BYTES", default_value_t = argocd_agent_principal::bounds::DEFAULT_MAX_BYTES)]
+    pub agent_max_bytes: u64,
     /// Log level filter (overridden by RUST_LOG).
     #[arg(long, env = "ARGOCD_PRINCIPAL_LOG_LEVEL", default_value = "info")]
     pub log_level: String,
@@ -1059,6 +1073,11 @@ impl PrincipalArgs {
                     rate: a.agent_event_rate,
                     burst: a.agent_event_burst,
                 }
+            },
+            agent_bounds: argocd_agent_principal::bounds::AgentBounds {
+                max_object_size: a.agent_max_object_size,
+                max_applications: a.agent_max_applications,
+                max_bytes: a.agent_max_bytes,
             },
             redis_proxy: a.redis.config()?,
             resource_proxy: a.resource_proxy.config()?,

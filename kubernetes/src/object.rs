@@ -95,6 +95,92 @@ pub const REFRESHED_ANNOTATION: &str = "argocd-agent.argoproj-labs.io/refreshed"
 /// child only into that agent's hub namespace, never over an Application created on the hub.
 pub const PARENT_ANNOTATION: &str = "argocd-agent.argoproj-labs.io/parent-application";
 
+/// Annotation on a cached stand-in ([`oversized_stub`]) of an object too large to cache in
+/// full: the size in bytes of the object's JSON as listed or watched.
+pub const OVERSIZED_ANNOTATION: &str = "argocd-agent.argoproj-labs.io/oversized-bytes";
+
+/// Prefix of this project's own labels and annotations.
+const OWN_KEY_PREFIX: &str = "argocd-agent.argoproj-labs.io/";
+
+/// Labels a stub keeps in full when they are this small (as JSON); larger label sets keep
+/// only this project's own keys.
+const STUB_LABELS_MAX: usize = 4096;
+
+/// The size in bytes of `value` written as compact JSON, counted without building the
+/// text. A value that cannot be written (never for JSON values and Kubernetes objects)
+/// counts as `usize::MAX`.
+pub fn json_size<T: serde::Serialize + ?Sized>(value: &T) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 = self.0.saturating_add(buf.len());
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    match serde_json::to_writer(&mut count, value) {
+        Ok(()) => count.0,
+        Err(_) => usize::MAX,
+    }
+}
+
+/// A stand-in for an object too large to keep in full (`size`: its JSON bytes): its
+/// identity (name, namespace, uid, resourceVersion, generation, creation and deletion
+/// timestamps, finalizers), its labels (only this project's own when there are many), this
+/// project's own annotations, and [`OVERSIZED_ANNOTATION`] with the size. No `spec`,
+/// `status` or other field.
+pub fn oversized_stub(obj: &DynamicObject, size: usize) -> DynamicObject {
+    let meta = &obj.metadata;
+    let labels = meta.labels.as_ref().map(|l| {
+        if json_size(l) <= STUB_LABELS_MAX {
+            l.clone()
+        } else {
+            own_keys(l)
+        }
+    });
+    let mut annotations = meta.annotations.as_ref().map(own_keys).unwrap_or_default();
+    annotations.insert(OVERSIZED_ANNOTATION.to_owned(), size.to_string());
+    DynamicObject {
+        types: obj.types.clone(),
+        metadata: ObjectMeta {
+            name: meta.name.clone(),
+            namespace: meta.namespace.clone(),
+            uid: meta.uid.clone(),
+            resource_version: meta.resource_version.clone(),
+            generation: meta.generation,
+            creation_timestamp: meta.creation_timestamp.clone(),
+            deletion_timestamp: meta.deletion_timestamp.clone(),
+            finalizers: meta.finalizers.clone(),
+            labels,
+            annotations: Some(annotations),
+            ..ObjectMeta::default()
+        },
+        data: Value::Object(Default::default()),
+    }
+}
+
+fn own_keys(
+    m: &std::collections::BTreeMap<String, String>,
+) -> std::collections::BTreeMap<String, String> {
+    m.iter()
+        .filter(|(k, v)| k.starts_with(OWN_KEY_PREFIX) && v.len() <= 253)
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// The size recorded on a stub made by [`oversized_stub`]; `None` for a whole object.
+pub fn oversized_size(obj: &DynamicObject) -> Option<usize> {
+    obj.metadata
+        .annotations
+        .as_ref()?
+        .get(OVERSIZED_ANNOTATION)?
+        .parse()
+        .ok()
+}
+
 /// One annotation of an object given as JSON.
 pub fn annotation_of<'a>(obj: &'a serde_json::Value, key: &str) -> Option<&'a str> {
     obj.get("metadata")?.get("annotations")?.get(key)?.as_str()

@@ -43,21 +43,44 @@ fn key_of(obj: &DynamicObject) -> Key {
     )
 }
 
+/// Objects per page of a watch's initial list (and of every re-list). kube-runtime's
+/// default is 500: 500 Applications of ~1 MiB each (the API server takes objects up to
+/// ~1.5 MiB) would be one response of hundreds of MiB, read whole and then decoded. 100
+/// bounds one page to ~150 MiB at worst and costs a 100,000-object list 1,000 requests.
+pub const LIST_PAGE_SIZE: u32 = 100;
+
 /// One cached object and what is derived from it, computed at most once per version.
 #[derive(Debug)]
 struct Entry {
     obj: Arc<DynamicObject>,
     /// [`crate::object::spec_checksum`] of `obj`, once asked for.
     spec_checksum: Arc<OnceLock<String>>,
+    /// The JSON size of the object as listed or watched (of the whole object when `obj` is
+    /// a stub), once asked for.
+    size: Arc<OnceLock<usize>>,
 }
 
 impl Entry {
-    fn new(obj: Arc<DynamicObject>) -> Self {
+    fn new(obj: Arc<DynamicObject>, size: Option<usize>) -> Self {
+        let memo = OnceLock::new();
+        if let Some(size) = size {
+            let _ = memo.set(size);
+        }
         Entry {
             obj,
             spec_checksum: Arc::default(),
+            size: Arc::new(memo),
         }
     }
+}
+
+/// Which objects a cache keeps as stubs when they are large ([`Cache::stub_oversized`]).
+#[derive(Debug, Clone, Copy)]
+struct StubRule {
+    /// Larger objects (JSON bytes) are kept as stubs.
+    max: usize,
+    /// Only objects this holds for are measured and stubbed.
+    applies: fn(&DynamicObject) -> bool,
 }
 
 #[derive(Debug)]
@@ -65,6 +88,7 @@ struct CacheInner {
     kind: Kind,
     objects: RwLock<BTreeMap<Key, Entry>>,
     synced: signal::Sender<bool>,
+    stub_rule: OnceLock<StubRule>,
 }
 
 /// The objects a [`watch`] has seen, updated as its stream is polled.
@@ -85,6 +109,7 @@ impl Cache {
                 kind,
                 objects: RwLock::new(BTreeMap::new()),
                 synced,
+                stub_rule: OnceLock::new(),
             }),
         }
     }
@@ -134,15 +159,60 @@ impl Cache {
     }
 
     /// What this cache knows of `namespace/name` for a write (see
-    /// [`crate::Resources::upsert_copy_known`]): nothing before the first list completed.
+    /// [`crate::Resources::upsert_copy_known`]): nothing before the first list completed,
+    /// nor of an object it keeps as a stub (the write reads the whole object first).
     pub fn known(&self, namespace: Option<&str>, name: &str) -> crate::Known {
         if !self.is_synced() {
             return crate::Known::Unknown;
         }
         match self.get(namespace, name) {
+            Some(o) if crate::object::oversized_size(&o).is_some() => crate::Known::Unknown,
             Some(o) => crate::Known::Present(o),
             None => crate::Known::Absent,
         }
+    }
+
+    /// From now on, objects for which `applies` holds and whose JSON is larger than `max`
+    /// bytes are cached as stubs ([`crate::object::oversized_stub`]: identity, labels and
+    /// this project's annotations, no spec or status), each logged once per version. Set
+    /// before the change stream is first polled, so the initial list is kept that way too;
+    /// a second call changes nothing.
+    pub fn stub_oversized(&self, max: usize, applies: fn(&DynamicObject) -> bool) {
+        let _ = self.inner.stub_rule.set(StubRule { max, applies });
+    }
+
+    /// The JSON size of `obj` as the cache received it (for a stub, of the whole object it
+    /// stands for), computed once per cached version; any object this cache does not hold
+    /// now is measured afresh.
+    pub fn object_size(&self, obj: &Arc<DynamicObject>) -> usize {
+        if let Some(size) = crate::object::oversized_size(obj) {
+            return size;
+        }
+        let memo = self
+            .read()
+            .get(&key_of(obj))
+            .filter(|e| Arc::ptr_eq(&e.obj, obj))
+            .map(|e| e.size.clone());
+        match memo {
+            Some(memo) => *memo.get_or_init(|| crate::object::json_size(&**obj)),
+            None => crate::object::json_size(&**obj),
+        }
+    }
+
+    /// The object as this cache keeps it, and its size when it was measured: a stub when
+    /// the stub rule applies and it is too large.
+    fn admit(&self, obj: DynamicObject) -> (DynamicObject, Option<usize>) {
+        let Some(rule) = self.inner.stub_rule.get().filter(|r| (r.applies)(&obj)) else {
+            return (obj, None);
+        };
+        let size = crate::object::json_size(&obj);
+        if size <= rule.max {
+            return (obj, Some(size));
+        }
+        tracing::warn!(kind = %self.inner.kind, namespace = ?obj.metadata.namespace,
+            name = ?obj.metadata.name, size, max = rule.max,
+            "object too large to cache: kept as a stub without spec or status");
+        (crate::object::oversized_stub(&obj, size), Some(size))
     }
 
     /// Every cached object, ordered by namespace then name.
@@ -186,8 +256,8 @@ impl Cache {
 struct Partition {
     /// Namespace this watcher covers, `None` for all namespaces / cluster-scoped.
     namespace: Option<String>,
-    /// Objects listed so far during an ongoing (re)list.
-    listing: Option<HashMap<Key, DynamicObject>>,
+    /// Objects listed so far during an ongoing (re)list, with their sizes when measured.
+    listing: Option<HashMap<Key, (DynamicObject, Option<usize>)>>,
     synced: bool,
 }
 
@@ -221,7 +291,7 @@ impl Reconciler {
                 if let Some(listing) = part.listing.as_mut()
                     && !is_sync_ignored(&obj)
                 {
-                    listing.insert(key_of(&obj), obj);
+                    listing.insert(key_of(&obj), self.cache.admit(obj));
                 }
                 Vec::new()
             }
@@ -245,14 +315,17 @@ impl Reconciler {
                         None => Vec::new(),
                     };
                 }
-                let mut objects = self.cache.write();
-                if let Some(cached) = objects.get(&key)
+                if let Some(cached) = self.cache.read().get(&key)
                     && same_version(&cached.obj, &obj)
                 {
                     return Vec::new();
                 }
+                // Measured (and stubbed) outside the lock.
+                let (obj, size) = self.cache.admit(obj);
                 let obj = Arc::new(obj);
-                objects.insert(key, Entry::new(obj.clone()));
+                self.cache
+                    .write()
+                    .insert(key, Entry::new(obj.clone(), size));
                 vec![Change::Applied(obj)]
             }
             Ok(Event::Delete(obj)) => match self.cache.write().remove(&key_of(&obj)) {
@@ -268,7 +341,7 @@ impl Reconciler {
     fn reconcile_list(
         &self,
         namespace: Option<&str>,
-        mut listed: HashMap<Key, DynamicObject>,
+        mut listed: HashMap<Key, (DynamicObject, Option<usize>)>,
     ) -> Vec<Change> {
         let mut objects = self.cache.write();
         let in_partition = |key: &Key| namespace.is_none_or(|ns| key.0 == ns);
@@ -286,7 +359,7 @@ impl Reconciler {
         let mut keys: Vec<Key> = listed.keys().cloned().collect();
         keys.sort_unstable();
         for key in keys {
-            let Some(obj) = listed.remove(&key) else {
+            let Some((obj, size)) = listed.remove(&key) else {
                 continue;
             };
             if let Some(cached) = objects.get(&key)
@@ -295,7 +368,7 @@ impl Reconciler {
                 continue;
             }
             let obj = Arc::new(obj);
-            objects.insert(key, Entry::new(obj.clone()));
+            objects.insert(key, Entry::new(obj.clone(), size));
             changes.push(Change::Applied(obj));
         }
         changes
@@ -346,7 +419,9 @@ pub fn watch(
     scope: Scope,
 ) -> (Cache, impl Stream<Item = Change> + Send + 'static) {
     let ar = kind.api_resource();
-    let config = watcher::Config::default().labels(&scope.server_label_selector());
+    let config = watcher::Config::default()
+        .labels(&scope.server_label_selector())
+        .page_size(LIST_PAGE_SIZE);
     let apis: Vec<(Option<String>, Api<DynamicObject>)> = if !kind.namespaced() {
         vec![(None, Api::all_with(client, &ar))]
     } else {

@@ -136,6 +136,9 @@ pub struct PrincipalConfig {
     pub queue: QueueLimits,
     /// Each agent's inbound event rate limit (`--agent-event-rate`, `--agent-event-burst`).
     pub event_rate: crate::ratelimit::EventRate,
+    /// Each agent's bounds on what it writes to the hub (`--agent-max-object-size`,
+    /// `--agent-max-applications`, `--agent-max-bytes`).
+    pub agent_bounds: crate::bounds::AgentBounds,
     /// A session silent for longer than this is closed (agents send heartbeats); so is one
     /// whose agent takes no outbound event for this long (an agent that never reads).
     pub idle_timeout: Duration,
@@ -191,6 +194,7 @@ impl Default for PrincipalConfig {
             max_message_size: 4 * 1024 * 1024,
             queue: QueueLimits::default(),
             event_rate: crate::ratelimit::EventRate::default(),
+            agent_bounds: crate::bounds::AgentBounds::default(),
             idle_timeout: Duration::from_secs(120),
             hello_timeout: crate::session::DEFAULT_HELLO_TIMEOUT,
             max_concurrent_handshakes:

@@ -15,6 +15,7 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use crate::apps::Applications;
+use crate::bounds::{AgentBounds, Ledger};
 use crate::error::{ApplyError, chain};
 use crate::inbound::Command;
 use crate::metrics::Metrics;
@@ -41,6 +42,10 @@ pub struct Hub {
     /// Destination-based mapping: a managed agent's Applications are those whose
     /// `spec.destination.name` names it, in any hub namespace.
     pub by_destination: bool,
+    /// Per-agent bounds, checked before any write (see [`crate::bounds`]).
+    pub bounds: AgentBounds,
+    /// Agents' writes not yet seen by the watch, counted in their bounds.
+    pub(crate) ledger: Ledger,
     namespaces: Resources,
     create_namespace: bool,
     namespace_cache: Option<Cache>,
@@ -75,6 +80,8 @@ pub struct HubParts {
     pub config: ConfigObjects,
     /// Destination-based mapping (see [`Hub::by_destination`]).
     pub by_destination: bool,
+    /// Per-agent bounds (see [`crate::bounds`]).
+    pub bounds: AgentBounds,
     /// Where the per-agent workers run; drained on shutdown.
     pub tasks: TaskTracker,
     /// Stops the per-agent workers.
@@ -84,6 +91,16 @@ pub struct HubParts {
 impl Hub {
     /// A hub with no agents yet.
     pub fn new(parts: HubParts) -> Hub {
+        // Before the watches are first polled: an agent-written object too large for the
+        // bounds (written before they existed) is cached as a stub from the first list on.
+        if parts.bounds.max_object_size > 0 {
+            let max = parts.bounds.max_object_size;
+            parts.cache.stub_oversized(max, crate::bounds::agent_written);
+            parts
+                .config
+                .projects
+                .stub_oversized(max, crate::bounds::agent_written);
+        }
         let apps = Applications::new(
             parts.source.clone(),
             parts.apps,
@@ -106,6 +123,8 @@ impl Hub {
             config,
             metrics: parts.metrics,
             by_destination: parts.by_destination,
+            bounds: parts.bounds,
+            ledger: Ledger::default(),
             namespaces: parts.namespaces,
             create_namespace: parts.create_namespace,
             namespace_cache: parts.namespace_cache,
@@ -188,7 +207,7 @@ impl Hub {
                                     .instrument(span)
                                     .await
                             }
-                            _ => Box::pin(hub.apps.on_hub_change(&state, change)).instrument(span).await,
+                            _ => Box::pin(hub.on_app_change(&state, change)).instrument(span).await,
                         }
                     }
                     if state.inbox.take_config_dirty() {

@@ -14,6 +14,7 @@ pub mod admin;
 pub mod apps;
 pub mod auth;
 pub mod blocklist;
+pub mod bounds;
 pub mod clusterinfo;
 pub mod clustersecret;
 pub mod config;

@@ -265,6 +265,18 @@ impl ConfigObjects {
             .collect()
     }
 
+    /// Whether the hub sends its project `name` to the managed agent `agent` (hub namespace
+    /// `ns`): a live project created on the hub (not an autonomous agent's copy) that
+    /// matches the agent (see [`projects::matches_agent`]).
+    pub fn sends_project(&self, agent: &AgentName, ns: &Namespace, name: &str) -> bool {
+        self.projects
+            .get(Some(self.namespace.as_str()), name)
+            .filter(|p| live(p) && agent_label(p).is_none())
+            .is_some_and(|p| {
+                projects::matches_agent(&self.wire_of(&p).value, agent, ns, self.by_namespace)
+            })
+    }
+
     /// The owner record of the hub object an agent's event about `resource` would write.
     /// For AppProjects that is the hub copy `<agent>-<name>` in Argo CD's namespace.
     pub fn project_owner(&self, agent: &AgentName, name: &str) -> OwnerRecord {

@@ -804,17 +804,23 @@ async fn handle_event(
         }
         Decision::Refuse(r) => {
             processing = Processing::NotAllowed;
-            hub.metrics.refused(agent, r.metric);
-            tracing::warn!(object = ?event.resource, reason = r.metric, message = ?r.message, "event refused");
-            Some(event.error_reply(&hub.source, r.reason, r.message))
+            Some(refuse(hub, agent, &event, r))
         }
-        Decision::Apply(command) => {
-            let reply = apply_reply(hub, state, agent, &event, command).await;
-            if reply.as_ref().is_some_and(|e| e.ty == EventType::Error) {
-                processing = Processing::Failure;
+        Decision::Apply(command) => match hub.admit(state, &event, &command) {
+            Err(r) => {
+                processing = Processing::NotAllowed;
+                Some(refuse(hub, agent, &event, r))
             }
-            reply
-        }
+            Ok(admitted) => {
+                let reply = apply_reply(hub, state, agent, &event, command).await;
+                if reply.as_ref().is_some_and(|e| e.ty == EventType::Error) {
+                    processing = Processing::Failure;
+                } else if let Some(admitted) = admitted {
+                    hub.ledger.record(agent, admitted);
+                }
+                reply
+            }
+        },
     };
     if let Some(r) = &event.resource {
         let seconds = started.elapsed().as_secs_f64();
@@ -825,6 +831,18 @@ async fn handle_event(
         Some(reply) => send(tx, hub, state, reply).await,
         None => Ok(()),
     }
+}
+
+/// Counts and logs a refused event; returns the error event that answers it.
+fn refuse(
+    hub: &Hub,
+    agent: &argocd_agent_domain::AgentName,
+    event: &Event,
+    r: crate::inbound::Refusal,
+) -> Event {
+    hub.metrics.refused(agent, r.metric);
+    tracing::warn!(object = ?event.resource, reason = r.metric, message = ?r.message, "event refused");
+    event.error_reply(&hub.source, r.reason, r.message)
 }
 
 /// Takes the agent's answers to this session's requests (resource proxy, Redis) and its

@@ -342,6 +342,7 @@ impl Wiring {
             namespace_labels: config.namespace_labels.clone(),
             config: watches.config_objects,
             by_destination: config.destination_based_mapping,
+            bounds: config.agent_bounds,
             tasks: self.tasks.clone(),
             shutdown: self.shutdown.clone(),
         }));

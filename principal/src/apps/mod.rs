@@ -323,6 +323,7 @@ impl Applications {
             .cache
             .get(Some(resource.namespace.as_str()), &resource.name)
         {
+            Some(obj) if self.oversized(state, &resource, &obj) => return,
             Some(obj) if !is_being_deleted(&obj) => Event::resource(
                 &self.source,
                 EventType::SpecUpdate,
@@ -334,6 +335,18 @@ impl Applications {
         self.push(state, event);
     }
 
+    /// Whether `obj` is cached as a stub (an agent-written object over the size bound,
+    /// written before the bound existed): it is never sent; counted and logged.
+    fn oversized(&self, state: &AgentState, resource: &ResourceRef, obj: &DynamicObject) -> bool {
+        let Some(size) = object::oversized_size(obj) else {
+            return false;
+        };
+        self.metrics
+            .refused(&state.name, crate::bounds::OBJECT_TOO_LARGE);
+        tracing::warn!(%resource, size, "hub object over the object size bound: not sent to the agent");
+        true
+    }
+
     pub(crate) fn push_delete(&self, state: &AgentState, resource: ResourceRef) {
         self.push(
             state,
@@ -343,6 +356,9 @@ impl Applications {
 
     pub(crate) fn push_spec(&self, state: &AgentState, obj: &Arc<DynamicObject>) {
         let Some(resource) = obj_ref(obj) else { return };
+        if self.oversized(state, &resource, obj) {
+            return;
+        }
         self.push(
             state,
             Event::resource(

@@ -1,0 +1,557 @@
+//! Per-agent bounds and the rules for a managed agent's spoke-authored children, checked
+//! before anything is written to the hub (so the hub's API server is bounded by them too).
+//!
+//! - **Object size**: every object an agent sends (Application, AppProject, status
+//!   update), measured as its compact JSON, at most [`AgentBounds::max_object_size`]
+//!   (refusal `ObjectTooLarge`).
+//! - **Applications**: the Applications an agent writes on the hub (an autonomous agent's
+//!   copies and a managed agent's app-of-apps children together: both carry the agent's
+//!   label in its hub namespace), at most [`AgentBounds::max_applications`]
+//!   (`TooManyApplications`). Hub-authored Applications are written by hub admins, not by
+//!   the agent, and do not count.
+//! - **Bytes**: the JSON bytes of everything the agent wrote on the hub (those
+//!   Applications, status included, and an autonomous agent's AppProjects), at most
+//!   [`AgentBounds::max_bytes`] (`AgentBytesExceeded`). A write that does not grow an
+//!   object is always taken, so an agent over its bounds can shrink and delete.
+//!
+//! What an agent holds is counted from the principal's watch cache of the hub, by the
+//! agent label, so it is right after a restart and on every replica; the writes of the
+//! last [`LEDGER_TTL`] are laid over it, so a burst is counted before the watch has seen it.
+//!
+//! A spoke-authored child ([`Hub::check_child`]) is taken only when its parent is an
+//! Application the hub sends this agent (`ParentNotFound`, `ParentNotHeld`), its project
+//! is one the hub sends this agent (`ProjectNotAllowed`), and the parent's
+//! `.status.resources` lists it (`ChildNotTracked`, answered `Unavailable`: the agent
+//! resends it, as the parent's status may reach the hub after the child).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use argocd_agent_domain::{AgentMode, AgentName, Event, Namespace, ResourceKind, ResourceRef};
+use argocd_agent_kubernetes::object::{self, is_being_deleted, json_size};
+use argocd_agent_kubernetes::{Change, IGNORE_SYNC_LABEL};
+use kube::api::DynamicObject;
+use serde_json::Value;
+
+use crate::apps::{AGENT_NAME_LABEL, is_spoke_child_copy};
+use crate::hub::Hub;
+use crate::inbound::{Command, Refusal};
+use crate::sessions::AgentState;
+
+/// Default `--agent-max-object-size`: 512 KiB.
+pub const DEFAULT_MAX_OBJECT_SIZE: usize = 512 * 1024;
+/// Default `--agent-max-applications`.
+pub const DEFAULT_MAX_APPLICATIONS: usize = 500;
+/// Default `--agent-max-bytes`: 8 MiB.
+pub const DEFAULT_MAX_BYTES: u64 = 8 * 1024 * 1024;
+
+/// Refusal reason of an object larger than `--agent-max-object-size`.
+pub const OBJECT_TOO_LARGE: &str = "ObjectTooLarge";
+/// Refusal reason of a new Application over `--agent-max-applications`.
+pub const TOO_MANY_APPLICATIONS: &str = "TooManyApplications";
+/// Refusal reason of a write that would take the agent over `--agent-max-bytes`.
+pub const AGENT_BYTES_EXCEEDED: &str = "AgentBytesExceeded";
+/// Refusal reason of a child whose parent is not on the hub.
+pub const PARENT_NOT_FOUND: &str = "ParentNotFound";
+/// Refusal reason of a child whose parent is not an Application the hub sends the agent.
+pub const PARENT_NOT_HELD: &str = "ParentNotHeld";
+/// Refusal reason of a child its parent's status does not list.
+pub const CHILD_NOT_TRACKED: &str = "ChildNotTracked";
+/// Refusal reason of a child whose project the hub does not send the agent.
+pub const PROJECT_NOT_ALLOWED: &str = "ProjectNotAllowed";
+
+/// How long a write is laid over the watch cache's count (the watch normally sees it in
+/// milliseconds).
+pub const LEDGER_TTL: Duration = Duration::from_secs(30);
+
+/// Per-agent bounds (`--agent-max-object-size`, `--agent-max-applications`,
+/// `--agent-max-bytes`); 0 turns one off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AgentBounds {
+    /// Largest object an agent may send, in JSON bytes.
+    pub max_object_size: usize,
+    /// Most Applications one agent may have written on the hub.
+    pub max_applications: usize,
+    /// Most JSON bytes of objects one agent may have written on the hub.
+    pub max_bytes: u64,
+}
+
+impl Default for AgentBounds {
+    fn default() -> Self {
+        AgentBounds {
+            max_object_size: DEFAULT_MAX_OBJECT_SIZE,
+            max_applications: DEFAULT_MAX_APPLICATIONS,
+            max_bytes: DEFAULT_MAX_BYTES,
+        }
+    }
+}
+
+/// One object an agent wrote on the hub: its kind and its name as the agent names it.
+pub type HeldKey = (ResourceKind, String);
+
+/// What one agent wrote on the hub: each object's JSON size.
+pub type Holdings = HashMap<HeldKey, usize>;
+
+/// A write that passed the bounds, recorded once it is applied (`size: None`: a delete).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Admitted {
+    /// The object.
+    pub key: HeldKey,
+    /// Its size after the write.
+    pub size: Option<usize>,
+}
+
+fn refusal(metric: &'static str, message: String) -> Refusal {
+    Refusal {
+        reason: metric,
+        metric,
+        message,
+    }
+}
+
+/// Refuses an object over the size bound.
+pub fn check_object_size(
+    bounds: &AgentBounds,
+    agent: &AgentName,
+    resource: &ResourceRef,
+    size: usize,
+) -> Result<(), Refusal> {
+    if bounds.max_object_size == 0 || size <= bounds.max_object_size {
+        return Ok(());
+    }
+    Err(refusal(
+        OBJECT_TOO_LARGE,
+        format!(
+            "agent \"{agent}\" sent {resource} of {size} bytes (JSON); the principal takes objects of at most {} bytes (--agent-max-object-size)",
+            bounds.max_object_size
+        ),
+    ))
+}
+
+/// Refuses a write that would leave `key` at `size` bytes when the agent holds
+/// `holdings`: a new Application over the count bound, or more bytes than the byte bound
+/// (a write that does not grow the object is always taken).
+pub fn check_holdings(
+    bounds: &AgentBounds,
+    agent: &AgentName,
+    key: &HeldKey,
+    size: usize,
+    holdings: &Holdings,
+) -> Result<(), Refusal> {
+    let existing = holdings.get(key).copied();
+    if existing.is_some_and(|e| size <= e) {
+        return Ok(());
+    }
+    let apps = holdings
+        .keys()
+        .filter(|(k, _)| *k == ResourceKind::Application)
+        .count();
+    if key.0 == ResourceKind::Application
+        && existing.is_none()
+        && bounds.max_applications > 0
+        && apps >= bounds.max_applications
+    {
+        return Err(refusal(
+            TOO_MANY_APPLICATIONS,
+            format!(
+                "agent \"{agent}\" holds {apps} Applications on the hub, the most it may (--agent-max-applications {}): application \"{}\" refused",
+                bounds.max_applications, key.1
+            ),
+        ));
+    }
+    let held: u64 = holdings.values().map(|s| *s as u64).sum();
+    let total = held - existing.unwrap_or(0) as u64 + size as u64;
+    if bounds.max_bytes > 0 && total > bounds.max_bytes {
+        return Err(refusal(
+            AGENT_BYTES_EXCEEDED,
+            format!(
+                "agent \"{agent}\" holds {held} bytes on the hub; {} \"{}\" of {size} bytes would make {total}, over --agent-max-bytes {}",
+                key.0.as_str().to_ascii_lowercase(),
+                key.1,
+                bounds.max_bytes
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Each agent's writes of the last [`LEDGER_TTL`], laid over what the watch cache holds.
+#[derive(Debug, Default)]
+pub struct Ledger {
+    recent: Mutex<HashMap<AgentName, HashMap<HeldKey, (Option<usize>, Instant)>>>,
+}
+
+impl Ledger {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<AgentName, RecentWrites>> {
+        self.recent.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records an applied write.
+    pub fn record(&self, agent: &AgentName, admitted: Admitted) {
+        self.lock()
+            .entry(agent.clone())
+            .or_default()
+            .insert(admitted.key, (admitted.size, Instant::now()));
+    }
+
+    /// Lays the agent's recent writes over `holdings` (and forgets the older ones).
+    pub fn overlay(&self, agent: &AgentName, holdings: &mut Holdings) {
+        let mut recent = self.lock();
+        let Some(writes) = recent.get_mut(agent) else {
+            return;
+        };
+        writes.retain(|_, (_, at)| at.elapsed() < LEDGER_TTL);
+        for (key, (size, _)) in writes.iter() {
+            match size {
+                Some(s) => holdings.insert(key.clone(), *s),
+                None => holdings.remove(key),
+            };
+        }
+        if writes.is_empty() {
+            recent.remove(agent);
+        }
+    }
+}
+
+type RecentWrites = HashMap<HeldKey, (Option<usize>, Instant)>;
+
+/// Whether a hub object was written by some agent (it carries the agent label): only those
+/// are kept as stubs when too large to cache.
+pub fn agent_written(obj: &DynamicObject) -> bool {
+    obj.metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(AGENT_NAME_LABEL) && !l.contains_key(IGNORE_SYNC_LABEL))
+}
+
+fn labelled_by(obj: &DynamicObject, agent: &AgentName) -> bool {
+    obj.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(AGENT_NAME_LABEL))
+        .is_some_and(|l| l == agent.as_str())
+}
+
+/// Whether a parent's `.status.resources` lists the Application `child` (as Argo CD's
+/// controller records the resources of an Application: group `argoproj.io`, kind
+/// `Application`, name; the namespace is the spoke's, which the hub does not know).
+pub fn tracks_child(parent: &DynamicObject, child: &str) -> bool {
+    parent
+        .data
+        .pointer("/status/resources")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .any(|r| {
+            r.get("group").and_then(Value::as_str) == Some(argocd_agent_kubernetes::ARGOPROJ_GROUP)
+                && r.get("kind").and_then(Value::as_str) == Some("Application")
+                && r.get("name").and_then(Value::as_str) == Some(child)
+        })
+}
+
+impl Hub {
+    /// What the agent wrote on the hub, by the watch caches (Applications labelled with it
+    /// in its namespace, its AppProject copies) and its writes of the last moments.
+    pub fn holdings(&self, agent: &AgentName, ns: &Namespace) -> Holdings {
+        let cache = &self.apps.cache;
+        let mut held: Holdings = cache
+            .list_namespace(ns.as_str())
+            .into_iter()
+            .filter(|o| labelled_by(o, agent))
+            .map(|o| {
+                let name = o.metadata.name.clone().unwrap_or_default();
+                ((ResourceKind::Application, name), cache.object_size(&o))
+            })
+            .collect();
+        let projects = &self.config.config.projects;
+        let prefix = format!("{agent}-");
+        for p in projects.list_namespace(self.config.config.namespace.as_str()) {
+            let name = p.metadata.name.as_deref().unwrap_or_default();
+            if let (true, Some(spoke)) = (labelled_by(&p, agent), name.strip_prefix(&prefix)) {
+                held.insert(
+                    (ResourceKind::AppProject, spoke.to_owned()),
+                    projects.object_size(&p),
+                );
+            }
+        }
+        self.ledger.overlay(agent, &mut held);
+        held
+    }
+
+    /// Checks an authorized command against the agent's bounds (and a managed agent's
+    /// child against the children rules) before it is applied. `Ok(Some)`: record it once
+    /// applied.
+    pub fn admit(
+        &self,
+        state: &AgentState,
+        event: &Event,
+        command: &Command,
+    ) -> Result<Option<Admitted>, Refusal> {
+        let agent = &state.name;
+        let bounds = &self.bounds;
+        if let (Some(obj), Some(resource)) = (event.object(), &event.resource) {
+            check_object_size(bounds, agent, resource, json_size(&**obj))?;
+        }
+        match command {
+            Command::Upsert { resource, object } => {
+                if state.mode() == AgentMode::Managed && resource.kind == ResourceKind::Application
+                {
+                    self.check_child(state, &resource.name, object)?;
+                }
+                let size = json_size(&**object);
+                let key = (resource.kind, resource.name.clone());
+                check_holdings(bounds, agent, &key, size, &self.holdings(agent, &state.namespace()))?;
+                Ok(Some(Admitted {
+                    key,
+                    size: Some(size),
+                }))
+            }
+            Command::WriteStatus {
+                resource, status, ..
+            } => self.admit_status(state, resource, status),
+            Command::Delete { resource } => Ok(Some(Admitted {
+                key: (resource.kind, resource.name.clone()),
+                size: None,
+            })),
+            Command::ResendCurrent { .. } => Ok(None),
+        }
+    }
+
+    /// A status written onto an Application the agent wrote counts in its bytes.
+    fn admit_status(
+        &self,
+        state: &AgentState,
+        resource: &ResourceRef,
+        status: &Value,
+    ) -> Result<Option<Admitted>, Refusal> {
+        let cache = &self.apps.cache;
+        let Some(cur) = cache
+            .get(Some(resource.namespace.as_str()), &resource.name)
+            .filter(|o| labelled_by(o, &state.name))
+        else {
+            return Ok(None);
+        };
+        let old_status = object::status(&cur).map_or(0, json_size);
+        let size = (cache.object_size(&cur) + json_size(status)).saturating_sub(old_status);
+        let key = (ResourceKind::Application, resource.name.clone());
+        let holdings = self.holdings(&state.name, &state.namespace());
+        check_holdings(&self.bounds, &state.name, &key, size, &holdings)?;
+        Ok(Some(Admitted {
+            key,
+            size: Some(size),
+        }))
+    }
+
+    /// The hub Application named `parent` that the hub sends the managed agent `state`
+    /// (`Err`: the refusal), with destination-based mapping wherever it lives.
+    fn held_parent(
+        &self,
+        state: &AgentState,
+        child: &str,
+        parent: &str,
+    ) -> Result<Arc<DynamicObject>, Refusal> {
+        let ns = state.namespace();
+        let found = if self.apps.routes_by_destination(state) {
+            let own = self.apps.cache.get(Some(ns.as_str()), parent);
+            own.or_else(|| {
+                self.apps
+                    .managed_objects(state)
+                    .into_values()
+                    .find(|o| o.metadata.name.as_deref() == Some(parent))
+            })
+        } else {
+            self.apps.cache.get(Some(ns.as_str()), parent)
+        };
+        let agent = &state.name;
+        let Some(found) = found else {
+            return Err(Refusal {
+                reason: "Forbidden",
+                metric: PARENT_NOT_FOUND,
+                message: format!(
+                    "agent \"{agent}\" sent child application \"{child}\" of parent \"{parent}\", which is no Application on the hub"
+                ),
+            });
+        };
+        let sent = !agent_written(&found)
+            && !is_spoke_child_copy(&found)
+            && !is_being_deleted(&found)
+            && (!self.apps.routes_by_destination(state)
+                || crate::apps::destination_of(&found) == Some(agent.as_str()));
+        if !sent {
+            return Err(Refusal {
+                reason: "Forbidden",
+                metric: PARENT_NOT_HELD,
+                message: format!(
+                    "agent \"{agent}\" sent child application \"{child}\" of parent \"{parent}\", which is not an Application the hub sends this agent"
+                ),
+            });
+        }
+        Ok(found)
+    }
+
+    /// A managed agent's spoke-authored child (`object`, named `child`): its parent must be
+    /// an Application the hub sends this agent, its project one the hub sends this agent,
+    /// and the parent's status must list it (see the module docs).
+    pub fn check_child(&self, state: &AgentState, child: &str, object: &Value) -> Result<(), Refusal> {
+        let parent_name = object::annotation_of(object, object::PARENT_ANNOTATION).unwrap_or_default();
+        let parent = self.held_parent(state, child, parent_name)?;
+        let agent = &state.name;
+        let project = object
+            .pointer("/spec/project")
+            .and_then(Value::as_str)
+            .filter(|p| !p.is_empty())
+            .unwrap_or(crate::projects::DEFAULT_PROJECT);
+        if !self.config.config.sends_project(agent, &state.namespace(), project) {
+            return Err(Refusal {
+                reason: "Forbidden",
+                metric: PROJECT_NOT_ALLOWED,
+                message: format!(
+                    "agent \"{agent}\" sent child application \"{child}\" in project \"{project}\", which the hub does not send this agent"
+                ),
+            });
+        }
+        if !tracks_child(&parent, child) {
+            return Err(Refusal {
+                reason: argocd_agent_domain::event::REASON_UNAVAILABLE,
+                metric: CHILD_NOT_TRACKED,
+                message: format!(
+                    "agent \"{agent}\" sent child application \"{child}\", which the status of its parent \"{parent_name}\" on the hub does not list (yet): resend later"
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Hands a hub change of an Application to the agent's handling, except the hub edit or
+    /// deletion of a spoke-authored child that is no longer a child by the rules (its parent
+    /// gone or no longer tracking it, its project no longer sent): that one is not reverted
+    /// and the agent's copy of it is forgotten.
+    pub(crate) async fn on_app_change(&self, state: &AgentState, change: Change) {
+        if let Change::Applied(obj) | Change::Deleted(obj) = &change
+            && state.mode() == AgentMode::Managed
+            && is_spoke_child_copy(obj)
+            && labelled_by(obj, &state.name)
+        {
+            let name = obj.metadata.name.clone().unwrap_or_default();
+            let desired = state.inner().desired.get(&name).cloned();
+            if let Some(desired) = desired
+                && let Err(r) = self.check_child(state, &name, &desired)
+            {
+                state.inner().desired.remove(&name);
+                self.metrics.refused(&state.name, r.metric);
+                tracing::warn!(application = %name, reason = r.metric, message = ?r.message,
+                    "hub change of an application that is no longer a child: not reverted");
+                return;
+            }
+        }
+        self.apps.on_hub_change(state, change).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn agent() -> AgentName {
+        AgentName::new("edge-1").unwrap()
+    }
+
+    fn app(name: &str) -> HeldKey {
+        (ResourceKind::Application, name.into())
+    }
+
+    fn bounds(objects: usize, apps: usize, bytes: u64) -> AgentBounds {
+        AgentBounds {
+            max_object_size: objects,
+            max_applications: apps,
+            max_bytes: bytes,
+        }
+    }
+
+    #[test]
+    fn an_object_over_the_size_bound_is_refused_naming_both_sizes() {
+        let r = ResourceRef::new(
+            ResourceKind::Application,
+            Namespace::new("edge-1").unwrap(),
+            "big",
+        );
+        let b = bounds(100, 0, 0);
+        assert!(check_object_size(&b, &agent(), &r, 100).is_ok());
+        let refused = check_object_size(&b, &agent(), &r, 101).unwrap_err();
+        assert_eq!((refused.reason, refused.metric), (OBJECT_TOO_LARGE, OBJECT_TOO_LARGE));
+        assert!(refused.message.contains("101 bytes"), "{}", refused.message);
+        assert!(refused.message.contains("at most 100"), "{}", refused.message);
+        // 0: no bound.
+        assert!(check_object_size(&bounds(0, 0, 0), &agent(), &r, usize::MAX).is_ok());
+    }
+
+    #[test]
+    fn a_new_application_over_the_count_is_refused_an_update_is_not() {
+        let held: Holdings = [(app("a"), 10), (app("b"), 10)].into();
+        let b = bounds(0, 2, 0);
+        let r = check_holdings(&b, &agent(), &app("c"), 10, &held).unwrap_err();
+        assert_eq!(r.metric, TOO_MANY_APPLICATIONS);
+        assert!(r.message.contains("holds 2 Applications"), "{}", r.message);
+        assert!(check_holdings(&b, &agent(), &app("a"), 50, &held).is_ok());
+        // Projects do not count as Applications.
+        let project = (ResourceKind::AppProject, "team".to_owned());
+        assert!(check_holdings(&b, &agent(), &project, 10, &held).is_ok());
+        assert!(check_holdings(&bounds(0, 3, 0), &agent(), &app("c"), 10, &held).is_ok());
+    }
+
+    #[test]
+    fn bytes_count_the_replaced_object_once_and_shrinking_is_always_taken() {
+        let held: Holdings = [(app("a"), 60), (app("b"), 30)].into();
+        let b = bounds(0, 0, 100);
+        // 60 + 30 + 10 = 100: at the bound.
+        assert!(check_holdings(&b, &agent(), &app("c"), 10, &held).is_ok());
+        let r = check_holdings(&b, &agent(), &app("c"), 11, &held).unwrap_err();
+        assert_eq!(r.metric, AGENT_BYTES_EXCEEDED);
+        assert!(r.message.contains("would make 101"), "{}", r.message);
+        // Replacing a: 30 + 70 = 100.
+        assert!(check_holdings(&b, &agent(), &app("a"), 70, &held).is_ok());
+        assert!(check_holdings(&b, &agent(), &app("a"), 71, &held).is_err());
+        // Over the bound already (the bound lowered): shrinking and same-size writes go.
+        let over = bounds(0, 0, 50);
+        assert!(check_holdings(&over, &agent(), &app("a"), 60, &held).is_ok());
+        assert!(check_holdings(&over, &agent(), &app("a"), 61, &held).is_err());
+    }
+
+    #[test]
+    fn the_ledger_lays_recent_writes_and_deletes_over_the_cache() {
+        let ledger = Ledger::default();
+        ledger.record(&agent(), Admitted { key: app("new"), size: Some(7) });
+        ledger.record(&agent(), Admitted { key: app("gone"), size: None });
+        let mut held: Holdings = [(app("gone"), 5), (app("kept"), 3)].into();
+        ledger.overlay(&agent(), &mut held);
+        assert_eq!(held, [(app("new"), 7), (app("kept"), 3)].into());
+        let mut other = Holdings::new();
+        ledger.overlay(&AgentName::new("edge-2").unwrap(), &mut other);
+        assert!(other.is_empty());
+    }
+
+    #[test]
+    fn a_parent_tracks_the_applications_its_status_lists() {
+        let parent: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+            "metadata": {"name": "parent"},
+            "status": {"resources": [
+                {"group": "argoproj.io", "version": "v1alpha1", "kind": "Application",
+                 "namespace": "argocd", "name": "child-a"},
+                {"group": "", "version": "v1", "kind": "ConfigMap", "namespace": "argocd",
+                 "name": "child-b"},
+                {"group": "apps", "kind": "Application", "name": "child-c"}
+            ]}
+        }))
+        .unwrap();
+        assert!(tracks_child(&parent, "child-a"));
+        assert!(!tracks_child(&parent, "child-b"), "another kind");
+        assert!(!tracks_child(&parent, "child-c"), "another group");
+        assert!(!tracks_child(&parent, "child-d"));
+        let bare: DynamicObject =
+            serde_json::from_value(json!({"metadata": {"name": "p"}})).unwrap();
+        assert!(!tracks_child(&bare, "child-a"));
+    }
+}
