@@ -453,6 +453,54 @@ mod tests {
     }
 
     #[test]
+    fn json_size_is_the_length_of_the_compact_json() {
+        let v = json!({"a": [1, "x\"y", null], "b": {"c": "é"}});
+        assert_eq!(json_size(&v), serde_json::to_vec(&v).unwrap().len());
+        let obj = app(json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+                             "metadata": {"name": "a"}, "spec": {"project": "p"}}));
+        assert_eq!(json_size(&obj), serde_json::to_vec(&obj).unwrap().len());
+    }
+
+    #[test]
+    fn an_oversized_stub_keeps_identity_and_own_keys_only() {
+        let many: serde_json::Map<String, Value> = (0..400)
+            .map(|i| (format!("team.example.com/l{i}"), json!("v".repeat(20))))
+            .collect();
+        let mut labels = many.clone();
+        labels.insert("argocd-agent.argoproj-labs.io/agent-name".into(), json!("edge-1"));
+        let obj = app(json!({
+            "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+            "metadata": {"name": "big", "namespace": "edge-1", "uid": "u-1",
+                         "resourceVersion": "7", "finalizers": ["f"],
+                         "labels": labels,
+                         "annotations": {PARENT_ANNOTATION: "parent", "huge": "x".repeat(1000)}},
+            "spec": {"source": {"helm": {"values": "x".repeat(10_000)}}},
+            "status": {"sync": {"status": "Synced"}}
+        }));
+        let stub = oversized_stub(&obj, 12_345);
+        assert_eq!(stub.metadata.name.as_deref(), Some("big"));
+        assert_eq!(stub.metadata.uid.as_deref(), Some("u-1"));
+        assert_eq!(stub.metadata.resource_version.as_deref(), Some("7"));
+        assert_eq!(stub.metadata.finalizers, Some(vec!["f".to_owned()]));
+        assert_eq!(stub.data, json!({}));
+        // Many labels: only this project's own.
+        let l = stub.metadata.labels.clone().unwrap_or_default();
+        assert_eq!(l.len(), 1, "{l:?}");
+        let a = stub.metadata.annotations.clone().unwrap_or_default();
+        assert_eq!(a.get(PARENT_ANNOTATION).map(String::as_str), Some("parent"));
+        assert!(!a.contains_key("huge"));
+        assert_eq!(oversized_size(&stub), Some(12_345));
+        assert_eq!(oversized_size(&obj), None);
+        assert!(json_size(&stub) < 1024, "{}", json_size(&stub));
+        // A few labels are kept whole.
+        let small = app(json!({"metadata": {"name": "s", "labels": {"team": "a"}}}));
+        assert_eq!(
+            oversized_stub(&small, 1).metadata.labels.unwrap_or_default().get("team").map(String::as_str),
+            Some("a")
+        );
+    }
+
+    #[test]
     fn canonical_form_sorts_keys_and_writes_compact_json() {
         // The form is compared across versions (agent and principal checksums), so it is
         // pinned here byte for byte.

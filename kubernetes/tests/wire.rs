@@ -894,3 +894,53 @@ async fn cache_spec_checksum_is_per_version_and_equals_the_computed_one() {
     // An object the cache no longer holds is computed afresh, not given the memo.
     assert_eq!(cache.spec_checksum(&v5), sum5);
 }
+
+/// A cache told to stub large objects keeps those it applies to as stubs, from the
+/// initial list on and for watched changes, with their whole size; the list asks for
+/// pages of `LIST_PAGE_SIZE`.
+#[tokio::test(start_paused = true)]
+async fn oversized_objects_are_cached_as_stubs_and_lists_are_paged() {
+    let mut big = app("argocd", "big", "5");
+    big["metadata"]["labels"] = json!({"owner": "agent"});
+    big["spec"]["source"]["helm"] = json!({"values": "x".repeat(5000)});
+    let mut unlabelled = app("argocd", "hub", "6");
+    unlabelled["spec"]["source"]["helm"] = json!({"values": "y".repeat(5000)});
+    let mut grown = app("argocd", "small", "8");
+    grown["metadata"]["labels"] = json!({"owner": "agent"});
+    grown["spec"]["source"]["helm"] = json!({"values": "z".repeat(5000)});
+    let big_size = serde_json::to_vec(&big).unwrap().len();
+    let grown_size = serde_json::to_vec(&grown).unwrap().len();
+    let mut small = app("argocd", "small", "7");
+    small["metadata"]["labels"] = json!({"owner": "agent"});
+    let (client, mut seen) = mock(vec![
+        Reply::Json(200, app_list("10", vec![big, unlabelled, small])),
+        Reply::Lines(vec![json!({"type": "MODIFIED", "object": grown})]),
+    ]);
+    let (cache, changes) = watch(client, Kind::Application, Scope::namespace("argocd"));
+    fn labelled(o: &DynamicObject) -> bool {
+        o.metadata.labels.as_ref().is_some_and(|l| l.contains_key("owner"))
+    }
+    cache.stub_oversized(1000, labelled);
+    let mut changes = Box::pin(changes);
+    take_changes(&mut changes, 5).await;
+    let list = next_seen(&mut seen).await;
+    assert_eq!(
+        list.query.get("limit").map(String::as_str),
+        Some(argocd_agent_kubernetes::LIST_PAGE_SIZE.to_string().as_str())
+    );
+    let stub = cache.get(Some("argocd"), "big").expect("big cached");
+    assert_eq!(stub.data, json!({}), "no spec or status");
+    assert_eq!(object::oversized_size(&stub), Some(big_size));
+    assert_eq!(cache.object_size(&stub), big_size);
+    assert!(matches!(
+        cache.known(Some("argocd"), "big"),
+        argocd_agent_kubernetes::Known::Unknown
+    ));
+    // Not labelled: kept whole, whatever its size.
+    let hub = cache.get(Some("argocd"), "hub").expect("hub cached");
+    assert!(hub.data["spec"]["source"]["helm"]["values"].is_string());
+    // Grown past the bound by a watched change: a stub too.
+    let grown = cache.get(Some("argocd"), "small").expect("small cached");
+    assert_eq!(grown.metadata.resource_version.as_deref(), Some("8"));
+    assert_eq!(object::oversized_size(&grown), Some(grown_size));
+}
