@@ -267,8 +267,12 @@ impl ConfigObjects {
 
     /// Whether the hub sends its project `name` to the managed agent `agent` (hub namespace
     /// `ns`): a live project created on the hub (not an autonomous agent's copy) that
-    /// matches the agent (see [`projects::matches_agent`]).
+    /// matches the agent (see [`projects::matches_agent`]). Argo CD's built-in `default`
+    /// goes to every managed agent, also before Argo CD has written it.
     pub fn sends_project(&self, agent: &AgentName, ns: &Namespace, name: &str) -> bool {
+        if name == projects::DEFAULT_PROJECT {
+            return true;
+        }
         self.projects
             .get(Some(self.namespace.as_str()), name)
             .filter(|p| live(p) && agent_label(p).is_none())
