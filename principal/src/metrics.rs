@@ -247,7 +247,7 @@ pub const AUTH_FAILURE_REASONS: [&str; 19] = [
 
 /// Reasons inbound events are refused (`argocd_principal_events_refused`), exported at zero
 /// for each agent when it first connects.
-pub const REFUSAL_REASONS: [&str; 14] = [
+pub const REFUSAL_REASONS: [&str; 21] = [
     "WrongNamespace",
     "NotOwner",
     "ModeForbids",
@@ -262,6 +262,13 @@ pub const REFUSAL_REASONS: [&str; 14] = [
     crate::session::TOO_LARGE,
     crate::session::UNDECODABLE,
     crate::session::NOT_READING,
+    crate::bounds::OBJECT_TOO_LARGE,
+    crate::bounds::TOO_MANY_APPLICATIONS,
+    crate::bounds::AGENT_BYTES_EXCEEDED,
+    crate::bounds::PARENT_NOT_FOUND,
+    crate::bounds::PARENT_NOT_HELD,
+    crate::bounds::CHILD_NOT_TRACKED,
+    crate::bounds::PROJECT_NOT_ALLOWED,
 ];
 
 /// Default of `--metrics-max-agent-labels`.

