@@ -196,3 +196,191 @@ async fn still_bounded_after_restart(topo: &mut Topology) -> Result<(), HarnessE
     assert_eq!(send(&mut stream, &e).await?, "TooManyApplications");
     Ok(())
 }
+
+/// A spoke-authored child as the managed agent sends it: parent annotation, project.
+fn child_object(name: &str, parent: &str, project: &str) -> Value {
+    json!({
+        "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+        "metadata": {"name": name, "namespace": MANAGED, "annotations": {PARENT: parent}},
+        "spec": {
+            "project": project,
+            "source": {"repoURL": "https://github.com/argoproj/argocd-example-apps",
+                       "path": "guestbook", "targetRevision": "HEAD"},
+            "destination": {"server": "https://kubernetes.default.svc", "namespace": "kube-system"}
+        }
+    })
+}
+
+/// `status.resources` entries of Argo CD for child Applications.
+fn tracked(children: &[&str]) -> Value {
+    let entries: Vec<Value> = children
+        .iter()
+        .map(|c| json!({"group": "argoproj.io", "version": "v1alpha1", "kind": "Application",
+                        "namespace": SPOKE_NS, "name": c, "status": "Synced"}))
+        .collect();
+    json!({"resources": entries})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_managed_agents_child_needs_a_held_parent_tracking_it_in_a_sent_project() {
+    let topo = Topology::start(TopologyOptions {
+        agents: Some(vec![]),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let r = children_rules(&topo).await;
+    topo.finish(r).await;
+}
+
+/// The hub side: a parent in the managed agent's namespace tracking `child-ok`,
+/// `untracked-later`, `foreign` and `grandchild`; a project sent to the agent (`team`) and
+/// one that is not (`platform-admin`).
+async fn hub_parent_and_projects(topo: &Topology) -> Result<(), HarnessError> {
+    create_namespace(&topo.hub, MANAGED).await?;
+    let hub = apps(&topo.hub, MANAGED)?;
+    hub.create(&PostParams::default(), &sample_app("parent", MANAGED, "apps"))
+        .await?;
+    set_status(&hub, "parent", tracked(&["child-ok", "foreign", "grandchild"])).await?;
+    let projects = projects(&topo.hub, "argocd")?;
+    for (name, dst) in [("team", MANAGED), ("platform-admin", "someone-else")] {
+        projects
+            .create(
+                &PostParams::default(),
+                &object(json!({
+                    "apiVersion": "argoproj.io/v1alpha1", "kind": "AppProject",
+                    "metadata": {"name": name, "namespace": "argocd"},
+                    "spec": {"destinations": [{"name": dst, "namespace": "*", "server": "*"}],
+                             "sourceNamespaces": [MANAGED],
+                             "sourceRepos": ["*"]}
+                })),
+            )
+            .await?;
+    }
+    eventually("the parent's status on the hub", T, || async {
+        let p = stored_app(&topo.hub, MANAGED, "parent")?;
+        p["status"]["resources"].is_array().then_some(())
+    })
+    .await
+}
+
+async fn children_rules(topo: &Topology) -> Result<(), HarnessError> {
+    hub_parent_and_projects(topo).await?;
+    let source = topo.svid_source("managed.sock").await?;
+    let (mut stream, _) =
+        open_agent_stream(&source, topo.principal_addr, AgentMode::Managed).await?;
+    let child = |name: &str, parent: &str, project: &str| {
+        write_event(EventType::Create, MANAGED, child_object(name, parent, project))
+    };
+    // A parent that does not exist, a parent the agent does not hold (its own child copy),
+    // a parent not tracking the child, a project the hub does not send the agent.
+    let ok = child("child-ok", "parent", "team")?;
+    assert_eq!(send(&mut stream, &ok).await?, "ack");
+    let cases = [
+        (child("orphan", "no-such-parent", "team")?, "Forbidden", "ParentNotFound"),
+        (child("grandchild", "child-ok", "team")?, "Forbidden", "ParentNotHeld"),
+        (child("untracked", "parent", "team")?, "Unavailable", "ChildNotTracked"),
+        (child("foreign", "parent", "platform-admin")?, "Forbidden", "ProjectNotAllowed"),
+    ];
+    let port = principal_port(topo);
+    for (event, reason, metric) in &cases {
+        assert_eq!(send(&mut stream, event).await?, *reason, "{metric}");
+        assert_eq!(metric_sum(port, &refused_series(MANAGED, metric)).await, 1.0, "{metric}");
+    }
+    // Only the real child is on the hub, labelled and naming its parent.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let held = labelled(topo, MANAGED, MANAGED).await?;
+    assert_eq!(held.len(), 1, "{held:?}");
+    assert_eq!(held[0]["metadata"]["name"], "child-ok");
+    assert_eq!(held[0]["metadata"]["annotations"][PARENT], "parent");
+    // A hub admin's deletion of the child is reverted while it is one...
+    let hub = apps(&topo.hub, MANAGED)?;
+    let uid = held[0]["metadata"]["uid"].clone();
+    hub.delete("child-ok", &DeleteParams::default()).await?;
+    eventually("the child's hub deletion undone", T, || async {
+        let c = stored_app(&topo.hub, MANAGED, "child-ok")?;
+        (c["metadata"]["uid"] != uid).then_some(())
+    })
+    .await?;
+    // ... and not once its parent stops tracking it.
+    set_status(&hub, "parent", tracked(&["foreign"])).await?;
+    eventually("the parent no longer tracks the child", T, || async {
+        let p = stored_app(&topo.hub, MANAGED, "parent")?;
+        (p["status"]["resources"].as_array()?.len() == 1).then_some(())
+    })
+    .await?;
+    hub.delete("child-ok", &DeleteParams::default()).await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        stored_app(&topo.hub, MANAGED, "child-ok").is_none(),
+        "the ex-child's hub deletion was reverted"
+    );
+    // The ex-child is refused from now on too.
+    let again = child("child-ok", "parent", "team")?;
+    assert_eq!(send(&mut stream, &again).await?, "Unavailable");
+    Ok(())
+}
+
+/// An agent-written Application over the size bound already on the hub when the principal
+/// starts (written before the bounds existed): cached as a stub, logged, and its agent's
+/// writes of it are refused; the agent's small Applications are unaffected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_objects_on_the_hub_at_start_are_cached_as_stubs() {
+    let mut topo = Topology::start(TopologyOptions {
+        agents: Some(vec![]),
+        principal_args: ["--agent-max-object-size", "100000"]
+            .map(String::from)
+            .to_vec(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let r = stubs_at_start(&mut topo).await;
+    topo.finish(r).await;
+}
+
+async fn stubs_at_start(topo: &mut Topology) -> Result<(), HarnessError> {
+    topo.principal.stop().await;
+    create_namespace(&topo.hub, AUTONOMOUS).await?;
+    let hub = apps(&topo.hub, AUTONOMOUS)?;
+    for (name, values) in [("huge", 300_000), ("small", 100)] {
+        let mut obj = app_object(AUTONOMOUS, name, values)?;
+        obj["metadata"]["labels"] = json!({AGENT_LABEL: AUTONOMOUS});
+        hub.create(&PostParams::default(), &object(obj)).await?;
+    }
+    topo.principal.start()?;
+    eventually("the stub logged", T, || async {
+        topo.principal
+            .log()
+            .lines()
+            .any(|l| l.contains("object too large to cache") && l.contains("huge"))
+            .then_some(())
+    })
+    .await?;
+    let source = topo.svid_source("autonomous.sock").await?;
+    let mut stream = None;
+    for _ in 0..100 {
+        if let Ok((s, w)) = open_agent_stream(&source, topo.principal_addr, AgentMode::Autonomous).await
+            && w.ty == EventType::Welcome
+        {
+            stream = Some(s);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut stream = stream.ok_or("no session")?;
+    let e = write_event(EventType::SpecUpdate, AUTONOMOUS, app_object(AUTONOMOUS, "huge", 300_000)?)?;
+    assert_eq!(send(&mut stream, &e).await?, "ObjectTooLarge");
+    // Shrinking it is taken (it replaces the stub's whole object on the hub).
+    let e = write_event(EventType::SpecUpdate, AUTONOMOUS, app_object(AUTONOMOUS, "huge", 100)?)?;
+    assert_eq!(send(&mut stream, &e).await?, "ack");
+    eventually("the shrunk object on the hub", T, || async {
+        let h = stored_app(&topo.hub, AUTONOMOUS, "huge")?;
+        (h["spec"]["source"]["helm"]["values"].as_str()?.len() == 100).then_some(())
+    })
+    .await?;
+    let small = app_object(AUTONOMOUS, "small", 200)?;
+    let e = write_event(EventType::SpecUpdate, AUTONOMOUS, small)?;
+    assert_eq!(send(&mut stream, &e).await?, "ack");
+    Ok(())
+}
