@@ -384,3 +384,152 @@ async fn stubs_at_start(topo: &mut Topology) -> Result<(), HarnessError> {
     assert_eq!(send(&mut stream, &e).await?, "ack");
     Ok(())
 }
+
+/// The principal's resident memory (`VmRSS`), in MiB.
+fn rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        .map_or(0.0, |kib| kib / 1024.0)
+}
+
+/// Samples the principal's RSS every 50 ms while `work` runs; returns its result and the
+/// peak.
+async fn peak_rss<T>(
+    pid: u32,
+    work: impl std::future::Future<Output = Result<T, HarnessError>>,
+) -> Result<(T, f64), HarnessError> {
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let done = done.clone();
+        tokio::spawn(async move {
+            let mut peak: f64 = 0.0;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                peak = peak.max(rss_mib(pid));
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            peak.max(rss_mib(pid))
+        })
+    };
+    let out = work.await;
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let peak = sampler.await.map_err(|e| e.to_string())?;
+    Ok((out?, peak))
+}
+
+/// One MiB of Helm values, as the probe of issue 39 sent.
+const MIB: usize = 1024 * 1024;
+
+/// Sends `events` one after the other; returns how many were answered with each reason.
+async fn send_all(
+    stream: &mut AgentStream,
+    events: Vec<Event>,
+) -> Result<std::collections::BTreeMap<String, usize>, HarnessError> {
+    let mut answers = std::collections::BTreeMap::new();
+    for e in events {
+        *answers.entry(send(stream, &e).await?).or_insert(0) += 1;
+    }
+    Ok(answers)
+}
+
+/// Issue 39's attack with the default bounds: an autonomous agent's 150 Applications of
+/// 1 MiB, a managed agent's 300 app-of-apps children of 1 MiB, then 300 children just
+/// under the object bound (what the bounds let through); then a restart with 150 + 300
+/// such objects written on the hub beforehand (as before the bounds existed). Prints the
+/// principal's RSS and asserts it stays under deploy/'s 512 MiB.
+/// `cargo nextest run -p argocd-agent-e2e --test agent_bounds --run-ignored only --no-capture`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "measurement: ~1 min, ~2 GiB in the test process (the hub's store)"]
+async fn measure_principal_rss_under_the_issue_39_attack() {
+    let mut topo = Topology::start(TopologyOptions {
+        agents: Some(vec![]),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let r = measure(&mut topo).await;
+    topo.finish(r).await;
+}
+
+async fn measure(topo: &mut Topology) -> Result<(), HarnessError> {
+    hub_parent_and_projects(topo).await?;
+    create_namespace(&topo.hub, AUTONOMOUS).await?;
+    let pid = topo.principal.pid().ok_or("principal not running")?;
+    let idle = rss_mib(pid);
+    let source = topo.svid_source("autonomous.sock").await?;
+    let (mut auto, _) = open_agent_stream(&source, topo.principal_addr, AgentMode::Autonomous).await?;
+    let events = (0..150)
+        .map(|i| write_event(EventType::Create, AUTONOMOUS, app_object(AUTONOMOUS, &format!("big-{i}"), MIB)?))
+        .collect::<Result<Vec<_>, _>>()?;
+    let started = Instant::now();
+    let (auto_answers, auto_peak) = peak_rss(pid, send_all(&mut auto, events)).await?;
+    println!("autonomous 150 x 1 MiB: {auto_answers:?} in {:?}, RSS idle {idle:.0} MiB, peak {auto_peak:.0} MiB", started.elapsed());
+    let source = topo.svid_source("managed.sock").await?;
+    let (mut managed, _) = open_agent_stream(&source, topo.principal_addr, AgentMode::Managed).await?;
+    let children = |size: usize, prefix: &str| {
+        (0..300)
+            .map(|i| {
+                let mut c = child_object(&format!("{prefix}-{i}"), "parent", "default");
+                c["spec"]["source"]["helm"] = json!({"values": "v".repeat(size)});
+                write_event(EventType::Create, MANAGED, c)
+            })
+            .collect::<Result<Vec<_>, _>>()
+    };
+    let hub = apps(&topo.hub, MANAGED)?;
+    let names: Vec<String> = (0..300).flat_map(|i| [format!("c-{i}"), format!("d-{i}")]).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    set_status(&hub, "parent", tracked(&names)).await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let ((big, under), child_peak) = peak_rss(pid, async {
+        // Over the object bound; then just under it (the byte bound stops them).
+        let big = send_all(&mut managed, children(MIB, "c")?).await?;
+        let under = send_all(&mut managed, children(500 * 1024, "d")?).await?;
+        Ok((big, under))
+    })
+    .await?;
+    println!("managed 300 x 1 MiB children: {big:?}; 300 x 500 KiB: {under:?}; RSS peak {child_peak:.0} MiB");
+    drop((auto, managed));
+    let restart_peak = restart_with_objects_on_the_hub(topo).await?;
+    for peak in [auto_peak, child_peak, restart_peak] {
+        assert!(peak < 512.0, "principal RSS {peak:.0} MiB, over deploy/'s 512 MiB");
+    }
+    Ok(())
+}
+
+/// Writes the probe's 150 + 300 objects of 1 MiB on the hub with the principal stopped,
+/// starts it, and returns its RSS peak until 5 s after it is ready.
+async fn restart_with_objects_on_the_hub(topo: &mut Topology) -> Result<f64, HarnessError> {
+    topo.principal.stop().await;
+    for (ns, n) in [(AUTONOMOUS, 150), (MANAGED, 300)] {
+        let api = apps(&topo.hub, ns)?;
+        for i in 0..n {
+            let mut obj = app_object(ns, &format!("pre-{i}"), MIB)?;
+            obj["metadata"]["labels"] = json!({AGENT_LABEL: ns});
+            if ns == MANAGED {
+                obj["metadata"]["annotations"] = json!({PARENT: "parent"});
+            }
+            api.create(&PostParams::default(), &object(obj)).await?;
+        }
+    }
+    topo.principal.start()?;
+    let pid = topo.principal.pid().ok_or("principal not running")?;
+    let port = principal_port(topo);
+    let started = Instant::now();
+    let (ready, peak) = peak_rss(pid, async {
+        eventually("the principal ready", Duration::from_secs(120), || async {
+            http_get(port, "/readyz").await.ok().filter(|b| b.trim() == "ready").map(|_| ())
+        })
+        .await?;
+        let ready = started.elapsed();
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        Ok(ready)
+    })
+    .await?;
+    println!(
+        "restart with 450 x 1 MiB agent-written objects on the hub: ready in {ready:?}, RSS peak {peak:.0} MiB, settled {:.0} MiB",
+        rss_mib(pid)
+    );
+    Ok(peak)
+}

@@ -36,7 +36,7 @@ pub use resources::{
     ensure_namespace,
 };
 pub use scope::{Namespaces, Scope, is_sync_ignored};
-pub use watch::{Cache, Change, LIST_PAGE_SIZE, watch};
+pub use watch::{ADMIN_LIST_PAGE_SIZE, Cache, Change, LIST_PAGE_SIZE, list_page_size, watch};
 
 /// Label that excludes an object from synchronisation (any value), as upstream
 /// argocd-agent. An object that gains it looks deleted to the sync engine.

@@ -43,11 +43,26 @@ fn key_of(obj: &DynamicObject) -> Key {
     )
 }
 
-/// Objects per page of a watch's initial list (and of every re-list). kube-runtime's
-/// default is 500: 500 Applications of ~1 MiB each (the API server takes objects up to
-/// ~1.5 MiB) would be one response of hundreds of MiB, read whole and then decoded. 100
-/// bounds one page to ~150 MiB at worst and costs a 100,000-object list 1,000 requests.
-pub const LIST_PAGE_SIZE: u32 = 100;
+/// Objects per page of a watch's initial list (and of every re-list) of the kinds agents
+/// write (Applications, AppProjects). kube-runtime's default is 500: 500 Applications of
+/// ~1 MiB each (the API server takes objects up to ~1.5 MiB) would be one response of
+/// hundreds of MiB, read whole, then decoded while the response is still held. 50 bounds a
+/// page to ~75 MiB of JSON at worst (measured: a principal restarted with 450 objects of
+/// 1 MiB on the hub peaks ~150 MiB above idle with 50 a page, ~350 MiB with 100), and
+/// costs a 100,000-object list 2,000 requests.
+pub const LIST_PAGE_SIZE: u32 = 50;
+
+/// Objects per page of other kinds' lists (kube-runtime's default): their objects are
+/// written by hub admins and Kubernetes, not by agents.
+pub const ADMIN_LIST_PAGE_SIZE: u32 = 500;
+
+/// The list page size for `kind` ([`LIST_PAGE_SIZE`] or [`ADMIN_LIST_PAGE_SIZE`]).
+pub fn list_page_size(kind: Kind) -> u32 {
+    match kind {
+        Kind::Application | Kind::AppProject => LIST_PAGE_SIZE,
+        _ => ADMIN_LIST_PAGE_SIZE,
+    }
+}
 
 /// One cached object and what is derived from it, computed at most once per version.
 #[derive(Debug)]
@@ -421,7 +436,7 @@ pub fn watch(
     let ar = kind.api_resource();
     let config = watcher::Config::default()
         .labels(&scope.server_label_selector())
-        .page_size(LIST_PAGE_SIZE);
+        .page_size(list_page_size(kind));
     let apis: Vec<(Option<String>, Api<DynamicObject>)> = if !kind.namespaced() {
         vec![(None, Api::all_with(client, &ar))]
     } else {
