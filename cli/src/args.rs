@@ -269,9 +269,10 @@ pub struct PrincipalArgs {
     /// Events one agent may send at once above --agent-event-rate.
     #[arg(long, env = "ARGOCD_PRINCIPAL_AGENT_EVENT_BURST", default_value_t = argocd_agent_principal::ratelimit::DEFAULT_EVENT_BURST)]
     pub agent_event_burst: u32,
-    /// Largest object an agent may send (Application, AppProject, status update), in bytes
-    /// of JSON; larger ones are refused (`ObjectTooLarge`), and agent-written hub objects
-    /// larger than this are cached as stubs and never sent on. 0: no bound.
+    /// Largest object an agent may send (Application, AppProject, status update), in bytes:
+    /// its JSON bytes plus 32 per JSON value (what decoding it costs); larger ones are
+    /// refused (`ObjectTooLarge`), and agent-written hub objects larger than this are
+    /// cached as stubs and never sent on. 0: no bound.
     #[arg(long, env = "ARGOCD_PRINCIPAL_AGENT_MAX_OBJECT_SIZE", default_value_t = argocd_agent_principal::bounds::DEFAULT_MAX_OBJECT_SIZE)]
     pub agent_max_object_size: usize,
     /// Most Applications one agent may write on the hub (autonomous copies and app-of-apps
@@ -279,8 +280,8 @@ pub struct PrincipalArgs {
     /// (`TooManyApplications`). 0: no bound.
     #[arg(long, env = "ARGOCD_PRINCIPAL_AGENT_MAX_APPLICATIONS", default_value_t = argocd_agent_principal::bounds::DEFAULT_MAX_APPLICATIONS)]
     pub agent_max_applications: usize,
-    /// Most bytes (JSON) of objects one agent may have written on the hub; a write over it
-    /// is refused (`AgentBytesExceeded`). 0: no bound.
+    /// Most bytes (JSON bytes plus 32 per JSON value) of objects one agent may have written
+    /// on the hub; a write over it is refused (`AgentBytesExceeded`). 0: no bound.
     #[arg(long, env = "ARGOCD_PRINCIPAL_AGENT_MAX_BYTES", default_value_t = argocd_agent_principal::bounds::DEFAULT_MAX_BYTES)]
     pub agent_max_bytes: u64,
     /// Log level filter (overridden by RUST_LOG).

@@ -96,7 +96,7 @@ pub const REFRESHED_ANNOTATION: &str = "argocd-agent.argoproj-labs.io/refreshed"
 pub const PARENT_ANNOTATION: &str = "argocd-agent.argoproj-labs.io/parent-application";
 
 /// Annotation on a cached stand-in ([`oversized_stub`]) of an object too large to cache in
-/// full: the size in bytes of the object's JSON as listed or watched.
+/// full: the object's weight ([`object_weight`]) as listed or watched.
 pub const OVERSIZED_ANNOTATION: &str = "argocd-agent.argoproj-labs.io/oversized-bytes";
 
 /// Prefix of this project's own labels and annotations.
@@ -127,7 +127,42 @@ pub fn json_size<T: serde::Serialize + ?Sized>(value: &T) -> usize {
     }
 }
 
-/// A stand-in for an object too large to keep in full (`size`: its JSON bytes): its
+/// What one JSON value (number, string, array, object, boolean, null) costs in memory once
+/// decoded, beyond its text: a `serde_json::Value` is 32 bytes, plus its map entry or
+/// array slot.
+pub const VALUE_WEIGHT: usize = 32;
+
+/// The weight of a JSON value: its compact JSON bytes plus [`VALUE_WEIGHT`] per value in
+/// it. Unlike the JSON bytes, it bounds what the value costs in memory once decoded: an
+/// array of zeros is 2 bytes of JSON per element but 32 bytes or more of memory.
+pub fn value_weight(value: &Value) -> usize {
+    json_size(value).saturating_add(VALUE_WEIGHT.saturating_mul(value_count(value)))
+}
+
+/// The weight ([`value_weight`]) of an object: its JSON bytes plus [`VALUE_WEIGHT`] per
+/// value of its body (metadata is typed, and small).
+pub fn object_weight(obj: &DynamicObject) -> usize {
+    json_size(obj).saturating_add(VALUE_WEIGHT.saturating_mul(value_count(&obj.data)))
+}
+
+/// The number of JSON values in `value`, itself included. Iterative: a value from the
+/// wire is as deep as its decoder allowed.
+fn value_count(value: &Value) -> usize {
+    let mut count = 0usize;
+    let mut stack = vec![value];
+    while let Some(v) = stack.pop() {
+        count += 1;
+        match v {
+            Value::Array(a) => stack.extend(a.iter()),
+            Value::Object(m) => stack.extend(m.values()),
+            _ => {}
+        }
+    }
+    count
+}
+
+/// A stand-in for an object too large to keep in full (`size`: its weight,
+/// [`object_weight`]): its
 /// identity (name, namespace, uid, resourceVersion, generation, creation and deletion
 /// timestamps, finalizers), its labels (only this project's own when there are many), this
 /// project's own annotations, and [`OVERSIZED_ANNOTATION`] with the size. No `spec`,
@@ -456,9 +491,24 @@ mod tests {
     fn json_size_is_the_length_of_the_compact_json() {
         let v = json!({"a": [1, "x\"y", null], "b": {"c": "é"}});
         assert_eq!(json_size(&v), serde_json::to_vec(&v).unwrap().len());
-        let obj = app(json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
-                             "metadata": {"name": "a"}, "spec": {"project": "p"}}));
+        let obj = app(
+            json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+                             "metadata": {"name": "a"}, "spec": {"project": "p"}}),
+        );
         assert_eq!(json_size(&obj), serde_json::to_vec(&obj).unwrap().len());
+    }
+
+    #[test]
+    fn weight_charges_each_json_value_beyond_its_text() {
+        let zeros = json!({"a": vec![0; 1000]});
+        // 1000 zeros: 2,007 bytes of JSON, 1,002 values.
+        assert_eq!(json_size(&zeros), 2007);
+        assert_eq!(value_weight(&zeros), 2007 + 1002 * VALUE_WEIGHT);
+        let text = json!({"a": "x".repeat(1000)});
+        assert_eq!(value_weight(&text), json_size(&text) + 2 * VALUE_WEIGHT);
+        let obj = app(json!({"metadata": {"name": "a"}, "spec": {"p": [1, 2]}}));
+        // The body: itself, spec, the array and its two numbers.
+        assert_eq!(object_weight(&obj), json_size(&obj) + 5 * VALUE_WEIGHT);
     }
 
     #[test]
@@ -467,7 +517,10 @@ mod tests {
             .map(|i| (format!("team.example.com/l{i}"), json!("v".repeat(20))))
             .collect();
         let mut labels = many.clone();
-        labels.insert("argocd-agent.argoproj-labs.io/agent-name".into(), json!("edge-1"));
+        labels.insert(
+            "argocd-agent.argoproj-labs.io/agent-name".into(),
+            json!("edge-1"),
+        );
         let obj = app(json!({
             "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
             "metadata": {"name": "big", "namespace": "edge-1", "uid": "u-1",
@@ -495,7 +548,12 @@ mod tests {
         // A few labels are kept whole.
         let small = app(json!({"metadata": {"name": "s", "labels": {"team": "a"}}}));
         assert_eq!(
-            oversized_stub(&small, 1).metadata.labels.unwrap_or_default().get("team").map(String::as_str),
+            oversized_stub(&small, 1)
+                .metadata
+                .labels
+                .unwrap_or_default()
+                .get("team")
+                .map(String::as_str),
             Some("a")
         );
     }

@@ -70,8 +70,8 @@ struct Entry {
     obj: Arc<DynamicObject>,
     /// [`crate::object::spec_checksum`] of `obj`, once asked for.
     spec_checksum: Arc<OnceLock<String>>,
-    /// The JSON size of the object as listed or watched (of the whole object when `obj` is
-    /// a stub), once asked for.
+    /// The weight ([`crate::object::object_weight`]) of the object as listed or watched (of
+    /// the whole object when `obj` is a stub), once asked for.
     size: Arc<OnceLock<usize>>,
 }
 
@@ -92,7 +92,7 @@ impl Entry {
 /// Which objects a cache keeps as stubs when they are large ([`Cache::stub_oversized`]).
 #[derive(Debug, Clone, Copy)]
 struct StubRule {
-    /// Larger objects (JSON bytes) are kept as stubs.
+    /// Heavier objects ([`crate::object::object_weight`]) are kept as stubs.
     max: usize,
     /// Only objects this holds for are measured and stubbed.
     applies: fn(&DynamicObject) -> bool,
@@ -187,8 +187,8 @@ impl Cache {
         }
     }
 
-    /// From now on, objects for which `applies` holds and whose JSON is larger than `max`
-    /// bytes are cached as stubs ([`crate::object::oversized_stub`]: identity, labels and
+    /// From now on, objects for which `applies` holds and whose weight
+    /// ([`crate::object::object_weight`]) is larger than `max` are cached as stubs ([`crate::object::oversized_stub`]: identity, labels and
     /// this project's annotations, no spec or status), each logged once per version. Set
     /// before the change stream is first polled, so the initial list is kept that way too;
     /// a second call changes nothing.
@@ -196,9 +196,9 @@ impl Cache {
         let _ = self.inner.stub_rule.set(StubRule { max, applies });
     }
 
-    /// The JSON size of `obj` as the cache received it (for a stub, of the whole object it
-    /// stands for), computed once per cached version; any object this cache does not hold
-    /// now is measured afresh.
+    /// The weight ([`crate::object::object_weight`]) of `obj` as the cache received it (for
+    /// a stub, of the whole object it stands for), computed once per cached version; any
+    /// object this cache does not hold now is measured afresh.
     pub fn object_size(&self, obj: &Arc<DynamicObject>) -> usize {
         if let Some(size) = crate::object::oversized_size(obj) {
             return size;
@@ -209,8 +209,8 @@ impl Cache {
             .filter(|e| Arc::ptr_eq(&e.obj, obj))
             .map(|e| e.size.clone());
         match memo {
-            Some(memo) => *memo.get_or_init(|| crate::object::json_size(&**obj)),
-            None => crate::object::json_size(&**obj),
+            Some(memo) => *memo.get_or_init(|| crate::object::object_weight(obj)),
+            None => crate::object::object_weight(obj),
         }
     }
 
@@ -220,7 +220,7 @@ impl Cache {
         let Some(rule) = self.inner.stub_rule.get().filter(|r| (r.applies)(&obj)) else {
             return (obj, None);
         };
-        let size = crate::object::json_size(&obj);
+        let size = crate::object::object_weight(&obj);
         if size <= rule.max {
             return (obj, Some(size));
         }

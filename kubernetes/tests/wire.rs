@@ -908,8 +908,8 @@ async fn oversized_objects_are_cached_as_stubs_and_lists_are_paged() {
     let mut grown = app("argocd", "small", "8");
     grown["metadata"]["labels"] = json!({"owner": "agent"});
     grown["spec"]["source"]["helm"] = json!({"values": "z".repeat(5000)});
-    let big_size = serde_json::to_vec(&big).unwrap().len();
-    let grown_size = serde_json::to_vec(&grown).unwrap().len();
+    let weight = |v: &Value| object::object_weight(&serde_json::from_value(v.clone()).unwrap());
+    let (big_size, grown_size) = (weight(&big), weight(&grown));
     let mut small = app("argocd", "small", "7");
     small["metadata"]["labels"] = json!({"owner": "agent"});
     let (client, mut seen) = mock(vec![
@@ -918,7 +918,10 @@ async fn oversized_objects_are_cached_as_stubs_and_lists_are_paged() {
     ]);
     let (cache, changes) = watch(client, Kind::Application, Scope::namespace("argocd"));
     fn labelled(o: &DynamicObject) -> bool {
-        o.metadata.labels.as_ref().is_some_and(|l| l.contains_key("owner"))
+        o.metadata
+            .labels
+            .as_ref()
+            .is_some_and(|l| l.contains_key("owner"))
     }
     cache.stub_oversized(1000, labelled);
     let mut changes = Box::pin(changes);

@@ -1,15 +1,20 @@
 //! Per-agent bounds and the rules for a managed agent's spoke-authored children, checked
 //! before anything is written to the hub (so the hub's API server is bounded by them too).
 //!
+//! Sizes are weights ([`object::value_weight`]): the compact JSON bytes of the object as
+//! the agent sends it (as the hub holds it, for what the agent holds), plus 32 bytes per
+//! JSON value in it. JSON bytes alone do not bound memory: an array of zeros is 2 bytes of
+//! JSON per element and 32 or more once decoded, and 8 MiB of it took a principal from 67
+//! to 394 MiB (docs/benchmarks.md, "Per-agent bounds").
+//!
 //! - **Object size**: every object an agent sends (Application, AppProject, status
-//!   update), measured as its compact JSON, at most [`AgentBounds::max_object_size`]
-//!   (refusal `ObjectTooLarge`).
+//!   update) weighs at most [`AgentBounds::max_object_size`] (refusal `ObjectTooLarge`).
 //! - **Applications**: the Applications an agent writes on the hub (an autonomous agent's
 //!   copies and a managed agent's app-of-apps children together: both carry the agent's
 //!   label in its hub namespace), at most [`AgentBounds::max_applications`]
 //!   (`TooManyApplications`). Hub-authored Applications are written by hub admins, not by
 //!   the agent, and do not count.
-//! - **Bytes**: the JSON bytes of everything the agent wrote on the hub (those
+//! - **Bytes**: the weight of everything the agent wrote on the hub (those
 //!   Applications, status included, and an autonomous agent's AppProjects), at most
 //!   [`AgentBounds::max_bytes`] (`AgentBytesExceeded`). A write that does not grow an
 //!   object is always taken, so an agent over its bounds can shrink and delete.
@@ -29,7 +34,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use argocd_agent_domain::{AgentMode, AgentName, Event, Namespace, ResourceKind, ResourceRef};
-use argocd_agent_kubernetes::object::{self, is_being_deleted, json_size};
+use argocd_agent_kubernetes::object::{self, is_being_deleted, value_weight};
 use argocd_agent_kubernetes::{Change, IGNORE_SYNC_LABEL};
 use kube::api::DynamicObject;
 use serde_json::Value;
@@ -69,11 +74,12 @@ pub const LEDGER_TTL: Duration = Duration::from_secs(30);
 /// `--agent-max-bytes`); 0 turns one off.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AgentBounds {
-    /// Largest object an agent may send, in JSON bytes.
+    /// Heaviest object an agent may send ([`object::value_weight`], bytes).
     pub max_object_size: usize,
     /// Most Applications one agent may have written on the hub.
     pub max_applications: usize,
-    /// Most JSON bytes of objects one agent may have written on the hub.
+    /// Most bytes ([`object::value_weight`]) of objects one agent may have written on the
+    /// hub.
     pub max_bytes: u64,
 }
 
@@ -123,7 +129,7 @@ pub fn check_object_size(
     Err(refusal(
         OBJECT_TOO_LARGE,
         format!(
-            "agent \"{agent}\" sent {resource} of {size} bytes (JSON); the principal takes objects of at most {} bytes (--agent-max-object-size)",
+            "agent \"{agent}\" sent {resource} of {size} bytes (JSON bytes plus 32 per JSON value); the principal takes objects of at most {} bytes (--agent-max-object-size)",
             bounds.max_object_size
         ),
     ))
@@ -179,7 +185,7 @@ pub fn check_holdings(
 /// Each agent's writes of the last [`LEDGER_TTL`], laid over what the watch cache holds.
 #[derive(Debug, Default)]
 pub struct Ledger {
-    recent: Mutex<HashMap<AgentName, HashMap<HeldKey, (Option<usize>, Instant)>>>,
+    recent: Mutex<HashMap<AgentName, RecentWrites>>,
 }
 
 impl Ledger {
@@ -291,7 +297,7 @@ impl Hub {
         let agent = &state.name;
         let bounds = &self.bounds;
         if let (Some(obj), Some(resource)) = (event.object(), &event.resource) {
-            check_object_size(bounds, agent, resource, json_size(&**obj))?;
+            check_object_size(bounds, agent, resource, value_weight(obj))?;
         }
         match command {
             Command::Upsert { resource, object } => {
@@ -299,9 +305,15 @@ impl Hub {
                 {
                     self.check_child(state, &resource.name, object)?;
                 }
-                let size = json_size(&**object);
+                let size = value_weight(object);
                 let key = (resource.kind, resource.name.clone());
-                check_holdings(bounds, agent, &key, size, &self.holdings(agent, &state.namespace()))?;
+                check_holdings(
+                    bounds,
+                    agent,
+                    &key,
+                    size,
+                    &self.holdings(agent, &state.namespace()),
+                )?;
                 Ok(Some(Admitted {
                     key,
                     size: Some(size),
@@ -332,8 +344,8 @@ impl Hub {
         else {
             return Ok(None);
         };
-        let old_status = object::status(&cur).map_or(0, json_size);
-        let size = (cache.object_size(&cur) + json_size(status)).saturating_sub(old_status);
+        let old_status = object::status(&cur).map_or(0, value_weight);
+        let size = (cache.object_size(&cur) + value_weight(status)).saturating_sub(old_status);
         let key = (ResourceKind::Application, resource.name.clone());
         let holdings = self.holdings(&state.name, &state.namespace());
         check_holdings(&self.bounds, &state.name, &key, size, &holdings)?;
@@ -393,8 +405,14 @@ impl Hub {
     /// A managed agent's spoke-authored child (`object`, named `child`): its parent must be
     /// an Application the hub sends this agent, its project one the hub sends this agent,
     /// and the parent's status must list it (see the module docs).
-    pub fn check_child(&self, state: &AgentState, child: &str, object: &Value) -> Result<(), Refusal> {
-        let parent_name = object::annotation_of(object, object::PARENT_ANNOTATION).unwrap_or_default();
+    pub fn check_child(
+        &self,
+        state: &AgentState,
+        child: &str,
+        object: &Value,
+    ) -> Result<(), Refusal> {
+        let parent_name =
+            object::annotation_of(object, object::PARENT_ANNOTATION).unwrap_or_default();
         let parent = self.held_parent(state, child, parent_name)?;
         let agent = &state.name;
         let project = object
@@ -402,7 +420,11 @@ impl Hub {
             .and_then(Value::as_str)
             .filter(|p| !p.is_empty())
             .unwrap_or(crate::projects::DEFAULT_PROJECT);
-        if !self.config.config.sends_project(agent, &state.namespace(), project) {
+        if !self
+            .config
+            .config
+            .sends_project(agent, &state.namespace(), project)
+        {
             return Err(Refusal {
                 reason: "Forbidden",
                 metric: PROJECT_NOT_ALLOWED,
@@ -480,9 +502,16 @@ mod tests {
         let b = bounds(100, 0, 0);
         assert!(check_object_size(&b, &agent(), &r, 100).is_ok());
         let refused = check_object_size(&b, &agent(), &r, 101).unwrap_err();
-        assert_eq!((refused.reason, refused.metric), (OBJECT_TOO_LARGE, OBJECT_TOO_LARGE));
+        assert_eq!(
+            (refused.reason, refused.metric),
+            (OBJECT_TOO_LARGE, OBJECT_TOO_LARGE)
+        );
         assert!(refused.message.contains("101 bytes"), "{}", refused.message);
-        assert!(refused.message.contains("at most 100"), "{}", refused.message);
+        assert!(
+            refused.message.contains("at most 100"),
+            "{}",
+            refused.message
+        );
         // 0: no bound.
         assert!(check_object_size(&bounds(0, 0, 0), &agent(), &r, usize::MAX).is_ok());
     }
@@ -522,8 +551,20 @@ mod tests {
     #[test]
     fn the_ledger_lays_recent_writes_and_deletes_over_the_cache() {
         let ledger = Ledger::default();
-        ledger.record(&agent(), Admitted { key: app("new"), size: Some(7) });
-        ledger.record(&agent(), Admitted { key: app("gone"), size: None });
+        ledger.record(
+            &agent(),
+            Admitted {
+                key: app("new"),
+                size: Some(7),
+            },
+        );
+        ledger.record(
+            &agent(),
+            Admitted {
+                key: app("gone"),
+                size: None,
+            },
+        );
         let mut held: Holdings = [(app("gone"), 5), (app("kept"), 3)].into();
         ledger.overlay(&agent(), &mut held);
         assert_eq!(held, [(app("new"), 7), (app("kept"), 3)].into());

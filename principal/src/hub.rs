@@ -95,7 +95,9 @@ impl Hub {
         // bounds (written before they existed) is cached as a stub from the first list on.
         if parts.bounds.max_object_size > 0 {
             let max = parts.bounds.max_object_size;
-            parts.cache.stub_oversized(max, crate::bounds::agent_written);
+            parts
+                .cache
+                .stub_oversized(max, crate::bounds::agent_written);
             parts
                 .config
                 .projects
