@@ -28,7 +28,10 @@
 //! create, update and delete the Applications an app-of-apps parent created on its spoke
 //! (spoke-authored children). Rules 3 and 4 hold for them strictly: only in its own hub
 //! namespace (also with destination-based mapping), and never over an Application created
-//! on the hub (a name collision is refused, not adopted).
+//! on the hub (a name collision is refused, not adopted). What needs the hub's state is
+//! checked by the principal after this (`principal/src/bounds.rs`): the child's parent must
+//! be an Application the hub sends the agent that lists the child in its status, its
+//! project one the hub sends the agent, and every write is held to the agent's bounds.
 
 // Denials are the rare path and carry everything a log line needs (identity, object,
 // reason); boxing them would only add noise at every call site.
