@@ -73,20 +73,33 @@ struct Entry {
     /// The weight ([`crate::object::object_weight`]) of the object as listed or watched (of
     /// the whole object when `obj` is a stub), once asked for.
     size: Arc<OnceLock<usize>>,
+    /// `obj` is a stub ([`Cache::stub_oversized`]), made here: known by the cache, not by
+    /// the annotation, which the object's writer could forge.
+    stub: bool,
 }
 
 impl Entry {
-    fn new(obj: Arc<DynamicObject>, size: Option<usize>) -> Self {
+    fn new(obj: Arc<DynamicObject>, admitted: Admitted) -> Self {
         let memo = OnceLock::new();
-        if let Some(size) = size {
+        if let Some(size) = admitted.size {
             let _ = memo.set(size);
         }
         Entry {
             obj,
             spec_checksum: Arc::default(),
             size: Arc::new(memo),
+            stub: admitted.stub,
         }
     }
+}
+
+/// What [`Cache::admit`] found out about an object it keeps.
+#[derive(Debug, Clone, Copy, Default)]
+struct Admitted {
+    /// Its weight, when measured.
+    size: Option<usize>,
+    /// It is kept as a stub.
+    stub: bool,
 }
 
 /// Which objects a cache keeps as stubs when they are large ([`Cache::stub_oversized`]).
@@ -181,7 +194,7 @@ impl Cache {
             return crate::Known::Unknown;
         }
         match self.get(namespace, name) {
-            Some(o) if crate::object::oversized_size(&o).is_some() => crate::Known::Unknown,
+            Some(o) if self.is_stub(&o) => crate::Known::Unknown,
             Some(o) => crate::Known::Present(o),
             None => crate::Known::Absent,
         }
@@ -200,9 +213,6 @@ impl Cache {
     /// a stub, of the whole object it stands for), computed once per cached version; any
     /// object this cache does not hold now is measured afresh.
     pub fn object_size(&self, obj: &Arc<DynamicObject>) -> usize {
-        if let Some(size) = crate::object::oversized_size(obj) {
-            return size;
-        }
         let memo = self
             .read()
             .get(&key_of(obj))
@@ -214,20 +224,38 @@ impl Cache {
         }
     }
 
+    /// Whether `obj` is the stub this cache holds for an object too large to keep
+    /// ([`Cache::stub_oversized`]).
+    pub fn is_stub(&self, obj: &Arc<DynamicObject>) -> bool {
+        self.read()
+            .get(&key_of(obj))
+            .is_some_and(|e| e.stub && Arc::ptr_eq(&e.obj, obj))
+    }
+
     /// The object as this cache keeps it, and its size when it was measured: a stub when
     /// the stub rule applies and it is too large.
-    fn admit(&self, obj: DynamicObject) -> (DynamicObject, Option<usize>) {
+    fn admit(&self, obj: DynamicObject) -> (DynamicObject, Admitted) {
         let Some(rule) = self.inner.stub_rule.get().filter(|r| (r.applies)(&obj)) else {
-            return (obj, None);
+            return (obj, Admitted::default());
         };
         let size = crate::object::object_weight(&obj);
         if size <= rule.max {
-            return (obj, Some(size));
+            return (
+                obj,
+                Admitted {
+                    size: Some(size),
+                    stub: false,
+                },
+            );
         }
         tracing::warn!(kind = %self.inner.kind, namespace = ?obj.metadata.namespace,
             name = ?obj.metadata.name, size, max = rule.max,
             "object too large to cache: kept as a stub without spec or status");
-        (crate::object::oversized_stub(&obj, size), Some(size))
+        let admitted = Admitted {
+            size: Some(size),
+            stub: true,
+        };
+        (crate::object::oversized_stub(&obj, size), admitted)
     }
 
     /// Every cached object, ordered by namespace then name.
@@ -272,7 +300,7 @@ struct Partition {
     /// Namespace this watcher covers, `None` for all namespaces / cluster-scoped.
     namespace: Option<String>,
     /// Objects listed so far during an ongoing (re)list, with their sizes when measured.
-    listing: Option<HashMap<Key, (DynamicObject, Option<usize>)>>,
+    listing: Option<HashMap<Key, (DynamicObject, Admitted)>>,
     synced: bool,
 }
 
@@ -336,11 +364,11 @@ impl Reconciler {
                     return Vec::new();
                 }
                 // Measured (and stubbed) outside the lock.
-                let (obj, size) = self.cache.admit(obj);
+                let (obj, admitted) = self.cache.admit(obj);
                 let obj = Arc::new(obj);
                 self.cache
                     .write()
-                    .insert(key, Entry::new(obj.clone(), size));
+                    .insert(key, Entry::new(obj.clone(), admitted));
                 vec![Change::Applied(obj)]
             }
             Ok(Event::Delete(obj)) => match self.cache.write().remove(&key_of(&obj)) {
@@ -356,7 +384,7 @@ impl Reconciler {
     fn reconcile_list(
         &self,
         namespace: Option<&str>,
-        mut listed: HashMap<Key, (DynamicObject, Option<usize>)>,
+        mut listed: HashMap<Key, (DynamicObject, Admitted)>,
     ) -> Vec<Change> {
         let mut objects = self.cache.write();
         let in_partition = |key: &Key| namespace.is_none_or(|ns| key.0 == ns);
@@ -374,7 +402,7 @@ impl Reconciler {
         let mut keys: Vec<Key> = listed.keys().cloned().collect();
         keys.sort_unstable();
         for key in keys {
-            let Some((obj, size)) = listed.remove(&key) else {
+            let Some((obj, admitted)) = listed.remove(&key) else {
                 continue;
             };
             if let Some(cached) = objects.get(&key)
@@ -383,7 +411,7 @@ impl Reconciler {
                 continue;
             }
             let obj = Arc::new(obj);
-            objects.insert(key, Entry::new(obj.clone(), size));
+            objects.insert(key, Entry::new(obj.clone(), admitted));
             changes.push(Change::Applied(obj));
         }
         changes

@@ -912,8 +912,13 @@ async fn oversized_objects_are_cached_as_stubs_and_lists_are_paged() {
     let (big_size, grown_size) = (weight(&big), weight(&grown));
     let mut small = app("argocd", "small", "7");
     small["metadata"]["labels"] = json!({"owner": "agent"});
+    // Claims to be a stub of 1 byte: its writer's word, not the cache's.
+    let mut forged = app("argocd", "forged", "9");
+    forged["metadata"]["labels"] = json!({"owner": "agent"});
+    forged["metadata"]["annotations"] = json!({object::OVERSIZED_ANNOTATION: "1"});
+    let forged_size = weight(&forged);
     let (client, mut seen) = mock(vec![
-        Reply::Json(200, app_list("10", vec![big, unlabelled, small])),
+        Reply::Json(200, app_list("10", vec![big, unlabelled, small, forged])),
         Reply::Lines(vec![json!({"type": "MODIFIED", "object": grown})]),
     ]);
     let (cache, changes) = watch(client, Kind::Application, Scope::namespace("argocd"));
@@ -925,7 +930,7 @@ async fn oversized_objects_are_cached_as_stubs_and_lists_are_paged() {
     }
     cache.stub_oversized(1000, labelled);
     let mut changes = Box::pin(changes);
-    take_changes(&mut changes, 5).await;
+    take_changes(&mut changes, 6).await;
     let list = next_seen(&mut seen).await;
     assert_eq!(
         list.query.get("limit").map(String::as_str),
@@ -935,6 +940,11 @@ async fn oversized_objects_are_cached_as_stubs_and_lists_are_paged() {
     assert_eq!(stub.data, json!({}), "no spec or status");
     assert_eq!(object::oversized_size(&stub), Some(big_size));
     assert_eq!(cache.object_size(&stub), big_size);
+    assert!(cache.is_stub(&stub));
+    let forged = cache.get(Some("argocd"), "forged").expect("forged cached");
+    assert!(!cache.is_stub(&forged));
+    assert_eq!(cache.object_size(&forged), forged_size);
+    assert!(forged_size > 1);
     assert!(matches!(
         cache.known(Some("argocd"), "big"),
         argocd_agent_kubernetes::Known::Unknown

@@ -337,10 +337,16 @@ impl Applications {
 
     /// Whether `obj` is cached as a stub (an agent-written object over the size bound,
     /// written before the bound existed): it is never sent; counted and logged.
-    fn oversized(&self, state: &AgentState, resource: &ResourceRef, obj: &DynamicObject) -> bool {
-        let Some(size) = object::oversized_size(obj) else {
+    fn oversized(
+        &self,
+        state: &AgentState,
+        resource: &ResourceRef,
+        obj: &Arc<DynamicObject>,
+    ) -> bool {
+        if !self.cache.is_stub(obj) {
             return false;
-        };
+        }
+        let size = self.cache.object_size(obj);
         self.metrics
             .refused(&state.name, crate::bounds::OBJECT_TOO_LARGE);
         tracing::warn!(%resource, size, "hub object over the object size bound: not sent to the agent");
