@@ -19,6 +19,9 @@
 //!   [`AgentBounds::max_bytes`] (`AgentBytesExceeded`). A write that does not grow an
 //!   object is always taken, so an agent over its bounds can shrink and delete.
 //!
+//! An object labelled [`IGNORE_SYNC_LABEL`] is refused (`Invalid`): its hub copy would be
+//! outside the watch, so outside the count.
+//!
 //! What an agent holds is counted from the principal's watch cache of the hub, by the
 //! agent label, so it is right after a restart and on every replica; the writes of the
 //! last [`LEDGER_TTL`] are laid over it, so a burst is counted before the watch has seen it.
@@ -182,6 +185,30 @@ pub fn check_holdings(
     Ok(())
 }
 
+/// Refuses an object labelled [`IGNORE_SYNC_LABEL`]: its hub copy would be outside every
+/// principal's watch, so outside the agent's bounds too (a hub API server's worth of
+/// Applications nobody counts). An agent never sends one: it does not sync them either.
+pub fn check_not_ignored(
+    agent: &AgentName,
+    resource: &ResourceRef,
+    object: &Value,
+) -> Result<(), Refusal> {
+    let ignored = object
+        .pointer("/metadata/labels")
+        .and_then(Value::as_object)
+        .is_some_and(|l| l.contains_key(IGNORE_SYNC_LABEL));
+    if !ignored {
+        return Ok(());
+    }
+    Err(Refusal {
+        reason: "Invalid",
+        metric: "Invalid",
+        message: format!(
+            "agent \"{agent}\" sent {resource} labelled {IGNORE_SYNC_LABEL}: objects excluded from sync are not written to the hub"
+        ),
+    })
+}
+
 /// Each agent's writes of the last [`LEDGER_TTL`], laid over what the watch cache holds.
 #[derive(Debug, Default)]
 pub struct Ledger {
@@ -301,6 +328,7 @@ impl Hub {
         }
         match command {
             Command::Upsert { resource, object } => {
+                check_not_ignored(agent, resource, object)?;
                 if state.mode() == AgentMode::Managed && resource.kind == ResourceKind::Application
                 {
                     self.check_child(state, &resource.name, object)?;
@@ -514,6 +542,20 @@ mod tests {
         );
         // 0: no bound.
         assert!(check_object_size(&bounds(0, 0, 0), &agent(), &r, usize::MAX).is_ok());
+    }
+
+    #[test]
+    fn an_object_excluded_from_sync_is_never_written() {
+        let r = ResourceRef::new(
+            ResourceKind::Application,
+            Namespace::new("edge-1").unwrap(),
+            "hidden",
+        );
+        let hidden = json!({"metadata": {"name": "hidden", "labels": {IGNORE_SYNC_LABEL: "true"}}});
+        let refused = check_not_ignored(&agent(), &r, &hidden).unwrap_err();
+        assert_eq!((refused.reason, refused.metric), ("Invalid", "Invalid"));
+        let plain = json!({"metadata": {"name": "hidden", "labels": {"team": "a"}}});
+        assert!(check_not_ignored(&agent(), &r, &plain).is_ok());
     }
 
     #[test]
