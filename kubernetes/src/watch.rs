@@ -48,7 +48,7 @@ fn key_of(obj: &DynamicObject) -> Key {
 /// ~1 MiB each (the API server takes objects up to ~1.5 MiB) would be one response of
 /// hundreds of MiB, read whole, then decoded while the response is still held. 50 bounds a
 /// page to ~75 MiB of JSON at worst (measured: a principal restarted with 450 objects of
-/// 1 MiB on the hub peaks ~150 MiB above idle with 50 a page, ~350 MiB with 100), and
+/// 1 MiB on the hub peaks 180–195 MiB above idle with 50 a page, ~350 MiB with 100), and
 /// costs a 100,000-object list 2,000 requests.
 pub const LIST_PAGE_SIZE: u32 = 50;
 
