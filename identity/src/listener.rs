@@ -248,7 +248,8 @@ impl RefusalLog {
         }
     }
 
-    /// Logs (or counts, to log later) one refused connection from `peer`.
+    /// Logs (or counts, to log later) one refused connection (or request) from `peer`
+    /// (`None`: a Unix socket's, or no single client's).
     pub fn refused(&self, peer: Option<SocketAddr>, reason: &'static str, limit: usize) {
         let suppressed = {
             let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -260,7 +261,7 @@ impl RefusalLog {
             *state = (Some(Instant::now()), 0);
             state.1
         };
-        let peer = peer.map_or_else(|| "local socket".to_owned(), |p| p.to_string());
+        let peer = peer.map_or_else(|| "-".to_owned(), |p| p.to_string());
         tracing::warn!(
             listener = %self.listener,
             %peer,
