@@ -369,14 +369,15 @@ pub trait Accept: Send + Sync + 'static {
     /// One accepted connection.
     type Io: AsyncRead + AsyncWrite + Unpin + Send + 'static;
     /// The next connection and its client's address.
-    fn accept_one(
-        &self,
-    ) -> impl Future<Output = io::Result<(Self::Io, Option<SocketAddr>)>> + Send;
+    fn accept_one(&self)
+    -> impl Future<Output = io::Result<(Self::Io, Option<SocketAddr>)>> + Send;
 }
 
 impl Accept for TcpListener {
     type Io = TcpStream;
-    fn accept_one(&self) -> impl Future<Output = io::Result<(TcpStream, Option<SocketAddr>)>> + Send {
+    fn accept_one(
+        &self,
+    ) -> impl Future<Output = io::Result<(TcpStream, Option<SocketAddr>)>> + Send {
         async move {
             let (tcp, remote) = self.accept().await?;
             let _ = tcp.set_nodelay(true);
@@ -389,8 +390,7 @@ impl Accept for tokio::net::UnixListener {
     type Io = tokio::net::UnixStream;
     fn accept_one(
         &self,
-    ) -> impl Future<Output = io::Result<(tokio::net::UnixStream, Option<SocketAddr>)>> + Send
-    {
+    ) -> impl Future<Output = io::Result<(tokio::net::UnixStream, Option<SocketAddr>)>> + Send {
         async move { Ok((self.accept().await?.0, None)) }
     }
 }
@@ -403,9 +403,14 @@ struct Gate {
     handshakes: Arc<Semaphore>,
     handshake_clients: Arc<ClientLimit>,
     handshakes_per_client: usize,
+    max_handshakes: usize,
     connections: Caps,
     log: RefusalLog,
     on_refused: Option<RefusedHook>,
+    /// Wait for a handshake slot before accepting (TLS: a reconnect storm waits in the
+    /// kernel's backlog instead of taking CPU); otherwise (plaintext, where waiting for a
+    /// preface costs nothing but a socket) a connection finding no slot is refused.
+    queue: bool,
 }
 
 /// A connection's places: for its whole life, and for its handshake only.
@@ -418,14 +423,16 @@ struct Admitted {
 }
 
 impl Gate {
-    fn new(opts: &IncomingOptions, name: &str) -> Gate {
+    fn new(opts: &IncomingOptions, name: &str, queue: bool) -> Gate {
         Gate {
             handshakes: Arc::new(Semaphore::new(opts.max_handshakes.max(1))),
             handshake_clients: Arc::new(ClientLimit::default()),
             handshakes_per_client: opts.max_handshakes_per_client.max(1),
+            max_handshakes: opts.max_handshakes.max(1),
             connections: Caps::new(opts.max_connections, opts.max_connections_per_client),
             log: RefusalLog::new(name),
             on_refused: opts.on_refused.clone(),
+            queue,
         }
     }
 
@@ -444,11 +451,15 @@ impl Gate {
     ) -> Option<(L::Io, Option<SocketAddr>, Admitted)> {
         tokio::pin!(closed);
         loop {
-            // Wait for a handshake slot before accepting: excess connections wait in the
-            // kernel's backlog.
-            let permit = tokio::select! {
-                _ = &mut closed => return None,
-                p = self.handshakes.clone().acquire_owned() => p.ok()?,
+            // TLS: wait for a handshake slot before accepting: excess connections wait in
+            // the kernel's backlog.
+            let queued = if self.queue {
+                tokio::select! {
+                    _ = &mut closed => return None,
+                    p = self.handshakes.clone().acquire_owned() => Some(p.ok()?),
+                }
+            } else {
+                None
             };
             let accepted = tokio::select! {
                 _ = &mut closed => return None,
@@ -462,6 +473,16 @@ impl Gate {
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }
+            };
+            let permit = match queued {
+                Some(p) => Ok(p),
+                None => self.handshakes.clone().try_acquire_owned(),
+            };
+            let Ok(permit) = permit else {
+                self.refused("TooManyConnections");
+                self.log
+                    .refused(remote, "TooManyConnections", self.max_handshakes);
+                continue;
             };
             match self.admit(remote, permit) {
                 Ok(admitted) => return Some((io, remote, admitted)),
@@ -519,10 +540,11 @@ where
     F: Fn(TcpStream, SocketAddr) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Prepared<IO>> + Send + 'static,
 {
-    let name = listener
-        .local_addr()
-        .map_or_else(|_| "agent listener".to_owned(), |a| format!("agent listener {a}"));
-    let gate = Arc::new(Gate::new(&opts, &name));
+    let name = listener.local_addr().map_or_else(
+        |_| "agent listener".to_owned(),
+        |a| format!("agent listener {a}"),
+    );
+    let gate = Arc::new(Gate::new(&opts, &name, true));
     let preface_timeout = opts.preface_timeout;
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     let acceptor = TlsAcceptor::from(config);
@@ -543,10 +565,14 @@ where
                     }
                 };
                 let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(io)).await;
-                let Admitted { connection, handshake: slot } = admitted;
+                let Admitted {
+                    connection,
+                    handshake: slot,
+                } = admitted;
                 // The slot is for the handshake only, not for waiting on the client.
                 drop(slot);
-                if let Some(mut stream) = verify(handshake, remote, preface_timeout, &refused).await {
+                if let Some(mut stream) = verify(handshake, remote, preface_timeout, &refused).await
+                {
                     stream._admission = Some(connection);
                     let _ = tx.send(Ok(stream)).await;
                 }
@@ -565,9 +591,7 @@ pub struct Prefaced<IO> {
     _admission: Admission,
 }
 
-impl<IO: tonic::transport::server::Connected> tonic::transport::server::Connected
-    for Prefaced<IO>
-{
+impl<IO: tonic::transport::server::Connected> tonic::transport::server::Connected for Prefaced<IO> {
     type ConnectInfo = IO::ConnectInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
@@ -631,7 +655,7 @@ pub fn plain_incoming<L: Accept>(
     opts: IncomingOptions,
     name: &str,
 ) -> impl Stream<Item = Result<Prefaced<L::Io>, io::Error>> + Send + 'static {
-    let gate = Arc::new(Gate::new(&opts, name));
+    let gate = Arc::new(Gate::new(&opts, name, false));
     let preface_timeout = opts.preface_timeout;
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     tokio::spawn(async move {
@@ -639,7 +663,10 @@ pub fn plain_incoming<L: Accept>(
             let (tx, gate) = (tx.clone(), gate.clone());
             tokio::spawn(async move {
                 let read = tokio::time::timeout(preface_timeout, read_h2_preface(&mut io)).await;
-                let Admitted { connection, handshake } = admitted;
+                let Admitted {
+                    connection,
+                    handshake,
+                } = admitted;
                 drop(handshake);
                 let error = match read {
                     Ok(Ok(())) => {

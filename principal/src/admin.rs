@@ -195,14 +195,15 @@ pub const ADMIN_MAX_CONNECTIONS: usize = 64;
 /// callers count in the total only).
 pub const ADMIN_MAX_CONNECTIONS_PER_CLIENT: usize = 16;
 
-/// The admin listener's caps: [`ADMIN_MAX_CONNECTIONS`] (16 per address), 16 connections
-/// waiting for their HTTP/2 preface (8 per address), each for at most 10 s. Refusals are
-/// counted in `argocd_principal_listener_connections_closed_total{listener="admin"}`.
+/// The admin listener's caps: [`ADMIN_MAX_CONNECTIONS`], [`ADMIN_MAX_CONNECTIONS_PER_CLIENT`]
+/// from one address, each waiting at most 10 s for its HTTP/2 preface (all of them may be
+/// waiting: none waits in the kernel's backlog behind silent ones). Refusals are counted in
+/// `argocd_principal_listener_connections_closed_total{listener="admin"}`.
 fn admin_limits(metrics: &Metrics) -> argocd_agent_identity::transport::IncomingOptions {
     let metrics = metrics.clone();
     argocd_agent_identity::transport::IncomingOptions {
-        max_handshakes: 16,
-        max_handshakes_per_client: 8,
+        max_handshakes: ADMIN_MAX_CONNECTIONS,
+        max_handshakes_per_client: ADMIN_MAX_CONNECTIONS_PER_CLIENT,
         max_connections: ADMIN_MAX_CONNECTIONS,
         max_connections_per_client: ADMIN_MAX_CONNECTIONS_PER_CLIENT,
         preface_timeout: argocd_agent_identity::transport::PREFACE_TIMEOUT,

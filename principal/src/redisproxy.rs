@@ -274,7 +274,9 @@ pub async fn serve(
                 Ok(place) => place,
                 Err(reason) => {
                     proxy.metrics.listener_closed("redis-proxy", reason);
-                    proxy.refusals.refused(Some(peer), reason, unauthenticated.max_total());
+                    proxy
+                        .refusals
+                        .refused(Some(peer), reason, unauthenticated.max_total());
                     continue;
                 }
             };

@@ -843,13 +843,15 @@ pub(crate) fn serve(
             }
             let options = incoming_options(&config, metrics);
             let name = format!("agent listener {} (plaintext)", config.listen);
-            let incoming = argocd_agent_identity::transport::plain_incoming(listener, options, &name)
-                .map(move |r| {
-                    r.map(|s| {
-                        let peer = tonic::transport::server::Connected::connect_info(&s).remote_addr();
-                        crate::keepalive::PingGuard::new(s, peer, min_ping)
-                    })
-                });
+            let incoming = argocd_agent_identity::transport::plain_incoming(
+                listener, options, &name,
+            )
+            .map(move |r| {
+                r.map(|s| {
+                    let peer = tonic::transport::server::Connected::connect_info(&s).remote_addr();
+                    crate::keepalive::PingGuard::new(s, peer, min_ping)
+                })
+            });
             serve_incoming(&tasks, router, incoming, shutdown, ())
         }
     };
@@ -873,7 +875,9 @@ fn incoming_options(
         max_handshakes_per_client: config.max_handshakes_per_client,
         max_connections: config.max_connections,
         max_connections_per_client: config.max_connections_per_client,
-        on_refused: Some(argocd_agent_identity::transport::RefusedHook(Arc::new(hook))),
+        on_refused: Some(argocd_agent_identity::transport::RefusedHook(Arc::new(
+            hook,
+        ))),
         ..Default::default()
     }
 }

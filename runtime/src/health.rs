@@ -78,7 +78,9 @@ pub async fn serve(
 
 /// On a connection taken from the pool reserved for the probes (the shared one was full):
 /// 503 for anything but `/healthz` and `/readyz`.
-fn busy_for(req: &http::Request<hyper::body::Incoming>) -> Option<http::Response<axum::body::Body>> {
+fn busy_for(
+    req: &http::Request<hyper::body::Incoming>,
+) -> Option<http::Response<axum::body::Body>> {
     let reserved = req
         .extensions()
         .get::<listener::ReservedConnection>()

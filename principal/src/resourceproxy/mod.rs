@@ -727,7 +727,9 @@ impl Proxy {
             }
             let have = held.as_ref().map_or(0, |p| p.num_permits());
             if need > have {
-                let more = (need - have).max(BODY_CHUNK).min(limit.saturating_sub(have));
+                let more = (need - have)
+                    .max(BODY_CHUNK)
+                    .min(limit.saturating_sub(have));
                 self.more_bytes(&mut held, more.max(need - have)).await?;
             }
             buf.extend_from_slice(&data);
