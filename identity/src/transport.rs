@@ -375,23 +375,17 @@ pub trait Accept: Send + Sync + 'static {
 
 impl Accept for TcpListener {
     type Io = TcpStream;
-    fn accept_one(
-        &self,
-    ) -> impl Future<Output = io::Result<(TcpStream, Option<SocketAddr>)>> + Send {
-        async move {
-            let (tcp, remote) = self.accept().await?;
-            let _ = tcp.set_nodelay(true);
-            Ok((tcp, Some(remote)))
-        }
+    async fn accept_one(&self) -> io::Result<(TcpStream, Option<SocketAddr>)> {
+        let (tcp, remote) = self.accept().await?;
+        let _ = tcp.set_nodelay(true);
+        Ok((tcp, Some(remote)))
     }
 }
 
 impl Accept for tokio::net::UnixListener {
     type Io = tokio::net::UnixStream;
-    fn accept_one(
-        &self,
-    ) -> impl Future<Output = io::Result<(tokio::net::UnixStream, Option<SocketAddr>)>> + Send {
-        async move { Ok((self.accept().await?.0, None)) }
+    async fn accept_one(&self) -> io::Result<(tokio::net::UnixStream, Option<SocketAddr>)> {
+        Ok((self.accept().await?.0, None))
     }
 }
 
