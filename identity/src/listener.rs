@@ -602,7 +602,10 @@ mod tests {
             *c.lock().unwrap().entry(r).or_default() += 1;
         });
         let handler = |req: Request<Incoming>, _peer: SocketAddr| async move {
-            if req.uri().path() == "/slow" {
+            if req.extensions().get::<ReservedConnection>().is_some() {
+                let body = http_body_util::Full::new(bytes::Bytes::from_static(b"reserved"));
+                Response::new(http_body_util::combinators::BoxBody::new(body))
+            } else if req.uri().path() == "/slow" {
                 let (tx, rx) =
                     tokio::sync::mpsc::channel::<Result<Frame<bytes::Bytes>, Infallible>>(1);
                 tokio::spawn(async move {
@@ -672,6 +675,77 @@ mod tests {
             Some(&1),
             "released slots are reused"
         );
+    }
+
+    /// One request on a fresh connection; the answer's text.
+    async fn get(addr: SocketAddr) -> String {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(3), s.read_to_end(&mut out)).await;
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    #[tokio::test]
+    async fn a_full_listener_keeps_reserved_connections_for_one_request_each() {
+        let limits = Limits {
+            max_connections: 2,
+            max_per_client: 2,
+            reserved: Some(Reserved {
+                max_connections: 1,
+                max_per_client: 1,
+                header_timeout: Duration::from_millis(300),
+            }),
+            ..Limits::default()
+        };
+        let (addr, counts, _stop) = start(limits).await;
+        let _full = [
+            TcpStream::connect(addr).await.unwrap(),
+            TcpStream::connect(addr).await.unwrap(),
+        ];
+        // The shared pool is full: a request comes on a reserved connection, marked, and
+        // the connection ends with its answer (HTTP/1.1 keep-alive off).
+        let answer = get(addr).await;
+        assert!(answer.ends_with("reserved"), "{answer}");
+        assert!(answer.contains("connection: close"), "{answer}");
+        // A silent reserved connection is closed after the reserved header timeout; while
+        // it is open, one more finds no room at all.
+        let silent = TcpStream::connect(addr).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let refused = TcpStream::connect(addr).await.unwrap();
+        assert!(closed_after(refused).await < Duration::from_millis(250));
+        assert_eq!(counts.lock().unwrap().get("TooManyFromClient"), Some(&1));
+        assert!(closed_after(silent).await < Duration::from_secs(2));
+    }
+
+    #[test]
+    fn caps_refuse_over_the_share_and_over_the_total_and_give_places_back() {
+        let caps = Caps::new(3, 2);
+        let (a, b) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        let one = caps.admit(Some(a)).unwrap();
+        let _two = caps.admit(Some(a)).unwrap();
+        assert_eq!(caps.admit(Some(a)).err(), Some("TooManyFromClient"));
+        let _three = caps.admit(Some(b)).unwrap();
+        assert_eq!(caps.admit(Some(b)).err(), Some("TooManyConnections"));
+        assert_eq!(caps.admit(None).err(), Some("TooManyConnections"));
+        drop(one);
+        assert!(
+            caps.admit(Some(b)).is_ok(),
+            "a place given back is taken again"
+        );
+    }
+
+    #[test]
+    fn refusals_are_logged_once_then_counted_until_the_next_line() {
+        let log = RefusalLog::new("test");
+        for _ in 0..5 {
+            log.refused(None, "TooManyConnections", 1);
+        }
+        let (last, left_out) = *log.state.lock().unwrap();
+        assert!(last.is_some());
+        assert_eq!(left_out, 4, "one line, four refusals waiting for the next");
     }
 
     #[tokio::test]

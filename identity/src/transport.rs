@@ -868,6 +868,55 @@ pub fn is_connection_loss(status: &tonic::Status) -> bool {
 }
 
 #[cfg(test)]
+mod plain_tests {
+    use super::*;
+    use futures::StreamExt as _;
+    use std::sync::Mutex;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[tokio::test]
+    async fn plaintext_connections_need_a_preface_in_time_and_keep_to_their_share() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let reasons: Arc<Mutex<Vec<&'static str>>> = Arc::default();
+        let seen = reasons.clone();
+        let opts = IncomingOptions {
+            max_handshakes: 4,
+            max_handshakes_per_client: 2,
+            max_connections: 8,
+            max_connections_per_client: 3,
+            preface_timeout: Duration::from_millis(300),
+            on_refused: Some(RefusedHook(Arc::new(move |r| seen.lock().unwrap().push(r)))),
+        };
+        let mut incoming = Box::pin(plain_incoming(listener, opts, "test"));
+        let silent = [
+            TcpStream::connect(addr).await.unwrap(),
+            TcpStream::connect(addr).await.unwrap(),
+        ];
+        // A third connection waiting for its preface from the same address is over its
+        // share and closed at once.
+        let mut third = TcpStream::connect(addr).await.unwrap();
+        let mut buf = [0u8; 8];
+        let n = tokio::time::timeout(Duration::from_millis(200), third.read(&mut buf)).await;
+        assert!(matches!(n, Ok(Ok(0)) | Ok(Err(_))), "{n:?}");
+        // The silent ones are closed after the preface timeout.
+        for mut s in silent {
+            let n = tokio::time::timeout(Duration::from_secs(2), s.read(&mut buf)).await;
+            assert!(matches!(n, Ok(Ok(0)) | Ok(Err(_))), "{n:?}");
+        }
+        // A client sending the preface is handed over, preface replayed.
+        let mut good = TcpStream::connect(addr).await.unwrap();
+        good.write_all(H2_PREFACE).await.unwrap();
+        let mut stream = incoming.next().await.unwrap().unwrap();
+        let mut replay = [0u8; 24];
+        stream.read_exact(&mut replay).await.unwrap();
+        assert_eq!(&replay, H2_PREFACE);
+        let reasons = reasons.lock().unwrap().clone();
+        assert_eq!(reasons, vec!["TooManyFromClient", "NoPreface", "NoPreface"]);
+    }
+}
+
+#[cfg(test)]
 mod connection_loss_tests {
     use super::is_connection_loss;
 

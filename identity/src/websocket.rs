@@ -567,6 +567,45 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_ping_flood_before_any_data_ends_the_connection() {
+        let (mut server, client) = pair(WsOptions::default(), WsOptions::default()).await;
+        let mut ws = client.ws;
+        use futures::SinkExt as _;
+        let flood = tokio::spawn(async move {
+            for _ in 0..CONTROL_BURST + 8 {
+                if ws.send(Message::Ping(Bytes::new())).await.is_err() {
+                    break;
+                }
+            }
+            ws
+        });
+        let mut buf = [0u8; 16];
+        let read = tokio::time::timeout(Duration::from_secs(5), server.read(&mut buf))
+            .await
+            .expect("the server gives up on a ping flood at once");
+        let e = read.expect_err("a ping flood is an error, not data");
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
+        assert!(e.to_string().contains("control frames"), "{e}");
+        drop(flood.await);
+    }
+
+    #[tokio::test]
+    async fn pings_within_the_budget_are_answered_and_data_still_flows() {
+        let (mut server, client) = pair(WsOptions::default(), WsOptions::default()).await;
+        let mut ws = client.ws;
+        use futures::SinkExt as _;
+        for _ in 0..CONTROL_BURST - 1 {
+            ws.send(Message::Ping(Bytes::new())).await.unwrap();
+        }
+        ws.send(Message::Binary(Bytes::from_static(b"hello")))
+            .await
+            .unwrap();
+        let mut got = [0u8; 5];
+        server.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"hello");
+    }
+
+    #[tokio::test]
     async fn an_upgrade_without_the_subprotocol_is_refused() {
         let (a, b) = tokio::io::duplex(64 * 1024);
         let server = tokio::spawn(async move { accept(b, &WsOptions::default()).await });
