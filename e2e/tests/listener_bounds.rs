@@ -12,7 +12,9 @@
 //!   closed after 10 s, those over the address's share at once;
 //! - admin API: 16 connections per address and 64 in all;
 //! - metrics: 8 connections per address, 64 in all, and `/healthz` still answered on a
-//!   connection reserved for the probes while `/metrics` is full.
+//!   connection reserved for the probes while `/metrics` is full;
+//! - Redis proxy: 16 unauthenticated connections per address, 256 in all: eight addresses
+//!   of idle clients leave argocd-server room to log in.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -327,5 +329,50 @@ async fn admin_api_is_capped_and_liveness_answers_while_metrics_is_full() {
     drop(full);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(http_get(metrics, "/metrics").await.0, 200);
+    topo.finish(Ok(())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_proxy_logins_get_through_eight_addresses_of_idle_unauthenticated_clients() {
+    use argocd_agent_testkit::redis::{RedisServer, RespClient};
+    const PASSWORD: &str = "s3cret-hub-redis";
+    let dir = tempfile::Builder::new()
+        .prefix("argocd-agent-listener-bounds")
+        .tempdir()
+        .unwrap();
+    let hub_redis = RedisServer::start_with_password(dir.path(), "redis-hub", PASSWORD)
+        .await
+        .unwrap();
+    let port = argocd_agent_testkit::envoy::free_loopback_port().unwrap();
+    let topo = Topology::start(TopologyOptions {
+        dir: Some(dir.path().join("topology")),
+        agents: Some(vec![]),
+        principal_args: vec![
+            "--redis-proxy-address".into(),
+            format!("127.0.0.1:{port}"),
+            "--redis-server-address".into(),
+            hub_redis.addr(),
+        ],
+        principal_envs: vec![("REDIS_PASSWORD".into(), PASSWORD.into())],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    // 8 addresses × 16 idle unauthenticated connections (each address's share): the 17th
+    // from one of them is refused, and argocd-server still logs in (256 places in all).
+    let mut idle = Vec::new();
+    for i in 20..28 {
+        idle.extend(crowd(&format!("127.0.0.{i}"), port, 16).await);
+    }
+    let mut over = connect_from("127.0.0.20", port).await;
+    assert!(closed_within(&mut over, Duration::from_secs(3)).await);
+    for _ in 0..5 {
+        let mut client = RespClient::connect(port).await;
+        let reply = client.cmd(&[b"AUTH", PASSWORD.as_bytes()]).await;
+        assert!(!reply.is_error(), "login refused: {reply:?}");
+        let pong = client.cmd(&[b"PING"]).await;
+        assert!(!pong.is_error(), "{pong:?}");
+    }
+    drop(idle);
     topo.finish(Ok(())).await;
 }
