@@ -130,6 +130,17 @@ async fn http_get(port: u16, path: &str) -> (u16, String) {
     exchange(&mut s, head.as_bytes()).await
 }
 
+/// A process's resident memory (KiB).
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn resource_proxy_and_agent_listener_keep_room_for_others_and_bound_held_bodies() {
     let port = argocd_agent_testkit::envoy::free_loopback_port().unwrap();
@@ -216,6 +227,32 @@ async fn resource_proxy_and_agent_listener_keep_room_for_others_and_bound_held_b
         "{text}"
     );
     drop(held);
+
+    // 30 clients each streaming most of a 4 MiB body without a declared length: the
+    // principal buffers at most the 8 MiB budget of them (each takes room as its bytes
+    // come), not 120 MiB.
+    let pid = topo.principal.pid().unwrap();
+    let before = rss_kib(pid);
+    let mut streams = Vec::new();
+    for _ in 0..30 {
+        let mut s = tls(&connector, port).await;
+        let head = post(0).replace("Content-Length: 0", "Transfer-Encoding: chunked");
+        streams.push(tokio::spawn(async move {
+            s.write_all(head.as_bytes()).await.ok()?;
+            s.write_all(format!("{:x}\r\n", (4 << 20) - 1).as_bytes())
+                .await
+                .ok()?;
+            s.write_all(&vec![b' '; (4 << 20) - 1]).await.ok()?;
+            tokio::time::sleep(T).await;
+            Some(s)
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let grown = rss_kib(pid).saturating_sub(before);
+    assert!(grown < 64 * 1024, "principal RSS grew by {grown} KiB");
+    for s in streams {
+        s.abort();
+    }
     let body = r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"bounded"}}"#;
     let mut s = tls(&connector, port).await;
     let request = format!("{}{body}", post(body.len()));
