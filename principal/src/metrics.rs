@@ -1011,8 +1011,16 @@ mod tests {
 
     #[test]
     fn transport_refusals_are_exported_auth_failure_reasons() {
+        // The listener's caps are counted as closed connections (`wiring::incoming_options`),
+        // everything else as an auth failure.
         for reason in argocd_agent_identity::transport::REFUSED_REASONS {
-            assert!(AUTH_FAILURE_REASONS.contains(&reason), "{reason}");
+            match reason {
+                "TooManyConnections" | "TooManyFromClient" => assert!(
+                    argocd_agent_identity::listener::CLOSE_REASONS.contains(&reason),
+                    "{reason}"
+                ),
+                _ => assert!(AUTH_FAILURE_REASONS.contains(&reason), "{reason}"),
+            }
         }
     }
 
