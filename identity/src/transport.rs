@@ -885,7 +885,7 @@ mod plain_tests {
             max_handshakes_per_client: 2,
             max_connections: 8,
             max_connections_per_client: 3,
-            preface_timeout: Duration::from_millis(300),
+            preface_timeout: Duration::from_secs(1),
             on_refused: Some(RefusedHook(Arc::new(move |r| seen.lock().unwrap().push(r)))),
         };
         let mut incoming = Box::pin(plain_incoming(listener, opts, "test"));
@@ -897,11 +897,11 @@ mod plain_tests {
         // share and closed at once.
         let mut third = TcpStream::connect(addr).await.unwrap();
         let mut buf = [0u8; 8];
-        let n = tokio::time::timeout(Duration::from_millis(200), third.read(&mut buf)).await;
+        let n = tokio::time::timeout(Duration::from_millis(700), third.read(&mut buf)).await;
         assert!(matches!(n, Ok(Ok(0)) | Ok(Err(_))), "{n:?}");
         // The silent ones are closed after the preface timeout.
         for mut s in silent {
-            let n = tokio::time::timeout(Duration::from_secs(2), s.read(&mut buf)).await;
+            let n = tokio::time::timeout(Duration::from_secs(3), s.read(&mut buf)).await;
             assert!(matches!(n, Ok(Ok(0)) | Ok(Err(_))), "{n:?}");
         }
         // A client sending the preface is handed over, preface replayed.
