@@ -241,6 +241,17 @@ pub struct PrincipalArgs {
     /// tolerated strikes; GOAWAY `ENHANCE_YOUR_CALM`, `too_many_pings`). 0: no minimum.
     #[arg(long, env = "ARGOCD_PRINCIPAL_KEEP_ALIVE_MIN_INTERVAL", default_value = "0", value_parser = parse_duration)]
     pub keepalive_min_interval: Duration,
+    /// Agent listener connections open at once (more are closed at accept).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_MAX_CONNECTIONS", default_value_t = argocd_agent_identity::transport::DEFAULT_MAX_CONNECTIONS)]
+    pub max_connections: usize,
+    /// Agent listener connections open at once from one client address. Agents behind one
+    /// NAT address, or a mesh sidecar or ingress in front of the listener, share one.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_MAX_CONNECTIONS_PER_CLIENT", default_value_t = argocd_agent_identity::transport::DEFAULT_MAX_CONNECTIONS_PER_CLIENT)]
+    pub max_connections_per_client: usize,
+    /// TLS handshakes (plaintext: connections awaiting their HTTP/2 preface) in progress
+    /// at once from one client address, of 256.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_MAX_HANDSHAKES_PER_CLIENT", default_value_t = argocd_agent_identity::transport::DEFAULT_MAX_HANDSHAKES_PER_CLIENT)]
+    pub max_handshakes_per_client: usize,
     /// How long an agent may take to send its hello once its stream is open; a stream
     /// without one is closed (`DeadlineExceeded`, refusal reason `HelloTimeout`).
     #[arg(long, env = "ARGOCD_PRINCIPAL_HELLO_TIMEOUT", default_value = "15s", value_parser = parse_duration)]
@@ -399,9 +410,19 @@ pub struct ResourceProxyArgs {
         default_value_t = 1024
     )]
     pub resource_proxy_max_connections: usize,
-    /// Connections at once from one client address.
-    #[arg(long, default_value_t = 256)]
+    /// Connections at once from one client address (a sixteenth of the default total: one
+    /// address cannot fill the listener; raise it for an argocd-server reaching more
+    /// agents' clusters at once).
+    #[arg(long, default_value_t = 64)]
     pub resource_proxy_max_connections_per_client: usize,
+    /// Bytes of request bodies buffered at once across all requests (at least
+    /// `--resource-proxy-max-body`); a request finding no room within
+    /// `--resource-proxy-body-wait` is answered 429.
+    #[arg(long, default_value_t = argocd_agent_principal::resourceproxy::DEFAULT_MAX_BUFFERED_BODIES)]
+    pub resource_proxy_max_buffered_bodies: usize,
+    /// How long a request body waits for room among the buffered bodies (429 after).
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub resource_proxy_body_wait: Duration,
     /// A resource proxy connection with no request in progress for this long is closed.
     #[arg(long, default_value = "2m", value_parser = parse_duration)]
     pub resource_proxy_idle_timeout: Duration,
@@ -565,6 +586,10 @@ impl ResourceProxyArgs {
         c.limits.idle_timeout = self.resource_proxy_idle_timeout;
         c.limits.header_timeout = self.resource_proxy_header_timeout;
         c.body_timeout = self.resource_proxy_body_timeout;
+        c.max_buffered_bodies = self
+            .resource_proxy_max_buffered_bodies
+            .max(self.resource_proxy_max_body);
+        c.body_wait = self.resource_proxy_body_wait;
         Ok(Some(c))
     }
 }
@@ -1058,6 +1083,9 @@ impl PrincipalArgs {
             websocket: a.enable_websocket,
             hello_timeout: a.hello_timeout,
             idle_timeout: a.idle_timeout,
+            max_connections: a.max_connections.max(1),
+            max_connections_per_client: a.max_connections_per_client.max(1),
+            max_handshakes_per_client: a.max_handshakes_per_client.max(1),
             queue: argocd_agent_domain::QueueLimits {
                 max_in_flight: a.max_in_flight,
                 ..Default::default()

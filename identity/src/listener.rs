@@ -29,39 +29,79 @@ use tokio_util::task::TaskTracker;
 pub struct Limits {
     /// Connections open at once; more are closed as soon as they are accepted.
     pub max_connections: usize,
-    /// Connections open at once from one client IP address.
+    /// Connections open at once from one client IP address: well below
+    /// `max_connections`, so one address cannot fill the listener for everyone.
     pub max_per_client: usize,
     /// TLS handshakes in progress at once.
     pub max_handshakes: usize,
+    /// TLS handshakes in progress at once from one client IP address (below
+    /// `max_handshakes`).
+    pub max_handshakes_per_client: usize,
     /// How long a TLS handshake may take.
     pub handshake_timeout: Duration,
     /// How long a client may take to send a request's headers (HTTP/1.1).
     pub header_timeout: Duration,
     /// A connection with no request in progress for this long is closed (HTTP/1.1 and 2).
     pub idle_timeout: Duration,
+    /// Connections taken beyond the caps above for the requests the handler marks as
+    /// vital (the health probes): `None`, none.
+    pub reserved: Option<Reserved>,
 }
 
+/// A small pool of connections taken when a listener's shared caps are full, so that its
+/// vital requests (`/healthz`, `/readyz`) still get through a listener filled by others.
+/// Requests on such a connection carry [`ReservedConnection`] in their extensions; the
+/// handler answers only the vital ones. One request per connection, headers within
+/// `header_timeout`.
+#[derive(Debug, Clone)]
+pub struct Reserved {
+    /// Reserved connections open at once.
+    pub max_connections: usize,
+    /// Reserved connections open at once from one client IP address.
+    pub max_per_client: usize,
+    /// How long a client may take to send its request's headers on a reserved connection.
+    pub header_timeout: Duration,
+}
+
+/// Marks a request that came on a [`Reserved`] connection (in its extensions).
+#[derive(Debug, Clone, Copy)]
+pub struct ReservedConnection;
+
 impl Default for Limits {
+    /// 1,024 connections, 64 per client address; 256 handshakes, 32 per client address:
+    /// one address holds at most a sixteenth of the connections and an eighth of the
+    /// handshakes, so it takes 16 addresses to fill the listener and 8 to stall its
+    /// handshakes (each for at most the handshake timeout).
     fn default() -> Self {
         Limits {
             max_connections: 1024,
-            max_per_client: 256,
+            max_per_client: 64,
             max_handshakes: 256,
+            max_handshakes_per_client: 32,
             handshake_timeout: Duration::from_secs(10),
             header_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(120),
+            reserved: None,
         }
     }
 }
 
 impl Limits {
-    /// For the metrics and health listeners: a scraper and a kubelet, a few connections.
+    /// For the metrics and health listeners: a scraper and a kubelet, a few connections
+    /// each: 64 connections, 8 per client address, and 16 more (4 per address) reserved
+    /// for the health probes.
     pub fn metrics() -> Limits {
         Limits {
             max_connections: 64,
-            max_per_client: 16,
+            max_per_client: 8,
             max_handshakes: 16,
+            max_handshakes_per_client: 4,
             idle_timeout: Duration::from_secs(60),
+            reserved: Some(Reserved {
+                max_connections: 16,
+                max_per_client: 4,
+                header_timeout: Duration::from_secs(2),
+            }),
             ..Limits::default()
         }
     }
@@ -116,6 +156,120 @@ impl Drop for ClientSlot {
                 open.remove(&self.ip);
             }
         }
+    }
+}
+
+/// A total cap and a per-client-address share of one pool (connections, handshakes,
+/// unauthenticated connections): what every listener admits its clients with.
+#[derive(Clone)]
+pub struct Caps {
+    total: Arc<Semaphore>,
+    clients: Arc<ClientLimit>,
+    max_total: usize,
+    per_client: usize,
+}
+
+/// A place in a [`Caps`] pool (given back when dropped).
+pub struct Admission {
+    _permit: OwnedSemaphorePermit,
+    _slot: Option<ClientSlot>,
+}
+
+impl std::fmt::Debug for Caps {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Caps")
+            .field("max_total", &self.max_total)
+            .field("per_client", &self.per_client)
+            .finish()
+    }
+}
+
+impl Caps {
+    /// `max_total` at once, `per_client` of them from one address (both at least 1).
+    pub fn new(max_total: usize, per_client: usize) -> Caps {
+        Caps {
+            total: Arc::new(Semaphore::new(max_total.max(1))),
+            clients: Arc::new(ClientLimit::default()),
+            max_total: max_total.max(1),
+            per_client: per_client.max(1),
+        }
+    }
+
+    /// A place for a client at `ip` (`None`: a Unix socket, counted in the total only), or
+    /// why not: `TooManyConnections` (the pool is full) or `TooManyFromClient` (this
+    /// address has its share).
+    pub fn admit(&self, ip: Option<IpAddr>) -> Result<Admission, &'static str> {
+        let slot = match ip {
+            Some(ip) => Some(
+                self.clients
+                    .take(ip, self.per_client)
+                    .ok_or("TooManyFromClient")?,
+            ),
+            None => None,
+        };
+        let permit = self
+            .total
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| "TooManyConnections")?;
+        Ok(Admission {
+            _permit: permit,
+            _slot: slot,
+        })
+    }
+
+    /// The pool's total cap.
+    pub fn max_total(&self) -> usize {
+        self.max_total
+    }
+
+    /// One address's share.
+    pub fn per_client(&self) -> usize {
+        self.per_client
+    }
+}
+
+/// How often [`RefusalLog`] writes a line at most.
+const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// Log lines for refused connections without a log storm: the first refusal is logged at
+/// once, later ones at most every 10 seconds with the number left out in between.
+pub struct RefusalLog {
+    listener: String,
+    state: Mutex<(Option<Instant>, u64)>,
+}
+
+impl RefusalLog {
+    /// Refusals of `listener` (its name in the log line).
+    pub fn new(listener: impl Into<String>) -> RefusalLog {
+        RefusalLog {
+            listener: listener.into(),
+            state: Mutex::new((None, 0)),
+        }
+    }
+
+    /// Logs (or counts, to log later) one refused connection (or request) from `peer`
+    /// (`None`: a Unix socket's, or no single client's).
+    pub fn refused(&self, peer: Option<SocketAddr>, reason: &'static str, limit: usize) {
+        let suppressed = {
+            let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            let due = state.0.is_none_or(|t| t.elapsed() >= REFUSAL_LOG_EVERY);
+            if !due {
+                state.1 += 1;
+                return;
+            }
+            *state = (Some(Instant::now()), 0);
+            state.1
+        };
+        let peer = peer.map_or_else(|| "-".to_owned(), |p| p.to_string());
+        tracing::warn!(
+            listener = %self.listener,
+            %peer,
+            reason,
+            limit,
+            not_logged_since_last = suppressed,
+            "connection refused (further refusals logged at most every {REFUSAL_LOG_EVERY:?})"
+        );
     }
 }
 
@@ -205,6 +359,61 @@ where
     type Reply = F;
 }
 
+/// The pools of one listener built from its [`Limits`].
+struct Pools {
+    connections: Caps,
+    handshakes: Caps,
+    reserved: Option<Caps>,
+    log: RefusalLog,
+    on_close: OnClose,
+}
+
+/// Where an accepted connection found its place.
+enum Place {
+    Shared(#[allow(dead_code)] Admission),
+    Reserved(#[allow(dead_code)] Admission),
+}
+
+impl Pools {
+    fn new(limits: &Limits, on_close: OnClose, name: String) -> Pools {
+        Pools {
+            connections: Caps::new(limits.max_connections, limits.max_per_client),
+            handshakes: Caps::new(limits.max_handshakes, limits.max_handshakes_per_client),
+            reserved: limits
+                .reserved
+                .as_ref()
+                .map(|r| Caps::new(r.max_connections, r.max_per_client)),
+            log: RefusalLog::new(name),
+            on_close,
+        }
+    }
+
+    /// A place for a connection from `peer`: in the shared pool, else in the reserved one;
+    /// `None` (counted and logged) when neither has room.
+    fn place(&self, peer: SocketAddr) -> Option<Place> {
+        let reason = match self.connections.admit(Some(peer.ip())) {
+            Ok(a) => return Some(Place::Shared(a)),
+            Err(reason) => reason,
+        };
+        if let Some(Ok(a)) = self.reserved.as_ref().map(|r| r.admit(Some(peer.ip()))) {
+            return Some(Place::Reserved(a));
+        }
+        self.refused(peer, reason, &self.connections);
+        None
+    }
+
+    /// Counts and logs a connection refused by `caps`.
+    fn refused(&self, peer: SocketAddr, reason: &'static str, caps: &Caps) {
+        (self.on_close)(reason);
+        let limit = if reason == "TooManyFromClient" {
+            caps.per_client()
+        } else {
+            caps.max_total()
+        };
+        self.log.refused(Some(peer), reason, limit);
+    }
+}
+
 /// Serves `handler` on `listener` until `shutdown`: over TLS when `tls` is given, with
 /// upgrades (the resource proxy's exec sessions). Each connection runs on `tasks`.
 pub fn serve<H: Handler>(
@@ -216,9 +425,10 @@ pub fn serve<H: Handler>(
     tasks: &TaskTracker,
     shutdown: CancellationToken,
 ) {
-    let connections = Arc::new(Semaphore::new(limits.max_connections.max(1)));
-    let handshakes = Arc::new(Semaphore::new(limits.max_handshakes.max(1)));
-    let clients = Arc::new(ClientLimit::default());
+    let name = listener
+        .local_addr()
+        .map_or_else(|_| "listener".to_owned(), |a| a.to_string());
+    let pools = Arc::new(Pools::new(&limits, on_close, name));
     let conns = tasks.clone();
     tasks.spawn(async move {
         loop {
@@ -234,27 +444,20 @@ pub fn serve<H: Handler>(
                     }
                 },
             };
-            let Ok(permit) = connections.clone().try_acquire_owned() else {
-                on_close("TooManyConnections");
-                tracing::warn!(%peer, limit = limits.max_connections, "connection refused: too many connections");
-                continue;
-            };
-            let Some(slot) = clients.take(peer.ip(), limits.max_per_client.max(1)) else {
-                on_close("TooManyFromClient");
-                tracing::warn!(%peer, limit = limits.max_per_client, "connection refused: too many connections from this client");
+            let Some(place) = pools.place(peer) else {
                 continue;
             };
             let _ = tcp.set_nodelay(true);
             let conn = Connection {
                 limits: limits.clone(),
-                on_close: on_close.clone(),
-                handshakes: handshakes.clone(),
+                pools: pools.clone(),
                 shutdown: shutdown.clone(),
                 peer,
+                reserved: matches!(place, Place::Reserved(_)),
             };
             let (tls, handler) = (tls.clone(), handler.clone());
             conns.spawn(async move {
-                conn.run(tcp, tls, handler, permit, slot).await;
+                conn.run(tcp, tls, handler, place).await;
             });
         }
     });
@@ -262,10 +465,11 @@ pub fn serve<H: Handler>(
 
 struct Connection {
     limits: Limits,
-    on_close: OnClose,
-    handshakes: Arc<Semaphore>,
+    pools: Arc<Pools>,
     shutdown: CancellationToken,
     peer: SocketAddr,
+    /// On a [`Reserved`] connection: one request, vital ones only.
+    reserved: bool,
 }
 
 impl Connection {
@@ -274,38 +478,55 @@ impl Connection {
         tcp: tokio::net::TcpStream,
         tls: Option<tokio_rustls::TlsAcceptor>,
         handler: H,
-        _permit: OwnedSemaphorePermit,
-        _slot: ClientSlot,
+        _place: Place,
     ) {
         let peer = self.peer;
-        match tls {
-            None => self.http(TokioIo::new(tcp), handler).await,
-            Some(acceptor) => {
-                let Ok(_handshake) = self.handshakes.clone().try_acquire_owned() else {
-                    (self.on_close)("TooManyConnections");
-                    tracing::warn!(%peer, "connection refused: too many TLS handshakes in progress");
-                    return;
-                };
-                let stream =
-                    match tokio::time::timeout(self.limits.handshake_timeout, acceptor.accept(tcp))
-                        .await
-                    {
-                        Ok(Ok(s)) => s,
-                        Ok(Err(e)) => {
-                            (self.on_close)("HandshakeFailed");
-                            tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                            return;
-                        }
-                        Err(_) => {
-                            (self.on_close)("HandshakeTimeout");
-                            tracing::debug!(%peer, "TLS handshake timed out");
-                            return;
-                        }
-                    };
-                drop(_handshake);
-                self.http(TokioIo::new(stream), handler).await
+        let Some(acceptor) = tls else {
+            return self.http(TokioIo::new(tcp), handler).await;
+        };
+        let handshake = match self.pools.handshakes.admit(Some(peer.ip())) {
+            Ok(h) => h,
+            Err(reason) => {
+                self.pools.refused(peer, reason, &self.pools.handshakes);
+                return;
             }
+        };
+        let on_close = &self.pools.on_close;
+        let stream =
+            match tokio::time::timeout(self.limits.handshake_timeout, acceptor.accept(tcp)).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
+                    on_close("HandshakeFailed");
+                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    on_close("HandshakeTimeout");
+                    tracing::debug!(%peer, "TLS handshake timed out");
+                    return;
+                }
+            };
+        drop(handshake);
+        self.http(TokioIo::new(stream), handler).await
+    }
+
+    /// The HTTP/1.1 and HTTP/2 settings of this connection.
+    fn builder(&self) -> hyper_util::server::conn::auto::Builder<TokioExecutor> {
+        let header_timeout = match (&self.limits.reserved, self.reserved) {
+            (Some(r), true) => r.header_timeout,
+            _ => self.limits.header_timeout,
+        };
+        let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(header_timeout)
+            .keep_alive(!self.reserved);
+        builder.http2().timer(TokioTimer::new());
+        if self.reserved {
+            builder.http2().max_concurrent_streams(1);
         }
+        builder
     }
 
     async fn http<I, H: Handler>(self, io: TokioIo<I>, handler: H)
@@ -318,8 +539,12 @@ impl Connection {
             since: Mutex::new(Instant::now()),
         });
         let busy = activity.clone();
-        let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+        let reserved = self.reserved;
+        let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
             let guard = busy.enter();
+            if reserved {
+                req.extensions_mut().insert(ReservedConnection);
+            }
             let response = handler(req, peer);
             async move {
                 let response = response.await;
@@ -329,14 +554,12 @@ impl Connection {
                 }))
             }
         });
-        let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-        builder
-            .http1()
-            .timer(TokioTimer::new())
-            .header_read_timeout(self.limits.header_timeout);
-        builder.http2().timer(TokioTimer::new());
+        let builder = self.builder();
         let conn = builder.serve_connection_with_upgrades(io, service);
-        let idle = self.limits.idle_timeout;
+        let idle = match (&self.limits.reserved, reserved) {
+            (Some(r), true) => r.header_timeout,
+            _ => self.limits.idle_timeout,
+        };
         let watch = async {
             let tick = (idle / 4).clamp(Duration::from_millis(50), Duration::from_secs(5));
             loop {
@@ -352,7 +575,7 @@ impl Connection {
                 tracing::debug!(%peer, error = %e, "connection ended");
             },
             _ = watch => {
-                (self.on_close)("IdleTimeout");
+                (self.pools.on_close)("IdleTimeout");
                 tracing::debug!(%peer, ?idle, "idle connection closed");
             }
         }
@@ -379,7 +602,10 @@ mod tests {
             *c.lock().unwrap().entry(r).or_default() += 1;
         });
         let handler = |req: Request<Incoming>, _peer: SocketAddr| async move {
-            if req.uri().path() == "/slow" {
+            if req.extensions().get::<ReservedConnection>().is_some() {
+                let body = http_body_util::Full::new(bytes::Bytes::from_static(b"reserved"));
+                Response::new(http_body_util::combinators::BoxBody::new(body))
+            } else if req.uri().path() == "/slow" {
                 let (tx, rx) =
                     tokio::sync::mpsc::channel::<Result<Frame<bytes::Bytes>, Infallible>>(1);
                 tokio::spawn(async move {
@@ -449,6 +675,77 @@ mod tests {
             Some(&1),
             "released slots are reused"
         );
+    }
+
+    /// One request on a fresh connection; the answer's text.
+    async fn get(addr: SocketAddr) -> String {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(3), s.read_to_end(&mut out)).await;
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    #[tokio::test]
+    async fn a_full_listener_keeps_reserved_connections_for_one_request_each() {
+        let limits = Limits {
+            max_connections: 2,
+            max_per_client: 2,
+            reserved: Some(Reserved {
+                max_connections: 1,
+                max_per_client: 1,
+                header_timeout: Duration::from_secs(1),
+            }),
+            ..Limits::default()
+        };
+        let (addr, counts, _stop) = start(limits).await;
+        let _full = [
+            TcpStream::connect(addr).await.unwrap(),
+            TcpStream::connect(addr).await.unwrap(),
+        ];
+        // The shared pool is full: a request comes on a reserved connection, marked, and
+        // the connection ends with its answer (HTTP/1.1 keep-alive off).
+        let answer = get(addr).await;
+        assert!(answer.ends_with("reserved"), "{answer}");
+        assert!(answer.contains("connection: close"), "{answer}");
+        // A silent reserved connection is closed after the reserved header timeout; while
+        // it is open, one more finds no room at all.
+        let silent = TcpStream::connect(addr).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let refused = TcpStream::connect(addr).await.unwrap();
+        assert!(closed_after(refused).await < Duration::from_millis(700));
+        assert_eq!(counts.lock().unwrap().get("TooManyFromClient"), Some(&1));
+        assert!(closed_after(silent).await < Duration::from_secs(3));
+    }
+
+    #[test]
+    fn caps_refuse_over_the_share_and_over_the_total_and_give_places_back() {
+        let caps = Caps::new(3, 2);
+        let (a, b) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        let one = caps.admit(Some(a)).unwrap();
+        let _two = caps.admit(Some(a)).unwrap();
+        assert_eq!(caps.admit(Some(a)).err(), Some("TooManyFromClient"));
+        let _three = caps.admit(Some(b)).unwrap();
+        assert_eq!(caps.admit(Some(b)).err(), Some("TooManyConnections"));
+        assert_eq!(caps.admit(None).err(), Some("TooManyConnections"));
+        drop(one);
+        assert!(
+            caps.admit(Some(b)).is_ok(),
+            "a place given back is taken again"
+        );
+    }
+
+    #[test]
+    fn refusals_are_logged_once_then_counted_until_the_next_line() {
+        let log = RefusalLog::new("test");
+        for _ in 0..5 {
+            log.refused(None, "TooManyConnections", 1);
+        }
+        let (last, left_out) = *log.state.lock().unwrap();
+        assert!(last.is_some());
+        assert_eq!(left_out, 4, "one line, four refusals waiting for the next");
     }
 
     #[tokio::test]

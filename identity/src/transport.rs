@@ -24,6 +24,7 @@ use tokio_rustls::{TlsAcceptor, TlsConnector};
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::id::SpiffeId;
+use crate::listener::{Admission, Caps, ClientLimit, RefusalLog};
 use x509_parser::extensions::{GeneralName, ParsedExtension};
 
 /// How long a TLS handshake may take before the connection is dropped.
@@ -40,6 +41,19 @@ const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// Default cap on TLS handshakes in progress at once: a reconnect storm of thousands of
 /// agents queues at the accept loop instead of starving established sessions of CPU.
 pub const DEFAULT_MAX_CONCURRENT_HANDSHAKES: usize = 256;
+
+/// Default share of one client address in the handshakes (and, on a plaintext listener,
+/// the connections waiting for their HTTP/2 preface) in progress: an eighth of
+/// [`DEFAULT_MAX_CONCURRENT_HANDSHAKES`], so one address cannot stall everyone's connects.
+pub const DEFAULT_MAX_HANDSHAKES_PER_CLIENT: usize = 32;
+
+/// Default cap on the agent listener's connections open at once (each agent holds one).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 16_384;
+
+/// Default share of one client address in [`DEFAULT_MAX_CONNECTIONS`]: a sixteenth.
+/// Agents behind one NAT address, or a mesh sidecar or ingress in front of the listener,
+/// come from one address: raise it (`--max-connections-per-client`) for more than that.
+pub const DEFAULT_MAX_CONNECTIONS_PER_CLIENT: usize = 1024;
 
 /// The verified client of one TLS connection: read once from the chain rustls verified during
 /// the handshake, then attached to every request on that connection (tonic puts a stream's
@@ -67,6 +81,8 @@ pub struct VerifiedStream<IO = TcpStream> {
     /// Bytes already read from `inner` (the preface) that reads return before `inner`'s.
     prefix: Vec<u8>,
     prefix_pos: usize,
+    /// The connection's place under the listener's connection caps.
+    _admission: Option<Admission>,
 }
 
 impl<IO: AsyncRead + AsyncWrite + Unpin> VerifiedStream<IO> {
@@ -98,32 +114,15 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> VerifiedStream<IO> {
             },
             prefix: Vec::new(),
             prefix_pos: 0,
+            _admission: None,
         })
     }
 
     /// Reads the HTTP/2 client preface and keeps it for the server to read again. Fails on
     /// the first byte that differs, or if the connection ends first.
     async fn read_preface(&mut self) -> io::Result<()> {
-        use tokio::io::AsyncReadExt as _;
-        let mut buf = [0u8; H2_PREFACE.len()];
-        let mut filled = 0;
-        while filled < buf.len() {
-            let n = self.inner.read(&mut buf[filled..]).await?;
-            if n == 0 {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    format!("connection closed after {filled} bytes of the HTTP/2 preface"),
-                ));
-            }
-            if buf[filled..filled + n] != H2_PREFACE[filled..filled + n] {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    "not an HTTP/2 client preface",
-                ));
-            }
-            filled += n;
-        }
-        self.prefix = buf.to_vec();
+        read_h2_preface(&mut self.inner).await?;
+        self.prefix = H2_PREFACE.to_vec();
         self.prefix_pos = 0;
         Ok(())
     }
@@ -132,6 +131,31 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> VerifiedStream<IO> {
     pub fn peer(&self) -> &VerifiedPeer {
         &self.peer
     }
+}
+
+/// Reads the HTTP/2 client preface from `r`: fails on the first byte that differs, or if
+/// the connection ends first.
+async fn read_h2_preface<R: AsyncRead + Unpin>(r: &mut R) -> io::Result<()> {
+    use tokio::io::AsyncReadExt as _;
+    let mut buf = [0u8; H2_PREFACE.len()];
+    let mut filled = 0;
+    while filled < buf.len() {
+        let n = r.read(&mut buf[filled..]).await?;
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("connection closed after {filled} bytes of the HTTP/2 preface"),
+            ));
+        }
+        if buf[filled..filled + n] != H2_PREFACE[filled..filled + n] {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "not an HTTP/2 client preface",
+            ));
+        }
+        filled += n;
+    }
+    Ok(())
 }
 
 impl<IO> tonic::transport::server::Connected for VerifiedStream<IO> {
@@ -267,6 +291,13 @@ pub fn tls_incoming_with_limit(
 pub struct IncomingOptions {
     /// TLS handshakes in progress at once (at least 1).
     pub max_handshakes: usize,
+    /// Of `max_handshakes`, how many one client address may hold; more from it are closed
+    /// at once.
+    pub max_handshakes_per_client: usize,
+    /// Connections open at once, from the accept to their end; more are closed at once.
+    pub max_connections: usize,
+    /// Of `max_connections`, how many one client address may hold.
+    pub max_connections_per_client: usize,
     /// How long a client may take after its handshake to send the HTTP/2 client preface.
     pub preface_timeout: Duration,
     /// Told the reason of each connection dropped before it could carry a request (for a
@@ -278,12 +309,17 @@ pub struct IncomingOptions {
 /// than [`HANDSHAKE_TIMEOUT`], failed, gave no usable SVID, or no HTTP/2 client preface
 /// followed in time; or (with `--enable-websocket`) the WebSocket upgrade the TLS runs in
 /// failed or took too long.
-pub const REFUSED_REASONS: [&str; 5] = [
+/// `TooManyConnections` and `TooManyFromClient` are the listener's caps
+/// ([`IncomingOptions::max_connections`], [`IncomingOptions::max_handshakes_per_client`],
+/// [`IncomingOptions::max_connections_per_client`]).
+pub const REFUSED_REASONS: [&str; 7] = [
     "HandshakeTimeout",
     "HandshakeFailed",
     "NoUsableSvid",
     "NoPreface",
     "WebSocketRefused",
+    "TooManyConnections",
+    "TooManyFromClient",
 ];
 
 /// A callback told why a connection was dropped before its first request.
@@ -300,6 +336,9 @@ impl Default for IncomingOptions {
     fn default() -> Self {
         Self {
             max_handshakes: DEFAULT_MAX_CONCURRENT_HANDSHAKES,
+            max_handshakes_per_client: DEFAULT_MAX_HANDSHAKES_PER_CLIENT,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_client: DEFAULT_MAX_CONNECTIONS_PER_CLIENT,
             preface_timeout: PREFACE_TIMEOUT,
             on_refused: None,
         }
@@ -324,10 +363,166 @@ pub fn tls_incoming_with_options(
 /// on, or the refusal reason (for [`IncomingOptions::on_refused`]) and a message.
 pub type Prepared<IO> = Result<IO, (&'static str, String)>;
 
+/// A listening socket the accept loops below take connections from: TCP (the client's
+/// address known) or a Unix socket (no address: counted in the totals only).
+pub trait Accept: Send + Sync + 'static {
+    /// One accepted connection.
+    type Io: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+    /// The next connection and its client's address.
+    fn accept_one(&self)
+    -> impl Future<Output = io::Result<(Self::Io, Option<SocketAddr>)>> + Send;
+}
+
+impl Accept for TcpListener {
+    type Io = TcpStream;
+    async fn accept_one(&self) -> io::Result<(TcpStream, Option<SocketAddr>)> {
+        let (tcp, remote) = self.accept().await?;
+        let _ = tcp.set_nodelay(true);
+        Ok((tcp, Some(remote)))
+    }
+}
+
+impl Accept for tokio::net::UnixListener {
+    type Io = tokio::net::UnixStream;
+    async fn accept_one(&self) -> io::Result<(tokio::net::UnixStream, Option<SocketAddr>)> {
+        Ok((self.accept().await?.0, None))
+    }
+}
+
+/// The caps an accept loop admits connections with: handshakes (or, plaintext, connections
+/// waiting for their preface) in total and per client address, and connections in total
+/// and per client address. Refusals are counted through the hook and logged without a
+/// storm.
+struct Gate {
+    handshakes: Arc<Semaphore>,
+    handshake_clients: Arc<ClientLimit>,
+    handshakes_per_client: usize,
+    max_handshakes: usize,
+    connections: Caps,
+    log: RefusalLog,
+    on_refused: Option<RefusedHook>,
+    /// Wait for a handshake slot before accepting (TLS: a reconnect storm waits in the
+    /// kernel's backlog instead of taking CPU); otherwise (plaintext, where waiting for a
+    /// preface costs nothing but a socket) a connection finding no slot is refused.
+    queue: bool,
+}
+
+/// A connection's places: for its whole life, and for its handshake only.
+struct Admitted {
+    connection: Admission,
+    handshake: (
+        tokio::sync::OwnedSemaphorePermit,
+        Option<crate::listener::ClientSlot>,
+    ),
+}
+
+impl Gate {
+    fn new(opts: &IncomingOptions, name: &str, queue: bool) -> Gate {
+        Gate {
+            handshakes: Arc::new(Semaphore::new(opts.max_handshakes.max(1))),
+            handshake_clients: Arc::new(ClientLimit::default()),
+            handshakes_per_client: opts.max_handshakes_per_client.max(1),
+            max_handshakes: opts.max_handshakes.max(1),
+            connections: Caps::new(opts.max_connections, opts.max_connections_per_client),
+            log: RefusalLog::new(name),
+            on_refused: opts.on_refused.clone(),
+            queue,
+        }
+    }
+
+    fn refused(&self, reason: &'static str) {
+        if let Some(hook) = &self.on_refused {
+            (hook.0)(reason);
+        }
+    }
+
+    /// The next connection with its places; connections over a cap are closed (counted
+    /// and logged) and the next one is taken. `None` when `closed` ends first.
+    async fn next<L: Accept>(
+        &self,
+        listener: &L,
+        closed: impl Future<Output = ()>,
+    ) -> Option<(L::Io, Option<SocketAddr>, Admitted)> {
+        tokio::pin!(closed);
+        loop {
+            // TLS: wait for a handshake slot before accepting: excess connections wait in
+            // the kernel's backlog.
+            let queued = if self.queue {
+                tokio::select! {
+                    _ = &mut closed => return None,
+                    p = self.handshakes.clone().acquire_owned() => Some(p.ok()?),
+                }
+            } else {
+                None
+            };
+            let accepted = tokio::select! {
+                _ = &mut closed => return None,
+                accepted = listener.accept_one() => accepted,
+            };
+            let (io, remote) = match accepted {
+                Ok(conn) => conn,
+                Err(e) => {
+                    // E.g. out of file descriptors: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let permit = match queued {
+                Some(p) => Ok(p),
+                None => self.handshakes.clone().try_acquire_owned(),
+            };
+            let Ok(permit) = permit else {
+                self.refused("TooManyConnections");
+                self.log
+                    .refused(remote, "TooManyConnections", self.max_handshakes);
+                continue;
+            };
+            match self.admit(remote, permit) {
+                Ok(admitted) => return Some((io, remote, admitted)),
+                Err((reason, limit)) => {
+                    self.refused(reason);
+                    self.log.refused(remote, reason, limit);
+                }
+            }
+        }
+    }
+
+    /// The places of a connection from `remote`, or the cap it is over.
+    fn admit(
+        &self,
+        remote: Option<SocketAddr>,
+        permit: tokio::sync::OwnedSemaphorePermit,
+    ) -> Result<Admitted, (&'static str, usize)> {
+        let ip = remote.map(|r| r.ip());
+        let connection = self.connections.admit(ip).map_err(|reason| {
+            let limit = if reason == "TooManyFromClient" {
+                self.connections.per_client()
+            } else {
+                self.connections.max_total()
+            };
+            (reason, limit)
+        })?;
+        let slot = match ip {
+            Some(ip) => Some(
+                self.handshake_clients
+                    .take(ip, self.handshakes_per_client)
+                    .ok_or(("TooManyFromClient", self.handshakes_per_client))?,
+            ),
+            None => None,
+        };
+        Ok(Admitted {
+            connection,
+            handshake: (permit, slot),
+        })
+    }
+}
+
 /// The accept loop of [`tls_incoming_with_options`], with a step between the TCP accept and
 /// the TLS handshake (`prepare`: e.g. a WebSocket upgrade the TLS then runs inside). The
-/// handshake slot is held from the accept through `prepare` and the TLS handshake;
-/// `prepare` must bound its own time.
+/// handshake slot (and the client address's share of them) is held from the accept through
+/// `prepare` and the TLS handshake; the connection's place under the connection caps for
+/// its whole life. `prepare` must bound its own time.
 pub fn incoming_with<IO, F, Fut>(
     listener: TcpListener,
     config: Arc<rustls::ServerConfig>,
@@ -339,50 +534,22 @@ where
     F: Fn(TcpStream, SocketAddr) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Prepared<IO>> + Send + 'static,
 {
-    let IncomingOptions {
-        max_handshakes,
-        preface_timeout,
-        on_refused,
-    } = opts;
-    let refused = move |reason: &'static str| {
-        if let Some(hook) = &on_refused {
-            (hook.0)(reason);
-        }
-    };
+    let name = listener.local_addr().map_or_else(
+        |_| "agent listener".to_owned(),
+        |a| format!("agent listener {a}"),
+    );
+    let gate = Arc::new(Gate::new(&opts, &name, true));
+    let preface_timeout = opts.preface_timeout;
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     let acceptor = TlsAcceptor::from(config);
-    let permits = Arc::new(Semaphore::new(max_handshakes.max(1)));
     let prepare = Arc::new(prepare);
     tokio::spawn(async move {
-        loop {
-            // Wait for a handshake slot before accepting: excess connections wait in the
-            // kernel's backlog.
-            let permit = tokio::select! {
-                _ = tx.closed() => return,
-                p = permits.clone().acquire_owned() => match p {
-                    Ok(p) => p,
-                    Err(_) => return,
-                },
-            };
-            let accepted = tokio::select! {
-                _ = tx.closed() => return,
-                accepted = listener.accept() => accepted,
-            };
-            let (tcp, remote) = match accepted {
-                Ok(conn) => conn,
-                Err(e) => {
-                    // E.g. out of file descriptors: back off instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            };
-            let _ = tcp.set_nodelay(true);
-            let acceptor = acceptor.clone();
-            let tx = tx.clone();
-            let refused = refused.clone();
-            let prepare = prepare.clone();
+        while let Some((tcp, remote, admitted)) = gate.next(&listener, tx.closed()).await {
+            let Some(remote) = remote else { continue };
+            let (acceptor, tx, gate, prepare) =
+                (acceptor.clone(), tx.clone(), gate.clone(), prepare.clone());
             tokio::spawn(async move {
+                let refused = |reason| gate.refused(reason);
                 let io = match prepare(tcp, remote).await {
                     Ok(io) => io,
                     Err((reason, message)) => {
@@ -392,11 +559,126 @@ where
                     }
                 };
                 let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(io)).await;
+                let Admitted {
+                    connection,
+                    handshake: slot,
+                } = admitted;
                 // The slot is for the handshake only, not for waiting on the client.
-                drop(permit);
-                if let Some(stream) = verify(handshake, remote, preface_timeout, &refused).await {
+                drop(slot);
+                if let Some(mut stream) = verify(handshake, remote, preface_timeout, &refused).await
+                {
+                    stream._admission = Some(connection);
                     let _ = tx.send(Ok(stream)).await;
                 }
+            });
+        }
+    });
+    ReceiverStream::new(rx)
+}
+
+/// A plaintext connection whose client sent the HTTP/2 client preface in time (which reads
+/// replay first), holding its place under the listener's caps until it ends: the agent
+/// listener without TLS (JWT-SVID or a mesh in front) and the local admin listener.
+pub struct Prefaced<IO> {
+    inner: IO,
+    prefix_pos: usize,
+    _admission: Admission,
+}
+
+impl<IO: tonic::transport::server::Connected> tonic::transport::server::Connected for Prefaced<IO> {
+    type ConnectInfo = IO::ConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.inner.connect_info()
+    }
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Prefaced<IO> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        let pending = &H2_PREFACE[this.prefix_pos..];
+        if !pending.is_empty() {
+            let n = pending.len().min(buf.remaining());
+            buf.put_slice(&pending[..n]);
+            this.prefix_pos += n;
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.inner).poll_read(cx, buf)
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Prefaced<IO> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+/// The connections of a plaintext HTTP/2 listener (TCP or a Unix socket) for
+/// `Server::serve_with_incoming`, under the caps of `opts`: at most `max_connections` open
+/// (`max_connections_per_client` from one address), at most `max_handshakes` waiting for
+/// their HTTP/2 client preface (`max_handshakes_per_client` from one address), and each
+/// closed unless its preface arrives within `preface_timeout`. Refusals are counted
+/// through `opts.on_refused` (`TooManyConnections`, `TooManyFromClient`, `NoPreface`) and
+/// logged (rate-limited) under `name`.
+pub fn plain_incoming<L: Accept>(
+    listener: L,
+    opts: IncomingOptions,
+    name: &str,
+) -> impl Stream<Item = Result<Prefaced<L::Io>, io::Error>> + Send + 'static {
+    let gate = Arc::new(Gate::new(&opts, name, false));
+    let preface_timeout = opts.preface_timeout;
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    tokio::spawn(async move {
+        while let Some((mut io, remote, admitted)) = gate.next(&listener, tx.closed()).await {
+            let (tx, gate) = (tx.clone(), gate.clone());
+            tokio::spawn(async move {
+                let read = tokio::time::timeout(preface_timeout, read_h2_preface(&mut io)).await;
+                let Admitted {
+                    connection,
+                    handshake,
+                } = admitted;
+                drop(handshake);
+                let error = match read {
+                    Ok(Ok(())) => {
+                        let stream = Prefaced {
+                            inner: io,
+                            prefix_pos: 0,
+                            _admission: connection,
+                        };
+                        let _ = tx.send(Ok(stream)).await;
+                        return;
+                    }
+                    Ok(Err(e)) => e.to_string(),
+                    Err(_) => format!("no HTTP/2 client preface within {preface_timeout:?}"),
+                };
+                gate.refused("NoPreface");
+                tracing::debug!(remote = ?remote, %error, "plaintext connection closed before its first request");
+                let secs = usize::try_from(preface_timeout.as_secs()).unwrap_or(usize::MAX);
+                gate.log.refused(remote, "NoPreface", secs);
             });
         }
     });
@@ -583,6 +865,55 @@ pub fn is_connection_loss(status: &tonic::Status) -> bool {
     ]
     .iter()
     .any(|needle| text.contains(needle))
+}
+
+#[cfg(test)]
+mod plain_tests {
+    use super::*;
+    use futures::StreamExt as _;
+    use std::sync::Mutex;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[tokio::test]
+    async fn plaintext_connections_need_a_preface_in_time_and_keep_to_their_share() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let reasons: Arc<Mutex<Vec<&'static str>>> = Arc::default();
+        let seen = reasons.clone();
+        let opts = IncomingOptions {
+            max_handshakes: 4,
+            max_handshakes_per_client: 2,
+            max_connections: 8,
+            max_connections_per_client: 3,
+            preface_timeout: Duration::from_secs(1),
+            on_refused: Some(RefusedHook(Arc::new(move |r| seen.lock().unwrap().push(r)))),
+        };
+        let mut incoming = Box::pin(plain_incoming(listener, opts, "test"));
+        let silent = [
+            TcpStream::connect(addr).await.unwrap(),
+            TcpStream::connect(addr).await.unwrap(),
+        ];
+        // A third connection waiting for its preface from the same address is over its
+        // share and closed at once.
+        let mut third = TcpStream::connect(addr).await.unwrap();
+        let mut buf = [0u8; 8];
+        let n = tokio::time::timeout(Duration::from_millis(700), third.read(&mut buf)).await;
+        assert!(matches!(n, Ok(Ok(0)) | Ok(Err(_))), "{n:?}");
+        // The silent ones are closed after the preface timeout.
+        for mut s in silent {
+            let n = tokio::time::timeout(Duration::from_secs(3), s.read(&mut buf)).await;
+            assert!(matches!(n, Ok(Ok(0)) | Ok(Err(_))), "{n:?}");
+        }
+        // A client sending the preface is handed over, preface replayed.
+        let mut good = TcpStream::connect(addr).await.unwrap();
+        good.write_all(H2_PREFACE).await.unwrap();
+        let mut stream = incoming.next().await.unwrap().unwrap();
+        let mut replay = [0u8; 24];
+        stream.read_exact(&mut replay).await.unwrap();
+        assert_eq!(&replay, H2_PREFACE);
+        let reasons = reasons.lock().unwrap().clone();
+        assert_eq!(reasons, vec!["TooManyFromClient", "NoPreface", "NoPreface"]);
+    }
 }
 
 #[cfg(test)]

@@ -55,6 +55,15 @@ pub const UPGRADE_TIMEOUT: Duration = Duration::from_secs(10);
 /// HTTP/1.1 upgrade on a listener that takes both.
 const TLS_HANDSHAKE: u8 = 0x16;
 
+/// Control frames (pings, pongs, empty messages) a peer may send in a burst; one more is
+/// allowed each [`CONTROL_REFILL`]. A legitimate peer pings every
+/// [`WsOptions::ping_interval`]; a peer over the budget (before its TLS handshake, pings
+/// cost the principal CPU unauthenticated) has its connection closed.
+const CONTROL_BURST: u32 = 16;
+
+/// How often one more control frame is allowed (see [`CONTROL_BURST`]).
+const CONTROL_REFILL: Duration = Duration::from_secs(1);
+
 /// The largest message [`WsIo`] writes: TLS records are at most ~16.6 KiB, so a write
 /// holds one or two of them.
 const WRITE_CHUNK: usize = 32 * 1024;
@@ -102,6 +111,8 @@ pub struct WsIo<S> {
     deadline: Pin<Box<Sleep>>,
     opts: WsOptions,
     eof: bool,
+    /// Control frames still allowed now, and when the budget was last refilled.
+    controls: (u32, Instant),
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> WsIo<S> {
@@ -117,7 +128,29 @@ impl<S: AsyncRead + AsyncWrite + Unpin> WsIo<S> {
             )),
             opts,
             eof: false,
+            controls: (CONTROL_BURST, now),
         }
+    }
+
+    /// Takes one control frame from the peer's budget; fails when it is spent.
+    fn control_frame(&mut self) -> io::Result<()> {
+        let (left, since) = &mut self.controls;
+        let refills = since.elapsed().as_millis() / CONTROL_REFILL.as_millis().max(1);
+        if refills > 0 {
+            let add = u32::try_from(refills).unwrap_or(u32::MAX);
+            *left = left.saturating_add(add).min(CONTROL_BURST);
+            *since = Instant::now();
+        }
+        if *left == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "more than {CONTROL_BURST} WebSocket control frames (pings, pongs, empty messages) in a burst, or more than one per {CONTROL_REFILL:?}"
+                ),
+            ));
+        }
+        *left -= 1;
+        Ok(())
     }
 
     /// Something came from the peer: it is alive.
@@ -179,9 +212,15 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for WsIo<S> {
             match ready!(Pin::new(&mut this.ws).poll_next(cx)) {
                 Some(Ok(Message::Binary(bytes))) => {
                     this.heard();
+                    if bytes.is_empty() {
+                        this.control_frame()?;
+                    }
                     this.pending = bytes;
                 }
-                Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => this.heard(),
+                Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => {
+                    this.heard();
+                    this.control_frame()?;
+                }
                 Some(Ok(Message::Text(_))) => {
                     return Poll::Ready(Err(io::Error::new(
                         io::ErrorKind::InvalidData,
@@ -291,21 +330,29 @@ pub enum Carrier {
 }
 
 /// Tells a direct TLS client from a WebSocket upgrade by the first byte, and upgrades the
-/// latter; the refusal reasons are [`crate::transport::REFUSED_REASONS`].
+/// latter; the refusal reasons are [`crate::transport::REFUSED_REASONS`]. The first byte
+/// and the whole upgrade come within one [`UPGRADE_TIMEOUT`] from the accept: a client
+/// dribbling its request holds its handshake slot no longer than that.
 pub async fn tcp_or_websocket(tcp: TcpStream, opts: &WsOptions) -> Prepared<Carrier> {
+    let deadline = Instant::now() + UPGRADE_TIMEOUT;
     let mut first = [0u8; 1];
-    match tokio::time::timeout(UPGRADE_TIMEOUT, tcp.peek(&mut first)).await {
+    let timed_out = || {
+        Err((
+            "HandshakeTimeout",
+            format!("no TLS handshake or WebSocket upgrade within {UPGRADE_TIMEOUT:?}"),
+        ))
+    };
+    match tokio::time::timeout_at(deadline, tcp.peek(&mut first)).await {
         Ok(Ok(1)) if first[0] == TLS_HANDSHAKE => Ok(Carrier::Tcp(tcp)),
-        Ok(Ok(1)) => accept(tcp, opts)
-            .await
-            .map(|ws| Carrier::WebSocket(Box::new(ws)))
-            .map_err(|e| ("WebSocketRefused", e)),
+        Ok(Ok(1)) => match tokio::time::timeout_at(deadline, accept(tcp, opts)).await {
+            Ok(upgraded) => upgraded
+                .map(|ws| Carrier::WebSocket(Box::new(ws)))
+                .map_err(|e| ("WebSocketRefused", e)),
+            Err(_) => timed_out(),
+        },
         Ok(Ok(_)) => Err(("HandshakeFailed", "closed before sending anything".into())),
         Ok(Err(e)) => Err(("HandshakeFailed", e.to_string())),
-        Err(_) => Err((
-            "HandshakeTimeout",
-            format!("sent nothing within {UPGRADE_TIMEOUT:?}"),
-        )),
+        Err(_) => timed_out(),
     }
 }
 
@@ -517,6 +564,45 @@ mod tests {
         client.shutdown().await.unwrap();
         let mut rest = Vec::new();
         assert_eq!(server.read_to_end(&mut rest).await.unwrap(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_ping_flood_before_any_data_ends_the_connection() {
+        let (mut server, client) = pair(WsOptions::default(), WsOptions::default()).await;
+        let mut ws = client.ws;
+        use futures::SinkExt as _;
+        let flood = tokio::spawn(async move {
+            for _ in 0..CONTROL_BURST + 8 {
+                if ws.send(Message::Ping(Bytes::new())).await.is_err() {
+                    break;
+                }
+            }
+            ws
+        });
+        let mut buf = [0u8; 16];
+        let read = tokio::time::timeout(Duration::from_secs(5), server.read(&mut buf))
+            .await
+            .expect("the server gives up on a ping flood at once");
+        let e = read.expect_err("a ping flood is an error, not data");
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
+        assert!(e.to_string().contains("control frames"), "{e}");
+        drop(flood.await);
+    }
+
+    #[tokio::test]
+    async fn pings_within_the_budget_are_answered_and_data_still_flows() {
+        let (mut server, client) = pair(WsOptions::default(), WsOptions::default()).await;
+        let mut ws = client.ws;
+        use futures::SinkExt as _;
+        for _ in 0..CONTROL_BURST - 1 {
+            ws.send(Message::Ping(Bytes::new())).await.unwrap();
+        }
+        ws.send(Message::Binary(Bytes::from_static(b"hello")))
+            .await
+            .unwrap();
+        let mut got = [0u8; 5];
+        server.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"hello");
     }
 
     #[tokio::test]

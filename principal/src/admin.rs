@@ -189,6 +189,30 @@ impl Admin for AdminService {
     }
 }
 
+/// Connections to the admin API open at once: a few operators' `argocd-agentctl` calls.
+pub const ADMIN_MAX_CONNECTIONS: usize = 64;
+/// Of [`ADMIN_MAX_CONNECTIONS`], how many one loopback address may hold (a Unix socket's
+/// callers count in the total only).
+pub const ADMIN_MAX_CONNECTIONS_PER_CLIENT: usize = 16;
+
+/// The admin listener's caps: [`ADMIN_MAX_CONNECTIONS`], [`ADMIN_MAX_CONNECTIONS_PER_CLIENT`]
+/// from one address, each waiting at most 10 s for its HTTP/2 preface (all of them may be
+/// waiting: none waits in the kernel's backlog behind silent ones). Refusals are counted in
+/// `argocd_principal_listener_connections_closed_total{listener="admin"}`.
+fn admin_limits(metrics: &Metrics) -> argocd_agent_identity::transport::IncomingOptions {
+    let metrics = metrics.clone();
+    argocd_agent_identity::transport::IncomingOptions {
+        max_handshakes: ADMIN_MAX_CONNECTIONS,
+        max_handshakes_per_client: ADMIN_MAX_CONNECTIONS_PER_CLIENT,
+        max_connections: ADMIN_MAX_CONNECTIONS,
+        max_connections_per_client: ADMIN_MAX_CONNECTIONS_PER_CLIENT,
+        preface_timeout: argocd_agent_identity::transport::PREFACE_TIMEOUT,
+        on_refused: Some(argocd_agent_identity::transport::RefusedHook(Arc::new(
+            move |reason| metrics.listener_closed("admin", reason),
+        ))),
+    }
+}
+
 /// Binds the admin listener and serves the operator API until `shutdown`. Returns the bound
 /// address (`host:port` or `unix://path`).
 pub async fn serve(
@@ -211,7 +235,7 @@ pub async fn serve(
         .http2_keepalive_timeout(Some(std::time::Duration::from_secs(10)))
         .add_service(AdminServer::new(AdminService {
             sessions,
-            metrics,
+            metrics: metrics.clone(),
             access: AdminAccess::Local,
         }));
     match address {
@@ -223,7 +247,12 @@ pub async fn serve(
             }
             let listener = TcpListener::bind(addr).await.map_err(listen_error)?;
             let bound = listener.local_addr().map_err(listen_error)?;
-            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            let name = format!("admin API {bound}");
+            let incoming = argocd_agent_identity::transport::plain_incoming(
+                listener,
+                admin_limits(&metrics),
+                &name,
+            );
             tasks.spawn(async move {
                 if let Err(e) = router
                     .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
@@ -245,7 +274,12 @@ pub async fn serve(
             // Owner only: the socket is the whole access control.
             std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
                 .map_err(listen_error)?;
-            let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+            let name = format!("admin API unix://{}", path.display());
+            let incoming = argocd_agent_identity::transport::plain_incoming(
+                listener,
+                admin_limits(&metrics),
+                &name,
+            );
             let cleanup = path.clone();
             tasks.spawn(async move {
                 if let Err(e) = router

@@ -144,8 +144,17 @@ pub struct PrincipalConfig {
     pub idle_timeout: Duration,
     /// How long an agent may take to send its hello (`--hello-timeout`).
     pub hello_timeout: Duration,
-    /// TLS handshakes in progress at once (a reconnect storm queues beyond this).
+    /// TLS handshakes in progress at once (a reconnect storm queues beyond this); on the
+    /// plaintext listener, connections waiting for their HTTP/2 preface.
     pub max_concurrent_handshakes: usize,
+    /// Of `max_concurrent_handshakes`, how many one client address may hold
+    /// (`--max-handshakes-per-client`).
+    pub max_handshakes_per_client: usize,
+    /// Agent listener connections open at once (`--max-connections`).
+    pub max_connections: usize,
+    /// Of `max_connections`, how many one client address may hold
+    /// (`--max-connections-per-client`).
+    pub max_connections_per_client: usize,
     /// HTTP/2 streams one connection may open at once (an agent needs one or two).
     pub max_concurrent_streams: u32,
     /// Compress what the principal sends to agents that accept gzip or zstd
@@ -199,6 +208,11 @@ impl Default for PrincipalConfig {
             hello_timeout: crate::session::DEFAULT_HELLO_TIMEOUT,
             max_concurrent_handshakes:
                 argocd_agent_identity::transport::DEFAULT_MAX_CONCURRENT_HANDSHAKES,
+            max_handshakes_per_client:
+                argocd_agent_identity::transport::DEFAULT_MAX_HANDSHAKES_PER_CLIENT,
+            max_connections: argocd_agent_identity::transport::DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_client:
+                argocd_agent_identity::transport::DEFAULT_MAX_CONNECTIONS_PER_CLIENT,
             max_concurrent_streams: 16,
             compression: false,
             keepalive_min_interval: Duration::ZERO,

@@ -114,7 +114,8 @@ pub struct ResourceProxyLabels {
 /// Labels of `argocd_principal_listener_connections_closed_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ListenerLabels {
-    /// `resource-proxy`, `redis-proxy`, `metrics`.
+    /// `grpc` (the agent listener's caps), `admin`, `resource-proxy`, `redis-proxy`,
+    /// `metrics`.
     pub listener: String,
     /// One of `argocd_agent_identity::listener::CLOSE_REASONS`, or the Redis proxy's own
     /// (`AuthTimeout`, `Unauthenticated`).
@@ -361,7 +362,8 @@ pub struct Metrics {
     /// `Fenced`, `HandedOver`).
     pub sessions_deferred: Family<ReasonLabels, Counter>,
     /// `argocd_principal_listener_connections_closed_total{listener,reason}`: connections the
-    /// proxies and the metrics listener refused or closed (caps, handshake, idle timeouts).
+    /// listeners refused or closed (caps in total and per client address, handshake,
+    /// preface and idle timeouts).
     pub listener_closed: Family<ListenerLabels, Counter>,
     connected_since: Arc<Mutex<HashMap<String, Instant>>>,
     agent_labels: Arc<AgentLabels>,
@@ -691,7 +693,7 @@ impl Metrics {
     fn register_listener_metrics(&self, r: &mut Registry) {
         r.register(
             "argocd_principal_listener_connections_closed_total",
-            "Connections of the proxies and the metrics listener refused or closed by a cap or a timeout, by listener and reason",
+            "Connections the listeners (agent gRPC, admin, proxies, metrics) refused or closed by a cap or a timeout, by listener and reason",
             self.listener_closed.clone(),
         );
     }
@@ -1016,8 +1018,16 @@ mod tests {
 
     #[test]
     fn transport_refusals_are_exported_auth_failure_reasons() {
+        // The listener's caps are counted as closed connections (`wiring::incoming_options`),
+        // everything else as an auth failure.
         for reason in argocd_agent_identity::transport::REFUSED_REASONS {
-            assert!(AUTH_FAILURE_REASONS.contains(&reason), "{reason}");
+            match reason {
+                "TooManyConnections" | "TooManyFromClient" => assert!(
+                    argocd_agent_identity::listener::CLOSE_REASONS.contains(&reason),
+                    "{reason}"
+                ),
+                _ => assert!(AUTH_FAILURE_REASONS.contains(&reason), "{reason}"),
+            }
         }
     }
 

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use argocd_agent_domain::rpc::Ticket;
 use argocd_agent_domain::{AgentName, ResourceKind};
 use argocd_agent_domain::{Event, EventType, Payload, ResourceRef};
-use argocd_agent_identity::listener::{ClientLimit, ClientSlot};
+use argocd_agent_identity::listener::{Admission, Caps, RefusalLog};
 use argocd_agent_proto::eventstream::{RedisCommand, RedisRequest, redis_response};
 use argocd_agent_redis::resp::Frame;
 use argocd_agent_redis::resp::{self, PubSub};
@@ -35,7 +35,7 @@ use argocd_agent_redis::{AppKey, FrameReader, Protocol, RedisEndpoint, RespError
 use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -89,11 +89,15 @@ pub struct RedisProxyConfig {
     /// Client connections at once (authenticated ones, or all when the hub Redis has no
     /// password).
     pub max_connections: usize,
+    /// Of `max_connections`, how many one client address may hold (default 256: room for
+    /// an argocd-server's connection pool, a quarter of the total).
+    pub max_connections_per_client: usize,
     /// Connections at once that have not authenticated yet (a password-protected hub
     /// Redis), in all and from one client address; they never take the places of
     /// authenticated ones.
     pub max_unauthenticated: usize,
-    /// Of `max_unauthenticated`, how many one client address may hold (default 16).
+    /// Of `max_unauthenticated`, how many one client address may hold (default 16 of 256:
+    /// it takes 16 addresses to fill the pool, and each place for at most 10 s).
     pub max_unauthenticated_per_client: usize,
     /// The hub Argo CD's Redis compression (for the cluster info the principal writes).
     pub compression: argocd_agent_redis::clusterinfo::Compression,
@@ -122,7 +126,8 @@ impl Default for RedisProxyConfig {
             request_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(30 * 60),
             max_connections: 1024,
-            max_unauthenticated: 128,
+            max_connections_per_client: 256,
+            max_unauthenticated: 256,
             max_unauthenticated_per_client: 16,
             compression: Default::default(),
             cluster_server_template: crate::clusterinfo::DEFAULT_SERVER_TEMPLATE.into(),
@@ -212,7 +217,9 @@ struct Proxy {
     config: RedisProxyConfig,
     tasks: TaskTracker,
     /// Places of authenticated connections.
-    connections: Arc<Semaphore>,
+    connections: Caps,
+    /// Refused connections' log lines, at most one every few seconds.
+    refusals: RefusalLog,
     /// With `--ha`: the other replicas' proxies.
     peers: Option<Peers>,
 }
@@ -236,13 +243,16 @@ pub async fn serve(
         owners,
         metrics,
         source,
-        connections: Arc::new(Semaphore::new(config.max_connections.max(1))),
+        connections: Caps::new(config.max_connections, config.max_connections_per_client),
+        refusals: RefusalLog::new(format!("Redis proxy {addr}")),
         config,
         tasks: tasks.clone(),
         peers,
     });
-    let unauthenticated = Arc::new(Semaphore::new(proxy.config.max_unauthenticated.max(1)));
-    let clients = Arc::new(ClientLimit::default());
+    let unauthenticated = Caps::new(
+        proxy.config.max_unauthenticated,
+        proxy.config.max_unauthenticated_per_client,
+    );
     tracing::info!(%addr, upstream = %proxy.config.upstream.addr, tls = proxy.config.tls.is_some(),
         "Redis proxy listening");
     let tasks2 = tasks.clone();
@@ -260,17 +270,15 @@ pub async fn serve(
                 },
             };
             // Every connection starts unauthenticated, in a pool of its own.
-            let Ok(permit) = unauthenticated.clone().try_acquire_owned() else {
-                proxy.metrics.listener_closed("redis-proxy", "TooManyConnections");
-                tracing::warn!(%peer, "Redis proxy: too many unauthenticated connections, refusing");
-                continue;
-            };
-            let Some(slot) =
-                clients.take(peer.ip(), proxy.config.max_unauthenticated_per_client.max(1))
-            else {
-                proxy.metrics.listener_closed("redis-proxy", "TooManyFromClient");
-                tracing::warn!(%peer, "Redis proxy: too many unauthenticated connections from this client, refusing");
-                continue;
+            let place = match unauthenticated.admit(Some(peer.ip())) {
+                Ok(place) => place,
+                Err(reason) => {
+                    proxy.metrics.listener_closed("redis-proxy", reason);
+                    proxy
+                        .refusals
+                        .refused(Some(peer), reason, unauthenticated.max_total());
+                    continue;
+                }
             };
             let _ = stream.set_nodelay(true);
             let proxy = proxy.clone();
@@ -278,7 +286,7 @@ pub async fn serve(
             let span = tracing::debug_span!("redis-proxy", %peer);
             tasks2.spawn(
                 proxy
-                    .accepted(stream, (permit, slot), shutdown)
+                    .accepted(stream, (place, peer.ip()), shutdown)
                     .instrument(span),
             );
         }
@@ -313,7 +321,7 @@ impl Proxy {
     async fn accepted(
         self: Arc<Self>,
         stream: TcpStream,
-        pending: (OwnedSemaphorePermit, ClientSlot),
+        pending: Unauthenticated,
         shutdown: CancellationToken,
     ) {
         match self.config.tls.clone() {
@@ -337,6 +345,9 @@ impl Proxy {
         }
     }
 }
+
+/// An unauthenticated connection's place in its pool, and its client's address.
+type Unauthenticated = (Admission, std::net::IpAddr);
 
 /// What the next reply of the hub Redis answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -432,10 +443,12 @@ struct Conn {
     auth_sent: u64,
     /// Until the connection authenticates: its place among unauthenticated connections,
     /// and when it must have authenticated.
-    pending: Option<(OwnedSemaphorePermit, ClientSlot)>,
+    pending: Option<Unauthenticated>,
     auth_deadline: Instant,
+    /// The client's address (its share of the authenticated connections).
+    peer_ip: std::net::IpAddr,
     /// Its place among authenticated connections.
-    admitted: Option<OwnedSemaphorePermit>,
+    admitted: Option<Admission>,
 }
 
 /// The hub Redis leg of a client connection: its frame reader, its write half, and whether
@@ -489,9 +502,10 @@ impl Proxy {
     async fn connection<C: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
         self: Arc<Self>,
         client: C,
-        pending: (OwnedSemaphorePermit, ClientSlot),
+        pending: Unauthenticated,
         shutdown: CancellationToken,
     ) {
+        let peer_ip = pending.1;
         let auth_deadline = Instant::now() + AUTH_TIMEOUT;
         let (client_r, client_w) = tokio::io::split(client);
         let (upstream_reader, upstream_w, probed_required) = match self.connect_upstream().await {
@@ -527,6 +541,7 @@ impl Proxy {
             auth_sent: 0,
             pending: Some(pending),
             auth_deadline,
+            peer_ip,
             admitted: None,
         };
         // Commands are flat arrays of strings: nothing nests (as a Redis server reads them).
@@ -826,19 +841,15 @@ impl Conn {
     }
 
     /// Moves an authenticated connection from the unauthenticated pool to the authenticated
-    /// one; false when that is full.
-    fn admit(&mut self) -> bool {
+    /// one; the reason when that is full (or full for this client address).
+    fn admit(&mut self) -> Result<(), &'static str> {
         if self.admitted.is_some() {
-            return true;
+            return Ok(());
         }
-        match self.proxy.connections.clone().try_acquire_owned() {
-            Ok(permit) => {
-                self.admitted = Some(permit);
-                self.pending = None;
-                true
-            }
-            Err(_) => false,
-        }
+        let place = self.proxy.connections.admit(Some(self.peer_ip))?;
+        self.admitted = Some(place);
+        self.pending = None;
+        Ok(())
     }
 
     /// The client's next command: within the idle timeout (`wait`), and once it has begun,
@@ -935,11 +946,11 @@ impl Conn {
             let left = self.auth_deadline.saturating_duration_since(Instant::now());
             return ControlFlow::Continue(Some((left, ReadStop::AuthTimeout)));
         }
-        if !self.admit() {
-            self.proxy
-                .metrics
-                .listener_closed("redis-proxy", "TooManyConnections");
-            tracing::warn!("Redis proxy: too many authenticated connections, closing");
+        if let Err(reason) = self.admit() {
+            self.proxy.metrics.listener_closed("redis-proxy", reason);
+            let limit = self.proxy.connections.max_total();
+            let peer = SocketAddr::new(self.peer_ip, 0);
+            self.proxy.refusals.refused(Some(peer), reason, limit);
             self.ready(Out::Reply(Reply::Error(
                 "ERR max number of clients reached".into(),
             )))

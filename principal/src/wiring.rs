@@ -822,13 +822,7 @@ pub(crate) fn serve(
             };
             let tls = argocd_agent_identity::tls::server_config(&source, policy)
                 .map_err(PrincipalError::Tls)?;
-            let options = argocd_agent_identity::transport::IncomingOptions {
-                max_handshakes: config.max_concurrent_handshakes,
-                on_refused: Some(argocd_agent_identity::transport::RefusedHook(Arc::new(
-                    move |reason| metrics.auth_failed(reason),
-                ))),
-                ..Default::default()
-            };
+            let options = incoming_options(&config, metrics);
             let incoming = Incoming {
                 listener,
                 tls,
@@ -848,9 +842,14 @@ pub(crate) fn serve(
                     "--enable-websocket carries SVID mutual TLS inside the WebSocket: it needs --auth spiffe (mTLS)".into(),
                 ));
             }
-            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener).map(move |r| {
+            let options = incoming_options(&config, metrics);
+            let name = format!("agent listener {} (plaintext)", config.listen);
+            let incoming = argocd_agent_identity::transport::plain_incoming(
+                listener, options, &name,
+            )
+            .map(move |r| {
                 r.map(|s| {
-                    let peer = s.peer_addr().ok();
+                    let peer = tonic::transport::server::Connected::connect_info(&s).remote_addr();
                     crate::keepalive::PingGuard::new(s, peer, min_ping)
                 })
             });
@@ -858,6 +857,30 @@ pub(crate) fn serve(
         }
     };
     Ok(handle)
+}
+
+/// The agent listener's caps (`--max-connections`, `--max-connections-per-client`,
+/// `--max-handshakes-per-client`): connections refused by a cap are counted in
+/// `argocd_principal_listener_connections_closed_total{listener="grpc"}`, connections
+/// dropped before their first request (handshake, SVID, preface) as auth failures.
+fn incoming_options(
+    config: &PrincipalConfig,
+    metrics: Metrics,
+) -> argocd_agent_identity::transport::IncomingOptions {
+    let hook = move |reason: &'static str| match reason {
+        "TooManyConnections" | "TooManyFromClient" => metrics.listener_closed("grpc", reason),
+        _ => metrics.auth_failed(reason),
+    };
+    argocd_agent_identity::transport::IncomingOptions {
+        max_handshakes: config.max_concurrent_handshakes,
+        max_handshakes_per_client: config.max_handshakes_per_client,
+        max_connections: config.max_connections,
+        max_connections_per_client: config.max_connections_per_client,
+        on_refused: Some(argocd_agent_identity::transport::RefusedHook(Arc::new(
+            hook,
+        ))),
+        ..Default::default()
+    }
 }
 
 /// The mTLS agent listener's parts, before it is served directly or also over WebSockets.

@@ -2,6 +2,9 @@
 //! (liveness), `/readyz` (readiness) and, when given, `/metrics` (text exposition
 //! format 0.0.4, as upstream serves it; see [`crate::exposition`]), on the
 //! bounded listener every endpoint of ours uses (connection cap, per-stage timeouts).
+//! When its connections are taken (64, 8 per client address), 16 more (4 per address) are
+//! reserved for `/healthz` and `/readyz`: one request each, headers within 2 s, anything
+//! else answered 503; the liveness probe is not starved by a full metrics listener.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -52,6 +55,9 @@ pub async fn serve(
         let app = app.clone();
         async move {
             use tower::ServiceExt;
+            if let Some(busy) = busy_for(&req) {
+                return busy;
+            }
             match app.oneshot(req).await {
                 Ok(r) => r,
                 Err(never) => match never {},
@@ -68,6 +74,25 @@ pub async fn serve(
         shutdown,
     );
     Ok(local)
+}
+
+/// On a connection taken from the pool reserved for the probes (the shared one was full):
+/// 503 for anything but `/healthz` and `/readyz`.
+fn busy_for(
+    req: &http::Request<hyper::body::Incoming>,
+) -> Option<http::Response<axum::body::Body>> {
+    let reserved = req
+        .extensions()
+        .get::<listener::ReservedConnection>()
+        .is_some();
+    if !reserved || matches!(req.uri().path(), "/healthz" | "/readyz") {
+        return None;
+    }
+    let mut busy = http::Response::new(axum::body::Body::from(
+        "listener full: only /healthz and /readyz are answered on this connection\n",
+    ));
+    *busy.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
+    Some(busy)
 }
 
 /// The routes of `endpoints`.

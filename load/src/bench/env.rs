@@ -168,6 +168,12 @@ fn principal_proc(
         ),
         // No Redis in a bench run (and no fixed port 6379 to collide on).
         "--disable-redis-proxy".into(),
+        // Every simulated agent dials from 127.0.0.1, as agents behind one NAT address
+        // would: the listener's per-address shares are raised to its totals.
+        "--max-connections-per-client".into(),
+        argocd_agent_identity::transport::DEFAULT_MAX_CONNECTIONS.to_string(),
+        "--max-handshakes-per-client".into(),
+        argocd_agent_identity::transport::DEFAULT_MAX_CONCURRENT_HANDSHAKES.to_string(),
     ]);
     // The bench measures the principal's capacity: the per-agent event rate limit (a
     // policy, tested in e2e/tests/bad_input.rs) is off unless a run sets it.

@@ -39,7 +39,7 @@ use argocd_agent_proto::eventstream::{ResourceRequest, ResourceResponse};
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body_util::combinators::BoxBody;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use tokio::net::TcpListener;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -56,6 +56,14 @@ use credentials::ProxyKeys;
 pub const DEFAULT_ADDRESS: &str = "0.0.0.0:9090";
 /// URL path prefix naming the agent.
 pub const AGENT_PREFIX: &str = "/agents/";
+
+/// Bytes of request bodies the proxy buffers at once by default: sixteen bodies of the
+/// default 4 MiB maximum.
+pub const DEFAULT_MAX_BUFFERED_BODIES: usize = 64 << 20;
+
+/// Bytes taken from the buffered-bodies budget at a time when a body's length is not
+/// declared.
+const BODY_CHUNK: usize = 64 << 10;
 
 /// Resource proxy settings.
 #[derive(Debug, Clone)]
@@ -94,6 +102,12 @@ pub struct ResourceProxyConfig {
     /// How long a client may take to send a request body (408 after); the body is read
     /// before the request takes one of its agent's slots.
     pub body_timeout: Duration,
+    /// Bytes of request bodies buffered at once across all requests
+    /// (`--resource-proxy-max-buffered-bodies`, default 64 MiB); at least `max_body`.
+    pub max_buffered_bodies: usize,
+    /// How long a request waits for room among the buffered bodies before it is answered
+    /// 429 (`--resource-proxy-body-wait`).
+    pub body_wait: Duration,
 }
 
 impl ResourceProxyConfig {
@@ -116,6 +130,8 @@ impl ResourceProxyConfig {
             self_cluster_registration: false,
             limits: argocd_agent_identity::listener::Limits::default(),
             body_timeout: Duration::from_secs(30),
+            max_buffered_bodies: DEFAULT_MAX_BUFFERED_BODIES,
+            body_wait: Duration::from_secs(2),
         }
     }
 
@@ -322,7 +338,10 @@ struct ReadRequest {
     method: String,
     content_type: String,
     accept: String,
-    body: Bytes,
+    body: Vec<u8>,
+    /// The body's bytes under [`ResourceProxyConfig::max_buffered_bodies`], given back
+    /// when the request has been answered.
+    _bytes: Option<OwnedSemaphorePermit>,
 }
 
 /// A routed request waiting for one of its agent's slots.
@@ -358,6 +377,10 @@ pub struct Proxy {
     /// Where terminal and log streams run (drained on shutdown).
     pub tasks: TaskTracker,
     limits: Mutex<HashMap<AgentName, Arc<Semaphore>>>,
+    /// The bytes of request bodies buffered at once ([`ResourceProxyConfig::max_buffered_bodies`]).
+    body_bytes: Arc<Semaphore>,
+    /// Log lines of requests refused for want of room among the buffered bodies.
+    body_refusals: argocd_agent_identity::listener::RefusalLog,
 }
 
 /// A connected agent's link and one of its concurrency permits.
@@ -400,6 +423,10 @@ impl Proxy {
             forwarder,
             tasks,
         } = parts;
+        let budget = config
+            .max_buffered_bodies
+            .max(config.max_body)
+            .clamp(1, Semaphore::MAX_PERMITS.min(u32::MAX as usize));
         Arc::new(Proxy {
             sessions,
             metrics,
@@ -410,6 +437,10 @@ impl Proxy {
             forwarder,
             tasks,
             limits: Mutex::new(HashMap::new()),
+            body_bytes: Arc::new(Semaphore::new(budget)),
+            body_refusals: argocd_agent_identity::listener::RefusalLog::new(
+                "resource proxy (request bodies)",
+            ),
         })
     }
 
@@ -625,7 +656,7 @@ impl Proxy {
     }
 
     /// Reads an API request's headers of interest and its body, up to the size limit and
-    /// within the body timeout.
+    /// within the body timeout, under the budget of buffered bodies.
     async fn read_request(&self, req: Request<Incoming>) -> Result<ReadRequest, Response<Body>> {
         let header = |h: header::HeaderName| {
             req.headers()
@@ -635,18 +666,11 @@ impl Proxy {
                 .to_owned()
         };
         let (content_type, accept) = (header(header::CONTENT_TYPE), header(header::ACCEPT));
+        let declared = header(header::CONTENT_LENGTH).parse::<usize>().ok();
         let method = req.method().to_string();
-        let limit = self.config.max_body;
-        let read = Limited::new(req.into_body(), limit).collect();
-        let body = match tokio::time::timeout(self.config.body_timeout, read).await {
-            Ok(Ok(b)) => b.to_bytes(),
-            Ok(Err(_)) => {
-                return Err(status(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "RequestEntityTooLarge",
-                    format!("request body larger than {limit} bytes (or unreadable)"),
-                ));
-            }
+        let read = self.read_body(req.into_body(), declared);
+        let (body, bytes) = match tokio::time::timeout(self.config.body_timeout, read).await {
+            Ok(read) => read?,
             Err(_) => {
                 tracing::warn!(timeout = ?self.config.body_timeout, "resource proxy: request body not received in time");
                 return Err(status(
@@ -664,7 +688,87 @@ impl Proxy {
             content_type,
             accept,
             body,
+            _bytes: bytes,
         })
+    }
+
+    /// Reads a body of at most `max_body` bytes (413 above), taking its bytes from the
+    /// buffered-bodies budget first (its declared length at once, else in chunks) and
+    /// answering 429 when no room frees within the body wait.
+    async fn read_body(
+        &self,
+        mut body: Incoming,
+        declared: Option<usize>,
+    ) -> Result<(Vec<u8>, Option<OwnedSemaphorePermit>), Response<Body>> {
+        let limit = self.config.max_body;
+        let too_large = || {
+            status(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "RequestEntityTooLarge",
+                format!("request body larger than {limit} bytes (or unreadable)"),
+            )
+        };
+        if declared.is_some_and(|n| n > limit) {
+            return Err(too_large());
+        }
+        let mut held: Option<OwnedSemaphorePermit> = None;
+        let mut buf = Vec::new();
+        if let Some(n) = declared.filter(|n| *n > 0) {
+            self.more_bytes(&mut held, n).await?;
+            buf.reserve_exact(n);
+        }
+        while let Some(frame) = body.frame().await {
+            let Ok(data) = frame.map_err(|_| too_large())?.into_data() else {
+                continue;
+            };
+            let need = buf.len() + data.len();
+            if need > limit {
+                return Err(too_large());
+            }
+            let have = held.as_ref().map_or(0, |p| p.num_permits());
+            if need > have {
+                let more = (need - have)
+                    .max(BODY_CHUNK)
+                    .min(limit.saturating_sub(have));
+                self.more_bytes(&mut held, more.max(need - have)).await?;
+            }
+            buf.extend_from_slice(&data);
+        }
+        Ok((buf, held))
+    }
+
+    /// Adds `n` bytes of the buffered-bodies budget to `held`, waiting at most the body wait.
+    async fn more_bytes(
+        &self,
+        held: &mut Option<OwnedSemaphorePermit>,
+        n: usize,
+    ) -> Result<(), Response<Body>> {
+        let budget = self.config.max_buffered_bodies.max(self.config.max_body);
+        let want = u32::try_from(n).unwrap_or(u32::MAX);
+        let acquire = self.body_bytes.clone().acquire_many_owned(want);
+        match tokio::time::timeout(self.config.body_wait, acquire).await {
+            Ok(Ok(permit)) => {
+                match held {
+                    Some(h) => h.merge(permit),
+                    None => *held = Some(permit),
+                }
+                Ok(())
+            }
+            _ => {
+                self.body_refusals.refused(None, "BodyBudgetFull", budget);
+                let mut r = status(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "TooManyRequests",
+                    format!(
+                        "the resource proxy buffers at most {budget} bytes of request bodies at once and had no room for {n} more within {:?}; retry",
+                        self.config.body_wait
+                    ),
+                );
+                r.headers_mut()
+                    .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+                Err(r)
+            }
+        }
     }
 
     async fn api(
@@ -679,6 +783,7 @@ impl Proxy {
             content_type,
             accept,
             body,
+            _bytes,
         } = read;
         let event = Event::new(
             &self.source,
@@ -689,7 +794,7 @@ impl Proxy {
                 query,
                 content_type,
                 accept,
-                body: body.to_vec(),
+                body,
             }),
         );
         let Admitted {
