@@ -6,6 +6,9 @@
 //! Deployment's args and environment.
 #![forbid(unsafe_code)]
 
+#[path = "support/k8s_schema.rs"]
+mod k8s_schema;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -235,6 +238,21 @@ fn every_rendered_object_is_complete_and_unique() {
             );
         }
     }
+}
+
+/// Every object of every kustomization against Kubernetes' own schemas (and Istio's): the
+/// validators of npm `kubernetes-models`, not ours (tests/support/k8s_schema.rs).
+#[test]
+fn every_rendered_object_is_valid_against_kubernetes_schemas() {
+    let mut problems = Vec::new();
+    for (dir, objects) in rendered() {
+        problems.extend(k8s_schema::problems(&rel(dir), objects));
+    }
+    assert!(
+        problems.is_empty(),
+        "objects the schemas refuse:\n{}",
+        problems.join("\n")
+    );
 }
 
 #[test]

@@ -1,5 +1,5 @@
 // Validates Kubernetes objects against Kubernetes' own OpenAPI schemas (npm kubernetes-models)
-// and, for the custom kinds the deploy files use, against Istio's and the Prometheus
+// and, for the custom kinds the deploy files use, against Istio's, the Gateway API's and the Prometheus
 // Operator's CRD schemas (@kubernetes-models/istio, @kubernetes-models/prometheus-operator):
 // generated validators, not ours. Reads a JSON array of objects on stdin; prints one JSON line
 // per object: {"apiVersion","kind","name","ok","known","error"}. `known` is false for a kind
@@ -11,6 +11,7 @@ function modulePath(apiVersion) {
   const [group, version] = apiVersion.includes("/") ? apiVersion.split("/") : ["", apiVersion];
   if (group === "") return `kubernetes-models/${version}`;
   if (group.endsWith(".istio.io")) return `@kubernetes-models/istio/${group}/${version}`;
+  if (group === "gateway.networking.k8s.io") return `@kubernetes-models/gateway-api/${group}/${version}`;
   if (group === "monitoring.coreos.com") return `@kubernetes-models/prometheus-operator/${group}/${version}`;
   if (group.includes(".") && !group.endsWith(".k8s.io")) return null;
   return `kubernetes-models/${group}/${version}`;
