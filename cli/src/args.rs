@@ -995,7 +995,9 @@ fn svid_config(a: &SvidArgs) -> Result<SvidConfig, String> {
             bundles: parse_bundles(&a.root_ca)?,
         },
         _ => SvidConfig::WorkloadApi {
-            endpoint: a.spiffe_endpoint_socket.clone(),
+            endpoint: Some(a.spiffe_endpoint_socket.clone().ok_or(
+                "no SVID source: set --spiffe-endpoint-socket (or SPIFFE_ENDPOINT_SOCKET) to the Workload API socket, or give PEM files with --tls-cert/--tls-key/--root-ca",
+            )?),
         },
     })
 }
@@ -1143,6 +1145,9 @@ impl AgentArgs {
                 audience: SpiffeId::parse(audience)?,
             }
         } else if a.creds == "spiffe" || a.creds == "mtls" {
+            if a.principal_spiffe_id.is_none() && a.principal_trust_domain.is_none() {
+                return Err("refusing to connect without pinning the principal: set --principal-spiffe-id (or --principal-trust-domain)".into());
+            }
             argocd_agent_agent::Transport::Mtls {
                 svid: svid_config(&a.svid)?,
                 principal_id: a
@@ -1284,6 +1289,7 @@ mod tests {
         let parse = |argv: &[&str]| Cli::try_parse_from(argv).map(|c| c.command).unwrap();
         let agent = |args: &[&str]| {
             let mut argv = vec!["argocd-agent", "agent", "--server-address", "p"];
+            argv.extend(["--spiffe-endpoint-socket", "unix:///spire.sock"]);
             argv.extend_from_slice(args);
             match parse(&argv) {
                 Command::Agent(a) => a,
@@ -1310,6 +1316,7 @@ mod tests {
         assert!(err.contains("needs --creds spiffe"), "{err}");
         let principal = |args: &[&str]| {
             let mut argv = vec!["argocd-agent", "principal"];
+            argv.extend(["--spiffe-endpoint-socket", "unix:///spire.sock"]);
             argv.extend_from_slice(args);
             match parse(&argv) {
                 Command::Principal(p) => p,

@@ -36,9 +36,12 @@ pub enum Command {
 /// Arguments of `validate principal|agent`.
 #[derive(Debug, clap::Args)]
 pub struct ValidateArgs {
-    /// Rendered manifests (`kubectl kustomize ...` output, `-` for standard input): the
-    /// Deployment's container args and environment are checked, with `configMapKeyRef`s and
-    /// files of ConfigMap volumes taken from ConfigMaps in the same stream.
+    /// Manifests: a file of rendered manifests (`kubectl kustomize ...` or `helm template ...`
+    /// output), `-` for standard input, or a directory: a kustomization (rendered with
+    /// `kubectl kustomize`, kubectl from `KUBECTL` or `PATH`) or rendered YAML files (e.g.
+    /// `helm template --output-dir`), read recursively. The Deployment's container args and
+    /// environment are checked, with `configMapKeyRef`s and files of ConfigMap volumes taken
+    /// from ConfigMaps in the same manifests.
     #[arg(long, short = 'f')]
     pub manifests: Option<PathBuf>,
     /// The trust domain the SVID must be in.
@@ -131,37 +134,29 @@ pub async fn run(cmd: Command) -> crate::CmdResult {
 /// All checks for `role` (`principal` or `agent`) at time `now`.
 pub fn validate(role: &str, a: &ValidateArgs, now: SystemTime) -> Report {
     let mut r = Report::default();
-    let mut tmp = None;
-    let argv = match &a.manifests {
-        Some(path) => match from_manifests(role, path) {
-            Ok((argv, files, secrets)) => {
-                r.1 = secrets;
-                r.ok(format!(
-                    "manifests: the {role} Deployment's args and environment ({} flags)",
-                    argv.len()
-                ));
-                match materialize(&files, argv) {
-                    Ok((argv, dir)) => {
-                        tmp = dir;
-                        argv
-                    }
-                    Err(e) => {
-                        r.error(format!("manifests: {e}"));
-                        return r;
-                    }
-                }
-            }
+    // With manifests: their args, then their environment as the binary would read it (and
+    // nothing of this process's environment); otherwise the flags after `--` and this
+    // process's environment, exactly as the binary reads them.
+    let (argv, env, _tmp) = match &a.manifests {
+        Some(path) => match manifest_command_line(&mut r, role, path) {
+            Ok(found) => found,
             Err(e) => {
                 r.error(format!("manifests: {e}"));
                 return r;
             }
         },
-        None => a.args.clone(),
+        None => (a.args.clone(), None, None),
     };
     let full = ["argocd-agent".to_string(), role.to_string()]
         .into_iter()
         .chain(argv);
-    let cli = match crate::upstream::try_parse_from(full, &crate::upstream::process_env) {
+    let parsed = match &env {
+        // Every variable the manifests do not set counts as unset: `upstream` then reads no
+        // variable at all (their values are already flags).
+        Some(_) => crate::upstream::try_parse_from(full, &|_: &str| Some(String::new())),
+        None => crate::upstream::try_parse_from(full, &crate::upstream::process_env),
+    };
+    let cli = match parsed {
         Ok(parsed) => {
             for n in parsed.notices {
                 r.warn(format!("upstream setting: {n}"));
@@ -184,18 +179,50 @@ pub fn validate(role: &str, a: &ValidateArgs, now: SystemTime) -> Report {
         Role::Principal(p) => principal(&mut r, &p, a, now),
         Role::Agent(ag) => agent(&mut r, &ag, a, now),
     }
-    drop(tmp);
     r
 }
 
-/// The first line of a clap error, without its `error: ` prefix.
+/// The Deployment's command line in the manifests at `path`: its args, then a flag for each
+/// variable of its environment that a flag reads and that the args do not set (the command
+/// line wins over the environment, as in the binary), with ConfigMap volume files written to
+/// a temporary directory (kept alive by the third element).
+#[allow(clippy::type_complexity)]
+fn manifest_command_line(
+    r: &mut Report,
+    role: &str,
+    path: &Path,
+) -> Result<
+    (
+        Vec<String>,
+        Option<BTreeMap<String, String>>,
+        Option<tempfile::TempDir>,
+    ),
+    String,
+> {
+    let m = from_manifests(role, path)?;
+    r.1 = m.secrets;
+    let mut argv = m.argv;
+    argv.extend(env_as_flags(role, &m.env, &argv)?);
+    r.ok(format!(
+        "manifests: the {role} Deployment's args and environment ({} flags)",
+        argv.len()
+    ));
+    let (argv, dir) = materialize(&m.files, argv)?;
+    Ok((argv, Some(m.env), dir))
+}
+
+/// A clap error's message without its `error: ` prefix and usage lines: every line up to
+/// `Usage:` (a missing required argument is named on the line after the first), joined.
 fn clap_message(e: &clap::Error) -> String {
     let text = e.render().to_string();
-    let first = text
-        .lines()
-        .find(|l| !l.trim().is_empty())
-        .unwrap_or_default();
-    first.trim_start_matches("error: ").to_string()
+    text.lines()
+        .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"))
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
+        .trim_start_matches("error: ")
+        .to_string()
 }
 
 fn principal(r: &mut Report, p: &crate::args::PrincipalArgs, a: &ValidateArgs, now: SystemTime) {
@@ -246,9 +273,6 @@ fn agent(r: &mut Report, ag: &crate::args::AgentArgs, a: &ValidateArgs, now: Sys
         });
     let mut own = None;
     if ag.creds == "spiffe" || ag.creds == "mtls" {
-        if principal_td.is_none() {
-            r.warn("principal: neither --principal-spiffe-id nor --principal-trust-domain; any principal of the agent's own trust domain is accepted");
-        }
         own = svid(
             r,
             &ag.svid,
@@ -340,13 +364,12 @@ fn svid(
     now: SystemTime,
 ) -> Option<SpiffeId> {
     let (Some(cert), Some(key)) = (&s.tls_cert, &s.tls_key) else {
-        let socket = s
-            .spiffe_endpoint_socket
-            .clone()
-            .unwrap_or_else(|| "SPIFFE_ENDPOINT_SOCKET (unset)".into());
-        r.ok(format!(
-            "svid: from the Workload API at {socket} (not checked offline)"
-        ));
+        // Unset, the configuration check has said so.
+        if let Some(socket) = &s.spiffe_endpoint_socket {
+            r.ok(format!(
+                "svid: from the Workload API at {socket} (not checked offline)"
+            ));
+        }
         return None;
     };
     if let Some(m) = r.1.iter().find(|m| cert.starts_with(m.as_str())) {
@@ -547,19 +570,82 @@ fn verify_chain(
         .map_err(|e| e.to_string())
 }
 
-/// The container args and environment of the `role` Deployment in a manifest stream, as
-/// flags, and the ConfigMap volumes' files (mount path -> (file -> text)).
+/// The ConfigMap volumes' files: mount path -> (file -> text).
 type Files = BTreeMap<String, BTreeMap<String, String>>;
 
 /// Mount paths of Secret volumes (their files exist only in the cluster).
 type SecretMounts = Vec<String>;
 
-fn from_manifests(role: &str, path: &Path) -> Result<(Vec<String>, Files, SecretMounts), String> {
-    let text = if path == Path::new("-") {
-        std::io::read_to_string(std::io::stdin()).map_err(|e| format!("reading stdin: {e}"))?
-    } else {
-        std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?
-    };
+/// What the `role` Deployment of some manifests runs.
+struct Manifest {
+    /// Its container's args after the subcommand, `$(VAR)` expanded from its environment.
+    argv: Vec<String>,
+    /// Its container's environment (`configMapKeyRef`s resolved, stand-ins for `fieldRef`s).
+    env: BTreeMap<String, String>,
+    files: Files,
+    secrets: SecretMounts,
+}
+
+/// The text of the manifests at `path` (see [`ValidateArgs::manifests`]).
+fn read_manifests(path: &Path) -> Result<String, String> {
+    if path == Path::new("-") {
+        return std::io::read_to_string(std::io::stdin())
+            .map_err(|e| format!("reading stdin: {e}"));
+    }
+    if !path.is_dir() {
+        return std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()));
+    }
+    let is_kustomization = ["kustomization.yaml", "kustomization.yml", "Kustomization"]
+        .iter()
+        .any(|f| path.join(f).is_file());
+    if is_kustomization {
+        let kubectl = std::env::var_os("KUBECTL").unwrap_or_else(|| "kubectl".into());
+        let out = std::process::Command::new(&kubectl)
+            .arg("kustomize")
+            .arg(path)
+            .output()
+            .map_err(|e| format!("{} is a kustomization: running {} kustomize: {e} (set KUBECTL, or pass `kubectl kustomize` output with -f -)", path.display(), kubectl.to_string_lossy()))?;
+        if !out.status.success() {
+            return Err(format!(
+                "kubectl kustomize {}: {}",
+                path.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        return String::from_utf8(out.stdout).map_err(|e| format!("kubectl kustomize output: {e}"));
+    }
+    let mut files = Vec::new();
+    yaml_files(path, &mut files)?;
+    if files.is_empty() {
+        return Err(format!(
+            "{}: no kustomization and no .yaml/.yml file",
+            path.display()
+        ));
+    }
+    files.sort();
+    let texts = files
+        .iter()
+        .map(|f| std::fs::read_to_string(f).map_err(|e| format!("{}: {e}", f.display())))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(texts.join("\n---\n"))
+}
+
+/// Every `.yaml`/`.yml` file under `dir`.
+fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), String> {
+    let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    for entry in entries {
+        let path = entry.map_err(|e| format!("{}: {e}", dir.display()))?.path();
+        if path.is_dir() {
+            yaml_files(&path, out)?;
+        } else if path.extension().is_some_and(|x| x == "yaml" || x == "yml") {
+            out.push(path);
+        }
+    }
+    Ok(())
+}
+
+fn from_manifests(role: &str, path: &Path) -> Result<Manifest, String> {
+    let text = read_manifests(path)?;
     let docs: Vec<Value> =
         serde_saphyr::from_multiple(&text).map_err(|e| format!("{}: {e}", path.display()))?;
     let configmaps: BTreeMap<&str, &serde_json::Map<String, Value>> = docs
@@ -567,7 +653,7 @@ fn from_manifests(role: &str, path: &Path) -> Result<(Vec<String>, Files, Secret
         .filter(|d| d["kind"] == "ConfigMap")
         .filter_map(|d| Some((d["metadata"]["name"].as_str()?, d["data"].as_object()?)))
         .collect();
-    let container = docs
+    let (deployment, c) = docs
         .iter()
         .filter(|d| d["kind"] == "Deployment")
         .filter_map(|d| {
@@ -582,7 +668,7 @@ fn from_manifests(role: &str, path: &Path) -> Result<(Vec<String>, Files, Secret
                 path.display()
             )
         })?;
-    let (deployment, c) = container;
+    let env = container_env(deployment, c, &configmaps)?;
     let mut argv: Vec<String> = c
         .get("args")
         .and_then(Value::as_array)
@@ -593,6 +679,28 @@ fn from_manifests(role: &str, path: &Path) -> Result<(Vec<String>, Files, Secret
                 .collect()
         })
         .unwrap_or_default();
+    // $(VAR) in args is expanded by the kubelet from the container's env; unknown ones stay.
+    for a in &mut argv {
+        for (k, v) in &env {
+            *a = a.replace(&format!("$({k})"), v);
+        }
+    }
+    let (files, secrets) = volume_files(deployment, c, &configmaps);
+    Ok(Manifest {
+        argv,
+        env,
+        files,
+        secrets,
+    })
+}
+
+/// The container's environment as the kubelet would set it, as far as the manifests say:
+/// `configMapKeyRef`s from their ConfigMaps, stand-ins for `fieldRef`s, no `secretKeyRef`s.
+fn container_env(
+    deployment: &Value,
+    c: &serde_json::Map<String, Value>,
+    configmaps: &BTreeMap<&str, &serde_json::Map<String, Value>>,
+) -> Result<BTreeMap<String, String>, String> {
     let mut env = BTreeMap::new();
     for e in c.get("env").and_then(Value::as_array).into_iter().flatten() {
         let Some(name) = e["name"].as_str() else {
@@ -638,13 +746,15 @@ fn from_manifests(role: &str, path: &Path) -> Result<(Vec<String>, Files, Secret
             env.insert(name.to_string(), v);
         }
     }
-    // $(VAR) in args is expanded by the kubelet from the container's env; unknown ones stay.
-    for a in &mut argv {
-        for (k, v) in &env {
-            *a = a.replace(&format!("$({k})"), v);
-        }
-    }
-    argv.extend(env_as_flags(role, &env)?);
+    Ok(env)
+}
+
+/// The files of the container's ConfigMap volumes, and the mount paths of its Secret volumes.
+fn volume_files(
+    deployment: &Value,
+    c: &serde_json::Map<String, Value>,
+    configmaps: &BTreeMap<&str, &serde_json::Map<String, Value>>,
+) -> (Files, SecretMounts) {
     let mut files = Files::new();
     let mut secrets = SecretMounts::new();
     let volumes = deployment["spec"]["template"]["spec"]["volumes"]
@@ -660,16 +770,11 @@ fn from_manifests(role: &str, path: &Path) -> Result<(Vec<String>, Files, Secret
         let (Some(vol), Some(mount)) = (m["name"].as_str(), m["mountPath"].as_str()) else {
             continue;
         };
-        let cm = volumes
-            .iter()
-            .find(|v| v["name"] == vol)
-            .and_then(|v| v["configMap"]["name"].as_str());
-        if volumes
-            .iter()
-            .any(|v| v["name"] == vol && v.get("secret").is_some())
-        {
+        let volume = volumes.iter().find(|v| v["name"] == vol);
+        if volume.is_some_and(|v| v.get("secret").is_some()) {
             secrets.push(format!("{}/", mount.trim_end_matches('/')));
         }
+        let cm = volume.and_then(|v| v["configMap"]["name"].as_str());
         if let Some(data) = cm.and_then(|n| configmaps.get(n)) {
             let entries = data
                 .iter()
@@ -678,13 +783,42 @@ fn from_manifests(role: &str, path: &Path) -> Result<(Vec<String>, Files, Secret
             files.insert(mount.to_string(), entries);
         }
     }
-    Ok((argv, files, secrets))
+    (files, secrets)
 }
 
-/// Environment variables as the flags that read them (clap's own definitions say which);
-/// variables no flag reads are ignored, as the binary ignores them.
-fn env_as_flags(role: &str, env: &BTreeMap<String, String>) -> Result<Vec<String>, String> {
-    // Upstream's variable names too (cli/src/upstream.rs), as the binary reads them.
+/// Whether `argv` sets `arg` (by its long name, an alias or its short name).
+fn on_command_line(arg: &clap::Arg, argv: &[String]) -> bool {
+    let longs: Vec<&str> = arg
+        .get_long()
+        .into_iter()
+        .chain(arg.get_all_aliases().unwrap_or_default())
+        .collect();
+    let shorts: Vec<char> = arg
+        .get_short()
+        .into_iter()
+        .chain(arg.get_all_short_aliases().unwrap_or_default())
+        .collect();
+    argv.iter().any(|a| {
+        if let Some(rest) = a.strip_prefix("--") {
+            let name = rest.split_once('=').map_or(rest, |(n, _)| n);
+            longs.contains(&name)
+        } else if let Some(rest) = a.strip_prefix('-') {
+            rest.chars().next().is_some_and(|c| shorts.contains(&c))
+        } else {
+            false
+        }
+    })
+}
+
+/// Environment variables as the flags that read them (clap's own definitions say which, with
+/// upstream's variables where ours are unset, as the binary reads them); variables no flag
+/// reads are ignored, as the binary ignores them, and so are those of flags `argv` sets (the
+/// command line wins).
+fn env_as_flags(
+    role: &str,
+    env: &BTreeMap<String, String>,
+    argv: &[String],
+) -> Result<Vec<String>, String> {
     let cmd = crate::upstream::command(&|k| env.get(k).cloned());
     let sub = cmd
         .find_subcommand(role)
@@ -697,6 +831,9 @@ fn env_as_flags(role: &str, env: &BTreeMap<String, String>) -> Result<Vec<String
         let (Some(value), Some(long)) = (env.get(var), arg.get_long()) else {
             continue;
         };
+        if on_command_line(arg, argv) {
+            continue;
+        }
         // Booleans: `--flag` and, taking `--flag=false` too, `--flag[=bool]`.
         let is_flag = matches!(arg.get_action(), clap::ArgAction::SetTrue)
             || arg.get_default_values() == [std::ffi::OsStr::new("false")];
@@ -782,7 +919,11 @@ mod tests {
         assert!(l.contains("ERROR rules:"), "{l}");
         let r = validate(
             "principal",
-            &args(&["--enable-self-cluster-registration"]),
+            &args(&[
+                "--enable-self-cluster-registration",
+                "--spiffe-endpoint-socket",
+                "unix:///spire.sock",
+            ]),
             SystemTime::now(),
         );
         let l = lines(&r);
@@ -807,12 +948,119 @@ mod tests {
             ),
             ("UNRELATED".to_string(), "x".to_string()),
         ]);
-        let flags = env_as_flags("principal", &env).unwrap();
+        let flags = env_as_flags("principal", &env, &[]).unwrap();
         assert!(
             flags.contains(&"--listen-port=9443".to_string()),
             "{flags:?}"
         );
         assert!(flags.contains(&"--ha".to_string()), "{flags:?}");
         assert_eq!(flags.len(), 2, "{flags:?}");
+    }
+
+    fn manifests(dir: &Path, name: &str, text: &str) -> ValidateArgs {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        ValidateArgs {
+            manifests: Some(path),
+            ..args(&[])
+        }
+    }
+
+    /// A principal Deployment whose args set --listen-host while its params ConfigMap sets
+    /// principal.listen.host too (the Istio and Linkerd overlays): the args win.
+    const MESH_PRINCIPAL: &str = r#"
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: argocd-agent-params}
+data: {principal.listen.host: "0.0.0.0", principal.auth: spiffe}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: argocd-agent-principal}
+spec:
+  template:
+    spec:
+      containers:
+        - name: argocd-agent
+          args: [principal, --auth=header:istio, --listen-host=127.0.0.1]
+          env:
+            - name: ARGOCD_PRINCIPAL_LISTEN_HOST
+              valueFrom: {configMapKeyRef: {name: argocd-agent-params, key: principal.listen.host, optional: true}}
+            - name: ARGOCD_PRINCIPAL_AUTH
+              valueFrom: {configMapKeyRef: {name: argocd-agent-params, key: principal.auth, optional: true}}
+"#;
+
+    #[test]
+    fn manifest_args_win_over_the_environment_they_also_set() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = validate(
+            "principal",
+            &manifests(dir.path(), "m.yaml", MESH_PRINCIPAL),
+            SystemTime::now(),
+        );
+        assert_eq!(r.errors(), 0, "{}", lines(&r));
+        assert!(
+            lines(&r).contains("OK    auth: header:istio"),
+            "{}",
+            lines(&r)
+        );
+        // A directory of rendered files is read as one stream.
+        let sub = dir.path().join("rendered/templates");
+        std::fs::create_dir_all(&sub).unwrap();
+        let (cm, deploy) = MESH_PRINCIPAL.split_once("---").unwrap();
+        std::fs::write(sub.join("a.yaml"), cm).unwrap();
+        std::fs::write(sub.join("b.yml"), deploy).unwrap();
+        let r = validate(
+            "principal",
+            &ValidateArgs {
+                manifests: Some(dir.path().join("rendered")),
+                ..args(&[])
+            },
+            SystemTime::now(),
+        );
+        assert_eq!(r.errors(), 0, "{}", lines(&r));
+        let empty = dir.path().join("empty");
+        std::fs::create_dir_all(&empty).unwrap();
+        let r = validate(
+            "principal",
+            &ValidateArgs {
+                manifests: Some(empty),
+                ..args(&[])
+            },
+            SystemTime::now(),
+        );
+        assert!(
+            lines(&r).contains("no kustomization and no .yaml/.yml file"),
+            "{}",
+            lines(&r)
+        );
+    }
+
+    #[test]
+    fn what_the_binary_refuses_before_starting_is_an_error_naming_the_flag() {
+        let agent = |list: &[&str]| {
+            let mut all = vec!["--server-address", "hub.example.org"];
+            all.extend_from_slice(list);
+            lines(&validate("agent", &args(&all), SystemTime::now()))
+        };
+        let socket = ["--spiffe-endpoint-socket", "unix:///spire.sock"];
+        let l = agent(&socket);
+        assert!(
+            l.contains("ERROR configuration: refusing to connect without pinning the principal: set --principal-spiffe-id"),
+            "{l}"
+        );
+        let l = agent(&["--principal-spiffe-id", "spiffe://hub/p"]);
+        assert!(
+            l.contains("ERROR configuration: no SVID source: set --spiffe-endpoint-socket"),
+            "{l}"
+        );
+        let mut ok = socket.to_vec();
+        ok.extend(["--principal-spiffe-id", "spiffe://hub/p"]);
+        assert!(!agent(&ok).contains("ERROR"), "{}", agent(&ok));
+        let r = validate("agent", &args(&socket), SystemTime::now());
+        assert_eq!(
+            lines(&r),
+            "ERROR flags: the following required arguments were not provided: --server-address <SERVER_ADDRESS>\n"
+        );
     }
 }

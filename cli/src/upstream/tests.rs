@@ -570,6 +570,10 @@ fn agent_aliases_and_translations() {
         "--redis-tls-ca-path",
         "/app/config/redis-tls/ca.crt",
         "--tls-min-version=tls1.2",
+        // The agent refuses to connect to an unpinned principal (upstream's mtls:any does not
+        // pin one).
+        "--principal-trust-domain",
+        "example.org",
     ]);
     assert_eq!(a.creds, "spiffe");
     assert_eq!(a.svid.tls_cert, Some(PathBuf::from("/c.pem")));
