@@ -331,25 +331,35 @@ fn validate_and_the_binary_agree_on_every_deploy_overlay_and_chart_profile() {
     );
 }
 
+/// A command line: a name, the role, flags, environment, and whether the binary starts.
+type Case = (
+    &'static str,
+    &'static str,
+    &'static [&'static str],
+    &'static [(&'static str, &'static str)],
+    bool,
+);
+
 #[test]
 fn validate_and_the_binary_agree_on_command_lines_the_binary_refuses() {
-    let socket = (
+    const SOCKET: (&str, &str) = (
         "SPIFFE_ENDPOINT_SOCKET",
         "unix:///nonexistent/spire-agent.sock",
     );
-    let pin = "--principal-spiffe-id=spiffe://example.org/ns/argocd/sa/argocd-agent-principal";
-    let cases: [(&str, &str, &[&str], &[(&str, &str)], bool); 8] = [
+    const PIN: &str =
+        "--principal-spiffe-id=spiffe://example.org/ns/argocd/sa/argocd-agent-principal";
+    let cases: [Case; 8] = [
         (
             "agent without a principal pin",
             "agent",
             &["--server-address=hub.example.org"],
-            &[socket],
+            &[SOCKET],
             false,
         ),
         (
             "agent without a Workload API socket",
             "agent",
-            &["--server-address=hub.example.org", pin],
+            &["--server-address=hub.example.org", PIN],
             &[],
             false,
         ),
@@ -363,22 +373,22 @@ fn validate_and_the_binary_agree_on_command_lines_the_binary_refuses() {
         (
             "agent without --server-address",
             "agent",
-            &[pin],
-            &[socket],
+            &[PIN],
+            &[SOCKET],
             false,
         ),
         (
             "unknown flag",
             "principal",
             &["--no-such-flag"],
-            &[socket],
+            &[SOCKET],
             false,
         ),
         (
             "agent pinned, socket from the environment",
             "agent",
-            &["--server-address=hub.example.org", pin],
-            &[socket],
+            &["--server-address=hub.example.org", PIN],
+            &[SOCKET],
             true,
         ),
         (
@@ -399,7 +409,7 @@ fn validate_and_the_binary_agree_on_command_lines_the_binary_refuses() {
             "upstream subject mapping",
             "principal",
             &["--auth=mtls:CN=([^,]+)"],
-            &[socket],
+            &[SOCKET],
             false,
         ),
     ];
