@@ -582,3 +582,60 @@ fn charts_refuse_settings_the_binaries_would_refuse() {
         }
     }
 }
+
+/// Keys whose value is one object or list as a whole (documented as one row).
+const WHOLE_VALUES: [&str; 8] = [
+    "affinity",
+    "topologySpreadConstraints",
+    "updateStrategy",
+    "resources",
+    "podSecurityContext",
+    "securityContext",
+    "gatewayLabels",
+    "rules",
+];
+
+/// Dotted paths of the documented values: leaves, and whole objects of [`WHOLE_VALUES`].
+fn value_keys(prefix: &str, v: &Value, out: &mut Vec<String>) {
+    let last = prefix.rsplit('.').next().unwrap_or_default();
+    match v {
+        Value::Object(map) if !map.is_empty() && !WHOLE_VALUES.contains(&last) => {
+            for (k, x) in map {
+                let path = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                value_keys(&path, x, out);
+            }
+        }
+        _ => out.push(prefix.to_owned()),
+    }
+}
+
+#[test]
+fn every_values_key_is_in_the_docs_table() {
+    let doc = std::fs::read_to_string(workspace_root().join("docs/helm.md")).expect("docs/helm.md");
+    let mut missing = Vec::new();
+    for chart in ["argocd-agent-principal", "argocd-agent-agent"] {
+        let path = workspace_root()
+            .join("deploy/helm")
+            .join(chart)
+            .join("values.yaml");
+        let text = std::fs::read_to_string(&path).expect("values.yaml");
+        let values: Value = serde_saphyr::from_str(&text).expect("values.yaml is YAML");
+        let mut keys = Vec::new();
+        value_keys("", &values, &mut keys);
+        assert!(keys.len() > 40, "{chart}: only {} keys", keys.len());
+        missing.extend(
+            keys.into_iter()
+                .filter(|k| !doc.contains(&format!("| `{k}` |")))
+                .map(|k| format!("{chart}: {k}")),
+        );
+    }
+    assert!(
+        missing.is_empty(),
+        "values keys missing from docs/helm.md's tables:\n{}",
+        missing.join("\n")
+    );
+}
