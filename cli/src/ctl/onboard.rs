@@ -106,9 +106,9 @@ pub struct CreateArgs {
     /// The principal's address as the agent dials it (written to the overlay).
     #[arg(long)]
     pub principal_address: Option<String>,
-    /// The principal's port.
-    #[arg(long, default_value_t = 8443)]
-    pub principal_port: u16,
+    /// The principal's port (default 8443; needs --principal-address).
+    #[arg(long)]
+    pub principal_port: Option<u16>,
     /// The principal's SPIFFE ID, which the agent pins (default:
     /// `spiffe://<trust domain>/ns/argocd/sa/argocd-agent-principal`).
     #[arg(long)]
@@ -182,6 +182,58 @@ pub struct Plan {
     pub deploy_dir: String,
 }
 
+/// Refuses flags `agent create` would ignore: the principal's address, port and ID with
+/// `--identity mesh` (the mesh overlay dials the principal's Service through the sidecar and
+/// pins no SVID), and a port without an address.
+fn refuse_ignored_flags(a: &CreateArgs) -> Result<(), String> {
+    if a.identity == IdentitySource::Mesh {
+        let ignored: Vec<&str> = [
+            ("--principal-address", a.principal_address.is_some()),
+            ("--principal-port", a.principal_port.is_some()),
+            ("--principal-spiffe-id", a.principal_spiffe_id.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(flag, given)| given.then_some(flag))
+        .collect();
+        if !ignored.is_empty() {
+            return Err(format!(
+                "--identity mesh: {} not used: the mesh overlay dials the principal's Service (deploy/overlays/<mesh>/agent sets agent.server.address) and the sidecar, not the agent, verifies the principal; change the address in that overlay",
+                ignored.join(", ")
+            ));
+        }
+    }
+    if a.principal_port.is_some() && a.principal_address.is_none() {
+        return Err(
+            "--principal-port needs --principal-address (the overlay writes both or neither)"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
+/// A local `--deploy-dir` must hold the overlay the spoke overlay builds on (a remote URL is
+/// kustomize's to fetch).
+fn check_deploy_dir(plan: &Plan) -> Result<(), String> {
+    if plan.deploy_dir.contains("://") {
+        return Ok(());
+    }
+    let overlay = Path::new(&plan.deploy_dir)
+        .join("overlays")
+        .join(plan.identity.overlay())
+        .join("agent");
+    if overlay.join("kustomization.yaml").is_file() {
+        return Ok(());
+    }
+    Err(format!(
+        "--deploy-dir {}: no {} there; give this project's deploy/ directory (a path) or a kustomize remote URL (https://github.com/<org>/<repo>//deploy?ref=<tag>)",
+        plan.deploy_dir,
+        Path::new("overlays")
+            .join(plan.identity.overlay())
+            .join("agent/kustomization.yaml")
+            .display()
+    ))
+}
+
 /// The name of the mapping rule `agent create` writes for `agent`.
 pub fn rule_name(agent: &AgentName) -> String {
     format!("agent-{agent}")
@@ -227,6 +279,7 @@ impl Plan {
                 ));
             }
         }
+        refuse_ignored_flags(a)?;
         let principal_spiffe_id = match &a.principal_spiffe_id {
             Some(id) => SpiffeId::parse(id).map_err(|e| format!("--principal-spiffe-id: {e}"))?,
             None => SpiffeId::parse(&format!(
@@ -252,7 +305,7 @@ impl Plan {
             principal: a
                 .principal_address
                 .clone()
-                .map(|addr| (addr, a.principal_port)),
+                .map(|addr| (addr, a.principal_port.unwrap_or(8443))),
             issuer: (a.issuer.clone(), a.issuer_kind.clone()),
             deploy_dir: a.deploy_dir.clone(),
         })
@@ -579,6 +632,21 @@ pub fn remove_rule(
     Ok((kept, namespace))
 }
 
+/// After the agent's rule is gone: the rule of `rules` that still admits `id`, as a warning
+/// naming it (the principal keeps accepting the agent through it), or none.
+pub fn still_admitted(rules: &[Value], id: &str) -> Option<String> {
+    let id = SpiffeId::parse(id).ok()?;
+    let set = rule_set(rules).ok()?;
+    let found = set.map(&id).ok()?;
+    Some(format!(
+        "warning: rule {:?} still admits {} (agent {:?}, hub namespace {:?}): the principal keeps accepting it; narrow or remove that rule, or block the ID (argocd-agentctl blocklist add)",
+        found.rule,
+        id.as_str(),
+        found.agent.as_str(),
+        found.namespace.as_str()
+    ))
+}
+
 fn kube_err(what: &str) -> impl Fn(kube::Error) -> String + '_ {
     move |e| format!("{what}: {}", argocd_agent_domain::error_chain(&e))
 }
@@ -785,7 +853,7 @@ pub async fn delete(a: &DeleteArgs) -> Result<Vec<String>, String> {
     let client = a.hub.client().await?;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &a.hub.namespace);
     let cm_name = a.rules_configmap.as_str();
-    let (rule, rule_ns) = with_conflict_retry(|| async {
+    let (rule, rule_ns, warning) = with_conflict_retry(|| async {
         let Some((cm, doc)) = read_rules(&cms, cm_name).await? else {
             return Ok(Ok((
                 format!(
@@ -793,16 +861,23 @@ pub async fn delete(a: &DeleteArgs) -> Result<Vec<String>, String> {
                     rule_name(&agent)
                 ),
                 None,
+                None,
             )));
         };
         let before = rules_of(&doc).to_vec();
+        let id = before
+            .iter()
+            .find(|r| r["name"].as_str() == Some(rule_name(&agent).as_str()))
+            .and_then(|r| r["exact"].as_str().map(str::to_owned));
         let (rules, ns) = remove_rule(&before, &agent)?;
         if rules.len() == before.len() {
             return Ok(Ok((
                 format!("rule {}: already absent", rule_name(&agent)),
                 ns,
+                None,
             )));
         }
+        let warning = id.and_then(|id| still_admitted(&rules, &id));
         Ok(write_rules(&cms, cm_name, Some(cm), doc, rules)
             .await
             .map(|()| {
@@ -813,11 +888,13 @@ pub async fn delete(a: &DeleteArgs) -> Result<Vec<String>, String> {
                         a.hub.namespace
                     ),
                     ns,
+                    warning,
                 )
             }))
     })
     .await?;
     let mut done = vec![rule];
+    done.extend(warning);
     done.push(delete_cluster_secret(&client, &a.hub.namespace, &agent).await?);
     let ns = a
         .hub_namespace
@@ -941,6 +1018,7 @@ pub async fn run_create(a: CreateArgs) -> crate::CmdResult {
     let plan = Plan::new(&a)?;
     let mut notes = Vec::new();
     if let Some(dir) = &a.output_dir {
+        check_deploy_dir(&plan)?;
         notes.extend(write_overlay(&plan, dir)?);
     }
     if a.apply {
@@ -961,10 +1039,14 @@ pub async fn run_create(a: CreateArgs) -> crate::CmdResult {
     Ok(())
 }
 
-/// Runs `agent delete`.
+/// Runs `agent delete`; warnings go to standard error.
 pub async fn run_delete(a: DeleteArgs) -> crate::CmdResult {
     for line in delete(&a).await? {
-        println!("{line}");
+        if line.starts_with("warning: ") {
+            eprintln!("{line}");
+        } else {
+            println!("{line}");
+        }
     }
     Ok(())
 }
@@ -1165,6 +1247,130 @@ mod tests {
             out.contains("#       exact: spiffe://example.org/agent/edge-1")
                 || out.contains("#     exact: spiffe://example.org/agent/edge-1"),
             "{out}"
+        );
+    }
+
+    #[test]
+    fn flags_create_would_ignore_are_refused_by_name() {
+        for (args, flag) in [
+            (
+                &[
+                    "edge-1",
+                    "--identity",
+                    "mesh",
+                    "--principal-address",
+                    "hub.example.org",
+                ][..],
+                "--principal-address",
+            ),
+            (
+                &["edge-1", "--identity", "mesh", "--principal-port", "443"],
+                "--principal-port",
+            ),
+            (
+                &[
+                    "edge-1",
+                    "--identity",
+                    "mesh",
+                    "--principal-spiffe-id",
+                    "spiffe://cluster.local/p",
+                ],
+                "--principal-spiffe-id",
+            ),
+        ] {
+            let err = plan(args).unwrap_err();
+            assert!(
+                err.starts_with("--identity mesh: ") && err.contains(flag),
+                "{args:?}: {err}"
+            );
+        }
+        let err = plan(&[
+            "edge-1",
+            "--trust-domain",
+            "example.org",
+            "--principal-port",
+            "443",
+        ])
+        .unwrap_err();
+        assert!(
+            err.contains("--principal-port needs --principal-address"),
+            "{err}"
+        );
+        let p = plan(&[
+            "edge-1",
+            "--trust-domain",
+            "example.org",
+            "--principal-address",
+            "hub.example.org",
+            "--principal-port",
+            "443",
+        ])
+        .unwrap();
+        assert_eq!(p.principal, Some(("hub.example.org".to_string(), 443)));
+    }
+
+    #[test]
+    fn a_deploy_dir_without_the_overlay_is_refused() {
+        let missing = plan(&[
+            "edge-1",
+            "--trust-domain",
+            "example.org",
+            "--deploy-dir",
+            "/nonexistent",
+        ])
+        .unwrap();
+        let err = check_deploy_dir(&missing).unwrap_err();
+        assert!(
+            err.starts_with(
+                "--deploy-dir /nonexistent: no overlays/spire/agent/kustomization.yaml there"
+            ),
+            "{err}"
+        );
+        let shipped = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy");
+        for identity in ["spire", "cert-manager", "mesh"] {
+            let p = plan(&[
+                "edge-1",
+                "--trust-domain",
+                "example.org",
+                "--identity",
+                identity,
+                "--deploy-dir",
+                shipped,
+            ]);
+            let p = p
+                .or_else(|_| plan(&["edge-1", "--identity", identity, "--deploy-dir", shipped]))
+                .unwrap();
+            check_deploy_dir(&p).unwrap_or_else(|e| panic!("{identity}: {e}"));
+        }
+        let remote = plan(&[
+            "edge-1",
+            "--trust-domain",
+            "example.org",
+            "--deploy-dir",
+            "https://github.com/o/r//deploy?ref=v1",
+        ])
+        .unwrap();
+        assert!(check_deploy_dir(&remote).is_ok());
+    }
+
+    #[test]
+    fn delete_names_the_rule_that_still_admits_the_agent() {
+        // The shipped rules (deploy/principal/rules-cm.yaml) after `agent delete edge-1`
+        // removed the exact rule `agent create` wrote: agent-path still maps the ID.
+        let shipped: Vec<Value> = serde_json::from_value(json!([
+            {"name": "agent-path", "template": "spiffe://{trust_domain}/agent/{agent}", "trustDomains": ["example.org"]},
+            {"name": "spire-k8s", "template": "spiffe://{trust_domain}/ns/{ns}/sa/{sa}", "agent": "{sa}", "namespace": "argocd-{sa}", "trustDomains": ["example.org"], "mode": "both"},
+        ]))
+        .unwrap();
+        let w = still_admitted(&shipped, "spiffe://example.org/agent/edge-1").expect("a warning");
+        assert!(w.starts_with("warning: rule \"agent-path\" still admits spiffe://example.org/agent/edge-1 (agent \"edge-1\""), "{w}");
+        assert_eq!(
+            still_admitted(&shipped, "spiffe://other.org/agent/edge-1"),
+            None
+        );
+        assert_eq!(
+            still_admitted(&[], "spiffe://example.org/agent/edge-1"),
+            None
         );
     }
 }
