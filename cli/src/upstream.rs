@@ -302,6 +302,15 @@ fn adapt(mut sub: clap::Command, role: Role, env: Env<'_>) -> clap::Command {
     for id in empty {
         sub = sub.mut_arg(id, |a| a.env(None::<&str>));
     }
+    // Every boolean takes `--flag=false` too (`--flag` alone is still true), ours as upstream's.
+    let switches: Vec<String> = sub
+        .get_arguments()
+        .filter(|a| matches!(a.get_action(), ArgAction::SetTrue))
+        .map(|a| a.get_id().to_string())
+        .collect();
+    for id in switches {
+        sub = sub.mut_arg(id, |a| boolean(a.default_value("false")));
+    }
     sub
 }
 

@@ -702,3 +702,47 @@ fn durations_in_go_notation() {
     assert!(d("1.5s").is_err());
     assert!(d("m").is_err());
 }
+
+#[test]
+fn every_boolean_flag_takes_false_and_true() {
+    let cmd = <Cli as clap::CommandFactory>::command();
+    let mut checked = 0;
+    for role in ["principal", "agent"] {
+        let sub = cmd.find_subcommand(role).expect("subcommand");
+        let switches: Vec<String> = sub
+            .get_arguments()
+            .filter(|a| matches!(a.get_action(), ArgAction::SetTrue))
+            .filter_map(|a| a.get_long().map(str::to_owned))
+            .collect();
+        assert!(switches.len() > 5, "{role}: {switches:?}");
+        for long in switches {
+            for (value, expect) in [("=false", false), ("=true", true), ("", true)] {
+                let flag = format!("--{long}{value}");
+                let mut argv = vec!["argocd-agent", role, flag.as_str()];
+                if role == "agent" {
+                    argv.extend(["--server-address", "hub"]);
+                }
+                let parsed = try_parse_from(argv.clone(), &|_: &str| None);
+                let matches = command(&|_: &str| None)
+                    .try_get_matches_from(argv.clone())
+                    .unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+                let (_, sub) = matches.subcommand().expect("a subcommand");
+                let id = sub_id(&cmd, role, &long);
+                assert_eq!(sub.get_one::<bool>(&id).copied(), Some(expect), "{argv:?}");
+                if let Err(ParseError::Clap(e)) = parsed {
+                    panic!("{argv:?}: {e}");
+                }
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked > 30, "{checked}");
+}
+
+/// The clap id of `--long` in `role`.
+fn sub_id(cmd: &clap::Command, role: &str, long: &str) -> String {
+    cmd.find_subcommand(role)
+        .and_then(|s| s.get_arguments().find(|a| a.get_long() == Some(long)))
+        .map(|a| a.get_id().to_string())
+        .expect("the flag")
+}
