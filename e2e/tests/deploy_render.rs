@@ -183,12 +183,13 @@ fn help(c: Component) -> &'static str {
     })
 }
 
-/// The flags `--help` lists (first token of each option line, without the value name).
+/// The flags `--help` lists (first token of each option line, without the value name; a
+/// boolean's optional value, `--flag[=<FLAG>]`, is cut off).
 fn help_flags(help: &str) -> BTreeSet<String> {
     help.lines()
         .flat_map(|l| l.split([' ', ',']))
         .filter(|t| t.starts_with("--") && t.len() > 2)
-        .map(str::to_owned)
+        .map(|t| t.split("[=").next().unwrap_or(t).to_owned())
         .collect()
 }
 

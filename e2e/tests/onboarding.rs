@@ -279,6 +279,9 @@ async fn scenario(topo: &mut Topology, rules_file: &Path) -> Result<(), HarnessE
         "127.0.0.1",
         "--principal-spiffe-id",
         "spiffe://example.org/ns/argocd/sa/argocd-agent-principal",
+        // The agent refuses to start without an SVID source (not read offline).
+        "--spiffe-endpoint-socket",
+        "unix:///run/spire/agent.sock",
     ]);
     let (stdout, err) = text(&out);
     assert!(out.status.success(), "{stdout}{err}");
