@@ -340,81 +340,96 @@ type Case = (
     bool,
 );
 
+/// A Workload API socket that does not exist (the binary then waits for it: past argument checking).
+const SOCKET: (&str, &str) = (
+    "SPIFFE_ENDPOINT_SOCKET",
+    "unix:///nonexistent/spire-agent.sock",
+);
+/// The agent's pin of the principal.
+const PIN: &str = "--principal-spiffe-id=spiffe://example.org/ns/argocd/sa/argocd-agent-principal";
+/// Command lines of the reports, and booleans given `=false`.
+const CASES: [Case; 10] = [
+    ("--ha=false", "principal", &["--ha=false"], &[SOCKET], true),
+    (
+        "--disable-resource-proxy=false",
+        "agent",
+        &[
+            "--server-address=hub.example.org",
+            PIN,
+            "--disable-resource-proxy=false",
+        ],
+        &[SOCKET],
+        true,
+    ),
+    (
+        "agent without a principal pin",
+        "agent",
+        &["--server-address=hub.example.org"],
+        &[SOCKET],
+        false,
+    ),
+    (
+        "agent without a Workload API socket",
+        "agent",
+        &["--server-address=hub.example.org", PIN],
+        &[],
+        false,
+    ),
+    (
+        "principal without a Workload API socket",
+        "principal",
+        &[],
+        &[],
+        false,
+    ),
+    (
+        "agent without --server-address",
+        "agent",
+        &[PIN],
+        &[SOCKET],
+        false,
+    ),
+    (
+        "unknown flag",
+        "principal",
+        &["--no-such-flag"],
+        &[SOCKET],
+        false,
+    ),
+    (
+        "agent pinned, socket from the environment",
+        "agent",
+        &["--server-address=hub.example.org", PIN],
+        &[SOCKET],
+        true,
+    ),
+    (
+        "principal behind Istio, listen host from flag and environment",
+        "principal",
+        &[
+            "--auth=header:istio",
+            "--listen-host=127.0.0.1",
+            "--listen-port=0",
+            "--metrics-port=0",
+            "--redis-proxy-address=127.0.0.1:0",
+            "--admin-address=off",
+        ],
+        &[("ARGOCD_PRINCIPAL_LISTEN_HOST", "0.0.0.0")],
+        true,
+    ),
+    (
+        "upstream subject mapping",
+        "principal",
+        &["--auth=mtls:CN=([^,]+)"],
+        &[SOCKET],
+        false,
+    ),
+];
+
 #[test]
 fn validate_and_the_binary_agree_on_command_lines_the_binary_refuses() {
-    const SOCKET: (&str, &str) = (
-        "SPIFFE_ENDPOINT_SOCKET",
-        "unix:///nonexistent/spire-agent.sock",
-    );
-    const PIN: &str =
-        "--principal-spiffe-id=spiffe://example.org/ns/argocd/sa/argocd-agent-principal";
-    let cases: [Case; 8] = [
-        (
-            "agent without a principal pin",
-            "agent",
-            &["--server-address=hub.example.org"],
-            &[SOCKET],
-            false,
-        ),
-        (
-            "agent without a Workload API socket",
-            "agent",
-            &["--server-address=hub.example.org", PIN],
-            &[],
-            false,
-        ),
-        (
-            "principal without a Workload API socket",
-            "principal",
-            &[],
-            &[],
-            false,
-        ),
-        (
-            "agent without --server-address",
-            "agent",
-            &[PIN],
-            &[SOCKET],
-            false,
-        ),
-        (
-            "unknown flag",
-            "principal",
-            &["--no-such-flag"],
-            &[SOCKET],
-            false,
-        ),
-        (
-            "agent pinned, socket from the environment",
-            "agent",
-            &["--server-address=hub.example.org", PIN],
-            &[SOCKET],
-            true,
-        ),
-        (
-            "principal behind Istio, listen host from flag and environment",
-            "principal",
-            &[
-                "--auth=header:istio",
-                "--listen-host=127.0.0.1",
-                "--listen-port=0",
-                "--metrics-port=0",
-                "--redis-proxy-address=127.0.0.1:0",
-                "--admin-address=off",
-            ],
-            &[("ARGOCD_PRINCIPAL_LISTEN_HOST", "0.0.0.0")],
-            true,
-        ),
-        (
-            "upstream subject mapping",
-            "principal",
-            &["--auth=mtls:CN=([^,]+)"],
-            &[SOCKET],
-            false,
-        ),
-    ];
     let mut disagreements = Vec::new();
-    for (case, role, args, env, starts) in cases {
+    for (case, role, args, env, starts) in CASES {
         let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
         let env: BTreeMap<String, String> = env
             .iter()
