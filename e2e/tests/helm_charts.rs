@@ -639,3 +639,207 @@ fn every_values_key_is_in_the_docs_table() {
         missing.join("\n")
     );
 }
+
+/// The kinds the charts create, registered on the Kubernetes API test server as stored
+/// built-in resources (its defaults hold namespaces, Secrets, ConfigMaps, Leases, ...).
+fn chart_resources() -> Vec<argocd_agent_kube_test_server::ResourceType> {
+    use argocd_agent_kube_test_server::ResourceType as R;
+    let mut all = R::defaults();
+    all.extend([
+        R::new("", "v1", "serviceaccounts", "ServiceAccount", true, false).built_in(false),
+        R::new("", "v1", "services", "Service", true, true).built_in(false),
+        R::new("apps", "v1", "deployments", "Deployment", true, true).built_in(true),
+        R::new(
+            "rbac.authorization.k8s.io",
+            "v1",
+            "roles",
+            "Role",
+            true,
+            false,
+        )
+        .built_in(false),
+        R::new(
+            "rbac.authorization.k8s.io",
+            "v1",
+            "rolebindings",
+            "RoleBinding",
+            true,
+            false,
+        )
+        .built_in(false),
+        R::new(
+            "rbac.authorization.k8s.io",
+            "v1",
+            "clusterroles",
+            "ClusterRole",
+            false,
+            false,
+        )
+        .built_in(false),
+        R::new(
+            "rbac.authorization.k8s.io",
+            "v1",
+            "clusterrolebindings",
+            "ClusterRoleBinding",
+            false,
+            false,
+        )
+        .built_in(false),
+        R::new(
+            "networking.k8s.io",
+            "v1",
+            "networkpolicies",
+            "NetworkPolicy",
+            true,
+            false,
+        )
+        .built_in(true),
+        R::new(
+            "policy",
+            "v1",
+            "poddisruptionbudgets",
+            "PodDisruptionBudget",
+            true,
+            true,
+        )
+        .built_in(true),
+        // Custom resources of the mesh and ServiceMonitor profiles.
+        R::new(
+            "security.istio.io",
+            "v1",
+            "peerauthentications",
+            "PeerAuthentication",
+            true,
+            false,
+        ),
+        R::new(
+            "security.istio.io",
+            "v1",
+            "authorizationpolicies",
+            "AuthorizationPolicy",
+            true,
+            false,
+        ),
+        R::new(
+            "networking.istio.io",
+            "v1",
+            "sidecars",
+            "Sidecar",
+            true,
+            false,
+        ),
+        R::new(
+            "networking.istio.io",
+            "v1",
+            "destinationrules",
+            "DestinationRule",
+            true,
+            false,
+        ),
+        R::new(
+            "policy.linkerd.io",
+            "v1beta3",
+            "servers",
+            "Server",
+            true,
+            false,
+        ),
+        R::new(
+            "policy.linkerd.io",
+            "v1alpha1",
+            "meshtlsauthentications",
+            "MeshTLSAuthentication",
+            true,
+            false,
+        ),
+        R::new(
+            "policy.linkerd.io",
+            "v1alpha1",
+            "authorizationpolicies",
+            "AuthorizationPolicy",
+            true,
+            false,
+        ),
+        R::new(
+            "monitoring.coreos.com",
+            "v1",
+            "servicemonitors",
+            "ServiceMonitor",
+            true,
+            false,
+        ),
+    ]);
+    all
+}
+
+/// `helm install`s a profile on a fresh Kubernetes API test server (a cluster of its own, as
+/// the principal's and an agent's are) and checks every rendered object was stored.
+async fn install_on_own_cluster(helm: &Path, p: &Profile) {
+    use argocd_agent_kube_test_server::{KubeTestServer, ServerOptions};
+    let server = KubeTestServer::start_on(
+        std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+        ServerOptions {
+            resources: chart_resources(),
+            initial_namespaces: vec!["argocd".into()],
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("starting the Kubernetes API test server");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    server
+        .write_kubeconfig(&kubeconfig, "cluster")
+        .expect("writing the kubeconfig");
+    let mut args: Vec<String> = vec![
+        "install".into(),
+        p.chart.into(),
+        p.chart_dir().to_string_lossy().into_owned(),
+        "--namespace".into(),
+        "argocd".into(),
+        "--kubeconfig".into(),
+        kubeconfig.to_string_lossy().into_owned(),
+    ];
+    args.extend(p.values_args());
+    let h = helm.to_path_buf();
+    tokio::task::spawn_blocking(move || run_helm(&h, &args))
+        .await
+        .expect("helm install ran")
+        .unwrap_or_else(|e| panic!("{}: {e}", p.label()));
+    let resources = chart_resources();
+    let rendered = render_chart(helm, p, &[]).unwrap_or_else(|e| panic!("{}: {e}", p.label()));
+    for o in &rendered {
+        let (kind, name) = key(o);
+        let api_version = o["apiVersion"].as_str().unwrap_or_default();
+        let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+        let plural = &resources
+            .iter()
+            .find(|r| r.kind == kind && r.group == group)
+            .unwrap_or_else(|| panic!("{kind} is not registered"))
+            .plural;
+        let stored = server.get_object(group, version, plural, Some("argocd"), &name);
+        assert!(
+            stored.is_some(),
+            "{}: {kind} {name} was not created",
+            p.label()
+        );
+    }
+    // Helm's release record, in a Secret of the release namespace.
+    let releases = server.list_objects("", "v1", "secrets", Some("argocd"));
+    assert!(
+        releases.iter().any(|s| s["type"] == "helm.sh/release.v1"),
+        "{}: no release Secret",
+        p.label()
+    );
+    server.shutdown().await;
+}
+
+/// `helm install` of every profile against the Kubernetes API test server, which stores the
+/// objects as an API server does (discovery, creates, Helm's release Secret).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn helm_installs_every_profile_on_a_kubernetes_api() {
+    let Some(helm) = helm() else { return };
+    for p in PROFILES {
+        install_on_own_cluster(&helm, &p).await;
+    }
+}
