@@ -640,135 +640,178 @@ fn every_values_key_is_in_the_docs_table() {
     );
 }
 
+/// A kind the charts create: group, version, plural, kind, namespaced, status subresource,
+/// and for built-in kinds whether they keep `metadata.generation` (`None`: a custom resource).
+type Kind = (
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+    bool,
+    bool,
+    Option<bool>,
+);
+
+const CHART_KINDS: [Kind; 17] = [
+    (
+        "",
+        "v1",
+        "serviceaccounts",
+        "ServiceAccount",
+        true,
+        false,
+        Some(false),
+    ),
+    ("", "v1", "services", "Service", true, true, Some(false)),
+    (
+        "apps",
+        "v1",
+        "deployments",
+        "Deployment",
+        true,
+        true,
+        Some(true),
+    ),
+    (
+        "rbac.authorization.k8s.io",
+        "v1",
+        "roles",
+        "Role",
+        true,
+        false,
+        Some(false),
+    ),
+    (
+        "rbac.authorization.k8s.io",
+        "v1",
+        "rolebindings",
+        "RoleBinding",
+        true,
+        false,
+        Some(false),
+    ),
+    (
+        "rbac.authorization.k8s.io",
+        "v1",
+        "clusterroles",
+        "ClusterRole",
+        false,
+        false,
+        Some(false),
+    ),
+    (
+        "rbac.authorization.k8s.io",
+        "v1",
+        "clusterrolebindings",
+        "ClusterRoleBinding",
+        false,
+        false,
+        Some(false),
+    ),
+    (
+        "networking.k8s.io",
+        "v1",
+        "networkpolicies",
+        "NetworkPolicy",
+        true,
+        false,
+        Some(true),
+    ),
+    (
+        "policy",
+        "v1",
+        "poddisruptionbudgets",
+        "PodDisruptionBudget",
+        true,
+        true,
+        Some(true),
+    ),
+    (
+        "security.istio.io",
+        "v1",
+        "peerauthentications",
+        "PeerAuthentication",
+        true,
+        false,
+        None,
+    ),
+    (
+        "security.istio.io",
+        "v1",
+        "authorizationpolicies",
+        "AuthorizationPolicy",
+        true,
+        false,
+        None,
+    ),
+    (
+        "networking.istio.io",
+        "v1",
+        "sidecars",
+        "Sidecar",
+        true,
+        false,
+        None,
+    ),
+    (
+        "networking.istio.io",
+        "v1",
+        "destinationrules",
+        "DestinationRule",
+        true,
+        false,
+        None,
+    ),
+    (
+        "policy.linkerd.io",
+        "v1beta3",
+        "servers",
+        "Server",
+        true,
+        false,
+        None,
+    ),
+    (
+        "policy.linkerd.io",
+        "v1alpha1",
+        "meshtlsauthentications",
+        "MeshTLSAuthentication",
+        true,
+        false,
+        None,
+    ),
+    (
+        "policy.linkerd.io",
+        "v1alpha1",
+        "authorizationpolicies",
+        "AuthorizationPolicy",
+        true,
+        false,
+        None,
+    ),
+    (
+        "monitoring.coreos.com",
+        "v1",
+        "servicemonitors",
+        "ServiceMonitor",
+        true,
+        false,
+        None,
+    ),
+];
+
 /// The kinds the charts create, registered on the Kubernetes API test server as stored
-/// built-in resources (its defaults hold namespaces, Secrets, ConfigMaps, Leases, ...).
+/// resources, besides its defaults (namespaces, Secrets, ConfigMaps, Leases, ...).
 fn chart_resources() -> Vec<argocd_agent_kube_test_server::ResourceType> {
     use argocd_agent_kube_test_server::ResourceType as R;
     let mut all = R::defaults();
-    all.extend([
-        R::new("", "v1", "serviceaccounts", "ServiceAccount", true, false).built_in(false),
-        R::new("", "v1", "services", "Service", true, true).built_in(false),
-        R::new("apps", "v1", "deployments", "Deployment", true, true).built_in(true),
-        R::new(
-            "rbac.authorization.k8s.io",
-            "v1",
-            "roles",
-            "Role",
-            true,
-            false,
-        )
-        .built_in(false),
-        R::new(
-            "rbac.authorization.k8s.io",
-            "v1",
-            "rolebindings",
-            "RoleBinding",
-            true,
-            false,
-        )
-        .built_in(false),
-        R::new(
-            "rbac.authorization.k8s.io",
-            "v1",
-            "clusterroles",
-            "ClusterRole",
-            false,
-            false,
-        )
-        .built_in(false),
-        R::new(
-            "rbac.authorization.k8s.io",
-            "v1",
-            "clusterrolebindings",
-            "ClusterRoleBinding",
-            false,
-            false,
-        )
-        .built_in(false),
-        R::new(
-            "networking.k8s.io",
-            "v1",
-            "networkpolicies",
-            "NetworkPolicy",
-            true,
-            false,
-        )
-        .built_in(true),
-        R::new(
-            "policy",
-            "v1",
-            "poddisruptionbudgets",
-            "PodDisruptionBudget",
-            true,
-            true,
-        )
-        .built_in(true),
-        // Custom resources of the mesh and ServiceMonitor profiles.
-        R::new(
-            "security.istio.io",
-            "v1",
-            "peerauthentications",
-            "PeerAuthentication",
-            true,
-            false,
-        ),
-        R::new(
-            "security.istio.io",
-            "v1",
-            "authorizationpolicies",
-            "AuthorizationPolicy",
-            true,
-            false,
-        ),
-        R::new(
-            "networking.istio.io",
-            "v1",
-            "sidecars",
-            "Sidecar",
-            true,
-            false,
-        ),
-        R::new(
-            "networking.istio.io",
-            "v1",
-            "destinationrules",
-            "DestinationRule",
-            true,
-            false,
-        ),
-        R::new(
-            "policy.linkerd.io",
-            "v1beta3",
-            "servers",
-            "Server",
-            true,
-            false,
-        ),
-        R::new(
-            "policy.linkerd.io",
-            "v1alpha1",
-            "meshtlsauthentications",
-            "MeshTLSAuthentication",
-            true,
-            false,
-        ),
-        R::new(
-            "policy.linkerd.io",
-            "v1alpha1",
-            "authorizationpolicies",
-            "AuthorizationPolicy",
-            true,
-            false,
-        ),
-        R::new(
-            "monitoring.coreos.com",
-            "v1",
-            "servicemonitors",
-            "ServiceMonitor",
-            true,
-            false,
-        ),
-    ]);
+    for (group, version, plural, kind, namespaced, status, built_in) in CHART_KINDS {
+        let r = R::new(group, version, plural, kind, namespaced, status);
+        all.push(match built_in {
+            Some(generation) => r.built_in(generation),
+            None => r,
+        });
+    }
     all
 }
 
