@@ -280,36 +280,48 @@ fn chart_renders(tmp: &Path) -> Vec<(String, PathBuf, &'static str)> {
     out
 }
 
+/// How validate and the binary disagree on the Deployment of one render, and whether the
+/// binary refuses the shipped settings.
+fn render_disagreements(case: &str, file: &Path, role: &str) -> Vec<String> {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let text = std::fs::read_to_string(file).expect("reading the render");
+    let objects: Vec<Value> = serde_saphyr::from_multiple::<Value>(&text)
+        .expect("rendered YAML")
+        .into_iter()
+        .filter(|v| !v.is_null())
+        .collect();
+    let (args, env) = deployment_command_line(&objects, role, tmp.path());
+    let binary = binary_verdict(role, &args, &env);
+    let manifests = vec![
+        "--manifests".to_owned(),
+        file.to_string_lossy().into_owned(),
+    ];
+    let validate = validate_verdict(role, &manifests, &BTreeMap::new());
+    let mut out: Vec<String> = agree(case, &binary, &validate).err().into_iter().collect();
+    if binary != Verdict::Accepted {
+        out.push(format!(
+            "{case}: the binary refuses the shipped settings: {binary:?}"
+        ));
+    }
+    out
+}
+
 #[test]
 fn validate_and_the_binary_agree_on_every_deploy_overlay_and_chart_profile() {
     let tmp = tempfile::tempdir().expect("temp dir");
     let mut cases = kustomize_renders(tmp.path());
     cases.extend(chart_renders(tmp.path()));
-    let mut disagreements = Vec::new();
-    for (case, file, role) in &cases {
-        let text = std::fs::read_to_string(file).expect("reading the render");
-        let objects: Vec<Value> = serde_saphyr::from_multiple::<Value>(&text)
-            .expect("rendered YAML")
-            .into_iter()
-            .filter(|v| !v.is_null())
+    // In parallel: a Workload API setup waits out the 3 s deadline.
+    let mut disagreements: Vec<String> = std::thread::scope(|s| {
+        let handles: Vec<_> = cases
+            .iter()
+            .map(|(case, file, role)| s.spawn(move || render_disagreements(case, file, role)))
             .collect();
-        let (args, env) = deployment_command_line(&objects, role, tmp.path());
-        let binary = binary_verdict(role, &args, &env);
-        let manifests = vec![
-            "--manifests".to_owned(),
-            file.to_string_lossy().into_owned(),
-        ];
-        let validate = validate_verdict(role, &manifests, &BTreeMap::new());
-        if let Err(e) = agree(case, &binary, &validate) {
-            disagreements.push(e);
-        }
-        // Every shipped render starts.
-        if binary != Verdict::Accepted {
-            disagreements.push(format!(
-                "{case}: the binary refuses the shipped settings: {binary:?}"
-            ));
-        }
-    }
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("a case panicked (see above)"))
+            .collect()
+    });
     // A kustomization directory is rendered by validate itself.
     let dir = workspace_root().join("deploy/overlays/istio/principal");
     let validate = validate_verdict(
