@@ -10,6 +10,7 @@
 //! that does not exist and no SPIRE). `validate`'s verdict: an `ERROR flags:`, `ERROR
 //! configuration:` or `ERROR upstream setting:` line is a refusal at argument checking (its
 //! other checks, of SVID files and rules, look further than the binary's argument checks).
+//! With manifests, validate reads their environment and none of its own process.
 #![forbid(unsafe_code)]
 
 use std::collections::BTreeMap;
@@ -466,4 +467,48 @@ fn validate_and_the_binary_agree_on_command_lines_the_binary_refuses() {
         "validate and the binary disagree:\n{}",
         disagreements.join("\n")
     );
+}
+
+/// With manifests, `validate` reads the Deployment's environment only: a variable of its own
+/// process (here the Workload API socket the manifests lack) does not hide what the pod
+/// would lack.
+#[test]
+fn validate_reads_the_manifests_environment_not_its_own() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let (_, file, _) = kustomize_renders(tmp.path())
+        .into_iter()
+        .find(|(case, _, _)| case == "deploy/overlays/spire/agent")
+        .expect("the SPIRE agent overlay");
+    let text = std::fs::read_to_string(&file).expect("reading the render");
+    let mut objects: Vec<Value> = serde_saphyr::from_multiple::<Value>(&text)
+        .expect("rendered YAML")
+        .into_iter()
+        .filter(|v| !v.is_null())
+        .collect();
+    for o in objects.iter_mut().filter(|o| o["kind"] == "Deployment") {
+        let env = o["spec"]["template"]["spec"]["containers"][0]["env"]
+            .as_array_mut()
+            .expect("env");
+        env.retain(|e| e["name"] != "SPIFFE_ENDPOINT_SOCKET");
+    }
+    let stripped = tmp.path().join("without-socket.json");
+    // One JSON document per object (JSON is YAML), as a multi-document stream.
+    let docs: Vec<String> = objects.iter().map(|o| o.to_string()).collect();
+    std::fs::write(&stripped, docs.join("\n---\n")).expect("writing the manifests");
+    let own_env = BTreeMap::from([(
+        "SPIFFE_ENDPOINT_SOCKET".to_owned(),
+        "unix:///run/spire/agent.sock".to_owned(),
+    )]);
+    let manifests = [
+        "--manifests".to_owned(),
+        stripped.to_string_lossy().into_owned(),
+    ];
+    let validate = validate_verdict("agent", &manifests, &own_env);
+    let (args, env) = deployment_command_line(&objects, "agent", tmp.path());
+    let binary = binary_verdict("agent", &args, &env);
+    assert!(
+        matches!(&binary, Verdict::Refused(m) if m.starts_with("no SVID source")),
+        "{binary:?}"
+    );
+    agree("SPIRE agent without its socket", &binary, &validate).unwrap_or_else(|e| panic!("{e}"));
 }
