@@ -368,19 +368,19 @@ impl Event {
     /// carries that span's trace context (`traceparent` / `tracestate`), so the peer's
     /// handling of it joins the same trace even when it waits in a queue first.
     pub fn new(source: &str, ty: EventType, payload: Payload) -> Event {
-        let mut e = Event {
+        let headers = crate::trace::context::span_headers(&tracing::Span::current());
+        let headers = headers.unwrap_or_default();
+        Event {
             id: uuid::Uuid::new_v4().to_string(),
             source: source.to_owned(),
             time: SystemTime::now(),
             ty,
             resource: None,
             ack_id: None,
-            traceparent: None,
-            tracestate: None,
+            traceparent: headers.traceparent,
+            tracestate: headers.tracestate,
             payload,
-        };
-        crate::trace::inject_current(&mut e);
-        e
+        }
     }
 
     /// A resource event.

@@ -5,27 +5,16 @@
 //! Without an OpenTelemetry layer in the tracing subscriber (no exporter configured) spans
 //! have no OpenTelemetry context: nothing is injected and extracting is a no-op.
 
-use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
+pub(crate) mod context;
+
+use opentelemetry::propagation::{Extractor, TextMapPropagator};
 use opentelemetry::trace::TraceContextExt;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
+use context::{TRACEPARENT, TRACESTATE, span_headers};
+
 use crate::event::Event;
-
-const TRACEPARENT: &str = "traceparent";
-const TRACESTATE: &str = "tracestate";
-
-struct EventCarrier<'a>(&'a mut Event);
-
-impl Injector for EventCarrier<'_> {
-    fn set(&mut self, key: &str, value: String) {
-        match key {
-            TRACEPARENT => self.0.traceparent = Some(value),
-            TRACESTATE => self.0.tracestate = Some(value).filter(|v| !v.is_empty()),
-            _ => {}
-        }
-    }
-}
 
 struct EventView<'a>(&'a Event);
 
@@ -49,16 +38,10 @@ impl Extractor for EventView<'_> {
 /// Sets the event's trace context to the OpenTelemetry context of `span` (nothing when the
 /// span is not traced).
 pub fn inject_span(event: &mut Event, span: &tracing::Span) {
-    if span.is_disabled() {
-        return;
+    if let Some(headers) = span_headers(span) {
+        event.traceparent = headers.traceparent;
+        event.tracestate = headers.tracestate;
     }
-    let cx = span.context();
-    if !cx.span().span_context().is_valid() {
-        return;
-    }
-    event.traceparent = None;
-    event.tracestate = None;
-    TraceContextPropagator::new().inject_context(&cx, &mut EventCarrier(event));
 }
 
 /// [`inject_span`] with the current span.
