@@ -11,8 +11,35 @@ use argocd_agent_identity::source::SvidSource;
 use argocd_agent_identity::tls::PeerPolicy;
 use argocd_agent_identity::transport::ChannelOptions;
 
-use crate::Transport;
 use crate::error::{AgentError, SessionError};
+use argocd_agent_identity::source::SvidConfig;
+use argocd_agent_identity::{SpiffeId, TrustDomain};
+
+/// How the agent reaches the principal.
+#[derive(Debug, Clone)]
+pub enum Transport {
+    /// SVID mutual TLS straight to the principal; the principal must present `principal_id`
+    /// (or any ID of `principal_trust_domain` when no ID is pinned).
+    Mtls {
+        /// Where the agent's X.509-SVID comes from (Workload API or PEM files).
+        svid: SvidConfig,
+        /// The principal's SPIFFE ID the handshake must present (`--principal-spiffe-id`).
+        principal_id: Option<SpiffeId>,
+        /// Any principal of this trust domain, when no ID is pinned.
+        principal_trust_domain: Option<TrustDomain>,
+    },
+    /// Plaintext HTTP/2 to the local mesh sidecar, which does mTLS (`--creds header:`).
+    PlaintextToSidecar,
+    /// A JWT-SVID (audience = the principal's SPIFFE ID) from the Workload API as a bearer
+    /// token, for principals behind a TLS-terminating ingress. The connection to `server` is
+    /// plaintext HTTP/2: run it through a local TLS-originating proxy or sidecar.
+    JwtSvid {
+        /// The Workload API endpoint (`None`: `SPIFFE_ENDPOINT_SOCKET`).
+        endpoint: Option<String>,
+        /// The token's audience: the principal's SPIFFE ID.
+        audience: SpiffeId,
+    },
+}
 
 /// gRPC message compression the agent asks for (`--enable-compression`,
 /// `--compression-algorithm`). The agent always decodes both; the principal always decodes
@@ -46,15 +73,18 @@ impl Compression {
     }
 }
 
+/// A compression algorithm other than `gzip` or `zstd`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown compression algorithm {0:?} (gzip or zstd)")]
+pub struct UnknownCompression(pub String);
+
 impl std::str::FromStr for Compression {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownCompression;
+    fn from_str(s: &str) -> Result<Self, UnknownCompression> {
         match s {
             "gzip" => Ok(Compression::Gzip),
             "zstd" => Ok(Compression::Zstd),
-            _ => Err(format!(
-                "unknown compression algorithm {s:?} (gzip or zstd)"
-            )),
+            _ => Err(UnknownCompression(s.to_owned())),
         }
     }
 }

@@ -38,9 +38,6 @@ const KNOWN: [(&str, &[&str]); 5] = [
         "agent",
         &[
             "children.rs",
-            "connection.rs",
-            "dialer.rs",
-            "lib.rs",
             "objects.rs",
             "proxy/exec.rs",
             "proxy/logs.rs",
@@ -408,8 +405,8 @@ fn import_graph(src: &Path) -> Graph {
     graph
 }
 
-/// Re-exported names (`pub use a::b::Name;` at a module's top level), keyed by the module that
-/// re-exports them, with the absolute path they come from.
+/// Re-exported names (`pub use a::b::Name;` at a module's top level, and exported macros at
+/// the root), keyed by the module that re-exports them, with the absolute path they come from.
 type Reexports = BTreeMap<(ModPath, String), ModPath>;
 
 fn reexports(
@@ -422,6 +419,13 @@ fn reexports(
         let toks = tokens(&strip(&sources[rel]));
         let mut depth = 0usize;
         for (i, t) in toks.iter().enumerate() {
+            // `#[macro_export] macro_rules! name` lives at the crate root as `crate::name`.
+            let exported = toks[..i].iter().rev().take(8).any(|t| t == "macro_export");
+            if let Some(name) = toks.get(i + 2).filter(|_| t == "macro_rules" && exported) {
+                let mut origin = module.clone();
+                origin.push(name.clone());
+                out.insert((Vec::new(), name.clone()), origin);
+            }
             match t.as_str() {
                 "{" => depth += 1,
                 "}" => depth = depth.saturating_sub(1),
