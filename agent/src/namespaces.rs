@@ -48,7 +48,8 @@ impl AllowedNamespaces {
     pub fn new(argocd: &str, patterns: &[String]) -> Result<AllowedNamespaces, String> {
         let mut out = AllowedNamespaces::only(argocd);
         for source in patterns.iter().map(|p| p.trim()).filter(|p| !p.is_empty()) {
-            let regex = compile(source).map_err(|e| format!("pattern {source:?}: {e}"))?;
+            let regex =
+                compile(source).map_err(|e| format!("pattern {source:?}: {}", String::from(e)))?;
             out.patterns.push(Pattern {
                 source: source.to_owned(),
                 regex,

@@ -21,13 +21,18 @@ pub enum Compression {
     None,
 }
 
+/// A compression name other than `gzip` or `none`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?}: expected gzip or none")]
+pub struct UnknownCompression(pub String);
+
 impl std::str::FromStr for Compression {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownCompression;
+    fn from_str(s: &str) -> Result<Self, UnknownCompression> {
         match s {
             "gzip" => Ok(Compression::Gzip),
             "none" => Ok(Compression::None),
-            _ => Err(format!("{s:?}: expected gzip or none")),
+            _ => Err(UnknownCompression(s.to_owned())),
         }
     }
 }
