@@ -1,7 +1,6 @@
 //! The crate's error type.
 
 use crate::guard::GuardError;
-use crate::xfcc::XfccError;
 
 /// Why a mesh-forwarded identity (or a mesh setting) was refused.
 #[derive(Debug, thiserror::Error)]
@@ -120,4 +119,94 @@ pub enum MeshError {
     /// A listener or peer address the trusted-proxy guard refuses.
     #[error(transparent)]
     Guard(#[from] GuardError),
+}
+
+/// Why an XFCC value was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum XfccError {
+    /// The value is longer than [`MAX_XFCC_BYTES`](crate::xfcc::MAX_XFCC_BYTES).
+    #[error("x-forwarded-client-cert is {len} bytes, more than the limit of {max}")]
+    TooLong {
+        /// Length of the value.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// More than [`MAX_XFCC_ELEMENTS`](crate::xfcc::MAX_XFCC_ELEMENTS) elements.
+    #[error("x-forwarded-client-cert has more than {max} elements")]
+    TooManyElements {
+        /// The limit.
+        max: usize,
+    },
+    /// More than [`MAX_XFCC_PAIRS`](crate::xfcc::MAX_XFCC_PAIRS) pairs in one element.
+    #[error("x-forwarded-client-cert element {element} has more than {max} key=value pairs")]
+    TooManyPairs {
+        /// Index of the element (0 = first).
+        element: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// An element (or the whole value) is empty, e.g. `a=b,,c=d` or a trailing `,`.
+    #[error("x-forwarded-client-cert element {element} is empty")]
+    EmptyElement {
+        /// Index of the element.
+        element: usize,
+    },
+    /// A pair has no key, e.g. `=x` or `;;`.
+    #[error("x-forwarded-client-cert element {element}: empty key at byte {at}")]
+    EmptyKey {
+        /// Index of the element.
+        element: usize,
+        /// Byte offset into the value.
+        at: usize,
+    },
+    /// A pair has no `=`.
+    #[error("x-forwarded-client-cert element {element}: key {key:?} has no '=' (at byte {at})")]
+    MissingEquals {
+        /// Index of the element.
+        element: usize,
+        /// The key read so far.
+        key: String,
+        /// Byte offset into the value.
+        at: usize,
+    },
+    /// A key Envoy never writes.
+    #[error(
+        "x-forwarded-client-cert element {element}: unknown key {key:?} (expected By, Hash, Cert, Chain, Subject, URI or DNS)"
+    )]
+    UnknownKey {
+        /// Index of the element.
+        element: usize,
+        /// The key.
+        key: String,
+    },
+    /// A key other than `URI`/`DNS` appears twice in one element.
+    #[error("x-forwarded-client-cert element {element}: key {key:?} appears more than once")]
+    DuplicateKey {
+        /// Index of the element.
+        element: usize,
+        /// The key (canonical spelling).
+        key: &'static str,
+    },
+    /// A quoted value has no closing quote.
+    #[error(
+        "x-forwarded-client-cert element {element}: unterminated quoted value starting at byte {at}"
+    )]
+    UnterminatedQuote {
+        /// Index of the element.
+        element: usize,
+        /// Byte offset of the opening quote.
+        at: usize,
+    },
+    /// A character that is not allowed where it appears (a `"` inside an unquoted value,
+    /// text after a closing quote, a control character).
+    #[error("x-forwarded-client-cert element {element}: unexpected {found:?} at byte {at}")]
+    Unexpected {
+        /// Index of the element.
+        element: usize,
+        /// The offending character.
+        found: char,
+        /// Byte offset into the value.
+        at: usize,
+    },
 }
