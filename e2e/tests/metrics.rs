@@ -474,15 +474,29 @@ async fn principal_and_agent_metrics_exist_and_move() {
                 );
             }
         }
-        // Build info, as upstream: one series at 1.
+        // Build info, as upstream: one series at 1, with the commit `--version` shows.
+        let shown = std::process::Command::new(binary("argocd-agent")?)
+            .arg("--version")
+            .output()?;
+        let shown = String::from_utf8_lossy(&shown.stdout).into_owned();
+        let commit = shown
+            .split("(commit ")
+            .nth(1)
+            .and_then(|rest| rest.split([',', ')']).next())
+            .unwrap_or_else(|| panic!("no commit in --version: {shown}"))
+            .to_owned();
         for e in [&ps, &ms] {
             assert_eq!(
                 value(
                     e,
                     "argocd_agent_build_info",
-                    &[("version", env!("CARGO_PKG_VERSION"))]
+                    &[
+                        ("version", env!("CARGO_PKG_VERSION")),
+                        ("git_revision", commit.as_str())
+                    ]
                 ),
-                Some(1.0)
+                Some(1.0),
+                "build info with git_revision {commit:?}"
             );
         }
         // Our own series keep their names.

@@ -38,12 +38,21 @@ struct BuildLabels {
     git_revision: String,
 }
 
-/// The commit the binary was built from: `ARGOCD_AGENT_GIT_REVISION` at build time, else
-/// `unknown` (upstream's value when its build does not set one).
-pub const GIT_REVISION: &str = match option_env!("ARGOCD_AGENT_GIT_REVISION") {
-    Some(r) => r,
-    None => "unknown",
-};
+/// The commit the running binary was built from, as the binary recorded it at build time
+/// ([`set_git_revision`]); `unknown` (upstream's value when its build sets none) until then.
+static GIT_REVISION: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+
+/// Records the commit the binary was built from, once, before its metrics are registered
+/// (the binary's build script knows it; this crate's does not). Later calls are ignored.
+pub fn set_git_revision(revision: &'static str) {
+    let _ = GIT_REVISION.set(revision);
+}
+
+/// The revision `argocd_agent_build_info` reports: what [`set_git_revision`] recorded, else
+/// `unknown`.
+pub fn git_revision() -> &'static str {
+    GIT_REVISION.get().copied().unwrap_or("unknown")
+}
 
 /// Registers upstream's `argocd_agent_build_info{version,git_revision}` gauge (always 1), which
 /// both upstream binaries export.
@@ -55,7 +64,7 @@ pub fn register_build_info(r: &mut prometheus_client::registry::Registry) {
     family
         .get_or_create(&BuildLabels {
             version: env!("CARGO_PKG_VERSION").to_owned(),
-            git_revision: GIT_REVISION.to_owned(),
+            git_revision: git_revision().to_owned(),
         })
         .set(1);
     r.register(
@@ -494,8 +503,9 @@ mod tests {
             assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
         }
         let version = format!(
-            "argocd_agent_build_info{{version=\"{}\",git_revision=\"{GIT_REVISION}\"}} 1",
-            env!("CARGO_PKG_VERSION")
+            "argocd_agent_build_info{{version=\"{}\",git_revision=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION"),
+            git_revision()
         );
         assert!(text.lines().any(|l| l == version), "{version} in\n{text}");
         assert!(

@@ -112,6 +112,8 @@ async fn serve_agent(a: AgentArgs) -> CmdResult {
 
 #[tokio::main]
 async fn main() {
+    // `argocd_agent_build_info{git_revision}` reports the commit `--version` shows.
+    argocd_agent_runtime::exposition::set_git_revision(argocd_agent_cli::version::GIT_COMMIT);
     // Our flags plus upstream argocd-agent's names (cli/src/upstream.rs).
     let parsed = argocd_agent_cli::upstream::parse();
     let notices = parsed.notices;
