@@ -76,11 +76,9 @@ pub struct VerifiedPeer {
 /// client preface, which reads replay first). `IO` is what the TLS runs on: TCP, or the
 /// WebSocket tunnel of [`crate::websocket`].
 pub struct VerifiedStream<IO = TcpStream> {
-    inner: tokio_rustls::server::TlsStream<IO>,
+    /// The TLS stream, with the HTTP/2 preface replayed once it has been read.
+    inner: PrefaceReplay<tokio_rustls::server::TlsStream<IO>>,
     peer: VerifiedPeer,
-    /// Bytes already read from `inner` (the preface) that reads return before `inner`'s.
-    prefix: Vec<u8>,
-    prefix_pos: usize,
     /// The connection's place under the listener's connection caps.
     _admission: Option<Admission>,
 }
@@ -105,15 +103,13 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> VerifiedStream<IO> {
             .map(|leaf| fingerprint(leaf.as_ref()))
             .unwrap_or_default();
         Ok(Self {
-            inner,
+            inner: PrefaceReplay::unread(inner),
             peer: VerifiedPeer {
                 remote_addr,
                 id,
                 fingerprint,
                 chain: Arc::new(chain),
             },
-            prefix: Vec::new(),
-            prefix_pos: 0,
             _admission: None,
         })
     }
@@ -121,9 +117,8 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> VerifiedStream<IO> {
     /// Reads the HTTP/2 client preface and keeps it for the server to read again. Fails on
     /// the first byte that differs, or if the connection ends first.
     async fn read_preface(&mut self) -> io::Result<()> {
-        read_h2_preface(&mut self.inner).await?;
-        self.prefix = H2_PREFACE.to_vec();
-        self.prefix_pos = 0;
+        read_h2_preface(&mut self.inner.inner).await?;
+        self.inner.replayed = 0;
         Ok(())
     }
 
@@ -172,19 +167,78 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for VerifiedStream<IO> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for VerifiedStream<IO> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.inner.is_write_vectored()
+    }
+}
+
+/// A stream that replays the HTTP/2 client preface, already read from it to decide on the
+/// connection, before the rest of its bytes (the TLS listener's and the plaintext one's).
+struct PrefaceReplay<IO> {
+    inner: IO,
+    /// Bytes of [`H2_PREFACE`] already returned by reads ([`H2_PREFACE`]'s length: none left).
+    replayed: usize,
+}
+
+impl<IO> PrefaceReplay<IO> {
+    /// Nothing to replay until the preface is read.
+    fn unread(inner: IO) -> Self {
+        PrefaceReplay {
+            inner,
+            replayed: H2_PREFACE.len(),
+        }
+    }
+
+    /// The preface was read from `inner`: reads return it first.
+    fn read(inner: IO) -> Self {
+        PrefaceReplay { inner, replayed: 0 }
+    }
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for PrefaceReplay<IO> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
         let this = &mut *self;
-        let pending = &this.prefix[this.prefix_pos..];
+        let pending = &H2_PREFACE[this.replayed..];
         if !pending.is_empty() {
             let n = pending.len().min(buf.remaining());
             buf.put_slice(&pending[..n]);
-            this.prefix_pos += n;
+            this.replayed += n;
             return Poll::Ready(Ok(()));
         }
         Pin::new(&mut this.inner).poll_read(cx, buf)
     }
 }
 
-impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for VerifiedStream<IO> {
+impl<IO: AsyncWrite + Unpin> AsyncWrite for PrefaceReplay<IO> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -580,8 +634,7 @@ where
 /// replay first), holding its place under the listener's caps until it ends: the agent
 /// listener without TLS (JWT-SVID or a mesh in front) and the local admin listener.
 pub struct Prefaced<IO> {
-    inner: IO,
-    prefix_pos: usize,
+    inner: PrefaceReplay<IO>,
     _admission: Admission,
 }
 
@@ -589,7 +642,7 @@ impl<IO: tonic::transport::server::Connected> tonic::transport::server::Connecte
     type ConnectInfo = IO::ConnectInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        self.inner.connect_info()
+        self.inner.inner.connect_info()
     }
 }
 
@@ -599,15 +652,7 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Prefaced<IO> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        let this = &mut *self;
-        let pending = &H2_PREFACE[this.prefix_pos..];
-        if !pending.is_empty() {
-            let n = pending.len().min(buf.remaining());
-            buf.put_slice(&pending[..n]);
-            this.prefix_pos += n;
-            return Poll::Ready(Ok(()));
-        }
-        Pin::new(&mut this.inner).poll_read(cx, buf)
+        Pin::new(&mut self.inner).poll_read(cx, buf)
     }
 }
 
@@ -633,7 +678,7 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Prefaced<IO> {
         Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
     }
     fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
+        self.inner.inner.is_write_vectored()
     }
 }
 
@@ -665,8 +710,7 @@ pub fn plain_incoming<L: Accept>(
                 let error = match read {
                     Ok(Ok(())) => {
                         let stream = Prefaced {
-                            inner: io,
-                            prefix_pos: 0,
+                            inner: PrefaceReplay::read(io),
                             _admission: connection,
                         };
                         let _ = tx.send(Ok(stream)).await;
