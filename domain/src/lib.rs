@@ -15,14 +15,18 @@ pub mod proxy;
 pub mod queue;
 pub mod resync;
 pub mod rpc;
+pub mod tenant;
 pub mod trace;
 
 pub use authz::{Action, Denied, ObjectRef, Owner, authorize};
 pub use client::ClientIdentity;
 pub use event::{Event, EventError, EventType, JsonObject, LazyObject, Payload, ResourceRef};
-pub use mapping::{AgentIdentity, LiveRules, MappingDenied, RuleError, RuleSet};
-pub use names::{AgentMode, AgentName, AllowedModes, Namespace, ResourceKind};
+pub use mapping::{
+    AdminGrant, AdminScope, AgentIdentity, LiveRules, MappingDenied, RuleError, RuleSet,
+};
+pub use names::{AgentMode, AgentName, AllowedModes, Namespace, ResourceKind, TenantName};
 pub use queue::{QueueError, QueueLimits, SendQueue};
+pub use tenant::{Tenant, Tenants};
 
 /// Formats an error with its chain of causes, `outer: inner: root`: the message of the
 /// error events peers send each other, and of log lines.

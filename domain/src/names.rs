@@ -165,6 +165,12 @@ label_type!(
     "namespace"
 );
 
+label_type!(
+    /// The name of a tenant, e.g. `team-a`: a DNS-1123 label.
+    TenantName,
+    "tenant name"
+);
+
 /// Kinds of Argo CD objects that travel between principal and agents, and that the
 /// authorization policy reasons about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -626,7 +626,10 @@ fn an_admin_rule_grants_the_admin_api_and_never_an_agent_session() {
     assert!(rules.has_admin_rules());
     let operator = id("spiffe://example.org/ns/platform/sa/alice");
     assert_eq!(
-        rules.authorize_admin(&operator.clone().into()).unwrap(),
+        rules
+            .authorize_admin(&operator.clone().into())
+            .unwrap()
+            .rule,
         "operators"
     );
     let denied = rules.map(&operator).unwrap_err();
@@ -689,13 +692,15 @@ fn admin_rules_as_flags_and_their_mistakes() {
     assert_eq!(
         rules
             .authorize_admin(&id("spiffe://example.org/ops/bob").into())
-            .unwrap(),
+            .unwrap()
+            .rule,
         "bob"
     );
     assert_eq!(
         rules
             .authorize_admin(&id("spiffe://example.org/ops/carol").into())
-            .unwrap(),
+            .unwrap()
+            .rule,
         "flag-2"
     );
     assert!(

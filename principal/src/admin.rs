@@ -122,7 +122,17 @@ impl AdminService {
                     )));
                 }
                 match rules.current().authorize_admin(client) {
-                    Ok(rule) => Ok(format!("{client} (rule {rule})")),
+                    Ok(grant) if grant.scope == argocd_agent_domain::AdminScope::Platform => {
+                        Ok(format!("{client} (rule {})", grant.rule))
+                    }
+                    Ok(grant) => {
+                        metrics.auth_failed("NotAdmin");
+                        tracing::warn!(call, %client, scope = %grant.scope, "admin call refused: tenant-scoped admin calls are not served yet");
+                        Err(Status::permission_denied(format!(
+                            "{client} is an operator of {}; tenant-scoped admin calls are not served yet",
+                            grant.scope
+                        )))
+                    }
                     Err(denied) => {
                         metrics.auth_failed("NotAdmin");
                         tracing::warn!(call, %client, reason = %denied.reason, "admin call refused");

@@ -527,6 +527,7 @@ mod tests {
             namespace: Namespace::new(ns).unwrap(),
             allowed_modes: AllowedModes::Both,
             rule: "agents".into(),
+            tenant: None,
         };
         assert!(p.admit(&identity("agent-a1")).is_ok());
         let err = p.admit(&identity("agent-b1")).unwrap_err().to_string();

@@ -147,6 +147,12 @@ impl RuleSet {
                 now: (now.agent, now.namespace),
             }));
         }
+        if now.tenant != session.tenant {
+            return Err(denied(DenyReason::TenantChanged {
+                was: session.tenant.clone(),
+                now: now.tenant,
+            }));
+        }
         let narrowed = [crate::AgentMode::Managed, crate::AgentMode::Autonomous]
             .into_iter()
             .any(|m| session.allowed_modes.allows(m) && !now.allowed_modes.allows(m));

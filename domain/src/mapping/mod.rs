@@ -64,7 +64,8 @@ use std::fmt;
 use std::path::PathBuf;
 
 use crate::client::ClientIdentity;
-use crate::names::{AgentMode, AgentName, AllowedModes, Namespace};
+use crate::names::{AgentMode, AgentName, AllowedModes, Namespace, TenantName};
+use crate::tenant::{TenantError, TenantRefusal, TenantSpec, Tenants};
 use argocd_agent_identity::id::{SpiffeId, TrustDomain};
 
 pub use live::{LiveRules, RevokeCallback, SessionLister};
@@ -87,6 +88,8 @@ pub struct AgentIdentity {
     pub allowed_modes: AllowedModes,
     /// The name of the rule that produced this mapping (for logs).
     pub rule: String,
+    /// The tenant the agent belongs to (`None`: no tenant, the platform's).
+    pub tenant: Option<TenantName>,
 }
 
 impl AgentIdentity {
@@ -113,8 +116,49 @@ impl fmt::Display for AgentIdentity {
             f,
             "agent \"{}\" ({}) namespace \"{}\" modes {} (rule \"{}\")",
             self.agent, self.client, self.namespace, self.allowed_modes, self.rule
-        )
+        )?;
+        match &self.tenant {
+            Some(t) => write!(f, " tenant \"{t}\""),
+            None => Ok(()),
+        }
     }
+}
+
+/// What an operator may see and act on through the admin API.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AdminScope {
+    /// Every agent (a `role: admin` rule).
+    Platform,
+    /// The agents of one tenant (the tenant's `admins`).
+    Tenant(TenantName),
+}
+
+impl AdminScope {
+    /// Whether an agent of `tenant` (`None`: of no tenant) is within this scope.
+    pub fn covers(&self, tenant: Option<&TenantName>) -> bool {
+        match self {
+            AdminScope::Platform => true,
+            AdminScope::Tenant(mine) => tenant == Some(mine),
+        }
+    }
+}
+
+impl fmt::Display for AdminScope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AdminScope::Platform => f.write_str("platform"),
+            AdminScope::Tenant(t) => write!(f, "tenant {t}"),
+        }
+    }
+}
+
+/// An operator admitted to the admin API: by which rule (or tenant), over what.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdminGrant {
+    /// The admin rule's name, or `tenant <name>` for a tenant's operator.
+    pub rule: String,
+    /// What it may see and act on.
+    pub scope: AdminScope,
 }
 
 /// Why a SPIFFE ID is not (or no longer) admitted as an agent.
@@ -185,6 +229,15 @@ pub enum DenyReason {
         /// What is allowed now.
         now: AllowedModes,
     },
+    /// The rules mapped the ID, but its tenant keeps it out (see [`TenantRefusal`]).
+    Tenant(TenantRefusal),
+    /// After a rules change the ID belongs to another tenant (or to none, or newly to one).
+    TenantChanged {
+        /// The session's tenant.
+        was: Option<TenantName>,
+        /// The tenant now.
+        now: Option<TenantName>,
+    },
 }
 
 impl DenyReason {
@@ -199,6 +252,10 @@ impl DenyReason {
             DenyReason::ModesNarrowed { .. } => "ModesNarrowed",
             DenyReason::AdminRole { .. } => "AdminRole",
             DenyReason::NotAdmin { .. } => "NotAdmin",
+            DenyReason::Tenant(TenantRefusal::NamespaceNotOwned { .. }) => "TenantNamespace",
+            DenyReason::Tenant(TenantRefusal::NamespaceOfTenant { .. }) => "NamespaceOfTenant",
+            DenyReason::Tenant(TenantRefusal::TenantAdmin { .. }) => "TenantAdmin",
+            DenyReason::TenantChanged { .. } => "TenantChanged",
         }
     }
 }
@@ -257,6 +314,14 @@ impl fmt::Display for DenyReason {
                 f,
                 "rule \"{rule}\" now allows mode {now} (session started under {was})"
             ),
+            DenyReason::Tenant(refusal) => refusal.fmt(f),
+            DenyReason::TenantChanged { was, now } => {
+                let show = |t: &Option<TenantName>| match t {
+                    Some(t) => format!("tenant \"{t}\""),
+                    None => "no tenant".to_owned(),
+                };
+                write!(f, "the identity now belongs to {} (session started under {})", show(now), show(was))
+            }
         }
     }
 }
@@ -288,6 +353,9 @@ pub enum RuleError {
         /// What is wrong.
         reason: String,
     },
+    /// One tenant of a YAML document is invalid.
+    #[error("mapping rules YAML: {0}")]
+    Tenant(#[from] TenantError),
     /// One rule flag is invalid.
     #[error("mapping rule flag {flag:?}: {reason}")]
     Flag {
@@ -323,6 +391,8 @@ pub enum RuleError {
 #[serde(deny_unknown_fields)]
 struct RuleFile {
     rules: Vec<RuleSpec>,
+    #[serde(default)]
+    tenants: Vec<TenantSpec>,
 }
 
 /// Finds a rule whose name an earlier rule already uses: names exist to tell rules apart
@@ -346,6 +416,7 @@ fn duplicate_name(rules: &[Rule]) -> Option<(usize, String, String)> {
 pub struct RuleSet {
     rules: Vec<Rule>,
     prefilter: Prefilter,
+    tenants: std::sync::Arc<Tenants>,
 }
 
 /// Every template and regex rule's pattern in one `RegexSet`, so an ID is scanned once for
@@ -381,7 +452,16 @@ impl Prefilter {
 impl RuleSet {
     fn from_rules(rules: Vec<Rule>) -> RuleSet {
         let prefilter = Prefilter::new(&rules);
-        RuleSet { rules, prefilter }
+        RuleSet {
+            rules,
+            prefilter,
+            tenants: Default::default(),
+        }
+    }
+
+    /// The tenants declared with these rules (empty when none is).
+    pub fn tenants(&self) -> &Tenants {
+        &self.tenants
     }
 
     /// Which patterns match `id` (one pass over all of them).
@@ -430,7 +510,10 @@ impl RuleSet {
                 reason,
             });
         }
-        Ok(RuleSet::from_rules(rules))
+        let tenants = Tenants::from_specs(file.tenants)?;
+        let mut set = RuleSet::from_rules(rules);
+        set.tenants = std::sync::Arc::new(tenants);
+        Ok(set)
     }
 
     /// Reads and parses a YAML rules file; errors name the file.
@@ -461,9 +544,13 @@ impl RuleSet {
     }
 
     /// This set's rules followed by `other`'s.
+    /// Tenants come from the file only (flags declare none): `self`'s are kept.
     pub fn append(mut self, other: RuleSet) -> RuleSet {
         self.rules.extend(other.rules);
-        RuleSet::from_rules(self.rules)
+        let tenants = self.tenants;
+        let mut set = RuleSet::from_rules(self.rules);
+        set.tenants = tenants;
+        set
     }
 
     /// Whether there are no rules (every ID is denied).
@@ -495,20 +582,30 @@ impl RuleSet {
                         reason: e.to_string(),
                     },
                 })?;
+                let tenant =
+                    self.tenants
+                        .check_agent(None, &namespace)
+                        .map_err(|r| MappingDenied {
+                            client: client.clone(),
+                            reason: DenyReason::Tenant(r),
+                        })?;
                 Ok(AgentIdentity {
                     client: client.clone(),
                     agent: agent.clone(),
                     namespace,
                     allowed_modes: AllowedModes::Both,
                     rule: HEADER_NAME_RULE.into(),
+                    tenant,
                 })
             }
         }
     }
 
-    /// Whether `client` may call the admin API: the first rule that matches its SPIFFE ID
-    /// decides, and only a `role: admin` rule allows. Returns that rule's name.
-    pub fn authorize_admin(&self, client: &ClientIdentity) -> Result<String, MappingDenied> {
+    /// Whether `client` may call the admin API, and over what. A tenant's operator (its
+    /// `admins` patterns) is admitted for that tenant only, whatever the rules say: the
+    /// narrower grant wins. Otherwise the first rule that matches its SPIFFE ID decides, and
+    /// only a `role: admin` rule allows, over every agent.
+    pub fn authorize_admin(&self, client: &ClientIdentity) -> Result<AdminGrant, MappingDenied> {
         let denied = |reason| MappingDenied {
             client: client.clone(),
             reason,
@@ -516,6 +613,12 @@ impl RuleSet {
         let ClientIdentity::Spiffe(id) = client else {
             return Err(denied(DenyReason::NotAdmin { rule: None }));
         };
+        if let Some(t) = self.tenants.of_admin(id) {
+            return Ok(AdminGrant {
+                rule: format!("tenant {}", t.name),
+                scope: AdminScope::Tenant(t.name.clone()),
+            });
+        }
         let hits = self.hits(id);
         for (i, rule) in self.rules.iter().enumerate() {
             if !self.may_match(&hits, i) {
@@ -523,7 +626,12 @@ impl RuleSet {
             }
             match rule.apply(id) {
                 RuleMatch::NoMatch | RuleMatch::TrustDomainNotAllowed => continue,
-                RuleMatch::Admin => return Ok(rule.name.clone()),
+                RuleMatch::Admin => {
+                    return Ok(AdminGrant {
+                        rule: rule.name.clone(),
+                        scope: AdminScope::Platform,
+                    });
+                }
                 RuleMatch::Mapped(..) | RuleMatch::Invalid(_) => {
                     return Err(denied(DenyReason::NotAdmin {
                         rule: Some(rule.name.clone()),
@@ -536,9 +644,10 @@ impl RuleSet {
         }))
     }
 
-    /// Whether any rule gives the admin role.
+    /// Whether any rule gives the admin role, or any tenant names operators.
     pub fn has_admin_rules(&self) -> bool {
         self.rules.iter().any(|r| matches!(r.target, Target::Admin))
+            || self.tenants.iter().any(|t| !t.admin_patterns().is_empty())
     }
 
     /// Like [`RuleSet::map`], and records what every rule did.
@@ -609,14 +718,27 @@ impl RuleSet {
                     }));
                 }
                 RuleMatch::Mapped(agent, namespace, allowed_modes) => {
-                    record(rule, StepOutcome::Matched);
-                    decision = Some(Ok(AgentIdentity {
-                        client: id.clone().into(),
-                        agent,
-                        namespace,
-                        allowed_modes,
-                        rule: rule.name.clone(),
-                    }));
+                    match self.tenants.check_agent(Some(id), &namespace) {
+                        Ok(tenant) => {
+                            record(rule, StepOutcome::Matched);
+                            decision = Some(Ok(AgentIdentity {
+                                client: id.clone().into(),
+                                agent,
+                                namespace,
+                                allowed_modes,
+                                rule: rule.name.clone(),
+                                tenant,
+                            }));
+                        }
+                        Err(refusal) => {
+                            let reason = DenyReason::Tenant(refusal);
+                            record(rule, StepOutcome::Denied(reason.clone()));
+                            decision = Some(Err(MappingDenied {
+                                client: id.clone().into(),
+                                reason,
+                            }));
+                        }
+                    }
                 }
             }
         }
@@ -714,6 +836,9 @@ impl fmt::Display for Explanation {
                 writeln!(f, "  rule:          {}", id.rule)?;
                 writeln!(f, "  agent:         {}", id.agent)?;
                 writeln!(f, "  namespace:     {}", id.namespace)?;
+                if let Some(t) = &id.tenant {
+                    writeln!(f, "  tenant:        {t}")?;
+                }
                 write!(f, "  allowed modes: {}", id.allowed_modes)
             }
             Err(d) => write!(f, "decision: DENIED: {}", d.reason),
