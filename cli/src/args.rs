@@ -68,8 +68,13 @@ impl KubeArgs {
 /// Where the workload's X.509-SVID comes from: the Workload API or PEM files.
 #[derive(Debug, Args)]
 pub struct SvidArgs {
-    /// SPIFFE Workload API socket (default: SPIFFE_ENDPOINT_SOCKET).
-    #[arg(long, env = "SPIFFE_ENDPOINT_SOCKET")]
+    /// SPIFFE Workload API socket (default: SPIFFE_ENDPOINT_SOCKET). `--spire-agent-socket`
+    /// is upstream's name for it (argocd-agent PR #1049).
+    #[arg(
+        long,
+        env = "SPIFFE_ENDPOINT_SOCKET",
+        visible_alias = "spire-agent-socket"
+    )]
     pub spiffe_endpoint_socket: Option<String>,
     /// SVID certificate chain (PEM) instead of the Workload API.
     #[arg(long, requires = "tls_key")]
@@ -138,6 +143,10 @@ pub struct PrincipalArgs {
     /// `header:<name>:<regex>`.
     #[arg(long, env = "ARGOCD_PRINCIPAL_AUTH", default_value = "spiffe")]
     pub auth: String,
+    /// Upstream's SPIRE switch (argocd-agent PR #1049): `mtls` is `--auth spiffe`, `jwt` is
+    /// `--auth jwt-svid`. Refused when it contradicts an explicit `--auth`.
+    #[arg(long, value_parser = ["mtls", "jwt"])]
+    pub spire_auth_method: Option<String>,
     /// With `--auth jwt-svid`: the audience tokens must carry (default: the principal's own
     /// X.509-SVID ID).
     #[arg(long, env = "ARGOCD_PRINCIPAL_JWT_AUDIENCE")]
@@ -812,6 +821,10 @@ pub struct AgentArgs {
     /// `jwt-svid` (JWT-SVID bearer token, for a principal behind a TLS-terminating ingress).
     #[arg(long, env = "ARGOCD_AGENT_CREDS", default_value = "spiffe")]
     pub creds: String,
+    /// Upstream's SPIRE switch (argocd-agent PR #1049): `mtls` is `--creds spiffe`, `jwt` is
+    /// `--creds jwt-svid`. Refused when it contradicts an explicit `--creds`.
+    #[arg(long, value_parser = ["mtls", "jwt"])]
+    pub spire_auth_method: Option<String>,
     /// The principal's SPIFFE ID; the agent refuses any other server.
     #[arg(long, env = "ARGOCD_AGENT_PRINCIPAL_SPIFFE_ID")]
     pub principal_spiffe_id: Option<String>,
@@ -1002,17 +1015,51 @@ fn svid_config(a: &SvidArgs) -> Result<SvidConfig, String> {
     })
 }
 
+/// `--spire-auth-method` against an `--auth`/`--creds` chosen to mean something else.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "--spire-auth-method {method} means {flag} {means}, but {flag} {current} is given: keep one of them"
+)]
+struct SpireAuthConflict {
+    method: String,
+    flag: &'static str,
+    means: &'static str,
+    current: String,
+}
+
+/// Applies upstream's `--spire-auth-method` (argocd-agent PR #1049) to our `--auth` or
+/// `--creds` value `current` (`spiffe` is our default, so anything else was chosen).
+fn spire_auth_method(
+    current: &str,
+    spire: Option<&str>,
+    flag: &'static str,
+) -> Result<String, SpireAuthConflict> {
+    let chosen = current != "spiffe";
+    match spire {
+        None => Ok(current.to_owned()),
+        Some("mtls") if !chosen || current.starts_with("mtls:") => Ok(current.to_owned()),
+        Some("jwt") if !chosen || current == "jwt-svid" => Ok("jwt-svid".to_owned()),
+        Some(m) => Err(SpireAuthConflict {
+            method: m.to_owned(),
+            flag,
+            means: if m == "jwt" { "jwt-svid" } else { "spiffe" },
+            current: current.to_owned(),
+        }),
+    }
+}
+
 impl PrincipalArgs {
     /// The principal's configuration from these flags: every check the principal makes before it starts.
     pub fn config(&self) -> Result<argocd_agent_principal::PrincipalConfig, crate::BoxError> {
         let a = self;
         let mut rules = a.identity_rule.clone();
-        let auth = if let Some(rest) = a.auth.strip_prefix("mtls:") {
+        let auth_flag = spire_auth_method(&self.auth, self.spire_auth_method.as_deref(), "--auth")?;
+        let auth = if let Some(rest) = auth_flag.strip_prefix("mtls:") {
             // Upstream form: the mapping rule is given with --auth.
             rules.push(format!("mtls:{rest}"));
             "spiffe".to_string()
         } else {
-            a.auth.clone()
+            auth_flag.clone()
         };
         let trust_domains = a
             .trust_domain
@@ -1124,7 +1171,8 @@ impl AgentArgs {
     pub fn config(&self) -> Result<argocd_agent_agent::AgentConfig, crate::BoxError> {
         let a = self;
         let server = format!("{}:{}", a.server_address, a.server_port);
-        let transport = if a.creds.starts_with("header") {
+        let creds = spire_auth_method(&a.creds, a.spire_auth_method.as_deref(), "--creds")?;
+        let transport = if creds.starts_with("header") {
             if !argocd_agent_mesh::guard::is_loopback_host(&a.server_address)
                 && !a.insecure_plaintext_any_address
             {
@@ -1135,7 +1183,7 @@ impl AgentArgs {
                 .into());
             }
             argocd_agent_agent::Transport::PlaintextToSidecar
-        } else if a.creds == "jwt-svid" {
+        } else if creds == "jwt-svid" {
             let audience = a
                 .principal_spiffe_id
                 .as_deref()
@@ -1144,7 +1192,7 @@ impl AgentArgs {
                 endpoint: a.svid.spiffe_endpoint_socket.clone(),
                 audience: SpiffeId::parse(audience)?,
             }
-        } else if a.creds == "spiffe" || a.creds == "mtls" {
+        } else if creds == "spiffe" || creds == "mtls" {
             if a.principal_spiffe_id.is_none() && a.principal_trust_domain.is_none() {
                 return Err("refusing to connect without pinning the principal: set --principal-spiffe-id (or --principal-trust-domain)".into());
             }
@@ -1282,6 +1330,96 @@ mod tests {
         let p = principal(&["--enable-compression", "--keepalive-min-interval", "20s"]);
         assert!(p.enable_compression);
         assert_eq!(p.keepalive_min_interval, Duration::from_secs(20));
+    }
+
+    #[test]
+    fn upstreams_spire_flag_names_are_aliases() {
+        let parse = |argv: &[&str]| Cli::try_parse_from(argv).map(|c| c.command).unwrap();
+        let agent = |args: &[&str]| {
+            let mut argv = vec!["argocd-agent", "agent", "--server-address", "p"];
+            argv.extend(["--spire-agent-socket", "unix:///spire.sock"]);
+            argv.extend(["--principal-spiffe-id", "spiffe://hub/p"]);
+            argv.extend_from_slice(args);
+            match parse(&argv) {
+                Command::Agent(a) => a,
+                other => panic!("{other:?}"),
+            }
+        };
+        let a = agent(&[]);
+        assert_eq!(
+            a.svid.spiffe_endpoint_socket.as_deref(),
+            Some("unix:///spire.sock")
+        );
+        assert!(matches!(
+            a.config().unwrap().transport,
+            argocd_agent_agent::Transport::Mtls { .. }
+        ));
+        let jwt = agent(&["--spire-auth-method", "jwt"])
+            .config()
+            .unwrap()
+            .transport;
+        assert!(
+            matches!(&jwt, argocd_agent_agent::Transport::JwtSvid { endpoint: Some(e), .. } if e == "unix:///spire.sock"),
+            "{jwt:?}"
+        );
+        let mtls = agent(&["--spire-auth-method", "mtls"])
+            .config()
+            .unwrap()
+            .transport;
+        assert!(matches!(mtls, argocd_agent_agent::Transport::Mtls { .. }));
+        let err = agent(&["--spire-auth-method", "mtls", "--creds", "jwt-svid"])
+            .config()
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "--spire-auth-method mtls means --creds spiffe, but --creds jwt-svid is given: keep one of them"
+        );
+        let principal = |args: &[&str]| {
+            let mut argv = vec![
+                "argocd-agent",
+                "principal",
+                "--spire-agent-socket",
+                "unix:///s",
+            ];
+            argv.extend_from_slice(args);
+            match parse(&argv) {
+                Command::Principal(p) => p,
+                other => panic!("{other:?}"),
+            }
+        };
+        let p = principal(&["--spire-auth-method", "jwt"]).config().unwrap();
+        assert!(
+            matches!(p.auth, argocd_agent_principal::AuthConfig::Jwt { .. }),
+            "{:?}",
+            p.auth
+        );
+        let p = principal(&["--spire-auth-method", "mtls"])
+            .config()
+            .unwrap();
+        assert!(matches!(
+            p.auth,
+            argocd_agent_principal::AuthConfig::Mtls { .. }
+        ));
+        let err = principal(&["--spire-auth-method", "jwt", "--auth", "header:istio"])
+            .config()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("means --auth jwt-svid, but --auth header:istio is given"),
+            "{err}"
+        );
+        assert!(
+            Cli::try_parse_from([
+                "argocd-agent",
+                "agent",
+                "--server-address",
+                "p",
+                "--spire-auth-method",
+                "x509"
+            ])
+            .is_err()
+        );
     }
 
     #[test]

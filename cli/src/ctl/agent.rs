@@ -42,9 +42,10 @@ pub struct KubeconfigArgs {
     /// The hub holding the agent's cluster secret.
     #[command(flatten)]
     pub hub: crate::ctl::HubArgs,
-    /// Write here instead of standard output (mode 0600).
-    #[arg(long, short = 'o')]
-    pub output: Option<std::path::PathBuf>,
+    /// Write the kubeconfig to this file (mode 0600) instead of standard output. (`-o` is
+    /// an output format everywhere else in argocd-agentctl, as in kubectl.)
+    #[arg(long = "file", short = 'f', value_name = "FILE")]
+    pub file: Option<std::path::PathBuf>,
 }
 
 /// The agent's cluster secret (found by the agent-name label) as a kubeconfig.
@@ -475,7 +476,7 @@ pub async fn run(command: Command) -> crate::CmdResult {
         Command::Delete(a) => crate::ctl::onboard::run_delete(a).await,
         Command::Kubeconfig(a) => {
             let text = kubeconfig(&a).await?;
-            match &a.output {
+            match &a.file {
                 None => println!("{text}"),
                 Some(path) => {
                     write_private(path, &text)

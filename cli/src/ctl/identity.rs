@@ -21,8 +21,14 @@ pub enum Command {
 #[derive(Debug, clap::Args)]
 pub struct InspectArgs {
     /// Workload API socket (default: SPIFFE_ENDPOINT_SOCKET), e.g. unix:///run/spire/agent.sock.
-    #[arg(long, env = "SPIFFE_ENDPOINT_SOCKET")]
-    socket: Option<String>,
+    /// The same flag name as the principal's and the agent's; `--socket` is kept as an alias.
+    #[arg(
+        long,
+        env = "SPIFFE_ENDPOINT_SOCKET",
+        visible_alias = "spire-agent-socket",
+        alias = "socket"
+    )]
+    spiffe_endpoint_socket: Option<String>,
     /// SVID certificate chain (PEM) instead of the Workload API.
     #[arg(long, requires = "tls_key")]
     tls_cert: Option<std::path::PathBuf>,
@@ -43,7 +49,7 @@ async fn inspect(args: InspectArgs) -> crate::CmdResult {
             args.root_ca.into_iter().map(|p| (None, p)).collect(),
             std::time::Duration::from_secs(3600),
         )?,
-        _ => SvidSource::workload_api(args.socket).await?,
+        _ => SvidSource::workload_api(args.spiffe_endpoint_socket).await?,
     };
     source
         .wait_ready(std::time::Duration::from_secs(15))
