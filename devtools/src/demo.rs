@@ -633,7 +633,7 @@ impl DemoProxy {
                 kubeconfig: Some(dir.join("hub.kubeconfig")),
                 kube_context: None,
             },
-            output: Some(path.clone()),
+            file: Some(path.clone()),
         };
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         loop {

@@ -344,6 +344,15 @@ async fn redis_proxy_routes_application_keys_to_the_owning_agent() {
         assert_eq!(doc["applicationsCount"], 1, "{doc}");
         assert_eq!(doc["cacheInfo"]["apisCount"], 7, "{doc}");
         assert_eq!(doc["serverVersion"], "1.33", "{doc}");
+        // The agent's version from its hello (upstream issue #940): in the message Argo CD
+        // shows next to the status, and as a field of its own.
+        let version = env!("CARGO_PKG_VERSION");
+        assert_eq!(doc["agentVersion"], version, "{doc}");
+        assert_eq!(
+            doc["connectionState"]["message"],
+            format!("argocd-agent {version}"),
+            "{doc}"
+        );
 
         // 8. Agent offline: a prompt error, never a hang; cluster info Failed within 5 s.
         // Killed, not stopped: the agent gets no chance to say goodbye.

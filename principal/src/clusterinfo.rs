@@ -1,10 +1,13 @@
 //! Each agent's cluster in Argo CD's cluster info: the hub's Argo CD shows a cluster's
 //! connection state and cache counts from Redis (`cluster|info|<server>`), which its own
 //! controller never writes for agent clusters. The principal writes it: Successful with the
-//! agent's latest counts while connected, Failed as soon as the session ends.
+//! agent's latest counts while connected, Failed as soon as the session ends. The agent's
+//! version (from its hello) is in the connection state's message, which Argo CD shows next to
+//! the status, and in an `agentVersion` field (upstream argocd-agent issue #940; Argo CD's
+//! `ClusterInfo` ignores fields it does not know).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, SystemTime};
 
 use argocd_agent_domain::AgentName;
@@ -40,14 +43,17 @@ pub enum Connection {
 pub fn document(
     connection: &Connection,
     counts: Option<&ClusterCacheInfo>,
+    agent_version: Option<&str>,
     now: SystemTime,
 ) -> Value {
     let at = jiff::Timestamp::try_from(now)
         .map(|t| t.to_string())
         .unwrap_or_default();
-    let (status, message) = match connection {
-        Connection::Successful => ("Successful", String::new()),
-        Connection::Failed(m) => ("Failed", m.clone()),
+    let agent_version = agent_version.filter(|v| !v.is_empty());
+    let (status, message) = match (connection, agent_version) {
+        (Connection::Successful, Some(v)) => ("Successful", format!("argocd-agent {v}")),
+        (Connection::Successful, None) => ("Successful", String::new()),
+        (Connection::Failed(m), _) => ("Failed", m.clone()),
     };
     let c = counts.cloned().unwrap_or_default();
     let mut cache = json!({});
@@ -68,6 +74,9 @@ pub fn document(
     if !c.server_version.is_empty() {
         doc["serverVersion"] = c.server_version.into();
     }
+    if let Some(v) = agent_version {
+        doc["agentVersion"] = v.into();
+    }
     doc
 }
 
@@ -78,6 +87,12 @@ pub struct ClusterInfoWriter {
     server_template: String,
     conn: tokio::sync::Mutex<Option<RedisConn>>,
     counts: Mutex<HashMap<AgentName, ClusterCacheInfo>>,
+    /// Where each agent's version (from its hello) is read; weak, as the sessions hold
+    /// this writer among their observers.
+    sessions: Weak<Sessions>,
+    /// Redis failures since the last one logged, so an unreachable hub Redis is one line
+    /// a minute with a count, not one per agent and write.
+    failures: argocd_agent_runtime::logging::LogLimiter,
 }
 
 impl ClusterInfoWriter {
@@ -88,6 +103,7 @@ impl ClusterInfoWriter {
         endpoint: RedisEndpoint,
         compression: Compression,
         server_template: String,
+        sessions: Weak<Sessions>,
     ) -> Arc<Self> {
         Arc::new(ClusterInfoWriter {
             endpoint,
@@ -95,6 +111,8 @@ impl ClusterInfoWriter {
             server_template,
             conn: tokio::sync::Mutex::new(None),
             counts: Mutex::new(HashMap::new()),
+            sessions,
+            failures: argocd_agent_runtime::logging::LogLimiter::new(Duration::from_secs(60)),
         })
     }
 
@@ -126,7 +144,17 @@ impl ClusterInfoWriter {
             .unwrap_or_else(|p| p.into_inner())
             .get(agent)
             .cloned();
-        let doc = document(&connection, counts.as_ref(), SystemTime::now());
+        let version = self
+            .sessions
+            .upgrade()
+            .and_then(|s| s.agent(agent))
+            .map(|a| a.session_info().agent_version);
+        let doc = document(
+            &connection,
+            counts.as_ref(),
+            version.as_deref(),
+            SystemTime::now(),
+        );
         let key = clusterinfo::key(&self.server_url(agent), self.compression);
         let value = clusterinfo::encode(&doc, self.compression);
         let ttl = EXPIRATION.as_secs().to_string();
@@ -136,7 +164,15 @@ impl ClusterInfoWriter {
                 match self.endpoint.connect(1 << 20).await {
                     Ok(c) => *guard = Some(c),
                     Err(e) => {
-                        tracing::warn!(agent = %agent, error = %e, "cluster info: hub Redis unreachable");
+                        if let Some(missed) = self.failures.admit() {
+                            tracing::warn!(
+                                agent = %agent,
+                                redis = %self.endpoint.addr,
+                                error = %argocd_agent_domain::error_chain(&e),
+                                failures_since_last_logged = missed,
+                                "cluster info not written: the hub Redis is unreachable (set its address with --redis-server-address)"
+                            );
+                        }
                         return;
                     }
                 }
@@ -220,8 +256,11 @@ mod tests {
         let d = document(
             &Connection::Successful,
             Some(&counts),
+            None,
             SystemTime::UNIX_EPOCH,
         );
+        assert_eq!(d["connectionState"]["message"], "");
+        assert!(d.get("agentVersion").is_none());
         assert_eq!(d["connectionState"]["status"], "Successful");
         assert_eq!(d["connectionState"]["attemptedAt"], "1970-01-01T00:00:00Z");
         assert_eq!(d["applicationsCount"], 3);
@@ -229,8 +268,17 @@ mod tests {
         assert_eq!(d["cacheInfo"]["apisCount"], 7);
         assert_eq!(d["serverVersion"], "1.33");
         let d = document(
+            &Connection::Successful,
+            Some(&counts),
+            Some("0.4.0+abc123"),
+            SystemTime::UNIX_EPOCH,
+        );
+        assert_eq!(d["connectionState"]["message"], "argocd-agent 0.4.0+abc123");
+        assert_eq!(d["agentVersion"], "0.4.0+abc123");
+        let d = document(
             &Connection::Failed("gone".into()),
             None,
+            Some("0.4.0"),
             SystemTime::UNIX_EPOCH,
         );
         assert_eq!(d["connectionState"]["status"], "Failed");

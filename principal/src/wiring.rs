@@ -497,8 +497,12 @@ impl Wiring {
             }
             _ => r.cluster_server_template.clone(),
         };
-        let writer =
-            clusterinfo::ClusterInfoWriter::new(r.upstream.clone(), r.compression, template);
+        let writer = clusterinfo::ClusterInfoWriter::new(
+            r.upstream.clone(),
+            r.compression,
+            template,
+            Arc::downgrade(&hub.sessions),
+        );
         self.tasks.spawn(
             writer
                 .clone()

@@ -32,3 +32,57 @@ pub fn init_with_telemetry(
         .with(telemetry.map(crate::telemetry::layer))
         .try_init();
 }
+
+/// Lets a repeated warning through at most once per interval and counts the ones it held
+/// back, so a failure that repeats for every agent and write (an unreachable Redis, say)
+/// is one line a minute that says how often it happened, not a flood.
+#[derive(Debug)]
+pub struct LogLimiter {
+    every: std::time::Duration,
+    state: std::sync::Mutex<(Option<std::time::Instant>, u64)>,
+}
+
+impl LogLimiter {
+    /// At most one line per `every`.
+    pub fn new(every: std::time::Duration) -> LogLimiter {
+        LogLimiter {
+            every,
+            state: std::sync::Mutex::new((None, 0)),
+        }
+    }
+
+    /// `Some(n)` when this occurrence should be logged, `n` being how many were held back
+    /// since the last logged one; `None` when it should be held back (and is counted).
+    pub fn admit(&self) -> Option<u64> {
+        let now = std::time::Instant::now();
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let (last, held) = &mut *state;
+        match last {
+            Some(at) if now.duration_since(*at) < self.every => {
+                *held += 1;
+                None
+            }
+            _ => {
+                *last = Some(now);
+                Some(std::mem::take(held))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod log_limiter_tests {
+    use super::LogLimiter;
+    use std::time::Duration;
+
+    #[test]
+    fn lets_one_through_per_interval_and_counts_the_rest() {
+        let l = LogLimiter::new(Duration::from_millis(50));
+        assert_eq!(l.admit(), Some(0));
+        assert_eq!(l.admit(), None);
+        assert_eq!(l.admit(), None);
+        std::thread::sleep(Duration::from_millis(60));
+        assert_eq!(l.admit(), Some(2));
+        assert_eq!(l.admit(), None);
+    }
+}
