@@ -5,6 +5,12 @@
 //! The principal routes a request only to the agent owning the Application; the agent
 //! checks again and serves only keys of Applications it holds, rebuilt with the
 //! Application's instance name on this cluster (never a key the principal spelled out).
+//!
+//! A resource tree names the Applications a parent created (app-of-apps) by their namespace
+//! here; on the hub they live in the agent's hub namespace (under `<namespace>.<name>` when
+//! an autonomous agent's Application is outside the Argo CD namespace). The tree is served
+//! with those nodes pointing where the hub has them, so the hub UI's links to a child
+//! Application lead to it (upstream argocd-agent PR #1048).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -15,6 +21,7 @@ use argocd_agent_proto::eventstream::{
 };
 use argocd_agent_redis::clusterinfo::{self, Compression};
 use argocd_agent_redis::{AppKey, AppKeyKind, RedisConn, RedisEndpoint};
+use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -28,6 +35,91 @@ use crate::spoke::Spoke;
 const MAX_SUBSCRIPTIONS: usize = 1024;
 /// Longest key suffix accepted (shard, cache version, `.gz`).
 const MAX_SUFFIX: usize = 64;
+
+/// Where Applications of this cluster are on the hub: the agent's hub namespace, for
+/// Applications of its Argo CD namespace and (autonomous) of its `--allowed-namespaces`.
+#[derive(Debug, Clone)]
+pub struct TreeNamespaces {
+    /// The agent's hub namespace.
+    pub hub: String,
+    /// This cluster's Argo CD namespace.
+    pub argocd: String,
+    /// An autonomous agent's allowed namespaces (published as `<namespace>.<name>`);
+    /// `None`: only the Argo CD namespace's Applications are on the hub.
+    pub allowed: Option<crate::namespaces::AllowedNamespaces>,
+}
+
+impl TreeNamespaces {
+    /// The hub `(namespace, name)` of the Application `name` in `namespace` here, if the
+    /// hub has it under another namespace or name.
+    fn hub_location(&self, namespace: &str, name: &str) -> Option<(String, String)> {
+        let taken =
+            namespace == self.argocd || self.allowed.as_ref().is_some_and(|a| a.allows(namespace));
+        if !taken {
+            return None;
+        }
+        let hub_name = crate::namespaces::hub_name(&self.argocd, namespace, name).ok()?;
+        Some((self.hub.clone(), hub_name))
+    }
+
+    /// Rewrites the Application nodes and parent references of an Argo CD
+    /// `ApplicationTree` (`nodes`, `orphanedNodes`) to their hub location; returns how many
+    /// references changed.
+    pub fn rewrite(&self, tree: &mut Value) -> usize {
+        let mut changed = 0;
+        for list in ["nodes", "orphanedNodes"] {
+            let Some(nodes) = tree.get_mut(list).and_then(Value::as_array_mut) else {
+                continue;
+            };
+            for node in nodes {
+                changed += usize::from(self.rewrite_ref(node));
+                if let Some(parents) = node.get_mut("parentRefs").and_then(Value::as_array_mut) {
+                    for parent in parents {
+                        changed += usize::from(self.rewrite_ref(parent));
+                    }
+                }
+            }
+        }
+        changed
+    }
+
+    /// One `ResourceRef`-shaped object (`group`, `kind`, `namespace`, `name`).
+    fn rewrite_ref(&self, r: &mut Value) -> bool {
+        let is_app = r.get("group").and_then(Value::as_str) == Some("argoproj.io")
+            && r.get("kind").and_then(Value::as_str) == Some("Application");
+        if !is_app {
+            return false;
+        }
+        let (Some(ns), Some(name)) = (
+            r.get("namespace").and_then(Value::as_str),
+            r.get("name").and_then(Value::as_str),
+        ) else {
+            return false;
+        };
+        let Some((hub_ns, hub_name)) = self.hub_location(ns, name) else {
+            return false;
+        };
+        if (hub_ns.as_str(), hub_name.as_str()) == (ns, name) {
+            return false;
+        }
+        r["namespace"] = Value::String(hub_ns);
+        r["name"] = Value::String(hub_name);
+        true
+    }
+
+    /// A cached resource tree value (gzip when its key ends in `.gz`, as Argo CD writes it)
+    /// with its Application nodes rewritten; `None` when nothing changes or it does not
+    /// decode (then it is served as read).
+    fn rewrite_value(&self, key: &str, value: &[u8]) -> Option<Vec<u8>> {
+        let compression = if key.ends_with(".gz") {
+            Compression::Gzip
+        } else {
+            Compression::None
+        };
+        let mut tree = clusterinfo::decode(value, compression)?;
+        (self.rewrite(&mut tree) > 0).then(|| clusterinfo::encode(&tree, compression))
+    }
+}
 
 /// This cluster's Redis (`--redis-addr`).
 #[derive(Clone, Debug)]
@@ -126,7 +218,12 @@ impl SpokeRedis {
         }
         match (command, Self::local_key(spoke, event, req)) {
             (_, Err(reason)) => Request::Refused(reason),
-            (RedisCommand::Get, Ok(key)) => Request::Get(key),
+            (RedisCommand::Get, Ok(key)) => {
+                let tree = (req.key_kind == AppKeyKind::ResourcesTree.as_str())
+                    .then(|| spoke.tree_namespaces())
+                    .flatten();
+                Request::Get { key, tree }
+            }
             (RedisCommand::Subscribe, Ok(key)) => Request::Subscribe(key),
             (_, Ok(_)) => Request::Refused(format!("unsupported Redis command {}", req.command)),
         }
@@ -158,7 +255,12 @@ impl SpokeRedis {
                 tracing::warn!(app = ?event.resource.as_ref().map(|r| r.to_string()), %reason, "Redis request refused");
                 error(reason)
             }
-            Request::Get(key) => self.get(&key).await,
+            Request::Get { key, tree } => match (self.get(&key).await, tree) {
+                (redis_response::Result::Value(v), Some(tree)) => {
+                    redis_response::Result::Value(tree.rewrite_value(&key, &v).unwrap_or(v))
+                }
+                (other, _) => other,
+            },
             Request::Subscribe(key) => {
                 self.subscribe(source, &event, key, out.clone(), connection)
                     .await
@@ -326,10 +428,16 @@ fn error(message: String) -> redis_response::Result {
 }
 
 /// What a request may do.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum Request {
-    /// Read this local key.
-    Get(String),
+    /// Read this local key; a resource tree's Application nodes are pointed at their hub
+    /// location with `tree`.
+    Get {
+        /// The local key.
+        key: String,
+        /// Where this cluster's Applications are on the hub (resource trees only).
+        tree: Option<TreeNamespaces>,
+    },
     /// Subscribe to this local key's channel; messages are pushed to the principal.
     Subscribe(String),
     /// End the subscription with this id (unknown ids are ignored).
@@ -443,6 +551,64 @@ mod tests {
             ),
             None
         );
+    }
+
+    #[test]
+    fn resource_trees_point_application_nodes_at_the_hub() {
+        let allowed =
+            crate::namespaces::AllowedNamespaces::new("argocd", &["team-*".to_owned()]).unwrap();
+        let autonomous = TreeNamespaces {
+            hub: "edge-1".into(),
+            argocd: "argocd".into(),
+            allowed: Some(allowed),
+        };
+        let mut tree = serde_json::json!({
+            "nodes": [
+                {"group": "argoproj.io", "kind": "Application", "namespace": "argocd", "name": "a"},
+                {"group": "argoproj.io", "kind": "Application", "namespace": "team-x", "name": "b"},
+                {"group": "argoproj.io", "kind": "Application", "namespace": "other", "name": "c"},
+                {"group": "", "kind": "Application", "namespace": "argocd", "name": "not-ours"},
+                {"group": "apps", "kind": "Deployment", "namespace": "argocd", "name": "d",
+                 "parentRefs": [{"group": "argoproj.io", "kind": "Application", "namespace": "team-x", "name": "b"}]},
+            ],
+            "orphanedNodes": [
+                {"group": "argoproj.io", "kind": "Application", "namespace": "argocd", "name": "o"},
+            ],
+        });
+        assert_eq!(autonomous.rewrite(&mut tree), 4);
+        let at = |i: usize| {
+            (
+                tree["nodes"][i]["namespace"].clone(),
+                tree["nodes"][i]["name"].clone(),
+            )
+        };
+        assert_eq!(at(0), ("edge-1".into(), "a".into()));
+        assert_eq!(at(1), ("edge-1".into(), "team-x.b".into()));
+        assert_eq!(
+            at(2),
+            ("other".into(), "c".into()),
+            "not a namespace the agent publishes"
+        );
+        assert_eq!(
+            at(3),
+            ("argocd".into(), "not-ours".into()),
+            "not Argo CD's kind"
+        );
+        assert_eq!(at(4), ("argocd".into(), "d".into()));
+        assert_eq!(tree["nodes"][4]["parentRefs"][0]["name"], "team-x.b");
+        assert_eq!(tree["orphanedNodes"][0]["namespace"], "edge-1");
+        // A managed agent's Applications are in its Argo CD namespace only.
+        let managed = TreeNamespaces {
+            hub: "edge-2".into(),
+            argocd: "argocd".into(),
+            allowed: None,
+        };
+        let mut tree = serde_json::json!({"nodes": [
+            {"group": "argoproj.io", "kind": "Application", "namespace": "team-x", "name": "b"},
+        ]});
+        assert_eq!(managed.rewrite(&mut tree), 0);
+        // Values that are no tree (or not JSON) are served as read.
+        assert_eq!(managed.rewrite_value("k|1.8.3", b"\x1f\x8bnot-json"), None);
     }
 
     #[test]

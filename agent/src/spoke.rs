@@ -345,6 +345,20 @@ impl Spoke {
         )
     }
 
+    /// Where the Applications a resource tree names are on the hub, for the Redis answers
+    /// (`None` with destination-based mapping, where hub and spoke namespaces are the same,
+    /// or before the first welcome).
+    pub(crate) fn tree_namespaces(&self) -> Option<crate::redis::TreeNamespaces> {
+        if self.across_namespaces() {
+            return None;
+        }
+        Some(crate::redis::TreeNamespaces {
+            hub: self.hub_namespace()?.to_string(),
+            argocd: self.namespace.to_string(),
+            allowed: (self.mode == AgentMode::Autonomous).then(|| self.allowed.clone()),
+        })
+    }
+
     /// `(namespace, name)` of the Applications this agent holds (for the resource proxy's
     /// "managed by Argo CD on this spoke").
     pub fn held_applications(&self) -> Vec<(String, String)> {

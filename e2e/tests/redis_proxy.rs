@@ -158,6 +158,53 @@ async fn redis_proxy_routes_application_keys_to_the_owning_agent() {
             "autonomous agent's key from its own Redis"
         );
 
+        // 1b. A resource tree names the Applications a parent created by their namespace on
+        // the spoke; served through the proxy, they point where the hub has them (the
+        // agent's hub namespace), and nothing else in the tree changes (gzip as Argo CD
+        // writes it with redis compression on, plain JSON without).
+        let spoke_tree = serde_json::json!({
+            "nodes": [
+                {"group": "argoproj.io", "version": "v1alpha1", "kind": "Application",
+                 "namespace": SPOKE_NS, "name": "child", "uid": "u1",
+                 "parentRefs": [{"group": "argoproj.io", "kind": "Application", "namespace": SPOKE_NS, "name": "guestbook"}]},
+                {"group": "apps", "version": "v1", "kind": "Deployment",
+                 "namespace": "guestbook", "name": "web", "uid": "u2",
+                 "parentRefs": [{"group": "argoproj.io", "kind": "Application", "namespace": SPOKE_NS, "name": "child"}]},
+            ],
+            "hosts": [],
+        });
+        for (suffix, compression) in [("|1.8.3.gz", Compression::Gzip), ("|1.8.3", Compression::None)] {
+            set(
+                &managed_redis,
+                &format!("app|resources-tree|guestbook{suffix}"),
+                &clusterinfo::encode(&spoke_tree, compression),
+            )
+            .await;
+            let mut c = RedisEndpoint {
+                addr: format!("127.0.0.1:{proxy_port}"),
+                ..Default::default()
+            }
+            .connect(1 << 20)
+            .await?;
+            let key = format!("app|resources-tree|{MANAGED}_guestbook{suffix}");
+            let got = c.command(&[b"GET", key.as_bytes()]).await?.into_value()?.ok_or("nil tree")?;
+            let tree = clusterinfo::decode(&got, compression).ok_or("tree does not decode")?;
+            let nodes = tree["nodes"].as_array().ok_or("no nodes")?;
+            assert_eq!(nodes[0]["namespace"], MANAGED, "{tree}");
+            assert_eq!(nodes[0]["name"], "child", "{tree}");
+            assert_eq!(nodes[0]["parentRefs"][0]["namespace"], MANAGED, "{tree}");
+            assert_eq!(nodes[1]["namespace"], "guestbook", "a Deployment keeps its namespace: {tree}");
+            assert_eq!(nodes[1]["parentRefs"][0]["namespace"], MANAGED, "{tree}");
+            assert_eq!(nodes[1]["uid"], "u2", "{tree}");
+        }
+        // The steps below read the raw bytes again.
+        set(
+            &managed_redis,
+            &format!("app|resources-tree|guestbook{SUFFIX}"),
+            TREE,
+        )
+        .await;
+
         // 2. Ownership: an Application that does not exist in a namespace is a cache miss,
         // never another agent's value; unknown Applications too.
         let (miss, _, _) = cli_get(
