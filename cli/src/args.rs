@@ -237,14 +237,14 @@ pub struct PrincipalArgs {
     /// are accepted either way. `--enable-compression[=true|false]`.
     #[arg(long, env = "ARGOCD_PRINCIPAL_ENABLE_COMPRESSION", action = clap::ArgAction::Set,
         num_args = 0..=1, require_equals = true, default_value = "false",
-        default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+        default_missing_value = "true", ignore_case = true, value_parser = boolean_values())]
     pub enable_compression: bool,
     /// Also take agents over an HTTP/1.1 WebSocket on the agent listener (same port; the
     /// SVID mutual TLS runs inside it): for proxies and load balancers without HTTP/2.
     /// Needs `--auth spiffe`. `--enable-websocket[=true|false]`.
     #[arg(long, env = "ARGOCD_PRINCIPAL_ENABLE_WEBSOCKET", action = clap::ArgAction::Set,
         num_args = 0..=1, require_equals = true, default_value = "false",
-        default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+        default_missing_value = "true", ignore_case = true, value_parser = boolean_values())]
     pub enable_websocket: bool,
     /// Close agent connections that send HTTP/2 PINGs more often than this (after two
     /// tolerated strikes; GOAWAY `ENHANCE_YOUR_CALM`, `too_many_pings`). 0: no minimum.
@@ -906,7 +906,7 @@ pub struct AgentArgs {
     /// `--enable-compression[=true|false]`.
     #[arg(long, env = "ARGOCD_AGENT_ENABLE_COMPRESSION", action = clap::ArgAction::Set,
         num_args = 0..=1, require_equals = true, default_value = "false",
-        default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+        default_missing_value = "true", ignore_case = true, value_parser = boolean_values())]
     pub enable_compression: bool,
     /// Reach the principal through an HTTP/1.1 WebSocket (`ws://server-address:server-port/`),
     /// with the SVID mutual TLS inside it: for proxies and load balancers without HTTP/2.
@@ -914,7 +914,7 @@ pub struct AgentArgs {
     /// `--enable-websocket[=true|false]`.
     #[arg(long, env = "ARGOCD_AGENT_ENABLE_WEBSOCKET", action = clap::ArgAction::Set,
         num_args = 0..=1, require_equals = true, default_value = "false",
-        default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+        default_missing_value = "true", ignore_case = true, value_parser = boolean_values())]
     pub enable_websocket: bool,
     /// With `--enable-compression`: `gzip` (upstream's, any principal decodes it) or `zstd`
     /// (smaller and cheaper; a principal of this project). Also the encoding the agent asks
@@ -1012,6 +1012,23 @@ fn svid_config(a: &SvidArgs) -> Result<SvidConfig, String> {
                 "no SVID source: set --spiffe-endpoint-socket (or SPIFFE_ENDPOINT_SOCKET) to the Workload API socket, or give PEM files with --tls-cert/--tls-key/--root-ca",
             )?),
         },
+    })
+}
+
+/// The values a boolean flag or variable takes (`true`/`false`, and the spellings Go's
+/// `strconv.ParseBool` and clap's "boolish" parser take, any case); a wrong value is refused
+/// with the list, not with "value was not a boolean".
+pub fn boolean_values() -> impl clap::builder::TypedValueParser<Value = bool> {
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+    PossibleValuesParser::new([
+        PossibleValue::new("true").aliases(["t", "y", "yes", "on", "1"]),
+        PossibleValue::new("false").aliases(["f", "n", "no", "off", "0"]),
+    ])
+    .map(|v: String| {
+        matches!(
+            v.to_ascii_lowercase().as_str(),
+            "true" | "t" | "y" | "yes" | "on" | "1"
+        )
     })
 }
 

@@ -365,7 +365,8 @@ fn boolean(a: Arg) -> Arg {
         .num_args(0..=1)
         .require_equals(true)
         .default_missing_value("true")
-        .value_parser(clap::builder::BoolishValueParser::new())
+        .ignore_case(true)
+        .value_parser(crate::args::boolean_values())
 }
 
 fn hidden_arg(s: &Setting, env: Env<'_>) -> Arg {

@@ -28,15 +28,8 @@ pub use names::{AgentMode, AgentName, AllowedModes, Namespace, ResourceKind, Ten
 pub use queue::{QueueError, QueueLimits, SendQueue};
 pub use tenant::{Tenant, Tenants};
 
-/// Formats an error with its chain of causes, `outer: inner: root`: the message of the
-/// error events peers send each other, and of log lines.
+/// Formats an error with its chain of causes, `outer: inner: root`, each cause once: the
+/// message of the error events peers send each other, and of log lines.
 pub fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut out = err.to_string();
-    let mut cur = err.source();
-    while let Some(e) = cur {
-        out.push_str(": ");
-        out.push_str(&e.to_string());
-        cur = e.source();
-    }
-    out
+    argocd_agent_identity::error_chain(err)
 }

@@ -77,6 +77,19 @@ pub(super) async fn start(options: WorkloadApiOptions) -> Result<SvidSource, Sou
     }
 }
 
+/// When `endpoint` is a Unix socket path that does not exist: what to tell the operator
+/// (the usual first mistake, which the gRPC client reports only as a transport error).
+pub(crate) fn missing_socket(endpoint: &str) -> Option<String> {
+    let path = endpoint
+        .strip_prefix("unix://")
+        .or_else(|| endpoint.strip_prefix("unix:"))?;
+    (!std::path::Path::new(path).exists()).then(|| {
+        format!(
+            "the Workload API socket {path} does not exist: is the SPIRE agent running, and its socket mounted here? (set with --spiffe-endpoint-socket or SPIFFE_ENDPOINT_SOCKET)"
+        )
+    })
+}
+
 /// Connects, streams X.509 contexts, publishes each one; reconnects with jittered backoff.
 async fn follow(
     endpoint: String,
@@ -102,7 +115,7 @@ async fn follow(
                                 tracing::info!(
                                     endpoint = %endpoint,
                                     spiffe_id = state.svid.spiffe_id().as_str(),
-                                    not_after = ?state.svid.not_after(),
+                                    not_after = %crate::rfc3339(state.svid.not_after()),
                                     trust_domains = state.bundles.len(),
                                     "X.509-SVID update from the Workload API"
                                 );
@@ -118,13 +131,15 @@ async fn follow(
                     }
                 }
                 Err(e) => {
+                    let e = crate::error_chain(&e);
                     tracing::warn!(endpoint = %endpoint, error = %e, "FetchX509SVID failed");
-                    record(e.to_string());
+                    record(e);
                 }
             },
             Err(e) => {
+                let e = missing_socket(&endpoint).unwrap_or_else(|| crate::error_chain(&e));
                 tracing::warn!(endpoint = %endpoint, error = %e, "cannot connect to the Workload API");
-                record(e.to_string());
+                record(e);
             }
         }
         if tx.is_closed() {
