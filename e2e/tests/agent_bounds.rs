@@ -23,7 +23,9 @@ const AGENT_LABEL: &str = "argocd-agent.argoproj-labs.io/agent-name";
 const PARENT: &str = "argocd-agent.argoproj-labs.io/parent-application";
 
 fn refused_series(agent: &str, reason: &str) -> String {
-    format!("argocd_principal_events_refused_total{{agent=\"{agent}\",reason=\"{reason}\"}}")
+    format!(
+        "argocd_principal_events_refused_total{{agent=\"{agent}\",reason=\"{reason}\",tenant=\"\"}}"
+    )
 }
 
 fn app_ref(ns: &str, name: &str) -> Result<ResourceRef, HarnessError> {

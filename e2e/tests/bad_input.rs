@@ -24,7 +24,9 @@ const BURST: u32 = 50;
 const FLOOD: usize = 5_000;
 
 fn refused_series(agent: &str, reason: &str) -> String {
-    format!("argocd_principal_events_refused_total{{agent=\"{agent}\",reason=\"{reason}\"}}")
+    format!(
+        "argocd_principal_events_refused_total{{agent=\"{agent}\",reason=\"{reason}\",tenant=\"\"}}"
+    )
 }
 
 fn own_app(name: &str) -> ResourceRef {

@@ -31,7 +31,9 @@ const T: Duration = Duration::from_secs(30);
 const NORMAL: Duration = Duration::from_secs(3);
 
 fn refused_series(agent: &str, reason: &str) -> String {
-    format!("argocd_principal_events_refused_total{{agent=\"{agent}\",reason=\"{reason}\"}}")
+    format!(
+        "argocd_principal_events_refused_total{{agent=\"{agent}\",reason=\"{reason}\",tenant=\"\"}}"
+    )
 }
 
 /// The principal's `argocd_principal_connected_agents`.

@@ -448,7 +448,7 @@ async fn agents_cannot_write_projects_repositories_or_gpg_keys_they_do_not_own()
             (AUTONOMOUS, "WrongNamespace"),
         ] {
             let line = format!(
-                "argocd_principal_events_refused_total{{agent=\"{agent}\",reason=\"{reason}\"}}"
+                "argocd_principal_events_refused_total{{agent=\"{agent}\",reason=\"{reason}\",tenant=\"\"}}"
             );
             let count: f64 = metrics
                 .lines()

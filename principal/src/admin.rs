@@ -1,4 +1,5 @@
-//! The operator API (`argocdagent.admin.v1.Admin`): list, inspect and disconnect agents.
+//! The operator API (`argocdagent.admin.v1.Admin`): list, inspect and disconnect agents,
+//! block and unblock identities, issue resource-proxy kubeconfigs, list tenants.
 //!
 //! It is served in two places:
 //!
@@ -8,16 +9,28 @@
 //! - on its own plaintext listener (`--admin-address`), on loopback TCP or a Unix socket
 //!   only: whoever can connect there (`kubectl exec`, `kubectl port-forward`) is already
 //!   trusted with the pod. A non-loopback `--admin-address` is refused at start.
+//!
+//! **Scopes.** The local listener and `role: admin` rules act on every agent (platform
+//! scope). A tenant's operator (an ID in the tenant's `admins`) acts on its tenant's agents
+//! only: `ListAgents` and `ListTenants` show only them; `InspectAgent`, `DisconnectAgent`
+//! and `AgentKubeconfig` of any other agent are refused with `PERMISSION_DENIED` naming the
+//! caller's scope, and with the same answer whether the agent exists or not (a tenant
+//! operator cannot probe other tenants' agent names); `BlockIdentity` and `UnblockIdentity`
+//! take only exact SPIFFE IDs that the tenant's `agents` patterns match (no prefixes, no
+//! fingerprints). Refusals are counted (`argocd_principal_auth_failures_total{reason=
+//! "OutsideTenant"}`) and logged. Replicas (`argocd-agentctl replicas`) are read from the
+//! hub's Leases with Kubernetes RBAC and are no part of this API: platform only.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::SystemTime;
 
-use argocd_agent_domain::AgentName;
 use argocd_agent_domain::mapping::LiveRules;
+use argocd_agent_domain::{AdminScope, AgentName};
 use argocd_agent_proto::admin::admin_server::{Admin, AdminServer};
 use argocd_agent_proto::admin::{
-    AgentInfo, DisconnectAgentRequest, DisconnectAgentResponse, InspectAgentRequest,
-    ListAgentsRequest, ListAgentsResponse,
+    AgentInfo, AgentKubeconfigRequest, AgentKubeconfigResponse, BlockRequest, BlockResponse,
+    DisconnectAgentRequest, DisconnectAgentResponse, InspectAgentRequest, ListAgentsRequest,
+    ListAgentsResponse, ListTenantsRequest, ListTenantsResponse,
 };
 use tokio::net::{TcpListener, UnixListener};
 use tokio_util::sync::CancellationToken;
@@ -28,6 +41,8 @@ use crate::config::AdminAddress;
 use crate::error::PrincipalError;
 use crate::metrics::Metrics;
 use crate::sessions::{AgentState, Sessions};
+
+mod scope;
 
 /// Who may call the admin API on a listener.
 pub enum AdminAccess {
@@ -42,6 +57,26 @@ pub enum AdminAccess {
     },
 }
 
+/// What the calls beyond the agent registry use, shared by both listeners.
+pub struct AdminContext {
+    /// The rules in force: the tenants (scopes, `ListTenants`, blockable IDs).
+    pub rules: Arc<LiveRules>,
+    /// The hub's blocklist ConfigMap (`None`: `BlockIdentity` is unavailable).
+    pub blocklist: Option<kube::Api<k8s_openapi::api::core::v1::ConfigMap>>,
+    /// Issues kubeconfigs once the resource proxy has started (unset: it is off).
+    pub kubeconfigs: OnceLock<KubeconfigIssuer>,
+}
+
+/// Mints resource-proxy tokens for `AgentKubeconfig`.
+pub struct KubeconfigIssuer {
+    /// The proxy's keys.
+    pub keys: Arc<crate::resourceproxy::credentials::ProxyKeys>,
+    /// The proxy's configuration (URL, token lifetime).
+    pub config: crate::resourceproxy::ResourceProxyConfig,
+    /// The CA clients trust the proxy's certificate with (empty: a public one).
+    pub ca_pem: tokio::sync::watch::Receiver<String>,
+}
+
 /// `Admin` implementation over the hub's agent registry.
 pub struct AdminService {
     /// The agents the calls list, inspect and disconnect (and the blocklist callers are
@@ -51,6 +86,20 @@ pub struct AdminService {
     pub metrics: Metrics,
     /// Who may call on this listener.
     pub access: AdminAccess,
+    /// Tenants, the blocklist and kubeconfigs.
+    pub context: Arc<AdminContext>,
+}
+
+/// An admitted caller: who (for the audit log line) and over what.
+struct Caller {
+    who: String,
+    scope: AdminScope,
+}
+
+impl std::fmt::Display for Caller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.who)
+    }
 }
 
 fn unix_ms(t: Option<SystemTime>) -> i64 {
@@ -79,6 +128,11 @@ pub fn agent_info(state: &AgentState) -> AgentInfo {
         queue_depth: state.queue.len() as u64,
         in_flight: state.queue.in_flight() as u64,
         svid_expiry_unix_ms: unix_ms(session.svid_expiry),
+        tenant: identity
+            .tenant
+            .as_ref()
+            .map(|t| t.to_string())
+            .unwrap_or_default(),
     }
 }
 
@@ -94,12 +148,15 @@ fn check_local<T>(request: &Request<T>) -> Result<(), Status> {
 }
 
 impl AdminService {
-    /// Checks the caller of `request`; returns who it is, for the audit log line.
-    fn authorize<T>(&self, request: &Request<T>, call: &'static str) -> Result<String, Status> {
+    /// Checks the caller of `request`; returns who it is and its scope.
+    fn authorize<T>(&self, request: &Request<T>, call: &'static str) -> Result<Caller, Status> {
         match &self.access {
             AdminAccess::Local => {
                 check_local(request)?;
-                Ok("local".into())
+                Ok(Caller {
+                    who: "local".into(),
+                    scope: AdminScope::Platform,
+                })
             }
             AdminAccess::Rules { auth, rules } => {
                 let metrics = &self.metrics;
@@ -122,17 +179,10 @@ impl AdminService {
                     )));
                 }
                 match rules.current().authorize_admin(client) {
-                    Ok(grant) if grant.scope == argocd_agent_domain::AdminScope::Platform => {
-                        Ok(format!("{client} (rule {})", grant.rule))
-                    }
-                    Ok(grant) => {
-                        metrics.auth_failed("NotAdmin");
-                        tracing::warn!(call, %client, scope = %grant.scope, "admin call refused: tenant-scoped admin calls are not served yet");
-                        Err(Status::permission_denied(format!(
-                            "{client} is an operator of {}; tenant-scoped admin calls are not served yet",
-                            grant.scope
-                        )))
-                    }
+                    Ok(grant) => Ok(Caller {
+                        who: format!("{client} (rule {}, scope {})", grant.rule, grant.scope),
+                        scope: grant.scope,
+                    }),
                     Err(denied) => {
                         metrics.auth_failed("NotAdmin");
                         tracing::warn!(call, %client, reason = %denied.reason, "admin call refused");
@@ -157,6 +207,35 @@ impl AdminService {
             ))
         })
     }
+
+    /// Counts and logs a tenant operator's call outside its tenant; the refusal to answer.
+    fn outside(&self, caller: &Caller, call: &'static str, what: String) -> Status {
+        self.metrics.auth_failed(crate::metrics::OUTSIDE_TENANT);
+        tracing::warn!(call, caller = %caller, scope = %caller.scope, target = %what,
+            "admin call refused: outside the caller's tenant");
+        Status::permission_denied(format!(
+            "{what} is outside the caller's scope ({}): a tenant's operators act on that tenant's agents only",
+            caller.scope
+        ))
+    }
+
+    /// Agent `name`, if the caller's scope covers it. A tenant operator gets the same
+    /// refusal for another tenant's agent as for an unknown one.
+    fn find_in_scope(
+        &self,
+        caller: &Caller,
+        call: &'static str,
+        name: &str,
+    ) -> Result<Arc<AgentState>, Status> {
+        let found = match &caller.scope {
+            AdminScope::Platform => return self.find(name),
+            AdminScope::Tenant(_) => self.sessions.agent(&agent_name(name)?),
+        };
+        match found {
+            Some(state) if caller.scope.covers(state.identity().tenant.as_ref()) => Ok(state),
+            _ => Err(self.outside(caller, call, format!("agent {name:?}"))),
+        }
+    }
 }
 
 #[tonic::async_trait]
@@ -171,6 +250,7 @@ impl Admin for AdminService {
             .sessions
             .agents()
             .iter()
+            .filter(|s| caller.scope.covers(s.identity().tenant.as_ref()))
             .map(|s| agent_info(s))
             .collect();
         agents.sort_by(|a, b| a.name.cmp(&b.name));
@@ -183,7 +263,7 @@ impl Admin for AdminService {
     ) -> Result<Response<AgentInfo>, Status> {
         let caller = self.authorize(&request, "InspectAgent")?;
         tracing::debug!(%caller, agent = %request.get_ref().name, "admin: inspect agent");
-        let state = self.find(&request.get_ref().name)?;
+        let state = self.find_in_scope(&caller, "InspectAgent", &request.get_ref().name)?;
         Ok(Response::new(agent_info(&state)))
     }
 
@@ -192,10 +272,72 @@ impl Admin for AdminService {
         request: Request<DisconnectAgentRequest>,
     ) -> Result<Response<DisconnectAgentResponse>, Status> {
         let caller = self.authorize(&request, "DisconnectAgent")?;
-        let state = self.find(&request.get_ref().name)?;
+        let state = self.find_in_scope(&caller, "DisconnectAgent", &request.get_ref().name)?;
         let was_connected = self.sessions.disconnect(&state.name);
         tracing::info!(agent = %state.name, was_connected, %caller, "session closed by an operator (admin API)");
         Ok(Response::new(DisconnectAgentResponse { was_connected }))
+    }
+
+    async fn block_identity(
+        &self,
+        request: Request<BlockRequest>,
+    ) -> Result<Response<BlockResponse>, Status> {
+        let caller = self.authorize(&request, "BlockIdentity")?;
+        self.edit_blocklist(&caller, "BlockIdentity", request.get_ref(), true)
+            .await
+    }
+
+    async fn unblock_identity(
+        &self,
+        request: Request<BlockRequest>,
+    ) -> Result<Response<BlockResponse>, Status> {
+        let caller = self.authorize(&request, "UnblockIdentity")?;
+        self.edit_blocklist(&caller, "UnblockIdentity", request.get_ref(), false)
+            .await
+    }
+
+    async fn agent_kubeconfig(
+        &self,
+        request: Request<AgentKubeconfigRequest>,
+    ) -> Result<Response<AgentKubeconfigResponse>, Status> {
+        let caller = self.authorize(&request, "AgentKubeconfig")?;
+        let state = self.find_in_scope(&caller, "AgentKubeconfig", &request.get_ref().name)?;
+        let issuer = self.context.kubeconfigs.get().ok_or_else(|| {
+            Status::failed_precondition(
+                "the resource proxy is off on this principal (--enable-resource-proxy)",
+            )
+        })?;
+        let tenant = state.identity().tenant;
+        let token = issuer.keys.mint_for(
+            &state.name,
+            tenant.as_ref(),
+            issuer.config.token_ttl,
+            SystemTime::now(),
+        );
+        tracing::info!(agent = %state.name, %caller, tenant = ?tenant.as_ref().map(|t| t.as_str()),
+            "admin: resource proxy kubeconfig issued");
+        Ok(Response::new(AgentKubeconfigResponse {
+            server: issuer.config.agent_url(&state.name),
+            token: token.value,
+            ca_pem: issuer.ca_pem.borrow().clone(),
+            expires_unix_ms: unix_ms(Some(token.expires)),
+        }))
+    }
+
+    async fn list_tenants(
+        &self,
+        request: Request<ListTenantsRequest>,
+    ) -> Result<Response<ListTenantsResponse>, Status> {
+        let caller = self.authorize(&request, "ListTenants")?;
+        tracing::debug!(%caller, "admin: list tenants");
+        let rules = self.context.rules.current();
+        let tenants = rules
+            .tenants()
+            .iter()
+            .filter(|t| caller.scope.covers(Some(&t.name)))
+            .map(|t| scope::tenant_info(&self.sessions, t))
+            .collect();
+        Ok(Response::new(ListTenantsResponse { tenants }))
     }
 }
 
@@ -228,6 +370,7 @@ fn admin_limits(metrics: &Metrics) -> argocd_agent_identity::transport::Incoming
 pub async fn serve(
     address: &AdminAddress,
     sessions: Arc<Sessions>,
+    context: Arc<AdminContext>,
     metrics: Metrics,
     tasks: &tokio_util::task::TaskTracker,
     shutdown: CancellationToken,
@@ -247,6 +390,7 @@ pub async fn serve(
             sessions,
             metrics: metrics.clone(),
             access: AdminAccess::Local,
+            context,
         }));
     match address {
         AdminAddress::Tcp(addr) => {

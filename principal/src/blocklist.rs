@@ -120,6 +120,79 @@ impl LiveBlocklist {
     }
 }
 
+/// Why the blocklist ConfigMap could not be edited.
+#[derive(Debug, thiserror::Error)]
+pub enum EditError {
+    /// Reading or writing it failed.
+    #[error("{op} {CONFIGMAP}: {source}")]
+    Kube {
+        /// `reading` or `writing`.
+        op: &'static str,
+        /// The API's error.
+        source: kube::Error,
+    },
+    /// Every attempt met a concurrent write.
+    #[error("{CONFIGMAP} kept changing; try again")]
+    Conflicts,
+}
+
+/// Adds (`add`) or removes `entry` under data key `key` of the blocklist ConfigMap (made
+/// when missing); returns whether the list changed. Retries on conflict.
+pub async fn edit(
+    api: &kube::Api<k8s_openapi::api::core::v1::ConfigMap>,
+    key: &str,
+    entry: &str,
+    add: bool,
+) -> Result<bool, EditError> {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::{ObjectMeta, PostParams};
+    for _ in 0..5 {
+        let current = api
+            .get_opt(CONFIGMAP)
+            .await
+            .map_err(|source| EditError::Kube {
+                op: "reading",
+                source,
+            })?;
+        let mut cm = current.clone().unwrap_or_else(|| ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(CONFIGMAP.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        });
+        let data = cm.data.get_or_insert_with(Default::default);
+        let mut lines: Vec<String> = entries(data.get(key).map_or("", String::as_str))
+            .map(str::to_owned)
+            .collect();
+        let present = lines.iter().any(|l| l == entry);
+        match (add, present) {
+            (true, true) | (false, false) => return Ok(false),
+            (true, false) => lines.push(entry.to_owned()),
+            (false, true) => lines.retain(|l| l != entry),
+        }
+        data.insert(
+            key.to_owned(),
+            lines.iter().map(|l| format!("{l}\n")).collect(),
+        );
+        let written = match current {
+            None => api.create(&PostParams::default(), &cm).await,
+            Some(_) => api.replace(CONFIGMAP, &PostParams::default(), &cm).await,
+        };
+        match written {
+            Ok(_) => return Ok(true),
+            Err(kube::Error::Api(s)) if s.code == 409 => continue,
+            Err(source) => {
+                return Err(EditError::Kube {
+                    op: "writing",
+                    source,
+                });
+            }
+        }
+    }
+    Err(EditError::Conflicts)
+}
+
 /// Keeps the blocklist current from its ConfigMap and closes the sessions it denies.
 pub(crate) async fn enforce(
     sessions: std::sync::Arc<crate::sessions::Sessions>,

@@ -1381,6 +1381,36 @@ impl Leases {
 }
 
 /// The holder identity, read without decoding the whole spec (scans of every Lease).
+/// The agents whose live session another replica serves, with their hub namespace (the
+/// tenants' `agents` quotas count them), from the agent Leases in the cache.
+impl crate::tenancy::Census for Leases {
+    fn elsewhere(&self) -> Vec<(AgentName, String)> {
+        let now = jiff::Timestamp::now();
+        self.cache
+            .list_namespace(&self.namespace)
+            .iter()
+            .filter(|l| lease_label(l) == Some("agent"))
+            .filter_map(|l| {
+                let view = LeaseView::of(l);
+                let holder = view.holder.as_deref()?;
+                if holder == self.me
+                    || !self.alive(holder)
+                    || view.expired(now, Duration::from_secs(5))
+                {
+                    return None;
+                }
+                let ns = l
+                    .metadata
+                    .annotations
+                    .as_ref()?
+                    .get(HUB_NAMESPACE_ANNOTATION)?
+                    .clone();
+                Some((agent_of(l)?, ns))
+            })
+            .collect()
+    }
+}
+
 fn holder_str(obj: &DynamicObject) -> Option<&str> {
     obj.data
         .get("spec")?

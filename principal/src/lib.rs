@@ -34,6 +34,7 @@ pub mod resourceproxy;
 pub mod server;
 pub mod session;
 pub mod sessions;
+pub mod tenancy;
 pub mod tunnel;
 mod wiring;
 

@@ -23,6 +23,8 @@ pub struct EventLabels {
     pub agent: String,
     /// The event type's verb: `create`, `spec-update`, `status-update`, `ping`, ...
     pub r#type: String,
+    /// The agent's tenant; empty for an agent of no tenant (see [`Metrics::set_tenant`]).
+    pub tenant: String,
 }
 
 /// Labels of the counters by reason alone: `argocd_principal_auth_failures_total` (one of
@@ -40,6 +42,25 @@ pub struct AgentReasonLabels {
     pub agent: String,
     /// One of [`REFUSAL_REASONS`].
     pub reason: String,
+    /// The agent's tenant; empty for an agent of no tenant.
+    pub tenant: String,
+}
+
+/// Labels of the per-tenant gauges (`argocd_principal_tenant_agents_connected`,
+/// `argocd_principal_tenant_proxy_requests_in_flight`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TenantLabels {
+    /// The tenant's name (declared tenants only: bounded by the rules file).
+    pub tenant: String,
+}
+
+/// Labels of `argocd_principal_tenant_quota_refused_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TenantQuotaLabels {
+    /// The tenant's name.
+    pub tenant: String,
+    /// One of [`crate::tenancy::QUOTA_NAMES`].
+    pub quota: String,
 }
 
 /// Labels of upstream's `argocd_principal_agent_connections_total` and
@@ -109,6 +130,8 @@ pub struct ResourceProxyLabels {
     pub kind: String,
     /// The HTTP status answered (101 for an exec session that was opened).
     pub code: String,
+    /// The agent's tenant; empty for an agent of no tenant.
+    pub tenant: String,
 }
 
 /// Labels of `argocd_principal_listener_connections_closed_total`.
@@ -222,7 +245,7 @@ impl AgentLabels {
 /// Reasons streams (and admin calls: `NotAdmin`) are refused at authentication or mapping
 /// (`argocd_principal_auth_failures`),
 /// exported at zero from the start so rates and alerts work before the first failure.
-pub const AUTH_FAILURE_REASONS: [&str; 19] = [
+pub const AUTH_FAILURE_REASONS: [&str; 21] = [
     "NoPeerIdentity",
     "IdentityHeaderOnMtls",
     "IdentityHeaderOnJwt",
@@ -238,6 +261,10 @@ pub const AUTH_FAILURE_REASONS: [&str; 19] = [
     "Blocked",
     // An agent whose hub namespace is outside --allowed-namespaces (crate::partition).
     "OutsidePartition",
+    // A session over its tenant's `agents` quota (crate::tenancy).
+    crate::tenancy::TENANT_AGENT_QUOTA,
+    // A tenant's operator calling the admin API about an agent outside its tenant.
+    OUTSIDE_TENANT,
     // Connections dropped before their first request (argocd_agent_identity::transport).
     "HandshakeTimeout",
     "HandshakeFailed",
@@ -248,7 +275,7 @@ pub const AUTH_FAILURE_REASONS: [&str; 19] = [
 
 /// Reasons inbound events are refused (`argocd_principal_events_refused`), exported at zero
 /// for each agent when it first connects.
-pub const REFUSAL_REASONS: [&str; 21] = [
+pub const REFUSAL_REASONS: [&str; 22] = [
     "WrongNamespace",
     "NotOwner",
     "ModeForbids",
@@ -258,6 +285,7 @@ pub const REFUSAL_REASONS: [&str; 21] = [
     "Invalid",
     "UnexpectedEvent",
     crate::ratelimit::RATE_LIMITED,
+    crate::tenancy::TENANT_RATE_LIMITED,
     "NotFound",
     crate::session::HELLO_TIMEOUT,
     crate::session::TOO_LARGE,
@@ -271,6 +299,10 @@ pub const REFUSAL_REASONS: [&str; 21] = [
     crate::bounds::CHILD_NOT_TRACKED,
     crate::bounds::PROJECT_NOT_ALLOWED,
 ];
+
+/// Auth failure reason of an admin call by a tenant's operator about an agent, identity or
+/// tenant outside its tenant.
+pub const OUTSIDE_TENANT: &str = "OutsideTenant";
 
 /// Default of `--metrics-max-agent-labels`.
 pub const DEFAULT_MAX_AGENT_LABELS: usize = 100;
@@ -365,6 +397,17 @@ pub struct Metrics {
     /// listeners refused or closed (caps in total and per client address, handshake,
     /// preface and idle timeouts).
     pub listener_closed: Family<ListenerLabels, Counter>,
+    /// `argocd_principal_tenant_agents_connected{tenant}`: the tenant's agents with a
+    /// session on this replica.
+    pub tenant_agents_connected: Family<TenantLabels, Gauge>,
+    /// `argocd_principal_tenant_proxy_requests_in_flight{tenant}`: resource proxy requests,
+    /// log streams and terminals open for the tenant's agents on this replica.
+    pub tenant_proxy_in_flight: Family<TenantLabels, Gauge>,
+    /// `argocd_principal_tenant_quota_refused_total{tenant,quota}`: sessions, events and
+    /// proxy requests refused by a tenant's quota.
+    pub tenant_quota_refused: Family<TenantQuotaLabels, Counter>,
+    /// Agent -> its tenant's name, for the `tenant` label of the per-agent series.
+    agent_tenants: Arc<Mutex<HashMap<String, String>>>,
     connected_since: Arc<Mutex<HashMap<String, Instant>>>,
     agent_labels: Arc<AgentLabels>,
     registry: Arc<Registry>,
@@ -547,6 +590,10 @@ impl Metrics {
             lease_writes: Family::default(),
             sessions_deferred: Family::default(),
             listener_closed: Family::default(),
+            tenant_agents_connected: Family::default(),
+            tenant_proxy_in_flight: Family::default(),
+            tenant_quota_refused: Family::default(),
+            agent_tenants: Arc::default(),
             connected_since: Arc::default(),
             agent_labels: Arc::new(AgentLabels {
                 max: max_agent_labels,
@@ -572,6 +619,7 @@ impl Metrics {
         m.register_proxy_metrics(&mut r);
         m.register_replica_metrics(&mut r);
         m.register_listener_metrics(&mut r);
+        m.register_tenant_metrics(&mut r);
         m.registry = Arc::new(r);
         m
     }
@@ -698,6 +746,91 @@ impl Metrics {
         );
     }
 
+    /// Tenants' use of their quotas, and refusals by quota.
+    fn register_tenant_metrics(&self, r: &mut Registry) {
+        r.register(
+            "argocd_principal_tenant_agents_connected",
+            "Agents of the tenant with a session on this principal replica",
+            self.tenant_agents_connected.clone(),
+        );
+        r.register(
+            "argocd_principal_tenant_proxy_requests_in_flight",
+            "Resource proxy requests, log streams and terminals open for the tenant's agents on this replica",
+            self.tenant_proxy_in_flight.clone(),
+        );
+        r.register(
+            "argocd_principal_tenant_quota_refused_total",
+            "Sessions, events and resource proxy requests refused by a tenant's quota, by tenant and quota",
+            self.tenant_quota_refused.clone(),
+        );
+    }
+
+    /// Exports a declared tenant's series at zero (`quotas`: its refusal counters).
+    pub fn tenant_declared(&self, tenant: &str, quotas: &[&str]) {
+        let labels = TenantLabels {
+            tenant: tenant.into(),
+        };
+        let _ = self.tenant_agents_connected.get_or_create(&labels);
+        let _ = self.tenant_proxy_in_flight.get_or_create(&labels);
+        for quota in quotas {
+            let _ = self.tenant_quota_refused.get_or_create(&TenantQuotaLabels {
+                tenant: tenant.into(),
+                quota: (*quota).into(),
+            });
+        }
+    }
+
+    /// Counts one refusal by `tenant`'s `quota`.
+    pub fn tenant_quota_refused(&self, tenant: &str, quota: &str) {
+        self.tenant_quota_refused
+            .get_or_create(&TenantQuotaLabels {
+                tenant: tenant.into(),
+                quota: quota.into(),
+            })
+            .inc();
+    }
+
+    /// Sets the number of `tenant`'s agents connected here.
+    pub fn tenant_agents_connected(&self, tenant: &str, n: usize) {
+        self.tenant_agents_connected
+            .get_or_create(&TenantLabels {
+                tenant: tenant.into(),
+            })
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// Sets `tenant`'s resource proxy requests in flight here.
+    pub fn tenant_proxy_in_flight(&self, tenant: &str, n: u32) {
+        self.tenant_proxy_in_flight
+            .get_or_create(&TenantLabels {
+                tenant: tenant.into(),
+            })
+            .set(i64::from(n));
+    }
+
+    /// Records `agent`'s tenant (at each session's start): the `tenant` label of its
+    /// per-agent series from now on. An agent never connected here, or of no tenant, is
+    /// labelled `tenant=""`.
+    pub fn set_tenant(&self, agent: &str, tenant: Option<&argocd_agent_domain::TenantName>) {
+        let mut map = lock(&self.agent_tenants);
+        match tenant {
+            Some(t) => {
+                map.insert(agent.to_owned(), t.to_string());
+            }
+            None => {
+                map.remove(agent);
+            }
+        }
+    }
+
+    /// The `tenant` label value of `agent`'s series.
+    pub fn tenant_label(&self, agent: &str) -> String {
+        lock(&self.agent_tenants)
+            .get(agent)
+            .cloned()
+            .unwrap_or_default()
+    }
+
     /// Counts one request forwarded to another replica's resource proxy.
     pub fn resource_proxy_forwarded(&self, agent: &str, kind: &str, code: u16) {
         self.resource_proxy_forwarded
@@ -705,6 +838,7 @@ impl Metrics {
                 agent: self.agent_label(agent),
                 kind: kind.into(),
                 code: code.to_string(),
+                tenant: self.tenant_label(agent),
             })
             .inc();
     }
@@ -718,6 +852,7 @@ impl Metrics {
                 agent: agent_name.clone(),
                 kind: kind.into(),
                 code: code.to_string(),
+                tenant: self.tenant_label(agent),
             })
             .inc();
         self.upstream
@@ -818,6 +953,7 @@ impl Metrics {
             .get_or_create(&AgentReasonLabels {
                 agent: self.agent_label(agent.as_str()),
                 reason: reason.into(),
+                tenant: self.tenant_label(agent.as_str()),
             })
             .inc();
     }
@@ -837,6 +973,7 @@ impl Metrics {
         let labels = EventLabels {
             agent: self.agent_label(agent),
             r#type: ty.into(),
+            tenant: self.tenant_label(agent),
         };
         let (upstream, ours) = if sent {
             (&self.upstream.events_sent, &self.events_sent)
@@ -898,10 +1035,12 @@ impl Metrics {
     pub fn connected(&self, agent: &str) {
         lock(&self.connected_since).insert(agent.to_owned(), Instant::now());
         let label = self.agent_label(agent);
+        let tenant = self.tenant_label(agent);
         for reason in REFUSAL_REASONS {
             let _ = self.events_refused.get_or_create(&AgentReasonLabels {
                 agent: label.clone(),
                 reason: reason.into(),
+                tenant: tenant.clone(),
             });
         }
         self.upstream
@@ -1100,6 +1239,38 @@ mod tests {
     }
 
     #[test]
+    fn per_agent_series_carry_the_agents_tenant() {
+        let m = Metrics::new();
+        let team = argocd_agent_domain::TenantName::new("team-a").unwrap();
+        m.set_tenant("edge-1", Some(&team));
+        m.event(false, "edge-1", "create");
+        m.event(false, "edge-2", "create");
+        m.refused(
+            &argocd_agent_domain::AgentName::new("edge-1").unwrap(),
+            "NotOwner",
+        );
+        m.resource_proxy("edge-1", "log", 200, None);
+        let text = argocd_agent_runtime::exposition::openmetrics_to_text(&m.encode()).unwrap();
+        for line in [
+            "argocd_principal_events_received_total{agent=\"edge-1\",type=\"create\",tenant=\"team-a\"} 1",
+            "argocd_principal_events_received_total{agent=\"edge-2\",type=\"create\",tenant=\"\"} 1",
+            "argocd_principal_events_refused_total{agent=\"edge-1\",reason=\"NotOwner\",tenant=\"team-a\"} 1",
+            "argocd_principal_resource_proxy_responses_total{agent=\"edge-1\",kind=\"log\",code=\"200\",tenant=\"team-a\"} 1",
+            // Upstream's families keep their labels.
+            "argocd_principal_resource_proxy_requests_total{agent_name=\"edge-1\"} 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
+        }
+        // Back to no tenant (a rules change moved the agent out).
+        m.set_tenant("edge-1", None);
+        m.event(false, "edge-1", "create");
+        let text = argocd_agent_runtime::exposition::openmetrics_to_text(&m.encode()).unwrap();
+        assert!(text.contains(
+            "argocd_principal_events_received_total{agent=\"edge-1\",type=\"create\",tenant=\"\"} 1"
+        ));
+    }
+
+    #[test]
     fn per_agent_labels_are_bounded() {
         let m = Metrics::with_agent_label_limit(2);
         assert_eq!(m.agent_label("a"), "a");
@@ -1111,7 +1282,7 @@ mod tests {
         let text = argocd_agent_runtime::exposition::openmetrics_to_text(&m.encode()).unwrap();
         assert!(
             text.contains(
-                "argocd_principal_events_sent_total{agent=\"other\",type=\"spec-update\"} 2"
+                "argocd_principal_events_sent_total{agent=\"other\",type=\"spec-update\",tenant=\"\"} 2"
             ),
             "{text}"
         );
@@ -1158,7 +1329,7 @@ mod tests {
             "argocd_principal_agent_connections_total{agent_name=\"a\"} 1",
             "argocd_principal_resource_proxy_requests_total{agent_name=\"a\"} 1",
             "argocd_principal_resource_proxy_errors_total{agent_name=\"a\",reason=\"agent_disconnected\"} 1",
-            "argocd_principal_resource_proxy_responses_total{agent=\"a\",kind=\"request\",code=\"502\"} 1",
+            "argocd_principal_resource_proxy_responses_total{agent=\"a\",kind=\"request\",code=\"502\",tenant=\"\"} 1",
             "argocd_principal_redis_proxy_requests_total{agent_name=\"a\",command=\"get\"} 1",
             "argocd_principal_auth_failures_total{reason=\"Unmapped\"} 0",
         ] {

@@ -42,6 +42,11 @@ impl EventStream for EventStreamService {
             &self.sessions.hub.metrics,
             &request,
         )?;
+        let slot = admit_to_tenant(
+            &self.sessions.hub.sessions,
+            &self.sessions.hub.metrics,
+            &identity,
+        )?;
         let (inbound, outbound) = stream_compression(request.metadata());
         if inbound != IDENTITY || outbound != IDENTITY {
             tracing::info!(agent = %identity.agent, %inbound, %outbound, "agent stream compressed");
@@ -56,7 +61,7 @@ impl EventStream for EventStreamService {
             fingerprint: caller.fingerprint().map(str::to_owned),
             ..SessionInfo::default()
         };
-        let rx = session::start(&self.sessions, identity, info, request.into_inner());
+        let rx = session::start(&self.sessions, identity, info, request.into_inner(), slot);
         Ok(Response::new(rx))
     }
 }
@@ -100,6 +105,23 @@ pub fn identify_agent<T>(
         return Err(Status::permission_denied(outside.to_string()));
     }
     Ok((identity, caller))
+}
+
+/// Admits an agent's session under its tenant's `agents` quota (with `--ha`, counted
+/// across replicas); a refusal is logged, counted as auth failure `TenantAgentQuota` and in
+/// `argocd_principal_tenant_quota_refused_total`, and answered `ResourceExhausted`.
+fn admit_to_tenant(
+    sessions: &Sessions,
+    metrics: &Metrics,
+    identity: &argocd_agent_domain::AgentIdentity,
+) -> Result<crate::tenancy::AgentSlot, Status> {
+    sessions.tenancy.admit_agent(identity).map_err(|refusal| {
+        metrics.auth_failed(crate::tenancy::TENANT_AGENT_QUOTA);
+        tracing::warn!(client = %identity.client, agent = %identity.agent,
+            tenant = ?identity.tenant.as_ref().map(|t| t.as_str()), reason = %refusal,
+            "stream refused: tenant agents quota");
+        Status::resource_exhausted(refusal.to_string())
+    })
 }
 
 /// The gRPC encodings the agent listener decodes, and may answer in.

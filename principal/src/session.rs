@@ -123,6 +123,7 @@ pub fn start(
     identity: AgentIdentity,
     peer: SessionInfo,
     inbound: impl Stream<Item = Result<CloudEvent, Status>> + Send + Unpin + 'static,
+    slot: crate::tenancy::AgentSlot,
 ) -> OutboundStream {
     let (tx, rx) = mpsc::channel(OUTBOUND_BUFFER);
     let tx = Outbound {
@@ -136,6 +137,8 @@ pub fn start(
             // The session watches for shutdown itself: between events, so the event being
             // applied when SIGTERM arrives is finished and answered first.
             let result = run(&ctx, identity, peer, inbound, &tx).await;
+            // The tenant's slot is given back once the session has ended.
+            drop(slot);
             match result {
                 Err(status) if argocd_agent_identity::transport::is_connection_loss(&status) => {
                     tracing::info!(reason = ?status.message(), "connection to the agent lost");
@@ -323,6 +326,8 @@ async fn register(
     );
     Box::pin(hub.ensure_namespace(&identity.namespace, &identity.agent)).await;
     hub.metrics.connected_agents.inc();
+    hub.metrics
+        .set_tenant(identity.agent.as_str(), identity.tenant.as_ref());
     hub.metrics.connected(identity.agent.as_str());
     let guard = SessionGuard {
         hub: hub.clone(),
@@ -726,10 +731,17 @@ async fn handle_inbound(
         }
     };
     hub.metrics.event(false, agent.as_str(), event.ty.verb());
-    if crate::ratelimit::is_limited(event.ty)
-        && let crate::ratelimit::Verdict::Refused { log } = state.check_rate()
-    {
-        return refuse_rate_limited(hub, state, event, log, tx).await;
+    if crate::ratelimit::is_limited(event.ty) {
+        if let crate::ratelimit::Verdict::Refused { log } = state.check_rate() {
+            return refuse_rate_limited(hub, state, event, log, tx).await;
+        }
+        if let Some(tenant) = &identity.tenant
+            && let (crate::ratelimit::Verdict::Refused { log }, Some(limit)) =
+                hub.sessions.tenancy.check_events(tenant)
+        {
+            let over = TenantOver { tenant, limit, log };
+            return refuse_tenant_rate_limited(hub, state, over, event, tx).await;
+        }
     }
     let span = argocd_agent_domain::event_span!("principal.handle_inbound", &event,
         agent = %identity.agent, client = %identity.client, rule = %identity.rule);
@@ -762,6 +774,44 @@ async fn refuse_rate_limited(
     let message = format!(
         "agent {} is over its event rate limit ({} events/s, burst {}): resend later",
         state.name, limit.rate, limit.burst
+    );
+    let reply = event.error_reply(&hub.source, crate::ratelimit::TOO_MANY_REQUESTS, message);
+    send(tx, hub, state, reply).await
+}
+
+/// A tenant's event bucket that refused an event.
+struct TenantOver<'a> {
+    tenant: &'a argocd_agent_domain::TenantName,
+    limit: crate::ratelimit::EventRate,
+    /// Refusals since the last log line, when one is due.
+    log: Option<u64>,
+}
+
+/// Refuses an event over its tenant's `eventsPerSecond` as the per-agent limit refuses:
+/// `TooManyRequests` naming the tenant, `argocd_principal_events_refused_total` reason
+/// `TenantRateLimited` (and the tenant's quota counter), a log line at most once a second.
+async fn refuse_tenant_rate_limited(
+    hub: &Hub,
+    state: &AgentState,
+    over: TenantOver<'_>,
+    event: Event,
+    tx: &Outbound,
+) -> Result<(), Status> {
+    let TenantOver { tenant, limit, log } = over;
+    hub.metrics
+        .refused(&state.name, crate::tenancy::TENANT_RATE_LIMITED);
+    if let Some(refused) = log {
+        tracing::warn!(
+            refused,
+            %tenant,
+            rate = limit.rate,
+            burst = limit.burst,
+            "tenant over its events per second quota: events refused with TooManyRequests"
+        );
+    }
+    let message = format!(
+        "tenant {tenant} is over its event quota (quotas.eventsPerSecond {}, burst {}): resend later",
+        limit.rate, limit.burst
     );
     let reply = event.error_reply(&hub.source, crate::ratelimit::TOO_MANY_REQUESTS, message);
     send(tx, hub, state, reply).await

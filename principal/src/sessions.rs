@@ -243,6 +243,8 @@ pub struct Sessions {
     pub blocklist: crate::blocklist::LiveBlocklist,
     /// The hub namespaces and labels this principal serves (agents outside are refused).
     pub partition: Arc<crate::partition::Partition>,
+    /// The tenants' quotas (agents connected, events per second, proxy requests in flight).
+    pub tenancy: Arc<crate::tenancy::Tenancy>,
 }
 
 impl Sessions {
@@ -254,7 +256,14 @@ impl Sessions {
             event_rate,
             blocklist: crate::blocklist::LiveBlocklist::default(),
             partition: Arc::new(crate::partition::Partition::whole_hub()),
+            tenancy: crate::tenancy::Tenancy::disabled(),
         }
+    }
+
+    /// The registry of a principal enforcing `tenancy`'s quotas.
+    pub fn with_tenancy(mut self, tenancy: Arc<crate::tenancy::Tenancy>) -> Sessions {
+        self.tenancy = tenancy;
+        self
     }
 
     /// The registry of a principal serving `partition`.

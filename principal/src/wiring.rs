@@ -45,6 +45,8 @@ pub(crate) struct Wiring {
     pub rules: Arc<LiveRules>,
     pub metrics: Metrics,
     pub partition: Arc<Partition>,
+    /// What both admin listeners share: tenants, the blocklist writer, kubeconfigs.
+    pub admin: Arc<admin::AdminContext>,
 }
 
 /// The hub's watches: the Applications' and the configuration objects' caches and changes,
@@ -146,6 +148,14 @@ impl Wiring {
         if let Some(svid) = &listener_auth.svid {
             metrics.follow_svid(svid);
         }
+        let admin = Arc::new(admin::AdminContext {
+            rules: rules.clone(),
+            blocklist: Some(kube::Api::namespaced(
+                client.clone(),
+                &config.argocd_namespace,
+            )),
+            kubeconfigs: std::sync::OnceLock::new(),
+        });
         Ok(Wiring {
             config,
             tasks: TaskTracker::new(),
@@ -155,6 +165,7 @@ impl Wiring {
             rules,
             metrics,
             partition,
+            admin,
         })
     }
 
@@ -328,7 +339,11 @@ impl Wiring {
         let config = &self.config;
         let sessions = Arc::new(
             Sessions::new(config.queue.clone(), config.event_rate)
-                .with_partition(self.partition.clone()),
+                .with_partition(self.partition.clone())
+                .with_tenancy(crate::tenancy::Tenancy::new(
+                    self.rules.clone(),
+                    self.metrics.clone(),
+                )),
         );
         let hub = Arc::new(Hub::new(HubParts {
             source: source_id(self.listener_auth.svid.as_ref()),
@@ -385,7 +400,7 @@ impl Wiring {
             ha::LEASE_REQUESTS_IN_FLIGHT,
         )
         .await?;
-        Ok(Some(ha::Leases::start(
+        let leases = ha::Leases::start(
             lease_client,
             &self.config.argocd_namespace,
             ha,
@@ -393,7 +408,10 @@ impl Wiring {
             self.metrics.clone(),
             &self.tasks,
             self.shutdown.clone(),
-        )))
+        );
+        // Tenants' agents quotas count the agents other replicas serve.
+        hub.sessions.tenancy.set_census(leases.clone());
+        Ok(Some(leases))
     }
 
     /// The metrics and health listeners, and the sender that makes them ready.
@@ -454,6 +472,7 @@ impl Wiring {
         let bound = admin::serve(
             address,
             hub.sessions.clone(),
+            self.admin.clone(),
             self.metrics.clone(),
             &self.tasks,
             self.shutdown.clone(),
@@ -623,6 +642,11 @@ async fn start_resource_proxy(
     .map_err(proxy_err)?;
     let tls = resourceproxy::tls::server_config(serving.cert.clone())
         .map_err(|e| PrincipalError::Config(format!("resource proxy TLS: {e}")))?;
+    let _ = w.admin.kubeconfigs.set(admin::KubeconfigIssuer {
+        keys: keys.clone(),
+        config: rp.clone(),
+        ca_pem: serving.ca_pem.clone(),
+    });
     let secrets = rp
         .self_cluster_registration
         .then(|| start_cluster_secrets(w, &rp, keys.clone(), serving.ca_pem.clone()));
@@ -737,6 +761,7 @@ fn source_id(svid: Option<&SvidSource>) -> String {
 fn grpc_router(
     config: &PrincipalConfig,
     auth: &ListenerAuth,
+    admin_context: Arc<admin::AdminContext>,
     rules: Arc<LiveRules>,
     sessions: SessionContext,
     tunnels: Arc<tunnel::Tunnels>,
@@ -749,6 +774,7 @@ fn grpc_router(
             auth: auth.authenticator.clone(),
             rules: rules.clone(),
         },
+        context: admin_context,
     });
     let tunnel =
         argocd_agent_proto::eventstream::tunnel_server::TunnelServer::new(tunnel::TunnelService {
@@ -811,11 +837,12 @@ pub(crate) fn serve(
         shutdown,
         listener_auth: auth,
         rules,
+        admin,
         ..
     } = w;
     // Connections dropped before their first request count as auth failures.
     let metrics = sessions.hub.metrics.clone();
-    let router = grpc_router(&config, &auth, rules, sessions, tunnels);
+    let router = grpc_router(&config, &auth, admin, rules, sessions, tunnels);
     let min_ping = config.keepalive_min_interval;
     let handle = match (&config.auth, auth.svid) {
         (config::AuthConfig::Mtls { trust_domains, .. }, Some(source)) => {

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use argocd_agent_domain::AgentName;
+use argocd_agent_domain::{AgentName, TenantName};
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use k8s_openapi::ByteString;
@@ -71,6 +71,19 @@ struct Claims {
     sub: String,
     iat: u64,
     exp: u64,
+    /// The agent's tenant when the token was issued (tokens the admin API issues for a
+    /// tenant's agent): refused once the agent belongs to another tenant or to none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ten: Option<String>,
+}
+
+/// What a verified token says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verified {
+    /// The one agent it is valid for.
+    pub agent: AgentName,
+    /// The tenant it was issued under, if it names one.
+    pub tenant: Option<TenantName>,
 }
 
 /// A minted token and when it expires.
@@ -203,11 +216,24 @@ impl ProxyKeys {
 
     /// A token for `agent`, valid for `ttl` from `now`.
     pub fn mint(&self, agent: &AgentName, ttl: Duration, now: SystemTime) -> Token {
+        self.mint_for(agent, None, ttl, now)
+    }
+
+    /// A token for `agent` of `tenant`, valid for `ttl` from `now`: refused once the agent
+    /// no longer belongs to `tenant`.
+    pub fn mint_for(
+        &self,
+        agent: &AgentName,
+        tenant: Option<&TenantName>,
+        ttl: Duration,
+        now: SystemTime,
+    ) -> Token {
         let expires = now + ttl;
         let claims = Claims {
             sub: agent.to_string(),
             iat: unix(now),
             exp: unix(expires),
+            ten: tenant.map(|t| t.to_string()),
         };
         let payload = URL_SAFE_NO_PAD.encode(serde_json::to_vec(&claims).unwrap_or_default());
         let tag = hmac::sign(&self.key, payload.as_bytes());
@@ -222,6 +248,11 @@ impl ProxyKeys {
 
     /// The agent a token names, if it verifies and has not expired at `now`.
     pub fn verify(&self, token: &str, now: SystemTime) -> Result<AgentName, TokenError> {
+        self.verify_claims(token, now).map(|v| v.agent)
+    }
+
+    /// The agent and tenant a token names, if it verifies and has not expired at `now`.
+    pub fn verify_claims(&self, token: &str, now: SystemTime) -> Result<Verified, TokenError> {
         let rest = token
             .strip_prefix(TOKEN_PREFIX)
             .ok_or(TokenError::Malformed)?;
@@ -238,7 +269,14 @@ impl ProxyKeys {
         if unix(now) >= claims.exp {
             return Err(TokenError::Expired);
         }
-        AgentName::new(&claims.sub).map_err(|_| TokenError::Malformed)
+        let tenant = match &claims.ten {
+            Some(t) => Some(TenantName::new(t).map_err(|_| TokenError::Malformed)?),
+            None => None,
+        };
+        Ok(Verified {
+            agent: AgentName::new(&claims.sub).map_err(|_| TokenError::Malformed)?,
+            tenant,
+        })
     }
 
     /// A serving certificate for `hostnames` (DNS names or IP addresses), valid for
@@ -294,6 +332,37 @@ pub fn pem(der: &CertificateDer<'_>) -> String {
     }
     out.push_str("-----END CERTIFICATE-----\n");
     out
+}
+
+#[cfg(test)]
+mod tenant_tests {
+    use super::*;
+
+    #[test]
+    fn a_tenant_token_carries_its_tenant_and_a_plain_one_none() {
+        let (keys, _) = ProxyKeys::generate().unwrap();
+        let now = SystemTime::now();
+        let agent = AgentName::new("edge-1").unwrap();
+        let team = TenantName::new("team-a").unwrap();
+        let t = keys.mint_for(&agent, Some(&team), Duration::from_secs(60), now);
+        let v = keys.verify_claims(&t.value, now).unwrap();
+        assert_eq!((v.agent, v.tenant), (agent.clone(), Some(team)));
+        let plain = keys.mint(&agent, Duration::from_secs(60), now);
+        assert_eq!(keys.verify_claims(&plain.value, now).unwrap().tenant, None);
+        // The tenant is signed: changing it breaks the tag.
+        let (payload, tag) = t.value["rp1.".len()..].split_once('.').unwrap();
+        let mut claims: serde_json::Value =
+            serde_json::from_slice(&URL_SAFE_NO_PAD.decode(payload).unwrap()).unwrap();
+        claims["ten"] = "team-b".into();
+        let forged = format!(
+            "rp1.{}.{tag}",
+            URL_SAFE_NO_PAD.encode(serde_json::to_vec(&claims).unwrap())
+        );
+        assert_eq!(
+            keys.verify_claims(&forged, now),
+            Err(TokenError::BadSignature)
+        );
+    }
 }
 
 #[cfg(test)]

@@ -183,7 +183,7 @@ fn spawn_session(
     tunnel: TerminalTunnel,
     agent: AgentName,
     session_id: String,
-    permit: tokio::sync::OwnedSemaphorePermit,
+    permit: super::Permit,
 ) {
     let (idle, max) = (
         proxy.config.terminal_idle_timeout,

@@ -387,7 +387,14 @@ pub struct Proxy {
 pub(crate) struct Admitted {
     pub agent: AgentName,
     pub link: Arc<AgentLink>,
-    pub permit: OwnedSemaphorePermit,
+    pub permit: Permit,
+}
+
+/// What a request holds while it is open (a log stream or terminal: until it ends): one of
+/// the agent's requests in flight and, for an agent of a tenant, one of the tenant's.
+pub(crate) struct Permit {
+    _agent: OwnedSemaphorePermit,
+    _tenant: Option<crate::tenancy::ProxyPermit>,
 }
 
 /// Everything [`Proxy::new`] needs.
@@ -477,11 +484,16 @@ impl Proxy {
                 "a bearer token from the agent's cluster secret is required",
             ));
         };
-        let agent = self.keys.verify(token, SystemTime::now()).map_err(|e| {
-            self.metrics.auth_failed("ProxyCredential");
-            tracing::warn!(error = %e, "resource proxy request refused: bad token");
-            status(StatusCode::UNAUTHORIZED, "Unauthorized", e.to_string())
-        })?;
+        let verified = self
+            .keys
+            .verify_claims(token, SystemTime::now())
+            .map_err(|e| {
+                self.metrics.auth_failed("ProxyCredential");
+                tracing::warn!(error = %e, "resource proxy request refused: bad token");
+                status(StatusCode::UNAUTHORIZED, "Unauthorized", e.to_string())
+            })?;
+        let agent = verified.agent;
+        self.check_token_tenant(&agent, verified.tenant.as_ref())?;
         let Some(rest) = path.strip_prefix(AGENT_PREFIX) else {
             // Upstream-style cluster URLs (`?agentName=` is dropped by client-go): the
             // token alone names the agent.
@@ -507,6 +519,7 @@ impl Proxy {
     /// Admits a request for `agent`: connected, serving the proxy, under its limit.
     pub(crate) fn admit(&self, agent: &AgentName) -> Result<Admitted, Response<Body>> {
         let link = self.link(agent).ok_or_else(|| offline(agent))?;
+        let tenant = self.tenant_permit(agent)?;
         let permit = self.permit(agent).ok_or_else(|| {
             status(
                 StatusCode::TOO_MANY_REQUESTS,
@@ -520,8 +533,63 @@ impl Proxy {
         Ok(Admitted {
             agent: agent.clone(),
             link,
-            permit,
+            permit: Permit {
+                _agent: permit,
+                _tenant: tenant,
+            },
         })
+    }
+
+    /// One of the agent's tenant's `proxyRequestsInFlight` (none for an agent of no
+    /// tenant); over the quota, 429 `TenantProxyQuota`, counted and logged.
+    fn tenant_permit(
+        &self,
+        agent: &AgentName,
+    ) -> Result<Option<crate::tenancy::ProxyPermit>, Response<Body>> {
+        let tenant = self.sessions.agent(agent).and_then(|s| s.identity().tenant);
+        self.sessions
+            .tenancy
+            .proxy_permit(tenant.as_ref())
+            .map_err(|refusal| {
+                tracing::warn!(agent = %agent, tenant = ?tenant.as_ref().map(|t| t.as_str()),
+                    "resource proxy request refused: {refusal}");
+                with_error(
+                    status(
+                        StatusCode::TOO_MANY_REQUESTS,
+                        crate::tenancy::TENANT_PROXY_QUOTA,
+                        refusal.to_string(),
+                    ),
+                    crate::tenancy::TENANT_PROXY_QUOTA,
+                )
+            })
+    }
+
+    /// Refuses a token issued under a tenant once its agent (as this replica last saw it)
+    /// belongs to another tenant or to none.
+    fn check_token_tenant(
+        &self,
+        agent: &AgentName,
+        claimed: Option<&argocd_agent_domain::TenantName>,
+    ) -> Result<(), Response<Body>> {
+        let Some(claimed) = claimed else {
+            return Ok(());
+        };
+        let Some(now) = self.sessions.agent(agent).map(|s| s.identity().tenant) else {
+            return Ok(()); // not served here: the replica serving it checks
+        };
+        if now.as_ref() == Some(claimed) {
+            return Ok(());
+        }
+        self.metrics.auth_failed("WrongAgent");
+        tracing::warn!(agent = %agent, token_tenant = %claimed, tenant = ?now.as_ref().map(|t| t.as_str()),
+            "resource proxy request refused: the token was issued under another tenant");
+        Err(status(
+            StatusCode::FORBIDDEN,
+            "Forbidden",
+            format!(
+                "this credential was issued for agent {agent} of tenant {claimed}; the agent no longer belongs to it"
+            ),
+        ))
     }
 
     async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {

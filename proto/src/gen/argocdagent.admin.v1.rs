@@ -67,6 +67,104 @@ pub struct AgentInfo {
     /// notAfter of the client certificate (X.509-SVID), Unix milliseconds; 0 if not known.
     #[prost(int64, tag = "13")]
     pub svid_expiry_unix_ms: i64,
+    /// The agent's tenant (mapping rules' tenants section); empty: no tenant (the platform's).
+    #[prost(string, tag = "14")]
+    pub tenant: ::prost::alloc::string::String,
+}
+/// Exactly one of id, prefix, fingerprint.
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct BlockRequest {
+    /// An exact SPIFFE ID.
+    #[prost(string, tag = "1")]
+    pub id: ::prost::alloc::string::String,
+    /// A SPIFFE ID prefix (platform operators only).
+    #[prost(string, tag = "2")]
+    pub prefix: ::prost::alloc::string::String,
+    /// SHA-256 of a client certificate, hex (platform operators only).
+    #[prost(string, tag = "3")]
+    pub fingerprint: ::prost::alloc::string::String,
+}
+#[allow(clippy::all)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct BlockResponse {
+    /// Whether the list changed (false: the entry was already there, or already absent).
+    #[prost(bool, tag = "1")]
+    pub changed: bool,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct AgentKubeconfigRequest {
+    #[prost(string, tag = "1")]
+    pub name: ::prost::alloc::string::String,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct AgentKubeconfigResponse {
+    /// The agent's cluster URL on the resource proxy.
+    #[prost(string, tag = "1")]
+    pub server: ::prost::alloc::string::String,
+    /// A bearer token valid for that agent only.
+    #[prost(string, tag = "2")]
+    pub token: ::prost::alloc::string::String,
+    /// PEM of the CA that issued the proxy's serving certificate (base64 in kubeconfigs);
+    /// empty when the proxy serves with a certificate the system trusts.
+    #[prost(string, tag = "3")]
+    pub ca_pem: ::prost::alloc::string::String,
+    /// When the token expires, Unix milliseconds.
+    #[prost(int64, tag = "4")]
+    pub expires_unix_ms: i64,
+}
+#[allow(clippy::all)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ListTenantsRequest {}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct ListTenantsResponse {
+    #[prost(message, repeated, tag = "1")]
+    pub tenants: ::prost::alloc::vec::Vec<TenantInfo>,
+}
+/// One quota: its limit (0: none) and current use where the principal counts it.
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct QuotaUse {
+    /// agents, eventsPerSecond, eventsBurst, proxyRequestsInFlight, applications,
+    /// applicationsPerAgent.
+    #[prost(string, tag = "1")]
+    pub name: ::prost::alloc::string::String,
+    /// The limit; 0 when the tenant sets none.
+    #[prost(double, tag = "2")]
+    pub limit: f64,
+    /// Current use (agents connected, proxy requests in flight); -1 when not counted here.
+    #[prost(double, tag = "3")]
+    pub used: f64,
+    /// Refusals by this replica since it started.
+    #[prost(uint64, tag = "4")]
+    pub refused: u64,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct TenantInfo {
+    #[prost(string, tag = "1")]
+    pub name: ::prost::alloc::string::String,
+    /// The agents of the tenant this principal has seen (names).
+    #[prost(string, repeated, tag = "2")]
+    pub agents: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    /// Of those, the ones connected to this replica.
+    #[prost(string, repeated, tag = "3")]
+    pub connected: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    /// Agents connected across every replica (with --ha, from the session Leases).
+    #[prost(uint32, tag = "4")]
+    pub agents_connected: u32,
+    #[prost(message, repeated, tag = "5")]
+    pub quotas: ::prost::alloc::vec::Vec<QuotaUse>,
+    /// The hub namespace and SPIFFE ID patterns, as written in the rules file.
+    #[prost(string, repeated, tag = "6")]
+    pub namespaces: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    #[prost(string, repeated, tag = "7")]
+    pub agent_patterns: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    #[prost(string, repeated, tag = "8")]
+    pub admin_patterns: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
 }
 /// Generated client implementations.
 pub mod admin_client {
@@ -235,6 +333,107 @@ pub mod admin_client {
                 );
             self.inner.unary(req, path, codec).await
         }
+        /// Adds an entry to the hub's blocklist (the argocd-agent-blocklist ConfigMap). A tenant's
+        /// operator may block only the exact SPIFFE IDs of its tenant's agents.
+        pub async fn block_identity(
+            &mut self,
+            request: impl tonic::IntoRequest<super::BlockRequest>,
+        ) -> std::result::Result<tonic::Response<super::BlockResponse>, tonic::Status> {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = crate::codec::LeanCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/argocdagent.admin.v1.Admin/BlockIdentity",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("argocdagent.admin.v1.Admin", "BlockIdentity"));
+            self.inner.unary(req, path, codec).await
+        }
+        /// Removes an entry from the blocklist, with the same scope as BlockIdentity.
+        pub async fn unblock_identity(
+            &mut self,
+            request: impl tonic::IntoRequest<super::BlockRequest>,
+        ) -> std::result::Result<tonic::Response<super::BlockResponse>, tonic::Status> {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = crate::codec::LeanCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/argocdagent.admin.v1.Admin/UnblockIdentity",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(
+                    GrpcMethod::new("argocdagent.admin.v1.Admin", "UnblockIdentity"),
+                );
+            self.inner.unary(req, path, codec).await
+        }
+        /// A kubeconfig for the agent's cluster through the resource proxy: a fresh token bound to
+        /// that agent (and its tenant). Tenant operators get their tenant's agents only.
+        pub async fn agent_kubeconfig(
+            &mut self,
+            request: impl tonic::IntoRequest<super::AgentKubeconfigRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::AgentKubeconfigResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = crate::codec::LeanCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/argocdagent.admin.v1.Admin/AgentKubeconfig",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(
+                    GrpcMethod::new("argocdagent.admin.v1.Admin", "AgentKubeconfig"),
+                );
+            self.inner.unary(req, path, codec).await
+        }
+        /// The tenants in the caller's scope (platform: all; a tenant's operator: its own), with
+        /// their quotas and use.
+        pub async fn list_tenants(
+            &mut self,
+            request: impl tonic::IntoRequest<super::ListTenantsRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::ListTenantsResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = crate::codec::LeanCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/argocdagent.admin.v1.Admin/ListTenants",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("argocdagent.admin.v1.Admin", "ListTenants"));
+            self.inner.unary(req, path, codec).await
+        }
     }
 }
 /// Generated server implementations.
@@ -269,6 +468,35 @@ pub mod admin_server {
             request: tonic::Request<super::DisconnectAgentRequest>,
         ) -> std::result::Result<
             tonic::Response<super::DisconnectAgentResponse>,
+            tonic::Status,
+        >;
+        /// Adds an entry to the hub's blocklist (the argocd-agent-blocklist ConfigMap). A tenant's
+        /// operator may block only the exact SPIFFE IDs of its tenant's agents.
+        async fn block_identity(
+            &self,
+            request: tonic::Request<super::BlockRequest>,
+        ) -> std::result::Result<tonic::Response<super::BlockResponse>, tonic::Status>;
+        /// Removes an entry from the blocklist, with the same scope as BlockIdentity.
+        async fn unblock_identity(
+            &self,
+            request: tonic::Request<super::BlockRequest>,
+        ) -> std::result::Result<tonic::Response<super::BlockResponse>, tonic::Status>;
+        /// A kubeconfig for the agent's cluster through the resource proxy: a fresh token bound to
+        /// that agent (and its tenant). Tenant operators get their tenant's agents only.
+        async fn agent_kubeconfig(
+            &self,
+            request: tonic::Request<super::AgentKubeconfigRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::AgentKubeconfigResponse>,
+            tonic::Status,
+        >;
+        /// The tenants in the caller's scope (platform: all; a tenant's operator: its own), with
+        /// their quotas and use.
+        async fn list_tenants(
+            &self,
+            request: tonic::Request<super::ListTenantsRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::ListTenantsResponse>,
             tonic::Status,
         >;
     }
@@ -468,6 +696,180 @@ pub mod admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = DisconnectAgentSvc(inner);
+                        let codec = crate::codec::LeanCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/argocdagent.admin.v1.Admin/BlockIdentity" => {
+                    #[allow(non_camel_case_types)]
+                    struct BlockIdentitySvc<T: Admin>(pub Arc<T>);
+                    impl<T: Admin> tonic::server::UnaryService<super::BlockRequest>
+                    for BlockIdentitySvc<T> {
+                        type Response = super::BlockResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::BlockRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Admin>::block_identity(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = BlockIdentitySvc(inner);
+                        let codec = crate::codec::LeanCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/argocdagent.admin.v1.Admin/UnblockIdentity" => {
+                    #[allow(non_camel_case_types)]
+                    struct UnblockIdentitySvc<T: Admin>(pub Arc<T>);
+                    impl<T: Admin> tonic::server::UnaryService<super::BlockRequest>
+                    for UnblockIdentitySvc<T> {
+                        type Response = super::BlockResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::BlockRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Admin>::unblock_identity(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = UnblockIdentitySvc(inner);
+                        let codec = crate::codec::LeanCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/argocdagent.admin.v1.Admin/AgentKubeconfig" => {
+                    #[allow(non_camel_case_types)]
+                    struct AgentKubeconfigSvc<T: Admin>(pub Arc<T>);
+                    impl<
+                        T: Admin,
+                    > tonic::server::UnaryService<super::AgentKubeconfigRequest>
+                    for AgentKubeconfigSvc<T> {
+                        type Response = super::AgentKubeconfigResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::AgentKubeconfigRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Admin>::agent_kubeconfig(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = AgentKubeconfigSvc(inner);
+                        let codec = crate::codec::LeanCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/argocdagent.admin.v1.Admin/ListTenants" => {
+                    #[allow(non_camel_case_types)]
+                    struct ListTenantsSvc<T: Admin>(pub Arc<T>);
+                    impl<T: Admin> tonic::server::UnaryService<super::ListTenantsRequest>
+                    for ListTenantsSvc<T> {
+                        type Response = super::ListTenantsResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::ListTenantsRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Admin>::list_tenants(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = ListTenantsSvc(inner);
                         let codec = crate::codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
