@@ -44,6 +44,10 @@ enum Command {
     /// SVID files: OK / WARN / ERROR lines, non-zero exit on errors.
     #[command(subcommand)]
     Validate(ctl::validate::Command),
+    /// Tenants of the hub: from a rules file (--rules) or a running principal's admin API
+    /// (list, inspect: agents, quotas and their use).
+    #[command(subcommand)]
+    Tenant(ctl::tenant::Command),
     /// Print the version, the git commit and the protocol versions this build speaks.
     Version,
 }
@@ -56,6 +60,7 @@ async fn main() {
         Command::Agent(c) => ctl::agent::run(c).await,
         Command::Blocklist(c) => ctl::blocklist::run(c).await,
         Command::Replicas(a) => ctl::replicas::run(a).await,
+        Command::Tenant(c) => ctl::tenant::run(c).await,
         Command::Identity(c) => ctl::identity::run(c).await,
         Command::Mesh(c) => ctl::mesh::run(c).await,
         Command::Validate(c) => ctl::validate::run(c).await,

@@ -46,10 +46,60 @@ pub struct KubeconfigArgs {
     /// an output format everywhere else in argocd-agentctl, as in kubectl.)
     #[arg(long = "file", short = 'f', value_name = "FILE")]
     pub file: Option<std::path::PathBuf>,
+    /// Ask the principal's admin API for a fresh token bound to the agent (and its tenant)
+    /// instead of reading the cluster Secret on the hub: what a tenant's operator uses (with
+    /// --principal-address and its SVID), for its tenant's agents only. Implied by
+    /// --principal-address.
+    #[arg(long)]
+    pub from_principal: bool,
+    #[command(flatten)]
+    pub(crate) admin: AdminConn,
+}
+
+/// A kubeconfig document for the agent's cluster at `server` with `token`.
+fn kubeconfig_doc(agent: &str, server: &str, token: &str, ca_b64: &str) -> Result<String, String> {
+    let context = format!("agent-{agent}");
+    let mut cluster = serde_json::json!({"server": server});
+    if !ca_b64.is_empty() {
+        cluster["certificate-authority-data"] = ca_b64.into();
+    }
+    let doc = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": context, "cluster": cluster}],
+        "users": [{"name": context, "user": {"token": token}}],
+        "contexts": [{"name": context, "context": {"cluster": context, "user": context}}],
+        "current-context": context,
+    });
+    // JSON is YAML; kubectl reads either.
+    serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())
+}
+
+/// A kubeconfig from the principal's admin API (`AgentKubeconfig`): a fresh token.
+async fn kubeconfig_from_principal(a: &KubeconfigArgs) -> Result<String, String> {
+    use base64::Engine as _;
+    let mut client = connect(&a.admin).await?;
+    let answer = client
+        .agent_kubeconfig(argocd_agent_proto::admin::AgentKubeconfigRequest {
+            name: a.name.clone(),
+        })
+        .await
+        .map_err(|s| status(&format!("kubeconfig of agent {:?}", a.name), s))?
+        .into_inner();
+    let ca = base64::engine::general_purpose::STANDARD.encode(answer.ca_pem.as_bytes());
+    let ca = if answer.ca_pem.is_empty() {
+        String::new()
+    } else {
+        ca
+    };
+    kubeconfig_doc(&a.name, &answer.server, &answer.token, &ca)
 }
 
 /// The agent's cluster secret (found by the agent-name label) as a kubeconfig.
 pub async fn kubeconfig(a: &KubeconfigArgs) -> Result<String, String> {
+    if a.from_principal || a.admin.over_mtls() {
+        return kubeconfig_from_principal(a).await;
+    }
     use k8s_openapi::api::core::v1::Secret;
     let api: kube::Api<Secret> = kube::Api::namespaced(a.hub.client().await?, &a.hub.namespace);
     let selector = format!(
@@ -95,26 +145,22 @@ pub async fn kubeconfig(a: &KubeconfigArgs) -> Result<String, String> {
         .pointer("/tlsClientConfig/caData")
         .and_then(|t| t.as_str())
         .unwrap_or_default();
-    let context = format!("agent-{}", a.name);
-    let mut cluster = serde_json::json!({"server": server});
-    if !ca.is_empty() {
-        cluster["certificate-authority-data"] = ca.into();
-    }
-    let doc = serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": context, "cluster": cluster}],
-        "users": [{"name": context, "user": {"token": token}}],
-        "contexts": [{"name": context, "context": {"cluster": context, "user": context}}],
-        "current-context": context,
-    });
-    // JSON is YAML; kubectl reads either.
-    serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())
+    kubeconfig_doc(&a.name, &server, token, ca)
+}
+
+/// Where the principal's admin API is, with an output format.
+#[derive(Debug, clap::Args)]
+pub(crate) struct AdminArgs {
+    #[command(flatten)]
+    pub(crate) conn: AdminConn,
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
+    pub(crate) output: Output,
 }
 
 /// Where the principal's admin API is.
 #[derive(Debug, clap::Args)]
-pub(crate) struct AdminArgs {
+pub(crate) struct AdminConn {
     /// The principal's admin API: `host:port` (reach a pod's with `kubectl port-forward`)
     /// or `unix:///path` (with `kubectl exec`).
     #[arg(
@@ -146,9 +192,13 @@ pub(crate) struct AdminArgs {
         conflicts_with = "principal_spiffe_id"
     )]
     principal_trust_domain: Option<String>,
-    /// Output format.
-    #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
-    output: Output,
+}
+
+impl AdminConn {
+    /// Whether the agent listener (mTLS with this workload's SVID) was chosen.
+    pub(crate) fn over_mtls(&self) -> bool {
+        self.principal_address.is_some()
+    }
 }
 
 /// Output formats.
@@ -199,6 +249,9 @@ pub(crate) struct Agent {
     pub in_flight: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub svid_expiry: Option<String>,
+    /// The agent's tenant (absent: no tenant).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
 }
 
 fn time(ms: i64) -> Option<String> {
@@ -228,6 +281,7 @@ impl From<AgentInfo> for Agent {
             queue_depth: a.queue_depth,
             in_flight: a.in_flight,
             svid_expiry: time(a.svid_expiry_unix_ms),
+            tenant: non_empty(a.tenant),
         }
     }
 }
@@ -236,6 +290,7 @@ impl From<AgentInfo> for Agent {
 pub(crate) fn table(agents: &[Agent]) -> String {
     let header = [
         "NAME",
+        "TENANT",
         "MODE",
         "CONNECTED",
         "SINCE",
@@ -251,6 +306,7 @@ pub(crate) fn table(agents: &[Agent]) -> String {
         .map(|a| {
             vec![
                 a.name.clone(),
+                a.tenant.clone().unwrap_or_else(dash),
                 a.mode.clone(),
                 a.connected.to_string(),
                 a.connected_since.clone().unwrap_or_else(dash),
@@ -291,6 +347,7 @@ pub(crate) fn details(a: &Agent) -> String {
     let dash = || "-".to_string();
     let fields = [
         ("Name", a.name.clone()),
+        ("Tenant", a.tenant.clone().unwrap_or_else(dash)),
         ("Mode", a.mode.clone()),
         ("Client (SPIFFE ID)", a.client.clone()),
         ("Mapping rule", a.rule.clone()),
@@ -335,7 +392,7 @@ fn render<T: Serialize>(
 }
 
 /// A client of the admin API; keeps the SVID source of an mTLS connection alive.
-struct Client {
+pub(crate) struct Client {
     api: AdminClient<Channel>,
     _svid: Option<argocd_agent_identity::source::SvidSource>,
 }
@@ -354,7 +411,7 @@ impl std::ops::DerefMut for Client {
 }
 
 /// Connects where `args` say: the agent listener over mTLS, or the local admin listener.
-async fn connect(args: &AdminArgs) -> Result<Client, String> {
+pub(crate) async fn connect(args: &AdminConn) -> Result<Client, String> {
     match &args.principal_address {
         Some(address) => connect_mtls(address, args).await,
         None => Ok(Client {
@@ -365,7 +422,7 @@ async fn connect(args: &AdminArgs) -> Result<Client, String> {
 }
 
 /// Dials the principal's agent listener with this workload's SVID.
-async fn connect_mtls(address: &str, args: &AdminArgs) -> Result<Client, String> {
+async fn connect_mtls(address: &str, args: &AdminConn) -> Result<Client, String> {
     use argocd_agent_identity::tls::PeerPolicy;
     let policy = match (&args.principal_spiffe_id, &args.principal_trust_domain) {
         (Some(id), _) => PeerPolicy::Exact(
@@ -458,7 +515,7 @@ fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
 }
 
 /// The admin API's refusal as one line.
-fn status(what: &str, s: tonic::Status) -> String {
+pub(crate) fn status(what: &str, s: tonic::Status) -> String {
     match s.code() {
         tonic::Code::NotFound | tonic::Code::InvalidArgument => s.message().to_string(),
         code => format!("{what}: {code:?}: {}", s.message()),
@@ -487,7 +544,7 @@ pub async fn run(command: Command) -> crate::CmdResult {
             Ok(())
         }
         Command::List(a) => {
-            let mut client = connect(&a.admin).await?;
+            let mut client = connect(&a.admin.conn).await?;
             let agents: Vec<Agent> = client
                 .list_agents(ListAgentsRequest {})
                 .await
@@ -500,7 +557,7 @@ pub async fn run(command: Command) -> crate::CmdResult {
             render(&agents, a.admin.output, || table(&agents))
         }
         Command::Inspect(a) => {
-            let mut client = connect(&a.admin).await?;
+            let mut client = connect(&a.admin.conn).await?;
             let agent: Agent = client
                 .inspect_agent(InspectAgentRequest {
                     name: a.name.clone(),
@@ -512,7 +569,7 @@ pub async fn run(command: Command) -> crate::CmdResult {
             render(&agent, a.admin.output, || details(&agent))
         }
         Command::Disconnect(a) => {
-            let mut client = connect(&a.admin).await?;
+            let mut client = connect(&a.admin.conn).await?;
             let was_connected = client
                 .disconnect_agent(DisconnectAgentRequest {
                     name: a.name.clone(),

@@ -5,7 +5,7 @@ use argocd_agent_principal::blocklist::{
     CONFIGMAP, FINGERPRINTS, IDS, PREFIXES, entries, normalize_fingerprint,
 };
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, ObjectMeta, PostParams};
+use kube::api::Api;
 
 use crate::ctl::HubArgs;
 
@@ -34,9 +34,60 @@ pub struct EntryArgs {
     pub(crate) fingerprint: Option<String>,
     #[command(flatten)]
     pub(crate) hub: HubArgs,
+    /// Edit through the principal's admin API (at --principal-admin-address, or
+    /// --principal-address with this workload's SVID) instead of the hub's Kubernetes API:
+    /// what a tenant's operator uses; it may block exact IDs of its tenant's agents only.
+    /// Implied by --principal-address.
+    #[arg(long)]
+    pub(crate) admin_api: bool,
+    #[command(flatten)]
+    pub(crate) admin: crate::ctl::agent::AdminConn,
+}
+
+/// Adds (`add`) or removes an entry through the principal's admin API; returns whether the
+/// list changed.
+async fn edit_via_principal(
+    a: &EntryArgs,
+    key: &str,
+    entry: &str,
+    add: bool,
+) -> Result<bool, crate::BoxError> {
+    let mut request = argocd_agent_proto::admin::BlockRequest::default();
+    match key {
+        IDS => request.id = entry.to_owned(),
+        PREFIXES => request.prefix = entry.to_owned(),
+        _ => request.fingerprint = entry.to_owned(),
+    }
+    let mut client = crate::ctl::agent::connect(&a.admin).await?;
+    let what = if add { "blocking" } else { "unblocking" };
+    let answer = if add {
+        client.block_identity(request).await
+    } else {
+        client.unblock_identity(request).await
+    };
+    Ok(answer
+        .map_err(|s| crate::ctl::agent::status(&format!("{what} {entry}"), s))?
+        .into_inner()
+        .changed)
 }
 
 impl EntryArgs {
+    /// Whether the edit goes through the principal's admin API.
+    fn via_principal(&self) -> bool {
+        self.admin_api || self.admin.over_mtls()
+    }
+
+    /// Adds or removes the entry where the flags say; returns the key, entry and whether
+    /// the list changed.
+    async fn apply(&self, add: bool) -> Result<(&'static str, String, bool), crate::BoxError> {
+        let (key, entry) = self.entry()?;
+        let changed = if self.via_principal() {
+            edit_via_principal(self, key, &entry, add).await?
+        } else {
+            edit(&api(&self.hub).await?, key, &entry, add).await?
+        };
+        Ok((key, entry, changed))
+    }
     /// The data key and normalized entry.
     fn entry(&self) -> Result<(&'static str, String), String> {
         let given = [&self.id, &self.prefix, &self.fingerprint]
@@ -70,53 +121,21 @@ async fn api(h: &HubArgs) -> Result<Api<ConfigMap>, String> {
     Ok(Api::namespaced(h.client().await?, &h.namespace))
 }
 
-/// Adds (`add`) or removes an entry; returns whether the list changed. Retries on conflict.
-async fn edit(api: &Api<ConfigMap>, key: &str, entry: &str, add: bool) -> Result<bool, String> {
-    for _ in 0..5 {
-        let current = api
-            .get_opt(CONFIGMAP)
-            .await
-            .map_err(|e| format!("reading {CONFIGMAP}: {e}"))?;
-        let mut cm = current.clone().unwrap_or_else(|| ConfigMap {
-            metadata: ObjectMeta {
-                name: Some(CONFIGMAP.into()),
-                ..Default::default()
-            },
-            ..Default::default()
-        });
-        let data = cm.data.get_or_insert_with(Default::default);
-        let mut lines: Vec<String> = entries(data.get(key).map_or("", String::as_str))
-            .map(str::to_owned)
-            .collect();
-        let present = lines.iter().any(|l| l == entry);
-        match (add, present) {
-            (true, true) | (false, false) => return Ok(false),
-            (true, false) => lines.push(entry.to_owned()),
-            (false, true) => lines.retain(|l| l != entry),
-        }
-        data.insert(
-            key.to_owned(),
-            lines.iter().map(|l| format!("{l}\n")).collect(),
-        );
-        let written = match current {
-            None => api.create(&PostParams::default(), &cm).await,
-            Some(_) => api.replace(CONFIGMAP, &PostParams::default(), &cm).await,
-        };
-        match written {
-            Ok(_) => return Ok(true),
-            Err(kube::Error::Api(s)) if s.code == 409 => continue,
-            Err(e) => return Err(format!("writing {CONFIGMAP}: {e}")),
-        }
-    }
-    Err(format!("{CONFIGMAP} kept changing; try again"))
+/// Adds (`add`) or removes an entry in the ConfigMap; returns whether the list changed.
+async fn edit(
+    api: &Api<ConfigMap>,
+    key: &str,
+    entry: &str,
+    add: bool,
+) -> Result<bool, crate::BoxError> {
+    Ok(argocd_agent_principal::blocklist::edit(api, key, entry, add).await?)
 }
 
 /// Runs a `blocklist` subcommand.
 pub async fn run(command: Command) -> crate::CmdResult {
     match command {
         Command::Add(a) => {
-            let (key, entry) = a.entry()?;
-            let changed = edit(&api(&a.hub).await?, key, &entry, true).await?;
+            let (key, entry, changed) = a.apply(true).await?;
             println!(
                 "{}",
                 if changed {
@@ -127,8 +146,7 @@ pub async fn run(command: Command) -> crate::CmdResult {
             );
         }
         Command::Remove(a) => {
-            let (key, entry) = a.entry()?;
-            let changed = edit(&api(&a.hub).await?, key, &entry, false).await?;
+            let (key, entry, changed) = a.apply(false).await?;
             println!(
                 "{}",
                 if changed {

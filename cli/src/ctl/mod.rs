@@ -6,6 +6,7 @@ pub mod identity;
 pub mod mesh;
 pub mod onboard;
 pub mod replicas;
+pub mod tenant;
 pub mod validate;
 
 /// Where the hub's Kubernetes API is, for commands that read or edit hub objects.

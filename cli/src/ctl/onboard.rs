@@ -133,6 +133,16 @@ pub struct CreateArgs {
     /// The rules ConfigMap of the principal (in --namespace).
     #[arg(long, default_value = RULES_CONFIGMAP)]
     pub rules_configmap: String,
+    /// The tenant the agent belongs to: refused unless the tenant is declared in the rules
+    /// (--rules, or with --apply the rules ConfigMap), its `agents` patterns match the
+    /// agent's SPIFFE ID and its `namespaces` the agent's hub namespace. Nothing is printed,
+    /// written or applied when the check fails.
+    #[arg(long)]
+    pub tenant: Option<String>,
+    /// The mapping rules file (with its `tenants:` section) to check --tenant against;
+    /// without it, --apply reads the rules ConfigMap.
+    #[arg(long, requires = "tenant")]
+    pub rules: Option<PathBuf>,
     /// The hub.
     #[command(flatten)]
     pub hub: crate::ctl::HubArgs,
@@ -1016,6 +1026,14 @@ fn write_overlay(plan: &Plan, dir: &Path) -> Result<Vec<String>, String> {
 /// Runs `agent create`.
 pub async fn run_create(a: CreateArgs) -> crate::CmdResult {
     let plan = Plan::new(&a)?;
+    if let Some(tenant) = &a.tenant {
+        check_tenant(&a, &plan, tenant).await?;
+        eprintln!(
+            "tenant {tenant}: {} and hub namespace {} are within the tenant",
+            plan.spiffe_id.as_str(),
+            plan.hub_namespace
+        );
+    }
     let mut notes = Vec::new();
     if let Some(dir) = &a.output_dir {
         check_deploy_dir(&plan)?;
@@ -1036,6 +1054,44 @@ pub async fn run_create(a: CreateArgs) -> crate::CmdResult {
             "note: no --principal-address: the overlay keeps the base's agent.server.address"
         );
     }
+    Ok(())
+}
+
+/// `agent create --tenant`: the tenant must take the agent's ID and hub namespace, by the
+/// rules of --rules, or with --apply those of the rules ConfigMap.
+async fn check_tenant(a: &CreateArgs, plan: &Plan, tenant: &str) -> crate::CmdResult {
+    let (text, source) = match (&a.rules, a.apply) {
+        (Some(path), _) => (
+            std::fs::read_to_string(path)
+                .map_err(|e| format!("--rules {}: {e}", path.display()))?,
+            path.display().to_string(),
+        ),
+        (None, true) => {
+            let cms: Api<ConfigMap> = Api::namespaced(a.hub.client().await?, &a.hub.namespace);
+            let doc = read_rules(&cms, &a.rules_configmap)
+                .await?
+                .map(|(_, doc)| doc)
+                .unwrap_or_else(|| json!({"rules": []}));
+            (
+                serde_json::to_string(&doc)?,
+                format!("ConfigMap {}/{}", a.hub.namespace, a.rules_configmap),
+            )
+        }
+        (None, false) => {
+            return Err(format!(
+                "--tenant {tenant}: give the rules to check it against (--rules <file>), or --apply to read them from ConfigMap {}/{}",
+                a.hub.namespace, a.rules_configmap
+            )
+            .into());
+        }
+    };
+    crate::ctl::tenant::check_membership(
+        &text,
+        &source,
+        tenant,
+        &plan.spiffe_id,
+        &plan.hub_namespace,
+    )?;
     Ok(())
 }
 
