@@ -370,6 +370,9 @@ pub struct TopologyOptions {
     pub per_agent_args: Vec<(&'static str, Vec<String>)>,
     /// Resource types the spokes' API servers serve besides the defaults (e.g. batch Jobs).
     pub spoke_resources: Vec<argocd_agent_kube_test_server::ResourceType>,
+    /// More Workload API sockets: (file name in the topology directory, SPIFFE ID), for
+    /// hand-driven agents and operators ([`Topology::svid_source`]).
+    pub extra_sockets: Vec<(String, String)>,
 }
 
 /// The whole local topology.
@@ -802,7 +805,11 @@ impl Topology {
     pub async fn start(opts: TopologyOptions) -> Result<Topology, HarnessError> {
         let (dir, tmp) = work_dir(opts.dir.as_deref(), "argocd-agent-e2e")?;
         let td = TrustDomain::new(TRUST_DOMAIN)?;
-        let spiffe = DevWorkloadApi::builder(dir.join("spiffe"), td)
+        let mut builder = DevWorkloadApi::builder(dir.join("spiffe"), td);
+        for (file, id) in &opts.extra_sockets {
+            builder = builder.socket(dir.join(file), SpiffeId::parse(id)?);
+        }
+        let spiffe = builder
             .socket(dir.join("principal.sock"), SpiffeId::parse(PRINCIPAL_ID)?)
             .socket(dir.join("operator.sock"), SpiffeId::parse(OPERATOR_ID)?)
             .socket(
