@@ -182,3 +182,38 @@ async fn a_replica_that_cannot_renew_fences_itself_until_it_can() {
         .expect("accepting again once renewed");
     stop.cancel();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_census_lists_agents_other_live_replicas_serve_with_their_hub_namespace() {
+    use argocd_agent_principal::tenancy::Census;
+    let (_server, client) = setup().await;
+    let stop = CancellationToken::new();
+    let a = replica(&client, "principal-a", &stop);
+    let b = replica(&client, "principal-b", &stop);
+    ready(&a).await;
+    ready(&b).await;
+    let agent = AgentName::new("edge-1").unwrap();
+    let guard = a.acquire(&agent, &ns("team-a-edge-1"), 1).await.unwrap();
+    // B counts A's agent (with the namespace that tells its tenant); A does not count its
+    // own sessions as elsewhere.
+    until("B sees A's agent", || {
+        let b = b.clone();
+        async move {
+            b.elsewhere()
+                == vec![(
+                    AgentName::new("edge-1").unwrap(),
+                    "team-a-edge-1".to_string(),
+                )]
+        }
+    })
+    .await;
+    assert!(a.elsewhere().is_empty(), "{:?}", a.elsewhere());
+    // Released: nobody serves it any more.
+    guard.release().await;
+    until("the released agent is no longer counted", || {
+        let b = b.clone();
+        async move { b.elsewhere().is_empty() }
+    })
+    .await;
+    stop.cancel();
+}
