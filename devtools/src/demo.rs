@@ -634,6 +634,8 @@ impl DemoProxy {
                 kube_context: None,
             },
             file: Some(path.clone()),
+            from_principal: false,
+            admin: Default::default(),
         };
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         loop {

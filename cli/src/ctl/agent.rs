@@ -52,8 +52,9 @@ pub struct KubeconfigArgs {
     /// --principal-address.
     #[arg(long)]
     pub from_principal: bool,
+    /// Where the principal's admin API is (with --from-principal or --principal-address).
     #[command(flatten)]
-    pub(crate) admin: AdminConn,
+    pub admin: AdminConn,
 }
 
 /// A kubeconfig document for the agent's cluster at `server` with `token`.
@@ -159,8 +160,8 @@ pub(crate) struct AdminArgs {
 }
 
 /// Where the principal's admin API is.
-#[derive(Debug, clap::Args)]
-pub(crate) struct AdminConn {
+#[derive(Debug, Default, clap::Args)]
+pub struct AdminConn {
     /// The principal's admin API: `host:port` (reach a pod's with `kubectl port-forward`)
     /// or `unix:///path` (with `kubectl exec`).
     #[arg(
