@@ -375,9 +375,30 @@ async fn tenant_operators_see_and_act_on_their_own_tenant_only() {
             (topo.connect_count(MANAGED) > before && n.contains(&pair(MANAGED, ""))).then_some(())
         })
         .await?;
-        // Its old tenant's operator no longer sees it.
+        // Its old tenant's operator no longer sees it, and the token issued to that
+        // operator under team-a no longer reaches it.
         let n = names(&topo, "ops-a.sock").await?;
         assert!(n.is_empty(), "{n:?}");
+        refused(
+            &topo,
+            "ops-a.sock",
+            &["agent", "inspect", MANAGED],
+            "team-a",
+        )
+        .await?;
+        let o = run_kubectl(&kc, &["get", "configmaps", "-n", APP_NS]).await;
+        assert!(
+            !o.status.success(),
+            "a team-a token reached an agent that left team-a: {}",
+            output_text(&o)
+        );
+        assert!(
+            topo.principal.log().contains(
+                "resource proxy request refused: the token was issued under another tenant"
+            ),
+            "{}",
+            output_text(&o)
+        );
         Ok::<_, HarnessError>(())
     }
     .await;
