@@ -550,7 +550,7 @@ pub async fn agent_kubeconfig(dir: &Path, agent: &str) -> PathBuf {
     let out = Command::new(binary("argocd-agentctl").expect("argocd-agentctl"))
         .args(["agent", "kubeconfig", agent, "--kubeconfig"])
         .arg(dir.join("hub.kubeconfig"))
-        .arg("-o")
+        .arg("-f")
         .arg(&out_path)
         .output()
         .await
