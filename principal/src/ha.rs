@@ -1383,7 +1383,7 @@ impl Leases {
 /// The holder identity, read without decoding the whole spec (scans of every Lease).
 /// The agents whose live session another replica serves, with their hub namespace (the
 /// tenants' `agents` quotas count them), from the agent Leases in the cache.
-impl crate::tenancy::Census for Leases {
+impl crate::tenant_limits::Census for Leases {
     fn elsewhere(&self) -> Vec<(AgentName, String)> {
         let now = jiff::Timestamp::now();
         self.cache

@@ -34,7 +34,7 @@ pub mod resourceproxy;
 pub mod server;
 pub mod session;
 pub mod sessions;
-pub mod tenancy;
+pub mod tenant_limits;
 pub mod tunnel;
 mod wiring;
 

@@ -59,7 +59,7 @@ pub struct TenantLabels {
 pub struct TenantQuotaLabels {
     /// The tenant's name.
     pub tenant: String,
-    /// One of [`crate::tenancy::QUOTA_NAMES`].
+    /// One of [`crate::tenant_limits::QUOTA_NAMES`].
     pub quota: String,
 }
 
@@ -262,7 +262,7 @@ pub const AUTH_FAILURE_REASONS: [&str; 21] = [
     // An agent whose hub namespace is outside --allowed-namespaces (crate::partition).
     "OutsidePartition",
     // A session over its tenant's `agents` quota (crate::tenancy).
-    crate::tenancy::TENANT_AGENT_QUOTA,
+    crate::tenant_limits::TENANT_AGENT_QUOTA,
     // A tenant's operator calling the admin API about an agent outside its tenant.
     OUTSIDE_TENANT,
     // Connections dropped before their first request (argocd_agent_identity::transport).
@@ -285,7 +285,7 @@ pub const REFUSAL_REASONS: [&str; 22] = [
     "Invalid",
     "UnexpectedEvent",
     crate::ratelimit::RATE_LIMITED,
-    crate::tenancy::TENANT_RATE_LIMITED,
+    crate::tenant_limits::TENANT_RATE_LIMITED,
     "NotFound",
     crate::session::HELLO_TIMEOUT,
     crate::session::TOO_LARGE,

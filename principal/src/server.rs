@@ -114,9 +114,9 @@ fn admit_to_tenant(
     sessions: &Sessions,
     metrics: &Metrics,
     identity: &argocd_agent_domain::AgentIdentity,
-) -> Result<crate::tenancy::AgentSlot, Status> {
+) -> Result<crate::tenant_limits::AgentSlot, Status> {
     sessions.tenancy.admit_agent(identity).map_err(|refusal| {
-        metrics.auth_failed(crate::tenancy::TENANT_AGENT_QUOTA);
+        metrics.auth_failed(crate::tenant_limits::TENANT_AGENT_QUOTA);
         tracing::warn!(client = %identity.client, agent = %identity.agent,
             tenant = ?identity.tenant.as_ref().map(|t| t.as_str()), reason = %refusal,
             "stream refused: tenant agents quota");

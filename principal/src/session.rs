@@ -123,7 +123,7 @@ pub fn start(
     identity: AgentIdentity,
     peer: SessionInfo,
     inbound: impl Stream<Item = Result<CloudEvent, Status>> + Send + Unpin + 'static,
-    slot: crate::tenancy::AgentSlot,
+    slot: crate::tenant_limits::AgentSlot,
 ) -> OutboundStream {
     let (tx, rx) = mpsc::channel(OUTBOUND_BUFFER);
     let tx = Outbound {
@@ -799,7 +799,7 @@ async fn refuse_tenant_rate_limited(
 ) -> Result<(), Status> {
     let TenantOver { tenant, limit, log } = over;
     hub.metrics
-        .refused(&state.name, crate::tenancy::TENANT_RATE_LIMITED);
+        .refused(&state.name, crate::tenant_limits::TENANT_RATE_LIMITED);
     if let Some(refused) = log {
         tracing::warn!(
             refused,

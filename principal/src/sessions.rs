@@ -244,7 +244,7 @@ pub struct Sessions {
     /// The hub namespaces and labels this principal serves (agents outside are refused).
     pub partition: Arc<crate::partition::Partition>,
     /// The tenants' quotas (agents connected, events per second, proxy requests in flight).
-    pub tenancy: Arc<crate::tenancy::Tenancy>,
+    pub tenancy: Arc<crate::tenant_limits::Tenancy>,
 }
 
 impl Sessions {
@@ -256,12 +256,12 @@ impl Sessions {
             event_rate,
             blocklist: crate::blocklist::LiveBlocklist::default(),
             partition: Arc::new(crate::partition::Partition::whole_hub()),
-            tenancy: crate::tenancy::Tenancy::disabled(),
+            tenancy: crate::tenant_limits::Tenancy::disabled(),
         }
     }
 
     /// The registry of a principal enforcing `tenancy`'s quotas.
-    pub fn with_tenancy(mut self, tenancy: Arc<crate::tenancy::Tenancy>) -> Sessions {
+    pub fn with_tenancy(mut self, tenancy: Arc<crate::tenant_limits::Tenancy>) -> Sessions {
         self.tenancy = tenancy;
         self
     }

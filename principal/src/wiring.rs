@@ -340,7 +340,7 @@ impl Wiring {
         let sessions = Arc::new(
             Sessions::new(config.queue.clone(), config.event_rate)
                 .with_partition(self.partition.clone())
-                .with_tenancy(crate::tenancy::Tenancy::new(
+                .with_tenancy(crate::tenant_limits::Tenancy::new(
                     self.rules.clone(),
                     self.metrics.clone(),
                 )),

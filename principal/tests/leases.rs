@@ -185,7 +185,7 @@ async fn a_replica_that_cannot_renew_fences_itself_until_it_can() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_census_lists_agents_other_live_replicas_serve_with_their_hub_namespace() {
-    use argocd_agent_principal::tenancy::Census;
+    use argocd_agent_principal::tenant_limits::Census;
     let (_server, client) = setup().await;
     let stop = CancellationToken::new();
     let a = replica(&client, "principal-a", &stop);

@@ -108,7 +108,7 @@ fn quota(name: &str, limit: Option<f64>, used: f64, refused: u64) -> QuotaUse {
     }
 }
 
-fn quotas(q: &Quotas, usage: &crate::tenancy::Usage) -> Vec<QuotaUse> {
+fn quotas(q: &Quotas, usage: &crate::tenant_limits::Usage) -> Vec<QuotaUse> {
     let refused = |n: &str| usage.refused.get(n).copied().unwrap_or(0);
     vec![
         quota(

@@ -394,7 +394,7 @@ pub(crate) struct Admitted {
 /// the agent's requests in flight and, for an agent of a tenant, one of the tenant's.
 pub(crate) struct Permit {
     _agent: OwnedSemaphorePermit,
-    _tenant: Option<crate::tenancy::ProxyPermit>,
+    _tenant: Option<crate::tenant_limits::ProxyPermit>,
 }
 
 /// Everything [`Proxy::new`] needs.
@@ -545,7 +545,7 @@ impl Proxy {
     fn tenant_permit(
         &self,
         agent: &AgentName,
-    ) -> Result<Option<crate::tenancy::ProxyPermit>, Response<Body>> {
+    ) -> Result<Option<crate::tenant_limits::ProxyPermit>, Response<Body>> {
         let tenant = self.sessions.agent(agent).and_then(|s| s.identity().tenant);
         self.sessions
             .tenancy
@@ -556,10 +556,10 @@ impl Proxy {
                 with_error(
                     status(
                         StatusCode::TOO_MANY_REQUESTS,
-                        crate::tenancy::TENANT_PROXY_QUOTA,
+                        crate::tenant_limits::TENANT_PROXY_QUOTA,
                         refusal.to_string(),
                     ),
-                    crate::tenancy::TENANT_PROXY_QUOTA,
+                    crate::tenant_limits::TENANT_PROXY_QUOTA,
                 )
             })
     }

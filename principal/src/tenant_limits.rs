@@ -1,4 +1,5 @@
-//! Tenants at the principal: the quotas a tenant's agents share (docs/tenancy.md).
+//! Tenants at the principal: the quotas a tenant's agents share at run time (connected agents,
+//! events per second, resource-proxy requests in flight; docs/tenancy.md).
 //!
 //! The tenants and their quotas come from the mapping rules file and follow its live
 //! reloads: every decision reads the rules in force at that moment. Each tenant has its own
