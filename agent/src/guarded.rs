@@ -139,8 +139,9 @@ impl Spoke {
     /// condition when it stands; without a local copy, the condition alone.
     fn report_guard_status(&self, ns: &str, name: &str, key: &str) {
         self.forget_sent_status(key);
-        if let Some(local) = self.cache.get(Some(ns), name).filter(|o| self.relevant(o)) {
-            self.report_status_forced(&local);
+        let local = self.cache.get(Some(ns), name).filter(|o| self.relevant(o));
+        if let Some(local) = local.as_ref().filter(|o| object::status(o).is_some()) {
+            self.report_status_forced(local);
             return;
         }
         let Some(r) = self.key_ref(key) else { return };
@@ -151,7 +152,7 @@ impl Spoke {
                     Some(guard::condition(&a.refusal, &a.since)),
                     a.source_uid.clone(),
                 ),
-                None => (None, None),
+                None => (None, local.as_deref().and_then(crate::spoke::source_uid)),
             }
         };
         let mut metadata = json!({ "name": r.name });

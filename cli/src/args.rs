@@ -786,6 +786,21 @@ impl AgentGuardArgs {
             destination_service_accounts: None,
             repositories: self.guard_local_repositories.then_some(RepositoryMode::LocalOnly),
         };
+        if self.guard_configmap.as_deref() == Some(argocd_agent_agent::guard::GPG_KEYS_CONFIGMAP) {
+            return Err(format!(
+                "--guard-configmap {}: the hub writes that ConfigMap; name one it never writes",
+                argocd_agent_agent::guard::GPG_KEYS_CONFIGMAP
+            ));
+        }
+        // Checked before anything connects, so a broken policy stops the agent at once.
+        if flags != GuardSpec::default() {
+            argocd_agent_agent::guard::Guard::compile(&flags, "flags").map_err(|e| e.to_string())?;
+        }
+        if let Some(path) = &self.guard_file {
+            let origin = format!("--guard-file {}", path.display());
+            let text = std::fs::read_to_string(path).map_err(|e| format!("{origin}: cannot read: {e}"))?;
+            argocd_agent_agent::guard::Guard::from_yaml(&text, &origin).map_err(|e| e.to_string())?;
+        }
         Ok(GuardSources {
             file: self.guard_file.clone(),
             configmap: self.guard_configmap.clone().filter(|c| !c.trim().is_empty()),
@@ -1293,6 +1308,8 @@ impl PrincipalArgs {
 impl AgentArgs {
     /// The agent's configuration from these flags: every check the agent makes before it starts.
     pub fn config(&self) -> Result<argocd_agent_agent::AgentConfig, crate::BoxError> {
+        // The guard first: a broken policy stops the agent before anything connects.
+        let guard = self.guard.sources()?;
         let a = self;
         let server = format!("{}:{}", a.server_address, a.server_port);
         let creds = spire_auth_method(&a.creds, a.spire_auth_method.as_deref(), "--creds")?;
@@ -1380,7 +1397,7 @@ impl AgentArgs {
             resource_proxy_max_concurrent: a.resource_proxy.resource_proxy_max_concurrent.max(1),
             resource_proxy_timeout: a.resource_proxy.resource_proxy_timeout,
             resource_proxy_pod_security: a.resource_proxy.resource_proxy_pod_security,
-            guard: a.guard.sources()?,
+            guard,
             cache_refresh_interval: match a.redis.cache_refresh_interval {
                 d if d.is_zero() => return Err("--cache-refresh-interval must be above 0".into()),
                 d => d,

@@ -375,3 +375,6 @@ pub fn condition(refusal: &Refusal, since: &str) -> Value {
 pub fn now_rfc3339() -> String {
     jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
+
+#[cfg(test)]
+mod tests;
