@@ -188,7 +188,11 @@ impl Spoke {
 
     /// A configuration object from the hub as the guard lets it be written (an AppProject
     /// narrowed to the guard), or why it is refused.
-    pub(crate) fn guard_config(&self, kind: ResourceKind, obj: Arc<Value>) -> Result<Arc<Value>, Refusal> {
+    pub(crate) fn guard_config(
+        &self,
+        kind: ResourceKind,
+        obj: Arc<Value>,
+    ) -> Result<Arc<Value>, Refusal> {
         let guard = self.guard.current();
         if !guard.is_active() {
             return Ok(obj);
@@ -197,7 +201,10 @@ impl Spoke {
             ResourceKind::AppProject => guard.shape_project(&obj).map(Arc::new),
             ResourceKind::Repository => guard.check_repository(&obj).map(|()| obj),
             ResourceKind::GpgKeys => {
-                let name = obj.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+                let name = obj
+                    .pointer("/metadata/name")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
                 guard.check_configmap(name).map(|()| obj)
             }
             _ => Ok(obj),
@@ -205,7 +212,12 @@ impl Spoke {
     }
 
     /// Answers a configuration event the guard refused (the object is not written).
-    pub(crate) fn refuse_config_event(&self, event: &Event, resource: &ResourceRef, refusal: Refusal) -> Event {
+    pub(crate) fn refuse_config_event(
+        &self,
+        event: &Event,
+        resource: &ResourceRef,
+        refusal: Refusal,
+    ) -> Event {
         self.guard_refused(event, resource, kind_label(resource.kind), &refusal);
         lock(&self.guard_state)
             .config
@@ -215,16 +227,23 @@ impl Spoke {
 
     /// The guard took a configuration object.
     pub(crate) fn guard_accepted_config(&self, kind: ResourceKind, name: &str) {
-        lock(&self.guard_state).config.remove(&(kind, name.to_owned()));
+        lock(&self.guard_state)
+            .config
+            .remove(&(kind, name.to_owned()));
     }
 
     /// The guard changed: the principal is asked again for everything it refused, and for
     /// every project and repository this spoke holds (so they are narrowed anew).
     pub(crate) fn on_guard_change(&self) {
-        let Some(hub_ns) = self.hub_namespace() else { return };
+        let Some(hub_ns) = self.hub_namespace() else {
+            return;
+        };
         let (apps, mut config): (Vec<String>, Vec<(ResourceKind, String)>) = {
             let st = lock(&self.guard_state);
-            (st.apps.keys().cloned().collect(), st.config.iter().cloned().collect())
+            (
+                st.apps.keys().cloned().collect(),
+                st.config.iter().cloned().collect(),
+            )
         };
         if self.mode == AgentMode::Managed {
             config.extend(self.desired_config_keys());
@@ -232,14 +251,22 @@ impl Spoke {
         config.sort();
         config.dedup();
         let mut asked = 0usize;
-        for r in apps
-            .iter()
-            .filter_map(|k| self.key_ref(k))
-            .chain(config.into_iter().map(|(kind, name)| ResourceRef::new(kind, hub_ns.clone(), name)))
-        {
+        for r in apps.iter().filter_map(|k| self.key_ref(k)).chain(
+            config
+                .into_iter()
+                .map(|(kind, name)| ResourceRef::new(kind, hub_ns.clone(), name)),
+        ) {
             asked += 1;
-            self.send_direct(Event::resource(&self.source, EventType::RequestUpdate, r, Payload::None));
+            self.send_direct(Event::resource(
+                &self.source,
+                EventType::RequestUpdate,
+                r,
+                Payload::None,
+            ));
         }
-        tracing::info!(asked, "spoke guard changed: asked the principal again for refused and narrowed objects");
+        tracing::info!(
+            asked,
+            "spoke guard changed: asked the principal again for refused and narrowed objects"
+        );
     }
 }

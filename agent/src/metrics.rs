@@ -338,7 +338,8 @@ impl Metrics {
             help,
             self.applications_refused.clone(),
         );
-        let help = "Objects and operations from the hub refused by the spoke guard, by kind and rule";
+        let help =
+            "Objects and operations from the hub refused by the spoke guard, by kind and rule";
         r.register(
             "argocd_agent_guard_refused_total",
             help,

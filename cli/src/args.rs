@@ -738,10 +738,18 @@ pub struct AgentGuardArgs {
     pub guard_allowed_repos: Vec<String>,
     /// Allowed destinations, comma-separated or repeated: `server=GLOB;name=GLOB;namespace=GLOB`
     /// (fields left out match anything), or just a namespace glob.
-    #[arg(long, value_delimiter = ',', env = "ARGOCD_AGENT_GUARD_ALLOWED_DESTINATIONS")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        env = "ARGOCD_AGENT_GUARD_ALLOWED_DESTINATIONS"
+    )]
     pub guard_allowed_destinations: Vec<String>,
     /// Allowed projects (globs, `!` denies), comma-separated or repeated.
-    #[arg(long, value_delimiter = ',', env = "ARGOCD_AGENT_GUARD_ALLOWED_PROJECTS")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        env = "ARGOCD_AGENT_GUARD_ALLOWED_PROJECTS"
+    )]
     pub guard_allowed_projects: Vec<String>,
     /// Whether cluster-scoped resources may be deployed (`=false` empties every project's
     /// clusterResourceWhitelist). `--guard-cluster-resources[=true|false]`.
@@ -768,7 +776,11 @@ impl AgentGuardArgs {
     pub fn sources(&self) -> Result<argocd_agent_agent::guard::GuardSources, String> {
         use argocd_agent_agent::guard::{GuardSources, GuardSpec, RepositoryMode};
         let list = |v: &Vec<String>| {
-            let v: Vec<String> = v.iter().map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect();
+            let v: Vec<String> = v
+                .iter()
+                .map(|s| s.trim().to_owned())
+                .filter(|s| !s.is_empty())
+                .collect();
             (!v.is_empty()).then_some(v)
         };
         let destinations = self
@@ -784,7 +796,9 @@ impl AgentGuardArgs {
             cluster_resources: self.guard_cluster_resources,
             require_destination_service_accounts: self.guard_require_service_account,
             destination_service_accounts: None,
-            repositories: self.guard_local_repositories.then_some(RepositoryMode::LocalOnly),
+            repositories: self
+                .guard_local_repositories
+                .then_some(RepositoryMode::LocalOnly),
         };
         if self.guard_configmap.as_deref() == Some(argocd_agent_agent::guard::GPG_KEYS_CONFIGMAP) {
             return Err(format!(
@@ -794,16 +808,22 @@ impl AgentGuardArgs {
         }
         // Checked before anything connects, so a broken policy stops the agent at once.
         if flags != GuardSpec::default() {
-            argocd_agent_agent::guard::Guard::compile(&flags, "flags").map_err(|e| e.to_string())?;
+            argocd_agent_agent::guard::Guard::compile(&flags, "flags")
+                .map_err(|e| e.to_string())?;
         }
         if let Some(path) = &self.guard_file {
             let origin = format!("--guard-file {}", path.display());
-            let text = std::fs::read_to_string(path).map_err(|e| format!("{origin}: cannot read: {e}"))?;
-            argocd_agent_agent::guard::Guard::from_yaml(&text, &origin).map_err(|e| e.to_string())?;
+            let text =
+                std::fs::read_to_string(path).map_err(|e| format!("{origin}: cannot read: {e}"))?;
+            argocd_agent_agent::guard::Guard::from_yaml(&text, &origin)
+                .map_err(|e| e.to_string())?;
         }
         Ok(GuardSources {
             file: self.guard_file.clone(),
-            configmap: self.guard_configmap.clone().filter(|c| !c.trim().is_empty()),
+            configmap: self
+                .guard_configmap
+                .clone()
+                .filter(|c| !c.trim().is_empty()),
             flags,
             reload_interval: self.guard_reload_interval,
         })
@@ -819,9 +839,9 @@ fn parse_destination(s: &str) -> Result<argocd_agent_agent::guard::DestinationSp
         return Ok(d);
     }
     for part in s.split(';').map(str::trim).filter(|p| !p.is_empty()) {
-        let (k, v) = part
-            .split_once('=')
-            .ok_or_else(|| format!("--guard-allowed-destinations {s:?}: {part:?} is not field=glob"))?;
+        let (k, v) = part.split_once('=').ok_or_else(|| {
+            format!("--guard-allowed-destinations {s:?}: {part:?} is not field=glob")
+        })?;
         let slot = match k.trim() {
             "server" => &mut d.server,
             "name" => &mut d.name,

@@ -52,7 +52,8 @@ async fn set_policy(topo: &Topology, policy: &str, nth: usize) -> Result<(), Har
     let cms = configmaps(&topo.managed_spoke, SPOKE_NS)?;
     match stored_configmap(&topo.managed_spoke, SPOKE_NS, GUARD_CM) {
         None => {
-            cms.create(&PostParams::default(), &guard_configmap(policy)).await?;
+            cms.create(&PostParams::default(), &guard_configmap(policy))
+                .await?;
         }
         Some(_) => merge_patch(&cms, GUARD_CM, json!({"data": {"guard.yaml": policy}})).await?,
     }
@@ -64,9 +65,13 @@ async fn set_policy(topo: &Topology, policy: &str, nth: usize) -> Result<(), Har
 }
 
 fn condition(app: &Value) -> Option<String> {
-    app["status"]["conditions"].as_array()?.iter().find_map(|c| {
-        (c["type"] == "InvalidSpecError").then(|| c["message"].as_str().unwrap_or_default().to_owned())
-    })
+    app["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find_map(|c| {
+            (c["type"] == "InvalidSpecError")
+                .then(|| c["message"].as_str().unwrap_or_default().to_owned())
+        })
 }
 
 fn app(name: &str, repo: &str, namespace: &str) -> kube::api::DynamicObject {
@@ -77,17 +82,25 @@ fn app(name: &str, repo: &str, namespace: &str) -> kube::api::DynamicObject {
 }
 
 async fn refused_total(topo: &Topology) -> f64 {
-    metric_sum(topo.metrics_ports[MANAGED], "argocd_agent_guard_refused_total").await
+    metric_sum(
+        topo.metrics_ports[MANAGED],
+        "argocd_agent_guard_refused_total",
+    )
+    .await
 }
 
 /// Waits for the hub copy of `name` to carry the guard's condition naming `rule`.
 async fn hub_condition(topo: &Topology, name: &str, rule: &str) -> Result<String, HarnessError> {
-    eventually(&format!("hub copy of {name} carries the guard's condition ({rule})"), T, || async {
-        stored_app(&topo.hub, MANAGED, name)
-            .as_ref()
-            .and_then(condition)
-            .filter(|m| m.contains(&format!("rule {rule}")))
-    })
+    eventually(
+        &format!("hub copy of {name} carries the guard's condition ({rule})"),
+        T,
+        || async {
+            stored_app(&topo.hub, MANAGED, name)
+                .as_ref()
+                .and_then(condition)
+                .filter(|m| m.contains(&format!("rule {rule}")))
+        },
+    )
     .await
 }
 
@@ -218,16 +231,23 @@ async fn a_live_guard_change_takes_effect_and_a_broken_one_keeps_the_last_good_p
         let spoke = &topo.managed_spoke;
         let pp = PostParams::default();
         let gitlab = "https://gitlab.example.com/team/app";
-        hub_apps.create(&pp, &app("team-app", gitlab, "guestbook")).await?;
+        hub_apps
+            .create(&pp, &app("team-app", gitlab, "guestbook"))
+            .await?;
         hub_condition(topo, "team-app", "source-repos").await?;
         assert!(stored_app(spoke, SPOKE_NS, "team-app").is_none());
 
         // The spoke's owner allows the repository: what was refused arrives.
-        let wider = POLICY.replace("['https://github.com/argoproj/*']", "['https://github.com/argoproj/*', 'https://gitlab.example.com/team/*']");
+        let wider = POLICY.replace(
+            "['https://github.com/argoproj/*']",
+            "['https://github.com/argoproj/*', 'https://gitlab.example.com/team/*']",
+        );
         set_policy(topo, &wider, 2).await?;
-        eventually("the refused application arrives after the guard allows it", T, || async {
-            stored_app(spoke, SPOKE_NS, "team-app")
-        })
+        eventually(
+            "the refused application arrives after the guard allows it",
+            T,
+            || async { stored_app(spoke, SPOKE_NS, "team-app") },
+        )
         .await?;
         eventually("its condition leaves the hub copy", T, || async {
             stored_app(&topo.hub, MANAGED, "team-app").filter(|a| condition(a).is_none())
@@ -237,13 +257,26 @@ async fn a_live_guard_change_takes_effect_and_a_broken_one_keeps_the_last_good_p
         // A broken update is refused (counted) and the last good policy stays.
         let errors = "argocd_agent_guard_reload_errors_total";
         let cms = configmaps(spoke, SPOKE_NS)?;
-        merge_patch(&cms, GUARD_CM, json!({"data": {"guard.yaml": "sourceRepo: ['*']\n"}})).await?;
+        merge_patch(
+            &cms,
+            GUARD_CM,
+            json!({"data": {"guard.yaml": "sourceRepo: ['*']\n"}}),
+        )
+        .await?;
         eventually("the broken guard update is counted", T, || async {
             (metric_sum(topo.metrics_ports[MANAGED], errors).await >= 1.0).then_some(())
         })
         .await?;
-        assert!(topo.logs().contains("sourceRepo"), "the log names the field");
-        hub_apps.create(&pp, &app("still-refused", "https://evil.example.com/pwn", "guestbook")).await?;
+        assert!(
+            topo.logs().contains("sourceRepo"),
+            "the log names the field"
+        );
+        hub_apps
+            .create(
+                &pp,
+                &app("still-refused", "https://evil.example.com/pwn", "guestbook"),
+            )
+            .await?;
         hub_condition(topo, "still-refused", "source-repos").await?;
         assert!(stored_app(spoke, SPOKE_NS, "still-refused").is_none());
         Ok(())
@@ -254,8 +287,15 @@ async fn a_live_guard_change_takes_effect_and_a_broken_one_keeps_the_last_good_p
 /// The agent's exit status and stderr with `args` (it must stop before connecting).
 async fn agent_refuses(args: &[&str]) -> String {
     let out = tokio::process::Command::new(binary("argocd-agent").unwrap())
-        .args(["agent", "--server-address", "127.0.0.1:1", "--principal-trust-domain", "example.org",
-               "--spiffe-endpoint-socket", "unix:///nonexistent/agent.sock"])
+        .args([
+            "agent",
+            "--server-address",
+            "127.0.0.1:1",
+            "--principal-trust-domain",
+            "example.org",
+            "--spiffe-endpoint-socket",
+            "unix:///nonexistent/agent.sock",
+        ])
         .args(args)
         .output()
         .await
@@ -268,7 +308,11 @@ async fn agent_refuses(args: &[&str]) -> String {
 async fn a_broken_policy_or_a_guard_configmap_the_hub_writes_stops_the_agent() {
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("guard.yaml");
-    std::fs::write(&bad, "sourceRepos: ['https://ok/*']\ndestinations: [{namespace: 'a', cluster: 'x'}]\n").unwrap();
+    std::fs::write(
+        &bad,
+        "sourceRepos: ['https://ok/*']\ndestinations: [{namespace: 'a', cluster: 'x'}]\n",
+    )
+    .unwrap();
     let e = agent_refuses(&["--guard-file", bad.to_str().unwrap()]).await;
     assert!(e.contains("cluster") && e.contains("guard.yaml"), "{e}");
     let e = agent_refuses(&["--guard-configmap", "argocd-gpg-keys-cm"]).await;

@@ -97,7 +97,9 @@ impl LiveGuard {
             return Err(GuardError::Field {
                 origin: "flags".into(),
                 field: "--guard-configmap".into(),
-                message: format!("{GPG_KEYS_CONFIGMAP} is written by the hub; name a ConfigMap the hub never writes"),
+                message: format!(
+                    "{GPG_KEYS_CONFIGMAP} is written by the hub; name a ConfigMap the hub never writes"
+                ),
             });
         }
         let flags = (sources.flags != GuardSpec::default())
@@ -210,16 +212,22 @@ impl Reader {
         let Some((api, ns, name)) = &self.configmap else {
             return Ok(None);
         };
-        let obj = api.get(Some(ns), name).await.map_err(|e| GuardError::Yaml {
-            origin: self.configmap_origin(),
-            message: format!("cannot read: {}", argocd_agent_domain::error_chain(&e)),
-        })?;
+        let obj = api
+            .get(Some(ns), name)
+            .await
+            .map_err(|e| GuardError::Yaml {
+                origin: self.configmap_origin(),
+                message: format!("cannot read: {}", argocd_agent_domain::error_chain(&e)),
+            })?;
         let Some(obj) = obj else {
             return Ok(None);
         };
         let text = obj
             .data
-            .pointer(&format!("/data/{}", CONFIGMAP_KEY.replace('~', "~0").replace('/', "~1")))
+            .pointer(&format!(
+                "/data/{}",
+                CONFIGMAP_KEY.replace('~', "~0").replace('/', "~1")
+            ))
             .and_then(serde_json::Value::as_str)
             .ok_or_else(|| GuardError::Field {
                 origin: self.configmap_origin(),
@@ -256,12 +264,24 @@ impl Reload {
             if self.reader.file.is_some() {
                 let read = self.reader.file_text().await;
                 let origin = self.reader.file_origin();
-                changed |= reload_one(&origin, read, &mut self.parts.file, &mut self.texts.file, &self.metrics);
+                changed |= reload_one(
+                    &origin,
+                    read,
+                    &mut self.parts.file,
+                    &mut self.texts.file,
+                    &self.metrics,
+                );
             }
             if self.reader.configmap.is_some() {
                 let read = self.reader.configmap_text().await;
                 let origin = self.reader.configmap_origin();
-                changed |= reload_one(&origin, read, &mut self.parts.configmap, &mut self.texts.configmap, &self.metrics);
+                changed |= reload_one(
+                    &origin,
+                    read,
+                    &mut self.parts.configmap,
+                    &mut self.texts.configmap,
+                    &self.metrics,
+                );
             }
             if changed {
                 let set = self.parts.set();
@@ -281,7 +301,11 @@ fn reload_one(
     last_text: &mut Option<String>,
     metrics: &crate::metrics::Metrics,
 ) -> bool {
-    let source = if origin.starts_with("ConfigMap") { "configmap" } else { "file" };
+    let source = if origin.starts_with("ConfigMap") {
+        "configmap"
+    } else {
+        "file"
+    };
     let text = match read {
         Ok(text) => text,
         Err(e) => {
@@ -295,7 +319,10 @@ fn reload_one(
     }
     *last_text = text.clone();
     let Some(text) = text else {
-        tracing::warn!(source = origin, "spoke guard source removed: its rules are no longer in force");
+        tracing::warn!(
+            source = origin,
+            "spoke guard source removed: its rules are no longer in force"
+        );
         return slot.take().is_some();
     };
     match Guard::from_yaml(&text, origin) {

@@ -131,7 +131,11 @@ impl GlobList {
                 None => (&mut list.allow, p),
             };
             if text.is_empty() {
-                return Err(field_error(origin, format!("{field}[{i}]"), "empty pattern"));
+                return Err(field_error(
+                    origin,
+                    format!("{field}[{i}]"),
+                    "empty pattern",
+                ));
             }
             let re = pattern::compile_glob(text).map_err(|e| {
                 field_error(
@@ -214,7 +218,8 @@ impl DestinationRule {
     }
 
     fn describe(&self) -> String {
-        let f = |v: &Option<(String, Regex)>| v.as_ref().map_or("*", |(p, _)| p.as_str()).to_owned();
+        let f =
+            |v: &Option<(String, Regex)>| v.as_ref().map_or("*", |(p, _)| p.as_str()).to_owned();
         format!(
             "server={} name={} namespace={}",
             f(&self.server),
@@ -258,7 +263,9 @@ impl Guard {
             Some(d) => Some(
                 d.iter()
                     .enumerate()
-                    .map(|(i, s)| DestinationRule::compile(s, &format!("destinations[{i}]"), origin))
+                    .map(|(i, s)| {
+                        DestinationRule::compile(s, &format!("destinations[{i}]"), origin)
+                    })
                     .collect::<Result<Vec<_>, _>>()?,
             ),
         };
@@ -295,7 +302,8 @@ impl Guard {
         let spec: GuardSpec = if blank {
             return Err(GuardError::Yaml {
                 origin: origin.to_owned(),
-                message: "the policy is empty; write `{}` for a guard that restricts nothing".into(),
+                message: "the policy is empty; write `{}` for a guard that restricts nothing"
+                    .into(),
             });
         } else {
             serde_saphyr::from_str(text).map_err(|e| GuardError::Yaml {
@@ -358,7 +366,11 @@ pub struct Refusal {
 
 impl std::fmt::Display for Refusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "refused by the spoke guard (rule {}): {}", self.rule, self.message)
+        write!(
+            f,
+            "refused by the spoke guard (rule {}): {}",
+            self.rule, self.message
+        )
     }
 }
 
@@ -373,7 +385,9 @@ pub fn condition(refusal: &Refusal, since: &str) -> Value {
 
 /// Now, as Kubernetes writes times (RFC 3339, seconds, UTC).
 pub fn now_rfc3339() -> String {
-    jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+    jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 use argocd_agent_domain::pattern;
 use serde_json::{Value, json};
 
-use super::{DestinationRule, GlobList, Guard, GuardSet, RepositoryMode, Refusal};
+use super::{DestinationRule, GlobList, Guard, GuardSet, Refusal, RepositoryMode};
 
 /// A repository URL as Argo CD compares them (`git.NormalizeGitURL`, in short): trimmed,
 /// lower case, without a trailing `/` or `.git`.
@@ -26,7 +26,11 @@ fn repo_urls(spec: &Value) -> Vec<&str> {
     let mut out = Vec::new();
     out.extend(str_at(spec, "/source/repoURL"));
     if let Some(sources) = spec.get("sources").and_then(Value::as_array) {
-        out.extend(sources.iter().map(|s| str_at(s, "/repoURL").unwrap_or_default()));
+        out.extend(
+            sources
+                .iter()
+                .map(|s| str_at(s, "/repoURL").unwrap_or_default()),
+        );
     }
     out.extend(str_at(spec, "/sourceHydrator/drySource/repoURL"));
     out
@@ -41,7 +45,9 @@ impl GuardSet {
     /// destination must be allowed by every guard source.
     pub fn check_application(&self, app: &Value) -> Result<(), Refusal> {
         let spec = app.get("spec").unwrap_or(&Value::Null);
-        let project = str_at(spec, "/project").filter(|p| !p.is_empty()).unwrap_or("default");
+        let project = str_at(spec, "/project")
+            .filter(|p| !p.is_empty())
+            .unwrap_or("default");
         for g in self.each() {
             g.check_project_name(project, "application's project")?;
             g.check_repos(&repo_urls(spec))?;
@@ -109,7 +115,9 @@ impl GuardSet {
                     ),
                 });
             }
-            let Some(list) = &g.source_repos else { continue };
+            let Some(list) = &g.source_repos else {
+                continue;
+            };
             let Some(url) = &url else {
                 return Err(Refusal {
                     rule: "source-repos",
@@ -137,7 +145,9 @@ impl GuardSet {
         if self.configmap.as_deref() == Some(name) {
             return Err(Refusal {
                 rule: "guard-configmap",
-                message: format!("ConfigMap {name} is the spoke guard's own policy: the hub never writes it"),
+                message: format!(
+                    "ConfigMap {name} is the spoke guard's own policy: the hub never writes it"
+                ),
             });
         }
         if self.is_active() && name != super::GPG_KEYS_CONFIGMAP {
@@ -156,7 +166,11 @@ impl GuardSet {
 /// A Secret's string field from `stringData` or (base64) `data`.
 fn secret_field(secret: &Value, key: &str) -> Option<String> {
     use base64::Engine;
-    if let Some(v) = secret.get("stringData").and_then(|d| d.get(key)).and_then(Value::as_str) {
+    if let Some(v) = secret
+        .get("stringData")
+        .and_then(|d| d.get(key))
+        .and_then(Value::as_str)
+    {
         return Some(v.to_owned());
     }
     let raw = secret.get("data")?.get(key)?.as_str()?;
@@ -200,7 +214,11 @@ impl Guard {
         let Some(rules) = &self.destinations else {
             return Ok(());
         };
-        let field = |f: &str| dest.get(f).and_then(Value::as_str).filter(|s| !s.is_empty());
+        let field = |f: &str| {
+            dest.get(f)
+                .and_then(Value::as_str)
+                .filter(|s| !s.is_empty())
+        };
         let (server, name) = (field("server"), field("name"));
         let namespace = field("namespace").unwrap_or_default();
         let fits = |r: &DestinationRule| {
@@ -208,7 +226,9 @@ impl Guard {
                 None => true,
                 Some((_, re)) => value.is_some_and(|v| re.is_match(v)),
             };
-            matches(&r.server, server) && matches(&r.name, name) && matches(&r.namespace, Some(namespace))
+            matches(&r.server, server)
+                && matches(&r.name, name)
+                && matches(&r.namespace, Some(namespace))
         };
         if rules.iter().any(fits) {
             return Ok(());
@@ -220,7 +240,11 @@ impl Guard {
                 server.unwrap_or_default(),
                 name.unwrap_or_default(),
                 self.origin,
-                rules.iter().map(DestinationRule::describe).collect::<Vec<_>>().join("; ")
+                rules
+                    .iter()
+                    .map(DestinationRule::describe)
+                    .collect::<Vec<_>>()
+                    .join("; ")
             ),
         })
     }
@@ -250,7 +274,11 @@ impl Guard {
 
 fn string_list(v: Option<&Value>) -> Vec<String> {
     v.and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(|s| s.as_str().map(str::to_owned)).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|s| s.as_str().map(str::to_owned))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -289,7 +317,12 @@ fn narrow_repos(hub: &[String], guard: &GlobList) -> Vec<String> {
 fn narrow_destinations(hub: &[Value], rules: &[DestinationRule]) -> Vec<Value> {
     let mut out: Vec<Value> = Vec::new();
     for entry in hub {
-        let field = |f: &str| entry.get(f).and_then(Value::as_str).filter(|s| !s.is_empty());
+        let field = |f: &str| {
+            entry
+                .get(f)
+                .and_then(Value::as_str)
+                .filter(|s| !s.is_empty())
+        };
         let denial = ["server", "name", "namespace"]
             .iter()
             .any(|f| field(f).is_some_and(|v| v.starts_with('!')));
