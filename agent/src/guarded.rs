@@ -56,8 +56,18 @@ impl Spoke {
                 guard.check_application(event.object()?).err()
             }
             EventType::SetOperation => {
-                let op = event.object()?.get("operation")?;
-                guard.check_operation(op).err()
+                // A sync may override the source; and the hub may not start one on a local
+                // Application the guard would not take (autonomous: the spoke's own, which
+                // the guard never saw; managed: written before a stricter guard).
+                if let Some(op) = event.object().and_then(|o| o.get("operation"))
+                    && let Err(r) = guard.check_operation(op)
+                {
+                    return Some(r);
+                }
+                let (ns, name) = self.local_target(event.resource.as_ref()?);
+                let local = self.cache.get(Some(&ns), &name)?;
+                let spec = serde_json::to_value(local.as_ref()).ok()?;
+                guard.check_application(&spec).err()
             }
             _ => None,
         }

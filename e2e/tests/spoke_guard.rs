@@ -320,3 +320,56 @@ async fn a_broken_policy_or_a_guard_configmap_the_hub_writes_stops_the_agent() {
     let e = agent_refuses(&["--guard-allowed-destinations", "server=x;cluster=y"]).await;
     assert!(e.contains("unknown field"), "{e}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_autonomous_spoke_refuses_hub_syncs_that_break_its_guard() {
+    let topo = Topology::start(TopologyOptions {
+        agents: Some(vec![AUTONOMOUS]),
+        per_agent_args: vec![(
+            AUTONOMOUS,
+            vec!["--guard-allowed-repos=https://github.com/argoproj/*".into()],
+        )],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let r = async {
+        let spoke_apps = apps(&topo.autonomous_spoke, SPOKE_NS)?;
+        let hub_apps = apps(&topo.hub, AUTONOMOUS)?;
+        let pp = PostParams::default();
+        // The spoke's own Applications: one within the guard, one outside it.
+        for (name, repo) in [("local-ok", ALLOWED_REPO), ("local-foreign", "https://evil.example.com/pwn")] {
+            let mut a = sample_app(name, SPOKE_NS, "guestbook");
+            a.data["spec"]["source"]["repoURL"] = json!(repo);
+            spoke_apps.create(&pp, &a).await?;
+            eventually(&format!("{name} is published"), T, || async { stored_app(&topo.hub, AUTONOMOUS, name) }).await?;
+        }
+        let sync = json!({"operation": {"initiatedBy": {"username": "hub"}, "sync": {"revision": "v2"}}});
+        merge_patch(&hub_apps, "local-foreign", sync.clone()).await?;
+        // A sync that overrides the source with a foreign repository.
+        let foreign_source = json!({"operation": {"initiatedBy": {"username": "hub"},
+            "sync": {"revision": "v3", "source": {"repoURL": "https://evil.example.com/pwn", "path": "."}}}});
+        merge_patch(&hub_apps, "local-ok", foreign_source).await?;
+        let port = topo.metrics_ports[AUTONOMOUS];
+        eventually("both syncs are refused and counted", T, || async {
+            (metric_sum(port, "argocd_agent_guard_refused_total").await >= 2.0).then_some(())
+        })
+        .await?;
+        let text = http_get(port, "/metrics").await?;
+        assert!(text.contains("kind=\"Operation\""), "{text}");
+        for name in ["local-foreign", "local-ok"] {
+            let a = stored_app(&topo.autonomous_spoke, SPOKE_NS, name).unwrap();
+            assert!(a.get("operation").is_none_or(Value::is_null), "{name}: a refused sync landed: {a}");
+        }
+        // A sync within the guard still reaches the spoke.
+        merge_patch(&hub_apps, "local-ok", sync).await?;
+        eventually("an allowed sync reaches the spoke", T, || async {
+            stored_app(&topo.autonomous_spoke, SPOKE_NS, "local-ok")
+                .filter(|a| a["operation"]["sync"]["revision"] == "v2")
+        })
+        .await?;
+        Ok(())
+    }
+    .await;
+    topo.finish(r).await;
+}
