@@ -9,34 +9,15 @@
 //! and, for an Application, as an `InvalidSpecError` condition in the status the agent
 //! reports for it (the status path managed agents already use).
 
-use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use argocd_agent_domain::{AgentMode, Event, EventType, Payload, ResourceKind, ResourceRef};
 use argocd_agent_kubernetes::object;
 use serde_json::{Value, json};
 
+use crate::guard::refused::AppRefusal;
 use crate::guard::{self, Refusal};
 use crate::spoke::{Spoke, lock};
-
-/// An Application the guard refused, until the hub sends one the guard takes.
-#[derive(Debug, Clone)]
-pub(crate) struct AppRefusal {
-    refusal: Refusal,
-    /// When this refusal (rule and message) was first made, RFC 3339.
-    since: String,
-    /// The hub UID of the refused object.
-    source_uid: Option<String>,
-}
-
-/// What the guard refused and has not seen replaced since.
-#[derive(Default)]
-pub(crate) struct GuardState {
-    /// Applications, by the spoke's key ([`Spoke::key_of`]).
-    apps: HashMap<String, AppRefusal>,
-    /// Configuration objects, by kind and name.
-    config: HashSet<(ResourceKind, String)>,
-}
 
 /// The guard's label value of a kind for the metric.
 fn kind_label(kind: ResourceKind) -> &'static str {

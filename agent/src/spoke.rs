@@ -145,8 +145,8 @@ pub struct Spoke {
     pub(crate) children: Mutex<crate::children::ChildState>,
     /// The spoke guard in force ([`crate::guard`]; none by default).
     pub guard: Arc<crate::guard::LiveGuard>,
-    /// What the guard refused, see [`crate::guarded`].
-    pub(crate) guard_state: Mutex<crate::guarded::GuardState>,
+    /// What the guard refused ([`crate::guard::refused`]).
+    pub(crate) guard_state: Mutex<crate::guard::refused::GuardState>,
 }
 
 fn name_of(obj: &DynamicObject) -> String {

@@ -755,19 +755,19 @@ pub struct AgentGuardArgs {
     /// clusterResourceWhitelist). `--guard-cluster-resources[=true|false]`.
     #[arg(long, env = "ARGOCD_AGENT_GUARD_CLUSTER_RESOURCES", action = clap::ArgAction::Set,
         num_args = 0..=1, require_equals = true, default_missing_value = "true",
-        value_parser = clap::builder::BoolishValueParser::new())]
+        ignore_case = true, value_parser = boolean_values())]
     pub guard_cluster_resources: Option<bool>,
     /// Refuse projects without `destinationServiceAccounts`.
     /// `--guard-require-service-account[=true|false]`.
     #[arg(long, env = "ARGOCD_AGENT_GUARD_REQUIRE_SERVICE_ACCOUNT", action = clap::ArgAction::Set,
         num_args = 0..=1, require_equals = true, default_missing_value = "true",
-        value_parser = clap::builder::BoolishValueParser::new())]
+        ignore_case = true, value_parser = boolean_values())]
     pub guard_require_service_account: Option<bool>,
     /// Never write repository Secrets from the hub (this cluster keeps its own).
     /// `--guard-local-repositories[=true|false]`.
     #[arg(long, env = "ARGOCD_AGENT_GUARD_LOCAL_REPOSITORIES", action = clap::ArgAction::Set,
         num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true",
-        value_parser = clap::builder::BoolishValueParser::new())]
+        ignore_case = true, value_parser = boolean_values())]
     pub guard_local_repositories: bool,
 }
 

@@ -1,5 +1,5 @@
 //! The guard in force, reloaded live: a file (`--guard-file`) and a ConfigMap in the
-//! agent's namespace (`--guard-configmap`, key [`super::CONFIGMAP_KEY`]) are read again
+//! agent's namespace (`--guard-configmap`, key [`super::policy::CONFIGMAP_KEY`]) are read again
 //! every `--guard-reload-interval`; flags are fixed at startup.
 //!
 //! Both are polled, not watched: Kubernetes updates a mounted ConfigMap by swapping a
@@ -17,7 +17,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::{CONFIGMAP_KEY, GPG_KEYS_CONFIGMAP, Guard, GuardError, GuardSet, GuardSpec};
+use super::policy::{CONFIGMAP_KEY, GPG_KEYS_CONFIGMAP, Guard, GuardError, GuardSet, GuardSpec};
 
 /// Where the guard comes from (the agent's flags).
 #[derive(Debug, Clone, Default)]

@@ -6,15 +6,9 @@
 use argocd_agent_domain::pattern;
 use serde_json::{Value, json};
 
-use super::{DestinationRule, GlobList, Guard, GuardSet, Refusal, RepositoryMode};
-
-/// A repository URL as Argo CD compares them (`git.NormalizeGitURL`, in short): trimmed,
-/// lower case, without a trailing `/` or `.git`.
-pub fn normalize_repo(url: &str) -> String {
-    let u = url.trim().to_lowercase();
-    let u = u.trim_end_matches('/');
-    u.strip_suffix(".git").unwrap_or(u).to_owned()
-}
+use super::policy::{
+    DestinationRule, GlobList, Guard, GuardSet, Refusal, RepositoryMode, normalize_repo,
+};
 
 fn str_at<'a>(v: &'a Value, pointer: &str) -> Option<&'a str> {
     v.pointer(pointer).and_then(Value::as_str)
@@ -140,7 +134,7 @@ impl GuardSet {
     }
 
     /// A ConfigMap from the hub (only Argo CD's GPG keys are ever sent): never the guard's
-    /// own ConfigMap, and under a guard nothing but [`super::GPG_KEYS_CONFIGMAP`].
+    /// own ConfigMap, and under a guard nothing but [`super::policy::GPG_KEYS_CONFIGMAP`].
     pub fn check_configmap(&self, name: &str) -> Result<(), Refusal> {
         if self.configmap.as_deref() == Some(name) {
             return Err(Refusal {
@@ -150,12 +144,12 @@ impl GuardSet {
                 ),
             });
         }
-        if self.is_active() && name != super::GPG_KEYS_CONFIGMAP {
+        if self.is_active() && name != super::policy::GPG_KEYS_CONFIGMAP {
             return Err(Refusal {
                 rule: "guard-configmap",
                 message: format!(
                     "ConfigMap {name} is not Argo CD's GPG keys ConfigMap ({}), the only one the hub may send",
-                    super::GPG_KEYS_CONFIGMAP
+                    super::policy::GPG_KEYS_CONFIGMAP
                 ),
             });
         }
