@@ -28,12 +28,14 @@ pub mod metrics;
 pub mod objects;
 pub mod partition;
 pub mod projects;
+pub mod quotas;
 pub mod ratelimit;
 pub mod redisproxy;
 pub mod resourceproxy;
 pub mod server;
 pub mod session;
 pub mod sessions;
+pub mod tenancy;
 pub mod tunnel;
 mod wiring;
 

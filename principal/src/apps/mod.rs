@@ -9,6 +9,7 @@
 
 mod changes;
 pub mod owners;
+mod quota;
 mod resync;
 mod writes;
 
@@ -188,6 +189,10 @@ pub struct Applications {
     /// Which agent serves each Application.
     pub owners: Arc<AppOwners>,
     sessions: Arc<Sessions>,
+    /// The tenants in force, for their Application quotas (see [`crate::quotas`]).
+    tenants: crate::tenancy::TenantView,
+    /// Hub-authored Applications held back from their agents by a quota.
+    held: crate::quotas::HeldBack,
 }
 
 impl Applications {
@@ -199,6 +204,7 @@ impl Applications {
         metrics: Metrics,
         by_destination: bool,
         sessions: Arc<Sessions>,
+        tenants: crate::tenancy::TenantView,
     ) -> Applications {
         Applications {
             owners: Arc::new(AppOwners::new(
@@ -212,6 +218,8 @@ impl Applications {
             metrics,
             by_destination,
             sessions,
+            tenants,
+            held: Default::default(),
         }
     }
 
@@ -398,6 +406,9 @@ impl Applications {
         else {
             return;
         };
+        if matches!(change, Change::Deleted(_)) || is_being_deleted(obj) {
+            self.recheck_held_back(obj);
+        }
         let by_namespace = self.agent_for_namespace(&ns);
         // A spoke-authored child goes to the agent that wrote it (to revert hub edits), by
         // namespace whatever the mapping, and never to the agent its destination names.
