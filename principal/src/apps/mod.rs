@@ -25,6 +25,7 @@ use serde_json::Value;
 
 use crate::metrics::Metrics;
 use crate::objects::OwnerRecord;
+use argocd_agent_domain::tenant::Claim;
 use crate::projects;
 use crate::sessions::{AgentState, Sessions};
 
@@ -280,15 +281,17 @@ impl Applications {
             return objects;
         }
         let partition = &self.sessions.partition;
+        let rules = self.tenants.current();
+        let tenant = state.identity().tenant;
         self.cache
             .list()
             .into_iter()
             .filter(|o| !argocd_agent_kubernetes::is_sync_ignored(o) && !is_spoke_child_copy(o))
             .filter(|o| {
-                o.metadata
-                    .namespace
-                    .as_deref()
-                    .is_some_and(|ns| partition.allows_namespace(ns))
+                o.metadata.namespace.as_deref().is_some_and(|ns| {
+                    partition.allows_namespace(ns)
+                        && rules.tenants().visible_to(Claim::Namespace, ns, tenant.as_ref())
+                })
             })
             .filter(|o| destination_of(o) == Some(state.name.as_str()))
             .map(|o| (self.app_key(&o), o))
@@ -440,6 +443,7 @@ impl Applications {
             Change::Synced => return,
         };
         let key = (ns.to_string(), name_of(&obj));
+        let rules = self.tenants.current();
         let target = if deleted {
             None
         } else {
@@ -447,6 +451,19 @@ impl Applications {
                 .and_then(|d| AgentName::new(d).ok())
                 .and_then(|d| self.agent(&d))
                 .filter(|s| s.mode() == AgentMode::Managed)
+                // A tenant's namespace sends to that tenant's agents only.
+                .filter(|s| {
+                    let visible = rules.tenants().visible_to(
+                        Claim::Namespace,
+                        ns.as_str(),
+                        s.identity().tenant.as_ref(),
+                    );
+                    if !visible {
+                        tracing::warn!(application = %name_of(&obj), namespace = %ns, agent = %s.name,
+                            "destination names an agent of another tenant than the namespace's: not sent");
+                    }
+                    visible
+                })
         };
         let previous = {
             let mut placements = self.owners.placements();
