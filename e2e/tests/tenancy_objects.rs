@@ -76,8 +76,20 @@ struct Tenancy {
     metrics_port: u16,
 }
 
+/// Extra arguments: for the principal, for every agent, and per agent.
+#[derive(Default)]
+struct Extra {
+    principal: Vec<String>,
+    agents: Vec<String>,
+    per_agent: Vec<(&'static str, Vec<String>)>,
+}
+
 impl Tenancy {
     async fn start() -> Result<Tenancy, HarnessError> {
+        Tenancy::start_with(Extra::default()).await
+    }
+
+    async fn start_with(extra: Extra) -> Result<Tenancy, HarnessError> {
         let (dir, tmp) = work_dir(None, "argocd-agent-tenancy")?;
         let mut builder =
             DevWorkloadApi::builder(dir.join("spiffe"), TrustDomain::new("example.org")?)
@@ -117,7 +129,6 @@ impl Tenancy {
         args.extend([
             "--identity-rules".into(),
             dir.join("rules.yaml").display().to_string(),
-            "--disable-redis-proxy".into(),
             "--admin-address".into(),
             format!("unix://{}", dir.join("admin.sock").display()),
             "--enable-resource-proxy".into(),
@@ -125,6 +136,11 @@ impl Tenancy {
             format!("127.0.0.1:{proxy_port}"),
             "--enable-self-cluster-registration".into(),
         ]);
+        args.extend(extra.principal.iter().cloned());
+        // The Redis proxy is on by default on :6379: off unless the test places it.
+        if !extra.principal.iter().any(|a| a == "--redis-proxy-address") {
+            args.push("--disable-redis-proxy".into());
+        }
         let mut principal = Proc::new("principal", bin.clone(), args, dir.join("principal.log"));
         principal.start()?;
         wait_port(format!("127.0.0.1:{port}").parse()?).await?;
@@ -133,7 +149,17 @@ impl Tenancy {
             let mut p = Proc::new(
                 agent,
                 bin.clone(),
-                agent_args(&dir, &spiffe, agent, mode, port)?,
+                agent_args(&dir, &spiffe, agent, mode, port)?
+                    .into_iter()
+                    .chain(extra.agents.iter().cloned())
+                    .chain(
+                        extra
+                            .per_agent
+                            .iter()
+                            .filter(|(a, _)| *a == agent)
+                            .flat_map(|(_, args)| args.iter().cloned()),
+                    )
+                    .collect(),
                 dir.join(format!("{agent}.log")),
             );
             p.start()?;
@@ -508,4 +534,113 @@ async fn quotas(t: &Tenancy) -> Result<(), HarnessError> {
     })
     .await?;
     Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn destinations_and_redis_keys_of_a_tenants_namespace_never_reach_another_tenants_agent() {
+    use argocd_agent_testkit::redis::{RedisServer, redis_cli, redis_cli_bin};
+    redis_cli_bin().unwrap();
+    let dir = tempfile::Builder::new()
+        .prefix("argocd-agent-tenancy-redis")
+        .tempdir()
+        .unwrap();
+    let hub_redis = RedisServer::start(dir.path(), "redis-hub").await.unwrap();
+    let a_redis = RedisServer::start(dir.path(), "redis-a").await.unwrap();
+    let b_redis = RedisServer::start(dir.path(), "redis-b").await.unwrap();
+    let proxy_port = argocd_agent_testkit::envoy::free_loopback_port().unwrap();
+    let mapping = || "--destination-based-mapping".to_string();
+    let t = Tenancy::start_with(Extra {
+        principal: vec![
+            mapping(),
+            "--redis-proxy-address".into(),
+            format!("127.0.0.1:{proxy_port}"),
+            "--redis-server-address".into(),
+            hub_redis.addr(),
+            "--redis-proxy-request-timeout".into(),
+            "5s".into(),
+        ],
+        // The spoke copies live in the hub namespace's name (created on the spoke).
+        agents: vec![
+            mapping(),
+            "--allowed-namespaces".into(),
+            "*-managed".into(),
+            "--create-namespace".into(),
+        ],
+        per_agent: vec![
+            (A_MANAGED, vec!["--redis-addr".into(), a_redis.addr()]),
+            (B_MANAGED, vec!["--redis-addr".into(), b_redis.addr()]),
+        ],
+    })
+    .await
+    .unwrap();
+    let r = async {
+        let pp = PostParams::default();
+        // In tenant B's namespace: one Application for B's agent, one whose destination
+        // names tenant A's agent.
+        let mut own = sample_app("own", B_MANAGED, "guestbook");
+        own.data["spec"]["destination"] = json!({"name": B_MANAGED, "namespace": "own"});
+        let mut cross = sample_app("cross", B_MANAGED, "guestbook");
+        cross.data["spec"]["destination"] = json!({"name": A_MANAGED, "namespace": "cross"});
+        let hub_b = apps(&t.hub, B_MANAGED)?;
+        hub_b.create(&pp, &cross).await?;
+        hub_b.create(&pp, &own).await?;
+        eventually("own on B's spoke", T, || async {
+            stored_app(t.spoke(B_MANAGED), B_MANAGED, "own")
+        })
+        .await?;
+        never("cross on A's spoke", || {
+            stored_app(t.spoke(A_MANAGED), B_MANAGED, "cross").is_some()
+        })
+        .await?;
+        assert!(
+            t.principal
+                .log()
+                .lines()
+                .any(|l| l.contains("destination names an agent of another tenant"))
+        );
+
+        // Redis keys of both: B's from B's Redis; A's Redis is never asked for `cross`.
+        let set = |server: &RedisServer, key: String, value: &'static [u8]| {
+            let addr = server.addr();
+            async move {
+                let port: u16 = addr.rsplit(':').next().unwrap().parse().unwrap();
+                let out = redis_cli(port, &[b"SET", key.as_bytes(), value])
+                    .await
+                    .unwrap();
+                assert!(out.status.success());
+            }
+        };
+        // Each spoke's Argo CD names keys `<namespace>_<name>` outside its own namespace.
+        set(
+            &b_redis,
+            format!("app|resources-tree|{B_MANAGED}_own|1.8.3"),
+            b"b-tree",
+        )
+        .await;
+        set(
+            &a_redis,
+            format!("app|resources-tree|{B_MANAGED}_cross|1.8.3"),
+            b"LEAK-from-tenant-a",
+        )
+        .await;
+        let get = |key: String| async move {
+            let out = redis_cli(proxy_port, &[b"GET", key.as_bytes()])
+                .await
+                .unwrap();
+            String::from_utf8_lossy(&out.stdout).trim_end().to_owned()
+        };
+        eventually("B's key through the proxy", T, || async {
+            (get(format!("app|resources-tree|{B_MANAGED}_own|1.8.3")).await == "b-tree")
+                .then_some(())
+        })
+        .await?;
+        let cross_value = get(format!("app|resources-tree|{B_MANAGED}_cross|1.8.3")).await;
+        assert!(
+            !cross_value.contains("LEAK"),
+            "tenant A's agent answered: {cross_value}"
+        );
+        Ok(())
+    }
+    .await;
+    t.finish(r).await;
 }
