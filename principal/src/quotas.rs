@@ -13,8 +13,8 @@
 //!   `argocd_principal_tenant_quota_refusals_total{tenant,quota}` and a log line.
 //! - A hub-authored Application cannot be refused (the principal is no admission webhook):
 //!   the Applications of a scope are ordered by creation timestamp, then namespace, then
-//!   name, and those past the quota are *held back*: not sent to the managed agent (one it
-//!   already holds keeps its last copy there and gets no updates), with the condition
+//!   name, and those past the quota that the agent does not hold yet are *held back*: not
+//!   sent to the managed agent (one already sent is never held back), with the condition
 //!   [`QUOTA_CONDITION`] in the hub copy's `status.conditions`, counted
 //!   (`argocd_principal_applications_held_back_total{tenant,quota}`,
 //!   `argocd_principal_applications_over_quota{tenant}`) and logged. The order is the same on
@@ -370,13 +370,14 @@ impl QuotaMetrics {
 /// the tenant of each agent that has some.
 #[derive(Debug, Default)]
 pub struct HeldBack {
-    held: Mutex<HashMap<AgentName, (Option<TenantName>, BTreeSet<String>)>>,
+    held: Mutex<HeldMap>,
 }
 
+/// Each agent's tenant and held-back Application keys.
+type HeldMap = HashMap<AgentName, (Option<TenantName>, BTreeSet<String>)>;
+
 impl HeldBack {
-    fn lock(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<AgentName, (Option<TenantName>, BTreeSet<String>)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HeldMap> {
         self.held.lock().unwrap_or_else(|p| p.into_inner())
     }
 

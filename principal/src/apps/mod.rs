@@ -25,9 +25,9 @@ use serde_json::Value;
 
 use crate::metrics::Metrics;
 use crate::objects::OwnerRecord;
-use argocd_agent_domain::tenant::Claim;
 use crate::projects;
 use crate::sessions::{AgentState, Sessions};
+use argocd_agent_domain::tenant::Claim;
 
 pub use owners::AppOwners;
 
@@ -290,7 +290,9 @@ impl Applications {
             .filter(|o| {
                 o.metadata.namespace.as_deref().is_some_and(|ns| {
                     partition.allows_namespace(ns)
-                        && rules.tenants().visible_to(Claim::Namespace, ns, tenant.as_ref())
+                        && rules
+                            .tenants()
+                            .visible_to(Claim::Namespace, ns, tenant.as_ref())
                 })
             })
             .filter(|o| destination_of(o) == Some(state.name.as_str()))

@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use argocd_agent_domain::{AgentMode, Namespace, ResourceKind};
+use argocd_agent_domain::{Namespace, ResourceKind};
 use argocd_agent_kubernetes::Change;
 use argocd_agent_kubernetes::object::{self, is_being_deleted};
 use kube::api::DynamicObject;
@@ -36,11 +36,16 @@ impl Applications {
     /// Managed agent, hub change of a hub-authored Application: `true` when it is held back
     /// by a quota (nothing is sent; the condition is written once, counted and logged).
     /// An Application within its quotas again loses the condition and is sent as usual.
+    /// One already sent to the agent is never held back (so the steady state, status
+    /// updates included, costs no count).
     pub(crate) async fn hold_back(&self, state: &AgentState, obj: &Arc<DynamicObject>) -> bool {
         if is_being_deleted(obj) {
             return false;
         }
         let key = self.app_key(obj);
+        if state.inner().sent_spec.contains_key(&key) && !self.held.is_held(&state.name, &key) {
+            return false;
+        }
         let verdict = self.quota_verdict(state, obj);
         let Some(exceeded) = verdict else {
             if self.held.release(&state.name, &key) {
@@ -106,20 +111,23 @@ impl Applications {
         }
     }
 
-    /// Resync of a managed agent: drops the Applications past a quota from `objects`
-    /// (their keys returned: the agent keeps the copies it holds, nothing is deleted) and
-    /// hands each to the agent's worker, which marks it.
+    /// Resync of a managed agent: drops the Applications past a quota that the agent does
+    /// not hold (`holds`) from `objects`, and hands each to the agent's worker, which marks
+    /// it. Returns their keys.
     pub(crate) fn split_held_back(
         &self,
         state: &AgentState,
         objects: &mut std::collections::HashMap<String, Arc<DynamicObject>>,
+        holds: impl Fn(&str) -> bool,
     ) -> HashSet<String> {
         if state.identity().tenant.is_none() {
             return HashSet::new();
         }
         let over: HashSet<String> = objects
             .iter()
-            .filter(|(_, o)| !is_being_deleted(o) && self.quota_verdict(state, o).is_some())
+            .filter(|(k, o)| {
+                !holds(k) && !is_being_deleted(o) && self.quota_verdict(state, o).is_some()
+            })
             .map(|(k, _)| k.clone())
             .collect();
         for key in &over {
@@ -172,23 +180,13 @@ impl Applications {
         }
     }
 
-    /// The rules were reloaded (quotas may have changed): every connected managed agent of
-    /// a tenant re-evaluates its Applications, and every held-back one is re-evaluated.
+    /// The rules were reloaded (quotas may have changed): every held-back Application is
+    /// re-evaluated in its agent's worker.
     pub fn quotas_reloaded(&self) {
         for (agent, _, keys) in self.held.snapshot() {
             if let Some(state) = self.agent(&agent) {
                 self.requeue(&state, keys);
             }
-        }
-        for state in self.sessions.agents() {
-            if state.mode() != AgentMode::Managed
-                || !state.is_connected()
-                || state.identity().tenant.is_none()
-            {
-                continue;
-            }
-            let keys: Vec<String> = self.managed_objects(&state).into_keys().collect();
-            self.requeue(&state, keys);
         }
     }
 }

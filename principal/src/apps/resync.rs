@@ -50,7 +50,7 @@ impl Applications {
         let ns = state.namespace();
         let mut objects = self.managed_objects(state);
         // Past a tenant's quota: not sent, and what the agent holds of them stays.
-        let held_back = self.split_held_back(state, &mut objects);
+        let held_back = self.split_held_back(state, &mut objects, |k| agent_state.contains_key(k));
         let hub = self.checksums(&objects);
         let mut plan = argocd_agent_domain::resync::plan(&hub, agent_state);
         plan.delete.retain(|k| !held_back.contains(k));
