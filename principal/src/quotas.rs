@@ -43,7 +43,7 @@ use serde_json::{Value, json};
 use crate::inbound::Refusal;
 
 /// Refusal reason of an agent's new Application over its tenant's `applicationsPerAgent`.
-pub const AGENT_APPLICATION_QUOTA: &str = "AgentApplicationQuota";
+pub const AGENT_APPLICATION_QUOTA: &str = "TenantApplicationsPerAgentQuota";
 /// Refusal reason of an agent's new Application over its tenant's `applications`.
 pub const TENANT_APPLICATION_QUOTA: &str = "TenantApplicationQuota";
 /// Condition type on a hub-authored Application held back by a quota. It ends in `Error`,
