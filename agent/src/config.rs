@@ -79,6 +79,9 @@ pub struct AgentConfig {
     /// Reach the principal through an HTTP/1.1 WebSocket, with the SVID mutual TLS inside it
     /// (`--enable-websocket`; mTLS only): for proxies and load balancers without HTTP/2.
     pub websocket: bool,
+    /// The spoke guard's sources (`--guard-file`, `--guard-configmap`, `--guard-*` rules;
+    /// none: no guard), see [`crate::guard`].
+    pub guard: crate::guard::GuardSources,
 }
 
 impl Default for AgentConfig {
@@ -115,6 +118,10 @@ impl Default for AgentConfig {
             resource_proxy_timeout: proxy::DEFAULT_TIMEOUT,
             resource_proxy_pod_security: proxy::pss::Level::default(),
             websocket: false,
+            guard: crate::guard::GuardSources {
+                reload_interval: Duration::from_secs(5),
+                ..Default::default()
+            },
         }
     }
 }

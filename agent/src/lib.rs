@@ -14,6 +14,8 @@ mod config;
 pub mod connection;
 pub mod dialer;
 pub mod error;
+pub mod guard;
+mod guarded;
 pub mod health;
 pub mod metrics;
 pub mod namespaces;
@@ -80,6 +82,7 @@ pub async fn start(
     let dialer = dialer.over_websocket(config.websocket)?;
     let tasks = TaskTracker::new();
     let client = argocd_agent_kubernetes::client(&config.kube).await?;
+    let configmaps = Resources::new(client.clone(), Kind::ConfigMap);
     let mut watches = SpokeWatches::start(&client, &config);
     let mut spoke = build_spoke(
         &config,
@@ -92,8 +95,19 @@ pub async fn start(
     );
     spoke.allowed = allowed;
     spoke.create_namespace = config.create_namespace;
+    spoke.guard = guard::LiveGuard::start(
+        &config.guard,
+        configmaps,
+        &config.namespace,
+        spoke.metrics.clone(),
+        &tasks,
+        shutdown.clone(),
+    )
+    .await
+    .map_err(|e| AgentError::Config(format!("spoke guard: {e}")))?;
     let spoke = Arc::new(spoke);
     follow_local_changes(&spoke, watches, &tasks, &shutdown);
+    follow_guard_changes(&spoke, &tasks, &shutdown);
     let connected = Arc::new(AtomicBool::new(false));
     let (ready_tx, ready_rx) = watch::channel(false);
     let health_state = HealthState {
@@ -313,6 +327,25 @@ fn follow_local_changes(
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = tick.tick() => spoke.metrics.sample_queue(&spoke.queue),
+            }
+        }
+    });
+}
+
+/// Asks the principal again for what the guard refused or narrowed, after each change of
+/// the guard.
+fn follow_guard_changes(spoke: &Arc<Spoke>, tasks: &TaskTracker, shutdown: &CancellationToken) {
+    let mut changes = spoke.guard.changes();
+    changes.mark_unchanged();
+    let (spoke, shutdown) = (spoke.clone(), shutdown.clone());
+    tasks.spawn(async move {
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                changed = changes.changed() => match changed {
+                    Ok(()) => spoke.on_guard_change(),
+                    Err(_) => return,
+                },
             }
         }
     });

@@ -72,6 +72,22 @@ pub struct RefusedLabels {
     pub reason: String,
 }
 
+/// Labels of `argocd_agent_guard_refused_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GuardLabels {
+    /// What was refused: `Application`, `AppProject`, `Repository`, `GPGKeys`, `Operation`.
+    pub kind: String,
+    /// The guard rule that refused it (see [`crate::guard::Refusal::rule`]).
+    pub rule: String,
+}
+
+/// Labels of `argocd_agent_guard_reload_errors_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GuardSourceLabels {
+    /// `file` or `configmap`.
+    pub source: String,
+}
+
 /// The `resource_type` label value of `kind`: upstream's event target names.
 pub fn resource_type(kind: ResourceKind) -> &'static str {
     match kind {
@@ -232,6 +248,12 @@ pub struct Metrics {
     /// `argocd_agent_applications_refused_total{reason}`: Applications the agent would not
     /// take or publish because of their namespace or name (see [`crate::namespaces`]).
     pub applications_refused: Family<RefusedLabels, Counter>,
+    /// `argocd_agent_guard_refused_total{kind,rule}`: what the hub sent that the spoke
+    /// guard refused (see [`crate::guard`]).
+    pub guard_refused: Family<GuardLabels, Counter>,
+    /// `argocd_agent_guard_reload_errors_total{source}`: live guard updates refused (the
+    /// last good policy stayed in force).
+    pub guard_reload_errors: Family<GuardSourceLabels, Counter>,
     registry: Arc<Registry>,
 }
 
@@ -255,6 +277,8 @@ impl Metrics {
             resends: Counter::default(),
             resource_proxy_responses: Family::default(),
             applications_refused: Family::default(),
+            guard_refused: Family::default(),
+            guard_reload_errors: Family::default(),
             registry: Arc::default(),
         };
         // Families are registered (and so exposed) in this order: upstream's first.
@@ -314,6 +338,38 @@ impl Metrics {
             help,
             self.applications_refused.clone(),
         );
+        let help =
+            "Objects and operations from the hub refused by the spoke guard, by kind and rule";
+        r.register(
+            "argocd_agent_guard_refused_total",
+            help,
+            self.guard_refused.clone(),
+        );
+        let help = "Spoke guard updates refused (the last good policy stayed in force), by source (file, configmap)";
+        r.register(
+            "argocd_agent_guard_reload_errors_total",
+            help,
+            self.guard_reload_errors.clone(),
+        );
+    }
+
+    /// Counts one thing of `kind` the spoke guard refused by `rule`.
+    pub fn guard_refused(&self, kind: &str, rule: &str) {
+        self.guard_refused
+            .get_or_create(&GuardLabels {
+                kind: kind.into(),
+                rule: rule.into(),
+            })
+            .inc();
+    }
+
+    /// Counts one refused live update of the guard's `source`.
+    pub fn guard_reload_error(&self, source: &str) {
+        self.guard_reload_errors
+            .get_or_create(&GuardSourceLabels {
+                source: source.into(),
+            })
+            .inc();
     }
 
     /// Counts one Application refused for `reason` (see [`RefusedLabels`]).

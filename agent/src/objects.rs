@@ -210,6 +210,11 @@ impl Spoke {
         }
     }
 
+    /// Managed: the configuration objects the principal sent that this spoke holds.
+    pub(crate) fn desired_config_keys(&self) -> Vec<(ResourceKind, String)> {
+        lock(&self.config.desired).keys().cloned().collect()
+    }
+
     /// Forgets what was published (after a reconnect everything is compared again).
     pub(crate) fn reset_published_config(&self) {
         lock(&self.config.published).clear();
@@ -226,8 +231,22 @@ impl Spoke {
                 self.republish_config(resource.kind, &resource.name);
                 return None;
             }
-            Ok(ConfigCommand::Upsert(obj)) => self.apply_config_upsert(resource, obj).await,
+            Ok(ConfigCommand::Upsert(obj)) => match self.guard_config(resource.kind, obj) {
+                Ok(obj) => {
+                    let result = self.apply_config_upsert(resource, obj).await;
+                    if result.is_ok() {
+                        self.guard_accepted_config(resource.kind, &resource.name);
+                    }
+                    result
+                }
+                Err(refusal) => return Some(self.refuse_config_event(event, resource, refusal)),
+            },
             Ok(ConfigCommand::Delete) => {
+                if resource.kind == ResourceKind::GpgKeys
+                    && let Err(refusal) = self.guard.current().check_configmap(&resource.name)
+                {
+                    return Some(self.refuse_config_event(event, resource, refusal));
+                }
                 lock(&self.config.desired).remove(&(resource.kind, resource.name.clone()));
                 self.delete_config(resource.kind, &resource.name).await
             }

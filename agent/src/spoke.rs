@@ -143,6 +143,10 @@ pub struct Spoke {
     inner: Mutex<SpokeInner>,
     /// Spoke-authored children of managed copies (app-of-apps), see [`crate::children`].
     pub(crate) children: Mutex<crate::children::ChildState>,
+    /// The spoke guard in force ([`crate::guard`]; none by default).
+    pub guard: Arc<crate::guard::LiveGuard>,
+    /// What the guard refused ([`crate::guard::refused`]).
+    pub(crate) guard_state: Mutex<crate::guard::refused::GuardState>,
 }
 
 fn name_of(obj: &DynamicObject) -> String {
@@ -201,6 +205,8 @@ impl Spoke {
             tasks: tokio_util::task::TaskTracker::new(),
             inner: Mutex::new(SpokeInner::default()),
             children: Mutex::default(),
+            guard: Arc::default(),
+            guard_state: Mutex::default(),
         }
     }
 
@@ -208,7 +214,7 @@ impl Spoke {
         lock(&self.inner)
     }
 
-    fn relevant(&self, obj: &DynamicObject) -> bool {
+    pub(crate) fn relevant(&self, obj: &DynamicObject) -> bool {
         self.takes_namespace(obj.metadata.namespace.as_deref().unwrap_or_default())
             && match self.mode {
                 AgentMode::Managed => is_managed_copy(obj),
@@ -294,8 +300,41 @@ impl Spoke {
         }
     }
 
+    /// The key ([`Spoke::key_of`]) of the local Application `ns`/`name`.
+    pub(crate) fn key_for(&self, ns: &str, name: &str) -> String {
+        if self.across_namespaces() {
+            format!("{ns}/{name}")
+        } else {
+            name.to_owned()
+        }
+    }
+
+    /// Forgets the status last reported for `key`, so the next report goes out.
+    pub(crate) fn forget_sent_status(&self, key: &str) {
+        self.inner().sent_status.remove(key);
+    }
+
+    /// Sends `event` beside the queue on the current session (dropped, with a debug line,
+    /// between sessions or when the channel is full: what it asks for comes again with
+    /// the next resync).
+    pub(crate) fn send_direct(&self, event: Event) {
+        let sent = match &self.inner().late_replies {
+            Some(tx) => tx.try_send(event).is_ok(),
+            None => false,
+        };
+        if !sent {
+            tracing::debug!("event beside the queue not sent: no session");
+        }
+    }
+
+    /// Reports the status of `obj` now, even if unchanged.
+    pub(crate) fn report_status_forced(&self, obj: &DynamicObject) {
+        self.forget_sent_status(&self.key_of(obj));
+        self.report_status(obj);
+    }
+
     /// The hub reference of a key of [`Spoke::key_of`].
-    fn key_ref(&self, key: &str) -> Option<ResourceRef> {
+    pub(crate) fn key_ref(&self, key: &str) -> Option<ResourceRef> {
         match key.split_once('/') {
             Some((ns, name)) if self.across_namespaces() => Some(ResourceRef::new(
                 ResourceKind::Application,
@@ -311,7 +350,7 @@ impl Spoke {
     /// namespace and name with destination-based mapping; an autonomous agent's
     /// Application published under that hub name ([`Spoke::hub_owner`]); else the name in
     /// the agent's Argo CD namespace.
-    fn local_target(&self, resource: &ResourceRef) -> (String, String) {
+    pub(crate) fn local_target(&self, resource: &ResourceRef) -> (String, String) {
         if self.across_namespaces() {
             return (
                 resource.namespace.as_str().to_owned(),
@@ -502,6 +541,7 @@ impl Spoke {
                 for obj in self.local().values() {
                     self.report_status(obj);
                 }
+                self.report_guard_refusals();
                 self.publish_children();
             }
             AgentMode::Autonomous => {
@@ -590,12 +630,16 @@ impl Spoke {
     fn report_status_with(&self, obj: &DynamicObject, refreshed: Option<String>) {
         let key = self.key_of(obj);
         let name = name_of(obj);
-        let Some(status) = object::status(obj)
+        let guard_condition = self.guard_condition(&key);
+        let Some(mut status) = object::status(obj)
             .cloned()
-            .or_else(|| refreshed.as_ref().map(|_| json!({})))
+            .or_else(|| (refreshed.is_some() || guard_condition.is_some()).then(|| json!({})))
         else {
             return;
         };
+        if let Some(c) = guard_condition {
+            add_condition(&mut status, c);
+        }
         let Some(r) = self.key_ref(&key) else { return };
         let sum = object::checksum_of(&status);
         if self.inner().sent_status.insert(key, sum.clone()) == Some(sum) && refreshed.is_none() {
@@ -888,6 +932,7 @@ impl Spoke {
             inner.desired.remove(&key);
             inner.sent_status.remove(&key);
         }
+        self.guard_forget_app(&key);
         match self.delete_local(ns, name).await? {
             DeleteOutcome::Pending => Ok(Some(key)),
             DeleteOutcome::Deleted | DeleteOutcome::NotFound => Ok(None),
@@ -945,12 +990,18 @@ impl Spoke {
             }
             return Some(self.answer(event, resource, result));
         }
-        let result = match plan(
+        let planned = plan(
             self.mode,
             self.hub_namespace().as_ref(),
             self.across_namespaces(),
             event,
-        ) {
+        );
+        if matches!(planned, Ok(Command::Upsert(_) | Command::SetOperation(_)))
+            && let Some(refusal) = self.guard_app_event(event)
+        {
+            return Some(self.refuse_app_event(event, resource, refusal));
+        }
+        let result = match planned {
             Ok(Command::Republish) => {
                 self.republish(&resource.name);
                 return None;
@@ -968,7 +1019,12 @@ impl Spoke {
             }
             Ok(command) => {
                 let span = tracing::info_span!("agent.apply", command = command.name());
-                self.apply(resource, command).instrument(span).await
+                let upsert = matches!(command, Command::Upsert(_));
+                let result = self.apply(resource, command).instrument(span).await;
+                if upsert && result.is_ok() {
+                    self.guard_accepted_app(resource);
+                }
+                result
             }
             Err(e) => Err(e),
         };
@@ -1127,6 +1183,22 @@ impl Spoke {
             },
             _ => e,
         }
+    }
+}
+
+/// Adds `condition` to `status.conditions` (replacing one of its type).
+fn add_condition(status: &mut Value, condition: Value) {
+    if !status.is_object() {
+        *status = json!({});
+    }
+    let ty = condition.get("type").cloned();
+    let conditions = &mut status["conditions"];
+    if !conditions.is_array() {
+        *conditions = json!([]);
+    }
+    if let Some(list) = conditions.as_array_mut() {
+        list.retain(|c| c.get("type") != ty.as_ref());
+        list.push(condition);
     }
 }
 

@@ -718,6 +718,145 @@ pub struct AgentResourceProxyArgs {
     pub resource_proxy_pod_security: argocd_agent_agent::proxy::pss::Level,
 }
 
+/// The spoke guard: a policy on this cluster that the hub cannot change, enforced on
+/// everything the principal sends (see docs/spoke-guard.md). Nothing set: no guard.
+#[derive(Debug, Args)]
+pub struct AgentGuardArgs {
+    /// A YAML guard policy file, reread every `--guard-reload-interval`.
+    #[arg(long, env = "ARGOCD_AGENT_GUARD_FILE")]
+    pub guard_file: Option<std::path::PathBuf>,
+    /// A ConfigMap in `--namespace` whose `guard.yaml` key holds a guard policy, reread every
+    /// `--guard-reload-interval` (the hub can never write it).
+    #[arg(long, env = "ARGOCD_AGENT_GUARD_CONFIGMAP")]
+    pub guard_configmap: Option<String>,
+    /// How often the guard file and ConfigMap are read again.
+    #[arg(long, env = "ARGOCD_AGENT_GUARD_RELOAD_INTERVAL", default_value = "5s", value_parser = parse_duration)]
+    pub guard_reload_interval: Duration,
+    /// Allowed source repositories (globs as Argo CD's `sourceRepos`, `!` denies),
+    /// comma-separated or repeated.
+    #[arg(long, value_delimiter = ',', env = "ARGOCD_AGENT_GUARD_ALLOWED_REPOS")]
+    pub guard_allowed_repos: Vec<String>,
+    /// Allowed destinations, comma-separated or repeated: `server=GLOB;name=GLOB;namespace=GLOB`
+    /// (fields left out match anything), or just a namespace glob.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        env = "ARGOCD_AGENT_GUARD_ALLOWED_DESTINATIONS"
+    )]
+    pub guard_allowed_destinations: Vec<String>,
+    /// Allowed projects (globs, `!` denies), comma-separated or repeated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        env = "ARGOCD_AGENT_GUARD_ALLOWED_PROJECTS"
+    )]
+    pub guard_allowed_projects: Vec<String>,
+    /// Whether cluster-scoped resources may be deployed (`=false` empties every project's
+    /// clusterResourceWhitelist). `--guard-cluster-resources[=true|false]`.
+    #[arg(long, env = "ARGOCD_AGENT_GUARD_CLUSTER_RESOURCES", action = clap::ArgAction::Set,
+        num_args = 0..=1, require_equals = true, default_missing_value = "true",
+        ignore_case = true, value_parser = boolean_values())]
+    pub guard_cluster_resources: Option<bool>,
+    /// Refuse projects without `destinationServiceAccounts`.
+    /// `--guard-require-service-account[=true|false]`.
+    #[arg(long, env = "ARGOCD_AGENT_GUARD_REQUIRE_SERVICE_ACCOUNT", action = clap::ArgAction::Set,
+        num_args = 0..=1, require_equals = true, default_missing_value = "true",
+        ignore_case = true, value_parser = boolean_values())]
+    pub guard_require_service_account: Option<bool>,
+    /// Never write repository Secrets from the hub (this cluster keeps its own).
+    /// `--guard-local-repositories[=true|false]`.
+    #[arg(long, env = "ARGOCD_AGENT_GUARD_LOCAL_REPOSITORIES", action = clap::ArgAction::Set,
+        num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true",
+        ignore_case = true, value_parser = boolean_values())]
+    pub guard_local_repositories: bool,
+}
+
+impl AgentGuardArgs {
+    /// The guard's sources; a destination flag that does not parse is refused, naming it.
+    pub fn sources(&self) -> Result<argocd_agent_agent::guard::GuardSources, String> {
+        use argocd_agent_agent::guard::{GuardSources, GuardSpec, RepositoryMode};
+        let list = |v: &Vec<String>| {
+            let v: Vec<String> = v
+                .iter()
+                .map(|s| s.trim().to_owned())
+                .filter(|s| !s.is_empty())
+                .collect();
+            (!v.is_empty()).then_some(v)
+        };
+        let destinations = self
+            .guard_allowed_destinations
+            .iter()
+            .filter(|d| !d.trim().is_empty())
+            .map(|d| parse_destination(d.trim()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let flags = GuardSpec {
+            source_repos: list(&self.guard_allowed_repos),
+            destinations: (!destinations.is_empty()).then_some(destinations),
+            projects: list(&self.guard_allowed_projects),
+            cluster_resources: self.guard_cluster_resources,
+            require_destination_service_accounts: self.guard_require_service_account,
+            destination_service_accounts: None,
+            repositories: self
+                .guard_local_repositories
+                .then_some(RepositoryMode::LocalOnly),
+        };
+        if self.guard_configmap.as_deref() == Some(argocd_agent_agent::guard::GPG_KEYS_CONFIGMAP) {
+            return Err(format!(
+                "--guard-configmap {}: the hub writes that ConfigMap; name one it never writes",
+                argocd_agent_agent::guard::GPG_KEYS_CONFIGMAP
+            ));
+        }
+        // Checked before anything connects, so a broken policy stops the agent at once.
+        if flags != GuardSpec::default() {
+            argocd_agent_agent::guard::Guard::compile(&flags, "flags")
+                .map_err(|e| e.to_string())?;
+        }
+        if let Some(path) = &self.guard_file {
+            let origin = format!("--guard-file {}", path.display());
+            let text =
+                std::fs::read_to_string(path).map_err(|e| format!("{origin}: cannot read: {e}"))?;
+            argocd_agent_agent::guard::Guard::from_yaml(&text, &origin)
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(GuardSources {
+            file: self.guard_file.clone(),
+            configmap: self
+                .guard_configmap
+                .clone()
+                .filter(|c| !c.trim().is_empty()),
+            flags,
+            reload_interval: self.guard_reload_interval,
+        })
+    }
+}
+
+/// One `--guard-allowed-destinations` entry: `server=..;name=..;namespace=..`, or a
+/// namespace glob alone.
+fn parse_destination(s: &str) -> Result<argocd_agent_agent::guard::DestinationSpec, String> {
+    let mut d = argocd_agent_agent::guard::DestinationSpec::default();
+    if !s.contains('=') {
+        d.namespace = Some(s.to_owned());
+        return Ok(d);
+    }
+    for part in s.split(';').map(str::trim).filter(|p| !p.is_empty()) {
+        let (k, v) = part.split_once('=').ok_or_else(|| {
+            format!("--guard-allowed-destinations {s:?}: {part:?} is not field=glob")
+        })?;
+        let slot = match k.trim() {
+            "server" => &mut d.server,
+            "name" => &mut d.name,
+            "namespace" => &mut d.namespace,
+            other => {
+                return Err(format!(
+                    "--guard-allowed-destinations {s:?}: unknown field {other:?} (server, name, namespace)"
+                ));
+            }
+        };
+        *slot = Some(v.trim().to_owned());
+    }
+    Ok(d)
+}
+
 /// This cluster's Redis, which the agent reads for the principal's Redis proxy.
 #[derive(Debug, Args)]
 pub struct AgentRedisArgs {
@@ -946,6 +1085,9 @@ pub struct AgentArgs {
     /// The agent's side of the resource proxy.
     #[command(flatten)]
     pub resource_proxy: AgentResourceProxyArgs,
+    /// The spoke guard.
+    #[command(flatten)]
+    pub guard: AgentGuardArgs,
     /// Log level filter (overridden by RUST_LOG).
     #[arg(long, env = "ARGOCD_AGENT_LOG_LEVEL", default_value = "info")]
     pub log_level: String,
@@ -1186,6 +1328,8 @@ impl PrincipalArgs {
 impl AgentArgs {
     /// The agent's configuration from these flags: every check the agent makes before it starts.
     pub fn config(&self) -> Result<argocd_agent_agent::AgentConfig, crate::BoxError> {
+        // The guard first: a broken policy stops the agent before anything connects.
+        let guard = self.guard.sources()?;
         let a = self;
         let server = format!("{}:{}", a.server_address, a.server_port);
         let creds = spire_auth_method(&a.creds, a.spire_auth_method.as_deref(), "--creds")?;
@@ -1273,6 +1417,7 @@ impl AgentArgs {
             resource_proxy_max_concurrent: a.resource_proxy.resource_proxy_max_concurrent.max(1),
             resource_proxy_timeout: a.resource_proxy.resource_proxy_timeout,
             resource_proxy_pod_security: a.resource_proxy.resource_proxy_pod_security,
+            guard,
             cache_refresh_interval: match a.redis.cache_refresh_interval {
                 d if d.is_zero() => return Err("--cache-refresh-interval must be above 0".into()),
                 d => d,

@@ -335,13 +335,11 @@ impl Hub {
                 }
                 let size = value_weight(object);
                 let key = (resource.kind, resource.name.clone());
-                check_holdings(
-                    bounds,
-                    agent,
-                    &key,
-                    size,
-                    &self.holdings(agent, &state.namespace()),
-                )?;
+                let holdings = self.holdings(agent, &state.namespace());
+                check_holdings(bounds, agent, &key, size, &holdings)?;
+                if resource.kind == ResourceKind::Application && !holdings.contains_key(&key) {
+                    self.check_application_quota(state, resource, &holdings)?;
+                }
                 Ok(Some(Admitted {
                     key,
                     size: Some(size),
@@ -356,6 +354,51 @@ impl Hub {
             })),
             Command::ResendCurrent { .. } => Ok(None),
         }
+    }
+
+    /// A new Application an agent writes on the hub: refused when its tenant's quotas
+    /// (`applicationsPerAgent`, `applications`) are reached, counting every Application of
+    /// the scope (see [`crate::quotas`]) and the agent's writes the watch has not seen yet.
+    fn check_application_quota(
+        &self,
+        state: &AgentState,
+        resource: &ResourceRef,
+        holdings: &Holdings,
+    ) -> Result<(), Refusal> {
+        let identity = state.identity();
+        if identity.tenant.is_none()
+            || self
+                .apps
+                .cache
+                .get(Some(resource.namespace.as_str()), &resource.name)
+                .is_some()
+        {
+            return Ok(());
+        }
+        let ns = identity.namespace.as_str();
+        let pending = holdings
+            .keys()
+            .filter(|(k, n)| {
+                *k == ResourceKind::Application && self.apps.cache.get(Some(ns), n).is_none()
+            })
+            .count();
+        let rules = self.config.tenants.current();
+        crate::quotas::check_new_application(
+            &self.apps.cache,
+            rules.tenants(),
+            identity.tenant.as_ref(),
+            &resource.namespace,
+            &state.name,
+            &resource.name,
+            pending,
+        )
+        .map_err(|(exceeded, refusal)| {
+            self.metrics.quota.refused(&exceeded);
+            tracing::warn!(agent = %state.name, tenant = %exceeded.tenant, quota = exceeded.kind.field(),
+                limit = exceeded.limit, count = exceeded.count, application = %resource.name,
+                "new application over the tenant's quota refused");
+            refusal
+        })
     }
 
     /// A status written onto an Application the agent wrote counts in its bytes.
@@ -448,11 +491,7 @@ impl Hub {
             .and_then(Value::as_str)
             .filter(|p| !p.is_empty())
             .unwrap_or(crate::projects::DEFAULT_PROJECT);
-        if !self
-            .config
-            .config
-            .sends_project(agent, &state.namespace(), project)
-        {
+        if !self.config.sends_project(state, project) {
             return Err(Refusal {
                 reason: "Forbidden",
                 metric: PROJECT_NOT_ALLOWED,

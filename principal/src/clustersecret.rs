@@ -4,6 +4,11 @@
 //! agent first connects, and keeps it current: the per-agent bearer token is renewed at two
 //! thirds of its life, and the CA data follows the proxy's serving certificate.
 //!
+//! An agent of a tenant (see [`crate::tenancy`]) gets its secret labelled
+//! [`TENANT_LABEL`]`: <tenant>`, so an ApplicationSet cluster generator can select one
+//! tenant's clusters; the label follows the agent's tenant (a session under a new tenant
+//! relabels it; the periodic pass relabels the agents this replica has seen).
+//!
 //! Only secrets the principal made (annotation `argocd-agent.argoproj-labs.io/managed-by:
 //! principal`) are touched. A cluster secret for the agent made by anyone else — found by
 //! its name or by the agent-name label — wins and is left alone.
@@ -12,7 +17,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use argocd_agent_domain::AgentName;
+use argocd_agent_domain::{AgentName, TenantName};
 use base64::Engine as _;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ListParams, ObjectMeta, PostParams};
@@ -21,6 +26,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::resourceproxy::ResourceProxyConfig;
 use crate::resourceproxy::credentials::ProxyKeys;
+pub use crate::tenancy::TENANT_LABEL;
+
+/// The tenant of an agent as its sessions know it: `None` when unknown (never seen by this
+/// replica: its secret's tenant label is left as it is), `Some(None)` for no tenant.
+pub type TenantOf = Arc<dyn Fn(&AgentName) -> Option<Option<TenantName>> + Send + Sync>;
 
 /// Argo CD's label marking cluster secrets.
 pub const SECRET_TYPE_LABEL: &str = "argocd.argoproj.io/secret-type";
@@ -69,9 +79,17 @@ pub struct ClusterSecrets {
     /// The principal's partition: its labels go on every secret it writes, and only
     /// secrets carrying them are renewed by the periodic pass.
     partition: Arc<crate::partition::Partition>,
-    /// Agents whose cluster secret is known to exist (ours or someone else's): their
-    /// connects cost no API call; the periodic pass keeps ours current.
-    known: std::sync::Mutex<std::collections::HashSet<AgentName>>,
+    /// Agents whose cluster secret is known to exist (ours or someone else's), with the
+    /// tenant its label names: their connects cost no API call while the tenant is the
+    /// same; the periodic pass keeps ours current.
+    known: std::sync::Mutex<std::collections::HashMap<AgentName, Option<String>>>,
+    /// Each agent's tenant (see [`ClusterSecrets::follow_tenants`]); without it, no agent
+    /// has one.
+    tenant_of: std::sync::OnceLock<TenantOf>,
+}
+
+fn tenant_label(s: &Secret) -> Option<String> {
+    s.metadata.labels.as_ref()?.get(TENANT_LABEL).cloned()
 }
 
 fn is_ours(s: &Secret) -> bool {
@@ -117,11 +135,26 @@ impl ClusterSecrets {
             ca_pem,
             partition,
             known: Default::default(),
+            tenant_of: Default::default(),
         })
     }
 
-    /// The secret for `agent` with a fresh token.
-    fn desired(&self, agent: &AgentName, now: SystemTime) -> Secret {
+    /// Labels each agent's secret with the tenant `tenant_of` gives (set once; later calls
+    /// are ignored).
+    pub fn follow_tenants(&self, tenant_of: TenantOf) {
+        let _ = self.tenant_of.set(tenant_of);
+    }
+
+    /// The tenant label `agent`'s secret should carry: `None` when unknown.
+    fn tenant(&self, agent: &AgentName) -> Option<Option<String>> {
+        match self.tenant_of.get() {
+            None => Some(None),
+            Some(f) => f(agent).map(|t| t.map(|t| t.to_string())),
+        }
+    }
+
+    /// The secret for `agent` with a fresh token, labelled for `tenant`.
+    fn desired(&self, agent: &AgentName, tenant: Option<&str>, now: SystemTime) -> Secret {
         let token = self.keys.mint(agent, self.config.token_ttl, now);
         let ca = self.ca_pem.borrow().clone();
         let config = serde_json::json!({
@@ -138,6 +171,9 @@ impl ClusterSecrets {
             (SECRET_TYPE_LABEL.into(), "cluster".into()),
             (AGENT_NAME_LABEL.into(), agent.to_string()),
         ]);
+        if let Some(t) = tenant {
+            labels.insert(TENANT_LABEL.into(), t.to_owned());
+        }
         self.partition.stamp_labels(&mut labels);
         Secret {
             metadata: ObjectMeta {
@@ -166,6 +202,9 @@ impl ClusterSecrets {
     /// agent moved here from another principal's partition: its secret moves with it).
     fn stale(&self, s: &Secret, agent: &AgentName, now: SystemTime) -> bool {
         if !self.partition.owns(s.metadata.labels.as_ref()) {
+            return true;
+        }
+        if self.tenant(agent).is_some_and(|t| t != tenant_label(s)) {
             return true;
         }
         let renew_at = expires(s).map(|e| e.checked_sub(self.config.token_ttl / 3).unwrap_or(e));
@@ -209,7 +248,10 @@ impl ClusterSecrets {
             None => {
                 match self
                     .api
-                    .create(&PostParams::default(), &self.desired(agent, now))
+                    .create(
+                        &PostParams::default(),
+                        &self.desired(agent, self.tenant(agent).flatten().as_deref(), now),
+                    )
                     .await
                 {
                     Ok(_) => Ok(Ensured::Created),
@@ -232,7 +274,9 @@ impl ClusterSecrets {
         if !self.stale(s, agent, now) {
             return Ok(Ensured::Current);
         }
-        let mut next = self.desired(agent, now);
+        // An agent of unknown tenant keeps the label its secret has.
+        let tenant = self.tenant(agent).unwrap_or_else(|| tenant_label(s));
+        let mut next = self.desired(agent, tenant.as_deref(), now);
         next.metadata.resource_version = s.metadata.resource_version.clone();
         // stringData replaces the three keys; anything else stored stays.
         next.data = s.data.clone();
@@ -242,19 +286,22 @@ impl ClusterSecrets {
         Ok(Ensured::Renewed)
     }
 
-    fn known(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<AgentName>> {
+    fn known(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<AgentName, Option<String>>> {
         self.known.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// On connect: creates the agent's secret unless one is known to exist (a reconnect
     /// storm of registered agents then costs no API call), logging the outcome.
     pub async fn ensure_logged(&self, agent: &AgentName) {
-        if self.known().contains(agent) {
+        let tenant = self.tenant(agent).flatten();
+        if self.known().get(agent) == Some(&tenant) {
             return;
         }
         let outcome = self.ensure(agent).await;
         if outcome.is_ok() {
-            self.known().insert(agent.clone());
+            self.known().insert(agent.clone(), tenant);
         }
         log_outcome(agent, outcome);
     }
@@ -288,7 +335,7 @@ impl ClusterSecrets {
             }
         };
         let now = SystemTime::now();
-        let mut known = std::collections::HashSet::new();
+        let mut known = std::collections::HashMap::new();
         for s in &secrets {
             let Some(agent) = s
                 .metadata
@@ -299,7 +346,7 @@ impl ClusterSecrets {
             else {
                 continue;
             };
-            known.insert(agent.clone());
+            known.insert(agent.clone(), tenant_label(s));
             if is_ours(s) && s.metadata.name.as_deref() == Some(secret_name(&agent).as_str()) {
                 log_outcome(&agent, self.renew_if_stale(s, &agent, now).await);
             }

@@ -82,6 +82,8 @@ pub struct HubParts {
     pub by_destination: bool,
     /// Per-agent bounds (see [`crate::bounds`]).
     pub bounds: AgentBounds,
+    /// The tenants in force, from the live mapping rules (see [`crate::tenancy`]).
+    pub tenants: crate::tenancy::TenantView,
     /// Where the per-agent workers run; drained on shutdown.
     pub tasks: TaskTracker,
     /// Stops the per-agent workers.
@@ -110,12 +112,14 @@ impl Hub {
             parts.metrics.clone(),
             parts.by_destination,
             parts.sessions.clone(),
+            parts.tenants.clone(),
         );
         let config = ConfigRouter::new(
             parts.config,
             parts.source.clone(),
             parts.metrics.clone(),
             parts.sessions.clone(),
+            parts.tenants,
         );
         Hub {
             source: parts.source,

@@ -275,7 +275,7 @@ pub const AUTH_FAILURE_REASONS: [&str; 21] = [
 
 /// Reasons inbound events are refused (`argocd_principal_events_refused`), exported at zero
 /// for each agent when it first connects.
-pub const REFUSAL_REASONS: [&str; 22] = [
+pub const REFUSAL_REASONS: [&str; 24] = [
     "WrongNamespace",
     "NotOwner",
     "ModeForbids",
@@ -298,6 +298,8 @@ pub const REFUSAL_REASONS: [&str; 22] = [
     crate::bounds::PARENT_NOT_HELD,
     crate::bounds::CHILD_NOT_TRACKED,
     crate::bounds::PROJECT_NOT_ALLOWED,
+    crate::quotas::AGENT_APPLICATION_QUOTA,
+    crate::quotas::TENANT_APPLICATION_QUOTA,
 ];
 
 /// Auth failure reason of an admin call by a tenant's operator about an agent, identity or
@@ -363,6 +365,8 @@ pub struct Metrics {
     pub events_refused: Family<AgentReasonLabels, Counter>,
     /// `argocd_principal_hub_write_errors_total`.
     pub hub_write_errors: Counter,
+    /// Tenants' Application quotas (see [`crate::quotas`]).
+    pub quota: crate::quotas::QuotaMetrics,
     /// `argocd_principal_resync_duration_seconds{mode}`.
     pub resync_duration: Family<ModeLabels, Histogram>,
     /// `argocd_principal_config_fanout_agents`: managed agents that re-evaluated their
@@ -578,6 +582,7 @@ impl Metrics {
             auth_failures: Family::default(),
             events_refused: Family::default(),
             hub_write_errors: Counter::default(),
+            quota: Default::default(),
             resync_duration: Family::new_with_constructor(seconds_histogram),
             config_fanout: Histogram::new(exponential_buckets(1.0, 4.0, 9)),
             svid_expiry: Gauge::default(),
@@ -620,6 +625,7 @@ impl Metrics {
         m.register_replica_metrics(&mut r);
         m.register_listener_metrics(&mut r);
         m.register_tenant_metrics(&mut r);
+        m.quota.register(&mut r);
         m.registry = Arc::new(r);
         m
     }

@@ -7,6 +7,9 @@
 //! the agent's copies equal to that set: new and changed objects are sent, objects that
 //! leave the set are deleted there (so a project change revokes repositories).
 //!
+//! Tenants (see [`crate::tenancy`]) narrow every set: a project, repository, repo-creds
+//! Secret or GPG key a tenant claims goes to that tenant's agents only.
+//!
 //! Autonomous agents: their AppProjects flow up and land in the hub's Argo CD namespace as
 //! `<agent>-<project>` ([`crate::projects::hub_copy`]); hub edits of those copies are
 //! reverted. Repositories and GPG keys never flow to or from autonomous agents.
@@ -28,6 +31,8 @@ use crate::metrics::Metrics;
 use crate::projects;
 use crate::sessions::AgentState;
 use crate::sessions::Sessions;
+use crate::tenancy::{self, Audience, TenantView};
+use argocd_agent_domain::tenant::Claim;
 
 /// Label that marks repository Secrets (`repository`) and credential templates (`repo-creds`).
 pub const SECRET_TYPE_LABEL: &str = "argocd.argoproj.io/secret-type";
@@ -65,11 +70,13 @@ pub struct ConfigObjects {
     wire_cache: std::sync::Mutex<HashMap<String, (String, Wire)>>,
 }
 
-/// A hub object in wire form, with the project a repository Secret names.
+/// A hub object in wire form, with the project a repository Secret names and the claim
+/// it is judged by when tenants are declared.
 #[derive(Clone)]
 struct Wire {
     value: Arc<Value>,
     project: Option<String>,
+    claim: Claim,
 }
 
 /// Bound of the wire cache; cleared when full (deleted objects' entries go with it).
@@ -143,6 +150,7 @@ impl ConfigObjects {
         let value = wire(obj);
         let w = Wire {
             project: projects::repository_project(&value),
+            claim: tenancy::repository_claim(&value),
             value: Arc::new(value),
         };
         if cache.len() >= MAX_WIRE_CACHE {
@@ -171,33 +179,36 @@ impl ConfigObjects {
             .collect()
     }
 
-    /// What the managed agent `agent` (hub namespace `ns`) must hold, as wire objects.
-    pub fn desired_for(
-        &self,
-        agent: &AgentName,
-        ns: &Namespace,
-    ) -> BTreeMap<ConfigKey, Arc<Value>> {
+    /// Whether the hub project `p` goes to the managed agent of `to`: created on the hub
+    /// (hub copies of autonomous agents' projects belong to those agents and go nowhere),
+    /// matching the agent ([`projects::matches_agent`]), and the platform's or the agent's
+    /// tenant's.
+    fn project_goes_to(&self, p: &DynamicObject, value: &Value, to: &Audience<'_>) -> bool {
+        agent_label(p).is_none()
+            && to.may_see(Claim::Project, &name_of(p))
+            && projects::matches_agent(value, to.agent, to.namespace, self.by_namespace)
+    }
+
+    /// What the managed agent of `to` must hold, as wire objects.
+    pub fn desired_for(&self, to: &Audience<'_>) -> BTreeMap<ConfigKey, Arc<Value>> {
         let mut out = BTreeMap::new();
         let mut projects_sent = BTreeSet::new();
         for p in self.in_namespace(&self.projects) {
-            // Hub copies of autonomous agents' projects belong to those agents.
-            if agent_label(&p).is_some() {
-                continue;
-            }
             let w = self.wire_of(&p).value;
-            if projects::matches_agent(&w, agent, ns, self.by_namespace) {
+            if self.project_goes_to(&p, &w, to) {
                 let name = name_of(&p);
                 projects_sent.insert(name.clone());
                 out.insert(
                     (ResourceKind::AppProject, name),
-                    Arc::new(projects::spoke_copy(&w, agent, self.by_namespace)),
+                    Arc::new(projects::spoke_copy(&w, to.agent, self.by_namespace)),
                 );
             }
         }
         for s in self.in_namespace(&self.repositories) {
             let w = self.wire_of(&s);
-            if w.project.is_some_and(|p| projects_sent.contains(&p)) {
-                out.insert((ResourceKind::Repository, name_of(&s)), w.value);
+            let name = name_of(&s);
+            if w.project.is_some_and(|p| projects_sent.contains(&p)) && to.may_see(w.claim, &name) {
+                out.insert((ResourceKind::Repository, name), w.value);
             }
         }
         if let Some(cm) = self
@@ -207,37 +218,28 @@ impl ConfigObjects {
         {
             out.insert(
                 (ResourceKind::GpgKeys, name_of(&cm)),
-                self.wire_of(&cm).value,
+                tenancy::gpg_keys_for(&self.wire_of(&cm).value, to),
             );
         }
         out
     }
 
     /// Whether a change of the hub object `obj` (of `kind`) can change what the managed
-    /// agent `agent` (hub namespace `ns`) must hold, given what it holds now (`holds`: the
-    /// keys sent to it). A project concerns the agents that hold it or that it matches now; a
+    /// agent of `to` must hold, given what it holds now (`holds`: the keys sent to it). A project concerns the agents that hold it or that it matches now; a
     /// repository the agents that hold it or hold its project; the GPG keys every agent. So
     /// a change costs work in the agents it affects, not in every agent.
     pub fn concerns(
         &self,
         kind: ResourceKind,
         obj: &DynamicObject,
-        agent: &AgentName,
-        ns: &Namespace,
+        to: &Audience<'_>,
         holds: impl Fn(&ConfigKey) -> bool,
     ) -> bool {
         let name = name_of(obj);
         match kind {
             ResourceKind::AppProject => {
                 holds(&(ResourceKind::AppProject, name))
-                    || (live(obj)
-                        && agent_label(obj).is_none()
-                        && projects::matches_agent(
-                            &self.wire_of(obj).value,
-                            agent,
-                            ns,
-                            self.by_namespace,
-                        ))
+                    || (live(obj) && self.project_goes_to(obj, &self.wire_of(obj).value, to))
             }
             ResourceKind::Repository => {
                 holds(&(ResourceKind::Repository, name))
@@ -265,20 +267,19 @@ impl ConfigObjects {
             .collect()
     }
 
-    /// Whether the hub sends its project `name` to the managed agent `agent` (hub namespace
-    /// `ns`): a live project created on the hub (not an autonomous agent's copy) that
-    /// matches the agent (see [`projects::matches_agent`]). Argo CD's built-in `default`
-    /// goes to every managed agent, also before Argo CD has written it.
-    pub fn sends_project(&self, agent: &AgentName, ns: &Namespace, name: &str) -> bool {
-        if name == projects::DEFAULT_PROJECT {
+    /// Whether the hub sends its project `name` to the managed agent of `to`: a live
+    /// project created on the hub (not an autonomous agent's copy) that matches the agent
+    /// (see [`projects::matches_agent`]) and that its tenant may see. Argo CD's built-in
+    /// `default` goes to every managed agent (unless a tenant claims it), also before Argo CD
+    /// has written it.
+    pub fn sends_project(&self, to: &Audience<'_>, name: &str) -> bool {
+        if name == projects::DEFAULT_PROJECT && to.may_see(Claim::Project, name) {
             return true;
         }
         self.projects
             .get(Some(self.namespace.as_str()), name)
-            .filter(|p| live(p) && agent_label(p).is_none())
-            .is_some_and(|p| {
-                projects::matches_agent(&self.wire_of(&p).value, agent, ns, self.by_namespace)
-            })
+            .filter(|p| live(p))
+            .is_some_and(|p| self.project_goes_to(&p, &self.wire_of(&p).value, to))
     }
 
     /// The owner record of the hub object an agent's event about `resource` would write.
@@ -321,6 +322,8 @@ pub struct ConfigRouter {
     source: String,
     metrics: Metrics,
     sessions: Arc<Sessions>,
+    /// The tenants in force (from the live mapping rules).
+    pub tenants: TenantView,
     /// Hub configuration changes routed so far: a managed agent's resync that saw a change
     /// come in while it computed its set re-evaluates it (the routing may have looked at
     /// what it held before the resync recorded it).
@@ -334,14 +337,44 @@ impl ConfigRouter {
         source: String,
         metrics: Metrics,
         sessions: Arc<Sessions>,
+        tenants: TenantView,
     ) -> ConfigRouter {
         ConfigRouter {
             config,
             source,
             metrics,
             sessions,
+            tenants,
             changes: Default::default(),
         }
+    }
+
+    /// What the managed agent `state` must hold now, under the tenants in force.
+    fn desired_of(&self, state: &AgentState) -> BTreeMap<ConfigKey, Arc<Value>> {
+        let identity = state.identity();
+        let rules = self.tenants.current();
+        self.config.desired_for(&Audience {
+            agent: &state.name,
+            namespace: &identity.namespace,
+            tenant: identity.tenant.as_ref(),
+            tenants: rules.tenants(),
+        })
+    }
+
+    /// Whether the hub sends its project `name` to the managed agent `state` (see
+    /// [`ConfigObjects::sends_project`]).
+    pub fn sends_project(&self, state: &AgentState, name: &str) -> bool {
+        let identity = state.identity();
+        let rules = self.tenants.current();
+        self.config.sends_project(
+            &Audience {
+                agent: &state.name,
+                namespace: &identity.namespace,
+                tenant: identity.tenant.as_ref(),
+                tenants: rules.tenants(),
+            },
+            name,
+        )
     }
 
     /// Waits until every configuration object has been listed.
@@ -391,7 +424,7 @@ impl ConfigRouter {
             tracing::info_span!(parent: None, "principal.reconcile_config", agent = %state.name);
         let _entered = span.enter();
         let ns = state.namespace();
-        let desired = self.config.desired_for(&state.name, &ns);
+        let desired = self.desired_of(state);
         tracing::debug!(agent = %state.name, objects = desired.len(), "configuration objects re-evaluated");
         let mut events = Vec::new();
         {
@@ -431,7 +464,7 @@ impl ConfigRouter {
     ) {
         let ns = state.namespace();
         let seen = self.changes.load(std::sync::atomic::Ordering::Acquire);
-        let desired = self.config.desired_for(&state.name, &ns);
+        let desired = self.desired_of(state);
         let mut sums: HashMap<ConfigKey, String> = HashMap::new();
         for (key, obj) in &desired {
             sums.insert(key.clone(), checksum(key.0, obj));
@@ -489,7 +522,7 @@ impl ConfigRouter {
     /// delete when it is not (or no longer) meant for this agent.
     pub fn send_current_config(&self, state: &AgentState, resource: ResourceRef) {
         let ns = state.namespace();
-        let desired = self.config.desired_for(&state.name, &ns);
+        let desired = self.desired_of(state);
         let key = (resource.kind, resource.name.clone());
         let event = self.config_event(&ns, &key, desired.get(&key));
         self.push(state, event);
@@ -519,16 +552,21 @@ impl ConfigRouter {
         self.changes
             .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         let mut affected = 0usize;
+        let rules = self.tenants.current();
         for state in self.agents() {
             if state.mode() != AgentMode::Managed || !state.is_connected() {
                 continue;
             }
-            let ns = state.namespace();
             let concerned = {
                 let inner = state.inner();
-                self.config.concerns(kind, &obj, &state.name, &ns, |k| {
-                    inner.sent_config.contains_key(k)
-                })
+                let to = Audience {
+                    agent: &state.name,
+                    namespace: &inner.identity.namespace,
+                    tenant: inner.identity.tenant.as_ref(),
+                    tenants: rules.tenants(),
+                };
+                self.config
+                    .concerns(kind, &obj, &to, |k| inner.sent_config.contains_key(k))
             };
             if concerned {
                 affected += 1;

@@ -358,6 +358,7 @@ impl Wiring {
             config: watches.config_objects,
             by_destination: config.destination_based_mapping,
             bounds: config.agent_bounds,
+            tenants: crate::tenancy::TenantView::new(self.rules.subscribe()),
             tasks: self.tasks.clone(),
             shutdown: self.shutdown.clone(),
         }));
@@ -370,6 +371,10 @@ impl Wiring {
             ));
         }
         watch_revocations(&self.rules, &sessions);
+        self.tasks.spawn(crate::tenancy::watch_reloads(
+            hub.clone(),
+            self.shutdown.clone(),
+        ));
         self.tasks.spawn(blocklist::enforce(
             sessions.clone(),
             self.metrics.clone(),
@@ -650,6 +655,12 @@ async fn start_resource_proxy(
     let secrets = rp
         .self_cluster_registration
         .then(|| start_cluster_secrets(w, &rp, keys.clone(), serving.ca_pem.clone()));
+    if let Some(secrets) = &secrets {
+        let sessions = hub.sessions.clone();
+        secrets.follow_tenants(Arc::new(move |agent| {
+            sessions.agent(agent).map(|s| s.identity().tenant)
+        }));
+    }
     let url = rp.url.clone();
     let forwarder = leases.map(|leases| {
         leases.set_resource_proxy_url(&rp.replica_url);

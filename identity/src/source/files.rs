@@ -65,7 +65,7 @@ pub(super) fn start(
                 Ok(state) => {
                     tracing::info!(
                         spiffe_id = state.svid.spiffe_id().as_str(),
-                        not_after = %crate::rfc3339(state.svid.not_after()),
+                        not_after = %crate::text::rfc3339(state.svid.not_after()),
                         "reloaded X.509-SVID from files"
                     );
                     tx.send_replace(Some(Arc::new(state)));

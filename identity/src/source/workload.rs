@@ -115,7 +115,7 @@ async fn follow(
                                 tracing::info!(
                                     endpoint = %endpoint,
                                     spiffe_id = state.svid.spiffe_id().as_str(),
-                                    not_after = %crate::rfc3339(state.svid.not_after()),
+                                    not_after = %crate::text::rfc3339(state.svid.not_after()),
                                     trust_domains = state.bundles.len(),
                                     "X.509-SVID update from the Workload API"
                                 );
@@ -131,13 +131,13 @@ async fn follow(
                     }
                 }
                 Err(e) => {
-                    let e = crate::error_chain(&e);
+                    let e = crate::text::error_chain(&e);
                     tracing::warn!(endpoint = %endpoint, error = %e, "FetchX509SVID failed");
                     record(e);
                 }
             },
             Err(e) => {
-                let e = missing_socket(&endpoint).unwrap_or_else(|| crate::error_chain(&e));
+                let e = missing_socket(&endpoint).unwrap_or_else(|| crate::text::error_chain(&e));
                 tracing::warn!(endpoint = %endpoint, error = %e, "cannot connect to the Workload API");
                 record(e);
             }

@@ -36,7 +36,12 @@ impl Applications {
                     self.on_autonomous_change(state, &ns, &obj, deleted).await;
                 }
             }
-            AgentMode::Managed => self.on_managed_change(state, &ns, &obj, deleted),
+            AgentMode::Managed => {
+                if !deleted && self.hold_back(state, &obj).await {
+                    return;
+                }
+                self.on_managed_change(state, &ns, &obj, deleted)
+            }
             AgentMode::Autonomous => self.on_autonomous_change(state, &ns, &obj, deleted).await,
         }
     }

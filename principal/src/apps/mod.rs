@@ -9,6 +9,7 @@
 
 mod changes;
 pub mod owners;
+mod quota;
 mod resync;
 mod writes;
 
@@ -26,6 +27,7 @@ use crate::metrics::Metrics;
 use crate::objects::OwnerRecord;
 use crate::projects;
 use crate::sessions::{AgentState, Sessions};
+use argocd_agent_domain::tenant::Claim;
 
 pub use owners::AppOwners;
 
@@ -188,6 +190,10 @@ pub struct Applications {
     /// Which agent serves each Application.
     pub owners: Arc<AppOwners>,
     sessions: Arc<Sessions>,
+    /// The tenants in force, for their Application quotas (see [`crate::quotas`]).
+    tenants: crate::tenancy::TenantView,
+    /// Hub-authored Applications held back from their agents by a quota.
+    held: crate::quotas::HeldBack,
 }
 
 impl Applications {
@@ -199,6 +205,7 @@ impl Applications {
         metrics: Metrics,
         by_destination: bool,
         sessions: Arc<Sessions>,
+        tenants: crate::tenancy::TenantView,
     ) -> Applications {
         Applications {
             owners: Arc::new(AppOwners::new(
@@ -212,6 +219,8 @@ impl Applications {
             metrics,
             by_destination,
             sessions,
+            tenants,
+            held: Default::default(),
         }
     }
 
@@ -272,15 +281,19 @@ impl Applications {
             return objects;
         }
         let partition = &self.sessions.partition;
+        let rules = self.tenants.current();
+        let tenant = state.identity().tenant;
         self.cache
             .list()
             .into_iter()
             .filter(|o| !argocd_agent_kubernetes::is_sync_ignored(o) && !is_spoke_child_copy(o))
             .filter(|o| {
-                o.metadata
-                    .namespace
-                    .as_deref()
-                    .is_some_and(|ns| partition.allows_namespace(ns))
+                o.metadata.namespace.as_deref().is_some_and(|ns| {
+                    partition.allows_namespace(ns)
+                        && rules
+                            .tenants()
+                            .visible_to(Claim::Namespace, ns, tenant.as_ref())
+                })
             })
             .filter(|o| destination_of(o) == Some(state.name.as_str()))
             .map(|o| (self.app_key(&o), o))
@@ -398,6 +411,9 @@ impl Applications {
         else {
             return;
         };
+        if matches!(change, Change::Deleted(_)) || is_being_deleted(obj) {
+            self.recheck_held_back(obj);
+        }
         let by_namespace = self.agent_for_namespace(&ns);
         // A spoke-authored child goes to the agent that wrote it (to revert hub edits), by
         // namespace whatever the mapping, and never to the agent its destination names.
@@ -429,6 +445,7 @@ impl Applications {
             Change::Synced => return,
         };
         let key = (ns.to_string(), name_of(&obj));
+        let rules = self.tenants.current();
         let target = if deleted {
             None
         } else {
@@ -436,6 +453,19 @@ impl Applications {
                 .and_then(|d| AgentName::new(d).ok())
                 .and_then(|d| self.agent(&d))
                 .filter(|s| s.mode() == AgentMode::Managed)
+                // A tenant's namespace sends to that tenant's agents only.
+                .filter(|s| {
+                    let visible = rules.tenants().visible_to(
+                        Claim::Namespace,
+                        ns.as_str(),
+                        s.identity().tenant.as_ref(),
+                    );
+                    if !visible {
+                        tracing::warn!(application = %name_of(&obj), namespace = %ns, agent = %s.name,
+                            "destination names an agent of another tenant than the namespace's: not sent");
+                    }
+                    visible
+                })
         };
         let previous = {
             let mut placements = self.owners.placements();

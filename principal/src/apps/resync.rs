@@ -48,9 +48,12 @@ impl Applications {
         agent_uids: &argocd_agent_domain::resync::SourceUids,
     ) {
         let ns = state.namespace();
-        let objects = self.managed_objects(state);
+        let mut objects = self.managed_objects(state);
+        // Past a tenant's quota: not sent, and what the agent holds of them stays.
+        let held_back = self.split_held_back(state, &mut objects, |k| agent_state.contains_key(k));
         let hub = self.checksums(&objects);
         let mut plan = argocd_agent_domain::resync::plan(&hub, agent_state);
+        plan.delete.retain(|k| !held_back.contains(k));
         let hub_uids = objects
             .iter()
             .filter_map(|(n, o)| Some((n.clone(), o.metadata.uid.clone()?)))

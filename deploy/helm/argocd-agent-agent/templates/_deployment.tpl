@@ -10,6 +10,13 @@
 {{- else if include "agent.mesh" . }}
 - --insecure-plaintext-any-address
 {{- end }}
+{{- with .Values.guard }}
+{{- range $flag, $value := dict "guard-configmap" .configMap "guard-reload-interval" .reloadInterval "guard-allowed-repos" .allowedRepos "guard-allowed-destinations" .allowedDestinations "guard-allowed-projects" .allowedProjects "guard-cluster-resources" .clusterResources "guard-require-service-account" .requireServiceAccount "guard-local-repositories" .localRepositories }}
+{{- if ne (toString $value) "" }}
+- {{ printf "--%s=%s" $flag (toString $value) | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- range .Values.additionalArgs }}
 - {{ . | quote }}
 {{- end }}
