@@ -393,7 +393,8 @@ impl Hub {
             pending,
         )
         .map_err(|(exceeded, refusal)| {
-            self.metrics.quota.refused(&exceeded);
+            self.metrics
+                .tenant_quota_refused(exceeded.tenant.as_str(), exceeded.kind.field());
             tracing::warn!(agent = %state.name, tenant = %exceeded.tenant, quota = exceeded.kind.field(),
                 limit = exceeded.limit, count = exceeded.count, application = %resource.name,
                 "new application over the tenant's quota refused");

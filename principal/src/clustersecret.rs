@@ -155,7 +155,12 @@ impl ClusterSecrets {
 
     /// The secret for `agent` with a fresh token, labelled for `tenant`.
     fn desired(&self, agent: &AgentName, tenant: Option<&str>, now: SystemTime) -> Secret {
-        let token = self.keys.mint(agent, self.config.token_ttl, now);
+        // Bound to the tenant as well: once the agent belongs to another tenant (or none),
+        // the resource proxy refuses the token, and the relabelled Secret carries a new one.
+        let bound = tenant.and_then(|t| argocd_agent_domain::TenantName::new(t).ok());
+        let token = self
+            .keys
+            .mint_for(agent, bound.as_ref(), self.config.token_ttl, now);
         let ca = self.ca_pem.borrow().clone();
         let config = serde_json::json!({
             "bearerToken": token.value,

@@ -10,7 +10,7 @@
 //! - An agent's write of a new Application over a quota is refused like the per-agent bounds
 //!   ([`AGENT_APPLICATION_QUOTA`], [`TENANT_APPLICATION_QUOTA`]): an error event to the
 //!   agent, `argocd_principal_events_refused_total{agent,reason}`,
-//!   `argocd_principal_tenant_quota_refusals_total{tenant,quota}` and a log line.
+//!   `argocd_principal_tenant_quota_refused_total{tenant,quota}` and a log line.
 //! - A hub-authored Application cannot be refused (the principal is no admission webhook):
 //!   the Applications of a scope are ordered by creation timestamp, then namespace, then
 //!   name, and those past the quota that the agent does not hold yet are *held back*: not
@@ -325,8 +325,6 @@ pub struct TenantLabels {
 /// bounded by it).
 #[derive(Clone, Default)]
 pub struct QuotaMetrics {
-    /// `argocd_principal_tenant_quota_refusals_total{tenant,quota}`.
-    pub refusals: Family<QuotaLabels, Counter>,
     /// `argocd_principal_applications_held_back_total{tenant,quota}`.
     pub held_back: Family<QuotaLabels, Counter>,
     /// `argocd_principal_applications_over_quota{tenant}`.
@@ -337,11 +335,6 @@ impl QuotaMetrics {
     /// Registers the families.
     pub fn register(&self, r: &mut Registry) {
         r.register(
-            "argocd_principal_tenant_quota_refusals_total",
-            "Agents' writes of new Applications refused by a tenant's Application quota, by tenant and quota",
-            self.refusals.clone(),
-        );
-        r.register(
             "argocd_principal_applications_held_back_total",
             "Hub-authored Applications held back from their agent by a tenant's quota, by tenant and quota",
             self.held_back.clone(),
@@ -351,18 +344,6 @@ impl QuotaMetrics {
             "Hub-authored Applications held back by a quota now (agents connected to this replica), by tenant",
             self.over_quota.clone(),
         );
-    }
-
-    fn labels(e: &Exceeded) -> QuotaLabels {
-        QuotaLabels {
-            tenant: e.tenant.to_string(),
-            quota: e.kind.field().into(),
-        }
-    }
-
-    /// Counts a refused agent write.
-    pub fn refused(&self, e: &Exceeded) {
-        self.refusals.get_or_create(&Self::labels(e)).inc();
     }
 }
 
