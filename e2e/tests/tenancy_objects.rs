@@ -459,7 +459,7 @@ async fn quotas(t: &Tenancy) -> Result<(), HarnessError> {
         .create(&pp, &sample_app("auto-3", SPOKE_NS, "guestbook"))
         .await?;
     let refused = format!(
-        "argocd_principal_events_refused_total{{agent=\"{A_AUTO}\",reason=\"TenantApplicationsPerAgentQuota\"}}"
+        "argocd_principal_events_refused_total{{agent=\"{A_AUTO}\",reason=\"TenantApplicationsPerAgentQuota\",tenant=\"team-a\"}}"
     );
     eventually("a-auto's third Application refused", T, || async {
         (metric_sum(t.metrics_port, &refused).await >= 1.0).then_some(())
