@@ -2,7 +2,9 @@
 //! server, Kubernetes API test servers for the hub and two spokes, the principal, a managed
 //! and an autonomous agent (real `argocd-agent` processes), sample Applications, AppProjects
 //! and a repository Secret, and a live table of where each Application is, what state it
-//! reports, and which projects and repositories each cluster holds.
+//! reports, and which projects and repositories each cluster holds. The two agents belong
+//! to two tenants (team-a: managed, team-b: autonomous) and the managed spoke runs a spoke
+//! guard; the demo shows one refusal of each (docs/tenancy.md, docs/spoke-guard.md).
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -23,6 +25,96 @@ const TEAM_REPO: &str = "team-a-repo";
 /// `agent-autonomous-edge`.
 const EDGE_PROJECT: &str = "edge";
 const SECRET_TYPE_LABEL: &str = "argocd.argoproj.io/secret-type";
+/// Tenant team-b's operator (the autonomous agent's tenant).
+const OPS_B: &str = "spiffe://example.org/ns/team-b/sa/ops";
+/// The hub Application from a repository the managed spoke's guard does not allow.
+const INTRUDER: &str = "intruder";
+/// Its repository.
+const FOREIGN_REPO: &str = "https://github.com/attacker/payload";
+/// What the managed spoke's guard allows (the samples' repositories).
+const GUARD_REPOS: &str = "https://github.com/argoproj/*,https://git.example.invalid/team-a/*";
+
+/// The mapping rules with the demo's two tenants: team-a holds the managed agent, its hub
+/// namespace, project team-a and repository team-a-repo; team-b the autonomous agent and
+/// its namespace, with an operator of its own.
+fn rules_yaml() -> String {
+    format!(
+        r#"rules:
+  - name: operators
+    template: "spiffe://example.org/ns/platform/sa/{{who}}"
+    role: admin
+  - name: agents
+    template: "spiffe://{{trust_domain}}/ns/agents/sa/{{sa}}"
+    agent: "{{sa}}"
+    namespace: "{{sa}}"
+    trustDomains: [example.org]
+    mode: both
+tenants:
+  - name: team-a
+    agents: ["{managed}"]
+    namespaces: ["{MANAGED}"]
+    projects: ["{TEAM_PROJECT}"]
+    repositories: ["{TEAM_REPO}"]
+  - name: team-b
+    agents: ["{autonomous}"]
+    namespaces: ["{AUTONOMOUS}"]
+    admins: ["{OPS_B}"]
+    quotas:
+      applicationsPerAgent: 50
+"#,
+        managed = harness::agent_id(MANAGED),
+        autonomous = harness::agent_id(AUTONOMOUS),
+    )
+}
+
+/// The refusals the demo shows: the guard's condition on the hub copy of [`INTRUDER`], and
+/// team-b's operator asking about team-a's agent.
+async fn cross_tenant_refusal(topo: &Topology) -> Result<String, harness::HarnessError> {
+    let endpoint = topo.spiffe.endpoint(&topo.dir.join("ops-b.sock"));
+    let out = tokio::process::Command::new(harness::binary("argocd-agentctl")?)
+        .args(["agent", "inspect", MANAGED])
+        .args(["--principal-address", &topo.principal_addr.to_string()])
+        .args(["--spiffe-endpoint-socket", &endpoint])
+        .args(["--principal-spiffe-id", harness::PRINCIPAL_ID])
+        .output()
+        .await?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("error:"))
+        .unwrap_or_default()
+        .trim_start_matches("error: ")
+        .to_owned();
+    if out.status.success() || !line.contains("outside the caller's scope (tenant team-b)") {
+        return Err(format!(
+            "team-b's operator should be refused agent inspect {MANAGED}: {stderr}"
+        )
+        .into());
+    }
+    Ok(line)
+}
+
+/// The guard's condition on the hub copy of [`INTRUDER`], once the managed agent refused it.
+fn guard_refusal(topo: &Topology) -> Option<String> {
+    let app = harness::stored_app(&topo.hub, MANAGED, INTRUDER)?;
+    app.pointer("/status/conditions")?
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == "InvalidSpecError")
+        .and_then(|c| c["message"].as_str())
+        .map(str::to_owned)
+}
+
+/// What the live table shows under it: one refusal of each kind.
+fn refusals(topo: &Topology, cross: &str) -> String {
+    let guard = guard_refusal(topo).unwrap_or_else(|| "(waiting for the managed agent)".into());
+    format!(
+        "Refused:
+  guard (managed spoke): hub Application {MANAGED}/{INTRUDER} from {FOREIGN_REPO}: {guard}
+  tenant (team-b's operator): argocd-agentctl agent inspect {MANAGED}: {cross}
+"
+    )
+}
 
 /// Arguments of `argocd-agent-dev demo`.
 #[derive(Debug, clap::Args)]
@@ -254,6 +346,17 @@ fn kubectl() -> String {
 
 async fn check(topo: &Topology) -> Result<(), harness::HarnessError> {
     let t = Duration::from_secs(60);
+    harness::eventually(
+        "the managed spoke's guard refuses the foreign repository: condition on the hub copy, nothing on the spoke",
+        t,
+        || async {
+            guard_refusal(topo)
+                .filter(|m| m.contains(FOREIGN_REPO))
+                .filter(|_| harness::stored_app(&topo.managed_spoke, SPOKE_NS, INTRUDER).is_none())
+        },
+    )
+    .await?;
+    cross_tenant_refusal(topo).await?;
     harness::eventually(
         "each agent's session is recorded in a Lease held by principal-0",
         t,
@@ -705,12 +808,27 @@ pub async fn run(args: DemoArgs) -> crate::CmdResult {
     let dir = std::fs::canonicalize(&args.dir)?;
     eprintln!("starting the local topology in {} ...", dir.display());
     let redis = DemoRedis::start(&dir).await?;
+    let rules = dir.join("rules.yaml");
+    std::fs::write(&rules, rules_yaml())?;
     let mut options = TopologyOptions {
         dir: Some(dir.clone()),
+        rules_file: Some(rules),
+        extra_sockets: vec![("ops-b.sock".into(), OPS_B.into())],
         ..Default::default()
     };
     if let Some(r) = &redis {
         r.configure(&mut options);
+    }
+    // The managed spoke's guard: Applications, projects and repositories from the samples'
+    // repositories only (docs/spoke-guard.md).
+    let guard = vec!["--guard-allowed-repos".to_owned(), GUARD_REPOS.to_owned()];
+    match options
+        .per_agent_args
+        .iter_mut()
+        .find(|(a, _)| *a == MANAGED)
+    {
+        Some((_, args)) => args.extend(guard),
+        None => options.per_agent_args.push((MANAGED, guard)),
     }
     let proxy = DemoProxy {
         port: argocd_agent_testkit::envoy::free_loopback_port()?,
@@ -754,6 +872,12 @@ pub async fn run(args: DemoArgs) -> crate::CmdResult {
         )
         .await?;
     seed_app_of_apps(&topo).await?;
+    // A hub Application from a repository the managed spoke's guard does not allow.
+    let mut intruder = harness::sample_app(INTRUDER, MANAGED, "payload");
+    intruder.data["spec"]["source"]["repoURL"] = json!(FOREIGN_REPO);
+    harness::apps(&topo.hub, MANAGED)?
+        .create(&pp, &intruder)
+        .await?;
     harness::projects(&topo.autonomous_spoke, SPOKE_NS)?
         .create(&pp, &edge_project())
         .await?;
@@ -792,6 +916,10 @@ pub async fn run(args: DemoArgs) -> crate::CmdResult {
                 .map_err(|e| format!("Redis proxy: {e}").into());
         }
         println!("{}", table(&topo));
+        if r.is_ok() {
+            let cross = cross_tenant_refusal(&topo).await.unwrap_or_default();
+            println!("{}", refusals(&topo, &cross));
+        }
         managed_sim.abort();
         autonomous_sim.abort();
         let logs = topo.logs();
@@ -799,7 +927,7 @@ pub async fn run(args: DemoArgs) -> crate::CmdResult {
         return match r {
             Ok(()) => {
                 println!(
-                    "demo check passed: Applications flow hub -> managed spoke and autonomous spoke -> hub, status flows back; project team-a and repository team-a-repo reached the managed spoke; project edge is agent-autonomous-edge on the hub; kubectl reaches both spokes through the resource proxy; the Redis proxy serves the spoke's resource tree only with the hub Redis's password"
+                    "demo check passed: Applications flow hub -> managed spoke and autonomous spoke -> hub, status flows back; project team-a and repository team-a-repo reached the managed spoke; project edge is agent-autonomous-edge on the hub; kubectl reaches both spokes through the resource proxy; the Redis proxy serves the spoke's resource tree only with the hub Redis's password; the managed spoke's guard refused a foreign repository and team-b's operator was refused team-a's agent"
                 );
                 Ok(())
             }
@@ -828,6 +956,10 @@ pub async fn run(args: DemoArgs) -> crate::CmdResult {
         a = autonomous_kc.display(),
         d = dir.display(),
     );
+    let cross = match cross_tenant_refusal(&topo).await {
+        Ok(line) => line,
+        Err(e) => format!("(not refused: {e})"),
+    };
     let tty = std::io::stdout().is_terminal();
     let deadline = args
         .exit_after
@@ -840,7 +972,7 @@ pub async fn run(args: DemoArgs) -> crate::CmdResult {
                 if tty {
                     print!("\x1b[2J\x1b[H");
                 }
-                println!("{}\n{help}", table(&topo));
+                println!("{}\n{}\n{help}", table(&topo), refusals(&topo, &cross));
                 if deadline.is_some_and(|d| tokio::time::Instant::now() > d) {
                     break;
                 }

@@ -3,7 +3,9 @@
 //! `team-a-repo` reach the managed spoke, and the autonomous spoke's project `edge` shows up
 //! on the hub as `agent-autonomous-edge`, and the Redis proxy serves a spoke's resource tree
 //! only to a client with the hub Redis's password, and a hard refresh on the hub makes the
-//! round trip (carried out by the managed spoke's Argo CD stand-in, then cleared on the hub).
+//! round trip (carried out by the managed spoke's Argo CD stand-in, then cleared on the hub);
+//! the managed spoke's guard refuses a hub Application from a foreign repository, and
+//! team-b's operator is refused team-a's agent.
 
 #[test]
 fn demo_check_passes() {
@@ -28,6 +30,16 @@ fn demo_check_passes() {
         "{stdout}"
     );
     assert!(stdout.contains("edge-guestbook"));
+    // Two tenants and a guarded managed spoke: one refusal of each, as the table shows them.
+    assert!(
+        stdout.contains("guard (managed spoke): hub Application agent-managed/intruder")
+            && stdout.contains("refused by the spoke guard (rule source-repos)"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("agent \"agent-managed\" is outside the caller's scope (tenant team-b)"),
+        "{stdout}"
+    );
     assert!(
         stdout.contains("refresh round trip: hub hard refresh -> managed spoke reconciled -> request cleared on the hub"),
         "{stdout}"
