@@ -361,8 +361,12 @@ async fn an_autonomous_spoke_refuses_hub_syncs_that_break_its_guard() {
             let a = stored_app(&topo.autonomous_spoke, SPOKE_NS, name).unwrap();
             assert!(a.get("operation").is_none_or(Value::is_null), "{name}: a refused sync landed: {a}");
         }
-        // A sync within the guard still reaches the spoke.
-        merge_patch(&hub_apps, "local-ok", sync).await?;
+        // A sync within the guard still reaches the spoke. `source: null`: the refused
+        // operation may still be on the hub copy, and a merge patch would keep its foreign
+        // source.
+        let allowed = json!({"operation": {"initiatedBy": {"username": "hub"},
+            "sync": {"revision": "v2", "source": null}}});
+        merge_patch(&hub_apps, "local-ok", allowed).await?;
         eventually("an allowed sync reaches the spoke", T, || async {
             stored_app(&topo.autonomous_spoke, SPOKE_NS, "local-ok")
                 .filter(|a| a["operation"]["sync"]["revision"] == "v2")
