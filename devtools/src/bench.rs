@@ -48,6 +48,10 @@ pub enum ScenarioArg {
     HaKillAll,
     /// The shipped configuration: rolling update (new replica, ready, SIGTERM the old, next).
     HaRollout,
+    /// Two tenants sharing --agents: team-b's round trips (--changes each way) alone, then
+    /// while team-a floods 20 times its eventsPerSecond (--rate) and writes Applications
+    /// past its applicationsPerAgent; p50/p99 side by side and team-a's refusals.
+    Tenants,
     /// Internal: the idle floor's bare tonic server, started by `connect` (`--dir`: the
     /// run's directory, whose `principal.sock` gives its SVID).
     #[value(hide = true)]
@@ -75,6 +79,7 @@ impl ScenarioArg {
             ScenarioArg::HaKillOne => Scenario::HaKillOne,
             ScenarioArg::HaKillAll => Scenario::HaKillAll,
             ScenarioArg::HaRollout => Scenario::HaRollout,
+            ScenarioArg::Tenants => Scenario::Tenants,
             ScenarioArg::Plot | ScenarioArg::FloorServer => return None,
         })
     }
@@ -146,7 +151,8 @@ pub struct BenchArgs {
     /// Applications on the agent's spoke (big-spoke).
     #[arg(long, default_value_t = 10_000)]
     spoke_apps: usize,
-    /// Changes per second while apply latency is measured (big-spoke).
+    /// Changes per second while apply latency is measured (big-spoke); team-a's
+    /// eventsPerSecond quota (tenants).
     #[arg(long, default_value_t = 20.0)]
     rate: f64,
     /// Extra principal argument (repeat), e.g. --principal-arg=--kube-qps=200.

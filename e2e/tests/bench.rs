@@ -109,6 +109,27 @@ async fn projects_smoke() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_smoke() {
+    let r = smoke(Scenario::Tenants).await;
+    assert_eq!(num(&r, "agents_per_tenant"), 6.0);
+    // Team-a was at its limits: its bucket refused events and its Applications past
+    // applicationsPerAgent were held back; team-b was refused nothing.
+    assert!(num(&r, "a_events_refused") > 0.0, "{}", r.json());
+    assert_eq!(num(&r, "a_apps_held_back"), 12.0, "{}", r.json());
+    assert_eq!(num(&r, "b_refused"), 0.0, "{}", r.json());
+    for key in [
+        "b_alone_hub_to_agent_p99_ms",
+        "b_flood_hub_to_agent_p99_ms",
+        "hub_to_agent_p99_ratio",
+        "b_alone_agent_to_hub_p99_ms",
+        "b_flood_agent_to_hub_p99_ms",
+        "agent_to_hub_p99_ratio",
+    ] {
+        assert!(num(&r, key) > 0.0, "{key}: {}", r.json());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn throughput_smoke() {
     let r = smoke(Scenario::Throughput).await;
     assert_eq!(num(&r, "refused"), 0.0);

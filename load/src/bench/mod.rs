@@ -10,6 +10,7 @@ pub mod plot;
 mod projects;
 pub mod sim;
 pub mod storms;
+mod tenants;
 
 /// The agent's message compression, as the simulated agents use it.
 pub use argocd_agent_agent::dialer::Compression;
@@ -66,6 +67,9 @@ pub enum Scenario {
     HaKillAll,
     /// The shipped configuration: a rolling update, one replica at a time.
     HaRollout,
+    /// Two tenants: team-b's round-trip latency alone, then while team-a floods past its
+    /// quotas, and how much of team-a's work the principal refused (see [`tenants`]).
+    Tenants,
 }
 
 impl Scenario {
@@ -86,6 +90,7 @@ impl Scenario {
             Scenario::HaKillOne => "ha-kill-one",
             Scenario::HaKillAll => "ha-kill-all",
             Scenario::HaRollout => "ha-rollout",
+            Scenario::Tenants => "tenants",
         }
     }
 }
@@ -231,6 +236,7 @@ pub async fn run(scenario: Scenario, opts: &BenchOptions) -> Result<Report, Harn
         Scenario::HaKillOne => storms::run(storms::Storm::KillOne, opts).await,
         Scenario::HaKillAll => storms::run(storms::Storm::KillAll, opts).await,
         Scenario::HaRollout => storms::run(storms::Storm::Rollout, opts).await,
+        Scenario::Tenants => tenants::tenants(opts).await,
     }
 }
 
