@@ -19,11 +19,6 @@ use crate::guard::refused::AppRefusal;
 use crate::guard::{self, Refusal};
 use crate::spoke::{Spoke, lock};
 
-/// The guard's label value of a kind for the metric.
-fn kind_label(kind: ResourceKind) -> &'static str {
-    kind.as_str()
-}
-
 impl Spoke {
     /// Managed Application upserts and sync operations (both modes): `Some` when the guard
     /// refuses them.
@@ -65,7 +60,7 @@ impl Spoke {
         let what = if event.ty == EventType::SetOperation {
             "Operation"
         } else {
-            kind_label(resource.kind)
+            resource.kind.as_str()
         };
         self.guard_refused(event, resource, what, &refusal);
         if event.ty != EventType::SetOperation {
@@ -209,7 +204,7 @@ impl Spoke {
         resource: &ResourceRef,
         refusal: Refusal,
     ) -> Event {
-        self.guard_refused(event, resource, kind_label(resource.kind), &refusal);
+        self.guard_refused(event, resource, resource.kind.as_str(), &refusal);
         lock(&self.guard_state)
             .config
             .insert((resource.kind, resource.name.clone()));

@@ -314,13 +314,6 @@ pub struct QuotaLabels {
     pub quota: String,
 }
 
-/// Labels of the per-tenant gauge.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct TenantLabels {
-    /// The tenant.
-    pub tenant: String,
-}
-
 /// The quota metrics (tenants are few: declared in the rules file, so the labels are
 /// bounded by it).
 #[derive(Clone, Default)]
@@ -328,7 +321,7 @@ pub struct QuotaMetrics {
     /// `argocd_principal_applications_held_back_total{tenant,quota}`.
     pub held_back: Family<QuotaLabels, Counter>,
     /// `argocd_principal_applications_over_quota{tenant}`.
-    pub over_quota: Family<TenantLabels, Gauge>,
+    pub over_quota: Family<crate::metrics::TenantLabels, Gauge>,
 }
 
 impl QuotaMetrics {

@@ -80,7 +80,7 @@ impl Applications {
             self.metrics
                 .quota
                 .over_quota
-                .get_or_create(&quotas::TenantLabels {
+                .get_or_create(&crate::metrics::TenantLabels {
                     tenant: t.to_string(),
                 })
                 .set(self.held.count_of(&t) as i64);
