@@ -200,10 +200,14 @@ async fn an_agent_syncs_through_an_http11_only_nginx_and_resyncs_after_it_restar
 async fn sync_through_nginx(topo: &mut Topology) -> Result<(), HarnessError> {
     // Both agents came straight to the principal's one port: the managed one over a
     // WebSocket, the autonomous one over HTTP/2.
-    let log = topo.managed.as_ref().ok_or("no managed agent")?.log();
-    if !log.contains("transport=\"websocket\"") && !log.contains("transport=websocket") {
-        return Err(format!("the managed agent did not connect over a WebSocket:\n{log}").into());
-    }
+    // The principal logs the session before the agent logs its side of it: wait for it.
+    let managed = topo.managed.as_ref().ok_or("no managed agent")?;
+    eventually("the managed agent connected over a WebSocket", T, || async {
+        let log = managed.log();
+        (log.contains("transport=\"websocket\"") || log.contains("transport=websocket"))
+            .then_some(())
+    })
+    .await?;
     let port = argocd_agent_testkit::envoy::free_loopback_port()?;
     let proxy_addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
     let mut proxy = nginx(&topo.dir, port, topo.principal_addr)?;
