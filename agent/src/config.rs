@@ -27,6 +27,10 @@ pub struct AgentConfig {
     pub label_selector: Option<String>,
     /// How often the agent sends a heartbeat on an idle stream (default 30 s).
     pub heartbeat: Duration,
+    /// Periodic resync (`--resync-interval`): while connected, ask the principal for a
+    /// resync round this often (stretched to the principal's minimum), so an event lost on
+    /// the way is put right without a reconnect. Zero: only at connect.
+    pub resync_interval: Duration,
     /// HTTP/2 keepalive ping interval on the connection (default 30 s).
     pub keepalive: Duration,
     /// Compress what the agent sends in this encoding (`--enable-compression`; `None`: sent
@@ -98,6 +102,7 @@ impl Default for AgentConfig {
             kube: ClientOptions::default(),
             label_selector: None,
             heartbeat: Duration::from_secs(30),
+            resync_interval: Duration::ZERO,
             keepalive: Duration::from_secs(30),
             compression: None,
             backoff_initial: Duration::from_millis(500),

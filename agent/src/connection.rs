@@ -13,13 +13,19 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::Instrument;
 
+use argocd_agent_identity::text;
+
 use crate::AgentConfig;
 use crate::dialer::Dialer;
 use crate::error::SessionError;
 use crate::spoke::Spoke;
 
 /// Capabilities this agent asks for.
-const CAPABILITIES: &[&str] = &["resync.v1", "operations.v1"];
+const CAPABILITIES: &[&str] = &[
+    "resync.v1",
+    argocd_agent_domain::resync::PERIODIC_CAPABILITY,
+    "operations.v1",
+];
 
 /// Outbound messages buffered before the writer waits for the principal.
 const OUTBOUND_BUFFER: usize = 64;
@@ -123,6 +129,7 @@ pub async fn run(
     };
     let mut cache_report = tokio::time::interval(config.cache_refresh_interval);
     cache_report.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut resync = periodic_resync(config, &w);
     let mut draining: Option<tokio::time::Instant> = None;
     loop {
         if draining.is_some() && spoke.queue.in_flight() == 0 {
@@ -146,6 +153,10 @@ pub async fn run(
             event = spoke.queue.next(), if draining.is_none() => Some(event),
             Some(event) = direct_rx.recv() => Some(event),
             _ = heartbeat.tick(), if draining.is_none() => Some(Event::new(&spoke.source, EventType::Ping, Payload::None)),
+            _ = tick(&mut resync), if draining.is_none() && resync.is_some() => {
+                tracing::debug!("periodic resync: asking the principal for a round");
+                Some(Event::new(&spoke.source, EventType::Resync, Payload::Resync(spoke.resync_view())))
+            }
             msg = inbound.message() => {
                 let Some(ce) = msg? else { return Ok(()) };
                 requests_in.receive(ce).await
@@ -157,6 +168,52 @@ pub async fn run(
     }
     finish(tx, inbound).await;
     Ok(())
+}
+
+/// The timer of periodic resync on this connection: `--resync-interval`, stretched to the
+/// principal's minimum; none when it is off or the principal does not take `resync`
+/// events (one of an earlier version). The first round is one interval after connecting
+/// (the hello's resync has just run).
+fn periodic_resync(config: &AgentConfig, w: &Welcome) -> Option<tokio::time::Interval> {
+    if config.resync_interval.is_zero() {
+        return None;
+    }
+    let agreed = w
+        .capabilities
+        .iter()
+        .any(|c| c == argocd_agent_domain::resync::PERIODIC_CAPABILITY);
+    if !agreed {
+        tracing::warn!(
+            resync_interval = %text::duration(config.resync_interval),
+            "the principal does not take periodic resync requests (an earlier version): resync only at connect"
+        );
+        return None;
+    }
+    let minimum = std::time::Duration::from_millis(w.resync_min_interval_ms);
+    let every = config.resync_interval.max(minimum);
+    if every > config.resync_interval {
+        tracing::info!(
+            resync_interval = %text::duration(config.resync_interval),
+            principal_minimum = %text::duration(minimum),
+            every = %text::duration(every),
+            "periodic resync: --resync-interval is below the principal's --resync-min-interval; asking at its minimum"
+        );
+    } else {
+        tracing::info!(every = %text::duration(every), "periodic resync on");
+    }
+    let mut timer = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    Some(timer)
+}
+
+/// The next tick of an optional timer (never, without one).
+async fn tick(timer: &mut Option<tokio::time::Interval>) {
+    match timer {
+        Some(t) => {
+            t.tick().await;
+        }
+        None => std::future::pending().await,
+    }
 }
 
 /// The log line of a connection just welcomed: who we are to the principal, and how the

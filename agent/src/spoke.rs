@@ -557,6 +557,18 @@ impl Spoke {
     /// report each Application's status checksum too: the status is theirs, and a status
     /// change the hub missed (made while this agent was down, say) is requested again.
     pub fn hello_state(&self) -> ResyncState {
+        let (state, said) = self.view();
+        self.inner().hello = Some(said);
+        state
+    }
+
+    /// What this agent holds now, as a periodic resync request reports it (as the hello
+    /// does, without remembering it: the welcome that uses the hello's is long past).
+    pub fn resync_view(&self) -> ResyncState {
+        self.view().0
+    }
+
+    fn view(&self) -> (ResyncState, HelloState) {
         let (apps, statuses) = self.hello_checksums();
         let config = self.config_checksums();
         let mut state = argocd_agent_domain::resync::to_state("Application", &apps);
@@ -567,12 +579,12 @@ impl Spoke {
         }
         state.resources.extend(config.iter().cloned());
         state.resources.extend(self.children_hello());
-        self.inner().hello = Some(HelloState {
+        let said = HelloState {
             apps,
             statuses,
             config,
-        });
-        state
+        };
+        (state, said)
     }
 
     /// Autonomous: local changes the principal cannot know from the hello (made while the

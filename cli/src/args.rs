@@ -265,6 +265,12 @@ pub struct PrincipalArgs {
     /// without one is closed (`DeadlineExceeded`, refusal reason `HelloTimeout`).
     #[arg(long, env = "ARGOCD_PRINCIPAL_HELLO_TIMEOUT", default_value = "15s", value_parser = parse_duration)]
     pub hello_timeout: Duration,
+    /// The shortest interval between one agent's resync rounds: agents asking for periodic
+    /// resync (`--resync-interval`) more often are refused (`ResyncTooSoon`), and are told
+    /// this minimum when they connect so they ask less often. 0: no minimum (the agent's
+    /// event rate limit still applies). Upstream's name (PR #1037).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_RESYNC_MIN_INTERVAL", default_value = "0s", value_parser = parse_duration)]
+    pub resync_min_interval: Duration,
     /// A session whose agent sends nothing (agents send heartbeats), or takes no event the
     /// principal sends, for this long is closed.
     #[arg(long, env = "ARGOCD_PRINCIPAL_IDLE_TIMEOUT", default_value = "120s", value_parser = parse_duration)]
@@ -1040,6 +1046,12 @@ pub struct AgentArgs {
     /// which HTTP/2 PINGs do not reset). Default: `--keep-alive-ping-interval`.
     #[arg(long, env = "ARGOCD_AGENT_HEARTBEAT_INTERVAL", value_parser = parse_duration)]
     pub heartbeat_interval: Option<Duration>,
+    /// While connected, ask the principal for a resync round this often, so an event lost
+    /// on the way (a change the hub refused for good, say) is put right without a
+    /// reconnect. Stretched to the principal's `--resync-min-interval` when that is longer.
+    /// 0: resync only at connect. Upstream's name (PR #1037).
+    #[arg(long, env = "ARGOCD_AGENT_RESYNC_INTERVAL", default_value = "0s", value_parser = parse_duration)]
+    pub resync_interval: Duration,
     /// Compress what the agent sends to the principal (`--compression-algorithm`); the
     /// principal's compressed answers are accepted either way.
     /// `--enable-compression[=true|false]`.
@@ -1290,6 +1302,7 @@ impl PrincipalArgs {
             keepalive_min_interval: a.keepalive_min_interval,
             websocket: a.enable_websocket,
             hello_timeout: a.hello_timeout,
+            resync_min_interval: a.resync_min_interval,
             idle_timeout: a.idle_timeout,
             max_connections: a.max_connections.max(1),
             max_connections_per_client: a.max_connections_per_client.max(1),
@@ -1387,6 +1400,7 @@ impl AgentArgs {
                 d if d.is_zero() => return Err("--heartbeat-interval must be above 0".into()),
                 d => d,
             },
+            resync_interval: a.resync_interval,
             keepalive: match a.keep_alive_ping_interval {
                 d if d.is_zero() => {
                     return Err("--keep-alive-ping-interval must be above 0".into());

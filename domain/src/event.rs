@@ -18,7 +18,7 @@ use argocd_agent_proto::cloudevents::cloud_event::cloud_event_attribute_value::A
 use argocd_agent_proto::cloudevents::cloud_event::{CloudEventAttributeValue, Data};
 use argocd_agent_proto::eventstream::{
     ClusterCacheInfo, ErrorDetail, Hello, LogRequest, RedisRequest, RedisResponse, ResourceRequest,
-    ResourceResponse, TerminalRequest, Welcome,
+    ResourceResponse, ResyncState, TerminalRequest, Welcome,
 };
 use argocd_agent_proto::prost::Message;
 
@@ -118,6 +118,11 @@ pub enum EventType {
     /// Principal -> agent: open an exec session on a `Tunnel.Terminal` stream (payload
     /// [`TerminalRequest`]).
     TerminalRequest,
+    /// Agent -> principal, while connected (capability [`crate::resync::PERIODIC_CAPABILITY`]):
+    /// a resync round against what the agent holds now (payload [`ResyncState`]), as the
+    /// hello's resync does at connect. Refused (`ResyncTooSoon`) within the principal's
+    /// minimum interval.
+    Resync,
 }
 
 impl EventType {
@@ -148,6 +153,7 @@ impl EventType {
             EventType::ResourceResponse => "resource-response",
             EventType::LogRequest => "log-request",
             EventType::TerminalRequest => "terminal-request",
+            EventType::Resync => "resync",
         }
     }
 
@@ -179,6 +185,7 @@ impl EventType {
             "resource-response" => EventType::ResourceResponse,
             "log-request" => EventType::LogRequest,
             "terminal-request" => EventType::TerminalRequest,
+            "resync" => EventType::Resync,
             _ => return None,
         })
     }
@@ -254,6 +261,8 @@ pub enum Payload {
     LogRequest(LogRequest),
     /// Of [`EventType::TerminalRequest`].
     TerminalRequest(TerminalRequest),
+    /// Of [`EventType::Resync`].
+    Resync(ResyncState),
 }
 
 /// An object that writes its JSON itself, for [`Payload::Lazy`].
@@ -475,6 +484,7 @@ impl Event {
             Payload::ResourceResponse(r) => Some(Data::BinaryData(r.encode_to_vec())),
             Payload::LogRequest(r) => Some(Data::BinaryData(r.encode_to_vec())),
             Payload::TerminalRequest(r) => Some(Data::BinaryData(r.encode_to_vec())),
+            Payload::Resync(r) => Some(Data::BinaryData(r.encode_to_vec())),
         };
         if matches!(
             self.payload,
@@ -488,6 +498,7 @@ impl Event {
                 | Payload::ResourceResponse(_)
                 | Payload::LogRequest(_)
                 | Payload::TerminalRequest(_)
+                | Payload::Resync(_)
         ) {
             attributes.insert(
                 ATTR_CONTENT_TYPE.into(),
@@ -691,6 +702,9 @@ fn decode_payload(id: &str, ty: EventType, data: Option<Data>) -> Result<Payload
         EventType::TerminalRequest => Payload::TerminalRequest(
             TerminalRequest::decode(proto).map_err(|e| bad(e.to_string()))?,
         ),
+        EventType::Resync => {
+            Payload::Resync(ResyncState::decode(proto).map_err(|e| bad(e.to_string()))?)
+        }
         _ => match bytes {
             None => Payload::None,
             Some(b) if b.is_empty() => Payload::None,
@@ -995,6 +1009,14 @@ mod tests {
                     tty: true,
                     ..Default::default()
                 }),
+            ),
+            Event::new(
+                "agent",
+                EventType::Resync,
+                Payload::Resync(crate::resync::to_state(
+                    "Application",
+                    &[("guestbook".to_string(), "ab12".to_string())].into(),
+                )),
             ),
         ];
         for req in &requests {

@@ -31,6 +31,11 @@ pub fn key_list_checksum(checksums: &Checksums) -> String {
     sha256_hex(joined.as_bytes())
 }
 
+/// Capability of periodic resync: the agent sends `resync` events while connected (its
+/// `--resync-interval`), the principal answers each with a resync round, at most one per
+/// its `--resync-min-interval` (upstream's PR #1037 names the two flags).
+pub const PERIODIC_CAPABILITY: &str = "resync.periodic.v1";
+
 /// Kind under which a managed agent lists, in its hello, the spoke-authored Applications
 /// (app-of-apps children) it publishes: kept apart from `Application` so that a principal
 /// never takes them for managed copies (and an earlier principal ignores them).

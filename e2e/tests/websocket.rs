@@ -202,11 +202,15 @@ async fn sync_through_nginx(topo: &mut Topology) -> Result<(), HarnessError> {
     // WebSocket, the autonomous one over HTTP/2.
     // The principal logs the session before the agent logs its side of it: wait for it.
     let managed = topo.managed.as_ref().ok_or("no managed agent")?;
-    eventually("the managed agent connected over a WebSocket", T, || async {
-        let log = managed.log();
-        (log.contains("transport=\"websocket\"") || log.contains("transport=websocket"))
-            .then_some(())
-    })
+    eventually(
+        "the managed agent connected over a WebSocket",
+        T,
+        || async {
+            let log = managed.log();
+            (log.contains("transport=\"websocket\"") || log.contains("transport=websocket"))
+                .then_some(())
+        },
+    )
     .await?;
     let port = argocd_agent_testkit::envoy::free_loopback_port()?;
     let proxy_addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;

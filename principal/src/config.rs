@@ -144,6 +144,9 @@ pub struct PrincipalConfig {
     pub idle_timeout: Duration,
     /// How long an agent may take to send its hello (`--hello-timeout`).
     pub hello_timeout: Duration,
+    /// The shortest interval between one agent's resync rounds (`--resync-min-interval`):
+    /// periodic requests within it are refused (`ResyncTooSoon`). Zero: no minimum.
+    pub resync_min_interval: Duration,
     /// TLS handshakes in progress at once (a reconnect storm queues beyond this); on the
     /// plaintext listener, connections waiting for their HTTP/2 preface.
     pub max_concurrent_handshakes: usize,
@@ -206,6 +209,7 @@ impl Default for PrincipalConfig {
             agent_bounds: crate::bounds::AgentBounds::default(),
             idle_timeout: Duration::from_secs(120),
             hello_timeout: crate::session::DEFAULT_HELLO_TIMEOUT,
+            resync_min_interval: Duration::ZERO,
             max_concurrent_handshakes:
                 argocd_agent_identity::transport::DEFAULT_MAX_CONCURRENT_HANDSHAKES,
             max_handshakes_per_client:

@@ -32,6 +32,7 @@ pub mod quotas;
 pub mod ratelimit;
 pub mod redisproxy;
 pub mod resourceproxy;
+pub mod rounds;
 pub mod server;
 pub mod session;
 pub mod sessions;

@@ -65,6 +65,7 @@ pub fn is_limited(ty: EventType) -> bool {
             | EventType::RequestUpdate
             | EventType::SetOperation
             | EventType::TerminateOperation
+            | EventType::Resync
     )
 }
 

@@ -2,13 +2,11 @@
 //! decided ([`crate::inbound::decide`]) and applied in order, and outbound events drained
 //! from the agent's queue.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use argocd_agent_domain::event::{PROTOCOL_MIN, PROTOCOL_VERSION};
-use argocd_agent_domain::resync::{self, Checksums, SourceUids};
 use argocd_agent_domain::{AgentIdentity, AgentMode, ResourceKind};
 use argocd_agent_domain::{Event, EventType, Payload};
 use argocd_agent_proto::cloudevents::CloudEvent;
@@ -20,10 +18,13 @@ use tokio_util::task::TaskTracker;
 use tonic::Status;
 use tracing::Instrument;
 
+use argocd_agent_identity::text;
+
 use crate::error::chain;
 use crate::hooks::{SessionGate, SessionObserver, SessionPass};
 use crate::hub::{Applied, Hub};
 use crate::inbound::{Decision, OwnerRecord, Placement, decide};
+use crate::rounds::Round;
 use crate::sessions::{AgentState, SessionInfo};
 
 static SESSION_IDS: AtomicU64 = AtomicU64::new(1);
@@ -34,6 +35,7 @@ pub const DEFAULT_HELLO_TIMEOUT: Duration = Duration::from_secs(15);
 /// Capabilities this principal offers.
 pub const CAPABILITIES: &[&str] = &[
     "resync.v1",
+    argocd_agent_domain::resync::PERIODIC_CAPABILITY,
     "operations.v1",
     argocd_agent_redis::CAPABILITY,
     argocd_agent_domain::proxy::CAPABILITY,
@@ -79,6 +81,9 @@ pub struct SessionContext {
     pub idle_timeout: Duration,
     /// How long an agent may take to send its hello.
     pub hello_timeout: Duration,
+    /// The shortest interval between an agent's resync rounds (`--resync-min-interval`);
+    /// periodic requests within it are refused. Zero: no minimum.
+    pub resync_min_interval: Duration,
     /// Requests (Redis proxy) waiting for one agent's answers at once.
     pub max_requests_in_flight: usize,
     /// Admits sessions (replicas: the agent Leases that make one session per agent across
@@ -220,7 +225,12 @@ async fn receive_hello(
     Ok((hello, mode))
 }
 
-fn welcome(hub: &Hub, identity: &AgentIdentity, hello: &Hello) -> Event {
+fn welcome(
+    hub: &Hub,
+    identity: &AgentIdentity,
+    hello: &Hello,
+    resync_min_interval: Duration,
+) -> Event {
     Event::new(
         &hub.source,
         EventType::Welcome,
@@ -237,6 +247,8 @@ fn welcome(hub: &Hub, identity: &AgentIdentity, hello: &Hello) -> Event {
                 .collect(),
             max_in_flight: u32::try_from(hub.sessions.queue_limits.max_in_flight)
                 .unwrap_or(u32::MAX),
+            resync_min_interval_ms: u64::try_from(resync_min_interval.as_millis())
+                .unwrap_or(u64::MAX),
         }),
     )
 }
@@ -272,7 +284,9 @@ async fn run(
     let result = async {
         let mut direct_rx = welcome_agent(ctx, &state, &identity, &hello, session_id, tx).await?;
         // 3. Resync, 4. exchange events.
-        if !resync(ctx, &state, &token, mode, &hello, tx).await? {
+        crate::rounds::record_connect(&state, std::time::Instant::now());
+        let view = hello.state.as_ref();
+        if !resync(ctx, &state, &token, mode, view, Round::Connect, tx).await? {
             return Ok(());
         }
         let exchange = Exchange {
@@ -354,7 +368,7 @@ async fn welcome_agent(
     tx: &Outbound,
 ) -> Result<mpsc::Receiver<Box<Event>>, Status> {
     let hub = &ctx.hub;
-    let welcome = welcome(hub, identity, hello);
+    let welcome = welcome(hub, identity, hello, ctx.resync_min_interval);
     let (direct_tx, direct_rx) = mpsc::channel(OUTBOUND_BUFFER);
     if let Payload::Welcome(w) = &welcome.payload {
         state.set_link(Arc::new(argocd_agent_domain::rpc::AgentLink::new(
@@ -368,25 +382,6 @@ async fn welcome_agent(
     Ok(direct_rx)
 }
 
-/// What the agent holds, by kind, from its hello: checksums and source UIDs.
-fn agent_resync_state(
-    hello: &Hello,
-) -> (
-    BTreeMap<ResourceKind, Checksums>,
-    BTreeMap<ResourceKind, SourceUids>,
-) {
-    let resync_state = hello.state.clone().unwrap_or_default();
-    let agent_checksums: BTreeMap<ResourceKind, Checksums> = ResourceKind::ALL
-        .into_iter()
-        .map(|k| (k, resync::from_state(k.as_str(), &resync_state)))
-        .collect();
-    let agent_uids: BTreeMap<ResourceKind, SourceUids> = ResourceKind::ALL
-        .into_iter()
-        .map(|k| (k, resync::source_uids_from_state(k.as_str(), &resync_state)))
-        .collect();
-    (agent_checksums, agent_uids)
-}
-
 /// Resync. It can be long (an autonomous agent's hub deletes): it stops as soon as
 /// the session is replaced or revoked, or the agent goes away, so an abandoned session
 /// never goes on writing to the hub. `Ok(false)`: the agent went away.
@@ -395,51 +390,17 @@ async fn resync(
     state: &AgentState,
     token: &CancellationToken,
     mode: AgentMode,
-    hello: &Hello,
+    view: Option<&pb::ResyncState>,
+    round: crate::rounds::Round,
     tx: &Outbound,
 ) -> Result<bool, Status> {
     let hub = &ctx.hub;
-    let (agent_checksums, agent_uids) = agent_resync_state(hello);
-    let app_checksums = agent_checksums
-        .get(&ResourceKind::Application)
-        .cloned()
-        .unwrap_or_default();
-    let app_statuses = resync::status_checksums_from_state(
-        ResourceKind::Application.as_str(),
-        hello.state.as_ref().unwrap_or(&Default::default()),
-    );
     let resync_started = std::time::Instant::now();
     // Boxed, as every long sub-future of a session: the session task is as large as its
     // largest state, and an idle session only waits in the loop below.
     let resync = Box::pin(async {
-        hub.apps.cache.wait_synced().await;
-        hub.config.wait_synced().await;
-        state.queue.requeue_in_flight();
-        match mode {
-            AgentMode::Managed => {
-                resync_managed(hub, state, hello, &agent_checksums, &agent_uids).await;
-            }
-            AgentMode::Autonomous => {
-                let projects = agent_checksums
-                    .get(&ResourceKind::AppProject)
-                    .cloned()
-                    .unwrap_or_default();
-                // An agent of the previous protocol version may send no resync state:
-                // that is "unknown", not "holds nothing" (which would delete its hub copies).
-                let known = hello.state.is_some();
-                let mut requests = hub
-                    .config
-                    .resync_autonomous_projects(state, known.then_some(&projects))
-                    .await;
-                requests.extend(
-                    hub.apps
-                        .resync_autonomous(state, known.then_some(&app_checksums), &app_statuses)
-                        .await,
-                );
-                for e in requests {
-                    send(tx, hub, state, e).await?;
-                }
-            }
+        for e in crate::rounds::run(hub, state, mode, view, round).await {
+            send(tx, hub, state, e).await?;
         }
         Ok::<(), Status>(())
     });
@@ -463,32 +424,43 @@ async fn resync(
     Ok(true)
 }
 
-/// Resync of a managed agent: its Applications (the hub is the source), the hub copies of
-/// its spoke-authored children its hello no longer lists, and its configuration objects.
-async fn resync_managed(
-    hub: &Hub,
-    state: &AgentState,
-    hello: &Hello,
-    agent_checksums: &BTreeMap<ResourceKind, Checksums>,
-    agent_uids: &BTreeMap<ResourceKind, SourceUids>,
-) {
-    let app_checksums = agent_checksums
-        .get(&ResourceKind::Application)
-        .cloned()
-        .unwrap_or_default();
-    let app_uids = agent_uids
-        .get(&ResourceKind::Application)
-        .cloned()
-        .unwrap_or_default();
-    hub.apps.resync_managed(state, &app_checksums, &app_uids);
-    let children = resync::from_state(
-        resync::CHILD_APPLICATION_KIND,
-        hello.state.as_ref().unwrap_or(&Default::default()),
-    );
-    hub.apps
-        .resync_children(state, hello.state.is_some().then_some(&children))
-        .await;
-    hub.config.resync_config(state, agent_checksums, agent_uids);
+/// A periodic resync request (capability `resync.periodic.v1`): a round against what the
+/// agent holds now, unless its last round is less than `--resync-min-interval` ago; then
+/// it is refused (`ResyncTooSoon`: counted, logged, answered with an error naming the
+/// minimum) and the session goes on.
+async fn requested_resync(exchange: &Exchange<'_>, event: Event) -> Result<bool, Status> {
+    let Exchange {
+        ctx,
+        state,
+        mode,
+        token,
+        tx,
+        ..
+    } = *exchange;
+    let hub = &ctx.hub;
+    let min = ctx.resync_min_interval;
+    if let Err(wait) = crate::rounds::admit_request(state, min, std::time::Instant::now()) {
+        hub.metrics
+            .refused(&state.name, crate::rounds::RESYNC_TOO_SOON);
+        tracing::warn!(min_interval = %text::duration(min), "periodic resync requested too soon: refused");
+        let message = format!(
+            "resync refused: this principal takes one resync round per agent every {} (--resync-min-interval); the next in {}",
+            text::duration(min),
+            text::duration(Duration::from_secs(wait.as_secs().max(1)))
+        );
+        let reply = event.error_reply(&hub.source, crate::rounds::RESYNC_TOO_SOON, message);
+        send(tx, hub, state, reply).await?;
+        return Ok(true);
+    }
+    let argocd_agent_domain::Payload::Resync(view) = &event.payload else {
+        return Ok(true);
+    };
+    tracing::info!("periodic resync requested by the agent");
+    let done = resync(ctx, state, token, mode, Some(view), Round::Requested, tx).await?;
+    if done {
+        send(tx, hub, state, event.ack(&hub.source)).await?;
+    }
+    Ok(done)
 }
 
 /// A registered, resynced session exchanging events with its agent.
@@ -513,9 +485,9 @@ impl Exchange<'_> {
             ctx,
             state,
             identity,
-            mode,
             token,
             tx,
+            ..
         } = *self;
         let hub = &ctx.hub;
         let mut last_seen = tokio::time::Instant::now();
@@ -539,7 +511,7 @@ impl Exchange<'_> {
                     last_seen = tokio::time::Instant::now();
                     state.touch();
                     let msg = msg.map_err(|s| stream_error(hub, &identity.agent, s))?;
-                    Box::pin(handle_inbound(ctx, state, identity, mode, msg, tx)).await?;
+                    Box::pin(handle_inbound(self, msg)).await?;
                 }
                 _ = idle_check.tick() => {
                     if last_seen.elapsed() > ctx.idle_timeout {
@@ -699,14 +671,14 @@ async fn send_inner(
 }
 
 /// Decodes, decides and applies one inbound event, then answers it.
-async fn handle_inbound(
-    ctx: &SessionContext,
-    state: &AgentState,
-    identity: &AgentIdentity,
-    mode: AgentMode,
-    ce: CloudEvent,
-    tx: &Outbound,
-) -> Result<(), Status> {
+async fn handle_inbound(x: &Exchange<'_>, ce: CloudEvent) -> Result<(), Status> {
+    let Exchange {
+        ctx,
+        state,
+        identity,
+        tx,
+        ..
+    } = *x;
     let hub = &ctx.hub;
     let agent = &identity.agent;
     // The refused event's id, so the agent can tell which event it was (and stop resending
@@ -745,9 +717,7 @@ async fn handle_inbound(
     }
     let span = argocd_agent_domain::event_span!("principal.handle_inbound", &event,
         agent = %identity.agent, client = %identity.client, rule = %identity.rule);
-    handle_event(ctx, state, identity, mode, event, tx)
-        .instrument(span)
-        .await
+    handle_event(x, event).instrument(span).await
 }
 
 /// Refuses an event over the agent's rate limit before anything touches the hub: an error
@@ -819,19 +789,24 @@ async fn refuse_tenant_rate_limited(
 
 /// Decides and applies one decoded inbound event, then answers it (span
 /// `principal.handle_inbound`, a child of the agent's span that sent it).
-async fn handle_event(
-    ctx: &SessionContext,
-    state: &AgentState,
-    identity: &AgentIdentity,
-    mode: AgentMode,
-    event: Event,
-    tx: &Outbound,
-) -> Result<(), Status> {
+async fn handle_event(x: &Exchange<'_>, event: Event) -> Result<(), Status> {
+    let Exchange {
+        ctx,
+        state,
+        identity,
+        mode,
+        tx,
+        ..
+    } = *x;
     let hub = &ctx.hub;
     let agent = &identity.agent;
     let Some(event) = take_answer(ctx, state, agent, event) else {
         return Ok(());
     };
+    if event.ty == EventType::Resync {
+        // The agent gone mid-round ends the session in the exchange loop.
+        return requested_resync(x, event).await.map(|_| ());
+    }
     let started = std::time::Instant::now();
     let owner = event.resource.as_ref().map_or(OwnerRecord::Absent, |r| {
         hub.owner_record(&identity.agent, r)

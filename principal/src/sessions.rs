@@ -91,6 +91,9 @@ pub(crate) struct AgentInner {
     pub(crate) session_info: SessionInfo,
     /// Why the principal closed the current session, told to the agent.
     pub(crate) close_reason: Option<String>,
+    /// When the agent's last resync round ran (at connect or asked for), for
+    /// `--resync-min-interval`.
+    pub(crate) last_resync: Option<std::time::Instant>,
 }
 
 /// What is known about an agent's current (or last) session, for the operator API.
@@ -322,6 +325,7 @@ impl Sessions {
                         desired_projects: HashMap::new(),
                         session_info: SessionInfo::default(),
                         close_reason: None,
+                        last_resync: None,
                     }),
                     inbox: ChangeInbox::default(),
                     last_event_ms: AtomicI64::new(0),

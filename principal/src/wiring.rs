@@ -571,6 +571,7 @@ impl Wiring {
             shutdown: self.shutdown.clone(),
             idle_timeout: config.idle_timeout,
             hello_timeout: config.hello_timeout,
+            resync_min_interval: config.resync_min_interval,
             max_requests_in_flight: config
                 .redis_proxy
                 .as_ref()

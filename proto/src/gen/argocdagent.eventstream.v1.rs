@@ -37,8 +37,16 @@ pub struct Welcome {
     /// Maximum events the principal keeps in flight for this agent.
     #[prost(uint32, tag = "6")]
     pub max_in_flight: u32,
+    /// Capability "resync.periodic.v1": the shortest interval between resync rounds the
+    /// principal takes from one agent (`--resync-min-interval`), milliseconds; 0: no
+    /// minimum. An agent asking more often is refused (`ResyncTooSoon`), so agents stretch
+    /// their `--resync-interval` to it.
+    #[prost(uint64, tag = "7")]
+    pub resync_min_interval_ms: u64,
 }
-/// Checksums one side sends the other for resync.
+/// Checksums one side sends the other for resync: in the hello, and (capability
+/// "resync.periodic.v1") as the payload of a `resync` event, the agent's periodic request
+/// for a resync round while connected.
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct ResyncState {
