@@ -564,8 +564,23 @@ impl Spoke {
 
     /// What this agent holds now, as a periodic resync request reports it (as the hello
     /// does, without remembering it: the welcome that uses the hello's is long past).
+    /// A managed agent reports, per copy, the checksum of the status it last sent (its
+    /// statuses are the hub copy's): the principal asks again for those its copy lacks.
     pub fn resync_view(&self) -> ResyncState {
-        self.view().0
+        let mut state = self.view().0;
+        if self.mode == AgentMode::Managed {
+            let inner = self.inner();
+            for r in state
+                .resources
+                .iter_mut()
+                .filter(|r| r.kind == ResourceKind::Application.as_str())
+            {
+                if let Some(sum) = inner.sent_status.get(&r.name) {
+                    r.status_checksum = sum.clone();
+                }
+            }
+        }
+        state
     }
 
     fn view(&self) -> (ResyncState, HelloState) {
@@ -672,6 +687,24 @@ impl Spoke {
             r,
             Payload::Object(Arc::new(json!({"metadata": metadata, "status": status}))),
         ));
+    }
+
+    /// Managed: the principal asks for a copy's status again; it is sent even if this
+    /// agent sent the same before (that one was lost on the way).
+    fn report_status_again(&self, resource: &ResourceRef) {
+        let (ns, name) = self.local_target(resource);
+        let key = if self.across_namespaces() {
+            format!("{ns}/{name}")
+        } else {
+            name.clone()
+        };
+        self.inner().sent_status.remove(&key);
+        match self.cache.get(Some(&ns), &name) {
+            Some(obj) if !is_being_deleted(&obj) => self.report_status(&obj),
+            _ => {
+                tracing::debug!(object = %resource, "status asked for of a copy this agent does not hold")
+            }
+        }
     }
 
     /// Autonomous: publishes a local Application under its hub name.
@@ -1018,6 +1051,10 @@ impl Spoke {
                 self.republish(&resource.name);
                 return None;
             }
+            Ok(Command::ReportStatus) => {
+                self.report_status_again(resource);
+                return None;
+            }
             Ok(Command::Delete) => {
                 let span = tracing::info_span!("agent.apply", command = "delete");
                 match self.delete_copy(resource).instrument(span).await {
@@ -1116,7 +1153,7 @@ impl Spoke {
                     .await?;
                 Ok(())
             }
-            Command::Republish => Ok(()),
+            Command::Republish | Command::ReportStatus => Ok(()),
         }
     }
 }
@@ -1270,6 +1307,9 @@ enum Command {
     TerminateOperation,
     /// Autonomous: publish the local object again (or its deletion).
     Republish,
+    /// Managed: report the local copy's status again (a periodic resync found the hub's
+    /// copy holding another status than the one this agent last sent).
+    ReportStatus,
     /// Autonomous: a refresh requested on the hub copy (`normal` or `hard`), written as
     /// Argo CD's refresh annotation on the local Application.
     Refresh(String),
@@ -1284,6 +1324,7 @@ impl Command {
             Command::SetOperation(_) => "set-operation",
             Command::TerminateOperation => "terminate-operation",
             Command::Republish => "republish",
+            Command::ReportStatus => "report-status",
             Command::Refresh(_) => "refresh",
         }
     }
@@ -1328,6 +1369,7 @@ fn plan(
         )),
         (_, EventType::TerminateOperation) => Ok(Command::TerminateOperation),
         (AgentMode::Autonomous, EventType::RequestUpdate) => Ok(Command::Republish),
+        (AgentMode::Managed, EventType::RequestUpdate) => Ok(Command::ReportStatus),
         // The principal carries a refresh requested on the hub copy as a spec-update whose
         // object holds nothing but the name and the refresh annotation (an older agent
         // refuses it, and the hub copy keeps its request).

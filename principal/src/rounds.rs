@@ -23,8 +23,10 @@ use crate::sessions::AgentState;
 pub const RESYNC_TOO_SOON: &str = "ResyncTooSoon";
 
 /// Whether a requested round may run now: `Err(wait)` when the agent's last round (at
-/// connect or asked for) is less than `min_interval` ago. A round at connect always runs
-/// (a reconnecting agent must be brought up to date), so only requests are checked; every
+/// connect or asked for) is less than `min_interval` ago, less a tenth for the jitter of
+/// an agent that asks at exactly the minimum (its timer and the stream's delays move each
+/// request by a few milliseconds either way). A round at connect always runs (a
+/// reconnecting agent must be brought up to date), so only requests are checked; every
 /// round that runs is recorded.
 pub fn admit_request(
     state: &AgentState,
@@ -34,8 +36,9 @@ pub fn admit_request(
     let mut inner = state.inner();
     if let Some(last) = inner.last_resync {
         let since = now.saturating_duration_since(last);
-        if since < min_interval {
-            return Err(min_interval - since);
+        let on_time = min_interval - min_interval / 10;
+        if since < on_time {
+            return Err(on_time - since);
         }
     }
     inner.last_resync = Some(now);
@@ -109,7 +112,12 @@ pub async fn run(
                 .resync_children(state, known.then_some(&children))
                 .await;
             hub.config.resync_config(state, &checksums, &uids);
-            Vec::new()
+            // Statuses: the agent's (a managed agent reports the checksum of the status it
+            // last sent in periodic requests only; its hello leaves it out, as it reports
+            // every status after the welcome anyway).
+            let statuses =
+                resync::status_checksums_from_state(ResourceKind::Application.as_str(), view);
+            hub.apps.stale_managed_statuses(state, &statuses)
         }
         AgentMode::Autonomous => {
             let statuses =
@@ -158,19 +166,22 @@ mod tests {
         let t0 = Instant::now();
         let min = Duration::from_secs(60);
         record_connect(&state, t0);
+        // On time from 54 s (a tenth of the minimum is jitter).
         assert_eq!(
             admit_request(&state, min, t0 + Duration::from_secs(20)),
-            Err(Duration::from_secs(40))
+            Err(Duration::from_secs(34))
         );
         // A refused request does not move the window.
         assert_eq!(
-            admit_request(&state, min, t0 + Duration::from_secs(59)),
+            admit_request(&state, min, t0 + Duration::from_secs(53)),
             Err(Duration::from_secs(1))
         );
-        assert_eq!(admit_request(&state, min, t0 + min), Ok(()));
-        // The admitted one does.
-        assert!(admit_request(&state, min, t0 + min + Duration::from_secs(1)).is_err());
-        assert_eq!(admit_request(&state, min, t0 + 2 * min), Ok(()));
+        // An agent asking every 60 s whose request comes a little early is on time.
+        let early = t0 + min - Duration::from_millis(30);
+        assert_eq!(admit_request(&state, min, early), Ok(()));
+        // The admitted one moves the window.
+        assert!(admit_request(&state, min, early + Duration::from_secs(1)).is_err());
+        assert_eq!(admit_request(&state, min, early + min), Ok(()));
     }
 
     #[test]

@@ -282,9 +282,10 @@ async fn run(
     ))
     .await;
     let result = async {
+        // Before the welcome, from which the agent times its periodic requests.
+        crate::rounds::record_connect(&state, std::time::Instant::now());
         let mut direct_rx = welcome_agent(ctx, &state, &identity, &hello, session_id, tx).await?;
         // 3. Resync, 4. exchange events.
-        crate::rounds::record_connect(&state, std::time::Instant::now());
         let view = hello.state.as_ref();
         if !resync(ctx, &state, &token, mode, view, Round::Connect, tx).await? {
             return Ok(());

@@ -105,6 +105,38 @@ impl Applications {
         }
     }
 
+    /// Managed, periodic round: the Applications whose hub copy holds another status than
+    /// the one the agent reports it last sent (`agent_statuses`; a status the hub refused,
+    /// or lost with a restart), asked for again with `request-update`. Objects being
+    /// deleted, and objects the agent reports no status for, are left alone.
+    pub fn stale_managed_statuses(
+        &self,
+        state: &AgentState,
+        agent_statuses: &Checksums,
+    ) -> Vec<Event> {
+        if agent_statuses.is_empty() {
+            return Vec::new();
+        }
+        let ns = state.namespace();
+        let objects = self.managed_objects(state);
+        let stale: Vec<Event> = agent_statuses
+            .iter()
+            .filter(|(key, sum)| {
+                objects.get(*key).is_some_and(|o| {
+                    !is_being_deleted(o)
+                        && argocd_agent_kubernetes::object::status_checksum(o) != **sum
+                })
+            })
+            .filter_map(|(key, _)| self.key_ref(&ns, key))
+            .map(|r| Event::resource(&self.source, EventType::RequestUpdate, r, Payload::None))
+            .collect();
+        if !stale.is_empty() {
+            tracing::info!(agent = %state.name, stale_status = stale.len(),
+                "resync (managed): statuses the hub lacks asked for again");
+        }
+        stale
+    }
+
     /// Managed agent reconnected: the hub copies of its spoke-authored children
     /// (app-of-apps) that its hello no longer lists are deleted; the agent publishes every
     /// child it holds after the welcome. `listed` is `None` for an agent that sent no
