@@ -551,8 +551,34 @@ mod tests {
                 namespace: ns.into(),
                 capabilities: vec![],
                 max_in_flight: 1,
+                ..Default::default()
             }),
         )
+    }
+
+    fn agreed(minimum_ms: u64) -> Welcome {
+        Welcome {
+            capabilities: vec![argocd_agent_domain::resync::PERIODIC_CAPABILITY.into()],
+            resync_min_interval_ms: minimum_ms,
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn periodic_resync_runs_at_the_agents_interval_or_the_principals_minimum() {
+        let secs = std::time::Duration::from_secs;
+        let config = |every| AgentConfig {
+            resync_interval: every,
+            ..Default::default()
+        };
+        // Off by default, and with a principal that does not take the requests.
+        assert!(periodic_resync(&AgentConfig::default(), &agreed(0)).is_none());
+        assert!(periodic_resync(&config(secs(60)), &Welcome::default()).is_none());
+        // The agent's own interval, or the principal's minimum when that is longer.
+        let period = |every, min| periodic_resync(&config(every), &agreed(min)).unwrap().period();
+        assert_eq!(period(secs(60), 0), secs(60));
+        assert_eq!(period(secs(60), 30_000), secs(60));
+        assert_eq!(period(secs(10), 30_000), secs(30));
     }
 
     #[test]

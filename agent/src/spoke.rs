@@ -1460,7 +1460,7 @@ mod tests {
     }
 
     #[test]
-    fn operations_reach_both_modes_and_request_update_only_autonomous() {
+    fn operations_reach_both_modes_and_request_update_asks_each_mode_for_its_own() {
         let hub = ns("edge-1");
         let op = Payload::Object(Arc::new(json!({"operation": {"sync": {}}})));
         for mode in [AgentMode::Managed, AgentMode::Autonomous] {
@@ -1480,7 +1480,11 @@ mod tests {
             plan(AgentMode::Autonomous, Some(&hub), false, &e).unwrap(),
             Command::Republish
         );
-        assert!(plan(AgentMode::Managed, Some(&hub), false, &e).is_err());
+        // A managed agent owns only the status: the principal asks for that again.
+        assert_eq!(
+            plan(AgentMode::Managed, Some(&hub), false, &e).unwrap(),
+            Command::ReportStatus
+        );
     }
 
     #[test]

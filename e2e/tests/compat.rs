@@ -444,6 +444,7 @@ impl EventStream for OldPrincipal {
                 namespace: MANAGED.into(),
                 capabilities: vec![],
                 max_in_flight: 0,
+                ..Default::default()
             }),
         );
         to_agent
