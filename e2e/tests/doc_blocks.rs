@@ -49,8 +49,8 @@
 //! The binary names are not rewritten in the text: `PATH` starts with a directory of links
 //! named `argocd-agent`, `argocd-agentctl`, `argocd-agent-dev` (the built binaries, found as
 //! the other e2e tests find them), `kubectl` (`KUBECTL`, else `.venv/bin/kubectl`, else
-//! PATH) and `helm` (`HELM`, else `.tools/bin/helm`, else PATH); so does `curl`'s directory
-//! as found on PATH. The scratch directory holds what commands expect to find relative to
+//! PATH), `helm` (`HELM`, else `.tools/bin/helm`, else PATH) and `curl` (PATH); a missing
+//! tool fails the test (`.ci/run` installs them all). The scratch directory holds what commands expect to find relative to
 //! the repository root: a link `deploy` to the repository's `deploy/` and
 //! `.venv/bin/kubectl` (the kubectl above). The environment is the test's, with `HOME` a
 //! fresh directory and `KUBECONFIG`, `SPIFFE_ENDPOINT_SOCKET`, `RUST_LOG` and every
