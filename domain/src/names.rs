@@ -37,8 +37,8 @@ fn check_label(what: &'static str, input: &str) -> Result<(), IdError> {
         .find(|c| !matches!(c, 'a'..='z' | '0'..='9' | '-'))
     {
         return Err(err(format!(
-            "must be a DNS-1123 label (lowercase a-z, 0-9 and '-'), found {c}",
-            c = quoted(&c)
+            "must be a DNS-1123 label (lowercase a-z, 0-9 and '-'), found '{c}'",
+            c = c.escape_debug()
         )));
     }
     if input.starts_with('-') || input.ends_with('-') {
@@ -82,8 +82,8 @@ pub fn check_object_name(input: &str) -> Result<(), IdError> {
         .find(|c| !matches!(c, 'a'..='z' | '0'..='9' | '-' | '.'))
     {
         return Err(err(format!(
-            "must be a DNS-1123 subdomain (lowercase a-z, 0-9, '-' and '.'), found {c}",
-            c = quoted(&c)
+            "must be a DNS-1123 subdomain (lowercase a-z, 0-9, '-' and '.'), found '{c}'",
+            c = c.escape_debug()
         )));
     }
     let alnum = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());

@@ -85,16 +85,16 @@ impl fmt::Display for IdRule {
             IdRule::TrustDomainUppercase => f.write_str("trust domain must be lowercase"),
             IdRule::TrustDomainChar(c) => write!(
                 f,
-                "trust domain may only contain a-z, 0-9, '.', '-' and '_', found {c}",
-                c = quoted(&c)
+                "trust domain may only contain a-z, 0-9, '.', '-' and '_', found '{}'",
+                c.escape_debug()
             ),
             IdRule::EmptySegment => f.write_str("path segments must not be empty (\"//\")"),
             IdRule::DotSegment => f.write_str("path segments must not be \".\" or \"..\""),
             IdRule::TrailingSlash => f.write_str("path must not end with \"/\""),
             IdRule::PathChar(c) => write!(
                 f,
-                "path segments may only contain a-z, A-Z, 0-9, '.', '-' and '_', found {c}",
-                c = quoted(&c)
+                "path segments may only contain a-z, A-Z, 0-9, '.', '-' and '_', found '{}'",
+                c.escape_debug()
             ),
             IdRule::PathNotAbsolute => f.write_str("path must be empty or start with \"/\""),
             IdRule::TooLong(n) => write!(

@@ -201,7 +201,7 @@ pub enum XfccError {
     },
     /// A character that is not allowed where it appears (a `"` inside an unquoted value,
     /// text after a closing quote, a control character).
-    #[error("x-forwarded-client-cert element {element}: unexpected {found} at byte {at}", found = quoted(.found))]
+    #[error("x-forwarded-client-cert element {element}: unexpected {found} at byte {at}", found = format!("'{}'", .found.escape_debug()))]
     Unexpected {
         /// Index of the element.
         element: usize,

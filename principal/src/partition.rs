@@ -247,7 +247,7 @@ impl Partition {
             tracing::warn!(
                 object = obj.metadata.name.as_deref().unwrap_or_default(),
                 namespace = obj.metadata.namespace.as_deref().unwrap_or_default(),
-                ?dropped,
+                dropped = %argocd_agent_identity::text::quoted_list(dropped.iter().map(|(k, v)| format!("{k}={v}"))),
                 selector = self.selector().unwrap_or_default(),
                 "labels the --label-selector excludes dropped from the hub copy: they would hide it from this principal"
             );

@@ -468,9 +468,9 @@ fn compile_output(
                     .find(|c| !matches!(c, 'a'..='z' | '0'..='9' | '-'))
                 {
                     return Err(format!(
-                        "{what} {src} contains {c}, which can never be part of a DNS-1123 label",
+                        "{what} {src} contains '{c}', which can never be part of a DNS-1123 label",
                         src = quoted(&src),
-                        c = quoted(&c)
+                        c = c.escape_debug()
                     ));
                 }
             }
