@@ -143,7 +143,7 @@ pub async fn run(
                 None
             }
             _ = tokio::time::sleep_until(draining.unwrap_or_else(tokio::time::Instant::now)), if draining.is_some() => {
-                tracing::warn!(in_flight = spoke.queue.in_flight(), "shutting down: events still unacknowledged after {DRAIN_GRACE:?} (sent again after the restart)");
+                tracing::warn!(in_flight = spoke.queue.in_flight(), "shutting down: events still unacknowledged after {DRAIN_GRACE} (sent again after the restart)", DRAIN_GRACE = text::duration(DRAIN_GRACE));
                 break;
             }
             _ = cache_report.tick(), if draining.is_none() => {
@@ -492,13 +492,13 @@ async fn on_event(spoke: &Spoke, event: Event) -> Option<Event> {
                 // never dropped (a dropped status would wait for the next resync).
                 (argocd_agent_domain::event::REASON_UNAVAILABLE, Some(id)) => {
                     if spoke.queue.retry_later(id) {
-                        tracing::info!(object = ?event.resource, event_id = %id, "the principal could not apply this change for now: resent later");
+                        tracing::info!(object = %text::or_dash(event.resource.as_ref()), event_id = %id, "the principal could not apply this change for now: resent later");
                     }
                 }
                 // A delete of an object the hub does not have: the outcome the delete
                 // wanted (a resend after a lost acknowledgement ends here too).
                 ("NotFound", Some(id)) => {
-                    tracing::info!(object = ?event.resource, event_id = %id, "delete: the hub has no such object");
+                    tracing::info!(object = %text::or_dash(event.resource.as_ref()), event_id = %id, "delete: the hub has no such object");
                     spoke.queue.ack(id);
                 }
                 (_, id) => {

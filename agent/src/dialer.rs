@@ -3,6 +3,7 @@
 //! plaintext to a local mesh sidecar, or a JWT-SVID bearer token through a
 //! TLS-terminating ingress.
 
+use argocd_agent_identity::text::quoted;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -75,7 +76,7 @@ impl Compression {
 
 /// A compression algorithm other than `gzip` or `zstd`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown compression algorithm {0:?} (gzip or zstd)")]
+#[error("unknown compression algorithm {q0} (gzip or zstd)", q0 = quoted(.0))]
 pub struct UnknownCompression(pub String);
 
 impl std::str::FromStr for Compression {

@@ -1,6 +1,7 @@
 //! The agent's errors: why it could not start, why one connection failed, and why an event
 //! from the principal could not be applied. Each keeps its cause.
 
+use argocd_agent_identity::text::quoted;
 use std::net::SocketAddr;
 
 use argocd_agent_domain::AgentMode;
@@ -74,7 +75,7 @@ pub enum SpokeError {
     #[error("{0} is not in this agent's hub namespace")]
     WrongNamespace(String),
     /// The payload names another object than the event.
-    #[error("payload does not name the event's resource {0:?}")]
+    #[error("payload does not name the event's resource {q0}", q0 = quoted(.0))]
     NameMismatch(String),
     /// This mode does not take this event.
     #[error("{ty} is not accepted by a {mode} agent")]

@@ -13,6 +13,7 @@
 //! compile is refused at start rather than silently matching nothing.
 
 use argocd_agent_domain::pattern::compile;
+use argocd_agent_identity::text::quoted;
 use regex::Regex;
 
 /// Longest Application name: a DNS subdomain (RFC 1123), as every Kubernetes object name.
@@ -48,8 +49,13 @@ impl AllowedNamespaces {
     pub fn new(argocd: &str, patterns: &[String]) -> Result<AllowedNamespaces, String> {
         let mut out = AllowedNamespaces::only(argocd);
         for source in patterns.iter().map(|p| p.trim()).filter(|p| !p.is_empty()) {
-            let regex =
-                compile(source).map_err(|e| format!("pattern {source:?}: {}", String::from(e)))?;
+            let regex = compile(source).map_err(|e| {
+                format!(
+                    "pattern {source}: {}",
+                    String::from(e),
+                    source = quoted(&source)
+                )
+            })?;
             out.patterns.push(Pattern {
                 source: source.to_owned(),
                 regex,
@@ -92,7 +98,7 @@ impl AllowedNamespaces {
 pub enum HubNameError {
     /// `<namespace>.<name>` is longer than an object name may be.
     #[error(
-        "hub name {0:?} would be longer than {MAX_NAME_LEN} characters (an Application name is a DNS subdomain)"
+        "hub name {q0} would be longer than {MAX_NAME_LEN} characters (an Application name is a DNS subdomain)", q0 = quoted(.0)
     )]
     TooLong(String),
 }

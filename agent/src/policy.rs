@@ -13,6 +13,7 @@
 //!   Application deleted locally, leave it, clear its stale `status.operationState` (so
 //!   automated sync runs again), or start a sync.
 
+use argocd_agent_identity::text::quoted;
 use std::fmt;
 use std::str::FromStr;
 
@@ -27,7 +28,7 @@ pub const MISMATCH_ANNOTATION: &str = "argocd.argoproj.io/source-uid-mismatch-po
 
 /// A policy value that does not parse.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid {what} {input:?}: expected one of {expected}")]
+#[error("invalid {what} {input}: expected one of {expected}", input = quoted(.input))]
 pub struct PolicyParseError {
     what: &'static str,
     input: String,

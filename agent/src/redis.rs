@@ -12,6 +12,7 @@
 //! with those nodes pointing where the hub has them, so the hub UI's links to a child
 //! Application lead to it (upstream argocd-agent PR #1048).
 
+use argocd_agent_identity::text;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -194,9 +195,12 @@ impl SpokeRedis {
             .as_ref()
             .ok_or("request names no application")?;
         let kind = AppKeyKind::parse(&req.key_kind)
-            .ok_or_else(|| format!("unknown key kind {:?}", req.key_kind))?;
+            .ok_or_else(|| format!("unknown key kind {}", text::quoted(&req.key_kind)))?;
         if !valid_suffix(&req.key_suffix) {
-            return Err(format!("invalid key suffix {:?}", req.key_suffix));
+            return Err(format!(
+                "invalid key suffix {}",
+                text::quoted(&req.key_suffix)
+            ));
         }
         let instance = spoke.redis_instance(resource).ok_or_else(|| {
             format!(
@@ -252,7 +256,7 @@ impl SpokeRedis {
                 return false;
             }
             Request::Refused(reason) => {
-                tracing::warn!(app = ?event.resource.as_ref().map(|r| r.to_string()), %reason, "Redis request refused");
+                tracing::warn!(app = %text::or_dash(event.resource.as_ref()), %reason, "Redis request refused");
                 error(reason)
             }
             Request::Get { key, tree } => match (self.get(&key).await, tree) {

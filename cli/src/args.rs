@@ -2,6 +2,7 @@
 //! conversion to the principal's and the agent's configuration. The binary runs them;
 //! `argocd-agentctl validate` parses the same flags offline.
 
+use argocd_agent_identity::text::quoted;
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -576,13 +577,15 @@ impl ResourceProxyArgs {
         let url = self.resource_proxy_url.clone().unwrap_or_default();
         if !url.is_empty() && !url.starts_with("https://") {
             return Err(format!(
-                "--resource-proxy-url {url:?}: must be an https:// URL"
+                "--resource-proxy-url {url}: must be an https:// URL",
+                url = quoted(&url)
             ));
         }
         let replica_url = self.resource_proxy_replica_url.clone().unwrap_or_default();
         if !replica_url.is_empty() && !replica_url.starts_with("https://") {
             return Err(format!(
-                "--resource-proxy-replica-url {replica_url:?}: must be an https:// URL"
+                "--resource-proxy-replica-url {replica_url}: must be an https:// URL",
+                replica_url = quoted(&replica_url)
             ));
         }
         let mut c = argocd_agent_principal::resourceproxy::ResourceProxyConfig::new(listen, url);
@@ -655,7 +658,8 @@ impl RedisProxyArgs {
             && !a.contains(':')
         {
             return Err(format!(
-                "--redis-proxy-replica-address {a:?}: expected host:port"
+                "--redis-proxy-replica-address {a}: expected host:port",
+                a = quoted(&a)
             ));
         }
         let upstream_tls = match &self.redis_server_tls_ca_path {
@@ -846,7 +850,11 @@ fn parse_destination(s: &str) -> Result<argocd_agent_agent::guard::DestinationSp
     }
     for part in s.split(';').map(str::trim).filter(|p| !p.is_empty()) {
         let (k, v) = part.split_once('=').ok_or_else(|| {
-            format!("--guard-allowed-destinations {s:?}: {part:?} is not field=glob")
+            format!(
+                "--guard-allowed-destinations {s}: {part} is not field=glob",
+                s = quoted(&s),
+                part = quoted(&part)
+            )
         })?;
         let slot = match k.trim() {
             "server" => &mut d.server,
@@ -854,7 +862,9 @@ fn parse_destination(s: &str) -> Result<argocd_agent_agent::guard::DestinationSp
             "namespace" => &mut d.namespace,
             other => {
                 return Err(format!(
-                    "--guard-allowed-destinations {s:?}: unknown field {other:?} (server, name, namespace)"
+                    "--guard-allowed-destinations {s}: unknown field {other} (server, name, namespace)",
+                    s = quoted(&s),
+                    other = quoted(&other)
                 ));
             }
         };
@@ -919,10 +929,12 @@ impl AgentRedisArgs {
 /// `[host]:port`; without a host, [`default_host`] (`0.0.0.0:port` must be asked for).
 fn parse_listen(s: &str) -> Result<SocketAddr, String> {
     if let Some(port) = s.strip_prefix(':') {
-        let port: u16 = port.parse().map_err(|e| format!("{s:?}: {e}"))?;
+        let port: u16 = port
+            .parse()
+            .map_err(|e| format!("{s}: {e}", s = quoted(&s)))?;
         return Ok(SocketAddr::new(default_host(), port));
     }
-    s.parse().map_err(|e| format!("{s:?}: {e}"))
+    s.parse().map_err(|e| format!("{s}: {e}", s = quoted(&s)))
 }
 
 /// Where a listener binds when no host is given: the pod IP (`$POD_IP`, set from the
@@ -1125,12 +1137,15 @@ pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     let mut total = Duration::ZERO;
     let mut rest = s;
     while !rest.is_empty() {
-        let digits = rest
-            .find(|c: char| !c.is_ascii_digit())
-            .ok_or_else(|| format!("invalid duration {s:?}: a unit after every number"))?;
+        let digits = rest.find(|c: char| !c.is_ascii_digit()).ok_or_else(|| {
+            format!(
+                "invalid duration {s}: a unit after every number",
+                s = quoted(&s)
+            )
+        })?;
         let n: u64 = rest[..digits]
             .parse()
-            .map_err(|_| format!("invalid duration {s:?}"))?;
+            .map_err(|_| format!("invalid duration {s}", s = quoted(&s)))?;
         let tail = &rest[digits..];
         let unit_len = tail
             .find(|c: char| c.is_ascii_digit())
@@ -1140,7 +1155,12 @@ pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
             "s" => Duration::from_secs(n),
             "m" => Duration::from_secs(n.saturating_mul(60)),
             "h" => Duration::from_secs(n.saturating_mul(3600)),
-            _ => return Err(format!("invalid duration unit in {s:?} (ms, s, m, h)")),
+            _ => {
+                return Err(format!(
+                    "invalid duration unit in {s} (ms, s, m, h)",
+                    s = quoted(&s)
+                ));
+            }
         };
         total = total.saturating_add(one);
         rest = &tail[unit_len..];
@@ -1257,15 +1277,16 @@ impl PrincipalArgs {
             }
         } else {
             return Err(format!(
-                "unknown --auth {auth:?}: use spiffe, mtls:uri:<regex> or header:<preset>"
+                "unknown --auth {auth}: use spiffe, mtls:uri:<regex> or header:<preset>",
+                auth = quoted(&auth)
             )
             .into());
         };
         let mut labels = BTreeMap::new();
         for l in &a.namespace_create_label {
-            let (k, v) = l
-                .split_once('=')
-                .ok_or_else(|| format!("--namespace-create-label {l:?}: expected k=v"))?;
+            let (k, v) = l.split_once('=').ok_or_else(|| {
+                format!("--namespace-create-label {l}: expected k=v", l = quoted(&l))
+            })?;
             labels.insert(k.to_owned(), v.to_owned());
         }
         if a.enable_websocket && !matches!(auth, argocd_agent_principal::AuthConfig::Mtls { .. }) {
@@ -1384,7 +1405,11 @@ impl AgentArgs {
                     .transpose()?,
             }
         } else {
-            return Err(format!("unknown --creds {:?}: use spiffe or header:", a.creds).into());
+            return Err(format!(
+                "unknown --creds {}: use spiffe or header:",
+                quoted(&a.creds)
+            )
+            .into());
         };
         if a.enable_websocket && !matches!(transport, argocd_agent_agent::Transport::Mtls { .. }) {
             return Err("--enable-websocket carries SVID mutual TLS inside the WebSocket: it needs --creds spiffe".into());

@@ -6,6 +6,7 @@
 //! extension attributes `resourcekind`, `resourcenamespace` and `resourcename`, so a receiver
 //! can authorize an event before it parses the payload.
 
+use argocd_agent_identity::text::quoted;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
@@ -327,7 +328,7 @@ pub struct Event {
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum EventError {
     /// The type is not `io.argoproj.argocd-agent.event.<verb>` with a known verb.
-    #[error("event {id:?}: unknown event type {ty:?}")]
+    #[error("event {id}: unknown event type {ty}", id = quoted(.id), ty = quoted(.ty))]
     UnknownType {
         /// The event's id.
         id: String,
@@ -335,7 +336,7 @@ pub enum EventError {
         ty: String,
     },
     /// The specversion is not [`SPEC_VERSION`].
-    #[error("event {id:?}: unsupported specversion {version:?}")]
+    #[error("event {id}: unsupported specversion {version}", id = quoted(.id), version = quoted(.version))]
     SpecVersion {
         /// The event's id.
         id: String,
@@ -343,7 +344,7 @@ pub enum EventError {
         version: String,
     },
     /// An attribute the event's type requires is absent.
-    #[error("event {id:?}: missing required attribute {attr}")]
+    #[error("event {id}: missing required attribute {attr}", id = quoted(.id))]
     Missing {
         /// The event's id.
         id: String,
@@ -351,7 +352,7 @@ pub enum EventError {
         attr: &'static str,
     },
     /// An attribute has the wrong type or an unacceptable value.
-    #[error("event {id:?}: attribute {attr} is invalid: {reason}")]
+    #[error("event {id}: attribute {attr} is invalid: {reason}", id = quoted(.id))]
     Invalid {
         /// The event's id.
         id: String,
@@ -361,7 +362,7 @@ pub enum EventError {
         reason: String,
     },
     /// The data does not decode as the type's payload, or is missing where required.
-    #[error("event {id:?}: payload of {ty} event is invalid: {reason}")]
+    #[error("event {id}: payload of {ty} event is invalid: {reason}", id = quoted(.id))]
     Payload {
         /// The event's id.
         id: String,
@@ -646,8 +647,12 @@ impl Attributes<'_> {
                 });
             }
         };
-        let kind = ResourceKind::parse(&kind)
-            .ok_or_else(|| self.invalid(ATTR_KIND, format!("unknown kind {kind:?}")))?;
+        let kind = ResourceKind::parse(&kind).ok_or_else(|| {
+            self.invalid(
+                ATTR_KIND,
+                format!("unknown kind {kind}", kind = quoted(&kind)),
+            )
+        })?;
         let namespace =
             Namespace::new(&namespace).map_err(|e| self.invalid(ATTR_NAMESPACE, e.to_string()))?;
         check_object_name(&name).map_err(|e| self.invalid(ATTR_NAME, e.to_string()))?;
@@ -791,9 +796,10 @@ fn check_object_identity(
         None => Ok(()),
         Some(serde_json::Value::String(s)) if s == expected => Ok(()),
         Some(other) => Err(format!(
-            "payload {pointer} is {}, {} expects {expected:?}",
+            "payload {pointer} is {}, {} expects {expected}",
             brief(other),
-            resource.kind
+            resource.kind,
+            expected = quoted(&expected)
         )),
     };
     field("/kind", resource.kind.object_kind())
@@ -805,9 +811,9 @@ fn check_object_identity(
         Some(other) => Err(invalid(
             ATTR_NAME,
             format!(
-                "payload names {}, the event {:?}",
+                "payload names {}, the event {}",
                 brief(other),
-                resource.name
+                quoted(&resource.name)
             ),
         )),
     }

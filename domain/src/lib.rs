@@ -28,6 +28,8 @@ pub use names::{AgentMode, AgentName, AllowedModes, Namespace, ResourceKind, Ten
 pub use queue::{QueueError, QueueLimits, SendQueue};
 pub use tenant::{Tenant, Tenants};
 
+pub use argocd_agent_identity::text::{or_dash, quoted, quoted_list};
+
 /// Formats an error with its chain of causes, `outer: inner: root`, each cause once: the
 /// message of the error events peers send each other, and of log lines.
 pub fn error_chain(err: &dyn std::error::Error) -> String {

@@ -4,6 +4,7 @@
 //! (`[a-z0-9]([-a-z0-9]*[a-z0-9])?`, at most 63 characters), because each agent owns a hub
 //! namespace and upstream argocd-agent names that namespace after the agent.
 
+use argocd_agent_identity::text::quoted;
 use std::fmt;
 use std::str::FromStr;
 
@@ -36,7 +37,8 @@ fn check_label(what: &'static str, input: &str) -> Result<(), IdError> {
         .find(|c| !matches!(c, 'a'..='z' | '0'..='9' | '-'))
     {
         return Err(err(format!(
-            "must be a DNS-1123 label (lowercase a-z, 0-9 and '-'), found {c:?}"
+            "must be a DNS-1123 label (lowercase a-z, 0-9 and '-'), found '{c}'",
+            c = c.escape_debug()
         )));
     }
     if input.starts_with('-') || input.ends_with('-') {
@@ -80,7 +82,8 @@ pub fn check_object_name(input: &str) -> Result<(), IdError> {
         .find(|c| !matches!(c, 'a'..='z' | '0'..='9' | '-' | '.'))
     {
         return Err(err(format!(
-            "must be a DNS-1123 subdomain (lowercase a-z, 0-9, '-' and '.'), found {c:?}"
+            "must be a DNS-1123 subdomain (lowercase a-z, 0-9, '-' and '.'), found '{c}'",
+            c = c.escape_debug()
         )));
     }
     let alnum = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
@@ -244,7 +247,7 @@ impl fmt::Display for ResourceKind {
 
 /// Why a mode string was not understood.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid agent mode {input:?}: expected one of {expected}")]
+#[error("invalid agent mode {input}: expected one of {expected}", input = quoted(.input))]
 pub struct ModeParseError {
     input: String,
     expected: &'static str,

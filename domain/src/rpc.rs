@@ -8,6 +8,7 @@
 //! [`Pending::close`]) ends every waiting request with [`RpcError::Disconnected`], so a
 //! caller never waits for an answer that can no longer come.
 
+use argocd_agent_identity::text;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -26,7 +27,7 @@ pub enum RpcError {
         limit: usize,
     },
     /// No answer came within this time.
-    #[error("the peer did not answer within {0:?}")]
+    #[error("the peer did not answer within {q0}", q0 = text::duration(*.0))]
     Timeout(Duration),
     /// The session ended (or was closed) before an answer came.
     #[error("the peer disconnected before answering")]

@@ -6,6 +6,7 @@
 //! normalise forms the SPIFFE spec forbids (percent-encoding, dot segments, ports, uppercase
 //! hosts), and silently normalising an identity is exactly what must not happen here.
 
+use crate::text::quoted;
 use std::fmt;
 use std::str::FromStr;
 
@@ -71,7 +72,8 @@ impl fmt::Display for IdRule {
             IdRule::WrongScheme(s) => {
                 write!(
                     f,
-                    "scheme must be exactly \"spiffe\" (lowercase), got {s:?}"
+                    "scheme must be exactly \"spiffe\" (lowercase), got {s}",
+                    s = quoted(&s)
                 )
             }
             IdRule::MissingTrustDomain => f.write_str("trust domain is missing"),
@@ -83,14 +85,16 @@ impl fmt::Display for IdRule {
             IdRule::TrustDomainUppercase => f.write_str("trust domain must be lowercase"),
             IdRule::TrustDomainChar(c) => write!(
                 f,
-                "trust domain may only contain a-z, 0-9, '.', '-' and '_', found {c:?}"
+                "trust domain may only contain a-z, 0-9, '.', '-' and '_', found '{}'",
+                c.escape_debug()
             ),
             IdRule::EmptySegment => f.write_str("path segments must not be empty (\"//\")"),
             IdRule::DotSegment => f.write_str("path segments must not be \".\" or \"..\""),
             IdRule::TrailingSlash => f.write_str("path must not end with \"/\""),
             IdRule::PathChar(c) => write!(
                 f,
-                "path segments may only contain a-z, A-Z, 0-9, '.', '-' and '_', found {c:?}"
+                "path segments may only contain a-z, A-Z, 0-9, '.', '-' and '_', found '{}'",
+                c.escape_debug()
             ),
             IdRule::PathNotAbsolute => f.write_str("path must be empty or start with \"/\""),
             IdRule::TooLong(n) => write!(
@@ -110,7 +114,7 @@ impl fmt::Display for IdRule {
 #[non_exhaustive]
 pub enum IdError {
     /// Not a valid SPIFFE ID.
-    #[error("invalid SPIFFE ID {input:?}: {rule}")]
+    #[error("invalid SPIFFE ID {input}: {rule}", input = quoted(.input))]
     SpiffeId {
         /// The rejected input (truncated when very long).
         input: String,
@@ -118,7 +122,7 @@ pub enum IdError {
         rule: IdRule,
     },
     /// Not a valid trust domain.
-    #[error("invalid trust domain {input:?}: {rule}")]
+    #[error("invalid trust domain {input}: {rule}", input = quoted(.input))]
     TrustDomain {
         /// The rejected input (truncated when very long).
         input: String,
@@ -126,7 +130,7 @@ pub enum IdError {
         rule: IdRule,
     },
     /// Not a valid agent name or namespace (DNS-1123 label).
-    #[error("invalid {what} {input:?}: {reason}")]
+    #[error("invalid {what} {input}: {reason}", input = quoted(.input))]
     Name {
         /// What kind of name: `agent name` or `namespace`.
         what: &'static str,

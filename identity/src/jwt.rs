@@ -4,6 +4,7 @@
 
 // The spiffe crate verifies JWT signatures only through jsonwebtoken with aws-lc or RustCrypto, and this process keeps one crypto provider (ring), so signatures are verified here with ring.
 
+use crate::text::{self, quoted};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -34,10 +35,10 @@ pub enum JwtError {
     #[error("malformed JWT-SVID: {0}")]
     Malformed(String),
     /// The `alg` is not one of ES256/384, RS256/384/512, PS256/384/512.
-    #[error("JWT-SVID algorithm {0:?} is not supported")]
+    #[error("JWT-SVID algorithm {q0} is not supported", q0 = quoted(.0))]
     UnsupportedAlgorithm(String),
     /// No JWT bundle for the subject's trust domain.
-    #[error("JWT-SVID for {sub}: no JWT bundle for trust domain {trust_domain:?}")]
+    #[error("JWT-SVID for {sub}: no JWT bundle for trust domain {trust_domain}", trust_domain = quoted(.trust_domain))]
     UnknownTrustDomain {
         /// The token's subject.
         sub: String,
@@ -45,7 +46,7 @@ pub enum JwtError {
         trust_domain: String,
     },
     /// The `kid` is not in the bundle.
-    #[error("JWT-SVID for {sub}: key {kid:?} is not in the bundle of {trust_domain:?}")]
+    #[error("JWT-SVID for {sub}: key {kid} is not in the bundle of {trust_domain}", kid = quoted(.kid), trust_domain = quoted(.trust_domain))]
     UnknownKey {
         /// The token's subject.
         sub: String,
@@ -81,7 +82,7 @@ pub enum JwtError {
         now: i64,
     },
     /// The audience is not in `aud`.
-    #[error("JWT-SVID for {sub} is for audience {aud:?}, not {expected:?}")]
+    #[error("JWT-SVID for {sub} is for audience {aud}, not {expected}", aud = text::quoted_list(.aud), expected = quoted(.expected))]
     WrongAudience {
         /// The token's subject.
         sub: String,
@@ -91,7 +92,7 @@ pub enum JwtError {
         expected: String,
     },
     /// A JWKS document could not be used.
-    #[error("JWT bundle of {trust_domain:?}: {reason}")]
+    #[error("JWT bundle of {trust_domain}: {reason}", trust_domain = quoted(.trust_domain))]
     Bundle {
         /// The trust domain.
         trust_domain: String,
@@ -144,7 +145,7 @@ fn parse_jwk(jwk: &serde_json::Value) -> Result<(String, Key), String> {
     let field = |name: &str| {
         jwk.get(name)
             .and_then(|v| v.as_str())
-            .ok_or_else(|| format!("JWK without string {name:?}"))
+            .ok_or_else(|| format!("JWK without string {name}", name = quoted(&name)))
     };
     let kid = field("kid")?.to_string();
     let key = match field("kty")? {
@@ -152,7 +153,12 @@ fn parse_jwk(jwk: &serde_json::Value) -> Result<(String, Key), String> {
             let (p384, len) = match field("crv")? {
                 "P-256" => (false, 32),
                 "P-384" => (true, 48),
-                other => return Err(format!("JWK {kid}: unsupported curve {other:?}")),
+                other => {
+                    return Err(format!(
+                        "JWK {kid}: unsupported curve {other}",
+                        other = quoted(&other)
+                    ));
+                }
             };
             let x = b64(field("x")?, "x")?;
             let y = b64(field("y")?, "y")?;
@@ -168,7 +174,12 @@ fn parse_jwk(jwk: &serde_json::Value) -> Result<(String, Key), String> {
             n: b64(field("n")?, "n")?,
             e: b64(field("e")?, "e")?,
         },
-        other => return Err(format!("JWK {kid}: unsupported key type {other:?}")),
+        other => {
+            return Err(format!(
+                "JWK {kid}: unsupported key type {other}",
+                other = quoted(&other)
+            ));
+        }
     };
     Ok((kid, key))
 }
@@ -431,12 +442,13 @@ impl JwtSvidFetcher {
             _ => Err(JwtError::WorkloadApi {
                 endpoint,
                 reason: format!(
-                    "no JWT-SVID within {INITIAL_TIMEOUT:?}: {}",
+                    "no JWT-SVID within {INITIAL_TIMEOUT}: {}",
                     last_error
                         .lock()
                         .ok()
                         .and_then(|e| e.clone())
-                        .unwrap_or_else(|| "no answer".into())
+                        .unwrap_or_else(|| "no answer".into()),
+                    INITIAL_TIMEOUT = text::duration(INITIAL_TIMEOUT)
                 ),
             }),
         }
@@ -500,7 +512,7 @@ async fn refresh_loop(
                     .expires_at
                     .duration_since(SystemTime::now())
                     .unwrap_or_default();
-                tracing::debug!(audience = audience.as_str(), ?lifetime, "fetched JWT-SVID");
+                tracing::debug!(audience = audience.as_str(), lifetime = %text::duration(lifetime), "fetched JWT-SVID");
                 tx.send_replace(Some(token));
                 backoff = MIN_BACKOFF;
                 (lifetime / 2).max(Duration::from_secs(1))
@@ -587,12 +599,13 @@ impl JwtValidator {
             _ => Err(JwtError::WorkloadApi {
                 endpoint,
                 reason: format!(
-                    "no JWT bundles within {INITIAL_TIMEOUT:?}: {}",
+                    "no JWT bundles within {INITIAL_TIMEOUT}: {}",
                     last_error
                         .lock()
                         .ok()
                         .and_then(|e| e.clone())
-                        .unwrap_or_else(|| "no answer".into())
+                        .unwrap_or_else(|| "no answer".into()),
+                    INITIAL_TIMEOUT = text::duration(INITIAL_TIMEOUT)
                 ),
             }),
         }

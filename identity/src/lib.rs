@@ -22,4 +22,4 @@ pub use source::{SvidSource, inspect};
 pub use svid::{SvidState, TrustBundles, X509Svid};
 pub use tls::PeerPolicy;
 
-pub use text::{error_chain, rfc3339};
+pub use text::{error_chain, quoted, quoted_list, rfc3339};

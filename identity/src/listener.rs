@@ -6,6 +6,7 @@
 //! principal and agent are served through it. (hyper has the header timeout; the caps and
 //! the idle timeout across HTTP/1.1 and HTTP/2 are not in hyper or hyper-util.)
 
+use crate::text;
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
@@ -268,7 +269,7 @@ impl RefusalLog {
             reason,
             limit,
             not_logged_since_last = suppressed,
-            "connection refused (further refusals logged at most every {REFUSAL_LOG_EVERY:?})"
+            "connection refused (further refusals logged at most every {REFUSAL_LOG_EVERY})", REFUSAL_LOG_EVERY = text::duration(REFUSAL_LOG_EVERY)
         );
     }
 }
@@ -576,7 +577,7 @@ impl Connection {
             },
             _ = watch => {
                 (self.pools.on_close)("IdleTimeout");
-                tracing::debug!(%peer, ?idle, "idle connection closed");
+                tracing::debug!(%peer, idle = %text::duration(idle), "idle connection closed");
             }
         }
     }

@@ -5,6 +5,7 @@
 //! Written here rather than with `spiffe-rustls` because that crate only accepts the `spiffe`
 //! crate's `X509Source`, while our sources also include PEM files.
 
+use crate::text::quoted;
 use std::fmt;
 use std::sync::Arc;
 
@@ -93,7 +94,7 @@ pub enum TlsError {
     Peer(#[from] PeerError),
     /// No bundle for the peer's trust domain. The ID is only what the certificate claims.
     #[error(
-        "certificate claiming {peer:?} (not verified) is from trust domain {trust_domain:?}, for which there is no trust bundle"
+        "certificate claiming {peer} (not verified) is from trust domain {trust_domain}, for which there is no trust bundle", peer = quoted(.peer), trust_domain = quoted(.trust_domain)
     )]
     UnknownTrustDomain {
         /// The SPIFFE ID the certificate claims (not verified).
@@ -104,7 +105,7 @@ pub enum TlsError {
     /// The chain does not verify against the bundle (bad signature, expired, not yet valid).
     /// The ID is only what the certificate claims.
     #[error(
-        "certificate claiming {peer:?} (not verified) does not verify against the bundle of {trust_domain:?}: {source}"
+        "certificate claiming {peer} (not verified) does not verify against the bundle of {trust_domain}: {source}", peer = quoted(.peer), trust_domain = quoted(.trust_domain)
     )]
     Chain {
         /// The SPIFFE ID the certificate claims (not verified).

@@ -5,6 +5,7 @@
 //! Each accepted connection carries its verified client identity ([`VerifiedPeer`]) into
 //! every request made on it, so handlers never parse certificates again.
 
+use crate::text::{self, quoted};
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
@@ -268,7 +269,7 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for PrefaceReplay<IO> {
 #[derive(Debug, thiserror::Error)]
 pub enum TransportError {
     /// `host:port` could not become an `http://` URI.
-    #[error("invalid principal address {addr:?}: {reason}")]
+    #[error("invalid principal address {addr}: {reason}", addr = quoted(.addr))]
     InvalidAddress {
         /// The address given.
         addr: String,
@@ -276,7 +277,7 @@ pub enum TransportError {
         reason: String,
     },
     /// The TLS server name is not a DNS name or IP address.
-    #[error("invalid TLS server name {0:?}")]
+    #[error("invalid TLS server name {q0}", q0 = quoted(.0))]
     InvalidServerName(String),
     /// TCP connect, TLS handshake or HTTP/2 setup failed.
     #[error("cannot connect to {addr}: {source}")]
@@ -717,10 +718,13 @@ pub fn plain_incoming<L: Accept>(
                         return;
                     }
                     Ok(Err(e)) => e.to_string(),
-                    Err(_) => format!("no HTTP/2 client preface within {preface_timeout:?}"),
+                    Err(_) => format!(
+                        "no HTTP/2 client preface within {preface_timeout}",
+                        preface_timeout = text::duration(preface_timeout)
+                    ),
                 };
                 gate.refused("NoPreface");
-                tracing::debug!(remote = ?remote, %error, "plaintext connection closed before its first request");
+                tracing::debug!(remote = %text::or_dash(remote), %error, "plaintext connection closed before its first request");
                 let secs = usize::try_from(preface_timeout.as_secs()).unwrap_or(usize::MAX);
                 gate.log.refused(remote, "NoPreface", secs);
             });
@@ -752,7 +756,7 @@ async fn verify<IO: AsyncRead + AsyncWrite + Unpin>(
             return None;
         }
         Err(_) => {
-            tracing::warn!(remote = %remote, "TLS handshake timed out after {HANDSHAKE_TIMEOUT:?}");
+            tracing::warn!(remote = %remote, "TLS handshake timed out after {HANDSHAKE_TIMEOUT}", HANDSHAKE_TIMEOUT = text::duration(HANDSHAKE_TIMEOUT));
             refused("HandshakeTimeout");
             return None;
         }
@@ -766,7 +770,7 @@ async fn verify<IO: AsyncRead + AsyncWrite + Unpin>(
             None
         }
         Err(_) => {
-            tracing::warn!(remote = %remote, client = %stream.peer.id, "TLS client closed: no HTTP/2 client preface within {preface_timeout:?}");
+            tracing::warn!(remote = %remote, client = %stream.peer.id, "TLS client closed: no HTTP/2 client preface within {preface_timeout}", preface_timeout = text::duration(preface_timeout));
             refused("NoPreface");
             None
         }
@@ -996,7 +1000,7 @@ pub enum PeerError {
     #[error("peer leaf certificate has {0} URI SANs; an X.509-SVID has exactly one")]
     UriSanCount(usize),
     /// The URI SAN is not a valid SPIFFE ID.
-    #[error("peer URI SAN {uri:?} is not a SPIFFE ID: {reason}")]
+    #[error("peer URI SAN {uri} is not a SPIFFE ID: {reason}", uri = quoted(.uri))]
     NotSpiffe {
         /// The URI SAN.
         uri: String,
@@ -1005,7 +1009,7 @@ pub enum PeerError {
     },
     /// The leaf is a CA certificate, which an SVID leaf must not be.
     #[error(
-        "peer leaf certificate with URI SAN {0:?} is a CA certificate; an X.509-SVID leaf must not be"
+        "peer leaf certificate with URI SAN {q0} is a CA certificate; an X.509-SVID leaf must not be", q0 = quoted(.0)
     )]
     LeafIsCa(String),
 }

@@ -22,6 +22,7 @@
 //! Each side pings every [`WsOptions::ping_interval`] (so idle proxies see traffic), and a
 //! side that hears nothing from its peer for `ping_interval + timeout` closes the connection.
 
+use crate::text;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
@@ -145,7 +146,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> WsIo<S> {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!(
-                    "more than {CONTROL_BURST} WebSocket control frames (pings, pongs, empty messages) in a burst, or more than one per {CONTROL_REFILL:?}"
+                    "more than {CONTROL_BURST} WebSocket control frames (pings, pongs, empty messages) in a burst, or more than one per {CONTROL_REFILL}",
+                    CONTROL_REFILL = text::duration(CONTROL_REFILL)
                 ),
             ));
         }
@@ -165,8 +167,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> WsIo<S> {
             return Err(io::Error::new(
                 io::ErrorKind::TimedOut,
                 format!(
-                    "nothing from the WebSocket peer for {:?}",
-                    self.opts.ping_interval + self.opts.timeout
+                    "nothing from the WebSocket peer for {}",
+                    text::duration(self.opts.ping_interval + self.opts.timeout)
                 ),
             ));
         }
@@ -317,7 +319,10 @@ where
     match tokio::time::timeout(UPGRADE_TIMEOUT, upgrade).await {
         Ok(Ok(ws)) => Ok(WsIo::new(ws, opts.clone())),
         Ok(Err(e)) => Err(format!("WebSocket upgrade refused: {e}")),
-        Err(_) => Err(format!("no WebSocket upgrade within {UPGRADE_TIMEOUT:?}")),
+        Err(_) => Err(format!(
+            "no WebSocket upgrade within {UPGRADE_TIMEOUT}",
+            UPGRADE_TIMEOUT = text::duration(UPGRADE_TIMEOUT)
+        )),
     }
 }
 
@@ -339,7 +344,10 @@ pub async fn tcp_or_websocket(tcp: TcpStream, opts: &WsOptions) -> Prepared<Carr
     let timed_out = || {
         Err((
             "HandshakeTimeout",
-            format!("no TLS handshake or WebSocket upgrade within {UPGRADE_TIMEOUT:?}"),
+            format!(
+                "no TLS handshake or WebSocket upgrade within {UPGRADE_TIMEOUT}",
+                UPGRADE_TIMEOUT = text::duration(UPGRADE_TIMEOUT)
+            ),
         ))
     };
     match tokio::time::timeout_at(deadline, tcp.peek(&mut first)).await {
@@ -481,7 +489,10 @@ impl tower::Service<http::Uri> for WsSvidConnector {
                 .map_err(|_| {
                     io::Error::new(
                         io::ErrorKind::TimedOut,
-                        format!("no WebSocket upgrade within {UPGRADE_TIMEOUT:?}"),
+                        format!(
+                            "no WebSocket upgrade within {UPGRADE_TIMEOUT}",
+                            UPGRADE_TIMEOUT = text::duration(UPGRADE_TIMEOUT)
+                        ),
                     )
                 })?
                 .map_err(|e| match e {

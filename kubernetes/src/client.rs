@@ -2,6 +2,7 @@
 //! `KUBECONFIG`, then the in-cluster service account, then `~/.kube/config`; optional
 //! context; client-side QPS/burst limit.
 
+use argocd_agent_domain::quoted;
 use std::ffi::OsString;
 use std::path::PathBuf;
 
@@ -95,7 +96,12 @@ pub async fn load_config(opts: &ClientOptions) -> Result<Config, Error> {
         ConfigSource::File(path) => Kubeconfig::read_from(path)
             .map_err(|e| Error::Config(format!("reading kubeconfig {}: {e}", path.display())))?,
         ConfigSource::Env(value) => Kubeconfig::from_env()
-            .map_err(|e| Error::Config(format!("reading KUBECONFIG={value:?}: {e}")))?
+            .map_err(|e| {
+                Error::Config(format!(
+                    "reading KUBECONFIG={value}: {e}",
+                    value = quoted(&value.to_string_lossy())
+                ))
+            })?
             .ok_or_else(|| Error::Config("KUBECONFIG names no file".to_string()))?,
         ConfigSource::InCluster => {
             return Config::incluster()
@@ -117,7 +123,9 @@ pub async fn load_config(opts: &ClientOptions) -> Result<Config, Error> {
     Config::from_custom_kubeconfig(kubeconfig, &kc_opts)
         .await
         .map_err(|e| match &opts.context {
-            Some(ctx) => Error::Config(format!("kubeconfig context {ctx:?}: {e}")),
+            Some(ctx) => {
+                Error::Config(format!("kubeconfig context {ctx}: {e}", ctx = quoted(&ctx)))
+            }
             None => Error::Config(format!("kubeconfig: {e}")),
         })
 }

@@ -248,8 +248,8 @@ impl Cache {
                 },
             );
         }
-        tracing::warn!(kind = %self.inner.kind, namespace = ?obj.metadata.namespace,
-            name = ?obj.metadata.name, size, max = rule.max,
+        tracing::warn!(kind = %self.inner.kind, namespace = %argocd_agent_domain::or_dash(obj.metadata.namespace.as_deref()),
+            name = %argocd_agent_domain::or_dash(obj.metadata.name.as_deref()), size, max = rule.max,
             "object too large to cache: kept as a stub without spec or status");
         let admitted = Admitted {
             size: Some(size),
@@ -322,7 +322,7 @@ impl Reconciler {
         };
         match event {
             Err(err) => {
-                tracing::warn!(kind = %self.kind, namespace = ?part.namespace, error = %err,
+                tracing::warn!(kind = %self.kind, namespace = %argocd_agent_domain::or_dash(part.namespace.as_deref()), error = %err,
                     "watch interrupted; retrying with backoff");
                 Vec::new()
             }

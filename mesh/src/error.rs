@@ -1,6 +1,7 @@
 //! The crate's error type.
 
 use crate::guard::GuardError;
+use argocd_agent_identity::text::quoted;
 
 /// Why a mesh-forwarded identity (or a mesh setting) was refused.
 #[derive(Debug, thiserror::Error)]
@@ -10,7 +11,7 @@ pub enum MeshError {
     Xfcc(#[from] XfccError),
     /// A custom header rule captured something that is neither a SPIFFE ID nor a valid
     /// agent name (DNS-1123 label).
-    #[error("header identity {value:?} is not a valid agent name: {reason}")]
+    #[error("header identity {value} is not a valid agent name: {reason}", value = quoted(.value))]
     InvalidAgentName {
         /// The captured value.
         value: String,
@@ -27,8 +28,8 @@ pub enum MeshError {
     },
     /// The nearest XFCC element names several URI SANs.
     #[error(
-        "x-forwarded-client-cert element {element} (added by the nearest proxy) has {} URI SANs {uris:?}; an SVID has exactly one",
-        uris.len()
+        "x-forwarded-client-cert element {element} (added by the nearest proxy) has {} URI SANs {uris}; an SVID has exactly one",
+        uris.len(), uris = argocd_agent_identity::text::quoted_list(.uris)
     )]
     XfccSeveralUris {
         /// Index of the element.
@@ -38,7 +39,7 @@ pub enum MeshError {
     },
     /// `By` of the nearest element is not the principal's own SPIFFE ID.
     #[error(
-        "x-forwarded-client-cert was not added by a proxy holding the principal's identity: By is {found:?}, expected \"{expected}\""
+        "x-forwarded-client-cert was not added by a proxy holding the principal's identity: By is {found}, expected \"{expected}\"", found = .found.as_ref().map_or_else(|| "absent".to_owned(), |f| quoted(f).to_string())
     )]
     XfccByMismatch {
         /// The configured SPIFFE ID.
@@ -47,7 +48,7 @@ pub enum MeshError {
         found: Option<String>,
     },
     /// A header value that should hold a SPIFFE ID does not.
-    #[error("{header}: {value:?} is not a valid SPIFFE ID: {reason}")]
+    #[error("{header}: {value} is not a valid SPIFFE ID: {reason}", value = quoted(.value))]
     InvalidSpiffeId {
         /// The header it came from.
         header: &'static str,
@@ -58,7 +59,7 @@ pub enum MeshError {
     },
     /// A Linkerd identity that does not have the form
     /// `<sa>.<ns>.serviceaccount.identity.<linkerd-ns>.<trust-domain>`.
-    #[error("l5d-client-id: {value:?} is not a Linkerd workload identity: {reason}")]
+    #[error("l5d-client-id: {value} is not a Linkerd workload identity: {reason}", value = quoted(.value))]
     InvalidLinkerdId {
         /// The value.
         value: String,
@@ -90,7 +91,7 @@ pub enum MeshError {
     },
     /// A custom `header:<name>:<regex>` rule did not match or captured nothing.
     #[error(
-        "{header} value {value:?} does not match {regex:?} (or its first group captured nothing)"
+        "{header} value {value} does not match {regex} (or its first group captured nothing)", value = quoted(.value), regex = quoted(.regex)
     )]
     NoMatch {
         /// The header name.
@@ -101,7 +102,7 @@ pub enum MeshError {
         regex: String,
     },
     /// An `--auth` value this crate does not understand.
-    #[error("invalid --auth {value:?}: {reason}")]
+    #[error("invalid --auth {value}: {reason}", value = quoted(.value))]
     InvalidAuth {
         /// The flag value.
         value: String,
@@ -161,7 +162,7 @@ pub enum XfccError {
         at: usize,
     },
     /// A pair has no `=`.
-    #[error("x-forwarded-client-cert element {element}: key {key:?} has no '=' (at byte {at})")]
+    #[error("x-forwarded-client-cert element {element}: key {key} has no '=' (at byte {at})", key = quoted(.key))]
     MissingEquals {
         /// Index of the element.
         element: usize,
@@ -172,7 +173,7 @@ pub enum XfccError {
     },
     /// A key Envoy never writes.
     #[error(
-        "x-forwarded-client-cert element {element}: unknown key {key:?} (expected By, Hash, Cert, Chain, Subject, URI or DNS)"
+        "x-forwarded-client-cert element {element}: unknown key {key} (expected By, Hash, Cert, Chain, Subject, URI or DNS)", key = quoted(.key)
     )]
     UnknownKey {
         /// Index of the element.
@@ -181,7 +182,7 @@ pub enum XfccError {
         key: String,
     },
     /// A key other than `URI`/`DNS` appears twice in one element.
-    #[error("x-forwarded-client-cert element {element}: key {key:?} appears more than once")]
+    #[error("x-forwarded-client-cert element {element}: key {key} appears more than once", key = quoted(.key))]
     DuplicateKey {
         /// Index of the element.
         element: usize,
@@ -200,7 +201,7 @@ pub enum XfccError {
     },
     /// A character that is not allowed where it appears (a `"` inside an unquoted value,
     /// text after a closing quote, a control character).
-    #[error("x-forwarded-client-cert element {element}: unexpected {found:?} at byte {at}")]
+    #[error("x-forwarded-client-cert element {element}: unexpected {found} at byte {at}", found = format!("'{}'", .found.escape_debug()))]
     Unexpected {
         /// Index of the element.
         element: usize,

@@ -1,6 +1,7 @@
 //! Header authentication (`--auth header:...`): which header carries the caller's identity
 //! and how to read it, plus the rule that the mTLS listener refuses such headers.
 
+use argocd_agent_identity::text::quoted;
 use std::fmt;
 
 use argocd_agent_identity::SpiffeId;
@@ -70,8 +71,12 @@ impl HeaderAuth {
                     .into(),
             )
         })?;
-        let header = HeaderName::from_bytes(name.as_bytes())
-            .map_err(|_| bad(format!("{name:?} is not a valid header name")))?;
+        let header = HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
+            bad(format!(
+                "{name} is not a valid header name",
+                name = quoted(&name)
+            ))
+        })?;
         if expr.is_empty() {
             return Err(bad("the regular expression is empty".into()));
         }

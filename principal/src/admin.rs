@@ -21,6 +21,8 @@
 //! "OutsideTenant"}`) and logged. Replicas (`argocd-agentctl replicas`) are read from the
 //! hub's Leases with Kubernetes RBAC and are no part of this API: platform only.
 
+use argocd_agent_identity::text;
+use argocd_agent_identity::text::quoted;
 use std::sync::{Arc, OnceLock};
 use std::time::SystemTime;
 
@@ -162,7 +164,7 @@ impl AdminService {
                 let metrics = &self.metrics;
                 let caller = auth.identify(request).map_err(|failure| {
                     metrics.auth_failed(failure.reason);
-                    tracing::warn!(call, reason = failure.reason, message = failure.status.message(), peer = ?request.remote_addr(), "admin call refused");
+                    tracing::warn!(call, reason = failure.reason, message = failure.status.message(), peer = %text::or_dash(request.remote_addr()), "admin call refused");
                     failure.status
                 })?;
                 let client = &caller.client;
@@ -195,15 +197,19 @@ impl AdminService {
 }
 
 fn agent_name(name: &str) -> Result<AgentName, Status> {
-    AgentName::new(name)
-        .map_err(|e| Status::invalid_argument(format!("{name:?} is not a valid agent name: {e}")))
+    AgentName::new(name).map_err(|e| {
+        Status::invalid_argument(format!(
+            "{name} is not a valid agent name: {e}",
+            name = quoted(&name)
+        ))
+    })
 }
 
 impl AdminService {
     fn find(&self, name: &str) -> Result<Arc<AgentState>, Status> {
         self.sessions.agent(&agent_name(name)?).ok_or_else(|| {
             Status::not_found(format!(
-                "agent {name:?} is unknown to this principal (it has not connected since the principal started)"
+                "agent {name} is unknown to this principal (it has not connected since the principal started)", name = quoted(&name)
             ))
         })
     }
@@ -233,7 +239,7 @@ impl AdminService {
         };
         match found {
             Some(state) if caller.scope.covers(state.identity().tenant.as_ref()) => Ok(state),
-            _ => Err(self.outside(caller, call, format!("agent {name:?}"))),
+            _ => Err(self.outside(caller, call, format!("agent {name}", name = quoted(&name)))),
         }
     }
 }
@@ -314,7 +320,7 @@ impl Admin for AdminService {
             issuer.config.token_ttl,
             SystemTime::now(),
         );
-        tracing::info!(agent = %state.name, %caller, tenant = ?tenant.as_ref().map(|t| t.as_str()),
+        tracing::info!(agent = %state.name, %caller, tenant = %text::or_dash(tenant.as_ref()),
             "admin: resource proxy kubeconfig issued");
         Ok(Response::new(AgentKubeconfigResponse {
             server: issuer.config.agent_url(&state.name),

@@ -32,6 +32,7 @@
 //! `.status.resources` lists it (`ChildNotTracked`, answered `Unavailable`: the agent
 //! resends it, as the parent's status may reach the hub after the child).
 
+use argocd_agent_identity::text;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -530,7 +531,7 @@ impl Hub {
             {
                 state.inner().desired.remove(&name);
                 self.metrics.refused(&state.name, r.metric);
-                tracing::warn!(application = %name, reason = r.metric, message = ?r.message,
+                tracing::warn!(application = %name, reason = r.metric, message = %text::quoted(&r.message),
                     "hub change of an application that is no longer a child: not reverted");
                 return;
             }

@@ -6,6 +6,7 @@
 //! the status, and in an `agentVersion` field (upstream argocd-agent issue #940; Argo CD's
 //! `ClusterInfo` ignores fields it does not know).
 
+use argocd_agent_identity::text;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, SystemTime};
@@ -37,6 +38,16 @@ pub enum Connection {
     Successful,
     /// The agent has no session; the message says why (shown by Argo CD).
     Failed(String),
+}
+
+/// `successful`, or `failed: "<why>"` (the log line of a write).
+impl std::fmt::Display for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Connection::Successful => f.write_str("successful"),
+            Connection::Failed(why) => write!(f, "failed: {}", text::quoted(why)),
+        }
+    }
 }
 
 /// The cluster info document (Argo CD's `ClusterInfo` JSON).
@@ -183,11 +194,11 @@ impl ClusterInfoWriter {
                 .await
             {
                 Ok(reply) if !reply.is_error() => {
-                    tracing::debug!(agent = %agent, state = ?connection, "cluster info written");
+                    tracing::debug!(agent = %agent, state = %connection, "cluster info written");
                     return;
                 }
                 Ok(reply) => {
-                    tracing::warn!(agent = %agent, reply = ?reply.into_value(), "cluster info: hub Redis refused SET");
+                    tracing::warn!(agent = %agent, reply = %text::quoted(&reply.into_value().err().unwrap_or_default()), "cluster info: hub Redis refused SET");
                     return;
                 }
                 Err(_) => *guard = None,

@@ -1,5 +1,6 @@
 //! Principal configuration: what the binary's flags fill in.
 
+use argocd_agent_identity::text::quoted;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -41,6 +42,39 @@ pub enum AuthConfig {
     },
 }
 
+/// How the startup line names the agents' authentication: `spiffe mTLS (Workload API
+/// unix:///run/spire/agent.sock)`, `mesh header header:istio`, `JWT-SVID (Workload API at
+/// SPIFFE_ENDPOINT_SOCKET, audience: the principal's SPIFFE ID)`.
+impl std::fmt::Display for AuthConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AuthConfig::Mtls {
+                svid,
+                trust_domains,
+            } => {
+                write!(f, "spiffe mTLS ({svid}")?;
+                if !trust_domains.is_empty() {
+                    let names: Vec<String> =
+                        trust_domains.iter().map(ToString::to_string).collect();
+                    write!(f, "; client trust domains {}", names.join(", "))?;
+                }
+                f.write_str(")")
+            }
+            AuthConfig::Header { auth, .. } => write!(f, "mesh header {auth}"),
+            AuthConfig::Jwt { endpoint, audience } => {
+                match endpoint {
+                    Some(e) => write!(f, "JWT-SVID (Workload API {e}")?,
+                    None => f.write_str("JWT-SVID (Workload API at SPIFFE_ENDPOINT_SOCKET")?,
+                }
+                match audience {
+                    Some(a) => write!(f, ", audience {a})"),
+                    None => f.write_str(", audience: the principal's SPIFFE ID)"),
+                }
+            }
+        }
+    }
+}
+
 /// Where the operator (admin) API listens: loopback TCP or a Unix socket. Plaintext and
 /// unauthenticated: only local operators (`kubectl exec`, `kubectl port-forward`) reach it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,9 +94,12 @@ impl std::str::FromStr for AdminAddress {
             }
             return Ok(AdminAddress::Unix(PathBuf::from(path)));
         }
-        let addr: SocketAddr = s
-            .parse()
-            .map_err(|e| format!("{s:?}: expected host:port or unix:///path ({e})"))?;
+        let addr: SocketAddr = s.parse().map_err(|e| {
+            format!(
+                "{s}: expected host:port or unix:///path ({e})",
+                s = quoted(&s)
+            )
+        })?;
         if !addr.ip().is_loopback() {
             return Err(format!(
                 "{addr}: the admin API is plaintext and unauthenticated; it listens on loopback or a Unix socket only"
@@ -225,6 +262,46 @@ impl Default for PrincipalConfig {
             resource_proxy: None,
             ha: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod display_tests {
+    use super::AuthConfig;
+    use argocd_agent_identity::source::SvidConfig;
+
+    #[test]
+    fn the_auth_config_reads_as_a_sentence() {
+        let mtls = AuthConfig::Mtls {
+            svid: SvidConfig::WorkloadApi {
+                endpoint: Some("unix:///run/spire/agent.sock".into()),
+            },
+            trust_domains: vec![],
+        };
+        assert_eq!(
+            mtls.to_string(),
+            "spiffe mTLS (Workload API unix:///run/spire/agent.sock)"
+        );
+        let files = AuthConfig::Mtls {
+            svid: SvidConfig::Files {
+                cert: "/svid/tls.crt".into(),
+                key: "/svid/tls.key".into(),
+                bundles: vec![],
+            },
+            trust_domains: vec!["a.example".parse().unwrap(), "b.example".parse().unwrap()],
+        };
+        assert_eq!(
+            files.to_string(),
+            "spiffe mTLS (PEM files /svid/tls.crt, /svid/tls.key; client trust domains a.example, b.example)"
+        );
+        let jwt = AuthConfig::Jwt {
+            endpoint: None,
+            audience: None,
+        };
+        assert_eq!(
+            jwt.to_string(),
+            "JWT-SVID (Workload API at SPIFFE_ENDPOINT_SOCKET, audience: the principal's SPIFFE ID)"
+        );
     }
 }
 

@@ -23,6 +23,8 @@
 //!   `--rebalance-slack`) two rounds in a row while another is below it closes a few
 //!   sessions per round; the agents reconnect through the Service and land elsewhere.
 
+use argocd_agent_identity::text;
+use argocd_agent_identity::text::quoted;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -133,7 +135,8 @@ impl HaConfig {
             && !r.ends_with('-');
         if !dns_label {
             return Err(format!(
-                "--replica-id {r:?}: must be a DNS label (lowercase letters, digits, '-', at most 63)"
+                "--replica-id {r}: must be a DNS label (lowercase letters, digits, '-', at most 63)",
+                r = quoted(&r)
             ));
         }
         if self.replica_lease_duration < Duration::from_secs(1) {
@@ -468,7 +471,7 @@ impl Leases {
             tasks: tasks.clone(),
         });
         tracing::info!(replica = %leases.cfg.replica, holder = %leases.me, namespace,
-            replica_lease = ?leases.cfg.replica_lease_duration, agent_lease = ?leases.cfg.agent_lease_duration,
+            replica_lease = %text::duration(leases.cfg.replica_lease_duration), agent_lease = %text::duration(leases.cfg.agent_lease_duration),
             "high availability: sessions coordinated through Leases");
         {
             let leases = leases.clone();
@@ -536,9 +539,9 @@ impl Leases {
         match *lock(&self.renewed) {
             Some(at) if at.elapsed() <= limit => Ok(()),
             Some(at) => Err(format!(
-                "replica Lease not renewed for {:.1}s (limit {:?})",
+                "replica Lease not renewed for {:.1}s (limit {})",
                 at.elapsed().as_secs_f64(),
-                limit
+                text::duration(limit)
             )),
             None => Err("replica Lease not written yet".into()),
         }
@@ -990,7 +993,7 @@ impl Leases {
             Ok(UpdateOutcome::Updated(obj)) => {
                 self.metrics.lease_write("agent", op, "ok");
                 let to = LeaseView::of(&obj).holder;
-                tracing::debug!(%agent, to = ?to, "agent Lease {op}d");
+                tracing::debug!(%agent, to = %text::or_dash(to), "agent Lease {op}d");
             }
             Ok(_) => {}
             Err(e) if e.is_not_found() => {}
@@ -1186,7 +1189,7 @@ impl Leases {
             Err(e) => {
                 self.metrics.lease_write("replica", "renew", "error");
                 let since = lock(&self.renewed).map(|t| t.elapsed());
-                tracing::warn!(error = %chain(&e), since_last = ?since, "could not renew the replica Lease");
+                tracing::warn!(error = %chain(&e), since_last = %text::or_dash(since.map(text::duration)), "could not renew the replica Lease");
                 if since.is_some_and(|s| s >= self.cfg.replica_lease_duration)
                     && !self.fenced.swap(true, Ordering::AcqRel)
                 {

@@ -2,6 +2,7 @@
 //! authorization against the session's identity and mode, then validation of the payload.
 //! The session applies the decision ([`crate::hub::Hub::apply`]) and answers.
 
+use argocd_agent_identity::text;
 use std::sync::Arc;
 
 use argocd_agent_domain::authz::{self, Action, ObjectRef, Owner};
@@ -251,8 +252,8 @@ fn check_payload_name(event: &Event, resource: &ResourceRef) -> Result<(), Refus
                 reason: "Invalid",
                 metric: "Invalid",
                 message: format!(
-                    "payload names {:?}, event names {resource}",
-                    name.unwrap_or_default()
+                    "payload names {}, event names {resource}",
+                    text::quoted(&name.unwrap_or_default())
                 ),
             });
         }

@@ -19,6 +19,7 @@
 //! are held to the same minimum (gRPC-Go holds them to two hours unless told otherwise); an
 //! agent always has its event stream open.
 
+use argocd_agent_identity::text;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -253,7 +254,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for PingGuard<S> {
         });
         this.last_stream = last_stream;
         if too_many && matches!(this.state, State::Open) {
-            tracing::warn!(peer = ?this.peer, min_interval = ?strikes.min_interval, strikes = strikes.strikes,
+            tracing::warn!(peer = %text::or_dash(this.peer), min_interval = %text::duration(strikes.min_interval), strikes = strikes.strikes,
                 "client sends HTTP/2 PINGs more often than --keepalive-min-interval: GOAWAY ENHANCE_YOUR_CALM (too_many_pings), closing the connection");
             this.state = State::Violated;
             // Sent now if our side is between frames; else after the frame in progress.

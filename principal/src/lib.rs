@@ -105,7 +105,7 @@ pub async fn start(
     let (listener, addr) = w.bind().await?;
     w.ready_when_synced(&hub, ready);
     let sessions = w.session_context(hub.clone(), &features);
-    tracing::info!(%addr, auth = ?w.config.auth, "principal listening");
+    tracing::info!(%addr, auth = %w.config.auth, "principal listening");
     let tasks = w.tasks.clone();
     let done = wiring::serve(w, listener, sessions, tunnels)?;
     Ok(Running {

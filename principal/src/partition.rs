@@ -25,6 +25,7 @@
 //!   Otherwise an agent could label its Application `tier: x` under `tier!=x` and hide its
 //!   hub copy from the principal's own watch, so that edits on the hub were never reverted.
 
+use argocd_agent_identity::text::quoted;
 use std::collections::BTreeMap;
 
 use argocd_agent_domain::AgentIdentity;
@@ -85,7 +86,7 @@ impl Excluded {
 /// Why an agent is outside the partition.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "agent {agent} maps to hub namespace {namespace} (rule {rule:?}), which this principal does not serve: --allowed-namespaces is {allowed}; connect it to the principal whose partition holds {namespace}, or change the rule"
+    "agent {agent} maps to hub namespace {namespace} (rule {rule}), which this principal does not serve: --allowed-namespaces is {allowed}; connect it to the principal whose partition holds {namespace}, or change the rule", rule = quoted(.rule)
 )]
 pub struct OutsidePartition {
     /// The agent refused.
@@ -121,8 +122,12 @@ impl Partition {
             .map(str::trim)
             .filter(|p| !p.is_empty())
         {
-            let (regex, literal) = compile(source)
-                .map_err(|e| format!("--allowed-namespaces pattern {source:?}: {e}"))?;
+            let (regex, literal) = compile(source).map_err(|e| {
+                format!(
+                    "--allowed-namespaces pattern {source}: {e}",
+                    source = quoted(&source)
+                )
+            })?;
             out.patterns.push(Pattern {
                 source: source.to_owned(),
                 regex,
@@ -133,8 +138,8 @@ impl Partition {
             out.argocd = Some(argocd.to_owned());
         }
         if let Some(sel) = selector.map(str::trim).filter(|s| !s.is_empty()) {
-            let terms =
-                partition_labels(sel).map_err(|e| format!("--label-selector {sel:?}: {e}"))?;
+            let terms = partition_labels(sel)
+                .map_err(|e| format!("--label-selector {sel}: {e}", sel = quoted(&sel)))?;
             out.selector = Some(sel.to_owned());
             out.labels = terms.labels;
             out.excluded = terms.excluded;
@@ -242,7 +247,7 @@ impl Partition {
             tracing::warn!(
                 object = obj.metadata.name.as_deref().unwrap_or_default(),
                 namespace = obj.metadata.namespace.as_deref().unwrap_or_default(),
-                ?dropped,
+                dropped = %argocd_agent_identity::text::quoted_list(dropped.iter().map(|(k, v)| format!("{k}={v}"))),
                 selector = self.selector().unwrap_or_default(),
                 "labels the --label-selector excludes dropped from the hub copy: they would hide it from this principal"
             );
@@ -312,7 +317,7 @@ fn set_values<'a>(set: &'a str, term: &str) -> Result<Vec<&'a str>, String> {
         .trim()
         .strip_prefix('(')
         .and_then(|s| s.strip_suffix(')'))
-        .ok_or_else(|| format!("expected (values) in {term:?}"))?
+        .ok_or_else(|| format!("expected (values) in {term}", term = quoted(&term)))?
         .split(',')
         .map(str::trim)
         .filter(|v| !v.is_empty())
@@ -334,7 +339,7 @@ fn excluding(term: &str) -> Result<Option<(&str, Excluded)>, String> {
         return Ok(None);
     };
     if key.is_empty() {
-        return Err(format!("term {term:?} names no label"));
+        return Err(format!("term {term} names no label", term = quoted(&term)));
     }
     Ok(Some((key, excluded)))
 }
@@ -370,10 +375,13 @@ fn partition_labels(selector: &str) -> Result<SelectorTerms, String> {
                     .insert(k.to_owned(), v.to_owned())
                     .is_some_and(|o| o != v)
                 {
-                    return Err(format!("label {k:?} is required to have two values"));
+                    return Err(format!(
+                        "label {k} is required to have two values",
+                        k = quoted(&k)
+                    ));
                 }
             }
-            Some(_) => return Err(format!("term {term:?} names no label")),
+            Some(_) => return Err(format!("term {term} names no label", term = quoted(&term))),
             None => out.unstampable.push(term.to_owned()),
         }
     }

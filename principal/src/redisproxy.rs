@@ -18,6 +18,8 @@ mod replica;
 
 pub use replica::{FORWARDED_NAME, default_replica_address, pinned_replica_tls};
 
+use argocd_agent_identity::text;
+use argocd_agent_identity::text::quoted;
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::ops::ControlFlow;
@@ -665,8 +667,9 @@ impl Proxy {
             }
             (Decision::Unsupported, _) => {
                 return Err(refused(format!(
-                    "ERR agent {agent:?} does not serve Redis requests (no {} capability)",
-                    argocd_agent_redis::CAPABILITY
+                    "ERR agent {agent} does not serve Redis requests (no {} capability)",
+                    argocd_agent_redis::CAPABILITY,
+                    agent = quoted(&agent)
                 )));
             }
             (Decision::Forward, Some(link)) => link,
@@ -681,7 +684,7 @@ impl Proxy {
         let event = self.request_event(key, command, "");
         let mut ticket = link.request(event.clone(), stream).await.map_err(|e| {
             failed();
-            refused(format!("ERR agent {agent:?}: {e}"))
+            refused(format!("ERR agent {agent}: {e}", agent = quoted(&agent)))
         })?;
         match ticket.answer(self.config.request_timeout).await {
             Ok(answer) => {
@@ -694,7 +697,10 @@ impl Proxy {
                 failed();
                 self.metrics.redis_proxy("agent", "error");
                 tracing::warn!(%key, %agent, error = %e, "Redis request to agent failed");
-                Err(Reply::Error(format!("ERR agent {agent:?}: {e}")))
+                Err(Reply::Error(format!(
+                    "ERR agent {agent}: {e}",
+                    agent = quoted(&agent)
+                )))
             }
         }
     }
@@ -702,8 +708,10 @@ impl Proxy {
     /// The reply for a key whose owner is not connected.
     fn offline(agent: &str, key: &AppKey) -> Reply {
         Reply::Error(format!(
-            "ERR agent {agent:?} owning application {}/{} is not connected",
-            key.namespace, key.name
+            "ERR agent {agent} owning application {}/{} is not connected",
+            key.namespace,
+            key.name,
+            agent = quoted(&agent)
         ))
     }
 
@@ -974,14 +982,14 @@ impl Conn {
                 self.proxy
                     .metrics
                     .listener_closed("redis-proxy", "AuthTimeout");
-                tracing::warn!(timeout = ?AUTH_TIMEOUT, "Redis proxy: client did not authenticate in time, closing");
+                tracing::warn!(timeout = %text::duration(AUTH_TIMEOUT), "Redis proxy: client did not authenticate in time, closing");
                 Ok(())
             }
             ReadStop::FrameTimeout => {
                 self.proxy
                     .metrics
                     .listener_closed("redis-proxy", "FrameTimeout");
-                tracing::warn!(timeout = ?FRAME_TIMEOUT, "Redis proxy: command not received in full in time, closing");
+                tracing::warn!(timeout = %text::duration(FRAME_TIMEOUT), "Redis proxy: command not received in full in time, closing");
                 Ok(())
             }
             ReadStop::Error(
@@ -1315,7 +1323,7 @@ fn pushed_message(push: Event, key: &str) -> ControlFlow<(), Option<Bytes>> {
     match r.result {
         Some(redis_response::Result::Value(v)) => ControlFlow::Continue(Some(Bytes::from(v))),
         Some(redis_response::Result::Error(e)) => {
-            tracing::warn!(key = %key, error = ?e, "agent ended a subscription");
+            tracing::warn!(key = %key, error = %text::quoted(&e), "agent ended a subscription");
             ControlFlow::Break(())
         }
         _ => ControlFlow::Continue(Some(Bytes::new())),

@@ -1,6 +1,7 @@
 //! The gRPC services: `EventStream` (one session per authenticated, mapped agent) and
 //! `Version`.
 
+use argocd_agent_identity::text;
 use std::sync::Arc;
 
 use argocd_agent_domain::event::{PROTOCOL_MIN, PROTOCOL_VERSION};
@@ -78,7 +79,7 @@ pub fn identify_agent<T>(
 ) -> Result<(argocd_agent_domain::AgentIdentity, Caller), Status> {
     let caller = auth.identify(request).map_err(|failure| {
         metrics.auth_failed(failure.reason);
-        tracing::warn!(reason = failure.reason, message = failure.status.message(), peer = ?request.remote_addr(), "stream refused");
+        tracing::warn!(reason = failure.reason, message = failure.status.message(), peer = %text::or_dash(request.remote_addr()), "stream refused");
         failure.status
     })?;
     let client = &caller.client;
@@ -88,7 +89,7 @@ pub fn identify_agent<T>(
         .denies(client, caller.fingerprint())
     {
         metrics.auth_failed("Blocked");
-        tracing::warn!(%client, peer = ?request.remote_addr(), reason = %why, "stream refused: identity blocked");
+        tracing::warn!(%client, peer = %text::or_dash(request.remote_addr()), reason = %why, "stream refused: identity blocked");
         return Err(Status::permission_denied(format!(
             "identity blocked: {why}"
         )));
@@ -118,7 +119,7 @@ fn admit_to_tenant(
     sessions.tenancy.admit_agent(identity).map_err(|refusal| {
         metrics.auth_failed(crate::tenant_limits::TENANT_AGENT_QUOTA);
         tracing::warn!(client = %identity.client, agent = %identity.agent,
-            tenant = ?identity.tenant.as_ref().map(|t| t.as_str()), reason = %refusal,
+            tenant = %text::or_dash(identity.tenant.as_ref()), reason = %refusal,
             "stream refused: tenant agents quota");
         Status::resource_exhausted(refusal.to_string())
     })

@@ -203,7 +203,10 @@ async fn receive_hello(
         .await
         .map_err(|_| {
             hub.metrics.refused(&identity.agent, HELLO_TIMEOUT);
-            Status::deadline_exceeded(format!("no hello received within {timeout:?}"))
+            Status::deadline_exceeded(format!(
+                "no hello received within {timeout}",
+                timeout = text::duration(timeout)
+            ))
         })?
         .ok_or_else(|| Status::cancelled("stream closed before hello"))?
         .map_err(|s| stream_error(hub, &identity.agent, s))?;

@@ -9,6 +9,7 @@
 //! UUID — is refused and counted (`argocd_principal_auth_failures_total{reason="WrongAgent"}`),
 //! and the waiting request stays for its own agent.
 
+use argocd_agent_identity::text::quoted;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -192,15 +193,19 @@ impl TunnelService {
     fn refuse(&self, agent: &AgentName, what: &str, id: &str, err: AttachError) -> Status {
         match err {
             AttachError::Unknown => {
-                tracing::warn!(agent = %agent, id = ?id, "{what} stream refused: no such request is waiting");
-                Status::not_found(format!("no {what} request {id:?} is waiting"))
+                tracing::warn!(agent = %agent, id = %quoted(&id), "{what} stream refused: no such request is waiting");
+                Status::not_found(format!(
+                    "no {what} request {id} is waiting",
+                    id = quoted(&id)
+                ))
             }
             AttachError::WrongAgent { expected } => {
                 self.metrics.auth_failed("WrongAgent");
-                tracing::warn!(agent = %agent, expected = %expected, id = ?id,
+                tracing::warn!(agent = %agent, expected = %expected, id = %quoted(&id),
                     "{what} stream refused: the request was sent to another agent");
                 Status::permission_denied(format!(
-                    "{what} request {id:?} was not sent to agent {agent}"
+                    "{what} request {id} was not sent to agent {agent}",
+                    id = quoted(&id)
                 ))
             }
         }

@@ -2,6 +2,7 @@
 //! watches, the core (sessions, hub), the optional features (replicas, operator API,
 //! resource proxy, Redis proxy), then the gRPC listener.
 
+use argocd_agent_identity::text;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -96,12 +97,12 @@ fn partition_of(config: &PrincipalConfig) -> Result<Partition, PrincipalError> {
     )
     .map_err(PrincipalError::Config)?;
     if !partition.unstampable().is_empty() {
-        tracing::warn!(terms = ?partition.unstampable(),
+        tracing::warn!(terms = %text::quoted_list(partition.unstampable()),
             "--label-selector terms that fix no label value: objects the principal creates (autonomous agents' hub copies, cluster Secrets, Leases) cannot carry them, and its own watches will not see those objects; use k=v terms");
     }
     if partition.limits_namespaces() || partition.selector().is_some() {
-        tracing::info!(allowed_namespaces = %partition.describe(), label_selector = ?partition.selector(),
-            labels = ?partition.labels(), "principal partition");
+        tracing::info!(allowed_namespaces = %partition.describe(), label_selector = %text::or_dash(partition.selector()),
+            labels = %partition.labels().iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(","), "principal partition");
     }
     Ok(partition)
 }

@@ -3,6 +3,7 @@
 //! principal's proxy uses [`RedisEndpoint::connect_io`] for its hub Redis leg. (The
 //! maintained Redis clients pull in a second TLS stack or crypto provider.)
 
+use argocd_agent_domain::quoted;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -59,7 +60,7 @@ impl RedisTls {
         }
         let config = builder.with_root_certificates(roots).with_no_client_auth();
         let server_name = ServerName::try_from(server_name.to_owned())
-            .map_err(|e| format!("{server_name:?}: {e}"))?;
+            .map_err(|e| format!("{server_name}: {e}", server_name = quoted(&server_name)))?;
         Ok(RedisTls {
             config: Arc::new(config),
             server_name,

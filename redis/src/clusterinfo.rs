@@ -2,6 +2,7 @@
 //! state and cache counts, and the value's encoding (JSON, gzip when Argo CD's Redis
 //! compression is on, as it is by default).
 
+use argocd_agent_domain::quoted;
 use std::io::{Read, Write};
 
 /// Argo CD's cache version, appended to every cache key.
@@ -23,7 +24,7 @@ pub enum Compression {
 
 /// A compression name other than `gzip` or `none`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0:?}: expected gzip or none")]
+#[error("{q0}: expected gzip or none", q0 = quoted(.0))]
 pub struct UnknownCompression(pub String);
 
 impl std::str::FromStr for Compression {

@@ -2,6 +2,7 @@
 //! the proxy writes itself. Decoding and encoding are the `redis-protocol` crate's; this
 //! module only adds buffering, the limit, and one view over both protocol versions.
 
+use argocd_agent_domain::quoted;
 use bytes::{Bytes, BytesMut};
 pub use redis_protocol::resp2::types::BytesFrame as Frame2;
 pub use redis_protocol::resp3::types::BytesFrame as Frame3;
@@ -61,6 +62,41 @@ pub enum Value {
     V3(Frame3),
 }
 
+impl Value {
+    /// The RESP type of the frame, as messages name it (`integer`, `array`, ...).
+    fn type_name(&self) -> &'static str {
+        use redis_protocol::resp3::types::{FrameKind as K, Resp3Frame};
+        match self {
+            Value::V2(Frame2::SimpleString(_)) => "simple string",
+            Value::V2(Frame2::Error(_)) => "error",
+            Value::V2(Frame2::Integer(_)) => "integer",
+            Value::V2(Frame2::BulkString(_)) => "bulk string",
+            Value::V2(Frame2::Array(_)) => "array",
+            Value::V2(Frame2::Null) => "null",
+            Value::V3(f) => match f.kind() {
+                K::Array => "array",
+                K::BlobString => "blob string",
+                K::SimpleString => "simple string",
+                K::SimpleError => "simple error",
+                K::Number => "number",
+                K::Null => "null",
+                K::Double => "double",
+                K::Boolean => "boolean",
+                K::BlobError => "blob error",
+                K::VerbatimString => "verbatim string",
+                K::Map => "map",
+                K::Set => "set",
+                K::Attribute => "attribute",
+                K::Push => "push",
+                K::Hello => "hello",
+                K::BigNumber => "big number",
+                K::ChunkedString => "chunked string",
+                K::EndStream => "end of stream",
+            },
+        }
+    }
+}
+
 impl Frame {
     /// An error reply.
     pub fn is_error(&self) -> bool {
@@ -112,7 +148,7 @@ impl Frame {
             Value::V3(Frame3::BlobError { data, .. }) => {
                 Err(String::from_utf8_lossy(&data).into_owned())
             }
-            other => Err(format!("unexpected reply {other:?}")),
+            other => Err(format!("unexpected reply: {}", other.type_name())),
         }
     }
 
@@ -349,8 +385,8 @@ fn parse_len(line: &[u8]) -> Result<i64, RespError> {
         .filter(|n| *n >= -1)
         .ok_or_else(|| {
             RespError::Malformed(format!(
-                "invalid length {:?}",
-                String::from_utf8_lossy(&line[..line.len().min(32)])
+                "invalid length {}",
+                quoted(&String::from_utf8_lossy(&line[..line.len().min(32)]))
             ))
         })
 }
@@ -372,8 +408,8 @@ impl Scan {
             let ty = buf[self.pos];
             if !b"+-:_,#($!=*~>%|".contains(&ty) {
                 return Err(RespError::Malformed(format!(
-                    "unexpected type byte {:?}",
-                    char::from(ty)
+                    "unexpected type byte '{}'",
+                    char::from(ty).escape_debug()
                 )));
             }
             // The line after the type byte.
@@ -429,8 +465,8 @@ impl Scan {
                 }
                 _ => {
                     return Err(RespError::Malformed(format!(
-                        "unexpected type byte {:?}",
-                        char::from(ty)
+                        "unexpected type byte '{}'",
+                        char::from(ty).escape_debug()
                     )));
                 }
             }

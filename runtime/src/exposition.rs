@@ -20,6 +20,7 @@
 //! - numbers, and the `le` and `quantile` label values, are written the way Go's
 //!   `expfmt` writes them (`1`, `0.005`, `1e+06`), so the stored `le` values match upstream's.
 
+use argocd_agent_identity::text::quoted;
 use std::fmt::Write as _;
 
 /// The content type of `/metrics`: text exposition format 0.0.4, as upstream serves.
@@ -175,7 +176,10 @@ pub fn openmetrics_to_text(om: &str) -> Result<String, ExpositionError> {
             let (keyword, rest) = meta.split_once(' ').unwrap_or((meta, ""));
             let (name, value) = rest.split_once(' ').unwrap_or((rest, ""));
             if !matches!(keyword, "HELP" | "TYPE" | "UNIT") || !valid_name(name) {
-                return Err(err(format!("not a metadata line: {line:?}")));
+                return Err(err(format!(
+                    "not a metadata line: {line}",
+                    line = quoted(&line)
+                )));
             }
             if family.as_ref().is_none_or(|f| f.name != name) {
                 if let Some(f) = family.take() {
@@ -192,9 +196,12 @@ pub fn openmetrics_to_text(om: &str) -> Result<String, ExpositionError> {
             continue;
         }
         let sample = parse_sample(line).map_err(err)?;
-        let f = family
-            .as_mut()
-            .ok_or_else(|| err(format!("sample before any family: {line:?}")))?;
+        let f = family.as_mut().ok_or_else(|| {
+            err(format!(
+                "sample before any family: {line}",
+                line = quoted(&line)
+            ))
+        })?;
         if let Some(name) = f.sample_name(sample.name).map_err(err)? {
             f.samples.push(sample.to_text(&name).map_err(err)?);
         }
@@ -235,26 +242,27 @@ struct Sample<'a> {
 fn parse_sample(line: &str) -> Result<Sample<'_>, String> {
     let end = line
         .find(['{', ' '])
-        .ok_or_else(|| format!("no value: {line:?}"))?;
+        .ok_or_else(|| format!("no value: {line}", line = quoted(&line)))?;
     let name = &line[..end];
     if !valid_name(name) {
-        return Err(format!("bad metric name: {line:?}"));
+        return Err(format!("bad metric name: {line}", line = quoted(&line)));
     }
     let (labels, rest) = if line[end..].starts_with('{') {
-        parse_labels(&line[end + 1..]).ok_or_else(|| format!("bad labels: {line:?}"))?
+        parse_labels(&line[end + 1..])
+            .ok_or_else(|| format!("bad labels: {line}", line = quoted(&line)))?
     } else {
         (Vec::new(), &line[end..])
     };
     let rest = rest
         .strip_prefix(' ')
-        .ok_or_else(|| format!("no value: {line:?}"))?;
+        .ok_or_else(|| format!("no value: {line}", line = quoted(&line)))?;
     // An exemplar follows ` # `; text 0.0.4 has none.
     let rest = rest.split_once(" # ").map_or(rest, |(r, _)| r);
     let mut fields = rest.split(' ');
     let value = fields.next().unwrap_or_default();
     let timestamp = fields.next();
     if fields.next().is_some() || value.is_empty() {
-        return Err(format!("bad value: {line:?}"));
+        return Err(format!("bad value: {line}", line = quoted(&line)));
     }
     Ok(Sample {
         name,
@@ -322,7 +330,9 @@ fn parse_number(s: &str) -> Result<f64, String> {
         "+Inf" | "Inf" => Ok(f64::INFINITY),
         "-Inf" => Ok(f64::NEG_INFINITY),
         "NaN" => Ok(f64::NAN),
-        _ => s.parse().map_err(|_| format!("not a number: {s:?}")),
+        _ => s
+            .parse()
+            .map_err(|_| format!("not a number: {s}", s = quoted(&s))),
     }
 }
 

@@ -1,6 +1,7 @@
 //! How both binaries stop: every task runs on one `TaskTracker` and watches one shutdown
 //! token; at the end the tracker is closed and drained for a bounded time.
 
+use argocd_agent_identity::text;
 use std::time::Duration;
 
 use tokio_util::task::TaskTracker;
@@ -20,7 +21,8 @@ pub async fn drain_within(tasks: &TaskTracker, limit: Duration) -> bool {
     if tokio::time::timeout(limit, tasks.wait()).await.is_err() {
         tracing::warn!(
             remaining = tasks.len(),
-            "shutdown: tasks still running after {limit:?}"
+            "shutdown: tasks still running after {limit}",
+            limit = text::duration(limit)
         );
         return false;
     }

@@ -12,6 +12,7 @@
 //! `<binary>_trace_spans_total{outcome}`) and logged when export starts failing, when it
 //! recovers, and at shutdown.
 
+use argocd_agent_identity::text::quoted;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -81,7 +82,8 @@ pub fn resolve_endpoint(
     let tls = match scheme.as_deref() {
         Some("http") if from_flag && !opts.insecure => {
             return Err(format!(
-                "--otlp-address {raw:?} is plaintext: add --otlp-insecure, or use https://"
+                "--otlp-address {raw} is plaintext: add --otlp-insecure, or use https://",
+                raw = quoted(&raw)
             ));
         }
         Some("http") => false,
@@ -89,12 +91,17 @@ pub fn resolve_endpoint(
         None => !(opts.insecure || (!from_flag && env_insecure)),
         Some(other) => {
             return Err(format!(
-                "OTLP endpoint {raw:?}: unsupported scheme {other:?} (http or https)"
+                "OTLP endpoint {raw}: unsupported scheme {other} (http or https)",
+                raw = quoted(&raw),
+                other = quoted(&other)
             ));
         }
     };
     if rest.is_empty() {
-        return Err(format!("OTLP endpoint {raw:?} names no host"));
+        return Err(format!(
+            "OTLP endpoint {raw} names no host",
+            raw = quoted(&raw)
+        ));
     }
     let url = format!("{}://{rest}", if tls { "https" } else { "http" });
     Ok(Some(Endpoint { url, tls }))

@@ -143,7 +143,7 @@ impl LiveGuard {
         };
         let set = parts.set();
         if set.is_active() {
-            tracing::info!(sources = ?origins(&set), "spoke guard in force");
+            tracing::info!(sources = %origins(&set).join(", "), "spoke guard in force");
         }
         let live = Arc::new(LiveGuard {
             tx: watch::Sender::new(Arc::new(set)),
@@ -285,7 +285,7 @@ impl Reload {
             }
             if changed {
                 let set = self.parts.set();
-                tracing::info!(sources = ?origins(&set), "spoke guard reloaded");
+                tracing::info!(sources = %origins(&set).join(", "), "spoke guard reloaded");
                 self.live.tx.send_replace(Arc::new(set));
             }
         }

@@ -4,6 +4,7 @@
 //! written.
 
 use argocd_agent_domain::pattern;
+use argocd_agent_identity::text::quoted;
 use serde_json::{Value, json};
 
 use super::policy::{
@@ -195,9 +196,10 @@ impl Guard {
             Some(url) => Err(Refusal {
                 rule: "source-repos",
                 message: format!(
-                    "source repository {url:?} is not an allowed repository of {} ({})",
+                    "source repository {url} is not an allowed repository of {} ({})",
                     self.origin,
-                    list.describe()
+                    list.describe(),
+                    url = quoted(&url)
                 ),
             }),
             None => Ok(()),
@@ -230,15 +232,16 @@ impl Guard {
         Err(Refusal {
             rule: "destinations",
             message: format!(
-                "destination server={:?} name={:?} namespace={namespace:?} is not an allowed destination of {} ({})",
-                server.unwrap_or_default(),
-                name.unwrap_or_default(),
+                "destination server={} name={} namespace={namespace} is not an allowed destination of {} ({})",
+                quoted(&server.unwrap_or_default()),
+                quoted(&name.unwrap_or_default()),
                 self.origin,
                 rules
                     .iter()
                     .map(DestinationRule::describe)
                     .collect::<Vec<_>>()
-                    .join("; ")
+                    .join("; "),
+                namespace = quoted(&namespace)
             ),
         })
     }

@@ -10,6 +10,7 @@
 //! the agent ends its side. An exec that fails to start gets a Failure Status on channel 3.
 
 use argocd_agent_domain::Event;
+use argocd_agent_identity::text;
 use argocd_agent_proto::eventstream::{TerminalFrame, TerminalRequest};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Status;
@@ -151,7 +152,7 @@ pub async fn serve(
     let mut inbound = match inbound {
         Ok(r) => r.into_inner(),
         Err(status) => {
-            tracing::warn!(code = ?status.code(), message = ?status.message(), "the principal refused the exec stream");
+            tracing::warn!(code = text::status_code(status.code()), message = %text::quoted(status.message()), "the principal refused the exec stream");
             return;
         }
     };
@@ -164,7 +165,7 @@ pub async fn serve(
     let process = match started {
         Ok(Ok(p)) => p,
         Ok(Err(e)) => {
-            tracing::warn!(namespace = ?req.namespace, pod = ?req.pod, error = %e, "exec failed to start");
+            tracing::warn!(namespace = %text::quoted(&req.namespace), pod = %text::quoted(&req.pod), error = %e, "exec failed to start");
             let _ = tx.send(frame(STATUS, start_failure(&e))).await;
             finish(tx, &mut inbound, connection).await;
             return;

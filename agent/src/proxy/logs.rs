@@ -1,6 +1,7 @@
 //! `log-request`: a container log streamed to the principal on a `Tunnel.Logs` stream the
 //! agent opens, in whole lines, no faster than the stream takes them.
 
+use argocd_agent_identity::text;
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
@@ -180,7 +181,7 @@ pub async fn serve(
             return answer_only(tx, msg, &mut call, connection).await;
         }
         Err(message) => {
-            tracing::warn!(namespace = ?req.namespace, pod = ?req.pod, error = %message, "container log request failed");
+            tracing::warn!(namespace = %text::quoted(&req.namespace), pod = %text::quoted(&req.pod), error = %message, "container log request failed");
             let failed = Answer::status(502, &message);
             let msg = start(id, 502, failed.content_type, failed.body.to_vec());
             return answer_only(tx, msg, &mut call, connection).await;

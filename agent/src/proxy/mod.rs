@@ -11,6 +11,8 @@ pub mod patch;
 pub mod pss;
 pub mod rules;
 
+use argocd_agent_identity::text;
+use argocd_agent_identity::text::quoted;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -124,6 +126,18 @@ enum Failure {
     BadRequest(String),
     /// The cluster could not be reached or answered nonsense (502).
     Upstream(String),
+}
+
+/// The log form: `forbidden: "<why>"` (the message may name what the hub asked for).
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Forbidden(m) => write!(f, "forbidden: {}", text::quoted(m)),
+            Failure::Refused(rule, m) => write!(f, "refused by {rule}: {}", text::quoted(m)),
+            Failure::BadRequest(m) => write!(f, "bad request: {}", text::quoted(m)),
+            Failure::Upstream(m) => write!(f, "upstream: {}", text::quoted(m)),
+        }
+    }
 }
 
 impl Failure {
@@ -247,7 +261,7 @@ impl Proxy {
             Ok(answer) => answer.into_response(),
             Err(_) => {
                 self.count(rules::method_verb(&req.method), "error");
-                tracing::warn!(method = ?req.method, path = ?req.path, "resource proxy request timed out");
+                tracing::warn!(method = %text::quoted(&req.method), path = %text::quoted(&req.path), "resource proxy request timed out");
                 Answer::status(504, "the request timed out on the agent").into_response()
             }
         }
@@ -275,13 +289,13 @@ impl Proxy {
         self.count(verb, failure.outcome());
         match &failure {
             Failure::Forbidden(reason) => {
-                tracing::warn!(method = ?req.method, path = ?req.path, reason = ?reason, "resource proxy request refused")
+                tracing::warn!(method = %text::quoted(&req.method), path = %text::quoted(&req.path), reason = %text::quoted(reason), "resource proxy request refused")
             }
             Failure::Refused(rule, reason) => {
-                tracing::warn!(method = ?req.method, path = ?req.path, rule, level = %self.config.pod_security, reason = ?reason, "resource proxy request refused")
+                tracing::warn!(method = %text::quoted(&req.method), path = %text::quoted(&req.path), rule, level = %self.config.pod_security, reason = %text::quoted(reason), "resource proxy request refused")
             }
             Failure::BadRequest(m) | Failure::Upstream(m) => {
-                tracing::warn!(method = ?req.method, path = ?req.path, error = ?m, "resource proxy request failed")
+                tracing::warn!(method = %text::quoted(&req.method), path = %text::quoted(&req.path), error = %text::quoted(m), "resource proxy request failed")
             }
         }
         failure.answer()
@@ -404,10 +418,11 @@ impl Proxy {
         let mut walk = OwnerWalk::new(self, apps);
         let mut why = Vec::new();
         for owner in owners {
-            let what = format!("{} {:?}", owner.kind, owner.name);
+            let what = format!("{} {}", owner.kind, text::quoted(&owner.name));
             let Some((obj, true)) = self.fetch_owner_object(&owner, Some(&ns)).await else {
                 why.push(format!(
-                    "owner {what} is not an object in namespace {ns:?} with that uid"
+                    "owner {what} is not an object in namespace {ns} with that uid",
+                    ns = quoted(&ns)
                 ));
                 continue;
             };
@@ -651,7 +666,7 @@ impl Proxy {
                 kinds.get(key).cloned()
             }
             Err(e) => {
-                tracing::debug!(api_version = ?api_version, key = ?key, error = %e, "resource not resolved");
+                tracing::debug!(api_version = %text::quoted(api_version), key = %text::quoted(key), error = %e, "resource not resolved");
                 None
             }
         }
@@ -688,9 +703,9 @@ impl Proxy {
 
 fn not_managed(r: &rules::ResourcePath) -> Failure {
     Failure::Forbidden(format!(
-        "{} {:?} is not managed by an Argo CD Application on this cluster",
+        "{} {} is not managed by an Argo CD Application on this cluster",
         r.plural,
-        r.name.as_deref().unwrap_or_default()
+        text::quoted(r.name.as_deref().unwrap_or_default())
     ))
 }
 
@@ -1040,7 +1055,7 @@ async fn check_pod(
     let path = format!("/api/v1/namespaces/{namespace}/pods/{pod}");
     let refuse = |f: Failure| {
         proxy.count(verb, f.outcome());
-        tracing::warn!(verb, namespace = ?namespace, pod = ?pod, failure = ?f, "resource proxy stream refused");
+        tracing::warn!(verb, namespace = %text::quoted(namespace), pod = %text::quoted(pod), failure = %f, "resource proxy stream refused");
         f.answer()
     };
     let r = match rules::parse_path(&path) {

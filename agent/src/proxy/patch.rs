@@ -18,6 +18,7 @@
 //! (`application/apply-patch+yaml`) is refused for the same reason: its result depends on
 //! the object's managed fields.
 
+use argocd_agent_identity::text::quoted;
 use serde_json::{Map, Value, json};
 
 use super::rules;
@@ -44,7 +45,7 @@ pub fn patch_type(content_type: &str) -> Result<PatchType, String> {
             "server-side apply patches are not served: their result depends on managed fields the agent cannot judge (use a merge, JSON or strategic merge patch)".into(),
         ),
         _ => Err(format!(
-            "patch Content-Type {content_type:?} is not served (merge, JSON or strategic merge patch)"
+            "patch Content-Type {content_type} is not served (merge, JSON or strategic merge patch)", content_type = quoted(&content_type)
         )),
     }
 }
@@ -175,7 +176,8 @@ fn known_directive(key: &str) -> Result<(), String> {
         Ok(())
     } else {
         Err(format!(
-            "the strategic merge patch directive {key:?} is not evaluated by the agent"
+            "the strategic merge patch directive {key} is not evaluated by the agent",
+            key = quoted(&key)
         ))
     }
 }
@@ -280,7 +282,8 @@ fn merge_list(
         ListMerge::Replace => {
             if patch.iter().any(|e| e.get("$patch").is_some()) {
                 return Err(format!(
-                    "a $patch directive in list {field:?}, which has no merge key, is not evaluated by the agent"
+                    "a $patch directive in list {field}, which has no merge key, is not evaluated by the agent",
+                    field = quoted(&field)
                 ));
             }
             clean(&Value::Array(patch.to_vec()), depth)
@@ -299,7 +302,9 @@ fn merge_list(
             for e in patch {
                 let Some(id) = e.get(key) else {
                     return Err(format!(
-                        "an item of list {field:?} has no merge key {key:?}"
+                        "an item of list {field} has no merge key {key}",
+                        field = quoted(&field),
+                        key = quoted(&key)
                     ));
                 };
                 let pos = out.iter().position(|x| x.get(key) == Some(id));
@@ -310,12 +315,17 @@ fn merge_list(
                     (None, Some("delete")) => {}
                     (_, Some(other)) if other != "merge" => {
                         return Err(format!(
-                            "unknown strategic merge patch directive $patch: {other:?} in list {field:?}"
+                            "unknown strategic merge patch directive $patch: {other} in list {field}",
+                            other = quoted(&other),
+                            field = quoted(&field)
                         ));
                     }
                     (Some(i), _) => {
                         let Value::Object(pm) = e else {
-                            return Err(format!("an item of list {field:?} is not an object"));
+                            return Err(format!(
+                                "an item of list {field} is not an object",
+                                field = quoted(&field)
+                            ));
                         };
                         merge_map(&mut out[i], pm, depth + 1)?;
                     }

@@ -60,7 +60,8 @@ impl FromStr for Level {
             "baseline" => Ok(Level::Baseline),
             "restricted" => Ok(Level::Restricted),
             other => Err(format!(
-                "pod security level {other:?}: expected privileged, baseline or restricted"
+                "pod security level {other}: expected privileged, baseline or restricted",
+                other = argocd_agent_identity::text::quoted(&other)
             )),
         }
     }
@@ -163,7 +164,7 @@ fn text(v: &Value) -> String {
 }
 
 fn quoted(v: &Value) -> String {
-    format!("{:?}", text(v))
+    argocd_agent_identity::text::quoted(&text(v)).to_string()
 }
 
 const CONTAINER_LISTS: [&str; 3] = ["containers", "initContainers", "ephemeralContainers"];
@@ -292,7 +293,13 @@ pub fn host_path_volumes(pod: &Pod) -> Vec<Violation> {
                 field: join(pod.at, &format!("{field}.hostPath")),
                 key: format!("{key}.hostPath"),
             };
-            Some(place.violation("hostPathVolumes", format!("is set (path {path:?})")))
+            Some(place.violation(
+                "hostPathVolumes",
+                format!(
+                    "is set (path {path})",
+                    path = argocd_agent_identity::text::quoted(&path)
+                ),
+            ))
         })
         .collect()
 }
@@ -368,7 +375,10 @@ pub fn app_armor_profile(pod: &Pod) -> Vec<Violation> {
         if !fine {
             let at = pod.at.strip_suffix("spec").unwrap_or_default();
             let place = Place {
-                field: format!("{at}metadata.annotations[{k:?}]"),
+                field: format!(
+                    "{at}metadata.annotations[{k}]",
+                    k = argocd_agent_identity::text::quoted(&k)
+                ),
                 key: format!("annotations[{container}]"),
             };
             out.push(place.violation("appArmorProfile", format!("is {}", quoted(v))));
@@ -789,7 +799,11 @@ pub fn refusal(level: Level, found: &[Violation]) -> String {
     if found.len() > MAX_NAMED {
         named.push(format!("and {} more", found.len() - MAX_NAMED));
     }
-    format!("pod security {:?}: {}", level.as_str(), named.join("; "))
+    format!(
+        "pod security {}: {}",
+        argocd_agent_identity::text::quoted(level.as_str()),
+        named.join("; ")
+    )
 }
 
 /// Checks `obj` against `level`, allowing what `before` (the object before a patch)

@@ -2,6 +2,7 @@
 //! paths a request may name, what each method may do, and when an object counts as
 //! managed by Argo CD on this spoke.
 
+use argocd_agent_identity::text::quoted;
 use std::collections::{BTreeSet, HashMap};
 
 use serde_json::{Value, json};
@@ -339,9 +340,10 @@ pub fn check_tracking_kept(
         if was != now {
             let show = |v: Option<&Value>| v.map_or_else(|| "unset".to_owned(), |v| v.to_string());
             return Err(format!(
-                "a patch may not change metadata.{map}[{key:?}], which tracks the object for Argo CD (it is {}, it would be {})",
+                "a patch may not change metadata.{map}[{key}], which tracks the object for Argo CD (it is {}, it would be {})",
                 show(was),
-                show(now)
+                show(now),
+                key = quoted(&key)
             ));
         }
     }
@@ -479,7 +481,8 @@ pub fn read_create_body(content_type: &str, body: &[u8]) -> Result<Value, String
     let media = content_type.split(';').next().unwrap_or_default().trim();
     if !(media.is_empty() || media.eq_ignore_ascii_case("application/json")) {
         return Err(format!(
-            "a create body must be JSON (Content-Type {content_type:?})"
+            "a create body must be JSON (Content-Type {content_type})",
+            content_type = quoted(&content_type)
         ));
     }
     let StrictValue(v) = serde_json::from_slice(body)
@@ -551,7 +554,10 @@ impl<'de> serde::de::Visitor<'de> for StrictVisitor {
         while let Some(key) = map.next_key::<String>()? {
             let StrictValue(v) = map.next_value()?;
             if out.contains_key(&key) {
-                return Err(serde::de::Error::custom(format!("key {key:?} repeated")));
+                return Err(serde::de::Error::custom(format!(
+                    "key {key} repeated",
+                    key = quoted(&key)
+                )));
             }
             out.insert(key, v);
         }
@@ -571,8 +577,9 @@ pub fn check_create_shape(target: &CreateTarget, body: &Value) -> Result<(), Str
         && kind != target.kind
     {
         return Err(format!(
-            "the body's kind {kind:?} is not the request's {:?}",
-            target.kind
+            "the body's kind {kind} is not the request's {}",
+            quoted(&target.kind),
+            kind = quoted(&kind)
         ));
     }
     let api_version = target.api_version();
@@ -580,7 +587,9 @@ pub fn check_create_shape(target: &CreateTarget, body: &Value) -> Result<(), Str
         && v != api_version
     {
         return Err(format!(
-            "the body's apiVersion {v:?} is not the request's {api_version:?}"
+            "the body's apiVersion {v} is not the request's {api_version}",
+            v = quoted(&v),
+            api_version = quoted(&api_version)
         ));
     }
     if let Some(b) = body.pointer("/metadata/namespace").and_then(Value::as_str)
@@ -588,7 +597,9 @@ pub fn check_create_shape(target: &CreateTarget, body: &Value) -> Result<(), Str
         && b != ns
     {
         return Err(format!(
-            "the object's namespace {b:?} is not the request's {ns:?}"
+            "the object's namespace {b} is not the request's {ns}",
+            b = quoted(&b),
+            ns = quoted(&ns)
         ));
     }
     Ok(())
@@ -607,13 +618,16 @@ pub fn check_create(
     let app_name = &app.name;
     if !app.deploys_to(ns) {
         return Err(format!(
-            "namespace {ns:?} is not a destination of Application {app_name:?}"
+            "namespace {ns} is not a destination of Application {app_name}",
+            ns = quoted(&ns),
+            app_name = quoted(&app_name)
         ));
     }
     if target.group == RBAC_GROUP && !app.manages_kind(&target.group, &target.kind) {
         return Err(format!(
-            "Application {app_name:?} manages no {}, so none is created for it",
-            target.kind
+            "Application {app_name} manages no {}, so none is created for it",
+            target.kind,
+            app_name = quoted(&app_name)
         ));
     }
     if target.group.is_empty()
@@ -622,7 +636,8 @@ pub fn check_create(
         && !app.manages_kind("", "Secret")
     {
         return Err(format!(
-            "Application {app_name:?} manages no Secrets, so no service-account token is created for it"
+            "Application {app_name} manages no Secrets, so no service-account token is created for it",
+            app_name = quoted(&app_name)
         ));
     }
     let wanted = privilege_asks(body)?;
@@ -1016,7 +1031,7 @@ pub fn parse_path(path: &str) -> Result<ApiPath, String> {
     };
     let parts: Vec<&str> = rest.split('/').collect();
     if let Some(bad) = parts.iter().find(|s| !valid_segment(s)) {
-        return Err(format!("invalid path segment {bad:?}"));
+        return Err(format!("invalid path segment {bad}", bad = quoted(&bad)));
     }
     match parts.as_slice() {
         ["api"] | ["apis"] | ["version"] | ["openapi", "v2"] | ["openapi", "v3", ..] => {
@@ -1109,7 +1124,10 @@ pub fn method_verb(method: &str) -> &'static str {
 /// Decides what a request may do; `Err` is the reason it is refused (403).
 pub fn plan(method: &str, path: &str, query: &str) -> Result<Plan, String> {
     if !matches!(method, "GET" | "POST" | "PATCH" | "DELETE") {
-        return Err(format!("method {method:?} is not allowed"));
+        return Err(format!(
+            "method {method} is not allowed",
+            method = quoted(&method)
+        ));
     }
     if is_watch(query) {
         return Err("watch requests are not served".into());
@@ -1123,7 +1141,12 @@ pub fn plan(method: &str, path: &str, query: &str) -> Result<Plan, String> {
         None => {}
         Some("status") if method == "GET" => {}
         Some("status") => return Err("the status subresource is read-only here".into()),
-        Some(sub) => return Err(format!("subresource {sub:?} is not served")),
+        Some(sub) => {
+            return Err(format!(
+                "subresource {sub} is not served",
+                sub = quoted(&sub)
+            ));
+        }
     }
     if method == "GET" && resource.is_events() {
         return Ok(Plan::PassThrough);

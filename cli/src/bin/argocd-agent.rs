@@ -6,6 +6,7 @@
 use argocd_agent_cli::CmdResult;
 use argocd_agent_cli::args::{AgentArgs, Command, PrincipalArgs, TlsVersionArgs};
 use argocd_agent_cli::telemetry::OtlpOptions;
+use argocd_agent_identity::text;
 use tokio_util::sync::CancellationToken;
 
 fn shutdown_token() -> CancellationToken {
@@ -85,7 +86,7 @@ async fn serve_principal(a: PrincipalArgs) -> CmdResult {
     let config = a.config()?;
     let shutdown = shutdown_token();
     let running = argocd_agent_principal::start(config, shutdown).await?;
-    tracing::info!(addr = %running.addr, metrics = ?running.metrics_addr, redis_proxy = ?running.redis_proxy_addr, admin = ?running.admin_addr.as_ref().map(ToString::to_string), "principal started");
+    tracing::info!(addr = %running.addr, metrics = %text::or_dash(running.metrics_addr), redis_proxy = %text::or_dash(running.redis_proxy_addr), admin = %text::or_dash(running.admin_addr.as_ref()), "principal started");
     running.wait().await?;
     Ok(())
 }
@@ -105,7 +106,7 @@ async fn serve_agent(a: AgentArgs) -> CmdResult {
     let config = a.config()?;
     let shutdown = shutdown_token();
     let running = argocd_agent_agent::start(config, shutdown).await?;
-    tracing::info!(metrics = ?running.metrics_addr, "agent started");
+    tracing::info!(metrics = %text::or_dash(running.metrics_addr), "agent started");
     running.wait().await;
     Ok(())
 }

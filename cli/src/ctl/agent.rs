@@ -3,6 +3,7 @@
 //! TCP or a Unix socket, plaintext), or its agent listener over SVID mTLS, where the caller's
 //! SPIFFE ID must match a mapping rule with `role: admin`.
 
+use argocd_agent_identity::text::quoted;
 use std::time::Duration;
 
 use argocd_agent_proto::admin::admin_client::AdminClient;
@@ -85,7 +86,7 @@ async fn kubeconfig_from_principal(a: &KubeconfigArgs) -> Result<String, String>
             name: a.name.clone(),
         })
         .await
-        .map_err(|s| status(&format!("kubeconfig of agent {:?}", a.name), s))?
+        .map_err(|s| status(&format!("kubeconfig of agent {}", quoted(&a.name)), s))?
         .into_inner();
     let ca = base64::engine::general_purpose::STANDARD.encode(answer.ca_pem.as_bytes());
     let ca = if answer.ca_pem.is_empty() {
@@ -115,15 +116,16 @@ pub async fn kubeconfig(a: &KubeconfigArgs) -> Result<String, String> {
         [one] => one,
         [] => {
             return Err(format!(
-                "no cluster secret for agent {:?} in namespace {} (is --enable-self-cluster-registration on, and has the agent connected?)",
-                a.name, a.hub.namespace
+                "no cluster secret for agent {} in namespace {} (is --enable-self-cluster-registration on, and has the agent connected?)",
+                quoted(&a.name),
+                a.hub.namespace
             ));
         }
         many => {
             return Err(format!(
-                "{} cluster secrets are labelled for agent {:?}; expected one",
+                "{} cluster secrets are labelled for agent {}; expected one",
                 many.len(),
-                a.name
+                quoted(&a.name)
             ));
         }
     };
@@ -133,7 +135,7 @@ pub async fn kubeconfig(a: &KubeconfigArgs) -> Result<String, String> {
             .as_ref()
             .and_then(|d| d.get(k))
             .and_then(|b| String::from_utf8(b.0.clone()).ok())
-            .ok_or_else(|| format!("the cluster secret has no {k:?}"))
+            .ok_or_else(|| format!("the cluster secret has no {k}", k = quoted(&k)))
     };
     let server = field("server")?;
     let config: serde_json::Value = serde_json::from_str(&field("config")?)
@@ -492,11 +494,17 @@ async fn connect_local(address: &str) -> Result<AdminClient<Channel>, String> {
     } else {
         if address.contains("://") {
             return Err(format!(
-                "--principal-admin-address {address:?}: expected host:port or unix:///path"
+                "--principal-admin-address {address}: expected host:port or unix:///path",
+                address = quoted(&address)
             ));
         }
         Endpoint::from_shared(format!("http://{address}"))
-            .map_err(|e| format!("--principal-admin-address {address:?}: {e}"))?
+            .map_err(|e| {
+                format!(
+                    "--principal-admin-address {address}: {e}",
+                    address = quoted(&address)
+                )
+            })?
             .connect_timeout(Duration::from_secs(5))
             .connect()
             .await
@@ -519,7 +527,7 @@ fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
 pub(crate) fn status(what: &str, s: tonic::Status) -> String {
     match s.code() {
         tonic::Code::NotFound | tonic::Code::InvalidArgument => s.message().to_string(),
-        code => format!("{what}: {code:?}: {}", s.message()),
+        code => format!("{what}: {code}: {}", s.message(), code = quoted(&code)),
     }
 }
 
@@ -564,7 +572,7 @@ pub async fn run(command: Command) -> crate::CmdResult {
                     name: a.name.clone(),
                 })
                 .await
-                .map_err(|s| status(&format!("inspecting agent {:?}", a.name), s))?
+                .map_err(|s| status(&format!("inspecting agent {}", quoted(&a.name)), s))?
                 .into_inner()
                 .into();
             render(&agent, a.admin.output, || details(&agent))
@@ -576,7 +584,7 @@ pub async fn run(command: Command) -> crate::CmdResult {
                     name: a.name.clone(),
                 })
                 .await
-                .map_err(|s| status(&format!("disconnecting agent {:?}", a.name), s))?
+                .map_err(|s| status(&format!("disconnecting agent {}", quoted(&a.name)), s))?
                 .into_inner()
                 .was_connected;
             #[derive(Serialize)]

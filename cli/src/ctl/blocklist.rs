@@ -1,6 +1,7 @@
 //! `argocd-agentctl blocklist`: edits the hub's `argocd-agent-blocklist` ConfigMap, which
 //! the principal watches live (docs/reliability.md, "Revocation by identity").
 
+use argocd_agent_identity::text::quoted;
 use argocd_agent_principal::blocklist::{
     CONFIGMAP, FINGERPRINTS, IDS, PREFIXES, entries, normalize_fingerprint,
 };
@@ -100,11 +101,14 @@ impl EntryArgs {
         match (&self.id, &self.prefix, &self.fingerprint) {
             (Some(id), _, _) => {
                 argocd_agent_identity::SpiffeId::parse(id)
-                    .map_err(|e| format!("--id {id:?}: {e}"))?;
+                    .map_err(|e| format!("--id {id}: {e}", id = quoted(&id)))?;
                 Ok((IDS, id.clone()))
             }
             (_, Some(p), _) if p.starts_with("spiffe://") => Ok((PREFIXES, p.clone())),
-            (_, Some(p), _) => Err(format!("--prefix {p:?}: must start with spiffe://")),
+            (_, Some(p), _) => Err(format!(
+                "--prefix {p}: must start with spiffe://",
+                p = quoted(&p)
+            )),
             (_, _, Some(f)) => {
                 let f = normalize_fingerprint(f);
                 if f.len() != 64 || !f.chars().all(|c| c.is_ascii_hexdigit()) {

@@ -1,6 +1,7 @@
 //! `argocd-agentctl mesh`: prints the proxy and mesh configuration that puts the principal
 //! behind Envoy, Istio or Linkerd (see docs/mesh.md).
 
+use argocd_agent_identity::text::quoted;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -167,14 +168,17 @@ pub fn agent_ids_from_rules(text: &str) -> Result<Vec<SpiffeId>, Error> {
             .map_or_else(|| format!("rule-{}", i + 1), str::to_owned);
         let Some(exact) = rule.get("exact").and_then(serde_json::Value::as_str) else {
             return Err(format!(
-                "rule {name:?} is a pattern, not one identity: a mesh policy generated from the rules needs exact rules only (or use --trust-domain / --agent-id)"
+                "rule {name} is a pattern, not one identity: a mesh policy generated from the rules needs exact rules only (or use --trust-domain / --agent-id)", name = quoted(&name)
             )
             .into());
         };
         let id = SpiffeId::parse(exact)?;
-        rules
-            .map(&id)
-            .map_err(|e| format!("rule {name:?}: {id} is not admitted by the rules: {e}"))?;
+        rules.map(&id).map_err(|e| {
+            format!(
+                "rule {name}: {id} is not admitted by the rules: {e}",
+                name = quoted(&name)
+            )
+        })?;
         ids.push(id);
     }
     if ids.is_empty() {
@@ -213,7 +217,7 @@ fn selector(pairs: &[String]) -> Result<Option<BTreeMap<String, String>>, Error>
         .iter()
         .map(|p| match p.split_once('=') {
             Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
-            _ => Err(format!("--selector {p:?}: expected key=value").into()),
+            _ => Err(format!("--selector {p}: expected key=value", p = quoted(&p)).into()),
         })
         .collect::<Result<BTreeMap<_, _>, Error>>()
         .map(Some)
@@ -224,7 +228,10 @@ fn upstream(value: &str) -> Result<ListenAddr, Error> {
         Some(path) if !path.is_empty() => ListenAddr::Unix(path.into()),
         Some(_) => return Err("--upstream unix: needs a path".into()),
         None => ListenAddr::Tcp(value.parse().map_err(|e| {
-            format!("--upstream {value:?}: expected host:port or unix:/path ({e})")
+            format!(
+                "--upstream {value}: expected host:port or unix:/path ({e})",
+                value = quoted(&value)
+            )
         })?),
     };
     // The principal refuses header auth anywhere else; say so now rather than at deploy.

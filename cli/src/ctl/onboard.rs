@@ -10,6 +10,7 @@
 //! stores it in a cluster Secret; here the principal writes the cluster Secret itself when the
 //! agent first connects (`--enable-self-cluster-registration`), and `delete` removes it.
 
+use argocd_agent_identity::text::quoted;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -284,8 +285,9 @@ impl Plan {
             let sa = format!("/sa/argocd-agent-agent-{agent}");
             if !spiffe_id.as_str().ends_with(&sa) {
                 return Err(format!(
-                    "--identity mesh: the mesh names the agent by its service account, so its ID must end in {sa:?} (the overlay renames the service account with nameSuffix -{agent}); got {}",
-                    spiffe_id.as_str()
+                    "--identity mesh: the mesh names the agent by its service account, so its ID must end in {sa} (the overlay renames the service account with nameSuffix -{agent}); got {}",
+                    spiffe_id.as_str(),
+                    sa = quoted(&sa)
                 ));
             }
         }
@@ -300,8 +302,8 @@ impl Plan {
         };
         if !matches!(a.issuer_kind.as_str(), "ClusterIssuer" | "Issuer") {
             return Err(format!(
-                "--issuer-kind {:?}: use ClusterIssuer or Issuer",
-                a.issuer_kind
+                "--issuer-kind {}: use ClusterIssuer or Issuer",
+                quoted(&a.issuer_kind)
             ));
         }
         Ok(Plan {
@@ -557,10 +559,10 @@ pub fn upsert_rule(existing: &[Value], plan: &Plan) -> Result<Vec<Value>, String
     match current.map(&plan.spiffe_id) {
         Ok(found) if found.agent != plan.agent => {
             return Err(format!(
-                "{} already maps to agent {:?} (rule {:?}); delete that agent or rule first",
+                "{} already maps to agent {} (rule {}); delete that agent or rule first",
                 plan.spiffe_id.as_str(),
-                found.agent.as_str(),
-                found.rule
+                quoted(&found.agent.as_str()),
+                quoted(&found.rule)
             ));
         }
         Err(denied) if matches!(denied.reason, DenyReason::AdminRole { .. }) => {
@@ -578,10 +580,10 @@ pub fn upsert_rule(existing: &[Value], plan: &Plan) -> Result<Vec<Value>, String
             && agent.is_some_and(|a| a != plan.agent.as_str())
         {
             return Err(format!(
-                "hub namespace {:?} belongs to agent {:?} (rule {:?}); choose another with --hub-namespace",
-                plan.hub_namespace.as_str(),
-                agent.unwrap_or_default(),
-                r["name"].as_str().unwrap_or("?")
+                "hub namespace {} belongs to agent {} (rule {}); choose another with --hub-namespace",
+                quoted(&plan.hub_namespace.as_str()),
+                quoted(&agent.unwrap_or_default()),
+                quoted(&r["name"].as_str().unwrap_or("?"))
             ));
         }
     }
@@ -602,10 +604,10 @@ pub fn upsert_rule(existing: &[Value], plan: &Plan) -> Result<Vec<Value>, String
         .map_err(|e| format!("the new rules do not admit the agent: {e}"))?;
     if mapped.agent != plan.agent || mapped.namespace != plan.hub_namespace {
         return Err(format!(
-            "the new rules map {} to {mapped}, not agent {:?} in {:?}",
+            "the new rules map {} to {mapped}, not agent {} in {}",
             plan.spiffe_id.as_str(),
-            plan.agent.as_str(),
-            plan.hub_namespace.as_str()
+            quoted(&plan.agent.as_str()),
+            quoted(&plan.hub_namespace.as_str())
         ));
     }
     Ok(rules)
@@ -624,9 +626,10 @@ pub fn remove_rule(
         if r["name"].as_str() == Some(name.as_str()) {
             if r["agent"].as_str() != Some(agent.as_str()) {
                 return Err(format!(
-                    "rule {name:?} maps agent {:?}, not {:?}; not removing it",
-                    r["agent"].as_str().unwrap_or("?"),
-                    agent.as_str()
+                    "rule {name} maps agent {}, not {}; not removing it",
+                    quoted(&r["agent"].as_str().unwrap_or("?")),
+                    quoted(&agent.as_str()),
+                    name = quoted(&name)
                 ));
             }
             namespace = Some(
@@ -649,11 +652,11 @@ pub fn still_admitted(rules: &[Value], id: &str) -> Option<String> {
     let set = rule_set(rules).ok()?;
     let found = set.map(&id).ok()?;
     Some(format!(
-        "warning: rule {:?} still admits {} (agent {:?}, hub namespace {:?}): the principal keeps accepting it; narrow or remove that rule, or block the ID (argocd-agentctl blocklist add)",
-        found.rule,
+        "warning: rule {} still admits {} (agent {}, hub namespace {}): the principal keeps accepting it; narrow or remove that rule, or block the ID (argocd-agentctl blocklist add)",
+        quoted(&found.rule),
         id.as_str(),
-        found.agent.as_str(),
-        found.namespace.as_str()
+        quoted(&found.agent.as_str()),
+        quoted(&found.namespace.as_str())
     ))
 }
 
@@ -803,7 +806,8 @@ fn check_namespace_owner(ns: &KubeNamespace, agent: &AgentName) -> Result<(), St
     }
     match owner_label(ns) {
         Some(owner) if owner != agent.as_str() => Err(format!(
-            "namespace {name} belongs to agent {owner:?} (label {AGENT_LABEL}); choose another with --hub-namespace"
+            "namespace {name} belongs to agent {owner} (label {AGENT_LABEL}); choose another with --hub-namespace",
+            owner = quoted(&owner)
         )),
         _ => Ok(()),
     }
@@ -936,7 +940,8 @@ async fn delete_cluster_secret(
         .and_then(|l| l.get(AGENT_LABEL));
     if owner.map(String::as_str) != Some(agent.as_str()) {
         return Err(format!(
-            "Secret {argocd_ns}/{name} is not agent {agent}'s cluster Secret (label {AGENT_LABEL} is {owner:?}); not deleting it"
+            "Secret {argocd_ns}/{name} is not agent {agent}'s cluster Secret (label {AGENT_LABEL} is {owner}); not deleting it",
+            owner = owner.map_or_else(|| "not set".to_owned(), |o| quoted(o).to_string())
         ));
     }
     match api.delete(&name, &DeleteParams::default()).await {
@@ -990,8 +995,8 @@ async fn delete_namespace(
     }
     if owner_label(&existing) != Some(agent.as_str()) {
         return Err(format!(
-            "namespace {ns} is not labelled for agent {agent} ({AGENT_LABEL} is {:?}); not deleting it",
-            owner_label(&existing)
+            "namespace {ns} is not labelled for agent {agent} ({AGENT_LABEL} is {}); not deleting it",
+            owner_label(&existing).map_or_else(|| "not set".to_owned(), |o| quoted(o).to_string())
         ));
     }
     if existing.metadata.deletion_timestamp.is_some() {

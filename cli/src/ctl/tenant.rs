@@ -2,6 +2,7 @@
 //! `--rules`) or from a running principal's admin API (with their agents and quota use).
 //! A tenant's operator sees its own tenant only.
 
+use argocd_agent_identity::text::quoted;
 use std::path::PathBuf;
 
 use argocd_agent_domain::mapping::RuleSet;
@@ -52,7 +53,7 @@ pub enum TenantError {
     #[error("{0}")]
     Rules(#[from] argocd_agent_domain::mapping::RuleError),
     /// No such tenant.
-    #[error("tenant {name:?} is not declared in {source_name} (declared: {declared})")]
+    #[error("tenant {name} is not declared in {source_name} (declared: {declared})", name = quoted(.name))]
     Unknown {
         /// The name asked for.
         name: String,
@@ -63,7 +64,7 @@ pub enum TenantError {
     },
     /// The agent's SPIFFE ID is not one of the tenant's agents.
     #[error(
-        "agent SPIFFE ID {id} is not one of tenant {tenant:?}'s agents (its agents patterns: {patterns}); choose --spiffe-id/--path-template to match, or add a pattern to the tenant"
+        "agent SPIFFE ID {id} is not one of tenant {tenant}'s agents (its agents patterns: {patterns}); choose --spiffe-id/--path-template to match, or add a pattern to the tenant", tenant = quoted(.tenant)
     )]
     NotTenantAgent {
         /// The tenant.
@@ -75,7 +76,7 @@ pub enum TenantError {
     },
     /// The agent's hub namespace is not one of the tenant's namespaces.
     #[error(
-        "hub namespace {namespace:?} is not one of tenant {tenant:?}'s namespaces ({patterns}); choose --hub-namespace to match"
+        "hub namespace {namespace} is not one of tenant {tenant}'s namespaces ({patterns}); choose --hub-namespace to match", namespace = quoted(.namespace), tenant = quoted(.tenant)
     )]
     NotTenantNamespace {
         /// The tenant.
@@ -344,8 +345,8 @@ pub async fn run(command: Command) -> crate::CmdResult {
             let Some(t) = list.iter().find(|t| t.name == a.name) else {
                 let names: Vec<&str> = list.iter().map(|t| t.name.as_str()).collect();
                 return Err(format!(
-                    "tenant {:?} is not declared{} (tenants in scope: {})",
-                    a.name,
+                    "tenant {} is not declared{} (tenants in scope: {})",
+                    quoted(&a.name),
                     a.rules
                         .as_ref()
                         .map_or(String::new(), |p| format!(" in {}", p.display())),

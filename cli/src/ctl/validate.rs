@@ -9,6 +9,7 @@
 //! is the SVID a SPIFFE SVID of the right trust domain, valid now, matching its key and
 //! verified by its bundle.
 
+use argocd_agent_identity::text::quoted;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -310,12 +311,12 @@ fn agent(r: &mut Report, ag: &crate::args::AgentArgs, a: &ValidateArgs, now: Sys
                 .map_err(|e| e.to_string())
         }) {
             Ok(m) => r.ok(format!(
-                "rules: {} is agent {:?} in hub namespace {:?}, mode {} allowed (rule {:?})",
+                "rules: {} is agent {} in hub namespace {}, mode {} allowed (rule {})",
                 id.as_str(),
-                m.agent.as_str(),
-                m.namespace.as_str(),
+                quoted(&m.agent.as_str()),
+                quoted(&m.namespace.as_str()),
                 ag.agent_mode,
-                m.rule
+                quoted(&m.rule)
             )),
             Err(e) => r.error(format!("rules: {e}")),
         }

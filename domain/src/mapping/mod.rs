@@ -60,6 +60,7 @@
 mod live;
 mod rule;
 
+use argocd_agent_identity::text::quoted;
 use std::fmt;
 use std::path::PathBuf;
 
@@ -275,7 +276,7 @@ impl fmt::Display for DenyReason {
                 reason,
             } => write!(
                 f,
-                "rule \"{rule}\" produced invalid agent name {value:?}: {reason}"
+                "rule \"{rule}\" produced invalid agent name {value}: {reason}", value = quoted(&value)
             ),
             DenyReason::InvalidNamespace {
                 rule,
@@ -283,7 +284,7 @@ impl fmt::Display for DenyReason {
                 reason,
             } => write!(
                 f,
-                "rule \"{rule}\" produced invalid namespace {value:?}: {reason}"
+                "rule \"{rule}\" produced invalid namespace {value}: {reason}", value = quoted(&value)
             ),
             DenyReason::ModeNotAllowed {
                 rule,
@@ -357,7 +358,7 @@ pub enum RuleError {
     #[error("mapping rules YAML: {0}")]
     Tenant(#[from] TenantError),
     /// One rule flag is invalid.
-    #[error("mapping rule flag {flag:?}: {reason}")]
+    #[error("mapping rule flag {flag}: {reason}", flag = quoted(.flag))]
     Flag {
         /// The flag as given (truncated when very long).
         flag: String,

@@ -1,5 +1,6 @@
 //! One mapping rule: how it is written (YAML entry or flag), compiled once, and matched.
 
+use argocd_agent_identity::text::quoted;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
@@ -224,7 +225,7 @@ pub(super) fn compile(spec: RuleSpec, default_name: String) -> Result<Rule, Stri
         }
         (None, Some(r), None) => {
             let regex = Regex::new(&format!("^(?:{r})$"))
-                .map_err(|e| format!("regex {r:?} does not compile: {e}"))?;
+                .map_err(|e| format!("regex {r} does not compile: {e}", r = quoted(&r)))?;
             let mut groups = BTreeSet::new();
             for (i, n) in regex.capture_names().enumerate().skip(1) {
                 groups.insert(i.to_string());
@@ -271,7 +272,10 @@ pub(super) fn compile(spec: RuleSpec, default_name: String) -> Result<Rule, Stri
             });
         }
         Some(other) => {
-            return Err(format!("role {other:?} is not one of: agent, admin"));
+            return Err(format!(
+                "role {other} is not one of: agent, admin",
+                other = quoted(&other)
+            ));
         }
     }
     let agent_src = match (spec.agent, default_agent) {
@@ -324,7 +328,7 @@ fn split_placeholders(src: &str) -> Result<Vec<Piece>, String> {
                 break;
             }
             Some(i) if rest.as_bytes()[i] == b'}' => {
-                return Err(format!("unmatched '}}' in {src:?}"));
+                return Err(format!("unmatched '}}' in {src}", src = quoted(&src)));
             }
             Some(i) => {
                 if i > 0 {
@@ -333,13 +337,14 @@ fn split_placeholders(src: &str) -> Result<Vec<Piece>, String> {
                 let after = &rest[i + 1..];
                 let end = after
                     .find('}')
-                    .ok_or_else(|| format!("unclosed '{{' in {src:?}"))?;
+                    .ok_or_else(|| format!("unclosed '{{' in {src}", src = quoted(&src)))?;
                 let var = &after[..end];
                 let valid =
                     !var.is_empty() && var.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
                 if !valid {
                     return Err(format!(
-                        "placeholder {{{var}}} in {src:?} must be a name of letters, digits and '_'"
+                        "placeholder {{{var}}} in {src} must be a name of letters, digits and '_'",
+                        src = quoted(&src)
                     ));
                 }
                 pieces.push(Piece::Var(var.to_owned()));
@@ -353,7 +358,10 @@ fn split_placeholders(src: &str) -> Result<Vec<Piece>, String> {
 /// Compiles a SPIFFE ID template to an anchored regex; returns it with its placeholder names.
 fn compile_id_template(src: &str) -> Result<(Regex, BTreeSet<String>), String> {
     let Some(rest) = src.strip_prefix("spiffe://") else {
-        return Err(format!("template {src:?} must start with \"spiffe://\""));
+        return Err(format!(
+            "template {src} must start with \"spiffe://\"",
+            src = quoted(&src)
+        ));
     };
     let (authority, path) = match rest.find('/') {
         Some(i) => rest.split_at(i),
@@ -376,7 +384,8 @@ fn compile_id_template(src: &str) -> Result<(Regex, BTreeSet<String>), String> {
         }
         _ => {
             return Err(format!(
-                "template {src:?}: the trust domain must be a literal or exactly {{trust_domain}}"
+                "template {src}: the trust domain must be a literal or exactly {{trust_domain}}",
+                src = quoted(&src)
             ));
         }
     }
@@ -389,17 +398,20 @@ fn compile_id_template(src: &str) -> Result<(Regex, BTreeSet<String>), String> {
             Piece::Var(v) => {
                 if v == TD_PLACEHOLDER {
                     return Err(format!(
-                        "template {src:?}: {{trust_domain}} may only stand for the trust domain"
+                        "template {src}: {{trust_domain}} may only stand for the trust domain",
+                        src = quoted(&src)
                     ));
                 }
                 if v.starts_with(|c: char| c.is_ascii_digit()) {
                     return Err(format!(
-                        "template {src:?}: placeholder {{{v}}} must not start with a digit"
+                        "template {src}: placeholder {{{v}}} must not start with a digit",
+                        src = quoted(&src)
                     ));
                 }
                 if !names.insert(v.clone()) {
                     return Err(format!(
-                        "template {src:?}: placeholder {{{v}}} appears twice"
+                        "template {src}: placeholder {{{v}}} appears twice",
+                        src = quoted(&src)
                     ));
                 }
                 // One placeholder never crosses a '/': it matches within one segment.
@@ -409,10 +421,14 @@ fn compile_id_template(src: &str) -> Result<(Regex, BTreeSet<String>), String> {
         }
     }
     pattern.push('$');
-    SpiffeId::parse(&sample)
-        .map_err(|e| format!("template {src:?} cannot match any valid SPIFFE ID: {e}"))?;
-    let regex =
-        Regex::new(&pattern).map_err(|e| format!("template {src:?} does not compile: {e}"))?;
+    SpiffeId::parse(&sample).map_err(|e| {
+        format!(
+            "template {src} cannot match any valid SPIFFE ID: {e}",
+            src = quoted(&src)
+        )
+    })?;
+    let regex = Regex::new(&pattern)
+        .map_err(|e| format!("template {src} does not compile: {e}", src = quoted(&src)))?;
     Ok((regex, names))
 }
 
@@ -440,8 +456,9 @@ fn compile_output(
                         .chain([format!("{{{TD_PLACEHOLDER}}}")])
                         .collect();
                     return Err(format!(
-                        "{what} {src:?} uses {{{v}}}, which the rule does not define (known: {})",
-                        known.join(", ")
+                        "{what} {src} uses {{{v}}}, which the rule does not define (known: {})",
+                        known.join(", "),
+                        src = quoted(&src)
                     ));
                 }
             }
@@ -451,7 +468,9 @@ fn compile_output(
                     .find(|c| !matches!(c, 'a'..='z' | '0'..='9' | '-'))
                 {
                     return Err(format!(
-                        "{what} {src:?} contains {c:?}, which can never be part of a DNS-1123 label"
+                        "{what} {src} contains '{c}', which can never be part of a DNS-1123 label",
+                        src = quoted(&src),
+                        c = c.escape_debug()
                     ));
                 }
             }
@@ -527,7 +546,8 @@ fn apply_options(spec: &mut RuleSpec, opts: Option<&str>) -> Result<(), String> 
     let agent = parts.next().unwrap_or_default();
     if agent.contains('=') {
         return Err(format!(
-            "the first item after \"=>\" is the agent template, got {agent:?}"
+            "the first item after \"=>\" is the agent template, got {agent}",
+            agent = quoted(&agent)
         ));
     }
     if !agent.is_empty() {
@@ -537,9 +557,9 @@ fn apply_options(spec: &mut RuleSpec, opts: Option<&str>) -> Result<(), String> 
     for part in parts {
         let (k, v) = part
             .split_once('=')
-            .ok_or_else(|| format!("option {part:?} must be key=value"))?;
+            .ok_or_else(|| format!("option {part} must be key=value", part = quoted(&part)))?;
         if !seen.insert(k) {
-            return Err(format!("option {k:?} given twice"));
+            return Err(format!("option {k} given twice", k = quoted(&k)));
         }
         match k {
             "namespace" => spec.namespace = Some(v.to_owned()),
@@ -551,7 +571,8 @@ fn apply_options(spec: &mut RuleSpec, opts: Option<&str>) -> Result<(), String> 
             }
             other => {
                 return Err(format!(
-                    "unknown option {other:?} (known: namespace, mode, trustDomains, name, role)"
+                    "unknown option {other} (known: namespace, mode, trustDomains, name, role)",
+                    other = quoted(&other)
                 ));
             }
         }

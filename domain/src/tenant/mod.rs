@@ -40,6 +40,7 @@
 
 mod overlap;
 
+use argocd_agent_identity::text::quoted;
 use std::fmt;
 
 use serde::Deserialize;
@@ -96,7 +97,7 @@ pub(crate) struct TenantSpec {
 
 /// A tenant declaration that cannot be loaded: names the tenant and the field.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("tenant {tenant:?} field {field}: {reason}")]
+#[error("tenant {tenant} field {field}: {reason}", tenant = quoted(.tenant))]
 pub struct TenantError {
     /// The tenant's name (or `tenant-<n>` when it has none).
     pub tenant: String,

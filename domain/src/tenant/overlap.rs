@@ -19,6 +19,7 @@
 //!   escapes. Argo CD's `{a,b}` alternatives are not taken: list each alternative as its own
 //!   entry, so that each can be named in an overlap error.
 
+use argocd_agent_identity::text::quoted;
 use std::collections::HashSet;
 use std::fmt;
 
@@ -150,7 +151,10 @@ impl Pattern {
     /// Compiles a SPIFFE ID pattern (see the module docs).
     pub fn spiffe_id(src: &str) -> Result<Pattern, String> {
         let Some(rest) = src.strip_prefix("spiffe://") else {
-            return Err(format!("{src:?} must start with \"spiffe://\""));
+            return Err(format!(
+                "{src} must start with \"spiffe://\"",
+                src = quoted(&src)
+            ));
         };
         let mut tokens: Vec<Token> = "spiffe://"
             .chars()
@@ -164,13 +168,14 @@ impl Pattern {
             if let Some(after) = tail.strip_prefix('{') {
                 let end = after
                     .find('}')
-                    .ok_or_else(|| format!("{src:?}: a '{{' is not closed"))?;
+                    .ok_or_else(|| format!("{src}: a '{{' is not closed", src = quoted(&src)))?;
                 let name = &after[..end];
                 let valid =
                     !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
                 if !valid {
                     return Err(format!(
-                        "{src:?}: placeholder {{{name}}} must be a name of letters, digits and '_'"
+                        "{src}: placeholder {{{name}}} must be a name of letters, digits and '_'",
+                        src = quoted(&src)
                     ));
                 }
                 let in_authority = pos < authority_end;
@@ -178,12 +183,14 @@ impl Pattern {
                     (true, true) if pos == 0 && end + 2 == authority_end => trust_domain_chars(),
                     (true, _) => {
                         return Err(format!(
-                            "{src:?}: {{trust_domain}} may only stand for the whole trust domain"
+                            "{src}: {{trust_domain}} may only stand for the whole trust domain",
+                            src = quoted(&src)
                         ));
                     }
                     (false, true) => {
                         return Err(format!(
-                            "{src:?}: the trust domain must be a literal or exactly {{trust_domain}}"
+                            "{src}: the trust domain must be a literal or exactly {{trust_domain}}",
+                            src = quoted(&src)
                         ));
                     }
                     (false, false) => segment_chars(),
@@ -193,7 +200,7 @@ impl Pattern {
                 sample.push('x');
                 pos += end + 2;
             } else if tail.starts_with('}') {
-                return Err(format!("{src:?}: unmatched '}}'"));
+                return Err(format!("{src}: unmatched '}}'", src = quoted(&src)));
             } else {
                 let c = tail.chars().next().unwrap_or_default();
                 tokens.push(Token::One(CharSet::one(c)));
@@ -201,8 +208,12 @@ impl Pattern {
                 pos += c.len_utf8();
             }
         }
-        argocd_agent_identity::id::SpiffeId::parse(&sample)
-            .map_err(|e| format!("{src:?} cannot match any valid SPIFFE ID: {e}"))?;
+        argocd_agent_identity::id::SpiffeId::parse(&sample).map_err(|e| {
+            format!(
+                "{src} cannot match any valid SPIFFE ID: {e}",
+                src = quoted(&src)
+            )
+        })?;
         Ok(Pattern {
             source: src.to_owned(),
             tokens,
@@ -221,15 +232,16 @@ impl Pattern {
                 '*' => Token::Many(CharSet::ANY),
                 '?' => Token::One(CharSet::ANY),
                 '\\' => {
-                    let e = chars
-                        .next()
-                        .ok_or_else(|| format!("{src:?}: a trailing \\ escapes nothing"))?;
+                    let e = chars.next().ok_or_else(|| {
+                        format!("{src}: a trailing \\ escapes nothing", src = quoted(&src))
+                    })?;
                     Token::One(CharSet::one(e))
                 }
                 '[' => Token::One(class(src, &mut chars)?),
                 '{' | '}' => {
                     return Err(format!(
-                        "{src:?}: alternatives {{a,b}} are not taken here; list each as its own entry"
+                        "{src}: alternatives {{a,b}} are not taken here; list each as its own entry",
+                        src = quoted(&src)
                     ));
                 }
                 c => Token::One(CharSet::one(c)),
@@ -285,7 +297,7 @@ fn class(src: &str, chars: &mut std::str::Chars<'_>) -> Result<CharSet, String> 
     loop {
         let c = chars
             .next()
-            .ok_or_else(|| format!("{src:?}: a [ is not closed"))?;
+            .ok_or_else(|| format!("{src}: a [ is not closed", src = quoted(&src)))?;
         match c {
             '!' | '^' if first => negated = true,
             ']' if !first || prev.is_some() => break,
@@ -293,21 +305,24 @@ fn class(src: &str, chars: &mut std::str::Chars<'_>) -> Result<CharSet, String> 
                 let from = prev.take().unwrap_or_default();
                 let mut to = chars.next().unwrap_or_default();
                 if to == '\\' {
-                    to = chars
-                        .next()
-                        .ok_or_else(|| format!("{src:?}: a trailing \\ escapes nothing"))?;
+                    to = chars.next().ok_or_else(|| {
+                        format!("{src}: a trailing \\ escapes nothing", src = quoted(&src))
+                    })?;
                 }
                 if to < from {
-                    return Err(format!("{src:?}: range {from}-{to} is reversed"));
+                    return Err(format!(
+                        "{src}: range {from}-{to} is reversed",
+                        src = quoted(&src)
+                    ));
                 }
                 set = set.union(CharSet::range(from, to));
                 first = false;
                 continue;
             }
             '\\' => {
-                let e = chars
-                    .next()
-                    .ok_or_else(|| format!("{src:?}: a trailing \\ escapes nothing"))?;
+                let e = chars.next().ok_or_else(|| {
+                    format!("{src}: a trailing \\ escapes nothing", src = quoted(&src))
+                })?;
                 set = set.union(CharSet::one(e));
                 prev = Some(e);
             }

@@ -6,6 +6,7 @@
 mod files;
 mod workload;
 
+use crate::text;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,6 +42,24 @@ pub enum SvidConfig {
     },
 }
 
+/// How the startup line names the source: `Workload API unix:///run/spire/agent.sock`,
+/// `PEM files /etc/svid/tls.crt, /etc/svid/tls.key`.
+impl std::fmt::Display for SvidConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SvidConfig::WorkloadApi {
+                endpoint: Some(endpoint),
+            } => write!(f, "Workload API {endpoint}"),
+            SvidConfig::WorkloadApi { endpoint: None } => {
+                f.write_str("Workload API at SPIFFE_ENDPOINT_SOCKET")
+            }
+            SvidConfig::Files { cert, key, .. } => {
+                write!(f, "PEM files {}, {}", cert.display(), key.display())
+            }
+        }
+    }
+}
+
 impl SvidConfig {
     /// Builds the source and waits up to `timeout` for its first SVID.
     pub async fn load(&self, timeout: Duration) -> Result<SvidSource, SourceError> {
@@ -67,7 +86,7 @@ pub enum SourceError {
     #[error("no Workload API endpoint: pass one or set SPIFFE_ENDPOINT_SOCKET")]
     NoEndpoint,
     /// No SVID arrived in time.
-    #[error("no X.509-SVID from {from} within {timeout:?}{}", last_error.as_ref().map(|e| format!(" (last error: {e})")).unwrap_or_default())]
+    #[error("no X.509-SVID from {from} within {timeout}{}", last_error.as_ref().map(|e| format!(" (last error: {e})")).unwrap_or_default(), timeout = text::duration(*.timeout))]
     Timeout {
         /// Where it was expected from.
         from: String,

@@ -7,6 +7,7 @@
 //! agent's dialer) is built from [`TlsProfile::process`], as rustls' own process-wide
 //! crypto provider is. A process that installs nothing speaks TLS 1.3 only.
 
+use crate::text::quoted;
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 
@@ -35,12 +36,14 @@ impl TlsVersion {
             "1.3" => Ok(TlsVersion::Tls13),
             "1.2" => Ok(TlsVersion::Tls12),
             "1.0" | "1.1" | "1" => Err(format!(
-                "{value:?}: TLS 1.1 and older are not offered (only TLS 1.2 and 1.3 are \
+                "{value}: TLS 1.1 and older are not offered (only TLS 1.2 and 1.3 are \
                  implemented); use tls1.2 to accept TLS 1.2 clients too, or leave it unset \
-                 for TLS 1.3 only"
+                 for TLS 1.3 only",
+                value = quoted(&value)
             )),
             _ => Err(format!(
-                "{value:?}: not a TLS version (expected tls1.2 or tls1.3)"
+                "{value}: not a TLS version (expected tls1.2 or tls1.3)",
+                value = quoted(&value)
             )),
         }
     }
@@ -154,17 +157,20 @@ impl TlsProfile {
                 .map(|s| suite_names(s)[0].clone())
                 .collect();
             return Err(format!(
-                "--tls-ciphersuites: {name:?} is not offered here (only AEAD suites with \
+                "--tls-ciphersuites: {name} is not offered here (only AEAD suites with \
                  ECDHE key exchange are): known suites are {}",
-                known.join(", ")
+                known.join(", "),
+                name = quoted(&name)
             ));
         };
         let version = TlsVersion::of(suite.version());
         if version < self.min || version > self.max {
             return Err(format!(
-                "--tls-ciphersuites: {name:?} is a {version} suite, outside the TLS versions \
+                "--tls-ciphersuites: {name} is a {version} suite, outside the TLS versions \
                  allowed ({} to {})",
-                self.min, self.max
+                self.min,
+                self.max,
+                name = quoted(&name)
             ));
         }
         Ok(suite.suite())
@@ -233,7 +239,7 @@ impl fmt::Display for TlsProfile {
             write!(f, "{} to {}", self.min, self.max)?;
         }
         if !self.suites.is_empty() {
-            let names: Vec<String> = self.suites.iter().map(|s| format!("{s:?}")).collect();
+            let names: Vec<String> = self.suites.iter().map(|s| suite_name(*s)).collect();
             write!(f, ", suites {}", names.join(", "))?;
         }
         Ok(())
@@ -247,11 +253,18 @@ fn given(value: Option<&str>) -> Option<&str> {
 
 /// A suite's names: the IANA one (which Go uses) first, then rustls' (`TLS13_...`).
 fn suite_names(suite: &SupportedCipherSuite) -> Vec<String> {
-    let rustls_name = format!("{:?}", suite.suite());
+    let rustls_name = suite_name(suite.suite());
     match rustls_name.strip_prefix("TLS13_") {
         Some(rest) => vec![format!("TLS_{rest}"), rustls_name],
         None => vec![rustls_name],
     }
+}
+
+/// rustls' name of a suite (`TLS13_AES_128_GCM_SHA256`), or its code point.
+fn suite_name(suite: rustls::CipherSuite) -> String {
+    suite
+        .as_str()
+        .map_or_else(|| format!("0x{:04x}", u16::from(suite)), str::to_owned)
 }
 
 fn suite_version(suite: rustls::CipherSuite) -> Option<TlsVersion> {

@@ -3,6 +3,7 @@
 use argocd_agent_domain::AdminScope;
 use argocd_agent_domain::tenant::{Quotas, Tenant};
 use argocd_agent_identity::SpiffeId;
+use argocd_agent_identity::text;
 use argocd_agent_proto::admin::{BlockRequest, BlockResponse, QuotaUse, TenantInfo};
 use tonic::{Response, Status};
 
@@ -23,14 +24,14 @@ fn entry(r: &BlockRequest) -> Result<(&'static str, String), Status> {
     }
     if !r.id.is_empty() {
         SpiffeId::parse(&r.id)
-            .map_err(|e| Status::invalid_argument(format!("id {:?}: {e}", r.id)))?;
+            .map_err(|e| Status::invalid_argument(format!("id {}: {e}", text::quoted(&r.id))))?;
         return Ok((IDS, r.id.clone()));
     }
     if !r.prefix.is_empty() {
         if !r.prefix.starts_with("spiffe://") {
             return Err(Status::invalid_argument(format!(
-                "prefix {:?}: must start with spiffe://",
-                r.prefix
+                "prefix {}: must start with spiffe://",
+                text::quoted(&r.prefix)
             )));
         }
         return Ok((PREFIXES, r.prefix.clone()));

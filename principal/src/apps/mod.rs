@@ -13,6 +13,7 @@ mod quota;
 mod resync;
 mod writes;
 
+use argocd_agent_identity::text;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -478,7 +479,7 @@ impl Applications {
         if let Some(prev) = previous.filter(|p| target.as_ref().is_none_or(|t| &t.name != p))
             && let Some(prev_state) = self.agent(&prev)
         {
-            tracing::info!(application = %app_key, from = %prev, to = ?target.as_ref().map(|t| t.name.to_string()),
+            tracing::info!(application = %app_key, from = %prev, to = %text::or_dash(target.as_ref().map(|t| &t.name)),
                 "destination changed: deleting the application on the previous agent");
             prev_state.push_change(
                 ResourceKind::Application,

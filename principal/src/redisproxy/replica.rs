@@ -10,6 +10,8 @@
 //! this replica serves (every replica mounts the same one; its names need not include the
 //! replicas' addresses).
 
+use argocd_agent_identity::text;
+use argocd_agent_identity::text::quoted;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
@@ -156,7 +158,7 @@ impl Peers {
             Some(config) => Some(RedisTls {
                 config: config.clone(),
                 server_name: ServerName::try_from(host_of(addr).to_owned())
-                    .map_err(|e| format!("{addr:?}: {e}"))?,
+                    .map_err(|e| format!("{addr}: {e}", addr = quoted(&addr)))?,
             }),
         };
         let endpoint = RedisEndpoint {
@@ -223,7 +225,7 @@ impl Peers {
                 if let Ok(mut c) = slot.try_lock() {
                     *c = None;
                 }
-                Err(format!("no answer within {:?}", self.timeout))
+                Err(format!("no answer within {}", text::duration(self.timeout)))
             }
         }
     }
@@ -250,7 +252,7 @@ impl Peers {
         };
         tokio::time::timeout(self.timeout, work)
             .await
-            .map_err(|_| format!("no answer within {:?}", self.timeout))?
+            .map_err(|_| format!("no answer within {}", text::duration(self.timeout)))?
     }
 }
 

@@ -8,6 +8,7 @@
 //! `terminal_max_duration` in any case (the client then gets a Failure status on the error
 //! channel saying why).
 
+use argocd_agent_identity::text;
 use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
@@ -106,8 +107,8 @@ pub(super) async fn serve(
         Ok(t) => t,
         Err(answer) => return answer,
     };
-    tracing::info!(agent = %agent, session = %session_id, namespace = ?namespace, pod = ?pod,
-        command = ?command, "terminal session opened");
+    tracing::info!(agent = %agent, session = %session_id, namespace = %text::quoted(&namespace), pod = %text::quoted(&pod),
+        command = %text::quoted_list(&command), "terminal session opened");
     let upgrade = hyper::upgrade::on(&mut req);
     spawn_session(&proxy, upgrade, tunnel, agent, session_id, permit);
     switching_protocols(&key, protocol)
@@ -247,12 +248,12 @@ where
     let why = loop {
         let step = tokio::select! {
             _ = tokio::time::sleep_until(deadline) => {
-                send_failure(&mut ws, &format!("terminal session closed after the maximum of {max:?}")).await;
-                ControlFlow::Break(format!("maximum duration {max:?} reached"))
+                send_failure(&mut ws, &format!("terminal session closed after the maximum of {max}", max = text::duration(max))).await;
+                ControlFlow::Break(format!("maximum duration {max} reached", max = text::duration(max)))
             }
             _ = tokio::time::sleep(idle) => {
-                send_failure(&mut ws, &format!("terminal session closed after {idle:?} without input or output")).await;
-                ControlFlow::Break(format!("idle for {idle:?}"))
+                send_failure(&mut ws, &format!("terminal session closed after {idle} without input or output", idle = text::duration(idle))).await;
+                ControlFlow::Break(format!("idle for {idle}", idle = text::duration(idle)))
             }
             from_client = ws.next() => client_to_agent(from_client, &mut to_agent, &mut frames.0).await,
             from_agent = stream.message() => agent_to_client(&mut ws, from_agent, &mut frames.1).await,

@@ -12,6 +12,7 @@
 // A refusal is the HTTP response to send; it is built once and moved, not worth a box.
 #![allow(clippy::result_large_err)]
 
+use argocd_agent_identity::text::{self, quoted};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -61,13 +62,17 @@ pub(crate) struct Target {
 
 impl Target {
     pub(crate) fn new(base: &str, uri: &Uri) -> Result<Target, String> {
-        let url = url::Url::parse(base).map_err(|e| format!("replica URL {base:?}: {e}"))?;
+        let url = url::Url::parse(base)
+            .map_err(|e| format!("replica URL {base}: {e}", base = quoted(&base)))?;
         if url.scheme() != "https" {
-            return Err(format!("replica URL {base:?}: not https"));
+            return Err(format!(
+                "replica URL {base}: not https",
+                base = quoted(&base)
+            ));
         }
         let host = url
             .host_str()
-            .ok_or_else(|| format!("replica URL {base:?}: no host"))?
+            .ok_or_else(|| format!("replica URL {base}: no host", base = quoted(&base)))?
             .trim_matches(['[', ']'])
             .to_owned();
         let port = url.port_or_known_default().unwrap_or(443);
@@ -264,7 +269,7 @@ impl Forwarder {
         tls: Arc<rustls::ClientConfig>,
     ) -> Result<tokio_rustls::client::TlsStream<TcpStream>, String> {
         let name = ServerName::try_from(target.host.clone())
-            .map_err(|e| format!("replica URL host {:?}: {e}", target.host))?;
+            .map_err(|e| format!("replica URL host {}: {e}", text::quoted(&target.host)))?;
         let connect = async {
             let tcp = TcpStream::connect((target.host.as_str(), target.port))
                 .await
@@ -279,8 +284,9 @@ impl Forwarder {
             .await
             .map_err(|_| {
                 format!(
-                    "connecting to {} timed out after {CONNECT_TIMEOUT:?}",
-                    target.authority
+                    "connecting to {} timed out after {CONNECT_TIMEOUT}",
+                    target.authority,
+                    CONNECT_TIMEOUT = text::duration(CONNECT_TIMEOUT)
                 )
             })?
     }
@@ -333,8 +339,9 @@ impl Forwarder {
         let tls = self.client_configs()?;
         let timeout = |what: &str| {
             format!(
-                "{} did not {what} within {:?}",
-                target.authority, self.answer_timeout
+                "{} did not {what} within {}",
+                target.authority,
+                text::duration(self.answer_timeout)
             )
         };
         if is_upgrade(req.headers()) {
@@ -405,7 +412,7 @@ impl Forwarder {
                 let (client, upstream) = match tokio::join!(client_upgrade, upstream) {
                     (Ok(c), Ok(u)) => (c, u),
                     (c, u) => {
-                        tracing::warn!(client = ?c.err(), upstream = ?u.err(),
+                        tracing::warn!(client = %text::or_dash(c.err()), upstream = %text::or_dash(u.err()),
                             "resource proxy: forwarded upgrade failed");
                         return;
                     }

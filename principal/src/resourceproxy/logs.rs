@@ -7,6 +7,8 @@
 // A refusal is the HTTP response to send; it is built once and moved, not worth a box.
 #![allow(clippy::result_large_err)]
 
+use argocd_agent_identity::text;
+use argocd_agent_identity::text::quoted;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -48,7 +50,7 @@ fn params(query: &str) -> Result<Params, String> {
         v.parse::<i64>()
             .ok()
             .filter(|n| *n >= 0)
-            .ok_or_else(|| format!("{k}: {v:?} is not a non-negative integer"))
+            .ok_or_else(|| format!("{k}: {v} is not a non-negative integer", v = quoted(&v)))
     };
     for (k, v) in url::form_urlencoded::parse(query.as_bytes()) {
         match k.as_ref() {
@@ -216,7 +218,7 @@ pub(super) async fn serve(
             body: first.start.body.clone(),
         });
     }
-    tracing::info!(agent = %agent, namespace = ?namespace, pod = ?pod, follow = p.follow, "log stream opened");
+    tracing::info!(agent = %agent, namespace = %text::quoted(&namespace), pod = %text::quoted(&pod), follow = p.follow, "log stream opened");
     let (tx, rx) = mpsc::channel(CLIENT_BUFFER);
     let tasks = proxy.tasks.clone();
     tasks.spawn(async move {
@@ -241,7 +243,7 @@ pub(super) async fn serve(
             let deadline = Instant::now() + proxy.config.log_resume_timeout;
             tunnel = loop {
                 if tx.is_closed() || Instant::now() >= deadline {
-                    tracing::info!(agent = %agent, pod = ?pod, "followed log ended: agent did not come back");
+                    tracing::info!(agent = %agent, pod = %text::quoted(&pod), "followed log ended: agent did not come back");
                     return;
                 }
                 if let Some(link) = proxy.link(&agent) {
@@ -249,7 +251,7 @@ pub(super) async fn serve(
                     let request = p.request(&namespace, &pod, cursor.since_time());
                     match open(&proxy, &agent, &link, request).await {
                         Ok(t) if t.start.status == 200 => {
-                            tracing::info!(agent = %agent, pod = ?pod, "followed log resumed after reconnect");
+                            tracing::info!(agent = %agent, pod = %text::quoted(&pod), "followed log resumed after reconnect");
                             session = link.session_id;
                             break t;
                         }

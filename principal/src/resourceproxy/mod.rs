@@ -27,6 +27,7 @@ pub mod forward;
 mod logs;
 pub mod tls;
 
+use argocd_agent_identity::text::{self, quoted};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -231,7 +232,10 @@ pub(crate) fn rpc_failure(agent: &AgentName, e: RpcError) -> Response<Body> {
             status(
                 StatusCode::GATEWAY_TIMEOUT,
                 "Timeout",
-                format!("agent {agent} did not answer within {t:?}"),
+                format!(
+                    "agent {agent} did not answer within {t}",
+                    t = text::duration(t)
+                ),
             ),
             "timeout",
         ),
@@ -298,11 +302,19 @@ fn route(method: &Method, path: &str, query: &str) -> Result<Route, String> {
             .any(|s| s.is_empty() || *s == "." || *s == ".." || s.contains('%'))
             && path != "/"
     {
-        return Err(format!("path {path:?} is not served by the resource proxy"));
+        return Err(format!(
+            "path {path} is not served by the resource proxy",
+            path = quoted(&path)
+        ));
     }
     match segments.as_slice() {
         ["api" | "apis" | "version" | "openapi", ..] => {}
-        _ => return Err(format!("path {path:?} is not served by the resource proxy")),
+        _ => {
+            return Err(format!(
+                "path {path} is not served by the resource proxy",
+                path = quoted(&path)
+            ));
+        }
     }
     if segments.contains(&"watch") && segments.len() > 2 {
         return Err("watch is not served by the resource proxy".into());
@@ -326,8 +338,8 @@ fn route(method: &Method, path: &str, query: &str) -> Result<Route, String> {
             ..,
             "attach" | "portforward" | "proxy" | "log" | "exec" | "eviction",
         ] => Err(format!(
-            "subresource {:?} is not served by the resource proxy",
-            segments.last().unwrap_or(&"")
+            "subresource {} is not served by the resource proxy",
+            text::quoted(segments.last().unwrap_or(&""))
         )),
         _ => Ok(Route::Api),
     }
@@ -505,12 +517,15 @@ impl Proxy {
         };
         if named != agent.as_str() {
             self.metrics.auth_failed("WrongAgent");
-            tracing::warn!(token_agent = %agent, url_agent = ?named,
+            tracing::warn!(token_agent = %agent, url_agent = %text::quoted(named),
                 "resource proxy request refused: the token is for another agent");
             return Err(status(
                 StatusCode::FORBIDDEN,
                 "Forbidden",
-                format!("this credential is for agent {agent}, not {named:?}"),
+                format!(
+                    "this credential is for agent {agent}, not {named}",
+                    named = quoted(&named)
+                ),
             ));
         }
         Ok((agent, rest))
@@ -551,7 +566,7 @@ impl Proxy {
             .tenancy
             .proxy_permit(tenant.as_ref())
             .map_err(|refusal| {
-                tracing::warn!(agent = %agent, tenant = ?tenant.as_ref().map(|t| t.as_str()),
+                tracing::warn!(agent = %agent, tenant = %text::or_dash(tenant.as_ref()),
                     "resource proxy request refused: {refusal}");
                 with_error(
                     status(
@@ -581,7 +596,7 @@ impl Proxy {
             return Ok(());
         }
         self.metrics.auth_failed("WrongAgent");
-        tracing::warn!(agent = %agent, token_tenant = %claimed, tenant = ?now.as_ref().map(|t| t.as_str()),
+        tracing::warn!(agent = %agent, token_tenant = %claimed, tenant = %text::or_dash(now.as_ref()),
             "resource proxy request refused: the token was issued under another tenant");
         Err(status(
             StatusCode::FORBIDDEN,
@@ -602,7 +617,7 @@ impl Proxy {
         let route = match route(req.method(), rest, &query) {
             Ok(r) => r,
             Err(why) => {
-                tracing::warn!(agent = %agent, method = %req.method(), path = ?rest, "resource proxy request refused: {why}");
+                tracing::warn!(agent = %agent, method = %req.method(), path = %text::quoted(rest), "resource proxy request refused: {why}");
                 self.metrics
                     .resource_proxy(agent.as_str(), "request", 403, None);
                 return status(StatusCode::FORBIDDEN, "Forbidden", why);
@@ -675,7 +690,7 @@ impl Proxy {
             return Ok(req);
         }
         if let Some(by) = req.headers().get(forward::FORWARDED_BY) {
-            tracing::debug!(agent = %agent, forwarded_by = ?by,
+            tracing::debug!(agent = %agent, forwarded_by = %text::quoted(&String::from_utf8_lossy(by.as_bytes())),
                 "resource proxy: forwarded request for an agent not connected here");
             return Ok(req);
         }
@@ -740,13 +755,13 @@ impl Proxy {
         let (body, bytes) = match tokio::time::timeout(self.config.body_timeout, read).await {
             Ok(read) => read?,
             Err(_) => {
-                tracing::warn!(timeout = ?self.config.body_timeout, "resource proxy: request body not received in time");
+                tracing::warn!(timeout = %text::duration(self.config.body_timeout), "resource proxy: request body not received in time");
                 return Err(status(
                     StatusCode::REQUEST_TIMEOUT,
                     "Timeout",
                     format!(
-                        "request body not received within {:?}",
-                        self.config.body_timeout
+                        "request body not received within {}",
+                        text::duration(self.config.body_timeout)
                     ),
                 ));
             }
@@ -828,8 +843,8 @@ impl Proxy {
                     StatusCode::TOO_MANY_REQUESTS,
                     "TooManyRequests",
                     format!(
-                        "the resource proxy buffers at most {budget} bytes of request bodies at once and had no room for {n} more within {:?}; retry",
-                        self.config.body_wait
+                        "the resource proxy buffers at most {budget} bytes of request bodies at once and had no room for {n} more within {}; retry",
+                        text::duration(self.config.body_wait)
                     ),
                 );
                 r.headers_mut()

@@ -5,6 +5,8 @@
 //! trust the trust domain's bundle), or a certificate the principal issues from its own CA
 //! for the configured host names, renewed at two thirds of its life.
 
+use argocd_agent_identity::text;
+use argocd_agent_identity::text::quoted;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -36,7 +38,10 @@ impl std::str::FromStr for ServingMode {
             "auto" => Ok(ServingMode::Auto),
             "svid" => Ok(ServingMode::Svid),
             "issued" => Ok(ServingMode::Issued),
-            other => Err(format!("{other:?}: expected auto, svid or issued")),
+            other => Err(format!(
+                "{other}: expected auto, svid or issued",
+                other = quoted(&other)
+            )),
         }
     }
 }
@@ -134,7 +139,7 @@ pub fn start(
         return Ok(follow_svid(source, &state, tasks, shutdown));
     }
     let serving = issue_own(keys, hostnames, lifetime, tasks, shutdown)?;
-    tracing::info!(hostnames = ?hostnames, "resource proxy serves a certificate from its own CA");
+    tracing::info!(hostnames = %text::quoted_list(hostnames), "resource proxy serves a certificate from its own CA");
     Ok(serving)
 }
 
@@ -154,13 +159,15 @@ fn serves_svid(
         ServingMode::Svid => {
             if !svid_names.iter().any(|n| n == host) {
                 return Err(KeyError::Invalid(format!(
-                    "--resource-proxy-tls svid: the principal's SVID has no DNS SAN {host:?} (it has {svid_names:?})"
+                    "--resource-proxy-tls svid: the principal's SVID has no DNS SAN {host} (it has {svid_names})",
+                    host = quoted(&host),
+                    svid_names = argocd_agent_identity::text::quoted_list(svid_names)
                 )));
             }
             if let Some(r) = replica_host
                 && !svid_names.iter().any(|n| n == r)
             {
-                tracing::warn!(replica_host = r, svid_names = ?svid_names,
+                tracing::warn!(replica_host = r, svid_names = %text::quoted_list(svid_names),
                     "the principal's SVID does not name this replica's resource proxy host: other replicas cannot forward to it");
             }
             true
