@@ -575,7 +575,11 @@ mod tests {
         assert!(periodic_resync(&AgentConfig::default(), &agreed(0)).is_none());
         assert!(periodic_resync(&config(secs(60)), &Welcome::default()).is_none());
         // The agent's own interval, or the principal's minimum when that is longer.
-        let period = |every, min| periodic_resync(&config(every), &agreed(min)).unwrap().period();
+        let period = |every, min| {
+            periodic_resync(&config(every), &agreed(min))
+                .unwrap()
+                .period()
+        };
         assert_eq!(period(secs(60), 0), secs(60));
         assert_eq!(period(secs(60), 30_000), secs(60));
         assert_eq!(period(secs(10), 30_000), secs(30));

@@ -146,10 +146,10 @@ pub fn start(
             drop(slot);
             match result {
                 Err(status) if argocd_agent_identity::transport::is_connection_loss(&status) => {
-                    tracing::info!(reason = ?status.message(), "connection to the agent lost");
+                    tracing::info!(reason = %text::quoted(status.message()), "connection to the agent lost");
                 }
                 Err(status) => {
-                    tracing::warn!(code = ?status.code(), message = ?status.message(), "session ended with error");
+                    tracing::warn!(code = text::status_code(status.code()), message = %text::quoted(status.message()), "session ended with error");
                     // Bounded: an agent that does not read never gets it.
                     let _ = tokio::time::timeout(
                         Duration::from_secs(5),
@@ -178,9 +178,9 @@ fn mode_from_wire(m: i32) -> Option<AgentMode> {
 fn check_hello(hello: &Hello, identity: &AgentIdentity) -> Result<AgentMode, Status> {
     if hello.protocol_version < PROTOCOL_MIN || hello.protocol_version > PROTOCOL_VERSION {
         return Err(Status::failed_precondition(format!(
-            "agent speaks protocol {}, this principal accepts {PROTOCOL_MIN}..={PROTOCOL_VERSION} (agent version {:?}, principal version {})",
+            "agent speaks protocol {}, this principal accepts {PROTOCOL_MIN}..={PROTOCOL_VERSION} (agent version {}, principal version {})",
             hello.protocol_version,
-            hello.version,
+            text::quoted(&hello.version),
             env!("CARGO_PKG_VERSION")
         )));
     }
@@ -222,7 +222,7 @@ async fn receive_hello(
     let mode = check_hello(&hello, identity).inspect_err(|status| {
         if status.code() == tonic::Code::PermissionDenied {
             hub.metrics.auth_failed("ModeNotAllowed");
-            tracing::warn!(reason = ?status.message(), "agent mode refused");
+            tracing::warn!(reason = %text::quoted(status.message()), "agent mode refused");
         }
     })?;
     Ok((hello, mode))
@@ -332,7 +332,7 @@ async fn register(
             Some("the agent opened a session on another principal replica".into()),
         );
     }
-    tracing::info!(%mode, agent_version = ?hello.version, "agent connected");
+    tracing::info!(%mode, agent_version = %text::quoted(&hello.version), "agent connected");
     state.touch();
     state.set_session_info(
         session_id,
@@ -567,7 +567,7 @@ fn stream_error(hub: &Hub, agent: &argocd_agent_domain::AgentName, status: Statu
         _ => return status,
     };
     hub.metrics.refused(agent, reason);
-    tracing::warn!(reason, message = ?status.message(), "agent stream refused");
+    tracing::warn!(reason, message = %text::quoted(status.message()), "agent stream refused");
     status
 }
 
@@ -665,10 +665,10 @@ async fn send_inner(
         Err(SendFailure::NotReading) => {
             hub.metrics.send_error(state.name.as_str(), "other");
             hub.metrics.refused(&state.name, NOT_READING);
-            tracing::warn!(timeout = ?tx.send_timeout, "agent takes no events: session closed");
+            tracing::warn!(timeout = %text::duration(tx.send_timeout), "agent takes no events: session closed");
             Err(Status::deadline_exceeded(format!(
-                "agent took no event for {:?}",
-                tx.send_timeout
+                "agent took no event for {}",
+                text::duration(tx.send_timeout)
             )))
         }
     }
@@ -692,7 +692,7 @@ async fn handle_inbound(x: &Exchange<'_>, ce: CloudEvent) -> Result<(), Status> 
         Ok(e) => e,
         Err(e) => {
             hub.metrics.refused(agent, "Malformed");
-            tracing::warn!(error = ?e.to_string(), "malformed event refused");
+            tracing::warn!(error = %text::quoted(&e), "malformed event refused");
             let mut reply = Event::new(
                 &hub.source,
                 EventType::Error,
@@ -828,7 +828,7 @@ async fn handle_event(x: &Exchange<'_>, event: Event) -> Result<(), Status> {
             None
         }
         Decision::PeerError(d) => {
-            tracing::warn!(reason = ?d.reason, message = ?d.message, event_id = ?d.event_id, "agent reported an error");
+            tracing::warn!(reason = %text::quoted(&d.reason), message = %text::quoted(&d.message), event_id = %text::quoted(&d.event_id), "agent reported an error");
             None
         }
         Decision::Refuse(r) => {
@@ -870,7 +870,7 @@ fn refuse(
     r: crate::inbound::Refusal,
 ) -> Event {
     hub.metrics.refused(agent, r.metric);
-    tracing::warn!(object = ?event.resource, reason = r.metric, message = ?r.message, "event refused");
+    tracing::warn!(object = %text::or_dash(event.resource.as_ref()), reason = r.metric, message = %text::quoted(&r.message), "event refused");
     event.error_reply(&hub.source, r.reason, r.message)
 }
 
@@ -946,7 +946,7 @@ async fn apply_reply(
             // Not a failure worth a warning: an agent resending a delete after a lost
             // acknowledgement lands here.
             hub.metrics.refused(agent, "NotFound");
-            tracing::info!(object = ?event.resource, "delete of an object the hub does not have: answered NotFound");
+            tracing::info!(object = %text::or_dash(event.resource.as_ref()), "delete of an object the hub does not have: answered NotFound");
             let message = match &event.resource {
                 Some(r) => format!("{r} does not exist on the hub (already deleted)"),
                 None => "no such object on the hub".into(),
@@ -957,7 +957,7 @@ async fn apply_reply(
         // later (dropping it would lose a status until the next resync, or for good).
         Err(e) if e.is_transient() => {
             let message = chain(&e);
-            tracing::warn!(object = ?event.resource, error = ?message, "could not apply event for now: the agent resends it");
+            tracing::warn!(object = %text::or_dash(event.resource.as_ref()), error = %text::quoted(&message), "could not apply event for now: the agent resends it");
             Some(event.error_reply(
                 &hub.source,
                 argocd_agent_domain::event::REASON_UNAVAILABLE,
@@ -966,7 +966,7 @@ async fn apply_reply(
         }
         Err(e) => {
             let message = chain(&e);
-            tracing::warn!(object = ?event.resource, error = ?message, "could not apply event");
+            tracing::warn!(object = %text::or_dash(event.resource.as_ref()), error = %text::quoted(&message), "could not apply event");
             Some(event.error_reply(&hub.source, "ApplyFailed", message))
         }
     }
