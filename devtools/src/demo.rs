@@ -830,6 +830,18 @@ pub async fn run(args: DemoArgs) -> crate::CmdResult {
         Some((_, args)) => args.extend(guard),
         None => options.per_agent_args.push((MANAGED, guard)),
     }
+    // Periodic resync (docs/reliability.md): both agents ask for a round every minute
+    // while connected; the principal takes one per agent every 30 s at most.
+    for agent in [MANAGED, AUTONOMOUS] {
+        let every = ["--resync-interval".to_owned(), "60s".to_owned()];
+        match options.per_agent_args.iter_mut().find(|(a, _)| *a == agent) {
+            Some((_, args)) => args.extend(every),
+            None => options.per_agent_args.push((agent, every.to_vec())),
+        }
+    }
+    options
+        .principal_args
+        .extend(["--resync-min-interval".into(), "30s".into()]);
     let proxy = DemoProxy {
         port: argocd_agent_testkit::envoy::free_loopback_port()?,
     };
