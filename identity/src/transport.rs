@@ -358,6 +358,11 @@ pub struct IncomingOptions {
     /// Told the reason of each connection dropped before it could carry a request (for a
     /// metric): one of [`REFUSED_REASONS`].
     pub on_refused: Option<RefusedHook>,
+    /// Asked at each accepted connection whether the server is ready for new clients; while
+    /// it says no, connections are closed as soon as they are accepted, before any TLS
+    /// (reason `NotReady`, logged at most once a second with a count). Connections already
+    /// accepted are not touched. `None`: always ready.
+    pub ready: Option<ReadyHook>,
 }
 
 /// Reasons [`IncomingOptions::on_refused`] is called with: the TLS handshake took longer
@@ -366,8 +371,9 @@ pub struct IncomingOptions {
 /// failed or took too long.
 /// `TooManyConnections` and `TooManyFromClient` are the listener's caps
 /// ([`IncomingOptions::max_connections`], [`IncomingOptions::max_handshakes_per_client`],
-/// [`IncomingOptions::max_connections_per_client`]).
-pub const REFUSED_REASONS: [&str; 7] = [
+/// [`IncomingOptions::max_connections_per_client`]). `NotReady`: the server was not ready
+/// ([`IncomingOptions::ready`]) and the connection was closed before its TLS handshake.
+pub const REFUSED_REASONS: [&str; 8] = [
     "HandshakeTimeout",
     "HandshakeFailed",
     "NoUsableSvid",
@@ -375,6 +381,7 @@ pub const REFUSED_REASONS: [&str; 7] = [
     "WebSocketRefused",
     "TooManyConnections",
     "TooManyFromClient",
+    "NotReady",
 ];
 
 /// A callback told why a connection was dropped before its first request.
@@ -387,6 +394,27 @@ impl std::fmt::Debug for RefusedHook {
     }
 }
 
+/// Whether the server behind a listener is ready for new connections
+/// ([`IncomingOptions::ready`]): asked at every accept, so it must be cheap.
+#[derive(Clone)]
+pub struct ReadyHook(pub Arc<dyn Fn() -> bool + Send + Sync>);
+
+impl ReadyHook {
+    /// Ready while `rx` holds `true`.
+    pub fn from_watch(rx: tokio::sync::watch::Receiver<bool>) -> ReadyHook {
+        ReadyHook(Arc::new(move || *rx.borrow()))
+    }
+}
+
+impl std::fmt::Debug for ReadyHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ReadyHook")
+    }
+}
+
+/// How often the refusals of a listener that is not ready are logged at most.
+const NOT_READY_LOG_EVERY: Duration = Duration::from_secs(1);
+
 impl Default for IncomingOptions {
     fn default() -> Self {
         Self {
@@ -396,6 +424,7 @@ impl Default for IncomingOptions {
             max_connections_per_client: DEFAULT_MAX_CONNECTIONS_PER_CLIENT,
             preface_timeout: PREFACE_TIMEOUT,
             on_refused: None,
+            ready: None,
         }
     }
 }
@@ -456,6 +485,10 @@ struct Gate {
     connections: Caps,
     log: RefusalLog,
     on_refused: Option<RefusedHook>,
+    /// Whether new connections are taken ([`IncomingOptions::ready`]).
+    ready: Option<ReadyHook>,
+    /// The `NotReady` refusals' own log (once a second), apart from the caps'.
+    not_ready_log: RefusalLog,
     /// Wait for a handshake slot before accepting (TLS: a reconnect storm waits in the
     /// kernel's backlog instead of taking CPU); otherwise (plaintext, where waiting for a
     /// preface costs nothing but a socket) a connection finding no slot is refused.
@@ -481,6 +514,8 @@ impl Gate {
             connections: Caps::new(opts.max_connections, opts.max_connections_per_client),
             log: RefusalLog::new(name),
             on_refused: opts.on_refused.clone(),
+            ready: opts.ready.clone(),
+            not_ready_log: RefusalLog::every(name, NOT_READY_LOG_EVERY),
             queue,
         }
     }
@@ -491,8 +526,30 @@ impl Gate {
         }
     }
 
-    /// The next connection with its places; connections over a cap are closed (counted
-    /// and logged) and the next one is taken. `None` when `closed` ends first.
+    /// Whether a new connection is taken now: the server is ready (or has no say).
+    fn accepting(&self) -> bool {
+        self.ready.as_ref().is_none_or(|ready| (ready.0)())
+    }
+
+    /// Closes a connection accepted while the server is not ready: counted, and logged at
+    /// most once a second with how many were closed in between.
+    fn refuse_not_ready(&self, remote: Option<SocketAddr>) {
+        self.refused("NotReady");
+        if let Some(held) = self.not_ready_log.due() {
+            let peer = remote.map_or_else(|| "-".to_owned(), |p| p.to_string());
+            tracing::warn!(
+                listener = %self.not_ready_log.listener(),
+                %peer,
+                reason = "NotReady",
+                not_logged_since_last = held,
+                "connection refused before TLS: not ready yet (further such refusals logged at most every {NOT_READY_LOG_EVERY:?})"
+            );
+        }
+    }
+
+    /// The next connection with its places; connections over a cap, or accepted while the
+    /// server is not ready, are closed (counted and logged) and the next one is taken.
+    /// `None` when `closed` ends first.
     async fn next<L: Accept>(
         &self,
         listener: &L,
@@ -523,6 +580,12 @@ impl Gate {
                     continue;
                 }
             };
+            // Not ready: close before any TLS, so a crowd of dialing clients cannot take
+            // the CPU the server needs to get ready. Dropping `io` closes it.
+            if !self.accepting() {
+                self.refuse_not_ready(remote);
+                continue;
+            }
             let permit = match queued {
                 Some(p) => Ok(p),
                 None => self.handshakes.clone().try_acquire_owned(),
@@ -935,6 +998,7 @@ mod plain_tests {
             max_connections_per_client: 3,
             preface_timeout: Duration::from_secs(1),
             on_refused: Some(RefusedHook(Arc::new(move |r| seen.lock().unwrap().push(r)))),
+            ready: None,
         };
         let mut incoming = Box::pin(plain_incoming(listener, opts, "test"));
         let silent = [
@@ -961,6 +1025,75 @@ mod plain_tests {
         assert_eq!(&replay, H2_PREFACE);
         let reasons = reasons.lock().unwrap().clone();
         assert_eq!(reasons, vec!["TooManyFromClient", "NoPreface", "NoPreface"]);
+    }
+
+    #[test]
+    fn the_accept_decision_follows_readiness() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        // No hook: always taking connections.
+        assert!(Gate::new(&IncomingOptions::default(), "test", true).accepting());
+        let ready = Arc::new(AtomicBool::new(false));
+        let flag = ready.clone();
+        let opts = IncomingOptions {
+            ready: Some(ReadyHook(Arc::new(move || flag.load(Ordering::SeqCst)))),
+            ..IncomingOptions::default()
+        };
+        let gate = Gate::new(&opts, "test", true);
+        assert!(!gate.accepting());
+        ready.store(true, Ordering::SeqCst);
+        assert!(gate.accepting(), "ready again: taken at once");
+        ready.store(false, Ordering::SeqCst);
+        assert!(!gate.accepting());
+        // A watch channel works as the signal too.
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        let hook = ReadyHook::from_watch(rx);
+        assert!(!(hook.0)());
+        tx.send_replace(true);
+        assert!((hook.0)());
+    }
+
+    #[tokio::test]
+    async fn connections_are_closed_at_once_while_not_ready_and_taken_once_ready() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let reasons: Arc<Mutex<Vec<&'static str>>> = Arc::default();
+        let seen = reasons.clone();
+        let ready = Arc::new(AtomicBool::new(false));
+        let flag = ready.clone();
+        let opts = IncomingOptions {
+            preface_timeout: Duration::from_secs(5),
+            on_refused: Some(RefusedHook(Arc::new(move |r| seen.lock().unwrap().push(r)))),
+            ready: Some(ReadyHook(Arc::new(move || flag.load(Ordering::SeqCst)))),
+            ..IncomingOptions::default()
+        };
+        let mut incoming = Box::pin(plain_incoming(listener, opts, "test"));
+        // Not ready: closed at once (well before the preface timeout), even with a
+        // preface sent, and never handed over.
+        let mut buf = [0u8; 8];
+        for _ in 0..3 {
+            let mut early = TcpStream::connect(addr).await.unwrap();
+            let _ = early.write_all(H2_PREFACE).await;
+            let n = tokio::time::timeout(Duration::from_secs(2), early.read(&mut buf)).await;
+            assert!(matches!(n, Ok(Ok(0)) | Ok(Err(_))), "{n:?}");
+        }
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), incoming.next())
+                .await
+                .is_err()
+        );
+        // An established connection is not touched when readiness goes away.
+        ready.store(true, Ordering::SeqCst);
+        let mut good = TcpStream::connect(addr).await.unwrap();
+        good.write_all(H2_PREFACE).await.unwrap();
+        let mut stream = incoming.next().await.unwrap().unwrap();
+        ready.store(false, Ordering::SeqCst);
+        good.write_all(b"more").await.unwrap();
+        let mut replay = [0u8; 28];
+        stream.read_exact(&mut replay).await.unwrap();
+        assert_eq!(&replay[24..], b"more");
+        let reasons = reasons.lock().unwrap().clone();
+        assert_eq!(reasons, vec!["NotReady"; 3]);
     }
 }
 

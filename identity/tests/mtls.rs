@@ -384,3 +384,72 @@ async fn client_that_never_speaks_http2_is_closed_after_the_preface_timeout() {
     stream.read_exact(&mut replayed).await.unwrap();
     assert_eq!(&replayed, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
 }
+
+/// While the server is not ready, a TLS client's connection is closed before the server
+/// says anything (no ServerHello): the handshake never completes, and costs the server no
+/// TLS work. Once ready, the next client is taken at once.
+#[tokio::test]
+async fn a_listener_that_is_not_ready_closes_connections_before_tls() {
+    use argocd_agent_identity::tls::{client_config, server_config};
+    use argocd_agent_identity::transport::{
+        IncomingOptions, ReadyHook, RefusedHook, tls_incoming_with_options,
+    };
+    use futures::StreamExt as _;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    let ca = DevCa::ephemeral(td("example.org")).unwrap();
+    let issue = |who: &str| ca.issue_x509(&id(who), Duration::from_secs(3600)).unwrap();
+    let principal = fixed(&issue(PRINCIPAL), bundles_of(&[&ca]));
+    let agent = fixed(&issue(AGENT), bundles_of(&[&ca]));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (ready, rx) = tokio::sync::watch::channel(false);
+    let reasons: Arc<std::sync::Mutex<Vec<&'static str>>> = Arc::default();
+    let seen = reasons.clone();
+    let mut incoming = Box::pin(tls_incoming_with_options(
+        listener,
+        server_config(&principal, PeerPolicy::Any).unwrap(),
+        IncomingOptions {
+            on_refused: Some(RefusedHook(Arc::new(move |r| seen.lock().unwrap().push(r)))),
+            ready: Some(ReadyHook::from_watch(rx)),
+            ..IncomingOptions::default()
+        },
+    ));
+    let connector = tokio_rustls::TlsConnector::from(
+        client_config(&agent, PeerPolicy::Exact(id(PRINCIPAL))).unwrap(),
+    );
+    let name = || rustls_pki_types::ServerName::try_from("localhost").unwrap();
+
+    // The real client's handshake fails...
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let handshake = tokio::time::timeout(Duration::from_secs(5), connector.connect(name(), tcp))
+        .await
+        .expect("closed at once, not left waiting");
+    assert!(handshake.is_err(), "no handshake while not ready");
+    // ...and the server wrote not one byte (a ServerHello would be the first).
+    let mut raw = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let _ = raw
+        .write_all(&[0x16, 0x03, 0x01, 0x00, 0x05, 1, 0, 0, 1, 0])
+        .await;
+    let mut buf = [0u8; 64];
+    let read = tokio::time::timeout(Duration::from_secs(5), raw.read(&mut buf))
+        .await
+        .expect("closed at once");
+    assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+
+    // Ready: the next client is served.
+    ready.send_replace(true);
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut tls = connector.connect(name(), tcp).await.expect("TLS handshake");
+    tls.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .await
+        .unwrap();
+    tls.flush().await.unwrap();
+    let stream = tokio::time::timeout(Duration::from_secs(5), incoming.next())
+        .await
+        .expect("taken once ready")
+        .expect("stream open")
+        .expect("connection");
+    assert_eq!(Some(stream.peer().id.as_str()), Some(AGENT));
+    assert_eq!(*reasons.lock().unwrap(), vec!["NotReady"; 2]);
+}

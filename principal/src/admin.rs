@@ -368,6 +368,8 @@ fn admin_limits(metrics: &Metrics) -> argocd_agent_identity::transport::Incoming
         on_refused: Some(argocd_agent_identity::transport::RefusedHook(Arc::new(
             move |reason| metrics.listener_closed("admin", reason),
         ))),
+        // Operators are served while the principal is not ready too.
+        ready: None,
     }
 }
 

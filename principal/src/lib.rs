@@ -94,7 +94,7 @@ pub async fn start(
         leases: w.leases(&hub).await?,
         ..Features::default()
     };
-    let (metrics_addr, ready) = w.serve_health(features.leases.clone()).await?;
+    let (metrics_addr, ready, readiness) = w.serve_health(features.leases.clone()).await?;
     features.metrics = metrics_addr;
     features.admin = w.serve_admin(&hub).await?;
     let tunnels = Arc::new(tunnel::Tunnels::default());
@@ -107,7 +107,7 @@ pub async fn start(
     let sessions = w.session_context(hub.clone(), &features);
     tracing::info!(%addr, auth = %w.config.auth, "principal listening");
     let tasks = w.tasks.clone();
-    let done = wiring::serve(w, listener, sessions, tunnels)?;
+    let done = wiring::serve(w, listener, sessions, tunnels, readiness)?;
     Ok(Running {
         addr,
         metrics_addr: features.metrics,

@@ -1109,6 +1109,14 @@ pub struct Readiness {
 }
 
 impl Readiness {
+    /// Whether the principal is ready, without the reasons (the agent listener asks at
+    /// every accepted connection: `check` without building its text).
+    pub fn is_ready(&self) -> bool {
+        *self.synced.borrow()
+            && self.svid.as_ref().is_none_or(|s| s.readiness().is_ok())
+            && self.checks.iter().all(|check| check().is_ok())
+    }
+
     /// `Ok`, or every reason the principal is not ready.
     pub fn check(&self) -> Result<(), String> {
         let mut reasons = Vec::new();
@@ -1164,9 +1172,10 @@ mod tests {
     #[test]
     fn transport_refusals_are_exported_auth_failure_reasons() {
         // The listener's caps are counted as closed connections (`wiring::incoming_options`),
-        // everything else as an auth failure.
+        // and so are connections closed while not ready; everything else as an auth failure.
         for reason in argocd_agent_identity::transport::REFUSED_REASONS {
             match reason {
+                "NotReady" => {}
                 "TooManyConnections" | "TooManyFromClient" => assert!(
                     argocd_agent_identity::listener::CLOSE_REASONS.contains(&reason),
                     "{reason}"

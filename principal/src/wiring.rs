@@ -420,11 +420,12 @@ impl Wiring {
         Ok(Some(leases))
     }
 
-    /// The metrics and health listeners, and the sender that makes them ready.
+    /// The metrics and health listeners, the sender that makes them ready, and the
+    /// readiness they answer `/readyz` with (the agent listener's too).
     pub async fn serve_health(
         &self,
         leases: Option<Arc<ha::Leases>>,
-    ) -> Result<(Option<SocketAddr>, watch::Sender<bool>), PrincipalError> {
+    ) -> Result<(Option<SocketAddr>, watch::Sender<bool>, metrics::Readiness), PrincipalError> {
         let config = &self.config;
         let (ready_tx, ready_rx) = watch::channel(false);
         let readiness = metrics::Readiness {
@@ -450,11 +451,17 @@ impl Wiring {
             None => None,
         };
         if let Some(addr) = config.healthz_listen {
-            metrics::serve(addr, None, readiness, &self.tasks, self.shutdown.clone())
-                .await
-                .map_err(|source| PrincipalError::Listen { addr, source })?;
+            metrics::serve(
+                addr,
+                None,
+                readiness.clone(),
+                &self.tasks,
+                self.shutdown.clone(),
+            )
+            .await
+            .map_err(|source| PrincipalError::Listen { addr, source })?;
         }
-        Ok((metrics_addr, ready_tx))
+        Ok((metrics_addr, ready_tx, readiness))
     }
 
     /// Ready once the hub watches have listed everything (the listener is bound already).
@@ -837,12 +844,14 @@ type AgentRouter = tonic::transport::server::Router<
 >;
 
 /// Serves gRPC on `listener` (TLS with SVIDs, also inside WebSockets with
-/// `--enable-websocket`, or plaintext behind a mesh or ingress) until `shutdown`.
+/// `--enable-websocket`, or plaintext behind a mesh or ingress) until `shutdown`. While
+/// `readiness` says not ready, new connections are closed before any TLS.
 pub(crate) fn serve(
     w: Wiring,
     listener: TcpListener,
     sessions: SessionContext,
     tunnels: Arc<tunnel::Tunnels>,
+    readiness: metrics::Readiness,
 ) -> Result<tokio::task::JoinHandle<Result<(), PrincipalError>>, PrincipalError> {
     let Wiring {
         config,
@@ -866,7 +875,7 @@ pub(crate) fn serve(
             };
             let tls = argocd_agent_identity::tls::server_config(&source, policy)
                 .map_err(PrincipalError::Tls)?;
-            let options = incoming_options(&config, metrics);
+            let options = incoming_options(&config, metrics, readiness);
             let incoming = Incoming {
                 listener,
                 tls,
@@ -886,7 +895,7 @@ pub(crate) fn serve(
                     "--enable-websocket carries SVID mutual TLS inside the WebSocket: it needs --auth spiffe (mTLS)".into(),
                 ));
             }
-            let options = incoming_options(&config, metrics);
+            let options = incoming_options(&config, metrics, readiness);
             let name = format!("agent listener {} (plaintext)", config.listen);
             let incoming = argocd_agent_identity::transport::plain_incoming(
                 listener, options, &name,
@@ -904,15 +913,19 @@ pub(crate) fn serve(
 }
 
 /// The agent listener's caps (`--max-connections`, `--max-connections-per-client`,
-/// `--max-handshakes-per-client`): connections refused by a cap are counted in
+/// `--max-handshakes-per-client`) and readiness: connections refused by a cap, or closed
+/// before TLS while the principal is not ready (`/readyz`), are counted in
 /// `argocd_principal_listener_connections_closed_total{listener="grpc"}`, connections
 /// dropped before their first request (handshake, SVID, preface) as auth failures.
 fn incoming_options(
     config: &PrincipalConfig,
     metrics: Metrics,
+    readiness: metrics::Readiness,
 ) -> argocd_agent_identity::transport::IncomingOptions {
     let hook = move |reason: &'static str| match reason {
-        "TooManyConnections" | "TooManyFromClient" => metrics.listener_closed("grpc", reason),
+        "TooManyConnections" | "TooManyFromClient" | "NotReady" => {
+            metrics.listener_closed("grpc", reason)
+        }
         _ => metrics.auth_failed(reason),
     };
     argocd_agent_identity::transport::IncomingOptions {
@@ -922,6 +935,9 @@ fn incoming_options(
         max_connections_per_client: config.max_connections_per_client,
         on_refused: Some(argocd_agent_identity::transport::RefusedHook(Arc::new(
             hook,
+        ))),
+        ready: Some(argocd_agent_identity::transport::ReadyHook(Arc::new(
+            move || readiness.is_ready(),
         ))),
         ..Default::default()
     }

@@ -26,14 +26,17 @@ pub const BENCH_RULE: &str = "template:spiffe://{trust_domain}/ns/agents/sa/{sa}
 pub struct ProcSample {
     /// Resident set size, bytes.
     pub rss: u64,
-    /// User + system CPU time.
+    /// User + system CPU time: of another process in clock ticks (`/proc/<pid>/stat`, 10 ms
+    /// at the usual 100 Hz), of this process to the nanosecond ([`own_cpu`]).
     pub cpu: Duration,
     /// When it was read.
     pub at: Instant,
 }
 
 impl ProcSample {
-    /// Reads `/proc/<pid>/status` (VmRSS) and `/proc/<pid>/stat` (utime, stime).
+    /// Reads `/proc/<pid>/status` (VmRSS) and `/proc/<pid>/stat` (utime, stime); for this
+    /// process the CPU time is [`own_cpu`] instead, so a short measurement of a little work
+    /// is not rounded down to 0.
     pub fn read(pid: u32) -> Result<ProcSample, HarnessError> {
         let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
         let rss_kib: u64 = status
@@ -57,9 +60,14 @@ impl ProcSample {
         };
         let total = ticks(11)? + ticks(12)?;
         let hz = rustix::param::clock_ticks_per_second().max(1);
+        let cpu = if pid == std::process::id() {
+            own_cpu()
+        } else {
+            Duration::from_nanos(total.saturating_mul(1_000_000_000) / hz)
+        };
         Ok(ProcSample {
             rss: rss_kib * 1024,
-            cpu: Duration::from_nanos(total.saturating_mul(1_000_000_000) / hz),
+            cpu,
             at: Instant::now(),
         })
     }
@@ -72,6 +80,72 @@ impl ProcSample {
         }
         self.cpu.saturating_sub(earlier.cpu).as_secs_f64() / wall * 100.0
     }
+}
+
+/// The CPU time of another process, for a measurement too short for clock ticks: the
+/// ticks of `/proc/<pid>/stat` (the whole process, 10 ms at 100 Hz) and, where the kernel
+/// has it, each live thread's time to the nanosecond (`/proc/<pid>/task/<tid>/schedstat`).
+#[derive(Debug, Clone)]
+pub struct CpuReading {
+    ticks: Duration,
+    threads: Option<std::collections::HashMap<u32, u64>>,
+}
+
+impl CpuReading {
+    /// Reads process `pid`.
+    pub fn read(pid: u32) -> Result<CpuReading, HarnessError> {
+        let ticks = ProcSample::read(pid)?.cpu;
+        Ok(CpuReading {
+            ticks,
+            threads: threads_cpu(pid),
+        })
+    }
+
+    /// CPU time spent since `earlier`: the sum of each thread's growth (a thread started
+    /// since counts whole; one that ended since is missed for what it ran in between), or
+    /// without per-thread times the difference in ticks.
+    pub fn since(&self, earlier: &CpuReading) -> Duration {
+        match (&self.threads, &earlier.threads) {
+            (Some(now), Some(then)) => Duration::from_nanos(
+                now.iter()
+                    .map(|(tid, ns)| ns.saturating_sub(then.get(tid).copied().unwrap_or(0)))
+                    .sum(),
+            ),
+            _ => self.ticks.saturating_sub(earlier.ticks),
+        }
+    }
+}
+
+/// Each live thread's CPU time in nanoseconds (the first field of its `schedstat`); `None`
+/// where the kernel does not have it.
+fn threads_cpu(pid: u32) -> Option<std::collections::HashMap<u32, u64>> {
+    let mut threads = std::collections::HashMap::new();
+    for entry in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .flatten()
+    {
+        let Ok(tid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        // A thread may end between the listing and the read.
+        let Ok(text) = std::fs::read_to_string(entry.path().join("schedstat")) else {
+            continue;
+        };
+        let ns = text.split_whitespace().next()?.parse().ok()?;
+        threads.insert(tid, ns);
+    }
+    (!threads.is_empty()).then_some(threads)
+}
+
+/// This process's user + system CPU time, every thread's, to the nanosecond
+/// (`CLOCK_PROCESS_CPUTIME_ID`): `/proc/self/stat` counts in clock ticks (10 ms at 100 Hz),
+/// which a short run (the smoke tests' backlog of 48 events) can finish inside, reading 0.
+pub fn own_cpu() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    Duration::new(
+        u64::try_from(t.tv_sec).unwrap_or(0),
+        u32::try_from(t.tv_nsec).unwrap_or(0),
+    )
 }
 
 /// Raises this process's soft `RLIMIT_NOFILE` to the hard limit (children inherit it) and
@@ -324,6 +398,12 @@ impl BenchEnv {
         ProcSample::read(self.principal.pid().ok_or("the principal is not running")?)
     }
 
+    /// The principal's CPU time, finer than [`BenchEnv::sample`]'s clock ticks where the kernel
+    /// has it: for a short measurement ([`CpuReading::since`]).
+    pub fn principal_cpu(&self) -> Result<CpuReading, HarnessError> {
+        CpuReading::read(self.principal.pid().ok_or("the principal is not running")?)
+    }
+
     /// Waits (at most `limit`) until the principal is quiet: under 5 % of a core over
     /// 300 ms, so what it still does for earlier work (watch events of a write burst) is
     /// not counted in the next measurement. Returns how long it took.
@@ -471,5 +551,40 @@ mod tests {
     fn this_process_can_be_sampled() {
         let s = ProcSample::read(std::process::id()).unwrap();
         assert!(s.rss > 0);
+    }
+
+    #[test]
+    fn another_process_cpu_is_read_per_thread_finer_than_a_clock_tick() {
+        // Read as another process would be: per thread, from /proc.
+        let pid = std::process::id();
+        let before = CpuReading::read(pid).unwrap();
+        if before.threads.is_none() {
+            return; // a kernel without schedstat: ticks only
+        }
+        let start = own_cpu();
+        let mut x = 0u64;
+        while own_cpu() - start < Duration::from_millis(2) {
+            x = std::hint::black_box(x.wrapping_add(1));
+        }
+        let spent = CpuReading::read(pid).unwrap().since(&before);
+        assert!(
+            spent >= Duration::from_millis(1) && spent < Duration::from_millis(8),
+            "{spent:?}"
+        );
+    }
+
+    #[test]
+    fn this_process_cpu_is_read_finer_than_a_clock_tick() {
+        // 1 ms of work reads as about 1 ms, not as 0 or a whole 10 ms tick.
+        let start = ProcSample::read(std::process::id()).unwrap().cpu;
+        let mut x = 0u64;
+        while own_cpu() - start < Duration::from_millis(1) {
+            x = std::hint::black_box(x.wrapping_add(1));
+        }
+        let spent = ProcSample::read(std::process::id()).unwrap().cpu - start;
+        assert!(
+            spent >= Duration::from_millis(1) && spent < Duration::from_millis(8),
+            "{spent:?}"
+        );
     }
 }

@@ -980,7 +980,9 @@ async fn throughput(opts: &BenchOptions) -> Result<Report, HarnessError> {
             env.until_quiet(scaled(m)).await?;
             // CPU of the principal and of this process (the agents; the hub is idle) while
             // the backlog flows, per event: where the time goes on the shared cores.
-            let (p0, b0) = (env.sample()?.cpu, ProcSample::read(std::process::id())?.cpu);
+            // Both finer than clock ticks: a short backlog (the smoke test's 48 events) can
+            // take less than one tick.
+            let (p0, b0) = (env.principal_cpu()?, env::own_cpu());
             let wb0 = wire();
             let started = Instant::now();
             let fleet = fleet_to(dial(), agents, opts);
@@ -990,7 +992,7 @@ async fn throughput(opts: &BenchOptions) -> Result<Report, HarnessError> {
             })
             .await;
             let backlog_time = started.elapsed();
-            let (p1, b1) = (env.sample()?.cpu, ProcSample::read(std::process::id())?.cpu);
+            let (p1, b1) = (env.principal_cpu()?, env::own_cpu());
             let wb1 = wire();
             fleet.stop().await;
             held?;
@@ -1006,7 +1008,10 @@ async fn throughput(opts: &BenchOptions) -> Result<Report, HarnessError> {
             r.put("to_agents_ratio", round2(down_rate / floor_down));
             r.put("backlog_to_agents_per_s", round2(backlog_rate));
             r.put("backlog_ratio", round2(backlog_rate / floor_down));
-            r.put("backlog_principal_cpu_us_per_event", per_event(p1 - p0));
+            r.put(
+                "backlog_principal_cpu_us_per_event",
+                per_event(p1.since(&p0)),
+            );
             r.put("backlog_agents_cpu_us_per_event", per_event(b1 - b0));
             r.put("floor_cpu_us_per_event", round2(floor_cpu_us));
             r.put("to_principal_per_s", round2(up_rate));
