@@ -542,7 +542,8 @@ impl Gate {
                 %peer,
                 reason = "NotReady",
                 not_logged_since_last = held,
-                "connection refused before TLS: not ready yet (further such refusals logged at most every {NOT_READY_LOG_EVERY:?})"
+                "connection refused before TLS: not ready yet (further such refusals logged at most every {})",
+                text::duration(NOT_READY_LOG_EVERY)
             );
         }
     }

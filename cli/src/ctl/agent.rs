@@ -527,8 +527,22 @@ fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
 pub(crate) fn status(what: &str, s: tonic::Status) -> String {
     match s.code() {
         tonic::Code::NotFound | tonic::Code::InvalidArgument => s.message().to_string(),
-        code => format!("{what}: {code}: {}", s.message(), code = quoted(&code)),
+        code => format!("{what}: {}: {}", code_name(code), s.message()),
     }
+}
+
+/// A gRPC status code as the Go and Rust clients name it (`PermissionDenied`), which is
+/// what the docs show.
+fn code_name(code: tonic::Code) -> String {
+    argocd_agent_identity::text::status_code(code)
+        .split('_')
+        .map(|w| {
+            let mut c = w.chars();
+            c.next().map_or_else(String::new, |f| {
+                f.to_string() + &c.as_str().to_ascii_lowercase()
+            })
+        })
+        .collect()
 }
 
 mod http_uri {
