@@ -5,24 +5,8 @@
 use std::time::Duration;
 
 use argocd_agent_testkit::harness::*;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const T: Duration = Duration::from_secs(20);
-
-/// HTTP status code of `GET path` on 127.0.0.1:`port`.
-async fn status(port: u16, path: &str) -> Option<u16> {
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .ok()?;
-    s.write_all(
-        format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes(),
-    )
-    .await
-    .ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.ok()?;
-    out.split_whitespace().nth(1)?.parse().ok()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_and_healthz_answer_on_both_binaries() {
@@ -36,26 +20,26 @@ async fn readyz_and_healthz_answer_on_both_binaries() {
         let (principal, agent) = (topo.metrics_ports["principal"], topo.metrics_ports[MANAGED]);
         for (who, port) in [("principal", principal), ("agent", agent)] {
             eventually(&format!("{who} /readyz is 200"), T, || async {
-                (status(port, "/readyz").await == Some(200)).then_some(())
+                (http_status(port, "/readyz").await == Some(200)).then_some(())
             })
             .await?;
         }
         eventually("principal /healthz is 200", T, || async {
-            (status(principal, "/healthz").await == Some(200)).then_some(())
+            (http_status(principal, "/healthz").await == Some(200)).then_some(())
         })
         .await?;
         eventually("connected agent /healthz is 200", T, || async {
-            (status(agent, "/healthz").await == Some(200)).then_some(())
+            (http_status(agent, "/healthz").await == Some(200)).then_some(())
         })
         .await?;
         // Without the principal the agent stays ready (it keeps reconciling locally) but
         // reports itself unhealthy, as upstream does.
         topo.principal.stop().await;
         eventually("disconnected agent /healthz is 503", T, || async {
-            (status(agent, "/healthz").await == Some(503)).then_some(())
+            (http_status(agent, "/healthz").await == Some(503)).then_some(())
         })
         .await?;
-        if status(agent, "/readyz").await != Some(200) {
+        if http_status(agent, "/readyz").await != Some(200) {
             return Err("agent /readyz should stay 200 while disconnected".into());
         }
         Ok::<(), HarnessError>(())
@@ -88,12 +72,12 @@ async fn healthz_port_serves_the_probes_only() {
     let r: Result<(), HarnessError> = async {
         for (who, port) in [("principal", pp), ("agent", ap)] {
             eventually(&format!("{who} /readyz on the healthz port"), T, || async {
-                (status(port, "/readyz").await == Some(200)).then_some(())
+                (http_status(port, "/readyz").await == Some(200)).then_some(())
             })
             .await?;
-            assert_eq!(status(port, "/healthz").await, Some(200), "{who}");
+            assert_eq!(http_status(port, "/healthz").await, Some(200), "{who}");
             assert_eq!(
-                status(port, "/metrics").await,
+                http_status(port, "/metrics").await,
                 Some(404),
                 "{who}: probes only"
             );

@@ -21,21 +21,6 @@ const NOT_READY: &str =
 /// ServerHello (or an alert); one that is not ready closes without a byte.
 const CLIENT_HELLO_START: [u8; 9] = [0x16, 0x03, 0x01, 0x00, 0x04, 0x01, 0x00, 0x00, 0x00];
 
-/// HTTP status of `GET path` on 127.0.0.1:`port`.
-async fn status(port: u16, path: &str) -> Option<u16> {
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .ok()?;
-    s.write_all(
-        format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes(),
-    )
-    .await
-    .ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.ok()?;
-    out.split_whitespace().nth(1)?.parse().ok()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_principal_that_is_not_ready_closes_connections_before_tls() {
     let mut topo = Topology::start(TopologyOptions {
@@ -55,7 +40,7 @@ async fn a_principal_that_is_not_ready_closes_connections_before_tls() {
         let started = Instant::now();
         topo.principal.start()?;
         wait_port(addr).await?;
-        if status(port, "/readyz").await != Some(503) {
+        if http_status(port, "/readyz").await != Some(503) {
             return Err("the restarted principal should not be ready yet".into());
         }
 
@@ -91,12 +76,12 @@ async fn a_principal_that_is_not_ready_closes_connections_before_tls() {
         .await?;
         // (The count first: a principal still not ready after it has not served the agent.)
         let sessions = topo.connect_count(MANAGED);
-        if status(port, "/readyz").await == Some(503) && sessions != before {
+        if http_status(port, "/readyz").await == Some(503) && sessions != before {
             return Err("the agent got a session while the principal was not ready".into());
         }
         topo.hub.set_latency(Duration::ZERO);
         eventually("principal /readyz is 200", T, || async {
-            (status(port, "/readyz").await == Some(200)).then_some(())
+            (http_status(port, "/readyz").await == Some(200)).then_some(())
         })
         .await?;
         let ready_at = Instant::now();

@@ -10,6 +10,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+#[path = "support/rust_files.rs"]
+mod rust_files;
+use rust_files::rust_files;
+
 /// Crates kept free of circles. The principal is not in the list yet (its files are being
 /// reworked): run over it, this finds `apps/mod`, `apps/owners`, `blocklist`, `bounds`, `hub`,
 /// `inbound`, `metrics`, `objects`, `session`, `sessions`; `auth`, `config`,
@@ -77,21 +81,6 @@ fn module_of(rel: &Path) -> ModPath {
         parts.push(stem.to_string());
     }
     parts
-}
-
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    let mut entries: Vec<_> = std::fs::read_dir(dir)
-        .unwrap_or_else(|e| panic!("read {}: {e}", dir.display()))
-        .map(|e| e.expect("directory entry").path())
-        .collect();
-    entries.sort();
-    for path in entries {
-        if path.is_dir() {
-            rust_files(&path, out);
-        } else if path.extension().is_some_and(|x| x == "rs") {
-            out.push(path);
-        }
-    }
 }
 
 /// The source without comments, string literals and char literals (lifetimes kept), so that

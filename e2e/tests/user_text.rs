@@ -11,6 +11,10 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+#[path = "support/rust_files.rs"]
+mod rust_files;
+use rust_files::rust_files;
+
 /// The crates whose text reaches users (the shipped binaries' crates).
 const SHIPPED: [&str; 9] = [
     "principal",
@@ -31,21 +35,6 @@ const KNOWN: [(&str, usize, &str); 0] = [];
 
 /// One Debug-formatted site: file (from the workspace root), line, and the line's text.
 type Site = (String, usize, String);
-
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    let mut entries: Vec<_> = std::fs::read_dir(dir)
-        .unwrap_or_else(|e| panic!("read {}: {e}", dir.display()))
-        .map(|e| e.expect("directory entry").path())
-        .collect();
-    entries.sort();
-    for path in entries {
-        if path.is_dir() {
-            rust_files(&path, out);
-        } else if path.extension().is_some_and(|x| x == "rs") {
-            out.push(path);
-        }
-    }
-}
 
 /// A source file read for the scan: `code` is the source with comments blanked and the
 /// contents of string and char literals blanked (quotes kept, offsets unchanged); `literals`

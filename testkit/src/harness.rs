@@ -1149,6 +1149,20 @@ pub async fn http_get(port: u16, path: &str) -> Result<String, HarnessError> {
         .unwrap_or_default())
 }
 
+/// HTTP status code of `GET path` on 127.0.0.1:`port` (`None`: no answer).
+pub async fn http_status(port: u16, path: &str) -> Option<u16> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.ok()?;
+    out.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// Sum of the samples of `name` (any labels) in a Prometheus text exposition.
 pub fn metric_value(text: &str, name: &str) -> Option<f64> {
     let mut found = None;
