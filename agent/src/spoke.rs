@@ -693,12 +693,7 @@ impl Spoke {
     /// agent sent the same before (that one was lost on the way).
     fn report_status_again(&self, resource: &ResourceRef) {
         let (ns, name) = self.local_target(resource);
-        let key = if self.across_namespaces() {
-            format!("{ns}/{name}")
-        } else {
-            name.clone()
-        };
-        self.inner().sent_status.remove(&key);
+        self.inner().sent_status.remove(&self.key_for(&ns, &name));
         match self.cache.get(Some(&ns), &name) {
             Some(obj) if !is_being_deleted(&obj) => self.report_status(&obj),
             _ => {
@@ -967,11 +962,7 @@ impl Spoke {
     async fn delete_copy(&self, resource: &ResourceRef) -> Result<Option<String>, SpokeError> {
         let (ns, name) = self.local_target(resource);
         let (ns, name) = (ns.as_str(), name.as_str());
-        let key = if self.across_namespaces() {
-            format!("{ns}/{name}")
-        } else {
-            name.to_owned()
-        };
+        let key = self.key_for(ns, name);
         {
             let mut inner = self.inner();
             inner.desired.remove(&key);
@@ -1161,11 +1152,7 @@ impl Spoke {
 impl Spoke {
     /// Managed: writes the principal's object as the local copy `ns`/`name`.
     async fn apply_upsert(&self, ns: &str, name: &str, obj: Arc<Value>) -> Result<(), SpokeError> {
-        let key = if self.across_namespaces() {
-            format!("{ns}/{name}")
-        } else {
-            name.to_owned()
-        };
+        let key = self.key_for(ns, name);
         let local = self.cache.get(Some(ns), name);
         if local.is_none() && self.across_namespaces() && self.create_namespace {
             self.ensure_namespace(ns).await?;

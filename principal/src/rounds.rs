@@ -104,20 +104,24 @@ pub async fn run(
                 .get(&ResourceKind::Application)
                 .cloned()
                 .unwrap_or_default();
-            hub.apps
-                .resync_managed(state, &of(ResourceKind::Application), &app_uids);
+            // Statuses: a managed agent reports the checksum of the status it last sent in
+            // periodic requests only (its hello leaves it out: it reports every status after
+            // the welcome anyway).
+            let statuses =
+                resync::status_checksums_from_state(ResourceKind::Application.as_str(), view);
+            let requests = hub.apps.resync_managed(
+                state,
+                &of(ResourceKind::Application),
+                &app_uids,
+                &statuses,
+            );
             // The hub copies of its spoke-authored children its view no longer lists.
             let children = resync::from_state(resync::CHILD_APPLICATION_KIND, view);
             hub.apps
                 .resync_children(state, known.then_some(&children))
                 .await;
             hub.config.resync_config(state, &checksums, &uids);
-            // Statuses: the agent's (a managed agent reports the checksum of the status it
-            // last sent in periodic requests only; its hello leaves it out, as it reports
-            // every status after the welcome anyway).
-            let statuses =
-                resync::status_checksums_from_state(ResourceKind::Application.as_str(), view);
-            hub.apps.stale_managed_statuses(state, &statuses)
+            requests
         }
         AgentMode::Autonomous => {
             let statuses =

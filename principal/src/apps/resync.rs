@@ -40,13 +40,16 @@ impl Applications {
             .collect()
     }
 
-    /// Queues everything a managed agent needs to converge on the hub state.
+    /// Queues everything a managed agent needs to converge on the hub state; returns the
+    /// requests for statuses the hub lacks (`agent_statuses`: the checksums of the statuses
+    /// the agent last sent, which only its periodic requests carry).
     pub fn resync_managed(
         &self,
         state: &AgentState,
         agent_state: &Checksums,
         agent_uids: &argocd_agent_domain::resync::SourceUids,
-    ) {
+        agent_statuses: &Checksums,
+    ) -> Vec<Event> {
         let ns = state.namespace();
         let mut objects = self.managed_objects(state);
         // Past a tenant's quota: not sent, and what the agent holds of them stays.
@@ -103,22 +106,20 @@ impl Applications {
         for obj in objects.values() {
             self.forward_operation(state, obj);
         }
+        self.stale_statuses(state, &objects, agent_statuses)
     }
 
-    /// Managed, periodic round: the Applications whose hub copy holds another status than
-    /// the one the agent reports it last sent (`agent_statuses`; a status the hub refused,
+    /// Managed: the Applications among `objects` whose hub copy holds another status than
+    /// the one the agent reports it last sent (`agent_statuses`: a status the hub refused,
     /// or lost with a restart), asked for again with `request-update`. Objects being
     /// deleted, and objects the agent reports no status for, are left alone.
-    pub fn stale_managed_statuses(
+    fn stale_statuses(
         &self,
         state: &AgentState,
+        objects: &HashMap<String, Arc<DynamicObject>>,
         agent_statuses: &Checksums,
     ) -> Vec<Event> {
-        if agent_statuses.is_empty() {
-            return Vec::new();
-        }
         let ns = state.namespace();
-        let objects = self.managed_objects(state);
         let stale: Vec<Event> = agent_statuses
             .iter()
             .filter(|(key, sum)| {
