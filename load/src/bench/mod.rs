@@ -343,16 +343,27 @@ async fn create_apps(
     pad: usize,
     writers: usize,
 ) -> Result<(), HarnessError> {
+    let apps = range.map(|j| (sim_name(j % agents), format!("app-{j}")));
+    create_named_apps(env, apps, revision, pad, writers).await
+}
+
+/// Creates one Application per (namespace, name) on the hub, `writers` at once.
+async fn create_named_apps(
+    env: &BenchEnv,
+    apps: impl Iterator<Item = (String, String)>,
+    revision: &str,
+    pad: usize,
+    writers: usize,
+) -> Result<(), HarnessError> {
     let client = kube_client(&env.hub)?;
-    futures::stream::iter(range)
-        .map(|j| {
+    futures::stream::iter(apps)
+        .map(|(ns, name)| {
             let client = client.clone();
             let revision = revision.to_owned();
             async move {
-                let ns = sim_name(j % agents);
                 let api: Api<DynamicObject> = Api::namespaced_with(client, &ns, &app_resource());
                 let app: DynamicObject =
-                    serde_json::from_value(bench_app(&format!("app-{j}"), &ns, &revision, pad))?;
+                    serde_json::from_value(bench_app(&name, &ns, &revision, pad))?;
                 api.create(&PostParams::default(), &app).await?;
                 Ok::<_, HarnessError>(())
             }

@@ -240,24 +240,9 @@ fn flood(
 
 /// Writes [`EXTRA_APPS`] Applications per team-a agent past its `applicationsPerAgent`.
 async fn over_quota_apps(env: &BenchEnv, n: usize, writers: usize) -> Result<(), HarnessError> {
-    let client = kube_client(&env.hub)?;
-    futures::stream::iter((0..n).flat_map(|i| (0..EXTRA_APPS).map(move |k| (i, k))))
-        .map(|(i, k)| {
-            let client = client.clone();
-            async move {
-                let ns = agent_name('a', i);
-                let api: Api<DynamicObject> = Api::namespaced_with(client, &ns, &app_resource());
-                let app: DynamicObject =
-                    serde_json::from_value(bench_app(&format!("app-{i}-x{k}"), &ns, "v1", PAD))?;
-                api.create(&PostParams::default(), &app).await?;
-                Ok::<_, HarnessError>(())
-            }
-        })
-        .buffer_unordered(writers.max(1))
-        .collect::<Vec<_>>()
-        .await
-        .into_iter()
-        .collect()
+    let apps = (0..n)
+        .flat_map(|i| (0..EXTRA_APPS).map(move |k| (agent_name('a', i), format!("app-{i}-x{k}"))));
+    super::create_named_apps(env, apps, "v1", PAD, writers).await
 }
 
 /// Runs the scenario.
