@@ -21,6 +21,22 @@ fn fixed(
     })
 }
 
+/// The principal's and an agent's sources, both issued by one CA, and a bound listener.
+async fn principal_agent_and_listener() -> (
+    SvidSource,
+    SvidSource,
+    tokio::net::TcpListener,
+    std::net::SocketAddr,
+) {
+    let ca = DevCa::ephemeral(td("example.org")).unwrap();
+    let issue = |who: &str| ca.issue_x509(&id(who), Duration::from_secs(3600)).unwrap();
+    let principal = fixed(&issue(PRINCIPAL), bundles_of(&[&ca]));
+    let agent = fixed(&issue(AGENT), bundles_of(&[&ca]));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    (principal, agent, listener, addr)
+}
+
 fn bundles_of(cas: &[&DevCa]) -> TrustBundles {
     let mut b = TrustBundles::new();
     for ca in cas {
@@ -323,12 +339,7 @@ async fn client_that_never_speaks_http2_is_closed_after_the_preface_timeout() {
     use futures::StreamExt as _;
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
-    let ca = DevCa::ephemeral(td("example.org")).unwrap();
-    let issue = |who: &str| ca.issue_x509(&id(who), Duration::from_secs(3600)).unwrap();
-    let principal = fixed(&issue(PRINCIPAL), bundles_of(&[&ca]));
-    let agent = fixed(&issue(AGENT), bundles_of(&[&ca]));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
+    let (principal, agent, listener, addr) = principal_agent_and_listener().await;
     let mut incoming = Box::pin(tls_incoming_with_options(
         listener,
         server_config(&principal, PeerPolicy::Any).unwrap(),
@@ -397,12 +408,7 @@ async fn a_listener_that_is_not_ready_closes_connections_before_tls() {
     use futures::StreamExt as _;
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
-    let ca = DevCa::ephemeral(td("example.org")).unwrap();
-    let issue = |who: &str| ca.issue_x509(&id(who), Duration::from_secs(3600)).unwrap();
-    let principal = fixed(&issue(PRINCIPAL), bundles_of(&[&ca]));
-    let agent = fixed(&issue(AGENT), bundles_of(&[&ca]));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
+    let (principal, agent, listener, addr) = principal_agent_and_listener().await;
     let (ready, rx) = tokio::sync::watch::channel(false);
     let reasons: Arc<std::sync::Mutex<Vec<&'static str>>> = Arc::default();
     let seen = reasons.clone();
