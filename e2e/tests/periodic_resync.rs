@@ -13,12 +13,6 @@ use serde_json::json;
 
 const T: Duration = Duration::from_secs(30);
 
-fn sync_revision(app: Option<serde_json::Value>) -> Option<String> {
-    app?.pointer("/status/sync/revision")?
-        .as_str()
-        .map(str::to_owned)
-}
-
 /// Makes the hub refuse, for good, the next status of `name` written on `spoke`: its API
 /// server answers 422 to the principal's write, so the principal answers `ApplyFailed`, a
 /// final answer the agent does not resend. Returns the lost revision, checked absent from

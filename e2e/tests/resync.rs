@@ -232,12 +232,6 @@ async fn both_sides_converge_after_connection_cut_mid_stream() {
     topo.finish(r).await;
 }
 
-fn sync_revision(app: Option<serde_json::Value>) -> Option<String> {
-    app?.pointer("/status/sync/revision")?
-        .as_str()
-        .map(str::to_owned)
-}
-
 /// A status written on the spoke while its agent is down (killed, as a crash) reaches the
 /// hub after the restart, in both modes, though no spec changed. Regression (found by the
 /// chaos run, release build): an autonomous agent's hello carried spec checksums only, so

@@ -1120,6 +1120,13 @@ pub async fn merge_patch(
     Ok(())
 }
 
+/// `.status.sync.revision` of a stored Application, if any.
+pub fn sync_revision(app: Option<serde_json::Value>) -> Option<String> {
+    app?.pointer("/status/sync/revision")?
+        .as_str()
+        .map(str::to_owned)
+}
+
 /// Writes `.status` through the status subresource (what Argo CD's controller does).
 pub async fn set_status(
     api: &Api<DynamicObject>,
