@@ -14,12 +14,13 @@ use std::path::{Path, PathBuf};
 mod rust_files;
 use rust_files::rust_files;
 
-/// Crates kept free of circles. The principal is not in the list yet (its files are being
-/// reworked): run over it, this finds `apps/mod`, `apps/owners`, `blocklist`, `bounds`, `hub`,
-/// `inbound`, `metrics`, `objects`, `session`, `sessions`; `auth`, `config`,
-/// `resourceproxy/{mod,exec,forward,logs}`, `server`, `tunnel`; `redisproxy` ↔
-/// `redisproxy/replica`; `lib` ↔ `wiring` (issue 40).
-const CHECKED: [&str; 7] = [
+/// Crates kept free of circles (beyond the [`KNOWN`] ones). The principal's core (sessions,
+/// hub, Applications, configuration objects, bounds, quotas, metrics) is layered: refusal
+/// reasons live in the leaf `refusals.rs`, `metrics.rs` imports none of its callers, the
+/// hub's admission checks extend `Hub` from `hub/admit.rs`, and the agent-name and
+/// secret-type labels come from the kubernetes crate (issue 40).
+const CHECKED: [&str; 8] = [
+    "principal",
     "domain",
     "agent",
     "identity",
@@ -33,7 +34,27 @@ const CHECKED: [&str; 7] = [
 /// growing or shrinking, fails the test, and so does one that is gone but still listed here, so
 /// the list only gets shorter. Most are a parent `mod.rs` or `lib.rs` holding a type its
 /// children use while it imports them: the fix is to move that type into a leaf module.
-const KNOWN: [(&str, &[&str]); 4] = [
+const KNOWN: [(&str, &[&str]); 8] = [
+    // The principal's circles outside its core, all task B of issue 40 (a separate change):
+    // the listeners and proxies (`AuthConfig` and `identify_agent` into `auth.rs`), the Redis
+    // proxy and its replica forwarding, the admin API and its tenant scope, the crate root
+    // and its wiring.
+    (
+        "principal",
+        &[
+            "auth.rs",
+            "config.rs",
+            "resourceproxy/exec.rs",
+            "resourceproxy/forward.rs",
+            "resourceproxy/logs.rs",
+            "resourceproxy/mod.rs",
+            "server.rs",
+            "tunnel.rs",
+        ],
+    ),
+    ("principal", &["redisproxy/replica.rs", "redisproxy.rs"]),
+    ("principal", &["admin/scope.rs", "admin.rs"]),
+    ("principal", &["lib.rs", "wiring.rs"]),
     (
         "domain",
         &["mapping/live.rs", "mapping/mod.rs", "mapping/rule.rs"],

@@ -42,5 +42,13 @@ pub use watch::{ADMIN_LIST_PAGE_SIZE, Cache, Change, LIST_PAGE_SIZE, list_page_s
 /// argocd-agent. An object that gains it looks deleted to the sync engine.
 pub const IGNORE_SYNC_LABEL: &str = "argocd-agent.argoproj-labs.io/ignore-sync";
 
+/// Label naming the agent an object on the hub belongs to (upstream's): hub copies of
+/// autonomous agents' Applications and projects, managed agents' spoke-authored children,
+/// agents' cluster Secrets.
+pub const AGENT_NAME_LABEL: &str = "argocd-agent.argoproj-labs.io/agent-name";
+
+/// Argo CD's label giving a Secret's type: `cluster`, `repository`, `repo-creds`.
+pub const SECRET_TYPE_LABEL: &str = "argocd.argoproj.io/secret-type";
+
 /// Result type of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -193,41 +193,6 @@ pub async fn edit(
     Err(EditError::Conflicts)
 }
 
-/// Keeps the blocklist current from its ConfigMap and closes the sessions it denies.
-pub(crate) async fn enforce(
-    sessions: std::sync::Arc<crate::sessions::Sessions>,
-    metrics: crate::metrics::Metrics,
-    configmaps: argocd_agent_kubernetes::Cache,
-    namespace: String,
-    changed: std::sync::Arc<tokio::sync::Notify>,
-    shutdown: tokio_util::sync::CancellationToken,
-) {
-    configmaps.wait_synced().await;
-    loop {
-        let cm = configmaps.get(Some(&namespace), CONFIGMAP);
-        let list = Blocklist::from_configmap(cm.as_deref());
-        if sessions.blocklist.set(list) {
-            tracing::info!(configmap = CONFIGMAP, "blocklist updated");
-            let list = sessions.blocklist.current();
-            for state in sessions.agents().into_iter().filter(|s| s.is_connected()) {
-                let identity = state.identity();
-                let fingerprint = state.session_info().fingerprint;
-                if let Some(why) = list.denies(&identity.client, fingerprint.as_deref())
-                    && sessions.disconnect(&state.name)
-                {
-                    metrics.auth_failed("Blocked");
-                    tracing::warn!(agent = %state.name, client = %identity.client, reason = %why,
-                        "session closed: identity blocked");
-                }
-            }
-        }
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = changed.notified() => {}
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

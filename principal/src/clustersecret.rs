@@ -32,10 +32,7 @@ pub use crate::tenancy::TENANT_LABEL;
 /// replica: its secret's tenant label is left as it is), `Some(None)` for no tenant.
 pub type TenantOf = Arc<dyn Fn(&AgentName) -> Option<Option<TenantName>> + Send + Sync>;
 
-/// Argo CD's label marking cluster secrets.
-pub const SECRET_TYPE_LABEL: &str = "argocd.argoproj.io/secret-type";
-/// The agent a cluster secret is for (upstream's label).
-pub const AGENT_NAME_LABEL: &str = "argocd-agent.argoproj-labs.io/agent-name";
+pub use argocd_agent_kubernetes::{AGENT_NAME_LABEL, SECRET_TYPE_LABEL};
 /// Marks secrets the principal manages.
 pub const MANAGED_BY_ANNOTATION: &str = "argocd-agent.argoproj-labs.io/managed-by";
 /// Argo CD's annotation that makes its application controller skip every Application

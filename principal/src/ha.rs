@@ -60,7 +60,7 @@ pub const RESOURCE_PROXY_ANNOTATION: &str = "argocd-agent.argoproj-labs.io/resou
 /// replicas).
 pub const REDIS_PROXY_ANNOTATION: &str = "argocd-agent.argoproj-labs.io/redis-proxy-address";
 /// Agent label on agent Leases (the same label the hub namespace carries).
-pub const AGENT_LABEL: &str = crate::apps::AGENT_NAME_LABEL;
+pub const AGENT_LABEL: &str = argocd_agent_kubernetes::AGENT_NAME_LABEL;
 /// Name prefix of agent Leases.
 pub const AGENT_LEASE_PREFIX: &str = "argocd-agent-session-";
 /// Name prefix of replica Leases.

@@ -1,14 +1,17 @@
 //! The hub: the core the sessions work with. It puts together the session registry, the
 //! Applications ([`crate::apps`]) and the configuration objects ([`crate::objects`]), runs
-//! one worker per agent that hands each hub change to the router it concerns, and
-//! dispatches agents' commands by kind.
+//! one worker per agent that hands each hub change to the router it concerns, dispatches
+//! agents' commands by kind (checked first against the agents' bounds: `admit`), and
+//! re-evaluates every agent when the mapping rules reload ([`watch_reloads`]).
+
+mod admit;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use argocd_agent_domain::ResourceRef;
 use argocd_agent_domain::{AgentIdentity, AgentMode, AgentName, Namespace, ResourceKind};
-use argocd_agent_kubernetes::{Cache, Change, Resources};
+use argocd_agent_kubernetes::{AGENT_NAME_LABEL, Cache, Change, Resources};
 use futures::{Stream, StreamExt};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -17,12 +20,12 @@ use tracing::Instrument;
 use crate::apps::Applications;
 use crate::bounds::{AgentBounds, Ledger};
 use crate::error::{ApplyError, chain};
-use crate::inbound::Command;
+use crate::inbound::{Command, OwnerRecord};
 use crate::metrics::Metrics;
-use crate::objects::{ConfigObjects, ConfigRouter, OwnerRecord};
+use crate::objects::{ConfigObjects, ConfigRouter};
 use crate::sessions::{AgentState, Sessions};
 
-pub use crate::apps::{AGENT_NAME_LABEL, AppOwners, Applied, destination_of};
+pub use crate::apps::{AppOwners, Applied, destination_of};
 pub use crate::sessions::SessionInfo;
 
 /// The core of the principal.
@@ -296,4 +299,34 @@ pub async fn run_hub_watch(
         }
     }
     tracing::warn!(%kind, "hub watch ended");
+}
+
+/// On every reload of the rules, re-evaluates what each connected managed agent must hold
+/// (objects whose owner changed are sent or deleted; see
+/// [`crate::objects::ConfigRouter::reconcile_config`]) and which Applications are within
+/// their quotas (see [`crate::quotas`]). Ends on shutdown or when the rules are dropped.
+pub async fn watch_reloads(hub: Arc<Hub>, shutdown: tokio_util::sync::CancellationToken) {
+    let mut rx = hub.config.tenants.subscribe();
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            changed = rx.changed() => if changed.is_err() { return },
+        }
+        rx.mark_unchanged();
+        let tenants = rx.borrow().tenants().iter().count();
+        let mut agents = 0usize;
+        for state in hub.sessions.agents() {
+            if !state.is_connected() {
+                continue;
+            }
+            agents += 1;
+            state.mark_config_dirty();
+        }
+        hub.apps.quotas_reloaded();
+        tracing::info!(
+            tenants,
+            agents,
+            "mapping rules reloaded: configuration objects and Application quotas re-evaluated"
+        );
+    }
 }

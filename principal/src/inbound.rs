@@ -12,7 +12,16 @@ use argocd_agent_kubernetes::object::{self, REFRESHED_ANNOTATION, SOURCE_UID_ANN
 use argocd_agent_proto::eventstream::ErrorDetail;
 use serde_json::Value;
 
-pub use crate::objects::OwnerRecord;
+/// What the hub records about who owns an object an agent wants to write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OwnerRecord {
+    /// The object does not exist on the hub.
+    Absent,
+    /// It exists without an agent-name label (created on the hub).
+    Unlabelled,
+    /// Its agent-name label.
+    Label(String),
+}
 
 /// An authorized change to the hub.
 #[derive(Debug, Clone, PartialEq)]

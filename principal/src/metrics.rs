@@ -1,246 +1,29 @@
-//! Prometheus metrics of the principal, and the `/metrics` + `/healthz` HTTP endpoint.
+//! Prometheus metrics of the principal: the families it registers (`/metrics` serves them,
+//! see [`crate::health`]) and what each recorded event counts. A leaf: the modules that count
+//! pass it plain values, and the refusal reasons it exports come from [`crate::refusals`].
+
+mod labels;
+mod upstream;
 
 use std::collections::{HashMap, HashSet};
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use argocd_agent_domain::ResourceKind;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 
-use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-/// Labels of `argocd_principal_events_received_total` and
-/// `argocd_principal_events_sent_total` (ours: upstream's `principal_events_received` and
-/// `principal_events_sent` have no labels).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct EventLabels {
-    /// The agent (bounded, see [`AgentLabels`]).
-    pub agent: String,
-    /// The event type's verb: `create`, `spec-update`, `status-update`, `ping`, ...
-    pub r#type: String,
-    /// The agent's tenant; empty for an agent of no tenant (see [`Metrics::set_tenant`]).
-    pub tenant: String,
-}
-
-/// Labels of the counters by reason alone: `argocd_principal_auth_failures_total` (one of
-/// [`AUTH_FAILURE_REASONS`]) and `argocd_principal_sessions_deferred_total`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReasonLabels {
-    /// Why the stream, call or session was refused or deferred.
-    pub reason: String,
-}
-
-/// Labels of `argocd_principal_events_refused_total`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct AgentReasonLabels {
-    /// The agent that sent the event (bounded, see [`AgentLabels`]).
-    pub agent: String,
-    /// One of [`REFUSAL_REASONS`].
-    pub reason: String,
-    /// The agent's tenant; empty for an agent of no tenant.
-    pub tenant: String,
-}
-
-/// Labels of the per-tenant gauges (`argocd_principal_tenant_agents_connected`,
-/// `argocd_principal_tenant_proxy_requests_in_flight`).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct TenantLabels {
-    /// The tenant's name (declared tenants only: bounded by the rules file).
-    pub tenant: String,
-}
-
-/// Labels of `argocd_principal_tenant_quota_refused_total`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct TenantQuotaLabels {
-    /// The tenant's name.
-    pub tenant: String,
-    /// One of [`crate::tenant_limits::QUOTA_NAMES`].
-    pub quota: String,
-}
-
-/// Labels of upstream's `argocd_principal_agent_connections_total` and
-/// `argocd_principal_resource_proxy_requests_total`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct AgentNameLabels {
-    /// The agent (bounded, see [`AgentLabels`]).
-    pub agent_name: String,
-}
-
-/// Labels of upstream's `principal_event_writer_send_errors_total` and
-/// `argocd_principal_resource_proxy_errors_total`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct AgentNameReasonLabels {
-    /// The agent (bounded, see [`AgentLabels`]).
-    pub agent_name: String,
-    /// Upstream's reason values (see the callers).
-    pub reason: String,
-}
-
-/// Labels of upstream's `argocd_principal_event_writer_events_discarded_total`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct DiscardLabels {
-    /// The agent whose queue was full (bounded, see [`AgentLabels`]).
-    pub agent_name: String,
-    /// The event type's verb (`create`, `spec-update`, ...).
-    pub event_type: String,
-    /// See [`resource_type`].
-    pub resource_type: String,
-}
-
-/// Labels of upstream's `principal_errors`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ResourceTypeLabels {
-    /// See [`resource_type`].
-    pub resource_type: String,
-}
-
-/// Labels of upstream's `argocd_principal_redis_proxy_requests_total` and
-/// `argocd_principal_redis_proxy_errors_total`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RedisAgentLabels {
-    /// The agent the command was answered through (bounded, see [`AgentLabels`]).
-    pub agent_name: String,
-    /// `get` or `subscribe`, as upstream.
-    pub command: String,
-}
-
-/// Labels of `principal_event_processing_time`, as upstream.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ProcessingLabels {
-    /// See [`Processing`].
-    pub status: String,
-    /// The agent that sent the event (bounded, see [`AgentLabels`]).
-    pub agent_name: String,
-    /// See [`resource_type`].
-    pub resource_type: String,
-}
-
-/// Labels of `argocd_principal_resource_proxy_responses_total` and
-/// `argocd_principal_resource_proxy_forwarded_total`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ResourceProxyLabels {
-    /// The agent the request was for (bounded like every agent label).
-    pub agent: String,
-    /// `request` (a Kubernetes API call), `log` or `exec`.
-    pub kind: String,
-    /// The HTTP status answered (101 for an exec session that was opened).
-    pub code: String,
-    /// The agent's tenant; empty for an agent of no tenant.
-    pub tenant: String,
-}
-
-/// Labels of `argocd_principal_listener_connections_closed_total`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ListenerLabels {
-    /// `grpc` (the agent listener's caps), `admin`, `resource-proxy`, `redis-proxy`,
-    /// `metrics`.
-    pub listener: String,
-    /// One of `argocd_agent_identity::listener::CLOSE_REASONS`, or the Redis proxy's own
-    /// (`AuthTimeout`, `Unauthenticated`).
-    pub reason: String,
-}
-
-/// Labels of `argocd_principal_redis_proxy_commands_total`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RedisProxyLabels {
-    /// `agent` (an Application's key, answered through its agent) or `hub` (passed through).
-    pub route: String,
-    /// `forwarded`, `nil` (no owner), `refused` (agent offline, limit, key not served),
-    /// `error` (agent or connection failure).
-    pub result: String,
-}
-
-/// Labels of `argocd_principal_lease_writes_total`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct LeaseWriteLabels {
-    /// `agent` (one agent's session) or `replica` (a replica's liveness).
-    pub lease: String,
-    /// `create`, `acquire`, `renew`, `takeover-request`, `handover` or `release`.
-    pub op: String,
-    /// `ok`, `conflict` or `error`.
-    pub result: String,
-}
-
-/// Labels of `argocd_principal_resync_duration_seconds`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ModeLabels {
-    /// The agent's mode: `managed` or `autonomous`.
-    pub mode: String,
-}
-
-/// A write the principal made to the hub, counted per kind as upstream does
-/// (`principal_applications_created`, ...).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum HubWrite {
-    /// An object created (`principal_<kind>_created`).
-    Created,
-    /// An object updated (`principal_<kind>_updated`).
-    Updated,
-    /// An object deleted (`principal_<kind>_deleted`).
-    Deleted,
-}
-
-/// What became of an inbound event: the `status` label of `principal_event_processing_time`,
-/// with upstream's values.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Processing {
-    /// `success`: applied (or nothing to do).
-    Success,
-    /// `failure`: applying it failed (also counted in `principal_errors`).
-    Failure,
-    /// `not-allowed`: refused by authorization or validation.
-    NotAllowed,
-}
-
-impl Processing {
-    /// The label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Processing::Success => "success",
-            Processing::Failure => "failure",
-            Processing::NotAllowed => "not-allowed",
-        }
-    }
-}
-
-/// The `resource_type` label value of `kind`: upstream's event target names.
-pub fn resource_type(kind: ResourceKind) -> &'static str {
-    match kind {
-        ResourceKind::Application => "application",
-        ResourceKind::AppProject => "appproject",
-        ResourceKind::Repository => "repository",
-        ResourceKind::GpgKeys => "gpgkey",
-    }
-}
-
-/// Bounds per-agent label values: the first `max` agents seen get their own series, later
-/// ones share `other`, so 10,000 agents never mean 10,000 series per metric.
-pub struct AgentLabels {
-    max: usize,
-    seen: Mutex<HashSet<String>>,
-}
-
-/// Label value for agents beyond the per-agent limit.
-pub const OTHER_AGENTS: &str = "other";
-
-impl AgentLabels {
-    fn label(&self, agent: &str) -> String {
-        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-        if seen.contains(agent) {
-            return agent.to_owned();
-        }
-        if seen.len() < self.max {
-            seen.insert(agent.to_owned());
-            return agent.to_owned();
-        }
-        OTHER_AGENTS.to_owned()
-    }
-}
+pub use self::labels::{
+    AgentLabels, AgentNameLabels, AgentNameReasonLabels, AgentReasonLabels, DiscardLabels,
+    EventLabels, HubWrite, LeaseWriteLabels, ListenerLabels, ModeLabels, OTHER_AGENTS, Processing,
+    ProcessingLabels, QuotaLabels, ReasonLabels, RedisAgentLabels, RedisProxyLabels,
+    ResourceProxyLabels, ResourceTypeLabels, TenantLabels, TenantQuotaLabels, resource_type,
+};
+pub use self::upstream::{Upstream, average_minutes};
 
 /// Reasons streams (and admin calls: `NotAdmin`) are refused at authentication or mapping
 /// (`argocd_principal_auth_failures`),
@@ -262,7 +45,7 @@ pub const AUTH_FAILURE_REASONS: [&str; 21] = [
     // An agent whose hub namespace is outside --allowed-namespaces (crate::partition).
     "OutsidePartition",
     // A session over its tenant's `agents` quota (crate::tenancy).
-    crate::tenant_limits::TENANT_AGENT_QUOTA,
+    crate::refusals::TENANT_AGENT_QUOTA,
     // A tenant's operator calling the admin API about an agent outside its tenant.
     OUTSIDE_TENANT,
     // Connections dropped before their first request (argocd_agent_identity::transport).
@@ -284,22 +67,22 @@ pub const REFUSAL_REASONS: [&str; 24] = [
     "Malformed",
     "Invalid",
     "UnexpectedEvent",
-    crate::ratelimit::RATE_LIMITED,
-    crate::tenant_limits::TENANT_RATE_LIMITED,
+    crate::refusals::RATE_LIMITED,
+    crate::refusals::TENANT_RATE_LIMITED,
     "NotFound",
-    crate::session::HELLO_TIMEOUT,
-    crate::session::TOO_LARGE,
-    crate::session::UNDECODABLE,
-    crate::session::NOT_READING,
-    crate::bounds::OBJECT_TOO_LARGE,
-    crate::bounds::TOO_MANY_APPLICATIONS,
-    crate::bounds::AGENT_BYTES_EXCEEDED,
-    crate::bounds::PARENT_NOT_FOUND,
-    crate::bounds::PARENT_NOT_HELD,
-    crate::bounds::CHILD_NOT_TRACKED,
-    crate::bounds::PROJECT_NOT_ALLOWED,
-    crate::quotas::AGENT_APPLICATION_QUOTA,
-    crate::quotas::TENANT_APPLICATION_QUOTA,
+    crate::refusals::HELLO_TIMEOUT,
+    crate::refusals::TOO_LARGE,
+    crate::refusals::UNDECODABLE,
+    crate::refusals::NOT_READING,
+    crate::refusals::OBJECT_TOO_LARGE,
+    crate::refusals::TOO_MANY_APPLICATIONS,
+    crate::refusals::AGENT_BYTES_EXCEEDED,
+    crate::refusals::PARENT_NOT_FOUND,
+    crate::refusals::PARENT_NOT_HELD,
+    crate::refusals::CHILD_NOT_TRACKED,
+    crate::refusals::PROJECT_NOT_ALLOWED,
+    crate::refusals::AGENT_APPLICATION_QUOTA,
+    crate::refusals::TENANT_APPLICATION_QUOTA,
 ];
 
 /// Auth failure reason of an admin call by a tenant's operator about an agent, identity or
@@ -308,41 +91,6 @@ pub const OUTSIDE_TENANT: &str = "OutsideTenant";
 
 /// Default of `--metrics-max-agent-labels`.
 pub const DEFAULT_MAX_AGENT_LABELS: usize = 100;
-
-/// Upstream argocd-agent's principal series (`internal/metrics/metrics.go`), with its names,
-/// types, labels and histogram buckets.
-#[derive(Clone)]
-pub struct Upstream {
-    /// `principal_agent_avg_connection_time` (minutes), set at each scrape.
-    pub avg_connection_time: Gauge,
-    /// `argocd_principal_gpg_keys_count`: entries of the hub's `argocd-gpg-keys-cm`.
-    pub gpg_keys: Gauge,
-    /// `principal_events_received`.
-    pub events_received: Counter,
-    /// `principal_events_sent`.
-    pub events_sent: Counter,
-    /// `principal_event_processing_time{status,agent_name,resource_type}` (seconds).
-    pub event_processing: Family<ProcessingLabels, Histogram>,
-    /// `principal_event_writer_send_errors_total{agent_name,reason}`.
-    pub send_errors: Family<AgentNameReasonLabels, Counter>,
-    /// `argocd_principal_event_writer_events_discarded_total{agent_name,event_type,resource_type}`:
-    /// events dropped because an agent's queue was full.
-    pub events_discarded: Family<DiscardLabels, Counter>,
-    /// `principal_errors{resource_type}`: inbound events that failed to apply.
-    pub errors: Family<ResourceTypeLabels, Counter>,
-    /// `argocd_principal_agent_connections_total{agent_name}`.
-    pub agent_connections: Family<AgentNameLabels, Counter>,
-    /// `argocd_principal_resource_proxy_requests_total{agent_name}`.
-    pub resource_proxy_requests: Family<AgentNameLabels, Counter>,
-    /// `argocd_principal_resource_proxy_errors_total{agent_name,reason}`.
-    pub resource_proxy_errors: Family<AgentNameReasonLabels, Counter>,
-    /// `argocd_principal_redis_proxy_requests_total{agent_name,command}`: commands answered
-    /// through an agent.
-    pub redis_proxy_requests: Family<RedisAgentLabels, Counter>,
-    /// `argocd_principal_redis_proxy_errors_total{agent_name,command}`.
-    pub redis_proxy_errors: Family<RedisAgentLabels, Counter>,
-    hub_writes: Arc<HashMap<(ResourceKind, HubWrite), Counter>>,
-}
 
 /// All metrics of the principal: upstream's ([`Upstream`], exposed under upstream's names),
 /// then ours (`argocd_principal_*`). Each is registered under the name `/metrics` exposes it
@@ -366,7 +114,7 @@ pub struct Metrics {
     /// `argocd_principal_hub_write_errors_total`.
     pub hub_write_errors: Counter,
     /// Tenants' Application quotas (see [`crate::quotas`]).
-    pub quota: crate::quotas::QuotaMetrics,
+    pub quota: QuotaMetrics,
     /// `argocd_principal_resync_duration_seconds{mode}`.
     pub resync_duration: Family<ModeLabels, Histogram>,
     /// `argocd_principal_config_fanout_agents`: managed agents that re-evaluated their
@@ -417,6 +165,32 @@ pub struct Metrics {
     registry: Arc<Registry>,
 }
 
+/// The quota metrics (tenants are few: declared in the rules file, so the labels are
+/// bounded by it).
+#[derive(Clone, Default)]
+pub struct QuotaMetrics {
+    /// `argocd_principal_applications_held_back_total{tenant,quota}`.
+    pub held_back: Family<QuotaLabels, Counter>,
+    /// `argocd_principal_applications_over_quota{tenant}`.
+    pub over_quota: Family<TenantLabels, Gauge>,
+}
+
+impl QuotaMetrics {
+    /// Registers the families.
+    pub fn register(&self, r: &mut Registry) {
+        r.register(
+            "argocd_principal_applications_held_back_total",
+            "Hub-authored Applications held back from their agent by a tenant's quota, by tenant and quota",
+            self.held_back.clone(),
+        );
+        r.register(
+            "argocd_principal_applications_over_quota",
+            "Hub-authored Applications held back by a quota now (agents connected to this replica), by tenant",
+            self.over_quota.clone(),
+        );
+    }
+}
+
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
@@ -425,144 +199,6 @@ impl Default for Metrics {
 
 fn seconds_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.001, 2.0, 16))
-}
-
-/// Upstream's histograms: Go's default buckets.
-fn go_histogram() -> Histogram {
-    Histogram::new(argocd_agent_runtime::exposition::GO_DEFAULT_BUCKETS)
-}
-
-/// One counter per kind and operation of the principal's hub writes
-/// (`principal_applications_created`, ...), registered in `r`.
-fn hub_write_counters(r: &mut Registry) -> HashMap<(ResourceKind, HubWrite), Counter> {
-    let mut hub_writes = HashMap::new();
-    for (kind, plural) in [
-        (ResourceKind::Application, "applications"),
-        (ResourceKind::AppProject, "app_projects"),
-        (ResourceKind::Repository, "repositories"),
-    ] {
-        for (op, verb) in [
-            (HubWrite::Created, "created"),
-            (HubWrite::Updated, "updated"),
-            (HubWrite::Deleted, "deleted"),
-        ] {
-            let c = Counter::default();
-            r.register(
-                format!("principal_{plural}_{verb}"),
-                format!("{} {verb} on the hub by the principal", kind.as_str()),
-                c.clone(),
-            );
-            hub_writes.insert((kind, op), c);
-        }
-    }
-    hub_writes
-}
-
-/// Upstream's average connection time: each connected agent's time rounded to the minute,
-/// summed, divided by the number of agents in whole minutes (0 without agents).
-pub fn average_minutes(connected_for: impl IntoIterator<Item = Duration>) -> i64 {
-    let (mut total, mut n) = (0i64, 0i64);
-    for d in connected_for {
-        // Go's Duration.Round(time.Minute): halves round away from zero.
-        total += ((d.as_secs_f64() / 60.0).round()) as i64;
-        n += 1;
-    }
-    if n == 0 { 0 } else { total / n }
-}
-
-impl Upstream {
-    fn new() -> Upstream {
-        Upstream {
-            avg_connection_time: Gauge::default(),
-            gpg_keys: Gauge::default(),
-            events_received: Counter::default(),
-            events_sent: Counter::default(),
-            event_processing: Family::new_with_constructor(go_histogram),
-            send_errors: Family::default(),
-            events_discarded: Family::default(),
-            errors: Family::default(),
-            agent_connections: Family::default(),
-            resource_proxy_requests: Family::default(),
-            resource_proxy_errors: Family::default(),
-            redis_proxy_requests: Family::default(),
-            redis_proxy_errors: Family::default(),
-            hub_writes: Arc::default(),
-        }
-    }
-
-    /// Registers upstream's series in upstream's order (`NewPrincipalMetrics`).
-    fn register(&mut self, r: &mut Registry) {
-        let help = "The average time all agents are connected for (in minutes)";
-        r.register(
-            "principal_agent_avg_connection_time",
-            help,
-            self.avg_connection_time.clone(),
-        );
-        self.hub_writes = Arc::new(hub_write_counters(r));
-        let help = "The current number of GPG keys on the control plane";
-        r.register(
-            "argocd_principal_gpg_keys_count",
-            help,
-            self.gpg_keys.clone(),
-        );
-        let help = "The total number of events received by principal";
-        r.register(
-            "principal_events_received",
-            help,
-            self.events_received.clone(),
-        );
-        let help = "The total number of events sent by principal";
-        r.register("principal_events_sent", help, self.events_sent.clone());
-        let help = "Histogram of time taken to process events (in seconds)";
-        r.register(
-            "principal_event_processing_time",
-            help,
-            self.event_processing.clone(),
-        );
-        let help = "The total number of EventWriter send errors observed by principal";
-        r.register(
-            "principal_event_writer_send_errors_total",
-            help,
-            self.send_errors.clone(),
-        );
-        let help = "Events dropped on a full agent queue (resync repairs them)";
-        let discarded = self.events_discarded.clone();
-        r.register(
-            "argocd_principal_event_writer_events_discarded_total",
-            help,
-            discarded,
-        );
-        let help = "The total number of errors occurred in principal";
-        r.register("principal_errors", help, self.errors.clone());
-        let help = "The total number of successful connections from each agent to the principal";
-        let connections = self.agent_connections.clone();
-        r.register(
-            "argocd_principal_agent_connections_total",
-            help,
-            connections,
-        );
-        let help = "The total number of resource proxy requests received";
-        let requests = self.resource_proxy_requests.clone();
-        r.register(
-            "argocd_principal_resource_proxy_requests_total",
-            help,
-            requests,
-        );
-        let help = "The total number of resource proxy request failures";
-        let errors = self.resource_proxy_errors.clone();
-        r.register("argocd_principal_resource_proxy_errors_total", help, errors);
-        let help = "The total number of Redis proxy requests forwarded to agents";
-        let requests = self.redis_proxy_requests.clone();
-        r.register(
-            "argocd_principal_redis_proxy_requests_total",
-            help,
-            requests,
-        );
-        let help = "The total number of Redis proxy request failures";
-        let errors = self.redis_proxy_errors.clone();
-        r.register("argocd_principal_redis_proxy_errors_total", help, errors);
-        argocd_agent_runtime::exposition::register_build_info(r);
-    }
 }
 
 impl Metrics {
@@ -1094,80 +730,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Serves `/metrics`, `/healthz` (liveness: the process serves HTTP) and `/readyz` (503
-/// until `ready` says the principal can serve agents) until `shutdown`.
-/// What `/readyz` checks: the hub watches have listed (`synced`) and, with SVID mTLS, the
-/// principal has an unexpired SVID to serve handshakes with.
-#[derive(Clone)]
-pub struct Readiness {
-    /// `true` once the hub watches have listed.
-    pub synced: tokio::sync::watch::Receiver<bool>,
-    /// The serving SVID (SVID mTLS only): not ready while it is missing or expired.
-    pub svid: Option<argocd_agent_identity::source::SvidSource>,
-    /// The optional features' own checks (replicas: the replica Lease must be fresh).
-    pub checks: Vec<argocd_agent_runtime::health::Probe>,
-}
-
-impl Readiness {
-    /// Whether the principal is ready, without the reasons (the agent listener asks at
-    /// every accepted connection: `check` without building its text).
-    pub fn is_ready(&self) -> bool {
-        *self.synced.borrow()
-            && self.svid.as_ref().is_none_or(|s| s.readiness().is_ok())
-            && self.checks.iter().all(|check| check().is_ok())
-    }
-
-    /// `Ok`, or every reason the principal is not ready.
-    pub fn check(&self) -> Result<(), String> {
-        let mut reasons = Vec::new();
-        if !*self.synced.borrow() {
-            reasons.push(
-                "hub watches (Applications, AppProjects, repository Secrets, ConfigMaps) have not listed yet"
-                    .to_owned(),
-            );
-        }
-        if let Some(Err(e)) = self.svid.as_ref().map(|s| s.readiness()) {
-            reasons.push(e);
-        }
-        reasons.extend(self.checks.iter().filter_map(|check| check().err()));
-        if reasons.is_empty() {
-            Ok(())
-        } else {
-            Err(format!("not ready: {}", reasons.join("; ")))
-        }
-    }
-}
-
-/// Serves `/metrics` (when `metrics` is given), `/healthz` and `/readyz` on `addr`: the
-/// endpoint both binaries share, with the principal's verdicts.
-pub async fn serve(
-    addr: SocketAddr,
-    metrics: Option<Metrics>,
-    ready: Readiness,
-    tasks: &tokio_util::task::TaskTracker,
-    shutdown: tokio_util::sync::CancellationToken,
-) -> std::io::Result<SocketAddr> {
-    use argocd_agent_runtime::health::{self, Endpoints};
-    let on_close: argocd_agent_identity::listener::OnClose = match &metrics {
-        Some(m) => {
-            let m = m.clone();
-            Arc::new(move |reason| m.listener_closed("metrics", reason))
-        }
-        None => Arc::new(|_| {}),
-    };
-    let endpoints = Endpoints {
-        live: Endpoints::always_live(),
-        ready: Arc::new(move || ready.check()),
-        metrics: metrics.map(|m| Arc::new(move || m.encode()) as health::Scrape),
-        on_close,
-    };
-    health::serve(addr, endpoints, tasks, shutdown).await
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use std::time::Duration;
 
     #[test]
     fn transport_refusals_are_exported_auth_failure_reasons() {
@@ -1183,74 +749,6 @@ mod tests {
                 _ => assert!(AUTH_FAILURE_REASONS.contains(&reason), "{reason}"),
             }
         }
-    }
-
-    async fn status(addr: SocketAddr, path: &str) -> u16 {
-        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-        s.write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
-        )
-        .await
-        .unwrap();
-        let mut out = String::new();
-        s.read_to_string(&mut out).await.unwrap();
-        out.split_whitespace().nth(1).unwrap().parse().unwrap()
-    }
-
-    #[tokio::test]
-    async fn readyz_follows_readiness_while_healthz_stays_up() {
-        let (tx, rx) = tokio::sync::watch::channel(false);
-        let tasks = tokio_util::task::TaskTracker::new();
-        let shutdown = tokio_util::sync::CancellationToken::new();
-        let addr = serve(
-            "127.0.0.1:0".parse().unwrap(),
-            Some(Metrics::new()),
-            Readiness {
-                synced: rx,
-                svid: None,
-                checks: Vec::new(),
-            },
-            &tasks,
-            shutdown.clone(),
-        )
-        .await
-        .unwrap();
-        assert_eq!(status(addr, "/readyz").await, 503);
-        assert_eq!(status(addr, "/healthz").await, 200);
-        tx.send_replace(true);
-        assert_eq!(status(addr, "/readyz").await, 200);
-        assert_eq!(status(addr, "/metrics").await, 200);
-        shutdown.cancel();
-        tasks.close();
-        tasks.wait().await;
-    }
-
-    #[test]
-    fn readiness_names_every_reason() {
-        let (tx, rx) = tokio::sync::watch::channel(false);
-        let lease = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let fresh = lease.clone();
-        let r = Readiness {
-            synced: rx,
-            svid: None,
-            checks: vec![Arc::new(move || {
-                if fresh.load(std::sync::atomic::Ordering::Relaxed) {
-                    Ok(())
-                } else {
-                    Err("replica Lease not renewed".into())
-                }
-            })],
-        };
-        let why = r.check().unwrap_err();
-        assert!(why.starts_with("not ready: hub watches"), "{why}");
-        assert!(why.ends_with("; replica Lease not renewed"), "{why}");
-        tx.send_replace(true);
-        assert_eq!(
-            r.check().unwrap_err(),
-            "not ready: replica Lease not renewed"
-        );
-        lease.store(true, std::sync::atomic::Ordering::Relaxed);
-        assert!(r.check().is_ok());
     }
 
     #[test]

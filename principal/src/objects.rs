@@ -21,21 +21,18 @@ use argocd_agent_domain::resync::{self, Checksums, SourceUids};
 use argocd_agent_domain::{AgentMode, AgentName, Namespace, ResourceKind};
 use argocd_agent_domain::{Event, EventType, Payload, ResourceRef};
 use argocd_agent_kubernetes::object::{self, content_checksum, is_being_deleted};
-use argocd_agent_kubernetes::{Cache, Change, Kind, Resources};
+use argocd_agent_kubernetes::{AGENT_NAME_LABEL, Cache, Change, Kind, Resources};
 use kube::api::DynamicObject;
 use serde_json::{Value, json};
 
-use crate::apps::AGENT_NAME_LABEL;
 use crate::error::{ApplyError, chain};
+use crate::inbound::OwnerRecord;
 use crate::metrics::Metrics;
 use crate::projects;
-use crate::sessions::AgentState;
-use crate::sessions::Sessions;
+use crate::sessions::{AgentState, ConfigKey, Sessions};
 use crate::tenancy::{self, Audience, TenantView};
 use argocd_agent_domain::tenant::Claim;
 
-/// Label that marks repository Secrets (`repository`) and credential templates (`repo-creds`).
-pub const SECRET_TYPE_LABEL: &str = "argocd.argoproj.io/secret-type";
 /// Label selector of the Secrets the principal distributes.
 pub const REPOSITORY_SELECTOR: &str = "argocd.argoproj.io/secret-type in (repository,repo-creds)";
 /// The ConfigMap holding Argo CD's GPG public keys.
@@ -46,9 +43,6 @@ pub const SOURCE_CHECKSUM_ANNOTATION: &str = "argocd-agent.argoproj-labs.io/sour
 /// Annotation kubectl writes with the whole applied object; for Secrets that includes the
 /// credentials in clear, so it never leaves the hub.
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
-
-/// One configuration object of an agent: kind and name (its name on the spoke).
-pub type ConfigKey = (ResourceKind, String);
 
 /// The hub's configuration objects: watched caches of the Argo CD namespace.
 pub struct ConfigObjects {
@@ -296,17 +290,6 @@ impl ConfigObjects {
             },
         }
     }
-}
-
-/// What the hub records about who owns an object an agent wants to write.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum OwnerRecord {
-    /// The object does not exist on the hub.
-    Absent,
-    /// It exists without an agent-name label (created on the hub).
-    Unlabelled,
-    /// Its agent-name label.
-    Label(String),
 }
 
 fn checksum(kind: ResourceKind, obj: &Value) -> String {

@@ -33,19 +33,11 @@ use argocd_agent_domain::{AgentName, Namespace, TenantName};
 use argocd_agent_kubernetes::object::is_being_deleted;
 use argocd_agent_kubernetes::{Cache, is_sync_ignored};
 use kube::api::DynamicObject;
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
 
 use crate::inbound::Refusal;
+use crate::refusals::{AGENT_APPLICATION_QUOTA, TENANT_APPLICATION_QUOTA};
 
-/// Refusal reason of an agent's new Application over its tenant's `applicationsPerAgent`.
-pub const AGENT_APPLICATION_QUOTA: &str = "TenantApplicationsPerAgentQuota";
-/// Refusal reason of an agent's new Application over its tenant's `applications`.
-pub const TENANT_APPLICATION_QUOTA: &str = "TenantApplicationQuota";
 /// Condition type on a hub-authored Application held back by a quota. It ends in `Error`,
 /// so Argo CD's UI and CLI show it as an error condition.
 pub const QUOTA_CONDITION: &str = "QuotaExceededError";
@@ -303,41 +295,6 @@ pub fn with_condition(status: Option<&Value>, message: Option<&str>) -> Option<V
         obj.insert("conditions".into(), Value::Array(kept));
     }
     Some(status)
-}
-
-/// Labels of the quota metrics.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct QuotaLabels {
-    /// The tenant.
-    pub tenant: String,
-    /// `applications` or `applicationsPerAgent`.
-    pub quota: String,
-}
-
-/// The quota metrics (tenants are few: declared in the rules file, so the labels are
-/// bounded by it).
-#[derive(Clone, Default)]
-pub struct QuotaMetrics {
-    /// `argocd_principal_applications_held_back_total{tenant,quota}`.
-    pub held_back: Family<QuotaLabels, Counter>,
-    /// `argocd_principal_applications_over_quota{tenant}`.
-    pub over_quota: Family<crate::metrics::TenantLabels, Gauge>,
-}
-
-impl QuotaMetrics {
-    /// Registers the families.
-    pub fn register(&self, r: &mut Registry) {
-        r.register(
-            "argocd_principal_applications_held_back_total",
-            "Hub-authored Applications held back from their agent by a tenant's quota, by tenant and quota",
-            self.held_back.clone(),
-        );
-        r.register(
-            "argocd_principal_applications_over_quota",
-            "Hub-authored Applications held back by a quota now (agents connected to this replica), by tenant",
-            self.over_quota.clone(),
-        );
-    }
 }
 
 /// The hub Applications held back from each agent (by the key the agent's maps use), and

@@ -16,8 +16,6 @@ pub const DEFAULT_EVENT_RATE: f64 = 20.0;
 pub const DEFAULT_EVENT_BURST: u32 = 200;
 /// Reason of the error event sent for a refused event (as HTTP 429's reason in Kubernetes).
 pub const TOO_MANY_REQUESTS: &str = "TooManyRequests";
-/// Reason label of `argocd_principal_events_refused_total` for rate-limited events.
-pub const RATE_LIMITED: &str = "RateLimited";
 /// At most one log line per agent per this interval about refused events.
 const LOG_INTERVAL: Duration = Duration::from_secs(1);
 

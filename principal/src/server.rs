@@ -117,7 +117,7 @@ fn admit_to_tenant(
     identity: &argocd_agent_domain::AgentIdentity,
 ) -> Result<crate::tenant_limits::AgentSlot, Status> {
     sessions.tenancy.admit_agent(identity).map_err(|refusal| {
-        metrics.auth_failed(crate::tenant_limits::TENANT_AGENT_QUOTA);
+        metrics.auth_failed(crate::refusals::TENANT_AGENT_QUOTA);
         tracing::warn!(client = %identity.client, agent = %identity.agent,
             tenant = %text::or_dash(identity.tenant.as_ref()), reason = %refusal,
             "stream refused: tenant agents quota");

@@ -24,6 +24,7 @@ use crate::error::chain;
 use crate::hooks::{SessionGate, SessionObserver, SessionPass};
 use crate::hub::{Applied, Hub};
 use crate::inbound::{Decision, OwnerRecord, Placement, decide};
+use crate::refusals::{HELLO_TIMEOUT, NOT_READING, TOO_LARGE, UNDECODABLE};
 use crate::rounds::Round;
 use crate::sessions::{AgentState, SessionInfo};
 
@@ -533,15 +534,6 @@ fn shutting_down() -> Status {
     Status::unavailable("principal shutting down")
 }
 
-/// Refusal reason (`argocd_principal_events_refused`) of a stream without a hello in time.
-pub const HELLO_TIMEOUT: &str = "HelloTimeout";
-/// Refusal reason of a message over `--max-message-size`.
-pub const TOO_LARGE: &str = "TooLarge";
-/// Refusal reason of bytes that are not a protobuf CloudEvent.
-pub const UNDECODABLE: &str = "Undecodable";
-/// Refusal reason of an agent that takes no outbound event for the idle timeout.
-pub const NOT_READING: &str = "NotReading";
-
 /// An error on the agent's inbound stream: a lost connection as it is; a message too large
 /// (tonic: `OutOfRange`) or not decodable (tonic: `Internal`) is counted as refused and
 /// ends the session with a status that says so.
@@ -736,7 +728,7 @@ async fn refuse_rate_limited(
 ) -> Result<(), Status> {
     let limit = hub.sessions.event_rate;
     hub.metrics
-        .refused(&state.name, crate::ratelimit::RATE_LIMITED);
+        .refused(&state.name, crate::refusals::RATE_LIMITED);
     if let Some(refused) = log {
         tracing::warn!(
             refused,
@@ -773,7 +765,7 @@ async fn refuse_tenant_rate_limited(
 ) -> Result<(), Status> {
     let TenantOver { tenant, limit, log } = over;
     hub.metrics
-        .refused(&state.name, crate::tenant_limits::TENANT_RATE_LIMITED);
+        .refused(&state.name, crate::refusals::TENANT_RATE_LIMITED);
     if let Some(refused) = log {
         tracing::warn!(
             refused,

@@ -14,10 +14,12 @@ use serde_json::Value;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::blocklist::{Blocklist, CONFIGMAP, LiveBlocklist};
 use crate::metrics::Metrics;
-use crate::objects::ConfigKey;
 
 pub(crate) type InboxKey = (ResourceKind, String);
+/// One configuration object of an agent: kind and name (its name on the spoke).
+pub type ConfigKey = (ResourceKind, String);
 /// A hub change and the span that routed it.
 type Routed = (Change, tracing::Span);
 
@@ -243,7 +245,7 @@ pub struct Sessions {
     /// Each agent's inbound event rate limit.
     pub event_rate: crate::ratelimit::EventRate,
     /// Identities that may not connect (the `argocd-agent-blocklist` ConfigMap).
-    pub blocklist: crate::blocklist::LiveBlocklist,
+    pub blocklist: LiveBlocklist,
     /// The hub namespaces and labels this principal serves (agents outside are refused).
     pub partition: Arc<crate::partition::Partition>,
     /// The tenants' quotas (agents connected, events per second, proxy requests in flight).
@@ -257,7 +259,7 @@ impl Sessions {
             registry: Mutex::new(Registry::default()),
             queue_limits,
             event_rate,
-            blocklist: crate::blocklist::LiveBlocklist::default(),
+            blocklist: LiveBlocklist::default(),
             partition: Arc::new(crate::partition::Partition::whole_hub()),
             tenancy: crate::tenant_limits::Tenancy::disabled(),
         }
@@ -423,6 +425,42 @@ pub async fn sample_queues(sessions: Arc<Sessions>, metrics: Metrics, shutdown: 
             .set(i64::try_from(depth).unwrap_or(i64::MAX));
         metrics.resends.inc_by(resends.saturating_sub(counted));
         counted = counted.max(resends);
+    }
+}
+
+/// Keeps the blocklist ([`crate::blocklist`]) current from its ConfigMap and closes the
+/// sessions it denies.
+pub(crate) async fn enforce_blocklist(
+    sessions: Arc<Sessions>,
+    metrics: Metrics,
+    configmaps: argocd_agent_kubernetes::Cache,
+    namespace: String,
+    changed: Arc<Notify>,
+    shutdown: CancellationToken,
+) {
+    configmaps.wait_synced().await;
+    loop {
+        let cm = configmaps.get(Some(&namespace), CONFIGMAP);
+        let list = Blocklist::from_configmap(cm.as_deref());
+        if sessions.blocklist.set(list) {
+            tracing::info!(configmap = CONFIGMAP, "blocklist updated");
+            let list = sessions.blocklist.current();
+            for state in sessions.agents().into_iter().filter(|s| s.is_connected()) {
+                let identity = state.identity();
+                let fingerprint = state.session_info().fingerprint;
+                if let Some(why) = list.denies(&identity.client, fingerprint.as_deref())
+                    && sessions.disconnect(&state.name)
+                {
+                    metrics.auth_failed("Blocked");
+                    tracing::warn!(agent = %state.name, client = %identity.client, reason = %why,
+                        "session closed: identity blocked");
+                }
+            }
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = changed.notified() => {}
+        }
     }
 }
 

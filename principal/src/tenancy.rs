@@ -8,8 +8,9 @@
 //! tenant declared every object is the platform's: nothing changes.
 //!
 //! The tenants are read from the live rules on each evaluation, so a reload that moves an
-//! object's ownership takes effect with the next evaluation; [`watch_reloads`] starts one
-//! for every connected managed agent, which deletes what the agent may no longer hold.
+//! object's ownership takes effect with the next evaluation; [`crate::hub::watch_reloads`]
+//! starts one for every connected managed agent, which deletes what the agent may no longer
+//! hold.
 
 use std::sync::Arc;
 
@@ -92,7 +93,7 @@ impl Audience<'_> {
 pub fn repository_claim(secret: &Value) -> Claim {
     let kind = secret
         .pointer("/metadata/labels")
-        .and_then(|l| l.get(crate::objects::SECRET_TYPE_LABEL))
+        .and_then(|l| l.get(argocd_agent_kubernetes::SECRET_TYPE_LABEL))
         .and_then(Value::as_str);
     match kind {
         Some("repo-creds") => Claim::RepoCreds,
@@ -121,39 +122,6 @@ pub fn gpg_keys_for(cm: &Arc<Value>, audience: &Audience<'_>) -> Arc<Value> {
         }
     }
     Arc::new(out)
-}
-
-/// On every reload of the rules, re-evaluates what each connected managed agent must hold
-/// (objects whose owner changed are sent or deleted; see
-/// [`crate::objects::ConfigRouter::reconcile_config`]) and which Applications are within
-/// their quotas (see [`crate::quotas`]). Ends on shutdown or when the rules are dropped.
-pub async fn watch_reloads(
-    hub: Arc<crate::hub::Hub>,
-    shutdown: tokio_util::sync::CancellationToken,
-) {
-    let mut rx = hub.config.tenants.subscribe();
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            changed = rx.changed() => if changed.is_err() { return },
-        }
-        rx.mark_unchanged();
-        let tenants = rx.borrow().tenants().iter().count();
-        let mut agents = 0usize;
-        for state in hub.sessions.agents() {
-            if !state.is_connected() {
-                continue;
-            }
-            agents += 1;
-            state.mark_config_dirty();
-        }
-        hub.apps.quotas_reloaded();
-        tracing::info!(
-            tenants,
-            agents,
-            "mapping rules reloaded: configuration objects and Application quotas re-evaluated"
-        );
-    }
 }
 
 #[cfg(test)]

@@ -7,8 +7,8 @@
 //!
 //! | quota | counted | over it |
 //! |---|---|---|
-//! | `agents` | the tenant's agents with a live session (with `--ha`: on any replica, from the agent Leases) | the session is refused at admission, `ResourceExhausted`, auth failure reason [`TENANT_AGENT_QUOTA`] |
-//! | `eventsPerSecond` / `eventsBurst` | limited events of all the tenant's agents (one token bucket) | the event is refused with `TooManyRequests`, refusal reason [`TENANT_RATE_LIMITED`] |
+//! | `agents` | the tenant's agents with a live session (with `--ha`: on any replica, from the agent Leases) | the session is refused at admission, `ResourceExhausted`, auth failure reason [`TENANT_AGENT_QUOTA`](crate::refusals::TENANT_AGENT_QUOTA) |
+//! | `eventsPerSecond` / `eventsBurst` | limited events of all the tenant's agents (one token bucket) | the event is refused with `TooManyRequests`, refusal reason [`TENANT_RATE_LIMITED`](crate::refusals::TENANT_RATE_LIMITED) |
 //! | `proxyRequestsInFlight` | resource-proxy requests, log streams and terminals open for the tenant's agents (per replica) | HTTP 429, reason [`TENANT_PROXY_QUOTA`] |
 //!
 //! Every refusal is counted in `argocd_principal_tenant_quota_refused_total{tenant,quota}`
@@ -27,12 +27,6 @@ use argocd_agent_domain::{AgentIdentity, AgentName, TenantName};
 use crate::metrics::Metrics;
 use crate::ratelimit::{EventLimiter, EventRate, Verdict};
 
-/// Auth failure reason (`argocd_principal_auth_failures_total`) of a session refused by its
-/// tenant's `agents` quota.
-pub const TENANT_AGENT_QUOTA: &str = "TenantAgentQuota";
-/// Refusal reason (`argocd_principal_events_refused_total`) of an event over its tenant's
-/// `eventsPerSecond`.
-pub const TENANT_RATE_LIMITED: &str = "TenantRateLimited";
 /// Reason of the HTTP 429 the resource proxy answers over a tenant's
 /// `proxyRequestsInFlight` (also its `argocd_principal_resource_proxy_errors_total` reason).
 pub const TENANT_PROXY_QUOTA: &str = "TenantProxyQuota";

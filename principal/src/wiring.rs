@@ -31,8 +31,8 @@ use crate::server::{EventStreamService, VersionService};
 use crate::session::SessionContext;
 use crate::sessions::Sessions;
 use crate::{
-    PrincipalConfig, PrincipalError, admin, blocklist, clusterinfo, clustersecret, config, ha, hub,
-    metrics, objects, redisproxy, resourceproxy, tunnel,
+    PrincipalConfig, PrincipalError, admin, blocklist, clusterinfo, clustersecret, config, ha,
+    health, hub, objects, redisproxy, resourceproxy, tunnel,
 };
 
 /// What every step needs: the configuration, the hub's client, the listener's
@@ -372,11 +372,11 @@ impl Wiring {
             ));
         }
         watch_revocations(&self.rules, &sessions);
-        self.tasks.spawn(crate::tenancy::watch_reloads(
+        self.tasks.spawn(crate::hub::watch_reloads(
             hub.clone(),
             self.shutdown.clone(),
         ));
-        self.tasks.spawn(blocklist::enforce(
+        self.tasks.spawn(crate::sessions::enforce_blocklist(
             sessions.clone(),
             self.metrics.clone(),
             watches.blocklist_cache,
@@ -425,10 +425,10 @@ impl Wiring {
     pub async fn serve_health(
         &self,
         leases: Option<Arc<ha::Leases>>,
-    ) -> Result<(Option<SocketAddr>, watch::Sender<bool>, metrics::Readiness), PrincipalError> {
+    ) -> Result<(Option<SocketAddr>, watch::Sender<bool>, health::Readiness), PrincipalError> {
         let config = &self.config;
         let (ready_tx, ready_rx) = watch::channel(false);
-        let readiness = metrics::Readiness {
+        let readiness = health::Readiness {
             synced: ready_rx,
             svid: self.listener_auth.svid.clone(),
             checks: leases
@@ -438,7 +438,7 @@ impl Wiring {
         };
         let metrics_addr = match config.metrics_listen {
             Some(addr) => Some(
-                metrics::serve(
+                health::serve(
                     addr,
                     Some(self.metrics.clone()),
                     readiness.clone(),
@@ -451,7 +451,7 @@ impl Wiring {
             None => None,
         };
         if let Some(addr) = config.healthz_listen {
-            metrics::serve(
+            health::serve(
                 addr,
                 None,
                 readiness.clone(),
@@ -851,7 +851,7 @@ pub(crate) fn serve(
     listener: TcpListener,
     sessions: SessionContext,
     tunnels: Arc<tunnel::Tunnels>,
-    readiness: metrics::Readiness,
+    readiness: health::Readiness,
 ) -> Result<tokio::task::JoinHandle<Result<(), PrincipalError>>, PrincipalError> {
     let Wiring {
         config,
@@ -920,7 +920,7 @@ pub(crate) fn serve(
 fn incoming_options(
     config: &PrincipalConfig,
     metrics: Metrics,
-    readiness: metrics::Readiness,
+    readiness: health::Readiness,
 ) -> argocd_agent_identity::transport::IncomingOptions {
     let hook = move |reason: &'static str| match reason {
         "TooManyConnections" | "TooManyFromClient" | "NotReady" => {

@@ -20,20 +20,17 @@ use std::sync::Arc;
 use argocd_agent_domain::{AgentMode, AgentName, Namespace, ResourceKind};
 use argocd_agent_domain::{Event, EventType, JsonObject, LazyObject, Payload, ResourceRef};
 use argocd_agent_kubernetes::object::{self, is_being_deleted};
-use argocd_agent_kubernetes::{Cache, Change, Resources};
+use argocd_agent_kubernetes::{AGENT_NAME_LABEL, Cache, Change, Resources};
 use kube::api::DynamicObject;
 use serde_json::Value;
 
+use crate::inbound::OwnerRecord;
 use crate::metrics::Metrics;
-use crate::objects::OwnerRecord;
 use crate::projects;
 use crate::sessions::{AgentState, Sessions};
 use argocd_agent_domain::tenant::Claim;
 
 pub use owners::AppOwners;
-
-/// Label put on hub copies of autonomous agents' Applications (and checked for ownership).
-pub const AGENT_NAME_LABEL: &str = "argocd-agent.argoproj-labs.io/agent-name";
 
 /// What the session does after a command was applied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -362,7 +359,7 @@ impl Applications {
         }
         let size = self.cache.object_size(obj);
         self.metrics
-            .refused(&state.name, crate::bounds::OBJECT_TOO_LARGE);
+            .refused(&state.name, crate::refusals::OBJECT_TOO_LARGE);
         tracing::warn!(%resource, size, "hub object over the object size bound: not sent to the agent");
         true
     }

@@ -61,7 +61,7 @@ impl Applications {
             self.metrics
                 .quota
                 .held_back
-                .get_or_create(&quotas::QuotaLabels {
+                .get_or_create(&crate::metrics::QuotaLabels {
                     tenant: exceeded.tenant.to_string(),
                     quota: exceeded.kind.field().into(),
                 })
