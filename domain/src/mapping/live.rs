@@ -18,7 +18,9 @@ use tokio::runtime::Handle;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::{AgentIdentity, DenyReason, MappingDenied, RuleError, RuleSet};
+use super::decision::{AgentIdentity, DenyReason, MappingDenied};
+use super::error::RuleError;
+use super::set::RuleSet;
 
 /// Lists the identities of the sessions that are live right now.
 pub type SessionLister = Arc<dyn Fn() -> Vec<AgentIdentity> + Send + Sync>;
