@@ -20,9 +20,10 @@ pub enum SvidError {
     /// The chain is empty.
     #[error("X.509-SVID has an empty certificate chain")]
     EmptyChain,
-    /// The leaf does not carry a usable SPIFFE ID.
+    /// The leaf does not carry a usable SPIFFE ID. The message carries the cause, so it is
+    /// no `source` (a chain would print it twice).
     #[error("X.509-SVID leaf: {0}")]
-    Leaf(#[from] PeerError),
+    Leaf(PeerError),
     /// A certificate could not be parsed.
     #[error("certificate {what}: {reason}")]
     Certificate {
@@ -42,6 +43,12 @@ pub enum SvidError {
     /// A bundle has no certificates.
     #[error("trust bundle for {0} has no certificates")]
     EmptyBundle(String),
+}
+
+impl From<PeerError> for SvidError {
+    fn from(e: PeerError) -> Self {
+        SvidError::Leaf(e)
+    }
 }
 
 /// One X.509-SVID: the SPIFFE ID, the chain (leaf first) and its private key.

@@ -523,9 +523,9 @@ pub async fn connect(
     crate::transport::endpoint(addr, &opts)?
         .connect_with_connector(WsSvidConnector::new(config, server_name, ws))
         .await
-        .map_err(|source| TransportError::Connect {
+        .map_err(|cause| TransportError::Connect {
             addr: addr.to_string(),
-            source,
+            cause,
         })
 }
 

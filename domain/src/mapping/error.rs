@@ -5,7 +5,8 @@ use std::path::PathBuf;
 
 use crate::tenant::TenantError;
 
-/// A rule file or flag that cannot be loaded.
+/// A rule file or flag that cannot be loaded. Messages carry their cause, so no variant has a
+/// `source` (a chain would print it twice).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RuleError {
@@ -24,7 +25,7 @@ pub enum RuleError {
     },
     /// One tenant of a YAML document is invalid.
     #[error("mapping rules YAML: {0}")]
-    Tenant(#[from] TenantError),
+    Tenant(TenantError),
     /// One rule flag is invalid.
     #[error("mapping rule flag {flag}: {reason}", flag = quoted(.flag))]
     Flag {
@@ -34,22 +35,28 @@ pub enum RuleError {
         reason: String,
     },
     /// The rules file cannot be read.
-    #[error("mapping rules file {}: {source}", path.display())]
+    #[error("mapping rules file {}: {cause}", path.display())]
     Read {
         /// The file.
         path: PathBuf,
         /// The I/O error.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// [`LiveRules::start`](crate::mapping::LiveRules::start) was called outside a tokio runtime.
     #[error("LiveRules::start must be called inside a tokio runtime")]
     NoRuntime,
     /// The rules file is invalid.
-    #[error("mapping rules file {}: {source}", path.display())]
+    #[error("mapping rules file {}: {cause}", path.display())]
     File {
         /// The file.
         path: PathBuf,
         /// What is wrong in it.
-        source: Box<RuleError>,
+        cause: Box<RuleError>,
     },
+}
+
+impl From<TenantError> for RuleError {
+    fn from(e: TenantError) -> Self {
+        RuleError::Tenant(e)
+    }
 }

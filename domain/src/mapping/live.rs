@@ -63,13 +63,13 @@ impl LiveRules {
             });
         };
         // Startup only, and the file is small: a blocking read here is fine.
-        let text = std::fs::read_to_string(&path).map_err(|source| RuleError::Read {
+        let text = std::fs::read_to_string(&path).map_err(|cause| RuleError::Read {
             path: path.clone(),
-            source,
+            cause,
         })?;
         let file_rules = RuleSet::from_yaml(&text).map_err(|e| RuleError::File {
             path: path.clone(),
-            source: Box::new(e),
+            cause: Box::new(e),
         })?;
         let (tx, rx) = watch::channel(Arc::new(file_rules.append(flags.clone())));
         let poller = runtime.spawn(poll_file(path, text, flags, poll, tx));

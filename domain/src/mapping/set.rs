@@ -146,13 +146,13 @@ impl RuleSet {
 
     /// Reads and parses a YAML rules file; errors name the file.
     pub fn from_file(path: &std::path::Path) -> Result<RuleSet, RuleError> {
-        let text = std::fs::read_to_string(path).map_err(|source| RuleError::Read {
+        let text = std::fs::read_to_string(path).map_err(|cause| RuleError::Read {
             path: path.to_owned(),
-            source,
+            cause,
         })?;
         RuleSet::from_yaml(&text).map_err(|e| RuleError::File {
             path: path.to_owned(),
-            source: Box::new(e),
+            cause: Box::new(e),
         })
     }
 

@@ -32,14 +32,14 @@ pub enum SourceError {
         /// Why.
         reason: String,
     },
-    /// The material is not a usable SVID or bundle.
-    #[error("{from}: {source}")]
+    /// The material is not a usable SVID or bundle. The message carries the cause, so it is
+    /// no `source` (a chain would print it twice).
+    #[error("{from}: {cause}")]
     Invalid {
         /// Where the material came from.
         from: String,
         /// What is wrong with it.
-        #[source]
-        source: SvidError,
+        cause: SvidError,
     },
     /// Sources run a background task and must be created inside a tokio runtime.
     #[error("SVID sources must be created inside a tokio runtime")]

@@ -127,9 +127,9 @@ fn parse(paths: &Paths, bytes: &FileBytes) -> Result<SvidState, SourceError> {
         reason: format!("no usable PEM private key: {e}"),
     })?;
     let from = paths.cert_chain.display().to_string();
-    let svid = X509Svid::new(chain, key).map_err(|source| SourceError::Invalid {
+    let svid = X509Svid::new(chain, key).map_err(|cause| SourceError::Invalid {
         from: from.clone(),
-        source,
+        cause,
     })?;
     let mut bundles = TrustBundles::new();
     for (i, (td, path)) in paths.bundles.iter().enumerate() {
@@ -143,9 +143,9 @@ fn parse(paths: &Paths, bytes: &FileBytes) -> Result<SvidState, SourceError> {
         }
         bundles
             .insert(td, certs)
-            .map_err(|source| SourceError::Invalid {
+            .map_err(|cause| SourceError::Invalid {
                 from: path.display().to_string(),
-                source,
+                cause,
             })?;
     }
     Ok(SvidState {
