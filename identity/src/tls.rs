@@ -25,7 +25,7 @@ use crate::svid::SvidState;
 use crate::transport::{self, PeerError};
 
 mod profile;
-pub use profile::{TlsProfile, TlsVersion};
+pub use profile::{ProfileError, TlsProfile, TlsVersion, VersionError};
 
 /// Which peer SPIFFE IDs a configuration accepts (after the chain has verified).
 #[derive(Clone, Debug, PartialEq, Eq)]
