@@ -319,56 +319,9 @@ impl RuleSet {
             } else {
                 RuleMatch::NoMatch
             };
-            match outcome {
-                RuleMatch::NoMatch => record(rule, StepOutcome::NoMatch),
-                RuleMatch::TrustDomainNotAllowed => record(
-                    rule,
-                    StepOutcome::TrustDomainNotAllowed {
-                        trust_domain: id.trust_domain().clone(),
-                        allowed: rule.trust_domains.clone(),
-                    },
-                ),
-                RuleMatch::Invalid(reason) => {
-                    record(rule, StepOutcome::Denied(reason.clone()));
-                    decision = Some(Err(MappingDenied {
-                        client: id.clone().into(),
-                        reason,
-                    }));
-                }
-                RuleMatch::Admin => {
-                    let reason = DenyReason::AdminRole {
-                        rule: rule.name.clone(),
-                    };
-                    record(rule, StepOutcome::Denied(reason.clone()));
-                    decision = Some(Err(MappingDenied {
-                        client: id.clone().into(),
-                        reason,
-                    }));
-                }
-                RuleMatch::Mapped(agent, namespace, allowed_modes) => {
-                    match self.tenants.check_agent(Some(id), &namespace) {
-                        Ok(tenant) => {
-                            record(rule, StepOutcome::Matched);
-                            decision = Some(Ok(AgentIdentity {
-                                client: id.clone().into(),
-                                agent,
-                                namespace,
-                                allowed_modes,
-                                rule: rule.name.clone(),
-                                tenant,
-                            }));
-                        }
-                        Err(refusal) => {
-                            let reason = DenyReason::Tenant(refusal);
-                            record(rule, StepOutcome::Denied(reason.clone()));
-                            decision = Some(Err(MappingDenied {
-                                client: id.clone().into(),
-                                reason,
-                            }));
-                        }
-                    }
-                }
-            }
+            let (step, decided) = self.decide(id, rule, outcome);
+            record(rule, step);
+            decision = decided;
         }
         decision.unwrap_or_else(|| {
             Err(MappingDenied {
@@ -378,5 +331,52 @@ impl RuleSet {
                 },
             })
         })
+    }
+
+    /// What one rule's match means for `id`: the step to record, and the decision if the
+    /// rule decides.
+    fn decide(
+        &self,
+        id: &SpiffeId,
+        rule: &Rule,
+        outcome: RuleMatch,
+    ) -> (StepOutcome, Option<Result<AgentIdentity, MappingDenied>>) {
+        let denied = |reason: DenyReason| {
+            let err = MappingDenied {
+                client: id.clone().into(),
+                reason: reason.clone(),
+            };
+            (StepOutcome::Denied(reason), Some(Err(err)))
+        };
+        match outcome {
+            RuleMatch::NoMatch => (StepOutcome::NoMatch, None),
+            RuleMatch::TrustDomainNotAllowed => (
+                StepOutcome::TrustDomainNotAllowed {
+                    trust_domain: id.trust_domain().clone(),
+                    allowed: rule.trust_domains.clone(),
+                },
+                None,
+            ),
+            RuleMatch::Invalid(reason) => denied(reason),
+            RuleMatch::Admin => denied(DenyReason::AdminRole {
+                rule: rule.name.clone(),
+            }),
+            RuleMatch::Mapped(agent, namespace, allowed_modes) => {
+                match self.tenants.check_agent(Some(id), &namespace) {
+                    Ok(tenant) => (
+                        StepOutcome::Matched,
+                        Some(Ok(AgentIdentity {
+                            client: id.clone().into(),
+                            agent,
+                            namespace,
+                            allowed_modes,
+                            rule: rule.name.clone(),
+                            tenant,
+                        })),
+                    ),
+                    Err(refusal) => denied(DenyReason::Tenant(refusal)),
+                }
+            }
+        }
     }
 }

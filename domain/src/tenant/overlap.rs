@@ -307,9 +307,9 @@ impl Pattern {
                 '*' => Token::Many(CharSet::ANY),
                 '?' => Token::One(CharSet::ANY),
                 '\\' => {
-                    let e = chars.next().ok_or_else(|| {
-                        PatternError::TrailingEscape { src: src.into() }
-                    })?;
+                    let e = chars
+                        .next()
+                        .ok_or_else(|| PatternError::TrailingEscape { src: src.into() })?;
                     Token::One(CharSet::one(e))
                 }
                 '[' => Token::One(class(src, &mut chars)?),
@@ -377,9 +377,9 @@ fn class(src: &str, chars: &mut std::str::Chars<'_>) -> Result<CharSet, PatternE
                 let from = prev.take().unwrap_or_default();
                 let mut to = chars.next().unwrap_or_default();
                 if to == '\\' {
-                    to = chars.next().ok_or_else(|| {
-                        PatternError::TrailingEscape { src: src.into() }
-                    })?;
+                    to = chars
+                        .next()
+                        .ok_or_else(|| PatternError::TrailingEscape { src: src.into() })?;
                 }
                 if to < from {
                     return Err(PatternError::ReversedRange {
@@ -393,9 +393,9 @@ fn class(src: &str, chars: &mut std::str::Chars<'_>) -> Result<CharSet, PatternE
                 continue;
             }
             '\\' => {
-                let e = chars.next().ok_or_else(|| {
-                    PatternError::TrailingEscape { src: src.into() }
-                })?;
+                let e = chars
+                    .next()
+                    .ok_or_else(|| PatternError::TrailingEscape { src: src.into() })?;
                 set = set.union(CharSet::one(e));
                 prev = Some(e);
             }
@@ -480,15 +480,30 @@ mod tests {
     #[test]
     fn glob_errors_say_what_is_wrong() {
         assert!(Pattern::glob("").unwrap_err().to_string().contains("empty"));
-        assert!(Pattern::glob("a[b").unwrap_err().to_string().contains("not closed"));
+        assert!(
+            Pattern::glob("a[b")
+                .unwrap_err()
+                .to_string()
+                .contains("not closed")
+        );
         assert!(
             Pattern::glob("a\\")
                 .unwrap_err()
                 .to_string()
                 .contains("escapes nothing")
         );
-        assert!(Pattern::glob("{a,b}").unwrap_err().to_string().contains("own entry"));
-        assert!(Pattern::glob("[z-a]").unwrap_err().to_string().contains("reversed"));
+        assert!(
+            Pattern::glob("{a,b}")
+                .unwrap_err()
+                .to_string()
+                .contains("own entry")
+        );
+        assert!(
+            Pattern::glob("[z-a]")
+                .unwrap_err()
+                .to_string()
+                .contains("reversed")
+        );
     }
 
     #[test]
