@@ -108,7 +108,10 @@ pub struct TlsVersionArgs {
 
 impl TlsVersionArgs {
     /// The profile these settings ask for.
-    pub fn profile(&self) -> Result<argocd_agent_identity::tls::TlsProfile, String> {
+    pub fn profile(
+        &self,
+    ) -> Result<argocd_agent_identity::tls::TlsProfile, argocd_agent_identity::tls::ProfileError>
+    {
         argocd_agent_identity::tls::TlsProfile::from_settings(
             self.tls_min_version.as_deref(),
             self.tls_max_version.as_deref(),

@@ -15,6 +15,7 @@ pub mod proxy;
 pub mod queue;
 pub mod resync;
 pub mod rpc;
+pub mod sync;
 pub mod tenant;
 pub mod trace;
 

@@ -10,12 +10,13 @@
 
 use argocd_agent_identity::text;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
 
 use crate::Event;
+use crate::sync::lock;
 
 /// Why a request got no answer.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
@@ -59,10 +60,6 @@ pub enum Delivery {
     Unknown,
     /// The waiting stream is full; this answer is dropped.
     Full,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl<T> Pending<T> {

@@ -135,17 +135,48 @@ pub struct ValidatedJwt {
     pub claims: serde_json::Map<String, serde_json::Value>,
 }
 
-fn b64(s: &str, what: &str) -> Result<Vec<u8>, String> {
-    URL_SAFE_NO_PAD
-        .decode(s.trim_end_matches('='))
-        .map_err(|e| format!("{what} is not base64url: {e}"))
+/// A base64url part that does not decode. The message carries the cause, so it is no
+/// `source`.
+#[derive(Debug, thiserror::Error)]
+#[error("{what} is not base64url: {cause}")]
+struct Base64Error {
+    /// Which part.
+    what: &'static str,
+    /// The decoder's complaint.
+    cause: base64::DecodeError,
 }
 
-fn parse_jwk(jwk: &serde_json::Value) -> Result<(String, Key), String> {
-    let field = |name: &str| {
+fn b64(s: &str, what: &'static str) -> Result<Vec<u8>, Base64Error> {
+    URL_SAFE_NO_PAD
+        .decode(s.trim_end_matches('='))
+        .map_err(|cause| Base64Error { what, cause })
+}
+
+/// Why one key of a JWKS document is unusable.
+#[derive(Debug, thiserror::Error)]
+enum JwkError {
+    /// A required string member is missing.
+    #[error("JWK without string {}", quoted(.0))]
+    Missing(&'static str),
+    /// An EC curve other than P-256 and P-384.
+    #[error("JWK {kid}: unsupported curve {}", quoted(.curve))]
+    Curve { kid: String, curve: String },
+    /// EC coordinates of the wrong size for the curve.
+    #[error("JWK {kid}: coordinates have the wrong length")]
+    CoordinateLength { kid: String },
+    /// A key type other than EC and RSA.
+    #[error("JWK {kid}: unsupported key type {}", quoted(.kty))]
+    KeyType { kid: String, kty: String },
+    /// A member that is not base64url.
+    #[error(transparent)]
+    Base64(#[from] Base64Error),
+}
+
+fn parse_jwk(jwk: &serde_json::Value) -> Result<(String, Key), JwkError> {
+    let field = |name: &'static str| {
         jwk.get(name)
             .and_then(|v| v.as_str())
-            .ok_or_else(|| format!("JWK without string {name}", name = quoted(&name)))
+            .ok_or(JwkError::Missing(name))
     };
     let kid = field("kid")?.to_string();
     let key = match field("kty")? {
@@ -154,16 +185,16 @@ fn parse_jwk(jwk: &serde_json::Value) -> Result<(String, Key), String> {
                 "P-256" => (false, 32),
                 "P-384" => (true, 48),
                 other => {
-                    return Err(format!(
-                        "JWK {kid}: unsupported curve {other}",
-                        other = quoted(&other)
-                    ));
+                    return Err(JwkError::Curve {
+                        kid,
+                        curve: other.to_owned(),
+                    });
                 }
             };
             let x = b64(field("x")?, "x")?;
             let y = b64(field("y")?, "y")?;
             if x.len() != len || y.len() != len {
-                return Err(format!("JWK {kid}: coordinates have the wrong length"));
+                return Err(JwkError::CoordinateLength { kid });
             }
             let mut point = vec![0x04];
             point.extend(x);
@@ -175,10 +206,10 @@ fn parse_jwk(jwk: &serde_json::Value) -> Result<(String, Key), String> {
             e: b64(field("e")?, "e")?,
         },
         other => {
-            return Err(format!(
-                "JWK {kid}: unsupported key type {other}",
-                other = quoted(&other)
-            ));
+            return Err(JwkError::KeyType {
+                kid,
+                kty: other.to_owned(),
+            });
         }
     };
     Ok((kid, key))
@@ -199,7 +230,7 @@ impl JwtBundles {
             .ok_or_else(|| err("no \"keys\" array".into()))?;
         let mut parsed = HashMap::new();
         for jwk in keys {
-            let (kid, key) = parse_jwk(jwk).map_err(err)?;
+            let (kid, key) = parse_jwk(jwk).map_err(|e| err(e.to_string()))?;
             parsed.insert(kid, key);
         }
         self.domains.entry(trust_domain).or_default().extend(parsed);
@@ -267,13 +298,16 @@ impl JwtBundles {
                 "expected three dot-separated parts".into(),
             ));
         };
-        let header: serde_json::Value =
-            serde_json::from_slice(&b64(header_b64, "header").map_err(JwtError::Malformed)?)
-                .map_err(|e| JwtError::Malformed(format!("header: {e}")))?;
-        let claims: serde_json::Map<String, serde_json::Value> =
-            serde_json::from_slice(&b64(claims_b64, "claims").map_err(JwtError::Malformed)?)
-                .map_err(|e| JwtError::Malformed(format!("claims: {e}")))?;
-        let signature = b64(sig_b64, "signature").map_err(JwtError::Malformed)?;
+        let header: serde_json::Value = serde_json::from_slice(
+            &b64(header_b64, "header").map_err(|e| JwtError::Malformed(e.to_string()))?,
+        )
+        .map_err(|e| JwtError::Malformed(format!("header: {e}")))?;
+        let claims: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(
+            &b64(claims_b64, "claims").map_err(|e| JwtError::Malformed(e.to_string()))?,
+        )
+        .map_err(|e| JwtError::Malformed(format!("claims: {e}")))?;
+        let signature =
+            b64(sig_b64, "signature").map_err(|e| JwtError::Malformed(e.to_string()))?;
         // `sub` exactly as signed: the spiffe crate lowercases the trust domain of the ID it
         // returns, and an identity must never be normalised into another one.
         let sub = claims

@@ -20,9 +20,10 @@ pub enum SvidError {
     /// The chain is empty.
     #[error("X.509-SVID has an empty certificate chain")]
     EmptyChain,
-    /// The leaf does not carry a usable SPIFFE ID.
+    /// The leaf does not carry a usable SPIFFE ID. The message carries the cause, so it is
+    /// no `source` (a chain would print it twice).
     #[error("X.509-SVID leaf: {0}")]
-    Leaf(#[from] PeerError),
+    Leaf(PeerError),
     /// A certificate could not be parsed.
     #[error("certificate {what}: {reason}")]
     Certificate {
@@ -44,6 +45,12 @@ pub enum SvidError {
     EmptyBundle(String),
 }
 
+impl From<PeerError> for SvidError {
+    fn from(e: PeerError) -> Self {
+        SvidError::Leaf(e)
+    }
+}
+
 /// One X.509-SVID: the SPIFFE ID, the chain (leaf first) and its private key.
 #[derive(Clone)]
 pub struct X509Svid {
@@ -63,9 +70,9 @@ impl X509Svid {
     ) -> Result<Self, SvidError> {
         let leaf = chain.first().ok_or(SvidError::EmptyChain)?;
         let spiffe_id = transport::spiffe_id_from_chain(&chain)?;
-        let not_after = not_after(leaf).map_err(|reason| SvidError::Certificate {
+        let not_after = not_after(leaf).map_err(|e| SvidError::Certificate {
             what: format!("leaf of {}", spiffe_id.as_str()),
-            reason,
+            reason: e.to_string(),
         })?;
         let provider = rustls::crypto::ring::default_provider();
         let signing_key = provider
@@ -231,9 +238,10 @@ pub struct SvidState {
 }
 
 /// The leaf's notAfter as a `SystemTime`.
-pub(crate) fn not_after(cert: &CertificateDer<'_>) -> Result<SystemTime, String> {
-    let (_, parsed) =
-        x509_parser::parse_x509_certificate(cert.as_ref()).map_err(|e| e.to_string())?;
+pub(crate) fn not_after(
+    cert: &CertificateDer<'_>,
+) -> Result<SystemTime, x509_parser::nom::Err<x509_parser::error::X509Error>> {
+    let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref())?;
     let ts = parsed.validity().not_after.timestamp();
     Ok(if ts <= 0 {
         UNIX_EPOCH

@@ -25,7 +25,7 @@ use crate::svid::SvidState;
 use crate::transport::{self, PeerError};
 
 mod profile;
-pub use profile::{TlsProfile, TlsVersion};
+pub use profile::{ProfileError, TlsProfile, TlsVersion, VersionError};
 
 /// Which peer SPIFFE IDs a configuration accepts (after the chain has verified).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -83,15 +83,16 @@ impl fmt::Display for PeerPolicy {
 /// Configuration and verification failures.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
-    /// rustls refused the configuration.
+    /// rustls refused the configuration. The messages of this enum carry their cause, so
+    /// none is a `source` (a chain would print it twice).
     #[error("TLS configuration: {0}")]
-    Config(#[from] rustls::Error),
+    Config(rustls::Error),
     /// The source has no SVID yet.
     #[error("no X.509-SVID available yet from {0}")]
     NoSvid(String),
     /// The peer's leaf is not a valid SVID.
     #[error("peer certificate is not an X.509-SVID: {0}")]
-    Peer(#[from] PeerError),
+    Peer(PeerError),
     /// No bundle for the peer's trust domain. The ID is only what the certificate claims.
     #[error(
         "certificate claiming {peer} (not verified) is from trust domain {trust_domain}, for which there is no trust bundle", peer = quoted(.peer), trust_domain = quoted(.trust_domain)
@@ -105,7 +106,7 @@ pub enum TlsError {
     /// The chain does not verify against the bundle (bad signature, expired, not yet valid).
     /// The ID is only what the certificate claims.
     #[error(
-        "certificate claiming {peer} (not verified) does not verify against the bundle of {trust_domain}: {source}", peer = quoted(.peer), trust_domain = quoted(.trust_domain)
+        "certificate claiming {peer} (not verified) does not verify against the bundle of {trust_domain}: {cause}", peer = quoted(.peer), trust_domain = quoted(.trust_domain)
     )]
     Chain {
         /// The SPIFFE ID the certificate claims (not verified).
@@ -113,7 +114,7 @@ pub enum TlsError {
         /// Its trust domain.
         trust_domain: String,
         /// What rustls/webpki said (e.g. "certificate expired: ...").
-        source: rustls::Error,
+        cause: rustls::Error,
     },
     /// The chain verified but the ID is not the one we accept.
     #[error("{peer} is not {policy}")]
@@ -123,6 +124,18 @@ pub enum TlsError {
         /// The policy, in words.
         policy: String,
     },
+}
+
+impl From<rustls::Error> for TlsError {
+    fn from(e: rustls::Error) -> Self {
+        TlsError::Config(e)
+    }
+}
+
+impl From<PeerError> for TlsError {
+    fn from(e: PeerError) -> Self {
+        TlsError::Peer(e)
+    }
 }
 
 fn provider() -> Arc<CryptoProvider> {
@@ -309,10 +322,10 @@ impl SpiffeVerifier {
                 peer: id.as_str().to_string(),
                 trust_domain: td.as_str().to_string(),
             })?;
-        let chain_err = |source: rustls::Error| TlsError::Chain {
+        let chain_err = |cause: rustls::Error| TlsError::Chain {
             peer: id.as_str().to_string(),
             trust_domain: td.as_str().to_string(),
-            source,
+            cause,
         };
         match self.role {
             Role::Server => {
@@ -376,7 +389,7 @@ impl SpiffeVerifier {
 /// sent) and wraps ours.
 fn to_rustls(e: TlsError) -> rustls::Error {
     match e {
-        TlsError::Chain { source, .. } => source,
+        TlsError::Chain { cause, .. } => cause,
         other => rustls::Error::InvalidCertificate(rustls::CertificateError::Other(
             rustls::OtherError(Arc::new(other)),
         )),

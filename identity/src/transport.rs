@@ -279,14 +279,14 @@ pub enum TransportError {
     /// The TLS server name is not a DNS name or IP address.
     #[error("invalid TLS server name {q0}", q0 = quoted(.0))]
     InvalidServerName(String),
-    /// TCP connect, TLS handshake or HTTP/2 setup failed.
-    #[error("cannot connect to {addr}: {source}")]
+    /// TCP connect, TLS handshake or HTTP/2 setup failed. The message carries the cause's
+    /// whole chain, so it is no `source` (a chain would print it twice).
+    #[error("cannot connect to {addr}: {}", text::error_chain(.cause))]
     Connect {
         /// The address dialed.
         addr: String,
         /// The failure.
-        #[source]
-        source: tonic::transport::Error,
+        cause: tonic::transport::Error,
     },
 }
 
@@ -927,9 +927,9 @@ pub async fn connect(
     endpoint(addr, &opts)?
         .connect_with_connector(connector(config, server_name.to_string()))
         .await
-        .map_err(|source| TransportError::Connect {
+        .map_err(|cause| TransportError::Connect {
             addr: addr.to_string(),
-            source,
+            cause,
         })
 }
 

@@ -292,11 +292,23 @@ fn offers_subprotocol(headers: &http::HeaderMap) -> bool {
         .any(|p| p.trim() == SUBPROTOCOL)
 }
 
+/// Why the server side of an upgrade failed.
+#[derive(Debug, thiserror::Error)]
+pub enum UpgradeError {
+    /// The request was not a WebSocket upgrade we take (no subprotocol, bad HTTP). The
+    /// message carries the cause, so it is no `source`.
+    #[error("WebSocket upgrade refused: {0}")]
+    Refused(Box<tungstenite::Error>),
+    /// The request did not arrive within [`UPGRADE_TIMEOUT`].
+    #[error("no WebSocket upgrade within {}", text::duration(UPGRADE_TIMEOUT))]
+    Timeout,
+}
+
 /// The server side of the upgrade: reads the request (within [`UPGRADE_TIMEOUT`]), refuses
 /// one without [`SUBPROTOCOL`] (HTTP 400), and answers with it.
 // The callback's error type is tungstenite's (an HTTP response).
 #[allow(clippy::result_large_err)]
-pub async fn accept<S>(stream: S, opts: &WsOptions) -> Result<WsIo<S>, String>
+pub async fn accept<S>(stream: S, opts: &WsOptions) -> Result<WsIo<S>, UpgradeError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -318,11 +330,8 @@ where
         tokio_tungstenite::accept_hdr_async_with_config(stream, callback, Some(opts.config()));
     match tokio::time::timeout(UPGRADE_TIMEOUT, upgrade).await {
         Ok(Ok(ws)) => Ok(WsIo::new(ws, opts.clone())),
-        Ok(Err(e)) => Err(format!("WebSocket upgrade refused: {e}")),
-        Err(_) => Err(format!(
-            "no WebSocket upgrade within {UPGRADE_TIMEOUT}",
-            UPGRADE_TIMEOUT = text::duration(UPGRADE_TIMEOUT)
-        )),
+        Ok(Err(e)) => Err(UpgradeError::Refused(Box::new(e))),
+        Err(_) => Err(UpgradeError::Timeout),
     }
 }
 
@@ -355,7 +364,7 @@ pub async fn tcp_or_websocket(tcp: TcpStream, opts: &WsOptions) -> Prepared<Carr
         Ok(Ok(1)) => match tokio::time::timeout_at(deadline, accept(tcp, opts)).await {
             Ok(upgraded) => upgraded
                 .map(|ws| Carrier::WebSocket(Box::new(ws)))
-                .map_err(|e| ("WebSocketRefused", e)),
+                .map_err(|e| ("WebSocketRefused", e.to_string())),
             Err(_) => timed_out(),
         },
         Ok(Ok(_)) => Err(("HandshakeFailed", "closed before sending anything".into())),
@@ -523,9 +532,9 @@ pub async fn connect(
     crate::transport::endpoint(addr, &opts)?
         .connect_with_connector(WsSvidConnector::new(config, server_name, ws))
         .await
-        .map_err(|source| TransportError::Connect {
+        .map_err(|cause| TransportError::Connect {
             addr: addr.to_string(),
-            source,
+            cause,
         })
 }
 
@@ -632,7 +641,7 @@ mod tests {
             }
             other => panic!("expected an HTTP 400, got {:?}", other.map(|_| ())),
         }
-        let refused = server.await.unwrap().err().unwrap();
+        let refused = server.await.unwrap().err().unwrap().to_string();
         assert!(refused.contains("refused"), "{refused}");
     }
 

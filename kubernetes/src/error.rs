@@ -106,14 +106,14 @@ pub enum Error {
         /// Message from the API server.
         message: String,
     },
-    /// The request did not produce an API answer (connection, TLS, decoding).
-    #[error("{object}: request failed: {source}")]
+    /// The request did not produce an API answer (connection, TLS, decoding). The message
+    /// carries the cause's whole chain, so it is no `source` (a chain would print it twice).
+    #[error("{object}: request failed: {}", argocd_agent_domain::error_chain(&**.cause))]
     Request {
         /// The object.
         object: ObjectRef,
         /// Underlying client error.
-        #[source]
-        source: Box<kube::Error>,
+        cause: Box<kube::Error>,
     },
     /// The call itself was wrong (e.g. no namespace for a namespaced kind).
     #[error("{object}: invalid request: {reason}")]
@@ -135,7 +135,7 @@ impl Error {
             kube::Error::Api(status) => Self::from_status(object, &status),
             other => Self::Request {
                 object,
-                source: Box::new(other),
+                cause: Box::new(other),
             },
         }
     }

@@ -35,12 +35,8 @@ pub use resources::{
     DeleteOutcome, Known, MAX_UPDATE_ATTEMPTS, Mutation, Resources, UpdateOutcome, UpsertOutcome,
     ensure_namespace,
 };
-pub use scope::{Namespaces, Scope, is_sync_ignored};
+pub use scope::{IGNORE_SYNC_LABEL, Namespaces, Scope, is_sync_ignored};
 pub use watch::{ADMIN_LIST_PAGE_SIZE, Cache, Change, LIST_PAGE_SIZE, list_page_size, watch};
-
-/// Label that excludes an object from synchronisation (any value), as upstream
-/// argocd-agent. An object that gains it looks deleted to the sync engine.
-pub const IGNORE_SYNC_LABEL: &str = "argocd-agent.argoproj-labs.io/ignore-sync";
 
 /// Label naming the agent an object on the hub belongs to (upstream's): hub copies of
 /// autonomous agents' Applications and projects, managed agents' spoke-authored children,

@@ -3,7 +3,9 @@
 
 use kube::api::DynamicObject;
 
-use crate::IGNORE_SYNC_LABEL;
+/// Label that excludes an object from synchronisation (any value), as upstream
+/// argocd-agent. An object that gains it looks deleted to the sync engine.
+pub const IGNORE_SYNC_LABEL: &str = "argocd-agent.argoproj-labs.io/ignore-sync";
 
 /// The namespaces a watch covers.
 #[derive(Debug, Clone, PartialEq, Eq)]

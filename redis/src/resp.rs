@@ -40,8 +40,16 @@ pub enum RespError {
     #[error("refused by the server: {0}")]
     Refused(String),
     /// Reading or writing the connection failed, or it closed.
+    ///
+    /// The message carries the cause, so it is no `source` (a chain would print it twice).
     #[error("connection error: {0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
+}
+
+impl From<std::io::Error> for RespError {
+    fn from(e: std::io::Error) -> Self {
+        RespError::Io(e)
+    }
 }
 
 /// One decoded frame and the exact bytes it came from (forwarded unchanged).

@@ -50,7 +50,7 @@ pub struct InspectArgs {
 #[derive(Debug, thiserror::Error)]
 pub enum TenantError {
     /// The rules file could not be read or is invalid.
-    #[error("{0}")]
+    #[error(transparent)]
     Rules(#[from] argocd_agent_domain::mapping::RuleError),
     /// No such tenant.
     #[error("tenant {name} is not declared in {source_name} (declared: {declared})", name = quoted(.name))]

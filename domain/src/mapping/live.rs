@@ -18,7 +18,9 @@ use tokio::runtime::Handle;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::{AgentIdentity, DenyReason, MappingDenied, RuleError, RuleSet};
+use super::decision::{AgentIdentity, DenyReason, MappingDenied};
+use super::error::RuleError;
+use super::set::RuleSet;
 
 /// Lists the identities of the sessions that are live right now.
 pub type SessionLister = Arc<dyn Fn() -> Vec<AgentIdentity> + Send + Sync>;
@@ -61,13 +63,13 @@ impl LiveRules {
             });
         };
         // Startup only, and the file is small: a blocking read here is fine.
-        let text = std::fs::read_to_string(&path).map_err(|source| RuleError::Read {
+        let text = std::fs::read_to_string(&path).map_err(|cause| RuleError::Read {
             path: path.clone(),
-            source,
+            cause,
         })?;
         let file_rules = RuleSet::from_yaml(&text).map_err(|e| RuleError::File {
             path: path.clone(),
-            source: Box::new(e),
+            cause: Box::new(e),
         })?;
         let (tx, rx) = watch::channel(Arc::new(file_rules.append(flags.clone())));
         let poller = runtime.spawn(poll_file(path, text, flags, poll, tx));

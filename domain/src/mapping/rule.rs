@@ -10,7 +10,8 @@ use serde::Deserialize;
 use crate::names::{AgentName, AllowedModes, Namespace};
 use argocd_agent_identity::id::{IdError, SpiffeId, TrustDomain};
 
-use super::{DenyReason, RuleError};
+use super::decision::DenyReason;
+use super::error::RuleError;
 
 /// Placeholder every rule may use in its output templates: the ID's trust domain.
 const TD_PLACEHOLDER: &str = "trust_domain";

@@ -48,7 +48,7 @@ use serde::Deserialize;
 use crate::names::Namespace;
 use argocd_agent_identity::id::SpiffeId;
 
-pub use overlap::Pattern;
+pub use overlap::{Pattern, PatternError};
 
 pub use crate::names::TenantName;
 
@@ -366,13 +366,17 @@ fn compile(spec: TenantSpec, index: usize) -> Result<Tenant, TenantError> {
     let ids = |field: &str, list: &[String]| -> Result<Vec<Pattern>, TenantError> {
         list.iter()
             .enumerate()
-            .map(|(i, p)| Pattern::spiffe_id(p).map_err(|r| err(format!("{field}[{}]", i + 1), r)))
+            .map(|(i, p)| {
+                Pattern::spiffe_id(p).map_err(|r| err(format!("{field}[{}]", i + 1), r.to_string()))
+            })
             .collect()
     };
     let globs = |field: &str, list: &[String]| -> Result<Vec<Pattern>, TenantError> {
         list.iter()
             .enumerate()
-            .map(|(i, p)| Pattern::glob(p).map_err(|r| err(format!("{field}[{}]", i + 1), r)))
+            .map(|(i, p)| {
+                Pattern::glob(p).map_err(|r| err(format!("{field}[{}]", i + 1), r.to_string()))
+            })
             .collect()
     };
     let agents = ids("agents", &spec.agents)?;

@@ -147,14 +147,95 @@ fn trust_domain_chars() -> CharSet {
         .union(CharSet::of(['.', '_', '-']))
 }
 
+/// Why a pattern does not compile; `src` is the pattern as written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PatternError {
+    /// A SPIFFE ID pattern without the scheme.
+    #[error("{} must start with \"spiffe://\"", quoted(.src))]
+    NoScheme {
+        /// The pattern.
+        src: String,
+    },
+    /// A `{` without its `}`.
+    #[error("{}: a '{{' is not closed", quoted(.src))]
+    UnclosedPlaceholder {
+        /// The pattern.
+        src: String,
+    },
+    /// A placeholder whose name is not letters, digits and `_`.
+    #[error("{}: placeholder {{{name}}} must be a name of letters, digits and '_'", quoted(.src))]
+    PlaceholderName {
+        /// The pattern.
+        src: String,
+        /// The placeholder's name as written.
+        name: String,
+    },
+    /// `{trust_domain}` used for part of the trust domain, or outside it.
+    #[error("{}: {{trust_domain}} may only stand for the whole trust domain", quoted(.src))]
+    TrustDomainPart {
+        /// The pattern.
+        src: String,
+    },
+    /// Another placeholder in the trust domain.
+    #[error("{}: the trust domain must be a literal or exactly {{trust_domain}}", quoted(.src))]
+    TrustDomainPlaceholder {
+        /// The pattern.
+        src: String,
+    },
+    /// A `}` without its `{`.
+    #[error("{}: unmatched '}}'", quoted(.src))]
+    UnmatchedBrace {
+        /// The pattern.
+        src: String,
+    },
+    /// No ID the pattern matches would be a valid SPIFFE ID. The message carries the cause,
+    /// so it is no `source`.
+    #[error("{} cannot match any valid SPIFFE ID: {cause}", quoted(.src))]
+    NeverValid {
+        /// The pattern.
+        src: String,
+        /// Why a sample ID is invalid.
+        cause: argocd_agent_identity::IdError,
+    },
+    /// An empty glob.
+    #[error("an empty pattern matches nothing")]
+    Empty,
+    /// A `\` at the end.
+    #[error("{}: a trailing \\ escapes nothing", quoted(.src))]
+    TrailingEscape {
+        /// The pattern.
+        src: String,
+    },
+    /// `{a,b}` in a glob.
+    #[error("{}: alternatives {{a,b}} are not taken here; list each as its own entry", quoted(.src))]
+    Alternatives {
+        /// The pattern.
+        src: String,
+    },
+    /// A `[` without its `]`.
+    #[error("{}: a [ is not closed", quoted(.src))]
+    UnclosedClass {
+        /// The pattern.
+        src: String,
+    },
+    /// A range `z-a`.
+    #[error("{}: range {from}-{to} is reversed", quoted(.src))]
+    ReversedRange {
+        /// The pattern.
+        src: String,
+        /// The range's first character.
+        from: char,
+        /// The range's last character.
+        to: char,
+    },
+}
+
 impl Pattern {
     /// Compiles a SPIFFE ID pattern (see the module docs).
-    pub fn spiffe_id(src: &str) -> Result<Pattern, String> {
+    pub fn spiffe_id(src: &str) -> Result<Pattern, PatternError> {
         let Some(rest) = src.strip_prefix("spiffe://") else {
-            return Err(format!(
-                "{src} must start with \"spiffe://\"",
-                src = quoted(&src)
-            ));
+            return Err(PatternError::NoScheme { src: src.into() });
         };
         let mut tokens: Vec<Token> = "spiffe://"
             .chars()
@@ -168,30 +249,24 @@ impl Pattern {
             if let Some(after) = tail.strip_prefix('{') {
                 let end = after
                     .find('}')
-                    .ok_or_else(|| format!("{src}: a '{{' is not closed", src = quoted(&src)))?;
+                    .ok_or_else(|| PatternError::UnclosedPlaceholder { src: src.into() })?;
                 let name = &after[..end];
                 let valid =
                     !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
                 if !valid {
-                    return Err(format!(
-                        "{src}: placeholder {{{name}}} must be a name of letters, digits and '_'",
-                        src = quoted(&src)
-                    ));
+                    return Err(PatternError::PlaceholderName {
+                        src: src.into(),
+                        name: name.into(),
+                    });
                 }
                 let in_authority = pos < authority_end;
                 let set = match (name == "trust_domain", in_authority) {
                     (true, true) if pos == 0 && end + 2 == authority_end => trust_domain_chars(),
                     (true, _) => {
-                        return Err(format!(
-                            "{src}: {{trust_domain}} may only stand for the whole trust domain",
-                            src = quoted(&src)
-                        ));
+                        return Err(PatternError::TrustDomainPart { src: src.into() });
                     }
                     (false, true) => {
-                        return Err(format!(
-                            "{src}: the trust domain must be a literal or exactly {{trust_domain}}",
-                            src = quoted(&src)
-                        ));
+                        return Err(PatternError::TrustDomainPlaceholder { src: src.into() });
                     }
                     (false, false) => segment_chars(),
                 };
@@ -200,7 +275,7 @@ impl Pattern {
                 sample.push('x');
                 pos += end + 2;
             } else if tail.starts_with('}') {
-                return Err(format!("{src}: unmatched '}}'", src = quoted(&src)));
+                return Err(PatternError::UnmatchedBrace { src: src.into() });
             } else {
                 let c = tail.chars().next().unwrap_or_default();
                 tokens.push(Token::One(CharSet::one(c)));
@@ -208,11 +283,11 @@ impl Pattern {
                 pos += c.len_utf8();
             }
         }
-        argocd_agent_identity::id::SpiffeId::parse(&sample).map_err(|e| {
-            format!(
-                "{src} cannot match any valid SPIFFE ID: {e}",
-                src = quoted(&src)
-            )
+        argocd_agent_identity::id::SpiffeId::parse(&sample).map_err(|cause| {
+            PatternError::NeverValid {
+                src: src.into(),
+                cause,
+            }
         })?;
         Ok(Pattern {
             source: src.to_owned(),
@@ -221,9 +296,9 @@ impl Pattern {
     }
 
     /// Compiles a name glob (see the module docs).
-    pub fn glob(src: &str) -> Result<Pattern, String> {
+    pub fn glob(src: &str) -> Result<Pattern, PatternError> {
         if src.is_empty() {
-            return Err("an empty pattern matches nothing".into());
+            return Err(PatternError::Empty);
         }
         let mut tokens = Vec::new();
         let mut chars = src.chars();
@@ -232,17 +307,14 @@ impl Pattern {
                 '*' => Token::Many(CharSet::ANY),
                 '?' => Token::One(CharSet::ANY),
                 '\\' => {
-                    let e = chars.next().ok_or_else(|| {
-                        format!("{src}: a trailing \\ escapes nothing", src = quoted(&src))
-                    })?;
+                    let e = chars
+                        .next()
+                        .ok_or_else(|| PatternError::TrailingEscape { src: src.into() })?;
                     Token::One(CharSet::one(e))
                 }
                 '[' => Token::One(class(src, &mut chars)?),
                 '{' | '}' => {
-                    return Err(format!(
-                        "{src}: alternatives {{a,b}} are not taken here; list each as its own entry",
-                        src = quoted(&src)
-                    ));
+                    return Err(PatternError::Alternatives { src: src.into() });
                 }
                 c => Token::One(CharSet::one(c)),
             };
@@ -289,7 +361,7 @@ impl Pattern {
 }
 
 /// `[...]` after its `[`: ranges and single characters, `!` or `^` first negates.
-fn class(src: &str, chars: &mut std::str::Chars<'_>) -> Result<CharSet, String> {
+fn class(src: &str, chars: &mut std::str::Chars<'_>) -> Result<CharSet, PatternError> {
     let mut set = CharSet::none();
     let mut negated = false;
     let mut first = true;
@@ -297,7 +369,7 @@ fn class(src: &str, chars: &mut std::str::Chars<'_>) -> Result<CharSet, String> 
     loop {
         let c = chars
             .next()
-            .ok_or_else(|| format!("{src}: a [ is not closed", src = quoted(&src)))?;
+            .ok_or_else(|| PatternError::UnclosedClass { src: src.into() })?;
         match c {
             '!' | '^' if first => negated = true,
             ']' if !first || prev.is_some() => break,
@@ -305,24 +377,25 @@ fn class(src: &str, chars: &mut std::str::Chars<'_>) -> Result<CharSet, String> 
                 let from = prev.take().unwrap_or_default();
                 let mut to = chars.next().unwrap_or_default();
                 if to == '\\' {
-                    to = chars.next().ok_or_else(|| {
-                        format!("{src}: a trailing \\ escapes nothing", src = quoted(&src))
-                    })?;
+                    to = chars
+                        .next()
+                        .ok_or_else(|| PatternError::TrailingEscape { src: src.into() })?;
                 }
                 if to < from {
-                    return Err(format!(
-                        "{src}: range {from}-{to} is reversed",
-                        src = quoted(&src)
-                    ));
+                    return Err(PatternError::ReversedRange {
+                        src: src.into(),
+                        from,
+                        to,
+                    });
                 }
                 set = set.union(CharSet::range(from, to));
                 first = false;
                 continue;
             }
             '\\' => {
-                let e = chars.next().ok_or_else(|| {
-                    format!("{src}: a trailing \\ escapes nothing", src = quoted(&src))
-                })?;
+                let e = chars
+                    .next()
+                    .ok_or_else(|| PatternError::TrailingEscape { src: src.into() })?;
                 set = set.union(CharSet::one(e));
                 prev = Some(e);
             }
@@ -406,15 +479,31 @@ mod tests {
 
     #[test]
     fn glob_errors_say_what_is_wrong() {
-        assert!(Pattern::glob("").unwrap_err().contains("empty"));
-        assert!(Pattern::glob("a[b").unwrap_err().contains("not closed"));
+        assert!(Pattern::glob("").unwrap_err().to_string().contains("empty"));
+        assert!(
+            Pattern::glob("a[b")
+                .unwrap_err()
+                .to_string()
+                .contains("not closed")
+        );
         assert!(
             Pattern::glob("a\\")
                 .unwrap_err()
+                .to_string()
                 .contains("escapes nothing")
         );
-        assert!(Pattern::glob("{a,b}").unwrap_err().contains("own entry"));
-        assert!(Pattern::glob("[z-a]").unwrap_err().contains("reversed"));
+        assert!(
+            Pattern::glob("{a,b}")
+                .unwrap_err()
+                .to_string()
+                .contains("own entry")
+        );
+        assert!(
+            Pattern::glob("[z-a]")
+                .unwrap_err()
+                .to_string()
+                .contains("reversed")
+        );
     }
 
     #[test]

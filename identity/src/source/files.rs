@@ -10,7 +10,8 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::sync::watch;
 
-use super::{SourceError, SvidSource};
+use super::error::SourceError;
+use super::handle::SvidSource;
 use crate::id::TrustDomain;
 use crate::svid::{SvidState, TrustBundles, X509Svid};
 
@@ -126,9 +127,9 @@ fn parse(paths: &Paths, bytes: &FileBytes) -> Result<SvidState, SourceError> {
         reason: format!("no usable PEM private key: {e}"),
     })?;
     let from = paths.cert_chain.display().to_string();
-    let svid = X509Svid::new(chain, key).map_err(|source| SourceError::Invalid {
+    let svid = X509Svid::new(chain, key).map_err(|cause| SourceError::Invalid {
         from: from.clone(),
-        source,
+        cause,
     })?;
     let mut bundles = TrustBundles::new();
     for (i, (td, path)) in paths.bundles.iter().enumerate() {
@@ -142,13 +143,28 @@ fn parse(paths: &Paths, bytes: &FileBytes) -> Result<SvidState, SourceError> {
         }
         bundles
             .insert(td, certs)
-            .map_err(|source| SourceError::Invalid {
+            .map_err(|cause| SourceError::Invalid {
                 from: path.display().to_string(),
-                source,
+                cause,
             })?;
     }
     Ok(SvidState {
         svid: Arc::new(svid),
         bundles: Arc::new(bundles),
     })
+}
+
+impl SvidSource {
+    /// Reads an SVID from PEM files (chain with the leaf first, PKCS#8/SEC1/PKCS#1 key) and
+    /// CA bundles; a bundle tagged `None` belongs to the SVID's own trust domain, others to the
+    /// named (federated) trust domain. The files are re-read every `poll`; a change is
+    /// published, and broken new files are logged while the last good state is kept.
+    pub fn pem_files(
+        cert_chain: std::path::PathBuf,
+        key: std::path::PathBuf,
+        bundles: Vec<(Option<crate::id::TrustDomain>, std::path::PathBuf)>,
+        poll: Duration,
+    ) -> Result<SvidSource, SourceError> {
+        start(cert_chain, key, bundles, poll)
+    }
 }

@@ -10,9 +10,13 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use spiffe::{WorkloadApiClient, X509Context};
 use tokio::sync::watch;
 
-use super::{SPIFFE_ENDPOINT_SOCKET, SourceError, SvidSource};
+use super::error::SourceError;
+use super::handle::SvidSource;
 use crate::id::TrustDomain;
 use crate::svid::{SvidError, SvidState, TrustBundles, X509Svid};
+
+/// Environment variable naming the Workload API socket (`unix:///path`).
+pub const SPIFFE_ENDPOINT_SOCKET: &str = "SPIFFE_ENDPOINT_SOCKET";
 
 /// How to follow the Workload API.
 #[derive(Clone, Debug)]
@@ -192,4 +196,22 @@ pub(crate) fn state_from_context(ctx: &X509Context) -> Result<SvidState, SvidErr
         svid: Arc::new(svid),
         bundles: Arc::new(bundles),
     })
+}
+
+impl SvidSource {
+    /// Follows the Workload API at `endpoint` (or `SPIFFE_ENDPOINT_SOCKET`): every rotation and
+    /// bundle update is published; a broken connection is retried with backoff while the last
+    /// good SVID keeps being served. Waits up to 15 s for the first SVID.
+    pub async fn workload_api(endpoint: Option<String>) -> Result<SvidSource, SourceError> {
+        Self::workload_api_with(WorkloadApiOptions {
+            endpoint,
+            ..WorkloadApiOptions::default()
+        })
+        .await
+    }
+
+    /// [`SvidSource::workload_api`] with explicit timeouts and backoff.
+    pub async fn workload_api_with(options: WorkloadApiOptions) -> Result<SvidSource, SourceError> {
+        start(options).await
+    }
 }

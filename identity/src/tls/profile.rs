@@ -14,6 +14,83 @@ use std::sync::{Arc, OnceLock};
 use rustls::crypto::CryptoProvider;
 use rustls::{ConfigBuilder, SupportedCipherSuite, SupportedProtocolVersion, WantsVerifier};
 
+/// A TLS version setting that is not one this process speaks.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum VersionError {
+    /// TLS 1.0 or 1.1.
+    #[error(
+        "{}: TLS 1.1 and older are not offered (only TLS 1.2 and 1.3 are \
+         implemented); use tls1.2 to accept TLS 1.2 clients too, or leave it unset \
+         for TLS 1.3 only",
+        quoted(.0)
+    )]
+    TooOld(String),
+    /// Not a TLS version at all.
+    #[error("{}: not a TLS version (expected tls1.2 or tls1.3)", quoted(.0))]
+    Unknown(String),
+}
+
+/// TLS settings that do not make a profile, or a second, different profile installed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProfileError {
+    /// `--tls-min-version` or `--tls-max-version` is not a version spoken here. The message
+    /// carries the cause, so it is no `source`.
+    #[error("--{flag} {cause}")]
+    Version {
+        /// The flag, without `--`.
+        flag: &'static str,
+        /// What is wrong with its value.
+        cause: VersionError,
+    },
+    /// The minimum is above the maximum.
+    #[error(
+        "--tls-min-version {min}: the minimum TLS version cannot be higher than the \
+         maximum (--tls-max-version {max})"
+    )]
+    MinAboveMax {
+        /// The minimum asked for.
+        min: TlsVersion,
+        /// The maximum asked for (or the default).
+        max: TlsVersion,
+    },
+    /// A suite ring does not offer.
+    #[error(
+        "--tls-ciphersuites: {} is not offered here (only AEAD suites with \
+         ECDHE key exchange are): known suites are {known}",
+        quoted(.name)
+    )]
+    UnknownSuite {
+        /// The name as given.
+        name: String,
+        /// The suites that are offered, comma-separated.
+        known: String,
+    },
+    /// A suite of a TLS version the profile does not speak.
+    #[error(
+        "--tls-ciphersuites: {} is a {version} suite, outside the TLS versions \
+         allowed ({min} to {max})",
+        quoted(.name)
+    )]
+    SuiteOutside {
+        /// The name as given.
+        name: String,
+        /// The suite's version.
+        version: TlsVersion,
+        /// The profile's minimum.
+        min: TlsVersion,
+        /// The profile's maximum.
+        max: TlsVersion,
+    },
+    /// [`TlsProfile::install`] was called before with another profile.
+    #[error("a different TLS profile is already installed ({installed}); refusing {refused}")]
+    AlreadyInstalled {
+        /// The profile in force.
+        installed: TlsProfile,
+        /// The one refused.
+        refused: TlsProfile,
+    },
+}
+
 /// A TLS protocol version this process can speak (rustls implements 1.2 and 1.3 only).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum TlsVersion {
@@ -26,7 +103,7 @@ pub enum TlsVersion {
 impl TlsVersion {
     /// Parses upstream's spellings (`tls1.2`, `tls1.3`; also `1.2`, `TLSv1.3`, any case).
     /// `tls1.0` and `tls1.1` are refused: no TLS 1.1 or older is spoken here.
-    pub fn parse(value: &str) -> Result<TlsVersion, String> {
+    pub fn parse(value: &str) -> Result<TlsVersion, VersionError> {
         let v = value.trim().to_ascii_lowercase();
         let number = v
             .strip_prefix("tlsv")
@@ -35,16 +112,8 @@ impl TlsVersion {
         match number {
             "1.3" => Ok(TlsVersion::Tls13),
             "1.2" => Ok(TlsVersion::Tls12),
-            "1.0" | "1.1" | "1" => Err(format!(
-                "{value}: TLS 1.1 and older are not offered (only TLS 1.2 and 1.3 are \
-                 implemented); use tls1.2 to accept TLS 1.2 clients too, or leave it unset \
-                 for TLS 1.3 only",
-                value = quoted(&value)
-            )),
-            _ => Err(format!(
-                "{value}: not a TLS version (expected tls1.2 or tls1.3)",
-                value = quoted(&value)
-            )),
+            "1.0" | "1.1" | "1" => Err(VersionError::TooOld(value.to_owned())),
+            _ => Err(VersionError::Unknown(value.to_owned())),
         }
     }
 
@@ -105,22 +174,19 @@ impl TlsProfile {
         min: Option<&str>,
         max: Option<&str>,
         suites: &[String],
-    ) -> Result<TlsProfile, String> {
-        let parse = |flag: &str, v: Option<&str>| {
+    ) -> Result<TlsProfile, ProfileError> {
+        let parse = |flag: &'static str, v: Option<&str>| {
             given(v)
                 .map(TlsVersion::parse)
                 .transpose()
-                .map_err(|e| format!("--{flag} {e}"))
+                .map_err(|cause| ProfileError::Version { flag, cause })
         };
         let min = parse("tls-min-version", min)?;
         let max = parse("tls-max-version", max)?;
         let max = max.unwrap_or(TlsVersion::Tls13);
         let min = min.unwrap_or(TlsVersion::Tls13.min(max));
         if min > max {
-            return Err(format!(
-                "--tls-min-version {min}: the minimum TLS version cannot be higher than the \
-                 maximum (--tls-max-version {max})"
-            ));
+            return Err(ProfileError::MinAboveMax { min, max });
         }
         let mut profile = TlsProfile {
             min,
@@ -147,7 +213,7 @@ impl TlsProfile {
     }
 
     /// One of ring's suites by its IANA name, usable with the profile's versions.
-    fn named_suite(&self, name: &str) -> Result<rustls::CipherSuite, String> {
+    fn named_suite(&self, name: &str) -> Result<rustls::CipherSuite, ProfileError> {
         let found = rustls::crypto::ring::ALL_CIPHER_SUITES
             .iter()
             .find(|s| suite_names(s).iter().any(|n| n.eq_ignore_ascii_case(name)));
@@ -156,22 +222,19 @@ impl TlsProfile {
                 .iter()
                 .map(|s| suite_names(s)[0].clone())
                 .collect();
-            return Err(format!(
-                "--tls-ciphersuites: {name} is not offered here (only AEAD suites with \
-                 ECDHE key exchange are): known suites are {}",
-                known.join(", "),
-                name = quoted(&name)
-            ));
+            return Err(ProfileError::UnknownSuite {
+                name: name.to_owned(),
+                known: known.join(", "),
+            });
         };
         let version = TlsVersion::of(suite.version());
         if version < self.min || version > self.max {
-            return Err(format!(
-                "--tls-ciphersuites: {name} is a {version} suite, outside the TLS versions \
-                 allowed ({} to {})",
-                self.min,
-                self.max,
-                name = quoted(&name)
-            ));
+            return Err(ProfileError::SuiteOutside {
+                name: name.to_owned(),
+                version,
+                min: self.min,
+                max: self.max,
+            });
         }
         Ok(suite.suite())
     }
@@ -214,14 +277,15 @@ impl TlsProfile {
 
     /// Makes `self` the profile of every configuration the process builds from now on.
     /// Installing twice is refused unless it is the same profile.
-    pub fn install(self) -> Result<(), String> {
+    pub fn install(self) -> Result<(), ProfileError> {
         let installed = PROCESS.get_or_init(|| self.clone());
         if *installed == self {
             Ok(())
         } else {
-            Err(format!(
-                "a different TLS profile is already installed ({installed}); refusing {self}"
-            ))
+            Err(ProfileError::AlreadyInstalled {
+                installed: installed.clone(),
+                refused: self,
+            })
         }
     }
 

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use argocd_agent_domain::event::PROTOCOL_VERSION;
 use argocd_agent_domain::names::Namespace;
+use argocd_agent_domain::sync::lock;
 use argocd_agent_domain::{Event, EventType, Payload};
 use argocd_agent_identity::SpiffeId;
 use argocd_agent_identity::source::SvidSource;
@@ -315,10 +316,6 @@ impl SimAgent {
             h.acked = Some(object);
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Where and how the fleet connects.

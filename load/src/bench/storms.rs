@@ -17,6 +17,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use argocd_agent_domain::sync::lock;
 use argocd_agent_testkit::harness::{HarnessError, binary, http_get, kube_client, stored_app};
 use tokio_util::sync::CancellationToken;
 
@@ -633,10 +634,6 @@ async fn scrape(port: u16) -> Result<Option<(usize, f64)>, ()> {
         connected,
         metric_value(&text, LEASE_WRITES).unwrap_or(0.0),
     )))
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 #[cfg(test)]

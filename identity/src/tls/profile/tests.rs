@@ -7,7 +7,7 @@ use super::*;
 
 fn profile(min: Option<&str>, max: Option<&str>, suites: &[&str]) -> Result<TlsProfile, String> {
     let suites: Vec<String> = suites.iter().map(|s| s.to_string()).collect();
-    TlsProfile::from_settings(min, max, &suites)
+    TlsProfile::from_settings(min, max, &suites).map_err(|e| e.to_string())
 }
 
 fn versions(p: &TlsProfile) -> Vec<ProtocolVersion> {
@@ -109,7 +109,7 @@ fn installing_a_second_different_profile_is_refused() {
     p.clone().install().unwrap();
     p.clone().install().expect("the same profile again is fine");
     assert_eq!(TlsProfile::process(), p);
-    let e = TlsProfile::default().install().unwrap_err();
+    let e = TlsProfile::default().install().unwrap_err().to_string();
     assert!(e.contains("already installed"), "{e}");
 }
 
