@@ -27,7 +27,8 @@ use kube::api::DynamicObject;
 use serde_json::{Value, json};
 
 use crate::proxy::rules::Tracking;
-use crate::spoke::{Spoke, is_managed_copy, lock};
+use crate::managed::{is_managed_copy, lock, name_of};
+use crate::spoke::Spoke;
 
 /// What the agent knows of the children on its spoke.
 #[derive(Default)]
@@ -42,10 +43,6 @@ pub(crate) struct ChildState {
     tracking: Option<Tracking>,
     /// The children the last hello listed, with their parents, until its welcome.
     hello: HashMap<String, String>,
-}
-
-fn name_of(obj: &DynamicObject) -> String {
-    obj.metadata.name.clone().unwrap_or_default()
 }
 
 impl Spoke {

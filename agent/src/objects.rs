@@ -20,7 +20,8 @@ use kube::api::DynamicObject;
 use serde_json::Value;
 
 use crate::error::SpokeError;
-use crate::spoke::{MANAGED_LABEL, Spoke, lock};
+use crate::managed::{MANAGED_LABEL, is_managed_copy, lock, name_of, restore, source_uid};
+use crate::spoke::Spoke;
 
 /// Label selector of the repository Secrets the agent watches.
 pub const REPOSITORY_SELECTOR: &str = "argocd.argoproj.io/secret-type in (repository,repo-creds)";
@@ -46,17 +47,6 @@ pub struct ConfigKinds {
     desired: Mutex<HashMap<Key, Arc<Value>>>,
     /// Autonomous: checksum of the last object published, by kind and name.
     published: Mutex<HashMap<Key, String>>,
-}
-
-fn name_of(obj: &DynamicObject) -> String {
-    obj.metadata.name.clone().unwrap_or_default()
-}
-
-fn is_managed_copy(obj: &DynamicObject) -> bool {
-    obj.metadata
-        .labels
-        .as_ref()
-        .is_some_and(|l| l.contains_key(MANAGED_LABEL))
 }
 
 fn as_value(obj: &DynamicObject) -> Value {
@@ -161,7 +151,7 @@ impl Spoke {
                     name: name_of(&o),
                     spec_checksum: checksum(kind, &as_value(&o)),
                     version: String::new(),
-                    source_uid: crate::spoke::source_uid(&o).unwrap_or_default(),
+                    source_uid: source_uid(&o).unwrap_or_default(),
                     status_checksum: String::new(),
                 });
             }
@@ -267,7 +257,7 @@ impl Spoke {
         if let Some(k) = self.config.get(resource.kind) {
             let local = k.cache.get(Some(self.namespace.as_str()), &resource.name);
             if let Err(e) = self.prepare_write(&k.resources, local, &obj).await {
-                crate::spoke::restore(&mut lock(&self.config.desired), key, previous);
+                restore(&mut lock(&self.config.desired), key, previous);
                 return Err(e);
             }
         }

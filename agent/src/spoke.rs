@@ -24,13 +24,8 @@ use crate::namespaces::{self, AllowedNamespaces, HubNameError};
 use crate::objects::ConfigKinds;
 use crate::policy::{self, Policies, RecreateAction, WritePlan};
 
-/// Label the agent puts on Applications it received from the principal (managed mode).
-pub const MANAGED_LABEL: &str = "argocd-agent.argoproj-labs.io/managed-by-principal";
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A poisoned lock only means a task panicked mid-update; the data stays usable.
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+pub use crate::managed::MANAGED_LABEL;
+use crate::managed::{is_managed_copy, lock, name_of, restore, source_uid};
 
 /// Mutable state of the spoke, behind one lock.
 #[derive(Default)]
@@ -147,26 +142,6 @@ pub struct Spoke {
     pub guard: Arc<crate::guard::LiveGuard>,
     /// What the guard refused ([`crate::guard::refused`]).
     pub(crate) guard_state: Mutex<crate::guard::refused::GuardState>,
-}
-
-fn name_of(obj: &DynamicObject) -> String {
-    obj.metadata.name.clone().unwrap_or_default()
-}
-
-pub(crate) fn is_managed_copy(obj: &DynamicObject) -> bool {
-    obj.metadata
-        .labels
-        .as_ref()
-        .is_some_and(|l| l.contains_key(MANAGED_LABEL))
-}
-
-/// The source-uid annotation of a managed copy.
-pub(crate) fn source_uid(obj: &DynamicObject) -> Option<String> {
-    obj.metadata
-        .annotations
-        .as_ref()?
-        .get(object::SOURCE_UID_ANNOTATION)
-        .cloned()
 }
 
 /// Wire form of a local object (server-managed metadata removed).
@@ -1259,16 +1234,6 @@ fn outside_allowed(
 }
 
 /// Puts back what `map` held under `key` before an insert that did not take effect.
-pub(crate) fn restore<K: std::hash::Hash + Eq, V>(
-    map: &mut HashMap<K, V>,
-    key: K,
-    previous: Option<V>,
-) {
-    match previous {
-        Some(p) => map.insert(key, p),
-        None => map.remove(&key),
-    };
-}
 
 /// Span `agent.spoke_write` around one write to the spoke's API server.
 fn spoke_write_span(op: &'static str, ns: &str, name: &str) -> tracing::Span {

@@ -33,7 +33,8 @@ use tokio_util::task::TaskTracker;
 use crate::dialer::Dialer;
 use crate::error::SessionError;
 use crate::metrics::Metrics;
-use crate::spoke::{Spoke, lock};
+use crate::managed::lock;
+use crate::spoke::Spoke;
 
 pub use rules::Apps;
 
