@@ -30,7 +30,6 @@ use tokio_util::task::TaskTracker;
 use argocd_agent_domain::ResourceRef;
 use argocd_agent_domain::{Namespace, ResourceKind};
 
-use crate::spoke::Spoke;
 
 /// Subscriptions one agent keeps at once.
 const MAX_SUBSCRIPTIONS: usize = 1024;
@@ -131,6 +130,16 @@ pub struct RedisConfig {
     pub max_value_size: usize,
 }
 
+/// What the Redis proxy asks of the Applications the spoke holds (the spoke implements it).
+pub trait HeldApps {
+    /// Argo CD's instance name of the local copy of the Application the principal names,
+    /// if this agent holds it.
+    fn redis_instance(&self, resource: &ResourceRef) -> Option<String>;
+    /// Where the Applications a resource tree names are on the hub (`None` when hub and
+    /// spoke namespaces are the same, or before the first welcome).
+    fn tree_namespaces(&self) -> Option<TreeNamespaces>;
+}
+
 /// The Redis side of the agent: a connection for reads, one per subscription.
 pub struct SpokeRedis {
     /// Where subscriptions run (drained on shutdown).
@@ -189,7 +198,7 @@ impl SpokeRedis {
     }
 
     /// The local key a request names, if this agent may serve it.
-    fn local_key(spoke: &Spoke, event: &Event, req: &RedisRequest) -> Result<String, String> {
+    fn local_key(spoke: &impl HeldApps, event: &Event, req: &RedisRequest) -> Result<String, String> {
         let resource = event
             .resource
             .as_ref()
@@ -212,7 +221,7 @@ impl SpokeRedis {
     }
 
     /// Decides what a `redis-request` may do, against the spoke's current Applications.
-    pub fn prepare(spoke: &Spoke, event: &Event) -> Request {
+    pub fn prepare(spoke: &impl HeldApps, event: &Event) -> Request {
         let Payload::RedisRequest(req) = &event.payload else {
             return Request::Refused("not a Redis request".into());
         };

@@ -149,6 +149,34 @@ fn wire(obj: &DynamicObject) -> Arc<Value> {
     Arc::new(serde_json::to_value(object::strip_for_transfer(obj)).unwrap_or(Value::Null))
 }
 
+impl crate::redis::HeldApps for Spoke {
+    fn redis_instance(&self, resource: &ResourceRef) -> Option<String> {
+        Spoke::redis_instance(self, resource)
+    }
+
+    fn tree_namespaces(&self) -> Option<crate::redis::TreeNamespaces> {
+        Spoke::tree_namespaces(self)
+    }
+}
+
+impl crate::proxy::Host for Spoke {
+    fn source(&self) -> &str {
+        &self.source
+    }
+
+    fn tasks(&self) -> &tokio_util::task::TaskTracker {
+        &self.tasks
+    }
+
+    fn proxy(&self) -> Option<Arc<crate::proxy::Proxy>> {
+        self.proxy.clone()
+    }
+
+    fn apps(&self) -> crate::proxy::Apps {
+        crate::proxy::Apps::from_facts(self.held_application_facts())
+    }
+}
+
 impl Spoke {
     /// A spoke with the default policies, no Redis, no resource proxy and fresh metrics.
     pub fn new(

@@ -34,7 +34,6 @@ use crate::dialer::Dialer;
 use crate::error::SessionError;
 use crate::metrics::Metrics;
 use crate::managed::lock;
-use crate::spoke::Spoke;
 
 pub use rules::Apps;
 
@@ -927,30 +926,37 @@ impl Tunnel {
     }
 }
 
-/// The Applications this spoke holds, by the names their objects carry, with where each
-/// deploys and what it manages.
-pub fn spoke_apps(spoke: &Spoke) -> Apps {
-    Apps::from_facts(spoke.held_application_facts())
+/// What serving a resource-proxy event asks of the spoke (the spoke implements it).
+pub trait Host {
+    /// CloudEvents `source` of the answers.
+    fn source(&self) -> &str;
+    /// Where the request handlers run.
+    fn tasks(&self) -> &TaskTracker;
+    /// The resource proxy, when the agent serves it.
+    fn proxy(&self) -> Option<Arc<Proxy>>;
+    /// The Applications this spoke holds, by the names their objects carry, with where each
+    /// deploys and what it manages.
+    fn apps(&self) -> Apps;
 }
 
 /// Starts serving a resource-proxy event from the principal (without holding up the
 /// stream): answers go to `out`, log and exec streams end with `connection`.
 pub fn serve(
-    spoke: &Spoke,
+    spoke: &impl Host,
     event: Event,
     out: &mpsc::Sender<Event>,
     connection: &CancellationToken,
     tunnel: impl FnOnce() -> Result<Tunnel, SessionError>,
 ) {
-    let source = spoke.source.clone();
-    let tasks = spoke.tasks.clone();
+    let source = spoke.source().to_owned();
+    let tasks = spoke.tasks().clone();
     let id = event.id.clone();
-    let Some(proxy) = spoke.proxy.clone() else {
+    let Some(proxy) = spoke.proxy() else {
         let why = "this agent does not serve the resource proxy";
         refuse_soon(&tasks, out, &source, &id, 501, why);
         return;
     };
-    let apps = spoke_apps(spoke);
+    let apps = spoke.apps();
     let out = out.clone();
     match event.payload {
         Payload::ResourceRequest(req) => {
