@@ -38,7 +38,7 @@ pub(crate) fn source_uid(obj: &DynamicObject) -> Option<String> {
         .cloned()
 }
 
-/// Puts `key` back to `previous` in `map` (removed when there was none).
+/// Puts back what `map` held under `key` before an insert that did not take effect.
 pub(crate) fn restore<K: std::hash::Hash + Eq, V>(
     map: &mut HashMap<K, V>,
     key: K,

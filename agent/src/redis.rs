@@ -30,7 +30,6 @@ use tokio_util::task::TaskTracker;
 use argocd_agent_domain::ResourceRef;
 use argocd_agent_domain::{Namespace, ResourceKind};
 
-
 /// Subscriptions one agent keeps at once.
 const MAX_SUBSCRIPTIONS: usize = 1024;
 /// Longest key suffix accepted (shard, cache version, `.gz`).
@@ -198,7 +197,11 @@ impl SpokeRedis {
     }
 
     /// The local key a request names, if this agent may serve it.
-    fn local_key(spoke: &impl HeldApps, event: &Event, req: &RedisRequest) -> Result<String, String> {
+    fn local_key(
+        spoke: &impl HeldApps,
+        event: &Event,
+        req: &RedisRequest,
+    ) -> Result<String, String> {
         let resource = event
             .resource
             .as_ref()

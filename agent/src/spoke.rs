@@ -21,7 +21,7 @@ use tracing::Instrument;
 
 use crate::error::SpokeError;
 use crate::namespaces::{self, AllowedNamespaces, HubNameError};
-use crate::objects::ConfigKinds;
+use crate::objects::kinds::ConfigKinds;
 use crate::policy::{self, Policies, RecreateAction, WritePlan};
 
 pub use crate::managed::MANAGED_LABEL;
@@ -137,7 +137,7 @@ pub struct Spoke {
     pub tasks: tokio_util::task::TaskTracker,
     inner: Mutex<SpokeInner>,
     /// Spoke-authored children of managed copies (app-of-apps), see [`crate::children`].
-    pub(crate) children: Mutex<crate::children::ChildState>,
+    pub(crate) children: Mutex<crate::children::state::ChildState>,
     /// The spoke guard in force ([`crate::guard`]; none by default).
     pub guard: Arc<crate::guard::LiveGuard>,
     /// What the guard refused ([`crate::guard::refused`]).
@@ -159,7 +159,7 @@ impl crate::redis::HeldApps for Spoke {
     }
 }
 
-impl crate::proxy::Host for Spoke {
+impl crate::proxy::dispatch::Host for Spoke {
     fn source(&self) -> &str {
         &self.source
     }
@@ -1260,8 +1260,6 @@ fn outside_allowed(
         allowed: allowed.describe(),
     }))
 }
-
-/// Puts back what `map` held under `key` before an insert that did not take effect.
 
 /// Span `agent.spoke_write` around one write to the spoke's API server.
 fn spoke_write_span(op: &'static str, ns: &str, name: &str) -> tracing::Span {
