@@ -10,6 +10,8 @@ pub mod dispatch;
 pub mod exec;
 pub mod logs;
 pub mod patch;
+/// API paths, request plans and answer shapes.
+pub mod paths;
 pub mod pss;
 pub mod rules;
 
