@@ -129,6 +129,28 @@ pub struct RedisConfig {
     pub max_value_size: usize,
 }
 
+/// Why a Redis request names no key this agent may serve (the refusal sent back).
+#[derive(Debug, thiserror::Error)]
+enum KeyRefusal {
+    /// The event names no Application.
+    #[error("request names no application")]
+    NoApplication,
+    /// The key kind is not one Argo CD uses (quoted).
+    #[error("unknown key kind {0}")]
+    UnknownKind(String),
+    /// The key suffix is not valid (quoted).
+    #[error("invalid key suffix {0}")]
+    InvalidSuffix(String),
+    /// The Application is not held here.
+    #[error("application {namespace}/{name} is not held by this agent")]
+    NotHeld {
+        /// Its hub namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+    },
+}
+
 /// What the Redis proxy asks of the Applications the spoke holds (the spoke implements it).
 pub trait HeldApps {
     /// Argo CD's instance name of the local copy of the Application the principal names,
@@ -201,25 +223,21 @@ impl SpokeRedis {
         spoke: &impl HeldApps,
         event: &Event,
         req: &RedisRequest,
-    ) -> Result<String, String> {
-        let resource = event
-            .resource
-            .as_ref()
-            .ok_or("request names no application")?;
+    ) -> Result<String, KeyRefusal> {
+        let resource = event.resource.as_ref().ok_or(KeyRefusal::NoApplication)?;
         let kind = AppKeyKind::parse(&req.key_kind)
-            .ok_or_else(|| format!("unknown key kind {}", text::quoted(&req.key_kind)))?;
+            .ok_or_else(|| KeyRefusal::UnknownKind(text::quoted(&req.key_kind).to_string()))?;
         if !valid_suffix(&req.key_suffix) {
-            return Err(format!(
-                "invalid key suffix {}",
-                text::quoted(&req.key_suffix)
+            return Err(KeyRefusal::InvalidSuffix(
+                text::quoted(&req.key_suffix).to_string(),
             ));
         }
-        let instance = spoke.redis_instance(resource).ok_or_else(|| {
-            format!(
-                "application {}/{} is not held by this agent",
-                resource.namespace, resource.name
-            )
-        })?;
+        let instance = spoke
+            .redis_instance(resource)
+            .ok_or_else(|| KeyRefusal::NotHeld {
+                namespace: resource.namespace.to_string(),
+                name: resource.name.clone(),
+            })?;
         Ok(AppKey::with_instance(kind, &instance, &req.key_suffix))
     }
 
@@ -233,7 +251,7 @@ impl SpokeRedis {
             return Request::Unsubscribe(req.subscription_id.clone());
         }
         match (command, Self::local_key(spoke, event, req)) {
-            (_, Err(reason)) => Request::Refused(reason),
+            (_, Err(reason)) => Request::Refused(reason.to_string()),
             (RedisCommand::Get, Ok(key)) => {
                 let tree = (req.key_kind == AppKeyKind::ResourcesTree.as_str())
                     .then(|| spoke.tree_namespaces())
