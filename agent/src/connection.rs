@@ -341,7 +341,7 @@ impl Requests<'_> {
                 ) =>
             {
                 spoke.metrics.event(false, event.ty.verb());
-                crate::proxy::serve(spoke, event, self.direct_tx, self.requests, || {
+                crate::proxy::dispatch::serve(spoke, event, self.direct_tx, self.requests, || {
                     crate::proxy::Tunnel::new(
                         self.tunnel_channel.clone(),
                         self.dialer,

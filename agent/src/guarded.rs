@@ -17,7 +17,8 @@ use serde_json::{Value, json};
 
 use crate::guard::refused::AppRefusal;
 use crate::guard::{self, Refusal};
-use crate::spoke::{Spoke, lock};
+use crate::managed::lock;
+use crate::spoke::Spoke;
 
 impl Spoke {
     /// Managed Application upserts and sync operations (both modes): `Some` when the guard
@@ -138,7 +139,7 @@ impl Spoke {
                     Some(guard::condition(&a.refusal, &a.since)),
                     a.source_uid.clone(),
                 ),
-                None => (None, local.as_deref().and_then(crate::spoke::source_uid)),
+                None => (None, local.as_deref().and_then(crate::managed::source_uid)),
             }
         };
         let mut metadata = json!({ "name": r.name });

@@ -17,6 +17,7 @@ pub mod error;
 pub mod guard;
 mod guarded;
 pub mod health;
+mod managed;
 pub mod metrics;
 pub mod namespaces;
 pub mod objects;

@@ -16,6 +16,16 @@ use argocd_agent_domain::pattern::compile;
 use argocd_agent_identity::text::quoted;
 use regex::Regex;
 
+/// An `--allowed-namespaces` pattern that does not compile.
+#[derive(Debug, thiserror::Error)]
+#[error("pattern {pattern}: {reason}")]
+pub struct PatternError {
+    /// The pattern, quoted.
+    pub pattern: String,
+    /// Why it does not compile.
+    pub reason: String,
+}
+
 /// Longest Application name: a DNS subdomain (RFC 1123), as every Kubernetes object name.
 pub const MAX_NAME_LEN: usize = 253;
 
@@ -46,15 +56,12 @@ impl AllowedNamespaces {
     /// The Argo CD namespace and the namespaces matching `patterns` (empty entries, as an
     /// empty environment variable gives, are skipped). `Err` names the first pattern that
     /// does not compile, and why.
-    pub fn new(argocd: &str, patterns: &[String]) -> Result<AllowedNamespaces, String> {
+    pub fn new(argocd: &str, patterns: &[String]) -> Result<AllowedNamespaces, PatternError> {
         let mut out = AllowedNamespaces::only(argocd);
         for source in patterns.iter().map(|p| p.trim()).filter(|p| !p.is_empty()) {
-            let regex = compile(source).map_err(|e| {
-                format!(
-                    "pattern {source}: {}",
-                    String::from(e),
-                    source = quoted(&source)
-                )
+            let regex = compile(source).map_err(|e| PatternError {
+                pattern: quoted(&source).to_string(),
+                reason: String::from(e),
             })?;
             out.patterns.push(Pattern {
                 source: source.to_owned(),
@@ -199,7 +206,7 @@ mod tests {
     fn patterns_that_do_not_compile_are_refused_with_the_pattern_named() {
         for bad in ["/(/", "team-[a", "{a,b", "x\\"] {
             let e = AllowedNamespaces::new("argocd", &[bad.to_string()]).unwrap_err();
-            assert!(e.contains(&format!("{bad:?}")), "{e}");
+            assert!(e.to_string().contains(&format!("{bad:?}")), "{e}");
         }
     }
 

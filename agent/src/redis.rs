@@ -30,8 +30,6 @@ use tokio_util::task::TaskTracker;
 use argocd_agent_domain::ResourceRef;
 use argocd_agent_domain::{Namespace, ResourceKind};
 
-use crate::spoke::Spoke;
-
 /// Subscriptions one agent keeps at once.
 const MAX_SUBSCRIPTIONS: usize = 1024;
 /// Longest key suffix accepted (shard, cache version, `.gz`).
@@ -131,6 +129,38 @@ pub struct RedisConfig {
     pub max_value_size: usize,
 }
 
+/// Why a Redis request names no key this agent may serve (the refusal sent back).
+#[derive(Debug, thiserror::Error)]
+enum KeyRefusal {
+    /// The event names no Application.
+    #[error("request names no application")]
+    NoApplication,
+    /// The key kind is not one Argo CD uses (quoted).
+    #[error("unknown key kind {0}")]
+    UnknownKind(String),
+    /// The key suffix is not valid (quoted).
+    #[error("invalid key suffix {0}")]
+    InvalidSuffix(String),
+    /// The Application is not held here.
+    #[error("application {namespace}/{name} is not held by this agent")]
+    NotHeld {
+        /// Its hub namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+    },
+}
+
+/// What the Redis proxy asks of the Applications the spoke holds (the spoke implements it).
+pub trait HeldApps {
+    /// Argo CD's instance name of the local copy of the Application the principal names,
+    /// if this agent holds it.
+    fn redis_instance(&self, resource: &ResourceRef) -> Option<String>;
+    /// Where the Applications a resource tree names are on the hub (`None` when hub and
+    /// spoke namespaces are the same, or before the first welcome).
+    fn tree_namespaces(&self) -> Option<TreeNamespaces>;
+}
+
 /// The Redis side of the agent: a connection for reads, one per subscription.
 pub struct SpokeRedis {
     /// Where subscriptions run (drained on shutdown).
@@ -189,30 +219,30 @@ impl SpokeRedis {
     }
 
     /// The local key a request names, if this agent may serve it.
-    fn local_key(spoke: &Spoke, event: &Event, req: &RedisRequest) -> Result<String, String> {
-        let resource = event
-            .resource
-            .as_ref()
-            .ok_or("request names no application")?;
+    fn local_key(
+        spoke: &impl HeldApps,
+        event: &Event,
+        req: &RedisRequest,
+    ) -> Result<String, KeyRefusal> {
+        let resource = event.resource.as_ref().ok_or(KeyRefusal::NoApplication)?;
         let kind = AppKeyKind::parse(&req.key_kind)
-            .ok_or_else(|| format!("unknown key kind {}", text::quoted(&req.key_kind)))?;
+            .ok_or_else(|| KeyRefusal::UnknownKind(text::quoted(&req.key_kind).to_string()))?;
         if !valid_suffix(&req.key_suffix) {
-            return Err(format!(
-                "invalid key suffix {}",
-                text::quoted(&req.key_suffix)
+            return Err(KeyRefusal::InvalidSuffix(
+                text::quoted(&req.key_suffix).to_string(),
             ));
         }
-        let instance = spoke.redis_instance(resource).ok_or_else(|| {
-            format!(
-                "application {}/{} is not held by this agent",
-                resource.namespace, resource.name
-            )
-        })?;
+        let instance = spoke
+            .redis_instance(resource)
+            .ok_or_else(|| KeyRefusal::NotHeld {
+                namespace: resource.namespace.to_string(),
+                name: resource.name.clone(),
+            })?;
         Ok(AppKey::with_instance(kind, &instance, &req.key_suffix))
     }
 
     /// Decides what a `redis-request` may do, against the spoke's current Applications.
-    pub fn prepare(spoke: &Spoke, event: &Event) -> Request {
+    pub fn prepare(spoke: &impl HeldApps, event: &Event) -> Request {
         let Payload::RedisRequest(req) = &event.payload else {
             return Request::Refused("not a Redis request".into());
         };
@@ -221,7 +251,7 @@ impl SpokeRedis {
             return Request::Unsubscribe(req.subscription_id.clone());
         }
         match (command, Self::local_key(spoke, event, req)) {
-            (_, Err(reason)) => Request::Refused(reason),
+            (_, Err(reason)) => Request::Refused(reason.to_string()),
             (RedisCommand::Get, Ok(key)) => {
                 let tree = (req.key_kind == AppKeyKind::ResourcesTree.as_str())
                     .then(|| spoke.tree_namespaces())

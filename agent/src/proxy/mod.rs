@@ -5,9 +5,13 @@
 //! own Kubernetes client, and answers with a `resource-response` event (requests, refusals)
 //! or on a `Tunnel` stream it opens to the principal (logs, exec).
 
+/// Serving the principal's resource-proxy events: requests, log and exec streams.
+pub mod dispatch;
 pub mod exec;
 pub mod logs;
 pub mod patch;
+/// API paths, request plans and answer shapes.
+pub mod paths;
 pub mod pss;
 pub mod rules;
 
@@ -26,14 +30,12 @@ use kube::api::{Api, ApiResource, DynamicObject};
 use kube::core::GroupVersion;
 use kube::discovery::Scope;
 use serde_json::Value;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::dialer::Dialer;
 use crate::error::SessionError;
+use crate::managed::lock;
 use crate::metrics::Metrics;
-use crate::spoke::{Spoke, lock};
 
 pub use rules::Apps;
 
@@ -856,17 +858,6 @@ async fn read_limited(body: kube::client::Body, max: usize) -> Result<Bytes, Fai
     }
 }
 
-/// Sends an immediate answer (a refusal) without holding up the stream, even when the
-/// outbound channel is momentarily full.
-fn answer_soon(tasks: &TaskTracker, out: &mpsc::Sender<Event>, event: Event) {
-    if let Err(mpsc::error::TrySendError::Full(event)) = out.try_send(event) {
-        let out = out.clone();
-        tasks.spawn(async move {
-            let _ = out.send(event).await;
-        });
-    }
-}
-
 /// A `resource-response` event answering the request `id`.
 pub fn response_event(source: &str, id: &str, response: ResourceResponse) -> Event {
     let mut e = Event::new(
@@ -924,102 +915,6 @@ impl Tunnel {
     pub fn client(&self) -> TunnelClient<tonic::transport::Channel> {
         self.client.clone()
     }
-}
-
-/// The Applications this spoke holds, by the names their objects carry, with where each
-/// deploys and what it manages.
-pub fn spoke_apps(spoke: &Spoke) -> Apps {
-    Apps::from_facts(spoke.held_application_facts())
-}
-
-/// Starts serving a resource-proxy event from the principal (without holding up the
-/// stream): answers go to `out`, log and exec streams end with `connection`.
-pub fn serve(
-    spoke: &Spoke,
-    event: Event,
-    out: &mpsc::Sender<Event>,
-    connection: &CancellationToken,
-    tunnel: impl FnOnce() -> Result<Tunnel, SessionError>,
-) {
-    let source = spoke.source.clone();
-    let tasks = spoke.tasks.clone();
-    let id = event.id.clone();
-    let Some(proxy) = spoke.proxy.clone() else {
-        let why = "this agent does not serve the resource proxy";
-        refuse_soon(&tasks, out, &source, &id, 501, why);
-        return;
-    };
-    let apps = spoke_apps(spoke);
-    let out = out.clone();
-    match event.payload {
-        Payload::ResourceRequest(req) => {
-            let Some(slot) = proxy.try_request_slot() else {
-                proxy.count(rules::method_verb(&req.method), "error");
-                let why = "too many resource proxy requests at once";
-                refuse_soon(&tasks, &out, &source, &id, 429, why);
-                return;
-            };
-            tasks.spawn(async move {
-                let response = proxy.handle_resource(&apps, &req).await;
-                drop(slot);
-                let _ = out.send(response_event(&source, &id, response)).await;
-            });
-        }
-        payload @ (Payload::LogRequest(_) | Payload::TerminalRequest(_)) => {
-            let what = match payload {
-                Payload::LogRequest(_) => "log",
-                _ => "exec",
-            };
-            let Some(slot) = proxy.try_stream_slot() else {
-                proxy.count(what, "error");
-                let why = "too many log and exec streams at once";
-                refuse_soon(&tasks, &out, &source, &id, 429, why);
-                return;
-            };
-            let tunnel = tunnel();
-            let connection = connection.clone();
-            tasks.spawn(async move {
-                match payload {
-                    Payload::LogRequest(req) => {
-                        logs::serve(&proxy, &apps, tunnel, &source, &id, req, &out, &connection)
-                            .await
-                    }
-                    Payload::TerminalRequest(req) => {
-                        exec::serve(&proxy, &apps, tunnel, &source, &id, req, &out, &connection)
-                            .await
-                    }
-                    _ => {}
-                }
-                drop(slot);
-            });
-        }
-        _ => refuse_soon(
-            &tasks,
-            &out,
-            &source,
-            &id,
-            400,
-            "not a resource proxy request",
-        ),
-    }
-}
-
-/// Answers the request `id` with the error `status` and `message` through
-/// [`answer_soon`].
-fn refuse_soon(
-    tasks: &TaskTracker,
-    out: &mpsc::Sender<Event>,
-    source: &str,
-    id: &str,
-    status: u16,
-    message: &str,
-) {
-    let answer = Answer::status(status, message);
-    answer_soon(
-        tasks,
-        out,
-        response_event(source, id, answer.into_response()),
-    );
 }
 
 /// Admits a log (`what` = "log") or exec ("exec") stream of `pod`: the pod must be managed

@@ -9,55 +9,24 @@
 //! and GPG keys stay local.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use argocd_agent_domain::{AgentMode, Namespace, ResourceKind};
 use argocd_agent_domain::{Event, EventType, Payload, ResourceRef};
 use argocd_agent_kubernetes::object::{self, content_checksum, is_being_deleted};
-use argocd_agent_kubernetes::{Cache, Change, Kind, Resources};
+use argocd_agent_kubernetes::{Change, Kind};
 use argocd_agent_proto::eventstream::ResourceChecksum;
 use kube::api::DynamicObject;
 use serde_json::Value;
 
 use crate::error::SpokeError;
-use crate::spoke::{MANAGED_LABEL, Spoke, lock};
+use crate::managed::{MANAGED_LABEL, is_managed_copy, lock, name_of, restore, source_uid};
+use crate::spoke::Spoke;
 
-/// Label selector of the repository Secrets the agent watches.
-pub const REPOSITORY_SELECTOR: &str = "argocd.argoproj.io/secret-type in (repository,repo-creds)";
+/// The configuration kinds and what the agent knows of their objects.
+pub mod kinds;
 
-/// One kind of configuration object: how to write it and its watched cache.
-pub struct ConfigKind {
-    /// Which kind (AppProject, Repository, GPG keys).
-    pub kind: ResourceKind,
-    /// Writes objects of the kind in the spoke's namespace.
-    pub resources: Resources,
-    /// The watched objects of the kind (repositories: only those of
-    /// [`REPOSITORY_SELECTOR`]).
-    pub cache: Cache,
-}
-
-type Key = (ResourceKind, String);
-
-/// The spoke's configuration objects and what it knows about them.
-#[derive(Default)]
-pub struct ConfigKinds {
-    kinds: Vec<ConfigKind>,
-    /// Managed: the last object the principal sent, by kind and name.
-    desired: Mutex<HashMap<Key, Arc<Value>>>,
-    /// Autonomous: checksum of the last object published, by kind and name.
-    published: Mutex<HashMap<Key, String>>,
-}
-
-fn name_of(obj: &DynamicObject) -> String {
-    obj.metadata.name.clone().unwrap_or_default()
-}
-
-fn is_managed_copy(obj: &DynamicObject) -> bool {
-    obj.metadata
-        .labels
-        .as_ref()
-        .is_some_and(|l| l.contains_key(MANAGED_LABEL))
-}
+pub use kinds::{ConfigKind, ConfigKinds, REPOSITORY_SELECTOR, kinds_for};
 
 fn as_value(obj: &DynamicObject) -> Value {
     serde_json::to_value(object::strip_for_transfer(obj)).unwrap_or(Value::Null)
@@ -65,39 +34,6 @@ fn as_value(obj: &DynamicObject) -> Value {
 
 fn checksum(kind: ResourceKind, obj: &Value) -> String {
     content_checksum(Kind::from(kind), obj)
-}
-
-/// The kinds an agent in `mode` keeps in step with the principal.
-pub fn kinds_for(mode: AgentMode) -> &'static [ResourceKind] {
-    match mode {
-        AgentMode::Managed => &[
-            ResourceKind::AppProject,
-            ResourceKind::Repository,
-            ResourceKind::GpgKeys,
-        ],
-        AgentMode::Autonomous => &[ResourceKind::AppProject],
-    }
-}
-
-impl ConfigKinds {
-    /// The configuration objects of `kinds`.
-    pub fn new(kinds: Vec<ConfigKind>) -> Self {
-        ConfigKinds {
-            kinds,
-            ..Default::default()
-        }
-    }
-
-    fn get(&self, kind: ResourceKind) -> Option<&ConfigKind> {
-        self.kinds.iter().find(|k| k.kind == kind)
-    }
-
-    /// Waits until every cache has listed once.
-    pub async fn wait_synced(&self) {
-        for k in &self.kinds {
-            k.cache.wait_synced().await;
-        }
-    }
 }
 
 /// What an event about a configuration object asks of the spoke.
@@ -161,7 +97,7 @@ impl Spoke {
                     name: name_of(&o),
                     spec_checksum: checksum(kind, &as_value(&o)),
                     version: String::new(),
-                    source_uid: crate::spoke::source_uid(&o).unwrap_or_default(),
+                    source_uid: source_uid(&o).unwrap_or_default(),
                     status_checksum: String::new(),
                 });
             }
@@ -267,7 +203,7 @@ impl Spoke {
         if let Some(k) = self.config.get(resource.kind) {
             let local = k.cache.get(Some(self.namespace.as_str()), &resource.name);
             if let Err(e) = self.prepare_write(&k.resources, local, &obj).await {
-                crate::spoke::restore(&mut lock(&self.config.desired), key, previous);
+                restore(&mut lock(&self.config.desired), key, previous);
                 return Err(e);
             }
         }

@@ -16,7 +16,7 @@
 //! managed copies), and grandchildren (a child that is itself a parent: its own children
 //! track a spoke-authored Application, not a managed copy).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use argocd_agent_domain::resync::{CHILD_APPLICATION_KIND, Checksums};
@@ -26,27 +26,14 @@ use argocd_agent_proto::eventstream::ResourceChecksum;
 use kube::api::DynamicObject;
 use serde_json::{Value, json};
 
+use crate::managed::{is_managed_copy, lock, name_of};
 use crate::proxy::rules::Tracking;
-use crate::spoke::{Spoke, is_managed_copy, lock};
+use crate::spoke::Spoke;
 
-/// What the agent knows of the children on its spoke.
-#[derive(Default)]
-pub(crate) struct ChildState {
-    /// Children published since the last welcome, by name: their parent and the checksum
-    /// of what was sent.
-    sent: HashMap<String, (String, String)>,
-    /// Local Applications tracked by a name that is not a managed copy here (yet), by
-    /// that name: looked at again when such a copy arrives.
-    waiting: HashMap<String, BTreeSet<String>>,
-    /// The spoke's tracking settings, as last read.
-    tracking: Option<Tracking>,
-    /// The children the last hello listed, with their parents, until its welcome.
-    hello: HashMap<String, String>,
-}
+/// The children state.
+pub(crate) mod state;
 
-fn name_of(obj: &DynamicObject) -> String {
-    obj.metadata.name.clone().unwrap_or_default()
-}
+use state::ChildState;
 
 impl Spoke {
     fn children(&self) -> std::sync::MutexGuard<'_, ChildState> {
