@@ -51,7 +51,8 @@ use crate::hub::Hub;
 use crate::wiring::{Features, Wiring};
 
 pub use argocd_agent_identity::source::SvidConfig;
-pub use config::{AdminAddress, AuthConfig, PrincipalConfig};
+pub use auth::AuthConfig;
+pub use config::{AdminAddress, PrincipalConfig};
 pub use error::{ApplyError, PrincipalError};
 
 /// A started principal.

@@ -22,6 +22,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::auth::ListenerAuth;
+use crate::config::PrincipalConfig;
+use crate::error::PrincipalError;
 use crate::hooks::{SessionGate, SessionObserver};
 use crate::hub::{Hub, HubParts};
 use crate::metrics::Metrics;
@@ -30,10 +32,8 @@ use crate::partition::Partition;
 use crate::server::{EventStreamService, VersionService};
 use crate::session::SessionContext;
 use crate::sessions::Sessions;
-use crate::{
-    PrincipalConfig, PrincipalError, admin, blocklist, clusterinfo, clustersecret, config, ha, hub,
-    metrics, objects, redisproxy, resourceproxy, tunnel,
-};
+use crate::{admin, blocklist, clusterinfo, clustersecret, config, ha, hub, metrics};
+use crate::{objects, redisproxy, resourceproxy, tunnel};
 
 /// What every step needs: the configuration, the hub's client, the listener's
 /// authentication, the metrics, the task tracker and the shutdown token.
@@ -867,7 +867,7 @@ pub(crate) fn serve(
     let router = grpc_router(&config, &auth, admin, rules, sessions, tunnels);
     let min_ping = config.keepalive_min_interval;
     let handle = match (&config.auth, auth.svid) {
-        (config::AuthConfig::Mtls { trust_domains, .. }, Some(source)) => {
+        (crate::auth::AuthConfig::Mtls { trust_domains, .. }, Some(source)) => {
             let policy = if trust_domains.is_empty() {
                 PeerPolicy::Any
             } else {
