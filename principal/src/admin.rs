@@ -225,6 +225,31 @@ impl AdminService {
         ))
     }
 
+    /// Adds (`add`) or removes the request's entry in the hub's blocklist ConfigMap.
+    async fn edit_blocklist(
+        &self,
+        caller: &Caller,
+        call: &'static str,
+        request: &BlockRequest,
+        add: bool,
+    ) -> Result<Response<BlockResponse>, Status> {
+        let (key, entry) = scope::entry(request)?;
+        if let Some(what) = scope::outside_scope(&self.context.rules, &caller.scope, key, &entry) {
+            return Err(self.outside(caller, call, what));
+        }
+        let api = self.context.blocklist.as_ref().ok_or_else(|| {
+            Status::failed_precondition("this principal cannot write the hub's blocklist")
+        })?;
+        let changed = crate::blocklist::edit(api, key, &entry, add)
+            .await
+            .map_err(|e| {
+                tracing::warn!(call, caller = %caller, error = %e, "admin: blocklist edit failed");
+                Status::unavailable(e.to_string())
+            })?;
+        tracing::info!(call, caller = %caller, key, entry = %entry, changed, "admin: blocklist edited");
+        Ok(Response::new(BlockResponse { changed }))
+    }
+
     /// Agent `name`, if the caller's scope covers it. A tenant operator gets the same
     /// refusal for another tenant's agent as for an unknown one.
     fn find_in_scope(

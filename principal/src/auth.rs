@@ -1,24 +1,27 @@
 //! How the caller of a stream is authenticated, decided once per listener from the
-//! configuration: the verified client SVID carried with the TLS connection, a JWT-SVID
-//! bearer token, or a header set by a trusted mesh sidecar. Every method yields the same
-//! [`Caller`]: the typed [`ClientIdentity`] and, on the mTLS listener, the verified peer it
+//! configuration ([`AuthConfig`]): the verified client SVID carried with the TLS connection, a
+//! JWT-SVID bearer token, or a header set by a trusted mesh sidecar. Every method yields the
+//! same [`Caller`]: the typed [`ClientIdentity`] and, on the mTLS listener, the verified peer it
 //! was read from (read once per request; its fingerprint was taken once at the handshake).
+//! [`identify_agent`] takes a caller on to its agent: blocklist, mapping and partition.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use argocd_agent_domain::ClientIdentity;
-use argocd_agent_identity::SpiffeId;
+use argocd_agent_domain::mapping::LiveRules;
 use argocd_agent_identity::jwt::JwtValidator;
 use argocd_agent_identity::source::{SvidConfig, SvidSource};
 use argocd_agent_identity::transport::VerifiedPeer;
+use argocd_agent_identity::{SpiffeId, TrustDomain, text};
 use argocd_agent_mesh::guard::{self, HeaderListenerPolicy, ListenAddr};
 use argocd_agent_mesh::header::HeaderAuth;
 use std::net::SocketAddr;
 use tonic::{Request, Status};
 
-use crate::config::AuthConfig;
 use crate::error::PrincipalError;
+use crate::metrics::Metrics;
+use crate::sessions::Sessions;
 
 /// How long start-up waits for the principal's own SVID.
 const SVID_TIMEOUT: Duration = Duration::from_secs(30);
@@ -257,6 +260,150 @@ pub(crate) fn bearer_token(headers: &http::HeaderMap) -> Option<&str> {
         return None;
     }
     Some(token.trim()).filter(|t| !t.is_empty())
+}
+
+/// How agents authenticate.
+#[derive(Debug, Clone)]
+pub enum AuthConfig {
+    /// SVID mutual TLS on the listener.
+    Mtls {
+        /// Where the principal's own X.509-SVID (served to agents) comes from.
+        svid: SvidConfig,
+        /// Client SVIDs are accepted only from these trust domains (empty: any trust domain
+        /// the principal has a bundle for).
+        trust_domains: Vec<TrustDomain>,
+    },
+    /// Identity forwarded by a mesh sidecar in a header, on a plaintext loopback listener.
+    Header {
+        /// The `--auth` value naming the header: `header:istio`, `header:envoy`,
+        /// `header:linkerd` or `header:<name>:<regex>`; checked at start.
+        auth: String,
+        /// Which peers may send the header, and whether a non-loopback listener is allowed.
+        policy: HeaderListenerPolicy,
+    },
+    /// JWT-SVID bearer tokens (audience = `audience`, or the principal's own X.509-SVID ID),
+    /// validated against the JWT bundles from the Workload API at `endpoint`. The listener is
+    /// plaintext: TLS is terminated by the ingress in front of it.
+    Jwt {
+        /// The Workload API's address (`None`: `SPIFFE_ENDPOINT_SOCKET`).
+        endpoint: Option<String>,
+        /// The audience tokens must carry (`None`: the principal's own X.509-SVID ID).
+        audience: Option<argocd_agent_identity::SpiffeId>,
+    },
+}
+
+/// How the startup line names the agents' authentication: `spiffe mTLS (Workload API
+/// unix:///run/spire/agent.sock)`, `mesh header header:istio`, `JWT-SVID (Workload API at
+/// SPIFFE_ENDPOINT_SOCKET, audience: the principal's SPIFFE ID)`.
+impl std::fmt::Display for AuthConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AuthConfig::Mtls {
+                svid,
+                trust_domains,
+            } => {
+                write!(f, "spiffe mTLS ({svid}")?;
+                if !trust_domains.is_empty() {
+                    let names: Vec<String> =
+                        trust_domains.iter().map(ToString::to_string).collect();
+                    write!(f, "; client trust domains {}", names.join(", "))?;
+                }
+                f.write_str(")")
+            }
+            AuthConfig::Header { auth, .. } => write!(f, "mesh header {auth}"),
+            AuthConfig::Jwt { endpoint, audience } => {
+                match endpoint {
+                    Some(e) => write!(f, "JWT-SVID (Workload API {e}")?,
+                    None => f.write_str("JWT-SVID (Workload API at SPIFFE_ENDPOINT_SOCKET")?,
+                }
+                match audience {
+                    Some(a) => write!(f, ", audience {a})"),
+                    None => f.write_str(", audience: the principal's SPIFFE ID)"),
+                }
+            }
+        }
+    }
+}
+
+/// Authenticates the caller of an agent RPC, refuses identities on the blocklist, and maps
+/// it to its agent with the live rules (the event stream and the tunnels the agent opens);
+/// refusals are logged and counted. Returns the agent with the caller it was mapped from.
+pub fn identify_agent<T>(
+    auth: &Authenticator,
+    rules: &LiveRules,
+    sessions: &Sessions,
+    metrics: &Metrics,
+    request: &Request<T>,
+) -> Result<(argocd_agent_domain::AgentIdentity, Caller), Status> {
+    let caller = auth.identify(request).map_err(|failure| {
+        metrics.auth_failed(failure.reason);
+        tracing::warn!(reason = failure.reason, message = failure.status.message(), peer = %text::or_dash(request.remote_addr()), "stream refused");
+        failure.status
+    })?;
+    let client = &caller.client;
+    if let Some(why) = sessions
+        .blocklist
+        .current()
+        .denies(client, caller.fingerprint())
+    {
+        metrics.auth_failed("Blocked");
+        tracing::warn!(%client, peer = %text::or_dash(request.remote_addr()), reason = %why, "stream refused: identity blocked");
+        return Err(Status::permission_denied(format!(
+            "identity blocked: {why}"
+        )));
+    }
+    let identity = rules.current().map_client(client).map_err(|denied| {
+        metrics.auth_failed("Unmapped");
+        tracing::warn!(%client, reason = %denied, "stream refused: identity does not map to an agent");
+        Status::permission_denied(denied.to_string())
+    })?;
+    if let Err(outside) = sessions.partition.admit(&identity) {
+        metrics.auth_failed("OutsidePartition");
+        tracing::warn!(%client, agent = %identity.agent, namespace = %identity.namespace,
+            "stream refused: agent outside this principal's partition");
+        return Err(Status::permission_denied(outside.to_string()));
+    }
+    Ok((identity, caller))
+}
+
+#[cfg(test)]
+mod display_tests {
+    use super::AuthConfig;
+    use argocd_agent_identity::source::SvidConfig;
+
+    #[test]
+    fn the_auth_config_reads_as_a_sentence() {
+        let mtls = AuthConfig::Mtls {
+            svid: SvidConfig::WorkloadApi {
+                endpoint: Some("unix:///run/spire/agent.sock".into()),
+            },
+            trust_domains: vec![],
+        };
+        assert_eq!(
+            mtls.to_string(),
+            "spiffe mTLS (Workload API unix:///run/spire/agent.sock)"
+        );
+        let files = AuthConfig::Mtls {
+            svid: SvidConfig::Files {
+                cert: "/svid/tls.crt".into(),
+                key: "/svid/tls.key".into(),
+                bundles: vec![],
+            },
+            trust_domains: vec!["a.example".parse().unwrap(), "b.example".parse().unwrap()],
+        };
+        assert_eq!(
+            files.to_string(),
+            "spiffe mTLS (PEM files /svid/tls.crt, /svid/tls.key; client trust domains a.example, b.example)"
+        );
+        let jwt = AuthConfig::Jwt {
+            endpoint: None,
+            audience: None,
+        };
+        assert_eq!(
+            jwt.to_string(),
+            "JWT-SVID (Workload API at SPIFFE_ENDPOINT_SOCKET, audience: the principal's SPIFFE ID)"
+        );
+    }
 }
 
 #[cfg(test)]

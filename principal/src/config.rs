@@ -7,73 +7,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use argocd_agent_domain::QueueLimits;
-use argocd_agent_identity::TrustDomain;
-use argocd_agent_identity::source::SvidConfig;
 use argocd_agent_kubernetes::ClientOptions;
-use argocd_agent_mesh::guard::HeaderListenerPolicy;
 
-/// How agents authenticate.
-#[derive(Debug, Clone)]
-pub enum AuthConfig {
-    /// SVID mutual TLS on the listener.
-    Mtls {
-        /// Where the principal's own X.509-SVID (served to agents) comes from.
-        svid: SvidConfig,
-        /// Client SVIDs are accepted only from these trust domains (empty: any trust domain
-        /// the principal has a bundle for).
-        trust_domains: Vec<TrustDomain>,
-    },
-    /// Identity forwarded by a mesh sidecar in a header, on a plaintext loopback listener.
-    Header {
-        /// The `--auth` value naming the header: `header:istio`, `header:envoy`,
-        /// `header:linkerd` or `header:<name>:<regex>`; checked at start.
-        auth: String,
-        /// Which peers may send the header, and whether a non-loopback listener is allowed.
-        policy: HeaderListenerPolicy,
-    },
-    /// JWT-SVID bearer tokens (audience = `audience`, or the principal's own X.509-SVID ID),
-    /// validated against the JWT bundles from the Workload API at `endpoint`. The listener is
-    /// plaintext: TLS is terminated by the ingress in front of it.
-    Jwt {
-        /// The Workload API's address (`None`: `SPIFFE_ENDPOINT_SOCKET`).
-        endpoint: Option<String>,
-        /// The audience tokens must carry (`None`: the principal's own X.509-SVID ID).
-        audience: Option<argocd_agent_identity::SpiffeId>,
-    },
-}
+use argocd_agent_identity::source::SvidConfig;
 
-/// How the startup line names the agents' authentication: `spiffe mTLS (Workload API
-/// unix:///run/spire/agent.sock)`, `mesh header header:istio`, `JWT-SVID (Workload API at
-/// SPIFFE_ENDPOINT_SOCKET, audience: the principal's SPIFFE ID)`.
-impl std::fmt::Display for AuthConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            AuthConfig::Mtls {
-                svid,
-                trust_domains,
-            } => {
-                write!(f, "spiffe mTLS ({svid}")?;
-                if !trust_domains.is_empty() {
-                    let names: Vec<String> =
-                        trust_domains.iter().map(ToString::to_string).collect();
-                    write!(f, "; client trust domains {}", names.join(", "))?;
-                }
-                f.write_str(")")
-            }
-            AuthConfig::Header { auth, .. } => write!(f, "mesh header {auth}"),
-            AuthConfig::Jwt { endpoint, audience } => {
-                match endpoint {
-                    Some(e) => write!(f, "JWT-SVID (Workload API {e}")?,
-                    None => f.write_str("JWT-SVID (Workload API at SPIFFE_ENDPOINT_SOCKET")?,
-                }
-                match audience {
-                    Some(a) => write!(f, ", audience {a})"),
-                    None => f.write_str(", audience: the principal's SPIFFE ID)"),
-                }
-            }
-        }
-    }
-}
+use crate::auth::AuthConfig;
 
 /// Where the operator (admin) API listens: loopback TCP or a Unix socket. Plaintext and
 /// unauthenticated: only local operators (`kubectl exec`, `kubectl port-forward`) reach it.
@@ -262,46 +200,6 @@ impl Default for PrincipalConfig {
             resource_proxy: None,
             ha: None,
         }
-    }
-}
-
-#[cfg(test)]
-mod display_tests {
-    use super::AuthConfig;
-    use argocd_agent_identity::source::SvidConfig;
-
-    #[test]
-    fn the_auth_config_reads_as_a_sentence() {
-        let mtls = AuthConfig::Mtls {
-            svid: SvidConfig::WorkloadApi {
-                endpoint: Some("unix:///run/spire/agent.sock".into()),
-            },
-            trust_domains: vec![],
-        };
-        assert_eq!(
-            mtls.to_string(),
-            "spiffe mTLS (Workload API unix:///run/spire/agent.sock)"
-        );
-        let files = AuthConfig::Mtls {
-            svid: SvidConfig::Files {
-                cert: "/svid/tls.crt".into(),
-                key: "/svid/tls.key".into(),
-                bundles: vec![],
-            },
-            trust_domains: vec!["a.example".parse().unwrap(), "b.example".parse().unwrap()],
-        };
-        assert_eq!(
-            files.to_string(),
-            "spiffe mTLS (PEM files /svid/tls.crt, /svid/tls.key; client trust domains a.example, b.example)"
-        );
-        let jwt = AuthConfig::Jwt {
-            endpoint: None,
-            audience: None,
-        };
-        assert_eq!(
-            jwt.to_string(),
-            "JWT-SVID (Workload API at SPIFFE_ENDPOINT_SOCKET, audience: the principal's SPIFFE ID)"
-        );
     }
 }
 

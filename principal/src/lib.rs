@@ -11,6 +11,7 @@
 #![deny(missing_docs)]
 
 pub mod admin;
+mod agent_listener;
 pub mod apps;
 pub mod auth;
 pub mod blocklist;
@@ -53,7 +54,8 @@ use crate::hub::Hub;
 use crate::wiring::{Features, Wiring};
 
 pub use argocd_agent_identity::source::SvidConfig;
-pub use config::{AdminAddress, AuthConfig, PrincipalConfig};
+pub use auth::AuthConfig;
+pub use config::{AdminAddress, PrincipalConfig};
 pub use error::{ApplyError, PrincipalError};
 
 /// A started principal.
@@ -109,7 +111,7 @@ pub async fn start(
     let sessions = w.session_context(hub.clone(), &features);
     tracing::info!(%addr, auth = %w.config.auth, "principal listening");
     let tasks = w.tasks.clone();
-    let done = wiring::serve(w, listener, sessions, tunnels, readiness)?;
+    let done = agent_listener::serve(w, listener, sessions, tunnels, readiness)?;
     Ok(Running {
         addr,
         metrics_addr: features.metrics,

@@ -15,6 +15,7 @@
 //! (see [`replica`]).
 
 mod replica;
+mod reply;
 
 pub use replica::{FORWARDED_NAME, default_replica_address, pinned_replica_tls};
 
@@ -23,7 +24,7 @@ use argocd_agent_identity::text::quoted;
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::ops::ControlFlow;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use argocd_agent_domain::rpc::Ticket;
@@ -48,6 +49,7 @@ use crate::ha::Leases;
 use crate::metrics::Metrics;
 use argocd_agent_domain::rpc::AgentLink;
 use replica::{PeerRoute, Peers};
+use reply::{Out, Reply, lock};
 
 /// Requests waiting for one agent's answers at once, by default.
 pub const DEFAULT_AGENT_IN_FLIGHT: usize = 256;
@@ -159,47 +161,6 @@ pub fn decide(owner_known: bool, connected: bool, capable: bool) -> Decision {
         (true, false, _) => Decision::Offline,
         (true, true, false) => Decision::Unsupported,
         (true, true, true) => Decision::Forward,
-    }
-}
-
-/// An answer the proxy writes itself.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Reply {
-    Nil,
-    Value(Bytes),
-    Error(String),
-}
-
-/// What fills a reply slot. Local replies are encoded when written, in the protocol the
-/// connection speaks by then (a pipelined `HELLO 3` before them has been answered).
-#[derive(Debug)]
-enum Out {
-    /// Bytes from the hub Redis, unchanged.
-    Raw(Bytes),
-    Reply(Reply),
-    /// A `subscribe` / `unsubscribe` confirmation with the subscription count.
-    PubSub(&'static str, Bytes, i64),
-}
-
-impl Out {
-    fn encode(self, protocol: Protocol) -> Bytes {
-        match self {
-            Out::Raw(b) => b,
-            Out::Reply(r) => r.encode(protocol),
-            Out::PubSub(kind, channel, count) => {
-                resp::pubsub(protocol, kind, &channel, PubSub::Count(count))
-            }
-        }
-    }
-}
-
-impl Reply {
-    fn encode(&self, protocol: Protocol) -> Bytes {
-        match self {
-            Reply::Nil => resp::nil(protocol),
-            Reply::Value(v) => resp::bulk(protocol, v.clone()),
-            Reply::Error(m) => resp::error(m),
-        }
     }
 }
 
@@ -397,10 +358,6 @@ impl Default for Shared {
             auth: tokio::sync::watch::Sender::new(AuthState::default()),
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Shared {

@@ -13,7 +13,7 @@ use argocd_agent_proto::version::{VersionRequest, VersionResponse};
 use tonic::codec::CompressionEncoding;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::auth::{Authenticator, Caller};
+use crate::auth::{Authenticator, identify_agent};
 use crate::metrics::Metrics;
 use crate::session::{self, SessionContext};
 use crate::sessions::{SessionInfo, Sessions};
@@ -65,47 +65,6 @@ impl EventStream for EventStreamService {
         let rx = session::start(&self.sessions, identity, info, request.into_inner(), slot);
         Ok(Response::new(rx))
     }
-}
-
-/// Authenticates the caller of an agent RPC, refuses identities on the blocklist, and maps
-/// it to its agent with the live rules (the event stream and the tunnels the agent opens);
-/// refusals are logged and counted. Returns the agent with the caller it was mapped from.
-pub fn identify_agent<T>(
-    auth: &Authenticator,
-    rules: &LiveRules,
-    sessions: &Sessions,
-    metrics: &Metrics,
-    request: &Request<T>,
-) -> Result<(argocd_agent_domain::AgentIdentity, Caller), Status> {
-    let caller = auth.identify(request).map_err(|failure| {
-        metrics.auth_failed(failure.reason);
-        tracing::warn!(reason = failure.reason, message = failure.status.message(), peer = %text::or_dash(request.remote_addr()), "stream refused");
-        failure.status
-    })?;
-    let client = &caller.client;
-    if let Some(why) = sessions
-        .blocklist
-        .current()
-        .denies(client, caller.fingerprint())
-    {
-        metrics.auth_failed("Blocked");
-        tracing::warn!(%client, peer = %text::or_dash(request.remote_addr()), reason = %why, "stream refused: identity blocked");
-        return Err(Status::permission_denied(format!(
-            "identity blocked: {why}"
-        )));
-    }
-    let identity = rules.current().map_client(client).map_err(|denied| {
-        metrics.auth_failed("Unmapped");
-        tracing::warn!(%client, reason = %denied, "stream refused: identity does not map to an agent");
-        Status::permission_denied(denied.to_string())
-    })?;
-    if let Err(outside) = sessions.partition.admit(&identity) {
-        metrics.auth_failed("OutsidePartition");
-        tracing::warn!(%client, agent = %identity.agent, namespace = %identity.namespace,
-            "stream refused: agent outside this principal's partition");
-        return Err(Status::permission_denied(outside.to_string()));
-    }
-    Ok((identity, caller))
 }
 
 /// Admits an agent's session under its tenant's `agents` quota (with `--ha`, counted

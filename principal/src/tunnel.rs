@@ -218,7 +218,7 @@ impl Tunnel for TunnelService {
         &self,
         request: Request<Streaming<LogMessage>>,
     ) -> Result<Response<LogClosed>, Status> {
-        let (identity, _) = crate::server::identify_agent(
+        let (identity, _) = crate::auth::identify_agent(
             &self.auth,
             &self.rules,
             &self.sessions,
@@ -260,7 +260,7 @@ impl Tunnel for TunnelService {
         &self,
         request: Request<Streaming<TerminalFrame>>,
     ) -> Result<Response<Self::TerminalStream>, Status> {
-        let (identity, _) = crate::server::identify_agent(
+        let (identity, _) = crate::auth::identify_agent(
             &self.auth,
             &self.rules,
             &self.sessions,

@@ -10,30 +10,26 @@ use std::time::Duration;
 use argocd_agent_domain::mapping::LiveRules;
 use argocd_agent_domain::{Namespace, ResourceKind};
 use argocd_agent_identity::source::SvidSource;
-use argocd_agent_identity::tls::PeerPolicy;
 use argocd_agent_kubernetes::{Cache, Change, Kind, Resources, Scope};
-use argocd_agent_proto::eventstream::event_stream_server::EventStreamServer;
-use argocd_agent_proto::version::version_server::VersionServer;
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::auth::ListenerAuth;
+use crate::config::PrincipalConfig;
+use crate::error::PrincipalError;
 use crate::hooks::{SessionGate, SessionObserver};
 use crate::hub::{Hub, HubParts};
 use crate::metrics::Metrics;
 use crate::objects::ConfigObjects;
 use crate::partition::Partition;
-use crate::server::{EventStreamService, VersionService};
 use crate::session::SessionContext;
 use crate::sessions::Sessions;
-use crate::{
-    PrincipalConfig, PrincipalError, admin, blocklist, clusterinfo, clustersecret, config, ha,
-    health, hub, objects, redisproxy, resourceproxy, tunnel,
-};
+use crate::{admin, blocklist, clusterinfo, clustersecret, config, ha, health, hub};
+use crate::{objects, redisproxy, resourceproxy, tunnel};
 
 /// What every step needs: the configuration, the hub's client, the listener's
 /// authentication, the metrics, the task tracker and the shutdown token.
@@ -774,260 +770,6 @@ fn source_id(svid: Option<&SvidSource>) -> String {
     svid.and_then(|s| s.current())
         .map(|s| s.svid.spiffe_id().to_string())
         .unwrap_or_else(|| "argocd-agent-principal".into())
-}
-
-/// The gRPC services on the agent listener: event stream, tunnels, the operator API (only
-/// SPIFFE IDs with an admin rule) and version.
-fn grpc_router(
-    config: &PrincipalConfig,
-    auth: &ListenerAuth,
-    admin_context: Arc<admin::AdminContext>,
-    rules: Arc<LiveRules>,
-    sessions: SessionContext,
-    tunnels: Arc<tunnel::Tunnels>,
-) -> AgentRouter {
-    let metrics = sessions.hub.metrics.clone();
-    let admin = argocd_agent_proto::admin::admin_server::AdminServer::new(admin::AdminService {
-        sessions: sessions.hub.sessions.clone(),
-        metrics: metrics.clone(),
-        access: admin::AdminAccess::Rules {
-            auth: auth.authenticator.clone(),
-            rules: rules.clone(),
-        },
-        context: admin_context,
-    });
-    let tunnel =
-        argocd_agent_proto::eventstream::tunnel_server::TunnelServer::new(tunnel::TunnelService {
-            tunnels,
-            rules: rules.clone(),
-            auth: auth.authenticator.clone(),
-            sessions: sessions.hub.sessions.clone(),
-            metrics,
-        })
-        .max_decoding_message_size(config.max_message_size)
-        .max_encoding_message_size(config.max_message_size);
-    let events = EventStreamServer::new(EventStreamService {
-        sessions,
-        rules,
-        auth: auth.authenticator.clone(),
-    })
-    .max_decoding_message_size(config.max_message_size)
-    .max_encoding_message_size(config.max_message_size);
-    // Both encodings are decoded and may be answered in; AnswerCompression decides per
-    // request whether answers are compressed.
-    let (events, tunnel) =
-        crate::server::ENCODINGS
-            .into_iter()
-            .fold((events, tunnel), |(e, t), enc| {
-                (
-                    e.accept_compressed(enc).send_compressed(enc),
-                    t.accept_compressed(enc).send_compressed(enc),
-                )
-            });
-    let answers = crate::server::AnswerCompression {
-        enabled: config.compression,
-    };
-    tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(Duration::from_secs(30)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
-        .max_concurrent_streams(Some(config.max_concurrent_streams))
-        .layer(answers)
-        .add_service(events)
-        .add_service(tunnel)
-        .add_service(admin)
-        .add_service(VersionServer::new(VersionService))
-}
-
-/// The agent listener's router.
-type AgentRouter = tonic::transport::server::Router<
-    tower::layer::util::Stack<crate::server::AnswerCompression, tower::layer::util::Identity>,
->;
-
-/// Serves gRPC on `listener` (TLS with SVIDs, also inside WebSockets with
-/// `--enable-websocket`, or plaintext behind a mesh or ingress) until `shutdown`. While
-/// `readiness` says not ready, new connections are closed before any TLS.
-pub(crate) fn serve(
-    w: Wiring,
-    listener: TcpListener,
-    sessions: SessionContext,
-    tunnels: Arc<tunnel::Tunnels>,
-    readiness: health::Readiness,
-) -> Result<tokio::task::JoinHandle<Result<(), PrincipalError>>, PrincipalError> {
-    let Wiring {
-        config,
-        tasks,
-        shutdown,
-        listener_auth: auth,
-        rules,
-        admin,
-        ..
-    } = w;
-    // Connections dropped before their first request count as auth failures.
-    let metrics = sessions.hub.metrics.clone();
-    let router = grpc_router(&config, &auth, admin, rules, sessions, tunnels);
-    let min_ping = config.keepalive_min_interval;
-    let handle = match (&config.auth, auth.svid) {
-        (config::AuthConfig::Mtls { trust_domains, .. }, Some(source)) => {
-            let policy = if trust_domains.is_empty() {
-                PeerPolicy::Any
-            } else {
-                PeerPolicy::TrustDomains(trust_domains.clone())
-            };
-            let tls = argocd_agent_identity::tls::server_config(&source, policy)
-                .map_err(PrincipalError::Tls)?;
-            let options = incoming_options(&config, metrics, readiness);
-            let incoming = Incoming {
-                listener,
-                tls,
-                options,
-                min_ping,
-            };
-            // The source feeds every handshake's certificate: kept while serving.
-            if config.websocket {
-                serve_incoming(&tasks, router, incoming.websocket(), shutdown, source)
-            } else {
-                serve_incoming(&tasks, router, incoming.direct(), shutdown, source)
-            }
-        }
-        _ => {
-            if config.websocket {
-                return Err(PrincipalError::Config(
-                    "--enable-websocket carries SVID mutual TLS inside the WebSocket: it needs --auth spiffe (mTLS)".into(),
-                ));
-            }
-            let options = incoming_options(&config, metrics, readiness);
-            let name = format!("agent listener {} (plaintext)", config.listen);
-            let incoming = argocd_agent_identity::transport::plain_incoming(
-                listener, options, &name,
-            )
-            .map(move |r| {
-                r.map(|s| {
-                    let peer = tonic::transport::server::Connected::connect_info(&s).remote_addr();
-                    crate::keepalive::PingGuard::new(s, peer, min_ping)
-                })
-            });
-            serve_incoming(&tasks, router, incoming, shutdown, ())
-        }
-    };
-    Ok(handle)
-}
-
-/// The agent listener's caps (`--max-connections`, `--max-connections-per-client`,
-/// `--max-handshakes-per-client`) and readiness: connections refused by a cap, or closed
-/// before TLS while the principal is not ready (`/readyz`), are counted in
-/// `argocd_principal_listener_connections_closed_total{listener="grpc"}`, connections
-/// dropped before their first request (handshake, SVID, preface) as auth failures.
-fn incoming_options(
-    config: &PrincipalConfig,
-    metrics: Metrics,
-    readiness: health::Readiness,
-) -> argocd_agent_identity::transport::IncomingOptions {
-    let hook = move |reason: &'static str| match reason {
-        "TooManyConnections" | "TooManyFromClient" | "NotReady" => {
-            metrics.listener_closed("grpc", reason)
-        }
-        _ => metrics.auth_failed(reason),
-    };
-    argocd_agent_identity::transport::IncomingOptions {
-        max_handshakes: config.max_concurrent_handshakes,
-        max_handshakes_per_client: config.max_handshakes_per_client,
-        max_connections: config.max_connections,
-        max_connections_per_client: config.max_connections_per_client,
-        on_refused: Some(argocd_agent_identity::transport::RefusedHook(Arc::new(
-            hook,
-        ))),
-        ready: Some(argocd_agent_identity::transport::ReadyHook(Arc::new(
-            move || readiness.is_ready(),
-        ))),
-        ..Default::default()
-    }
-}
-
-/// The mTLS agent listener's parts, before it is served directly or also over WebSockets.
-struct Incoming {
-    listener: TcpListener,
-    tls: Arc<rustls::ServerConfig>,
-    options: argocd_agent_identity::transport::IncomingOptions,
-    min_ping: Duration,
-}
-
-/// One verified connection as the router takes it.
-type Guarded<IO> =
-    crate::keepalive::PingGuard<argocd_agent_identity::transport::VerifiedStream<IO>>;
-
-impl Incoming {
-    /// TLS straight on TCP.
-    fn direct(
-        self,
-    ) -> impl futures::Stream<Item = std::io::Result<Guarded<TcpStream>>> + Send + 'static {
-        let min_ping = self.min_ping;
-        argocd_agent_identity::transport::tls_incoming_with_options(
-            self.listener,
-            self.tls,
-            self.options,
-        )
-        .map(move |r| r.map(|s| guard(s, min_ping)))
-    }
-
-    /// TLS straight on TCP, or inside a WebSocket (`--enable-websocket`).
-    fn websocket(
-        self,
-    ) -> impl futures::Stream<
-        Item = std::io::Result<Guarded<argocd_agent_identity::websocket::Carrier>>,
-    > + Send
-    + 'static {
-        tracing::info!(
-            subprotocol = argocd_agent_identity::websocket::SUBPROTOCOL,
-            "agent listener also takes HTTP/1.1 WebSocket upgrades (mTLS inside)"
-        );
-        let min_ping = self.min_ping;
-        argocd_agent_identity::websocket::tls_incoming_websocket(
-            self.listener,
-            self.tls,
-            self.options,
-            argocd_agent_identity::websocket::WsOptions::default(),
-        )
-        .map(move |r| r.map(|s| guard(s, min_ping)))
-    }
-}
-
-/// Holds a verified connection's HTTP/2 PINGs to `--keepalive-min-interval`.
-fn guard<IO>(
-    s: argocd_agent_identity::transport::VerifiedStream<IO>,
-    min_ping: Duration,
-) -> Guarded<IO>
-where
-    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
-{
-    let peer = Some(s.peer().remote_addr);
-    crate::keepalive::PingGuard::new(s, peer, min_ping)
-}
-
-/// Serves `router` on `incoming` on the principal's tasks until `shutdown`, keeping `keep`
-/// (the SVID source of a TLS listener) while serving.
-fn serve_incoming<IO, K>(
-    tasks: &TaskTracker,
-    router: AgentRouter,
-    incoming: impl futures::Stream<Item = Result<IO, std::io::Error>> + Send + 'static,
-    shutdown: CancellationToken,
-    keep: K,
-) -> tokio::task::JoinHandle<Result<(), PrincipalError>>
-where
-    IO: tokio::io::AsyncRead
-        + tokio::io::AsyncWrite
-        + tonic::transport::server::Connected
-        + Unpin
-        + Send
-        + 'static,
-    K: Send + 'static,
-{
-    tasks.spawn(async move {
-        let _keep = keep;
-        router
-            .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
-            .await
-            .map_err(PrincipalError::from)
-    })
 }
 
 #[cfg(test)]

@@ -1,18 +1,18 @@
-//! The admin API's tenant-aware calls: the blocklist edits and the tenants' view.
+//! The admin API's tenant rules: which blocklist entries a caller may edit, and the tenants' view.
 
 use argocd_agent_domain::AdminScope;
+use argocd_agent_domain::mapping::LiveRules;
 use argocd_agent_domain::tenant::{Quotas, Tenant};
 use argocd_agent_identity::SpiffeId;
 use argocd_agent_identity::text;
-use argocd_agent_proto::admin::{BlockRequest, BlockResponse, QuotaUse, TenantInfo};
-use tonic::{Response, Status};
+use argocd_agent_proto::admin::{BlockRequest, QuotaUse, TenantInfo};
+use tonic::Status;
 
-use super::{AdminService, Caller};
 use crate::blocklist::{FINGERPRINTS, IDS, PREFIXES, normalize_fingerprint};
 use crate::sessions::Sessions;
 
 /// The blocklist data key and normalized entry of a request, or why it is invalid.
-fn entry(r: &BlockRequest) -> Result<(&'static str, String), Status> {
+pub(super) fn entry(r: &BlockRequest) -> Result<(&'static str, String), Status> {
     let given = [&r.id, &r.prefix, &r.fingerprint]
         .iter()
         .filter(|v| !v.is_empty())
@@ -45,59 +45,33 @@ fn entry(r: &BlockRequest) -> Result<(&'static str, String), Status> {
     Ok((FINGERPRINTS, f))
 }
 
-impl AdminService {
-    /// Whether the caller may block `(key, entry)`: platform operators anything; a
-    /// tenant's operators exact IDs of their tenant's agents only.
-    fn may_block(
-        &self,
-        caller: &Caller,
-        call: &'static str,
-        key: &str,
-        entry: &str,
-    ) -> Result<(), Status> {
-        let AdminScope::Tenant(tenant) = &caller.scope else {
-            return Ok(());
-        };
-        let rules = self.context.rules.current();
-        let ours = key == IDS
-            && SpiffeId::parse(entry).is_ok_and(|id| {
-                rules
-                    .tenants()
-                    .get(tenant)
-                    .is_some_and(|t| t.has_agent(&id))
-            });
-        if ours {
-            return Ok(());
-        }
-        let what = match key {
-            IDS => format!("identity {entry} (not one of tenant {tenant}'s agents)"),
-            _ => format!("a blocklist {key} entry (tenant operators block exact agent IDs only)"),
-        };
-        Err(self.outside(caller, call, what))
+/// Why a caller with `scope` may not block `(key, entry)` (the refusal's subject), or
+/// `None` if it may: platform operators anything; a tenant's operators exact IDs of their
+/// tenant's agents only.
+pub(super) fn outside_scope(
+    rules: &LiveRules,
+    scope: &AdminScope,
+    key: &str,
+    entry: &str,
+) -> Option<String> {
+    let AdminScope::Tenant(tenant) = scope else {
+        return None;
+    };
+    let rules = rules.current();
+    let ours = key == IDS
+        && SpiffeId::parse(entry).is_ok_and(|id| {
+            rules
+                .tenants()
+                .get(tenant)
+                .is_some_and(|t| t.has_agent(&id))
+        });
+    if ours {
+        return None;
     }
-
-    /// Adds (`add`) or removes the request's entry in the hub's blocklist ConfigMap.
-    pub(super) async fn edit_blocklist(
-        &self,
-        caller: &Caller,
-        call: &'static str,
-        request: &BlockRequest,
-        add: bool,
-    ) -> Result<Response<BlockResponse>, Status> {
-        let (key, entry) = entry(request)?;
-        self.may_block(caller, call, key, &entry)?;
-        let api = self.context.blocklist.as_ref().ok_or_else(|| {
-            Status::failed_precondition("this principal cannot write the hub's blocklist")
-        })?;
-        let changed = crate::blocklist::edit(api, key, &entry, add)
-            .await
-            .map_err(|e| {
-                tracing::warn!(call, caller = %caller, error = %e, "admin: blocklist edit failed");
-                Status::unavailable(e.to_string())
-            })?;
-        tracing::info!(call, caller = %caller, key, entry = %entry, changed, "admin: blocklist edited");
-        Ok(Response::new(BlockResponse { changed }))
-    }
+    Some(match key {
+        IDS => format!("identity {entry} (not one of tenant {tenant}'s agents)"),
+        _ => format!("a blocklist {key} entry (tenant operators block exact agent IDs only)"),
+    })
 }
 
 fn quota(name: &str, limit: Option<f64>, used: f64, refused: u64) -> QuotaUse {

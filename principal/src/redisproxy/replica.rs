@@ -26,7 +26,7 @@ use rustls::crypto::WebPkiSupportedAlgorithms;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
 
-use super::{Reply, lock};
+use super::reply::{Reply, lock};
 use crate::ha::{self, Leases};
 
 /// The client name a forwarding replica gives its connections to another replica.

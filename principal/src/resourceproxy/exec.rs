@@ -24,7 +24,8 @@ use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, frame::coding::CloseCode};
 
-use super::{Admitted, Body, Proxy, from_agent, full, rpc_failure, status};
+use super::response::{Body, from_agent, full, offline, rpc_failure, status};
+use super::state::{Admitted, Proxy};
 use crate::tunnel::TerminalTunnel;
 use argocd_agent_domain::rpc::AgentLink;
 
@@ -164,7 +165,7 @@ async fn open_tunnel(
     let tunnel = tokio::select! {
         tunnel = expected.arrived() => match tunnel {
             Some(t) => t,
-            None => return Err(super::offline(agent)),
+            None => return Err(offline(agent)),
         },
         answer = refusal.answer(proxy.config.request_timeout) => return Err(match answer {
             Ok(Event { payload: Payload::ResourceResponse(r), .. }) => from_agent(&r),
@@ -184,7 +185,7 @@ fn spawn_session(
     tunnel: TerminalTunnel,
     agent: AgentName,
     session_id: String,
-    permit: super::Permit,
+    permit: super::state::Permit,
 ) {
     let (idle, max) = (
         proxy.config.terminal_idle_timeout,

@@ -31,7 +31,7 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio_util::task::TaskTracker;
 
-use super::{Body, status};
+use super::response::{Body, full, status};
 use crate::ha::{self, Leases};
 
 /// Header of a forwarded request: the replica that forwarded it.
@@ -426,7 +426,7 @@ impl Forwarder {
         let (mut parts, body) = resp.into_parts();
         strip_hop_by_hop(&mut parts.headers, switching);
         let body: Body = if switching {
-            super::full(bytes::Bytes::new())
+            full(bytes::Bytes::new())
         } else {
             body.map_err(std::io::Error::other).boxed()
         };

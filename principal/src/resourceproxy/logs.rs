@@ -22,7 +22,8 @@ use http_body_util::{BodyExt, StreamBody};
 use hyper::body::Frame;
 use tokio::sync::mpsc;
 
-use super::{Admitted, Body, Proxy, from_agent, rpc_failure, status};
+use super::response::{Body, from_agent, offline, rpc_failure, status};
+use super::state::{Admitted, Proxy};
 use crate::tunnel::LogTunnel;
 
 /// Chunks buffered toward the client.
@@ -120,7 +121,7 @@ async fn open(
         .map_err(|e| rpc_failure(agent, e))?;
     let timeout = proxy.config.request_timeout;
     tokio::select! {
-        tunnel = expected.arrived() => tunnel.ok_or_else(|| super::offline(agent)),
+        tunnel = expected.arrived() => tunnel.ok_or_else(|| offline(agent)),
         answer = refusal.answer(timeout) => Err(match answer {
             Ok(Event { payload: Payload::ResourceResponse(r), .. }) => from_agent(&r),
             Ok(_) => status(StatusCode::BAD_GATEWAY, "InternalError", "unexpected answer"),

@@ -1,0 +1,281 @@
+//! The Leases of one replica: the shared state its replica-Lease, agent-Lease, takeover and
+//! rebalance code changes, how it starts, and what a Lease object says.
+
+use argocd_agent_identity::text;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use argocd_agent_domain::AgentName;
+use argocd_agent_kubernetes::{Cache, Kind, Resources, Scope};
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::LeaseSpec;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::api::DynamicObject;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::config::*;
+use super::shares::*;
+use crate::metrics::Metrics;
+use crate::sessions::Sessions;
+
+/// What a Lease says, read from its `spec`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LeaseView {
+    /// `holderIdentity` (`<replica>_<incarnation>`); `None` when empty: nobody holds it.
+    pub holder: Option<String>,
+    /// `renewTime`, by the writer's clock.
+    pub renewed: Option<jiff::Timestamp>,
+    /// `leaseDurationSeconds`.
+    pub duration: Option<Duration>,
+    /// `leaseTransitions`: how many times the holder changed (0 when unset).
+    pub transitions: i32,
+    /// The holder identity asking for the Lease ([`TAKEOVER_ANNOTATION`]), when set.
+    pub takeover: Option<String>,
+    /// `metadata.resourceVersion`, when it is a number.
+    pub resource_version: Option<u64>,
+}
+
+impl LeaseView {
+    /// Reads the Lease `obj` (missing or malformed fields read as unset).
+    pub fn of(obj: &DynamicObject) -> LeaseView {
+        let spec: LeaseSpec = obj
+            .data
+            .get("spec")
+            .and_then(|s| serde_json::from_value(s.clone()).ok())
+            .unwrap_or_default();
+        LeaseView {
+            holder: spec.holder_identity.filter(|h| !h.is_empty()),
+            renewed: spec.renew_time.map(|t| t.0),
+            duration: spec
+                .lease_duration_seconds
+                .and_then(|s| u64::try_from(s).ok())
+                .map(Duration::from_secs),
+            transitions: spec.lease_transitions.unwrap_or(0),
+            takeover: obj
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(TAKEOVER_ANNOTATION))
+                .filter(|v| !v.is_empty())
+                .cloned(),
+            resource_version: rv(obj),
+        }
+    }
+
+    /// Whether the Lease ran out by the wall clock (`now`), with `skew` of tolerance.
+    pub fn expired(&self, now: jiff::Timestamp, skew: Duration) -> bool {
+        match (self.renewed, self.duration) {
+            (Some(renewed), Some(d)) => {
+                let until = renewed
+                    .checked_add(jiff::SignedDuration::try_from(d + skew).unwrap_or_default())
+                    .unwrap_or(renewed);
+                until < now
+            }
+            _ => true,
+        }
+    }
+}
+
+pub(super) fn rv(obj: &DynamicObject) -> Option<u64> {
+    obj.metadata.resource_version.as_deref()?.parse().ok()
+}
+
+/// The replica part of a holder identity `<replica>_<incarnation>`.
+pub fn replica_of(holder: &str) -> &str {
+    holder.rsplit_once('_').map_or(holder, |(r, _)| r)
+}
+
+/// Writes `spec` fields into a Lease object.
+pub(super) fn set_spec(obj: &mut DynamicObject, f: impl FnOnce(&mut LeaseSpec)) {
+    let mut spec: LeaseSpec = obj
+        .data
+        .get("spec")
+        .and_then(|s| serde_json::from_value(s.clone()).ok())
+        .unwrap_or_default();
+    f(&mut spec);
+    if !obj.data.is_object() {
+        obj.data = serde_json::json!({});
+    }
+    if let (Some(map), Ok(v)) = (obj.data.as_object_mut(), serde_json::to_value(spec)) {
+        map.insert("spec".into(), v);
+    }
+}
+
+pub(super) fn set_annotation(obj: &mut DynamicObject, key: &str, value: Option<&str>) {
+    let annotations = obj
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default);
+    match value {
+        Some(v) => {
+            annotations.insert(key.into(), v.into());
+        }
+        None => {
+            annotations.remove(key);
+        }
+    }
+}
+
+pub(super) fn now_micro() -> MicroTime {
+    MicroTime(jiff::Timestamp::now())
+}
+
+pub(super) fn secs(d: Duration) -> i32 {
+    i32::try_from(d.as_secs().max(1)).unwrap_or(i32::MAX)
+}
+
+/// An agent Lease this replica holds.
+#[derive(Debug)]
+pub(super) struct Held {
+    pub(super) session: u64,
+    /// resourceVersion of our last write (older watch events are not news).
+    pub(super) rv: u64,
+    pub(super) next_renew: Instant,
+    /// A replica that asked for the agent: the holder written when the session ends.
+    pub(super) handover_to: Option<String>,
+}
+
+/// The agent Leases and the replica Lease of one principal replica.
+pub struct Leases {
+    pub(super) cfg: HaConfig,
+    /// Holder identity: `<replica>_<incarnation>`.
+    pub(super) me: String,
+    pub(super) namespace: String,
+    pub(super) api: Resources,
+    pub(super) cache: Cache,
+    pub(super) changed: Notify,
+    /// The sessions a lost or handed-over Lease closes.
+    pub(super) sessions: Arc<Sessions>,
+    pub(super) metrics: Metrics,
+    pub(super) held: Mutex<HashMap<AgentName, Held>>,
+    pub(super) acquiring: Mutex<HashSet<AgentName>>,
+    pub(super) releasing: Mutex<HashSet<AgentName>>,
+    pub(super) shares_cache: Mutex<Option<(Instant, Shares)>>,
+    /// Hub namespace -> agent, from the agent Leases' annotation.
+    pub(super) by_namespace: Mutex<HashMap<String, AgentName>>,
+    /// Replica Lease name -> (resourceVersion, when we first saw it).
+    pub(super) observed: Mutex<HashMap<String, (Option<u64>, Instant)>>,
+    /// Last successful renewal of our replica Lease.
+    pub(super) renewed: Mutex<Option<Instant>>,
+    pub(super) fenced: AtomicBool,
+    pub(super) resource_proxy_url: Mutex<Option<String>>,
+    pub(super) redis_proxy_address: Mutex<Option<String>>,
+    /// Where releases of dropped guards run (drained on shutdown).
+    pub(super) tasks: TaskTracker,
+}
+
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Leases {
+    /// Starts the Lease watch and the renew and rebalance loops.
+    pub fn start(
+        client: kube::Client,
+        namespace: &str,
+        cfg: HaConfig,
+        sessions: Arc<Sessions>,
+        metrics: Metrics,
+        tasks: &TaskTracker,
+        shutdown: CancellationToken,
+    ) -> Arc<Leases> {
+        // Only this principal's partition's Leases: another principal's replicas on the
+        // same hub are neither peers nor holders here.
+        let selector = sessions
+            .partition
+            .selector_with(Some(LEASE_LABEL))
+            .unwrap_or_else(|| LEASE_LABEL.to_string());
+        let (cache, changes) = argocd_agent_kubernetes::watch(
+            client.clone(),
+            Kind::Lease,
+            Scope::namespace(namespace.to_string()).with_label_selector(selector),
+        );
+        let incarnation = uuid::Uuid::new_v4().simple().to_string();
+        let me = format!("{}_{}", cfg.replica, &incarnation[..8]);
+        let leases = Arc::new(Leases {
+            cfg,
+            me,
+            namespace: namespace.to_string(),
+            api: Resources::new(client, Kind::Lease),
+            cache,
+            changed: Notify::new(),
+            sessions,
+            metrics,
+            held: Mutex::new(HashMap::new()),
+            acquiring: Mutex::new(HashSet::new()),
+            releasing: Mutex::new(HashSet::new()),
+            shares_cache: Mutex::new(None),
+            by_namespace: Mutex::new(HashMap::new()),
+            observed: Mutex::new(HashMap::new()),
+            renewed: Mutex::new(None),
+            fenced: AtomicBool::new(false),
+            resource_proxy_url: Mutex::new(None),
+            redis_proxy_address: Mutex::new(None),
+            tasks: tasks.clone(),
+        });
+        tracing::info!(replica = %leases.cfg.replica, holder = %leases.me, namespace,
+            replica_lease = %text::duration(leases.cfg.replica_lease_duration), agent_lease = %text::duration(leases.cfg.agent_lease_duration),
+            "high availability: sessions coordinated through Leases");
+        {
+            let leases = leases.clone();
+            let stop = shutdown.clone();
+            tasks.spawn(async move {
+                futures::pin_mut!(changes);
+                loop {
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        c = changes.next() => match c {
+                            None => return,
+                            Some(c) => leases.on_change(c),
+                        },
+                    }
+                }
+            });
+        }
+        tasks.spawn(leases.clone().renew_loop(shutdown.clone()));
+        if leases.cfg.rebalance {
+            tasks.spawn(leases.clone().rebalance_loop(shutdown.clone()));
+        }
+        leases
+    }
+}
+
+/// The holder identity, read without decoding the whole spec (scans of every Lease).
+pub(super) fn holder_str(obj: &DynamicObject) -> Option<&str> {
+    obj.data
+        .get("spec")?
+        .get("holderIdentity")?
+        .as_str()
+        .filter(|h| !h.is_empty())
+}
+
+pub(super) fn agent_of(obj: &DynamicObject) -> Option<AgentName> {
+    obj.metadata
+        .labels
+        .as_ref()?
+        .get(AGENT_LABEL)
+        .and_then(|a| AgentName::new(a).ok())
+}
+
+pub(super) fn lease_label(obj: &DynamicObject) -> Option<&str> {
+    obj.metadata
+        .labels
+        .as_ref()?
+        .get(LEASE_LABEL)
+        .map(String::as_str)
+}
+
+/// The agent Lease's name.
+pub fn agent_lease_name(agent: &AgentName) -> String {
+    format!("{AGENT_LEASE_PREFIX}{agent}")
+}
+
+/// A replica Lease's name.
+pub fn replica_lease_name(replica: &str) -> String {
+    format!("{REPLICA_LEASE_PREFIX}{replica}")
+}
