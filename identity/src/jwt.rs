@@ -290,24 +290,12 @@ impl JwtBundles {
         // Structure, required claims and header fields are checked by the spiffe crate.
         let parsed =
             JwtSvid::parse_insecure(token).map_err(|e| JwtError::Malformed(e.to_string()))?;
-        let mut parts = token.split('.');
-        let (Some(header_b64), Some(claims_b64), Some(sig_b64), None) =
-            (parts.next(), parts.next(), parts.next(), parts.next())
-        else {
-            return Err(JwtError::Malformed(
-                "expected three dot-separated parts".into(),
-            ));
-        };
-        let header: serde_json::Value = serde_json::from_slice(
-            &b64(header_b64, "header").map_err(|e| JwtError::Malformed(e.to_string()))?,
-        )
-        .map_err(|e| JwtError::Malformed(format!("header: {e}")))?;
-        let claims: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(
-            &b64(claims_b64, "claims").map_err(|e| JwtError::Malformed(e.to_string()))?,
-        )
-        .map_err(|e| JwtError::Malformed(format!("claims: {e}")))?;
-        let signature =
-            b64(sig_b64, "signature").map_err(|e| JwtError::Malformed(e.to_string()))?;
+        let Parts {
+            header,
+            claims,
+            signature,
+            signed_len,
+        } = Parts::decode(token)?;
         // `sub` exactly as signed: the spiffe crate lowercases the trust domain of the ID it
         // returns, and an identity must never be normalised into another one.
         let sub = claims
@@ -335,7 +323,7 @@ impl JwtBundles {
             kid: kid.to_string(),
             trust_domain: td.as_str().to_string(),
         })?;
-        let message = &token.as_bytes()[..header_b64.len() + 1 + claims_b64.len()];
+        let message = &token.as_bytes()[..signed_len];
         verify_signature(alg, key, message, &signature).map_err(|e| match e {
             SigError::Unsupported => JwtError::UnsupportedAlgorithm(alg.to_string()),
             SigError::Invalid => JwtError::BadSignature { sub: sub.clone() },
@@ -377,6 +365,45 @@ impl JwtBundles {
             spiffe_id,
             expires_at: UNIX_EPOCH + Duration::from_secs(exp.max(0) as u64),
             claims,
+        })
+    }
+}
+
+/// A compact JWS taken apart: the decoded header and claims, the signature, and the length of
+/// the signed `header.claims` prefix.
+struct Parts {
+    header: serde_json::Value,
+    claims: serde_json::Map<String, serde_json::Value>,
+    signature: Vec<u8>,
+    signed_len: usize,
+}
+
+impl Parts {
+    /// Splits `token` into its three dot-separated parts and decodes each.
+    fn decode(token: &str) -> Result<Parts, JwtError> {
+        let mut parts = token.split('.');
+        let (Some(header_b64), Some(claims_b64), Some(sig_b64), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(JwtError::Malformed(
+                "expected three dot-separated parts".into(),
+            ));
+        };
+        let header: serde_json::Value = serde_json::from_slice(
+            &b64(header_b64, "header").map_err(|e| JwtError::Malformed(e.to_string()))?,
+        )
+        .map_err(|e| JwtError::Malformed(format!("header: {e}")))?;
+        let claims: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(
+            &b64(claims_b64, "claims").map_err(|e| JwtError::Malformed(e.to_string()))?,
+        )
+        .map_err(|e| JwtError::Malformed(format!("claims: {e}")))?;
+        let signature =
+            b64(sig_b64, "signature").map_err(|e| JwtError::Malformed(e.to_string()))?;
+        Ok(Parts {
+            header,
+            claims,
+            signature,
+            signed_len: header_b64.len() + 1 + claims_b64.len(),
         })
     }
 }
