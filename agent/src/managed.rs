@@ -2,7 +2,6 @@
 //! its source-uid annotation, and the small helpers the spoke's modules share to read them.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard};
 
 use argocd_agent_kubernetes::object;
 use kube::api::DynamicObject;
@@ -10,11 +9,7 @@ use kube::api::DynamicObject;
 /// Label the agent puts on Applications it received from the principal (managed mode).
 pub const MANAGED_LABEL: &str = "argocd-agent.argoproj-labs.io/managed-by-principal";
 
-/// Locks `m`, poisoned or not.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A poisoned lock only means a task panicked mid-update; the data stays usable.
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+pub(crate) use argocd_agent_domain::sync::lock;
 
 /// The name of a local object (empty when it has none).
 pub(crate) fn name_of(obj: &DynamicObject) -> String {

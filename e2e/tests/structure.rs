@@ -626,8 +626,16 @@ fn a_name_reexported_by_the_root_resolves_to_its_file() {
 fn a_trailing_comma_in_a_use_list_is_no_arrow_to_the_root() {
     let dir = tempfile::tempdir().expect("tempdir");
     let src = dir.path();
-    write(src, "lib.rs", "mod a;\nmod b;\npub struct Root(a::Alpha);\n");
-    write(src, "a.rs", "use crate::{\n    b::Beta,\n};\npub struct Alpha(Beta);\n");
+    write(
+        src,
+        "lib.rs",
+        "mod a;\nmod b;\npub struct Root(a::Alpha);\n",
+    );
+    write(
+        src,
+        "a.rs",
+        "use crate::{\n    b::Beta,\n};\npub struct Alpha(Beta);\n",
+    );
     write(src, "b.rs", "pub struct Beta;\n");
     let graph = import_graph(src);
     let from_a: Vec<&PathBuf> = graph[&PathBuf::from("a.rs")].iter().collect();

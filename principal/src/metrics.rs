@@ -726,9 +726,7 @@ impl Metrics {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+use argocd_agent_domain::sync::lock;
 
 #[cfg(test)]
 mod tests {

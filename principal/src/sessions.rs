@@ -225,10 +225,7 @@ impl AgentState {
     }
 }
 
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A poisoned lock only means a task panicked mid-update; the data stays usable.
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+pub(crate) use argocd_agent_domain::sync::lock;
 
 /// Agents by name and by hub namespace, changed together under one lock.
 #[derive(Default)]

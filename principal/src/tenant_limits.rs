@@ -111,9 +111,7 @@ pub struct Tenancy {
     metrics: Option<Metrics>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+use argocd_agent_domain::sync::lock;
 
 impl Tenancy {
     /// No tenants, no quotas (tests and principals without rules).

@@ -4,7 +4,7 @@
 use argocd_agent_identity::text;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use argocd_agent_domain::AgentName;
@@ -169,9 +169,7 @@ pub struct Leases {
     pub(super) tasks: TaskTracker,
 }
 
-pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+pub(super) use argocd_agent_domain::sync::lock;
 
 impl Leases {
     /// Starts the Lease watch and the renew and rebalance loops.
