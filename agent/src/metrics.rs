@@ -499,17 +499,7 @@ impl Metrics {
 
     /// Follows an SVID source: expiry gauge and rotation counter.
     pub fn follow_svid(&self, source: &argocd_agent_identity::source::SvidSource) {
-        let (expiry, rotations) = (self.svid_expiry.clone(), self.svid_rotations.clone());
-        source.on_update(move |state| {
-            let t = state
-                .svid
-                .not_after()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs() as i64)
-                .unwrap_or(0);
-            expiry.set(t);
-            rotations.inc();
-        });
+        argocd_agent_runtime::svid::follow_svid(source, &self.svid_expiry, &self.svid_rotations);
     }
 }
 

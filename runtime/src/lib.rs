@@ -8,5 +8,6 @@
 pub mod exposition;
 pub mod health;
 pub mod logging;
+pub mod svid;
 pub mod tasks;
 pub mod telemetry;

@@ -136,7 +136,7 @@ pub fn start(
     let use_svid = serves_svid(mode, host, replica_host, &svid_names)?;
     if let (true, Some(source), Some(state)) = (use_svid, svid, svid_state) {
         tracing::info!(host, "resource proxy serves the principal's SVID (DNS SAN)");
-        return Ok(follow_svid(source, &state, tasks, shutdown));
+        return Ok(serve_rotating_svid(source, &state, tasks, shutdown));
     }
     let serving = issue_own(keys, hostnames, lifetime, tasks, shutdown)?;
     tracing::info!(hostnames = %text::quoted_list(hostnames), "resource proxy serves a certificate from its own CA");
@@ -176,7 +176,7 @@ fn serves_svid(
 }
 
 /// Serves the SVID, following its rotations.
-fn follow_svid(
+fn serve_rotating_svid(
     source: &SvidSource,
     state: &SvidState,
     tasks: &TaskTracker,
