@@ -25,7 +25,7 @@ pub struct HealthState {
 
 impl HealthState {
     /// `Ok`, or every reason the agent is not ready.
-    pub fn readiness(&self) -> Result<(), String> {
+    pub fn readiness(&self) -> Result<(), NotReady> {
         let mut reasons = Vec::new();
         if !*self.ready.borrow() {
             reasons.push("local caches (Applications, AppProjects, repositories, GPG keys) have not listed yet".to_owned());
@@ -36,10 +36,15 @@ impl HealthState {
         if reasons.is_empty() {
             Ok(())
         } else {
-            Err(format!("not ready: {}", reasons.join("; ")))
+            Err(NotReady(reasons))
         }
     }
 }
+
+/// Every reason the agent is not ready (not empty).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("not ready: {}", .0.join("; "))]
+pub struct NotReady(pub Vec<String>);
 
 /// Binds `addr` and serves `/healthz`, `/readyz` and (with `with_metrics`) `/metrics` until
 /// `shutdown`: the endpoint both binaries share, with the agent's verdicts.
@@ -61,7 +66,8 @@ pub async fn serve(
                 Err("not connected to principal".into())
             }
         }),
-        ready: Arc::new(move || state.readiness()),
+        // The runtime's probe takes the reason as text.
+        ready: Arc::new(move || state.readiness().map_err(|e| e.to_string())),
         metrics: with_metrics.then(|| Arc::new(move || metrics.encode()) as health::Scrape),
         on_close: Arc::new(|reason| {
             tracing::debug!(reason, "metrics listener closed a connection");
@@ -128,7 +134,7 @@ mod tests {
             svid: None,
             metrics: crate::metrics::Metrics::new(),
         };
-        let why = state.readiness().unwrap_err();
+        let why = state.readiness().unwrap_err().to_string();
         assert!(why.starts_with("not ready: local caches"), "{why}");
         tx.send_replace(true);
         assert!(state.readiness().is_ok());

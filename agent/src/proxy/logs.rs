@@ -182,7 +182,7 @@ pub async fn serve(
         }
         Err(message) => {
             tracing::warn!(namespace = %text::quoted(&req.namespace), pod = %text::quoted(&req.pod), error = %message, "container log request failed");
-            let failed = Answer::status(502, &message);
+            let failed = Answer::status(502, &message.to_string());
             let msg = start(id, 502, failed.content_type, failed.body.to_vec());
             return answer_only(tx, msg, &mut call, connection).await;
         }
@@ -193,24 +193,38 @@ pub async fn serve(
     }
 }
 
+/// Why a container log could not be asked of the cluster (the 502's message).
+#[derive(Debug, thiserror::Error)]
+enum LogError {
+    /// The API server could not be reached.
+    #[error("kubernetes API: {0}")]
+    Kube(kube::Error),
+    /// No answer within the proxy's timeout.
+    #[error("the log request timed out")]
+    TimedOut,
+    /// The request could not be built.
+    #[error("invalid log request")]
+    Invalid,
+}
+
 /// Asks the cluster for the container's log (within the proxy's timeout): the response, or
 /// why it failed; `None` when the connection ended first.
 async fn get_log(
     proxy: &Proxy,
     req: &LogRequest,
     connection: &CancellationToken,
-) -> Option<Result<http::Response<kube::client::Body>, String>> {
+) -> Option<Result<http::Response<kube::client::Body>, LogError>> {
     let request = super::build_request("GET", &log_path(req), "", None, "", Vec::new())
         .map(|r| proxy.client.send(r));
     Some(match request {
         Ok(send) => tokio::select! {
             _ = connection.cancelled() => return None,
             r = tokio::time::timeout(proxy.config.timeout, send) => match r {
-                Ok(r) => r.map_err(|e| format!("kubernetes API: {e}")),
-                Err(_) => Err("the log request timed out".to_string()),
+                Ok(r) => r.map_err(LogError::Kube),
+                Err(_) => Err(LogError::TimedOut),
             },
         },
-        Err(_) => Err("invalid log request".to_string()),
+        Err(_) => Err(LogError::Invalid),
     })
 }
 

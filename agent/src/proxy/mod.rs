@@ -130,6 +130,11 @@ enum Failure {
     Upstream(String),
 }
 
+/// A rule's refusal as a 403 whose Status message is the rule's text.
+fn forbidden(e: impl std::fmt::Display) -> Failure {
+    Failure::Forbidden(e.to_string())
+}
+
 /// The log form: `forbidden: "<why>"` (the message may name what the hub asked for).
 impl std::fmt::Display for Failure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -274,7 +279,7 @@ impl Proxy {
             Ok(p) => p,
             Err(reason) => {
                 let verb = rules::method_verb(&req.method);
-                return self.refuse(verb, req, Failure::Forbidden(reason));
+                return self.refuse(verb, req, forbidden(reason));
             }
         };
         let verb = plan.verb();
@@ -382,8 +387,7 @@ impl Proxy {
         req: &ResourceRequest,
         r: &rules::ResourcePath,
     ) -> Result<(), Failure> {
-        let body =
-            rules::read_create_body(&req.content_type, &req.body).map_err(Failure::Forbidden)?;
+        let body = rules::read_create_body(&req.content_type, &req.body).map_err(forbidden)?;
         let Some(ns) = r.namespace.clone() else {
             return Err(Failure::Forbidden(format!(
                 "{} is not created in a namespace: cluster-scoped objects are never created through the resource proxy",
@@ -408,7 +412,7 @@ impl Proxy {
             namespace: Some(ns.clone()),
             namespaced,
         };
-        rules::check_create_shape(&target, &body).map_err(Failure::Forbidden)?;
+        rules::check_create_shape(&target, &body).map_err(forbidden)?;
         let meta = body.get("metadata").cloned().unwrap_or(Value::Null);
         let owners = rules::create_owners(&meta);
         if owners.is_empty() {
@@ -439,7 +443,8 @@ impl Proxy {
             for app in managing.iter().filter_map(|i| apps.facts(*i)) {
                 let level = self.config.pod_security;
                 let checked = rules::check_create(&target, &body, &obj, app)
-                    .and_then(|()| pss::check(level, &body, None));
+                    .map_err(|e| e.to_string())
+                    .and_then(|()| pss::check(level, &body, None).map_err(|e| e.to_string()));
                 match checked {
                     Ok(()) => return Ok(()),
                     Err(e) => why.push(e),
@@ -501,7 +506,9 @@ impl Proxy {
         req: &ResourceRequest,
         r: &rules::ResourcePath,
     ) -> Result<Result<Vec<u8>, Answer>, Failure> {
-        let refused = |rule: &'static str| move |e: String| Failure::Refused(rule, e);
+        fn refused<E: std::fmt::Display>(rule: &'static str) -> impl Fn(E) -> Failure {
+            move |e| Failure::Refused(rule, e.to_string())
+        }
         let kind = patch::patch_type(&req.content_type).map_err(refused("patch"))?;
         let before = match self.fetch_managed(apps, r).await? {
             Ok(obj) => obj,
@@ -546,9 +553,9 @@ impl Proxy {
     /// The pod security and owner-baseline rules for a patched object.
     fn check_patched_pods(&self, before: &Value, after: &Value) -> Result<(), Failure> {
         pss::check(self.config.pod_security, after, Some(before))
-            .map_err(|e| Failure::Refused("pod-security", e))?;
-        let added =
-            rules::added_asks(after, before).map_err(|e| Failure::Refused("owner-baseline", e))?;
+            .map_err(|e| Failure::Refused("pod-security", e.to_string()))?;
+        let added = rules::added_asks(after, before)
+            .map_err(|e| Failure::Refused("owner-baseline", e.to_string()))?;
         if !added.is_empty() {
             let kind = after
                 .get("kind")

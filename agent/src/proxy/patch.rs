@@ -34,44 +34,123 @@ pub enum PatchType {
     Strategic,
 }
 
+/// Why a patch is refused or cannot be applied; the Display text reaches kubectl users in a
+/// Kubernetes Status message.
+#[derive(Debug, thiserror::Error)]
+pub enum PatchError {
+    /// A server-side apply patch.
+    #[error(
+        "server-side apply patches are not served: their result depends on managed fields the agent cannot judge (use a merge, JSON or strategic merge patch)"
+    )]
+    ServerSideApply,
+    /// A Content-Type that is no patch type served.
+    #[error(
+        "patch Content-Type {} is not served (merge, JSON or strategic merge patch)",
+        quoted(.0)
+    )]
+    ContentType(String),
+    /// The patch body is not read as strict JSON.
+    #[error("the patch: {0}")]
+    Body(rules::RuleError),
+    /// The conditional patch cannot be written back.
+    #[error("the patch: {0}")]
+    Encode(serde_json::Error),
+    /// A merge patch that is not an object.
+    #[error("a merge patch must be a JSON object")]
+    MergeNotObject,
+    /// A strategic merge patch that is not an object.
+    #[error("a strategic merge patch must be a JSON object")]
+    StrategicNotObject,
+    /// A JSON patch that is not a list of operations.
+    #[error("invalid JSON patch: {0}")]
+    InvalidJsonPatch(serde_json::Error),
+    /// A JSON patch whose operations fail on the object.
+    #[error("the JSON patch cannot be applied: {0}")]
+    NotApplicable(json_patch::PatchError),
+    /// The patch body does not have its Content-Type's shape.
+    #[error("the patch is not of its Content-Type's shape")]
+    WrongShape,
+    /// The patch is nested deeper than [`rules::MAX_SCAN_DEPTH`].
+    #[error("the patch is nested too deeply to be checked")]
+    TooDeep,
+    /// A `$` directive the agent does not evaluate.
+    #[error(
+        "the strategic merge patch directive {} is not evaluated by the agent",
+        quoted(.0)
+    )]
+    UnknownDirective(String),
+    /// A `$patch` value that is not `replace`, `delete` or `merge`.
+    #[error("unknown strategic merge patch directive $patch: {0}")]
+    UnknownPatchValue(Value),
+    /// A directive whose value must be a list.
+    #[error("{0} must be a list")]
+    NotAList(&'static str),
+    /// A `$patch` directive in a list without a merge key.
+    #[error(
+        "a $patch directive in list {}, which has no merge key, is not evaluated by the agent",
+        quoted(.0)
+    )]
+    DirectiveWithoutKey(String),
+    /// A list item without the list's merge key.
+    #[error("an item of list {} has no merge key {}", quoted(.field), quoted(.key))]
+    NoMergeKey {
+        /// The list field.
+        field: String,
+        /// Its merge key.
+        key: String,
+    },
+    /// An unknown `$patch` directive in a list item.
+    #[error(
+        "unknown strategic merge patch directive $patch: {} in list {}",
+        quoted(.directive),
+        quoted(.field)
+    )]
+    UnknownListDirective {
+        /// The directive's value.
+        directive: String,
+        /// The list field.
+        field: String,
+    },
+    /// A list item that is not an object.
+    #[error("an item of list {} is not an object", quoted(.0))]
+    ItemNotObject(String),
+}
+
 /// The patch type of a request's Content-Type; `Err` says why it is refused.
-pub fn patch_type(content_type: &str) -> Result<PatchType, String> {
+pub fn patch_type(content_type: &str) -> Result<PatchType, PatchError> {
     let media = content_type.split(';').next().unwrap_or_default().trim();
     match media.to_ascii_lowercase().as_str() {
         "application/merge-patch+json" => Ok(PatchType::Merge),
         "application/json-patch+json" => Ok(PatchType::Json),
         "application/strategic-merge-patch+json" => Ok(PatchType::Strategic),
-        "application/apply-patch+yaml" | "application/apply-patch+cbor" => Err(
-            "server-side apply patches are not served: their result depends on managed fields the agent cannot judge (use a merge, JSON or strategic merge patch)".into(),
-        ),
-        _ => Err(format!(
-            "patch Content-Type {content_type} is not served (merge, JSON or strategic merge patch)", content_type = quoted(&content_type)
-        )),
+        "application/apply-patch+yaml" | "application/apply-patch+cbor" => {
+            Err(PatchError::ServerSideApply)
+        }
+        _ => Err(PatchError::ContentType(content_type.to_owned())),
     }
 }
 
 /// Applies the patch `body` of type `kind` to `current`: the object the API server would
 /// store (if `current` is what it holds). Bodies are read strictly (no key twice in an
 /// object).
-pub fn apply(kind: PatchType, current: &Value, body: &[u8]) -> Result<Value, String> {
-    let patch = rules::read_strict_json(body).map_err(|e| format!("the patch: {e}"))?;
+pub fn apply(kind: PatchType, current: &Value, body: &[u8]) -> Result<Value, PatchError> {
+    let patch = rules::read_strict_json(body).map_err(PatchError::Body)?;
     let mut doc = current.clone();
     match kind {
         PatchType::Merge => {
             if !patch.is_object() {
-                return Err("a merge patch must be a JSON object".into());
+                return Err(PatchError::MergeNotObject);
             }
             json_patch::merge(&mut doc, &patch);
         }
         PatchType::Json => {
             let ops: json_patch::Patch =
-                serde_json::from_value(patch).map_err(|e| format!("invalid JSON patch: {e}"))?;
-            json_patch::patch(&mut doc, &ops)
-                .map_err(|e| format!("the JSON patch cannot be applied: {e}"))?;
+                serde_json::from_value(patch).map_err(PatchError::InvalidJsonPatch)?;
+            json_patch::patch(&mut doc, &ops).map_err(PatchError::NotApplicable)?;
         }
         PatchType::Strategic => {
             let Value::Object(p) = &patch else {
-                return Err("a strategic merge patch must be a JSON object".into());
+                return Err(PatchError::StrategicNotObject);
             };
             merge_map(&mut doc, p, 0)?;
         }
@@ -87,8 +166,8 @@ pub fn with_precondition(
     kind: PatchType,
     body: &[u8],
     resource_version: &str,
-) -> Result<Vec<u8>, String> {
-    let mut patch = rules::read_strict_json(body).map_err(|e| format!("the patch: {e}"))?;
+) -> Result<Vec<u8>, PatchError> {
+    let mut patch = rules::read_strict_json(body).map_err(PatchError::Body)?;
     match (&mut patch, kind) {
         (Value::Array(ops), PatchType::Json) => ops.insert(
             0,
@@ -101,9 +180,9 @@ pub fn with_precondition(
             }
             meta["resourceVersion"] = json!(resource_version);
         }
-        _ => return Err("the patch is not of its Content-Type's shape".into()),
+        _ => return Err(PatchError::WrongShape),
     }
-    serde_json::to_vec(&patch).map_err(|e| format!("the patch: {e}"))
+    serde_json::to_vec(&patch).map_err(PatchError::Encode)
 }
 
 /// How a list field merges in a strategic merge patch.
@@ -142,9 +221,9 @@ fn list_merge(field: &str, patch: &[Value]) -> ListMerge {
 
 /// A patch value with its directives removed (what is stored where the patch replaces);
 /// a directive that is not understood is refused.
-fn clean(v: &Value, depth: usize) -> Result<Value, String> {
+fn clean(v: &Value, depth: usize) -> Result<Value, PatchError> {
     if depth > rules::MAX_SCAN_DEPTH {
-        return Err("the patch is nested too deeply to be checked".into());
+        return Err(PatchError::TooDeep);
     }
     Ok(match v {
         Value::Object(m) => {
@@ -167,7 +246,7 @@ fn clean(v: &Value, depth: usize) -> Result<Value, String> {
     })
 }
 
-fn known_directive(key: &str) -> Result<(), String> {
+fn known_directive(key: &str) -> Result<(), PatchError> {
     if key == "$patch"
         || key == "$retainKeys"
         || key.starts_with("$deleteFromPrimitiveList/")
@@ -175,16 +254,13 @@ fn known_directive(key: &str) -> Result<(), String> {
     {
         Ok(())
     } else {
-        Err(format!(
-            "the strategic merge patch directive {key} is not evaluated by the agent",
-            key = quoted(&key)
-        ))
+        Err(PatchError::UnknownDirective(key.to_owned()))
     }
 }
 
-fn merge_map(doc: &mut Value, patch: &Map<String, Value>, depth: usize) -> Result<(), String> {
+fn merge_map(doc: &mut Value, patch: &Map<String, Value>, depth: usize) -> Result<(), PatchError> {
     if depth > rules::MAX_SCAN_DEPTH {
-        return Err("the patch is nested too deeply to be checked".into());
+        return Err(PatchError::TooDeep);
     }
     match patch.get("$patch") {
         Some(Value::String(s)) if s == "replace" => {
@@ -198,9 +274,7 @@ fn merge_map(doc: &mut Value, patch: &Map<String, Value>, depth: usize) -> Resul
         Some(Value::String(s)) if s == "merge" => {}
         None => {}
         Some(other) => {
-            return Err(format!(
-                "unknown strategic merge patch directive $patch: {other}"
-            ));
+            return Err(PatchError::UnknownPatchValue(other.clone()));
         }
     }
     if !doc.is_object() {
@@ -212,7 +286,7 @@ fn merge_map(doc: &mut Value, patch: &Map<String, Value>, depth: usize) -> Resul
     if let Some(retain) = patch.get("$retainKeys") {
         let keys: Vec<&str> = retain
             .as_array()
-            .ok_or("$retainKeys must be a list")?
+            .ok_or(PatchError::NotAList("$retainKeys"))?
             .iter()
             .filter_map(Value::as_str)
             .collect();
@@ -222,7 +296,7 @@ fn merge_map(doc: &mut Value, patch: &Map<String, Value>, depth: usize) -> Resul
         if let Some(field) = k.strip_prefix("$deleteFromPrimitiveList/") {
             let remove = v
                 .as_array()
-                .ok_or("$deleteFromPrimitiveList must be a list")?;
+                .ok_or(PatchError::NotAList("$deleteFromPrimitiveList"))?;
             if let Some(Value::Array(list)) = target.get_mut(field) {
                 list.retain(|x| !remove.contains(x));
             }
@@ -260,7 +334,7 @@ fn merge_list(
     current: Option<&Value>,
     patch: &[Value],
     depth: usize,
-) -> Result<Value, String> {
+) -> Result<Value, PatchError> {
     let current: Vec<Value> = current
         .and_then(Value::as_array)
         .cloned()
@@ -281,10 +355,7 @@ fn merge_list(
     match list_merge(field, patch) {
         ListMerge::Replace => {
             if patch.iter().any(|e| e.get("$patch").is_some()) {
-                return Err(format!(
-                    "a $patch directive in list {field}, which has no merge key, is not evaluated by the agent",
-                    field = quoted(&field)
-                ));
+                return Err(PatchError::DirectiveWithoutKey(field.to_owned()));
             }
             clean(&Value::Array(patch.to_vec()), depth)
         }
@@ -301,11 +372,10 @@ fn merge_list(
             let mut out = current;
             for e in patch {
                 let Some(id) = e.get(key) else {
-                    return Err(format!(
-                        "an item of list {field} has no merge key {key}",
-                        field = quoted(&field),
-                        key = quoted(&key)
-                    ));
+                    return Err(PatchError::NoMergeKey {
+                        field: field.to_owned(),
+                        key: key.to_owned(),
+                    });
                 };
                 let pos = out.iter().position(|x| x.get(key) == Some(id));
                 match (pos, directive(e).as_deref()) {
@@ -314,18 +384,14 @@ fn merge_list(
                     }
                     (None, Some("delete")) => {}
                     (_, Some(other)) if other != "merge" => {
-                        return Err(format!(
-                            "unknown strategic merge patch directive $patch: {other} in list {field}",
-                            other = quoted(&other),
-                            field = quoted(&field)
-                        ));
+                        return Err(PatchError::UnknownListDirective {
+                            directive: other.to_owned(),
+                            field: field.to_owned(),
+                        });
                     }
                     (Some(i), _) => {
                         let Value::Object(pm) = e else {
-                            return Err(format!(
-                                "an item of list {field} is not an object",
-                                field = quoted(&field)
-                            ));
+                            return Err(PatchError::ItemNotObject(field.to_owned()));
                         };
                         merge_map(&mut out[i], pm, depth + 1)?;
                     }
@@ -341,8 +407,14 @@ fn merge_list(
 mod tests {
     use super::*;
 
+    // The errors as the text kubectl users read, so the tests pin the wording.
+    fn patch_type(content_type: &str) -> Result<PatchType, String> {
+        super::patch_type(content_type).map_err(|e| e.to_string())
+    }
+
     fn smp(current: Value, patch: Value) -> Result<Value, String> {
         apply(PatchType::Strategic, &current, patch.to_string().as_bytes())
+            .map_err(|e| e.to_string())
     }
 
     #[test]

@@ -73,14 +73,50 @@ fn valid_segment(s: &str) -> bool {
             .all(|b| b > b' ' && b != 0x7f && !matches!(b, b'%' | b'\\' | b'?' | b'#'))
 }
 
+/// Why a request's method and path are refused (403); the Display text reaches kubectl
+/// users in a Kubernetes Status message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PathError {
+    /// The path is relative.
+    #[error("path must start with /")]
+    NoLeadingSlash,
+    /// A path segment that is not accepted (see `valid_segment`).
+    #[error("invalid path segment {}", quoted(.0))]
+    BadSegment(String),
+    /// Neither discovery nor a resource.
+    #[error("not a Kubernetes API resource path")]
+    NotResource,
+    /// A watch, by path or by query.
+    #[error("watch requests are not served")]
+    Watch,
+    /// A method other than GET, POST, PATCH and DELETE.
+    #[error("method {} is not allowed", quoted(.0))]
+    Method(String),
+    /// A write to a discovery path.
+    #[error("{0} of a discovery path")]
+    DiscoveryWrite(String),
+    /// A write to the status subresource.
+    #[error("the status subresource is read-only here")]
+    StatusReadOnly,
+    /// A subresource other than `status`.
+    #[error("subresource {} is not served", quoted(.0))]
+    Subresource(String),
+    /// A POST to a named object.
+    #[error("POST must name a collection")]
+    PostNamed,
+    /// A PATCH or DELETE of a collection.
+    #[error("{0} of a whole collection is not allowed")]
+    WholeCollection(String),
+}
+
 /// Parses a Kubernetes API path; `Err` says why it is refused.
-pub fn parse_path(path: &str) -> Result<ApiPath, String> {
+pub fn parse_path(path: &str) -> Result<ApiPath, PathError> {
     let Some(rest) = path.strip_prefix('/') else {
-        return Err("path must start with /".into());
+        return Err(PathError::NoLeadingSlash);
     };
     let parts: Vec<&str> = rest.split('/').collect();
     if let Some(bad) = parts.iter().find(|s| !valid_segment(s)) {
-        return Err(format!("invalid path segment {bad}", bad = quoted(&bad)));
+        return Err(PathError::BadSegment((*bad).to_owned()));
     }
     match parts.as_slice() {
         ["api"] | ["apis"] | ["version"] | ["openapi", "v2"] | ["openapi", "v3", ..] => {
@@ -89,7 +125,7 @@ pub fn parse_path(path: &str) -> Result<ApiPath, String> {
         ["api", _] | ["apis", _] | ["apis", _, _] => Ok(ApiPath::Discovery),
         ["api", version, rest @ ..] => resource_path("", version, rest),
         ["apis", group, version, rest @ ..] => resource_path(group, version, rest),
-        _ => Err("not a Kubernetes API resource path".into()),
+        _ => Err(PathError::NotResource),
     }
 }
 
@@ -97,9 +133,9 @@ pub fn parse_path(path: &str) -> Result<ApiPath, String> {
 /// reads them.
 const NAMESPACE_SUBRESOURCES: &[&str] = &["status", "finalize"];
 
-fn resource_path(group: &str, version: &str, rest: &[&str]) -> Result<ApiPath, String> {
+fn resource_path(group: &str, version: &str, rest: &[&str]) -> Result<ApiPath, PathError> {
     if rest.first() == Some(&"watch") {
-        return Err("watch requests are not served".into());
+        return Err(PathError::Watch);
     }
     let (namespace, rest) = match rest {
         ["namespaces", ns, next, ..] if !NAMESPACE_SUBRESOURCES.contains(next) => {
@@ -111,7 +147,7 @@ fn resource_path(group: &str, version: &str, rest: &[&str]) -> Result<ApiPath, S
         [plural] => (plural, None, None),
         [plural, name] => (plural, Some(name), None),
         [plural, name, sub] => (plural, Some(name), Some(sub)),
-        _ => return Err("not a Kubernetes API resource path".into()),
+        _ => return Err(PathError::NotResource),
     };
     Ok(ApiPath::Resource(ResourcePath {
         group: group.into(),
@@ -171,30 +207,24 @@ pub fn method_verb(method: &str) -> &'static str {
 }
 
 /// Decides what a request may do; `Err` is the reason it is refused (403).
-pub fn plan(method: &str, path: &str, query: &str) -> Result<Plan, String> {
+pub fn plan(method: &str, path: &str, query: &str) -> Result<Plan, PathError> {
     if !matches!(method, "GET" | "POST" | "PATCH" | "DELETE") {
-        return Err(format!(
-            "method {method} is not allowed",
-            method = quoted(&method)
-        ));
+        return Err(PathError::Method(method.to_owned()));
     }
     if is_watch(query) {
-        return Err("watch requests are not served".into());
+        return Err(PathError::Watch);
     }
     let resource = match parse_path(path)? {
         ApiPath::Discovery if method == "GET" => return Ok(Plan::PassThrough),
-        ApiPath::Discovery => return Err(format!("{method} of a discovery path")),
+        ApiPath::Discovery => return Err(PathError::DiscoveryWrite(method.to_owned())),
         ApiPath::Resource(r) => r,
     };
     match resource.subresource.as_deref() {
         None => {}
         Some("status") if method == "GET" => {}
-        Some("status") => return Err("the status subresource is read-only here".into()),
+        Some("status") => return Err(PathError::StatusReadOnly),
         Some(sub) => {
-            return Err(format!(
-                "subresource {sub} is not served",
-                sub = quoted(&sub)
-            ));
+            return Err(PathError::Subresource(sub.to_owned()));
         }
     }
     if method == "GET" && resource.is_events() {
@@ -206,8 +236,8 @@ pub fn plan(method: &str, path: &str, query: &str) -> Result<Plan, String> {
         ("PATCH", true) => Ok(Plan::Patch(resource)),
         ("DELETE", true) => Ok(Plan::Delete(resource)),
         ("POST", false) => Ok(Plan::Create(resource)),
-        ("POST", true) => Err("POST must name a collection".into()),
-        _ => Err(format!("{method} of a whole collection is not allowed")),
+        ("POST", true) => Err(PathError::PostNamed),
+        _ => Err(PathError::WholeCollection(method.to_owned())),
     }
 }
 

@@ -51,18 +51,40 @@ impl fmt::Display for Level {
     }
 }
 
-impl FromStr for Level {
-    type Err = String;
+/// A pod security level that is none of `privileged`, `baseline` and `restricted`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "pod security level {}: expected privileged, baseline or restricted",
+    argocd_agent_identity::text::quoted(.0)
+)]
+pub struct LevelError(pub String);
 
-    fn from_str(s: &str) -> Result<Level, String> {
+/// Why an object is refused by the pod security rules; the Display text reaches kubectl
+/// users in a Kubernetes Status message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PssError {
+    /// The object is nested deeper than [`MAX_DEPTH`].
+    #[error("the object is nested too deeply to be checked")]
+    TooDeep,
+    /// The object breaks the level (the message is [`refusal`]).
+    #[error("{}", refusal(*.level, .found))]
+    Refused {
+        /// The level checked.
+        level: Level,
+        /// What breaks it (not empty).
+        found: Vec<Violation>,
+    },
+}
+
+impl FromStr for Level {
+    type Err = LevelError;
+
+    fn from_str(s: &str) -> Result<Level, LevelError> {
         match s.trim().to_ascii_lowercase().as_str() {
             "privileged" => Ok(Level::Privileged),
             "baseline" => Ok(Level::Baseline),
             "restricted" => Ok(Level::Restricted),
-            other => Err(format!(
-                "pod security level {other}: expected privileged, baseline or restricted",
-                other = argocd_agent_identity::text::quoted(&other)
-            )),
+            other => Err(LevelError(other.to_owned())),
         }
     }
 }
@@ -714,7 +736,7 @@ fn is_pod_spec(map: &Map<String, Value>) -> bool {
 
 /// Every violation of `level` by the pod specs in `obj`, wherever they sit. An object
 /// nested deeper than [`MAX_DEPTH`] is refused.
-pub fn violations(level: Level, obj: &Value) -> Result<Vec<Violation>, String> {
+pub fn violations(level: Level, obj: &Value) -> Result<Vec<Violation>, PssError> {
     let mut out = Vec::new();
     if level != Level::Privileged {
         walk(level, obj, &Value::Null, "", 0, &mut out)?;
@@ -729,9 +751,9 @@ fn walk(
     at: &str,
     depth: usize,
     out: &mut Vec<Violation>,
-) -> Result<(), String> {
+) -> Result<(), PssError> {
     if depth > MAX_DEPTH {
-        return Err("the object is nested too deeply to be checked".into());
+        return Err(PssError::TooDeep);
     }
     match v {
         Value::Object(map) if is_pod_spec(map) => {
@@ -773,7 +795,7 @@ pub fn new_violations(
     level: Level,
     obj: &Value,
     before: Option<&Value>,
-) -> Result<Vec<Violation>, String> {
+) -> Result<Vec<Violation>, PssError> {
     let found = violations(level, obj)?;
     let known: BTreeSet<String> = match before {
         Some(b) => violations(level, b)?.into_iter().map(|v| v.key).collect(),
@@ -807,13 +829,13 @@ pub fn refusal(level: Level, found: &[Violation]) -> String {
 }
 
 /// Checks `obj` against `level`, allowing what `before` (the object before a patch)
-/// already has (see [`new_violations`]); `Err` is the refusal message.
-pub fn check(level: Level, obj: &Value, before: Option<&Value>) -> Result<(), String> {
+/// already has (see [`new_violations`]); `Err` is the refusal (its Display the message).
+pub fn check(level: Level, obj: &Value, before: Option<&Value>) -> Result<(), PssError> {
     let found = new_violations(level, obj, before)?;
     if found.is_empty() {
         Ok(())
     } else {
-        Err(refusal(level, &found))
+        Err(PssError::Refused { level, found })
     }
 }
 

@@ -7,6 +7,103 @@ use std::collections::{BTreeSet, HashMap};
 
 use serde_json::Value;
 
+/// Why the resource proxy's rules refuse a request; the Display text reaches kubectl users
+/// in a Kubernetes Status message.
+#[derive(Debug, thiserror::Error)]
+pub enum RuleError {
+    /// A patch changes a value the spoke's tracking reads.
+    #[error(
+        "a patch may not change metadata.{map}[{}], which tracks the object for Argo CD (it is {was}, it would be {now})",
+        quoted(.key)
+    )]
+    TrackingChanged {
+        /// `labels` or `annotations`.
+        map: &'static str,
+        /// The label or annotation key.
+        key: String,
+        /// Its value before (JSON, or `unset`).
+        was: String,
+        /// Its value after (JSON, or `unset`).
+        now: String,
+    },
+    /// A create body's Content-Type is not JSON.
+    #[error("a create body must be JSON (Content-Type {})", quoted(.0))]
+    CreateNotJson(String),
+    /// A create body is not read as strict JSON.
+    #[error("a create body must be a JSON object: {0}")]
+    CreateUnreadable(serde_json::Error),
+    /// A create body is JSON but not an object.
+    #[error("a create body must be a JSON object")]
+    CreateNotObject,
+    /// A body is not read as strict JSON.
+    #[error("not JSON as the API server reads it: {0}")]
+    NotStrictJson(serde_json::Error),
+    /// A create of a cluster-scoped kind.
+    #[error(
+        "{0} is cluster-scoped: cluster-scoped objects are never created through the resource proxy"
+    )]
+    ClusterScoped(String),
+    /// The body's kind differs from the request's.
+    #[error("the body's kind {} is not the request's {}", quoted(.body), quoted(.request))]
+    KindMismatch {
+        /// The body's kind.
+        body: String,
+        /// The request's kind.
+        request: String,
+    },
+    /// The body's apiVersion differs from the request's.
+    #[error("the body's apiVersion {} is not the request's {}", quoted(.body), quoted(.request))]
+    ApiVersionMismatch {
+        /// The body's apiVersion.
+        body: String,
+        /// The request's apiVersion.
+        request: String,
+    },
+    /// The body's namespace differs from the request's.
+    #[error("the object's namespace {} is not the request's {}", quoted(.body), quoted(.request))]
+    NamespaceMismatch {
+        /// The body's namespace.
+        body: String,
+        /// The request's namespace.
+        request: String,
+    },
+    /// The namespace is not a destination of the owner's Application.
+    #[error("namespace {} is not a destination of Application {}", quoted(.namespace), quoted(.app))]
+    NotDestination {
+        /// The namespace.
+        namespace: String,
+        /// The Application's name.
+        app: String,
+    },
+    /// The Application manages no object of the (RBAC) kind created.
+    #[error("Application {} manages no {kind}, so none is created for it", quoted(.app))]
+    KindNotManaged {
+        /// The Application's name.
+        app: String,
+        /// The kind created.
+        kind: String,
+    },
+    /// A service-account token for an Application that manages no Secrets.
+    #[error(
+        "Application {} manages no Secrets, so no service-account token is created for it",
+        quoted(.0)
+    )]
+    TokenNotManaged(String),
+    /// The created object asks for privileges its owner does not have.
+    #[error("the new {kind} asks for {} that its owner {owner_kind} does not have", .asks.join(", "))]
+    OwnerLacks {
+        /// The created kind.
+        kind: String,
+        /// What it asks for beyond its owner.
+        asks: Vec<String>,
+        /// The owner's kind.
+        owner_kind: String,
+    },
+    /// The object is nested deeper than [`MAX_SCAN_DEPTH`].
+    #[error("the object is nested too deeply to be checked")]
+    TooDeep,
+}
+
 /// Label Argo CD's default tracking puts on the objects of an Application.
 pub const INSTANCE_LABEL: &str = "app.kubernetes.io/instance";
 /// Annotation of Argo CD's annotation-based tracking: `<app>:<group>/<kind>:<ns>/<name>`.
@@ -325,7 +422,7 @@ pub fn check_tracking_kept(
     tracking: &Tracking,
     before: &Value,
     after: &Value,
-) -> Result<(), String> {
+) -> Result<(), RuleError> {
     let mut kept: Vec<(&str, &str)> = Vec::new();
     if tracking.reads_label() {
         kept.push(("labels", tracking.label_key.as_str()));
@@ -339,12 +436,12 @@ pub fn check_tracking_kept(
         let now = after.get(map).and_then(|m| m.get(key));
         if was != now {
             let show = |v: Option<&Value>| v.map_or_else(|| "unset".to_owned(), |v| v.to_string());
-            return Err(format!(
-                "a patch may not change metadata.{map}[{key}], which tracks the object for Argo CD (it is {}, it would be {})",
-                show(was),
-                show(now),
-                key = quoted(&key)
-            ));
+            return Err(RuleError::TrackingChanged {
+                map,
+                key: key.to_owned(),
+                was: show(was),
+                now: show(now),
+            });
         }
     }
     Ok(())
@@ -352,7 +449,7 @@ pub fn check_tracking_kept(
 
 /// The asks of `obj` (see [`privilege_asks`]) that `baseline` (the object before a patch,
 /// or a created object's owner) does not have.
-pub fn added_asks(obj: &Value, baseline: &Value) -> Result<Vec<String>, String> {
+pub fn added_asks(obj: &Value, baseline: &Value) -> Result<Vec<String>, RuleError> {
     let wanted = privilege_asks(obj)?;
     let granted = privilege_asks(baseline)?;
     Ok(wanted.difference(&granted).cloned().collect())
@@ -477,27 +574,22 @@ impl CreateTarget {
 /// empty Content-Type or `application/json`), a JSON object, and no key twice in any object
 /// (the API server's decoder merges a repeated object into the first, this one would keep
 /// the last: the two would see different objects).
-pub fn read_create_body(content_type: &str, body: &[u8]) -> Result<Value, String> {
+pub fn read_create_body(content_type: &str, body: &[u8]) -> Result<Value, RuleError> {
     let media = content_type.split(';').next().unwrap_or_default().trim();
     if !(media.is_empty() || media.eq_ignore_ascii_case("application/json")) {
-        return Err(format!(
-            "a create body must be JSON (Content-Type {content_type})",
-            content_type = quoted(&content_type)
-        ));
+        return Err(RuleError::CreateNotJson(content_type.to_owned()));
     }
-    let StrictValue(v) = serde_json::from_slice(body)
-        .map_err(|e| format!("a create body must be a JSON object: {e}"))?;
+    let StrictValue(v) = serde_json::from_slice(body).map_err(RuleError::CreateUnreadable)?;
     if !v.is_object() {
-        return Err("a create body must be a JSON object".into());
+        return Err(RuleError::CreateNotObject);
     }
     Ok(v)
 }
 
 /// Reads any JSON value with every repeated object key refused (see
 /// [`read_create_body`]).
-pub fn read_strict_json(body: &[u8]) -> Result<Value, String> {
-    let StrictValue(v) = serde_json::from_slice(body)
-        .map_err(|e| format!("not JSON as the API server reads it: {e}"))?;
+pub fn read_strict_json(body: &[u8]) -> Result<Value, RuleError> {
+    let StrictValue(v) = serde_json::from_slice(body).map_err(RuleError::NotStrictJson)?;
     Ok(v)
 }
 
@@ -566,41 +658,35 @@ impl<'de> serde::de::Visitor<'de> for StrictVisitor {
 }
 
 /// Rule 1 and the body's consistency with the request, before any owner is looked at.
-pub fn check_create_shape(target: &CreateTarget, body: &Value) -> Result<(), String> {
+pub fn check_create_shape(target: &CreateTarget, body: &Value) -> Result<(), RuleError> {
     let Some(ns) = target.namespace.as_deref().filter(|_| target.namespaced) else {
-        return Err(format!(
-            "{} is cluster-scoped: cluster-scoped objects are never created through the resource proxy",
-            target.kind
-        ));
+        return Err(RuleError::ClusterScoped(target.kind.clone()));
     };
     if let Some(kind) = body.get("kind").and_then(Value::as_str)
         && kind != target.kind
     {
-        return Err(format!(
-            "the body's kind {kind} is not the request's {}",
-            quoted(&target.kind),
-            kind = quoted(&kind)
-        ));
+        return Err(RuleError::KindMismatch {
+            body: kind.to_owned(),
+            request: target.kind.clone(),
+        });
     }
     let api_version = target.api_version();
     if let Some(v) = body.get("apiVersion").and_then(Value::as_str)
         && v != api_version
     {
-        return Err(format!(
-            "the body's apiVersion {v} is not the request's {api_version}",
-            v = quoted(&v),
-            api_version = quoted(&api_version)
-        ));
+        return Err(RuleError::ApiVersionMismatch {
+            body: v.to_owned(),
+            request: api_version,
+        });
     }
     if let Some(b) = body.pointer("/metadata/namespace").and_then(Value::as_str)
         && !b.is_empty()
         && b != ns
     {
-        return Err(format!(
-            "the object's namespace {b} is not the request's {ns}",
-            b = quoted(&b),
-            ns = quoted(&ns)
-        ));
+        return Err(RuleError::NamespaceMismatch {
+            body: b.to_owned(),
+            request: ns.to_owned(),
+        });
     }
     Ok(())
 }
@@ -612,45 +698,40 @@ pub fn check_create(
     body: &Value,
     owner: &Value,
     app: &AppFacts,
-) -> Result<(), String> {
+) -> Result<(), RuleError> {
     check_create_shape(target, body)?;
     let ns = target.namespace.as_deref().unwrap_or_default();
     let app_name = &app.name;
     if !app.deploys_to(ns) {
-        return Err(format!(
-            "namespace {ns} is not a destination of Application {app_name}",
-            ns = quoted(&ns),
-            app_name = quoted(&app_name)
-        ));
+        return Err(RuleError::NotDestination {
+            namespace: ns.to_owned(),
+            app: app_name.clone(),
+        });
     }
     if target.group == RBAC_GROUP && !app.manages_kind(&target.group, &target.kind) {
-        return Err(format!(
-            "Application {app_name} manages no {}, so none is created for it",
-            target.kind,
-            app_name = quoted(&app_name)
-        ));
+        return Err(RuleError::KindNotManaged {
+            app: app_name.clone(),
+            kind: target.kind.clone(),
+        });
     }
     if target.group.is_empty()
         && target.kind == "Secret"
         && body.get("type").and_then(Value::as_str) == Some(SERVICE_ACCOUNT_TOKEN)
         && !app.manages_kind("", "Secret")
     {
-        return Err(format!(
-            "Application {app_name} manages no Secrets, so no service-account token is created for it",
-            app_name = quoted(&app_name)
-        ));
+        return Err(RuleError::TokenNotManaged(app_name.clone()));
     }
     let wanted = privilege_asks(body)?;
     if !wanted.is_empty() {
         let granted = privilege_asks(owner)?;
-        let extra: Vec<&str> = wanted.difference(&granted).map(String::as_str).collect();
+        let extra: Vec<String> = wanted.difference(&granted).cloned().collect();
         if !extra.is_empty() {
             let owner_kind = owner.get("kind").and_then(Value::as_str).unwrap_or("owner");
-            return Err(format!(
-                "the new {} asks for {} that its owner {owner_kind} does not have",
-                target.kind,
-                extra.join(", ")
-            ));
+            return Err(RuleError::OwnerLacks {
+                kind: target.kind.clone(),
+                asks: extra,
+                owner_kind: owner_kind.to_owned(),
+            });
         }
     }
     Ok(())
@@ -686,7 +767,7 @@ pub fn check_create(
 /// Keys are matched ignoring ASCII case, and the whole object is searched, so a field
 /// cannot hide at a path this list does not know. An object nested deeper than
 /// [`MAX_SCAN_DEPTH`] is refused.
-pub fn privilege_asks(obj: &Value) -> Result<BTreeSet<String>, String> {
+pub fn privilege_asks(obj: &Value) -> Result<BTreeSet<String>, RuleError> {
     let mut asks = BTreeSet::new();
     let is_data = matches!(
         (string_at(obj, "apiVersion"), string_at(obj, "kind")),
@@ -709,9 +790,9 @@ pub fn privilege_asks(obj: &Value) -> Result<BTreeSet<String>, String> {
     Ok(asks)
 }
 
-fn scan_privilege(v: &Value, depth: usize, asks: &mut BTreeSet<String>) -> Result<(), String> {
+fn scan_privilege(v: &Value, depth: usize, asks: &mut BTreeSet<String>) -> Result<(), RuleError> {
     if depth > MAX_SCAN_DEPTH {
-        return Err("the object is nested too deeply to be checked".into());
+        return Err(RuleError::TooDeep);
     }
     match v {
         Value::Array(items) => {
@@ -956,14 +1037,36 @@ fn text_or_json(v: &Value) -> String {
 }
 
 pub use super::paths::{
-    ApiPath, Plan, ResourcePath, accepts_plain_json, entries_mut, entry_metadata, is_watch,
-    json_accept, method_verb, parse_path, plan, reason_for, status_body,
+    ApiPath, PathError, Plan, ResourcePath, accepts_plain_json, entries_mut, entry_metadata,
+    is_watch, json_accept, method_verb, parse_path, plan, reason_for, status_body,
 };
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    // The rules' errors as the text kubectl users read, so the tests pin the wording.
+    fn plan(method: &str, path: &str, query: &str) -> Result<Plan, String> {
+        super::plan(method, path, query).map_err(|e| e.to_string())
+    }
+
+    fn check_create(
+        target: &CreateTarget,
+        body: &Value,
+        owner: &Value,
+        app: &AppFacts,
+    ) -> Result<(), String> {
+        super::check_create(target, body, owner, app).map_err(|e| e.to_string())
+    }
+
+    fn check_tracking_kept(
+        tracking: &Tracking,
+        before: &Value,
+        after: &Value,
+    ) -> Result<(), String> {
+        super::check_tracking_kept(tracking, before, after).map_err(|e| e.to_string())
+    }
 
     fn apps() -> Apps {
         Apps::new([("argocd", "guestbook"), ("team-a", "web")])

@@ -4,6 +4,11 @@ use serde_json::{Value, json};
 
 use super::*;
 
+/// [`super::check`] with its refusal as the text kubectl users read.
+fn check(level: Level, obj: &Value, before: Option<&Value>) -> Result<(), String> {
+    super::check(level, obj, before).map_err(|e| e.to_string())
+}
+
 /// The fields of the violations `check` finds in a Pod with `spec` (and `metadata`).
 fn fields_with(check: Check, spec: Value, metadata: Value) -> Vec<String> {
     let spec = spec.as_object().cloned().unwrap_or_default();
