@@ -9,7 +9,7 @@ use argocd_agent_identity::id::SpiffeId;
 use super::decision::{
     AdminGrant, AdminScope, AgentIdentity, DenyReason, HEADER_NAME_RULE, MappingDenied,
 };
-use super::error::RuleError;
+use super::error::{RuleError, RuleProblem};
 use super::explain::{Explanation, RuleStep, StepOutcome};
 use super::rule::{self, Rule, RuleMatch, RuleSpec, Target};
 
@@ -25,14 +25,17 @@ struct RuleFile {
 
 /// Finds a rule whose name an earlier rule already uses: names exist to tell rules apart
 /// in logs. Returns its 1-based index, its name and the reason.
-fn duplicate_name(rules: &[Rule]) -> Option<(usize, String, String)> {
+fn duplicate_name(rules: &[Rule]) -> Option<(usize, String, RuleProblem)> {
     let mut seen = std::collections::BTreeMap::new();
     for (i, r) in rules.iter().enumerate() {
         if let Some(first) = seen.insert(r.name.as_str(), i + 1) {
             return Some((
                 i + 1,
                 r.name.clone(),
-                format!("rule name \"{}\" is already used by rule {first}", r.name),
+                RuleProblem::DuplicateName {
+                    name: r.name.clone(),
+                    first,
+                },
             ));
         }
     }
