@@ -23,7 +23,7 @@ pub enum RuleError {
         /// Its name (given or default).
         name: String,
         /// What is wrong.
-        reason: RuleProblem,
+        reason: Box<RuleProblem>,
     },
     /// One tenant of a YAML document is invalid.
     #[error("mapping rules YAML: {0}")]
@@ -34,7 +34,7 @@ pub enum RuleError {
         /// The flag as given (truncated when very long).
         flag: String,
         /// What is wrong.
-        reason: RuleProblem,
+        reason: Box<RuleProblem>,
     },
     /// The rules file cannot be read.
     #[error("mapping rules file {}: {cause}", path.display())]

@@ -499,7 +499,7 @@ fn compile_output(
 pub(super) fn parse_flag(flag: &str, default_name: String) -> Result<Rule, RuleError> {
     let err = |reason: RuleProblem| RuleError::Flag {
         flag: argocd_agent_identity::id::quote(flag),
-        reason,
+        reason: Box::new(reason),
     };
     let mut spec = RuleSpec::default();
     if let Some(re) = flag.strip_prefix("mtls:uri:") {

@@ -130,7 +130,7 @@ impl RuleSet {
             let rule = rule::compile(spec, default_name).map_err(|reason| RuleError::Rule {
                 index,
                 name: shown,
-                reason,
+                reason: Box::new(reason),
             })?;
             rules.push(rule);
         }
@@ -138,7 +138,7 @@ impl RuleSet {
             return Err(RuleError::Rule {
                 index,
                 name,
-                reason,
+                reason: Box::new(reason),
             });
         }
         let tenants = Tenants::from_specs(file.tenants)?;
@@ -168,7 +168,7 @@ impl RuleSet {
         if let Some((index, _, reason)) = duplicate_name(&rules) {
             return Err(RuleError::Flag {
                 flag: argocd_agent_identity::id::quote(&flags[index - 1]),
-                reason,
+                reason: Box::new(reason),
             });
         }
         Ok(RuleSet::from_rules(rules))
