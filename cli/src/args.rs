@@ -629,13 +629,16 @@ impl RedisProxyArgs {
             &self.redis_proxy_tls_cert_path,
             &self.redis_proxy_tls_key_path,
         ) {
-            (Some(cert), Some(key)) => Some(argocd_agent_redis::client::server_tls(
-                cert,
-                key,
-                TlsProfile::process()
-                    .server_builder()
-                    .map_err(|e| e.to_string())?,
-            )?),
+            (Some(cert), Some(key)) => Some(
+                argocd_agent_redis::client::server_tls(
+                    cert,
+                    key,
+                    TlsProfile::process()
+                        .server_builder()
+                        .map_err(|e| e.to_string())?,
+                )
+                .map_err(|e| e.to_string())?,
+            ),
             (None, None) => None,
             _ => {
                 return Err(
@@ -666,13 +669,16 @@ impl RedisProxyArgs {
             ));
         }
         let upstream_tls = match &self.redis_server_tls_ca_path {
-            Some(ca) => Some(argocd_agent_redis::RedisTls::from_ca_file(
-                ca,
-                host_of(&self.redis_server_address),
-                TlsProfile::process()
-                    .client_builder()
-                    .map_err(|e| e.to_string())?,
-            )?),
+            Some(ca) => Some(
+                argocd_agent_redis::RedisTls::from_ca_file(
+                    ca,
+                    host_of(&self.redis_server_address),
+                    TlsProfile::process()
+                        .client_builder()
+                        .map_err(|e| e.to_string())?,
+                )
+                .map_err(|e| e.to_string())?,
+            ),
             None => None,
         };
         Ok(Some(argocd_agent_principal::redisproxy::RedisProxyConfig {
@@ -907,13 +913,16 @@ impl AgentRedisArgs {
             return Ok(None);
         };
         let tls = match &self.redis_tls_ca_path {
-            Some(ca) => Some(argocd_agent_redis::RedisTls::from_ca_file(
-                ca,
-                host_of(addr),
-                TlsProfile::process()
-                    .client_builder()
-                    .map_err(|e| e.to_string())?,
-            )?),
+            Some(ca) => Some(
+                argocd_agent_redis::RedisTls::from_ca_file(
+                    ca,
+                    host_of(addr),
+                    TlsProfile::process()
+                        .client_builder()
+                        .map_err(|e| e.to_string())?,
+                )
+                .map_err(|e| e.to_string())?,
+            ),
             None => None,
         };
         Ok(Some(argocd_agent_agent::redis::RedisConfig {
