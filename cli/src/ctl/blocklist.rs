@@ -121,7 +121,7 @@ impl EntryArgs {
     }
 }
 
-async fn api(h: &HubArgs) -> Result<Api<ConfigMap>, String> {
+async fn api(h: &HubArgs) -> Result<Api<ConfigMap>, crate::ctl::error::HubClientError> {
     Ok(Api::namespaced(h.client().await?, &h.namespace))
 }
 

@@ -819,7 +819,7 @@ pub async fn apply(
     hub: &crate::ctl::HubArgs,
     rules_cm: &str,
 ) -> Result<Vec<String>, String> {
-    let client = hub.client().await?;
+    let client = hub.client().await.map_err(|e| e.to_string())?;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &hub.namespace);
     let nss: Api<KubeNamespace> = Api::all(client);
     // Check the rules first: nothing is written for an agent the rules would refuse.
@@ -864,7 +864,7 @@ pub async fn apply(
 /// `agent delete`: the rule, the cluster Secret and (when asked) the namespace.
 pub async fn delete(a: &DeleteArgs) -> Result<Vec<String>, String> {
     let agent = AgentName::new(&a.name).map_err(|e| format!("agent name: {e}"))?;
-    let client = a.hub.client().await?;
+    let client = a.hub.client().await.map_err(|e| e.to_string())?;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &a.hub.namespace);
     let cm_name = a.rules_configmap.as_str();
     let (rule, rule_ns, warning) = with_conflict_retry(|| async {
