@@ -198,9 +198,9 @@ fn manifest_command_line(
         Option<BTreeMap<String, String>>,
         Option<tempfile::TempDir>,
     ),
-    String,
+    ManifestError,
 > {
-    let m = from_manifests(role, path).map_err(|e| e.to_string())?;
+    let m = from_manifests(role, path)?;
     r.1 = m.secrets;
     let mut argv = m.argv;
     argv.extend(env_as_flags(role, &m.env, &argv)?);
@@ -640,6 +640,15 @@ enum ManifestError {
         /// Where the manifests were read.
         path: PathBuf,
     },
+    /// The Deployment runs a role the binary does not have.
+    #[error("argocd-agent has no {0} subcommand")]
+    NoSubcommand(String),
+    /// No temporary directory for the ConfigMap volumes' files.
+    #[error("temporary directory: {0}")]
+    TempDir(std::io::Error),
+    /// A ConfigMap volume's file cannot be written to the temporary directory.
+    #[error("{0}")]
+    Materialize(std::io::Error),
     /// A `configMapKeyRef` to a key the manifests do not have.
     #[error("env {name}: ConfigMap {cm} key {key} is not in the manifests (and not optional)")]
     EnvConfigMap {
@@ -910,11 +919,11 @@ fn env_as_flags(
     role: &str,
     env: &BTreeMap<String, String>,
     argv: &[String],
-) -> Result<Vec<String>, String> {
+) -> Result<Vec<String>, ManifestError> {
     let cmd = crate::upstream::command(&|k| env.get(k).cloned());
     let sub = cmd
         .find_subcommand(role)
-        .ok_or_else(|| format!("argocd-agent has no {role} subcommand"))?;
+        .ok_or_else(|| ManifestError::NoSubcommand(role.to_owned()))?;
     let mut out = Vec::new();
     for arg in sub.get_arguments() {
         let Some(var) = arg.get_env().and_then(|v| v.to_str()) else {
@@ -945,17 +954,17 @@ fn env_as_flags(
 fn materialize(
     files: &Files,
     argv: Vec<String>,
-) -> Result<(Vec<String>, Option<tempfile::TempDir>), String> {
+) -> Result<(Vec<String>, Option<tempfile::TempDir>), ManifestError> {
     if files.is_empty() {
         return Ok((argv, None));
     }
-    let dir = tempfile::tempdir().map_err(|e| format!("temporary directory: {e}"))?;
+    let dir = tempfile::tempdir().map_err(ManifestError::TempDir)?;
     let mut argv = argv;
     for (i, (mount, entries)) in files.iter().enumerate() {
         let local = dir.path().join(i.to_string());
-        std::fs::create_dir_all(&local).map_err(|e| e.to_string())?;
+        std::fs::create_dir_all(&local).map_err(ManifestError::Materialize)?;
         for (name, text) in entries {
-            std::fs::write(local.join(name), text).map_err(|e| e.to_string())?;
+            std::fs::write(local.join(name), text).map_err(ManifestError::Materialize)?;
         }
         let prefix = format!("{}/", mount.trim_end_matches('/'));
         for a in &mut argv {
