@@ -284,6 +284,28 @@ pub enum PlanError {
     },
 }
 
+/// Why the spoke overlay cannot be written. Messages carry their cause (no `source`).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OverlayError {
+    /// The directory cannot be created.
+    #[error("creating {}: {cause}", dir.display())]
+    Create {
+        /// The directory.
+        dir: PathBuf,
+        /// Why.
+        cause: std::io::Error,
+    },
+    /// A file cannot be written.
+    #[error("writing {}: {cause}", path.display())]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        cause: std::io::Error,
+    },
+}
+
 /// The name of the mapping rule `agent create` writes for `agent`.
 pub fn rule_name(agent: &AgentName) -> String {
     format!("agent-{agent}")
@@ -1053,12 +1075,17 @@ async fn delete_namespace(
 }
 
 /// Writes the overlay files into `dir` (created if needed).
-fn write_overlay(plan: &Plan, dir: &Path) -> Result<Vec<String>, String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+fn write_overlay(plan: &Plan, dir: &Path) -> Result<Vec<String>, OverlayError> {
+    std::fs::create_dir_all(dir).map_err(|cause| OverlayError::Create {
+        dir: dir.to_owned(),
+        cause,
+    })?;
     let mut done = Vec::new();
     for (file, text) in plan.overlay_files(Some(dir)) {
         let path = dir.join(&file);
-        std::fs::write(&path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
+        if let Err(cause) = std::fs::write(&path, text) {
+            return Err(OverlayError::Write { path, cause });
+        }
         done.push(format!("wrote {}", path.display()));
     }
     Ok(done)
