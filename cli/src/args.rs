@@ -16,6 +16,9 @@ use argocd_agent_kubernetes::ClientOptions;
 use argocd_agent_mesh::guard::HeaderListenerPolicy;
 use clap::{Args, Parser, Subcommand};
 
+mod error;
+pub use error::{ArgError, DurationError, ListenError};
+
 /// `argocd-agent`'s command line.
 #[derive(Debug, Parser)]
 #[command(
@@ -120,11 +123,11 @@ impl TlsVersionArgs {
     }
 }
 
-fn parse_bundles(list: &[String]) -> Result<Vec<(Option<TrustDomain>, PathBuf)>, String> {
+fn parse_bundles(list: &[String]) -> Result<Vec<(Option<TrustDomain>, PathBuf)>, ArgError> {
     list.iter()
         .map(|s| match s.split_once('=') {
             Some((td, path)) => Ok((
-                Some(TrustDomain::new(td).map_err(|e| e.to_string())?),
+                Some(TrustDomain::new(td).map_err(ArgError::TrustDomain)?),
                 PathBuf::from(path),
             )),
             None => Ok((None, PathBuf::from(s))),
@@ -540,7 +543,7 @@ pub struct HaArgs {
 }
 
 impl HaArgs {
-    fn config(&self) -> Result<Option<argocd_agent_principal::ha::HaConfig>, String> {
+    fn config(&self) -> Result<Option<argocd_agent_principal::ha::HaConfig>, ArgError> {
         if !self.ha {
             return Ok(None);
         }
@@ -557,7 +560,7 @@ impl HaArgs {
         c.rebalance_batch = self.rebalance_batch.max(1);
         c.lease_qps = self.lease_qps;
         c.lease_burst = self.lease_burst;
-        c.validate()?;
+        c.validate().map_err(ArgError::Principal)?;
         Ok(Some(c))
     }
 }
@@ -566,30 +569,31 @@ impl ResourceProxyArgs {
     /// The resource proxy's configuration, or none when it is off.
     pub fn config(
         &self,
-    ) -> Result<Option<argocd_agent_principal::resourceproxy::ResourceProxyConfig>, String> {
+    ) -> Result<Option<argocd_agent_principal::resourceproxy::ResourceProxyConfig>, ArgError> {
         if !self.enable_resource_proxy {
             if self.enable_self_cluster_registration {
-                return Err(
-                    "--enable-self-cluster-registration needs --enable-resource-proxy".into(),
-                );
+                return Err(ArgError::SelfRegistrationNeedsProxy);
             }
             return Ok(None);
         }
-        let listen = parse_listen(&self.resource_proxy_address)
-            .map_err(|e| format!("--resource-proxy-address: {e}"))?;
+        let listen =
+            parse_listen(&self.resource_proxy_address).map_err(|cause| ArgError::Listen {
+                flag: "--resource-proxy-address",
+                cause,
+            })?;
         let url = self.resource_proxy_url.clone().unwrap_or_default();
         if !url.is_empty() && !url.starts_with("https://") {
-            return Err(format!(
-                "--resource-proxy-url {url}: must be an https:// URL",
-                url = quoted(&url)
-            ));
+            return Err(ArgError::NotHttps {
+                flag: "--resource-proxy-url",
+                url,
+            });
         }
         let replica_url = self.resource_proxy_replica_url.clone().unwrap_or_default();
         if !replica_url.is_empty() && !replica_url.starts_with("https://") {
-            return Err(format!(
-                "--resource-proxy-replica-url {replica_url}: must be an https:// URL",
-                replica_url = quoted(&replica_url)
-            ));
+            return Err(ArgError::NotHttps {
+                flag: "--resource-proxy-replica-url",
+                url: replica_url,
+            });
         }
         let mut c = argocd_agent_principal::resourceproxy::ResourceProxyConfig::new(listen, url);
         c.replica_url = replica_url;
@@ -619,35 +623,38 @@ impl RedisProxyArgs {
     /// The Redis proxy's configuration, or none when it is off.
     pub fn config(
         &self,
-    ) -> Result<Option<argocd_agent_principal::redisproxy::RedisProxyConfig>, String> {
+    ) -> Result<Option<argocd_agent_principal::redisproxy::RedisProxyConfig>, ArgError> {
         if self.disable_redis_proxy {
             return Ok(None);
         }
-        let listen = parse_listen(&self.redis_proxy_address)
-            .map_err(|e| format!("--redis-proxy-address: {e}"))?;
+        let listen = parse_listen(&self.redis_proxy_address).map_err(|cause| ArgError::Listen {
+            flag: "--redis-proxy-address",
+            cause,
+        })?;
         let tls = match (
             &self.redis_proxy_tls_cert_path,
             &self.redis_proxy_tls_key_path,
         ) {
-            (Some(cert), Some(key)) => Some(argocd_agent_redis::client::server_tls(
-                cert,
-                key,
-                TlsProfile::process()
-                    .server_builder()
-                    .map_err(|e| e.to_string())?,
-            )?),
+            (Some(cert), Some(key)) => Some(
+                argocd_agent_redis::client::server_tls(
+                    cert,
+                    key,
+                    TlsProfile::process()
+                        .server_builder()
+                        .map_err(ArgError::TlsProfile)?,
+                )
+                .map_err(ArgError::RedisTls)?,
+            ),
             (None, None) => None,
             _ => {
-                return Err(
-                    "--redis-proxy-tls-cert-path and --redis-proxy-tls-key-path go together"
-                        .to_owned(),
-                );
+                return Err(ArgError::RedisProxyTlsPair);
             }
         };
         // Replicas serve the same certificate: each trusts exactly that one in the others.
         let replica_tls = match &self.redis_proxy_tls_cert_path {
             Some(cert) if tls.is_some() => Some(
-                argocd_agent_principal::redisproxy::pinned_replica_tls(cert)?,
+                argocd_agent_principal::redisproxy::pinned_replica_tls(cert)
+                    .map_err(ArgError::Principal)?,
             ),
             _ => None,
         };
@@ -660,19 +667,19 @@ impl RedisProxyArgs {
         if let Some(a) = &replica_address
             && !a.contains(':')
         {
-            return Err(format!(
-                "--redis-proxy-replica-address {a}: expected host:port",
-                a = quoted(&a)
-            ));
+            return Err(ArgError::ReplicaAddress(a.clone()));
         }
         let upstream_tls = match &self.redis_server_tls_ca_path {
-            Some(ca) => Some(argocd_agent_redis::RedisTls::from_ca_file(
-                ca,
-                host_of(&self.redis_server_address),
-                TlsProfile::process()
-                    .client_builder()
-                    .map_err(|e| e.to_string())?,
-            )?),
+            Some(ca) => Some(
+                argocd_agent_redis::RedisTls::from_ca_file(
+                    ca,
+                    host_of(&self.redis_server_address),
+                    TlsProfile::process()
+                        .client_builder()
+                        .map_err(ArgError::TlsProfile)?,
+                )
+                .map_err(ArgError::RedisTls)?,
+            ),
             None => None,
         };
         Ok(Some(argocd_agent_principal::redisproxy::RedisProxyConfig {
@@ -786,7 +793,7 @@ pub struct AgentGuardArgs {
 
 impl AgentGuardArgs {
     /// The guard's sources; a destination flag that does not parse is refused, naming it.
-    pub fn sources(&self) -> Result<argocd_agent_agent::guard::GuardSources, String> {
+    pub fn sources(&self) -> Result<argocd_agent_agent::guard::GuardSources, ArgError> {
         use argocd_agent_agent::guard::{GuardSources, GuardSpec, RepositoryMode};
         let list = |v: &Vec<String>| {
             let v: Vec<String> = v
@@ -814,22 +821,19 @@ impl AgentGuardArgs {
                 .then_some(RepositoryMode::LocalOnly),
         };
         if self.guard_configmap.as_deref() == Some(argocd_agent_agent::guard::GPG_KEYS_CONFIGMAP) {
-            return Err(format!(
-                "--guard-configmap {}: the hub writes that ConfigMap; name one it never writes",
-                argocd_agent_agent::guard::GPG_KEYS_CONFIGMAP
-            ));
+            return Err(ArgError::GuardConfigMap);
         }
         // Checked before anything connects, so a broken policy stops the agent at once.
         if flags != GuardSpec::default() {
-            argocd_agent_agent::guard::Guard::compile(&flags, "flags")
-                .map_err(|e| e.to_string())?;
+            argocd_agent_agent::guard::Guard::compile(&flags, "flags").map_err(ArgError::Guard)?;
         }
         if let Some(path) = &self.guard_file {
             let origin = format!("--guard-file {}", path.display());
-            let text =
-                std::fs::read_to_string(path).map_err(|e| format!("{origin}: cannot read: {e}"))?;
-            argocd_agent_agent::guard::Guard::from_yaml(&text, &origin)
-                .map_err(|e| e.to_string())?;
+            let text = match std::fs::read_to_string(path) {
+                Ok(text) => text,
+                Err(cause) => return Err(ArgError::GuardRead { origin, cause }),
+            };
+            argocd_agent_agent::guard::Guard::from_yaml(&text, &origin).map_err(ArgError::Guard)?;
         }
         Ok(GuardSources {
             file: self.guard_file.clone(),
@@ -845,30 +849,28 @@ impl AgentGuardArgs {
 
 /// One `--guard-allowed-destinations` entry: `server=..;name=..;namespace=..`, or a
 /// namespace glob alone.
-fn parse_destination(s: &str) -> Result<argocd_agent_agent::guard::DestinationSpec, String> {
+fn parse_destination(s: &str) -> Result<argocd_agent_agent::guard::DestinationSpec, ArgError> {
     let mut d = argocd_agent_agent::guard::DestinationSpec::default();
     if !s.contains('=') {
         d.namespace = Some(s.to_owned());
         return Ok(d);
     }
     for part in s.split(';').map(str::trim).filter(|p| !p.is_empty()) {
-        let (k, v) = part.split_once('=').ok_or_else(|| {
-            format!(
-                "--guard-allowed-destinations {s}: {part} is not field=glob",
-                s = quoted(&s),
-                part = quoted(&part)
-            )
-        })?;
+        let (k, v) = part
+            .split_once('=')
+            .ok_or_else(|| ArgError::DestinationPart {
+                value: s.to_owned(),
+                part: part.to_owned(),
+            })?;
         let slot = match k.trim() {
             "server" => &mut d.server,
             "name" => &mut d.name,
             "namespace" => &mut d.namespace,
             other => {
-                return Err(format!(
-                    "--guard-allowed-destinations {s}: unknown field {other} (server, name, namespace)",
-                    s = quoted(&s),
-                    other = quoted(&other)
-                ));
+                return Err(ArgError::DestinationField {
+                    value: s.to_owned(),
+                    field: other.to_owned(),
+                });
             }
         };
         *slot = Some(v.trim().to_owned());
@@ -902,18 +904,21 @@ pub struct AgentRedisArgs {
 }
 
 impl AgentRedisArgs {
-    fn config(&self) -> Result<Option<argocd_agent_agent::redis::RedisConfig>, String> {
+    fn config(&self) -> Result<Option<argocd_agent_agent::redis::RedisConfig>, ArgError> {
         let Some(addr) = &self.redis_addr else {
             return Ok(None);
         };
         let tls = match &self.redis_tls_ca_path {
-            Some(ca) => Some(argocd_agent_redis::RedisTls::from_ca_file(
-                ca,
-                host_of(addr),
-                TlsProfile::process()
-                    .client_builder()
-                    .map_err(|e| e.to_string())?,
-            )?),
+            Some(ca) => Some(
+                argocd_agent_redis::RedisTls::from_ca_file(
+                    ca,
+                    host_of(addr),
+                    TlsProfile::process()
+                        .client_builder()
+                        .map_err(ArgError::TlsProfile)?,
+                )
+                .map_err(ArgError::RedisTls)?,
+            ),
             None => None,
         };
         Ok(Some(argocd_agent_agent::redis::RedisConfig {
@@ -930,14 +935,18 @@ impl AgentRedisArgs {
 
 /// `[host]:port` (empty host: every address) as a socket address.
 /// `[host]:port`; without a host, [`default_host`] (`0.0.0.0:port` must be asked for).
-fn parse_listen(s: &str) -> Result<SocketAddr, String> {
+fn parse_listen(s: &str) -> Result<SocketAddr, ListenError> {
     if let Some(port) = s.strip_prefix(':') {
-        let port: u16 = port
-            .parse()
-            .map_err(|e| format!("{s}: {e}", s = quoted(&s)))?;
+        let port: u16 = port.parse().map_err(|cause| ListenError::Port {
+            addr: s.to_owned(),
+            cause,
+        })?;
         return Ok(SocketAddr::new(default_host(), port));
     }
-    s.parse().map_err(|e| format!("{s}: {e}", s = quoted(&s)))
+    s.parse().map_err(|cause| ListenError::Addr {
+        addr: s.to_owned(),
+        cause,
+    })
 }
 
 /// Where a listener binds when no host is given: the pod IP (`$POD_IP`, set from the
@@ -1132,7 +1141,7 @@ pub struct AgentArgs {
 
 /// A duration: a number of seconds (`30`), or numbers with units (`500ms`, `30s`, `5m`,
 /// `1h`), several in a row as Go writes them (`1h20m10s`, upstream's flags).
-pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, DurationError> {
     let s = s.trim();
     if let Ok(n) = s.parse::<u64>() {
         return Ok(Duration::from_secs(n));
@@ -1140,15 +1149,12 @@ pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     let mut total = Duration::ZERO;
     let mut rest = s;
     while !rest.is_empty() {
-        let digits = rest.find(|c: char| !c.is_ascii_digit()).ok_or_else(|| {
-            format!(
-                "invalid duration {s}: a unit after every number",
-                s = quoted(&s)
-            )
-        })?;
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .ok_or_else(|| DurationError::NoUnit(s.to_owned()))?;
         let n: u64 = rest[..digits]
             .parse()
-            .map_err(|_| format!("invalid duration {s}", s = quoted(&s)))?;
+            .map_err(|_| DurationError::Number(s.to_owned()))?;
         let tail = &rest[digits..];
         let unit_len = tail
             .find(|c: char| c.is_ascii_digit())
@@ -1159,24 +1165,21 @@ pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
             "m" => Duration::from_secs(n.saturating_mul(60)),
             "h" => Duration::from_secs(n.saturating_mul(3600)),
             _ => {
-                return Err(format!(
-                    "invalid duration unit in {s} (ms, s, m, h)",
-                    s = quoted(&s)
-                ));
+                return Err(DurationError::Unit(s.to_owned()));
             }
         };
         total = total.saturating_add(one);
         rest = &tail[unit_len..];
     }
     if s.is_empty() {
-        return Err("invalid duration \"\"".into());
+        return Err(DurationError::Empty);
     }
     Ok(total)
 }
 
-fn svid_config(a: &SvidArgs) -> Result<SvidConfig, String> {
+fn svid_config(a: &SvidArgs) -> Result<SvidConfig, ArgError> {
     if a.tls_cert.is_none() && !a.root_ca.is_empty() {
-        return Err("--root-ca goes with --tls-cert/--tls-key (PEM files): with the Workload API, trust bundles come from SPIRE".into());
+        return Err(ArgError::RootCaWithoutFiles);
     }
     Ok(match (&a.tls_cert, &a.tls_key) {
         (Some(cert), Some(key)) => SvidConfig::Files {
@@ -1185,9 +1188,11 @@ fn svid_config(a: &SvidArgs) -> Result<SvidConfig, String> {
             bundles: parse_bundles(&a.root_ca)?,
         },
         _ => SvidConfig::WorkloadApi {
-            endpoint: Some(a.spiffe_endpoint_socket.clone().ok_or(
-                "no SVID source: set --spiffe-endpoint-socket (or SPIFFE_ENDPOINT_SOCKET) to the Workload API socket, or give PEM files with --tls-cert/--tls-key/--root-ca",
-            )?),
+            endpoint: Some(
+                a.spiffe_endpoint_socket
+                    .clone()
+                    .ok_or(ArgError::NoSvidSource)?,
+            ),
         },
     })
 }

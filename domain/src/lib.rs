@@ -23,7 +23,8 @@ pub use authz::{Action, Denied, ObjectRef, Owner, authorize};
 pub use client::ClientIdentity;
 pub use event::{Event, EventError, EventType, JsonObject, LazyObject, Payload, ResourceRef};
 pub use mapping::{
-    AdminGrant, AdminScope, AgentIdentity, LiveRules, MappingDenied, RuleError, RuleSet,
+    AdminGrant, AdminScope, AgentIdentity, LiveRules, MappingDenied, RuleError, RuleProblem,
+    RuleSet,
 };
 pub use names::{AgentMode, AgentName, AllowedModes, Namespace, ResourceKind, TenantName};
 pub use queue::{QueueError, QueueLimits, SendQueue};

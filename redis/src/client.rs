@@ -4,7 +4,7 @@
 //! maintained Redis clients pull in a second TLS stack or crypto provider.)
 
 use argocd_agent_domain::quoted;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,6 +21,42 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send + Sync + 'static> Io for T {}
 
 /// How long connecting (TCP and TLS) may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why TLS cannot be set up from PEM files. Messages carry their cause (no `source`).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TlsFileError {
+    /// A PEM file cannot be read or parsed.
+    #[error("{}: {cause}", path.display())]
+    Pem {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        cause: rustls_pki_types::pem::Error,
+    },
+    /// rustls refuses a certificate or key of a file.
+    #[error("{}: {cause}", path.display())]
+    Tls {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        cause: rustls::Error,
+    },
+    /// A CA file with no certificate.
+    #[error("{}: no CA certificate", path.display())]
+    NoCa {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The server name is not a valid DNS name or IP address.
+    #[error("{}: {cause}", quoted(.name))]
+    ServerName {
+        /// The name.
+        name: String,
+        /// Why.
+        cause: rustls_pki_types::InvalidDnsNameError,
+    },
+}
 
 /// TLS towards a Redis server.
 #[derive(Clone)]
@@ -45,22 +81,32 @@ impl RedisTls {
         ca: &Path,
         server_name: &str,
         builder: rustls::ConfigBuilder<rustls::ClientConfig, rustls::WantsVerifier>,
-    ) -> Result<RedisTls, String> {
+    ) -> Result<RedisTls, TlsFileError> {
         let mut roots = rustls::RootCertStore::empty();
-        let certs = rustls_pki_types::CertificateDer::pem_file_iter(ca)
-            .map_err(|e| format!("{}: {e}", ca.display()))?;
+        let pem = |cause| TlsFileError::Pem {
+            path: ca.to_owned(),
+            cause,
+        };
+        let certs = rustls_pki_types::CertificateDer::pem_file_iter(ca).map_err(pem)?;
         for cert in certs {
-            let cert = cert.map_err(|e| format!("{}: {e}", ca.display()))?;
-            roots
-                .add(cert)
-                .map_err(|e| format!("{}: {e}", ca.display()))?;
+            let cert = cert.map_err(pem)?;
+            roots.add(cert).map_err(|cause| TlsFileError::Tls {
+                path: ca.to_owned(),
+                cause,
+            })?;
         }
         if roots.is_empty() {
-            return Err(format!("{}: no CA certificate", ca.display()));
+            return Err(TlsFileError::NoCa {
+                path: ca.to_owned(),
+            });
         }
         let config = builder.with_root_certificates(roots).with_no_client_auth();
-        let server_name = ServerName::try_from(server_name.to_owned())
-            .map_err(|e| format!("{server_name}: {e}", server_name = quoted(&server_name)))?;
+        let server_name = ServerName::try_from(server_name.to_owned()).map_err(|cause| {
+            TlsFileError::ServerName {
+                name: server_name.to_owned(),
+                cause,
+            }
+        })?;
         Ok(RedisTls {
             config: Arc::new(config),
             server_name,
@@ -163,16 +209,22 @@ pub fn server_tls(
     cert: &Path,
     key: &Path,
     builder: rustls::ConfigBuilder<rustls::ServerConfig, rustls::WantsVerifier>,
-) -> Result<Arc<rustls::ServerConfig>, String> {
+) -> Result<Arc<rustls::ServerConfig>, TlsFileError> {
+    let pem = |path: &Path| {
+        let path = path.to_owned();
+        move |cause| TlsFileError::Pem { path, cause }
+    };
     let chain = rustls_pki_types::CertificateDer::pem_file_iter(cert)
-        .map_err(|e| format!("{}: {e}", cert.display()))?
+        .map_err(pem(cert))?
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("{}: {e}", cert.display()))?;
-    let key_der = rustls_pki_types::PrivateKeyDer::from_pem_file(key)
-        .map_err(|e| format!("{}: {e}", key.display()))?;
+        .map_err(pem(cert))?;
+    let key_der = rustls_pki_types::PrivateKeyDer::from_pem_file(key).map_err(pem(key))?;
     let config = builder
         .with_no_client_auth()
         .with_single_cert(chain, key_der)
-        .map_err(|e| format!("{}: {e}", cert.display()))?;
+        .map_err(|cause| TlsFileError::Tls {
+            path: cert.to_owned(),
+            cause,
+        })?;
     Ok(Arc::new(config))
 }

@@ -9,7 +9,7 @@ pub mod clusterinfo;
 pub mod key;
 pub mod resp;
 
-pub use client::{RedisConn, RedisEndpoint, RedisTls};
+pub use client::{RedisConn, RedisEndpoint, RedisTls, TlsFileError};
 pub use key::{AppKey, AppKeyKind};
 pub use resp::{Decoder, Frame, FrameReader, Protocol, RespError};
 

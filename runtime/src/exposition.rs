@@ -82,7 +82,58 @@ pub struct ExpositionError {
     /// 1-based line number.
     pub line: usize,
     /// What is wrong with it.
-    pub what: String,
+    pub what: LineProblem,
+}
+
+/// What is wrong with one line of an OpenMetrics text ([`ExpositionError::what`]).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LineProblem {
+    /// A line after `# EOF`.
+    #[error("content after # EOF")]
+    AfterEof,
+    /// The text does not end in `# EOF`.
+    #[error("no # EOF")]
+    NoEof,
+    /// A `# ` line that is not HELP, TYPE or UNIT of a valid name.
+    #[error("not a metadata line: {}", quoted(.0))]
+    NotMetadata(String),
+    /// A sample before any `# ` line.
+    #[error("sample before any family: {}", quoted(.0))]
+    NoFamily(String),
+    /// A sample line without a value.
+    #[error("no value: {}", quoted(.0))]
+    NoValue(String),
+    /// A sample whose metric name is invalid.
+    #[error("bad metric name: {}", quoted(.0))]
+    BadName(String),
+    /// A sample whose labels do not parse.
+    #[error("bad labels: {}", quoted(.0))]
+    BadLabels(String),
+    /// A sample whose value (and timestamp) do not parse.
+    #[error("bad value: {}", quoted(.0))]
+    BadValue(String),
+    /// A number that does not parse.
+    #[error("not a number: {}", quoted(.0))]
+    NotNumber(String),
+    /// A sample not named after its family.
+    #[error("sample {sample} outside family {family}")]
+    OutsideFamily {
+        /// The sample's name.
+        sample: String,
+        /// The family's name.
+        family: String,
+    },
+    /// A sample whose suffix its family's type does not have.
+    #[error("sample {sample} in {kind} family {family}")]
+    WrongSuffix {
+        /// The sample's name.
+        sample: String,
+        /// The family's type.
+        kind: String,
+        /// The family's name.
+        family: String,
+    },
 }
 
 /// One family being rewritten: its metadata and rewritten sample lines.
@@ -132,10 +183,14 @@ impl Family {
     }
 
     /// The text 0.0.4 name of the sample `sample` of this family; `None` to drop it.
-    fn sample_name(&self, sample: &str) -> Result<Option<String>, String> {
-        let suffix = sample
-            .strip_prefix(self.name.as_str())
-            .ok_or_else(|| format!("sample {sample} outside family {}", self.name))?;
+    fn sample_name(&self, sample: &str) -> Result<Option<String>, LineProblem> {
+        let suffix =
+            sample
+                .strip_prefix(self.name.as_str())
+                .ok_or_else(|| LineProblem::OutsideFamily {
+                    sample: sample.to_owned(),
+                    family: self.name.clone(),
+                })?;
         let allowed: &[&str] = match self.kind.as_str() {
             "counter" => &["_total", "_created"],
             "histogram" => &["_bucket", "_sum", "_count", "_created"],
@@ -145,10 +200,11 @@ impl Family {
             _ => &[""],
         };
         if !allowed.contains(&suffix) {
-            return Err(format!(
-                "sample {sample} in {} family {}",
-                self.kind, self.name
-            ));
+            return Err(LineProblem::WrongSuffix {
+                sample: sample.to_owned(),
+                kind: self.kind.clone(),
+                family: self.name.clone(),
+            });
         }
         Ok(match (self.kind.as_str(), suffix) {
             (_, "_created") => None,
@@ -164,9 +220,9 @@ pub fn openmetrics_to_text(om: &str) -> Result<String, ExpositionError> {
     let mut family: Option<Family> = None;
     let mut eof = false;
     for (i, line) in om.lines().enumerate() {
-        let err = |what: String| ExpositionError { line: i + 1, what };
+        let err = |what: LineProblem| ExpositionError { line: i + 1, what };
         if eof {
-            return Err(err("content after # EOF".into()));
+            return Err(err(LineProblem::AfterEof));
         }
         if line == "# EOF" {
             eof = true;
@@ -176,10 +232,7 @@ pub fn openmetrics_to_text(om: &str) -> Result<String, ExpositionError> {
             let (keyword, rest) = meta.split_once(' ').unwrap_or((meta, ""));
             let (name, value) = rest.split_once(' ').unwrap_or((rest, ""));
             if !matches!(keyword, "HELP" | "TYPE" | "UNIT") || !valid_name(name) {
-                return Err(err(format!(
-                    "not a metadata line: {line}",
-                    line = quoted(&line)
-                )));
+                return Err(err(LineProblem::NotMetadata(line.to_owned())));
             }
             if family.as_ref().is_none_or(|f| f.name != name) {
                 if let Some(f) = family.take() {
@@ -196,12 +249,9 @@ pub fn openmetrics_to_text(om: &str) -> Result<String, ExpositionError> {
             continue;
         }
         let sample = parse_sample(line).map_err(err)?;
-        let f = family.as_mut().ok_or_else(|| {
-            err(format!(
-                "sample before any family: {line}",
-                line = quoted(&line)
-            ))
-        })?;
+        let f = family
+            .as_mut()
+            .ok_or_else(|| err(LineProblem::NoFamily(line.to_owned())))?;
         if let Some(name) = f.sample_name(sample.name).map_err(err)? {
             f.samples.push(sample.to_text(&name).map_err(err)?);
         }
@@ -209,7 +259,7 @@ pub fn openmetrics_to_text(om: &str) -> Result<String, ExpositionError> {
     if !eof {
         return Err(ExpositionError {
             line: om.lines().count(),
-            what: "no # EOF".into(),
+            what: LineProblem::NoEof,
         });
     }
     if let Some(f) = family {
@@ -239,30 +289,29 @@ struct Sample<'a> {
     timestamp: Option<&'a str>,
 }
 
-fn parse_sample(line: &str) -> Result<Sample<'_>, String> {
+fn parse_sample(line: &str) -> Result<Sample<'_>, LineProblem> {
     let end = line
         .find(['{', ' '])
-        .ok_or_else(|| format!("no value: {line}", line = quoted(&line)))?;
+        .ok_or_else(|| LineProblem::NoValue(line.to_owned()))?;
     let name = &line[..end];
     if !valid_name(name) {
-        return Err(format!("bad metric name: {line}", line = quoted(&line)));
+        return Err(LineProblem::BadName(line.to_owned()));
     }
     let (labels, rest) = if line[end..].starts_with('{') {
-        parse_labels(&line[end + 1..])
-            .ok_or_else(|| format!("bad labels: {line}", line = quoted(&line)))?
+        parse_labels(&line[end + 1..]).ok_or_else(|| LineProblem::BadLabels(line.to_owned()))?
     } else {
         (Vec::new(), &line[end..])
     };
     let rest = rest
         .strip_prefix(' ')
-        .ok_or_else(|| format!("no value: {line}", line = quoted(&line)))?;
+        .ok_or_else(|| LineProblem::NoValue(line.to_owned()))?;
     // An exemplar follows ` # `; text 0.0.4 has none.
     let rest = rest.split_once(" # ").map_or(rest, |(r, _)| r);
     let mut fields = rest.split(' ');
     let value = fields.next().unwrap_or_default();
     let timestamp = fields.next();
     if fields.next().is_some() || value.is_empty() {
-        return Err(format!("bad value: {line}", line = quoted(&line)));
+        return Err(LineProblem::BadValue(line.to_owned()));
     }
     Ok(Sample {
         name,
@@ -299,7 +348,7 @@ fn parse_labels(s: &str) -> Option<(Vec<(&str, &str)>, &str)> {
 }
 
 impl Sample<'_> {
-    fn to_text(&self, name: &str) -> Result<String, String> {
+    fn to_text(&self, name: &str) -> Result<String, LineProblem> {
         let mut out = name.to_owned();
         if !self.labels.is_empty() {
             out.push('{');
@@ -325,14 +374,12 @@ impl Sample<'_> {
     }
 }
 
-fn parse_number(s: &str) -> Result<f64, String> {
+fn parse_number(s: &str) -> Result<f64, LineProblem> {
     match s {
         "+Inf" | "Inf" => Ok(f64::INFINITY),
         "-Inf" => Ok(f64::NEG_INFINITY),
         "NaN" => Ok(f64::NAN),
-        _ => s
-            .parse()
-            .map_err(|_| format!("not a number: {s}", s = quoted(&s))),
+        _ => s.parse().map_err(|_| LineProblem::NotNumber(s.to_owned())),
     }
 }
 

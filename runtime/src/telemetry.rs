@@ -57,6 +57,43 @@ fn env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.trim().is_empty())
 }
 
+/// Why the OTLP endpoint given is unusable.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum EndpointError {
+    /// `--otlp-address http://...` without `--otlp-insecure`.
+    #[error("--otlp-address {} is plaintext: add --otlp-insecure, or use https://", quoted(.0))]
+    Plaintext(String),
+    /// A scheme other than http or https.
+    #[error("OTLP endpoint {}: unsupported scheme {} (http or https)", quoted(.raw), quoted(.other))]
+    Scheme {
+        /// The endpoint as given.
+        raw: String,
+        /// Its scheme.
+        other: String,
+    },
+    /// An endpoint with nothing after the scheme.
+    #[error("OTLP endpoint {} names no host", quoted(.0))]
+    NoHost(String),
+}
+
+/// Why trace export cannot be set up.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TelemetryError {
+    /// The endpoint is unusable.
+    #[error(transparent)]
+    Endpoint(#[from] EndpointError),
+    /// The exporter cannot be built.
+    #[error("OTLP exporter for {url}: {cause}")]
+    Exporter {
+        /// The endpoint's URL.
+        url: String,
+        /// Why.
+        cause: opentelemetry_otlp::ExporterBuildError,
+    },
+}
+
 /// Resolves the endpoint: the flag first, then the standard environment variables. With
 /// the flag, `--otlp-insecure` selects plaintext (an `http://` address requires it);
 /// from the environment, the scheme decides (`http://` plaintext, `https://` TLS) and a
@@ -64,7 +101,7 @@ fn env(name: &str) -> Option<String> {
 pub fn resolve_endpoint(
     opts: &OtlpOptions,
     env: impl Fn(&str) -> Option<String>,
-) -> Result<Option<Endpoint>, String> {
+) -> Result<Option<Endpoint>, EndpointError> {
     let (raw, from_flag) = match &opts.address {
         Some(a) if !a.trim().is_empty() => (a.trim().to_owned(), true),
         _ => match env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
@@ -81,27 +118,20 @@ pub fn resolve_endpoint(
     };
     let tls = match scheme.as_deref() {
         Some("http") if from_flag && !opts.insecure => {
-            return Err(format!(
-                "--otlp-address {raw} is plaintext: add --otlp-insecure, or use https://",
-                raw = quoted(&raw)
-            ));
+            return Err(EndpointError::Plaintext(raw));
         }
         Some("http") => false,
         Some("https") => !opts.insecure,
         None => !(opts.insecure || (!from_flag && env_insecure)),
         Some(other) => {
-            return Err(format!(
-                "OTLP endpoint {raw}: unsupported scheme {other} (http or https)",
-                raw = quoted(&raw),
-                other = quoted(&other)
-            ));
+            return Err(EndpointError::Scheme {
+                other: other.to_owned(),
+                raw,
+            });
         }
     };
     if rest.is_empty() {
-        return Err(format!(
-            "OTLP endpoint {raw} names no host",
-            raw = quoted(&raw)
-        ));
+        return Err(EndpointError::NoHost(raw));
     }
     let url = format!("{}://{rest}", if tls { "https" } else { "http" });
     Ok(Some(Endpoint { url, tls }))
@@ -259,7 +289,7 @@ fn resource(default_service_name: &str) -> Resource {
 /// tokio runtime (the gRPC channel is created there, connecting lazily). The sampler comes
 /// from `OTEL_TRACES_SAMPLER` / `OTEL_TRACES_SAMPLER_ARG` (default: parent-based,
 /// always on), the batch settings from `OTEL_BSP_*`.
-pub fn init_provider(opts: &OtlpOptions) -> Result<Option<Telemetry>, String> {
+pub fn init_provider(opts: &OtlpOptions) -> Result<Option<Telemetry>, TelemetryError> {
     let Some(endpoint) = resolve_endpoint(opts, env)? else {
         return Ok(None);
     };
@@ -276,9 +306,10 @@ pub fn init_provider(opts: &OtlpOptions) -> Result<Option<Telemetry>, String> {
             opentelemetry_otlp::tonic_types::transport::ClientTlsConfig::new().with_native_roots(),
         );
     }
-    let exporter = builder
-        .build()
-        .map_err(|e| format!("OTLP exporter for {}: {e}", endpoint.url))?;
+    let exporter = builder.build().map_err(|cause| TelemetryError::Exporter {
+        url: endpoint.url.clone(),
+        cause,
+    })?;
     let counts = span_counts();
     let max_queue = env("OTEL_BSP_MAX_QUEUE_SIZE")
         .and_then(|v| v.parse::<u64>().ok())

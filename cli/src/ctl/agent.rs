@@ -6,6 +6,8 @@
 use argocd_agent_identity::text::quoted;
 use std::time::Duration;
 
+use super::error::{AdminRefusal, ConnectError, KubeconfigError};
+
 use argocd_agent_proto::admin::admin_client::AdminClient;
 use argocd_agent_proto::admin::{
     AgentInfo, DisconnectAgentRequest, InspectAgentRequest, ListAgentsRequest,
@@ -59,7 +61,12 @@ pub struct KubeconfigArgs {
 }
 
 /// A kubeconfig document for the agent's cluster at `server` with `token`.
-fn kubeconfig_doc(agent: &str, server: &str, token: &str, ca_b64: &str) -> Result<String, String> {
+fn kubeconfig_doc(
+    agent: &str,
+    server: &str,
+    token: &str,
+    ca_b64: &str,
+) -> Result<String, KubeconfigError> {
     let context = format!("agent-{agent}");
     let mut cluster = serde_json::json!({"server": server});
     if !ca_b64.is_empty() {
@@ -74,19 +81,24 @@ fn kubeconfig_doc(agent: &str, server: &str, token: &str, ca_b64: &str) -> Resul
         "current-context": context,
     });
     // JSON is YAML; kubectl reads either.
-    serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())
+    serde_json::to_string_pretty(&doc).map_err(KubeconfigError::Render)
 }
 
 /// A kubeconfig from the principal's admin API (`AgentKubeconfig`): a fresh token.
-async fn kubeconfig_from_principal(a: &KubeconfigArgs) -> Result<String, String> {
+async fn kubeconfig_from_principal(a: &KubeconfigArgs) -> Result<String, KubeconfigError> {
     use base64::Engine as _;
-    let mut client = connect(&a.admin).await?;
+    let mut client = connect(&a.admin).await.map_err(KubeconfigError::Connect)?;
     let answer = client
         .agent_kubeconfig(argocd_agent_proto::admin::AgentKubeconfigRequest {
             name: a.name.clone(),
         })
         .await
-        .map_err(|s| status(&format!("kubeconfig of agent {}", quoted(&a.name)), s))?
+        .map_err(|s| {
+            KubeconfigError::Refused(status(
+                &format!("kubeconfig of agent {}", quoted(&a.name)),
+                s,
+            ))
+        })?
         .into_inner();
     let ca = base64::engine::general_purpose::STANDARD.encode(answer.ca_pem.as_bytes());
     let ca = if answer.ca_pem.is_empty() {
@@ -98,12 +110,15 @@ async fn kubeconfig_from_principal(a: &KubeconfigArgs) -> Result<String, String>
 }
 
 /// The agent's cluster secret (found by the agent-name label) as a kubeconfig.
-pub async fn kubeconfig(a: &KubeconfigArgs) -> Result<String, String> {
+pub async fn kubeconfig(a: &KubeconfigArgs) -> Result<String, KubeconfigError> {
     if a.from_principal || a.admin.over_mtls() {
         return kubeconfig_from_principal(a).await;
     }
     use k8s_openapi::api::core::v1::Secret;
-    let api: kube::Api<Secret> = kube::Api::namespaced(a.hub.client().await?, &a.hub.namespace);
+    let api: kube::Api<Secret> = kube::Api::namespaced(
+        a.hub.client().await.map_err(KubeconfigError::Hub)?,
+        &a.hub.namespace,
+    );
     let selector = format!(
         "argocd.argoproj.io/secret-type=cluster,argocd-agent.argoproj-labs.io/agent-name={}",
         a.name
@@ -111,22 +126,23 @@ pub async fn kubeconfig(a: &KubeconfigArgs) -> Result<String, String> {
     let list = api
         .list(&kube::api::ListParams::default().labels(&selector))
         .await
-        .map_err(|e| format!("listing cluster secrets in {}: {e}", a.hub.namespace))?;
+        .map_err(|cause| KubeconfigError::List {
+            namespace: a.hub.namespace.clone(),
+            cause,
+        })?;
     let secret = match list.items.as_slice() {
         [one] => one,
         [] => {
-            return Err(format!(
-                "no cluster secret for agent {} in namespace {} (is --enable-self-cluster-registration on, and has the agent connected?)",
-                quoted(&a.name),
-                a.hub.namespace
-            ));
+            return Err(KubeconfigError::NoSecret {
+                agent: a.name.clone(),
+                namespace: a.hub.namespace.clone(),
+            });
         }
         many => {
-            return Err(format!(
-                "{} cluster secrets are labelled for agent {}; expected one",
-                many.len(),
-                quoted(&a.name)
-            ));
+            return Err(KubeconfigError::ManySecrets {
+                count: many.len(),
+                agent: a.name.clone(),
+            });
         }
     };
     let field = |k: &str| {
@@ -135,15 +151,15 @@ pub async fn kubeconfig(a: &KubeconfigArgs) -> Result<String, String> {
             .as_ref()
             .and_then(|d| d.get(k))
             .and_then(|b| String::from_utf8(b.0.clone()).ok())
-            .ok_or_else(|| format!("the cluster secret has no {k}", k = quoted(&k)))
+            .ok_or_else(|| KubeconfigError::NoField(k.to_owned()))
     };
     let server = field("server")?;
-    let config: serde_json::Value = serde_json::from_str(&field("config")?)
-        .map_err(|e| format!("the cluster secret's config is not JSON: {e}"))?;
+    let config: serde_json::Value =
+        serde_json::from_str(&field("config")?).map_err(KubeconfigError::ConfigNotJson)?;
     let token = config
         .get("bearerToken")
         .and_then(|t| t.as_str())
-        .ok_or("the cluster secret's config has no bearerToken")?;
+        .ok_or(KubeconfigError::NoToken)?;
     let ca = config
         .pointer("/tlsClientConfig/caData")
         .and_then(|t| t.as_str())
@@ -414,7 +430,7 @@ impl std::ops::DerefMut for Client {
 }
 
 /// Connects where `args` say: the agent listener over mTLS, or the local admin listener.
-pub(crate) async fn connect(args: &AdminConn) -> Result<Client, String> {
+pub(crate) async fn connect(args: &AdminConn) -> Result<Client, ConnectError> {
     match &args.principal_address {
         Some(address) => connect_mtls(address, args).await,
         None => Ok(Client {
@@ -425,21 +441,17 @@ pub(crate) async fn connect(args: &AdminConn) -> Result<Client, String> {
 }
 
 /// Dials the principal's agent listener with this workload's SVID.
-async fn connect_mtls(address: &str, args: &AdminConn) -> Result<Client, String> {
+async fn connect_mtls(address: &str, args: &AdminConn) -> Result<Client, ConnectError> {
     use argocd_agent_identity::tls::PeerPolicy;
     let policy = match (&args.principal_spiffe_id, &args.principal_trust_domain) {
         (Some(id), _) => PeerPolicy::Exact(
-            argocd_agent_identity::SpiffeId::parse(id)
-                .map_err(|e| format!("--principal-spiffe-id: {e}"))?,
+            argocd_agent_identity::SpiffeId::parse(id).map_err(ConnectError::SpiffeId)?,
         ),
         (None, Some(td)) => PeerPolicy::TrustDomains(vec![
-            argocd_agent_identity::TrustDomain::new(td)
-                .map_err(|e| format!("--principal-trust-domain: {e}"))?,
+            argocd_agent_identity::TrustDomain::new(td).map_err(ConnectError::TrustDomain)?,
         ]),
         (None, None) => {
-            return Err(
-                "--principal-address needs the principal pinned: set --principal-spiffe-id (or --principal-trust-domain)".into(),
-            );
+            return Err(ConnectError::Unpinned);
         }
     };
     let source = argocd_agent_identity::source::SvidConfig::WorkloadApi {
@@ -447,9 +459,9 @@ async fn connect_mtls(address: &str, args: &AdminConn) -> Result<Client, String>
     }
     .load(Duration::from_secs(10))
     .await
-    .map_err(|e| format!("no X.509-SVID for this workload: {e}"))?;
-    let config = argocd_agent_identity::tls::client_config(&source, policy)
-        .map_err(|e| format!("TLS configuration: {e}"))?;
+    .map_err(ConnectError::NoSvid)?;
+    let config =
+        argocd_agent_identity::tls::client_config(&source, policy).map_err(ConnectError::Tls)?;
     let host = address.rsplit_once(':').map_or(address, |(h, _)| h);
     let channel = argocd_agent_identity::transport::connect(
         address,
@@ -458,11 +470,9 @@ async fn connect_mtls(address: &str, args: &AdminConn) -> Result<Client, String>
         argocd_agent_identity::transport::ChannelOptions::default(),
     )
     .await
-    .map_err(|e| {
-        format!(
-            "cannot reach the principal at {address}: {}",
-            argocd_agent_domain::error_chain(&e)
-        )
+    .map_err(|e| ConnectError::Unreachable {
+        address: address.to_owned(),
+        chain: argocd_agent_domain::error_chain(&e),
     })?;
     Ok(Client {
         api: AdminClient::new(channel),
@@ -471,12 +481,10 @@ async fn connect_mtls(address: &str, args: &AdminConn) -> Result<Client, String>
 }
 
 /// Connects to the local admin API at `address` (`host:port` or `unix:///path`).
-async fn connect_local(address: &str) -> Result<AdminClient<Channel>, String> {
-    let unreachable = |e: &dyn std::error::Error| {
-        format!(
-            "cannot reach the principal's admin API at {address}: {} (is the principal running with --admin-address {address}? from outside the pod use kubectl port-forward)",
-            argocd_agent_domain::error_chain(e)
-        )
+async fn connect_local(address: &str) -> Result<AdminClient<Channel>, ConnectError> {
+    let unreachable = |e: &dyn std::error::Error| ConnectError::AdminUnreachable {
+        address: address.to_owned(),
+        chain: argocd_agent_domain::error_chain(e),
     };
     let channel = if let Some(path) = address.strip_prefix("unix://") {
         let path = std::path::PathBuf::from(path);
@@ -493,17 +501,12 @@ async fn connect_local(address: &str) -> Result<AdminClient<Channel>, String> {
             .map_err(|e| unreachable(&e))?
     } else {
         if address.contains("://") {
-            return Err(format!(
-                "--principal-admin-address {address}: expected host:port or unix:///path",
-                address = quoted(&address)
-            ));
+            return Err(ConnectError::AdminScheme(address.to_owned()));
         }
         Endpoint::from_shared(format!("http://{address}"))
-            .map_err(|e| {
-                format!(
-                    "--principal-admin-address {address}: {e}",
-                    address = quoted(&address)
-                )
+            .map_err(|cause| ConnectError::AdminAddress {
+                address: address.to_owned(),
+                cause,
             })?
             .connect_timeout(Duration::from_secs(5))
             .connect()
@@ -524,16 +527,16 @@ fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
 }
 
 /// The admin API's refusal as one line.
-pub(crate) fn status(what: &str, s: tonic::Status) -> String {
-    match s.code() {
-        tonic::Code::NotFound | tonic::Code::InvalidArgument => s.message().to_string(),
-        code => format!("{what}: {}: {}", code_name(code), s.message()),
+pub(crate) fn status(what: &str, s: tonic::Status) -> AdminRefusal {
+    AdminRefusal {
+        what: what.to_owned(),
+        status: s,
     }
 }
 
 /// A gRPC status code as the Go and Rust clients name it (`PermissionDenied`), which is
 /// what the docs show.
-fn code_name(code: tonic::Code) -> String {
+pub(super) fn code_name(code: tonic::Code) -> String {
     argocd_agent_identity::text::status_code(code)
         .split('_')
         .map(|w| {

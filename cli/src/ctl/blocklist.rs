@@ -10,6 +10,31 @@ use kube::api::Api;
 
 use crate::ctl::HubArgs;
 
+/// Why the flags name no blocklist entry. Messages carry their cause (no `source`).
+#[derive(Debug, thiserror::Error)]
+pub enum EntryError {
+    /// More or fewer than one of the entry flags.
+    #[error("exactly one of --id, --prefix, --fingerprint is required")]
+    NotOne,
+    /// None of the entry flags.
+    #[error("one of --id, --prefix, --fingerprint is required")]
+    None,
+    /// `--id` is not a SPIFFE ID.
+    #[error("--id {}: {cause}", quoted(.id))]
+    Id {
+        /// The value.
+        id: String,
+        /// Why.
+        cause: argocd_agent_identity::id::IdError,
+    },
+    /// `--prefix` without the scheme.
+    #[error("--prefix {}: must start with spiffe://", quoted(.0))]
+    Prefix(String),
+    /// `--fingerprint` is not a SHA-256 in hex.
+    #[error("--fingerprint: expected 32 bytes of hex (SHA-256)")]
+    Fingerprint,
+}
+
 /// Subcommands of `argocd-agentctl blocklist`.
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
@@ -90,38 +115,37 @@ impl EntryArgs {
         Ok((key, entry, changed))
     }
     /// The data key and normalized entry.
-    fn entry(&self) -> Result<(&'static str, String), String> {
+    fn entry(&self) -> Result<(&'static str, String), EntryError> {
         let given = [&self.id, &self.prefix, &self.fingerprint]
             .iter()
             .filter(|o| o.is_some())
             .count();
         if given != 1 {
-            return Err("exactly one of --id, --prefix, --fingerprint is required".into());
+            return Err(EntryError::NotOne);
         }
         match (&self.id, &self.prefix, &self.fingerprint) {
             (Some(id), _, _) => {
-                argocd_agent_identity::SpiffeId::parse(id)
-                    .map_err(|e| format!("--id {id}: {e}", id = quoted(&id)))?;
+                argocd_agent_identity::SpiffeId::parse(id).map_err(|cause| EntryError::Id {
+                    id: id.clone(),
+                    cause,
+                })?;
                 Ok((IDS, id.clone()))
             }
             (_, Some(p), _) if p.starts_with("spiffe://") => Ok((PREFIXES, p.clone())),
-            (_, Some(p), _) => Err(format!(
-                "--prefix {p}: must start with spiffe://",
-                p = quoted(&p)
-            )),
+            (_, Some(p), _) => Err(EntryError::Prefix(p.clone())),
             (_, _, Some(f)) => {
                 let f = normalize_fingerprint(f);
                 if f.len() != 64 || !f.chars().all(|c| c.is_ascii_hexdigit()) {
-                    return Err("--fingerprint: expected 32 bytes of hex (SHA-256)".into());
+                    return Err(EntryError::Fingerprint);
                 }
                 Ok((FINGERPRINTS, f))
             }
-            _ => Err("one of --id, --prefix, --fingerprint is required".into()),
+            _ => Err(EntryError::None),
         }
     }
 }
 
-async fn api(h: &HubArgs) -> Result<Api<ConfigMap>, String> {
+async fn api(h: &HubArgs) -> Result<Api<ConfigMap>, crate::ctl::error::HubClientError> {
     Ok(Api::namespaced(h.client().await?, &h.namespace))
 }
 

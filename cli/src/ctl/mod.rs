@@ -2,6 +2,7 @@
 
 pub mod agent;
 pub mod blocklist;
+pub mod error;
 pub mod identity;
 pub mod mesh;
 pub mod onboard;
@@ -25,7 +26,7 @@ pub struct HubArgs {
 
 impl HubArgs {
     /// A client of the hub's API.
-    pub async fn client(&self) -> Result<kube::Client, String> {
+    pub async fn client(&self) -> Result<kube::Client, error::HubClientError> {
         let opts = argocd_agent_kubernetes::ClientOptions {
             kubeconfig: self.kubeconfig.clone(),
             context: self.kube_context.clone(),
@@ -33,6 +34,6 @@ impl HubArgs {
         };
         argocd_agent_kubernetes::client(&opts)
             .await
-            .map_err(|e| format!("hub Kubernetes API: {e}"))
+            .map_err(error::HubClientError)
     }
 }

@@ -196,7 +196,7 @@ pub struct Plan {
 /// Refuses flags `agent create` would ignore: the principal's address, port and ID with
 /// `--identity mesh` (the mesh overlay dials the principal's Service through the sidecar and
 /// pins no SVID), and a port without an address.
-fn refuse_ignored_flags(a: &CreateArgs) -> Result<(), String> {
+fn refuse_ignored_flags(a: &CreateArgs) -> Result<(), PlanError> {
     if a.identity == IdentitySource::Mesh {
         let ignored: Vec<&str> = [
             ("--principal-address", a.principal_address.is_some()),
@@ -207,24 +207,18 @@ fn refuse_ignored_flags(a: &CreateArgs) -> Result<(), String> {
         .filter_map(|(flag, given)| given.then_some(flag))
         .collect();
         if !ignored.is_empty() {
-            return Err(format!(
-                "--identity mesh: {} not used: the mesh overlay dials the principal's Service (deploy/overlays/<mesh>/agent sets agent.server.address) and the sidecar, not the agent, verifies the principal; change the address in that overlay",
-                ignored.join(", ")
-            ));
+            return Err(PlanError::MeshIgnores(ignored.join(", ")));
         }
     }
     if a.principal_port.is_some() && a.principal_address.is_none() {
-        return Err(
-            "--principal-port needs --principal-address (the overlay writes both or neither)"
-                .into(),
-        );
+        return Err(PlanError::PortWithoutAddress);
     }
     Ok(())
 }
 
 /// A local `--deploy-dir` must hold the overlay the spoke overlay builds on (a remote URL is
 /// kustomize's to fetch).
-fn check_deploy_dir(plan: &Plan) -> Result<(), String> {
+fn check_deploy_dir(plan: &Plan) -> Result<(), PlanError> {
     if plan.deploy_dir.contains("://") {
         return Ok(());
     }
@@ -235,14 +229,81 @@ fn check_deploy_dir(plan: &Plan) -> Result<(), String> {
     if overlay.join("kustomization.yaml").is_file() {
         return Ok(());
     }
-    Err(format!(
-        "--deploy-dir {}: no {} there; give this project's deploy/ directory (a path) or a kustomize remote URL (https://github.com/<org>/<repo>//deploy?ref=<tag>)",
-        plan.deploy_dir,
-        Path::new("overlays")
+    Err(PlanError::DeployDir {
+        dir: plan.deploy_dir.clone(),
+        wanted: Path::new("overlays")
             .join(plan.identity.overlay())
-            .join("agent/kustomization.yaml")
-            .display()
-    ))
+            .join("agent/kustomization.yaml"),
+    })
+}
+
+/// Why `agent create`'s flags make no plan. Messages carry their cause (no `source`).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PlanError {
+    /// The agent name is invalid.
+    #[error("agent name: {0}")]
+    AgentName(argocd_agent_identity::id::IdError),
+    /// A flag's value is invalid.
+    #[error("{0}: {1}")]
+    Flag(&'static str, argocd_agent_identity::id::IdError),
+    /// The principal's default ID is invalid.
+    #[error("{0}")]
+    PrincipalId(argocd_agent_identity::id::IdError),
+    /// Neither `--spiffe-id` nor `--trust-domain`.
+    #[error("give the agent's SPIFFE ID with --spiffe-id, or its trust domain with --trust-domain")]
+    NoId,
+    /// `--identity mesh` with an ID that is not the agent's service account.
+    #[error("--identity mesh: the mesh names the agent by its service account, so its ID must end in {} (the overlay renames the service account with nameSuffix -{agent}); got {id}", quoted(.sa))]
+    MeshId {
+        /// The path suffix it must end in.
+        sa: String,
+        /// The agent.
+        agent: String,
+        /// The ID given.
+        id: String,
+    },
+    /// `--identity mesh` with flags it does not use.
+    #[error(
+        "--identity mesh: {0} not used: the mesh overlay dials the principal's Service (deploy/overlays/<mesh>/agent sets agent.server.address) and the sidecar, not the agent, verifies the principal; change the address in that overlay"
+    )]
+    MeshIgnores(String),
+    /// `--principal-port` alone.
+    #[error("--principal-port needs --principal-address (the overlay writes both or neither)")]
+    PortWithoutAddress,
+    /// `--issuer-kind` is neither ClusterIssuer nor Issuer.
+    #[error("--issuer-kind {}: use ClusterIssuer or Issuer", quoted(.0))]
+    IssuerKind(String),
+    /// A local `--deploy-dir` without the overlay.
+    #[error("--deploy-dir {dir}: no {} there; give this project's deploy/ directory (a path) or a kustomize remote URL (https://github.com/<org>/<repo>//deploy?ref=<tag>)", .wanted.display())]
+    DeployDir {
+        /// The directory given.
+        dir: String,
+        /// The overlay's kustomization it lacks, relative to it.
+        wanted: PathBuf,
+    },
+}
+
+/// Why the spoke overlay cannot be written. Messages carry their cause (no `source`).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OverlayError {
+    /// The directory cannot be created.
+    #[error("creating {}: {cause}", dir.display())]
+    Create {
+        /// The directory.
+        dir: PathBuf,
+        /// Why.
+        cause: std::io::Error,
+    },
+    /// A file cannot be written.
+    #[error("writing {}: {cause}", path.display())]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        cause: std::io::Error,
+    },
 }
 
 /// The name of the mapping rule `agent create` writes for `agent`.
@@ -252,22 +313,20 @@ pub fn rule_name(agent: &AgentName) -> String {
 
 impl Plan {
     /// Checks the inputs of `agent create` and derives the defaults.
-    pub fn new(a: &CreateArgs) -> Result<Plan, String> {
-        let agent = AgentName::new(&a.name).map_err(|e| format!("agent name: {e}"))?;
+    pub fn new(a: &CreateArgs) -> Result<Plan, PlanError> {
+        let agent = AgentName::new(&a.name).map_err(PlanError::AgentName)?;
         let hub_namespace = Namespace::new(a.hub_namespace.as_deref().unwrap_or(&a.name))
-            .map_err(|e| format!("--hub-namespace: {e}"))?;
-        let spoke_namespace =
-            Namespace::new(&a.spoke_namespace).map_err(|e| format!("--spoke-namespace: {e}"))?;
+            .map_err(|e| PlanError::Flag("--hub-namespace", e))?;
+        let spoke_namespace = Namespace::new(&a.spoke_namespace)
+            .map_err(|e| PlanError::Flag("--spoke-namespace", e))?;
         let spiffe_id = match (&a.spiffe_id, &a.trust_domain) {
-            (Some(id), _) => SpiffeId::parse(id).map_err(|e| format!("--spiffe-id: {e}"))?,
+            (Some(id), _) => SpiffeId::parse(id).map_err(|e| PlanError::Flag("--spiffe-id", e))?,
             (None, td) => {
                 let td = match (td, a.identity) {
                     (Some(td), _) => td.as_str(),
                     (None, IdentitySource::Mesh) => "cluster.local",
                     (None, _) => {
-                        return Err(
-                            "give the agent's SPIFFE ID with --spiffe-id, or its trust domain with --trust-domain".into(),
-                        );
+                        return Err(PlanError::NoId);
                     }
                 };
                 let template = a.path_template.as_deref().unwrap_or(match a.identity {
@@ -278,33 +337,32 @@ impl Plan {
                     .replace("{agent}", agent.as_str())
                     .replace("{namespace}", spoke_namespace.as_str());
                 SpiffeId::parse(&format!("spiffe://{td}{path}"))
-                    .map_err(|e| format!("--trust-domain / --path-template: {e}"))?
+                    .map_err(|e| PlanError::Flag("--trust-domain / --path-template", e))?
             }
         };
         if a.identity == IdentitySource::Mesh {
             let sa = format!("/sa/argocd-agent-agent-{agent}");
             if !spiffe_id.as_str().ends_with(&sa) {
-                return Err(format!(
-                    "--identity mesh: the mesh names the agent by its service account, so its ID must end in {sa} (the overlay renames the service account with nameSuffix -{agent}); got {}",
-                    spiffe_id.as_str(),
-                    sa = quoted(&sa)
-                ));
+                return Err(PlanError::MeshId {
+                    sa,
+                    agent: agent.to_string(),
+                    id: spiffe_id.as_str().to_owned(),
+                });
             }
         }
         refuse_ignored_flags(a)?;
         let principal_spiffe_id = match &a.principal_spiffe_id {
-            Some(id) => SpiffeId::parse(id).map_err(|e| format!("--principal-spiffe-id: {e}"))?,
+            Some(id) => {
+                SpiffeId::parse(id).map_err(|e| PlanError::Flag("--principal-spiffe-id", e))?
+            }
             None => SpiffeId::parse(&format!(
                 "spiffe://{}/ns/argocd/sa/argocd-agent-principal",
                 spiffe_id.trust_domain().as_str()
             ))
-            .map_err(|e| e.to_string())?,
+            .map_err(PlanError::PrincipalId)?,
         };
         if !matches!(a.issuer_kind.as_str(), "ClusterIssuer" | "Issuer") {
-            return Err(format!(
-                "--issuer-kind {}: use ClusterIssuer or Issuer",
-                quoted(&a.issuer_kind)
-            ));
+            return Err(PlanError::IssuerKind(a.issuer_kind.clone()));
         }
         Ok(Plan {
             agent,
@@ -819,7 +877,7 @@ pub async fn apply(
     hub: &crate::ctl::HubArgs,
     rules_cm: &str,
 ) -> Result<Vec<String>, String> {
-    let client = hub.client().await?;
+    let client = hub.client().await.map_err(|e| e.to_string())?;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &hub.namespace);
     let nss: Api<KubeNamespace> = Api::all(client);
     // Check the rules first: nothing is written for an agent the rules would refuse.
@@ -864,7 +922,7 @@ pub async fn apply(
 /// `agent delete`: the rule, the cluster Secret and (when asked) the namespace.
 pub async fn delete(a: &DeleteArgs) -> Result<Vec<String>, String> {
     let agent = AgentName::new(&a.name).map_err(|e| format!("agent name: {e}"))?;
-    let client = a.hub.client().await?;
+    let client = a.hub.client().await.map_err(|e| e.to_string())?;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &a.hub.namespace);
     let cm_name = a.rules_configmap.as_str();
     let (rule, rule_ns, warning) = with_conflict_retry(|| async {
@@ -1017,12 +1075,17 @@ async fn delete_namespace(
 }
 
 /// Writes the overlay files into `dir` (created if needed).
-fn write_overlay(plan: &Plan, dir: &Path) -> Result<Vec<String>, String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+fn write_overlay(plan: &Plan, dir: &Path) -> Result<Vec<String>, OverlayError> {
+    std::fs::create_dir_all(dir).map_err(|cause| OverlayError::Create {
+        dir: dir.to_owned(),
+        cause,
+    })?;
     let mut done = Vec::new();
     for (file, text) in plan.overlay_files(Some(dir)) {
         let path = dir.join(&file);
-        std::fs::write(&path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
+        if let Err(cause) = std::fs::write(&path, text) {
+            return Err(OverlayError::Write { path, cause });
+        }
         done.push(format!("wrote {}", path.display()));
     }
     Ok(done)
@@ -1126,7 +1189,7 @@ mod tests {
     fn plan(args: &[&str]) -> Result<Plan, String> {
         let t = T::try_parse_from(std::iter::once("t").chain(args.iter().copied()))
             .map_err(|e| e.to_string())?;
-        Plan::new(&t.a)
+        Plan::new(&t.a).map_err(|e| e.to_string())
     }
 
     #[test]
@@ -1380,7 +1443,7 @@ mod tests {
             "/nonexistent",
         ])
         .unwrap();
-        let err = check_deploy_dir(&missing).unwrap_err();
+        let err = check_deploy_dir(&missing).unwrap_err().to_string();
         assert!(
             err.starts_with(
                 "--deploy-dir /nonexistent: no overlays/spire/agent/kustomization.yaml there"

@@ -198,7 +198,7 @@ fn manifest_command_line(
         Option<BTreeMap<String, String>>,
         Option<tempfile::TempDir>,
     ),
-    String,
+    ManifestError,
 > {
     let m = from_manifests(role, path)?;
     r.1 = m.secrets;
@@ -550,25 +550,123 @@ fn bundles(
 fn verify_chain(
     roots: &[CertificateDer<'static>],
     chain: &[CertificateDer<'static>],
-) -> Result<(), String> {
+) -> Result<(), ChainError> {
     let mut store = rustls::RootCertStore::empty();
     for c in roots {
-        store
-            .add(c.clone())
-            .map_err(|e| format!("a bundle certificate: {e}"))?;
+        store.add(c.clone()).map_err(ChainError::Bundle)?;
     }
     if store.is_empty() {
-        return Err("no bundle for the SVID's trust domain".into());
+        return Err(ChainError::NoBundle);
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let verifier =
         rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(store), provider)
             .build()
-            .map_err(|e| e.to_string())?;
+            .map_err(ChainError::Verifier)?;
     verifier
         .verify_client_cert(&chain[0], &chain[1..], UnixTime::now())
         .map(|_| ())
-        .map_err(|e| e.to_string())
+        .map_err(ChainError::Verify)
+}
+
+/// Why the SVID's chain could not be checked against the bundle, or does not verify.
+#[derive(Debug, thiserror::Error)]
+enum ChainError {
+    /// rustls refuses a bundle certificate.
+    #[error("a bundle certificate: {0}")]
+    Bundle(rustls::Error),
+    /// No bundle for the trust domain.
+    #[error("no bundle for the SVID's trust domain")]
+    NoBundle,
+    /// The verifier cannot be built.
+    #[error("{0}")]
+    Verifier(rustls::server::VerifierBuilderError),
+    /// The chain does not verify.
+    #[error("{0}")]
+    Verify(rustls::Error),
+}
+
+/// Why the manifests could not be read. Messages carry their cause (no `source`).
+#[derive(Debug, thiserror::Error)]
+enum ManifestError {
+    /// Standard input cannot be read.
+    #[error("reading stdin: {0}")]
+    Stdin(std::io::Error),
+    /// A file or directory cannot be read.
+    #[error("{}: {cause}", path.display())]
+    Read {
+        /// The file or directory.
+        path: PathBuf,
+        /// Why.
+        cause: std::io::Error,
+    },
+    /// `kubectl kustomize` cannot be run.
+    #[error("{} is a kustomization: running {kubectl} kustomize: {cause} (set KUBECTL, or pass `kubectl kustomize` output with -f -)", path.display())]
+    Kustomize {
+        /// The directory.
+        path: PathBuf,
+        /// The kubectl used.
+        kubectl: String,
+        /// Why.
+        cause: std::io::Error,
+    },
+    /// `kubectl kustomize` failed.
+    #[error("kubectl kustomize {}: {stderr}", path.display())]
+    KustomizeFailed {
+        /// The directory.
+        path: PathBuf,
+        /// What it wrote to stderr.
+        stderr: String,
+    },
+    /// `kubectl kustomize` wrote no UTF-8.
+    #[error("kubectl kustomize output: {0}")]
+    KustomizeOutput(std::string::FromUtf8Error),
+    /// A directory with neither a kustomization nor YAML files.
+    #[error("{}: no kustomization and no .yaml/.yml file", .0.display())]
+    NoYaml(PathBuf),
+    /// The manifests are not YAML.
+    #[error("{}: {cause}", path.display())]
+    Yaml {
+        /// Where they were read.
+        path: PathBuf,
+        /// Why (boxed: the parser's error is large).
+        cause: Box<serde_saphyr::Error>,
+    },
+    /// No Deployment runs the role.
+    #[error("no Deployment runs `argocd-agent {role}` in {}", path.display())]
+    NoDeployment {
+        /// The role.
+        role: String,
+        /// Where the manifests were read.
+        path: PathBuf,
+    },
+    /// The Deployment runs a role the binary does not have.
+    #[error("argocd-agent has no {0} subcommand")]
+    NoSubcommand(String),
+    /// No temporary directory for the ConfigMap volumes' files.
+    #[error("temporary directory: {0}")]
+    TempDir(std::io::Error),
+    /// A ConfigMap volume's file cannot be written to the temporary directory.
+    #[error("{0}")]
+    Materialize(std::io::Error),
+    /// A `configMapKeyRef` to a key the manifests do not have.
+    #[error("env {name}: ConfigMap {cm} key {key} is not in the manifests (and not optional)")]
+    EnvConfigMap {
+        /// The variable.
+        name: String,
+        /// The ConfigMap.
+        cm: String,
+        /// The key.
+        key: String,
+    },
+}
+
+/// A [`ManifestError::Read`] for `path`.
+fn read_error(path: &Path) -> impl Fn(std::io::Error) -> ManifestError + '_ {
+    move |cause| ManifestError::Read {
+        path: path.to_owned(),
+        cause,
+    }
 }
 
 /// The ConfigMap volumes' files: mount path -> (file -> text).
@@ -588,13 +686,12 @@ struct Manifest {
 }
 
 /// The text of the manifests at `path` (see [`ValidateArgs::manifests`]).
-fn read_manifests(path: &Path) -> Result<String, String> {
+fn read_manifests(path: &Path) -> Result<String, ManifestError> {
     if path == Path::new("-") {
-        return std::io::read_to_string(std::io::stdin())
-            .map_err(|e| format!("reading stdin: {e}"));
+        return std::io::read_to_string(std::io::stdin()).map_err(ManifestError::Stdin);
     }
     if !path.is_dir() {
-        return std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()));
+        return std::fs::read_to_string(path).map_err(read_error(path));
     }
     let is_kustomization = ["kustomization.yaml", "kustomization.yml", "Kustomization"]
         .iter()
@@ -605,37 +702,37 @@ fn read_manifests(path: &Path) -> Result<String, String> {
             .arg("kustomize")
             .arg(path)
             .output()
-            .map_err(|e| format!("{} is a kustomization: running {} kustomize: {e} (set KUBECTL, or pass `kubectl kustomize` output with -f -)", path.display(), kubectl.to_string_lossy()))?;
+            .map_err(|cause| ManifestError::Kustomize {
+                path: path.to_owned(),
+                kubectl: kubectl.to_string_lossy().into_owned(),
+                cause,
+            })?;
         if !out.status.success() {
-            return Err(format!(
-                "kubectl kustomize {}: {}",
-                path.display(),
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
+            return Err(ManifestError::KustomizeFailed {
+                path: path.to_owned(),
+                stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+            });
         }
-        return String::from_utf8(out.stdout).map_err(|e| format!("kubectl kustomize output: {e}"));
+        return String::from_utf8(out.stdout).map_err(ManifestError::KustomizeOutput);
     }
     let mut files = Vec::new();
     yaml_files(path, &mut files)?;
     if files.is_empty() {
-        return Err(format!(
-            "{}: no kustomization and no .yaml/.yml file",
-            path.display()
-        ));
+        return Err(ManifestError::NoYaml(path.to_owned()));
     }
     files.sort();
     let texts = files
         .iter()
-        .map(|f| std::fs::read_to_string(f).map_err(|e| format!("{}: {e}", f.display())))
+        .map(|f| std::fs::read_to_string(f).map_err(read_error(f)))
         .collect::<Result<Vec<_>, _>>()?;
     Ok(texts.join("\n---\n"))
 }
 
 /// Every `.yaml`/`.yml` file under `dir`.
-fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), String> {
-    let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), ManifestError> {
+    let entries = std::fs::read_dir(dir).map_err(read_error(dir))?;
     for entry in entries {
-        let path = entry.map_err(|e| format!("{}: {e}", dir.display()))?.path();
+        let path = entry.map_err(read_error(dir))?.path();
         if path.is_dir() {
             yaml_files(&path, out)?;
         } else if path.extension().is_some_and(|x| x == "yaml" || x == "yml") {
@@ -645,10 +742,13 @@ fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), String> {
     Ok(())
 }
 
-fn from_manifests(role: &str, path: &Path) -> Result<Manifest, String> {
+fn from_manifests(role: &str, path: &Path) -> Result<Manifest, ManifestError> {
     let text = read_manifests(path)?;
     let docs: Vec<Value> =
-        serde_saphyr::from_multiple(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        serde_saphyr::from_multiple(&text).map_err(|cause| ManifestError::Yaml {
+            path: path.to_owned(),
+            cause: Box::new(cause),
+        })?;
     let configmaps: BTreeMap<&str, &serde_json::Map<String, Value>> = docs
         .iter()
         .filter(|d| d["kind"] == "ConfigMap")
@@ -663,11 +763,9 @@ fn from_manifests(role: &str, path: &Path) -> Result<Manifest, String> {
                 .map(|c| (d, c))
         })
         .find(|(_, c)| c.get("args").and_then(|a| a.get(0)).and_then(Value::as_str) == Some(role))
-        .ok_or_else(|| {
-            format!(
-                "no Deployment runs `argocd-agent {role}` in {}",
-                path.display()
-            )
+        .ok_or_else(|| ManifestError::NoDeployment {
+            role: role.to_owned(),
+            path: path.to_owned(),
         })?;
     let env = container_env(deployment, c, &configmaps)?;
     let mut argv: Vec<String> = c
@@ -701,7 +799,7 @@ fn container_env(
     deployment: &Value,
     c: &serde_json::Map<String, Value>,
     configmaps: &BTreeMap<&str, &serde_json::Map<String, Value>>,
-) -> Result<BTreeMap<String, String>, String> {
+) -> Result<BTreeMap<String, String>, ManifestError> {
     let mut env = BTreeMap::new();
     for e in c.get("env").and_then(Value::as_array).into_iter().flatten() {
         let Some(name) = e["name"].as_str() else {
@@ -721,9 +819,11 @@ fn container_env(
                 Some(v) => Some(v.to_string()),
                 None if optional => None,
                 None => {
-                    return Err(format!(
-                        "env {name}: ConfigMap {cm} key {key} is not in the manifests (and not optional)"
-                    ));
+                    return Err(ManifestError::EnvConfigMap {
+                        name: name.to_owned(),
+                        cm: cm.to_owned(),
+                        key: key.to_owned(),
+                    });
                 }
             }
         } else if let Some(field) = e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
@@ -819,11 +919,11 @@ fn env_as_flags(
     role: &str,
     env: &BTreeMap<String, String>,
     argv: &[String],
-) -> Result<Vec<String>, String> {
+) -> Result<Vec<String>, ManifestError> {
     let cmd = crate::upstream::command(&|k| env.get(k).cloned());
     let sub = cmd
         .find_subcommand(role)
-        .ok_or_else(|| format!("argocd-agent has no {role} subcommand"))?;
+        .ok_or_else(|| ManifestError::NoSubcommand(role.to_owned()))?;
     let mut out = Vec::new();
     for arg in sub.get_arguments() {
         let Some(var) = arg.get_env().and_then(|v| v.to_str()) else {
@@ -854,17 +954,17 @@ fn env_as_flags(
 fn materialize(
     files: &Files,
     argv: Vec<String>,
-) -> Result<(Vec<String>, Option<tempfile::TempDir>), String> {
+) -> Result<(Vec<String>, Option<tempfile::TempDir>), ManifestError> {
     if files.is_empty() {
         return Ok((argv, None));
     }
-    let dir = tempfile::tempdir().map_err(|e| format!("temporary directory: {e}"))?;
+    let dir = tempfile::tempdir().map_err(ManifestError::TempDir)?;
     let mut argv = argv;
     for (i, (mount, entries)) in files.iter().enumerate() {
         let local = dir.path().join(i.to_string());
-        std::fs::create_dir_all(&local).map_err(|e| e.to_string())?;
+        std::fs::create_dir_all(&local).map_err(ManifestError::Materialize)?;
         for (name, text) in entries {
-            std::fs::write(local.join(name), text).map_err(|e| e.to_string())?;
+            std::fs::write(local.join(name), text).map_err(ManifestError::Materialize)?;
         }
         let prefix = format!("{}/", mount.trim_end_matches('/'));
         for a in &mut argv {

@@ -67,7 +67,7 @@ mod set;
 pub use decision::{
     AdminGrant, AdminScope, AgentIdentity, DenyReason, HEADER_NAME_RULE, MappingDenied,
 };
-pub use error::RuleError;
+pub use error::{RuleError, RuleProblem};
 pub use explain::{Explanation, RuleStep, StepOutcome};
 pub use live::{LiveRules, RevokeCallback, SessionLister};
 pub use set::RuleSet;

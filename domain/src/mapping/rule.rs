@@ -1,6 +1,5 @@
 //! One mapping rule: how it is written (YAML entry or flag), compiled once, and matched.
 
-use argocd_agent_identity::text::quoted;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
@@ -11,7 +10,7 @@ use crate::names::{AgentName, AllowedModes, Namespace};
 use argocd_agent_identity::id::{IdError, SpiffeId, TrustDomain};
 
 use super::decision::DenyReason;
-use super::error::RuleError;
+use super::error::{RuleError, RuleProblem};
 
 /// Placeholder every rule may use in its output templates: the ID's trust domain.
 const TD_PLACEHOLDER: &str = "trust_domain";
@@ -211,45 +210,16 @@ fn name_reason(e: IdError) -> String {
 }
 
 /// Builds a rule from its written form; `default_name` is used when it has no `name`.
-pub(super) fn compile(spec: RuleSpec, default_name: String) -> Result<Rule, String> {
+pub(super) fn compile(spec: RuleSpec, default_name: String) -> Result<Rule, RuleProblem> {
     let name = match spec.name {
-        Some(n) if n.trim().is_empty() => return Err("`name` must not be empty".into()),
+        Some(n) if n.trim().is_empty() => return Err(RuleProblem::EmptyName),
         Some(n) => n,
         None => default_name,
     };
-    let (matcher, groups, default_agent) = match (spec.template, spec.regex, spec.exact) {
-        (Some(t), None, None) => {
-            let (regex, names) = compile_id_template(&t)?;
-            // A template that names an `{agent}` placeholder needs no `agent:` line.
-            let default_agent = names.contains("agent").then(|| "{agent}".to_owned());
-            (Matcher::Template { source: t, regex }, names, default_agent)
-        }
-        (None, Some(r), None) => {
-            let regex = Regex::new(&format!("^(?:{r})$"))
-                .map_err(|e| format!("regex {r} does not compile: {e}", r = quoted(&r)))?;
-            let mut groups = BTreeSet::new();
-            for (i, n) in regex.capture_names().enumerate().skip(1) {
-                groups.insert(i.to_string());
-                if let Some(n) = n {
-                    groups.insert(n.to_owned());
-                }
-            }
-            // Upstream takes the agent name from the first capture group.
-            let default_agent = (regex.captures_len() > 1).then(|| "{1}".to_owned());
-            (Matcher::Regex { source: r, regex }, groups, default_agent)
-        }
-        (None, None, Some(e)) => {
-            let id = SpiffeId::parse(&e).map_err(|e| e.to_string())?;
-            (Matcher::Exact(id), BTreeSet::new(), None)
-        }
-        (None, None, None) => {
-            return Err("needs one of `template`, `regex` or `exact`".into());
-        }
-        _ => return Err("has more than one of `template`, `regex` and `exact`".into()),
-    };
+    let (matcher, groups, default_agent) = compile_matcher(spec.template, spec.regex, spec.exact)?;
     let mut trust_domains = Vec::new();
     for td in &spec.trust_domains {
-        trust_domains.push(TrustDomain::new(td).map_err(|e| e.to_string())?);
+        trust_domains.push(TrustDomain::new(td).map_err(RuleProblem::Id)?);
     }
     match spec.role.as_deref() {
         None | Some("agent") => {}
@@ -260,9 +230,7 @@ pub(super) fn compile(spec: RuleSpec, default_name: String) -> Result<Rule, Stri
                 ("mode", spec.mode.is_some()),
             ] {
                 if given {
-                    return Err(format!(
-                        "an admin rule maps to no agent: remove `{field}` (role: admin grants the operator API only)"
-                    ));
+                    return Err(RuleProblem::AdminTarget { field });
                 }
             }
             return Ok(Rule {
@@ -272,54 +240,92 @@ pub(super) fn compile(spec: RuleSpec, default_name: String) -> Result<Rule, Stri
                 trust_domains,
             });
         }
-        Some(other) => {
-            return Err(format!(
-                "role {other} is not one of: agent, admin",
-                other = quoted(&other)
-            ));
-        }
+        Some(other) => return Err(RuleProblem::Role(other.to_owned())),
     }
     let agent_src = match (spec.agent, default_agent) {
         (Some(a), _) => a,
         (None, Some(d)) => d,
         (None, None) => {
             return Err(match matcher {
-                Matcher::Regex { .. } => {
-                    "a regex rule needs a capture group for the agent name, or `agent`".into()
-                }
-                Matcher::Template { .. } => {
-                    "a template rule needs `agent` (or an `{agent}` placeholder)".into()
-                }
-                Matcher::Exact(_) => "an exact rule needs `agent`".into(),
+                Matcher::Regex { .. } => RuleProblem::RegexNeedsAgent,
+                Matcher::Template { .. } => RuleProblem::TemplateNeedsAgent,
+                Matcher::Exact(_) => RuleProblem::ExactNeedsAgent,
             });
         }
     };
-    let agent = compile_output("agent", &agent_src, &groups, |s| {
-        AgentName::new(s).map(drop)
-    })?;
-    let namespace = spec
-        .namespace
-        .map(|n| compile_output("namespace", &n, &groups, |s| Namespace::new(s).map(drop)))
-        .transpose()?;
-    let mode = match spec.mode {
-        Some(m) => m.parse::<AllowedModes>().map_err(|e| e.to_string())?,
-        // The hub decides: a rule that names no mode grants managed only.
-        None => AllowedModes::default(),
-    };
+    let target = compile_agent_target(&agent_src, spec.namespace, spec.mode, &groups)?;
     Ok(Rule {
         name,
         matcher,
-        target: Target::Agent {
-            agent,
-            namespace,
-            mode,
-        },
+        target,
         trust_domains,
     })
 }
 
+/// Compiles the one matcher a rule names; returns it with the placeholder or group names it
+/// defines and the agent template to use when the rule gives none.
+fn compile_matcher(
+    template: Option<String>,
+    regex: Option<String>,
+    exact: Option<String>,
+) -> Result<(Matcher, BTreeSet<String>, Option<String>), RuleProblem> {
+    match (template, regex, exact) {
+        (Some(t), None, None) => {
+            let (regex, names) = compile_id_template(&t)?;
+            // A template that names an `{agent}` placeholder needs no `agent:` line.
+            let default_agent = names.contains("agent").then(|| "{agent}".to_owned());
+            Ok((Matcher::Template { source: t, regex }, names, default_agent))
+        }
+        (None, Some(r), None) => {
+            let regex = match Regex::new(&format!("^(?:{r})$")) {
+                Ok(regex) => regex,
+                Err(cause) => return Err(RuleProblem::Regex { regex: r, cause }),
+            };
+            let mut groups = BTreeSet::new();
+            for (i, n) in regex.capture_names().enumerate().skip(1) {
+                groups.insert(i.to_string());
+                if let Some(n) = n {
+                    groups.insert(n.to_owned());
+                }
+            }
+            // Upstream takes the agent name from the first capture group.
+            let default_agent = (regex.captures_len() > 1).then(|| "{1}".to_owned());
+            Ok((Matcher::Regex { source: r, regex }, groups, default_agent))
+        }
+        (None, None, Some(e)) => {
+            let id = SpiffeId::parse(&e).map_err(RuleProblem::Id)?;
+            Ok((Matcher::Exact(id), BTreeSet::new(), None))
+        }
+        (None, None, None) => Err(RuleProblem::NoMatcher),
+        _ => Err(RuleProblem::ManyMatchers),
+    }
+}
+
+/// Compiles an agent rule's target: its agent and namespace templates and its mode.
+fn compile_agent_target(
+    agent_src: &str,
+    namespace: Option<String>,
+    mode: Option<String>,
+    groups: &BTreeSet<String>,
+) -> Result<Target, RuleProblem> {
+    let agent = compile_output("agent", agent_src, groups, |s| AgentName::new(s).map(drop))?;
+    let namespace = namespace
+        .map(|n| compile_output("namespace", &n, groups, |s| Namespace::new(s).map(drop)))
+        .transpose()?;
+    let mode = match mode {
+        Some(m) => m.parse::<AllowedModes>().map_err(RuleProblem::Mode)?,
+        // The hub decides: a rule that names no mode grants managed only.
+        None => AllowedModes::default(),
+    };
+    Ok(Target::Agent {
+        agent,
+        namespace,
+        mode,
+    })
+}
+
 /// Splits `src` into literals and `{name}` placeholders.
-fn split_placeholders(src: &str) -> Result<Vec<Piece>, String> {
+fn split_placeholders(src: &str) -> Result<Vec<Piece>, RuleProblem> {
     let mut pieces = Vec::new();
     let mut rest = src;
     while !rest.is_empty() {
@@ -329,24 +335,26 @@ fn split_placeholders(src: &str) -> Result<Vec<Piece>, String> {
                 break;
             }
             Some(i) if rest.as_bytes()[i] == b'}' => {
-                return Err(format!("unmatched '}}' in {src}", src = quoted(&src)));
+                return Err(RuleProblem::UnmatchedClose {
+                    src: src.to_owned(),
+                });
             }
             Some(i) => {
                 if i > 0 {
                     pieces.push(Piece::Literal(rest[..i].to_owned()));
                 }
                 let after = &rest[i + 1..];
-                let end = after
-                    .find('}')
-                    .ok_or_else(|| format!("unclosed '{{' in {src}", src = quoted(&src)))?;
+                let end = after.find('}').ok_or_else(|| RuleProblem::Unclosed {
+                    src: src.to_owned(),
+                })?;
                 let var = &after[..end];
                 let valid =
                     !var.is_empty() && var.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
                 if !valid {
-                    return Err(format!(
-                        "placeholder {{{var}}} in {src} must be a name of letters, digits and '_'",
-                        src = quoted(&src)
-                    ));
+                    return Err(RuleProblem::PlaceholderName {
+                        var: var.to_owned(),
+                        src: src.to_owned(),
+                    });
                 }
                 pieces.push(Piece::Var(var.to_owned()));
                 rest = &after[end + 1..];
@@ -357,12 +365,11 @@ fn split_placeholders(src: &str) -> Result<Vec<Piece>, String> {
 }
 
 /// Compiles a SPIFFE ID template to an anchored regex; returns it with its placeholder names.
-fn compile_id_template(src: &str) -> Result<(Regex, BTreeSet<String>), String> {
+fn compile_id_template(src: &str) -> Result<(Regex, BTreeSet<String>), RuleProblem> {
     let Some(rest) = src.strip_prefix("spiffe://") else {
-        return Err(format!(
-            "template {src} must start with \"spiffe://\"",
-            src = quoted(&src)
-        ));
+        return Err(RuleProblem::TemplateScheme {
+            src: src.to_owned(),
+        });
     };
     let (authority, path) = match rest.find('/') {
         Some(i) => rest.split_at(i),
@@ -384,10 +391,9 @@ fn compile_id_template(src: &str) -> Result<(Regex, BTreeSet<String>), String> {
             sample.push_str(l);
         }
         _ => {
-            return Err(format!(
-                "template {src}: the trust domain must be a literal or exactly {{trust_domain}}",
-                src = quoted(&src)
-            ));
+            return Err(RuleProblem::TemplateTrustDomain {
+                src: src.to_owned(),
+            });
         }
     }
     for piece in split_placeholders(path)? {
@@ -398,22 +404,21 @@ fn compile_id_template(src: &str) -> Result<(Regex, BTreeSet<String>), String> {
             }
             Piece::Var(v) => {
                 if v == TD_PLACEHOLDER {
-                    return Err(format!(
-                        "template {src}: {{trust_domain}} may only stand for the trust domain",
-                        src = quoted(&src)
-                    ));
+                    return Err(RuleProblem::TrustDomainInPath {
+                        src: src.to_owned(),
+                    });
                 }
                 if v.starts_with(|c: char| c.is_ascii_digit()) {
-                    return Err(format!(
-                        "template {src}: placeholder {{{v}}} must not start with a digit",
-                        src = quoted(&src)
-                    ));
+                    return Err(RuleProblem::PlaceholderDigit {
+                        var: v,
+                        src: src.to_owned(),
+                    });
                 }
                 if !names.insert(v.clone()) {
-                    return Err(format!(
-                        "template {src}: placeholder {{{v}}} appears twice",
-                        src = quoted(&src)
-                    ));
+                    return Err(RuleProblem::PlaceholderTwice {
+                        var: v,
+                        src: src.to_owned(),
+                    });
                 }
                 // One placeholder never crosses a '/': it matches within one segment.
                 pattern.push_str(&format!("(?P<{v}>[A-Za-z0-9._-]+)"));
@@ -422,28 +427,31 @@ fn compile_id_template(src: &str) -> Result<(Regex, BTreeSet<String>), String> {
         }
     }
     pattern.push('$');
-    SpiffeId::parse(&sample).map_err(|e| {
-        format!(
-            "template {src} cannot match any valid SPIFFE ID: {e}",
-            src = quoted(&src)
-        )
+    SpiffeId::parse(&sample).map_err(|cause| RuleProblem::TemplateUnmatchable {
+        src: src.to_owned(),
+        cause,
     })?;
-    let regex = Regex::new(&pattern)
-        .map_err(|e| format!("template {src} does not compile: {e}", src = quoted(&src)))?;
+    let regex = Regex::new(&pattern).map_err(|cause| RuleProblem::TemplateRegex {
+        src: src.to_owned(),
+        cause,
+    })?;
     Ok((regex, names))
 }
 
 /// Compiles an output template, checking that it only uses known placeholders and that its
 /// literal text can be part of a DNS-1123 label (otherwise the rule could never allow anyone).
 fn compile_output(
-    what: &str,
+    what: &'static str,
     src: &str,
     groups: &BTreeSet<String>,
     validate: impl Fn(&str) -> Result<(), IdError>,
-) -> Result<OutputTemplate, String> {
-    let pieces = split_placeholders(src).map_err(|e| format!("{what}: {e}"))?;
+) -> Result<OutputTemplate, RuleProblem> {
+    let pieces = split_placeholders(src).map_err(|cause| RuleProblem::Output {
+        what,
+        cause: Box::new(cause),
+    })?;
     if pieces.is_empty() {
-        return Err(format!("{what} must not be empty"));
+        return Err(RuleProblem::EmptyOutput { what });
     }
     let mut has_var = false;
     for p in &pieces {
@@ -456,11 +464,12 @@ fn compile_output(
                         .map(|g| format!("{{{g}}}"))
                         .chain([format!("{{{TD_PLACEHOLDER}}}")])
                         .collect();
-                    return Err(format!(
-                        "{what} {src} uses {{{v}}}, which the rule does not define (known: {})",
-                        known.join(", "),
-                        src = quoted(&src)
-                    ));
+                    return Err(RuleProblem::UnknownPlaceholder {
+                        what,
+                        src: src.to_owned(),
+                        var: v.clone(),
+                        known: known.join(", "),
+                    });
                 }
             }
             Piece::Literal(l) => {
@@ -468,17 +477,17 @@ fn compile_output(
                     .chars()
                     .find(|c| !matches!(c, 'a'..='z' | '0'..='9' | '-'))
                 {
-                    return Err(format!(
-                        "{what} {src} contains '{c}', which can never be part of a DNS-1123 label",
-                        src = quoted(&src),
-                        c = c.escape_debug()
-                    ));
+                    return Err(RuleProblem::NotDns {
+                        what,
+                        src: src.to_owned(),
+                        c,
+                    });
                 }
             }
         }
     }
     if !has_var {
-        validate(src).map_err(|e| e.to_string())?;
+        validate(src).map_err(RuleProblem::Id)?;
     }
     Ok(OutputTemplate {
         source: src.to_owned(),
@@ -488,9 +497,9 @@ fn compile_output(
 
 /// Parses one rule flag (see the module docs of [`super`] for the syntax).
 pub(super) fn parse_flag(flag: &str, default_name: String) -> Result<Rule, RuleError> {
-    let err = |reason: String| RuleError::Flag {
+    let err = |reason: RuleProblem| RuleError::Flag {
         flag: argocd_agent_identity::id::quote(flag),
-        reason,
+        reason: Box::new(reason),
     };
     let mut spec = RuleSpec::default();
     if let Some(re) = flag.strip_prefix("mtls:uri:") {
@@ -519,13 +528,9 @@ pub(super) fn parse_flag(flag: &str, default_name: String) -> Result<Rule, RuleE
         spec.exact = Some(id.to_owned());
         apply_options(&mut spec, opts).map_err(err)?;
     } else if flag.starts_with("mtls:") {
-        return Err(err(
-            "only the \"mtls:uri:<regex>\" form is supported (identities are SPIFFE IDs, not subjects)".into(),
-        ));
+        return Err(err(RuleProblem::MtlsForm));
     } else {
-        return Err(err(
-            "expected \"mtls:uri:<regex>\", \"template:<template>=><agent>[,option=value...]\", \"exact:<spiffe-id>=><agent>[,option=value...]\" or \"admin:<spiffe-id>\"".into(),
-        ));
+        return Err(err(RuleProblem::FlagForm));
     }
     compile(spec, default_name).map_err(err)
 }
@@ -539,17 +544,14 @@ fn split_arrow(s: &str) -> (&str, Option<&str>) {
 }
 
 /// Applies `<agent>[,namespace=..][,mode=..][,trustDomains=a|b][,name=..][,role=..]`.
-fn apply_options(spec: &mut RuleSpec, opts: Option<&str>) -> Result<(), String> {
+fn apply_options(spec: &mut RuleSpec, opts: Option<&str>) -> Result<(), RuleProblem> {
     let Some(opts) = opts else {
         return Ok(());
     };
     let mut parts = opts.split(',');
     let agent = parts.next().unwrap_or_default();
     if agent.contains('=') {
-        return Err(format!(
-            "the first item after \"=>\" is the agent template, got {agent}",
-            agent = quoted(&agent)
-        ));
+        return Err(RuleProblem::AgentFirst(agent.to_owned()));
     }
     if !agent.is_empty() {
         spec.agent = Some(agent.to_owned());
@@ -558,9 +560,9 @@ fn apply_options(spec: &mut RuleSpec, opts: Option<&str>) -> Result<(), String> 
     for part in parts {
         let (k, v) = part
             .split_once('=')
-            .ok_or_else(|| format!("option {part} must be key=value", part = quoted(&part)))?;
+            .ok_or_else(|| RuleProblem::OptionNotKeyValue(part.to_owned()))?;
         if !seen.insert(k) {
-            return Err(format!("option {k} given twice", k = quoted(&k)));
+            return Err(RuleProblem::OptionTwice(k.to_owned()));
         }
         match k {
             "namespace" => spec.namespace = Some(v.to_owned()),
@@ -571,10 +573,7 @@ fn apply_options(spec: &mut RuleSpec, opts: Option<&str>) -> Result<(), String> 
                 spec.trust_domains = v.split('|').map(str::to_owned).collect();
             }
             other => {
-                return Err(format!(
-                    "unknown option {other} (known: namespace, mode, trustDomains, name, role)",
-                    other = quoted(&other)
-                ));
+                return Err(RuleProblem::UnknownOption(other.to_owned()));
             }
         }
     }

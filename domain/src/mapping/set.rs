@@ -9,7 +9,7 @@ use argocd_agent_identity::id::SpiffeId;
 use super::decision::{
     AdminGrant, AdminScope, AgentIdentity, DenyReason, HEADER_NAME_RULE, MappingDenied,
 };
-use super::error::RuleError;
+use super::error::{RuleError, RuleProblem};
 use super::explain::{Explanation, RuleStep, StepOutcome};
 use super::rule::{self, Rule, RuleMatch, RuleSpec, Target};
 
@@ -25,14 +25,17 @@ struct RuleFile {
 
 /// Finds a rule whose name an earlier rule already uses: names exist to tell rules apart
 /// in logs. Returns its 1-based index, its name and the reason.
-fn duplicate_name(rules: &[Rule]) -> Option<(usize, String, String)> {
+fn duplicate_name(rules: &[Rule]) -> Option<(usize, String, RuleProblem)> {
     let mut seen = std::collections::BTreeMap::new();
     for (i, r) in rules.iter().enumerate() {
         if let Some(first) = seen.insert(r.name.as_str(), i + 1) {
             return Some((
                 i + 1,
                 r.name.clone(),
-                format!("rule name \"{}\" is already used by rule {first}", r.name),
+                RuleProblem::DuplicateName {
+                    name: r.name.clone(),
+                    first,
+                },
             ));
         }
     }
@@ -127,7 +130,7 @@ impl RuleSet {
             let rule = rule::compile(spec, default_name).map_err(|reason| RuleError::Rule {
                 index,
                 name: shown,
-                reason,
+                reason: Box::new(reason),
             })?;
             rules.push(rule);
         }
@@ -135,7 +138,7 @@ impl RuleSet {
             return Err(RuleError::Rule {
                 index,
                 name,
-                reason,
+                reason: Box::new(reason),
             });
         }
         let tenants = Tenants::from_specs(file.tenants)?;
@@ -165,7 +168,7 @@ impl RuleSet {
         if let Some((index, _, reason)) = duplicate_name(&rules) {
             return Err(RuleError::Flag {
                 flag: argocd_agent_identity::id::quote(&flags[index - 1]),
-                reason,
+                reason: Box::new(reason),
             });
         }
         Ok(RuleSet::from_rules(rules))
