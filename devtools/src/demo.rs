@@ -747,7 +747,7 @@ impl DemoProxy {
                     std::fs::write(&path, text).map_err(|e| e.to_string())?;
                     return Ok(path);
                 }
-                Err(e) if tokio::time::Instant::now() > deadline => return Err(e),
+                Err(e) if tokio::time::Instant::now() > deadline => return Err(e.to_string()),
                 Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
             }
         }
