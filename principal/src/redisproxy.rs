@@ -176,13 +176,25 @@ impl Proxy {
     }
 }
 
+/// Why the hub Redis could not be asked whether it wants a password (the cause is printed in
+/// the message, so it is no `#[source]`).
+#[derive(Debug, thiserror::Error)]
+enum ProbeError {
+    /// Writing `PING` or reading its answer failed.
+    #[error("{0}")]
+    Resp(RespError),
+    /// No answer within the request timeout.
+    #[error("no answer to PING")]
+    Timeout,
+}
+
 /// Whether the hub Redis wants a password from a new connection: its answer to `PING`
 /// (`-NOAUTH ...` when it does; any other error counts as yes too).
 async fn probe_auth<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     reader: &mut FrameReader<R>,
     writer: &mut W,
     timeout: Duration,
-) -> Result<bool, String> {
+) -> Result<bool, ProbeError> {
     let ask = async {
         writer.write_all(&resp::command(&[b"PING"])).await?;
         writer.flush().await?;
@@ -193,8 +205,8 @@ async fn probe_auth<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     };
     match tokio::time::timeout(timeout, ask).await {
         Ok(Ok(frame)) => Ok(frame.is_error()),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err("no answer to PING".into()),
+        Ok(Err(e)) => Err(ProbeError::Resp(e)),
+        Err(_) => Err(ProbeError::Timeout),
     }
 }
 
@@ -456,7 +468,12 @@ impl Proxy {
     }
 
     /// The reply when another replica could not be asked.
-    fn unreachable(&self, key: &AppKey, target: &ReplicaTarget, error: &str) -> Reply {
+    fn unreachable(
+        &self,
+        key: &AppKey,
+        target: &ReplicaTarget,
+        error: &replica::ReplicaError,
+    ) -> Reply {
         self.metrics.redis_proxy("replica", "error");
         tracing::warn!(%key, agent = %target.agent, replica = %target.replica, addr = %target.addr,
             %error, "Redis proxy: could not forward to the replica serving the agent");
