@@ -266,7 +266,11 @@ impl Proxy {
                 self.metrics
                     .resource_proxy_forwarded(agent.as_str(), kind, 502);
                 self.metrics.resource_proxy(agent.as_str(), kind, 502, None);
-                Err(status(StatusCode::BAD_GATEWAY, "ServiceUnavailable", why))
+                Err(status(
+                    StatusCode::BAD_GATEWAY,
+                    "ServiceUnavailable",
+                    why.to_string(),
+                ))
             }
         }
     }
@@ -289,7 +293,7 @@ impl Proxy {
             Err(why) => {
                 tracing::warn!(agent = %agent, kind, %replica, %url, error = %why,
                     "resource proxy: forwarding failed");
-                forward::failed(&agent, &replica, &why)
+                forward::failed(&agent, &replica, &why.to_string())
             }
         };
         let code = response.status().as_u16();
