@@ -20,7 +20,7 @@ mod replica;
 mod reply;
 mod state;
 
-pub use replica::{FORWARDED_NAME, default_replica_address, pinned_replica_tls};
+pub use replica::{FORWARDED_NAME, PinnedTlsError, default_replica_address, pinned_replica_tls};
 
 use argocd_agent_identity::text::quoted;
 use std::collections::HashMap;

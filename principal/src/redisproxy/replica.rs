@@ -282,14 +282,45 @@ pub(crate) enum ReplicaError {
     Timeout(Duration),
 }
 
+/// Why the TLS towards the other replicas could not be built (each cause is printed in the
+/// message, so none is a `#[source]`).
+#[derive(Debug, thiserror::Error)]
+pub enum PinnedTlsError {
+    /// The certificate file could not be read or parsed.
+    #[error("{}: {error}", .path.display())]
+    Pem {
+        /// The certificate file.
+        path: std::path::PathBuf,
+        /// Why it could not be read.
+        error: rustls_pki_types::pem::Error,
+    },
+    /// The certificate file holds no certificate.
+    #[error("{}: no certificate", .0.display())]
+    NoCertificate(std::path::PathBuf),
+    /// The TLS client configuration could not be built.
+    #[error("{0}")]
+    Tls(rustls::Error),
+}
+
+/// The message, for callers whose errors are still text (the command line's).
+impl From<PinnedTlsError> for String {
+    fn from(e: PinnedTlsError) -> Self {
+        e.to_string()
+    }
+}
+
 /// TLS towards the other replicas' Redis proxies: the server must present `cert` (the first
 /// certificate of the PEM file this replica serves).
-pub fn pinned_replica_tls(cert: &Path) -> Result<Arc<rustls::ClientConfig>, String> {
+pub fn pinned_replica_tls(cert: &Path) -> Result<Arc<rustls::ClientConfig>, PinnedTlsError> {
+    let pem = |error| PinnedTlsError::Pem {
+        path: cert.to_owned(),
+        error,
+    };
     let leaf = CertificateDer::pem_file_iter(cert)
-        .map_err(|e| format!("{}: {e}", cert.display()))?
+        .map_err(pem)?
         .next()
-        .ok_or_else(|| format!("{}: no certificate", cert.display()))?
-        .map_err(|e| format!("{}: {e}", cert.display()))?;
+        .ok_or_else(|| PinnedTlsError::NoCertificate(cert.to_owned()))?
+        .map_err(pem)?;
     let profile = argocd_agent_identity::tls::TlsProfile::process();
     let verifier = Arc::new(Pinned {
         cert: leaf.into_owned(),
@@ -297,7 +328,7 @@ pub fn pinned_replica_tls(cert: &Path) -> Result<Arc<rustls::ClientConfig>, Stri
     });
     let config = profile
         .client_builder()
-        .map_err(|e| e.to_string())?
+        .map_err(PinnedTlsError::Tls)?
         .dangerous()
         .with_custom_certificate_verifier(verifier)
         .with_no_client_auth();
