@@ -560,7 +560,7 @@ impl HaArgs {
         c.rebalance_batch = self.rebalance_batch.max(1);
         c.lease_qps = self.lease_qps;
         c.lease_burst = self.lease_burst;
-        c.validate().map_err(ArgError::Principal)?;
+        c.validate()?;
         Ok(Some(c))
     }
 }
@@ -653,8 +653,7 @@ impl RedisProxyArgs {
         // Replicas serve the same certificate: each trusts exactly that one in the others.
         let replica_tls = match &self.redis_proxy_tls_cert_path {
             Some(cert) if tls.is_some() => Some(
-                argocd_agent_principal::redisproxy::pinned_replica_tls(cert)
-                    .map_err(ArgError::Principal)?,
+                argocd_agent_principal::redisproxy::pinned_replica_tls(cert)?,
             ),
             _ => None,
         };

@@ -22,7 +22,7 @@ const LIMIT: usize = 1_000;
 /// Files still over the limit (issue 40), each with its count when listed: a file growing past
 /// its count fails, and so does one now under the limit but still listed, so the list only
 /// gets shorter.
-const KNOWN: [(&str, usize); 1] = [("principal/src/redisproxy.rs", 1431)];
+const KNOWN: [(&str, usize); 0] = [];
 
 /// Lines before the first `#[cfg(test)]` that starts a line.
 fn non_test_lines(text: &str) -> usize {

@@ -124,12 +124,12 @@ impl LiveBlocklist {
 #[derive(Debug, thiserror::Error)]
 pub enum EditError {
     /// Reading or writing it failed.
-    #[error("{op} {CONFIGMAP}: {source}")]
+    #[error("{op} {CONFIGMAP}: {error}")]
     Kube {
         /// `reading` or `writing`.
         op: &'static str,
-        /// The API's error.
-        source: kube::Error,
+        /// The API's error (printed in the message, so not a `#[source]`).
+        error: kube::Error,
     },
     /// Every attempt met a concurrent write.
     #[error("{CONFIGMAP} kept changing; try again")]
@@ -150,9 +150,9 @@ pub async fn edit(
         let current = api
             .get_opt(CONFIGMAP)
             .await
-            .map_err(|source| EditError::Kube {
+            .map_err(|error| EditError::Kube {
                 op: "reading",
-                source,
+                error,
             })?;
         let mut cm = current.clone().unwrap_or_else(|| ConfigMap {
             metadata: ObjectMeta {
@@ -182,10 +182,10 @@ pub async fn edit(
         match written {
             Ok(_) => return Ok(true),
             Err(kube::Error::Api(s)) if s.code == 409 => continue,
-            Err(source) => {
+            Err(error) => {
                 return Err(EditError::Kube {
                     op: "writing",
-                    source,
+                    error,
                 });
             }
         }

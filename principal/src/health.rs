@@ -28,7 +28,7 @@ impl Readiness {
     }
 
     /// `Ok`, or every reason the principal is not ready.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), NotReady> {
         let mut reasons = Vec::new();
         if !*self.synced.borrow() {
             reasons.push(
@@ -43,10 +43,15 @@ impl Readiness {
         if reasons.is_empty() {
             Ok(())
         } else {
-            Err(format!("not ready: {}", reasons.join("; ")))
+            Err(NotReady(reasons))
         }
     }
 }
+
+/// Why the principal is not ready: every reason, in order.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("not ready: {}", .0.join("; "))]
+pub struct NotReady(pub Vec<String>);
 
 /// Serves `/metrics` (when `metrics` is given), `/healthz` and `/readyz` on `addr`: the
 /// endpoint both binaries share, with the principal's verdicts.
@@ -67,7 +72,7 @@ pub async fn serve(
     };
     let endpoints = Endpoints {
         live: Endpoints::always_live(),
-        ready: Arc::new(move || ready.check()),
+        ready: Arc::new(move || ready.check().map_err(|e| e.to_string())),
         metrics: metrics.map(|m| Arc::new(move || m.encode()) as health::Scrape),
         on_close,
     };
@@ -135,12 +140,12 @@ mod tests {
                 }
             })],
         };
-        let why = r.check().unwrap_err();
+        let why = r.check().unwrap_err().to_string();
         assert!(why.starts_with("not ready: hub watches"), "{why}");
         assert!(why.ends_with("; replica Lease not renewed"), "{why}");
         tx.send_replace(true);
         assert_eq!(
-            r.check().unwrap_err(),
+            r.check().unwrap_err().to_string(),
             "not ready: replica Lease not renewed"
         );
         lease.store(true, std::sync::atomic::Ordering::Relaxed);

@@ -14,31 +14,31 @@
 //! With several replicas, a key whose agent is served by another replica is asked there
 //! (see [`replica`]).
 
+mod conn;
+mod loops;
 mod replica;
 mod reply;
+mod state;
 
-pub use replica::{FORWARDED_NAME, default_replica_address, pinned_replica_tls};
+pub use replica::{FORWARDED_NAME, PinnedTlsError, default_replica_address, pinned_replica_tls};
 
-use argocd_agent_identity::text;
 use argocd_agent_identity::text::quoted;
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::ops::ControlFlow;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use argocd_agent_domain::rpc::Ticket;
 use argocd_agent_domain::{AgentName, ResourceKind};
 use argocd_agent_domain::{Event, EventType, Payload, ResourceRef};
-use argocd_agent_identity::listener::{Admission, Caps, RefusalLog};
+use argocd_agent_identity::listener::{Caps, RefusalLog};
 use argocd_agent_proto::eventstream::{RedisCommand, RedisRequest, redis_response};
-use argocd_agent_redis::resp::Frame;
-use argocd_agent_redis::resp::{self, PubSub};
-use argocd_agent_redis::{AppKey, FrameReader, Protocol, RedisEndpoint, RespError};
+use argocd_agent_redis::resp;
+use argocd_agent_redis::{AppKey, FrameReader, Protocol, RespError};
 use bytes::Bytes;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -48,144 +48,11 @@ use crate::apps::AppOwners;
 use crate::ha::Leases;
 use crate::metrics::Metrics;
 use argocd_agent_domain::rpc::AgentLink;
+use loops::*;
 use replica::{PeerRoute, Peers};
-use reply::{Out, Reply, lock};
-
-/// Requests waiting for one agent's answers at once, by default.
-pub const DEFAULT_AGENT_IN_FLIGHT: usize = 256;
-/// Pushes buffered per subscription before newer ones are dropped (Argo CD's messages only
-/// say "changed", so a dropped one changes nothing while another is queued).
-const SUBSCRIPTION_BUFFER: usize = 16;
-/// Out-of-band frames buffered per client connection.
-const OOB_BUFFER: usize = 256;
-const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long a client of a password-protected hub Redis has to authenticate.
-const AUTH_TIMEOUT: Duration = Duration::from_secs(10);
-/// Largest frame from a client that has not authenticated (Redis itself reads at most 10
-/// arguments of 16 KiB from an unauthenticated client: `processMultibulkBuffer` in
-/// redis/src/networking.c).
-const UNAUTHENTICATED_FRAME_LIMIT: usize = 64 * 1024;
-/// How long the rest of a command may take once its first byte has arrived.
-const FRAME_TIMEOUT: Duration = Duration::from_secs(30);
-/// The reply of a Redis server to a command before AUTH when it wants a password.
-const NOAUTH: &str = "NOAUTH Authentication required.";
-
-/// Configuration of the Redis proxy.
-#[derive(Clone, Debug)]
-pub struct RedisProxyConfig {
-    /// Where argocd-server connects (`--redis-proxy-address`).
-    pub listen: SocketAddr,
-    /// The hub's Redis (`--redis-server-address`).
-    pub upstream: RedisEndpoint,
-    /// TLS towards argocd-server (`None`: plaintext).
-    pub tls: Option<Arc<rustls::ServerConfig>>,
-    /// Largest frame accepted from either side, and largest value an agent may return.
-    pub max_value_size: usize,
-    /// Commands of one client connection waiting for replies at once (pipelining beyond
-    /// this waits).
-    pub max_in_flight_per_connection: usize,
-    /// Requests waiting for one agent's answers at once (more get an error).
-    pub max_in_flight_per_agent: usize,
-    /// How long an agent may take to answer.
-    pub request_timeout: Duration,
-    /// A client connection silent for this long is closed (not while subscribed).
-    pub idle_timeout: Duration,
-    /// Client connections at once (authenticated ones, or all when the hub Redis has no
-    /// password).
-    pub max_connections: usize,
-    /// Of `max_connections`, how many one client address may hold (default 256: room for
-    /// an argocd-server's connection pool, a quarter of the total).
-    pub max_connections_per_client: usize,
-    /// Connections at once that have not authenticated yet (a password-protected hub
-    /// Redis), in all and from one client address; they never take the places of
-    /// authenticated ones.
-    pub max_unauthenticated: usize,
-    /// Of `max_unauthenticated`, how many one client address may hold (default 16 of 256:
-    /// it takes 16 addresses to fill the pool, and each place for at most 10 s).
-    pub max_unauthenticated_per_client: usize,
-    /// The hub Argo CD's Redis compression (for the cluster info the principal writes).
-    pub compression: argocd_agent_redis::clusterinfo::Compression,
-    /// Server URL of an agent's cluster in Argo CD (`{agent}` is replaced by its name).
-    pub cluster_server_template: String,
-    /// With `--ha`: the address (`host:port`) other replicas reach this proxy at; `None`:
-    /// `$POD_IP:<port>`, else the bound address.
-    pub replica_address: Option<String>,
-    /// With `--ha` and TLS: how to trust the other replicas' proxies
-    /// ([`pinned_replica_tls`]).
-    pub replica_tls: Option<Arc<rustls::ClientConfig>>,
-}
-
-impl Default for RedisProxyConfig {
-    fn default() -> Self {
-        RedisProxyConfig {
-            listen: SocketAddr::from(([127, 0, 0, 1], 6379)),
-            upstream: RedisEndpoint {
-                addr: "argocd-redis:6379".into(),
-                ..Default::default()
-            },
-            tls: None,
-            max_value_size: 64 * 1024 * 1024,
-            max_in_flight_per_connection: 128,
-            max_in_flight_per_agent: DEFAULT_AGENT_IN_FLIGHT,
-            request_timeout: Duration::from_secs(10),
-            idle_timeout: Duration::from_secs(30 * 60),
-            max_connections: 1024,
-            max_connections_per_client: 256,
-            max_unauthenticated: 256,
-            max_unauthenticated_per_client: 16,
-            compression: Default::default(),
-            cluster_server_template: crate::clusterinfo::DEFAULT_SERVER_TEMPLATE.into(),
-            replica_address: None,
-            replica_tls: None,
-        }
-    }
-}
-
-/// What to do with a command for an Application's key, given its owner.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Decision {
-    /// Nobody owns the Application (or it does not exist): a cache miss.
-    Nil,
-    /// The owner is not connected: an error at once.
-    Offline,
-    /// The owner did not announce the Redis capability: an error at once.
-    Unsupported,
-    /// Ask the owner.
-    Forward,
-}
-
-/// The rule: the owner answers, if it can; nobody else ever does.
-pub fn decide(owner_known: bool, connected: bool, capable: bool) -> Decision {
-    match (owner_known, connected, capable) {
-        (false, _, _) => Decision::Nil,
-        (true, false, _) => Decision::Offline,
-        (true, true, false) => Decision::Unsupported,
-        (true, true, true) => Decision::Forward,
-    }
-}
-
-/// Another replica serving a key's agent.
-struct ReplicaTarget {
-    agent: String,
-    replica: String,
-    addr: String,
-}
-
-struct Proxy {
-    /// Which agent serves each Application key.
-    owners: Arc<AppOwners>,
-    metrics: Metrics,
-    /// CloudEvents `source` of our requests.
-    source: String,
-    config: RedisProxyConfig,
-    tasks: TaskTracker,
-    /// Places of authenticated connections.
-    connections: Caps,
-    /// Refused connections' log lines, at most one every few seconds.
-    refusals: RefusalLog,
-    /// With `--ha`: the other replicas' proxies.
-    peers: Option<Peers>,
-}
+use reply::Reply;
+use state::*;
+pub use state::{DEFAULT_AGENT_IN_FLIGHT, Decision, RedisProxyConfig, decide};
 
 /// Starts the proxy; returns the bound address. With `leases` (`--ha`), the proxy's
 /// replica address is published on the replica Lease and keys of agents served by other
@@ -309,130 +176,16 @@ impl Proxy {
     }
 }
 
-/// An unauthenticated connection's place in its pool, and its client's address.
-type Unauthenticated = (Admission, std::net::IpAddr);
-
-/// What the next reply of the hub Redis answers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum SlotKind {
-    Reply,
-    /// `HELLO <version> [AUTH ...]`: a successful reply switches the connection's protocol
-    /// (and authenticates it, with `AUTH`).
-    Hello(Protocol, bool),
-    /// `AUTH`: a successful reply authenticates the connection.
-    Auth,
-    /// `RESET`: the connection is back to the default user.
-    Reset,
-    /// A subscribe command: the connection enters pub/sub mode, where every frame of the
-    /// hub Redis is out of band.
-    Subscribe,
-    /// An unsubscribe: one frame, a push in RESP3.
-    PubSubReply,
-}
-
-struct UpstreamSlot {
-    kind: SlotKind,
-    tx: oneshot::Sender<Out>,
-}
-
-/// Whether a connection is authenticated, after how many answers to commands that change it
-/// (AUTH, HELLO with AUTH, RESET).
-#[derive(Debug, Clone, Copy, Default)]
-struct AuthState {
-    answered: u64,
-    ok: bool,
-}
-
-/// State shared by one connection's tasks.
-struct Shared {
-    protocol: Mutex<Protocol>,
-    upstream: Mutex<VecDeque<UpstreamSlot>>,
-    auth: tokio::sync::watch::Sender<AuthState>,
-}
-
-impl Default for Shared {
-    fn default() -> Self {
-        Shared {
-            protocol: Mutex::default(),
-            upstream: Mutex::default(),
-            auth: tokio::sync::watch::Sender::new(AuthState::default()),
-        }
-    }
-}
-
-impl Shared {
-    fn protocol(&self) -> Protocol {
-        *lock(&self.protocol)
-    }
-
-    /// The hub Redis answered a command that changes authentication: `authenticated` is
-    /// the state after it (a failed AUTH leaves the state as it was, as in Redis).
-    fn auth_answered(&self, authenticated: Option<bool>) {
-        self.auth.send_modify(|s| {
-            s.answered += 1;
-            if let Some(ok) = authenticated {
-                s.ok = ok;
-            }
-        });
-    }
-}
-
-/// One local subscription of a client connection.
-struct Subscription {
-    stop: CancellationToken,
-}
-
-/// The client-facing side of one connection.
-struct Conn {
-    proxy: Arc<Proxy>,
-    shared: Arc<Shared>,
-    slots: mpsc::Sender<oneshot::Receiver<Out>>,
-    oob: mpsc::Sender<Bytes>,
-    upstream: WriteHalf<Box<dyn argocd_agent_redis::client::Io>>,
-    /// The hub Redis leg is in pub/sub mode (a subscribe was forwarded).
-    upstream_pubsub: bool,
-    subscriptions: HashMap<Bytes, Subscription>,
-    /// Ends the connection (an agent subscription lost its session).
-    closed: CancellationToken,
-    /// The connection comes from another replica: keys are answered here, never forwarded.
-    forwarded: bool,
-    /// The hub Redis wants a password: nothing of an agent is served before AUTH.
-    auth_required: bool,
-    /// Commands sent that change authentication (their answers are in `shared.auth`).
-    auth_sent: u64,
-    /// Until the connection authenticates: its place among unauthenticated connections,
-    /// and when it must have authenticated.
-    pending: Option<Unauthenticated>,
-    auth_deadline: Instant,
-    /// The client's address (its share of the authenticated connections).
-    peer_ip: std::net::IpAddr,
-    /// Its place among authenticated connections.
-    admitted: Option<Admission>,
-}
-
-/// The hub Redis leg of a client connection: its frame reader, its write half, and whether
-/// it wants a password.
-type Upstream = (
-    FrameReader<ReadHalf<Box<dyn argocd_agent_redis::client::Io>>>,
-    WriteHalf<Box<dyn argocd_agent_redis::client::Io>>,
-    bool,
-);
-
-/// Why reading a client's next command stopped.
-enum ReadStop {
-    /// The connection was idle for the idle timeout.
-    Idle,
-    /// It did not authenticate in time.
-    AuthTimeout,
-    /// A command did not arrive in full in time.
-    FrameTimeout,
-    Error(RespError),
-}
-
-impl From<RespError> for ReadStop {
-    fn from(e: RespError) -> Self {
-        ReadStop::Error(e)
-    }
+/// Why the hub Redis could not be asked whether it wants a password (the cause is printed in
+/// the message, so it is no `#[source]`).
+#[derive(Debug, thiserror::Error)]
+enum ProbeError {
+    /// Writing `PING` or reading its answer failed.
+    #[error("{0}")]
+    Resp(RespError),
+    /// No answer within the request timeout.
+    #[error("no answer to PING")]
+    Timeout,
 }
 
 /// Whether the hub Redis wants a password from a new connection: its answer to `PING`
@@ -441,7 +194,7 @@ async fn probe_auth<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     reader: &mut FrameReader<R>,
     writer: &mut W,
     timeout: Duration,
-) -> Result<bool, String> {
+) -> Result<bool, ProbeError> {
     let ask = async {
         writer.write_all(&resp::command(&[b"PING"])).await?;
         writer.flush().await?;
@@ -452,8 +205,8 @@ async fn probe_auth<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     };
     match tokio::time::timeout(timeout, ask).await {
         Ok(Ok(frame)) => Ok(frame.is_error()),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err("no answer to PING".into()),
+        Ok(Err(e)) => Err(ProbeError::Resp(e)),
+        Err(_) => Err(ProbeError::Timeout),
     }
 }
 
@@ -715,7 +468,12 @@ impl Proxy {
     }
 
     /// The reply when another replica could not be asked.
-    fn unreachable(&self, key: &AppKey, target: &ReplicaTarget, error: &str) -> Reply {
+    fn unreachable(
+        &self,
+        key: &AppKey,
+        target: &ReplicaTarget,
+        error: &replica::ReplicaError,
+    ) -> Reply {
         self.metrics.redis_proxy("replica", "error");
         tracing::warn!(%key, agent = %target.agent, replica = %target.replica, addr = %target.addr,
             %error, "Redis proxy: could not forward to the replica serving the agent");
@@ -773,622 +531,11 @@ impl Proxy {
     }
 }
 
-impl Conn {
-    /// Whether the connection is authenticated now, once the hub Redis has answered every
-    /// AUTH sent so far (commands after an AUTH wait for its answer, as Redis runs them in
-    /// order). Frees its unauthenticated place when it is.
-    async fn authenticated(&mut self) -> Result<bool, ReadStop> {
-        if !self.auth_required {
-            return Ok(true);
-        }
-        let sent = self.auth_sent;
-        // Nothing in flight (every command but one right after an AUTH): no waiting.
-        let now = *self.shared.auth.borrow();
-        if now.answered >= sent {
-            return Ok(now.ok);
-        }
-        let mut rx = self.shared.auth.subscribe();
-        let state = match tokio::time::timeout(
-            self.proxy.config.request_timeout,
-            rx.wait_for(|s| s.answered >= sent),
-        )
-        .await
-        {
-            Ok(Ok(s)) => *s,
-            // The hub Redis leg is gone or silent: the connection ends.
-            _ => {
-                return Err(ReadStop::Error(RespError::Io(
-                    std::io::ErrorKind::TimedOut.into(),
-                )));
-            }
-        };
-        Ok(state.ok)
-    }
-
-    /// Moves an authenticated connection from the unauthenticated pool to the authenticated
-    /// one; the reason when that is full (or full for this client address).
-    fn admit(&mut self) -> Result<(), &'static str> {
-        if self.admitted.is_some() {
-            return Ok(());
-        }
-        let place = self.proxy.connections.admit(Some(self.peer_ip))?;
-        self.admitted = Some(place);
-        self.pending = None;
-        Ok(())
-    }
-
-    /// The client's next command: within the idle timeout (`wait`), and once it has begun,
-    /// in full within [`FRAME_TIMEOUT`].
-    async fn next_frame<R: AsyncRead + Unpin>(
-        reader: &mut FrameReader<R>,
-        wait: Option<(Duration, ReadStop)>,
-    ) -> Result<Option<Frame>, ReadStop> {
-        let now = Instant::now();
-        let (mut deadline, mut why) = match wait {
-            Some((d, why)) => (Some(now + d), why),
-            None => (None, ReadStop::Idle),
-        };
-        let mut begun = false;
-        loop {
-            if let Some(f) = reader.decode(Protocol::Resp2)? {
-                return Ok(Some(f));
-            }
-            if reader.partial() && !begun {
-                begun = true;
-                let frame_deadline = Instant::now() + FRAME_TIMEOUT;
-                if deadline.is_none_or(|d| frame_deadline < d) {
-                    deadline = Some(frame_deadline);
-                    why = ReadStop::FrameTimeout;
-                }
-            }
-            let filled = match deadline {
-                Some(d) => match tokio::time::timeout_at(d.into(), reader.fill()).await {
-                    Ok(r) => r?,
-                    Err(_) => return Err(why),
-                },
-                None => reader.fill().await?,
-            };
-            if !filled {
-                return if reader.partial() {
-                    Err(RespError::Io(std::io::ErrorKind::UnexpectedEof.into()).into())
-                } else {
-                    Ok(None)
-                };
-            }
-        }
-    }
-
-    /// Refuses a command for an agent's key on a connection that has not authenticated.
-    async fn noauth(&self, what: &str) {
-        self.proxy.metrics.redis_proxy("agent", "unauthenticated");
-        tracing::warn!(
-            command = what,
-            "Redis proxy: an agent's key asked for before AUTH, refused"
-        );
-        self.ready(Out::Reply(Reply::Error(NOAUTH.into()))).await;
-    }
-
-    /// Reads the client's commands until it leaves.
-    async fn serve<R: AsyncRead + Unpin>(
-        &mut self,
-        mut reader: FrameReader<R>,
-    ) -> Result<(), RespError> {
-        loop {
-            let authed = match self.authenticated().await {
-                Ok(a) => a,
-                Err(ReadStop::Error(e)) => return Err(e),
-                Err(_) => return Ok(()),
-            };
-            let ControlFlow::Continue(wait) = self.prepare_read(&mut reader, authed).await else {
-                return Ok(());
-            };
-            let frame = match Self::next_frame(&mut reader, wait).await {
-                Ok(Some(f)) => f,
-                Ok(None) => return Ok(()),
-                Err(stop) => return self.read_stopped(stop, authed).await,
-            };
-            let Some(args) = frame.command().filter(|a| !a.is_empty()) else {
-                self.ready(Out::Reply(Reply::Error(
-                    "ERR Protocol error: expected a command (an array of bulk strings)".into(),
-                )))
-                .await;
-                continue;
-            };
-            self.dispatch(&frame, &args, authed).await?;
-        }
-    }
-
-    /// Before reading the next command: admits an authenticated connection (`Break`: too
-    /// many, refused and to be closed), sets the frame limit, and says how long the read
-    /// may wait (idle timeout, or what is left of the authentication deadline).
-    async fn prepare_read<R: AsyncRead + Unpin>(
-        &mut self,
-        reader: &mut FrameReader<R>,
-        authed: bool,
-    ) -> ControlFlow<(), Option<(Duration, ReadStop)>> {
-        if !authed {
-            reader.set_limit(UNAUTHENTICATED_FRAME_LIMIT);
-            let left = self.auth_deadline.saturating_duration_since(Instant::now());
-            return ControlFlow::Continue(Some((left, ReadStop::AuthTimeout)));
-        }
-        if let Err(reason) = self.admit() {
-            self.proxy.metrics.listener_closed("redis-proxy", reason);
-            let limit = self.proxy.connections.max_total();
-            let peer = SocketAddr::new(self.peer_ip, 0);
-            self.proxy.refusals.refused(Some(peer), reason, limit);
-            self.ready(Out::Reply(Reply::Error(
-                "ERR max number of clients reached".into(),
-            )))
-            .await;
-            return ControlFlow::Break(());
-        }
-        reader.set_limit(self.proxy.config.max_value_size);
-        let idle = self.subscriptions.is_empty() && !self.upstream_pubsub;
-        ControlFlow::Continue(idle.then_some((self.proxy.config.idle_timeout, ReadStop::Idle)))
-    }
-
-    /// Ends the connection after reading stopped: counts and logs why, and answers a bad
-    /// command with a protocol error.
-    async fn read_stopped(&self, stop: ReadStop, authed: bool) -> Result<(), RespError> {
-        match stop {
-            ReadStop::Idle => {
-                tracing::debug!("idle Redis proxy connection closed");
-                Ok(())
-            }
-            ReadStop::AuthTimeout => {
-                self.proxy
-                    .metrics
-                    .listener_closed("redis-proxy", "AuthTimeout");
-                tracing::warn!(timeout = %text::duration(AUTH_TIMEOUT), "Redis proxy: client did not authenticate in time, closing");
-                Ok(())
-            }
-            ReadStop::FrameTimeout => {
-                self.proxy
-                    .metrics
-                    .listener_closed("redis-proxy", "FrameTimeout");
-                tracing::warn!(timeout = %text::duration(FRAME_TIMEOUT), "Redis proxy: command not received in full in time, closing");
-                Ok(())
-            }
-            ReadStop::Error(
-                e @ (RespError::Malformed(_)
-                | RespError::TooLarge { .. }
-                | RespError::TooDeep { .. }),
-            ) => {
-                self.proxy
-                    .metrics
-                    .listener_closed("redis-proxy", "ProtocolError");
-                tracing::warn!(error = %e, authenticated = authed, "Redis proxy: bad command, closing");
-                self.ready(Out::Reply(Reply::Error(format!("ERR Protocol error: {e}"))))
-                    .await;
-                Err(e)
-            }
-            ReadStop::Error(e) => Err(e),
-        }
-    }
-
-    /// Routes one command: an Application key's `GET` and `SUBSCRIBE` are answered through
-    /// its agent, the proxy's own marker here, everything else goes to the hub Redis.
-    async fn dispatch(
-        &mut self,
-        frame: &Frame,
-        args: &[Bytes],
-        authed: bool,
-    ) -> Result<(), RespError> {
-        let name = args[0].to_ascii_uppercase();
-        match name.as_slice() {
-            b"GET" if args.len() == 2 => match AppKey::parse(&args[1]) {
-                Some(_) if !authed => self.noauth("GET").await,
-                Some(key) => self.local_get(key).await,
-                None => self.forward(&frame.raw, SlotKind::Reply).await?,
-            },
-            b"SUBSCRIBE"
-                if args.len() > 1
-                    && !authed
-                    && args[1..].iter().any(|c| AppKey::parse(c).is_some()) =>
-            {
-                self.noauth("SUBSCRIBE").await
-            }
-            b"SUBSCRIBE" if args.len() > 1 => self.subscribe(&args[1..]).await?,
-            b"CLIENT" if authed && replica::is_forward_marker(args) => {
-                self.forwarded = true;
-                self.ready(Out::Raw(Bytes::from_static(b"+OK\r\n"))).await;
-            }
-            // In pub/sub mode every frame of the hub Redis is out of band: the answer
-            // cannot be matched, and the state stays as it was (conservative).
-            b"AUTH" if !self.upstream_pubsub => {
-                self.auth_sent += 1;
-                self.forward(&frame.raw, SlotKind::Auth).await?
-            }
-            b"RESET" if !self.upstream_pubsub => {
-                self.auth_sent += 1;
-                self.forward(&frame.raw, SlotKind::Reset).await?
-            }
-            b"UNSUBSCRIBE" => self.unsubscribe(&frame.raw, &args[1..]).await?,
-            b"PSUBSCRIBE" | b"SSUBSCRIBE" => self.forward(&frame.raw, SlotKind::Subscribe).await?,
-            b"PUNSUBSCRIBE" | b"SUNSUBSCRIBE" => {
-                self.forward(&frame.raw, SlotKind::PubSubReply).await?
-            }
-            b"HELLO" => self.hello(&frame.raw, args).await?,
-            _ => self.forward(&frame.raw, SlotKind::Reply).await?,
-        }
-        Ok(())
-    }
-
-    /// `HELLO`: forwarded, its reply switching the protocol (and authentication, when it
-    /// carries `AUTH`).
-    async fn hello(&mut self, raw: &Bytes, args: &[Bytes]) -> Result<(), RespError> {
-        let version = match args.get(1).map(|v| v.as_ref()) {
-            Some(b"3") => Protocol::Resp3,
-            Some(b"2") => Protocol::Resp2,
-            _ => self.shared.protocol(),
-        };
-        let auth =
-            !self.upstream_pubsub && args[1..].iter().any(|a| a.eq_ignore_ascii_case(b"AUTH"));
-        if auth {
-            self.auth_sent += 1;
-        }
-        self.forward(raw, SlotKind::Hello(version, auth)).await
-    }
-
-    /// Queues a reply that is ready now.
-    async fn ready(&self, out: Out) {
-        let (tx, rx) = oneshot::channel();
-        let _ = tx.send(out);
-        let _ = self.slots.send(rx).await;
-    }
-
-    /// Passes a command to the hub Redis unchanged; its reply fills the next slot.
-    async fn forward(&mut self, raw: &Bytes, kind: SlotKind) -> Result<(), RespError> {
-        self.proxy.metrics.redis_proxy("hub", "forwarded");
-        if self.upstream_pubsub {
-            // In pub/sub mode every frame of the hub Redis is out of band.
-            self.upstream.write_all(raw).await?;
-            self.upstream.flush().await?;
-            return Ok(());
-        }
-        let (tx, rx) = oneshot::channel();
-        lock(&self.shared.upstream).push_back(UpstreamSlot { kind, tx });
-        self.upstream.write_all(raw).await?;
-        self.upstream.flush().await?;
-        if kind == SlotKind::Subscribe {
-            self.upstream_pubsub = true;
-        }
-        let _ = self.slots.send(rx).await;
-        Ok(())
-    }
-
-    /// `GET` of an Application key: the owner's answer fills the slot.
-    async fn local_get(&self, key: AppKey) {
-        let (tx, rx) = oneshot::channel();
-        let proxy = self.proxy.clone();
-        let forwarded = self.forwarded;
-        self.proxy.tasks.spawn(
-            async move {
-                let _ = tx.send(Out::Reply(proxy.get(&key, forwarded).await));
-            }
-            .instrument(tracing::Span::current()),
-        );
-        let _ = self.slots.send(rx).await;
-    }
-
-    async fn subscribe(&mut self, channels: &[Bytes]) -> Result<(), RespError> {
-        let (apps, others): (Vec<&Bytes>, Vec<&Bytes>) =
-            channels.iter().partition(|c| AppKey::parse(c).is_some());
-        if !others.is_empty() {
-            let mut args: Vec<&[u8]> = vec![b"SUBSCRIBE"];
-            args.extend(others.iter().map(|c| c.as_ref()));
-            self.forward(&resp::command(&args), SlotKind::Subscribe)
-                .await?;
-        }
-        for channel in apps {
-            let Some(key) = AppKey::parse(channel) else {
-                continue;
-            };
-            if !self.subscriptions.contains_key(channel) {
-                match self.start_subscription(channel.clone(), &key).await {
-                    Ok(()) => {}
-                    Err(reply) => {
-                        self.ready(Out::Reply(reply)).await;
-                        continue;
-                    }
-                }
-            }
-            let count = i64::try_from(self.subscriptions.len()).unwrap_or(i64::MAX);
-            self.ready(Out::PubSub("subscribe", channel.clone(), count))
-                .await;
-        }
-        Ok(())
-    }
-
-    /// Subscribes through the key's owner and forwards its pushes as pub/sub messages.
-    async fn start_subscription(&mut self, channel: Bytes, key: &AppKey) -> Result<(), Reply> {
-        match self.proxy.replica_for(key, self.forwarded) {
-            None => {}
-            Some(Err(reply)) => return Err(reply),
-            Some(Ok(target)) => {
-                return self.start_replica_subscription(channel, key, &target).await;
-            }
-        }
-        let (link, mut ticket, answer) = match self
-            .proxy
-            .ask(key, RedisCommand::Subscribe, Some(SUBSCRIPTION_BUFFER))
-            .await
-        {
-            Ok(x) => x,
-            // Nobody owns it: a subscription that never fires, as on a plain Redis.
-            Err(Reply::Nil) => {
-                self.subscriptions.insert(
-                    channel,
-                    Subscription {
-                        stop: CancellationToken::new(),
-                    },
-                );
-                return Ok(());
-            }
-            Err(reply) => return Err(reply),
-        };
-        if let Reply::Error(e) = self.proxy.reply_of(key, &answer) {
-            self.proxy.metrics.redis_proxy("agent", "error");
-            return Err(Reply::Error(e));
-        }
-        self.proxy.metrics.redis_proxy("agent", "forwarded");
-        let stop = self.closed.child_token();
-        let (oob, shared, closed) = (self.oob.clone(), self.shared.clone(), self.closed.clone());
-        let unsubscribe = self
-            .proxy
-            .request_event(key, RedisCommand::Unsubscribe, ticket.id());
-        let key_text = key.to_string();
-        let stop2 = stop.clone();
-        let map_key = channel.clone();
-        self.proxy.tasks.spawn(
-            async move {
-                loop {
-                    tokio::select! {
-                        _ = stop2.cancelled() => {
-                            link.notify(unsubscribe);
-                            return;
-                        }
-                        push = ticket.next() => {
-                            let Some(push) = push else {
-                                // The agent's session ended: close the client so it
-                                // subscribes again (go-redis does) and gets a fresh answer.
-                                tracing::info!(key = %key_text, "agent session ended: closing subscribed Redis client");
-                                closed.cancel();
-                                return;
-                            };
-                            let payload = match pushed_message(push, &key_text) {
-                                ControlFlow::Continue(Some(payload)) => payload,
-                                ControlFlow::Continue(None) => continue,
-                                ControlFlow::Break(()) => {
-                                    closed.cancel();
-                                    return;
-                                }
-                            };
-                            let frame = resp::pubsub(shared.protocol(), "message", &channel, PubSub::Message(payload));
-                            if oob.send(frame).await.is_err() {
-                                link.notify(unsubscribe);
-                                return;
-                            }
-                        }
-                    }
-                }
-            }
-            .instrument(tracing::Span::current()),
-        );
-        self.subscriptions.insert(map_key, Subscription { stop });
-        Ok(())
-    }
-
-    /// Subscribes through the replica serving the key's agent and relays its messages.
-    async fn start_replica_subscription(
-        &mut self,
-        channel: Bytes,
-        key: &AppKey,
-        target: &ReplicaTarget,
-    ) -> Result<(), Reply> {
-        let peers = self.proxy.peers.as_ref().expect("replica_for needs peers");
-        let replica = target.replica.clone();
-        let mut conn = match peers.subscribe(&target.addr, &channel).await {
-            Ok(Ok(conn)) => conn,
-            Ok(Err(reply)) => {
-                self.proxy.metrics.redis_proxy("replica", "forwarded");
-                return Err(reply);
-            }
-            Err(e) => return Err(self.proxy.unreachable(key, target, &e)),
-        };
-        self.proxy.metrics.redis_proxy("replica", "forwarded");
-        tracing::debug!(%key, %replica, "Redis SUBSCRIBE relayed from another replica");
-        let stop = self.closed.child_token();
-        let (oob, shared, closed) = (self.oob.clone(), self.shared.clone(), self.closed.clone());
-        let key_text = key.to_string();
-        let stop2 = stop.clone();
-        let map_key = channel.clone();
-        self.proxy.tasks.spawn(
-            async move {
-                loop {
-                    tokio::select! {
-                        // Closing the connection ends the subscription on the target.
-                        _ = stop2.cancelled() => return,
-                        frame = conn.next() => {
-                            let frame = match frame {
-                                Ok(f) => f,
-                                Err(e) => {
-                                    // As when an agent's session ends: the client subscribes
-                                    // again and is routed afresh.
-                                    tracing::info!(key = %key_text, %replica, error = %e,
-                                        "replica subscription ended: closing subscribed Redis client");
-                                    closed.cancel();
-                                    return;
-                                }
-                            };
-                            let Some(payload) = frame.into_message() else {
-                                continue;
-                            };
-                            let frame = resp::pubsub(shared.protocol(), "message", &channel, PubSub::Message(payload));
-                            if oob.send(frame).await.is_err() {
-                                return;
-                            }
-                        }
-                    }
-                }
-            }
-            .instrument(tracing::Span::current()),
-        );
-        self.subscriptions.insert(map_key, Subscription { stop });
-        Ok(())
-    }
-
-    async fn unsubscribe(&mut self, raw: &Bytes, channels: &[Bytes]) -> Result<(), RespError> {
-        let local: Vec<Bytes> = if channels.is_empty() {
-            self.subscriptions.keys().cloned().collect()
-        } else {
-            channels
-                .iter()
-                .filter(|c| AppKey::parse(c).is_some())
-                .cloned()
-                .collect()
-        };
-        let others: Vec<&Bytes> = channels
-            .iter()
-            .filter(|c| AppKey::parse(c).is_none())
-            .collect();
-        if channels.is_empty() && (local.is_empty() || self.upstream_pubsub) {
-            self.forward(raw, SlotKind::PubSubReply).await?;
-        } else if !others.is_empty() {
-            let mut args: Vec<&[u8]> = vec![b"UNSUBSCRIBE"];
-            args.extend(others.iter().map(|c| c.as_ref()));
-            self.forward(&resp::command(&args), SlotKind::PubSubReply)
-                .await?;
-        }
-        for channel in local {
-            if let Some(s) = self.subscriptions.remove(&channel) {
-                s.stop.cancel();
-            }
-            let count = i64::try_from(self.subscriptions.len()).unwrap_or(i64::MAX);
-            self.ready(Out::PubSub("unsubscribe", channel, count)).await;
-        }
-        Ok(())
-    }
-}
-
-/// The message one push of an agent's subscription carries (`None`: not a Redis answer,
-/// skipped); `Break` when the agent ended the subscription.
-fn pushed_message(push: Event, key: &str) -> ControlFlow<(), Option<Bytes>> {
-    let Payload::RedisResponse(r) = push.payload else {
-        return ControlFlow::Continue(None);
-    };
-    match r.result {
-        Some(redis_response::Result::Value(v)) => ControlFlow::Continue(Some(Bytes::from(v))),
-        Some(redis_response::Result::Error(e)) => {
-            tracing::warn!(key = %key, error = %text::quoted(&e), "agent ended a subscription");
-            ControlFlow::Break(())
-        }
-        _ => ControlFlow::Continue(Some(Bytes::new())),
-    }
-}
-
-/// Writes replies in command order, and out-of-band frames as they come.
-async fn write_client<W: AsyncWrite + Unpin>(
-    mut w: W,
-    mut slots: mpsc::Receiver<oneshot::Receiver<Out>>,
-    mut oob: mpsc::Receiver<Bytes>,
-    shared: Arc<Shared>,
-) -> std::io::Result<()> {
-    let mut current: Option<oneshot::Receiver<Out>> = None;
-    loop {
-        tokio::select! {
-            biased;
-            Some(frame) = oob.recv() => {
-                w.write_all(&frame).await?;
-                w.flush().await?;
-            }
-            reply = async { current.as_mut().expect("guarded").await }, if current.is_some() => {
-                current = None;
-                if let Ok(out) = reply {
-                    w.write_all(&out.encode(shared.protocol())).await?;
-                    w.flush().await?;
-                }
-            }
-            next = slots.recv(), if current.is_none() => match next {
-                Some(rx) => current = Some(rx),
-                None => {
-                    w.shutdown().await?;
-                    return Ok(());
-                }
-            },
-        }
-    }
-}
-
-/// Reads the hub Redis's frames: each fills the oldest waiting slot, except out-of-band
-/// pushes and everything after the connection entered pub/sub mode.
-async fn read_upstream<R: AsyncRead + Unpin>(
-    mut reader: FrameReader<R>,
-    shared: Arc<Shared>,
-    oob: mpsc::Sender<Bytes>,
-) -> Result<(), RespError> {
-    let mut pubsub = false;
-    loop {
-        // The protocol is chosen when the bytes are there: the slot of the command they
-        // answer is always queued before the command is sent.
-        let head = lock(&shared.upstream).front().map(|s| s.kind);
-        let protocol = match head {
-            Some(SlotKind::Hello(p, _)) => p,
-            _ => shared.protocol(),
-        };
-        let Some(frame) = reader.decode(protocol)? else {
-            if !reader.fill().await? {
-                return Ok(());
-            }
-            continue;
-        };
-        if pubsub {
-            if oob.send(frame.raw).await.is_err() {
-                return Ok(());
-            }
-            continue;
-        }
-        let slot = {
-            let mut queue = lock(&shared.upstream);
-            match queue.front().map(|s| s.kind) {
-                Some(SlotKind::Subscribe | SlotKind::PubSubReply) => queue.pop_front(),
-                _ if frame.is_push() => None,
-                Some(_) => queue.pop_front(),
-                None => None,
-            }
-        };
-        match slot {
-            Some(slot) => {
-                let ok = !frame.is_error();
-                match slot.kind {
-                    SlotKind::Subscribe if ok => pubsub = true,
-                    SlotKind::Hello(p, auth) => {
-                        if ok {
-                            *lock(&shared.protocol) = p;
-                        }
-                        if auth {
-                            shared.auth_answered(ok.then_some(true));
-                        }
-                    }
-                    SlotKind::Auth => shared.auth_answered(ok.then_some(true)),
-                    // Back to the default user, who needs a password here.
-                    SlotKind::Reset => shared.auth_answered(ok.then_some(false)),
-                    _ => {}
-                }
-                let _ = slot.tx.send(Out::Raw(frame.raw));
-            }
-            None => {
-                if oob.send(frame.raw).await.is_err() {
-                    return Ok(());
-                }
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use super::reply::{Out, lock};
     use super::*;
+    use tokio::sync::oneshot;
 
     #[test]
     fn only_a_connected_capable_owner_is_asked() {

@@ -428,7 +428,10 @@ impl Wiring {
             synced: ready_rx,
             svid: self.listener_auth.svid.clone(),
             checks: leases
-                .map(|l| Arc::new(move || l.ready()) as argocd_agent_runtime::health::Probe)
+                .map(|l| {
+                    Arc::new(move || l.ready().map_err(|e| e.to_string()))
+                        as argocd_agent_runtime::health::Probe
+                })
                 .into_iter()
                 .collect(),
         };

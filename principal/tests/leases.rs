@@ -159,7 +159,7 @@ async fn a_replica_that_cannot_renew_fences_itself_until_it_can() {
     server.fail_next(usize::MAX, 500);
     tokio::time::sleep(Duration::from_millis(1800)).await;
     let not_ready = a.ready().unwrap_err();
-    assert!(not_ready.contains("not renewed"), "{not_ready}");
+    assert!(not_ready.to_string().contains("not renewed"), "{not_ready}");
     let refused = a
         .acquire(&AgentName::new("edge-3").unwrap(), &ns("edge-3"), 2)
         .await

@@ -13,6 +13,8 @@ pub mod patch;
 /// API paths, request plans and answer shapes.
 pub mod paths;
 pub mod pss;
+/// Why the rules refuse a request.
+pub mod refusal;
 pub mod rules;
 
 use argocd_agent_identity::text;

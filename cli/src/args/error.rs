@@ -76,9 +76,12 @@ pub enum ArgError {
     /// A TLS file of the Redis flags is unusable.
     #[error("{0}")]
     RedisTls(argocd_agent_redis::TlsFileError),
-    /// The principal refuses the configuration (its message).
-    #[error("{0}")]
-    Principal(String),
+    /// The principal refuses its replica configuration.
+    #[error(transparent)]
+    Ha(#[from] argocd_agent_principal::ha::HaConfigError),
+    /// The Redis proxy's pinned replica TLS cannot be built.
+    #[error(transparent)]
+    PinnedTls(#[from] argocd_agent_principal::redisproxy::PinnedTlsError),
     /// Only one of the Redis proxy's certificate and key.
     #[error("--redis-proxy-tls-cert-path and --redis-proxy-tls-key-path go together")]
     RedisProxyTlsPair,

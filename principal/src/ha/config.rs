@@ -82,7 +82,7 @@ impl HaConfig {
     }
 
     /// Checks what the flags gave.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), HaConfigError> {
         let r = &self.replica;
         let dns_label = !r.is_empty()
             && r.len() <= 63
@@ -91,18 +91,13 @@ impl HaConfig {
             && !r.starts_with('-')
             && !r.ends_with('-');
         if !dns_label {
-            return Err(format!(
-                "--replica-id {r}: must be a DNS label (lowercase letters, digits, '-', at most 63)",
-                r = quoted(&r)
-            ));
+            return Err(HaConfigError::ReplicaId(r.clone()));
         }
         if self.replica_lease_duration < Duration::from_secs(1) {
-            return Err("--replica-lease-duration must be at least 1s".into());
+            return Err(HaConfigError::ReplicaLeaseTooShort);
         }
         if self.agent_lease_duration < self.replica_lease_duration {
-            return Err(
-                "--agent-lease-duration must not be shorter than --replica-lease-duration".into(),
-            );
+            return Err(HaConfigError::AgentLeaseShorterThanReplicaLease);
         }
         Ok(())
     }
@@ -128,4 +123,21 @@ pub fn default_replica_id() -> String {
     } else {
         id
     }
+}
+
+/// Why the HA flags do not make a configuration.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HaConfigError {
+    /// `--replica-id` is no DNS label.
+    #[error(
+        "--replica-id {}: must be a DNS label (lowercase letters, digits, '-', at most 63)",
+        quoted(.0)
+    )]
+    ReplicaId(String),
+    /// `--replica-lease-duration` is under a second.
+    #[error("--replica-lease-duration must be at least 1s")]
+    ReplicaLeaseTooShort,
+    /// `--agent-lease-duration` is shorter than `--replica-lease-duration`.
+    #[error("--agent-lease-duration must not be shorter than --replica-lease-duration")]
+    AgentLeaseShorterThanReplicaLease,
 }

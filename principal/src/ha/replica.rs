@@ -55,16 +55,15 @@ impl Leases {
     }
 
     /// Readiness: the replica Lease was renewed recently.
-    pub fn ready(&self) -> Result<(), String> {
+    pub fn ready(&self) -> Result<(), NotReady> {
         let limit = self.cfg.replica_lease_duration / 2;
         match *lock(&self.renewed) {
             Some(at) if at.elapsed() <= limit => Ok(()),
-            Some(at) => Err(format!(
-                "replica Lease not renewed for {:.1}s (limit {})",
-                at.elapsed().as_secs_f64(),
-                text::duration(limit)
-            )),
-            None => Err("replica Lease not written yet".into()),
+            Some(at) => Err(NotReady::Stale {
+                elapsed: at.elapsed(),
+                limit,
+            }),
+            None => Err(NotReady::NotWritten),
         }
     }
 
@@ -248,4 +247,24 @@ impl Leases {
             })
             .await;
     }
+}
+
+/// Why this replica is not ready.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotReady {
+    /// The replica Lease was last renewed too long ago.
+    #[error(
+        "replica Lease not renewed for {:.1}s (limit {})",
+        .elapsed.as_secs_f64(),
+        text::duration(*.limit)
+    )]
+    Stale {
+        /// Since the last renewal.
+        elapsed: Duration,
+        /// The most allowed.
+        limit: Duration,
+    },
+    /// The replica Lease was never written.
+    #[error("replica Lease not written yet")]
+    NotWritten,
 }

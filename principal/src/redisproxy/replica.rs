@@ -152,13 +152,17 @@ impl Peers {
     }
 
     /// A new connection to a replica's Redis proxy, marked as forwarded.
-    async fn dial(&self, addr: &str) -> Result<RedisConn, String> {
+    async fn dial(&self, addr: &str) -> Result<RedisConn, ReplicaError> {
         let tls = match &self.tls {
             None => None,
             Some(config) => Some(RedisTls {
                 config: config.clone(),
-                server_name: ServerName::try_from(host_of(addr).to_owned())
-                    .map_err(|e| format!("{addr}: {e}", addr = quoted(&addr)))?,
+                server_name: ServerName::try_from(host_of(addr).to_owned()).map_err(|error| {
+                    ReplicaError::ServerName {
+                        addr: addr.to_owned(),
+                        error,
+                    }
+                })?,
             }),
         };
         let endpoint = RedisEndpoint {
@@ -170,15 +174,14 @@ impl Peers {
         let mut conn = endpoint
             .connect(self.limit)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(ReplicaError::Redis)?;
         let reply = conn
             .command(&[b"CLIENT", b"SETNAME", FORWARDED_NAME])
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(ReplicaError::Redis)?;
         if reply.is_error() {
-            return Err(format!(
-                "CLIENT SETNAME refused: {}",
-                reply.into_value().err().unwrap_or_default()
+            return Err(ReplicaError::SetName(
+                reply.into_value().err().unwrap_or_default(),
             ));
         }
         Ok(conn)
@@ -186,14 +189,14 @@ impl Peers {
 
     /// `GET key` on the replica at `addr`: its reply, or why it could not be asked. A pooled
     /// connection that fails is replaced once.
-    pub async fn get(&self, addr: &str, key: &str) -> Result<Reply, String> {
+    pub async fn get(&self, addr: &str, key: &str) -> Result<Reply, ReplicaError> {
         let slot = lock(&self.pool)
             .entry(addr.to_owned())
             .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(None)))
             .clone();
         let work = async {
             let mut conn = slot.lock().await;
-            let mut last = String::new();
+            let mut last = None;
             for _ in 0..2 {
                 if conn.is_none() {
                     match self.dial(addr).await {
@@ -212,11 +215,11 @@ impl Peers {
                     }
                     Err(e) => {
                         *conn = None;
-                        last = e.to_string();
+                        last = Some(e);
                     }
                 }
             }
-            Err(last)
+            Err(last.map_or(ReplicaError::Timeout(self.timeout), ReplicaError::Redis))
         };
         match tokio::time::timeout(self.timeout, work).await {
             Ok(r) => r,
@@ -225,7 +228,7 @@ impl Peers {
                 if let Ok(mut c) = slot.try_lock() {
                     *c = None;
                 }
-                Err(format!("no answer within {}", text::duration(self.timeout)))
+                Err(ReplicaError::Timeout(self.timeout))
             }
         }
     }
@@ -237,13 +240,13 @@ impl Peers {
         &self,
         addr: &str,
         channel: &[u8],
-    ) -> Result<Result<RedisConn, Reply>, String> {
+    ) -> Result<Result<RedisConn, Reply>, ReplicaError> {
         let work = async {
             let mut conn = self.dial(addr).await?;
             let frame = conn
                 .command(&[b"SUBSCRIBE", channel])
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(ReplicaError::Redis)?;
             if frame.is_error() {
                 let msg = frame.into_value().err().unwrap_or_default();
                 return Ok(Err(Reply::Error(msg)));
@@ -252,18 +255,65 @@ impl Peers {
         };
         tokio::time::timeout(self.timeout, work)
             .await
-            .map_err(|_| format!("no answer within {}", text::duration(self.timeout)))?
+            .map_err(|_| ReplicaError::Timeout(self.timeout))?
     }
+}
+
+/// Why another replica's Redis proxy could not be asked (each cause is printed in the
+/// message, so none is a `#[source]`).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ReplicaError {
+    /// The replica's address has no valid TLS server name.
+    #[error("{}: {error}", quoted(.addr))]
+    ServerName {
+        /// The replica's address.
+        addr: String,
+        /// Why its host is no server name.
+        error: rustls_pki_types::InvalidDnsNameError,
+    },
+    /// Connecting to the replica or talking to it failed.
+    #[error("{0}")]
+    Redis(argocd_agent_redis::RespError),
+    /// The replica refused to name the connection as forwarded.
+    #[error("CLIENT SETNAME refused: {0}")]
+    SetName(String),
+    /// The replica did not answer in time.
+    #[error("no answer within {}", text::duration(*.0))]
+    Timeout(Duration),
+}
+
+/// Why the TLS towards the other replicas could not be built (each cause is printed in the
+/// message, so none is a `#[source]`).
+#[derive(Debug, thiserror::Error)]
+pub enum PinnedTlsError {
+    /// The certificate file could not be read or parsed.
+    #[error("{}: {error}", .path.display())]
+    Pem {
+        /// The certificate file.
+        path: std::path::PathBuf,
+        /// Why it could not be read.
+        error: rustls_pki_types::pem::Error,
+    },
+    /// The certificate file holds no certificate.
+    #[error("{}: no certificate", .0.display())]
+    NoCertificate(std::path::PathBuf),
+    /// The TLS client configuration could not be built.
+    #[error("{0}")]
+    Tls(rustls::Error),
 }
 
 /// TLS towards the other replicas' Redis proxies: the server must present `cert` (the first
 /// certificate of the PEM file this replica serves).
-pub fn pinned_replica_tls(cert: &Path) -> Result<Arc<rustls::ClientConfig>, String> {
+pub fn pinned_replica_tls(cert: &Path) -> Result<Arc<rustls::ClientConfig>, PinnedTlsError> {
+    let pem = |error| PinnedTlsError::Pem {
+        path: cert.to_owned(),
+        error,
+    };
     let leaf = CertificateDer::pem_file_iter(cert)
-        .map_err(|e| format!("{}: {e}", cert.display()))?
+        .map_err(pem)?
         .next()
-        .ok_or_else(|| format!("{}: no certificate", cert.display()))?
-        .map_err(|e| format!("{}: {e}", cert.display()))?;
+        .ok_or_else(|| PinnedTlsError::NoCertificate(cert.to_owned()))?
+        .map_err(pem)?;
     let profile = argocd_agent_identity::tls::TlsProfile::process();
     let verifier = Arc::new(Pinned {
         cert: leaf.into_owned(),
@@ -271,7 +321,7 @@ pub fn pinned_replica_tls(cert: &Path) -> Result<Arc<rustls::ClientConfig>, Stri
     });
     let config = profile
         .client_builder()
-        .map_err(|e| e.to_string())?
+        .map_err(PinnedTlsError::Tls)?
         .dangerous()
         .with_custom_certificate_verifier(verifier)
         .with_no_client_auth();

@@ -61,18 +61,17 @@ pub(crate) struct Target {
 }
 
 impl Target {
-    pub(crate) fn new(base: &str, uri: &Uri) -> Result<Target, String> {
-        let url = url::Url::parse(base)
-            .map_err(|e| format!("replica URL {base}: {e}", base = quoted(&base)))?;
+    pub(crate) fn new(base: &str, uri: &Uri) -> Result<Target, ForwardError> {
+        let url = url::Url::parse(base).map_err(|error| ForwardError::Url {
+            base: base.to_owned(),
+            error,
+        })?;
         if url.scheme() != "https" {
-            return Err(format!(
-                "replica URL {base}: not https",
-                base = quoted(&base)
-            ));
+            return Err(ForwardError::NotHttps(base.to_owned()));
         }
         let host = url
             .host_str()
-            .ok_or_else(|| format!("replica URL {base}: no host", base = quoted(&base)))?
+            .ok_or_else(|| ForwardError::NoHost(base.to_owned()))?
             .trim_matches(['[', ']'])
             .to_owned();
         let port = url.port_or_known_default().unwrap_or(443);
@@ -86,7 +85,7 @@ impl Target {
         let rest = uri.path_and_query().map_or("/", |pq| pq.as_str());
         let uri: Uri = format!("{prefix}{rest}")
             .parse()
-            .map_err(|e| format!("request URI: {e}"))?;
+            .map_err(ForwardError::Uri)?;
         Ok(Target {
             host,
             port,
@@ -94,6 +93,112 @@ impl Target {
             uri,
         })
     }
+}
+
+/// Why a request could not be forwarded to another replica (each cause is printed in the
+/// message, so none is a `#[source]`).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ForwardError {
+    /// The replica URL does not parse.
+    #[error("replica URL {}: {error}", quoted(.base))]
+    Url {
+        /// The replica URL.
+        base: String,
+        /// Why it does not parse.
+        error: url::ParseError,
+    },
+    /// The replica URL is not `https`.
+    #[error("replica URL {}: not https", quoted(.0))]
+    NotHttps(String),
+    /// The replica URL has no host.
+    #[error("replica URL {}: no host", quoted(.0))]
+    NoHost(String),
+    /// The outgoing request's URI does not parse.
+    #[error("request URI: {0}")]
+    Uri(http::uri::InvalidUri),
+    /// The agent's replica published no resource proxy URL.
+    #[error(
+        "agent {agent} is served by principal replica {replica}, which published no resource proxy URL"
+    )]
+    NoUrl {
+        /// The agent.
+        agent: AgentName,
+        /// The replica serving it.
+        replica: String,
+    },
+    /// The proxy CA bundle does not parse.
+    #[error("resource proxy CA: {0}")]
+    CaPem(rustls_pki_types::pem::Error),
+    /// A proxy CA certificate is not usable.
+    #[error("resource proxy CA: {0}")]
+    CaCert(rustls::Error),
+    /// The proxy CA bundle holds no certificate.
+    #[error("resource proxy CA: no certificate")]
+    NoCa,
+    /// The TLS client configuration could not be built.
+    #[error("{0}")]
+    Tls(rustls::Error),
+    /// The replica URL's host is no TLS server name.
+    #[error("replica URL host {}: {error}", quoted(.host))]
+    Host {
+        /// The host.
+        host: String,
+        /// Why it is no server name.
+        error: rustls_pki_types::InvalidDnsNameError,
+    },
+    /// The TCP connection failed.
+    #[error("connecting to {authority}: {error}")]
+    Connect {
+        /// The replica's `host:port`.
+        authority: String,
+        /// The socket's error.
+        error: std::io::Error,
+    },
+    /// The TLS handshake failed.
+    #[error("TLS with {authority}: {error}")]
+    Handshake {
+        /// The replica's `host:port`.
+        authority: String,
+        /// The handshake's error.
+        error: std::io::Error,
+    },
+    /// Connecting took longer than the connect timeout.
+    #[error(
+        "connecting to {authority} timed out after {}",
+        text::duration(CONNECT_TIMEOUT)
+    )]
+    ConnectTimeout {
+        /// The replica's `host:port`.
+        authority: String,
+    },
+    /// The HTTP (`HTTP` or `HTTP/2`) connection failed.
+    #[error("{what} with {authority}: {error}")]
+    Http {
+        /// `HTTP` or `HTTP/2`.
+        what: &'static str,
+        /// The replica's `host:port`.
+        authority: String,
+        /// hyper's error.
+        error: hyper::Error,
+    },
+    /// Sending the request failed.
+    #[error("request to {authority}: {error}")]
+    Request {
+        /// The replica's `host:port`.
+        authority: String,
+        /// hyper's error.
+        error: hyper::Error,
+    },
+    /// The replica did not do `what` in time.
+    #[error("{authority} did not {what} within {}", text::duration(*.timeout))]
+    Timeout {
+        /// The replica's `host:port`.
+        authority: String,
+        /// `answer` or `switch protocols`.
+        what: &'static str,
+        /// The answer timeout.
+        timeout: Duration,
+    },
 }
 
 /// Whether a request asks to switch protocols (exec's WebSocket).
@@ -211,7 +316,10 @@ impl Forwarder {
 
     /// The replica serving `agent` when it is another live one: (holder, URL). `Err`: it is
     /// served elsewhere but published no URL.
-    pub(crate) fn target(&self, agent: &AgentName) -> Result<Option<(String, String)>, String> {
+    pub(crate) fn target(
+        &self,
+        agent: &AgentName,
+    ) -> Result<Option<(String, String)>, ForwardError> {
         let Some(holder) = self.leases.holder_of(agent) else {
             return Ok(None);
         };
@@ -220,14 +328,14 @@ impl Forwarder {
         }
         match self.leases.resource_proxy_url_of(&holder) {
             Some(url) if !url.is_empty() => Ok(Some((holder, url))),
-            _ => Err(format!(
-                "agent {agent} is served by principal replica {}, which published no resource proxy URL",
-                ha::replica_of(&holder)
-            )),
+            _ => Err(ForwardError::NoUrl {
+                agent: agent.clone(),
+                replica: ha::replica_of(&holder).to_owned(),
+            }),
         }
     }
 
-    fn client_configs(&self) -> Result<TlsConfigs, String> {
+    fn client_configs(&self) -> Result<TlsConfigs, ForwardError> {
         let pem = self.ca_pem.borrow().clone();
         let mut cached = lock(&self.tls);
         if let Some((p, c)) = cached.as_ref()
@@ -237,18 +345,16 @@ impl Forwarder {
         }
         let mut roots = rustls::RootCertStore::empty();
         for cert in CertificateDer::pem_slice_iter(pem.as_bytes()) {
-            let cert = cert.map_err(|e| format!("resource proxy CA: {e}"))?;
-            roots
-                .add(cert)
-                .map_err(|e| format!("resource proxy CA: {e}"))?;
+            let cert = cert.map_err(ForwardError::CaPem)?;
+            roots.add(cert).map_err(ForwardError::CaCert)?;
         }
         if roots.is_empty() {
-            return Err("resource proxy CA: no certificate".into());
+            return Err(ForwardError::NoCa);
         }
-        let config = |alpn: &[u8]| -> Result<Arc<rustls::ClientConfig>, String> {
+        let config = |alpn: &[u8]| -> Result<Arc<rustls::ClientConfig>, ForwardError> {
             let mut config = argocd_agent_identity::tls::TlsProfile::process()
                 .client_builder()
-                .map_err(|e| e.to_string())?
+                .map_err(ForwardError::Tls)?
                 .with_root_certificates(roots.clone())
                 .with_no_client_auth();
             config.alpn_protocols = vec![alpn.to_vec()];
@@ -267,27 +373,32 @@ impl Forwarder {
         &self,
         target: &Target,
         tls: Arc<rustls::ClientConfig>,
-    ) -> Result<tokio_rustls::client::TlsStream<TcpStream>, String> {
-        let name = ServerName::try_from(target.host.clone())
-            .map_err(|e| format!("replica URL host {}: {e}", text::quoted(&target.host)))?;
+    ) -> Result<tokio_rustls::client::TlsStream<TcpStream>, ForwardError> {
+        let name =
+            ServerName::try_from(target.host.clone()).map_err(|error| ForwardError::Host {
+                host: target.host.clone(),
+                error,
+            })?;
         let connect = async {
             let tcp = TcpStream::connect((target.host.as_str(), target.port))
                 .await
-                .map_err(|e| format!("connecting to {}: {e}", target.authority))?;
+                .map_err(|error| ForwardError::Connect {
+                    authority: target.authority.clone(),
+                    error,
+                })?;
             let _ = tcp.set_nodelay(true);
             tokio_rustls::TlsConnector::from(tls)
                 .connect(name, tcp)
                 .await
-                .map_err(|e| format!("TLS with {}: {e}", target.authority))
+                .map_err(|error| ForwardError::Handshake {
+                    authority: target.authority.clone(),
+                    error,
+                })
         };
         tokio::time::timeout(CONNECT_TIMEOUT, connect)
             .await
-            .map_err(|_| {
-                format!(
-                    "connecting to {} timed out after {CONNECT_TIMEOUT}",
-                    target.authority,
-                    CONNECT_TIMEOUT = text::duration(CONNECT_TIMEOUT)
-                )
+            .map_err(|_| ForwardError::ConnectTimeout {
+                authority: target.authority.clone(),
             })?
     }
 
@@ -297,7 +408,7 @@ impl Forwarder {
         &self,
         target: &Target,
         tls: Arc<rustls::ClientConfig>,
-    ) -> Result<http2::SendRequest<Incoming>, String> {
+    ) -> Result<http2::SendRequest<Incoming>, ForwardError> {
         let pooled = lock(&self.pool).get(&target.authority).cloned();
         if let Some(mut sender) = pooled {
             if sender.ready().await.is_ok() {
@@ -312,7 +423,11 @@ impl Forwarder {
             .keep_alive_timeout(Duration::from_secs(10))
             .handshake(TokioIo::new(stream))
             .await
-            .map_err(|e| format!("HTTP/2 with {}: {e}", target.authority))?;
+            .map_err(|error| ForwardError::Http {
+                what: "HTTP/2",
+                authority: target.authority.clone(),
+                error,
+            })?;
         let authority = target.authority.clone();
         self.tasks.spawn(async move {
             if let Err(e) = conn.await {
@@ -320,10 +435,11 @@ impl Forwarder {
                     "resource proxy: connection to another replica ended");
             }
         });
-        sender
-            .ready()
-            .await
-            .map_err(|e| format!("HTTP/2 with {}: {e}", target.authority))?;
+        sender.ready().await.map_err(|error| ForwardError::Http {
+            what: "HTTP/2",
+            authority: target.authority.clone(),
+            error,
+        })?;
         lock(&self.pool).insert(target.authority.clone(), sender.clone());
         Ok(sender)
     }
@@ -334,15 +450,13 @@ impl Forwarder {
         &self,
         req: Request<Incoming>,
         base: &str,
-    ) -> Result<Response<Body>, String> {
+    ) -> Result<Response<Body>, ForwardError> {
         let target = Target::new(base, req.uri())?;
         let tls = self.client_configs()?;
-        let timeout = |what: &str| {
-            format!(
-                "{} did not {what} within {}",
-                target.authority,
-                text::duration(self.answer_timeout)
-            )
+        let timeout = |what: &'static str| ForwardError::Timeout {
+            authority: target.authority.clone(),
+            what,
+            timeout: self.answer_timeout,
         };
         if is_upgrade(req.headers()) {
             return tokio::time::timeout(self.answer_timeout, self.upgrade(req, &target, tls.h1))
@@ -352,7 +466,7 @@ impl Forwarder {
         let (parts, body) = req.into_parts();
         let uri: Uri = format!("https://{}{}", target.authority, target.uri)
             .parse()
-            .map_err(|e| format!("request URI: {e}"))?;
+            .map_err(ForwardError::Uri)?;
         let mut out = Request::new(body);
         *out.method_mut() = parts.method;
         *out.uri_mut() = uri;
@@ -365,7 +479,10 @@ impl Forwarder {
             sender
                 .send_request(out)
                 .await
-                .map_err(|e| format!("request to {}: {e}", target.authority))
+                .map_err(|error| ForwardError::Request {
+                    authority: target.authority.clone(),
+                    error,
+                })
         })
         .await
         .map_err(|_| timeout("answer"))??;
@@ -384,11 +501,15 @@ impl Forwarder {
         mut req: Request<Incoming>,
         target: &Target,
         tls: Arc<rustls::ClientConfig>,
-    ) -> Result<Response<Body>, String> {
+    ) -> Result<Response<Body>, ForwardError> {
         let stream = self.connect(target, tls).await?;
         let (mut sender, conn) = http1::handshake(TokioIo::new(stream))
             .await
-            .map_err(|e| format!("HTTP with {}: {e}", target.authority))?;
+            .map_err(|error| ForwardError::Http {
+                what: "HTTP",
+                authority: target.authority.clone(),
+                error,
+            })?;
         self.tasks.spawn(async move {
             if let Err(e) = conn.with_upgrades().await {
                 tracing::debug!(error = %e, "resource proxy: forwarded connection ended");
@@ -404,7 +525,10 @@ impl Forwarder {
         let mut resp = sender
             .send_request(out)
             .await
-            .map_err(|e| format!("request to {}: {e}", target.authority))?;
+            .map_err(|error| ForwardError::Request {
+                authority: target.authority.clone(),
+                error,
+            })?;
         let switching = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
         if switching {
             let upstream = hyper::upgrade::on(&mut resp);

@@ -44,14 +44,27 @@ struct Params {
     timestamps: bool,
 }
 
-fn params(query: &str) -> Result<Params, String> {
+/// A log parameter that should be a non-negative integer and is not.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{key}: {} is not a non-negative integer", quoted(.value))]
+struct BadParam {
+    /// The parameter's name.
+    key: String,
+    /// Its value.
+    value: String,
+}
+
+fn params(query: &str) -> Result<Params, BadParam> {
     let mut p = Params::default();
     let flag = |v: &str| matches!(v, "true" | "1");
     let number = |k: &str, v: &str| {
         v.parse::<i64>()
             .ok()
             .filter(|n| *n >= 0)
-            .ok_or_else(|| format!("{k}: {v} is not a non-negative integer", v = quoted(&v)))
+            .ok_or_else(|| BadParam {
+                key: k.to_owned(),
+                value: v.to_owned(),
+            })
     };
     for (k, v) in url::form_urlencoded::parse(query.as_bytes()) {
         match k.as_ref() {
@@ -201,7 +214,7 @@ pub(super) async fn serve(
 ) -> Response<Body> {
     let p = match params(query) {
         Ok(p) => p,
-        Err(why) => return status(StatusCode::BAD_REQUEST, "BadRequest", why),
+        Err(why) => return status(StatusCode::BAD_REQUEST, "BadRequest", why.to_string()),
     };
     let Admitted {
         agent,

@@ -83,15 +83,30 @@ impl Route {
     }
 }
 
+/// Why the proxy's coarse rules refuse a request.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum Refused {
+    /// A method other than get, list, create, patch and delete.
+    #[error("{0} is not served by the resource proxy (get, list, create, patch, delete only)")]
+    Method(Method),
+    /// A watch.
+    #[error("watch is not served by the resource proxy")]
+    Watch,
+    /// A path outside the API.
+    #[error("path {} is not served by the resource proxy", quoted(.0))]
+    Path(String),
+    /// A subresource the proxy does not serve.
+    #[error("subresource {} is not served by the resource proxy", text::quoted(.0))]
+    Subresource(String),
+}
+
 /// The proxy's coarse rules (the agent applies its own, finer ones).
-fn route(method: &Method, path: &str, query: &str) -> Result<Route, String> {
+fn route(method: &Method, path: &str, query: &str) -> Result<Route, Refused> {
     if ![Method::GET, Method::POST, Method::PATCH, Method::DELETE].contains(method) {
-        return Err(format!(
-            "{method} is not served by the resource proxy (get, list, create, patch, delete only)"
-        ));
+        return Err(Refused::Method(method.clone()));
     }
     if argocd_agent_domain::proxy::is_watch(query) {
-        return Err("watch is not served by the resource proxy".into());
+        return Err(Refused::Watch);
     }
     let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     if !path.starts_with('/')
@@ -100,22 +115,16 @@ fn route(method: &Method, path: &str, query: &str) -> Result<Route, String> {
             .any(|s| s.is_empty() || *s == "." || *s == ".." || s.contains('%'))
             && path != "/"
     {
-        return Err(format!(
-            "path {path} is not served by the resource proxy",
-            path = quoted(&path)
-        ));
+        return Err(Refused::Path(path.to_owned()));
     }
     match segments.as_slice() {
         ["api" | "apis" | "version" | "openapi", ..] => {}
         _ => {
-            return Err(format!(
-                "path {path} is not served by the resource proxy",
-                path = quoted(&path)
-            ));
+            return Err(Refused::Path(path.to_owned()));
         }
     }
     if segments.contains(&"watch") && segments.len() > 2 {
-        return Err("watch is not served by the resource proxy".into());
+        return Err(Refused::Watch);
     }
     match segments.as_slice() {
         ["api", "v1", "namespaces", ns, "pods", pod, "log"] if method == Method::GET => {
@@ -135,9 +144,8 @@ fn route(method: &Method, path: &str, query: &str) -> Result<Route, String> {
         [
             ..,
             "attach" | "portforward" | "proxy" | "log" | "exec" | "eviction",
-        ] => Err(format!(
-            "subresource {} is not served by the resource proxy",
-            text::quoted(segments.last().unwrap_or(&""))
+        ] => Err(Refused::Subresource(
+            segments.last().unwrap_or(&"").to_string(),
         )),
         _ => Ok(Route::Api),
     }
@@ -182,7 +190,7 @@ impl Proxy {
                 tracing::warn!(agent = %agent, method = %req.method(), path = %text::quoted(rest), "resource proxy request refused: {why}");
                 self.metrics
                     .resource_proxy(agent.as_str(), "request", 403, None);
-                return status(StatusCode::FORBIDDEN, "Forbidden", why);
+                return status(StatusCode::FORBIDDEN, "Forbidden", why.to_string());
             }
         };
         let kind = route.kind();
@@ -266,7 +274,11 @@ impl Proxy {
                 self.metrics
                     .resource_proxy_forwarded(agent.as_str(), kind, 502);
                 self.metrics.resource_proxy(agent.as_str(), kind, 502, None);
-                Err(status(StatusCode::BAD_GATEWAY, "ServiceUnavailable", why))
+                Err(status(
+                    StatusCode::BAD_GATEWAY,
+                    "ServiceUnavailable",
+                    why.to_string(),
+                ))
             }
         }
     }
@@ -289,7 +301,7 @@ impl Proxy {
             Err(why) => {
                 tracing::warn!(agent = %agent, kind, %replica, %url, error = %why,
                     "resource proxy: forwarding failed");
-                forward::failed(&agent, &replica, &why)
+                forward::failed(&agent, &replica, &why.to_string())
             }
         };
         let code = response.status().as_u16();
@@ -572,7 +584,7 @@ mod tests {
         ] {
             assert_eq!(
                 route(&Method::GET, "/api/v1/namespaces/a/pods", q),
-                Err("watch is not served by the resource proxy".into()),
+                Err(Refused::Watch),
                 "{q:?}"
             );
         }

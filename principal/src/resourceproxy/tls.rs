@@ -31,17 +31,19 @@ pub enum ServingMode {
     Issued,
 }
 
+/// A `--resource-proxy-tls` value that is none of the modes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}: expected auto, svid or issued", quoted(.0))]
+pub struct UnknownServingMode(pub String);
+
 impl std::str::FromStr for ServingMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownServingMode;
+    fn from_str(s: &str) -> Result<Self, UnknownServingMode> {
         match s {
             "auto" => Ok(ServingMode::Auto),
             "svid" => Ok(ServingMode::Svid),
             "issued" => Ok(ServingMode::Issued),
-            other => Err(format!(
-                "{other}: expected auto, svid or issued",
-                other = quoted(&other)
-            )),
+            other => Err(UnknownServingMode(other.to_owned())),
         }
     }
 }
