@@ -11,6 +11,7 @@
 pub mod id;
 pub mod jwt;
 pub mod listener;
+pub mod peer;
 pub mod source;
 pub mod svid;
 pub mod text;

@@ -24,9 +24,11 @@ use tokio::sync::Semaphore;
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 use tokio_stream::wrappers::ReceiverStream;
 
-use crate::id::SpiffeId;
 use crate::listener::{Admission, Caps, ClientLimit, RefusalLog};
-use x509_parser::extensions::{GeneralName, ParsedExtension};
+pub use crate::peer::{
+    PeerError, VerifiedPeer, fingerprint, not_after_from_chain, peer_certs, peer_spiffe_id,
+    spiffe_id_from_chain, verified_peer,
+};
 
 /// How long a TLS handshake may take before the connection is dropped.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -55,23 +57,6 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 16_384;
 /// Agents behind one NAT address, or a mesh sidecar or ingress in front of the listener,
 /// come from one address: raise it (`--max-connections-per-client`) for more than that.
 pub const DEFAULT_MAX_CONNECTIONS_PER_CLIENT: usize = 1024;
-
-/// The verified client of one TLS connection: read once from the chain rustls verified during
-/// the handshake, then attached to every request on that connection (tonic puts a stream's
-/// connect info into each request's extensions). rustls verifiers have no per-connection
-/// output, so the ID is read from the session after the handshake, as linkerd2-proxy does.
-#[derive(Debug, Clone)]
-pub struct VerifiedPeer {
-    /// The client's address.
-    pub remote_addr: SocketAddr,
-    /// Who the client is: the SPIFFE ID of its X.509-SVID.
-    pub id: SpiffeId,
-    /// SHA-256 of the client's leaf certificate (DER), lowercase hex: computed once at the
-    /// handshake, for blocklists that name certificates.
-    pub fingerprint: String,
-    /// The verified chain, leaf first (for fingerprints and diagnostics).
-    pub chain: Arc<Vec<CertificateDer<'static>>>,
-}
 
 /// A server-side TLS connection whose client presented a verified SVID (and sent the HTTP/2
 /// client preface, which reads replay first). `IO` is what the TLS runs on: TCP, or the
@@ -1117,107 +1102,6 @@ mod connection_loss_tests {
             "principal shutting down"
         )));
     }
-}
-
-// ---- The peer's SPIFFE ID, read from a certificate chain rustls has already verified ----
-
-/// Why no SPIFFE ID could be read from a peer.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PeerError {
-    /// The connection carries no client certificate (not TLS, or no verified chain).
-    #[error("no verified peer certificate on this connection")]
-    NoCertificate,
-    /// The leaf is not a parsable X.509 certificate.
-    #[error("peer leaf certificate cannot be parsed: {0}")]
-    Unparsable(String),
-    /// SVIDs carry exactly one URI SAN.
-    #[error("peer leaf certificate has {0} URI SANs; an X.509-SVID has exactly one")]
-    UriSanCount(usize),
-    /// The URI SAN is not a valid SPIFFE ID.
-    #[error("peer URI SAN {uri} is not a SPIFFE ID: {reason}", uri = quoted(.uri))]
-    NotSpiffe {
-        /// The URI SAN.
-        uri: String,
-        /// Why it was refused.
-        reason: String,
-    },
-    /// The leaf is a CA certificate, which an SVID leaf must not be.
-    #[error(
-        "peer leaf certificate with URI SAN {q0} is a CA certificate; an X.509-SVID leaf must not be", q0 = quoted(.0)
-    )]
-    LeafIsCa(String),
-}
-
-/// The SPIFFE ID of a chain's leaf (the first certificate): exactly one URI SAN, which must be
-/// a SPIFFE ID, and the leaf must not be a CA.
-pub fn spiffe_id_from_chain(chain: &[CertificateDer<'_>]) -> Result<SpiffeId, PeerError> {
-    let leaf = chain.first().ok_or(PeerError::NoCertificate)?;
-    let (_, cert) = x509_parser::parse_x509_certificate(leaf.as_ref())
-        .map_err(|e| PeerError::Unparsable(e.to_string()))?;
-    let mut uris = Vec::new();
-    let mut is_ca = false;
-    for ext in cert.extensions() {
-        match ext.parsed_extension() {
-            ParsedExtension::SubjectAlternativeName(san) => {
-                for name in &san.general_names {
-                    if let GeneralName::URI(uri) = name {
-                        uris.push(uri.to_string());
-                    }
-                }
-            }
-            ParsedExtension::BasicConstraints(bc) => is_ca = bc.ca,
-            _ => {}
-        }
-    }
-    if uris.len() != 1 {
-        return Err(PeerError::UriSanCount(uris.len()));
-    }
-    let uri = uris.remove(0);
-    let id = SpiffeId::parse(&uri).map_err(|e| PeerError::NotSpiffe {
-        uri: uri.clone(),
-        reason: e.to_string(),
-    })?;
-    if is_ca {
-        return Err(PeerError::LeafIsCa(uri));
-    }
-    Ok(id)
-}
-
-/// The notAfter of a chain's leaf (when the peer's SVID expires); `None` if unparsable.
-pub fn not_after_from_chain(chain: &[CertificateDer<'_>]) -> Option<std::time::SystemTime> {
-    let leaf = chain.first()?;
-    let (_, cert) = x509_parser::parse_x509_certificate(leaf.as_ref()).ok()?;
-    let secs = u64::try_from(cert.validity().not_after.timestamp()).ok()?;
-    Some(std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs))
-}
-
-/// The verified client of a tonic request served over [`crate::transport::tls_incoming`]:
-/// established once per connection, at the handshake.
-pub fn verified_peer<T>(request: &tonic::Request<T>) -> Option<&VerifiedPeer> {
-    request.extensions().get::<VerifiedPeer>()
-}
-
-/// The verified client chain of a tonic request served over [`crate::transport::tls_incoming`].
-pub fn peer_certs<T>(request: &tonic::Request<T>) -> Option<Arc<Vec<CertificateDer<'static>>>> {
-    verified_peer(request).map(|p| p.chain.clone())
-}
-
-/// The SPIFFE ID of the client of a tonic request served over [`crate::transport::tls_incoming`]
-/// (read once per connection from the chain rustls verified).
-pub fn peer_spiffe_id<T>(request: &tonic::Request<T>) -> Result<SpiffeId, PeerError> {
-    verified_peer(request)
-        .map(|p| p.id.clone())
-        .ok_or(PeerError::NoCertificate)
-}
-
-/// SHA-256 of a certificate (DER), lowercase hex: the certificate fingerprint upstream's
-/// blocklist and `openssl x509 -fingerprint -sha256` name (there with `:` separators).
-pub fn fingerprint(der: &[u8]) -> String {
-    ring::digest::digest(&ring::digest::SHA256, der)
-        .as_ref()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
 }
 
 #[cfg(test)]
