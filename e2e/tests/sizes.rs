@@ -1,6 +1,6 @@
 //! No file over 1,000 lines of non-test code in the core crates (principal, agent, identity,
-//! domain). A file's non-test lines are its lines before its first `#[cfg(test)]` at the start
-//! of a line (the unit-test module is last by convention); a file that is itself a test module
+//! domain). A file's non-test lines are its lines outside `#[cfg(test)]` items (wherever they
+//! stand, each skipped to the brace that closes it); a file that is itself a test module
 //! (`#[cfg(test)] mod tests;` in its parent, or a `tests.rs`) is not counted. Functions are kept
 //! under 80 lines by clippy (`too_many_lines`, threshold in `clippy.toml`, enabled in those
 //! crates' roots).
@@ -24,11 +24,44 @@ const LIMIT: usize = 1_000;
 /// gets shorter.
 const KNOWN: [(&str, usize); 0] = [];
 
-/// Lines before the first `#[cfg(test)]` that starts a line.
+/// Lines outside `#[cfg(test)]` items: each such item is skipped from its attribute to the
+/// `;` or the brace that closes it (braces counted per line, as formatted code writes them),
+/// wherever it stands in the file.
 fn non_test_lines(text: &str) -> usize {
-    text.lines()
-        .take_while(|l| !l.starts_with("#[cfg(test)]"))
-        .count()
+    let mut count = 0;
+    let mut lines = text.lines();
+    while let Some(line) = lines.next() {
+        if !line.trim_start().starts_with("#[cfg(test)]") {
+            count += 1;
+            continue;
+        }
+        // Skip the item: up to a `;` ending it before any brace, or its closing brace.
+        let mut depth: i64 = 0;
+        let mut opened = false;
+        let mut current = line.trim_start().trim_start_matches("#[cfg(test)]");
+        loop {
+            let code = current.split("//").next().unwrap_or_default();
+            for c in code.chars() {
+                match c {
+                    '{' => {
+                        depth += 1;
+                        opened = true;
+                    }
+                    '}' => depth -= 1,
+                    _ => {}
+                }
+            }
+            let ends_without_body = !opened && code.trim_end().ends_with(';');
+            if ends_without_body || (opened && depth <= 0) {
+                break;
+            }
+            match lines.next() {
+                Some(next) => current = next,
+                None => break,
+            }
+        }
+    }
+    count
 }
 
 /// The module names a file declares as test-only (`#[cfg(test)]` followed by `mod name;`).
@@ -149,6 +182,21 @@ fn test_modules_and_trailing_tests_are_not_counted() {
     )
     .expect("write");
     std::fs::write(src.join("big").join("tests.rs"), &long).expect("write");
-    let found = over_limit(dir.path(), "demo");
-    assert_eq!(found, vec![("demo/src/big.rs".to_string(), LIMIT + 1)]);
+    // A test-only helper near the top hides nothing after it.
+    std::fs::write(
+        src.join("early.rs"),
+        format!(
+            "#[cfg(test)]\nfn helper() {{\n    let _ = 1;\n}}\n#[cfg(test)]\nuse std::fmt;\n{long}fn x() {{}}\n"
+        ),
+    )
+    .expect("write");
+    let mut found = over_limit(dir.path(), "demo");
+    found.sort();
+    assert_eq!(
+        found,
+        vec![
+            ("demo/src/big.rs".to_string(), LIMIT + 1),
+            ("demo/src/early.rs".to_string(), LIMIT + 1),
+        ]
+    );
 }
