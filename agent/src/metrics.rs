@@ -88,16 +88,6 @@ pub struct GuardSourceLabels {
     pub source: String,
 }
 
-/// The `resource_type` label value of `kind`: upstream's event target names.
-pub fn resource_type(kind: ResourceKind) -> &'static str {
-    match kind {
-        ResourceKind::Application => "application",
-        ResourceKind::AppProject => "appproject",
-        ResourceKind::Repository => "repository",
-        ResourceKind::GpgKeys => "gpgkey",
-    }
-}
-
 /// Upstream's histograms: Go's default buckets.
 fn go_histogram() -> Histogram {
     Histogram::new(argocd_agent_runtime::exposition::GO_DEFAULT_BUCKETS)
@@ -436,7 +426,7 @@ impl Metrics {
             .events_discarded
             .get_or_create(&DiscardLabels {
                 event_type: event_type.into(),
-                resource_type: kind.map_or("unknown", resource_type).into(),
+                resource_type: kind.map_or("unknown", ResourceKind::target_name).into(),
             })
             .inc();
     }
@@ -450,7 +440,7 @@ impl Metrics {
         seconds: f64,
         since_queued: Option<f64>,
     ) {
-        let resource_type = resource_type(kind).to_owned();
+        let resource_type = kind.target_name().to_owned();
         if !ok {
             self.upstream
                 .errors

@@ -190,6 +190,17 @@ pub enum ResourceKind {
 }
 
 impl ResourceKind {
+    /// Upstream's event target name (`application`, `appproject`, `repository`, `gpgkey`): the
+    /// `resource_type` label of both binaries' upstream metrics.
+    pub fn target_name(self) -> &'static str {
+        match self {
+            ResourceKind::Application => "application",
+            ResourceKind::AppProject => "appproject",
+            ResourceKind::Repository => "repository",
+            ResourceKind::GpgKeys => "gpgkey",
+        }
+    }
+
     /// The Kubernetes kind, e.g. `Application`.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -21,7 +21,7 @@ pub use self::labels::{
     AgentLabels, AgentNameLabels, AgentNameReasonLabels, AgentReasonLabels, DiscardLabels,
     EventLabels, HubWrite, LeaseWriteLabels, ListenerLabels, ModeLabels, OTHER_AGENTS, Processing,
     ProcessingLabels, QuotaLabels, ReasonLabels, RedisAgentLabels, RedisProxyLabels,
-    ResourceProxyLabels, ResourceTypeLabels, TenantLabels, TenantQuotaLabels, resource_type,
+    ResourceProxyLabels, ResourceTypeLabels, TenantLabels, TenantQuotaLabels,
 };
 pub use self::upstream::{Upstream, average_minutes};
 
@@ -629,7 +629,7 @@ impl Metrics {
     /// Records how long one inbound event about `kind` took, and counts a failure in
     /// `principal_errors`.
     pub fn processed(&self, agent: &str, kind: ResourceKind, status: Processing, seconds: f64) {
-        let resource_type = resource_type(kind).to_owned();
+        let resource_type = kind.target_name().to_owned();
         if status == Processing::Failure {
             self.upstream
                 .errors
@@ -667,7 +667,7 @@ impl Metrics {
             .get_or_create(&DiscardLabels {
                 agent_name: self.agent_label(agent),
                 event_type: event_type.into(),
-                resource_type: kind.map_or("unknown", resource_type).into(),
+                resource_type: kind.map_or("unknown", ResourceKind::target_name).into(),
             })
             .inc();
     }

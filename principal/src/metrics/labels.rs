@@ -3,7 +3,6 @@
 use std::collections::HashSet;
 use std::sync::Mutex;
 
-use argocd_agent_domain::ResourceKind;
 use prometheus_client::encoding::EncodeLabelSet;
 
 /// Labels of `argocd_principal_events_received_total` and
@@ -199,16 +198,6 @@ impl Processing {
             Processing::Failure => "failure",
             Processing::NotAllowed => "not-allowed",
         }
-    }
-}
-
-/// The `resource_type` label value of `kind`: upstream's event target names.
-pub fn resource_type(kind: ResourceKind) -> &'static str {
-    match kind {
-        ResourceKind::Application => "application",
-        ResourceKind::AppProject => "appproject",
-        ResourceKind::Repository => "repository",
-        ResourceKind::GpgKeys => "gpgkey",
     }
 }
 
