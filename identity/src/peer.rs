@@ -26,6 +26,31 @@ pub struct VerifiedPeer {
     pub fingerprint: String,
     /// The verified chain, leaf first (for fingerprints and diagnostics).
     pub chain: Arc<Vec<CertificateDer<'static>>>,
+    /// When the client's SVID expires (the leaf's notAfter), read at the handshake.
+    pub not_after: Option<std::time::SystemTime>,
+}
+
+impl VerifiedPeer {
+    /// The peer of a connection whose handshake verified `chain` (leaf first): the leaf is
+    /// parsed once, here, for its SPIFFE ID and notAfter, and hashed once for its fingerprint.
+    pub fn from_chain(
+        remote_addr: SocketAddr,
+        chain: Vec<CertificateDer<'static>>,
+    ) -> Result<VerifiedPeer, PeerError> {
+        let leaf = chain.first().ok_or(PeerError::NoCertificate)?;
+        let (_, cert) = x509_parser::parse_x509_certificate(leaf.as_ref())
+            .map_err(|e| PeerError::Unparsable(e.to_string()))?;
+        let id = spiffe_id_of(&cert)?;
+        let not_after = not_after_of(&cert);
+        let fingerprint = fingerprint(leaf.as_ref());
+        Ok(VerifiedPeer {
+            remote_addr,
+            id,
+            fingerprint,
+            chain: Arc::new(chain),
+            not_after,
+        })
+    }
 }
 
 /// Why no SPIFFE ID could be read from a peer.
@@ -61,6 +86,13 @@ pub fn spiffe_id_from_chain(chain: &[CertificateDer<'_>]) -> Result<SpiffeId, Pe
     let leaf = chain.first().ok_or(PeerError::NoCertificate)?;
     let (_, cert) = x509_parser::parse_x509_certificate(leaf.as_ref())
         .map_err(|e| PeerError::Unparsable(e.to_string()))?;
+    spiffe_id_of(&cert)
+}
+
+/// The SPIFFE ID of a parsed leaf: exactly one URI SAN, a SPIFFE ID, and not a CA.
+fn spiffe_id_of(
+    cert: &x509_parser::certificate::X509Certificate<'_>,
+) -> Result<SpiffeId, PeerError> {
     let mut uris = Vec::new();
     let mut is_ca = false;
     for ext in cert.extensions() {
@@ -94,6 +126,13 @@ pub fn spiffe_id_from_chain(chain: &[CertificateDer<'_>]) -> Result<SpiffeId, Pe
 pub fn not_after_from_chain(chain: &[CertificateDer<'_>]) -> Option<std::time::SystemTime> {
     let leaf = chain.first()?;
     let (_, cert) = x509_parser::parse_x509_certificate(leaf.as_ref()).ok()?;
+    not_after_of(&cert)
+}
+
+/// The notAfter of a parsed certificate.
+fn not_after_of(
+    cert: &x509_parser::certificate::X509Certificate<'_>,
+) -> Option<std::time::SystemTime> {
     let secs = u64::try_from(cert.validity().not_after.timestamp()).ok()?;
     Some(std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs))
 }

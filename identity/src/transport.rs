@@ -83,19 +83,9 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> VerifiedStream<IO> {
             .peer_certificates()
             .map(|c| c.iter().map(|c| c.clone().into_owned()).collect())
             .unwrap_or_default();
-        let id = spiffe_id_from_chain(&chain)?;
-        let fingerprint = chain
-            .first()
-            .map(|leaf| fingerprint(leaf.as_ref()))
-            .unwrap_or_default();
         Ok(Self {
             inner: PrefaceReplay::unread(inner),
-            peer: VerifiedPeer {
-                remote_addr,
-                id,
-                fingerprint,
-                chain: Arc::new(chain),
-            },
+            peer: VerifiedPeer::from_chain(remote_addr, chain)?,
             _admission: None,
         })
     }

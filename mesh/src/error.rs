@@ -109,14 +109,6 @@ pub enum MeshError {
         /// What is wrong with it.
         reason: String,
     },
-    /// A request on the mTLS listener carries a mesh identity header.
-    #[error(
-        "request on the mTLS listener carries identity header {header}; identity headers are only accepted on the header-auth listener behind a mesh proxy"
-    )]
-    IdentityHeaderOnMtls {
-        /// The header name.
-        header: String,
-    },
     /// A listener or peer address the trusted-proxy guard refuses.
     #[error(transparent)]
     Guard(#[from] GuardError),

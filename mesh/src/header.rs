@@ -15,7 +15,7 @@ use crate::linkerd::{L5D_CLIENT_ID_HEADER, LinkerdId};
 use crate::xfcc::{XFCC_HEADER, identity_from_xfcc};
 
 /// Headers through which a mesh proxy forwards a verified client identity. A request that
-/// reaches the mTLS listener with any of them is refused (see [`reject_identity_headers`]).
+/// reaches the mTLS or JWT-SVID listener with any of them is refused (the principal's `auth.rs`).
 pub const IDENTITY_HEADERS: &[&str] = &[XFCC_HEADER, L5D_CLIENT_ID_HEADER];
 
 /// How the principal reads a caller's identity from request headers.
@@ -200,29 +200,6 @@ fn single_header_value<'h>(
     })
 }
 
-/// Refuses a request on the mTLS listener that carries any [`IDENTITY_HEADERS`].
-///
-/// On the mTLS listener the identity comes from the verified certificate. A forwarded
-/// identity header there is either a misrouted mesh request or an attempt to be taken for
-/// someone else if some later code ever looked at it; refusing it makes both visible
-/// instead of silently ignoring them. With a custom header rule, also check that header
-/// with [`reject_header`].
-pub fn reject_identity_headers(headers: &HeaderMap) -> Result<(), MeshError> {
-    IDENTITY_HEADERS
-        .iter()
-        .try_for_each(|name| reject_header(headers, &HeaderName::from_static(name)))
-}
-
-/// Refuses a request that carries header `name` (for a custom `header:<name>:...` rule).
-pub fn reject_header(headers: &HeaderMap, name: &HeaderName) -> Result<(), MeshError> {
-    if headers.contains_key(name) {
-        return Err(MeshError::IdentityHeaderOnMtls {
-            header: name.to_string(),
-        });
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -345,21 +322,5 @@ mod tests {
         h.insert(XFCC_HEADER, HeaderValue::from_bytes(b"URI=\xff").unwrap());
         let err = HeaderAuth::Envoy.identity_from_headers(&h).unwrap_err();
         assert!(matches!(err, MeshError::HeaderNotText { .. }));
-    }
-
-    #[test]
-    fn reject_identity_headers_refuses_each_identity_header() {
-        assert!(reject_identity_headers(&headers(&[("content-type", "application/grpc")])).is_ok());
-        for name in IDENTITY_HEADERS {
-            let mut h = HeaderMap::new();
-            h.insert(HeaderName::from_static(name), HeaderValue::from_static("x"));
-            let err = reject_identity_headers(&h).unwrap_err();
-            assert!(
-                matches!(&err, MeshError::IdentityHeaderOnMtls { header } if header == name),
-                "{err}"
-            );
-        }
-        let custom = HeaderName::from_static("x-client");
-        assert!(reject_header(&headers(&[("x-client", "a")]), &custom).is_err());
     }
 }

@@ -28,6 +28,6 @@ pub use generate::linkerd::{LinkerdOptions, linkerd_objects};
 pub use guard::{
     GuardError, GuardWarning, HeaderListenerPolicy, ListenAddr, check_listen_addr, check_peer,
 };
-pub use header::{HeaderAuth, IDENTITY_HEADERS, reject_identity_headers};
+pub use header::{HeaderAuth, IDENTITY_HEADERS};
 pub use linkerd::LinkerdId;
 pub use xfcc::{XfccElement, XfccError, parse_xfcc};

@@ -17,6 +17,7 @@ use argocd_agent_identity::{SpiffeId, TrustDomain, text};
 use argocd_agent_mesh::guard::{self, HeaderListenerPolicy, ListenAddr};
 use argocd_agent_mesh::header::HeaderAuth;
 use std::net::SocketAddr;
+use tonic::metadata::MetadataMap;
 use tonic::{Request, Status};
 
 use crate::error::PrincipalError;
@@ -157,66 +158,84 @@ impl ListenerAuth {
 }
 
 impl Authenticator {
-    /// Who the caller of `req` is.
+    /// Who the caller of `req` is. The request's metadata is read in place, never copied,
+    /// except the one identity header the header listener reads.
     pub fn identify<T>(&self, req: &Request<T>) -> Result<Caller, AuthFailure> {
-        let headers = req.metadata().clone().into_headers();
         match self {
-            Authenticator::Mtls => {
-                // A header identity on the mTLS listener is an attack or a misconfiguration:
-                // refuse it loudly rather than ignore it.
-                argocd_agent_mesh::reject_identity_headers(&headers).map_err(|e| {
-                    AuthFailure::new(
-                        "IdentityHeaderOnMtls",
-                        Status::permission_denied(e.to_string()),
-                    )
-                })?;
-                argocd_agent_identity::transport::verified_peer(req)
-                    .map(|peer| Caller {
-                        client: ClientIdentity::Spiffe(peer.id.clone()),
-                        peer: Some(peer.clone()),
-                    })
-                    .ok_or_else(|| {
-                        AuthFailure::new(
-                            "NoPeerIdentity",
-                            Status::unauthenticated("no verified client SVID on this connection"),
-                        )
-                    })
-            }
+            Authenticator::Mtls => identify_mtls(req),
             Authenticator::Jwt {
                 validator,
                 audience,
-            } => identify_jwt(&headers, validator, audience),
-            Authenticator::Header { auth, policy } => {
-                guard::check_peer(req.remote_addr(), policy).map_err(|e| {
-                    AuthFailure::new("UntrustedProxy", Status::permission_denied(e.to_string()))
-                })?;
-                auth.identity_from_headers(&headers)
-                    .map(Caller::from)
-                    .map_err(|e| {
-                        AuthFailure::new(
-                            "BadHeaderIdentity",
-                            Status::unauthenticated(e.to_string()),
-                        )
-                    })
-            }
+            } => identify_jwt(req.metadata(), validator, audience),
+            Authenticator::Header { auth, policy } => identify_header(req, auth, policy),
         }
     }
+}
+
+/// The first mesh identity header (`x-forwarded-client-cert`, `l5d-client-id`) `metadata`
+/// carries: on the mTLS and JWT-SVID listeners the identity comes from the certificate or
+/// the token, so such a header is a misrouted mesh request or an attempt to be taken for
+/// someone else; it is refused visibly rather than ignored.
+fn identity_header(metadata: &MetadataMap) -> Option<&'static str> {
+    argocd_agent_mesh::IDENTITY_HEADERS
+        .iter()
+        .copied()
+        .find(|name| metadata.contains_key(*name))
+}
+
+/// The caller of a request on the mTLS listener: the verified peer of its connection.
+fn identify_mtls<T>(req: &Request<T>) -> Result<Caller, AuthFailure> {
+    if let Some(name) = identity_header(req.metadata()) {
+        return Err(AuthFailure::new(
+            "IdentityHeaderOnMtls",
+            Status::permission_denied(format!(
+                "request on the mTLS listener carries identity header {name}; identity headers are only accepted on the header-auth listener behind a mesh proxy"
+            )),
+        ));
+    }
+    argocd_agent_identity::transport::verified_peer(req)
+        .map(|peer| Caller {
+            client: ClientIdentity::Spiffe(peer.id.clone()),
+            peer: Some(peer.clone()),
+        })
+        .ok_or_else(|| {
+            AuthFailure::new(
+                "NoPeerIdentity",
+                Status::unauthenticated("no verified client SVID on this connection"),
+            )
+        })
+}
+
+/// The caller of a request on the header listener: from a trusted peer, the identity header
+/// (only that header is copied out of the metadata for the mesh crate to read).
+fn identify_header<T>(
+    req: &Request<T>,
+    auth: &HeaderAuth,
+    policy: &HeaderListenerPolicy,
+) -> Result<Caller, AuthFailure> {
+    guard::check_peer(req.remote_addr(), policy).map_err(|e| {
+        AuthFailure::new("UntrustedProxy", Status::permission_denied(e.to_string()))
+    })?;
+    let name = auth.header_name();
+    let mut only = http::HeaderMap::new();
+    for value in req.metadata().get_all(name.as_str()) {
+        if let Ok(value) = http::HeaderValue::from_bytes(value.as_encoded_bytes()) {
+            only.append(name.clone(), value);
+        }
+    }
+    auth.identity_from_headers(&only)
+        .map(Caller::from)
+        .map_err(|e| AuthFailure::new("BadHeaderIdentity", Status::unauthenticated(e.to_string())))
 }
 
 /// The caller of a request on the JWT-SVID listener: exactly one bearer token, valid for
 /// `audience`, and no identity header (which only the header listener accepts).
 fn identify_jwt(
-    headers: &http::HeaderMap,
+    metadata: &MetadataMap,
     validator: &JwtValidator,
     audience: &SpiffeId,
 ) -> Result<Caller, AuthFailure> {
-    // As on the mTLS listener: the identity comes from the token, so a forwarded
-    // identity header is an ingress/mesh misconfiguration or an attempt to be
-    // taken for someone else; refuse it visibly rather than ignore it.
-    if let Some(name) = argocd_agent_mesh::IDENTITY_HEADERS
-        .iter()
-        .find(|name| headers.contains_key(**name))
-    {
+    if let Some(name) = identity_header(metadata) {
         return Err(AuthFailure::new(
             "IdentityHeaderOnJwt",
             Status::permission_denied(format!(
@@ -225,7 +244,7 @@ fn identify_jwt(
         ));
     }
     // Which of several tokens an intermediary added or checked is unknowable.
-    let count = headers.get_all(http::header::AUTHORIZATION).iter().count();
+    let count = metadata.get_all("authorization").iter().count();
     if count > 1 {
         return Err(AuthFailure::new(
             "InvalidToken",
@@ -234,12 +253,16 @@ fn identify_jwt(
             )),
         ));
     }
-    let token = bearer_token(headers).ok_or_else(|| {
-        AuthFailure::new(
-            "NoToken",
-            Status::unauthenticated("missing authorization: Bearer <JWT-SVID>"),
-        )
-    })?;
+    let token = metadata
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(bearer)
+        .ok_or_else(|| {
+            AuthFailure::new(
+                "NoToken",
+                Status::unauthenticated("missing authorization: Bearer <JWT-SVID>"),
+            )
+        })?;
     validator
         .validate(token, audience)
         .map(|id| ClientIdentity::Spiffe(id).into())
@@ -254,7 +277,11 @@ fn identify_jwt(
 /// The token of an `authorization: Bearer <token>` header (the scheme in any case, RFC 7235
 /// section 2.1; one or more spaces after it).
 pub(crate) fn bearer_token(headers: &http::HeaderMap) -> Option<&str> {
-    let value = headers.get(http::header::AUTHORIZATION)?.to_str().ok()?;
+    bearer(headers.get(http::header::AUTHORIZATION)?.to_str().ok()?)
+}
+
+/// The token of an `authorization` header's value `Bearer <token>`.
+fn bearer(value: &str) -> Option<&str> {
     let (scheme, token) = value.split_once(' ')?;
     if !scheme.eq_ignore_ascii_case("bearer") {
         return None;

@@ -57,8 +57,7 @@ impl EventStream for EventStreamService {
             remote_addr: peer
                 .map(|p| p.remote_addr)
                 .or_else(|| request.remote_addr()),
-            svid_expiry: peer
-                .and_then(|p| argocd_agent_identity::transport::not_after_from_chain(&p.chain)),
+            svid_expiry: peer.and_then(|p| p.not_after),
             fingerprint: caller.fingerprint().map(str::to_owned),
             ..SessionInfo::default()
         };
