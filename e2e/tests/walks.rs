@@ -45,7 +45,7 @@ const PROJECT: [&str; 9] = [
 
 /// Method and function names so common in std and its companions that a call to them is
 /// never taken for a project function of the same name.
-const GENERIC: [&str; 60] = [
+const GENERIC: &[&str] = &[
     "clone",
     "to_owned",
     "to_string",
@@ -106,6 +106,12 @@ const GENERIC: [&str; 60] = [
     "next",
     "poll_next",
     "with_capacity",
+    "matches",
+    "is_match",
+    "captures",
+    "parse",
+    "starts_with",
+    "ends_with",
 ];
 
 /// One function of the project, outside tests.
@@ -652,8 +658,15 @@ fn named_by(f: &FnDef, hint: &str) -> bool {
 }
 
 /// The project functions a call may land on.
-fn candidates<'a>(index: &'a [FnDef], call: &Call) -> Vec<&'a FnDef> {
+fn candidates<'a>(index: &'a [FnDef], call: &Call, caller: &str) -> Vec<&'a FnDef> {
     if GENERIC.contains(&call.name.as_str()) {
+        // `self.map(id)` is the caller's own `map`; `x.map(f)` is std's.
+        if call.method && call.receiver_hint.as_deref() == Some("self") {
+            return index
+                .iter()
+                .filter(|f| f.file == caller && f.name == call.name && f.has_self)
+                .collect();
+        }
         return Vec::new();
     }
     let found: Vec<&FnDef> = index
@@ -762,7 +775,7 @@ fn check(walk: &Walk, index: &[FnDef]) -> Vec<String> {
                 if walk.not_taken.contains(&call.name) {
                     continue;
                 }
-                for callee in candidates(index, &call) {
+                for callee in candidates(index, &call, &f.file) {
                     if callee.file != f.file {
                         continue;
                     }
@@ -799,7 +812,7 @@ fn check(walk: &Walk, index: &[FnDef]) -> Vec<String> {
                 if walk.not_taken.contains(&call.name) {
                     continue;
                 }
-                let landing = candidates(index, &call);
+                let landing = candidates(index, &call, &f.file);
                 if std::env::var_os("WALK_DEBUG").is_some() {
                     let files: BTreeSet<&str> = landing.iter().map(|c| c.file.as_str()).collect();
                     println!("  {} {}: {} -> {files:?}", f.file, f.name, call.name);
