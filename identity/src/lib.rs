@@ -10,7 +10,6 @@
 
 pub mod id;
 pub mod jwt;
-pub mod listener;
 pub mod peer;
 pub mod source;
 pub mod svid;

@@ -9,7 +9,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use argocd_agent_identity::listener::{self, Limits, OnClose};
+use argocd_agent_listener::{self as listener, Limits, OnClose};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
