@@ -146,7 +146,7 @@ impl Handshake<TcpStream> for ClientTls {
     fn handshake(
         &self,
         io: TcpStream,
-        _remote: Option<SocketAddr>,
+        remote: Option<SocketAddr>,
     ) -> impl std::future::Future<Output = Result<ClientIo, Refused>> + Send {
         let acceptor = self.0.clone();
         async move {
@@ -154,7 +154,8 @@ impl Handshake<TcpStream> for ClientTls {
                 return Ok(ClientIo::Left(io));
             };
             acceptor.accept(io).await.map(ClientIo::Right).map_err(|e| {
-                tracing::warn!(error = %e, "Redis proxy TLS handshake failed");
+                let peer = argocd_agent_identity::text::or_dash(remote);
+                tracing::warn!(%peer, error = %e, "Redis proxy TLS handshake failed");
                 Refused::new("HandshakeFailed", e.to_string())
             })
         }
