@@ -460,4 +460,88 @@ mod tests {
         let reasons = reasons.lock().unwrap().clone();
         assert_eq!(reasons, vec!["NotReady"; 3]);
     }
+
+    /// A handshake that answers by the first byte the client sends: `s` stalls, `f` fails,
+    /// anything else passes.
+    struct ByFirstByte;
+
+    impl Handshake<TcpStream> for ByFirstByte {
+        type Output = TcpStream;
+        const NAME: &'static str = "test handshake";
+        const QUEUE: bool = false;
+
+        fn handshake(
+            &self,
+            mut io: TcpStream,
+            _remote: Option<SocketAddr>,
+        ) -> impl Future<Output = Result<TcpStream, Refused>> + Send {
+            async move {
+                let mut first = [0u8; 1];
+                let _ = io.read_exact(&mut first).await;
+                match first[0] {
+                    b's' => std::future::pending().await,
+                    b'f' => Err(Refused::new("HandshakeFailed", "told to fail")),
+                    _ => Ok(io),
+                }
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn served_connections_pass_their_handshake_in_time_and_hold_their_place() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let reasons: Arc<Mutex<Vec<&'static str>>> = Arc::default();
+        let seen = reasons.clone();
+        let opts = IncomingOptions {
+            max_connections: 1,
+            max_connections_per_client: 1,
+            handshake_timeout: Duration::from_millis(300),
+            on_refused: Some(RefusedHook(Arc::new(move |r| seen.lock().unwrap().push(r)))),
+            ..IncomingOptions::default()
+        };
+        let (tasks, stop) = (TaskTracker::new(), CancellationToken::new());
+        let (tx, mut served) = tokio::sync::mpsc::unbounded_channel();
+        Bounded::new(listener, &opts, "test", ByFirstByte).serve(&tasks, stop.clone(), move |a| {
+            let tx = tx.clone();
+            async move {
+                let _ = tx.send(a);
+            }
+        });
+        let closed = |mut s: TcpStream| async move {
+            let mut buf = [0u8; 1];
+            let n = tokio::time::timeout(Duration::from_secs(3), s.read(&mut buf)).await;
+            assert!(matches!(n, Ok(Ok(0)) | Ok(Err(_))), "{n:?}");
+            // The place is given back as the connection's task ends.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        // A stalled handshake is dropped after the handshake timeout, a failed one at once.
+        let mut stalled = TcpStream::connect(addr).await.unwrap();
+        stalled.write_all(b"s").await.unwrap();
+        closed(stalled).await;
+        let mut failed = TcpStream::connect(addr).await.unwrap();
+        failed.write_all(b"f").await.unwrap();
+        closed(failed).await;
+        // A good one is served, and holds the only place until it is dropped.
+        let mut good = TcpStream::connect(addr).await.unwrap();
+        good.write_all(b"g").await.unwrap();
+        let accepted = served.recv().await.unwrap();
+        assert_eq!(accepted.remote.map(|r| r.ip()), Some(addr.ip()));
+        closed(TcpStream::connect(addr).await.unwrap()).await;
+        drop(accepted);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut again = TcpStream::connect(addr).await.unwrap();
+        again.write_all(b"g").await.unwrap();
+        assert!(served.recv().await.is_some(), "the place was given back");
+        assert_eq!(
+            reasons.lock().unwrap().clone(),
+            vec!["HandshakeTimeout", "HandshakeFailed", "TooManyFromClient"]
+        );
+        // At shutdown the accept loop ends: the tracker drains.
+        stop.cancel();
+        tasks.close();
+        tokio::time::timeout(Duration::from_secs(2), tasks.wait())
+            .await
+            .expect("the accept loop stops at shutdown");
+    }
 }
