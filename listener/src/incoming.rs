@@ -470,19 +470,17 @@ mod tests {
         const NAME: &'static str = "test handshake";
         const QUEUE: bool = false;
 
-        fn handshake(
+        async fn handshake(
             &self,
             mut io: TcpStream,
             _remote: Option<SocketAddr>,
-        ) -> impl Future<Output = Result<TcpStream, Refused>> + Send {
-            async move {
-                let mut first = [0u8; 1];
-                let _ = io.read_exact(&mut first).await;
-                match first[0] {
-                    b's' => std::future::pending().await,
-                    b'f' => Err(Refused::new("HandshakeFailed", "told to fail")),
-                    _ => Ok(io),
-                }
+        ) -> Result<TcpStream, Refused> {
+            let mut first = [0u8; 1];
+            let _ = io.read_exact(&mut first).await;
+            match first[0] {
+                b's' => std::future::pending().await,
+                b'f' => Err(Refused::new("HandshakeFailed", "told to fail")),
+                _ => Ok(io),
             }
         }
     }
