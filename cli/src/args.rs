@@ -258,15 +258,15 @@ pub struct PrincipalArgs {
     #[arg(long, env = "ARGOCD_PRINCIPAL_KEEP_ALIVE_MIN_INTERVAL", default_value = "0", value_parser = parse_duration)]
     pub keepalive_min_interval: Duration,
     /// Agent listener connections open at once (more are closed at accept).
-    #[arg(long, env = "ARGOCD_PRINCIPAL_MAX_CONNECTIONS", default_value_t = argocd_agent_identity::transport::DEFAULT_MAX_CONNECTIONS)]
+    #[arg(long, env = "ARGOCD_PRINCIPAL_MAX_CONNECTIONS", default_value_t = argocd_agent_listener::DEFAULT_MAX_CONNECTIONS)]
     pub max_connections: usize,
     /// Agent listener connections open at once from one client address. Agents behind one
     /// NAT address, or a mesh sidecar or ingress in front of the listener, share one.
-    #[arg(long, env = "ARGOCD_PRINCIPAL_MAX_CONNECTIONS_PER_CLIENT", default_value_t = argocd_agent_identity::transport::DEFAULT_MAX_CONNECTIONS_PER_CLIENT)]
+    #[arg(long, env = "ARGOCD_PRINCIPAL_MAX_CONNECTIONS_PER_CLIENT", default_value_t = argocd_agent_listener::DEFAULT_MAX_CONNECTIONS_PER_CLIENT)]
     pub max_connections_per_client: usize,
     /// TLS handshakes (plaintext: connections awaiting their HTTP/2 preface) in progress
     /// at once from one client address, of 256.
-    #[arg(long, env = "ARGOCD_PRINCIPAL_MAX_HANDSHAKES_PER_CLIENT", default_value_t = argocd_agent_identity::transport::DEFAULT_MAX_HANDSHAKES_PER_CLIENT)]
+    #[arg(long, env = "ARGOCD_PRINCIPAL_MAX_HANDSHAKES_PER_CLIENT", default_value_t = argocd_agent_listener::DEFAULT_MAX_HANDSHAKES_PER_CLIENT)]
     pub max_handshakes_per_client: usize,
     /// How long an agent may take to send its hello once its stream is open; a stream
     /// without one is closed (`DeadlineExceeded`, refusal reason `HelloTimeout`).

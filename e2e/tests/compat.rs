@@ -526,9 +526,14 @@ async fn this_agent_keeps_syncing_against_a_previous_version_principal() {
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
-    let incoming = argocd_agent_identity::transport::tls_incoming(listener, tls);
     let (sessions_tx, mut sessions) = mpsc::unbounded_channel();
     let stop = tokio_util::sync::CancellationToken::new();
+    let incoming = argocd_agent_identity::transport::tls_incoming(
+        listener,
+        tls,
+        &tokio_util::task::TaskTracker::new(),
+        stop.clone(),
+    );
     let server = tokio::spawn({
         let stop = stop.clone();
         async move {

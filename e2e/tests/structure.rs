@@ -19,11 +19,12 @@ use rust_files::rust_files;
 /// reasons live in the leaf `refusals.rs`, `metrics.rs` imports none of its callers, the
 /// hub's admission checks extend `Hub` from `hub/admit.rs`, and the agent-name and
 /// secret-type labels come from the kubernetes crate (issue 40).
-const CHECKED: [&str; 8] = [
+const CHECKED: [&str; 9] = [
     "principal",
     "domain",
     "agent",
     "identity",
+    "listener",
     "mesh",
     "kubernetes",
     "runtime",

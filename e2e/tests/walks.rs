@@ -119,6 +119,8 @@ const GENERIC: &[&str] = &[
     "uri",
     "decode",
     "encode",
+    "get_ref",
+    "get_mut",
 ];
 
 /// One function of the project, outside tests.

@@ -44,7 +44,10 @@ use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, 
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::{self, Message};
 
-use crate::transport::{ChannelOptions, IncomingOptions, Prepared, TransportError, VerifiedStream};
+use crate::transport::{ChannelOptions, SvidHandshake, TransportError, VerifiedStream};
+use argocd_agent_listener::{Bounded, IncomingOptions, Prefaced, Refused};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 /// The WebSocket subprotocol both sides require: the messages carry a TLS connection.
 pub const SUBPROTOCOL: &str = "argocd-agent.tls";
@@ -347,46 +350,55 @@ pub enum Carrier {
 /// latter; the refusal reasons are [`crate::transport::REFUSED_REASONS`]. The first byte
 /// and the whole upgrade come within one [`UPGRADE_TIMEOUT`] from the accept: a client
 /// dribbling its request holds its handshake slot no longer than that.
-pub async fn tcp_or_websocket(tcp: TcpStream, opts: &WsOptions) -> Prepared<Carrier> {
+pub async fn tcp_or_websocket(tcp: TcpStream, opts: &WsOptions) -> Result<Carrier, Refused> {
     let deadline = Instant::now() + UPGRADE_TIMEOUT;
     let mut first = [0u8; 1];
     let timed_out = || {
-        Err((
+        Refused::new(
             "HandshakeTimeout",
             format!(
                 "no TLS handshake or WebSocket upgrade within {UPGRADE_TIMEOUT}",
                 UPGRADE_TIMEOUT = text::duration(UPGRADE_TIMEOUT)
             ),
-        ))
+        )
     };
     match tokio::time::timeout_at(deadline, tcp.peek(&mut first)).await {
         Ok(Ok(1)) if first[0] == TLS_HANDSHAKE => Ok(Carrier::Tcp(tcp)),
         Ok(Ok(1)) => match tokio::time::timeout_at(deadline, accept(tcp, opts)).await {
             Ok(upgraded) => upgraded
                 .map(|ws| Carrier::WebSocket(Box::new(ws)))
-                .map_err(|e| ("WebSocketRefused", e.to_string())),
-            Err(_) => timed_out(),
+                .map_err(|e| Refused::new("WebSocketRefused", e.to_string())),
+            Err(_) => Err(timed_out()),
         },
-        Ok(Ok(_)) => Err(("HandshakeFailed", "closed before sending anything".into())),
-        Ok(Err(e)) => Err(("HandshakeFailed", e.to_string())),
-        Err(_) => timed_out(),
+        Ok(Ok(_)) => Err(Refused::new(
+            "HandshakeFailed",
+            "closed before sending anything",
+        )),
+        Ok(Err(e)) => Err(Refused::new("HandshakeFailed", e.to_string())),
+        Err(_) => Err(timed_out()),
     }
 }
 
 /// [`crate::transport::tls_incoming_with_options`] that also takes agents over a WebSocket
 /// on the same port: each connection is direct TLS or a WebSocket upgrade, told apart by its
 /// first byte ([`tcp_or_websocket`]), then the same TLS, peer verification and preface.
+/// Accepted on `tasks` until `shutdown`.
 pub fn tls_incoming_websocket(
     listener: TcpListener,
     config: Arc<rustls::ServerConfig>,
     opts: IncomingOptions,
     ws: WsOptions,
-) -> impl Stream<Item = Result<VerifiedStream<Carrier>, io::Error>> + Send + 'static {
+    tasks: &TaskTracker,
+    shutdown: CancellationToken,
+) -> impl Stream<Item = Result<Prefaced<VerifiedStream<Carrier>>, io::Error>> + Send + 'static {
     let ws = Arc::new(ws);
-    crate::transport::incoming_with(listener, config, opts, move |tcp, _remote: SocketAddr| {
+    let name = crate::transport::listener_name(&listener);
+    let prepare = move |tcp: TcpStream, _remote: Option<SocketAddr>| {
         let ws = ws.clone();
         async move { tcp_or_websocket(tcp, &ws).await }
-    })
+    };
+    Bounded::with_prepare(listener, &opts, &name, prepare, SvidHandshake::new(config))
+        .incoming(tasks, shutdown)
 }
 
 macro_rules! carrier {
@@ -510,7 +522,7 @@ impl tower::Service<http::Uri> for WsSvidConnector {
                 })?;
             let io = WsIo::new(ws, this.opts.clone());
             let handshake = this.tls.connect(this.server_name.clone(), io);
-            let stream = tokio::time::timeout(crate::transport::HANDSHAKE_TIMEOUT, handshake)
+            let stream = tokio::time::timeout(argocd_agent_listener::HANDSHAKE_TIMEOUT, handshake)
                 .await
                 .map_err(|_| {
                     io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out")

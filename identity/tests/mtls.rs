@@ -335,7 +335,8 @@ impl rustls::client::danger::ServerCertVerifier for AcceptAnyServer {
 #[tokio::test]
 async fn client_that_never_speaks_http2_is_closed_after_the_preface_timeout() {
     use argocd_agent_identity::tls::{client_config, server_config};
-    use argocd_agent_identity::transport::{IncomingOptions, tls_incoming_with_options};
+    use argocd_agent_identity::transport::tls_incoming_with_options;
+    use argocd_agent_listener::IncomingOptions;
     use futures::StreamExt as _;
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
@@ -347,6 +348,8 @@ async fn client_that_never_speaks_http2_is_closed_after_the_preface_timeout() {
             preface_timeout: Duration::from_millis(300),
             ..IncomingOptions::default()
         },
+        &tokio_util::task::TaskTracker::new(),
+        tokio_util::sync::CancellationToken::new(),
     ));
     let connector = tokio_rustls::TlsConnector::from(
         client_config(&agent, PeerPolicy::Exact(id(PRINCIPAL))).unwrap(),
@@ -390,7 +393,7 @@ async fn client_that_never_speaks_http2_is_closed_after_the_preface_timeout() {
         .expect("preface accepted")
         .expect("stream open")
         .expect("connection");
-    assert_eq!(Some(stream.peer().id.as_str()), Some(AGENT));
+    assert_eq!(Some(stream.get_ref().peer().id.as_str()), Some(AGENT));
     let mut replayed = [0u8; 24];
     stream.read_exact(&mut replayed).await.unwrap();
     assert_eq!(&replayed, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
@@ -402,9 +405,8 @@ async fn client_that_never_speaks_http2_is_closed_after_the_preface_timeout() {
 #[tokio::test]
 async fn a_listener_that_is_not_ready_closes_connections_before_tls() {
     use argocd_agent_identity::tls::{client_config, server_config};
-    use argocd_agent_identity::transport::{
-        IncomingOptions, ReadyHook, RefusedHook, tls_incoming_with_options,
-    };
+    use argocd_agent_identity::transport::tls_incoming_with_options;
+    use argocd_agent_listener::{IncomingOptions, ReadyHook, RefusedHook};
     use futures::StreamExt as _;
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
@@ -420,6 +422,8 @@ async fn a_listener_that_is_not_ready_closes_connections_before_tls() {
             ready: Some(ReadyHook::from_watch(rx)),
             ..IncomingOptions::default()
         },
+        &tokio_util::task::TaskTracker::new(),
+        tokio_util::sync::CancellationToken::new(),
     ));
     let connector = tokio_rustls::TlsConnector::from(
         client_config(&agent, PeerPolicy::Exact(id(PRINCIPAL))).unwrap(),
@@ -456,6 +460,6 @@ async fn a_listener_that_is_not_ready_closes_connections_before_tls() {
         .expect("taken once ready")
         .expect("stream open")
         .expect("connection");
-    assert_eq!(Some(stream.peer().id.as_str()), Some(AGENT));
+    assert_eq!(Some(stream.get_ref().peer().id.as_str()), Some(AGENT));
     assert_eq!(*reasons.lock().unwrap(), vec!["NotReady"; 2]);
 }

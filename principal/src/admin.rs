@@ -382,15 +382,17 @@ pub const ADMIN_MAX_CONNECTIONS_PER_CLIENT: usize = 16;
 /// from one address, each waiting at most 10 s for its HTTP/2 preface (all of them may be
 /// waiting: none waits in the kernel's backlog behind silent ones). Refusals are counted in
 /// `argocd_principal_listener_connections_closed_total{listener="admin"}`.
-fn admin_limits(metrics: &Metrics) -> argocd_agent_identity::transport::IncomingOptions {
+fn admin_limits(metrics: &Metrics) -> argocd_agent_listener::IncomingOptions {
     let metrics = metrics.clone();
-    argocd_agent_identity::transport::IncomingOptions {
+    argocd_agent_listener::IncomingOptions {
         max_handshakes: ADMIN_MAX_CONNECTIONS,
         max_handshakes_per_client: ADMIN_MAX_CONNECTIONS_PER_CLIENT,
         max_connections: ADMIN_MAX_CONNECTIONS,
         max_connections_per_client: ADMIN_MAX_CONNECTIONS_PER_CLIENT,
-        preface_timeout: argocd_agent_identity::transport::PREFACE_TIMEOUT,
-        on_refused: Some(argocd_agent_identity::transport::RefusedHook(Arc::new(
+        // No handshake: the preface is what a connection waits for.
+        handshake_timeout: argocd_agent_listener::HANDSHAKE_TIMEOUT,
+        preface_timeout: argocd_agent_listener::PREFACE_TIMEOUT,
+        on_refused: Some(argocd_agent_listener::RefusedHook(Arc::new(
             move |reason| metrics.listener_closed("admin", reason),
         ))),
         // Operators are served while the principal is not ready too.
@@ -435,10 +437,12 @@ pub async fn serve(
             let listener = TcpListener::bind(addr).await.map_err(listen_error)?;
             let bound = listener.local_addr().map_err(listen_error)?;
             let name = format!("admin API {bound}");
-            let incoming = argocd_agent_identity::transport::plain_incoming(
+            let incoming = argocd_agent_listener::plain_incoming(
                 listener,
-                admin_limits(&metrics),
+                &admin_limits(&metrics),
                 &name,
+                tasks,
+                shutdown.clone(),
             );
             tasks.spawn(async move {
                 if let Err(e) = router
@@ -462,10 +466,12 @@ pub async fn serve(
             std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
                 .map_err(listen_error)?;
             let name = format!("admin API unix://{}", path.display());
-            let incoming = argocd_agent_identity::transport::plain_incoming(
+            let incoming = argocd_agent_listener::plain_incoming(
                 listener,
-                admin_limits(&metrics),
+                &admin_limits(&metrics),
                 &name,
+                tasks,
+                shutdown.clone(),
             );
             let cleanup = path.clone();
             tasks.spawn(async move {

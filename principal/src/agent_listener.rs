@@ -131,9 +131,11 @@ pub(crate) fn serve(
             };
             // The source feeds every handshake's certificate: kept while serving.
             if config.websocket {
-                serve_incoming(&tasks, router, incoming.websocket(), shutdown, source)
+                let incoming = incoming.websocket(&tasks, shutdown.clone());
+                serve_incoming(&tasks, router, incoming, shutdown, source)
             } else {
-                serve_incoming(&tasks, router, incoming.direct(), shutdown, source)
+                let incoming = incoming.direct(&tasks, shutdown.clone());
+                serve_incoming(&tasks, router, incoming, shutdown, source)
             }
         }
         _ => {
@@ -144,8 +146,12 @@ pub(crate) fn serve(
             }
             let options = incoming_options(&config, metrics, readiness);
             let name = format!("agent listener {} (plaintext)", config.listen);
-            let incoming = argocd_agent_identity::transport::plain_incoming(
-                listener, options, &name,
+            let incoming = argocd_agent_listener::plain_incoming(
+                listener,
+                &options,
+                &name,
+                &tasks,
+                shutdown.clone(),
             )
             .map(move |r| {
                 r.map(|s| {
@@ -168,24 +174,22 @@ fn incoming_options(
     config: &PrincipalConfig,
     metrics: Metrics,
     readiness: crate::health::Readiness,
-) -> argocd_agent_identity::transport::IncomingOptions {
+) -> argocd_agent_listener::IncomingOptions {
     let hook = move |reason: &'static str| match reason {
         "TooManyConnections" | "TooManyFromClient" | "NotReady" => {
             metrics.listener_closed("grpc", reason)
         }
         _ => metrics.auth_failed(reason),
     };
-    argocd_agent_identity::transport::IncomingOptions {
+    argocd_agent_listener::IncomingOptions {
         max_handshakes: config.max_concurrent_handshakes,
         max_handshakes_per_client: config.max_handshakes_per_client,
         max_connections: config.max_connections,
         max_connections_per_client: config.max_connections_per_client,
-        on_refused: Some(argocd_agent_identity::transport::RefusedHook(Arc::new(
-            hook,
-        ))),
-        ready: Some(argocd_agent_identity::transport::ReadyHook(Arc::new(
-            move || readiness.is_ready(),
-        ))),
+        on_refused: Some(argocd_agent_listener::RefusedHook(Arc::new(hook))),
+        ready: Some(argocd_agent_listener::ReadyHook(Arc::new(move || {
+            readiness.is_ready()
+        }))),
         ..Default::default()
     }
 }
@@ -194,31 +198,41 @@ fn incoming_options(
 struct Incoming {
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
-    options: argocd_agent_identity::transport::IncomingOptions,
+    options: argocd_agent_listener::IncomingOptions,
     min_ping: Duration,
 }
 
 /// One verified connection as the router takes it.
-type Guarded<IO> =
-    crate::keepalive::PingGuard<argocd_agent_identity::transport::VerifiedStream<IO>>;
+type Guarded<IO> = crate::keepalive::PingGuard<Verified<IO>>;
+
+/// A connection past its TLS handshake and HTTP/2 preface, its client verified.
+type Verified<IO> =
+    argocd_agent_listener::Prefaced<argocd_agent_identity::transport::VerifiedStream<IO>>;
 
 impl Incoming {
-    /// TLS straight on TCP.
+    /// TLS straight on TCP, accepted on `tasks` until `shutdown`.
     fn direct(
         self,
+        tasks: &TaskTracker,
+        shutdown: CancellationToken,
     ) -> impl futures::Stream<Item = std::io::Result<Guarded<TcpStream>>> + Send + 'static {
         let min_ping = self.min_ping;
         argocd_agent_identity::transport::tls_incoming_with_options(
             self.listener,
             self.tls,
             self.options,
+            tasks,
+            shutdown,
         )
         .map(move |r| r.map(|s| guard(s, min_ping)))
     }
 
-    /// TLS straight on TCP, or inside a WebSocket (`--enable-websocket`).
+    /// TLS straight on TCP, or inside a WebSocket (`--enable-websocket`), accepted on
+    /// `tasks` until `shutdown`.
     fn websocket(
         self,
+        tasks: &TaskTracker,
+        shutdown: CancellationToken,
     ) -> impl futures::Stream<
         Item = std::io::Result<Guarded<argocd_agent_identity::websocket::Carrier>>,
     > + Send
@@ -233,20 +247,19 @@ impl Incoming {
             self.tls,
             self.options,
             argocd_agent_identity::websocket::WsOptions::default(),
+            tasks,
+            shutdown,
         )
         .map(move |r| r.map(|s| guard(s, min_ping)))
     }
 }
 
 /// Holds a verified connection's HTTP/2 PINGs to `--keepalive-min-interval`.
-fn guard<IO>(
-    s: argocd_agent_identity::transport::VerifiedStream<IO>,
-    min_ping: Duration,
-) -> Guarded<IO>
+fn guard<IO>(s: Verified<IO>, min_ping: Duration) -> Guarded<IO>
 where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
-    let peer = Some(s.peer().remote_addr);
+    let peer = Some(s.get_ref().peer().remote_addr);
     crate::keepalive::PingGuard::new(s, peer, min_ping)
 }
 

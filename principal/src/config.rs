@@ -185,13 +185,10 @@ impl Default for PrincipalConfig {
             idle_timeout: Duration::from_secs(120),
             hello_timeout: crate::session::DEFAULT_HELLO_TIMEOUT,
             resync_min_interval: Duration::ZERO,
-            max_concurrent_handshakes:
-                argocd_agent_identity::transport::DEFAULT_MAX_CONCURRENT_HANDSHAKES,
-            max_handshakes_per_client:
-                argocd_agent_identity::transport::DEFAULT_MAX_HANDSHAKES_PER_CLIENT,
-            max_connections: argocd_agent_identity::transport::DEFAULT_MAX_CONNECTIONS,
-            max_connections_per_client:
-                argocd_agent_identity::transport::DEFAULT_MAX_CONNECTIONS_PER_CLIENT,
+            max_concurrent_handshakes: argocd_agent_listener::DEFAULT_MAX_CONCURRENT_HANDSHAKES,
+            max_handshakes_per_client: argocd_agent_listener::DEFAULT_MAX_HANDSHAKES_PER_CLIENT,
+            max_connections: argocd_agent_listener::DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_client: argocd_agent_listener::DEFAULT_MAX_CONNECTIONS_PER_CLIENT,
             max_concurrent_streams: 16,
             compression: false,
             keepalive_min_interval: Duration::ZERO,

@@ -63,7 +63,7 @@ pub async fn serve(
     shutdown: tokio_util::sync::CancellationToken,
 ) -> std::io::Result<SocketAddr> {
     use argocd_agent_runtime::health::{self, Endpoints};
-    let on_close: argocd_agent_identity::listener::OnClose = match &metrics {
+    let on_close: argocd_agent_listener::OnClose = match &metrics {
         Some(m) => {
             let m = m.clone();
             Arc::new(move |reason| m.listener_closed("metrics", reason))

@@ -731,7 +731,7 @@ mod tests {
             match reason {
                 "NotReady" => {}
                 "TooManyConnections" | "TooManyFromClient" => assert!(
-                    argocd_agent_identity::listener::CLOSE_REASONS.contains(&reason),
+                    argocd_agent_listener::CLOSE_REASONS.contains(&reason),
                     "{reason}"
                 ),
                 _ => assert!(AUTH_FAILURE_REASONS.contains(&reason), "{reason}"),

@@ -31,7 +31,9 @@ use std::time::{Duration, Instant};
 use argocd_agent_domain::rpc::Ticket;
 use argocd_agent_domain::{AgentName, ResourceKind};
 use argocd_agent_domain::{Event, EventType, Payload, ResourceRef};
-use argocd_agent_identity::listener::{Caps, RefusalLog};
+use argocd_agent_listener::{
+    Bounded, Caps, Handshake, IncomingOptions, RefusalLog, Refused, RefusedHook,
+};
 use argocd_agent_proto::eventstream::{RedisCommand, RedisRequest, redis_response};
 use argocd_agent_redis::resp;
 use argocd_agent_redis::{AppKey, FrameReader, Protocol, RespError};
@@ -79,49 +81,85 @@ pub async fn serve(
         tasks: tasks.clone(),
         peers,
     });
-    let unauthenticated = Caps::new(
-        proxy.config.max_unauthenticated,
-        proxy.config.max_unauthenticated_per_client,
-    );
     tracing::info!(%addr, upstream = %proxy.config.upstream.addr, tls = proxy.config.tls.is_some(),
         "Redis proxy listening");
-    let tasks2 = tasks.clone();
-    tasks.spawn(async move {
-        loop {
-            let (stream, peer) = tokio::select! {
-                _ = shutdown.cancelled() => return,
-                r = listener.accept() => match r {
-                    Ok(s) => s,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "Redis proxy accept failed");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue;
-                    }
-                },
-            };
-            // Every connection starts unauthenticated, in a pool of its own.
-            let place = match unauthenticated.admit(Some(peer.ip())) {
-                Ok(place) => place,
-                Err(reason) => {
-                    proxy.metrics.listener_closed("redis-proxy", reason);
-                    proxy
-                        .refusals
-                        .refused(Some(peer), reason, unauthenticated.max_total());
-                    continue;
-                }
-            };
-            let _ = stream.set_nodelay(true);
-            let proxy = proxy.clone();
-            let shutdown = shutdown.clone();
-            let span = tracing::debug_span!("redis-proxy", %peer);
-            tasks2.spawn(
-                proxy
-                    .accepted(stream, (place, peer.ip()), shutdown)
-                    .instrument(span),
-            );
-        }
+    let opts = client_limits(&proxy);
+    let handshake = ClientTls(
+        proxy
+            .config
+            .tls
+            .clone()
+            .map(tokio_rustls::TlsAcceptor::from),
+    );
+    let name = format!("Redis proxy {addr}");
+    let stop = shutdown.clone();
+    Bounded::new(listener, &opts, &name, handshake).serve(tasks, shutdown, move |client| {
+        let (proxy, shutdown) = (proxy.clone(), stop.clone());
+        let peer = client
+            .remote
+            .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)));
+        let span = tracing::debug_span!("redis-proxy", %peer);
+        proxy
+            .connection(client.io, (client.admission, peer.ip()), shutdown)
+            .instrument(span)
     });
     Ok(addr)
+}
+
+/// The caps every client connection is accepted under: the pool of unauthenticated
+/// connections (`max_unauthenticated`, `max_unauthenticated_per_client`), which TLS
+/// handshakes are part of, and the TLS handshake timeout. The handshake caps are one above
+/// the pool's, so that they never bind first: the pool refuses. Refusals and failed
+/// handshakes are counted in
+/// `argocd_principal_listener_connections_closed_total{listener="redis-proxy"}`.
+fn client_limits(proxy: &Proxy) -> IncomingOptions {
+    let metrics = proxy.metrics.clone();
+    IncomingOptions {
+        max_handshakes: proxy.config.max_unauthenticated.saturating_add(1),
+        max_handshakes_per_client: proxy
+            .config
+            .max_unauthenticated_per_client
+            .saturating_add(1),
+        max_connections: proxy.config.max_unauthenticated,
+        max_connections_per_client: proxy.config.max_unauthenticated_per_client,
+        handshake_timeout: TLS_HANDSHAKE_TIMEOUT,
+        on_refused: Some(RefusedHook(Arc::new(move |reason| {
+            metrics.listener_closed("redis-proxy", reason)
+        }))),
+        ready: None,
+        ..IncomingOptions::default()
+    }
+}
+
+/// A client connection: TCP, or TLS on it when the proxy serves TLS.
+type ClientIo = tokio_util::either::Either<TcpStream, tokio_rustls::server::TlsStream<TcpStream>>;
+
+/// The TLS handshake towards argocd-server, when configured (none otherwise).
+struct ClientTls(Option<tokio_rustls::TlsAcceptor>);
+
+impl Handshake<TcpStream> for ClientTls {
+    type Output = ClientIo;
+    const NAME: &'static str = "Redis proxy TLS handshake";
+    // Connections finding the pool full are refused at once, not left in the backlog.
+    const QUEUE: bool = false;
+
+    fn handshake(
+        &self,
+        io: TcpStream,
+        remote: Option<SocketAddr>,
+    ) -> impl std::future::Future<Output = Result<ClientIo, Refused>> + Send {
+        let acceptor = self.0.clone();
+        async move {
+            let Some(acceptor) = acceptor else {
+                return Ok(ClientIo::Left(io));
+            };
+            acceptor.accept(io).await.map(ClientIo::Right).map_err(|e| {
+                let peer = argocd_agent_identity::text::or_dash(remote);
+                tracing::warn!(%peer, error = %e, "Redis proxy TLS handshake failed");
+                Refused::new("HandshakeFailed", e.to_string())
+            })
+        }
+    }
 }
 
 /// With `--ha`: publishes this proxy's replica address on the replica Lease, and reaches
@@ -143,37 +181,6 @@ fn replica_peers(config: &RedisProxyConfig, leases: Arc<Leases>, addr: SocketAdd
         config.max_value_size,
         config.request_timeout,
     )
-}
-
-impl Proxy {
-    /// One accepted client: the TLS handshake when configured (bounded in time), then the
-    /// connection.
-    async fn accepted(
-        self: Arc<Self>,
-        stream: TcpStream,
-        pending: Unauthenticated,
-        shutdown: CancellationToken,
-    ) {
-        match self.config.tls.clone() {
-            None => self.connection(stream, pending, shutdown).await,
-            Some(tls) => {
-                let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-                match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                    Ok(Ok(s)) => self.connection(s, pending, shutdown).await,
-                    Ok(Err(e)) => {
-                        self.metrics
-                            .listener_closed("redis-proxy", "HandshakeFailed");
-                        tracing::warn!(error = %e, "Redis proxy TLS handshake failed")
-                    }
-                    Err(_) => {
-                        self.metrics
-                            .listener_closed("redis-proxy", "HandshakeTimeout");
-                        tracing::warn!("Redis proxy TLS handshake timed out")
-                    }
-                }
-            }
-        }
-    }
 }
 
 /// Why the hub Redis could not be asked whether it wants a password (the cause is printed in

@@ -1,7 +1,8 @@
 //! The HTTP endpoint both binaries serve for the kubelet and Prometheus: `/healthz`
 //! (liveness), `/readyz` (readiness) and, when given, `/metrics` (text exposition
 //! format 0.0.4, as upstream serves it; see [`crate::exposition`]), on the
-//! bounded listener every endpoint of ours uses (connection cap, per-stage timeouts).
+//! bounded listener every endpoint of ours uses (`argocd_agent_listener`: connection caps,
+//! per-stage timeouts).
 //! When its connections are taken (64, 8 per client address), 16 more (4 per address) are
 //! reserved for `/healthz` and `/readyz`: one request each, headers within 2 s, anything
 //! else answered 503; the liveness probe is not starved by a full metrics listener.
@@ -9,7 +10,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use argocd_agent_identity::listener::{self, Limits, OnClose};
+use argocd_agent_listener::{self as listener, Limits, OnClose};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 

@@ -2,7 +2,7 @@
 //! a `watch` receiver of every new one, and readiness. The sources that feed it live in
 //! `files.rs` and `workload.rs`.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -21,12 +21,14 @@ impl Drop for TaskGuard {
 }
 
 /// A live view of the workload's SVID and trust bundles. Cheap to clone; the background task
-/// stops when the last clone is dropped.
+/// (and every [`SvidSource::on_update`] follower) stops when the last clone is dropped.
 #[derive(Clone)]
 pub struct SvidSource {
     rx: watch::Receiver<Option<Arc<SvidState>>>,
     description: Arc<str>,
     _task: Option<Arc<TaskGuard>>,
+    /// The [`SvidSource::on_update`] followers, aborted with the last clone.
+    followers: Arc<Mutex<Vec<TaskGuard>>>,
 }
 
 impl std::fmt::Debug for SvidSource {
@@ -53,6 +55,7 @@ impl SvidSource {
             rx,
             description: Arc::from("fixed SVID"),
             _task: task,
+            followers: Arc::default(),
         }
     }
 
@@ -62,6 +65,7 @@ impl SvidSource {
             rx,
             description: Arc::from("external channel"),
             _task: None,
+            followers: Arc::default(),
         }
     }
 
@@ -74,6 +78,7 @@ impl SvidSource {
             rx,
             description: Arc::from(description),
             _task: Some(Arc::new(TaskGuard(task))),
+            followers: Arc::default(),
         }
     }
 
@@ -88,10 +93,11 @@ impl SvidSource {
     }
 
     /// Calls `f` with the current state (if any) and with every new one, from a task that
-    /// ends with the source. Used by metrics (expiry, rotations).
+    /// ends with the source: when its feed ends, or when the last clone of the source is
+    /// dropped (the source owns the task). Used by metrics (expiry, rotations).
     pub fn on_update(&self, f: impl Fn(&SvidState) + Send + 'static) {
         let mut rx = self.rx.clone();
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             loop {
                 if let Some(state) = rx.borrow_and_update().clone() {
                     f(&state);
@@ -101,6 +107,10 @@ impl SvidSource {
                 }
             }
         });
+        let mut followers = self.followers.lock().unwrap_or_else(|p| p.into_inner());
+        // Followers whose feed ended are gone: keep only the running ones.
+        followers.retain(|t| !t.0.is_finished());
+        followers.push(TaskGuard(task));
     }
 
     /// Why this source cannot serve a handshake now (no SVID yet, or the current one has

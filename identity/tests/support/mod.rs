@@ -155,7 +155,12 @@ pub async fn serve(source: &SvidSource, policy: PeerPolicy) -> RunningServer {
         .add_service(EventStreamServer::new(service.clone()));
     let task = tokio::spawn(async move {
         let _ = router
-            .serve_with_incoming(tls_incoming(listener, config))
+            .serve_with_incoming(tls_incoming(
+                listener,
+                config,
+                &tokio_util::task::TaskTracker::new(),
+                tokio_util::sync::CancellationToken::new(),
+            ))
             .await;
     });
     RunningServer {

@@ -245,9 +245,9 @@ fn principal_proc(
         // Every simulated agent dials from 127.0.0.1, as agents behind one NAT address
         // would: the listener's per-address shares are raised to its totals.
         "--max-connections-per-client".into(),
-        argocd_agent_identity::transport::DEFAULT_MAX_CONNECTIONS.to_string(),
+        argocd_agent_listener::DEFAULT_MAX_CONNECTIONS.to_string(),
         "--max-handshakes-per-client".into(),
-        argocd_agent_identity::transport::DEFAULT_MAX_CONCURRENT_HANDSHAKES.to_string(),
+        argocd_agent_listener::DEFAULT_MAX_CONCURRENT_HANDSHAKES.to_string(),
     ]);
     // The bench measures the principal's capacity: the per-agent event rate limit (a
     // policy, tested in e2e/tests/bad_input.rs) is off unless a run sets it.

@@ -110,8 +110,14 @@ impl Floor {
         let tls = argocd_agent_identity::tls::server_config(&source, PeerPolicy::Any)?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
-        let incoming = argocd_agent_identity::transport::tls_incoming(listener, tls);
         let shutdown = tokio_util::sync::CancellationToken::new();
+        // Connections in their handshake stop with the floor.
+        let incoming = argocd_agent_identity::transport::tls_incoming(
+            listener,
+            tls,
+            &tokio_util::task::TaskTracker::new(),
+            shutdown.clone(),
+        );
         let stop = shutdown.clone();
         tokio::spawn(async move {
             let _ = tonic::transport::Server::builder()

@@ -133,7 +133,7 @@ pub struct ListenerLabels {
     /// `grpc` (the agent listener's caps), `admin`, `resource-proxy`, `redis-proxy`,
     /// `metrics`.
     pub listener: String,
-    /// One of `argocd_agent_identity::listener::CLOSE_REASONS`, or the Redis proxy's own
+    /// One of `argocd_agent_listener::CLOSE_REASONS`, or the Redis proxy's own
     /// (`AuthTimeout`, `Unauthenticated`).
     pub reason: String,
 }

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use argocd_agent_identity::listener::{Admission, Caps, RefusalLog};
+use argocd_agent_listener::{Admission, Caps, RefusalLog};
 use argocd_agent_redis::{FrameReader, Protocol, RedisEndpoint, RespError};
 use bytes::Bytes;
 use tokio::io::{ReadHalf, WriteHalf};

@@ -490,13 +490,13 @@ pub fn serve(
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
     let limits = proxy.config.limits.clone();
     let metrics = proxy.metrics.clone();
-    let on_close: argocd_agent_identity::listener::OnClose =
+    let on_close: argocd_agent_listener::OnClose =
         Arc::new(move |reason| metrics.listener_closed("resource-proxy", reason));
     let handler = move |req: Request<Incoming>, _peer: SocketAddr| {
         let proxy = proxy.clone();
         async move { proxy.handle(req).await }
     };
-    argocd_agent_identity::listener::serve(
+    argocd_agent_listener::serve(
         listener,
         Some(acceptor),
         limits,

@@ -49,7 +49,7 @@ pub struct ResourceProxyConfig {
     /// Create (and keep current) each agent's Argo CD cluster secret on connect.
     pub self_cluster_registration: bool,
     /// Connections, handshakes, header and idle timeouts of the listener.
-    pub limits: argocd_agent_identity::listener::Limits,
+    pub limits: argocd_agent_listener::Limits,
     /// How long a client may take to send a request body (408 after); the body is read
     /// before the request takes one of its agent's slots.
     pub body_timeout: Duration,
@@ -79,7 +79,7 @@ impl ResourceProxyConfig {
             terminal_max_duration: Duration::from_secs(4 * 3600),
             log_resume_timeout: Duration::from_secs(60),
             self_cluster_registration: false,
-            limits: argocd_agent_identity::listener::Limits::default(),
+            limits: argocd_agent_listener::Limits::default(),
             body_timeout: Duration::from_secs(30),
             max_buffered_bodies: DEFAULT_MAX_BUFFERED_BODIES,
             body_wait: Duration::from_secs(2),

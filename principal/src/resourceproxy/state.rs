@@ -43,7 +43,7 @@ pub struct Proxy {
     /// The bytes of request bodies buffered at once ([`ResourceProxyConfig::max_buffered_bodies`]).
     pub(super) body_bytes: Arc<Semaphore>,
     /// Log lines of requests refused for want of room among the buffered bodies.
-    pub(super) body_refusals: argocd_agent_identity::listener::RefusalLog,
+    pub(super) body_refusals: argocd_agent_listener::RefusalLog,
 }
 
 /// A connected agent's link and one of its concurrency permits.
@@ -108,7 +108,7 @@ impl Proxy {
             tasks,
             limits: Mutex::new(HashMap::new()),
             body_bytes: Arc::new(Semaphore::new(budget)),
-            body_refusals: argocd_agent_identity::listener::RefusalLog::new(
+            body_refusals: argocd_agent_listener::RefusalLog::new(
                 "resource proxy (request bodies)",
             ),
         })

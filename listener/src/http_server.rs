@@ -6,11 +6,12 @@
 //! principal and agent are served through it. (hyper has the header timeout; the caps and
 //! the idle timeout across HTTP/1.1 and HTTP/2 are not in hyper or hyper-util.)
 
+use crate::caps::{Admission, Caps};
+use crate::refusal::RefusalLog;
 use crate::text;
-use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -21,7 +22,6 @@ use http::{Request, Response};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpListener;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -119,180 +119,6 @@ pub const CLOSE_REASONS: [&str; 5] = [
 
 /// Counts a refused or closed connection by reason (one of [`CLOSE_REASONS`]).
 pub type OnClose = Arc<dyn Fn(&'static str) + Send + Sync>;
-
-/// Connections per client address.
-#[derive(Default)]
-pub struct ClientLimit {
-    open: Mutex<HashMap<IpAddr, usize>>,
-}
-
-/// One connection counted against its client address (released when dropped).
-pub struct ClientSlot {
-    clients: Arc<ClientLimit>,
-    ip: IpAddr,
-}
-
-impl ClientLimit {
-    /// A slot for one more connection from `ip`, unless it has `max` already.
-    pub fn take(self: &Arc<Self>, ip: IpAddr, max: usize) -> Option<ClientSlot> {
-        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
-        let n = open.entry(ip).or_insert(0);
-        if *n >= max {
-            return None;
-        }
-        *n += 1;
-        Some(ClientSlot {
-            clients: Arc::clone(self),
-            ip,
-        })
-    }
-}
-
-impl Drop for ClientSlot {
-    fn drop(&mut self) {
-        let mut open = self.clients.open.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = open.get_mut(&self.ip) {
-            *n -= 1;
-            if *n == 0 {
-                open.remove(&self.ip);
-            }
-        }
-    }
-}
-
-/// A total cap and a per-client-address share of one pool (connections, handshakes,
-/// unauthenticated connections): what every listener admits its clients with.
-#[derive(Clone)]
-pub struct Caps {
-    total: Arc<Semaphore>,
-    clients: Arc<ClientLimit>,
-    max_total: usize,
-    per_client: usize,
-}
-
-/// A place in a [`Caps`] pool (given back when dropped).
-pub struct Admission {
-    _permit: OwnedSemaphorePermit,
-    _slot: Option<ClientSlot>,
-}
-
-impl std::fmt::Debug for Caps {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Caps")
-            .field("max_total", &self.max_total)
-            .field("per_client", &self.per_client)
-            .finish()
-    }
-}
-
-impl Caps {
-    /// `max_total` at once, `per_client` of them from one address (both at least 1).
-    pub fn new(max_total: usize, per_client: usize) -> Caps {
-        Caps {
-            total: Arc::new(Semaphore::new(max_total.max(1))),
-            clients: Arc::new(ClientLimit::default()),
-            max_total: max_total.max(1),
-            per_client: per_client.max(1),
-        }
-    }
-
-    /// A place for a client at `ip` (`None`: a Unix socket, counted in the total only), or
-    /// why not: `TooManyConnections` (the pool is full) or `TooManyFromClient` (this
-    /// address has its share).
-    pub fn admit(&self, ip: Option<IpAddr>) -> Result<Admission, &'static str> {
-        let slot = match ip {
-            Some(ip) => Some(
-                self.clients
-                    .take(ip, self.per_client)
-                    .ok_or("TooManyFromClient")?,
-            ),
-            None => None,
-        };
-        let permit = self
-            .total
-            .clone()
-            .try_acquire_owned()
-            .map_err(|_| "TooManyConnections")?;
-        Ok(Admission {
-            _permit: permit,
-            _slot: slot,
-        })
-    }
-
-    /// The pool's total cap.
-    pub fn max_total(&self) -> usize {
-        self.max_total
-    }
-
-    /// One address's share.
-    pub fn per_client(&self) -> usize {
-        self.per_client
-    }
-}
-
-/// How often [`RefusalLog`] writes a line at most.
-const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(10);
-
-/// Log lines for refused connections without a log storm: the first refusal is logged at
-/// once, later ones at most every 10 seconds (or as given) with the number left out in
-/// between.
-pub struct RefusalLog {
-    listener: String,
-    every: Duration,
-    state: Mutex<(Option<Instant>, u64)>,
-}
-
-impl RefusalLog {
-    /// Refusals of `listener` (its name in the log line).
-    pub fn new(listener: impl Into<String>) -> RefusalLog {
-        RefusalLog::every(listener, REFUSAL_LOG_EVERY)
-    }
-
-    /// Refusals of `listener`, a line at most every `every`.
-    pub fn every(listener: impl Into<String>, every: Duration) -> RefusalLog {
-        RefusalLog {
-            listener: listener.into(),
-            every,
-            state: Mutex::new((None, 0)),
-        }
-    }
-
-    /// The listener's name, as the log lines give it.
-    pub fn listener(&self) -> &str {
-        &self.listener
-    }
-
-    /// `Some(n)` when a line is due (`n`: the refusals not logged since the last line),
-    /// `None` when this refusal is only counted, to be reported with the next line.
-    pub fn due(&self) -> Option<u64> {
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        if state.0.is_some_and(|t| t.elapsed() < self.every) {
-            state.1 += 1;
-            return None;
-        }
-        let held = state.1;
-        *state = (Some(Instant::now()), 0);
-        Some(held)
-    }
-
-    /// Logs (or counts, to log later) one refused connection (or request) from `peer`
-    /// (`None`: a Unix socket's, or no single client's).
-    pub fn refused(&self, peer: Option<SocketAddr>, reason: &'static str, limit: usize) {
-        let Some(suppressed) = self.due() else {
-            return;
-        };
-        let peer = peer.map_or_else(|| "-".to_owned(), |p| p.to_string());
-        tracing::warn!(
-            listener = %self.listener,
-            %peer,
-            reason,
-            limit,
-            not_logged_since_last = suppressed,
-            "connection refused (further refusals logged at most every {every})",
-            every = text::duration(self.every)
-        );
-    }
-}
 
 /// Requests in progress on one connection (a response counts until its body has been
 /// sent) and when the last one ended.
@@ -602,10 +428,10 @@ impl Connection {
         }
     }
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::HashMap;
     use std::sync::atomic::AtomicU64;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpStream;
@@ -739,34 +565,6 @@ mod tests {
         assert!(closed_after(refused).await < Duration::from_millis(700));
         assert_eq!(counts.lock().unwrap().get("TooManyFromClient"), Some(&1));
         assert!(closed_after(silent).await < Duration::from_secs(3));
-    }
-
-    #[test]
-    fn caps_refuse_over_the_share_and_over_the_total_and_give_places_back() {
-        let caps = Caps::new(3, 2);
-        let (a, b) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
-        let one = caps.admit(Some(a)).unwrap();
-        let _two = caps.admit(Some(a)).unwrap();
-        assert_eq!(caps.admit(Some(a)).err(), Some("TooManyFromClient"));
-        let _three = caps.admit(Some(b)).unwrap();
-        assert_eq!(caps.admit(Some(b)).err(), Some("TooManyConnections"));
-        assert_eq!(caps.admit(None).err(), Some("TooManyConnections"));
-        drop(one);
-        assert!(
-            caps.admit(Some(b)).is_ok(),
-            "a place given back is taken again"
-        );
-    }
-
-    #[test]
-    fn refusals_are_logged_once_then_counted_until_the_next_line() {
-        let log = RefusalLog::new("test");
-        for _ in 0..5 {
-            log.refused(None, "TooManyConnections", 1);
-        }
-        let (last, left_out) = *log.state.lock().unwrap();
-        assert!(last.is_some());
-        assert_eq!(left_out, 4, "one line, four refusals waiting for the next");
     }
 
     #[tokio::test]

@@ -1,0 +1,355 @@
+//! What an accept loop admits connections with: the caps of [`IncomingOptions`] (handshakes
+//! in progress and connections, each in total and per client address) and the server's
+//! readiness, for the listening sockets of [`Accept`] (TCP and Unix).
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::caps::{Admission, Caps, ClientLimit, ClientSlot};
+use crate::refusal::RefusalLog;
+use crate::text;
+
+/// How long a connection's handshake (TLS, by default) may take before it is dropped.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a client may take, after its handshake, to send the HTTP/2 client preface.
+/// Authorization runs at the first RPC, so without this limit any client could hold a
+/// connection open forever without ever speaking HTTP/2.
+pub const PREFACE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Default cap on handshakes in progress at once: a reconnect storm of thousands of agents
+/// queues at the accept loop instead of starving established sessions of CPU.
+pub const DEFAULT_MAX_CONCURRENT_HANDSHAKES: usize = 256;
+
+/// Default share of one client address in the handshakes (and, on a plaintext listener,
+/// the connections waiting for their HTTP/2 preface) in progress: an eighth of
+/// [`DEFAULT_MAX_CONCURRENT_HANDSHAKES`], so one address cannot stall everyone's connects.
+pub const DEFAULT_MAX_HANDSHAKES_PER_CLIENT: usize = 32;
+
+/// Default cap on the agent listener's connections open at once (each agent holds one).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 16_384;
+
+/// Default share of one client address in [`DEFAULT_MAX_CONNECTIONS`]: a sixteenth.
+/// Agents behind one NAT address, or a mesh sidecar or ingress in front of the listener,
+/// come from one address: raise it (`--max-connections-per-client`) for more than that.
+pub const DEFAULT_MAX_CONNECTIONS_PER_CLIENT: usize = 1024;
+
+/// Reasons [`IncomingOptions::on_refused`] is called with by the accept loop itself: the
+/// handshake took longer than [`IncomingOptions::handshake_timeout`] or failed
+/// (`HandshakeTimeout`, `HandshakeFailed`; a handshake may give reasons of its own), no
+/// HTTP/2 client preface came in time (`NoPreface`), a cap was full (`TooManyConnections`,
+/// `TooManyFromClient`: [`IncomingOptions::max_connections`],
+/// [`IncomingOptions::max_handshakes_per_client`],
+/// [`IncomingOptions::max_connections_per_client`]), or the server was not ready
+/// ([`IncomingOptions::ready`]) and the connection was closed before its handshake
+/// (`NotReady`).
+pub const REFUSED_REASONS: [&str; 6] = [
+    "HandshakeTimeout",
+    "HandshakeFailed",
+    "NoPreface",
+    "TooManyConnections",
+    "TooManyFromClient",
+    "NotReady",
+];
+
+/// Limits of a bounded accept loop ([`crate::Bounded`]).
+#[derive(Clone, Debug)]
+pub struct IncomingOptions {
+    /// Handshakes in progress at once (at least 1).
+    pub max_handshakes: usize,
+    /// Of `max_handshakes`, how many one client address may hold; more from it are closed
+    /// at once.
+    pub max_handshakes_per_client: usize,
+    /// Connections open at once, from the accept to their end; more are closed at once.
+    pub max_connections: usize,
+    /// Of `max_connections`, how many one client address may hold.
+    pub max_connections_per_client: usize,
+    /// How long a connection's handshake may take.
+    pub handshake_timeout: Duration,
+    /// How long a client may take after its handshake to send the HTTP/2 client preface
+    /// (the gRPC streams only).
+    pub preface_timeout: Duration,
+    /// Told the reason of each connection dropped before it could carry a request (for a
+    /// metric): one of [`REFUSED_REASONS`], or a reason of the handshake's own.
+    pub on_refused: Option<RefusedHook>,
+    /// Asked at each accepted connection whether the server is ready for new clients; while
+    /// it says no, connections are closed as soon as they are accepted, before any
+    /// handshake (reason `NotReady`, logged at most once a second with a count).
+    /// Connections already accepted are not touched. `None`: always ready.
+    pub ready: Option<ReadyHook>,
+}
+
+impl Default for IncomingOptions {
+    fn default() -> Self {
+        Self {
+            max_handshakes: DEFAULT_MAX_CONCURRENT_HANDSHAKES,
+            max_handshakes_per_client: DEFAULT_MAX_HANDSHAKES_PER_CLIENT,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_client: DEFAULT_MAX_CONNECTIONS_PER_CLIENT,
+            handshake_timeout: HANDSHAKE_TIMEOUT,
+            preface_timeout: PREFACE_TIMEOUT,
+            on_refused: None,
+            ready: None,
+        }
+    }
+}
+
+/// A callback told why a connection was dropped before its first request.
+#[derive(Clone)]
+pub struct RefusedHook(pub Arc<dyn Fn(&'static str) + Send + Sync>);
+
+impl std::fmt::Debug for RefusedHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RefusedHook")
+    }
+}
+
+/// Whether the server behind a listener is ready for new connections
+/// ([`IncomingOptions::ready`]): asked at every accept, so it must be cheap.
+#[derive(Clone)]
+pub struct ReadyHook(pub Arc<dyn Fn() -> bool + Send + Sync>);
+
+impl ReadyHook {
+    /// Ready while `rx` holds `true`.
+    pub fn from_watch(rx: tokio::sync::watch::Receiver<bool>) -> ReadyHook {
+        ReadyHook(Arc::new(move || *rx.borrow()))
+    }
+}
+
+impl std::fmt::Debug for ReadyHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ReadyHook")
+    }
+}
+
+/// How often the refusals of a listener that is not ready are logged at most.
+const NOT_READY_LOG_EVERY: Duration = Duration::from_secs(1);
+
+/// A listening socket the accept loops take connections from: TCP (the client's address
+/// known) or a Unix socket (no address: counted in the totals only).
+pub trait Accept: Send + Sync + 'static {
+    /// One accepted connection.
+    type Io: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+    /// The next connection and its client's address.
+    fn accept_one(&self)
+    -> impl Future<Output = io::Result<(Self::Io, Option<SocketAddr>)>> + Send;
+}
+
+impl Accept for TcpListener {
+    type Io = TcpStream;
+    async fn accept_one(&self) -> io::Result<(TcpStream, Option<SocketAddr>)> {
+        let (tcp, remote) = self.accept().await?;
+        let _ = tcp.set_nodelay(true);
+        Ok((tcp, Some(remote)))
+    }
+}
+
+impl Accept for tokio::net::UnixListener {
+    type Io = tokio::net::UnixStream;
+    async fn accept_one(&self) -> io::Result<(tokio::net::UnixStream, Option<SocketAddr>)> {
+        Ok((self.accept().await?.0, None))
+    }
+}
+
+/// The caps an accept loop admits connections with: handshakes (or, plaintext, connections
+/// waiting for their preface) in total and per client address, and connections in total
+/// and per client address. Refusals are counted through the hook and logged without a
+/// storm.
+pub(crate) struct Gate {
+    handshakes: Arc<Semaphore>,
+    handshake_clients: Arc<ClientLimit>,
+    handshakes_per_client: usize,
+    max_handshakes: usize,
+    connections: Caps,
+    pub(crate) log: RefusalLog,
+    on_refused: Option<RefusedHook>,
+    /// Whether new connections are taken ([`IncomingOptions::ready`]).
+    ready: Option<ReadyHook>,
+    /// The `NotReady` refusals' own log (once a second), apart from the caps'.
+    not_ready_log: RefusalLog,
+    /// Wait for a handshake slot before accepting (TLS: a reconnect storm waits in the
+    /// kernel's backlog instead of taking CPU); otherwise (where waiting costs nothing but
+    /// a socket) a connection finding no slot is refused.
+    queue: bool,
+    pub(crate) handshake_timeout: Duration,
+    pub(crate) preface_timeout: Duration,
+}
+
+/// A connection's places: for its whole life, and for its handshake only.
+pub(crate) struct Admitted {
+    pub(crate) connection: Admission,
+    pub(crate) handshake: (OwnedSemaphorePermit, Option<ClientSlot>),
+}
+
+impl Gate {
+    pub(crate) fn new(opts: &IncomingOptions, name: &str, queue: bool) -> Gate {
+        Gate {
+            handshakes: Arc::new(Semaphore::new(opts.max_handshakes.max(1))),
+            handshake_clients: Arc::new(ClientLimit::default()),
+            handshakes_per_client: opts.max_handshakes_per_client.max(1),
+            max_handshakes: opts.max_handshakes.max(1),
+            connections: Caps::new(opts.max_connections, opts.max_connections_per_client),
+            log: RefusalLog::new(name),
+            on_refused: opts.on_refused.clone(),
+            ready: opts.ready.clone(),
+            not_ready_log: RefusalLog::every(name, NOT_READY_LOG_EVERY),
+            queue,
+            handshake_timeout: opts.handshake_timeout,
+            preface_timeout: opts.preface_timeout,
+        }
+    }
+
+    /// Counts a connection dropped for `reason`.
+    pub(crate) fn refused(&self, reason: &'static str) {
+        if let Some(hook) = &self.on_refused {
+            (hook.0)(reason);
+        }
+    }
+
+    /// Whether a new connection is taken now: the server is ready (or has no say).
+    pub(crate) fn accepting(&self) -> bool {
+        self.ready.as_ref().is_none_or(|ready| (ready.0)())
+    }
+
+    /// Closes a connection accepted while the server is not ready: counted, and logged at
+    /// most once a second with how many were closed in between.
+    fn refuse_not_ready(&self, remote: Option<SocketAddr>) {
+        self.refused("NotReady");
+        if let Some(held) = self.not_ready_log.due() {
+            let peer = remote.map_or_else(|| "-".to_owned(), |p| p.to_string());
+            tracing::warn!(
+                listener = %self.not_ready_log.listener(),
+                %peer,
+                reason = "NotReady",
+                not_logged_since_last = held,
+                "connection refused before TLS: not ready yet (further such refusals logged at most every {})",
+                text::duration(NOT_READY_LOG_EVERY)
+            );
+        }
+    }
+
+    /// The next connection with its places; connections over a cap, or accepted while the
+    /// server is not ready, are closed (counted and logged) and the next one is taken.
+    /// `None` when `closed` ends first.
+    pub(crate) async fn next<L: Accept>(
+        &self,
+        listener: &L,
+        closed: impl Future<Output = ()>,
+    ) -> Option<(L::Io, Option<SocketAddr>, Admitted)> {
+        tokio::pin!(closed);
+        loop {
+            // Queued: wait for a handshake slot before accepting: excess connections wait
+            // in the kernel's backlog.
+            let queued = if self.queue {
+                tokio::select! {
+                    _ = &mut closed => return None,
+                    p = self.handshakes.clone().acquire_owned() => Some(p.ok()?),
+                }
+            } else {
+                None
+            };
+            let accepted = tokio::select! {
+                _ = &mut closed => return None,
+                accepted = listener.accept_one() => accepted,
+            };
+            let (io, remote) = match accepted {
+                Ok(conn) => conn,
+                Err(e) => {
+                    // E.g. out of file descriptors: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            // Not ready: close before any handshake, so a crowd of dialing clients cannot
+            // take the CPU the server needs to get ready. Dropping `io` closes it.
+            if !self.accepting() {
+                self.refuse_not_ready(remote);
+                continue;
+            }
+            let permit = match queued {
+                Some(p) => Ok(p),
+                None => self.handshakes.clone().try_acquire_owned(),
+            };
+            let Ok(permit) = permit else {
+                self.refused("TooManyConnections");
+                self.log
+                    .refused(remote, "TooManyConnections", self.max_handshakes);
+                continue;
+            };
+            match self.admit(remote, permit) {
+                Ok(admitted) => return Some((io, remote, admitted)),
+                Err((reason, limit)) => {
+                    self.refused(reason);
+                    self.log.refused(remote, reason, limit);
+                }
+            }
+        }
+    }
+
+    /// The places of a connection from `remote`, or the cap it is over.
+    fn admit(
+        &self,
+        remote: Option<SocketAddr>,
+        permit: OwnedSemaphorePermit,
+    ) -> Result<Admitted, (&'static str, usize)> {
+        let ip = remote.map(|r| r.ip());
+        let connection = self.connections.admit(ip).map_err(|reason| {
+            let limit = if reason == "TooManyFromClient" {
+                self.connections.per_client()
+            } else {
+                self.connections.max_total()
+            };
+            (reason, limit)
+        })?;
+        let slot = match ip {
+            Some(ip) => Some(
+                self.handshake_clients
+                    .take(ip, self.handshakes_per_client)
+                    .ok_or(("TooManyFromClient", self.handshakes_per_client))?,
+            ),
+            None => None,
+        };
+        Ok(Admitted {
+            connection,
+            handshake: (permit, slot),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_accept_decision_follows_readiness() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        // No hook: always taking connections.
+        assert!(Gate::new(&IncomingOptions::default(), "test", true).accepting());
+        let ready = Arc::new(AtomicBool::new(false));
+        let flag = ready.clone();
+        let opts = IncomingOptions {
+            ready: Some(ReadyHook(Arc::new(move || flag.load(Ordering::SeqCst)))),
+            ..IncomingOptions::default()
+        };
+        let gate = Gate::new(&opts, "test", true);
+        assert!(!gate.accepting());
+        ready.store(true, Ordering::SeqCst);
+        assert!(gate.accepting(), "ready again: taken at once");
+        ready.store(false, Ordering::SeqCst);
+        assert!(!gate.accepting());
+        // A watch channel works as the signal too.
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        let hook = ReadyHook::from_watch(rx);
+        assert!(!(hook.0)());
+        tx.send_replace(true);
+        assert!((hook.0)());
+    }
+}
