@@ -14,6 +14,7 @@ use crate::store::Known;
 use crate::watch::Cache;
 
 /// The objects of one kind a watch has seen, kept current as its changes arrive.
+#[async_trait::async_trait]
 pub trait ObjectView: Send + Sync {
     /// The kind of object held.
     fn kind(&self) -> Kind;
@@ -38,6 +39,9 @@ pub trait ObjectView: Send + Sync {
     /// True once everything watched has been listed once.
     fn is_synced(&self) -> bool;
 
+    /// Waits until [`ObjectView::is_synced`] (someone must be feeding the view).
+    async fn wait_synced(&self);
+
     /// What is known of `namespace/name` for a write (see
     /// [`crate::ObjectStore::upsert_copy_known`]).
     fn known(&self, namespace: Option<&str>, name: &str) -> Known;
@@ -56,6 +60,7 @@ pub trait ObjectView: Send + Sync {
     fn stub_oversized(&self, max: usize, applies: fn(&DynamicObject) -> bool);
 }
 
+#[async_trait::async_trait]
 impl ObjectView for Cache {
     fn kind(&self) -> Kind {
         Cache::kind(self)
@@ -74,6 +79,9 @@ impl ObjectView for Cache {
     }
     fn is_synced(&self) -> bool {
         Cache::is_synced(self)
+    }
+    async fn wait_synced(&self) {
+        Cache::wait_synced(self).await;
     }
     fn known(&self, namespace: Option<&str>, name: &str) -> Known {
         Cache::known(self, namespace, name)
