@@ -218,7 +218,7 @@ impl Spoke {
         // it) before the delete call returns here, and a revert to the previous
         // object would overwrite this write.
         let previous = self.inner().desired.insert(key.clone(), obj.clone());
-        let deleted = match self.prepare_write(&self.apps, local, &obj).await {
+        let deleted = match self.prepare_write(&*self.apps, local, &obj).await {
             Ok(deleted) => deleted,
             Err(e) => {
                 restore(&mut self.inner().desired, key, previous);
