@@ -306,13 +306,14 @@ impl MemoryStore {
         new.metadata.namespace = old.metadata.namespace.clone();
         new.metadata.generation = old.metadata.generation;
         new.metadata.resource_version = old.metadata.resource_version.clone();
-        if has_status_subresource(self.kind) && !status_write {
-            if let Some(m) = new.data.as_object_mut() {
-                match old.data.get("status") {
-                    Some(s) => m.insert("status".into(), s.clone()),
-                    None => m.remove("status"),
-                };
-            }
+        if has_status_subresource(self.kind)
+            && !status_write
+            && let Some(m) = new.data.as_object_mut()
+        {
+            match old.data.get("status") {
+                Some(s) => m.insert("status".into(), s.clone()),
+                None => m.remove("status"),
+            };
         }
         if content(&new) != content(old) {
             new.metadata.generation = Some(old.metadata.generation.unwrap_or(0) + 1);
