@@ -595,4 +595,67 @@ mod tests {
             .collect();
         assert_eq!(seen, [false, false, false, false, true]);
     }
+
+    #[tokio::test]
+    async fn a_merge_patch_with_a_stale_resource_version_conflicts() {
+        let store = MemoryStore::new(Kind::Application);
+        let created = store.create(&app("a", json!({"x": 1}))).await.unwrap();
+        let rv = created.metadata.resource_version.clone().unwrap();
+        store
+            .patch_merge(Some("ns"), "a", &json!({"operation": {"sync": {}}}))
+            .await
+            .unwrap();
+        let stale = json!({"metadata": {"resourceVersion": rv}, "operation": null});
+        let err = store.patch_merge(Some("ns"), "a", &stale).await.unwrap_err();
+        assert!(err.is_conflict(), "{err}");
+        let current = store.object(Some("ns"), "a").unwrap();
+        let fresh = json!({"metadata": {"resourceVersion": current.metadata.resource_version},
+                           "operation": null});
+        let patched = store.patch_merge(Some("ns"), "a", &fresh).await.unwrap();
+        assert!(patched.data.get("operation").is_none());
+        // A patch of the object does not reach a status-subresource kind's status.
+        store
+            .patch_merge(Some("ns"), "a", &json!({"status": {"x": 1}}))
+            .await
+            .unwrap();
+        assert!(store.object(Some("ns"), "a").unwrap().data.get("status").is_none());
+        store.terminate_operation("ns", "a").await.unwrap();
+        assert_eq!(
+            store.object(Some("ns"), "a").unwrap().data["status"],
+            json!({"operationState": {"phase": "Terminating"}})
+        );
+        assert!(store.terminate_operation("ns", "b").await.unwrap_err().is_not_found());
+    }
+
+    #[tokio::test]
+    async fn a_watch_sees_its_namespaces_and_ignore_sync_looks_like_a_deletion() {
+        let store = MemoryStore::new(Kind::Application);
+        store.create(&app("before", json!({}))).await.unwrap();
+        let (cache, mut changes) = store.watch(Scope::namespace("ns"));
+        let (_, mut elsewhere) = store.watch(Scope::namespace("other"));
+        assert!(matches!(changes.next().await, Some(Change::Applied(_))));
+        assert!(matches!(changes.next().await, Some(Change::Synced)));
+        assert!(matches!(elsewhere.next().await, Some(Change::Synced)));
+        assert!(cache.is_synced());
+        let mut ignored = app("before", json!({}));
+        ignored.metadata.labels = Some(
+            [(crate::IGNORE_SYNC_LABEL.to_string(), "true".to_string())].into(),
+        );
+        ignored.metadata.resource_version = None;
+        store.replace(&ignored).await.unwrap();
+        assert!(matches!(changes.next().await, Some(Change::Deleted(_))));
+        assert!(cache.get(Some("ns"), "before").is_none());
+        assert!(elsewhere.next().now_or_never().is_none(), "another namespace");
+    }
+
+    #[tokio::test]
+    async fn ensure_namespace_creates_once() {
+        let store = MemoryStore::new(Kind::Namespace);
+        let labels: BTreeMap<String, String> = [("a".to_string(), "b".to_string())].into();
+        assert!(store.ensure_namespace("edge-1", labels.clone()).await.unwrap());
+        assert!(!store.ensure_namespace("edge-1", labels.clone()).await.unwrap());
+        let ns = store.object(None, "edge-1").unwrap();
+        assert_eq!(ns.metadata.labels, Some(labels));
+        assert!(store.get(Some("x"), "edge-1").await.is_err(), "cluster-scoped");
+    }
 }
