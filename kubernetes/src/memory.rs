@@ -606,7 +606,10 @@ mod tests {
             .await
             .unwrap();
         let stale = json!({"metadata": {"resourceVersion": rv}, "operation": null});
-        let err = store.patch_merge(Some("ns"), "a", &stale).await.unwrap_err();
+        let err = store
+            .patch_merge(Some("ns"), "a", &stale)
+            .await
+            .unwrap_err();
         assert!(err.is_conflict(), "{err}");
         let current = store.object(Some("ns"), "a").unwrap();
         let fresh = json!({"metadata": {"resourceVersion": current.metadata.resource_version},
@@ -618,13 +621,26 @@ mod tests {
             .patch_merge(Some("ns"), "a", &json!({"status": {"x": 1}}))
             .await
             .unwrap();
-        assert!(store.object(Some("ns"), "a").unwrap().data.get("status").is_none());
+        assert!(
+            store
+                .object(Some("ns"), "a")
+                .unwrap()
+                .data
+                .get("status")
+                .is_none()
+        );
         store.terminate_operation("ns", "a").await.unwrap();
         assert_eq!(
             store.object(Some("ns"), "a").unwrap().data["status"],
             json!({"operationState": {"phase": "Terminating"}})
         );
-        assert!(store.terminate_operation("ns", "b").await.unwrap_err().is_not_found());
+        assert!(
+            store
+                .terminate_operation("ns", "b")
+                .await
+                .unwrap_err()
+                .is_not_found()
+        );
     }
 
     #[tokio::test]
@@ -638,24 +654,39 @@ mod tests {
         assert!(matches!(elsewhere.next().await, Some(Change::Synced)));
         assert!(cache.is_synced());
         let mut ignored = app("before", json!({}));
-        ignored.metadata.labels = Some(
-            [(crate::IGNORE_SYNC_LABEL.to_string(), "true".to_string())].into(),
-        );
+        ignored.metadata.labels =
+            Some([(crate::IGNORE_SYNC_LABEL.to_string(), "true".to_string())].into());
         ignored.metadata.resource_version = None;
         store.replace(&ignored).await.unwrap();
         assert!(matches!(changes.next().await, Some(Change::Deleted(_))));
         assert!(cache.get(Some("ns"), "before").is_none());
-        assert!(elsewhere.next().now_or_never().is_none(), "another namespace");
+        assert!(
+            elsewhere.next().now_or_never().is_none(),
+            "another namespace"
+        );
     }
 
     #[tokio::test]
     async fn ensure_namespace_creates_once() {
         let store = MemoryStore::new(Kind::Namespace);
         let labels: BTreeMap<String, String> = [("a".to_string(), "b".to_string())].into();
-        assert!(store.ensure_namespace("edge-1", labels.clone()).await.unwrap());
-        assert!(!store.ensure_namespace("edge-1", labels.clone()).await.unwrap());
+        assert!(
+            store
+                .ensure_namespace("edge-1", labels.clone())
+                .await
+                .unwrap()
+        );
+        assert!(
+            !store
+                .ensure_namespace("edge-1", labels.clone())
+                .await
+                .unwrap()
+        );
         let ns = store.object(None, "edge-1").unwrap();
         assert_eq!(ns.metadata.labels, Some(labels));
-        assert!(store.get(Some("x"), "edge-1").await.is_err(), "cluster-scoped");
+        assert!(
+            store.get(Some("x"), "edge-1").await.is_err(),
+            "cluster-scoped"
+        );
     }
 }

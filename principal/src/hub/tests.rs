@@ -29,6 +29,7 @@ use crate::sessions::{AgentState, Sessions};
 struct TestHub {
     hub: Arc<Hub>,
     apps: MemoryStore,
+    namespaces: MemoryStore,
     shutdown: CancellationToken,
 }
 
@@ -43,17 +44,23 @@ fn view(kind: Kind) -> Arc<dyn argocd_agent_kubernetes::ObjectView> {
 }
 
 fn test_hub() -> TestHub {
+    test_hub_with(false)
+}
+
+/// [`test_hub`], creating agents' hub namespaces when `create_namespace`.
+fn test_hub_with(create_namespace: bool) -> TestHub {
     let apps = MemoryStore::new(Kind::Application);
+    let namespaces = MemoryStore::new(Kind::Namespace);
     let (cache, changes) = apps.watch(Scope::all());
     let shutdown = CancellationToken::new();
     let hub = Arc::new(Hub::new(HubParts {
         source: "principal".into(),
         apps: Arc::new(apps.clone()),
-        namespaces: Arc::new(MemoryStore::new(Kind::Namespace)),
+        namespaces: Arc::new(namespaces.clone()),
         cache: Arc::new(cache),
         metrics: Metrics::new(),
         sessions: Arc::new(Sessions::new(Default::default(), Default::default())),
-        create_namespace: false,
+        create_namespace,
         namespace_cache: None,
         namespace_labels: Default::default(),
         config: ConfigObjects::new(
@@ -79,6 +86,7 @@ fn test_hub() -> TestHub {
     TestHub {
         hub,
         apps,
+        namespaces,
         shutdown,
     }
 }
@@ -168,6 +176,55 @@ async fn a_hub_change_goes_to_the_agent_owning_its_namespace_only() {
     let deleted = next_event(&edge1).await.expect("a delete for edge-1");
     assert_eq!(deleted.ty, EventType::Delete);
     assert!(next_event(&edge2).await.is_none());
+}
+
+#[tokio::test]
+async fn an_acknowledged_delete_lets_the_hub_deletion_finish() {
+    let t = test_hub();
+    let edge1 = t.connect("edge-1", AgentMode::Managed);
+    let mut held = app("argocd-edge-1", "guestbook", json!({"project": "default"}));
+    held.metadata.finalizers = Some(vec!["resources-finalizer.argocd.argoproj.io".into()]);
+    t.apps.create(&held).await.unwrap();
+    let sent = next_event(&edge1).await.expect("a spec-update");
+    edge1.queue.ack(&sent.id).unwrap();
+
+    // Deleted on the hub: finalizers hold it until the spoke has deleted its copy.
+    t.apps
+        .delete(Some("argocd-edge-1"), "guestbook")
+        .await
+        .unwrap();
+    let delete = next_event(&edge1).await.expect("a delete");
+    assert_eq!(delete.ty, EventType::Delete);
+    assert!(t.apps.object(Some("argocd-edge-1"), "guestbook").is_some());
+    let (key, delivered) = edge1.queue.ack(&delete.id).unwrap();
+    t.hub.apps.on_ack(&edge1, key, &delivered).await;
+    assert!(
+        t.apps.object(Some("argocd-edge-1"), "guestbook").is_none(),
+        "the spoke's acknowledgement removed the finalizers"
+    );
+}
+
+#[tokio::test]
+async fn an_agents_hub_namespace_is_created_once_and_labelled_with_it() {
+    let t = test_hub_with(true);
+    let ns = Namespace::new("argocd-edge-1").unwrap();
+    let agent = argocd_agent_domain::AgentName::new("edge-1").unwrap();
+    t.hub.ensure_namespace(&ns, &agent).await;
+    let created = t.namespaces.object(None, "argocd-edge-1").expect("created");
+    let labels = created.metadata.labels.unwrap_or_default();
+    assert_eq!(
+        labels
+            .get(argocd_agent_kubernetes::AGENT_NAME_LABEL)
+            .map(String::as_str),
+        Some("edge-1")
+    );
+    let writes = t.namespaces.revision();
+    t.hub.ensure_namespace(&ns, &agent).await;
+    assert_eq!(
+        t.namespaces.revision(),
+        writes,
+        "an existing namespace is kept"
+    );
 }
 
 #[tokio::test]
