@@ -413,20 +413,12 @@ impl ConfigRouter {
         {
             let mut inner = state.inner();
             for (key, obj) in &desired {
-                let sum = checksum(key.0, obj);
-                if inner.sent_config.get(key) != Some(&sum) {
-                    inner.sent_config.insert(key.clone(), sum);
+                if inner.record_sent_config(key, checksum(key.0, obj)) {
                     events.push(self.config_event(&ns, key, Some(obj)));
                 }
             }
-            let gone: Vec<ConfigKey> = inner
-                .sent_config
-                .keys()
-                .filter(|k| !desired.contains_key(*k))
-                .cloned()
-                .collect();
+            let gone = inner.forget_sent_config_except(|k| desired.contains_key(k));
             for key in gone {
-                inner.sent_config.remove(&key);
                 tracing::info!(agent = %state.name, kind = %key.0, name = %key.1,
                     "object no longer meant for this agent: deleting its copy");
                 events.push(self.config_event(&ns, &key, None));
@@ -492,7 +484,7 @@ impl ConfigRouter {
                 events.push(self.config_event(&ns, &(kind, name), None));
             }
         }
-        state.inner().sent_config = sums;
+        state.inner().replace_sent_config(sums);
         if self.changes.load(std::sync::atomic::Ordering::Acquire) != seen {
             state.mark_config_dirty();
         }
@@ -544,12 +536,12 @@ impl ConfigRouter {
                 let inner = state.inner();
                 let to = Audience {
                     agent: &state.name,
-                    namespace: &inner.identity.namespace,
-                    tenant: inner.identity.tenant.as_ref(),
+                    namespace: &inner.identity().namespace,
+                    tenant: inner.identity().tenant.as_ref(),
                     tenants: rules.tenants(),
                 };
                 self.config
-                    .concerns(kind, &obj, &to, |k| inner.sent_config.contains_key(k))
+                    .concerns(kind, &obj, &to, |k| inner.has_sent_config(k))
             };
             if concerned {
                 affected += 1;
@@ -622,10 +614,7 @@ impl ConfigRouter {
     ) -> Result<(), ApplyError> {
         let copy = self.autonomous_project_copy(state, incoming)?;
         // Recorded first, so our own write is not taken for a hub edit to revert.
-        let previous = state
-            .inner()
-            .desired_projects
-            .insert(name.to_owned(), incoming.clone());
+        let previous = state.inner().record_agent_project(name, incoming.clone());
         let result = self
             .config
             .project_writer
@@ -633,11 +622,7 @@ impl ConfigRouter {
             .await;
         if let Err(e) = result {
             self.metrics.hub_write_errors.inc();
-            let mut inner = state.inner();
-            match previous {
-                Some(p) => inner.desired_projects.insert(name.to_owned(), p),
-                None => inner.desired_projects.remove(name),
-            };
+            state.inner().restore_agent_project(name, previous);
             return Err(e.into());
         }
         Ok(())
@@ -646,7 +631,7 @@ impl ConfigRouter {
     /// Deletes the hub copy of an autonomous agent's project. Returns `false` when the API
     /// server had no such object.
     pub async fn delete_project_from_agent(&self, state: &AgentState, name: &str) -> bool {
-        state.inner().desired_projects.remove(name);
+        state.inner().forget_agent_project(name);
         let hub_name = projects::hub_name(&state.name, name);
         let ns = Some(self.config.namespace.as_str());
         let _ = self
@@ -705,11 +690,11 @@ impl ConfigRouter {
         let mut plan = resync::plan(agent, &hub);
         {
             let mut inner = state.inner();
-            inner.desired_projects.retain(|n, _| agent.contains_key(n));
+            inner.retain_agent_projects(|n| agent.contains_key(n));
             // Hub edits are reverted to the agent's own object, which the principal only
             // has once the agent sent it (not after a principal restart): ask for those too.
             for name in agent.keys() {
-                if !inner.desired_projects.contains_key(name) && !plan.send.contains(name) {
+                if !inner.has_agent_project(name) && !plan.send.contains(name) {
                     plan.send.push(name.clone());
                 }
             }
@@ -752,7 +737,7 @@ impl ConfigRouter {
         else {
             return;
         };
-        let desired = state.inner().desired_projects.get(name).cloned();
+        let desired = state.inner().agent_project(name);
         let Some(desired) = desired else { return };
         if is_being_deleted(&obj) && !deleted {
             let _ = self
@@ -764,7 +749,7 @@ impl ConfigRouter {
         }
         if deleted && self.moved_to_another_partition(hub_name).await {
             tracing::info!(project = %hub_name, "hub copy now belongs to another principal's partition: not restored");
-            state.inner().desired_projects.remove(name);
+            state.inner().forget_agent_project(name);
             return;
         }
         let want = match self.autonomous_project_copy(state, &desired) {

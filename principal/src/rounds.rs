@@ -33,21 +33,13 @@ pub fn admit_request(
     min_interval: Duration,
     now: Instant,
 ) -> Result<(), Duration> {
-    let mut inner = state.inner();
-    if let Some(last) = inner.last_resync {
-        let since = now.saturating_duration_since(last);
-        let on_time = min_interval - min_interval / 10;
-        if since < on_time {
-            return Err(on_time - since);
-        }
-    }
-    inner.last_resync = Some(now);
-    Ok(())
+    let on_time = min_interval - min_interval / 10;
+    state.inner().admit_resync(now, on_time)
 }
 
 /// Records a round at connect (it counts towards the minimum interval of the next request).
 pub fn record_connect(state: &AgentState, now: Instant) {
-    state.inner().last_resync = Some(now);
+    state.inner().note_resync(now);
 }
 
 /// What the agent holds, by kind: checksums and source UIDs.

@@ -10,16 +10,18 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use argocd_agent_domain::{AgentIdentity, AgentMode, AgentName, Namespace, ResourceKind};
 use argocd_agent_domain::{QueueLimits, SendQueue};
 use argocd_agent_kubernetes::Change;
-use serde_json::Value;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::blocklist::{Blocklist, CONFIGMAP, LiveBlocklist};
 use crate::metrics::Metrics;
 
+mod inner;
+
+pub(crate) use inner::AgentInner;
+pub use inner::{ConfigKey, SessionInfo};
+
 pub(crate) type InboxKey = (ResourceKind, String);
-/// One configuration object of an agent: kind and name (its name on the spoke).
-pub type ConfigKey = (ResourceKind, String);
 /// A hub change and the span that routed it.
 type Routed = (Change, tracing::Span);
 
@@ -64,53 +66,6 @@ impl ChangeInbox {
     pub(crate) fn take_config_dirty(&self) -> bool {
         self.config_dirty.swap(false, Ordering::AcqRel)
     }
-}
-
-/// Mutable state of one agent, behind one lock.
-pub(crate) struct AgentInner {
-    pub(crate) identity: AgentIdentity,
-    pub(crate) mode: AgentMode,
-    /// The current session: its id and the token that closes it.
-    pub(crate) session: Option<(u64, CancellationToken)>,
-    /// Autonomous: the last object the agent sent, by name (what hub edits are reverted to).
-    pub(crate) desired: HashMap<String, Arc<Value>>,
-    /// Managed: spec checksum last sent, by name (so hub status writes are not echoed back).
-    pub(crate) sent_spec: HashMap<String, String>,
-    /// Operations already forwarded, by name -> checksum of `.operation`.
-    pub(crate) sent_operation: HashMap<String, String>,
-    /// Names whose terminate request (phase `Terminating` on the hub) was forwarded.
-    pub(crate) sent_terminate: std::collections::HashSet<String>,
-    /// Autonomous: refresh requests of hub copies forwarded, by name -> value.
-    pub(crate) sent_refresh: HashMap<String, String>,
-    /// Autonomous: names whose forwarded refresh request the agent acknowledged: the next
-    /// object from the spoke without it ends the request on the hub copy.
-    pub(crate) refresh_delivered: std::collections::HashSet<String>,
-    /// Managed: configuration objects last sent (kind, name) -> content checksum.
-    pub(crate) sent_config: HashMap<ConfigKey, String>,
-    /// Autonomous: the agent's projects as it sent them, by their name on the spoke.
-    pub(crate) desired_projects: HashMap<String, Arc<Value>>,
-    /// What the operator API shows about the current (or last) session.
-    pub(crate) session_info: SessionInfo,
-    /// Why the principal closed the current session, told to the agent.
-    pub(crate) close_reason: Option<String>,
-    /// When the agent's last resync round ran (at connect or asked for), for
-    /// `--resync-min-interval`.
-    pub(crate) last_resync: Option<std::time::Instant>,
-}
-
-/// What is known about an agent's current (or last) session, for the operator API.
-#[derive(Debug, Clone, Default)]
-pub struct SessionInfo {
-    /// When the session was accepted (after its hello); `None` before the first one.
-    pub connected_since: Option<std::time::SystemTime>,
-    /// The peer address (the sidecar's or the ingress's when one sits in front).
-    pub remote_addr: Option<std::net::SocketAddr>,
-    /// The agent's version, from its hello.
-    pub agent_version: String,
-    /// notAfter of the client certificate, when the session is mutual TLS.
-    pub svid_expiry: Option<std::time::SystemTime>,
-    /// SHA-256 of the client certificate, when the session is mutual TLS (blocklist).
-    pub fingerprint: Option<String>,
 }
 
 /// State of one agent, kept across its sessions.
@@ -162,19 +117,19 @@ impl AgentState {
     }
     /// The agent's hub namespace.
     pub fn namespace(&self) -> Namespace {
-        self.inner().identity.namespace.clone()
+        self.inner().identity().namespace.clone()
     }
     /// Why the principal closed the session, if it said (taken once).
     pub(crate) fn take_close_reason(&self) -> Option<String> {
-        self.inner().close_reason.take()
+        self.inner().take_close_reason()
     }
     /// The identity of its latest session.
     pub fn identity(&self) -> AgentIdentity {
-        self.inner().identity.clone()
+        self.inner().identity().clone()
     }
     /// The mode of its latest session.
     pub fn mode(&self) -> AgentMode {
-        self.inner().mode
+        self.inner().mode()
     }
     /// The request link of the current session, if connected.
     pub fn link(&self) -> Option<Arc<argocd_agent_domain::rpc::AgentLink>> {
@@ -197,18 +152,15 @@ impl AgentState {
     }
     /// Whether a session is open.
     pub fn is_connected(&self) -> bool {
-        self.inner().session.is_some()
+        self.inner().is_connected()
     }
     /// Records what the operator API shows about session `session_id`, if it is current.
     pub fn set_session_info(&self, session_id: u64, info: SessionInfo) {
-        let mut inner = self.inner();
-        if inner.session.as_ref().map(|(id, _)| *id) == Some(session_id) {
-            inner.session_info = info;
-        }
+        self.inner().set_session_info(session_id, info);
     }
     /// What is known about the current (or last) session.
     pub fn session_info(&self) -> SessionInfo {
-        self.inner().session_info.clone()
+        self.inner().session_info().clone()
     }
     /// Records that an event was received from the agent now.
     pub fn touch(&self) {
@@ -310,22 +262,7 @@ impl Sessions {
                 let state = Arc::new(AgentState {
                     name: name.clone(),
                     queue: SendQueue::new(self.queue_limits.clone()),
-                    inner: Mutex::new(AgentInner {
-                        identity: identity.clone(),
-                        mode,
-                        session: None,
-                        desired: HashMap::new(),
-                        sent_spec: HashMap::new(),
-                        sent_operation: HashMap::new(),
-                        sent_terminate: Default::default(),
-                        sent_refresh: Default::default(),
-                        refresh_delivered: Default::default(),
-                        sent_config: HashMap::new(),
-                        desired_projects: HashMap::new(),
-                        session_info: SessionInfo::default(),
-                        close_reason: None,
-                        last_resync: None,
-                    }),
+                    inner: Mutex::new(AgentInner::new(identity.clone(), mode)),
                     inbox: ChangeInbox::default(),
                     last_event_ms: AtomicI64::new(0),
                     link: Mutex::new(None),
@@ -339,22 +276,14 @@ impl Sessions {
                 state
             }
         };
-        let old_session = {
-            let mut inner = state.inner();
-            if inner.mode != mode {
-                inner.desired.clear();
-                inner.sent_spec.clear();
-                inner.sent_config.clear();
-                inner.desired_projects.clear();
-            }
-            inner.mode = mode;
-            // The rules may now map this agent to another namespace: forget the old route.
-            if inner.identity.namespace != ns {
-                registry.by_namespace.remove(&inner.identity.namespace);
-            }
-            inner.identity = identity;
-            inner.session.replace((session_id, token))
-        };
+        let replaced = state
+            .inner()
+            .begin_session(identity, mode, session_id, token);
+        // The rules may now map this agent to another namespace: forget the old route.
+        if let Some(old_ns) = &replaced.moved_from {
+            registry.by_namespace.remove(old_ns);
+        }
+        let old_session = replaced.session;
         registry.by_namespace.insert(ns, name.clone());
         drop(registry);
         if let Some((_, old)) = old_session {
@@ -366,10 +295,7 @@ impl Sessions {
 
     /// Forgets the session if it is still the current one.
     pub fn detach(&self, state: &AgentState, session_id: u64) {
-        let mut inner = state.inner();
-        if inner.session.as_ref().map(|(id, _)| *id) == Some(session_id) {
-            inner.session = None;
-        }
+        state.inner().end_session(session_id);
     }
 
     /// Live sessions' identities (for revocation checks).
@@ -379,7 +305,7 @@ impl Sessions {
             .values()
             .filter_map(|a| {
                 let inner = a.inner();
-                inner.session.is_some().then(|| inner.identity.clone())
+                inner.is_connected().then(|| inner.identity().clone())
             })
             .collect()
     }
@@ -393,9 +319,8 @@ impl Sessions {
     /// reconnects); returns whether one was open.
     pub fn close_session(&self, agent: &AgentName, reason: Option<String>) -> bool {
         if let Some(state) = self.agent(agent) {
-            let mut inner = state.inner();
-            if let Some((_, token)) = inner.session.take() {
-                inner.close_reason = reason;
+            let token = state.inner().close_session(reason);
+            if let Some(token) = token {
                 token.cancel();
                 return true;
             }

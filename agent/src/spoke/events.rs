@@ -13,11 +13,8 @@ impl Spoke {
         let (ns, name) = self.local_target(resource);
         let (ns, name) = (ns.as_str(), name.as_str());
         let key = self.key_for(ns, name);
-        {
-            let mut inner = self.inner();
-            inner.desired.remove(&key);
-            inner.sent_status.remove(&key);
-        }
+        self.desired.forget(&key);
+        self.sent.forget_status(&key);
         self.guard_forget_app(&key);
         match self.delete_local(ns, name).await? {
             DeleteOutcome::Pending => Ok(Some(key)),
@@ -32,9 +29,7 @@ impl Spoke {
             None => (self.namespace.as_str().to_owned(), key.clone()),
         };
         tracing::info!(name = %key, "copy held by finalizers: acknowledged once the spoke's Argo CD has deleted it");
-        self.inner()
-            .pending_deletes
-            .insert(key.clone(), event.clone());
+        self.deletes.wait_for(key.clone(), event.clone());
         // Gone meanwhile (the watch reported it before the entry above existed).
         if self.cache.get(Some(ns.as_str()), &name).is_none() {
             self.deleted_locally(&key);
@@ -43,22 +38,19 @@ impl Spoke {
 
     /// A local copy is gone: a delete waiting for that is acknowledged now.
     pub(super) fn deleted_locally(&self, key: &str) {
-        let mut inner = self.inner();
-        let Some(event) = inner.pending_deletes.remove(key) else {
+        let Some(event) = self.deletes.gone(key) else {
             return;
         };
-        let ack = event.ack(&self.source);
-        match &inner.late_replies {
-            Some(tx) if tx.try_send(ack).is_ok() => {}
+        if self.session.send_late(event.ack(&self.source)).is_err() {
             // No session, or its channel full: the principal sends the delete again and
             // finds the copy gone.
-            _ => tracing::debug!(name = %key, "late acknowledgement not sent"),
+            tracing::debug!(name = %key, "late acknowledgement not sent");
         }
     }
 
     /// The current session's channel for answers that come later than their event.
     pub(crate) fn set_late_replies(&self, tx: Option<tokio::sync::mpsc::Sender<Event>>) {
-        self.inner().late_replies = tx;
+        self.session.set_late_replies(tx);
     }
 
     /// Handles one event from the principal. Returns the reply to send, if any.
@@ -153,7 +145,7 @@ impl Spoke {
 
     /// Autonomous: the principal asks for one application again, by hub name.
     pub(super) fn republish(&self, hub: &str) {
-        self.inner().sent_object.remove(hub);
+        self.sent.forget_object(hub);
         let local = self
             .hub_owner(hub)
             .and_then(|(ns, name)| self.cache.get(Some(&ns), &name));
@@ -217,11 +209,11 @@ impl Spoke {
         // deletes the local copy: the watch may report that deletion (and revert
         // it) before the delete call returns here, and a revert to the previous
         // object would overwrite this write.
-        let previous = self.inner().desired.insert(key.clone(), obj.clone());
+        let previous = self.desired.record(key.clone(), obj.clone());
         let deleted = match self.prepare_write(&*self.apps, local, &obj).await {
             Ok(deleted) => deleted,
             Err(e) => {
-                restore(&mut self.inner().desired, key, previous);
+                self.desired.restore(key, previous);
                 return Err(e);
             }
         };
@@ -234,7 +226,7 @@ impl Spoke {
             return Err(self.explain_write_error(ns, e).await);
         }
         if let Some(v) = object::annotation_of(&obj, object::REFRESH_ANNOTATION) {
-            self.inner().refresh_applied.insert(key, v.to_owned());
+            self.desired.note_refresh_applied(key, v.to_owned());
         }
         Ok(())
     }

@@ -28,7 +28,7 @@ impl Spoke {
         async {
             match self.mode {
                 AgentMode::Managed => {
-                    let has_desired = self.inner().desired.contains_key(&self.key_of(&obj));
+                    let has_desired = self.desired.contains(&self.key_of(&obj));
                     if self.is_child_candidate(&obj, has_desired) {
                         self.on_child_change(&obj, deleted).await;
                     } else {
@@ -47,7 +47,7 @@ impl Spoke {
     pub(super) async fn on_managed_change(&self, obj: &DynamicObject, deleted: bool) {
         let name = self.key_of(obj);
         let ns = obj.metadata.namespace.clone().unwrap_or_default();
-        let desired = self.inner().desired.get(&name).cloned();
+        let desired = self.desired.get(&name);
         let Some(desired) = desired else { return };
         if is_being_deleted(obj) && !deleted {
             return;
@@ -161,7 +161,7 @@ impl Spoke {
             }
         };
         if deleted {
-            self.inner().sent_object.remove(&hub);
+            self.sent.forget_object(&hub);
             // The hub name passes to another namespace's Application (`x`/`y` once the Argo
             // CD namespace's `x.y` is gone), or the hub copy goes.
             let next = self
@@ -184,7 +184,7 @@ impl Spoke {
     /// under a hub name another namespace's Application had: that one is published no more.
     pub(super) fn warn_takeover(&self, obj: &DynamicObject, hub: &str) {
         if obj.metadata.namespace.as_deref() != Some(self.namespace.as_str())
-            || self.inner().sent_object.contains_key(hub)
+            || self.sent.has_object(hub)
         {
             return;
         }

@@ -7,14 +7,14 @@
 //! published; operations (sync, terminate) requested on the hub are applied locally.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use argocd_agent_domain::resync::Checksums;
 use argocd_agent_domain::{AgentMode, Namespace, ResourceKind};
 use argocd_agent_domain::{Event, EventType, Payload, ResourceRef, SendQueue};
 use argocd_agent_kubernetes::object::{self, is_being_deleted, spec_checksum, status_checksum};
 use argocd_agent_kubernetes::{Change, DeleteOutcome, Known, ObjectStore, ObjectView};
-use argocd_agent_proto::eventstream::{ResourceChecksum, ResyncState};
+use argocd_agent_proto::eventstream::ResyncState;
 use kube::api::DynamicObject;
 use serde_json::{Value, json};
 use tracing::Instrument;
@@ -24,52 +24,25 @@ use crate::namespaces::{self, AllowedNamespaces, HubNameError};
 use crate::objects::kinds::ConfigKinds;
 use crate::policy::{self, Policies, RecreateAction, WritePlan};
 
+mod deletes;
+mod desired;
 mod events;
+mod ledger;
 mod local;
 mod plan;
 mod resync;
+mod session;
 #[cfg(test)]
 mod tests;
 
 use plan::{Command, add_condition, hub_metadata, outside_allowed, plan};
 
 pub use crate::managed::MANAGED_LABEL;
-use crate::managed::{is_managed_copy, lock, name_of, restore, source_uid};
-
-/// Mutable state of the spoke, behind one lock.
-#[derive(Default)]
-struct SpokeInner {
-    /// The hub namespace, learned from the welcome.
-    hub_namespace: Option<Namespace>,
-    /// Managed: the last object the principal sent, by name.
-    desired: HashMap<String, Arc<Value>>,
-    /// Last status checksum reported, by name.
-    sent_status: HashMap<String, String>,
-    /// Autonomous: checksum of the last object published, by name.
-    sent_object: HashMap<String, String>,
-    /// What the last hello said this agent holds (Applications and configuration objects),
-    /// so changes made while the handshake was in flight are published after the welcome.
-    hello: Option<HelloState>,
-    /// Managed: the hub's refresh request written on a local copy, by key, until the
-    /// spoke's Argo CD removes it (then the principal is told, see [`REFRESHED_ANNOTATION`]).
-    refresh_applied: HashMap<String, String>,
-    /// Managed: the principal's delete of a copy that finalizers hold (the spoke's Argo CD
-    /// is deleting its resources), by key: acknowledged only once the copy is gone, so the
-    /// hub Application stays "deleting" for as long as the spoke's does.
-    pending_deletes: HashMap<String, Event>,
-    /// Where answers that come later than their event go: the current session's direct
-    /// channel (`None` between sessions; the principal then sends the event again).
-    late_replies: Option<tokio::sync::mpsc::Sender<Event>>,
-}
-
-/// What a hello reported, kept until its welcome.
-struct HelloState {
-    /// Applications: spec checksums.
-    apps: Checksums,
-    /// Autonomous Applications: status checksums (empty in managed mode).
-    statuses: Checksums,
-    config: Vec<ResourceChecksum>,
-}
+use crate::managed::{is_managed_copy, name_of, source_uid};
+use deletes::Deletes;
+use desired::Desired;
+use ledger::SentLedger;
+use session::{HelloState, SessionState};
 
 use object::REFRESHED_ANNOTATION;
 
@@ -122,7 +95,14 @@ pub struct Spoke {
     pub proxy: Option<Arc<crate::proxy::Proxy>>,
     /// Where the agent's request handlers run (the agent's tracker, drained on shutdown).
     pub tasks: tokio_util::task::TaskTracker,
-    inner: Mutex<SpokeInner>,
+    /// The session with the principal: hub namespace, hello, late answers ([`session`]).
+    session: SessionState,
+    /// Managed: what the principal wants of each copy ([`desired`]).
+    desired: Desired,
+    /// What was last reported to the principal ([`ledger`]).
+    sent: SentLedger,
+    /// Managed: deletes waiting for their copy to be gone ([`deletes`]).
+    deletes: Deletes,
     /// Spoke-authored children of managed copies (app-of-apps), see [`crate::children`].
     pub(crate) children: Mutex<crate::children::state::ChildState>,
     /// The spoke guard in force ([`crate::guard`]; none by default).
@@ -193,15 +173,14 @@ impl Spoke {
             proxy: None,
             redis: None,
             tasks: tokio_util::task::TaskTracker::new(),
-            inner: Mutex::new(SpokeInner::default()),
+            session: SessionState::default(),
+            desired: Desired::default(),
+            sent: SentLedger::default(),
+            deletes: Deletes::default(),
             children: Mutex::default(),
             guard: Arc::default(),
             guard_state: Mutex::default(),
         }
-    }
-
-    fn inner(&self) -> MutexGuard<'_, SpokeInner> {
-        lock(&self.inner)
     }
 
     pub(crate) fn relevant(&self, obj: &DynamicObject) -> bool {
@@ -301,18 +280,14 @@ impl Spoke {
 
     /// Forgets the status last reported for `key`, so the next report goes out.
     pub(crate) fn forget_sent_status(&self, key: &str) {
-        self.inner().sent_status.remove(key);
+        self.sent.forget_status(key);
     }
 
     /// Sends `event` beside the queue on the current session (dropped, with a debug line,
     /// between sessions or when the channel is full: what it asks for comes again with
     /// the next resync).
     pub(crate) fn send_direct(&self, event: Event) {
-        let sent = match &self.inner().late_replies {
-            Some(tx) => tx.try_send(event).is_ok(),
-            None => false,
-        };
-        if !sent {
+        if self.session.send_late(event).is_err() {
             tracing::debug!("event beside the queue not sent: no session");
         }
     }
@@ -476,16 +451,12 @@ impl Spoke {
             return;
         }
         self.seed_config_desired();
-        let local = self.local();
-        let mut inner = self.inner();
-        for (name, obj) in local {
-            inner.desired.entry(name).or_insert_with(|| wire(&obj));
-        }
+        self.desired.seed(self.local(), |obj| wire(obj));
     }
 
     /// The hub namespace the principal assigned us (after the first welcome).
     pub fn hub_namespace(&self) -> Option<Namespace> {
-        self.inner().hub_namespace.clone()
+        self.session.hub_namespace()
     }
 
     fn app_ref(&self, name: &str) -> Option<ResourceRef> {

@@ -7,13 +7,10 @@ impl Spoke {
     /// Called after each welcome: remember the hub namespace, report what the principal
     /// needs from us.
     pub fn after_welcome(&self, hub_namespace: Namespace) {
-        let hello = {
-            let mut inner = self.inner();
-            inner.hub_namespace = Some(hub_namespace);
-            inner.sent_status.clear();
-            inner.sent_object.clear();
-            inner.hello.take()
-        };
+        // The hub namespace first: whatever is reported from now on is this session's,
+        // and what was reported before is reported again.
+        let hello = self.session.welcomed(hub_namespace);
+        self.sent.forget_all();
         self.reset_published_config();
         match self.mode {
             AgentMode::Managed => {
@@ -37,7 +34,7 @@ impl Spoke {
     /// change the hub missed (made while this agent was down, say) is requested again.
     pub fn hello_state(&self) -> ResyncState {
         let (state, said) = self.view();
-        self.inner().hello = Some(said);
+        self.session.said_hello(said);
         state
     }
 
@@ -48,14 +45,13 @@ impl Spoke {
     pub fn resync_view(&self) -> ResyncState {
         let mut state = self.view().0;
         if self.mode == AgentMode::Managed {
-            let inner = self.inner();
             for r in state
                 .resources
                 .iter_mut()
                 .filter(|r| r.kind == ResourceKind::Application.as_str())
             {
-                if let Some(sum) = inner.sent_status.get(&r.name) {
-                    r.status_checksum = sum.clone();
+                if let Some(sum) = self.sent.status(&r.name) {
+                    r.status_checksum = sum;
                 }
             }
         }
@@ -119,16 +115,7 @@ impl Spoke {
         if has {
             return None;
         }
-        let mut inner = self.inner();
-        let value = inner.refresh_applied.remove(key)?;
-        if let Some(d) = inner.desired.get_mut(key)
-            && let Some(a) = Arc::make_mut(d)
-                .pointer_mut("/metadata/annotations")
-                .and_then(Value::as_object_mut)
-        {
-            a.remove(object::REFRESH_ANNOTATION);
-        }
-        Some(value)
+        self.desired.refresh_done(key)
     }
 
     /// Reports the status of `obj` when it changed, or when `refreshed` says the hub's
@@ -148,7 +135,7 @@ impl Spoke {
         }
         let Some(r) = self.key_ref(&key) else { return };
         let sum = object::checksum_of(&status);
-        if self.inner().sent_status.insert(key, sum.clone()) == Some(sum) && refreshed.is_none() {
+        if !self.sent.record_status(key, sum) && refreshed.is_none() {
             return;
         }
         // A managed copy names the hub object it was made from, so the principal can tell
@@ -172,7 +159,7 @@ impl Spoke {
     /// agent sent the same before (that one was lost on the way).
     pub(super) fn report_status_again(&self, resource: &ResourceRef) {
         let (ns, name) = self.local_target(resource);
-        self.inner().sent_status.remove(&self.key_for(&ns, &name));
+        self.sent.forget_status(&self.key_for(&ns, &name));
         match self.cache.get(Some(&ns), &name) {
             Some(obj) if !is_being_deleted(&obj) => self.report_status(&obj),
             _ => {
@@ -189,7 +176,7 @@ impl Spoke {
         w["metadata"]["namespace"] = Value::String(r.namespace.to_string());
         w["metadata"]["name"] = Value::String(hub.clone());
         let sum = object::checksum_of(&w);
-        if self.inner().sent_object.insert(hub, sum.clone()) == Some(sum) {
+        if !self.sent.record_object(hub, sum) {
             return;
         }
         self.push(Event::resource(

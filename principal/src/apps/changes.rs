@@ -67,20 +67,15 @@ impl Applications {
     ) {
         let name = self.app_key(obj);
         if deleted || is_being_deleted(obj) {
-            {
-                let mut inner = state.inner();
-                inner.sent_spec.remove(&name);
-                inner.sent_operation.remove(&name);
-                inner.sent_terminate.remove(&name);
-            }
+            state.inner().forget_sent_app(&name);
             if let Some(r) = obj_ref(obj).or_else(|| self.key_ref(ns, &name)) {
                 self.push_delete(state, r);
             }
             return;
         }
         let sum = self.sent_checksum(obj);
-        let previous = state.inner().sent_spec.insert(name, sum.clone());
-        if previous != Some(sum) {
+        let changed = state.inner().record_sent_spec(&name, sum);
+        if changed {
             self.push_spec(state, obj);
         }
         self.forward_operation(state, obj);
@@ -96,7 +91,7 @@ impl Applications {
         deleted: bool,
     ) {
         let name = name_of(obj);
-        let desired = state.inner().desired.get(&name).cloned();
+        let desired = state.inner().desired_app(&name);
         let Some(desired) = desired else { return };
         let resource = app_ref(ns, &name);
         if is_being_deleted(obj) && !deleted {
@@ -107,7 +102,7 @@ impl Applications {
         }
         if deleted && self.moved_to_another_partition(ns, &name).await {
             tracing::info!(%resource, "hub copy now belongs to another principal's partition: not restored");
-            state.inner().desired.remove(&name);
+            state.inner().forget_desired_app(&name);
             return;
         }
         let what = if deleted {
@@ -174,10 +169,9 @@ impl Applications {
                 {
                     false
                 }
-                Some(v) => inner.sent_refresh.insert(name.clone(), v.clone()).as_ref() != Some(v),
+                Some(v) => inner.record_sent_refresh(&name, v),
                 None => {
-                    inner.sent_refresh.remove(&name);
-                    inner.refresh_delivered.remove(&name);
+                    inner.forget_refresh(&name);
                     false
                 }
             }
@@ -207,22 +201,8 @@ impl Applications {
             == Some("Terminating");
         let (send_op, send_terminate) = {
             let mut inner = state.inner();
-            let send_op = match op {
-                Some(op) => {
-                    let sum = value_checksum(Some(op));
-                    inner.sent_operation.insert(name.clone(), sum.clone()) != Some(sum)
-                }
-                None => {
-                    inner.sent_operation.remove(&name);
-                    false
-                }
-            };
-            let send_terminate = if terminating {
-                inner.sent_terminate.insert(name.clone())
-            } else {
-                inner.sent_terminate.remove(&name);
-                false
-            };
+            let send_op = inner.record_sent_operation(&name, op.map(|op| value_checksum(Some(op))));
+            let send_terminate = inner.record_terminate(&name, terminating);
             (send_op, send_terminate)
         };
         let resource = || obj_ref(obj).unwrap_or_else(|| app_ref(&state.namespace(), &name));

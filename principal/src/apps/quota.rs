@@ -43,7 +43,7 @@ impl Applications {
             return false;
         }
         let key = self.app_key(obj);
-        if state.inner().sent_spec.contains_key(&key) && !self.held.is_held(&state.name, &key) {
+        if state.inner().has_sent_spec(&key) && !self.held.is_held(&state.name, &key) {
             return false;
         }
         let verdict = self.quota_verdict(state, obj);

@@ -80,11 +80,12 @@ impl Applications {
         // What the agent holds from now on, as the hub change handling compares it (spec,
         // labels and annotations); the hello reports specs only, so a label or annotation
         // changed on the hub while apart goes down with the next change of the object.
-        state.inner().sent_spec = objects
+        let sums = objects
             .iter()
             .filter(|(_, o)| !is_being_deleted(o))
             .map(|(n, o)| (n.clone(), self.sent_checksum(o)))
             .collect();
+        state.inner().replace_sent_specs(sums);
         for key in plan.send {
             if let Some(obj) = objects.get(&key) {
                 self.push_spec(state, obj);
@@ -159,7 +160,7 @@ impl Applications {
             tracing::info!(agent = %state.name, delete = stale.len(), "resync (managed): spoke-authored children gone from the spoke");
         }
         for name in stale {
-            state.inner().desired.remove(&name);
+            state.inner().forget_desired_app(&name);
             let _ = self.delete_hub_copy(&ns, &name).await;
         }
     }
@@ -213,13 +214,12 @@ impl Applications {
             "resync (autonomous): agent is the source");
         {
             let mut inner = state.inner();
-            inner.desired.retain(|n, _| agent_state.contains_key(n));
+            inner.retain_desired_apps(|n| agent_state.contains_key(n));
             for (name, obj) in &objects {
-                if agent_state.get(name) == hub.get(name) && !inner.desired.contains_key(name) {
-                    inner.desired.insert(
-                        name.clone(),
-                        Arc::new(agent_form(&state.name, &for_wire(obj))),
-                    );
+                if agent_state.get(name) == hub.get(name) {
+                    inner.adopt_desired_app(name, || {
+                        Arc::new(agent_form(&state.name, &for_wire(obj)))
+                    });
                 }
             }
         }

@@ -52,17 +52,12 @@ impl Applications {
                 // for a hub edit to revert; restored if the write fails.
                 let previous = state
                     .inner()
-                    .desired
-                    .insert(resource.name.clone(), object.clone());
+                    .record_desired_app(&resource.name, object.clone());
                 let result = self
                     .upsert_from_agent_after(&resource, state, &object, previous.as_deref())
                     .await;
                 if result.is_err() {
-                    let mut inner = state.inner();
-                    match previous {
-                        Some(p) => inner.desired.insert(resource.name.clone(), p),
-                        None => inner.desired.remove(&resource.name),
-                    };
+                    state.inner().restore_desired_app(&resource.name, previous);
                 }
                 result?;
                 // A hub operation set while this object was unknown here (after a restart,
@@ -76,12 +71,7 @@ impl Applications {
                 }
             }
             Command::Delete { resource } => {
-                {
-                    let mut inner = state.inner();
-                    inner.desired.remove(&resource.name);
-                    inner.sent_operation.remove(&resource.name);
-                    inner.sent_terminate.remove(&resource.name);
-                }
+                state.inner().forget_agent_app(&resource.name);
                 if !self
                     .delete_hub_copy(&resource.namespace, &resource.name)
                     .await
@@ -166,7 +156,7 @@ impl Applications {
         incoming: &Value,
         previous: Option<&Value>,
     ) -> Result<(), ApplyError> {
-        let delivered = state.inner().refresh_delivered.remove(&resource.name);
+        let delivered = state.inner().take_refresh_delivered(&resource.name);
         let keep = |key: &str| keep_on_hub(key, previous, delivered);
         self.upsert_with(resource, &state.name, state.mode(), incoming, &keep)
             .await
@@ -338,7 +328,7 @@ impl Applications {
             {
                 // A forwarded refresh request reached the spoke: the next object from the
                 // spoke without it ends it on the hub copy.
-                state.inner().refresh_delivered.insert(name.to_owned());
+                state.inner().note_refresh_delivered(name);
             }
             Lane::Object if ty == EventType::Delete && state.mode() == AgentMode::Managed => {
                 // The spoke deleted its copy: finish a pending hub deletion.

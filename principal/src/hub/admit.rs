@@ -262,11 +262,11 @@ impl Hub {
             && labelled_by(obj, &state.name)
         {
             let name = obj.metadata.name.clone().unwrap_or_default();
-            let desired = state.inner().desired.get(&name).cloned();
+            let desired = state.inner().desired_app(&name);
             if let Some(desired) = desired
                 && let Err(r) = self.check_child(state, &name, &desired)
             {
-                state.inner().desired.remove(&name);
+                state.inner().forget_desired_app(&name);
                 self.metrics.refused(&state.name, r.metric);
                 tracing::warn!(application = %name, reason = r.metric, message = %text::quoted(&r.message),
                     "hub change of an application that is no longer a child: not reverted");
