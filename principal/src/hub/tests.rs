@@ -30,6 +30,7 @@ struct TestHub {
     hub: Arc<Hub>,
     apps: MemoryStore,
     namespaces: MemoryStore,
+    projects: MemoryStore,
     shutdown: CancellationToken,
 }
 
@@ -51,6 +52,8 @@ fn test_hub() -> TestHub {
 fn test_hub_with(create_namespace: bool) -> TestHub {
     let apps = MemoryStore::new(Kind::Application);
     let namespaces = MemoryStore::new(Kind::Namespace);
+    let projects = MemoryStore::new(Kind::AppProject);
+    let (project_cache, project_changes) = projects.watch(Scope::namespace("argocd"));
     let (cache, changes) = apps.watch(Scope::all());
     let shutdown = CancellationToken::new();
     let hub = Arc::new(Hub::new(HubParts {
@@ -66,10 +69,10 @@ fn test_hub_with(create_namespace: bool) -> TestHub {
         config: ConfigObjects::new(
             Namespace::new("argocd").unwrap(),
             true,
-            view(Kind::AppProject),
+            Arc::new(project_cache),
             view(Kind::Secret),
             view(Kind::ConfigMap),
-            Arc::new(MemoryStore::new(Kind::AppProject)),
+            Arc::new(projects.clone()),
         ),
         by_destination: false,
         bounds: Default::default(),
@@ -83,10 +86,17 @@ fn test_hub_with(create_namespace: bool) -> TestHub {
         changes,
         shutdown.clone(),
     ));
+    tokio::spawn(run_hub_watch(
+        hub.clone(),
+        ResourceKind::AppProject,
+        project_changes,
+        shutdown.clone(),
+    ));
     TestHub {
         hub,
         apps,
         namespaces,
+        projects,
         shutdown,
     }
 }
@@ -373,5 +383,68 @@ async fn a_status_write_lands_in_the_agents_own_namespace_and_nowhere_else() {
         written.metadata.generation,
         Some(1),
         "status is no spec change"
+    );
+}
+
+#[tokio::test]
+async fn an_autonomous_agents_project_lands_on_the_hub_under_its_name_and_goes_with_it() {
+    let t = test_hub();
+    let edge1 = t.connect("edge-1", AgentMode::Autonomous);
+    let project = ResourceRef::new(
+        ResourceKind::AppProject,
+        Namespace::new("argocd-edge-1").unwrap(),
+        "default",
+    );
+    let upsert = crate::inbound::Command::Upsert {
+        resource: project.clone(),
+        object: Arc::new(json!({
+            "apiVersion": "argoproj.io/v1alpha1", "kind": "AppProject",
+            "metadata": {"name": "default", "namespace": "argocd"},
+            "spec": {"sourceRepos": ["*"]},
+        })),
+    };
+    assert_eq!(t.hub.apply(&edge1, upsert).await.unwrap(), Applied::Ack);
+    let copy = t
+        .projects
+        .object(Some("argocd"), "edge-1-default")
+        .expect("the hub copy, named for the agent");
+    assert_eq!(copy.data["spec"]["sourceRepos"], json!(["*"]));
+    let labels = copy.metadata.labels.unwrap_or_default();
+    assert_eq!(
+        labels
+            .get(argocd_agent_kubernetes::AGENT_NAME_LABEL)
+            .map(String::as_str),
+        Some("edge-1")
+    );
+
+    // A hub edit of the copy is reverted to what the agent sent, by the agent's worker.
+    let mut edited = t.projects.object(Some("argocd"), "edge-1-default").unwrap();
+    let sent = edited.data["spec"].clone();
+    edited.data["spec"] = json!({"sourceRepos": ["https://example.com/*"]});
+    t.projects.replace(&edited).await.unwrap();
+    let reverted = async {
+        loop {
+            let spec = t
+                .projects
+                .object(Some("argocd"), "edge-1-default")
+                .unwrap()
+                .data["spec"]
+                .clone();
+            if spec == sent {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), reverted)
+        .await
+        .expect("the hub edit reverted");
+
+    let delete = crate::inbound::Command::Delete { resource: project };
+    assert_eq!(t.hub.apply(&edge1, delete).await.unwrap(), Applied::Ack);
+    assert!(
+        t.projects
+            .object(Some("argocd"), "edge-1-default")
+            .is_none()
     );
 }
