@@ -612,8 +612,8 @@ mod tests {
             AgentMode::Managed,
             Namespace::new("argocd").unwrap(),
             "agent".into(),
-            Resources::new(client.clone(), Kind::Application),
-            cache,
+            std::sync::Arc::new(Resources::new(client.clone(), Kind::Application)),
+            std::sync::Arc::new(cache),
             argocd_agent_domain::SendQueue::new(argocd_agent_domain::QueueLimits::default()),
             crate::objects::ConfigKinds::new(Vec::new()),
         );
@@ -647,8 +647,8 @@ mod tests {
             AgentMode::Autonomous,
             Namespace::new("argocd").unwrap(),
             "agent".into(),
-            Resources::new(client, Kind::Application),
-            cache,
+            std::sync::Arc::new(Resources::new(client, Kind::Application)),
+            std::sync::Arc::new(cache),
             argocd_agent_domain::SendQueue::new(argocd_agent_domain::QueueLimits::default()),
             crate::objects::ConfigKinds::new(Vec::new()),
         );

@@ -252,13 +252,13 @@ fn build_spoke(
         config.mode,
         namespace,
         source_id,
-        Resources::new(client, Kind::Application),
-        watches.apps.clone(),
+        std::sync::Arc::new(Resources::new(client, Kind::Application)),
+        std::sync::Arc::new(watches.apps.clone()),
         SendQueue::new(QueueLimits::default()),
         objects::ConfigKinds::new(std::mem::take(&mut watches.config_kinds)),
     );
     spoke.policies = config.policies;
-    spoke.namespace_api = Some(namespace_api);
+    spoke.namespace_api = Some(std::sync::Arc::new(namespace_api));
     spoke.by_destination = config.destination_based_mapping;
     spoke.ignore_unmanaged_apps = config.ignore_unmanaged_apps;
     spoke.redis = config

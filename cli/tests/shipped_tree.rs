@@ -47,7 +47,12 @@ fn the_cli_default_build_links_no_test_package() {
 #[test]
 fn the_cli_default_build_enables_no_test_feature() {
     let tree = cargo_tree(&["-e", "features"]);
-    for unwanted in ["\"test-util\"", "\"devserver\"", "\"dev-tools\""] {
+    for unwanted in [
+        "\"test-util\"",
+        "\"devserver\"",
+        "\"dev-tools\"",
+        "\"memory\"",
+    ] {
         assert!(
             !tree
                 .lines()

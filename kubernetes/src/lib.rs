@@ -5,8 +5,12 @@
 //!   with a client-side QPS/burst limit.
 //! - [`watch`] watches one [`Kind`] within a [`Scope`] and keeps a [`Cache`], emitting
 //!   de-duplicated [`Change`]s.
-//! - [`Resources`] reads and writes one kind with optimistic concurrency and writes
-//!   status only through `/status`.
+//! - [`ObjectStore`] (writes) and [`ObjectView`] (the watch cache's reads) are the
+//!   backend's interfaces, which the principal's and the agent's logic hold as trait
+//!   objects. [`Resources`] is the API server's store: it reads and writes one kind with
+//!   optimistic concurrency and writes status only through `/status`; [`Cache`] is the
+//!   view, fed by a [`watch`] (or by hand through a [`Feed`]). `memory` (feature `memory`)
+//!   is an in-memory store for tests that feeds the same [`Change`]s.
 //! - [`object`] has helpers over [`DynamicObject`](kube::api::DynamicObject): checksums,
 //!   deletion state, the stripped copy that travels between clusters.
 //!
@@ -18,10 +22,14 @@
 mod client;
 mod error;
 mod kind;
+#[cfg(feature = "memory")]
+pub mod memory;
 pub mod object;
 mod ratelimit;
 mod resources;
 mod scope;
+mod store;
+mod view;
 mod watch;
 
 pub use client::{
@@ -31,11 +39,14 @@ pub use client::{
 pub use error::{Error, ObjectRef};
 pub use kind::{ARGOPROJ_GROUP, ARGOPROJ_VERSION, Kind};
 pub use ratelimit::{TokenBucket, TokenBucketLayer};
-pub use resources::{
-    DeleteOutcome, Known, MAX_UPDATE_ATTEMPTS, Mutation, Resources, UpdateOutcome, UpsertOutcome,
-    ensure_namespace,
-};
+pub use resources::{Resources, ensure_namespace};
 pub use scope::{IGNORE_SYNC_LABEL, Namespaces, Scope, is_sync_ignored};
+pub use store::{
+    DeleteOutcome, Keep, Known, MAX_UPDATE_ATTEMPTS, Mutate, Mutation, ObjectStore, UpdateOutcome,
+    UpsertOutcome,
+};
+pub use view::ObjectView;
+pub use watch::Feed;
 pub use watch::{ADMIN_LIST_PAGE_SIZE, Cache, Change, LIST_PAGE_SIZE, list_page_size, watch};
 
 /// Label naming the agent an object on the hub belongs to (upstream's): hub copies of

@@ -1,4 +1,5 @@
-//! Reads and writes of one kind of object, with optimistic concurrency.
+//! Reads and writes of one kind of object through the API server, with optimistic
+//! concurrency: the kube-rs [`ObjectStore`].
 //!
 //! Every update goes through `resourceVersion`: read, change, `PUT` with the version
 //! read; a `409 Conflict` means someone else wrote in between, so re-read and try again
@@ -12,82 +13,17 @@ use kube::Client;
 use kube::api::{
     Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams, TypeMeta,
 };
-use kube::core::ObjectMeta;
 use kube::discovery::ApiResource;
 use serde_json::Value;
 
 use crate::error::ObjectRef;
 use crate::object::is_being_deleted;
 use crate::scope::Scope;
+use crate::store::{
+    DeleteOutcome, Known, MAX_UPDATE_ATTEMPTS, Mutate, Mutation, ObjectStore, UpdateOutcome,
+    UpsertOutcome, namespace_object,
+};
 use crate::{Error, Kind};
-
-/// How many times [`Resources::update_with`] PUTs before giving up on conflicts.
-pub const MAX_UPDATE_ATTEMPTS: u32 = 5;
-
-/// What an update closure decided.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mutation {
-    /// The object was changed: write it.
-    Changed,
-    /// Nothing to write.
-    Unchanged,
-    /// The current state makes the update wrong: write nothing.
-    Abort,
-}
-
-/// Result of [`Resources::update_with`].
-#[derive(Debug, Clone)]
-pub enum UpdateOutcome {
-    /// Written; the object as the API server returned it.
-    Updated(DynamicObject),
-    /// The closure changed nothing; the object as read.
-    Unchanged(DynamicObject),
-    /// The closure aborted; the object as read.
-    Aborted(DynamicObject),
-}
-
-impl UpdateOutcome {
-    /// The object after the call (written, or as read).
-    pub fn object(&self) -> &DynamicObject {
-        match self {
-            Self::Updated(o) | Self::Unchanged(o) | Self::Aborted(o) => o,
-        }
-    }
-}
-
-/// What the caller's watch cache knows about an object before a write (see
-/// [`Resources::upsert_copy_known`]).
-#[derive(Debug, Clone)]
-pub enum Known {
-    /// No synced cache: read the object first.
-    Unknown,
-    /// A synced cache does not have it: create it.
-    Absent,
-    /// A synced cache has this version: update from it.
-    Present(std::sync::Arc<DynamicObject>),
-}
-
-/// Result of [`Resources::upsert_copy`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum UpsertOutcome {
-    /// The copy did not exist and was created.
-    Created,
-    /// The copy existed and differed: updated.
-    Updated,
-    /// The copy already said the same.
-    Unchanged,
-}
-
-/// Result of [`Resources::delete`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DeleteOutcome {
-    /// The object is gone.
-    Deleted,
-    /// Finalizers hold the object: `deletionTimestamp` is set, it is being deleted.
-    Pending,
-    /// There was no such object.
-    NotFound,
-}
 
 /// Typed access to one [`Kind`] of object through the API server.
 #[derive(Clone)]
@@ -362,37 +298,26 @@ impl Resources {
         }
     }
 
-    /// Creates or updates this cluster's copy of an object whose source of truth is the
-    /// other side. `copy` is the object as it should be (see
-    /// [`crate::object::received_copy`]); an existing object gets the top-level `owned`
-    /// fields (e.g. `spec`, `operation`; absent ones are removed), labels and annotations
-    /// of `copy`, and keeps everything else (status, finalizers, fields others own). The
-    /// write is skipped when nothing differs.
+    /// [`ObjectStore::upsert_copy`] (see there).
     pub async fn upsert_copy(
         &self,
         copy: &DynamicObject,
         owned: &[&str],
     ) -> Result<UpsertOutcome, Error> {
-        self.upsert_copy_known(copy, owned, Known::Unknown).await
+        ObjectStore::upsert_copy(self, copy, owned).await
     }
 
-    /// [`Resources::upsert_copy`] informed by the caller's watch cache: `Absent` creates
-    /// at once (one request), `Present` updates from the cached version (no request when
-    /// nothing differs, one PUT otherwise); a cache that is behind costs a conflict or an
-    /// `AlreadyExists` and falls back to reading. `Unknown` reads first (two requests).
+    /// [`ObjectStore::upsert_copy_known`] (see there).
     pub async fn upsert_copy_known(
         &self,
         copy: &DynamicObject,
         owned: &[&str],
         known: Known,
     ) -> Result<UpsertOutcome, Error> {
-        self.upsert_copy_keeping(copy, owned, known, &|_| false)
-            .await
+        ObjectStore::upsert_copy_known(self, copy, owned, known).await
     }
 
-    /// [`Resources::upsert_copy_known`] that keeps the labels and annotations of the
-    /// current object for which `keep` is true and which `copy` does not set (metadata
-    /// another party owns on this side, e.g. Argo CD's notification state).
+    /// [`ObjectStore::upsert_copy_keeping`] (see there).
     pub async fn upsert_copy_keeping(
         &self,
         copy: &DynamicObject,
@@ -400,51 +325,7 @@ impl Resources {
         known: Known,
         keep: &(dyn Fn(&str) -> bool + Sync),
     ) -> Result<UpsertOutcome, Error> {
-        let create = || async {
-            match self.create(copy).await {
-                Ok(_) => Ok(UpsertOutcome::Created),
-                // Created meanwhile (or the cache is behind): update it instead.
-                Err(e) if e.is_already_exists() => self.update_copy(copy, owned, None, keep).await,
-                Err(e) => Err(e),
-            }
-        };
-        match known {
-            Known::Absent => create().await,
-            Known::Present(cached) => {
-                match self
-                    .update_copy(copy, owned, Some((*cached).clone()), keep)
-                    .await
-                {
-                    // Deleted since the cache saw it.
-                    Err(e) if e.is_not_found() => create().await,
-                    other => other,
-                }
-            }
-            Known::Unknown => match self.update_copy(copy, owned, None, keep).await {
-                Err(e) if e.is_not_found() => create().await,
-                other => other,
-            },
-        }
-    }
-
-    async fn update_copy(
-        &self,
-        copy: &DynamicObject,
-        owned: &[&str],
-        first: Option<DynamicObject>,
-        keep: &(dyn Fn(&str) -> bool + Sync),
-    ) -> Result<UpsertOutcome, Error> {
-        let name = copy.metadata.name.as_deref().unwrap_or_default();
-        let namespace = copy.metadata.namespace.as_deref();
-        let outcome = self
-            .update_from(namespace, name, first, |cur| {
-                apply_owned(cur, copy, owned, keep)
-            })
-            .await?;
-        Ok(match outcome {
-            UpdateOutcome::Updated(_) => UpsertOutcome::Updated,
-            UpdateOutcome::Unchanged(_) | UpdateOutcome::Aborted(_) => UpsertOutcome::Unchanged,
-        })
+        ObjectStore::upsert_copy_keeping(self, copy, owned, known, keep).await
     }
 
     /// Terminates the running operation of an Argo CD Application the way
@@ -480,54 +361,6 @@ impl Resources {
     }
 }
 
-/// Copies the `owned` top-level fields, labels and annotations of `want` onto `cur`; the
-/// labels and annotations of `cur` for which `keep` is true stay unless `want` sets them.
-fn apply_owned(
-    cur: &mut DynamicObject,
-    want: &DynamicObject,
-    owned: &[&str],
-    keep: &(dyn Fn(&str) -> bool + Sync),
-) -> Mutation {
-    let before = (
-        cur.data.clone(),
-        cur.metadata.labels.clone(),
-        cur.metadata.annotations.clone(),
-    );
-    if let Some(m) = cur.data.as_object_mut() {
-        for &field in owned {
-            match want.data.get(field) {
-                Some(v) => m.insert(field.to_owned(), v.clone()),
-                None => m.remove(field),
-            };
-        }
-    }
-    cur.metadata.labels = merge_kept(before.1.as_ref(), want.metadata.labels.as_ref(), keep);
-    cur.metadata.annotations =
-        merge_kept(before.2.as_ref(), want.metadata.annotations.as_ref(), keep);
-    let after = (&cur.data, &cur.metadata.labels, &cur.metadata.annotations);
-    if (&before.0, &before.1, &before.2) == after {
-        Mutation::Unchanged
-    } else {
-        Mutation::Changed
-    }
-}
-
-/// `want`, plus the entries of `cur` for which `keep` is true and that `want` lacks.
-fn merge_kept(
-    cur: Option<&BTreeMap<String, String>>,
-    want: Option<&BTreeMap<String, String>>,
-    keep: &(dyn Fn(&str) -> bool + Sync),
-) -> Option<BTreeMap<String, String>> {
-    let mut out = want.cloned();
-    for (k, v) in cur.into_iter().flatten() {
-        if keep(k) && !want.is_some_and(|w| w.contains_key(k)) {
-            out.get_or_insert_with(Default::default)
-                .insert(k.clone(), v.clone());
-        }
-    }
-    out
-}
-
 /// Creates namespace `name` with `labels` unless it exists; `true` when it was created.
 /// An existing namespace is left as it is (its labels are not changed).
 pub async fn ensure_namespace(
@@ -539,15 +372,7 @@ pub async fn ensure_namespace(
     if namespaces.get(None, name).await?.is_some() {
         return Ok(false);
     }
-    let ns = DynamicObject {
-        types: None,
-        metadata: ObjectMeta {
-            name: Some(name.to_string()),
-            labels: (!labels.is_empty()).then_some(labels),
-            ..Default::default()
-        },
-        data: serde_json::json!({}),
-    };
+    let ns = namespace_object(name, labels);
     match namespaces.create(&ns).await {
         Ok(_) => Ok(true),
         // Someone else created it between our read and our create.
@@ -556,93 +381,103 @@ pub async fn ensure_namespace(
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    fn obj(v: Value) -> DynamicObject {
-        serde_json::from_value(v).unwrap()
+/// The API server as an [`ObjectStore`]: every method is the inherent one of the same name
+/// (the read-modify-write loop included, so the API server's own not-found answers reach
+/// the caller).
+#[async_trait::async_trait]
+impl ObjectStore for Resources {
+    fn kind(&self) -> Kind {
+        self.kind
     }
 
-    #[test]
-    fn kept_labels_and_annotations_stay_unless_the_copy_sets_them() {
-        let mut cur = obj(json!({
-            "metadata": {"name": "a", "namespace": "n",
-                         "annotations": {"mine": "1", "local": "2", "shared": "old"}},
-            "spec": {"x": 1}
-        }));
-        let want = obj(json!({
-            "metadata": {"name": "a", "namespace": "n", "annotations": {"shared": "new"}},
-            "spec": {"x": 1}
-        }));
-        let keep = |k: &str| k == "local" || k == "shared";
-        assert_eq!(
-            apply_owned(&mut cur, &want, &["spec"], &keep),
-            Mutation::Changed
-        );
-        assert_eq!(
-            cur.metadata.annotations,
-            Some(
-                [
-                    ("local".to_string(), "2".to_string()),
-                    ("shared".to_string(), "new".to_string())
-                ]
-                .into()
-            )
-        );
-        assert_eq!(
-            apply_owned(&mut cur, &want, &["spec"], &keep),
-            Mutation::Unchanged
-        );
+    async fn get(
+        &self,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<Option<DynamicObject>, Error> {
+        Resources::get(self, namespace, name).await
     }
 
-    #[test]
-    fn copy_takes_owned_fields_labels_and_annotations_and_keeps_the_rest() {
-        let mut cur = obj(json!({
-            "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
-            "metadata": {"name": "a", "namespace": "n", "labels": {"old": "1"},
-                         "finalizers": ["f"]},
-            "spec": {"x": 1}, "operation": {"sync": {}}, "status": {"health": "Healthy"},
-            "extra": true
-        }));
-        let want = obj(json!({
-            "metadata": {"name": "a", "namespace": "n", "labels": {"new": "2"},
-                         "annotations": {"a": "b"}},
-            "spec": {"x": 2}
-        }));
-        assert_eq!(
-            apply_owned(&mut cur, &want, &["spec", "operation"], &|_| false),
-            Mutation::Changed
-        );
-        assert_eq!(cur.data["spec"], json!({"x": 2}));
-        assert!(
-            cur.data.get("operation").is_none(),
-            "absent owned field removed"
-        );
-        assert_eq!(cur.data["status"], json!({"health": "Healthy"}));
-        assert_eq!(cur.data["extra"], json!(true));
-        assert_eq!(cur.metadata.finalizers, Some(vec!["f".to_string()]));
-        assert_eq!(
-            cur.metadata.labels,
-            Some([("new".to_string(), "2".to_string())].into())
-        );
-        // A second application changes nothing.
-        assert_eq!(
-            apply_owned(&mut cur, &want, &["spec", "operation"], &|_| false),
-            Mutation::Unchanged
-        );
+    async fn list(
+        &self,
+        namespace: Option<&str>,
+        scope: &Scope,
+    ) -> Result<Vec<DynamicObject>, Error> {
+        Resources::list(self, namespace, scope).await
     }
 
-    #[test]
-    fn fields_not_owned_are_left_alone() {
-        let mut cur = obj(json!({"metadata": {"name": "a"}, "spec": {"x": 1},
-                                 "operation": {"sync": {}}}));
-        let want = obj(json!({"metadata": {"name": "a"}, "spec": {"x": 1}}));
-        assert_eq!(
-            apply_owned(&mut cur, &want, &["spec"], &|_| false),
-            Mutation::Unchanged
-        );
-        assert!(cur.data.get("operation").is_some());
+    async fn create(&self, obj: &DynamicObject) -> Result<DynamicObject, Error> {
+        Resources::create(self, obj).await
+    }
+
+    async fn replace(&self, obj: &DynamicObject) -> Result<DynamicObject, Error> {
+        let name = obj.metadata.name.as_deref().unwrap_or_default();
+        let namespace = obj.metadata.namespace.as_deref();
+        let api = self.api(namespace, name)?;
+        let mut body = obj.clone();
+        body.types = Some(self.types());
+        api.replace(name, &PostParams::default(), &body)
+            .await
+            .map_err(|e| Error::from_kube(self.object_ref(namespace, name), e))
+    }
+
+    async fn replace_status(
+        &self,
+        namespace: Option<&str>,
+        name: &str,
+        status: Value,
+    ) -> Result<DynamicObject, Error> {
+        Resources::replace_status(self, namespace, name, status).await
+    }
+
+    async fn patch_merge(
+        &self,
+        namespace: Option<&str>,
+        name: &str,
+        patch: &Value,
+    ) -> Result<DynamicObject, Error> {
+        Resources::patch_merge(self, namespace, name, patch).await
+    }
+
+    async fn patch_status_merge(
+        &self,
+        namespace: Option<&str>,
+        name: &str,
+        patch: &Value,
+    ) -> Result<DynamicObject, Error> {
+        let api = self.api(namespace, name)?;
+        api.patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+            .map_err(|e| Error::from_kube(self.object_ref(namespace, name), e))
+    }
+
+    async fn delete(&self, namespace: Option<&str>, name: &str) -> Result<DeleteOutcome, Error> {
+        Resources::delete(self, namespace, name).await
+    }
+
+    async fn update_from(
+        &self,
+        namespace: Option<&str>,
+        name: &str,
+        first: Option<DynamicObject>,
+        mutate: Mutate<'_>,
+    ) -> Result<UpdateOutcome, Error> {
+        Resources::update_from(self, namespace, name, first, mutate).await
+    }
+
+    async fn remove_finalizers(&self, namespace: Option<&str>, name: &str) -> Result<bool, Error> {
+        Resources::remove_finalizers(self, namespace, name).await
+    }
+
+    async fn terminate_operation(&self, namespace: &str, name: &str) -> Result<(), Error> {
+        Resources::terminate_operation(self, namespace, name).await
+    }
+
+    async fn ensure_namespace(
+        &self,
+        name: &str,
+        labels: BTreeMap<String, String>,
+    ) -> Result<bool, Error> {
+        ensure_namespace(&self.client, name, labels).await
     }
 }

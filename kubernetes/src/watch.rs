@@ -258,6 +258,38 @@ impl Cache {
         (crate::object::oversized_stub(&obj, size), admitted)
     }
 
+    /// Takes in an object a watch (or a [`Feed`]) saw created or changed: the change
+    /// consumers see, if any (`Deleted` for one that gained the ignore-sync label; nothing
+    /// for a version the cache holds already).
+    fn applied(&self, obj: DynamicObject) -> Option<Change> {
+        let key = key_of(&obj);
+        if is_sync_ignored(&obj) {
+            // Gaining the label must look like a deletion to the sync engine.
+            return self
+                .write()
+                .remove(&key)
+                .map(|_| Change::Deleted(Arc::new(obj)));
+        }
+        if let Some(cached) = self.read().get(&key)
+            && same_version(&cached.obj, &obj)
+        {
+            return None;
+        }
+        // Measured (and stubbed) outside the lock.
+        let (obj, admitted) = self.admit(obj);
+        let obj = Arc::new(obj);
+        self.write().insert(key, Entry::new(obj.clone(), admitted));
+        Some(Change::Applied(obj))
+    }
+
+    /// Takes in an object a watch (or a [`Feed`]) saw deleted: `Deleted`, unless the cache
+    /// never announced it.
+    fn deleted(&self, obj: DynamicObject) -> Option<Change> {
+        self.write()
+            .remove(&key_of(&obj))
+            .map(|_| Change::Deleted(Arc::new(obj)))
+    }
+
     /// Every cached object, ordered by namespace then name.
     pub fn list(&self) -> Vec<Arc<DynamicObject>> {
         self.read().values().map(|e| e.obj.clone()).collect()
@@ -292,6 +324,45 @@ impl Cache {
         let mut rx = self.inner.synced.subscribe();
         // The sender lives in `self`, so the channel cannot close while we wait.
         let _ = rx.wait_for(|synced| *synced).await;
+    }
+}
+
+/// A [`Cache`] fed by hand, for backends other than the API server's watch (the in-memory
+/// store): each object handed in goes through what a watch does with it (de-duplication by
+/// `resourceVersion`, ignore-sync, stubs) and comes out as the [`Change`] a watch would
+/// yield, after the cache was updated.
+#[derive(Debug, Clone)]
+pub struct Feed {
+    cache: Cache,
+}
+
+impl Feed {
+    /// An empty, not yet synced cache of `kind`.
+    pub fn new(kind: Kind) -> Feed {
+        Feed {
+            cache: Cache::new(kind),
+        }
+    }
+
+    /// The cache this feed keeps.
+    pub fn cache(&self) -> Cache {
+        self.cache.clone()
+    }
+
+    /// `obj` was created or changed.
+    pub fn applied(&self, obj: DynamicObject) -> Option<Change> {
+        self.cache.applied(obj)
+    }
+
+    /// `obj` was deleted.
+    pub fn deleted(&self, obj: DynamicObject) -> Option<Change> {
+        self.cache.deleted(obj)
+    }
+
+    /// Everything was listed once: the cache is synced ([`Change::Synced`]).
+    pub fn synced(&self) -> Change {
+        self.cache.inner.synced.send_replace(true);
+        Change::Synced
     }
 }
 
@@ -349,33 +420,8 @@ impl Reconciler {
                 }
                 changes
             }
-            Ok(Event::Apply(obj)) => {
-                let key = key_of(&obj);
-                if is_sync_ignored(&obj) {
-                    // Gaining the label must look like a deletion to the sync engine.
-                    return match self.cache.write().remove(&key) {
-                        Some(_) => vec![Change::Deleted(Arc::new(obj))],
-                        None => Vec::new(),
-                    };
-                }
-                if let Some(cached) = self.cache.read().get(&key)
-                    && same_version(&cached.obj, &obj)
-                {
-                    return Vec::new();
-                }
-                // Measured (and stubbed) outside the lock.
-                let (obj, admitted) = self.cache.admit(obj);
-                let obj = Arc::new(obj);
-                self.cache
-                    .write()
-                    .insert(key, Entry::new(obj.clone(), admitted));
-                vec![Change::Applied(obj)]
-            }
-            Ok(Event::Delete(obj)) => match self.cache.write().remove(&key_of(&obj)) {
-                Some(_) => vec![Change::Deleted(Arc::new(obj))],
-                // Never announced, so nothing to retract.
-                None => Vec::new(),
-            },
+            Ok(Event::Apply(obj)) => self.cache.applied(obj).into_iter().collect(),
+            Ok(Event::Delete(obj)) => self.cache.deleted(obj).into_iter().collect(),
         }
     }
 

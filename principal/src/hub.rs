@@ -5,13 +5,15 @@
 //! re-evaluates every agent when the mapping rules reload ([`watch_reloads`]).
 
 mod admit;
+#[cfg(test)]
+mod tests;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use argocd_agent_domain::ResourceRef;
 use argocd_agent_domain::{AgentIdentity, AgentMode, AgentName, Namespace, ResourceKind};
-use argocd_agent_kubernetes::{AGENT_NAME_LABEL, Cache, Change, Resources};
+use argocd_agent_kubernetes::{AGENT_NAME_LABEL, Change, ObjectStore, ObjectView};
 use futures::{Stream, StreamExt};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -49,9 +51,9 @@ pub struct Hub {
     pub bounds: AgentBounds,
     /// Agents' writes not yet seen by the watch, counted in their bounds.
     pub(crate) ledger: Ledger,
-    namespaces: Resources,
+    namespaces: Arc<dyn ObjectStore>,
     create_namespace: bool,
-    namespace_cache: Option<Cache>,
+    namespace_cache: Option<Arc<dyn ObjectView>>,
     namespace_labels: BTreeMap<String, String>,
     /// Per-agent workers; drained on shutdown.
     tasks: TaskTracker,
@@ -63,11 +65,11 @@ pub struct HubParts {
     /// CloudEvents `source` of events we send (our SPIFFE ID when we have one).
     pub source: String,
     /// Writes the hub's Applications.
-    pub apps: Resources,
+    pub apps: Arc<dyn ObjectStore>,
     /// Creates agents' hub namespaces (with `create_namespace`).
-    pub namespaces: Resources,
+    pub namespaces: Arc<dyn ObjectStore>,
     /// The hub's Applications, watched.
-    pub cache: Cache,
+    pub cache: Arc<dyn ObjectView>,
     /// The principal's metrics.
     pub metrics: Metrics,
     /// The agents and their sessions.
@@ -76,7 +78,7 @@ pub struct HubParts {
     pub create_namespace: bool,
     /// The hub's namespaces (watched when `create_namespace` is set): a namespace known to
     /// exist costs no API call on connect.
-    pub namespace_cache: Option<Cache>,
+    pub namespace_cache: Option<Arc<dyn ObjectView>>,
     /// Labels put on the namespaces created for agents.
     pub namespace_labels: BTreeMap<String, String>,
     /// AppProjects, repositories and GPG keys: their clients and caches.

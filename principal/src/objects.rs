@@ -21,7 +21,7 @@ use argocd_agent_domain::resync::{self, Checksums, SourceUids};
 use argocd_agent_domain::{AgentMode, AgentName, Namespace, ResourceKind};
 use argocd_agent_domain::{Event, EventType, Payload, ResourceRef};
 use argocd_agent_kubernetes::object::{self, content_checksum, is_being_deleted};
-use argocd_agent_kubernetes::{AGENT_NAME_LABEL, Cache, Change, Kind, Resources};
+use argocd_agent_kubernetes::{AGENT_NAME_LABEL, Change, Kind, ObjectStore, ObjectView};
 use kube::api::DynamicObject;
 use serde_json::{Value, json};
 
@@ -52,13 +52,13 @@ pub struct ConfigObjects {
     /// destination-based mapping, where `sourceNamespaces` does not route projects.
     pub by_namespace: bool,
     /// The AppProjects in Argo CD's namespace, watched.
-    pub projects: Cache,
+    pub projects: Arc<dyn ObjectView>,
     /// The repository Secrets in Argo CD's namespace ([`REPOSITORY_SELECTOR`]), watched.
-    pub repositories: Cache,
+    pub repositories: Arc<dyn ObjectView>,
     /// The ConfigMaps in Argo CD's namespace, watched ([`GPG_KEYS_CONFIGMAP`] among them).
-    pub gpg_keys: Cache,
+    pub gpg_keys: Arc<dyn ObjectView>,
     /// Writes AppProjects (autonomous agents' hub copies).
-    pub project_writer: Resources,
+    pub project_writer: Arc<dyn ObjectStore>,
     /// Wire forms by hub UID, valid for one resourceVersion: every managed agent
     /// re-evaluates its set on each change, and the conversion is the same for all of them.
     wire_cache: std::sync::Mutex<HashMap<String, (String, Wire)>>,
@@ -114,10 +114,10 @@ impl ConfigObjects {
     pub fn new(
         namespace: Namespace,
         by_namespace: bool,
-        projects: Cache,
-        repositories: Cache,
-        gpg_keys: Cache,
-        project_writer: Resources,
+        projects: Arc<dyn ObjectView>,
+        repositories: Arc<dyn ObjectView>,
+        gpg_keys: Arc<dyn ObjectView>,
+        project_writer: Arc<dyn ObjectStore>,
     ) -> ConfigObjects {
         ConfigObjects {
             namespace,
@@ -165,7 +165,7 @@ impl ConfigObjects {
         self.gpg_keys.wait_synced().await;
     }
 
-    fn in_namespace(&self, cache: &Cache) -> Vec<Arc<DynamicObject>> {
+    fn in_namespace(&self, cache: &Arc<dyn ObjectView>) -> Vec<Arc<DynamicObject>> {
         cache
             .list_namespace(self.namespace.as_str())
             .into_iter()

@@ -31,7 +31,7 @@ use std::sync::{Arc, Mutex};
 use argocd_agent_domain::tenant::{Tenant, Tenants};
 use argocd_agent_domain::{AgentName, Namespace, TenantName};
 use argocd_agent_kubernetes::object::is_being_deleted;
-use argocd_agent_kubernetes::{Cache, is_sync_ignored};
+use argocd_agent_kubernetes::{ObjectView, is_sync_ignored};
 use kube::api::DynamicObject;
 use serde_json::{Value, json};
 
@@ -138,7 +138,7 @@ pub trait Apps {
     fn in_namespace(&self, ns: &str) -> Vec<Arc<DynamicObject>>;
 }
 
-impl Apps for Cache {
+impl Apps for Arc<dyn ObjectView> {
     fn all(&self) -> Vec<Arc<DynamicObject>> {
         self.list()
     }

@@ -232,10 +232,10 @@ impl Wiring {
         let config_objects = ConfigObjects::new(
             argocd_ns,
             !config.destination_based_mapping,
-            projects,
-            repositories,
-            gpg_keys,
-            Resources::new(self.client.clone(), Kind::AppProject),
+            Arc::new(projects),
+            Arc::new(repositories),
+            Arc::new(gpg_keys),
+            Arc::new(Resources::new(self.client.clone(), Kind::AppProject)),
         );
         Ok(HubWatches {
             apps,
@@ -344,13 +344,15 @@ impl Wiring {
         );
         let hub = Arc::new(Hub::new(HubParts {
             source: source_id(self.listener_auth.svid.as_ref()),
-            apps: Resources::new(self.client.clone(), Kind::Application),
-            namespaces: Resources::new(self.client.clone(), Kind::Namespace),
-            cache: watches.apps,
+            apps: Arc::new(Resources::new(self.client.clone(), Kind::Application)),
+            namespaces: Arc::new(Resources::new(self.client.clone(), Kind::Namespace)),
+            cache: Arc::new(watches.apps),
             metrics: self.metrics.clone(),
             sessions: sessions.clone(),
             create_namespace: config.create_namespace,
-            namespace_cache: self.namespace_cache(),
+            namespace_cache: self
+                .namespace_cache()
+                .map(|c| Arc::new(c) as Arc<dyn argocd_agent_kubernetes::ObjectView>),
             namespace_labels: config.namespace_labels.clone(),
             config: watches.config_objects,
             by_destination: config.destination_based_mapping,

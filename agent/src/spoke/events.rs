@@ -210,7 +210,7 @@ impl Spoke {
         // it) before the delete call returns here, and a revert to the previous
         // object would overwrite this write.
         let previous = self.desired.record(key.clone(), obj.clone());
-        let deleted = match self.prepare_write(&self.apps, local, &obj).await {
+        let deleted = match self.prepare_write(&*self.apps, local, &obj).await {
             Ok(deleted) => deleted,
             Err(e) => {
                 self.desired.restore(key, previous);

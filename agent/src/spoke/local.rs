@@ -122,7 +122,7 @@ impl Spoke {
     /// it deleted the local object (the watch cache still holds it until the watch says so).
     pub(crate) async fn prepare_write(
         &self,
-        resources: &Resources,
+        resources: &dyn ObjectStore,
         local: Option<Arc<DynamicObject>>,
         incoming: &Value,
     ) -> Result<bool, SpokeError> {

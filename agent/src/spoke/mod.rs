@@ -13,7 +13,7 @@ use argocd_agent_domain::resync::Checksums;
 use argocd_agent_domain::{AgentMode, Namespace, ResourceKind};
 use argocd_agent_domain::{Event, EventType, Payload, ResourceRef, SendQueue};
 use argocd_agent_kubernetes::object::{self, is_being_deleted, spec_checksum, status_checksum};
-use argocd_agent_kubernetes::{Cache, Change, DeleteOutcome, Known, Resources};
+use argocd_agent_kubernetes::{Change, DeleteOutcome, Known, ObjectStore, ObjectView};
 use argocd_agent_proto::eventstream::ResyncState;
 use kube::api::DynamicObject;
 use serde_json::{Value, json};
@@ -32,6 +32,8 @@ mod local;
 mod plan;
 mod resync;
 mod session;
+#[cfg(test)]
+mod tests;
 
 use plan::{Command, add_condition, hub_metadata, outside_allowed, plan};
 
@@ -62,9 +64,9 @@ pub struct Spoke {
     /// CloudEvents `source` of our events.
     pub source: String,
     /// Writes the spoke's Applications.
-    pub apps: Resources,
+    pub apps: Arc<dyn ObjectStore>,
     /// The watched Applications (managed across namespaces: only the managed copies).
-    pub cache: Cache,
+    pub cache: Arc<dyn ObjectView>,
     /// Events to the principal.
     pub queue: SendQueue,
     /// AppProjects, repositories and GPG keys.
@@ -84,7 +86,7 @@ pub struct Spoke {
     /// copy into it (`--create-namespace`).
     pub create_namespace: bool,
     /// Namespaces on the spoke (to create them, or to tell a missing one).
-    pub namespace_api: Option<Resources>,
+    pub namespace_api: Option<Arc<dyn ObjectStore>>,
     /// The agent's metrics.
     pub metrics: crate::metrics::Metrics,
     /// This cluster's Redis, when the agent serves the principal's Redis proxy.
@@ -148,8 +150,8 @@ impl Spoke {
         mode: AgentMode,
         namespace: Namespace,
         source: String,
-        apps: Resources,
-        cache: Cache,
+        apps: Arc<dyn ObjectStore>,
+        cache: Arc<dyn ObjectView>,
         queue: SendQueue,
         config: ConfigKinds,
     ) -> Spoke {

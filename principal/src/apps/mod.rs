@@ -20,7 +20,7 @@ use std::sync::Arc;
 use argocd_agent_domain::{AgentMode, AgentName, Namespace, ResourceKind};
 use argocd_agent_domain::{Event, EventType, JsonObject, LazyObject, Payload, ResourceRef};
 use argocd_agent_kubernetes::object::{self, is_being_deleted};
-use argocd_agent_kubernetes::{AGENT_NAME_LABEL, Cache, Change, Resources};
+use argocd_agent_kubernetes::{AGENT_NAME_LABEL, Change, ObjectStore, ObjectView};
 use kube::api::DynamicObject;
 use serde_json::Value;
 
@@ -177,9 +177,9 @@ pub struct Applications {
     /// CloudEvents `source` of events we send (our SPIFFE ID when we have one).
     pub source: String,
     /// Writes the hub's Applications.
-    pub apps: Resources,
+    pub apps: Arc<dyn ObjectStore>,
     /// The hub's Applications, watched.
-    pub cache: Cache,
+    pub cache: Arc<dyn ObjectView>,
     /// Where hub writes, write errors and queued events are counted.
     pub metrics: Metrics,
     /// Destination-based mapping: a managed agent's Applications are those whose
@@ -198,8 +198,8 @@ impl Applications {
     /// The router of the Applications in `cache`, written with `apps`.
     pub fn new(
         source: String,
-        apps: Resources,
-        cache: Cache,
+        apps: Arc<dyn ObjectStore>,
+        cache: Arc<dyn ObjectView>,
         metrics: Metrics,
         by_destination: bool,
         sessions: Arc<Sessions>,

@@ -5,14 +5,14 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use argocd_agent_domain::{AgentMode, AgentName, Namespace};
-use argocd_agent_kubernetes::Cache;
+use argocd_agent_kubernetes::ObjectView;
 
 use crate::sessions::{AgentState, Sessions, lock};
 
 /// Applications' owners, read by the router and the proxies.
 pub struct AppOwners {
     /// The hub's Applications.
-    cache: Cache,
+    cache: Arc<dyn ObjectView>,
     /// Destination-based mapping: a managed agent's Applications are those whose
     /// `spec.destination.name` names it, in any hub namespace.
     by_destination: bool,
@@ -24,7 +24,11 @@ pub struct AppOwners {
 
 impl AppOwners {
     /// Owners of the Applications in `cache`, none placed yet.
-    pub fn new(cache: Cache, by_destination: bool, sessions: Arc<Sessions>) -> AppOwners {
+    pub fn new(
+        cache: Arc<dyn ObjectView>,
+        by_destination: bool,
+        sessions: Arc<Sessions>,
+    ) -> AppOwners {
         AppOwners {
             cache,
             by_destination,

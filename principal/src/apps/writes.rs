@@ -123,7 +123,7 @@ impl Applications {
         let cached = self.cache.get(ns, &resource.name).map(|o| (*o).clone());
         let result = self
             .apps
-            .update_from(ns, &resource.name, cached, |obj| {
+            .update_from(ns, &resource.name, cached, &mut |obj| {
                 let held = obj.metadata.annotations.as_mut().filter(|a| {
                     a.get(object::REFRESH_ANNOTATION).map(String::as_str) == Some(value)
                 });

@@ -1,0 +1,101 @@
+//! The read side of a backend: [`ObjectView`], what a watch has seen of one kind of
+//! object, read without a request.
+//!
+//! [`Cache`] is the implementation, fed by the API server's [`crate::watch`] or by hand
+//! through a [`crate::Feed`] (the in-memory store feeds one that way). The principal's and
+//! the agent's logic read through `Arc<dyn ObjectView>`.
+
+use std::sync::Arc;
+
+use kube::api::DynamicObject;
+
+use crate::Kind;
+use crate::store::Known;
+use crate::watch::Cache;
+
+/// The objects of one kind a watch has seen, kept current as its changes arrive.
+#[async_trait::async_trait]
+pub trait ObjectView: Send + Sync {
+    /// The kind of object held.
+    fn kind(&self) -> Kind;
+
+    /// The object `namespace/name` (`namespace` is `None` for cluster-scoped kinds).
+    fn get(&self, namespace: Option<&str>, name: &str) -> Option<Arc<DynamicObject>>;
+
+    /// Every object, ordered by namespace then name.
+    fn list(&self) -> Vec<Arc<DynamicObject>>;
+
+    /// The objects of one namespace, ordered by name.
+    fn list_namespace(&self, namespace: &str) -> Vec<Arc<DynamicObject>>;
+
+    /// Number of objects held.
+    fn len(&self) -> usize;
+
+    /// True when nothing is held.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// True once everything watched has been listed once.
+    fn is_synced(&self) -> bool;
+
+    /// Waits until [`ObjectView::is_synced`] (someone must be feeding the view).
+    async fn wait_synced(&self);
+
+    /// What is known of `namespace/name` for a write (see
+    /// [`crate::ObjectStore::upsert_copy_known`]).
+    fn known(&self, namespace: Option<&str>, name: &str) -> Known;
+
+    /// The spec checksum of `obj`, computed once per held version.
+    fn spec_checksum(&self, obj: &Arc<DynamicObject>) -> String;
+
+    /// The weight of `obj` as received (for a stub, of the object it stands for).
+    fn object_size(&self, obj: &Arc<DynamicObject>) -> usize;
+
+    /// Whether `obj` is a stub kept for an object too large to hold.
+    fn is_stub(&self, obj: &Arc<DynamicObject>) -> bool;
+
+    /// From now on, objects for which `applies` holds and heavier than `max` are kept as
+    /// stubs (see [`Cache::stub_oversized`]).
+    fn stub_oversized(&self, max: usize, applies: fn(&DynamicObject) -> bool);
+}
+
+#[async_trait::async_trait]
+impl ObjectView for Cache {
+    fn kind(&self) -> Kind {
+        Cache::kind(self)
+    }
+    fn get(&self, namespace: Option<&str>, name: &str) -> Option<Arc<DynamicObject>> {
+        Cache::get(self, namespace, name)
+    }
+    fn list(&self) -> Vec<Arc<DynamicObject>> {
+        Cache::list(self)
+    }
+    fn list_namespace(&self, namespace: &str) -> Vec<Arc<DynamicObject>> {
+        Cache::list_namespace(self, namespace)
+    }
+    fn len(&self) -> usize {
+        Cache::len(self)
+    }
+    fn is_synced(&self) -> bool {
+        Cache::is_synced(self)
+    }
+    async fn wait_synced(&self) {
+        Cache::wait_synced(self).await;
+    }
+    fn known(&self, namespace: Option<&str>, name: &str) -> Known {
+        Cache::known(self, namespace, name)
+    }
+    fn spec_checksum(&self, obj: &Arc<DynamicObject>) -> String {
+        Cache::spec_checksum(self, obj)
+    }
+    fn object_size(&self, obj: &Arc<DynamicObject>) -> usize {
+        Cache::object_size(self, obj)
+    }
+    fn is_stub(&self, obj: &Arc<DynamicObject>) -> bool {
+        Cache::is_stub(self, obj)
+    }
+    fn stub_oversized(&self, max: usize, applies: fn(&DynamicObject) -> bool) {
+        Cache::stub_oversized(self, max, applies)
+    }
+}
