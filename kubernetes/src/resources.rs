@@ -3,7 +3,7 @@
 //!
 //! Every update goes through `resourceVersion`: read, change, `PUT` with the version
 //! read; a `409 Conflict` means someone else wrote in between, so re-read and try again
-//! (at most [`MAX_UPDATE_ATTEMPTS`] times). Status is written only through the `/status`
+//! (at most [`MAX_UPDATE_ATTEMPTS`](crate::store::MAX_UPDATE_ATTEMPTS) times). Status is written only through the `/status`
 //! subresource, so a status write never touches spec and a spec write never touches
 //! status (the API server enforces that split for CRDs with a status subresource).
 
@@ -19,10 +19,7 @@ use serde_json::Value;
 use crate::error::ObjectRef;
 use crate::object::is_being_deleted;
 use crate::scope::Scope;
-use crate::store::{
-    DeleteOutcome, Known, MAX_UPDATE_ATTEMPTS, Mutate, Mutation, ObjectStore, UpdateOutcome,
-    UpsertOutcome, namespace_object,
-};
+use crate::store::{DeleteOutcome, Known, Mutation, ObjectStore, UpdateOutcome, UpsertOutcome};
 use crate::{Error, Kind};
 
 /// Typed access to one [`Kind`] of object through the API server.
@@ -150,7 +147,7 @@ impl Resources {
     ///
     /// Reads the object, lets `mutate` change it, and `PUT`s it with the
     /// `resourceVersion` it was read at. On `409 Conflict` the object is read again and
-    /// `mutate` runs again on the fresh copy, up to [`MAX_UPDATE_ATTEMPTS`] PUTs. The
+    /// `mutate` runs again on the fresh copy, up to [`MAX_UPDATE_ATTEMPTS`](crate::store::MAX_UPDATE_ATTEMPTS) PUTs. The
     /// closure cannot move the object: name, namespace and resourceVersion are reset
     /// to what was read. A missing object is [`Error::NotFound`]. For kinds with a status
     /// subresource (Application) the API server ignores `.status` in this write: use
@@ -162,7 +159,7 @@ impl Resources {
         mutate: F,
     ) -> Result<UpdateOutcome, Error>
     where
-        F: FnMut(&mut DynamicObject) -> Mutation,
+        F: FnMut(&mut DynamicObject) -> Mutation + Send,
     {
         self.update_from(namespace, name, None, mutate).await
     }
@@ -174,46 +171,13 @@ impl Resources {
         &self,
         namespace: Option<&str>,
         name: &str,
-        mut first: Option<DynamicObject>,
+        first: Option<DynamicObject>,
         mut mutate: F,
     ) -> Result<UpdateOutcome, Error>
     where
-        F: FnMut(&mut DynamicObject) -> Mutation,
+        F: FnMut(&mut DynamicObject) -> Mutation + Send,
     {
-        let api = self.api(namespace, name)?;
-        let object = self.object_ref(namespace, name);
-        for attempt in 1..=MAX_UPDATE_ATTEMPTS {
-            let current = match first.take() {
-                Some(cached) => cached,
-                None => api
-                    .get(name)
-                    .await
-                    .map_err(|e| Error::from_kube(object.clone(), e))?,
-            };
-            let mut desired = current.clone();
-            match mutate(&mut desired) {
-                Mutation::Unchanged => return Ok(UpdateOutcome::Unchanged(current)),
-                Mutation::Abort => return Ok(UpdateOutcome::Aborted(current)),
-                Mutation::Changed => {}
-            }
-            desired.metadata.name = current.metadata.name.clone();
-            desired.metadata.namespace = current.metadata.namespace.clone();
-            desired.metadata.resource_version = current.metadata.resource_version.clone();
-            desired.types = Some(self.types());
-            match api.replace(name, &PostParams::default(), &desired).await {
-                Ok(written) => return Ok(UpdateOutcome::Updated(written)),
-                Err(e) => match Error::from_kube(object.clone(), e) {
-                    err if err.is_conflict() => {
-                        tracing::debug!(%object, attempt, "update conflicted; re-reading");
-                    }
-                    err => return Err(err),
-                },
-            }
-        }
-        Err(Error::ConflictRetriesExhausted {
-            object,
-            attempts: MAX_UPDATE_ATTEMPTS,
-        })
+        ObjectStore::update_from(self, namespace, name, first, &mut mutate).await
     }
 
     /// Replaces `.status` through the `/status` subresource, whole (keys absent from
@@ -290,12 +254,7 @@ impl Resources {
         namespace: Option<&str>,
         name: &str,
     ) -> Result<bool, Error> {
-        let patch = serde_json::json!({ "metadata": { "finalizers": null } });
-        match self.patch_merge(namespace, name, &patch).await {
-            Ok(_) => Ok(true),
-            Err(err) if err.is_not_found() => Ok(false),
-            Err(err) => Err(err),
-        }
+        ObjectStore::remove_finalizers(self, namespace, name).await
     }
 
     /// [`ObjectStore::upsert_copy`] (see there).
@@ -333,22 +292,7 @@ impl Resources {
     /// merge patch of the status subresource (nothing else in the status is touched, so a
     /// concurrent status write is not lost).
     pub async fn terminate_operation(&self, namespace: &str, name: &str) -> Result<(), Error> {
-        let object = self.object_ref(Some(namespace), name);
-        let api = self.api(Some(namespace), name)?;
-        let patch = serde_json::json!({"status": {"operationState": {"phase": "Terminating"}}});
-        match api
-            .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(e) => match Error::from_kube(object.clone(), e) {
-                Error::NotFound { .. } => Err(Error::NotFound {
-                    object,
-                    message: "no such application to terminate an operation of".into(),
-                }),
-                other => Err(other),
-            },
-        }
+        ObjectStore::terminate_operation(self, namespace, name).await
     }
 
     /// Creates namespace `name` with `labels` unless it exists (see [`ensure_namespace`]).
@@ -368,22 +312,18 @@ pub async fn ensure_namespace(
     name: &str,
     labels: BTreeMap<String, String>,
 ) -> Result<bool, Error> {
-    let namespaces = Resources::new(client.clone(), Kind::Namespace);
-    if namespaces.get(None, name).await?.is_some() {
-        return Ok(false);
-    }
-    let ns = namespace_object(name, labels);
-    match namespaces.create(&ns).await {
-        Ok(_) => Ok(true),
-        // Someone else created it between our read and our create.
-        Err(err) if err.is_already_exists() => Ok(false),
-        Err(err) => Err(err),
-    }
+    crate::store::create_namespace(
+        &Resources::new(client.clone(), Kind::Namespace),
+        name,
+        labels,
+    )
+    .await
 }
 
-/// The API server as an [`ObjectStore`]: every method is the inherent one of the same name
-/// (the read-modify-write loop included, so the API server's own not-found answers reach
-/// the caller).
+/// The API server as an [`ObjectStore`]: the requests are the inherent methods of the same
+/// name; the read-modify-write loop, finalizer removal and operation termination are the
+/// trait's own (the inherent ones call them), reading with the API server's own not-found
+/// answer.
 #[async_trait::async_trait]
 impl ObjectStore for Resources {
     fn kind(&self) -> Kind {
@@ -455,22 +395,16 @@ impl ObjectStore for Resources {
         Resources::delete(self, namespace, name).await
     }
 
-    async fn update_from(
+    /// The API server's own answer when the object is missing.
+    async fn read_for_update(
         &self,
         namespace: Option<&str>,
         name: &str,
-        first: Option<DynamicObject>,
-        mutate: Mutate<'_>,
-    ) -> Result<UpdateOutcome, Error> {
-        Resources::update_from(self, namespace, name, first, mutate).await
-    }
-
-    async fn remove_finalizers(&self, namespace: Option<&str>, name: &str) -> Result<bool, Error> {
-        Resources::remove_finalizers(self, namespace, name).await
-    }
-
-    async fn terminate_operation(&self, namespace: &str, name: &str) -> Result<(), Error> {
-        Resources::terminate_operation(self, namespace, name).await
+    ) -> Result<DynamicObject, Error> {
+        self.api(namespace, name)?
+            .get(name)
+            .await
+            .map_err(|e| Error::from_kube(self.object_ref(namespace, name), e))
     }
 
     async fn ensure_namespace(

@@ -161,6 +161,21 @@ pub trait ObjectStore: Send + Sync {
     /// set and give [`DeleteOutcome::Pending`]; a missing object is not an error.
     async fn delete(&self, namespace: Option<&str>, name: &str) -> Result<DeleteOutcome, Error>;
 
+    /// The object as [`ObjectStore::update_from`] reads it; a missing object is
+    /// [`Error::NotFound`] (a backend may say more about it than this default does).
+    async fn read_for_update(
+        &self,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<DynamicObject, Error> {
+        self.get(namespace, name)
+            .await?
+            .ok_or_else(|| Error::NotFound {
+                object: ObjectRef::new(self.kind(), namespace, name),
+                message: "no such object to update".into(),
+            })
+    }
+
     /// Read-modify-write: reads the object, lets `mutate` change it, and replaces it with
     /// the `resourceVersion` it was read at; on a conflict reads again and `mutate` runs
     /// again, up to [`MAX_UPDATE_ATTEMPTS`] writes. The closure cannot move the object:
@@ -189,13 +204,7 @@ pub trait ObjectStore: Send + Sync {
         for attempt in 1..=MAX_UPDATE_ATTEMPTS {
             let current = match first.take() {
                 Some(cached) => cached,
-                None => self
-                    .get(namespace, name)
-                    .await?
-                    .ok_or_else(|| Error::NotFound {
-                        object: object.clone(),
-                        message: "no such object to update".into(),
-                    })?,
+                None => self.read_for_update(namespace, name).await?,
             };
             let mut desired = current.clone();
             match mutate(&mut desired) {
@@ -305,15 +314,25 @@ pub trait ObjectStore: Send + Sync {
         name: &str,
         labels: BTreeMap<String, String>,
     ) -> Result<bool, Error> {
-        if self.get(None, name).await?.is_some() {
-            return Ok(false);
-        }
-        match self.create(&namespace_object(name, labels)).await {
-            Ok(_) => Ok(true),
-            // Someone else created it between our read and our create.
-            Err(err) if err.is_already_exists() => Ok(false),
-            Err(err) => Err(err),
-        }
+        create_namespace(self, name, labels).await
+    }
+}
+
+/// Creates namespace `name` with `labels` in `namespaces` (a store of namespaces) unless it
+/// exists; `true` when it was created. An existing namespace is left as it is.
+pub(crate) async fn create_namespace<S: ObjectStore + ?Sized>(
+    namespaces: &S,
+    name: &str,
+    labels: BTreeMap<String, String>,
+) -> Result<bool, Error> {
+    if namespaces.get(None, name).await?.is_some() {
+        return Ok(false);
+    }
+    match namespaces.create(&namespace_object(name, labels)).await {
+        Ok(_) => Ok(true),
+        // Someone else created it between our read and our create.
+        Err(err) if err.is_already_exists() => Ok(false),
+        Err(err) => Err(err),
     }
 }
 
