@@ -14,6 +14,9 @@ use std::path::Path;
 #[path = "support/rust_files.rs"]
 mod rust_files;
 use rust_files::rust_files;
+#[path = "support/non_test.rs"]
+mod non_test;
+use non_test::non_test_lines;
 
 /// The crates of the shipped binaries (`cargo tree -e normal -p argocd-agent-cli`), but the
 /// listener crate.
@@ -29,44 +32,6 @@ const CHECKED: [&str; 10] = [
     "agent",
     "cli",
 ];
-
-/// The lines of `text` outside `#[cfg(test)]` items, with their line numbers (from 1): each
-/// such item is skipped from its attribute to the `;` or the brace that closes it (braces
-/// counted per line, as formatted code writes them).
-fn non_test_lines(text: &str) -> Vec<(usize, &str)> {
-    let mut out = Vec::new();
-    let mut lines = text.lines().enumerate();
-    while let Some((n, line)) = lines.next() {
-        if !line.trim_start().starts_with("#[cfg(test)]") {
-            out.push((n + 1, line));
-            continue;
-        }
-        let mut depth: i64 = 0;
-        let mut opened = false;
-        let mut current = line.trim_start().trim_start_matches("#[cfg(test)]");
-        loop {
-            let code = current.split("//").next().unwrap_or_default();
-            for c in code.chars() {
-                match c {
-                    '{' => {
-                        depth += 1;
-                        opened = true;
-                    }
-                    '}' => depth -= 1,
-                    _ => {}
-                }
-            }
-            if (!opened && code.trim_end().ends_with(';')) || (opened && depth <= 0) {
-                break;
-            }
-            match lines.next() {
-                Some((_, next)) => current = next,
-                None => break,
-            }
-        }
-    }
-    out
-}
 
 /// Where `text` calls `.accept()` outside its tests: `(line number, line)`.
 fn accepts(text: &str) -> Vec<(usize, String)> {

@@ -12,6 +12,8 @@ use std::path::{Path, PathBuf};
 #[path = "support/rust_files.rs"]
 mod rust_files;
 use rust_files::rust_files;
+#[path = "support/non_test.rs"]
+mod non_test;
 
 /// The crates held to the limit.
 const CORE: [&str; 4] = ["principal", "agent", "identity", "domain"];
@@ -24,44 +26,9 @@ const LIMIT: usize = 1_000;
 /// gets shorter.
 const KNOWN: [(&str, usize); 0] = [];
 
-/// Lines outside `#[cfg(test)]` items: each such item is skipped from its attribute to the
-/// `;` or the brace that closes it (braces counted per line, as formatted code writes them),
-/// wherever it stands in the file.
+/// Lines outside `#[cfg(test)]` items (see [`non_test::non_test_lines`]).
 fn non_test_lines(text: &str) -> usize {
-    let mut count = 0;
-    let mut lines = text.lines();
-    while let Some(line) = lines.next() {
-        if !line.trim_start().starts_with("#[cfg(test)]") {
-            count += 1;
-            continue;
-        }
-        // Skip the item: up to a `;` ending it before any brace, or its closing brace.
-        let mut depth: i64 = 0;
-        let mut opened = false;
-        let mut current = line.trim_start().trim_start_matches("#[cfg(test)]");
-        loop {
-            let code = current.split("//").next().unwrap_or_default();
-            for c in code.chars() {
-                match c {
-                    '{' => {
-                        depth += 1;
-                        opened = true;
-                    }
-                    '}' => depth -= 1,
-                    _ => {}
-                }
-            }
-            let ends_without_body = !opened && code.trim_end().ends_with(';');
-            if ends_without_body || (opened && depth <= 0) {
-                break;
-            }
-            match lines.next() {
-                Some(next) => current = next,
-                None => break,
-            }
-        }
-    }
-    count
+    non_test::non_test_lines(text).len()
 }
 
 /// The module names a file declares as test-only (`#[cfg(test)]` followed by `mod name;`).

@@ -18,7 +18,7 @@ pub mod http_server;
 pub mod incoming;
 pub mod preface;
 pub mod refusal;
-mod text;
+pub mod text;
 
 pub use caps::{Admission, Caps, ClientLimit, ClientSlot};
 pub use gate::{

@@ -90,28 +90,45 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Prefaced<IO> {
     }
 }
 
-impl<IO: AsyncWrite + Unpin> AsyncWrite for Prefaced<IO> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
-    }
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
+/// Implements `tokio::io::AsyncWrite` for a wrapper by handing every call to one of its
+/// fields (the wrappers of a connection write through untouched):
+/// `forward_async_write!([IO: AsyncWrite + Unpin] Prefaced<IO>, inner);`. (A macro: the five
+/// methods are the same for every wrapper, and no library has a delegating one.)
+#[macro_export]
+macro_rules! forward_async_write {
+    ([$($generics:tt)*] $ty:ty, $field:ident) => {
+        impl<$($generics)*> ::tokio::io::AsyncWrite for $ty {
+            fn poll_write(
+                mut self: ::std::pin::Pin<&mut Self>,
+                cx: &mut ::std::task::Context<'_>,
+                buf: &[u8],
+            ) -> ::std::task::Poll<::std::io::Result<usize>> {
+                ::std::pin::Pin::new(&mut self.$field).poll_write(cx, buf)
+            }
+            fn poll_flush(
+                mut self: ::std::pin::Pin<&mut Self>,
+                cx: &mut ::std::task::Context<'_>,
+            ) -> ::std::task::Poll<::std::io::Result<()>> {
+                ::std::pin::Pin::new(&mut self.$field).poll_flush(cx)
+            }
+            fn poll_shutdown(
+                mut self: ::std::pin::Pin<&mut Self>,
+                cx: &mut ::std::task::Context<'_>,
+            ) -> ::std::task::Poll<::std::io::Result<()>> {
+                ::std::pin::Pin::new(&mut self.$field).poll_shutdown(cx)
+            }
+            fn poll_write_vectored(
+                mut self: ::std::pin::Pin<&mut Self>,
+                cx: &mut ::std::task::Context<'_>,
+                bufs: &[::std::io::IoSlice<'_>],
+            ) -> ::std::task::Poll<::std::io::Result<usize>> {
+                ::std::pin::Pin::new(&mut self.$field).poll_write_vectored(cx, bufs)
+            }
+            fn is_write_vectored(&self) -> bool {
+                self.$field.is_write_vectored()
+            }
+        }
+    };
 }
+
+crate::forward_async_write!([IO: AsyncWrite + Unpin] Prefaced<IO>, inner);
