@@ -18,6 +18,12 @@
 //!   cross into another crate (a row in another crate than the one before it, unless it
 //!   returns to the crate the walk came from, which is a return and no crossing).
 //!
+//! What it cannot see: a call is resolved by name (and by the receiver's field name or the
+//! path's module, `sessions.partition.admit` to `partition.rs`); when several project
+//! functions bear the name and none is singled out, the call counts as listed if one of them
+//! is. Values passed through channels and the gRPC stream are rows entered by the stream.
+//! `WALK_DEBUG=1` prints every call followed and where it lands.
+//!
 //! Run: `cargo nextest run -p argocd-agent-e2e --test walks --no-capture` (prints each walk
 //! as counted).
 
