@@ -328,7 +328,7 @@ impl Leases {
         let to = handover_to.clone();
         let result = self
             .api
-            .update_from(Some(&self.namespace), &name, first, |obj| {
+            .update_from(Some(&self.namespace), &name, first, &mut |obj| {
                 let v = LeaseView::of(obj);
                 if v.holder.as_deref() != Some(me.as_str()) {
                     return Mutation::Abort;
@@ -477,7 +477,7 @@ impl Leases {
                 .map(|o| (*o).clone());
             let result = self
                 .api
-                .update_from(Some(&self.namespace), &name, first, |obj| {
+                .update_from(Some(&self.namespace), &name, first, &mut |obj| {
                     if LeaseView::of(obj).holder.as_deref() != Some(me.as_str()) {
                         return Mutation::Abort;
                     }

@@ -39,7 +39,9 @@ pub use config::{
     RESOURCE_PROXY_ANNOTATION, TAKEOVER_ANNOTATION, default_replica_id,
 };
 pub use shares::Shares;
-pub use state::{LeaseView, Leases, agent_lease_name, replica_lease_name, replica_of};
+pub use state::{
+    LeaseBackend, LeaseView, Leases, agent_lease_name, replica_lease_name, replica_of,
+};
 
 #[cfg(test)]
 mod tests;

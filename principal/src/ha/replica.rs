@@ -167,7 +167,7 @@ impl Leases {
             self.api.create(&obj).await.map(|_| ())
         } else {
             self.api
-                .update_from(Some(&self.namespace), &name, cached, |obj| {
+                .update_from(Some(&self.namespace), &name, cached, &mut |obj| {
                     let v = LeaseView::of(obj);
                     set_spec(obj, |s| {
                         if v.holder.as_deref() != Some(me.as_str()) {
@@ -238,7 +238,7 @@ impl Leases {
             .map(|o| (*o).clone());
         let _ = self
             .api
-            .update_from(Some(&self.namespace), &name, first, |obj| {
+            .update_from(Some(&self.namespace), &name, first, &mut |obj| {
                 if LeaseView::of(obj).holder.as_deref() != Some(me.as_str()) {
                     return Mutation::Abort;
                 }

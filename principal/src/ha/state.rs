@@ -8,8 +8,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use argocd_agent_domain::AgentName;
-use argocd_agent_kubernetes::{Cache, Kind, Resources, Scope};
+use argocd_agent_kubernetes::{Change, Kind, ObjectStore, ObjectView, Resources, Scope};
 use futures::StreamExt;
+use futures::stream::BoxStream;
 use k8s_openapi::api::coordination::v1::LeaseSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::DynamicObject;
@@ -140,14 +141,27 @@ pub(super) struct Held {
     pub(super) handover_to: Option<String>,
 }
 
+/// Where a replica's Leases live: the store written to, the view read, and the changes that
+/// keep the view (the API server and its watch; a `MemoryStore` in unit tests).
+pub struct LeaseBackend {
+    /// Writes Leases.
+    pub api: Arc<dyn ObjectStore>,
+    /// The Leases of this principal's partition, as last seen.
+    pub cache: Arc<dyn ObjectView>,
+    /// The changes the view follows, which the replica reacts to.
+    pub changes: BoxStream<'static, Change>,
+}
+
 /// The agent Leases and the replica Lease of one principal replica.
 pub struct Leases {
     pub(super) cfg: HaConfig,
     /// Holder identity: `<replica>_<incarnation>`.
     pub(super) me: String,
     pub(super) namespace: String,
-    pub(super) api: Resources,
-    pub(super) cache: Cache,
+    /// The Leases on the hub (the API server; in memory in unit tests).
+    pub(super) api: Arc<dyn ObjectStore>,
+    /// The watched Leases of this principal's partition.
+    pub(super) cache: Arc<dyn ObjectView>,
     pub(super) changed: Notify,
     /// The sessions a lost or handed-over Lease closes.
     pub(super) sessions: Arc<Sessions>,
@@ -193,13 +207,37 @@ impl Leases {
             Kind::Lease,
             Scope::namespace(namespace.to_string()).with_label_selector(selector),
         );
+        let backend = LeaseBackend {
+            api: Arc::new(Resources::new(client, Kind::Lease)),
+            cache: Arc::new(cache),
+            changes: Box::pin(changes),
+        };
+        Leases::start_on(backend, namespace, cfg, sessions, metrics, tasks, shutdown)
+    }
+
+    /// [`Leases::start`] on any backend: the store its Leases are written to, the view of
+    /// them, and the changes that view follows.
+    pub fn start_on(
+        backend: LeaseBackend,
+        namespace: &str,
+        cfg: HaConfig,
+        sessions: Arc<Sessions>,
+        metrics: Metrics,
+        tasks: &TaskTracker,
+        shutdown: CancellationToken,
+    ) -> Arc<Leases> {
+        let LeaseBackend {
+            api,
+            cache,
+            changes,
+        } = backend;
         let incarnation = uuid::Uuid::new_v4().simple().to_string();
         let me = format!("{}_{}", cfg.replica, &incarnation[..8]);
         let leases = Arc::new(Leases {
             cfg,
             me,
             namespace: namespace.to_string(),
-            api: Resources::new(client, Kind::Lease),
+            api,
             cache,
             changed: Notify::new(),
             sessions,

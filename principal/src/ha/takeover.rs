@@ -31,7 +31,7 @@ impl Leases {
         let expected = previous.clone();
         let written = self
             .api
-            .update_from(Some(&self.namespace), name, Some(current), |obj| {
+            .update_from(Some(&self.namespace), name, Some(current), &mut |obj| {
                 let v = LeaseView::of(obj);
                 if v.holder != expected {
                     return Mutation::Abort; // someone else moved first: decide again
@@ -85,7 +85,7 @@ impl Leases {
         let expected = holder.to_owned();
         let asked_now = self
             .api
-            .update_from(Some(&self.namespace), name, Some(current), |obj| {
+            .update_from(Some(&self.namespace), name, Some(current), &mut |obj| {
                 let v = LeaseView::of(obj);
                 if v.holder.as_deref() != Some(expected.as_str()) {
                     return Mutation::Abort;

@@ -113,3 +113,69 @@ fn config_validation() {
     assert!(c.validate().is_err());
     assert!(!default_replica_id().is_empty());
 }
+
+/// Until `check` holds, polled for up to 10 s.
+async fn eventually(what: &str, check: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !check() {
+        assert!(tokio::time::Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Two replicas on one in-memory Lease store (no API server): an agent's Lease taken on one
+/// is seen held there by the other, and is free again once its guard is released.
+#[tokio::test]
+async fn an_agent_lease_taken_on_one_replica_is_seen_by_the_other_until_released() {
+    use argocd_agent_domain::Namespace;
+    use argocd_agent_kubernetes::Scope;
+    use argocd_agent_kubernetes::memory::MemoryStore;
+    use std::sync::Arc;
+    use tokio_util::sync::CancellationToken;
+    use tokio_util::task::TaskTracker;
+
+    let store = MemoryStore::new(Kind::Lease);
+    let (tasks, shutdown) = (TaskTracker::new(), CancellationToken::new());
+    let replica = |name: &str| {
+        let (cache, changes) = store.watch(Scope::namespace("argocd"));
+        let backend = LeaseBackend {
+            api: Arc::new(store.clone()),
+            cache: Arc::new(cache),
+            changes,
+        };
+        let sessions = Arc::new(crate::sessions::Sessions::new(
+            Default::default(),
+            Default::default(),
+        ));
+        Leases::start_on(
+            backend,
+            "argocd",
+            HaConfig::new(name),
+            sessions,
+            crate::metrics::Metrics::new(),
+            &tasks,
+            shutdown.clone(),
+        )
+    };
+    let (a, b) = (replica("principal-0"), replica("principal-1"));
+    eventually("both replicas renewed their Lease", || {
+        a.ready().is_ok() && b.ready().is_ok()
+    })
+    .await;
+    let agent = AgentName::new("agent-1").unwrap();
+    let namespace = Namespace::new("agent-1").unwrap();
+    let guard = a.acquire(&agent, &namespace, 1).await.expect("acquire");
+    let holder = a.holder().to_string();
+    eventually("the other replica sees the holder", || {
+        b.holder_of(&agent).as_deref() == Some(holder.as_str())
+    })
+    .await;
+    eventually(
+        "the other replica maps the hub namespace to the agent",
+        || b.agent_for_namespace("agent-1") == Some(agent.clone()),
+    )
+    .await;
+    guard.release().await;
+    eventually("the Lease is free", || b.holder_of(&agent).is_none()).await;
+    shutdown.cancel();
+}
