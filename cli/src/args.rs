@@ -1322,7 +1322,9 @@ impl PrincipalArgs {
                 "off" | "" => None,
                 addr => Some(
                     addr.parse()
-                        .map_err(|e: String| format!("--admin-address: {e}"))?,
+                        .map_err(|e: argocd_agent_principal::config::AdminAddressError| {
+                            format!("--admin-address: {e}")
+                        })?,
                 ),
             },
             max_message_size: a.max_message_size,

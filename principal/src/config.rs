@@ -23,25 +23,42 @@ pub enum AdminAddress {
     Unix(PathBuf),
 }
 
+/// Why an `--admin-address` is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AdminAddressError {
+    /// `unix://` without a path.
+    #[error("unix:// needs a socket path (unix:///run/admin.sock)")]
+    NoSocketPath,
+    /// Neither `host:port` nor `unix:///path`.
+    #[error("{}: expected host:port or unix:///path ({reason})", quoted(.value))]
+    NotAnAddress {
+        /// The value given.
+        value: String,
+        /// Why it is no socket address.
+        reason: std::net::AddrParseError,
+    },
+    /// A TCP address off loopback.
+    #[error(
+        "{0}: the admin API is plaintext and unauthenticated; it listens on loopback or a Unix socket only"
+    )]
+    NotLoopback(SocketAddr),
+}
+
 impl std::str::FromStr for AdminAddress {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = AdminAddressError;
+    fn from_str(s: &str) -> Result<Self, AdminAddressError> {
         if let Some(path) = s.strip_prefix("unix://") {
             if path.is_empty() {
-                return Err("unix:// needs a socket path (unix:///run/admin.sock)".into());
+                return Err(AdminAddressError::NoSocketPath);
             }
             return Ok(AdminAddress::Unix(PathBuf::from(path)));
         }
-        let addr: SocketAddr = s.parse().map_err(|e| {
-            format!(
-                "{s}: expected host:port or unix:///path ({e})",
-                s = quoted(&s)
-            )
+        let addr: SocketAddr = s.parse().map_err(|reason| AdminAddressError::NotAnAddress {
+            value: s.to_owned(),
+            reason,
         })?;
         if !addr.ip().is_loopback() {
-            return Err(format!(
-                "{addr}: the admin API is plaintext and unauthenticated; it listens on loopback or a Unix socket only"
-            ));
+            return Err(AdminAddressError::NotLoopback(addr));
         }
         Ok(AdminAddress::Tcp(addr))
     }
@@ -218,7 +235,7 @@ mod tests {
             "unix:///run/a.sock".parse::<AdminAddress>().unwrap(),
             AdminAddress::Unix("/run/a.sock".into())
         );
-        let err = "0.0.0.0:8001".parse::<AdminAddress>().unwrap_err();
+        let err = "0.0.0.0:8001".parse::<AdminAddress>().unwrap_err().to_string();
         assert!(err.contains("loopback"), "{err}");
         assert!("unix://".parse::<AdminAddress>().is_err());
         assert!("localhost".parse::<AdminAddress>().is_err());

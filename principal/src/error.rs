@@ -35,6 +35,10 @@ pub enum PrincipalError {
     /// The configuration is refused (message says why).
     #[error("configuration: {0}")]
     Config(String),
+    /// `--allowed-namespaces` or `--label-selector` is refused (printed here, not as a
+    /// source).
+    #[error("configuration: {0}")]
+    Partition(crate::partition::PartitionError),
     /// A listener could not be bound.
     #[error("listener {addr}")]
     Listen {

@@ -99,6 +99,50 @@ pub struct OutsidePartition {
     pub allowed: String,
 }
 
+/// Why `--allowed-namespaces` or `--label-selector` cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum PartitionError {
+    /// A namespace pattern that does not compile.
+    #[error("--allowed-namespaces pattern {}: {reason}", quoted(.pattern))]
+    Pattern {
+        /// The pattern as given.
+        pattern: String,
+        /// Why it does not compile.
+        reason: argocd_agent_domain::pattern::PatternError,
+    },
+    /// A label selector the principal cannot honour.
+    #[error("--label-selector {}: {problem}", quoted(.selector))]
+    Selector {
+        /// The selector as given.
+        selector: String,
+        /// The first term that cannot be used.
+        problem: SelectorProblem,
+    },
+}
+
+/// What is wrong with a label selector.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SelectorProblem {
+    /// More `)` than `(`.
+    #[error("a ) closes nothing")]
+    UnopenedParen,
+    /// A `(` without its `)`.
+    #[error("a ( is not closed")]
+    UnclosedParen,
+    /// Two commas in a row, or one at an end.
+    #[error("empty term")]
+    EmptyTerm,
+    /// A set-based term without its `(values)`.
+    #[error("expected (values) in {}", quoted(.0))]
+    NoValues(String),
+    /// A term without a label name.
+    #[error("term {} names no label", quoted(.0))]
+    NoLabel(String),
+    /// Two equality terms fixing one label to different values.
+    #[error("label {} is required to have two values", quoted(.0))]
+    TwoValues(String),
+}
+
 impl Partition {
     /// The whole hub: every namespace, no selector (a principal without a partition).
     pub fn whole_hub() -> Partition {
@@ -114,7 +158,7 @@ impl Partition {
         selector: Option<&str>,
         argocd: &str,
         by_destination: bool,
-    ) -> Result<Partition, String> {
+    ) -> Result<Partition, PartitionError> {
         let mut out = Partition::default();
         for source in patterns
             .iter()
@@ -122,11 +166,9 @@ impl Partition {
             .map(str::trim)
             .filter(|p| !p.is_empty())
         {
-            let (regex, literal) = compile(source).map_err(|e| {
-                format!(
-                    "--allowed-namespaces pattern {source}: {e}",
-                    source = quoted(&source)
-                )
+            let (regex, literal) = compile(source).map_err(|reason| PartitionError::Pattern {
+                pattern: source.to_owned(),
+                reason,
             })?;
             out.patterns.push(Pattern {
                 source: source.to_owned(),
@@ -138,8 +180,10 @@ impl Partition {
             out.argocd = Some(argocd.to_owned());
         }
         if let Some(sel) = selector.map(str::trim).filter(|s| !s.is_empty()) {
-            let terms = partition_labels(sel)
-                .map_err(|e| format!("--label-selector {sel}: {e}", sel = quoted(&sel)))?;
+            let terms = partition_labels(sel).map_err(|problem| PartitionError::Selector {
+                selector: sel.to_owned(),
+                problem,
+            })?;
             out.selector = Some(sel.to_owned());
             out.labels = terms.labels;
             out.excluded = terms.excluded;
@@ -265,7 +309,7 @@ impl Partition {
 
 /// A pattern as a regular expression ([`argocd_agent_domain::pattern::compile`]) and
 /// whether it is a plain name (then watched by namespace rather than filtered).
-fn compile(pattern: &str) -> Result<(Regex, bool), String> {
+fn compile(pattern: &str) -> Result<(Regex, bool), argocd_agent_domain::pattern::PatternError> {
     let literal = pattern
         .bytes()
         .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
@@ -273,7 +317,7 @@ fn compile(pattern: &str) -> Result<(Regex, bool), String> {
 }
 
 /// The terms of a label selector (commas inside `( )` do not split).
-fn terms(selector: &str) -> Result<Vec<&str>, String> {
+fn terms(selector: &str) -> Result<Vec<&str>, SelectorProblem> {
     let mut out = Vec::new();
     let (mut depth, mut start) = (0i32, 0usize);
     for (i, c) in selector.char_indices() {
@@ -287,15 +331,15 @@ fn terms(selector: &str) -> Result<Vec<&str>, String> {
             _ => {}
         }
         if depth < 0 {
-            return Err("a ) closes nothing".into());
+            return Err(SelectorProblem::UnopenedParen);
         }
     }
     if depth != 0 {
-        return Err("a ( is not closed".into());
+        return Err(SelectorProblem::UnclosedParen);
     }
     out.push(selector[start..].trim());
     if out.iter().any(|t| t.is_empty()) {
-        return Err("empty term".into());
+        return Err(SelectorProblem::EmptyTerm);
     }
     Ok(out)
 }
@@ -312,12 +356,12 @@ struct SelectorTerms {
 }
 
 /// The `(a, b)` of a set-based term, as values.
-fn set_values<'a>(set: &'a str, term: &str) -> Result<Vec<&'a str>, String> {
+fn set_values<'a>(set: &'a str, term: &str) -> Result<Vec<&'a str>, SelectorProblem> {
     Ok(set
         .trim()
         .strip_prefix('(')
         .and_then(|s| s.strip_suffix(')'))
-        .ok_or_else(|| format!("expected (values) in {term}", term = quoted(&term)))?
+        .ok_or_else(|| SelectorProblem::NoValues(term.to_owned()))?
         .split(',')
         .map(str::trim)
         .filter(|v| !v.is_empty())
@@ -326,7 +370,7 @@ fn set_values<'a>(set: &'a str, term: &str) -> Result<Vec<&'a str>, String> {
 
 /// The excluding term `term` (`!k`, `k!=v`, `k notin (a,b)`) as a key and what it
 /// excludes; `None` for any other term.
-fn excluding(term: &str) -> Result<Option<(&str, Excluded)>, String> {
+fn excluding(term: &str) -> Result<Option<(&str, Excluded)>, SelectorProblem> {
     let owned =
         |values: Vec<&str>| Excluded::Values(values.into_iter().map(str::to_owned).collect());
     let (key, excluded) = if let Some(k) = term.strip_prefix('!') {
@@ -339,14 +383,14 @@ fn excluding(term: &str) -> Result<Option<(&str, Excluded)>, String> {
         return Ok(None);
     };
     if key.is_empty() {
-        return Err(format!("term {term} names no label", term = quoted(&term)));
+        return Err(SelectorProblem::NoLabel(term.to_owned()));
     }
     Ok(Some((key, excluded)))
 }
 
 /// The partition labels of a selector (its equality terms), the labels it excludes, and the
 /// terms that name a label without fixing its value.
-fn partition_labels(selector: &str) -> Result<SelectorTerms, String> {
+fn partition_labels(selector: &str) -> Result<SelectorTerms, SelectorProblem> {
     let mut out = SelectorTerms::default();
     for term in terms(selector)? {
         if let Some((key, excluded)) = excluding(term)? {
@@ -375,13 +419,10 @@ fn partition_labels(selector: &str) -> Result<SelectorTerms, String> {
                     .insert(k.to_owned(), v.to_owned())
                     .is_some_and(|o| o != v)
                 {
-                    return Err(format!(
-                        "label {k} is required to have two values",
-                        k = quoted(&k)
-                    ));
+                    return Err(SelectorProblem::TwoValues(k.to_owned()));
                 }
             }
-            Some(_) => return Err(format!("term {term} names no label", term = quoted(&term))),
+            Some(_) => return Err(SelectorProblem::NoLabel(term.to_owned())),
             None => out.unstampable.push(term.to_owned()),
         }
     }
@@ -435,15 +476,15 @@ mod tests {
 
     #[test]
     fn bad_patterns_and_selectors_are_refused_naming_them() {
-        let err = Partition::new(&["/(/".into()], None, "argocd", false).unwrap_err();
+        let err = Partition::new(&["/(/".into()], None, "argocd", false).unwrap_err().to_string();
         assert!(err.contains("\"/(/\""), "{err}");
-        let err = Partition::new(&["a{b".into()], None, "argocd", false).unwrap_err();
+        let err = Partition::new(&["a{b".into()], None, "argocd", false).unwrap_err().to_string();
         assert!(err.contains("not closed"), "{err}");
-        let err = Partition::new(&[], Some("a=1,a=2"), "argocd", false).unwrap_err();
+        let err = Partition::new(&[], Some("a=1,a=2"), "argocd", false).unwrap_err().to_string();
         assert!(err.contains("two values"), "{err}");
-        let err = Partition::new(&[], Some("a in (1"), "argocd", false).unwrap_err();
+        let err = Partition::new(&[], Some("a in (1"), "argocd", false).unwrap_err().to_string();
         assert!(err.contains("not closed"), "{err}");
-        let err = Partition::new(&[], Some("a,,b=1"), "argocd", false).unwrap_err();
+        let err = Partition::new(&[], Some("a,,b=1"), "argocd", false).unwrap_err().to_string();
         assert!(err.contains("empty term"), "{err}");
     }
 
@@ -522,7 +563,7 @@ mod tests {
         let mut obj = app(serde_json::json!({"tier": "gold"}));
         p.stamp(&mut obj);
         assert_eq!(obj.metadata.labels, Some(BTreeMap::new()));
-        let err = Partition::new(&[], Some("!"), "argocd", false).unwrap_err();
+        let err = Partition::new(&[], Some("!"), "argocd", false).unwrap_err().to_string();
         assert!(err.contains("names no label"), "{err}");
     }
 

@@ -91,7 +91,7 @@ fn partition_of(config: &PrincipalConfig) -> Result<Partition, PrincipalError> {
         &config.argocd_namespace,
         config.destination_based_mapping,
     )
-    .map_err(PrincipalError::Config)?;
+    .map_err(PrincipalError::Partition)?;
     if !partition.unstampable().is_empty() {
         tracing::warn!(terms = %text::quoted_list(partition.unstampable()),
             "--label-selector terms that fix no label value: objects the principal creates (autonomous agents' hub copies, cluster Secrets, Leases) cannot carry them, and its own watches will not see those objects; use k=v terms");
