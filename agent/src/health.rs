@@ -31,7 +31,7 @@ impl HealthState {
             reasons.push("local caches (Applications, AppProjects, repositories, GPG keys) have not listed yet".to_owned());
         }
         if let Some(Err(e)) = self.svid.as_ref().map(|s| s.readiness()) {
-            reasons.push(e);
+            reasons.push(e.to_string());
         }
         if reasons.is_empty() {
             Ok(())
@@ -66,8 +66,7 @@ pub async fn serve(
                 Err("not connected to principal".into())
             }
         }),
-        // The runtime's probe takes the reason as text.
-        ready: Arc::new(move || state.readiness().map_err(|e| e.to_string())),
+        ready: Arc::new(move || state.readiness().map_err(Into::into)),
         metrics: with_metrics.then(|| Arc::new(move || metrics.encode()) as health::Scrape),
         on_close: Arc::new(|reason| {
             tracing::debug!(reason, "metrics listener closed a connection");

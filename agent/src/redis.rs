@@ -380,7 +380,7 @@ impl SpokeRedis {
                 self.forget(&event.id);
                 return error(format!(
                     "cluster Redis refused SUBSCRIBE: {}",
-                    f.into_value().err().unwrap_or_default()
+                    f.error_text()
                 ));
             }
             Err(e) => {

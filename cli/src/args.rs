@@ -1320,12 +1320,11 @@ impl PrincipalArgs {
             }),
             admin_listen: match a.admin_address.as_str() {
                 "off" | "" => None,
-                addr => Some(
-                    addr.parse()
-                        .map_err(|e: argocd_agent_principal::config::AdminAddressError| {
-                            format!("--admin-address: {e}")
-                        })?,
-                ),
+                addr => Some(addr.parse().map_err(
+                    |e: argocd_agent_principal::config::AdminAddressError| {
+                        format!("--admin-address: {e}")
+                    },
+                )?),
             },
             max_message_size: a.max_message_size,
             compression: a.enable_compression,

@@ -624,7 +624,7 @@ impl DemoRedis {
                     .command(&[b"GET", key])
                     .await
                     .map_err(|e| e.to_string())?;
-                reply.into_value()
+                reply.into_value().map_err(|e| e.to_string())
             }
             .await;
             match got {
@@ -644,7 +644,7 @@ impl DemoRedis {
             .await
             .map_err(|e| e.to_string())?;
         match reply.into_value() {
-            Err(e) if e.starts_with("NOAUTH") => Ok(()),
+            Err(e) if e.to_string().starts_with("NOAUTH") => Ok(()),
             other => Err(format!("without the password the proxy answered {other:?}")),
         }
     }

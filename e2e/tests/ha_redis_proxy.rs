@@ -56,7 +56,10 @@ async fn get(c: &mut RedisConn, key: &str) -> Result<Option<Vec<u8>>, String> {
     .await
     .map_err(|_| "no reply within 10 s".to_string())?
     .map_err(|e| e.to_string())?;
-    frame.into_value().map(|v| v.map(|b| b.to_vec()))
+    frame
+        .into_value()
+        .map(|v| v.map(|b| b.to_vec()))
+        .map_err(|e| e.to_string())
 }
 
 fn tree(agent: &str) -> Vec<u8> {

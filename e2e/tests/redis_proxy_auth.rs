@@ -29,7 +29,7 @@ const TREE: &[u8] = b"guestbook-tree";
 
 fn error_text(f: Frame) -> String {
     assert!(f.is_error(), "expected an error, got {f:?}");
-    f.into_value().unwrap_err()
+    f.into_value().unwrap_err().to_string()
 }
 
 /// A connection from another loopback address (another pod, for the per-client caps).

@@ -198,7 +198,7 @@ impl ClusterInfoWriter {
                     return;
                 }
                 Ok(reply) => {
-                    tracing::warn!(agent = %agent, reply = %text::quoted(&reply.into_value().err().unwrap_or_default()), "cluster info: hub Redis refused SET");
+                    tracing::warn!(agent = %agent, reply = %text::quoted(&reply.error_text()), "cluster info: hub Redis refused SET");
                     return;
                 }
                 Err(_) => *guard = None,

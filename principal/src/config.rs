@@ -53,10 +53,12 @@ impl std::str::FromStr for AdminAddress {
             }
             return Ok(AdminAddress::Unix(PathBuf::from(path)));
         }
-        let addr: SocketAddr = s.parse().map_err(|reason| AdminAddressError::NotAnAddress {
-            value: s.to_owned(),
-            reason,
-        })?;
+        let addr: SocketAddr = s
+            .parse()
+            .map_err(|reason| AdminAddressError::NotAnAddress {
+                value: s.to_owned(),
+                reason,
+            })?;
         if !addr.ip().is_loopback() {
             return Err(AdminAddressError::NotLoopback(addr));
         }
@@ -235,7 +237,10 @@ mod tests {
             "unix:///run/a.sock".parse::<AdminAddress>().unwrap(),
             AdminAddress::Unix("/run/a.sock".into())
         );
-        let err = "0.0.0.0:8001".parse::<AdminAddress>().unwrap_err().to_string();
+        let err = "0.0.0.0:8001"
+            .parse::<AdminAddress>()
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("loopback"), "{err}");
         assert!("unix://".parse::<AdminAddress>().is_err());
         assert!("localhost".parse::<AdminAddress>().is_err());

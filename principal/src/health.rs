@@ -37,9 +37,13 @@ impl Readiness {
             );
         }
         if let Some(Err(e)) = self.svid.as_ref().map(|s| s.readiness()) {
-            reasons.push(e);
+            reasons.push(e.to_string());
         }
-        reasons.extend(self.checks.iter().filter_map(|check| check().err()));
+        reasons.extend(
+            self.checks
+                .iter()
+                .filter_map(|check| check().err().map(|e| e.to_string())),
+        );
         if reasons.is_empty() {
             Ok(())
         } else {
@@ -72,7 +76,7 @@ pub async fn serve(
     };
     let endpoints = Endpoints {
         live: Endpoints::always_live(),
-        ready: Arc::new(move || ready.check().map_err(|e| e.to_string())),
+        ready: Arc::new(move || ready.check().map_err(Into::into)),
         metrics: metrics.map(|m| Arc::new(move || m.encode()) as health::Scrape),
         on_close,
     };

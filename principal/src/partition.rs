@@ -476,15 +476,25 @@ mod tests {
 
     #[test]
     fn bad_patterns_and_selectors_are_refused_naming_them() {
-        let err = Partition::new(&["/(/".into()], None, "argocd", false).unwrap_err().to_string();
+        let err = Partition::new(&["/(/".into()], None, "argocd", false)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("\"/(/\""), "{err}");
-        let err = Partition::new(&["a{b".into()], None, "argocd", false).unwrap_err().to_string();
+        let err = Partition::new(&["a{b".into()], None, "argocd", false)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("not closed"), "{err}");
-        let err = Partition::new(&[], Some("a=1,a=2"), "argocd", false).unwrap_err().to_string();
+        let err = Partition::new(&[], Some("a=1,a=2"), "argocd", false)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("two values"), "{err}");
-        let err = Partition::new(&[], Some("a in (1"), "argocd", false).unwrap_err().to_string();
+        let err = Partition::new(&[], Some("a in (1"), "argocd", false)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("not closed"), "{err}");
-        let err = Partition::new(&[], Some("a,,b=1"), "argocd", false).unwrap_err().to_string();
+        let err = Partition::new(&[], Some("a,,b=1"), "argocd", false)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("empty term"), "{err}");
     }
 
@@ -563,7 +573,9 @@ mod tests {
         let mut obj = app(serde_json::json!({"tier": "gold"}));
         p.stamp(&mut obj);
         assert_eq!(obj.metadata.labels, Some(BTreeMap::new()));
-        let err = Partition::new(&[], Some("!"), "argocd", false).unwrap_err().to_string();
+        let err = Partition::new(&[], Some("!"), "argocd", false)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("names no label"), "{err}");
     }
 

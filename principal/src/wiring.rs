@@ -431,7 +431,7 @@ impl Wiring {
             svid: self.listener_auth.svid.clone(),
             checks: leases
                 .map(|l| {
-                    Arc::new(move || l.ready().map_err(|e| e.to_string()))
+                    Arc::new(move || l.ready().map_err(Into::into))
                         as argocd_agent_runtime::health::Probe
                 })
                 .into_iter()

@@ -166,7 +166,7 @@ impl RedisEndpoint {
                 None => conn.command(&[b"AUTH", password.as_bytes()]).await?,
             };
             if reply.is_error() {
-                let msg = reply.into_value().err().unwrap_or_default();
+                let msg = reply.error_text();
                 return Err(RespError::Refused(format!("AUTH: {msg}")));
             }
         }

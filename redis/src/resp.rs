@@ -105,6 +105,17 @@ impl Value {
     }
 }
 
+/// Why a reply holds no value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReplyError {
+    /// The server answered with an error (its text, as sent).
+    #[error("{0}")]
+    Error(String),
+    /// A reply of another type than a value or nil.
+    #[error("unexpected reply: {0}")]
+    Unexpected(&'static str),
+}
+
 impl Frame {
     /// An error reply.
     pub fn is_error(&self) -> bool {
@@ -142,22 +153,31 @@ impl Frame {
         }
     }
 
-    /// A GET reply: `Ok(Some(value))`, `Ok(None)` for nil, `Err(message)` for an error or
-    /// an unexpected type.
-    pub fn into_value(self) -> Result<Option<Bytes>, String> {
+    /// A GET reply: `Ok(Some(value))`, `Ok(None)` for nil, `Err` for an error reply or an
+    /// unexpected type.
+    pub fn into_value(self) -> Result<Option<Bytes>, ReplyError> {
         match self.value {
             Value::V2(Frame2::BulkString(b) | Frame2::SimpleString(b)) => Ok(Some(b)),
             Value::V2(Frame2::Null) | Value::V3(Frame3::Null) => Ok(None),
             Value::V3(Frame3::BlobString { data, .. } | Frame3::SimpleString { data, .. }) => {
                 Ok(Some(data))
             }
-            Value::V2(Frame2::Error(e)) => Err(e.to_string()),
-            Value::V3(Frame3::SimpleError { data, .. }) => Err(data.to_string()),
-            Value::V3(Frame3::BlobError { data, .. }) => {
-                Err(String::from_utf8_lossy(&data).into_owned())
-            }
-            other => Err(format!("unexpected reply: {}", other.type_name())),
+            Value::V2(Frame2::Error(e)) => Err(ReplyError::Error(e.to_string())),
+            Value::V3(Frame3::SimpleError { data, .. }) => Err(ReplyError::Error(data.to_string())),
+            Value::V3(Frame3::BlobError { data, .. }) => Err(ReplyError::Error(
+                String::from_utf8_lossy(&data).into_owned(),
+            )),
+            other => Err(ReplyError::Unexpected(other.type_name())),
         }
+    }
+
+    /// The text of an error reply (what [`Frame::into_value`] refuses with); empty for a
+    /// reply that is no error.
+    pub fn error_text(self) -> String {
+        self.into_value()
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
     }
 
     /// A pub/sub message (`message <channel> <payload>`, RESP2 array or RESP3 push): the

@@ -14,8 +14,11 @@ use argocd_agent_listener::{self as listener, Limits, OnClose};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-/// A probe: `Ok`, or why not (the body of the 503 answer).
-pub type Probe = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+/// Why a probe fails: the caller's own error, shown as the body of the 503 answer.
+pub type ProbeError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A probe: `Ok`, or why not.
+pub type Probe = Arc<dyn Fn() -> Result<(), ProbeError> + Send + Sync>;
 
 /// The OpenMetrics text of a registry, taken at each scrape (served as text 0.0.4).
 pub type Scrape = Arc<dyn Fn() -> String + Send + Sync>;
@@ -139,10 +142,10 @@ fn exposition(
 }
 
 /// 200 with `ok`, or 503 with the reason.
-async fn answer(verdict: Result<(), String>, ok: &'static str) -> (http::StatusCode, String) {
+async fn answer(verdict: Result<(), ProbeError>, ok: &'static str) -> (http::StatusCode, String) {
     match verdict {
         Ok(()) => (http::StatusCode::OK, ok.to_owned()),
-        Err(why) => (http::StatusCode::SERVICE_UNAVAILABLE, why),
+        Err(why) => (http::StatusCode::SERVICE_UNAVAILABLE, why.to_string()),
     }
 }
 

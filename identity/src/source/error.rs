@@ -45,3 +45,22 @@ pub enum SourceError {
     #[error("SVID sources must be created inside a tokio runtime")]
     NoRuntime,
 }
+
+/// Why a source cannot serve a handshake now (the readiness probes' answer).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SvidNotReady {
+    /// No SVID has come yet.
+    #[error("no X.509-SVID yet from {from}")]
+    NoSvid {
+        /// Where the source reads from.
+        from: String,
+    },
+    /// The current SVID expired: rotation stopped.
+    #[error("X.509-SVID {id} expired (rotation from {from} stopped)")]
+    Expired {
+        /// The SVID's SPIFFE ID.
+        id: String,
+        /// Where the source reads from.
+        from: String,
+    },
+}

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::error::SourceError;
+use super::error::{SourceError, SvidNotReady};
 use crate::svid::SvidState;
 
 /// Aborts the background task when the last clone of the source is dropped.
@@ -115,14 +115,17 @@ impl SvidSource {
 
     /// Why this source cannot serve a handshake now (no SVID yet, or the current one has
     /// expired), for readiness probes; `Ok` when it can.
-    pub fn readiness(&self) -> Result<(), String> {
+    pub fn readiness(&self) -> Result<(), SvidNotReady> {
         match self.current() {
-            None => Err(format!("no X.509-SVID yet from {}", self.description)),
-            Some(s) if s.svid.is_expired_at(std::time::SystemTime::now()) => Err(format!(
-                "X.509-SVID {} expired (rotation from {} stopped)",
-                s.svid.spiffe_id(),
-                self.description
-            )),
+            None => Err(SvidNotReady::NoSvid {
+                from: self.description.to_string(),
+            }),
+            Some(s) if s.svid.is_expired_at(std::time::SystemTime::now()) => {
+                Err(SvidNotReady::Expired {
+                    id: s.svid.spiffe_id().to_string(),
+                    from: self.description.to_string(),
+                })
+            }
             Some(_) => Ok(()),
         }
     }

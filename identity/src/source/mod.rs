@@ -10,7 +10,7 @@ mod workload;
 
 use std::time::Duration;
 
-pub use error::SourceError;
+pub use error::{SourceError, SvidNotReady};
 pub use handle::SvidSource;
 pub(crate) use workload::resolve_endpoint;
 pub use workload::{SPIFFE_ENDPOINT_SOCKET, WorkloadApiOptions};

@@ -180,9 +180,7 @@ impl Peers {
             .await
             .map_err(ReplicaError::Redis)?;
         if reply.is_error() {
-            return Err(ReplicaError::SetName(
-                reply.into_value().err().unwrap_or_default(),
-            ));
+            return Err(ReplicaError::SetName(reply.error_text()));
         }
         Ok(conn)
     }
@@ -210,7 +208,7 @@ impl Peers {
                         return Ok(match frame.into_value() {
                             Ok(Some(v)) => Reply::Value(v),
                             Ok(None) => Reply::Nil,
-                            Err(e) => Reply::Error(e),
+                            Err(e) => Reply::Error(e.to_string()),
                         });
                     }
                     Err(e) => {
@@ -248,7 +246,7 @@ impl Peers {
                 .await
                 .map_err(ReplicaError::Redis)?;
             if frame.is_error() {
-                let msg = frame.into_value().err().unwrap_or_default();
+                let msg = frame.error_text();
                 return Ok(Err(Reply::Error(msg)));
             }
             Ok(Ok(conn))
