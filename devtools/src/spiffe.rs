@@ -47,11 +47,43 @@ pub struct ServeArgs {
     pub jwt_ttl: Duration,
 }
 
+/// Why a duration flag is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DurationError {
+    /// Nothing given.
+    #[error("empty duration")]
+    Empty,
+    /// A unit other than `s`, `m`, `h`, `d`.
+    #[error("invalid duration {input:?}: unknown unit {unit:?}")]
+    Unit {
+        /// The flag's value.
+        input: String,
+        /// The unit found.
+        unit: char,
+    },
+    /// A unit without a number before it.
+    #[error("invalid duration {input:?}: number expected before {unit:?}")]
+    NoNumber {
+        /// The flag's value.
+        input: String,
+        /// The unit found.
+        unit: char,
+    },
+    /// A number without a unit after it.
+    #[error("invalid duration {input:?}: missing unit after {digits}")]
+    NoUnit {
+        /// The flag's value.
+        input: String,
+        /// The trailing number.
+        digits: String,
+    },
+}
+
 /// Parses `90s`, `10m`, `2h`, `1d`, `1h30m` or a bare number of seconds.
-fn parse_duration(input: &str) -> Result<Duration, String> {
+fn parse_duration(input: &str) -> Result<Duration, DurationError> {
     let s = input.trim();
     if s.is_empty() {
-        return Err("empty duration".into());
+        return Err(DurationError::Empty);
     }
     if let Ok(secs) = s.parse::<u64>() {
         return Ok(Duration::from_secs(secs));
@@ -68,27 +100,53 @@ fn parse_duration(input: &str) -> Result<Duration, String> {
             'm' => 60,
             'h' => 3600,
             'd' => 86400,
-            _ => return Err(format!("invalid duration {input:?}: unknown unit {c:?}")),
+            _ => {
+                return Err(DurationError::Unit {
+                    input: input.to_owned(),
+                    unit: c,
+                });
+            }
         };
-        let n: u64 = digits
-            .parse()
-            .map_err(|_| format!("invalid duration {input:?}: number expected before {c:?}"))?;
+        let n: u64 = digits.parse().map_err(|_| DurationError::NoNumber {
+            input: input.to_owned(),
+            unit: c,
+        })?;
         total = total.saturating_add(n.saturating_mul(unit));
         digits.clear();
     }
     if !digits.is_empty() {
-        return Err(format!(
-            "invalid duration {input:?}: missing unit after {digits}"
-        ));
+        return Err(DurationError::NoUnit {
+            input: input.to_owned(),
+            digits,
+        });
     }
     Ok(Duration::from_secs(total))
 }
 
-fn parse_socket(arg: &str) -> Result<(PathBuf, SpiffeId), String> {
+/// Why a `--socket` flag is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum SocketFlagError {
+    /// No `=` between the path and the ID.
+    #[error("--socket {0:?}: expected PATH=SPIFFE_ID")]
+    Shape(String),
+    /// The ID is no SPIFFE ID.
+    #[error("--socket {arg:?}: {reason}")]
+    Id {
+        /// The flag's value.
+        arg: String,
+        /// Why the ID is refused.
+        reason: argocd_agent_identity::id::IdError,
+    },
+}
+
+fn parse_socket(arg: &str) -> Result<(PathBuf, SpiffeId), SocketFlagError> {
     let (path, id) = arg
         .split_once('=')
-        .ok_or_else(|| format!("--socket {arg:?}: expected PATH=SPIFFE_ID"))?;
-    let id = SpiffeId::parse(id).map_err(|e| format!("--socket {arg:?}: {e}"))?;
+        .ok_or_else(|| SocketFlagError::Shape(arg.to_owned()))?;
+    let id = SpiffeId::parse(id).map_err(|reason| SocketFlagError::Id {
+        arg: arg.to_owned(),
+        reason,
+    })?;
     Ok((PathBuf::from(path), id))
 }
 
