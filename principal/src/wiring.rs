@@ -405,7 +405,7 @@ impl Wiring {
         )
         .await?;
         let leases = ha::Leases::start(
-            lease_client,
+            ha::LeaseBackend::kube(lease_client, &self.config.argocd_namespace, &hub.sessions),
             &self.config.argocd_namespace,
             ha,
             hub.sessions.clone(),

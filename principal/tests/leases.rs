@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use argocd_agent_domain::{AgentName, Namespace};
-use argocd_agent_principal::ha::{self, HaConfig, Leases};
+use argocd_agent_principal::ha::{self, HaConfig, LeaseBackend, Leases};
 use argocd_agent_principal::metrics::Metrics;
 use argocd_agent_principal::sessions::Sessions;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -27,7 +27,7 @@ fn replica(client: &kube::Client, name: &str, shutdown: &CancellationToken) -> A
     cfg.agent_lease_duration = Duration::from_secs(30);
     cfg.rebalance = false;
     Leases::start(
-        client.clone(),
+        LeaseBackend::kube(client.clone(), "argocd", &sessions),
         "argocd",
         cfg,
         sessions,

@@ -152,6 +152,27 @@ pub struct LeaseBackend {
     pub changes: BoxStream<'static, Change>,
 }
 
+impl LeaseBackend {
+    /// The hub's Leases in `namespace` through `client`: only this principal's partition's
+    /// (another principal's replicas on the same hub are neither peers nor holders here).
+    pub fn kube(client: kube::Client, namespace: &str, sessions: &Sessions) -> LeaseBackend {
+        let selector = sessions
+            .partition
+            .selector_with(Some(LEASE_LABEL))
+            .unwrap_or_else(|| LEASE_LABEL.to_string());
+        let (cache, changes) = argocd_agent_kubernetes::watch(
+            client.clone(),
+            Kind::Lease,
+            Scope::namespace(namespace.to_string()).with_label_selector(selector),
+        );
+        LeaseBackend {
+            api: Arc::new(Resources::new(client, Kind::Lease)),
+            cache: Arc::new(cache),
+            changes: Box::pin(changes),
+        }
+    }
+}
+
 /// The agent Leases and the replica Lease of one principal replica.
 pub struct Leases {
     pub(super) cfg: HaConfig,
@@ -186,38 +207,9 @@ pub struct Leases {
 pub(super) use argocd_agent_domain::sync::lock;
 
 impl Leases {
-    /// Starts the Lease watch and the renew and rebalance loops.
+    /// Starts following the Leases of `backend` ([`LeaseBackend::kube`] on the hub) and
+    /// the renew and rebalance loops.
     pub fn start(
-        client: kube::Client,
-        namespace: &str,
-        cfg: HaConfig,
-        sessions: Arc<Sessions>,
-        metrics: Metrics,
-        tasks: &TaskTracker,
-        shutdown: CancellationToken,
-    ) -> Arc<Leases> {
-        // Only this principal's partition's Leases: another principal's replicas on the
-        // same hub are neither peers nor holders here.
-        let selector = sessions
-            .partition
-            .selector_with(Some(LEASE_LABEL))
-            .unwrap_or_else(|| LEASE_LABEL.to_string());
-        let (cache, changes) = argocd_agent_kubernetes::watch(
-            client.clone(),
-            Kind::Lease,
-            Scope::namespace(namespace.to_string()).with_label_selector(selector),
-        );
-        let backend = LeaseBackend {
-            api: Arc::new(Resources::new(client, Kind::Lease)),
-            cache: Arc::new(cache),
-            changes: Box::pin(changes),
-        };
-        Leases::start_on(backend, namespace, cfg, sessions, metrics, tasks, shutdown)
-    }
-
-    /// [`Leases::start`] on any backend: the store its Leases are written to, the view of
-    /// them, and the changes that view follows.
-    pub fn start_on(
         backend: LeaseBackend,
         namespace: &str,
         cfg: HaConfig,

@@ -147,7 +147,7 @@ async fn an_agent_lease_taken_on_one_replica_is_seen_by_the_other_until_released
             Default::default(),
             Default::default(),
         ));
-        Leases::start_on(
+        Leases::start(
             backend,
             "argocd",
             HaConfig::new(name),
