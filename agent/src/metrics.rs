@@ -28,14 +28,14 @@ pub struct ProcessingLabels {
     pub status: String,
     /// `managed` or `autonomous`.
     pub agent_mode: String,
-    /// See [`resource_type`].
+    /// See [`argocd_agent_domain::ResourceKind::target_name`].
     pub resource_type: String,
 }
 
 /// Labels of upstream's `agent_event_propagation_latency_seconds` and `agent_errors`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResourceTypeLabels {
-    /// See [`resource_type`].
+    /// See [`argocd_agent_domain::ResourceKind::target_name`].
     pub resource_type: String,
 }
 
@@ -44,7 +44,7 @@ pub struct ResourceTypeLabels {
 pub struct DiscardLabels {
     /// The event type's verb.
     pub event_type: String,
-    /// See [`resource_type`].
+    /// See [`argocd_agent_domain::ResourceKind::target_name`].
     pub resource_type: String,
 }
 

@@ -81,14 +81,14 @@ pub struct DiscardLabels {
     pub agent_name: String,
     /// The event type's verb (`create`, `spec-update`, ...).
     pub event_type: String,
-    /// See [`resource_type`].
+    /// See [`argocd_agent_domain::ResourceKind::target_name`].
     pub resource_type: String,
 }
 
 /// Labels of upstream's `principal_errors`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResourceTypeLabels {
-    /// See [`resource_type`].
+    /// See [`argocd_agent_domain::ResourceKind::target_name`].
     pub resource_type: String,
 }
 
@@ -109,7 +109,7 @@ pub struct ProcessingLabels {
     pub status: String,
     /// The agent that sent the event (bounded, see [`AgentLabels`]).
     pub agent_name: String,
-    /// See [`resource_type`].
+    /// See [`argocd_agent_domain::ResourceKind::target_name`].
     pub resource_type: String,
 }
 
