@@ -1,5 +1,5 @@
 //! The hub: the core the sessions work with. It puts together the session registry, the
-//! Applications ([`crate::apps`]) and the configuration objects ([`crate::objects`]), runs
+//! Applications ([`crate::apps`]) and the configuration objects ([`crate::config_objects`]), runs
 //! one worker per agent that hands each hub change to the router it concerns, dispatches
 //! agents' commands by kind (checked first against the agents' bounds: `admit`), and
 //! re-evaluates every agent when the mapping rules reload ([`watch_reloads`]).
@@ -24,7 +24,7 @@ use crate::bounds::{AgentBounds, Ledger};
 use crate::error::{ApplyError, chain};
 use crate::inbound::{Command, OwnerRecord};
 use crate::metrics::Metrics;
-use crate::objects::{ConfigObjects, ConfigRouter};
+use crate::config_objects::{ConfigObjects, ConfigRouter};
 use crate::sessions::{AgentState, Sessions};
 
 pub use crate::apps::{AppOwners, Applied, destination_of};
@@ -305,7 +305,7 @@ pub async fn run_hub_watch(
 
 /// On every reload of the rules, re-evaluates what each connected managed agent must hold
 /// (objects whose owner changed are sent or deleted; see
-/// [`crate::objects::ConfigRouter::reconcile_config`]) and which Applications are within
+/// [`crate::config_objects::ConfigRouter::reconcile_config`]) and which Applications are within
 /// their quotas (see [`crate::quotas`]). Ends on shutdown or when the rules are dropped.
 pub async fn watch_reloads(hub: Arc<Hub>, shutdown: tokio_util::sync::CancellationToken) {
     let mut rx = hub.config.tenants.subscribe();

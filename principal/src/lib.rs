@@ -29,7 +29,7 @@ pub mod hub;
 pub mod inbound;
 pub mod keepalive;
 pub mod metrics;
-pub mod objects;
+pub mod config_objects;
 pub mod partition;
 pub mod projects;
 pub mod quotas;

@@ -24,12 +24,12 @@ use crate::error::PrincipalError;
 use crate::hooks::{SessionGate, SessionObserver};
 use crate::hub::{Hub, HubParts};
 use crate::metrics::Metrics;
-use crate::objects::ConfigObjects;
+use crate::config_objects::ConfigObjects;
 use crate::partition::Partition;
 use crate::session::SessionContext;
 use crate::sessions::Sessions;
 use crate::{admin, blocklist, clusterinfo, clustersecret, config, ha, health, hub};
-use crate::{objects, redisproxy, resourceproxy, tunnel};
+use crate::{config_objects, redisproxy, resourceproxy, tunnel};
 
 /// What every step needs: the configuration, the hub's client, the listener's
 /// authentication, the metrics, the task tracker and the shutdown token.
@@ -192,7 +192,7 @@ impl Wiring {
         let (repositories, repository_changes) = self.watch(
             Kind::Secret,
             in_argocd(),
-            Some(objects::REPOSITORY_SELECTOR),
+            Some(config_objects::REPOSITORY_SELECTOR),
         );
         let (gpg_keys, gpg_changes) = self.watch(Kind::ConfigMap, in_argocd(), None);
         let blocklist_changed = Arc::new(tokio::sync::Notify::new());
@@ -221,7 +221,7 @@ impl Wiring {
                 }
                 // Upstream's argocd_principal_gpg_keys_count: the keys of the hub's GPG
                 // ConfigMap, 0 once it is deleted.
-                if name == Some(crate::objects::GPG_KEYS_CONFIGMAP) {
+                if name == Some(crate::config_objects::GPG_KEYS_CONFIGMAP) {
                     metrics.gpg_keys(match c {
                         Change::Applied(o) => gpg_key_count(o),
                         _ => 0,
@@ -681,7 +681,7 @@ async fn start_resource_proxy(
             tasks.clone(),
         )
     });
-    let proxy = resourceproxy::Proxy::new(resourceproxy::ProxyParts {
+    let proxy = resourceproxy::ResourceProxy::new(resourceproxy::ResourceProxyParts {
         sessions: hub.sessions.clone(),
         metrics: hub.metrics.clone(),
         source: hub.source.clone(),

@@ -21,7 +21,7 @@ use tokio_util::task::TaskTracker;
 use super::{Applied, Hub, HubParts, run_hub_watch};
 use crate::inbound::{Decision, Placement, decide};
 use crate::metrics::Metrics;
-use crate::objects::ConfigObjects;
+use crate::config_objects::ConfigObjects;
 use crate::sessions::{AgentState, Sessions};
 
 /// A hub over in-memory Applications (and empty configuration objects), its watch of the

@@ -25,7 +25,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, frame::coding::CloseCode};
 
 use super::response::{Body, from_agent, full, offline, rpc_failure, status};
-use super::state::{Admitted, Proxy};
+use super::state::{Admitted, ResourceProxy};
 use crate::tunnel::TerminalTunnel;
 use argocd_agent_domain::rpc::AgentLink;
 
@@ -78,7 +78,7 @@ fn failure_frame(message: &str) -> Vec<u8> {
 }
 
 pub(super) async fn serve(
-    proxy: Arc<Proxy>,
+    proxy: Arc<ResourceProxy>,
     admitted: Admitted,
     namespace: String,
     pod: String,
@@ -146,7 +146,7 @@ fn websocket_upgrade(req: &Request<Incoming>) -> Result<(String, &'static str), 
 /// Asks the agent for the exec and waits for its terminal stream for `session_id`; `Err`
 /// is the answer to send instead (the agent's refusal, or its going offline).
 async fn open_tunnel(
-    proxy: &Proxy,
+    proxy: &ResourceProxy,
     agent: &AgentName,
     link: &AgentLink,
     session_id: &str,
@@ -180,7 +180,7 @@ async fn open_tunnel(
 /// Runs the session in the background once the client's connection is upgraded: bridges
 /// it to the agent's stream, holding the agent's permit, and logs how it ended.
 fn spawn_session(
-    proxy: &Proxy,
+    proxy: &ResourceProxy,
     upgrade: hyper::upgrade::OnUpgrade,
     tunnel: TerminalTunnel,
     agent: AgentName,

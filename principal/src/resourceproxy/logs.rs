@@ -23,7 +23,7 @@ use hyper::body::Frame;
 use tokio::sync::mpsc;
 
 use super::response::{Body, from_agent, offline, rpc_failure, status};
-use super::state::{Admitted, Proxy};
+use super::state::{Admitted, ResourceProxy};
 use crate::tunnel::LogTunnel;
 
 /// Chunks buffered toward the client.
@@ -117,7 +117,7 @@ impl Params {
 
 /// Asks the agent for the log; its stream, or the response to answer instead.
 async fn open(
-    proxy: &Proxy,
+    proxy: &ResourceProxy,
     agent: &AgentName,
     link: &argocd_agent_domain::rpc::AgentLink,
     request: LogRequest,
@@ -206,7 +206,7 @@ async fn pump(
 
 /// Serves one log request.
 pub(super) async fn serve(
-    proxy: Arc<Proxy>,
+    proxy: Arc<ResourceProxy>,
     admitted: Admitted,
     namespace: String,
     pod: String,

@@ -51,7 +51,7 @@ pub use settings::{
     AGENT_PREFIX, DEFAULT_ADDRESS, DEFAULT_MAX_BUFFERED_BODIES, ResourceProxyConfig,
 };
 use state::Admitted;
-pub use state::{Proxy, ProxyParts};
+pub use state::{ResourceProxy, ResourceProxyParts};
 
 /// Bytes taken from the buffered-bodies budget at a time when a body's length is not
 /// declared.
@@ -176,7 +176,7 @@ enum Pending {
     },
 }
 
-impl Proxy {
+impl ResourceProxy {
     async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
         let path = req.uri().path().to_owned();
         let (agent, rest) = match self.authenticate(&req, &path) {
@@ -481,7 +481,7 @@ impl Proxy {
 /// Serves the proxy on `listener` until `shutdown`, with the listener limits of
 /// [`ResourceProxyConfig::limits`] (connections, handshakes, header and idle timeouts).
 pub fn serve(
-    proxy: Arc<Proxy>,
+    proxy: Arc<ResourceProxy>,
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
     tasks: &TaskTracker,

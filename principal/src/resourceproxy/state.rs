@@ -22,7 +22,7 @@ use crate::sessions::Sessions;
 use crate::tunnel::Tunnels;
 
 /// The proxy's shared state.
-pub struct Proxy {
+pub struct ResourceProxy {
     /// The agents and their request links.
     pub sessions: Arc<Sessions>,
     /// Where answers, forwarded requests and refused tokens are counted.
@@ -60,30 +60,30 @@ pub(crate) struct Permit {
     _tenant: Option<crate::tenant_limits::ProxyPermit>,
 }
 
-/// Everything [`Proxy::new`] needs.
-pub struct ProxyParts {
-    /// See [`Proxy::sessions`].
+/// Everything [`ResourceProxy::new`] needs.
+pub struct ResourceProxyParts {
+    /// See [`ResourceProxy::sessions`].
     pub sessions: Arc<Sessions>,
-    /// See [`Proxy::metrics`].
+    /// See [`ResourceProxy::metrics`].
     pub metrics: Metrics,
-    /// See [`Proxy::source`].
+    /// See [`ResourceProxy::source`].
     pub source: String,
-    /// See [`Proxy::keys`].
+    /// See [`ResourceProxy::keys`].
     pub keys: Arc<ProxyKeys>,
-    /// See [`Proxy::tunnels`].
+    /// See [`ResourceProxy::tunnels`].
     pub tunnels: Arc<Tunnels>,
-    /// See [`Proxy::config`].
+    /// See [`ResourceProxy::config`].
     pub config: ResourceProxyConfig,
-    /// See [`Proxy::forwarder`].
+    /// See [`ResourceProxy::forwarder`].
     pub forwarder: Option<forward::Forwarder>,
-    /// See [`Proxy::tasks`].
+    /// See [`ResourceProxy::tasks`].
     pub tasks: TaskTracker,
 }
 
-impl Proxy {
+impl ResourceProxy {
     /// The proxy's state, with no agent's requests counted yet.
-    pub fn new(parts: ProxyParts) -> Arc<Proxy> {
-        let ProxyParts {
+    pub fn new(parts: ResourceProxyParts) -> Arc<ResourceProxy> {
+        let ResourceProxyParts {
             sessions,
             metrics,
             source,
@@ -97,7 +97,7 @@ impl Proxy {
             .max_buffered_bodies
             .max(config.max_body)
             .clamp(1, Semaphore::MAX_PERMITS.min(u32::MAX as usize));
-        Arc::new(Proxy {
+        Arc::new(ResourceProxy {
             sessions,
             metrics,
             source,
