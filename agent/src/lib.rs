@@ -13,6 +13,7 @@
 
 pub mod children;
 mod config;
+pub mod config_objects;
 pub mod connection;
 pub mod dialer;
 pub mod error;
@@ -22,7 +23,6 @@ pub mod health;
 mod managed;
 pub mod metrics;
 pub mod namespaces;
-pub mod config_objects;
 pub mod policy;
 pub mod proxy;
 pub mod redial;

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use argocd_agent_agent::dialer::Dialer;
 use argocd_agent_agent::metrics::Metrics;
-use argocd_agent_agent::proxy::{self, Apps, SpokeProxy, ProxyConfig, Tunnel};
+use argocd_agent_agent::proxy::{self, Apps, ProxyConfig, SpokeProxy, Tunnel};
 use argocd_agent_domain::{Event, Payload};
 use argocd_agent_kube_test_server::KubeTestServer;
 use argocd_agent_proto::eventstream::tunnel_server::{Tunnel as TunnelService, TunnelServer};

@@ -19,9 +19,9 @@ use kube::api::DynamicObject;
 use serde_json::{Value, json};
 use tracing::Instrument;
 
+use crate::config_objects::kinds::ConfigKinds;
 use crate::error::SpokeError;
 use crate::namespaces::{self, AllowedNamespaces, HubNameError};
-use crate::config_objects::kinds::ConfigKinds;
 use crate::policy::{self, Policies, RecreateAction, WritePlan};
 
 mod deletes;

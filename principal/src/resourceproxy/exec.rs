@@ -153,11 +153,11 @@ async fn open_tunnel(
     terminal: TerminalRequest,
 ) -> Result<TerminalTunnel, Response<Body>> {
     let event = Event::new(
-        &proxy.source,
+        &proxy.parts.source,
         EventType::TerminalRequest,
         Payload::TerminalRequest(terminal),
     );
-    let expected = proxy.tunnels.expect_terminal(session_id, agent);
+    let expected = proxy.parts.tunnels.expect_terminal(session_id, agent);
     let mut refusal = match link.request(event, None).await {
         Ok(t) => t,
         Err(e) => return Err(rpc_failure(agent, e)),
@@ -167,7 +167,7 @@ async fn open_tunnel(
             Some(t) => t,
             None => return Err(offline(agent)),
         },
-        answer = refusal.answer(proxy.config.request_timeout) => return Err(match answer {
+        answer = refusal.answer(proxy.parts.config.request_timeout) => return Err(match answer {
             Ok(Event { payload: Payload::ResourceResponse(r), .. }) => from_agent(&r),
             Ok(_) => status(StatusCode::BAD_GATEWAY, "InternalError", "unexpected answer"),
             Err(e) => rpc_failure(agent, e),
@@ -188,10 +188,10 @@ fn spawn_session(
     permit: super::state::Permit,
 ) {
     let (idle, max) = (
-        proxy.config.terminal_idle_timeout,
-        proxy.config.terminal_max_duration,
+        proxy.parts.config.terminal_idle_timeout,
+        proxy.parts.config.terminal_max_duration,
     );
-    let tasks = proxy.tasks.clone();
+    let tasks = proxy.parts.tasks.clone();
     tasks.spawn(async move {
         let _permit = permit;
         let upgraded = match upgrade.await {
