@@ -330,7 +330,7 @@ pub enum RuleEditError {
         /// The agent's SPIFFE ID.
         id: String,
         /// The rules' answer.
-        denied: argocd_agent_domain::mapping::MappingDenied,
+        denied: Box<argocd_agent_domain::mapping::MappingDenied>,
     },
     /// The hub namespace is another agent's.
     #[error("hub namespace {} belongs to agent {} (rule {}); choose another with --hub-namespace", quoted(.namespace), quoted(.agent), quoted(.rule))]
@@ -347,14 +347,14 @@ pub enum RuleEditError {
     NewRules(argocd_agent_domain::mapping::RuleError),
     /// The rules with the agent's rule put in refuse the agent.
     #[error("the new rules do not admit the agent: {0}")]
-    NotAdmitted(argocd_agent_domain::mapping::MappingDenied),
+    NotAdmitted(Box<argocd_agent_domain::mapping::MappingDenied>),
     /// The rules with the agent's rule put in map it elsewhere.
     #[error("the new rules map {id} to {mapped}, not agent {} in {}", quoted(.agent), quoted(.namespace))]
     MappedElsewhere {
         /// The agent's SPIFFE ID.
         id: String,
         /// Where it maps.
-        mapped: argocd_agent_domain::AgentIdentity,
+        mapped: Box<argocd_agent_domain::AgentIdentity>,
         /// The agent.
         agent: String,
         /// Its hub namespace.
@@ -378,7 +378,7 @@ pub enum RuleEditError {
 pub enum RulesDocError {
     /// It is not YAML.
     #[error("not YAML: {0}")]
-    NotYaml(serde_saphyr::Error),
+    NotYaml(Box<serde_saphyr::Error>),
     /// It has no `rules` list.
     #[error("has no `rules:` list")]
     NoRulesList,
@@ -746,7 +746,8 @@ fn parse_rules_doc(text: &str) -> Result<Value, RulesDocError> {
     if blank {
         return Ok(json!({"rules": []}));
     }
-    let doc: Value = serde_saphyr::from_str(text).map_err(RulesDocError::NotYaml)?;
+    let doc: Value =
+        serde_saphyr::from_str(text).map_err(|e| RulesDocError::NotYaml(Box::new(e)))?;
     match doc.get("rules") {
         Some(Value::Array(_)) => Ok(doc),
         Some(Value::Null) => Ok(json!({"rules": []})),
@@ -784,7 +785,7 @@ pub fn upsert_rule(existing: &[Value], plan: &Plan) -> Result<Vec<Value>, RuleEd
         Err(denied) if matches!(denied.reason, DenyReason::AdminRole { .. }) => {
             return Err(RuleEditError::OperatorId {
                 id: plan.spiffe_id.as_str().to_owned(),
-                denied,
+                denied: Box::new(denied),
             });
         }
         _ => {}
@@ -816,11 +817,11 @@ pub fn upsert_rule(existing: &[Value], plan: &Plan) -> Result<Vec<Value>, RuleEd
     let set = rule_set(&rules).map_err(RuleEditError::NewRules)?;
     let mapped = set
         .map(&plan.spiffe_id)
-        .map_err(RuleEditError::NotAdmitted)?;
+        .map_err(|e| RuleEditError::NotAdmitted(Box::new(e)))?;
     if mapped.agent != plan.agent || mapped.namespace != plan.hub_namespace {
         return Err(RuleEditError::MappedElsewhere {
             id: plan.spiffe_id.as_str().to_owned(),
-            mapped,
+            mapped: Box::new(mapped),
             agent: plan.agent.to_string(),
             namespace: plan.hub_namespace.to_string(),
         });
