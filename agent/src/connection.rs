@@ -615,7 +615,7 @@ mod tests {
             std::sync::Arc::new(Resources::new(client.clone(), Kind::Application)),
             std::sync::Arc::new(cache),
             argocd_agent_domain::SendQueue::new(argocd_agent_domain::QueueLimits::default()),
-            crate::objects::ConfigKinds::new(Vec::new()),
+            crate::config_objects::ConfigKinds::new(Vec::new()),
         );
         let offers = |s: &Spoke| match hello(s).payload {
             Payload::Hello(h) => h
@@ -624,7 +624,7 @@ mod tests {
             _ => false,
         };
         assert!(!offers(&spoke));
-        spoke.proxy = Some(std::sync::Arc::new(crate::proxy::Proxy::new(
+        spoke.proxy = Some(std::sync::Arc::new(crate::proxy::SpokeProxy::new(
             client,
             crate::proxy::ProxyConfig::default(),
             crate::metrics::Metrics::new(),
@@ -650,7 +650,7 @@ mod tests {
             std::sync::Arc::new(Resources::new(client, Kind::Application)),
             std::sync::Arc::new(cache),
             argocd_agent_domain::SendQueue::new(argocd_agent_domain::QueueLimits::default()),
-            crate::objects::ConfigKinds::new(Vec::new()),
+            crate::config_objects::ConfigKinds::new(Vec::new()),
         );
         let change = |name: &str| {
             Event::resource(

@@ -13,6 +13,7 @@
 
 pub mod children;
 mod config;
+pub mod config_objects;
 pub mod connection;
 pub mod dialer;
 pub mod error;
@@ -22,7 +23,6 @@ pub mod health;
 mod managed;
 pub mod metrics;
 pub mod namespaces;
-pub mod objects;
 pub mod policy;
 pub mod proxy;
 pub mod redial;
@@ -166,7 +166,7 @@ fn allowed_namespaces(config: &AgentConfig) -> Result<namespaces::AllowedNamespa
 struct SpokeWatches {
     apps: Cache,
     changes: BoxStream<'static, Change>,
-    config_kinds: Vec<objects::ConfigKind>,
+    config_kinds: Vec<config_objects::ConfigKind>,
     config_changes: Vec<(ResourceKind, BoxStream<'static, Change>)>,
 }
 
@@ -205,11 +205,11 @@ impl SpokeWatches {
             argocd_agent_kubernetes::watch(client.clone(), Kind::Application, app_scope);
         let mut config_kinds = Vec::new();
         let mut config_changes = Vec::new();
-        for &kind in objects::kinds_for(config.mode) {
+        for &kind in config_objects::kinds_for(config.mode) {
             let mut kind_scope = scope.clone();
             if kind == ResourceKind::Repository {
                 let selector = [
-                    Some(objects::REPOSITORY_SELECTOR),
+                    Some(config_objects::REPOSITORY_SELECTOR),
                     config.label_selector.as_deref(),
                 ]
                 .into_iter()
@@ -220,7 +220,7 @@ impl SpokeWatches {
             }
             let (kind_cache, kind_stream) =
                 argocd_agent_kubernetes::watch(client.clone(), Kind::from(kind), kind_scope);
-            config_kinds.push(objects::ConfigKind {
+            config_kinds.push(config_objects::ConfigKind {
                 kind,
                 resources: Resources::new(client.clone(), Kind::from(kind)),
                 cache: kind_cache,
@@ -255,7 +255,7 @@ fn build_spoke(
         std::sync::Arc::new(Resources::new(client, Kind::Application)),
         std::sync::Arc::new(watches.apps.clone()),
         SendQueue::new(QueueLimits::default()),
-        objects::ConfigKinds::new(std::mem::take(&mut watches.config_kinds)),
+        config_objects::ConfigKinds::new(std::mem::take(&mut watches.config_kinds)),
     );
     spoke.policies = config.policies;
     spoke.namespace_api = Some(std::sync::Arc::new(namespace_api));
@@ -274,7 +274,7 @@ fn build_spoke(
             argocd_namespace: spoke.namespace.as_str().to_owned(),
             pod_security: config.resource_proxy_pod_security,
         };
-        spoke.proxy = Some(Arc::new(proxy::Proxy::new(
+        spoke.proxy = Some(Arc::new(proxy::SpokeProxy::new(
             proxy_client,
             limits,
             spoke.metrics.clone(),

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use argocd_agent_agent::dialer::Dialer;
 use argocd_agent_agent::metrics::Metrics;
-use argocd_agent_agent::proxy::{self, Apps, Proxy, ProxyConfig, Tunnel};
+use argocd_agent_agent::proxy::{self, Apps, ProxyConfig, SpokeProxy, Tunnel};
 use argocd_agent_domain::{Event, Payload};
 use argocd_agent_kube_test_server::KubeTestServer;
 use argocd_agent_proto::eventstream::tunnel_server::{Tunnel as TunnelService, TunnelServer};
@@ -66,7 +66,7 @@ impl TunnelService for Principal {
 
 struct Setup {
     kube: KubeTestServer,
-    proxy: Proxy,
+    proxy: SpokeProxy,
     principal: mpsc::UnboundedReceiver<LogMessage>,
     frames: mpsc::UnboundedReceiver<TerminalFrame>,
     channel: tonic::transport::Channel,
@@ -130,7 +130,7 @@ async fn setup(to_agent: Vec<TerminalFrame>) -> Setup {
         .expect("channel to the principal");
     Setup {
         kube,
-        proxy: Proxy::new(client, ProxyConfig::default(), Metrics::new()),
+        proxy: SpokeProxy::new(client, ProxyConfig::default(), Metrics::new()),
         principal,
         frames,
         channel,

@@ -605,7 +605,7 @@ impl DemoRedis {
 
     /// Through the proxy, as argocd-server: with the hub Redis's password the managed
     /// spoke's resource tree; without it `NOAUTH` and nothing of the spoke.
-    async fn check(&self) -> Result<(), String> {
+    async fn check(&self) -> Result<(), ProxyCheckError> {
         use argocd_agent_redis::RedisEndpoint;
         let key: &[u8] = b"app|resources-tree|agent-managed_guestbook";
         let proxy = |password: Option<&str>| RedisEndpoint {
@@ -616,36 +616,29 @@ impl DemoRedis {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         loop {
             let got = async {
-                let mut conn = proxy(Some(DEMO_REDIS_PASSWORD))
-                    .connect(1 << 20)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let reply = conn
-                    .command(&[b"GET", key])
-                    .await
-                    .map_err(|e| e.to_string())?;
-                reply.into_value().map_err(|e| e.to_string())
+                let mut conn = proxy(Some(DEMO_REDIS_PASSWORD)).connect(1 << 20).await?;
+                let reply = conn.command(&[b"GET", key]).await?;
+                Ok::<_, ProxyCheckError>(reply.into_value()?)
             }
             .await;
             match got {
                 Ok(Some(v)) if v.starts_with(b"{\"nodes\"") => break,
                 other if std::time::Instant::now() > deadline => {
-                    return Err(format!("the resource tree with the password: {other:?}"));
+                    // As `{:?}` of the outcome, its error by its message.
+                    let seen = match other {
+                        Ok(v) => format!("Ok({v:?})"),
+                        Err(e) => format!("Err({:?})", e.to_string()),
+                    };
+                    return Err(ProxyCheckError::NoTree(seen));
                 }
                 _ => tokio::time::sleep(std::time::Duration::from_millis(300)).await,
             }
         }
-        let mut conn = proxy(None)
-            .connect(1 << 20)
-            .await
-            .map_err(|e| e.to_string())?;
-        let reply = conn
-            .command(&[b"GET", key])
-            .await
-            .map_err(|e| e.to_string())?;
+        let mut conn = proxy(None).connect(1 << 20).await?;
+        let reply = conn.command(&[b"GET", key]).await?;
         match reply.into_value() {
             Err(e) if e.to_string().starts_with("NOAUTH") => Ok(()),
-            other => Err(format!("without the password the proxy answered {other:?}")),
+            other => Err(ProxyCheckError::Unguarded(format!("{other:?}"))),
         }
     }
 
@@ -727,7 +720,7 @@ impl DemoProxy {
 
     /// Writes `<dir>/<agent>.proxy.kubeconfig` from the agent's cluster secret (once the
     /// principal has created it).
-    async fn kubeconfig(dir: &std::path::Path, agent: &str) -> Result<PathBuf, String> {
+    async fn kubeconfig(dir: &std::path::Path, agent: &str) -> Result<PathBuf, ProxyCheckError> {
         let path = dir.join(format!("{agent}.proxy.kubeconfig"));
         let args = argocd_agent_cli::ctl::agent::KubeconfigArgs {
             name: agent.into(),
@@ -744,10 +737,10 @@ impl DemoProxy {
         loop {
             match argocd_agent_cli::ctl::agent::kubeconfig(&args).await {
                 Ok(text) => {
-                    std::fs::write(&path, text).map_err(|e| e.to_string())?;
+                    std::fs::write(&path, text)?;
                     return Ok(path);
                 }
-                Err(e) if tokio::time::Instant::now() > deadline => return Err(e.to_string()),
+                Err(e) if tokio::time::Instant::now() > deadline => return Err(e.into()),
                 Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
             }
         }
@@ -755,7 +748,7 @@ impl DemoProxy {
 }
 
 /// kubectl through the resource proxy, as argocd-server reaches the spokes.
-async fn check_proxy(kubeconfig: &std::path::Path, app: &str) -> Result<(), String> {
+async fn check_proxy(kubeconfig: &std::path::Path, app: &str) -> Result<(), ProxyCheckError> {
     let k = kubectl();
     let run = |args: Vec<String>| {
         let k = k.clone();
@@ -767,15 +760,17 @@ async fn check_proxy(kubeconfig: &std::path::Path, app: &str) -> Result<(), Stri
                 .args(&args)
                 .output()
                 .await
-                .map_err(|e| format!("running {k}: {e}"))?;
+                .map_err(|cause| ProxyCheckError::Spawn {
+                    kubectl: k.clone(),
+                    cause,
+                })?;
             if out.status.success() {
                 Ok(String::from_utf8_lossy(&out.stdout).to_string())
             } else {
-                Err(format!(
-                    "kubectl {}: {}",
-                    args.join(" "),
-                    String::from_utf8_lossy(&out.stderr)
-                ))
+                Err(ProxyCheckError::Kubectl {
+                    args: args.join(" "),
+                    stderr: String::from_utf8_lossy(&out.stderr).to_string(),
+                })
             }
         }
     };
@@ -787,7 +782,7 @@ async fn check_proxy(kubeconfig: &std::path::Path, app: &str) -> Result<(), Stri
     ])
     .await?;
     if !pods.contains(&format!("pod/{app}-ui")) {
-        return Err(format!("the proxy listed {pods:?}"));
+        return Err(ProxyCheckError::Listed(pods));
     }
     let pwd = run(vec![
         "exec".into(),
@@ -797,9 +792,55 @@ async fn check_proxy(kubeconfig: &std::path::Path, app: &str) -> Result<(), Stri
     ])
     .await?;
     if pwd.trim() != "/" {
-        return Err(format!("exec pwd answered {pwd:?}"));
+        return Err(ProxyCheckError::Pwd(pwd));
     }
     Ok(())
+}
+
+/// Why the demo's check of the resource or Redis proxy failed. Messages carry their cause
+/// (no `source`), except the wrapped errors, which are their cause's.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyCheckError {
+    /// A connection or command through the Redis proxy failed.
+    #[error(transparent)]
+    Redis(#[from] argocd_agent_redis::RespError),
+    /// The Redis proxy answered with no value.
+    #[error(transparent)]
+    Reply(#[from] argocd_agent_redis::resp::ReplyError),
+    /// The resource tree never came through with the password (the last outcome, as `{:?}`).
+    #[error("the resource tree with the password: {0}")]
+    NoTree(String),
+    /// Without the password the Redis proxy answered something else than `NOAUTH`.
+    #[error("without the password the proxy answered {0}")]
+    Unguarded(String),
+    /// The agent's resource-proxy kubeconfig cannot be had.
+    #[error(transparent)]
+    Kubeconfig(#[from] argocd_agent_cli::ctl::error::KubeconfigError),
+    /// The kubeconfig cannot be written.
+    #[error(transparent)]
+    Write(#[from] std::io::Error),
+    /// kubectl does not start.
+    #[error("running {kubectl}: {cause}")]
+    Spawn {
+        /// The kubectl binary.
+        kubectl: String,
+        /// Why.
+        cause: std::io::Error,
+    },
+    /// kubectl failed.
+    #[error("kubectl {args}: {stderr}")]
+    Kubectl {
+        /// Its arguments.
+        args: String,
+        /// What it wrote to standard error.
+        stderr: String,
+    },
+    /// The proxy's pod list lacks the app's Pod.
+    #[error("the proxy listed {0:?}")]
+    Listed(String),
+    /// `exec pwd` answered something else than `/`.
+    #[error("exec pwd answered {0:?}")]
+    Pwd(String),
 }
 
 /// Runs the demo.

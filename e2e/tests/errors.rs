@@ -34,14 +34,6 @@ const CHECKED: [&str; 14] = [
     "e2e/src",
 ];
 
-/// Files that still have `String` errors (issue 40), each with its count: a file with more
-/// fails, and so does one with fewer that is still listed, so the list only gets shorter.
-const KNOWN: [(&str, usize); 3] = [
-    ("cli/src/ctl/onboard.rs", 13),
-    ("devtools/src/demo.rs", 3),
-    ("load/src/chaos.rs", 1),
-];
-
 /// The error type of each `Result<T, E>` in `line` whose `E` is `String`, counted.
 fn string_errors(line: &str) -> usize {
     let code = line.split("//").next().unwrap_or_default();
@@ -86,7 +78,6 @@ fn no_string_errors_outside_tests() {
         .parent()
         .expect("workspace");
     let mut problems = Vec::new();
-    let mut seen = std::collections::BTreeMap::new();
     for dir in CHECKED {
         let root = if dir.contains('/') {
             workspace.join(dir)
@@ -109,30 +100,10 @@ fn no_string_errors_outside_tests() {
             }
             let n = count(&std::fs::read_to_string(&file).expect("read source"));
             if n > 0 {
-                seen.insert(rel, n);
+                problems.push(format!(
+                    "{rel}: {n} `Result<_, String>`: use a typed error (thiserror)"
+                ));
             }
-        }
-    }
-    for (file, n) in &seen {
-        match KNOWN.iter().find(|(f, _)| f == file) {
-            Some((_, known)) if n <= known => {}
-            Some((_, known)) => problems.push(format!(
-                "{file}: {n} `Result<_, String>` (was {known}): use a typed error"
-            )),
-            None => problems.push(format!(
-                "{file}: {n} `Result<_, String>`: use a typed error (thiserror)"
-            )),
-        }
-    }
-    for (file, known) in KNOWN {
-        match seen.get(file) {
-            Some(n) if *n == known => {}
-            Some(n) => problems.push(format!(
-                "{file}: {n} `String` errors left, KNOWN says {known}: lower it"
-            )),
-            None => problems.push(format!(
-                "{file}: no `String` errors left: take it off KNOWN"
-            )),
         }
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));

@@ -689,7 +689,7 @@ async fn config_scenarios(topo: &mut Topology) -> Result<(), HarnessError> {
     // The hub objects are created (and later deleted) while the principal is down, so they
     // reach the managed agent through the resync on reconnect. Changing them while the
     // managed agent is connected hangs the principal's worker for that agent: Hub::
-    // reconcile_config (principal/src/objects.rs) calls config_event, which locks
+    // reconcile_config (principal/src/config_objects.rs) calls config_event, which locks
     // AgentState::inner again through state.namespace() while reconcile_config still holds
     // it (std Mutex, same thread). Not worked around in product code here; see the report.
     let before = topo.connect_count(MANAGED);

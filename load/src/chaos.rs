@@ -883,6 +883,7 @@ async fn drive(
                     }
                 })
                 .await
+                .map_err(|e| e.to_string())
                 .and_then(|applied| {
                     if applied {
                         e.status = Some(revision.clone());
@@ -911,6 +912,7 @@ async fn drive(
                     }
                 })
                 .await
+                .map_err(|e| e.to_string())
                 .and_then(|applied| {
                     if applied {
                         e.op = Some(revision.clone());
@@ -938,6 +940,7 @@ async fn drive(
                     }
                 })
                 .await
+                .map_err(|e| e.to_string())
                 .and_then(|applied| {
                     if applied {
                         e.terminated = true;
@@ -964,6 +967,17 @@ async fn drive(
     model
 }
 
+/// Why a conditional write failed. Messages carry their cause (no `source`).
+#[derive(Debug, thiserror::Error)]
+enum WriteFailed {
+    /// The object cannot be read.
+    #[error("get {name}: {cause}")]
+    Get { name: String, cause: kube::Error },
+    /// The object cannot be written.
+    #[error("write {name}: {cause}")]
+    Write { name: String, cause: kube::Error },
+}
+
 /// Reads `name` through `api`; if it is incarnation `inc`, writes it with `write(rv)` (a
 /// precondition on its resourceVersion). `Ok(false)`: not there, another incarnation, or
 /// changed in between.
@@ -972,7 +986,7 @@ async fn conditional<F, Fut>(
     name: &str,
     inc: u64,
     write: F,
-) -> Result<bool, String>
+) -> Result<bool, WriteFailed>
 where
     F: Fn(String) -> Fut,
     Fut: Future<Output = Result<DynamicObject, kube::Error>>,
@@ -981,7 +995,12 @@ where
         let cur = match retry(|| api.get_opt(name)).await {
             Ok(Some(o)) => o,
             Ok(None) => return Ok(false),
-            Err(e) => return Err(format!("get {name}: {e}")),
+            Err(cause) => {
+                return Err(WriteFailed::Get {
+                    name: name.to_owned(),
+                    cause,
+                });
+            }
         };
         let Ok(v) = serde_json::to_value(&cur) else {
             return Ok(false);
@@ -994,7 +1013,12 @@ where
             Ok(_) => return Ok(true),
             Err(e) if code(&e) == Some(409) => continue,
             Err(e) if code(&e) == Some(404) => return Ok(false),
-            Err(e) => return Err(format!("write {name}: {e}")),
+            Err(cause) => {
+                return Err(WriteFailed::Write {
+                    name: name.to_owned(),
+                    cause,
+                });
+            }
         }
     }
     Ok(false)

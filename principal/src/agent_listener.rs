@@ -33,9 +33,9 @@ fn grpc_router(
     sessions: SessionContext,
     tunnels: Arc<tunnel::Tunnels>,
 ) -> AgentRouter {
-    let metrics = sessions.hub.metrics.clone();
+    let metrics = sessions.hub.shared.metrics.clone();
     let admin = argocd_agent_proto::admin::admin_server::AdminServer::new(admin::AdminService {
-        sessions: sessions.hub.sessions.clone(),
+        sessions: sessions.hub.shared.sessions.clone(),
         metrics: metrics.clone(),
         access: admin::AdminAccess::Rules {
             auth: auth.authenticator.clone(),
@@ -48,7 +48,7 @@ fn grpc_router(
             tunnels,
             rules: rules.clone(),
             auth: auth.authenticator.clone(),
-            sessions: sessions.hub.sessions.clone(),
+            sessions: sessions.hub.shared.sessions.clone(),
             metrics,
         })
         .max_decoding_message_size(config.max_message_size)
@@ -110,7 +110,7 @@ pub(crate) fn serve(
         ..
     } = w;
     // Connections dropped before their first request count as auth failures.
-    let metrics = sessions.hub.metrics.clone();
+    let metrics = sessions.hub.shared.metrics.clone();
     let router = grpc_router(&config, &auth, admin, rules, sessions, tunnels);
     let min_ping = config.keepalive_min_interval;
     let handle = match (&config.auth, auth.svid) {

@@ -1,5 +1,5 @@
 //! The hub: the core the sessions work with. It puts together the session registry, the
-//! Applications ([`crate::apps`]) and the configuration objects ([`crate::objects`]), runs
+//! Applications ([`crate::apps`]) and the configuration objects ([`crate::config_objects`]), runs
 //! one worker per agent that hands each hub change to the router it concerns, dispatches
 //! agents' commands by kind (checked first against the agents' bounds: `admit`), and
 //! re-evaluates every agent when the mapping rules reload ([`watch_reloads`]).
@@ -21,10 +21,10 @@ use tracing::Instrument;
 
 use crate::apps::Applications;
 use crate::bounds::{AgentBounds, Ledger};
+use crate::config_objects::{ConfigObjects, ConfigRouter};
 use crate::error::{ApplyError, chain};
 use crate::inbound::{Command, OwnerRecord};
 use crate::metrics::Metrics;
-use crate::objects::{ConfigObjects, ConfigRouter};
 use crate::sessions::{AgentState, Sessions};
 
 pub use crate::apps::{AppOwners, Applied, destination_of};
@@ -32,16 +32,25 @@ pub use crate::sessions::SessionInfo;
 
 /// The core of the principal.
 pub struct Hub {
-    /// CloudEvents `source` of events we send (our SPIFFE ID when we have one).
-    pub source: String,
-    /// The agents and their sessions.
-    pub sessions: Arc<Sessions>,
+    /// What the hub was given and keeps as it is: its source, sessions, metrics, mapping,
+    /// bounds, hub namespaces and workers' tasks.
+    pub shared: HubShared,
     /// Which agent serves each Application.
     pub owners: Arc<AppOwners>,
     /// The hub's Applications: routing, resync, writes.
     pub apps: Applications,
     /// AppProjects, repositories and GPG keys.
     pub config: ConfigRouter,
+    /// Agents' writes not yet seen by the watch, counted in their bounds.
+    pub(crate) ledger: Ledger,
+}
+
+/// What the hub keeps as it was given ([`Hub::shared`], from [`HubParts::shared`]).
+pub struct HubShared {
+    /// CloudEvents `source` of events we send (our SPIFFE ID when we have one).
+    pub source: String,
+    /// The agents and their sessions.
+    pub sessions: Arc<Sessions>,
     /// The principal's metrics, shared by every session and worker.
     pub metrics: Metrics,
     /// Destination-based mapping: a managed agent's Applications are those whose
@@ -49,31 +58,8 @@ pub struct Hub {
     pub by_destination: bool,
     /// Per-agent bounds, checked before any write (see [`crate::bounds`]).
     pub bounds: AgentBounds,
-    /// Agents' writes not yet seen by the watch, counted in their bounds.
-    pub(crate) ledger: Ledger,
-    namespaces: Arc<dyn ObjectStore>,
-    create_namespace: bool,
-    namespace_cache: Option<Arc<dyn ObjectView>>,
-    namespace_labels: BTreeMap<String, String>,
-    /// Per-agent workers; drained on shutdown.
-    tasks: TaskTracker,
-    shutdown: CancellationToken,
-}
-
-/// Everything [`Hub::new`] needs.
-pub struct HubParts {
-    /// CloudEvents `source` of events we send (our SPIFFE ID when we have one).
-    pub source: String,
-    /// Writes the hub's Applications.
-    pub apps: Arc<dyn ObjectStore>,
     /// Creates agents' hub namespaces (with `create_namespace`).
     pub namespaces: Arc<dyn ObjectStore>,
-    /// The hub's Applications, watched.
-    pub cache: Arc<dyn ObjectView>,
-    /// The principal's metrics.
-    pub metrics: Metrics,
-    /// The agents and their sessions.
-    pub sessions: Arc<Sessions>,
     /// Create an agent's hub namespace when it first connects.
     pub create_namespace: bool,
     /// The hub's namespaces (watched when `create_namespace` is set): a namespace known to
@@ -81,67 +67,67 @@ pub struct HubParts {
     pub namespace_cache: Option<Arc<dyn ObjectView>>,
     /// Labels put on the namespaces created for agents.
     pub namespace_labels: BTreeMap<String, String>,
-    /// AppProjects, repositories and GPG keys: their clients and caches.
-    pub config: ConfigObjects,
-    /// Destination-based mapping (see [`Hub::by_destination`]).
-    pub by_destination: bool,
-    /// Per-agent bounds (see [`crate::bounds`]).
-    pub bounds: AgentBounds,
-    /// The tenants in force, from the live mapping rules (see [`crate::tenancy`]).
-    pub tenants: crate::tenancy::TenantView,
     /// Where the per-agent workers run; drained on shutdown.
     pub tasks: TaskTracker,
     /// Stops the per-agent workers.
     pub shutdown: CancellationToken,
 }
 
+/// Everything [`Hub::new`] needs: what it keeps, and what its routers are built from.
+pub struct HubParts {
+    /// What the hub keeps as it is.
+    pub shared: HubShared,
+    /// Writes the hub's Applications.
+    pub apps: Arc<dyn ObjectStore>,
+    /// The hub's Applications, watched.
+    pub cache: Arc<dyn ObjectView>,
+    /// AppProjects, repositories and GPG keys: their clients and caches.
+    pub config: ConfigObjects,
+    /// The tenants in force, from the live mapping rules (see [`crate::tenancy`]).
+    pub tenants: crate::tenancy::TenantView,
+}
+
 impl Hub {
     /// A hub with no agents yet.
     pub fn new(parts: HubParts) -> Hub {
+        let HubParts {
+            shared,
+            apps,
+            cache,
+            config,
+            tenants,
+        } = parts;
         // Before the watches are first polled: an agent-written object too large for the
         // bounds (written before they existed) is cached as a stub from the first list on.
-        if parts.bounds.max_object_size > 0 {
-            let max = parts.bounds.max_object_size;
-            parts
-                .cache
-                .stub_oversized(max, crate::bounds::agent_written);
-            parts
-                .config
+        if shared.bounds.max_object_size > 0 {
+            let max = shared.bounds.max_object_size;
+            cache.stub_oversized(max, crate::bounds::agent_written);
+            config
                 .projects
                 .stub_oversized(max, crate::bounds::agent_written);
         }
         let apps = Applications::new(
-            parts.source.clone(),
-            parts.apps,
-            parts.cache,
-            parts.metrics.clone(),
-            parts.by_destination,
-            parts.sessions.clone(),
-            parts.tenants.clone(),
+            shared.source.clone(),
+            apps,
+            cache,
+            shared.metrics.clone(),
+            shared.by_destination,
+            shared.sessions.clone(),
+            tenants.clone(),
         );
         let config = ConfigRouter::new(
-            parts.config,
-            parts.source.clone(),
-            parts.metrics.clone(),
-            parts.sessions.clone(),
-            parts.tenants,
+            config,
+            shared.source.clone(),
+            shared.metrics.clone(),
+            shared.sessions.clone(),
+            tenants,
         );
         Hub {
-            source: parts.source,
-            sessions: parts.sessions,
             owners: apps.owners.clone(),
+            shared,
             apps,
             config,
-            metrics: parts.metrics,
-            by_destination: parts.by_destination,
-            bounds: parts.bounds,
             ledger: Ledger::default(),
-            namespaces: parts.namespaces,
-            create_namespace: parts.create_namespace,
-            namespace_cache: parts.namespace_cache,
-            namespace_labels: parts.namespace_labels,
-            tasks: parts.tasks,
-            shutdown: parts.shutdown,
         }
     }
 
@@ -154,7 +140,10 @@ impl Hub {
         session_id: u64,
         token: CancellationToken,
     ) -> Arc<AgentState> {
-        let (state, created) = self.sessions.attach(identity, mode, session_id, token);
+        let (state, created) = self
+            .shared
+            .sessions
+            .attach(identity, mode, session_id, token);
         if created {
             self.spawn_worker(state.clone());
         }
@@ -174,18 +163,23 @@ impl Hub {
 
     /// Creates the agent's hub namespace when configured to.
     pub async fn ensure_namespace(&self, ns: &Namespace, agent: &AgentName) {
-        if !self.create_namespace {
+        if !self.shared.create_namespace {
             return;
         }
-        if let Some(cache) = &self.namespace_cache
+        if let Some(cache) = &self.shared.namespace_cache
             && cache.is_synced()
             && cache.get(None, ns.as_str()).is_some()
         {
             return;
         }
-        let mut labels = self.namespace_labels.clone();
+        let mut labels = self.shared.namespace_labels.clone();
         labels.insert(AGENT_NAME_LABEL.into(), agent.to_string());
-        match self.namespaces.ensure_namespace(ns.as_str(), labels).await {
+        match self
+            .shared
+            .namespaces
+            .ensure_namespace(ns.as_str(), labels)
+            .await
+        {
             Ok(true) => tracing::info!(namespace = %ns, %agent, "created hub namespace for agent"),
             Ok(false) => {}
             Err(e) => {
@@ -199,11 +193,11 @@ impl Hub {
     fn spawn_worker(self: &Arc<Self>, state: Arc<AgentState>) {
         let hub = self.clone();
         let span = tracing::info_span!("hub-changes", agent = %state.name);
-        self.tasks.spawn(
+        self.shared.tasks.spawn(
             async move {
                 loop {
                     tokio::select! {
-                        _ = hub.shutdown.cancelled() => return,
+                        _ = hub.shared.shutdown.cancelled() => return,
                         _ = state.inbox.notify.notified() => {}
                     }
                     for ((kind, name), change, origin) in state.inbox.drain() {
@@ -305,7 +299,7 @@ pub async fn run_hub_watch(
 
 /// On every reload of the rules, re-evaluates what each connected managed agent must hold
 /// (objects whose owner changed are sent or deleted; see
-/// [`crate::objects::ConfigRouter::reconcile_config`]) and which Applications are within
+/// [`crate::config_objects::ConfigRouter::reconcile_config`]) and which Applications are within
 /// their quotas (see [`crate::quotas`]). Ends on shutdown or when the rules are dropped.
 pub async fn watch_reloads(hub: Arc<Hub>, shutdown: tokio_util::sync::CancellationToken) {
     let mut rx = hub.config.tenants.subscribe();
@@ -317,7 +311,7 @@ pub async fn watch_reloads(hub: Arc<Hub>, shutdown: tokio_util::sync::Cancellati
         rx.mark_unchanged();
         let tenants = rx.borrow().tenants().iter().count();
         let mut agents = 0usize;
-        for state in hub.sessions.agents() {
+        for state in hub.shared.sessions.agents() {
             if !state.is_connected() {
                 continue;
             }

@@ -71,7 +71,7 @@ pub async fn serve(
     let listener = TcpListener::bind(config.listen).await?;
     let addr = listener.local_addr()?;
     let peers = leases.map(|leases| replica_peers(&config, leases, addr));
-    let proxy = Arc::new(Proxy {
+    let proxy = Arc::new(RedisProxy {
         owners,
         metrics,
         source,
@@ -112,7 +112,7 @@ pub async fn serve(
 /// the pool's, so that they never bind first: the pool refuses. Refusals and failed
 /// handshakes are counted in
 /// `argocd_principal_listener_connections_closed_total{listener="redis-proxy"}`.
-fn client_limits(proxy: &Proxy) -> IncomingOptions {
+fn client_limits(proxy: &RedisProxy) -> IncomingOptions {
     let metrics = proxy.metrics.clone();
     IncomingOptions {
         max_handshakes: proxy.config.max_unauthenticated.saturating_add(1),
@@ -217,7 +217,7 @@ async fn probe_auth<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     }
 }
 
-impl Proxy {
+impl RedisProxy {
     async fn connection<C: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
         self: Arc<Self>,
         client: C,

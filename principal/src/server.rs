@@ -39,13 +39,13 @@ impl EventStream for EventStreamService {
         let (identity, caller) = identify_agent(
             &self.auth,
             &self.rules,
-            &self.sessions.hub.sessions,
-            &self.sessions.hub.metrics,
+            &self.sessions.hub.shared.sessions,
+            &self.sessions.hub.shared.metrics,
             &request,
         )?;
         let slot = admit_to_tenant(
-            &self.sessions.hub.sessions,
-            &self.sessions.hub.metrics,
+            &self.sessions.hub.shared.sessions,
+            &self.sessions.hub.shared.metrics,
             &identity,
         )?;
         let (inbound, outbound) = stream_compression(request.metadata());

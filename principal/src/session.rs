@@ -203,7 +203,7 @@ async fn receive_hello(
     let first = tokio::time::timeout(timeout, inbound.next())
         .await
         .map_err(|_| {
-            hub.metrics.refused(&identity.agent, HELLO_TIMEOUT);
+            hub.shared.metrics.refused(&identity.agent, HELLO_TIMEOUT);
             Status::deadline_exceeded(format!(
                 "no hello received within {timeout}",
                 timeout = text::duration(timeout)
@@ -212,7 +212,7 @@ async fn receive_hello(
         .ok_or_else(|| Status::cancelled("stream closed before hello"))?
         .map_err(|s| stream_error(hub, &identity.agent, s))?;
     let event = Event::from_cloud_event(first).map_err(|e| {
-        hub.metrics.refused(&identity.agent, "Malformed");
+        hub.shared.metrics.refused(&identity.agent, "Malformed");
         Status::invalid_argument(format!("invalid hello: {e}"))
     })?;
     let Payload::Hello(hello) = event.payload else {
@@ -222,7 +222,7 @@ async fn receive_hello(
     };
     let mode = check_hello(&hello, identity).inspect_err(|status| {
         if status.code() == tonic::Code::PermissionDenied {
-            hub.metrics.auth_failed("ModeNotAllowed");
+            hub.shared.metrics.auth_failed("ModeNotAllowed");
             tracing::warn!(reason = %text::quoted(status.message()), "agent mode refused");
         }
     })?;
@@ -236,7 +236,7 @@ fn welcome(
     resync_min_interval: Duration,
 ) -> Event {
     Event::new(
-        &hub.source,
+        &hub.shared.source,
         EventType::Welcome,
         Payload::Welcome(Welcome {
             version: env!("CARGO_PKG_VERSION").into(),
@@ -249,7 +249,7 @@ fn welcome(
                 .filter(|c| CAPABILITIES.contains(&c.as_str()))
                 .cloned()
                 .collect(),
-            max_in_flight: u32::try_from(hub.sessions.queue_limits.max_in_flight)
+            max_in_flight: u32::try_from(hub.shared.sessions.queue_limits.max_in_flight)
                 .unwrap_or(u32::MAX),
             resync_min_interval_ms: u64::try_from(resync_min_interval.as_millis())
                 .unwrap_or(u64::MAX),
@@ -328,7 +328,7 @@ async fn register(
         && gate.must_yield(&identity.agent, session_id)
     {
         // Asked for between taking the Lease and registering: this session yields.
-        hub.sessions.close_session(
+        hub.shared.sessions.close_session(
             &identity.agent,
             Some("the agent opened a session on another principal replica".into()),
         );
@@ -344,10 +344,11 @@ async fn register(
         },
     );
     Box::pin(hub.ensure_namespace(&identity.namespace, &identity.agent)).await;
-    hub.metrics.connected_agents.inc();
-    hub.metrics
+    hub.shared.metrics.connected_agents.inc();
+    hub.shared
+        .metrics
         .set_tenant(identity.agent.as_str(), identity.tenant.as_ref());
-    hub.metrics.connected(identity.agent.as_str());
+    hub.shared.metrics.connected(identity.agent.as_str());
     let guard = SessionGuard {
         hub: hub.clone(),
         state: state.clone(),
@@ -420,7 +421,8 @@ async fn resync(
             return Ok(false);
         }
     }
-    hub.metrics
+    hub.shared
+        .metrics
         .resync_duration
         .get_or_create(&crate::metrics::ModeLabels {
             mode: mode.as_str().into(),
@@ -445,7 +447,8 @@ async fn requested_resync(exchange: &Exchange<'_>, event: Event) -> Result<bool,
     let hub = &ctx.hub;
     let min = ctx.resync_min_interval;
     if let Err(wait) = crate::rounds::admit_request(state, min, std::time::Instant::now()) {
-        hub.metrics
+        hub.shared
+            .metrics
             .refused(&state.name, crate::rounds::RESYNC_TOO_SOON);
         tracing::warn!(min_interval = %text::duration(min), "periodic resync requested too soon: refused");
         let message = format!(
@@ -453,7 +456,7 @@ async fn requested_resync(exchange: &Exchange<'_>, event: Event) -> Result<bool,
             text::duration(min),
             text::duration(Duration::from_secs(wait.as_secs().max(1)))
         );
-        let reply = event.error_reply(&hub.source, crate::rounds::RESYNC_TOO_SOON, message);
+        let reply = event.error_reply(&hub.shared.source, crate::rounds::RESYNC_TOO_SOON, message);
         send(tx, hub, state, reply).await?;
         return Ok(true);
     }
@@ -463,7 +466,7 @@ async fn requested_resync(exchange: &Exchange<'_>, event: Event) -> Result<bool,
     tracing::info!("periodic resync requested by the agent");
     let done = resync(ctx, state, token, mode, Some(view), Round::Requested, tx).await?;
     if done {
-        send(tx, hub, state, event.ack(&hub.source)).await?;
+        send(tx, hub, state, event.ack(&hub.shared.source)).await?;
     }
     Ok(done)
 }
@@ -558,7 +561,7 @@ fn stream_error(hub: &Hub, agent: &argocd_agent_domain::AgentName, status: Statu
         ),
         _ => return status,
     };
-    hub.metrics.refused(agent, reason);
+    hub.shared.metrics.refused(agent, reason);
     tracing::warn!(reason, message = %text::quoted(status.message()), "agent stream refused");
     status
 }
@@ -610,15 +613,21 @@ impl SessionGuard {
 impl Drop for SessionGuard {
     fn drop(&mut self) {
         self.state.clear_link(self.session_id);
-        self.hub.sessions.detach(&self.state, self.session_id);
+        self.hub
+            .shared
+            .sessions
+            .detach(&self.state, self.session_id);
         // Unless a newer session of the agent took over.
         if !self.state.is_connected() {
-            self.hub.metrics.disconnected(self.state.name.as_str());
+            self.hub
+                .shared
+                .metrics
+                .disconnected(self.state.name.as_str());
             for observer in &self.observers {
                 observer.clone().disconnected(&self.state.name, &self.tasks);
             }
         }
-        self.hub.metrics.connected_agents.dec();
+        self.hub.shared.metrics.connected_agents.dec();
         tracing::info!("agent disconnected");
     }
 }
@@ -644,19 +653,21 @@ async fn send_inner(
     let span = argocd_agent_domain::event_span!("principal.send", &event,
         agent = %state.name, client = %state.identity().client);
     argocd_agent_domain::trace::inject_span(&mut event, &span);
-    hub.metrics
+    hub.shared
+        .metrics
         .event(true, state.name.as_str(), event.ty.verb());
     match tx.send(Ok(event.to_cloud_event())).instrument(span).await {
         Ok(()) => Ok(()),
         Err(SendFailure::Closed) => {
             // Upstream's reason for a send on a cancelled stream.
-            hub.metrics
+            hub.shared
+                .metrics
                 .send_error(state.name.as_str(), "context-canceled");
             Err(Status::cancelled("agent stream closed"))
         }
         Err(SendFailure::NotReading) => {
-            hub.metrics.send_error(state.name.as_str(), "other");
-            hub.metrics.refused(&state.name, NOT_READING);
+            hub.shared.metrics.send_error(state.name.as_str(), "other");
+            hub.shared.metrics.refused(&state.name, NOT_READING);
             tracing::warn!(timeout = %text::duration(tx.send_timeout), "agent takes no events: session closed");
             Err(Status::deadline_exceeded(format!(
                 "agent took no event for {}",
@@ -683,10 +694,10 @@ async fn handle_inbound(x: &Exchange<'_>, ce: CloudEvent) -> Result<(), Status> 
     let event = match Event::from_cloud_event(ce) {
         Ok(e) => e,
         Err(e) => {
-            hub.metrics.refused(agent, "Malformed");
+            hub.shared.metrics.refused(agent, "Malformed");
             tracing::warn!(error = %text::quoted(&e), "malformed event refused");
             let mut reply = Event::new(
-                &hub.source,
+                &hub.shared.source,
                 EventType::Error,
                 Payload::Error(pb::ErrorDetail {
                     reason: "Malformed".into(),
@@ -698,14 +709,16 @@ async fn handle_inbound(x: &Exchange<'_>, ce: CloudEvent) -> Result<(), Status> 
             return send(tx, hub, state, reply).await;
         }
     };
-    hub.metrics.event(false, agent.as_str(), event.ty.verb());
+    hub.shared
+        .metrics
+        .event(false, agent.as_str(), event.ty.verb());
     if crate::ratelimit::is_limited(event.ty) {
         if let crate::ratelimit::Verdict::Refused { log } = state.check_rate() {
             return refuse_rate_limited(hub, state, event, log, tx).await;
         }
         if let Some(tenant) = &identity.tenant
             && let (crate::ratelimit::Verdict::Refused { log }, Some(limit)) =
-                hub.sessions.tenancy.check_events(tenant)
+                hub.shared.sessions.tenancy.check_events(tenant)
         {
             let over = TenantOver { tenant, limit, log };
             return refuse_tenant_rate_limited(hub, state, over, event, tx).await;
@@ -726,8 +739,9 @@ async fn refuse_rate_limited(
     log: Option<u64>,
     tx: &Outbound,
 ) -> Result<(), Status> {
-    let limit = hub.sessions.event_rate;
-    hub.metrics
+    let limit = hub.shared.sessions.event_rate;
+    hub.shared
+        .metrics
         .refused(&state.name, crate::refusals::RATE_LIMITED);
     if let Some(refused) = log {
         tracing::warn!(
@@ -741,7 +755,11 @@ async fn refuse_rate_limited(
         "agent {} is over its event rate limit ({} events/s, burst {}): resend later",
         state.name, limit.rate, limit.burst
     );
-    let reply = event.error_reply(&hub.source, crate::ratelimit::TOO_MANY_REQUESTS, message);
+    let reply = event.error_reply(
+        &hub.shared.source,
+        crate::ratelimit::TOO_MANY_REQUESTS,
+        message,
+    );
     send(tx, hub, state, reply).await
 }
 
@@ -764,7 +782,8 @@ async fn refuse_tenant_rate_limited(
     tx: &Outbound,
 ) -> Result<(), Status> {
     let TenantOver { tenant, limit, log } = over;
-    hub.metrics
+    hub.shared
+        .metrics
         .refused(&state.name, crate::refusals::TENANT_RATE_LIMITED);
     if let Some(refused) = log {
         tracing::warn!(
@@ -779,7 +798,11 @@ async fn refuse_tenant_rate_limited(
         "tenant {tenant} is over its event quota (quotas.eventsPerSecond {}, burst {}): resend later",
         limit.rate, limit.burst
     );
-    let reply = event.error_reply(&hub.source, crate::ratelimit::TOO_MANY_REQUESTS, message);
+    let reply = event.error_reply(
+        &hub.shared.source,
+        crate::ratelimit::TOO_MANY_REQUESTS,
+        message,
+    );
     send(tx, hub, state, reply).await
 }
 
@@ -811,7 +834,11 @@ async fn handle_event(x: &Exchange<'_>, event: Event) -> Result<(), Status> {
     use crate::metrics::Processing;
     let mut processing = Processing::Success;
     let reply = match decide(identity, mode, &event, &owner, &placement) {
-        Decision::Pong => Some(Event::new(&hub.source, EventType::Pong, Payload::None)),
+        Decision::Pong => Some(Event::new(
+            &hub.shared.source,
+            EventType::Pong,
+            Payload::None,
+        )),
         Decision::Ignore => None,
         Decision::Acked(id) => {
             if let Some((key, delivered)) = state.queue.ack(&id) {
@@ -845,7 +872,8 @@ async fn handle_event(x: &Exchange<'_>, event: Event) -> Result<(), Status> {
     };
     if let Some(r) = &event.resource {
         let seconds = started.elapsed().as_secs_f64();
-        hub.metrics
+        hub.shared
+            .metrics
             .processed(agent.as_str(), r.kind, processing, seconds);
     }
     match reply {
@@ -861,9 +889,9 @@ fn refuse(
     event: &Event,
     r: crate::inbound::Refusal,
 ) -> Event {
-    hub.metrics.refused(agent, r.metric);
+    hub.shared.metrics.refused(agent, r.metric);
     tracing::warn!(object = %text::or_dash(event.resource.as_ref()), reason = r.metric, message = %text::quoted(&r.message), "event refused");
-    event.error_reply(&hub.source, r.reason, r.message)
+    event.error_reply(&hub.shared.source, r.reason, r.message)
 }
 
 /// Takes the agent's answers to this session's requests (resource proxy, Redis) and its
@@ -908,7 +936,7 @@ fn take_answer(
 fn placement_of(hub: &Hub, mode: AgentMode, event: &Event) -> Placement {
     match &event.resource {
         Some(r)
-            if hub.by_destination
+            if hub.shared.by_destination
                 && mode == AgentMode::Managed
                 && r.kind == ResourceKind::Application =>
         {
@@ -932,18 +960,18 @@ async fn apply_reply(
     command: crate::inbound::Command,
 ) -> Option<Event> {
     match hub.apply(state, command).await {
-        Ok(Applied::Ack) => Some(event.ack(&hub.source)),
+        Ok(Applied::Ack) => Some(event.ack(&hub.shared.source)),
         Ok(Applied::Silent) => None,
         Ok(Applied::NotFound) => {
             // Not a failure worth a warning: an agent resending a delete after a lost
             // acknowledgement lands here.
-            hub.metrics.refused(agent, "NotFound");
+            hub.shared.metrics.refused(agent, "NotFound");
             tracing::info!(object = %text::or_dash(event.resource.as_ref()), "delete of an object the hub does not have: answered NotFound");
             let message = match &event.resource {
                 Some(r) => format!("{r} does not exist on the hub (already deleted)"),
                 None => "no such object on the hub".into(),
             };
-            Some(event.error_reply(&hub.source, "NotFound", message))
+            Some(event.error_reply(&hub.shared.source, "NotFound", message))
         }
         // The hub's API server failing or overloaded: the agent resends the change
         // later (dropping it would lose a status until the next resync, or for good).
@@ -951,7 +979,7 @@ async fn apply_reply(
             let message = chain(&e);
             tracing::warn!(object = %text::or_dash(event.resource.as_ref()), error = %text::quoted(&message), "could not apply event for now: the agent resends it");
             Some(event.error_reply(
-                &hub.source,
+                &hub.shared.source,
                 argocd_agent_domain::event::REASON_UNAVAILABLE,
                 message,
             ))
@@ -959,7 +987,7 @@ async fn apply_reply(
         Err(e) => {
             let message = chain(&e);
             tracing::warn!(object = %text::or_dash(event.resource.as_ref()), error = %text::quoted(&message), "could not apply event");
-            Some(event.error_reply(&hub.source, "ApplyFailed", message))
+            Some(event.error_reply(&hub.shared.source, "ApplyFailed", message))
         }
     }
 }

@@ -20,16 +20,16 @@ use tokio_util::task::TaskTracker;
 
 use crate::auth::ListenerAuth;
 use crate::config::PrincipalConfig;
+use crate::config_objects::ConfigObjects;
 use crate::error::PrincipalError;
 use crate::hooks::{SessionGate, SessionObserver};
-use crate::hub::{Hub, HubParts};
+use crate::hub::{Hub, HubParts, HubShared};
 use crate::metrics::Metrics;
-use crate::objects::ConfigObjects;
 use crate::partition::Partition;
 use crate::session::SessionContext;
 use crate::sessions::Sessions;
 use crate::{admin, blocklist, clusterinfo, clustersecret, config, ha, health, hub};
-use crate::{objects, redisproxy, resourceproxy, tunnel};
+use crate::{config_objects, redisproxy, resourceproxy, tunnel};
 
 /// What every step needs: the configuration, the hub's client, the listener's
 /// authentication, the metrics, the task tracker and the shutdown token.
@@ -192,7 +192,7 @@ impl Wiring {
         let (repositories, repository_changes) = self.watch(
             Kind::Secret,
             in_argocd(),
-            Some(objects::REPOSITORY_SELECTOR),
+            Some(config_objects::REPOSITORY_SELECTOR),
         );
         let (gpg_keys, gpg_changes) = self.watch(Kind::ConfigMap, in_argocd(), None);
         let blocklist_changed = Arc::new(tokio::sync::Notify::new());
@@ -221,7 +221,7 @@ impl Wiring {
                 }
                 // Upstream's argocd_principal_gpg_keys_count: the keys of the hub's GPG
                 // ConfigMap, 0 once it is deleted.
-                if name == Some(crate::objects::GPG_KEYS_CONFIGMAP) {
+                if name == Some(crate::config_objects::GPG_KEYS_CONFIGMAP) {
                     metrics.gpg_keys(match c {
                         Change::Applied(o) => gpg_key_count(o),
                         _ => 0,
@@ -343,23 +343,25 @@ impl Wiring {
                 )),
         );
         let hub = Arc::new(Hub::new(HubParts {
-            source: source_id(self.listener_auth.svid.as_ref()),
+            shared: HubShared {
+                source: source_id(self.listener_auth.svid.as_ref()),
+                namespaces: Arc::new(Resources::new(self.client.clone(), Kind::Namespace)),
+                metrics: self.metrics.clone(),
+                sessions: sessions.clone(),
+                create_namespace: config.create_namespace,
+                namespace_cache: self
+                    .namespace_cache()
+                    .map(|c| Arc::new(c) as Arc<dyn argocd_agent_kubernetes::ObjectView>),
+                namespace_labels: config.namespace_labels.clone(),
+                by_destination: config.destination_based_mapping,
+                bounds: config.agent_bounds,
+                tasks: self.tasks.clone(),
+                shutdown: self.shutdown.clone(),
+            },
             apps: Arc::new(Resources::new(self.client.clone(), Kind::Application)),
-            namespaces: Arc::new(Resources::new(self.client.clone(), Kind::Namespace)),
             cache: Arc::new(watches.apps),
-            metrics: self.metrics.clone(),
-            sessions: sessions.clone(),
-            create_namespace: config.create_namespace,
-            namespace_cache: self
-                .namespace_cache()
-                .map(|c| Arc::new(c) as Arc<dyn argocd_agent_kubernetes::ObjectView>),
-            namespace_labels: config.namespace_labels.clone(),
             config: watches.config_objects,
-            by_destination: config.destination_based_mapping,
-            bounds: config.agent_bounds,
             tenants: crate::tenancy::TenantView::new(self.rules.subscribe()),
-            tasks: self.tasks.clone(),
-            shutdown: self.shutdown.clone(),
         }));
         for (kind, stream) in watches.changes {
             self.tasks.spawn(hub::run_hub_watch(
@@ -408,13 +410,13 @@ impl Wiring {
             ha::LeaseBackend::kube(lease_client, &self.config.argocd_namespace, &hub.sessions),
             &self.config.argocd_namespace,
             ha,
-            hub.sessions.clone(),
+            hub.shared.sessions.clone(),
             self.metrics.clone(),
             &self.tasks,
             self.shutdown.clone(),
         );
         // Tenants' agents quotas count the agents other replicas serve.
-        hub.sessions.tenancy.set_census(leases.clone());
+        hub.shared.sessions.tenancy.set_census(leases.clone());
         Ok(Some(leases))
     }
 
@@ -485,7 +487,7 @@ impl Wiring {
         };
         let bound = admin::serve(
             address,
-            hub.sessions.clone(),
+            hub.shared.sessions.clone(),
             self.admin.clone(),
             self.metrics.clone(),
             &self.tasks,
@@ -534,12 +536,12 @@ impl Wiring {
             r.upstream.clone(),
             r.compression,
             template,
-            Arc::downgrade(&hub.sessions),
+            Arc::downgrade(&hub.shared.sessions),
         );
         self.tasks.spawn(
             writer
                 .clone()
-                .refresh(hub.sessions.clone(), self.shutdown.clone()),
+                .refresh(hub.shared.sessions.clone(), self.shutdown.clone()),
         );
         features.cluster_info = Some(writer);
     }
@@ -557,7 +559,7 @@ impl Wiring {
             redis.clone(),
             hub.owners.clone(),
             self.metrics.clone(),
-            hub.source.clone(),
+            hub.shared.source.clone(),
             features.leases.clone(),
             &self.tasks,
             self.shutdown.clone(),
@@ -666,7 +668,7 @@ async fn start_resource_proxy(
         .self_cluster_registration
         .then(|| start_cluster_secrets(w, &rp, keys.clone(), serving.ca_pem.clone()));
     if let Some(secrets) = &secrets {
-        let sessions = hub.sessions.clone();
+        let sessions = hub.shared.sessions.clone();
         secrets.follow_tenants(Arc::new(move |agent| {
             sessions.agent(agent).map(|s| s.identity().tenant)
         }));
@@ -681,10 +683,10 @@ async fn start_resource_proxy(
             tasks.clone(),
         )
     });
-    let proxy = resourceproxy::Proxy::new(resourceproxy::ProxyParts {
-        sessions: hub.sessions.clone(),
-        metrics: hub.metrics.clone(),
-        source: hub.source.clone(),
+    let proxy = resourceproxy::ResourceProxy::new(resourceproxy::ResourceProxyParts {
+        sessions: hub.shared.sessions.clone(),
+        metrics: hub.shared.metrics.clone(),
+        source: hub.shared.source.clone(),
         keys,
         tunnels,
         config: rp.clone(),

@@ -8,7 +8,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::{Answer, Apps, Proxy, Tunnel, exec, logs, response_event, rules};
+use super::{Answer, Apps, SpokeProxy, Tunnel, exec, logs, response_event, rules};
 use crate::error::SessionError;
 
 /// What serving a resource-proxy event asks of the spoke (the spoke implements it).
@@ -18,7 +18,7 @@ pub trait Host {
     /// Where the request handlers run.
     fn tasks(&self) -> &TaskTracker;
     /// The resource proxy, when the agent serves it.
-    fn proxy(&self) -> Option<Arc<Proxy>>;
+    fn proxy(&self) -> Option<Arc<SpokeProxy>>;
     /// The Applications this spoke holds, by the names their objects carry, with where each
     /// deploys and what it manages.
     fn apps(&self) -> Apps;

@@ -21,7 +21,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
-use super::{Answer, Proxy, Tunnel, response_event};
+use super::{Answer, SpokeProxy, Tunnel, response_event};
 use crate::error::SessionError;
 
 /// Channel of the frames from the principal written to the container's stdin.
@@ -112,7 +112,7 @@ pub fn attach_params(req: &TerminalRequest) -> AttachParams {
 /// Serves one `terminal-request` (see the module documentation).
 #[allow(clippy::too_many_arguments)]
 pub async fn serve(
-    proxy: &Proxy,
+    proxy: &SpokeProxy,
     apps: &super::Apps,
     tunnel: Result<Tunnel, SessionError>,
     source: &str,

@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
-use super::{Answer, Proxy, Tunnel, response_event};
+use super::{Answer, SpokeProxy, Tunnel, response_event};
 use crate::error::SessionError;
 
 /// Buffered whole lines are sent at least this often.
@@ -133,7 +133,7 @@ async fn forward<F: Future>(
 /// Serves one `log-request` (see the module documentation).
 #[allow(clippy::too_many_arguments)]
 pub async fn serve(
-    proxy: &Proxy,
+    proxy: &SpokeProxy,
     apps: &super::Apps,
     tunnel: Result<Tunnel, SessionError>,
     source: &str,
@@ -210,7 +210,7 @@ enum LogError {
 /// Asks the cluster for the container's log (within the proxy's timeout): the response, or
 /// why it failed; `None` when the connection ended first.
 async fn get_log(
-    proxy: &Proxy,
+    proxy: &SpokeProxy,
     req: &LogRequest,
     connection: &CancellationToken,
 ) -> Option<Result<http::Response<kube::client::Body>, LogError>> {

@@ -167,7 +167,7 @@ impl Failure {
 }
 
 /// The resource proxy of one agent: its cluster client, limits and discovery cache.
-pub struct Proxy {
+pub struct SpokeProxy {
     client: kube::Client,
     config: ProxyConfig,
     metrics: Metrics,
@@ -180,11 +180,11 @@ pub struct Proxy {
     tracking: tokio::sync::Mutex<Option<(std::time::Instant, rules::Tracking)>>,
 }
 
-impl Proxy {
+impl SpokeProxy {
     /// A proxy serving through `client` within `config`'s limits, counting into `metrics`.
-    pub fn new(client: kube::Client, config: ProxyConfig, metrics: Metrics) -> Proxy {
+    pub fn new(client: kube::Client, config: ProxyConfig, metrics: Metrics) -> SpokeProxy {
         let n = config.max_concurrent.max(1);
-        Proxy {
+        SpokeProxy {
             client,
             config,
             metrics,
@@ -723,14 +723,14 @@ fn not_managed(r: &rules::ResourcePath) -> Failure {
 /// Follows owner references (at most [`rules::MAX_OWNER_HOPS`]) to decide rule (c);
 /// owners fetched once serve every item of a list.
 struct OwnerWalk<'a> {
-    proxy: &'a Proxy,
+    proxy: &'a SpokeProxy,
     apps: &'a Apps,
     /// Owners fetched: `(namespace, apiVersion, kind, name)` -> metadata.
     fetched: HashMap<(Option<String>, String, String, String), Option<Value>>,
 }
 
 impl<'a> OwnerWalk<'a> {
-    fn new(proxy: &'a Proxy, apps: &'a Apps) -> Self {
+    fn new(proxy: &'a SpokeProxy, apps: &'a Apps) -> Self {
         OwnerWalk {
             proxy,
             apps,
@@ -929,7 +929,7 @@ impl Tunnel {
 /// Admits a log (`what` = "log") or exec ("exec") stream of `pod`: the pod must be managed
 /// and the tunnel's credentials ready. `Err` is the refusal to answer with instead.
 pub(crate) async fn admit_stream(
-    proxy: &Proxy,
+    proxy: &SpokeProxy,
     apps: &Apps,
     tunnel: Result<Tunnel, SessionError>,
     what: &'static str,
@@ -950,7 +950,7 @@ pub(crate) async fn admit_stream(
 /// Checks that a pod is managed before a log or exec stream: `Err` is the answer to send
 /// instead (403, or the GET's failure such as 404).
 async fn check_pod(
-    proxy: &Proxy,
+    proxy: &SpokeProxy,
     apps: &Apps,
     namespace: &str,
     pod: &str,

@@ -27,7 +27,7 @@ type Routes = HashMap<(String, String), (u16, &'static str, Vec<u8>)>;
 fn mock(
     routes: Vec<(&str, &str, u16, Value)>,
     config: ProxyConfig,
-) -> (Proxy, Arc<Mutex<Vec<Seen>>>) {
+) -> (SpokeProxy, Arc<Mutex<Vec<Seen>>>) {
     let mut table: Routes = HashMap::new();
     for (m, uri, status, body) in routes {
         table.insert(
@@ -77,7 +77,7 @@ fn mock(
         }
     });
     let client = kube::Client::new(svc, "default");
-    (Proxy::new(client, config, Metrics::new()), seen)
+    (SpokeProxy::new(client, config, Metrics::new()), seen)
 }
 
 fn apps() -> Apps {
@@ -111,7 +111,7 @@ fn body(r: &argocd_agent_proto::eventstream::ResourceResponse) -> Value {
     serde_json::from_slice(&r.body).unwrap()
 }
 
-fn count(p: &Proxy, verb: &str, outcome: &str) -> u64 {
+fn count(p: &SpokeProxy, verb: &str, outcome: &str) -> u64 {
     p.metrics
         .resource_proxy_responses
         .get_or_create(&crate::metrics::ProxyLabels {
@@ -385,7 +385,7 @@ async fn a_patch_of_a_managed_object_is_performed_with_its_content_type() {
 const POD: &str = "/api/v1/namespaces/ns/pods/web-0";
 
 /// A managed pod `web-0` at resourceVersion 7 that any PATCH of answers 200.
-fn pod_mock(config: ProxyConfig) -> (Proxy, Arc<Mutex<Vec<Seen>>>) {
+fn pod_mock(config: ProxyConfig) -> (SpokeProxy, Arc<Mutex<Vec<Seen>>>) {
     let mut meta = managed_meta("web-0");
     meta["resourceVersion"] = json!("7");
     let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": meta,
@@ -659,7 +659,7 @@ fn deploying_apps() -> Apps {
 /// (uid `cj-uid`) in `ns`, a CronJob `nightly` in `kube-system` that carries the
 /// Application's label without being one of its resources (uid `cj-uid` too), and a 201
 /// for every create the tests may send.
-fn create_mock() -> (Proxy, Arc<Mutex<Vec<Seen>>>) {
+fn create_mock() -> (SpokeProxy, Arc<Mutex<Vec<Seen>>>) {
     let mut cj_meta = managed_meta("nightly");
     cj_meta["uid"] = json!("cj-uid");
     let mut system_meta = cj_meta.clone();
@@ -983,7 +983,7 @@ async fn slow_requests_time_out_and_slots_are_limited() {
             parked.push(send);
         }
     });
-    let p = Proxy::new(
+    let p = SpokeProxy::new(
         kube::Client::new(svc, "default"),
         ProxyConfig {
             timeout: std::time::Duration::from_millis(50),

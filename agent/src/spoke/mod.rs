@@ -19,9 +19,9 @@ use kube::api::DynamicObject;
 use serde_json::{Value, json};
 use tracing::Instrument;
 
+use crate::config_objects::kinds::ConfigKinds;
 use crate::error::SpokeError;
 use crate::namespaces::{self, AllowedNamespaces, HubNameError};
-use crate::objects::kinds::ConfigKinds;
 use crate::policy::{self, Policies, RecreateAction, WritePlan};
 
 mod deletes;
@@ -92,7 +92,7 @@ pub struct Spoke {
     /// This cluster's Redis, when the agent serves the principal's Redis proxy.
     pub redis: Option<Arc<crate::redis::SpokeRedis>>,
     /// The resource proxy, when the agent serves it.
-    pub proxy: Option<Arc<crate::proxy::Proxy>>,
+    pub proxy: Option<Arc<crate::proxy::SpokeProxy>>,
     /// Where the agent's request handlers run (the agent's tracker, drained on shutdown).
     pub tasks: tokio_util::task::TaskTracker,
     /// The session with the principal: hub namespace, hello, late answers ([`session`]).
@@ -135,7 +135,7 @@ impl crate::proxy::dispatch::Host for Spoke {
         &self.tasks
     }
 
-    fn proxy(&self) -> Option<Arc<crate::proxy::Proxy>> {
+    fn proxy(&self) -> Option<Arc<crate::proxy::SpokeProxy>> {
         self.proxy.clone()
     }
 

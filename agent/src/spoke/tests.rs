@@ -18,7 +18,7 @@ fn managed_spoke() -> (Spoke, MemoryStore) {
         Arc::new(apps.clone()),
         Arc::new(cache),
         SendQueue::new(QueueLimits::default()),
-        crate::objects::ConfigKinds::new(Vec::new()),
+        crate::config_objects::ConfigKinds::new(Vec::new()),
     );
     spoke.after_welcome(Namespace::new("edge-1").unwrap());
     (spoke, apps)

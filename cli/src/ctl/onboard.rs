@@ -306,6 +306,165 @@ pub enum OverlayError {
     },
 }
 
+/// Why the agent's mapping rule cannot be put in or taken out. Messages carry their cause
+/// (no `source`).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RuleEditError {
+    /// The rules as they are do not load.
+    #[error("the current rules do not load: {0}")]
+    CurrentRules(argocd_agent_domain::mapping::RuleError),
+    /// The agent's ID maps to another agent already.
+    #[error("{id} already maps to agent {} (rule {}); delete that agent or rule first", quoted(.agent), quoted(.rule))]
+    IdTaken {
+        /// The agent's SPIFFE ID.
+        id: String,
+        /// The agent it maps to.
+        agent: String,
+        /// The rule that maps it.
+        rule: String,
+    },
+    /// The agent's ID is an operator's.
+    #[error("{id} is an operator identity: {denied}")]
+    OperatorId {
+        /// The agent's SPIFFE ID.
+        id: String,
+        /// The rules' answer.
+        denied: Box<argocd_agent_domain::mapping::MappingDenied>,
+    },
+    /// The hub namespace is another agent's.
+    #[error("hub namespace {} belongs to agent {} (rule {}); choose another with --hub-namespace", quoted(.namespace), quoted(.agent), quoted(.rule))]
+    NamespaceTaken {
+        /// The hub namespace.
+        namespace: String,
+        /// The agent it belongs to.
+        agent: String,
+        /// The rule that gives it to that agent.
+        rule: String,
+    },
+    /// The rules with the agent's rule put in do not load.
+    #[error("the new rules do not load: {0}")]
+    NewRules(argocd_agent_domain::mapping::RuleError),
+    /// The rules with the agent's rule put in refuse the agent.
+    #[error("the new rules do not admit the agent: {0}")]
+    NotAdmitted(Box<argocd_agent_domain::mapping::MappingDenied>),
+    /// The rules with the agent's rule put in map it elsewhere.
+    #[error("the new rules map {id} to {mapped}, not agent {} in {}", quoted(.agent), quoted(.namespace))]
+    MappedElsewhere {
+        /// The agent's SPIFFE ID.
+        id: String,
+        /// Where it maps.
+        mapped: Box<argocd_agent_domain::AgentIdentity>,
+        /// The agent.
+        agent: String,
+        /// Its hub namespace.
+        namespace: String,
+    },
+    /// The rule of the agent's name maps another agent.
+    #[error("rule {} maps agent {}, not {}; not removing it", quoted(.rule), quoted(.found), quoted(.agent))]
+    OtherAgentsRule {
+        /// The rule's name.
+        rule: String,
+        /// The agent it maps.
+        found: String,
+        /// The agent being deleted.
+        agent: String,
+    },
+}
+
+/// Why the rules document of a rules ConfigMap cannot be read.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RulesDocError {
+    /// It is not YAML.
+    #[error("not YAML: {0}")]
+    NotYaml(Box<serde_saphyr::Error>),
+    /// It has no `rules` list.
+    #[error("has no `rules:` list")]
+    NoRulesList,
+}
+
+/// Why `agent create --apply` or `agent delete` stopped. Messages carry their cause (no
+/// `source`), except the wrapped errors, which are their cause's.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OnboardError {
+    /// The agent's mapping rule.
+    #[error(transparent)]
+    Rule(#[from] RuleEditError),
+    /// The hub cannot be reached.
+    #[error(transparent)]
+    Hub(#[from] crate::ctl::error::HubClientError),
+    /// The agent name is invalid.
+    #[error("agent name: {0}")]
+    AgentName(argocd_agent_identity::id::IdError),
+    /// A request to the hub's API server failed.
+    #[error("{what}: {}", argocd_agent_domain::error_chain(.cause))]
+    Kube {
+        /// What was being done (`reading ConfigMap <name>`).
+        what: String,
+        /// Why it failed.
+        cause: kube::Error,
+    },
+    /// Writing the rules ConfigMap failed.
+    #[error("{}", argocd_agent_domain::error_chain(.0))]
+    WriteRules(kube::Error),
+    /// The rules ConfigMap changed under every attempt to write it.
+    #[error("the rules ConfigMap kept changing under us (5 conflicts); try again")]
+    KeptChanging,
+    /// The rules ConfigMap's document cannot be read.
+    #[error("ConfigMap {name} key {RULES_KEY}: {problem}")]
+    RulesDoc {
+        /// The ConfigMap.
+        name: String,
+        /// What is wrong with it.
+        problem: RulesDocError,
+    },
+    /// The hub namespace is being deleted.
+    #[error("namespace {0} is being deleted; wait until it is gone")]
+    NamespaceDeleting(String),
+    /// The hub namespace is labelled for another agent.
+    #[error("namespace {namespace} belongs to agent {} (label {AGENT_LABEL}); choose another with --hub-namespace", quoted(.owner))]
+    NamespaceOwned {
+        /// The hub namespace.
+        namespace: String,
+        /// The agent it is labelled for.
+        owner: String,
+    },
+    /// The namespace object cannot be built.
+    #[error(transparent)]
+    NamespaceObject(#[from] serde_json::Error),
+    /// The cluster Secret of the agent's name is not labelled for it.
+    #[error("Secret {namespace}/{name} is not agent {agent}'s cluster Secret (label {AGENT_LABEL} is {}); not deleting it", label_text(.owner))]
+    NotAgentsSecret {
+        /// Argo CD's namespace.
+        namespace: String,
+        /// The Secret.
+        name: String,
+        /// The agent.
+        agent: String,
+        /// The Secret's agent label.
+        owner: Option<String>,
+    },
+    /// The hub namespace to delete is not labelled for the agent.
+    #[error("namespace {namespace} is not labelled for agent {agent} ({AGENT_LABEL} is {}); not deleting it", label_text(.owner))]
+    NotAgentsNamespace {
+        /// The hub namespace.
+        namespace: String,
+        /// The agent.
+        agent: String,
+        /// The namespace's agent label.
+        owner: Option<String>,
+    },
+}
+
+/// An agent label's value as the messages give it: quoted, or `not set`.
+fn label_text(owner: &Option<String>) -> String {
+    owner
+        .as_deref()
+        .map_or_else(|| "not set".to_owned(), |o| quoted(o).to_string())
+}
+
 /// The name of the mapping rule `agent create` writes for `agent`.
 pub fn rule_name(agent: &AgentName) -> String {
     format!("agent-{agent}")
@@ -580,18 +739,19 @@ fn relative(from: &Path, target: &Path) -> PathBuf {
 }
 
 /// The rules document of a rules ConfigMap as a JSON value with a `rules` list.
-fn parse_rules_doc(text: &str) -> Result<Value, String> {
+fn parse_rules_doc(text: &str) -> Result<Value, RulesDocError> {
     let blank = text
         .lines()
         .all(|l| l.trim().is_empty() || l.trim_start().starts_with('#'));
     if blank {
         return Ok(json!({"rules": []}));
     }
-    let doc: Value = serde_saphyr::from_str(text).map_err(|e| format!("not YAML: {e}"))?;
+    let doc: Value =
+        serde_saphyr::from_str(text).map_err(|e| RulesDocError::NotYaml(Box::new(e)))?;
     match doc.get("rules") {
         Some(Value::Array(_)) => Ok(doc),
         Some(Value::Null) => Ok(json!({"rules": []})),
-        _ => Err("has no `rules:` list".into()),
+        _ => Err(RulesDocError::NoRulesList),
     }
 }
 
@@ -599,35 +759,34 @@ fn rules_of(doc: &Value) -> &[Value] {
     doc["rules"].as_array().map(Vec::as_slice).unwrap_or(&[])
 }
 
-fn rule_set(rules: &[Value]) -> Result<RuleSet, String> {
-    RuleSet::from_yaml(&yaml(&json!({"rules": rules}))).map_err(|e| e.to_string())
+fn rule_set(rules: &[Value]) -> Result<RuleSet, argocd_agent_domain::mapping::RuleError> {
+    RuleSet::from_yaml(&yaml(&json!({"rules": rules})))
 }
 
 /// The rules with the agent's rule put in (replacing one of the same name), where it decides
 /// for its ID: before the first existing rule that matches the ID. Refuses when the ID is
 /// another agent's, or the hub namespace is another agent's, under the existing rules.
-pub fn upsert_rule(existing: &[Value], plan: &Plan) -> Result<Vec<Value>, String> {
+pub fn upsert_rule(existing: &[Value], plan: &Plan) -> Result<Vec<Value>, RuleEditError> {
     let name = rule_name(&plan.agent);
     let others: Vec<Value> = existing
         .iter()
         .filter(|r| r["name"].as_str() != Some(name.as_str()))
         .cloned()
         .collect();
-    let current = rule_set(&others).map_err(|e| format!("the current rules do not load: {e}"))?;
+    let current = rule_set(&others).map_err(RuleEditError::CurrentRules)?;
     match current.map(&plan.spiffe_id) {
         Ok(found) if found.agent != plan.agent => {
-            return Err(format!(
-                "{} already maps to agent {} (rule {}); delete that agent or rule first",
-                plan.spiffe_id.as_str(),
-                quoted(&found.agent.as_str()),
-                quoted(&found.rule)
-            ));
+            return Err(RuleEditError::IdTaken {
+                id: plan.spiffe_id.as_str().to_owned(),
+                agent: found.agent.to_string(),
+                rule: found.rule,
+            });
         }
         Err(denied) if matches!(denied.reason, DenyReason::AdminRole { .. }) => {
-            return Err(format!(
-                "{} is an operator identity: {denied}",
-                plan.spiffe_id.as_str()
-            ));
+            return Err(RuleEditError::OperatorId {
+                id: plan.spiffe_id.as_str().to_owned(),
+                denied: Box::new(denied),
+            });
         }
         _ => {}
     }
@@ -637,12 +796,11 @@ pub fn upsert_rule(existing: &[Value], plan: &Plan) -> Result<Vec<Value>, String
         if ns == Some(plan.hub_namespace.as_str())
             && agent.is_some_and(|a| a != plan.agent.as_str())
         {
-            return Err(format!(
-                "hub namespace {} belongs to agent {} (rule {}); choose another with --hub-namespace",
-                quoted(&plan.hub_namespace.as_str()),
-                quoted(&agent.unwrap_or_default()),
-                quoted(&r["name"].as_str().unwrap_or("?"))
-            ));
+            return Err(RuleEditError::NamespaceTaken {
+                namespace: plan.hub_namespace.to_string(),
+                agent: agent.unwrap_or_default().to_owned(),
+                rule: r["name"].as_str().unwrap_or("?").to_owned(),
+            });
         }
     }
     let matches = |r: &Value| {
@@ -656,17 +814,17 @@ pub fn upsert_rule(existing: &[Value], plan: &Plan) -> Result<Vec<Value>, String
     let at = others.iter().position(matches).unwrap_or(others.len());
     let mut rules = others;
     rules.insert(at, plan.rule());
-    let set = rule_set(&rules).map_err(|e| format!("the new rules do not load: {e}"))?;
+    let set = rule_set(&rules).map_err(RuleEditError::NewRules)?;
     let mapped = set
         .map(&plan.spiffe_id)
-        .map_err(|e| format!("the new rules do not admit the agent: {e}"))?;
+        .map_err(|e| RuleEditError::NotAdmitted(Box::new(e)))?;
     if mapped.agent != plan.agent || mapped.namespace != plan.hub_namespace {
-        return Err(format!(
-            "the new rules map {} to {mapped}, not agent {} in {}",
-            plan.spiffe_id.as_str(),
-            quoted(&plan.agent.as_str()),
-            quoted(&plan.hub_namespace.as_str())
-        ));
+        return Err(RuleEditError::MappedElsewhere {
+            id: plan.spiffe_id.as_str().to_owned(),
+            mapped: Box::new(mapped),
+            agent: plan.agent.to_string(),
+            namespace: plan.hub_namespace.to_string(),
+        });
     }
     Ok(rules)
 }
@@ -676,19 +834,18 @@ pub fn upsert_rule(existing: &[Value], plan: &Plan) -> Result<Vec<Value>, String
 pub fn remove_rule(
     existing: &[Value],
     agent: &AgentName,
-) -> Result<(Vec<Value>, Option<String>), String> {
+) -> Result<(Vec<Value>, Option<String>), RuleEditError> {
     let name = rule_name(agent);
     let mut namespace = None;
     let mut kept = Vec::with_capacity(existing.len());
     for r in existing {
         if r["name"].as_str() == Some(name.as_str()) {
             if r["agent"].as_str() != Some(agent.as_str()) {
-                return Err(format!(
-                    "rule {name} maps agent {}, not {}; not removing it",
-                    quoted(&r["agent"].as_str().unwrap_or("?")),
-                    quoted(&agent.as_str()),
-                    name = quoted(&name)
-                ));
+                return Err(RuleEditError::OtherAgentsRule {
+                    rule: name,
+                    found: r["agent"].as_str().unwrap_or("?").to_owned(),
+                    agent: agent.to_string(),
+                });
             }
             namespace = Some(
                 r["namespace"]
@@ -718,8 +875,8 @@ pub fn still_admitted(rules: &[Value], id: &str) -> Option<String> {
     ))
 }
 
-fn kube_err(what: &str) -> impl Fn(kube::Error) -> String + '_ {
-    move |e| format!("{what}: {}", argocd_agent_domain::error_chain(&e))
+fn kube_err(what: String) -> impl FnOnce(kube::Error) -> OnboardError {
+    move |cause| OnboardError::Kube { what, cause }
 }
 
 fn is_not_found(e: &kube::Error) -> bool {
@@ -730,11 +887,11 @@ fn is_not_found(e: &kube::Error) -> bool {
 async fn read_rules(
     api: &Api<ConfigMap>,
     name: &str,
-) -> Result<Option<(ConfigMap, Value)>, String> {
+) -> Result<Option<(ConfigMap, Value)>, OnboardError> {
     let cm = match api
         .get_opt(name)
         .await
-        .map_err(kube_err(&format!("reading ConfigMap {name}")))?
+        .map_err(kube_err(format!("reading ConfigMap {name}")))?
     {
         Some(cm) => cm,
         None => return Ok(None),
@@ -745,8 +902,10 @@ async fn read_rules(
         .and_then(|d| d.get(RULES_KEY))
         .cloned()
         .unwrap_or_default();
-    let doc =
-        parse_rules_doc(&text).map_err(|e| format!("ConfigMap {name} key {RULES_KEY}: {e}"))?;
+    let doc = parse_rules_doc(&text).map_err(|problem| OnboardError::RulesDoc {
+        name: name.to_owned(),
+        problem,
+    })?;
     Ok(Some((cm, doc)))
 }
 
@@ -782,29 +941,29 @@ async fn write_rules(
 }
 
 /// Retries `f` on a write conflict (someone else edited the ConfigMap in between).
-async fn with_conflict_retry<T, F, Fut>(mut f: F) -> Result<T, String>
+async fn with_conflict_retry<T, F, Fut>(mut f: F) -> Result<T, OnboardError>
 where
     F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<Result<T, kube::Error>, String>>,
+    Fut: std::future::Future<Output = Result<Result<T, kube::Error>, OnboardError>>,
 {
     for _ in 0..5 {
         match f().await? {
             Ok(done) => return Ok(done),
             Err(kube::Error::Api(s)) if s.code == 409 => continue,
-            Err(e) => return Err(argocd_agent_domain::error_chain(&e)),
+            Err(e) => return Err(OnboardError::WriteRules(e)),
         }
     }
-    Err("the rules ConfigMap kept changing under us (5 conflicts); try again".into())
+    Err(OnboardError::KeptChanging)
 }
 
 /// Creates the hub namespace or adopts an unlabelled one; refuses one of another agent.
-async fn ensure_namespace(api: &Api<KubeNamespace>, plan: &Plan) -> Result<String, String> {
+async fn ensure_namespace(api: &Api<KubeNamespace>, plan: &Plan) -> Result<String, OnboardError> {
     let ns = plan.hub_namespace.as_str();
     let what = format!("namespace {ns}");
     match api
         .get_opt(ns)
         .await
-        .map_err(kube_err(&format!("reading {what}")))?
+        .map_err(kube_err(format!("reading {what}")))?
     {
         Some(existing) => {
             check_namespace_owner(&existing, &plan.agent)?;
@@ -817,15 +976,14 @@ async fn ensure_namespace(api: &Api<KubeNamespace>, plan: &Plan) -> Result<Strin
             let patch = json!({"metadata": {"labels": {AGENT_LABEL: plan.agent.as_str()}}});
             api.patch(ns, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
-                .map_err(kube_err(&format!("labelling {what}")))?;
+                .map_err(kube_err(format!("labelling {what}")))?;
             Ok(format!(
                 "namespace {ns}: existed without an agent label; labelled for agent {}",
                 plan.agent
             ))
         }
         None => {
-            let obj: KubeNamespace =
-                serde_json::from_value(plan.namespace()).map_err(|e| e.to_string())?;
+            let obj: KubeNamespace = serde_json::from_value(plan.namespace())?;
             let pp = PostParams {
                 field_manager: Some(MANAGER.into()),
                 ..Default::default()
@@ -837,11 +995,11 @@ async fn ensure_namespace(api: &Api<KubeNamespace>, plan: &Plan) -> Result<Strin
                     let existing = api
                         .get(ns)
                         .await
-                        .map_err(kube_err(&format!("reading {what}")))?;
+                        .map_err(kube_err(format!("reading {what}")))?;
                     check_namespace_owner(&existing, &plan.agent)?;
                     Ok(format!("namespace {ns}: exists"))
                 }
-                Err(e) => Err(kube_err(&format!("creating {what}"))(e)),
+                Err(e) => Err(kube_err(format!("creating {what}"))(e)),
             }
         }
     }
@@ -855,18 +1013,16 @@ fn owner_label(ns: &KubeNamespace) -> Option<&str> {
         .map(String::as_str)
 }
 
-fn check_namespace_owner(ns: &KubeNamespace, agent: &AgentName) -> Result<(), String> {
-    let name = ns.metadata.name.as_deref().unwrap_or_default();
+fn check_namespace_owner(ns: &KubeNamespace, agent: &AgentName) -> Result<(), OnboardError> {
+    let name = ns.metadata.name.clone().unwrap_or_default();
     if ns.metadata.deletion_timestamp.is_some() {
-        return Err(format!(
-            "namespace {name} is being deleted; wait until it is gone"
-        ));
+        return Err(OnboardError::NamespaceDeleting(name));
     }
     match owner_label(ns) {
-        Some(owner) if owner != agent.as_str() => Err(format!(
-            "namespace {name} belongs to agent {owner} (label {AGENT_LABEL}); choose another with --hub-namespace",
-            owner = quoted(&owner)
-        )),
+        Some(owner) if owner != agent.as_str() => Err(OnboardError::NamespaceOwned {
+            namespace: name,
+            owner: owner.to_owned(),
+        }),
         _ => Ok(()),
     }
 }
@@ -876,8 +1032,8 @@ pub async fn apply(
     plan: &Plan,
     hub: &crate::ctl::HubArgs,
     rules_cm: &str,
-) -> Result<Vec<String>, String> {
-    let client = hub.client().await.map_err(|e| e.to_string())?;
+) -> Result<Vec<String>, OnboardError> {
+    let client = hub.client().await?;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &hub.namespace);
     let nss: Api<KubeNamespace> = Api::all(client);
     // Check the rules first: nothing is written for an agent the rules would refuse.
@@ -920,9 +1076,9 @@ pub async fn apply(
 }
 
 /// `agent delete`: the rule, the cluster Secret and (when asked) the namespace.
-pub async fn delete(a: &DeleteArgs) -> Result<Vec<String>, String> {
-    let agent = AgentName::new(&a.name).map_err(|e| format!("agent name: {e}"))?;
-    let client = a.hub.client().await.map_err(|e| e.to_string())?;
+pub async fn delete(a: &DeleteArgs) -> Result<Vec<String>, OnboardError> {
+    let agent = AgentName::new(&a.name).map_err(OnboardError::AgentName)?;
+    let client = a.hub.client().await?;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &a.hub.namespace);
     let cm_name = a.rules_configmap.as_str();
     let (rule, rule_ns, warning) = with_conflict_retry(|| async {
@@ -981,13 +1137,13 @@ async fn delete_cluster_secret(
     client: &kube::Client,
     argocd_ns: &str,
     agent: &AgentName,
-) -> Result<String, String> {
+) -> Result<String, OnboardError> {
     let api: Api<Secret> = Api::namespaced(client.clone(), argocd_ns);
     let name = format!("cluster-{agent}");
     let Some(secret) = api
         .get_opt(&name)
         .await
-        .map_err(kube_err(&format!("reading Secret {name}")))?
+        .map_err(kube_err(format!("reading Secret {name}")))?
     else {
         return Ok(format!("cluster Secret {argocd_ns}/{name}: already absent"));
     };
@@ -997,17 +1153,19 @@ async fn delete_cluster_secret(
         .as_ref()
         .and_then(|l| l.get(AGENT_LABEL));
     if owner.map(String::as_str) != Some(agent.as_str()) {
-        return Err(format!(
-            "Secret {argocd_ns}/{name} is not agent {agent}'s cluster Secret (label {AGENT_LABEL} is {owner}); not deleting it",
-            owner = owner.map_or_else(|| "not set".to_owned(), |o| quoted(o).to_string())
-        ));
+        return Err(OnboardError::NotAgentsSecret {
+            namespace: argocd_ns.to_owned(),
+            name,
+            agent: agent.to_string(),
+            owner: owner.cloned(),
+        });
     }
     match api.delete(&name, &DeleteParams::default()).await {
         Ok(_) => Ok(format!("cluster Secret {argocd_ns}/{name}: deleted")),
         Err(e) if is_not_found(&e) => {
             Ok(format!("cluster Secret {argocd_ns}/{name}: already absent"))
         }
-        Err(e) => Err(kube_err(&format!("deleting Secret {name}"))(e)),
+        Err(e) => Err(kube_err(format!("deleting Secret {name}"))(e)),
     }
 }
 
@@ -1016,12 +1174,12 @@ async fn delete_namespace(
     ns: &str,
     agent: &AgentName,
     really: bool,
-) -> Result<String, String> {
+) -> Result<String, OnboardError> {
     let nss: Api<KubeNamespace> = Api::all(client.clone());
     let Some(existing) = nss
         .get_opt(ns)
         .await
-        .map_err(kube_err(&format!("reading namespace {ns}")))?
+        .map_err(kube_err(format!("reading namespace {ns}")))?
     else {
         return Ok(format!("namespace {ns}: already absent"));
     };
@@ -1043,7 +1201,7 @@ async fn delete_namespace(
             .filter_map(|o| o.metadata.name)
             .collect(),
         Err(e) if is_not_found(&e) => Vec::new(),
-        Err(e) => return Err(kube_err(&format!("listing Applications in {ns}"))(e)),
+        Err(e) => return Err(kube_err(format!("listing Applications in {ns}"))(e)),
     };
     if !really {
         return Ok(format!(
@@ -1052,10 +1210,11 @@ async fn delete_namespace(
         ));
     }
     if owner_label(&existing) != Some(agent.as_str()) {
-        return Err(format!(
-            "namespace {ns} is not labelled for agent {agent} ({AGENT_LABEL} is {}); not deleting it",
-            owner_label(&existing).map_or_else(|| "not set".to_owned(), |o| quoted(o).to_string())
-        ));
+        return Err(OnboardError::NotAgentsNamespace {
+            namespace: ns.to_owned(),
+            agent: agent.to_string(),
+            owner: owner_label(&existing).map(str::to_owned),
+        });
     }
     if existing.metadata.deletion_timestamp.is_some() {
         return Ok(format!("namespace {ns}: already being deleted"));
@@ -1070,7 +1229,7 @@ async fn delete_namespace(
     match nss.delete(ns, &DeleteParams::default()).await {
         Ok(_) => Ok(format!("namespace {ns}: deleted")),
         Err(e) if is_not_found(&e) => Ok(format!("namespace {ns}: already absent")),
-        Err(e) => Err(kube_err(&format!("deleting namespace {ns}"))(e)),
+        Err(e) => Err(kube_err(format!("deleting namespace {ns}"))(e)),
     }
 }
 
@@ -1279,7 +1438,7 @@ mod tests {
         .map(|d| rules_of(&d).to_vec())
         .unwrap();
         let p = plan(&["edge-1", "--trust-domain", "example.org"]).unwrap();
-        let rules = upsert_rule(&existing, &p).unwrap_err();
+        let rules = upsert_rule(&existing, &p).unwrap_err().to_string();
         // The broad rule maps the ID to another agent: refused, not shadowed.
         assert!(rules.contains("x-edge-1"), "{rules}");
         let existing: Vec<Value> = parse_rules_doc(
@@ -1313,10 +1472,10 @@ mod tests {
             "shared",
         ])
         .unwrap();
-        let e = upsert_rule(&existing, &p).unwrap_err();
+        let e = upsert_rule(&existing, &p).unwrap_err().to_string();
         assert!(e.contains("belongs to agent \"edge-9\""), "{e}");
         let p = plan(&["edge-1", "--spiffe-id", "spiffe://example.org/agent/edge-9"]).unwrap();
-        let e = upsert_rule(&existing, &p).unwrap_err();
+        let e = upsert_rule(&existing, &p).unwrap_err().to_string();
         assert!(e.contains("already maps to agent \"edge-9\""), "{e}");
         let e = remove_rule(&existing, &AgentName::new("edge-1").unwrap()).unwrap();
         assert_eq!(e.0.len(), 1, "another agent's rule is never removed");

@@ -60,7 +60,7 @@ impl Hub {
         command: &Command,
     ) -> Result<Option<Admitted>, Refusal> {
         let agent = &state.name;
-        let bounds = &self.bounds;
+        let bounds = &self.shared.bounds;
         if let (Some(obj), Some(resource)) = (event.object(), &event.resource) {
             check_object_size(bounds, agent, resource, value_weight(obj))?;
         }
@@ -131,7 +131,7 @@ impl Hub {
             pending,
         )
         .map_err(|(exceeded, refusal)| {
-            self.metrics
+            self.shared.metrics
                 .tenant_quota_refused(exceeded.tenant.as_str(), exceeded.kind.field());
             tracing::warn!(agent = %state.name, tenant = %exceeded.tenant, quota = exceeded.kind.field(),
                 limit = exceeded.limit, count = exceeded.count, application = %resource.name,
@@ -158,7 +158,7 @@ impl Hub {
         let size = (cache.object_size(&cur) + value_weight(status)).saturating_sub(old_status);
         let key = (ResourceKind::Application, resource.name.clone());
         let holdings = self.holdings(&state.name, &state.namespace());
-        check_holdings(&self.bounds, &state.name, &key, size, &holdings)?;
+        check_holdings(&self.shared.bounds, &state.name, &key, size, &holdings)?;
         Ok(Some(Admitted {
             key,
             size: Some(size),
@@ -267,7 +267,7 @@ impl Hub {
                 && let Err(r) = self.check_child(state, &name, &desired)
             {
                 state.inner().forget_desired_app(&name);
-                self.metrics.refused(&state.name, r.metric);
+                self.shared.metrics.refused(&state.name, r.metric);
                 tracing::warn!(application = %name, reason = r.metric, message = %text::quoted(&r.message),
                     "hub change of an application that is no longer a child: not reverted");
                 return;

@@ -18,10 +18,10 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::{Applied, Hub, HubParts, run_hub_watch};
+use super::{Applied, Hub, HubParts, HubShared, run_hub_watch};
+use crate::config_objects::ConfigObjects;
 use crate::inbound::{Decision, Placement, decide};
 use crate::metrics::Metrics;
-use crate::objects::ConfigObjects;
 use crate::sessions::{AgentState, Sessions};
 
 /// A hub over in-memory Applications (and empty configuration objects), its watch of the
@@ -57,15 +57,21 @@ fn test_hub_with(create_namespace: bool) -> TestHub {
     let (cache, changes) = apps.watch(Scope::all());
     let shutdown = CancellationToken::new();
     let hub = Arc::new(Hub::new(HubParts {
-        source: "principal".into(),
+        shared: HubShared {
+            source: "principal".into(),
+            namespaces: Arc::new(namespaces.clone()),
+            metrics: Metrics::new(),
+            sessions: Arc::new(Sessions::new(Default::default(), Default::default())),
+            create_namespace,
+            namespace_cache: None,
+            namespace_labels: Default::default(),
+            by_destination: false,
+            bounds: Default::default(),
+            tasks: TaskTracker::new(),
+            shutdown: shutdown.clone(),
+        },
         apps: Arc::new(apps.clone()),
-        namespaces: Arc::new(namespaces.clone()),
         cache: Arc::new(cache),
-        metrics: Metrics::new(),
-        sessions: Arc::new(Sessions::new(Default::default(), Default::default())),
-        create_namespace,
-        namespace_cache: None,
-        namespace_labels: Default::default(),
         config: ConfigObjects::new(
             Namespace::new("argocd").unwrap(),
             true,
@@ -74,11 +80,7 @@ fn test_hub_with(create_namespace: bool) -> TestHub {
             view(Kind::ConfigMap),
             Arc::new(projects.clone()),
         ),
-        by_destination: false,
-        bounds: Default::default(),
         tenants: Default::default(),
-        tasks: TaskTracker::new(),
-        shutdown: shutdown.clone(),
     }));
     tokio::spawn(run_hub_watch(
         hub.clone(),
@@ -261,6 +263,7 @@ async fn the_connect_resync_sends_what_differs_and_deletes_what_the_hub_lacks() 
     // The connect-time round runs before the agent's worker takes any change.
     let state = t
         .hub
+        .shared
         .sessions
         .attach(
             identity("edge-1", "managed"),

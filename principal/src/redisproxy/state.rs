@@ -139,7 +139,7 @@ pub(super) struct ReplicaTarget {
     pub(super) addr: String,
 }
 
-pub(super) struct Proxy {
+pub(super) struct RedisProxy {
     /// Which agent serves each Application key.
     pub(super) owners: Arc<AppOwners>,
     pub(super) metrics: Metrics,
@@ -230,7 +230,7 @@ pub(super) struct Subscription {
 
 /// The client-facing side of one connection.
 pub(super) struct Conn {
-    pub(super) proxy: Arc<Proxy>,
+    pub(super) proxy: Arc<RedisProxy>,
     pub(super) shared: Arc<Shared>,
     pub(super) slots: mpsc::Sender<oneshot::Receiver<Out>>,
     pub(super) oob: mpsc::Sender<Bytes>,

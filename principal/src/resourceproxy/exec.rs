@@ -25,7 +25,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, frame::coding::CloseCode};
 
 use super::response::{Body, from_agent, full, offline, rpc_failure, status};
-use super::state::{Admitted, Proxy};
+use super::state::{Admitted, ResourceProxy};
 use crate::tunnel::TerminalTunnel;
 use argocd_agent_domain::rpc::AgentLink;
 
@@ -78,7 +78,7 @@ fn failure_frame(message: &str) -> Vec<u8> {
 }
 
 pub(super) async fn serve(
-    proxy: Arc<Proxy>,
+    proxy: Arc<ResourceProxy>,
     admitted: Admitted,
     namespace: String,
     pod: String,
@@ -146,18 +146,18 @@ fn websocket_upgrade(req: &Request<Incoming>) -> Result<(String, &'static str), 
 /// Asks the agent for the exec and waits for its terminal stream for `session_id`; `Err`
 /// is the answer to send instead (the agent's refusal, or its going offline).
 async fn open_tunnel(
-    proxy: &Proxy,
+    proxy: &ResourceProxy,
     agent: &AgentName,
     link: &AgentLink,
     session_id: &str,
     terminal: TerminalRequest,
 ) -> Result<TerminalTunnel, Response<Body>> {
     let event = Event::new(
-        &proxy.source,
+        &proxy.parts.source,
         EventType::TerminalRequest,
         Payload::TerminalRequest(terminal),
     );
-    let expected = proxy.tunnels.expect_terminal(session_id, agent);
+    let expected = proxy.parts.tunnels.expect_terminal(session_id, agent);
     let mut refusal = match link.request(event, None).await {
         Ok(t) => t,
         Err(e) => return Err(rpc_failure(agent, e)),
@@ -167,7 +167,7 @@ async fn open_tunnel(
             Some(t) => t,
             None => return Err(offline(agent)),
         },
-        answer = refusal.answer(proxy.config.request_timeout) => return Err(match answer {
+        answer = refusal.answer(proxy.parts.config.request_timeout) => return Err(match answer {
             Ok(Event { payload: Payload::ResourceResponse(r), .. }) => from_agent(&r),
             Ok(_) => status(StatusCode::BAD_GATEWAY, "InternalError", "unexpected answer"),
             Err(e) => rpc_failure(agent, e),
@@ -180,7 +180,7 @@ async fn open_tunnel(
 /// Runs the session in the background once the client's connection is upgraded: bridges
 /// it to the agent's stream, holding the agent's permit, and logs how it ended.
 fn spawn_session(
-    proxy: &Proxy,
+    proxy: &ResourceProxy,
     upgrade: hyper::upgrade::OnUpgrade,
     tunnel: TerminalTunnel,
     agent: AgentName,
@@ -188,10 +188,10 @@ fn spawn_session(
     permit: super::state::Permit,
 ) {
     let (idle, max) = (
-        proxy.config.terminal_idle_timeout,
-        proxy.config.terminal_max_duration,
+        proxy.parts.config.terminal_idle_timeout,
+        proxy.parts.config.terminal_max_duration,
     );
-    let tasks = proxy.tasks.clone();
+    let tasks = proxy.parts.tasks.clone();
     tasks.spawn(async move {
         let _permit = permit;
         let upgraded = match upgrade.await {

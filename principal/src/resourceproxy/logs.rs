@@ -23,7 +23,7 @@ use hyper::body::Frame;
 use tokio::sync::mpsc;
 
 use super::response::{Body, from_agent, offline, rpc_failure, status};
-use super::state::{Admitted, Proxy};
+use super::state::{Admitted, ResourceProxy};
 use crate::tunnel::LogTunnel;
 
 /// Chunks buffered toward the client.
@@ -117,22 +117,22 @@ impl Params {
 
 /// Asks the agent for the log; its stream, or the response to answer instead.
 async fn open(
-    proxy: &Proxy,
+    proxy: &ResourceProxy,
     agent: &AgentName,
     link: &argocd_agent_domain::rpc::AgentLink,
     request: LogRequest,
 ) -> Result<LogTunnel, Response<Body>> {
     let event = Event::new(
-        &proxy.source,
+        &proxy.parts.source,
         EventType::LogRequest,
         Payload::LogRequest(request),
     );
-    let expected = proxy.tunnels.expect_log(&event.id, agent);
+    let expected = proxy.parts.tunnels.expect_log(&event.id, agent);
     let mut refusal = link
         .request(event, None)
         .await
         .map_err(|e| rpc_failure(agent, e))?;
-    let timeout = proxy.config.request_timeout;
+    let timeout = proxy.parts.config.request_timeout;
     tokio::select! {
         tunnel = expected.arrived() => tunnel.ok_or_else(|| offline(agent)),
         answer = refusal.answer(timeout) => Err(match answer {
@@ -206,7 +206,7 @@ async fn pump(
 
 /// Serves one log request.
 pub(super) async fn serve(
-    proxy: Arc<Proxy>,
+    proxy: Arc<ResourceProxy>,
     admitted: Admitted,
     namespace: String,
     pod: String,
@@ -234,7 +234,7 @@ pub(super) async fn serve(
     }
     tracing::info!(agent = %agent, namespace = %text::quoted(&namespace), pod = %text::quoted(&pod), follow = p.follow, "log stream opened");
     let (tx, rx) = mpsc::channel(CLIENT_BUFFER);
-    let tasks = proxy.tasks.clone();
+    let tasks = proxy.parts.tasks.clone();
     tasks.spawn(async move {
         let _permit = permit;
         let mut cursor = LogCursor::default();
@@ -254,7 +254,7 @@ pub(super) async fn serve(
             }
             // Followed: wait for the agent to come back, then resume after the last line.
             pending.clear();
-            let deadline = Instant::now() + proxy.config.log_resume_timeout;
+            let deadline = Instant::now() + proxy.parts.config.log_resume_timeout;
             tunnel = loop {
                 if tx.is_closed() || Instant::now() >= deadline {
                     tracing::info!(agent = %agent, pod = %text::quoted(&pod), "followed log ended: agent did not come back");

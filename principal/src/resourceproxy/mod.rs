@@ -51,7 +51,7 @@ pub use settings::{
     AGENT_PREFIX, DEFAULT_ADDRESS, DEFAULT_MAX_BUFFERED_BODIES, ResourceProxyConfig,
 };
 use state::Admitted;
-pub use state::{Proxy, ProxyParts};
+pub use state::{ResourceProxy, ResourceProxyParts};
 
 /// Bytes taken from the buffered-bodies budget at a time when a body's length is not
 /// declared.
@@ -176,7 +176,7 @@ enum Pending {
     },
 }
 
-impl Proxy {
+impl ResourceProxy {
     async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
         let path = req.uri().path().to_owned();
         let (agent, rest) = match self.authenticate(&req, &path) {
@@ -188,7 +188,8 @@ impl Proxy {
             Ok(r) => r,
             Err(why) => {
                 tracing::warn!(agent = %agent, method = %req.method(), path = %text::quoted(rest), "resource proxy request refused: {why}");
-                self.metrics
+                self.parts
+                    .metrics
                     .resource_proxy(agent.as_str(), "request", 403, None);
                 return status(StatusCode::FORBIDDEN, "Forbidden", why.to_string());
             }
@@ -240,7 +241,8 @@ impl Proxy {
 
     /// Counts the answer `r` to a request of `kind` for `agent`, with the failure it stands for.
     fn count(&self, agent: &AgentName, kind: &str, r: &Response<Body>) {
-        self.metrics
+        self.parts
+            .metrics
             .resource_proxy(agent.as_str(), kind, r.status().as_u16(), error_of(r));
     }
 
@@ -253,7 +255,7 @@ impl Proxy {
         kind: &'static str,
         req: Request<Incoming>,
     ) -> Result<Request<Incoming>, Response<Body>> {
-        let Some(forwarder) = &self.forwarder else {
+        let Some(forwarder) = &self.parts.forwarder else {
             return Ok(req);
         };
         if self.link(agent).is_some() {
@@ -271,9 +273,12 @@ impl Proxy {
             Ok(None) => Ok(req),
             Err(why) => {
                 tracing::warn!(agent = %agent, kind, "resource proxy: not forwarded: {why}");
-                self.metrics
+                self.parts
+                    .metrics
                     .resource_proxy_forwarded(agent.as_str(), kind, 502);
-                self.metrics.resource_proxy(agent.as_str(), kind, 502, None);
+                self.parts
+                    .metrics
+                    .resource_proxy(agent.as_str(), kind, 502, None);
                 Err(status(
                     StatusCode::BAD_GATEWAY,
                     "ServiceUnavailable",
@@ -305,9 +310,11 @@ impl Proxy {
             }
         };
         let code = response.status().as_u16();
-        self.metrics
+        self.parts
+            .metrics
             .resource_proxy_forwarded(agent.as_str(), kind, code);
-        self.metrics
+        self.parts
+            .metrics
             .resource_proxy(agent.as_str(), kind, code, None);
         response
     }
@@ -326,16 +333,16 @@ impl Proxy {
         let declared = header(header::CONTENT_LENGTH).parse::<usize>().ok();
         let method = req.method().to_string();
         let read = self.read_body(req.into_body(), declared);
-        let (body, bytes) = match tokio::time::timeout(self.config.body_timeout, read).await {
+        let (body, bytes) = match tokio::time::timeout(self.parts.config.body_timeout, read).await {
             Ok(read) => read?,
             Err(_) => {
-                tracing::warn!(timeout = %text::duration(self.config.body_timeout), "resource proxy: request body not received in time");
+                tracing::warn!(timeout = %text::duration(self.parts.config.body_timeout), "resource proxy: request body not received in time");
                 return Err(status(
                     StatusCode::REQUEST_TIMEOUT,
                     "Timeout",
                     format!(
                         "request body not received within {}",
-                        text::duration(self.config.body_timeout)
+                        text::duration(self.parts.config.body_timeout)
                     ),
                 ));
             }
@@ -357,7 +364,7 @@ impl Proxy {
         mut body: Incoming,
         declared: Option<usize>,
     ) -> Result<(Vec<u8>, Option<OwnedSemaphorePermit>), Response<Body>> {
-        let limit = self.config.max_body;
+        let limit = self.parts.config.max_body;
         let too_large = || {
             status(
                 StatusCode::PAYLOAD_TOO_LARGE,
@@ -400,10 +407,14 @@ impl Proxy {
         held: &mut Option<OwnedSemaphorePermit>,
         n: usize,
     ) -> Result<(), Response<Body>> {
-        let budget = self.config.max_buffered_bodies.max(self.config.max_body);
+        let budget = self
+            .parts
+            .config
+            .max_buffered_bodies
+            .max(self.parts.config.max_body);
         let want = u32::try_from(n).unwrap_or(u32::MAX);
         let acquire = self.body_bytes.clone().acquire_many_owned(want);
-        match tokio::time::timeout(self.config.body_wait, acquire).await {
+        match tokio::time::timeout(self.parts.config.body_wait, acquire).await {
             Ok(Ok(permit)) => {
                 match held {
                     Some(h) => h.merge(permit),
@@ -418,7 +429,7 @@ impl Proxy {
                     "TooManyRequests",
                     format!(
                         "the resource proxy buffers at most {budget} bytes of request bodies at once and had no room for {n} more within {}; retry",
-                        text::duration(self.config.body_wait)
+                        text::duration(self.parts.config.body_wait)
                     ),
                 );
                 r.headers_mut()
@@ -443,7 +454,7 @@ impl Proxy {
             _bytes,
         } = read;
         let event = Event::new(
-            &self.source,
+            &self.parts.source,
             EventType::ResourceRequest,
             Payload::ResourceRequest(ResourceRequest {
                 method,
@@ -463,7 +474,7 @@ impl Proxy {
             Ok(t) => t,
             Err(e) => return rpc_failure(&agent, e),
         };
-        match ticket.answer(self.config.request_timeout).await {
+        match ticket.answer(self.parts.config.request_timeout).await {
             Ok(Event {
                 payload: Payload::ResourceResponse(r),
                 ..
@@ -481,15 +492,15 @@ impl Proxy {
 /// Serves the proxy on `listener` until `shutdown`, with the listener limits of
 /// [`ResourceProxyConfig::limits`] (connections, handshakes, header and idle timeouts).
 pub fn serve(
-    proxy: Arc<Proxy>,
+    proxy: Arc<ResourceProxy>,
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
     tasks: &TaskTracker,
     shutdown: CancellationToken,
 ) {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-    let limits = proxy.config.limits.clone();
-    let metrics = proxy.metrics.clone();
+    let limits = proxy.parts.config.limits.clone();
+    let metrics = proxy.parts.metrics.clone();
     let on_close: argocd_agent_listener::OnClose =
         Arc::new(move |reason| metrics.listener_closed("resource-proxy", reason));
     let handler = move |req: Request<Incoming>, _peer: SocketAddr| {

@@ -21,24 +21,10 @@ use crate::metrics::Metrics;
 use crate::sessions::Sessions;
 use crate::tunnel::Tunnels;
 
-/// The proxy's shared state.
-pub struct Proxy {
-    /// The agents and their request links.
-    pub sessions: Arc<Sessions>,
-    /// Where answers, forwarded requests and refused tokens are counted.
-    pub metrics: Metrics,
-    /// CloudEvents `source` of our requests.
-    pub source: String,
-    /// Verifies the bearer tokens of requests (those of the agents' cluster secrets).
-    pub keys: Arc<ProxyKeys>,
-    /// The log and terminal tunnels agents open back to the principal.
-    pub tunnels: Arc<Tunnels>,
-    /// The proxy's settings.
-    pub config: ResourceProxyConfig,
-    /// With replicas: forwards requests for agents served elsewhere.
-    pub forwarder: Option<forward::Forwarder>,
-    /// Where terminal and log streams run (drained on shutdown).
-    pub tasks: TaskTracker,
+/// The proxy's shared state: what it was built from, and what it counts.
+pub struct ResourceProxy {
+    /// Its agents, metrics, keys, tunnels, settings, forwarder and tasks.
+    pub parts: ResourceProxyParts,
     pub(super) limits: Mutex<HashMap<AgentName, Arc<Semaphore>>>,
     /// The bytes of request bodies buffered at once ([`ResourceProxyConfig::max_buffered_bodies`]).
     pub(super) body_bytes: Arc<Semaphore>,
@@ -60,52 +46,36 @@ pub(crate) struct Permit {
     _tenant: Option<crate::tenant_limits::ProxyPermit>,
 }
 
-/// Everything [`Proxy::new`] needs.
-pub struct ProxyParts {
-    /// See [`Proxy::sessions`].
+/// Everything [`ResourceProxy::new`] needs; the proxy keeps it as [`ResourceProxy::parts`].
+pub struct ResourceProxyParts {
+    /// The agents and their request links.
     pub sessions: Arc<Sessions>,
-    /// See [`Proxy::metrics`].
+    /// Where answers, forwarded requests and refused tokens are counted.
     pub metrics: Metrics,
-    /// See [`Proxy::source`].
+    /// CloudEvents `source` of our requests.
     pub source: String,
-    /// See [`Proxy::keys`].
+    /// Verifies the bearer tokens of requests (those of the agents' cluster secrets).
     pub keys: Arc<ProxyKeys>,
-    /// See [`Proxy::tunnels`].
+    /// The log and terminal tunnels agents open back to the principal.
     pub tunnels: Arc<Tunnels>,
-    /// See [`Proxy::config`].
+    /// The proxy's settings.
     pub config: ResourceProxyConfig,
-    /// See [`Proxy::forwarder`].
+    /// With replicas: forwards requests for agents served elsewhere.
     pub forwarder: Option<forward::Forwarder>,
-    /// See [`Proxy::tasks`].
+    /// Where terminal and log streams run (drained on shutdown).
     pub tasks: TaskTracker,
 }
 
-impl Proxy {
+impl ResourceProxy {
     /// The proxy's state, with no agent's requests counted yet.
-    pub fn new(parts: ProxyParts) -> Arc<Proxy> {
-        let ProxyParts {
-            sessions,
-            metrics,
-            source,
-            keys,
-            tunnels,
-            config,
-            forwarder,
-            tasks,
-        } = parts;
-        let budget = config
+    pub fn new(parts: ResourceProxyParts) -> Arc<ResourceProxy> {
+        let budget = parts
+            .config
             .max_buffered_bodies
-            .max(config.max_body)
+            .max(parts.config.max_body)
             .clamp(1, Semaphore::MAX_PERMITS.min(u32::MAX as usize));
-        Arc::new(Proxy {
-            sessions,
-            metrics,
-            source,
-            keys,
-            tunnels,
-            config,
-            forwarder,
-            tasks,
+        Arc::new(ResourceProxy {
+            parts,
             limits: Mutex::new(HashMap::new()),
             body_bytes: Arc::new(Semaphore::new(budget)),
             body_refusals: argocd_agent_listener::RefusalLog::new(
@@ -116,7 +86,8 @@ impl Proxy {
 
     /// The agent's current link, if it is connected and serves the proxy.
     pub(crate) fn link(&self, agent: &AgentName) -> Option<Arc<AgentLink>> {
-        self.sessions
+        self.parts
+            .sessions
             .agent(agent)
             .and_then(|s| s.link())
             .filter(|l| l.has(argocd_agent_domain::proxy::CAPABILITY))
@@ -128,7 +99,7 @@ impl Proxy {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .entry(agent.clone())
-            .or_insert_with(|| Arc::new(Semaphore::new(self.config.max_in_flight_per_agent)))
+            .or_insert_with(|| Arc::new(Semaphore::new(self.parts.config.max_in_flight_per_agent)))
             .clone();
         sem.try_acquire_owned().ok()
     }
@@ -148,10 +119,11 @@ impl Proxy {
             ));
         };
         let verified = self
+            .parts
             .keys
             .verify_claims(token, SystemTime::now())
             .map_err(|e| {
-                self.metrics.auth_failed("ProxyCredential");
+                self.parts.metrics.auth_failed("ProxyCredential");
                 tracing::warn!(error = %e, "resource proxy request refused: bad token");
                 status(StatusCode::UNAUTHORIZED, "Unauthorized", e.to_string())
             })?;
@@ -167,7 +139,7 @@ impl Proxy {
             None => (rest, "/"),
         };
         if named != agent.as_str() {
-            self.metrics.auth_failed("WrongAgent");
+            self.parts.metrics.auth_failed("WrongAgent");
             tracing::warn!(token_agent = %agent, url_agent = %text::quoted(named),
                 "resource proxy request refused: the token is for another agent");
             return Err(status(
@@ -192,7 +164,7 @@ impl Proxy {
                 "TooManyRequests",
                 format!(
                     "agent {agent} already has {} proxied requests in flight",
-                    self.config.max_in_flight_per_agent
+                    self.parts.config.max_in_flight_per_agent
                 ),
             )
         })?;
@@ -212,8 +184,13 @@ impl Proxy {
         &self,
         agent: &AgentName,
     ) -> Result<Option<crate::tenant_limits::ProxyPermit>, Response<Body>> {
-        let tenant = self.sessions.agent(agent).and_then(|s| s.identity().tenant);
-        self.sessions
+        let tenant = self
+            .parts
+            .sessions
+            .agent(agent)
+            .and_then(|s| s.identity().tenant);
+        self.parts
+            .sessions
             .tenancy
             .proxy_permit(tenant.as_ref())
             .map_err(|refusal| {
@@ -240,13 +217,18 @@ impl Proxy {
         let Some(claimed) = claimed else {
             return Ok(());
         };
-        let Some(now) = self.sessions.agent(agent).map(|s| s.identity().tenant) else {
+        let Some(now) = self
+            .parts
+            .sessions
+            .agent(agent)
+            .map(|s| s.identity().tenant)
+        else {
             return Ok(()); // not served here: the replica serving it checks
         };
         if now.as_ref() == Some(claimed) {
             return Ok(());
         }
-        self.metrics.auth_failed("WrongAgent");
+        self.parts.metrics.auth_failed("WrongAgent");
         tracing::warn!(agent = %agent, token_tenant = %claimed, tenant = %text::or_dash(now.as_ref()),
             "resource proxy request refused: the token was issued under another tenant");
         Err(status(

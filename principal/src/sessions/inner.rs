@@ -1,7 +1,7 @@
 //! What the principal remembers of one agent across its sessions, behind the agent's one
 //! lock: its identity and session, what was sent to it, what it sent. Every write to that
 //! state is a method here, named for what it records or forgets; the modules that decide
-//! (`apps/`, `objects`, `rounds`, `hub/admit`, `sessions`) call them on the guard
+//! (`apps/`, `config_objects`, `rounds`, `hub/admit`, `sessions`) call them on the guard
 //! [`crate::sessions::AgentState`] hands out, so several calls on one guard stay atomic.
 //! A leaf: it imports nothing of the crate.
 
