@@ -257,6 +257,11 @@ pub struct PrincipalArgs {
     /// tolerated strikes; GOAWAY `ENHANCE_YOUR_CALM`, `too_many_pings`). 0: no minimum.
     #[arg(long, env = "ARGOCD_PRINCIPAL_KEEP_ALIVE_MIN_INTERVAL", default_value = "0", value_parser = parse_duration)]
     pub keepalive_min_interval: Duration,
+    /// Close agent connections that have had no gRPC stream open for this long (GOAWAY
+    /// `NO_ERROR`, `max_idle`; gRPC's `MaxConnectionIdle`). An agent keeps its event stream
+    /// open, so this closes only connections left without one. 0: no limit.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_MAX_CONNECTION_IDLE", default_value = "5m", value_parser = parse_duration)]
+    pub max_connection_idle: Duration,
     /// Agent listener connections open at once (more are closed at accept).
     #[arg(long, env = "ARGOCD_PRINCIPAL_MAX_CONNECTIONS", default_value_t = argocd_agent_listener::DEFAULT_MAX_CONNECTIONS)]
     pub max_connections: usize,
@@ -1329,6 +1334,7 @@ impl PrincipalArgs {
             max_message_size: a.max_message_size,
             compression: a.enable_compression,
             keepalive_min_interval: a.keepalive_min_interval,
+            max_connection_idle: a.max_connection_idle,
             websocket: a.enable_websocket,
             hello_timeout: a.hello_timeout,
             resync_min_interval: a.resync_min_interval,

@@ -425,3 +425,81 @@ async fn redis_proxy_logins_get_through_eight_addresses_of_idle_unauthenticated_
     drop(idle);
     topo.finish(Ok(())).await;
 }
+
+/// `--max-connection-idle`: a gRPC connection left without a stream gets a GOAWAY
+/// (`NO_ERROR`, `max_idle`) and is closed, and counted; an agent, whose event stream stays
+/// open, keeps its connection; a client whose connection was closed dials again for its
+/// next call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpc_connection_left_without_a_stream_is_closed() {
+    let topo = Topology::start(TopologyOptions {
+        agents: Some(vec![MANAGED]),
+        principal_args: vec![
+            "--auth".into(),
+            "jwt-svid".into(),
+            "--max-connection-idle".into(),
+            "2s".into(),
+        ],
+        agent_creds: Some("jwt-svid".into()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    topo.wait_connected(MANAGED, T).await.unwrap();
+    let port = topo.principal_addr.port();
+    // A client that speaks HTTP/2 (preface and SETTINGS) and opens no stream.
+    let mut idle = connect_from("127.0.0.5", port).await;
+    idle.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), idle.read_to_end(&mut got)).await;
+    assert!(
+        read.is_ok(),
+        "the idle connection was not closed within 10 s"
+    );
+    let took = started.elapsed();
+    assert!(took >= Duration::from_millis(1900), "closed after {took:?}");
+    // The server's SETTINGS (and its ACK), then the GOAWAY: NO_ERROR, debug data max_idle.
+    let goaway = got
+        .windows(8)
+        .position(|w| w == b"max_idle")
+        .expect("a GOAWAY with max_idle");
+    assert_eq!(&got[goaway - 4..goaway], &[0, 0, 0, 0], "NO_ERROR");
+    assert_eq!(got[goaway - 14], 0x7, "a GOAWAY frame");
+    // A client's connection idle after a call is closed too; its next call dials again.
+    let channel =
+        tonic::transport::Endpoint::from_shared(format!("http://{}", topo.principal_addr))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+    let mut version = argocd_agent_proto::version::version_client::VersionClient::new(channel);
+    version
+        .version(argocd_agent_proto::version::VersionRequest {})
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    eventually("the call after the idle close", T, || {
+        let mut version = version.clone();
+        async move {
+            version
+                .version(argocd_agent_proto::version::VersionRequest {})
+                .await
+                .ok()
+        }
+    })
+    .await
+    .unwrap();
+    let metrics = topo.metrics_ports["principal"];
+    let closed = metric_sum(
+        metrics,
+        r#"argocd_principal_listener_connections_closed_total{listener="grpc",reason="IdleTimeout"}"#,
+    )
+    .await;
+    assert!(closed >= 2.0, "idle closes counted: {closed}");
+    // The agent's stream kept its connection all along: still its first session.
+    assert_eq!(topo.connect_count(MANAGED), 1, "the agent reconnected");
+    topo.finish(Ok(())).await;
+}

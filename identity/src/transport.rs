@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use std::net::SocketAddr;
 
-use argocd_agent_listener::{Bounded, Handshake, IncomingOptions, Prefaced, Refused};
+use argocd_agent_listener::{Bounded, H2Connection, Handshake, IncomingOptions, Refused};
 use futures::Stream;
 use hyper_util::rt::TokioIo;
 use rustls_pki_types::{CertificateDer, ServerName};
@@ -35,7 +35,7 @@ pub use crate::peer::{
 
 /// A server-side TLS connection whose client presented a verified SVID. `IO` is what the
 /// TLS runs on: TCP, or the WebSocket tunnel of [`crate::websocket`]. The accept streams
-/// hand it over inside a [`Prefaced`] (its HTTP/2 client preface read, and replayed).
+/// hand it over inside a [`H2Connection`] (its HTTP/2 client preface read, and replayed).
 pub struct VerifiedStream<IO = TcpStream> {
     inner: tokio_rustls::server::TlsStream<IO>,
     peer: VerifiedPeer,
@@ -190,7 +190,7 @@ pub fn tls_incoming(
     config: Arc<rustls::ServerConfig>,
     tasks: &TaskTracker,
     shutdown: CancellationToken,
-) -> impl Stream<Item = Result<Prefaced<VerifiedStream>, io::Error>> + Send + 'static {
+) -> impl Stream<Item = Result<H2Connection<VerifiedStream>, io::Error>> + Send + 'static {
     tls_incoming_with_options(
         listener,
         config,
@@ -223,7 +223,7 @@ pub fn tls_incoming_with_options(
     opts: IncomingOptions,
     tasks: &TaskTracker,
     shutdown: CancellationToken,
-) -> impl Stream<Item = Result<Prefaced<VerifiedStream>, io::Error>> + Send + 'static {
+) -> impl Stream<Item = Result<H2Connection<VerifiedStream>, io::Error>> + Send + 'static {
     let name = listener_name(&listener);
     Bounded::new(listener, &opts, &name, SvidHandshake::new(config)).incoming(tasks, shutdown)
 }

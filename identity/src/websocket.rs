@@ -45,7 +45,7 @@ use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::{self, Message};
 
 use crate::transport::{ChannelOptions, SvidHandshake, TransportError, VerifiedStream};
-use argocd_agent_listener::{Bounded, IncomingOptions, Prefaced, Refused};
+use argocd_agent_listener::{Bounded, H2Connection, IncomingOptions, Refused};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -390,7 +390,7 @@ pub fn tls_incoming_websocket(
     ws: WsOptions,
     tasks: &TaskTracker,
     shutdown: CancellationToken,
-) -> impl Stream<Item = Result<Prefaced<VerifiedStream<Carrier>>, io::Error>> + Send + 'static {
+) -> impl Stream<Item = Result<H2Connection<VerifiedStream<Carrier>>, io::Error>> + Send + 'static {
     let ws = Arc::new(ws);
     let name = crate::transport::listener_name(&listener);
     let prepare = move |tcp: TcpStream, _remote: Option<SocketAddr>| {

@@ -78,7 +78,12 @@ pub struct IncomingOptions {
     pub preface_timeout: Duration,
     /// Told the reason of each connection dropped before it could carry a request (for a
     /// metric): one of [`REFUSED_REASONS`], or a reason of the handshake's own.
+    /// Also told, with `TooManyPings` or `IdleTimeout`, of each connection closed under
+    /// [`IncomingOptions::h2`].
     pub on_refused: Option<RefusedHook>,
+    /// What each gRPC connection is held to past its preface: the client's PING interval
+    /// and the idle timeout ([`crate::h2`]). Off by default.
+    pub h2: crate::h2::H2Policy,
     /// Asked at each accepted connection whether the server is ready for new clients; while
     /// it says no, connections are closed as soon as they are accepted, before any
     /// handshake (reason `NotReady`, logged at most once a second with a count).
@@ -96,6 +101,7 @@ impl Default for IncomingOptions {
             handshake_timeout: HANDSHAKE_TIMEOUT,
             preface_timeout: PREFACE_TIMEOUT,
             on_refused: None,
+            h2: crate::h2::H2Policy::default(),
             ready: None,
         }
     }
@@ -180,6 +186,7 @@ pub(crate) struct Gate {
     queue: bool,
     pub(crate) handshake_timeout: Duration,
     pub(crate) preface_timeout: Duration,
+    pub(crate) h2: crate::h2::H2Policy,
 }
 
 /// A connection's places: for its whole life, and for its handshake only.
@@ -203,7 +210,13 @@ impl Gate {
             queue,
             handshake_timeout: opts.handshake_timeout,
             preface_timeout: opts.preface_timeout,
+            h2: opts.h2,
         }
+    }
+
+    /// The hook told of refusals and closes.
+    pub(crate) fn hook(&self) -> Option<crate::h2::OnClose> {
+        self.on_refused.as_ref().map(|h| h.0.clone())
     }
 
     /// Counts a connection dropped for `reason`.

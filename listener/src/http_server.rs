@@ -109,12 +109,13 @@ impl Limits {
 }
 
 /// Why a connection was refused or closed by the listener (metric label values).
-pub const CLOSE_REASONS: [&str; 5] = [
+pub const CLOSE_REASONS: [&str; 6] = [
     "TooManyConnections",
     "TooManyFromClient",
     "HandshakeTimeout",
     "HandshakeFailed",
     "IdleTimeout",
+    "TooManyPings",
 ];
 
 /// Counts a refused or closed connection by reason (one of [`CLOSE_REASONS`]).

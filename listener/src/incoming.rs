@@ -22,7 +22,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::caps::{Admission, ClientSlot};
 use crate::gate::{Accept, Admitted, Gate, IncomingOptions};
-use crate::preface::{Prefaced, read_h2_preface};
+use crate::h2::{H2Connection, read_h2_preface};
 use crate::text;
 
 /// Why a connection was dropped by its preparation or its handshake.
@@ -182,7 +182,7 @@ where
         self,
         tasks: &TaskTracker,
         shutdown: CancellationToken,
-    ) -> impl Stream<Item = io::Result<Prefaced<H::Output>>> + Send + 'static {
+    ) -> impl Stream<Item = io::Result<H2Connection<H::Output>>> + Send + 'static {
         let (tx, rx) = tokio::sync::mpsc::channel(64);
         let gate = self.gate.clone();
         let until = {
@@ -308,12 +308,20 @@ where
 async fn prefaced<IO: AsyncRead + Unpin>(
     gate: &Gate,
     mut accepted: Accepted<IO>,
-) -> Option<Prefaced<IO>> {
+) -> Option<H2Connection<IO>> {
     let timeout = gate.preface_timeout;
     let read = tokio::time::timeout(timeout, read_h2_preface(&mut accepted.io)).await;
     drop(accepted.held.take());
     let error = match read {
-        Ok(Ok(())) => return Some(Prefaced::new(accepted.io, accepted.admission)),
+        Ok(Ok(())) => {
+            return Some(H2Connection::new(
+                accepted.io,
+                accepted.admission,
+                accepted.remote,
+                gate.h2,
+                gate.hook(),
+            ));
+        }
         Ok(Err(e)) => e.to_string(),
         Err(_) => format!(
             "no HTTP/2 client preface within {}",
@@ -347,7 +355,7 @@ pub fn plain_incoming<L: Accept>(
     name: &str,
     tasks: &TaskTracker,
     shutdown: CancellationToken,
-) -> impl Stream<Item = io::Result<Prefaced<L::Io>>> + Send + 'static {
+) -> impl Stream<Item = io::Result<H2Connection<L::Io>>> + Send + 'static {
     Bounded::new(listener, opts, name, NoHandshake).incoming(tasks, shutdown)
 }
 
@@ -355,7 +363,7 @@ pub fn plain_incoming<L: Accept>(
 mod tests {
     use super::*;
     use crate::gate::{ReadyHook, RefusedHook};
-    use crate::preface::H2_PREFACE;
+    use crate::h2::H2_PREFACE;
     use futures::StreamExt as _;
     use std::sync::Mutex;
     use std::time::Duration;
@@ -377,6 +385,7 @@ mod tests {
             preface_timeout: Duration::from_secs(1),
             on_refused: Some(RefusedHook(Arc::new(move |r| seen.lock().unwrap().push(r)))),
             ready: None,
+            h2: crate::h2::H2Policy::default(),
         };
         let mut incoming = Box::pin(plain_incoming(
             listener,

@@ -14,9 +14,9 @@
 
 pub mod caps;
 pub mod gate;
+pub mod h2;
 pub mod http_server;
 pub mod incoming;
-pub mod preface;
 pub mod refusal;
 pub mod text;
 
@@ -26,9 +26,50 @@ pub use gate::{
     DEFAULT_MAX_CONNECTIONS_PER_CLIENT, DEFAULT_MAX_HANDSHAKES_PER_CLIENT, HANDSHAKE_TIMEOUT,
     IncomingOptions, PREFACE_TIMEOUT, REFUSED_REASONS, ReadyHook, RefusedHook,
 };
+pub use h2::{H2_PREFACE, H2Connection, H2Policy, read_h2_preface};
 pub use http_server::{
     CLOSE_REASONS, Handler, Limits, OnClose, Reserved, ReservedConnection, Tracked, serve,
 };
 pub use incoming::{Accepted, Bounded, Handshake, NoHandshake, NoPrepare, Refused, plain_incoming};
-pub use preface::{H2_PREFACE, Prefaced, read_h2_preface};
 pub use refusal::RefusalLog;
+
+/// Implements `tokio::io::AsyncWrite` for a wrapper by handing every call to one of its
+/// fields (the wrappers of a connection write through untouched):
+/// `forward_async_write!([IO: AsyncWrite + Unpin] Wrapper<IO>, inner);`. (A macro: the five
+/// methods are the same for every wrapper, and no library has a delegating one.)
+#[macro_export]
+macro_rules! forward_async_write {
+    ([$($generics:tt)*] $ty:ty, $field:ident) => {
+        impl<$($generics)*> ::tokio::io::AsyncWrite for $ty {
+            fn poll_write(
+                mut self: ::std::pin::Pin<&mut Self>,
+                cx: &mut ::std::task::Context<'_>,
+                buf: &[u8],
+            ) -> ::std::task::Poll<::std::io::Result<usize>> {
+                ::std::pin::Pin::new(&mut self.$field).poll_write(cx, buf)
+            }
+            fn poll_flush(
+                mut self: ::std::pin::Pin<&mut Self>,
+                cx: &mut ::std::task::Context<'_>,
+            ) -> ::std::task::Poll<::std::io::Result<()>> {
+                ::std::pin::Pin::new(&mut self.$field).poll_flush(cx)
+            }
+            fn poll_shutdown(
+                mut self: ::std::pin::Pin<&mut Self>,
+                cx: &mut ::std::task::Context<'_>,
+            ) -> ::std::task::Poll<::std::io::Result<()>> {
+                ::std::pin::Pin::new(&mut self.$field).poll_shutdown(cx)
+            }
+            fn poll_write_vectored(
+                mut self: ::std::pin::Pin<&mut Self>,
+                cx: &mut ::std::task::Context<'_>,
+                bufs: &[::std::io::IoSlice<'_>],
+            ) -> ::std::task::Poll<::std::io::Result<usize>> {
+                ::std::pin::Pin::new(&mut self.$field).poll_write_vectored(cx, bufs)
+            }
+            fn is_write_vectored(&self) -> bool {
+                self.$field.is_write_vectored()
+            }
+        }
+    };
+}

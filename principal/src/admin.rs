@@ -378,9 +378,13 @@ pub const ADMIN_MAX_CONNECTIONS: usize = 64;
 /// callers count in the total only).
 pub const ADMIN_MAX_CONNECTIONS_PER_CLIENT: usize = 16;
 
+/// How long an admin connection may stay open with no call in progress.
+pub const ADMIN_MAX_IDLE: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// The admin listener's caps: [`ADMIN_MAX_CONNECTIONS`], [`ADMIN_MAX_CONNECTIONS_PER_CLIENT`]
 /// from one address, each waiting at most 10 s for its HTTP/2 preface (all of them may be
-/// waiting: none waits in the kernel's backlog behind silent ones). Refusals are counted in
+/// waiting: none waits in the kernel's backlog behind silent ones), and closed after
+/// [`ADMIN_MAX_IDLE`] without a call. Refusals are counted in
 /// `argocd_principal_listener_connections_closed_total{listener="admin"}`.
 fn admin_limits(metrics: &Metrics) -> argocd_agent_listener::IncomingOptions {
     let metrics = metrics.clone();
@@ -397,6 +401,12 @@ fn admin_limits(metrics: &Metrics) -> argocd_agent_listener::IncomingOptions {
         ))),
         // Operators are served while the principal is not ready too.
         ready: None,
+        // An operator's call takes a connection for moments: one left without a call is
+        // closed.
+        h2: argocd_agent_listener::H2Policy {
+            min_ping_interval: std::time::Duration::ZERO,
+            max_idle: ADMIN_MAX_IDLE,
+        },
     }
 }
 

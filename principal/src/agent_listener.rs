@@ -1,5 +1,5 @@
 //! The agents' gRPC listener: its services, its connection options and the accept loop
-//! that guards each connection (TLS, keepalive pings) before it is served.
+//! that guards each connection (TLS, then the HTTP/2 rules: keepalive pings, idle time) before it is served.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,7 +8,6 @@ use argocd_agent_domain::mapping::LiveRules;
 use argocd_agent_identity::tls::PeerPolicy;
 use argocd_agent_proto::eventstream::event_stream_server::EventStreamServer;
 use argocd_agent_proto::version::version_server::VersionServer;
-use futures::StreamExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -112,7 +111,6 @@ pub(crate) fn serve(
     // Connections dropped before their first request count as auth failures.
     let metrics = sessions.hub.shared.metrics.clone();
     let router = grpc_router(&config, &auth, admin, rules, sessions, tunnels);
-    let min_ping = config.keepalive_min_interval;
     let handle = match (&config.auth, auth.svid) {
         (crate::auth::AuthConfig::Mtls { trust_domains, .. }, Some(source)) => {
             let policy = if trust_domains.is_empty() {
@@ -127,7 +125,6 @@ pub(crate) fn serve(
                 listener,
                 tls,
                 options,
-                min_ping,
             };
             // The source feeds every handshake's certificate: kept while serving.
             if config.websocket {
@@ -152,13 +149,7 @@ pub(crate) fn serve(
                 &name,
                 &tasks,
                 shutdown.clone(),
-            )
-            .map(move |r| {
-                r.map(|s| {
-                    let peer = tonic::transport::server::Connected::connect_info(&s).remote_addr();
-                    crate::keepalive::PingGuard::new(s, peer, min_ping)
-                })
-            });
+            );
             serve_incoming(&tasks, router, incoming, shutdown, ())
         }
     };
@@ -176,9 +167,8 @@ fn incoming_options(
     readiness: crate::health::Readiness,
 ) -> argocd_agent_listener::IncomingOptions {
     let hook = move |reason: &'static str| match reason {
-        "TooManyConnections" | "TooManyFromClient" | "NotReady" => {
-            metrics.listener_closed("grpc", reason)
-        }
+        "TooManyConnections" | "TooManyFromClient" | "NotReady" | "TooManyPings"
+        | "IdleTimeout" => metrics.listener_closed("grpc", reason),
         _ => metrics.auth_failed(reason),
     };
     argocd_agent_listener::IncomingOptions {
@@ -190,6 +180,10 @@ fn incoming_options(
         ready: Some(argocd_agent_listener::ReadyHook(Arc::new(move || {
             readiness.is_ready()
         }))),
+        h2: argocd_agent_listener::H2Policy {
+            min_ping_interval: config.keepalive_min_interval,
+            max_idle: config.max_connection_idle,
+        },
         ..Default::default()
     }
 }
@@ -199,15 +193,11 @@ struct Incoming {
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
     options: argocd_agent_listener::IncomingOptions,
-    min_ping: Duration,
 }
-
-/// One verified connection as the router takes it.
-type Guarded<IO> = crate::keepalive::PingGuard<Verified<IO>>;
 
 /// A connection past its TLS handshake and HTTP/2 preface, its client verified.
 type Verified<IO> =
-    argocd_agent_listener::Prefaced<argocd_agent_identity::transport::VerifiedStream<IO>>;
+    argocd_agent_listener::H2Connection<argocd_agent_identity::transport::VerifiedStream<IO>>;
 
 impl Incoming {
     /// TLS straight on TCP, accepted on `tasks` until `shutdown`.
@@ -215,8 +205,7 @@ impl Incoming {
         self,
         tasks: &TaskTracker,
         shutdown: CancellationToken,
-    ) -> impl futures::Stream<Item = std::io::Result<Guarded<TcpStream>>> + Send + 'static {
-        let min_ping = self.min_ping;
+    ) -> impl futures::Stream<Item = std::io::Result<Verified<TcpStream>>> + Send + 'static {
         argocd_agent_identity::transport::tls_incoming_with_options(
             self.listener,
             self.tls,
@@ -224,7 +213,6 @@ impl Incoming {
             tasks,
             shutdown,
         )
-        .map(move |r| r.map(|s| guard(s, min_ping)))
     }
 
     /// TLS straight on TCP, or inside a WebSocket (`--enable-websocket`), accepted on
@@ -234,14 +222,13 @@ impl Incoming {
         tasks: &TaskTracker,
         shutdown: CancellationToken,
     ) -> impl futures::Stream<
-        Item = std::io::Result<Guarded<argocd_agent_identity::websocket::Carrier>>,
+        Item = std::io::Result<Verified<argocd_agent_identity::websocket::Carrier>>,
     > + Send
     + 'static {
         tracing::info!(
             subprotocol = argocd_agent_identity::websocket::SUBPROTOCOL,
             "agent listener also takes HTTP/1.1 WebSocket upgrades (mTLS inside)"
         );
-        let min_ping = self.min_ping;
         argocd_agent_identity::websocket::tls_incoming_websocket(
             self.listener,
             self.tls,
@@ -250,17 +237,7 @@ impl Incoming {
             tasks,
             shutdown,
         )
-        .map(move |r| r.map(|s| guard(s, min_ping)))
     }
-}
-
-/// Holds a verified connection's HTTP/2 PINGs to `--keepalive-min-interval`.
-fn guard<IO>(s: Verified<IO>, min_ping: Duration) -> Guarded<IO>
-where
-    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
-{
-    let peer = Some(s.get_ref().peer().remote_addr);
-    crate::keepalive::PingGuard::new(s, peer, min_ping)
 }
 
 /// Serves `router` on `incoming` on the principal's tasks until `shutdown`, keeping `keep`

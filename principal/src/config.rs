@@ -78,6 +78,10 @@ impl std::fmt::Display for AdminAddress {
 /// The default admin address: `127.0.0.1:8001`.
 pub const DEFAULT_ADMIN_ADDRESS: &str = "127.0.0.1:8001";
 
+/// How long an agent connection may stay without a stream by default
+/// (`--max-connection-idle`).
+pub const DEFAULT_MAX_CONNECTION_IDLE: Duration = Duration::from_secs(300);
+
 /// Principal configuration.
 #[derive(Debug, Clone)]
 pub struct PrincipalConfig {
@@ -160,8 +164,12 @@ pub struct PrincipalConfig {
     /// messages from agents are decoded either way.
     pub compression: bool,
     /// The shortest interval allowed between an agent's HTTP/2 PINGs
-    /// (`--keepalive-min-interval`; zero: no minimum); see [`crate::keepalive`].
+    /// (`--keepalive-min-interval`; zero: no minimum); see [`argocd_agent_listener::h2`].
     pub keepalive_min_interval: Duration,
+    /// How long an agent connection may stay open with no gRPC stream open
+    /// (`--max-connection-idle`, gRPC's `MaxConnectionIdle`; zero: no limit); see
+    /// [`argocd_agent_listener::h2`].
+    pub max_connection_idle: Duration,
     /// Also take agents whose connection comes as an HTTP/1.1 WebSocket upgrade, with the
     /// same SVID mutual TLS inside it, on the agent listener (`--enable-websocket`; mTLS
     /// only); see [`argocd_agent_identity::websocket`].
@@ -211,6 +219,7 @@ impl Default for PrincipalConfig {
             max_concurrent_streams: 16,
             compression: false,
             keepalive_min_interval: Duration::ZERO,
+            max_connection_idle: DEFAULT_MAX_CONNECTION_IDLE,
             websocket: false,
             redis_proxy: None,
             resource_proxy: None,

@@ -28,7 +28,6 @@ pub mod health;
 pub mod hooks;
 pub mod hub;
 pub mod inbound;
-pub mod keepalive;
 pub mod metrics;
 pub mod partition;
 pub mod projects;
