@@ -273,7 +273,7 @@ impl Guard {
         let (streams, pings) = (&mut self.streams, &mut self.pings);
         let mut too_many = false;
         self.read.scan(bytes, |h| {
-            streams.from_client(h);
+            streams.client_sent(h);
             if h.kind == PING
                 && h.flags & ACK == 0
                 && let Some(p) = pings.as_mut()
@@ -294,7 +294,7 @@ impl Guard {
         let was_idle = self.streams.idle();
         let (streams, pings) = (&mut self.streams, &mut self.pings);
         self.write.scan(bytes, |h| {
-            streams.from_server(h);
+            streams.server_sent(h);
             if matches!(h.kind, frames::DATA | frames::HEADERS)
                 && let Some(p) = pings.as_mut()
             {

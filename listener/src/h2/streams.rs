@@ -30,7 +30,7 @@ impl Streams {
     }
 
     /// A frame the client sent.
-    pub fn from_client(&mut self, h: FrameHeader) {
+    pub fn client_sent(&mut self, h: FrameHeader) {
         match h.kind {
             HEADERS if h.stream % 2 == 1 && h.stream > self.last_opened => {
                 self.last_opened = h.stream;
@@ -52,7 +52,7 @@ impl Streams {
     }
 
     /// A frame the server sent.
-    pub fn from_server(&mut self, h: FrameHeader) {
+    pub fn server_sent(&mut self, h: FrameHeader) {
         match h.kind {
             HEADERS | DATA if h.flags & END_STREAM != 0 => self.end(h.stream, false),
             RST_STREAM => {
@@ -95,30 +95,30 @@ mod tests {
         assert!(s.idle());
         // A unary call: request HEADERS, DATA with END_STREAM; response HEADERS, DATA,
         // trailers with END_STREAM.
-        s.from_client(h(HEADERS, 0x4, 1));
+        s.client_sent(h(HEADERS, 0x4, 1));
         assert!(!s.idle());
-        s.from_client(h(DATA, END_STREAM, 1));
+        s.client_sent(h(DATA, END_STREAM, 1));
         assert!(!s.idle(), "half closed");
-        s.from_server(h(HEADERS, 0x4, 1));
-        s.from_server(h(DATA, 0, 1));
-        s.from_server(h(HEADERS, 0x4 | END_STREAM, 1));
+        s.server_sent(h(HEADERS, 0x4, 1));
+        s.server_sent(h(DATA, 0, 1));
+        s.server_sent(h(HEADERS, 0x4 | END_STREAM, 1));
         assert!(s.idle());
         // A stream the server ends first, then the client.
-        s.from_client(h(HEADERS, 0x4, 3));
-        s.from_server(h(HEADERS, 0x4 | END_STREAM, 3));
+        s.client_sent(h(HEADERS, 0x4, 3));
+        s.server_sent(h(HEADERS, 0x4 | END_STREAM, 3));
         assert!(!s.idle());
-        s.from_client(h(DATA, END_STREAM, 3));
+        s.client_sent(h(DATA, END_STREAM, 3));
         assert!(s.idle());
         // A reset from either side closes it.
-        s.from_client(h(HEADERS, 0x4, 5));
-        s.from_client(h(HEADERS, 0x4, 7));
-        s.from_server(h(RST_STREAM, 0, 5));
-        s.from_client(h(RST_STREAM, 0, 7));
+        s.client_sent(h(HEADERS, 0x4, 5));
+        s.client_sent(h(HEADERS, 0x4, 7));
+        s.server_sent(h(RST_STREAM, 0, 5));
+        s.client_sent(h(RST_STREAM, 0, 7));
         assert!(s.idle());
         // Frames on unknown or old streams open nothing.
-        s.from_client(h(DATA, 0, 9));
-        s.from_client(h(HEADERS, 0x4, 3));
-        s.from_server(h(HEADERS, 0x4, 2));
+        s.client_sent(h(DATA, 0, 9));
+        s.client_sent(h(HEADERS, 0x4, 3));
+        s.server_sent(h(HEADERS, 0x4, 2));
         assert!(s.idle());
         assert_eq!(s.last_opened, 7);
     }
@@ -127,10 +127,10 @@ mod tests {
     fn past_the_tracked_streams_the_connection_stays_busy() {
         let mut s = Streams::default();
         for i in 0..=MAX_TRACKED as u32 {
-            s.from_client(h(HEADERS, 0x4, 2 * i + 1));
+            s.client_sent(h(HEADERS, 0x4, 2 * i + 1));
         }
         for i in 0..=MAX_TRACKED as u32 {
-            s.from_client(h(RST_STREAM, 0, 2 * i + 1));
+            s.client_sent(h(RST_STREAM, 0, 2 * i + 1));
         }
         assert!(!s.idle());
         assert!(s.open.len() <= MAX_TRACKED);
