@@ -334,14 +334,14 @@ impl Requests<'_> {
                 serve_redis(spoke, event, self.direct_tx, self.requests);
                 None
             }
-            Ok(event)
-                if matches!(
-                    event.ty,
-                    EventType::ResourceRequest | EventType::LogRequest | EventType::TerminalRequest
-                ) =>
-            {
+            Ok(event) if event.ty == EventType::ResourceRequest => {
                 spoke.metrics.event(false, event.ty.verb());
-                crate::proxy::dispatch::serve(spoke, event, self.direct_tx, self.requests, || {
+                crate::proxy::serve(spoke, event, self.direct_tx);
+                None
+            }
+            Ok(event) if matches!(event.ty, EventType::LogRequest | EventType::TerminalRequest) => {
+                spoke.metrics.event(false, event.ty.verb());
+                crate::proxy::streams::serve(spoke, event, self.direct_tx, self.requests, || {
                     crate::proxy::Tunnel::new(
                         self.tunnel_channel.clone(),
                         self.dialer,
@@ -374,7 +374,7 @@ async fn send(
     // A child of the span the event was created in (a local change, or the handling
     // of the principal's event it answers); the principal continues from here.
     let span = argocd_agent_domain::event_span!("agent.send", &event, source = %spoke.source);
-    argocd_agent_domain::trace::inject_span(&mut event, &span);
+    event.stamp_trace(&span);
     tx.send(event.to_cloud_event())
         .instrument(span)
         .await

@@ -374,6 +374,15 @@ pub enum EventError {
 }
 
 impl Event {
+    /// Stamps the event with `span`'s trace context as it is sent (nothing when the span is
+    /// not traced): the peer's handling joins the sender's span.
+    pub fn stamp_trace(&mut self, span: &tracing::Span) {
+        if let Some(headers) = crate::trace::context::span_headers(span) {
+            self.traceparent = headers.traceparent;
+            self.tracestate = headers.tracestate;
+        }
+    }
+
     /// A new event with a fresh id and the current time. Created inside a traced span, it
     /// carries that span's trace context (`traceparent` / `tracestate`), so the peer's
     /// handling of it joins the same trace even when it waits in a queue first.

@@ -1,11 +1,17 @@
-//! The peer's SPIFFE ID, read from a certificate chain rustls has already verified, and the
-//! [`VerifiedPeer`] a connection carries to every request on it (a leaf: the transport and
-//! whatever reads a request's peer name the same type).
+//! The peer's SPIFFE ID, read from a certificate chain rustls has already verified, the
+//! [`VerifiedPeer`] a connection carries to every request on it, and the connection that
+//! carries it ([`VerifiedStream`]): the transport and whatever reads a request's peer name
+//! the same type.
 
+use std::io;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use rustls_pki_types::CertificateDer;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
 use x509_parser::extensions::{GeneralName, ParsedExtension};
 
 use crate::id::SpiffeId;
@@ -165,3 +171,56 @@ pub fn fingerprint(der: &[u8]) -> String {
         .map(|b| format!("{b:02x}"))
         .collect()
 }
+/// A server-side TLS connection whose client presented a verified SVID. `IO` is what the
+/// TLS runs on: TCP, or the WebSocket tunnel of [`crate::websocket`]. The accept streams
+/// hand it over inside an [`argocd_agent_listener::H2Connection`] (its HTTP/2 client preface read, and replayed).
+pub struct VerifiedStream<IO = TcpStream> {
+    inner: tokio_rustls::server::TlsStream<IO>,
+    peer: VerifiedPeer,
+}
+
+impl<IO: AsyncRead + AsyncWrite + Unpin> VerifiedStream<IO> {
+    /// Reads the client's identity from a completed handshake; `None` if the session has no
+    /// verified client certificate or its leaf is not an SVID (the verifier should already
+    /// have refused such a client).
+    pub(crate) fn new(
+        inner: tokio_rustls::server::TlsStream<IO>,
+        remote_addr: SocketAddr,
+    ) -> Result<Self, PeerError> {
+        let chain: Vec<CertificateDer<'static>> = inner
+            .get_ref()
+            .1
+            .peer_certificates()
+            .map(|c| c.iter().map(|c| c.clone().into_owned()).collect())
+            .unwrap_or_default();
+        Ok(Self {
+            inner,
+            peer: VerifiedPeer::from_chain(remote_addr, chain)?,
+        })
+    }
+
+    /// The verified client.
+    pub fn peer(&self) -> &VerifiedPeer {
+        &self.peer
+    }
+}
+
+impl<IO> tonic::transport::server::Connected for VerifiedStream<IO> {
+    type ConnectInfo = VerifiedPeer;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.peer.clone()
+    }
+}
+
+impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for VerifiedStream<IO> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+argocd_agent_listener::forward_async_write!([IO: AsyncRead + AsyncWrite + Unpin] VerifiedStream<IO>, inner);

@@ -21,71 +21,17 @@ use std::net::SocketAddr;
 use argocd_agent_listener::{Bounded, H2Connection, Handshake, IncomingOptions, Refused};
 use futures::Stream;
 use hyper_util::rt::TokioIo;
-use rustls_pki_types::{CertificateDer, ServerName};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use rustls_pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use crate::peer::{
-    PeerError, VerifiedPeer, fingerprint, not_after_from_chain, peer_certs, peer_spiffe_id,
-    spiffe_id_from_chain, verified_peer,
+    PeerError, VerifiedPeer, VerifiedStream, fingerprint, not_after_from_chain, peer_certs,
+    peer_spiffe_id, spiffe_id_from_chain, verified_peer,
 };
-
-/// A server-side TLS connection whose client presented a verified SVID. `IO` is what the
-/// TLS runs on: TCP, or the WebSocket tunnel of [`crate::websocket`]. The accept streams
-/// hand it over inside a [`H2Connection`] (its HTTP/2 client preface read, and replayed).
-pub struct VerifiedStream<IO = TcpStream> {
-    inner: tokio_rustls::server::TlsStream<IO>,
-    peer: VerifiedPeer,
-}
-
-impl<IO: AsyncRead + AsyncWrite + Unpin> VerifiedStream<IO> {
-    /// Reads the client's identity from a completed handshake; `None` if the session has no
-    /// verified client certificate or its leaf is not an SVID (the verifier should already
-    /// have refused such a client).
-    fn new(
-        inner: tokio_rustls::server::TlsStream<IO>,
-        remote_addr: SocketAddr,
-    ) -> Result<Self, PeerError> {
-        let chain: Vec<CertificateDer<'static>> = inner
-            .get_ref()
-            .1
-            .peer_certificates()
-            .map(|c| c.iter().map(|c| c.clone().into_owned()).collect())
-            .unwrap_or_default();
-        Ok(Self {
-            inner,
-            peer: VerifiedPeer::from_chain(remote_addr, chain)?,
-        })
-    }
-
-    /// The verified client.
-    pub fn peer(&self) -> &VerifiedPeer {
-        &self.peer
-    }
-}
-
-impl<IO> tonic::transport::server::Connected for VerifiedStream<IO> {
-    type ConnectInfo = VerifiedPeer;
-
-    fn connect_info(&self) -> Self::ConnectInfo {
-        self.peer.clone()
-    }
-}
-
-impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for VerifiedStream<IO> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_read(cx, buf)
-    }
-}
-
-argocd_agent_listener::forward_async_write!([IO: AsyncRead + AsyncWrite + Unpin] VerifiedStream<IO>, inner);
 
 /// The TLS handshake of the SVID listeners, for the listener crate's accept loop: the
 /// client must present an SVID the config's verifier accepts, whose SPIFFE ID and
@@ -399,6 +345,7 @@ mod connection_loss_tests {
 mod peer_tests {
     use super::*;
     use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair, SanType};
+    use rustls_pki_types::CertificateDer;
 
     fn cert(uris: &[&str], ca: bool) -> CertificateDer<'static> {
         let mut params = CertificateParams::default();

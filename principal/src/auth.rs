@@ -256,7 +256,7 @@ fn identify_jwt(
     let token = metadata
         .get("authorization")
         .and_then(|v| v.to_str().ok())
-        .and_then(bearer)
+        .and_then(crate::resourceproxy::credentials::bearer)
         .ok_or_else(|| {
             AuthFailure::new(
                 "NoToken",
@@ -272,21 +272,6 @@ fn identify_jwt(
                 Status::unauthenticated(format!("JWT-SVID refused: {e}")),
             )
         })
-}
-
-/// The token of an `authorization: Bearer <token>` header (the scheme in any case, RFC 7235
-/// section 2.1; one or more spaces after it).
-pub(crate) fn bearer_token(headers: &http::HeaderMap) -> Option<&str> {
-    bearer(headers.get(http::header::AUTHORIZATION)?.to_str().ok()?)
-}
-
-/// The token of an `authorization` header's value `Bearer <token>`.
-fn bearer(value: &str) -> Option<&str> {
-    let (scheme, token) = value.split_once(' ')?;
-    if !scheme.eq_ignore_ascii_case("bearer") {
-        return None;
-    }
-    Some(token.trim()).filter(|t| !t.is_empty())
 }
 
 /// How agents authenticate.
@@ -436,28 +421,6 @@ mod display_tests {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn bearer_token_needs_the_bearer_scheme() {
-        let mut h = http::HeaderMap::new();
-        assert_eq!(bearer_token(&h), None);
-        h.insert(http::header::AUTHORIZATION, "Basic abc".parse().unwrap());
-        assert_eq!(bearer_token(&h), None);
-        h.insert(http::header::AUTHORIZATION, "Bearer  tok ".parse().unwrap());
-        assert_eq!(bearer_token(&h), Some("tok"));
-        // RFC 7235: the scheme is case-insensitive.
-        for scheme in ["bearer", "BEARER", "bEaReR"] {
-            h.insert(
-                http::header::AUTHORIZATION,
-                format!("{scheme} tok").parse().unwrap(),
-            );
-            assert_eq!(bearer_token(&h), Some("tok"), "{scheme}");
-        }
-        for bad in ["Bearer", "Bearer ", "Bearertok", "Bearer\ttok"] {
-            h.insert(http::header::AUTHORIZATION, bad.parse().unwrap());
-            assert_eq!(bearer_token(&h), None, "{bad:?}");
-        }
-    }
 
     #[test]
     fn mtls_without_a_verified_peer_is_refused() {

@@ -652,7 +652,7 @@ async fn send_inner(
 ) -> Result<(), Status> {
     let span = argocd_agent_domain::event_span!("principal.send", &event,
         agent = %state.name, client = %state.identity().client);
-    argocd_agent_domain::trace::inject_span(&mut event, &span);
+    event.stamp_trace(&span);
     hub.shared
         .metrics
         .event(true, state.name.as_str(), event.ty.verb());

@@ -103,7 +103,7 @@ impl AgentState {
     pub(crate) fn enqueue(&self, mut event: argocd_agent_domain::Event, metrics: &Metrics) {
         let span =
             argocd_agent_domain::event_span!("principal.enqueue", &event, agent = %self.name);
-        argocd_agent_domain::trace::inject_span(&mut event, &span);
+        event.stamp_trace(&span);
         let _entered = span.enter();
         let (ty, kind) = (event.ty.verb(), event.resource.as_ref().map(|r| r.kind));
         if let Err(e) = self.queue.push(event) {

@@ -5,8 +5,6 @@
 //! own Kubernetes client, and answers with a `resource-response` event (requests, refusals)
 //! or on a `Tunnel` stream it opens to the principal (logs, exec).
 
-/// Serving the principal's resource-proxy events: requests, log and exec streams.
-pub mod dispatch;
 pub mod exec;
 pub mod logs;
 pub mod patch;
@@ -16,9 +14,12 @@ pub mod pss;
 /// Why the rules refuse a request.
 pub mod refusal;
 pub mod rules;
+/// Serving the principal's log and terminal requests.
+pub mod streams;
+/// What a write must pass before it is sent: creates and patches.
+mod writes;
 
 use argocd_agent_identity::text;
-use argocd_agent_identity::text::quoted;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -32,7 +33,8 @@ use kube::api::{Api, ApiResource, DynamicObject};
 use kube::core::GroupVersion;
 use kube::discovery::Scope;
 use serde_json::Value;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio_util::task::TaskTracker;
 
 use crate::dialer::Dialer;
 use crate::error::SessionError;
@@ -378,200 +380,6 @@ impl SpokeProxy {
                 original().await
             }
         }
-    }
-
-    /// Decides a create by the rules of [`rules::check_create`]: the object's namespaced
-    /// kind from discovery, then each owner reference with a uid, until one names an object
-    /// of an Application that the create fits.
-    async fn check_create(
-        &self,
-        apps: &Apps,
-        req: &ResourceRequest,
-        r: &rules::ResourcePath,
-    ) -> Result<(), Failure> {
-        let body = rules::read_create_body(&req.content_type, &req.body).map_err(forbidden)?;
-        let Some(ns) = r.namespace.clone() else {
-            return Err(Failure::Forbidden(format!(
-                "{} is not created in a namespace: cluster-scoped objects are never created through the resource proxy",
-                r.plural
-            )));
-        };
-        let api_version = if r.group.is_empty() {
-            r.version.clone()
-        } else {
-            format!("{}/{}", r.group, r.version)
-        };
-        let Some((ar, namespaced)) = self.resolve_plural(&api_version, &r.plural).await else {
-            return Err(Failure::Forbidden(format!(
-                "{} {api_version} is not a resource this cluster's discovery knows",
-                r.plural
-            )));
-        };
-        let target = rules::CreateTarget {
-            group: r.group.clone(),
-            version: r.version.clone(),
-            kind: ar.kind.clone(),
-            namespace: Some(ns.clone()),
-            namespaced,
-        };
-        rules::check_create_shape(&target, &body).map_err(forbidden)?;
-        let meta = body.get("metadata").cloned().unwrap_or(Value::Null);
-        let owners = rules::create_owners(&meta);
-        if owners.is_empty() {
-            return Err(Failure::Forbidden(format!(
-                "the new {} names no owner: only objects owned (ownerReferences with uid) by an object of an Argo CD Application are created",
-                target.kind
-            )));
-        }
-        let mut walk = OwnerWalk::new(self, apps);
-        let mut why = Vec::new();
-        for owner in owners {
-            let what = format!("{} {}", owner.kind, text::quoted(&owner.name));
-            let Some((obj, true)) = self.fetch_owner_object(&owner, Some(&ns)).await else {
-                why.push(format!(
-                    "owner {what} is not an object in namespace {ns} with that uid",
-                    ns = quoted(&ns)
-                ));
-                continue;
-            };
-            let owner_meta = obj.get("metadata").cloned().unwrap_or(Value::Null);
-            let managing = walk.managing_apps(&owner_meta, Some(&ns)).await;
-            if managing.is_empty() {
-                why.push(format!(
-                    "owner {what} is not managed by an Argo CD Application on this cluster"
-                ));
-                continue;
-            }
-            for app in managing.iter().filter_map(|i| apps.facts(*i)) {
-                let level = self.config.pod_security;
-                let checked = rules::check_create(&target, &body, &obj, app)
-                    .map_err(|e| e.to_string())
-                    .and_then(|()| pss::check(level, &body, None).map_err(|e| e.to_string()));
-                match checked {
-                    Ok(()) => return Ok(()),
-                    Err(e) => why.push(e),
-                }
-            }
-        }
-        Err(Failure::Forbidden(format!(
-            "the new {} is refused: {}",
-            target.kind,
-            why.join("; ")
-        )))
-    }
-
-    /// GETs the named object as JSON: `Ok(Some(answer))` passes a failed GET on (a 404
-    /// stays a 404), `Ok(None)` means the object is managed, `Err` that it is not.
-    async fn check_named(
-        &self,
-        apps: &Apps,
-        r: &rules::ResourcePath,
-    ) -> Result<Option<Answer>, Failure> {
-        Ok(self.fetch_managed(apps, r).await?.err())
-    }
-
-    /// The named object, fetched as JSON, if it is managed: `Ok(Err(answer))` passes a
-    /// failed GET on, `Err` refuses an unmanaged object.
-    async fn fetch_managed(
-        &self,
-        apps: &Apps,
-        r: &rules::ResourcePath,
-    ) -> Result<Result<Value, Answer>, Failure> {
-        let Some(path) = r.object_path() else {
-            return Err(Failure::Forbidden("no object named".into()));
-        };
-        let answer = self
-            .send("GET", &path, "", None, "application/json", Vec::new())
-            .await?;
-        if !answer.ok() {
-            return Ok(Err(answer));
-        }
-        let obj: Value = serde_json::from_slice(&answer.body)
-            .map_err(|e| Failure::Upstream(format!("unreadable object: {e}")))?;
-        let meta = obj.get("metadata").cloned().unwrap_or(Value::Null);
-        if self.is_managed(apps, &meta, r.namespace.as_deref()).await {
-            Ok(Ok(obj))
-        } else {
-            Err(not_managed(r))
-        }
-    }
-
-    /// Decides a patch by the object it would make: the managed object is fetched, the
-    /// patch applied to it locally ([`patch::apply`]), and the result must keep its
-    /// tracking and owners, add no Pod Security Standards violation ([`pss::check`]) and
-    /// ask for nothing the object did not ask for ([`rules::added_asks`]). `Ok(Ok(body))`
-    /// is the patch to send, conditional on the version judged; `Ok(Err(answer))` an
-    /// answer to pass on instead (a failed GET, a conflict).
-    async fn check_patch(
-        &self,
-        apps: &Apps,
-        req: &ResourceRequest,
-        r: &rules::ResourcePath,
-    ) -> Result<Result<Vec<u8>, Answer>, Failure> {
-        fn refused<E: std::fmt::Display>(rule: &'static str) -> impl Fn(E) -> Failure {
-            move |e| Failure::Refused(rule, e.to_string())
-        }
-        let kind = patch::patch_type(&req.content_type).map_err(refused("patch"))?;
-        let before = match self.fetch_managed(apps, r).await? {
-            Ok(obj) => obj,
-            Err(answer) => return Ok(Err(answer)),
-        };
-        let after = patch::apply(kind, &before, &req.body)
-            .map_err(|e| Failure::Refused("patch", format!("the patch is not applied: {e}")))?;
-        let version = |o: &Value| {
-            let rv = o.pointer("/metadata/resourceVersion");
-            rv.and_then(Value::as_str).unwrap_or_default().to_owned()
-        };
-        let rv = version(&before);
-        if version(&after) != rv {
-            return Ok(Err(Answer::status(
-                409,
-                "the object has been modified; please apply your changes to the latest version and try again",
-            )));
-        }
-        let meta = |o: &Value| o.get("metadata").cloned().unwrap_or(Value::Null);
-        let (was, now) = (meta(&before), meta(&after));
-        rules::check_tracking_kept(apps.tracking(), &was, &now).map_err(refused("tracking"))?;
-        if was.get("ownerReferences") != now.get("ownerReferences") {
-            let ns = r.namespace.as_deref();
-            let mut walk = OwnerWalk::new(self, apps);
-            if walk.managing_apps(&was, ns).await != walk.managing_apps(&now, ns).await {
-                return Err(Failure::Refused(
-                    "tracking",
-                    "a patch may not change the owner references that make the object managed"
-                        .into(),
-                ));
-            }
-        }
-        self.check_patched_pods(&before, &after)?;
-        let body = if rv.is_empty() {
-            req.body.clone()
-        } else {
-            patch::with_precondition(kind, &req.body, &rv).map_err(refused("patch"))?
-        };
-        Ok(Ok(body))
-    }
-
-    /// The pod security and owner-baseline rules for a patched object.
-    fn check_patched_pods(&self, before: &Value, after: &Value) -> Result<(), Failure> {
-        pss::check(self.config.pod_security, after, Some(before))
-            .map_err(|e| Failure::Refused("pod-security", e.to_string()))?;
-        let added = rules::added_asks(after, before)
-            .map_err(|e| Failure::Refused("owner-baseline", e.to_string()))?;
-        if !added.is_empty() {
-            let kind = after
-                .get("kind")
-                .and_then(Value::as_str)
-                .unwrap_or("object");
-            return Err(Failure::Refused(
-                "owner-baseline",
-                format!(
-                    "the patched {kind} would ask for {} that it does not have now",
-                    added.join(", ")
-                ),
-            ));
-        }
-        Ok(())
     }
 
     /// Keeps the managed items of a List or rows of a Table; everything else of the list
@@ -984,6 +792,93 @@ async fn check_pod(
             Err(answer)
         }
         Err(f) => Err(refuse(f)),
+    }
+}
+
+/// What serving a resource-proxy event asks of the spoke (the spoke implements it).
+pub trait Host {
+    /// CloudEvents `source` of the answers.
+    fn source(&self) -> &str;
+    /// Where the request handlers run.
+    fn tasks(&self) -> &TaskTracker;
+    /// The resource proxy, when the agent serves it.
+    fn proxy(&self) -> Option<Arc<SpokeProxy>>;
+    /// The Applications this spoke holds, by the names their objects carry, with where each
+    /// deploys and what it manages.
+    fn apps(&self) -> Apps;
+}
+
+/// The proxy's entry for one event from `spoke`: the proxy, the answers' source, the tasks
+/// and the event's id; `None` (the event refused with 501) when the agent does not serve it.
+pub(super) fn entry(
+    spoke: &impl Host,
+    event: &Event,
+    out: &mpsc::Sender<Event>,
+) -> Option<(Arc<SpokeProxy>, String, TaskTracker)> {
+    let source = spoke.source().to_owned();
+    let tasks = spoke.tasks().clone();
+    let Some(proxy) = spoke.proxy() else {
+        let why = "this agent does not serve the resource proxy";
+        refuse_soon(&tasks, out, &source, &event.id, 501, why);
+        return None;
+    };
+    Some((proxy, source, tasks))
+}
+
+/// Starts serving a `resource-request` from the principal (without holding up the stream):
+/// a request slot, then the request on its own task; the answer goes to `out`. Log and
+/// terminal requests are [`streams::serve`]'s.
+pub fn serve(spoke: &impl Host, event: Event, out: &mpsc::Sender<Event>) {
+    let Some((proxy, source, tasks)) = entry(spoke, &event, out) else {
+        return;
+    };
+    let id = event.id;
+    let Payload::ResourceRequest(req) = event.payload else {
+        let why = "not a resource proxy request";
+        refuse_soon(&tasks, out, &source, &id, 400, why);
+        return;
+    };
+    let Some(slot) = proxy.try_request_slot() else {
+        proxy.count(rules::method_verb(&req.method), "error");
+        let why = "too many resource proxy requests at once";
+        refuse_soon(&tasks, out, &source, &id, 429, why);
+        return;
+    };
+    let apps = spoke.apps();
+    let out = out.clone();
+    tasks.spawn(async move {
+        let response = proxy.handle_resource(&apps, &req).await;
+        drop(slot);
+        let _ = out.send(response_event(&source, &id, response)).await;
+    });
+}
+
+/// Answers the request `id` with the error `status` and `message` through
+/// [`answer_soon`].
+pub(super) fn refuse_soon(
+    tasks: &TaskTracker,
+    out: &mpsc::Sender<Event>,
+    source: &str,
+    id: &str,
+    status: u16,
+    message: &str,
+) {
+    let answer = Answer::status(status, message);
+    answer_soon(
+        tasks,
+        out,
+        response_event(source, id, answer.into_response()),
+    );
+}
+
+/// Sends an immediate answer (a refusal) without holding up the stream, even when the
+/// outbound channel is momentarily full.
+fn answer_soon(tasks: &TaskTracker, out: &mpsc::Sender<Event>, event: Event) {
+    if let Err(mpsc::error::TrySendError::Full(event)) = out.try_send(event) {
+        let out = out.clone();
+        tasks.spawn(async move {
+            let _ = out.send(event).await;
+        });
     }
 }
 

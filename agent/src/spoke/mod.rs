@@ -126,7 +126,7 @@ impl crate::redis::HeldApps for Spoke {
     }
 }
 
-impl crate::proxy::dispatch::Host for Spoke {
+impl crate::proxy::Host for Spoke {
     fn source(&self) -> &str {
         &self.source
     }

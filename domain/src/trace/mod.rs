@@ -12,7 +12,7 @@ use opentelemetry::trace::TraceContextExt;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use context::{TRACEPARENT, TRACESTATE, span_headers};
+use context::{TRACEPARENT, TRACESTATE};
 
 use crate::event::Event;
 
@@ -33,20 +33,6 @@ impl Extractor for EventView<'_> {
             .filter(|k| self.get(k).is_some())
             .collect()
     }
-}
-
-/// Sets the event's trace context to the OpenTelemetry context of `span` (nothing when the
-/// span is not traced).
-pub fn inject_span(event: &mut Event, span: &tracing::Span) {
-    if let Some(headers) = span_headers(span) {
-        event.traceparent = headers.traceparent;
-        event.tracestate = headers.tracestate;
-    }
-}
-
-/// [`inject_span`] with the current span.
-pub fn inject_current(event: &mut Event) {
-    inject_span(event, &tracing::Span::current());
 }
 
 /// The remote context an event carries (empty when it carries none or an invalid one).

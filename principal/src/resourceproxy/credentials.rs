@@ -77,6 +77,33 @@ struct Claims {
     ten: Option<String>,
 }
 
+/// Why a resource proxy request's credential is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum CredentialRefused {
+    /// No `authorization: Bearer <token>` header.
+    #[error("a bearer token from the agent's cluster secret is required")]
+    Missing,
+    /// The token is malformed, forged or expired.
+    #[error(transparent)]
+    Token(#[from] TokenError),
+}
+
+/// The token of an `authorization: Bearer <token>` header (the scheme in any case, RFC 7235
+/// section 2.1; one or more spaces after it).
+pub(crate) fn bearer_token(headers: &http::HeaderMap) -> Option<&str> {
+    bearer(headers.get(http::header::AUTHORIZATION)?.to_str().ok()?)
+}
+
+/// The token of an `authorization` header's value `Bearer <token>` (also the gRPC listener's
+/// JWT-SVID).
+pub(crate) fn bearer(value: &str) -> Option<&str> {
+    let (scheme, token) = value.split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return None;
+    }
+    Some(token.trim()).filter(|t| !t.is_empty())
+}
+
 /// What a verified token says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Verified {
@@ -251,6 +278,17 @@ impl ProxyKeys {
         self.verify_claims(token, now).map(|v| v.agent)
     }
 
+    /// Checks a request's credential at `now`: the bearer token of its `authorization`
+    /// header, valid for one agent and unexpired. Returns the token's agent and tenant.
+    pub fn authenticate(
+        &self,
+        headers: &http::HeaderMap,
+        now: SystemTime,
+    ) -> Result<Verified, CredentialRefused> {
+        let token = bearer_token(headers).ok_or(CredentialRefused::Missing)?;
+        Ok(self.verify_claims(token, now)?)
+    }
+
     /// The agent and tenant a token names, if it verifies and has not expired at `now`.
     pub fn verify_claims(&self, token: &str, now: SystemTime) -> Result<Verified, TokenError> {
         let rest = token
@@ -368,6 +406,28 @@ mod tenant_tests {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bearer_token_needs_the_bearer_scheme() {
+        let mut h = http::HeaderMap::new();
+        assert_eq!(bearer_token(&h), None);
+        h.insert(http::header::AUTHORIZATION, "Basic abc".parse().unwrap());
+        assert_eq!(bearer_token(&h), None);
+        h.insert(http::header::AUTHORIZATION, "Bearer  tok ".parse().unwrap());
+        assert_eq!(bearer_token(&h), Some("tok"));
+        // RFC 7235: the scheme is case-insensitive.
+        for scheme in ["bearer", "BEARER", "bEaReR"] {
+            h.insert(
+                http::header::AUTHORIZATION,
+                format!("{scheme} tok").parse().unwrap(),
+            );
+            assert_eq!(bearer_token(&h), Some("tok"), "{scheme}");
+        }
+        for bad in ["Bearer", "Bearer ", "Bearertok", "Bearer\ttok"] {
+            h.insert(http::header::AUTHORIZATION, bad.parse().unwrap());
+            assert_eq!(bearer_token(&h), None, "{bad:?}");
+        }
+    }
 
     fn agent(n: &str) -> AgentName {
         AgentName::new(n).unwrap()

@@ -35,22 +35,23 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use argocd_agent_domain::AgentName;
+use argocd_agent_domain::rpc::AgentLink;
 use argocd_agent_domain::{Event, EventType, Payload};
 use argocd_agent_proto::eventstream::ResourceRequest;
 use http::{Method, Request, Response, StatusCode, header};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use tokio::net::TcpListener;
-use tokio::sync::OwnedSemaphorePermit;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use response::{Body, status};
-use response::{error_of, from_agent, rpc_failure};
+use response::{error_of, from_agent, offline, rpc_failure, with_error};
 pub use settings::{
     AGENT_PREFIX, DEFAULT_ADDRESS, DEFAULT_MAX_BUFFERED_BODIES, ResourceProxyConfig,
 };
-use state::Admitted;
+use state::{Admitted, Permit};
 pub use state::{ResourceProxy, ResourceProxyParts};
 
 /// Bytes taken from the buffered-bodies budget at a time when a body's length is not
@@ -179,7 +180,7 @@ enum Pending {
 impl ResourceProxy {
     async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
         let path = req.uri().path().to_owned();
-        let (agent, rest) = match self.authenticate(&req, &path) {
+        let (agent, rest) = match self.authenticate(req.headers(), &path) {
             Ok(a) => a,
             Err(r) => return r,
         };
@@ -237,6 +238,63 @@ impl ResourceProxy {
         };
         self.count(&agent, kind, &response);
         response
+    }
+
+    /// The agent a request is for, from its token ([`ProxyKeys::authenticate`]) and URL
+    /// (`/agents/<name>/...` must name the token's agent), and the rest of the path; a
+    /// refusal is counted, logged and answered.
+    fn authenticate<'p>(
+        &self,
+        headers: &http::HeaderMap,
+        path: &'p str,
+    ) -> Result<(AgentName, &'p str), Response<Body>> {
+        use credentials::CredentialRefused;
+        let verified = match self
+            .parts
+            .keys
+            .authenticate(headers, std::time::SystemTime::now())
+        {
+            Ok(v) => v,
+            Err(e @ CredentialRefused::Missing) => {
+                return Err(status(
+                    StatusCode::UNAUTHORIZED,
+                    "Unauthorized",
+                    e.to_string(),
+                ));
+            }
+            Err(e @ CredentialRefused::Token(_)) => {
+                self.parts.metrics.auth_failed("ProxyCredential");
+                tracing::warn!(error = %e, "resource proxy request refused: bad token");
+                return Err(status(
+                    StatusCode::UNAUTHORIZED,
+                    "Unauthorized",
+                    e.to_string(),
+                ));
+            }
+        };
+        let agent = verified.agent;
+        self.check_token_tenant(&agent, verified.tenant.as_ref())?;
+        let Some(rest) = path.strip_prefix(AGENT_PREFIX) else {
+            return Ok((agent, path));
+        };
+        let (named, rest) = match rest.find('/') {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => (rest, "/"),
+        };
+        if named != agent.as_str() {
+            self.parts.metrics.auth_failed("WrongAgent");
+            tracing::warn!(token_agent = %agent, url_agent = %text::quoted(named),
+                "resource proxy request refused: the token is for another agent");
+            return Err(status(
+                StatusCode::FORBIDDEN,
+                "Forbidden",
+                format!(
+                    "this credential is for agent {agent}, not {named}",
+                    named = quoted(&named)
+                ),
+            ));
+        }
+        Ok((agent, rest))
     }
 
     /// Counts the answer `r` to a request of `kind` for `agent`, with the failure it stands for.
@@ -516,6 +574,115 @@ pub fn serve(
         tasks,
         shutdown,
     );
+}
+
+// The admission of a request: its agent's link, and the agent's and tenant's permits.
+impl ResourceProxy {
+    /// The agent's current link, if it is connected and serves the proxy.
+    pub(crate) fn link(&self, agent: &AgentName) -> Option<Arc<AgentLink>> {
+        self.parts
+            .sessions
+            .agent(agent)
+            .and_then(|s| s.link())
+            .filter(|l| l.has(argocd_agent_domain::proxy::CAPABILITY))
+    }
+
+    pub(super) fn permit(&self, agent: &AgentName) -> Option<OwnedSemaphorePermit> {
+        let sem = self
+            .limits
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(agent.clone())
+            .or_insert_with(|| Arc::new(Semaphore::new(self.parts.config.max_in_flight_per_agent)))
+            .clone();
+        sem.try_acquire_owned().ok()
+    }
+
+    /// Admits a request for `agent`: connected, serving the proxy, under its limit.
+    pub(crate) fn admit(&self, agent: &AgentName) -> Result<Admitted, Response<Body>> {
+        let link = self.link(agent).ok_or_else(|| offline(agent))?;
+        let tenant = self.tenant_permit(agent)?;
+        let permit = self.permit(agent).ok_or_else(|| {
+            status(
+                StatusCode::TOO_MANY_REQUESTS,
+                "TooManyRequests",
+                format!(
+                    "agent {agent} already has {} proxied requests in flight",
+                    self.parts.config.max_in_flight_per_agent
+                ),
+            )
+        })?;
+        Ok(Admitted {
+            agent: agent.clone(),
+            link,
+            permit: Permit {
+                _agent: permit,
+                _tenant: tenant,
+            },
+        })
+    }
+
+    /// One of the agent's tenant's `proxyRequestsInFlight` (none for an agent of no
+    /// tenant); over the quota, 429 `TenantProxyQuota`, counted and logged.
+    fn tenant_permit(
+        &self,
+        agent: &AgentName,
+    ) -> Result<Option<crate::tenant_limits::ProxyPermit>, Response<Body>> {
+        let tenant = self
+            .parts
+            .sessions
+            .agent(agent)
+            .and_then(|s| s.identity().tenant);
+        self.parts
+            .sessions
+            .tenancy
+            .proxy_permit(tenant.as_ref())
+            .map_err(|refusal| {
+                tracing::warn!(agent = %agent, tenant = %text::or_dash(tenant.as_ref()),
+                    "resource proxy request refused: {refusal}");
+                with_error(
+                    status(
+                        StatusCode::TOO_MANY_REQUESTS,
+                        crate::tenant_limits::TENANT_PROXY_QUOTA,
+                        refusal.to_string(),
+                    ),
+                    crate::tenant_limits::TENANT_PROXY_QUOTA,
+                )
+            })
+    }
+
+    /// Refuses a token issued under a tenant once its agent (as this replica last saw it)
+    /// belongs to another tenant or to none.
+    pub(super) fn check_token_tenant(
+        &self,
+        agent: &AgentName,
+        claimed: Option<&argocd_agent_domain::TenantName>,
+    ) -> Result<(), Response<Body>> {
+        let Some(claimed) = claimed else {
+            return Ok(());
+        };
+        let Some(now) = self
+            .parts
+            .sessions
+            .agent(agent)
+            .map(|s| s.identity().tenant)
+        else {
+            return Ok(()); // not served here: the replica serving it checks
+        };
+        if now.as_ref() == Some(claimed) {
+            return Ok(());
+        }
+        self.parts.metrics.auth_failed("WrongAgent");
+        tracing::warn!(agent = %agent, token_tenant = %claimed, tenant = %text::or_dash(now.as_ref()),
+            "resource proxy request refused: the token was issued under another tenant");
+        Err(status(
+            StatusCode::FORBIDDEN,
+            "Forbidden",
+            format!(
+                "this credential was issued for agent {agent} of tenant {claimed}; the agent no longer belongs to it"
+            ),
+        ))
+    }
 }
 
 #[cfg(test)]
