@@ -222,8 +222,8 @@ impl SpokeWatches {
                 argocd_agent_kubernetes::watch(client.clone(), Kind::from(kind), kind_scope);
             config_kinds.push(config_objects::ConfigKind {
                 kind,
-                resources: Resources::new(client.clone(), Kind::from(kind)),
-                cache: kind_cache,
+                resources: Arc::new(Resources::new(client.clone(), Kind::from(kind))),
+                cache: Arc::new(kind_cache),
             });
             config_changes.push((kind, kind_stream.boxed()));
         }

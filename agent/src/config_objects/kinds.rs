@@ -6,21 +6,23 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use argocd_agent_domain::{AgentMode, ResourceKind};
-use argocd_agent_kubernetes::{Cache, Resources};
+use argocd_agent_kubernetes::{ObjectStore, ObjectView};
 use serde_json::Value;
 
 /// Label selector of the repository Secrets the agent watches.
 pub const REPOSITORY_SELECTOR: &str = "argocd.argoproj.io/secret-type in (repository,repo-creds)";
 
-/// One kind of configuration object: how to write it and its watched cache.
+/// One kind of configuration object: how to write it and what a watch has seen of it,
+/// through the backend traits (kube-rs's `Resources` and `Cache` in the binary, memory in
+/// unit tests).
 pub struct ConfigKind {
     /// Which kind (AppProject, Repository, GPG keys).
     pub kind: ResourceKind,
     /// Writes objects of the kind in the spoke's namespace.
-    pub resources: Resources,
+    pub resources: Arc<dyn ObjectStore>,
     /// The watched objects of the kind (repositories: only those of
     /// [`REPOSITORY_SELECTOR`]).
-    pub cache: Cache,
+    pub cache: Arc<dyn ObjectView>,
 }
 
 /// An object by kind and name.

@@ -202,7 +202,7 @@ impl Spoke {
         let previous = lock(&self.config.desired).insert(key.clone(), obj.clone());
         if let Some(k) = self.config.get(resource.kind) {
             let local = k.cache.get(Some(self.namespace.as_str()), &resource.name);
-            if let Err(e) = self.prepare_write(&k.resources, local, &obj).await {
+            if let Err(e) = self.prepare_write(k.resources.as_ref(), local, &obj).await {
                 restore(&mut lock(&self.config.desired), key, previous);
                 return Err(e);
             }
