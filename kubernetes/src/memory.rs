@@ -38,6 +38,8 @@ type Key = (String, String);
 /// One watch of a [`MemoryStore`].
 struct Watcher {
     namespaces: Namespaces,
+    /// The scope's label selector (empty: every object).
+    selector: String,
     feed: Feed,
     tx: mpsc::UnboundedSender<Change>,
 }
@@ -49,6 +51,10 @@ impl Watcher {
             Namespaces::One(ns) => ns == namespace,
             Namespaces::Set(set) => set.iter().any(|ns| ns == namespace),
         }
+    }
+
+    fn selects(&self, obj: &DynamicObject) -> bool {
+        selector_matches(&self.selector, obj.metadata.labels.as_ref())
     }
 }
 
@@ -68,7 +74,9 @@ impl State {
             if !w.covers(&ns) && !ns.is_empty() {
                 return true;
             }
-            let change = if deleted {
+            // An object that leaves the selector is gone from the watch, as the API server's
+            // watch of a label selector has it.
+            let change = if deleted || !w.selects(obj) {
                 w.feed.deleted(obj.clone())
             } else {
                 w.feed.applied(obj.clone())
@@ -92,6 +100,81 @@ impl std::fmt::Debug for MemoryStore {
             .field("kind", &self.kind)
             .finish()
     }
+}
+
+/// A Secret's `stringData` merged into its `data` (base64) on write, as the API server does:
+/// `stringData` is write-only and wins over `data` for the same key.
+fn merge_string_data(kind: Kind, obj: &mut DynamicObject) {
+    if kind != Kind::Secret {
+        return;
+    }
+    let Some(m) = obj.data.as_object_mut() else {
+        return;
+    };
+    let Some(Value::Object(string_data)) = m.remove("stringData") else {
+        return;
+    };
+    if !m.get("data").is_some_and(Value::is_object) {
+        m.insert("data".into(), Value::Object(Default::default()));
+    }
+    if let Some(Value::Object(data)) = m.get_mut("data") {
+        for (k, v) in string_data {
+            let bytes = k8s_openapi::ByteString(v.as_str().unwrap_or_default().as_bytes().to_vec());
+            if let Ok(encoded) = serde_json::to_value(bytes) {
+                data.insert(k, encoded);
+            }
+        }
+    }
+}
+
+/// Whether `labels` match a label selector (Kubernetes' syntax, comma-separated terms:
+/// `k=v`, `k==v`, `k!=v`, `k`, `!k`, `k in (a,b)`, `k notin (a,b)`); the empty selector
+/// matches everything, a term it cannot read matches nothing.
+fn selector_matches(selector: &str, labels: Option<&BTreeMap<String, String>>) -> bool {
+    let empty = BTreeMap::new();
+    let labels = labels.unwrap_or(&empty);
+    let mut terms = Vec::new();
+    let (mut depth, mut start) = (0usize, 0usize);
+    for (i, c) in selector.char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth = depth.saturating_sub(1),
+            ',' if depth == 0 => {
+                terms.push(&selector[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    terms.push(&selector[start..]);
+    terms
+        .into_iter()
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .all(|t| term_matches(t, labels))
+}
+
+fn term_matches(term: &str, labels: &BTreeMap<String, String>) -> bool {
+    let set = |rest: &str| -> Option<Vec<String>> {
+        let inner = rest.trim().strip_prefix('(')?.strip_suffix(')')?;
+        Some(inner.split(',').map(|v| v.trim().to_owned()).collect())
+    };
+    if let Some(key) = term.strip_prefix('!') {
+        return !labels.contains_key(key.trim());
+    }
+    if let Some((key, rest)) = term.split_once(" notin ") {
+        return set(rest).is_some_and(|vs| labels.get(key.trim()).is_none_or(|v| !vs.contains(v)));
+    }
+    if let Some((key, rest)) = term.split_once(" in ") {
+        return set(rest).is_some_and(|vs| labels.get(key.trim()).is_some_and(|v| vs.contains(v)));
+    }
+    if let Some((key, value)) = term.split_once("!=") {
+        return labels.get(key.trim()).is_none_or(|v| v != value.trim());
+    }
+    if let Some((key, value)) = term.split_once("==").or_else(|| term.split_once('=')) {
+        return labels.get(key.trim()).is_some_and(|v| v == value.trim());
+    }
+    labels.contains_key(term)
 }
 
 /// Whether `kind` has a `/status` subresource (the main resource's writes keep `.status`).
@@ -203,12 +286,14 @@ impl MemoryStore {
             } else {
                 Namespaces::All
             },
+            selector: scope.label_selector.clone().unwrap_or_default(),
             feed: feed.clone(),
             tx,
         };
         let mut state = self.lock();
         for obj in state.objects.values() {
             if watcher.covers(obj.metadata.namespace.as_deref().unwrap_or_default())
+                && watcher.selects(obj)
                 && let Some(change) = feed.applied(obj.clone())
             {
                 let _ = watcher.tx.send(change);
@@ -388,14 +473,16 @@ impl ObjectStore for MemoryStore {
     async fn list(
         &self,
         namespace: Option<&str>,
-        _scope: &Scope,
+        scope: &Scope,
     ) -> Result<Vec<DynamicObject>, Error> {
+        let selector = scope.label_selector.as_deref().unwrap_or("");
         Ok(self
             .lock()
             .objects
             .values()
             .filter(|o| namespace.is_none_or(|ns| o.metadata.namespace.as_deref() == Some(ns)))
             .filter(|o| !is_sync_ignored(o))
+            .filter(|o| selector_matches(selector, o.metadata.labels.as_ref()))
             .cloned()
             .collect())
     }
@@ -417,6 +504,7 @@ impl ObjectStore for MemoryStore {
         {
             m.remove("status");
         }
+        merge_string_data(self.kind, &mut obj);
         Ok(self.insert_new(&mut state, key, obj))
     }
 
@@ -438,7 +526,9 @@ impl ObjectStore for MemoryStore {
         {
             return Err(self.conflict(namespace, name));
         }
-        Ok(self.commit(&mut state, &old, obj.clone(), false))
+        let mut obj = obj.clone();
+        merge_string_data(self.kind, &mut obj);
+        Ok(self.commit(&mut state, &old, obj, false))
     }
 
     async fn replace_status(
@@ -688,5 +778,78 @@ mod tests {
             store.get(Some("x"), "edge-1").await.is_err(),
             "cluster-scoped"
         );
+    }
+}
+
+#[cfg(test)]
+mod selector_and_secret_tests {
+    use super::*;
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn label_selectors_match_as_the_api_server_reads_them() {
+        let l = labels(&[("team", "a"), ("tier", "web")]);
+        for (selector, want) in [
+            ("", true),
+            ("team=a", true),
+            ("team==a", true),
+            ("team=b", false),
+            ("team!=b", true),
+            ("team!=a", false),
+            ("owner!=x", true),
+            ("team", true),
+            ("owner", false),
+            ("!owner", true),
+            ("!team", false),
+            ("team in (a,b)", true),
+            ("team in (b, c)", false),
+            ("team notin (b,c)", true),
+            ("owner notin (b)", true),
+            ("team=a,tier in (web,api)", true),
+            ("team=a,tier=db", false),
+            ("team in (a", false),
+        ] {
+            assert_eq!(selector_matches(selector, Some(&l)), want, "{selector}");
+        }
+        assert!(!selector_matches("team", None));
+        assert!(selector_matches("!team", None));
+    }
+
+    fn secret(name: &str, label: &str) -> DynamicObject {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": name, "namespace": "argocd", "labels": {"agent": label}},
+            "data": {"keep": "a2VlcA=="},
+            "stringData": {"token": "t0"},
+        }))
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn secrets_keep_string_data_as_data_and_lists_and_watches_follow_the_selector() {
+        let store = MemoryStore::new(Kind::Secret);
+        let scope = Scope::namespace("argocd").with_label_selector("agent=a");
+        let (cache, _changes) = store.watch(scope.clone());
+        let created = store.create(&secret("one", "a")).await.unwrap();
+        assert!(created.data.get("stringData").is_none());
+        assert_eq!(created.data["data"]["token"], "dDA=", "base64 of t0");
+        assert_eq!(created.data["data"]["keep"], "a2VlcA==");
+        store.create(&secret("two", "b")).await.unwrap();
+        let listed = store.list(Some("argocd"), &scope).await.unwrap();
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0].metadata.name.as_deref(), Some("one"));
+        assert!(cache.get(Some("argocd"), "one").is_some());
+        assert!(cache.get(Some("argocd"), "two").is_none());
+        // Relabelled out of the selector: gone from the watch.
+        let mut moved = store.get(Some("argocd"), "one").await.unwrap().unwrap();
+        moved.metadata.labels = Some(labels(&[("agent", "c")]));
+        store.replace(&moved).await.unwrap();
+        assert!(cache.get(Some("argocd"), "one").is_none());
     }
 }

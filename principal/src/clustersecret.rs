@@ -18,9 +18,10 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use argocd_agent_domain::{AgentName, TenantName};
+use argocd_agent_kubernetes::{Error, Kind, ObjectRef, ObjectStore, Scope};
 use base64::Engine as _;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, ListParams, ObjectMeta, PostParams};
+use kube::api::{DynamicObject, ObjectMeta};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -69,7 +70,10 @@ pub enum Ensured {
 
 /// Keeps agents' cluster secrets.
 pub struct ClusterSecrets {
-    api: Api<Secret>,
+    /// The hub's Secrets (kube-rs in the binary, memory in tests).
+    store: Arc<dyn ObjectStore>,
+    /// The Argo CD namespace the secrets live in.
+    namespace: String,
     keys: Arc<ProxyKeys>,
     config: ResourceProxyConfig,
     ca_pem: watch::Receiver<String>,
@@ -115,10 +119,11 @@ fn field(s: &Secret, key: &str) -> Option<String> {
 }
 
 impl ClusterSecrets {
-    /// Keeps cluster secrets in `namespace` (the Argo CD namespace), with tokens minted by
-    /// `keys` for the proxy `config` describes and the CA data following `ca_pem`.
+    /// Keeps cluster secrets in `namespace` (the Argo CD namespace) through `store` (a
+    /// store of Secrets), with tokens minted by `keys` for the proxy `config` describes and
+    /// the CA data following `ca_pem`.
     pub fn new(
-        client: kube::Client,
+        store: Arc<dyn ObjectStore>,
         namespace: &str,
         keys: Arc<ProxyKeys>,
         config: ResourceProxyConfig,
@@ -126,7 +131,8 @@ impl ClusterSecrets {
         partition: Arc<crate::partition::Partition>,
     ) -> Arc<Self> {
         Arc::new(ClusterSecrets {
-            api: Api::namespaced(client, namespace),
+            store,
+            namespace: namespace.to_owned(),
             keys,
             config,
             ca_pem,
@@ -180,6 +186,7 @@ impl ClusterSecrets {
         Secret {
             metadata: ObjectMeta {
                 name: Some(secret_name(agent)),
+                namespace: Some(self.namespace.clone()),
                 labels: Some(labels),
                 annotations: Some(BTreeMap::from([
                     (MANAGED_BY_ANNOTATION.into(), MANAGED_BY.into()),
@@ -236,28 +243,22 @@ impl ClusterSecrets {
     }
 
     /// Creates or renews `agent`'s cluster secret; leaves someone else's alone.
-    pub async fn ensure(&self, agent: &AgentName) -> Result<Ensured, kube::Error> {
+    pub async fn ensure(&self, agent: &AgentName) -> Result<Ensured, Error> {
         let now = SystemTime::now();
         let labelled = self
-            .api
-            .list(&ListParams::default().labels(&format!("{AGENT_NAME_LABEL}={}", agent.as_str())))
+            .list(&format!("{AGENT_NAME_LABEL}={}", agent.as_str()))
             .await?;
-        if labelled.items.iter().any(|s| !is_ours(s)) {
+        if labelled.iter().any(|s| !is_ours(s)) {
             return Ok(Ensured::LeftAlone);
         }
         let name = secret_name(agent);
-        match self.api.get_opt(&name).await? {
+        let found = self.store.get(Some(&self.namespace), &name).await?;
+        match found.map(secret_of).transpose()? {
             None => {
-                match self
-                    .api
-                    .create(
-                        &PostParams::default(),
-                        &self.desired(agent, self.tenant(agent).flatten().as_deref(), now),
-                    )
-                    .await
-                {
+                let desired = self.desired(agent, self.tenant(agent).flatten().as_deref(), now);
+                match self.store.create(&object_of(&desired)?).await {
                     Ok(_) => Ok(Ensured::Created),
-                    Err(kube::Error::Api(s)) if s.code == 409 => Ok(Ensured::Current),
+                    Err(Error::AlreadyExists { .. }) => Ok(Ensured::Current),
                     Err(e) => Err(e),
                 }
             }
@@ -272,7 +273,7 @@ impl ClusterSecrets {
         s: &Secret,
         agent: &AgentName,
         now: SystemTime,
-    ) -> Result<Ensured, kube::Error> {
+    ) -> Result<Ensured, Error> {
         if !self.stale(s, agent, now) {
             return Ok(Ensured::Current);
         }
@@ -282,10 +283,19 @@ impl ClusterSecrets {
         next.metadata.resource_version = s.metadata.resource_version.clone();
         // stringData replaces the three keys; anything else stored stays.
         next.data = s.data.clone();
-        self.api
-            .replace(&secret_name(agent), &PostParams::default(), &next)
-            .await?;
+        self.store.replace(&object_of(&next)?).await?;
         Ok(Ensured::Renewed)
+    }
+
+    /// Our namespace's Secrets matching the label `selector`.
+    async fn list(&self, selector: &str) -> Result<Vec<Secret>, Error> {
+        let scope = Scope::namespace(self.namespace.clone()).with_label_selector(selector);
+        self.store
+            .list(Some(&self.namespace), &scope)
+            .await?
+            .into_iter()
+            .map(secret_of)
+            .collect()
     }
 
     fn known(
@@ -328,9 +338,8 @@ impl ClusterSecrets {
         // Only this partition's secrets: another principal's agents are its to renew.
         let ours = format!("{SECRET_TYPE_LABEL}=cluster,{AGENT_NAME_LABEL}");
         let selector = self.partition.selector_with(Some(&ours)).unwrap_or(ours);
-        let list = ListParams::default().labels(&selector);
-        let secrets = match self.api.list(&list).await {
-            Ok(l) => l.items,
+        let secrets = match self.list(&selector).await {
+            Ok(l) => l,
             Err(e) => {
                 tracing::warn!(error = %e, "cluster secrets: list failed");
                 return;
@@ -358,7 +367,41 @@ impl ClusterSecrets {
     }
 }
 
-fn log_outcome(agent: &AgentName, outcome: Result<Ensured, kube::Error>) {
+/// A stored object as the Secret it is (a store of Secrets gives nothing else).
+fn secret_of(o: DynamicObject) -> Result<Secret, Error> {
+    let at = ObjectRef::new(
+        Kind::Secret,
+        o.metadata.namespace.as_deref(),
+        &o.metadata.name.clone().unwrap_or_default(),
+    );
+    serde_json::to_value(o)
+        .and_then(serde_json::from_value)
+        .map_err(|e| Error::Invalid {
+            object: at,
+            message: format!("not a Secret: {e}"),
+        })
+}
+
+/// A Secret as the store writes it.
+fn object_of(s: &Secret) -> Result<DynamicObject, Error> {
+    let at = ObjectRef::new(
+        Kind::Secret,
+        s.metadata.namespace.as_deref(),
+        &s.metadata.name.clone().unwrap_or_default(),
+    );
+    let mut v = serde_json::to_value(s).map_err(|e| Error::InvalidRequest {
+        object: at.clone(),
+        reason: e.to_string(),
+    })?;
+    v["apiVersion"] = "v1".into();
+    v["kind"] = "Secret".into();
+    serde_json::from_value(v).map_err(|e| Error::InvalidRequest {
+        object: at,
+        reason: e.to_string(),
+    })
+}
+
+fn log_outcome(agent: &AgentName, outcome: Result<Ensured, Error>) {
     match outcome {
         Ok(Ensured::Created) => {
             tracing::info!(agent = %agent, secret = %secret_name(agent), "cluster secret created")
@@ -378,5 +421,78 @@ impl crate::hooks::SessionObserver for ClusterSecrets {
     fn connected(self: Arc<Self>, agent: &AgentName, tasks: &tokio_util::task::TaskTracker) {
         let agent = agent.clone();
         tasks.spawn(async move { self.ensure_logged(&agent).await });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The keeper against the in-memory Secret store: no API server.
+    use super::*;
+    use argocd_agent_kubernetes::memory::MemoryStore;
+
+    fn keeper(store: &MemoryStore) -> (Arc<ClusterSecrets>, watch::Sender<String>, Arc<ProxyKeys>) {
+        let (keys, _) = ProxyKeys::generate().unwrap();
+        let keys = Arc::new(keys);
+        let config = ResourceProxyConfig::new(
+            "127.0.0.1:9090".parse().unwrap(),
+            "https://proxy.argocd.svc:9090".into(),
+        );
+        let (ca_tx, ca_rx) = watch::channel("CA one".to_owned());
+        let secrets = ClusterSecrets::new(
+            Arc::new(store.clone()),
+            "argocd",
+            keys.clone(),
+            config,
+            ca_rx,
+            Arc::new(crate::partition::Partition::whole_hub()),
+        );
+        (secrets, ca_tx, keys)
+    }
+
+    fn stored(store: &MemoryStore, name: &str) -> Secret {
+        secret_of(store.object(Some("argocd"), name).expect("the secret")).unwrap()
+    }
+
+    fn config_of(s: &Secret) -> serde_json::Value {
+        serde_json::from_slice(&s.data.as_ref().unwrap()["config"].0).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_secret_is_created_once_renewed_when_the_ca_changes_and_others_are_left_alone() {
+        let store = MemoryStore::new(Kind::Secret);
+        let (secrets, ca_tx, keys) = keeper(&store);
+        let agent = AgentName::new("edge-1").unwrap();
+        assert_eq!(secrets.ensure(&agent).await.unwrap(), Ensured::Created);
+        let s = stored(&store, "cluster-edge-1");
+        assert_eq!(
+            s.metadata.labels.as_ref().unwrap()[AGENT_NAME_LABEL],
+            "edge-1"
+        );
+        let c = config_of(&s);
+        let token = c["bearerToken"].as_str().unwrap();
+        assert_eq!(keys.verify(token, SystemTime::now()).unwrap(), agent);
+        assert_eq!(secrets.ensure(&agent).await.unwrap(), Ensured::Current);
+
+        // Something else stored in the secret stays through a renewal.
+        let mut extra = store.object(Some("argocd"), "cluster-edge-1").unwrap();
+        extra.data["data"]["note"] = "a2VlcA==".into();
+        store.replace(&extra).await.unwrap();
+        ca_tx.send_replace("CA two".to_owned());
+        secrets.pass().await;
+        let s = stored(&store, "cluster-edge-1");
+        let ca = base64::engine::general_purpose::STANDARD
+            .decode(config_of(&s)["tlsClientConfig"]["caData"].as_str().unwrap())
+            .unwrap();
+        assert_eq!(ca, b"CA two");
+        assert_eq!(s.data.as_ref().unwrap()["note"].0, b"keep");
+
+        // Someone else's cluster secret for an agent, found by its label: left alone.
+        let theirs = AgentName::new("edge-2").unwrap();
+        let mut other = secrets.desired(&theirs, None, SystemTime::now());
+        other.metadata.name = Some("hand-made".into());
+        other.metadata.annotations = None;
+        store.create(&object_of(&other).unwrap()).await.unwrap();
+        assert_eq!(secrets.ensure(&theirs).await.unwrap(), Ensured::LeftAlone);
+        assert!(store.object(Some("argocd"), "cluster-edge-2").is_none());
     }
 }

@@ -711,7 +711,7 @@ fn start_cluster_secrets(
     ca_pem: tokio::sync::watch::Receiver<String>,
 ) -> Arc<clustersecret::ClusterSecrets> {
     let secrets = clustersecret::ClusterSecrets::new(
-        w.client.clone(),
+        Arc::new(Resources::new(w.client.clone(), Kind::Secret)),
         w.config.argocd_namespace.as_str(),
         keys,
         rp.clone(),

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use argocd_agent_domain::AgentName;
+use argocd_agent_kubernetes::{Kind, Resources};
 use argocd_agent_principal::clustersecret::{ClusterSecrets, Ensured};
 use argocd_agent_principal::partition::Partition;
 use argocd_agent_principal::resourceproxy::ResourceProxyConfig;
@@ -42,7 +43,7 @@ async fn cluster_secrets_are_created_renewed_and_others_left_alone() {
     config.token_ttl = Duration::from_secs(3);
     let (ca_tx, ca_rx) = tokio::sync::watch::channel(keys.ca_pem().to_owned());
     let secrets = ClusterSecrets::new(
-        client.clone(),
+        Arc::new(Resources::new(client.clone(), Kind::Secret)),
         "argocd",
         keys.clone(),
         config,
@@ -151,7 +152,7 @@ async fn partitioned_principals_keep_only_their_own_agents_secrets() {
         let (_, ca_rx) = tokio::sync::watch::channel(keys.ca_pem().to_owned());
         let partition = Partition::new(&[], Some(selector), "argocd", false).unwrap();
         ClusterSecrets::new(
-            client.clone(),
+            Arc::new(Resources::new(client.clone(), Kind::Secret)),
             "argocd",
             keys.clone(),
             config,
