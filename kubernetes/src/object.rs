@@ -786,3 +786,41 @@ mod content_tests {
         );
     }
 }
+
+/// A stored object as the typed object `K` it is (a store of one kind gives only that kind).
+pub fn typed<K: serde::de::DeserializeOwned>(
+    obj: DynamicObject,
+    kind: Kind,
+) -> Result<K, crate::Error> {
+    let at = crate::ObjectRef::new(
+        kind,
+        obj.metadata.namespace.as_deref(),
+        obj.metadata.name.as_deref().unwrap_or_default(),
+    );
+    serde_json::to_value(obj)
+        .and_then(serde_json::from_value)
+        .map_err(|e| crate::Error::Invalid {
+            object: at,
+            message: format!("not a {kind}: {e}"),
+        })
+}
+
+/// A typed object of `kind` as a store writes it.
+pub fn dynamic<K: serde::Serialize>(obj: &K, kind: Kind) -> Result<DynamicObject, crate::Error> {
+    let mut v = serde_json::to_value(obj).map_err(|e| crate::Error::InvalidRequest {
+        object: crate::ObjectRef::new(kind, None, ""),
+        reason: e.to_string(),
+    })?;
+    let ar = kind.api_resource();
+    v["apiVersion"] = ar.api_version.into();
+    v["kind"] = ar.kind.into();
+    let at = crate::ObjectRef::new(
+        kind,
+        v["metadata"]["namespace"].as_str(),
+        v["metadata"]["name"].as_str().unwrap_or_default(),
+    );
+    serde_json::from_value(v).map_err(|e| crate::Error::InvalidRequest {
+        object: at,
+        reason: e.to_string(),
+    })
+}

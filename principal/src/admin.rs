@@ -64,7 +64,7 @@ pub struct AdminContext {
     /// The rules in force: the tenants (scopes, `ListTenants`, blockable IDs).
     pub rules: Arc<LiveRules>,
     /// The hub's blocklist ConfigMap (`None`: `BlockIdentity` is unavailable).
-    pub blocklist: Option<kube::Api<k8s_openapi::api::core::v1::ConfigMap>>,
+    pub blocklist: Option<crate::blocklist::BlocklistStore>,
     /// Issues kubeconfigs once the resource proxy has started (unset: it is off).
     pub kubeconfigs: OnceLock<KubeconfigIssuer>,
 }

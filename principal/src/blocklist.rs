@@ -125,44 +125,64 @@ impl LiveBlocklist {
 pub enum EditError {
     /// Reading or writing it failed.
     #[error("{op} {CONFIGMAP}: {error}")]
-    Kube {
+    Store {
         /// `reading` or `writing`.
         op: &'static str,
-        /// The API's error (printed in the message, so not a `#[source]`).
-        error: kube::Error,
+        /// The store's error (printed in the message, so not a `#[source]`).
+        error: argocd_agent_kubernetes::Error,
     },
     /// Every attempt met a concurrent write.
     #[error("{CONFIGMAP} kept changing; try again")]
     Conflicts,
 }
 
+/// The hub's ConfigMaps where the blocklist lives: the store (kube-rs in the binary, memory
+/// in tests) and the Argo CD namespace.
+#[derive(Clone)]
+pub struct BlocklistStore {
+    /// A store of ConfigMaps.
+    pub configmaps: std::sync::Arc<dyn argocd_agent_kubernetes::ObjectStore>,
+    /// The namespace of [`CONFIGMAP`].
+    pub namespace: String,
+}
+
 /// Adds (`add`) or removes `entry` under data key `key` of the blocklist ConfigMap (made
 /// when missing); returns whether the list changed. Retries on conflict.
 pub async fn edit(
-    api: &kube::Api<k8s_openapi::api::core::v1::ConfigMap>,
+    store: &BlocklistStore,
     key: &str,
     entry: &str,
     add: bool,
 ) -> Result<bool, EditError> {
-    use k8s_openapi::api::core::v1::ConfigMap;
-    use kube::api::{ObjectMeta, PostParams};
+    use argocd_agent_kubernetes::Error;
+    let ns = Some(store.namespace.as_str());
     for _ in 0..5 {
-        let current = api
-            .get_opt(CONFIGMAP)
-            .await
-            .map_err(|error| EditError::Kube {
-                op: "reading",
-                error,
-            })?;
-        let mut cm = current.clone().unwrap_or_else(|| ConfigMap {
-            metadata: ObjectMeta {
-                name: Some(CONFIGMAP.into()),
-                ..Default::default()
-            },
-            ..Default::default()
+        let current =
+            store
+                .configmaps
+                .get(ns, CONFIGMAP)
+                .await
+                .map_err(|error| EditError::Store {
+                    op: "reading",
+                    error,
+                })?;
+        let mut cm = current.clone().unwrap_or_else(|| {
+            let mut cm = kube::api::DynamicObject::new(
+                CONFIGMAP,
+                &argocd_agent_kubernetes::Kind::ConfigMap.api_resource(),
+            );
+            cm.metadata.namespace = Some(store.namespace.clone());
+            cm
         });
-        let data = cm.data.get_or_insert_with(Default::default);
-        let mut lines: Vec<String> = entries(data.get(key).map_or("", String::as_str))
+        if !cm
+            .data
+            .get("data")
+            .is_some_and(serde_json::Value::is_object)
+        {
+            cm.data["data"] = serde_json::json!({});
+        }
+        let data = &mut cm.data["data"];
+        let mut lines: Vec<String> = entries(data.get(key).and_then(|v| v.as_str()).unwrap_or(""))
             .map(str::to_owned)
             .collect();
         let present = lines.iter().any(|l| l == entry);
@@ -171,19 +191,20 @@ pub async fn edit(
             (true, false) => lines.push(entry.to_owned()),
             (false, true) => lines.retain(|l| l != entry),
         }
-        data.insert(
-            key.to_owned(),
-            lines.iter().map(|l| format!("{l}\n")).collect(),
-        );
+        data[key] = lines
+            .iter()
+            .map(|l| format!("{l}\n"))
+            .collect::<String>()
+            .into();
         let written = match current {
-            None => api.create(&PostParams::default(), &cm).await,
-            Some(_) => api.replace(CONFIGMAP, &PostParams::default(), &cm).await,
+            None => store.configmaps.create(&cm).await,
+            Some(_) => store.configmaps.replace(&cm).await,
         };
         match written {
             Ok(_) => return Ok(true),
-            Err(kube::Error::Api(s)) if s.code == 409 => continue,
+            Err(Error::Conflict { .. } | Error::AlreadyExists { .. }) => continue,
             Err(error) => {
-                return Err(EditError::Kube {
+                return Err(EditError::Store {
                     op: "writing",
                     error,
                 });
@@ -262,5 +283,53 @@ mod tests {
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
         );
         assert_eq!(normalize_fingerprint("BA:78:16"), "ba7816");
+    }
+}
+
+#[cfg(test)]
+mod edit_tests {
+    //! The admin API's edits against the in-memory ConfigMap store.
+    use super::*;
+    use argocd_agent_identity::SpiffeId;
+    use argocd_agent_kubernetes::memory::MemoryStore;
+    use argocd_agent_kubernetes::{Kind, Scope};
+
+    #[tokio::test]
+    async fn edits_make_the_configmap_add_once_remove_and_the_watch_sees_the_list() {
+        let configmaps = MemoryStore::new(Kind::ConfigMap);
+        let (cache, _changes) = configmaps.watch(Scope::namespace("argocd"));
+        let store = BlocklistStore {
+            configmaps: std::sync::Arc::new(configmaps.clone()),
+            namespace: "argocd".into(),
+        };
+        let edge = "spiffe://example.org/ns/agents/sa/edge-7";
+        let client = ClientIdentity::Spiffe(SpiffeId::parse(edge).unwrap());
+        assert!(
+            edit(&store, "ids", edge, true).await.unwrap(),
+            "made and added"
+        );
+        assert!(
+            !edit(&store, "ids", edge, true).await.unwrap(),
+            "already there"
+        );
+        assert!(edit(&store, "fingerprints", "abcdef", true).await.unwrap());
+        let list = Blocklist::from_configmap(cache.get(Some("argocd"), CONFIGMAP).as_deref());
+        assert!(list.denies(&client, None).is_some());
+        assert!(
+            list.denies(
+                &ClientIdentity::Spiffe(SpiffeId::parse("spiffe://example.org/x").unwrap()),
+                Some("abcdef")
+            )
+            .is_some()
+        );
+        assert!(edit(&store, "ids", edge, false).await.unwrap(), "removed");
+        assert!(
+            !edit(&store, "ids", edge, false).await.unwrap(),
+            "nothing to remove"
+        );
+        let list = Blocklist::from_configmap(cache.get(Some("argocd"), CONFIGMAP).as_deref());
+        assert!(list.denies(&client, None).is_none());
+        let stored = configmaps.object(Some("argocd"), CONFIGMAP).unwrap();
+        assert_eq!(stored.data["data"]["fingerprints"], "abcdef\n");
     }
 }

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use argocd_agent_domain::{AgentName, TenantName};
-use argocd_agent_kubernetes::{Error, Kind, ObjectRef, ObjectStore, Scope};
+use argocd_agent_kubernetes::{Error, Kind, ObjectStore, Scope};
 use base64::Engine as _;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{DynamicObject, ObjectMeta};
@@ -367,38 +367,14 @@ impl ClusterSecrets {
     }
 }
 
-/// A stored object as the Secret it is (a store of Secrets gives nothing else).
+/// A stored object as the Secret it is.
 fn secret_of(o: DynamicObject) -> Result<Secret, Error> {
-    let at = ObjectRef::new(
-        Kind::Secret,
-        o.metadata.namespace.as_deref(),
-        &o.metadata.name.clone().unwrap_or_default(),
-    );
-    serde_json::to_value(o)
-        .and_then(serde_json::from_value)
-        .map_err(|e| Error::Invalid {
-            object: at,
-            message: format!("not a Secret: {e}"),
-        })
+    argocd_agent_kubernetes::object::typed(o, Kind::Secret)
 }
 
 /// A Secret as the store writes it.
 fn object_of(s: &Secret) -> Result<DynamicObject, Error> {
-    let at = ObjectRef::new(
-        Kind::Secret,
-        s.metadata.namespace.as_deref(),
-        &s.metadata.name.clone().unwrap_or_default(),
-    );
-    let mut v = serde_json::to_value(s).map_err(|e| Error::InvalidRequest {
-        object: at.clone(),
-        reason: e.to_string(),
-    })?;
-    v["apiVersion"] = "v1".into();
-    v["kind"] = "Secret".into();
-    serde_json::from_value(v).map_err(|e| Error::InvalidRequest {
-        object: at,
-        reason: e.to_string(),
-    })
+    argocd_agent_kubernetes::object::dynamic(s, Kind::Secret)
 }
 
 fn log_outcome(agent: &AgentName, outcome: Result<Ensured, Error>) {

@@ -355,7 +355,7 @@ pub async fn sample_queues(sessions: Arc<Sessions>, metrics: Metrics, shutdown: 
 pub(crate) async fn enforce_blocklist(
     sessions: Arc<Sessions>,
     metrics: Metrics,
-    configmaps: argocd_agent_kubernetes::Cache,
+    configmaps: Arc<dyn argocd_agent_kubernetes::ObjectView>,
     namespace: String,
     changed: Arc<Notify>,
     shutdown: CancellationToken,

@@ -147,10 +147,10 @@ impl Wiring {
         }
         let admin = Arc::new(admin::AdminContext {
             rules: rules.clone(),
-            blocklist: Some(kube::Api::namespaced(
-                client.clone(),
-                &config.argocd_namespace,
-            )),
+            blocklist: Some(blocklist::BlocklistStore {
+                configmaps: Arc::new(Resources::new(client.clone(), Kind::ConfigMap)),
+                namespace: config.argocd_namespace.clone(),
+            }),
             kubeconfigs: std::sync::OnceLock::new(),
         });
         Ok(Wiring {
@@ -379,7 +379,7 @@ impl Wiring {
         self.tasks.spawn(crate::sessions::enforce_blocklist(
             sessions.clone(),
             self.metrics.clone(),
-            watches.blocklist_cache,
+            Arc::new(watches.blocklist_cache),
             config.argocd_namespace.clone(),
             watches.blocklist_changed,
             self.shutdown.clone(),
@@ -637,9 +637,12 @@ async fn start_resource_proxy(
     let argocd_namespace = w.config.argocd_namespace.as_str();
     let proxy_err = |e: resourceproxy::credentials::KeyError| PrincipalError::Config(e.to_string());
     let keys = Arc::new(
-        resourceproxy::credentials::ProxyKeys::load_or_create(w.client.clone(), argocd_namespace)
-            .await
-            .map_err(proxy_err)?,
+        resourceproxy::credentials::ProxyKeys::load_or_create(
+            &Resources::new(w.client.clone(), Kind::Secret),
+            argocd_namespace,
+        )
+        .await
+        .map_err(proxy_err)?,
     );
     let listen_error = |source| PrincipalError::Listen {
         addr: rp.listen,

@@ -27,12 +27,12 @@ fn config_of(s: &Secret) -> Value {
 async fn cluster_secrets_are_created_renewed_and_others_left_alone() {
     let (server, client) = setup().await;
     let keys = Arc::new(
-        ProxyKeys::load_or_create(client.clone(), "argocd")
+        ProxyKeys::load_or_create(&Resources::new(client.clone(), Kind::Secret), "argocd")
             .await
             .unwrap(),
     );
     // The keys survive a restart: a second load reads the same Secret.
-    let again = ProxyKeys::load_or_create(client.clone(), "argocd")
+    let again = ProxyKeys::load_or_create(&Resources::new(client.clone(), Kind::Secret), "argocd")
         .await
         .unwrap();
     assert_eq!(again.ca_pem(), keys.ca_pem());
@@ -141,7 +141,7 @@ async fn cluster_secrets_are_created_renewed_and_others_left_alone() {
 async fn partitioned_principals_keep_only_their_own_agents_secrets() {
     let (server, client) = setup().await;
     let keys = Arc::new(
-        ProxyKeys::load_or_create(client.clone(), "argocd")
+        ProxyKeys::load_or_create(&Resources::new(client.clone(), Kind::Secret), "argocd")
             .await
             .unwrap(),
     );

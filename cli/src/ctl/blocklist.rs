@@ -110,7 +110,7 @@ impl EntryArgs {
         let changed = if self.via_principal() {
             edit_via_principal(self, key, &entry, add).await?
         } else {
-            edit(&api(&self.hub).await?, key, &entry, add).await?
+            edit(&store(&self.hub).await?, key, &entry, add).await?
         };
         Ok((key, entry, changed))
     }
@@ -149,14 +149,28 @@ async fn api(h: &HubArgs) -> Result<Api<ConfigMap>, crate::ctl::error::HubClient
     Ok(Api::namespaced(h.client().await?, &h.namespace))
 }
 
+/// The hub's ConfigMaps in the Argo CD namespace, as the principal edits them.
+async fn store(
+    h: &HubArgs,
+) -> Result<argocd_agent_principal::blocklist::BlocklistStore, crate::ctl::error::HubClientError> {
+    let configmaps = argocd_agent_kubernetes::Resources::new(
+        h.client().await?,
+        argocd_agent_kubernetes::Kind::ConfigMap,
+    );
+    Ok(argocd_agent_principal::blocklist::BlocklistStore {
+        configmaps: std::sync::Arc::new(configmaps),
+        namespace: h.namespace.clone(),
+    })
+}
+
 /// Adds (`add`) or removes an entry in the ConfigMap; returns whether the list changed.
 async fn edit(
-    api: &Api<ConfigMap>,
+    store: &argocd_agent_principal::blocklist::BlocklistStore,
     key: &str,
     entry: &str,
     add: bool,
 ) -> Result<bool, crate::BoxError> {
-    Ok(argocd_agent_principal::blocklist::edit(api, key, entry, add).await?)
+    Ok(argocd_agent_principal::blocklist::edit(store, key, entry, add).await?)
 }
 
 /// Runs a `blocklist` subcommand.

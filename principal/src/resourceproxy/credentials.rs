@@ -14,11 +14,12 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use argocd_agent_domain::{AgentName, TenantName};
+use argocd_agent_kubernetes::ObjectStore;
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, ObjectMeta, PostParams};
+use kube::api::ObjectMeta;
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     KeyUsagePurpose, PKCS_ECDSA_P256_SHA256, SanType,
@@ -63,7 +64,7 @@ pub enum KeyError {
     Invalid(String),
     /// Reading or creating the hub Secret [`SECRET_NAME`] failed.
     #[error("resource proxy keys: hub Secret {SECRET_NAME}: {0}")]
-    Kube(#[from] kube::Error),
+    Store(#[from] argocd_agent_kubernetes::Error),
 }
 
 #[derive(Serialize, Deserialize)]
@@ -198,16 +199,21 @@ impl ProxyKeys {
 
     /// Reads the keys from the hub Secret, creating it when absent (a concurrent creator
     /// wins and its keys are read).
-    pub async fn load_or_create(client: kube::Client, namespace: &str) -> Result<Self, KeyError> {
-        let api: Api<Secret> = Api::namespaced(client, namespace);
+    pub async fn load_or_create(
+        secrets: &dyn ObjectStore,
+        namespace: &str,
+    ) -> Result<Self, KeyError> {
+        use argocd_agent_kubernetes::{Error, Kind, object};
         for _ in 0..3 {
-            if let Some(secret) = api.get_opt(SECRET_NAME).await? {
+            if let Some(found) = secrets.get(Some(namespace), SECRET_NAME).await? {
+                let secret: Secret = object::typed(found, Kind::Secret)?;
                 return Self::from_data(&secret.data.unwrap_or_default());
             }
             let (keys, data) = Self::generate()?;
             let secret = Secret {
                 metadata: ObjectMeta {
                     name: Some(SECRET_NAME.into()),
+                    namespace: Some(namespace.into()),
                     labels: Some(BTreeMap::from([(
                         "app.kubernetes.io/part-of".into(),
                         "argocd-agent".into(),
@@ -217,7 +223,10 @@ impl ProxyKeys {
                 data: Some(data),
                 ..Secret::default()
             };
-            match api.create(&PostParams::default(), &secret).await {
+            match secrets
+                .create(&object::dynamic(&secret, Kind::Secret)?)
+                .await
+            {
                 Ok(_) => {
                     tracing::info!(
                         namespace,
@@ -226,7 +235,7 @@ impl ProxyKeys {
                     );
                     return Ok(keys);
                 }
-                Err(kube::Error::Api(s)) if s.code == 409 => continue,
+                Err(Error::AlreadyExists { .. }) => continue,
                 Err(e) => return Err(e.into()),
             }
         }
