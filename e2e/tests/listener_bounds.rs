@@ -274,21 +274,23 @@ async fn resource_proxy_and_agent_listener_keep_room_for_others_and_bound_held_b
     topo.finish(Ok(())).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn plaintext_agent_listener_times_out_silent_connections_and_shares_its_prefaces() {
-    let topo = Topology::start(TopologyOptions {
+/// The managed agent on the plaintext listener (JWT-SVID), the principal with `args` too.
+async fn jwt_topology(args: &[&str]) -> Topology {
+    let mut principal_args = vec!["--auth".to_owned(), "jwt-svid".to_owned()];
+    principal_args.extend(args.iter().map(|a| a.to_string()));
+    Topology::start(TopologyOptions {
         agents: Some(vec![MANAGED]),
-        principal_args: vec![
-            "--auth".into(),
-            "jwt-svid".into(),
-            "--max-handshakes-per-client".into(),
-            "4".into(),
-        ],
+        principal_args,
         agent_creds: Some("jwt-svid".into()),
         ..Default::default()
     })
     .await
-    .unwrap();
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plaintext_agent_listener_times_out_silent_connections_and_shares_its_prefaces() {
+    let topo = jwt_topology(&["--max-handshakes-per-client", "4"]).await;
     let port = topo.principal_addr.port();
     let mut silent = crowd("127.0.0.4", port, 6).await;
     let started = Instant::now();
@@ -432,19 +434,7 @@ async fn redis_proxy_logins_get_through_eight_addresses_of_idle_unauthenticated_
 /// next call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grpc_connection_left_without_a_stream_is_closed() {
-    let topo = Topology::start(TopologyOptions {
-        agents: Some(vec![MANAGED]),
-        principal_args: vec![
-            "--auth".into(),
-            "jwt-svid".into(),
-            "--max-connection-idle".into(),
-            "2s".into(),
-        ],
-        agent_creds: Some("jwt-svid".into()),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    let topo = jwt_topology(&["--max-connection-idle", "2s"]).await;
     topo.wait_connected(MANAGED, T).await.unwrap();
     let port = topo.principal_addr.port();
     // A client that speaks HTTP/2 (preface and SETTINGS) and opens no stream.
