@@ -853,3 +853,30 @@ mod selector_and_secret_tests {
         assert!(cache.get(Some("argocd"), "one").is_none());
     }
 }
+
+#[cfg(test)]
+mod cache_tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn caches_keep_no_managed_fields() {
+        let store = MemoryStore::new(Kind::Lease);
+        let (cache, _changes) = store.watch(Scope::namespace("argocd"));
+        let lease: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": "agent-a", "namespace": "argocd",
+                "managedFields": [{"manager": "principal", "operation": "Update",
+                    "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:holderIdentity": {}}}}]},
+            "spec": {"holderIdentity": "principal-0", "leaseDurationSeconds": 900},
+        }))
+        .unwrap();
+        let stored = store.create(&lease).await.unwrap();
+        assert!(
+            stored.metadata.managed_fields.is_some(),
+            "the store keeps them"
+        );
+        let cached = cache.get(Some("argocd"), "agent-a").unwrap();
+        assert!(cached.metadata.managed_fields.is_none());
+        assert_eq!(cached.data["spec"]["holderIdentity"], "principal-0");
+    }
+}

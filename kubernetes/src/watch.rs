@@ -275,6 +275,11 @@ impl Cache {
         {
             return None;
         }
+        // The API server's field-ownership records are never read from a cache and weigh as
+        // much as a small object (a Lease's are as large as the Lease): dropped, as
+        // client-go's informers are commonly told to.
+        let mut obj = obj;
+        obj.metadata.managed_fields = None;
         // Measured (and stubbed) outside the lock.
         let (obj, admitted) = self.admit(obj);
         let obj = Arc::new(obj);

@@ -893,6 +893,18 @@ impl Topology {
         }
         principal.start()?;
         wait_port(principal_addr).await?;
+        if opts.agents.as_ref().is_some_and(Vec::is_empty) {
+            // The test dials the principal itself: not before it takes agents (a principal
+            // closes connections before TLS until it is ready). Agents of the topology
+            // retry; a test that needs the principal unready starts agents or waits itself.
+            let port = metrics_ports["principal"];
+            let _ = eventually(
+                "the principal ready",
+                Duration::from_secs(30),
+                || async move { (http_status(port, "/readyz").await == Some(200)).then_some(()) },
+            )
+            .await;
+        }
 
         let proxy = if opts.with_proxy {
             Some(TcpProxy::start(principal_addr).await?)
