@@ -111,10 +111,18 @@ impl Floor {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let shutdown = tokio_util::sync::CancellationToken::new();
-        // Connections in their handshake stop with the floor.
-        let incoming = argocd_agent_identity::transport::tls_incoming(
+        // Connections in their handshake stop with the floor. Every simulated client dials
+        // from 127.0.0.1: one address may hold every handshake slot (the principal in the
+        // bench is started with the same allowance).
+        let options = argocd_agent_listener::IncomingOptions {
+            max_handshakes_per_client: argocd_agent_listener::DEFAULT_MAX_CONCURRENT_HANDSHAKES,
+            max_connections_per_client: argocd_agent_listener::DEFAULT_MAX_CONNECTIONS,
+            ..Default::default()
+        };
+        let incoming = argocd_agent_identity::transport::tls_incoming_with_options(
             listener,
             tls,
+            options,
             &tokio_util::task::TaskTracker::new(),
             shutdown.clone(),
         );
