@@ -415,10 +415,6 @@ async fn reconnect_loop(
         }
         spoke.metrics.connection(false);
         let redirected = redirected(&result);
-        let unreachable = matches!(
-            result,
-            Err(SessionError::Connect(_) | SessionError::Channel(_))
-        );
         if let Err(SessionError::Status(s)) = &result
             && matches!(
                 s.code(),
@@ -442,16 +438,8 @@ async fn reconnect_loop(
             }
         }
         // A replica that sends the agent elsewhere asks it to come back at once; so does
-        // a session that lasted. A principal that could not be reached is tried again
-        // within a few seconds.
-        let attempt = if redirected {
-            redial::Attempt::Redirected
-        } else if unreachable {
-            redial::Attempt::Unreachable
-        } else {
-            redial::Attempt::Session
-        };
-        let wait = backoff.after(started.elapsed(), attempt);
+        // a session that lasted.
+        let wait = backoff.after(started.elapsed(), redirected);
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(wait) => {}

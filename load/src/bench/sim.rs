@@ -28,7 +28,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
 use argocd_agent_agent::dialer::Dialer;
-use argocd_agent_agent::redial::{Attempt, Backoff};
+use argocd_agent_agent::redial::Backoff;
 use argocd_agent_testkit::harness::{HarnessError, PRINCIPAL_ID};
 
 /// SPIFFE ID of simulated agent `name` (mapped by [`super::env::BENCH_RULE`]).
@@ -466,25 +466,19 @@ async fn run(
         } else {
             (target + 1) % count()
         };
-        let attempt = match result {
+        match result {
             Ok(Ended::Kicked) => {
                 backoff.reset();
                 continue;
             }
             Ok(Ended::Dropped) => {
                 stats.dropped.fetch_add(1, Ordering::Relaxed);
-                Attempt::Session
-            }
-            Ok(Ended::Unreachable) => {
-                stats.failed_attempts.fetch_add(1, Ordering::Relaxed);
-                Attempt::Unreachable
             }
             Err(_) => {
                 stats.failed_attempts.fetch_add(1, Ordering::Relaxed);
-                Attempt::Session
             }
-        };
-        let wait = backoff.after(started.elapsed(), attempt);
+        }
+        let wait = backoff.after(started.elapsed(), false);
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(wait) => {}
@@ -496,8 +490,6 @@ async fn run(
 enum Ended {
     /// The stream or connection went away.
     Dropped,
-    /// No connection was made.
-    Unreachable,
     /// The run closed it on purpose ([`SimAgent::kick`]).
     Kicked,
 }
@@ -524,14 +516,10 @@ async fn session(
 ) -> Result<Ended, HarnessError> {
     // Dialed as the agent dials: its dialer over this agent's SVID.
     let principal = address.ok_or("no principal address")?.to_string();
-    // A dial that fails reached no principal (or one that is not ready): the agent's
-    // backoff keeps such retries short.
-    let Ok(channel) = Dialer::mtls(agent.tls())
+    let channel = Dialer::mtls(agent.tls())
         .connect(&principal, config.keepalive)
         .await
-    else {
-        return Ok(Ended::Unreachable);
-    };
+        .map_err(|e| argocd_agent_domain::error_chain(&e))?;
     // The agent's own client, with its compression settings.
     let mut client =
         argocd_agent_agent::connection::event_stream_client(channel, 16 << 20, config.compression);
