@@ -407,7 +407,11 @@ impl Wiring {
         )
         .await?;
         let leases = ha::Leases::start(
-            ha::LeaseBackend::kube(lease_client, &self.config.argocd_namespace, &hub.shared.sessions),
+            ha::LeaseBackend::kube(
+                lease_client,
+                &self.config.argocd_namespace,
+                &hub.shared.sessions,
+            ),
             &self.config.argocd_namespace,
             ha,
             hub.shared.sessions.clone(),
