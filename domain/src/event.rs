@@ -22,6 +22,7 @@ use argocd_agent_proto::eventstream::{
     ResourceResponse, ResyncState, TerminalRequest, Welcome,
 };
 use argocd_agent_proto::prost::Message;
+use bytes::Bytes;
 
 /// Prefix of every event type.
 pub const TYPE_PREFIX: &str = "io.argoproj.argocd-agent.event.";
@@ -270,6 +271,15 @@ pub enum Payload {
 pub trait JsonObject: fmt::Debug + Send + Sync {
     /// Appends the object's JSON (an object, `{...}`) to `out`.
     fn write_json(&self, out: &mut Vec<u8>);
+
+    /// The object's JSON as shared bytes, what the event's data becomes: by default
+    /// written afresh; an implementation that keeps them (the principal's watch cache
+    /// writes each version's once) hands out the same bytes to every event.
+    fn to_bytes(&self) -> Bytes {
+        let mut out = Vec::with_capacity(4096);
+        self.write_json(&mut out);
+        Bytes::from(out)
+    }
 }
 
 /// An outgoing object that is encoded only when its event is: a queued event then shares
@@ -285,11 +295,9 @@ impl LazyObject {
         LazyObject(Arc::new(object))
     }
 
-    /// The object's JSON.
-    pub fn to_json(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(4096);
-        self.0.write_json(&mut out);
-        out
+    /// The object's JSON ([`JsonObject::to_bytes`]).
+    pub fn to_json(&self) -> Bytes {
+        self.0.to_bytes()
     }
 }
 
@@ -464,9 +472,9 @@ impl Event {
                     ATTR_CONTENT_TYPE.into(),
                     attr(Attr::CeString("application/json".into())),
                 );
-                Some(Data::BinaryData(
+                Some(Data::BinaryData(Bytes::from(
                     serde_json::to_vec(v.as_ref()).unwrap_or_default(),
-                ))
+                )))
             }
             Payload::Lazy(o) => {
                 attributes.insert(
@@ -475,17 +483,17 @@ impl Event {
                 );
                 Some(Data::BinaryData(o.to_json()))
             }
-            Payload::Hello(h) => Some(Data::BinaryData(h.encode_to_vec())),
-            Payload::Welcome(w) => Some(Data::BinaryData(w.encode_to_vec())),
-            Payload::Error(e) => Some(Data::BinaryData(e.encode_to_vec())),
-            Payload::RedisRequest(r) => Some(Data::BinaryData(r.encode_to_vec())),
-            Payload::RedisResponse(r) => Some(Data::BinaryData(r.encode_to_vec())),
-            Payload::ClusterCacheInfo(c) => Some(Data::BinaryData(c.encode_to_vec())),
-            Payload::ResourceRequest(r) => Some(Data::BinaryData(r.encode_to_vec())),
-            Payload::ResourceResponse(r) => Some(Data::BinaryData(r.encode_to_vec())),
-            Payload::LogRequest(r) => Some(Data::BinaryData(r.encode_to_vec())),
-            Payload::TerminalRequest(r) => Some(Data::BinaryData(r.encode_to_vec())),
-            Payload::Resync(r) => Some(Data::BinaryData(r.encode_to_vec())),
+            Payload::Hello(h) => Some(Data::BinaryData(h.encode_to_vec().into())),
+            Payload::Welcome(w) => Some(Data::BinaryData(w.encode_to_vec().into())),
+            Payload::Error(e) => Some(Data::BinaryData(e.encode_to_vec().into())),
+            Payload::RedisRequest(r) => Some(Data::BinaryData(r.encode_to_vec().into())),
+            Payload::RedisResponse(r) => Some(Data::BinaryData(r.encode_to_vec().into())),
+            Payload::ClusterCacheInfo(c) => Some(Data::BinaryData(c.encode_to_vec().into())),
+            Payload::ResourceRequest(r) => Some(Data::BinaryData(r.encode_to_vec().into())),
+            Payload::ResourceResponse(r) => Some(Data::BinaryData(r.encode_to_vec().into())),
+            Payload::LogRequest(r) => Some(Data::BinaryData(r.encode_to_vec().into())),
+            Payload::TerminalRequest(r) => Some(Data::BinaryData(r.encode_to_vec().into())),
+            Payload::Resync(r) => Some(Data::BinaryData(r.encode_to_vec().into())),
         };
         if matches!(
             self.payload,
@@ -674,7 +682,7 @@ fn decode_payload(id: &str, ty: EventType, data: Option<Data>) -> Result<Payload
     let bytes = match data {
         None => None,
         Some(Data::BinaryData(b)) => Some(b),
-        Some(Data::TextData(t)) => Some(t.into_bytes()),
+        Some(Data::TextData(t)) => Some(Bytes::from(t.into_bytes())),
         Some(Data::ProtoData(_)) => return Err(bad("proto_data is not supported".into())),
     };
     let proto = bytes.as_deref().unwrap_or_default();
@@ -889,7 +897,10 @@ mod tests {
             Payload::Lazy(LazyObject::new(Written(text))),
         );
         let ce = e.to_cloud_event();
-        assert_eq!(ce.data, Some(Data::BinaryData(text.as_bytes().to_vec())));
+        assert_eq!(
+            ce.data,
+            Some(Data::BinaryData(Bytes::from_static(text.as_bytes())))
+        );
         let back = Event::from_cloud_event(ce).unwrap();
         assert_eq!(
             back.payload,
@@ -1068,12 +1079,12 @@ mod tests {
             Payload::Object(Arc::new(json!({}))),
         )
         .to_cloud_event();
-        ce.data = Some(Data::BinaryData(b"{not json".to_vec()));
+        ce.data = Some(Data::BinaryData(Bytes::from_static(b"{not json")));
         assert!(matches!(
             Event::from_cloud_event(ce.clone()),
             Err(EventError::Payload { .. })
         ));
-        ce.data = Some(Data::BinaryData(b"[1,2]".to_vec()));
+        ce.data = Some(Data::BinaryData(Bytes::from_static(b"[1,2]")));
         assert!(matches!(
             Event::from_cloud_event(ce.clone()),
             Err(EventError::Payload { .. })
