@@ -276,10 +276,39 @@ pub trait JsonObject: fmt::Debug + Send + Sync {
     /// written afresh; an implementation that keeps them (the principal's watch cache
     /// writes each version's once) hands out the same bytes to every event.
     fn to_bytes(&self) -> Bytes {
-        let mut out = Vec::with_capacity(4096);
-        self.write_json(&mut out);
-        Bytes::from(out)
+        json_bytes(|out| self.write_json(out))
     }
+}
+
+/// Largest buffer [`json_bytes`] keeps for its thread's next call.
+const KEPT_SCRATCH: usize = 256 * 1024;
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// What `write` writes, as bytes of exactly that length. It writes into a buffer this
+/// thread keeps (up to [`KEPT_SCRATCH`]), so an object's JSON is not written into a
+/// vector grown by doubling (each growth a new allocation, a copy, and fresh pages to
+/// fault in) but copied once into an allocation of its size.
+pub fn json_bytes(write: impl FnOnce(&mut Vec<u8>)) -> Bytes {
+    SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
+        Ok(mut buf) => {
+            buf.clear();
+            write(&mut buf);
+            let bytes = Bytes::copy_from_slice(&buf);
+            if buf.capacity() > KEPT_SCRATCH {
+                *buf = Vec::new();
+            }
+            bytes
+        }
+        // Called from inside `write` (an object writing another's JSON): its own buffer.
+        Err(_) => {
+            let mut out = Vec::new();
+            write(&mut out);
+            Bytes::from(out)
+        }
+    })
 }
 
 /// An outgoing object that is encoded only when its event is: a queued event then shares
@@ -472,9 +501,10 @@ impl Event {
                     ATTR_CONTENT_TYPE.into(),
                     attr(Attr::CeString("application/json".into())),
                 );
-                Some(Data::BinaryData(Bytes::from(
-                    serde_json::to_vec(v.as_ref()).unwrap_or_default(),
-                )))
+                Some(Data::BinaryData(json_bytes(|out| {
+                    // Writing a JSON value into a Vec cannot fail.
+                    let _ = serde_json::to_writer(out, v.as_ref());
+                })))
             }
             Payload::Lazy(o) => {
                 attributes.insert(
@@ -885,6 +915,25 @@ mod tests {
         fn write_json(&self, out: &mut Vec<u8>) {
             out.extend_from_slice(self.0.as_bytes());
         }
+    }
+
+    #[test]
+    fn json_bytes_are_exactly_what_was_written_even_when_nested() {
+        let b = json_bytes(|out| out.extend_from_slice(b"{\"a\":1}"));
+        assert_eq!(&b[..], b"{\"a\":1}");
+        assert_eq!(b.len(), 7);
+        // Called again from inside a writer: the inner call has its own buffer.
+        let outer = json_bytes(|out| {
+            let inner = json_bytes(|o| o.extend_from_slice(b"[2]"));
+            out.extend_from_slice(b"{\"x\":");
+            out.extend_from_slice(&inner);
+            out.push(b'}');
+        });
+        assert_eq!(&outer[..], b"{\"x\":[2]}");
+        // A larger one than the kept buffer, then a small one: both right.
+        let big = json_bytes(|out| out.resize(KEPT_SCRATCH + 10, b' '));
+        assert_eq!(big.len(), KEPT_SCRATCH + 10);
+        assert_eq!(&json_bytes(|out| out.push(b'1'))[..], b"1");
     }
 
     #[test]

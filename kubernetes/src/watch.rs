@@ -379,11 +379,7 @@ impl JsonObject for ManagedJson {
 
     fn to_bytes(&self) -> Bytes {
         self.memo
-            .get_or_init(|| {
-                let mut out = Vec::with_capacity(4096);
-                self.write_json(&mut out);
-                Bytes::from(out)
-            })
+            .get_or_init(|| argocd_agent_domain::event::json_bytes(|out| self.write_json(out)))
             .clone()
     }
 }
