@@ -426,6 +426,33 @@ pub fn write_stamped_without_status(obj: &DynamicObject, out: &mut Vec<u8>) {
     write_transfer(obj, Some("status"), out);
 }
 
+/// Whether [`write_stamped_without_status`] writes the same JSON for `a` and `b`: they
+/// differ at most in `.status` and in metadata the transfer drops (`resourceVersion`,
+/// `managedFields`, `generation`, ...). A status write on the hub makes such a version.
+pub fn same_without_status(a: &DynamicObject, b: &DynamicObject) -> bool {
+    let (ma, mb) = (&a.metadata, &b.metadata);
+    let meta = ma.name == mb.name
+        && ma.generate_name == mb.generate_name
+        && ma.namespace == mb.namespace
+        && ma.labels == mb.labels
+        && ma.annotations == mb.annotations
+        && ma.finalizers == mb.finalizers
+        && ma.uid == mb.uid;
+    let data = match (&a.data, &b.data) {
+        (Value::Object(x), Value::Object(y)) => {
+            let fields = |m: &serde_json::Map<String, Value>| {
+                m.len() - usize::from(m.contains_key("status"))
+            };
+            fields(x) == fields(y)
+                && x.iter()
+                    .filter(|(k, _)| *k != "status")
+                    .all(|(k, v)| y.get(k) == Some(v))
+        }
+        (x, y) => x == y,
+    };
+    a.types == b.types && meta && data
+}
+
 fn write_transfer(obj: &DynamicObject, skip: Option<&str>, out: &mut Vec<u8>) {
     /// Serializes as [`DynamicObject`] does (the same flattened fields), by reference.
     #[derive(serde::Serialize)]
@@ -638,6 +665,75 @@ mod tests {
                 hex(digest::digest(&digest::SHA256, &whole).as_ref()),
                 "{len}"
             );
+        }
+    }
+
+    #[test]
+    fn same_without_status_is_exactly_when_the_managed_form_is_the_same() {
+        let base = json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+            "metadata": {"name": "a", "namespace": "n", "uid": "u-1", "resourceVersion": "7",
+                "labels": {"l": "v"}, "annotations": {"k": "v"}},
+            "spec": {"project": "default"}, "status": {"sync": {"status": "Synced"}}});
+        let with = |f: &dyn Fn(&mut Value)| {
+            let mut v = base.clone();
+            f(&mut v);
+            app(v)
+        };
+        let a = app(base.clone());
+        let cases: [(&str, DynamicObject, bool); 8] = [
+            (
+                "status",
+                with(&|v| v["status"] = json!({"sync": {"status": "OutOfSync"}})),
+                true,
+            ),
+            (
+                "status gone",
+                with(&|v| {
+                    v.as_object_mut().unwrap().remove("status");
+                }),
+                true,
+            ),
+            (
+                "resourceVersion, generation",
+                with(&|v| {
+                    v["metadata"]["resourceVersion"] = json!("8");
+                    v["metadata"]["generation"] = json!(3);
+                }),
+                true,
+            ),
+            (
+                "spec",
+                with(&|v| v["spec"]["project"] = json!("other")),
+                false,
+            ),
+            (
+                "label",
+                with(&|v| v["metadata"]["labels"]["l"] = json!("w")),
+                false,
+            ),
+            (
+                "annotation",
+                with(&|v| v["metadata"]["annotations"]["x"] = json!("y")),
+                false,
+            ),
+            (
+                "uid (recreated)",
+                with(&|v| v["metadata"]["uid"] = json!("u-2")),
+                false,
+            ),
+            (
+                "operation",
+                with(&|v| v["operation"] = json!({"sync": {}})),
+                false,
+            ),
+        ];
+        for (what, b, same) in cases {
+            let (mut x, mut y) = (Vec::new(), Vec::new());
+            write_stamped_without_status(&a, &mut x);
+            write_stamped_without_status(&b, &mut y);
+            assert_eq!(x == y, same, "{what}: the written forms");
+            assert_eq!(same_without_status(&a, &b), same, "{what}");
+            assert_eq!(same_without_status(&b, &a), same, "{what}, the other way");
         }
     }
 

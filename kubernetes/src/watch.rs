@@ -76,7 +76,8 @@ struct Entry {
     /// [`crate::object::metadata_checksum`] of `obj`, once asked for.
     metadata_checksum: Arc<OnceLock<String>>,
     /// The JSON a managed copy receives of `obj`, once an event sending it was encoded
-    /// ([`Cache::managed_json`]).
+    /// ([`Cache::managed_json`]). These three are taken over by the next version when it
+    /// differs only in its status ([`Entry::inherit`]).
     managed_json: Arc<OnceLock<Bytes>>,
     /// The weight ([`crate::object::object_weight`]) of the object as listed or watched (of
     /// the whole object when `obj` is a stub), once asked for.
@@ -100,6 +101,36 @@ impl Entry {
             size: Arc::new(memo),
             stub: admitted.stub,
         }
+    }
+}
+
+impl Entry {
+    /// Whether anything was derived from this version yet.
+    fn has_derived(&self) -> bool {
+        self.spec_checksum.get().is_some()
+            || self.metadata_checksum.get().is_some()
+            || self.managed_json.get().is_some()
+    }
+
+    /// The object and what was derived from it, for its next version.
+    fn derived(&self) -> Entry {
+        Entry {
+            obj: self.obj.clone(),
+            spec_checksum: self.spec_checksum.clone(),
+            metadata_checksum: self.metadata_checksum.clone(),
+            managed_json: self.managed_json.clone(),
+            size: Arc::default(),
+            stub: self.stub,
+        }
+    }
+
+    /// Takes over what `previous` derived, for a version that differs from it only where
+    /// none of it looks ([`crate::object::same_without_status`]): the spec and metadata
+    /// checksums and the managed copy's JSON. The size is the new version's own.
+    fn inherit(&mut self, previous: Entry) {
+        self.spec_checksum = previous.spec_checksum;
+        self.metadata_checksum = previous.metadata_checksum;
+        self.managed_json = previous.managed_json;
     }
 }
 
@@ -206,8 +237,9 @@ impl Cache {
     /// ([`crate::object::write_stamped_without_status`]), for an event's payload: its JSON
     /// is written when the first event carrying it is encoded, then kept with this
     /// version in the cache and shared, without a copy, by every later event that sends
-    /// the same version (another agent's, a resend, the next resync), until the object
-    /// changes. An object this cache does not hold now is written afresh for each event.
+    /// it (another agent's, a resend, the next resync). Later versions that differ only in
+    /// their status (status writes) keep the same bytes; any other change starts afresh.
+    /// An object this cache does not hold now is written afresh for each event.
     pub fn managed_json(&self, obj: &Arc<DynamicObject>) -> LazyObject {
         let memo = self.memo(obj, |e| &e.managed_json).unwrap_or_default();
         LazyObject::new(ManagedJson {
@@ -315,7 +347,19 @@ impl Cache {
         // Measured (and stubbed) outside the lock.
         let (obj, admitted) = self.admit(obj);
         let obj = Arc::new(obj);
-        self.write().insert(key, Entry::new(obj.clone(), admitted));
+        let mut entry = Entry::new(obj.clone(), admitted);
+        let previous = self
+            .read()
+            .get(&key)
+            .filter(|e| !e.stub && !admitted.stub && e.has_derived())
+            .map(Entry::derived);
+        if let Some(previous) = previous
+            && crate::object::same_without_status(&previous.obj, &obj)
+        {
+            // A status write: what was derived from the spec and metadata still holds.
+            entry.inherit(previous);
+        }
+        self.write().insert(key, entry);
         Some(Change::Applied(obj))
     }
 

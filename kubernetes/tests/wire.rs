@@ -895,6 +895,51 @@ async fn cache_spec_checksum_is_per_version_and_equals_the_computed_one() {
     assert_eq!(cache.spec_checksum(&v5), sum5);
 }
 
+/// A status write makes a new version whose managed copy is the same: its JSON and
+/// checksums are kept, the same bytes; a label change starts afresh.
+#[tokio::test(start_paused = true)]
+async fn a_status_write_keeps_the_managed_json_a_spec_or_label_change_does_not() {
+    let mut status = app("argocd", "a", "6");
+    status["status"] = json!({"health": {"status": "Healthy"}});
+    let mut labelled = status.clone();
+    labelled["metadata"]["resourceVersion"] = json!("7");
+    labelled["metadata"]["labels"] = json!({"team": "b"});
+    let (client, _seen) = mock(vec![
+        Reply::Json(200, app_list("10", vec![app("argocd", "a", "5")])),
+        Reply::Lines(vec![
+            json!({"type": "MODIFIED", "object": status}),
+            json!({"type": "MODIFIED", "object": labelled}),
+        ]),
+    ]);
+    let (cache, changes) = watch(client, Kind::Application, Scope::namespace("argocd"));
+    let mut changes = Box::pin(changes);
+    let Some(Change::Applied(v5)) = changes.next().await else {
+        panic!("the listed object first")
+    };
+    let json5 = cache.managed_json(&v5).to_json();
+    let meta5 = cache.metadata_checksum(&v5);
+    let got = take_changes(&mut changes, 2).await;
+    assert_eq!(got, ["synced", "applied argocd/a@6"]);
+    let v6 = cache.get(Some("argocd"), "a").unwrap();
+    let json6 = cache.managed_json(&v6).to_json();
+    assert_eq!(
+        json6.as_ptr(),
+        json5.as_ptr(),
+        "kept across the status write"
+    );
+    assert_eq!(cache.metadata_checksum(&v6), meta5);
+    assert_eq!(cache.spec_checksum(&v6), object::spec_checksum(&v6));
+    let got = take_changes(&mut changes, 1).await;
+    assert_eq!(got, ["applied argocd/a@7"]);
+    let v7 = cache.get(Some("argocd"), "a").unwrap();
+    let json7 = cache.managed_json(&v7).to_json();
+    assert_ne!(json7, json6);
+    let mut written = Vec::new();
+    object::write_stamped_without_status(&v7, &mut written);
+    assert_eq!(json7, written);
+    assert_eq!(cache.metadata_checksum(&v7), object::metadata_checksum(&v7));
+}
+
 /// A managed copy's JSON is written once per cached version and shared by every event
 /// that sends it (the same bytes, not a copy); metadata checksums are kept the same way.
 #[tokio::test(start_paused = true)]
