@@ -22,6 +22,7 @@ use argocd_agent_proto::eventstream::{
     ResourceResponse, ResyncState, TerminalRequest, Welcome,
 };
 use argocd_agent_proto::prost::Message;
+use bytes::Bytes;
 
 /// Prefix of every event type.
 pub const TYPE_PREFIX: &str = "io.argoproj.argocd-agent.event.";
@@ -270,6 +271,44 @@ pub enum Payload {
 pub trait JsonObject: fmt::Debug + Send + Sync {
     /// Appends the object's JSON (an object, `{...}`) to `out`.
     fn write_json(&self, out: &mut Vec<u8>);
+
+    /// The object's JSON as shared bytes, what the event's data becomes: by default
+    /// written afresh; an implementation that keeps them (the principal's watch cache
+    /// writes each version's once) hands out the same bytes to every event.
+    fn to_bytes(&self) -> Bytes {
+        json_bytes(|out| self.write_json(out))
+    }
+}
+
+/// Largest buffer [`json_bytes`] keeps for its thread's next call.
+const KEPT_SCRATCH: usize = 256 * 1024;
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// What `write` writes, as bytes of exactly that length. It writes into a buffer this
+/// thread keeps (up to [`KEPT_SCRATCH`]), so an object's JSON is not written into a
+/// vector grown by doubling (each growth a new allocation, a copy, and fresh pages to
+/// fault in) but copied once into an allocation of its size.
+pub fn json_bytes(write: impl FnOnce(&mut Vec<u8>)) -> Bytes {
+    SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
+        Ok(mut buf) => {
+            buf.clear();
+            write(&mut buf);
+            let bytes = Bytes::copy_from_slice(&buf);
+            if buf.capacity() > KEPT_SCRATCH {
+                *buf = Vec::new();
+            }
+            bytes
+        }
+        // Called from inside `write` (an object writing another's JSON): its own buffer.
+        Err(_) => {
+            let mut out = Vec::new();
+            write(&mut out);
+            Bytes::from(out)
+        }
+    })
 }
 
 /// An outgoing object that is encoded only when its event is: a queued event then shares
@@ -285,11 +324,9 @@ impl LazyObject {
         LazyObject(Arc::new(object))
     }
 
-    /// The object's JSON.
-    pub fn to_json(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(4096);
-        self.0.write_json(&mut out);
-        out
+    /// The object's JSON ([`JsonObject::to_bytes`]).
+    pub fn to_json(&self) -> Bytes {
+        self.0.to_bytes()
     }
 }
 
@@ -473,9 +510,10 @@ impl Event {
                     ATTR_CONTENT_TYPE.into(),
                     attr(Attr::CeString("application/json".into())),
                 );
-                Some(Data::BinaryData(
-                    serde_json::to_vec(v.as_ref()).unwrap_or_default(),
-                ))
+                Some(Data::BinaryData(json_bytes(|out| {
+                    // Writing a JSON value into a Vec cannot fail.
+                    let _ = serde_json::to_writer(out, v.as_ref());
+                })))
             }
             Payload::Lazy(o) => {
                 attributes.insert(
@@ -484,17 +522,17 @@ impl Event {
                 );
                 Some(Data::BinaryData(o.to_json()))
             }
-            Payload::Hello(h) => Some(Data::BinaryData(h.encode_to_vec())),
-            Payload::Welcome(w) => Some(Data::BinaryData(w.encode_to_vec())),
-            Payload::Error(e) => Some(Data::BinaryData(e.encode_to_vec())),
-            Payload::RedisRequest(r) => Some(Data::BinaryData(r.encode_to_vec())),
-            Payload::RedisResponse(r) => Some(Data::BinaryData(r.encode_to_vec())),
-            Payload::ClusterCacheInfo(c) => Some(Data::BinaryData(c.encode_to_vec())),
-            Payload::ResourceRequest(r) => Some(Data::BinaryData(r.encode_to_vec())),
-            Payload::ResourceResponse(r) => Some(Data::BinaryData(r.encode_to_vec())),
-            Payload::LogRequest(r) => Some(Data::BinaryData(r.encode_to_vec())),
-            Payload::TerminalRequest(r) => Some(Data::BinaryData(r.encode_to_vec())),
-            Payload::Resync(r) => Some(Data::BinaryData(r.encode_to_vec())),
+            Payload::Hello(h) => Some(Data::BinaryData(h.encode_to_vec().into())),
+            Payload::Welcome(w) => Some(Data::BinaryData(w.encode_to_vec().into())),
+            Payload::Error(e) => Some(Data::BinaryData(e.encode_to_vec().into())),
+            Payload::RedisRequest(r) => Some(Data::BinaryData(r.encode_to_vec().into())),
+            Payload::RedisResponse(r) => Some(Data::BinaryData(r.encode_to_vec().into())),
+            Payload::ClusterCacheInfo(c) => Some(Data::BinaryData(c.encode_to_vec().into())),
+            Payload::ResourceRequest(r) => Some(Data::BinaryData(r.encode_to_vec().into())),
+            Payload::ResourceResponse(r) => Some(Data::BinaryData(r.encode_to_vec().into())),
+            Payload::LogRequest(r) => Some(Data::BinaryData(r.encode_to_vec().into())),
+            Payload::TerminalRequest(r) => Some(Data::BinaryData(r.encode_to_vec().into())),
+            Payload::Resync(r) => Some(Data::BinaryData(r.encode_to_vec().into())),
         };
         if matches!(
             self.payload,
@@ -683,7 +721,7 @@ fn decode_payload(id: &str, ty: EventType, data: Option<Data>) -> Result<Payload
     let bytes = match data {
         None => None,
         Some(Data::BinaryData(b)) => Some(b),
-        Some(Data::TextData(t)) => Some(t.into_bytes()),
+        Some(Data::TextData(t)) => Some(Bytes::from(t.into_bytes())),
         Some(Data::ProtoData(_)) => return Err(bad("proto_data is not supported".into())),
     };
     let proto = bytes.as_deref().unwrap_or_default();
@@ -889,6 +927,25 @@ mod tests {
     }
 
     #[test]
+    fn json_bytes_are_exactly_what_was_written_even_when_nested() {
+        let b = json_bytes(|out| out.extend_from_slice(b"{\"a\":1}"));
+        assert_eq!(&b[..], b"{\"a\":1}");
+        assert_eq!(b.len(), 7);
+        // Called again from inside a writer: the inner call has its own buffer.
+        let outer = json_bytes(|out| {
+            let inner = json_bytes(|o| o.extend_from_slice(b"[2]"));
+            out.extend_from_slice(b"{\"x\":");
+            out.extend_from_slice(&inner);
+            out.push(b'}');
+        });
+        assert_eq!(&outer[..], b"{\"x\":[2]}");
+        // A larger one than the kept buffer, then a small one: both right.
+        let big = json_bytes(|out| out.resize(KEPT_SCRATCH + 10, b' '));
+        assert_eq!(big.len(), KEPT_SCRATCH + 10);
+        assert_eq!(&json_bytes(|out| out.push(b'1'))[..], b"1");
+    }
+
+    #[test]
     fn a_lazy_object_is_written_at_encoding_and_received_as_an_object() {
         let text = r#"{"metadata":{"name":"guestbook"},"spec":{"x":1}}"#;
         let e = Event::resource(
@@ -898,7 +955,10 @@ mod tests {
             Payload::Lazy(LazyObject::new(Written(text))),
         );
         let ce = e.to_cloud_event();
-        assert_eq!(ce.data, Some(Data::BinaryData(text.as_bytes().to_vec())));
+        assert_eq!(
+            ce.data,
+            Some(Data::BinaryData(Bytes::from_static(text.as_bytes())))
+        );
         let back = Event::from_cloud_event(ce).unwrap();
         assert_eq!(
             back.payload,
@@ -1077,12 +1137,12 @@ mod tests {
             Payload::Object(Arc::new(json!({}))),
         )
         .to_cloud_event();
-        ce.data = Some(Data::BinaryData(b"{not json".to_vec()));
+        ce.data = Some(Data::BinaryData(Bytes::from_static(b"{not json")));
         assert!(matches!(
             Event::from_cloud_event(ce.clone()),
             Err(EventError::Payload { .. })
         ));
-        ce.data = Some(Data::BinaryData(b"[1,2]".to_vec()));
+        ce.data = Some(Data::BinaryData(Bytes::from_static(b"[1,2]")));
         assert!(matches!(
             Event::from_cloud_event(ce.clone()),
             Err(EventError::Payload { .. })

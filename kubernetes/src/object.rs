@@ -284,11 +284,57 @@ pub fn content_checksum(kind: Kind, obj: &Value) -> String {
     }
 }
 
-/// Hex SHA-256 of the canonical JSON of `value` (object keys sorted at every level).
+/// Hex SHA-256 of the canonical JSON of `value` (object keys sorted at every level). The
+/// canonical form is hashed as it is written, a chunk at a time, never held whole.
 pub fn checksum_of(value: &Value) -> String {
-    let mut canonical = Vec::with_capacity(1024);
-    write_canonical(value, &mut canonical);
-    hex_sha256(&canonical)
+    let mut sink = Digesting::new();
+    write_canonical(value, &mut sink);
+    hex(sink.finish().as_ref())
+}
+
+/// Bytes written into it are hashed (SHA-256) in chunks of [`Digesting::CHUNK`].
+struct Digesting {
+    ctx: digest::Context,
+    buf: [u8; Digesting::CHUNK],
+    len: usize,
+}
+
+impl Digesting {
+    const CHUNK: usize = 4096;
+
+    fn new() -> Self {
+        Digesting {
+            ctx: digest::Context::new(&digest::SHA256),
+            buf: [0; Self::CHUNK],
+            len: 0,
+        }
+    }
+
+    fn finish(mut self) -> digest::Digest {
+        self.ctx.update(&self.buf[..self.len]);
+        self.ctx.finish()
+    }
+}
+
+impl std::io::Write for Digesting {
+    fn write(&mut self, mut bytes: &[u8]) -> std::io::Result<usize> {
+        let n = bytes.len();
+        while !bytes.is_empty() {
+            if self.len == Self::CHUNK {
+                self.ctx.update(&self.buf);
+                self.len = 0;
+            }
+            let take = bytes.len().min(Self::CHUNK - self.len);
+            self.buf[self.len..self.len + take].copy_from_slice(&bytes[..take]);
+            self.len += take;
+            bytes = &bytes[take..];
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// `namespace/name`, or `name` for cluster-scoped objects.
@@ -380,6 +426,33 @@ pub fn write_stamped_without_status(obj: &DynamicObject, out: &mut Vec<u8>) {
     write_transfer(obj, Some("status"), out);
 }
 
+/// Whether [`write_stamped_without_status`] writes the same JSON for `a` and `b`: they
+/// differ at most in `.status` and in metadata the transfer drops (`resourceVersion`,
+/// `managedFields`, `generation`, ...). A status write on the hub makes such a version.
+pub fn same_without_status(a: &DynamicObject, b: &DynamicObject) -> bool {
+    let (ma, mb) = (&a.metadata, &b.metadata);
+    let meta = ma.name == mb.name
+        && ma.generate_name == mb.generate_name
+        && ma.namespace == mb.namespace
+        && ma.labels == mb.labels
+        && ma.annotations == mb.annotations
+        && ma.finalizers == mb.finalizers
+        && ma.uid == mb.uid;
+    let data = match (&a.data, &b.data) {
+        (Value::Object(x), Value::Object(y)) => {
+            let fields = |m: &serde_json::Map<String, Value>| {
+                m.len() - usize::from(m.contains_key("status"))
+            };
+            fields(x) == fields(y)
+                && x.iter()
+                    .filter(|(k, _)| *k != "status")
+                    .all(|(k, v)| y.get(k) == Some(v))
+        }
+        (x, y) => x == y,
+    };
+    a.types == b.types && meta && data
+}
+
 fn write_transfer(obj: &DynamicObject, skip: Option<&str>, out: &mut Vec<u8>) {
     /// Serializes as [`DynamicObject`] does (the same flattened fields), by reference.
     #[derive(serde::Serialize)]
@@ -429,46 +502,46 @@ fn write_transfer(obj: &DynamicObject, skip: Option<&str>, out: &mut Vec<u8>) {
 // Hand-written because serde_json's key order depends on a crate feature
 // (`preserve_order`) that any crate in the build may switch on. Keys and scalars are
 // written as serde_json writes them (compact), so the form never changes between versions.
-fn write_canonical(value: &Value, out: &mut Vec<u8>) {
+// Writing into a Vec or a `Digesting` cannot fail.
+fn write_canonical(value: &Value, out: &mut impl std::io::Write) {
     match value {
         Value::Object(map) => {
             let mut entries: Vec<(&String, &Value)> = map.iter().collect();
             entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
-            out.push(b'{');
+            let _ = out.write_all(b"{");
             for (i, (key, value)) in entries.into_iter().enumerate() {
                 if i > 0 {
-                    out.push(b',');
+                    let _ = out.write_all(b",");
                 }
                 write_json(key.as_str(), out);
-                out.push(b':');
+                let _ = out.write_all(b":");
                 write_canonical(value, out);
             }
-            out.push(b'}');
+            let _ = out.write_all(b"}");
         }
         Value::Array(items) => {
-            out.push(b'[');
+            let _ = out.write_all(b"[");
             for (i, item) in items.iter().enumerate() {
                 if i > 0 {
-                    out.push(b',');
+                    let _ = out.write_all(b",");
                 }
                 write_canonical(item, out);
             }
-            out.push(b']');
+            let _ = out.write_all(b"]");
         }
         scalar => write_json(scalar, out),
     }
 }
 
-/// Compact JSON of a string or scalar; writing into a Vec cannot fail for them.
-fn write_json<T: serde::Serialize + ?Sized>(value: &T, out: &mut Vec<u8>) {
-    let _ = serde_json::to_writer(&mut *out, value);
+/// Compact JSON of a string or scalar; writing into a Vec or a `Digesting` cannot fail.
+fn write_json<T: serde::Serialize + ?Sized>(value: &T, out: &mut impl std::io::Write) {
+    let _ = serde_json::to_writer(out, value);
 }
 
-fn hex_sha256(bytes: &[u8]) -> String {
+fn hex(digest: &[u8]) -> String {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    let d = digest::digest(&digest::SHA256, bytes);
     let mut hex = String::with_capacity(64);
-    for b in d.as_ref() {
+    for b in digest {
         hex.push(HEX[usize::from(b >> 4)] as char);
         hex.push(HEX[usize::from(b & 0xf)] as char);
     }
@@ -575,6 +648,93 @@ mod tests {
             // sha256 of `{"x":1}`
             "5041bf1f713df204784353e82f6a4a535931cb64f1f4b4a5aeaffcb720918b22"
         );
+    }
+
+    #[test]
+    fn the_checksum_hashes_the_canonical_form_across_chunks() {
+        // Hashed as it is written, in chunks: the same as hashing the whole form, for a
+        // form shorter than a chunk, exactly one, and several with pieces across the
+        // boundaries (one string longer than a chunk).
+        for len in [0, 10, Digesting::CHUNK - 9, Digesting::CHUNK * 3 + 17] {
+            let v = json!({"spec": {"values": "a\nb".repeat(len / 4), "n": [1, 2.5, null]},
+                "z": "x".repeat(len % 97)});
+            let mut whole = Vec::new();
+            write_canonical(&v, &mut whole);
+            assert_eq!(
+                checksum_of(&v),
+                hex(digest::digest(&digest::SHA256, &whole).as_ref()),
+                "{len}"
+            );
+        }
+    }
+
+    #[test]
+    fn same_without_status_is_exactly_when_the_managed_form_is_the_same() {
+        let base = json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+            "metadata": {"name": "a", "namespace": "n", "uid": "u-1", "resourceVersion": "7",
+                "labels": {"l": "v"}, "annotations": {"k": "v"}},
+            "spec": {"project": "default"}, "status": {"sync": {"status": "Synced"}}});
+        let with = |f: &dyn Fn(&mut Value)| {
+            let mut v = base.clone();
+            f(&mut v);
+            app(v)
+        };
+        let a = app(base.clone());
+        let cases: [(&str, DynamicObject, bool); 8] = [
+            (
+                "status",
+                with(&|v| v["status"] = json!({"sync": {"status": "OutOfSync"}})),
+                true,
+            ),
+            (
+                "status gone",
+                with(&|v| {
+                    v.as_object_mut().unwrap().remove("status");
+                }),
+                true,
+            ),
+            (
+                "resourceVersion, generation",
+                with(&|v| {
+                    v["metadata"]["resourceVersion"] = json!("8");
+                    v["metadata"]["generation"] = json!(3);
+                }),
+                true,
+            ),
+            (
+                "spec",
+                with(&|v| v["spec"]["project"] = json!("other")),
+                false,
+            ),
+            (
+                "label",
+                with(&|v| v["metadata"]["labels"]["l"] = json!("w")),
+                false,
+            ),
+            (
+                "annotation",
+                with(&|v| v["metadata"]["annotations"]["x"] = json!("y")),
+                false,
+            ),
+            (
+                "uid (recreated)",
+                with(&|v| v["metadata"]["uid"] = json!("u-2")),
+                false,
+            ),
+            (
+                "operation",
+                with(&|v| v["operation"] = json!({"sync": {}})),
+                false,
+            ),
+        ];
+        for (what, b, same) in cases {
+            let (mut x, mut y) = (Vec::new(), Vec::new());
+            write_stamped_without_status(&a, &mut x);
+            write_stamped_without_status(&b, &mut y);
+            assert_eq!(x == y, same, "{what}: the written forms");
+            assert_eq!(same_without_status(&a, &b), same, "{what}");
+            assert_eq!(same_without_status(&b, &a), same, "{what}, the other way");
+        }
     }
 
     #[test]

@@ -49,6 +49,14 @@ pub trait ObjectView: Send + Sync {
     /// The spec checksum of `obj`, computed once per held version.
     fn spec_checksum(&self, obj: &Arc<DynamicObject>) -> String;
 
+    /// The metadata checksum of `obj`, computed once per held version.
+    fn metadata_checksum(&self, obj: &Arc<DynamicObject>) -> String;
+
+    /// `obj` as a managed copy receives it, for an event's payload: its JSON written at
+    /// most once per held version and shared by every event that sends that version (see
+    /// [`Cache::managed_json`]).
+    fn managed_json(&self, obj: &Arc<DynamicObject>) -> argocd_agent_domain::LazyObject;
+
     /// The weight of `obj` as received (for a stub, of the object it stands for).
     fn object_size(&self, obj: &Arc<DynamicObject>) -> usize;
 
@@ -88,6 +96,12 @@ impl ObjectView for Cache {
     }
     fn spec_checksum(&self, obj: &Arc<DynamicObject>) -> String {
         Cache::spec_checksum(self, obj)
+    }
+    fn metadata_checksum(&self, obj: &Arc<DynamicObject>) -> String {
+        Cache::metadata_checksum(self, obj)
+    }
+    fn managed_json(&self, obj: &Arc<DynamicObject>) -> argocd_agent_domain::LazyObject {
+        Cache::managed_json(self, obj)
     }
     fn object_size(&self, obj: &Arc<DynamicObject>) -> usize {
         Cache::object_size(self, obj)

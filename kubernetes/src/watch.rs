@@ -11,6 +11,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, OnceLock, RwLock};
 
+use argocd_agent_domain::{JsonObject, LazyObject};
+use bytes::Bytes;
+
 use futures::stream::{self, BoxStream};
 use futures::{Stream, StreamExt};
 use kube::Client;
@@ -70,6 +73,12 @@ struct Entry {
     obj: Arc<DynamicObject>,
     /// [`crate::object::spec_checksum`] of `obj`, once asked for.
     spec_checksum: Arc<OnceLock<String>>,
+    /// [`crate::object::metadata_checksum`] of `obj`, once asked for.
+    metadata_checksum: Arc<OnceLock<String>>,
+    /// The JSON a managed copy receives of `obj`, once an event sending it was encoded
+    /// ([`Cache::managed_json`]). These three are taken over by the next version when it
+    /// differs only in its status ([`Entry::inherit`]).
+    managed_json: Arc<OnceLock<Bytes>>,
     /// The weight ([`crate::object::object_weight`]) of the object as listed or watched (of
     /// the whole object when `obj` is a stub), once asked for.
     size: Arc<OnceLock<usize>>,
@@ -87,9 +96,41 @@ impl Entry {
         Entry {
             obj,
             spec_checksum: Arc::default(),
+            metadata_checksum: Arc::default(),
+            managed_json: Arc::default(),
             size: Arc::new(memo),
             stub: admitted.stub,
         }
+    }
+}
+
+impl Entry {
+    /// Whether anything was derived from this version yet.
+    fn has_derived(&self) -> bool {
+        self.spec_checksum.get().is_some()
+            || self.metadata_checksum.get().is_some()
+            || self.managed_json.get().is_some()
+    }
+
+    /// The object and what was derived from it, for its next version.
+    fn derived(&self) -> Entry {
+        Entry {
+            obj: self.obj.clone(),
+            spec_checksum: self.spec_checksum.clone(),
+            metadata_checksum: self.metadata_checksum.clone(),
+            managed_json: self.managed_json.clone(),
+            size: Arc::default(),
+            stub: self.stub,
+        }
+    }
+
+    /// Takes over what `previous` derived, for a version that differs from it only where
+    /// none of it looks ([`crate::object::same_without_status`]): the spec and metadata
+    /// checksums and the managed copy's JSON. The size is the new version's own.
+    fn inherit(&mut self, previous: Entry) {
+        self.spec_checksum = previous.spec_checksum;
+        self.metadata_checksum = previous.metadata_checksum;
+        self.managed_json = previous.managed_json;
     }
 }
 
@@ -172,18 +213,51 @@ impl Cache {
     /// for the object this cache holds now (the same `Arc` as `get` and the change stream
     /// give); any other object is computed afresh.
     pub fn spec_checksum(&self, obj: &Arc<DynamicObject>) -> String {
-        let memo = self
-            .read()
-            .get(&key_of(obj))
-            .filter(|e| Arc::ptr_eq(&e.obj, obj))
-            .map(|e| e.spec_checksum.clone());
-        match memo {
+        match self.memo(obj, |e| &e.spec_checksum) {
             // Computed outside the lock, so writers never wait for a checksum.
             Some(memo) => memo
                 .get_or_init(|| crate::object::spec_checksum(obj))
                 .clone(),
             None => crate::object::spec_checksum(obj),
         }
+    }
+
+    /// The metadata checksum ([`crate::object::metadata_checksum`]) of `obj`, computed once
+    /// per cached version like [`Cache::spec_checksum`].
+    pub fn metadata_checksum(&self, obj: &Arc<DynamicObject>) -> String {
+        match self.memo(obj, |e| &e.metadata_checksum) {
+            Some(memo) => memo
+                .get_or_init(|| crate::object::metadata_checksum(obj))
+                .clone(),
+            None => crate::object::metadata_checksum(obj),
+        }
+    }
+
+    /// `obj` as a managed copy receives it
+    /// ([`crate::object::write_stamped_without_status`]), for an event's payload: its JSON
+    /// is written when the first event carrying it is encoded, then kept with this
+    /// version in the cache and shared, without a copy, by every later event that sends
+    /// it (another agent's, a resend, the next resync). Later versions that differ only in
+    /// their status (status writes) keep the same bytes; any other change starts afresh.
+    /// An object this cache does not hold now is written afresh for each event.
+    pub fn managed_json(&self, obj: &Arc<DynamicObject>) -> LazyObject {
+        let memo = self.memo(obj, |e| &e.managed_json).unwrap_or_default();
+        LazyObject::new(ManagedJson {
+            obj: obj.clone(),
+            memo,
+        })
+    }
+
+    /// The memo `field` of `obj`'s entry, if `obj` is the version this cache holds.
+    fn memo<T>(
+        &self,
+        obj: &Arc<DynamicObject>,
+        field: impl Fn(&Entry) -> &Arc<OnceLock<T>>,
+    ) -> Option<Arc<OnceLock<T>>> {
+        self.read()
+            .get(&key_of(obj))
+            .filter(|e| Arc::ptr_eq(&e.obj, obj))
+            .map(|e| field(e).clone())
     }
 
     /// What this cache knows of `namespace/name` for a write (see
@@ -213,12 +287,7 @@ impl Cache {
     /// a stub, of the whole object it stands for), computed once per cached version; any
     /// object this cache does not hold now is measured afresh.
     pub fn object_size(&self, obj: &Arc<DynamicObject>) -> usize {
-        let memo = self
-            .read()
-            .get(&key_of(obj))
-            .filter(|e| Arc::ptr_eq(&e.obj, obj))
-            .map(|e| e.size.clone());
-        match memo {
+        match self.memo(obj, |e| &e.size) {
             Some(memo) => *memo.get_or_init(|| crate::object::object_weight(obj)),
             None => crate::object::object_weight(obj),
         }
@@ -283,7 +352,19 @@ impl Cache {
         // Measured (and stubbed) outside the lock.
         let (obj, admitted) = self.admit(obj);
         let obj = Arc::new(obj);
-        self.write().insert(key, Entry::new(obj.clone(), admitted));
+        let mut entry = Entry::new(obj.clone(), admitted);
+        let previous = self
+            .read()
+            .get(&key)
+            .filter(|e| !e.stub && !admitted.stub && e.has_derived())
+            .map(Entry::derived);
+        if let Some(previous) = previous
+            && crate::object::same_without_status(&previous.obj, &obj)
+        {
+            // A status write: what was derived from the spec and metadata still holds.
+            entry.inherit(previous);
+        }
+        self.write().insert(key, entry);
         Some(Change::Applied(obj))
     }
 
@@ -329,6 +410,26 @@ impl Cache {
         let mut rx = self.inner.synced.subscribe();
         // The sender lives in `self`, so the channel cannot close while we wait.
         let _ = rx.wait_for(|synced| *synced).await;
+    }
+}
+
+/// A cached object's JSON as a managed copy receives it ([`Cache::managed_json`]): written
+/// once, into the memo it shares with the cache entry of its version.
+#[derive(Debug)]
+struct ManagedJson {
+    obj: Arc<DynamicObject>,
+    memo: Arc<OnceLock<Bytes>>,
+}
+
+impl JsonObject for ManagedJson {
+    fn write_json(&self, out: &mut Vec<u8>) {
+        crate::object::write_stamped_without_status(&self.obj, out);
+    }
+
+    fn to_bytes(&self) -> Bytes {
+        self.memo
+            .get_or_init(|| argocd_agent_domain::event::json_bytes(|out| self.write_json(out)))
+            .clone()
     }
 }
 

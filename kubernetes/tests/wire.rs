@@ -895,6 +895,101 @@ async fn cache_spec_checksum_is_per_version_and_equals_the_computed_one() {
     assert_eq!(cache.spec_checksum(&v5), sum5);
 }
 
+/// A status write makes a new version whose managed copy is the same: its JSON and
+/// checksums are kept, the same bytes; a label change starts afresh.
+#[tokio::test(start_paused = true)]
+async fn a_status_write_keeps_the_managed_json_a_spec_or_label_change_does_not() {
+    let mut status = app("argocd", "a", "6");
+    status["status"] = json!({"health": {"status": "Healthy"}});
+    let mut labelled = status.clone();
+    labelled["metadata"]["resourceVersion"] = json!("7");
+    labelled["metadata"]["labels"] = json!({"team": "b"});
+    let (client, _seen) = mock(vec![
+        Reply::Json(200, app_list("10", vec![app("argocd", "a", "5")])),
+        Reply::Lines(vec![
+            json!({"type": "MODIFIED", "object": status}),
+            json!({"type": "MODIFIED", "object": labelled}),
+        ]),
+    ]);
+    let (cache, changes) = watch(client, Kind::Application, Scope::namespace("argocd"));
+    let mut changes = Box::pin(changes);
+    let Some(Change::Applied(v5)) = changes.next().await else {
+        panic!("the listed object first")
+    };
+    let json5 = cache.managed_json(&v5).to_json();
+    let meta5 = cache.metadata_checksum(&v5);
+    let got = take_changes(&mut changes, 2).await;
+    assert_eq!(got, ["synced", "applied argocd/a@6"]);
+    let v6 = cache.get(Some("argocd"), "a").unwrap();
+    let json6 = cache.managed_json(&v6).to_json();
+    assert_eq!(
+        json6.as_ptr(),
+        json5.as_ptr(),
+        "kept across the status write"
+    );
+    assert_eq!(cache.metadata_checksum(&v6), meta5);
+    assert_eq!(cache.spec_checksum(&v6), object::spec_checksum(&v6));
+    let got = take_changes(&mut changes, 1).await;
+    assert_eq!(got, ["applied argocd/a@7"]);
+    let v7 = cache.get(Some("argocd"), "a").unwrap();
+    let json7 = cache.managed_json(&v7).to_json();
+    assert_ne!(json7, json6);
+    let mut written = Vec::new();
+    object::write_stamped_without_status(&v7, &mut written);
+    assert_eq!(json7, written);
+    assert_eq!(cache.metadata_checksum(&v7), object::metadata_checksum(&v7));
+}
+
+/// A managed copy's JSON is written once per cached version and shared by every event
+/// that sends it (the same bytes, not a copy); metadata checksums are kept the same way.
+#[tokio::test(start_paused = true)]
+async fn cache_managed_json_is_written_once_per_version_and_shared() {
+    let mut changed = app("argocd", "a", "6");
+    changed["metadata"]["labels"] = json!({"team": "b"});
+    changed["status"] = json!({"health": {"status": "Healthy"}});
+    let (client, _seen) = mock(vec![
+        Reply::Json(200, app_list("10", vec![app("argocd", "a", "5")])),
+        Reply::Lines(vec![json!({"type": "MODIFIED", "object": changed})]),
+    ]);
+    let (cache, changes) = watch(client, Kind::Application, Scope::namespace("argocd"));
+    let mut changes = Box::pin(changes);
+    let Some(Change::Applied(v5)) = changes.next().await else {
+        panic!("the listed object first")
+    };
+    let written = |obj: &DynamicObject| {
+        let mut out = Vec::new();
+        object::write_stamped_without_status(obj, &mut out);
+        out
+    };
+    let (first, again) = (
+        cache.managed_json(&v5).to_json(),
+        cache.managed_json(&v5).to_json(),
+    );
+    assert_eq!(first, written(&v5));
+    assert_eq!(first.as_ptr(), again.as_ptr(), "the same bytes, shared");
+    assert_eq!(cache.metadata_checksum(&v5), object::metadata_checksum(&v5));
+    let got = take_changes(&mut changes, 2).await;
+    assert_eq!(got, ["synced", "applied argocd/a@6"]);
+    let v6 = cache.get(Some("argocd"), "a").unwrap();
+    let json6 = cache.managed_json(&v6).to_json();
+    assert_eq!(
+        json6,
+        written(&v6),
+        "the new version's own, without its status"
+    );
+    assert!(!String::from_utf8_lossy(&json6).contains("Healthy"));
+    assert_ne!(
+        cache.metadata_checksum(&v6),
+        cache.metadata_checksum(&v5),
+        "labels changed"
+    );
+    // An event queued for the old version keeps its bytes; the old version asked for
+    // again (no longer cached) is written afresh, equal but not shared.
+    let stale = cache.managed_json(&v5).to_json();
+    assert_eq!(stale, first);
+    assert_ne!(stale.as_ptr(), first.as_ptr());
+}
+
 /// A cache told to stub large objects keeps those it applies to as stubs, from the
 /// initial list on and for watched changes, with their whole size; the list asks for
 /// pages of `LIST_PAGE_SIZE`.

@@ -144,7 +144,7 @@ pub fn decide(
 
 /// The protocol's own events (heartbeats, acknowledgements, peer errors), which carry no
 /// change to authorize; `None` for every other event.
-fn control_decision(event: &Event) -> Option<Decision> {
+pub(crate) fn control_decision(event: &Event) -> Option<Decision> {
     Some(match event.ty {
         EventType::Ping => Decision::Pong,
         EventType::Pong => Decision::Ignore,

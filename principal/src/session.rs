@@ -23,7 +23,7 @@ use argocd_agent_identity::text;
 use crate::error::chain;
 use crate::hooks::{SessionGate, SessionObserver, SessionPass};
 use crate::hub::{Applied, Hub};
-use crate::inbound::{Decision, OwnerRecord, Placement, decide};
+use crate::inbound::{Decision, OwnerRecord, Placement, control_decision, decide};
 use crate::refusals::{HELLO_TIMEOUT, NOT_READING, TOO_LARGE, UNDECODABLE};
 use crate::rounds::Round;
 use crate::sessions::{AgentState, SessionInfo};
@@ -827,13 +827,21 @@ async fn handle_event(x: &Exchange<'_>, event: Event) -> Result<(), Status> {
         return requested_resync(x, event).await.map(|_| ());
     }
     let started = std::time::Instant::now();
-    let owner = event.resource.as_ref().map_or(OwnerRecord::Absent, |r| {
-        hub.owner_record(&identity.agent, r)
-    });
-    let placement = placement_of(hub, mode, &event);
+    // The protocol's own events are decided by their type alone: an acknowledgement (one
+    // for every event sent) costs no lookup of its object in the hub cache.
+    let decision = match control_decision(&event) {
+        Some(control) => control,
+        None => {
+            let owner = event.resource.as_ref().map_or(OwnerRecord::Absent, |r| {
+                hub.owner_record(&identity.agent, r)
+            });
+            let placement = placement_of(hub, mode, &event);
+            decide(identity, mode, &event, &owner, &placement)
+        }
+    };
     use crate::metrics::Processing;
     let mut processing = Processing::Success;
-    let reply = match decide(identity, mode, &event, &owner, &placement) {
+    let reply = match decision {
         Decision::Pong => Some(Event::new(
             &hub.shared.source,
             EventType::Pong,

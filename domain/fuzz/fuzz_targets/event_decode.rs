@@ -89,7 +89,7 @@ fn structured(data: &[u8]) -> Option<CloudEvent> {
     }
     let data = match flags >> 4 & 3 {
         0 => None,
-        1 => Some(Data::BinaryData(payload)),
+        1 => Some(Data::BinaryData(payload.into())),
         2 => Some(Data::TextData(
             String::from_utf8_lossy(&payload).into_owned(),
         )),

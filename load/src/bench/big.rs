@@ -335,7 +335,8 @@ async fn until_pid_quiet(pid: u32, limit: Duration) -> Result<(), HarnessError> 
         let a = ProcSample::read(pid)?;
         tokio::time::sleep(Duration::from_millis(500)).await;
         let b = ProcSample::read(pid)?;
-        if b.cpu_percent_since(&a) < 5.0 || started.elapsed() >= limit {
+        let busy = b.cpu_since(&a).time.as_secs_f64() / (b.at - a.at).as_secs_f64();
+        if busy < 0.05 || started.elapsed() >= limit {
             return Ok(());
         }
     }
@@ -478,9 +479,9 @@ async fn spoke_phases(topo: &mut Topology, opts: &BenchOptions) -> Result<Report
         "agent_bytes_per_app",
         ((a1.rss as f64 - rss_empty as f64) / m as f64).round(),
     );
-    r.put("agent_idle_cpu_pct", round2(a1.cpu_percent_since(&a0)));
+    r.put("agent_idle_cpu_pct", a1.cpu_percent_since(&a0));
     r.put("principal_rss_mib", round2(mib(p1.rss)));
-    r.put("principal_idle_cpu_pct", round2(p1.cpu_percent_since(&p0)));
+    r.put("principal_idle_cpu_pct", p1.cpu_percent_since(&p0));
     r.put("idle_s", opts.duration.as_secs());
 
     resync_after_outage(topo, agent_port, m, opts, &mut r).await?;
@@ -659,7 +660,7 @@ async fn stream_changes(
     r.put("apply_p50_ms", p50);
     r.put("apply_p99_ms", p99);
     r.put("apply_max_ms", max);
-    r.put("agent_stream_cpu_pct", round2(a1.cpu_percent_since(&a0)));
+    r.put("agent_stream_cpu_pct", a1.cpu_percent_since(&a0));
     Ok(())
 }
 

@@ -22,21 +22,83 @@ use argocd_agent_testkit::harness::{
 pub const BENCH_RULE: &str = "template:spiffe://{trust_domain}/ns/agents/sa/{sa}=>{sa},namespace={sa},trustDomains=example.org,mode=both";
 
 /// One reading of a process in `/proc`.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ProcSample {
     /// Resident set size, bytes.
     pub rss: u64,
-    /// User + system CPU time: of another process in clock ticks (`/proc/<pid>/stat`, 10 ms
-    /// at the usual 100 Hz), of this process to the nanosecond ([`own_cpu`]).
-    pub cpu: Duration,
+    /// Its CPU clocks at that instant; [`ProcSample::cpu_since`] gives the time between two.
+    pub cpu: CpuClock,
     /// When it was read.
     pub at: Instant,
 }
 
+/// A process's CPU time at one instant, as finely as the kernel tells it: of this process
+/// to the nanosecond (`CLOCK_PROCESS_CPUTIME_ID`); of another process each live thread's
+/// time to the nanosecond (`/proc/<pid>/task/<tid>/schedstat`), and the whole process's in
+/// clock ticks (`/proc/<pid>/stat`, 10 ms at the usual 100 Hz), which is all there is on a
+/// kernel without schedstat.
+#[derive(Debug, Clone)]
+pub struct CpuClock {
+    ticks: Duration,
+    own: Option<Duration>,
+    threads: Option<std::collections::HashMap<u32, u64>>,
+}
+
+/// CPU time spent between two readings, and the most it can be off by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CpuSpent {
+    /// User + system time.
+    pub time: Duration,
+    /// The error bound of the clock that measured it: 1 ns for the nanosecond clocks, two
+    /// clock ticks for `/proc/<pid>/stat` (utime and stime are each truncated to a tick).
+    pub resolution: Duration,
+}
+
+/// A figure is reported only when what it divides is at least this many times its clock's
+/// resolution (an error of 10 % at most); otherwise it says "not measured" and why.
+pub const MIN_RESOLUTIONS: u32 = 10;
+
+impl CpuSpent {
+    /// Whether the time is known to within a tenth ([`MIN_RESOLUTIONS`]).
+    pub fn is_measured(&self) -> bool {
+        self.time > Duration::ZERO && self.time >= self.resolution * MIN_RESOLUTIONS
+    }
+
+    /// The time per one of `n` (events, changes), in seconds times `scale` (1e6: µs per
+    /// one), rounded ([`super::fine`]); or a string saying it was not measured and why,
+    /// never a 0 that only means "too short to see".
+    pub fn per(&self, n: u64, scale: f64) -> serde_json::Value {
+        if n == 0 {
+            return "not measured: nothing to divide by".into();
+        }
+        if !self.is_measured() {
+            return self.not_measured().into();
+        }
+        super::fine(self.time.as_secs_f64() * scale / n as f64).into()
+    }
+
+    /// The time as a percentage of one core over `wall` ([`CpuSpent::per`]'s rules).
+    pub fn percent_of(&self, wall: Duration) -> serde_json::Value {
+        if wall.is_zero() {
+            return "not measured: no time passed".into();
+        }
+        if !self.is_measured() {
+            return self.not_measured().into();
+        }
+        super::fine(self.time.as_secs_f64() / wall.as_secs_f64() * 100.0).into()
+    }
+
+    fn not_measured(&self) -> String {
+        format!(
+            "not measured: {} µs of CPU read by a clock of {} µs resolution (at least {MIN_RESOLUTIONS}× it needed)",
+            self.time.as_micros(),
+            self.resolution.as_micros()
+        )
+    }
+}
+
 impl ProcSample {
-    /// Reads `/proc/<pid>/status` (VmRSS) and `/proc/<pid>/stat` (utime, stime); for this
-    /// process the CPU time is [`own_cpu`] instead, so a short measurement of a little work
-    /// is not rounded down to 0.
+    /// Reads `/proc/<pid>/status` (VmRSS) and the process's CPU clocks ([`CpuClock`]).
     pub fn read(pid: u32) -> Result<ProcSample, HarnessError> {
         let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
         let rss_kib: u64 = status
@@ -44,76 +106,101 @@ impl ProcSample {
             .find_map(|l| l.strip_prefix("VmRSS:"))
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
             .ok_or("no VmRSS in /proc/<pid>/status")?;
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-        // Fields after the command name, which is in parentheses and may contain spaces:
-        // state is field 3, utime 14, stime 15 (proc(5)).
-        let rest = stat
-            .rsplit_once(')')
-            .map(|(_, r)| r)
-            .ok_or("unreadable /proc/<pid>/stat")?;
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        let ticks = |i: usize| -> Result<u64, HarnessError> {
-            Ok(fields
-                .get(i)
-                .ok_or("short /proc/<pid>/stat")?
-                .parse::<u64>()?)
-        };
-        let total = ticks(11)? + ticks(12)?;
-        let hz = rustix::param::clock_ticks_per_second().max(1);
-        let cpu = if pid == std::process::id() {
-            own_cpu()
-        } else {
-            Duration::from_nanos(total.saturating_mul(1_000_000_000) / hz)
-        };
         Ok(ProcSample {
             rss: rss_kib * 1024,
-            cpu,
+            cpu: CpuClock::read(pid)?,
             at: Instant::now(),
         })
     }
 
-    /// CPU use between `earlier` and `self`, in percent of one core.
-    pub fn cpu_percent_since(&self, earlier: &ProcSample) -> f64 {
-        let wall = self.at.duration_since(earlier.at).as_secs_f64();
-        if wall <= 0.0 {
-            return 0.0;
-        }
-        self.cpu.saturating_sub(earlier.cpu).as_secs_f64() / wall * 100.0
+    /// CPU time spent between `earlier` and `self`.
+    pub fn cpu_since(&self, earlier: &ProcSample) -> CpuSpent {
+        self.cpu.since(&earlier.cpu)
+    }
+
+    /// CPU use between `earlier` and `self` in percent of one core, or why it was not
+    /// measured ([`CpuSpent::percent_of`]).
+    pub fn cpu_percent_since(&self, earlier: &ProcSample) -> serde_json::Value {
+        self.cpu_since(earlier)
+            .percent_of(self.at.duration_since(earlier.at))
     }
 }
 
-/// The CPU time of another process, for a measurement too short for clock ticks: the
-/// ticks of `/proc/<pid>/stat` (the whole process, 10 ms at 100 Hz) and, where the kernel
-/// has it, each live thread's time to the nanosecond (`/proc/<pid>/task/<tid>/schedstat`).
-#[derive(Debug, Clone)]
-pub struct CpuReading {
-    ticks: Duration,
-    threads: Option<std::collections::HashMap<u32, u64>>,
-}
+impl CpuClock {
+    /// Reads process `pid` (this process: its own clock).
+    pub fn read(pid: u32) -> Result<CpuClock, HarnessError> {
+        if pid == std::process::id() {
+            return Ok(CpuClock {
+                ticks: stat_ticks(pid)?,
+                own: Some(own_cpu()),
+                threads: None,
+            });
+        }
+        CpuClock::read_other(pid)
+    }
 
-impl CpuReading {
-    /// Reads process `pid`.
-    pub fn read(pid: u32) -> Result<CpuReading, HarnessError> {
-        let ticks = ProcSample::read(pid)?.cpu;
-        Ok(CpuReading {
-            ticks,
+    /// Reads process `pid` as another process: per thread and in ticks.
+    fn read_other(pid: u32) -> Result<CpuClock, HarnessError> {
+        Ok(CpuClock {
+            ticks: stat_ticks(pid)?,
+            own: None,
             threads: threads_cpu(pid),
         })
     }
 
-    /// CPU time spent since `earlier`: the sum of each thread's growth (a thread started
-    /// since counts whole; one that ended since is missed for what it ran in between), or
-    /// without per-thread times the difference in ticks.
-    pub fn since(&self, earlier: &CpuReading) -> Duration {
-        match (&self.threads, &earlier.threads) {
-            (Some(now), Some(then)) => Duration::from_nanos(
-                now.iter()
-                    .map(|(tid, ns)| ns.saturating_sub(then.get(tid).copied().unwrap_or(0)))
-                    .sum(),
-            ),
-            _ => self.ticks.saturating_sub(earlier.ticks),
+    /// CPU time spent since `earlier`. Another process's is the sum of each live thread's
+    /// growth (a thread started since counts whole), but never less than the clock ticks
+    /// prove (a thread that ended in between is missed by the sum, not by the ticks).
+    pub fn since(&self, earlier: &CpuClock) -> CpuSpent {
+        let tick = tick();
+        let coarse = self.ticks.saturating_sub(earlier.ticks);
+        match (self.own, earlier.own, &self.threads, &earlier.threads) {
+            (Some(now), Some(then), _, _) => CpuSpent {
+                time: now.saturating_sub(then),
+                resolution: Duration::from_nanos(1),
+            },
+            (_, _, Some(now), Some(then)) => {
+                let live = Duration::from_nanos(
+                    now.iter()
+                        .map(|(tid, ns)| ns.saturating_sub(then.get(tid).copied().unwrap_or(0)))
+                        .sum(),
+                );
+                CpuSpent {
+                    time: live.max(coarse.saturating_sub(2 * tick)),
+                    resolution: Duration::from_nanos(1),
+                }
+            }
+            _ => CpuSpent {
+                time: coarse,
+                resolution: 2 * tick,
+            },
         }
     }
+}
+
+/// One clock tick of `/proc/<pid>/stat`.
+fn tick() -> Duration {
+    Duration::from_nanos(1_000_000_000 / rustix::param::clock_ticks_per_second().max(1))
+}
+
+/// utime + stime of `/proc/<pid>/stat`, whole clock ticks.
+fn stat_ticks(pid: u32) -> Result<Duration, HarnessError> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command name, which is in parentheses and may contain spaces:
+    // state is field 3, utime 14, stime 15 (proc(5)).
+    let rest = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r)
+        .ok_or("unreadable /proc/<pid>/stat")?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| -> Result<u64, HarnessError> {
+        Ok(fields
+            .get(i)
+            .ok_or("short /proc/<pid>/stat")?
+            .parse::<u64>()?)
+    };
+    let total = ticks(11)? + ticks(12)?;
+    Ok(tick() * u32::try_from(total).unwrap_or(u32::MAX))
 }
 
 /// Each live thread's CPU time in nanoseconds (the first field of its `schedstat`); `None`
@@ -135,6 +222,13 @@ fn threads_cpu(pid: u32) -> Option<std::collections::HashMap<u32, u64>> {
         threads.insert(tid, ns);
     }
     (!threads.is_empty()).then_some(threads)
+}
+
+/// Whether this kernel gives each thread's CPU time to the nanosecond
+/// (`/proc/<pid>/task/<tid>/schedstat`), so another process's CPU is read finer than clock
+/// ticks.
+pub fn per_thread_cpu_available() -> bool {
+    threads_cpu(std::process::id()).is_some()
 }
 
 /// This process's user + system CPU time, every thread's, to the nanosecond
@@ -393,15 +487,10 @@ impl BenchEnv {
         }))
     }
 
-    /// The principal's process reading.
+    /// The principal's process reading (its CPU per thread to the nanosecond where the
+    /// kernel has it, see [`CpuClock`]).
     pub fn sample(&self) -> Result<ProcSample, HarnessError> {
         ProcSample::read(self.principal.pid().ok_or("the principal is not running")?)
-    }
-
-    /// The principal's CPU time, finer than [`BenchEnv::sample`]'s clock ticks where the kernel
-    /// has it: for a short measurement ([`CpuReading::since`]).
-    pub fn principal_cpu(&self) -> Result<CpuReading, HarnessError> {
-        CpuReading::read(self.principal.pid().ok_or("the principal is not running")?)
     }
 
     /// Waits (at most `limit`) until the principal is quiet: under 5 % of a core over
@@ -414,7 +503,7 @@ impl BenchEnv {
             let a = self.sample()?;
             tokio::time::sleep(window).await;
             let b = self.sample()?;
-            let busy = (b.cpu - a.cpu).as_secs_f64() / (b.at - a.at).as_secs_f64();
+            let busy = b.cpu_since(&a).time.as_secs_f64() / (b.at - a.at).as_secs_f64();
             if busy < 0.05 || started.elapsed() >= limit {
                 return Ok(started.elapsed());
             }
@@ -553,38 +642,104 @@ mod tests {
         assert!(s.rss > 0);
     }
 
+    /// Spends about `d` of this thread's CPU.
+    fn spin(d: Duration) {
+        let start = own_cpu();
+        let mut x = 0u64;
+        while own_cpu() - start < d {
+            x = std::hint::black_box(x.wrapping_add(1));
+        }
+    }
+
     #[test]
     fn another_process_cpu_is_read_per_thread_finer_than_a_clock_tick() {
         // Read as another process would be: per thread, from /proc.
         let pid = std::process::id();
-        let before = CpuReading::read(pid).unwrap();
+        let before = CpuClock::read_other(pid).unwrap();
         if before.threads.is_none() {
             return; // a kernel without schedstat: ticks only
         }
-        let start = own_cpu();
-        let mut x = 0u64;
-        while own_cpu() - start < Duration::from_millis(2) {
-            x = std::hint::black_box(x.wrapping_add(1));
-        }
-        let spent = CpuReading::read(pid).unwrap().since(&before);
+        spin(Duration::from_millis(2));
+        let spent = CpuClock::read_other(pid).unwrap().since(&before);
+        assert_eq!(spent.resolution, Duration::from_nanos(1));
         assert!(
-            spent >= Duration::from_millis(1) && spent < Duration::from_millis(8),
+            spent.time >= Duration::from_millis(1) && spent.time < Duration::from_millis(8),
             "{spent:?}"
         );
+        assert!(spent.is_measured());
     }
 
     #[test]
     fn this_process_cpu_is_read_finer_than_a_clock_tick() {
         // 1 ms of work reads as about 1 ms, not as 0 or a whole 10 ms tick.
-        let start = ProcSample::read(std::process::id()).unwrap().cpu;
-        let mut x = 0u64;
-        while own_cpu() - start < Duration::from_millis(1) {
-            x = std::hint::black_box(x.wrapping_add(1));
-        }
-        let spent = ProcSample::read(std::process::id()).unwrap().cpu - start;
+        let start = ProcSample::read(std::process::id()).unwrap();
+        spin(Duration::from_millis(1));
+        let spent = ProcSample::read(std::process::id())
+            .unwrap()
+            .cpu_since(&start);
         assert!(
-            spent >= Duration::from_millis(1) && spent < Duration::from_millis(8),
+            spent.time >= Duration::from_millis(1) && spent.time < Duration::from_millis(8),
             "{spent:?}"
+        );
+        assert!(spent.per(48, 1e6).as_f64().is_some_and(|us| us > 0.0));
+    }
+
+    #[test]
+    fn ticks_alone_do_not_pass_for_a_measurement() {
+        // A kernel without schedstat: another process's CPU is whole clock ticks (each of
+        // utime and stime truncated), so a short window says "not measured", not 0.
+        let tick = tick();
+        let at = |ticks: u32| CpuClock {
+            ticks: tick * ticks,
+            own: None,
+            threads: None,
+        };
+        let short = at(3).since(&at(3));
+        assert_eq!(short.resolution, 2 * tick);
+        let v = short.per(48, 1e6);
+        assert!(
+            v.as_str().is_some_and(|s| s.starts_with("not measured")),
+            "{v}"
+        );
+        assert!(
+            at(4)
+                .since(&at(3))
+                .percent_of(Duration::from_secs(3))
+                .is_string()
+        );
+        // 20 ticks and more are known to within 10 %.
+        let long = at(23).since(&at(3));
+        assert!(long.is_measured());
+        let ms = (tick * 20).as_secs_f64() * 1e3 / 100.0;
+        assert_eq!(long.per(100, 1e3).as_f64(), Some(super::super::fine(ms)));
+        assert!(long.per(0, 1e3).is_string());
+    }
+
+    #[test]
+    fn per_thread_time_is_never_less_than_the_ticks_prove() {
+        // A thread that ended between two readings is missed by the per-thread sum; the
+        // process's ticks still count it.
+        let tick = tick();
+        let then = CpuClock {
+            ticks: tick * 10,
+            own: None,
+            threads: Some([(1, 5_000_000), (2, 5_000_000)].into()),
+        };
+        let now = CpuClock {
+            ticks: tick * 60,
+            own: None,
+            threads: Some([(1, 6_000_000)].into()),
+        };
+        assert_eq!(now.since(&then).time, tick * 48);
+        let busy_live = CpuClock {
+            ticks: tick * 10,
+            own: None,
+            threads: Some([(1, 5_000_123), (2, 5_000_000), (3, 7)].into()),
+        };
+        assert_eq!(
+            busy_live.since(&then).time,
+            Duration::from_nanos(130),
+            "a thread started since counts whole"
         );
     }
 }

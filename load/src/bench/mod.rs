@@ -195,6 +195,8 @@ impl Report {
                 .chain(self.values.iter().map(|(k, v)| {
                     let s = match v {
                         Value::Number(n) => match n.as_f64() {
+                            // Small figures as rounded by `fine`, not as 0.00.
+                            Some(f) if n.is_f64() && f != 0.0 && f.abs() < 1.0 => f.to_string(),
                             Some(f) if n.is_f64() => format!("{f:.2}"),
                             _ => n.to_string(),
                         },
@@ -246,6 +248,16 @@ fn mib(bytes: u64) -> f64 {
 
 fn round2(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
+}
+
+/// [`round2`] for figures of 1 and more; smaller ones keep three significant digits, so a
+/// small measured value (0.0042 % of a core) is not printed as a 0 it is not.
+fn fine(x: f64) -> f64 {
+    if x == 0.0 || !x.is_finite() || x.abs() >= 1.0 {
+        return round2(x);
+    }
+    let scale = 10f64.powi(2 - x.abs().log10().floor() as i32);
+    (x * scale).round() / scale
 }
 
 /// Polls `f` every 20 ms until it is true; fails after `timeout` naming `what`.
@@ -575,10 +587,7 @@ async fn connect(opts: &BenchOptions) -> Result<Report, HarnessError> {
                 "idle_ratio_to_floor",
                 round2(idle_bytes as f64 / floor.bytes_per_conn.max(1) as f64),
             );
-            r.put(
-                "idle_cpu_pct",
-                round2(idle_end.cpu_percent_since(&idle_start)),
-            );
+            r.put("idle_cpu_pct", idle_end.cpu_percent_since(&idle_start));
             r.put("idle_s", opts.duration.as_secs());
             if leases_connected > 0.0 {
                 // With --ha: Lease writes to connect everyone, and per second while idle.
@@ -971,11 +980,10 @@ async fn throughput(opts: &BenchOptions) -> Result<Report, HarnessError> {
             let clients = floor.connect(&tls).await?;
             // Enough events that connection set-up and ramp-up do not count.
             let per_client = (m.max(20 * n).max(10_000) / n).max(1) as u64;
-            let cpu0 = ProcSample::read(std::process::id())?.cpu;
+            let cpu0 = ProcSample::read(std::process::id())?;
             let floor_down = floor.download(&clients, per_client).await?;
             // Both ends of the floor are in this process: its CPU per event, both ends.
-            let floor_cpu = ProcSample::read(std::process::id())?.cpu - cpu0;
-            let floor_cpu_us = floor_cpu.as_secs_f64() * 1e6 / (per_client * n as u64) as f64;
+            let floor_cpu = ProcSample::read(std::process::id())?.cpu_since(&cpu0);
             let floor_up = floor.upload(&clients, per_client, &event).await?;
             drop(clients);
 
@@ -991,9 +999,9 @@ async fn throughput(opts: &BenchOptions) -> Result<Report, HarnessError> {
             env.until_quiet(scaled(m)).await?;
             // CPU of the principal and of this process (the agents; the hub is idle) while
             // the backlog flows, per event: where the time goes on the shared cores.
-            // Both finer than clock ticks: a short backlog (the smoke test's 48 events) can
-            // take less than one tick.
-            let (p0, b0) = (env.principal_cpu()?, env::own_cpu());
+            // Both finer than clock ticks (see `env::CpuClock`): a short backlog (the smoke
+            // test's 48 events) can take less than one tick.
+            let (p0, b0) = (env.sample()?, ProcSample::read(std::process::id())?);
             let wb0 = wire();
             let started = Instant::now();
             let fleet = fleet_to(dial(), agents, opts);
@@ -1003,11 +1011,10 @@ async fn throughput(opts: &BenchOptions) -> Result<Report, HarnessError> {
             })
             .await;
             let backlog_time = started.elapsed();
-            let (p1, b1) = (env.principal_cpu()?, env::own_cpu());
+            let (p1, b1) = (env.sample()?, ProcSample::read(std::process::id())?);
             let wb1 = wire();
             fleet.stop().await;
             held?;
-            let per_event = |d: Duration| round2(d.as_secs_f64() * 1e6 / backlog as f64);
             let backlog_rate = backlog as f64 / backlog_time.as_secs_f64();
             let mut r = Report::new(Scenario::Throughput);
             r.put("agents", n);
@@ -1021,10 +1028,16 @@ async fn throughput(opts: &BenchOptions) -> Result<Report, HarnessError> {
             r.put("backlog_ratio", round2(backlog_rate / floor_down));
             r.put(
                 "backlog_principal_cpu_us_per_event",
-                per_event(p1.since(&p0)),
+                p1.cpu_since(&p0).per(backlog as u64, 1e6),
             );
-            r.put("backlog_agents_cpu_us_per_event", per_event(b1 - b0));
-            r.put("floor_cpu_us_per_event", round2(floor_cpu_us));
+            r.put(
+                "backlog_agents_cpu_us_per_event",
+                b1.cpu_since(&b0).per(backlog as u64, 1e6),
+            );
+            r.put(
+                "floor_cpu_us_per_event",
+                floor_cpu.per(per_client * n as u64, 1e6),
+            );
             r.put("to_principal_per_s", round2(up_rate));
             r.put("floor_to_principal_per_s", round2(floor_up));
             r.put("to_principal_ratio", round2(up_rate / floor_up));
@@ -1263,4 +1276,27 @@ async fn bulk(opts: &BenchOptions) -> Result<Report, HarnessError> {
     let logs = topo.logs();
     topo.stop().await;
     r.map_err(|e: HarnessError| format!("{e}\n{}", env::tail(&logs, 40)).into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_figures_keep_three_significant_digits() {
+        assert_eq!(fine(58.1234), 58.12);
+        assert_eq!(fine(1.005), round2(1.005));
+        assert_eq!(fine(0.71234), 0.712);
+        assert_eq!(fine(0.0042137), 0.00421);
+        assert_eq!(fine(-0.0042137), -0.00421);
+        assert_eq!(fine(0.0), 0.0);
+        let mut r = Report::new(Scenario::Connect);
+        r.put("idle_cpu_pct", fine(0.0042137));
+        r.put("connect_s", 1.5);
+        r.put("cpu", "not measured: why");
+        let table = r.table();
+        assert!(table.contains("0.00421"), "{table}");
+        assert!(table.contains("1.50"), "{table}");
+        assert!(table.contains("not measured: why"), "{table}");
+    }
 }

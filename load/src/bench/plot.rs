@@ -42,8 +42,10 @@ pub struct ConnectPoint {
     pub rss_connected_mib: f64,
     /// Resident set the connected agents added, bytes per agent.
     pub idle_bytes_per_agent: f64,
-    /// The principal's CPU use during the idle phase, percent of one core.
-    pub idle_cpu_pct: f64,
+    /// The principal's CPU use during the idle phase, percent of one core; `None` where
+    /// the run said it was not measured (a window too short for its clock), and the CPU
+    /// chart leaves the point out.
+    pub idle_cpu_pct: Option<f64>,
 }
 
 /// The principal at one number of Applications on the hub (from a `big-hub` row, which
@@ -118,7 +120,10 @@ pub fn plot_data(jsonl: &str) -> Result<PlotData, HarnessError> {
                     rss_before_mib: num("rss_before_mib")?,
                     rss_connected_mib: num("rss_connected_mib")?,
                     idle_bytes_per_agent: num("idle_bytes_per_agent")?,
-                    idle_cpu_pct: num("idle_cpu_pct")?,
+                    idle_cpu_pct: match &v["idle_cpu_pct"] {
+                        Value::String(s) if s.starts_with("not measured") => None,
+                        _ => Some(num("idle_cpu_pct")?),
+                    },
                 };
                 upsert(&mut data.connect, p, |p| p.agents);
             }
@@ -298,7 +303,7 @@ fn draw_connect(points: &[ConnectPoint], root: &Area<'_>) -> DrawResult {
 
     let max_cpu = points
         .iter()
-        .map(|p| p.idle_cpu_pct)
+        .filter_map(|p| p.idle_cpu_pct)
         .fold(TARGET_IDLE_CPU_PCT, f64::max)
         * 1.3;
     let mut cpu = ChartBuilder::on(&right)
@@ -326,7 +331,7 @@ fn draw_connect(points: &[ConnectPoint], root: &Area<'_>) -> DrawResult {
     .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], RED.stroke_width(2)));
     let measured: Vec<(f64, f64)> = points
         .iter()
-        .map(|p| (p.agents as f64, p.idle_cpu_pct))
+        .filter_map(|p| Some((p.agents as f64, p.idle_cpu_pct?)))
         .collect();
     cpu.draw_series(LineSeries::new(measured.clone(), BLUE.stroke_width(2)))?
         .label("measured (default 30 s heartbeats)")
@@ -505,6 +510,17 @@ mod tests {
         );
         assert_eq!(p[0].idle_bytes_per_agent, 50462.0);
         assert_eq!(p[1].rss_connected_mib, 114.5);
+        assert_eq!(p[0].idle_cpu_pct, Some(0.43));
+    }
+
+    #[test]
+    fn an_unmeasured_idle_cpu_is_left_out_not_drawn_as_0() {
+        let rows = r#"{"scenario":"connect","agents":5,"rss_before_mib":20.0,"rss_connected_mib":21.0,"idle_bytes_per_agent":40000,"idle_cpu_pct":"not measured: 0 µs of CPU read by a clock of 20000 µs resolution (at least 10× it needed)"}"#;
+        let p = connect_points(rows).unwrap();
+        assert_eq!(p[0].idle_cpu_pct, None);
+        // Any other string is still an error naming the row.
+        let e = connect_points(&rows.replace("not measured", "oops")).unwrap_err();
+        assert!(e.to_string().contains("line 1"), "{e}");
     }
 
     #[test]

@@ -112,7 +112,7 @@ pub(super) async fn projects(opts: &BenchOptions) -> Result<Report, HarnessError
                 env.metric("argocd_principal_config_fanout_agents_count")
                     .await?,
             );
-            let cpu0 = env.sample()?.cpu;
+            let cpu0 = env.sample()?;
             let mut latencies = Vec::with_capacity(opts.changes);
             let mut wrong = 0usize;
             for c in 0..opts.changes {
@@ -147,7 +147,7 @@ pub(super) async fn projects(opts: &BenchOptions) -> Result<Report, HarnessError
                 let suffix = format!(":proj-{j}@{marker}");
                 wrong += fleet.arrivals.count(|key| key.ends_with(&suffix)) - agents.len();
             }
-            let cpu = env.sample()?.cpu.saturating_sub(cpu0);
+            let cpu = env.sample()?.cpu_since(&cpu0);
             let fanout1 = (
                 env.metric("argocd_principal_config_fanout_agents_sum")
                     .await?,
@@ -156,7 +156,6 @@ pub(super) async fn projects(opts: &BenchOptions) -> Result<Report, HarnessError
             );
             fleet.stop().await;
             let (p50, p99, max) = percentiles(latencies);
-            let changes = opts.changes.max(1) as f64;
             let mut r = Report::new(Scenario::Projects);
             r.put("agents", n);
             r.put("projects", p);
@@ -168,7 +167,7 @@ pub(super) async fn projects(opts: &BenchOptions) -> Result<Report, HarnessError
             r.put("delivered_to_unmatched_agents", wrong);
             r.put(
                 "principal_cpu_ms_per_change",
-                round2(cpu.as_secs_f64() * 1e3 / changes),
+                cpu.per(opts.changes as u64, 1e3),
             );
             let routed = (fanout1.1 - fanout0.1).max(1.0);
             r.put(

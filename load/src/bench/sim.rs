@@ -21,6 +21,7 @@ use argocd_agent_identity::source::SvidSource;
 use argocd_agent_identity::svid::SvidState;
 use argocd_agent_identity::tls::PeerPolicy;
 use argocd_agent_kubernetes::object::{SOURCE_UID_ANNOTATION, checksum_of};
+use argocd_agent_proto::cloudevents::cloud_event::Data;
 use argocd_agent_proto::eventstream::{self as pb, Hello};
 use serde_json::Value;
 use tokio::sync::{mpsc, watch};
@@ -62,8 +63,9 @@ pub struct Stats {
     pub refused: AtomicU64,
     /// Payload bytes received in resource events.
     pub bytes_in: AtomicU64,
-    /// Application events whose object (as sent, server-owned metadata stripped) the agent
-    /// already held, applied and acknowledged: the same change applied twice.
+    /// Application events whose object (its JSON as received: the server-owned metadata
+    /// stripped, so the same hub version gives the same bytes) the agent already held,
+    /// applied and acknowledged: the same change applied twice.
     pub redelivered: AtomicU64,
 }
 
@@ -115,7 +117,7 @@ impl Arrivals {
 struct Held {
     checksum: String,
     uid: String,
-    /// Hash of the object's JSON as received; set once the acknowledgement is queued.
+    /// Hash of the object's JSON as received; set once the acknowledgement is written.
     acked: Option<u64>,
 }
 
@@ -237,11 +239,18 @@ impl SimAgent {
         )
     }
 
-    /// Applies a principal event as a spoke would; returns the answer, and the Application
-    /// and object hash to mark acknowledged once the answer is on the stream.
+    /// Applies a principal event as a spoke would (`json`: its data as received, which
+    /// `event` was decoded from); returns the answer, and the Application and object hash
+    /// to mark acknowledged once the answer is on the stream.
+    ///
+    /// What a real agent needs of an Application is done for each: the event decoded and
+    /// validated (JSON parsed into a tree), the spec's checksum and the source UID taken
+    /// from it. Counting bytes and telling a redelivery apart are the bench's own, and read
+    /// the bytes as received instead of writing the tree back to JSON.
     fn apply(
         &self,
         event: &Event,
+        json: &[u8],
         stats: &Stats,
         arrivals: &Arrivals,
     ) -> Option<(Event, Option<(String, u64)>)> {
@@ -263,14 +272,13 @@ impl SimAgent {
         match event.ty {
             EventType::Create | EventType::SpecUpdate => {
                 let obj = event.object()?;
-                let spec = obj.get("spec").cloned().unwrap_or(Value::Null);
+                let spec = obj.get("spec").unwrap_or(&Value::Null);
                 let uid = obj
                     .pointer("/metadata/annotations")
                     .and_then(|a| a.get(SOURCE_UID_ANNOTATION))
                     .and_then(Value::as_str)
                     .unwrap_or_default()
                     .to_owned();
-                let json = obj.to_string();
                 stats
                     .bytes_in
                     .fetch_add(json.len() as u64, Ordering::Relaxed);
@@ -293,7 +301,7 @@ impl SimAgent {
                 apps.insert(
                     name.clone(),
                     Held {
-                        checksum: checksum_of(&spec),
+                        checksum: checksum_of(spec),
                         uid,
                         acked: None,
                     },
@@ -558,6 +566,11 @@ async fn session(
             }
             msg = inbound.message() => {
                 let Ok(Some(ce)) = msg else { return Ok(Ended::Dropped) };
+                // The data as received (shared, not copied), for the bench's own counts.
+                let json = match &ce.data {
+                    Some(Data::BinaryData(b)) => b.clone(),
+                    _ => Default::default(),
+                };
                 let Ok(event) = Event::from_cloud_event(ce) else { continue };
                 match event.ty {
                     EventType::Processed => {
@@ -569,7 +582,7 @@ async fn session(
                         None
                     }
                     EventType::Ping | EventType::Pong => None,
-                    _ => agent.apply(&event, stats, arrivals).map(|(ack, held)| {
+                    _ => agent.apply(&event, &json, stats, arrivals).map(|(ack, held)| {
                         applied = held;
                         ack
                     }),

@@ -53,7 +53,7 @@ impl Applications {
         format!(
             "{}:{}",
             self.cache.spec_checksum(obj),
-            object::metadata_checksum(obj)
+            self.cache.metadata_checksum(obj)
         )
     }
 

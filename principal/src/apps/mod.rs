@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use argocd_agent_domain::{AgentMode, AgentName, Namespace, ResourceKind};
-use argocd_agent_domain::{Event, EventType, JsonObject, LazyObject, Payload, ResourceRef};
+use argocd_agent_domain::{Event, EventType, Payload, ResourceRef};
 use argocd_agent_kubernetes::object::{self, is_being_deleted};
 use argocd_agent_kubernetes::{AGENT_NAME_LABEL, Change, ObjectStore, ObjectView};
 use kube::api::DynamicObject;
@@ -53,24 +53,6 @@ fn app_ref(namespace: &Namespace, name: &str) -> ResourceRef {
 fn for_wire(obj: &DynamicObject) -> Arc<Value> {
     let stripped = object::strip_for_transfer(obj);
     Arc::new(serde_json::to_value(&stripped).unwrap_or(Value::Null))
-}
-
-/// Wire form of a hub object for a managed agent: [`for_wire`] plus the hub UID
-/// (`argocd.argoproj.io/source-uid`), without `.status`. The queued event shares the watch cache's copy and
-/// writes the JSON when it is sent.
-fn for_managed_wire(obj: &Arc<DynamicObject>) -> Payload {
-    Payload::Lazy(LazyObject::new(ManagedWire(obj.clone())))
-}
-
-/// A hub object as a managed agent receives it, written when sent: without `.status`,
-/// which the agent never takes (its copy's status is the spoke's own).
-#[derive(Debug)]
-struct ManagedWire(Arc<DynamicObject>);
-
-impl JsonObject for ManagedWire {
-    fn write_json(&self, out: &mut Vec<u8>) {
-        object::write_stamped_without_status(&self.0, out);
-    }
 }
 
 /// `spec.destination.name` of an Application.
@@ -339,7 +321,7 @@ impl Applications {
                 &self.source,
                 EventType::SpecUpdate,
                 resource,
-                for_managed_wire(&obj),
+                self.managed_wire(&obj),
             ),
             _ => Event::resource(&self.source, EventType::Delete, resource, Payload::None),
         };
@@ -371,6 +353,16 @@ impl Applications {
         );
     }
 
+    /// Wire form of a hub object for a managed agent: [`for_wire`] plus the hub UID
+    /// (`argocd.argoproj.io/source-uid`), without `.status`, which the agent never takes
+    /// (its copy's status is the spoke's own). The queued event shares the watch cache's
+    /// copy; its JSON is written when the first event of this version is sent and kept
+    /// with the version in the cache, so every agent, resend and resync that sends the
+    /// same version sends the same bytes.
+    fn managed_wire(&self, obj: &Arc<DynamicObject>) -> Payload {
+        Payload::Lazy(self.cache.managed_json(obj))
+    }
+
     pub(crate) fn push_spec(&self, state: &AgentState, obj: &Arc<DynamicObject>) {
         let Some(resource) = obj_ref(obj) else { return };
         if self.oversized(state, &resource, obj) {
@@ -382,7 +374,7 @@ impl Applications {
                 &self.source,
                 EventType::SpecUpdate,
                 resource,
-                for_managed_wire(obj),
+                self.managed_wire(obj),
             ),
         );
     }

@@ -55,8 +55,8 @@ pub mod cloud_event {
     #[allow(clippy::all)]
     #[derive(Clone, PartialEq, Eq, Hash, ::prost::Oneof)]
     pub enum Data {
-        #[prost(bytes, tag = "6")]
-        BinaryData(::prost::alloc::vec::Vec<u8>),
+        #[prost(bytes = "bytes", tag = "6")]
+        BinaryData(::prost::bytes::Bytes),
         #[prost(string, tag = "7")]
         TextData(::prost::alloc::string::String),
         #[prost(message, tag = "8")]
