@@ -827,18 +827,15 @@ async fn handle_event(x: &Exchange<'_>, event: Event) -> Result<(), Status> {
         return requested_resync(x, event).await.map(|_| ());
     }
     let started = std::time::Instant::now();
-    // The protocol's own events are decided by their type alone: an acknowledgement (one
-    // for every event sent) costs no lookup of its object in the hub cache.
-    let decision = match control_decision(&event) {
-        Some(control) => control,
-        None => {
-            let owner = event.resource.as_ref().map_or(OwnerRecord::Absent, |r| {
-                hub.owner_record(&identity.agent, r)
-            });
-            let placement = placement_of(hub, mode, &event);
-            decide(identity, mode, &event, &owner, &placement)
-        }
-    };
+    // Acks and pings are decided by their type alone, with no hub cache lookup.
+    let decision = control_decision(&event).unwrap_or_else(|| {
+        let owner = (event.resource.as_ref()).map(|r| hub.owner_record(&identity.agent, r));
+        let (owner, placement) = (
+            owner.unwrap_or(OwnerRecord::Absent),
+            placement_of(hub, mode, &event),
+        );
+        decide(identity, mode, &event, &owner, &placement)
+    });
     use crate::metrics::Processing;
     let mut processing = Processing::Success;
     let reply = match decision {
