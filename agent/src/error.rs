@@ -62,6 +62,18 @@ pub enum SessionError {
     Closed,
 }
 
+impl SessionError {
+    /// Whether the dial was refused: no principal listens at the address (see
+    /// [`crate::redial::Attempt::Refused`]).
+    pub fn is_refused(&self) -> bool {
+        match self {
+            SessionError::Connect(e) => e.is_refused(),
+            SessionError::Channel(e) => argocd_agent_identity::transport::is_refused(e),
+            _ => false,
+        }
+    }
+}
+
 /// Why an event from the principal could not be applied on the spoke.
 #[derive(Debug, thiserror::Error)]
 pub enum SpokeError {

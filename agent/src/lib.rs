@@ -385,6 +385,17 @@ fn redirected<T>(result: &Result<T, SessionError>) -> bool {
             .is_some_and(|v| v == "now"))
 }
 
+/// How a session attempt ended, for the backoff.
+fn attempt_of<T>(result: &Result<T, SessionError>) -> redial::Attempt {
+    if redirected(result) {
+        redial::Attempt::Redirected
+    } else if result.as_ref().is_err_and(SessionError::is_refused) {
+        redial::Attempt::Refused
+    } else {
+        redial::Attempt::Session
+    }
+}
+
 /// Connects, and reconnects with exponential backoff and jitter, until shutdown.
 async fn reconnect_loop(
     spoke: Arc<Spoke>,
@@ -414,7 +425,7 @@ async fn reconnect_loop(
             return;
         }
         spoke.metrics.connection(false);
-        let redirected = redirected(&result);
+        let attempt = attempt_of(&result);
         if let Err(SessionError::Status(s)) = &result
             && matches!(
                 s.code(),
@@ -438,8 +449,8 @@ async fn reconnect_loop(
             }
         }
         // A replica that sends the agent elsewhere asks it to come back at once; so does
-        // a session that lasted.
-        let wait = backoff.after(started.elapsed(), redirected);
+        // a session that lasted. A refused dial (nothing listens) is retried within seconds.
+        let wait = backoff.after(started.elapsed(), attempt);
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(wait) => {}

@@ -320,9 +320,72 @@ pub fn is_connection_loss(status: &tonic::Status) -> bool {
     .any(|needle| text.contains(needle))
 }
 
+impl TransportError {
+    /// Whether nothing accepted the TCP connection: connection refused, because no process
+    /// listens at the address or a Service with no ready endpoint rejects it. Such an
+    /// attempt cost the principal nothing, unlike a handshake that timed out.
+    pub fn is_refused(&self) -> bool {
+        match self {
+            TransportError::Connect { cause, .. } => is_refused(cause),
+            _ => false,
+        }
+    }
+}
+
+/// Whether `err` or one of its sources is the I/O error "connection refused".
+pub fn is_refused(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(err);
+    while let Some(e) = cur {
+        if e.downcast_ref::<io::Error>()
+            .is_some_and(|io| io.kind() == io::ErrorKind::ConnectionRefused)
+        {
+            return true;
+        }
+        cur = e.source();
+    }
+    false
+}
+
 #[cfg(test)]
 mod connection_loss_tests {
     use super::is_connection_loss;
+    use std::sync::Arc;
+
+    /// A port nobody listens on refuses the dial, and the error says so; a dial that
+    /// reached a listener (which then closed before TLS) is no refusal.
+    #[tokio::test]
+    async fn a_dial_nothing_accepts_is_refused() {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(rustls::RootCertStore::empty())
+            .with_no_client_auth();
+        let config = Arc::new(config);
+        let opts = || super::ChannelOptions {
+            connect_timeout: std::time::Duration::from_secs(5),
+            ..Default::default()
+        };
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = closed.local_addr().unwrap().to_string();
+        drop(closed);
+        let err = super::connect(&addr, config.clone(), "localhost", opts())
+            .await
+            .unwrap_err();
+        assert!(err.is_refused(), "{err}");
+        // Accepted, then closed at once: the TCP connection was made.
+        let open = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = open.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            while let Ok((c, _)) = open.accept().await {
+                drop(c);
+            }
+        });
+        let err = super::connect(&addr, config, "localhost", opts())
+            .await
+            .unwrap_err();
+        assert!(!err.is_refused(), "{err}");
+    }
 
     #[test]
     fn transport_failures_are_connection_loss_and_refusals_are_not() {

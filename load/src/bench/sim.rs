@@ -29,7 +29,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
 use argocd_agent_agent::dialer::Dialer;
-use argocd_agent_agent::redial::Backoff;
+use argocd_agent_agent::redial::{Attempt, Backoff};
 use argocd_agent_testkit::harness::{HarnessError, PRINCIPAL_ID};
 
 /// SPIFFE ID of simulated agent `name` (mapped by [`super::env::BENCH_RULE`]).
@@ -474,19 +474,25 @@ async fn run(
         } else {
             (target + 1) % count()
         };
-        match result {
+        let attempt = match result {
             Ok(Ended::Kicked) => {
                 backoff.reset();
                 continue;
             }
             Ok(Ended::Dropped) => {
                 stats.dropped.fetch_add(1, Ordering::Relaxed);
+                Attempt::Session
+            }
+            Ok(Ended::Refused) => {
+                stats.failed_attempts.fetch_add(1, Ordering::Relaxed);
+                Attempt::Refused
             }
             Err(_) => {
                 stats.failed_attempts.fetch_add(1, Ordering::Relaxed);
+                Attempt::Session
             }
-        }
-        let wait = backoff.after(started.elapsed(), false);
+        };
+        let wait = backoff.after(started.elapsed(), attempt);
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(wait) => {}
@@ -494,12 +500,15 @@ async fn run(
     }
 }
 
-/// How an established session ended.
+/// How a session attempt ended (an established session, or a refused dial).
 enum Ended {
     /// The stream or connection went away.
     Dropped,
     /// The run closed it on purpose ([`SimAgent::kick`]).
     Kicked,
+    /// None was made: the dial was refused, because nothing listens or the modelled Service
+    /// has no ready endpoint (kube-proxy rejects the connection).
+    Refused,
 }
 
 /// Decrements the connected count (and forgets the agent's principal) when a live session
@@ -523,11 +532,17 @@ async fn session(
     kick: &CancellationToken,
 ) -> Result<Ended, HarnessError> {
     // Dialed as the agent dials: its dialer over this agent's SVID.
-    let principal = address.ok_or("no principal address")?.to_string();
-    let channel = Dialer::mtls(agent.tls())
+    let Some(principal) = address.map(|a| a.to_string()) else {
+        return Ok(Ended::Refused);
+    };
+    let channel = match Dialer::mtls(agent.tls())
         .connect(&principal, config.keepalive)
         .await
-        .map_err(|e| argocd_agent_domain::error_chain(&e))?;
+    {
+        Ok(channel) => channel,
+        Err(e) if e.is_refused() => return Ok(Ended::Refused),
+        Err(e) => return Err(argocd_agent_domain::error_chain(&e).into()),
+    };
     // The agent's own client, with its compression settings.
     let mut client =
         argocd_agent_agent::connection::event_stream_client(channel, 16 << 20, config.compression);
