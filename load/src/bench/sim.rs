@@ -51,8 +51,11 @@ pub struct Stats {
     pub sessions: AtomicU64,
     /// Sessions that ended while the run did not ask for it (dropped streams).
     pub dropped: AtomicU64,
-    /// Connection or handshake attempts that failed.
+    /// Connection or handshake attempts that failed (refused dials included).
     pub failed_attempts: AtomicU64,
+    /// Of those, dials refused: nothing listened, or the modelled Service had no ready
+    /// endpoint. They cost the principals nothing.
+    pub dials_refused: AtomicU64,
     /// Resource events received from the principal (create, spec-update, delete).
     pub events_in: AtomicU64,
     /// Events sent (status updates).
@@ -485,6 +488,7 @@ async fn run(
             }
             Ok(Ended::Refused) => {
                 stats.failed_attempts.fetch_add(1, Ordering::Relaxed);
+                stats.dials_refused.fetch_add(1, Ordering::Relaxed);
                 Attempt::Refused
             }
             Err(_) => {

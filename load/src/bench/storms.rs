@@ -187,6 +187,7 @@ async fn measure(
         round2((after.sessions - before.sessions) as f64 / served.as_secs_f64().max(1e-9)),
     );
     r.put("failed_attempts", after.failed - before.failed);
+    r.put("dials_refused", after.refused - before.refused);
     Ok(r)
 }
 
@@ -203,6 +204,7 @@ fn storm_action_key(storm: Storm) -> &'static str {
 struct Counts {
     sessions: u64,
     failed: u64,
+    refused: u64,
     redelivered: u64,
 }
 
@@ -210,6 +212,7 @@ fn snapshot(f: &Fleet) -> Counts {
     Counts {
         sessions: f.stats.sessions.load(Relaxed),
         failed: f.stats.failed_attempts.load(Relaxed),
+        refused: f.stats.dials_refused.load(Relaxed),
         redelivered: f.stats.redelivered.load(Relaxed),
     }
 }
@@ -357,12 +360,14 @@ async fn endpoints_as_ready(env: &BenchEnv, fleet: &Fleet) -> Result<(), Harness
     Ok(())
 }
 
-/// Replaces every replica, one at a time, as a Deployment's rolling update does: the new
-/// replica starts (on its own address, as a new pod), and once it is ready it takes the old
-/// one's place among the addresses the agents dial; then the old one gets SIGTERM and is
-/// waited for (up to the grace period, then killed). One principal (no `--ha`): SIGTERM,
-/// exit, start again (a second principal without Leases beside it would serve the same
-/// agents), with no endpoint until it is ready.
+/// Replaces every replica as the Deployment's rolling update does with `deploy/`'s strategy
+/// (`maxSurge: 1, maxUnavailable: 1`; the controller's `rolling.go`): at each step one old
+/// replica leaves the Service's endpoints and gets SIGTERM (the old ReplicaSet scaled down
+/// by the one unavailable pod allowed) while its successor starts on its own address (the
+/// one surge pod); the next step starts as soon as the successor is ready, whether or not
+/// the old one has exited (it drains within the grace period, then is killed). One
+/// principal (no `--ha`): SIGTERM, exit, start again (a second principal without Leases
+/// beside it would serve the same agents), with no endpoint until it is ready.
 async fn rollout(
     env: &mut BenchEnv,
     fleet: &Fleet,
@@ -377,12 +382,25 @@ async fn rollout(
         env.principal.start()?;
         return endpoints_as_ready(env, fleet).await;
     }
+    let mut draining = tokio::task::JoinSet::new();
     for slot in 0..=env.replicas.len() {
+        let (old_addr, old_pid) = if slot == 0 {
+            (env.principal_addr, env.principal.pid())
+        } else {
+            let r = &env.replicas[slot - 1];
+            (r.addr, r.proc.pid())
+        };
+        let mut serving = addresses(env);
+        serving.retain(|a| *a != old_addr);
+        fleet.set_principals(serving);
+        if let Some(pid) = old_pid {
+            sigterm(pid).await;
+        }
         let new = env
             .start_replica(&format!("principal-{slot}-2"), args)
             .await?;
         sampler.add(new.metrics_port);
-        let mut old = if slot == 0 {
+        let old = if slot == 0 {
             let proc = std::mem::replace(&mut env.principal, new.proc);
             env.principal_addr = new.addr;
             env.metrics_port = new.metrics_port;
@@ -391,8 +409,10 @@ async fn rollout(
             std::mem::replace(&mut env.replicas[slot - 1], new).proc
         };
         fleet.set_principals(addresses(env));
-        terminate(&mut old).await;
+        draining.spawn(reap(old));
     }
+    // The rollout is over once every old replica is gone.
+    while draining.join_next().await.is_some() {}
     Ok(())
 }
 
@@ -406,15 +426,29 @@ fn addresses(env: &BenchEnv) -> Vec<std::net::SocketAddr> {
 /// SIGTERM, then waits up to the grace period for the exit, then kills.
 async fn terminate(proc: &mut argocd_agent_testkit::harness::Proc) {
     if let Some(pid) = proc.pid() {
-        let _ = tokio::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()
-            .await;
+        sigterm(pid).await;
         let _ = until(&format!("{} to exit", proc.name), GRACE, || {
             !proc.is_running()
         })
         .await;
     }
+    proc.kill().await;
+}
+
+/// Sends SIGTERM to `pid`, as the kubelet does to a terminating pod.
+async fn sigterm(pid: u32) {
+    let _ = tokio::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .await;
+}
+
+/// Waits up to the grace period for a process already sent SIGTERM to exit, then kills it.
+async fn reap(mut proc: argocd_agent_testkit::harness::Proc) {
+    let _ = until(&format!("{} to exit", proc.name), GRACE, || {
+        !proc.is_running()
+    })
+    .await;
     proc.kill().await;
 }
 
