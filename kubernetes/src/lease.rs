@@ -106,11 +106,7 @@ impl CompactLease {
     /// gives back an object equal to `obj`. `None` for anything else (other metadata such
     /// as finalizers or owners, other spec fields, another kind).
     pub fn exact(obj: &DynamicObject) -> Option<CompactLease> {
-        if obj
-            .types
-            .as_ref()
-            .is_some_and(|t| *t != Self::type_meta())
-        {
+        if obj.types.as_ref().is_some_and(|t| *t != Self::type_meta()) {
             return None;
         }
         let lease = Self::read(obj);

@@ -44,7 +44,10 @@ fn a_real_lease_round_trips_exactly() {
     let lease = CompactLease::exact(&obj).expect("an agent Lease fits the typed fields");
     assert_eq!(lease.to_object(), obj);
     // The JSON written back is the JSON received.
-    assert_eq!(serde_json::to_value(lease.to_object()).unwrap(), agent_lease());
+    assert_eq!(
+        serde_json::to_value(lease.to_object()).unwrap(),
+        agent_lease()
+    );
 }
 
 #[test]
@@ -88,7 +91,10 @@ fn the_fields_the_principal_reads() {
 fn the_resource_version_survives_the_rebuild_for_a_write() {
     let obj = object(agent_lease());
     let rebuilt = CompactLease::exact(&obj).unwrap().to_object();
-    assert_eq!(rebuilt.metadata.resource_version.as_deref(), Some("1234567"));
+    assert_eq!(
+        rebuilt.metadata.resource_version.as_deref(),
+        Some("1234567")
+    );
     assert_eq!(rebuilt.metadata.uid, obj.metadata.uid);
 }
 
@@ -149,10 +155,7 @@ fn what_the_typed_fields_cannot_hold_is_not_compacted() {
         } else {
             v.pointer_mut(parent).unwrap()
         };
-        target
-            .as_object_mut()
-            .unwrap()
-            .insert(field.into(), value);
+        target.as_object_mut().unwrap().insert(field.into(), value);
         let Ok(obj) = serde_json::from_value::<DynamicObject>(v) else {
             continue;
         };
@@ -204,7 +207,10 @@ fn a_lease_cache_keeps_leases_compact_and_gives_back_the_same_objects() {
     assert!(feed.applied(newer.clone()).is_some());
     assert_eq!(*cache.get(Some("argocd"), name).unwrap(), newer);
     assert_eq!(
-        cache.lease(Some("argocd"), name).unwrap().resource_version(),
+        cache
+            .lease(Some("argocd"), name)
+            .unwrap()
+            .resource_version(),
         Some("1234568")
     );
     assert!(matches!(feed.deleted(newer), Some(Change::Deleted(_))));
