@@ -381,7 +381,11 @@ impl Cache {
 
     /// The object as this cache keeps it, and its size when it was measured: a stub when
     /// the stub rule applies and it is too large.
-    fn admit(&self, obj: DynamicObject) -> (DynamicObject, Admitted) {
+    fn admit(&self, mut obj: DynamicObject) -> (DynamicObject, Admitted) {
+        // The API server's field-ownership records are never read from a cache and weigh as
+        // much as a small object (a Lease's are as large as the Lease): dropped, as
+        // client-go's informers are commonly told to, from listed and watched objects alike.
+        obj.metadata.managed_fields = None;
         let Some(rule) = self.inner.stub_rule.get().filter(|r| (r.applies)(&obj)) else {
             return (obj, Admitted::default());
         };
@@ -420,11 +424,6 @@ impl Cache {
         if self.read().get(&key).is_some_and(|c| c.same_version(&obj)) {
             return None;
         }
-        // The API server's field-ownership records are never read from a cache and weigh as
-        // much as a small object (a Lease's are as large as the Lease): dropped, as
-        // client-go's informers are commonly told to.
-        let mut obj = obj;
-        obj.metadata.managed_fields = None;
         // Measured (and stubbed) outside the lock.
         let (obj, admitted) = self.admit(obj);
         let (mut slot, obj) = Slot::new(self.inner.kind, obj, admitted);
