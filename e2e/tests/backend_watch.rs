@@ -435,3 +435,97 @@ async fn watch_of_namespace_set_recovers_from_server_errors() {
     assert_eq!(cache.list_namespace("agent-b").len(), 1);
     server.shutdown().await;
 }
+
+/// An agent Lease as a principal with `--ha` writes it.
+fn agent_lease(name: &str) -> DynamicObject {
+    let mut obj = DynamicObject::new(name, &Kind::Lease.api_resource()).within(NS);
+    obj.metadata.labels = Some(
+        [
+            (
+                "argocd-agent.argoproj-labs.io/lease".to_string(),
+                "agent".to_string(),
+            ),
+            (
+                "argocd-agent.argoproj-labs.io/agent-name".to_string(),
+                name.to_string(),
+            ),
+        ]
+        .into(),
+    );
+    obj.metadata.annotations = Some(
+        [(
+            "argocd-agent.argoproj-labs.io/hub-namespace".to_string(),
+            name.to_string(),
+        )]
+        .into(),
+    );
+    let now = jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%S%.6fZ")
+        .to_string();
+    obj.data = json!({"spec": {
+        "holderIdentity": "principal-0_1a2b3c4d",
+        "acquireTime": now,
+        "renewTime": now,
+        "leaseDurationSeconds": 900,
+        "leaseTransitions": 0
+    }});
+    obj
+}
+
+/// Leases written through the API server are kept in the watch cache in typed fields (an
+/// object asked for is rebuilt: a new `Arc` each time), both as listed and as watched, and
+/// the rebuilt object is the server's (resourceVersion, uid and all), which a write starts
+/// from.
+#[tokio::test]
+async fn lease_cache_keeps_server_leases_compact_and_exact() {
+    let (server, kube, _dir) = started().await;
+    let leases = Resources::new(kube.clone(), Kind::Lease);
+    assert_eq!(
+        leases.ensure_namespace(NS, BTreeMap::new()).await.ok(),
+        Some(true)
+    );
+    assert!(leases.create(&agent_lease("listed")).await.is_ok());
+    let (cache, changes) = watch(kube, Kind::Lease, Scope::namespace(NS));
+    let mut changes = Box::pin(changes);
+    let pump = tokio::spawn(async move { while changes.next().await.is_some() {} });
+    assert!(leases.create(&agent_lease("watched")).await.is_ok());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while cache.len() < 2 {
+        assert!(tokio::time::Instant::now() < deadline, "never cached both");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for name in ["listed", "watched"] {
+        let (Some(a), Some(b)) = (cache.get(Some(NS), name), cache.get(Some(NS), name)) else {
+            panic!("{name} not cached");
+        };
+        assert!(!std::sync::Arc::ptr_eq(&a, &b), "{name} kept whole");
+        let Ok(Some(mut stored)) = leases.get(Some(NS), name).await else {
+            panic!("{name} not on the server");
+        };
+        stored.metadata.managed_fields = None;
+        assert_eq!(*a, stored, "{name}");
+        let lease = cache.lease(Some(NS), name);
+        assert_eq!(
+            lease
+                .as_ref()
+                .and_then(|l| l.holder_identity().map(str::to_owned)),
+            Some("principal-0_1a2b3c4d".to_string())
+        );
+        // A renewal starts from the cached copy.
+        let renewed = leases
+            .update_from(Some(NS), name, Some((*a).clone()), |o| {
+                o.data["spec"]["leaseTransitions"] = json!(1);
+                Mutation::Changed
+            })
+            .await;
+        assert!(
+            matches!(
+                renewed,
+                Ok(argocd_agent_kubernetes::UpdateOutcome::Updated(_))
+            ),
+            "{renewed:?}"
+        );
+    }
+    pump.abort();
+    server.shutdown().await;
+}

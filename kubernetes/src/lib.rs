@@ -22,6 +22,7 @@
 mod client;
 mod error;
 mod kind;
+mod lease;
 #[cfg(feature = "memory")]
 pub mod memory;
 pub mod object;
@@ -38,6 +39,7 @@ pub use client::{
 };
 pub use error::{Error, ObjectRef};
 pub use kind::{ARGOPROJ_GROUP, ARGOPROJ_VERSION, Kind};
+pub use lease::CompactLease;
 pub use ratelimit::{TokenBucket, TokenBucketLayer};
 pub use resources::{Resources, ensure_namespace};
 pub use scope::{IGNORE_SYNC_LABEL, Namespaces, Scope, is_sync_ignored};

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use kube::api::DynamicObject;
 
 use crate::Kind;
+use crate::lease::CompactLease;
 use crate::store::Known;
 use crate::watch::Cache;
 
@@ -24,6 +25,22 @@ pub trait ObjectView: Send + Sync {
 
     /// Every object, ordered by namespace then name.
     fn list(&self) -> Vec<Arc<DynamicObject>>;
+
+    /// The Lease `namespace/name` in typed fields (for a view of Leases: it reads what a
+    /// Lease says without rebuilding the object from the compact form it is kept in).
+    fn lease(&self, namespace: Option<&str>, name: &str) -> Option<Arc<CompactLease>> {
+        self.get(namespace, name)
+            .map(|o| Arc::new(CompactLease::read(&o)))
+    }
+
+    /// The Leases of one namespace in typed fields, ordered by name (see
+    /// [`ObjectView::lease`]).
+    fn leases(&self, namespace: &str) -> Vec<Arc<CompactLease>> {
+        self.list_namespace(namespace)
+            .iter()
+            .map(|o| Arc::new(CompactLease::read(o)))
+            .collect()
+    }
 
     /// The objects of one namespace, ordered by name.
     fn list_namespace(&self, namespace: &str) -> Vec<Arc<DynamicObject>>;
@@ -78,6 +95,12 @@ impl ObjectView for Cache {
     }
     fn list(&self) -> Vec<Arc<DynamicObject>> {
         Cache::list(self)
+    }
+    fn lease(&self, namespace: Option<&str>, name: &str) -> Option<Arc<CompactLease>> {
+        Cache::lease(self, namespace, name)
+    }
+    fn leases(&self, namespace: &str) -> Vec<Arc<CompactLease>> {
+        Cache::leases(self, namespace)
     }
     fn list_namespace(&self, namespace: &str) -> Vec<Arc<DynamicObject>> {
         Cache::list_namespace(self, namespace)

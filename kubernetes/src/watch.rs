@@ -23,6 +23,7 @@ use kube::runtime::watcher::{self, Event};
 use tokio::sync::watch as signal;
 
 use crate::Kind;
+use crate::lease::CompactLease;
 use crate::scope::{Namespaces, Scope, is_sync_ignored};
 
 /// One change seen by a watch, after de-duplication against the cache.
@@ -143,6 +144,64 @@ struct Admitted {
     stub: bool,
 }
 
+/// One cached object as the cache keeps it.
+#[derive(Debug)]
+enum Slot {
+    /// The object and what was derived from it.
+    Object(Entry),
+    /// A Lease in typed fields ([`CompactLease::exact`]: the object rebuilt from them is
+    /// the one received), rebuilt when an object is asked for.
+    Lease(Arc<CompactLease>),
+}
+
+impl Slot {
+    /// The slot for `obj` (as admitted), and `obj` for the change announcing it: a Lease
+    /// cache keeps the Leases whose typed form holds all of them that way.
+    fn new(kind: Kind, obj: DynamicObject, admitted: Admitted) -> (Slot, Arc<DynamicObject>) {
+        let obj = Arc::new(obj);
+        if kind == Kind::Lease
+            && !admitted.stub
+            && let Some(lease) = CompactLease::exact(&obj)
+        {
+            return (Slot::Lease(Arc::new(lease)), obj);
+        }
+        (Slot::Object(Entry::new(obj.clone(), admitted)), obj)
+    }
+
+    /// The object (a Lease rebuilt from its typed fields: a new `Arc` each time).
+    fn object(&self) -> Arc<DynamicObject> {
+        match self {
+            Slot::Object(e) => e.obj.clone(),
+            Slot::Lease(l) => Arc::new(l.to_object()),
+        }
+    }
+
+    /// The object's entry, unless it is kept in typed fields.
+    fn entry(&self) -> Option<&Entry> {
+        match self {
+            Slot::Object(e) => Some(e),
+            Slot::Lease(_) => None,
+        }
+    }
+
+    /// The object as a Lease (read from the object when it is not kept as one).
+    fn lease(&self) -> Arc<CompactLease> {
+        match self {
+            Slot::Object(e) => Arc::new(CompactLease::read(&e.obj)),
+            Slot::Lease(l) => l.clone(),
+        }
+    }
+
+    /// Whether `obj` is the version held here.
+    fn same_version(&self, obj: &DynamicObject) -> bool {
+        let held = match self {
+            Slot::Object(e) => e.obj.metadata.resource_version.as_deref(),
+            Slot::Lease(l) => l.resource_version(),
+        };
+        held.is_some() && held == obj.metadata.resource_version.as_deref()
+    }
+}
+
 /// Which objects a cache keeps as stubs when they are large ([`Cache::stub_oversized`]).
 #[derive(Debug, Clone, Copy)]
 struct StubRule {
@@ -155,7 +214,7 @@ struct StubRule {
 #[derive(Debug)]
 struct CacheInner {
     kind: Kind,
-    objects: RwLock<BTreeMap<Key, Entry>>,
+    objects: RwLock<BTreeMap<Key, Slot>>,
     synced: signal::Sender<bool>,
     stub_rule: OnceLock<StubRule>,
 }
@@ -188,13 +247,13 @@ impl Cache {
         self.inner.kind
     }
 
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<Key, Entry>> {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<Key, Slot>> {
         // A poisoned lock means a panic elsewhere; the map itself is still consistent
         // because every write is a single insert/remove.
         self.inner.objects.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<Key, Entry>> {
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<Key, Slot>> {
         self.inner
             .objects
             .write()
@@ -205,7 +264,24 @@ impl Cache {
     pub fn get(&self, namespace: Option<&str>, name: &str) -> Option<Arc<DynamicObject>> {
         self.read()
             .get(&(namespace.unwrap_or_default().to_string(), name.to_string()))
-            .map(|e| e.obj.clone())
+            .map(Slot::object)
+    }
+
+    /// The Lease `namespace/name` in typed fields (read from the object when the cache
+    /// keeps it whole); without rebuilding an object.
+    pub fn lease(&self, namespace: Option<&str>, name: &str) -> Option<Arc<CompactLease>> {
+        self.read()
+            .get(&(namespace.unwrap_or_default().to_string(), name.to_string()))
+            .map(Slot::lease)
+    }
+
+    /// The Leases of one namespace in typed fields, ordered by name (see [`Cache::lease`]).
+    pub fn leases(&self, namespace: &str) -> Vec<Arc<CompactLease>> {
+        self.read()
+            .range((namespace.to_string(), String::new())..)
+            .take_while(|((ns, _), _)| ns == namespace)
+            .map(|(_, s)| s.lease())
+            .collect()
     }
 
     /// The spec checksum ([`crate::object::spec_checksum`]) of `obj`, computed once per
@@ -256,6 +332,7 @@ impl Cache {
     ) -> Option<Arc<OnceLock<T>>> {
         self.read()
             .get(&key_of(obj))
+            .and_then(Slot::entry)
             .filter(|e| Arc::ptr_eq(&e.obj, obj))
             .map(|e| field(e).clone())
     }
@@ -298,12 +375,17 @@ impl Cache {
     pub fn is_stub(&self, obj: &Arc<DynamicObject>) -> bool {
         self.read()
             .get(&key_of(obj))
+            .and_then(Slot::entry)
             .is_some_and(|e| e.stub && Arc::ptr_eq(&e.obj, obj))
     }
 
     /// The object as this cache keeps it, and its size when it was measured: a stub when
     /// the stub rule applies and it is too large.
-    fn admit(&self, obj: DynamicObject) -> (DynamicObject, Admitted) {
+    fn admit(&self, mut obj: DynamicObject) -> (DynamicObject, Admitted) {
+        // The API server's field-ownership records are never read from a cache and weigh as
+        // much as a small object (a Lease's are as large as the Lease): dropped, as
+        // client-go's informers are commonly told to, from listed and watched objects alike.
+        obj.metadata.managed_fields = None;
         let Some(rule) = self.inner.stub_rule.get().filter(|r| (r.applies)(&obj)) else {
             return (obj, Admitted::default());
         };
@@ -339,32 +421,25 @@ impl Cache {
                 .remove(&key)
                 .map(|_| Change::Deleted(Arc::new(obj)));
         }
-        if let Some(cached) = self.read().get(&key)
-            && same_version(&cached.obj, &obj)
-        {
+        if self.read().get(&key).is_some_and(|c| c.same_version(&obj)) {
             return None;
         }
-        // The API server's field-ownership records are never read from a cache and weigh as
-        // much as a small object (a Lease's are as large as the Lease): dropped, as
-        // client-go's informers are commonly told to.
-        let mut obj = obj;
-        obj.metadata.managed_fields = None;
         // Measured (and stubbed) outside the lock.
         let (obj, admitted) = self.admit(obj);
-        let obj = Arc::new(obj);
-        let mut entry = Entry::new(obj.clone(), admitted);
+        let (mut slot, obj) = Slot::new(self.inner.kind, obj, admitted);
         let previous = self
             .read()
             .get(&key)
+            .and_then(Slot::entry)
             .filter(|e| !e.stub && !admitted.stub && e.has_derived())
             .map(Entry::derived);
-        if let Some(previous) = previous
+        if let (Some(previous), Slot::Object(entry)) = (previous, &mut slot)
             && crate::object::same_without_status(&previous.obj, &obj)
         {
             // A status write: what was derived from the spec and metadata still holds.
             entry.inherit(previous);
         }
-        self.write().insert(key, entry);
+        self.write().insert(key, slot);
         Some(Change::Applied(obj))
     }
 
@@ -378,7 +453,7 @@ impl Cache {
 
     /// Every cached object, ordered by namespace then name.
     pub fn list(&self) -> Vec<Arc<DynamicObject>> {
-        self.read().values().map(|e| e.obj.clone()).collect()
+        self.read().values().map(Slot::object).collect()
     }
 
     /// The cached objects of one namespace, ordered by name.
@@ -386,7 +461,7 @@ impl Cache {
         self.read()
             .range((namespace.to_string(), String::new())..)
             .take_while(|((ns, _), _)| ns == namespace)
-            .map(|(_, e)| e.obj.clone())
+            .map(|(_, s)| s.object())
             .collect()
     }
 
@@ -548,7 +623,7 @@ impl Reconciler {
             .collect();
         for key in stale {
             if let Some(gone) = objects.remove(&key) {
-                changes.push(Change::Deleted(gone.obj));
+                changes.push(Change::Deleted(gone.object()));
             }
         }
         let mut keys: Vec<Key> = listed.keys().cloned().collect();
@@ -557,22 +632,15 @@ impl Reconciler {
             let Some((obj, admitted)) = listed.remove(&key) else {
                 continue;
             };
-            if let Some(cached) = objects.get(&key)
-                && same_version(&cached.obj, &obj)
-            {
+            if objects.get(&key).is_some_and(|c| c.same_version(&obj)) {
                 continue;
             }
-            let obj = Arc::new(obj);
-            objects.insert(key, Entry::new(obj.clone(), admitted));
+            let (slot, obj) = Slot::new(self.kind, obj, admitted);
+            objects.insert(key, slot);
             changes.push(Change::Applied(obj));
         }
         changes
     }
-}
-
-fn same_version(a: &DynamicObject, b: &DynamicObject) -> bool {
-    a.metadata.resource_version.is_some()
-        && a.metadata.resource_version == b.metadata.resource_version
 }
 
 type RawEvent = Result<Event<DynamicObject>, watcher::Error>;

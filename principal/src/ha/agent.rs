@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use argocd_agent_domain::{AgentName, Namespace};
-use argocd_agent_kubernetes::{Change, Kind, Mutation, UpdateOutcome};
+use argocd_agent_kubernetes::{Change, CompactLease, Kind, Mutation, UpdateOutcome};
 use kube::api::DynamicObject;
 use tokio::time::Instant;
 use tonic::Status;
@@ -79,8 +79,8 @@ impl Leases {
     pub fn holder_of(&self, agent: &AgentName) -> Option<String> {
         let lease = self
             .cache
-            .get(Some(&self.namespace), &agent_lease_name(agent))?;
-        let view = LeaseView::of(&lease);
+            .lease(Some(&self.namespace), &agent_lease_name(agent))?;
+        let view = LeaseView::of_lease(&lease);
         let holder = view.holder.clone()?;
         (self.alive(&holder) && !view.expired(jiff::Timestamp::now(), Duration::from_secs(5)))
             .then_some(holder)
@@ -370,30 +370,7 @@ impl Leases {
     /// A Lease changed on the hub.
     pub(super) fn on_change(&self, change: Change) {
         match &change {
-            Change::Applied(obj) => match lease_label(obj) {
-                Some("replica") => {
-                    let name = obj.metadata.name.clone().unwrap_or_default();
-                    let version = rv(obj);
-                    let mut observed = lock(&self.observed);
-                    let entry = observed.entry(name).or_insert((version, Instant::now()));
-                    if entry.0 != version {
-                        *entry = (version, Instant::now());
-                    }
-                }
-                Some("agent") => {
-                    if let (Some(ns), Some(agent)) = (
-                        obj.metadata
-                            .annotations
-                            .as_ref()
-                            .and_then(|a| a.get(HUB_NAMESPACE_ANNOTATION)),
-                        agent_of(obj),
-                    ) {
-                        lock(&self.by_namespace).insert(ns.clone(), agent);
-                    }
-                    self.on_agent_lease(obj)
-                }
-                _ => {}
-            },
+            Change::Applied(obj) => self.on_applied(&CompactLease::read(obj)),
             Change::Deleted(obj) => {
                 if let Some(name) = obj.metadata.name.as_ref() {
                     lock(&self.observed).remove(name);
@@ -404,19 +381,37 @@ impl Leases {
         self.changed.notify_waiters();
     }
 
+    /// A Lease was created or changed.
+    fn on_applied(&self, lease: &CompactLease) {
+        match lease_label(lease) {
+            Some("replica") => {
+                let name = lease.name().unwrap_or_default().to_owned();
+                let version = lease.resource_version().and_then(|v| v.parse().ok());
+                let mut observed = lock(&self.observed);
+                let entry = observed.entry(name).or_insert((version, Instant::now()));
+                if entry.0 != version {
+                    *entry = (version, Instant::now());
+                }
+            }
+            Some("agent") => {
+                if let (Some(ns), Some(agent)) =
+                    (lease.annotation(HUB_NAMESPACE_ANNOTATION), agent_of(lease))
+                {
+                    lock(&self.by_namespace).insert(ns.to_owned(), agent);
+                }
+                self.on_agent_lease(lease)
+            }
+            _ => {}
+        }
+    }
+
     /// An agent Lease changed: hand our agent over when asked, or close our session when
     /// another replica took the Lease (it judged us gone).
-    pub(super) fn on_agent_lease(&self, obj: &DynamicObject) {
-        let Some(agent) = obj
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(AGENT_LABEL))
-            .and_then(|a| AgentName::new(a).ok())
-        else {
+    pub(super) fn on_agent_lease(&self, lease: &CompactLease) {
+        let Some(agent) = agent_of(lease) else {
             return;
         };
-        let view = LeaseView::of(obj);
+        let view = LeaseView::of_lease(lease);
         let mut held = lock(&self.held);
         let Some(h) = held.get_mut(&agent) else {
             return;
@@ -520,8 +515,8 @@ impl Leases {
 
     pub(super) fn lease_still_ours(&self, agent: &AgentName) -> bool {
         self.cache
-            .get(Some(&self.namespace), &agent_lease_name(agent))
-            .is_some_and(|l| LeaseView::of(&l).holder.as_deref() == Some(self.me.as_str()))
+            .lease(Some(&self.namespace), &agent_lease_name(agent))
+            .is_some_and(|l| holder_str(&l) == Some(self.me.as_str()))
     }
 
     /// Leases naming us that no session here uses (a requester gave up before we handed
@@ -532,17 +527,11 @@ impl Leases {
             let acquiring = lock(&self.acquiring);
             let releasing = lock(&self.releasing);
             self.cache
-                .list_namespace(&self.namespace)
+                .leases(&self.namespace)
                 .iter()
                 .filter(|l| lease_label(l) == Some("agent"))
                 .filter(|l| holder_str(l) == Some(self.me.as_str()))
-                .filter_map(|l| {
-                    l.metadata
-                        .labels
-                        .as_ref()
-                        .and_then(|m| m.get(AGENT_LABEL))
-                        .and_then(|a| AgentName::new(a).ok())
-                })
+                .filter_map(|l| agent_of(l))
                 .filter(|a| {
                     !held.contains_key(a) && !acquiring.contains(a) && !releasing.contains(a)
                 })
@@ -561,11 +550,11 @@ impl crate::tenant_limits::Census for Leases {
     fn elsewhere(&self) -> Vec<(AgentName, String)> {
         let now = jiff::Timestamp::now();
         self.cache
-            .list_namespace(&self.namespace)
+            .leases(&self.namespace)
             .iter()
             .filter(|l| lease_label(l) == Some("agent"))
             .filter_map(|l| {
-                let view = LeaseView::of(l);
+                let view = LeaseView::of_lease(l);
                 let holder = view.holder.as_deref()?;
                 if holder == self.me
                     || !self.alive(holder)
@@ -573,12 +562,7 @@ impl crate::tenant_limits::Census for Leases {
                 {
                     return None;
                 }
-                let ns = l
-                    .metadata
-                    .annotations
-                    .as_ref()?
-                    .get(HUB_NAMESPACE_ANNOTATION)?
-                    .clone();
+                let ns = l.annotation(HUB_NAMESPACE_ANNOTATION)?.to_owned();
                 Some((agent_of(l)?, ns))
             })
             .collect()

@@ -22,7 +22,7 @@ impl Leases {
         let mut shares: Shares = match fresh {
             Some(s) => s,
             None => {
-                let leases = self.cache.list_namespace(&self.namespace);
+                let leases = self.cache.leases(&self.namespace);
                 let live = self.live_replicas(&leases);
                 let holders = leases
                     .iter()

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use argocd_agent_domain::AgentName;
-use argocd_agent_kubernetes::{Kind, Mutation};
+use argocd_agent_kubernetes::{CompactLease, Kind, Mutation};
 use kube::api::DynamicObject;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -39,19 +39,14 @@ impl Leases {
 
     /// An annotation of `holder`'s replica Lease, while `holder` is its current holder.
     pub(super) fn published_by(&self, holder: &str, annotation: &str) -> Option<String> {
-        let lease = self.cache.get(
+        let lease = self.cache.lease(
             Some(&self.namespace),
             &replica_lease_name(replica_of(holder)),
         )?;
         if holder_str(&lease) != Some(holder) {
             return None;
         }
-        lease
-            .metadata
-            .annotations
-            .as_ref()?
-            .get(annotation)
-            .cloned()
+        lease.annotation(annotation).map(str::to_owned)
     }
 
     /// Readiness: the replica Lease was renewed recently.
@@ -79,10 +74,10 @@ impl Leases {
             return !self.fenced.load(Ordering::Acquire);
         }
         let name = replica_lease_name(replica_of(holder));
-        let Some(lease) = self.cache.get(Some(&self.namespace), &name) else {
+        let Some(lease) = self.cache.lease(Some(&self.namespace), &name) else {
             return false;
         };
-        let view = LeaseView::of(&lease);
+        let view = LeaseView::of_lease(&lease);
         if view.holder.as_deref() != Some(holder) {
             return false; // restarted (a new incarnation) or released
         }
@@ -95,7 +90,7 @@ impl Leases {
     }
 
     /// Live replicas' holder identities (ourselves included unless fenced).
-    pub(super) fn live_replicas(&self, leases: &[Arc<DynamicObject>]) -> Vec<String> {
+    pub(super) fn live_replicas(&self, leases: &[Arc<CompactLease>]) -> Vec<String> {
         leases
             .iter()
             .filter(|l| lease_label(l) == Some("replica"))

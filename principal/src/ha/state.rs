@@ -8,7 +8,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use argocd_agent_domain::AgentName;
-use argocd_agent_kubernetes::{Change, Kind, ObjectStore, ObjectView, Resources, Scope};
+use argocd_agent_kubernetes::{
+    Change, CompactLease, Kind, ObjectStore, ObjectView, Resources, Scope,
+};
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use k8s_openapi::api::coordination::v1::LeaseSpec;
@@ -44,27 +46,24 @@ pub struct LeaseView {
 impl LeaseView {
     /// Reads the Lease `obj` (missing or malformed fields read as unset).
     pub fn of(obj: &DynamicObject) -> LeaseView {
-        let spec: LeaseSpec = obj
-            .data
-            .get("spec")
-            .and_then(|s| serde_json::from_value(s.clone()).ok())
-            .unwrap_or_default();
+        LeaseView::of_lease(&CompactLease::read(obj))
+    }
+
+    /// Reads the Lease `lease` as the watch cache keeps it.
+    pub fn of_lease(lease: &CompactLease) -> LeaseView {
         LeaseView {
-            holder: spec.holder_identity.filter(|h| !h.is_empty()),
-            renewed: spec.renew_time.map(|t| t.0),
-            duration: spec
-                .lease_duration_seconds
+            holder: holder_str(lease).map(str::to_owned),
+            renewed: lease.renew_time(),
+            duration: lease
+                .duration_seconds()
                 .and_then(|s| u64::try_from(s).ok())
                 .map(Duration::from_secs),
-            transitions: spec.lease_transitions.unwrap_or(0),
-            takeover: obj
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(TAKEOVER_ANNOTATION))
+            transitions: lease.transitions().unwrap_or(0),
+            takeover: lease
+                .annotation(TAKEOVER_ANNOTATION)
                 .filter(|v| !v.is_empty())
-                .cloned(),
-            resource_version: rv(obj),
+                .map(str::to_owned),
+            resource_version: lease.resource_version().and_then(|v| v.parse().ok()),
         }
     }
 
@@ -273,29 +272,21 @@ impl Leases {
     }
 }
 
-/// The holder identity, read without decoding the whole spec (scans of every Lease).
-pub(super) fn holder_str(obj: &DynamicObject) -> Option<&str> {
-    obj.data
-        .get("spec")?
-        .get("holderIdentity")?
-        .as_str()
-        .filter(|h| !h.is_empty())
+/// The holder identity; `None` when empty (nobody holds the Lease).
+pub(super) fn holder_str(lease: &CompactLease) -> Option<&str> {
+    lease.holder_identity().filter(|h| !h.is_empty())
 }
 
-pub(super) fn agent_of(obj: &DynamicObject) -> Option<AgentName> {
-    obj.metadata
-        .labels
-        .as_ref()?
-        .get(AGENT_LABEL)
+/// The agent an agent Lease is for.
+pub(super) fn agent_of(lease: &CompactLease) -> Option<AgentName> {
+    lease
+        .label(AGENT_LABEL)
         .and_then(|a| AgentName::new(a).ok())
 }
 
-pub(super) fn lease_label(obj: &DynamicObject) -> Option<&str> {
-    obj.metadata
-        .labels
-        .as_ref()?
-        .get(LEASE_LABEL)
-        .map(String::as_str)
+/// `agent` or `replica`.
+pub(super) fn lease_label(lease: &CompactLease) -> Option<&str> {
+    lease.label(LEASE_LABEL)
 }
 
 /// The agent Lease's name.
