@@ -30,6 +30,13 @@ const CAPABILITIES: &[&str] = &[
 /// Outbound messages buffered before the writer waits for the principal.
 const OUTBOUND_BUFFER: usize = 64;
 
+/// How long the agent waits, once connected, for the principal to answer its hello with a
+/// welcome. A principal that took the stream but never welcomes it (stuck behind its hub,
+/// or draining) would otherwise hold the agent on a live connection forever, since its
+/// keepalive pings are answered. The principal's own steps before the welcome (hello
+/// timeout 15 s, the agent Lease write) take less.
+pub const WELCOME_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
 fn hello(spoke: &Spoke) -> Event {
     let mode = match spoke.mode {
         AgentMode::Managed => pb::AgentMode::Managed,
@@ -273,6 +280,20 @@ pub fn event_stream_client(
     )
 }
 
+/// `welcomed` within [`WELCOME_TIMEOUT`], or a protocol error saying it did not come.
+async fn within_welcome_timeout<T>(
+    welcomed: impl std::future::Future<Output = Result<T, SessionError>>,
+) -> Result<T, SessionError> {
+    tokio::time::timeout(WELCOME_TIMEOUT, welcomed)
+        .await
+        .unwrap_or_else(|_| {
+            Err(SessionError::Protocol(format!(
+                "no welcome from the principal within {}s",
+                WELCOME_TIMEOUT.as_secs()
+            )))
+        })
+}
+
 /// Dials the principal, sends the hello and waits for the welcome.
 async fn open(
     spoke: &Spoke,
@@ -288,18 +309,22 @@ async fn open(
         .map_err(|_| SessionError::Closed)?;
     let mut request = tonic::Request::new(ReceiverStream::new(rx));
     dialer.authorize(&mut request)?;
-    let response = client.subscribe(request).await?;
-    let answered_in = response
-        .metadata()
-        .get("grpc-encoding")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("identity")
-        .to_owned();
-    let mut inbound = response.into_inner();
-    let first = inbound
-        .message()
-        .await?
-        .ok_or_else(|| SessionError::Protocol("stream closed before welcome".into()))?;
+    let welcomed = async {
+        let response = client.subscribe(request).await?;
+        let answered_in = response
+            .metadata()
+            .get("grpc-encoding")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("identity")
+            .to_owned();
+        let mut inbound = response.into_inner();
+        let first = inbound
+            .message()
+            .await?
+            .ok_or_else(|| SessionError::Protocol("stream closed before welcome".into()))?;
+        Ok::<_, SessionError>((answered_in, inbound, first))
+    };
+    let (answered_in, inbound, first) = within_welcome_timeout(welcomed).await?;
     let welcome =
         Event::from_cloud_event(first).map_err(|e| SessionError::Protocol(e.to_string()))?;
     let (welcome, hub_ns) = check_welcome(welcome)?;
@@ -583,6 +608,17 @@ mod tests {
         assert_eq!(period(secs(60), 0), secs(60));
         assert_eq!(period(secs(60), 30_000), secs(60));
         assert_eq!(period(secs(10), 30_000), secs(30));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_welcome_that_never_comes_ends_the_attempt() {
+        let started = tokio::time::Instant::now();
+        let never = std::future::pending::<Result<(), SessionError>>();
+        let err = within_welcome_timeout(never).await.unwrap_err();
+        assert!(matches!(err, SessionError::Protocol(ref m) if m.contains("no welcome")));
+        assert_eq!(started.elapsed(), WELCOME_TIMEOUT);
+        let quick = async { Ok::<_, SessionError>(7) };
+        assert_eq!(within_welcome_timeout(quick).await.unwrap(), 7);
     }
 
     #[test]

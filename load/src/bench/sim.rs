@@ -566,14 +566,22 @@ async fn session(
     tx.send(agent.hello().to_cloud_event())
         .await
         .map_err(|_| "stream closed")?;
-    let mut inbound = client
-        .subscribe(ReceiverStream::new(rx))
-        .await?
-        .into_inner();
-    let first = inbound
-        .message()
-        .await?
-        .ok_or("stream closed before the welcome")?;
+    // Within the agent's own welcome timeout.
+    let welcomed = async {
+        let mut inbound = client
+            .subscribe(ReceiverStream::new(rx))
+            .await?
+            .into_inner();
+        let first = inbound
+            .message()
+            .await?
+            .ok_or("stream closed before the welcome")?;
+        Ok::<_, HarnessError>((inbound, first))
+    };
+    let (mut inbound, first) =
+        tokio::time::timeout(argocd_agent_agent::connection::WELCOME_TIMEOUT, welcomed)
+            .await
+            .map_err(|_| "no welcome within the agent's welcome timeout")??;
     let welcome = Event::from_cloud_event(first)?;
     let Payload::Welcome(w) = welcome.payload else {
         return Err(format!("expected a welcome, got {}", welcome.ty).into());
