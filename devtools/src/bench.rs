@@ -250,7 +250,9 @@ pub async fn run(a: BenchArgs) -> crate::CmdResult {
         return Err("bench plot: say where with --plot FILE.png (and --json FILE)".into());
     }
     match (&a.plot, &a.json, &a.samples) {
-        (Some(png), _, Some(samples)) if soak_plot => soak_plot_png(samples, png, a.font.as_deref())?,
+        (Some(png), _, Some(samples)) if soak_plot => {
+            soak_plot_png(samples, png, a.font.as_deref())?
+        }
         (Some(png), Some(json), _) => plot(json, png, a.font.as_deref())?,
         _ => {}
     }

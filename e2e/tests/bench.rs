@@ -564,7 +564,10 @@ async fn soak_smoke() {
     // Every sample read every replica; a restarted one as its new process afterwards.
     let Some(Line::Sample {
         replicas, bench, ..
-    }) = lines.iter().rev().find(|l| matches!(l, Line::Sample { .. }))
+    }) = lines
+        .iter()
+        .rev()
+        .find(|l| matches!(l, Line::Sample { .. }))
     else {
         panic!("no sample")
     };
@@ -575,7 +578,11 @@ async fn soak_smoke() {
             .collect::<Vec<_>>(),
         vec![("principal-0", 1), ("principal-1", 2), ("principal-2", 2)]
     );
-    assert!(replicas.iter().all(|r| r.rss_mib > 0.0 && r.fds > 0 && r.threads > 0));
+    assert!(
+        replicas
+            .iter()
+            .all(|r| r.rss_mib > 0.0 && r.fds > 0 && r.threads > 0)
+    );
     assert!(replicas.iter().all(|r| r.queue_depth.is_some()));
     assert!(bench.rss_mib > 0.0 && bench.fds > 0 && bench.tasks > 0);
     assert!(

@@ -435,7 +435,8 @@ impl BenchEnv {
             .await?;
         let mut bundles = TrustBundles::new();
         bundles.insert(td, vec![spiffe.ca().certificate().clone()])?;
-        let hub = KubeTestServer::start_on("127.0.0.1:0".parse()?, hub_options(history_limit)).await?;
+        let hub =
+            KubeTestServer::start_on("127.0.0.1:0".parse()?, hub_options(history_limit)).await?;
         hub.write_kubeconfig(&dir.join("hub.kubeconfig"), "hub")?;
         argocd_agent_testkit::harness::create_namespace(
             &hub,

@@ -265,9 +265,16 @@ fn draw_soak(lines: &[Line], rgb: &mut [u8], size: (u32, u32)) -> DrawResult {
             _ => None,
         })
         .collect();
-    let max_t = lines.iter().map(|l| l.t_s() / 60.0).fold(1.0 / 60.0, f64::max);
+    let max_t = lines
+        .iter()
+        .map(|l| l.t_s() / 60.0)
+        .fold(1.0 / 60.0, f64::max);
     let charts: [(&str, &str, SoakSeries); 3] = [
-        ("Replica RSS (MiB)", "MiB", soak_series(lines, |r| Some(r.rss_mib))),
+        (
+            "Replica RSS (MiB)",
+            "MiB",
+            soak_series(lines, |r| Some(r.rss_mib)),
+        ),
         (
             "Replica open file descriptors",
             "fds",
@@ -342,11 +349,13 @@ fn soak_chart(
         .x_label_area_size(40)
         .y_label_area_size(60)
         .build_cartesian_2d(0f64..max_t * 1.02, 0f64..max_y)?;
+    // Whole minutes, or tenths on a run of a few minutes (the smoke's 40 s).
+    let digits = usize::from(max_t < 10.0);
     chart
         .configure_mesh()
         .x_desc("minutes")
         .y_desc(unit)
-        .x_label_formatter(&|x| format!("{x:.0}"))
+        .x_label_formatter(&|x| format!("{x:.digits$}"))
         .draw()?;
     let grey = RGBColor(160, 160, 160);
     chart
@@ -367,9 +376,9 @@ fn soak_chart(
         let drawn = chart.draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))?;
         if !labelled.contains(&name.as_str()) {
             labelled.push(name);
-            drawn
-                .label(name.clone())
-                .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2)));
+            drawn.label(name.clone()).legend(move |(x, y)| {
+                PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2))
+            });
         }
     }
     chart
@@ -719,6 +728,43 @@ mod tests {
         // Blue (the measured series) and red (the targets) are both drawn.
         assert!(buf.chunks(3).any(|px| px == [0, 0, 255]));
         assert!(buf.chunks(3).any(|px| px == [255, 0, 0]));
+    }
+
+    #[test]
+    fn draws_a_soak_png_with_each_replica_and_the_restarts() {
+        let text = r#"{"kind":"sample","t_s":0.0,"before_restart":false,"replicas":[{"replica":"principal-0","generation":1,"pid":7,"rss_mib":90.0,"fds":700,"threads":3,"queue_depth":2.0,"connected":667.0,"series":4300},{"replica":"principal-1","generation":1,"pid":8,"rss_mib":91.0,"fds":701,"threads":3,"queue_depth":0.0,"connected":666.0,"series":4300}],"bench":{"rss_mib":300.0,"fds":2100,"threads":3,"tasks":10000,"agents_connected":2000,"hub_leases":2003}}
+{"kind":"sample","t_s":300.0,"before_restart":true,"replicas":[{"replica":"principal-0","generation":1,"pid":7,"rss_mib":95.0,"fds":700,"threads":3,"queue_depth":1.0,"connected":667.0,"series":4300},{"replica":"principal-1","generation":1,"pid":8,"rss_mib":96.0,"fds":701,"threads":3,"queue_depth":null,"connected":null,"series":null}],"bench":{"rss_mib":310.0,"fds":2100,"threads":3,"tasks":10000,"agents_connected":2000,"hub_leases":2003}}
+{"kind":"restart","t_s":300.0,"replica":"principal-1","generation":2,"ready_s":1.2}
+{"kind":"sample","t_s":600.0,"before_restart":false,"replicas":[{"replica":"principal-0","generation":1,"pid":7,"rss_mib":96.0,"fds":700,"threads":3,"queue_depth":0.0,"connected":900.0,"series":4300},{"replica":"principal-1","generation":2,"pid":9,"rss_mib":60.0,"fds":400,"threads":3,"queue_depth":0.0,"connected":433.0,"series":4000}],"bench":{"rss_mib":320.0,"fds":2100,"threads":3,"tasks":10000,"agents_connected":2000,"hub_leases":2003}}
+"#;
+        let lines = crate::bench::soak::read_lines(text).unwrap();
+        let series = soak_series(&lines, |r| Some(r.rss_mib));
+        // principal-1's restart starts a series of its own.
+        assert_eq!(
+            series
+                .iter()
+                .map(|(k, p)| (k.0.as_str(), k.1, p.len()))
+                .collect::<Vec<_>>(),
+            vec![
+                ("principal-0", 1, 3),
+                ("principal-1", 1, 2),
+                ("principal-1", 2, 1)
+            ]
+        );
+        assert_eq!(soak_series(&lines, |r| r.queue_depth)[1].1.len(), 1);
+        let font = find_font(None).expect("a TrueType font (apt-get install fonts-dejavu-core)");
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("soak.png");
+        draw_soak_png(&lines, &font, &out).unwrap();
+        let dec = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(&out).unwrap()));
+        let mut reader = dec.read_info().unwrap();
+        let mut buf = vec![0; reader.output_buffer_size().unwrap()];
+        let info = reader.next_frame(&mut buf).unwrap();
+        assert_eq!((info.width, info.height), (1400, 1000));
+        // principal-0's colour and the restart's grey are drawn.
+        assert!(buf.chunks(3).any(|px| px == [31, 119, 180]));
+        assert!(buf.chunks(3).any(|px| px == [160, 160, 160]));
+        assert!(draw_soak_png(&lines[2..3], &font, &out).is_err());
     }
 
     #[test]

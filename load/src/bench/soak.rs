@@ -611,24 +611,36 @@ fn growth(r: &mut Report, lines: &[Line], warmup: Duration, restart_every: Durat
     };
     if !restarted_0 {
         r.put("compared", "principal-0 (never restarted); all replicas summed just before each restart; this process");
-        r.put(
-            "p0_rss_mib_mean",
-            round2(mean(&p0(&|s| Some(s.rss_mib)))),
-        );
-        figures.push(("p0_rss_pct_per_h", growth_pct_per_h(&p0(&|s| Some(s.rss_mib)))));
-        figures.push(("p0_fds_pct_per_h", growth_pct_per_h(&p0(&|s| Some(s.fds as f64)))));
+        r.put("p0_rss_mib_mean", round2(mean(&p0(&|s| Some(s.rss_mib)))));
+        figures.push((
+            "p0_rss_pct_per_h",
+            growth_pct_per_h(&p0(&|s| Some(s.rss_mib))),
+        ));
+        figures.push((
+            "p0_fds_pct_per_h",
+            growth_pct_per_h(&p0(&|s| Some(s.fds as f64))),
+        ));
         figures.push((
             "p0_threads_pct_per_h",
             growth_pct_per_h(&p0(&|s| Some(s.threads as f64))),
         ));
-        figures.push(("p0_queue_depth_pct_per_h", growth_pct_per_h(&p0(&|s| s.queue_depth))));
-        figures.push(("p0_connected_pct_per_h", growth_pct_per_h(&p0(&|s| s.connected))));
+        figures.push((
+            "p0_queue_depth_pct_per_h",
+            growth_pct_per_h(&p0(&|s| s.queue_depth)),
+        ));
+        figures.push((
+            "p0_connected_pct_per_h",
+            growth_pct_per_h(&p0(&|s| s.connected)),
+        ));
         figures.push((
             "p0_series_pct_per_h",
             growth_pct_per_h(&p0(&|s| s.series.map(|x| x as f64))),
         ));
     } else {
-        r.put("compared", "all replicas summed just before each restart; this process");
+        r.put(
+            "compared",
+            "all replicas summed just before each restart; this process",
+        );
     }
     // The same phase of each restart cycle, the first cycle left out.
     let phase_after = after.max(restart_every.as_secs_f64() * 1.5) / 3600.0;
@@ -639,8 +651,14 @@ fn growth(r: &mut Report, lines: &[Line], warmup: Duration, restart_every: Durat
             .map(|(t, _, reps, _)| (*t, reps.iter().map(f).sum::<f64>()))
             .collect()
     };
-    figures.push(("sum_rss_at_phase_pct_per_h", growth_pct_per_h(&phase(&|s| s.rss_mib))));
-    figures.push(("sum_fds_at_phase_pct_per_h", growth_pct_per_h(&phase(&|s| s.fds as f64))));
+    figures.push((
+        "sum_rss_at_phase_pct_per_h",
+        growth_pct_per_h(&phase(&|s| s.rss_mib)),
+    ));
+    figures.push((
+        "sum_fds_at_phase_pct_per_h",
+        growth_pct_per_h(&phase(&|s| s.fds as f64)),
+    ));
     figures.push((
         "sum_threads_at_phase_pct_per_h",
         growth_pct_per_h(&phase(&|s| s.threads as f64)),
@@ -649,13 +667,22 @@ fn growth(r: &mut Report, lines: &[Line], warmup: Duration, restart_every: Durat
         samples.iter().map(|(t, _, _, b)| (*t, f(b))).collect()
     };
     r.put("bench_rss_mib_mean", round2(mean(&bench(&|b| b.rss_mib))));
-    figures.push(("bench_rss_pct_per_h", growth_pct_per_h(&bench(&|b| b.rss_mib))));
-    figures.push(("bench_fds_pct_per_h", growth_pct_per_h(&bench(&|b| b.fds as f64))));
+    figures.push((
+        "bench_rss_pct_per_h",
+        growth_pct_per_h(&bench(&|b| b.rss_mib)),
+    ));
+    figures.push((
+        "bench_fds_pct_per_h",
+        growth_pct_per_h(&bench(&|b| b.fds as f64)),
+    ));
     figures.push((
         "bench_threads_pct_per_h",
         growth_pct_per_h(&bench(&|b| b.threads as f64)),
     ));
-    figures.push(("bench_tasks_pct_per_h", growth_pct_per_h(&bench(&|b| b.tasks as f64))));
+    figures.push((
+        "bench_tasks_pct_per_h",
+        growth_pct_per_h(&bench(&|b| b.tasks as f64)),
+    ));
     figures.push((
         "hub_leases_pct_per_h",
         growth_pct_per_h(&bench(&|b| b.hub_leases as f64)),
@@ -705,12 +732,24 @@ mod tests {
         let g = growth_pct_per_h(&pts).unwrap();
         assert!((g - 2.0 / 1.01).abs() < 1e-9, "{g}");
         // Flat, falling, too few, all 0.
-        assert_eq!(growth_pct_per_h(&[(0.0, 5.0), (0.5, 5.0), (1.0, 5.0)]), Some(0.0));
+        assert_eq!(
+            growth_pct_per_h(&[(0.0, 5.0), (0.5, 5.0), (1.0, 5.0)]),
+            Some(0.0)
+        );
         assert!(growth_pct_per_h(&[(0.0, 5.0), (0.5, 4.0), (1.0, 3.0)]).unwrap() < 0.0);
         assert_eq!(growth_pct_per_h(&[(0.0, 5.0), (1.0, 6.0)]), None);
-        assert_eq!(growth_pct_per_h(&[(0.0, 0.0), (0.5, 0.0), (1.0, 0.0)]), Some(0.0));
-        assert_eq!(growth_pct_per_h(&[(0.0, -1.0), (0.5, 0.0), (1.0, 1.0)]), None);
-        assert_eq!(growth_pct_per_h(&[(1.0, 1.0), (1.0, 2.0), (1.0, 3.0)]), None);
+        assert_eq!(
+            growth_pct_per_h(&[(0.0, 0.0), (0.5, 0.0), (1.0, 0.0)]),
+            Some(0.0)
+        );
+        assert_eq!(
+            growth_pct_per_h(&[(0.0, -1.0), (0.5, 0.0), (1.0, 1.0)]),
+            None
+        );
+        assert_eq!(
+            growth_pct_per_h(&[(1.0, 1.0), (1.0, 2.0), (1.0, 3.0)]),
+            None
+        );
     }
 
     fn replica(slot: usize, generation: u32, rss: f64) -> ReplicaSample {
@@ -746,7 +785,10 @@ mod tests {
             lines.push(Line::Sample {
                 t_s: t,
                 before_restart: false,
-                replicas: vec![replica(0, 1, 100.0 + f64::from(k)), replica(1, 1 + k / 5, 50.0)],
+                replicas: vec![
+                    replica(0, 1, 100.0 + f64::from(k)),
+                    replica(1, 1 + k / 5, 50.0),
+                ],
                 bench: bench(),
             });
             if k % 5 == 4 {
@@ -773,10 +815,20 @@ mod tests {
             .collect();
         assert!(text.contains(r#""kind":"restart""#), "{text}");
         assert_eq!(read_lines(&text).unwrap(), lines);
-        assert!(read_lines("{}\n").unwrap_err().to_string().contains("line 1"));
+        assert!(
+            read_lines("{}\n")
+                .unwrap_err()
+                .to_string()
+                .contains("line 1")
+        );
 
         let mut r = Report::new(Scenario::Soak);
-        growth(&mut r, &lines, Duration::from_secs(300), Duration::from_secs(300));
+        growth(
+            &mut r,
+            &lines,
+            Duration::from_secs(300),
+            Duration::from_secs(300),
+        );
         let j = r.json();
         // principal-0 grows 1 MiB a minute: 60 MiB/h over a mean of ~112 MiB.
         let g = j["p0_rss_pct_per_h"].as_f64().unwrap();
