@@ -52,12 +52,18 @@ pub enum ScenarioArg {
     /// while team-a floods 20 times its eventsPerSecond (--rate) and writes Applications
     /// past its applicationsPerAgent; p50/p99 side by side and team-a's refusals.
     Tenants,
+    /// The shipped configuration for --hours under steady hub changes and status updates
+    /// (--rate each per second), a few reconnects every --interval, every SVID rotated every
+    /// --rotate-every, a kill -9 of one replica every --restart-every: growth per hour of
+    /// each process's RSS, descriptors, threads and queue depth; changes lost. Samples go
+    /// to --samples; --plot draws them.
+    Soak,
     /// Internal: the idle floor's bare tonic server, started by `connect` (`--dir`: the
     /// run's directory, whose `principal.sock` gives its SVID).
     #[value(hide = true)]
     FloorServer,
     /// No run: draw --plot from the connect, big-hub and big-spoke rows already in --json
-    /// (cost growth).
+    /// (cost growth), or from a soak's --samples.
     Plot,
 }
 
@@ -80,6 +86,7 @@ impl ScenarioArg {
             ScenarioArg::HaKillAll => Scenario::HaKillAll,
             ScenarioArg::HaRollout => Scenario::HaRollout,
             ScenarioArg::Tenants => Scenario::Tenants,
+            ScenarioArg::Soak => Scenario::Soak,
             ScenarioArg::Plot | ScenarioArg::FloorServer => return None,
         })
     }
@@ -101,9 +108,25 @@ pub struct BenchArgs {
     /// Application payload size in bytes (throughput).
     #[arg(long, default_value_t = 6144)]
     payload_bytes: usize,
-    /// Idle phase (connect) or run length (rotation), seconds.
+    /// Idle phase (connect) or run length (rotation, soak), seconds.
     #[arg(long, default_value_t = 10)]
     seconds: u64,
+    /// Run length in hours, fractions allowed (soak; instead of --seconds).
+    #[arg(long)]
+    hours: Option<f64>,
+    /// Seconds between samples (soak).
+    #[arg(long, default_value_t = 60)]
+    interval: u64,
+    /// Seconds between replica restarts, kill -9 of one replica round robin (soak).
+    #[arg(long, default_value_t = 300)]
+    restart_every: u64,
+    /// Seconds between SVID rotations, every agent's and the principals' (soak).
+    #[arg(long, default_value_t = 180)]
+    rotate_every: u64,
+    /// Append each sample to this file as one JSON line, as the run goes (soak); with
+    /// `plot`, the file --plot draws.
+    #[arg(long)]
+    samples: Option<PathBuf>,
     /// Heartbeat interval of the simulated agents, seconds (the agent's default: 30).
     #[arg(long, default_value_t = 30)]
     heartbeat: u64,
@@ -122,8 +145,9 @@ pub struct BenchArgs {
     json: Option<PathBuf>,
     /// After the run, draw the cost-growth plot (PNG) of the rows in --json: principal RSS
     /// and idle CPU against connected agents (connect), principal RSS against Applications
-    /// on the hub (big-hub), agent RSS against Applications on its spoke (big-spoke).
-    #[arg(long, requires = "json")]
+    /// on the hub (big-hub), agent RSS against Applications on its spoke (big-spoke). With
+    /// soak (or plot --samples): the soak's samples over time.
+    #[arg(long)]
     plot: Option<PathBuf>,
     /// TrueType font for the plot's text (default: DejaVu Sans or Liberation Sans from the
     /// usual system paths).
@@ -152,7 +176,8 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 10_000)]
     spoke_apps: usize,
     /// Changes per second while apply latency is measured (big-spoke); team-a's
-    /// eventsPerSecond quota (tenants).
+    /// eventsPerSecond quota (tenants); hub spec changes and status updates per second,
+    /// each (soak).
     #[arg(long, default_value_t = 20.0)]
     rate: f64,
     /// Extra principal argument (repeat), e.g. --principal-arg=--kube-qps=200.
@@ -166,7 +191,11 @@ pub async fn run(a: BenchArgs) -> crate::CmdResult {
         agents: a.agents.max(1),
         changes: a.changes.max(1),
         payload_bytes: a.payload_bytes,
-        duration: Duration::from_secs(a.seconds),
+        duration: match a.hours {
+            Some(h) if h.is_finite() && h > 0.0 => Duration::from_secs_f64(h * 3600.0),
+            Some(h) => return Err(format!("--hours must be a positive number, not {h}").into()),
+            None => Duration::from_secs(a.seconds),
+        },
         heartbeat: Duration::from_secs(a.heartbeat.max(1)),
         writers: a.writers.max(1),
         dir: a.dir,
@@ -179,6 +208,10 @@ pub async fn run(a: BenchArgs) -> crate::CmdResult {
         apps_per_agent: a.apps_per_agent.max(2),
         spoke_apps: a.spoke_apps.max(1),
         rate: a.rate,
+        interval: Duration::from_secs(a.interval.max(1)),
+        restart_every: Duration::from_secs(a.restart_every.max(1)),
+        rotate_every: Duration::from_secs(a.rotate_every.max(1)),
+        samples: a.samples.clone(),
     };
     if !(a.rate.is_finite() && a.rate > 0.0) {
         return Err(format!(
@@ -196,6 +229,15 @@ pub async fn run(a: BenchArgs) -> crate::CmdResult {
         bench::floor::Floor::serve_standalone(endpoint).await?;
         return Ok(());
     }
+    // The soak's plot is drawn from its samples, the others' from the rows of --json.
+    let soak_plot = matches!(a.scenario, ScenarioArg::Soak)
+        || (matches!(a.scenario, ScenarioArg::Plot) && a.samples.is_some());
+    if a.plot.is_some() && soak_plot && a.samples.is_none() {
+        return Err("bench soak --plot: the samples it draws go to --samples FILE".into());
+    }
+    if a.plot.is_some() && !soak_plot && a.json.is_none() {
+        return Err("--plot draws the rows of --json FILE: give it".into());
+    }
     if let Some(scenario) = a.scenario.scenario() {
         let report = bench::run(scenario, &opts)
             .await
@@ -207,9 +249,33 @@ pub async fn run(a: BenchArgs) -> crate::CmdResult {
     } else if a.plot.is_none() {
         return Err("bench plot: say where with --plot FILE.png (and --json FILE)".into());
     }
-    if let (Some(png), Some(json)) = (&a.plot, &a.json) {
-        plot(json, png, a.font.as_deref())?;
+    match (&a.plot, &a.json, &a.samples) {
+        (Some(png), _, Some(samples)) if soak_plot => {
+            soak_plot_png(samples, png, a.font.as_deref())?
+        }
+        (Some(png), Some(json), _) => plot(json, png, a.font.as_deref())?,
+        _ => {}
     }
+    Ok(())
+}
+
+/// Draws the soak's samples in `samples` into `png`.
+fn soak_plot_png(samples: &Path, png: &Path, font: Option<&Path>) -> crate::CmdResult {
+    let text =
+        std::fs::read_to_string(samples).map_err(|e| format!("{}: {e}", samples.display()))?;
+    let lines =
+        bench::soak::read_lines(&text).map_err(|e| format!("{}: {e}", samples.display()))?;
+    let font = bench::plot::find_font(font).map_err(|e| e.to_string())?;
+    bench::plot::draw_soak_png(&lines, &font, png).map_err(|e| e.to_string())?;
+    println!(
+        "plot: {} ({} samples from {})",
+        png.display(),
+        lines
+            .iter()
+            .filter(|l| matches!(l, bench::soak::Line::Sample { .. }))
+            .count(),
+        samples.display()
+    );
     Ok(())
 }
 

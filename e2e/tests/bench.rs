@@ -463,3 +463,131 @@ async fn single_principal_rollout_smoke() {
     // No --ha: no Leases.
     assert_eq!(num(&r, "lease_writes"), 0.0);
 }
+
+/// The soak, short: 20 agents for 40 s, a sample every 5 s, a replica restarted every 15 s,
+/// every SVID rotated every 10 s, through the command line with its samples file and plot.
+/// Asserts what so short a run measures (nothing lost, the samples at their interval, the
+/// restarts, every agent served at the end), never a growth figure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn soak_smoke() {
+    use bench::soak::Line;
+    let ctl = argocd_agent_testkit::harness::binary("argocd-agent-dev").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (json, samples, png) = (
+        dir.path().join("bench.jsonl"),
+        dir.path().join("soak.jsonl"),
+        dir.path().join("soak.png"),
+    );
+    let out = tokio::process::Command::new(&ctl)
+        .args([
+            "bench",
+            "soak",
+            "--agents",
+            "20",
+            "--seconds",
+            "40",
+            "--interval",
+            "5",
+            "--restart-every",
+            "15",
+            "--rotate-every",
+            "10",
+            "--heartbeat",
+            "1",
+            "--json",
+        ])
+        .arg(&json)
+        .arg("--samples")
+        .arg(&samples)
+        .arg("--plot")
+        .arg(&png)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprint!("{stdout}");
+    let row: Value = serde_json::from_str(std::fs::read_to_string(&json).unwrap().trim()).unwrap();
+    let n = |k: &str| {
+        row[k]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{k} is not a number: {row}"))
+    };
+    assert_eq!(n("agents"), 20.0);
+    assert_eq!(n("replicas"), 3.0);
+    assert_eq!(n("lost"), 0.0, "{row}");
+    assert_eq!(n("served_at_end"), 20.0, "{row}");
+    // Restarts at 15 s and 30 s: replicas 1 and 2, round robin; principal-0 never.
+    assert_eq!(n("restarts"), 2.0, "{row}");
+    assert!(n("rotations") >= 3.0, "{row}");
+    assert!(n("kicked") >= 7.0, "{row}");
+    assert!(n("changes") > 0.0 && n("status_updates") > 0.0, "{row}");
+    assert!(row["compared"].as_str().unwrap().starts_with("principal-0"));
+
+    let lines = bench::soak::read_lines(&std::fs::read_to_string(&samples).unwrap()).unwrap();
+    let at_interval: Vec<f64> = lines
+        .iter()
+        .filter_map(|l| match l {
+            Line::Sample {
+                t_s,
+                before_restart: false,
+                ..
+            } => Some(*t_s),
+            _ => None,
+        })
+        .collect();
+    // At 0, 5, ..., 35 s: on schedule (a restart may delay one, never drop it).
+    assert_eq!(at_interval.len(), 8, "{at_interval:?}");
+    assert_eq!(n("samples"), 8.0);
+    for (k, t) in at_interval.iter().enumerate() {
+        assert!(*t >= 5.0 * k as f64, "{at_interval:?}");
+    }
+    let restarted: Vec<(String, u32)> = lines
+        .iter()
+        .filter_map(|l| match l {
+            Line::Restart {
+                replica,
+                generation,
+                ..
+            } => Some((replica.clone(), *generation)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        restarted,
+        vec![("principal-1".into(), 2), ("principal-2".into(), 2)]
+    );
+    // Every sample read every replica; a restarted one as its new process afterwards.
+    let Some(Line::Sample {
+        replicas, bench, ..
+    }) = lines
+        .iter()
+        .rev()
+        .find(|l| matches!(l, Line::Sample { .. }))
+    else {
+        panic!("no sample")
+    };
+    assert_eq!(
+        replicas
+            .iter()
+            .map(|r| (r.replica.as_str(), r.generation))
+            .collect::<Vec<_>>(),
+        vec![("principal-0", 1), ("principal-1", 2), ("principal-2", 2)]
+    );
+    assert!(
+        replicas
+            .iter()
+            .all(|r| r.rss_mib > 0.0 && r.fds > 0 && r.threads > 0)
+    );
+    assert!(replicas.iter().all(|r| r.queue_depth.is_some()));
+    assert!(bench.rss_mib > 0.0 && bench.fds > 0 && bench.tasks > 0);
+    assert!(
+        std::fs::read(&png)
+            .unwrap()
+            .starts_with(b"\x89PNG\r\n\x1a\n")
+    );
+}

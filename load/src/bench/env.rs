@@ -268,15 +268,30 @@ pub fn raise_nofile(needed: u64) -> Result<u64, HarnessError> {
 /// 1,500 writes/s. With the default, the principal's watch expired during bursts and its
 /// paginated relists of 20,000 Applications never finished (each continue token expired
 /// within the list), which measured the test server, not the principal.
-fn hub_options() -> ServerOptions {
+fn hub_options(history_limit: usize) -> ServerOptions {
     ServerOptions {
-        history_limit: HUB_HISTORY,
+        history_limit,
         ..ServerOptions::default()
     }
 }
 
 /// Events the bench hub keeps (each holds the object, and the previous one for updates).
-const HUB_HISTORY: usize = 50_000;
+pub const HUB_HISTORY: usize = 50_000;
+
+/// Open file descriptors of process `pid` (entries of `/proc/<pid>/fd`).
+pub fn open_fds(pid: u32) -> Result<usize, HarnessError> {
+    Ok(std::fs::read_dir(format!("/proc/{pid}/fd"))?.count())
+}
+
+/// Threads of process `pid` (`Threads:` of `/proc/<pid>/status`).
+pub fn threads(pid: u32) -> Result<usize, HarnessError> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    Ok(status
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or("no Threads in /proc/<pid>/status")?)
+}
 
 /// A further principal replica of a run with several (`--ha --replica-id principal-<i>`).
 pub struct Replica {
@@ -390,6 +405,17 @@ impl BenchEnv {
         extra_args: &[String],
         replicas: usize,
     ) -> Result<BenchEnv, HarnessError> {
+        BenchEnv::start_with_history(dir, extra_args, replicas, HUB_HISTORY).await
+    }
+
+    /// [`BenchEnv::start_ha`] with a hub that keeps `history_limit` events (a long run
+    /// wants the history full, so bounded, early: see the soak scenario).
+    pub async fn start_with_history(
+        dir: Option<PathBuf>,
+        extra_args: &[String],
+        replicas: usize,
+        history_limit: usize,
+    ) -> Result<BenchEnv, HarnessError> {
         let (dir, tmp) = match dir {
             Some(d) => {
                 std::fs::create_dir_all(&d)?;
@@ -409,7 +435,8 @@ impl BenchEnv {
             .await?;
         let mut bundles = TrustBundles::new();
         bundles.insert(td, vec![spiffe.ca().certificate().clone()])?;
-        let hub = KubeTestServer::start_on("127.0.0.1:0".parse()?, hub_options()).await?;
+        let hub =
+            KubeTestServer::start_on("127.0.0.1:0".parse()?, hub_options(history_limit)).await?;
         hub.write_kubeconfig(&dir.join("hub.kubeconfig"), "hub")?;
         argocd_agent_testkit::harness::create_namespace(
             &hub,

@@ -9,6 +9,7 @@ pub mod floor;
 pub mod plot;
 mod projects;
 pub mod sim;
+pub mod soak;
 pub mod storms;
 mod tenants;
 
@@ -70,6 +71,10 @@ pub enum Scenario {
     /// Two tenants: team-b's round-trip latency alone, then while team-a floods past its
     /// quotas, and how much of team-a's work the principal refused (see [`tenants`]).
     Tenants,
+    /// The shipped configuration for hours under steady changes, status updates,
+    /// reconnects, SVID rotations and replica restarts: growth per hour of every process's
+    /// memory, descriptors, threads and queues, and nothing lost (see [`soak`]).
+    Soak,
 }
 
 impl Scenario {
@@ -91,6 +96,7 @@ impl Scenario {
             Scenario::HaKillAll => "ha-kill-all",
             Scenario::HaRollout => "ha-rollout",
             Scenario::Tenants => "tenants",
+            Scenario::Soak => "soak",
         }
     }
 }
@@ -130,8 +136,17 @@ pub struct BenchOptions {
     pub apps_per_agent: usize,
     /// Applications on the one agent's spoke (big-spoke).
     pub spoke_apps: usize,
-    /// Changes per second written while latency is measured (big-spoke).
+    /// Changes per second written while latency is measured (big-spoke); hub spec changes
+    /// and agent status updates per second, each (soak).
     pub rate: f64,
+    /// Sampling interval (soak).
+    pub interval: Duration,
+    /// A replica restart (`kill -9`, restarted at once) every this long (soak).
+    pub restart_every: Duration,
+    /// Every SVID rotated every this long (soak).
+    pub rotate_every: Duration,
+    /// Where each sample is appended as one JSON line as the run goes (soak).
+    pub samples: Option<PathBuf>,
 }
 
 impl Default for BenchOptions {
@@ -153,6 +168,10 @@ impl Default for BenchOptions {
             apps_per_agent: 10,
             spoke_apps: 10_000,
             rate: 20.0,
+            interval: Duration::from_secs(60),
+            restart_every: Duration::from_secs(300),
+            rotate_every: Duration::from_secs(180),
+            samples: None,
         }
     }
 }
@@ -239,6 +258,7 @@ pub async fn run(scenario: Scenario, opts: &BenchOptions) -> Result<Report, Harn
         Scenario::HaKillAll => storms::run(storms::Storm::KillAll, opts).await,
         Scenario::HaRollout => storms::run(storms::Storm::Rollout, opts).await,
         Scenario::Tenants => tenants::tenants(opts).await,
+        Scenario::Soak => soak::soak(opts).await,
     }
 }
 

@@ -14,6 +14,8 @@ use serde_json::Value;
 
 use argocd_agent_testkit::harness::HarnessError;
 
+use super::soak::{Line, ReplicaSample};
+
 /// Target: idle bytes per agent (issue's target line in the memory chart).
 const TARGET_BYTES_PER_AGENT: f64 = 32.0 * 1024.0;
 /// Target: idle CPU, % of one core.
@@ -198,17 +200,194 @@ pub fn draw_png(data: &PlotData, font: &Path, out: &Path) -> Result<(), HarnessE
              (or big-hub, big-spoke) first",
         ));
     }
+    register(font)?;
+    let (w, h) = (1200u32, 500 * rows(data));
+    let mut rgb = vec![255u8; (w * h * 3) as usize];
+    draw(data, &mut rgb, (w, h)).map_err(|e| HarnessError::from(format!("plot: {e}")))?;
+    write_png(out, &rgb, (w, h))
+}
+
+/// Registers `font` as plotters' "sans-serif".
+fn register(font: &Path) -> Result<(), HarnessError> {
     let bytes = std::fs::read(font)
         .map_err(|e| HarnessError::from(format!("font {}: {e}", font.display())))?;
     // plotters keeps registered fonts for the life of the process and wants them 'static.
     let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
     plotters::style::register_font("sans-serif", FontStyle::Normal, bytes)
-        .map_err(|_| HarnessError::from(format!("{}: not a TrueType font", font.display())))?;
+        .map_err(|_| HarnessError::from(format!("{}: not a TrueType font", font.display())))
+}
 
-    let (w, h) = (1200u32, 500 * rows(data));
+/// Draws a soak's samples into a PNG at `out`: each replica's RSS, open descriptors and
+/// queue depth over time (one line per process: a restarted replica starts a new one) and
+/// this process's RSS, each restart a grey vertical line.
+pub fn draw_soak_png(lines: &[Line], font: &Path, out: &Path) -> Result<(), HarnessError> {
+    if !lines.iter().any(|l| matches!(l, Line::Sample { .. })) {
+        return Err(HarnessError::from(
+            "no samples to plot: run `bench soak --samples FILE` first",
+        ));
+    }
+    register(font)?;
+    let (w, h) = (1400u32, 1000u32);
     let mut rgb = vec![255u8; (w * h * 3) as usize];
-    draw(data, &mut rgb, (w, h)).map_err(|e| HarnessError::from(format!("plot: {e}")))?;
+    draw_soak(lines, &mut rgb, (w, h)).map_err(|e| HarnessError::from(format!("plot: {e}")))?;
     write_png(out, &rgb, (w, h))
+}
+
+/// One quantity of the soak over time: (minutes, value) per (replica, generation).
+type SoakSeries = Vec<((String, u32), Vec<(f64, f64)>)>;
+
+fn soak_series(lines: &[Line], f: impl Fn(&ReplicaSample) -> Option<f64>) -> SoakSeries {
+    let mut out: SoakSeries = Vec::new();
+    for l in lines {
+        let Line::Sample { t_s, replicas, .. } = l else {
+            continue;
+        };
+        for r in replicas {
+            let Some(v) = f(r) else { continue };
+            let key = (r.replica.clone(), r.generation);
+            match out.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, pts)) => pts.push((t_s / 60.0, v)),
+                None => out.push((key, vec![(t_s / 60.0, v)])),
+            }
+        }
+    }
+    out
+}
+
+fn draw_soak(lines: &[Line], rgb: &mut [u8], size: (u32, u32)) -> DrawResult {
+    let root = BitMapBackend::with_buffer(rgb, size).into_drawing_area();
+    root.fill(&WHITE)?;
+    let areas = root.split_evenly((2, 2));
+    let restarts: Vec<f64> = lines
+        .iter()
+        .filter_map(|l| match l {
+            Line::Restart { t_s, .. } => Some(t_s / 60.0),
+            _ => None,
+        })
+        .collect();
+    let max_t = lines
+        .iter()
+        .map(|l| l.t_s() / 60.0)
+        .fold(1.0 / 60.0, f64::max);
+    let charts: [(&str, &str, SoakSeries); 3] = [
+        (
+            "Replica RSS (MiB)",
+            "MiB",
+            soak_series(lines, |r| Some(r.rss_mib)),
+        ),
+        (
+            "Replica open file descriptors",
+            "fds",
+            soak_series(lines, |r| Some(r.fds as f64)),
+        ),
+        (
+            "Replica queue depth (argocd_principal_queue_depth)",
+            "events",
+            soak_series(lines, |r| r.queue_depth),
+        ),
+    ];
+    for ((caption, unit, series), area) in charts.iter().zip(areas.iter()) {
+        soak_chart(area, caption, unit, series, &restarts, max_t)?;
+    }
+    let bench: SoakSeries = vec![(
+        ("bench process".to_owned(), 1),
+        lines
+            .iter()
+            .filter_map(|l| match l {
+                Line::Sample { t_s, bench, .. } => Some((t_s / 60.0, bench.rss_mib)),
+                _ => None,
+            })
+            .collect(),
+    )];
+    if let Some(area) = areas.get(3) {
+        soak_chart(
+            area,
+            "This process: simulated agents and hub (RSS, MiB)",
+            "MiB",
+            &bench,
+            &restarts,
+            max_t,
+        )?;
+    }
+    root.present()?;
+    Ok(())
+}
+
+/// The colour of replica `principal-<slot>`'s lines.
+fn replica_color(name: &str) -> RGBColor {
+    const COLORS: [RGBColor; 5] = [
+        RGBColor(31, 119, 180),
+        RGBColor(44, 160, 44),
+        RGBColor(214, 39, 40),
+        RGBColor(148, 103, 189),
+        RGBColor(255, 127, 14),
+    ];
+    let slot: usize = name
+        .rsplit('-')
+        .next()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    COLORS[slot % COLORS.len()]
+}
+
+fn soak_chart(
+    area: &Area<'_>,
+    caption: &str,
+    unit: &str,
+    series: &SoakSeries,
+    restarts: &[f64],
+    max_t: f64,
+) -> DrawResult {
+    let max_y = series
+        .iter()
+        .flat_map(|(_, pts)| pts.iter().map(|p| p.1))
+        .fold(1.0, f64::max)
+        * 1.15;
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, ("sans-serif", 20))
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0f64..max_t * 1.02, 0f64..max_y)?;
+    // Whole minutes, or tenths on a run of a few minutes (the smoke's 40 s).
+    let digits = usize::from(max_t < 10.0);
+    chart
+        .configure_mesh()
+        .x_desc("minutes")
+        .y_desc(unit)
+        .x_label_formatter(&|x| format!("{x:.digits$}"))
+        .draw()?;
+    let grey = RGBColor(160, 160, 160);
+    chart
+        .draw_series(
+            restarts
+                .iter()
+                .map(|&t| PathElement::new([(t, 0.0), (t, max_y)], grey.stroke_width(1))),
+        )?
+        .label("replica restart (kill -9)")
+        .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], grey.stroke_width(1)));
+    let mut labelled: Vec<&str> = Vec::new();
+    for ((name, _), pts) in series {
+        let color = if name.starts_with("principal-") {
+            replica_color(name)
+        } else {
+            BLACK
+        };
+        let drawn = chart.draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))?;
+        if !labelled.contains(&name.as_str()) {
+            labelled.push(name);
+            drawn.label(name.clone()).legend(move |(x, y)| {
+                PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2))
+            });
+        }
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
+    Ok(())
 }
 
 /// Rows of charts: agents (with connect rows), Applications (with big-hub or big-spoke rows).
@@ -549,6 +728,43 @@ mod tests {
         // Blue (the measured series) and red (the targets) are both drawn.
         assert!(buf.chunks(3).any(|px| px == [0, 0, 255]));
         assert!(buf.chunks(3).any(|px| px == [255, 0, 0]));
+    }
+
+    #[test]
+    fn draws_a_soak_png_with_each_replica_and_the_restarts() {
+        let text = r#"{"kind":"sample","t_s":0.0,"before_restart":false,"replicas":[{"replica":"principal-0","generation":1,"pid":7,"rss_mib":90.0,"fds":700,"threads":3,"queue_depth":2.0,"connected":667.0,"series":4300},{"replica":"principal-1","generation":1,"pid":8,"rss_mib":91.0,"fds":701,"threads":3,"queue_depth":0.0,"connected":666.0,"series":4300}],"bench":{"rss_mib":300.0,"fds":2100,"threads":3,"tasks":10000,"agents_connected":2000,"hub_leases":2003}}
+{"kind":"sample","t_s":300.0,"before_restart":true,"replicas":[{"replica":"principal-0","generation":1,"pid":7,"rss_mib":95.0,"fds":700,"threads":3,"queue_depth":1.0,"connected":667.0,"series":4300},{"replica":"principal-1","generation":1,"pid":8,"rss_mib":96.0,"fds":701,"threads":3,"queue_depth":null,"connected":null,"series":null}],"bench":{"rss_mib":310.0,"fds":2100,"threads":3,"tasks":10000,"agents_connected":2000,"hub_leases":2003}}
+{"kind":"restart","t_s":300.0,"replica":"principal-1","generation":2,"ready_s":1.2}
+{"kind":"sample","t_s":600.0,"before_restart":false,"replicas":[{"replica":"principal-0","generation":1,"pid":7,"rss_mib":96.0,"fds":700,"threads":3,"queue_depth":0.0,"connected":900.0,"series":4300},{"replica":"principal-1","generation":2,"pid":9,"rss_mib":60.0,"fds":400,"threads":3,"queue_depth":0.0,"connected":433.0,"series":4000}],"bench":{"rss_mib":320.0,"fds":2100,"threads":3,"tasks":10000,"agents_connected":2000,"hub_leases":2003}}
+"#;
+        let lines = crate::bench::soak::read_lines(text).unwrap();
+        let series = soak_series(&lines, |r| Some(r.rss_mib));
+        // principal-1's restart starts a series of its own.
+        assert_eq!(
+            series
+                .iter()
+                .map(|(k, p)| (k.0.as_str(), k.1, p.len()))
+                .collect::<Vec<_>>(),
+            vec![
+                ("principal-0", 1, 3),
+                ("principal-1", 1, 2),
+                ("principal-1", 2, 1)
+            ]
+        );
+        assert_eq!(soak_series(&lines, |r| r.queue_depth)[1].1.len(), 1);
+        let font = find_font(None).expect("a TrueType font (apt-get install fonts-dejavu-core)");
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("soak.png");
+        draw_soak_png(&lines, &font, &out).unwrap();
+        let dec = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(&out).unwrap()));
+        let mut reader = dec.read_info().unwrap();
+        let mut buf = vec![0; reader.output_buffer_size().unwrap()];
+        let info = reader.next_frame(&mut buf).unwrap();
+        assert_eq!((info.width, info.height), (1400, 1000));
+        // principal-0's colour and the restart's grey are drawn.
+        assert!(buf.chunks(3).any(|px| px == [31, 119, 180]));
+        assert!(buf.chunks(3).any(|px| px == [160, 160, 160]));
+        assert!(draw_soak_png(&lines[2..3], &font, &out).is_err());
     }
 
     #[test]

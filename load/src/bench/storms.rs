@@ -110,7 +110,7 @@ pub(super) async fn run(storm: Storm, opts: &BenchOptions) -> Result<Report, Har
 }
 
 /// The build of the principal binary the run starts (`release` or `debug`: its directory).
-fn build() -> String {
+pub(super) fn build() -> String {
     binary("argocd-agent")
         .ok()
         .and_then(|p| Some(p.parent()?.file_name()?.to_string_lossy().into_owned()))
@@ -146,7 +146,7 @@ async fn measure(
         settled = Some(f);
     }
     let sampler = Sampler::start(env, n, settled.as_ref()).await;
-    let writer = Writer::start(client, n);
+    let writer = Writer::start(client, n, CHANGES_PER_S as f64);
     let started = Instant::now();
     let stats = settled.as_ref().map(snapshot);
     let fleet = match settled {
@@ -417,7 +417,7 @@ async fn rollout(
 }
 
 /// Every principal's address, slot order.
-fn addresses(env: &BenchEnv) -> Vec<std::net::SocketAddr> {
+pub(super) fn addresses(env: &BenchEnv) -> Vec<std::net::SocketAddr> {
     std::iter::once(env.principal_addr)
         .chain(env.replicas.iter().map(|r| r.addr))
         .collect()
@@ -452,19 +452,20 @@ async fn reap(mut proc: argocd_agent_testkit::harness::Proc) {
     proc.kill().await;
 }
 
-/// Hub spec changes, one every 1/[`CHANGES_PER_S`] s, each to the next agent's Application
-/// (`targetRevision: c<k>`), until stopped.
-struct Writer {
+/// Hub spec changes, `per_s` a second (the storms: [`CHANGES_PER_S`]), each to the next
+/// agent's Application (`targetRevision: c<k>`), until stopped.
+pub(super) struct Writer {
     stop: CancellationToken,
     task: tokio::task::JoinHandle<Result<usize, HarnessError>>,
 }
 
 impl Writer {
-    fn start(client: kube::Client, n: usize) -> Writer {
+    pub(super) fn start(client: kube::Client, n: usize, per_s: f64) -> Writer {
         let stop = CancellationToken::new();
         let token = stop.clone();
+        let period = Duration::from_secs_f64(1.0 / per_s.max(1e-3));
         let task = tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_millis(1000 / CHANGES_PER_S));
+            let mut tick = tokio::time::interval(period);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut k = 0usize;
             loop {
@@ -480,7 +481,7 @@ impl Writer {
     }
 
     /// Stops writing; returns how many changes were written.
-    async fn stop(self) -> Result<usize, HarnessError> {
+    pub(super) async fn stop(self) -> Result<usize, HarnessError> {
         self.stop.cancel();
         self.task
             .await
