@@ -32,10 +32,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use argocd_agent_testkit::harness::{HarnessError, http_get, kube_client, stored_app, wait_port};
+use argocd_agent_testkit::harness::{HarnessError, http_get, kube_client, wait_port};
 
 use super::env::{BenchEnv, ProcSample, metric_value, open_fds, threads, wait_ready_on};
-use super::sim::{Fleet, SimAgent, sim_id, sim_name};
+use super::sim::{Fleet, SimAgent, sim_id};
 use super::storms::{Writer, addresses, build, shipped_args};
 use super::{
     BenchOptions, Report, Scenario, create_apps, create_namespaces, fine, fleet, make_agents,
@@ -324,23 +324,7 @@ async fn run_and_settle(
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     // Every agent must hold its Application exactly as the hub has it now.
-    let want: Vec<Option<String>> = (0..n)
-        .map(|i| {
-            stored_app(&env.hub, &sim_name(i), &format!("app-{i}"))
-                .map(|a| argocd_agent_kubernetes::object::checksum_of(&a["spec"]))
-        })
-        .collect();
-    let holds = |i: usize| fleet.agents[i].checksum(&format!("app-{i}")) == want[i];
-    let converged = until("every agent at the hub's final state", scaled(n), || {
-        (0..n).all(holds)
-    })
-    .await
-    .is_ok();
-    let lost = if converged {
-        0
-    } else {
-        (0..n).filter(|&i| !holds(i)).count()
-    };
+    let lost = super::storms::not_at_hub_state(env, fleet).await;
     Ok((counts, changes, statuses, settling.elapsed(), lost))
 }
 

@@ -250,7 +250,15 @@ async fn storm_and_settle(
         )
     })?;
     let served = started.elapsed();
-    // Every agent must hold its Application exactly as the hub has it now.
+    let lost = not_at_hub_state(env, fleet).await;
+    let resynced = started.elapsed();
+    Ok((action, served, resynced, changes, lost))
+}
+
+/// Waits (as long as [`scaled`] allows for the fleet) until every agent holds its
+/// Application exactly as the hub has it now; returns how many still do not (lost).
+pub(super) async fn not_at_hub_state(env: &BenchEnv, fleet: &Fleet) -> usize {
+    let n = fleet.agents.len();
     let want: Vec<Option<String>> = (0..n)
         .map(|i| {
             stored_app(&env.hub, &sim_name(i), &format!("app-{i}"))
@@ -263,13 +271,11 @@ async fn storm_and_settle(
     })
     .await
     .is_ok();
-    let resynced = started.elapsed();
-    let lost = if converged {
+    if converged {
         0
     } else {
         (0..n).filter(|&i| !holds(i)).count()
-    };
-    Ok((action, served, resynced, changes, lost))
+    }
 }
 
 /// Does the storm's action; returns how long it took.
