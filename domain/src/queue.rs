@@ -288,6 +288,19 @@ impl SendQueue {
         self.notify.notify_one();
     }
 
+    /// Drops every queued and unacknowledged event (the peer is served elsewhere now, and
+    /// its next session here starts with a resync); returns how many were dropped. The
+    /// learned round-trip time stays.
+    pub fn clear(&self) -> usize {
+        let mut st = self.lock();
+        let dropped = st.pending.len() + st.in_flight.len();
+        st.pending.clear();
+        st.order.clear();
+        st.in_flight.clear();
+        st.ids.clear();
+        dropped
+    }
+
     /// Number of queued plus unacknowledged events.
     pub fn len(&self) -> usize {
         let st = self.lock();
@@ -647,6 +660,22 @@ mod tests {
         let mut vals = vec![val(&q.next().await), val(&q.next().await)];
         vals.sort();
         assert_eq!(vals, vec![1, 2]);
+    }
+
+    #[tokio::test]
+    async fn clear_drops_queued_and_in_flight_and_the_queue_works_after() {
+        let q = q();
+        q.push(ev(EventType::SpecUpdate, "a", 1)).unwrap();
+        q.push(ev(EventType::SpecUpdate, "b", 1)).unwrap();
+        let sent = q.next().await;
+        assert_eq!(q.clear(), 2);
+        assert!(q.is_empty());
+        // The id of what was in flight is no longer known: its ack changes nothing.
+        assert!(q.ack(&sent.id).is_none());
+        q.requeue_in_flight();
+        assert!(q.is_empty());
+        q.push(ev(EventType::SpecUpdate, "c", 3)).unwrap();
+        assert_eq!(val(&q.next().await), 3);
     }
 
     #[tokio::test]

@@ -128,6 +128,9 @@ pub struct Metrics {
     pub queue_depth: Gauge,
     /// `argocd_principal_event_resends_total`: events sent again for lack of an ack.
     pub resends: Counter,
+    /// `argocd_principal_queue_events_released_total`: queued events dropped because
+    /// another replica serves their agent now (its next session here starts with a resync).
+    pub queue_released: Counter,
     /// `argocd_principal_redis_proxy_commands_total{route,result}`: commands the Redis proxy
     /// handled.
     pub redis_proxy_commands: Family<RedisProxyLabels, Counter>,
@@ -225,6 +228,7 @@ impl Metrics {
             svid_rotations: Counter::default(),
             queue_depth: Gauge::default(),
             resends: Counter::default(),
+            queue_released: Counter::default(),
             redis_proxy_commands: Family::default(),
             resource_proxy_responses: Family::default(),
             resource_proxy_forwarded: Family::default(),
@@ -343,6 +347,11 @@ impl Metrics {
             "argocd_principal_event_resends_total",
             "Events sent again because no acknowledgement came in time",
             self.resends.clone(),
+        );
+        r.register(
+            "argocd_principal_queue_events_released_total",
+            "Queued events dropped because another principal replica serves their agent now",
+            self.queue_released.clone(),
         );
     }
 

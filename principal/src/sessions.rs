@@ -83,6 +83,9 @@ pub struct AgentState {
     /// The agent's inbound event rate limit: per agent, not per session, so reconnecting
     /// does not refill it.
     limiter: Mutex<crate::ratelimit::EventLimiter>,
+    /// Another replica serves the agent (`--ha`): nothing is queued for it here until its
+    /// next session here, which starts with a resync ([`AgentState::served_elsewhere`]).
+    elsewhere: AtomicBool,
 }
 
 impl AgentState {
@@ -101,6 +104,10 @@ impl AgentState {
     /// event was created in; the queued event carries its context, so the eventual send
     /// (maybe much later, maybe resent) joins the same trace.
     pub(crate) fn enqueue(&self, mut event: argocd_agent_domain::Event, metrics: &Metrics) {
+        if self.elsewhere.load(Ordering::Acquire) {
+            metrics.queue_released.inc();
+            return;
+        }
         let span =
             argocd_agent_domain::event_span!("principal.enqueue", &event, agent = %self.name);
         event.stamp_trace(&span);
@@ -110,6 +117,22 @@ impl AgentState {
             metrics.discarded(self.name.as_str(), ty, kind);
             tracing::warn!(agent = %self.name, error = %e, "event dropped");
         }
+    }
+    /// Another replica serves the agent now (`--ha`): unless a session is open here, its
+    /// queue is dropped and nothing is queued for it until its next session here (which
+    /// starts with a resync round, as after a restart). Without this, a replica keeps
+    /// queueing every hub change for each agent that ever left it, never to be sent.
+    /// Returns how many queued events were dropped (`None`: a session is open here).
+    pub(crate) fn served_elsewhere(&self) -> Option<usize> {
+        let inner = self.inner();
+        if inner.is_connected() {
+            return None;
+        }
+        // Set under the agent's lock, as `attach` clears it: a session beginning now
+        // either sees the flag cleared after this, or this sees its session.
+        self.elsewhere.store(true, Ordering::Release);
+        drop(inner);
+        Some(self.queue.clear())
     }
     /// Takes one token of the agent's inbound event rate limit.
     pub fn check_rate(&self) -> crate::ratelimit::Verdict {
@@ -270,15 +293,18 @@ impl Sessions {
                         self.event_rate,
                         std::time::Instant::now(),
                     )),
+                    elsewhere: AtomicBool::new(false),
                 });
                 registry.agents.insert(name.clone(), state.clone());
                 created = true;
                 state
             }
         };
-        let replaced = state
-            .inner()
-            .begin_session(identity, mode, session_id, token);
+        let replaced = {
+            let mut inner = state.inner();
+            state.elsewhere.store(false, Ordering::Release);
+            inner.begin_session(identity, mode, session_id, token)
+        };
         // The rules may now map this agent to another namespace: forget the old route.
         if let Some(old_ns) = &replaced.moved_from {
             registry.by_namespace.remove(old_ns);

@@ -414,6 +414,12 @@ impl Leases {
         let view = LeaseView::of_lease(lease);
         let mut held = lock(&self.held);
         let Some(h) = held.get_mut(&agent) else {
+            drop(held);
+            if let Some(holder) = view.holder.as_deref()
+                && holder != self.me
+            {
+                self.served_elsewhere(&agent, holder);
+            }
             return;
         };
         if view.resource_version.is_some_and(|v| v <= h.rv) {
@@ -540,6 +546,45 @@ impl Leases {
         for agent in orphans {
             tracing::info!(%agent, "releasing an agent Lease no session here uses");
             self.write_release(&agent, None).await;
+        }
+    }
+}
+
+impl Leases {
+    /// Another live replica (`holder`) serves `agent`: what was queued for it here is
+    /// dropped, unless a session is still open here (see
+    /// [`crate::sessions::AgentState::served_elsewhere`]).
+    pub(super) fn served_elsewhere(&self, agent: &AgentName, holder: &str) {
+        if lock(&self.acquiring).contains(agent) || !self.alive(holder) {
+            return;
+        }
+        let Some(state) = self.sessions.agent(agent) else {
+            return;
+        };
+        if let Some(dropped) = state.served_elsewhere().filter(|n| *n > 0) {
+            self.metrics.queue_released.inc_by(dropped as u64);
+            tracing::debug!(%agent, holder = %holder, dropped,
+                "another replica serves the agent: dropped what was queued for it here");
+        }
+    }
+
+    /// Every agent another live replica holds: see [`Leases::served_elsewhere`]. Run with
+    /// the orphan sweep, for the Lease changes seen while a session here was still ending.
+    pub(super) fn release_queues_served_elsewhere(&self) {
+        let elsewhere: Vec<(AgentName, String)> = self
+            .cache
+            .leases(&self.namespace)
+            .iter()
+            .filter(|l| lease_label(l) == Some("agent"))
+            .filter_map(|l| {
+                let holder = holder_str(l).filter(|h| *h != self.me)?;
+                Some((agent_of(l)?, holder.to_owned()))
+            })
+            .collect();
+        for (agent, holder) in elsewhere {
+            if !lock(&self.held).contains_key(&agent) {
+                self.served_elsewhere(&agent, &holder);
+            }
         }
     }
 }

@@ -125,6 +125,7 @@ impl Leases {
             if last_sweep.elapsed() >= ORPHAN_SWEEP {
                 last_sweep = Instant::now();
                 self.release_orphans().await;
+                self.release_queues_served_elsewhere();
             }
         }
     }

@@ -179,3 +179,97 @@ async fn an_agent_lease_taken_on_one_replica_is_seen_by_the_other_until_released
     eventually("the Lease is free", || b.holder_of(&agent).is_none()).await;
     shutdown.cancel();
 }
+
+/// A replica keeps nothing queued for an agent another replica serves: what was queued
+/// while the agent was away is dropped once the other replica holds its Lease, nothing
+/// more is queued for it, and its next session here queues again.
+#[tokio::test]
+async fn a_replica_drops_the_queue_of_an_agent_another_replica_serves() {
+    use argocd_agent_domain::event::{Event, EventType, Payload, ResourceKind, ResourceRef};
+    use argocd_agent_domain::{AgentIdentity, AgentMode, AllowedModes, ClientIdentity, Namespace};
+    use argocd_agent_kubernetes::Scope;
+    use argocd_agent_kubernetes::memory::MemoryStore;
+    use std::sync::Arc;
+    use tokio_util::sync::CancellationToken;
+    use tokio_util::task::TaskTracker;
+
+    let store = MemoryStore::new(Kind::Lease);
+    let (tasks, shutdown) = (TaskTracker::new(), CancellationToken::new());
+    let metrics = crate::metrics::Metrics::new();
+    let replica = |name: &str, sessions: Arc<crate::sessions::Sessions>| {
+        let (cache, changes) = store.watch(Scope::namespace("argocd"));
+        let backend = LeaseBackend {
+            api: Arc::new(store.clone()),
+            cache: Arc::new(cache),
+            changes,
+        };
+        Leases::start(
+            backend,
+            "argocd",
+            HaConfig::new(name),
+            sessions,
+            metrics.clone(),
+            &tasks,
+            shutdown.clone(),
+        )
+    };
+    let sessions_a = Arc::new(crate::sessions::Sessions::new(
+        Default::default(),
+        Default::default(),
+    ));
+    let sessions_b = Arc::new(crate::sessions::Sessions::new(
+        Default::default(),
+        Default::default(),
+    ));
+    let (a, b) = (
+        replica("principal-0", sessions_a.clone()),
+        replica("principal-1", sessions_b),
+    );
+    eventually("both replicas renewed their Lease", || {
+        a.ready().is_ok() && b.ready().is_ok()
+    })
+    .await;
+    let agent = AgentName::new("agent-1").unwrap();
+    let namespace = Namespace::new("agent-1").unwrap();
+    let identity = AgentIdentity {
+        client: ClientIdentity::AgentName(agent.clone()),
+        agent: agent.clone(),
+        namespace: namespace.clone(),
+        allowed_modes: AllowedModes::Both,
+        rule: "agents".into(),
+        tenant: None,
+    };
+    let event = |name: &str| {
+        Event::resource(
+            "test",
+            EventType::SpecUpdate,
+            ResourceRef::new(ResourceKind::Application, namespace.clone(), name),
+            Payload::Object(Arc::new(serde_json::json!({}))),
+        )
+    };
+    // A session on replica a ends; a hub change is queued for the agent's return.
+    let (state, _) = sessions_a.attach(
+        identity.clone(),
+        AgentMode::Managed,
+        1,
+        CancellationToken::new(),
+    );
+    sessions_a.detach(&state, 1);
+    state.enqueue(event("app-1"), &metrics);
+    assert_eq!(state.queue.len(), 1);
+    // The agent reconnects to replica b, which takes its Lease.
+    let guard = b.acquire(&agent, &namespace, 7).await.expect("acquire");
+    eventually("replica a drops the queue", || state.queue.is_empty()).await;
+    state.enqueue(event("app-2"), &metrics);
+    assert!(
+        state.queue.is_empty(),
+        "nothing is queued while b serves it"
+    );
+    // The agent comes back to replica a: its session queues again.
+    guard.release().await;
+    let (again, _) = sessions_a.attach(identity, AgentMode::Managed, 2, CancellationToken::new());
+    assert!(Arc::ptr_eq(&again, &state));
+    again.enqueue(event("app-3"), &metrics);
+    assert_eq!(again.queue.len(), 1);
+    shutdown.cancel();
+}
