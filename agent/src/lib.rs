@@ -380,9 +380,17 @@ async fn serve_health(
 /// Whether the principal ended the session to send the agent to another replica
 /// ([`argocd_agent_domain::event::RECONNECT_METADATA`]).
 fn redirected<T>(result: &Result<T, SessionError>) -> bool {
-    matches!(result, Err(SessionError::Status(s))
-        if s.metadata().get(argocd_agent_domain::event::RECONNECT_METADATA)
-            .is_some_and(|v| v == "now"))
+    matches!(result, Err(SessionError::Status(s)) if sends_elsewhere(s))
+}
+
+/// Whether `status` ends a session to send the agent to another replica at once
+/// ([`argocd_agent_domain::event::RECONNECT_METADATA`]): the agent then redials without
+/// waiting out its backoff ([`redial::Attempt::Redirected`]).
+pub fn sends_elsewhere(status: &tonic::Status) -> bool {
+    status
+        .metadata()
+        .get(argocd_agent_domain::event::RECONNECT_METADATA)
+        .is_some_and(|v| v == "now")
 }
 
 /// How a session attempt ended, for the backoff.

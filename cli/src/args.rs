@@ -535,7 +535,8 @@ pub struct HaArgs {
     /// How often a replica compares its share with the others'.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub rebalance_interval: Duration,
-    /// Sessions a replica closes per rebalance round at most.
+    /// Sessions a replica closes per rebalance round: this many, or a quarter of its
+    /// excess over the fair share when that is more.
     #[arg(long, default_value_t = 10)]
     pub rebalance_batch: usize,
     /// Client-side limit of Lease requests per second, apart from --kube-qps (every

@@ -494,6 +494,10 @@ async fn run(
                 stats.dropped.fetch_add(1, Ordering::Relaxed);
                 Attempt::Session
             }
+            Ok(Ended::Redirected) => {
+                stats.dropped.fetch_add(1, Ordering::Relaxed);
+                Attempt::Redirected
+            }
             Ok(Ended::Refused) => {
                 stats.failed_attempts.fetch_add(1, Ordering::Relaxed);
                 stats.dials_refused.fetch_add(1, Ordering::Relaxed);
@@ -525,6 +529,9 @@ enum Ended {
     /// None was made: the dial was refused, because nothing listens or the modelled Service
     /// has no ready endpoint (kube-proxy rejects the connection).
     Refused,
+    /// The principal ended it to send the agent to another replica (rebalancing, a
+    /// handover): redialed at once, as the agent does.
+    Redirected,
 }
 
 /// Decrements the connected count (and forgets the agent's principal) when a live session
@@ -604,7 +611,13 @@ async fn session(
                 Some(event)
             }
             msg = inbound.message() => {
-                let Ok(Some(ce)) = msg else { return Ok(Ended::Dropped) };
+                let ce = match msg {
+                    Ok(Some(ce)) => ce,
+                    Err(status) if argocd_agent_agent::sends_elsewhere(&status) => {
+                        return Ok(Ended::Redirected);
+                    }
+                    _ => return Ok(Ended::Dropped),
+                };
                 // The data as received (shared, not copied), for the bench's own counts.
                 let json = match &ce.data {
                     Some(Data::BinaryData(b)) => b.clone(),

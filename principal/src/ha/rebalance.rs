@@ -61,9 +61,7 @@ impl Leases {
                 continue;
             }
             let shares = self.shares();
-            let excess = shares
-                .excess(&self.me, self.cfg.rebalance_slack)
-                .min(self.cfg.rebalance_batch);
+            let excess = shares.shed(&self.me, self.cfg.rebalance_slack, self.cfg.rebalance_batch);
             let above = excess > 0;
             if !(above && above_before) {
                 above_before = above;

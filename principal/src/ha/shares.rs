@@ -34,6 +34,16 @@ impl Shares {
         self.held.iter().any(|(r, n)| r != me && *n < self.fair)
     }
 
+    /// How many sessions `me` closes in one rebalance round: `batch`, or a quarter of its
+    /// excess when that is more, never more than the excess. A replica that took most of
+    /// the fleet after a restart of every replica (the first one ready gets every dial)
+    /// sheds thousands: at `batch` a round it would take an hour, a quarter a round takes
+    /// a few minutes, each round a small storm the replicas absorb in seconds.
+    pub fn shed(&self, me: &str, slack: usize, batch: usize) -> usize {
+        let excess = self.excess(me, slack);
+        excess.min(batch.max(excess / 4))
+    }
+
     /// How many agents `me` should shed with `slack`: those above fair + slack, when
     /// someone else has room.
     pub fn excess(&self, me: &str, slack: usize) -> usize {

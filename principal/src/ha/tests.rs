@@ -69,6 +69,25 @@ fn fair_share_and_excess() {
 }
 
 #[test]
+fn a_round_sheds_the_batch_or_a_quarter_of_a_large_excess() {
+    let live = ids(&["a_1", "b_1", "c_1"]);
+    // After every replica restarted, a took 7,000 of 10,000 agents.
+    let mut holders = vec!["a_1".to_string(); 7000];
+    holders.extend(vec!["b_1".to_string(); 1500]);
+    holders.extend(vec!["c_1".to_string(); 1500]);
+    let s = Shares::compute(&live, holders.into_iter());
+    assert_eq!(s.fair, 3334);
+    assert_eq!(s.excess("a_1", 1), 3665);
+    assert_eq!(s.shed("a_1", 1, 10), 916, "a quarter of the excess");
+    assert_eq!(s.shed("a_1", 1, 2000), 2000, "the batch when larger");
+    assert_eq!(s.shed("a_1", 1, 5000), 3665, "never more than the excess");
+    assert_eq!(s.shed("b_1", 1, 10), 0, "below its share: nothing");
+    // A small excess sheds it whole, within the batch.
+    let s = Shares::compute(&live, ids(&["a_1", "a_1", "a_1", "a_1", "b_1"]).into_iter());
+    assert_eq!(s.shed("a_1", 0, 10), 2);
+}
+
+#[test]
 fn replica_of_holder_identity() {
     assert_eq!(replica_of("principal-0_1a2b3c4d"), "principal-0");
     assert_eq!(replica_of("plain"), "plain");
