@@ -233,6 +233,23 @@ async fn failover_smoke() {
     assert!(num(&r, "lease_writes") > 0.0);
 }
 
+/// Runs `argocd-agent-dev` with `args`; asserts it succeeded and returns its standard output.
+async fn run_dev(args: &[&str]) -> String {
+    let ctl = argocd_agent_testkit::harness::binary("argocd-agent-dev").unwrap();
+    let out = tokio::process::Command::new(&ctl)
+        .args(args)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 /// The command as documented: two `connect` runs appended to one JSON-lines file, the
 /// cost-growth plot drawn from it (a PNG with both runs), then redrawn without a run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -240,29 +257,21 @@ async fn cli_connect_runs_and_plot() {
     let ctl = argocd_agent_testkit::harness::binary("argocd-agent-dev").unwrap();
     let dir = tempfile::tempdir().unwrap();
     let (json, png) = (dir.path().join("bench.jsonl"), dir.path().join("cost.png"));
+    let (json_s, png_s) = (json.to_str().unwrap(), png.to_str().unwrap());
     for agents in ["5", "10"] {
-        let out = tokio::process::Command::new(&ctl)
-            .args([
-                "bench",
-                "connect",
-                "--agents",
-                agents,
-                "--seconds",
-                "1",
-                "--json",
-            ])
-            .arg(&json)
-            .arg("--plot")
-            .arg(&png)
-            .output()
-            .await
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{stdout}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let stdout = run_dev(&[
+            "bench",
+            "connect",
+            "--agents",
+            agents,
+            "--seconds",
+            "1",
+            "--json",
+            json_s,
+            "--plot",
+            png_s,
+        ])
+        .await;
         assert!(stdout.starts_with("scenario"), "{stdout}");
         assert!(stdout.contains("plot: "), "{stdout}");
     }
@@ -280,20 +289,7 @@ async fn cli_connect_runs_and_plot() {
     );
 
     std::fs::remove_file(&png).unwrap();
-    let out = tokio::process::Command::new(&ctl)
-        .args(["bench", "plot", "--json"])
-        .arg(&json)
-        .arg("--plot")
-        .arg(&png)
-        .output()
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = run_dev(&["bench", "plot", "--json", json_s, "--plot", png_s]).await;
     assert!(stdout.contains("2 connect runs"), "{stdout}");
     assert!(png.is_file());
     // `plot` without --plot is an error, not a silent no-op.
@@ -364,7 +360,6 @@ async fn big_spoke_smoke() {
 /// `bench plot` draws the Application charts from big-hub and big-spoke rows alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cli_plot_draws_application_rows() {
-    let ctl = argocd_agent_testkit::harness::binary("argocd-agent-dev").unwrap();
     let dir = tempfile::tempdir().unwrap();
     let (json, png) = (dir.path().join("bench.jsonl"), dir.path().join("cost.png"));
     std::fs::write(
@@ -377,20 +372,15 @@ async fn cli_plot_draws_application_rows() {
         ),
     )
     .unwrap();
-    let out = tokio::process::Command::new(&ctl)
-        .args(["bench", "plot", "--json"])
-        .arg(&json)
-        .arg("--plot")
-        .arg(&png)
-        .output()
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = run_dev(&[
+        "bench",
+        "plot",
+        "--json",
+        json.to_str().unwrap(),
+        "--plot",
+        png.to_str().unwrap(),
+    ])
+    .await;
     assert!(
         stdout.contains("0 connect runs, 2 hub and 2 spoke points"),
         "{stdout}"
@@ -471,45 +461,35 @@ async fn single_principal_rollout_smoke() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn soak_smoke() {
     use bench::soak::Line;
-    let ctl = argocd_agent_testkit::harness::binary("argocd-agent-dev").unwrap();
     let dir = tempfile::tempdir().unwrap();
     let (json, samples, png) = (
         dir.path().join("bench.jsonl"),
         dir.path().join("soak.jsonl"),
         dir.path().join("soak.png"),
     );
-    let out = tokio::process::Command::new(&ctl)
-        .args([
-            "bench",
-            "soak",
-            "--agents",
-            "20",
-            "--seconds",
-            "40",
-            "--interval",
-            "5",
-            "--restart-every",
-            "15",
-            "--rotate-every",
-            "10",
-            "--heartbeat",
-            "1",
-            "--json",
-        ])
-        .arg(&json)
-        .arg("--samples")
-        .arg(&samples)
-        .arg("--plot")
-        .arg(&png)
-        .output()
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = run_dev(&[
+        "bench",
+        "soak",
+        "--agents",
+        "20",
+        "--seconds",
+        "40",
+        "--interval",
+        "5",
+        "--restart-every",
+        "15",
+        "--rotate-every",
+        "10",
+        "--heartbeat",
+        "1",
+        "--json",
+        json.to_str().unwrap(),
+        "--samples",
+        samples.to_str().unwrap(),
+        "--plot",
+        png.to_str().unwrap(),
+    ])
+    .await;
     eprint!("{stdout}");
     let row: Value = serde_json::from_str(std::fs::read_to_string(&json).unwrap().trim()).unwrap();
     let n = |k: &str| {

@@ -566,6 +566,13 @@ impl StatusSender {
 /// One quantity's samples after the warm-up: (hours since the start, value).
 type Series = Vec<(f64, f64)>;
 
+/// A quantity read from a replica's sample (`None`: not in it).
+type ReplicaField = dyn Fn(&ReplicaSample) -> Option<f64>;
+/// A quantity summed over the replicas' samples.
+type ReplicaSum = dyn Fn(&ReplicaSample) -> f64;
+/// A quantity read from the bench process's sample.
+type BenchField = dyn Fn(&BenchSample) -> f64;
+
 /// Puts each quantity's growth (% per hour) after `warmup` into `r`, and the worst of them
 /// next to the target.
 fn growth(r: &mut Report, lines: &[Line], warmup: Duration, restart_every: Duration) {
@@ -596,30 +603,15 @@ fn growth(r: &mut Report, lines: &[Line], warmup: Duration, restart_every: Durat
     if !restarted_0 {
         r.put("compared", "principal-0 (never restarted); all replicas summed just before each restart; this process");
         r.put("p0_rss_mib_mean", round2(mean(&p0(&|s| Some(s.rss_mib)))));
-        figures.push((
-            "p0_rss_pct_per_h",
-            growth_pct_per_h(&p0(&|s| Some(s.rss_mib))),
-        ));
-        figures.push((
-            "p0_fds_pct_per_h",
-            growth_pct_per_h(&p0(&|s| Some(s.fds as f64))),
-        ));
-        figures.push((
-            "p0_threads_pct_per_h",
-            growth_pct_per_h(&p0(&|s| Some(s.threads as f64))),
-        ));
-        figures.push((
-            "p0_queue_depth_pct_per_h",
-            growth_pct_per_h(&p0(&|s| s.queue_depth)),
-        ));
-        figures.push((
-            "p0_connected_pct_per_h",
-            growth_pct_per_h(&p0(&|s| s.connected)),
-        ));
-        figures.push((
-            "p0_series_pct_per_h",
-            growth_pct_per_h(&p0(&|s| s.series.map(|x| x as f64))),
-        ));
+        let of_p0: [(&'static str, &ReplicaField); 6] = [
+            ("p0_rss_pct_per_h", &|s| Some(s.rss_mib)),
+            ("p0_fds_pct_per_h", &|s| Some(s.fds as f64)),
+            ("p0_threads_pct_per_h", &|s| Some(s.threads as f64)),
+            ("p0_queue_depth_pct_per_h", &|s| s.queue_depth),
+            ("p0_connected_pct_per_h", &|s| s.connected),
+            ("p0_series_pct_per_h", &|s| s.series.map(|x| x as f64)),
+        ];
+        figures.extend(of_p0.map(|(key, f)| (key, growth_pct_per_h(&p0(f)))));
     } else {
         r.put(
             "compared",
@@ -635,42 +627,24 @@ fn growth(r: &mut Report, lines: &[Line], warmup: Duration, restart_every: Durat
             .map(|(t, _, reps, _)| (*t, reps.iter().map(f).sum::<f64>()))
             .collect()
     };
-    figures.push((
-        "sum_rss_at_phase_pct_per_h",
-        growth_pct_per_h(&phase(&|s| s.rss_mib)),
-    ));
-    figures.push((
-        "sum_fds_at_phase_pct_per_h",
-        growth_pct_per_h(&phase(&|s| s.fds as f64)),
-    ));
-    figures.push((
-        "sum_threads_at_phase_pct_per_h",
-        growth_pct_per_h(&phase(&|s| s.threads as f64)),
-    ));
+    let of_phase: [(&'static str, &ReplicaSum); 3] = [
+        ("sum_rss_at_phase_pct_per_h", &|s| s.rss_mib),
+        ("sum_fds_at_phase_pct_per_h", &|s| s.fds as f64),
+        ("sum_threads_at_phase_pct_per_h", &|s| s.threads as f64),
+    ];
+    figures.extend(of_phase.map(|(key, f)| (key, growth_pct_per_h(&phase(f)))));
     let bench = |f: &dyn Fn(&BenchSample) -> f64| -> Series {
         samples.iter().map(|(t, _, _, b)| (*t, f(b))).collect()
     };
     r.put("bench_rss_mib_mean", round2(mean(&bench(&|b| b.rss_mib))));
-    figures.push((
-        "bench_rss_pct_per_h",
-        growth_pct_per_h(&bench(&|b| b.rss_mib)),
-    ));
-    figures.push((
-        "bench_fds_pct_per_h",
-        growth_pct_per_h(&bench(&|b| b.fds as f64)),
-    ));
-    figures.push((
-        "bench_threads_pct_per_h",
-        growth_pct_per_h(&bench(&|b| b.threads as f64)),
-    ));
-    figures.push((
-        "bench_tasks_pct_per_h",
-        growth_pct_per_h(&bench(&|b| b.tasks as f64)),
-    ));
-    figures.push((
-        "hub_leases_pct_per_h",
-        growth_pct_per_h(&bench(&|b| b.hub_leases as f64)),
-    ));
+    let of_bench: [(&'static str, &BenchField); 5] = [
+        ("bench_rss_pct_per_h", &|b| b.rss_mib),
+        ("bench_fds_pct_per_h", &|b| b.fds as f64),
+        ("bench_threads_pct_per_h", &|b| b.threads as f64),
+        ("bench_tasks_pct_per_h", &|b| b.tasks as f64),
+        ("hub_leases_pct_per_h", &|b| b.hub_leases as f64),
+    ];
+    figures.extend(of_bench.map(|(key, f)| (key, growth_pct_per_h(&bench(f)))));
     let mut worst: Option<(&'static str, f64)> = None;
     for (key, g) in figures {
         match g {
