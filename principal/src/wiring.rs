@@ -406,9 +406,21 @@ impl Wiring {
             ha::LEASE_REQUESTS_IN_FLIGHT,
         )
         .await?;
+        // The replica Lease's own client: one renewal every fifth of its duration, never
+        // queued behind agent Lease writes.
+        let replica_client = argocd_agent_kubernetes::bounded_client(
+            &argocd_agent_kubernetes::ClientOptions {
+                qps: ha::REPLICA_LEASE_QPS,
+                burst: ha::REPLICA_LEASE_BURST,
+                ..self.config.kube.clone()
+            },
+            1,
+        )
+        .await?;
         let leases = ha::Leases::start(
             ha::LeaseBackend::kube(
                 lease_client,
+                replica_client,
                 &self.config.argocd_namespace,
                 &hub.shared.sessions,
             ),

@@ -27,7 +27,7 @@ fn replica(client: &kube::Client, name: &str, shutdown: &CancellationToken) -> A
     cfg.agent_lease_duration = Duration::from_secs(30);
     cfg.rebalance = false;
     Leases::start(
-        LeaseBackend::kube(client.clone(), "argocd", &sessions),
+        LeaseBackend::kube(client.clone(), client.clone(), "argocd", &sessions),
         "argocd",
         cfg,
         sessions,

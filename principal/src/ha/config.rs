@@ -33,6 +33,12 @@ pub const DEFAULT_LEASE_QPS: f32 = 500.0;
 pub const DEFAULT_LEASE_BURST: u32 = 1000;
 /// Lease requests in flight at once (each one a connection to the hub API at most).
 pub const LEASE_REQUESTS_IN_FLIGHT: usize = 16;
+
+/// Requests per second of the replica Lease's own client (one in flight): a renewal every
+/// fifth of `--replica-lease-duration`, a create, and the release at shutdown.
+pub const REPLICA_LEASE_QPS: f32 = 5.0;
+/// Burst of the replica Lease's own client.
+pub const REPLICA_LEASE_BURST: u32 = 5;
 /// How often Leases held in our name without a session are looked for.
 pub(super) const ORPHAN_SWEEP: Duration = Duration::from_secs(10);
 /// Agent Leases renewed per tick at most (a burst after a long stall is spread).

@@ -100,15 +100,13 @@ impl Leases {
             .collect()
     }
 
-    /// Renews the replica Lease every fifth of its duration, agent Leases when due, and
-    /// releases Leases held in our name that no session uses.
-    pub(super) async fn renew_loop(self: Arc<Self>, shutdown: CancellationToken) {
+    /// Renews the replica Lease every fifth of its duration, on its own task and its own
+    /// client: nothing the agents' Leases wait for delays it (a renewal older than half the
+    /// duration makes the replica not ready, and its listener refuse every dial).
+    pub(super) async fn replica_loop(self: Arc<Self>, shutdown: CancellationToken) {
         self.cache.wait_synced().await;
-        let replica_every = self.cfg.replica_lease_duration / 5;
-        let mut tick = tokio::time::interval(replica_every.min(Duration::from_secs(1)));
+        let mut tick = tokio::time::interval(self.cfg.replica_lease_duration / 5);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut last_replica_write: Option<Instant> = None;
-        let mut last_sweep = Instant::now();
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => {
@@ -117,9 +115,21 @@ impl Leases {
                 }
                 _ = tick.tick() => {}
             }
-            if last_replica_write.is_none_or(|t| t.elapsed() >= replica_every) {
-                last_replica_write = Some(Instant::now());
-                self.renew_replica().await;
+            self.renew_replica().await;
+        }
+    }
+
+    /// Renews agent Leases when due, releases Leases held in our name that no session
+    /// uses, and drops the queues of agents other replicas serve.
+    pub(super) async fn agents_loop(self: Arc<Self>, shutdown: CancellationToken) {
+        self.cache.wait_synced().await;
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_sweep = Instant::now();
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tick.tick() => {}
             }
             self.renew_agents().await;
             if last_sweep.elapsed() >= ORPHAN_SWEEP {
@@ -141,8 +151,10 @@ impl Leases {
             .get(Some(&self.namespace), &name)
             .map(|o| (*o).clone());
         let result = if cached.is_none()
-            && matches!(self.api.get(Some(&self.namespace), &name).await, Ok(None))
-        {
+            && matches!(
+                self.replica_api.get(Some(&self.namespace), &name).await,
+                Ok(None)
+            ) {
             let mut obj =
                 DynamicObject::new(&name, &Kind::Lease.api_resource()).within(&self.namespace);
             obj.metadata.labels = Some([(LEASE_LABEL.to_string(), "replica".to_string())].into());
@@ -160,9 +172,9 @@ impl Leases {
                 s.lease_duration_seconds = Some(duration);
                 s.lease_transitions = Some(0);
             });
-            self.api.create(&obj).await.map(|_| ())
+            self.replica_api.create(&obj).await.map(|_| ())
         } else {
-            self.api
+            self.replica_api
                 .update_from(Some(&self.namespace), &name, cached, &mut |obj| {
                     let v = LeaseView::of(obj);
                     set_spec(obj, |s| {
@@ -233,7 +245,7 @@ impl Leases {
             .get(Some(&self.namespace), &name)
             .map(|o| (*o).clone());
         let _ = self
-            .api
+            .replica_api
             .update_from(Some(&self.namespace), &name, first, &mut |obj| {
                 if LeaseView::of(obj).holder.as_deref() != Some(me.as_str()) {
                     return Mutation::Abort;

@@ -143,8 +143,12 @@ pub(super) struct Held {
 /// Where a replica's Leases live: the store written to, the view read, and the changes that
 /// keep the view (the API server and its watch; a `MemoryStore` in unit tests).
 pub struct LeaseBackend {
-    /// Writes Leases.
+    /// Writes agent Leases.
     pub api: Arc<dyn ObjectStore>,
+    /// Writes this replica's own Lease: a client of its own, so that a storm of agent Lease
+    /// writes (10,000 takeovers queue ~20 s behind the Lease budget) never delays the
+    /// renewal that keeps the replica ready.
+    pub replica_api: Arc<dyn ObjectStore>,
     /// The Leases of this principal's partition, as last seen.
     pub cache: Arc<dyn ObjectView>,
     /// The changes the view follows, which the replica reacts to.
@@ -153,8 +157,14 @@ pub struct LeaseBackend {
 
 impl LeaseBackend {
     /// The hub's Leases in `namespace` through `client`: only this principal's partition's
-    /// (another principal's replicas on the same hub are neither peers nor holders here).
-    pub fn kube(client: kube::Client, namespace: &str, sessions: &Sessions) -> LeaseBackend {
+    /// (another principal's replicas on the same hub are neither peers nor holders here);
+    /// the replica's own Lease through `replica_client`.
+    pub fn kube(
+        client: kube::Client,
+        replica_client: kube::Client,
+        namespace: &str,
+        sessions: &Sessions,
+    ) -> LeaseBackend {
         let selector = sessions
             .partition
             .selector_with(Some(LEASE_LABEL))
@@ -166,6 +176,7 @@ impl LeaseBackend {
         );
         LeaseBackend {
             api: Arc::new(Resources::new(client, Kind::Lease)),
+            replica_api: Arc::new(Resources::new(replica_client, Kind::Lease)),
             cache: Arc::new(cache),
             changes: Box::pin(changes),
         }
@@ -180,6 +191,8 @@ pub struct Leases {
     pub(super) namespace: String,
     /// The Leases on the hub (the API server; in memory in unit tests).
     pub(super) api: Arc<dyn ObjectStore>,
+    /// The same, through the client only the replica Lease uses.
+    pub(super) replica_api: Arc<dyn ObjectStore>,
     /// The watched Leases of this principal's partition.
     pub(super) cache: Arc<dyn ObjectView>,
     pub(super) changed: Notify,
@@ -219,6 +232,7 @@ impl Leases {
     ) -> Arc<Leases> {
         let LeaseBackend {
             api,
+            replica_api,
             cache,
             changes,
         } = backend;
@@ -229,6 +243,7 @@ impl Leases {
             me,
             namespace: namespace.to_string(),
             api,
+            replica_api,
             cache,
             changed: Notify::new(),
             sessions,
@@ -264,7 +279,8 @@ impl Leases {
                 }
             });
         }
-        tasks.spawn(leases.clone().renew_loop(shutdown.clone()));
+        tasks.spawn(leases.clone().replica_loop(shutdown.clone()));
+        tasks.spawn(leases.clone().agents_loop(shutdown.clone()));
         if leases.cfg.rebalance {
             tasks.spawn(leases.clone().rebalance_loop(shutdown.clone()));
         }

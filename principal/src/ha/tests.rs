@@ -159,6 +159,7 @@ async fn an_agent_lease_taken_on_one_replica_is_seen_by_the_other_until_released
         let (cache, changes) = store.watch(Scope::namespace("argocd"));
         let backend = LeaseBackend {
             api: Arc::new(store.clone()),
+            replica_api: Arc::new(store.clone()),
             cache: Arc::new(cache),
             changes,
         };
@@ -219,6 +220,7 @@ async fn a_replica_drops_the_queue_of_an_agent_another_replica_serves() {
         let (cache, changes) = store.watch(Scope::namespace("argocd"));
         let backend = LeaseBackend {
             api: Arc::new(store.clone()),
+            replica_api: Arc::new(store.clone()),
             cache: Arc::new(cache),
             changes,
         };
