@@ -294,3 +294,110 @@ async fn a_replica_drops_the_queue_of_an_agent_another_replica_serves() {
     assert_eq!(again.queue.len(), 1);
     shutdown.cancel();
 }
+
+/// Agent Lease writes that never answer (a storm queued behind the Lease budget, here
+/// stalled for good) do not delay the replica Lease's renewal: the replica stays ready,
+/// so its listener keeps accepting the agents that make the storm.
+#[tokio::test]
+async fn stalled_agent_lease_writes_do_not_make_the_replica_unready() {
+    use argocd_agent_domain::Namespace;
+    use argocd_agent_kubernetes::memory::MemoryStore;
+    use argocd_agent_kubernetes::{DeleteOutcome, Error, ObjectStore, Scope};
+    use std::sync::Arc;
+    use tokio_util::sync::CancellationToken;
+    use tokio_util::task::TaskTracker;
+
+    /// Reads as the store does; every write waits forever.
+    struct Stalled(MemoryStore);
+    #[async_trait::async_trait]
+    impl ObjectStore for Stalled {
+        fn kind(&self) -> Kind {
+            self.0.kind()
+        }
+        async fn get(&self, ns: Option<&str>, name: &str) -> Result<Option<DynamicObject>, Error> {
+            self.0.get(ns, name).await
+        }
+        async fn list(&self, ns: Option<&str>, scope: &Scope) -> Result<Vec<DynamicObject>, Error> {
+            self.0.list(ns, scope).await
+        }
+        async fn create(&self, _: &DynamicObject) -> Result<DynamicObject, Error> {
+            std::future::pending().await
+        }
+        async fn replace(&self, _: &DynamicObject) -> Result<DynamicObject, Error> {
+            std::future::pending().await
+        }
+        async fn replace_status(
+            &self,
+            _: Option<&str>,
+            _: &str,
+            _: serde_json::Value,
+        ) -> Result<DynamicObject, Error> {
+            std::future::pending().await
+        }
+        async fn patch_merge(
+            &self,
+            _: Option<&str>,
+            _: &str,
+            _: &serde_json::Value,
+        ) -> Result<DynamicObject, Error> {
+            std::future::pending().await
+        }
+        async fn patch_status_merge(
+            &self,
+            _: Option<&str>,
+            _: &str,
+            _: &serde_json::Value,
+        ) -> Result<DynamicObject, Error> {
+            std::future::pending().await
+        }
+        async fn delete(&self, _: Option<&str>, _: &str) -> Result<DeleteOutcome, Error> {
+            std::future::pending().await
+        }
+    }
+
+    let store = MemoryStore::new(Kind::Lease);
+    let (tasks, shutdown) = (TaskTracker::new(), CancellationToken::new());
+    let (cache, changes) = store.watch(Scope::namespace("argocd"));
+    let backend = LeaseBackend {
+        api: Arc::new(Stalled(store.clone())),
+        replica_api: Arc::new(store.clone()),
+        cache: Arc::new(cache),
+        changes,
+    };
+    let mut cfg = HaConfig::new("principal-0");
+    // Ready while the replica Lease is younger than half of this: 500 ms.
+    cfg.replica_lease_duration = Duration::from_secs(1);
+    let leases = Leases::start(
+        backend,
+        "argocd",
+        cfg,
+        Arc::new(crate::sessions::Sessions::new(
+            Default::default(),
+            Default::default(),
+        )),
+        crate::metrics::Metrics::new(),
+        &tasks,
+        shutdown.clone(),
+    );
+    eventually("the replica renewed its Lease", || leases.ready().is_ok()).await;
+    // An agent's first session: its Lease create never answers.
+    let stuck = {
+        let leases = leases.clone();
+        tokio::spawn(async move {
+            let agent = AgentName::new("agent-1").unwrap();
+            let ns = Namespace::new("agent-1").unwrap();
+            leases.acquire(&agent, &ns, 1).await.map(|_| ())
+        })
+    };
+    // Four Lease durations later the replica is still ready, renewed all along.
+    for _ in 0..40 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(leases.ready().is_ok(), "{:?}", leases.ready());
+    }
+    assert!(
+        !stuck.is_finished(),
+        "the agent's Lease write is still waiting"
+    );
+    stuck.abort();
+    shutdown.cancel();
+}
