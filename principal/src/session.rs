@@ -356,6 +356,7 @@ async fn register(
         observers: ctx.observers.clone(),
         tasks: ctx.tasks.clone(),
         pass,
+        _shard: hub.hold_shard(&identity.namespace),
     };
     for observer in &ctx.observers {
         observer.clone().connected(&identity.agent, &ctx.tasks);
@@ -597,6 +598,8 @@ struct SessionGuard {
     /// detached: by [`SessionGuard::end`], or, should the session task fail, when the
     /// guard is dropped.
     pass: Option<Box<dyn SessionPass>>,
+    /// The agent's Applications kept decoded while it is served (dropped after detaching).
+    _shard: crate::hub::ShardHold,
 }
 
 impl SessionGuard {
