@@ -529,6 +529,10 @@ pub struct HaArgs {
     /// Do not move agents to even out the replicas' load.
     #[arg(long)]
     pub no_rebalance: bool,
+    /// Keep every Application decoded in the watch cache, not only the served agents'
+    /// (more memory, as many times as there are replicas).
+    #[arg(long)]
+    pub no_shard_cache: bool,
     /// Agents a replica may hold above its fair share before it sheds some.
     #[arg(long, default_value_t = 1)]
     pub rebalance_slack: usize,
@@ -561,6 +565,7 @@ impl HaArgs {
         c.replica_lease_duration = self.replica_lease_duration;
         c.agent_lease_duration = self.agent_lease_duration;
         c.rebalance = !self.no_rebalance;
+        c.shard_cache = !self.no_shard_cache;
         c.rebalance_slack = self.rebalance_slack;
         c.rebalance_interval = self.rebalance_interval;
         c.rebalance_batch = self.rebalance_batch.max(1);

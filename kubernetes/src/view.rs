@@ -83,6 +83,22 @@ pub trait ObjectView: Send + Sync {
     /// From now on, objects for which `applies` holds and heavier than `max` are kept as
     /// stubs (see [`Cache::stub_oversized`]).
     fn stub_oversized(&self, max: usize, applies: fn(&DynamicObject) -> bool);
+
+    /// From now on, objects of namespaces nobody holds are kept compact (see
+    /// [`Cache::shard`]). Views that do not shard ignore it.
+    fn shard(&self) {}
+
+    /// Keeps `namespace`'s objects decoded until as many [`ObjectView::unhold`]s (see
+    /// [`Cache::hold`]).
+    fn hold(&self, _namespace: &str) {}
+
+    /// Undoes one [`ObjectView::hold`].
+    fn unhold(&self, _namespace: &str) {}
+
+    /// How many objects are kept decoded and how many compact.
+    fn forms(&self) -> (usize, usize) {
+        (self.len(), 0)
+    }
 }
 
 #[async_trait::async_trait]
@@ -134,5 +150,17 @@ impl ObjectView for Cache {
     }
     fn stub_oversized(&self, max: usize, applies: fn(&DynamicObject) -> bool) {
         Cache::stub_oversized(self, max, applies)
+    }
+    fn shard(&self) {
+        Cache::shard(self)
+    }
+    fn hold(&self, namespace: &str) {
+        Cache::hold(self, namespace)
+    }
+    fn unhold(&self, namespace: &str) {
+        Cache::unhold(self, namespace)
+    }
+    fn forms(&self) -> (usize, usize) {
+        Cache::forms(self)
     }
 }

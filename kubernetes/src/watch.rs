@@ -9,7 +9,8 @@
 //! while the watch was down.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use argocd_agent_domain::{JsonObject, LazyObject};
 use bytes::Bytes;
@@ -152,6 +153,39 @@ enum Slot {
     /// A Lease in typed fields ([`CompactLease::exact`]: the object rebuilt from them is
     /// the one received), rebuilt when an object is asked for.
     Lease(Arc<CompactLease>),
+    /// An object of a namespace this cache does not hold ([`Cache::shard`]): its JSON
+    /// (without `managedFields`), decoded again each time it is read.
+    Compact(Compact),
+}
+
+/// An object kept as JSON bytes, and the little the cache reads without decoding it.
+#[derive(Debug)]
+struct Compact {
+    json: Box<[u8]>,
+    resource_version: Option<Box<str>>,
+}
+
+impl Compact {
+    /// `obj` as JSON; `None` if it cannot be written (then it stays decoded).
+    fn new(obj: &DynamicObject) -> Option<Compact> {
+        let json = serde_json::to_vec(obj).ok()?;
+        Some(Compact {
+            json: json.into_boxed_slice(),
+            resource_version: obj.metadata.resource_version.as_deref().map(Box::from),
+        })
+    }
+
+    /// The object, decoded afresh (`None` only if the bytes this cache wrote do not read
+    /// back, which would be a bug).
+    fn decode(&self) -> Option<DynamicObject> {
+        match serde_json::from_slice(&self.json) {
+            Ok(obj) => Some(obj),
+            Err(error) => {
+                tracing::error!(%error, "a compact cached object does not decode");
+                None
+            }
+        }
+    }
 }
 
 impl Slot {
@@ -173,6 +207,38 @@ impl Slot {
         match self {
             Slot::Object(e) => e.obj.clone(),
             Slot::Lease(l) => Arc::new(l.to_object()),
+            Slot::Compact(c) => Arc::new(c.decode().unwrap_or_else(|| DynamicObject {
+                types: None,
+                metadata: Default::default(),
+                data: serde_json::Value::Null,
+            })),
+        }
+    }
+
+    /// Whether the slot is kept as JSON.
+    fn is_compact(&self) -> bool {
+        matches!(self, Slot::Compact(_))
+    }
+
+    /// The slot as JSON, when it holds a whole object (not a stub, not a typed Lease).
+    fn compacted(self) -> Slot {
+        match self {
+            Slot::Object(e) if !e.stub => match Compact::new(&e.obj) {
+                Some(c) => Slot::Compact(c),
+                None => Slot::Object(e),
+            },
+            other => other,
+        }
+    }
+
+    /// The slot decoded (a compact one becomes an entry with nothing derived yet).
+    fn decoded(self) -> Slot {
+        match self {
+            Slot::Compact(c) => match c.decode() {
+                Some(obj) => Slot::Object(Entry::new(Arc::new(obj), Admitted::default())),
+                None => Slot::Compact(c),
+            },
+            other => other,
         }
     }
 
@@ -180,7 +246,7 @@ impl Slot {
     fn entry(&self) -> Option<&Entry> {
         match self {
             Slot::Object(e) => Some(e),
-            Slot::Lease(_) => None,
+            Slot::Lease(_) | Slot::Compact(_) => None,
         }
     }
 
@@ -189,6 +255,7 @@ impl Slot {
         match self {
             Slot::Object(e) => Arc::new(CompactLease::read(&e.obj)),
             Slot::Lease(l) => l.clone(),
+            Slot::Compact(_) => Arc::new(CompactLease::read(&self.object())),
         }
     }
 
@@ -197,6 +264,7 @@ impl Slot {
         let held = match self {
             Slot::Object(e) => e.obj.metadata.resource_version.as_deref(),
             Slot::Lease(l) => l.resource_version(),
+            Slot::Compact(c) => c.resource_version.as_deref(),
         };
         held.is_some() && held == obj.metadata.resource_version.as_deref()
     }
@@ -217,6 +285,10 @@ struct CacheInner {
     objects: RwLock<BTreeMap<Key, Slot>>,
     synced: signal::Sender<bool>,
     stub_rule: OnceLock<StubRule>,
+    /// Whether objects outside the held namespaces are kept compact ([`Cache::shard`]).
+    sharded: AtomicBool,
+    /// The held namespaces, each with the number of holders ([`Cache::hold`]).
+    held: Mutex<HashMap<String, usize>>,
 }
 
 /// The objects a [`watch`] has seen, updated as its stream is polled.
@@ -238,6 +310,8 @@ impl Cache {
                 objects: RwLock::new(BTreeMap::new()),
                 synced,
                 stub_rule: OnceLock::new(),
+                sharded: AtomicBool::new(false),
+                held: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -258,6 +332,92 @@ impl Cache {
             .objects
             .write()
             .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// From now on, objects of a namespace nobody holds ([`Cache::hold`]) are kept as their
+    /// JSON and decoded again each time they are read (`get`, `list`, `list_namespace`: the
+    /// cold path; their checksums and managed JSON are computed afresh too). Objects of a
+    /// held namespace are kept decoded, with what is derived from them. Stubs and Leases
+    /// in typed fields stay as they are. Without it (the default) every object is decoded.
+    pub fn shard(&self) {
+        if self.inner.kind == Kind::Lease || self.inner.sharded.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let mut objects = self.write();
+        let keys: Vec<Key> = objects.keys().cloned().collect();
+        for key in keys {
+            self.settle(&mut objects, key);
+        }
+    }
+
+    /// Whether this cache keeps the objects of namespaces nobody holds compact.
+    pub fn is_sharded(&self) -> bool {
+        self.inner.sharded.load(Ordering::SeqCst)
+    }
+
+    /// Keeps the objects of `namespace` decoded until as many [`Cache::unhold`]s: those
+    /// kept compact are decoded before this returns.
+    pub fn hold(&self, namespace: &str) {
+        *self.held().entry(namespace.to_string()).or_default() += 1;
+        self.settle_namespace(namespace);
+    }
+
+    /// Undoes one [`Cache::hold`]: after the last, the namespace's objects are kept compact
+    /// again (if the cache shards).
+    pub fn unhold(&self, namespace: &str) {
+        {
+            let mut held = self.held();
+            match held.get_mut(namespace) {
+                Some(n) if *n > 1 => *n -= 1,
+                Some(_) => {
+                    held.remove(namespace);
+                }
+                None => return,
+            }
+        }
+        self.settle_namespace(namespace);
+    }
+
+    /// How many objects are kept decoded and how many compact.
+    pub fn forms(&self) -> (usize, usize) {
+        let objects = self.read();
+        let compact = objects.values().filter(|s| s.is_compact()).count();
+        (objects.len() - compact, compact)
+    }
+
+    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<String, usize>> {
+        self.inner.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether objects of `namespace` are kept compact now.
+    fn keeps_compact(&self, namespace: &str) -> bool {
+        self.is_sharded() && !self.held().contains_key(namespace)
+    }
+
+    /// Brings the slot at `key` to the form its namespace is kept in.
+    fn settle(&self, objects: &mut BTreeMap<Key, Slot>, key: Key) {
+        let compact = self.keeps_compact(&key.0);
+        if let Some(slot) = objects.remove(&key) {
+            let slot = if compact {
+                slot.compacted()
+            } else {
+                slot.decoded()
+            };
+            objects.insert(key, slot);
+        }
+    }
+
+    /// Brings every slot of `namespace` to the form the namespace is kept in.
+    fn settle_namespace(&self, namespace: &str) {
+        let mut objects = self.write();
+        let keys: Vec<Key> = objects
+            .range((namespace.to_string(), String::new())..)
+            .take_while(|((ns, _), _)| ns == namespace)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in keys {
+            self.settle(&mut objects, key);
+        }
     }
 
     /// The object `namespace/name` (`namespace` is `None` for cluster-scoped kinds).
@@ -439,7 +599,15 @@ impl Cache {
             // A status write: what was derived from the spec and metadata still holds.
             entry.inherit(previous);
         }
-        self.write().insert(key, slot);
+        // Written outside the lock; settled under it, in case a hold came in between.
+        if self.keeps_compact(&key.0) {
+            slot = slot.compacted();
+        }
+        let mut objects = self.write();
+        objects.insert(key.clone(), slot);
+        if self.is_sharded() {
+            self.settle(&mut objects, key);
+        }
         Some(Change::Applied(obj))
     }
 
@@ -636,7 +804,10 @@ impl Reconciler {
                 continue;
             }
             let (slot, obj) = Slot::new(self.kind, obj, admitted);
-            objects.insert(key, slot);
+            objects.insert(key.clone(), slot);
+            if self.cache.is_sharded() {
+                self.cache.settle(&mut objects, key);
+            }
             changes.push(Change::Applied(obj));
         }
         changes
@@ -740,3 +911,6 @@ pub fn watch(
         .boxed();
     (cache, changes)
 }
+
+#[cfg(test)]
+mod shard_tests;

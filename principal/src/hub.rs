@@ -73,6 +73,42 @@ pub struct HubShared {
     pub shutdown: CancellationToken,
 }
 
+/// Every few seconds, counts the Applications the watch cache keeps decoded and compact
+/// into `argocd_principal_cached_objects{form}`.
+pub async fn sample_cache_forms(
+    cache: Arc<dyn ObjectView>,
+    metrics: Metrics,
+    shutdown: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let (decoded, compact) = cache.forms();
+        for (form, n) in [("decoded", decoded), ("compact", compact)] {
+            metrics
+                .cached_objects
+                .get_or_create(&crate::metrics::FormLabels { form: form.into() })
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+}
+
+/// A served session's hold on its hub namespace's Applications ([`Hub::hold_shard`]),
+/// released when dropped.
+pub struct ShardHold {
+    cache: Arc<dyn ObjectView>,
+    namespace: String,
+}
+
+impl Drop for ShardHold {
+    fn drop(&mut self) {
+        self.cache.unhold(&self.namespace);
+    }
+}
+
 /// Everything [`Hub::new`] needs: what it keeps, and what its routers are built from.
 pub struct HubParts {
     /// What the hub keeps as it is.
@@ -148,6 +184,19 @@ impl Hub {
             self.spawn_worker(state.clone());
         }
         state
+    }
+
+    /// Keeps the Applications of hub namespace `ns` decoded in the watch cache while the
+    /// returned hold lives: taken when a session is registered, before its resync, and
+    /// dropped when it ends. With replicas (`--ha`) the cache keeps the other namespaces'
+    /// Applications as their JSON ([`argocd_agent_kubernetes::Cache::shard`]): a replica
+    /// takes the shard of each agent it serves. Without, it only counts.
+    pub fn hold_shard(&self, ns: &Namespace) -> ShardHold {
+        self.apps.cache.hold(ns.as_str());
+        ShardHold {
+            cache: self.apps.cache.clone(),
+            namespace: ns.as_str().to_string(),
+        }
     }
 
     /// What the hub records about the owner of the object an event of `agent` about

@@ -19,8 +19,8 @@ use prometheus_client::registry::Registry;
 
 pub use self::labels::{
     AgentLabels, AgentNameLabels, AgentNameReasonLabels, AgentReasonLabels, DiscardLabels,
-    EventLabels, HubWrite, LeaseWriteLabels, ListenerLabels, ModeLabels, OTHER_AGENTS, Processing,
-    ProcessingLabels, QuotaLabels, ReasonLabels, RedisAgentLabels, RedisProxyLabels,
+    EventLabels, FormLabels, HubWrite, LeaseWriteLabels, ListenerLabels, ModeLabels, OTHER_AGENTS,
+    Processing, ProcessingLabels, QuotaLabels, ReasonLabels, RedisAgentLabels, RedisProxyLabels,
     ResourceProxyLabels, ResourceTypeLabels, TenantLabels, TenantQuotaLabels,
 };
 pub use self::upstream::{Upstream, average_minutes};
@@ -126,6 +126,9 @@ pub struct Metrics {
     pub svid_rotations: Counter,
     /// `argocd_principal_queue_depth`: events queued or unacknowledged, all agents.
     pub queue_depth: Gauge,
+    /// `argocd_principal_cached_objects{form}`: Applications in the watch cache, decoded
+    /// or kept as JSON (`--ha` keeps only the served agents' decoded).
+    pub cached_objects: Family<FormLabels, Gauge>,
     /// `argocd_principal_event_resends_total`: events sent again for lack of an ack.
     pub resends: Counter,
     /// `argocd_principal_queue_events_released_total`: queued events dropped because
@@ -227,6 +230,7 @@ impl Metrics {
             svid_expiry: Gauge::default(),
             svid_rotations: Counter::default(),
             queue_depth: Gauge::default(),
+            cached_objects: Family::default(),
             resends: Counter::default(),
             queue_released: Counter::default(),
             redis_proxy_commands: Family::default(),
@@ -342,6 +346,11 @@ impl Metrics {
             "argocd_principal_queue_depth",
             "Events queued or waiting for an acknowledgement, all agents",
             self.queue_depth.clone(),
+        );
+        r.register(
+            "argocd_principal_cached_objects",
+            "Applications in the watch cache, by form: decoded, or compact (kept as JSON)",
+            self.cached_objects.clone(),
         );
         r.register(
             "argocd_principal_event_resends_total",

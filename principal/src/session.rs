@@ -7,8 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use argocd_agent_domain::event::{PROTOCOL_MIN, PROTOCOL_VERSION};
-use argocd_agent_domain::{AgentIdentity, AgentMode, ResourceKind};
-use argocd_agent_domain::{Event, EventType, Payload};
+use argocd_agent_domain::{AgentIdentity, AgentMode, Event, EventType, Payload, ResourceKind};
 use argocd_agent_proto::cloudevents::CloudEvent;
 use argocd_agent_proto::eventstream::{self as pb, Hello, Welcome};
 use futures::{Stream, StreamExt};
@@ -356,6 +355,7 @@ async fn register(
         observers: ctx.observers.clone(),
         tasks: ctx.tasks.clone(),
         pass,
+        _shard: hub.hold_shard(&identity.namespace),
     };
     for observer in &ctx.observers {
         observer.clone().connected(&identity.agent, &ctx.tasks);
@@ -597,6 +597,7 @@ struct SessionGuard {
     /// detached: by [`SessionGuard::end`], or, should the session task fail, when the
     /// guard is dropped.
     pass: Option<Box<dyn SessionPass>>,
+    _shard: crate::hub::ShardHold, // the served agent's Applications kept decoded
 }
 
 impl SessionGuard {

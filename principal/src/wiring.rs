@@ -359,7 +359,12 @@ impl Wiring {
                 shutdown: self.shutdown.clone(),
             },
             apps: Arc::new(Resources::new(self.client.clone(), Kind::Application)),
-            cache: Arc::new(watches.apps),
+            cache: {
+                if config.ha.as_ref().is_some_and(|ha| ha.shard_cache) {
+                    watches.apps.shard();
+                }
+                Arc::new(watches.apps)
+            },
             config: watches.config_objects,
             tenants: crate::tenancy::TenantView::new(self.rules.subscribe()),
         }));
@@ -386,6 +391,11 @@ impl Wiring {
         ));
         self.tasks.spawn(crate::sessions::sample_queues(
             sessions,
+            self.metrics.clone(),
+            self.shutdown.clone(),
+        ));
+        self.tasks.spawn(hub::sample_cache_forms(
+            hub.apps.cache.clone(),
             self.metrics.clone(),
             self.shutdown.clone(),
         ));

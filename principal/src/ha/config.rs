@@ -58,6 +58,9 @@ pub struct HaConfig {
     pub agent_lease_duration: Duration,
     /// Even the load out across live replicas.
     pub rebalance: bool,
+    /// Keep decoded only the Applications of the agents this replica serves, the others
+    /// as their JSON (default on; `--no-shard-cache` turns it off; see docs/ha.md).
+    pub shard_cache: bool,
     /// Agents a replica may hold above its fair share before shedding.
     pub rebalance_slack: usize,
     /// How often a replica compares its share (sheds at most `rebalance_batch` per round).
@@ -79,6 +82,7 @@ impl HaConfig {
             replica_lease_duration: DEFAULT_REPLICA_LEASE,
             agent_lease_duration: DEFAULT_AGENT_LEASE,
             rebalance: true,
+            shard_cache: true,
             rebalance_slack: 1,
             rebalance_interval: Duration::from_secs(5),
             rebalance_batch: 10,

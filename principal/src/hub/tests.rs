@@ -451,3 +451,61 @@ async fn an_autonomous_agents_project_lands_on_the_hub_under_its_name_and_goes_w
             .is_none()
     );
 }
+
+#[tokio::test]
+async fn a_replica_keeps_its_served_agents_applications_decoded_and_the_others_compact() {
+    let t = test_hub();
+    let cache = t.hub.apps.cache.clone();
+    cache.shard();
+    for ns in ["argocd-edge-1", "argocd-edge-2"] {
+        for name in ["a", "b"] {
+            t.apps
+                .create(&app(ns, name, json!({"project": "default"})))
+                .await
+                .unwrap();
+        }
+    }
+    while cache.len() < 4 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(cache.forms(), (0, 4), "nobody is served: all compact");
+
+    let hold = t.hub.hold_shard(&Namespace::new("argocd-edge-1").unwrap());
+    assert_eq!(
+        cache.forms(),
+        (2, 2),
+        "the served agent's namespace is decoded"
+    );
+    let first = cache.get(Some("argocd-edge-1"), "a").unwrap();
+    assert!(Arc::ptr_eq(
+        &first,
+        &cache.get(Some("argocd-edge-1"), "a").unwrap()
+    ));
+
+    // An agent whose namespace is compact still gets its Applications on resync.
+    let state = t
+        .hub
+        .shared
+        .sessions
+        .attach(
+            identity("edge-2", "managed"),
+            AgentMode::Managed,
+            1,
+            CancellationToken::new(),
+        )
+        .0;
+    let none = Checksums::default();
+    t.hub
+        .apps
+        .resync_managed(&state, &none, &SourceUids::default(), &none);
+    assert_eq!(
+        queued(&state).await,
+        [
+            (EventType::SpecUpdate, "a".to_string()),
+            (EventType::SpecUpdate, "b".to_string()),
+        ]
+    );
+
+    drop(hold);
+    assert_eq!(cache.forms(), (0, 4), "the session ended: compact again");
+}

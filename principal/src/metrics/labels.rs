@@ -233,3 +233,11 @@ pub struct QuotaLabels {
     /// `applications` or `applicationsPerAgent`.
     pub quota: String,
 }
+
+/// Labels of `argocd_principal_cached_objects`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FormLabels {
+    /// `decoded` (the served agents' Applications, or all without sharding) or `compact`
+    /// (kept as JSON).
+    pub form: String,
+}
