@@ -46,8 +46,11 @@ impl Leases {
     pub(super) async fn rebalance_loop(self: Arc<Self>, shutdown: CancellationToken) {
         self.cache.wait_synced().await;
         // Shed only when above the share two rounds in a row: arrivals and the watch's lag
-        // make single readings noisy.
+        // make single readings noisy. And only once the fleet is steady: during a reconnect
+        // storm every move costs a Lease release and a takeover more, in the budget the
+        // storm itself is waiting on.
         let mut above_before = false;
+        let mut total_before: Option<usize> = None;
         loop {
             let jitter = self
                 .cfg
@@ -61,8 +64,15 @@ impl Leases {
                 continue;
             }
             let shares = self.shares();
+            let total = shares.held.values().sum();
+            let steady = steady(total_before, total);
+            total_before = Some(total);
             let excess = shares.shed(&self.me, self.cfg.rebalance_slack, self.cfg.rebalance_batch);
             let above = excess > 0;
+            if !steady {
+                above_before = false;
+                continue;
+            }
             if !(above && above_before) {
                 above_before = above;
                 continue;
@@ -87,6 +97,13 @@ impl Leases {
             }
         }
     }
+}
+
+/// Whether the fleet is steady enough to rebalance: the agents held across live replicas
+/// changed by at most 1 % (and at most 10 agents, whichever is more) since the last round.
+/// While a storm brings agents back, the total climbs round after round.
+pub(super) fn steady(before: Option<usize>, now: usize) -> bool {
+    before.is_some_and(|b| now.abs_diff(b) <= (b / 100).max(10))
 }
 
 /// The agents of the `n` newest sessions not being handed over: whom rebalancing sheds. An

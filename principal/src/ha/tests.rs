@@ -6,7 +6,7 @@ use argocd_agent_kubernetes::Kind;
 use kube::api::DynamicObject;
 use tokio::time::Instant;
 
-use super::rebalance::newest_sessions;
+use super::rebalance::{newest_sessions, steady};
 use super::state::{Held, now_micro, set_annotation, set_spec};
 use super::*;
 
@@ -85,6 +85,22 @@ fn a_round_sheds_the_batch_or_a_quarter_of_a_large_excess() {
     // A small excess sheds it whole, within the batch.
     let s = Shares::compute(&live, ids(&["a_1", "a_1", "a_1", "a_1", "b_1"]).into_iter());
     assert_eq!(s.shed("a_1", 0, 10), 2);
+}
+
+#[test]
+fn rebalancing_waits_for_a_steady_fleet() {
+    assert!(
+        !steady(None, 10_000),
+        "the first round has nothing to compare"
+    );
+    // A storm: the agents held across replicas climb round after round.
+    assert!(!steady(Some(2_000), 6_500));
+    assert!(!steady(Some(9_700), 10_000));
+    // Settled: within 1 % (at least 10 agents) of the last round.
+    assert!(steady(Some(9_950), 10_000));
+    assert!(steady(Some(10_000), 9_900));
+    assert!(steady(Some(600), 609), "small fleets: 10 agents of slack");
+    assert!(!steady(Some(600), 611));
 }
 
 #[test]
