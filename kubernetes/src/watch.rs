@@ -359,7 +359,11 @@ impl Cache {
     /// kept compact are decoded before this returns.
     pub fn hold(&self, namespace: &str) {
         *self.held().entry(namespace.to_string()).or_default() += 1;
-        self.settle_namespace(namespace);
+        // A cache that does not shard keeps everything decoded: nothing to settle, and no
+        // write lock over the cache for every session a storm registers.
+        if self.is_sharded() {
+            self.settle_namespace(namespace);
+        }
     }
 
     /// Undoes one [`Cache::hold`]: after the last, the namespace's objects are kept compact
@@ -375,7 +379,9 @@ impl Cache {
                 None => return,
             }
         }
-        self.settle_namespace(namespace);
+        if self.is_sharded() {
+            self.settle_namespace(namespace);
+        }
     }
 
     /// How many objects are kept decoded and how many compact.
