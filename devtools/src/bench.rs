@@ -133,10 +133,12 @@ pub struct BenchArgs {
     /// Concurrent hub writers.
     #[arg(long, default_value_t = 16)]
     writers: usize,
-    /// Principal replicas (failover: at least 2; ha-*: 1 is one principal without --ha). Pass --replica-lease-duration (default
-    /// 10s) with --principal-arg.
-    #[arg(long, default_value_t = 3)]
-    replicas: usize,
+    /// Principal replicas (default 3; failover: at least 2; ha-*: 1 is one principal without
+    /// --ha; big-hub: default 1, and N > 1 measures the Applications under one principal,
+    /// then under N replicas with --ha). Pass --replica-lease-duration (default 10s) with
+    /// --principal-arg.
+    #[arg(long)]
+    replicas: Option<usize>,
     /// Keep logs and kubeconfigs here (default: a temporary directory).
     #[arg(long)]
     dir: Option<PathBuf>,
@@ -200,7 +202,14 @@ pub async fn run(a: BenchArgs) -> crate::CmdResult {
         writers: a.writers.max(1),
         dir: a.dir,
         principal_args: a.principal_args,
-        replicas: a.replicas.max(1),
+        replicas: a
+            .replicas
+            .unwrap_or(if matches!(a.scenario, ScenarioArg::BigHub) {
+                1
+            } else {
+                3
+            })
+            .max(1),
         compression: a.compression,
         wire_bytes: a.wire_bytes,
         projects: a.projects.max(1),

@@ -261,12 +261,17 @@ impl Slot {
 
     /// Whether `obj` is the version held here.
     fn same_version(&self, obj: &DynamicObject) -> bool {
+        self.same_version_as(obj.metadata.resource_version.as_deref())
+    }
+
+    /// Whether `resource_version` is the version held here.
+    fn same_version_as(&self, resource_version: Option<&str>) -> bool {
         let held = match self {
             Slot::Object(e) => e.obj.metadata.resource_version.as_deref(),
             Slot::Lease(l) => l.resource_version(),
             Slot::Compact(c) => c.resource_version.as_deref(),
         };
-        held.is_some() && held == obj.metadata.resource_version.as_deref()
+        held.is_some() && held == resource_version
     }
 }
 
@@ -725,8 +730,9 @@ impl Feed {
 struct Partition {
     /// Namespace this watcher covers, `None` for all namespaces / cluster-scoped.
     namespace: Option<String>,
-    /// Objects listed so far during an ongoing (re)list, with their sizes when measured.
-    listing: Option<HashMap<Key, (DynamicObject, Admitted)>>,
+    /// Objects listed so far during an ongoing (re)list: decoded with their sizes when
+    /// measured, or already compact when their namespace is kept so.
+    listing: Option<HashMap<Key, Listed>>,
     synced: bool,
 }
 
@@ -742,7 +748,7 @@ impl Reconciler {
         &mut self,
         idx: usize,
         event: Result<Event<DynamicObject>, watcher::Error>,
-    ) -> Vec<Change> {
+    ) -> Vec<Pending> {
         let Some(part) = self.partitions.get_mut(idx) else {
             return Vec::new();
         };
@@ -760,7 +766,7 @@ impl Reconciler {
                 if let Some(listing) = part.listing.as_mut()
                     && !is_sync_ignored(&obj)
                 {
-                    listing.insert(key_of(&obj), self.cache.admit(obj));
+                    listing.insert(key_of(&obj), Listed::new(&self.cache, obj));
                 }
                 Vec::new()
             }
@@ -771,22 +777,34 @@ impl Reconciler {
                 let mut changes = self.reconcile_list(namespace.as_deref(), listed);
                 if self.partitions.iter().all(|p| p.synced) {
                     self.cache.inner.synced.send_replace(true);
-                    changes.push(Change::Synced);
+                    changes.push(Pending::Ready(Change::Synced));
                 }
                 changes
             }
-            Ok(Event::Apply(obj)) => self.cache.applied(obj).into_iter().collect(),
-            Ok(Event::Delete(obj)) => self.cache.deleted(obj).into_iter().collect(),
+            Ok(Event::Apply(obj)) => self
+                .cache
+                .applied(obj)
+                .map(Pending::Ready)
+                .into_iter()
+                .collect(),
+            Ok(Event::Delete(obj)) => self
+                .cache
+                .deleted(obj)
+                .map(Pending::Ready)
+                .into_iter()
+                .collect(),
         }
     }
 
     /// Replaces the cache contents of one partition with a fresh list, yielding only
-    /// what differs: vanished objects as `Deleted`, new or changed ones as `Applied`.
+    /// what differs: vanished objects as `Deleted`, new or changed ones as `Applied` (those
+    /// kept compact decoded one at a time as the changes are taken, [`Pending::Cached`], so
+    /// a list is never held decoded whole).
     fn reconcile_list(
         &self,
         namespace: Option<&str>,
-        mut listed: HashMap<Key, (DynamicObject, Admitted)>,
-    ) -> Vec<Change> {
+        mut listed: HashMap<Key, Listed>,
+    ) -> Vec<Pending> {
         let mut objects = self.cache.write();
         let in_partition = |key: &Key| namespace.is_none_or(|ns| key.0 == ns);
         let mut changes = Vec::new();
@@ -797,26 +815,87 @@ impl Reconciler {
             .collect();
         for key in stale {
             if let Some(gone) = objects.remove(&key) {
-                changes.push(Change::Deleted(gone.object()));
+                changes.push(Pending::Ready(Change::Deleted(gone.object())));
             }
         }
         let mut keys: Vec<Key> = listed.keys().cloned().collect();
         keys.sort_unstable();
         for key in keys {
-            let Some((obj, admitted)) = listed.remove(&key) else {
+            let Some(item) = listed.remove(&key) else {
                 continue;
             };
-            if objects.get(&key).is_some_and(|c| c.same_version(&obj)) {
+            if objects
+                .get(&key)
+                .is_some_and(|c| c.same_version_as(item.resource_version()))
+            {
                 continue;
             }
-            let (slot, obj) = Slot::new(self.kind, obj, admitted);
-            objects.insert(key.clone(), slot);
+            let pending = match item {
+                Listed::Whole(obj, admitted) => {
+                    let (slot, obj) = Slot::new(self.kind, obj, admitted);
+                    objects.insert(key.clone(), slot);
+                    Pending::Ready(Change::Applied(obj))
+                }
+                Listed::Compact(compact) => {
+                    objects.insert(key.clone(), Slot::Compact(compact));
+                    Pending::Cached(key.clone())
+                }
+            };
             if self.cache.is_sharded() {
                 self.cache.settle(&mut objects, key);
             }
-            changes.push(Change::Applied(obj));
+            changes.push(pending);
         }
         changes
+    }
+}
+
+/// One object of an ongoing (re)list.
+enum Listed {
+    /// Decoded, as [`Cache::admit`] keeps it.
+    Whole(DynamicObject, Admitted),
+    /// As JSON: its namespace is kept compact ([`Cache::shard`]), so the decoded object is
+    /// dropped as soon as it is read from its page.
+    Compact(Compact),
+}
+
+impl Listed {
+    fn new(cache: &Cache, obj: DynamicObject) -> Listed {
+        let (obj, admitted) = cache.admit(obj);
+        let namespace = obj.metadata.namespace.as_deref().unwrap_or_default();
+        if !admitted.stub
+            && cache.keeps_compact(namespace)
+            && let Some(compact) = Compact::new(&obj)
+        {
+            return Listed::Compact(compact);
+        }
+        Listed::Whole(obj, admitted)
+    }
+
+    fn resource_version(&self) -> Option<&str> {
+        match self {
+            Listed::Whole(obj, _) => obj.metadata.resource_version.as_deref(),
+            Listed::Compact(c) => c.resource_version.as_deref(),
+        }
+    }
+}
+
+/// A change of a (re)list, as the reconciler leaves it for the stream.
+enum Pending {
+    /// Ready to yield.
+    Ready(Change),
+    /// `Applied` of the object cached at this key, read (decoded, if compact) only when
+    /// the change is taken: the cache changes only while the stream is polled, so it is
+    /// the version just listed.
+    Cached(Key),
+}
+
+impl Pending {
+    fn resolve(self, cache: &Cache) -> Option<Change> {
+        match self {
+            Pending::Ready(change) => Some(change),
+            Pending::Cached(key) => cache.read().get(&key).map(|s| Change::Applied(s.object())),
+        }
     }
 }
 
@@ -913,7 +992,13 @@ pub fn watch(
         .scan(reconciler, |rec, (idx, ev)| {
             futures::future::ready(Some(rec.handle(idx, ev)))
         })
-        .flat_map(stream::iter)
+        .flat_map({
+            let cache = cache.clone();
+            move |pending| {
+                let cache = cache.clone();
+                stream::iter(pending.into_iter().filter_map(move |p| p.resolve(&cache)))
+            }
+        })
         .boxed();
     (cache, changes)
 }

@@ -150,3 +150,78 @@ fn leases_are_never_compacted() {
     feed.cache().shard();
     assert!(!feed.cache().is_sharded());
 }
+
+/// A reconciler of one all-namespace partition over `cache`.
+fn reconciler(cache: &super::Cache) -> super::Reconciler {
+    super::Reconciler {
+        kind: Kind::Application,
+        cache: cache.clone(),
+        partitions: vec![super::Partition {
+            namespace: None,
+            listing: None,
+            synced: false,
+        }],
+    }
+}
+
+#[test]
+fn a_list_keeps_what_nobody_holds_compact_as_each_object_is_read() {
+    use kube::runtime::watcher::Event;
+    let cache = Feed::new(Kind::Application).cache();
+    cache.shard();
+    cache.hold("b");
+    let mut rec = reconciler(&cache);
+    assert!(rec.handle(0, Ok(Event::Init)).is_empty());
+    for (ns, name) in [("a", "one"), ("a", "two"), ("b", "one")] {
+        assert!(
+            rec.handle(0, Ok(Event::InitApply(app(ns, name, "1"))))
+                .is_empty()
+        );
+    }
+    // Before the list is done, the unheld namespace's objects are already JSON.
+    let listing = rec.partitions[0].listing.as_ref().unwrap();
+    let compact = |ns: &str, name: &str| {
+        matches!(
+            listing.get(&(ns.to_string(), name.to_string())),
+            Some(super::Listed::Compact(_))
+        )
+    };
+    assert!(compact("a", "one") && compact("a", "two"));
+    assert!(!compact("b", "one"), "a held namespace is listed decoded");
+    let pending = rec.handle(0, Ok(Event::InitDone));
+    // The compact ones are decoded only as their changes are taken.
+    let cached = pending
+        .iter()
+        .filter(|p| matches!(p, super::Pending::Cached(_)))
+        .count();
+    assert_eq!(cached, 2);
+    let changes: Vec<Change> = pending
+        .into_iter()
+        .filter_map(|p| p.resolve(&cache))
+        .collect();
+    let applied: Vec<DynamicObject> = changes
+        .iter()
+        .filter_map(|c| match c {
+            Change::Applied(o) => Some((**o).clone()),
+            _ => None,
+        })
+        .collect();
+    let want: Vec<DynamicObject> = [("a", "one"), ("a", "two"), ("b", "one")]
+        .iter()
+        .map(|(ns, n)| without_managed_fields(app(ns, n, "1")))
+        .collect();
+    assert_eq!(applied, want);
+    assert!(matches!(changes.last(), Some(Change::Synced)));
+    assert_eq!(cache.forms(), (1, 2));
+    // A re-list of the same versions is no change, compact or not.
+    rec.handle(0, Ok(Event::Init));
+    for (ns, name) in [("a", "one"), ("a", "two"), ("b", "one")] {
+        rec.handle(0, Ok(Event::InitApply(app(ns, name, "1"))));
+    }
+    let again: Vec<Change> = rec
+        .handle(0, Ok(Event::InitDone))
+        .into_iter()
+        .filter_map(|p| p.resolve(&cache))
+        .collect();
+    assert!(matches!(again.as_slice(), [Change::Synced]));
+}

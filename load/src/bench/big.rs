@@ -152,13 +152,138 @@ async fn storm_once(
     })
 }
 
-/// Runs `big-hub`.
+/// Runs `big-hub` (with `opts.replicas` above 1: [`hub_replicas`]).
 pub(super) async fn big_hub(opts: &BenchOptions) -> Result<Report, HarnessError> {
     with_env(opts, |mut env| async move {
-        let r = hub_phases(&mut env, opts).await;
+        let r = if opts.replicas > 1 {
+            hub_replicas(&mut env, opts).await
+        } else {
+            hub_phases(&mut env, opts).await
+        };
         (env, r)
     })
     .await
+}
+
+/// `big-hub --replicas N`: the hub's N × K Applications first under one principal (no
+/// `--ha`), then under N replicas with `--ha` (each caches decoded only the Applications of
+/// the agents it serves, the rest as JSON), the same N agents spread over them as a
+/// Service spreads first dials. For the principal and for each replica: ready after start
+/// with no agent, RSS once quiet with no agent, and RSS once quiet with every agent
+/// connected and holding every Application; each replica's share of the principal's RSS.
+async fn hub_replicas(env: &mut BenchEnv, opts: &BenchOptions) -> Result<Report, HarnessError> {
+    let n = opts.agents;
+    let total = n * opts.apps_per_agent.max(2);
+    let want = expected(n, total, "v1");
+    create_namespaces(env, n).await?;
+    // Written with the principal away (the hub alone on the cores), as `big-hub` seeds.
+    env.kill_principal().await;
+    create_apps(env, n, 0..total, "v1", PAD, opts.writers).await?;
+
+    // One principal holding everything.
+    let single_ready = start_principal(env, total).await?;
+    let single_cold = quiet_rss(env).await?;
+    let fleet = fleet_of(env, super::make_agents(env, n)?, opts);
+    let held = wait_all_held(&fleet, &want, scaled(total)).await;
+    let single_settled = match held {
+        Ok(_) => quiet_rss(env).await,
+        Err(e) => Err(e),
+    };
+    fleet.stop().await;
+    let single_settled = single_settled?;
+    env.kill_principal().await;
+
+    // N replicas, started one after another with no agent.
+    let mut ready = Vec::new();
+    let mut cold = Vec::new();
+    for i in 0..opts.replicas {
+        let started = Instant::now();
+        let r = env
+            .start_replica(&format!("principal-{i}"), &opts.principal_args)
+            .await?;
+        ready.push(round2(started.elapsed().as_secs_f64()));
+        env.replicas.push(r);
+    }
+    for r in &env.replicas {
+        cold.push(proc_quiet_rss(&r.proc).await?);
+    }
+    let addrs = env.replicas.iter().map(|r| r.addr).collect();
+    let fleet = super::fleet_to(addrs, super::make_agents(env, n)?, opts);
+    let held = wait_all_held(&fleet, &want, scaled(total)).await;
+    let settled = async {
+        held?;
+        let mut settled = Vec::new();
+        for r in &env.replicas {
+            settled.push(proc_quiet_rss(&r.proc).await?);
+        }
+        let mut served = Vec::new();
+        let mut forms = Vec::new();
+        for r in &env.replicas {
+            let text = http_get(r.metrics_port, "/metrics").await?;
+            served.push(metric_value(&text, "argocd_principal_connected_agents").unwrap_or(0.0));
+            forms.push(json!({
+                "decoded": labelled(&text, "argocd_principal_cached_objects", "form", "decoded"),
+                "compact": labelled(&text, "argocd_principal_cached_objects", "form", "compact"),
+            }));
+        }
+        Ok::<_, HarnessError>((settled, served, forms))
+    }
+    .await;
+    fleet.stop().await;
+    let (settled, served, forms) = settled?;
+
+    let mib_of = |v: &[u64]| v.iter().map(|b| round2(mib(*b))).collect::<Vec<_>>();
+    let share = |v: &[u64], of: u64| {
+        let most = v.iter().copied().max().unwrap_or(0) as f64;
+        round2(most / (of as f64).max(1.0))
+    };
+    let mut r = Report::new(Scenario::BigHub);
+    r.put("agents", n);
+    r.put("apps", total);
+    r.put("replicas", opts.replicas);
+    r.put("build", super::storms::build());
+    r.put("app_json_bytes", app_json_bytes());
+    r.put("single_ready_s", round2(single_ready.as_secs_f64()));
+    r.put("single_rss_cold_mib", round2(mib(single_cold)));
+    r.put("single_rss_settled_mib", round2(mib(single_settled)));
+    r.put("replica_ready_s", ready);
+    r.put("replica_rss_cold_mib", mib_of(&cold));
+    r.put("replica_rss_settled_mib", mib_of(&settled));
+    r.put("replica_agents", served);
+    r.put("replica_cached", forms);
+    r.put("replica_share_cold", share(&cold, single_cold));
+    r.put("replica_share_settled", share(&settled, single_settled));
+    Ok(r)
+}
+
+/// RSS of `proc` once it is quiet (under 5 % of a core over 300 ms; at most 60 s of
+/// waiting), as [`quiet_rss`] for a replica.
+async fn proc_quiet_rss(proc: &Proc) -> Result<u64, HarnessError> {
+    let pid = proc
+        .pid()
+        .ok_or_else(|| format!("{} is not running", proc.name))?;
+    let started = Instant::now();
+    let window = Duration::from_millis(300);
+    loop {
+        let a = ProcSample::read(pid)?;
+        tokio::time::sleep(window).await;
+        let b = ProcSample::read(pid)?;
+        let busy = b.cpu_since(&a).time.as_secs_f64() / (b.at - a.at).as_secs_f64();
+        if busy < 0.05 || started.elapsed() >= Duration::from_secs(60) {
+            break;
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    Ok(ProcSample::read(pid)?.rss)
+}
+
+/// The value of `name{label="value"}` in a metrics text (0 when absent).
+fn labelled(text: &str, name: &str, label: &str, value: &str) -> f64 {
+    let series = format!("{name}{{{label}=\"{value}\"}}");
+    text.lines()
+        .find_map(|l| l.strip_prefix(series.as_str()))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
 }
 
 /// The principal's readings at one size.

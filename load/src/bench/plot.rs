@@ -79,6 +79,8 @@ pub struct PlotData {
     pub connect: Vec<ConnectPoint>,
     /// `big-hub` rows by Applications on the hub.
     pub hub: Vec<HubPoint>,
+    /// `big-hub --replicas N` rows by Applications on the hub: the largest replica's RSS.
+    pub replica: Vec<HubPoint>,
     /// `big-spoke` rows by Applications on the spoke.
     pub spoke: Vec<SpokePoint>,
 }
@@ -86,7 +88,10 @@ pub struct PlotData {
 impl PlotData {
     /// Whether there is nothing to draw.
     pub fn is_empty(&self) -> bool {
-        self.connect.is_empty() && self.hub.is_empty() && self.spoke.is_empty()
+        self.connect.is_empty()
+            && self.hub.is_empty()
+            && self.replica.is_empty()
+            && self.spoke.is_empty()
     }
 }
 
@@ -128,6 +133,26 @@ pub fn plot_data(jsonl: &str) -> Result<PlotData, HarnessError> {
                     },
                 };
                 upsert(&mut data.connect, p, |p| p.agents);
+            }
+            "big-hub" if v["replicas"].as_u64().is_some_and(|r| r > 1) => {
+                let largest = |k: &str| {
+                    v[k].as_array()
+                        .and_then(|a| {
+                            a.iter()
+                                .map(Value::as_f64)
+                                .max_by(|a, b| a.unwrap_or(0.0).total_cmp(&b.unwrap_or(0.0)))
+                                .flatten()
+                        })
+                        .ok_or_else(|| {
+                            HarnessError::from(format!("line {}: big-hub row without {k}", i + 1))
+                        })
+                };
+                let p = HubPoint {
+                    apps: num("apps")? as u64,
+                    rss_cold_mib: largest("replica_rss_cold_mib")?,
+                    rss_settled_mib: largest("replica_rss_settled_mib")?,
+                };
+                upsert(&mut data.replica, p, |p| p.apps);
             }
             "big-hub" => {
                 for (apps, cold, settled) in [
@@ -392,7 +417,8 @@ fn soak_chart(
 
 /// Rows of charts: agents (with connect rows), Applications (with big-hub or big-spoke rows).
 fn rows(data: &PlotData) -> u32 {
-    u32::from(!data.connect.is_empty()) + u32::from(!(data.hub.is_empty() && data.spoke.is_empty()))
+    u32::from(!data.connect.is_empty())
+        + u32::from(!(data.hub.is_empty() && data.replica.is_empty() && data.spoke.is_empty()))
 }
 
 fn draw(data: &PlotData, rgb: &mut [u8], size: (u32, u32)) -> DrawResult {
@@ -406,7 +432,7 @@ fn draw(data: &PlotData, rgb: &mut [u8], size: (u32, u32)) -> DrawResult {
     }
     if let Some(area) = areas.next() {
         let (left, right) = area.split_horizontally(size.0 / 2);
-        draw_hub(&data.hub, &left)?;
+        draw_hub(&data.hub, &data.replica, &left)?;
         draw_spoke(&data.spoke, &right)?;
     }
     root.present()?;
@@ -525,8 +551,9 @@ fn draw_connect(points: &[ConnectPoint], root: &Area<'_>) -> DrawResult {
 }
 
 /// Principal RSS against Applications on the hub: cache only and with the fleet settled,
-/// next to the docs/ha.md model.
-fn draw_hub(points: &[HubPoint], area: &Area<'_>) -> DrawResult {
+/// next to the docs/ha.md model; with `replicas`, the largest `--ha` replica's of a
+/// `big-hub --replicas N` run (agents spread over the replicas) at the same two moments.
+fn draw_hub(points: &[HubPoint], replicas: &[HubPoint], area: &Area<'_>) -> DrawResult {
     const CAPTION: &str = "Principal RSS with N Applications on the hub (MiB)";
     let Some(first) = points.first() else {
         return empty_chart(
@@ -535,11 +562,18 @@ fn draw_hub(points: &[HubPoint], area: &Area<'_>) -> DrawResult {
             "no big-hub rows: run `bench big-hub --json FILE`",
         );
     };
-    let max_apps = points.iter().map(|p| p.apps).max().unwrap_or(1) as f64 * 1.05;
+    let max_apps = points
+        .iter()
+        .chain(replicas)
+        .map(|p| p.apps)
+        .max()
+        .unwrap_or(1) as f64
+        * 1.05;
     let model =
         |n: f64| first.rss_cold_mib + (n - first.apps as f64) * MODEL_BYTES_PER_APP / 1048576.0;
     let max_rss = points
         .iter()
+        .chain(replicas)
         .map(|p| p.rss_settled_mib.max(p.rss_cold_mib))
         .fold(model(max_apps), f64::max)
         * 1.1;
@@ -566,6 +600,26 @@ fn draw_hub(points: &[HubPoint], area: &Area<'_>) -> DrawResult {
         .label("model (docs/ha.md): 6 KiB per Application")
         .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], RED.stroke_width(2)));
     let green = RGBColor(0, 150, 0);
+    let purple = RGBColor(140, 0, 160);
+    let orange = RGBColor(230, 120, 0);
+    let replica_series = [
+        (
+            replicas
+                .iter()
+                .map(|p| (p.apps as f64, p.rss_settled_mib))
+                .collect::<Vec<_>>(),
+            purple,
+            "largest --ha replica of N, agents spread and resynced",
+        ),
+        (
+            replicas
+                .iter()
+                .map(|p| (p.apps as f64, p.rss_cold_mib))
+                .collect(),
+            orange,
+            "largest --ha replica of N, no agent",
+        ),
+    ];
     for (series, color, label) in [
         (
             points
@@ -583,7 +637,10 @@ fn draw_hub(points: &[HubPoint], area: &Area<'_>) -> DrawResult {
             green,
             "watch cache only (no agent)",
         ),
-    ] {
+    ]
+    .into_iter()
+    .chain(replica_series.into_iter().filter(|(s, _, _)| !s.is_empty()))
+    {
         chart
             .draw_series(LineSeries::new(series.clone(), color.stroke_width(2)))?
             .label(label)
@@ -810,6 +867,38 @@ mod tests {
         );
         let e = plot_data("{\"scenario\":\"big-hub\",\"apps\":3}\n").unwrap_err();
         assert!(e.to_string().contains("line 1: big-hub row without"), "{e}");
+    }
+
+    #[test]
+    fn a_replicas_row_gives_the_largest_replica() {
+        let row = r#"{"scenario":"big-hub","agents":1000,"apps":10000,"replicas":3,"replica_rss_cold_mib":[20.0,22.5,21.0],"replica_rss_settled_mib":[40.0,39.0,44.0]}"#;
+        let d = plot_data(&format!("{BIG}{row}\n")).unwrap();
+        assert_eq!(
+            d.replica,
+            vec![HubPoint {
+                apps: 10000,
+                rss_cold_mib: 22.5,
+                rss_settled_mib: 44.0
+            }]
+        );
+        // The single principal's points are its own.
+        assert_eq!(d.hub.len(), 3);
+        let e = plot_data("{\"scenario\":\"big-hub\",\"apps\":3,\"replicas\":3}\n").unwrap_err();
+        assert!(
+            e.to_string().contains("without replica_rss_cold_mib"),
+            "{e}"
+        );
+        // Drawn in the hub chart in their own colours.
+        let font = find_font(None).expect("a TrueType font (apt-get install fonts-dejavu-core)");
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("cost.png");
+        draw_png(&plot_data(&format!("{BIG}{row}\n")).unwrap(), &font, &out).unwrap();
+        let dec = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(&out).unwrap()));
+        let mut reader = dec.read_info().unwrap();
+        let mut buf = vec![0; reader.output_buffer_size().unwrap()];
+        reader.next_frame(&mut buf).unwrap();
+        assert!(buf.chunks(3).any(|px| px == [140, 0, 160]));
+        assert!(buf.chunks(3).any(|px| px == [230, 120, 0]));
     }
 
     /// With Application rows the plot gets a second row of charts: hub (with the model line
