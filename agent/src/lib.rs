@@ -86,7 +86,8 @@ pub async fn start(
     let tasks = TaskTracker::new();
     let client = argocd_agent_kubernetes::client(&config.kube).await?;
     let configmaps = Resources::new(client.clone(), Kind::ConfigMap);
-    let mut watches = SpokeWatches::start(&client, &config);
+    let watch_client = argocd_agent_kubernetes::watch_client(&config.kube).await?;
+    let mut watches = SpokeWatches::start(&client, &watch_client, &config);
     let mut spoke = build_spoke(
         &config,
         namespace,
@@ -171,7 +172,13 @@ struct SpokeWatches {
 }
 
 impl SpokeWatches {
-    fn start(client: &kube::Client, config: &AgentConfig) -> SpokeWatches {
+    /// The spoke's watches on `watch_client` (its own QPS budget,
+    /// [`argocd_agent_kubernetes::watch_client`]); writes on `client`.
+    fn start(
+        client: &kube::Client,
+        watch_client: &kube::Client,
+        config: &AgentConfig,
+    ) -> SpokeWatches {
         let mut scope = Scope::namespace(config.namespace.clone());
         if let Some(sel) = &config.label_selector {
             scope = scope.with_label_selector(sel.clone());
@@ -202,7 +209,7 @@ impl SpokeWatches {
             scope.clone()
         };
         let (apps, changes) =
-            argocd_agent_kubernetes::watch(client.clone(), Kind::Application, app_scope);
+            argocd_agent_kubernetes::watch(watch_client.clone(), Kind::Application, app_scope);
         let mut config_kinds = Vec::new();
         let mut config_changes = Vec::new();
         for &kind in config_objects::kinds_for(config.mode) {
@@ -219,7 +226,7 @@ impl SpokeWatches {
                 kind_scope = kind_scope.with_label_selector(selector);
             }
             let (kind_cache, kind_stream) =
-                argocd_agent_kubernetes::watch(client.clone(), Kind::from(kind), kind_scope);
+                argocd_agent_kubernetes::watch(watch_client.clone(), Kind::from(kind), kind_scope);
             config_kinds.push(config_objects::ConfigKind {
                 kind,
                 resources: Arc::new(Resources::new(client.clone(), Kind::from(kind))),

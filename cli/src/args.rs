@@ -50,7 +50,8 @@ pub struct KubeArgs {
     /// Context in the kubeconfig.
     #[arg(long)]
     pub kube_context: Option<String>,
-    /// Client-side rate limit towards the Kubernetes API.
+    /// Client-side rate limit towards the Kubernetes API (watches: ten times this, on a
+    /// bucket of their own, as they list in pages a tenth of client-go's).
     #[arg(long, default_value_t = argocd_agent_kubernetes::DEFAULT_QPS)]
     pub kube_qps: f32,
     /// Requests above --kube-qps allowed at once.

@@ -34,8 +34,8 @@ mod view;
 mod watch;
 
 pub use client::{
-    ClientOptions, ConfigSource, DEFAULT_BURST, DEFAULT_QPS, bounded_client, client,
-    client_from_config, load_config,
+    ClientOptions, ConfigSource, DEFAULT_BURST, DEFAULT_QPS, WATCH_PAGE_FACTOR, bounded_client,
+    client, client_from_config, load_config, watch_client,
 };
 pub use error::{Error, ObjectRef};
 pub use kind::{ARGOPROJ_GROUP, ARGOPROJ_VERSION, Kind};

@@ -38,6 +38,9 @@ pub(crate) struct Wiring {
     pub tasks: TaskTracker,
     pub shutdown: CancellationToken,
     pub client: kube::Client,
+    /// The hub's client for watches: its own, larger QPS budget
+    /// ([`argocd_agent_kubernetes::watch_client`]).
+    pub watch_client: kube::Client,
     pub listener_auth: ListenerAuth,
     pub rules: Arc<LiveRules>,
     pub metrics: Metrics,
@@ -141,6 +144,7 @@ impl Wiring {
         let partition = Arc::new(partition_of(&config)?);
         let listener_auth = ListenerAuth::from_config(&config.auth, config.listen).await?;
         let client = argocd_agent_kubernetes::client(&config.kube).await?;
+        let watch_client = argocd_agent_kubernetes::watch_client(&config.kube).await?;
         let metrics = Metrics::with_agent_label_limit(config.metrics_max_agent_labels);
         if let Some(svid) = &listener_auth.svid {
             metrics.follow_svid(svid);
@@ -158,6 +162,7 @@ impl Wiring {
             tasks: TaskTracker::new(),
             shutdown,
             client,
+            watch_client,
             listener_auth,
             rules,
             metrics,
@@ -177,7 +182,7 @@ impl Wiring {
             Some(selector) => scope.with_label_selector(selector),
             None => scope,
         };
-        argocd_agent_kubernetes::watch(self.client.clone(), kind, scope)
+        argocd_agent_kubernetes::watch(self.watch_client.clone(), kind, scope)
     }
 
     /// Watches the hub's Applications, and AppProjects, repositories and GPG keys in Argo
@@ -286,7 +291,7 @@ impl Wiring {
     /// principal with a label selector); `changed` is told of blocklist changes.
     fn watch_blocklist(&self, ns: &Namespace, changed: Arc<tokio::sync::Notify>) -> Cache {
         let (cache, changes) = argocd_agent_kubernetes::watch(
-            self.client.clone(),
+            self.watch_client.clone(),
             Kind::ConfigMap,
             Scope::namespace(ns.to_string()),
         );
@@ -315,8 +320,11 @@ impl Wiring {
         if !self.config.create_namespace {
             return None;
         }
-        let (cache, changes) =
-            argocd_agent_kubernetes::watch(self.client.clone(), Kind::Namespace, Scope::all());
+        let (cache, changes) = argocd_agent_kubernetes::watch(
+            self.watch_client.clone(),
+            Kind::Namespace,
+            Scope::all(),
+        );
         let stop = self.shutdown.clone();
         self.tasks.spawn(async move {
             futures::pin_mut!(changes);

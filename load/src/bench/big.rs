@@ -216,6 +216,8 @@ async fn hub_replicas(env: &mut BenchEnv, opts: &BenchOptions) -> Result<Report,
         for r in &env.replicas {
             settled.push(proc_quiet_rss(&r.proc).await?);
         }
+        // The cache's forms are sampled into their gauge every 5 s.
+        tokio::time::sleep(Duration::from_secs(6)).await;
         let mut served = Vec::new();
         let mut forms = Vec::new();
         for r in &env.replicas {
