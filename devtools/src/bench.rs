@@ -34,6 +34,9 @@ pub enum ScenarioArg {
     Projects,
     /// --apps-per-agent Applications per agent on the hub over N agents: principal RSS per
     /// Application, start until ready with them all, kill -9 storm with them on the hub.
+    /// With --replicas N (N > 1): the same hub under one principal, then under N --ha
+    /// replicas with the agents spread over them; each replica's RSS and its share of the
+    /// principal's.
     BigHub,
     /// One real agent process with --spoke-apps Applications on its spoke: agent RSS and
     /// idle CPU, resync after a link outage and after a principal restart, apply latency of

@@ -306,6 +306,7 @@ async fn cli_connect_runs_and_plot() {
 async fn big_hub_smoke() {
     let o = BenchOptions {
         apps_per_agent: 4,
+        replicas: 1,
         ..opts()
     };
     let r = bench::run(Scenario::BigHub, &o)
@@ -322,6 +323,50 @@ async fn big_hub_smoke() {
     assert!(num(&r, "rss_settled_mib") > 0.0 && num(&r, "rss_cold_mib") > 0.0);
     get(&r, "settled_bytes_per_app");
     get(&r, "cold_bytes_per_app");
+}
+
+/// `big-hub --replicas 2`: the same hub under one principal, then two `--ha` replicas; each
+/// replica keeps decoded exactly the Applications of the agents it serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn big_hub_replicas_smoke() {
+    let o = BenchOptions {
+        apps_per_agent: 4,
+        replicas: 2,
+        ..opts()
+    };
+    let r = bench::run(Scenario::BigHub, &o)
+        .await
+        .unwrap_or_else(|e| panic!("bench big-hub --replicas 2: {e}"));
+    eprint!("{}", r.table());
+    assert_eq!(num(&r, "apps"), 48.0);
+    assert_eq!(num(&r, "replicas"), 2.0);
+    let json = r.json();
+    let served: Vec<f64> = json["replica_agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    assert_eq!(served.iter().sum::<f64>(), 12.0, "{json}");
+    let cached = json["replica_cached"].as_array().unwrap();
+    assert_eq!(cached.len(), 2);
+    for (forms, agents) in cached.iter().zip(&served) {
+        let (decoded, compact) = (
+            forms["decoded"].as_f64().unwrap(),
+            forms["compact"].as_f64().unwrap(),
+        );
+        // Every Application is cached once; decoded are the served agents' own (4 each).
+        assert_eq!(decoded + compact, 48.0, "{json}");
+        assert_eq!(decoded, 4.0 * agents, "{json}");
+    }
+    for key in ["replica_rss_cold_mib", "replica_rss_settled_mib"] {
+        let rss = json[key].as_array().unwrap();
+        assert_eq!(rss.len(), 2, "{key}");
+        assert!(rss.iter().all(|v| v.as_f64().unwrap() > 0.0), "{key}");
+    }
+    assert!(num(&r, "single_rss_settled_mib") > 0.0);
+    assert!(num(&r, "replica_share_settled") > 0.0);
+    assert!(num(&r, "replica_share_cold") > 0.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
