@@ -832,7 +832,7 @@ impl Reconciler {
             }
             let pending = match item {
                 Listed::Whole(obj, admitted) => {
-                    let (slot, obj) = Slot::new(self.kind, obj, admitted);
+                    let (slot, obj) = Slot::new(self.kind, *obj, admitted);
                     objects.insert(key.clone(), slot);
                     Pending::Ready(Change::Applied(obj))
                 }
@@ -853,7 +853,7 @@ impl Reconciler {
 /// One object of an ongoing (re)list.
 enum Listed {
     /// Decoded, as [`Cache::admit`] keeps it.
-    Whole(DynamicObject, Admitted),
+    Whole(Box<DynamicObject>, Admitted),
     /// As JSON: its namespace is kept compact ([`Cache::shard`]), so the decoded object is
     /// dropped as soon as it is read from its page.
     Compact(Compact),
@@ -869,7 +869,7 @@ impl Listed {
         {
             return Listed::Compact(compact);
         }
-        Listed::Whole(obj, admitted)
+        Listed::Whole(Box::new(obj), admitted)
     }
 
     fn resource_version(&self) -> Option<&str> {
