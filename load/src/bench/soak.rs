@@ -14,7 +14,8 @@
 //!
 //! At the end the writes stop and the run waits until every agent holds the hub's final
 //! spec (`lost` must be 0). Each quantity's growth is the least-squares slope of its samples
-//! after the warm-up, divided by their mean, in % per hour ([`growth_pct_per_h`]).
+//! after the warm-up, divided by their mean, in % per hour ([`growth_pct_per_h`]); the queue
+//! depth, mostly 0, in events per hour and its maximum ([`slope_per_h`]).
 //!
 //! What is compared, for the replicas: the restarts go round robin over replicas 1.., and
 //! `principal-0` is never restarted: its own series over the whole run is the leak
@@ -150,6 +151,16 @@ pub fn read_lines(text: &str) -> Result<Vec<Line>, HarnessError> {
 /// per hour; `None` with fewer than three points, no time between them, or a mean of 0
 /// with values that vary (a growth relative to nothing).
 pub fn growth_pct_per_h(points: &[(f64, f64)]) -> Option<f64> {
+    let (slope, my) = slope_per_h(points)?;
+    if my == 0.0 {
+        return (slope == 0.0).then_some(0.0);
+    }
+    Some(slope / my * 100.0)
+}
+
+/// The least-squares slope of `points` (hours, value) in the values' unit per hour, and the
+/// values' mean; `None` with fewer than three points or no time between them.
+pub fn slope_per_h(points: &[(f64, f64)]) -> Option<(f64, f64)> {
     if points.len() < 3 {
         return None;
     }
@@ -161,10 +172,7 @@ pub fn growth_pct_per_h(points: &[(f64, f64)]) -> Option<f64> {
     if sxx <= 0.0 {
         return None;
     }
-    if my == 0.0 {
-        return (sxy == 0.0).then_some(0.0);
-    }
-    Some(sxy / sxx / my * 100.0)
+    Some((sxy / sxx, my))
 }
 
 /// The samples file, appended to as the run goes (an interrupted run keeps its samples).
@@ -603,11 +611,25 @@ fn growth(r: &mut Report, lines: &[Line], warmup: Duration, restart_every: Durat
     if !restarted_0 {
         r.put("compared", "principal-0 (never restarted); all replicas summed just before each restart; this process");
         r.put("p0_rss_mib_mean", round2(mean(&p0(&|s| Some(s.rss_mib)))));
-        let of_p0: [(&'static str, &ReplicaField); 6] = [
+        // A queue is mostly empty: its growth relative to a mean near 0 says nothing
+        // (one event more in an hour reads as hundreds of %), so it is given in events: the
+        // slope per hour and the most seen, next to the relative figures, not among them.
+        let queue = p0(&|s| s.queue_depth);
+        match slope_per_h(&queue) {
+            Some((slope, _)) => r.put("p0_queue_depth_events_per_h", fine(slope)),
+            None => r.put(
+                "p0_queue_depth_events_per_h",
+                "not measured: under 3 samples",
+            ),
+        }
+        r.put(
+            "p0_queue_depth_max",
+            queue.iter().map(|p| p.1).fold(0.0, f64::max),
+        );
+        let of_p0: [(&'static str, &ReplicaField); 5] = [
             ("p0_rss_pct_per_h", &|s| Some(s.rss_mib)),
             ("p0_fds_pct_per_h", &|s| Some(s.fds as f64)),
             ("p0_threads_pct_per_h", &|s| Some(s.threads as f64)),
-            ("p0_queue_depth_pct_per_h", &|s| s.queue_depth),
             ("p0_connected_pct_per_h", &|s| s.connected),
             ("p0_series_pct_per_h", &|s| s.series.map(|x| x as f64)),
         ];
@@ -680,6 +702,18 @@ fn mean(s: &Series) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_mostly_empty_queue_is_measured_in_events_not_percent() {
+        // One event more in an hour: a slope of 1 event/h, whatever the mean.
+        let pts = [(0.0, 0.0), (0.5, 0.0), (1.0, 1.0)];
+        let (slope, mean) = slope_per_h(&pts).unwrap();
+        assert!((slope - 1.0).abs() < 1e-9, "{slope}");
+        assert!((mean - 1.0 / 3.0).abs() < 1e-9);
+        // The same series read as % of its mean is the misleading 300 %/h.
+        assert!(growth_pct_per_h(&pts).unwrap() > 299.0);
+        assert_eq!(slope_per_h(&pts[..2]), None);
+    }
 
     #[test]
     fn growth_is_the_slope_over_the_mean_per_hour() {
@@ -796,6 +830,10 @@ mod tests {
         assert!(j["sum_rss_at_phase_pct_per_h"].as_f64().unwrap() > 0.0);
         assert_eq!(j["worst"], "p0_rss_pct_per_h");
         assert_eq!(j["target_met"], false);
+        // The empty queue: no growth, in events, and no longer among the % figures.
+        assert_eq!(j["p0_queue_depth_events_per_h"], 0.0);
+        assert_eq!(j["p0_queue_depth_max"], 0.0);
+        assert!(j.get("p0_queue_depth_pct_per_h").is_none());
         assert!(j["compared"].as_str().unwrap().starts_with("principal-0"));
     }
 }
