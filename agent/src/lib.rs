@@ -84,9 +84,8 @@ pub async fn start(
     let (dialer, source_id) = Dialer::from_transport(&config.transport).await?;
     let dialer = dialer.over_websocket(config.websocket)?;
     let tasks = TaskTracker::new();
-    let client = argocd_agent_kubernetes::client(&config.kube).await?;
+    let (client, watch_client) = argocd_agent_kubernetes::clients(&config.kube).await?;
     let configmaps = Resources::new(client.clone(), Kind::ConfigMap);
-    let watch_client = argocd_agent_kubernetes::watch_client(&config.kube).await?;
     let mut watches = SpokeWatches::start(&client, &watch_client, &config);
     let mut spoke = build_spoke(
         &config,
@@ -173,7 +172,7 @@ struct SpokeWatches {
 
 impl SpokeWatches {
     /// The spoke's watches on `watch_client` (its own QPS budget,
-    /// [`argocd_agent_kubernetes::watch_client`]); writes on `client`.
+    /// [`argocd_agent_kubernetes::clients`]); writes on `client`.
     fn start(
         client: &kube::Client,
         watch_client: &kube::Client,

@@ -161,24 +161,28 @@ pub async fn bounded_client(opts: &ClientOptions, max_in_flight: usize) -> Resul
     }
 }
 
-/// The client for watches ([`crate::watch`]): its own bucket, `opts.qps` and `opts.burst`
-/// times [`WATCH_PAGE_FACTOR`]. client-go's informers list in pages of 500 objects under
+/// The shared client ([`client`]) and the client for watches ([`crate::watch`]), from one
+/// load of the configuration. The watch client has its own bucket, `opts.qps` and
+/// `opts.burst` times [`WATCH_PAGE_FACTOR`]. client-go's informers list in pages of 500 objects under
 /// the client's QPS; a watch here reads Applications and AppProjects in pages of
 /// [`crate::watch::LIST_PAGE_SIZE`] (50, to bound a page of large objects), ten requests
 /// where client-go makes one. Measured: 100,000 Applications took 39 s to list at the
 /// default 50/s, paced by the bucket (the principal 72 % idle), against 4 s at client-go's
 /// pace. A watch has at most one request in flight, so its own bucket cannot burst the
 /// API server; writes keep the shared one.
-pub async fn watch_client(opts: &ClientOptions) -> Result<Client, Error> {
+pub async fn clients(opts: &ClientOptions) -> Result<(Client, Client), Error> {
     let config = load_config(opts).await?;
-    client_from_config(config, &watch_options(opts))
+    Ok((
+        client_from_config(config.clone(), opts)?,
+        client_from_config(config, &watch_options(opts))?,
+    ))
 }
 
 /// How many pages of [`crate::watch::LIST_PAGE_SIZE`] make one of client-go's (500).
 pub const WATCH_PAGE_FACTOR: u32 =
     crate::watch::ADMIN_LIST_PAGE_SIZE / crate::watch::LIST_PAGE_SIZE;
 
-/// `opts` with the watch client's budget ([`watch_client`]).
+/// `opts` with the watch client's budget ([`clients`]).
 fn watch_options(opts: &ClientOptions) -> ClientOptions {
     ClientOptions {
         qps: opts.qps * WATCH_PAGE_FACTOR as f32,

@@ -35,7 +35,7 @@ mod watch;
 
 pub use client::{
     ClientOptions, ConfigSource, DEFAULT_BURST, DEFAULT_QPS, WATCH_PAGE_FACTOR, bounded_client,
-    client, client_from_config, load_config, watch_client,
+    client, client_from_config, clients, load_config,
 };
 pub use error::{Error, ObjectRef};
 pub use kind::{ARGOPROJ_GROUP, ARGOPROJ_VERSION, Kind};

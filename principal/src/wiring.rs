@@ -39,7 +39,7 @@ pub(crate) struct Wiring {
     pub shutdown: CancellationToken,
     pub client: kube::Client,
     /// The hub's client for watches: its own, larger QPS budget
-    /// ([`argocd_agent_kubernetes::watch_client`]).
+    /// ([`argocd_agent_kubernetes::clients`]).
     pub watch_client: kube::Client,
     pub listener_auth: ListenerAuth,
     pub rules: Arc<LiveRules>,
@@ -143,8 +143,7 @@ impl Wiring {
         let rules = start_rules(&config)?;
         let partition = Arc::new(partition_of(&config)?);
         let listener_auth = ListenerAuth::from_config(&config.auth, config.listen).await?;
-        let client = argocd_agent_kubernetes::client(&config.kube).await?;
-        let watch_client = argocd_agent_kubernetes::watch_client(&config.kube).await?;
+        let (client, watch_client) = argocd_agent_kubernetes::clients(&config.kube).await?;
         let metrics = Metrics::with_agent_label_limit(config.metrics_max_agent_labels);
         if let Some(svid) = &listener_auth.svid {
             metrics.follow_svid(svid);
