@@ -31,6 +31,7 @@ use argocd_agent_testkit::harness::{
 
 use super::env::{BenchEnv, ProcSample, wait_ready_on};
 use super::sim::{Fleet, SimAgent, sim_name};
+use super::tenants::sum_series;
 use super::{
     BenchOptions, Report, Scenario, bench_app, connected_fleet_within, create_apps,
     create_namespaces, fleet as fleet_of, mib, percentiles, poll_until, round2, scaled,
@@ -56,9 +57,17 @@ async fn start_principal(env: &mut BenchEnv, apps: usize) -> Result<Duration, Ha
 
 /// The principal's RSS once it is quiet (at most 60 s of waiting).
 async fn quiet_rss(env: &BenchEnv) -> Result<u64, HarnessError> {
-    env.until_quiet(Duration::from_secs(60)).await?;
+    proc_quiet_rss(&env.principal).await
+}
+
+/// The RSS of a principal process (a replica, say) once it is quiet, as [`quiet_rss`].
+async fn proc_quiet_rss(proc: &Proc) -> Result<u64, HarnessError> {
+    super::env::until_quiet(proc, Duration::from_secs(60)).await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    Ok(env.sample()?.rss)
+    let pid = proc
+        .pid()
+        .ok_or_else(|| format!("{} is not running", proc.name))?;
+    Ok(ProcSample::read(pid)?.rss)
 }
 
 /// What each of `n` agents must hold when `total` Applications are on the hub: `app-j` for
@@ -224,8 +233,8 @@ async fn hub_replicas(env: &mut BenchEnv, opts: &BenchOptions) -> Result<Report,
             let text = http_get(r.metrics_port, "/metrics").await?;
             served.push(metric_value(&text, "argocd_principal_connected_agents").unwrap_or(0.0));
             forms.push(json!({
-                "decoded": labelled(&text, "argocd_principal_cached_objects", "form", "decoded"),
-                "compact": labelled(&text, "argocd_principal_cached_objects", "form", "compact"),
+                "decoded": sum_series(&text, CACHED, &["form=\"decoded\""]),
+                "compact": sum_series(&text, CACHED, &["form=\"compact\""]),
             }));
         }
         Ok::<_, HarnessError>((settled, served, forms))
@@ -258,35 +267,8 @@ async fn hub_replicas(env: &mut BenchEnv, opts: &BenchOptions) -> Result<Report,
     Ok(r)
 }
 
-/// RSS of `proc` once it is quiet (under 5 % of a core over 300 ms; at most 60 s of
-/// waiting), as [`quiet_rss`] for a replica.
-async fn proc_quiet_rss(proc: &Proc) -> Result<u64, HarnessError> {
-    let pid = proc
-        .pid()
-        .ok_or_else(|| format!("{} is not running", proc.name))?;
-    let started = Instant::now();
-    let window = Duration::from_millis(300);
-    loop {
-        let a = ProcSample::read(pid)?;
-        tokio::time::sleep(window).await;
-        let b = ProcSample::read(pid)?;
-        let busy = b.cpu_since(&a).time.as_secs_f64() / (b.at - a.at).as_secs_f64();
-        if busy < 0.05 || started.elapsed() >= Duration::from_secs(60) {
-            break;
-        }
-    }
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    Ok(ProcSample::read(pid)?.rss)
-}
-
-/// The value of `name{label="value"}` in a metrics text (0 when absent).
-fn labelled(text: &str, name: &str, label: &str, value: &str) -> f64 {
-    let series = format!("{name}{{{label}=\"{value}\"}}");
-    text.lines()
-        .find_map(|l| l.strip_prefix(series.as_str()))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0.0)
-}
+/// The watch cache's objects by form (`decoded`, `compact`).
+const CACHED: &str = "argocd_principal_cached_objects";
 
 /// The principal's readings at one size.
 struct HubSize {

@@ -524,17 +524,7 @@ impl BenchEnv {
     /// 300 ms, so what it still does for earlier work (watch events of a write burst) is
     /// not counted in the next measurement. Returns how long it took.
     pub async fn until_quiet(&self, limit: Duration) -> Result<Duration, HarnessError> {
-        let started = Instant::now();
-        let window = Duration::from_millis(300);
-        loop {
-            let a = self.sample()?;
-            tokio::time::sleep(window).await;
-            let b = self.sample()?;
-            let busy = b.cpu_since(&a).time.as_secs_f64() / (b.at - a.at).as_secs_f64();
-            if busy < 0.05 || started.elapsed() >= limit {
-                return Ok(started.elapsed());
-            }
-        }
+        until_quiet(&self.principal, limit).await
     }
 
     /// The value of an unlabelled metric of the principal (`name` as exposed).
@@ -601,6 +591,24 @@ impl BenchEnv {
             r.proc.stop().await;
         }
         self.hub.shutdown().await;
+    }
+}
+
+/// [`BenchEnv::until_quiet`] for any principal process (a replica, say).
+pub async fn until_quiet(proc: &Proc, limit: Duration) -> Result<Duration, HarnessError> {
+    let pid = proc
+        .pid()
+        .ok_or_else(|| format!("{} is not running", proc.name))?;
+    let started = Instant::now();
+    let window = Duration::from_millis(300);
+    loop {
+        let a = ProcSample::read(pid)?;
+        tokio::time::sleep(window).await;
+        let b = ProcSample::read(pid)?;
+        let busy = b.cpu_since(&a).time.as_secs_f64() / (b.at - a.at).as_secs_f64();
+        if busy < 0.05 || started.elapsed() >= limit {
+            return Ok(started.elapsed());
+        }
     }
 }
 

@@ -135,14 +135,12 @@ pub fn plot_data(jsonl: &str) -> Result<PlotData, HarnessError> {
                 upsert(&mut data.connect, p, |p| p.agents);
             }
             "big-hub" if v["replicas"].as_u64().is_some_and(|r| r > 1) => {
+                // The largest of a list of numbers (a row whose list is missing, empty or
+                // holds anything else is an error).
                 let largest = |k: &str| {
                     v[k].as_array()
-                        .and_then(|a| {
-                            a.iter()
-                                .map(Value::as_f64)
-                                .max_by(|a, b| a.unwrap_or(0.0).total_cmp(&b.unwrap_or(0.0)))
-                                .flatten()
-                        })
+                        .and_then(|a| a.iter().map(Value::as_f64).collect::<Option<Vec<f64>>>())
+                        .and_then(|a| a.into_iter().reduce(f64::max))
                         .ok_or_else(|| {
                             HarnessError::from(format!("line {}: big-hub row without {k}", i + 1))
                         })
@@ -550,6 +548,9 @@ fn draw_connect(points: &[ConnectPoint], root: &Area<'_>) -> DrawResult {
     Ok(())
 }
 
+/// One line of the hub chart: its points, the RSS it draws of each, its colour and label.
+type HubLine<'a> = (&'a [HubPoint], fn(&HubPoint) -> f64, RGBColor, &'a str);
+
 /// Principal RSS against Applications on the hub: cache only and with the fleet settled,
 /// next to the docs/ha.md model; with `replicas`, the largest `--ha` replica's of a
 /// `big-hub --replicas N` run (agents spread over the replicas) at the same two moments.
@@ -599,48 +600,34 @@ fn draw_hub(points: &[HubPoint], replicas: &[HubPoint], area: &Area<'_>) -> Draw
         ))?
         .label("model (docs/ha.md): 6 KiB per Application")
         .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], RED.stroke_width(2)));
-    let green = RGBColor(0, 150, 0);
-    let purple = RGBColor(140, 0, 160);
-    let orange = RGBColor(230, 120, 0);
-    let replica_series = [
+    let settled: fn(&HubPoint) -> f64 = |p| p.rss_settled_mib;
+    let cold: fn(&HubPoint) -> f64 = |p| p.rss_cold_mib;
+    let lines: [HubLine<'_>; 4] = [
+        (points, settled, BLUE, "agents connected and resynced"),
         (
-            replicas
-                .iter()
-                .map(|p| (p.apps as f64, p.rss_settled_mib))
-                .collect::<Vec<_>>(),
-            purple,
+            points,
+            cold,
+            RGBColor(0, 150, 0),
+            "watch cache only (no agent)",
+        ),
+        (
+            replicas,
+            settled,
+            RGBColor(140, 0, 160),
             "largest --ha replica of N, agents spread and resynced",
         ),
         (
-            replicas
-                .iter()
-                .map(|p| (p.apps as f64, p.rss_cold_mib))
-                .collect(),
-            orange,
+            replicas,
+            cold,
+            RGBColor(230, 120, 0),
             "largest --ha replica of N, no agent",
         ),
     ];
-    for (series, color, label) in [
-        (
-            points
-                .iter()
-                .map(|p| (p.apps as f64, p.rss_settled_mib))
-                .collect::<Vec<_>>(),
-            BLUE,
-            "agents connected and resynced",
-        ),
-        (
-            points
-                .iter()
-                .map(|p| (p.apps as f64, p.rss_cold_mib))
-                .collect(),
-            green,
-            "watch cache only (no agent)",
-        ),
-    ]
-    .into_iter()
-    .chain(replica_series.into_iter().filter(|(s, _, _)| !s.is_empty()))
-    {
+    for (line, rss, color, label) in lines {
+        if line.is_empty() {
+            continue;
+        }
+        let series: Vec<(f64, f64)> = line.iter().map(|p| (p.apps as f64, rss(p))).collect();
         chart
             .draw_series(LineSeries::new(series.clone(), color.stroke_width(2)))?
             .label(label)
@@ -887,6 +874,11 @@ mod tests {
         assert!(
             e.to_string().contains("without replica_rss_cold_mib"),
             "{e}"
+        );
+        let odd = row.replace("[20.0,22.5,21.0]", "[20.0,\"x\"]");
+        assert!(
+            plot_data(&format!("{odd}\n")).is_err(),
+            "a list with a non-number"
         );
         // Drawn in the hub chart in their own colours.
         let font = find_font(None).expect("a TrueType font (apt-get install fonts-dejavu-core)");

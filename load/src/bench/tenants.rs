@@ -200,7 +200,7 @@ async fn round_trips(
 }
 
 /// The sum of `name`'s series whose labels contain every one of `labels` (`k="v"`).
-fn sum_series(text: &str, name: &str, labels: &[&str]) -> f64 {
+pub(super) fn sum_series(text: &str, name: &str, labels: &[&str]) -> f64 {
     text.lines()
         .filter(|l| !l.starts_with('#'))
         .filter_map(|l| {
