@@ -274,6 +274,13 @@ pub struct PrincipalArgs {
     /// at once from one client address, of 256.
     #[arg(long, env = "ARGOCD_PRINCIPAL_MAX_HANDSHAKES_PER_CLIENT", default_value_t = argocd_agent_listener::DEFAULT_MAX_HANDSHAKES_PER_CLIENT)]
     pub max_handshakes_per_client: usize,
+    /// How long a new agent connection may wait for one of the 256 TLS handshake slots
+    /// before it is reset (counted as `Busy`); its agent dials again within 2 s and,
+    /// behind a Service, lands on a replica with room instead of queueing behind the
+    /// busiest one. Default: 1s with --ha; without --ha (one principal, nowhere else to
+    /// go) connections wait in the kernel's backlog. 0: wait there with --ha too.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_MAX_HANDSHAKE_WAIT", value_parser = parse_duration)]
+    pub max_handshake_wait: Option<Duration>,
     /// How long an agent may take to send its hello once its stream is open; a stream
     /// without one is closed (`DeadlineExceeded`, refusal reason `HelloTimeout`).
     #[arg(long, env = "ARGOCD_PRINCIPAL_HELLO_TIMEOUT", default_value = "15s", value_parser = parse_duration)]
@@ -1349,6 +1356,12 @@ impl PrincipalArgs {
             max_connections: a.max_connections.max(1),
             max_connections_per_client: a.max_connections_per_client.max(1),
             max_handshakes_per_client: a.max_handshakes_per_client.max(1),
+            max_handshake_wait: match a.max_handshake_wait {
+                Some(d) if d.is_zero() => None,
+                Some(d) => Some(d),
+                None if a.ha.ha => Some(argocd_agent_principal::ha::DEFAULT_MAX_HANDSHAKE_WAIT),
+                None => None,
+            },
             queue: argocd_agent_domain::QueueLimits {
                 max_in_flight: a.max_in_flight,
                 ..Default::default()

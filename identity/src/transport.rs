@@ -151,7 +151,7 @@ pub fn tls_incoming(
 /// timeout or failure, no HTTP/2 client preface in time, the caps, not ready), and
 /// `NoUsableSvid` (the handshake gave no usable SVID) or, with `--enable-websocket`,
 /// `WebSocketRefused` (the WebSocket upgrade the TLS runs in failed).
-pub const REFUSED_REASONS: [&str; 8] = [
+pub const REFUSED_REASONS: [&str; 9] = [
     "HandshakeTimeout",
     "HandshakeFailed",
     "NoUsableSvid",
@@ -160,6 +160,7 @@ pub const REFUSED_REASONS: [&str; 8] = [
     "TooManyConnections",
     "TooManyFromClient",
     "NotReady",
+    "Busy",
 ];
 
 /// [`tls_incoming`] with explicit limits.
@@ -321,9 +322,12 @@ pub fn is_connection_loss(status: &tonic::Status) -> bool {
 }
 
 impl TransportError {
-    /// Whether nothing accepted the TCP connection: connection refused, because no process
-    /// listens at the address or a Service with no ready endpoint rejects it. Such an
-    /// attempt cost the principal nothing, unlike a handshake that timed out.
+    /// Whether the principal took nothing of the attempt: the dial was refused (no process
+    /// listens at the address, or a Service with no ready endpoint rejects it), or the
+    /// connection was reset before the channel was up, which is how a principal turns a
+    /// connection away before TLS (not ready yet, or no handshake slot within
+    /// `--max-handshake-wait`). Such an attempt cost the principal an accept at most,
+    /// unlike a handshake that timed out (which ends with the client's own timeout).
     pub fn is_refused(&self) -> bool {
         match self {
             TransportError::Connect { cause, .. } => is_refused(cause),
@@ -332,13 +336,17 @@ impl TransportError {
     }
 }
 
-/// Whether `err` or one of its sources is the I/O error "connection refused".
+/// Whether `err` or one of its sources is the I/O error "connection refused" or
+/// "connection reset" (see [`TransportError::is_refused`]).
 pub fn is_refused(err: &(dyn std::error::Error + 'static)) -> bool {
     let mut cur = Some(err);
     while let Some(e) = cur {
-        if e.downcast_ref::<io::Error>()
-            .is_some_and(|io| io.kind() == io::ErrorKind::ConnectionRefused)
-        {
+        if e.downcast_ref::<io::Error>().is_some_and(|io| {
+            matches!(
+                io.kind(),
+                io::ErrorKind::ConnectionRefused | io::ErrorKind::ConnectionReset
+            )
+        }) {
             return true;
         }
         cur = e.source();
@@ -373,18 +381,40 @@ mod connection_loss_tests {
             .await
             .unwrap_err();
         assert!(err.is_refused(), "{err}");
-        // Accepted, then closed at once: the TCP connection was made.
+        // Accepted, then closed (an end of stream mid-handshake): the TCP connection was
+        // made and the server gave up on it, no refusal.
         let open = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = open.local_addr().unwrap().to_string();
         tokio::spawn(async move {
-            while let Ok((c, _)) = open.accept().await {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            while let Ok((mut c, _)) = open.accept().await {
+                tokio::spawn(async move {
+                    let mut hello = [0u8; 5];
+                    let _ = c.read_exact(&mut hello).await;
+                    let _ = c.shutdown().await;
+                    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+                });
+            }
+        });
+        let err = super::connect(&addr, config.clone(), "localhost", opts())
+            .await
+            .unwrap_err();
+        assert!(!err.is_refused(), "{err}");
+        // Accepted, then reset before TLS: how a principal turns a connection away (not
+        // ready, or no handshake slot in time): told as a refusal.
+        let resetting = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = resetting.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            while let Ok((c, _)) = resetting.accept().await {
+                tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+                let _ = c.set_zero_linger();
                 drop(c);
             }
         });
         let err = super::connect(&addr, config, "localhost", opts())
             .await
             .unwrap_err();
-        assert!(!err.is_refused(), "{err}");
+        assert!(err.is_refused(), "{err}");
     }
 
     #[test]

@@ -49,14 +49,16 @@ pub const DEFAULT_MAX_CONNECTIONS_PER_CLIENT: usize = 1024;
 /// [`IncomingOptions::max_handshakes_per_client`],
 /// [`IncomingOptions::max_connections_per_client`]), or the server was not ready
 /// ([`IncomingOptions::ready`]) and the connection was closed before its handshake
-/// (`NotReady`).
-pub const REFUSED_REASONS: [&str; 6] = [
+/// (`NotReady`), or it waited longer than [`IncomingOptions::max_handshake_wait`] for a
+/// handshake slot and was turned away before its handshake (`Busy`).
+pub const REFUSED_REASONS: [&str; 7] = [
     "HandshakeTimeout",
     "HandshakeFailed",
     "NoPreface",
     "TooManyConnections",
     "TooManyFromClient",
     "NotReady",
+    "Busy",
 ];
 
 /// Limits of a bounded accept loop ([`crate::Bounded`]).
@@ -89,6 +91,13 @@ pub struct IncomingOptions {
     /// handshake (reason `NotReady`, logged at most once a second with a count).
     /// Connections already accepted are not touched. `None`: always ready.
     pub ready: Option<ReadyHook>,
+    /// Queued handshakes only (TLS): `None`, a connection waits for a handshake slot in
+    /// the kernel's backlog for as long as its client waits. `Some(wait)`: connections
+    /// are accepted as they come and wait for a slot at most `wait`; one that finds none
+    /// in time is reset before its handshake (reason `Busy`), which costs an accept, so
+    /// that its client dials again at once and, behind a Service with several replicas,
+    /// lands where there is room instead of queueing behind the busiest one.
+    pub max_handshake_wait: Option<Duration>,
 }
 
 impl Default for IncomingOptions {
@@ -103,6 +112,7 @@ impl Default for IncomingOptions {
             on_refused: None,
             h2: crate::h2::H2Policy::default(),
             ready: None,
+            max_handshake_wait: None,
         }
     }
 }
@@ -146,6 +156,11 @@ pub trait Accept: Send + Sync + 'static {
     /// The next connection and its client's address.
     fn accept_one(&self)
     -> impl Future<Output = io::Result<(Self::Io, Option<SocketAddr>)>> + Send;
+    /// Closes a connection refused before its handshake. TCP: with a reset, so the client
+    /// is told at once that it was turned away, not that a handshake broke off.
+    fn turn_away(io: Self::Io) {
+        drop(io);
+    }
 }
 
 impl Accept for TcpListener {
@@ -154,6 +169,12 @@ impl Accept for TcpListener {
         let (tcp, remote) = self.accept().await?;
         let _ = tcp.set_nodelay(true);
         Ok((tcp, Some(remote)))
+    }
+
+    fn turn_away(io: TcpStream) {
+        // SO_LINGER 0: the close sends a reset and never blocks.
+        let _ = io.set_zero_linger();
+        drop(io);
     }
 }
 
@@ -180,6 +201,10 @@ pub(crate) struct Gate {
     ready: Option<ReadyHook>,
     /// The `NotReady` refusals' own log (once a second), apart from the caps'.
     not_ready_log: RefusalLog,
+    /// The `Busy` refusals' own log (once a second).
+    busy_log: RefusalLog,
+    /// [`IncomingOptions::max_handshake_wait`], with `queue` only.
+    handshake_wait: Option<Duration>,
     /// Wait for a handshake slot before accepting (TLS: a reconnect storm waits in the
     /// kernel's backlog instead of taking CPU); otherwise (where waiting costs nothing but
     /// a socket) a connection finding no slot is refused.
@@ -189,10 +214,14 @@ pub(crate) struct Gate {
     pub(crate) h2: crate::h2::H2Policy,
 }
 
-/// A connection's places: for its whole life, and for its handshake only.
+/// A connection's handshake slot, and its client address's share of them.
+pub(crate) type HandshakeSlot = (OwnedSemaphorePermit, Option<ClientSlot>);
+
+/// A connection's places: for its whole life, and for its handshake only (`None`: still
+/// to be waited for, at most [`IncomingOptions::max_handshake_wait`]).
 pub(crate) struct Admitted {
     pub(crate) connection: Admission,
-    pub(crate) handshake: (OwnedSemaphorePermit, Option<ClientSlot>),
+    pub(crate) handshake: Option<HandshakeSlot>,
 }
 
 impl Gate {
@@ -207,6 +236,8 @@ impl Gate {
             on_refused: opts.on_refused.clone(),
             ready: opts.ready.clone(),
             not_ready_log: RefusalLog::every(name, NOT_READY_LOG_EVERY),
+            busy_log: RefusalLog::every(name, NOT_READY_LOG_EVERY),
+            handshake_wait: opts.max_handshake_wait.filter(|_| queue),
             queue,
             handshake_timeout: opts.handshake_timeout,
             preface_timeout: opts.preface_timeout,
@@ -249,8 +280,9 @@ impl Gate {
     }
 
     /// The next connection with its places; connections over a cap, or accepted while the
-    /// server is not ready, are closed (counted and logged) and the next one is taken.
-    /// `None` when `closed` ends first.
+    /// server is not ready, are reset (counted and logged) and the next one is taken.
+    /// `None` when `closed` ends first. With [`IncomingOptions::max_handshake_wait`] the
+    /// connection comes without its handshake slot: [`Gate::handshake_slot`] waits for it.
     pub(crate) async fn next<L: Accept>(
         &self,
         listener: &L,
@@ -258,9 +290,9 @@ impl Gate {
     ) -> Option<(L::Io, Option<SocketAddr>, Admitted)> {
         tokio::pin!(closed);
         loop {
-            // Queued: wait for a handshake slot before accepting: excess connections wait
-            // in the kernel's backlog.
-            let queued = if self.queue {
+            // Queued without a bound: wait for a handshake slot before accepting, so
+            // excess connections wait in the kernel's backlog.
+            let queued = if self.queue && self.handshake_wait.is_none() {
                 tokio::select! {
                     _ = &mut closed => return None,
                     p = self.handshakes.clone().acquire_owned() => Some(p.ok()?),
@@ -282,27 +314,69 @@ impl Gate {
                 }
             };
             // Not ready: close before any handshake, so a crowd of dialing clients cannot
-            // take the CPU the server needs to get ready. Dropping `io` closes it.
+            // take the CPU the server needs to get ready.
             if !self.accepting() {
                 self.refuse_not_ready(remote);
+                L::turn_away(io);
                 continue;
             }
-            let permit = match queued {
-                Some(p) => Ok(p),
-                None => self.handshakes.clone().try_acquire_owned(),
+            let admitted = if self.handshake_wait.is_some() {
+                self.admit_connection(remote).map(|connection| Admitted {
+                    connection,
+                    handshake: None,
+                })
+            } else {
+                let permit = match queued {
+                    Some(p) => Ok(p),
+                    None => self.handshakes.clone().try_acquire_owned(),
+                };
+                match permit {
+                    Ok(permit) => self.admit(remote, permit),
+                    Err(_) => Err(("TooManyConnections", self.max_handshakes)),
+                }
             };
-            let Ok(permit) = permit else {
-                self.refused("TooManyConnections");
-                self.log
-                    .refused(remote, "TooManyConnections", self.max_handshakes);
-                continue;
-            };
-            match self.admit(remote, permit) {
+            match admitted {
                 Ok(admitted) => return Some((io, remote, admitted)),
                 Err((reason, limit)) => {
                     self.refused(reason);
                     self.log.refused(remote, reason, limit);
+                    L::turn_away(io);
                 }
+            }
+        }
+    }
+
+    /// A handshake slot for a connection admitted without one, within
+    /// [`IncomingOptions::max_handshake_wait`] (slots are handed out in arrival order);
+    /// `None` when it waited too long (counted as `Busy` and logged at most once a second)
+    /// or its client address holds its share already (`TooManyFromClient`). The caller
+    /// then turns the connection away.
+    pub(crate) async fn handshake_slot(&self, remote: Option<SocketAddr>) -> Option<HandshakeSlot> {
+        let wait = self.handshake_wait.unwrap_or(Duration::MAX);
+        let Ok(Ok(permit)) =
+            tokio::time::timeout(wait, self.handshakes.clone().acquire_owned()).await
+        else {
+            self.refused("Busy");
+            if let Some(held) = self.busy_log.due() {
+                let peer = remote.map_or_else(|| "-".to_owned(), |p| p.to_string());
+                tracing::warn!(
+                    listener = %self.busy_log.listener(),
+                    %peer,
+                    reason = "Busy",
+                    not_logged_since_last = held,
+                    "connection turned away before TLS: no handshake slot within {} (further such refusals logged at most every {})",
+                    text::duration(wait),
+                    text::duration(NOT_READY_LOG_EVERY)
+                );
+            }
+            return None;
+        };
+        match self.client_slot(remote) {
+            Ok(slot) => Some((permit, slot)),
+            Err((reason, limit)) => {
+                self.refused(reason);
+                self.log.refused(remote, reason, limit);
+                None
             }
         }
     }
@@ -313,27 +387,43 @@ impl Gate {
         remote: Option<SocketAddr>,
         permit: OwnedSemaphorePermit,
     ) -> Result<Admitted, (&'static str, usize)> {
+        let connection = self.admit_connection(remote)?;
+        let slot = self.client_slot(remote)?;
+        Ok(Admitted {
+            connection,
+            handshake: Some((permit, slot)),
+        })
+    }
+
+    /// A connection's place under the connection caps, or the cap it is over.
+    fn admit_connection(
+        &self,
+        remote: Option<SocketAddr>,
+    ) -> Result<Admission, (&'static str, usize)> {
         let ip = remote.map(|r| r.ip());
-        let connection = self.connections.admit(ip).map_err(|reason| {
+        self.connections.admit(ip).map_err(|reason| {
             let limit = if reason == "TooManyFromClient" {
                 self.connections.per_client()
             } else {
                 self.connections.max_total()
             };
             (reason, limit)
-        })?;
-        let slot = match ip {
-            Some(ip) => Some(
-                self.handshake_clients
-                    .take(ip, self.handshakes_per_client)
-                    .ok_or(("TooManyFromClient", self.handshakes_per_client))?,
-            ),
-            None => None,
-        };
-        Ok(Admitted {
-            connection,
-            handshake: (permit, slot),
         })
+    }
+
+    /// The client address's share of the handshake slots, or the cap it is over.
+    fn client_slot(
+        &self,
+        remote: Option<SocketAddr>,
+    ) -> Result<Option<ClientSlot>, (&'static str, usize)> {
+        match remote.map(|r| r.ip()) {
+            Some(ip) => self
+                .handshake_clients
+                .take(ip, self.handshakes_per_client)
+                .map(Some)
+                .ok_or(("TooManyFromClient", self.handshakes_per_client)),
+            None => Ok(None),
+        }
     }
 }
 

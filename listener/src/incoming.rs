@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::caps::{Admission, ClientSlot};
-use crate::gate::{Accept, Admitted, Gate, IncomingOptions};
+use crate::gate::{Accept, Admitted, Gate, HandshakeSlot, IncomingOptions};
 use crate::h2::{H2Connection, read_h2_preface};
 use crate::text;
 
@@ -238,7 +238,25 @@ where
                 let (gate, prepare, handshake) = (gate.clone(), prepare.clone(), handshake.clone());
                 let (serve, shutdown) = (serve.clone(), shutdown.clone());
                 conns.spawn(async move {
-                    let steps = handshaken(&gate, &*prepare, &*handshake, io, remote, admitted);
+                    let Admitted {
+                        connection,
+                        handshake: slot,
+                    } = admitted;
+                    let slot = match slot {
+                        Some(slot) => slot,
+                        None => {
+                            let waited = tokio::select! {
+                                _ = shutdown.cancelled() => return,
+                                slot = gate.handshake_slot(remote) => slot,
+                            };
+                            match waited {
+                                Some(slot) => slot,
+                                None => return L::turn_away(io),
+                            }
+                        }
+                    };
+                    let steps =
+                        handshaken(&gate, &*prepare, &*handshake, io, remote, connection, slot);
                     let accepted = tokio::select! {
                         _ = shutdown.cancelled() => return,
                         accepted = steps => accepted,
@@ -260,7 +278,8 @@ async fn handshaken<IO, P, PF, C, H>(
     handshake: &H,
     io: IO,
     remote: Option<SocketAddr>,
-    admitted: Admitted,
+    connection: Admission,
+    slot: HandshakeSlot,
 ) -> Option<Accepted<H::Output>>
 where
     P: Fn(IO, Option<SocketAddr>) -> PF,
@@ -288,10 +307,6 @@ where
             return None;
         }
     };
-    let Admitted {
-        connection,
-        handshake: slot,
-    } = admitted;
     // The slot is for the handshake only, not for waiting on the client (unless the
     // preface is all this listener waits for).
     let held = H::PREFACE_IS_HANDSHAKE.then_some(slot);
@@ -386,6 +401,7 @@ mod tests {
             on_refused: Some(RefusedHook(Arc::new(move |r| seen.lock().unwrap().push(r)))),
             ready: None,
             h2: crate::h2::H2Policy::default(),
+            max_handshake_wait: None,
         };
         let mut incoming = Box::pin(plain_incoming(
             listener,
@@ -492,6 +508,110 @@ mod tests {
                 _ => Ok(io),
             }
         }
+    }
+
+    /// [`ByFirstByte`] with queued handshakes (as TLS has).
+    struct QueuedByFirstByte;
+
+    impl Handshake<TcpStream> for QueuedByFirstByte {
+        type Output = TcpStream;
+        const NAME: &'static str = "queued test handshake";
+
+        async fn handshake(
+            &self,
+            io: TcpStream,
+            remote: Option<SocketAddr>,
+        ) -> Result<TcpStream, Refused> {
+            ByFirstByte.handshake(io, remote).await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_connection_waiting_too_long_for_a_handshake_slot_is_reset_as_busy() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let reasons: Arc<Mutex<Vec<&'static str>>> = Arc::default();
+        let seen = reasons.clone();
+        let opts = IncomingOptions {
+            max_handshakes: 1,
+            handshake_timeout: Duration::from_millis(1500),
+            max_handshake_wait: Some(Duration::from_millis(200)),
+            on_refused: Some(RefusedHook(Arc::new(move |r| seen.lock().unwrap().push(r)))),
+            ..IncomingOptions::default()
+        };
+        let (tasks, stop) = (TaskTracker::new(), CancellationToken::new());
+        let (tx, mut served) = tokio::sync::mpsc::unbounded_channel();
+        Bounded::new(listener, &opts, "test", QueuedByFirstByte).serve(
+            &tasks,
+            stop.clone(),
+            move |a| {
+                let tx = tx.clone();
+                async move {
+                    let _ = tx.send(a);
+                }
+            },
+        );
+        // A stalled handshake holds the only slot.
+        let mut stalled = TcpStream::connect(addr).await.unwrap();
+        stalled.write_all(b"s").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // The next one is accepted at once (not left in the backlog), waits its 200 ms and
+        // is reset: the client reads a reset, long before the stalled handshake's timeout.
+        let started = std::time::Instant::now();
+        let mut turned = TcpStream::connect(addr).await.unwrap();
+        let mut buf = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_secs(1), turned.read(&mut buf)).await;
+        let err = read
+            .expect("reset within the wait")
+            .expect_err("a reset, not data or EOF");
+        assert_eq!(err.kind(), io::ErrorKind::ConnectionReset, "{err}");
+        let waited = started.elapsed();
+        assert!(waited >= Duration::from_millis(150), "{waited:?}");
+        assert!(waited < Duration::from_millis(1000), "{waited:?}");
+        assert_eq!(reasons.lock().unwrap().clone(), vec!["Busy"]);
+        // Once the stalled handshake times out its slot is free: a good client is served.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let mut good = TcpStream::connect(addr).await.unwrap();
+        good.write_all(b"g").await.unwrap();
+        let accepted = tokio::time::timeout(Duration::from_secs(2), served.recv()).await;
+        assert!(
+            matches!(accepted, Ok(Some(_))),
+            "served once a slot was free"
+        );
+        assert_eq!(
+            reasons.lock().unwrap().clone(),
+            vec!["Busy", "HandshakeTimeout"]
+        );
+        stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_connection_refused_before_its_handshake_is_reset() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let opts = IncomingOptions {
+            ready: Some(ReadyHook(Arc::new(|| false))),
+            ..IncomingOptions::default()
+        };
+        let taken = Arc::new(AtomicBool::new(false));
+        let flag = taken.clone();
+        Bounded::new(listener, &opts, "test", QueuedByFirstByte).serve(
+            &TaskTracker::new(),
+            CancellationToken::new(),
+            move |_| {
+                flag.store(true, Ordering::SeqCst);
+                async {}
+            },
+        );
+        // Not ready: the client is told with a reset (what the agent takes as "turned away,
+        // dial again soon"), not with an end of stream mid-handshake.
+        let mut early = TcpStream::connect(addr).await.unwrap();
+        let mut buf = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_secs(2), early.read(&mut buf)).await;
+        let err = read.expect("closed at once").expect_err("a reset");
+        assert_eq!(err.kind(), io::ErrorKind::ConnectionReset, "{err}");
+        assert!(!taken.load(Ordering::SeqCst));
     }
 
     #[tokio::test]

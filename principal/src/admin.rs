@@ -407,6 +407,7 @@ fn admin_limits(metrics: &Metrics) -> argocd_agent_listener::IncomingOptions {
             min_ping_interval: std::time::Duration::ZERO,
             max_idle: ADMIN_MAX_IDLE,
         },
+        max_handshake_wait: None,
     }
 }
 

@@ -158,7 +158,8 @@ pub(crate) fn serve(
 
 /// The agent listener's caps (`--max-connections`, `--max-connections-per-client`,
 /// `--max-handshakes-per-client`) and readiness: connections refused by a cap, or closed
-/// before TLS while the principal is not ready (`/readyz`), are counted in
+/// before TLS while the principal is not ready (`/readyz`) or after waiting
+/// `--max-handshake-wait` for a handshake slot (`Busy`), are counted in
 /// `argocd_principal_listener_connections_closed_total{listener="grpc"}`, connections
 /// dropped before their first request (handshake, SVID, preface) as auth failures.
 fn incoming_options(
@@ -167,7 +168,7 @@ fn incoming_options(
     readiness: crate::health::Readiness,
 ) -> argocd_agent_listener::IncomingOptions {
     let hook = move |reason: &'static str| match reason {
-        "TooManyConnections" | "TooManyFromClient" | "NotReady" | "TooManyPings"
+        "TooManyConnections" | "TooManyFromClient" | "NotReady" | "Busy" | "TooManyPings"
         | "IdleTimeout" => metrics.listener_closed("grpc", reason),
         _ => metrics.auth_failed(reason),
     };
@@ -176,6 +177,7 @@ fn incoming_options(
         max_handshakes_per_client: config.max_handshakes_per_client,
         max_connections: config.max_connections,
         max_connections_per_client: config.max_connections_per_client,
+        max_handshake_wait: config.max_handshake_wait,
         on_refused: Some(argocd_agent_listener::RefusedHook(Arc::new(hook))),
         ready: Some(argocd_agent_listener::ReadyHook(Arc::new(move || {
             readiness.is_ready()

@@ -151,6 +151,11 @@ pub struct PrincipalConfig {
     /// Of `max_concurrent_handshakes`, how many one client address may hold
     /// (`--max-handshakes-per-client`).
     pub max_handshakes_per_client: usize,
+    /// How long a connection may wait for a TLS handshake slot before it is reset
+    /// (`Busy`), so its agent dials again and lands on a replica with room
+    /// (`--max-handshake-wait`; by default 1 s with `--ha`, otherwise `None`: it waits in
+    /// the kernel's backlog).
+    pub max_handshake_wait: Option<Duration>,
     /// Agent listener connections open at once (`--max-connections`).
     pub max_connections: usize,
     /// Of `max_connections`, how many one client address may hold
@@ -214,6 +219,7 @@ impl Default for PrincipalConfig {
             resync_min_interval: Duration::ZERO,
             max_concurrent_handshakes: argocd_agent_listener::DEFAULT_MAX_CONCURRENT_HANDSHAKES,
             max_handshakes_per_client: argocd_agent_listener::DEFAULT_MAX_HANDSHAKES_PER_CLIENT,
+            max_handshake_wait: None,
             max_connections: argocd_agent_listener::DEFAULT_MAX_CONNECTIONS,
             max_connections_per_client: argocd_agent_listener::DEFAULT_MAX_CONNECTIONS_PER_CLIENT,
             max_concurrent_streams: 16,

@@ -180,6 +180,8 @@ impl Hub {
             .shared
             .sessions
             .attach(identity, mode, session_id, token);
+        // The session's connect-time round comes first (`release_changes` after it).
+        state.hold_changes(session_id);
         if created {
             self.spawn_worker(state.clone());
         }
@@ -248,6 +250,11 @@ impl Hub {
                     tokio::select! {
                         _ = hub.shared.shutdown.cancelled() => return,
                         _ = state.inbox.notify.notified() => {}
+                    }
+                    // A session's connect-time round has not run yet: the changes wait,
+                    // coalesced, and are taken once it has (which notifies again).
+                    if state.changes_held() {
+                        continue;
                     }
                     for ((kind, name), change, origin) in state.inbox.drain() {
                         let span = tracing::info_span!(parent: &origin, "principal.hub_change",

@@ -747,7 +747,7 @@ mod tests {
         // and so are connections closed while not ready; everything else as an auth failure.
         for reason in argocd_agent_identity::transport::REFUSED_REASONS {
             match reason {
-                "NotReady" => {}
+                "NotReady" | "Busy" => {}
                 "TooManyConnections" | "TooManyFromClient" => assert!(
                     argocd_agent_listener::CLOSE_REASONS.contains(&reason),
                     "{reason}"

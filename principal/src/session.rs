@@ -290,7 +290,10 @@ async fn run(
         let mut direct_rx = welcome_agent(ctx, &state, &identity, &hello, session_id, tx).await?;
         // 3. Resync, 4. exchange events.
         let view = hello.state.as_ref();
-        if !resync(ctx, &state, &token, mode, view, Round::Connect, tx).await? {
+        let resynced = resync(ctx, &state, &token, mode, view, Round::Connect, tx).await;
+        // The hub changes that came meanwhile are handled against what the round queued.
+        state.release_changes(session_id);
+        if !resynced? {
             return Ok(());
         }
         let exchange = Exchange {
@@ -304,6 +307,8 @@ async fn run(
         exchange.run(&mut inbound, &mut direct_rx).await
     }
     .await;
+    // Ended before its round (or the round failed): changes are not held for it.
+    state.release_changes(session_id);
     // Detached first, then the Lease released (or handed over), waited for.
     guard.end().await;
     result

@@ -4,7 +4,7 @@
 //! closed (revocation, blocklist, replicas).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use argocd_agent_domain::{AgentIdentity, AgentMode, AgentName, Namespace, ResourceKind};
@@ -86,9 +86,35 @@ pub struct AgentState {
     /// Another replica serves the agent (`--ha`): nothing is queued for it here until its
     /// next session here, which starts with a resync ([`AgentState::served_elsewhere`]).
     elsewhere: AtomicBool,
+    /// The session whose connect-time resync round has not run yet (0: none): its worker
+    /// leaves hub changes in the inbox until then ([`AgentState::hold_changes`]).
+    changes_held_for: AtomicU64,
 }
 
 impl AgentState {
+    /// Session `session` is starting: hub changes wait in the inbox (coalesced) until its
+    /// connect-time round has run ([`AgentState::release_changes`]). Otherwise a change
+    /// taken between the registration and the round is queued once by the worker and
+    /// again by the round (which goes by the agent's hello, not by what this session has
+    /// queued already): the agent gets the object twice.
+    pub(crate) fn hold_changes(&self, session: u64) {
+        self.changes_held_for.store(session, Ordering::Release);
+    }
+    /// Session `session`'s connect-time round has run (or the session ended before it):
+    /// the worker takes the changes that waited. A newer session's hold stays.
+    pub(crate) fn release_changes(&self, session: u64) {
+        if self
+            .changes_held_for
+            .compare_exchange(session, 0, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            self.inbox.notify.notify_one();
+        }
+    }
+    /// Whether the worker leaves hub changes in the inbox for now.
+    pub(crate) fn changes_held(&self) -> bool {
+        self.changes_held_for.load(Ordering::Acquire) != 0
+    }
     pub(crate) fn inner(&self) -> MutexGuard<'_, AgentInner> {
         lock(&self.inner)
     }
@@ -294,6 +320,7 @@ impl Sessions {
                         std::time::Instant::now(),
                     )),
                     elsewhere: AtomicBool::new(false),
+                    changes_held_for: AtomicU64::new(0),
                 });
                 registry.agents.insert(name.clone(), state.clone());
                 created = true;

@@ -311,8 +311,14 @@ pub struct BenchEnv {
     _tmp: Option<tempfile::TempDir>,
     /// The development Workload API server (`principal.sock`).
     pub spiffe: DevWorkloadApiHandle,
-    /// The hub's API server (event history sized for the bench's write rates).
+    /// The hub's API server (event history sized for the bench's write rates), served on
+    /// `_hub_runtime`.
     pub hub: KubeTestServer,
+    /// The hub's own threads: a real hub API server runs apart from the agents, so its
+    /// requests must not queue behind the simulated fleet's tasks on the bench's runtime
+    /// (10,000 agents redialing in a storm would otherwise set the hub's latency, and with
+    /// it every Lease write's).
+    _hub_runtime: HubRuntime,
     /// The (first) principal process.
     pub principal: Proc,
     /// Its gRPC listener on 127.0.0.1.
@@ -322,6 +328,42 @@ pub struct BenchEnv {
     /// Replicas 1.. of a run with several (empty otherwise).
     pub replicas: Vec<Replica>,
     bundles: Arc<TrustBundles>,
+}
+
+/// The runtime the hub API server runs on, apart from the bench's: two threads of its own
+/// (the OS shares the cores between them and everything else, as between processes).
+/// Shut down without waiting when the environment goes (a runtime may not be dropped
+/// from async code).
+struct HubRuntime(Option<tokio::runtime::Runtime>);
+
+impl HubRuntime {
+    fn new() -> std::io::Result<HubRuntime> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("hub-api")
+            .enable_all()
+            .build()?;
+        Ok(HubRuntime(Some(rt)))
+    }
+
+    fn spawn<F>(&self, f: F) -> tokio::task::JoinHandle<F::Output>
+    where
+        F: std::future::Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        match &self.0 {
+            Some(rt) => rt.spawn(f),
+            None => tokio::spawn(f),
+        }
+    }
+}
+
+impl Drop for HubRuntime {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
 }
 
 /// A principal process (not started) named `name`, its address and metrics port; `suffix`
@@ -435,8 +477,14 @@ impl BenchEnv {
             .await?;
         let mut bundles = TrustBundles::new();
         bundles.insert(td, vec![spiffe.ca().certificate().clone()])?;
-        let hub =
-            KubeTestServer::start_on("127.0.0.1:0".parse()?, hub_options(history_limit)).await?;
+        let hub_runtime = HubRuntime::new()?;
+        let hub = hub_runtime
+            .spawn(KubeTestServer::start_on(
+                "127.0.0.1:0".parse()?,
+                hub_options(history_limit),
+            ))
+            .await
+            .map_err(|e| format!("starting the hub API server: {e}"))??;
         hub.write_kubeconfig(&dir.join("hub.kubeconfig"), "hub")?;
         argocd_agent_testkit::harness::create_namespace(
             &hub,
@@ -461,6 +509,7 @@ impl BenchEnv {
             wait_port(r.addr).await?;
         }
         let env = BenchEnv {
+            _hub_runtime: hub_runtime,
             dir,
             _tmp: tmp,
             spiffe,

@@ -31,6 +31,11 @@ pub const DEFAULT_AGENT_LEASE: Duration = Duration::from_secs(15 * 60);
 pub const DEFAULT_LEASE_QPS: f32 = 500.0;
 /// Default of `--lease-burst`.
 pub const DEFAULT_LEASE_BURST: u32 = 1000;
+/// Default of `--max-handshake-wait` with `--ha`: how long a new agent connection waits
+/// for a TLS handshake slot before it is reset, so that in a reconnect storm it dials
+/// again and lands on a replica with room (the first replica to be ready otherwise holds
+/// the whole returning fleet in its backlog while the others sit idle).
+pub const DEFAULT_MAX_HANDSHAKE_WAIT: Duration = Duration::from_secs(1);
 /// Lease requests in flight at once (each one a connection to the hub API at most).
 pub const LEASE_REQUESTS_IN_FLIGHT: usize = 16;
 

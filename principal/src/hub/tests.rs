@@ -122,8 +122,12 @@ impl TestHub {
             AgentMode::Managed => "managed",
             AgentMode::Autonomous => "autonomous",
         };
-        self.hub
-            .attach(identity(name, mode_flag), mode, 1, CancellationToken::new())
+        let state = self
+            .hub
+            .attach(identity(name, mode_flag), mode, 1, CancellationToken::new());
+        // As after a connect-time round with nothing to put right.
+        state.release_changes(1);
+        state
     }
 }
 
@@ -188,6 +192,49 @@ async fn a_hub_change_goes_to_the_agent_owning_its_namespace_only() {
     let deleted = next_event(&edge1).await.expect("a delete for edge-1");
     assert_eq!(deleted.ty, EventType::Delete);
     assert!(next_event(&edge2).await.is_none());
+}
+
+#[tokio::test]
+async fn a_hub_change_before_the_connect_round_is_not_sent_twice() {
+    let t = test_hub();
+    let ns = "argocd-edge-1";
+    // Registered, its connect-time round not run yet: a hub change comes in meanwhile.
+    let state = t.hub.attach(
+        identity("edge-1", "managed"),
+        AgentMode::Managed,
+        7,
+        CancellationToken::new(),
+    );
+    t.apps
+        .create(&app(ns, "guestbook", json!({"project": "default"})))
+        .await
+        .unwrap();
+    // The change waits for the round: nothing is queued by the worker meanwhile.
+    assert!(next_event(&state).await.is_none(), "held until the round");
+    // The round (the agent holds nothing) queues the Application once; then the change
+    // that waited finds it queued already and adds nothing.
+    let empty = Checksums::default();
+    t.hub
+        .apps
+        .resync_managed(&state, &empty, &SourceUids::default(), &empty);
+    state.release_changes(7);
+    let mut events = Vec::new();
+    while let Some(e) = next_event(&state).await {
+        assert!(state.queue.ack(&e.id).is_some());
+        events.push((e.ty, e.resource.map(|r| r.name).unwrap_or_default()));
+    }
+    assert_eq!(
+        events,
+        [(EventType::SpecUpdate, "guestbook".to_string())],
+        "one delivery, not one from the round and one from the change"
+    );
+    // Later changes flow as before.
+    t.apps
+        .create(&app(ns, "second", json!({"project": "default"})))
+        .await
+        .unwrap();
+    let next = next_event(&state).await.expect("a change after the round");
+    assert_eq!(next.resource, Some(app_ref(ns, "second")));
 }
 
 #[tokio::test]
