@@ -277,7 +277,7 @@ pub struct PrincipalArgs {
     /// How long a new agent connection may wait for one of the 256 TLS handshake slots
     /// before it is reset (counted as `Busy`); its agent dials again within 2 s and,
     /// behind a Service, lands on a replica with room instead of queueing behind the
-    /// busiest one. Default: 1s with --ha; without --ha (one principal, nowhere else to
+    /// busiest one. Default: 3s with --ha; without --ha (one principal, nowhere else to
     /// go) connections wait in the kernel's backlog. 0: wait there with --ha too.
     #[arg(long, env = "ARGOCD_PRINCIPAL_MAX_HANDSHAKE_WAIT", value_parser = parse_duration)]
     pub max_handshake_wait: Option<Duration>,
@@ -1565,6 +1565,26 @@ mod tests {
         let p = principal(&["--enable-compression", "--keepalive-min-interval", "20s"]);
         assert!(p.enable_compression);
         assert_eq!(p.keepalive_min_interval, Duration::from_secs(20));
+    }
+
+    #[test]
+    fn a_handshake_slot_is_waited_for_3s_with_ha_and_in_the_backlog_without() {
+        let wait = |args: &[&str]| {
+            let mut argv = vec!["argocd-agent", "principal"];
+            argv.extend(["--spiffe-endpoint-socket", "unix:///spire.sock"]);
+            argv.extend_from_slice(args);
+            match Cli::try_parse_from(argv).map(|c| c.command) {
+                Ok(Command::Principal(p)) => p.config().unwrap().max_handshake_wait,
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(wait(&[]), None, "one principal: nowhere else to go");
+        assert_eq!(wait(&["--ha"]), Some(Duration::from_secs(3)));
+        assert_eq!(wait(&["--ha", "--max-handshake-wait", "0"]), None);
+        assert_eq!(
+            wait(&["--max-handshake-wait", "500ms"]),
+            Some(Duration::from_millis(500))
+        );
     }
 
     #[test]

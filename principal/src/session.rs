@@ -288,11 +288,9 @@ async fn run(
         // Before the welcome, from which the agent times its periodic requests.
         crate::rounds::record_connect(&state, std::time::Instant::now());
         let mut direct_rx = welcome_agent(ctx, &state, &identity, &hello, session_id, tx).await?;
-        // 3. Resync, 4. exchange events.
-        let view = hello.state.as_ref();
+        let view = hello.state.as_ref(); // 3. Resync, 4. exchange events.
         let resynced = resync(ctx, &state, &token, mode, view, Round::Connect, tx).await;
-        // The hub changes that came meanwhile are handled against what the round queued.
-        state.release_changes(session_id);
+        state.release_changes(session_id); // changes that came meanwhile, against the round
         if !resynced? {
             return Ok(());
         }
@@ -307,8 +305,6 @@ async fn run(
         exchange.run(&mut inbound, &mut direct_rx).await
     }
     .await;
-    // Ended before its round (or the round failed): changes are not held for it.
-    state.release_changes(session_id);
     // Detached first, then the Lease released (or handed over), waited for.
     guard.end().await;
     result
@@ -348,11 +344,10 @@ async fn register(
         },
     );
     Box::pin(hub.ensure_namespace(&identity.namespace, &identity.agent)).await;
-    hub.shared.metrics.connected_agents.inc();
-    hub.shared
-        .metrics
-        .set_tenant(identity.agent.as_str(), identity.tenant.as_ref());
-    hub.shared.metrics.connected(identity.agent.as_str());
+    let metrics = &hub.shared.metrics;
+    metrics.connected_agents.inc();
+    metrics.set_tenant(identity.agent.as_str(), identity.tenant.as_ref());
+    metrics.connected(identity.agent.as_str());
     let guard = SessionGuard {
         hub: hub.clone(),
         state: state.clone(),

@@ -346,9 +346,11 @@ impl Sessions {
         (state, created)
     }
 
-    /// Forgets the session if it is still the current one.
+    /// Forgets the session if it is still the current one; hub changes are no longer held
+    /// for it (it may end before its connect-time round).
     pub fn detach(&self, state: &AgentState, session_id: u64) {
         state.inner().end_session(session_id);
+        state.release_changes(session_id);
     }
 
     /// Live sessions' identities (for revocation checks).

@@ -339,7 +339,7 @@ struct HubRuntime(Option<tokio::runtime::Runtime>);
 impl HubRuntime {
     fn new() -> std::io::Result<HubRuntime> {
         let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
+            .worker_threads(1)
             .thread_name("hub-api")
             .enable_all()
             .build()?;
