@@ -279,8 +279,9 @@ impl Gate {
         }
     }
 
-    /// The next connection with its places; connections over a cap, or accepted while the
-    /// server is not ready, are reset (counted and logged) and the next one is taken.
+    /// The next connection with its places; connections over a cap are closed, and those
+    /// accepted while the server is not ready reset (counted and logged), and the next one
+    /// is taken.
     /// `None` when `closed` ends first. With [`IncomingOptions::max_handshake_wait`] the
     /// connection comes without its handshake slot: [`Gate::handshake_slot`] waits for it.
     pub(crate) async fn next<L: Accept>(
@@ -338,9 +339,9 @@ impl Gate {
             match admitted {
                 Ok(admitted) => return Some((io, remote, admitted)),
                 Err((reason, limit)) => {
+                    // Closed (dropped) as it always was: a cap is no reason to redial soon.
                     self.refused(reason);
                     self.log.refused(remote, reason, limit);
-                    L::turn_away(io);
                 }
             }
         }
