@@ -265,15 +265,32 @@ impl Gate {
     /// Closes a connection accepted while the server is not ready: counted, and logged at
     /// most once a second with how many were closed in between.
     fn refuse_not_ready(&self, remote: Option<SocketAddr>) {
-        self.refused("NotReady");
-        if let Some(held) = self.not_ready_log.due() {
+        self.refuse_before_tls(
+            &self.not_ready_log,
+            "NotReady",
+            remote,
+            "refused before TLS: not ready yet",
+        );
+    }
+
+    /// Counts a connection turned away before its handshake for `reason`, and logs it
+    /// through `log` (at most once a second, with how many were left out in between).
+    fn refuse_before_tls(
+        &self,
+        log: &RefusalLog,
+        reason: &'static str,
+        remote: Option<SocketAddr>,
+        what: &str,
+    ) {
+        self.refused(reason);
+        if let Some(held) = log.due() {
             let peer = remote.map_or_else(|| "-".to_owned(), |p| p.to_string());
             tracing::warn!(
-                listener = %self.not_ready_log.listener(),
+                listener = %log.listener(),
                 %peer,
-                reason = "NotReady",
+                reason,
                 not_logged_since_last = held,
-                "connection refused before TLS: not ready yet (further such refusals logged at most every {})",
+                "connection {what} (further such refusals logged at most every {})",
                 text::duration(NOT_READY_LOG_EVERY)
             );
         }
@@ -349,35 +366,30 @@ impl Gate {
 
     /// A handshake slot for a connection admitted without one, within
     /// [`IncomingOptions::max_handshake_wait`] (slots are handed out in arrival order);
-    /// `None` when it waited too long (counted as `Busy` and logged at most once a second)
-    /// or its client address holds its share already (`TooManyFromClient`). The caller
-    /// then turns the connection away.
-    pub(crate) async fn handshake_slot(&self, remote: Option<SocketAddr>) -> Option<HandshakeSlot> {
+    /// otherwise the reason it gets none, counted and logged: `Busy` when it waited too
+    /// long (the caller resets it, so its client dials again soon), `TooManyFromClient`
+    /// when its client address holds its share already (closed, as the caps are).
+    pub(crate) async fn handshake_slot(
+        &self,
+        remote: Option<SocketAddr>,
+    ) -> Result<HandshakeSlot, &'static str> {
         let wait = self.handshake_wait.unwrap_or(Duration::MAX);
         let Ok(Ok(permit)) =
             tokio::time::timeout(wait, self.handshakes.clone().acquire_owned()).await
         else {
-            self.refused("Busy");
-            if let Some(held) = self.busy_log.due() {
-                let peer = remote.map_or_else(|| "-".to_owned(), |p| p.to_string());
-                tracing::warn!(
-                    listener = %self.busy_log.listener(),
-                    %peer,
-                    reason = "Busy",
-                    not_logged_since_last = held,
-                    "connection turned away before TLS: no handshake slot within {} (further such refusals logged at most every {})",
-                    text::duration(wait),
-                    text::duration(NOT_READY_LOG_EVERY)
-                );
-            }
-            return None;
+            let what = format!(
+                "turned away before TLS: no handshake slot within {}",
+                text::duration(wait)
+            );
+            self.refuse_before_tls(&self.busy_log, "Busy", remote, &what);
+            return Err("Busy");
         };
         match self.client_slot(remote) {
-            Ok(slot) => Some((permit, slot)),
+            Ok(slot) => Ok((permit, slot)),
             Err((reason, limit)) => {
                 self.refused(reason);
                 self.log.refused(remote, reason, limit);
-                None
+                Err(reason)
             }
         }
     }

@@ -250,8 +250,9 @@ where
                                 slot = gate.handshake_slot(remote) => slot,
                             };
                             match waited {
-                                Some(slot) => slot,
-                                None => return L::turn_away(io),
+                                Ok(slot) => slot,
+                                Err("Busy") => return L::turn_away(io),
+                                Err(_) => return, // over a cap: closed as the caps are
                             }
                         }
                     };
