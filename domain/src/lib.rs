@@ -29,7 +29,7 @@ pub use mapping::{
     RuleSet,
 };
 pub use names::{AgentMode, AgentName, AllowedModes, Namespace, ResourceKind, TenantName};
-pub use queue::{QueueError, QueueLimits, SendQueue};
+pub use queue::{QueueError, QueueLimits, SendQueue, SharedRtt};
 pub use tenant::{Tenant, Tenants};
 
 pub use argocd_agent_identity::text::{or_dash, quoted, quoted_list};

@@ -12,11 +12,17 @@
 //! timeout); a peer that is still acknowledging older work is merely slow, and resending to
 //! it would only double the traffic it is already behind on.
 //!
+//! Before a queue has a round trip of its own, it starts from [`SharedRtt`]: the estimate
+//! from the acknowledgements of every peer the process serves (as Linux seeds a new TCP
+//! connection's RTO from the metrics it cached for the route). A storm that slows every
+//! peer down then lengthens the first timeout of the sessions that start during it, instead
+//! of resending their first events to peers that are merely slow.
+//!
 //! Memory is bounded by `max_pending` keys (one event per key) plus `max_in_flight` events;
 //! payloads are `Arc`s, so resending never copies an object.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -147,6 +153,31 @@ impl Rtt {
     }
 }
 
+/// A round-trip estimate shared by the queues of one process (one principal's agents):
+/// fed by every queue's unambiguous samples, read by a queue that has none of its own yet.
+#[derive(Debug, Default)]
+pub struct SharedRtt(Mutex<Rtt>);
+
+impl SharedRtt {
+    /// An estimate with no sample yet.
+    pub fn new() -> Arc<SharedRtt> {
+        Arc::new(SharedRtt::default())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Rtt> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn sample(&self, r: Duration) {
+        self.lock().sample(r);
+    }
+
+    /// SRTT + 4·RTTVAR over every peer's samples so far (`None` before the first).
+    pub fn timeout(&self) -> Option<Duration> {
+        self.lock().timeout()
+    }
+}
+
 #[derive(Debug, Default)]
 struct State {
     pending: HashMap<QueueKey, Event>,
@@ -168,6 +199,7 @@ pub struct SendQueue {
     notify: Notify,
     limits: QueueLimits,
     resends: std::sync::atomic::AtomicU64,
+    shared: Option<Arc<SharedRtt>>,
 }
 
 impl SendQueue {
@@ -178,6 +210,16 @@ impl SendQueue {
             notify: Notify::new(),
             limits,
             resends: std::sync::atomic::AtomicU64::new(0),
+            shared: None,
+        }
+    }
+
+    /// An empty queue bounded by `limits` that starts from `shared` until it has measured
+    /// its own peer, and adds its samples to it.
+    pub fn sharing(limits: QueueLimits, shared: Arc<SharedRtt>) -> SendQueue {
+        SendQueue {
+            shared: Some(shared),
+            ..SendQueue::new(limits)
         }
     }
 
@@ -231,12 +273,17 @@ impl SendQueue {
         let key = st.ids.remove(id)?;
         let f = st.in_flight.remove(&key)?;
         let now = Instant::now();
-        if f.attempts == 0 {
-            st.rtt.sample(now.saturating_duration_since(f.sent));
+        // Karn's rule: the ack of a resent event may answer either send, so it is no sample.
+        let sample = (f.attempts == 0).then(|| now.saturating_duration_since(f.sent));
+        if let Some(r) = sample {
+            st.rtt.sample(r);
         }
         st.acked_seq = Some(st.acked_seq.map_or(f.seq, |a| a.max(f.seq)));
         st.last_ack = Some(now);
         drop(st);
+        if let (Some(r), Some(shared)) = (sample, &self.shared) {
+            shared.sample(r);
+        }
         self.notify.notify_one();
         Some((key, f.event))
     }
@@ -323,10 +370,11 @@ impl SendQueue {
     }
 
     /// The resend timeout before the first resend: `resend_initial`, or the learned one
-    /// when the peer is slower.
+    /// (this peer's, or before it has any, the shared one) when that is longer.
     fn base_timeout(&self, st: &State) -> Duration {
         st.rtt
             .timeout()
+            .or_else(|| self.shared.as_ref().and_then(|s| s.timeout()))
             .map_or(self.limits.resend_initial, |t| {
                 t.max(self.limits.resend_initial)
             })
@@ -631,6 +679,51 @@ mod tests {
         let t = q.resend_timeout();
         assert!(t > Duration::from_millis(120), "{t:?}");
         assert!(t <= Duration::from_millis(200), "{t:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_new_peer_starts_from_the_round_trips_of_the_others() {
+        let limits = || QueueLimits {
+            resend_max: Duration::from_secs(60),
+            ..q().limits
+        };
+        let shared = SharedRtt::new();
+        // Every peer answers in 120 ms (the machine is busy): one peer's queue learns it.
+        let first = SendQueue::sharing(limits(), shared.clone());
+        for i in 0..8 {
+            first.push(ev(EventType::SpecUpdate, "a", i)).unwrap();
+            let e = first.next().await;
+            tokio::time::advance(Duration::from_millis(120)).await;
+            first.ack(&e.id);
+        }
+        // A peer whose session starts now has no sample of its own: its first event is not
+        // resent before the others' timeout, so its 120 ms answer comes first.
+        let new = SendQueue::sharing(limits(), shared.clone());
+        assert!(new.resend_timeout() > Duration::from_millis(120));
+        new.push(ev(EventType::SpecUpdate, "b", 1)).unwrap();
+        let e = new.next().await;
+        let resent = tokio::time::timeout(Duration::from_millis(120), new.next()).await;
+        assert!(
+            resent.is_err(),
+            "resent to a peer as slow as all the others"
+        );
+        new.ack(&e.id);
+        assert_eq!(new.resends(), 0);
+        // Without the shared estimate the same peer is resent to at 50 ms.
+        let alone = SendQueue::new(limits());
+        alone.push(ev(EventType::SpecUpdate, "b", 1)).unwrap();
+        let e = alone.next().await;
+        let again = tokio::time::timeout(Duration::from_millis(120), alone.next()).await;
+        assert_eq!(again.expect("resent").id, e.id);
+        // Its own samples then win over the shared ones: a fast peer stays fast.
+        let fast = SendQueue::sharing(limits(), shared);
+        for i in 0..8 {
+            fast.push(ev(EventType::SpecUpdate, "c", i)).unwrap();
+            let e = fast.next().await;
+            tokio::time::advance(Duration::from_millis(5)).await;
+            fast.ack(&e.id);
+        }
+        assert_eq!(fast.resend_timeout(), Duration::from_millis(50));
     }
 
     #[tokio::test]

@@ -585,6 +585,16 @@ async fn principal_and_agent_metrics_exist_and_move() {
             |v| v >= 1.0,
         )
         .await?;
+        // The agent's acknowledgement was timed: the estimate a new agent's queue starts
+        // from is above 0 (sampled every 5 s) and far below the 60 s resend cap.
+        until(
+            "the acknowledgement round trip is learned",
+            p,
+            "argocd_principal_ack_timeout_seconds",
+            &[],
+            |v| v > 0.0 && v < 60.0,
+        )
+        .await?;
 
         // Status from the spoke: received and processed by the principal.
         set_status(

@@ -131,6 +131,10 @@ pub struct Metrics {
     pub cached_objects: Family<FormLabels, Gauge>,
     /// `argocd_principal_event_resends_total`: events sent again for lack of an ack.
     pub resends: Counter,
+    /// `argocd_principal_ack_timeout_seconds`: the resend timeout learned over every
+    /// agent's acknowledgements, which a queue starts from before it has its own (0 before
+    /// the first acknowledgement).
+    pub ack_timeout: Gauge<f64, std::sync::atomic::AtomicU64>,
     /// `argocd_principal_queue_events_released_total`: queued events dropped because
     /// another replica serves their agent now (its next session here starts with a resync).
     pub queue_released: Counter,
@@ -232,6 +236,7 @@ impl Metrics {
             queue_depth: Gauge::default(),
             cached_objects: Family::default(),
             resends: Counter::default(),
+            ack_timeout: Gauge::default(),
             queue_released: Counter::default(),
             redis_proxy_commands: Family::default(),
             resource_proxy_responses: Family::default(),
@@ -356,6 +361,11 @@ impl Metrics {
             "argocd_principal_event_resends_total",
             "Events sent again because no acknowledgement came in time",
             self.resends.clone(),
+        );
+        r.register(
+            "argocd_principal_ack_timeout_seconds",
+            "Resend timeout learned from every agent's acknowledgement round trips (SRTT + 4 RTTVAR), where a new agent's queue starts",
+            self.ack_timeout.clone(),
         );
         r.register(
             "argocd_principal_queue_events_released_total",

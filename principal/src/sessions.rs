@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use argocd_agent_domain::{AgentIdentity, AgentMode, AgentName, Namespace, ResourceKind};
-use argocd_agent_domain::{QueueLimits, SendQueue};
+use argocd_agent_domain::{QueueLimits, SendQueue, SharedRtt};
 use argocd_agent_kubernetes::Change;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -240,6 +240,9 @@ pub struct Sessions {
     registry: Mutex<Registry>,
     /// Limits of each agent's queue.
     pub queue_limits: QueueLimits,
+    /// The acknowledgement round trip over every agent's queue, which an agent's queue
+    /// starts from until it has measured its own.
+    pub rtt: Arc<SharedRtt>,
     /// Each agent's inbound event rate limit.
     pub event_rate: crate::ratelimit::EventRate,
     /// Identities that may not connect (the `argocd-agent-blocklist` ConfigMap).
@@ -256,6 +259,7 @@ impl Sessions {
         Sessions {
             registry: Mutex::new(Registry::default()),
             queue_limits,
+            rtt: SharedRtt::new(),
             event_rate,
             blocklist: LiveBlocklist::default(),
             partition: Arc::new(crate::partition::Partition::whole_hub()),
@@ -310,7 +314,7 @@ impl Sessions {
             None => {
                 let state = Arc::new(AgentState {
                     name: name.clone(),
-                    queue: SendQueue::new(self.queue_limits.clone()),
+                    queue: SendQueue::sharing(self.queue_limits.clone(), self.rtt.clone()),
                     inner: Mutex::new(AgentInner::new(identity.clone(), mode)),
                     inbox: ChangeInbox::default(),
                     last_event_ms: AtomicI64::new(0),
@@ -402,6 +406,9 @@ pub async fn sample_queues(sessions: Arc<Sessions>, metrics: Metrics, shutdown: 
             .set(i64::try_from(depth).unwrap_or(i64::MAX));
         metrics.resends.inc_by(resends.saturating_sub(counted));
         counted = counted.max(resends);
+        metrics
+            .ack_timeout
+            .set(sessions.rtt.timeout().map_or(0.0, |t| t.as_secs_f64()));
     }
 }
 
