@@ -268,3 +268,80 @@ where
             .map_err(PrincipalError::from)
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn readiness(ready: bool) -> crate::health::Readiness {
+        let (_tx, synced) = tokio::sync::watch::channel(ready);
+        crate::health::Readiness {
+            synced,
+            svid: None,
+            checks: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_listener_gets_the_configured_caps_and_handshake_wait() {
+        let config = PrincipalConfig {
+            max_handshake_wait: Some(Duration::from_secs(3)),
+            max_concurrent_handshakes: 17,
+            max_handshakes_per_client: 5,
+            max_connections: 99,
+            max_connections_per_client: 7,
+            ..PrincipalConfig::default()
+        };
+        let o = incoming_options(&config, Metrics::new(), readiness(true));
+        assert_eq!(o.max_handshake_wait, Some(Duration::from_secs(3)));
+        assert_eq!(
+            (
+                o.max_handshakes,
+                o.max_handshakes_per_client,
+                o.max_connections,
+                o.max_connections_per_client
+            ),
+            (17, 5, 99, 7)
+        );
+        let off = incoming_options(&PrincipalConfig::default(), Metrics::new(), readiness(true));
+        assert_eq!(off.max_handshake_wait, None);
+    }
+
+    #[test]
+    fn a_busy_or_not_ready_refusal_is_a_closed_connection_not_an_auth_failure() {
+        let metrics = Metrics::new();
+        let o = incoming_options(
+            &PrincipalConfig::default(),
+            metrics.clone(),
+            readiness(false),
+        );
+        let ready = o.ready.as_ref().expect("a readiness hook");
+        assert!(!(ready.0)());
+        let refused = o.on_refused.as_ref().expect("a refusal hook");
+        (refused.0)("Busy");
+        (refused.0)("NotReady");
+        (refused.0)("HandshakeFailed");
+        let text = metrics.encode();
+        // A counter's value, by metric name and labels (the raw encoding ends in `_total`).
+        let counted = |name: &str, labels: &str| {
+            text.lines().any(|l| {
+                l.starts_with(name) && l.contains(&format!("{{{labels}}} ")) && l.ends_with(" 1")
+            })
+        };
+        let closed = "argocd_principal_listener_connections_closed_total";
+        for reason in ["Busy", "NotReady"] {
+            let labels = format!("listener=\"grpc\",reason=\"{reason}\"");
+            assert!(
+                counted(closed, &labels),
+                "{reason} not counted as closed:\n{text}"
+            );
+        }
+        let failed = "argocd_principal_auth_failures_total";
+        assert!(counted(failed, "reason=\"HandshakeFailed\""), "{text}");
+        assert!(!counted(
+            closed,
+            "listener=\"grpc\",reason=\"HandshakeFailed\""
+        ));
+    }
+}
