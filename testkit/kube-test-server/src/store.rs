@@ -435,10 +435,14 @@ impl Store {
         if rv < g.history_start {
             return Err(ApiError::expired(rv, g.history_start));
         }
+        // The history is in resourceVersion order: start after `rv` by binary search, as the
+        // API server's watch cache does, instead of walking all of it at every wake-up of
+        // every watch (with 50,000 events kept, that walk was most of a storm's hub CPU).
+        let from = g.history.partition_point(|e| e.rv <= rv);
         let events = g
             .history
-            .iter()
-            .filter(|e| e.rv > rv && e.res == res)
+            .range(from..)
+            .filter(|e| e.res == res)
             .cloned()
             .collect();
         Ok((events, g.rv))
