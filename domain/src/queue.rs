@@ -164,17 +164,14 @@ impl SharedRtt {
         Arc::new(SharedRtt::default())
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Rtt> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     fn sample(&self, r: Duration) {
-        self.lock().sample(r);
+        crate::sync::lock(&self.0).sample(r);
     }
 
-    /// SRTT + 4·RTTVAR over every peer's samples so far (`None` before the first).
+    /// SRTT + 4·RTTVAR over every peer's samples so far (`None` before the first); a queue
+    /// starting from it still waits at least its `resend_initial`.
     pub fn timeout(&self) -> Option<Duration> {
-        self.lock().timeout()
+        crate::sync::lock(&self.0).timeout()
     }
 }
 

@@ -364,7 +364,7 @@ impl Metrics {
         );
         r.register(
             "argocd_principal_ack_timeout_seconds",
-            "Resend timeout learned from every agent's acknowledgement round trips (SRTT + 4 RTTVAR), where a new agent's queue starts",
+            "Resend timeout learned from every agent's acknowledgement round trips (SRTT + 4 RTTVAR), where a new agent's queue starts (at least 2 s)",
             self.ack_timeout.clone(),
         );
         r.register(
