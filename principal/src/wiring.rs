@@ -503,10 +503,15 @@ impl Wiring {
     /// Ready once the hub watches have listed everything (the listener is bound already).
     pub fn ready_when_synced(&self, hub: &Arc<Hub>, ready: watch::Sender<bool>) {
         let hub = hub.clone();
+        let since = std::time::Instant::now();
         self.tasks.spawn(async move {
             hub.apps.cache.wait_synced().await;
             hub.config.wait_synced().await;
             ready.send_replace(true);
+            tracing::info!(
+                seconds = since.elapsed().as_secs_f64(),
+                "hub watches listed (ready, with a fresh replica Lease under --ha)"
+            );
         });
     }
 

@@ -303,6 +303,14 @@ pub struct Replica {
     pub metrics_port: u16,
 }
 
+impl Replica {
+    /// Waits until the replica listens and its `/readyz` says ready (at most 120 s).
+    pub async fn until_ready(&self) -> Result<(), HarnessError> {
+        wait_port(self.addr).await?;
+        wait_ready_on(self.metrics_port, &self.proc, Duration::from_secs(120)).await
+    }
+}
+
 /// The hub, the Workload API server and the principal process (with [`BenchEnv::start_ha`],
 /// replica `principal-0`, and the other replicas in `replicas`).
 pub struct BenchEnv {
@@ -536,6 +544,17 @@ impl BenchEnv {
         replica_id: &str,
         extra: &[String],
     ) -> Result<Replica, HarnessError> {
+        let r = self.spawn_replica(replica_id, extra)?;
+        r.until_ready().await?;
+        Ok(r)
+    }
+
+    /// Starts a further replica as [`BenchEnv::start_replica`] does, without waiting for it.
+    pub fn spawn_replica(
+        &self,
+        replica_id: &str,
+        extra: &[String],
+    ) -> Result<Replica, HarnessError> {
         let mut args = Vec::new();
         if !extra.iter().any(|a| a == "--ha") {
             args.push("--ha".to_owned());
@@ -544,8 +563,6 @@ impl BenchEnv {
         args.extend(extra.iter().cloned());
         let mut r = principal_proc(&self.dir, &self.spiffe, &format!("-{replica_id}"), &args)?;
         r.proc.start()?;
-        wait_port(r.addr).await?;
-        wait_ready_on(r.metrics_port, &r.proc, Duration::from_secs(120)).await?;
         Ok(r)
     }
 

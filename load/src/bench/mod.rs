@@ -8,6 +8,7 @@ pub mod env;
 pub mod floor;
 pub mod plot;
 mod projects;
+mod rolling;
 pub mod sim;
 pub mod soak;
 pub mod storms;

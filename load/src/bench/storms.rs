@@ -2,8 +2,8 @@
 //! `deploy/principal` runs (three replicas with `--ha`, or one principal without), under N
 //! agents while hub spec changes flow. Four storms: first connect of the fleet, `kill -9` of
 //! one replica and of every replica (restarted at once, as the kubelet restarts a crashed
-//! container), and a rolling update (each replica replaced by a new one: start it, wait
-//! until ready, SIGTERM the old one and wait until it has drained and exited, next).
+//! container), and a rolling update (every replica replaced as the Deployment controller
+//! steps it with `deploy/`'s strategy, see [`rollout`]).
 //!
 //! Each reports the time until every agent is served (a live session, by the agents' own
 //! count and by the replicas' `argocd_principal_connected_agents`) and resynced (holds its
@@ -22,6 +22,7 @@ use argocd_agent_testkit::harness::{HarnessError, binary, http_get, kube_client,
 use tokio_util::sync::CancellationToken;
 
 use super::env::{BenchEnv, metric_value};
+use super::rolling::{MAX_SURGE, MAX_UNAVAILABLE, Rolling};
 use super::sim::{Fleet, sim_name};
 use super::{
     BenchOptions, Report, Scenario, create_apps, create_namespaces, fleet, make_agents, round2,
@@ -47,7 +48,7 @@ pub(super) enum Storm {
     KillOne,
     /// `kill -9` of every replica, all restarted at once.
     KillAll,
-    /// Every replica replaced, one at a time.
+    /// Every replica replaced by a rolling update.
     Rollout,
 }
 
@@ -367,13 +368,15 @@ async fn endpoints_as_ready(env: &BenchEnv, fleet: &Fleet) -> Result<(), Harness
 }
 
 /// Replaces every replica as the Deployment's rolling update does with `deploy/`'s strategy
-/// (`maxSurge: 1, maxUnavailable: 1`; the controller's `rolling.go`): at each step one old
-/// replica leaves the Service's endpoints and gets SIGTERM (the old ReplicaSet scaled down
-/// by the one unavailable pod allowed) while its successor starts on its own address (the
-/// one surge pod); the next step starts as soon as the successor is ready, whether or not
-/// the old one has exited (it drains within the grace period, then is killed). One
-/// principal (no `--ha`): SIGTERM, exit, start again (a second principal without Leases
-/// beside it would serve the same agents), with no endpoint until it is ready.
+/// ([`Rolling`]: `maxSurge: 1, maxUnavailable: 1`, the controller's `rolling.go`). An old
+/// replica the controller scales down leaves the Service's endpoints and gets SIGTERM; it
+/// drains within the grace period, then is killed. A new replica starts on its own address
+/// and joins the endpoints once its `/readyz` says ready, which is the event that lets the
+/// controller go on. With three replicas: one old replica goes and two new ones start; each
+/// new one that is ready lets one more old one go. The rollout is over once every new
+/// replica is ready and every old one is gone. One principal (no `--ha`): SIGTERM, exit,
+/// start again (a second principal without Leases beside it would serve the same agents),
+/// with no endpoint until it is ready.
 async fn rollout(
     env: &mut BenchEnv,
     fleet: &Fleet,
@@ -388,38 +391,85 @@ async fn rollout(
         env.principal.start()?;
         return endpoints_as_ready(env, fleet).await;
     }
+    let replicas = env.replicas.len() + 1;
+    let mut plan = Rolling::new(replicas, MAX_SURGE, MAX_UNAVAILABLE);
+    let mut endpoints = addresses(env);
+    // Old replicas in slot order (the oldest ReplicaSet's pods go first), those sent
+    // SIGTERM whose slot still holds them (with the moment they are killed), and new
+    // replicas ready but not yet in a slot.
+    let mut old: std::collections::VecDeque<usize> = (0..replicas).collect();
+    let mut terminated = std::collections::VecDeque::new();
+    let mut ready = std::collections::VecDeque::new();
+    let mut starting = futures::stream::FuturesUnordered::new();
     let mut draining = tokio::task::JoinSet::new();
-    for slot in 0..=env.replicas.len() {
-        let (old_addr, old_pid) = if slot == 0 {
-            (env.principal_addr, env.principal.pid())
-        } else {
-            let r = &env.replicas[slot - 1];
-            (r.addr, r.proc.pid())
-        };
-        let mut serving = addresses(env);
-        serving.retain(|a| *a != old_addr);
-        fleet.set_principals(serving);
-        if let Some(pid) = old_pid {
-            sigterm(pid).await;
+    let mut spawned = 0;
+    loop {
+        let (start, stop) = plan.settle();
+        for _ in 0..stop {
+            let slot = old
+                .pop_front()
+                .ok_or("the rollout stops more replicas than it has")?;
+            let (addr, pid) = slot_of(env, slot);
+            endpoints.retain(|a| *a != addr);
+            fleet.set_principals(endpoints.clone());
+            if let Some(pid) = pid {
+                sigterm(pid).await;
+            }
+            terminated.push_back((slot, Instant::now() + GRACE));
         }
-        let new = env
-            .start_replica(&format!("principal-{slot}-2"), args)
-            .await?;
-        sampler.add(new.metrics_port);
-        let old = if slot == 0 {
-            let proc = std::mem::replace(&mut env.principal, new.proc);
-            env.principal_addr = new.addr;
-            env.metrics_port = new.metrics_port;
-            proc
-        } else {
-            std::mem::replace(&mut env.replicas[slot - 1], new).proc
-        };
-        fleet.set_principals(addresses(env));
-        draining.spawn(reap(old));
+        for _ in 0..start {
+            let new = env.spawn_replica(&format!("principal-{spawned}-2"), args)?;
+            spawned += 1;
+            sampler.add(new.metrics_port);
+            starting.push(async move { new.until_ready().await.map(|()| new) });
+        }
+        // Each ready replica takes the slot of the first old one terminated.
+        while !terminated.is_empty() && !ready.is_empty() {
+            let (Some((slot, kill_at)), Some(new)) = (terminated.pop_front(), ready.pop_front())
+            else {
+                break;
+            };
+            draining.spawn(reap(put_in_slot(env, slot, new), kill_at));
+        }
+        if plan.done() {
+            break;
+        }
+        let new = futures::StreamExt::next(&mut starting)
+            .await
+            .ok_or("the rollout waits for no replica")??;
+        endpoints.push(new.addr);
+        fleet.set_principals(endpoints.clone());
+        plan.ready();
+        ready.push_back(new);
     }
     // The rollout is over once every old replica is gone.
     while draining.join_next().await.is_some() {}
     Ok(())
+}
+
+/// The address and process id of the replica in `slot` (0 is `env.principal`).
+fn slot_of(env: &BenchEnv, slot: usize) -> (std::net::SocketAddr, Option<u32>) {
+    if slot == 0 {
+        (env.principal_addr, env.principal.pid())
+    } else {
+        let r = &env.replicas[slot - 1];
+        (r.addr, r.proc.pid())
+    }
+}
+
+/// Puts `new` in `slot`; returns the process it replaces.
+fn put_in_slot(
+    env: &mut BenchEnv,
+    slot: usize,
+    new: super::env::Replica,
+) -> argocd_agent_testkit::harness::Proc {
+    if slot == 0 {
+        env.principal_addr = new.addr;
+        env.metrics_port = new.metrics_port;
+        std::mem::replace(&mut env.principal, new.proc)
+    } else {
+        std::mem::replace(&mut env.replicas[slot - 1], new).proc
+    }
 }
 
 /// Every principal's address, slot order.
@@ -449,9 +499,11 @@ async fn sigterm(pid: u32) {
         .await;
 }
 
-/// Waits up to the grace period for a process already sent SIGTERM to exit, then kills it.
-async fn reap(mut proc: argocd_agent_testkit::harness::Proc) {
-    let _ = until(&format!("{} to exit", proc.name), GRACE, || {
+/// Waits until `kill_at` (the end of the grace period) for a process already sent SIGTERM
+/// to exit, then kills it.
+async fn reap(mut proc: argocd_agent_testkit::harness::Proc, kill_at: Instant) {
+    let grace = kill_at.saturating_duration_since(Instant::now());
+    let _ = until(&format!("{} to exit", proc.name), grace, || {
         !proc.is_running()
     })
     .await;

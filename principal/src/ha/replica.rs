@@ -197,7 +197,9 @@ impl Leases {
         match result {
             Ok(()) => {
                 self.metrics.lease_write("replica", "renew", "ok");
-                *lock(&self.renewed) = Some(Instant::now());
+                if lock(&self.renewed).replace(Instant::now()).is_none() {
+                    tracing::info!(replica = %self.me, "replica Lease written");
+                }
                 if self.fenced.swap(false, Ordering::AcqRel) {
                     tracing::info!("replica Lease renewed again: accepting agents");
                 }

@@ -884,15 +884,14 @@ async fn serve_resource(
                     t["metadata"] = meta;
                     return Ok(json_response(200, &t));
                 }
-                Ok(json_response(
-                    200,
-                    &json!({
-                        "kind": format!("{}List", r.kind),
-                        "apiVersion": r.api_version(),
-                        "metadata": meta,
-                        "items": items,
-                    }),
-                ))
+                let mut list = json!({
+                    "kind": format!("{}List", r.kind),
+                    "apiVersion": r.api_version(),
+                    "metadata": meta,
+                });
+                // Moved in, not through `json!` (which would copy every item once more).
+                list["items"] = Value::Array(items);
+                Ok(json_response(200, &list))
             }
             Method::POST if t.ns.is_some() => {
                 let (headers, body) = read_body(req).await?;
@@ -1059,10 +1058,11 @@ fn field_validation(
     let Some(obj) = obj else {
         return Ok(Vec::new());
     };
-    let unknown: Vec<String> = super::openapi::unknown_fields(obj, &super::openapi::schema(r))
-        .into_iter()
-        .map(|f| format!("unknown field {f:?}"))
-        .collect();
+    let unknown: Vec<String> =
+        super::openapi::unknown_fields(obj, &super::openapi::cached_schema(r))
+            .into_iter()
+            .map(|f| format!("unknown field {f:?}"))
+            .collect();
     if strict && !unknown.is_empty() {
         return Err(ApiError::bad_request(format!(
             "strict decoding error: {}",
@@ -1233,6 +1233,17 @@ fn event_line(kind: &str, object: &Value) -> Bytes {
     Bytes::from(s)
 }
 
+/// [`event_line`] of an object already encoded (`kind` is one of the fixed event types).
+fn encoded_event_line(kind: &str, object_json: &str) -> Bytes {
+    let mut s = String::with_capacity(object_json.len() + kind.len() + 24);
+    s.push_str("{\"type\":\"");
+    s.push_str(kind);
+    s.push_str("\",\"object\":");
+    s.push_str(object_json);
+    s.push_str("}\n");
+    Bytes::from(s)
+}
+
 /// A watch from a resourceVersion the server has not reached yet waits briefly, then fails
 /// with 504 `Too large resource version`, as the apiserver's watch cache does (this happens
 /// when a client keeps its RV across a server restart).
@@ -1375,11 +1386,11 @@ async fn run_watch(
                 return;
             }
             if let Some(kind) = filtered_type(&filter, e) {
-                if tx
-                    .send(event_line(kind, &render(&e.object, e.rv)))
-                    .await
-                    .is_err()
-                {
+                let line = match table {
+                    Some(_) => event_line(kind, &render(&e.object, e.rv)),
+                    None => encoded_event_line(kind, e.object_json()),
+                };
+                if tx.send(line).await.is_err() {
                     return;
                 }
                 last_sent = Instant::now();
@@ -1409,7 +1420,7 @@ async fn run_watch(
 /// become ADDED / DELETED), or `None` if it sees nothing.
 fn filtered_type(filter: &Filter, e: &Event) -> Option<&'static str> {
     let now = filter.matches(&e.object);
-    let before = e.prev.as_ref().is_some_and(|p| filter.matches(p));
+    let before = e.prev.as_deref().is_some_and(|p| filter.matches(p));
     match (e.kind, before, now) {
         (EventType::Added, _, true) => Some("ADDED"),
         (EventType::Modified, true, true) => Some("MODIFIED"),

@@ -6,6 +6,8 @@
 //! not model deeper: the `schemars` feature of `k8s-openapi` would pull a second schema crate
 //! and a long build on a shared 2-core machine for kinds the tests only touch shallowly.
 
+use std::collections::HashMap;
+
 use serde_json::{Map, Value, json};
 
 use super::ResourceType;
@@ -297,6 +299,19 @@ fn app_project() -> Value {
         "AppProject provides a logical grouping of applications.",
         &[("spec", spec), ("status", open("AppProjectStatus"))],
     )
+}
+
+/// [`schema`], built once per kind: every write with field validation checks its body
+/// against it (building it for each write was a seventh of a storm's hub CPU).
+pub fn cached_schema(r: &ResourceType) -> std::sync::Arc<Value> {
+    type Schemas = std::sync::Mutex<HashMap<(String, String, String), std::sync::Arc<Value>>>;
+    static SCHEMAS: std::sync::LazyLock<Schemas> = std::sync::LazyLock::new(Default::default);
+    let key = (r.group.clone(), r.version.clone(), r.kind.clone());
+    let mut schemas = SCHEMAS.lock().unwrap_or_else(|e| e.into_inner());
+    schemas
+        .entry(key)
+        .or_insert_with(|| std::sync::Arc::new(schema(r)))
+        .clone()
 }
 
 /// The schema of a kind; kinds we do not describe keep everything below `metadata`.

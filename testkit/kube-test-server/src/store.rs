@@ -4,7 +4,7 @@
 //! resourceVersion and lands in the history in order, which is what watches replay.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use serde_json::{Map, Value, json};
 use tokio::sync::watch;
@@ -35,10 +35,20 @@ pub struct Event {
     /// What happened.
     pub kind: EventType,
     /// The object after the write (for `Deleted`: its last state, with the new resourceVersion).
-    pub object: Value,
+    pub object: Arc<Value>,
     /// The object before the write (`None` for `Added`); used for selector transitions and
     /// for rebuilding older states for `resourceVersionMatch=Exact`.
-    pub prev: Option<Value>,
+    pub prev: Option<Arc<Value>>,
+    /// `object` as JSON, written once by the first watch that sends it (the API server's
+    /// watch cache also encodes an object once for all its watchers, `cachingObject`).
+    json: Arc<OnceLock<String>>,
+}
+
+impl Event {
+    /// `object` as JSON, encoded at most once for every watch that sends this event.
+    pub fn object_json(&self) -> &str {
+        self.json.get_or_init(|| self.object.to_string())
+    }
 }
 
 type Key = (usize, String, String);
@@ -300,8 +310,9 @@ impl Store {
             rv,
             res,
             kind,
-            object: object.clone(),
-            prev,
+            object: Arc::new(object.clone()),
+            prev: prev.map(Arc::new),
+            json: Arc::default(),
         });
         while g.history.len() > self.history_limit {
             if let Some(e) = g.history.pop_front() {
@@ -374,14 +385,14 @@ impl Store {
         }
         // The state at `at` of every key written later: the `prev` of its oldest later write.
         let mut undo: BTreeMap<(String, String), Option<&Value>> = BTreeMap::new();
-        let later = g.history.len() - g.history.iter().rev().take_while(|e| e.rv > at).count();
+        let later = g.history.partition_point(|e| e.rv <= at);
         for e in g.history.range(later..).filter(|e| e.res == res) {
-            let obj = e.prev.as_ref().unwrap_or(&e.object);
+            let obj = e.prev.as_deref().unwrap_or(&e.object);
             let key = (
                 str_at(obj, "/metadata/namespace").unwrap_or("").to_string(),
                 str_at(obj, "/metadata/name").unwrap_or("").to_string(),
             );
-            undo.entry(key).or_insert(e.prev.as_ref());
+            undo.entry(key).or_insert(e.prev.as_deref());
         }
         let in_scope = |n: &str, name: &str| {
             ns.is_none_or(|ns| ns == n)
