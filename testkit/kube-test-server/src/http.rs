@@ -880,18 +880,25 @@ async fn serve_resource(
                     }
                 }
                 if let Some(include) = table {
+                    let items: Vec<Value> = items.iter().map(|v| Value::clone(v)).collect();
                     let mut t = render_table(&r, &items, rv, include);
                     t["metadata"] = meta;
                     return Ok(json_response(200, &t));
                 }
-                let mut list = json!({
+                let head = json!({
                     "kind": format!("{}List", r.kind),
                     "apiVersion": r.api_version(),
                     "metadata": meta,
                 });
-                // Moved in, not through `json!` (which would copy every item once more).
-                list["items"] = Value::Array(items);
-                Ok(json_response(200, &list))
+                let body = list_body(&head, &items).map_err(|e| {
+                    ApiError::new(500, "InternalError", format!("encoding the list: {e}"))
+                })?;
+                let mut resp = Response::new(Body::from(body));
+                resp.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                );
+                Ok(resp)
             }
             Method::POST if t.ns.is_some() => {
                 let (headers, body) = read_body(req).await?;
@@ -1231,6 +1238,22 @@ fn event_line(kind: &str, object: &Value) -> Bytes {
     let mut s = json!({"type": kind, "object": object}).to_string();
     s.push('\n');
     Bytes::from(s)
+}
+
+/// A list response: the fields of `head`, then `items` encoded straight from the stored
+/// objects (not copied into one list value first).
+fn list_body(head: &Value, items: &[std::sync::Arc<Value>]) -> serde_json::Result<Vec<u8>> {
+    let mut out = serde_json::to_vec(head)?;
+    out.pop(); // the closing brace
+    out.extend_from_slice(b",\"items\":[");
+    for (i, item) in items.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        serde_json::to_writer(&mut out, &**item)?;
+    }
+    out.extend_from_slice(b"]}");
+    Ok(out)
 }
 
 /// [`event_line`] of an object already encoded (`kind` is one of the fixed event types).

@@ -55,7 +55,8 @@ type Key = (usize, String, String);
 
 struct Inner {
     rv: u64,
-    objects: BTreeMap<Key, Value>,
+    /// Shared with the history's newest event of each object (written once per write).
+    objects: BTreeMap<Key, Arc<Value>>,
     history: VecDeque<Event>,
     /// Every event with `rv > history_start` is in `history`.
     history_start: u64,
@@ -281,7 +282,7 @@ impl Store {
         res: usize,
         kind: EventType,
         mut object: Value,
-        prev: Option<Value>,
+        prev: Option<Arc<Value>>,
     ) -> Value {
         if g.dry_run {
             // What the write would store; a created object has no resourceVersion yet.
@@ -298,20 +299,21 @@ impl Store {
             .to_string();
         let name = str_at(&object, "/metadata/name").unwrap_or("").to_string();
         let key = (res, ns, name);
+        let stored = Arc::new(object.clone());
         match kind {
             EventType::Deleted => {
                 g.objects.remove(&key);
             }
             _ => {
-                g.objects.insert(key, object.clone());
+                g.objects.insert(key, stored.clone());
             }
         }
         g.history.push_back(Event {
             rv,
             res,
             kind,
-            object: Arc::new(object.clone()),
-            prev: prev.map(Arc::new),
+            object: stored,
+            prev,
             json: Arc::default(),
         });
         while g.history.len() > self.history_limit {
@@ -334,7 +336,7 @@ impl Store {
         self.lock()
             .objects
             .get(&(res, ns.to_string(), name.to_string()))
-            .cloned()
+            .map(|v| Value::clone(v))
             .ok_or_else(|| ApiError::not_found(&self.resources[res], name))
     }
 
@@ -348,7 +350,7 @@ impl Store {
             .objects
             .range((res, ns.unwrap_or("").to_string(), String::new())..)
             .take_while(|((r, n, _), _)| *r == res && ns.is_none_or(|ns| ns == n))
-            .map(|(_, v)| v.clone())
+            .map(|(_, v)| Value::clone(v))
             .collect();
         (items, g.rv)
     }
@@ -384,7 +386,7 @@ impl Store {
             ));
         }
         // The state at `at` of every key written later: the `prev` of its oldest later write.
-        let mut undo: BTreeMap<(String, String), Option<&Value>> = BTreeMap::new();
+        let mut undo: BTreeMap<(String, String), Option<&Arc<Value>>> = BTreeMap::new();
         let later = g.history.partition_point(|e| e.rv <= at);
         for e in g.history.range(later..).filter(|e| e.res == res) {
             let obj = e.prev.as_deref().unwrap_or(&e.object);
@@ -392,7 +394,7 @@ impl Store {
                 str_at(obj, "/metadata/namespace").unwrap_or("").to_string(),
                 str_at(obj, "/metadata/name").unwrap_or("").to_string(),
             );
-            undo.entry(key).or_insert(e.prev.as_deref());
+            undo.entry(key).or_insert(e.prev.as_ref());
         }
         let in_scope = |n: &str, name: &str| {
             ns.is_none_or(|ns| ns == n)
@@ -420,7 +422,8 @@ impl Store {
         let mut merged = merge_by_key(now, then).filter(|v| keep.is_none_or(|k| k(v)));
         let mut items = Vec::new();
         for v in merged.by_ref() {
-            items.push(v.clone());
+            // Shared, not copied: the page is encoded from the stored objects.
+            items.push(Arc::clone(v));
             if q.limit > 0 && items.len() == q.limit {
                 break;
             }
@@ -709,7 +712,8 @@ impl Store {
         writer: Option<&Writer>,
     ) -> Result<Value, ApiError> {
         let r = &self.resources[res];
-        let old = g
+        // Shared with the store (a write replaces it, never changes it in place).
+        let old: Arc<Value> = g
             .objects
             .get(&(res, ns.to_string(), name.to_string()))
             .cloned()
@@ -725,7 +729,7 @@ impl Store {
         }
         let mut merged;
         if status_only {
-            merged = old.clone();
+            merged = Value::clone(&old);
             if writer.is_none() {
                 match new.pointer("/metadata/managedFields") {
                     Some(m) => meta_mut(&mut merged).insert("managedFields".into(), m.clone()),
@@ -831,9 +835,9 @@ impl Store {
         {
             return Ok(self.commit(g, res, EventType::Deleted, merged, Some(old)));
         }
-        if merged == old {
+        if merged == *old {
             // No-op updates write nothing, as on a real apiserver.
-            return Ok(old);
+            return Ok(Value::clone(&old));
         }
         Ok(self.commit(g, res, EventType::Modified, merged, Some(old)))
     }
@@ -875,7 +879,7 @@ impl Store {
         let mut g = self.lock();
         g.dry_run = dry_run;
         let key = (res, ns.to_string(), name.to_string());
-        let Some(old) = g.objects.get(&key).cloned() else {
+        let Some(old) = g.objects.get(&key).map(|v| Value::clone(v)) else {
             if kind == PatchKind::Apply && !status_only {
                 self.check_body(res, ns, &patch, Some(name))?;
                 return self.create_locked(&mut g, res, ns, patch, FieldOp::Apply(&writer));
@@ -950,7 +954,7 @@ impl Store {
         let old = g
             .objects
             .get(&(res, String::new(), name.to_string()))
-            .cloned()
+            .map(|v| Value::clone(v))
             .ok_or_else(|| ApiError::not_found(r, name))?;
         check_preconditions(r, name, &old, pre)?;
         if old.pointer("/metadata/deletionTimestamp").is_some() {
@@ -960,7 +964,7 @@ impl Store {
         meta_mut(&mut marked).insert("deletionTimestamp".into(), Value::String(now()));
         meta_mut(&mut marked).insert("deletionGracePeriodSeconds".into(), json!(0));
         marked["status"] = json!({"phase": "Terminating"});
-        let marked = self.commit(g, res, EventType::Modified, marked, Some(old));
+        let marked = self.commit(g, res, EventType::Modified, marked, Some(Arc::new(old)));
         if g.dry_run {
             return Ok(DeleteOutcome::Pending(marked));
         }
@@ -988,7 +992,7 @@ impl Store {
             return;
         };
         let key = (nsr, String::new(), ns.to_string());
-        let Some(current) = g.objects.get(&key).cloned() else {
+        let Some(current) = g.objects.get(&key).map(|v| Value::clone(v)) else {
             return;
         };
         if current.pointer("/metadata/deletionTimestamp").is_none()
@@ -1005,7 +1009,13 @@ impl Store {
             .is_some_and(|f| !f.is_empty())
         {
             finalized["spec"]["finalizers"] = json!([]);
-            finalized = self.commit(g, nsr, EventType::Modified, finalized, Some(current));
+            finalized = self.commit(
+                g,
+                nsr,
+                EventType::Modified,
+                finalized,
+                Some(Arc::new(current)),
+            );
         }
         let has_finalizers = finalized
             .pointer("/metadata/finalizers")
@@ -1017,7 +1027,7 @@ impl Store {
                 nsr,
                 EventType::Deleted,
                 finalized.clone(),
-                Some(finalized),
+                Some(Arc::new(finalized)),
             );
         }
     }
@@ -1034,7 +1044,7 @@ impl Store {
         let old = g
             .objects
             .get(&(res, ns.to_string(), name.to_string()))
-            .cloned()
+            .map(|v| Value::clone(v))
             .ok_or_else(|| ApiError::not_found(r, name))?;
         check_preconditions(r, name, &old, pre)?;
         let has_finalizers = old
@@ -1042,7 +1052,7 @@ impl Store {
             .and_then(Value::as_array)
             .is_some_and(|f| !f.is_empty());
         if !has_finalizers {
-            let gone = self.commit(g, res, EventType::Deleted, old.clone(), Some(old));
+            let gone = self.commit(g, res, EventType::Deleted, old.clone(), Some(Arc::new(old)));
             return Ok(DeleteOutcome::Deleted(gone));
         }
         if old.pointer("/metadata/deletionTimestamp").is_some() {
@@ -1065,7 +1075,7 @@ impl Store {
             res,
             EventType::Modified,
             marked,
-            Some(old),
+            Some(Arc::new(old)),
         )))
     }
 }
@@ -1106,8 +1116,8 @@ pub struct PageQuery {
 /// One list page.
 #[derive(Debug)]
 pub struct Page {
-    /// The objects, in key order.
-    pub items: Vec<Value>,
+    /// The objects, in key order (as stored: shared, never changed in place).
+    pub items: Vec<Arc<Value>>,
     /// The resourceVersion the page was read at.
     pub rv: u64,
     /// Whether a matching object follows the page.
@@ -1118,10 +1128,10 @@ pub struct Page {
 
 /// Merges two key-ordered walks; where both hold a key, `then` (the older state) wins, and a
 /// `None` there means the object did not exist yet.
-fn merge_by_key<'a, K: Ord>(
-    now: impl Iterator<Item = (K, Option<&'a Value>)>,
-    then: impl Iterator<Item = (K, Option<&'a Value>)>,
-) -> impl Iterator<Item = &'a Value> {
+fn merge_by_key<'a, K: Ord, V: 'a>(
+    now: impl Iterator<Item = (K, Option<&'a V>)>,
+    then: impl Iterator<Item = (K, Option<&'a V>)>,
+) -> impl Iterator<Item = &'a V> {
     let mut now = now.peekable();
     let mut then = then.peekable();
     std::iter::from_fn(move || {
