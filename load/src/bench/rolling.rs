@@ -181,10 +181,20 @@ mod tests {
             .lines()
             .find(|l| l.trim_start().starts_with("rollingUpdate:"))
             .expect("a rollingUpdate strategy");
-        assert!(
-            line.contains(&format!("maxSurge: {MAX_SURGE}"))
-                && line.contains(&format!("maxUnavailable: {MAX_UNAVAILABLE}")),
-            "{line}"
-        );
+        // `rollingUpdate: {maxUnavailable: 1, maxSurge: 1}`: each entry of the flow mapping.
+        let entries: Vec<&str> = line
+            .split(['{', '}', ','])
+            .skip(1)
+            .map(str::trim)
+            .filter(|e| !e.is_empty())
+            .collect();
+        let mut want = vec![
+            format!("maxSurge: {MAX_SURGE}"),
+            format!("maxUnavailable: {MAX_UNAVAILABLE}"),
+        ];
+        want.sort();
+        let mut have: Vec<String> = entries.iter().map(|e| e.to_string()).collect();
+        have.sort();
+        assert_eq!(have, want, "{line}");
     }
 }

@@ -31,7 +31,12 @@ pub(super) fn router(shared: Arc<Shared>) -> Router {
 }
 
 fn json_response(code: u16, body: &Value) -> Response {
-    let mut resp = Response::new(Body::from(body.to_string()));
+    json_bytes_response(code, body.to_string().into_bytes())
+}
+
+/// [`json_response`] of a body already encoded.
+fn json_bytes_response(code: u16, body: Vec<u8>) -> Response {
+    let mut resp = Response::new(Body::from(body));
     *resp.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -893,12 +898,7 @@ async fn serve_resource(
                 let body = list_body(&head, &items).map_err(|e| {
                     ApiError::new(500, "InternalError", format!("encoding the list: {e}"))
                 })?;
-                let mut resp = Response::new(Body::from(body));
-                resp.headers_mut().insert(
-                    header::CONTENT_TYPE,
-                    HeaderValue::from_static("application/json"),
-                );
-                Ok(resp)
+                Ok(json_bytes_response(200, body))
             }
             Method::POST if t.ns.is_some() => {
                 let (headers, body) = read_body(req).await?;
@@ -1235,9 +1235,7 @@ fn upgrade_exec(mut req: Request, exec: super::exec::ExecRequest) -> Result<Resp
 }
 
 fn event_line(kind: &str, object: &Value) -> Bytes {
-    let mut s = json!({"type": kind, "object": object}).to_string();
-    s.push('\n');
-    Bytes::from(s)
+    encoded_event_line(kind, &object.to_string())
 }
 
 /// A list response: the fields of `head`, then `items` encoded straight from the stored
