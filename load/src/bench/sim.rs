@@ -394,11 +394,7 @@ impl Fleet {
     /// Changes where the agents dial from their next attempt on (what a Service's endpoints
     /// do when a replica is replaced); live sessions stay.
     pub fn set_principals(&self, principals: Vec<std::net::SocketAddr>) {
-        *self
-            .principals
-            .addrs
-            .write()
-            .unwrap_or_else(|p| p.into_inner()) = principals;
+        self.principals.set(principals);
     }
 
     /// From now on, an agent whose session ended or whose attempt failed dials one of the
@@ -428,6 +424,25 @@ struct Dialed {
     spread: std::sync::atomic::AtomicBool,
 }
 
+impl Dialed {
+    fn set(&self, principals: Vec<std::net::SocketAddr>) {
+        *self.addrs.write().unwrap_or_else(|p| p.into_inner()) = principals;
+    }
+
+    /// The endpoint a connection made now goes to, and its index: the `turn`-th in turn,
+    /// or with `spread` one at random, among the addresses at this moment (`None` while
+    /// there is none: the Service refuses the dial).
+    fn pick(&self, turn: usize) -> (usize, Option<std::net::SocketAddr>) {
+        let addrs = self.addrs.read().unwrap_or_else(|p| p.into_inner());
+        let i = match addrs.len() {
+            0 => 0,
+            n if self.spread.load(Ordering::Relaxed) => fastrand::usize(..n),
+            n => turn % n,
+        };
+        (i, addrs.get(i).copied())
+    }
+}
+
 type Principals = Arc<Dialed>;
 
 /// Set (to anything) in the bench's environment, the simulated agents back off after a
@@ -448,25 +463,18 @@ async fn run(
     // The agent's own backoff, with its default bounds.
     let defaults = argocd_agent_agent::AgentConfig::default();
     let mut backoff = Backoff::new(defaults.backoff_initial, defaults.backoff_max);
-    let count = || {
-        principals
-            .addrs
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .len()
-            .max(1)
-    };
-    let mut target = index % count();
+    // The next principal in turn (without `spread`): the agents start spread evenly.
+    let mut turn = index;
     // The comparison switch of docs/benchmarks.md: agents as they were before refused dials
     // had their own short retry.
     let refused_as_failure = std::env::var_os(REFUSED_AS_FAILURE).is_some();
     loop {
-        let address = principals
-            .addrs
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(target)
-            .copied();
+        // The endpoint is picked when the connection is made, among the endpoints the
+        // Service has at that moment, as kube-proxy picks one per new connection. (Picked
+        // when the previous attempt ended instead, every agent that was refused while one
+        // replica alone was ready would dial that replica after its wait, even with the
+        // others ready by then.)
+        let (target, address) = principals.pick(turn);
         let kick = {
             let mut k = lock(&agent.kick);
             if k.is_cancelled() {
@@ -479,12 +487,9 @@ async fn run(
             _ = shutdown.cancelled() => return,
             r = session(&agent, target, address, &config, &stats, &arrivals, &kick) => r,
         };
-        // Whatever ended, the next attempt goes to the next principal (one: the same).
-        target = if principals.spread.load(Ordering::Relaxed) {
-            fastrand::usize(..count())
-        } else {
-            (target + 1) % count()
-        };
+        // Whatever ended, the next attempt goes to the next principal (one: the same), or
+        // with `spread` to one picked at random when it dials.
+        turn = turn.wrapping_add(1);
         let attempt = match result {
             Ok(Ended::Kicked) => {
                 backoff.reset();
@@ -649,5 +654,46 @@ async fn session(
         if let Some((name, object)) = applied.take() {
             agent.acked(&name, object);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addr(port: u16) -> std::net::SocketAddr {
+        std::net::SocketAddr::from(([127, 0, 0, 1], port))
+    }
+
+    #[test]
+    fn a_dial_goes_to_an_endpoint_the_service_has_when_it_dials() {
+        let dialed = Dialed {
+            addrs: std::sync::RwLock::new(Vec::new()),
+            spread: std::sync::atomic::AtomicBool::new(true),
+        };
+        // No endpoint: refused.
+        assert_eq!(dialed.pick(0).1, None);
+        // One replica ready first, then the two others: dials made after they joined
+        // spread over all three, whatever the endpoints were when the agent last failed.
+        dialed.set(vec![addr(1)]);
+        assert_eq!(dialed.pick(7).1, Some(addr(1)));
+        dialed.set(vec![addr(1), addr(2), addr(3)]);
+        let mut seen = [0usize; 3];
+        for turn in 0..3000 {
+            let (i, a) = dialed.pick(turn);
+            assert_eq!(a, Some(addr(i as u16 + 1)));
+            seen[i] += 1;
+        }
+        assert!(seen.iter().all(|&n| n > 800), "{seen:?}");
+    }
+
+    #[test]
+    fn without_spread_agents_take_the_endpoints_in_turn() {
+        let dialed = Dialed {
+            addrs: std::sync::RwLock::new(vec![addr(1), addr(2), addr(3)]),
+            spread: std::sync::atomic::AtomicBool::new(false),
+        };
+        let picked: Vec<_> = (0..4).map(|t| dialed.pick(t).1.unwrap().port()).collect();
+        assert_eq!(picked, [1, 2, 3, 1]);
     }
 }
