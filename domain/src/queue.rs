@@ -186,6 +186,9 @@ struct State {
     acked_seq: Option<u64>,
     last_ack: Option<Instant>,
     rtt: Rtt,
+    /// `rtt` holds only the round trip of the session's handshake, no acknowledgement yet
+    /// ([`SendQueue::handshake_round_trip`]).
+    handshake_only: bool,
 }
 
 /// Outbound queue towards one peer. Shared between the producers (watch handlers) and the
@@ -274,6 +277,7 @@ impl SendQueue {
         let sample = (f.attempts == 0).then(|| now.saturating_duration_since(f.sent));
         if let Some(r) = sample {
             st.rtt.sample(r);
+            st.handshake_only = false;
         }
         st.acked_seq = Some(st.acked_seq.map_or(f.seq, |a| a.max(f.seq)));
         st.last_ack = Some(now);
@@ -369,9 +373,15 @@ impl SendQueue {
     /// The resend timeout before the first resend: `resend_initial`, or the learned one
     /// (this peer's, or before it has any, the shared one) when that is longer.
     fn base_timeout(&self, st: &State) -> Duration {
-        st.rtt
-            .timeout()
-            .or_else(|| self.shared.as_ref().and_then(|s| s.timeout()))
+        let shared = || self.shared.as_ref().and_then(|s| s.timeout());
+        let learned = match st.rtt.timeout() {
+            // Until the peer's first acknowledgement, a quick handshake does not shorten
+            // what the other peers' acknowledgements say a round trip takes now.
+            Some(own) if st.handshake_only => Some(shared().map_or(own, |s| s.max(own))),
+            Some(own) => Some(own),
+            None => shared(),
+        };
+        learned
             .map_or(self.limits.resend_initial, |t| {
                 t.max(self.limits.resend_initial)
             })
@@ -383,6 +393,20 @@ impl SendQueue {
         self.base_timeout(st)
             .saturating_mul(factor)
             .min(self.limits.resend_max)
+    }
+
+    /// A new session to the peer completed its handshake in `r`: its first round trip, the
+    /// peer's own work included. The estimate starts over from it, as TCP's starts from the
+    /// round trip of its SYN: a peer that took seconds to complete its handshake (a
+    /// saturated fleet redialing) is not resent its first events after the floor while it
+    /// is merely slow. Until the peer acknowledges an event, the timeout is also at least
+    /// the one the other peers' acknowledgements give ([`SharedRtt`]). Not shared: only
+    /// acknowledgements feed [`SharedRtt`].
+    pub fn handshake_round_trip(&self, r: Duration) {
+        let mut st = self.lock();
+        st.rtt = Rtt::default();
+        st.rtt.sample(r);
+        st.handshake_only = true;
     }
 
     /// The current resend timeout (what an event sent now would wait before a resend).
@@ -676,6 +700,54 @@ mod tests {
         let t = q.resend_timeout();
         assert!(t > Duration::from_millis(120), "{t:?}");
         assert!(t <= Duration::from_millis(200), "{t:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_peer_slow_to_complete_its_handshake_is_not_resent_its_first_event() {
+        let limits = || QueueLimits {
+            resend_max: Duration::from_secs(60),
+            ..q().limits
+        };
+        // The session's TLS handshake took 400 ms (a saturated peer): its first event is
+        // not resent at the 50 ms floor while the peer takes 600 ms to answer it.
+        let slow = SendQueue::sharing(limits(), SharedRtt::new());
+        slow.handshake_round_trip(Duration::from_millis(400));
+        assert!(slow.resend_timeout() >= Duration::from_millis(1200));
+        slow.push(ev(EventType::SpecUpdate, "a", 1)).unwrap();
+        let e = slow.next().await;
+        let resent = tokio::time::timeout(Duration::from_millis(600), slow.next()).await;
+        assert!(resent.is_err(), "resent to a peer as slow as its handshake");
+        slow.ack(&e.id);
+        assert_eq!(slow.resends(), 0);
+        // Without the handshake's round trip the same peer is resent to at the floor.
+        let unseeded = SendQueue::sharing(limits(), SharedRtt::new());
+        unseeded.push(ev(EventType::SpecUpdate, "a", 1)).unwrap();
+        let e = unseeded.next().await;
+        let again = tokio::time::timeout(Duration::from_millis(600), unseeded.next()).await;
+        assert_eq!(again.expect("resent").id, e.id);
+        // A quick handshake does not shorten what the others' acknowledgements say, until
+        // the peer's own first acknowledgement.
+        let shared = SharedRtt::new();
+        let other = SendQueue::sharing(limits(), shared.clone());
+        for i in 0..8 {
+            other.push(ev(EventType::SpecUpdate, "b", i)).unwrap();
+            let e = other.next().await;
+            tokio::time::advance(Duration::from_millis(300)).await;
+            other.ack(&e.id);
+        }
+        let quick = SendQueue::sharing(limits(), shared);
+        quick.handshake_round_trip(Duration::from_millis(5));
+        assert!(quick.resend_timeout() > Duration::from_millis(300));
+        for i in 0..8 {
+            quick.push(ev(EventType::SpecUpdate, "c", i)).unwrap();
+            let e = quick.next().await;
+            tokio::time::advance(Duration::from_millis(5)).await;
+            quick.ack(&e.id);
+        }
+        assert_eq!(quick.resend_timeout(), Duration::from_millis(50));
+        // A new session starts over from its own handshake.
+        quick.handshake_round_trip(Duration::from_secs(1));
+        assert!(quick.resend_timeout() >= Duration::from_secs(3));
     }
 
     #[tokio::test(start_paused = true)]

@@ -34,6 +34,10 @@ pub struct VerifiedPeer {
     pub chain: Arc<Vec<CertificateDer<'static>>>,
     /// When the client's SVID expires (the leaf's notAfter), read at the handshake.
     pub not_after: Option<std::time::SystemTime>,
+    /// How long the TLS handshake took, from the accept to the client's verified Finished:
+    /// the connection's first round trip, the client's own work (verifying our chain,
+    /// signing) included. `None` when not measured.
+    pub handshake: Option<std::time::Duration>,
 }
 
 impl VerifiedPeer {
@@ -55,6 +59,7 @@ impl VerifiedPeer {
             fingerprint,
             chain: Arc::new(chain),
             not_after,
+            handshake: None,
         })
     }
 }
@@ -186,6 +191,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> VerifiedStream<IO> {
     pub(crate) fn new(
         inner: tokio_rustls::server::TlsStream<IO>,
         remote_addr: SocketAddr,
+        handshake: std::time::Duration,
     ) -> Result<Self, PeerError> {
         let chain: Vec<CertificateDer<'static>> = inner
             .get_ref()
@@ -193,10 +199,9 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> VerifiedStream<IO> {
             .peer_certificates()
             .map(|c| c.iter().map(|c| c.clone().into_owned()).collect())
             .unwrap_or_default();
-        Ok(Self {
-            inner,
-            peer: VerifiedPeer::from_chain(remote_addr, chain)?,
-        })
+        let mut peer = VerifiedPeer::from_chain(remote_addr, chain)?;
+        peer.handshake = Some(handshake);
+        Ok(Self { inner, peer })
     }
 
     /// The verified client.

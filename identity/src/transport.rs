@@ -64,11 +64,12 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Handshake<IO> for Svid
         async move {
             // TLS listeners are TCP ones: the client's address is known.
             let remote = remote.unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)));
+            let started = std::time::Instant::now();
             let tls = acceptor.accept(io).await.map_err(|e| {
                 tracing::warn!(remote = %remote, error = %e, "TLS handshake failed");
                 Refused::new("HandshakeFailed", e.to_string())
             })?;
-            VerifiedStream::new(tls, remote).map_err(|e| {
+            VerifiedStream::new(tls, remote, started.elapsed()).map_err(|e| {
                 tracing::warn!(remote = %remote, error = %e, "TLS client without a usable SVID dropped");
                 Refused::new("NoUsableSvid", e.to_string())
             })

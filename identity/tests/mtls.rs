@@ -394,6 +394,13 @@ async fn client_that_never_speaks_http2_is_closed_after_the_preface_timeout() {
         .expect("stream open")
         .expect("connection");
     assert_eq!(Some(stream.get_ref().peer().id.as_str()), Some(AGENT));
+    // The handshake's round trip is measured, for the agent's send queue.
+    let handshake = stream
+        .get_ref()
+        .peer()
+        .handshake
+        .expect("handshake measured");
+    assert!(handshake > Duration::ZERO && handshake < Duration::from_secs(5));
     let mut replayed = [0u8; 24];
     stream.read_exact(&mut replayed).await.unwrap();
     assert_eq!(&replayed, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");

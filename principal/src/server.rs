@@ -59,6 +59,7 @@ impl EventStream for EventStreamService {
                 .or_else(|| request.remote_addr()),
             svid_expiry: peer.and_then(|p| p.not_after),
             fingerprint: caller.fingerprint().map(str::to_owned),
+            handshake: peer.and_then(|p| p.handshake),
             ..SessionInfo::default()
         };
         let rx = session::start(&self.sessions, identity, info, request.into_inner(), slot);

@@ -29,6 +29,9 @@ pub struct SessionInfo {
     pub svid_expiry: Option<std::time::SystemTime>,
     /// SHA-256 of the client certificate, when the session is mutual TLS (blocklist).
     pub fingerprint: Option<String>,
+    /// How long the session's TLS handshake took, when the principal terminated it: the
+    /// first round trip with the agent, which the agent's send queue starts from.
+    pub handshake: Option<std::time::Duration>,
 }
 
 /// Mutable state of one agent, behind one lock. Fields are private: the methods below are
