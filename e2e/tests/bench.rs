@@ -489,6 +489,9 @@ async fn ha_rollout_smoke() {
     assert!(num(&r, "sessions") >= 12.0);
     assert!(num(&r, "rollout_s") > 0.0);
     assert!(num(&r, "lease_writes") >= 12.0);
+    // As the deployment controller steps it with deploy/'s maxSurge 1, maxUnavailable 1:
+    // the first old replica goes and two successors start at once.
+    assert_eq!(num(&r, "most_successors_starting"), 2.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

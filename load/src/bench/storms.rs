@@ -175,6 +175,9 @@ async fn measure(
     r.put("most_without_session", samples.most_unserved);
     r.put("most_without_session_agents", samples.most_unserved_agents);
     r.put("lease_writes", samples.lease_writes as u64);
+    if storm == Storm::Rollout && !env.replicas.is_empty() {
+        r.put("most_successors_starting", samples.most_starting);
+    }
     r.put(
         "lease_writes_per_s",
         round2(samples.lease_writes / served.as_secs_f64().max(1e-9)),
@@ -423,6 +426,7 @@ async fn rollout(
             sampler.add(new.metrics_port);
             starting.push(async move { new.until_ready().await.map(|()| new) });
         }
+        sampler.starting(starting.len());
         // Each ready replica takes the slot of the first old one terminated.
         while !terminated.is_empty() && !ready.is_empty() {
             let (Some((slot, kill_at)), Some(new)) = (terminated.pop_front(), ready.pop_front())
@@ -564,6 +568,8 @@ struct Shared {
     connected: usize,
     most_unserved: usize,
     most_unserved_agents: usize,
+    /// Most new replicas starting (spawned, not yet ready) at once in a rollout.
+    most_starting: usize,
 }
 
 /// What the sampler saw.
@@ -571,6 +577,7 @@ struct Samples {
     most_unserved: usize,
     most_unserved_agents: usize,
     lease_writes: f64,
+    most_starting: usize,
 }
 
 /// Every 100 ms: each principal's connected agents and Lease writes, and the fleet's own
@@ -639,6 +646,12 @@ impl Sampler {
         c.last = 0.0;
     }
 
+    /// `n` new replicas are starting (spawned, not yet ready) in a rollout.
+    fn starting(&self, n: usize) {
+        let mut s = lock(&self.shared);
+        s.most_starting = s.most_starting.max(n);
+    }
+
     /// Agents the principals count as connected, at the last sample.
     fn connected(&self) -> usize {
         lock(&self.shared).connected
@@ -656,6 +669,7 @@ impl Sampler {
                 .values()
                 .map(|c| c.earlier + (c.last - c.base).max(0.0))
                 .sum(),
+            most_starting: s.most_starting,
         }
     }
 }
