@@ -304,14 +304,27 @@ fn app_project() -> Value {
 /// [`schema`], built once per kind: every write with field validation checks its body
 /// against it (building it for each write was a seventh of a storm's hub CPU).
 pub fn cached_schema(r: &ResourceType) -> std::sync::Arc<Value> {
-    type Schemas = std::sync::Mutex<HashMap<(String, String, String), std::sync::Arc<Value>>>;
+    // By group, then version, then kind: a lookup borrows the names (no key is built per
+    // write); only the first write of a kind allocates its entry.
+    type ByKind = HashMap<String, std::sync::Arc<Value>>;
+    type Schemas = std::sync::Mutex<HashMap<String, HashMap<String, ByKind>>>;
     static SCHEMAS: std::sync::LazyLock<Schemas> = std::sync::LazyLock::new(Default::default);
-    let key = (r.group.clone(), r.version.clone(), r.kind.clone());
     let mut schemas = SCHEMAS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(found) = schemas
+        .get(r.group.as_str())
+        .and_then(|v| v.get(r.version.as_str()))
+        .and_then(|k| k.get(r.kind.as_str()))
+    {
+        return found.clone();
+    }
+    let built = std::sync::Arc::new(schema(r));
     schemas
-        .entry(key)
-        .or_insert_with(|| std::sync::Arc::new(schema(r)))
-        .clone()
+        .entry(r.group.clone())
+        .or_default()
+        .entry(r.version.clone())
+        .or_default()
+        .insert(r.kind.clone(), built.clone());
+    built
 }
 
 /// The schema of a kind; kinds we do not describe keep everything below `metadata`.
@@ -601,6 +614,21 @@ fn walk(value: &Value, schema: &Value, path: &str, out: &mut Vec<String>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_kinds_schema_is_built_once_and_kinds_do_not_share_one() {
+        let kinds = ResourceType::defaults();
+        let of = |kind: &str| kinds.iter().find(|r| r.kind == kind).unwrap();
+        let app = cached_schema(of("Application"));
+        assert!(std::sync::Arc::ptr_eq(
+            &app,
+            &cached_schema(of("Application"))
+        ));
+        assert_eq!(*app, schema(of("Application")));
+        let cm = cached_schema(of("ConfigMap"));
+        assert_eq!(*cm, schema(of("ConfigMap")));
+        assert_ne!(*cm, *app);
+    }
 
     #[test]
     fn unknown_fields_are_named_and_preserved_subtrees_are_not() {

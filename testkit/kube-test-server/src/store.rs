@@ -954,17 +954,17 @@ impl Store {
         let old = g
             .objects
             .get(&(res, String::new(), name.to_string()))
-            .map(|v| Value::clone(v))
+            .cloned()
             .ok_or_else(|| ApiError::not_found(r, name))?;
         check_preconditions(r, name, &old, pre)?;
         if old.pointer("/metadata/deletionTimestamp").is_some() {
-            return Ok(DeleteOutcome::Pending(old));
+            return Ok(DeleteOutcome::Pending(Value::clone(&old)));
         }
-        let mut marked = old.clone();
+        let mut marked = Value::clone(&old);
         meta_mut(&mut marked).insert("deletionTimestamp".into(), Value::String(now()));
         meta_mut(&mut marked).insert("deletionGracePeriodSeconds".into(), json!(0));
         marked["status"] = json!({"phase": "Terminating"});
-        let marked = self.commit(g, res, EventType::Modified, marked, Some(Arc::new(old)));
+        let marked = self.commit(g, res, EventType::Modified, marked, Some(old));
         if g.dry_run {
             return Ok(DeleteOutcome::Pending(marked));
         }
@@ -992,7 +992,7 @@ impl Store {
             return;
         };
         let key = (nsr, String::new(), ns.to_string());
-        let Some(current) = g.objects.get(&key).map(|v| Value::clone(v)) else {
+        let Some(current) = g.objects.get(&key).cloned() else {
             return;
         };
         if current.pointer("/metadata/deletionTimestamp").is_none()
@@ -1002,20 +1002,14 @@ impl Store {
         {
             return;
         }
-        let mut finalized = current.clone();
+        let mut finalized = Value::clone(&current);
         if finalized
             .pointer("/spec/finalizers")
             .and_then(Value::as_array)
             .is_some_and(|f| !f.is_empty())
         {
             finalized["spec"]["finalizers"] = json!([]);
-            finalized = self.commit(
-                g,
-                nsr,
-                EventType::Modified,
-                finalized,
-                Some(Arc::new(current)),
-            );
+            finalized = self.commit(g, nsr, EventType::Modified, finalized, Some(current));
         }
         let has_finalizers = finalized
             .pointer("/metadata/finalizers")
@@ -1041,10 +1035,11 @@ impl Store {
         pre: &Preconditions,
     ) -> Result<DeleteOutcome, ApiError> {
         let r = &self.resources[res];
+        // The stored object itself is the event's `prev`: one copy, for what is committed.
         let old = g
             .objects
             .get(&(res, ns.to_string(), name.to_string()))
-            .map(|v| Value::clone(v))
+            .cloned()
             .ok_or_else(|| ApiError::not_found(r, name))?;
         check_preconditions(r, name, &old, pre)?;
         let has_finalizers = old
@@ -1052,13 +1047,13 @@ impl Store {
             .and_then(Value::as_array)
             .is_some_and(|f| !f.is_empty());
         if !has_finalizers {
-            let gone = self.commit(g, res, EventType::Deleted, old.clone(), Some(Arc::new(old)));
+            let gone = self.commit(g, res, EventType::Deleted, Value::clone(&old), Some(old));
             return Ok(DeleteOutcome::Deleted(gone));
         }
         if old.pointer("/metadata/deletionTimestamp").is_some() {
-            return Ok(DeleteOutcome::Pending(old));
+            return Ok(DeleteOutcome::Pending(Value::clone(&old)));
         }
-        let mut marked = old.clone();
+        let mut marked = Value::clone(&old);
         let generation = old
             .pointer("/metadata/generation")
             .and_then(Value::as_i64)
@@ -1075,7 +1070,7 @@ impl Store {
             res,
             EventType::Modified,
             marked,
-            Some(Arc::new(old)),
+            Some(old),
         )))
     }
 }
