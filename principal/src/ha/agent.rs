@@ -197,12 +197,17 @@ impl Leases {
                     replica_of(&holder)
                 )));
             }
-            if !asked || view.takeover.as_deref() != Some(self.me.as_str()) {
+            if (!asked || view.takeover.as_deref() != Some(self.me.as_str()))
+                && !self.silent(&holder)
+            {
                 if !self.ask_handover(agent, &name, current, &holder).await? {
                     continue;
                 }
                 asked = true;
             }
+            // A silent holder (likely killed) is not asked: the ask would be a Lease write it
+            // cannot answer, taken from the budget the takeovers need once it is judged gone.
+            // It is asked if it renews again.
             // Wait for the holder's answer (or its replica Lease to go stale).
             let wait = deadline
                 .saturating_duration_since(Instant::now())
@@ -387,6 +392,7 @@ impl Leases {
             Some("replica") => {
                 let name = lease.name().unwrap_or_default().to_owned();
                 let version = lease.resource_version().and_then(|v| v.parse().ok());
+                tracing::debug!(lease = %name, holder = %text::or_dash(holder_str(lease)), resource_version = ?version, "replica Lease seen");
                 let mut observed = lock(&self.observed);
                 let entry = observed.entry(name).or_insert((version, Instant::now()));
                 if entry.0 != version {

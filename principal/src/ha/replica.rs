@@ -89,6 +89,25 @@ impl Leases {
         observed.elapsed() < duration
     }
 
+    /// Whether `holder`'s replica Lease has gone without a renewal seen here for longer
+    /// than one and a half of its renewal periods (a fifth of its duration each): a replica
+    /// that renews on time is never silent, one killed is within seconds, long before it
+    /// is judged gone at the end of its duration.
+    pub(super) fn silent(&self, holder: &str) -> bool {
+        if holder == self.me {
+            return false;
+        }
+        let name = replica_lease_name(replica_of(holder));
+        let duration = self
+            .cache
+            .lease(Some(&self.namespace), &name)
+            .and_then(|l| LeaseView::of_lease(&l).duration)
+            .unwrap_or(self.cfg.replica_lease_duration);
+        lock(&self.observed)
+            .get(&name)
+            .is_some_and(|(_, at)| at.elapsed() > duration.mul_f64(0.3))
+    }
+
     /// Live replicas' holder identities (ourselves included unless fenced).
     pub(super) fn live_replicas(&self, leases: &[Arc<CompactLease>]) -> Vec<String> {
         leases

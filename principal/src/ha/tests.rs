@@ -417,3 +417,163 @@ async fn stalled_agent_lease_writes_do_not_make_the_replica_unready() {
     stuck.abort();
     shutdown.cancel();
 }
+
+/// A holder whose replica Lease is no longer renewed (a `kill -9`) is not asked for a
+/// handover: the session writes nothing while it waits, and takes the Lease once the holder
+/// is judged gone. A holder that renews is asked.
+#[tokio::test(start_paused = true)]
+async fn a_holder_that_stopped_renewing_is_not_asked_for_a_handover() {
+    use argocd_agent_domain::Namespace;
+    use argocd_agent_kubernetes::memory::MemoryStore;
+    use argocd_agent_kubernetes::{ObjectStore, Scope};
+    use std::sync::Arc;
+    use tokio_util::sync::CancellationToken;
+    use tokio_util::task::TaskTracker;
+
+    let store = MemoryStore::new(Kind::Lease);
+    let (tasks, shutdown) = (TaskTracker::new(), CancellationToken::new());
+    let (cache, changes) = store.watch(Scope::namespace("argocd"));
+    let leases = Leases::start(
+        LeaseBackend {
+            api: Arc::new(store.clone()),
+            replica_api: Arc::new(store.clone()),
+            cache: Arc::new(cache),
+            changes,
+        },
+        "argocd",
+        HaConfig::new("principal-1"),
+        Arc::new(crate::sessions::Sessions::new(
+            Default::default(),
+            Default::default(),
+        )),
+        crate::metrics::Metrics::new(),
+        &tasks,
+        shutdown.clone(),
+    );
+    eventually("the replica renewed its Lease", || leases.ready().is_ok()).await;
+    // Replica principal-9 (another incarnation holds each agent's Lease): its replica
+    // Lease, written now.
+    let other = "principal-9_a1b2c3d4";
+    let replica_lease = |renewed: bool| {
+        let mut obj = DynamicObject::new(
+            &replica_lease_name("principal-9"),
+            &Kind::Lease.api_resource(),
+        )
+        .within("argocd");
+        obj.metadata.labels = Some([(LEASE_LABEL.to_string(), "replica".to_string())].into());
+        set_spec(&mut obj, |s| {
+            s.holder_identity = Some(other.to_string());
+            s.renew_time = Some(now_micro());
+            s.lease_duration_seconds = Some(10);
+            s.lease_transitions = Some(i32::from(renewed));
+        });
+        obj
+    };
+    let put = {
+        let store = store.clone();
+        move |obj: DynamicObject| {
+            let store = store.clone();
+            async move {
+                match store
+                    .get(Some("argocd"), obj.metadata.name.as_deref().unwrap())
+                    .await
+                    .unwrap()
+                {
+                    Some(cur) => {
+                        let mut obj = obj;
+                        obj.metadata.resource_version = cur.metadata.resource_version;
+                        store.replace(&obj).await.unwrap();
+                    }
+                    None => {
+                        store.create(&obj).await.unwrap();
+                    }
+                }
+            }
+        }
+    };
+    put(replica_lease(false)).await;
+    let held_by_other = |agent: &AgentName| {
+        let mut obj = leases.new_agent_lease(agent, &Namespace::new(agent.as_str()).unwrap());
+        set_spec(&mut obj, |s| s.holder_identity = Some(other.to_string()));
+        obj
+    };
+    let asked = |agent: &AgentName| {
+        let store = store.clone();
+        let name = agent_lease_name(agent);
+        async move {
+            store
+                .get(Some("argocd"), &name)
+                .await
+                .unwrap()
+                .and_then(|o| o.metadata.annotations)
+                .is_some_and(|a| a.contains_key(TAKEOVER_ANNOTATION))
+        }
+    };
+
+    // principal-9 renews every 2 s: a session here asks it for its agent.
+    let live = AgentName::new("agent-live").unwrap();
+    put(held_by_other(&live)).await;
+    eventually("the replica sees the other's Leases", || {
+        leases.holder_of(&live).as_deref() == Some(other)
+    })
+    .await;
+    let renewing = {
+        let put = put.clone();
+        let lease = replica_lease(true);
+        tokio::spawn(async move {
+            loop {
+                put(lease.clone()).await;
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+        })
+    };
+    let waiting = {
+        let leases = leases.clone();
+        let live = live.clone();
+        tokio::spawn(async move {
+            leases
+                .acquire(&live, &Namespace::new("agent-live").unwrap(), 1)
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        asked(&live).await,
+        "a live holder is asked to hand its agent over"
+    );
+    waiting.abort();
+    renewing.abort();
+
+    // principal-9 stops renewing (killed): a session that starts 4 s later asks nothing,
+    // and takes the Lease once the replica Lease's 10 s are over.
+    let dead = AgentName::new("agent-dead").unwrap();
+    put(held_by_other(&dead)).await;
+    eventually("the replica sees the Lease", || {
+        leases.holder_of(&dead).as_deref() == Some(other)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let started = Instant::now();
+    let taking = {
+        let leases = leases.clone();
+        let dead = dead.clone();
+        tokio::spawn(async move {
+            leases
+                .acquire(&dead, &Namespace::new("agent-dead").unwrap(), 2)
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        !asked(&dead).await,
+        "a silent holder was asked to hand its agent over"
+    );
+    let guard = taking
+        .await
+        .unwrap()
+        .expect("taken once the holder is judged gone");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert_eq!(leases.holder_of(&dead).as_deref(), Some(leases.holder()));
+    drop(guard);
+    shutdown.cancel();
+}
