@@ -334,10 +334,6 @@ async fn register(
         );
     }
     tracing::info!(%mode, agent_version = %text::quoted(&hello.version), "agent connected");
-    if let Some(round_trip) = peer.handshake {
-        // The queue's resend timeout starts from this connection's first round trip.
-        state.queue.handshake_round_trip(round_trip);
-    }
     state.touch();
     state.set_session_info(
         session_id,

@@ -204,7 +204,12 @@ impl AgentState {
         self.inner().is_connected()
     }
     /// Records what the operator API shows about session `session_id`, if it is current.
+    /// Its TLS handshake's round trip, when measured, is where the agent's queue starts its
+    /// resend timeout from ([`SendQueue::handshake_round_trip`]).
     pub fn set_session_info(&self, session_id: u64, info: SessionInfo) {
+        if let Some(round_trip) = info.handshake {
+            self.queue.handshake_round_trip(round_trip);
+        }
         self.inner().set_session_info(session_id, info);
     }
     /// What is known about the current (or last) session.
