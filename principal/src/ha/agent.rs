@@ -392,7 +392,7 @@ impl Leases {
             Some("replica") => {
                 let name = lease.name().unwrap_or_default().to_owned();
                 let version = lease.resource_version().and_then(|v| v.parse().ok());
-                tracing::debug!(lease = %name, holder = %text::or_dash(holder_str(lease)), resource_version = ?version, "replica Lease seen");
+                tracing::debug!(lease = %name, holder = %text::or_dash(holder_str(lease)), resource_version = %text::or_dash(lease.resource_version()), "replica Lease seen");
                 let mut observed = lock(&self.observed);
                 let entry = observed.entry(name).or_insert((version, Instant::now()));
                 if entry.0 != version {
