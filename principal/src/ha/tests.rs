@@ -510,6 +510,14 @@ async fn a_holder_that_stopped_renewing_is_not_asked_for_a_handover() {
         }
     };
 
+    // A session of `agent` taking its Lease here, in the background.
+    let acquiring = |agent: &AgentName, session: u64| {
+        let (leases, agent) = (leases.clone(), agent.clone());
+        tokio::spawn(async move {
+            let namespace = Namespace::new(agent.as_str()).unwrap();
+            leases.acquire(&agent, &namespace, session).await
+        })
+    };
     // principal-9 renews every 2 s: a session here asks it for its agent.
     let live = AgentName::new("agent-live").unwrap();
     put(held_by_other(&live)).await;
@@ -527,15 +535,7 @@ async fn a_holder_that_stopped_renewing_is_not_asked_for_a_handover() {
             }
         })
     };
-    let waiting = {
-        let leases = leases.clone();
-        let live = live.clone();
-        tokio::spawn(async move {
-            leases
-                .acquire(&live, &Namespace::new("agent-live").unwrap(), 1)
-                .await
-        })
-    };
+    let waiting = acquiring(&live, 1);
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(
         asked(&live).await,
@@ -554,15 +554,7 @@ async fn a_holder_that_stopped_renewing_is_not_asked_for_a_handover() {
     .await;
     tokio::time::sleep(Duration::from_secs(4)).await;
     let started = Instant::now();
-    let taking = {
-        let leases = leases.clone();
-        let dead = dead.clone();
-        tokio::spawn(async move {
-            leases
-                .acquire(&dead, &Namespace::new("agent-dead").unwrap(), 2)
-                .await
-        })
-    };
+    let taking = acquiring(&dead, 2);
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(
         !asked(&dead).await,
