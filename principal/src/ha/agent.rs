@@ -131,6 +131,12 @@ impl Leases {
         })
     }
 
+    /// A slot for one round of agent Lease calls ([`Leases::calls`]).
+    /// `None` only if the semaphore were closed, which nothing does.
+    pub(super) async fn call_slot(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        self.calls.acquire().await.ok()
+    }
+
     /// When to renew an agent Lease next: a random point between a third and two thirds
     /// of its duration, so renewals spread evenly.
     pub(super) fn renew_after(&self) -> Duration {
@@ -144,14 +150,15 @@ impl Leases {
         namespace: &Namespace,
         session: u64,
     ) -> Result<u64, Status> {
-        let name = agent_lease_name(agent);
         let deadline = Instant::now()
             + self.cfg.replica_lease_duration
             + Duration::from_secs(2).max(self.cfg.replica_lease_duration / 2);
-        let mut asked = false;
-        // Set when a create found the Lease present though the watch cache has none: a
-        // Lease of another partition (an agent moving here); read it from the API.
-        let mut unseen = false;
+        let mut tries = Tries {
+            name: agent_lease_name(agent),
+            deadline,
+            asked: false,
+            unseen: false,
+        };
         // A session of this agent that just ended here is still releasing the Lease: let
         // it finish, so its write does not clear the holder we are about to write.
         while lock(&self.releasing).contains(agent) && Instant::now() < deadline {
@@ -162,58 +169,85 @@ impl Leases {
             // Register for changes before reading, so a handover written after the read
             // wakes us.
             let notified = self.changed.notified();
-            let Some(current) = self.read_agent_lease(&name, unseen).await? else {
-                match self.create_agent_lease(agent, namespace, session).await? {
-                    Some(rv) => return Ok(rv),
-                    None => {
-                        // Only a partitioned principal has Leases its cache cannot show.
-                        unseen = !self.sessions.partition.labels().is_empty();
-                        continue;
-                    }
-                }
-            };
-            let view = LeaseView::of(&current);
-            let now = jiff::Timestamp::now();
-            let holder = view.holder.clone();
-            let free = match holder.as_deref() {
-                None => true,
-                Some(h) if h == self.me => true,
-                Some(h) => !self.alive(h) || view.expired(now, Duration::ZERO),
-            };
-            if free {
-                match self
-                    .take_agent_lease(agent, namespace, &name, current, holder)
-                    .await?
-                {
-                    Some(rv) => return Ok(rv),
-                    None => continue,
-                }
+            // Held until this round's calls are answered, not while waiting for a holder.
+            let slot = self.call_slot().await;
+            // Boxed: a session waiting for its slot holds only this loop's few words, and
+            // the round's futures (a read Lease, a write in flight) exist only while it runs.
+            match Box::pin(self.acquire_round(agent, namespace, session, &mut tries)).await? {
+                Round::Taken(rv) => return Ok(rv),
+                Round::Again => continue,
+                Round::Wait => {}
             }
-            let holder = holder.unwrap_or_default();
-            if Instant::now() >= deadline {
-                self.metrics.deferred("HeldElsewhere");
-                return Err(Status::unavailable(format!(
-                    "agent {agent} is served by principal replica {}, which did not hand it over in time; retry",
-                    replica_of(&holder)
-                )));
-            }
-            if (!asked || view.takeover.as_deref() != Some(self.me.as_str()))
-                && !self.silent(&holder)
-            {
-                if !self.ask_handover(agent, &name, current, &holder).await? {
-                    continue;
-                }
-                asked = true;
-            }
-            // A silent holder (likely killed) is not asked: the ask would be a Lease write it
-            // cannot answer, taken from the budget the takeovers need once it is judged gone.
-            // It is asked if it renews again.
             // Wait for the holder's answer (or its replica Lease to go stale).
+            drop(slot);
             let wait = deadline
                 .saturating_duration_since(Instant::now())
                 .min(Duration::from_millis(500));
             let _ = tokio::time::timeout(wait, notified).await;
         }
+    }
+
+    /// One look at the agent's Lease, and the write it calls for: create it, take it, or
+    /// ask its live holder for it.
+    async fn acquire_round(
+        &self,
+        agent: &AgentName,
+        namespace: &Namespace,
+        session: u64,
+        tries: &mut Tries,
+    ) -> Result<Round, Status> {
+        let name = tries.name.as_str();
+        let Some(current) = self.read_agent_lease(name, tries.unseen).await? else {
+            return Ok(
+                match self.create_agent_lease(agent, namespace, session).await? {
+                    Some(rv) => Round::Taken(rv),
+                    None => {
+                        // Only a partitioned principal has Leases its cache cannot show.
+                        tries.unseen = !self.sessions.partition.labels().is_empty();
+                        Round::Again
+                    }
+                },
+            );
+        };
+        let view = LeaseView::of(&current);
+        let now = jiff::Timestamp::now();
+        let holder = view.holder.clone();
+        let free = match holder.as_deref() {
+            None => true,
+            Some(h) if h == self.me => true,
+            Some(h) => !self.alive(h) || view.expired(now, Duration::ZERO),
+        };
+        if free {
+            return Ok(
+                match self
+                    .take_agent_lease(agent, namespace, name, current, holder)
+                    .await?
+                {
+                    Some(rv) => Round::Taken(rv),
+                    None => Round::Again,
+                },
+            );
+        }
+        let holder = holder.unwrap_or_default();
+        if Instant::now() >= tries.deadline {
+            self.metrics.deferred("HeldElsewhere");
+            return Err(Status::unavailable(format!(
+                "agent {agent} is served by principal replica {}, which did not hand it over in time; retry",
+                replica_of(&holder)
+            )));
+        }
+        // A silent holder (likely killed) is not asked: the ask would be a Lease write it
+        // cannot answer, taken from the budget the takeovers need once it is judged gone.
+        // It is asked if it renews again.
+        if (!tries.asked || view.takeover.as_deref() != Some(self.me.as_str()))
+            && !self.silent(&holder)
+        {
+            if !self.ask_handover(agent, name, current, &holder).await? {
+                return Ok(Round::Again);
+            }
+            tries.asked = true;
+        }
+        Ok(Round::Wait)
     }
 
     /// The agent Lease `name`. The watch cache decides when it is complete: a first
@@ -324,6 +358,7 @@ impl Leases {
     }
 
     pub(super) async fn write_release(&self, agent: &AgentName, handover_to: Option<String>) {
+        let _slot = self.call_slot().await;
         let name = agent_lease_name(agent);
         let me = self.me.clone();
         let first = self
@@ -618,4 +653,27 @@ impl crate::tenant_limits::Census for Leases {
             })
             .collect()
     }
+}
+
+/// What a session acquiring its agent's Lease carries from one round to the next.
+pub(super) struct Tries {
+    /// The agent Lease's name.
+    name: String,
+    /// When a holder that does not hand the agent over is given up on.
+    deadline: Instant,
+    /// This session asked the current holder for the agent.
+    asked: bool,
+    /// A create found the Lease present though the watch cache has none: a Lease of
+    /// another partition (an agent moving here); read it from the API.
+    unseen: bool,
+}
+
+/// How a round of [`Leases::acquire_round`] ended.
+pub(super) enum Round {
+    /// The Lease is ours, written at this resourceVersion.
+    Taken(u64),
+    /// It changed meanwhile: look again at once.
+    Again,
+    /// Held by a live replica (asked, or silent): wait for a change.
+    Wait,
 }

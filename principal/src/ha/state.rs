@@ -16,7 +16,7 @@ use futures::stream::BoxStream;
 use k8s_openapi::api::coordination::v1::LeaseSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::DynamicObject;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -214,6 +214,11 @@ pub struct Leases {
     pub(super) redis_proxy_address: Mutex<Option<String>>,
     /// Where releases of dropped guards run (drained on shutdown).
     pub(super) tasks: TaskTracker,
+    /// Agent Lease calls in flight ([`LEASE_REQUESTS_IN_FLIGHT`]). A session takes a slot
+    /// before it builds its request: the client would queue the built request instead,
+    /// and in a storm 10,000 sessions each held one (~5 KB with its futures) for the ~20 s
+    /// the Lease budget takes to write them all.
+    pub(super) calls: Semaphore,
 }
 
 pub(super) use argocd_agent_domain::sync::lock;
@@ -259,6 +264,7 @@ impl Leases {
             resource_proxy_url: Mutex::new(None),
             redis_proxy_address: Mutex::new(None),
             tasks: tasks.clone(),
+            calls: Semaphore::new(LEASE_REQUESTS_IN_FLIGHT),
         });
         tracing::info!(replica = %leases.cfg.replica, holder = %leases.me, namespace,
             replica_lease = %text::duration(leases.cfg.replica_lease_duration), agent_lease = %text::duration(leases.cfg.agent_lease_duration),

@@ -2,8 +2,12 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use argocd_agent_domain::AgentName;
+use argocd_agent_kubernetes::Error as KubeError;
 use argocd_agent_kubernetes::Kind;
+use argocd_agent_kubernetes::memory::MemoryStore;
 use kube::api::DynamicObject;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio::time::Instant;
 
 use super::rebalance::{newest_sessions, steady};
@@ -33,6 +37,63 @@ fn rebalancing_sheds_the_newest_sessions_and_never_one_being_handed_over() {
         [agent("new"), agent("middle"), agent("old")]
     );
     assert!(newest_sessions(&map, 0).is_empty());
+}
+
+/// Reads as the store does; every write waits forever. Counts the creates begun.
+struct Stalled(MemoryStore, Arc<AtomicUsize>);
+#[async_trait::async_trait]
+impl argocd_agent_kubernetes::ObjectStore for Stalled {
+    fn kind(&self) -> Kind {
+        self.0.kind()
+    }
+    async fn get(&self, ns: Option<&str>, name: &str) -> Result<Option<DynamicObject>, KubeError> {
+        self.0.get(ns, name).await
+    }
+    async fn list(
+        &self,
+        ns: Option<&str>,
+        scope: &argocd_agent_kubernetes::Scope,
+    ) -> Result<Vec<DynamicObject>, KubeError> {
+        self.0.list(ns, scope).await
+    }
+    async fn create(&self, _: &DynamicObject) -> Result<DynamicObject, KubeError> {
+        self.1.fetch_add(1, Ordering::SeqCst);
+        std::future::pending().await
+    }
+    async fn replace(&self, _: &DynamicObject) -> Result<DynamicObject, KubeError> {
+        std::future::pending().await
+    }
+    async fn replace_status(
+        &self,
+        _: Option<&str>,
+        _: &str,
+        _: serde_json::Value,
+    ) -> Result<DynamicObject, KubeError> {
+        std::future::pending().await
+    }
+    async fn patch_merge(
+        &self,
+        _: Option<&str>,
+        _: &str,
+        _: &serde_json::Value,
+    ) -> Result<DynamicObject, KubeError> {
+        std::future::pending().await
+    }
+    async fn patch_status_merge(
+        &self,
+        _: Option<&str>,
+        _: &str,
+        _: &serde_json::Value,
+    ) -> Result<DynamicObject, KubeError> {
+        std::future::pending().await
+    }
+    async fn delete(
+        &self,
+        _: Option<&str>,
+        _: &str,
+    ) -> Result<argocd_agent_kubernetes::DeleteOutcome, KubeError> {
+        std::future::pending().await
+    }
 }
 
 fn ids(v: &[&str]) -> Vec<String> {
@@ -317,65 +378,17 @@ async fn a_replica_drops_the_queue_of_an_agent_another_replica_serves() {
 #[tokio::test]
 async fn stalled_agent_lease_writes_do_not_make_the_replica_unready() {
     use argocd_agent_domain::Namespace;
+    use argocd_agent_kubernetes::Scope;
     use argocd_agent_kubernetes::memory::MemoryStore;
-    use argocd_agent_kubernetes::{DeleteOutcome, Error, ObjectStore, Scope};
     use std::sync::Arc;
     use tokio_util::sync::CancellationToken;
     use tokio_util::task::TaskTracker;
-
-    /// Reads as the store does; every write waits forever.
-    struct Stalled(MemoryStore);
-    #[async_trait::async_trait]
-    impl ObjectStore for Stalled {
-        fn kind(&self) -> Kind {
-            self.0.kind()
-        }
-        async fn get(&self, ns: Option<&str>, name: &str) -> Result<Option<DynamicObject>, Error> {
-            self.0.get(ns, name).await
-        }
-        async fn list(&self, ns: Option<&str>, scope: &Scope) -> Result<Vec<DynamicObject>, Error> {
-            self.0.list(ns, scope).await
-        }
-        async fn create(&self, _: &DynamicObject) -> Result<DynamicObject, Error> {
-            std::future::pending().await
-        }
-        async fn replace(&self, _: &DynamicObject) -> Result<DynamicObject, Error> {
-            std::future::pending().await
-        }
-        async fn replace_status(
-            &self,
-            _: Option<&str>,
-            _: &str,
-            _: serde_json::Value,
-        ) -> Result<DynamicObject, Error> {
-            std::future::pending().await
-        }
-        async fn patch_merge(
-            &self,
-            _: Option<&str>,
-            _: &str,
-            _: &serde_json::Value,
-        ) -> Result<DynamicObject, Error> {
-            std::future::pending().await
-        }
-        async fn patch_status_merge(
-            &self,
-            _: Option<&str>,
-            _: &str,
-            _: &serde_json::Value,
-        ) -> Result<DynamicObject, Error> {
-            std::future::pending().await
-        }
-        async fn delete(&self, _: Option<&str>, _: &str) -> Result<DeleteOutcome, Error> {
-            std::future::pending().await
-        }
-    }
 
     let store = MemoryStore::new(Kind::Lease);
     let (tasks, shutdown) = (TaskTracker::new(), CancellationToken::new());
     let (cache, changes) = store.watch(Scope::namespace("argocd"));
     let backend = LeaseBackend {
-        api: Arc::new(Stalled(store.clone())),
+        api: Arc::new(Stalled(store.clone(), Arc::default())),
         replica_api: Arc::new(store.clone()),
         cache: Arc::new(cache),
         changes,
@@ -567,5 +580,69 @@ async fn a_holder_that_stopped_renewing_is_not_asked_for_a_handover() {
     assert!(started.elapsed() < Duration::from_secs(10));
     assert_eq!(leases.holder_of(&dead).as_deref(), Some(leases.holder()));
     drop(guard);
+    shutdown.cancel();
+}
+
+/// In a storm, sessions waiting for the Lease budget hold no request: at most
+/// [`LEASE_REQUESTS_IN_FLIGHT`] agent Lease calls are begun at once, the rest wait for a
+/// slot before building theirs (the client would otherwise queue every session's request,
+/// ~5 KB each with its futures, for as long as the budget takes to write them all).
+#[tokio::test]
+async fn sessions_waiting_for_the_lease_budget_hold_no_request() {
+    use argocd_agent_domain::Namespace;
+    use argocd_agent_kubernetes::Scope;
+    use tokio_util::sync::CancellationToken;
+    use tokio_util::task::TaskTracker;
+
+    let store = MemoryStore::new(Kind::Lease);
+    let creates = Arc::new(AtomicUsize::new(0));
+    let (tasks, shutdown) = (TaskTracker::new(), CancellationToken::new());
+    let (cache, changes) = store.watch(Scope::namespace("argocd"));
+    let backend = LeaseBackend {
+        api: Arc::new(Stalled(store.clone(), creates.clone())),
+        replica_api: Arc::new(store.clone()),
+        cache: Arc::new(cache),
+        changes,
+    };
+    let leases = Leases::start(
+        backend,
+        "argocd",
+        HaConfig::new("principal-0"),
+        Arc::new(crate::sessions::Sessions::new(
+            Default::default(),
+            Default::default(),
+        )),
+        crate::metrics::Metrics::new(),
+        &tasks,
+        shutdown.clone(),
+    );
+    eventually("the replica renewed its Lease", || leases.ready().is_ok()).await;
+    // Three times as many first sessions as calls may be in flight; no create answers.
+    let waiting: Vec<_> = (0..3 * LEASE_REQUESTS_IN_FLIGHT)
+        .map(|i| {
+            let leases = leases.clone();
+            tokio::spawn(async move {
+                let agent = AgentName::new(&format!("agent-{i}")).unwrap();
+                let ns = Namespace::new(&format!("agent-{i}")).unwrap();
+                leases.acquire(&agent, &ns, i as u64).await.map(|_| ())
+            })
+        })
+        .collect();
+    eventually("the first sessions began their creates", || {
+        creates.load(Ordering::SeqCst) == LEASE_REQUESTS_IN_FLIGHT
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        creates.load(Ordering::SeqCst),
+        LEASE_REQUESTS_IN_FLIGHT,
+        "sessions beyond the bound began a request while the ones before are unanswered"
+    );
+    for w in &waiting {
+        assert!(!w.is_finished());
+    }
+    for w in waiting {
+        w.abort();
+    }
     shutdown.cancel();
 }
