@@ -491,15 +491,21 @@ impl SendQueue {
             let notified = self.notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            match self.poll_next(Instant::now()) {
+            // The poll's result is out of scope before the waits: held across them (a
+            // match on it would be), its room for an event would be part of every idle
+            // session's future.
+            let due = match self.poll_next(Instant::now()) {
                 Ok(e) => return e,
-                Err(Some(deadline)) => {
+                Err(due) => due,
+            };
+            match due {
+                Some(deadline) => {
                     tokio::select! {
                         _ = &mut notified => {}
                         _ = tokio::time::sleep_until(deadline) => {}
                     }
                 }
-                Err(None) => notified.await,
+                None => notified.await,
             }
         }
     }
@@ -532,6 +538,20 @@ mod tests {
             resend_initial: Duration::from_millis(50),
             resend_max: Duration::from_millis(200),
         })
+    }
+
+    /// An idle session waits in `next` for as long as it lives: the wait holds no room
+    /// for an event (a match on the poll's result would keep it across the wait).
+    #[test]
+    fn waiting_for_the_next_event_holds_no_event() {
+        let q = q();
+        let waiting = q.next();
+        assert!(
+            std::mem::size_of_val(&waiting) < std::mem::size_of::<Event>(),
+            "{} bytes waiting, an event is {}",
+            std::mem::size_of_val(&waiting),
+            std::mem::size_of::<Event>()
+        );
     }
 
     fn val(e: &Event) -> i64 {

@@ -6,7 +6,6 @@
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use rustls_pki_types::CertificateDer;
@@ -30,8 +29,11 @@ pub struct VerifiedPeer {
     /// SHA-256 of the client's leaf certificate (DER), lowercase hex: computed once at the
     /// handshake, for blocklists that name certificates.
     pub fingerprint: String,
-    /// The verified chain, leaf first (for fingerprints and diagnostics).
-    pub chain: Arc<Vec<CertificateDer<'static>>>,
+    /// The leaf's serial number, hex bytes separated by `:` (as x509-parser and
+    /// `openssl x509 -serial` print it, the latter without the separators): which SVID of
+    /// the client's rotations this connection presented. The chain itself is not kept: the
+    /// TLS connection holds its own copy, and a second one cost each connection ~0.6 KB.
+    pub serial: String,
     /// When the client's SVID expires (the leaf's notAfter), read at the handshake.
     pub not_after: Option<std::time::SystemTime>,
     /// How long the TLS handshake took, from the accept to the client's verified Finished:
@@ -45,7 +47,7 @@ impl VerifiedPeer {
     /// parsed once, here, for its SPIFFE ID and notAfter, and hashed once for its fingerprint.
     pub fn from_chain(
         remote_addr: SocketAddr,
-        chain: Vec<CertificateDer<'static>>,
+        chain: &[CertificateDer<'_>],
     ) -> Result<VerifiedPeer, PeerError> {
         let leaf = chain.first().ok_or(PeerError::NoCertificate)?;
         let (_, cert) = x509_parser::parse_x509_certificate(leaf.as_ref())
@@ -57,7 +59,7 @@ impl VerifiedPeer {
             remote_addr,
             id,
             fingerprint,
-            chain: Arc::new(chain),
+            serial: cert.raw_serial_as_string(),
             not_after,
             handshake: None,
         })
@@ -154,11 +156,6 @@ pub fn verified_peer<T>(request: &tonic::Request<T>) -> Option<&VerifiedPeer> {
     request.extensions().get::<VerifiedPeer>()
 }
 
-/// The verified client chain of a tonic request served over [`crate::transport::tls_incoming`].
-pub fn peer_certs<T>(request: &tonic::Request<T>) -> Option<Arc<Vec<CertificateDer<'static>>>> {
-    verified_peer(request).map(|p| p.chain.clone())
-}
-
 /// The SPIFFE ID of the client of a tonic request served over [`crate::transport::tls_incoming`]
 /// (read once per connection from the chain rustls verified).
 pub fn peer_spiffe_id<T>(request: &tonic::Request<T>) -> Result<SpiffeId, PeerError> {
@@ -193,12 +190,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> VerifiedStream<IO> {
         remote_addr: SocketAddr,
         handshake: std::time::Duration,
     ) -> Result<Self, PeerError> {
-        let chain: Vec<CertificateDer<'static>> = inner
-            .get_ref()
-            .1
-            .peer_certificates()
-            .map(|c| c.iter().map(|c| c.clone().into_owned()).collect())
-            .unwrap_or_default();
+        let chain = inner.get_ref().1.peer_certificates().unwrap_or_default();
         let mut peer = VerifiedPeer::from_chain(remote_addr, chain)?;
         peer.handshake = Some(handshake);
         Ok(Self { inner, peer })

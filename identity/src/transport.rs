@@ -29,8 +29,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use crate::peer::{
-    PeerError, VerifiedPeer, VerifiedStream, fingerprint, not_after_from_chain, peer_certs,
-    peer_spiffe_id, spiffe_id_from_chain, verified_peer,
+    PeerError, VerifiedPeer, VerifiedStream, fingerprint, not_after_from_chain, peer_spiffe_id,
+    spiffe_id_from_chain, verified_peer,
 };
 
 /// The TLS handshake of the SVID listeners, for the listener crate's accept loop: the

@@ -141,7 +141,10 @@ pub fn start(
         async move {
             // The session watches for shutdown itself: between events, so the event being
             // applied when SIGTERM arrives is finished and answered first.
-            let result = run(&ctx, identity, peer, inbound, &tx).await;
+            // The identity and the stream by reference, the peer boxed: moved into `run`,
+            // each would take its room in this future twice.
+            let mut inbound = inbound;
+            let result = run(&ctx, &identity, Box::new(peer), &mut inbound, &tx).await;
             // The tenant's slot is given back once the session has ended.
             drop(slot);
             match result {
@@ -258,15 +261,15 @@ fn welcome(
 
 async fn run(
     ctx: &SessionContext,
-    identity: AgentIdentity,
-    peer: SessionInfo,
-    mut inbound: impl Stream<Item = Result<CloudEvent, Status>> + Send + Unpin + 'static,
+    identity: &AgentIdentity,
+    peer: Box<SessionInfo>,
+    inbound: &mut (impl Stream<Item = Result<CloudEvent, Status>> + Send + Unpin + 'static),
     tx: &Outbound,
 ) -> Result<(), Status> {
     let hub = &ctx.hub;
     // 1. Hello.
     let (hello, mode) = tokio::select! {
-        r = Box::pin(receive_hello(hub, &identity, ctx.hello_timeout, &mut inbound)) => r?,
+        r = Box::pin(receive_hello(hub, identity, ctx.hello_timeout, inbound)) => r?,
         _ = ctx.shutdown.cancelled() => return Err(shutting_down()),
     };
 
@@ -281,13 +284,13 @@ async fn run(
         None => None,
     };
     let (state, token, guard) = Box::pin(register(
-        ctx, &identity, mode, session_id, &hello, peer, pass,
+        ctx, identity, mode, session_id, &hello, *peer, pass,
     ))
     .await;
     let result = async {
         // Before the welcome, from which the agent times its periodic requests.
         crate::rounds::record_connect(&state, std::time::Instant::now());
-        let mut direct_rx = welcome_agent(ctx, &state, &identity, &hello, session_id, tx).await?;
+        let mut direct_rx = welcome_agent(ctx, &state, identity, &hello, session_id, tx).await?;
         let view = hello.state.as_ref(); // 3. Resync, 4. exchange events.
         let resynced = resync(ctx, &state, &token, mode, view, Round::Connect, tx).await;
         state.release_changes(session_id); // changes that came meanwhile, against the round
@@ -297,12 +300,12 @@ async fn run(
         let exchange = Exchange {
             ctx,
             state: &state,
-            identity: &identity,
+            identity,
             mode,
             token: &token,
             tx,
         };
-        exchange.run(&mut inbound, &mut direct_rx).await
+        exchange.run(inbound, &mut direct_rx).await
     }
     .await;
     // Detached first, then the Lease released (or handed over), waited for.

@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 use argocd_agent_identity::source::WorkloadApiOptions;
 use argocd_agent_identity::tls::{PeerPolicy, client_config, server_config};
 use argocd_agent_identity::transport::{ChannelOptions, connect, tls_incoming};
-use argocd_agent_identity::transport::{peer_certs, peer_spiffe_id};
+use argocd_agent_identity::transport::{peer_spiffe_id, verified_peer};
 use argocd_agent_identity::{SpiffeId, SvidSource, TrustDomain};
 use argocd_agent_proto::cloudevents::CloudEvent;
 use argocd_agent_proto::eventstream::event_stream_server::{EventStream, EventStreamServer};
@@ -82,11 +82,14 @@ pub struct TestService {
 impl TestService {
     fn record<T>(&self, request: &Request<T>) -> Result<String, Status> {
         let id = peer_spiffe_id(request).map_err(|e| Status::unauthenticated(e.to_string()))?;
-        let certs = peer_certs(request).ok_or_else(|| Status::unauthenticated("no certs"))?;
-        let (serial, not_after) = leaf_facts(certs[0].as_ref());
+        let peer = verified_peer(request).ok_or_else(|| Status::unauthenticated("no peer"))?;
+        let not_after = peer
+            .not_after
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_secs() as i64);
         self.seen.lock().unwrap().push(SeenPeer {
             spiffe_id: id.as_str().to_string(),
-            serial,
+            serial: peer.serial.clone(),
             not_after,
         });
         Ok(id.as_str().to_string())
