@@ -127,7 +127,7 @@ pub fn start(
     ctx: &SessionContext,
     identity: AgentIdentity,
     peer: SessionInfo,
-    inbound: impl Stream<Item = Result<CloudEvent, Status>> + Send + Unpin + 'static,
+    mut inbound: impl Stream<Item = Result<CloudEvent, Status>> + Send + Unpin + 'static,
     slot: crate::tenant_limits::AgentSlot,
 ) -> OutboundStream {
     let (tx, rx) = mpsc::channel(OUTBOUND_BUFFER);
@@ -141,9 +141,7 @@ pub fn start(
         async move {
             // The session watches for shutdown itself: between events, so the event being
             // applied when SIGTERM arrives is finished and answered first.
-            // The identity and the stream by reference, the peer boxed: moved into `run`,
-            // each would take its room in this future twice.
-            let mut inbound = inbound;
+            // By reference or boxed: moved into `run`, each would be held twice.
             let result = run(&ctx, &identity, Box::new(peer), &mut inbound, &tx).await;
             // The tenant's slot is given back once the session has ended.
             drop(slot);
@@ -273,8 +271,7 @@ async fn run(
         _ = ctx.shutdown.cancelled() => return Err(shutting_down()),
     };
 
-    // 2. With replicas, take the agent's Lease (another replica hands it over first), then
-    // register (replacing any previous session here) and welcome.
+    // 2. With replicas, the agent's Lease (handed over by its holder); register, welcome.
     let session_id = SESSION_IDS.fetch_add(1, Ordering::Relaxed);
     let pass = match &ctx.gate {
         Some(gate) => Some(
