@@ -150,18 +150,17 @@ impl Leases {
         namespace: &Namespace,
         session: u64,
     ) -> Result<u64, Status> {
-        let deadline = Instant::now()
-            + self.cfg.replica_lease_duration
-            + Duration::from_secs(2).max(self.cfg.replica_lease_duration / 2);
         let mut tries = Tries {
             name: agent_lease_name(agent),
-            deadline,
+            deadline: Instant::now()
+                + self.cfg.replica_lease_duration
+                + Duration::from_secs(2).max(self.cfg.replica_lease_duration / 2),
             asked: false,
             unseen: false,
         };
         // A session of this agent that just ended here is still releasing the Lease: let
         // it finish, so its write does not clear the holder we are about to write.
-        while lock(&self.releasing).contains(agent) && Instant::now() < deadline {
+        while lock(&self.releasing).contains(agent) && Instant::now() < tries.deadline {
             let notified = self.changed.notified();
             let _ = tokio::time::timeout(Duration::from_millis(50), notified).await;
         }
@@ -180,7 +179,8 @@ impl Leases {
             }
             // Wait for the holder's answer (or its replica Lease to go stale).
             drop(slot);
-            let wait = deadline
+            let wait = tries
+                .deadline
                 .saturating_duration_since(Instant::now())
                 .min(Duration::from_millis(500));
             let _ = tokio::time::timeout(wait, notified).await;

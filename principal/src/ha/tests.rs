@@ -96,6 +96,41 @@ impl argocd_agent_kubernetes::ObjectStore for Stalled {
     }
 }
 
+/// A replica whose agent Lease writes never answer (its own Lease is written as usual),
+/// started and ready; with the count of creates begun and the token that stops it.
+async fn stalled_replica(
+    cfg: HaConfig,
+) -> (
+    Arc<Leases>,
+    Arc<AtomicUsize>,
+    tokio_util::sync::CancellationToken,
+) {
+    let store = MemoryStore::new(Kind::Lease);
+    let creates = Arc::new(AtomicUsize::new(0));
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let (cache, changes) = store.watch(argocd_agent_kubernetes::Scope::namespace("argocd"));
+    let backend = LeaseBackend {
+        api: Arc::new(Stalled(store.clone(), creates.clone())),
+        replica_api: Arc::new(store.clone()),
+        cache: Arc::new(cache),
+        changes,
+    };
+    let leases = Leases::start(
+        backend,
+        "argocd",
+        cfg,
+        Arc::new(crate::sessions::Sessions::new(
+            Default::default(),
+            Default::default(),
+        )),
+        crate::metrics::Metrics::new(),
+        &tokio_util::task::TaskTracker::new(),
+        shutdown.clone(),
+    );
+    eventually("the replica renewed its Lease", || leases.ready().is_ok()).await;
+    (leases, creates, shutdown)
+}
+
 fn ids(v: &[&str]) -> Vec<String> {
     v.iter().map(|s| s.to_string()).collect()
 }
@@ -378,37 +413,11 @@ async fn a_replica_drops_the_queue_of_an_agent_another_replica_serves() {
 #[tokio::test]
 async fn stalled_agent_lease_writes_do_not_make_the_replica_unready() {
     use argocd_agent_domain::Namespace;
-    use argocd_agent_kubernetes::Scope;
-    use argocd_agent_kubernetes::memory::MemoryStore;
-    use std::sync::Arc;
-    use tokio_util::sync::CancellationToken;
-    use tokio_util::task::TaskTracker;
 
-    let store = MemoryStore::new(Kind::Lease);
-    let (tasks, shutdown) = (TaskTracker::new(), CancellationToken::new());
-    let (cache, changes) = store.watch(Scope::namespace("argocd"));
-    let backend = LeaseBackend {
-        api: Arc::new(Stalled(store.clone(), Arc::default())),
-        replica_api: Arc::new(store.clone()),
-        cache: Arc::new(cache),
-        changes,
-    };
     let mut cfg = HaConfig::new("principal-0");
     // Ready while the replica Lease is younger than half of this: 500 ms.
     cfg.replica_lease_duration = Duration::from_secs(1);
-    let leases = Leases::start(
-        backend,
-        "argocd",
-        cfg,
-        Arc::new(crate::sessions::Sessions::new(
-            Default::default(),
-            Default::default(),
-        )),
-        crate::metrics::Metrics::new(),
-        &tasks,
-        shutdown.clone(),
-    );
-    eventually("the replica renewed its Lease", || leases.ready().is_ok()).await;
+    let (leases, _, shutdown) = stalled_replica(cfg).await;
     // An agent's first session: its Lease create never answers.
     let stuck = {
         let leases = leases.clone();
@@ -590,33 +599,8 @@ async fn a_holder_that_stopped_renewing_is_not_asked_for_a_handover() {
 #[tokio::test]
 async fn sessions_waiting_for_the_lease_budget_hold_no_request() {
     use argocd_agent_domain::Namespace;
-    use argocd_agent_kubernetes::Scope;
-    use tokio_util::sync::CancellationToken;
-    use tokio_util::task::TaskTracker;
 
-    let store = MemoryStore::new(Kind::Lease);
-    let creates = Arc::new(AtomicUsize::new(0));
-    let (tasks, shutdown) = (TaskTracker::new(), CancellationToken::new());
-    let (cache, changes) = store.watch(Scope::namespace("argocd"));
-    let backend = LeaseBackend {
-        api: Arc::new(Stalled(store.clone(), creates.clone())),
-        replica_api: Arc::new(store.clone()),
-        cache: Arc::new(cache),
-        changes,
-    };
-    let leases = Leases::start(
-        backend,
-        "argocd",
-        HaConfig::new("principal-0"),
-        Arc::new(crate::sessions::Sessions::new(
-            Default::default(),
-            Default::default(),
-        )),
-        crate::metrics::Metrics::new(),
-        &tasks,
-        shutdown.clone(),
-    );
-    eventually("the replica renewed its Lease", || leases.ready().is_ok()).await;
+    let (leases, creates, shutdown) = stalled_replica(HaConfig::new("principal-0")).await;
     // Three times as many first sessions as calls may be in flight; no create answers.
     let waiting: Vec<_> = (0..3 * LEASE_REQUESTS_IN_FLIGHT)
         .map(|i| {
