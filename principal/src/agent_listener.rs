@@ -22,6 +22,19 @@ use crate::session::SessionContext;
 use crate::tunnel;
 use crate::wiring::Wiring;
 
+/// How often the principal PINGs each agent connection (HTTP/2 keepalive), and how long it
+/// waits for the answer before it closes the connection. What finds a dead agent is the
+/// agent's side: its own PINGs and heartbeats every `--keep-alive-ping-interval` (30 s by
+/// default), and the session's `--idle-timeout`. The principal's PING is the backstop for a
+/// connection whose agent fell silent. hyper sends it every interval whatever the stream
+/// carried, so at the agents' 30 s it doubled the packets of an idle fleet (a PING and its
+/// answer beside each heartbeat and its pong): 60 s halves that, and a silent peer is still
+/// found within 70 s, before the idle timeout. Upstream's principal sends none (gRPC-Go's
+/// server default is 2 h).
+pub(crate) const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(60);
+/// See [`KEEPALIVE_INTERVAL`].
+pub(crate) const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The gRPC services on the agent listener: event stream, tunnels, the operator API (only
 /// SPIFFE IDs with an admin rule) and version.
 fn grpc_router(
@@ -74,8 +87,8 @@ fn grpc_router(
         enabled: config.compression,
     };
     tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(Duration::from_secs(30)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
         .max_concurrent_streams(Some(config.max_concurrent_streams))
         .layer(answers)
         .add_service(events)
@@ -281,6 +294,16 @@ mod tests {
             svid: None,
             checks: Vec::new(),
         }
+    }
+
+    #[test]
+    fn the_principals_keepalive_is_a_backstop_behind_the_agents_pings_and_the_idle_timeout() {
+        // The agent's default PING and heartbeat interval (`--keep-alive-ping-interval`).
+        let agents = Duration::from_secs(30);
+        assert!(KEEPALIVE_INTERVAL >= 2 * agents);
+        // A silent peer is found before the session's idle timeout would close it.
+        let idle = crate::config::PrincipalConfig::default().idle_timeout;
+        assert!(KEEPALIVE_INTERVAL + KEEPALIVE_TIMEOUT < idle, "{idle:?}");
     }
 
     #[test]
