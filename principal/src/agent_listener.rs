@@ -26,8 +26,8 @@ use crate::wiring::Wiring;
 /// waits for the answer before it closes the connection. What finds a dead agent is the
 /// agent's side: its own PINGs and heartbeats every `--keep-alive-ping-interval` (30 s by
 /// default), and the session's `--idle-timeout`. The principal's PING is the backstop for a
-/// connection whose agent fell silent. At the agents' 30 s it doubled the packets of an idle
-/// fleet (captured: a PING and its answer per connection per interval, beside each heartbeat
+/// connection whose agent fell silent. At 30 s (the agents' own interval) it doubled the
+/// packets of an idle fleet (captured: a PING and its answer per connection per interval, beside each heartbeat
 /// and its pong, heartbeats or not); 60 s halves that, and a silent peer is still found
 /// within 70 s, before the idle timeout. Upstream's principal sends none (gRPC-Go's
 /// server default is 2 h).
