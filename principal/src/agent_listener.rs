@@ -2,7 +2,6 @@
 //! that guards each connection (TLS, then the HTTP/2 rules: keepalive pings, idle time) before it is served.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use argocd_agent_domain::mapping::LiveRules;
 use argocd_agent_identity::tls::PeerPolicy;
@@ -21,19 +20,6 @@ use crate::server::{EventStreamService, VersionService};
 use crate::session::SessionContext;
 use crate::tunnel;
 use crate::wiring::Wiring;
-
-/// How often the principal PINGs each agent connection (HTTP/2 keepalive), and how long it
-/// waits for the answer before it closes the connection. What finds a dead agent is the
-/// agent's side: its own PINGs and heartbeats every `--keep-alive-ping-interval` (30 s by
-/// default), and the session's `--idle-timeout`. The principal's PING is the backstop for a
-/// connection whose agent fell silent. At 30 s (the agents' own interval) it doubled the
-/// packets of an idle fleet (captured: a PING and its answer per connection per interval, beside each heartbeat
-/// and its pong, heartbeats or not); 60 s halves that, and a silent peer is still found
-/// within 70 s, before the idle timeout. Upstream's principal sends none (gRPC-Go's
-/// server default is 2 h).
-pub(crate) const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(60);
-/// See [`KEEPALIVE_INTERVAL`].
-pub(crate) const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The gRPC services on the agent listener: event stream, tunnels, the operator API (only
 /// SPIFFE IDs with an admin rule) and version.
@@ -86,15 +72,23 @@ fn grpc_router(
     let answers = crate::server::AnswerCompression {
         enabled: config.compression,
     };
-    tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
-        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+    with_keepalive(tonic::transport::Server::builder(), config.keepalive)
         .max_concurrent_streams(Some(config.max_concurrent_streams))
         .layer(answers)
         .add_service(events)
         .add_service(tunnel)
         .add_service(admin)
         .add_service(VersionServer::new(VersionService))
+}
+
+/// `server` PINGing each connection as `keepalive` says.
+fn with_keepalive(
+    server: tonic::transport::Server,
+    keepalive: crate::config::Keepalive,
+) -> tonic::transport::Server {
+    server
+        .http2_keepalive_interval(keepalive.interval)
+        .http2_keepalive_timeout(Some(keepalive.timeout))
 }
 
 /// The agent listener's router.
@@ -298,12 +292,214 @@ mod tests {
 
     #[test]
     fn the_principals_keepalive_is_a_backstop_behind_the_agents_pings_and_the_idle_timeout() {
-        // The agent's default PING and heartbeat interval (`--keep-alive-ping-interval`).
+        let defaults = PrincipalConfig::default();
+        let interval = defaults.keepalive.interval.expect("the principal PINGs");
+        // The agent's default PING and heartbeat interval (`--keep-alive-ping-interval`,
+        // defined by the CLI, which this crate does not depend on).
         let agents = Duration::from_secs(30);
-        assert!(KEEPALIVE_INTERVAL >= 2 * agents);
+        assert!(interval >= 2 * agents);
         // A silent peer is found before the session's idle timeout would close it.
-        let idle = crate::config::PrincipalConfig::default().idle_timeout;
-        assert!(KEEPALIVE_INTERVAL + KEEPALIVE_TIMEOUT < idle, "{idle:?}");
+        let idle = defaults.idle_timeout;
+        assert!(interval + defaults.keepalive.timeout < idle, "{idle:?}");
+    }
+
+    /// A server with the listener's keepalive and two services (version, and [`Drain`]),
+    /// on plaintext TCP.
+    async fn keepalive_server(keepalive: crate::config::Keepalive) -> std::net::SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let server = with_keepalive(tonic::transport::Server::builder(), keepalive)
+            .add_service(VersionServer::new(VersionService))
+            .add_service(Drain);
+        tokio::spawn(server.serve_with_incoming(incoming));
+        addr
+    }
+
+    /// A service that reads its request's body to the end, as a session reads its agent's
+    /// stream, then answers.
+    #[derive(Clone)]
+    struct Drain;
+
+    impl tonic::server::NamedService for Drain {
+        const NAME: &'static str = "test.Drain";
+    }
+
+    impl tower::Service<http::Request<tonic::body::Body>> for Drain {
+        type Response = http::Response<tonic::body::Body>;
+        type Error = std::convert::Infallible;
+        type Future = futures::future::BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+        fn poll_ready(
+            &mut self,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Result<(), Self::Error>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
+            use http_body_util::BodyExt;
+            Box::pin(async move {
+                let mut body = req.into_body();
+                while let Some(Ok(_)) = body.frame().await {}
+                Ok(http::Response::new(tonic::body::Body::empty()))
+            })
+        }
+    }
+
+    /// What a raw HTTP/2 client saw on one connection (h2's own client answers PINGs
+    /// without telling its caller, so the frames are read here).
+    #[derive(Debug, Default)]
+    struct Seen {
+        /// When each PING from the server arrived, from the connect.
+        pings: Vec<Duration>,
+        /// When the server closed the connection (GOAWAY or end of stream), if it did.
+        closed: Option<Duration>,
+    }
+
+    /// An HTTP/2 frame: 9-byte header, then `payload`.
+    fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+        let len = u32::try_from(payload.len()).unwrap().to_be_bytes();
+        let mut f = vec![len[1], len[2], len[3], kind, flags];
+        f.extend_from_slice(&stream.to_be_bytes());
+        f.extend_from_slice(payload);
+        f
+    }
+
+    /// A HEADERS block opening a gRPC call to [`Drain`], each field a literal without
+    /// indexing (RFC 7541 6.2.2), so no HPACK table is needed.
+    fn drain_call_headers() -> Vec<u8> {
+        let mut block = Vec::new();
+        for (name, value) in [
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":path", "/test.Drain/Call"),
+            (":authority", "localhost"),
+            ("content-type", "application/grpc"),
+            ("te", "trailers"),
+        ] {
+            block.push(0);
+            block.push(u8::try_from(name.len()).unwrap());
+            block.extend_from_slice(name.as_bytes());
+            block.push(u8::try_from(value.len()).unwrap());
+            block.extend_from_slice(value.as_bytes());
+        }
+        frame(1, 0x4, 1, &block) // END_HEADERS, stream 1
+    }
+
+    /// Connects to `addr` as an HTTP/2 client, answers the server's SETTINGS and (when
+    /// `answer`) its PINGs, and reads frames for `window`. With `data_every`, it opens a
+    /// call to [`Drain`] and sends an empty gRPC message on it that often, as an agent's
+    /// heartbeats.
+    async fn watch_pings(
+        addr: std::net::SocketAddr,
+        answer: bool,
+        data_every: Option<Duration>,
+        window: Duration,
+    ) -> Seen {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let conn = TcpStream::connect(addr).await.unwrap();
+        let start = tokio::time::Instant::now();
+        let (mut rd, wr) = conn.into_split();
+        let wr = Arc::new(tokio::sync::Mutex::new(wr));
+        let send = move |bytes: Vec<u8>| {
+            let wr = wr.clone();
+            async move {
+                // The server may have closed the connection: what it saw is what counts.
+                let _ = wr.lock().await.write_all(&bytes).await;
+            }
+        };
+        let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        hello.extend(frame(4, 0, 0, &[])); // an empty SETTINGS
+        send(hello).await;
+        let heartbeats = data_every.map(|every| {
+            let send = send.clone();
+            tokio::spawn(async move {
+                send(drain_call_headers()).await;
+                loop {
+                    tokio::time::sleep(every).await;
+                    send(frame(0, 0, 1, &[0, 0, 0, 0, 0])).await; // DATA: an empty message
+                }
+            })
+        });
+        let mut seen = Seen::default();
+        let read_frames = async {
+            loop {
+                let mut head = [0u8; 9];
+                if rd.read_exact(&mut head).await.is_err() {
+                    return;
+                }
+                let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+                let (kind, flags) = (head[3], head[4]);
+                let mut payload = vec![0u8; len];
+                if rd.read_exact(&mut payload).await.is_err() {
+                    return;
+                }
+                match (kind, flags & 1) {
+                    (4, 0) => send(frame(4, 1, 0, &[])).await, // SETTINGS: ACK
+                    (6, 0) => {
+                        seen.pings.push(start.elapsed());
+                        if answer {
+                            send(frame(6, 1, 0, &payload)).await;
+                        }
+                    }
+                    (7, _) => return, // GOAWAY
+                    _ => {}
+                }
+            }
+        };
+        if tokio::time::timeout(window, read_frames).await.is_ok() {
+            seen.closed = Some(start.elapsed());
+        }
+        if let Some(h) = heartbeats {
+            h.abort();
+        }
+        seen
+    }
+
+    fn keepalive(interval: Option<Duration>, timeout: Duration) -> crate::config::Keepalive {
+        crate::config::Keepalive { interval, timeout }
+    }
+
+    #[tokio::test]
+    async fn an_agent_that_answers_the_principals_pings_is_pinged_each_interval_and_kept() {
+        let interval = Duration::from_millis(200);
+        let addr = keepalive_server(keepalive(Some(interval), Duration::from_millis(200))).await;
+        let seen = watch_pings(addr, true, None, Duration::from_millis(1500)).await;
+        assert_eq!(seen.closed, None, "{seen:?}");
+        assert!(seen.pings.len() >= 3, "{seen:?}");
+        assert!(seen.pings[0] >= interval, "{seen:?}");
+    }
+
+    #[tokio::test]
+    async fn a_connection_that_leaves_the_principals_ping_unanswered_is_closed() {
+        let (interval, timeout) = (Duration::from_millis(200), Duration::from_millis(300));
+        let addr = keepalive_server(keepalive(Some(interval), timeout)).await;
+        let seen = watch_pings(addr, false, None, Duration::from_secs(5)).await;
+        let first = *seen.pings.first().expect("a PING");
+        let closed = seen.closed.expect("the connection closed");
+        assert!(closed >= first + timeout, "{seen:?}");
+        assert!(
+            closed < first + timeout + Duration::from_secs(2),
+            "{seen:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_agent_whose_heartbeats_come_more_often_than_the_interval_is_not_pinged() {
+        let interval = Duration::from_millis(400);
+        let addr = keepalive_server(keepalive(Some(interval), Duration::from_millis(200))).await;
+        // Unanswered, a PING would also close the connection.
+        let every = Some(Duration::from_millis(100));
+        let seen = watch_pings(addr, false, every, Duration::from_millis(2000)).await;
+        assert!(seen.pings.is_empty() && seen.closed.is_none(), "{seen:?}");
+    }
+
+    #[tokio::test]
+    async fn without_an_interval_the_principal_sends_no_ping() {
+        let addr = keepalive_server(keepalive(None, Duration::from_millis(100))).await;
+        let seen = watch_pings(addr, false, None, Duration::from_millis(800)).await;
+        assert!(seen.pings.is_empty() && seen.closed.is_none(), "{seen:?}");
     }
 
     #[test]

@@ -175,6 +175,9 @@ pub struct PrincipalConfig {
     /// (`--max-connection-idle`, gRPC's `MaxConnectionIdle`; zero: no limit); see
     /// [`argocd_agent_listener::h2`].
     pub max_connection_idle: Duration,
+    /// The principal's own HTTP/2 PINGs on agent connections (not a flag: the defaults are
+    /// measured; see [`Keepalive`]).
+    pub keepalive: Keepalive,
     /// Also take agents whose connection comes as an HTTP/1.1 WebSocket upgrade, with the
     /// same SVID mutual TLS inside it, on the agent listener (`--enable-websocket`; mTLS
     /// only); see [`argocd_agent_identity::websocket`].
@@ -185,6 +188,39 @@ pub struct PrincipalConfig {
     pub resource_proxy: Option<crate::resourceproxy::ResourceProxyConfig>,
     /// Replicas coordinated through Leases (`--ha`; `None`: a single principal).
     pub ha: Option<crate::ha::HaConfig>,
+}
+
+/// How often the principal PINGs each agent connection (HTTP/2 keepalive), and how long it
+/// waits for the answer before it closes the connection. What finds a dead agent is the
+/// agent's side: its own PINGs and heartbeats every `--keep-alive-ping-interval` (30 s by
+/// default), and the session's `--idle-timeout`. The principal's PING is the backstop for a
+/// connection whose agent fell silent. At 30 s (the agents' own interval) it doubled the
+/// packets of an idle fleet (captured: a PING and its answer per connection per interval,
+/// beside each heartbeat and its pong); 60 s halves that, and a silent peer is still found
+/// within 70 s, before the idle timeout. Upstream's principal sends none (gRPC-Go's server
+/// default is 2 h). See docs/benchmarks.md, "Idle CPU: the principal's own PINGs".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Keepalive {
+    /// Between PINGs (`None`: the principal sends none).
+    pub interval: Option<Duration>,
+    /// How long a PING may go unanswered before the connection is closed.
+    pub timeout: Duration,
+}
+
+impl Keepalive {
+    /// The default interval.
+    pub const INTERVAL: Duration = Duration::from_secs(60);
+    /// The default timeout.
+    pub const TIMEOUT: Duration = Duration::from_secs(10);
+}
+
+impl Default for Keepalive {
+    fn default() -> Self {
+        Keepalive {
+            interval: Some(Keepalive::INTERVAL),
+            timeout: Keepalive::TIMEOUT,
+        }
+    }
 }
 
 impl Default for PrincipalConfig {
@@ -226,6 +262,7 @@ impl Default for PrincipalConfig {
             compression: false,
             keepalive_min_interval: Duration::ZERO,
             max_connection_idle: DEFAULT_MAX_CONNECTION_IDLE,
+            keepalive: Keepalive::default(),
             websocket: false,
             redis_proxy: None,
             resource_proxy: None,
