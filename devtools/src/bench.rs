@@ -111,7 +111,8 @@ pub struct BenchArgs {
     /// Application payload size in bytes (throughput).
     #[arg(long, default_value_t = 6144)]
     payload_bytes: usize,
-    /// Idle phase (connect) or run length (rotation, soak), seconds.
+    /// Idle phase (connect; rounded up to whole heartbeat intervals) or run length
+    /// (rotation, soak), seconds.
     #[arg(long, default_value_t = 10)]
     seconds: u64,
     /// Run length in hours, fractions allowed (soak; instead of --seconds).

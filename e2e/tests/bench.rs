@@ -81,11 +81,17 @@ async fn connect_smoke() {
     // The floor process ran in the same run and reported its own growth.
     assert!(get(&r, "floor_idle_bytes_per_conn").is_u64());
     assert!(r.table().contains("idle_ratio_to_floor"));
-    // 36 heartbeats (and keepalive pings) in the 3 s idle window are work the principal
+    // 36 heartbeats in the 3 s idle window are work the principal
     // did: measured, and more than nothing.
     if let Some(pct) = cpu(&r, "idle_cpu_pct", Of::Another) {
         assert!(pct > 0.0, "{}", r.json());
     }
+    // The window is whole heartbeat periods: 12 agents × 3 heartbeats, each one counted by
+    // the principal (one more or less for an agent whose tick fell on an edge).
+    assert_eq!(num(&r, "idle_s"), 3.0);
+    let heartbeats = num(&r, "idle_heartbeats");
+    assert!((33.0..=39.0).contains(&heartbeats), "{}", r.json());
+    cpu(&r, "idle_cpu_us_per_heartbeat", Of::Another);
     let table = r.table();
     assert!(table.starts_with("scenario") && table.contains("connect"));
 }

@@ -561,13 +561,18 @@ async fn connect(opts: &BenchOptions) -> Result<Report, HarnessError> {
                 }
             }
             let connect_time = connected_at.unwrap_or_default();
-            // Settle, then measure an idle period with default heartbeats.
+            // Settle, then measure an idle period with default heartbeats, over whole
+            // heartbeat periods.
             tokio::time::sleep(Duration::from_secs(2)).await;
             const LEASE_WRITES: &str = "argocd_principal_lease_writes_total";
+            const RECEIVED: &str = "principal_events_received";
             let leases_connected = env.metric(LEASE_WRITES).await.unwrap_or(0.0);
+            let received_connected = env.metric(RECEIVED).await.unwrap_or(0.0);
+            let idle = whole_periods(opts.duration, opts.heartbeat);
             let idle_start = env.sample()?;
-            tokio::time::sleep(opts.duration).await;
+            tokio::time::sleep(idle).await;
             let idle_end = env.sample()?;
+            let received_idle = env.metric(RECEIVED).await.unwrap_or(0.0) - received_connected;
             let leases_idle = env.metric(LEASE_WRITES).await.unwrap_or(0.0) - leases_connected;
             let bench_rss = ProcSample::read(std::process::id())?.rss;
             let dropped = fleet
@@ -609,13 +614,20 @@ async fn connect(opts: &BenchOptions) -> Result<Report, HarnessError> {
                 round2(idle_bytes as f64 / floor.bytes_per_conn.max(1) as f64),
             );
             r.put("idle_cpu_pct", idle_end.cpu_percent_since(&idle_start));
-            r.put("idle_s", opts.duration.as_secs());
+            r.put("idle_s", round2(idle.as_secs_f64()));
+            // Everything an idle agent sends is its heartbeat.
+            let heartbeats = received_idle.max(0.0) as u64;
+            r.put("idle_heartbeats", heartbeats);
+            r.put(
+                "idle_cpu_us_per_heartbeat",
+                idle_end.cpu_since(&idle_start).per(heartbeats, 1e6),
+            );
             if leases_connected > 0.0 {
                 // With --ha: Lease writes to connect everyone, and per second while idle.
                 r.put("lease_writes_connect", leases_connected as u64);
                 r.put(
                     "lease_writes_idle_per_s",
-                    round2(leases_idle / opts.duration.as_secs_f64().max(1e-9)),
+                    round2(leases_idle / idle.as_secs_f64().max(1e-9)),
                 );
             }
             r.put("rss_after_disconnect_mib", round2(mib(after.rss)));
@@ -628,6 +640,20 @@ async fn connect(opts: &BenchOptions) -> Result<Report, HarnessError> {
         (env, r)
     })
     .await
+}
+
+/// The idle window for `asked`: rounded up to whole heartbeat `period`s (at least one). An
+/// idle fleet's heartbeats come in rounds (each agent's 30 s from its welcome, and the fleet
+/// welcomed within seconds), so a window of 20, 40 or 45 s holds one round or two depending
+/// on where it starts: measured so, idle CPU swung by half. A window of whole periods holds
+/// exactly one heartbeat per agent per period wherever it starts. (The principal's own
+/// PINGs do not come while heartbeats do: `agent_listener`'s tests.)
+pub(crate) fn whole_periods(asked: Duration, period: Duration) -> Duration {
+    if period.is_zero() {
+        return asked;
+    }
+    let n = asked.as_nanos().div_ceil(period.as_nanos()).max(1);
+    period * u32::try_from(n).unwrap_or(u32::MAX)
 }
 
 /// Waits until every agent holds `app-<i>` with the checksum of `revision`'s spec.
@@ -1302,6 +1328,20 @@ async fn bulk(opts: &BenchOptions) -> Result<Report, HarnessError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_idle_window_is_whole_heartbeat_periods() {
+        let s = Duration::from_secs;
+        assert_eq!(whole_periods(s(40), s(30)), s(60));
+        assert_eq!(whole_periods(s(45), s(30)), s(60));
+        assert_eq!(whole_periods(s(60), s(30)), s(60));
+        assert_eq!(whole_periods(s(10), s(30)), s(30));
+        assert_eq!(whole_periods(s(0), s(30)), s(30));
+        let ms = Duration::from_millis;
+        assert_eq!(whole_periods(s(3), ms(250)), s(3));
+        assert_eq!(whole_periods(s(3), ms(400)), ms(3200));
+        assert_eq!(whole_periods(s(7), Duration::ZERO), s(7));
+    }
 
     #[test]
     fn small_figures_keep_three_significant_digits() {
