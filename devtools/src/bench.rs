@@ -134,6 +134,10 @@ pub struct BenchArgs {
     /// Heartbeat interval of the simulated agents, seconds (the agent's default: 30).
     #[arg(long, default_value_t = 30)]
     heartbeat: u64,
+    /// HTTP/2 PING interval of the simulated agents, seconds (the agent's
+    /// `--keep-alive-ping-interval`, default 30).
+    #[arg(long, default_value_t = 30)]
+    keepalive: u64,
     /// Concurrent hub writers.
     #[arg(long, default_value_t = 16)]
     writers: usize,
@@ -203,6 +207,7 @@ pub async fn run(a: BenchArgs) -> crate::CmdResult {
             None => Duration::from_secs(a.seconds),
         },
         heartbeat: Duration::from_secs(a.heartbeat.max(1)),
+        keepalive: Duration::from_secs(a.keepalive.max(1)),
         writers: a.writers.max(1),
         dir: a.dir,
         principal_args: a.principal_args,

@@ -115,6 +115,9 @@ pub struct BenchOptions {
     pub duration: Duration,
     /// Heartbeat interval of the simulated agents (the real agent's default is 30 s).
     pub heartbeat: Duration,
+    /// The simulated agents' HTTP/2 PING interval (the real agent's
+    /// `--keep-alive-ping-interval`, default 30 s).
+    pub keepalive: Duration,
     /// Concurrent hub writers (throughput).
     pub writers: usize,
     /// Working directory (kept); a temporary one by default.
@@ -158,6 +161,7 @@ impl Default for BenchOptions {
             payload_bytes: 6 * 1024,
             duration: Duration::from_secs(10),
             heartbeat: Duration::from_secs(30),
+            keepalive: Duration::from_secs(30),
             writers: 16,
             dir: None,
             principal_args: Vec::new(),
@@ -453,7 +457,7 @@ fn fleet_to(
         FleetConfig {
             principals,
             heartbeat: opts.heartbeat,
-            keepalive: Duration::from_secs(30),
+            keepalive: opts.keepalive,
             compression: opts.compression,
         },
     )
