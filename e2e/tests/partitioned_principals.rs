@@ -467,16 +467,27 @@ async fn scenario(w: &mut World) -> Result<(), HarnessError> {
         wait_port(format!("127.0.0.1:{port}").parse()?).await?;
     }
     // agent-x is now refused by A...
+    // (A restarted principal closes connections before TLS until it is ready: its replica
+    // Lease written, its watches listed. Those resets are dialled again, as an agent does.)
     let x_svid = svid(w, X).await?;
-    let refused = open_agent_stream(
-        &x_svid,
-        format!("127.0.0.1:{port_a}").parse()?,
-        argocd_agent_proto::eventstream::AgentMode::Autonomous,
-    )
-    .await
-    .err()
-    .ok_or("agent-x was admitted by principal A after the cut-over")?
-    .to_string();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let refused = loop {
+        let refused = open_agent_stream(
+            &x_svid,
+            format!("127.0.0.1:{port_a}").parse()?,
+            argocd_agent_proto::eventstream::AgentMode::Autonomous,
+        )
+        .await
+        .err()
+        .ok_or("agent-x was admitted by principal A after the cut-over")?
+        .to_string();
+        let not_ready_yet = refused.contains("Connection reset by peer")
+            || refused.contains("connection closed before message completed");
+        if !not_ready_yet || tokio::time::Instant::now() > deadline {
+            break refused;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
     assert!(
         refused.contains("maps to hub namespace agent-x"),
         "{refused}"
