@@ -34,7 +34,7 @@ const LEGACY: &str = "agent-legacy";
 
 /// Starts a principal on `port` serving `namespaces` with label selector `selector`, as hub
 /// user `user`.
-fn principal(
+async fn principal(
     dir: &Path,
     spiffe: &argocd_agent_testkit::workload_api::DevWorkloadApiHandle,
     name: &str,
@@ -42,10 +42,11 @@ fn principal(
     namespaces: &str,
     selector: &str,
 ) -> Result<Proc, HarnessError> {
+    let metrics_port = free_loopback_port()?;
     let mut args = principal_args(
         port,
         &dir.join(format!("hub-{name}.kubeconfig")),
-        free_loopback_port()?,
+        metrics_port,
         &spiffe.endpoint(&dir.join("principal.sock")),
     );
     args.extend(
@@ -74,6 +75,15 @@ fn principal(
         dir.join(format!("{name}.log")),
     );
     p.start()?;
+    // Until it is ready (its replica Lease written, its watches listed) a principal closes
+    // connections before TLS: the test dials it itself, so it waits.
+    wait_port(format!("127.0.0.1:{port}").parse()?).await?;
+    eventually(
+        &format!("principal {name} ready"),
+        Duration::from_secs(30),
+        || async move { (http_status(metrics_port, "/readyz").await == Some(200)).then_some(()) },
+    )
+    .await?;
     Ok(p)
 }
 
@@ -273,19 +283,19 @@ async fn scenario(w: &mut World) -> Result<(), HarnessError> {
     let (port_a, port_b) = (free_loopback_port()?, free_loopback_port()?);
     // `tier!=hidden`: a label an agent could set to hide its copies from A's own watch.
     let (sel_a, sel_b) = ("partition-a=true,tier!=hidden", "partition-b=true");
-    w.procs.push(principal(
-        &w.dir,
-        &w.spiffe,
-        "a",
-        port_a,
-        &format!("{X},{LEGACY}"),
-        sel_a,
-    )?);
+    w.procs.push(
+        principal(
+            &w.dir,
+            &w.spiffe,
+            "a",
+            port_a,
+            &format!("{X},{LEGACY}"),
+            sel_a,
+        )
+        .await?,
+    );
     w.procs
-        .push(principal(&w.dir, &w.spiffe, "b", port_b, Y, sel_b)?);
-    for port in [port_a, port_b] {
-        wait_port(format!("127.0.0.1:{port}").parse()?).await?;
-    }
+        .push(principal(&w.dir, &w.spiffe, "b", port_b, Y, sel_b).await?);
 
     // Hub objects for agent-y (managed, on B): labelled for B, and decoys without it.
     let hub_projects = projects(&w.hub, HUB_ARGOCD_NS)?;
@@ -460,34 +470,20 @@ async fn scenario(w: &mut World) -> Result<(), HarnessError> {
     w.procs[2].stop().await; // agent-x (A releases its Lease)
     w.procs[0].stop().await; // A
     let cut = w.hub.requests().len();
-    w.procs[0] = principal(&w.dir, &w.spiffe, "a", port_a, LEGACY, sel_a)?;
+    w.procs[0] = principal(&w.dir, &w.spiffe, "a", port_a, LEGACY, sel_a).await?;
     w.procs[1].stop().await; // B
-    w.procs[1] = principal(&w.dir, &w.spiffe, "b", port_b, &format!("{Y},{X}"), sel_b)?;
-    for port in [port_a, port_b] {
-        wait_port(format!("127.0.0.1:{port}").parse()?).await?;
-    }
+    w.procs[1] = principal(&w.dir, &w.spiffe, "b", port_b, &format!("{Y},{X}"), sel_b).await?;
     // agent-x is now refused by A...
-    // (A restarted principal closes connections before TLS until it is ready: its replica
-    // Lease written, its watches listed. Those resets are dialled again, as an agent does.)
     let x_svid = svid(w, X).await?;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    let refused = loop {
-        let refused = open_agent_stream(
-            &x_svid,
-            format!("127.0.0.1:{port_a}").parse()?,
-            argocd_agent_proto::eventstream::AgentMode::Autonomous,
-        )
-        .await
-        .err()
-        .ok_or("agent-x was admitted by principal A after the cut-over")?
-        .to_string();
-        let not_ready_yet = refused.contains("Connection reset by peer")
-            || refused.contains("connection closed before message completed");
-        if !not_ready_yet || tokio::time::Instant::now() > deadline {
-            break refused;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let refused = open_agent_stream(
+        &x_svid,
+        format!("127.0.0.1:{port_a}").parse()?,
+        argocd_agent_proto::eventstream::AgentMode::Autonomous,
+    )
+    .await
+    .err()
+    .ok_or("agent-x was admitted by principal A after the cut-over")?
+    .to_string();
     assert!(
         refused.contains("maps to hub namespace agent-x"),
         "{refused}"
