@@ -81,8 +81,8 @@ async fn connect_smoke() {
     // The floor process ran in the same run and reported its own growth.
     assert!(get(&r, "floor_idle_bytes_per_conn").is_u64());
     assert!(r.table().contains("idle_ratio_to_floor"));
-    // 36 heartbeats in the 3 s idle window are work the principal
-    // did: measured, and more than nothing.
+    // 36 heartbeats in the 3 s idle window are work the principal did: measured, and more
+    // than nothing.
     if let Some(pct) = cpu(&r, "idle_cpu_pct", Of::Another) {
         assert!(pct > 0.0, "{}", r.json());
     }

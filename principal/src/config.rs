@@ -190,35 +190,29 @@ pub struct PrincipalConfig {
     pub ha: Option<crate::ha::HaConfig>,
 }
 
-/// How often the principal PINGs each agent connection (HTTP/2 keepalive), and how long it
-/// waits for the answer before it closes the connection. What finds a dead agent is the
-/// agent's side: its own PINGs and heartbeats every `--keep-alive-ping-interval` (30 s by
-/// default), and the session's `--idle-timeout`. The principal's PING is the backstop for a
-/// connection whose agent fell silent. At 30 s (the agents' own interval) it doubled the
-/// packets of an idle fleet (captured: a PING and its answer per connection per interval,
-/// beside each heartbeat and its pong); 60 s halves that, and a silent peer is still found
-/// within 70 s, before the idle timeout. Upstream's principal sends none (gRPC-Go's server
-/// default is 2 h). See docs/benchmarks.md, "Idle CPU: the principal's own PINGs".
+/// The principal's HTTP/2 keepalive: it PINGs an agent connection from which nothing came
+/// for `interval`, and closes it when the answer takes longer than `timeout`. What finds a
+/// dead agent is the agent's side: its own PINGs and heartbeats every
+/// `--keep-alive-ping-interval` (30 s by default), and the session's `--idle-timeout`. The
+/// principal's PING is the backstop for a connection whose agent fell silent, so an agent
+/// that heartbeats is never PINGed (`agent_listener`'s tests). At 30 s (the agents' own
+/// interval) the PINGs raced the heartbeats and doubled an idle fleet's packets; at 60 s a
+/// silent peer is still found within 70 s, before the idle timeout. Upstream's principal
+/// sends none (gRPC-Go's server default is 2 h). See docs/benchmarks.md, "Idle CPU: the
+/// principal's own PINGs".
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Keepalive {
-    /// Between PINGs (`None`: the principal sends none).
+    /// Silence before a PING (`None`: the principal sends none).
     pub interval: Option<Duration>,
     /// How long a PING may go unanswered before the connection is closed.
     pub timeout: Duration,
 }
 
-impl Keepalive {
-    /// The default interval.
-    pub const INTERVAL: Duration = Duration::from_secs(60);
-    /// The default timeout.
-    pub const TIMEOUT: Duration = Duration::from_secs(10);
-}
-
 impl Default for Keepalive {
     fn default() -> Self {
         Keepalive {
-            interval: Some(Keepalive::INTERVAL),
-            timeout: Keepalive::TIMEOUT,
+            interval: Some(Duration::from_secs(60)),
+            timeout: Duration::from_secs(10),
         }
     }
 }

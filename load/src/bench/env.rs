@@ -599,6 +599,13 @@ impl BenchEnv {
         metric_value(&text, name).ok_or_else(|| format!("no metric {name}").into())
     }
 
+    /// The values of several metrics of the principal from one scrape, each `None` when
+    /// the principal does not expose it (or the scrape failed).
+    pub async fn metrics<const N: usize>(&self, names: [&str; N]) -> [Option<f64>; N] {
+        let text = http_get(self.metrics_port, "/metrics").await.ok();
+        names.map(|n| text.as_deref().and_then(|t| metric_value(t, n)))
+    }
+
     /// Requests the principal made to the hub, counted by `verb resource[/subresource]`.
     pub fn principal_requests(&self) -> std::collections::BTreeMap<String, u64> {
         let mut out = std::collections::BTreeMap::new();

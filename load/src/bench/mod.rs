@@ -570,14 +570,22 @@ async fn connect(opts: &BenchOptions) -> Result<Report, HarnessError> {
             tokio::time::sleep(Duration::from_secs(2)).await;
             const LEASE_WRITES: &str = "argocd_principal_lease_writes_total";
             const RECEIVED: &str = "principal_events_received";
-            let leases_connected = env.metric(LEASE_WRITES).await.unwrap_or(0.0);
-            let received_connected = env.metric(RECEIVED).await.unwrap_or(0.0);
+            let [leases_connected, received_connected] = env
+                .metrics([LEASE_WRITES, RECEIVED])
+                .await
+                .map(|v| v.unwrap_or(0.0));
             let idle = whole_periods(opts.duration, opts.heartbeat);
             let idle_start = env.sample()?;
             tokio::time::sleep(idle).await;
             let idle_end = env.sample()?;
-            let received_idle = env.metric(RECEIVED).await.unwrap_or(0.0) - received_connected;
-            let leases_idle = env.metric(LEASE_WRITES).await.unwrap_or(0.0) - leases_connected;
+            let [leases_now, received_now] = env
+                .metrics([LEASE_WRITES, RECEIVED])
+                .await
+                .map(|v| v.unwrap_or(0.0));
+            let (leases_idle, received_idle) = (
+                leases_now - leases_connected,
+                received_now - received_connected,
+            );
             let bench_rss = ProcSample::read(std::process::id())?.rss;
             let dropped = fleet
                 .stats
@@ -657,7 +665,10 @@ pub(crate) fn whole_periods(asked: Duration, period: Duration) -> Duration {
         return asked;
     }
     let n = asked.as_nanos().div_ceil(period.as_nanos()).max(1);
-    period * u32::try_from(n).unwrap_or(u32::MAX)
+    u32::try_from(n)
+        .ok()
+        .and_then(|n| period.checked_mul(n))
+        .unwrap_or(asked)
 }
 
 /// Waits until every agent holds `app-<i>` with the checksum of `revision`'s spec.
@@ -1345,6 +1356,8 @@ mod tests {
         assert_eq!(whole_periods(s(3), ms(250)), s(3));
         assert_eq!(whole_periods(s(3), ms(400)), ms(3200));
         assert_eq!(whole_periods(s(7), Duration::ZERO), s(7));
+        // Beyond what a Duration holds: the asked window as it is, no overflow.
+        assert_eq!(whole_periods(Duration::MAX, s(30)), Duration::MAX);
     }
 
     #[test]
