@@ -145,25 +145,27 @@ pub fn start(
             let result = run(&ctx, &identity, Box::new(peer), &mut inbound, &tx).await;
             // The tenant's slot is given back once the session has ended.
             drop(slot);
-            match result {
-                Err(status) if argocd_agent_identity::transport::is_connection_loss(&status) => {
-                    tracing::info!(reason = %text::quoted(status.message()), "connection to the agent lost");
-                }
-                Err(status) => {
-                    tracing::warn!(code = text::status_code(status.code()), message = %text::quoted(status.message()), "session ended with error");
-                    // Bounded: an agent that does not read never gets it.
-                    let _ = tokio::time::timeout(
-                        Duration::from_secs(5),
-                        tx.tx.send(Box::new(Err(status))),
-                    )
-                    .await;
-                }
-                Ok(()) => {}
-            }
+            finish(&tx, result).await;
         }
         .instrument(span),
     );
     OutboundStream(rx)
+}
+
+/// Logs how a session ended and tells the agent, unless its connection is gone.
+async fn finish(tx: &Outbound, result: Result<(), Status>) {
+    match result {
+        Err(status) if argocd_agent_identity::transport::is_connection_loss(&status) => {
+            tracing::info!(reason = %text::quoted(status.message()), "connection to the agent lost");
+        }
+        Err(status) => {
+            tracing::warn!(code = text::status_code(status.code()), message = %text::quoted(status.message()), "session ended with error");
+            // Bounded: an agent that does not read never gets it.
+            let _ = tokio::time::timeout(Duration::from_secs(5), tx.tx.send(Box::new(Err(status))))
+                .await;
+        }
+        Ok(()) => {}
+    }
 }
 
 fn mode_from_wire(m: i32) -> Option<AgentMode> {
@@ -305,7 +307,17 @@ async fn run(
         exchange.run(inbound, &mut direct_rx).await
     }
     .await;
-    // Detached first, then the Lease released (or handed over), waited for.
+    // Detached first, then the Lease released (or handed over), waited for, and only then
+    // is the agent told, so that wherever it reconnects finds its Lease free. Except while
+    // the principal shuts down: this replica has cleared its replica Lease, so the others
+    // take its agents' Leases over at once, and its agents are told first. Otherwise each
+    // would wait for its own release, and a replica's releases go at its Lease budget
+    // (thousands of sessions: seconds, during a rolling update).
+    if ctx.shutdown.is_cancelled() {
+        finish(tx, result).await;
+        guard.end().await;
+        return Ok(());
+    }
     guard.end().await;
     result
 }

@@ -359,6 +359,14 @@ impl Leases {
 
     pub(super) async fn write_release(&self, agent: &AgentName, handover_to: Option<String>) {
         let _slot = self.call_slot().await;
+        if self.retired.load(Ordering::Acquire) {
+            // Shutting down with the replica Lease cleared: the other replicas take this
+            // agent's Lease over as from a replica that is gone. Releasing it too would
+            // double the hub writes of a rolling update, at this replica's Lease budget,
+            // while its agents are moving.
+            tracing::debug!(%agent, "agent Lease left to the other replicas (retired)");
+            return;
+        }
         let name = agent_lease_name(agent);
         let me = self.me.clone();
         let first = self

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use argocd_agent_domain::AgentName;
-use argocd_agent_kubernetes::{CompactLease, Kind, Mutation};
+use argocd_agent_kubernetes::{CompactLease, Kind, Mutation, UpdateOutcome};
 use kube::api::DynamicObject;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -265,7 +265,7 @@ impl Leases {
             .cache
             .get(Some(&self.namespace), &name)
             .map(|o| (*o).clone());
-        let _ = self
+        let cleared = self
             .replica_api
             .update_from(Some(&self.namespace), &name, first, &mut |obj| {
                 if LeaseView::of(obj).holder.as_deref() != Some(me.as_str()) {
@@ -275,6 +275,9 @@ impl Leases {
                 Mutation::Changed
             })
             .await;
+        if matches!(cleared, Ok(UpdateOutcome::Updated(_))) {
+            self.retired.store(true, Ordering::Release);
+        }
     }
 }
 

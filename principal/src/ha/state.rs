@@ -210,6 +210,8 @@ pub struct Leases {
     /// Last successful renewal of our replica Lease.
     pub(super) renewed: Mutex<Option<Instant>>,
     pub(super) fenced: AtomicBool,
+    /// Shutting down, with the replica Lease cleared ([`Leases::retire`]).
+    pub(super) retired: AtomicBool,
     pub(super) resource_proxy_url: Mutex<Option<String>>,
     pub(super) redis_proxy_address: Mutex<Option<String>>,
     /// Where releases of dropped guards run (drained on shutdown).
@@ -261,6 +263,7 @@ impl Leases {
             observed: Mutex::new(HashMap::new()),
             renewed: Mutex::new(None),
             fenced: AtomicBool::new(false),
+            retired: AtomicBool::new(false),
             resource_proxy_url: Mutex::new(None),
             redis_proxy_address: Mutex::new(None),
             tasks: tasks.clone(),

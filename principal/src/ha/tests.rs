@@ -312,6 +312,89 @@ async fn an_agent_lease_taken_on_one_replica_is_seen_by_the_other_until_released
     shutdown.cancel();
 }
 
+/// On SIGTERM a replica clears its replica Lease and writes no release of its agents'
+/// Leases: the other replicas take each over as from a replica that is gone, at once.
+#[tokio::test]
+async fn a_replica_shutting_down_leaves_its_agents_leases_to_the_others() {
+    use argocd_agent_domain::Namespace;
+    use argocd_agent_kubernetes::Scope;
+    use tokio_util::sync::CancellationToken;
+    use tokio_util::task::TaskTracker;
+
+    let store = MemoryStore::new(Kind::Lease);
+    let tasks = TaskTracker::new();
+    let replica = |name: &str, shutdown: &CancellationToken| {
+        let (cache, changes) = store.watch(Scope::namespace("argocd"));
+        let backend = LeaseBackend {
+            api: Arc::new(store.clone()),
+            replica_api: Arc::new(store.clone()),
+            cache: Arc::new(cache),
+            changes,
+        };
+        let sessions = Arc::new(crate::sessions::Sessions::new(
+            Default::default(),
+            Default::default(),
+        ));
+        Leases::start(
+            backend,
+            "argocd",
+            HaConfig::new(name),
+            sessions,
+            crate::metrics::Metrics::new(),
+            &tasks,
+            shutdown.clone(),
+        )
+    };
+    let (stop_a, stop_b) = (CancellationToken::new(), CancellationToken::new());
+    let (a, b) = (
+        replica("principal-0", &stop_a),
+        replica("principal-1", &stop_b),
+    );
+    eventually("both replicas renewed their Lease", || {
+        a.ready().is_ok() && b.ready().is_ok()
+    })
+    .await;
+    let agent = AgentName::new("agent-1").unwrap();
+    let namespace = Namespace::new("agent-1").unwrap();
+    let guard = a.acquire(&agent, &namespace, 1).await.expect("acquire");
+    let held_by_a = a.holder().to_string();
+    eventually("the other replica sees the holder", || {
+        b.holder_of(&agent).as_deref() == Some(held_by_a.as_str())
+    })
+    .await;
+    stop_a.cancel();
+    eventually("the replica Lease cleared", || {
+        a.retired.load(Ordering::Acquire) && !b.alive(&held_by_a)
+    })
+    .await;
+    // The session ends: no release is written, the Lease still names the retired holder.
+    guard.release().await;
+    let stored = || async {
+        use argocd_agent_kubernetes::ObjectStore;
+        let lease = store
+            .get(Some("argocd"), &agent_lease_name(&agent))
+            .await
+            .unwrap()
+            .expect("the agent Lease");
+        LeaseView::of(&lease).holder
+    };
+    assert_eq!(stored().await.as_deref(), Some(held_by_a.as_str()));
+    // The other replica takes it over without waiting for the Lease to expire.
+    let started = Instant::now();
+    let taken = tokio::time::timeout(Duration::from_secs(2), b.acquire(&agent, &namespace, 2))
+        .await
+        .expect("taken over at once")
+        .expect("acquire");
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(stored().await.as_deref(), Some(b.holder()));
+    drop(taken);
+    stop_b.cancel();
+}
+
 /// A replica keeps nothing queued for an agent another replica serves: what was queued
 /// while the agent was away is dropped once the other replica holds its Lease, nothing
 /// more is queued for it, and its next session here queues again.
