@@ -27,6 +27,13 @@ use crate::refusals::{HELLO_TIMEOUT, NOT_READING, TOO_LARGE, UNDECODABLE};
 use crate::rounds::Round;
 use crate::sessions::{AgentState, SessionInfo};
 
+mod outbound;
+mod silence;
+
+pub use outbound::OutboundStream;
+use outbound::{OUTBOUND_BUFFER, Outbound, SendFailure, finish};
+use silence::Silence;
+
 static SESSION_IDS: AtomicU64 = AtomicU64::new(1);
 
 /// How long an agent may take to send its hello, by default (`--hello-timeout`).
@@ -41,29 +48,6 @@ pub const CAPABILITIES: &[&str] = &[
     argocd_agent_domain::proxy::CAPABILITY,
 ];
 
-/// Outbound messages buffered per session before the writer waits for the agent.
-///
-/// The session's channels carry boxed messages: a tokio channel allocates its first block
-/// of 32 slots when it is created, so with unboxed messages (~200 bytes for a CloudEvent or
-/// a status, ~350 for an event) every idle agent would hold ~17 KiB of empty slots.
-const OUTBOUND_BUFFER: usize = 64;
-
-/// One outbound message: a CloudEvent, or the status the stream ends with.
-type OutboundMsg = Result<CloudEvent, Status>;
-
-/// A session's outbound stream, as tonic sends it to the agent.
-pub struct OutboundStream(mpsc::Receiver<Box<OutboundMsg>>);
-
-impl Stream for OutboundStream {
-    type Item = OutboundMsg;
-
-    fn poll_next(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<OutboundMsg>> {
-        self.0.poll_recv(cx).map(|m| m.map(|b| *b))
-    }
-}
 /// Longest event id echoed back in a `Malformed` refusal.
 const MAX_ECHOED_ID: usize = 256;
 
@@ -91,34 +75,6 @@ pub struct SessionContext {
     pub gate: Option<Arc<dyn SessionGate>>,
     /// Told when sessions start and end (agents' cluster info, cluster secrets).
     pub observers: Vec<Arc<dyn SessionObserver>>,
-}
-
-/// A session's outbound stream, and how long the agent may take to accept one event: an
-/// agent that never reads (HTTP/2 flow control stops, then the buffer fills) ends its
-/// session instead of holding it, and the agent's queue, forever.
-struct Outbound {
-    tx: mpsc::Sender<Box<OutboundMsg>>,
-    send_timeout: Duration,
-}
-
-/// Why an outbound event could not be handed to the agent's stream.
-#[derive(Debug, PartialEq, Eq)]
-enum SendFailure {
-    /// The stream is gone.
-    Closed,
-    /// The agent took nothing for the send timeout.
-    NotReading,
-}
-
-impl Outbound {
-    /// Hands one message to the stream, waiting at most the send timeout for room.
-    async fn send(&self, msg: OutboundMsg) -> Result<(), SendFailure> {
-        match tokio::time::timeout(self.send_timeout, self.tx.send(Box::new(msg))).await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(_)) => Err(SendFailure::Closed),
-            Err(_) => Err(SendFailure::NotReading),
-        }
-    }
 }
 
 /// Starts a session for an authenticated identity; `peer` holds what the connection tells
@@ -150,22 +106,6 @@ pub fn start(
         .instrument(span),
     );
     OutboundStream(rx)
-}
-
-/// Logs how a session ended and tells the agent, unless its connection is gone.
-async fn finish(tx: &Outbound, result: Result<(), Status>) {
-    match result {
-        Err(status) if argocd_agent_identity::transport::is_connection_loss(&status) => {
-            tracing::info!(reason = %text::quoted(status.message()), "connection to the agent lost");
-        }
-        Err(status) => {
-            tracing::warn!(code = text::status_code(status.code()), message = %text::quoted(status.message()), "session ended with error");
-            // Bounded: an agent that does not read never gets it.
-            let _ = tokio::time::timeout(Duration::from_secs(5), tx.tx.send(Box::new(Err(status))))
-                .await;
-        }
-        Ok(()) => {}
-    }
 }
 
 fn mode_from_wire(m: i32) -> Option<AgentMode> {
@@ -537,43 +477,6 @@ impl Exchange<'_> {
                     return Err(Status::deadline_exceeded("agent silent for too long"));
                 }
             }
-        }
-    }
-}
-
-/// When an agent has been silent for the idle timeout.
-///
-/// One timer per session, due when the agent will have been silent for the timeout and
-/// moved on only when it fires, so an agent that heartbeats wakes its session for its
-/// heartbeats and about once per timeout, not for a periodic check as well (a check every
-/// third of the 120 s timeout was 250 more wake-ups a second at 10,000 idle agents).
-struct Silence {
-    timeout: Duration,
-    timer: std::pin::Pin<Box<tokio::time::Sleep>>,
-    /// Times the timer fired.
-    fired: u32,
-}
-
-impl Silence {
-    fn new(timeout: Duration) -> Self {
-        Silence {
-            timeout,
-            timer: Box::pin(tokio::time::sleep(timeout)),
-            fired: 0,
-        }
-    }
-
-    /// Completes once the agent, last heard from at `last_seen`, has been silent for the
-    /// timeout. Cancel-safe: the timer is kept between calls.
-    async fn since(&mut self, last_seen: tokio::time::Instant) {
-        loop {
-            self.timer.as_mut().await;
-            self.fired += 1;
-            let silent_until = last_seen + self.timeout;
-            if tokio::time::Instant::now() >= silent_until {
-                return;
-            }
-            self.timer.as_mut().reset(silent_until);
         }
     }
 }
@@ -1090,49 +993,6 @@ mod tests {
         forged.version = "1\nlevel=ERROR forged".into();
         let err = check_hello(&forged, &identity("both")).unwrap_err();
         assert!(!err.message().contains('\n'), "{}", err.message());
-    }
-
-    #[tokio::test]
-    async fn an_agent_that_takes_nothing_fails_the_send_after_the_timeout() {
-        let (tx, mut rx) = mpsc::channel(1);
-        let out = Outbound {
-            tx,
-            send_timeout: Duration::from_millis(200),
-        };
-        let msg = || Ok(CloudEvent::default());
-        assert_eq!(out.send(msg()).await, Ok(()));
-        // The buffer is full and nobody reads: the send gives up, it does not wait forever.
-        let started = std::time::Instant::now();
-        assert_eq!(out.send(msg()).await, Err(SendFailure::NotReading));
-        assert!(started.elapsed() >= Duration::from_millis(200));
-        // Once the agent reads, sends go through again; once it is gone, they fail at once.
-        assert!(rx.recv().await.is_some());
-        assert_eq!(out.send(msg()).await, Ok(()));
-        drop(rx);
-        assert_eq!(out.send(msg()).await, Err(SendFailure::Closed));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_heartbeating_agent_wakes_the_silence_timer_about_once_per_timeout() {
-        use tokio::time::Instant;
-        let timeout = Duration::from_secs(120);
-        let mut silence = Silence::new(timeout);
-        let started = Instant::now();
-        let mut last_seen = started;
-        // Ten minutes of heartbeats every 30 s: never silent for the timeout.
-        while started.elapsed() < Duration::from_secs(600) {
-            tokio::select! {
-                () = silence.since(last_seen) => panic!("closed at {:?} although it heartbeats", started.elapsed()),
-                () = tokio::time::sleep(Duration::from_secs(30)) => last_seen = Instant::now(),
-            }
-        }
-        // Due 120 s after the start, then 120 s after the heartbeat it saw last: at most
-        // once every 90 s (a check every third of the timeout fired 15 times).
-        assert!(silence.fired <= 600 / 90, "fired {} times", silence.fired);
-        // Then the agent falls silent: closed the timeout after its last heartbeat, not
-        // later.
-        silence.since(last_seen).await;
-        assert_eq!(Instant::now() - last_seen, timeout);
     }
 
     #[test]
