@@ -349,6 +349,90 @@ async fn scenario(topo: &mut HaTopology) -> Result<(), String> {
     }
     wait_converged(topo, &expected, Duration::from_secs(30)).await?;
 
+    // 6. SIGTERM to the replica serving agent-ha-2 (a step of a rolling update): it clears
+    // its replica Lease and tells its agents at once, writing no release of their Leases;
+    // the others take each over as from a replica that is gone. No agent has two sessions
+    // at once (checked by the caller), and changes still arrive.
+    let holders = topo.holders().await.map_err(e)?;
+    let leaving_name = holders["agent-ha-2"].clone();
+    let leaving = topo
+        .replicas
+        .iter()
+        .position(|r| r.name == leaving_name)
+        .ok_or("leaving replica not found")?;
+    let leaving_agents: Vec<String> = holders
+        .iter()
+        .filter(|(_, r)| **r == leaving_name)
+        .map(|(a, _)| a.clone())
+        .collect();
+    let stopped = Instant::now();
+    topo.stop_replica(leaving).await;
+    let exited = stopped.elapsed();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let holders = topo.holders().await.unwrap_or_default();
+        let served = topo.served();
+        let all_moved = leaving_agents.iter().all(|a| {
+            holders.get(a).is_some_and(|r| *r != leaving_name)
+                && served
+                    .iter()
+                    .any(|(r, agents)| *r != leaving_name && agents.contains(a))
+        });
+        if all_moved {
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "agents of the stopped replica not served again: leases {holders:?}, sessions {served:?}"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!(
+        "SIGTERM: {leaving_name} exited {:.2}s after it; its {} agents served by the others {:.2}s after it",
+        exited.as_secs_f64(),
+        leaving_agents.len(),
+        stopped.elapsed().as_secs_f64()
+    );
+    let survivors_log: String = topo
+        .replicas
+        .iter()
+        .filter(|r| r.name != leaving_name)
+        .map(|r| r.proc.log())
+        .collect();
+    for agent in &leaving_agents {
+        let taken_over = survivors_log.lines().any(|l| {
+            l.contains("agent Lease taken over from a replica that is gone")
+                && l.contains(&format!("agent={agent} "))
+                && l.contains(&format!("previous={leaving_name}_"))
+        });
+        if !taken_over {
+            return Err(format!(
+                "{agent}'s Lease was not taken over from {leaving_name} (released instead?)"
+            ));
+        }
+    }
+    for agent in &leaving_agents {
+        let (server, ns) = if topo.modes[agent] == "managed" {
+            (&topo.hub, agent.as_str())
+        } else {
+            (&topo.spokes[agent], SPOKE_NS)
+        };
+        let api = apps(server, ns).map_err(e)?;
+        merge_patch(
+            &api,
+            "app-a",
+            json!({"spec": {"source": {"path": "guestbook"}}}),
+        )
+        .await
+        .map_err(e)?;
+        expected
+            .get_mut(agent)
+            .unwrap()
+            .insert("app-a".into(), "guestbook".into());
+    }
+    wait_converged(topo, &expected, Duration::from_secs(30)).await?;
+
     // Lease writes were counted; a handover or takeover happened for each moved agent.
     let mut writes = 0.0;
     for r in &topo.replicas {

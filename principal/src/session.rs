@@ -249,13 +249,17 @@ async fn run(
     .await;
     // Detached first, then the Lease released (or handed over), waited for, and only then
     // is the agent told, so that wherever it reconnects finds its Lease free. Except while
-    // the principal shuts down: this replica has cleared its replica Lease, so the others
-    // take its agents' Leases over at once, and its agents are told first. Otherwise each
-    // would wait for its own release, and a replica's releases go at its Lease budget
-    // (thousands of sessions: seconds, during a rolling update).
+    // the principal shuts down: this replica clears its replica Lease, so the others take
+    // its agents' Leases over at once, and its agents are told before the release (which
+    // is then not written: `ha::Leases::write_release`). Otherwise each would wait for its
+    // own release, and a replica's releases go at its Lease budget (thousands of sessions:
+    // seconds, during a rolling update).
     if ctx.shutdown.is_cancelled() {
+        let pass = guard.detach();
         finish(tx, result).await;
-        guard.end().await;
+        if let Some(pass) = pass {
+            pass.release().await;
+        }
         return Ok(());
     }
     guard.end().await;
@@ -552,12 +556,15 @@ struct SessionGuard {
 
 impl SessionGuard {
     /// Ends the session: detaches it, then releases its pass and waits for that.
-    async fn end(mut self) {
-        let pass = self.pass.take();
-        drop(self);
-        if let Some(pass) = pass {
+    async fn end(self) {
+        if let Some(pass) = self.detach() {
             pass.release().await;
         }
+    }
+
+    /// Detaches the session; returns its pass, still to be released.
+    fn detach(mut self) -> Option<Box<dyn SessionPass>> {
+        self.pass.take()
     }
 }
 

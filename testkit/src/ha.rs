@@ -441,6 +441,12 @@ impl HaTopology {
         out
     }
 
+    /// SIGTERM to replica `i` (a step of a rolling update); waits for it to exit (SIGKILL
+    /// after 5 s).
+    pub async fn stop_replica(&mut self, i: usize) {
+        self.replicas[i].proc.stop().await;
+    }
+
     /// `kill -9` replica `i`.
     pub async fn kill_replica(&mut self, i: usize) {
         self.replicas[i].proc.kill().await;

@@ -358,8 +358,7 @@ impl Leases {
     }
 
     pub(super) async fn write_release(&self, agent: &AgentName, handover_to: Option<String>) {
-        let _slot = self.call_slot().await;
-        if self.retired.load(Ordering::Acquire) {
+        if self.retired_cleanly().await {
             // Shutting down with the replica Lease cleared: the other replicas take this
             // agent's Lease over as from a replica that is gone. Releasing it too would
             // double the hub writes of a rolling update, at this replica's Lease budget,
@@ -367,6 +366,7 @@ impl Leases {
             tracing::debug!(%agent, "agent Lease left to the other replicas (retired)");
             return;
         }
+        let _slot = self.call_slot().await;
         let name = agent_lease_name(agent);
         let me = self.me.clone();
         let first = self
@@ -413,6 +413,18 @@ impl Leases {
                 tracing::warn!(%agent, error = %chain(&e), "could not {op} the agent Lease (it expires by itself)");
             }
         }
+    }
+
+    /// Shutting down and the replica Lease cleared: waits (at most 2 s) for that write's
+    /// answer once the shutdown has begun.
+    async fn retired_cleanly(&self) -> bool {
+        if !self.shutdown.is_cancelled() {
+            return false;
+        }
+        let mut retired = self.retired.subscribe();
+        let answered =
+            tokio::time::timeout(Duration::from_secs(2), retired.wait_for(Option::is_some)).await;
+        matches!(answered, Ok(Ok(v)) if *v == Some(true))
     }
 
     /// A Lease changed on the hub.

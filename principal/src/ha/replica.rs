@@ -275,9 +275,8 @@ impl Leases {
                 Mutation::Changed
             })
             .await;
-        if matches!(cleared, Ok(UpdateOutcome::Updated(_))) {
-            self.retired.store(true, Ordering::Release);
-        }
+        self.retired
+            .send_replace(Some(matches!(cleared, Ok(UpdateOutcome::Updated(_)))));
     }
 }
 

@@ -210,8 +210,11 @@ pub struct Leases {
     /// Last successful renewal of our replica Lease.
     pub(super) renewed: Mutex<Option<Instant>>,
     pub(super) fenced: AtomicBool,
-    /// Shutting down, with the replica Lease cleared ([`Leases::retire`]).
-    pub(super) retired: AtomicBool,
+    /// Shutting down: whether the replica Lease was cleared ([`Leases::retire`]); `None`
+    /// until that write is answered.
+    pub(super) retired: tokio::sync::watch::Sender<Option<bool>>,
+    /// The principal's shutdown.
+    pub(super) shutdown: CancellationToken,
     pub(super) resource_proxy_url: Mutex<Option<String>>,
     pub(super) redis_proxy_address: Mutex<Option<String>>,
     /// Where releases of dropped guards run (drained on shutdown).
@@ -263,7 +266,8 @@ impl Leases {
             observed: Mutex::new(HashMap::new()),
             renewed: Mutex::new(None),
             fenced: AtomicBool::new(false),
-            retired: AtomicBool::new(false),
+            retired: tokio::sync::watch::Sender::new(None),
+            shutdown: shutdown.clone(),
             resource_proxy_url: Mutex::new(None),
             redis_proxy_address: Mutex::new(None),
             tasks: tasks.clone(),

@@ -364,7 +364,7 @@ async fn a_replica_shutting_down_leaves_its_agents_leases_to_the_others() {
     .await;
     stop_a.cancel();
     eventually("the replica Lease cleared", || {
-        a.retired.load(Ordering::Acquire) && !b.alive(&held_by_a)
+        *a.retired.borrow() == Some(true) && !b.alive(&held_by_a)
     })
     .await;
     // The session ends: no release is written, the Lease still names the retired holder.
