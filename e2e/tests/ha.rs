@@ -104,6 +104,74 @@ async fn wait_balanced(topo: &HaTopology, per: usize, timeout: Duration) -> Resu
     }
 }
 
+/// Where `agent`'s Applications are authored: on the hub for a managed agent, on its spoke
+/// for an autonomous one. Returns their API and namespace there.
+fn authored<'a>(
+    topo: &HaTopology,
+    agent: &'a str,
+    mode: &str,
+) -> Result<(kube::Api<kube::api::DynamicObject>, &'a str), HarnessError> {
+    let (server, ns) = if mode == "managed" {
+        (&topo.hub, agent)
+    } else {
+        (&topo.spokes[agent], SPOKE_NS)
+    };
+    Ok((apps(server, ns)?, ns))
+}
+
+/// The replica holding `agent`'s Lease: its index, its name and every agent it holds.
+async fn serving_replica(
+    topo: &HaTopology,
+    agent: &str,
+) -> Result<(usize, String, Vec<String>), String> {
+    let holders = topo.holders().await.map_err(|e| e.to_string())?;
+    let name = holders
+        .get(agent)
+        .ok_or(format!("{agent} has no Lease"))?
+        .clone();
+    let index = topo
+        .replicas
+        .iter()
+        .position(|r| r.name == name)
+        .ok_or(format!("replica {name} not found"))?;
+    let agents = holders
+        .iter()
+        .filter(|(_, r)| **r == name)
+        .map(|(a, _)| a.clone())
+        .collect();
+    Ok((index, name, agents))
+}
+
+/// Waits until each of `agents` holds its Lease on a replica other than `gone` and has a
+/// session there.
+async fn wait_served_elsewhere(
+    topo: &HaTopology,
+    agents: &[String],
+    gone: &str,
+    timeout: Duration,
+) -> Result<(), String> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let holders = topo.holders().await.unwrap_or_default();
+        let served = topo.served();
+        let all_elsewhere = agents.iter().all(|a| {
+            holders.get(a).is_some_and(|r| r != gone)
+                && served
+                    .iter()
+                    .any(|(r, served)| r != gone && served.contains(a))
+        });
+        if all_elsewhere {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "agents of {gone} not served elsewhere: leases {holders:?}, sessions {served:?}"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_replicas_fail_over_without_losing_anything_or_doubling_sessions() {
     let dir = std::env::var_os("E2E_DIR").map(std::path::PathBuf::from);
@@ -169,12 +237,7 @@ async fn scenario(topo: &mut HaTopology) -> Result<(), String> {
     // 2. Applications: authored on the hub for managed agents, on the spoke for autonomous.
     let mut expected: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
     for (agent, mode) in topo.modes.clone() {
-        let (server, ns) = if mode == "managed" {
-            (&topo.hub, agent.as_str())
-        } else {
-            (&topo.spokes[&agent], SPOKE_NS)
-        };
-        let api = apps(server, ns).map_err(e)?;
+        let (api, ns) = authored(topo, &agent, mode).map_err(e)?;
         for name in ["app-a", "app-b"] {
             api.create(&PostParams::default(), &sample_app(name, ns, "guestbook"))
                 .await
@@ -189,28 +252,12 @@ async fn scenario(topo: &mut HaTopology) -> Result<(), String> {
 
     // 3. kill -9 the replica serving agent-ha-0, then change objects of its agents (and
     // others) while they move.
-    let holders = topo.holders().await.map_err(e)?;
-    let victim_name = holders["agent-ha-0"].clone();
-    let victim = topo
-        .replicas
-        .iter()
-        .position(|r| r.name == victim_name)
-        .ok_or("victim replica not found")?;
-    let moved: Vec<String> = holders
-        .iter()
-        .filter(|(_, r)| **r == victim_name)
-        .map(|(a, _)| a.clone())
-        .collect();
+    let (victim, victim_name, moved) = serving_replica(topo, "agent-ha-0").await?;
     let killed = Instant::now();
     topo.kill_replica(victim).await;
     eprintln!("killed {victim_name}, which served {moved:?}");
     for (agent, mode) in topo.modes.clone() {
-        let (server, ns) = if mode == "managed" {
-            (&topo.hub, agent.as_str())
-        } else {
-            (&topo.spokes[&agent], SPOKE_NS)
-        };
-        let api = apps(server, ns).map_err(e)?;
+        let (api, ns) = authored(topo, &agent, mode).map_err(e)?;
         // Every agent: one edit, one delete, one create.
         merge_patch(
             &api,
@@ -234,26 +281,7 @@ async fn scenario(topo: &mut HaTopology) -> Result<(), String> {
         want.insert("app-c".into(), "kustomize-guestbook".into());
     }
     // Served again: the moved agents hold Leases of live replicas and have sessions there.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let holders = topo.holders().await.unwrap_or_default();
-        let served = topo.served();
-        let all_back = moved.iter().all(|a| {
-            holders.get(a).is_some_and(|r| *r != victim_name)
-                && served
-                    .iter()
-                    .any(|(r, agents)| *r != victim_name && agents.contains(a))
-        });
-        if all_back {
-            break;
-        }
-        if Instant::now() > deadline {
-            return Err(format!(
-                "moved agents not served again: leases {holders:?}, sessions {served:?}"
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_served_elsewhere(topo, &moved, &victim_name, Duration::from_secs(60)).await?;
     let served_after = killed.elapsed();
     wait_converged(topo, &expected, Duration::from_secs(60)).await?;
     let converged_after = killed.elapsed();
@@ -329,12 +357,7 @@ async fn scenario(topo: &mut HaTopology) -> Result<(), String> {
 
     // A last round of edits reaches every spoke (or hub) through the new layout.
     for (agent, mode) in topo.modes.clone() {
-        let (server, ns) = if mode == "managed" {
-            (&topo.hub, agent.as_str())
-        } else {
-            (&topo.spokes[&agent], SPOKE_NS)
-        };
-        let api = apps(server, ns).map_err(e)?;
+        let (api, _) = authored(topo, &agent, mode).map_err(e)?;
         merge_patch(
             &api,
             "app-c",
@@ -353,41 +376,17 @@ async fn scenario(topo: &mut HaTopology) -> Result<(), String> {
     // its replica Lease and tells its agents at once, writing no release of their Leases;
     // the others take each over as from a replica that is gone. No agent has two sessions
     // at once (checked by the caller), and changes still arrive.
-    let holders = topo.holders().await.map_err(e)?;
-    let leaving_name = holders["agent-ha-2"].clone();
-    let leaving = topo
-        .replicas
-        .iter()
-        .position(|r| r.name == leaving_name)
-        .ok_or("leaving replica not found")?;
-    let leaving_agents: Vec<String> = holders
-        .iter()
-        .filter(|(_, r)| **r == leaving_name)
-        .map(|(a, _)| a.clone())
-        .collect();
+    let (leaving, leaving_name, leaving_agents) = serving_replica(topo, "agent-ha-2").await?;
     let stopped = Instant::now();
     topo.stop_replica(leaving).await;
     let exited = stopped.elapsed();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let holders = topo.holders().await.unwrap_or_default();
-        let served = topo.served();
-        let all_moved = leaving_agents.iter().all(|a| {
-            holders.get(a).is_some_and(|r| *r != leaving_name)
-                && served
-                    .iter()
-                    .any(|(r, agents)| *r != leaving_name && agents.contains(a))
-        });
-        if all_moved {
-            break;
-        }
-        if Instant::now() > deadline {
-            return Err(format!(
-                "agents of the stopped replica not served again: leases {holders:?}, sessions {served:?}"
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_served_elsewhere(
+        topo,
+        &leaving_agents,
+        &leaving_name,
+        Duration::from_secs(30),
+    )
+    .await?;
     eprintln!(
         "SIGTERM: {leaving_name} exited {:.2}s after it; its {} agents served by the others {:.2}s after it",
         exited.as_secs_f64(),
@@ -413,12 +412,7 @@ async fn scenario(topo: &mut HaTopology) -> Result<(), String> {
         }
     }
     for agent in &leaving_agents {
-        let (server, ns) = if topo.modes[agent] == "managed" {
-            (&topo.hub, agent.as_str())
-        } else {
-            (&topo.spokes[agent], SPOKE_NS)
-        };
-        let api = apps(server, ns).map_err(e)?;
+        let (api, _) = authored(topo, agent, topo.modes[agent.as_str()]).map_err(e)?;
         merge_patch(
             &api,
             "app-a",

@@ -254,54 +254,87 @@ async fn eventually(what: &str, check: impl Fn() -> bool) {
     }
 }
 
-/// Two replicas on one in-memory Lease store (no API server): an agent's Lease taken on one
-/// is seen held there by the other, and is free again once its guard is released.
-#[tokio::test]
-async fn an_agent_lease_taken_on_one_replica_is_seen_by_the_other_until_released() {
-    use argocd_agent_domain::Namespace;
-    use argocd_agent_kubernetes::Scope;
-    use argocd_agent_kubernetes::memory::MemoryStore;
-    use std::sync::Arc;
-    use tokio_util::sync::CancellationToken;
-    use tokio_util::task::TaskTracker;
-
-    let store = MemoryStore::new(Kind::Lease);
-    let (tasks, shutdown) = (TaskTracker::new(), CancellationToken::new());
-    let replica = |name: &str| {
-        let (cache, changes) = store.watch(Scope::namespace("argocd"));
-        let backend = LeaseBackend {
-            api: Arc::new(store.clone()),
-            replica_api: Arc::new(store.clone()),
-            cache: Arc::new(cache),
-            changes,
-        };
-        let sessions = Arc::new(crate::sessions::Sessions::new(
-            Default::default(),
-            Default::default(),
-        ));
-        Leases::start(
-            backend,
-            "argocd",
-            HaConfig::new(name),
-            sessions,
-            crate::metrics::Metrics::new(),
-            &tasks,
-            shutdown.clone(),
-        )
+/// Replica `name` on the in-memory Lease `store` (no API server), until `shutdown`.
+fn memory_replica(
+    store: &MemoryStore,
+    name: &str,
+    sessions: Arc<crate::sessions::Sessions>,
+    metrics: crate::metrics::Metrics,
+    tasks: &tokio_util::task::TaskTracker,
+    shutdown: &tokio_util::sync::CancellationToken,
+) -> Arc<Leases> {
+    let (cache, changes) = store.watch(argocd_agent_kubernetes::Scope::namespace("argocd"));
+    let backend = LeaseBackend {
+        api: Arc::new(store.clone()),
+        replica_api: Arc::new(store.clone()),
+        cache: Arc::new(cache),
+        changes,
     };
-    let (a, b) = (replica("principal-0"), replica("principal-1"));
+    Leases::start(
+        backend,
+        "argocd",
+        HaConfig::new(name),
+        sessions,
+        metrics,
+        tasks,
+        shutdown.clone(),
+    )
+}
+
+/// A [`memory_replica`] with sessions and metrics of its own.
+fn memory_replica_alone(
+    store: &MemoryStore,
+    name: &str,
+    tasks: &tokio_util::task::TaskTracker,
+    shutdown: &tokio_util::sync::CancellationToken,
+) -> Arc<Leases> {
+    let sessions = Arc::new(crate::sessions::Sessions::new(
+        Default::default(),
+        Default::default(),
+    ));
+    memory_replica(
+        store,
+        name,
+        sessions,
+        crate::metrics::Metrics::new(),
+        tasks,
+        shutdown,
+    )
+}
+
+/// Once both replicas are ready, `agent-1`'s Lease taken by `a` for session 1, as `b`
+/// sees it.
+async fn held_by_the_first(
+    a: &Arc<Leases>,
+    b: &Leases,
+) -> (AgentName, argocd_agent_domain::Namespace, super::LeaseGuard) {
     eventually("both replicas renewed their Lease", || {
         a.ready().is_ok() && b.ready().is_ok()
     })
     .await;
     let agent = AgentName::new("agent-1").unwrap();
-    let namespace = Namespace::new("agent-1").unwrap();
+    let namespace = argocd_agent_domain::Namespace::new("agent-1").unwrap();
     let guard = a.acquire(&agent, &namespace, 1).await.expect("acquire");
-    let holder = a.holder().to_string();
     eventually("the other replica sees the holder", || {
-        b.holder_of(&agent).as_deref() == Some(holder.as_str())
+        b.holder_of(&agent).as_deref() == Some(a.holder())
     })
     .await;
+    (agent, namespace, guard)
+}
+
+/// Two replicas on one in-memory Lease store (no API server): an agent's Lease taken on one
+/// is seen held there by the other, and is free again once its guard is released.
+#[tokio::test]
+async fn an_agent_lease_taken_on_one_replica_is_seen_by_the_other_until_released() {
+    use argocd_agent_kubernetes::memory::MemoryStore;
+    use tokio_util::sync::CancellationToken;
+    use tokio_util::task::TaskTracker;
+
+    let store = MemoryStore::new(Kind::Lease);
+    let (tasks, shutdown) = (TaskTracker::new(), CancellationToken::new());
+    let replica = |name: &str| memory_replica_alone(&store, name, &tasks, &shutdown);
+    let (a, b) = (replica("principal-0"), replica("principal-1"));
+    let (agent, _, guard) = held_by_the_first(&a, &b).await;
     eventually(
         "the other replica maps the hub namespace to the agent",
         || b.agent_for_namespace("agent-1") == Some(agent.clone()),
@@ -316,52 +349,21 @@ async fn an_agent_lease_taken_on_one_replica_is_seen_by_the_other_until_released
 /// Leases: the other replicas take each over as from a replica that is gone, at once.
 #[tokio::test]
 async fn a_replica_shutting_down_leaves_its_agents_leases_to_the_others() {
-    use argocd_agent_domain::Namespace;
-    use argocd_agent_kubernetes::Scope;
     use tokio_util::sync::CancellationToken;
     use tokio_util::task::TaskTracker;
 
     let store = MemoryStore::new(Kind::Lease);
     let tasks = TaskTracker::new();
     let replica = |name: &str, shutdown: &CancellationToken| {
-        let (cache, changes) = store.watch(Scope::namespace("argocd"));
-        let backend = LeaseBackend {
-            api: Arc::new(store.clone()),
-            replica_api: Arc::new(store.clone()),
-            cache: Arc::new(cache),
-            changes,
-        };
-        let sessions = Arc::new(crate::sessions::Sessions::new(
-            Default::default(),
-            Default::default(),
-        ));
-        Leases::start(
-            backend,
-            "argocd",
-            HaConfig::new(name),
-            sessions,
-            crate::metrics::Metrics::new(),
-            &tasks,
-            shutdown.clone(),
-        )
+        memory_replica_alone(&store, name, &tasks, shutdown)
     };
     let (stop_a, stop_b) = (CancellationToken::new(), CancellationToken::new());
     let (a, b) = (
         replica("principal-0", &stop_a),
         replica("principal-1", &stop_b),
     );
-    eventually("both replicas renewed their Lease", || {
-        a.ready().is_ok() && b.ready().is_ok()
-    })
-    .await;
-    let agent = AgentName::new("agent-1").unwrap();
-    let namespace = Namespace::new("agent-1").unwrap();
-    let guard = a.acquire(&agent, &namespace, 1).await.expect("acquire");
+    let (agent, namespace, guard) = held_by_the_first(&a, &b).await;
     let held_by_a = a.holder().to_string();
-    eventually("the other replica sees the holder", || {
-        b.holder_of(&agent).as_deref() == Some(held_by_a.as_str())
-    })
-    .await;
     stop_a.cancel();
     eventually("the replica Lease cleared", || {
         *a.retired.borrow() == Some(true) && !b.alive(&held_by_a)
@@ -402,7 +404,6 @@ async fn a_replica_shutting_down_leaves_its_agents_leases_to_the_others() {
 async fn a_replica_drops_the_queue_of_an_agent_another_replica_serves() {
     use argocd_agent_domain::event::{Event, EventType, Payload, ResourceKind, ResourceRef};
     use argocd_agent_domain::{AgentIdentity, AgentMode, AllowedModes, ClientIdentity, Namespace};
-    use argocd_agent_kubernetes::Scope;
     use argocd_agent_kubernetes::memory::MemoryStore;
     use std::sync::Arc;
     use tokio_util::sync::CancellationToken;
@@ -412,22 +413,7 @@ async fn a_replica_drops_the_queue_of_an_agent_another_replica_serves() {
     let (tasks, shutdown) = (TaskTracker::new(), CancellationToken::new());
     let metrics = crate::metrics::Metrics::new();
     let replica = |name: &str, sessions: Arc<crate::sessions::Sessions>| {
-        let (cache, changes) = store.watch(Scope::namespace("argocd"));
-        let backend = LeaseBackend {
-            api: Arc::new(store.clone()),
-            replica_api: Arc::new(store.clone()),
-            cache: Arc::new(cache),
-            changes,
-        };
-        Leases::start(
-            backend,
-            "argocd",
-            HaConfig::new(name),
-            sessions,
-            metrics.clone(),
-            &tasks,
-            shutdown.clone(),
-        )
+        memory_replica(&store, name, sessions, metrics.clone(), &tasks, &shutdown)
     };
     let sessions_a = Arc::new(crate::sessions::Sessions::new(
         Default::default(),
@@ -529,32 +515,14 @@ async fn stalled_agent_lease_writes_do_not_make_the_replica_unready() {
 #[tokio::test(start_paused = true)]
 async fn a_holder_that_stopped_renewing_is_not_asked_for_a_handover() {
     use argocd_agent_domain::Namespace;
+    use argocd_agent_kubernetes::ObjectStore;
     use argocd_agent_kubernetes::memory::MemoryStore;
-    use argocd_agent_kubernetes::{ObjectStore, Scope};
-    use std::sync::Arc;
     use tokio_util::sync::CancellationToken;
     use tokio_util::task::TaskTracker;
 
     let store = MemoryStore::new(Kind::Lease);
     let (tasks, shutdown) = (TaskTracker::new(), CancellationToken::new());
-    let (cache, changes) = store.watch(Scope::namespace("argocd"));
-    let leases = Leases::start(
-        LeaseBackend {
-            api: Arc::new(store.clone()),
-            replica_api: Arc::new(store.clone()),
-            cache: Arc::new(cache),
-            changes,
-        },
-        "argocd",
-        HaConfig::new("principal-1"),
-        Arc::new(crate::sessions::Sessions::new(
-            Default::default(),
-            Default::default(),
-        )),
-        crate::metrics::Metrics::new(),
-        &tasks,
-        shutdown.clone(),
-    );
+    let leases = memory_replica_alone(&store, "principal-1", &tasks, &shutdown);
     eventually("the replica renewed its Lease", || leases.ready().is_ok()).await;
     // Replica principal-9 (another incarnation holds each agent's Lease): its replica
     // Lease, written now.
