@@ -119,6 +119,29 @@ fn authored<'a>(
     Ok((apps(server, ns)?, ns))
 }
 
+/// Sets Application `app`'s source path to `path` where each of `agents` authors it, and
+/// expects it.
+async fn set_path(
+    topo: &HaTopology,
+    expected: &mut BTreeMap<String, BTreeMap<String, String>>,
+    agents: &[String],
+    app: &str,
+    path: &str,
+) -> Result<(), String> {
+    for agent in agents {
+        let (api, _) =
+            authored(topo, agent, topo.modes[agent.as_str()]).map_err(|x| x.to_string())?;
+        merge_patch(&api, app, json!({"spec": {"source": {"path": path}}}))
+            .await
+            .map_err(|x| x.to_string())?;
+        expected
+            .get_mut(agent)
+            .ok_or(format!("{agent} expects nothing"))?
+            .insert(app.into(), path.into());
+    }
+    Ok(())
+}
+
 /// The replica holding `agent`'s Lease: its index, its name and every agent it holds.
 async fn serving_replica(
     topo: &HaTopology,
@@ -356,20 +379,8 @@ async fn scenario(topo: &mut HaTopology) -> Result<(), String> {
     wait_balanced(topo, 2, Duration::from_secs(60)).await?;
 
     // A last round of edits reaches every spoke (or hub) through the new layout.
-    for (agent, mode) in topo.modes.clone() {
-        let (api, _) = authored(topo, &agent, mode).map_err(e)?;
-        merge_patch(
-            &api,
-            "app-c",
-            json!({"spec": {"source": {"path": "blue-green"}}}),
-        )
-        .await
-        .map_err(e)?;
-        expected
-            .get_mut(&agent)
-            .unwrap()
-            .insert("app-c".into(), "blue-green".into());
-    }
+    let all: Vec<String> = topo.modes.keys().cloned().collect();
+    set_path(topo, &mut expected, &all, "app-c", "blue-green").await?;
     wait_converged(topo, &expected, Duration::from_secs(30)).await?;
 
     // 6. SIGTERM to the replica serving agent-ha-2 (a step of a rolling update): it clears
@@ -411,20 +422,7 @@ async fn scenario(topo: &mut HaTopology) -> Result<(), String> {
             ));
         }
     }
-    for agent in &leaving_agents {
-        let (api, _) = authored(topo, agent, topo.modes[agent.as_str()]).map_err(e)?;
-        merge_patch(
-            &api,
-            "app-a",
-            json!({"spec": {"source": {"path": "guestbook"}}}),
-        )
-        .await
-        .map_err(e)?;
-        expected
-            .get_mut(agent)
-            .unwrap()
-            .insert("app-a".into(), "guestbook".into());
-    }
+    set_path(topo, &mut expected, &leaving_agents, "app-a", "guestbook").await?;
     wait_converged(topo, &expected, Duration::from_secs(30)).await?;
 
     // Lease writes were counted; a handover or takeover happened for each moved agent.

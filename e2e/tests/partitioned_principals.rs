@@ -396,16 +396,14 @@ async fn scenario(w: &mut World) -> Result<(), HarnessError> {
     assert!(stored_project(spoke_y, SPOKE_NS, "team-y-unlabelled").is_none());
 
     // Outside a principal's namespaces: refused at connect, saying why.
-    let y_svid = svid(w, Y).await?;
-    let refused = open_agent_stream(
-        &y_svid,
-        format!("127.0.0.1:{port_a}").parse()?,
+    let refused = refusal(
+        w,
+        Y,
+        port_a,
         argocd_agent_proto::eventstream::AgentMode::Managed,
     )
-    .await
-    .err()
-    .ok_or("agent-y was admitted by principal A")?
-    .to_string();
+    .await?
+    .ok_or("agent-y was admitted by principal A")?;
     assert!(
         refused.contains("maps to hub namespace agent-y")
             && refused.contains("does not serve")
@@ -474,16 +472,14 @@ async fn scenario(w: &mut World) -> Result<(), HarnessError> {
     w.procs[1].stop().await; // B
     w.procs[1] = principal(&w.dir, &w.spiffe, "b", port_b, &format!("{Y},{X}"), sel_b).await?;
     // agent-x is now refused by A...
-    let x_svid = svid(w, X).await?;
-    let refused = open_agent_stream(
-        &x_svid,
-        format!("127.0.0.1:{port_a}").parse()?,
+    let refused = refusal(
+        w,
+        X,
+        port_a,
         argocd_agent_proto::eventstream::AgentMode::Autonomous,
     )
-    .await
-    .err()
-    .ok_or("agent-x was admitted by principal A after the cut-over")?
-    .to_string();
+    .await?
+    .ok_or("agent-x was admitted by principal A after the cut-over")?;
     assert!(
         refused.contains("maps to hub namespace agent-x"),
         "{refused}"
@@ -592,6 +588,21 @@ async fn scenario(w: &mut World) -> Result<(), HarnessError> {
         );
     }
     Ok(())
+}
+
+/// Why the principal on `port` refused `agent`'s stream; `None` if it admitted it.
+async fn refusal(
+    w: &World,
+    agent: &str,
+    port: u16,
+    mode: argocd_agent_proto::eventstream::AgentMode,
+) -> Result<Option<String>, HarnessError> {
+    let source = svid(w, agent).await?;
+    let addr = format!("127.0.0.1:{port}").parse()?;
+    Ok(open_agent_stream(&source, addr, mode)
+        .await
+        .err()
+        .map(|e| e.to_string()))
 }
 
 async fn svid(
